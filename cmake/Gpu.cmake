@@ -1,0 +1,47 @@
+# CUDA and NCCL are optional. Without them every CPU part builds and configure says once what it
+# skipped (the summary at the end of the root CMakeLists.txt).
+option(SHARDPLAN_ENABLE_CUDA "Build the CUDA/NCCL parts when a toolkit is found" ON)
+set(SHARDPLAN_HAVE_CUDA OFF)
+set(SHARDPLAN_HAVE_NCCL OFF)
+if(SHARDPLAN_ENABLE_CUDA)
+  include(CheckLanguage)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit)
+    if(CUDAToolkit_FOUND)
+      set(SHARDPLAN_HAVE_CUDA ON)
+    endif()
+  endif()
+endif()
+
+if(SHARDPLAN_HAVE_CUDA)
+  # NCCL: the toolkit's folder, a system install, or the one inside Python's nvidia-nccl package
+  # (SHARDPLAN_NCCL_ROOT, as scripts/gpu_check.sh passes it).
+  find_path(NCCL_INCLUDE_DIR nccl.h
+    HINTS ${SHARDPLAN_NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS}
+    PATH_SUFFIXES include)
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
+    HINTS ${SHARDPLAN_NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_LIBRARY_DIR}
+    PATH_SUFFIXES lib lib64)
+  if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+    add_library(nccl UNKNOWN IMPORTED)
+    set_target_properties(nccl PROPERTIES
+      IMPORTED_LOCATION ${NCCL_LIBRARY}
+      INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
+    set(SHARDPLAN_HAVE_NCCL ON)
+  endif()
+endif()
+
+if(NOT SHARDPLAN_HAVE_CUDA)
+  list(APPEND SHARDPLAN_SKIPPED "CUDA (GPU executor backend, cuBLAS GEMM calibration)")
+endif()
+if(NOT SHARDPLAN_HAVE_NCCL)
+  list(APPEND SHARDPLAN_SKIPPED "NCCL (calibrate --backend nccl, GPU collectives)")
+endif()

@@ -1,0 +1,241 @@
+#include "costmodel/hardware.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "costmodel/json_reader.hpp"
+#include "costmodel/model.hpp"
+
+namespace shardplan::costmodel {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;  // 2^30
+constexpr double kGB = 1e9;
+
+DType dtype_from(const std::string& s, const std::string& where) {
+  if (s == "fp32") return DType::fp32;
+  if (s == "tf32") return DType::tf32;
+  if (s == "bf16") return DType::bf16;
+  if (s == "fp16") return DType::fp16;
+  throw InputError(where, fmt::format("must be one of fp32, tf32, bf16, fp16, got \"{}\"", s));
+}
+
+Tier tier_from(const std::string& s, const std::string& where) {
+  if (s == "intra_node") return Tier::intra_node;
+  if (s == "inter_node") return Tier::inter_node;
+  throw InputError(where, fmt::format("must be intra_node or inter_node, got \"{}\"", s));
+}
+
+CollectiveCurve read_curve(const nlohmann::json& j, const std::string& ptr) {
+  ObjectReader r(j, ptr);
+  CollectiveCurve c;
+  const auto op_name = r.string("op");
+  const auto op = collective_from_name(op_name);
+  if (!op) throw InputError(r.pointer_of("op"), fmt::format("unknown collective \"{}\"", op_name));
+  c.op = *op;
+  c.ranks = static_cast<int>(r.integer("ranks", Range{1, 1e7, false}));
+  c.tier = tier_from(r.string("tier"), r.pointer_of("tier"));
+  const auto& segs = r.array("segments");
+  if (segs.empty()) throw InputError(r.pointer_of("segments"), "must not be empty");
+  for (std::size_t i = 0; i < segs.size(); ++i) {
+    ObjectReader s(segs[i], fmt::format("{}/segments/{}", ptr, i));
+    CurveSegment seg;
+    seg.min_bytes = s.number("min_bytes", Range::non_negative());
+    seg.max_bytes = s.number("max_bytes", Range::non_negative());
+    if (seg.max_bytes < seg.min_bytes)
+      throw InputError(s.pointer_of("max_bytes"),
+                       fmt::format("must be >= min_bytes {}, got {}", seg.min_bytes, seg.max_bytes));
+    seg.latency_s = s.number("latency_us", Range::non_negative()) * 1e-6;
+    seg.bandwidth_Bps = s.number("bandwidth_GBps", Range::positive()) * kGB;
+    s.finish();
+    c.segments.push_back(seg);
+  }
+  if (const auto* samples = r.optional_array("samples")) {
+    for (std::size_t i = 0; i < samples->size(); ++i) {
+      ObjectReader s((*samples)[i], fmt::format("{}/samples/{}", ptr, i));
+      MeasuredSample m;
+      m.size_bytes = s.number("size_bytes", Range::non_negative());
+      m.time_s = s.number("time_us", Range::positive()) * 1e-6;
+      s.finish();
+      c.samples.push_back(m);
+    }
+  }
+  if (const auto* err = r.optional_object("fit_error")) {
+    ObjectReader e(*err, r.pointer_of("fit_error"));
+    c.median_rel_error = e.number("median_rel", Range::non_negative());
+    c.max_rel_error = e.number("max_rel", Range::non_negative());
+    e.finish();
+  }
+  r.finish();
+  return c;
+}
+
+Calibration read_calibration(const nlohmann::json& j, const std::string& ptr) {
+  ObjectReader r(j, ptr);
+  Calibration c;
+  c.date = r.string("date");
+  c.backend = r.choice("backend", {"nccl", "mpi"});
+  c.host = r.optional_string("host").value_or("");
+  c.library = r.optional_string("library").value_or("");
+  c.ranks = static_cast<int>(r.integer("ranks", Range{1, 1e7, false}));
+  if (const auto* cs = r.optional_array("collectives"))
+    for (std::size_t i = 0; i < cs->size(); ++i)
+      c.collectives.push_back(read_curve((*cs)[i], fmt::format("{}/collectives/{}", ptr, i)));
+  if (const auto* gs = r.optional_array("gemm")) {
+    for (std::size_t i = 0; i < gs->size(); ++i) {
+      ObjectReader g((*gs)[i], fmt::format("{}/gemm/{}", ptr, i));
+      GemmSample s;
+      s.m = g.integer("m", Range{1, 1e7, false});
+      s.n = g.integer("n", Range{1, 1e7, false});
+      s.k = g.integer("k", Range{1, 1e7, false});
+      s.dtype = dtype_from(g.string("dtype"), g.pointer_of("dtype"));
+      s.time_s = g.number("time_us", Range::positive()) * 1e-6;
+      g.ignore("TFLOPs");
+      g.finish();
+      c.gemm.push_back(s);
+    }
+  }
+  c.compute_efficiency = r.optional_number("compute_efficiency", Range{0, 1, true});
+  if (auto bw = r.optional_number("memory_bandwidth_GBps", Range::positive()))
+    c.memory_bandwidth_Bps = *bw * kGB;
+  if (const auto* extra = r.optional_object("extra")) c.extra = *extra;
+  r.finish();
+  return c;
+}
+
+}  // namespace
+
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::fp32: return "fp32";
+    case DType::tf32: return "tf32";
+    case DType::bf16: return "bf16";
+    case DType::fp16: return "fp16";
+  }
+  return "?";
+}
+
+const char* tier_name(Tier t) { return t == Tier::intra_node ? "intra_node" : "inter_node"; }
+
+double CollectiveCurve::time_s(double size_bytes) const {
+  const CurveSegment* seg = &segments.front();
+  for (const auto& s : segments) {
+    seg = &s;
+    if (size_bytes <= s.max_bytes) break;
+  }
+  return seg->latency_s + size_bytes / seg->bandwidth_Bps;
+}
+
+double HardwareProfile::peak(DType d) const {
+  for (DType t : {d, DType::bf16, DType::fp16, DType::fp32}) {
+    auto it = peak_flops.find(t);
+    if (it != peak_flops.end()) return it->second;
+  }
+  return 0.0;
+}
+
+HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string& name) {
+  ObjectReader r(doc, "");
+  const auto version = r.integer("schema_version");
+  if (version != 1)
+    throw InputError("/schema_version", fmt::format("must be 1, got {}", version));
+  HardwareProfile p;
+  p.name = name;
+  p.description = r.string("description");
+  r.ignore("name");
+
+  ObjectReader gpu(r.object("gpu"), "/gpu");
+  p.device = gpu.string("name");
+  p.memory_bytes = gpu.number("memory_GiB", Range{0, 1e6, true}) * kGiB;
+  ObjectReader peak(gpu.object("peak_TFLOPs"), "/gpu/peak_TFLOPs");
+  for (DType d : {DType::fp32, DType::tf32, DType::bf16, DType::fp16})
+    if (auto v = peak.optional_number(dtype_name(d), Range{0, 1e6, true})) p.peak_flops[d] = *v * 1e12;
+  peak.finish();
+  if (!p.peak_flops.contains(DType::fp32))
+    throw InputError("/gpu/peak_TFLOPs/fp32", "missing key");
+  p.hbm_bandwidth_Bps = gpu.number("memory_bandwidth_GBps", Range{0, 1e6, true}) * kGB;
+  p.compute_efficiency = gpu.number("compute_efficiency", Range{0, 1, true});
+  gpu.ignore("source");
+  gpu.finish();
+
+  ObjectReader node(r.object("node"), "/node");
+  p.gpus_per_node = static_cast<int>(node.integer("gpus_per_node", Range{1, 1024, false}));
+  node.ignore("source");
+  node.finish();
+
+  ObjectReader intra(r.object("intra_node"), "/intra_node");
+  intra.ignore("link");
+  p.intra_bandwidth_Bps = intra.number("bandwidth_GBps", Range{0, 1e6, true}) * kGB;
+  p.intra_latency_s = intra.number("latency_us", Range{0, 1e6, false}) * 1e-6;
+  intra.ignore("source");
+  intra.finish();
+
+  ObjectReader inter(r.object("inter_node"), "/inter_node");
+  inter.ignore("link");
+  p.inter_bandwidth_Bps = inter.number("bandwidth_GBps", Range{0, 1e6, true}) * kGB;
+  p.inter_latency_s = inter.number("latency_us", Range{0, 1e6, false}) * 1e-6;
+  inter.ignore("source");
+  inter.finish();
+
+  ObjectReader host(r.object("host"), "/host");
+  p.host_memory_bytes = host.number("memory_GiB", Range{0, 1e9, true}) * kGiB;
+  p.host_link_Bps = host.number("link_bandwidth_GBps", Range{0, 1e6, true}) * kGB;
+  p.host_optimizer_params_per_s =
+      host.number("optimizer_Gparams_per_s", Range{0, 1e6, true}) * 1e9;
+  host.ignore("source");
+  host.finish();
+
+  ObjectReader over(r.object("overhead"), "/overhead");
+  p.cuda_context_bytes = over.number("cuda_context_GiB", Range::between(0, 1e3)) * kGiB;
+  p.nccl_workspace_bytes = over.number("nccl_workspace_GiB", Range::between(0, 1e3)) * kGiB;
+  p.fragmentation = over.number("fragmentation", Range::between(0, 1));
+  over.ignore("source");
+  over.finish();
+
+  if (const auto* cal = r.optional_object("calibration"))
+    p.calibration = read_calibration(*cal, "/calibration");
+  r.finish();
+  return p;
+}
+
+std::vector<std::string> preset_hardware_names() {
+  std::vector<std::string> names;
+  const auto dir = std::filesystem::path(data_dir()) / "hardware_profiles";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.path().extension() == ".json") names.push_back(e.path().stem().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+HardwareProfile load_hardware(const std::string& name_or_path) {
+  std::filesystem::path path(name_or_path);
+  if (path.extension() != ".json" || !std::filesystem::exists(path)) {
+    const auto preset = std::filesystem::path(data_dir()) / "hardware_profiles" / (name_or_path + ".json");
+    if (!std::filesystem::exists(preset))
+      throw InputError("--hardware",
+                       fmt::format("\"{}\" is neither a profile ({}) nor a file", name_or_path,
+                                   fmt::join(preset_hardware_names(), ", ")));
+    path = preset;
+  }
+  return hardware_from_json(read_json_file(path.string()), path.stem().string());
+}
+
+nlohmann::json hardware_to_json(const HardwareProfile& p) {
+  nlohmann::json peak = nlohmann::json::object();
+  for (const auto& [d, v] : p.peak_flops) peak[dtype_name(d)] = v / 1e12;
+  return {{"name", p.name},
+          {"description", p.description},
+          {"device", p.device},
+          {"memory_GiB", p.memory_bytes / kGiB},
+          {"peak_TFLOPs", peak},
+          {"gpus_per_node", p.gpus_per_node},
+          {"intra_node_GBps", p.intra_bandwidth_Bps / kGB},
+          {"inter_node_GBps", p.inter_bandwidth_Bps / kGB},
+          {"calibrated", p.calibration.has_value()}};
+}
+
+}  // namespace shardplan::costmodel

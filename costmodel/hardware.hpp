@@ -1,0 +1,109 @@
+// The hardware profile document (hardware_profiles/<name>.json): one system's GPU, node, links and
+// overheads from its datasheet, and optionally what `calibrate` measured on it, which then takes
+// precedence. Units are fixed here: the document's keys carry them (memory_GiB, bandwidth_GBps,
+// latency_us, peak_TFLOPs); the struct holds SI (bytes, bytes/s, seconds, FLOP/s).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "costmodel/collectives.hpp"
+
+namespace shardplan::costmodel {
+
+enum class DType { fp32, tf32, bf16, fp16 };
+const char* dtype_name(DType d);
+inline double dtype_bytes(DType d) { return d == DType::bf16 || d == DType::fp16 ? 2.0 : 4.0; }
+
+// Which links a communication group crosses.
+enum class Tier { intra_node, inter_node };
+const char* tier_name(Tier t);
+
+// A fitted piece of a collective's time curve: time = latency + size / bandwidth for sizes in
+// [min_bytes, max_bytes] (size in nccl-tests' sense, see collectives.hpp).
+struct CurveSegment {
+  double min_bytes = 0;
+  double max_bytes = 0;
+  double latency_s = 0;
+  double bandwidth_Bps = 0;  // size bytes per second of the fit (algorithm bandwidth)
+};
+
+struct MeasuredSample {
+  double size_bytes = 0;
+  double time_s = 0;
+};
+
+// One calibrated collective: an operation on a group of `ranks`, over one tier.
+struct CollectiveCurve {
+  Collective op = Collective::all_reduce;
+  int ranks = 0;
+  Tier tier = Tier::intra_node;
+  std::vector<CurveSegment> segments;  // ordered by size, covering the measured range
+  std::vector<MeasuredSample> samples;
+  double median_rel_error = 0;  // of the fit at the measured points
+  double max_rel_error = 0;
+  // Time of a collective of nccl-tests size `size_bytes` from the fit; beyond the measured
+  // range the nearest segment's line is extended.
+  double time_s(double size_bytes) const;
+};
+
+struct GemmSample {
+  std::int64_t m = 0, n = 0, k = 0;
+  DType dtype = DType::bf16;
+  double time_s = 0;
+  double flops_per_s() const { return 2.0 * static_cast<double>(m) * n * k / time_s; }
+};
+
+struct Calibration {
+  std::string date;      // ISO 8601
+  std::string backend;   // "nccl" or "mpi"
+  std::string host;
+  std::string library;   // e.g. "NCCL 2.21.5", "Open MPI 4.1.4"
+  int ranks = 0;
+  std::vector<CollectiveCurve> collectives;
+  std::vector<GemmSample> gemm;
+  std::optional<double> compute_efficiency;    // achieved / peak for the model's GEMM shapes
+  std::optional<double> memory_bandwidth_Bps;  // measured device copy bandwidth
+  nlohmann::json extra;                        // anything calibrate keeps for the record
+};
+
+struct HardwareProfile {
+  std::string name;                 // file stem
+  std::string description;
+  // GPU (or, for a CPU profile, the host as the device)
+  std::string device;               // "NVIDIA H100 80GB HBM3"
+  double memory_bytes = 0;          // per device
+  std::map<DType, double> peak_flops;  // dense FLOP/s per dtype
+  double hbm_bandwidth_Bps = 0;
+  double compute_efficiency = 0;    // fraction of peak a large transformer GEMM reaches
+  // node and links
+  int gpus_per_node = 0;
+  double intra_bandwidth_Bps = 0;   // per GPU, one direction (NVLink, or PCIe without it)
+  double intra_latency_s = 0;       // per ring step inside a node
+  double inter_bandwidth_Bps = 0;   // per GPU, one direction (its share of the node's NICs)
+  double inter_latency_s = 0;       // per ring step across nodes
+  // host (for offload)
+  double host_memory_bytes = 0;     // per node
+  double host_link_Bps = 0;         // per GPU, host <-> device (PCIe)
+  double host_optimizer_params_per_s = 0;  // parameters one node's CPUs update per second (offload)
+  // overheads
+  double cuda_context_bytes = 0;
+  double nccl_workspace_bytes = 0;
+  double fragmentation = 0;         // reserve as a fraction of the allocated peak
+  std::optional<Calibration> calibration;
+
+  double peak(DType d) const;       // FLOP/s; falls back bf16 -> fp16 -> fp32
+};
+
+// A profile name (stem under hardware_profiles/) or a path. Throws InputError.
+HardwareProfile load_hardware(const std::string& name_or_path);
+HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string& name);
+nlohmann::json hardware_to_json(const HardwareProfile& p);
+std::vector<std::string> preset_hardware_names();  // the stems in hardware_profiles/
+
+}  // namespace shardplan::costmodel

@@ -1,0 +1,121 @@
+#include "costmodel/job.hpp"
+
+#include <fmt/format.h>
+
+#include "costmodel/json_reader.hpp"
+
+namespace shardplan::costmodel {
+namespace {
+
+template <class E>
+E from_name(const std::vector<std::string>& names, const std::string& s, const std::string& where) {
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (names[i] == s) return static_cast<E>(i);
+  throw InputError(where, fmt::format("must be one of {}, got \"{}\"", fmt::join(names, ", "), s));
+}
+
+const std::vector<std::string>& attention_names() {
+  static const std::vector<std::string> n = {"flash", "eager"};
+  return n;
+}
+
+}  // namespace
+
+const std::vector<std::string>& precision_names() {
+  static const std::vector<std::string> n = {"fp32", "bf16-mixed", "fp16-mixed", "bf16"};
+  return n;
+}
+const std::vector<std::string>& optimizer_names() {
+  static const std::vector<std::string> n = {"adamw", "adam", "sgd", "adafactor"};
+  return n;
+}
+const std::vector<std::string>& checkpointing_names() {
+  static const std::vector<std::string> n = {"none", "selective", "full"};
+  return n;
+}
+
+const char* precision_name(Precision p) { return precision_names()[static_cast<std::size_t>(p)].c_str(); }
+const char* optimizer_name(Optimizer o) { return optimizer_names()[static_cast<std::size_t>(o)].c_str(); }
+const char* checkpointing_name(Checkpointing c) {
+  return checkpointing_names()[static_cast<std::size_t>(c)].c_str();
+}
+const char* attention_name(AttentionImpl a) { return attention_names()[static_cast<std::size_t>(a)].c_str(); }
+
+Precision precision_from_name(const std::string& s, const std::string& where) {
+  return from_name<Precision>(precision_names(), s, where);
+}
+Optimizer optimizer_from_name(const std::string& s, const std::string& where) {
+  return from_name<Optimizer>(optimizer_names(), s, where);
+}
+Checkpointing checkpointing_from_name(const std::string& s, const std::string& where) {
+  return from_name<Checkpointing>(checkpointing_names(), s, where);
+}
+AttentionImpl attention_from_name(const std::string& s, const std::string& where) {
+  return from_name<AttentionImpl>(attention_names(), s, where);
+}
+
+DType compute_dtype(Precision p) {
+  switch (p) {
+    case Precision::fp32: return DType::tf32;
+    case Precision::fp16_mixed: return DType::fp16;
+    case Precision::bf16_mixed:
+    case Precision::bf16: return DType::bf16;
+  }
+  return DType::bf16;
+}
+
+TrainingJob job_from_json(const nlohmann::json& doc) {
+  ObjectReader r(doc, "");
+  const auto version = r.integer("schema_version");
+  if (version != 1) throw InputError("/schema_version", fmt::format("must be 1, got {}", version));
+  TrainingJob j;
+  j.seq_len = r.integer("seq_len", Range{1, 1e8, false});
+  j.global_batch = r.integer("global_batch", Range{1, 1e9, false});
+  j.micro_batch = r.optional_integer("micro_batch", Range{1, 1e9, false}).value_or(0);
+  if (auto p = r.optional_string("precision")) j.precision = precision_from_name(*p, "/precision");
+  if (auto o = r.optional_string("optimizer")) j.optimizer = optimizer_from_name(*o, "/optimizer");
+  if (auto c = r.optional_string("checkpointing"))
+    j.checkpointing = checkpointing_from_name(*c, "/checkpointing");
+  if (auto a = r.optional_string("attention")) j.attention = attention_from_name(*a, "/attention");
+  r.finish();
+  return j;
+}
+
+nlohmann::json job_to_json(const TrainingJob& j) {
+  nlohmann::json out = {{"schema_version", 1},
+                        {"seq_len", j.seq_len},
+                        {"global_batch", j.global_batch},
+                        {"precision", precision_name(j.precision)},
+                        {"optimizer", optimizer_name(j.optimizer)},
+                        {"checkpointing", checkpointing_name(j.checkpointing)},
+                        {"attention", attention_name(j.attention)}};
+  if (j.micro_batch > 0) out["micro_batch"] = j.micro_batch;
+  return out;
+}
+
+void validate_cluster(const Cluster& c) {
+  if (c.gpus < 1 || c.gpus > 1'000'000)
+    throw InputError("--gpus", fmt::format("must be between 1 and 1000000, got {}", c.gpus));
+  if (c.gpus_per_node < 1 || c.gpus_per_node > 1024)
+    throw InputError("--gpus-per-node",
+                     fmt::format("must be between 1 and 1024, got {}", c.gpus_per_node));
+  if (c.gpus > c.gpus_per_node && c.gpus % c.gpus_per_node != 0)
+    throw InputError("--gpus", fmt::format("{} is not a multiple of --gpus-per-node {}; {} or {} would be",
+                                           c.gpus, c.gpus_per_node,
+                                           c.gpus / c.gpus_per_node * c.gpus_per_node,
+                                           (c.gpus / c.gpus_per_node + 1) * c.gpus_per_node));
+}
+
+void validate_job(const TrainingJob& j, const Cluster& c) {
+  if (j.global_batch % c.gpus != 0)
+    throw InputError("--global-batch",
+                     fmt::format("{} sequences do not divide over {} GPUs; use a multiple of {}",
+                                 j.global_batch, c.gpus, c.gpus));
+  const auto per_gpu = j.global_batch / c.gpus;
+  if (j.micro_batch > 0 && per_gpu % j.micro_batch != 0)
+    throw InputError("--micro-batch",
+                     fmt::format("{} does not divide the {} sequences per GPU (global batch {} / {} GPUs)",
+                                 j.micro_batch, per_gpu, j.global_batch, c.gpus));
+}
+
+}  // namespace shardplan::costmodel

@@ -1,0 +1,176 @@
+#include "costmodel/json_reader.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+namespace shardplan::costmodel {
+
+nlohmann::json parse_json_text(const std::string& text, const std::string& source) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InputError(source, fmt::format("not valid JSON (byte {})", e.byte));
+  }
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path, "cannot open file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_json_text(text.str(), path);
+}
+
+std::string describe_value(const nlohmann::json& value) {
+  std::string s = value.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+ObjectReader::ObjectReader(const nlohmann::json& object, std::string pointer)
+    : object_(object), pointer_(std::move(pointer)) {
+  if (!object_.is_object())
+    throw InputError(pointer_.empty() ? "/" : pointer_,
+                     "must be an object, got " + describe_value(object_));
+}
+
+bool ObjectReader::has(std::string_view key) const { return object_.contains(key); }
+
+void ObjectReader::fail(std::string_view key, const std::string& message) const {
+  throw InputError(pointer_of(key), message);
+}
+
+const nlohmann::json& ObjectReader::get(std::string_view key) const {
+  auto it = object_.find(key);
+  if (it == object_.end()) fail(key, "missing key");
+  return *it;
+}
+
+double ObjectReader::checked_number(std::string_view key, const nlohmann::json& v,
+                                    Range range) const {
+  if (!v.is_number()) fail(key, "must be a number, got " + describe_value(v));
+  const double x = v.get<double>();
+  if (!std::isfinite(x)) fail(key, "must be finite, got " + describe_value(v));
+  const bool low = range.min_exclusive ? !(x > range.min) : !(x >= range.min);
+  if (low) {
+    if (range.min_exclusive)
+      fail(key, fmt::format("must be > {}, got {}", range.min, describe_value(v)));
+    fail(key, fmt::format("must be >= {}, got {}", range.min, describe_value(v)));
+  }
+  if (x > range.max) fail(key, fmt::format("must be <= {}, got {}", range.max, describe_value(v)));
+  return x;
+}
+
+double ObjectReader::number(std::string_view key, Range range) {
+  const auto& v = get(key);
+  used_.emplace(key);
+  return checked_number(key, v, range);
+}
+
+std::optional<double> ObjectReader::optional_number(std::string_view key, Range range) {
+  if (!has(key) || get(key).is_null()) {
+    if (has(key)) used_.emplace(key);
+    return std::nullopt;
+  }
+  return number(key, range);
+}
+
+std::int64_t ObjectReader::integer(std::string_view key, Range range) {
+  const auto& v = get(key);
+  used_.emplace(key);
+  // 3.0 written by a tool is still the integer 3; 3.5 is not.
+  if (!v.is_number()) fail(key, "must be an integer, got " + describe_value(v));
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || std::floor(d) != d || std::fabs(d) > 9.0e15)
+      fail(key, "must be an integer, got " + describe_value(v));
+  }
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+    fail(key, "is too large, got " + describe_value(v));
+  const double x = checked_number(key, v, range);
+  (void)x;
+  return v.is_number_float() ? static_cast<std::int64_t>(v.get<double>()) : v.get<std::int64_t>();
+}
+
+std::optional<std::int64_t> ObjectReader::optional_integer(std::string_view key, Range range) {
+  if (!has(key) || get(key).is_null()) {
+    if (has(key)) used_.emplace(key);
+    return std::nullopt;
+  }
+  return integer(key, range);
+}
+
+bool ObjectReader::boolean(std::string_view key) {
+  const auto& v = get(key);
+  used_.emplace(key);
+  if (!v.is_boolean()) fail(key, "must be true or false, got " + describe_value(v));
+  return v.get<bool>();
+}
+
+std::optional<bool> ObjectReader::optional_boolean(std::string_view key) {
+  if (!has(key) || get(key).is_null()) {
+    if (has(key)) used_.emplace(key);
+    return std::nullopt;
+  }
+  return boolean(key);
+}
+
+std::string ObjectReader::string(std::string_view key) {
+  const auto& v = get(key);
+  used_.emplace(key);
+  if (!v.is_string()) fail(key, "must be a string, got " + describe_value(v));
+  return v.get<std::string>();
+}
+
+std::optional<std::string> ObjectReader::optional_string(std::string_view key) {
+  if (!has(key) || get(key).is_null()) {
+    if (has(key)) used_.emplace(key);
+    return std::nullopt;
+  }
+  return string(key);
+}
+
+std::string ObjectReader::choice(std::string_view key, const std::vector<std::string>& choices) {
+  std::string s = string(key);
+  for (const auto& c : choices)
+    if (c == s) return s;
+  fail(key, fmt::format("must be one of {}, got \"{}\"", fmt::join(choices, ", "), s));
+}
+
+const nlohmann::json& ObjectReader::object(std::string_view key) {
+  const auto& v = get(key);
+  used_.emplace(key);
+  if (!v.is_object()) fail(key, "must be an object, got " + describe_value(v));
+  return v;
+}
+
+const nlohmann::json& ObjectReader::array(std::string_view key) {
+  const auto& v = get(key);
+  used_.emplace(key);
+  if (!v.is_array()) fail(key, "must be an array, got " + describe_value(v));
+  return v;
+}
+
+const nlohmann::json* ObjectReader::optional_object(std::string_view key) {
+  if (!has(key)) return nullptr;
+  return &object(key);
+}
+
+const nlohmann::json* ObjectReader::optional_array(std::string_view key) {
+  if (!has(key)) return nullptr;
+  return &array(key);
+}
+
+void ObjectReader::ignore(std::string_view key) {
+  if (has(key)) used_.emplace(key);
+}
+
+void ObjectReader::finish() const {
+  for (auto it = object_.begin(); it != object_.end(); ++it)
+    if (!used_.contains(it.key())) throw InputError(pointer_of(it.key()), "unknown key");
+}
+
+}  // namespace shardplan::costmodel

@@ -1,0 +1,338 @@
+#include "costmodel/model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "costmodel/json_reader.hpp"
+
+#ifndef SHARDPLAN_DEFAULT_DATA_DIR
+#define SHARDPLAN_DEFAULT_DATA_DIR "."
+#endif
+
+namespace shardplan::costmodel {
+namespace {
+
+// Dimensions beyond these are absurd for any model and would overflow the 64-bit counts
+// (h·V, h·I ≤ 1e7·1e7 = 1e14 per tensor; a 100T-parameter model still fits in int64 many times).
+constexpr double kMaxDimension = 1e7;
+constexpr double kMaxLayers = 1e5;
+
+const std::vector<std::string> kSupported = {"LlamaForCausalLM", "MistralForCausalLM",
+                                             "Qwen2ForCausalLM", "GPT2LMHeadModel",
+                                             "GPTNeoXForCausalLM"};
+
+// Keys of an HF config.json that say nothing about shapes (tokens, inits, dtypes, generation,
+// dropout rates we read separately, rope variants that change no parameter count).
+bool is_metadata_key(const std::string& k) {
+  static const std::vector<std::string> exact = {
+      "_name_or_path", "architectures", "model_type", "torch_dtype", "transformers_version",
+      "use_cache", "initializer_range", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
+      "rope_theta", "rope_scaling", "pretraining_tp", "sliding_window", "use_sliding_window",
+      "max_window_layers", "rotary_pct", "rotary_emb_base", "rotary_emb_fraction",
+      "classifier_dropout", "n_ctx", "scale_attn_weights", "reorder_and_upcast_attn",
+      "scale_attn_by_inverse_layer_idx", "task_specific_params", "id2label", "label2id",
+      "is_decoder", "use_return_dict", "output_attentions", "output_hidden_states", "dtype",
+      "quantization_config", "auto_map", "partial_rotary_factor", "embd_pdrop", "hidden_dropout",
+      "embedding_dropout", "max_length", "do_sample", "temperature", "top_p", "gradient_checkpointing",
+      // Leftovers of the OpenAI GPT config class in GPT-2 checkpoints (gpt2-medium: n_special,
+      // predict_special_tokens; gpt2-xl: output_past); GPT2Config accepts and ignores them.
+      "n_special", "predict_special_tokens", "output_past",
+      // EleutherAI/gpt-neox-20b's config.json: legacy dropout keys GPTNeoXConfig never read
+      // (its attention dropout is attention_dropout, read above).
+      "attention_probs_dropout_prob", "hidden_dropout_prob"};
+  if (std::find(exact.begin(), exact.end(), k) != exact.end()) return true;
+  auto ends_with = [&](std::string_view s) {
+    return k.size() >= s.size() && k.compare(k.size() - s.size(), s.size(), s) == 0;
+  };
+  auto starts_with = [&](std::string_view s) { return k.rfind(s, 0) == 0; };
+  return ends_with("_token_id") || ends_with("_token_ids") || starts_with("summary_") ||
+         starts_with("_");
+}
+
+std::int64_t dim(ObjectReader& r, std::string_view key, double max = kMaxDimension) {
+  return r.integer(key, Range{1, max, false});
+}
+
+Tensor matrix(std::string name, std::int64_t out, std::int64_t in) {
+  return {std::move(name), out, in};
+}
+Tensor vec(std::string name, std::int64_t n) { return {std::move(name), 1, n}; }
+
+void add_norm(UnitTensors& u, const std::string& prefix, const ModelSpec& m) {
+  u.tensors.push_back(vec(prefix + ".weight", m.hidden));
+  if (m.norm == NormKind::layernorm) u.tensors.push_back(vec(prefix + ".bias", m.hidden));
+}
+
+void add_linear(UnitTensors& u, const std::string& prefix, std::int64_t out, std::int64_t in,
+                bool bias) {
+  u.tensors.push_back(matrix(prefix + ".weight", out, in));
+  if (bias) u.tensors.push_back(vec(prefix + ".bias", out));
+}
+
+void check_heads(const ModelSpec& m, ObjectReader& r, std::string_view heads_key,
+                 std::string_view hidden_key, bool explicit_head_dim) {
+  if (!explicit_head_dim && m.hidden % m.heads != 0)
+    throw InputError(r.pointer_of(heads_key),
+                     fmt::format("{} heads do not divide {} = {}", m.heads, hidden_key, m.hidden));
+  if (m.heads % m.kv_heads != 0)
+    throw InputError(r.pointer_of("num_key_value_heads"),
+                     fmt::format("{} key/value heads do not divide {} query heads", m.kv_heads,
+                                 m.heads));
+}
+
+// Llama, Mistral and Qwen2 share one layout (HF modeling_llama.py, modeling_mistral.py,
+// modeling_qwen2.py): RMSNorm, rotary positions, SwiGLU MLP (gate, up, down), GQA.
+void read_llama_family(ObjectReader& r, ModelSpec& m) {
+  m.hidden = dim(r, "hidden_size");
+  m.intermediate = dim(r, "intermediate_size");
+  m.layers = dim(r, "num_hidden_layers", kMaxLayers);
+  m.heads = dim(r, "num_attention_heads");
+  m.kv_heads = r.optional_integer("num_key_value_heads", Range{1, kMaxDimension, false})
+                   .value_or(m.heads);
+  const auto head_dim = r.optional_integer("head_dim", Range{1, kMaxDimension, false});
+  m.head_dim = head_dim.value_or(m.hidden / m.heads);
+  m.vocab = dim(r, "vocab_size");
+  m.max_positions = dim(r, "max_position_embeddings", 1e9);
+  m.tied_embeddings = r.optional_boolean("tie_word_embeddings").value_or(false);
+  const auto act = r.optional_string("hidden_act").value_or("silu");
+  if (act != "silu" && act != "swish")
+    throw InputError(r.pointer_of("hidden_act"),
+                     fmt::format("must be \"silu\" for a SwiGLU MLP, got \"{}\"", act));
+  m.attention_dropout = r.optional_number("attention_dropout", Range::between(0, 1)).value_or(0) > 0;
+  check_heads(m, r, "num_attention_heads", "hidden_size", head_dim.has_value());
+  m.mlp = MlpKind::swiglu;
+  m.norm = NormKind::rmsnorm;
+  m.positions = PositionKind::rotary;
+
+  bool qkv_bias = false, out_bias = false, mlp_bias = false;
+  if (m.architecture == Architecture::llama) {
+    // LlamaAttention: attention_bias applies to q, k, v and o; LlamaMLP: mlp_bias to all three.
+    qkv_bias = out_bias = r.optional_boolean("attention_bias").value_or(false);
+    mlp_bias = r.optional_boolean("mlp_bias").value_or(false);
+  } else if (m.architecture == Architecture::qwen2) {
+    // Qwen2Attention: q, k, v always have a bias; o_proj never does.
+    qkv_bias = true;
+  }
+
+  m.embedding.tensors.push_back(matrix("embed_tokens.weight", m.vocab, m.hidden));
+  add_norm(m.block, "input_layernorm", m);
+  add_linear(m.block, "self_attn.q_proj", m.q_width(), m.hidden, qkv_bias);
+  add_linear(m.block, "self_attn.k_proj", m.kv_width(), m.hidden, qkv_bias);
+  add_linear(m.block, "self_attn.v_proj", m.kv_width(), m.hidden, qkv_bias);
+  add_linear(m.block, "self_attn.o_proj", m.hidden, m.q_width(), out_bias);
+  add_norm(m.block, "post_attention_layernorm", m);
+  add_linear(m.block, "mlp.gate_proj", m.intermediate, m.hidden, mlp_bias);
+  add_linear(m.block, "mlp.up_proj", m.intermediate, m.hidden, mlp_bias);
+  add_linear(m.block, "mlp.down_proj", m.hidden, m.intermediate, mlp_bias);
+  add_norm(m.head, "norm", m);
+  if (!m.tied_embeddings) m.head.tensors.push_back(matrix("lm_head.weight", m.vocab, m.hidden));
+}
+
+// GPT-2 (HF modeling_gpt2.py): LayerNorm with bias, learned positions, Conv1D layers with bias,
+// GELU MLP of width n_inner (default 4h), dropout everywhere, head tied to wte.
+void read_gpt2(ObjectReader& r, ModelSpec& m) {
+  m.hidden = dim(r, "n_embd");
+  m.layers = dim(r, "n_layer", kMaxLayers);
+  m.heads = dim(r, "n_head");
+  m.kv_heads = m.heads;
+  m.vocab = dim(r, "vocab_size");
+  m.max_positions = dim(r, "n_positions", 1e9);
+  m.intermediate = r.optional_integer("n_inner", Range{1, kMaxDimension, false})
+                       .value_or(4 * m.hidden);
+  m.tied_embeddings = r.optional_boolean("tie_word_embeddings").value_or(true);
+  r.ignore("activation_function");
+  m.attention_dropout = r.optional_number("attn_pdrop", Range::between(0, 1)).value_or(0.1) > 0;
+  m.residual_dropout = r.optional_number("resid_pdrop", Range::between(0, 1)).value_or(0.1) > 0;
+  check_heads(m, r, "n_head", "n_embd", false);
+  m.head_dim = m.hidden / m.heads;
+  m.mlp = MlpKind::gelu;
+  m.norm = NormKind::layernorm;
+  m.positions = PositionKind::learned;
+
+  m.embedding.tensors.push_back(matrix("wte.weight", m.vocab, m.hidden));
+  m.embedding.tensors.push_back(matrix("wpe.weight", m.max_positions, m.hidden));
+  add_norm(m.block, "ln_1", m);
+  add_linear(m.block, "attn.c_attn", 3 * m.hidden, m.hidden, true);
+  add_linear(m.block, "attn.c_proj", m.hidden, m.hidden, true);
+  add_norm(m.block, "ln_2", m);
+  add_linear(m.block, "mlp.c_fc", m.intermediate, m.hidden, true);
+  add_linear(m.block, "mlp.c_proj", m.hidden, m.intermediate, true);
+  add_norm(m.head, "ln_f", m);
+  if (!m.tied_embeddings) m.head.tensors.push_back(matrix("lm_head.weight", m.vocab, m.hidden));
+}
+
+// GPT-NeoX (HF modeling_gpt_neox.py): LayerNorm with bias, rotary on a fraction of each head,
+// fused query_key_value, GELU MLP, parallel residual by default, untied embed_out by default.
+void read_gpt_neox(ObjectReader& r, ModelSpec& m) {
+  m.hidden = dim(r, "hidden_size");
+  m.intermediate = dim(r, "intermediate_size");
+  m.layers = dim(r, "num_hidden_layers", kMaxLayers);
+  m.heads = dim(r, "num_attention_heads");
+  m.kv_heads = m.heads;
+  m.vocab = dim(r, "vocab_size");
+  m.max_positions = dim(r, "max_position_embeddings", 1e9);
+  m.tied_embeddings = r.optional_boolean("tie_word_embeddings").value_or(false);
+  m.parallel_residual = r.optional_boolean("use_parallel_residual").value_or(true);
+  const bool bias = r.optional_boolean("attention_bias").value_or(true);
+  r.ignore("hidden_act");
+  m.attention_dropout = r.optional_number("attention_dropout", Range::between(0, 1)).value_or(0) > 0;
+  check_heads(m, r, "num_attention_heads", "hidden_size", false);
+  m.head_dim = m.hidden / m.heads;
+  m.mlp = MlpKind::gelu;
+  m.norm = NormKind::layernorm;
+  m.positions = PositionKind::rotary;
+
+  m.embedding.tensors.push_back(matrix("embed_in.weight", m.vocab, m.hidden));
+  add_norm(m.block, "input_layernorm", m);
+  add_norm(m.block, "post_attention_layernorm", m);
+  add_linear(m.block, "attention.query_key_value", 3 * m.hidden, m.hidden, bias);
+  add_linear(m.block, "attention.dense", m.hidden, m.hidden, bias);
+  add_linear(m.block, "mlp.dense_h_to_4h", m.intermediate, m.hidden, true);
+  add_linear(m.block, "mlp.dense_4h_to_h", m.hidden, m.intermediate, true);
+  add_norm(m.head, "final_layer_norm", m);
+  if (!m.tied_embeddings) m.head.tensors.push_back(matrix("embed_out.weight", m.vocab, m.hidden));
+}
+
+}  // namespace
+
+const char* architecture_name(Architecture a) {
+  switch (a) {
+    case Architecture::llama: return "LlamaForCausalLM";
+    case Architecture::mistral: return "MistralForCausalLM";
+    case Architecture::qwen2: return "Qwen2ForCausalLM";
+    case Architecture::gpt2: return "GPT2LMHeadModel";
+    case Architecture::gpt_neox: return "GPTNeoXForCausalLM";
+    case Architecture::uniform: return "uniform";
+  }
+  return "?";
+}
+
+std::int64_t UnitTensors::params() const {
+  std::int64_t n = 0;
+  for (const auto& t : tensors) n += t.elements();
+  return n;
+}
+
+std::int64_t UnitTensors::matmul_params() const {
+  std::int64_t n = 0;
+  for (const auto& t : tensors)
+    if (t.is_matrix()) n += t.elements();
+  return n;
+}
+
+std::int64_t ModelSpec::total_params() const {
+  return embedding.params() + layers * block.params() + head.params();
+}
+
+std::vector<std::string> preset_model_names() {
+  return {"gpt2",       "gpt2-medium", "gpt2-large",  "gpt2-xl",   "llama-2-7b",
+          "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "mistral-7b"};
+}
+
+std::string data_dir() {
+  if (const char* env = std::getenv("SHARDPLAN_DATA_DIR"); env && *env) return env;
+  return SHARDPLAN_DEFAULT_DATA_DIR;
+}
+
+ModelSpec model_from_hf_config(const nlohmann::json& config, const std::string& name) {
+  ObjectReader r(config, "");
+  const auto& archs = r.array("architectures");
+  if (archs.size() != 1 || !archs[0].is_string())
+    throw InputError("/architectures", "must be a list of one architecture name, got " +
+                                           describe_value(archs));
+  const std::string arch = archs[0].get<std::string>();
+  ModelSpec m;
+  m.name = name;
+  if (arch == "LlamaForCausalLM") m.architecture = Architecture::llama;
+  else if (arch == "MistralForCausalLM") m.architecture = Architecture::mistral;
+  else if (arch == "Qwen2ForCausalLM") m.architecture = Architecture::qwen2;
+  else if (arch == "GPT2LMHeadModel") m.architecture = Architecture::gpt2;
+  else if (arch == "GPTNeoXForCausalLM") m.architecture = Architecture::gpt_neox;
+  else
+    throw InputError("/architectures/0", fmt::format("unsupported architecture \"{}\"; supported: {}",
+                                                     arch, fmt::join(kSupported, ", ")));
+  switch (m.architecture) {
+    case Architecture::gpt2: read_gpt2(r, m); break;
+    case Architecture::gpt_neox: read_gpt_neox(r, m); break;
+    default: read_llama_family(r, m); break;
+  }
+  // Dropout rates of the Llama family are read above; GPT-2's embedding dropout keeps no state
+  // we count. Everything else must be metadata.
+  r.ignore_if(is_metadata_key);
+  r.finish();
+  return m;
+}
+
+ModelSpec load_model(const std::string& name_or_path) {
+  const auto presets = preset_model_names();
+  std::string path = name_or_path;
+  if (std::find(presets.begin(), presets.end(), name_or_path) != presets.end())
+    path = data_dir() + "/examples/models/" + name_or_path + "/config.json";
+  else if (!std::filesystem::exists(name_or_path))
+    throw InputError("--model", fmt::format("\"{}\" is neither a preset ({}) nor a file",
+                                            name_or_path, fmt::join(presets, ", ")));
+  else if (std::filesystem::is_directory(name_or_path))
+    path = name_or_path + "/config.json";
+  return model_from_hf_config(read_json_file(path), name_or_path);
+}
+
+ModelSpec model_from_param_count(double params, std::int64_t layers) {
+  if (!std::isfinite(params) || params < 1e3 || params > 1e15)
+    throw InputError("--params", fmt::format("must be between 1e3 and 1e15, got {}", params));
+  if (layers < 0 || layers > kMaxLayers)
+    throw InputError("--layers", fmt::format("must be between 1 and {}, got {}", kMaxLayers, layers));
+  const auto total = static_cast<std::int64_t>(std::llround(params));
+  ModelSpec m;
+  m.name = fmt::format("params:{}", params);
+  m.architecture = Architecture::uniform;
+  // 12·L·h² ≈ P with the aspect ratio h ≈ 128·L of GPT-3's family (Brown et al. 2020, Table 2.1)
+  // gives L = (P / (12·128²))^(1/3).
+  if (layers == 0)
+    layers = std::max<std::int64_t>(1, std::llround(std::cbrt(params / (12.0 * 128 * 128))));
+  m.layers = std::min(layers, total);
+  const double h = std::sqrt(params / (12.0 * static_cast<double>(m.layers)));
+  m.hidden = std::max<std::int64_t>(1, std::llround(h));
+  m.heads = std::max<std::int64_t>(1, m.hidden / 128);
+  m.kv_heads = m.heads;
+  m.head_dim = std::max<std::int64_t>(1, m.hidden / m.heads);
+  m.intermediate = 4 * m.hidden;
+  m.max_positions = 2048;
+  m.mlp = MlpKind::gelu;
+  m.norm = NormKind::layernorm;
+  const std::int64_t per_block = total / m.layers;
+  m.block.tensors.push_back({"block", per_block, 1});
+  const std::int64_t rest = total - per_block * m.layers;
+  if (rest > 0) m.head.tensors.push_back({"remainder", rest, 1});
+  return m;
+}
+
+nlohmann::json model_to_json(const ModelSpec& m) {
+  auto unit = [](const UnitTensors& u) {
+    nlohmann::json tensors = nlohmann::json::array();
+    for (const auto& t : u.tensors)
+      tensors.push_back({{"name", t.name}, {"shape", t.rows == 1 ? nlohmann::json::array({t.cols})
+                                                                 : nlohmann::json::array({t.rows, t.cols})},
+                         {"params", t.elements()}});
+    return nlohmann::json{{"params", u.params()}, {"tensors", tensors}};
+  };
+  return {{"model", m.name},
+          {"architecture", architecture_name(m.architecture)},
+          {"hidden_size", m.hidden},
+          {"layers", m.layers},
+          {"heads", m.heads},
+          {"kv_heads", m.kv_heads},
+          {"head_dim", m.head_dim},
+          {"intermediate_size", m.intermediate},
+          {"vocab_size", m.vocab},
+          {"tied_embeddings", m.tied_embeddings},
+          {"embedding", unit(m.embedding)},
+          {"block", unit(m.block)},
+          {"head", unit(m.head)},
+          {"params", m.total_params()}};
+}
+
+}  // namespace shardplan::costmodel

@@ -1,0 +1,78 @@
+// The model document: a Hugging Face config.json (or a preset naming one under examples/models/),
+// or a bare parameter count. From it: exact parameter counts per tensor, per unit and in total.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace shardplan::costmodel {
+
+enum class Architecture { llama, mistral, qwen2, gpt2, gpt_neox, uniform };
+enum class MlpKind { gelu, swiglu };
+enum class NormKind { layernorm, rmsnorm };
+enum class PositionKind { learned, rotary };
+
+const char* architecture_name(Architecture a);  // the HF class name ("LlamaForCausalLM")
+
+struct Tensor {
+  std::string name;            // HF-style name inside its unit ("self_attn.q_proj.weight")
+  std::int64_t rows = 1;       // out features (1 for vectors)
+  std::int64_t cols = 1;       // in features
+  std::int64_t elements() const { return rows * cols; }
+  bool is_matrix() const { return rows > 1 && cols > 1; }
+};
+
+// One sharding unit's tensors: the embeddings, one transformer block, or the head.
+struct UnitTensors {
+  std::vector<Tensor> tensors;
+  std::int64_t params() const;
+  std::int64_t matmul_params() const;  // weights that take part in a GEMM per token
+};
+
+struct ModelSpec {
+  std::string name;                // preset name or file path or "params:7.5e9"
+  Architecture architecture = Architecture::llama;
+  std::int64_t hidden = 0;         // h
+  std::int64_t layers = 0;         // L, transformer blocks
+  std::int64_t heads = 0;          // a, query heads
+  std::int64_t kv_heads = 0;       // grouped-query attention: key/value heads
+  std::int64_t head_dim = 0;       // per head; q width = heads * head_dim
+  std::int64_t intermediate = 0;   // MLP inner width
+  std::int64_t vocab = 0;          // V
+  std::int64_t max_positions = 0;  // context length the positions table (or rope) was built for
+  MlpKind mlp = MlpKind::swiglu;
+  NormKind norm = NormKind::rmsnorm;
+  PositionKind positions = PositionKind::rotary;
+  bool tied_embeddings = false;    // the head reuses the token embedding matrix
+  bool parallel_residual = false;  // GPT-NeoX: attention and MLP read the same input
+  bool attention_dropout = false;  // dropout on the attention probabilities (mask kept)
+  bool residual_dropout = false;   // dropout after attention and MLP outputs (mask kept)
+
+  UnitTensors embedding;           // token (and position) embeddings
+  UnitTensors block;               // one transformer block; all blocks are identical
+  UnitTensors head;                // final norm and, when untied, the output projection
+
+  std::int64_t total_params() const;
+  std::int64_t q_width() const { return heads * head_dim; }
+  std::int64_t kv_width() const { return kv_heads * head_dim; }
+};
+
+// Names of the presets shipped under examples/models/ (each a folder with a config.json).
+std::vector<std::string> preset_model_names();
+// Folder holding examples/ and hardware_profiles/: $SHARDPLAN_DATA_DIR or the source tree.
+std::string data_dir();
+
+// A preset name or a path to a config.json. Throws InputError.
+ModelSpec load_model(const std::string& name_or_path);
+// Parses an HF config.json already in memory; `source` names it in errors.
+ModelSpec model_from_hf_config(const nlohmann::json& config, const std::string& name);
+// A bare parameter count: `layers` uniform blocks (0: chosen from the count with the usual
+// aspect ratio h ≈ 128·L) carrying all parameters, no embeddings. For the textbook cases.
+ModelSpec model_from_param_count(double params, std::int64_t layers = 0);
+
+nlohmann::json model_to_json(const ModelSpec& m);  // the per-unit parameter table
+
+}  // namespace shardplan::costmodel

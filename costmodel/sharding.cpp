@@ -1,0 +1,217 @@
+#include "costmodel/sharding.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "costmodel/json_reader.hpp"
+
+namespace shardplan::costmodel {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+template <class E>
+E from_names(const std::vector<std::string>& names, const std::string& s, const std::string& where) {
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (names[i] == s) return static_cast<E>(i);
+  throw InputError(where, fmt::format("must be one of {}, got \"{}\"", fmt::join(names, ", "), s));
+}
+
+// torch.nn.parallel.DistributedDataParallel (torch/nn/parallel/distributed.py): bucket_cap_mb=25;
+// gradient_as_bucket_view=False, so gradients are copied into the buckets (a second copy);
+// gradients are reduced in the parameter dtype (fp32 parameters under autocast).
+void apply_ddp(ShardingSpec& s) {
+  s.reduce_bucket_bytes = 25 * kMiB;
+  s.grad_bucket_copy = true;
+  s.reduce_dtype = DType::fp32;
+  s.forward_prefetch = s.backward_prefetch = 0;
+}
+
+// FSDP1 (torch/distributed/fsdp/fully_sharded_data_parallel.py, _limiter_utils.py):
+// limit_all_gathers=True allows 2 in-flight all-gathers; backward_prefetch=BACKWARD_PRE prefetches
+// one unit; forward_prefetch=False, but the CPU runs ahead of the GPU by up to the limiter, which
+// issues the next unit's all-gather during the current forward (one unit ahead). The root unit
+// stays unsharded after forward. MixedPrecision keeps the sharded FlatParameter in fp32 and casts
+// to param_dtype at all-gather; reduce_dtype defaults to param_dtype.
+void apply_fsdp1(ShardingSpec& s) {
+  s.forward_prefetch = 1;
+  s.backward_prefetch = 1;
+  s.max_inflight_allgathers = 2;
+  s.keep_root_unsharded = s.reshard_after_forward;
+  s.fp32_sharded_params = true;
+  s.reduce_dtype = DType::bf16;
+}
+
+// FSDP2 (torch/distributed/_composable/fsdp/_fsdp_param_group.py): implicit prefetch of the next
+// group in forward and backward; the previous all-gather output stays alive until the next
+// copy-in (so at most two gathered groups); the root's reshard_after_forward=None means the last
+// group is not resharded before backward. Sharded DTensor parameters stay fp32; reduce_dtype
+// defaults to param_dtype.
+void apply_fsdp2(ShardingSpec& s) {
+  s.forward_prefetch = 1;
+  s.backward_prefetch = 1;
+  s.max_inflight_allgathers = 2;
+  s.fp32_sharded_params = true;
+  s.reduce_dtype = DType::bf16;
+}
+
+// DeepSpeed ZeRO (deepspeed/runtime/zero/config.py and stage_1_and_2.py / stage3.py):
+// reduce_bucket_size = allgather_bucket_size = 5e8 elements; stage3_prefetch_bucket_size 5e7;
+// stage3_param_persistence_threshold 1e5; contiguous_gradients true (a preallocated bucket,
+// doubled when overlap_comm); overlap_comm true for stage 3 and false otherwise; bf16/fp16
+// partitions with a separate fp32 master partition; ZeRO-3 keeps a flat fp32 gradient partition.
+void apply_deepspeed(ShardingSpec& s) {
+  const bool stage3 = s.shard_parameters;
+  s.reduce_bucket_bytes = 5e8 * 2;  // elements × bytes of the bf16/fp16 communication dtype
+  s.allgather_bucket_bytes = 5e8 * 2;
+  s.prefetch_bucket_elems = stage3 ? 5e7 : 0;
+  s.forward_prefetch = s.backward_prefetch = 1;
+  s.max_inflight_allgathers = stage3 ? 2 : 1;
+  s.persistence_threshold = stage3 ? 100000 : 0;
+  s.separate_fp32_master = true;
+  s.contiguous_grad_bucket = true;
+  s.flat_grad_partition = stage3;
+  s.reduce_dtype = DType::bf16;
+}
+
+}  // namespace
+
+const std::vector<std::string>& strategy_names() {
+  static const std::vector<std::string> n = {"ddp",       "zero1",        "zero2", "zero3",
+                                             "fsdp-full", "fsdp-grad-op", "hsdp"};
+  return n;
+}
+const std::vector<std::string>& flavour_names() {
+  static const std::vector<std::string> n = {"ddp", "fsdp1", "fsdp2", "deepspeed"};
+  return n;
+}
+const std::vector<std::string>& offload_names() {
+  static const std::vector<std::string> n = {"none", "optimizer", "params"};
+  return n;
+}
+
+const char* flavour_name(Flavour f) { return flavour_names()[static_cast<std::size_t>(f)].c_str(); }
+Flavour flavour_from_name(const std::string& s, const std::string& where) {
+  return from_names<Flavour>(flavour_names(), s, where);
+}
+const char* offload_name(Offload o) { return offload_names()[static_cast<std::size_t>(o)].c_str(); }
+Offload offload_from_name(const std::string& s, const std::string& where) {
+  return from_names<Offload>(offload_names(), s, where);
+}
+
+std::vector<Flavour> flavours_for(const std::string& strategy) {
+  if (strategy == "ddp") return {Flavour::ddp};
+  if (strategy.rfind("zero", 0) == 0) return {Flavour::deepspeed};
+  return {Flavour::fsdp2, Flavour::fsdp1};
+}
+
+Flavour default_flavour(const std::string& strategy) { return flavours_for(strategy).front(); }
+
+ShardingSpec make_spec(const std::string& strategy, std::optional<Flavour> flavour,
+                       int gpus_per_node, std::optional<int> shard_group_size) {
+  const auto& names = strategy_names();
+  if (std::find(names.begin(), names.end(), strategy) == names.end())
+    throw InputError("--strategy", fmt::format("must be one of {}, got \"{}\"",
+                                               fmt::join(names, ", "), strategy));
+  ShardingSpec s;
+  s.strategy = strategy;
+  s.flavour = flavour.value_or(default_flavour(strategy));
+  const auto allowed = flavours_for(strategy);
+  if (std::find(allowed.begin(), allowed.end(), s.flavour) == allowed.end()) {
+    std::vector<std::string> ok;
+    for (auto f : allowed) ok.emplace_back(flavour_name(f));
+    throw InputError("--flavour", fmt::format("{} is not implemented by {}; use {}", strategy,
+                                              flavour_name(s.flavour), fmt::join(ok, " or ")));
+  }
+  // The three sharding switches (DESIGN.md table).
+  if (strategy == "zero1") {
+    s.shard_optimizer = true;
+  } else if (strategy == "zero2" || strategy == "fsdp-grad-op") {
+    s.shard_optimizer = s.shard_gradients = true;
+    // SHARD_GRAD_OP: parameters sharded at rest but gathered at forward and kept through backward.
+    s.shard_parameters = strategy == "fsdp-grad-op";
+  } else if (strategy == "zero3" || strategy == "fsdp-full" || strategy == "hsdp") {
+    s.shard_optimizer = s.shard_gradients = s.shard_parameters = true;
+    s.reshard_after_forward = true;
+  }
+  if (strategy == "hsdp") {
+    s.shard_group_size = shard_group_size.value_or(gpus_per_node);
+    if (s.shard_group_size < 1)
+      throw InputError("--shard-group-size",
+                       fmt::format("must be >= 1, got {}", s.shard_group_size));
+  } else if (shard_group_size) {
+    throw InputError("--shard-group-size",
+                     fmt::format("applies to hsdp only, not {}", strategy));
+  }
+  switch (s.flavour) {
+    case Flavour::ddp: apply_ddp(s); break;
+    case Flavour::fsdp1: apply_fsdp1(s); break;
+    case Flavour::fsdp2: apply_fsdp2(s); break;
+    case Flavour::deepspeed: apply_deepspeed(s); break;
+  }
+  return s;
+}
+
+nlohmann::json spec_to_json(const ShardingSpec& s) {
+  return {{"strategy", s.strategy},
+          {"flavour", flavour_name(s.flavour)},
+          {"shard_optimizer", s.shard_optimizer},
+          {"shard_gradients", s.shard_gradients},
+          {"shard_parameters", s.shard_parameters},
+          {"shard_group_size", s.shard_group_size},
+          {"reshard_after_forward", s.reshard_after_forward},
+          {"keep_root_unsharded", s.keep_root_unsharded},
+          {"forward_prefetch", s.forward_prefetch},
+          {"backward_prefetch", s.backward_prefetch},
+          {"max_inflight_allgathers", s.max_inflight_allgathers},
+          {"prefetch_bucket_elems", s.prefetch_bucket_elems},
+          {"reduce_bucket_bytes", s.reduce_bucket_bytes},
+          {"allgather_bucket_bytes", s.allgather_bucket_bytes},
+          {"reduce_dtype", dtype_name(s.reduce_dtype)},
+          {"persistence_threshold", s.persistence_threshold},
+          {"offload", offload_name(s.offload)},
+          {"fp32_sharded_params", s.fp32_sharded_params},
+          {"separate_fp32_master", s.separate_fp32_master},
+          {"contiguous_grad_bucket", s.contiguous_grad_bucket},
+          {"flat_grad_partition", s.flat_grad_partition},
+          {"grad_bucket_copy", s.grad_bucket_copy}};
+}
+
+ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer) {
+  ObjectReader r(j, pointer);
+  ShardingSpec s;
+  s.strategy = r.choice("strategy", strategy_names());
+  s.flavour = flavour_from_name(r.string("flavour"), r.pointer_of("flavour"));
+  s.shard_optimizer = r.boolean("shard_optimizer");
+  s.shard_gradients = r.boolean("shard_gradients");
+  s.shard_parameters = r.boolean("shard_parameters");
+  s.shard_group_size = static_cast<int>(r.integer("shard_group_size", Range{0, 1e6, false}));
+  s.reshard_after_forward = r.boolean("reshard_after_forward");
+  s.keep_root_unsharded = r.boolean("keep_root_unsharded");
+  s.forward_prefetch = static_cast<int>(r.integer("forward_prefetch", Range{0, 1e4, false}));
+  s.backward_prefetch = static_cast<int>(r.integer("backward_prefetch", Range{0, 1e4, false}));
+  s.max_inflight_allgathers =
+      static_cast<int>(r.integer("max_inflight_allgathers", Range{1, 1e4, false}));
+  s.prefetch_bucket_elems = r.number("prefetch_bucket_elems", Range::non_negative());
+  s.reduce_bucket_bytes = r.number("reduce_bucket_bytes", Range::non_negative());
+  s.allgather_bucket_bytes = r.number("allgather_bucket_bytes", Range::non_negative());
+  const auto rd = r.choice("reduce_dtype", {"fp32", "bf16", "fp16"});
+  s.reduce_dtype = rd == "fp32" ? DType::fp32 : rd == "bf16" ? DType::bf16 : DType::fp16;
+  s.persistence_threshold = r.integer("persistence_threshold", Range{0, 1e12, false});
+  s.offload = offload_from_name(r.string("offload"), r.pointer_of("offload"));
+  s.fp32_sharded_params = r.boolean("fp32_sharded_params");
+  s.separate_fp32_master = r.boolean("separate_fp32_master");
+  s.contiguous_grad_bucket = r.boolean("contiguous_grad_bucket");
+  s.flat_grad_partition = r.boolean("flat_grad_partition");
+  s.grad_bucket_copy = r.boolean("grad_bucket_copy");
+  r.finish();
+  if (s.shard_gradients && !s.shard_optimizer)
+    throw InputError(r.pointer_of("shard_gradients"),
+                     "sharding gradients needs sharded optimizer states (no framework does this)");
+  if (s.reshard_after_forward && !s.shard_parameters)
+    throw InputError(r.pointer_of("reshard_after_forward"), "needs shard_parameters");
+  return s;
+}
+
+}  // namespace shardplan::costmodel

@@ -1,0 +1,592 @@
+#include "costmodel/simulator.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace shardplan::costmodel {
+namespace {
+
+enum class Phase : std::uint8_t { setup, forward, backward, recompute, reduce, optimizer, gather };
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::setup: return "start of step";
+    case Phase::forward: return "forward";
+    case Phase::backward: return "backward";
+    case Phase::recompute: return "recompute";
+    case Phase::reduce: return "gradient reduction";
+    case Phase::optimizer: return "optimizer step";
+    case Phase::gather: return "parameter all-gather";
+  }
+  return "?";
+}
+
+struct MemEvent {
+  double t;
+  double bytes;       // + allocation, − free
+  Category cat;
+  Phase phase;
+  std::int8_t gathered;  // +1/−1 when a gathered unit appears/disappears
+  int unit;
+  int micro_batch;
+};
+
+// Per-unit quantities (embeddings, one block, head): elements, seconds and bytes per micro-batch.
+struct UnitInfo {
+  double params = 0;        // elements
+  double shardable = 0;     // elements that get partitioned (the rest stays whole)
+  double gather = 0;        // elements all-gathered before use (tied head: + the embedding matrix)
+  double matmul = 0;        // elements of GEMM weights (autocast copies)
+  double opt_elems = 0;     // optimizer-state elements
+  double fwd_s = 0, bwd_s = 0, recompute_s = 0;
+  double fwd_flops = 0;     // per micro-batch
+  ActivationBytes act;
+};
+
+std::string unit_label(int u, int units) {
+  if (u == 0) return "embeddings";
+  if (u == units - 1) return "head";
+  return fmt::format("block {}", u - 1);
+}
+
+class Simulation {
+ public:
+  Simulation(const StepInput& in, Trace* trace) : in_(in), trace_(trace), comm_(*in.hardware) {}
+
+  StepResult run();
+
+ private:
+  // Schedules an op on a stream once `ready`; returns its start. `cause` is the stream whose
+  // completion made it ready (for attributing compute idle time).
+  double issue(Stream s, double ready, Stream cause, double dur, const char* what, int unit);
+  void mem(double t, double bytes, Category c, Phase p, int unit, int mb, int gathered = 0) {
+    if (bytes != 0 || gathered != 0) events_.push_back({t, bytes, c, p, static_cast<std::int8_t>(gathered), unit, mb});
+  }
+  double coll(Collective op, const Group& g, double size) {
+    const auto c = comm_.cost(op, g, size);
+    result_.comm_bytes_per_gpu += c.bytes_sent;
+    result_.calibrated_comm |= c.calibrated;
+    result_.extrapolated_comm |= c.extrapolated;
+    return c.seconds;
+  }
+  // Time of a reduction of `bytes` split into buckets of the spec's size.
+  double bucketed(Collective op, const Group& g, double bytes, double bucket);
+  const UnitInfo& info(int u) const { return u == 0 ? units_[0] : u == n_units_ - 1 ? units_[2] : units_[1]; }
+  std::string fail(std::string reason) {
+    result_.valid = false;
+    result_.reason = std::move(reason);
+    return result_.reason;
+  }
+  bool check_plan();
+  void prepare();
+  void micro_batch(int mb, bool first, bool reduce);
+  void walk_memory();
+
+  const StepInput& in_;
+  Trace* trace_;
+  CommModel comm_;
+  StepResult result_;
+  StateBytes sb_;
+  std::array<UnitInfo, 3> units_;
+  int n_units_ = 0;
+  int world_ = 1, shard_ = 1;  // ranks; shard group size
+  Group shard_group_, replica_group_;
+  bool hsdp_ = false;
+  int fwd_prefetch_ = 1;
+  double reduce_b_ = 2, compute_b_ = 2;
+  std::array<double, kStreams> free_at_{};  // when each stream is next free
+  std::vector<double> fwd_start_, fwd_end_, bwd_start_, bwd_end_, gathered_free_;
+  std::vector<char> gathered_alive_;
+  std::vector<MemEvent> events_;
+  double pending_reduce_bytes_ = 0;
+  std::vector<int> pending_units_;
+  double kept_grad_bytes_ = 0;  // gradients kept until zero_grad at the end of the step
+};
+
+double Simulation::issue(Stream s, double ready, Stream cause, double dur, const char* what, int unit) {
+  auto& free = free_at_[static_cast<int>(s)];
+  const double start = std::max(free, ready);
+  if (s == Stream::compute && ready > free) result_.exposed_s[static_cast<int>(cause)] += ready - free;
+  free = start + dur;
+  result_.busy_s[static_cast<int>(s)] += dur;
+  if (trace_ && dur > 0)
+    trace_->spans.push_back({s, unit >= 0 ? fmt::format("{} {}", what, unit_label(unit, n_units_)) : what,
+                             start, dur});
+  return start;
+}
+
+double Simulation::bucketed(Collective op, const Group& g, double bytes, double bucket) {
+  if (bytes <= 0) return 0;
+  if (bucket <= 0 || bucket >= bytes) return coll(op, g, bytes);
+  const double full = std::floor(bytes / bucket);
+  const double rest = bytes - full * bucket;
+  double t = 0;
+  // One collective per full bucket and one for the remainder (DDP's bucket_cap_mb semantics).
+  const double before = result_.comm_bytes_per_gpu;
+  const double one = coll(op, g, bucket);
+  result_.comm_bytes_per_gpu = before + (result_.comm_bytes_per_gpu - before) * full;
+  t += one * full;
+  if (rest > 0) t += coll(op, g, rest);
+  return t;
+}
+
+bool Simulation::check_plan() {
+  const auto& c = in_.cluster;
+  const auto& s = in_.spec;
+  const auto& j = in_.job;
+  world_ = c.gpus;
+  shard_ = s.group(world_);
+  hsdp_ = shard_ < world_;
+  if (shard_ > world_ || world_ % shard_ != 0) {
+    fail(fmt::format("shard group of {} does not divide {} GPUs", shard_, world_));
+    return false;
+  }
+  if (j.micro_batch <= 0 || j.global_batch % world_ != 0 || (j.global_batch / world_) % j.micro_batch != 0) {
+    fail(fmt::format("micro-batch {} does not divide the per-GPU batch of global batch {} on {} GPUs",
+                     j.micro_batch, j.global_batch, world_));
+    return false;
+  }
+  if (s.offload != Offload::none && !s.shard_optimizer) {
+    fail(fmt::format("{} cannot offload: offload needs sharded optimizer states (ZeRO or FSDP)", s.strategy));
+    return false;
+  }
+  if (s.offload == Offload::params && !s.shard_parameters) {
+    fail(fmt::format("{} cannot offload parameters: they are not sharded (zero3, fsdp-full, hsdp can)", s.strategy));
+    return false;
+  }
+  if (s.offload == Offload::optimizer && (s.flavour == Flavour::fsdp1 || s.flavour == Flavour::fsdp2)) {
+    fail("FSDP offloads parameters, gradients and optimizer together (CPUOffload); use offload params");
+    return false;
+  }
+  return true;
+}
+
+void Simulation::prepare() {
+  const auto& m = *in_.model;
+  const auto& j = in_.job;
+  const auto& s = in_.spec;
+  const auto& hw = *in_.hardware;
+  const bool paper = in_.accounting == Accounting::zero_paper;
+  sb_ = state_bytes(j.precision, s, in_.accounting);
+  compute_b_ = sb_.compute;
+  reduce_b_ = paper ? 2.0 : dtype_bytes(s.reduce_dtype);
+  n_units_ = static_cast<int>(m.layers) + 2;
+
+  const double tokens = static_cast<double>(j.seq_len * j.micro_batch);
+  const double eff = hw.calibration && hw.calibration->compute_efficiency
+                         ? *hw.calibration->compute_efficiency
+                         : hw.compute_efficiency;
+  const double rate = hw.peak(compute_dtype(j.precision)) * eff;
+  const std::int64_t threshold = paper ? 0 : s.persistence_threshold;
+  const UnitTensors* tensors[3] = {&m.embedding, &m.block, &m.head};
+  for (int k = 0; k < 3; ++k) {
+    auto& u = units_[k];
+    const auto& t = *tensors[k];
+    u.params = static_cast<double>(t.params());
+    u.shardable = s.shard_parameters ? u.params - static_cast<double>(persistent_elements(t, threshold)) : u.params;
+    u.gather = s.shard_parameters ? u.shardable : 0;
+    u.matmul = static_cast<double>(t.matmul_params());
+    u.opt_elems = static_cast<double>(optimizer_state_elements(t, j.optimizer));
+  }
+  if (m.tied_embeddings && s.shard_parameters)  // the head re-gathers the shared embedding matrix
+    units_[2].gather += static_cast<double>(m.embedding.tensors.front().elements());
+  if (m.tied_embeddings) units_[2].matmul += static_cast<double>(m.embedding.tensors.front().elements());
+  units_[0].matmul = 0;  // an embedding lookup is a gather, not a GEMM
+
+  const double fwd_block = block_forward_flops_per_token(m, j.seq_len) * tokens;
+  const double fwd_head = head_forward_flops_per_token(m) * tokens;
+  units_[1].fwd_flops = fwd_block;
+  units_[2].fwd_flops = fwd_head;
+  for (auto& u : units_) {
+    u.fwd_s = u.fwd_flops / rate;
+    u.bwd_s = 2 * u.fwd_s;  // backward = 2 × forward (input and weight gradients)
+  }
+  if (j.checkpointing == Checkpointing::full) units_[1].recompute_s = units_[1].fwd_s;
+  if (j.checkpointing == Checkpointing::selective && j.attention == AttentionImpl::eager)
+    units_[1].recompute_s = attention_core_flops_per_token(m, j.seq_len) * tokens / rate;
+  units_[1].act = block_activations(m, j.seq_len, j.micro_batch, compute_b_, j.attention, j.checkpointing);
+  units_[2].act = head_activations(m, j.seq_len, j.micro_batch, compute_b_);
+
+  const int G = in_.cluster.gpus_per_node;
+  shard_group_ = {shard_, std::min(shard_, G)};
+  replica_group_ = {world_ / shard_, std::max(1, G / shard_)};
+  fwd_prefetch_ = s.forward_prefetch;
+  if (s.prefetch_bucket_elems > 0 && units_[1].gather > 0)
+    fwd_prefetch_ = std::max(1, static_cast<int>(s.prefetch_bucket_elems / units_[1].gather));
+
+  const auto n = static_cast<std::size_t>(n_units_);
+  fwd_start_.assign(n, 0); fwd_end_.assign(n, 0); bwd_start_.assign(n, 0); bwd_end_.assign(n, 0);
+  gathered_free_.assign(n, 0);
+  gathered_alive_.assign(n, 0);
+  events_.clear();
+  events_.reserve(n * 16);
+}
+
+void Simulation::micro_batch(int mb, bool first, bool reduce) {
+  const auto& s = in_.spec;
+  const int U = n_units_;
+  const double S = shard_;
+  const bool shard_params = s.shard_parameters;
+  const bool autocast_copies = s.flavour == Flavour::ddp && sb_.compute < sb_.param &&
+                               in_.accounting == Accounting::framework;
+  const bool offload_params = s.offload == Offload::params;
+  const bool offload_opt = s.offload != Offload::none;
+  // The last unit is used again at once by backward: FSDP2's root and FSDP1's root keep it, and
+  // DeepSpeed's trace-based prefetch finds it still gathered.
+  auto kept_through_backward = [&](int u) {
+    if (!s.reshard_after_forward) return true;
+    if (in_.accounting == Accounting::zero_paper) return false;
+    if (u == U - 1) return true;
+    return s.keep_root_unsharded && u == 0;
+  };
+
+  // ---- forward
+  for (int u = 0; u < U; ++u) {
+    const auto& ui = info(u);
+    double ready = 0;
+    Stream cause = Stream::compute;
+    if (shard_params && ui.gather > 0 && !gathered_alive_[u]) {
+      // Issue: when the CPU reaches this unit's pre-forward, `prefetch` units ahead of the GPU;
+      // rate limit: the gathered unit `limit` positions back must be freed.
+      const int fp = fwd_prefetch_;
+      double issue_t = u - fp >= 0 ? (fp == 0 ? fwd_end_[u - 1] : fwd_start_[u - fp]) : 0;
+      if (fp == 0 && u == 0) issue_t = free_at_[0];
+      if (s.reshard_after_forward && u - s.max_inflight_allgathers >= 0)
+        issue_t = std::max(issue_t, gathered_free_[u - s.max_inflight_allgathers]);
+      double dur = coll(Collective::all_gather, shard_group_, ui.gather * compute_b_);
+      if (offload_params) dur += ui.shardable / S * compute_b_ / in_.hardware->host_link_Bps;
+      const double st = issue(Stream::all_gather, issue_t, Stream::compute, dur, "all-gather", u);
+      mem(st, ui.gather * compute_b_, Category::buffers, Phase::forward, u, mb, +1);
+      gathered_alive_[u] = 1;
+      ready = st + dur;
+      cause = Stream::all_gather;
+    }
+    const double st = issue(Stream::compute, ready, cause, ui.fwd_s, "forward", u);
+    fwd_start_[u] = st;
+    fwd_end_[u] = st + ui.fwd_s;
+    mem(st, ui.act.saved, Category::activations, Phase::forward, u, mb);
+    if (autocast_copies) mem(st, ui.matmul * compute_b_, Category::buffers, Phase::forward, u, mb);
+    if (shard_params && gathered_alive_[u] && !kept_through_backward(u)) {
+      mem(fwd_end_[u], -ui.gather * compute_b_, Category::buffers, Phase::forward, u, mb, -1);
+      gathered_alive_[u] = 0;
+      gathered_free_[u] = fwd_end_[u];
+    }
+  }
+
+  // ---- backward
+  pending_reduce_bytes_ = 0;
+  pending_units_.clear();
+  for (int u = U - 1; u >= 0; --u) {
+    const auto& ui = info(u);
+    double ready = 0;
+    Stream cause = Stream::compute;
+    if (shard_params && ui.gather > 0 && !gathered_alive_[u]) {
+      const int bp = s.backward_prefetch;
+      double issue_t = u + bp <= U - 1 ? (bp == 0 ? bwd_end_[u + 1] : bwd_start_[u + bp]) : 0;
+      if (u + s.max_inflight_allgathers <= U - 1)
+        issue_t = std::max(issue_t, bwd_end_[u + s.max_inflight_allgathers]);
+      double dur = coll(Collective::all_gather, shard_group_, ui.gather * compute_b_);
+      if (offload_params) dur += ui.shardable / S * compute_b_ / in_.hardware->host_link_Bps;
+      const double st = issue(Stream::all_gather, issue_t, Stream::compute, dur, "all-gather", u);
+      mem(st, ui.gather * compute_b_, Category::buffers, Phase::backward, u, mb, +1);
+      gathered_alive_[u] = 1;
+      ready = st + dur;
+      cause = Stream::all_gather;
+    }
+    double st = 0;
+    if (ui.recompute_s > 0) {
+      st = issue(Stream::compute, ready, cause, ui.recompute_s, "recompute", u);
+      result_.recompute_s += ui.recompute_s;
+      mem(st, ui.act.recompute, Category::activations, Phase::recompute, u, mb);
+      ready = 0;
+    }
+    st = issue(Stream::compute, ready, cause, ui.bwd_s, "backward", u);
+    bwd_start_[u] = st;
+    const double end = st + ui.bwd_s;
+    bwd_end_[u] = end;
+    mem(st, ui.act.backward, Category::activations, Phase::backward, u, mb);
+    // Gradients: kept whole (DDP, ZeRO-1) they are allocated on first use and kept to the step;
+    // sharded, the unit's full gradient is a transient until it is reduced.
+    const double fresh = s.shard_gradients ? ui.params * compute_b_ : 0;
+    if (!s.shard_gradients && first) {
+      mem(st, ui.params * sb_.grad, Category::gradients, Phase::backward, u, mb);
+      kept_grad_bytes_ += ui.params * sb_.grad;
+    }
+    mem(st, fresh, Category::gradients, Phase::backward, u, mb);
+    mem(end, -(ui.act.saved + ui.act.recompute + ui.act.backward), Category::activations, Phase::backward, u, mb);
+    if (autocast_copies) mem(end, -ui.matmul * compute_b_, Category::buffers, Phase::backward, u, mb);
+    if (shard_params && gathered_alive_[u]) {
+      mem(end, -ui.gather * compute_b_, Category::buffers, Phase::backward, u, mb, -1);
+      gathered_alive_[u] = 0;
+    }
+    if (s.contiguous_grad_bucket && fresh > 0) mem(end, -fresh, Category::gradients, Phase::backward, u, mb);
+
+    // Reduction: per unit, or when the framework's bucket has filled.
+    if (!reduce) continue;
+    pending_reduce_bytes_ += ui.params * reduce_b_;
+    pending_units_.push_back(u);
+    const double bucket = s.reduce_bucket_bytes;
+    const bool per_unit_buckets = !s.contiguous_grad_bucket;  // DDP caps buckets; FSDP reduces per unit
+    if (!per_unit_buckets && pending_reduce_bytes_ < bucket && u > 0) continue;
+    const Collective op = s.shard_optimizer ? Collective::reduce_scatter : Collective::all_reduce;
+    const Stream rs_stream = op == Collective::reduce_scatter ? Stream::reduce_scatter : Stream::all_reduce;
+    const double dur = per_unit_buckets ? bucketed(op, shard_group_, pending_reduce_bytes_, bucket)
+                                        : coll(op, shard_group_, pending_reduce_bytes_);
+    const double rs = issue(rs_stream, end, Stream::compute, dur, op == Collective::reduce_scatter ? "reduce-scatter" : "all-reduce", u);
+    double done = rs + dur;
+    if (hsdp_ && s.shard_gradients) {  // HYBRID_SHARD: all-reduce the shard across replicas
+      const double ar = coll(Collective::all_reduce, replica_group_, pending_reduce_bytes_ / S);
+      done = issue(Stream::all_reduce, done, Stream::reduce_scatter, ar, "replica all-reduce", u) + ar;
+    }
+    if (offload_opt && s.shard_gradients) {  // gradient partitions stream to host memory
+      const double d2h = pending_reduce_bytes_ / S / in_.hardware->host_link_Bps;
+      done = issue(Stream::host, done, Stream::reduce_scatter, d2h, "gradients to host", u) + d2h;
+    }
+    for (int pu : pending_units_) {
+      const auto& pi = info(pu);
+      if (s.shard_gradients && !s.contiguous_grad_bucket)
+        mem(rs + dur, -pi.params * compute_b_, Category::gradients, Phase::reduce, pu, mb);
+      if (s.shard_gradients && first && !offload_opt) {
+        const double shard = pi.params / S * (s.flat_grad_partition ? 4.0 : sb_.grad);
+        mem(rs + dur, shard, Category::gradients, Phase::reduce, pu, mb);
+        kept_grad_bytes_ += shard;
+      }
+    }
+    (void)done;
+    pending_reduce_bytes_ = 0;
+    pending_units_.clear();
+  }
+}
+
+void Simulation::walk_memory() {
+  std::sort(events_.begin(), events_.end(), [](const MemEvent& a, const MemEvent& b) {
+    if (a.t != b.t) return a.t < b.t;
+    return a.bytes < b.bytes;  // frees before allocations at the same instant
+  });
+  Breakdown cur{};
+  double cur_total = 0;
+  int gathered = 0;
+  double peak = -1;
+  const MemEvent* at = nullptr;
+  int gathered_at_peak = 0;
+  for (const auto& e : events_) {
+    cur[static_cast<int>(e.cat)] += e.bytes;
+    cur_total += e.bytes;
+    gathered += e.gathered;
+    if (trace_) trace_->memory.push_back({e.t, cur_total});
+    if (cur_total > peak) {
+      peak = cur_total;
+      result_.at_peak = cur;
+      at = &e;
+      gathered_at_peak = gathered;
+    }
+  }
+  result_.allocated_peak_bytes = std::max(peak, 0.0);
+  if (at) {
+    const auto& s = in_.spec;
+    std::string when = at->phase == Phase::setup || at->phase == Phase::optimizer || at->phase == Phase::gather
+                           ? phase_name(at->phase)
+                           : fmt::format("{} of {}", phase_name(at->phase), unit_label(at->unit, n_units_));
+    if (result_.grad_accumulation > 1 && at->phase != Phase::optimizer && at->phase != Phase::gather)
+      when += fmt::format(" (micro-batch {})", at->micro_batch == 0 ? "1" : "last");
+    if (s.shard_parameters)
+      when += fmt::format(", {} gathered unit{} alive", gathered_at_peak, gathered_at_peak == 1 ? "" : "s");
+    result_.peak_when = when;
+  }
+}
+
+StepResult Simulation::run() {
+  const auto& m = *in_.model;
+  const auto& hw = *in_.hardware;
+  const auto& j = in_.job;
+  const auto& s = in_.spec;
+  result_.params = m.total_params();
+  result_.micro_batch = j.micro_batch;
+  result_.capacity_bytes = hw.memory_bytes;
+  if (!check_plan()) return result_;
+  prepare();
+  const double S = shard_;
+  const std::int64_t per_gpu = j.global_batch / world_;
+  const std::int64_t gas = per_gpu / j.micro_batch;
+  result_.grad_accumulation = gas;
+  const bool offload_opt = s.offload != Offload::none;
+
+  // ---- state present before the step starts
+  double param_bytes = 0, opt_bytes = 0, total_params = 0, local_opt_params = 0;
+  for (int k = 0; k < 3; ++k) {
+    const double count = k == 1 ? static_cast<double>(m.layers) : 1.0;
+    const auto& u = units_[k];
+    const double whole = u.params - (s.shard_parameters ? u.shardable : 0);
+    const double sharded = s.shard_parameters ? u.shardable / S : 0;
+    param_bytes += count * sb_.param * (whole + (s.offload == Offload::params ? 0 : sharded));
+    const double opt_div = s.shard_optimizer ? S : 1.0;
+    opt_bytes += count * (sb_.master * u.params + sb_.moment * u.opt_elems) / opt_div;
+    total_params += count * u.params;
+    local_opt_params += count * u.params / opt_div;
+  }
+  if (offload_opt) opt_bytes = 0;
+  mem(0, param_bytes, Category::parameters, Phase::setup, -1, 0);
+  mem(0, opt_bytes, Category::optimizer_states, Phase::setup, -1, 0);
+  if (s.grad_bucket_copy && in_.accounting == Accounting::framework)
+    mem(0, total_params * sb_.grad, Category::buffers, Phase::setup, -1, 0);
+  if (s.contiguous_grad_bucket && in_.accounting == Accounting::framework)
+    mem(0, s.reduce_bucket_bytes * (s.flat_grad_partition ? 2.0 : 1.0), Category::buffers, Phase::setup, -1, 0);
+
+  // ---- micro-batches: the first (accumulating, no sync for DDP/ZeRO-1) stands for all but the
+  // last; the last reduces. Time of the middle ones = time of the first.
+  const bool reduce_each = s.shard_gradients;
+  double first_mb_s = 0;
+  // What the first micro-batch did, to count it gas − 1 times.
+  std::array<double, kStreams> busy_first{}, exposed_first{};
+  double bytes_first = 0;
+  if (gas > 1) {
+    micro_batch(0, true, reduce_each);
+    first_mb_s = *std::max_element(free_at_.begin(), free_at_.end());
+    busy_first = result_.busy_s;
+    exposed_first = result_.exposed_s;
+    bytes_first = result_.comm_bytes_per_gpu;
+    micro_batch(1, false, true);
+  } else {
+    micro_batch(0, true, true);
+  }
+  double t = *std::max_element(free_at_.begin(), free_at_.end());
+  // Waiting for the last reductions before the step is exposed communication.
+  {
+    double last_comm = 0;
+    Stream cause = Stream::reduce_scatter;
+    for (int k = 1; k < kStreams; ++k)
+      if (free_at_[k] > last_comm) { last_comm = free_at_[k]; cause = static_cast<Stream>(k); }
+    if (last_comm > free_at_[0]) {
+      result_.exposed_s[static_cast<int>(cause)] += last_comm - free_at_[0];
+      free_at_[0] = last_comm;
+    }
+  }
+
+  // ---- optimizer step: bandwidth-bound over the local shard (read gradient, read and write
+  // master and moments, write parameters), or on the host when offloaded.
+  double opt_elems_local = 0;
+  for (int k = 0; k < 3; ++k)
+    opt_elems_local += (k == 1 ? static_cast<double>(m.layers) : 1.0) * units_[k].opt_elems /
+                       (s.shard_optimizer ? S : 1.0);
+  if (!offload_opt) {
+    const double bytes = local_opt_params * (sb_.grad + sb_.step_grad + 2 * sb_.master + sb_.param) +
+                         2 * opt_elems_local * sb_.moment;
+    const double bw = hw.calibration && hw.calibration->memory_bandwidth_Bps ? *hw.calibration->memory_bandwidth_Bps
+                                                                              : hw.hbm_bandwidth_Bps;
+    const double dur = bytes / bw;
+    const double st = issue(Stream::compute, t, Stream::compute, dur, "optimizer step", -1);
+    mem(st, local_opt_params * sb_.step_grad, Category::gradients, Phase::optimizer, -1, 1);
+    mem(st + dur, -local_opt_params * sb_.step_grad, Category::gradients, Phase::optimizer, -1, 1);
+    result_.optimizer_s = dur;
+    t = st + dur;
+  } else {
+    // CPU optimizer (DeepSpeed CPUAdam / FSDP CPUOffload): the node's CPUs update every local
+    // shard of its GPUs, then the updated parameters return over the host link.
+    const double cpu = local_opt_params * in_.cluster.gpus_per_node / hw.host_optimizer_params_per_s;
+    const double h2d = local_opt_params * sb_.compute / hw.host_link_Bps;
+    const double st = issue(Stream::host, t, Stream::compute, cpu + h2d, "CPU optimizer + upload", -1);
+    result_.exposed_s[static_cast<int>(Stream::host)] += cpu + h2d;
+    free_at_[0] = st + cpu + h2d;
+    t = free_at_[0];
+  }
+  // ZeRO-1/2: every rank all-gathers the updated parameters it does not own.
+  if (s.shard_optimizer && !s.shard_parameters) {
+    const double dur = bucketed(Collective::all_gather, shard_group_, total_params * sb_.compute,
+                                s.allgather_bucket_bytes);
+    const double st = issue(Stream::all_gather, t, Stream::compute, dur, "parameter all-gather", -1);
+    result_.exposed_s[static_cast<int>(Stream::all_gather)] += dur;
+    free_at_[0] = st + dur;
+    t = st + dur;
+  }
+  // zero_grad(set_to_none=True): the gradients kept across micro-batches are released.
+  mem(t, -kept_grad_bytes_, Category::gradients, Phase::optimizer, -1, 1);
+
+  // ---- totals
+  const double mb_tail = t - first_mb_s;
+  result_.step_s = gas > 1 ? first_mb_s * static_cast<double>(gas - 1) + mb_tail : t;
+  walk_memory();
+  result_.model_states[static_cast<int>(Category::parameters)] = param_bytes;
+  result_.model_states[static_cast<int>(Category::optimizer_states)] = opt_bytes;
+  {
+    double grads = 0;
+    for (int k = 0; k < 3; ++k) {
+      const double count = k == 1 ? static_cast<double>(m.layers) : 1.0;
+      const double g = s.shard_gradients ? units_[k].params / S * (s.flat_grad_partition ? 4.0 : sb_.grad)
+                                         : units_[k].params * sb_.grad;
+      grads += count * g;
+    }
+    if (offload_opt && s.shard_gradients) grads = 0;
+    result_.model_states[static_cast<int>(Category::gradients)] = grads;
+  }
+  // Overheads outside the allocator's view: CUDA context, NCCL workspace, fragmentation reserve.
+  const double frag = hw.fragmentation * result_.allocated_peak_bytes;
+  const double overhead = hw.cuda_context_bytes + hw.nccl_workspace_bytes + frag;
+  result_.at_peak[static_cast<int>(Category::overhead)] += overhead;
+  result_.peak_bytes = result_.allocated_peak_bytes + overhead;
+
+  // Time of the step: all micro-batches. compute busy time scales the same way.
+  double compute_per_mb = 0;
+  for (int u = 0; u < n_units_; ++u) {
+    const auto& ui = info(u);
+    compute_per_mb += ui.fwd_s + ui.bwd_s + ui.recompute_s;
+  }
+  result_.compute_s = compute_per_mb * static_cast<double>(gas) + result_.optimizer_s;
+  result_.recompute_s = units_[1].recompute_s * static_cast<double>(m.layers) * static_cast<double>(gas);
+  if (gas > 1) {  // the first simulated micro-batch stands for gas − 1 of them
+    const double extra = static_cast<double>(gas - 2);
+    for (int k = 0; k < kStreams; ++k) {
+      result_.busy_s[k] += extra * busy_first[k];
+      result_.exposed_s[k] += extra * exposed_first[k];
+    }
+    result_.comm_bytes_per_gpu += extra * bytes_first;
+  }
+  result_.exposed_comm_s = std::max(0.0, result_.step_s - result_.compute_s);
+  const double tokens_step = static_cast<double>(j.global_batch * j.seq_len);
+  result_.tokens_per_s = tokens_step / result_.step_s;
+  // Model FLOPs: forward + backward (3× forward) without recompute, whole job.
+  double fwd_flops_mb = 0;
+  for (int u = 0; u < n_units_; ++u) fwd_flops_mb += info(u).fwd_flops;
+  result_.model_flops = 3.0 * fwd_flops_mb * static_cast<double>(gas) * world_;
+  result_.mfu = result_.model_flops / (result_.step_s * world_ * hw.peak(compute_dtype(j.precision)));
+  return result_;
+}
+
+}  // namespace
+
+const char* category_name(Category c) {
+  switch (c) {
+    case Category::parameters: return "parameters";
+    case Category::gradients: return "gradients";
+    case Category::optimizer_states: return "optimizer_states";
+    case Category::activations: return "activations";
+    case Category::buffers: return "buffers";
+    case Category::overhead: return "overhead";
+  }
+  return "?";
+}
+
+double total(const Breakdown& b) {
+  double t = 0;
+  for (double x : b) t += x;
+  return t;
+}
+
+const char* stream_name(Stream s) {
+  switch (s) {
+    case Stream::compute: return "compute";
+    case Stream::all_gather: return "all-gather";
+    case Stream::reduce_scatter: return "reduce-scatter";
+    case Stream::all_reduce: return "all-reduce";
+    case Stream::host: return "host transfers";
+  }
+  return "?";
+}
+
+StepResult simulate_step(const StepInput& in, Trace* trace) {
+  Simulation sim(in, trace);
+  return sim.run();
+}
+
+}  // namespace shardplan::costmodel

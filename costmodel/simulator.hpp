@@ -1,0 +1,90 @@
+// A discrete-event simulation of one optimizer step: a compute stream and communication streams
+// (all-gather, reduce-scatter, all-reduce, host transfers) with the frameworks' dependency rules
+// (prefetch depth, in-flight all-gather limit, bucket readiness, reshard after forward), and
+// every allocation and free on one memory timeline. Step time, exposed communication, the memory
+// curve and its peak with the breakdown at the peak all come from this one walk.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "costmodel/accounting.hpp"
+#include "costmodel/comm_model.hpp"
+#include "costmodel/hardware.hpp"
+#include "costmodel/job.hpp"
+#include "costmodel/model.hpp"
+#include "costmodel/sharding.hpp"
+
+namespace shardplan::costmodel {
+
+enum class Category { parameters, gradients, optimizer_states, activations, buffers, overhead };
+constexpr int kCategories = 6;
+const char* category_name(Category c);
+
+using Breakdown = std::array<double, kCategories>;  // bytes per Category
+double total(const Breakdown& b);
+
+enum class Stream { compute, all_gather, reduce_scatter, all_reduce, host };
+constexpr int kStreams = 5;
+const char* stream_name(Stream s);
+
+struct TraceSpan {
+  Stream stream;
+  std::string name;
+  double start_s;
+  double duration_s;
+};
+struct MemoryPoint {
+  double time_s;
+  double bytes;  // allocated, all categories
+};
+struct Trace {
+  std::vector<TraceSpan> spans;
+  std::vector<MemoryPoint> memory;
+};
+
+struct StepInput {
+  const ModelSpec* model = nullptr;
+  const HardwareProfile* hardware = nullptr;
+  Cluster cluster;
+  TrainingJob job;       // micro_batch must be set (> 0)
+  ShardingSpec spec;
+  Accounting accounting = Accounting::framework;
+};
+
+struct StepResult {
+  bool valid = true;            // false: the plan is not runnable as asked (reason says why)
+  std::string reason;
+  std::int64_t params = 0;
+  std::int64_t micro_batch = 0;
+  std::int64_t grad_accumulation = 0;  // micro-batches per optimizer step
+  // memory, bytes per GPU
+  double peak_bytes = 0;        // allocated peak + overhead (context, NCCL, fragmentation)
+  double allocated_peak_bytes = 0;
+  double capacity_bytes = 0;
+  Breakdown at_peak{};          // sums to peak_bytes
+  Breakdown model_states{};     // persistent parameters, gradients, optimizer states
+  std::string peak_when;        // "backward of block 0, 2 gathered units alive"
+  // time, seconds for one optimizer step (all micro-batches)
+  double step_s = 0;
+  double compute_s = 0;         // busy time of the compute stream (incl. recompute, optimizer)
+  double recompute_s = 0;
+  double optimizer_s = 0;
+  double exposed_comm_s = 0;    // compute stream idle, waiting on communication or transfers
+  std::array<double, kStreams> busy_s{};     // per stream
+  std::array<double, kStreams> exposed_s{};  // compute idle attributed to each stream
+  double comm_bytes_per_gpu = 0;  // bytes each GPU sends per step
+  double tokens_per_s = 0;        // whole job
+  double model_flops = 0;         // per step, whole job, without recompute (6·tokens·params-ish)
+  double mfu = 0;
+  bool calibrated_comm = false;
+  bool extrapolated_comm = false;
+};
+
+// Runs the simulation. Never throws for a plan that does not fit or cannot run: that is a result.
+// The optional trace receives every span and the memory curve.
+StepResult simulate_step(const StepInput& in, Trace* trace = nullptr);
+
+}  // namespace shardplan::costmodel

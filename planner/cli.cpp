@@ -1,0 +1,123 @@
+#include "planner/cli.hpp"
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "costmodel/json_reader.hpp"
+#include "planner/describe.hpp"
+#include "planner/estimate.hpp"
+#include "planner/scenario.hpp"
+
+namespace shardplan::planner {
+namespace {
+
+using costmodel::InputError;
+
+void check_format(const std::string& f) {
+  if (f != "table" && f != "json")
+    throw InputError("--format", fmt::format("must be table or json, got \"{}\"", f));
+}
+
+// Writes a whole file or nothing: a temporary next to it, renamed into place.
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw InputError(path, "cannot write file");
+    out << text;
+    if (!out.flush()) throw InputError(path, "cannot write file");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw InputError(path, "cannot write file");
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  CLI::App app{"shardplan planner: predicts per-GPU peak memory and step time of sharded training "
+               "(DDP, ZeRO-1/2/3, FSDP, HSDP) and recommends a plan"};
+  app.require_subcommand(1);
+  std::string format = "table";
+
+  auto* models = app.add_subcommand("models", "list the model presets");
+  auto* hardware = app.add_subcommand("hardware", "list the hardware profiles");
+
+  auto* describe = app.add_subcommand("describe", "per-block parameter table of a model");
+  std::string describe_model = "llama-2-7b";
+  double describe_params = 0;
+  describe->add_option("--model", describe_model, "preset name or path to a config.json");
+  describe->add_option("--params", describe_params, "a bare parameter count");
+  describe->add_option("--format", format, "table | json");
+
+  ScenarioOptions so;
+  PlanOptions po;
+  auto* estimate = app.add_subcommand("estimate", "memory and step time of one plan");
+  add_scenario_options(*estimate, so);
+  add_plan_options(*estimate, po, true);
+  estimate->add_option("--format", format, "table | json");
+
+  auto* simulate = app.add_subcommand("simulate", "estimate, and write the step's timeline");
+  std::string trace_path;
+  add_scenario_options(*simulate, so);
+  add_plan_options(*simulate, po, true);
+  simulate->add_option("--trace", trace_path, "Chrome-trace JSON to write (opens in Perfetto)")->required();
+  simulate->add_option("--format", format, "table | json");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return 0;
+  } catch (const CLI::CallForAllHelp&) {
+    std::cout << app.help("", CLI::AppFormatMode::All);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "planner: " << e.what() << "\n";
+    return 2;
+  }
+
+  try {
+    std::ostringstream out;
+    if (models->parsed()) {
+      for (const auto& n : costmodel::preset_model_names()) {
+        const auto m = costmodel::load_model(n);
+        out << fmt::format("{:<14} {:<20} {:>16L} params\n", n, costmodel::architecture_name(m.architecture),
+                           m.total_params());
+      }
+    } else if (hardware->parsed()) {
+      for (const auto& n : costmodel::preset_hardware_names()) {
+        const auto h = costmodel::load_hardware(n);
+        out << fmt::format("{:<18} {}\n", n, h.description);
+      }
+    } else if (describe->parsed()) {
+      check_format(format);
+      const auto m = describe_params != 0 ? costmodel::model_from_param_count(describe_params)
+                                          : costmodel::load_model(describe_model);
+      out << (format == "json" ? costmodel::model_to_json(m).dump(2) + "\n" : describe_table(m));
+    } else if (estimate->parsed() || simulate->parsed()) {
+      check_format(format);
+      const Scenario sc = make_scenario(so);
+      const auto spec = make_plan_spec(po, po.strategy, sc);
+      costmodel::Trace trace;
+      const auto e = evaluate_choosing_micro_batch(sc, spec, simulate->parsed() ? &trace : nullptr);
+      if (simulate->parsed()) write_file_atomically(trace_path, trace_to_chrome_json(trace).dump() + "\n");
+      if (format == "json")
+        out << evaluation_to_json(sc, e).dump(2) << "\n";
+      else
+        out << scenario_line(sc) << "\n" << evaluation_table(sc, e);
+    }
+    std::cout << out.str();
+    return 0;
+  } catch (const InputError& e) {
+    std::cerr << "planner: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "planner: internal error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace shardplan::planner

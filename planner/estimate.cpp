@@ -1,0 +1,184 @@
+#include "planner/estimate.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "planner/text.hpp"
+
+namespace shardplan::planner {
+
+using namespace costmodel;
+
+namespace {
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+}
+
+std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / kGiB); }
+
+std::string seconds(double s) {
+  if (s >= 1) return fmt::format("{:.3f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.1f} ms", s * 1e3);
+  return fmt::format("{:.1f} us", s * 1e6);
+}
+
+StepInput step_input(const Scenario& sc, const ShardingSpec& spec, const TrainingJob& job) {
+  StepInput in;
+  in.model = &sc.model;
+  in.hardware = &sc.hardware;
+  in.cluster = sc.cluster;
+  in.job = job;
+  in.spec = spec;
+  in.accounting = sc.accounting;
+  return in;
+}
+
+Evaluation evaluate(const Scenario& sc, const ShardingSpec& spec, const TrainingJob& job, Trace* trace) {
+  Evaluation e;
+  e.spec = spec;
+  e.job = job;
+  e.result = simulate_step(step_input(sc, spec, job), trace);
+  e.fits = e.result.valid && e.result.peak_bytes <= sc.usable_bytes();
+  return e;
+}
+
+Evaluation evaluate_choosing_micro_batch(const Scenario& sc, const ShardingSpec& spec, Trace* trace) {
+  if (sc.job.micro_batch > 0) return evaluate(sc, spec, sc.job, trace);
+  const std::int64_t per_gpu = sc.job.global_batch / sc.cluster.gpus;
+  std::vector<std::int64_t> divisors;
+  for (std::int64_t b = per_gpu; b >= 1; --b)
+    if (per_gpu % b == 0) divisors.push_back(b);
+  TrainingJob job = sc.job;
+  for (auto b : divisors) {
+    job.micro_batch = b;
+    auto e = evaluate(sc, spec, job);
+    if (e.fits || b == 1) {
+      if (trace) e = evaluate(sc, spec, job, trace);
+      return e;
+    }
+  }
+  job.micro_batch = 1;
+  return evaluate(sc, spec, job, trace);
+}
+
+std::string scenario_line(const Scenario& sc) {
+  const auto& m = sc.model;
+  return fmt::format("{} ({:.2f} B params) on {} x {} ({} node{}), seq {}, global batch {}, {} {}",
+                     m.name, static_cast<double>(m.total_params()) / 1e9, sc.cluster.gpus,
+                     sc.hardware.name, sc.cluster.nodes(), sc.cluster.nodes() == 1 ? "" : "s",
+                     sc.job.seq_len, sc.job.global_batch, precision_name(sc.job.precision),
+                     optimizer_name(sc.job.optimizer));
+}
+
+nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
+  const auto& r = e.result;
+  nlohmann::json breakdown = nlohmann::json::object();
+  nlohmann::json states = nlohmann::json::object();
+  for (int c = 0; c < kCategories; ++c) {
+    breakdown[category_name(static_cast<Category>(c))] = std::llround(r.at_peak[c]);
+    if (c <= static_cast<int>(Category::optimizer_states))
+      states[category_name(static_cast<Category>(c))] = std::llround(r.model_states[c]);
+  }
+  nlohmann::json exposed = nlohmann::json::object();
+  for (int s = 1; s < kStreams; ++s) exposed[stream_name(static_cast<Stream>(s))] = r.exposed_s[s];
+  nlohmann::json out = {
+      {"model", sc.model.name},
+      {"hardware", sc.hardware.name},
+      {"gpus", sc.cluster.gpus},
+      {"gpus_per_node", sc.cluster.gpus_per_node},
+      {"strategy", e.spec.strategy},
+      {"flavour", flavour_name(e.spec.flavour)},
+      {"shard_group_size", e.spec.group(sc.cluster.gpus)},
+      {"offload", offload_name(e.spec.offload)},
+      {"micro_batch", e.job.micro_batch},
+      {"grad_accumulation", r.grad_accumulation},
+      {"checkpointing", checkpointing_name(e.job.checkpointing)},
+      {"precision", precision_name(e.job.precision)},
+      {"optimizer", optimizer_name(e.job.optimizer)},
+      {"params", r.params},
+      {"valid", r.valid},
+      {"fits", e.fits},
+      {"memory",
+       {{"peak_bytes", std::llround(r.peak_bytes)},
+        {"capacity_bytes", std::llround(r.capacity_bytes)},
+        {"usable_bytes", std::llround(sc.usable_bytes())},
+        {"breakdown", breakdown},
+        {"model_states", states},
+        {"model_states_bytes", std::llround(total(r.model_states))},
+        {"peak_when", r.peak_when}}},
+      {"time",
+       {{"step_s", r.step_s},
+        {"compute_s", r.compute_s},
+        {"recompute_s", r.recompute_s},
+        {"optimizer_s", r.optimizer_s},
+        {"exposed_comm_s", r.exposed_comm_s},
+        {"exposed_by_stream_s", exposed}}},
+      {"comm", {{"bytes_per_gpu", r.comm_bytes_per_gpu}, {"calibrated", r.calibrated_comm},
+                {"extrapolated", r.extrapolated_comm}}},
+      {"throughput", {{"tokens_per_s", r.tokens_per_s}}},
+      {"mfu", r.mfu}};
+  if (!r.valid) out["reason"] = r.reason;
+  return out;
+}
+
+std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
+  const auto& r = e.result;
+  Text text;
+  auto line = [&]<class... A>(fmt::format_string<A...> f, A&&... a) { text.line(f, std::forward<A>(a)...); };
+  line("plan: {} ({}){}, micro-batch {} x {} accumulation, checkpointing {}, offload {}",
+       e.spec.strategy, flavour_name(e.spec.flavour),
+       e.spec.shard_group_size > 0 ? fmt::format(", shard group {}", e.spec.shard_group_size) : "",
+       e.job.micro_batch, r.grad_accumulation, checkpointing_name(e.job.checkpointing),
+       offload_name(e.spec.offload));
+  if (!r.valid) {
+    line("not runnable: {}", r.reason);
+    return text.str;
+  }
+  line("");
+  line("memory per GPU at the peak");
+  const char* labels[kCategories] = {"parameters", "gradients", "optimizer states", "activations",
+                                     "buffers (gathered params, buckets)",
+                                     "overhead (context, NCCL, fragmentation)"};
+  for (int c = 0; c < kCategories; ++c) line("  {:<42} {:>12}", labels[c], gib(r.at_peak[c]));
+  line("  {:<42} {:>12}   of {} ({} usable with {:.0f}% headroom)", "peak", gib(r.peak_bytes),
+       gib(r.capacity_bytes), gib(sc.usable_bytes()), sc.headroom * 100);
+  line("  {:<42} {}", "peak happens at", r.peak_when);
+  line("  {:<42} {:>12}   (what model-state-only estimators report)", "model states alone",
+       gib(total(r.model_states)));
+  line("  verdict: {}", e.fits ? "FITS"
+                               : fmt::format("DOES NOT FIT (over by {})",
+                                             gib(r.peak_bytes - sc.usable_bytes())));
+  line("");
+  line("time per optimizer step");
+  line("  {:<42} {:>12}", "compute (forward, backward, optimizer)", seconds(r.compute_s));
+  if (r.recompute_s > 0) line("  {:<42} {:>12}", "  of which recompute", seconds(r.recompute_s));
+  line("  {:<42} {:>12}", "  of which optimizer step", seconds(r.optimizer_s));
+  for (int s = 1; s < kStreams; ++s)
+    if (r.exposed_s[s] > 0 || r.busy_s[s] > 0)
+      line("  {:<42} {:>12}   (busy {})", fmt::format("exposed {}", stream_name(static_cast<Stream>(s))),
+           seconds(r.exposed_s[s]), seconds(r.busy_s[s]));
+  line("  {:<42} {:>12}", "step", seconds(r.step_s));
+  line("  throughput {:.0f} tokens/s for the job, MFU {:.1f}%, {:.2f} GB sent per GPU per step{}",
+       r.tokens_per_s, r.mfu * 100, r.comm_bytes_per_gpu / 1e9,
+       r.calibrated_comm ? (r.extrapolated_comm ? " (calibrated curves, extrapolated in group size)"
+                                                : " (calibrated curves)")
+                         : " (datasheet links)");
+  return text.str;
+}
+
+nlohmann::json trace_to_chrome_json(const Trace& t) {
+  nlohmann::json events = nlohmann::json::array();
+  for (int s = 0; s < kStreams; ++s)
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 1}, {"tid", s},
+                      {"args", {{"name", stream_name(static_cast<Stream>(s))}}}});
+  for (const auto& sp : t.spans)
+    events.push_back({{"ph", "X"}, {"name", sp.name}, {"pid", 1}, {"tid", static_cast<int>(sp.stream)},
+                      {"ts", sp.start_s * 1e6}, {"dur", sp.duration_s * 1e6}});
+  for (const auto& m : t.memory)
+    events.push_back({{"ph", "C"}, {"name", "memory allocated (GiB)"}, {"pid", 1}, {"ts", m.time_s * 1e6},
+                      {"args", {{"GiB", m.bytes / kGiB}}}});
+  return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+}
+
+}  // namespace shardplan::planner

@@ -1,0 +1,39 @@
+// One plan evaluated for a scenario: the simulator's result plus the choices made for it.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "costmodel/simulator.hpp"
+#include "planner/scenario.hpp"
+
+namespace shardplan::planner {
+
+struct Evaluation {
+  costmodel::ShardingSpec spec;
+  costmodel::TrainingJob job;  // with the micro-batch used
+  costmodel::StepResult result;
+  bool fits = false;           // valid and peak <= usable capacity
+};
+
+costmodel::StepInput step_input(const Scenario& sc, const costmodel::ShardingSpec& spec,
+                                const costmodel::TrainingJob& job);
+Evaluation evaluate(const Scenario& sc, const costmodel::ShardingSpec& spec,
+                    const costmodel::TrainingJob& job, costmodel::Trace* trace = nullptr);
+// The job's micro-batch if set, otherwise the largest divisor of the per-GPU batch that fits
+// (the smallest if none does, so the answer shows by how much).
+Evaluation evaluate_choosing_micro_batch(const Scenario& sc, const costmodel::ShardingSpec& spec,
+                                         costmodel::Trace* trace = nullptr);
+
+nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e);
+std::string scenario_line(const Scenario& sc);
+std::string evaluation_table(const Scenario& sc, const Evaluation& e);
+// Chrome trace-event JSON (loads in Perfetto): one track per stream, a memory counter track.
+nlohmann::json trace_to_chrome_json(const costmodel::Trace& t);
+
+// Formatting helpers shared by the renderers.
+std::string gib(double bytes);    // "12.34 GiB"
+std::string seconds(double s);    // "1.234 s" / "12.3 ms"
+
+}  // namespace shardplan::planner
