@@ -53,7 +53,15 @@ std::string unit_label(int u, int units) {
 
 class Simulation {
  public:
-  Simulation(const StepInput& in, Trace* trace) : in_(in), trace_(trace), comm_(*in.hardware) {}
+  Simulation(const StepInput& in, Trace* trace)
+      : in_(in), spec_(in.spec), trace_(trace), comm_(*in.hardware) {
+    if (in.accounting == Accounting::zero_paper) {
+      // The paper's model states only: no framework buffers or partition quirks.
+      spec_.persistence_threshold = 0;
+      spec_.flat_grad_partition = spec_.contiguous_grad_bucket = spec_.grad_bucket_copy = false;
+      spec_.keep_root_unsharded = false;
+    }
+  }
 
   StepResult run();
 
@@ -85,6 +93,7 @@ class Simulation {
   void walk_memory();
 
   const StepInput& in_;
+  ShardingSpec spec_;  // the plan, normalized for the accounting mode
   Trace* trace_;
   CommModel comm_;
   StepResult result_;
@@ -134,7 +143,7 @@ double Simulation::bucketed(Collective op, const Group& g, double bytes, double 
 
 bool Simulation::check_plan() {
   const auto& c = in_.cluster;
-  const auto& s = in_.spec;
+  const auto& s = spec_;
   const auto& j = in_.job;
   world_ = c.gpus;
   shard_ = s.group(world_);
@@ -166,7 +175,7 @@ bool Simulation::check_plan() {
 void Simulation::prepare() {
   const auto& m = *in_.model;
   const auto& j = in_.job;
-  const auto& s = in_.spec;
+  const auto& s = spec_;
   const auto& hw = *in_.hardware;
   const bool paper = in_.accounting == Accounting::zero_paper;
   sb_ = state_bytes(j.precision, s, in_.accounting);
@@ -225,7 +234,7 @@ void Simulation::prepare() {
 }
 
 void Simulation::micro_batch(int mb, bool first, bool reduce) {
-  const auto& s = in_.spec;
+  const auto& s = spec_;
   const int U = n_units_;
   const double S = shard_;
   const bool shard_params = s.shard_parameters;
@@ -385,7 +394,7 @@ void Simulation::walk_memory() {
   }
   result_.allocated_peak_bytes = std::max(peak, 0.0);
   if (at) {
-    const auto& s = in_.spec;
+    const auto& s = spec_;
     std::string when = at->phase == Phase::setup || at->phase == Phase::optimizer || at->phase == Phase::gather
                            ? phase_name(at->phase)
                            : fmt::format("{} of {}", phase_name(at->phase), unit_label(at->unit, n_units_));
@@ -401,7 +410,7 @@ StepResult Simulation::run() {
   const auto& m = *in_.model;
   const auto& hw = *in_.hardware;
   const auto& j = in_.job;
-  const auto& s = in_.spec;
+  const auto& s = spec_;
   result_.params = m.total_params();
   result_.micro_batch = j.micro_batch;
   result_.capacity_bytes = hw.memory_bytes;
