@@ -37,7 +37,8 @@ bool is_metadata_key(const std::string& k) {
       "scale_attn_by_inverse_layer_idx", "task_specific_params", "id2label", "label2id",
       "is_decoder", "use_return_dict", "output_attentions", "output_hidden_states", "dtype",
       "quantization_config", "auto_map", "partial_rotary_factor", "embd_pdrop", "hidden_dropout",
-      "embedding_dropout", "max_length", "do_sample", "temperature", "top_p", "gradient_checkpointing",
+      "embedding_dropout", "max_length", "do_sample", "temperature", "top_p",
+      "gradient_checkpointing",
       // Leftovers of the OpenAI GPT config class in GPT-2 checkpoints (gpt2-medium: n_special,
       // predict_special_tokens; gpt2-xl: output_past); GPT2Config accepts and ignores them.
       "n_special", "predict_special_tokens", "output_past",

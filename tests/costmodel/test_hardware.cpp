@@ -1,0 +1,215 @@
+// Hardware profiles (hardware_profiles/*.json): every preset loads, units are converted once at
+// the parse boundary (GiB = 2^30, GB = 1e9, us = 1e-6 s, TFLOPs = 1e12 FLOP/s), and bad documents
+// are rejected with one line naming the JSON pointer and the value.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "costmodel/hardware.hpp"
+#include "costmodel/json_reader.hpp"
+#include "costmodel/model.hpp"
+
+using namespace shardplan::costmodel;
+using nlohmann::json;
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double kMiB = 1024.0 * 1024.0;
+
+std::string error_of(auto&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+json profile_doc(const std::string& name) {
+  return read_json_file(data_dir() + "/hardware_profiles/" + name + ".json");
+}
+
+// A calibration section as `calibrate` writes it: one measured all-reduce curve, one GEMM.
+json calibration_doc() {
+  return json::parse(R"({
+    "date": "2025-01-01T00:00:00Z",
+    "backend": "nccl",
+    "host": "node0",
+    "library": "NCCL 2.21.5",
+    "ranks": 8,
+    "collectives": [{
+      "op": "all_reduce", "ranks": 8, "tier": "intra_node",
+      "segments": [
+        {"min_bytes": 0, "max_bytes": 1048576, "latency_us": 20, "bandwidth_GBps": 50},
+        {"min_bytes": 1048576, "max_bytes": 8589934592, "latency_us": 40, "bandwidth_GBps": 130}
+      ],
+      "samples": [{"size_bytes": 1048576, "time_us": 41}],
+      "fit_error": {"median_rel": 0.02, "max_rel": 0.08}
+    }],
+    "gemm": [{"m": 8192, "n": 8192, "k": 8192, "dtype": "bf16", "time_us": 4000, "TFLOPs": 274.9}],
+    "compute_efficiency": 0.85,
+    "memory_bandwidth_GBps": 1800
+  })");
+}
+
+} // namespace
+
+TEST_CASE("hardware::every preset loads") {
+  const auto names = preset_hardware_names();
+  for (const char* expected :
+       {"a100-sxm4-40gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb", "l40s-48gb"}) {
+    CAPTURE(expected);
+    CHECK(std::find(names.begin(), names.end(), expected) != names.end());
+  }
+  for (const auto& name : names) {
+    CAPTURE(name);
+    const auto p = load_hardware(name);
+    CHECK(p.name == name);
+    CHECK(p.memory_bytes > 0);
+    CHECK(p.peak(DType::bf16) > p.peak(DType::fp32));
+    CHECK(p.hbm_bandwidth_Bps > 0);
+    CHECK(p.compute_efficiency > 0);
+    CHECK(p.compute_efficiency <= 1);
+    CHECK(p.gpus_per_node >= 1);
+    CHECK(p.intra_bandwidth_Bps > p.inter_bandwidth_Bps);
+    CHECK(p.host_memory_bytes > p.memory_bytes * p.gpus_per_node);
+    CHECK_FALSE(p.calibration.has_value());
+  }
+}
+
+TEST_CASE("hardware::units are converted at the boundary") {
+  const auto p = load_hardware("a100-sxm4-80gb");
+  CHECK(p.device == "NVIDIA A100-SXM4-80GB");
+  CHECK(p.memory_bytes == 80.0 * kGiB); // memory_GiB 80
+  CHECK(p.peak(DType::bf16) == 312e12); // peak_TFLOPs.bf16 312
+  CHECK(p.peak(DType::fp32) == 19.5e12);
+  CHECK(p.hbm_bandwidth_Bps == 2039e9); // memory_bandwidth_GBps 2039
+  CHECK(p.intra_bandwidth_Bps == 3e11); // bandwidth_GBps 300
+  CHECK(p.intra_latency_s == doctest::Approx(2e-6));
+  CHECK(p.inter_bandwidth_Bps == 25e9);
+  CHECK(p.inter_latency_s == doctest::Approx(6e-6));
+  CHECK(p.host_memory_bytes == 2048.0 * kGiB);
+  CHECK(p.host_optimizer_params_per_s == 1e9);
+  CHECK(p.cuda_context_bytes == 0.5 * kGiB);
+  CHECK(p.fragmentation == 0.05);
+}
+
+TEST_CASE("hardware::device memory is what the driver reports") {
+  // nvidia-smi memory.total in MiB, exactly: 40536, 81559, 143771, 46068.
+  CHECK(load_hardware("a100-sxm4-40gb").memory_bytes == 40536 * kMiB);
+  CHECK(load_hardware("h100-sxm5-80gb").memory_bytes == 81559 * kMiB);
+  CHECK(load_hardware("h200-sxm-141gb").memory_bytes == 143771 * kMiB);
+  CHECK(load_hardware("l40s-48gb").memory_bytes == 46068 * kMiB);
+}
+
+TEST_CASE("hardware::datasheet peaks and links") {
+  const auto h100 = load_hardware("h100-sxm5-80gb");
+  CHECK(h100.peak(DType::bf16) == 989.5e12); // dense: half the datasheet's sparse 1979
+  CHECK(h100.intra_bandwidth_Bps == 450e9);  // NVLink 4: 900 GB/s bidirectional
+  CHECK(h100.inter_bandwidth_Bps == 50e9);   // 400 Gb/s NDR per GPU
+  const auto h200 = load_hardware("h200-sxm-141gb");
+  CHECK(h200.hbm_bandwidth_Bps == 4.8e12);
+  CHECK(h200.peak(DType::bf16) == h100.peak(DType::bf16));
+  const auto l40s = load_hardware("l40s-48gb");
+  CHECK(l40s.intra_bandwidth_Bps == l40s.host_link_Bps); // PCIe only, no NVLink
+  CHECK(l40s.inter_bandwidth_Bps == 6.25e9);             // 2 x 200 Gb/s per 8 GPUs
+  CHECK(l40s.peak(DType::tf32) == 183e12);
+}
+
+TEST_CASE("hardware::peak falls back bf16 -> fp16 -> fp32") {
+  json doc = profile_doc("a100-sxm4-80gb");
+  doc["gpu"]["peak_TFLOPs"] = {{"fp32", 19.5}, {"fp16", 312}};
+  const auto p = hardware_from_json(doc, "x");
+  CHECK(p.peak(DType::tf32) == 312e12);
+  CHECK(p.peak(DType::bf16) == 312e12);
+}
+
+TEST_CASE("hardware::calibration is read with its units") {
+  json doc = profile_doc("a100-sxm4-80gb");
+  doc["calibration"] = calibration_doc();
+  const auto p = hardware_from_json(doc, "cal");
+  REQUIRE(p.calibration.has_value());
+  const auto& c = *p.calibration;
+  CHECK(c.backend == "nccl");
+  CHECK(c.ranks == 8);
+  REQUIRE(c.collectives.size() == 1);
+  const auto& curve = c.collectives[0];
+  CHECK(curve.op == Collective::all_reduce);
+  CHECK(curve.tier == Tier::intra_node);
+  CHECK(curve.segments[1].bandwidth_Bps == 130e9);
+  CHECK(curve.segments[1].latency_s == doctest::Approx(40e-6));
+  // 1 GB on the second segment: 40 us + 1e9 / 130e9 s.
+  CHECK(curve.time_s(1e9) == doctest::Approx(40e-6 + 1e9 / 130e9));
+  // Below the first segment's max: the first line.
+  CHECK(curve.time_s(1024) == doctest::Approx(20e-6 + 1024 / 50e9));
+  REQUIRE(c.gemm.size() == 1);
+  CHECK(c.gemm[0].flops_per_s() == doctest::Approx(2.0 * 8192.0 * 8192.0 * 8192.0 / 4e-3));
+  CHECK(c.compute_efficiency.value() == 0.85);
+  CHECK(c.memory_bandwidth_Bps.value() == 1800e9);
+  CHECK(hardware_to_json(p)["calibrated"] == true);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Rejections.
+
+TEST_CASE("hardware::negative memory") {
+  json doc = profile_doc("a100-sxm4-80gb");
+  doc["gpu"]["memory_GiB"] = -8;
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) == "/gpu/memory_GiB: must be > 0, got -8");
+  json bw = profile_doc("h100-sxm5-80gb");
+  bw["inter_node"]["bandwidth_GBps"] = -50;
+  CHECK(error_of([&] { hardware_from_json(bw, "x"); }) ==
+        "/inter_node/bandwidth_GBps: must be > 0, got -50");
+}
+
+TEST_CASE("hardware::unknown key") {
+  json doc = profile_doc("a100-sxm4-80gb");
+  doc["gpu"]["memroy_GiB"] = 80;
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) == "/gpu/memroy_GiB: unknown key");
+  json top = profile_doc("l40s-48gb");
+  top["nvlink"] = false;
+  CHECK(error_of([&] { hardware_from_json(top, "x"); }) == "/nvlink: unknown key");
+}
+
+TEST_CASE("hardware::missing section") {
+  json doc = profile_doc("a100-sxm4-80gb");
+  doc.erase("host");
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) == "/host: missing key");
+  json fp32 = profile_doc("a100-sxm4-80gb");
+  fp32["gpu"]["peak_TFLOPs"].erase("fp32");
+  CHECK(error_of([&] { hardware_from_json(fp32, "x"); }) == "/gpu/peak_TFLOPs/fp32: missing key");
+}
+
+TEST_CASE("hardware::wrong schema_version") {
+  json doc = profile_doc("a100-sxm4-80gb");
+  doc["schema_version"] = 2;
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) == "/schema_version: must be 1, got 2");
+  doc["schema_version"] = "1";
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) ==
+        "/schema_version: must be an integer, got \"1\"");
+}
+
+TEST_CASE("hardware::bad calibration entry") {
+  json doc = profile_doc("a100-sxm4-80gb");
+  doc["calibration"] = calibration_doc();
+  doc["calibration"]["collectives"][0]["op"] = "all_reduse";
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) ==
+        "/calibration/collectives/0/op: unknown collective \"all_reduse\"");
+  json seg = profile_doc("a100-sxm4-80gb");
+  seg["calibration"] = calibration_doc();
+  seg["calibration"]["collectives"][0]["segments"][1]["bandwidth_GBps"] = 0;
+  CHECK(error_of([&] { hardware_from_json(seg, "x"); }) ==
+        "/calibration/collectives/0/segments/1/bandwidth_GBps: must be > 0, got 0");
+  json tier = profile_doc("a100-sxm4-80gb");
+  tier["calibration"] = calibration_doc();
+  tier["calibration"]["collectives"][0]["tier"] = "rack";
+  CHECK(error_of([&] { hardware_from_json(tier, "x"); }) ==
+        "/calibration/collectives/0/tier: must be intra_node or inter_node, got \"rack\"");
+}
+
+TEST_CASE("hardware::unknown profile names the presets") {
+  const auto e = error_of([] { load_hardware("tpu-v5"); });
+  CHECK(e.rfind("--hardware: \"tpu-v5\" is neither a profile (a100-sxm4-40gb, ", 0) == 0);
+}

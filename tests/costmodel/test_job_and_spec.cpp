@@ -1,0 +1,117 @@
+#include <doctest/doctest.h>
+
+#include "costmodel/job.hpp"
+#include "costmodel/json_reader.hpp"
+#include "costmodel/sharding.hpp"
+
+using namespace shardplan::costmodel;
+using nlohmann::json;
+
+namespace {
+std::string error_of(auto&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+const json kJob = {{"schema_version", 1}, {"seq_len", 4096}, {"global_batch", 64},
+                   {"precision", "bf16-mixed"}, {"optimizer", "adamw"}, {"checkpointing", "full"}};
+}  // namespace
+
+TEST_CASE("job::parses and round-trips") {
+  const auto j = job_from_json(kJob);
+  CHECK(j.seq_len == 4096);
+  CHECK(j.checkpointing == Checkpointing::full);
+  CHECK(j.micro_batch == 0);
+  CHECK(job_to_json(j)["checkpointing"] == "full");
+  CHECK(job_from_json(job_to_json(j)).global_batch == 64);
+}
+
+TEST_CASE("job::rejections name the field and value") {
+  auto with = [](const char* key, json v) {
+    json j = kJob;
+    j[key] = v;
+    return error_of([&] { job_from_json(j); });
+  };
+  CHECK(with("seq_len", 0) == "/seq_len: must be >= 1, got 0");
+  CHECK(with("global_batch", -8) == "/global_batch: must be >= 1, got -8");
+  CHECK(with("precision", "fp8") == "/precision: must be one of fp32, bf16-mixed, fp16-mixed, bf16, got \"fp8\"");
+  CHECK(with("optimizer", "lion") == "/optimizer: must be one of adamw, adam, sgd, adafactor, got \"lion\"");
+  CHECK(with("checkpointing", true) == "/checkpointing: must be a string, got true");
+  CHECK(with("seq_lenn", 5) == "/seq_lenn: unknown key");
+  CHECK(with("schema_version", 2) == "/schema_version: must be 1, got 2");
+  json missing = kJob;
+  missing.erase("seq_len");
+  CHECK(error_of([&] { job_from_json(missing); }) == "/seq_len: missing key");
+}
+
+TEST_CASE("job::cluster and batch say what would work") {
+  CHECK(error_of([] { validate_cluster({12, 8}); }) ==
+        "--gpus: 12 is not a multiple of --gpus-per-node 8; 8 or 16 would be");
+  CHECK(error_of([] { validate_cluster({0, 8}); }) == "--gpus: must be between 1 and 1000000, got 0");
+  CHECK(error_of([] { validate_cluster({2000000, 8}); }) ==
+        "--gpus: must be between 1 and 1000000, got 2000000");
+  TrainingJob j;
+  j.global_batch = 20;
+  CHECK(error_of([&] { validate_job(j, {8, 8}); }) ==
+        "--global-batch: 20 sequences do not divide over 8 GPUs; use a multiple of 8");
+  j.global_batch = 32;
+  j.micro_batch = 3;
+  CHECK(error_of([&] { validate_job(j, {8, 8}); }) ==
+        "--micro-batch: 3 does not divide the 4 sequences per GPU (global batch 32 / 8 GPUs)");
+}
+
+TEST_CASE("sharding::presets are the DESIGN.md table") {
+  const auto ddp = make_spec("ddp", std::nullopt, 8);
+  CHECK_FALSE(ddp.shard_optimizer);
+  CHECK(ddp.reduce_bucket_bytes == 25 * 1024 * 1024);  // torch DDP bucket_cap_mb = 25
+  const auto z1 = make_spec("zero1", std::nullopt, 8);
+  CHECK((z1.shard_optimizer && !z1.shard_gradients && !z1.shard_parameters));
+  CHECK(z1.flavour == Flavour::deepspeed);
+  const auto z2 = make_spec("zero2", std::nullopt, 8);
+  CHECK((z2.shard_optimizer && z2.shard_gradients && !z2.shard_parameters));
+  const auto z3 = make_spec("zero3", std::nullopt, 8);
+  CHECK((z3.shard_parameters && z3.reshard_after_forward));
+  CHECK(z3.persistence_threshold == 100000);  // stage3_param_persistence_threshold
+  const auto grad_op = make_spec("fsdp-grad-op", std::nullopt, 8);
+  CHECK((grad_op.shard_parameters && !grad_op.reshard_after_forward));
+  CHECK(grad_op.flavour == Flavour::fsdp2);
+  const auto full1 = make_spec("fsdp-full", Flavour::fsdp1, 8);
+  CHECK(full1.keep_root_unsharded);
+  CHECK(full1.max_inflight_allgathers == 2);  // limit_all_gathers
+  const auto hsdp = make_spec("hsdp", std::nullopt, 8);
+  CHECK(hsdp.shard_group_size == 8);
+  CHECK(make_spec("hsdp", std::nullopt, 8, 4).group(64) == 4);
+  CHECK(make_spec("zero3", std::nullopt, 8).group(64) == 64);
+}
+
+TEST_CASE("sharding::rejections") {
+  CHECK(error_of([] { make_spec("zero4", std::nullopt, 8); }) ==
+        "--strategy: must be one of ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, hsdp, got \"zero4\"");
+  CHECK(error_of([] { make_spec("zero3", Flavour::fsdp2, 8); }) ==
+        "--flavour: zero3 is not implemented by fsdp2; use deepspeed");
+  CHECK(error_of([] { make_spec("zero3", std::nullopt, 8, 4); }) ==
+        "--shard-group-size: applies to hsdp only, not zero3");
+  CHECK(error_of([] { flavour_from_name("megatron", "--flavour"); }) ==
+        "--flavour: must be one of ddp, fsdp1, fsdp2, deepspeed, got \"megatron\"");
+}
+
+TEST_CASE("sharding::plan json round trip and rejections") {
+  const auto s = make_spec("hsdp", Flavour::fsdp1, 8, 4);
+  const auto j = spec_to_json(s);
+  const auto back = spec_from_json(j, "/spec");
+  CHECK(spec_to_json(back) == j);
+  json bad = j;
+  bad["shard_group_size"] = -1;
+  CHECK(error_of([&] { spec_from_json(bad, "/spec"); }) == "/spec/shard_group_size: must be >= 0, got -1");
+  bad = j;
+  bad["reduce_dtype"] = "int8";
+  CHECK(error_of([&] { spec_from_json(bad, "/spec"); }) ==
+        "/spec/reduce_dtype: must be one of fp32, bf16, fp16, got \"int8\"");
+  bad = spec_to_json(make_spec("ddp", std::nullopt, 8));
+  bad["shard_gradients"] = true;
+  CHECK(error_of([&] { spec_from_json(bad, "/spec"); }) ==
+        "/spec/shard_gradients: sharding gradients needs sharded optimizer states (no framework does this)");
+}

@@ -1,0 +1,259 @@
+// The step simulator against independent numbers (ZeRO paper Figure 1 and Table 1, Korthikanti
+// et al. Table 2, Narayanan et al. FLOPs) and the properties any correct cost model must have.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "costmodel/accounting.hpp"
+#include "costmodel/simulator.hpp"
+
+using namespace shardplan::costmodel;
+
+namespace {
+
+StepResult run(const ModelSpec& m, const HardwareProfile& hw, int gpus, const std::string& strategy,
+               Accounting acc = Accounting::framework, std::int64_t global_batch = 0,
+               std::int64_t micro_batch = 1, std::int64_t seq = 2048) {
+  StepInput in;
+  in.model = &m;
+  in.hardware = &hw;
+  in.cluster = {gpus, std::min(gpus, hw.gpus_per_node)};
+  in.job.seq_len = seq;
+  in.job.global_batch = global_batch > 0 ? global_batch : gpus;
+  in.job.micro_batch = micro_batch;
+  in.spec = make_spec(strategy, std::nullopt, in.cluster.gpus_per_node);
+  in.accounting = acc;
+  return simulate_step(in);
+}
+
+double states_GB(const StepResult& r) { return total(r.model_states) / 1e9; }
+
+}  // namespace
+
+TEST_CASE("simulator::zero paper figure 1") {
+  // Rajbhandari et al. 2020, Figure 1: Ψ = 7.5B, N_d = 64, K = 12: model states per GPU of
+  // 120 GB (baseline), 31.4 GB (P_os), 16.6 GB (P_os+g), 1.9 GB (P_os+g+p).
+  const auto m = model_from_param_count(7.5e9);
+  const auto hw = load_hardware("a100-sxm4-80gb");
+  CHECK(states_GB(run(m, hw, 64, "ddp", Accounting::zero_paper)) == doctest::Approx(120.0));
+  CHECK(states_GB(run(m, hw, 64, "zero1", Accounting::zero_paper)) == doctest::Approx(31.4).epsilon(0.002));
+  CHECK(states_GB(run(m, hw, 64, "zero2", Accounting::zero_paper)) == doctest::Approx(16.6).epsilon(0.003));
+  CHECK(states_GB(run(m, hw, 64, "zero3", Accounting::zero_paper)) == doctest::Approx(1.9).epsilon(0.02));
+}
+
+TEST_CASE("simulator::zero paper table 1") {
+  // Rajbhandari et al. 2020, Table 1: per-device model-state memory (GB) for P_os, P_os+g,
+  // P_os+g+p at DP degrees 1..1024, models of 7.5B, 128B and 1T parameters.
+  struct Row { double params; int dp; double os, osg, osgp; };
+  const Row rows[] = {
+      {7.5e9, 1, 120, 120, 120},     {7.5e9, 4, 52.5, 41.3, 30},     {7.5e9, 16, 35.6, 21.6, 7.5},
+      {7.5e9, 64, 31.4, 16.6, 1.88}, {7.5e9, 256, 30.4, 15.4, 0.47}, {7.5e9, 1024, 30.1, 15.1, 0.12},
+      {128e9, 1, 2048, 2048, 2048},  {128e9, 4, 896, 704, 512},      {128e9, 16, 608, 368, 128},
+      {128e9, 64, 536, 284, 32},     {128e9, 256, 518, 263, 8},      {128e9, 1024, 513, 257, 2},
+      {1e12, 1, 16000, 16000, 16000}, {1e12, 4, 7000, 5500, 4000},   {1e12, 16, 4750, 2875, 1000},
+      {1e12, 64, 4187, 2218, 250},   {1e12, 256, 4046, 2054, 62.5},  {1e12, 1024, 4011, 2013, 15.6},
+  };
+  const auto hw = load_hardware("a100-sxm4-80gb");
+  for (const auto& row : rows) {
+    CAPTURE(row.params);
+    CAPTURE(row.dp);
+    const auto m = model_from_param_count(row.params);
+    // The table prints 3 significant digits: compare within half a unit of the last digit.
+    auto near = [](double got, double want) { return std::fabs(got - want) <= 0.006 * want + 0.005; };
+    CHECK(near(states_GB(run(m, hw, row.dp, "zero1", Accounting::zero_paper)), row.os));
+    CHECK(near(states_GB(run(m, hw, row.dp, "zero2", Accounting::zero_paper)), row.osg));
+    CHECK(near(states_GB(run(m, hw, row.dp, "zero3", Accounting::zero_paper)), row.osgp));
+  }
+}
+
+TEST_CASE("simulator::communication volume per step") {
+  // ZeRO §7: DDP all-reduce moves 2Ψ per GPU, ZeRO-1/2 reduce-scatter + all-gather 2Ψ, ZeRO-3
+  // two all-gathers and a reduce-scatter 3Ψ (elements; fp16 = 2 bytes), ring factor (n−1)/n aside.
+  const auto m = model_from_param_count(7.5e9);
+  const auto hw = load_hardware("a100-sxm4-80gb");
+  const int n = 64;
+  const double psi_bytes = 2 * 7.5e9 * (n - 1) / n;
+  auto volume = [&](const char* s) {
+    return run(m, hw, n, s, Accounting::zero_paper).comm_bytes_per_gpu / psi_bytes;
+  };
+  CHECK(volume("ddp") == doctest::Approx(2.0));
+  CHECK(volume("zero1") == doctest::Approx(2.0));
+  CHECK(volume("zero2") == doctest::Approx(2.0));
+  CHECK(volume("zero3") == doctest::Approx(3.0));
+}
+
+TEST_CASE("simulator::gradient accumulation follows the frameworks") {
+  // DDP/ZeRO-1 skip the reduction on non-final micro-batches (no_sync); ZeRO-2 reduces each one.
+  const auto m = model_from_param_count(1e9);
+  const auto hw = load_hardware("a100-sxm4-80gb");
+  const auto ddp1 = run(m, hw, 8, "ddp", Accounting::zero_paper, 8);
+  const auto ddp4 = run(m, hw, 8, "ddp", Accounting::zero_paper, 32);
+  CHECK(ddp4.grad_accumulation == 4);
+  CHECK(ddp4.comm_bytes_per_gpu == doctest::Approx(ddp1.comm_bytes_per_gpu));
+  const auto z1 = run(m, hw, 8, "zero2", Accounting::zero_paper, 8);
+  const auto z4 = run(m, hw, 8, "zero2", Accounting::zero_paper, 32);
+  // 4 reduce-scatters of Ψ and one all-gather of Ψ instead of one each: 5/2 of the volume.
+  CHECK(z4.comm_bytes_per_gpu == doctest::Approx(z1.comm_bytes_per_gpu * 5.0 / 2.0));
+  // Forward and backward run 4 times; the optimizer step once.
+  CHECK(z4.compute_s - z4.optimizer_s == doctest::Approx(4 * (z1.compute_s - z1.optimizer_s)));
+  CHECK(z4.optimizer_s == doctest::Approx(z1.optimizer_s));
+  CHECK(z4.step_s > z1.step_s);
+}
+
+TEST_CASE("simulator::korthikanti activation table") {
+  // Korthikanti et al. 2022, Table 2, no parallelism: per layer s·b·h·(34 + 5·a·s/h) bytes;
+  // selective recompute 34·s·b·h; full recompute 2·s·b·h. GPT-2's block has their shapes (4h GELU
+  // MLP, dropout, multi-head attention, LayerNorm).
+  const auto m = load_model("gpt2-xl");
+  const double s = 1024, b = 4, h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads);
+  const auto none = block_activations(m, 1024, 4, 2.0, AttentionImpl::eager, Checkpointing::none);
+  CHECK(none.saved == doctest::Approx(s * b * h * (34 + 5 * a * s / h)));
+  const auto sel = block_activations(m, 1024, 4, 2.0, AttentionImpl::eager, Checkpointing::selective);
+  CHECK(sel.saved == doctest::Approx(34 * s * b * h));
+  const auto full = block_activations(m, 1024, 4, 2.0, AttentionImpl::eager, Checkpointing::full);
+  CHECK(full.saved == doctest::Approx(2 * s * b * h));
+  CHECK(full.recompute == doctest::Approx(none.saved));
+  // Flash attention drops the s×s terms, keeping an fp32 logsumexp per head and token.
+  const auto flash = block_activations(m, 1024, 4, 2.0, AttentionImpl::flash, Checkpointing::none);
+  CHECK(flash.saved == doctest::Approx(34 * s * b * h + 4 * a * s * b));
+}
+
+TEST_CASE("simulator::narayanan flops per layer") {
+  // Narayanan et al. 2021 §5.1: forward FLOPs of a GPT layer are 24·B·s·h² + 4·B·s²·h.
+  const auto m = load_model("gpt2-xl");
+  const double s = 1024, h = static_cast<double>(m.hidden);
+  const double per_token = block_forward_flops_per_token(m, 1024);
+  // GPT-2's block also has biases and LayerNorms, which are not GEMM weights.
+  CHECK(per_token == doctest::Approx((24 * s * h * h + 4 * s * s * h) / s));
+}
+
+TEST_CASE("simulator::model states ordered ddp >= zero1 >= zero2 >= zero3") {
+  const auto m = load_model("llama-2-7b");
+  const auto hw = load_hardware("a100-sxm4-80gb");
+  const double ddp = states_GB(run(m, hw, 8, "ddp"));
+  const double z1 = states_GB(run(m, hw, 8, "zero1"));
+  const double z2 = states_GB(run(m, hw, 8, "zero2"));
+  const double z3 = states_GB(run(m, hw, 8, "zero3"));
+  CHECK(ddp >= z1);
+  CHECK(z1 >= z2);
+  CHECK(z2 >= z3);
+  // torch DDP under autocast keeps fp32 parameters, fp32 gradients and two fp32 Adam moments:
+  // 16 bytes per parameter (its bucket copy of the gradients is a buffer, not a model state).
+  CHECK(ddp == doctest::Approx(16 * 6738415616.0 / 1e9));
+}
+
+TEST_CASE("simulator::sharded memory does not grow with more GPUs") {
+  const auto m = load_model("llama-2-13b");
+  const auto hw = load_hardware("a100-sxm4-80gb");
+  for (const char* s : {"zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op"}) {
+    CAPTURE(s);
+    double prev = 1e300, prev_peak = 1e300;
+    for (int n : {8, 16, 32, 64, 128}) {
+      const auto r = run(m, hw, n, s);
+      CHECK(states_GB(r) <= prev);
+      CHECK(r.peak_bytes <= prev_peak * (1 + 1e-9));
+      prev = states_GB(r);
+      prev_peak = r.peak_bytes;
+    }
+  }
+}
+
+TEST_CASE("simulator::time and memory invariants") {
+  const auto hw = load_hardware("a100-sxm4-80gb");
+  auto fast = hw;
+  fast.intra_bandwidth_Bps *= 2;
+  fast.inter_bandwidth_Bps *= 2;
+  for (const char* model : {"gpt2", "llama-2-7b"}) {
+    const auto m = load_model(model);
+    for (const auto& s : strategy_names()) {
+      for (int n : {8, 32}) {
+        CAPTURE(model);
+        CAPTURE(s);
+        CAPTURE(n);
+        const auto r = run(m, hw, n, s, Accounting::framework, 4 * n, 2);
+        REQUIRE(r.valid);
+        CHECK(r.step_s >= r.compute_s * (1 - 1e-12));
+        CHECK(r.exposed_comm_s >= 0);
+        double comm_busy = 0;
+        for (int k = 1; k < kStreams; ++k) comm_busy += r.busy_s[k];
+        CHECK(r.exposed_comm_s <= comm_busy * (1 + 1e-9) + 1e-12);
+        // Every byte of the breakdown is in the peak, and the peak holds the model states.
+        CHECK(total(r.at_peak) == doctest::Approx(r.peak_bytes));
+        CHECK(r.peak_bytes >= total(r.model_states));
+        // Faster links never slow a step.
+        const auto rf = run(m, fast, n, s, Accounting::framework, 4 * n, 2);
+        CHECK(rf.step_s <= r.step_s * (1 + 1e-12));
+      }
+    }
+  }
+}
+
+TEST_CASE("simulator::zero3 all-gathers overlap forward compute") {
+  const auto m = load_model("llama-2-7b");
+  const auto hw = load_hardware("h100-sxm5-80gb");
+  StepInput in;
+  in.model = &m;
+  in.hardware = &hw;
+  in.cluster = {16, 8};
+  in.job.seq_len = 4096;
+  in.job.global_batch = 16;
+  in.job.micro_batch = 1;
+  in.spec = make_spec("zero3", std::nullopt, 8);
+  Trace trace;
+  const auto r = simulate_step(in, &trace);
+  REQUIRE(r.valid);
+  int overlapping = 0;
+  for (const auto& ag : trace.spans) {
+    if (ag.stream != Stream::all_gather) continue;
+    for (const auto& c : trace.spans)
+      if (c.stream == Stream::compute && c.name.rfind("forward", 0) == 0 &&
+          c.start_s < ag.start_s + ag.duration_s && ag.start_s < c.start_s + c.duration_s)
+        ++overlapping;
+  }
+  CHECK(overlapping >= 30);  // every block's all-gather runs under the previous block's forward
+  CHECK(!trace.memory.empty());
+}
+
+TEST_CASE("simulator::infeasible plans are results with a reason") {
+  const auto m = load_model("gpt2");
+  const auto hw = load_hardware("a100-sxm4-80gb");
+  StepInput in;
+  in.model = &m;
+  in.hardware = &hw;
+  in.cluster = {8, 8};
+  in.job.seq_len = 1024;
+  in.job.global_batch = 8;
+  in.job.micro_batch = 1;
+  in.spec = make_spec("ddp", std::nullopt, 8);
+  in.spec.offload = Offload::optimizer;
+  auto r = simulate_step(in);
+  CHECK_FALSE(r.valid);
+  CHECK(r.reason == "ddp cannot offload: offload needs sharded optimizer states (ZeRO or FSDP)");
+  in.spec = make_spec("zero2", std::nullopt, 8);
+  in.spec.offload = Offload::params;
+  r = simulate_step(in);
+  CHECK_FALSE(r.valid);
+  in.spec = make_spec("zero3", std::nullopt, 8);
+  in.job.micro_batch = 3;
+  r = simulate_step(in);
+  CHECK_FALSE(r.valid);
+}
+
+TEST_CASE("simulator::offload moves optimizer states to the host") {
+  const auto m = load_model("llama-2-7b");
+  const auto hw = load_hardware("a100-sxm4-80gb");
+  StepInput in;
+  in.model = &m;
+  in.hardware = &hw;
+  in.cluster = {8, 8};
+  in.job.seq_len = 2048;
+  in.job.global_batch = 8;
+  in.job.micro_batch = 1;
+  in.spec = make_spec("zero2", std::nullopt, 8);
+  const auto base = simulate_step(in);
+  in.spec.offload = Offload::optimizer;
+  const auto off = simulate_step(in);
+  CHECK(off.model_states[static_cast<int>(Category::optimizer_states)] == 0);
+  CHECK(off.peak_bytes < base.peak_bytes);
+  CHECK(off.step_s > base.step_s);  // the CPU step and host transfers cost time
+}
