@@ -265,6 +265,7 @@ ModelSpec model_from_hf_config(const nlohmann::json& config, const std::string& 
   // we count. Everything else must be metadata.
   r.ignore_if(is_metadata_key);
   r.finish();
+  m.hf_config = config;
   return m;
 }
 

@@ -54,6 +54,7 @@ struct ModelSpec {
   UnitTensors embedding;           // token (and position) embeddings
   UnitTensors block;               // one transformer block; all blocks are identical
   UnitTensors head;                // final norm and, when untied, the output projection
+  nlohmann::json hf_config;        // the config.json it was read from (null for a bare count)
 
   std::int64_t total_params() const;
   std::int64_t q_width() const { return heads * head_dim; }

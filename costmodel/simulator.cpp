@@ -69,11 +69,29 @@ class Simulation {
   // Schedules an op on a stream once `ready`; returns its start. `cause` is the stream whose
   // completion made it ready (for attributing compute idle time).
   double issue(Stream s, double ready, Stream cause, double dur, const char* what, int unit);
+  // Records an allocation (bytes > 0) or a free at time t, keeping the timeline in time order
+  // (stable: equal times keep the order they were recorded in). Ops are recorded nearly in time
+  // order, so the insertion moves an event back by a few places at most.
   void mem(double t, double bytes, Category c, Phase p, int unit, int mb, int gathered = 0) {
-    if (bytes != 0 || gathered != 0) events_.push_back({t, bytes, c, p, static_cast<std::int8_t>(gathered), unit, mb});
+    if (bytes == 0 && gathered == 0) return;
+    events_.push_back({t, bytes, c, p, static_cast<std::int8_t>(gathered), unit, mb});
+    for (std::size_t i = events_.size() - 1; i > 0 && events_[i - 1].t > t; --i)
+      std::swap(events_[i - 1], events_[i]);
   }
   double coll(Collective op, const Group& g, double size) {
-    const auto c = comm_.cost(op, g, size);
+    // Units repeat: most calls ask for a size already costed.
+    CollectiveCost c;
+    bool hit = false;
+    for (const auto& e : cost_cache_)
+      if (e.size == size && e.op == op && e.ranks == g.ranks && e.per_node == g.ranks_per_node) {
+        c = e.cost;
+        hit = true;
+        break;
+      }
+    if (!hit) {
+      c = comm_.cost(op, g, size);
+      cost_cache_[cache_next_++ % cost_cache_.size()] = {op, g.ranks, g.ranks_per_node, size, c};
+    }
     result_.comm_bytes_per_gpu += c.bytes_sent;
     result_.calibrated_comm |= c.calibrated;
     result_.extrapolated_comm |= c.extrapolated;
@@ -108,7 +126,15 @@ class Simulation {
   std::array<double, kStreams> free_at_{};  // when each stream is next free
   std::vector<double> fwd_start_, fwd_end_, bwd_start_, bwd_end_, gathered_free_;
   std::vector<char> gathered_alive_;
-  std::vector<MemEvent> events_;
+  std::vector<MemEvent> events_;  // the memory timeline, in time order
+  struct CachedCost {
+    Collective op;
+    int ranks, per_node;
+    double size;
+    CollectiveCost cost;
+  };
+  std::array<CachedCost, 8> cost_cache_{};
+  std::size_t cache_next_ = 0;
   double pending_reduce_bytes_ = 0;
   std::vector<int> pending_units_;
   double kept_grad_bytes_ = 0;  // gradients kept until zero_grad at the end of the step
@@ -230,7 +256,8 @@ void Simulation::prepare() {
   gathered_free_.assign(n, 0);
   gathered_alive_.assign(n, 0);
   events_.clear();
-  events_.reserve(n * 16);
+  events_.reserve(n * 12);
+  for (auto& e : cost_cache_) e.size = -1;
 }
 
 void Simulation::micro_batch(int mb, bool first, bool reduce) {
@@ -370,17 +397,13 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
 }
 
 void Simulation::walk_memory() {
-  std::sort(events_.begin(), events_.end(), [](const MemEvent& a, const MemEvent& b) {
-    if (a.t != b.t) return a.t < b.t;
-    return a.bytes < b.bytes;  // frees before allocations at the same instant
-  });
   Breakdown cur{};
   double cur_total = 0;
   int gathered = 0;
   double peak = -1;
   const MemEvent* at = nullptr;
   int gathered_at_peak = 0;
-  for (const auto& e : events_) {
+  for (const MemEvent& e : events_) {
     cur[static_cast<int>(e.cat)] += e.bytes;
     cur_total += e.bytes;
     gathered += e.gathered;
@@ -399,7 +422,7 @@ void Simulation::walk_memory() {
                            ? phase_name(at->phase)
                            : fmt::format("{} of {}", phase_name(at->phase), unit_label(at->unit, n_units_));
     if (result_.grad_accumulation > 1 && at->phase != Phase::optimizer && at->phase != Phase::gather)
-      when += fmt::format(" (micro-batch {})", at->micro_batch == 0 ? "1" : "last");
+      when += at->micro_batch == 0 ? " (first micro-batch)" : " (last micro-batch)";
     if (s.shard_parameters)
       when += fmt::format(", {} gathered unit{} alive", gathered_at_peak, gathered_at_peak == 1 ? "" : "s");
     result_.peak_when = when;

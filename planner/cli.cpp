@@ -10,6 +10,7 @@
 #include "costmodel/json_reader.hpp"
 #include "planner/describe.hpp"
 #include "planner/estimate.hpp"
+#include "planner/recommend.hpp"
 #include "planner/scenario.hpp"
 
 namespace shardplan::planner {
@@ -66,6 +67,24 @@ int run_cli(int argc, char** argv) {
   simulate->add_option("--trace", trace_path, "Chrome-trace JSON to write (opens in Perfetto)")->required();
   simulate->add_option("--format", format, "table | json");
 
+  auto* recommend_cmd = app.add_subcommand("recommend", "search the plan space and recommend a plan");
+  add_scenario_options(*recommend_cmd, so);
+  add_plan_options(*recommend_cmd, po, false);
+  std::string emit;
+  int top = 10;
+  bool exhaustive = false;
+  recommend_cmd->add_option("--format", format, "table | json");
+  recommend_cmd->add_option("--emit", emit, "plan: print the plan document for the executor");
+  recommend_cmd->add_option("--top", top, "ranked plans to list (default 10)");
+  recommend_cmd->add_flag("--exhaustive", exhaustive, "simulate every plan (no pruning)");
+
+  auto* compare = app.add_subcommand("compare", "evaluate strategies side by side for one job");
+  std::string strategies = "ddp,zero1,zero2,zero3,fsdp-full,fsdp-grad-op,hsdp";
+  add_scenario_options(*compare, so);
+  compare->add_option("--strategies", strategies, "comma-separated strategies");
+  compare->add_option("--offload", po.offload, "none | optimizer | params");
+  compare->add_option("--format", format, "table | json");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -97,6 +116,71 @@ int run_cli(int argc, char** argv) {
       const auto m = describe_params != 0 ? costmodel::model_from_param_count(describe_params)
                                           : costmodel::load_model(describe_model);
       out << (format == "json" ? costmodel::model_to_json(m).dump(2) + "\n" : describe_table(m));
+    } else if (recommend_cmd->parsed()) {
+      check_format(format);
+      if (top < 0) throw InputError("--top", fmt::format("must be >= 0, got {}", top));
+      if (!emit.empty() && emit != "plan")
+        throw InputError("--emit", fmt::format("must be plan, got \"{}\"", emit));
+      const Scenario sc = make_scenario(so);
+      SearchPins pins;
+      pins.exhaustive = exhaustive;
+      if (!po.strategy.empty()) {
+        costmodel::make_spec(po.strategy, std::nullopt, sc.cluster.gpus_per_node,
+                             po.strategy == "hsdp" && po.shard_group_size ? std::optional<int>(po.shard_group_size)
+                                                                          : std::nullopt);
+        pins.strategy = po.strategy;
+      }
+      if (!po.flavour.empty()) pins.flavour = costmodel::flavour_from_name(po.flavour, "--flavour");
+      if (so.micro_batch > 0) pins.micro_batch = so.micro_batch;
+      if (!so.checkpointing.empty()) pins.checkpointing = sc.job.checkpointing;
+      if (recommend_cmd->count("--offload")) pins.offload = costmodel::offload_from_name(po.offload, "--offload");
+      if (po.shard_group_size != 0) {
+        if (po.shard_group_size < 2 || sc.cluster.gpus % po.shard_group_size != 0)
+          throw InputError("--shard-group-size", fmt::format("must divide {} GPUs and be >= 2, got {}",
+                                                             sc.cluster.gpus, po.shard_group_size));
+        pins.shard_group_size = po.shard_group_size;
+      }
+      const auto rec = recommend(sc, pins);
+      if (emit == "plan") {
+        if (rec.search.ranked.empty())
+          throw InputError("--emit", "no plan fits, so there is no plan to emit");
+        out << plan_document(sc, rec.search.ranked.front().eval).dump(2) << "\n";
+      } else if (format == "json") {
+        out << recommendation_json(sc, rec, top).dump(2) << "\n";
+      } else {
+        out << recommendation_table(sc, rec, top);
+      }
+    } else if (compare->parsed()) {
+      check_format(format);
+      const Scenario sc = make_scenario(so);
+      std::vector<Evaluation> evals;
+      std::stringstream list(strategies);
+      for (std::string name; std::getline(list, name, ',');) {
+        PlanOptions one = po;
+        evals.push_back(evaluate_choosing_micro_batch(sc, make_plan_spec(one, name, sc)));
+      }
+      if (format == "json") {
+        nlohmann::json arr = nlohmann::json::array();
+        for (const auto& e : evals) arr.push_back(evaluation_to_json(sc, e));
+        out << arr.dump(2) << "\n";
+      } else {
+        out << scenario_line(sc) << "\n";
+        out << fmt::format("{:<14} {:<10} {:>5} {:>11} {:>11} {:>11} {:>10} {:>11} {:>7}  {}\n", "strategy",
+                           "flavour", "mb", "states GiB", "peak GiB", "step s", "exposed s", "tokens/s", "MFU",
+                           "verdict");
+        for (const auto& e : evals) {
+          const auto& r = e.result;
+          if (!r.valid) {
+            out << fmt::format("{:<14} {:<10} not runnable: {}\n", e.spec.strategy,
+                               costmodel::flavour_name(e.spec.flavour), r.reason);
+            continue;
+          }
+          out << fmt::format("{:<14} {:<10} {:>5} {:>11.2f} {:>11.2f} {:>11.3f} {:>10.3f} {:>11.0f} {:>6.1f}%  {}\n",
+                             e.spec.strategy, costmodel::flavour_name(e.spec.flavour), e.job.micro_batch,
+                             costmodel::total(r.model_states) / (1 << 30), r.peak_bytes / (1 << 30), r.step_s,
+                             r.exposed_comm_s, r.tokens_per_s, 100 * r.mfu, e.fits ? "fits" : "DOES NOT FIT");
+        }
+      }
     } else if (estimate->parsed() || simulate->parsed()) {
       check_format(format);
       const Scenario sc = make_scenario(so);

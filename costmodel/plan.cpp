@@ -1,0 +1,109 @@
+#include "costmodel/plan.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "costmodel/json_reader.hpp"
+
+namespace shardplan::costmodel {
+
+PlanPrediction prediction_from(const StepResult& r) {
+  PlanPrediction p;
+  p.peak_bytes = r.peak_bytes;
+  p.at_peak = r.at_peak;
+  p.step_s = r.step_s;
+  p.compute_s = r.compute_s;
+  p.exposed_comm_s = r.exposed_comm_s;
+  p.comm_bytes_per_gpu = r.comm_bytes_per_gpu;
+  p.peak_when = r.peak_when;
+  return p;
+}
+
+nlohmann::json plan_to_json(const Plan& p) {
+  nlohmann::json model = {{"name", p.model.name}};
+  if (p.model.hf_config.is_null()) {
+    model["params"] = p.model.total_params();
+    model["layers"] = p.model.layers;
+  } else {
+    model["config"] = p.model.hf_config;
+  }
+  nlohmann::json breakdown = nlohmann::json::object();
+  for (int c = 0; c < kCategories; ++c)
+    breakdown[category_name(static_cast<Category>(c))] = std::llround(p.prediction.at_peak[c]);
+  return {{"schema_version", 1},
+          {"kind", "shardplan.plan"},
+          {"model", model},
+          {"hardware", p.hardware},
+          {"cluster", {{"gpus", p.cluster.gpus}, {"gpus_per_node", p.cluster.gpus_per_node}}},
+          {"job", job_to_json(p.job)},
+          {"sharding", spec_to_json(p.spec)},
+          {"prediction",
+           {{"peak_bytes", std::llround(p.prediction.peak_bytes)},
+            {"breakdown", breakdown},
+            {"step_s", p.prediction.step_s},
+            {"compute_s", p.prediction.compute_s},
+            {"exposed_comm_s", p.prediction.exposed_comm_s},
+            {"comm_bytes_per_gpu", p.prediction.comm_bytes_per_gpu},
+            {"peak_when", p.prediction.peak_when}}}};
+}
+
+Plan plan_from_json(const nlohmann::json& doc) {
+  ObjectReader r(doc, "");
+  const auto version = r.integer("schema_version");
+  if (version != 1) throw InputError("/schema_version", fmt::format("must be 1, got {}", version));
+  const auto kind = r.string("kind");
+  if (kind != "shardplan.plan")
+    throw InputError("/kind", fmt::format("must be \"shardplan.plan\", got \"{}\"", kind));
+  Plan p;
+  {
+    ObjectReader m(r.object("model"), "/model");
+    const auto name = m.string("name");
+    if (const auto* config = m.optional_object("config")) {
+      try {
+        p.model = model_from_hf_config(*config, name);
+      } catch (const InputError& e) {
+        throw InputError("/model/config" + e.where(), std::string(e.what()).substr(e.where().size() + 2));
+      }
+    } else {
+      p.model = model_from_param_count(m.number("params", Range{1e3, 1e15, false}),
+                                       m.integer("layers", Range{1, 1e5, false}));
+    }
+    p.model.name = name;
+    m.finish();
+  }
+  p.hardware = r.string("hardware");
+  {
+    ObjectReader c(r.object("cluster"), "/cluster");
+    p.cluster.gpus = static_cast<int>(c.integer("gpus", Range{1, 1e6, false}));
+    p.cluster.gpus_per_node = static_cast<int>(c.integer("gpus_per_node", Range{1, 1024, false}));
+    c.finish();
+  }
+  try {
+    p.job = job_from_json(r.object("job"));
+  } catch (const InputError& e) {
+    throw InputError("/job" + e.where(), std::string(e.what()).substr(e.where().size() + 2));
+  }
+  if (p.job.micro_batch <= 0) throw InputError("/job/micro_batch", "missing key");
+  p.spec = spec_from_json(r.object("sharding"), "/sharding");
+  {
+    ObjectReader pr(r.object("prediction"), "/prediction");
+    p.prediction.peak_bytes = pr.number("peak_bytes", Range::non_negative());
+    ObjectReader b(pr.object("breakdown"), "/prediction/breakdown");
+    for (int c = 0; c < kCategories; ++c)
+      p.prediction.at_peak[c] = b.number(category_name(static_cast<Category>(c)), Range::non_negative());
+    b.finish();
+    p.prediction.step_s = pr.number("step_s", Range::non_negative());
+    p.prediction.compute_s = pr.number("compute_s", Range::non_negative());
+    p.prediction.exposed_comm_s = pr.number("exposed_comm_s", Range::non_negative());
+    p.prediction.comm_bytes_per_gpu = pr.number("comm_bytes_per_gpu", Range::non_negative());
+    p.prediction.peak_when = pr.string("peak_when");
+    pr.finish();
+  }
+  r.finish();
+  validate_cluster(p.cluster);
+  validate_job(p.job, p.cluster);
+  return p;
+}
+
+}  // namespace shardplan::costmodel

@@ -1,0 +1,200 @@
+#include "planner/search.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "costmodel/input_error.hpp"
+
+namespace shardplan::planner {
+
+using namespace costmodel;
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string family_of(const ShardingSpec& s) {
+  return s.strategy == "hsdp" ? fmt::format("hsdp/{}", s.shard_group_size) : s.strategy;
+}
+
+// HSDP shard groups worth trying: divisors of N strictly between 1 and N that either divide a
+// node or are whole nodes (a group that straddles node boundaries unevenly has no benefit).
+std::vector<int> hsdp_groups(const Cluster& c) {
+  std::vector<int> out;
+  for (int d = 2; d < c.gpus; ++d)
+    if (c.gpus % d == 0 && (c.gpus_per_node % d == 0 || d % c.gpus_per_node == 0)) out.push_back(d);
+  return out;
+}
+
+std::vector<Offload> offloads_for(const ShardingSpec& s) {
+  std::vector<Offload> out = {Offload::none};
+  if (!s.shard_optimizer) return out;
+  const bool fsdp = s.flavour == Flavour::fsdp1 || s.flavour == Flavour::fsdp2;
+  if (!fsdp) out.push_back(Offload::optimizer);
+  if (s.shard_parameters) out.push_back(Offload::params);
+  return out;
+}
+
+}  // namespace
+
+bool better(const Evaluation& a, const Evaluation& b) {
+  if (a.result.step_s != b.result.step_s) return a.result.step_s < b.result.step_s;
+  return a.result.peak_bytes < b.result.peak_bytes;
+}
+
+std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& pins) {
+  std::vector<ShardingSpec> out;
+  const int G = sc.cluster.gpus_per_node;
+  for (const auto& strategy : strategy_names()) {
+    if (pins.strategy && *pins.strategy != strategy) continue;
+    if (strategy == "hsdp" && sc.cluster.gpus < 2) continue;
+    for (Flavour f : flavours_for(strategy)) {
+      if (pins.flavour && *pins.flavour != f) continue;
+      std::vector<std::optional<int>> groups = {std::nullopt};
+      if (strategy == "hsdp") {
+        groups.clear();
+        if (pins.shard_group_size) groups.push_back(*pins.shard_group_size);
+        else
+          for (int g : hsdp_groups(sc.cluster)) groups.push_back(g);
+      }
+      for (const auto& g : groups) {
+        const ShardingSpec base = make_spec(strategy, f, G, g);
+        for (Offload o : offloads_for(base)) {
+          if (pins.offload && *pins.offload != o) continue;
+          ShardingSpec s = base;
+          s.offload = o;
+          out.push_back(s);
+          // Scheduling variants the frameworks expose: a deeper forward prefetch for sharded
+          // parameters (FSDP forward_prefetch / DeepSpeed stage3_prefetch_bucket_size ×4), and
+          // smaller gradient buckets (earlier overlap, more collectives).
+          if (s.shard_parameters) {
+            ShardingSpec deep = s;
+            deep.forward_prefetch = s.forward_prefetch + 1;
+            deep.backward_prefetch = s.backward_prefetch + 1;
+            deep.max_inflight_allgathers = s.max_inflight_allgathers + 1;
+            if (deep.prefetch_bucket_elems > 0) deep.prefetch_bucket_elems *= 4;
+            out.push_back(deep);
+          }
+          if (s.contiguous_grad_bucket || s.flavour == Flavour::ddp) {
+            ShardingSpec small = s;
+            small.reduce_bucket_bytes = s.reduce_bucket_bytes / 10;
+            small.allgather_bucket_bytes = s.allgather_bucket_bytes / 10;
+            out.push_back(small);
+          }
+        }
+      }
+    }
+  }
+  if (out.empty())
+    throw InputError("--strategy", "the pinned knobs leave no plan to search (check --flavour, "
+                                   "--offload and --shard-group-size against the strategy)");
+  return out;
+}
+
+SearchResult search(const Scenario& sc, const SearchPins& pins) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SearchResult res;
+  const auto specs = strategy_specs(sc, pins);
+  const std::int64_t per_gpu = sc.job.global_batch / sc.cluster.gpus;
+  std::vector<std::int64_t> micro_batches;
+  for (std::int64_t b = 1; b <= per_gpu; ++b)
+    if (per_gpu % b == 0 && (!pins.micro_batch || *pins.micro_batch == b)) micro_batches.push_back(b);
+  if (micro_batches.empty())
+    throw InputError("--micro-batch", fmt::format("{} does not divide the {} sequences per GPU",
+                                                  pins.micro_batch.value_or(0), per_gpu));
+  std::vector<Checkpointing> ckpts;
+  for (auto c : {Checkpointing::none, Checkpointing::selective, Checkpointing::full})
+    if (!pins.checkpointing || *pins.checkpointing == c) {
+      // Selective recompute only changes anything for materialized attention scores.
+      if (c == Checkpointing::selective && sc.job.attention == AttentionImpl::flash && !pins.checkpointing)
+        continue;
+      ckpts.push_back(c);
+    }
+
+  std::map<std::string, Candidate> best_fit, smallest;
+  const double usable = sc.usable_bytes();
+  const double overhead = sc.hardware.cuda_context_bytes + sc.hardware.nccl_workspace_bytes;
+  for (const auto& spec : specs) {
+    const std::string family = family_of(spec);
+    for (auto ckpt : ckpts) {
+      bool too_big = false;  // a smaller micro-batch of this configuration did not fit
+      for (auto mb : micro_batches) {
+        ++res.plans_considered;
+        if (too_big && !pins.exhaustive) continue;
+        TrainingJob job = sc.job;
+        job.micro_batch = mb;
+        job.checkpointing = ckpt;
+        Evaluation e = evaluate(sc, spec, job);
+        ++res.plans_simulated;
+        if (!e.result.valid) continue;
+        Candidate c{e, family};
+        if (!res.fastest_ignoring_memory || better(e, res.fastest_ignoring_memory->eval))
+          res.fastest_ignoring_memory = c;
+        auto it = smallest.find(family);
+        if (it == smallest.end() || e.result.peak_bytes < it->second.eval.result.peak_bytes)
+          smallest[family] = c;
+        if (!e.fits) {
+          too_big = true;
+          continue;
+        }
+        res.ranked.push_back(c);
+        auto bf = best_fit.find(family);
+        if (bf == best_fit.end() || better(e, bf->second.eval)) best_fit[family] = c;
+      }
+    }
+  }
+  std::stable_sort(res.ranked.begin(), res.ranked.end(),
+                   [](const Candidate& a, const Candidate& b) { return better(a.eval, b.eval); });
+  // Pareto front of (peak memory, step time) among fitting plans; ranked is sorted by time.
+  double best_mem = 1e300;
+  for (const auto& c : res.ranked)
+    if (c.eval.result.peak_bytes < best_mem) {
+      res.pareto.push_back(c);
+      best_mem = c.eval.result.peak_bytes;
+    }
+  for (const auto& [family, c] : smallest) {
+    auto bf = best_fit.find(family);
+    res.best_per_family.push_back(bf != best_fit.end() ? bf->second : c);
+    if (bf == best_fit.end()) {
+      const auto& r = c.eval.result;
+      const double states = total(r.model_states);
+      std::string reason;
+      if (states + overhead > usable) {
+        // Name the largest model state: what replication (or the lack of sharding) costs.
+        int worst = 0;
+        for (int k = 1; k <= static_cast<int>(Category::optimizer_states); ++k)
+          if (r.model_states[k] > r.model_states[worst]) worst = k;
+        const bool replicated = worst == static_cast<int>(Category::optimizer_states)
+                                    ? !c.eval.spec.shard_optimizer
+                                    : worst == static_cast<int>(Category::gradients) ? !c.eval.spec.shard_gradients
+                                                                                     : !c.eval.spec.shard_parameters;
+        std::string what = category_name(static_cast<Category>(worst));
+        std::replace(what.begin(), what.end(), '_', ' ');
+        reason = fmt::format("{}{} alone need {:.1f} GiB of {:.1f} GiB; all model states {:.1f} GiB",
+                             replicated ? "replicated " : "", what, r.model_states[worst] / kGiB,
+                             sc.hardware.memory_bytes / kGiB, states / kGiB);
+      } else {
+        reason = fmt::format(
+            "smallest peak {:.1f} GiB (micro-batch {}, {} checkpointing, offload {}) exceeds {:.1f} GiB "
+            "usable; at the peak ({}) activations are {:.1f} GiB and buffers {:.1f} GiB",
+            r.peak_bytes / kGiB, c.eval.job.micro_batch, checkpointing_name(c.eval.job.checkpointing),
+            offload_name(c.eval.spec.offload), usable / kGiB, r.peak_when,
+            r.at_peak[static_cast<int>(Category::activations)] / kGiB,
+            r.at_peak[static_cast<int>(Category::buffers)] / kGiB);
+      }
+      res.rejected.emplace_back(family, reason);
+    }
+  }
+  std::stable_sort(res.best_per_family.begin(), res.best_per_family.end(),
+                   [](const Candidate& a, const Candidate& b) {
+                     if (a.eval.fits != b.eval.fits) return a.eval.fits;
+                     return better(a.eval, b.eval);
+                   });
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace shardplan::planner

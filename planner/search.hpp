@@ -1,0 +1,52 @@
+// `planner recommend`'s search: every combination of the knobs the user left free, evaluated with
+// the step simulator, ranked by step time (ties to lower memory). Plans that cannot fit are pruned
+// without simulating them: a larger micro-batch of a configuration whose smaller micro-batch did
+// not fit (activations grow with the micro-batch; nothing else does). The answer equals the
+// exhaustive one; tests check it.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "planner/estimate.hpp"
+#include "planner/scenario.hpp"
+
+namespace shardplan::planner {
+
+// Knobs the user pinned (unset = searched).
+struct SearchPins {
+  std::optional<std::string> strategy;
+  std::optional<costmodel::Flavour> flavour;
+  std::optional<std::int64_t> micro_batch;
+  std::optional<costmodel::Checkpointing> checkpointing;
+  std::optional<costmodel::Offload> offload;
+  std::optional<int> shard_group_size;
+  bool exhaustive = false;  // simulate everything, no pruning (for tests and benchmarks)
+};
+
+struct Candidate {
+  Evaluation eval;
+  std::string family;  // strategy name; hsdp with its group size ("hsdp/8")
+};
+
+struct SearchResult {
+  std::vector<Candidate> ranked;      // every fitting plan, best first
+  std::vector<Candidate> best_per_family;  // fitting or not: the best fitting, else the smallest peak
+  std::vector<Candidate> pareto;      // fitting plans no other fitting plan beats in both memory and time
+  std::vector<std::pair<std::string, std::string>> rejected;  // family -> reason in numbers
+  std::optional<Candidate> fastest_ignoring_memory;  // for naming the bottleneck
+  long plans_considered = 0;          // the whole space
+  long plans_simulated = 0;           // after pruning
+  double seconds = 0;
+};
+
+// The space: strategies × flavours × shard groups × micro-batches × checkpointing × offload ×
+// prefetch depth and bucket size variants.
+std::vector<costmodel::ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& pins);
+SearchResult search(const Scenario& sc, const SearchPins& pins);
+
+// Ranking order: faster first, ties to lower peak memory.
+bool better(const Evaluation& a, const Evaluation& b);
+
+}  // namespace shardplan::planner
