@@ -1,0 +1,428 @@
+#include "executor/gpt_model.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "executor/kernels.hpp"
+
+namespace shardplan::executor {
+namespace {
+
+using costmodel::MlpKind;
+using costmodel::NormKind;
+using costmodel::PositionKind;
+
+bool is_layernorm(const GptLayout& l) { return l.spec().norm == NormKind::layernorm; }
+bool is_swiglu(const GptLayout& l) { return l.spec().mlp == MlpKind::swiglu; }
+bool is_parallel(const GptLayout& l) { return l.spec().parallel_residual; }
+bool is_rotary(const GptLayout& l) { return l.spec().positions == PositionKind::rotary; }
+
+// Pointer to an optional tensor (a bias) of a flat unit buffer, or nullptr.
+template <class S>
+S* at(S* unit, std::int64_t offset) {
+  return offset == kAbsent ? nullptr : unit + offset;
+}
+
+template <class S>
+void copy(S* dst, const S* src, std::int64_t n) {
+  std::copy(src, src + n, dst);
+}
+
+}  // namespace
+
+std::int64_t block_saved_elements(const GptLayout& layout, BatchShape shape,
+                                  Checkpointing checkpointing) {
+  const auto& m = layout.spec();
+  const std::int64_t n = shape.tokens();
+  if (checkpointing == Checkpointing::full) return n * m.hidden;
+  const std::int64_t stats = is_layernorm(layout) ? 2 * n : n;  // mean and rstd, or rstd
+  std::int64_t e = n * m.hidden;                                 // input
+  e += n * m.hidden + stats;                                     // norm1
+  e += n * m.q_width() + 2 * n * m.kv_width();                   // q, k, v
+  e += shape.batch * m.heads * shape.seq * shape.seq;            // probs
+  e += n * m.q_width();                                          // attn_out
+  if (!is_parallel(layout)) e += n * m.hidden;                   // mid
+  e += n * m.hidden + stats;                                     // norm2
+  e += (is_swiglu(layout) ? 3 : 2) * n * m.intermediate;         // mlp_pre, (mlp_up), mlp_act
+  return e;
+}
+
+std::int64_t head_saved_elements(const GptLayout& layout, BatchShape shape) {
+  const auto& m = layout.spec();
+  const std::int64_t n = shape.tokens();
+  const std::int64_t stats = is_layernorm(layout) ? 2 * n : n;
+  return 2 * n * m.hidden + stats + n * m.vocab;
+}
+
+template <class S>
+GptModel<S>::GptModel(const costmodel::ModelSpec& spec, TrackedAllocator& allocator,
+                      ModelOptions options)
+    : layout_(spec), allocator_(allocator), options_(options) {}
+
+template <class S>
+TrackedBuffer<S> GptModel<S>::activation(std::int64_t elements) const {
+  return allocator_.template allocate<S>(MemoryCategory::activations, elements);
+}
+
+template <class S>
+void GptModel<S>::check_unit(std::span<const S> params, UnitKind kind, const char* what) const {
+  const auto need = layout_.unit_size(kind);
+  if (static_cast<std::int64_t>(params.size()) < need)
+    throw std::invalid_argument(
+        fmt::format("{}: {} elements given, the unit has {}", what, params.size(), need));
+}
+
+template <class S>
+void GptModel<S>::check_grad(std::span<S> grad, UnitKind kind, const char* what) const {
+  check_unit(std::span<const S>(grad.data(), grad.size()), kind, what);
+}
+
+// Norm₁, Norm₂ or the final norm forward: allocates and fills out [N, h], mean, rstd [N].
+template <class S>
+void GptModel<S>::norm_forward(BatchShape shape, const S* x, const S* params, NormOffsets norm,
+                               TrackedBuffer<S>& out, TrackedBuffer<S>& mean,
+                               TrackedBuffer<S>& rstd) const {
+  const std::int64_t n = shape.tokens(), h = layout_.spec().hidden;
+  const S eps = static_cast<S>(options_.norm_eps);
+  out = activation(n * h);
+  if (is_layernorm(layout_)) mean = activation(n);
+  rstd = activation(n);
+  if (is_layernorm(layout_))
+    kernels::layernorm_forward(out.data(), mean.data(), rstd.data(), x, params + norm.weight,
+                               params + norm.bias, n, h, eps);
+  else
+    kernels::rmsnorm_forward(out.data(), rstd.data(), x, params + norm.weight, n, h, eps);
+}
+
+// Adds the norm's input gradient into dx and its parameter gradients into grad.
+template <class S>
+void GptModel<S>::norm_backward(BatchShape shape, S* dx, S* grad, const S* dy, const S* x,
+                                const S* params, NormOffsets norm, const TrackedBuffer<S>& mean,
+                                const TrackedBuffer<S>& rstd) const {
+  const std::int64_t n = shape.tokens(), h = layout_.spec().hidden;
+  if (is_layernorm(layout_))
+    kernels::layernorm_backward(dx, grad + norm.weight, grad + norm.bias, dy, x,
+                                params + norm.weight, mean.data(), rstd.data(), n, h);
+  else
+    kernels::rmsnorm_backward(dx, grad + norm.weight, dy, x, params + norm.weight, rstd.data(),
+                              n, h);
+}
+
+template <class S>
+TrackedBuffer<S> GptModel<S>::forward_embedding(std::span<const S> params,
+                                                std::span<const std::int32_t> tokens,
+                                                BatchShape shape) const {
+  check_unit(params, UnitKind::embedding, "forward_embedding params");
+  check_tokens(tokens, shape, "forward_embedding tokens");
+  const auto& m = layout_.spec();
+  const auto& e = layout_.embedding();
+  if (!is_rotary(layout_) && shape.seq > m.max_positions)
+    throw std::invalid_argument(
+        fmt::format("sequence of {} tokens is longer than the {} learned positions", shape.seq,
+                    m.max_positions));
+  auto out = activation(shape.tokens() * m.hidden);  // [N, h]
+  kernels::embedding_forward(out.data(), tokens.data(), params.data() + e.tokens,
+                             at(params.data(), e.positions), shape.batch, shape.seq, m.hidden);
+  return out;
+}
+
+template <class S>
+void GptModel<S>::run_block(const S* p, BlockActivations<S>& a, TrackedBuffer<S>& y) const {
+  const auto& m = layout_.spec();
+  const auto& L = layout_.block();
+  const std::int64_t B = a.shape.batch, T = a.shape.seq, N = a.shape.tokens();
+  const std::int64_t h = m.hidden, qw = m.q_width(), kw = m.kv_width(), I = m.intermediate;
+  const S* x = a.input.data();
+
+  // Attention: Norm₁, projections, rotary, causal softmax(QKᵀ/√d)·V.
+  norm_forward(a.shape, x, p, L.norm1, a.norm1_out, a.norm1_mean, a.norm1_rstd);
+  a.q = activation(N * qw);
+  a.k = activation(N * kw);
+  a.v = activation(N * kw);
+  kernels::linear_forward(a.q.data(), a.norm1_out.data(), p + L.q.weight, at(p, L.q.bias), N, h,
+                          qw, false);
+  kernels::linear_forward(a.k.data(), a.norm1_out.data(), p + L.k.weight, at(p, L.k.bias), N, h,
+                          kw, false);
+  kernels::linear_forward(a.v.data(), a.norm1_out.data(), p + L.v.weight, at(p, L.v.bias), N, h,
+                          kw, false);
+  if (is_rotary(layout_)) {
+    kernels::rope_forward(a.q.data(), B, T, m.heads, m.head_dim, options_.rope_theta);
+    kernels::rope_forward(a.k.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta);
+  }
+  a.probs = activation(B * m.heads * T * T);
+  a.attn_out = activation(N * qw);
+  kernels::attention_forward(a.attn_out.data(), a.probs.data(), a.q.data(), a.k.data(),
+                             a.v.data(), B, T, m.heads, m.kv_heads, m.head_dim);
+
+  // Sequential residual: a = x + o(attn); the MLP reads Norm₂(a). Parallel: it reads Norm₂(x).
+  const S* mlp_in = x;
+  if (!is_parallel(layout_)) {
+    a.mid = activation(N * h);
+    copy(a.mid.data(), x, N * h);
+    kernels::linear_forward(a.mid.data(), a.attn_out.data(), p + L.o.weight, at(p, L.o.bias), N,
+                            qw, h, true);
+    mlp_in = a.mid.data();
+  }
+  norm_forward(a.shape, mlp_in, p, L.norm2, a.norm2_out, a.norm2_mean, a.norm2_rstd);
+  a.mlp_pre = activation(N * I);
+  a.mlp_act = activation(N * I);
+  if (is_swiglu(layout_)) {
+    a.mlp_up = activation(N * I);
+    kernels::linear_forward(a.mlp_pre.data(), a.norm2_out.data(), p + L.gate.weight,
+                            at(p, L.gate.bias), N, h, I, false);
+    kernels::linear_forward(a.mlp_up.data(), a.norm2_out.data(), p + L.up.weight,
+                            at(p, L.up.bias), N, h, I, false);
+    kernels::swiglu_forward(a.mlp_act.data(), a.mlp_pre.data(), a.mlp_up.data(), N * I);
+  } else {
+    kernels::linear_forward(a.mlp_pre.data(), a.norm2_out.data(), p + L.up.weight,
+                            at(p, L.up.bias), N, h, I, false);
+    kernels::gelu_forward(a.mlp_act.data(), a.mlp_pre.data(), N * I);
+  }
+
+  // y = a + down(act), or y = x + o(attn) + down(act).
+  y = activation(N * h);
+  if (is_parallel(layout_)) {
+    copy(y.data(), x, N * h);
+    kernels::linear_forward(y.data(), a.attn_out.data(), p + L.o.weight, at(p, L.o.bias), N, qw,
+                            h, true);
+  } else {
+    copy(y.data(), a.mid.data(), N * h);
+  }
+  kernels::linear_forward(y.data(), a.mlp_act.data(), p + L.down.weight, at(p, L.down.bias), N, I,
+                          h, true);
+}
+
+template <class S>
+BlockForward<S> GptModel<S>::forward_block(std::span<const S> params, TrackedBuffer<S> input,
+                                           BatchShape shape, Checkpointing checkpointing) const {
+  check_unit(params, UnitKind::block, "forward_block params");
+  check_hidden(input, shape, "forward_block input");
+  BlockForward<S> f;
+  f.saved.shape = shape;
+  f.saved.checkpointing = checkpointing;
+  f.saved.input = std::move(input);
+  run_block(params.data(), f.saved, f.output);
+  if (checkpointing == Checkpointing::full) {
+    // Keep the input only; everything else is freed here and recomputed in the backward.
+    BlockActivations<S> kept;
+    kept.shape = shape;
+    kept.checkpointing = checkpointing;
+    kept.input = std::move(f.saved.input);
+    f.saved = std::move(kept);
+  }
+  return f;
+}
+
+template <class S>
+TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockActivations<S> saved,
+                                             TrackedBuffer<S> d_output, std::span<S> grad) const {
+  check_unit(params, UnitKind::block, "backward_block params");
+  check_grad(grad, UnitKind::block, "backward_block grad");
+  check_hidden(saved.input, saved.shape, "backward_block saved input");
+  check_hidden(d_output, saved.shape, "backward_block d_output");
+  const S* p = params.data();
+  S* g = grad.data();
+  BlockActivations<S>& a = saved;
+  if (a.checkpointing == Checkpointing::full) {
+    TrackedBuffer<S> recomputed_output;
+    run_block(p, a, recomputed_output);
+  }
+  const auto& m = layout_.spec();
+  const auto& L = layout_.block();
+  const std::int64_t B = a.shape.batch, T = a.shape.seq, N = a.shape.tokens();
+  const std::int64_t h = m.hidden, qw = m.q_width(), kw = m.kv_width(), I = m.intermediate;
+  // dy becomes dx in place: dx = dy + (the norms' input gradients).
+  TrackedBuffer<S> dy = std::move(d_output);
+
+  // Output projections read dy before it is changed. Parallel residual: both read dy.
+  auto d_act = activation(N * I);  // [N, I]
+  kernels::linear_backward(d_act.data(), g + L.down.weight, at(g, L.down.bias), dy.data(),
+                           a.mlp_act.data(), p + L.down.weight, N, I, h);
+  a.mlp_act.reset();
+  TrackedBuffer<S> d_attn_out;  // [N, qw]
+  auto attention_output_backward = [&] {
+    d_attn_out = activation(N * qw);
+    kernels::linear_backward(d_attn_out.data(), g + L.o.weight, at(g, L.o.bias), dy.data(),
+                             a.attn_out.data(), p + L.o.weight, N, qw, h);
+    a.attn_out.reset();
+  };
+  if (is_parallel(layout_)) attention_output_backward();
+
+  // MLP.
+  auto d_norm2_out = activation(N * h);  // [N, h]
+  {
+    auto d_pre = activation(N * I);  // [N, I]
+    if (is_swiglu(layout_)) {
+      auto d_up = activation(N * I);  // [N, I]
+      kernels::swiglu_backward(d_pre.data(), d_up.data(), d_act.data(), a.mlp_pre.data(),
+                               a.mlp_up.data(), N * I);
+      d_act.reset();
+      kernels::linear_backward(d_norm2_out.data(), g + L.gate.weight, at(g, L.gate.bias),
+                               d_pre.data(), a.norm2_out.data(), p + L.gate.weight, N, h, I);
+      kernels::linear_backward(d_norm2_out.data(), g + L.up.weight, at(g, L.up.bias),
+                               d_up.data(), a.norm2_out.data(), p + L.up.weight, N, h, I);
+    } else {
+      kernels::gelu_backward(d_pre.data(), a.mlp_pre.data(), d_act.data(), N * I);
+      d_act.reset();
+      kernels::linear_backward(d_norm2_out.data(), g + L.up.weight, at(g, L.up.bias),
+                               d_pre.data(), a.norm2_out.data(), p + L.up.weight, N, h, I);
+    }
+  }
+  a.mlp_pre.reset();
+  a.mlp_up.reset();
+  a.norm2_out.reset();
+  const S* mlp_in = is_parallel(layout_) ? a.input.data() : a.mid.data();
+  norm_backward(a.shape, dy.data(), g, d_norm2_out.data(), mlp_in, p, L.norm2, a.norm2_mean,
+                a.norm2_rstd);
+  d_norm2_out.reset();
+  a.mid.reset();
+  a.norm2_mean.reset();
+  a.norm2_rstd.reset();
+
+  // Attention. Sequential residual: dy now holds d a, the output projection's gradient.
+  if (!is_parallel(layout_)) attention_output_backward();
+  auto dq = activation(N * qw);  // [N, qw]
+  auto dk = activation(N * kw);  // [N, kw]
+  auto dv = activation(N * kw);  // [N, kw]
+  {
+    auto scratch = activation(T * T);  // [T, T] dP, then dS, of one (sequence, head)
+    kernels::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(),
+                                d_attn_out.data(), a.probs.data(), a.q.data(), a.k.data(),
+                                a.v.data(), B, T, m.heads, m.kv_heads, m.head_dim);
+  }
+  d_attn_out.reset();
+  a.probs.reset();
+  if (is_rotary(layout_)) {
+    kernels::rope_backward(dq.data(), B, T, m.heads, m.head_dim, options_.rope_theta);
+    kernels::rope_backward(dk.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta);
+  }
+  auto d_norm1_out = activation(N * h);  // [N, h]
+  kernels::linear_backward(d_norm1_out.data(), g + L.q.weight, at(g, L.q.bias), dq.data(),
+                           a.norm1_out.data(), p + L.q.weight, N, h, qw);
+  kernels::linear_backward(d_norm1_out.data(), g + L.k.weight, at(g, L.k.bias), dk.data(),
+                           a.norm1_out.data(), p + L.k.weight, N, h, kw);
+  kernels::linear_backward(d_norm1_out.data(), g + L.v.weight, at(g, L.v.bias), dv.data(),
+                           a.norm1_out.data(), p + L.v.weight, N, h, kw);
+  dq.reset();
+  dk.reset();
+  dv.reset();
+  a.q.reset();
+  a.k.reset();
+  a.v.reset();
+  a.norm1_out.reset();
+  norm_backward(a.shape, dy.data(), g, d_norm1_out.data(), a.input.data(), p, L.norm1,
+                a.norm1_mean, a.norm1_rstd);
+  return dy;
+}
+
+template <class S>
+HeadForward<S> GptModel<S>::forward_head(std::span<const S> params,
+                                         std::span<const S> embedding_params,
+                                         TrackedBuffer<S> input,
+                                         std::span<const std::int32_t> targets,
+                                         BatchShape shape) const {
+  check_unit(params, UnitKind::head, "forward_head params");
+  if (layout_.spec().tied_embeddings)
+    check_unit(embedding_params, UnitKind::embedding, "forward_head tied embedding params");
+  check_hidden(input, shape, "forward_head input");
+  check_tokens(targets, shape, "forward_head targets");
+  const auto& m = layout_.spec();
+  const auto& H = layout_.head();
+  const std::int64_t N = shape.tokens();
+  const S* w_out = m.tied_embeddings ? embedding_params.data() + layout_.embedding().tokens
+                                     : params.data() + H.output;  // [V, h]
+  HeadForward<S> f;
+  HeadActivations<S>& a = f.saved;
+  a.shape = shape;
+  a.input = std::move(input);
+  norm_forward(shape, a.input.data(), params.data(), H.norm, a.norm_out, a.norm_mean, a.norm_rstd);
+  a.probs = activation(N * m.vocab);  // [N, V] logits, then probabilities
+  kernels::linear_forward(a.probs.data(), a.norm_out.data(), w_out, static_cast<const S*>(nullptr),
+                          N, m.hidden, m.vocab, false);
+  f.loss = kernels::softmax_cross_entropy_forward(a.probs.data(), targets.data(), N, m.vocab) /
+           static_cast<double>(N);
+  return f;
+}
+
+template <class S>
+TrackedBuffer<S> GptModel<S>::backward_head(std::span<const S> params,
+                                            std::span<const S> embedding_params,
+                                            HeadActivations<S> saved,
+                                            std::span<const std::int32_t> targets,
+                                            std::span<S> grad, std::span<S> embedding_grad,
+                                            double loss_scale) const {
+  const auto& m = layout_.spec();
+  check_unit(params, UnitKind::head, "backward_head params");
+  check_grad(grad, UnitKind::head, "backward_head grad");
+  if (m.tied_embeddings) {
+    check_unit(embedding_params, UnitKind::embedding, "backward_head tied embedding params");
+    check_grad(embedding_grad, UnitKind::embedding, "backward_head tied embedding grad");
+  }
+  check_hidden(saved.input, saved.shape, "backward_head saved input");
+  check_tokens(targets, saved.shape, "backward_head targets");
+  const auto& H = layout_.head();
+  HeadActivations<S>& a = saved;
+  const std::int64_t N = a.shape.tokens();
+  const std::int64_t tokens_offset = layout_.embedding().tokens;
+  const S* w_out = m.tied_embeddings ? embedding_params.data() + tokens_offset
+                                     : params.data() + H.output;  // [V, h]
+  S* dw_out = m.tied_embeddings ? embedding_grad.data() + tokens_offset : grad.data() + H.output;
+
+  // loss = (1/N) Σ −log p[target]  ⇒  dlogits = (p − onehot)·loss_scale/N, in place.
+  kernels::softmax_cross_entropy_backward(a.probs.data(), targets.data(), N, m.vocab,
+                                          static_cast<S>(loss_scale / static_cast<double>(N)));
+  auto d_norm_out = activation(N * m.hidden);  // [N, h]
+  kernels::linear_backward(d_norm_out.data(), dw_out, static_cast<S*>(nullptr), a.probs.data(),
+                           a.norm_out.data(), w_out, N, m.hidden, m.vocab);
+  a.probs.reset();
+  a.norm_out.reset();
+  auto dx = activation(N * m.hidden);  // [N, h]
+  norm_backward(a.shape, dx.data(), grad.data(), d_norm_out.data(), a.input.data(), params.data(),
+                H.norm, a.norm_mean, a.norm_rstd);
+  return dx;
+}
+
+template <class S>
+void GptModel<S>::backward_embedding(std::span<const std::int32_t> tokens,
+                                     TrackedBuffer<S> d_output, std::span<S> grad,
+                                     BatchShape shape) const {
+  check_grad(grad, UnitKind::embedding, "backward_embedding grad");
+  check_tokens(tokens, shape, "backward_embedding tokens");
+  check_hidden(d_output, shape, "backward_embedding d_output");
+  const auto& e = layout_.embedding();
+  kernels::embedding_backward(grad.data() + e.tokens, at(grad.data(), e.positions),
+                              d_output.data(), tokens.data(), shape.batch, shape.seq,
+                              layout_.spec().hidden);
+}
+
+template <class S>
+void GptModel<S>::check_hidden(const TrackedBuffer<S>& x, BatchShape shape,
+                               const char* what) const {
+  if (shape.batch < 1 || shape.seq < 1)
+    throw std::invalid_argument(
+        fmt::format("{}: batch {} × sequence {} is empty", what, shape.batch, shape.seq));
+  const std::int64_t need = shape.tokens() * layout_.spec().hidden;
+  if (x.size() != need)
+    throw std::invalid_argument(fmt::format("{}: {} elements, expected {} (B {} × T {} × h {})",
+                                            what, x.size(), need, shape.batch, shape.seq,
+                                            layout_.spec().hidden));
+}
+
+template <class S>
+void GptModel<S>::check_tokens(std::span<const std::int32_t> tokens, BatchShape shape,
+                               const char* what) const {
+  if (static_cast<std::int64_t>(tokens.size()) != shape.tokens())
+    throw std::invalid_argument(fmt::format("{}: {} tokens, expected B {} × T {}", what,
+                                            tokens.size(), shape.batch, shape.seq));
+  for (auto t : tokens)
+    if (t < 0 || t >= layout_.spec().vocab)
+      throw std::invalid_argument(
+          fmt::format("{}: token {} outside the vocabulary of {}", what, t, layout_.spec().vocab));
+}
+
+template class GptModel<float>;
+template class GptModel<double>;
+
+}  // namespace shardplan::executor

@@ -1,0 +1,178 @@
+// A GPT-style decoder with real forward and backward, run unit by unit so a sharding engine can
+// gather a unit's flat parameters, run it, and free them again. Built from a costmodel::ModelSpec:
+//
+//   x₀ = wte[tokens] (+ wpe[t] for learned positions)                       embedding unit
+//   per block, pre-norm (GPT-2 / Llama):                                    block units
+//     a = x + Attn(Norm₁(x));  y = a + MLP(Norm₂(a))
+//   or with GPT-NeoX's parallel residual (modeling_gpt_neox.py, use_parallel_residual):
+//     y = x + Attn(Norm₁(x)) + MLP(Norm₂(x))
+//   loss = mean over tokens of −log softmax(Norm_f(x_L) · Woutᵀ)[target]    head unit
+//
+// Attention is causal multi-head with grouped-query key/value heads and an explicit head_dim,
+// rotary positions (rotate-half, over the whole head) when the spec says rotary; Norm is LayerNorm
+// with bias or RMSNorm; MLP is GELU (tanh) or SwiGLU; linear biases exist where the tensor list
+// has them; the head is tied to wte or has its own matrix. There is no dropout: the executor trains
+// deterministically, whatever dropout rates the config names.
+//
+// Each unit's parameters (and gradients) are ONE flat buffer laid out as GptLayout says (the cost
+// model's UnitTensors order). Parameter spans may be longer than the unit (a padded gathered
+// buffer); only the first unit_size elements are read. Gradients are ADDED into the gradient span,
+// so gradient accumulation over micro-batches needs nothing but zeroing once per step.
+//
+// Memory: every activation is allocated through the TrackedAllocator as `activations`. Hidden
+// states are passed by moving buffers: a block keeps its input as its first saved activation, and
+// its output becomes the next block's input; backward consumes the saved state and the incoming
+// gradient and returns the gradient of the unit's input.
+//
+// The scalar type is float for the executor; double is instantiated for the gradient check.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "costmodel/model.hpp"
+#include "executor/model_layout.hpp"
+#include "executor/tracked_allocator.hpp"
+
+namespace shardplan::executor {
+
+struct BatchShape {
+  std::int64_t batch = 0;  // B, sequences in the micro-batch
+  std::int64_t seq = 0;    // T, tokens per sequence
+  std::int64_t tokens() const { return batch * seq; }  // N = B·T
+};
+
+// Activation checkpointing of a block: none keeps every activation the backward needs; full
+// keeps only the block's input and runs the block's forward again in its backward (Chen et al.
+// 2016; torch.utils.checkpoint; Korthikanti et al. 2022 "full recompute").
+enum class Checkpointing { none, full };
+
+struct ModelOptions {
+  // ε of every norm. ModelSpec does not carry it; 1e-5 is GPT-2's layer_norm_epsilon, GPT-NeoX's
+  // layer_norm_eps and Llama-3's rms_norm_eps.
+  double norm_eps = 1e-5;
+  // Rotary base θ. ModelSpec does not carry it; 10000 is RoFormer's, Llama-2's and GPT-NeoX's.
+  double rope_theta = 10000.0;
+};
+
+// What a block's backward needs, with shapes (N = B·T, h = hidden, qw = heads·head_dim,
+// kw = kv_heads·head_dim, I = intermediate, a = heads). With Checkpointing::full only `input`
+// is kept. `mean` buffers exist for LayerNorm only; `mid` for the sequential residual only;
+// `mlp_up` for SwiGLU only.
+template <class S>
+struct BlockActivations {
+  BatchShape shape;
+  Checkpointing checkpointing = Checkpointing::none;
+  TrackedBuffer<S> input;                   // [N, h]   x
+  TrackedBuffer<S> norm1_out;               // [N, h]   Norm₁(x)
+  TrackedBuffer<S> norm1_mean, norm1_rstd;  // [N]
+  TrackedBuffer<S> q;                       // [N, qw]  after rotary
+  TrackedBuffer<S> k, v;                    // [N, kw]  k after rotary
+  TrackedBuffer<S> probs;                   // [B, a, T, T] attention probabilities
+  TrackedBuffer<S> attn_out;                // [N, qw]  input of the output projection
+  TrackedBuffer<S> mid;                     // [N, h]   a = x + Attn(...)
+  TrackedBuffer<S> norm2_out;               // [N, h]
+  TrackedBuffer<S> norm2_mean, norm2_rstd;  // [N]
+  TrackedBuffer<S> mlp_pre;                 // [N, I]   up (GELU) or gate (SwiGLU) pre-activation
+  TrackedBuffer<S> mlp_up;                  // [N, I]   SwiGLU up projection
+  TrackedBuffer<S> mlp_act;                 // [N, I]   input of the down projection
+};
+
+template <class S>
+struct BlockForward {
+  TrackedBuffer<S> output;  // [N, h]  the next unit's input
+  BlockActivations<S> saved;
+};
+
+template <class S>
+struct HeadActivations {
+  BatchShape shape;
+  TrackedBuffer<S> input;                 // [N, h]
+  TrackedBuffer<S> norm_out;              // [N, h]
+  TrackedBuffer<S> norm_mean, norm_rstd;  // [N]
+  TrackedBuffer<S> probs;                 // [N, V]  softmax of the logits (the logits, in place)
+};
+
+template <class S>
+struct HeadForward {
+  double loss = 0;  // mean cross-entropy over the N tokens
+  HeadActivations<S> saved;
+};
+
+// Elements a block keeps for its backward (all of BlockActivations' buffers, input included).
+// forward_block grows the tracked `activations` by exactly this × sizeof(S): what it keeps beyond
+// its input (already counted) plus its output [N, h]. Transiently it needs more: with
+// Checkpointing::full the forward builds every buffer once before freeing all but the input, and
+// a backward holds, besides the saved buffers not yet consumed, gradients [N, I] ×2 (×3 SwiGLU),
+// [N, qw] ×2, [N, kw] ×2, [N, h] and a [T, T] scratch; dx reuses dy's buffer.
+std::int64_t block_saved_elements(const GptLayout& layout, BatchShape shape,
+                                  Checkpointing checkpointing);
+// Elements the head keeps for its backward (input, norm output and stats, probabilities).
+std::int64_t head_saved_elements(const GptLayout& layout, BatchShape shape);
+
+template <class S>
+class GptModel {
+ public:
+  // Throws like GptLayout for a spec it cannot run.
+  GptModel(const costmodel::ModelSpec& spec, TrackedAllocator& allocator,
+           ModelOptions options = {});
+
+  const GptLayout& layout() const { return layout_; }
+  const ModelOptions& options() const { return options_; }
+
+  // tokens [B·T] → hidden states [N, h]. Throws std::invalid_argument for a token outside the
+  // vocabulary or a sequence longer than the learned position table.
+  TrackedBuffer<S> forward_embedding(std::span<const S> params,
+                                     std::span<const std::int32_t> tokens, BatchShape shape) const;
+
+  // x [N, h] → y [N, h], keeping what the backward needs (or only x, for Checkpointing::full).
+  BlockForward<S> forward_block(std::span<const S> params, TrackedBuffer<S> input,
+                                BatchShape shape, Checkpointing checkpointing) const;
+
+  // x [N, h] and targets [N] → mean cross-entropy. embedding_params: the embedding unit's
+  // parameters when the head is tied (its wte is the output matrix), else ignored (may be empty).
+  HeadForward<S> forward_head(std::span<const S> params, std::span<const S> embedding_params,
+                              TrackedBuffer<S> input, std::span<const std::int32_t> targets,
+                              BatchShape shape) const;
+
+  // Backward of the head for d(objective)/d(loss) = loss_scale (1 for one micro-batch; 1/M to
+  // average M accumulated micro-batches). Adds into grad (the head unit's layout) and, when tied,
+  // into embedding_grad (the embedding unit's layout). Returns d loss / d x [N, h].
+  TrackedBuffer<S> backward_head(std::span<const S> params, std::span<const S> embedding_params,
+                                 HeadActivations<S> saved, std::span<const std::int32_t> targets,
+                                 std::span<S> grad, std::span<S> embedding_grad,
+                                 double loss_scale = 1.0) const;
+
+  // dy [N, h] → dx [N, h], adding the block's parameter gradients into grad. With
+  // Checkpointing::full it first runs the block's forward again from the saved input.
+  TrackedBuffer<S> backward_block(std::span<const S> params, BlockActivations<S> saved,
+                                  TrackedBuffer<S> d_output, std::span<S> grad) const;
+
+  // dx [N, h] → adds into the embedding unit's gradient (wte rows of the tokens, wpe rows).
+  void backward_embedding(std::span<const std::int32_t> tokens, TrackedBuffer<S> d_output,
+                          std::span<S> grad, BatchShape shape) const;
+
+ private:
+  TrackedBuffer<S> activation(std::int64_t elements) const;
+  // Runs the block's forward from saved.input, filling every saved buffer, into `output`.
+  void run_block(const S* params, BlockActivations<S>& saved, TrackedBuffer<S>& output) const;
+  void norm_forward(BatchShape shape, const S* x, const S* params, NormOffsets norm,
+                    TrackedBuffer<S>& out, TrackedBuffer<S>& mean, TrackedBuffer<S>& rstd) const;
+  void norm_backward(BatchShape shape, S* dx, S* grad, const S* dy, const S* x, const S* params,
+                     NormOffsets norm, const TrackedBuffer<S>& mean,
+                     const TrackedBuffer<S>& rstd) const;
+  void check_unit(std::span<const S> params, UnitKind kind, const char* what) const;
+  void check_grad(std::span<S> grad, UnitKind kind, const char* what) const;
+  void check_hidden(const TrackedBuffer<S>& x, BatchShape shape, const char* what) const;
+  void check_tokens(std::span<const std::int32_t> tokens, BatchShape shape,
+                    const char* what) const;
+
+  GptLayout layout_;
+  TrackedAllocator& allocator_;
+  ModelOptions options_;
+};
+
+extern template class GptModel<float>;
+extern template class GptModel<double>;
+
+}  // namespace shardplan::executor

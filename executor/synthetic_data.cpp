@@ -1,0 +1,36 @@
+#include "executor/synthetic_data.hpp"
+
+#include <limits>
+#include <random>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace shardplan::executor {
+
+TokenBatch synthetic_batch(TrackedAllocator& allocator, std::uint64_t seed, BatchShape shape,
+                           std::int64_t vocab) {
+  if (shape.batch < 1 || shape.seq < 1)
+    throw std::invalid_argument(
+        fmt::format("synthetic batch of {} × {} tokens is empty", shape.batch, shape.seq));
+  if (vocab < 1 || vocab > std::numeric_limits<std::int32_t>::max())
+    throw std::invalid_argument(fmt::format("vocabulary of {} tokens", vocab));
+  TokenBatch batch;
+  batch.shape = shape;
+  batch.inputs = allocator.allocate<std::int32_t>(MemoryCategory::activations, shape.tokens());
+  batch.targets = allocator.allocate<std::int32_t>(MemoryCategory::activations, shape.tokens());
+  std::mt19937_64 generator(seed);
+  const auto v = static_cast<std::uint64_t>(vocab);
+  for (std::int64_t b = 0; b < shape.batch; ++b) {
+    auto previous = static_cast<std::int32_t>(generator() % v);
+    for (std::int64_t t = 0; t < shape.seq; ++t) {
+      const auto next = static_cast<std::int32_t>(generator() % v);
+      batch.inputs[b * shape.seq + t] = previous;
+      batch.targets[b * shape.seq + t] = next;
+      previous = next;
+    }
+  }
+  return batch;
+}
+
+}  // namespace shardplan::executor

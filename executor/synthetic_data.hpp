@@ -1,0 +1,26 @@
+// Synthetic training tokens from a seeded generator. Sequence b of a batch is T + 1 draws of
+// std::mt19937_64 (whose output sequence the C++ standard fixes, [rand.predef]) seeded with
+// `seed`, each reduced modulo the vocabulary (a bias of at most V/2⁶⁴, nothing for a test of
+// throughput and equivalence); inputs are its first T tokens, targets the last T (next-token
+// prediction). The same seed gives the same batch on every platform and every rank.
+#pragma once
+
+#include <cstdint>
+
+#include "executor/gpt_model.hpp"
+#include "executor/tracked_allocator.hpp"
+
+namespace shardplan::executor {
+
+struct TokenBatch {
+  BatchShape shape;
+  TrackedBuffer<std::int32_t> inputs;   // [B, T]
+  TrackedBuffer<std::int32_t> targets;  // [B, T]  inputs shifted left by one
+};
+
+// Allocated as `activations` (they are the batch's input tensors). Throws std::invalid_argument
+// for an empty shape or a vocabulary outside [1, 2³¹).
+TokenBatch synthetic_batch(TrackedAllocator& allocator, std::uint64_t seed, BatchShape shape,
+                           std::int64_t vocab);
+
+}  // namespace shardplan::executor

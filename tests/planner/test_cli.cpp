@@ -1,0 +1,156 @@
+// The planner command line: golden outputs of fixed cases, and one-line rejections with exit 2.
+// Regenerate the golden files after an intended change with SHARDPLAN_UPDATE_GOLDEN=1.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "planner/cli.hpp"
+
+namespace {
+
+struct Run {
+  int code;
+  std::string out, err;
+};
+
+Run planner(std::vector<std::string> args) {
+  args.insert(args.begin(), "planner");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  std::ostringstream out, err;
+  auto* old_out = std::cout.rdbuf(out.rdbuf());
+  auto* old_err = std::cerr.rdbuf(err.rdbuf());
+  const int code = shardplan::planner::run_cli(static_cast<int>(argv.size()), argv.data());
+  std::cout.rdbuf(old_out);
+  std::cerr.rdbuf(old_err);
+  return {code, out.str(), err.str()};
+}
+
+// Run time is the one thing that changes between runs.
+std::string without_timing(std::string s) {
+  s = std::regex_replace(s, std::regex(R"(simulated\) in [0-9.]+ s)"), "simulated) in <t> s");
+  return std::regex_replace(s, std::regex(R"("seconds": [0-9.e+-]+)"), "\"seconds\": 0");
+}
+
+void check_golden(const std::string& name, const std::string& got) {
+  const std::string path = std::string(SHARDPLAN_SOURCE_DIR) + "/tests/planner/golden/" + name;
+  if (std::getenv("SHARDPLAN_UPDATE_GOLDEN")) {
+    std::ofstream(path) << got;
+    return;
+  }
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), "missing golden file " << name);
+  std::stringstream want;
+  want << in.rdbuf();
+  CHECK(got == want.str());
+}
+
+}  // namespace
+
+TEST_CASE("cli::golden recommend table of the default job") {
+  const auto r = planner({"recommend"});
+  REQUIRE(r.code == 0);
+  CHECK(r.out.rfind("no model or hardware given: planning the built-in default job", 0) == 0);
+  check_golden("recommend_default.txt", without_timing(r.out));
+}
+
+TEST_CASE("cli::golden recommend json") {
+  const auto r = planner({"recommend", "--model", "llama-2-7b", "--hardware", "a100-sxm4-40gb", "--gpus", "8",
+                          "--seq-len", "2048", "--global-batch", "32", "--format", "json", "--top", "3"});
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["recommendation"]["fits"] == true);
+  for (const char* k : {"strategy", "flavour", "micro_batch", "checkpointing", "offload"})
+    CHECK(j["recommendation"].contains(k));
+  CHECK(j["recommendation"]["memory"]["peak_bytes"].is_number_integer());
+  CHECK(j["recommendation"]["time"]["step_s"].is_number());
+  CHECK(j["search"]["plans_evaluated"].get<long>() > 0);
+  CHECK(j["rejected"][0]["family"] == "ddp");
+  check_golden("recommend_llama7b_a100_40gb.json", without_timing(r.out));
+}
+
+TEST_CASE("cli::golden estimate table and json") {
+  const std::vector<std::string> args = {"estimate", "--model",  "gpt2",     "--hardware", "h100-sxm5-80gb",
+                                         "--gpus",   "16",       "--strategy", "zero3",    "--seq-len",
+                                         "1024",     "--global-batch", "64"};
+  const auto table = planner(args);
+  REQUIRE(table.code == 0);
+  check_golden("estimate_gpt2_zero3.txt", table.out);
+  auto json_args = args;
+  json_args.insert(json_args.end(), {"--format", "json"});
+  const auto json = planner(json_args);
+  REQUIRE(json.code == 0);
+  const auto j = nlohmann::json::parse(json.out);
+  CHECK(j["params"] == 124439808);
+  for (const char* k : {"parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead"})
+    CHECK(j["memory"]["breakdown"].contains(k));
+  CHECK(j["fits"] == true);
+  check_golden("estimate_gpt2_zero3.json", json.out);
+}
+
+TEST_CASE("cli::describe prints the exact parameter count") {
+  const auto r = planner({"describe", "--model", "llama-2-7b", "--format", "json"});
+  REQUIRE(r.code == 0);
+  CHECK(nlohmann::json::parse(r.out)["params"] == 6738415616LL);
+}
+
+TEST_CASE("cli::zero paper figure 1 from the command line") {
+  // Rajbhandari et al. 2020, Figure 1: 7.5B parameters on 64 GPUs.
+  const char* strategies[] = {"ddp", "zero1", "zero2", "zero3"};
+  const double want_GB[] = {120.0, 31.4, 16.6, 1.9};
+  for (int i = 0; i < 4; ++i) {
+    const auto r = planner({"estimate", "--params", "7.5e9", "--gpus", "64", "--global-batch", "64", "--strategy",
+                            strategies[i], "--accounting", "zero-paper", "--format", "json"});
+    REQUIRE(r.code == 0);
+    const double got = nlohmann::json::parse(r.out)["memory"]["model_states_bytes"].get<double>() / 1e9;
+    CHECK(got == doctest::Approx(want_GB[i]).epsilon(0.02));
+  }
+}
+
+TEST_CASE("cli::bad input is one line and exit code 2") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string err;
+  };
+  const Case cases[] = {
+      {{"estimate", "--strategy", "zero4"},
+       "planner: --strategy: must be one of ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, hsdp, got \"zero4\"\n"},
+      {{"estimate", "--strategy", "ddp", "--gpus", "12"},
+       "planner: --gpus: 12 is not a multiple of --gpus-per-node 8; 8 or 16 would be\n"},
+      {{"estimate", "--strategy", "ddp", "--global-batch", "20"},
+       "planner: --global-batch: 20 sequences do not divide over 8 GPUs; use a multiple of 8\n"},
+      {{"estimate", "--strategy", "ddp", "--precision", "fp8"},
+       "planner: --precision: must be one of fp32, bf16-mixed, fp16-mixed, bf16, got \"fp8\"\n"},
+      {{"estimate", "--strategy", "ddp", "--model", "no-such-model"},
+       "planner: --model: \"no-such-model\" is neither a preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
+       "llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, mistral-7b) nor a file\n"},
+      {{"estimate", "--strategy", "ddp", "--seq-len", "-5"}, "planner: --seq-len: must be > 0, got -5\n"},
+      {{"recommend", "--headroom", "1.5"}, "planner: --headroom: must be in [0, 1), got 1.5\n"},
+      {{"recommend", "--format", "xml"}, "planner: --format: must be table or json, got \"xml\"\n"},
+      {{"recommend", "--emit", "megatron"}, "planner: --emit: must be plan, got \"megatron\"\n"},
+      {{"estimate", "--strategy", "zero3", "--flavour", "fsdp2"},
+       "planner: --flavour: zero3 is not implemented by fsdp2; use deepspeed\n"},
+      {{"describe", "--params", "-1"}, "planner: --params: must be between 1e3 and 1e15, got -1\n"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.args[0]);
+    CAPTURE(c.args.back());
+    const auto r = planner(c.args);
+    CHECK(r.code == 2);
+    CHECK(r.out.empty());
+    CHECK(r.err == c.err);
+  }
+  // An unknown flag is CLI11's message, still one line and exit 2.
+  const auto r = planner({"estimate", "--strategy", "ddp", "--gpuz", "8"});
+  CHECK(r.code == 2);
+  CHECK(r.out.empty());
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+}

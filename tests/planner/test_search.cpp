@@ -1,0 +1,137 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "costmodel/plan.hpp"
+#include "planner/recommend.hpp"
+
+using namespace shardplan;
+using namespace shardplan::planner;
+
+namespace {
+
+Scenario scenario(const char* model, const char* hardware, int gpus, int per_node, std::int64_t seq,
+                  std::int64_t global_batch) {
+  Scenario sc;
+  sc.model = costmodel::load_model(model);
+  sc.hardware = costmodel::load_hardware(hardware);
+  sc.cluster = {gpus, per_node};
+  sc.job.seq_len = seq;
+  sc.job.global_batch = global_batch;
+  return sc;
+}
+
+std::string key(const Candidate& c) {
+  const auto& e = c.eval;
+  return fmt::format("{}/{}/{}/{}/{}/{}/{}/{:.9g}", e.spec.strategy, costmodel::flavour_name(e.spec.flavour),
+                     e.spec.shard_group_size, e.job.micro_batch, costmodel::checkpointing_name(e.job.checkpointing),
+                     costmodel::offload_name(e.spec.offload), e.spec.forward_prefetch, e.result.step_s);
+}
+
+}  // namespace
+
+TEST_CASE("search::pruned ranking equals exhaustive search") {
+  const Scenario cases[] = {
+      scenario("gpt2", "a100-sxm4-40gb", 8, 8, 1024, 64),
+      scenario("llama-2-7b", "a100-sxm4-40gb", 8, 8, 4096, 32),
+      scenario("llama-2-13b", "h100-sxm5-80gb", 16, 8, 4096, 64),
+      scenario("mistral-7b", "l40s-48gb", 16, 8, 2048, 128),
+  };
+  for (const auto& sc : cases) {
+    CAPTURE(sc.model.name);
+    SearchPins fast, full;
+    full.exhaustive = true;
+    const auto a = search(sc, fast);
+    const auto b = search(sc, full);
+    CHECK(a.plans_simulated <= b.plans_simulated);
+    CHECK(a.plans_considered == b.plans_considered);
+    REQUIRE(a.ranked.size() == b.ranked.size());
+    for (std::size_t i = 0; i < a.ranked.size(); ++i) CHECK(key(a.ranked[i]) == key(b.ranked[i]));
+    REQUIRE(a.best_per_family.size() == b.best_per_family.size());
+    for (std::size_t i = 0; i < a.best_per_family.size(); ++i)
+      if (a.best_per_family[i].eval.fits) CHECK(key(a.best_per_family[i]) == key(b.best_per_family[i]));
+    REQUIRE(a.pareto.size() == b.pareto.size());
+  }
+}
+
+TEST_CASE("search::ranked best first, ties to lower memory") {
+  const auto sc = scenario("llama-2-7b", "a100-sxm4-80gb", 8, 8, 4096, 32);
+  const auto r = search(sc, {});
+  REQUIRE(r.ranked.size() > 10);
+  for (std::size_t i = 1; i < r.ranked.size(); ++i) CHECK_FALSE(better(r.ranked[i].eval, r.ranked[i - 1].eval));
+  for (const auto& c : r.ranked) CHECK(c.eval.result.peak_bytes <= sc.usable_bytes());
+  // The Pareto front: each point uses less memory than every faster one.
+  for (std::size_t i = 1; i < r.pareto.size(); ++i) {
+    CHECK(r.pareto[i].eval.result.peak_bytes < r.pareto[i - 1].eval.result.peak_bytes);
+    CHECK(r.pareto[i].eval.result.step_s >= r.pareto[i - 1].eval.result.step_s);
+  }
+}
+
+TEST_CASE("search::ddp is rejected for memory for llama-2-7b on 8 x a100-sxm4-40gb") {
+  // DDP keeps 16 bytes per parameter on every GPU (fp32 parameters, gradients, two Adam moments):
+  // 16 × 6.74e9 B = 100 GiB against 40 GB; replicated optimizer states alone are 50.2 GiB.
+  const auto sc = scenario("llama-2-7b", "a100-sxm4-40gb", 8, 8, 4096, 32);
+  const auto rec = recommend(sc, {});
+  const auto it = std::find_if(rec.search.rejected.begin(), rec.search.rejected.end(),
+                               [](const auto& r) { return r.first == "ddp"; });
+  REQUIRE(it != rec.search.rejected.end());
+  CHECK(it->second.rfind("replicated optimizer states alone need 50.2 GiB of 39.6 GiB", 0) == 0);
+  REQUIRE_FALSE(rec.search.ranked.empty());
+  CHECK(rec.search.ranked.front().eval.spec.strategy != "ddp");
+  CHECK(rec.explanation.bottleneck == Bottleneck::memory_capacity);
+}
+
+TEST_CASE("search::a small model across nodes of a weak network is not fully sharded") {
+  // 4 nodes of 8 GPUs joined by 10 Gb/s Ethernet (1.25 GB/s per node, shared by its 8 GPUs):
+  // ZeRO-3/FSDP's 1.5x communication cannot hide; replicate or shard within the node instead.
+  auto sc = scenario("gpt2-medium", "l40s-48gb", 32, 8, 1024, 256);
+  sc.hardware.inter_bandwidth_Bps = 1.25e9 / 8;
+  sc.hardware.inter_latency_s = 30e-6;
+  const auto rec = recommend(sc, {});
+  REQUIRE_FALSE(rec.search.ranked.empty());
+  const auto& best = rec.search.ranked.front().eval.spec;
+  CHECK(best.strategy != "zero3");
+  CHECK(best.strategy != "fsdp-full");
+  CHECK(rec.explanation.bottleneck == Bottleneck::communication);
+}
+
+TEST_CASE("search::pins restrict the space") {
+  const auto sc = scenario("llama-2-7b", "a100-sxm4-80gb", 8, 8, 4096, 32);
+  SearchPins pins;
+  pins.strategy = "zero2";
+  pins.micro_batch = 1;
+  pins.checkpointing = costmodel::Checkpointing::full;
+  const auto r = search(sc, pins);
+  REQUIRE_FALSE(r.ranked.empty());
+  for (const auto& c : r.ranked) {
+    CHECK(c.eval.spec.strategy == "zero2");
+    CHECK(c.eval.job.micro_batch == 1);
+    CHECK(c.eval.job.checkpointing == costmodel::Checkpointing::full);
+  }
+}
+
+TEST_CASE("search::nothing fits is an answer, not an error") {
+  // 70B parameters on one 48 GB GPU without offload: the bf16 weights alone are 129 GiB.
+  const auto sc = scenario("llama-2-70b", "l40s-48gb", 1, 1, 4096, 1);
+  SearchPins pins;
+  pins.offload = costmodel::Offload::none;
+  const auto rec = recommend(sc, pins);
+  CHECK(rec.search.ranked.empty());
+  CHECK(rec.explanation.bottleneck == Bottleneck::memory_capacity);
+  CHECK(rec.explanation.summary.rfind("nothing fits", 0) == 0);
+}
+
+TEST_CASE("search::emitted plan round-trips") {
+  const auto sc = scenario("llama-2-7b", "a100-sxm4-80gb", 8, 8, 4096, 32);
+  const auto rec = recommend(sc, {});
+  const auto& e = rec.search.ranked.front().eval;
+  const auto doc = plan_document(sc, e);
+  const auto plan = costmodel::plan_from_json(doc);
+  CHECK(plan.model.total_params() == 6738415616);
+  CHECK(plan.job.micro_batch == e.job.micro_batch);
+  CHECK(costmodel::spec_to_json(plan.spec) == costmodel::spec_to_json(e.spec));
+  CHECK(plan.prediction.step_s == doctest::Approx(e.result.step_s));
+  CHECK(costmodel::plan_to_json(plan) == doc);
+}
