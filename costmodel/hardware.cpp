@@ -158,6 +158,9 @@ HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string&
     throw InputError("/gpu/peak_TFLOPs/fp32", "missing key");
   p.hbm_bandwidth_Bps = gpu.number("memory_bandwidth_GBps", Range{0, 1e6, true}) * kGB;
   p.compute_efficiency = gpu.number("compute_efficiency", Range{0, 1, true});
+  p.is_cpu = gpu.optional_string("kind").value_or("gpu") == "cpu";
+  if (gpu.has("kind") && !p.is_cpu && doc["gpu"]["kind"] != "gpu")
+    throw InputError("/gpu/kind", fmt::format("must be gpu or cpu, got {}", describe_value(doc["gpu"]["kind"])));
   gpu.ignore("source");
   gpu.finish();
 

@@ -81,6 +81,9 @@ struct HardwareProfile {
   std::map<DType, double> peak_flops;  // dense FLOP/s per dtype
   double hbm_bandwidth_Bps = 0;
   double compute_efficiency = 0;    // fraction of peak a large transformer GEMM reaches
+  // A CPU "device" (a calibrated MPI host): its collectives block the compute thread, so nothing
+  // overlaps; it has no CUDA context, NCCL workspace or caching allocator.
+  bool is_cpu = false;
   // node and links
   int gpus_per_node = 0;
   double intra_bandwidth_Bps = 0;   // per GPU, one direction (NVLink, or PCIe without it)
