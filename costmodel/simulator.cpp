@@ -42,6 +42,9 @@ struct UnitInfo {
   double opt_elems = 0;     // optimizer-state elements
   double fwd_s = 0, bwd_s = 0, recompute_s = 0;
   double fwd_flops = 0;     // per micro-batch
+  double gather_bytes = 0;  // the all-gathered unit in the compute dtype
+  double gather_s = 0;      // its all-gather (plus the host upload of offloaded shards)
+  double gather_sent = 0;   // bytes one rank sends for it
   ActivationBytes act;
 };
 
@@ -262,6 +265,17 @@ void Simulation::prepare() {
   if (s.prefetch_bucket_elems > 0 && units_[1].gather > 0)
     fwd_prefetch_ = std::max(1, static_cast<int>(s.prefetch_bucket_elems / units_[1].gather));
 
+  // Every unit of a kind gathers the same bytes: cost the all-gather once per kind.
+  for (auto& u : units_) {
+    u.gather_bytes = u.gather * compute_b_;
+    if (u.gather_bytes <= 0) continue;
+    const auto c = comm_.cost(Collective::all_gather, shard_group_, u.gather_bytes);
+    u.gather_s = c.seconds;
+    u.gather_sent = c.bytes_sent;
+    result_.calibrated_comm |= c.calibrated;
+    result_.extrapolated_comm |= c.extrapolated;
+    if (s.offload == Offload::params) u.gather_s += u.shardable / shard_ * compute_b_ / hw.host_link_Bps;
+  }
   const auto n = static_cast<std::size_t>(n_units_);
   fwd_start_.assign(n, 0); fwd_end_.assign(n, 0); bwd_start_.assign(n, 0); bwd_end_.assign(n, 0);
   gathered_free_.assign(n, 0);
@@ -278,7 +292,6 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
   const bool shard_params = s.shard_parameters;
   const bool autocast_copies = s.flavour == Flavour::ddp && sb_.compute < sb_.param &&
                                in_.accounting == Accounting::framework;
-  const bool offload_params = s.offload == Offload::params;
   const bool offload_opt = s.offload != Offload::none;
   // The last unit is used again at once by backward: FSDP2's root and FSDP1's root keep it, and
   // DeepSpeed's trace-based prefetch finds it still gathered.
@@ -302,10 +315,10 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
       if (fp == 0 && u == 0) issue_t = free_at_[0];
       if (s.reshard_after_forward && u - s.max_inflight_allgathers >= 0)
         issue_t = std::max(issue_t, gathered_free_[u - s.max_inflight_allgathers]);
-      double dur = coll(Collective::all_gather, shard_group_, ui.gather * compute_b_);
-      if (offload_params) dur += ui.shardable / S * compute_b_ / in_.hardware->host_link_Bps;
+      const double dur = ui.gather_s;
+      result_.comm_bytes_per_gpu += ui.gather_sent;
       const double st = issue(Stream::all_gather, issue_t, Stream::compute, dur, "all-gather", u);
-      mem(st, ui.gather * compute_b_, Category::buffers, Phase::forward, u, mb, +1);
+      mem(st, ui.gather_bytes, Category::buffers, Phase::forward, u, mb, +1);
       gathered_alive_[u] = 1;
       ready = st + dur;
       cause = Stream::all_gather;
@@ -316,7 +329,7 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
     mem(st, ui.act.saved, Category::activations, Phase::forward, u, mb);
     if (autocast_copies) mem(st, ui.matmul * compute_b_, Category::buffers, Phase::forward, u, mb);
     if (shard_params && gathered_alive_[u] && !kept_through_backward(u)) {
-      mem(fwd_end_[u], -ui.gather * compute_b_, Category::buffers, Phase::forward, u, mb, -1);
+      mem(fwd_end_[u], -ui.gather_bytes, Category::buffers, Phase::forward, u, mb, -1);
       gathered_alive_[u] = 0;
       gathered_free_[u] = fwd_end_[u];
     }
@@ -334,10 +347,10 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
       double issue_t = u + bp <= U - 1 ? (bp == 0 ? bwd_end_[u + 1] : bwd_start_[u + bp]) : 0;
       if (u + s.max_inflight_allgathers <= U - 1)
         issue_t = std::max(issue_t, bwd_end_[u + s.max_inflight_allgathers]);
-      double dur = coll(Collective::all_gather, shard_group_, ui.gather * compute_b_);
-      if (offload_params) dur += ui.shardable / S * compute_b_ / in_.hardware->host_link_Bps;
+      const double dur = ui.gather_s;
+      result_.comm_bytes_per_gpu += ui.gather_sent;
       const double st = issue(Stream::all_gather, issue_t, Stream::compute, dur, "all-gather", u);
-      mem(st, ui.gather * compute_b_, Category::buffers, Phase::backward, u, mb, +1);
+      mem(st, ui.gather_bytes, Category::buffers, Phase::backward, u, mb, +1);
       gathered_alive_[u] = 1;
       ready = st + dur;
       cause = Stream::all_gather;
@@ -345,7 +358,6 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
     double st = 0;
     if (ui.recompute_s > 0) {
       st = issue(Stream::compute, ready, cause, ui.recompute_s, "recompute", u);
-      result_.recompute_s += ui.recompute_s;
       mem(st, ui.act.recompute, Category::activations, Phase::recompute, u, mb);
       ready = 0;
     }
@@ -365,7 +377,7 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
     mem(end, -(ui.act.saved + ui.act.recompute + ui.act.backward), Category::activations, Phase::backward, u, mb);
     if (autocast_copies) mem(end, -ui.matmul * compute_b_, Category::buffers, Phase::backward, u, mb);
     if (shard_params && gathered_alive_[u]) {
-      mem(end, -ui.gather * compute_b_, Category::buffers, Phase::backward, u, mb, -1);
+      mem(end, -ui.gather_bytes, Category::buffers, Phase::backward, u, mb, -1);
       gathered_alive_[u] = 0;
     }
     if (s.contiguous_grad_bucket && fresh > 0) mem(end, -fresh, Category::gradients, Phase::backward, u, mb);
@@ -382,7 +394,7 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
     const double dur = per_unit_buckets ? bucketed(op, shard_group_, pending_reduce_bytes_, bucket)
                                         : coll(op, shard_group_, pending_reduce_bytes_);
     const double rs = issue(rs_stream, end, Stream::compute, dur, op == Collective::reduce_scatter ? "reduce-scatter" : "all-reduce", u);
-    double done = rs + dur;
+    double done = rs + dur;  // when this bucket's gradients are fully reduced
     if (hsdp_ && s.shard_gradients) {  // HYBRID_SHARD: all-reduce the shard across replicas
       const double ar = coll(Collective::all_reduce, replica_group_, pending_reduce_bytes_ / S);
       done = issue(Stream::all_reduce, done, Stream::reduce_scatter, ar, "replica all-reduce", u) + ar;
@@ -401,7 +413,6 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
         kept_grad_bytes_ += shard;
       }
     }
-    (void)done;
     pending_reduce_bytes_ = 0;
     pending_units_.clear();
   }
