@@ -8,10 +8,14 @@
 #include <fmt/format.h>
 
 #include "costmodel/json_reader.hpp"
+#include "planner/deepspeed_import.hpp"
 #include "planner/describe.hpp"
+#include "planner/emit_deepspeed.hpp"
+#include "planner/emit_fsdp.hpp"
 #include "planner/estimate.hpp"
 #include "planner/recommend.hpp"
 #include "planner/scenario.hpp"
+#include "planner/svg_chart.hpp"
 
 namespace shardplan::planner {
 namespace {
@@ -57,8 +61,11 @@ int run_cli(int argc, char** argv) {
   PlanOptions po;
   auto* estimate = app.add_subcommand("estimate", "memory and step time of one plan");
   add_scenario_options(*estimate, so);
-  add_plan_options(*estimate, po, true);
+  add_plan_options(*estimate, po, false);
+  std::string deepspeed_path;
   estimate->add_option("--format", format, "table | json");
+  estimate->add_option("--deepspeed", deepspeed_path,
+                       "estimate an existing DeepSpeed config (instead of --strategy)");
 
   auto* simulate = app.add_subcommand("simulate", "estimate, and write the step's timeline");
   std::string trace_path;
@@ -70,11 +77,13 @@ int run_cli(int argc, char** argv) {
   auto* recommend_cmd = app.add_subcommand("recommend", "search the plan space and recommend a plan");
   add_scenario_options(*recommend_cmd, so);
   add_plan_options(*recommend_cmd, po, false);
-  std::string emit;
+  std::string emit, svg_path;
   int top = 10;
   bool exhaustive = false;
   recommend_cmd->add_option("--format", format, "table | json");
-  recommend_cmd->add_option("--emit", emit, "plan: print the plan document for the executor");
+  recommend_cmd->add_option("--emit", emit,
+                            "deepspeed | fsdp | plan: print the chosen plan's config instead of the table");
+  recommend_cmd->add_option("--svg", svg_path, "write the best plan of each family as stacked memory bars");
   recommend_cmd->add_option("--top", top, "ranked plans to list (default 10)");
   recommend_cmd->add_flag("--exhaustive", exhaustive, "simulate every plan (no pruning)");
 
@@ -119,8 +128,8 @@ int run_cli(int argc, char** argv) {
     } else if (recommend_cmd->parsed()) {
       check_format(format);
       if (top < 0) throw InputError("--top", fmt::format("must be >= 0, got {}", top));
-      if (!emit.empty() && emit != "plan")
-        throw InputError("--emit", fmt::format("must be plan, got \"{}\"", emit));
+      if (!emit.empty() && emit != "plan" && emit != "deepspeed" && emit != "fsdp")
+        throw InputError("--emit", fmt::format("must be deepspeed, fsdp or plan, got \"{}\"", emit));
       const Scenario sc = make_scenario(so);
       SearchPins pins;
       pins.exhaustive = exhaustive;
@@ -141,10 +150,19 @@ int run_cli(int argc, char** argv) {
         pins.shard_group_size = po.shard_group_size;
       }
       const auto rec = recommend(sc, pins);
+      if (!emit.empty() && rec.search.ranked.empty())
+        throw InputError("--emit", "no plan fits, so there is no plan to emit");
+      if (!svg_path.empty()) {
+        std::vector<Evaluation> bars;
+        for (const auto& c : rec.search.best_per_family) bars.push_back(c.eval);
+        write_file_atomically(svg_path, memory_svg(sc, bars));
+      }
       if (emit == "plan") {
-        if (rec.search.ranked.empty())
-          throw InputError("--emit", "no plan fits, so there is no plan to emit");
         out << plan_document(sc, rec.search.ranked.front().eval).dump(2) << "\n";
+      } else if (emit == "deepspeed") {
+        out << deepspeed_config(sc, rec.search.ranked.front().eval).dump(2) << "\n";
+      } else if (emit == "fsdp") {
+        out << fsdp_settings(sc, rec.search.ranked.front().eval);
       } else if (format == "json") {
         out << recommendation_json(sc, rec, top).dump(2) << "\n";
       } else {
@@ -183,15 +201,32 @@ int run_cli(int argc, char** argv) {
       }
     } else if (estimate->parsed() || simulate->parsed()) {
       check_format(format);
-      const Scenario sc = make_scenario(so);
-      const auto spec = make_plan_spec(po, po.strategy, sc);
+      Scenario sc = make_scenario(so);
       costmodel::Trace trace;
-      const auto e = evaluate_choosing_micro_batch(sc, spec, simulate->parsed() ? &trace : nullptr);
+      costmodel::Trace* trace_ptr = simulate->parsed() ? &trace : nullptr;
+      Evaluation e;
+      std::vector<std::string> assumptions;
+      if (!deepspeed_path.empty()) {
+        if (!po.strategy.empty())
+          throw InputError("--strategy", "give either --strategy or --deepspeed, not both");
+        const auto imported = import_deepspeed_config(costmodel::read_json_file(deepspeed_path), sc);
+        assumptions = imported.assumptions;
+        sc.job = imported.job;
+        e = imported.job.micro_batch > 0 ? evaluate(sc, imported.spec, imported.job, trace_ptr)
+                                         : evaluate_choosing_micro_batch(sc, imported.spec, trace_ptr);
+      } else {
+        if (po.strategy.empty()) throw InputError("--strategy", "missing (or give --deepspeed ds_config.json)");
+        e = evaluate_choosing_micro_batch(sc, make_plan_spec(po, po.strategy, sc), trace_ptr);
+      }
       if (simulate->parsed()) write_file_atomically(trace_path, trace_to_chrome_json(trace).dump() + "\n");
-      if (format == "json")
-        out << evaluation_to_json(sc, e).dump(2) << "\n";
-      else
+      if (format == "json") {
+        auto j = evaluation_to_json(sc, e);
+        if (!deepspeed_path.empty()) j["assumptions"] = assumptions;
+        out << j.dump(2) << "\n";
+      } else {
         out << scenario_line(sc) << "\n" << evaluation_table(sc, e);
+        for (const auto& a : assumptions) out << "assumed: " << a << "\n";
+      }
     }
     std::cout << out.str();
     return 0;

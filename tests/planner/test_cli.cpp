@@ -96,6 +96,30 @@ TEST_CASE("cli::golden estimate table and json") {
   check_golden("estimate_gpt2_zero3.json", json.out);
 }
 
+TEST_CASE("cli::emitted configs parse and keep the chosen settings") {
+  const auto ds = planner({"recommend", "--flavour", "deepspeed", "--emit", "deepspeed"});
+  REQUIRE(ds.code == 0);
+  const auto j = nlohmann::json::parse(ds.out);
+  CHECK(j["zero_optimization"]["stage"].get<int>() >= 1);
+  CHECK(j["train_batch_size"] == 32);
+  const auto plan = planner({"recommend", "--emit", "plan"});
+  REQUIRE(plan.code == 0);
+  CHECK(nlohmann::json::parse(plan.out)["kind"] == "shardplan.plan");
+  const auto fsdp = planner({"recommend", "--strategy", "hsdp", "--gpus", "16", "--emit", "fsdp"});
+  REQUIRE(fsdp.code == 0);
+  CHECK(fsdp.out.find("fully_shard(") != std::string::npos);
+  CHECK(fsdp.out.find("data_parallel_replicate_degree = 2") != std::string::npos);
+  // An existing DeepSpeed config is estimated with its assumptions stated.
+  const auto est = planner({"estimate", "--deepspeed",
+                            std::string(SHARDPLAN_SOURCE_DIR) + "/examples/deepspeed/zero2-offload-bf16.json",
+                            "--format", "json"});
+  REQUIRE(est.code == 0);
+  const auto e = nlohmann::json::parse(est.out);
+  CHECK(e["strategy"] == "zero2");
+  CHECK(e["offload"] == "optimizer");
+  CHECK(e["assumptions"].size() > 0);
+}
+
 TEST_CASE("cli::describe prints the exact parameter count") {
   const auto r = planner({"describe", "--model", "llama-2-7b", "--format", "json"});
   REQUIRE(r.code == 0);
@@ -135,7 +159,10 @@ TEST_CASE("cli::bad input is one line and exit code 2") {
       {{"estimate", "--strategy", "ddp", "--seq-len", "-5"}, "planner: --seq-len: must be > 0, got -5\n"},
       {{"recommend", "--headroom", "1.5"}, "planner: --headroom: must be in [0, 1), got 1.5\n"},
       {{"recommend", "--format", "xml"}, "planner: --format: must be table or json, got \"xml\"\n"},
-      {{"recommend", "--emit", "megatron"}, "planner: --emit: must be plan, got \"megatron\"\n"},
+      {{"recommend", "--emit", "megatron"}, "planner: --emit: must be deepspeed, fsdp or plan, got \"megatron\"\n"},
+      {{"recommend", "--emit", "deepspeed", "--strategy", "fsdp-full"},
+       "planner: --emit: fsdp-full is a PyTorch FSDP plan; use --emit fsdp\n"},
+      {{"estimate"}, "planner: --strategy: missing (or give --deepspeed ds_config.json)\n"},
       {{"estimate", "--strategy", "zero3", "--flavour", "fsdp2"},
        "planner: --flavour: zero3 is not implemented by fsdp2; use deepspeed\n"},
       {{"describe", "--params", "-1"}, "planner: --params: must be between 1e3 and 1e15, got -1\n"},

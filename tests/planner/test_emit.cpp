@@ -1,0 +1,299 @@
+// The renderers of a chosen plan: the DeepSpeed config (round-tripped through the importer), the
+// FSDP/torchtitan settings, and the SVG memory chart.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "costmodel/hardware.hpp"
+#include "costmodel/json_reader.hpp"
+#include "costmodel/model.hpp"
+#include "planner/deepspeed_import.hpp"
+#include "planner/emit_deepspeed.hpp"
+#include "planner/emit_fsdp.hpp"
+#include "planner/estimate.hpp"
+#include "planner/svg_chart.hpp"
+
+using namespace shardplan;
+using namespace shardplan::costmodel;
+using planner::Evaluation;
+using planner::Scenario;
+
+namespace {
+
+std::string error_of(auto&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// llama-2-7b on 8 x a100-sxm4-80gb, seq 4096, global batch 32.
+Scenario scenario(int gpus = 8) {
+  Scenario sc;
+  sc.model = load_model("llama-2-7b");
+  sc.hardware = load_hardware("a100-sxm4-80gb");
+  sc.cluster = {gpus, 8};
+  sc.job.seq_len = 4096;
+  sc.job.global_batch = 4 * gpus;
+  return sc;
+}
+
+Evaluation plan(const Scenario& sc, const std::string& strategy, std::int64_t micro = 2,
+                Precision precision = Precision::bf16_mixed, Offload offload = Offload::none,
+                Checkpointing ckpt = Checkpointing::full, std::optional<Flavour> flavour = {}) {
+  auto spec = make_spec(strategy, flavour, sc.cluster.gpus_per_node);
+  spec.offload = offload;
+  TrainingJob job = sc.job;
+  job.micro_batch = micro;
+  job.precision = precision;
+  job.checkpointing = ckpt;
+  return planner::evaluate(sc, spec, job);
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Every element opened is closed in order; comments and declarations are skipped.
+bool balanced_tags(const std::string& xml, std::string& why) {
+  std::vector<std::string> open;
+  std::size_t i = 0;
+  while ((i = xml.find('<', i)) != std::string::npos) {
+    const auto end = xml.find('>', i);
+    if (end == std::string::npos) {
+      why = "unterminated tag";
+      return false;
+    }
+    std::string tag = xml.substr(i + 1, end - i - 1);
+    i = end + 1;
+    if (tag.empty() || tag[0] == '?' || tag[0] == '!') continue;
+    const bool closing = tag[0] == '/';
+    const bool self_closing = tag.back() == '/';
+    std::string name = tag.substr(closing ? 1 : 0);
+    name = name.substr(0, name.find_first_of(" \t\n/"));
+    if (closing) {
+      if (open.empty() || open.back() != name) {
+        why = "</" + name + "> closes " + (open.empty() ? "nothing" : "<" + open.back() + ">");
+        return false;
+      }
+      open.pop_back();
+    } else if (!self_closing) {
+      open.push_back(name);
+    }
+  }
+  if (!open.empty()) why = "<" + open.back() + "> never closed";
+  return open.empty();
+}
+
+}  // namespace
+
+TEST_CASE("emit::deepspeed config round-trips through the importer") {
+  const auto sc = scenario();
+  struct Case {
+    std::string strategy;
+    std::int64_t micro;
+    Precision precision;
+    Offload offload;
+  };
+  const Case cases[] = {
+      {"zero1", 1, Precision::bf16_mixed, Offload::none},
+      {"zero1", 4, Precision::fp16_mixed, Offload::optimizer},
+      {"zero2", 2, Precision::bf16_mixed, Offload::none},
+      {"zero2", 1, Precision::fp32, Offload::optimizer},
+      {"zero3", 2, Precision::bf16_mixed, Offload::none},
+      {"zero3", 1, Precision::bf16_mixed, Offload::optimizer},
+      {"zero3", 4, Precision::bf16, Offload::params},
+      {"zero3", 1, Precision::fp16_mixed, Offload::params},
+      {"ddp", 1, Precision::bf16_mixed, Offload::none},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.strategy);
+    CAPTURE(c.micro);
+    const std::string precision = precision_name(c.precision), offload = offload_name(c.offload);
+    CAPTURE(precision);
+    CAPTURE(offload);
+    const auto e = plan(sc, c.strategy, c.micro, c.precision, c.offload);
+    REQUIRE(e.result.valid);
+    const auto ds = planner::deepspeed_config(sc, e);
+    // As a user would get it: printed, then read back from text, with the checkpointing the
+    // model code sets given on the command line (a DeepSpeed config has no switch for it).
+    Scenario base = sc;
+    base.job.checkpointing = e.job.checkpointing;
+    const auto back =
+        planner::import_deepspeed_config(parse_json_text(ds.dump(2), "ds_config.json"), base);
+    CHECK(back.spec.strategy == c.strategy);
+    CHECK(back.job.micro_batch == c.micro);
+    CHECK(back.job.global_batch == 32);
+    CHECK(back.job.precision == c.precision);
+    CHECK(back.spec.offload == c.offload);
+    CHECK(ds["gradient_accumulation_steps"] == e.result.grad_accumulation);
+    CHECK(back.spec.reduce_bucket_bytes == e.spec.reduce_bucket_bytes);
+    CHECK(back.spec.allgather_bucket_bytes == e.spec.allgather_bucket_bytes);
+    // The whole spec and job, not only the fields above.
+    CHECK(spec_to_json(back.spec) == spec_to_json(e.spec));
+    CHECK(job_to_json(back.job) == job_to_json(e.job));
+    // Evaluating the imported plan gives the same accumulation and peak.
+    const auto again = planner::evaluate(sc, back.spec, back.job);
+    CHECK(again.result.grad_accumulation == e.result.grad_accumulation);
+    CHECK(again.result.peak_bytes == doctest::Approx(e.result.peak_bytes));
+  }
+}
+
+TEST_CASE("emit::deepspeed keys and units") {
+  const auto sc = scenario();
+  const auto z3 =
+      planner::deepspeed_config(sc, plan(sc, "zero3", 2, Precision::bf16_mixed, Offload::params));
+  CHECK(z3["train_batch_size"] == 32);
+  CHECK(z3["train_micro_batch_size_per_gpu"] == 2);
+  CHECK(z3["gradient_accumulation_steps"] == 2);
+  CHECK(z3["bf16"]["enabled"] == true);
+  CHECK(z3["fp16"]["enabled"] == false);
+  const auto& z = z3["zero_optimization"];
+  CHECK(z["stage"] == 3);
+  // DeepSpeed's defaults in elements (zero/config.py): 5e8, 5e7, 1e5.
+  CHECK(z["reduce_bucket_size"] == 500'000'000);
+  CHECK(z["stage3_prefetch_bucket_size"] == 50'000'000);
+  CHECK(z["stage3_param_persistence_threshold"] == 100'000);
+  CHECK(z["stage3_max_live_parameters"] == 1'000'000'000);
+  CHECK(z["overlap_comm"] == true);
+  CHECK(z["offload_optimizer"] == nlohmann::json{{"device", "cpu"}, {"pin_memory", true}});
+  CHECK(z["offload_param"] == nlohmann::json{{"device", "cpu"}, {"pin_memory", true}});
+  CHECK(z3.contains("activation_checkpointing"));
+  CHECK(contains(z3["comment"].get<std::string>(), "gradient_checkpointing_enable"));
+
+  const auto z2 = planner::deepspeed_config(sc, plan(sc, "zero2", 2, Precision::fp16_mixed));
+  CHECK(z2["zero_optimization"]["stage"] == 2);
+  CHECK(z2["zero_optimization"]["allgather_bucket_size"] == 500'000'000);
+  CHECK_FALSE(z2["zero_optimization"].contains("offload_optimizer"));
+  CHECK_FALSE(z2["zero_optimization"].contains("stage3_prefetch_bucket_size"));
+  CHECK(z2["fp16"]["enabled"] == true);
+  CHECK(z2["fp16"]["loss_scale"] == 0);  // dynamic loss scaling
+  CHECK(z2["fp16"]["initial_scale_power"] == 16);
+
+  const auto ddp = planner::deepspeed_config(
+      sc, plan(sc, "ddp", 1, Precision::bf16_mixed, Offload::none, Checkpointing::none));
+  CHECK(ddp["zero_optimization"] == nlohmann::json{{"stage", 0}});
+  CHECK_FALSE(ddp.contains("activation_checkpointing"));
+
+  const auto pure = planner::deepspeed_config(sc, plan(sc, "zero1", 2, Precision::bf16));
+  CHECK(pure["bf16"]["bf16_master_weights_and_grads"] == true);
+  CHECK(pure["bf16"]["bf16_optimizer_states"] == true);
+}
+
+TEST_CASE("emit::deepspeed refuses plans DeepSpeed does not run") {
+  const auto sc = scenario(16);
+  for (const char* s : {"fsdp-full", "fsdp-grad-op", "hsdp"})
+    CHECK(error_of([&] { planner::deepspeed_config(sc, plan(sc, s)); }) ==
+          std::string("--emit: ") + s + " is a PyTorch FSDP plan; use --emit fsdp");
+  CHECK(
+      error_of([&] { planner::deepspeed_config(sc, plan(sc, "ddp", 2, Precision::bf16)); }) ==
+      "--emit: pure bf16 (bf16_master_weights_and_grads) needs ZeRO stage 1, 2 or 3 in DeepSpeed; "
+      "plan zero1 or use --precision bf16-mixed");
+  const auto invalid = plan(sc, "zero2", 2, Precision::bf16_mixed, Offload::params);
+  REQUIRE_FALSE(invalid.result.valid);
+  CHECK(error_of([&] { planner::deepspeed_config(sc, invalid); }) ==
+        "--emit: the zero2 plan is not runnable: " + invalid.result.reason);
+}
+
+TEST_CASE("emit::fsdp settings per strategy") {
+  const auto sc = scenario(16);  // 2 nodes of 8
+
+  const auto full = planner::fsdp_settings(sc, plan(sc, "fsdp-full"));
+  CHECK(contains(full, "reshard_after_forward=True"));
+  CHECK(contains(full, "mesh = init_device_mesh(\"cuda\", (16,), mesh_dim_names=(\"dp_shard\",))"));
+  CHECK(contains(full,
+                 "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)"));
+  CHECK(contains(full, "offload_policy = OffloadPolicy()"));
+  CHECK(contains(full, "checkpoint_wrapper(block)"));
+  CHECK(contains(full, "data_parallel_shard_degree = 16\n"));
+  CHECK(contains(full, "data_parallel_replicate_degree = 1\n"));
+  CHECK(contains(full, "fsdp_reshard_after_forward = \"default\""));
+  CHECK(contains(full, "[activation_checkpoint]\nmode = \"full\""));
+  CHECK(contains(full, "local_batch_size = 2\nglobal_batch_size = 64\n"));
+  CHECK(contains(full, "mixed_precision_param = \"bfloat16\""));
+  // torchtitan reduces only in float32; this plan reduces in bf16, so the key is a comment.
+  CHECK(contains(full, "# mixed_precision_reduce = \"float32\" is torchtitan's only choice"));
+
+  const auto grad_op = planner::fsdp_settings(sc, plan(sc, "fsdp-grad-op", 1, Precision::bf16_mixed,
+                                                       Offload::params, Checkpointing::selective));
+  CHECK(contains(grad_op, "reshard_after_forward=False"));
+  CHECK_FALSE(contains(grad_op, "reshard_after_forward=True"));
+  CHECK(contains(grad_op, "fsdp_reshard_after_forward = \"never\""));
+  CHECK(contains(grad_op, "CPUOffloadPolicy(pin_memory=True)"));
+  CHECK(contains(grad_op, "enable_cpu_offload = true"));
+  CHECK(contains(grad_op, "mode = \"selective\"\nselective_ac_option = \"op\""));
+
+  const auto hsdp = planner::fsdp_settings(sc, plan(sc, "hsdp"));
+  CHECK(contains(
+      hsdp, "init_device_mesh(\"cuda\", (2, 8), mesh_dim_names=(\"dp_replicate\", \"dp_shard\"))"));
+  CHECK(contains(hsdp, "data_parallel_replicate_degree = 2\n"));
+  CHECK(contains(hsdp, "data_parallel_shard_degree = 8\n"));
+  CHECK(contains(hsdp, "reshard_after_forward=True"));
+
+  const auto hsdp1 =
+      planner::fsdp_settings(sc, plan(sc, "hsdp", 2, Precision::bf16_mixed, Offload::none,
+                                      Checkpointing::full, Flavour::fsdp1));
+  CHECK(contains(hsdp1, "sharding_strategy=ShardingStrategy.HYBRID_SHARD"));
+  CHECK(contains(hsdp1, "limit_all_gathers=True"));
+  CHECK(contains(hsdp1, "data_parallel_replicate_degree = 2\n"));
+
+  const auto ddp = planner::fsdp_settings(
+      sc, plan(sc, "ddp", 1, Precision::bf16_mixed, Offload::none, Checkpointing::none));
+  CHECK(contains(
+      ddp, "DDP(model, device_ids=[local_rank], bucket_cap_mb=25, gradient_as_bucket_view=False)"));
+  CHECK(contains(ddp, "data_parallel_replicate_degree = 16\n"));
+  CHECK(contains(ddp, "data_parallel_shard_degree = 1\n"));
+  CHECK(contains(ddp, "model.no_sync()"));
+  CHECK_FALSE(contains(ddp, "fsdp_reshard_after_forward"));
+  CHECK(contains(ddp, "mode = \"none\""));
+}
+
+TEST_CASE("emit::fsdp refuses ZeRO plans and unrunnable ones") {
+  const auto sc = scenario();
+  for (const char* s : {"zero1", "zero2", "zero3"})
+    CHECK(error_of([&] { planner::fsdp_settings(sc, plan(sc, s)); }) ==
+          std::string("--emit: ") + s + " is a DeepSpeed plan; use --emit deepspeed");
+  const auto optimizer_only = plan(sc, "fsdp-full", 2, Precision::bf16_mixed, Offload::optimizer);
+  REQUIRE_FALSE(optimizer_only.result.valid);
+  CHECK(error_of([&] { planner::fsdp_settings(sc, optimizer_only); }) ==
+        "--emit: the fsdp-full plan is not runnable: " + optimizer_only.result.reason);
+}
+
+TEST_CASE("svg::memory chart is well-formed and marks what does not fit") {
+  auto sc = scenario();
+  sc.model.name = "llama <7b> & \"friends\"";  // every text is escaped
+  std::vector<Evaluation> best = {
+      plan(sc, "ddp", 1, Precision::bf16_mixed, Offload::none, Checkpointing::none),
+      plan(sc, "zero2", 1),
+      plan(sc, "zero3", 2),
+      plan(sc, "fsdp-full", 2),
+      plan(sc, "zero2", 1, Precision::bf16_mixed, Offload::params),  // not runnable
+  };
+  REQUIRE_FALSE(best[0].fits);  // 16 bytes per parameter replicated: over 80 GiB
+  REQUIRE(best[2].fits);
+  const auto svg = planner::memory_svg(sc, best);
+  CHECK(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0) == 0);
+  std::string why;
+  CHECK_MESSAGE(balanced_tags(svg, why), why);
+  CHECK(contains(svg, "<line id=\"capacity\""));
+  CHECK(contains(svg, "<line id=\"usable\""));
+  CHECK(contains(svg, "stroke-dasharray=\"6 4\""));
+  CHECK(contains(svg, "capacity 80.00 GiB"));
+  CHECK(contains(svg, "usable 76.00 GiB (5% headroom)"));
+  CHECK(contains(svg, "llama &lt;7b&gt; &amp; &quot;friends&quot;"));
+  CHECK_FALSE(contains(svg, "<7b>"));
+  CHECK(contains(svg, "data-fits=\"false\""));
+  CHECK(contains(svg, "does not fit</text>"));
+  CHECK(contains(svg, "not runnable"));
+  for (const char* colour : {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#bab0ac"})
+    CHECK(contains(svg, colour));
+  CHECK(contains(svg, "GiB per GPU"));
+
+  const auto empty = planner::memory_svg(sc, {});
+  CHECK(balanced_tags(empty, why));
+  CHECK(contains(empty, "no plans"));
+  CHECK(planner::xml_escape("a<b>&'\"") == "a&lt;b&gt;&amp;&apos;&quot;");
+}
