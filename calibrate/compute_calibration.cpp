@@ -1,0 +1,99 @@
+#include "calibrate/compute_calibration.hpp"
+
+#include "calibrate/cpu_bench.hpp"
+#include "calibrate/host_info.hpp"
+
+#if defined(SHARDPLAN_HAVE_NCCL)
+#include "calibrate/cuda_bench.hpp"
+#include "comm/nccl_communicator.hpp"
+#endif
+
+namespace shardplan::calibrate {
+namespace {
+
+constexpr std::size_t kCpuCopyBytes = 64u << 20; // well beyond the caches
+constexpr std::size_t kAdamParams = 4u << 20;    // 64 MiB of fp32 state
+constexpr std::size_t kGpuCopyBytes = 1u << 30;
+constexpr std::size_t kHostLinkBytes = 256u << 20;
+
+// Every rank's times become the slowest rank's.
+void keep_slowest(comm::Communicator& world, std::vector<GemmMeasurement>& gemms) {
+  std::vector<double> times;
+  for (const auto& g : gemms)
+    times.push_back(g.time_s);
+  world.all_reduce(times.data(), times.data(), times.size(), comm::DataType::f64,
+                   comm::ReduceOp::max);
+  for (std::size_t i = 0; i < gemms.size(); ++i)
+    gemms[i].time_s = times[i];
+}
+
+double slowest_rate(comm::Communicator& world, double rate) {
+  double lowest = 0;
+  world.all_reduce(&rate, &lowest, 1, comm::DataType::f64, comm::ReduceOp::min);
+  return lowest;
+}
+
+std::vector<GemmMeasurement> cpu_gemms(const std::vector<GemmShape>& shapes, bool model_shapes,
+                                       comm::Communicator& world) {
+  std::vector<GemmMeasurement> out;
+  for (const auto& s : shapes) {
+    world.barrier(); // every rank computes at once
+    out.push_back({s, costmodel::DType::fp32, time_cpu_gemm(s), model_shapes});
+  }
+  return out;
+}
+
+} // namespace
+
+ComputeCalibration measure_compute(const ComputeSettings& settings, comm::Communicator& host_world,
+                                   comm::Communicator& backend_world) {
+  ComputeCalibration c;
+#if defined(SHARDPLAN_HAVE_NCCL)
+  if (auto* nccl = dynamic_cast<comm::NcclCommunicator*>(&backend_world)) {
+    const auto info = cuda_device_info(nccl->device());
+    c.device = info.name;
+    c.cpu_device = false;
+    c.device_memory_bytes = info.memory_bytes;
+    c.model_dtype = costmodel::DType::bf16;
+    if (settings.gemm) {
+      host_world.barrier();
+      c.gemm = measure_cublas_gemms(settings.model_shapes, {costmodel::DType::bf16}, true,
+                                    nccl->stream());
+      auto squares = measure_cublas_gemms(square_gemm_shapes(true),
+                                          {costmodel::DType::bf16, costmodel::DType::fp16,
+                                           costmodel::DType::tf32, costmodel::DType::fp32},
+                                          false, nccl->stream());
+      c.gemm.insert(c.gemm.end(), squares.begin(), squares.end());
+      keep_slowest(host_world, c.gemm);
+    }
+    if (settings.memory) {
+      host_world.barrier();
+      c.memory_bandwidth_Bps = slowest_rate(
+          host_world, measure_device_copy_bandwidth(kGpuCopyBytes, 10, nccl->stream()));
+      host_world.barrier();
+      c.host_link_Bps = slowest_rate(
+          host_world, measure_host_to_device_bandwidth(kHostLinkBytes, 5, nccl->stream()));
+      host_world.barrier();
+      c.optimizer_params_per_s = slowest_rate(host_world, measure_cpu_adam_rate(kAdamParams, 3));
+    }
+    return c;
+  }
+#endif
+  (void)backend_world;
+  c.device = cpu_model_name().empty() ? "CPU" : cpu_model_name();
+  if (settings.gemm) {
+    c.gemm = cpu_gemms(settings.model_shapes, true, host_world);
+    auto squares = cpu_gemms(square_gemm_shapes(false), false, host_world);
+    c.gemm.insert(c.gemm.end(), squares.begin(), squares.end());
+    keep_slowest(host_world, c.gemm);
+  }
+  if (settings.memory) {
+    host_world.barrier();
+    c.memory_bandwidth_Bps = slowest_rate(host_world, measure_cpu_copy_bandwidth(kCpuCopyBytes, 5));
+    host_world.barrier();
+    c.optimizer_params_per_s = slowest_rate(host_world, measure_cpu_adam_rate(kAdamParams, 3));
+  }
+  return c;
+}
+
+} // namespace shardplan::calibrate

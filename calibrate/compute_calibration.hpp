@@ -1,0 +1,38 @@
+// The compute side of a calibration, measured on every rank at once (as a training step loads every
+// device) and combined as the slowest rank's: GEMM times for the model's block shapes and for
+// square shapes, memory copy bandwidth, host link bandwidth (GPU), and the host's Adam rate.
+// Eigen fp32 on a CPU rank; cuBLAS bf16, fp16, tf32 and fp32 on a GPU rank (NCCL backend).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "calibrate/gemm_shapes.hpp"
+#include "comm/communicator.hpp"
+
+namespace shardplan::calibrate {
+
+struct ComputeSettings {
+  bool gemm = true;
+  bool memory = true;
+  std::vector<GemmShape> model_shapes;
+};
+
+struct ComputeCalibration {
+  std::string device; // GPU name or CPU model
+  bool cpu_device = true;
+  std::optional<double> device_memory_bytes;             // GPU: total device memory
+  std::vector<GemmMeasurement> gemm;                     // slowest rank's time per GEMM
+  costmodel::DType model_dtype = costmodel::DType::fp32; // bf16 on GPUs
+  std::optional<double> memory_bandwidth_Bps;            // slowest rank's copy bandwidth
+  std::optional<double> host_link_Bps;                   // GPU: pinned host-to-device, slowest rank
+  std::optional<double> optimizer_params_per_s;          // per rank, slowest rank
+};
+
+// Collective over `host_world` (the MPI world). `backend_world` tells CPU from GPU ranks (an NCCL
+// communicator's device and stream are used for the GPU measurements).
+ComputeCalibration measure_compute(const ComputeSettings& settings, comm::Communicator& host_world,
+                                   comm::Communicator& backend_world);
+
+} // namespace shardplan::calibrate

@@ -1,0 +1,39 @@
+// The GEMMs whose throughput the compute model needs: those of one transformer block of the
+// model (y = x·Wᵀ for each distinct weight matrix, m = tokens, n = out features, k = in features),
+// and square ones that show the device's best rate.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "costmodel/hardware.hpp"
+#include "costmodel/model.hpp"
+
+namespace shardplan::calibrate {
+
+struct GemmShape {
+  std::int64_t m = 0, n = 0, k = 0;
+  bool operator==(const GemmShape&) const = default;
+  double flops() const {
+    return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  }
+};
+
+struct GemmMeasurement {
+  GemmShape shape;
+  costmodel::DType dtype = costmodel::DType::fp32;
+  double time_s = 0;        // per GEMM (the slowest rank's, once combined over ranks)
+  bool model_shape = false; // one of the model's block GEMMs, not a square one
+  double flops_per_s() const { return shape.flops() / time_s; }
+};
+
+std::vector<GemmShape> model_gemm_shapes(const costmodel::ModelSpec& model, std::int64_t tokens);
+// Square sizes: 256 and 512 on a CPU (one core per rank); 4096 and 8192 on a GPU.
+std::vector<GemmShape> square_gemm_shapes(bool gpu);
+
+// FLOP/s of the model-shape GEMMs of `dtype` together (their FLOPs over their time); 0 if none.
+double model_gemm_rate(const std::vector<GemmMeasurement>& measurements, costmodel::DType dtype);
+// Best FLOP/s of any GEMM of `dtype`; 0 if none.
+double best_gemm_rate(const std::vector<GemmMeasurement>& measurements, costmodel::DType dtype);
+
+} // namespace shardplan::calibrate

@@ -1,0 +1,127 @@
+#include "calibrate/import_command.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include "calibrate/host_info.hpp"
+#include "calibrate/nccl_tests_log.hpp"
+#include "calibrate/profile_writer.hpp"
+#include "calibrate/results_table.hpp"
+#include "costmodel/hardware.hpp"
+#include "costmodel/input_error.hpp"
+
+namespace shardplan::calibrate {
+namespace {
+
+using costmodel::InputError;
+
+struct CurveKey {
+  costmodel::Collective op;
+  int ranks;
+  costmodel::Tier tier;
+  auto operator<=>(const CurveKey&) const = default;
+};
+
+CurveKey key_of(const NcclTestsLog& log, const ImportOptions& options) {
+  CurveKey key{};
+  if (options.op && log.op && *options.op != *log.op)
+    throw InputError("--op",
+                     fmt::format("{} but {} is a {} log", costmodel::traits(*options.op).name,
+                                 log.path, costmodel::traits(*log.op).nccl_tests));
+  const auto op = options.op ? options.op : log.op;
+  if (!op)
+    throw InputError(
+        log.path, "names no nccl-tests binary (all_reduce_perf, ...) in its header or file name; "
+                  "give --op");
+  key.op = *op;
+  if (options.ranks && log.ranks > 0 && *options.ranks != log.ranks)
+    throw InputError("--ranks",
+                     fmt::format("{} but {} lists {} ranks", *options.ranks, log.path, log.ranks));
+  key.ranks = options.ranks ? *options.ranks : log.ranks;
+  if (key.ranks < 1)
+    throw InputError(log.path, "has no \"#  Rank\" lines; give --ranks");
+  const std::optional<costmodel::Tier> found =
+      log.hosts.empty() ? std::nullopt
+                        : std::optional(log.hosts.size() > 1 ? costmodel::Tier::inter_node
+                                                             : costmodel::Tier::intra_node);
+  if (options.tier && found && *options.tier != *found)
+    throw InputError("--tier",
+                     fmt::format("{} but {} ran on {} host{}", costmodel::tier_name(*options.tier),
+                                 log.path, log.hosts.size(), log.hosts.size() == 1 ? "" : "s"));
+  const auto tier = options.tier ? options.tier : found;
+  if (!tier)
+    throw InputError(log.path, "has no hosts in \"#  Rank\" lines; give --tier");
+  key.tier = *tier;
+  return key;
+}
+
+} // namespace
+
+int run_import(const ImportOptions& options, std::ostream& out) {
+  const nlohmann::json profile =
+      options.into.empty() ? nlohmann::json() : read_profile_for_merge(options.into);
+  std::vector<NcclTestsLog> logs;
+  for (const auto& path : options.logs)
+    logs.push_back(read_nccl_tests_log(path));
+
+  std::map<CurveKey, std::vector<costmodel::MeasuredSample>> samples;
+  std::map<CurveKey, std::vector<std::string>> sources;
+  std::vector<std::string> hosts, versions, files;
+  int ranks = 0;
+  for (const auto& log : logs) {
+    const CurveKey key = key_of(log, options);
+    auto& s = samples[key];
+    s.insert(s.end(), log.samples.begin(), log.samples.end());
+    sources[key].push_back(std::filesystem::path(log.path).filename().string());
+    files.push_back(std::filesystem::path(log.path).filename().string());
+    for (const auto& h : log.hosts)
+      if (std::find(hosts.begin(), hosts.end(), h) == hosts.end())
+        hosts.push_back(h);
+    if (!log.nccl_version.empty() &&
+        std::find(versions.begin(), versions.end(), log.nccl_version) == versions.end())
+      versions.push_back(log.nccl_version);
+    ranks = std::max(ranks, key.ranks);
+  }
+
+  CalibrationRecord record;
+  record.date = utc_timestamp();
+  record.backend = "nccl";
+  record.host = fmt::format("{}", fmt::join(hosts, ","));
+  record.library = versions.empty() ? "NCCL (version not in the logs)"
+                                    : fmt::format("NCCL {}", fmt::join(versions, ", "));
+  record.ranks = ranks;
+  for (auto& [key, s] : samples) {
+    FittedCurve curve{key.op, key.ranks, key.tier, fit_piecewise(s, options.fit)};
+    fmt::print(out, "# {}, {} ranks, {} (from {}):\n", costmodel::traits(key.op).name, key.ranks,
+               costmodel::tier_name(key.tier), fmt::join(sources[key], ", "));
+    print_fit(out, curve.fit);
+    record.curves.push_back(std::move(curve));
+  }
+  record.extra = {
+      {"imported_from", files},
+      {"import_note", "nccl-tests logs, out-of-place time column; date is the import's"}};
+  const nlohmann::json section = calibration_to_json(record);
+
+  if (options.into.empty()) {
+    const nlohmann::json document = {{"calibration", section}};
+    if (options.out.empty()) {
+      out << document.dump(2) << '\n';
+    } else {
+      write_json_atomically(options.out, document);
+      fmt::print(out, "# wrote the calibration section to {}\n", options.out);
+    }
+    return 0;
+  }
+  const nlohmann::json merged = merge_calibration(profile, section);
+  const std::string target = options.out.empty() ? options.into : options.out;
+  costmodel::hardware_from_json(merged, std::filesystem::path(target).stem().string()); // validates
+  write_json_atomically(target, merged);
+  fmt::print(out, "# wrote {} (calibration merged into {})\n", target, options.into);
+  return 0;
+}
+
+} // namespace shardplan::calibrate

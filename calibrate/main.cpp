@@ -1,0 +1,59 @@
+// calibrate: measures a cluster's collectives, GEMMs and memory bandwidth and writes a hardware
+// profile; or fits nccl-tests logs. Under mpirun, only rank 0 reports bad input.
+#include <cstdio>
+#include <exception>
+#include <iostream>
+
+#include <fmt/format.h>
+
+#include "calibrate/import_command.hpp"
+#include "calibrate/options.hpp"
+#include "comm/process_identity.hpp"
+#include "costmodel/input_error.hpp"
+
+#if defined(SHARDPLAN_HAVE_MPI)
+#include "calibrate/measure_command.hpp"
+#endif
+
+int main(int argc, char** argv) {
+  using namespace shardplan;
+  const bool reports = comm::launcher_rank_from_environment() == 0;
+  calibrate::CommandLine command_line;
+  try {
+    command_line = calibrate::parse_command_line(argc, argv);
+    if (command_line.command == calibrate::CommandLine::Command::measure)
+      calibrate::require_backend(command_line.measure.backend);
+  } catch (const costmodel::InputError& e) {
+    if (reports)
+      fmt::print(stderr, "calibrate: {}\n", e.what());
+    return 2;
+  }
+  switch (command_line.command) {
+  case calibrate::CommandLine::Command::help:
+    if (reports)
+      std::cout << command_line.help_text;
+    return 0;
+  case calibrate::CommandLine::Command::import_logs:
+    try {
+      return calibrate::run_import(command_line.import, std::cout);
+    } catch (const costmodel::InputError& e) {
+      fmt::print(stderr, "calibrate: {}\n", e.what());
+      return 2;
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "calibrate: error: {}\n", e.what());
+      return 1;
+    }
+  case calibrate::CommandLine::Command::measure:
+#if defined(SHARDPLAN_HAVE_MPI)
+    try {
+      return calibrate::run_measurement(command_line.measure, std::cout, std::cerr);
+    } catch (const std::exception& e) { // MPI could not even start
+      fmt::print(stderr, "calibrate: error: {}\n", e.what());
+      return 1;
+    }
+#else
+    break; // parse_command_line rejects every backend in a build without MPI
+#endif
+  }
+  return 1;
+}

@@ -1,0 +1,345 @@
+#include "calibrate/measure_command.hpp"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <optional>
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include "calibrate/byte_size.hpp"
+#include "calibrate/collective_bench.hpp"
+#include "calibrate/compute_calibration.hpp"
+#include "calibrate/group_plan.hpp"
+#include "calibrate/host_info.hpp"
+#include "calibrate/profile_writer.hpp"
+#include "calibrate/results_table.hpp"
+#include "comm/comm_error.hpp"
+#include "comm/groups.hpp"
+#include "comm/mpi_environment.hpp"
+#include "comm/process_identity.hpp"
+#include "comm/topology.hpp"
+#include "costmodel/input_error.hpp"
+#include "costmodel/model.hpp"
+
+#if defined(SHARDPLAN_HAVE_NCCL)
+#include "comm/nccl_communicator.hpp"
+#endif
+
+namespace shardplan::calibrate {
+namespace {
+
+using costmodel::InputError;
+using nlohmann::json;
+
+// What rank 0 checks before anything is measured, so that a bad flag or file costs no sweep.
+struct Preflight {
+  std::string out_path;
+  json into_profile;
+  std::vector<GemmShape> model_shapes;
+};
+
+Preflight preflight(const MeasureOptions& o, const comm::Topology& topology) {
+  Preflight p;
+  if (!o.into.empty()) {
+    p.into_profile = read_profile_for_merge(o.into);
+  } else if (!o.gemm || !o.memory) {
+    throw InputError(o.gemm ? "--no-memory" : "--no-gemm",
+                     "a new profile needs the GEMM and memory measurements (its peak, efficiency "
+                     "and bandwidth); "
+                     "skip them only with --into PROFILE");
+  }
+  p.out_path = !o.out.empty()    ? o.out
+               : !o.into.empty() ? o.into
+                                 : fmt::format("calibrated-{}.json", topology.hosts.front());
+  check_writable(p.out_path, o.out.empty() && !o.into.empty() ? "--into" : "--out");
+  if (o.gemm) {
+    try {
+      p.model_shapes = model_gemm_shapes(costmodel::load_model(o.gemm_model), o.gemm_tokens);
+    } catch (const InputError& e) {
+      const std::string what = e.what(); // "<where>: <message>"; the flag replaces the where
+      throw InputError("--gemm-model", what.substr(std::min(what.size(), e.where().size() + 2)));
+    }
+  }
+  return p;
+}
+
+// Rank 0's verdict reaches every rank; the shapes travel as int64 triples.
+bool share_preflight(comm::Communicator& world, const std::optional<std::string>& error,
+                     std::vector<GemmShape>& shapes) {
+  std::int32_t failed = error.has_value() ? 1 : 0;
+  world.broadcast(&failed, 1, comm::DataType::i32, 0);
+  if (failed)
+    return false;
+  std::int64_t count = static_cast<std::int64_t>(shapes.size());
+  world.broadcast(&count, 1, comm::DataType::i64, 0);
+  std::vector<std::int64_t> flat(static_cast<std::size_t>(count) * 3);
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    flat[3 * i] = shapes[i].m;
+    flat[3 * i + 1] = shapes[i].n;
+    flat[3 * i + 2] = shapes[i].k;
+  }
+  world.broadcast(flat.data(), flat.size(), comm::DataType::i64, 0);
+  shapes.clear();
+  for (std::size_t i = 0; i < flat.size(); i += 3)
+    shapes.push_back({flat[i], flat[i + 1], flat[i + 2]});
+  return true;
+}
+
+std::unique_ptr<comm::Communicator> open_backend(BackendKind backend,
+                                                 comm::MpiCommunicator& host_world,
+                                                 const comm::Topology& topology) {
+#if defined(SHARDPLAN_HAVE_NCCL)
+  if (backend == BackendKind::nccl)
+    return comm::NcclCommunicator::create(host_world, topology.local_rank);
+#endif
+  (void)backend;
+  (void)topology;
+  // A communicator of its own, so nothing else shares the measured traffic.
+  return host_world.split_mpi(0, host_world.rank());
+}
+
+json sweep_extra(const MeasureOptions& o, const GroupPlan& plan) {
+  json groups = json::array();
+  for (const auto& g : plan.groups)
+    groups.push_back({{"name", g.name},
+                      {"ranks", g.ranks},
+                      {"groups", g.groups},
+                      {"tier", costmodel::tier_name(g.tier)}});
+  return {{"min_bytes", o.range.min_bytes},
+          {"max_bytes", o.range.max_bytes},
+          {"factor", o.range.factor},
+          {"warmup", o.warmup},
+          {"iters", o.iters},
+          {"data_type", "float"},
+          {"time", "median of 5 timed batches of the iters, each the slowest rank's mean per call"},
+          {"groups", groups},
+          {"notes", plan.notes}};
+}
+
+// The compute figures for the calibration section and, for a new profile, the system.
+void add_compute(const MeasureOptions& o, const ComputeCalibration& c, const Preflight& pre,
+                 const comm::Topology& topology, CalibrationRecord& record,
+                 MeasuredSystem& system) {
+  record.gemm = c.gemm;
+  record.memory_bandwidth_Bps = c.memory_bandwidth_Bps;
+  json& extra = record.extra;
+  const double model_rate = model_gemm_rate(c.gemm, c.model_dtype);
+  json peaks = json::object();
+  for (auto d : {costmodel::DType::fp32, costmodel::DType::tf32, costmodel::DType::bf16,
+                 costmodel::DType::fp16}) {
+    const double best = best_gemm_rate(c.gemm, d);
+    if (best > 0) {
+      system.peak_flops[d] = best;
+      peaks[costmodel::dtype_name(d)] = rounded(best / 1e12, 4);
+    }
+  }
+  if (o.gemm) {
+    extra["gemm_model"] = o.gemm_model;
+    extra["gemm_tokens"] = o.gemm_tokens;
+    extra["gemm_best_TFLOPs"] = peaks;
+    extra["gemm_model_shapes_TFLOPs"] = rounded(model_rate / 1e12, 4);
+    const double best = best_gemm_rate(c.gemm, c.model_dtype);
+    system.compute_efficiency = best > 0 ? model_rate / best : 0;
+    if (pre.into_profile.is_null()) {
+      record.compute_efficiency = system.compute_efficiency;
+      extra["compute_efficiency_reference"] =
+          fmt::format("best measured {} GEMM rate", costmodel::dtype_name(c.model_dtype));
+    } else {
+      // Against the profile's own peak, which the cost model multiplies it with.
+      const auto profile = costmodel::hardware_from_json(pre.into_profile, "into");
+      const double peak = profile.peak(c.model_dtype);
+      const double ratio = peak > 0 ? model_rate / peak : 0;
+      record.compute_efficiency = std::min(1.0, ratio);
+      extra["compute_efficiency_reference"] = fmt::format(
+          "the profile's {} peak, {} TFLOP/s", costmodel::dtype_name(c.model_dtype), peak / 1e12);
+      if (ratio > 1)
+        extra["compute_efficiency_unclamped"] = rounded(ratio, 3);
+    }
+  }
+  system.device = c.device;
+  system.cpu_device = c.cpu_device;
+  system.efficiency_dtype = c.model_dtype;
+  system.ranks_per_node = topology.local_size;
+  const double host_memory = host_memory_bytes().value_or(0);
+  system.host_memory_bytes = host_memory;
+  if (c.cpu_device) {
+    system.device_memory_bytes = host_memory / topology.local_size;
+    system.device_memory_note =
+        fmt::format("the host's MemTotal shared by its {} ranks", topology.local_size);
+    system.host_link_Bps = c.memory_bandwidth_Bps.value_or(0);
+    system.host_link_note = "a CPU device shares host memory: the measured copy bandwidth";
+  } else {
+    system.device_memory_bytes = c.device_memory_bytes.value_or(0);
+    system.device_memory_note = "cudaGetDeviceProperties totalGlobalMem";
+    system.host_link_Bps = c.host_link_Bps.value_or(0);
+    system.host_link_note = "pinned host-to-device cudaMemcpyAsync, slowest rank";
+  }
+  system.memory_bandwidth_Bps = c.memory_bandwidth_Bps.value_or(0);
+  if (c.optimizer_params_per_s) {
+    system.optimizer_params_per_s = *c.optimizer_params_per_s * topology.local_size;
+    extra["optimizer_Gparams_per_s_per_rank"] = rounded(*c.optimizer_params_per_s / 1e9, 4);
+  }
+  if (c.host_link_Bps)
+    extra["host_to_device_GBps"] = rounded(*c.host_link_Bps / 1e9, 4);
+}
+
+int measure(const MeasureOptions& o, comm::MpiCommunicator& host_world, std::ostream& out,
+            std::ostream& err) {
+  const bool root = host_world.rank() == 0;
+  const comm::Topology topology = comm::discover_topology(host_world);
+
+  std::optional<std::string> error;
+  Preflight pre;
+  GroupPlan plan;
+  try {
+    plan = plan_groups(o.groups, topology); // the same verdict on every rank
+    if (root)
+      pre = preflight(o, topology);
+  } catch (const InputError& e) {
+    error = e.what();
+  }
+  if (!share_preflight(host_world, error, pre.model_shapes)) {
+    if (root)
+      fmt::print(err, "calibrate: {}\n", *error);
+    return 2;
+  }
+
+  auto backend_world = open_backend(o.backend, host_world, topology);
+  BenchSettings settings;
+  settings.warmup = o.warmup;
+  settings.iters = o.iters;
+  settings.check = o.check;
+  const std::string library = backend_world->library_version();
+  if (root) {
+    fmt::print(out,
+               "# calibrate: {} backend ({}), {} ranks on {} node{} ({}), float, warmup {}, iters "
+               "{}, sizes {} .. {} x{}\n",
+               backend_name(o.backend), library, topology.size, topology.nodes,
+               topology.nodes == 1 ? "" : "s", topology.host_list(), o.warmup, o.iters,
+               human_bytes(static_cast<double>(o.range.min_bytes)),
+               human_bytes(static_cast<double>(o.range.max_bytes)), o.range.factor);
+    for (const auto& note : plan.notes)
+      fmt::print(out, "# note: {}\n", note);
+  }
+
+  int total_steps = 0;
+  for (const auto& g : plan.groups)
+    for (auto op : o.ops)
+      total_steps += static_cast<int>(sweep_points(op, g.ranks, o.range, sizeof(float)).size());
+  ProgressBar progress(err, total_steps, root && isatty(STDERR_FILENO));
+
+  CalibrationRecord record;
+  record.date = utc_timestamp();
+  record.backend = backend_name(o.backend);
+  record.host = topology.host_list();
+  record.library = library;
+  record.ranks = topology.size;
+  std::int64_t wrong_total = 0;
+  for (const auto& g : plan.groups) {
+    auto group = comm::make_group(*backend_world, topology, g.spec);
+    for (auto op : o.ops) {
+      const auto points = sweep_points(op, g.ranks, o.range, sizeof(float));
+      if (points.empty())
+        continue;
+      CollectiveBench bench(op, *group, host_world, points.back(), settings);
+      SweepResult sweep{op, g, {}};
+      for (const auto& p : points) {
+        progress.show(fmt::format("{} {} {}", costmodel::traits(op).name, g.name,
+                                  human_bytes(static_cast<double>(p.size_bytes))));
+        sweep.points.push_back(bench.run(p));
+        progress.step();
+      }
+      if (!root)
+        continue;
+      progress.clear();
+      print_sweep_table(out, sweep);
+      std::vector<costmodel::MeasuredSample> samples;
+      for (const auto& p : sweep.points) {
+        samples.push_back({static_cast<double>(p.point.size_bytes), p.time_s});
+        wrong_total += std::max<std::int64_t>(0, p.wrong);
+      }
+      FittedCurve curve{op, g.ranks, g.tier, fit_piecewise(samples, o.fit)};
+      print_fit(out, curve.fit);
+      record.curves.push_back(std::move(curve));
+      out.flush();
+    }
+  }
+  progress.clear();
+
+  ComputeCalibration compute;
+  if (o.gemm || o.memory) {
+    if (root)
+      progress.show("GEMM and memory bandwidth");
+    compute = measure_compute({o.gemm, o.memory, pre.model_shapes}, host_world, *backend_world);
+    progress.clear();
+  }
+  backend_world.reset();
+  if (!root)
+    return 0;
+
+  if (!compute.gemm.empty())
+    print_gemm_table(out, compute.gemm);
+  record.extra = {{"sweep", sweep_extra(o, plan)}};
+  MeasuredSystem system;
+  system.name = std::filesystem::path(pre.out_path).stem().string();
+  add_compute(o, compute, pre, topology, record, system);
+  if (compute.memory_bandwidth_Bps)
+    fmt::print(out, "# memory copy bandwidth (read + write, slowest rank): {:.2f} GB/s\n",
+               *compute.memory_bandwidth_Bps / 1e9);
+  if (record.compute_efficiency)
+    fmt::print(out, "# compute efficiency ({} model-shape GEMMs / {}): {:.3g}\n",
+               costmodel::dtype_name(compute.model_dtype),
+               record.extra.value("compute_efficiency_reference", std::string("peak")),
+               *record.compute_efficiency);
+
+  fmt::print(out,
+             "#\n# fit errors at the measured sizes (goal: median <= {:.0f}%, max <= {:.0f}%):\n",
+             100 * o.fit.median_goal, 100 * o.fit.max_goal);
+  for (const auto& c : record.curves)
+    fmt::print(out, "#   {:<15} {:>4} ranks  {:<10}  median {:5.1f}%  max {:5.1f}%  {} piece{}{}\n",
+               costmodel::traits(c.op).name, c.ranks, costmodel::tier_name(c.tier),
+               100 * c.fit.median_rel_error, 100 * c.fit.max_rel_error, c.fit.segments.size(),
+               c.fit.segments.size() == 1 ? "" : "s", c.fit.meets(o.fit) ? "" : "  (goal missed)");
+  if (wrong_total > 0) {
+    fmt::print(err,
+               "calibrate: {} wrong elements in the checked results (see #wrong); the profile is "
+               "not written\n",
+               wrong_total);
+    return 1;
+  }
+
+  const json section = calibration_to_json(record);
+  const json document = pre.into_profile.is_null() ? measured_profile(system, record)
+                                                   : merge_calibration(pre.into_profile, section);
+  costmodel::hardware_from_json(document, system.name); // what the planner will read
+  write_json_atomically(pre.out_path, document);
+  fmt::print(out, "# wrote {}{}\n", pre.out_path,
+             pre.into_profile.is_null() ? ""
+                                        : fmt::format(" (calibration merged into {})", o.into));
+  return 0;
+}
+
+} // namespace
+
+int run_measurement(const MeasureOptions& options, std::ostream& out, std::ostream& err) {
+  comm::MpiEnvironment mpi;
+  auto host_world = mpi.world();
+  try {
+    return measure(options, *host_world, out, err);
+  } catch (const comm::CommError& e) {
+    fmt::print(err, "calibrate: {}\n", e.what());
+  } catch (const InputError& e) {
+    fmt::print(err, "calibrate: {}\n", e.what()); // rank 0 only (a file it could not write)
+    host_world.reset();
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(err, "calibrate: error on rank {} of host {}: {}\n", mpi.world_rank(),
+               comm::host_name(), e.what());
+  }
+  err.flush();
+  mpi.abort(1); // the other ranks may wait in a collective forever
+}
+
+} // namespace shardplan::calibrate

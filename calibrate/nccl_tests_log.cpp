@@ -1,0 +1,203 @@
+#include "calibrate/nccl_tests_log.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "costmodel/input_error.hpp"
+
+namespace shardplan::calibrate {
+namespace {
+
+using costmodel::InputError;
+
+std::vector<std::string> split_words(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> words;
+  for (std::string w; in >> w;)
+    words.push_back(w);
+  return words;
+}
+
+std::optional<double> to_number(const std::string& text) {
+  double value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size())
+    return std::nullopt;
+  return value;
+}
+
+bool is_unsigned_integer(const std::string& text) {
+  return !text.empty() &&
+         std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// The collective run by a binary named on a line ("/opt/nccl-tests/build/all_reduce_perf -b 8").
+std::optional<costmodel::Collective> binary_named_on(const std::vector<std::string>& words) {
+  for (const auto& w : words) {
+    const std::string base =
+        w.substr(w.find_last_of('/') == std::string::npos ? 0 : w.find_last_of('/') + 1);
+    for (const auto& t : costmodel::collective_table())
+      if (base == t.nccl_tests)
+        return t.op;
+  }
+  return std::nullopt;
+}
+
+// "nccl-library=21903" -> "2.19.3"
+std::string nccl_version_in(const std::vector<std::string>& words) {
+  for (const auto& w : words) {
+    if (w.rfind("nccl-library=", 0) != 0)
+      continue;
+    int code = 0;
+    const std::string digits = w.substr(13);
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), code);
+    if (error == std::errc() && code > 0)
+      return fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100);
+  }
+  return "";
+}
+
+} // namespace
+
+std::optional<costmodel::Collective> collective_named_in(const std::string& text) {
+  std::optional<costmodel::Collective> found;
+  std::size_t longest = 0;
+  for (const auto& t : costmodel::collective_table()) {
+    for (const std::string_view name : {std::string_view(t.nccl_tests), std::string_view(t.name)}) {
+      if (name.size() > longest && text.find(name) != std::string::npos) {
+        longest = name.size();
+        found = t.op;
+      }
+    }
+  }
+  return found;
+}
+
+NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& path) {
+  NcclTestsLog log;
+  log.path = path;
+  std::istringstream in(text);
+  std::string line;
+  int line_number = 0;
+  int header_line = 0;         // line of the column headers, 0 before it
+  std::size_t time_column = 0; // index of the out-of-place time among a row's words
+  std::optional<std::size_t> type_column, wrong_column;
+  bool summary_seen = false; // "# Avg bus bandwidth"
+  int last_row_line = 0;
+  auto where = [&](int n) { return fmt::format("{}:{}", path, n); };
+
+  while (std::getline(in, line)) {
+    ++line_number;
+    if (!line.empty() && line.back() == '\r')
+      line.pop_back();
+    const auto words = split_words(line);
+    if (words.empty())
+      continue;
+    const bool comment = words.front().front() == '#';
+    if (header_line == 0) {
+      if (!log.op)
+        log.op = binary_named_on(words);
+      if (log.nccl_version.empty())
+        log.nccl_version = nccl_version_in(words);
+      if (!comment)
+        continue; // the command line, NCCL's INFO lines, ...
+      std::vector<std::string> columns(words.begin(), words.end());
+      if (columns.front() == "#")
+        columns.erase(columns.begin());
+      else
+        columns.front().erase(0, 1);
+      // "#  Rank  3 Group  0 Pid  1234 on node01 device  3 [0x..] NVIDIA ..."
+      if (!columns.empty() && columns.front() == "Rank") {
+        ++log.ranks;
+        const auto on = std::find(columns.begin(), columns.end(), "on");
+        if (on != columns.end() && on + 1 != columns.end() &&
+            std::find(log.hosts.begin(), log.hosts.end(), *(on + 1)) == log.hosts.end())
+          log.hosts.push_back(*(on + 1));
+        continue;
+      }
+      const auto time = std::find(columns.begin(), columns.end(), "time");
+      const bool sizes =
+          !columns.empty() && (columns.front() == "size" || columns.front() == "bytes");
+      if (sizes && time != columns.end()) {
+        header_line = line_number;
+        time_column = static_cast<std::size_t>(time - columns.begin());
+        const auto type = std::find(columns.begin(), columns.end(), "type");
+        if (type != columns.end() && type < time)
+          type_column = static_cast<std::size_t>(type - columns.begin());
+        // time, algbw, busbw, then "#wrong" (or "error" in older versions)
+        if (time_column + 3 < columns.size())
+          wrong_column = time_column + 3;
+      }
+      continue;
+    }
+    if (comment) {
+      if (line.find("Avg bus bandwidth") != std::string::npos)
+        summary_seen = true;
+      continue;
+    }
+    if (line.find("NCCL INFO") != std::string::npos || line.find("NCCL WARN") != std::string::npos)
+      continue;
+    if (summary_seen)
+      throw InputError(where(line_number),
+                       "a row after the '# Avg bus bandwidth' line (two tables in one log?)");
+    const double size =
+        is_unsigned_integer(words.front()) ? to_number(words.front()).value_or(-1.0) : -1.0;
+    const double time_us =
+        words.size() > time_column ? to_number(words[time_column]).value_or(-1.0) : -1.0;
+    if (size < 0 || !(time_us > 0))
+      throw InputError(
+          where(line_number),
+          fmt::format("expected a table row (size, count, type, redop, root, time, algbw, busbw, "
+                      "#wrong, ...) with a positive time in column {}, got \"{}\"",
+                      time_column + 1, line.size() > 100 ? line.substr(0, 97) + "..." : line));
+    if (wrong_column && words.size() > *wrong_column && is_unsigned_integer(words[*wrong_column]) &&
+        words[*wrong_column] != "0")
+      throw InputError(
+          where(line_number),
+          fmt::format("#wrong is {}: nccl-tests found wrong results at this size; the run is not "
+                      "a valid measurement",
+                      words[*wrong_column]));
+    if (type_column && words.size() > *type_column) {
+      if (log.data_type.empty())
+        log.data_type = words[*type_column];
+      else if (log.data_type != words[*type_column])
+        throw InputError(where(line_number),
+                         fmt::format("the log mixes types {} and {}; give one type per log",
+                                     log.data_type, words[*type_column]));
+    }
+    last_row_line = line_number;
+    if (size == 0)
+      continue; // nothing was sent (too few elements for every rank to get one)
+    log.samples.push_back({size, time_us * 1e-6});
+  }
+
+  if (header_line == 0)
+    throw InputError(path, "no nccl-tests table: no \"#  size  count  type ... time\" header line");
+  if (last_row_line == 0)
+    throw InputError(where(header_line), "the table has no rows");
+  if (log.samples.empty())
+    throw InputError(where(header_line), "the table has no row with a size above 0");
+  if (!summary_seen)
+    throw InputError(
+        where(last_row_line),
+        "truncated: the table is not followed by nccl-tests' \"# Avg bus bandwidth\" line");
+  if (!log.op)
+    log.op = collective_named_in(std::filesystem::path(path).filename().string());
+  return log;
+}
+
+NcclTestsLog read_nccl_tests_log(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw InputError(path, "cannot open file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_nccl_tests_log(text.str(), path);
+}
+
+} // namespace shardplan::calibrate

@@ -1,0 +1,39 @@
+// Reading the output of nccl-tests (all_reduce_perf, all_gather_perf, reduce_scatter_perf, ...),
+// laid out as its README and src/common.cu print it: header lines starting with '#' (the
+// parameters, one "#  Rank  r Group g Pid p on HOST device d ..." line per rank, the column
+// headers "#  size  count  type  redop  root  time  algbw  busbw  #wrong ..."), then one row per
+// size, then "# Out of bounds values : ..." and "# Avg bus bandwidth : ...". The out-of-place time
+// (the first "time" column, µs) is what is kept; rows of size 0 (too few elements for every rank
+// to get one) are skipped. Malformed or truncated logs are an InputError
+// naming the file and line.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "costmodel/collectives.hpp"
+#include "costmodel/hardware.hpp"
+
+namespace shardplan::calibrate {
+
+struct NcclTestsLog {
+  std::string path;
+  std::optional<costmodel::Collective> op; // named in the log or its file name
+  int ranks = 0;                           // "#  Rank" lines (0: none)
+  std::vector<std::string> hosts;          // distinct hosts of those lines, in order
+  std::string nccl_version;                // "2.19.3" from "nccl-library=21903" ("" if absent)
+  std::string data_type;                   // the type column ("float")
+  std::vector<costmodel::MeasuredSample>
+      samples; // size (nccl-tests' size column), out-of-place time
+};
+
+// `text` is the whole log; `path` names it in errors and may name the test ("all_gather_perf.log").
+NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& path);
+NcclTestsLog read_nccl_tests_log(const std::string& path);
+
+// The collective whose nccl-tests binary name ("all_reduce_perf") or profile name ("all_reduce")
+// appears in `text`; the longest match wins ("all_reduce_perf" over "reduce_perf").
+std::optional<costmodel::Collective> collective_named_in(const std::string& text);
+
+} // namespace shardplan::calibrate

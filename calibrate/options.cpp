@@ -1,0 +1,239 @@
+#include "calibrate/options.hpp"
+
+#include <algorithm>
+#include <charconv>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "calibrate/byte_size.hpp"
+#include "costmodel/input_error.hpp"
+
+namespace shardplan::calibrate {
+namespace {
+
+using costmodel::InputError;
+
+std::string known_collectives() {
+  std::vector<std::string> names;
+  for (const auto& t : costmodel::collective_table())
+    names.emplace_back(t.name);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+std::vector<costmodel::Collective> parse_ops(const std::vector<std::string>& names,
+                                             const std::string& flag) {
+  std::vector<costmodel::Collective> ops;
+  for (const auto& name : names) {
+    const auto op = costmodel::collective_from_name(name);
+    if (!op)
+      throw InputError(
+          flag, fmt::format("unknown collective \"{}\" (known: {})", name, known_collectives()));
+    if (std::find(ops.begin(), ops.end(), *op) == ops.end())
+      ops.push_back(*op);
+  }
+  if (ops.empty())
+    throw InputError(flag, "names no collective");
+  return ops;
+}
+
+std::uint64_t parse_size_flag(const std::string& flag, const std::string& text) {
+  const auto bytes = parse_byte_size(text);
+  if (!bytes)
+    throw InputError(flag,
+                     fmt::format("must be a byte count like 8, 64K, 32M or 1G, got \"{}\"", text));
+  if (*bytes == 0)
+    throw InputError(flag, "must be > 0, got 0");
+  return *bytes;
+}
+
+std::int64_t parse_integer_flag(const std::string& flag, const std::string& text, std::int64_t min,
+                                const char* what) {
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size() || value < min)
+    throw InputError(flag, fmt::format("must be {}, got \"{}\"", what, text));
+  return value;
+}
+
+costmodel::Tier parse_tier(const std::string& text) {
+  if (text == "intra_node")
+    return costmodel::Tier::intra_node;
+  if (text == "inter_node")
+    return costmodel::Tier::inter_node;
+  throw InputError("--tier", fmt::format("must be intra_node or inter_node, got \"{}\"", text));
+}
+
+// The text CLI11 would print for --help of the (sub)command that asked for it.
+std::string help_of(const CLI::App& app) {
+  for (const CLI::App* sub : app.get_subcommands())
+    return sub->help();
+  return app.help();
+}
+
+} // namespace
+
+const char* backend_name(BackendKind backend) {
+  return backend == BackendKind::nccl ? "nccl" : "mpi";
+}
+
+bool backend_available(BackendKind backend) {
+#if defined(SHARDPLAN_HAVE_MPI)
+  if (backend == BackendKind::mpi)
+    return true;
+#endif
+#if defined(SHARDPLAN_HAVE_NCCL) && defined(SHARDPLAN_HAVE_MPI)
+  if (backend == BackendKind::nccl)
+    return true;
+#endif
+  (void)backend;
+  return false;
+}
+
+void require_backend(BackendKind backend) {
+  if (!backend_available(backend))
+    throw InputError("--backend",
+                     fmt::format("{}: this calibrate was built without {}", backend_name(backend),
+                                 backend == BackendKind::nccl ? "CUDA and NCCL" : "MPI"));
+}
+
+CommandLine parse_command_line(int argc, const char* const* argv) {
+  CLI::App app{"Measures this cluster's collectives (NCCL on GPUs, MPI on CPUs), GEMM throughput "
+               "and memory\n"
+               "bandwidth, fits the curves the cost model uses, and writes a hardware profile.\n"
+               "Run it under mpirun or srun, one rank per GPU (or per CPU device).",
+               "calibrate"};
+  std::string backend = "mpi", ops = "all_reduce,all_gather,reduce_scatter", min_bytes, max_bytes,
+              factor = "2", warmup = "5", iters = "20", groups, gemm_tokens;
+  bool no_check = false, no_gemm = false, no_memory = false;
+  MeasureOptions m;
+  app.add_option("--backend", backend, "nccl (GPU buffers) or mpi (CPU buffers)")
+      ->capture_default_str();
+  app.add_option("--ops", ops, "comma list of collectives: " + known_collectives())
+      ->capture_default_str();
+  app.add_option("--min-bytes,-b", min_bytes,
+                 "smallest size (nccl-tests -b; K, M, G suffixes) [default: 8]");
+  app.add_option("--max-bytes,-e", max_bytes,
+                 "largest size (nccl-tests -e) [default: 8M for mpi, 1G for nccl]");
+  app.add_option("--factor,-f", factor, "size multiplier between points (nccl-tests -f)")
+      ->capture_default_str();
+  app.add_option("--warmup,-w", warmup, "untimed runs per size (nccl-tests -w)")
+      ->capture_default_str();
+  app.add_option("--iters,-n", iters, "timed runs per size (nccl-tests -n)")->capture_default_str();
+  app.add_option(
+      "--groups", groups,
+      "comma list of groups: world, intra_node, inter_node (one rank per node), shard:S,\n"
+      "replica:S (HSDP with shard groups of S consecutive ranks) [default: world, plus\n"
+      "intra_node and inter_node when the job spans nodes]");
+  app.add_flag("--no-check", no_check, "skip the correctness check of each size (nccl-tests -c 0)");
+  app.add_flag("--no-gemm", no_gemm, "skip the GEMM throughput measurement");
+  app.add_flag("--no-memory", no_memory, "skip the memory bandwidth measurement");
+  app.add_option("--gemm-model", m.gemm_model,
+                 "model (preset or config.json) whose transformer-block GEMMs are timed\n"
+                 "[default: gpt2 for mpi, llama-2-7b for nccl]");
+  app.add_option("--gemm-tokens", gemm_tokens,
+                 "tokens per GEMM (its m) [default: 256 for mpi, 4096 for nccl]");
+  app.add_option("--out,-o", m.out,
+                 "profile to write [default: calibrated-<host>.json, or PROFILE with --into]");
+  app.add_option("--into", m.into, "existing profile to merge the calibration into");
+
+  ImportOptions imp;
+  std::string ranks, tier, op;
+  auto* import_command = app.add_subcommand(
+      "import-nccl-tests",
+      "Fits the tables of nccl-tests logs (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
+      "...)\n"
+      "and writes the calibration section: merged into --into PROFILE (written to --out or in\n"
+      "place), or alone to --out (or standard output).");
+  import_command->alias("import");
+  import_command->add_option("logs", imp.logs, "nccl-tests output files")->required();
+  import_command->add_option("--ranks", ranks,
+                             "ranks of the runs [default: from each log's rank lines]");
+  import_command->add_option(
+      "--tier", tier,
+      "intra_node or inter_node [default: from the hosts in each log's rank lines]");
+  import_command->add_option("--op", op,
+                             "collective measured [default: from each log's header or file name]");
+  import_command->add_option("--out,-o", imp.out, "file to write");
+  import_command->add_option("--into", imp.into, "existing profile to merge the calibration into");
+
+  CommandLine result;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    result.command = CommandLine::Command::help;
+    result.help_text = help_of(app);
+    return result;
+  } catch (const CLI::CallForAllHelp&) {
+    result.command = CommandLine::Command::help;
+    result.help_text = app.help("", CLI::AppFormatMode::All);
+    return result;
+  } catch (const CLI::ParseError& e) {
+    throw InputError("command line", e.what());
+  }
+
+  if (import_command->parsed()) {
+    result.command = CommandLine::Command::import_logs;
+    if (!ranks.empty())
+      imp.ranks = static_cast<int>(parse_integer_flag("--ranks", ranks, 1, "an integer >= 1"));
+    if (!tier.empty())
+      imp.tier = parse_tier(tier);
+    if (!op.empty())
+      imp.op = parse_ops({op}, "--op").front();
+    result.import = std::move(imp);
+    return result;
+  }
+
+  if (backend == "mpi")
+    m.backend = BackendKind::mpi;
+  else if (backend == "nccl")
+    m.backend = BackendKind::nccl;
+  else
+    throw InputError("--backend", fmt::format("must be nccl or mpi, got \"{}\"", backend));
+  std::vector<std::string> op_names;
+  for (std::size_t begin = 0; begin <= ops.size();) {
+    const auto comma = std::min(ops.find(',', begin), ops.size());
+    op_names.push_back(ops.substr(begin, comma - begin));
+    begin = comma + 1;
+  }
+  m.ops = parse_ops(op_names, "--ops");
+  const bool nccl = m.backend == BackendKind::nccl;
+  m.range.min_bytes = min_bytes.empty() ? 8 : parse_size_flag("--min-bytes", min_bytes);
+  m.range.max_bytes = max_bytes.empty() ? (nccl ? 1ULL << 30 : 8ULL << 20)
+                                        : parse_size_flag("--max-bytes", max_bytes);
+  if (m.range.min_bytes > m.range.max_bytes)
+    throw InputError("--min-bytes", fmt::format("{} is larger than --max-bytes {}",
+                                                format_byte_size(m.range.min_bytes),
+                                                format_byte_size(m.range.max_bytes)));
+  m.range.factor = static_cast<std::uint64_t>(
+      parse_integer_flag("--factor", factor, 2, "an integer >= 2 (nccl-tests -f)"));
+  m.warmup = static_cast<int>(parse_integer_flag("--warmup", warmup, 0, "an integer >= 0"));
+  m.iters = static_cast<int>(parse_integer_flag("--iters", iters, 1, "an integer >= 1"));
+  if (!groups.empty()) {
+    for (std::size_t begin = 0; begin <= groups.size();) {
+      const auto comma = std::min(groups.find(',', begin), groups.size());
+      const std::string name = groups.substr(begin, comma - begin);
+      const auto spec = comm::parse_group(name);
+      if (!spec)
+        throw InputError(
+            "--groups", fmt::format("unknown group \"{}\" (world, intra_node, inter_node, shard:S, "
+                                    "replica:S with S >= 1)",
+                                    name));
+      if (std::find(m.groups.begin(), m.groups.end(), *spec) == m.groups.end())
+        m.groups.push_back(*spec);
+      begin = comma + 1;
+    }
+  }
+  m.check = !no_check;
+  m.gemm = !no_gemm;
+  m.memory = !no_memory;
+  if (m.gemm_model.empty())
+    m.gemm_model = nccl ? "llama-2-7b" : "gpt2";
+  m.gemm_tokens = gemm_tokens.empty()
+                      ? (nccl ? 4096 : 256)
+                      : parse_integer_flag("--gemm-tokens", gemm_tokens, 1, "an integer >= 1");
+  result.measure = std::move(m);
+  return result;
+}
+
+} // namespace shardplan::calibrate

@@ -1,0 +1,64 @@
+// The command line of `calibrate`: a measuring run (the default command) and
+// `import-nccl-tests` (alias `import`). Parsing only; every rejection is an InputError naming the
+// flag and the value, which main turns into one line and exit code 2.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "calibrate/fit.hpp"
+#include "calibrate/sweep.hpp"
+#include "comm/groups.hpp"
+#include "costmodel/collectives.hpp"
+#include "costmodel/hardware.hpp"
+
+namespace shardplan::calibrate {
+
+enum class BackendKind { mpi, nccl };
+const char* backend_name(BackendKind backend);
+// Whether this build can run the backend (NCCL needs CUDA, NCCL and MPI at build time).
+bool backend_available(BackendKind backend);
+// Throws costmodel::InputError (--backend) when this build cannot run the backend.
+void require_backend(BackendKind backend);
+
+struct MeasureOptions {
+  BackendKind backend = BackendKind::mpi;
+  std::vector<costmodel::Collective> ops; // in the order given
+  SweepRange range;                       // per-backend defaults unless given
+  int warmup = 5;                         // nccl-tests -w
+  int iters = 20;                         // nccl-tests -n
+  bool check = true;                      // nccl-tests -c: one checked run per size
+  std::vector<comm::GroupSpec> groups;    // empty: the default groups for the topology
+  bool gemm = true;                       // GEMM throughput
+  bool memory = true;                     // memory copy bandwidth (and, on CPUs, optimizer rate)
+  std::string gemm_model;                 // model preset or config.json whose block GEMMs are timed
+  std::int64_t gemm_tokens = 0;           // m of those GEMMs (tokens per micro-batch)
+  std::string out;                        // profile to write ("" = default name, or in place)
+  std::string into;                       // existing profile to merge the calibration into
+  FitOptions fit;
+};
+
+struct ImportOptions {
+  std::vector<std::string> logs;
+  std::optional<int> ranks;                // overrides the ranks found in each log's header
+  std::optional<costmodel::Tier> tier;     // overrides the tier found from the log's hosts
+  std::optional<costmodel::Collective> op; // overrides the test named in the log
+  std::string out;
+  std::string into;
+  FitOptions fit;
+};
+
+struct CommandLine {
+  enum class Command { measure, import_logs, help };
+  Command command = Command::measure;
+  MeasureOptions measure;
+  ImportOptions import;
+  std::string help_text; // for Command::help
+};
+
+// Throws costmodel::InputError. Whether this build can run the backend is require_backend's.
+CommandLine parse_command_line(int argc, const char* const* argv);
+
+} // namespace shardplan::calibrate

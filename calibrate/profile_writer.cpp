@@ -1,0 +1,281 @@
+#include "calibrate/profile_writer.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "costmodel/input_error.hpp"
+#include "costmodel/json_reader.hpp"
+
+namespace shardplan::calibrate {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0; // 2^30
+constexpr double kGB = 1e9;
+
+using nlohmann::json;
+
+std::string temporary_name(const std::string& path) {
+  return fmt::format("{}.tmp-{}", path, static_cast<long>(getpid()));
+}
+
+json curve_to_json(const FittedCurve& c) {
+  json segments = json::array(), samples = json::array();
+  for (const auto& s : c.fit.segments)
+    segments.push_back({{"min_bytes", s.min_bytes},
+                        {"max_bytes", s.max_bytes},
+                        {"latency_us", rounded(s.latency_s * 1e6)},
+                        {"bandwidth_GBps", rounded(s.bandwidth_Bps / kGB)}});
+  for (const auto& m : c.fit.samples)
+    samples.push_back({{"size_bytes", m.size_bytes}, {"time_us", rounded(m.time_s * 1e6, 6)}});
+  return {{"op", costmodel::traits(c.op).name},
+          {"ranks", c.ranks},
+          {"tier", costmodel::tier_name(c.tier)},
+          {"segments", segments},
+          {"samples", samples},
+          {"fit_error",
+           {{"median_rel", rounded(c.fit.median_rel_error, 3)},
+            {"max_rel", rounded(c.fit.max_rel_error, 3)}}}};
+}
+
+bool same_curve(const json& a, const json& b) {
+  return a.value("op", "") == b.value("op", "") && a.value("ranks", 0) == b.value("ranks", 0) &&
+         a.value("tier", "") == b.value("tier", "");
+}
+
+std::string measured_note(const CalibrationRecord& r) {
+  return fmt::format("measured by calibrate on {} ({} backend, {} ranks on {})", r.date, r.backend,
+                     r.ranks, r.host);
+}
+
+} // namespace
+
+double rounded(double x, int digits) {
+  if (x == 0 || !std::isfinite(x))
+    return x;
+  const double scale =
+      std::pow(10.0, digits - 1 - static_cast<int>(std::floor(std::log10(std::fabs(x)))));
+  return std::round(x * scale) / scale;
+}
+
+json calibration_to_json(const CalibrationRecord& r) {
+  json doc = {{"date", r.date},
+              {"backend", r.backend},
+              {"host", r.host},
+              {"library", r.library},
+              {"ranks", r.ranks}};
+  json curves = json::array();
+  for (const auto& c : r.curves)
+    curves.push_back(curve_to_json(c));
+  doc["collectives"] = curves;
+  if (!r.gemm.empty()) {
+    json gemm = json::array();
+    for (const auto& g : r.gemm)
+      gemm.push_back({{"m", g.shape.m},
+                      {"n", g.shape.n},
+                      {"k", g.shape.k},
+                      {"dtype", costmodel::dtype_name(g.dtype)},
+                      {"time_us", rounded(g.time_s * 1e6)},
+                      {"TFLOPs", rounded(g.flops_per_s() / 1e12, 4)}});
+    doc["gemm"] = gemm;
+  }
+  if (r.compute_efficiency)
+    doc["compute_efficiency"] = rounded(*r.compute_efficiency, 3);
+  if (r.memory_bandwidth_Bps)
+    doc["memory_bandwidth_GBps"] = rounded(*r.memory_bandwidth_Bps / kGB, 4);
+  doc["extra"] = r.extra.is_object() ? r.extra : json::object();
+  return doc;
+}
+
+std::optional<LinkEstimate> link_from_curves(const std::vector<FittedCurve>& curves,
+                                             costmodel::Tier tier) {
+  const FittedCurve* best = nullptr;
+  for (const auto& c : curves) {
+    if (c.tier != tier || c.ranks < 2 || c.fit.segments.empty())
+      continue;
+    auto rank = [](const FittedCurve& x) {
+      return std::pair(x.op == costmodel::Collective::all_reduce, x.ranks);
+    };
+    if (best == nullptr || rank(c) > rank(*best))
+      best = &c;
+  }
+  if (best == nullptr)
+    return std::nullopt;
+  const int n = best->ranks;
+  const double steps =
+      best->op == costmodel::Collective::all_reduce ? 2.0 * (n - 1) : static_cast<double>(n - 1);
+  LinkEstimate link;
+  link.op = best->op;
+  link.ranks = n;
+  link.bandwidth_Bps =
+      best->fit.segments.back().bandwidth_Bps * costmodel::traits(best->op).bus_factor(n);
+  link.latency_s = best->fit.segments.front().latency_s / steps;
+  return link;
+}
+
+json measured_profile(const MeasuredSystem& s, const CalibrationRecord& r) {
+  const std::string measured = measured_note(r);
+  json peak = json::object();
+  for (const auto& [dtype, flops] : s.peak_flops)
+    peak[costmodel::dtype_name(dtype)] = rounded(flops / 1e12, 4);
+
+  auto link_section = [&](costmodel::Tier tier, const std::optional<LinkEstimate>& own,
+                          const std::optional<LinkEstimate>& other) -> json {
+    const bool intra = tier == costmodel::Tier::intra_node;
+    const std::string link =
+        s.cpu_device ? (intra ? "MPI within a node (shared memory)" : "MPI between nodes")
+                     : (intra ? "NCCL within a node" : "NCCL between nodes");
+    if (own)
+      return {
+          {"link", link},
+          {"bandwidth_GBps", rounded(own->bandwidth_Bps / kGB, 4)},
+          {"latency_us", rounded(own->latency_s * 1e6, 4)},
+          {"source",
+           fmt::format("{}: the fitted {} curve on {} ranks: bus bandwidth of its bandwidth-bound "
+                       "piece, and its smallest-size latency per ring step",
+                       measured, costmodel::traits(own->op).name, own->ranks)}};
+    if (other)
+      return {
+          {"link", link},
+          {"bandwidth_GBps", rounded(other->bandwidth_Bps / kGB, 4)},
+          {"latency_us", rounded(other->latency_s * 1e6, 4)},
+          {"source",
+           fmt::format("{}: NOT MEASURED (no {} group in this run): the {} values stand in",
+                       measured, costmodel::tier_name(tier), intra ? "inter-node" : "intra-node")}};
+    return {{"link", link},
+            {"bandwidth_GBps", rounded(s.memory_bandwidth_Bps / 2 / kGB, 4)},
+            {"latency_us", 0},
+            {"source",
+             fmt::format("{}: NOT MEASURED (no group of two or more ranks): half the memory copy "
+                         "bandwidth (one direction of a copy) and no latency stand in",
+                         measured)}};
+  };
+  const auto intra = link_from_curves(r.curves, costmodel::Tier::intra_node);
+  const auto inter = link_from_curves(r.curves, costmodel::Tier::inter_node);
+  const std::string device_kind = s.cpu_device ? "CPU rank" : "GPU";
+
+  return {{"schema_version", 1},
+          {"name", s.name},
+          {"description", fmt::format("{} ({} per rank, {} per node), {}", s.device, device_kind,
+                                      s.ranks_per_node, measured)},
+          {"gpu",
+           {{"name", s.device},
+            {"memory_GiB", rounded(s.device_memory_bytes / kGiB, 4)},
+            {"peak_TFLOPs", peak},
+            {"memory_bandwidth_GBps", rounded(s.memory_bandwidth_Bps / kGB, 4)},
+            {"compute_efficiency", rounded(s.compute_efficiency, 3)},
+            {"source",
+             fmt::format(
+                 "{}: memory: {}; peak: the best measured GEMM rate per type; memory bandwidth: "
+                 "copy, read + write bytes; compute_efficiency: the model-shape {} GEMM rate / "
+                 "that peak",
+                 measured, s.device_memory_note, costmodel::dtype_name(s.efficiency_dtype))}}},
+          {"node",
+           {{"gpus_per_node", s.ranks_per_node},
+            {"source", fmt::format("{}: ranks per node of the run", measured)}}},
+          {"intra_node", link_section(costmodel::Tier::intra_node, intra, inter)},
+          {"inter_node", link_section(costmodel::Tier::inter_node, inter, intra)},
+          {"host",
+           {{"memory_GiB", rounded(s.host_memory_bytes / kGiB, 4)},
+            {"link_bandwidth_GBps", rounded(s.host_link_Bps / kGB, 4)},
+            {"optimizer_Gparams_per_s", rounded(s.optimizer_params_per_s / 1e9, 4)},
+            {"source",
+             fmt::format(
+                 "{}: memory: MemTotal of /proc/meminfo; link: {}; optimizer: a fused fp32 Adam "
+                 "step per rank times the ranks of a node",
+                 measured, s.host_link_note)}}},
+          {"overhead",
+           {{"cuda_context_GiB", s.cpu_device ? 0.0 : 0.5},
+            {"nccl_workspace_GiB", s.cpu_device ? 0.0 : 0.5},
+            {"fragmentation", 0.05},
+            {"source",
+             s.cpu_device
+                 ? "NOT MEASURED: a CPU device has no CUDA context or NCCL buffers; fragmentation: "
+                   "a planning default, replaced by the executor's measurement"
+                 : "NOT MEASURED: planning defaults (CUDA context with cuBLAS ~0.5 GiB, NCCL "
+                   "buffers ~0.5 GiB, fragmentation 5%), replaced by the executor's measurement"}}},
+          {"calibration", calibration_to_json(r)}};
+}
+
+json merge_calibration(const json& profile, const json& calibration) {
+  json merged = profile;
+  if (!merged.contains("calibration") || !merged["calibration"].is_object()) {
+    merged["calibration"] = calibration;
+    return merged;
+  }
+  json& old = merged["calibration"];
+  json curves = old.contains("collectives") && old["collectives"].is_array() ? old["collectives"]
+                                                                             : json::array();
+  for (const auto& c : calibration.value("collectives", json::array())) {
+    const auto same =
+        std::find_if(curves.begin(), curves.end(), [&](const json& x) { return same_curve(x, c); });
+    if (same != curves.end())
+      *same = c;
+    else
+      curves.push_back(c);
+  }
+  json extra = old.contains("extra") && old["extra"].is_object() ? old["extra"] : json::object();
+  extra.update(calibration.value("extra", json::object()));
+  for (const char* key : {"gemm", "compute_efficiency", "memory_bandwidth_GBps"})
+    if (calibration.contains(key))
+      old[key] = calibration[key];
+  for (const char* key : {"date", "backend", "host", "library", "ranks"})
+    old[key] = calibration.at(key);
+  old["collectives"] = curves;
+  old["extra"] = extra;
+  return merged;
+}
+
+json read_profile_for_merge(const std::string& path) {
+  try {
+    json profile = costmodel::read_json_file(path);
+    costmodel::hardware_from_json(profile, std::filesystem::path(path).stem().string());
+    return profile;
+  } catch (const costmodel::InputError& e) {
+    // "p.json: cannot open file", or "p.json: /gpu/memory_GiB: must be > 0, got -8"
+    const std::string what = e.what();
+    throw costmodel::InputError("--into",
+                                e.where() == path ? what : fmt::format("{}: {}", path, what));
+  }
+}
+
+void write_json_atomically(const std::string& path, const json& document) {
+  const std::string temporary = temporary_name(path);
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    if (!out)
+      throw costmodel::InputError(path, fmt::format("cannot write: {}", std::strerror(errno)));
+    out << document.dump(2) << '\n';
+    out.flush();
+    if (!out) {
+      std::remove(temporary.c_str());
+      throw costmodel::InputError(path, "cannot write: the write failed");
+    }
+  }
+  std::error_code error;
+  std::filesystem::rename(temporary, path, error);
+  if (error) {
+    std::remove(temporary.c_str());
+    throw costmodel::InputError(path, fmt::format("cannot write: {}", error.message()));
+  }
+}
+
+void check_writable(const std::string& path, const std::string& flag) {
+  const std::string temporary = temporary_name(path);
+  std::ofstream probe(temporary, std::ios::binary | std::ios::trunc);
+  if (!probe)
+    throw costmodel::InputError(flag,
+                                fmt::format("cannot write \"{}\": {}", path, std::strerror(errno)));
+  probe.close();
+  std::remove(temporary.c_str());
+}
+
+} // namespace shardplan::calibrate

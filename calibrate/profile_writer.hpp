@@ -1,0 +1,96 @@
+// Writing what calibrate measured as hardware profile JSON (hardware_profiles/*.json, read by
+// costmodel::hardware_from_json): the "calibration" section (fitted curves with their samples and
+// errors, GEMMs, compute efficiency, memory bandwidth, when/where/with what), a complete profile
+// for a system measured from scratch, or the section merged into an existing profile. Files are
+// written atomically (a temporary file in the same folder, then renamed).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "calibrate/fit.hpp"
+#include "calibrate/gemm_shapes.hpp"
+#include "costmodel/hardware.hpp"
+
+namespace shardplan::calibrate {
+
+struct FittedCurve {
+  costmodel::Collective op = costmodel::Collective::all_reduce;
+  int ranks = 0;
+  costmodel::Tier tier = costmodel::Tier::intra_node;
+  CurveFit fit;
+};
+
+struct CalibrationRecord {
+  std::string date;    // ISO 8601
+  std::string backend; // "mpi" or "nccl"
+  std::string host;    // hosts measured, comma-separated
+  std::string library; // "Open MPI v4.1.4", "NCCL 2.21.5"
+  int ranks = 0;
+  std::vector<FittedCurve> curves;
+  std::vector<GemmMeasurement> gemm;
+  std::optional<double> compute_efficiency;   // model-shape GEMM rate / peak
+  std::optional<double> memory_bandwidth_Bps; // device copy bandwidth
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+nlohmann::json calibration_to_json(const CalibrationRecord& record);
+
+// Link figures of a tier in the profile's terms, from its fitted curves: bandwidth = the
+// bandwidth-bound piece's rate as bus bandwidth (nccl-tests' busbw: per-rank link rate of a ring);
+// latency = the smallest-size piece's latency per ring step (2(n−1) steps for all-reduce, n−1 for
+// the others). Prefers all_reduce, then the largest group.
+struct LinkEstimate {
+  double bandwidth_Bps = 0;
+  double latency_s = 0;
+  costmodel::Collective op = costmodel::Collective::all_reduce;
+  int ranks = 0;
+};
+std::optional<LinkEstimate> link_from_curves(const std::vector<FittedCurve>& curves,
+                                             costmodel::Tier tier);
+
+// What a profile written from scratch says about the device, node and host.
+struct MeasuredSystem {
+  std::string name;       // profile name (the file stem)
+  std::string device;     // "NVIDIA H100 80GB HBM3", or the CPU model for a CPU device
+  bool cpu_device = true; // each rank is a CPU device (MPI backend)
+  double device_memory_bytes = 0;
+  std::string device_memory_note;                // how it was found
+  std::map<costmodel::DType, double> peak_flops; // best measured GEMM rate per dtype
+  costmodel::DType efficiency_dtype = costmodel::DType::fp32;
+  double compute_efficiency = 0;
+  double memory_bandwidth_Bps = 0;
+  int ranks_per_node = 1;
+  double host_memory_bytes = 0;
+  double host_link_Bps = 0;
+  std::string host_link_note;
+  double optimizer_params_per_s = 0; // per node
+};
+
+// A complete profile (schema_version 1) with `record` as its calibration section; every "source"
+// says what was measured, when, and what is a stand-in.
+nlohmann::json measured_profile(const MeasuredSystem& system, const CalibrationRecord& record);
+
+// `profile` with `calibration` merged into its calibration section: curves replace those with the
+// same op, ranks and tier and keep the others; GEMMs, compute efficiency and memory bandwidth are
+// replaced when the new section has them; date, backend, host, library and ranks are the new
+// section's; extra keys are updated.
+nlohmann::json merge_calibration(const nlohmann::json& profile, const nlohmann::json& calibration);
+
+// Reads the profile named by --into and checks it with the cost model's parser; errors name the
+// flag and the file.
+nlohmann::json read_profile_for_merge(const std::string& path);
+
+// Throws costmodel::InputError naming the path when it cannot be written.
+void write_json_atomically(const std::string& path, const nlohmann::json& document);
+// Checks that `path` can be created (its folder exists and is writable) without leaving a file.
+void check_writable(const std::string& path, const std::string& flag);
+
+// x rounded to `digits` significant digits, for readable documents.
+double rounded(double x, int digits = 5);
+
+} // namespace shardplan::calibrate

@@ -1,0 +1,75 @@
+// One interface for the collectives of a group of ranks, whatever carries them (MPI on CPU
+// buffers, NCCL on GPU buffers). Every call is collective over the group unless it says otherwise;
+// every failure is a CommError. Counts are in elements of `type`.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "comm/data_type.hpp"
+
+namespace shardplan::comm {
+
+enum class MemorySpace { host, device };
+
+// Memory that a communicator's collectives read and write: host memory for MPI, the rank's GPU
+// for NCCL. Copies to and from host memory are complete when they return; they do not wait for
+// queued collectives (call Communicator::synchronize() first).
+class CommBuffer {
+public:
+  CommBuffer() = default;
+  CommBuffer(const CommBuffer&) = delete;
+  CommBuffer& operator=(const CommBuffer&) = delete;
+  virtual ~CommBuffer() = default;
+
+  virtual void* data() = 0;
+  virtual std::size_t bytes() const = 0;
+  // Copies `bytes` between host memory and this buffer at `offset` bytes into it.
+  virtual void copy_from_host(const void* source, std::size_t bytes, std::size_t offset = 0) = 0;
+  virtual void copy_to_host(void* destination, std::size_t bytes, std::size_t offset = 0) const = 0;
+};
+
+class Communicator {
+public:
+  Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0; // in this group, 0 ≤ rank < size
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;         // "mpi", "nccl"
+  virtual std::string library_version() const = 0; // "Open MPI v4.1.4", "NCCL 2.21.5"
+  virtual MemorySpace memory_space() const = 0;
+  // Not collective: memory this communicator's collectives can use.
+  virtual std::unique_ptr<CommBuffer> allocate(std::size_t bytes) = 0;
+
+  // recv[i] = op over ranks of send[i], on every rank. send == recv reduces in place.
+  virtual void all_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                          ReduceOp op = ReduceOp::sum) = 0;
+  // Like all_reduce, but only `root` receives; recv is not touched on other ranks.
+  virtual void reduce(const void* send, void* recv, std::size_t count, DataType type, int root,
+                      ReduceOp op = ReduceOp::sum) = 0;
+  // Each rank sends `count` elements; recv (size()·count) holds rank r's at offset r·count.
+  // In place when send == recv + rank()·count.
+  virtual void all_gather(const void* send, void* recv, std::size_t count, DataType type) = 0;
+  // send holds size() blocks of `count`; rank r receives the reduction of every rank's block r.
+  // send and recv must not overlap.
+  virtual void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                              ReduceOp op = ReduceOp::sum) = 0;
+  // root's buffer (count elements) is copied to every rank's buffer.
+  virtual void broadcast(void* buffer, std::size_t count, DataType type, int root) = 0;
+  // send holds size() blocks of `count`; block p goes to rank p, which stores it at block rank().
+  // send and recv must not overlap.
+  virtual void all_to_all(const void* send, void* recv, std::size_t count, DataType type) = 0;
+  virtual void barrier() = 0;
+  // Waits until every collective this rank has issued has completed (NCCL queues them on a
+  // stream; MPI's calls are already complete when they return).
+  virtual void synchronize() = 0;
+  // The ranks that pass the same `color` form a new communicator, ordered by `key`, then by rank
+  // in this one. Collective over this communicator; every rank gets its own group.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+};
+
+} // namespace shardplan::comm

@@ -1,0 +1,215 @@
+#include "comm/nccl_communicator.hpp"
+
+#include <fmt/format.h>
+
+#include "comm/comm_error.hpp"
+#include "comm/cuda_check.hpp"
+
+#define SHARDPLAN_NCCL_CALL(communicator, function, ...)                                           \
+  ::shardplan::comm::check_nccl(function(__VA_ARGS__), #function, communicator, __FILE__, __LINE__)
+
+namespace shardplan::comm {
+namespace {
+
+ncclDataType_t nccl_type(DataType type) {
+  switch (type) {
+  case DataType::f32:
+    return ncclFloat32;
+  case DataType::f64:
+    return ncclFloat64;
+  case DataType::bf16:
+    return ncclBfloat16;
+  case DataType::f16:
+    return ncclFloat16;
+  case DataType::i32:
+    return ncclInt32;
+  case DataType::i64:
+    return ncclInt64;
+  case DataType::u8:
+    return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+  case ReduceOp::sum:
+    return ncclSum;
+  case ReduceOp::max:
+    return ncclMax;
+  case ReduceOp::min:
+    return ncclMin;
+  }
+  return ncclSum;
+}
+
+class DeviceBuffer final : public CommBuffer {
+public:
+  DeviceBuffer(int device, std::size_t bytes) : device_(device), bytes_(bytes) {
+    SHARDPLAN_CUDA_CALL(cudaSetDevice, device_);
+    SHARDPLAN_CUDA_CALL(cudaMalloc, &data_, bytes == 0 ? 1 : bytes);
+  }
+  ~DeviceBuffer() override { cudaFree(data_); }
+  void* data() override { return data_; }
+  std::size_t bytes() const override { return bytes_; }
+  void copy_from_host(const void* source, std::size_t bytes, std::size_t offset = 0) override {
+    if (offset > bytes_ || bytes > bytes_ - offset)
+      throw CommError("copy_from_host: beyond the end of the device buffer", __FILE__, __LINE__);
+    SHARDPLAN_CUDA_CALL(cudaSetDevice, device_);
+    SHARDPLAN_CUDA_CALL(cudaMemcpy, static_cast<std::byte*>(data_) + offset, source, bytes,
+                        cudaMemcpyHostToDevice);
+    // From pageable memory cudaMemcpy may return before the device has the data, and the
+    // communicator's stream does not wait for the default stream: wait here.
+    SHARDPLAN_CUDA_CALL(cudaStreamSynchronize, nullptr);
+  }
+  void copy_to_host(void* destination, std::size_t bytes, std::size_t offset = 0) const override {
+    if (offset > bytes_ || bytes > bytes_ - offset)
+      throw CommError("copy_to_host: beyond the end of the device buffer", __FILE__, __LINE__);
+    SHARDPLAN_CUDA_CALL(cudaSetDevice, device_);
+    SHARDPLAN_CUDA_CALL(cudaMemcpy, destination, static_cast<const std::byte*>(data_) + offset,
+                        bytes, cudaMemcpyDeviceToHost);
+  }
+
+private:
+  int device_;
+  std::size_t bytes_;
+  void* data_ = nullptr;
+};
+
+const std::byte* block(const void* base, std::size_t index, std::size_t count, DataType type) {
+  return static_cast<const std::byte*>(base) + index * count * element_bytes(type);
+}
+std::byte* block(void* base, std::size_t index, std::size_t count, DataType type) {
+  return static_cast<std::byte*>(base) + index * count * element_bytes(type);
+}
+
+} // namespace
+
+void check_nccl(ncclResult_t code, const char* call, ncclComm_t comm, const char* file, int line) {
+  if (code == ncclSuccess)
+    return;
+  std::string message = fmt::format("{} failed: {}", call, ncclGetErrorString(code));
+  if (comm != nullptr) {
+    const char* last = ncclGetLastError(comm);
+    if (last != nullptr && *last != '\0')
+      message += fmt::format(" ({})", last);
+  }
+  throw CommError(message, file, line);
+}
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError(); // clear the sticky "no driver" error
+    return 0;
+  }
+  return count;
+}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MpiCommunicator& host_group,
+                                                           int local_rank) {
+  const int devices = cuda_device_count();
+  if (devices == 0)
+    throw CommError("NCCL backend: no CUDA device on this host", __FILE__, __LINE__);
+  const int device = local_rank % devices;
+  SHARDPLAN_CUDA_CALL(cudaSetDevice, device);
+  ncclUniqueId id{};
+  if (host_group.rank() == 0)
+    SHARDPLAN_NCCL_CALL(nullptr, ncclGetUniqueId, &id);
+  host_group.broadcast(&id, sizeof id, DataType::u8, 0);
+  ncclComm_t comm = nullptr;
+  SHARDPLAN_NCCL_CALL(nullptr, ncclCommInitRank, &comm, host_group.size(), id, host_group.rank());
+  return std::unique_ptr<NcclCommunicator>(
+      new NcclCommunicator(comm, device, host_group.split_mpi(0, host_group.rank())));
+}
+
+NcclCommunicator::NcclCommunicator(ncclComm_t comm, int device,
+                                   std::unique_ptr<MpiCommunicator> host_group)
+    : comm_(comm), device_(device), host_group_(std::move(host_group)) {
+  SHARDPLAN_CUDA_CALL(cudaSetDevice, device_);
+  SHARDPLAN_CUDA_CALL(cudaStreamCreateWithFlags, &stream_, cudaStreamNonBlocking);
+  SHARDPLAN_NCCL_CALL(comm_, ncclCommUserRank, comm_, &rank_);
+  SHARDPLAN_NCCL_CALL(comm_, ncclCommCount, comm_, &size_);
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  // Destructors cannot report failures; the results are deliberately ignored here.
+  if (stream_ != nullptr) {
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaStreamDestroy(stream_);
+  }
+  (void)ncclCommDestroy(comm_);
+}
+
+std::string NcclCommunicator::library_version() const {
+  int version = 0;
+  SHARDPLAN_NCCL_CALL(comm_, ncclGetVersion, &version);
+  // Since NCCL 2.9 the code is major·10000 + minor·100 + patch.
+  return fmt::format("NCCL {}.{}.{}", version / 10000, version / 100 % 100, version % 100);
+}
+
+std::unique_ptr<CommBuffer> NcclCommunicator::allocate(std::size_t bytes) {
+  return std::make_unique<DeviceBuffer>(device_, bytes);
+}
+
+void NcclCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                                  ReduceOp op) {
+  SHARDPLAN_NCCL_CALL(comm_, ncclAllReduce, send, recv, count, nccl_type(type), nccl_op(op), comm_,
+                      stream_);
+}
+
+void NcclCommunicator::reduce(const void* send, void* recv, std::size_t count, DataType type,
+                              int root, ReduceOp op) {
+  SHARDPLAN_NCCL_CALL(comm_, ncclReduce, send, recv, count, nccl_type(type), nccl_op(op), root,
+                      comm_, stream_);
+}
+
+void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t count, DataType type) {
+  SHARDPLAN_NCCL_CALL(comm_, ncclAllGather, send, recv, count, nccl_type(type), comm_, stream_);
+}
+
+void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count,
+                                      DataType type, ReduceOp op) {
+  SHARDPLAN_NCCL_CALL(comm_, ncclReduceScatter, send, recv, count, nccl_type(type), nccl_op(op),
+                      comm_, stream_);
+}
+
+void NcclCommunicator::broadcast(void* buffer, std::size_t count, DataType type, int root) {
+  SHARDPLAN_NCCL_CALL(comm_, ncclBroadcast, buffer, buffer, count, nccl_type(type), root, comm_,
+                      stream_);
+}
+
+void NcclCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DataType type) {
+  // One send and one receive per peer in a group, as nccl-tests' alltoall does; works on every
+  // NCCL with point-to-point (2.7+).
+  SHARDPLAN_NCCL_CALL(comm_, ncclGroupStart);
+  for (int peer = 0; peer < size_; ++peer) {
+    const auto p = static_cast<std::size_t>(peer);
+    SHARDPLAN_NCCL_CALL(comm_, ncclSend, block(send, p, count, type), count, nccl_type(type), peer,
+                        comm_, stream_);
+    SHARDPLAN_NCCL_CALL(comm_, ncclRecv, block(recv, p, count, type), count, nccl_type(type), peer,
+                        comm_, stream_);
+  }
+  SHARDPLAN_NCCL_CALL(comm_, ncclGroupEnd);
+}
+
+void NcclCommunicator::synchronize() {
+  SHARDPLAN_CUDA_CALL(cudaStreamSynchronize, stream_);
+  ncclResult_t async_error = ncclSuccess;
+  SHARDPLAN_NCCL_CALL(comm_, ncclCommGetAsyncError, comm_, &async_error);
+  check_nccl(async_error, "NCCL (asynchronous error)", comm_, __FILE__, __LINE__);
+}
+
+void NcclCommunicator::barrier() {
+  synchronize();
+  host_group_->barrier();
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
+  ncclComm_t part = nullptr;
+  SHARDPLAN_NCCL_CALL(comm_, ncclCommSplit, comm_, color, key, &part, nullptr);
+  return std::unique_ptr<NcclCommunicator>(
+      new NcclCommunicator(part, device_, host_group_->split_mpi(color, key)));
+}
+
+} // namespace shardplan::comm

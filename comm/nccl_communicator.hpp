@@ -1,0 +1,68 @@
+// The NCCL backend: collectives on GPU buffers, one GPU per rank chosen by the rank's local rank,
+// queued on the communicator's own CUDA stream. Set up as nccl-tests does: rank 0 makes the unique
+// id (ncclGetUniqueId) and broadcasts it over MPI, then every rank calls ncclCommInitRank. It keeps
+// an MPI communicator of the same ranks for host-side barriers. Every CUDA and NCCL result is
+// checked. NCCL up to 2.29 refuses two ranks of one communicator on the same GPU ("Duplicate GPU
+// detected"), so a machine with one GPU runs this backend with one rank only.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.hpp"
+#include "comm/mpi_communicator.hpp"
+
+namespace shardplan::comm {
+
+// Throws CommError naming `call`, NCCL's error text and, when a communicator is given, its last
+// error message.
+void check_nccl(ncclResult_t code, const char* call, ncclComm_t comm, const char* file, int line);
+
+// CUDA devices visible to this process (0 when there is no driver or no device).
+int cuda_device_count();
+
+class NcclCommunicator final : public Communicator {
+public:
+  // Collective over `host_group`. Throws CommError when this rank has no GPU.
+  static std::unique_ptr<NcclCommunicator> create(MpiCommunicator& host_group, int local_rank);
+  ~NcclCommunicator() override;
+
+  cudaStream_t stream() const { return stream_; }
+  int device() const { return device_; }
+  MpiCommunicator& host_group() { return *host_group_; }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "nccl"; }
+  std::string library_version() const override;
+  MemorySpace memory_space() const override { return MemorySpace::device; }
+  std::unique_ptr<CommBuffer> allocate(std::size_t bytes) override;
+
+  void all_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                  ReduceOp op = ReduceOp::sum) override;
+  void reduce(const void* send, void* recv, std::size_t count, DataType type, int root,
+              ReduceOp op = ReduceOp::sum) override;
+  void all_gather(const void* send, void* recv, std::size_t count, DataType type) override;
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                      ReduceOp op = ReduceOp::sum) override;
+  void broadcast(void* buffer, std::size_t count, DataType type, int root) override;
+  void all_to_all(const void* send, void* recv, std::size_t count, DataType type) override;
+  void barrier() override;
+  void synchronize() override;
+  std::unique_ptr<Communicator> split(int color, int key) override;
+
+private:
+  NcclCommunicator(ncclComm_t comm, int device, std::unique_ptr<MpiCommunicator> host_group);
+
+  ncclComm_t comm_;
+  int device_;
+  std::unique_ptr<MpiCommunicator> host_group_;
+  cudaStream_t stream_ = nullptr;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+} // namespace shardplan::comm

@@ -1,0 +1,16 @@
+// Who this process is, for labelling errors: its host name and its rank in the world (set once the
+// launcher's world is known; -1 before).
+#pragma once
+
+#include <string>
+
+namespace shardplan::comm {
+
+std::string host_name();
+int process_rank();
+void set_process_rank(int world_rank);
+// The rank the launcher assigned (mpirun, srun, PMIx), read from the environment before MPI is
+// initialized; 0 when none is set (a process started by hand).
+int launcher_rank_from_environment();
+
+} // namespace shardplan::comm

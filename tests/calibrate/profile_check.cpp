@@ -1,0 +1,37 @@
+// Test helper: loads a hardware profile through the cost model (as the planner does) and checks
+// that it carries a calibration with at least the expected number of collective curves.
+// Usage: profile_check PROFILE [MIN_CURVES]. Exit 0 when it does, 1 otherwise.
+#include <cstdlib>
+#include <exception>
+
+#include <fmt/format.h>
+
+#include "costmodel/hardware.hpp"
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fmt::print(stderr, "usage: profile_check PROFILE [MIN_CURVES]\n");
+    return 1;
+  }
+  try {
+    const auto profile = shardplan::costmodel::load_hardware(argv[1]);
+    const std::size_t min_curves = argc > 2 ? static_cast<std::size_t>(std::atoi(argv[2])) : 1;
+    if (!profile.calibration || profile.calibration->collectives.size() < min_curves) {
+      fmt::print(stderr, "{}: expected a calibration with at least {} curves\n", argv[1],
+                 min_curves);
+      return 1;
+    }
+    for (const auto& c : profile.calibration->collectives)
+      fmt::print("{} {} ranks {}: {} pieces, median error {:.1f}%, max {:.1f}%\n",
+                 shardplan::costmodel::traits(c.op).name, c.ranks,
+                 shardplan::costmodel::tier_name(c.tier), c.segments.size(),
+                 100 * c.median_rel_error, 100 * c.max_rel_error);
+    fmt::print("{}: {} ({} per node), peak fp32 {:.3f} TFLOP/s, efficiency {:.2f}\n", argv[1],
+               profile.device, profile.gpus_per_node,
+               profile.peak(shardplan::costmodel::DType::fp32) / 1e12, profile.compute_efficiency);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "{}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

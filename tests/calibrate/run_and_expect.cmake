@@ -1,0 +1,24 @@
+# Runs a command and checks its exit code and, optionally, that standard error is exactly one line
+# containing a text. Used by the CLI tests:
+#   cmake -DCOMMAND=a|b|c -DEXPECT_CODE=2 [-DEXPECT_ONE_LINE=text] [-DWORK_DIR=dir] -P run_and_expect.cmake
+# (the command's words are separated by '|').
+string(REPLACE "|" ";" command "${COMMAND}")
+if(WORK_DIR)
+  file(MAKE_DIRECTORY "${WORK_DIR}")
+endif()
+execute_process(COMMAND ${command} RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err
+                WORKING_DIRECTORY "${WORK_DIR}")
+message("${out}${err}")
+if(NOT "${code}" STREQUAL "${EXPECT_CODE}")
+  message(FATAL_ERROR "exit code ${code}, expected ${EXPECT_CODE}")
+endif()
+if(DEFINED EXPECT_ONE_LINE)
+  string(REGEX REPLACE "\n$" "" trimmed "${err}")
+  if(trimmed MATCHES "\n")
+    message(FATAL_ERROR "standard error has more than one line")
+  endif()
+  string(FIND "${trimmed}" "${EXPECT_ONE_LINE}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "standard error does not contain: ${EXPECT_ONE_LINE}")
+  endif()
+endif()

@@ -1,0 +1,88 @@
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <sstream>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "calibrate/import_command.hpp"
+#include "costmodel/hardware.hpp"
+#include "costmodel/input_error.hpp"
+#include "costmodel/json_reader.hpp"
+
+using namespace shardplan;
+using namespace shardplan::calibrate;
+
+namespace {
+const std::string kSource = SHARDPLAN_SOURCE_DIR;
+const std::string kExamples = kSource + "/examples/nccl-tests/";
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          fmt::format("calibrate-import-{}-{}", getpid(), name))
+      .string();
+}
+} // namespace
+
+TEST_CASE("import::the sample logs merged into a profile meet the fit goals") {
+  ImportOptions o;
+  o.logs = {kExamples + "all_reduce_perf-8xA100.log", kExamples + "all_gather_perf-8xA100.log",
+            kExamples + "reduce_scatter_perf-8xA100.log",
+            kExamples + "all_reduce_perf-2x8xA100-ib.log"};
+  o.into = kSource + "/hardware_profiles/a100-sxm4-80gb.json";
+  o.out = temp_path("a100.json");
+  std::ostringstream out;
+  CHECK(run_import(o, out) == 0);
+  const auto hw = costmodel::load_hardware(o.out);
+  REQUIRE(hw.calibration.has_value());
+  const auto& c = *hw.calibration;
+  CHECK(c.backend == "nccl");
+  CHECK(c.library == "NCCL 2.19.3");
+  CHECK(c.host == "dgx-a01,dgx-a02");
+  CHECK(c.ranks == 16);
+  REQUIRE(c.collectives.size() == 4);
+  for (const auto& curve : c.collectives) {
+    CAPTURE(costmodel::traits(curve.op).name);
+    CHECK(curve.median_rel_error <= 0.05);
+    CHECK(curve.max_rel_error <= 0.10);
+    CHECK(curve.ranks == (curve.tier == costmodel::Tier::inter_node ? 16 : 8));
+  }
+  CHECK(out.str().find(
+            "# all_reduce, 16 ranks, inter_node (from all_reduce_perf-2x8xA100-ib.log):") !=
+        std::string::npos);
+  std::filesystem::remove(o.out);
+}
+
+TEST_CASE("import::without --into the calibration section is written alone") {
+  ImportOptions o;
+  o.logs = {kExamples + "all_gather_perf-8xA100.log"};
+  std::ostringstream out;
+  CHECK(run_import(o, out) == 0);
+  const auto json_start = out.str().find('{');
+  REQUIRE(json_start != std::string::npos);
+  const auto doc = costmodel::parse_json_text(out.str().substr(json_start), "stdout");
+  CHECK(doc.at("calibration").at("collectives").at(0).at("op") == "all_gather");
+}
+
+TEST_CASE("import::flags that contradict a log, and missing facts, are bad input") {
+  ImportOptions o;
+  o.logs = {kExamples + "all_reduce_perf-2x8xA100-ib.log"};
+  std::ostringstream out;
+  o.ranks = 8;
+  CHECK_THROWS_WITH_AS(run_import(o, out), doctest::Contains("--ranks: 8 but"),
+                       costmodel::InputError);
+  o.ranks.reset();
+  o.tier = costmodel::Tier::intra_node;
+  CHECK_THROWS_WITH_AS(run_import(o, out), doctest::Contains("--tier: intra_node but"),
+                       costmodel::InputError);
+  o.tier.reset();
+  o.op = costmodel::Collective::all_gather;
+  CHECK_THROWS_WITH_AS(run_import(o, out), doctest::Contains("--op: all_gather but"),
+                       costmodel::InputError);
+  o.op.reset();
+  o.into = temp_path("missing.json");
+  CHECK_THROWS_WITH_AS(run_import(o, out), doctest::Contains("--into:"), costmodel::InputError);
+}

@@ -1,0 +1,135 @@
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "calibrate/options.hpp"
+#include "costmodel/input_error.hpp"
+
+using namespace shardplan;
+using namespace shardplan::calibrate;
+
+namespace {
+
+CommandLine parse(const std::vector<std::string>& args) {
+  std::vector<const char*> argv = {"calibrate"};
+  for (const auto& a : args)
+    argv.push_back(a.c_str());
+  return parse_command_line(static_cast<int>(argv.size()), argv.data());
+}
+
+// The InputError's where() and message, or "no error".
+std::string rejection(const std::vector<std::string>& args) {
+  try {
+    parse(args);
+  } catch (const costmodel::InputError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+} // namespace
+
+TEST_CASE("options::defaults of a measuring run") {
+  const auto c = parse({});
+  REQUIRE(c.command == CommandLine::Command::measure);
+  const auto& m = c.measure;
+  CHECK(m.backend == BackendKind::mpi);
+  CHECK(m.ops == std::vector<costmodel::Collective>{costmodel::Collective::all_reduce,
+                                                    costmodel::Collective::all_gather,
+                                                    costmodel::Collective::reduce_scatter});
+  CHECK(m.range.min_bytes == 8);
+  CHECK(m.range.max_bytes == 8u << 20);
+  CHECK(m.range.factor == 2);
+  CHECK(m.warmup == 5);
+  CHECK(m.iters == 20);
+  CHECK(m.groups.empty());
+  CHECK(m.check);
+  CHECK(m.gemm);
+  CHECK(m.gemm_model == "gpt2");
+  CHECK(m.gemm_tokens == 256);
+}
+
+TEST_CASE("options::flags of a measuring run") {
+  const auto m = parse({"--ops",       "all_to_all,broadcast,all_to_all",
+                        "-b",          "1K",
+                        "--max-bytes", "4M",
+                        "-f",          "4",
+                        "-w",          "0",
+                        "-n",          "3",
+                        "--groups",    "world,shard:2,replica:2,one_per_node",
+                        "--no-check",  "--no-gemm",
+                        "--into",      "p.json",
+                        "--out",       "q.json"})
+                     .measure;
+  CHECK(m.ops == std::vector<costmodel::Collective>{costmodel::Collective::all_to_all,
+                                                    costmodel::Collective::broadcast});
+  CHECK(m.range.min_bytes == 1024);
+  CHECK(m.range.max_bytes == 4u << 20);
+  CHECK(m.range.factor == 4);
+  CHECK(m.warmup == 0);
+  CHECK(m.iters == 3);
+  REQUIRE(m.groups.size() == 4);
+  CHECK(m.groups[1] == comm::GroupSpec{comm::GroupKind::shard, 2});
+  CHECK(m.groups[3] == comm::GroupSpec{comm::GroupKind::inter_node, 0});
+  CHECK_FALSE(m.check);
+  CHECK_FALSE(m.gemm);
+  CHECK(m.into == "p.json");
+  CHECK(m.out == "q.json");
+}
+
+TEST_CASE("options::rejections name the flag and the value") {
+  CHECK(rejection({"--factor", "1"}) ==
+        "--factor: must be an integer >= 2 (nccl-tests -f), got \"1\"");
+  CHECK(rejection({"--factor", "1.5"}) ==
+        "--factor: must be an integer >= 2 (nccl-tests -f), got \"1.5\"");
+  CHECK(rejection({"--min-bytes", "64M", "--max-bytes", "1M"}) ==
+        "--min-bytes: 64M is larger than --max-bytes 1M");
+  CHECK(rejection({"--ops", "all_reduce,allreduce"})
+            .rfind("--ops: unknown collective \"allreduce\" (known: all_reduce,", 0) == 0);
+  CHECK(rejection({"--min-bytes", "12X"}) ==
+        "--min-bytes: must be a byte count like 8, 64K, 32M or 1G, got \"12X\"");
+  CHECK(rejection({"--max-bytes", "0"}) == "--max-bytes: must be > 0, got 0");
+  CHECK(rejection({"--iters", "0"}) == "--iters: must be an integer >= 1, got \"0\"");
+  CHECK(rejection({"--warmup", "-1"}) == "--warmup: must be an integer >= 0, got \"-1\"");
+  CHECK(rejection({"--backend", "gloo"}) == "--backend: must be nccl or mpi, got \"gloo\"");
+  CHECK(rejection({"--groups", "world,shard:0"}).rfind("--groups: unknown group \"shard:0\"", 0) ==
+        0);
+  CHECK(rejection({"--gemm-tokens", "x"}) == "--gemm-tokens: must be an integer >= 1, got \"x\"");
+  CHECK(rejection({"--bogus"}).rfind("command line: ", 0) == 0);
+  CHECK(rejection({"import-nccl-tests"}).rfind("command line: ", 0) == 0); // no LOG
+  CHECK(rejection({"import", "a.log", "--tier", "rack"}) ==
+        "--tier: must be intra_node or inter_node, got \"rack\"");
+  CHECK(rejection({"import", "a.log", "--ranks", "0"}) ==
+        "--ranks: must be an integer >= 1, got \"0\"");
+  CHECK(rejection({"import", "a.log", "--op", "gather"})
+            .rfind("--op: unknown collective \"gather\"", 0) == 0);
+}
+
+TEST_CASE("options::the import command and help") {
+  const auto c = parse({"import-nccl-tests", "a.log", "b.log", "--ranks", "16", "--tier",
+                        "inter_node", "--op", "all_gather", "--into", "p.json", "--out", "q.json"});
+  REQUIRE(c.command == CommandLine::Command::import_logs);
+  CHECK(c.import.logs == std::vector<std::string>{"a.log", "b.log"});
+  CHECK(c.import.ranks == 16);
+  CHECK(c.import.tier == costmodel::Tier::inter_node);
+  CHECK(c.import.op == costmodel::Collective::all_gather);
+  CHECK(parse({"import", "x.log"}).command == CommandLine::Command::import_logs);
+  const auto help = parse({"--help"});
+  CHECK(help.command == CommandLine::Command::help);
+  CHECK(help.help_text.find("--min-bytes") != std::string::npos);
+  const auto import_help = parse({"import", "--help"});
+  CHECK(import_help.help_text.find("--tier") != std::string::npos);
+}
+
+TEST_CASE("options::a backend this build lacks is bad input") {
+  for (BackendKind backend : {BackendKind::mpi, BackendKind::nccl}) {
+    if (backend_available(backend)) {
+      CHECK_NOTHROW(require_backend(backend));
+    } else {
+      CHECK_THROWS_WITH_AS(require_backend(backend),
+                           doctest::Contains("this calibrate was built without"),
+                           costmodel::InputError);
+    }
+  }
+}

@@ -1,0 +1,182 @@
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "calibrate/profile_writer.hpp"
+#include "costmodel/hardware.hpp"
+#include "costmodel/input_error.hpp"
+#include "costmodel/json_reader.hpp"
+
+using namespace shardplan;
+using namespace shardplan::calibrate;
+using costmodel::Collective;
+using costmodel::Tier;
+
+namespace {
+
+const std::string kA100 =
+    std::string(SHARDPLAN_SOURCE_DIR) + "/hardware_profiles/a100-sxm4-80gb.json";
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          fmt::format("calibrate-test-{}-{}", getpid(), name))
+      .string();
+}
+
+FittedCurve curve(Collective op, int ranks, Tier tier, double latency_s, double bandwidth_Bps) {
+  std::vector<costmodel::MeasuredSample> samples;
+  for (double s = 8; s <= 1 << 20; s *= 4)
+    samples.push_back({s, latency_s + s / bandwidth_Bps});
+  return {op, ranks, tier, fit_piecewise(samples)};
+}
+
+CalibrationRecord record() {
+  CalibrationRecord r;
+  r.date = "2025-01-31T12:00:00Z";
+  r.backend = "mpi";
+  r.host = "node-a,node-b";
+  r.library = "Open MPI v4.1.4";
+  r.ranks = 8;
+  r.curves = {curve(Collective::all_reduce, 8, Tier::inter_node, 20e-6, 10e9),
+              curve(Collective::all_reduce, 4, Tier::intra_node, 4e-6, 30e9),
+              curve(Collective::all_gather, 4, Tier::intra_node, 3e-6, 40e9)};
+  r.gemm = {{{256, 768, 768}, costmodel::DType::fp32, 2e-3, true}};
+  r.compute_efficiency = 0.8;
+  r.memory_bandwidth_Bps = 20e9;
+  r.extra = {{"note", "test"}};
+  return r;
+}
+
+MeasuredSystem system() {
+  MeasuredSystem s;
+  s.name = "test-cpu";
+  s.device = "Test CPU";
+  s.device_memory_bytes = 16.0 * (1u << 30);
+  s.device_memory_note = "test";
+  s.peak_flops = {{costmodel::DType::fp32, 100e9}};
+  s.compute_efficiency = 0.8;
+  s.memory_bandwidth_Bps = 20e9;
+  s.ranks_per_node = 4;
+  s.host_memory_bytes = 64.0 * (1u << 30);
+  s.host_link_Bps = 20e9;
+  s.host_link_note = "test";
+  s.optimizer_params_per_s = 0.5e9;
+  return s;
+}
+
+} // namespace
+
+TEST_CASE("profile_writer::the calibration section reads back through the cost model") {
+  auto profile = costmodel::read_json_file(kA100);
+  const auto merged = merge_calibration(profile, calibration_to_json(record()));
+  const auto hw = costmodel::hardware_from_json(merged, "merged");
+  REQUIRE(hw.calibration.has_value());
+  const auto& c = *hw.calibration;
+  CHECK(c.date == "2025-01-31T12:00:00Z");
+  CHECK(c.backend == "mpi");
+  CHECK(c.ranks == 8);
+  REQUIRE(c.collectives.size() == 3);
+  CHECK(c.collectives[0].op == Collective::all_reduce);
+  CHECK(c.collectives[0].tier == Tier::inter_node);
+  CHECK(c.collectives[0].time_s(1 << 20) ==
+        doctest::Approx(20e-6 + (1 << 20) / 10e9).epsilon(1e-4));
+  CHECK(c.collectives[2].segments.front().bandwidth_Bps == doctest::Approx(40e9).epsilon(1e-4));
+  CHECK(c.collectives[1].samples.size() == 9);
+  REQUIRE(c.gemm.size() == 1);
+  CHECK(c.gemm[0].flops_per_s() == doctest::Approx(2.0 * 256 * 768 * 768 / 2e-3));
+  CHECK(c.compute_efficiency == doctest::Approx(0.8));
+  CHECK(c.memory_bandwidth_Bps == doctest::Approx(20e9));
+  CHECK(c.extra.at("note") == "test");
+  // The datasheet part is untouched.
+  CHECK(hw.intra_bandwidth_Bps == doctest::Approx(300e9));
+}
+
+TEST_CASE(
+    "profile_writer::merging replaces curves of the same op, ranks and tier and keeps the rest") {
+  auto profile = costmodel::read_json_file(kA100);
+  auto first = merge_calibration(profile, calibration_to_json(record()));
+  CalibrationRecord second;
+  second.date = "2025-02-01T00:00:00Z";
+  second.backend = "nccl";
+  second.host = "node-c";
+  second.library = "NCCL 2.21.5";
+  second.ranks = 4;
+  second.curves = {curve(Collective::all_reduce, 4, Tier::intra_node, 5e-6, 50e9),
+                   curve(Collective::reduce_scatter, 4, Tier::intra_node, 5e-6, 45e9)};
+  second.extra = {{"other", 1}};
+  const auto merged = merge_calibration(first, calibration_to_json(second));
+  const auto hw = costmodel::hardware_from_json(merged, "merged");
+  const auto& c = *hw.calibration;
+  CHECK(c.backend == "nccl");
+  CHECK(c.host == "node-c");
+  REQUIRE(c.collectives.size() == 4);
+  CHECK(c.collectives[1].op == Collective::all_reduce);
+  CHECK(c.collectives[1].segments.back().bandwidth_Bps == doctest::Approx(50e9).epsilon(1e-4));
+  CHECK(c.collectives[3].op == Collective::reduce_scatter);
+  CHECK(c.gemm.size() == 1); // kept: the new section has none
+  CHECK(c.compute_efficiency == doctest::Approx(0.8));
+  CHECK(c.extra.at("note") == "test");
+  CHECK(c.extra.at("other") == 1);
+}
+
+TEST_CASE("profile_writer::a measured profile is complete and says what it measured") {
+  const auto doc = measured_profile(system(), record());
+  const auto hw = costmodel::hardware_from_json(doc, "test-cpu");
+  CHECK(hw.device == "Test CPU");
+  CHECK(hw.gpus_per_node == 4);
+  CHECK(hw.memory_bytes == doctest::Approx(16.0 * (1u << 30)));
+  CHECK(hw.peak(costmodel::DType::fp32) == doctest::Approx(100e9));
+  CHECK(hw.compute_efficiency == doctest::Approx(0.8));
+  // Links from the all_reduce curves: busbw = algbw · 2(n−1)/n, latency per ring step = α / 2(n−1).
+  CHECK(hw.intra_bandwidth_Bps == doctest::Approx(30e9 * 2 * 3 / 4).epsilon(1e-4));
+  CHECK(hw.intra_latency_s == doctest::Approx(4e-6 / 6).epsilon(1e-3));
+  CHECK(hw.inter_bandwidth_Bps == doctest::Approx(10e9 * 2 * 7 / 8).epsilon(1e-4));
+  CHECK(hw.inter_latency_s == doctest::Approx(20e-6 / 14).epsilon(1e-3));
+  CHECK(hw.host_optimizer_params_per_s == doctest::Approx(0.5e9));
+  CHECK(doc.at("gpu").at("source").get<std::string>().find(
+            "measured by calibrate on 2025-01-31T12:00:00Z") == 0);
+  CHECK(doc.at("overhead").at("source").get<std::string>().find("NOT MEASURED") == 0);
+  REQUIRE(hw.calibration.has_value());
+  CHECK(hw.calibration->collectives.size() == 3);
+}
+
+TEST_CASE("profile_writer::a tier without curves borrows the other's values and says so") {
+  auto r = record();
+  r.curves.erase(r.curves.begin()); // no inter-node curve
+  const auto doc = measured_profile(system(), r);
+  const auto hw = costmodel::hardware_from_json(doc, "x");
+  CHECK(hw.inter_bandwidth_Bps == doctest::Approx(hw.intra_bandwidth_Bps));
+  CHECK(doc.at("inter_node").at("source").get<std::string>().find("NOT MEASURED") !=
+        std::string::npos);
+  r.curves.clear(); // a one-rank run
+  const auto alone = costmodel::hardware_from_json(measured_profile(system(), r), "y");
+  CHECK(alone.intra_bandwidth_Bps == doctest::Approx(10e9));
+  const auto link = link_from_curves(record().curves, Tier::intra_node);
+  REQUIRE(link.has_value());
+  CHECK(link->op == Collective::all_reduce);
+  CHECK(link->ranks == 4);
+}
+
+TEST_CASE("profile_writer::files are written whole, or not at all") {
+  const std::string path = temp_path("profile.json");
+  write_json_atomically(path, {{"a", 1}});
+  write_json_atomically(path, {{"a", 2}});
+  CHECK(costmodel::read_json_file(path).at("a") == 2);
+  std::filesystem::remove(path);
+  CHECK_NOTHROW(check_writable(path, "--out"));
+  CHECK_FALSE(std::filesystem::exists(path));
+  CHECK_THROWS_WITH_AS(check_writable("/no/such/folder/p.json", "--out"),
+                       doctest::Contains("--out: cannot write \"/no/such/folder/p.json\""),
+                       costmodel::InputError);
+  CHECK_THROWS_AS(write_json_atomically("/no/such/folder/p.json", {}), costmodel::InputError);
+  CHECK_THROWS_WITH_AS(read_profile_for_merge("/no/such/profile.json"),
+                       doctest::Contains("--into: /no/such/profile.json"), costmodel::InputError);
+  CHECK(rounded(123.456789, 4) == doctest::Approx(123.5));
+  CHECK(rounded(0.000123456, 3) == doctest::Approx(0.000123));
+}
