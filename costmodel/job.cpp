@@ -14,6 +14,8 @@ E from_name(const std::vector<std::string>& names, const std::string& s, const s
   throw InputError(where, fmt::format("must be one of {}, got \"{}\"", fmt::join(names, ", "), s));
 }
 
+constexpr int kMaxGpus = 1'000'000;
+
 const std::vector<std::string>& attention_names() {
   static const std::vector<std::string> n = {"flash", "eager"};
   return n;
@@ -94,16 +96,20 @@ nlohmann::json job_to_json(const TrainingJob& j) {
 }
 
 void validate_cluster(const Cluster& c) {
-  if (c.gpus < 1 || c.gpus > 1'000'000)
-    throw InputError("--gpus", fmt::format("must be between 1 and 1000000, got {}", c.gpus));
+  if (c.gpus < 1 || c.gpus > kMaxGpus)
+    throw InputError("--gpus", fmt::format("must be between 1 and {}, got {}", kMaxGpus, c.gpus));
   if (c.gpus_per_node < 1 || c.gpus_per_node > 1024)
     throw InputError("--gpus-per-node",
                      fmt::format("must be between 1 and 1024, got {}", c.gpus_per_node));
-  if (c.gpus > c.gpus_per_node && c.gpus % c.gpus_per_node != 0)
-    throw InputError("--gpus", fmt::format("{} is not a multiple of --gpus-per-node {}; {} or {} would be",
-                                           c.gpus, c.gpus_per_node,
-                                           c.gpus / c.gpus_per_node * c.gpus_per_node,
-                                           (c.gpus / c.gpus_per_node + 1) * c.gpus_per_node));
+  if (c.gpus > c.gpus_per_node && c.gpus % c.gpus_per_node != 0) {
+    const int below = c.gpus / c.gpus_per_node * c.gpus_per_node;
+    const int above = below + c.gpus_per_node;  // offered only when itself allowed
+    throw InputError("--gpus", above <= kMaxGpus
+                                   ? fmt::format("{} is not a multiple of --gpus-per-node {}; {} or {} would be",
+                                                 c.gpus, c.gpus_per_node, below, above)
+                                   : fmt::format("{} is not a multiple of --gpus-per-node {}; {} would be",
+                                                 c.gpus, c.gpus_per_node, below));
+  }
 }
 
 void validate_job(const TrainingJob& j, const Cluster& c) {

@@ -8,11 +8,48 @@
 
 namespace shardplan::costmodel {
 
+namespace {
+
+// Documents nest a few levels; nlohmann's copy, comparison and dump recurse once per level, so a
+// hostile document of a few hundred kilobytes of '[' would overflow the stack long after parsing.
+constexpr int kMaxNesting = 100;
+
+// The offset of the first '[' or '{' nested deeper than kMaxNesting outside strings, or npos.
+std::size_t too_deep_at(const std::string& text) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxNesting) return i;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return std::string::npos;
+}
+
+}  // namespace
+
 nlohmann::json parse_json_text(const std::string& text, const std::string& source) {
+  if (const auto at = too_deep_at(text); at != std::string::npos)
+    throw InputError(source, fmt::format("nested deeper than {} levels (byte {})", kMaxNesting, at));
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(source, fmt::format("not valid JSON (byte {})", e.byte));
+  } catch (const nlohmann::json::out_of_range& e) {
+    // A number beyond a double (1e400) is valid syntax that nlohmann reports as out_of_range.
+    const std::string what = e.what();  // "[json.exception.out_of_range.406] number overflow ..."
+    const auto text_at = what.find("] ");
+    throw InputError(source, fmt::format("not valid JSON ({})",
+                                         text_at == std::string::npos ? what : what.substr(text_at + 2)));
   }
 }
 

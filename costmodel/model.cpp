@@ -20,6 +20,8 @@ namespace {
 // (h·V, h·I ≤ 1e7·1e7 = 1e14 per tensor; a 100T-parameter model still fits in int64 many times).
 constexpr double kMaxDimension = 1e7;
 constexpr double kMaxLayers = 1e5;
+// The largest model, as for a bare parameter count (model_from_param_count).
+constexpr double kMaxParams = 1e15;
 
 const std::vector<std::string> kSupported = {"LlamaForCausalLM", "MistralForCausalLM",
                                              "Qwen2ForCausalLM", "GPT2LMHeadModel",
@@ -261,6 +263,19 @@ ModelSpec model_from_hf_config(const nlohmann::json& config, const std::string& 
     case Architecture::gpt_neox: read_gpt_neox(r, m); break;
     default: read_llama_family(r, m); break;
   }
+  // Each dimension is bounded, but their products are not: count in double before anything
+  // multiplies them in 64-bit integers (h·q_width alone can reach 1e21).
+  auto elements = [](const UnitTensors& u) {
+    double n = 0;
+    for (const auto& t : u.tensors) n += static_cast<double>(t.rows) * static_cast<double>(t.cols);
+    return n;
+  };
+  const double block = elements(m.block);
+  const double total = elements(m.embedding) + static_cast<double>(m.layers) * block + elements(m.head);
+  if (total > kMaxParams)
+    throw InputError("/", fmt::format("the dimensions give {:.3g} parameters ({:.3g} per block x {} "
+                                      "blocks); at most {:.0e} are supported",
+                                      total, block, m.layers, kMaxParams));
   // Dropout rates of the Llama family are read above; GPT-2's embedding dropout keeps no state
   // we count. Everything else must be metadata.
   r.ignore_if(is_metadata_key);

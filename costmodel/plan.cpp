@@ -88,10 +88,12 @@ Plan plan_from_json(const nlohmann::json& doc) {
   p.spec = spec_from_json(r.object("sharding"), "/sharding");
   {
     ObjectReader pr(r.object("prediction"), "/prediction");
-    p.prediction.peak_bytes = pr.number("peak_bytes", Range::non_negative());
+    // Byte counts are written back as 64-bit integers (plan_to_json); an exabyte is beyond any device.
+    const Range bytes = Range::between(0, 1e18);
+    p.prediction.peak_bytes = pr.number("peak_bytes", bytes);
     ObjectReader b(pr.object("breakdown"), "/prediction/breakdown");
     for (int c = 0; c < kCategories; ++c)
-      p.prediction.at_peak[c] = b.number(category_name(static_cast<Category>(c)), Range::non_negative());
+      p.prediction.at_peak[c] = b.number(category_name(static_cast<Category>(c)), bytes);
     b.finish();
     p.prediction.step_s = pr.number("step_s", Range::non_negative());
     p.prediction.compute_s = pr.number("compute_s", Range::non_negative());

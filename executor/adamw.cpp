@@ -3,6 +3,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include <Eigen/Core>
 #include <fmt/format.h>
 
 namespace shardplan::executor {
@@ -24,14 +25,16 @@ void adamw_step(std::span<S> params, std::span<const S> grads, std::span<S> exp_
   const S step_size = static_cast<S>(o.lr / (1.0 - std::pow(o.beta1, t)));
   const S bias_correction2_sqrt = static_cast<S>(std::sqrt(1.0 - std::pow(o.beta2, t)));
   const S eps = static_cast<S>(o.eps);
-  for (std::size_t i = 0; i < n; ++i) {
-    const S g = grads[i];
-    params[i] *= decay;
-    exp_avg[i] += one_minus_beta1 * (g - exp_avg[i]);
-    exp_avg_sq[i] = beta2 * exp_avg_sq[i] + one_minus_beta2 * g * g;
-    const S denom = std::sqrt(exp_avg_sq[i]) / bias_correction2_sqrt + eps;
-    params[i] -= step_size * exp_avg[i] / denom;
-  }
+  // The same element-wise arithmetic as a loop, on Eigen arrays so it is vectorised (a loop with
+  // std::sqrt is not, since sqrt may set errno).
+  using Array = Eigen::Array<S, Eigen::Dynamic, 1>;
+  const auto count = static_cast<Eigen::Index>(n);
+  Eigen::Map<Array> p(params.data(), count), m(exp_avg.data(), count), v(exp_avg_sq.data(), count);
+  Eigen::Map<const Array> g(grads.data(), count);
+  p *= decay;
+  m += one_minus_beta1 * (g - m);
+  v = beta2 * v + one_minus_beta2 * g * g;
+  p -= step_size * m / (v.sqrt() / bias_correction2_sqrt + eps);
 }
 
 template void adamw_step<float>(std::span<float>, std::span<const float>, std::span<float>,

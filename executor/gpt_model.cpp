@@ -53,7 +53,11 @@ std::int64_t head_saved_elements(const GptLayout& layout, BatchShape shape) {
   const auto& m = layout.spec();
   const std::int64_t n = shape.tokens();
   const std::int64_t stats = is_layernorm(layout) ? 2 * n : n;
-  return 2 * n * m.hidden + stats + n * m.vocab;
+  return 2 * n * m.hidden + stats + 2 * n * m.vocab;
+}
+
+std::int64_t head_backward_elements(const GptLayout& layout, BatchShape shape) {
+  return 2 * shape.tokens() * layout.spec().vocab;
 }
 
 template <class S>
@@ -64,6 +68,11 @@ GptModel<S>::GptModel(const costmodel::ModelSpec& spec, TrackedAllocator& alloca
 template <class S>
 TrackedBuffer<S> GptModel<S>::activation(std::int64_t elements) const {
   return allocator_.template allocate<S>(MemoryCategory::activations, elements);
+}
+
+template <class S>
+TrackedBuffer<S> GptModel<S>::written_activation(std::int64_t elements) const {
+  return allocator_.template allocate_uninitialized<S>(MemoryCategory::activations, elements);
 }
 
 template <class S>
@@ -151,8 +160,8 @@ void GptModel<S>::run_block(const S* p, BlockActivations<S>& a, TrackedBuffer<S>
     kernels::rope_forward(a.q.data(), B, T, m.heads, m.head_dim, options_.rope_theta);
     kernels::rope_forward(a.k.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta);
   }
-  a.probs = activation(B * m.heads * T * T);
-  a.attn_out = activation(N * qw);
+  a.probs = written_activation(B * m.heads * T * T);
+  a.attn_out = written_activation(N * qw);
   kernels::attention_forward(a.attn_out.data(), a.probs.data(), a.q.data(), a.k.data(),
                              a.v.data(), B, T, m.heads, m.kv_heads, m.head_dim);
 
@@ -338,10 +347,12 @@ HeadForward<S> GptModel<S>::forward_head(std::span<const S> params,
   a.shape = shape;
   a.input = std::move(input);
   norm_forward(shape, a.input.data(), params.data(), H.norm, a.norm_out, a.norm_mean, a.norm_rstd);
-  a.probs = activation(N * m.vocab);  // [N, V] logits, then probabilities
-  kernels::linear_forward(a.probs.data(), a.norm_out.data(), w_out, static_cast<const S*>(nullptr),
-                          N, m.hidden, m.vocab, false);
-  f.loss = kernels::softmax_cross_entropy_forward(a.probs.data(), targets.data(), N, m.vocab) /
+  a.logits = written_activation(N * m.vocab);     // [N, V]
+  kernels::linear_forward(a.logits.data(), a.norm_out.data(), w_out,
+                          static_cast<const S*>(nullptr), N, m.hidden, m.vocab, false);
+  a.log_probs = written_activation(N * m.vocab);  // [N, V]
+  kernels::log_softmax_forward(a.log_probs.data(), a.logits.data(), N, m.vocab);
+  f.loss = kernels::nll_loss_forward(a.log_probs.data(), targets.data(), N, m.vocab) /
            static_cast<double>(N);
   return f;
 }
@@ -370,13 +381,21 @@ TrackedBuffer<S> GptModel<S>::backward_head(std::span<const S> params,
                                      : params.data() + H.output;  // [V, h]
   S* dw_out = m.tied_embeddings ? embedding_grad.data() + tokens_offset : grad.data() + H.output;
 
-  // loss = (1/N) Σ −log p[target]  ⇒  dlogits = (p − onehot)·loss_scale/N, in place.
-  kernels::softmax_cross_entropy_backward(a.probs.data(), targets.data(), N, m.vocab,
-                                          static_cast<S>(loss_scale / static_cast<double>(N)));
+  // loss = (1/N) Σ −logp[target]: nll_loss's backward, then log_softmax's; as in PyTorch both
+  // gradients are alive together with the saved logits and log-probabilities.
+  auto d_log_probs = activation(N * m.vocab);  // [N, V]
+  kernels::nll_loss_backward(d_log_probs.data(), targets.data(), N, m.vocab,
+                             static_cast<S>(loss_scale / static_cast<double>(N)));
+  auto d_logits = written_activation(N * m.vocab);  // [N, V], log_softmax_backward writes it
+  kernels::log_softmax_backward(d_logits.data(), d_log_probs.data(), a.log_probs.data(), N,
+                                m.vocab);
+  d_log_probs.reset();
+  a.log_probs.reset();
+  a.logits.reset();
   auto d_norm_out = activation(N * m.hidden);  // [N, h]
-  kernels::linear_backward(d_norm_out.data(), dw_out, static_cast<S*>(nullptr), a.probs.data(),
+  kernels::linear_backward(d_norm_out.data(), dw_out, static_cast<S*>(nullptr), d_logits.data(),
                            a.norm_out.data(), w_out, N, m.hidden, m.vocab);
-  a.probs.reset();
+  d_logits.reset();
   a.norm_out.reset();
   auto dx = activation(N * m.hidden);  // [N, h]
   norm_backward(a.shape, dx.data(), grad.data(), d_norm_out.data(), a.input.data(), params.data(),

@@ -84,13 +84,20 @@ struct BlockForward {
   BlockActivations<S> saved;
 };
 
+// The head keeps what PyTorch keeps for an fp32 *ForCausalLM loss (HF modeling_llama.py
+// LlamaForCausalLM.forward, loss_utils.py ForCausalLMLoss; .float() of an fp32 tensor is the
+// tensor itself): the logits, which the model's output holds until the step ends, and the
+// log-probabilities log_softmax saves for its backward. Its backward makes two more [N, V]
+// tensors, the gradient of the log-probabilities (nll_loss) and that of the logits (log_softmax),
+// so the head's peak is 4 × N·V fp32 values.
 template <class S>
 struct HeadActivations {
   BatchShape shape;
   TrackedBuffer<S> input;                 // [N, h]
   TrackedBuffer<S> norm_out;              // [N, h]
   TrackedBuffer<S> norm_mean, norm_rstd;  // [N]
-  TrackedBuffer<S> probs;                 // [N, V]  softmax of the logits (the logits, in place)
+  TrackedBuffer<S> logits;                // [N, V]
+  TrackedBuffer<S> log_probs;             // [N, V]  log_softmax(logits)
 };
 
 template <class S>
@@ -107,8 +114,10 @@ struct HeadForward {
 // [N, qw] ×2, [N, kw] ×2, [N, h] and a [T, T] scratch; dx reuses dy's buffer.
 std::int64_t block_saved_elements(const GptLayout& layout, BatchShape shape,
                                   Checkpointing checkpointing);
-// Elements the head keeps for its backward (input, norm output and stats, probabilities).
+// Elements the head keeps for its backward (input, norm output and stats, logits and
+// log-probabilities). Its backward adds 2·N·V transiently (the two [N, V] gradients).
 std::int64_t head_saved_elements(const GptLayout& layout, BatchShape shape);
+std::int64_t head_backward_elements(const GptLayout& layout, BatchShape shape);
 
 template <class S>
 class GptModel {
@@ -154,6 +163,8 @@ class GptModel {
 
  private:
   TrackedBuffer<S> activation(std::int64_t elements) const;
+  // For an activation the next kernel writes completely (no zeroing).
+  TrackedBuffer<S> written_activation(std::int64_t elements) const;
   // Runs the block's forward from saved.input, filling every saved buffer, into `output`.
   void run_block(const S* params, BlockActivations<S>& saved, TrackedBuffer<S>& output) const;
   void norm_forward(BatchShape shape, const S* x, const S* params, NormOffsets norm,

@@ -88,15 +88,25 @@ void swiglu_forward(S* out, const S* gate, const S* up, std::int64_t n);
 template <class S>
 void swiglu_backward(S* dgate, S* dup, const S* dout, const S* gate, const S* up, std::int64_t n);
 
-// Softmax cross-entropy over logits [N, V], turned into probabilities in place. Returns the SUM
-// over the N tokens of −log p[target] (accumulated in double). Each row's loss is computed as
-// log Σ exp(z − max) + max − z[target], so it never takes the log of an underflowed probability.
+// The loss as PyTorch computes it in fp32 (torch.nn.functional.cross_entropy = nll_loss ∘
+// log_softmax; aten/src/ATen/native/LossNLL.cpp, SoftMax.cpp), so the tensors the head keeps and
+// makes are PyTorch's: log_softmax saves its output, nll_loss's backward makes a gradient of the
+// log-probabilities, log_softmax's backward a gradient of the logits.
+// logp [N, V] = z − max − log Σ exp(z − max), row by row.
 template <class S>
-double softmax_cross_entropy_forward(S* logits_to_probs, const std::int32_t* targets,
-                                     std::int64_t n, std::int64_t vocab);
-// In place: probs → dlogits = (p − onehot(target))·scale (scale = dloss/dsum, e.g. 1/N).
+void log_softmax_forward(S* logp, const S* logits, std::int64_t n, std::int64_t vocab);
+// Σₙ −logp[n, target[n]] (accumulated in double).
 template <class S>
-void softmax_cross_entropy_backward(S* probs_to_dlogits, const std::int32_t* targets,
-                                    std::int64_t n, std::int64_t vocab, S scale);
+double nll_loss_forward(const S* logp, const std::int32_t* targets, std::int64_t n,
+                        std::int64_t vocab);
+// dlogp[n, target[n]] += −scale (scale = dloss/dsum, e.g. 1/N); the other entries are untouched.
+template <class S>
+void nll_loss_backward(S* dlogp, const std::int32_t* targets, std::int64_t n, std::int64_t vocab,
+                       S scale);
+// dlogits = dlogp − exp(logp)·Σⱼ dlogp[n, j]  (torch's _log_softmax_backward_data). Unlike the
+// other backward kernels it WRITES its output: the logits have no other gradient.
+template <class S>
+void log_softmax_backward(S* dlogits, const S* dlogp, const S* logp, std::int64_t n,
+                          std::int64_t vocab);
 
 }  // namespace shardplan::executor::kernels

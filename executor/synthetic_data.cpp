@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "executor/param_init.hpp"
+
 namespace shardplan::executor {
 
 TokenBatch synthetic_batch(TrackedAllocator& allocator, std::uint64_t seed, BatchShape shape,
@@ -22,6 +24,34 @@ TokenBatch synthetic_batch(TrackedAllocator& allocator, std::uint64_t seed, Batc
   std::mt19937_64 generator(seed);
   const auto v = static_cast<std::uint64_t>(vocab);
   for (std::int64_t b = 0; b < shape.batch; ++b) {
+    auto previous = static_cast<std::int32_t>(generator() % v);
+    for (std::int64_t t = 0; t < shape.seq; ++t) {
+      const auto next = static_cast<std::int32_t>(generator() % v);
+      batch.inputs[b * shape.seq + t] = previous;
+      batch.targets[b * shape.seq + t] = next;
+      previous = next;
+    }
+  }
+  return batch;
+}
+
+TokenBatch synthetic_sequences(TrackedAllocator& allocator, std::uint64_t seed,
+                               std::int64_t first_sequence, BatchShape shape, std::int64_t vocab) {
+  if (shape.batch < 1 || shape.seq < 1)
+    throw std::invalid_argument(
+        fmt::format("synthetic batch of {} × {} tokens is empty", shape.batch, shape.seq));
+  if (vocab < 1 || vocab > std::numeric_limits<std::int32_t>::max())
+    throw std::invalid_argument(fmt::format("vocabulary of {} tokens", vocab));
+  if (first_sequence < 0)
+    throw std::invalid_argument(fmt::format("sequence index {} < 0", first_sequence));
+  TokenBatch batch;
+  batch.shape = shape;
+  batch.inputs = allocator.allocate<std::int32_t>(MemoryCategory::activations, shape.tokens());
+  batch.targets = allocator.allocate<std::int32_t>(MemoryCategory::activations, shape.tokens());
+  const auto v = static_cast<std::uint64_t>(vocab);
+  for (std::int64_t b = 0; b < shape.batch; ++b) {
+    const auto index = static_cast<std::uint64_t>(first_sequence + b);
+    std::mt19937_64 generator(splitmix64(seed ^ splitmix64(index)));
     auto previous = static_cast<std::int32_t>(generator() % v);
     for (std::int64_t t = 0; t < shape.seq; ++t) {
       const auto next = static_cast<std::int32_t>(generator() % v);

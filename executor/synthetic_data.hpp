@@ -23,4 +23,11 @@ struct TokenBatch {
 TokenBatch synthetic_batch(TrackedAllocator& allocator, std::uint64_t seed, BatchShape shape,
                            std::int64_t vocab);
 
+// Sequences first_sequence, first_sequence + 1, ... of one endless seeded stream: sequence i is
+// drawn as above from its own generator, seeded with splitmix64(seed ^ splitmix64(i)), so any
+// rank can make exactly the sequences of its micro-batch, and the same global batch split over any
+// number of ranks and micro-batches holds the same sequences. Allocated as `activations`.
+TokenBatch synthetic_sequences(TrackedAllocator& allocator, std::uint64_t seed,
+                               std::int64_t first_sequence, BatchShape shape, std::int64_t vocab);
+
 }  // namespace shardplan::executor

@@ -60,7 +60,7 @@ void TrackedAllocator::throw_bad_count(std::int64_t count, std::size_t element_s
       fmt::format("cannot allocate {} elements of {} bytes", count, element_size));
 }
 
-void* TrackedAllocator::acquire(MemoryCategory category, std::int64_t bytes) {
+void* TrackedAllocator::acquire(MemoryCategory category, std::int64_t bytes, bool zero) {
   {
     std::lock_guard lock(mutex_);
     const std::int64_t total = in_use_.total();
@@ -83,7 +83,7 @@ void* TrackedAllocator::acquire(MemoryCategory category, std::int64_t bytes) {
     in_use_[category] -= bytes;
     throw;
   }
-  std::memset(p, 0, static_cast<std::size_t>(bytes));
+  if (zero) std::memset(p, 0, static_cast<std::size_t>(bytes));
   return p;
 }
 

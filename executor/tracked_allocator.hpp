@@ -146,6 +146,18 @@ class TrackedAllocator {
     return TrackedBuffer<T>(this, static_cast<T*>(p), count, category);
   }
 
+  // As allocate, without zeroing: for a buffer whose user writes every element before reading
+  // any (a GEMM's output, a log-softmax's). Counted and checked against the capacity the same way;
+  // its pages become resident as they are written.
+  template <class T>
+  TrackedBuffer<T> allocate_uninitialized(MemoryCategory category, std::int64_t count) {
+    if (count < 0 || count > kUnlimited / static_cast<std::int64_t>(sizeof(T)))
+      throw_bad_count(count, sizeof(T));
+    if (count == 0) return {};
+    void* p = acquire(category, count * static_cast<std::int64_t>(sizeof(T)), false);
+    return TrackedBuffer<T>(this, static_cast<T*>(p), count, category);
+  }
+
   std::int64_t capacity_bytes() const { return capacity_; }
   std::int64_t in_use_bytes() const;                         // total, now
   std::int64_t in_use_bytes(MemoryCategory category) const;  // one category, now
@@ -161,7 +173,7 @@ class TrackedAllocator {
  private:
   template <class T>
   friend class TrackedBuffer;
-  void* acquire(MemoryCategory category, std::int64_t bytes);
+  void* acquire(MemoryCategory category, std::int64_t bytes, bool zero = true);
   void release(void* data, MemoryCategory category, std::int64_t bytes) noexcept;
   [[noreturn]] static void throw_bad_count(std::int64_t count, std::size_t element_size);
 

@@ -95,3 +95,16 @@ TEST_CASE("executor::allocator past its capacity throws OutOfMemory with one cle
                        "(2147483648 bytes)",
                        OutOfMemory);
 }
+
+TEST_CASE("executor::uninitialized allocations are counted and capped alike") {
+  TrackedAllocator a(1000);
+  {
+    auto x = a.allocate_uninitialized<float>(MC::activations, 200);
+    CHECK(x.size() == 200);
+    CHECK(a.in_use_bytes(MC::activations) == 800);
+    CHECK_THROWS_AS(a.allocate_uninitialized<float>(MC::buffers, 51), OutOfMemory);
+    CHECK(a.allocate_uninitialized<float>(MC::buffers, 0).empty());
+  }
+  CHECK(a.in_use_bytes() == 0);
+  CHECK(a.peak_bytes() == 800);
+}

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The whole loop on one CPU machine, with MPI ranks standing in for GPUs:
+#
+#   calibrate (MPI, 2 ranks)  ->  planner recommend (that profile, a small capacity)
+#     ->  executor (2 ranks, the recommended plan, under that capacity)  ->  planner validate
+#
+# and one last line: "peak memory error X%, step time error Y%" (the prediction's error relative
+# to the measurement). A few minutes on a 2-core machine; most of it is calibrate.
+#
+# Environment: BUILD_DIR (default build/release), WORK_DIR (default a new temporary folder),
+# CAPACITY_GIB (the device size the plan must fit, default 0.06), STEPS (default 6).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=$(cd "${BUILD_DIR:-$ROOT/build/release}" && pwd)
+WORK=${WORK_DIR:-$(mktemp -d)}
+CAPACITY_GIB=${CAPACITY_GIB:-0.06}
+STEPS=${STEPS:-6}
+RANKS=2
+SEQ=128
+GLOBAL_BATCH=8
+export SHARDPLAN_DATA_DIR=$ROOT
+
+PLANNER=$BUILD/planner/planner
+CALIBRATE=$BUILD/calibrate/calibrate
+EXECUTOR=$BUILD/executor/executor
+for program in "$PLANNER" "$CALIBRATE" "$EXECUTOR"; do
+  [[ -x $program ]] || { echo "missing $program: build first (cmake --preset release && cmake --build --preset release)" >&2; exit 1; }
+done
+command -v jq > /dev/null || { echo "this script needs jq" >&2; exit 1; }
+MPIRUN=(mpirun --oversubscribe --mca btl_vader_single_copy_mechanism none)
+[[ $(id -u) == 0 ]] && MPIRUN+=(--allow-run-as-root)
+mkdir -p "$WORK"
+cd "$WORK"
+echo "working in $WORK"
+
+# 1. The model: Llama-3-8B's architecture (GQA, SwiGLU, RMSNorm, rotary, untied head) scaled down
+#    to what a laptop core trains in a fraction of a second per step; the planner plans exactly it.
+"$EXECUTOR" scale-config --model llama-3-8b --layers 4 --hidden 128 --heads 4 --kv-heads 2 \
+  --intermediate 384 --vocab 8192 --out model.json
+
+# 2. Calibrate the ranks: MPI collectives, the model's GEMMs at the tokens of a micro-batch of one
+#    sequence, memory bandwidth.
+"${MPIRUN[@]}" -np $RANKS "$CALIBRATE" --backend mpi --gemm-model model.json --gemm-tokens $SEQ \
+  --max-bytes 16M --out calibrated.json > calibrate.log
+tail -n 4 calibrate.log
+
+# 3. The profile as the device the plan is for: a CPU rank (collectives block compute; no CUDA
+#    context, no fragmentation reserve: the executor's tracked allocator has none) with a small
+#    memory, so the planner has to choose.
+jq --argjson gib "$CAPACITY_GIB" \
+  '.gpu.kind = "cpu" | .overhead.fragmentation = 0 | .gpu.memory_GiB = $gib' calibrated.json > device.json
+
+# 4. Recommend. The CPU executor runs fp32 with materialised attention and no offload (it has no
+#    host/device split); checkpointing none or full.
+JOB=(--model model.json --hardware device.json --gpus $RANKS --seq-len $SEQ --global-batch $GLOBAL_BATCH
+     --precision fp32 --attention eager --checkpointing none --offload none)
+"$PLANNER" recommend "${JOB[@]}" --top 3 | sed -n '1,20p'
+"$PLANNER" recommend "${JOB[@]}" --emit plan > plan.json
+
+# 5. Run the plan on 2 ranks under the same capacity.
+"${MPIRUN[@]}" -np $RANKS "$EXECUTOR" --plan plan.json --steps "$STEPS" --out run.json \
+  --capacity-GiB "$CAPACITY_GIB"
+
+# 6. Predicted against measured.
+# (executor validate is the same comparison, for a planner built without the subcommand.)
+if "$PLANNER" --help 2> /dev/null | grep -qw validate; then VALIDATE=("$PLANNER" validate); else VALIDATE=("$EXECUTOR" validate); fi
+"${VALIDATE[@]}" --plan plan.json --run run.json | sed '$d'
+"${VALIDATE[@]}" --plan plan.json --run run.json --format json > validate.json
+jq -r '"peak memory error \(.memory.peak_rel_error * 1000 | round / 10)%, step time error \(.time.step_rel_error * 1000 | round / 10)%"' validate.json

@@ -1,0 +1,141 @@
+// The sharding engine: one optimizer step of a GPT model over a group of ranks, driven only by the
+// plan's ShardingSpec (DESIGN.md, "a strategy is a configuration, not a code path"). DDP, ZeRO-1/2/3,
+// FSDP's strategies and HSDP are the same code with different switches:
+//
+//   shard_parameters        parameters are chunks at rest; a unit is all-gathered before it runs
+//   reshard_after_forward   ...and freed after its forward (kept for the backward otherwise; the
+//                           last unit, and with keep_root_unsharded the first, always kept)
+//   shard_gradients         a unit's full gradient lives only for its micro-batch; it is
+//                           reduce-scattered into a kept chunk after every micro-batch
+//   shard_optimizer         AdamW state is a chunk; gradients are reduce-scattered (all-reduced
+//                           otherwise); unpartitioned parameters are all-gathered after the step
+//   shard_group_size        HSDP: the above within S consecutive ranks, then an all-reduce of the
+//                           reduced chunk across the world / S replicas
+//   reduce_bucket_bytes     DDP: gradients all-reduced in buckets of this size; with
+//   grad_bucket_copy          a second gradient copy the buckets live in (torch DDP's buckets)
+//   contiguous_grad_bucket  DeepSpeed: a preallocated bucket (two with flat_grad_partition) the
+//                           gradients are copied into; reduced when it fills
+//   forward/backward_prefetch, max_inflight_allgathers   see EngineOptions::prefetch_as_planned
+//   persistence_threshold   units whose tensors are all smaller stay whole (shard_layout.hpp)
+//
+// Memory follows the cost model's timeline (costmodel/simulator.cpp) allocation by allocation,
+// every buffer through the TrackedAllocator with the cost model's category: gathered units are
+// `buffers`; whole gradients (unsharded) are `gradients` allocated at their first use in a step and
+// freed after the step; a sharded gradient's full per-micro-batch copy and its kept chunk are
+// `gradients`; AdamW's moments are `optimizer_states`; DDP's bucket copy and DeepSpeed's
+// contiguous bucket are `buffers`; activations are the model's.
+//
+// A tied head (GPT-2) reads the embedding matrix: under sharded parameters the head's gather
+// includes the embedding unit again (the cost model's head gather adds the embedding matrix; the
+// executor gathers the whole embedding unit, so a learned position table too), and its backward
+// adds into the embedding unit's gradient, which therefore exists from the head's backward to the
+// embedding's reduction, as in PyTorch (the cost model allocates it at the embedding's backward).
+//
+// Gradient accumulation as the cost model: gradients are reduced on every micro-batch when they
+// are sharded, only on the last one otherwise. MPI sums, so the loss of each micro-batch is scaled
+// by 1 / (micro-batches · ranks): the reduced gradient is the mean over the global batch.
+//
+// Data: sequence i of the global batch of step t is synthetic_sequences' sequence
+// t·global_batch + i; micro-batch k of rank r holds sequences (k·world + r)·b … + b − 1, so a run on
+// one rank with world × k micro-batches sees the same sequences as a run on `world` ranks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "costmodel/model.hpp"
+#include "costmodel/sharding.hpp"
+#include "executor/adamw.hpp"
+#include "executor/collective_stats.hpp"
+#include "executor/gpt_model.hpp"
+#include "executor/shard_layout.hpp"
+#include "executor/tracked_allocator.hpp"
+
+namespace shardplan::executor {
+
+struct EngineOptions {
+  costmodel::ModelSpec model;      // the model that runs
+  costmodel::ShardingSpec spec;
+  BatchShape micro_batch;          // sequences per micro-batch × tokens per sequence
+  std::int64_t grad_accumulation = 1;  // micro-batches per optimizer step on each rank
+  Checkpointing checkpointing = Checkpointing::none;
+  AdamWOptions adamw;
+  std::uint64_t seed = 1234;       // initial parameters and tokens
+  // Prefetch. The plan's forward/backward_prefetch and max_inflight_allgathers say how far ahead
+  // a GPU framework issues all-gathers so that they overlap compute. On a backend whose
+  // collectives block the computing thread (MPI on CPUs) nothing can overlap: the engine gathers
+  // a unit when it is about to run, which is also what the cost model predicts for a CPU profile
+  // (collectives serialised with compute: a prefetched gather starts after the previous unit's
+  // compute, when that unit's gathered buffer is already freed). With prefetch_as_planned the
+  // engine issues the gathers ahead anyway, in the framework's order: before a unit runs it
+  // gathers the next `prefetch` units the rate limiter allows, so that many more gathered units
+  // are alive, as on a GPU.
+  bool prefetch_as_planned = false;
+};
+
+// The groups the engine's collectives run in. Not owned.
+struct EngineGroups {
+  comm::Communicator* world = nullptr;    // every rank
+  comm::Communicator* shard = nullptr;    // the shard group (the world without HSDP)
+  comm::Communicator* replica = nullptr;  // across shard groups; nullptr with a single group
+  bool stand_in = false;                  // rehearsal: collectives are local copies
+};
+
+// The groups of a real run made from its world (collective over it): the shard group of S
+// consecutive ranks and the replica group of the ranks with the same index in theirs (HSDP,
+// comm/groups.hpp); the world itself when S is the whole world.
+struct OwnedGroups {
+  std::unique_ptr<comm::Communicator> shard, replica;
+  EngineGroups groups;
+};
+OwnedGroups make_groups(comm::Communicator& world, const costmodel::ShardingSpec& spec);
+
+struct StepReport {
+  std::int64_t step = 0;    // 1-based
+  double loss = 0;          // mean over the global batch (this rank's alone in a rehearsal)
+  double step_s = 0;        // wall time of the step on this rank
+  double compute_s = 0;     // forward, backward and recompute
+  double optimizer_s = 0;   // AdamW over this rank's part
+  double copy_s = 0;        // gradient copies into and out of buckets, accumulation adds
+  CollectiveStats collectives;  // this step's
+  // CPU time of the computing thread over the step and over its compute parts: what the step
+  // took while it ran. Wall time above CPU time is time the thread was not running (other load
+  // on the machine; a collective that blocks instead of spinning).
+  double step_cpu_s = 0;
+  double compute_cpu_s = 0;
+};
+
+class ShardingEngine {
+ public:
+  // Allocates this rank's parameters (initialised element by element, param_init.hpp) and
+  // optimizer states, and the plan's persistent buffers. Throws OutOfMemory past the allocator's
+  // capacity, std::invalid_argument for a spec or group the engine cannot run.
+  ShardingEngine(EngineOptions options, TrackedAllocator& allocator, EngineGroups groups);
+  ~ShardingEngine();
+  ShardingEngine(const ShardingEngine&) = delete;
+  ShardingEngine& operator=(const ShardingEngine&) = delete;
+
+  // One optimizer step: every micro-batch's forward and backward, the reductions, AdamW, the
+  // parameter all-gathers. Collective over the world.
+  StepReport step();
+
+  // Collective over the shard group: unit u's full parameters (size elements), on every rank.
+  std::vector<float> full_parameters(std::int64_t unit);
+
+  const GptLayout& layout() const;
+  const ShardLayout& shards() const;
+  const EngineOptions& options() const;
+  std::int64_t steps_done() const;
+  // Units whose gathers the engine issues ahead of use (0 on a blocking backend, see above).
+  int forward_prefetch() const;
+  int backward_prefetch() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace shardplan::executor

@@ -1,0 +1,15 @@
+// Running a plan: under MPI (every rank of the plan) or as a rehearsal of one rank in one process.
+// Each returns the exit code: 0 done, 2 bad input (one line on stderr, rank 0 only: every rank
+// reads the same plan and fails alike), 3 out of memory under --capacity-GiB (every rank that
+// crosses the capacity prints its line; MPI_Abort then ends every rank with code 3, so none waits
+// in a collective for a rank that has stopped), 1 anything else (MPI_Abort with 1 under MPI).
+#pragma once
+
+#include "executor/command_line.hpp"
+
+namespace shardplan::executor {
+
+int run_under_mpi(const RunCommand& command);
+int run_rehearsal(const RunCommand& command);
+
+}  // namespace shardplan::executor

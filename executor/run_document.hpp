@@ -1,0 +1,56 @@
+// The run document (run.json) the executor writes: what each rank measured — peak bytes by
+// category (the tracked allocator's peak and the breakdown at it), each step's time and its parts,
+// the collectives' calls, time and bytes by kind, the loss per step — with the plan's prediction
+// copied in, the environment, and a summary that `planner validate` compares with the prediction:
+//
+//   summary.memory.peak_bytes      highest peak over the ranks; at_peak: that rank's breakdown
+//   summary.time.step_s            the slowest rank's median step (steps after the first, which
+//                                  warms up: first touches, the first gradient allocations)
+//   summary.time.compute_s, optimizer_s, copy_s, collectives_s: that rank's medians
+//   summary.time.step_cpu_s, compute_cpu_s: the computing thread's CPU time over the same (below
+//                                  the wall time when the machine's other load took the core)
+//
+// Every rank's record travels as a fixed-length vector of doubles (pack/unpack) so rank 0 can
+// gather them with one all-gather.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "executor/engine.hpp"
+#include "executor/run_setup.hpp"
+#include "executor/tracked_allocator.hpp"
+
+namespace shardplan::executor {
+
+struct RankRecord {
+  int rank = 0;
+  std::int64_t peak_bytes = 0;
+  MemoryBreakdown at_peak;         // when the total peaked
+  MemoryBreakdown category_peaks;  // each category's own highest
+  std::int64_t capacity_bytes = 0;
+  std::vector<StepReport> steps;
+};
+
+std::vector<double> pack(const RankRecord& r);
+RankRecord unpack(const std::vector<double>& v, std::size_t steps);
+std::size_t packed_size(std::size_t steps);
+
+struct RunEnvironment {
+  std::string backend;       // "mpi" or "rehearsal"
+  std::string library;       // "Open MPI v4.1.4"
+  std::vector<std::string> hosts;  // per rank
+  bool rehearsal = false;
+  int rehearsed_rank = -1;
+};
+
+// The median of each step's value over steps 2..K (all of them when K == 1).
+double steady_median(const std::vector<StepReport>& steps, double StepReport::*field);
+
+nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
+                            const std::vector<RankRecord>& ranks, const RunEnvironment& env);
+
+}  // namespace shardplan::executor

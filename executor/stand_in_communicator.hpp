@@ -1,0 +1,50 @@
+// The communicator of a rehearsal: one process plays rank `rank` of a group of `size` ranks and
+// stands in for each collective with a local copy of the same size, so the rank allocates and
+// touches exactly the buffers it would in the real N-rank run (its memory is the real footprint)
+// while nothing is sent. The values are not the real run's: an all-gather fills every rank's block
+// with this rank's block, a reduce-scatter keeps this rank's block of the input (the sum over N
+// identical ranks would only scale it), an all-reduce keeps the input. The time of a collective is
+// that of the copy, not of the network: a rehearsal's run document says collective time is
+// excluded.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.hpp"
+
+namespace shardplan::executor {
+
+class StandInCommunicator final : public comm::Communicator {
+ public:
+  // Throws std::invalid_argument unless 0 <= rank < size.
+  StandInCommunicator(int rank, int size);
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "rehearsal"; }
+  std::string library_version() const override { return "local copies in place of collectives"; }
+  comm::MemorySpace memory_space() const override { return comm::MemorySpace::host; }
+  std::unique_ptr<comm::CommBuffer> allocate(std::size_t bytes) override;
+
+  void all_reduce(const void* send, void* recv, std::size_t count, comm::DataType type,
+                  comm::ReduceOp op = comm::ReduceOp::sum) override;
+  void reduce(const void* send, void* recv, std::size_t count, comm::DataType type, int root,
+              comm::ReduceOp op = comm::ReduceOp::sum) override;
+  void all_gather(const void* send, void* recv, std::size_t count, comm::DataType type) override;
+  void reduce_scatter(const void* send, void* recv, std::size_t count, comm::DataType type,
+                      comm::ReduceOp op = comm::ReduceOp::sum) override;
+  void broadcast(void* buffer, std::size_t count, comm::DataType type, int root) override;
+  void all_to_all(const void* send, void* recv, std::size_t count, comm::DataType type) override;
+  void barrier() override {}
+  void synchronize() override {}
+  // A group of one: with one process the other members are unknown, so a rehearsal builds its
+  // shard and replica groups with the constructor (rank and size within each group) instead.
+  std::unique_ptr<comm::Communicator> split(int color, int key) override;
+
+ private:
+  int rank_;
+  int size_;
+};
+
+}  // namespace shardplan::executor

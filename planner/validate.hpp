@@ -1,0 +1,32 @@
+// `planner validate`: a plan's prediction against what the executor measured running it.
+// For each memory category at the peak, the peak itself, the step time and its parts, and the
+// bytes each rank sent: predicted, measured, and the relative error of the prediction,
+//   rel_error = (predicted − measured) / measured   (+0.05: the prediction is 5% too high),
+// null where nothing was measured. JSON keys (at least): memory.peak_rel_error,
+// time.step_rel_error; memory.categories.<name>.{predicted_bytes, measured_bytes, rel_error};
+// time.parts.{compute, communication}.{predicted_s, measured_s, rel_error}; notes (why a number
+// may not be comparable: a scaled run, a rehearsal, a run of another plan, the executor's
+// deviations from the plan).
+//
+// Measured values are the run document's summary (executor/run_document.hpp): the peak of the
+// rank with the highest peak and its breakdown; the slowest rank's median step. The predicted
+// compute time includes the optimizer step (the cost model's compute stream runs both), so the
+// measured compute part is forward + backward + recompute + optimizer; on a CPU device every
+// collective is exposed, so communication compares the predicted exposed communication with the
+// collectives' measured time. Bucket copies, accumulation adds and anything else the executor
+// spends are reported as the measured-only `other`.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace shardplan::planner {
+
+// plan_document: a plan (planner recommend --emit plan); run_document: executor's run.json.
+// Throws costmodel::InputError naming the JSON pointer of a missing or malformed field (in the
+// plan: as plan_from_json; in the run: "/summary/time/step_s: missing key").
+nlohmann::json validate_json(const nlohmann::json& plan_document, const nlohmann::json& run_document);
+std::string validate_table(const nlohmann::json& plan_document, const nlohmann::json& run_document);
+
+}  // namespace shardplan::planner

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Fuzzes every document parser: builds the libFuzzer targets of tests/fuzz with clang, AddressSanitizer
+# and UndefinedBehaviorSanitizer (the libraries instrumented too) in build/fuzz, replays the kept
+# regression inputs (tests/fuzz/regressions/), then runs each target for FUZZ_SECONDS (default 30)
+# from a seed corpus copied from the shipped documents. Any crash, leak, sanitizer report or escaped
+# exception fails the script; the inputs that did are left under build/fuzz/artifacts/.
+#   FUZZ_SECONDS=20 scripts/fuzz.sh      FUZZ_BUILD_DIR=build/other scripts/fuzz.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${FUZZ_SECONDS:-30}
+build=${FUZZ_BUILD_DIR:-build/fuzz}
+jobs=${FUZZ_JOBS:-$(nproc)}
+
+# clang and its runtimes (libFuzzer, ASan, UBSan), as scripts/install-deps.sh installs the rest.
+scripts/install-deps.sh
+missing=()
+for p in clang libclang-rt-14-dev; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+cxx=$(command -v clang++ || command -v clang++-14)
+
+# The `sanitize` preset (ASan and UBSan, every report fatal; CPU only) configured exactly as
+# scripts/sanitize.sh configures it: clang, -O1 with line tables, the libraries instrumented for
+# coverage (fuzzer-no-link), and the fuzz targets on. FUZZ_BUILD_DIR=build/sanitize reuses its build.
+cmake --preset sanitize -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+  -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link" -DSHARDPLAN_FUZZ=ON >/dev/null
+cmake --build "$build" --target shardplan_fuzzers -j "$jobs"
+
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export SHARDPLAN_DATA_DIR=$PWD
+ctest --test-dir "$build" -L fuzz --output-on-failure --no-tests=ignore
+
+# Seeds: copied from the shipped documents at every run (never kept in git), plus the job, sharding
+# and plan documents the project's own writers produce.
+generated="$build/seeds/generated"
+rm -rf "$build/seeds"
+"$build/tests/fuzz/fuzz_seed_writer" "$generated"
+shipped_json=(examples/models/*/config.json hardware_profiles/*.json)
+while IFS= read -r f; do shipped_json+=("$f"); done < <(find examples -name '*.json' -not -path 'examples/models/*' | sort)
+declare -A own=(
+  [fuzz_hf_config]="examples/models/*/config.json"
+  [fuzz_hardware]="hardware_profiles/*.json"
+  [fuzz_job]="$generated/job/*.json"
+  [fuzz_sharding]="$generated/sharding/*.json"
+  [fuzz_plan]="$generated/plan/*.json"
+  [fuzz_run_document]="$generated/run/*.json"
+  [fuzz_deepspeed_import]="examples/deepspeed/*.json"
+  [fuzz_nccl_tests_log]="examples/nccl-tests/* tests/calibrate/data/*.log"
+)
+
+failed=()
+summary=()
+for target in fuzz_hf_config fuzz_hardware fuzz_job fuzz_sharding fuzz_plan fuzz_run_document \
+              fuzz_deepspeed_import fuzz_nccl_tests_log; do
+  binary="$build/tests/fuzz/$target"
+  [ -x "$binary" ] || continue  # the parser does not exist in this tree
+  seeds="$build/seeds/$target"
+  corpus="$build/corpus/$target"
+  artifacts="$build/artifacts/$target"
+  mkdir -p "$seeds" "$corpus" "$artifacts"
+  # shellcheck disable=SC2086  # the patterns above are meant to expand here
+  cp ${own[$target]} "$seeds"/ 2>/dev/null || true
+  args=()
+  if [ "$target" != fuzz_nccl_tests_log ]; then
+    n=0
+    for f in "${shipped_json[@]}" "$generated"/*/*.json; do cp "$f" "$seeds/any-$((n++))-$(basename "$f")"; done
+    args+=(-dict=tests/fuzz/json.dict)
+  fi
+  log="$build/$target.log"
+  set +e
+  "$binary" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$artifacts/" "${args[@]}" "$corpus" "$seeds" >"$log" 2>&1
+  rc=$?
+  set -e
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+  summary+=("$(printf '%-24s %10s executions  %7s/s  rc %s' "$target" "${execs:-?}" "${rate:-?}" "$rc")")
+  if [ "$rc" -ne 0 ]; then
+    failed+=("$target")
+    echo "---- $target failed (rc $rc): last lines of $log" >&2
+    tail -n 60 "$log" >&2
+    ls "$artifacts" >&2 || true
+  fi
+done
+
+echo "fuzzing, $seconds s per target:"
+printf '  %s\n' "${summary[@]}"
+if ((${#failed[@]})); then
+  echo "fuzz: findings in ${failed[*]} (inputs under $build/artifacts/; keep each as a regression)" >&2
+  exit 1
+fi

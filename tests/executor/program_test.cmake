@@ -1,0 +1,80 @@
+# The executor program under mpirun (ctest label mpi): a plan made by the planner runs on 2 ranks
+# and writes its run document; a rehearsal of rank 1 allocates rank 1's measured peak; under a
+# capacity too small for the plan every rank ends with exit code 3 and the out-of-memory line;
+# bad input is one line naming the field and exit code 2.
+# Arguments: MPIRUN, EXECUTOR, PLANNER, DATA (this folder's data/), WORK (a scratch folder).
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+set(mpirun ${MPIRUN} --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none)
+
+function(run_expect expected_rc)
+  cmake_parse_arguments(ARG "" "OUTPUT" "COMMAND;EXPECT" ${ARGN})
+  execute_process(COMMAND ${ARG_COMMAND} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
+                  WORKING_DIRECTORY ${WORK} TIMEOUT 120)
+  if(NOT rc EQUAL expected_rc)
+    message(FATAL_ERROR "exit code ${rc}, expected ${expected_rc}: ${ARG_COMMAND}\n${out}\n${err}")
+  endif()
+  foreach(text IN LISTS ARG_EXPECT)
+    string(FIND "${err}" "${text}" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "\"${text}\" not on stderr of ${ARG_COMMAND}:\n${err}")
+    endif()
+  endforeach()
+  if(ARG_OUTPUT)
+    set(${ARG_OUTPUT} "${out}" PARENT_SCOPE)
+  endif()
+  set(last_stderr "${err}" PARENT_SCOPE)
+endfunction()
+
+set(job --model ${DATA}/llama-tiny.json --hardware ${DATA}/cpu-test.json --gpus 2 --seq-len 64
+        --global-batch 4 --micro-batch 2 --attention eager --checkpointing none --offload none)
+run_expect(0 COMMAND ${PLANNER} recommend ${job} --precision fp32 --strategy fsdp-full --flavour fsdp2
+                     --emit plan OUTPUT plan)
+file(WRITE ${WORK}/plan.json "${plan}")
+run_expect(0 COMMAND ${PLANNER} recommend ${job} --precision bf16-mixed --strategy fsdp-full --flavour fsdp2
+                     --emit plan OUTPUT bf16_plan)
+file(WRITE ${WORK}/bf16-plan.json "${bf16_plan}")
+
+# A run on 2 ranks writes its document.
+run_expect(0 COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan plan.json --steps 2 --out run.json)
+file(READ ${WORK}/run.json run)
+string(JSON kind GET "${run}" kind)
+string(JSON ranks LENGTH "${run}" ranks)
+string(JSON rank1_peak GET "${run}" ranks 1 memory peak_bytes)
+string(JSON predicted GET "${run}" prediction peak_bytes)
+if(NOT kind STREQUAL "shardplan.run" OR NOT ranks EQUAL 2)
+  message(FATAL_ERROR "run.json: kind ${kind}, ${ranks} ranks")
+endif()
+message(STATUS "peak of rank 1: ${rank1_peak} bytes measured, ${predicted} predicted")
+
+# A rehearsal of rank 1 of the 2-rank plan in one process allocates rank 1's peak.
+run_expect(0 COMMAND ${EXECUTOR} --plan plan.json --rehearse-rank 1 --world 2 --steps 2 --out rehearsal.json)
+file(READ ${WORK}/rehearsal.json rehearsal)
+string(JSON rehearsed_peak GET "${rehearsal}" ranks 0 memory peak_bytes)
+string(JSON excluded GET "${rehearsal}" summary time collective_time_excluded)
+if(NOT rehearsed_peak EQUAL rank1_peak OR NOT excluded)
+  message(FATAL_ERROR "rehearsal of rank 1: peak ${rehearsed_peak}, rank 1 measured ${rank1_peak}; "
+                      "collective time excluded: ${excluded}")
+endif()
+
+# Out of memory: exit code 3, with the category, the sizes and the plan's prediction.
+run_expect(3 COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan plan.json --steps 1 --out oom.json --capacity-GiB 0.01
+           EXPECT "out of memory: allocating" "would exceed the capacity of" "the plan predicts a peak of")
+string(REGEX MATCHALL "executor: rank [0-9]+ on [^:]+: out of memory" oom_lines "${last_stderr}")
+list(LENGTH oom_lines oom_count)
+message(STATUS "out-of-memory lines: ${oom_count} of 2 ranks")
+run_expect(3 COMMAND ${EXECUTOR} --plan plan.json --rehearse-rank 0 --world 2 --out oom.json --capacity-GiB 0.01
+           EXPECT "out of memory: allocating")
+
+# Bad input: one line naming the field, exit code 2.
+run_expect(2 COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan bf16-plan.json --out x.json
+           EXPECT "/job/precision: the CPU executor runs fp32 only")
+run_expect(2 COMMAND ${mpirun} -np 1 ${EXECUTOR} --plan plan.json --out x.json
+           EXPECT "/cluster/gpus: the plan is for 2 ranks, the run has 1")
+run_expect(2 COMMAND ${EXECUTOR} --plan plan.json --out x.json --steps 0 EXPECT "--steps: must be between")
+run_expect(2 COMMAND ${EXECUTOR} --plan missing.json --out x.json EXPECT "missing.json")
+string(REGEX MATCHALL "executor: " lines "${last_stderr}")
+list(LENGTH lines count)
+if(NOT count EQUAL 1)
+  message(FATAL_ERROR "bad input should be one line, got:\n${last_stderr}")
+endif()

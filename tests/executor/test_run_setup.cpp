@@ -1,0 +1,130 @@
+// From a plan document to what the CPU executor runs: what it refuses, what it runs differently
+// and says so; the run document's records; the scaled config the planner reads back.
+#include <doctest/doctest.h>
+
+#include "costmodel/input_error.hpp"
+#include "costmodel/plan.hpp"
+#include "executor/run_document.hpp"
+#include "executor/run_setup.hpp"
+#include "executor/scale_config.hpp"
+#include "model_fixture.hpp"
+
+using namespace shardplan;
+using namespace shardplan::executor;
+using costmodel::InputError;
+
+namespace {
+
+nlohmann::json plan_document(const std::string& strategy, int gpus) {
+  costmodel::Plan p;
+  p.model = costmodel::model_from_hf_config(
+      scaled_config("llama-3-8b", {.layers = 2, .hidden = 16, .heads = 4, .kv_heads = 2, .vocab = 64}), "tiny");
+  p.hardware = "test-cpu";
+  p.cluster = {gpus, gpus};
+  p.job.seq_len = 8;
+  p.job.global_batch = 4 * gpus;
+  p.job.micro_batch = 2;
+  p.job.precision = costmodel::Precision::fp32;
+  p.job.attention = costmodel::AttentionImpl::eager;
+  p.spec = costmodel::make_spec(strategy, std::nullopt, gpus);
+  p.prediction.peak_bytes = 1e6;
+  return costmodel::plan_to_json(p);
+}
+
+std::string where_of(const nlohmann::json& plan, int world) {
+  try {
+    make_run_setup(plan, world, {});
+  } catch (const InputError& e) {
+    return e.where();
+  }
+  return "accepted";
+}
+
+}  // namespace
+
+TEST_CASE("executor::a plan it cannot run as asked is refused, naming the field") {
+  auto plan = plan_document("fsdp-full", 2);
+  CHECK(where_of(plan, 2) == "accepted");
+  CHECK(where_of(plan, 4) == "/cluster/gpus");
+  auto bad = plan;
+  bad["job"]["precision"] = "bf16-mixed";
+  CHECK(where_of(bad, 2) == "/job/precision");
+  bad = plan;
+  bad["job"]["attention"] = "flash";
+  CHECK(where_of(bad, 2) == "/job/attention");
+  bad = plan;
+  bad["job"]["checkpointing"] = "selective";
+  CHECK(where_of(bad, 2) == "/job/checkpointing");
+  bad = plan;
+  bad["job"]["optimizer"] = "sgd";
+  CHECK(where_of(bad, 2) == "/job/optimizer");
+  bad = plan;
+  bad["sharding"]["offload"] = "params";
+  CHECK(where_of(bad, 2) == "/sharding/offload");
+  bad = plan;
+  bad["sharding"]["shard_group_size"] = 3;
+  CHECK(where_of(bad, 2) == "/sharding/shard_group_size");
+  try {
+    bad = plan;
+    bad["sharding"]["offload"] = "optimizer";
+    make_run_setup(bad, 2, {});
+    FAIL("accepted an offloading plan");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).find("does not model a host/device split") != std::string::npos);
+  }
+}
+
+TEST_CASE("executor::a plan runs with its batch, and the deviations are said") {
+  const auto setup = make_run_setup(plan_document("zero3", 2), 2, {});
+  CHECK(setup.engine.micro_batch.batch == 2);
+  CHECK(setup.engine.micro_batch.seq == 8);
+  CHECK(setup.engine.grad_accumulation == 2);
+  CHECK_FALSE(setup.scaled);
+  // bf16 reduce dtype of DeepSpeed, executed in fp32; the persistence threshold.
+  CHECK(setup.deviations.size() >= 2);
+  RunRequest scaled;
+  scaled.scale = ScaledSize{.layers = 1, .hidden = 8, .heads = 2, .vocab = 32};
+  const auto s = make_run_setup(plan_document("ddp", 1), 1, scaled);
+  CHECK(s.scaled);
+  CHECK(s.engine.model.layers == 1);
+}
+
+TEST_CASE("executor::scaled configs have no dropout and read back") {
+  const auto config = scaled_config("gpt2", {.layers = 2, .hidden = 32, .heads = 4, .vocab = 100, .max_positions = 64});
+  CHECK(config["attn_pdrop"] == 0.0);
+  CHECK(config["resid_pdrop"] == 0.0);
+  const auto m = costmodel::model_from_hf_config(config, "x");
+  CHECK_FALSE(m.attention_dropout);
+  CHECK_FALSE(m.residual_dropout);
+  CHECK(m.layers == 2);
+  CHECK(m.tied_embeddings);
+  CHECK_THROWS_AS(scaled_config("gpt2", {.layers = 2, .hidden = 30, .heads = 4, .vocab = 100}), InputError);
+}
+
+TEST_CASE("executor::rank records travel as fixed-length vectors") {
+  RankRecord r;
+  r.rank = 3;
+  r.peak_bytes = 123456789;
+  r.at_peak[MemoryCategory::gradients] = 42;
+  r.category_peaks[MemoryCategory::buffers] = 7;
+  r.capacity_bytes = 1 << 30;
+  for (int k = 1; k <= 2; ++k) {
+    StepReport s;
+    s.step = k;
+    s.loss = 4.5 / k;
+    s.step_s = 0.25 * k;
+    s.collectives[CollectiveKind::reduce_scatter] = {5, 0.125, 4096, 2048};
+    r.steps.push_back(s);
+  }
+  const auto v = pack(r);
+  CHECK(v.size() == packed_size(2));
+  const auto back = unpack(v, 2);
+  CHECK(back.rank == 3);
+  CHECK(back.peak_bytes == 123456789);
+  CHECK(back.at_peak[MemoryCategory::gradients] == 42);
+  CHECK(back.category_peaks[MemoryCategory::buffers] == 7);
+  CHECK(back.steps[1].loss == 2.25);
+  CHECK(back.steps[1].collectives[CollectiveKind::reduce_scatter].bytes_sent == 2048);
+  CHECK(steady_median(back.steps, &StepReport::step_s) == 0.5);
+  CHECK_THROWS_AS(unpack(v, 3), std::invalid_argument);
+}

@@ -1,0 +1,20 @@
+// Sharding spec -> costmodel::spec_from_json; an accepted spec writes back to a document that reads
+// as the same spec.
+#include "costmodel/sharding.hpp"
+#include "fuzz_common.hpp"
+
+using namespace shardplan;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const auto doc = fuzz::json_of(data, size);
+  if (!doc) return 0;
+  fuzz::accept_input_error([&] {
+    const auto spec = costmodel::spec_from_json(*doc, "/sharding");
+    const auto written = costmodel::spec_to_json(spec);
+    const auto again = fuzz::must_read(
+        [&] { return costmodel::spec_from_json(written, "/sharding"); }, "a written spec");
+    fuzz::require(costmodel::spec_to_json(again) == written,
+                  "spec_to_json then spec_from_json gives the same spec");
+  });
+  return 0;
+}
