@@ -16,6 +16,7 @@
 #include "planner/recommend.hpp"
 #include "planner/scenario.hpp"
 #include "planner/svg_chart.hpp"
+#include "planner/validate.hpp"
 
 namespace shardplan::planner {
 namespace {
@@ -94,6 +95,12 @@ int run_cli(int argc, char** argv) {
   compare->add_option("--offload", po.offload, "none | optimizer | params");
   compare->add_option("--format", format, "table | json");
 
+  auto* validate = app.add_subcommand("validate", "compare a plan's prediction with an executor run");
+  std::string plan_path, run_path;
+  validate->add_option("--plan", plan_path, "plan document (planner recommend --emit plan)")->required();
+  validate->add_option("--run", run_path, "run document written by executor --out")->required();
+  validate->add_option("--format", format, "table | json");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -168,6 +175,11 @@ int run_cli(int argc, char** argv) {
       } else {
         out << recommendation_table(sc, rec, top);
       }
+    } else if (validate->parsed()) {
+      check_format(format);
+      const auto plan = costmodel::read_json_file(plan_path);
+      const auto run = costmodel::read_json_file(run_path);
+      out << (format == "json" ? validate_json(plan, run).dump(2) + "\n" : validate_table(plan, run));
     } else if (compare->parsed()) {
       check_format(format);
       const Scenario sc = make_scenario(so);
