@@ -31,6 +31,12 @@ std::optional<double> to_number(const std::string& text) {
   return value;
 }
 
+// Host names and type names are ASCII; anything else (a Latin-1 byte, a binary file) would break
+// the JSON profile they are written into.
+bool is_printable_ascii(const std::string& text) {
+  return std::all_of(text.begin(), text.end(), [](char c) { return c >= 0x21 && c <= 0x7e; });
+}
+
 bool is_unsigned_integer(const std::string& text) {
   return !text.empty() &&
          std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
@@ -115,6 +121,8 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& pa
       if (!columns.empty() && columns.front() == "Rank") {
         ++log.ranks;
         const auto on = std::find(columns.begin(), columns.end(), "on");
+        if (on != columns.end() && on + 1 != columns.end() && !is_printable_ascii(*(on + 1)))
+          throw InputError(where(line_number), "the host name after \"on\" is not printable ASCII");
         if (on != columns.end() && on + 1 != columns.end() &&
             std::find(log.hosts.begin(), log.hosts.end(), *(on + 1)) == log.hosts.end())
           log.hosts.push_back(*(on + 1));
@@ -163,6 +171,9 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& pa
                       "a valid measurement",
                       words[*wrong_column]));
     if (type_column && words.size() > *type_column) {
+      if (!is_printable_ascii(words[*type_column]))
+        throw InputError(where(line_number),
+                         fmt::format("the type in column {} is not printable ASCII", *type_column + 1));
       if (log.data_type.empty())
         log.data_type = words[*type_column];
       else if (log.data_type != words[*type_column])

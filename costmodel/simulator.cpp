@@ -220,7 +220,9 @@ void Simulation::prepare() {
   const bool paper = in_.accounting == Accounting::zero_paper;
   sb_ = state_bytes(j.precision, s, in_.accounting);
   compute_b_ = sb_.compute;
-  reduce_b_ = paper ? 2.0 : dtype_bytes(s.reduce_dtype);
+  // Gradients are reduced in the spec's dtype, but never below the dtype they are computed in
+  // (an fp32 job's FSDP/DeepSpeed defaults of bf16 reduction do not apply: its param dtype is fp32).
+  reduce_b_ = paper ? 2.0 : std::max(dtype_bytes(s.reduce_dtype), sb_.compute);
   n_units_ = static_cast<int>(m.layers) + 2;
 
   const double tokens = static_cast<double>(j.seq_len * j.micro_batch);

@@ -63,8 +63,7 @@ JOB=(--model model.json --hardware device.json --gpus $RANKS --seq-len $SEQ --gl
   --capacity-GiB "$CAPACITY_GIB"
 
 # 6. Predicted against measured.
-# (executor validate is the same comparison, for a planner built without the subcommand.)
-if "$PLANNER" --help 2> /dev/null | grep -qw validate; then VALIDATE=("$PLANNER" validate); else VALIDATE=("$EXECUTOR" validate); fi
-"${VALIDATE[@]}" --plan plan.json --run run.json | sed '$d'
-"${VALIDATE[@]}" --plan plan.json --run run.json --format json > validate.json
-jq -r '"peak memory error \(.memory.peak_rel_error * 1000 | round / 10)%, step time error \(.time.step_rel_error * 1000 | round / 10)%"' validate.json
+"$PLANNER" validate --plan plan.json --run run.json | sed '$d'
+"$PLANNER" validate --plan plan.json --run run.json --format json > validate.json
+printf 'peak memory error %+.1f%%, step time error %+.1f%%\n' \
+  "$(jq '.memory.peak_rel_error * 100' validate.json)" "$(jq '.time.step_rel_error * 100' validate.json)"

@@ -4,17 +4,22 @@ namespace shardplan::executor {
 
 const char* collective_kind_name(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::all_gather: return "all_gather";
-    case CollectiveKind::reduce_scatter: return "reduce_scatter";
-    case CollectiveKind::all_reduce: return "all_reduce";
-    case CollectiveKind::other: return "other";
+  case CollectiveKind::all_gather:
+    return "all_gather";
+  case CollectiveKind::reduce_scatter:
+    return "reduce_scatter";
+  case CollectiveKind::all_reduce:
+    return "all_reduce";
+  case CollectiveKind::other:
+    return "other";
   }
   return "?";
 }
 
 double CollectiveStats::seconds() const {
   double s = 0;
-  for (const auto& k : kinds) s += k.seconds;
+  for (const auto& k : kinds)
+    s += k.seconds;
   return s;
 }
 
@@ -28,4 +33,4 @@ CollectiveStats& CollectiveStats::operator+=(const CollectiveStats& other) {
   return *this;
 }
 
-}  // namespace shardplan::executor
+} // namespace shardplan::executor

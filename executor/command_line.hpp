@@ -8,7 +8,6 @@
 //   executor --plan plan.json --rehearse-rank r --world N --out run.json [...]
 //   executor scale-config --model M --layers L --hidden H --heads A [--kv-heads K] [--head-dim D]
 //                         [--intermediate I] --vocab V [--max-positions P] --out config.json
-//   executor validate --plan plan.json --run run.json [--format table|json]
 #pragma once
 
 #include <cstdint>
@@ -26,7 +25,7 @@ struct RunCommand {
   RunRequest request;
   std::optional<double> capacity_GiB;
   std::optional<int> rehearse_rank;
-  std::optional<int> world;  // with --rehearse-rank
+  std::optional<int> world; // with --rehearse-rank
 };
 
 struct ScaleConfigCommand {
@@ -35,22 +34,15 @@ struct ScaleConfigCommand {
   std::string out;
 };
 
-struct ValidateCommand {
-  std::string plan;
-  std::string run;
-  std::string format = "table";
-};
-
 struct CommandLine {
-  enum class Command { run, scale_config, validate, help };
+  enum class Command { run, scale_config, help };
   Command command = Command::run;
   RunCommand run;
   ScaleConfigCommand scale_config;
-  ValidateCommand validate;
   std::string help_text;
 };
 
 // Throws costmodel::InputError.
 CommandLine parse_command_line(int argc, const char* const* argv);
 
-}  // namespace shardplan::executor
+} // namespace shardplan::executor

@@ -34,27 +34,29 @@ double thread_cpu_seconds() {
 }
 
 void check_group(const comm::Communicator* c, int size, int rank, const char* name) {
-  if (c == nullptr) throw std::invalid_argument(fmt::format("the {} group is missing", name));
+  if (c == nullptr)
+    throw std::invalid_argument(fmt::format("the {} group is missing", name));
   if (c->size() != size || c->rank() != rank)
-    throw std::invalid_argument(fmt::format("the {} group has rank {} of {}, the layout needs {} of {}",
-                                            name, c->rank(), c->size(), rank, size));
+    throw std::invalid_argument(
+        fmt::format("the {} group has rank {} of {}, the layout needs {} of {}", name, c->rank(),
+                    c->size(), rank, size));
 }
 
-}  // namespace
+} // namespace
 
 struct ShardingEngine::State {
   struct Unit {
-    Buffer params;      // chunk (sharded) or whole
-    Buffer exp_avg;     // chunk (sharded optimizer) or whole
+    Buffer params;  // chunk (sharded) or whole
+    Buffer exp_avg; // chunk (sharded optimizer) or whole
     Buffer exp_avg_sq;
-    Buffer grads;       // whole gradient, unsharded gradients: alive from first use to step end
-    Buffer fresh;       // full gradient of one micro-batch, sharded gradients
-    Buffer grad_shard;  // reduced chunk, sharded gradients: from its first reduce to step end
-    Buffer gathered;    // all-gathered parameters while the unit is in use
+    Buffer grads;      // whole gradient, unsharded gradients: alive from first use to step end
+    Buffer fresh;      // full gradient of one micro-batch, sharded gradients
+    Buffer grad_shard; // reduced chunk, sharded gradients: from its first reduce to step end
+    Buffer gathered;   // all-gathered parameters while the unit is in use
   };
   struct Pending {
     std::int64_t unit;
-    std::int64_t offset;  // in the current contiguous bucket
+    std::int64_t offset; // in the current contiguous bucket
   };
 
   State(EngineOptions opts, TrackedAllocator& a, EngineGroups groups)
@@ -65,16 +67,16 @@ struct ShardingEngine::State {
   EngineGroups g;
   GptModel<float> model;
   ShardLayout sl;
-  CollectiveStats stats;  // of the current step
+  CollectiveStats stats; // of the current step
   std::unique_ptr<TimedCommunicator> shard, replica;
   std::vector<Unit> units;
-  Buffer head_embedding;  // tied head under sharded parameters: the embedding gathered again
-  Buffer ddp_bucket;      // grad_bucket_copy: every unit's gradient, concatenated
+  Buffer head_embedding; // tied head under sharded parameters: the embedding gathered again
+  Buffer ddp_bucket;     // grad_bucket_copy: every unit's gradient, concatenated
   std::vector<std::int64_t> ddp_offset;
-  std::array<Buffer, 2> buckets;  // contiguous_grad_bucket (the second with flat_grad_partition)
+  std::array<Buffer, 2> buckets; // contiguous_grad_bucket (the second with flat_grad_partition)
   int bucket_index = 0;
-  std::int64_t bucket_used = 0;   // floats
-  double pending_bytes = 0;       // the cost model's count: elements × reduce dtype bytes
+  std::int64_t bucket_used = 0; // floats
+  double pending_bytes = 0;     // the cost model's count: elements × reduce dtype bytes
   std::vector<Pending> pending;
   std::int64_t step_count = 0;
   int fwd_prefetch = 0, bwd_prefetch = 0;
@@ -108,19 +110,22 @@ struct ShardingEngine::State {
     shard->all_gather(unit(u).params.data(), out.data(), static_cast<std::size_t>(us.chunk), kF32);
   }
   void acquire(std::int64_t u) {
-    if (shape(u).params_sharded && unit(u).gathered.empty()) gather_into(u, unit(u).gathered);
+    if (shape(u).params_sharded && unit(u).gathered.empty())
+      gather_into(u, unit(u).gathered);
     if (is_head(u) && tied() && shape(0).params_sharded && head_embedding.empty())
       gather_into(0, head_embedding);
   }
   void release(std::int64_t u) {
     unit(u).gathered.reset();
-    if (is_head(u)) head_embedding.reset();
+    if (is_head(u))
+      head_embedding.reset();
   }
   std::span<const float> params_for(std::int64_t u) {
     return shape(u).params_sharded ? unit(u).gathered.span() : unit(u).params.span();
   }
   std::span<const float> embedding_for_head() {
-    if (!tied()) return {};
+    if (!tied())
+      return {};
     return shape(0).params_sharded ? head_embedding.span() : unit(0).params.span();
   }
 
@@ -129,10 +134,13 @@ struct ShardingEngine::State {
     const int limit = o.spec.max_inflight_allgathers;
     for (int j = 1; j <= fwd_prefetch; ++j) {
       const std::int64_t v = u + j;
-      if (v >= unit_count()) break;
-      if (!needs_gather(v) || alive(v)) continue;
-      const std::int64_t back = v - limit;  // must have been freed (rate limiter)
-      if (back >= 0 && !kept(back) && alive(back)) break;
+      if (v >= unit_count())
+        break;
+      if (!needs_gather(v) || alive(v))
+        continue;
+      const std::int64_t back = v - limit; // must have been freed (rate limiter)
+      if (back >= 0 && !kept(back) && alive(back))
+        break;
       acquire(v);
     }
   }
@@ -140,9 +148,12 @@ struct ShardingEngine::State {
     const int limit = o.spec.max_inflight_allgathers;
     for (int j = 1; j <= bwd_prefetch; ++j) {
       const std::int64_t v = u - j;
-      if (v < 0) break;
-      if (!needs_gather(v) || alive(v)) continue;
-      if (v + limit <= u) break;  // unit v + limit has not finished its backward yet
+      if (v < 0)
+        break;
+      if (!needs_gather(v) || alive(v))
+        continue;
+      if (v + limit <= u)
+        break; // unit v + limit has not finished its backward yet
       acquire(v);
     }
   }
@@ -150,7 +161,8 @@ struct ShardingEngine::State {
   void ensure_grad_target(std::int64_t u) {
     auto& un = unit(u);
     if (o.spec.shard_gradients) {
-      if (un.fresh.empty()) un.fresh = alloc.allocate<float>(MemoryCategory::gradients, shape(u).padded);
+      if (un.fresh.empty())
+        un.fresh = alloc.allocate<float>(MemoryCategory::gradients, shape(u).padded);
     } else if (un.grads.empty()) {
       un.grads = alloc.allocate<float>(MemoryCategory::gradients, sl.whole_elements(u, o.spec));
     }
@@ -159,8 +171,7 @@ struct ShardingEngine::State {
     return o.spec.shard_gradients ? unit(u).fresh.span() : unit(u).grads.span();
   }
 
-  template <class F>
-  void timed_compute(F&& f) {
+  template <class F> void timed_compute(F&& f) {
     const auto t0 = Clock::now();
     const double c0 = thread_cpu_seconds();
     f();
@@ -173,11 +184,13 @@ struct ShardingEngine::State {
   // first replica adds it: the replica all-reduce then sums it once.
   void accumulate_into_input(std::int64_t u, float* input) {
     const auto& us = shape(u);
-    if (sl.replica_rank != 0) return;
+    if (sl.replica_rank != 0)
+      return;
     const auto t0 = Clock::now();
     float* block = input + sl.chunk_begin(u);
     const float* kept_chunk = unit(u).grad_shard.data();
-    for (std::int64_t i = 0; i < us.chunk; ++i) block[i] += kept_chunk[i];
+    for (std::int64_t i = 0; i < us.chunk; ++i)
+      block[i] += kept_chunk[i];
     copy_s += seconds_since(t0);
   }
 
@@ -193,7 +206,8 @@ struct ShardingEngine::State {
       else
         accumulate_into_input(u, input);
       shard->reduce_scatter(input, un.grad_shard.data(), c, kF32);
-      if (replica) replica->all_reduce(un.grad_shard.data(), un.grad_shard.data(), c, kF32);
+      if (replica)
+        replica->all_reduce(un.grad_shard.data(), un.grad_shard.data(), c, kF32);
     } else if (o.spec.shard_optimizer) {
       // Whole gradients, sharded optimizer (ZeRO-1): this rank's chunk of the whole buffer gets
       // the reduced chunk. The output must not overlap the input: a bucket region, or a transient.
@@ -205,26 +219,30 @@ struct ShardingEngine::State {
         shard->reduce_scatter(input, out.data(), c, kF32);
         std::copy(out.data(), out.data() + us.chunk, mine);
       }
-      if (replica) replica->all_reduce(mine, mine, c, kF32);
+      if (replica)
+        replica->all_reduce(mine, mine, c, kF32);
     } else {
       // All-reduce in buckets of reduce_bucket_bytes (DDP's bucket_cap_mb; the cost model's
       // bucketed(): one collective per full bucket and one for the rest).
       const double dtype = costmodel::dtype_bytes(o.spec.reduce_dtype);
-      const std::int64_t per = o.spec.reduce_bucket_bytes > 0
-                                   ? std::max<std::int64_t>(1, static_cast<std::int64_t>(
-                                                                   o.spec.reduce_bucket_bytes / dtype))
-                                   : us.size;
+      const std::int64_t per =
+          o.spec.reduce_bucket_bytes > 0
+              ? std::max<std::int64_t>(
+                    1, static_cast<std::int64_t>(o.spec.reduce_bucket_bytes / dtype))
+              : us.size;
       for (std::int64_t begin = 0; begin < us.size; begin += per) {
         const auto n = static_cast<std::size_t>(std::min(per, us.size - begin));
         shard->all_reduce(input + begin, input + begin, n, kF32);
-        if (replica) replica->all_reduce(input + begin, input + begin, n, kF32);
+        if (replica)
+          replica->all_reduce(input + begin, input + begin, n, kF32);
       }
     }
   }
 
   void flush_bucket() {
-    for (const auto& p : pending) reduce_from(p.unit, buckets[static_cast<std::size_t>(bucket_index)].data() + p.offset);
-    if (!o.spec.shard_optimizer)  // all-reduced in the bucket: copy the sums back
+    for (const auto& p : pending)
+      reduce_from(p.unit, buckets[static_cast<std::size_t>(bucket_index)].data() + p.offset);
+    if (!o.spec.shard_optimizer) // all-reduced in the bucket: copy the sums back
       for (const auto& p : pending) {
         const auto t0 = Clock::now();
         const float* from = buckets[static_cast<std::size_t>(bucket_index)].data() + p.offset;
@@ -234,7 +252,8 @@ struct ShardingEngine::State {
     pending.clear();
     bucket_used = 0;
     pending_bytes = 0;
-    if (!buckets[1].empty()) bucket_index ^= 1;
+    if (!buckets[1].empty())
+      bucket_index ^= 1;
   }
 
   // After unit u's backward, on a micro-batch that reduces.
@@ -253,7 +272,8 @@ struct ShardingEngine::State {
         flush_bucket();
         reduce_from(u, source);
       } else {
-        if (bucket_used + len > capacity) flush_bucket();
+        if (bucket_used + len > capacity)
+          flush_bucket();
         const auto t0 = Clock::now();
         auto& bucket = buckets[static_cast<std::size_t>(bucket_index)];
         std::copy(source, source + len, bucket.data() + bucket_used);
@@ -262,8 +282,10 @@ struct ShardingEngine::State {
         bucket_used += len;
         pending_bytes += static_cast<double>(us.size) * costmodel::dtype_bytes(o.spec.reduce_dtype);
       }
-      if (o.spec.shard_gradients) un.fresh.reset();
-      if (!pending.empty() && (pending_bytes >= o.spec.reduce_bucket_bytes || u == 0)) flush_bucket();
+      if (o.spec.shard_gradients)
+        un.fresh.reset();
+      if (!pending.empty() && (pending_bytes >= o.spec.reduce_bucket_bytes || u == 0))
+        flush_bucket();
       return;
     }
     if (o.spec.grad_bucket_copy) {
@@ -274,7 +296,7 @@ struct ShardingEngine::State {
       std::copy(source, source + us.size, region);
       copy_s += seconds_since(t0);
       reduce_from(u, region);
-      if (!o.spec.shard_optimizer) {  // all-reduced in the bucket (a reduce-scatter wrote the chunk)
+      if (!o.spec.shard_optimizer) { // all-reduced in the bucket (a reduce-scatter wrote the chunk)
         t0 = Clock::now();
         std::copy(region, region + us.size, source);
         copy_s += seconds_since(t0);
@@ -282,7 +304,8 @@ struct ShardingEngine::State {
     } else {
       reduce_from(u, source);
     }
-    if (o.spec.shard_gradients) un.fresh.reset();
+    if (o.spec.shard_gradients)
+      un.fresh.reset();
   }
 
   double micro_batch(std::int64_t mb, bool reduce) {
@@ -290,7 +313,8 @@ struct ShardingEngine::State {
     const std::int64_t L = U - 2;
     const auto& b = o.micro_batch;
     const std::int64_t global_batch = b.batch * o.grad_accumulation * sl.world;
-    const std::int64_t first = (step_count - 1) * global_batch + (mb * sl.world + world_rank()) * b.batch;
+    const std::int64_t first =
+        (step_count - 1) * global_batch + (mb * sl.world + world_rank()) * b.batch;
     auto tokens = synthetic_sequences(alloc, o.seed, first, b, o.model.vocab);
 
     // ---- forward
@@ -312,7 +336,8 @@ struct ShardingEngine::State {
                                           tokens.targets.span(), b));
         }
       });
-      if (needs_gather(u) && !kept(u)) release(u);
+      if (needs_gather(u) && !kept(u))
+        release(u);
     }
     const double loss = head->loss;
 
@@ -323,21 +348,25 @@ struct ShardingEngine::State {
       acquire(u);
       prefetch_backward(u);
       ensure_grad_target(u);
-      if (is_head(u) && tied()) ensure_grad_target(0);  // the head adds into the embedding's
+      if (is_head(u) && tied())
+        ensure_grad_target(0); // the head adds into the embedding's
       timed_compute([&] {
         if (is_head(u)) {
           dx = model.backward_head(params_for(u), embedding_for_head(), std::move(head->saved),
                                    tokens.targets.span(), grad_span(u),
                                    tied() ? grad_span(0) : std::span<float>{}, scale);
         } else if (u > 0) {
-          dx = model.backward_block(params_for(u), std::move(saved[static_cast<std::size_t>(u - 1)]),
-                                    std::move(dx), grad_span(u));
+          dx =
+              model.backward_block(params_for(u), std::move(saved[static_cast<std::size_t>(u - 1)]),
+                                   std::move(dx), grad_span(u));
         } else {
           model.backward_embedding(tokens.inputs.span(), std::move(dx), grad_span(0), b);
         }
       });
-      if (needs_gather(u)) release(u);
-      if (reduce) reduce_unit(u);
+      if (needs_gather(u))
+        release(u);
+      if (reduce)
+        reduce_unit(u);
     }
     return loss;
   }
@@ -352,18 +381,20 @@ struct ShardingEngine::State {
       float* p = us.params_sharded ? un.params.data() : un.params.data() + begin;
       const float* gr = spec.shard_gradients ? un.grad_shard.data() : un.grads.data() + begin;
       const auto count = static_cast<std::size_t>(n);
-      adamw_step<float>({p, count}, {gr, count}, un.exp_avg.span(), un.exp_avg_sq.span(), step_count,
-                        o.adamw);
+      adamw_step<float>({p, count}, {gr, count}, un.exp_avg.span(), un.exp_avg_sq.span(),
+                        step_count, o.adamw);
     }
   }
 
   // Sharded optimizer, parameters not partitioned (ZeRO-1/2, and units kept whole under ZeRO-3's
   // persistence threshold): every rank all-gathers the updated chunks in place.
   void gather_updated_parameters() {
-    if (!o.spec.shard_optimizer) return;
+    if (!o.spec.shard_optimizer)
+      return;
     for (std::int64_t u = 0; u < unit_count(); ++u) {
       const auto& us = shape(u);
-      if (us.params_sharded) continue;
+      if (us.params_sharded)
+        continue;
       float* p = unit(u).params.data();
       shard->all_gather(p + sl.chunk_begin(u), p, static_cast<std::size_t>(us.chunk), kF32);
     }
@@ -374,7 +405,8 @@ OwnedGroups make_groups(comm::Communicator& world, const costmodel::ShardingSpec
   OwnedGroups g;
   const int n = world.size(), r = world.rank(), S = spec.group(n);
   if (S < 1 || S > n || n % S != 0)
-    throw std::invalid_argument(fmt::format("a shard group of {} ranks does not divide {} ranks", S, n));
+    throw std::invalid_argument(
+        fmt::format("a shard group of {} ranks does not divide {} ranks", S, n));
   if (S < n) {
     g.shard = world.split(r / S, r % S);
     g.replica = world.split(r % S, r / S);
@@ -388,11 +420,14 @@ ShardingEngine::ShardingEngine(EngineOptions options, TrackedAllocator& allocato
     : s_(std::make_unique<State>(std::move(options), allocator, groups)) {
   auto& s = *s_;
   const auto& spec = s.o.spec;
-  if (groups.world == nullptr) throw std::invalid_argument("the world group is missing");
+  if (groups.world == nullptr)
+    throw std::invalid_argument("the world group is missing");
   if (spec.shard_parameters && !spec.shard_gradients)
-    throw std::invalid_argument("shard_parameters needs shard_gradients (no framework does otherwise)");
+    throw std::invalid_argument(
+        "shard_parameters needs shard_gradients (no framework does otherwise)");
   if (spec.shard_gradients && !spec.shard_optimizer)
-    throw std::invalid_argument("shard_gradients needs shard_optimizer (no framework does otherwise)");
+    throw std::invalid_argument(
+        "shard_gradients needs shard_optimizer (no framework does otherwise)");
   if (s.o.grad_accumulation < 1)
     throw std::invalid_argument(fmt::format("{} micro-batches per step", s.o.grad_accumulation));
   if (s.o.micro_batch.batch < 1 || s.o.micro_batch.seq < 1)
@@ -400,9 +435,11 @@ ShardingEngine::ShardingEngine(EngineOptions options, TrackedAllocator& allocato
   const auto& layout = s.model.layout();
   s.sl = make_shard_layout(layout, spec, groups.world->size(), groups.world->rank());
   check_group(groups.shard, s.sl.group, s.sl.shard_rank, "shard");
-  if (s.sl.replicas > 1) check_group(groups.replica, s.sl.replicas, s.sl.replica_rank, "replica");
+  if (s.sl.replicas > 1)
+    check_group(groups.replica, s.sl.replicas, s.sl.replica_rank, "replica");
   s.shard = std::make_unique<TimedCommunicator>(*groups.shard, s.stats);
-  if (s.sl.replicas > 1) s.replica = std::make_unique<TimedCommunicator>(*groups.replica, s.stats);
+  if (s.sl.replicas > 1)
+    s.replica = std::make_unique<TimedCommunicator>(*groups.replica, s.stats);
 
   if (s.o.prefetch_as_planned && spec.shard_parameters) {
     s.fwd_prefetch = spec.forward_prefetch;
@@ -443,7 +480,8 @@ ShardingEngine::ShardingEngine(EngineOptions options, TrackedAllocator& allocato
   if (spec.contiguous_grad_bucket) {
     const auto floats = static_cast<std::int64_t>(spec.reduce_bucket_bytes / sizeof(float));
     s.buckets[0] = allocator.allocate<float>(MemoryCategory::buffers, floats);
-    if (spec.flat_grad_partition) s.buckets[1] = allocator.allocate<float>(MemoryCategory::buffers, floats);
+    if (spec.flat_grad_partition)
+      s.buckets[1] = allocator.allocate<float>(MemoryCategory::buffers, floats);
   }
 }
 
@@ -502,11 +540,23 @@ std::vector<float> ShardingEngine::full_parameters(std::int64_t unit) {
   return out;
 }
 
-const GptLayout& ShardingEngine::layout() const { return s_->model.layout(); }
-const ShardLayout& ShardingEngine::shards() const { return s_->sl; }
-const EngineOptions& ShardingEngine::options() const { return s_->o; }
-std::int64_t ShardingEngine::steps_done() const { return s_->step_count; }
-int ShardingEngine::forward_prefetch() const { return s_->fwd_prefetch; }
-int ShardingEngine::backward_prefetch() const { return s_->bwd_prefetch; }
+const GptLayout& ShardingEngine::layout() const {
+  return s_->model.layout();
+}
+const ShardLayout& ShardingEngine::shards() const {
+  return s_->sl;
+}
+const EngineOptions& ShardingEngine::options() const {
+  return s_->o;
+}
+std::int64_t ShardingEngine::steps_done() const {
+  return s_->step_count;
+}
+int ShardingEngine::forward_prefetch() const {
+  return s_->fwd_prefetch;
+}
+int ShardingEngine::backward_prefetch() const {
+  return s_->bwd_prefetch;
+}
 
-}  // namespace shardplan::executor
+} // namespace shardplan::executor

@@ -1,6 +1,6 @@
 // The sharding engine: one optimizer step of a GPT model over a group of ranks, driven only by the
-// plan's ShardingSpec (DESIGN.md, "a strategy is a configuration, not a code path"). DDP, ZeRO-1/2/3,
-// FSDP's strategies and HSDP are the same code with different switches:
+// plan's ShardingSpec (DESIGN.md, "a strategy is a configuration, not a code path"). DDP,
+// ZeRO-1/2/3, FSDP's strategies and HSDP are the same code with different switches:
 //
 //   shard_parameters        parameters are chunks at rest; a unit is all-gathered before it runs
 //   reshard_after_forward   ...and freed after its forward (kept for the backward otherwise; the
@@ -36,8 +36,8 @@
 // by 1 / (micro-batches · ranks): the reduced gradient is the mean over the global batch.
 //
 // Data: sequence i of the global batch of step t is synthetic_sequences' sequence
-// t·global_batch + i; micro-batch k of rank r holds sequences (k·world + r)·b … + b − 1, so a run on
-// one rank with world × k micro-batches sees the same sequences as a run on `world` ranks.
+// t·global_batch + i; micro-batch k of rank r holds sequences (k·world + r)·b … + b − 1, so a run
+// on one rank with world × k micro-batches sees the same sequences as a run on `world` ranks.
 #pragma once
 
 #include <cstdint>
@@ -57,13 +57,13 @@
 namespace shardplan::executor {
 
 struct EngineOptions {
-  costmodel::ModelSpec model;      // the model that runs
+  costmodel::ModelSpec model; // the model that runs
   costmodel::ShardingSpec spec;
-  BatchShape micro_batch;          // sequences per micro-batch × tokens per sequence
-  std::int64_t grad_accumulation = 1;  // micro-batches per optimizer step on each rank
+  BatchShape micro_batch;             // sequences per micro-batch × tokens per sequence
+  std::int64_t grad_accumulation = 1; // micro-batches per optimizer step on each rank
   Checkpointing checkpointing = Checkpointing::none;
   AdamWOptions adamw;
-  std::uint64_t seed = 1234;       // initial parameters and tokens
+  std::uint64_t seed = 1234; // initial parameters and tokens
   // Prefetch. The plan's forward/backward_prefetch and max_inflight_allgathers say how far ahead
   // a GPU framework issues all-gathers so that they overlap compute. On a backend whose
   // collectives block the computing thread (MPI on CPUs) nothing can overlap: the engine gathers
@@ -78,10 +78,10 @@ struct EngineOptions {
 
 // The groups the engine's collectives run in. Not owned.
 struct EngineGroups {
-  comm::Communicator* world = nullptr;    // every rank
-  comm::Communicator* shard = nullptr;    // the shard group (the world without HSDP)
-  comm::Communicator* replica = nullptr;  // across shard groups; nullptr with a single group
-  bool stand_in = false;                  // rehearsal: collectives are local copies
+  comm::Communicator* world = nullptr;   // every rank
+  comm::Communicator* shard = nullptr;   // the shard group (the world without HSDP)
+  comm::Communicator* replica = nullptr; // across shard groups; nullptr with a single group
+  bool stand_in = false;                 // rehearsal: collectives are local copies
 };
 
 // The groups of a real run made from its world (collective over it): the shard group of S
@@ -94,13 +94,13 @@ struct OwnedGroups {
 OwnedGroups make_groups(comm::Communicator& world, const costmodel::ShardingSpec& spec);
 
 struct StepReport {
-  std::int64_t step = 0;    // 1-based
-  double loss = 0;          // mean over the global batch (this rank's alone in a rehearsal)
-  double step_s = 0;        // wall time of the step on this rank
-  double compute_s = 0;     // forward, backward and recompute
-  double optimizer_s = 0;   // AdamW over this rank's part
-  double copy_s = 0;        // gradient copies into and out of buckets, accumulation adds
-  CollectiveStats collectives;  // this step's
+  std::int64_t step = 0;       // 1-based
+  double loss = 0;             // mean over the global batch (this rank's alone in a rehearsal)
+  double step_s = 0;           // wall time of the step on this rank
+  double compute_s = 0;        // forward, backward and recompute
+  double optimizer_s = 0;      // AdamW over this rank's part
+  double copy_s = 0;           // gradient copies into and out of buckets, accumulation adds
+  CollectiveStats collectives; // this step's
   // CPU time of the computing thread over the step and over its compute parts: what the step
   // took while it ran. Wall time above CPU time is time the thread was not running (other load
   // on the machine; a collective that blocks instead of spinning).
@@ -109,7 +109,7 @@ struct StepReport {
 };
 
 class ShardingEngine {
- public:
+public:
   // Allocates this rank's parameters (initialised element by element, param_init.hpp) and
   // optimizer states, and the plan's persistent buffers. Throws OutOfMemory past the allocator's
   // capacity, std::invalid_argument for a spec or group the engine cannot run.
@@ -133,9 +133,9 @@ class ShardingEngine {
   int forward_prefetch() const;
   int backward_prefetch() const;
 
- private:
+private:
   struct State;
   std::unique_ptr<State> s_;
 };
 
-}  // namespace shardplan::executor
+} // namespace shardplan::executor

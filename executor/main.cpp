@@ -1,6 +1,7 @@
-// executor: runs a plan for real and writes what it measured (run_command.hpp); scale-config and
-// validate are helpers of the same loop. Exit codes: 0 done, 1 internal or MPI error, 2 bad input,
-// 3 out of memory under --capacity-GiB.
+// executor: runs a plan for real and writes what it measured (run_command.hpp; `planner validate`
+// compares it with the prediction); scale-config writes the config.json of a scaled-down model
+// for the planner. Exit codes: 0 done, 1 internal or MPI error, 2 bad input, 3 out of memory
+// under --capacity-GiB.
 #include <malloc.h>
 
 #include <fstream>
@@ -8,11 +9,9 @@
 
 #include "comm/process_identity.hpp"
 #include "costmodel/input_error.hpp"
-#include "costmodel/json_reader.hpp"
 #include "executor/command_line.hpp"
 #include "executor/run_command.hpp"
 #include "executor/scale_config.hpp"
-#include "planner/validate.hpp"
 
 namespace {
 
@@ -22,31 +21,23 @@ int run(int argc, char** argv) {
   try {
     cl = executor::parse_command_line(argc, argv);
     switch (cl.command) {
-      case executor::CommandLine::Command::help:
-        std::cout << cl.help_text;
-        return 0;
-      case executor::CommandLine::Command::scale_config: {
-        const auto config = executor::scaled_config(cl.scale_config.model, cl.scale_config.size);
-        std::ofstream out(cl.scale_config.out);
-        if (!(out << config.dump(2) << "\n"))
-          throw costmodel::InputError("--out", "cannot write \"" + cl.scale_config.out + "\"");
-        return 0;
-      }
-      case executor::CommandLine::Command::validate: {
-        const auto plan = costmodel::read_json_file(cl.validate.plan);
-        const auto run_doc = costmodel::read_json_file(cl.validate.run);
-        if (cl.validate.format == "json")
-          std::cout << planner::validate_json(plan, run_doc).dump(2) << "\n";
-        else
-          std::cout << planner::validate_table(plan, run_doc);
-        return 0;
-      }
-      case executor::CommandLine::Command::run:
-        break;
+    case executor::CommandLine::Command::help:
+      std::cout << cl.help_text;
+      return 0;
+    case executor::CommandLine::Command::scale_config: {
+      const auto config = executor::scaled_config(cl.scale_config.model, cl.scale_config.size);
+      std::ofstream out(cl.scale_config.out);
+      if (!(out << config.dump(2) << "\n"))
+        throw costmodel::InputError("--out", "cannot write \"" + cl.scale_config.out + "\"");
+      return 0;
+    }
+    case executor::CommandLine::Command::run:
+      break;
     }
   } catch (const costmodel::InputError& e) {
     // Under mpirun every rank parses the same command line: one of them says so.
-    if (comm::launcher_rank_from_environment() == 0) std::cerr << "executor: " << e.what() << "\n";
+    if (comm::launcher_rank_from_environment() == 0)
+      std::cerr << "executor: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "executor: internal error: " << e.what() << "\n";
@@ -55,7 +46,7 @@ int run(int argc, char** argv) {
   return cl.run.rehearse_rank ? executor::run_rehearsal(cl.run) : executor::run_under_mpi(cl.run);
 }
 
-}  // namespace
+} // namespace
 
 int main(int argc, char** argv) {
   // Keep freed buffers in the process's heap for the next step, as a framework's caching

@@ -12,4 +12,4 @@ namespace shardplan::executor {
 int run_under_mpi(const RunCommand& command);
 int run_rehearsal(const RunCommand& command);
 
-}  // namespace shardplan::executor
+} // namespace shardplan::executor

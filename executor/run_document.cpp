@@ -9,24 +9,27 @@
 namespace shardplan::executor {
 namespace {
 
-constexpr std::size_t kHeader = 3 + 2 * kMemoryCategoryCount;  // rank, peak, capacity, 2 breakdowns
+constexpr std::size_t kHeader = 3 + 2 * kMemoryCategoryCount; // rank, peak, capacity, 2 breakdowns
 constexpr std::size_t kPerStep = 8 + 4 * kCollectiveKindCount;
 
 double median(std::vector<double> v) {
-  if (v.empty()) return 0;
+  if (v.empty())
+    return 0;
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 std::vector<StepReport> steady(const std::vector<StepReport>& steps) {
-  if (steps.size() <= 1) return steps;
+  if (steps.size() <= 1)
+    return steps;
   return {steps.begin() + 1, steps.end()};
 }
 
 nlohmann::json breakdown_json(const MemoryBreakdown& b) {
   nlohmann::json j = nlohmann::json::object();
-  for (auto c : kMemoryCategories) j[category_name(c)] = b[c];
+  for (auto c : kMemoryCategories)
+    j[category_name(c)] = b[c];
   return j;
 }
 
@@ -34,15 +37,19 @@ nlohmann::json collectives_json(const CollectiveStats& s) {
   nlohmann::json j = nlohmann::json::object();
   for (std::size_t k = 0; k < kCollectiveKindCount; ++k) {
     const auto& t = s.kinds[k];
-    j[collective_kind_name(static_cast<CollectiveKind>(k))] = {
-        {"calls", t.calls}, {"seconds", t.seconds}, {"size_bytes", t.size_bytes}, {"bytes_sent", t.bytes_sent}};
+    j[collective_kind_name(static_cast<CollectiveKind>(k))] = {{"calls", t.calls},
+                                                               {"seconds", t.seconds},
+                                                               {"size_bytes", t.size_bytes},
+                                                               {"bytes_sent", t.bytes_sent}};
   }
   return j;
 }
 
-}  // namespace
+} // namespace
 
-std::size_t packed_size(std::size_t steps) { return kHeader + kPerStep * steps; }
+std::size_t packed_size(std::size_t steps) {
+  return kHeader + kPerStep * steps;
+}
 
 std::vector<double> pack(const RankRecord& r) {
   std::vector<double> v;
@@ -50,20 +57,24 @@ std::vector<double> pack(const RankRecord& r) {
   v.push_back(r.rank);
   v.push_back(static_cast<double>(r.peak_bytes));
   v.push_back(static_cast<double>(r.capacity_bytes));
-  for (auto c : kMemoryCategories) v.push_back(static_cast<double>(r.at_peak[c]));
-  for (auto c : kMemoryCategories) v.push_back(static_cast<double>(r.category_peaks[c]));
+  for (auto c : kMemoryCategories)
+    v.push_back(static_cast<double>(r.at_peak[c]));
+  for (auto c : kMemoryCategories)
+    v.push_back(static_cast<double>(r.category_peaks[c]));
   for (const auto& s : r.steps) {
-    for (double x : {static_cast<double>(s.step), s.loss, s.step_s, s.compute_s, s.optimizer_s, s.copy_s,
-                     s.step_cpu_s, s.compute_cpu_s})
+    for (double x : {static_cast<double>(s.step), s.loss, s.step_s, s.compute_s, s.optimizer_s,
+                     s.copy_s, s.step_cpu_s, s.compute_cpu_s})
       v.push_back(x);
     for (const auto& t : s.collectives.kinds)
-      for (double x : {static_cast<double>(t.calls), t.seconds, t.size_bytes, t.bytes_sent}) v.push_back(x);
+      for (double x : {static_cast<double>(t.calls), t.seconds, t.size_bytes, t.bytes_sent})
+        v.push_back(x);
   }
   return v;
 }
 
 RankRecord unpack(const std::vector<double>& v, std::size_t steps) {
-  if (v.size() != packed_size(steps)) throw std::invalid_argument("rank record of the wrong length");
+  if (v.size() != packed_size(steps))
+    throw std::invalid_argument("rank record of the wrong length");
   RankRecord r;
   std::size_t i = 0;
   auto next = [&] { return v[i++]; };
@@ -71,8 +82,10 @@ RankRecord unpack(const std::vector<double>& v, std::size_t steps) {
   r.rank = static_cast<int>(as_int(next()));
   r.peak_bytes = as_int(next());
   r.capacity_bytes = as_int(next());
-  for (auto c : kMemoryCategories) r.at_peak[c] = as_int(next());
-  for (auto c : kMemoryCategories) r.category_peaks[c] = as_int(next());
+  for (auto c : kMemoryCategories)
+    r.at_peak[c] = as_int(next());
+  for (auto c : kMemoryCategories)
+    r.category_peaks[c] = as_int(next());
   for (std::size_t k = 0; k < steps; ++k) {
     StepReport s;
     s.step = as_int(next());
@@ -96,13 +109,15 @@ RankRecord unpack(const std::vector<double>& v, std::size_t steps) {
 
 double steady_median(const std::vector<StepReport>& steps, double StepReport::*field) {
   std::vector<double> v;
-  for (const auto& s : steady(steps)) v.push_back(s.*field);
+  for (const auto& s : steady(steps))
+    v.push_back(s.*field);
   return median(v);
 }
 
 nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                             const std::vector<RankRecord>& ranks, const RunEnvironment& env) {
-  if (ranks.empty()) throw std::invalid_argument("no rank records");
+  if (ranks.empty())
+    throw std::invalid_argument("no rank records");
   const auto& plan = setup.plan;
   const auto& eo = engine.options();
   nlohmann::json doc;
@@ -111,13 +126,11 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
 
   // The plan and its prediction, copied so the run document stands alone.
   const auto plan_json = costmodel::plan_to_json(plan);
-  doc["plan"] = {{"strategy", plan.spec.strategy},
-                 {"flavour", costmodel::flavour_name(plan.spec.flavour)},
-                 {"hardware", plan.hardware},
-                 {"model", plan.model.name},
-                 {"gpus", plan.cluster.gpus},
-                 {"job", plan_json["job"]},
-                 {"sharding", plan_json["sharding"]}};
+  doc["plan"] = {
+      {"strategy", plan.spec.strategy},   {"flavour", costmodel::flavour_name(plan.spec.flavour)},
+      {"hardware", plan.hardware},        {"model", plan.model.name},
+      {"gpus", plan.cluster.gpus},        {"job", plan_json["job"]},
+      {"sharding", plan_json["sharding"]}};
   doc["prediction"] = plan_json["prediction"];
 
   doc["environment"] = {{"backend", env.backend},
@@ -125,13 +138,14 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                         {"ranks", setup.world},
                         {"hosts", env.hosts},
                         {"rehearsal", env.rehearsal},
-                        {"build", {{"compiler", __VERSION__},
+                        {"build",
+                         {{"compiler", __VERSION__},
 #ifdef NDEBUG
-                                   {"assertions", false}
+                          {"assertions", false}
 #else
-                                   {"assertions", true}
+                          {"assertions", true}
 #endif
-                                  }}};
+                         }}};
   if (env.rehearsal) {
     doc["environment"]["rehearsed_rank"] = env.rehearsed_rank;
     doc["environment"]["collective_time"] =
@@ -144,24 +158,26 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                   {"scaled", setup.scaled},
                   {"units", layout.unit_count()},
                   {"config", eo.model.hf_config}};
-  doc["execution"] = {{"precision", "fp32"},
-                      {"world_size", setup.world},
-                      {"steps", ranks.front().steps.size()},
-                      {"micro_batch", eo.micro_batch.batch},
-                      {"seq_len", eo.micro_batch.seq},
-                      {"grad_accumulation", eo.grad_accumulation},
-                      {"global_batch", setup.global_batch},
-                      {"checkpointing", eo.checkpointing == Checkpointing::full ? "full" : "none"},
-                      {"shard_group", engine.shards().group},
-                      {"forward_prefetch_executed", engine.forward_prefetch()},
-                      {"backward_prefetch_executed", engine.backward_prefetch()},
-                      {"seed", eo.seed},
-                      {"lr", eo.adamw.lr},
-                      {"deviations", setup.deviations},
-                      {"timing", "per-step wall time on each rank; summaries are medians of steps 2..K"}};
+  doc["execution"] = {
+      {"precision", "fp32"},
+      {"world_size", setup.world},
+      {"steps", ranks.front().steps.size()},
+      {"micro_batch", eo.micro_batch.batch},
+      {"seq_len", eo.micro_batch.seq},
+      {"grad_accumulation", eo.grad_accumulation},
+      {"global_batch", setup.global_batch},
+      {"checkpointing", eo.checkpointing == Checkpointing::full ? "full" : "none"},
+      {"shard_group", engine.shards().group},
+      {"forward_prefetch_executed", engine.forward_prefetch()},
+      {"backward_prefetch_executed", engine.backward_prefetch()},
+      {"seed", eo.seed},
+      {"lr", eo.adamw.lr},
+      {"deviations", setup.deviations},
+      {"timing", "per-step wall time on each rank; summaries are medians of steps 2..K"}};
 
   nlohmann::json loss = nlohmann::json::array();
-  for (const auto& s : ranks.front().steps) loss.push_back(s.loss);
+  for (const auto& s : ranks.front().steps)
+    loss.push_back(s.loss);
   doc["loss"] = loss;
 
   nlohmann::json per_rank = nlohmann::json::array();
@@ -169,10 +185,12 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
   std::vector<double> step_medians;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const auto& r = ranks[i];
-    if (r.peak_bytes > ranks[peak_rank].peak_bytes) peak_rank = i;
+    if (r.peak_bytes > ranks[peak_rank].peak_bytes)
+      peak_rank = i;
     const double step = steady_median(r.steps, &StepReport::step_s);
     step_medians.push_back(step);
-    if (step > step_medians[slow_rank]) slow_rank = i;
+    if (step > step_medians[slow_rank])
+      slow_rank = i;
     CollectiveStats total;
     nlohmann::json steps = nlohmann::json::array();
     for (const auto& s : r.steps) {
@@ -194,30 +212,31 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
     double coll_sum = 0;
     for (std::size_t k = 0; k < kCollectiveKindCount; ++k) {
       std::vector<double> v;
-      for (const auto& s : steady(r.steps)) v.push_back(s.collectives.kinds[k].seconds);
+      for (const auto& s : steady(r.steps))
+        v.push_back(s.collectives.kinds[k].seconds);
       const double m = median(v);
       coll_median[collective_kind_name(static_cast<CollectiveKind>(k))] = m;
       coll_sum += m;
     }
-    per_rank.push_back(
-        {{"rank", r.rank},
-         {"memory",
-          {{"peak_bytes", r.peak_bytes},
-           {"at_peak", breakdown_json(r.at_peak)},
-           {"category_peaks", breakdown_json(r.category_peaks)},
-           {"capacity_bytes", r.capacity_bytes == TrackedAllocator::kUnlimited ? nlohmann::json(nullptr)
-                                                                               : nlohmann::json(r.capacity_bytes)}}},
-         {"time",
-          {{"step_s", step},
-           {"compute_s", steady_median(r.steps, &StepReport::compute_s)},
-           {"optimizer_s", steady_median(r.steps, &StepReport::optimizer_s)},
-           {"copy_s", steady_median(r.steps, &StepReport::copy_s)},
-           {"step_cpu_s", steady_median(r.steps, &StepReport::step_cpu_s)},
-           {"compute_cpu_s", steady_median(r.steps, &StepReport::compute_cpu_s)},
-           {"collectives_s", coll_median},
-           {"collectives_total_s", coll_sum},
-           {"steps", steps}}},
-         {"collectives", collectives_json(total)}});
+    per_rank.push_back({{"rank", r.rank},
+                        {"memory",
+                         {{"peak_bytes", r.peak_bytes},
+                          {"at_peak", breakdown_json(r.at_peak)},
+                          {"category_peaks", breakdown_json(r.category_peaks)},
+                          {"capacity_bytes", r.capacity_bytes == TrackedAllocator::kUnlimited
+                                                 ? nlohmann::json(nullptr)
+                                                 : nlohmann::json(r.capacity_bytes)}}},
+                        {"time",
+                         {{"step_s", step},
+                          {"compute_s", steady_median(r.steps, &StepReport::compute_s)},
+                          {"optimizer_s", steady_median(r.steps, &StepReport::optimizer_s)},
+                          {"copy_s", steady_median(r.steps, &StepReport::copy_s)},
+                          {"step_cpu_s", steady_median(r.steps, &StepReport::step_cpu_s)},
+                          {"compute_cpu_s", steady_median(r.steps, &StepReport::compute_cpu_s)},
+                          {"collectives_s", coll_median},
+                          {"collectives_total_s", coll_sum},
+                          {"steps", steps}}},
+                        {"collectives", collectives_json(total)}});
   }
   doc["ranks"] = per_rank;
 
@@ -226,24 +245,26 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
   // Bytes the slowest rank sent per step (the cost model's comm_bytes_per_gpu).
   double bytes_sent = 0;
   for (const auto& s : ranks[slow_rank].steps)
-    for (const auto& t : s.collectives.kinds) bytes_sent += t.bytes_sent;
+    for (const auto& t : s.collectives.kinds)
+      bytes_sent += t.bytes_sent;
   const double steps = static_cast<double>(std::max<std::size_t>(1, ranks[slow_rank].steps.size()));
-  doc["summary"] = {
-      {"memory",
-       {{"peak_bytes", peak["memory"]["peak_bytes"]}, {"rank", peak["rank"]}, {"at_peak", peak["memory"]["at_peak"]}}},
-      {"time",
-       {{"rank", slow["rank"]},
-        {"step_s", slow["time"]["step_s"]},
-        {"compute_s", slow["time"]["compute_s"]},
-        {"optimizer_s", slow["time"]["optimizer_s"]},
-        {"copy_s", slow["time"]["copy_s"]},
-        {"step_cpu_s", slow["time"]["step_cpu_s"]},
-        {"compute_cpu_s", slow["time"]["compute_cpu_s"]},
-        {"collectives_s", slow["time"]["collectives_total_s"]},
-        {"collectives_by_kind_s", slow["time"]["collectives_s"]},
-        {"collective_time_excluded", env.rehearsal}}},
-      {"comm_bytes_per_step", bytes_sent / steps}};
+  doc["summary"] = {{"memory",
+                     {{"peak_bytes", peak["memory"]["peak_bytes"]},
+                      {"rank", peak["rank"]},
+                      {"at_peak", peak["memory"]["at_peak"]}}},
+                    {"time",
+                     {{"rank", slow["rank"]},
+                      {"step_s", slow["time"]["step_s"]},
+                      {"compute_s", slow["time"]["compute_s"]},
+                      {"optimizer_s", slow["time"]["optimizer_s"]},
+                      {"copy_s", slow["time"]["copy_s"]},
+                      {"step_cpu_s", slow["time"]["step_cpu_s"]},
+                      {"compute_cpu_s", slow["time"]["compute_cpu_s"]},
+                      {"collectives_s", slow["time"]["collectives_total_s"]},
+                      {"collectives_by_kind_s", slow["time"]["collectives_s"]},
+                      {"collective_time_excluded", env.rehearsal}}},
+                    {"comm_bytes_per_step", bytes_sent / steps}};
   return doc;
 }
 
-}  // namespace shardplan::executor
+} // namespace shardplan::executor

@@ -16,36 +16,44 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
   r.world = world;
   const auto& job = p.job;
   if (job.precision != costmodel::Precision::fp32)
-    throw InputError("/job/precision",
-                     fmt::format("the CPU executor runs fp32 only, got \"{}\"; plan with --precision fp32",
-                                 costmodel::precision_name(job.precision)));
+    throw InputError(
+        "/job/precision",
+        fmt::format("the CPU executor runs fp32 only, got \"{}\"; plan with --precision fp32",
+                    costmodel::precision_name(job.precision)));
   if (job.optimizer != costmodel::Optimizer::adamw)
     throw InputError("/job/optimizer", fmt::format("the executor runs adamw only, got \"{}\"",
                                                    costmodel::optimizer_name(job.optimizer)));
   if (job.attention != costmodel::AttentionImpl::eager)
-    throw InputError("/job/attention",
-                     fmt::format("the CPU executor materialises the attention scores (eager), got \"{}\"; "
-                                 "plan with --attention eager",
-                                 costmodel::attention_name(job.attention)));
+    throw InputError(
+        "/job/attention",
+        fmt::format("the CPU executor materialises the attention scores (eager), got \"{}\"; "
+                    "plan with --attention eager",
+                    costmodel::attention_name(job.attention)));
   if (job.checkpointing == costmodel::Checkpointing::selective)
-    throw InputError("/job/checkpointing",
-                     "selective recompute is not implemented by the executor, got \"selective\"; plan "
-                     "with --checkpointing none or full");
+    throw InputError(
+        "/job/checkpointing",
+        "selective recompute is not implemented by the executor, got \"selective\"; plan "
+        "with --checkpointing none or full");
   if (p.spec.offload != costmodel::Offload::none)
-    throw InputError("/sharding/offload",
-                     fmt::format("the CPU executor does not model a host/device split, so it cannot offload, "
-                                 "got \"{}\"",
-                                 costmodel::offload_name(p.spec.offload)));
+    throw InputError(
+        "/sharding/offload",
+        fmt::format("the CPU executor does not model a host/device split, so it cannot offload, "
+                    "got \"{}\"",
+                    costmodel::offload_name(p.spec.offload)));
   if (p.spec.shard_parameters && !p.spec.shard_gradients)
-    throw InputError("/sharding/shard_parameters", "true needs shard_gradients true (no framework does otherwise)");
+    throw InputError("/sharding/shard_parameters",
+                     "true needs shard_gradients true (no framework does otherwise)");
   if (p.cluster.gpus != world)
-    throw InputError("/cluster/gpus", fmt::format("the plan is for {} ranks, the run has {}", p.cluster.gpus, world));
+    throw InputError("/cluster/gpus", fmt::format("the plan is for {} ranks, the run has {}",
+                                                  p.cluster.gpus, world));
   if (const int S = p.spec.group(world); S > world || world % S != 0)
-    throw InputError("/sharding/shard_group_size",
-                     fmt::format("a shard group of {} ranks does not divide the {} ranks", S, world));
+    throw InputError(
+        "/sharding/shard_group_size",
+        fmt::format("a shard group of {} ranks does not divide the {} ranks", S, world));
   if (p.model.architecture == costmodel::Architecture::uniform)
-    throw InputError("/model", fmt::format("\"{}\" is a bare parameter count: there is no architecture to run",
-                                           p.model.name));
+    throw InputError(
+        "/model", fmt::format("\"{}\" is a bare parameter count: there is no architecture to run",
+                              p.model.name));
 
   auto& e = r.engine;
   e.model = p.model;
@@ -53,43 +61,52 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
     e.model = scale_down(p.model, *request.scale);
     r.scaled = true;
   }
-  GptLayout check(e.model);  // throws for what the model cannot build
+  GptLayout check(e.model); // throws for what the model cannot build
   e.spec = p.spec;
   e.micro_batch = {job.micro_batch, job.seq_len};
   if (request.scale_seq) {
-    if (*request.scale_seq < 1) throw InputError("--scale-seq", fmt::format("must be >= 1, got {}", *request.scale_seq));
+    if (*request.scale_seq < 1)
+      throw InputError("--scale-seq", fmt::format("must be >= 1, got {}", *request.scale_seq));
     e.micro_batch.seq = *request.scale_seq;
     r.scaled = r.scaled || *request.scale_seq != job.seq_len;
   }
-  if (e.model.positions == costmodel::PositionKind::learned && e.micro_batch.seq > e.model.max_positions)
-    throw InputError("/job/seq_len", fmt::format("{} tokens exceed the model's {} learned positions",
-                                                 e.micro_batch.seq, e.model.max_positions));
+  if (e.model.positions == costmodel::PositionKind::learned &&
+      e.micro_batch.seq > e.model.max_positions)
+    throw InputError("/job/seq_len",
+                     fmt::format("{} tokens exceed the model's {} learned positions",
+                                 e.micro_batch.seq, e.model.max_positions));
   e.grad_accumulation = job.global_batch / (world * job.micro_batch);
   r.global_batch = job.global_batch;
-  e.checkpointing = job.checkpointing == costmodel::Checkpointing::full ? Checkpointing::full : Checkpointing::none;
+  e.checkpointing = job.checkpointing == costmodel::Checkpointing::full ? Checkpointing::full
+                                                                        : Checkpointing::none;
   e.adamw.lr = request.lr;
   e.seed = request.seed;
   e.prefetch_as_planned = request.prefetch_as_planned;
 
   if (p.spec.reduce_dtype != costmodel::DType::fp32)
-    r.deviations.push_back(fmt::format("gradients are reduced in fp32, not {} (/sharding/reduce_dtype): MPI "
-                                       "reduces the fp32 buffers",
-                                       costmodel::dtype_name(p.spec.reduce_dtype)));
+    r.deviations.push_back(
+        fmt::format("gradients are reduced in fp32, not {} (/sharding/reduce_dtype): MPI "
+                    "reduces the fp32 buffers",
+                    costmodel::dtype_name(p.spec.reduce_dtype)));
   if (p.model.attention_dropout || p.model.residual_dropout)
-    r.deviations.push_back("dropout is not applied (the executor trains deterministically); the prediction "
-                           "counts its masks");
+    r.deviations.push_back(
+        "dropout is not applied (the executor trains deterministically); the prediction "
+        "counts its masks");
   if (p.spec.shard_parameters && !request.prefetch_as_planned &&
       (p.spec.forward_prefetch > 0 || p.spec.backward_prefetch > 0))
-    r.deviations.push_back("all-gathers are issued when a unit is about to run, not prefetched: MPI collectives "
-                           "block the computing thread, as the cost model's CPU profile assumes "
-                           "(--prefetch-as-planned issues them ahead)");
+    r.deviations.push_back(
+        "all-gathers are issued when a unit is about to run, not prefetched: MPI collectives "
+        "block the computing thread, as the cost model's CPU profile assumes "
+        "(--prefetch-as-planned issues them ahead)");
   if (p.spec.persistence_threshold > 0 && p.spec.shard_parameters)
-    r.deviations.push_back("units with a tensor at or above the persistence threshold are partitioned whole, "
-                           "their small tensors too (shard_layout.hpp)");
+    r.deviations.push_back(
+        "units with a tensor at or above the persistence threshold are partitioned whole, "
+        "their small tensors too (shard_layout.hpp)");
   if (r.scaled)
-    r.deviations.push_back("the model or sequence was scaled down on the command line: the plan's prediction "
-                           "is for the unscaled model");
+    r.deviations.push_back(
+        "the model or sequence was scaled down on the command line: the plan's prediction "
+        "is for the unscaled model");
   return r;
 }
 
-}  // namespace shardplan::executor
+} // namespace shardplan::executor

@@ -27,8 +27,8 @@ namespace shardplan::executor {
 struct RunRequest {
   std::int64_t steps = 3;
   std::uint64_t seed = 1234;
-  std::optional<ScaledSize> scale;   // run a scaled copy of the plan's model
-  std::optional<std::int64_t> scale_seq;  // and a shorter sequence
+  std::optional<ScaledSize> scale;       // run a scaled copy of the plan's model
+  std::optional<std::int64_t> scale_seq; // and a shorter sequence
   bool prefetch_as_planned = false;
   double lr = 1e-3;
 };
@@ -37,12 +37,12 @@ struct RunSetup {
   costmodel::Plan plan;
   EngineOptions engine;
   int world = 1;
-  std::int64_t global_batch = 0;  // sequences per step in the run
-  bool scaled = false;            // the run's model or sequence differs from the plan's
-  std::vector<std::string> deviations;  // what runs differently from the plan, in words
+  std::int64_t global_batch = 0;       // sequences per step in the run
+  bool scaled = false;                 // the run's model or sequence differs from the plan's
+  std::vector<std::string> deviations; // what runs differently from the plan, in words
 };
 
 // Throws costmodel::InputError (bad or unrunnable plan, bad scale).
 RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const RunRequest& request);
 
-}  // namespace shardplan::executor
+} // namespace shardplan::executor

@@ -10,7 +10,7 @@ namespace shardplan::executor {
 namespace {
 
 class HostBuffer final : public comm::CommBuffer {
- public:
+public:
   explicit HostBuffer(std::size_t bytes) : data_(bytes) {}
   void* data() override { return data_.data(); }
   std::size_t bytes() const override { return data_.size(); }
@@ -21,15 +21,16 @@ class HostBuffer final : public comm::CommBuffer {
     std::memcpy(destination, data_.data() + offset, bytes);
   }
 
- private:
+private:
   std::vector<unsigned char> data_;
 };
 
 void copy_if_distinct(const void* send, void* recv, std::size_t bytes) {
-  if (send != recv && bytes > 0) std::memmove(recv, send, bytes);
+  if (send != recv && bytes > 0)
+    std::memmove(recv, send, bytes);
 }
 
-}  // namespace
+} // namespace
 
 StandInCommunicator::StandInCommunicator(int rank, int size) : rank_(rank), size_(size) {
   if (size < 1 || rank < 0 || rank >= size)
@@ -47,7 +48,8 @@ void StandInCommunicator::all_reduce(const void* send, void* recv, std::size_t c
 
 void StandInCommunicator::reduce(const void* send, void* recv, std::size_t count,
                                  comm::DataType type, int root, comm::ReduceOp) {
-  if (rank_ == root) copy_if_distinct(send, recv, count * comm::element_bytes(type));
+  if (rank_ == root)
+    copy_if_distinct(send, recv, count * comm::element_bytes(type));
 }
 
 void StandInCommunicator::all_gather(const void* send, void* recv, std::size_t count,
@@ -57,13 +59,15 @@ void StandInCommunicator::all_gather(const void* send, void* recv, std::size_t c
   const unsigned char* mine = out + static_cast<std::size_t>(rank_) * block;
   copy_if_distinct(send, out + static_cast<std::size_t>(rank_) * block, block);
   for (int r = 0; r < size_; ++r)
-    if (r != rank_) std::memcpy(out + static_cast<std::size_t>(r) * block, mine, block);
+    if (r != rank_)
+      std::memcpy(out + static_cast<std::size_t>(r) * block, mine, block);
 }
 
 void StandInCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count,
                                          comm::DataType type, comm::ReduceOp) {
   const std::size_t block = count * comm::element_bytes(type);
-  std::memcpy(recv, static_cast<const unsigned char*>(send) + static_cast<std::size_t>(rank_) * block,
+  std::memcpy(recv,
+              static_cast<const unsigned char*>(send) + static_cast<std::size_t>(rank_) * block,
               block);
 }
 
@@ -78,4 +82,4 @@ std::unique_ptr<comm::Communicator> StandInCommunicator::split(int, int) {
   return std::make_unique<StandInCommunicator>(0, 1);
 }
 
-}  // namespace shardplan::executor
+} // namespace shardplan::executor

@@ -16,7 +16,7 @@
 namespace shardplan::executor {
 
 class StandInCommunicator final : public comm::Communicator {
- public:
+public:
   // Throws std::invalid_argument unless 0 <= rank < size.
   StandInCommunicator(int rank, int size);
 
@@ -42,9 +42,9 @@ class StandInCommunicator final : public comm::Communicator {
   // shard and replica groups with the constructor (rank and size within each group) instead.
   std::unique_ptr<comm::Communicator> split(int color, int key) override;
 
- private:
+private:
   int rank_;
   int size_;
 };
 
-}  // namespace shardplan::executor
+} // namespace shardplan::executor

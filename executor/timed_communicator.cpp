@@ -21,7 +21,7 @@ namespace {
 double bytes_of(std::size_t count, comm::DataType type) {
   return static_cast<double>(count * comm::element_bytes(type));
 }
-}  // namespace
+} // namespace
 
 void TimedCommunicator::all_reduce(const void* send, void* recv, std::size_t count,
                                    comm::DataType type, comm::ReduceOp op) {
@@ -29,8 +29,8 @@ void TimedCommunicator::all_reduce(const void* send, void* recv, std::size_t cou
         [&] { inner_.all_reduce(send, recv, count, type, op); });
 }
 
-void TimedCommunicator::reduce(const void* send, void* recv, std::size_t count,
-                               comm::DataType type, int root, comm::ReduceOp op) {
+void TimedCommunicator::reduce(const void* send, void* recv, std::size_t count, comm::DataType type,
+                               int root, comm::ReduceOp op) {
   timed(CollectiveKind::other, costmodel::Collective::reduce, bytes_of(count, type),
         [&] { inner_.reduce(send, recv, count, type, root, op); });
 }
@@ -65,4 +65,4 @@ void TimedCommunicator::barrier() {
   timed(CollectiveKind::other, costmodel::Collective::all_reduce, 0, [&] { inner_.barrier(); });
 }
 
-}  // namespace shardplan::executor
+} // namespace shardplan::executor

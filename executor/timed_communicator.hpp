@@ -13,7 +13,7 @@
 namespace shardplan::executor {
 
 class TimedCommunicator final : public comm::Communicator {
- public:
+public:
   // Neither `inner` nor `stats` is owned; both must outlive this object.
   TimedCommunicator(comm::Communicator& inner, CollectiveStats& stats)
       : inner_(inner), stats_(stats) {}
@@ -43,7 +43,7 @@ class TimedCommunicator final : public comm::Communicator {
     return inner_.split(color, key);
   }
 
- private:
+private:
   template <class F>
   void timed(CollectiveKind kind, costmodel::Collective op, double size_bytes, F&& call);
 
@@ -51,4 +51,4 @@ class TimedCommunicator final : public comm::Communicator {
   CollectiveStats& stats_;
 };
 
-}  // namespace shardplan::executor
+} // namespace shardplan::executor

@@ -64,8 +64,11 @@ Evaluation evaluate_choosing_micro_batch(const Scenario& sc, const ShardingSpec&
 
 std::string scenario_line(const Scenario& sc) {
   const auto& m = sc.model;
-  return fmt::format("{} ({:.2f} B params) on {} x {} ({} node{}), seq {}, global batch {}, {} {}",
-                     m.name, static_cast<double>(m.total_params()) / 1e9, sc.cluster.gpus,
+  const double params = static_cast<double>(m.total_params());
+  const std::string count = params >= 1e9 ? fmt::format("{:.2f} B", params / 1e9)
+                                          : fmt::format("{:.2f} M", params / 1e6);
+  return fmt::format("{} ({} params) on {} x {} ({} node{}), seq {}, global batch {}, {} {}",
+                     m.name, count, sc.cluster.gpus,
                      sc.hardware.name, sc.cluster.nodes(), sc.cluster.nodes() == 1 ? "" : "s",
                      sc.job.seq_len, sc.job.global_batch, precision_name(sc.job.precision),
                      optimizer_name(sc.job.optimizer));

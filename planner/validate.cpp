@@ -24,7 +24,7 @@ struct RunFacts {
   double peak_bytes = 0;
   std::array<double, costmodel::kCategories> at_peak{};
   double step_s = 0, compute_s = 0, optimizer_s = 0, copy_s = 0, collectives_s = 0;
-  std::optional<double> step_cpu_s, compute_cpu_s;  // CPU time of the computing thread
+  std::optional<double> step_cpu_s, compute_cpu_s; // CPU time of the computing thread
   bool collective_time_excluded = false;
   double comm_bytes_per_step = 0;
   bool scaled = false;
@@ -38,7 +38,9 @@ struct RunFacts {
 RunFacts read_run(const json& run) {
   ObjectReader r(run, "");
   if (r.integer("schema_version") != 1)
-    throw InputError("/schema_version", fmt::format("must be 1, got {}", costmodel::describe_value(run["schema_version"])));
+    throw InputError(
+        "/schema_version",
+        fmt::format("must be 1, got {}", costmodel::describe_value(run["schema_version"])));
   if (const auto kind = r.string("kind"); kind != "shardplan.run")
     throw InputError("/kind", fmt::format("must be \"shardplan.run\", got \"{}\"", kind));
   RunFacts f;
@@ -49,8 +51,8 @@ RunFacts read_run(const json& run) {
     m.integer("rank", Range::non_negative());
     ObjectReader b(m.object("at_peak"), "/summary/memory/at_peak");
     for (int c = 0; c < costmodel::kCategories; ++c)
-      f.at_peak[static_cast<std::size_t>(c)] =
-          b.number(costmodel::category_name(static_cast<costmodel::Category>(c)), Range::non_negative());
+      f.at_peak[static_cast<std::size_t>(c)] = b.number(
+          costmodel::category_name(static_cast<costmodel::Category>(c)), Range::non_negative());
     b.finish();
     m.finish();
     ObjectReader t(s.object("time"), "/summary/time");
@@ -71,39 +73,47 @@ RunFacts read_run(const json& run) {
   {
     ObjectReader mo(r.object("model"), "/model");
     f.scaled = mo.boolean("scaled");
-    for (const char* k : {"name", "params", "units", "config"}) mo.ignore(k);
+    for (const char* k : {"name", "params", "units", "config"})
+      mo.ignore(k);
     mo.finish();
   }
   {
     ObjectReader e(r.object("environment"), "/environment");
     f.rehearsal = e.boolean("rehearsal");
     f.world = static_cast<int>(e.integer("ranks", Range{1, 1e6, false}));
-    for (const char* k : {"backend", "library", "hosts", "build", "rehearsed_rank", "collective_time"}) e.ignore(k);
+    for (const char* k :
+         {"backend", "library", "hosts", "build", "rehearsed_rank", "collective_time"})
+      e.ignore(k);
     e.finish();
   }
   {
     ObjectReader p(r.object("plan"), "/plan");
     f.strategy = p.string("strategy");
     const auto& job = p.object("job");
-    if (job.contains("micro_batch") && job["micro_batch"].is_number_integer()) f.micro_batch = job["micro_batch"];
-    for (const char* k : {"flavour", "hardware", "model", "gpus", "job", "sharding"}) p.ignore(k);
+    if (job.contains("micro_batch") && job["micro_batch"].is_number_integer())
+      f.micro_batch = job["micro_batch"];
+    for (const char* k : {"flavour", "hardware", "model", "gpus", "job", "sharding"})
+      p.ignore(k);
     p.finish();
   }
   {
     ObjectReader x(r.object("execution"), "/execution");
     if (const auto* d = x.optional_array("deviations"))
       for (const auto& v : *d)
-        if (v.is_string()) f.deviations.push_back(v.get<std::string>());
+        if (v.is_string())
+          f.deviations.push_back(v.get<std::string>());
     x.ignore_if([](const std::string&) { return true; });
     x.finish();
   }
-  for (const char* k : {"prediction", "loss", "ranks"}) r.ignore(k);
+  for (const char* k : {"prediction", "loss", "ranks"})
+    r.ignore(k);
   r.finish();
   return f;
 }
 
 json rel_error(double predicted, double measured) {
-  if (measured == 0) return predicted == 0 ? json(0.0) : json(nullptr);
+  if (measured == 0)
+    return predicted == 0 ? json(0.0) : json(nullptr);
   return (predicted - measured) / measured;
 }
 
@@ -117,25 +127,24 @@ std::string percent(const json& e) {
   return e.is_null() ? std::string("n/a") : fmt::format("{:+.1f}%", 100 * e.get<double>());
 }
 
-}  // namespace
+} // namespace
 
 json validate_json(const json& plan_document, const json& run_document) {
   const auto plan = costmodel::plan_from_json(plan_document);
   const auto run = read_run(run_document);
   const auto& pr = plan.prediction;
   json out;
-  out["plan"] = {{"strategy", plan.spec.strategy},
-                 {"flavour", costmodel::flavour_name(plan.spec.flavour)},
-                 {"gpus", plan.cluster.gpus},
-                 {"micro_batch", plan.job.micro_batch},
-                 {"model", plan.model.name},
-                 {"hardware", plan.hardware},
-                 {"peak_when", pr.peak_when}};
+  out["plan"] = {
+      {"strategy", plan.spec.strategy}, {"flavour", costmodel::flavour_name(plan.spec.flavour)},
+      {"gpus", plan.cluster.gpus},      {"micro_batch", plan.job.micro_batch},
+      {"model", plan.model.name},       {"hardware", plan.hardware},
+      {"peak_when", pr.peak_when}};
 
   json categories = json::object();
   for (int c = 0; c < costmodel::kCategories; ++c) {
     const auto name = costmodel::category_name(static_cast<costmodel::Category>(c));
-    categories[name] = compare(pr.at_peak[static_cast<std::size_t>(c)], run.at_peak[static_cast<std::size_t>(c)], "bytes");
+    categories[name] = compare(pr.at_peak[static_cast<std::size_t>(c)],
+                               run.at_peak[static_cast<std::size_t>(c)], "bytes");
   }
   out["memory"] = {{"categories", categories},
                    {"peak_predicted_bytes", pr.peak_bytes},
@@ -152,23 +161,30 @@ json validate_json(const json& plan_document, const json& run_document) {
                    {"communication", compare(pr.exposed_comm_s, run.collectives_s, "s")},
                    {"other", {{"measured_s", other}, {"copy_s", run.copy_s}}}}},
                  {"comm_bytes", compare(pr.comm_bytes_per_gpu, run.comm_bytes_per_step, "bytes")}};
-  if (run.step_cpu_s) out["time"]["step_cpu_s"] = *run.step_cpu_s;
-  if (run.compute_cpu_s) out["time"]["compute_cpu_s"] = *run.compute_cpu_s;
+  if (run.step_cpu_s)
+    out["time"]["step_cpu_s"] = *run.step_cpu_s;
+  if (run.compute_cpu_s)
+    out["time"]["compute_cpu_s"] = *run.compute_cpu_s;
 
   json notes = json::array();
   if (run.scaled)
-    notes.push_back("the run used a scaled-down copy of the plan's model: the prediction is for the plan's model");
+    notes.push_back("the run used a scaled-down copy of the plan's model: the prediction is for "
+                    "the plan's model");
   if (run.rehearsal || run.collective_time_excluded)
-    notes.push_back("a rehearsal: collectives were local copies, so communication time is not comparable");
+    notes.push_back(
+        "a rehearsal: collectives were local copies, so communication time is not comparable");
   if (run.world != plan.cluster.gpus || run.strategy != plan.spec.strategy ||
       (run.micro_batch != 0 && run.micro_batch != plan.job.micro_batch))
-    notes.push_back(fmt::format("the run was made from another plan ({} on {} ranks, micro-batch {})", run.strategy,
-                                run.world, run.micro_batch));
+    notes.push_back(
+        fmt::format("the run was made from another plan ({} on {} ranks, micro-batch {})",
+                    run.strategy, run.world, run.micro_batch));
   if (run.step_cpu_s && run.step_s > 0 && *run.step_cpu_s < 0.9 * run.step_s)
-    notes.push_back(fmt::format("the measuring rank's thread ran {:.0f}% of the step's wall time: other load on the "
-                                "machine took its core, so the measured times are inflated",
-                                100 * *run.step_cpu_s / run.step_s));
-  for (const auto& d : run.deviations) notes.push_back("executor: " + d);
+    notes.push_back(fmt::format(
+        "the measuring rank's thread ran {:.0f}% of the step's wall time: other load on the "
+        "machine took its core, so the measured times are inflated",
+        100 * *run.step_cpu_s / run.step_s));
+  for (const auto& d : run.deviations)
+    notes.push_back("executor: " + d);
   out["notes"] = notes;
   return out;
 }
@@ -176,17 +192,20 @@ json validate_json(const json& plan_document, const json& run_document) {
 std::string validate_table(const json& plan_document, const json& run_document) {
   const json v = validate_json(plan_document, run_document);
   Text t;
-  t.line("plan: {} ({}) on {} ranks, micro-batch {}, model {}, hardware {}", v["plan"]["strategy"].get<std::string>(),
-         v["plan"]["flavour"].get<std::string>(), v["plan"]["gpus"].get<int>(), v["plan"]["micro_batch"].get<std::int64_t>(),
+  t.line("plan: {} ({}) on {} ranks, micro-batch {}, model {}, hardware {}",
+         v["plan"]["strategy"].get<std::string>(), v["plan"]["flavour"].get<std::string>(),
+         v["plan"]["gpus"].get<int>(), v["plan"]["micro_batch"].get<std::int64_t>(),
          v["plan"]["model"].get<std::string>(), v["plan"]["hardware"].get<std::string>());
   t.line("predicted peak: {}", v["plan"]["peak_when"].get<std::string>());
   t.line("");
-  t.line("{:<28} {:>14} {:>14} {:>9}", "memory at the peak", "predicted MiB", "measured MiB", "error");
+  t.line("{:<28} {:>14} {:>14} {:>9}", "memory at the peak", "predicted MiB", "measured MiB",
+         "error");
   for (const auto& [name, c] : v["memory"]["categories"].items())
     t.line("  {:<26} {:>14.3f} {:>14.3f} {:>9}", name, c["predicted_bytes"].get<double>() / kMiB,
            c["measured_bytes"].get<double>() / kMiB, percent(c["rel_error"]));
   const auto& m = v["memory"];
-  t.line("  {:<26} {:>14.3f} {:>14.3f} {:>9}", "peak", m["peak_predicted_bytes"].get<double>() / kMiB,
+  t.line("  {:<26} {:>14.3f} {:>14.3f} {:>9}", "peak",
+         m["peak_predicted_bytes"].get<double>() / kMiB,
          m["peak_measured_bytes"].get<double>() / kMiB, percent(m["peak_rel_error"]));
   t.line("");
   const auto& tm = v["time"];
@@ -194,21 +213,28 @@ std::string validate_table(const json& plan_document, const json& run_document) 
   t.line("  {:<26} {:>14.4f} {:>14.4f} {:>9}", "step", tm["step_predicted_s"].get<double>(),
          tm["step_measured_s"].get<double>(), percent(tm["step_rel_error"]));
   const auto& parts = tm["parts"];
-  t.line("  {:<26} {:>14.4f} {:>14.4f} {:>9}", "compute (with optimizer)", parts["compute"]["predicted_s"].get<double>(),
+  t.line("  {:<26} {:>14.4f} {:>14.4f} {:>9}", "compute (with optimizer)",
+         parts["compute"]["predicted_s"].get<double>(),
          parts["compute"]["measured_s"].get<double>(), percent(parts["compute"]["rel_error"]));
-  t.line("  {:<26} {:>14.4f} {:>14.4f} {:>9}", "communication", parts["communication"]["predicted_s"].get<double>(),
-         parts["communication"]["measured_s"].get<double>(), percent(parts["communication"]["rel_error"]));
-  t.line("  {:<26} {:>14} {:>14.4f} {:>9}", "other (copies, gaps)", "-", parts["other"]["measured_s"].get<double>(), "");
-  t.line("  {:<26} {:>14.0f} {:>14.0f} {:>9}", "bytes sent per rank", tm["comm_bytes"]["predicted_bytes"].get<double>(),
+  t.line("  {:<26} {:>14.4f} {:>14.4f} {:>9}", "communication",
+         parts["communication"]["predicted_s"].get<double>(),
+         parts["communication"]["measured_s"].get<double>(),
+         percent(parts["communication"]["rel_error"]));
+  t.line("  {:<26} {:>14} {:>14.4f} {:>9}", "other (copies, gaps)", "-",
+         parts["other"]["measured_s"].get<double>(), "");
+  t.line("  {:<26} {:>14.0f} {:>14.0f} {:>9}", "bytes sent per rank",
+         tm["comm_bytes"]["predicted_bytes"].get<double>(),
          tm["comm_bytes"]["measured_bytes"].get<double>(), percent(tm["comm_bytes"]["rel_error"]));
   if (!v["notes"].empty()) {
     t.line("");
     t.line("notes");
-    for (const auto& n : v["notes"]) t.line("  - {}", n.get<std::string>());
+    for (const auto& n : v["notes"])
+      t.line("  - {}", n.get<std::string>());
   }
   t.line("");
-  t.line("peak memory error {}, step time error {}", percent(m["peak_rel_error"]), percent(tm["step_rel_error"]));
+  t.line("peak memory error {}, step time error {}", percent(m["peak_rel_error"]),
+         percent(tm["step_rel_error"]));
   return t.str;
 }
 
-}  // namespace shardplan::planner
+} // namespace shardplan::planner

@@ -26,7 +26,8 @@ namespace shardplan::planner {
 // plan_document: a plan (planner recommend --emit plan); run_document: executor's run.json.
 // Throws costmodel::InputError naming the JSON pointer of a missing or malformed field (in the
 // plan: as plan_from_json; in the run: "/summary/time/step_s: missing key").
-nlohmann::json validate_json(const nlohmann::json& plan_document, const nlohmann::json& run_document);
+nlohmann::json validate_json(const nlohmann::json& plan_document,
+                             const nlohmann::json& run_document);
 std::string validate_table(const nlohmann::json& plan_document, const nlohmann::json& run_document);
 
-}  // namespace shardplan::planner
+} // namespace shardplan::planner

@@ -26,6 +26,11 @@ if ((${#missing[@]})); then
 fi
 cxx=$(command -v clang++ || command -v clang++-14)
 
+# A build folder configured with another compiler (say, the plain preset's default) starts over.
+if [ -f "$build/CMakeCache.txt" ] && ! grep -qx "CMAKE_CXX_COMPILER:[A-Z]*=$cxx" "$build/CMakeCache.txt"; then
+  rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
+fi
+
 # The `sanitize` preset (ASan and UBSan, every report fatal; CPU only) configured exactly as
 # scripts/sanitize.sh configures it: clang, -O1 with line tables, the libraries instrumented for
 # coverage (fuzzer-no-link), and the fuzz targets on. FUZZ_BUILD_DIR=build/sanitize reuses its build.

@@ -14,7 +14,7 @@ namespace shardplan::executor::testing {
 
 struct EngineRun {
   std::vector<double> losses;
-  std::vector<std::vector<float>> params;  // per unit, whole
+  std::vector<std::vector<float>> params; // per unit, whole
   MemoryBreakdown at_peak;
   MemoryBreakdown category_peaks;
   std::int64_t peak_bytes = 0;
@@ -25,17 +25,20 @@ struct EngineRun {
 inline costmodel::ShardingSpec test_spec(const std::string& strategy, costmodel::Flavour flavour,
                                          int world, double bucket = 4096) {
   std::optional<int> group;
-  if (strategy == "hsdp") group = world >= 4 && world % 2 == 0 ? 2 : 1;
+  if (strategy == "hsdp")
+    group = world >= 4 && world % 2 == 0 ? 2 : 1;
   auto spec = costmodel::make_spec(strategy, flavour, world, group);
   if (spec.contiguous_grad_bucket) {
     spec.reduce_bucket_bytes = bucket;
     spec.allgather_bucket_bytes = bucket;
   }
-  if (spec.flavour == costmodel::Flavour::ddp) spec.reduce_bucket_bytes = bucket;
+  if (spec.flavour == costmodel::Flavour::ddp)
+    spec.reduce_bucket_bytes = bucket;
   return spec;
 }
 
-inline EngineOptions test_options(const costmodel::ModelSpec& model, const costmodel::ShardingSpec& spec,
+inline EngineOptions test_options(const costmodel::ModelSpec& model,
+                                  const costmodel::ShardingSpec& spec,
                                   std::int64_t grad_accumulation = 2,
                                   Checkpointing ckpt = Checkpointing::none) {
   EngineOptions o;
@@ -44,7 +47,7 @@ inline EngineOptions test_options(const costmodel::ModelSpec& model, const costm
   o.micro_batch = {2, 8};
   o.grad_accumulation = grad_accumulation;
   o.checkpointing = ckpt;
-  o.adamw.lr = 1e-2;  // large steps: differences between strategies show
+  o.adamw.lr = 1e-2; // large steps: differences between strategies show
   o.seed = 77;
   return o;
 }
@@ -55,13 +58,16 @@ inline EngineRun run_engine(const EngineOptions& options, EngineGroups groups, i
   EngineRun r;
   {
     ShardingEngine engine(options, allocator, groups);
-    for (int k = 0; k < steps; ++k) r.losses.push_back(engine.step().loss);
+    for (int k = 0; k < steps; ++k)
+      r.losses.push_back(engine.step().loss);
     if (gather_params)
-      for (std::int64_t u = 0; u < engine.layout().unit_count(); ++u) r.params.push_back(engine.full_parameters(u));
+      for (std::int64_t u = 0; u < engine.layout().unit_count(); ++u)
+        r.params.push_back(engine.full_parameters(u));
   }
   r.at_peak = allocator.breakdown_at_peak();
   r.peak_bytes = allocator.peak_bytes();
-  for (auto c : kMemoryCategories) r.category_peaks[c] = allocator.peak_bytes(c);
+  for (auto c : kMemoryCategories)
+    r.category_peaks[c] = allocator.peak_bytes(c);
   return r;
 }
 
@@ -73,7 +79,7 @@ inline EngineRun rehearse_engine(const EngineOptions& options, int rank, int wor
 }
 
 inline double max_abs_difference(const std::vector<std::vector<float>>& a,
-                                  const std::vector<std::vector<float>>& b) {
+                                 const std::vector<std::vector<float>>& b) {
   double worst = 0;
   for (std::size_t u = 0; u < a.size(); ++u)
     for (std::size_t i = 0; i < a[u].size(); ++i)
@@ -81,4 +87,4 @@ inline double max_abs_difference(const std::vector<std::vector<float>>& a,
   return worst;
 }
 
-}  // namespace shardplan::executor::testing
+} // namespace shardplan::executor::testing

@@ -36,7 +36,8 @@ costmodel::HardwareProfile cpu_profile(int ranks) {
   return h;
 }
 
-costmodel::StepResult predict(const EngineOptions& o, int world, const costmodel::HardwareProfile& hw) {
+costmodel::StepResult predict(const EngineOptions& o, int world,
+                              const costmodel::HardwareProfile& hw) {
   costmodel::StepInput in;
   in.model = &o.model;
   in.hardware = &hw;
@@ -47,8 +48,8 @@ costmodel::StepResult predict(const EngineOptions& o, int world, const costmodel
   in.job.precision = costmodel::Precision::fp32;
   in.job.optimizer = costmodel::Optimizer::adamw;
   in.job.attention = costmodel::AttentionImpl::eager;
-  in.job.checkpointing =
-      o.checkpointing == Checkpointing::full ? costmodel::Checkpointing::full : costmodel::Checkpointing::none;
+  in.job.checkpointing = o.checkpointing == Checkpointing::full ? costmodel::Checkpointing::full
+                                                                : costmodel::Checkpointing::none;
   in.spec = o.spec;
   return costmodel::simulate_step(in);
 }
@@ -57,19 +58,24 @@ struct Strategy {
   const char* name;
   Flavour flavour;
 };
-const Strategy kStrategies[] = {{"ddp", Flavour::ddp},         {"zero1", Flavour::deepspeed},
-                                {"zero2", Flavour::deepspeed}, {"zero3", Flavour::deepspeed},
-                                {"fsdp-full", Flavour::fsdp2}, {"fsdp-full", Flavour::fsdp1},
-                                {"fsdp-grad-op", Flavour::fsdp2}, {"hsdp", Flavour::fsdp2}};
+const Strategy kStrategies[] = {{"ddp", Flavour::ddp},
+                                {"zero1", Flavour::deepspeed},
+                                {"zero2", Flavour::deepspeed},
+                                {"zero3", Flavour::deepspeed},
+                                {"fsdp-full", Flavour::fsdp2},
+                                {"fsdp-full", Flavour::fsdp1},
+                                {"fsdp-grad-op", Flavour::fsdp2},
+                                {"hsdp", Flavour::fsdp2}};
 
 // A small model whose head dominates the peak, as a real vocabulary makes it, with every unit a
 // multiple of 4 elements (so shards of 1, 2 and 4 ranks need no padding).
 costmodel::ModelSpec small_llama() {
-  return scale_down(costmodel::load_model("llama-3-8b"),
-                    {.layers = 3, .hidden = 32, .heads = 4, .kv_heads = 2, .intermediate = 64, .vocab = 512});
+  return scale_down(
+      costmodel::load_model("llama-3-8b"),
+      {.layers = 3, .hidden = 32, .heads = 4, .kv_heads = 2, .intermediate = 64, .vocab = 512});
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("engine::shard layout pads every unit to the shard group and chunks it") {
   const auto spec = tiny_llama();
@@ -95,11 +101,14 @@ TEST_CASE("engine::shard layout pads every unit to the shard group and chunks it
   CHECK(h.replica_rank == 1);
   // ZeRO-3's persistence threshold: units of small tensors stay whole.
   s = costmodel::make_spec("zero3", Flavour::deepspeed, 4);
-  for (const auto& u : make_shard_layout(layout, s, 4, 0).units) CHECK_FALSE(u.params_sharded);
+  for (const auto& u : make_shard_layout(layout, s, 4, 0).units)
+    CHECK_FALSE(u.params_sharded);
   s.persistence_threshold = 0;
-  for (const auto& u : make_shard_layout(layout, s, 4, 0).units) CHECK(u.params_sharded);
-  CHECK_THROWS_AS(make_shard_layout(layout, costmodel::make_spec("hsdp", Flavour::fsdp2, 4, 3), 4, 0),
-                  std::invalid_argument);
+  for (const auto& u : make_shard_layout(layout, s, 4, 0).units)
+    CHECK(u.params_sharded);
+  CHECK_THROWS_AS(
+      make_shard_layout(layout, costmodel::make_spec("hsdp", Flavour::fsdp2, 4, 3), 4, 0),
+      std::invalid_argument);
 }
 
 TEST_CASE("engine::one rank of DDP is the plain training loop, bit for bit") {
@@ -118,18 +127,20 @@ TEST_CASE("engine::one rank of DDP is the plain training loop, bit for bit") {
     }
     for (std::int64_t step = 1; step <= 3; ++step) {
       m.zero_grads();
-      auto batch = synthetic_sequences(allocator, options.seed, (step - 1) * options.micro_batch.batch,
-                                       options.micro_batch, model.vocab);
+      auto batch =
+          synthetic_sequences(allocator, options.seed, (step - 1) * options.micro_batch.batch,
+                              options.micro_batch, model.vocab);
       const double loss = m.run(batch.inputs.span(), batch.targets.span(), options.micro_batch,
                                 Checkpointing::none, true);
       CHECK(loss == engine_run.losses[static_cast<std::size_t>(step - 1)]);
       for (std::size_t u = 0; u < m.params.size(); ++u)
-        adamw_step<float>(m.params[u].span(), m.grads[u].span(), exp_avg[u].span(), exp_avg_sq[u].span(), step,
-                          options.adamw);
+        adamw_step<float>(m.params[u].span(), m.grads[u].span(), exp_avg[u].span(),
+                          exp_avg_sq[u].span(), step, options.adamw);
     }
     for (std::size_t u = 0; u < m.params.size(); ++u) {
       REQUIRE(engine_run.params[u].size() == static_cast<std::size_t>(m.params[u].size()));
-      CHECK(std::memcmp(engine_run.params[u].data(), m.params[u].data(), engine_run.params[u].size() * 4) == 0);
+      CHECK(std::memcmp(engine_run.params[u].data(), m.params[u].data(),
+                        engine_run.params[u].size() * 4) == 0);
     }
   }
 }
@@ -139,7 +150,8 @@ TEST_CASE("engine::model states are the cost model's to the byte") {
   for (int world : {1, 2, 4}) {
     const auto hw = cpu_profile(world);
     for (const auto& s : kStrategies) {
-      if (std::string(s.name) == "hsdp" && world == 1) continue;
+      if (std::string(s.name) == "hsdp" && world == 1)
+        continue;
       CAPTURE(world);
       CAPTURE(s.name);
       CAPTURE(costmodel::flavour_name(s.flavour));
@@ -163,17 +175,19 @@ TEST_CASE("engine::peak memory is the cost model's") {
     const auto hw = cpu_profile(world);
     for (auto ckpt : {Checkpointing::none, Checkpointing::full})
       for (const auto& s : kStrategies) {
-        if (std::string(s.name) == "hsdp" && world == 1) continue;
-        const auto options = test_options(model, test_spec(s.name, s.flavour, world, 1 << 16), 2, ckpt);
+        if (std::string(s.name) == "hsdp" && world == 1)
+          continue;
+        const auto options =
+            test_options(model, test_spec(s.name, s.flavour, world, 1 << 16), 2, ckpt);
         const auto predicted = predict(options, world, hw);
         const auto run = rehearse_engine(options, 0, world, 2);
         const double error = (predicted.peak_bytes - static_cast<double>(run.peak_bytes)) /
                              static_cast<double>(run.peak_bytes);
-        INFO(world << " ranks, " << std::string(s.name) << " (" << std::string(costmodel::flavour_name(s.flavour))
-                   << "), ckpt "
-                      << (ckpt == Checkpointing::full ? "full" : "none") << ": predicted " << predicted.peak_bytes
-                      << ", measured " << run.peak_bytes << ", error " << 100 * error << "% at "
-                      << predicted.peak_when);
+        INFO(world << " ranks, " << std::string(s.name) << " ("
+                   << std::string(costmodel::flavour_name(s.flavour)) << "), ckpt "
+                   << (ckpt == Checkpointing::full ? "full" : "none") << ": predicted "
+                   << predicted.peak_bytes << ", measured " << run.peak_bytes << ", error "
+                   << 100 * error << "% at " << predicted.peak_when);
         CHECK(std::abs(error) < 0.03);
       }
   }

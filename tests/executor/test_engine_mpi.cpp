@@ -31,9 +31,9 @@ struct Case {
   const char* strategy;
   Flavour flavour;
 };
-const Case kCases[] = {{"zero1", Flavour::deepspeed},    {"zero2", Flavour::deepspeed},
-                       {"zero3", Flavour::deepspeed},    {"fsdp-full", Flavour::fsdp2},
-                       {"fsdp-full", Flavour::fsdp1},    {"fsdp-grad-op", Flavour::fsdp2},
+const Case kCases[] = {{"zero1", Flavour::deepspeed}, {"zero2", Flavour::deepspeed},
+                       {"zero3", Flavour::deepspeed}, {"fsdp-full", Flavour::fsdp2},
+                       {"fsdp-full", Flavour::fsdp1}, {"fsdp-grad-op", Flavour::fsdp2},
                        {"hsdp", Flavour::fsdp2}};
 
 EngineRun run_on_world(const EngineOptions& o) {
@@ -41,7 +41,7 @@ EngineRun run_on_world(const EngineOptions& o) {
   return run_engine(o, owned.groups, kSteps);
 }
 
-double worst_loss_error = 0, worst_param_difference = 0;  // over every comparison, for the log
+double worst_loss_error = 0, worst_param_difference = 0; // over every comparison, for the log
 
 void check_equal(const EngineRun& a, const EngineRun& ddp) {
   REQUIRE(a.losses.size() == ddp.losses.size());
@@ -54,7 +54,7 @@ void check_equal(const EngineRun& a, const EngineRun& ddp) {
   CHECK(diff < kParamTolerance);
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("engine::sharded strategies train as DDP") {
   const int world = test_world().size();
@@ -62,15 +62,18 @@ TEST_CASE("engine::sharded strategies train as DDP") {
     CAPTURE(model.name);
     const auto ddp = run_on_world(test_options(model, test_spec("ddp", Flavour::ddp, world)));
     // Uniform random tokens: the loss stays about log V (a uniform prediction).
-    for (double loss : ddp.losses) CHECK(loss == doctest::Approx(std::log(double(model.vocab))).epsilon(0.1));
+    for (double loss : ddp.losses)
+      CHECK(loss == doctest::Approx(std::log(double(model.vocab))).epsilon(0.1));
     for (const auto& c : kCases) {
       CAPTURE(c.strategy);
       CAPTURE(costmodel::flavour_name(c.flavour));
       check_equal(run_on_world(test_options(model, test_spec(c.strategy, c.flavour, world))), ddp);
     }
     // Buckets smaller than a unit, larger than everything; no accumulation; full recompute.
-    check_equal(run_on_world(test_options(model, test_spec("zero2", Flavour::deepspeed, world, 1e9))), ddp);
-    check_equal(run_on_world(test_options(model, test_spec("zero3", Flavour::deepspeed, world, 64))), ddp);
+    check_equal(
+        run_on_world(test_options(model, test_spec("zero2", Flavour::deepspeed, world, 1e9))), ddp);
+    check_equal(
+        run_on_world(test_options(model, test_spec("zero3", Flavour::deepspeed, world, 64))), ddp);
     check_equal(run_on_world(test_options(model, test_spec("fsdp-full", Flavour::fsdp2, world), 2,
                                           Checkpointing::full)),
                 ddp);
@@ -81,7 +84,7 @@ TEST_CASE("engine::sharded strategies train as DDP") {
   }
   if (test_world().rank() == 0)
     MESSAGE(world << " ranks: worst relative loss difference " << worst_loss_error
-                << ", worst parameter difference " << worst_param_difference);
+                  << ", worst parameter difference " << worst_param_difference);
 }
 
 TEST_CASE("engine::prefetch as planned changes memory, not results") {
@@ -92,8 +95,9 @@ TEST_CASE("engine::prefetch as planned changes memory, not results") {
   o.prefetch_as_planned = true;
   const auto ahead = run_on_world(o);
   check_equal(ahead, jit);
-  if (world > 1)  // one more gathered block alive while a block runs
-    CHECK(ahead.category_peaks[MemoryCategory::buffers] > jit.category_peaks[MemoryCategory::buffers]);
+  if (world > 1) // one more gathered block alive while a block runs
+    CHECK(ahead.category_peaks[MemoryCategory::buffers] >
+          jit.category_peaks[MemoryCategory::buffers]);
 }
 
 TEST_CASE("engine::DDP on N ranks equals one process on the global batch") {
@@ -103,7 +107,8 @@ TEST_CASE("engine::DDP on N ranks equals one process on the global batch") {
     const auto options = test_options(model, test_spec("ddp", Flavour::ddp, world));
     const auto distributed = run_on_world(options);
     // One process, the same global batch: world × grad_accumulation micro-batches.
-    auto alone = test_options(model, test_spec("ddp", Flavour::ddp, 1), options.grad_accumulation * world);
+    auto alone =
+        test_options(model, test_spec("ddp", Flavour::ddp, 1), options.grad_accumulation * world);
     auto self = test_world().split(test_world().rank(), 0);
     const auto single = run_engine(alone, {self.get(), self.get(), nullptr, false}, kSteps);
     check_equal(distributed, single);

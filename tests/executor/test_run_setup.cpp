@@ -18,7 +18,9 @@ namespace {
 nlohmann::json plan_document(const std::string& strategy, int gpus) {
   costmodel::Plan p;
   p.model = costmodel::model_from_hf_config(
-      scaled_config("llama-3-8b", {.layers = 2, .hidden = 16, .heads = 4, .kv_heads = 2, .vocab = 64}), "tiny");
+      scaled_config("llama-3-8b",
+                    {.layers = 2, .hidden = 16, .heads = 4, .kv_heads = 2, .vocab = 64}),
+      "tiny");
   p.hardware = "test-cpu";
   p.cluster = {gpus, gpus};
   p.job.seq_len = 8;
@@ -40,7 +42,7 @@ std::string where_of(const nlohmann::json& plan, int world) {
   return "accepted";
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("executor::a plan it cannot run as asked is refused, naming the field") {
   auto plan = plan_document("fsdp-full", 2);
@@ -90,7 +92,8 @@ TEST_CASE("executor::a plan runs with its batch, and the deviations are said") {
 }
 
 TEST_CASE("executor::scaled configs have no dropout and read back") {
-  const auto config = scaled_config("gpt2", {.layers = 2, .hidden = 32, .heads = 4, .vocab = 100, .max_positions = 64});
+  const auto config = scaled_config(
+      "gpt2", {.layers = 2, .hidden = 32, .heads = 4, .vocab = 100, .max_positions = 64});
   CHECK(config["attn_pdrop"] == 0.0);
   CHECK(config["resid_pdrop"] == 0.0);
   const auto m = costmodel::model_from_hf_config(config, "x");
@@ -98,7 +101,8 @@ TEST_CASE("executor::scaled configs have no dropout and read back") {
   CHECK_FALSE(m.residual_dropout);
   CHECK(m.layers == 2);
   CHECK(m.tied_embeddings);
-  CHECK_THROWS_AS(scaled_config("gpt2", {.layers = 2, .hidden = 30, .heads = 4, .vocab = 100}), InputError);
+  CHECK_THROWS_AS(scaled_config("gpt2", {.layers = 2, .hidden = 30, .heads = 4, .vocab = 100}),
+                  InputError);
 }
 
 TEST_CASE("executor::rank records travel as fixed-length vectors") {

@@ -39,12 +39,28 @@ json plan_document() {
 json run_document() {
   return {{"schema_version", 1},
           {"kind", "shardplan.run"},
-          {"plan", {{"strategy", "fsdp-full"}, {"flavour", "fsdp2"}, {"hardware", "cpu-test"}, {"model", "gpt2"},
-                    {"gpus", 2}, {"job", {{"micro_batch", 2}}}, {"sharding", json::object()}}},
+          {"plan",
+           {{"strategy", "fsdp-full"},
+            {"flavour", "fsdp2"},
+            {"hardware", "cpu-test"},
+            {"model", "gpt2"},
+            {"gpus", 2},
+            {"job", {{"micro_batch", 2}}},
+            {"sharding", json::object()}}},
           {"prediction", json::object()},
-          {"environment", {{"backend", "mpi"}, {"library", "x"}, {"ranks", 2}, {"hosts", {"a", "a"}},
-                           {"rehearsal", false}, {"build", json::object()}}},
-          {"model", {{"name", "gpt2"}, {"params", 1}, {"scaled", false}, {"units", 14}, {"config", json::object()}}},
+          {"environment",
+           {{"backend", "mpi"},
+            {"library", "x"},
+            {"ranks", 2},
+            {"hosts", {"a", "a"}},
+            {"rehearsal", false},
+            {"build", json::object()}}},
+          {"model",
+           {{"name", "gpt2"},
+            {"params", 1},
+            {"scaled", false},
+            {"units", 14},
+            {"config", json::object()}}},
           {"execution", {{"deviations", {"gradients are reduced in fp32"}}, {"steps", 3}}},
           {"loss", {4.0, 3.9, 3.8}},
           {"ranks", json::array()},
@@ -53,8 +69,12 @@ json run_document() {
              {{"peak_bytes", 1250},
               {"rank", 1},
               {"at_peak",
-               {{"parameters", 100}, {"gradients", 200}, {"optimizer_states", 300}, {"activations", 650},
-                {"buffers", 0}, {"overhead", 0}}}}},
+               {{"parameters", 100},
+                {"gradients", 200},
+                {"optimizer_states", 300},
+                {"activations", 650},
+                {"buffers", 0},
+                {"overhead", 0}}}}},
             {"time",
              {{"rank", 0},
               {"step_s", 1.5},
@@ -67,21 +87,25 @@ json run_document() {
             {"comm_bytes_per_step", 4000}}}};
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("validate::predicted against measured with relative errors") {
   const auto v = planner::validate_json(plan_document(), run_document());
   CHECK(v["memory"]["peak_predicted_bytes"] == 1000);
   CHECK(v["memory"]["peak_measured_bytes"] == 1250);
-  CHECK(v["memory"]["peak_rel_error"].get<double>() == doctest::Approx(-0.2));  // (1000 − 1250) / 1250
+  CHECK(v["memory"]["peak_rel_error"].get<double>() ==
+        doctest::Approx(-0.2)); // (1000 − 1250) / 1250
   CHECK(v["memory"]["categories"]["parameters"]["rel_error"].get<double>() == 0);
-  CHECK(v["memory"]["categories"]["activations"]["rel_error"].get<double>() == doctest::Approx(400.0 / 650 - 1));
-  CHECK(v["memory"]["categories"]["buffers"]["rel_error"].get<double>() == 0);  // 0 predicted, 0 measured
+  CHECK(v["memory"]["categories"]["activations"]["rel_error"].get<double>() ==
+        doctest::Approx(400.0 / 650 - 1));
+  CHECK(v["memory"]["categories"]["buffers"]["rel_error"].get<double>() ==
+        0); // 0 predicted, 0 measured
   CHECK(v["time"]["step_rel_error"].get<double>() == doctest::Approx(1.2 / 1.5 - 1));
   // Predicted compute includes the optimizer: compared with compute + optimizer measured.
   CHECK(v["time"]["parts"]["compute"]["measured_s"].get<double>() == doctest::Approx(1.0));
   CHECK(v["time"]["parts"]["compute"]["rel_error"].get<double>() == doctest::Approx(0.0));
-  CHECK(v["time"]["parts"]["communication"]["rel_error"].get<double>() == doctest::Approx(0.2 / 0.4 - 1));
+  CHECK(v["time"]["parts"]["communication"]["rel_error"].get<double>() ==
+        doctest::Approx(0.2 / 0.4 - 1));
   CHECK(v["time"]["parts"]["other"]["measured_s"].get<double>() == doctest::Approx(0.1));
   CHECK(v["time"]["comm_bytes"]["rel_error"].get<double>() == doctest::Approx(0.25));
   REQUIRE(v["notes"].size() == 1);
@@ -102,20 +126,21 @@ TEST_CASE("validate::says when numbers are not comparable") {
   run["summary"]["memory"]["at_peak"]["activations"] = 0;
   const auto v = planner::validate_json(plan_document(), run);
   CHECK(v["notes"].size() == 4);
-  CHECK(v["memory"]["categories"]["buffers"]["rel_error"].get<double>() == -1);  // none predicted
+  CHECK(v["memory"]["categories"]["buffers"]["rel_error"].get<double>() == -1); // none predicted
   CHECK(v["memory"]["categories"]["activations"]["rel_error"].is_null());       // none measured
 }
 
 TEST_CASE("validate::a malformed run is refused naming the field") {
   auto run = run_document();
   run["summary"]["time"].erase("step_s");
-  CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run), "/summary/time/step_s: missing key",
-                       costmodel::InputError);
+  CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run),
+                       "/summary/time/step_s: missing key", costmodel::InputError);
   run = run_document();
   run["kind"] = "shardplan.plan";
   CHECK_THROWS_AS(planner::validate_json(plan_document(), run), costmodel::InputError);
   run = run_document();
   run["surprise"] = 1;
-  CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run), "/surprise: unknown key", costmodel::InputError);
+  CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run), "/surprise: unknown key",
+                       costmodel::InputError);
   CHECK_THROWS_AS(planner::validate_json(run_document(), run_document()), costmodel::InputError);
 }
