@@ -4,12 +4,18 @@
 // leak, or a broken round trip (`require`) — is a finding.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <limits>
 #include <optional>
+#include <random>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -56,4 +62,73 @@ auto must_read(F&& f, const char* what) {
   }
 }
 
+// Structure-aware mutation for the JSON targets: byte-level mutation rarely turns a valid document
+// into another valid one with one number at an edge, which is where the bugs of a strict reader
+// are (products that overflow, values that do not survive being written back). Three times in
+// four, the document is parsed, one value in it is replaced by an edge value, scaled, changed in
+// type or removed, and the document is written again; otherwise (and when the bytes are not JSON)
+// libFuzzer's own mutation runs.
+extern "C" std::size_t LLVMFuzzerMutate(std::uint8_t* data, std::size_t size, std::size_t max_size);
+
+namespace detail {
+
+inline void collect(nlohmann::json& j, std::vector<nlohmann::json*>& nodes, int depth) {
+  nodes.push_back(&j);
+  if (depth > 32 || !j.is_structured()) return;
+  for (auto& child : j) collect(child, nodes, depth + 1);
+}
+
+inline nlohmann::json edge_value(std::minstd_rand& rng, const nlohmann::json& old) {
+  static const nlohmann::json edges[] = {
+      0, -1, 1, 2, 3, 7, 0.5, -0.5, 1e-300, 1e300, -1e300, 1e18, 1e19, 1e15, 1e15 + 1, 1e12, 1e9,
+      1e9 + 1, 1e7, 1e7 + 1, 1e6, 1e6 + 1, 1e5, 1e5 + 1, 1023, 1024, 1025, 2147483647, 2147483648.0,
+      9007199254740993, std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::min(),
+      std::numeric_limits<std::uint64_t>::max(), "", "auto", "x", true, false, nullptr,
+      nlohmann::json::object(), nlohmann::json::array()};
+  constexpr std::size_t kEdges = sizeof(edges) / sizeof(edges[0]);
+  if (old.is_number() && rng() % 2 == 0) {
+    const double x = old.get<double>();
+    switch (rng() % 5) {
+      case 0: return x * 10;
+      case 1: return x * 1000;
+      case 2: return -x;
+      case 3: return x + 1;
+      default: return std::floor(x / 3);
+    }
+  }
+  return edges[rng() % kEdges];
+}
+
+}  // namespace detail
+
+inline std::size_t mutate_json(std::uint8_t* data, std::size_t size, std::size_t max_size, unsigned seed) {
+  std::minstd_rand rng(seed);
+  if (rng() % 4 == 0) return LLVMFuzzerMutate(data, size, max_size);
+  auto doc = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return LLVMFuzzerMutate(data, size, max_size);
+  for (unsigned n = 1 + rng() % 2; n > 0; --n) {  // one or two changes
+    std::vector<nlohmann::json*> nodes;  // collected again: a change frees the values it replaces
+    detail::collect(doc, nodes, 0);
+    nlohmann::json& node = *nodes[rng() % nodes.size()];
+    if (node.is_object() && !node.empty() && rng() % 4 == 0) {
+      auto it = node.begin();
+      std::advance(it, static_cast<long>(rng() % node.size()));
+      node.erase(it);  // a missing key
+    } else if (&node != &doc) {
+      node = detail::edge_value(rng, node);
+    }
+  }
+  const std::string out = doc.dump();
+  if (out.size() > max_size) return LLVMFuzzerMutate(data, size, max_size);
+  std::memcpy(data, out.data(), out.size());
+  return out.size();
+}
+
 }  // namespace shardplan::fuzz
+
+// Use the structure-aware mutation in a JSON target.
+#define SHARDPLAN_FUZZ_JSON_MUTATOR                                                                  \
+  extern "C" std::size_t LLVMFuzzerCustomMutator(std::uint8_t* data, std::size_t size,              \
+                                                 std::size_t max_size, unsigned int seed) {        \
+    return shardplan::fuzz::mutate_json(data, size, max_size, seed);                                \
+  }

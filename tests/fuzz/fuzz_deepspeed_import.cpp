@@ -21,6 +21,8 @@ planner::Scenario scenario(int gpus, std::int64_t global_batch) {
 
 }  // namespace
 
+SHARDPLAN_FUZZ_JSON_MUTATOR
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const planner::Scenario bases[] = {scenario(8, 32), scenario(1024, 2048)};
   const auto doc = fuzz::json_of(data, size);

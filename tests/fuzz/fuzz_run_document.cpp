@@ -32,6 +32,8 @@ nlohmann::json plan_document() {
 
 }  // namespace
 
+SHARDPLAN_FUZZ_JSON_MUTATOR
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const nlohmann::json plan = plan_document();
   const auto run = fuzz::json_of(data, size);

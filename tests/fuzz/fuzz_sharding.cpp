@@ -5,6 +5,8 @@
 
 using namespace shardplan;
 
+SHARDPLAN_FUZZ_JSON_MUTATOR
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto doc = fuzz::json_of(data, size);
   if (!doc) return 0;
