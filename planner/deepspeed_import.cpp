@@ -546,6 +546,13 @@ class Importer {
       const auto lo = v / of * of;
       return lo == 0 ? std::to_string(of) : fmt::format("{} or {}", lo, lo + of);
     };
+    // Each batch key is at most 1e9, but their product with the GPU count can overflow 64 bits.
+    if (M && A &&
+        static_cast<double>(*M) * static_cast<double>(*A) * gpus > static_cast<double>(kMaxBatch))
+      throw InputError("/gradient_accumulation_steps",
+                       fmt::format("train_micro_batch_size_per_gpu {} x gradient_accumulation_steps "
+                                   "{} x {} GPUs is over {} sequences per step",
+                                   *M, *A, gpus, kMaxBatch));
     if (T && M && A) {
       if (*T != *M * *A * gpus) {
         std::string fix = fmt::format("use train_batch_size {}", *M * *A * gpus);

@@ -9,5 +9,5 @@ ctest --preset release -j "$(nproc)"
 # (build/sanitize), and every document parser fuzzed from that same build for FUZZ_SECONDS each.
 if [[ "${SHARDPLAN_FULL_CHECKS:-0}" == 1 ]]; then
   scripts/sanitize.sh
-  FUZZ_BUILD_DIR=build/sanitize FUZZ_SECONDS="${FUZZ_SECONDS:-20}" scripts/fuzz.sh
+  FUZZ_BUILD_DIR=build/sanitize FUZZ_SECONDS="${FUZZ_SECONDS:-15}" scripts/fuzz.sh
 fi

@@ -65,9 +65,9 @@ auto must_read(F&& f, const char* what) {
 // Structure-aware mutation for the JSON targets: byte-level mutation rarely turns a valid document
 // into another valid one with one number at an edge, which is where the bugs of a strict reader
 // are (products that overflow, values that do not survive being written back). Three times in
-// four, the document is parsed, one value in it is replaced by an edge value, scaled, changed in
-// type or removed, and the document is written again; otherwise (and when the bytes are not JSON)
-// libFuzzer's own mutation runs.
+// four, the document is parsed, one to three values in it are replaced by an edge value, scaled,
+// changed in type or removed, and the document is written again; otherwise (and when the bytes
+// are not JSON) libFuzzer's own mutation runs.
 extern "C" std::size_t LLVMFuzzerMutate(std::uint8_t* data, std::size_t size, std::size_t max_size);
 
 namespace detail {
@@ -89,11 +89,11 @@ inline nlohmann::json edge_value(std::minstd_rand& rng, const nlohmann::json& ol
   if (old.is_number() && rng() % 2 == 0) {
     const double x = old.get<double>();
     switch (rng() % 5) {
-      case 0: return x * 10;
-      case 1: return x * 1000;
+      case 0: return x * std::pow(10.0, 1 + rng() % 6);  // toward the upper bounds
+      case 1: return std::floor(x / 3);
       case 2: return -x;
       case 3: return x + 1;
-      default: return std::floor(x / 3);
+      default: return x - 1;
     }
   }
   return edges[rng() % kEdges];
@@ -106,7 +106,7 @@ inline std::size_t mutate_json(std::uint8_t* data, std::size_t size, std::size_t
   if (rng() % 4 == 0) return LLVMFuzzerMutate(data, size, max_size);
   auto doc = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return LLVMFuzzerMutate(data, size, max_size);
-  for (unsigned n = 1 + rng() % 2; n > 0; --n) {  // one or two changes
+  for (unsigned n = 1 + rng() % 3; n > 0; --n) {  // one to three changes
     std::vector<nlohmann::json*> nodes;  // collected again: a change frees the values it replaces
     detail::collect(doc, nodes, 0);
     nlohmann::json& node = *nodes[rng() % nodes.size()];

@@ -184,6 +184,12 @@ TEST_CASE("deepspeed_import::inconsistent batches say what would work") {
         "/train_batch_size: \"auto\" (the scenario's global batch 32) is not "
         "train_micro_batch_size_per_gpu 3 x gradient_accumulation_steps 1 x 8 GPUs = 24; use "
         "train_batch_size 24");
+  // Each key alone is within its 1e9 bound; their product (1e18 x 8 GPUs) is beyond int64 and
+  // was once computed in it (found by fuzz_deepspeed_import).
+  CHECK(import_error({{"train_micro_batch_size_per_gpu", 1'000'000'000},
+                      {"gradient_accumulation_steps", 1'000'000'000}}) ==
+        "/gradient_accumulation_steps: train_micro_batch_size_per_gpu 1000000000 x "
+        "gradient_accumulation_steps 1000000000 x 8 GPUs is over 1000000000 sequences per step");
   CHECK(import_error({{"zero_optimization", {{"stage", 2}}}}) ==
         "/train_batch_size: missing: give train_batch_size or train_micro_batch_size_per_gpu (or "
         "\"auto\" to take the scenario's)");
