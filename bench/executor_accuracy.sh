@@ -48,14 +48,12 @@ MODELS=(llama gpt2)
 
 # A CPU profile per (model, ranks): calibrate with that many ranks (the GEMM rate of ranks sharing
 # cores is what each rank gets) on that model's block GEMMs at the tokens of a micro-batch.
-# kind cpu: collectives block compute; no fragmentation reserve (the tracked allocator has none).
 profile() {  # model ranks -> device-<model>-<ranks>.json
   local model=$1 ranks=$2 out=device-$1-$2.json
   if [[ ! -s $out ]]; then
     "${MPIRUN[@]}" -np "$ranks" "$CALIBRATE" --backend mpi --gemm-model "$model.json" \
       --gemm-tokens $((2 * SEQ)) --max-bytes 16M --out "calibrated-$model-$ranks.json" > "calibrate-$model-$ranks.log"
-    jq '.gpu.kind = "cpu" | .overhead.fragmentation = 0 | .gpu.memory_GiB = 64' \
-      "calibrated-$model-$ranks.json" > "$out"
+    jq '.gpu.memory_GiB = 64' "calibrated-$model-$ranks.json" > "$out"
   fi
   echo "$out"
 }

@@ -6,13 +6,29 @@ namespace shardplan::calibrate {
 
 std::vector<GemmShape> model_gemm_shapes(const costmodel::ModelSpec& model, std::int64_t tokens) {
   std::vector<GemmShape> shapes;
-  for (const auto& t : model.block.tensors) {
-    if (!t.is_matrix())
-      continue;
-    const GemmShape s{tokens, t.rows, t.cols};
-    if (std::find(shapes.begin(), shapes.end(), s) == shapes.end())
+  auto add = [&](const GemmShape& s) {
+    const auto it = std::find_if(shapes.begin(), shapes.end(),
+                                 [&](const GemmShape& o) { return o.same_dims(s); });
+    if (it == shapes.end())
       shapes.push_back(s);
-  }
+    else
+      it->count += s.count;
+  };
+  auto linear = [&](std::int64_t out, std::int64_t in, std::int64_t count) {
+    add({tokens, out, in, count}); // y = x·Wᵀ
+    add({tokens, in, out, count}); // dx = dy·W
+    add({out, in, tokens, count}); // dW = dyᵀ·x
+  };
+  for (const auto& t : model.block.tensors)
+    if (t.is_matrix())
+      linear(t.rows, t.cols, model.layers);
+  // The head's projection: its own matrix, or the embedding matrix it is tied to.
+  const auto& head = model.tied_embeddings ? model.embedding.tensors : model.head.tensors;
+  for (const auto& t : head)
+    if (t.is_matrix()) {
+      linear(t.rows, t.cols, 1);
+      break;
+    }
   return shapes;
 }
 
@@ -29,8 +45,9 @@ double model_gemm_rate(const std::vector<GemmMeasurement>& measurements, costmod
   for (const auto& g : measurements) {
     if (!g.model_shape || g.dtype != dtype)
       continue;
-    flops += g.shape.flops();
-    seconds += g.time_s;
+    const auto count = static_cast<double>(g.shape.count);
+    flops += count * g.shape.flops();
+    seconds += count * g.time_s;
   }
   return seconds > 0 ? flops / seconds : 0.0;
 }

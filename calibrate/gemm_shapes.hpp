@@ -1,6 +1,8 @@
-// The GEMMs whose throughput the compute model needs: those of one transformer block of the
-// model (y = x·Wᵀ for each distinct weight matrix, m = tokens, n = out features, k = in features),
-// and square ones that show the device's best rate.
+// The GEMMs whose throughput the compute model needs: those of one training step of the model,
+// and square ones that show the device's best rate. A linear layer y = x·Wᵀ (x [T, in], W [out,
+// in]) runs three GEMMs: the forward (m = T, n = out, k = in), the input gradient dx = dy·W
+// (m = T, n = in, k = out) and the weight gradient dW = dyᵀ·x (m = out, n = in, k = T); each is
+// counted as often as a step runs it (once per block for a block's matrices, once for the head).
 #pragma once
 
 #include <cstdint>
@@ -13,7 +15,8 @@ namespace shardplan::calibrate {
 
 struct GemmShape {
   std::int64_t m = 0, n = 0, k = 0;
-  bool operator==(const GemmShape&) const = default;
+  std::int64_t count = 1; // how many times one forward and backward runs it (model shapes)
+  bool same_dims(const GemmShape& o) const { return m == o.m && n == o.n && k == o.k; }
   double flops() const {
     return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   }
@@ -31,7 +34,8 @@ std::vector<GemmShape> model_gemm_shapes(const costmodel::ModelSpec& model, std:
 // Square sizes: 256 and 512 on a CPU (one core per rank); 4096 and 8192 on a GPU.
 std::vector<GemmShape> square_gemm_shapes(bool gpu);
 
-// FLOP/s of the model-shape GEMMs of `dtype` together (their FLOPs over their time); 0 if none.
+// FLOP/s of the model-shape GEMMs of `dtype` together (their FLOPs over their time, each shape
+// weighted by its count); 0 if none.
 double model_gemm_rate(const std::vector<GemmMeasurement>& measurements, costmodel::DType dtype);
 // Best FLOP/s of any GEMM of `dtype`; 0 if none.
 double best_gemm_rate(const std::vector<GemmMeasurement>& measurements, costmodel::DType dtype);

@@ -168,6 +168,9 @@ json measured_profile(const MeasuredSystem& s, const CalibrationRecord& r) {
                                       s.ranks_per_node, measured)},
           {"gpu",
            {{"name", s.device},
+            // A CPU rank's collectives block its computing thread: the cost model serialises
+            // them with compute (costmodel/hardware.hpp).
+            {"kind", s.cpu_device ? "cpu" : "gpu"},
             {"memory_GiB", rounded(s.device_memory_bytes / kGiB, 4)},
             {"peak_TFLOPs", peak},
             {"memory_bandwidth_GBps", rounded(s.memory_bandwidth_Bps / kGB, 4)},
@@ -195,11 +198,12 @@ json measured_profile(const MeasuredSystem& s, const CalibrationRecord& r) {
           {"overhead",
            {{"cuda_context_GiB", s.cpu_device ? 0.0 : 0.5},
             {"nccl_workspace_GiB", s.cpu_device ? 0.0 : 0.5},
-            {"fragmentation", 0.05},
+            {"fragmentation", s.cpu_device ? 0.0 : 0.05},
             {"source",
              s.cpu_device
-                 ? "NOT MEASURED: a CPU device has no CUDA context or NCCL buffers; fragmentation: "
-                   "a planning default, replaced by the executor's measurement"
+                 ? "a CPU rank has no CUDA context or NCCL buffers, and the executor's tracked "
+                   "allocator allocates exactly what it is asked for (no caching pool, no "
+                   "fragmentation)"
                  : "NOT MEASURED: planning defaults (CUDA context with cuBLAS ~0.5 GiB, NCCL "
                    "buffers ~0.5 GiB, fragmentation 5%), replaced by the executor's measurement"}}},
           {"calibration", calibration_to_json(r)}};

@@ -369,13 +369,22 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
     bwd_end_[u] = end;
     mem(st, ui.act.backward, Category::activations, Phase::backward, u, mb);
     // Gradients: kept whole (DDP, ZeRO-1) they are allocated on first use and kept to the step;
-    // sharded, the unit's full gradient is a transient until it is reduced.
+    // sharded, the unit's full gradient is a transient until it is reduced. A tied head's backward
+    // adds into the embedding matrix's gradient, so the embedding unit's gradient is first used
+    // there, not at the embedding's own backward (autograd accumulates into the shared weight's
+    // .grad from its first use; a flat parameter holds one gradient for the whole unit).
     const double fresh = s.shard_gradients ? ui.params * compute_b_ : 0;
-    if (!s.shard_gradients && first) {
-      mem(st, ui.params * sb_.grad, Category::gradients, Phase::backward, u, mb);
-      kept_grad_bytes_ += ui.params * sb_.grad;
-    }
-    mem(st, fresh, Category::gradients, Phase::backward, u, mb);
+    auto first_use = [&](int g) {
+      const double elems = info(g).params;
+      if (!s.shard_gradients && first) {
+        mem(st, elems * sb_.grad, Category::gradients, Phase::backward, g, mb);
+        kept_grad_bytes_ += elems * sb_.grad;
+      }
+      if (s.shard_gradients) mem(st, elems * compute_b_, Category::gradients, Phase::backward, g, mb);
+    };
+    const bool tied = in_.model->tied_embeddings;
+    if (!(tied && u == 0)) first_use(u);
+    if (tied && u == U - 1) first_use(0);
     mem(end, -(ui.act.saved + ui.act.recompute + ui.act.backward), Category::activations, Phase::backward, u, mb);
     if (autocast_copies) mem(end, -ui.matmul * compute_b_, Category::buffers, Phase::backward, u, mb);
     if (shard_params && gathered_alive_[u]) {

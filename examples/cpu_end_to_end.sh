@@ -45,11 +45,10 @@ echo "working in $WORK"
   --max-bytes 16M --out calibrated.json > calibrate.log
 tail -n 4 calibrate.log
 
-# 3. The profile as the device the plan is for: a CPU rank (collectives block compute; no CUDA
-#    context, no fragmentation reserve: the executor's tracked allocator has none) with a small
-#    memory, so the planner has to choose.
-jq --argjson gib "$CAPACITY_GIB" \
-  '.gpu.kind = "cpu" | .overhead.fragmentation = 0 | .gpu.memory_GiB = $gib' calibrated.json > device.json
+# 3. The profile as the device the plan is for: calibrate wrote a CPU rank (gpu.kind cpu:
+#    collectives block compute; no CUDA context, no fragmentation reserve: the executor's tracked
+#    allocator has none); give it a small memory, so the planner has to choose.
+jq --argjson gib "$CAPACITY_GIB" '.gpu.memory_GiB = $gib' calibrated.json > device.json
 
 # 4. Recommend. The CPU executor runs fp32 with materialised attention and no offload (it has no
 #    host/device split); checkpointing none or full.

@@ -29,7 +29,7 @@
 // includes the embedding unit again (the cost model's head gather adds the embedding matrix; the
 // executor gathers the whole embedding unit, so a learned position table too), and its backward
 // adds into the embedding unit's gradient, which therefore exists from the head's backward to the
-// embedding's reduction, as in PyTorch (the cost model allocates it at the embedding's backward).
+// embedding's reduction, as in PyTorch and the cost model.
 //
 // Gradient accumulation as the cost model: gradients are reduced on every micro-batch when they
 // are sharded, only on the last one otherwise. MPI sums, so the loss of each micro-batch is scaled

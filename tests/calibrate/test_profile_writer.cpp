@@ -141,9 +141,24 @@ TEST_CASE("profile_writer::a measured profile is complete and says what it measu
   CHECK(hw.host_optimizer_params_per_s == doctest::Approx(0.5e9));
   CHECK(doc.at("gpu").at("source").get<std::string>().find(
             "measured by calibrate on 2025-01-31T12:00:00Z") == 0);
-  CHECK(doc.at("overhead").at("source").get<std::string>().find("NOT MEASURED") == 0);
   REQUIRE(hw.calibration.has_value());
   CHECK(hw.calibration->collectives.size() == 3);
+}
+
+TEST_CASE("profile_writer::a CPU rank's profile is a CPU device without overheads") {
+  auto s = system();
+  s.cpu_device = true;
+  const auto hw = costmodel::hardware_from_json(measured_profile(s, record()), "test-cpu");
+  // The executor's CPU backend: collectives block compute, the tracked allocator has no pool.
+  CHECK(hw.is_cpu);
+  CHECK(hw.fragmentation == 0);
+  CHECK(hw.cuda_context_bytes == 0);
+  CHECK(hw.nccl_workspace_bytes == 0);
+  // A GPU's overheads are planning defaults until the executor measures them.
+  s.cpu_device = false;
+  const auto doc = measured_profile(s, record());
+  CHECK(!costmodel::hardware_from_json(doc, "test-gpu").is_cpu);
+  CHECK(doc.at("overhead").at("source").get<std::string>().find("NOT MEASURED") == 0);
 }
 
 TEST_CASE("profile_writer::a tier without curves borrows the other's values and says so") {
