@@ -1,6 +1,7 @@
 #include "calibrate/compute_calibration.hpp"
 
 #include "calibrate/cpu_bench.hpp"
+#include "calibrate/elementwise_bench.hpp"
 #include "calibrate/host_info.hpp"
 
 #if defined(SHARDPLAN_HAVE_NCCL)
@@ -86,6 +87,12 @@ ComputeCalibration measure_compute(const ComputeSettings& settings, comm::Commun
     auto squares = cpu_gemms(square_gemm_shapes(false), false, host_world);
     c.gemm.insert(c.gemm.end(), squares.begin(), squares.end());
     keep_slowest(host_world, c.gemm);
+    if (!settings.elementwise_ops.empty()) {
+      host_world.barrier();
+      c.elementwise_elems_per_s = slowest_rate(
+          host_world, time_cpu_elementwise_rate(settings.elementwise_ops, settings.tokens,
+                                                settings.head_dim));
+    }
   }
   if (settings.memory) {
     host_world.barrier();

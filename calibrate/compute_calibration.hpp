@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "calibrate/gemm_shapes.hpp"
+#include "costmodel/elementwise.hpp"
 #include "comm/communicator.hpp"
 
 namespace shardplan::calibrate {
@@ -17,6 +18,10 @@ struct ComputeSettings {
   bool gemm = true;
   bool memory = true;
   std::vector<GemmShape> model_shapes;
+  // The model's layers that are not GEMMs (CPU ranks: timed with the executor's kernels).
+  std::vector<costmodel::ElementwiseOp> elementwise_ops;
+  std::int64_t tokens = 1; // of a micro-batch, as for the GEMMs
+  std::int64_t head_dim = 1;
 };
 
 struct ComputeCalibration {
@@ -28,6 +33,7 @@ struct ComputeCalibration {
   std::optional<double> memory_bandwidth_Bps;            // slowest rank's copy bandwidth
   std::optional<double> host_link_Bps;                   // GPU: pinned host-to-device, slowest rank
   std::optional<double> optimizer_params_per_s;          // per rank, slowest rank
+  std::optional<double> elementwise_elems_per_s;         // CPU: element passes/s, slowest rank
 };
 
 // Collective over `host_world` (the MPI world). `backend_world` tells CPU from GPU ranks (an NCCL

@@ -91,6 +91,8 @@ json calibration_to_json(const CalibrationRecord& r) {
     doc["compute_efficiency"] = rounded(*r.compute_efficiency, 3);
   if (r.memory_bandwidth_Bps)
     doc["memory_bandwidth_GBps"] = rounded(*r.memory_bandwidth_Bps / kGB, 4);
+  if (r.elementwise_elems_per_s)
+    doc["elementwise_Gelems_per_s"] = rounded(*r.elementwise_elems_per_s / 1e9, 4);
   doc["extra"] = r.extra.is_object() ? r.extra : json::object();
   return doc;
 }
@@ -228,7 +230,8 @@ json merge_calibration(const json& profile, const json& calibration) {
   }
   json extra = old.contains("extra") && old["extra"].is_object() ? old["extra"] : json::object();
   extra.update(calibration.value("extra", json::object()));
-  for (const char* key : {"gemm", "compute_efficiency", "memory_bandwidth_GBps"})
+  for (const char* key :
+       {"gemm", "compute_efficiency", "memory_bandwidth_GBps", "elementwise_Gelems_per_s"})
     if (calibration.contains(key))
       old[key] = calibration[key];
   for (const char* key : {"date", "backend", "host", "library", "ranks"})

@@ -35,6 +35,7 @@ struct CalibrationRecord {
   std::vector<GemmMeasurement> gemm;
   std::optional<double> compute_efficiency;   // model-shape GEMM rate / peak
   std::optional<double> memory_bandwidth_Bps; // device copy bandwidth
+  std::optional<double> elementwise_elems_per_s; // costmodel/elementwise.hpp passes per second
   nlohmann::json extra = nlohmann::json::object();
 };
 

@@ -101,6 +101,8 @@ Calibration read_calibration(const nlohmann::json& j, const std::string& ptr) {
   c.compute_efficiency = r.optional_number("compute_efficiency", Range{0, 1, true});
   if (auto bw = r.optional_number("memory_bandwidth_GBps", Range::positive()))
     c.memory_bandwidth_Bps = *bw * kGB;
+  if (auto rate = r.optional_number("elementwise_Gelems_per_s", Range::positive()))
+    c.elementwise_elems_per_s = *rate * 1e9;
   if (const auto* extra = r.optional_object("extra")) c.extra = *extra;
   r.finish();
   return c;

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "costmodel/elementwise.hpp"
+
 namespace shardplan::costmodel {
 namespace {
 
@@ -253,6 +255,17 @@ void Simulation::prepare() {
   for (auto& u : units_) {
     u.fwd_s = u.fwd_flops / rate;
     u.bwd_s = 2 * u.fwd_s;  // backward = 2 × forward (input and weight gradients)
+  }
+  // A calibrated profile's GEMM rate is the GEMMs' alone: the other layers take their passes at
+  // the measured element-wise rate (costmodel/elementwise.hpp).
+  if (hw.calibration && hw.calibration->elementwise_elems_per_s) {
+    const std::vector<ElementwiseOp> ops[3] = {embedding_elementwise_ops(m), block_elementwise_ops(m),
+                                               head_elementwise_ops(m)};
+    for (int k = 0; k < 3; ++k) {
+      const Passes p = passes_per_token(ops[k]);
+      units_[k].fwd_s += tokens * p.forward / *hw.calibration->elementwise_elems_per_s;
+      units_[k].bwd_s += tokens * p.backward / *hw.calibration->elementwise_elems_per_s;
+    }
   }
   if (j.checkpointing == Checkpointing::full) units_[1].recompute_s = units_[1].fwd_s;
   if (j.checkpointing == Checkpointing::selective && j.attention == AttentionImpl::eager)
