@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <new>
 #include <optional>
 
 #include <fmt/format.h>
@@ -11,15 +13,18 @@
 #include "calibrate/byte_size.hpp"
 #include "calibrate/collective_bench.hpp"
 #include "calibrate/compute_calibration.hpp"
+#include "calibrate/elementwise_bench.hpp"
 #include "calibrate/group_plan.hpp"
 #include "calibrate/host_info.hpp"
 #include "calibrate/profile_writer.hpp"
 #include "calibrate/results_table.hpp"
 #include "comm/comm_error.hpp"
+#include "comm/fault_injection.hpp"
 #include "comm/groups.hpp"
 #include "comm/mpi_environment.hpp"
 #include "comm/process_identity.hpp"
 #include "comm/topology.hpp"
+#include "comm/watchdog.hpp"
 #include "costmodel/input_error.hpp"
 #include "costmodel/model.hpp"
 
@@ -38,6 +43,8 @@ struct Preflight {
   std::string out_path;
   json into_profile;
   std::vector<GemmShape> model_shapes;
+  std::vector<costmodel::ElementwiseOp> elementwise_ops; // the model's, with their counts
+  std::int64_t head_dim = 1;
 };
 
 Preflight preflight(const MeasureOptions& o, const comm::Topology& topology) {
@@ -56,7 +63,10 @@ Preflight preflight(const MeasureOptions& o, const comm::Topology& topology) {
   check_writable(p.out_path, o.out.empty() && !o.into.empty() ? "--into" : "--out");
   if (o.gemm) {
     try {
-      p.model_shapes = model_gemm_shapes(costmodel::load_model(o.gemm_model), o.gemm_tokens);
+      const auto model = costmodel::load_model(o.gemm_model);
+      p.model_shapes = model_gemm_shapes(model, o.gemm_tokens);
+      p.elementwise_ops = model_elementwise_ops(model);
+      p.head_dim = std::max<std::int64_t>(1, model.head_dim);
     } catch (const InputError& e) {
       const std::string what = e.what(); // "<where>: <message>"; the flag replaces the where
       throw InputError("--gemm-model", what.substr(std::min(what.size(), e.where().size() + 2)));
@@ -67,23 +77,40 @@ Preflight preflight(const MeasureOptions& o, const comm::Topology& topology) {
 
 // Rank 0's verdict reaches every rank; the shapes travel as int64 triples.
 bool share_preflight(comm::Communicator& world, const std::optional<std::string>& error,
-                     std::vector<GemmShape>& shapes) {
+                     Preflight& pre) {
   std::int32_t failed = error.has_value() ? 1 : 0;
   world.broadcast(&failed, 1, comm::DataType::i32, 0);
   if (failed)
     return false;
-  std::int64_t count = static_cast<std::int64_t>(shapes.size());
-  world.broadcast(&count, 1, comm::DataType::i64, 0);
-  std::vector<std::int64_t> flat(static_cast<std::size_t>(count) * 3);
+  // The GEMM shapes (m, n, k, count), then the element-wise layers (kind, width, count) and the
+  // head dimension: other ranks may not see the model's file.
+  auto& shapes = pre.model_shapes;
+  std::int64_t sizes[3] = {static_cast<std::int64_t>(shapes.size()),
+                           static_cast<std::int64_t>(pre.elementwise_ops.size()), pre.head_dim};
+  world.broadcast(sizes, 3, comm::DataType::i64, 0);
+  std::vector<std::int64_t> flat(static_cast<std::size_t>(sizes[0]) * 4);
   for (std::size_t i = 0; i < shapes.size(); ++i) {
-    flat[3 * i] = shapes[i].m;
-    flat[3 * i + 1] = shapes[i].n;
-    flat[3 * i + 2] = shapes[i].k;
+    flat[4 * i] = shapes[i].m;
+    flat[4 * i + 1] = shapes[i].n;
+    flat[4 * i + 2] = shapes[i].k;
+    flat[4 * i + 3] = shapes[i].count;
   }
   world.broadcast(flat.data(), flat.size(), comm::DataType::i64, 0);
   shapes.clear();
-  for (std::size_t i = 0; i < flat.size(); i += 3)
-    shapes.push_back({flat[i], flat[i + 1], flat[i + 2]});
+  for (std::size_t i = 0; i < flat.size(); i += 4)
+    shapes.push_back({flat[i], flat[i + 1], flat[i + 2], flat[i + 3]});
+  std::vector<double> ops(static_cast<std::size_t>(sizes[1]) * 3);
+  for (std::size_t i = 0; i < pre.elementwise_ops.size(); ++i) {
+    ops[3 * i] = static_cast<double>(pre.elementwise_ops[i].kind);
+    ops[3 * i + 1] = pre.elementwise_ops[i].width;
+    ops[3 * i + 2] = pre.elementwise_ops[i].count;
+  }
+  world.broadcast(ops.data(), ops.size(), comm::DataType::f64, 0);
+  pre.elementwise_ops.clear();
+  for (std::size_t i = 0; i < ops.size(); i += 3)
+    pre.elementwise_ops.push_back(
+        {static_cast<costmodel::ElementwiseKind>(static_cast<int>(ops[i])), ops[i + 1], ops[i + 2]});
+  pre.head_dim = sizes[2];
   return true;
 }
 
@@ -124,6 +151,7 @@ void add_compute(const MeasureOptions& o, const ComputeCalibration& c, const Pre
                  MeasuredSystem& system) {
   record.gemm = c.gemm;
   record.memory_bandwidth_Bps = c.memory_bandwidth_Bps;
+  record.elementwise_elems_per_s = c.elementwise_elems_per_s;
   json& extra = record.extra;
   const double model_rate = model_gemm_rate(c.gemm, c.model_dtype);
   json peaks = json::object();
@@ -185,28 +213,36 @@ void add_compute(const MeasureOptions& o, const ComputeCalibration& c, const Pre
     extra["host_to_device_GBps"] = rounded(*c.host_link_Bps / 1e9, 4);
 }
 
-int measure(const MeasureOptions& o, comm::MpiCommunicator& host_world, std::ostream& out,
-            std::ostream& err) {
+int measure(const MeasureOptions& o, comm::MpiCommunicator& host_world, comm::Watchdog& watchdog,
+            std::ostream& out, std::ostream& err) {
   const bool root = host_world.rank() == 0;
   const comm::Topology topology = comm::discover_topology(host_world);
 
+  watchdog.set_phase("checking the options and files");
   std::optional<std::string> error;
   Preflight pre;
   GroupPlan plan;
   try {
     plan = plan_groups(o.groups, topology); // the same verdict on every rank
+    if (o.fault && o.fault->rank >= topology.size)
+      throw InputError("--inject-fault", fmt::format("rank {} is not one of the job's {} ranks",
+                                                     o.fault->rank, topology.size));
     if (root)
       pre = preflight(o, topology);
   } catch (const InputError& e) {
     error = e.what();
   }
-  if (!share_preflight(host_world, error, pre.model_shapes)) {
+  if (!share_preflight(host_world, error, pre)) {
     if (root)
       fmt::print(err, "calibrate: {}\n", *error);
     return 2;
   }
 
+  watchdog.set_phase(fmt::format("opening the {} backend", backend_name(o.backend)));
   auto backend_world = open_backend(o.backend, host_world, topology);
+  // NCCL's communicators are aborted before the watchdog ends the job (their kernels stop).
+  std::optional<comm::Watchdog::Watched> watched_backend;
+  watched_backend.emplace(watchdog, *backend_world);
   BenchSettings settings;
   settings.warmup = o.warmup;
   settings.iters = o.iters;
@@ -237,8 +273,10 @@ int measure(const MeasureOptions& o, comm::MpiCommunicator& host_world, std::ost
   record.library = library;
   record.ranks = topology.size;
   std::int64_t wrong_total = 0;
+  std::int64_t point_index = 0; // --inject-fault's STEP
   for (const auto& g : plan.groups) {
     auto group = comm::make_group(*backend_world, topology, g.spec);
+    const auto watched_group = watchdog.watch(*group);
     for (auto op : o.ops) {
       const auto points = sweep_points(op, g.ranks, o.range, sizeof(float));
       if (points.empty())
@@ -246,8 +284,13 @@ int measure(const MeasureOptions& o, comm::MpiCommunicator& host_world, std::ost
       CollectiveBench bench(op, *group, host_world, points.back(), settings);
       SweepResult sweep{op, g, {}};
       for (const auto& p : points) {
-        progress.show(fmt::format("{} {} {}", costmodel::traits(op).name, g.name,
-                                  human_bytes(static_cast<double>(p.size_bytes))));
+        const auto phase = fmt::format("{} {} {}", costmodel::traits(op).name, g.name,
+                                       human_bytes(static_cast<double>(p.size_bytes)));
+        progress.show(phase);
+        // A point is all collectives: every rank waits for the others through it.
+        watchdog.set_phase(phase, true);
+        comm::inject_due_fault(o.fault, host_world.rank(), ++point_index, watchdog,
+                               [] { throw std::bad_alloc(); });
         sweep.points.push_back(bench.run(p));
         progress.step();
       }
@@ -272,12 +315,17 @@ int measure(const MeasureOptions& o, comm::MpiCommunicator& host_world, std::ost
   if (o.gemm || o.memory) {
     if (root)
       progress.show("GEMM and memory bandwidth");
-    compute = measure_compute({o.gemm, o.memory, pre.model_shapes}, host_world, *backend_world);
+    watchdog.set_phase("GEMM and memory bandwidth");
+    compute = measure_compute(
+        {o.gemm, o.memory, pre.model_shapes, pre.elementwise_ops, o.gemm_tokens, pre.head_dim},
+        host_world, *backend_world);
     progress.clear();
   }
+  watched_backend.reset();
   backend_world.reset();
   if (!root)
     return 0;
+  watchdog.set_phase("writing the profile");
 
   if (!compute.gemm.empty())
     print_gemm_table(out, compute.gemm);
@@ -325,21 +373,24 @@ int measure(const MeasureOptions& o, comm::MpiCommunicator& host_world, std::ost
 
 int run_measurement(const MeasureOptions& options, std::ostream& out, std::ostream& err) {
   comm::MpiEnvironment mpi;
+  // No rank waits for ever: a rank that stops ends the job after --timeout-s, one that fails
+  // says so (comm/watchdog.hpp).
+  comm::Watchdog watchdog(
+      {.program = "calibrate", .rank = mpi.world_rank(), .timeout_s = options.timeout_s},
+      [&mpi](int exit_code) { mpi.abort(exit_code); });
   auto host_world = mpi.world();
   try {
-    return measure(options, *host_world, out, err);
-  } catch (const comm::CommError& e) {
-    fmt::print(err, "calibrate: {}\n", e.what());
+    return measure(options, *host_world, watchdog, out, err);
   } catch (const InputError& e) {
     fmt::print(err, "calibrate: {}\n", e.what()); // rank 0 only (a file it could not write)
     host_world.reset();
     return 2;
   } catch (const std::exception& e) {
-    fmt::print(err, "calibrate: error on rank {} of host {}: {}\n", mpi.world_rank(),
-               comm::host_name(), e.what());
+    // A CommError names the call, the host and the rank; the line adds the phase. The other
+    // ranks may wait in a collective for ever: the abort ends them.
+    err.flush();
+    watchdog.fail(e.what(), 1); // "calibrate: rank R on H: failed in phase 'P': ..."
   }
-  err.flush();
-  mpi.abort(1); // the other ranks may wait in a collective forever
 }
 
 } // namespace shardplan::calibrate

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -136,6 +137,13 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   app.add_option("--out,-o", m.out,
                  "profile to write [default: calibrated-<host>.json, or PROFILE with --into]");
   app.add_option("--into", m.into, "existing profile to merge the calibration into");
+  std::string timeout, fault;
+  app.add_option("--timeout-s", timeout,
+                 "a rank that makes no progress for this many seconds (a peer crashed or hung) "
+                 "ends the job\nwith exit code 4 [default: 300]");
+  app.add_option("--inject-fault", fault,
+                 "tests only: rank RANK crashes, hangs, runs out of memory or throws at sweep "
+                 "point STEP\n(crash|hang|oom|throw@RANK:STEP)");
 
   ImportOptions imp;
   std::string ranks, tier, op;
@@ -232,6 +240,23 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   m.gemm_tokens = gemm_tokens.empty()
                       ? (nccl ? 4096 : 256)
                       : parse_integer_flag("--gemm-tokens", gemm_tokens, 1, "an integer >= 1");
+  if (app.count("--timeout-s")) {
+    double seconds = 0;
+    const auto [end, error] =
+        std::from_chars(timeout.data(), timeout.data() + timeout.size(), seconds);
+    if (error != std::errc() || end != timeout.data() + timeout.size() || !(seconds > 0) ||
+        !std::isfinite(seconds))
+      throw InputError("--timeout-s",
+                       fmt::format("must be a number of seconds > 0 and finite, got \"{}\"",
+                                   timeout));
+    m.timeout_s = seconds;
+  }
+  if (app.count("--inject-fault")) {
+    m.fault = comm::parse_fault_injection(fault);
+    if (!m.fault)
+      throw InputError("--inject-fault",
+                       fmt::format("expected {}, got \"{}\"", comm::kFaultInjectionSyntax, fault));
+  }
   result.measure = std::move(m);
   return result;
 }

@@ -10,6 +10,7 @@
 
 #include "calibrate/fit.hpp"
 #include "calibrate/sweep.hpp"
+#include "comm/fault_injection.hpp"
 #include "comm/groups.hpp"
 #include "costmodel/collectives.hpp"
 #include "costmodel/hardware.hpp"
@@ -38,6 +39,8 @@ struct MeasureOptions {
   std::string out;                        // profile to write ("" = default name, or in place)
   std::string into;                       // existing profile to merge the calibration into
   FitOptions fit;
+  double timeout_s = 300; // a rank without progress for this long ends the job (watchdog)
+  std::optional<comm::FaultInjection> fault; // --inject-fault (STEP: the sweep point, from 1)
 };
 
 struct ImportOptions {

@@ -70,6 +70,12 @@ public:
   // The ranks that pass the same `color` form a new communicator, ordered by `key`, then by rank
   // in this one. Collective over this communicator; every rank gets its own group.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // Not collective; callable from any thread, once this rank gives up on the group (a peer failed
+  // or stopped, comm/watchdog.hpp): what the rank has queued on the group stops instead of waiting
+  // for ever, and the group is unusable afterwards. NCCL aborts its communicator (ncclCommAbort).
+  // A backend whose calls block the calling thread (MPI) cannot cancel a started collective: it
+  // has nothing to do here, and its rank ends with the job (MpiEnvironment::abort, MPI_Abort).
+  virtual void abort() {}
 };
 
 } // namespace shardplan::comm

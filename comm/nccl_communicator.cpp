@@ -1,5 +1,7 @@
 #include "comm/nccl_communicator.hpp"
 
+#include <thread>
+
 #include <fmt/format.h>
 
 #include "comm/comm_error.hpp"
@@ -133,7 +135,12 @@ NcclCommunicator::NcclCommunicator(ncclComm_t comm, int device,
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  // Destructors cannot report failures; the results are deliberately ignored here.
+  // Destructors cannot report failures; the results are deliberately ignored here. An aborted
+  // communicator is already freed, and its stream's kernels may never complete.
+  if (aborted_) {
+    (void)cudaStreamDestroy(stream_);
+    return;
+  }
   if (stream_ != nullptr) {
     (void)cudaStreamSynchronize(stream_);
     (void)cudaStreamDestroy(stream_);
@@ -194,10 +201,33 @@ void NcclCommunicator::all_to_all(const void* send, void* recv, std::size_t coun
 }
 
 void NcclCommunicator::synchronize() {
-  SHARDPLAN_CUDA_CALL(cudaStreamSynchronize, stream_);
-  ncclResult_t async_error = ncclSuccess;
-  SHARDPLAN_NCCL_CALL(comm_, ncclCommGetAsyncError, comm_, &async_error);
-  check_nccl(async_error, "NCCL (asynchronous error)", comm_, __FILE__, __LINE__);
+  // Polls rather than blocking in cudaStreamSynchronize, as PyTorch's NCCL watchdog does: when a
+  // peer fails, the stream never completes and only NCCL's asynchronous error says why; and a
+  // communicator aborted by the watchdog ends the wait here.
+  for (;;) {
+    {
+      std::lock_guard lock(abort_mutex_);
+      if (aborted_)
+        throw CommError("NCCL communicator aborted (a rank failed or stopped)", __FILE__,
+                        __LINE__);
+      ncclResult_t async_error = ncclSuccess;
+      SHARDPLAN_NCCL_CALL(comm_, ncclCommGetAsyncError, comm_, &async_error);
+      check_nccl(async_error, "NCCL (asynchronous error)", comm_, __FILE__, __LINE__);
+    }
+    const cudaError_t state = cudaStreamQuery(stream_);
+    if (state == cudaSuccess)
+      return;
+    if (state != cudaErrorNotReady)
+      check_cuda(state, "cudaStreamQuery", __FILE__, __LINE__);
+    std::this_thread::yield();
+  }
+}
+
+void NcclCommunicator::abort() {
+  std::lock_guard lock(abort_mutex_);
+  if (aborted_.exchange(true))
+    return;
+  (void)ncclCommAbort(comm_); // the job ends next; there is no one to report a failure to
 }
 
 void NcclCommunicator::barrier() {

@@ -9,7 +9,9 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "comm/communicator.hpp"
@@ -53,6 +55,8 @@ public:
   void barrier() override;
   void synchronize() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
+  // ncclCommAbort, from any thread: queued kernels stop, a synchronize() waiting on them throws.
+  void abort() override;
 
 private:
   NcclCommunicator(ncclComm_t comm, int device, std::unique_ptr<MpiCommunicator> host_group);
@@ -63,6 +67,10 @@ private:
   cudaStream_t stream_ = nullptr;
   int rank_ = 0;
   int size_ = 1;
+  // abort() from the watchdog's thread against synchronize()'s polling of the communicator
+  // (ncclCommAbort frees it).
+  std::mutex abort_mutex_;
+  std::atomic<bool> aborted_{false};
 };
 
 } // namespace shardplan::comm

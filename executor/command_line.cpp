@@ -1,5 +1,9 @@
 #include "executor/command_line.hpp"
 
+#include <cmath>
+
+#include <filesystem>
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -8,6 +12,33 @@
 namespace shardplan::executor {
 
 using costmodel::InputError;
+
+namespace {
+
+// --save, --save-every and --resume: folders, checked before any rank starts.
+void check_checkpoint_options(const CLI::App& app, const RunCommand& r, std::int64_t save_every) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto& c = r.checkpoint;
+  const bool save = app.count("--save") > 0, resume = app.count("--resume") > 0;
+  if (save && c.save_dir.empty())
+    throw InputError("--save", "must name a folder, got \"\"");
+  if (save && fs::exists(c.save_dir, ec) && !fs::is_directory(c.save_dir, ec))
+    throw InputError("--save", fmt::format("\"{}\" exists and is not a folder", c.save_dir));
+  if (app.count("--save-every") && !save)
+    throw InputError("--save-every", fmt::format("{} needs --save DIR", save_every));
+  if (app.count("--save-every") && (save_every < 1 || save_every > 100000))
+    throw InputError("--save-every",
+                     fmt::format("must be between 1 and 100000, got {}", save_every));
+  if (resume && !fs::is_regular_file(fs::path(c.resume_dir) / "index.json", ec))
+    throw InputError("--resume", fmt::format("no checkpoint in \"{}\" (no index.json)",
+                                             c.resume_dir));
+  if (r.rehearse_rank && (save || resume))
+    throw InputError(save ? "--save" : "--resume",
+                     "a rehearsal holds one rank's state only: not with --rehearse-rank");
+}
+
+} // namespace
 
 CommandLine parse_command_line(int argc, const char* const* argv) {
   CLI::App app{
@@ -47,6 +78,20 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
                "issue all-gathers ahead as the plan's prefetch says, even though MPI blocks");
   app.add_option("--rehearse-rank", rehearse, "rehearse this rank of the plan in one process");
   app.add_option("--world", world, "ranks of the rehearsed run (with --rehearse-rank)");
+  std::string fault;
+  app.add_option("--timeout-s", r.timeout_s,
+                 "a rank that makes no progress for this many seconds (a peer crashed or hung) "
+                 "ends the job\nwith exit code 4 [default: 300]");
+  app.add_option("--inject-fault", fault,
+                 "tests only: rank RANK crashes, hangs, runs out of memory or throws at step STEP "
+                 "(crash|hang|oom|throw@RANK:STEP)");
+
+  std::int64_t save_every = 0;
+  app.add_option("--save", r.checkpoint.save_dir,
+                 "write a sharded checkpoint to this folder after the last step (checkpoint.hpp)");
+  app.add_option("--save-every", save_every, "... and after every K-th step");
+  app.add_option("--resume", r.checkpoint.resume_dir,
+                 "start from this checkpoint (saved by any plan on any number of ranks)");
 
   auto* scale = app.add_subcommand("scale-config",
                                    "write the config.json of a scaled-down model (dropout 0)");
@@ -63,6 +108,13 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
                     "learned positions / context [default: the model's]");
   scale->add_option("--out,-o", sc.out, "config.json to write")->required();
 
+  auto* consolidate = app.add_subcommand(
+      "consolidate", "write a checkpoint's full fp32 parameters in model order (zero_to_fp32)");
+  consolidate->add_option("dir", cl.consolidate.dir, "checkpoint folder (executor --save)")
+      ->required();
+  consolidate->add_option("--out,-o", cl.consolidate.out, "file to write (raw little-endian fp32)")
+      ->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -76,6 +128,12 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
 
   if (scale->parsed()) {
     cl.command = CommandLine::Command::scale_config;
+    return cl;
+  }
+  if (consolidate->parsed()) {
+    if (cl.consolidate.out.empty())
+      throw InputError("--out", "must name a file, got \"\"");
+    cl.command = CommandLine::Command::consolidate;
     return cl;
   }
   if (r.plan.empty())
@@ -130,6 +188,16 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
                        fmt::format("must be in [0, {}), got {}", world, rehearse));
     r.rehearse_rank = rehearse;
     r.world = world;
+  }
+  check_checkpoint_options(app, r, save_every);
+  r.checkpoint.save_every = save_every;
+  if (!(r.timeout_s > 0) || !std::isfinite(r.timeout_s))
+    throw InputError("--timeout-s", fmt::format("must be > 0 and finite, got {}", r.timeout_s));
+  if (app.count("--inject-fault")) {
+    r.fault = comm::parse_fault_injection(fault);
+    if (!r.fault)
+      throw InputError("--inject-fault",
+                       fmt::format("expected {}, got \"{}\"", comm::kFaultInjectionSyntax, fault));
   }
   return cl;
 }

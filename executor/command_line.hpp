@@ -4,16 +4,21 @@
 //   mpirun -np N executor --plan plan.json --steps K --out run.json [--capacity-GiB X]
 //                         [--scale-layers L --scale-hidden H --scale-heads A --scale-kv-heads K
 //                          --scale-intermediate I --scale-vocab V --scale-seq S] [--seed S]
-//                         [--lr LR] [--prefetch-as-planned]
+//                         [--lr LR] [--prefetch-as-planned] [--timeout-s T]
+//                         [--inject-fault crash|hang|oom|throw@RANK:STEP]   (tests only)
+//                         [--save DIR [--save-every K]] [--resume DIR]   (checkpoint.hpp)
 //   executor --plan plan.json --rehearse-rank r --world N --out run.json [...]
 //   executor scale-config --model M --layers L --hidden H --heads A [--kv-heads K] [--head-dim D]
 //                         [--intermediate I] --vocab V [--max-positions P] --out config.json
+//   executor consolidate DIR --out model.bin   (a checkpoint's fp32 parameters in model order)
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 
+#include "comm/fault_injection.hpp"
+#include "executor/checkpoint.hpp"
 #include "executor/run_setup.hpp"
 #include "executor/scaled_model.hpp"
 
@@ -26,6 +31,9 @@ struct RunCommand {
   std::optional<double> capacity_GiB;
   std::optional<int> rehearse_rank;
   std::optional<int> world; // with --rehearse-rank
+  double timeout_s = 300;   // a rank without progress for this long ends the job (watchdog)
+  std::optional<comm::FaultInjection> fault; // --inject-fault, for the tests of the above
+  CheckpointOptions checkpoint;              // --save, --save-every, --resume
 };
 
 struct ScaleConfigCommand {
@@ -34,11 +42,17 @@ struct ScaleConfigCommand {
   std::string out;
 };
 
+struct ConsolidateCommand {
+  std::string dir; // the checkpoint
+  std::string out; // model.bin
+};
+
 struct CommandLine {
-  enum class Command { run, scale_config, help };
+  enum class Command { run, scale_config, consolidate, help };
   Command command = Command::run;
   RunCommand run;
   ScaleConfigCommand scale_config;
+  ConsolidateCommand consolidate;
   std::string help_text;
 };
 

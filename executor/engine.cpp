@@ -6,6 +6,7 @@
 #include <cmath>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include <time.h>
@@ -171,6 +172,20 @@ struct ShardingEngine::State {
     return o.spec.shard_gradients ? unit(u).fresh.span() : unit(u).grads.span();
   }
 
+  // Tells the watchdog what the step does now: "step 2 forward unit 3" ("step 2 micro-batch 1
+  // forward unit 3" with gradient accumulation). Units are whole blocks: the formatting is noise.
+  void phase(const char* part, std::int64_t u = -1, std::int64_t mb = -1) {
+    if (o.watchdog == nullptr)
+      return;
+    std::string text = fmt::format("step {}", step_count);
+    if (mb >= 0 && o.grad_accumulation > 1)
+      text += fmt::format(" micro-batch {}", mb + 1);
+    text += fmt::format(" {}", part);
+    if (u >= 0)
+      text += fmt::format(" unit {}", u);
+    o.watchdog->set_phase(text);
+  }
+
   template <class F> void timed_compute(F&& f) {
     const auto t0 = Clock::now();
     const double c0 = thread_cpu_seconds();
@@ -322,6 +337,7 @@ struct ShardingEngine::State {
     TrackedBuffer<float> x;
     std::optional<HeadForward<float>> head;
     for (std::int64_t u = 0; u < U; ++u) {
+      phase("forward", u, mb);
       acquire(u);
       prefetch_forward(u);
       timed_compute([&] {
@@ -345,6 +361,7 @@ struct ShardingEngine::State {
     const double scale = 1.0 / (static_cast<double>(o.grad_accumulation) * sl.world);
     TrackedBuffer<float> dx;
     for (std::int64_t u = U - 1; u >= 0; --u) {
+      phase("backward", u, mb);
       acquire(u);
       prefetch_backward(u);
       ensure_grad_target(u);
@@ -372,6 +389,7 @@ struct ShardingEngine::State {
   }
 
   void optimizer_step() {
+    phase("optimizer");
     const auto& spec = o.spec;
     for (std::int64_t u = 0; u < unit_count(); ++u) {
       auto& un = unit(u);
@@ -391,6 +409,7 @@ struct ShardingEngine::State {
   void gather_updated_parameters() {
     if (!o.spec.shard_optimizer)
       return;
+    phase("parameter all-gather");
     for (std::int64_t u = 0; u < unit_count(); ++u) {
       const auto& us = shape(u);
       if (us.params_sharded)
@@ -521,6 +540,7 @@ StepReport ShardingEngine::step() {
     r.loss = local;
   } else {
     double sum = 0;
+    s.phase("loss");
     s.g.world->all_reduce(&local, &sum, 1, comm::DataType::f64);
     r.loss = sum / s.sl.world;
   }
@@ -551,6 +571,20 @@ const EngineOptions& ShardingEngine::options() const {
 }
 std::int64_t ShardingEngine::steps_done() const {
   return s_->step_count;
+}
+
+ShardingEngine::UnitState ShardingEngine::unit_state(std::int64_t unit) {
+  auto& s = *s_;
+  auto& un = s.unit(unit);
+  const bool chunked_params = s.shape(unit).params_sharded;
+  return {un.params.span(), chunked_params ? s.sl.chunk_begin(unit) : 0, un.exp_avg.span(),
+          un.exp_avg_sq.span(), s.o.spec.shard_optimizer ? s.sl.chunk_begin(unit) : 0};
+}
+
+void ShardingEngine::set_steps_done(std::int64_t steps) {
+  if (steps < 0)
+    throw std::invalid_argument(fmt::format("{} steps done", steps));
+  s_->step_count = steps;
 }
 int ShardingEngine::forward_prefetch() const {
   return s_->fwd_prefetch;

@@ -43,9 +43,11 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/watchdog.hpp"
 #include "costmodel/model.hpp"
 #include "costmodel/sharding.hpp"
 #include "executor/adamw.hpp"
@@ -74,6 +76,9 @@ struct EngineOptions {
   // gathers the next `prefetch` units the rate limiter allows, so that many more gathered units
   // are alive, as on a GPU.
   bool prefetch_as_planned = false;
+  // Told what the step does ("step 2 forward unit 3") as it goes, so that a rank that stops is
+  // named with its phase (comm/watchdog.hpp). Not owned; nullptr: nobody watches.
+  comm::Watchdog* watchdog = nullptr;
 };
 
 // The groups the engine's collectives run in. Not owned.
@@ -129,6 +134,21 @@ public:
   const ShardLayout& shards() const;
   const EngineOptions& options() const;
   std::int64_t steps_done() const;
+
+  // This rank's resident state of a unit, for checkpoints (checkpoint.hpp). Each span holds the
+  // elements [begin, begin + size) of the unit's flat buffer, zero padding past the unit's size
+  // included: the parameters (the chunk when partitioned, else whole) and AdamW's moments (the
+  // chunk under a sharded optimizer, else whole). Valid between steps.
+  struct UnitState {
+    std::span<float> params;
+    std::int64_t params_begin = 0;
+    std::span<float> exp_avg, exp_avg_sq;
+    std::int64_t optimizer_begin = 0;
+  };
+  UnitState unit_state(std::int64_t unit);
+  // Continues from a checkpoint taken after `steps` steps: the next step is steps + 1, for the
+  // AdamW bias corrections and the synthetic data stream alike.
+  void set_steps_done(std::int64_t steps);
   // Units whose gathers the engine issues ahead of use (0 on a blocking backend, see above).
   int forward_prefetch() const;
   int backward_prefetch() const;

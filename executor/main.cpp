@@ -1,7 +1,9 @@
 // executor: runs a plan for real and writes what it measured (run_command.hpp; `planner validate`
 // compares it with the prediction); scale-config writes the config.json of a scaled-down model
-// for the planner. Exit codes: 0 done, 1 internal or MPI error, 2 bad input, 3 out of memory
-// under --capacity-GiB.
+// for the planner; consolidate writes a checkpoint's fp32 parameters (checkpoint.hpp). Exit codes:
+// 0 done, 1 internal or MPI error (or a rank failed), 2 bad input (a bad checkpoint too),
+// 3 out of memory under --capacity-GiB, 4 a rank made no progress for --timeout-s (a crashed rank
+// ends the job with its signal: mpirun returns 128 + the signal number).
 #include <malloc.h>
 
 #include <fstream>
@@ -29,6 +31,13 @@ int run(int argc, char** argv) {
       std::ofstream out(cl.scale_config.out);
       if (!(out << config.dump(2) << "\n"))
         throw costmodel::InputError("--out", "cannot write \"" + cl.scale_config.out + "\"");
+      return 0;
+    }
+    case executor::CommandLine::Command::consolidate: {
+      const auto c =
+          executor::consolidate_checkpoint(cl.consolidate.dir, cl.consolidate.out);
+      std::cerr << "executor: wrote " << cl.consolidate.out << ": " << c.params
+                << " fp32 parameters of step " << c.step << ", sha256 " << c.sha256 << "\n";
       return 0;
     }
     case executor::CommandLine::Command::run:

@@ -2,7 +2,8 @@
 // Each returns the exit code: 0 done, 2 bad input (one line on stderr, rank 0 only: every rank
 // reads the same plan and fails alike), 3 out of memory under --capacity-GiB (every rank that
 // crosses the capacity prints its line; MPI_Abort then ends every rank with code 3, so none waits
-// in a collective for a rank that has stopped), 1 anything else (MPI_Abort with 1 under MPI).
+// in a collective for a rank that has stopped), 1 anything else (MPI_Abort with 1 under MPI; the
+// failing rank names itself and its phase), 4 no progress for --timeout-s (comm/watchdog.hpp).
 #pragma once
 
 #include "executor/command_line.hpp"

@@ -42,6 +42,7 @@ public:
   std::unique_ptr<comm::Communicator> split(int color, int key) override {
     return inner_.split(color, key);
   }
+  void abort() override { inner_.abort(); }
 
 private:
   template <class F>

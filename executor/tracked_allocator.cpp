@@ -93,6 +93,19 @@ void TrackedAllocator::release(void* data, MemoryCategory category, std::int64_t
   in_use_[category] -= bytes;
 }
 
+std::int64_t TrackedAllocator::capacity_bytes() const {
+  std::lock_guard lock(mutex_);
+  return capacity_;
+}
+
+void TrackedAllocator::set_capacity(std::int64_t capacity_bytes) {
+  if (capacity_bytes < 0)
+    throw std::invalid_argument(
+        fmt::format("allocator capacity must be >= 0, got {}", capacity_bytes));
+  std::lock_guard lock(mutex_);
+  capacity_ = capacity_bytes;
+}
+
 std::int64_t TrackedAllocator::in_use_bytes() const {
   std::lock_guard lock(mutex_);
   return in_use_.total();

@@ -158,7 +158,10 @@ class TrackedAllocator {
     return TrackedBuffer<T>(this, static_cast<T*>(p), count, category);
   }
 
-  std::int64_t capacity_bytes() const { return capacity_; }
+  std::int64_t capacity_bytes() const;
+  // From now on at most this many bytes may be in use (a fault injection takes the free capacity
+  // away, so that the next allocation throws OutOfMemory). Buffers already handed out are kept.
+  void set_capacity(std::int64_t capacity_bytes);
   std::int64_t in_use_bytes() const;                         // total, now
   std::int64_t in_use_bytes(MemoryCategory category) const;  // one category, now
   MemoryBreakdown in_use() const;                            // every category, now

@@ -107,6 +107,10 @@ RunFacts read_run(const json& run) {
   }
   for (const char* k : {"prediction", "loss", "ranks"})
     r.ignore(k);
+  // The consolidated parameters' sha256 at the start and the end (executor/checkpoint.hpp): for
+  // comparing runs, not the prediction; absent from rehearsals and older documents.
+  for (const char* k : {"initial_params_sha256", "final_params_sha256"})
+    r.optional_string(k);
   r.finish();
   return f;
 }

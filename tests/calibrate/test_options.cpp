@@ -133,3 +133,23 @@ TEST_CASE("options::a backend this build lacks is bad input") {
     }
   }
 }
+
+TEST_CASE("fault::calibrate's --timeout-s and --inject-fault") {
+  const auto m = parse({"--timeout-s", "2.5", "--inject-fault", "hang@1:4"}).measure;
+  CHECK(m.timeout_s == 2.5);
+  CHECK(m.fault == comm::FaultInjection{comm::FaultKind::hang, 1, 4});
+  CHECK(parse({}).measure.timeout_s == 300);
+  CHECK_FALSE(parse({}).measure.fault.has_value());
+  CHECK(rejection({"--inject-fault", "x"}) ==
+        "--inject-fault: expected crash|hang|oom|throw@RANK:STEP, got \"x\"");
+  CHECK(rejection({"--inject-fault", ""}) ==
+        "--inject-fault: expected crash|hang|oom|throw@RANK:STEP, got \"\"");
+  CHECK(rejection({"--inject-fault", "crash@1:0"}) ==
+        "--inject-fault: expected crash|hang|oom|throw@RANK:STEP, got \"crash@1:0\"");
+  for (const char* bad : {"0", "-3", "inf", "nan", "1e999", "ten", "5s", ""}) {
+    CAPTURE(bad);
+    CHECK(rejection({"--timeout-s", bad}) ==
+          std::string("--timeout-s: must be a number of seconds > 0 and finite, got \"") + bad +
+              "\"");
+  }
+}

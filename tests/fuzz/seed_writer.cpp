@@ -107,6 +107,8 @@ int main(int argc, char** argv) {
         {"execution", {{"precision", "fp32"}, {"world_size", 2}, {"steps", 3}, {"micro_batch", 2},
                        {"deviations", {"gradients are reduced in fp32"}}}},
         {"loss", {10.9, 10.8, 10.7}},
+        {"initial_params_sha256", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+        {"final_params_sha256", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
         {"ranks", nlohmann::json::array()},
         {"summary",
          {{"memory", {{"peak_bytes", 2.1e9}, {"rank", 0}, {"at_peak", at_peak}}},

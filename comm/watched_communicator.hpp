@@ -1,0 +1,52 @@
+// A Communicator that tells a Watchdog about every call that waits for the other ranks (the
+// collectives, barrier, synchronize, split) and forwards it to another communicator. The groups it
+// splits off are watched too, so a program wraps its world once and the engine's shard and replica
+// groups report their collectives as well.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.hpp"
+#include "comm/watchdog.hpp"
+
+namespace shardplan::comm {
+
+class WatchedCommunicator final : public Communicator {
+public:
+  // Neither `inner` nor `watchdog` is owned; both must outlive this object.
+  WatchedCommunicator(Communicator& inner, Watchdog& watchdog);
+  // Owns `inner` (a group split off a watched communicator).
+  WatchedCommunicator(std::unique_ptr<Communicator> inner, Watchdog& watchdog);
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  const char* backend() const override { return inner_.backend(); }
+  std::string library_version() const override { return inner_.library_version(); }
+  MemorySpace memory_space() const override { return inner_.memory_space(); }
+  std::unique_ptr<CommBuffer> allocate(std::size_t bytes) override {
+    return inner_.allocate(bytes);
+  }
+
+  void all_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                  ReduceOp op = ReduceOp::sum) override;
+  void reduce(const void* send, void* recv, std::size_t count, DataType type, int root,
+              ReduceOp op = ReduceOp::sum) override;
+  void all_gather(const void* send, void* recv, std::size_t count, DataType type) override;
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                      ReduceOp op = ReduceOp::sum) override;
+  void broadcast(void* buffer, std::size_t count, DataType type, int root) override;
+  void all_to_all(const void* send, void* recv, std::size_t count, DataType type) override;
+  void barrier() override;
+  void synchronize() override;
+  std::unique_ptr<Communicator> split(int color, int key) override;
+  void abort() override { inner_.abort(); }
+
+private:
+  std::unique_ptr<Communicator> owned_;
+  Communicator& inner_;
+  Watchdog& watchdog_;
+  Watchdog::Watched registration_; // aborted with the job
+};
+
+} // namespace shardplan::comm

@@ -1,0 +1,702 @@
+#include "executor/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <stdexcept>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "costmodel/input_error.hpp"
+#include "costmodel/json_reader.hpp"
+#include "costmodel/sharding.hpp"
+#include "executor/sha256.hpp"
+
+namespace shardplan::executor {
+namespace {
+
+namespace fs = std::filesystem;
+using costmodel::InputError;
+using costmodel::ObjectReader;
+using costmodel::Range;
+using nlohmann::json;
+
+// Parts hold the host's float bytes as they are; the format (and the parameter hash) is
+// little-endian, so a big-endian host would need byte swaps that nothing here does.
+static_assert(std::endian::native == std::endian::little, "checkpoints are little-endian");
+
+constexpr std::array<const char*, 3> kTensors = {"params", "exp_avg", "exp_avg_sq"};
+constexpr std::int64_t kFloat = sizeof(float);
+constexpr std::size_t kIoBlock = 1 << 20; // bytes per read when a whole file is streamed
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+const char* kind_name(UnitKind k) {
+  switch (k) {
+  case UnitKind::embedding:
+    return "embedding";
+  case UnitKind::block:
+    return "block";
+  case UnitKind::head:
+    return "head";
+  }
+  return "?";
+}
+
+// ---- files
+
+class Fd {
+public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    return *this;
+  }
+  ~Fd() {
+    if (fd_ >= 0)
+      ::close(fd_);
+  }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+private:
+  int fd_ = -1;
+};
+
+Fd open_for_reading(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0)
+    throw InputError(path, fmt::format("cannot read: {}", errno_text()));
+  return fd;
+}
+
+// Exactly `bytes` bytes at `offset`; fewer (the file ended) is a truncated file.
+void read_at(int fd, void* data, std::size_t bytes, std::int64_t offset, const std::string& path) {
+  auto* out = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, out, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      throw InputError(path, fmt::format("cannot read: {}", errno_text()));
+    if (n == 0)
+      throw InputError(path, fmt::format("truncated: ends at byte {}", offset));
+    out += n;
+    offset += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+}
+
+// A directory's entries (a rename into it) reach the disk only when the directory is fsynced
+// (fsync(2), "Calling fsync() does not necessarily ensure that the entry in the directory
+// containing the file has also reached disk").
+void sync_directory(const fs::path& dir) {
+  const fs::path d = dir.empty() ? fs::path(".") : dir;
+  Fd fd(::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0 || ::fsync(fd.get()) != 0)
+    throw InputError(d.string(), fmt::format("cannot sync the folder: {}", errno_text()));
+}
+
+// A file written whole or not at all: NAME.tmp, fsync, rename to NAME, fsync of the folder. The
+// bytes are hashed as they are written. Without commit() the temporary is removed.
+class AtomicFile {
+public:
+  explicit AtomicFile(fs::path path) : path_(std::move(path)), tmp_(path_.string() + ".tmp") {
+    fd_ = Fd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (fd_.get() < 0)
+      fail("cannot write");
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile() {
+    if (!committed_) {
+      fd_ = Fd();
+      ::unlink(tmp_.c_str());
+    }
+  }
+
+  void write(const void* data, std::size_t bytes) {
+    hash_.update(data, bytes);
+    auto* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = ::write(fd_.get(), p, bytes);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0)
+        fail("cannot write");
+      p += n;
+      bytes -= static_cast<std::size_t>(n);
+    }
+  }
+
+  Sha256::Digest commit() {
+    if (::fsync(fd_.get()) != 0)
+      fail("cannot sync");
+    if (::close(fd_.release()) != 0)
+      fail("cannot write");
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
+      fail("cannot rename the temporary into place");
+    committed_ = true;
+    sync_directory(path_.parent_path());
+    return hash_.finish();
+  }
+
+private:
+  [[noreturn]] void fail(const char* what) {
+    throw InputError(path_.string(), fmt::format("{}: {}", what, errno_text()));
+  }
+
+  fs::path path_;
+  std::string tmp_;
+  Fd fd_;
+  Sha256 hash_;
+  bool committed_ = false;
+};
+
+// ---- agreement across ranks
+
+// Runs f, keeping an InputError (or a filesystem error, which names its path) for agree().
+template <class F> void capture(std::optional<InputError>& failure, F&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    failure = e;
+  } catch (const fs::filesystem_error& e) {
+    failure = InputError(e.path1().string(), e.code().message());
+  }
+}
+
+// Collective: when any rank failed, every rank throws the lowest failing rank's error, so that
+// rank 0 (the one that prints) reports it and no rank waits in a collective the others have left.
+void agree(comm::Communicator& world, const std::optional<InputError>& failure) {
+  const std::int32_t mine = failure ? world.rank() : world.size();
+  std::int32_t first = 0;
+  world.all_reduce(&mine, &first, 1, comm::DataType::i32, comm::ReduceOp::min);
+  if (first == world.size())
+    return;
+  std::string where, message;
+  if (failure) {
+    where = failure->where();
+    const std::string what = failure->what();
+    message = what.size() > where.size() + 2 ? what.substr(where.size() + 2) : what;
+  }
+  std::string text = where + '\n' + message;
+  std::int64_t length = static_cast<std::int64_t>(text.size());
+  world.broadcast(&length, 1, comm::DataType::i64, first);
+  text.resize(static_cast<std::size_t>(length));
+  world.broadcast(text.data(), text.size(), comm::DataType::u8, first);
+  const auto cut = text.find('\n');
+  throw InputError(text.substr(0, cut), text.substr(cut + 1));
+}
+
+// ---- layout of the parts
+
+std::string part_path(std::int64_t step, int part, int parts) {
+  return fmt::format("step-{:08}/part-{:05}-of-{:05}.bin", step, part, parts);
+}
+
+// Part `part`'s ranges: [part·chunk, min((part+1)·chunk, n)) of every tensor of every unit.
+std::vector<CheckpointSegment> part_segments(const ShardLayout& sl, int part) {
+  std::vector<CheckpointSegment> out;
+  std::int64_t offset = 0;
+  for (const char* tensor : kTensors)
+    for (std::size_t u = 0; u < sl.units.size(); ++u) {
+      const auto& us = sl.units[u];
+      const std::int64_t begin = part * us.chunk, end = std::min(begin + us.chunk, us.size);
+      if (begin >= end)
+        continue; // this part's chunk of a small unit is all padding
+      out.push_back({tensor, static_cast<std::int64_t>(u), begin, end, offset});
+      offset += (end - begin) * kFloat;
+    }
+  return out;
+}
+
+struct Held {
+  std::span<float> values; // elements [begin, begin + values.size()) of the unit
+  std::int64_t begin = 0;
+};
+
+Held held(const ShardingEngine::UnitState& st, std::string_view tensor) {
+  if (tensor == "params")
+    return {st.params, st.params_begin};
+  return {tensor == "exp_avg" ? st.exp_avg : st.exp_avg_sq, st.optimizer_begin};
+}
+
+Sha256::Digest write_part(ShardingEngine& engine, const fs::path& path) {
+  const auto& sl = engine.shards();
+  AtomicFile file(path);
+  for (const auto& seg : part_segments(sl, sl.shard_rank)) {
+    const Held h = held(engine.unit_state(seg.unit), seg.tensor);
+    const auto held_end = h.begin + static_cast<std::int64_t>(h.values.size());
+    if (seg.begin < h.begin || seg.end > held_end)
+      throw std::logic_error(fmt::format("{} of unit {}: [{}, {}) is not held", seg.tensor,
+                                         seg.unit, seg.begin, seg.end));
+    file.write(h.values.data() + (seg.begin - h.begin),
+               static_cast<std::size_t>((seg.end - seg.begin) * kFloat));
+  }
+  return file.commit();
+}
+
+json segment_json(const CheckpointSegment& s) {
+  return {{"tensor", s.tensor},
+          {"unit", s.unit},
+          {"begin", s.begin},
+          {"end", s.end},
+          {"offset_bytes", s.offset_bytes}};
+}
+
+std::int64_t segments_bytes(const std::vector<CheckpointSegment>& segments) {
+  return segments.empty() ? 0
+                          : segments.back().offset_bytes +
+                                (segments.back().end - segments.back().begin) * kFloat;
+}
+
+// ---- reading the index
+
+bool is_sha256_hex(const std::string& s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+bool is_inside(const std::string& path) {
+  const fs::path p(path);
+  if (path.empty() || p.is_absolute())
+    return false;
+  return std::none_of(p.begin(), p.end(), [](const fs::path& part) { return part == ".."; });
+}
+
+CheckpointIndex parse_index(const json& doc) {
+  ObjectReader r(doc, "");
+  if (const auto v = r.integer("schema_version"); v != 1)
+    throw InputError("/schema_version", fmt::format("must be 1, got {}", v));
+  if (const auto kind = r.string("kind"); kind != "shardplan.checkpoint")
+    throw InputError("/kind", fmt::format("must be \"shardplan.checkpoint\", got \"{}\"", kind));
+  CheckpointIndex idx;
+  idx.step = r.integer("step", Range::non_negative());
+  // The engine counts one step for both: AdamW's bias corrections and the data stream.
+  if (const auto adamw = r.integer("adamw_step", Range::non_negative()); adamw != idx.step)
+    throw InputError("/adamw_step", fmt::format("must equal /step ({}), got {}", idx.step, adamw));
+  r.choice("byte_order", {"little"});
+  {
+    ObjectReader d(r.object("dtypes"), "/dtypes");
+    for (const char* t : kTensors)
+      d.choice(t, {"f32"});
+    d.finish();
+  }
+  r.object("saved_by"); // what saved it, for people: a resume may use any plan
+  idx.model = r.object("model");
+  {
+    ObjectReader m(idx.model, "/model");
+    const auto& units = m.array("units");
+    if (units.empty())
+      throw InputError("/model/units", "no units");
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      ObjectReader ur(units[u], fmt::format("/model/units/{}", u));
+      ur.choice("kind", {"embedding", "block", "head"});
+      idx.unit_elements.push_back(ur.integer("elements", Range::between(1, 1e15)));
+      ur.finish();
+    }
+    m.ignore_if([](const std::string&) { return true; }); // compared with the run's model later
+  }
+  const auto units = static_cast<std::int64_t>(idx.unit_elements.size());
+  const auto& files = r.array("files");
+  if (files.empty())
+    throw InputError("/files", "no files");
+  // (tensor, unit) -> the element ranges the files hold, to check that they tile each tensor.
+  std::map<std::pair<std::string, std::int64_t>, std::vector<std::pair<std::int64_t, std::int64_t>>>
+      ranges;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    const std::string at = fmt::format("/files/{}", i);
+    ObjectReader fr(files[i], at);
+    CheckpointFile f;
+    f.path = fr.string("path");
+    if (!is_inside(f.path))
+      throw InputError(
+          at + "/path",
+          fmt::format("must be a relative path inside the checkpoint, got \"{}\"", f.path));
+    f.bytes = fr.integer("bytes", Range::non_negative());
+    f.sha256 = fr.string("sha256");
+    if (!is_sha256_hex(f.sha256))
+      throw InputError(at + "/sha256",
+                       fmt::format("must be 64 lowercase hex digits, got \"{}\"", f.sha256));
+    const auto& segments = fr.array("segments");
+    std::int64_t offset = 0;
+    for (std::size_t j = 0; j < segments.size(); ++j) {
+      const std::string sat = fmt::format("{}/segments/{}", at, j);
+      ObjectReader sr(segments[j], sat);
+      CheckpointSegment s;
+      s.tensor = sr.choice("tensor", {kTensors.begin(), kTensors.end()});
+      s.unit = sr.integer("unit", Range::between(0, static_cast<double>(units - 1)));
+      const auto n = idx.unit_elements[static_cast<std::size_t>(s.unit)];
+      s.begin = sr.integer("begin", Range::between(0, static_cast<double>(n - 1)));
+      s.end = sr.integer("end",
+                         Range::between(static_cast<double>(s.begin + 1), static_cast<double>(n)));
+      s.offset_bytes = sr.integer("offset_bytes", Range::non_negative());
+      if (s.offset_bytes != offset)
+        throw InputError(sat + "/offset_bytes",
+                         fmt::format("must be {} (the segments are stored back to back), got {}",
+                                     offset, s.offset_bytes));
+      sr.finish();
+      offset += (s.end - s.begin) * kFloat;
+      ranges[{s.tensor, s.unit}].emplace_back(s.begin, s.end);
+      f.segments.push_back(s);
+    }
+    if (offset != f.bytes)
+      throw InputError(at + "/bytes",
+                       fmt::format("{}, but the segments hold {} bytes", f.bytes, offset));
+    fr.finish();
+    idx.files.push_back(std::move(f));
+  }
+  r.finish();
+  for (const char* t : kTensors)
+    for (std::int64_t u = 0; u < units; ++u) {
+      auto& v = ranges[{t, u}];
+      std::sort(v.begin(), v.end());
+      std::int64_t next = 0;
+      for (const auto& [b, e] : v) {
+        if (b != next)
+          throw InputError("/files", fmt::format("{} of unit {}: elements [{}, {}) are {}", t, u,
+                                                 std::min(b, next), std::max(b, next),
+                                                 b > next ? "in no file" : "in two files"));
+        next = e;
+      }
+      const auto n = idx.unit_elements[static_cast<std::size_t>(u)];
+      if (next != n)
+        throw InputError("/files", fmt::format("{} of unit {}: elements [{}, {}) are in no file", t,
+                                               u, next, n));
+    }
+  return idx;
+}
+
+std::string index_path(const std::string& dir) {
+  return (fs::path(dir) / "index.json").string();
+}
+
+std::string file_path(const std::string& dir, const CheckpointFile& f) {
+  return (fs::path(dir) / f.path).string();
+}
+
+void check_size(const std::string& dir, const CheckpointFile& f) {
+  const std::string path = file_path(dir, f);
+  std::error_code ec;
+  const auto size = static_cast<std::int64_t>(fs::file_size(path, ec));
+  if (ec)
+    throw InputError(path, fmt::format("cannot read: {}", ec.message()));
+  if (size < f.bytes)
+    throw InputError(path, fmt::format("truncated: {} bytes, the index says {}", size, f.bytes));
+  if (size > f.bytes)
+    throw InputError(path, fmt::format("{} bytes, the index says {}", size, f.bytes));
+}
+
+// The first place where the checkpoint's model shape differs from the run's, as an error.
+void compare_shape(const json& saved, const json& run, const std::string& pointer) {
+  auto differ = [&](const std::string& what) {
+    throw InputError(pointer, what + " (a checkpoint of another model)");
+  };
+  if (run.is_object() && saved.is_object()) {
+    for (auto it = run.begin(); it != run.end(); ++it) {
+      if (pointer == "/model" && it.key() == "name")
+        continue; // the same shape under another name (a preset, its config.json) is the same
+      if (!saved.contains(it.key()))
+        throw InputError(pointer + "/" + it.key(), "missing");
+      compare_shape(saved[it.key()], it.value(), pointer + "/" + it.key());
+    }
+    for (auto it = saved.begin(); it != saved.end(); ++it)
+      if (!run.contains(it.key()))
+        throw InputError(pointer + "/" + it.key(), "unknown key");
+    return;
+  }
+  if (run.is_array() && saved.is_array()) {
+    if (run.size() != saved.size())
+      differ(fmt::format("the checkpoint has {} entries, the run's model {}", saved.size(),
+                         run.size()));
+    for (std::size_t i = 0; i < run.size(); ++i)
+      compare_shape(saved[i], run[i], fmt::format("{}/{}", pointer, i));
+    return;
+  }
+  if (saved != run)
+    differ(fmt::format("the checkpoint's model has {}, the run's model {}",
+                       costmodel::describe_value(saved), costmodel::describe_value(run)));
+}
+
+std::int64_t read_ranges(ShardingEngine& engine, const std::string& dir,
+                         const CheckpointIndex& index) {
+  std::map<std::size_t, Fd> open;
+  std::int64_t bytes = 0;
+  for (std::int64_t u = 0; u < engine.layout().unit_count(); ++u) {
+    const auto st = engine.unit_state(u);
+    const auto n = index.unit_elements[static_cast<std::size_t>(u)];
+    for (const char* tensor : kTensors) {
+      const Held h = held(st, tensor);
+      std::fill(h.values.begin(), h.values.end(), 0.0f); // padding stays zero
+      const std::int64_t need_begin = h.begin;
+      const std::int64_t need_end =
+          std::min(h.begin + static_cast<std::int64_t>(h.values.size()), n);
+      for (std::size_t k = 0; k < index.files.size(); ++k) {
+        const auto& f = index.files[k];
+        for (const auto& seg : f.segments) {
+          if (seg.unit != u || seg.tensor != tensor)
+            continue;
+          const std::int64_t lo = std::max(need_begin, seg.begin), hi = std::min(need_end, seg.end);
+          if (lo >= hi)
+            continue;
+          auto it = open.find(k);
+          if (it == open.end())
+            it = open.emplace(k, open_for_reading(file_path(dir, f))).first;
+          read_at(it->second.get(), h.values.data() + (lo - h.begin),
+                  static_cast<std::size_t>((hi - lo) * kFloat),
+                  seg.offset_bytes + (lo - seg.begin) * kFloat, file_path(dir, f));
+          bytes += (hi - lo) * kFloat;
+        }
+      }
+    }
+  }
+  return bytes;
+}
+
+} // namespace
+
+json model_shape_json(const GptLayout& layout) {
+  const auto& m = layout.spec();
+  json units = json::array();
+  for (std::int64_t u = 0; u < layout.unit_count(); ++u)
+    units.push_back(
+        {{"kind", kind_name(layout.unit_kind(u))}, {"elements", layout.unit_size_of(u)}});
+  json tensors = json::object();
+  for (auto kind : {UnitKind::embedding, UnitKind::block, UnitKind::head}) {
+    json list = json::array();
+    for (const auto& slot : layout.slots(kind))
+      list.push_back({{"name", slot.tensor.name},
+                      {"offset", slot.offset},
+                      {"shape", {slot.tensor.rows, slot.tensor.cols}}});
+    tensors[kind_name(kind)] = list;
+  }
+  return {{"name", m.name},
+          {"hidden", m.hidden},
+          {"layers", m.layers},
+          {"heads", m.heads},
+          {"kv_heads", m.kv_heads},
+          {"head_dim", m.head_dim},
+          {"intermediate", m.intermediate},
+          {"vocab", m.vocab},
+          {"max_positions", m.max_positions},
+          {"tied_embeddings", m.tied_embeddings},
+          {"parallel_residual", m.parallel_residual},
+          {"units", units},
+          {"tensors", tensors}};
+}
+
+CheckpointIndex read_checkpoint_index(const std::string& dir) {
+  const std::string path = index_path(dir);
+  const json doc = costmodel::read_json_file(path); // names the path when unreadable or not JSON
+  try {
+    return parse_index(doc);
+  } catch (const InputError& e) {
+    throw InputError(path, e.what());
+  }
+}
+
+void verify_checkpoint_file(const std::string& dir, const CheckpointFile& f) {
+  check_size(dir, f);
+  const std::string path = file_path(dir, f);
+  const Fd fd = open_for_reading(path);
+  Sha256 hash;
+  std::vector<char> block(kIoBlock);
+  for (std::int64_t at = 0; at < f.bytes;) {
+    const auto n = static_cast<std::size_t>(std::min<std::int64_t>(kIoBlock, f.bytes - at));
+    read_at(fd.get(), block.data(), n, at, path);
+    hash.update(block.data(), n);
+    at += static_cast<std::int64_t>(n);
+  }
+  if (const auto got = Sha256::hex(hash.finish()); got != f.sha256)
+    throw InputError(path,
+                     fmt::format("corrupted: its sha256 is {}, the index says {}", got, f.sha256));
+}
+
+void save_checkpoint(ShardingEngine& engine, comm::Communicator& world, const std::string& dir) {
+  const auto& sl = engine.shards();
+  if (world.size() != sl.world)
+    throw std::invalid_argument(
+        fmt::format("a world of {} ranks saves an engine of {} ranks", world.size(), sl.world));
+  const std::int64_t step = engine.steps_done();
+  const fs::path root(dir);
+  const std::string step_dir = fmt::format("step-{:08}", step);
+  std::optional<InputError> failure;
+  if (world.rank() == 0)
+    capture(failure, [&] { fs::create_directories(root / step_dir); });
+  agree(world, failure);
+
+  // The first shard group writes: its rank s holds (at least) part s of every tensor.
+  Sha256::Digest digest{};
+  if (sl.replica_rank == 0)
+    capture(failure,
+            [&] { digest = write_part(engine, root / part_path(step, sl.shard_rank, sl.group)); });
+  agree(world, failure);
+  std::vector<std::uint8_t> digests(digest.size() * static_cast<std::size_t>(world.size()));
+  world.all_gather(digest.data(), digests.data(), digest.size(), comm::DataType::u8);
+
+  if (world.rank() == 0)
+    capture(failure, [&] {
+      json files = json::array();
+      for (int s = 0; s < sl.group; ++s) { // world rank s is shard rank s of the first group
+        Sha256::Digest d{};
+        std::copy_n(digests.begin() + static_cast<std::ptrdiff_t>(s * d.size()), d.size(),
+                    d.begin());
+        const auto segments = part_segments(sl, s);
+        json seg = json::array();
+        for (const auto& x : segments)
+          seg.push_back(segment_json(x));
+        files.push_back({{"path", part_path(step, s, sl.group)},
+                         {"bytes", segments_bytes(segments)},
+                         {"sha256", Sha256::hex(d)},
+                         {"segments", seg}});
+      }
+      const auto& o = engine.options();
+      const json index = {
+          {"schema_version", 1},
+          {"kind", "shardplan.checkpoint"},
+          {"step", step},
+          {"adamw_step", step},
+          {"byte_order", "little"},
+          {"dtypes", {{"params", "f32"}, {"exp_avg", "f32"}, {"exp_avg_sq", "f32"}}},
+          {"saved_by",
+           {{"strategy", o.spec.strategy},
+            {"flavour", costmodel::flavour_name(o.spec.flavour)},
+            {"world_size", sl.world},
+            {"shard_group", sl.group},
+            {"seed", o.seed},
+            {"lr", o.adamw.lr}}},
+          {"model", model_shape_json(engine.layout())},
+          {"files", files}};
+      const std::string text = index.dump(1) + "\n";
+      AtomicFile file(root / "index.json");
+      file.write(text.data(), text.size());
+      file.commit();
+      // The new index is in place: older steps' parts are no longer referenced.
+      static const std::regex kStepDir("step-[0-9]{8}");
+      std::error_code ec;
+      for (const auto& entry : fs::directory_iterator(root, ec)) {
+        const auto name = entry.path().filename().string();
+        if (name != step_dir && std::regex_match(name, kStepDir) && entry.is_directory(ec))
+          fs::remove_all(entry.path(), ec); // best effort: a leftover folder does no harm
+      }
+    });
+  agree(world, failure);
+}
+
+LoadReport load_checkpoint(ShardingEngine& engine, comm::Communicator& world,
+                           const std::string& dir) {
+  std::optional<InputError> failure;
+  CheckpointIndex index;
+  capture(failure, [&] {
+    index = read_checkpoint_index(dir);
+    try {
+      compare_shape(index.model, model_shape_json(engine.layout()), "/model");
+    } catch (const InputError& e) {
+      throw InputError(index_path(dir), e.what());
+    }
+    for (const auto& f : index.files)
+      check_size(dir, f);
+  });
+  agree(world, failure);
+  // Each file's checksum once over the job.
+  capture(failure, [&] {
+    for (std::size_t k = 0; k < index.files.size(); ++k)
+      if (static_cast<int>(k % static_cast<std::size_t>(world.size())) == world.rank())
+        verify_checkpoint_file(dir, index.files[k]);
+  });
+  agree(world, failure);
+  LoadReport report;
+  report.step = index.step;
+  capture(failure, [&] { report.bytes_read = read_ranges(engine, dir, index); });
+  agree(world, failure);
+  engine.set_steps_done(index.step);
+  return report;
+}
+
+Consolidated consolidate_checkpoint(const std::string& dir, const std::string& out) {
+  const auto index = read_checkpoint_index(dir);
+  for (const auto& f : index.files)
+    verify_checkpoint_file(dir, f);
+  Consolidated c;
+  c.step = index.step;
+  AtomicFile file(out);
+  std::vector<char> block(kIoBlock);
+  for (std::size_t u = 0; u < index.unit_elements.size(); ++u) {
+    // The parameter segments of unit u, in element order (they tile it: parse_index checked).
+    std::vector<std::pair<const CheckpointSegment*, std::string>> pieces;
+    for (const auto& f : index.files)
+      for (const auto& seg : f.segments)
+        if (seg.tensor == std::string("params") && seg.unit == static_cast<std::int64_t>(u))
+          pieces.emplace_back(&seg, file_path(dir, f));
+    std::sort(pieces.begin(), pieces.end(),
+              [](const auto& a, const auto& b) { return a.first->begin < b.first->begin; });
+    for (const auto& [seg, path] : pieces) {
+      const Fd fd = open_for_reading(path);
+      const std::int64_t bytes = (seg->end - seg->begin) * kFloat;
+      for (std::int64_t at = 0; at < bytes;) {
+        const auto n = static_cast<std::size_t>(std::min<std::int64_t>(kIoBlock, bytes - at));
+        read_at(fd.get(), block.data(), n, seg->offset_bytes + at, path);
+        file.write(block.data(), n);
+        at += static_cast<std::int64_t>(n);
+      }
+    }
+    c.params += index.unit_elements[u];
+  }
+  c.sha256 = Sha256::hex(file.commit());
+  return c;
+}
+
+std::string params_sha256(ShardingEngine& engine) {
+  Sha256 hash;
+  for (std::int64_t u = 0; u < engine.layout().unit_count(); ++u) {
+    const auto p = engine.full_parameters(u);
+    hash.update(p.data(), p.size() * sizeof(float));
+  }
+  return Sha256::hex(hash.finish());
+}
+
+RunCheckpoints::RunCheckpoints(CheckpointOptions options, comm::Communicator& world)
+    : o_(std::move(options)), world_(world) {}
+
+void RunCheckpoints::start(ShardingEngine& engine) {
+  if (!o_.resume_dir.empty())
+    resumed_step_ = load_checkpoint(engine, world_, o_.resume_dir).step;
+  initial_sha256_ = params_sha256(engine);
+}
+
+void RunCheckpoints::after_step(ShardingEngine& engine, bool last) {
+  const std::int64_t step = engine.steps_done();
+  if (!o_.save_dir.empty() && (last || (o_.save_every > 0 && step % o_.save_every == 0))) {
+    save_checkpoint(engine, world_, o_.save_dir);
+    saved_steps_.push_back(step);
+  }
+  if (last)
+    final_sha256_ = params_sha256(engine);
+}
+
+void RunCheckpoints::report(json& doc) const {
+  doc["initial_params_sha256"] = initial_sha256_;
+  doc["final_params_sha256"] = final_sha256_;
+  if (resumed_step_)
+    doc["execution"]["resumed_from"] = {{"dir", o_.resume_dir}, {"step", *resumed_step_}};
+  if (!saved_steps_.empty())
+    doc["execution"]["saved"] = {{"dir", o_.save_dir}, {"steps", saved_steps_}};
+}
+
+} // namespace shardplan::executor
