@@ -501,6 +501,8 @@ json model_shape_json(const GptLayout& layout) {
           {"tensors", tensors}};
 }
 
+CheckpointIndex checkpoint_index_from_json(const json& doc) { return parse_index(doc); }
+
 CheckpointIndex read_checkpoint_index(const std::string& dir) {
   const std::string path = index_path(dir);
   const json doc = costmodel::read_json_file(path); // names the path when unreadable or not JSON

@@ -90,6 +90,8 @@ struct CheckpointIndex {
 // Reads DIR/index.json strictly; a file, segment or field that is wrong, missing or inconsistent
 // is an InputError naming DIR/index.json and the JSON pointer. Does not open the parts.
 CheckpointIndex read_checkpoint_index(const std::string& dir);
+// The same for an index already in memory (errors name the JSON pointer only).
+CheckpointIndex checkpoint_index_from_json(const nlohmann::json& doc);
 // Checks one part's size and sha256 against the index (InputError naming the part).
 void verify_checkpoint_file(const std::string& dir, const CheckpointFile& file);
 // The shape the index records and a resume compares: the model's dimensions, its units' sizes

@@ -58,12 +58,13 @@ declare -A own=(
   [fuzz_run_document]="$generated/run/*.json"
   [fuzz_deepspeed_import]="examples/deepspeed/*.json"
   [fuzz_nccl_tests_log]="examples/nccl-tests/* tests/calibrate/data/*.log"
+  [fuzz_checkpoint_index]="tests/fuzz/seeds/checkpoint-*.json"
 )
 
 failed=()
 summary=()
 for target in fuzz_hf_config fuzz_hardware fuzz_job fuzz_sharding fuzz_plan fuzz_run_document \
-              fuzz_deepspeed_import fuzz_nccl_tests_log; do
+              fuzz_deepspeed_import fuzz_nccl_tests_log fuzz_checkpoint_index; do
   binary="$build/tests/fuzz/$target"
   [ -x "$binary" ] || continue  # the parser does not exist in this tree
   seeds="$build/seeds/$target"
