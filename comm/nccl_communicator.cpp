@@ -1,11 +1,14 @@
 #include "comm/nccl_communicator.hpp"
 
+#include <cstring>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "comm/comm_error.hpp"
 #include "comm/cuda_check.hpp"
+#include "comm/process_identity.hpp"
+#include "comm/tcp_exchange.hpp"
 
 #define SHARDPLAN_NCCL_CALL(communicator, function, ...)                                           \
   ::shardplan::comm::check_nccl(function(__VA_ARGS__), #function, communicator, __FILE__, __LINE__)
@@ -125,6 +128,29 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MpiCommunicator& host
       new NcclCommunicator(comm, device, host_group.split_mpi(0, host_group.rank())));
 }
 
+std::unique_ptr<NcclCommunicator>
+NcclCommunicator::create_from_environment(const LaunchEnvironment& environment, double timeout_s) {
+  set_process_rank(environment.rank); // for the host and rank in every CommError from here on
+  const int devices = cuda_device_count();
+  if (devices == 0)
+    throw CommError("NCCL backend: no CUDA device on this host", __FILE__, __LINE__);
+  const int device = environment.local_rank % devices;
+  SHARDPLAN_CUDA_CALL(cudaSetDevice, device);
+  ncclUniqueId id{};
+  if (environment.rank == 0)
+    SHARDPLAN_NCCL_CALL(nullptr, ncclGetUniqueId, &id);
+  const auto shared = tcp_share_blob(environment, std::as_bytes(std::span(&id, 1)), timeout_s);
+  if (shared.size() != sizeof id)
+    throw CommError(fmt::format("NCCL backend: rank 0 sent a {}-byte id, not {} bytes",
+                                shared.size(), sizeof id),
+                    __FILE__, __LINE__);
+  std::memcpy(&id, shared.data(), sizeof id);
+  ncclComm_t comm = nullptr;
+  SHARDPLAN_NCCL_CALL(nullptr, ncclCommInitRank, &comm, environment.world_size, id,
+                      environment.rank);
+  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(comm, device, nullptr));
+}
+
 NcclCommunicator::NcclCommunicator(ncclComm_t comm, int device,
                                    std::unique_ptr<MpiCommunicator> host_group)
     : comm_(comm), device_(device), host_group_(std::move(host_group)) {
@@ -145,6 +171,8 @@ NcclCommunicator::~NcclCommunicator() {
     (void)cudaStreamSynchronize(stream_);
     (void)cudaStreamDestroy(stream_);
   }
+  if (barrier_scratch_ != nullptr)
+    (void)cudaFree(barrier_scratch_);
   (void)ncclCommDestroy(comm_);
 }
 
@@ -232,14 +260,27 @@ void NcclCommunicator::abort() {
 
 void NcclCommunicator::barrier() {
   synchronize();
-  host_group_->barrier();
+  if (host_group_ != nullptr) {
+    host_group_->barrier();
+    return;
+  }
+  // No host group (started from the environment): an all-reduce of one int completes on a rank
+  // only once every rank has joined it, which is a barrier; synchronize() waits for it here.
+  if (barrier_scratch_ == nullptr) {
+    SHARDPLAN_CUDA_CALL(cudaSetDevice, device_);
+    SHARDPLAN_CUDA_CALL(cudaMalloc, &barrier_scratch_, sizeof(int));
+    SHARDPLAN_CUDA_CALL(cudaMemsetAsync, barrier_scratch_, 0, sizeof(int), stream_);
+  }
+  SHARDPLAN_NCCL_CALL(comm_, ncclAllReduce, barrier_scratch_, barrier_scratch_, 1, ncclInt32,
+                      ncclSum, comm_, stream_);
+  synchronize();
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
   ncclComm_t part = nullptr;
   SHARDPLAN_NCCL_CALL(comm_, ncclCommSplit, comm_, color, key, &part, nullptr);
-  return std::unique_ptr<NcclCommunicator>(
-      new NcclCommunicator(part, device_, host_group_->split_mpi(color, key)));
+  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
+      part, device_, host_group_ != nullptr ? host_group_->split_mpi(color, key) : nullptr));
 }
 
 } // namespace shardplan::comm

@@ -1,9 +1,10 @@
 // The NCCL backend: collectives on GPU buffers, one GPU per rank chosen by the rank's local rank,
 // queued on the communicator's own CUDA stream. Set up as nccl-tests does: rank 0 makes the unique
-// id (ncclGetUniqueId) and broadcasts it over MPI, then every rank calls ncclCommInitRank. It keeps
-// an MPI communicator of the same ranks for host-side barriers. Every CUDA and NCCL result is
-// checked. NCCL up to 2.29 refuses two ranks of one communicator on the same GPU ("Duplicate GPU
-// detected"), so a machine with one GPU runs this backend with one rank only.
+// id (ncclGetUniqueId) and broadcasts it over MPI (or, for ranks started by torchrun without MPI,
+// over TCP), then every rank calls ncclCommInitRank. It keeps an MPI communicator of the same ranks
+// for host-side barriers when it has one. Every CUDA and NCCL result is checked. NCCL up to 2.29
+// refuses two ranks of one communicator on the same GPU ("Duplicate GPU detected"), so a machine
+// with one GPU runs this backend with one rank only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,6 +16,7 @@
 #include <string>
 
 #include "comm/communicator.hpp"
+#include "comm/launch_env.hpp"
 #include "comm/mpi_communicator.hpp"
 
 namespace shardplan::comm {
@@ -30,11 +32,18 @@ class NcclCommunicator final : public Communicator {
 public:
   // Collective over `host_group`. Throws CommError when this rank has no GPU.
   static std::unique_ptr<NcclCommunicator> create(MpiCommunicator& host_group, int local_rank);
+  // Without MPI, for ranks started by torchrun (comm/launch_env.hpp): rank 0 makes the unique id
+  // and hands it to the others over TCP on MASTER_ADDR:MASTER_PORT (comm/tcp_exchange.hpp),
+  // waiting at most `timeout_s` for them (PyTorch's TCPStore waits 300 s by default); the GPU is
+  // LOCAL_RANK's. Such a communicator has no host group: its barrier is an NCCL all-reduce.
+  static std::unique_ptr<NcclCommunicator> create_from_environment(
+      const LaunchEnvironment& environment, double timeout_s = 300);
   ~NcclCommunicator() override;
 
   cudaStream_t stream() const { return stream_; }
   int device() const { return device_; }
-  MpiCommunicator& host_group() { return *host_group_; }
+  // Null when created from the environment.
+  MpiCommunicator* host_group() { return host_group_.get(); }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -65,6 +74,7 @@ private:
   int device_;
   std::unique_ptr<MpiCommunicator> host_group_;
   cudaStream_t stream_ = nullptr;
+  void* barrier_scratch_ = nullptr; // one int on the device, for barrier() without a host group
   int rank_ = 0;
   int size_ = 1;
   // abort() from the watchdog's thread against synchronize()'s polling of the communicator
