@@ -2,41 +2,28 @@
 
 namespace shardplan::costmodel {
 
-const char* elementwise_kind_name(ElementwiseKind k) {
-  switch (k) {
-    case ElementwiseKind::layernorm: return "layernorm";
-    case ElementwiseKind::rmsnorm: return "rmsnorm";
-    case ElementwiseKind::residual: return "residual";
-    case ElementwiseKind::rotary: return "rotary";
-    case ElementwiseKind::gelu: return "gelu";
-    case ElementwiseKind::swiglu: return "swiglu";
-    case ElementwiseKind::embedding: return "embedding";
-    case ElementwiseKind::log_softmax: return "log_softmax";
-  }
-  return "?";
-}
-
-Passes passes_of(ElementwiseKind k) {
-  switch (k) {
-    case ElementwiseKind::layernorm:
-    case ElementwiseKind::rmsnorm: return {2, 4};
-    case ElementwiseKind::residual: return {2, 3};
-    case ElementwiseKind::rotary: return {2, 2};
-    case ElementwiseKind::gelu: return {2, 4};
-    case ElementwiseKind::swiglu: return {3, 7};
-    case ElementwiseKind::embedding: return {2, 3};
-    case ElementwiseKind::log_softmax: return {2, 3};
-  }
-  return {};
-}
-
 namespace {
+
+// Per kind, in ElementwiseKind order: its name and its passes (elementwise.hpp says why).
+struct KindTraits {
+  const char* name;
+  Passes passes;
+};
+constexpr KindTraits kTraits[kElementwiseKinds] = {
+    {"layernorm", {2, 4}}, {"rmsnorm", {2, 4}}, {"residual", {2, 3}},  {"rotary", {2, 2}},
+    {"gelu", {2, 4}},      {"swiglu", {3, 7}},  {"embedding", {2, 3}}, {"log_softmax", {2, 3}}};
+
+const KindTraits& traits(ElementwiseKind k) { return kTraits[static_cast<int>(k)]; }
 
 ElementwiseKind norm_kind(const ModelSpec& m) {
   return m.norm == NormKind::layernorm ? ElementwiseKind::layernorm : ElementwiseKind::rmsnorm;
 }
 
 } // namespace
+
+const char* elementwise_kind_name(ElementwiseKind k) { return traits(k).name; }
+
+Passes passes_of(ElementwiseKind k) { return traits(k).passes; }
 
 std::vector<ElementwiseOp> block_elementwise_ops(const ModelSpec& m) {
   const double h = static_cast<double>(m.hidden);

@@ -11,31 +11,9 @@ seconds=${FUZZ_SECONDS:-30}
 build=${FUZZ_BUILD_DIR:-build/fuzz}
 jobs=${FUZZ_JOBS:-$(nproc)}
 
-# clang and its runtimes (libFuzzer, ASan, UBSan), as scripts/install-deps.sh installs the rest.
-scripts/install-deps.sh
-missing=()
-for p in clang libclang-rt-14-dev; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "installing: ${missing[*]}" >&2
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-fi
-cxx=$(command -v clang++ || command -v clang++-14)
-
-# A build folder configured with another compiler (say, the plain preset's default) starts over.
-if [ -f "$build/CMakeCache.txt" ] && ! grep -qx "CMAKE_CXX_COMPILER:[A-Z]*=$cxx" "$build/CMakeCache.txt"; then
-  rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
-fi
-
-# The `sanitize` preset (ASan and UBSan, every report fatal; CPU only) configured exactly as
-# scripts/sanitize.sh configures it: clang, -O1 with line tables, the libraries instrumented for
-# coverage (fuzzer-no-link), and the fuzz targets on. FUZZ_BUILD_DIR=build/sanitize reuses its build.
-cmake --preset sanitize -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
-  -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link" -DSHARDPLAN_FUZZ=ON >/dev/null
+# Configured exactly as scripts/sanitize.sh configures its build: FUZZ_BUILD_DIR=build/sanitize
+# reuses it.
+scripts/configure-sanitize.sh "$build"
 cmake --build "$build" --target shardplan_fuzzers -j "$jobs"
 
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

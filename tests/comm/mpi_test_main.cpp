@@ -1,5 +1,6 @@
-// doctest under mpirun: every rank runs every case (collectives need all of them); rank 0 reports
-// in full, the others only their failures. The exit code is 1 when any rank failed.
+// doctest under mpirun (the comm, calibrate and executor MPI tests): every rank runs every case
+// (collectives need all of them); rank 0 reports in full, the others only their failures. The
+// exit code is 1 when any rank failed.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 

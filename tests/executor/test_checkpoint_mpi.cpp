@@ -15,7 +15,7 @@
 #include "costmodel/input_error.hpp"
 #include "engine_fixture.hpp"
 #include "executor/checkpoint.hpp"
-#include "mpi_world.hpp"
+#include "mpi_test_world.hpp"
 
 using namespace shardplan;
 using namespace shardplan::executor;

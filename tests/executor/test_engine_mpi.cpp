@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "engine_fixture.hpp"
-#include "mpi_world.hpp"
+#include "mpi_test_world.hpp"
 
 using namespace shardplan;
 using namespace shardplan::executor;
