@@ -111,7 +111,7 @@ int cuda_device_count() {
   return count;
 }
 
-std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MpiCommunicator& host_group,
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& host_group,
                                                            int local_rank) {
   const int devices = cuda_device_count();
   if (devices == 0)
@@ -125,7 +125,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MpiCommunicator& host
   ncclComm_t comm = nullptr;
   SHARDPLAN_NCCL_CALL(nullptr, ncclCommInitRank, &comm, host_group.size(), id, host_group.rank());
   return std::unique_ptr<NcclCommunicator>(
-      new NcclCommunicator(comm, device, host_group.split_mpi(0, host_group.rank())));
+      new NcclCommunicator(comm, device, host_group.split(0, host_group.rank())));
 }
 
 std::unique_ptr<NcclCommunicator>
@@ -152,7 +152,7 @@ NcclCommunicator::create_from_environment(const LaunchEnvironment& environment, 
 }
 
 NcclCommunicator::NcclCommunicator(ncclComm_t comm, int device,
-                                   std::unique_ptr<MpiCommunicator> host_group)
+                                   std::unique_ptr<Communicator> host_group)
     : comm_(comm), device_(device), host_group_(std::move(host_group)) {
   SHARDPLAN_CUDA_CALL(cudaSetDevice, device_);
   SHARDPLAN_CUDA_CALL(cudaStreamCreateWithFlags, &stream_, cudaStreamNonBlocking);
@@ -280,7 +280,7 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
   ncclComm_t part = nullptr;
   SHARDPLAN_NCCL_CALL(comm_, ncclCommSplit, comm_, color, key, &part, nullptr);
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
-      part, device_, host_group_ != nullptr ? host_group_->split_mpi(color, key) : nullptr));
+      part, device_, host_group_ != nullptr ? host_group_->split(color, key) : nullptr));
 }
 
 } // namespace shardplan::comm

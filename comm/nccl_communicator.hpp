@@ -17,7 +17,6 @@
 
 #include "comm/communicator.hpp"
 #include "comm/launch_env.hpp"
-#include "comm/mpi_communicator.hpp"
 
 namespace shardplan::comm {
 
@@ -30,8 +29,9 @@ int cuda_device_count();
 
 class NcclCommunicator final : public Communicator {
 public:
-  // Collective over `host_group`. Throws CommError when this rank has no GPU.
-  static std::unique_ptr<NcclCommunicator> create(MpiCommunicator& host_group, int local_rank);
+  // Collective over `host_group` (an MPI group: the unique id is broadcast over it). Throws
+  // CommError when this rank has no GPU.
+  static std::unique_ptr<NcclCommunicator> create(Communicator& host_group, int local_rank);
   // Without MPI, for ranks started by torchrun (comm/launch_env.hpp): rank 0 makes the unique id
   // and hands it to the others over TCP on MASTER_ADDR:MASTER_PORT (comm/tcp_exchange.hpp),
   // waiting at most `timeout_s` for them (PyTorch's TCPStore waits 300 s by default); the GPU is
@@ -43,13 +43,14 @@ public:
   cudaStream_t stream() const { return stream_; }
   int device() const { return device_; }
   // Null when created from the environment.
-  MpiCommunicator* host_group() { return host_group_.get(); }
+  Communicator* host_group() { return host_group_.get(); }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "nccl"; }
   std::string library_version() const override;
   MemorySpace memory_space() const override { return MemorySpace::device; }
+  void* cuda_stream() const override { return stream_; }
   std::unique_ptr<CommBuffer> allocate(std::size_t bytes) override;
 
   void all_reduce(const void* send, void* recv, std::size_t count, DataType type,
@@ -68,11 +69,11 @@ public:
   void abort() override;
 
 private:
-  NcclCommunicator(ncclComm_t comm, int device, std::unique_ptr<MpiCommunicator> host_group);
+  NcclCommunicator(ncclComm_t comm, int device, std::unique_ptr<Communicator> host_group);
 
   ncclComm_t comm_;
   int device_;
-  std::unique_ptr<MpiCommunicator> host_group_;
+  std::unique_ptr<Communicator> host_group_;
   cudaStream_t stream_ = nullptr;
   void* barrier_scratch_ = nullptr; // one int on the device, for barrier() without a host group
   int rank_ = 0;

@@ -68,13 +68,21 @@ Topology topology_from_hosts(const std::vector<std::string>& hosts, int rank) {
 }
 
 Topology discover_topology(Communicator& world) {
-  if (world.memory_space() != MemorySpace::host)
-    throw std::invalid_argument("discover_topology needs a host-memory communicator");
   std::vector<char> mine(kHostNameBytes, '\0');
   const std::string host = host_name();
   std::memcpy(mine.data(), host.data(), std::min(host.size(), kHostNameBytes - 1));
   std::vector<char> all(kHostNameBytes * static_cast<std::size_t>(world.size()));
-  world.all_gather(mine.data(), all.data(), kHostNameBytes, DataType::u8);
+  if (world.memory_space() == MemorySpace::host) {
+    world.all_gather(mine.data(), all.data(), kHostNameBytes, DataType::u8);
+  } else { // through the communicator's own memory (a GPU's for NCCL)
+    auto buffer = world.allocate(all.size());
+    const std::size_t offset = kHostNameBytes * static_cast<std::size_t>(world.rank());
+    buffer->copy_from_host(mine.data(), kHostNameBytes, offset);
+    auto* base = static_cast<unsigned char*>(buffer->data());
+    world.all_gather(base + offset, base, kHostNameBytes, DataType::u8);
+    world.synchronize();
+    buffer->copy_to_host(all.data(), all.size());
+  }
   std::vector<std::string> hosts;
   for (int r = 0; r < world.size(); ++r)
     hosts.emplace_back(all.data() + kHostNameBytes * static_cast<std::size_t>(r));

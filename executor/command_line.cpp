@@ -58,6 +58,10 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   std::int64_t steps = 3;
   std::int64_t seed = 1234;
   app.add_option("--plan", r.plan, "plan document (planner recommend --emit plan)");
+  std::string backend = "cpu";
+  app.add_option("--backend", backend,
+                 "cpu: ranks under mpirun on host memory; cuda: one GPU per rank (mpirun, "
+                 "torchrun --no-python, or one process) [default: cpu]");
   app.add_option("--steps", steps, "optimizer steps to run [default: 3]");
   app.add_option("--out,-o", r.out, "run document to write");
   app.add_option(
@@ -136,6 +140,12 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     cl.command = CommandLine::Command::consolidate;
     return cl;
   }
+  if (backend == "cpu")
+    r.backend = ComputeBackend::cpu;
+  else if (backend == "cuda")
+    r.backend = ComputeBackend::cuda;
+  else
+    throw InputError("--backend", fmt::format("must be cpu or cuda, got \"{}\"", backend));
   if (r.plan.empty())
     throw InputError("--plan", "missing: the plan document to run");
   if (r.out.empty())
@@ -190,6 +200,9 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     r.world = world;
   }
   check_checkpoint_options(app, r, save_every);
+  if (r.backend == ComputeBackend::cuda && (app.count("--save") || app.count("--resume")))
+    throw InputError(app.count("--save") ? "--save" : "--resume",
+                     "checkpoints are written and read by the cpu backend only");
   r.checkpoint.save_every = save_every;
   if (!(r.timeout_s > 0) || !std::isfinite(r.timeout_s))
     throw InputError("--timeout-s", fmt::format("must be > 0 and finite, got {}", r.timeout_s));

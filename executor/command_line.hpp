@@ -2,6 +2,8 @@
 // and the value, which main turns into one line and exit code 2):
 //
 //   mpirun -np N executor --plan plan.json --steps K --out run.json [--capacity-GiB X]
+//                         [--backend cpu|cuda]   (cuda: one GPU per rank, under mpirun, under
+//                          torchrun --no-python, or one process alone)
 //                         [--scale-layers L --scale-hidden H --scale-heads A --scale-kv-heads K
 //                          --scale-intermediate I --scale-vocab V --scale-seq S] [--seed S]
 //                         [--lr LR] [--prefetch-as-planned] [--timeout-s T]
@@ -24,11 +26,16 @@
 
 namespace shardplan::executor {
 
+// Where the ranks compute: the CPU backend (MPI, host memory) or the CUDA backend (one GPU per
+// rank, NCCL, executor/cuda/).
+enum class ComputeBackend { cpu, cuda };
+
 struct RunCommand {
+  ComputeBackend backend = ComputeBackend::cpu;
   std::string plan;
   std::string out;
   RunRequest request;
-  std::optional<double> capacity_GiB;
+  std::optional<double> capacity_GiB; // on a GPU: the most bytes its memory pool may reserve
   std::optional<int> rehearse_rank;
   std::optional<int> world; // with --rehearse-rank
   double timeout_s = 300;   // a rank without progress for this long ends the job (watchdog)

@@ -61,27 +61,39 @@ struct ShardingEngine::State {
   };
 
   State(EngineOptions opts, TrackedAllocator& a, EngineGroups groups)
-      : o(std::move(opts)), alloc(a), g(groups), model(o.model, a) {}
+      : o(std::move(opts)),
+        alloc(a),
+        g(groups),
+        host_backend(o.backend ? nullptr : std::make_unique<HostBackend<float>>()),
+        be(o.backend ? *o.backend : *host_backend),
+        model(o.model, a, o.model_options, &be) {}
+
+  using Part = Backend<float>::Part;
 
   EngineOptions o;
   TrackedAllocator& alloc;
   EngineGroups g;
+  std::unique_ptr<Backend<float>> host_backend; // when none is given
+  Backend<float>& be;
   GptModel<float> model;
   ShardLayout sl;
   CollectiveStats stats; // of the current step
-  std::unique_ptr<TimedCommunicator> shard, replica;
+  // The shard group's all-gathers, its reductions (the same group, on a GPU its own stream) and
+  // the replica group's all-reduce; each counted in `stats`.
+  std::unique_ptr<TimedCommunicator> shard, reduce, replica;
   std::vector<Unit> units;
   Buffer head_embedding; // tied head under sharded parameters: the embedding gathered again
   Buffer ddp_bucket;     // grad_bucket_copy: every unit's gradient, concatenated
   std::vector<std::int64_t> ddp_offset;
   std::array<Buffer, 2> buckets; // contiguous_grad_bucket (the second with flat_grad_partition)
+  std::array<bool, 2> bucket_in_flight{}; // reduced from and not waited for since
   int bucket_index = 0;
   std::int64_t bucket_used = 0; // floats
   double pending_bytes = 0;     // the cost model's count: elements × reduce dtype bytes
   std::vector<Pending> pending;
   std::int64_t step_count = 0;
   int fwd_prefetch = 0, bwd_prefetch = 0;
-  double compute_s = 0, copy_s = 0, compute_cpu_s = 0;
+  double compute_cpu_s = 0;
 
   std::int64_t unit_count() const { return static_cast<std::int64_t>(units.size()); }
   const UnitShards& shape(std::int64_t u) const { return sl.units[static_cast<std::size_t>(u)]; }
@@ -105,10 +117,21 @@ struct ShardingEngine::State {
     return !o.spec.reshard_after_forward || is_head(u) || (o.spec.keep_root_unsharded && u == 0);
   }
 
+  // The gathered buffer is written by the all-gather stream and read by the compute stream, which
+  // waits for it in wait_for_gathers.
   void gather_into(std::int64_t u, Buffer& out) {
     const auto& us = shape(u);
-    out = alloc.allocate<float>(MemoryCategory::buffers, us.padded);
+    be.allocate_on(shard.get());
+    out = alloc.allocate_uninitialized<float>(MemoryCategory::buffers, us.padded);
+    be.allocate_on(nullptr);
+    be.record_use(out.data(), nullptr);
     shard->all_gather(unit(u).params.data(), out.data(), static_cast<std::size_t>(us.chunk), kF32);
+  }
+  // Before unit u's compute: the gathers queued so far (u's among them; later prefetches are
+  // queued after this) are done.
+  void wait_for_gathers(std::int64_t u) {
+    if (needs_gather(u))
+      be.wait(nullptr, shard.get());
   }
   void acquire(std::int64_t u) {
     if (shape(u).params_sharded && unit(u).gathered.empty())
@@ -186,11 +209,14 @@ struct ShardingEngine::State {
     o.watchdog->set_phase(text);
   }
 
-  template <class F> void timed_compute(F&& f) {
-    const auto t0 = Clock::now();
-    const double c0 = thread_cpu_seconds();
+  template <class F> void timed(Part part, F&& f) {
+    be.begin(part);
     f();
-    compute_s += seconds_since(t0);
+    be.end(part);
+  }
+  template <class F> void timed_compute(F&& f) {
+    const double c0 = thread_cpu_seconds();
+    timed(Part::compute, f);
     compute_cpu_s += thread_cpu_seconds() - c0;
   }
 
@@ -198,15 +224,38 @@ struct ShardingEngine::State {
   // sum is the accumulated gradient (the reduce overwrites its output). With replicas only the
   // first replica adds it: the replica all-reduce then sums it once.
   void accumulate_into_input(std::int64_t u, float* input) {
-    const auto& us = shape(u);
     if (sl.replica_rank != 0)
       return;
-    const auto t0 = Clock::now();
-    float* block = input + sl.chunk_begin(u);
-    const float* kept_chunk = unit(u).grad_shard.data();
-    for (std::int64_t i = 0; i < us.chunk; ++i)
-      block[i] += kept_chunk[i];
-    copy_s += seconds_since(t0);
+    be.wait(nullptr, reduce.get()); // the kept chunk is the previous micro-batch's reduction
+    if (replica)
+      be.wait(nullptr, replica.get());
+    timed(Part::copy, [&] {
+      be.add(input + sl.chunk_begin(u), unit(u).grad_shard.data(), shape(u).chunk);
+    });
+  }
+
+  // Before a reduction reads `input` (len elements): the compute that wrote it is done, and the
+  // memory is not reused before the reduction is.
+  void ready_for_reduce(const float* input) {
+    be.wait(reduce.get(), nullptr);
+    be.record_use(input, reduce.get());
+  }
+  // A reduction's output that the compute stream reads later.
+  Buffer reduce_output(MemoryCategory category, std::int64_t elements) {
+    be.allocate_on(reduce.get());
+    auto out = alloc.allocate<float>(category, elements);
+    be.allocate_on(nullptr);
+    be.record_use(out.data(), nullptr);
+    if (replica)
+      be.record_use(out.data(), replica.get());
+    return out;
+  }
+  // The replica group's all-reduce of what the shard group's reduction produced.
+  void replica_all_reduce(float* data, std::size_t count) {
+    if (!replica)
+      return;
+    be.wait(replica.get(), reduce.get());
+    replica->all_reduce(data, data, count, kF32);
   }
 
   // Reduces unit u's gradient held in `input` (padded elements when the optimizer is sharded,
@@ -217,25 +266,28 @@ struct ShardingEngine::State {
     const auto c = static_cast<std::size_t>(us.chunk);
     if (o.spec.shard_optimizer && o.spec.shard_gradients) {
       if (un.grad_shard.empty())
-        un.grad_shard = alloc.allocate<float>(MemoryCategory::gradients, us.chunk);
+        un.grad_shard = reduce_output(MemoryCategory::gradients, us.chunk);
       else
         accumulate_into_input(u, input);
-      shard->reduce_scatter(input, un.grad_shard.data(), c, kF32);
-      if (replica)
-        replica->all_reduce(un.grad_shard.data(), un.grad_shard.data(), c, kF32);
+      ready_for_reduce(input);
+      reduce->reduce_scatter(input, un.grad_shard.data(), c, kF32);
+      replica_all_reduce(un.grad_shard.data(), c);
     } else if (o.spec.shard_optimizer) {
       // Whole gradients, sharded optimizer (ZeRO-1): this rank's chunk of the whole buffer gets
       // the reduced chunk. The output must not overlap the input: a bucket region, or a transient.
       float* mine = un.grads.data() + sl.chunk_begin(u);
+      ready_for_reduce(input);
       if (input != un.grads.data()) {
-        shard->reduce_scatter(input, mine, c, kF32);
+        be.record_use(mine, reduce.get());
+        reduce->reduce_scatter(input, mine, c, kF32);
+        replica_all_reduce(mine, c);
       } else {
-        auto out = alloc.allocate<float>(MemoryCategory::buffers, us.chunk);
-        shard->reduce_scatter(input, out.data(), c, kF32);
-        std::copy(out.data(), out.data() + us.chunk, mine);
+        auto out = reduce_output(MemoryCategory::buffers, us.chunk);
+        reduce->reduce_scatter(input, out.data(), c, kF32);
+        replica_all_reduce(out.data(), c);
+        be.wait(nullptr, replica ? replica.get() : reduce.get());
+        timed(Part::copy, [&] { be.copy(mine, out.data(), us.chunk); });
       }
-      if (replica)
-        replica->all_reduce(mine, mine, c, kF32);
     } else {
       // All-reduce in buckets of reduce_bucket_bytes (DDP's bucket_cap_mb; the cost model's
       // bucketed(): one collective per full bucket and one for the rest).
@@ -245,25 +297,39 @@ struct ShardingEngine::State {
               ? std::max<std::int64_t>(
                     1, static_cast<std::int64_t>(o.spec.reduce_bucket_bytes / dtype))
               : us.size;
+      ready_for_reduce(input);
+      if (replica)
+        be.record_use(input, replica.get());
       for (std::int64_t begin = 0; begin < us.size; begin += per) {
         const auto n = static_cast<std::size_t>(std::min(per, us.size - begin));
-        shard->all_reduce(input + begin, input + begin, n, kF32);
-        if (replica)
-          replica->all_reduce(input + begin, input + begin, n, kF32);
+        reduce->all_reduce(input + begin, input + begin, n, kF32);
+        replica_all_reduce(input + begin, n);
       }
     }
   }
 
+  // Waits until the last reductions that read bucket i are done, before it is filled again.
+  void wait_for_bucket(std::size_t i) {
+    if (!bucket_in_flight[i])
+      return;
+    be.wait(nullptr, reduce.get());
+    if (replica)
+      be.wait(nullptr, replica.get());
+    bucket_in_flight[i] = false;
+  }
+
   void flush_bucket() {
+    const auto i = static_cast<std::size_t>(bucket_index);
     for (const auto& p : pending)
-      reduce_from(p.unit, buckets[static_cast<std::size_t>(bucket_index)].data() + p.offset);
-    if (!o.spec.shard_optimizer) // all-reduced in the bucket: copy the sums back
-      for (const auto& p : pending) {
-        const auto t0 = Clock::now();
-        const float* from = buckets[static_cast<std::size_t>(bucket_index)].data() + p.offset;
-        std::copy(from, from + shape(p.unit).size, unit(p.unit).grads.data());
-        copy_s += seconds_since(t0);
-      }
+      reduce_from(p.unit, buckets[i].data() + p.offset);
+    bucket_in_flight[i] = true;
+    if (!o.spec.shard_optimizer) { // all-reduced in the bucket: copy the sums back
+      wait_for_bucket(i);
+      for (const auto& p : pending)
+        timed(Part::copy, [&] {
+          be.copy(unit(p.unit).grads.data(), buckets[i].data() + p.offset, shape(p.unit).size);
+        });
+    }
     pending.clear();
     bucket_used = 0;
     pending_bytes = 0;
@@ -289,10 +355,9 @@ struct ShardingEngine::State {
       } else {
         if (bucket_used + len > capacity)
           flush_bucket();
-        const auto t0 = Clock::now();
+        wait_for_bucket(static_cast<std::size_t>(bucket_index));
         auto& bucket = buckets[static_cast<std::size_t>(bucket_index)];
-        std::copy(source, source + len, bucket.data() + bucket_used);
-        copy_s += seconds_since(t0);
+        timed(Part::copy, [&] { be.copy(bucket.data() + bucket_used, source, len); });
         pending.push_back({u, bucket_used});
         bucket_used += len;
         pending_bytes += static_cast<double>(us.size) * costmodel::dtype_bytes(o.spec.reduce_dtype);
@@ -306,16 +371,11 @@ struct ShardingEngine::State {
     if (o.spec.grad_bucket_copy) {
       // torch DDP without gradient_as_bucket_view: gradients are copied into the bucket, reduced
       // there, and the reduced values copied back into the gradients.
+      // The copies back wait for every reduction, after the backward (copy_back_buckets), so
+      // that the compute does not wait for each bucket's reduction in turn.
       float* region = ddp_bucket.data() + ddp_offset[static_cast<std::size_t>(u)];
-      auto t0 = Clock::now();
-      std::copy(source, source + us.size, region);
-      copy_s += seconds_since(t0);
+      timed(Part::copy, [&] { be.copy(region, source, us.size); });
       reduce_from(u, region);
-      if (!o.spec.shard_optimizer) { // all-reduced in the bucket (a reduce-scatter wrote the chunk)
-        t0 = Clock::now();
-        std::copy(region, region + us.size, source);
-        copy_s += seconds_since(t0);
-      }
     } else {
       reduce_from(u, source);
     }
@@ -323,7 +383,7 @@ struct ShardingEngine::State {
       un.fresh.reset();
   }
 
-  double micro_batch(std::int64_t mb, bool reduce) {
+  double micro_batch(std::int64_t mb, bool reduce_now) {
     const std::int64_t U = unit_count();
     const std::int64_t L = U - 2;
     const auto& b = o.micro_batch;
@@ -339,6 +399,7 @@ struct ShardingEngine::State {
     for (std::int64_t u = 0; u < U; ++u) {
       phase("forward", u, mb);
       acquire(u);
+      wait_for_gathers(u);
       prefetch_forward(u);
       timed_compute([&] {
         if (u == 0) {
@@ -363,6 +424,7 @@ struct ShardingEngine::State {
     for (std::int64_t u = U - 1; u >= 0; --u) {
       phase("backward", u, mb);
       acquire(u);
+      wait_for_gathers(u);
       prefetch_backward(u);
       ensure_grad_target(u);
       if (is_head(u) && tied())
@@ -382,10 +444,29 @@ struct ShardingEngine::State {
       });
       if (needs_gather(u))
         release(u);
-      if (reduce)
+      if (reduce_now)
         reduce_unit(u);
     }
     return loss;
+  }
+
+  // The reductions are done before the compute reads what they wrote.
+  void wait_for_reductions() {
+    be.wait(nullptr, reduce.get());
+    if (replica)
+      be.wait(nullptr, replica.get());
+  }
+
+  // grad_bucket_copy without a sharded optimizer: the all-reduced sums back into the gradients
+  // (a reduce-scatter wrote its chunk in place otherwise).
+  void copy_back_buckets() {
+    if (!o.spec.grad_bucket_copy || o.spec.shard_optimizer)
+      return;
+    for (std::int64_t u = 0; u < unit_count(); ++u)
+      timed(Part::copy, [&] {
+        be.copy(unit(u).grads.data(), ddp_bucket.data() + ddp_offset[static_cast<std::size_t>(u)],
+                shape(u).size);
+      });
   }
 
   void optimizer_step() {
@@ -398,9 +479,10 @@ struct ShardingEngine::State {
       const std::int64_t begin = spec.shard_optimizer ? sl.chunk_begin(u) : 0;
       float* p = us.params_sharded ? un.params.data() : un.params.data() + begin;
       const float* gr = spec.shard_gradients ? un.grad_shard.data() : un.grads.data() + begin;
-      const auto count = static_cast<std::size_t>(n);
-      adamw_step<float>({p, count}, {gr, count}, un.exp_avg.span(), un.exp_avg_sq.span(),
-                        step_count, o.adamw);
+      if (un.exp_avg.size() != n)
+        throw std::logic_error(fmt::format("unit {}: {} optimizer elements for {} parameters", u,
+                                           un.exp_avg.size(), n));
+      be.adamw_step(p, gr, un.exp_avg.data(), un.exp_avg_sq.data(), n, step_count, o.adamw);
     }
   }
 
@@ -410,6 +492,7 @@ struct ShardingEngine::State {
     if (!o.spec.shard_optimizer)
       return;
     phase("parameter all-gather");
+    be.wait(shard.get(), nullptr); // after the optimizer's updates
     for (std::int64_t u = 0; u < unit_count(); ++u) {
       const auto& us = shape(u);
       if (us.params_sharded)
@@ -420,7 +503,8 @@ struct ShardingEngine::State {
   }
 };
 
-OwnedGroups make_groups(comm::Communicator& world, const costmodel::ShardingSpec& spec) {
+OwnedGroups make_groups(comm::Communicator& world, const costmodel::ShardingSpec& spec,
+                        bool separate_reduce_stream) {
   OwnedGroups g;
   const int n = world.size(), r = world.rank(), S = spec.group(n);
   if (S < 1 || S > n || n % S != 0)
@@ -430,7 +514,11 @@ OwnedGroups make_groups(comm::Communicator& world, const costmodel::ShardingSpec
     g.shard = world.split(r / S, r % S);
     g.replica = world.split(r % S, r / S);
   }
-  g.groups = {&world, g.shard ? g.shard.get() : &world, g.replica.get(), false};
+  g.groups = {&world, g.shard ? g.shard.get() : &world, g.replica.get(), false, nullptr};
+  if (separate_reduce_stream) {
+    g.shard_reduce = g.groups.shard->split(0, g.groups.shard->rank());
+    g.groups.shard_reduce = g.shard_reduce.get();
+  }
   return g;
 }
 
@@ -457,6 +545,12 @@ ShardingEngine::ShardingEngine(EngineOptions options, TrackedAllocator& allocato
   if (s.sl.replicas > 1)
     check_group(groups.replica, s.sl.replicas, s.sl.replica_rank, "replica");
   s.shard = std::make_unique<TimedCommunicator>(*groups.shard, s.stats);
+  if (groups.shard_reduce != nullptr) {
+    check_group(groups.shard_reduce, s.sl.group, s.sl.shard_rank, "shard reduce");
+    s.reduce = std::make_unique<TimedCommunicator>(*groups.shard_reduce, s.stats);
+  } else {
+    s.reduce = std::make_unique<TimedCommunicator>(*groups.shard, s.stats);
+  }
   if (s.sl.replicas > 1)
     s.replica = std::make_unique<TimedCommunicator>(*groups.replica, s.stats);
 
@@ -478,8 +572,15 @@ ShardingEngine::ShardingEngine(EngineOptions options, TrackedAllocator& allocato
     const auto& us = s.shape(u);
     const std::int64_t n = us.params_sharded ? us.chunk : s.sl.whole_elements(u, spec);
     un.params = allocator.allocate<float>(MemoryCategory::parameters, n);
-    init_unit_params<float>(layout, u, s.o.seed, us.params_sharded ? s.sl.chunk_begin(u) : 0,
-                            un.params.span());
+    const std::int64_t first = us.params_sharded ? s.sl.chunk_begin(u) : 0;
+    if (allocator.host_accessible()) {
+      init_unit_params<float>(layout, u, s.o.seed, first, un.params.span());
+    } else { // drawn on the host, then written into the device's memory
+      std::vector<float> host(static_cast<std::size_t>(n));
+      init_unit_params<float>(layout, u, s.o.seed, first, host);
+      allocator.source().write(un.params.data(), host.data(),
+                               n * static_cast<std::int64_t>(sizeof(float)));
+    }
   }
   for (std::int64_t u = 0; u < U; ++u) {
     auto& un = s.unit(u);
@@ -509,7 +610,8 @@ ShardingEngine::~ShardingEngine() = default;
 StepReport ShardingEngine::step() {
   auto& s = *s_;
   s.stats = {};
-  s.compute_s = s.copy_s = s.compute_cpu_s = 0;
+  s.compute_cpu_s = 0;
+  (void)s.be.take_seconds();
   ++s.step_count;
   StepReport r;
   r.step = s.step_count;
@@ -519,10 +621,16 @@ StepReport ShardingEngine::step() {
   const std::int64_t gas = s.o.grad_accumulation;
   for (std::int64_t mb = 0; mb < gas; ++mb)
     loss_sum += s.micro_batch(mb, s.o.spec.shard_gradients || mb == gas - 1);
-  const auto t_opt = Clock::now();
-  s.optimizer_step();
-  r.optimizer_s = seconds_since(t_opt);
+  s.copy_back_buckets();
+  s.wait_for_reductions();
+  s.timed(State::Part::optimizer, [&] { s.optimizer_step(); });
   s.gather_updated_parameters();
+  // Everything queued is done (a GPU's streams; nothing to wait for on the host).
+  s.phase("end of the step");
+  for (auto* c : {s.shard.get(), s.reduce.get(), s.replica.get()})
+    if (c != nullptr)
+      c->synchronize();
+  s.be.synchronize();
   // zero_grad(set_to_none=True): the gradients kept through the step are released.
   for (auto& un : s.units) {
     un.grads.reset();
@@ -531,17 +639,24 @@ StepReport ShardingEngine::step() {
   r.step_s = seconds_since(t0);
   r.step_cpu_s = thread_cpu_seconds() - c0;
   r.compute_cpu_s = s.compute_cpu_s;
-  r.compute_s = s.compute_s;
-  r.copy_s = s.copy_s;
+  const auto parts = s.be.take_seconds();
+  r.compute_s = parts.compute;
+  r.optimizer_s = parts.optimizer;
+  r.copy_s = parts.copy;
+  r.comm_wait_s = parts.comm_wait;
   r.collectives = s.stats;
-  // The loss of the global batch (outside the step's time).
+  // The loss of the global batch (outside the step's time), in memory the world's collectives use.
   double local = loss_sum / static_cast<double>(gas);
   if (s.g.stand_in) {
     r.loss = local;
   } else {
-    double sum = 0;
     s.phase("loss");
-    s.g.world->all_reduce(&local, &sum, 1, comm::DataType::f64);
+    auto buffer = s.g.world->allocate(sizeof(double));
+    buffer->copy_from_host(&local, sizeof(double));
+    s.g.world->all_reduce(buffer->data(), buffer->data(), 1, comm::DataType::f64);
+    s.g.world->synchronize();
+    double sum = 0;
+    buffer->copy_to_host(&sum, sizeof(double));
     r.loss = sum / s.sl.world;
   }
   return r;
@@ -552,10 +667,18 @@ std::vector<float> ShardingEngine::full_parameters(std::int64_t unit) {
   const auto& us = s.shape(unit);
   auto& un = s.unit(unit);
   std::vector<float> out(static_cast<std::size_t>(us.padded));
-  if (us.params_sharded)
-    s.g.shard->all_gather(un.params.data(), out.data(), static_cast<std::size_t>(us.chunk), kF32);
-  else
-    std::copy(un.params.data(), un.params.data() + us.size, out.data());
+  s.be.synchronize();
+  if (us.params_sharded) {
+    const auto bytes = static_cast<std::size_t>(us.padded) * sizeof(float);
+    auto gathered = s.g.shard->allocate(bytes);
+    s.g.shard->all_gather(un.params.data(), gathered->data(), static_cast<std::size_t>(us.chunk),
+                          kF32);
+    s.g.shard->synchronize();
+    gathered->copy_to_host(out.data(), bytes);
+  } else {
+    s.alloc.source().read(out.data(), un.params.data(),
+                          us.size * static_cast<std::int64_t>(sizeof(float)));
+  }
   out.resize(static_cast<std::size_t>(us.size));
   return out;
 }

@@ -51,6 +51,7 @@
 #include "costmodel/model.hpp"
 #include "costmodel/sharding.hpp"
 #include "executor/adamw.hpp"
+#include "executor/backend.hpp"
 #include "executor/collective_stats.hpp"
 #include "executor/gpt_model.hpp"
 #include "executor/shard_layout.hpp"
@@ -76,6 +77,11 @@ struct EngineOptions {
   // gathers the next `prefetch` units the rate limiter allows, so that many more gathered units
   // are alive, as on a GPU.
   bool prefetch_as_planned = false;
+  // The model's options (norm ε, rotary θ, flash attention).
+  ModelOptions model_options;
+  // Where the model and the engine compute (not owned; nullptr: the host). The allocator the
+  // engine is given must hand out that backend's memory.
+  Backend<float>* backend = nullptr;
   // Told what the step does ("step 2 forward unit 3") as it goes, so that a rank that stops is
   // named with its phase (comm/watchdog.hpp). Not owned; nullptr: nobody watches.
   comm::Watchdog* watchdog = nullptr;
@@ -84,19 +90,25 @@ struct EngineOptions {
 // The groups the engine's collectives run in. Not owned.
 struct EngineGroups {
   comm::Communicator* world = nullptr;   // every rank
-  comm::Communicator* shard = nullptr;   // the shard group (the world without HSDP)
+  comm::Communicator* shard = nullptr;   // the shard group (the world without HSDP): all-gathers
   comm::Communicator* replica = nullptr; // across shard groups; nullptr with a single group
   bool stand_in = false;                 // rehearsal: collectives are local copies
+  // The shard group again, for the gradient reductions: on a GPU its own NCCL communicator, so
+  // that reductions queue on their own stream beside the all-gathers (FSDP's and DeepSpeed's
+  // separate reduce-scatter stream). nullptr: the shard group's.
+  comm::Communicator* shard_reduce = nullptr;
 };
 
 // The groups of a real run made from its world (collective over it): the shard group of S
 // consecutive ranks and the replica group of the ranks with the same index in theirs (HSDP,
 // comm/groups.hpp); the world itself when S is the whole world.
 struct OwnedGroups {
-  std::unique_ptr<comm::Communicator> shard, replica;
+  std::unique_ptr<comm::Communicator> shard, replica, shard_reduce;
   EngineGroups groups;
 };
-OwnedGroups make_groups(comm::Communicator& world, const costmodel::ShardingSpec& spec);
+// With separate_reduce_stream the shard group is split once more into shard_reduce.
+OwnedGroups make_groups(comm::Communicator& world, const costmodel::ShardingSpec& spec,
+                        bool separate_reduce_stream = false);
 
 struct StepReport {
   std::int64_t step = 0;       // 1-based
@@ -105,7 +117,11 @@ struct StepReport {
   double compute_s = 0;        // forward, backward and recompute
   double optimizer_s = 0;      // AdamW over this rank's part
   double copy_s = 0;           // gradient copies into and out of buckets, accumulation adds
-  CollectiveStats collectives; // this step's
+  // Time the compute waited for collectives it depends on (a GPU's compute stream stalled on the
+  // all-gather, reduce and replica streams: the communication that did not overlap). 0 where
+  // collectives block the computing thread: their time is in `collectives`.
+  double comm_wait_s = 0;
+  CollectiveStats collectives; // this step's (on a GPU: the time to queue them, not to run them)
   // CPU time of the computing thread over the step and over its compute parts: what the step
   // took while it ran. Wall time above CPU time is time the thread was not running (other load
   // on the machine; a collective that blocks instead of spinning).
@@ -127,7 +143,8 @@ public:
   // parameter all-gathers. Collective over the world.
   StepReport step();
 
-  // Collective over the shard group: unit u's full parameters (size elements), on every rank.
+  // Collective over the shard group: unit u's full parameters (size elements), on every rank, in
+  // host memory.
   std::vector<float> full_parameters(std::int64_t unit);
 
   const GptLayout& layout() const;
@@ -138,7 +155,8 @@ public:
   // This rank's resident state of a unit, for checkpoints (checkpoint.hpp). Each span holds the
   // elements [begin, begin + size) of the unit's flat buffer, zero padding past the unit's size
   // included: the parameters (the chunk when partitioned, else whole) and AdamW's moments (the
-  // chunk under a sharded optimizer, else whole). Valid between steps.
+  // chunk under a sharded optimizer, else whole). Valid between steps; host memory only (the CPU
+  // backend's).
   struct UnitState {
     std::span<float> params;
     std::int64_t params_begin = 0;

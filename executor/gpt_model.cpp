@@ -5,7 +5,6 @@
 
 #include <fmt/format.h>
 
-#include "executor/kernels.hpp"
 
 namespace shardplan::executor {
 namespace {
@@ -25,15 +24,10 @@ S* at(S* unit, std::int64_t offset) {
   return offset == kAbsent ? nullptr : unit + offset;
 }
 
-template <class S>
-void copy(S* dst, const S* src, std::int64_t n) {
-  std::copy(src, src + n, dst);
-}
-
 }  // namespace
 
 std::int64_t block_saved_elements(const GptLayout& layout, BatchShape shape,
-                                  Checkpointing checkpointing) {
+                                  Checkpointing checkpointing, bool flash_attention) {
   const auto& m = layout.spec();
   const std::int64_t n = shape.tokens();
   if (checkpointing == Checkpointing::full) return n * m.hidden;
@@ -41,7 +35,7 @@ std::int64_t block_saved_elements(const GptLayout& layout, BatchShape shape,
   std::int64_t e = n * m.hidden;                                 // input
   e += n * m.hidden + stats;                                     // norm1
   e += n * m.q_width() + 2 * n * m.kv_width();                   // q, k, v
-  e += shape.batch * m.heads * shape.seq * shape.seq;            // probs
+  e += shape.batch * m.heads * shape.seq * (flash_attention ? 1 : shape.seq);  // probs or lse
   e += n * m.q_width();                                          // attn_out
   if (!is_parallel(layout)) e += n * m.hidden;                   // mid
   e += n * m.hidden + stats;                                     // norm2
@@ -62,8 +56,17 @@ std::int64_t head_backward_elements(const GptLayout& layout, BatchShape shape) {
 
 template <class S>
 GptModel<S>::GptModel(const costmodel::ModelSpec& spec, TrackedAllocator& allocator,
-                      ModelOptions options)
-    : layout_(spec), allocator_(allocator), options_(options) {}
+                      ModelOptions options, Backend<S>* backend)
+    : layout_(spec),
+      allocator_(allocator),
+      options_(options),
+      host_backend_(backend ? nullptr : std::make_unique<HostBackend<S>>()),
+      be_(backend ? *backend : *host_backend_) {
+  if (options_.flash_attention && !be_.supports_flash_attention(spec.head_dim))
+    throw std::invalid_argument(fmt::format(
+        "flash attention with head_dim {} is not available on the {} backend", spec.head_dim,
+        be_.name()));
+}
 
 template <class S>
 TrackedBuffer<S> GptModel<S>::activation(std::int64_t elements) const {
@@ -99,10 +102,10 @@ void GptModel<S>::norm_forward(BatchShape shape, const S* x, const S* params, No
   if (is_layernorm(layout_)) mean = activation(n);
   rstd = activation(n);
   if (is_layernorm(layout_))
-    kernels::layernorm_forward(out.data(), mean.data(), rstd.data(), x, params + norm.weight,
+    be_.layernorm_forward(out.data(), mean.data(), rstd.data(), x, params + norm.weight,
                                params + norm.bias, n, h, eps);
   else
-    kernels::rmsnorm_forward(out.data(), rstd.data(), x, params + norm.weight, n, h, eps);
+    be_.rmsnorm_forward(out.data(), rstd.data(), x, params + norm.weight, n, h, eps);
 }
 
 // Adds the norm's input gradient into dx and its parameter gradients into grad.
@@ -112,10 +115,10 @@ void GptModel<S>::norm_backward(BatchShape shape, S* dx, S* grad, const S* dy, c
                                 const TrackedBuffer<S>& rstd) const {
   const std::int64_t n = shape.tokens(), h = layout_.spec().hidden;
   if (is_layernorm(layout_))
-    kernels::layernorm_backward(dx, grad + norm.weight, grad + norm.bias, dy, x,
+    be_.layernorm_backward(dx, grad + norm.weight, grad + norm.bias, dy, x,
                                 params + norm.weight, mean.data(), rstd.data(), n, h);
   else
-    kernels::rmsnorm_backward(dx, grad + norm.weight, dy, x, params + norm.weight, rstd.data(),
+    be_.rmsnorm_backward(dx, grad + norm.weight, dy, x, params + norm.weight, rstd.data(),
                               n, h);
 }
 
@@ -132,7 +135,7 @@ TrackedBuffer<S> GptModel<S>::forward_embedding(std::span<const S> params,
         fmt::format("sequence of {} tokens is longer than the {} learned positions", shape.seq,
                     m.max_positions));
   auto out = activation(shape.tokens() * m.hidden);  // [N, h]
-  kernels::embedding_forward(out.data(), tokens.data(), params.data() + e.tokens,
+  be_.embedding_forward(out.data(), tokens.data(), params.data() + e.tokens,
                              at(params.data(), e.positions), shape.batch, shape.seq, m.hidden);
   return out;
 }
@@ -150,27 +153,34 @@ void GptModel<S>::run_block(const S* p, BlockActivations<S>& a, TrackedBuffer<S>
   a.q = activation(N * qw);
   a.k = activation(N * kw);
   a.v = activation(N * kw);
-  kernels::linear_forward(a.q.data(), a.norm1_out.data(), p + L.q.weight, at(p, L.q.bias), N, h,
+  be_.linear_forward(a.q.data(), a.norm1_out.data(), p + L.q.weight, at(p, L.q.bias), N, h,
                           qw, false);
-  kernels::linear_forward(a.k.data(), a.norm1_out.data(), p + L.k.weight, at(p, L.k.bias), N, h,
+  be_.linear_forward(a.k.data(), a.norm1_out.data(), p + L.k.weight, at(p, L.k.bias), N, h,
                           kw, false);
-  kernels::linear_forward(a.v.data(), a.norm1_out.data(), p + L.v.weight, at(p, L.v.bias), N, h,
+  be_.linear_forward(a.v.data(), a.norm1_out.data(), p + L.v.weight, at(p, L.v.bias), N, h,
                           kw, false);
   if (is_rotary(layout_)) {
-    kernels::rope_forward(a.q.data(), B, T, m.heads, m.head_dim, options_.rope_theta);
-    kernels::rope_forward(a.k.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta);
+    be_.rope_forward(a.q.data(), B, T, m.heads, m.head_dim, options_.rope_theta);
+    be_.rope_forward(a.k.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta);
   }
-  a.probs = written_activation(B * m.heads * T * T);
-  a.attn_out = written_activation(N * qw);
-  kernels::attention_forward(a.attn_out.data(), a.probs.data(), a.q.data(), a.k.data(),
-                             a.v.data(), B, T, m.heads, m.kv_heads, m.head_dim);
+  if (options_.flash_attention) {
+    a.lse = written_activation(B * m.heads * T);
+    a.attn_out = written_activation(N * qw);
+    be_.flash_attention_forward(a.attn_out.data(), a.lse.data(), a.q.data(), a.k.data(),
+                                a.v.data(), B, T, m.heads, m.kv_heads, m.head_dim);
+  } else {
+    a.probs = written_activation(B * m.heads * T * T);
+    a.attn_out = written_activation(N * qw);
+    be_.attention_forward(a.attn_out.data(), a.probs.data(), a.q.data(), a.k.data(), a.v.data(),
+                          B, T, m.heads, m.kv_heads, m.head_dim);
+  }
 
   // Sequential residual: a = x + o(attn); the MLP reads Norm₂(a). Parallel: it reads Norm₂(x).
   const S* mlp_in = x;
   if (!is_parallel(layout_)) {
     a.mid = activation(N * h);
-    copy(a.mid.data(), x, N * h);
-    kernels::linear_forward(a.mid.data(), a.attn_out.data(), p + L.o.weight, at(p, L.o.bias), N,
+    be_.copy(a.mid.data(), x, N * h);
+    be_.linear_forward(a.mid.data(), a.attn_out.data(), p + L.o.weight, at(p, L.o.bias), N,
                             qw, h, true);
     mlp_in = a.mid.data();
   }
@@ -179,27 +189,27 @@ void GptModel<S>::run_block(const S* p, BlockActivations<S>& a, TrackedBuffer<S>
   a.mlp_act = activation(N * I);
   if (is_swiglu(layout_)) {
     a.mlp_up = activation(N * I);
-    kernels::linear_forward(a.mlp_pre.data(), a.norm2_out.data(), p + L.gate.weight,
+    be_.linear_forward(a.mlp_pre.data(), a.norm2_out.data(), p + L.gate.weight,
                             at(p, L.gate.bias), N, h, I, false);
-    kernels::linear_forward(a.mlp_up.data(), a.norm2_out.data(), p + L.up.weight,
+    be_.linear_forward(a.mlp_up.data(), a.norm2_out.data(), p + L.up.weight,
                             at(p, L.up.bias), N, h, I, false);
-    kernels::swiglu_forward(a.mlp_act.data(), a.mlp_pre.data(), a.mlp_up.data(), N * I);
+    be_.swiglu_forward(a.mlp_act.data(), a.mlp_pre.data(), a.mlp_up.data(), N * I);
   } else {
-    kernels::linear_forward(a.mlp_pre.data(), a.norm2_out.data(), p + L.up.weight,
+    be_.linear_forward(a.mlp_pre.data(), a.norm2_out.data(), p + L.up.weight,
                             at(p, L.up.bias), N, h, I, false);
-    kernels::gelu_forward(a.mlp_act.data(), a.mlp_pre.data(), N * I);
+    be_.gelu_forward(a.mlp_act.data(), a.mlp_pre.data(), N * I);
   }
 
   // y = a + down(act), or y = x + o(attn) + down(act).
   y = activation(N * h);
   if (is_parallel(layout_)) {
-    copy(y.data(), x, N * h);
-    kernels::linear_forward(y.data(), a.attn_out.data(), p + L.o.weight, at(p, L.o.bias), N, qw,
+    be_.copy(y.data(), x, N * h);
+    be_.linear_forward(y.data(), a.attn_out.data(), p + L.o.weight, at(p, L.o.bias), N, qw,
                             h, true);
   } else {
-    copy(y.data(), a.mid.data(), N * h);
+    be_.copy(y.data(), a.mid.data(), N * h);
   }
-  kernels::linear_forward(y.data(), a.mlp_act.data(), p + L.down.weight, at(p, L.down.bias), N, I,
+  be_.linear_forward(y.data(), a.mlp_act.data(), p + L.down.weight, at(p, L.down.bias), N, I,
                           h, true);
 }
 
@@ -247,15 +257,15 @@ TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockAct
 
   // Output projections read dy before it is changed. Parallel residual: both read dy.
   auto d_act = activation(N * I);  // [N, I]
-  kernels::linear_backward(d_act.data(), g + L.down.weight, at(g, L.down.bias), dy.data(),
+  be_.linear_backward(d_act.data(), g + L.down.weight, at(g, L.down.bias), dy.data(),
                            a.mlp_act.data(), p + L.down.weight, N, I, h);
   a.mlp_act.reset();
   TrackedBuffer<S> d_attn_out;  // [N, qw]
   auto attention_output_backward = [&] {
     d_attn_out = activation(N * qw);
-    kernels::linear_backward(d_attn_out.data(), g + L.o.weight, at(g, L.o.bias), dy.data(),
+    be_.linear_backward(d_attn_out.data(), g + L.o.weight, at(g, L.o.bias), dy.data(),
                              a.attn_out.data(), p + L.o.weight, N, qw, h);
-    a.attn_out.reset();
+    if (!options_.flash_attention) a.attn_out.reset();  // flash's backward reads it again
   };
   if (is_parallel(layout_)) attention_output_backward();
 
@@ -265,17 +275,17 @@ TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockAct
     auto d_pre = activation(N * I);  // [N, I]
     if (is_swiglu(layout_)) {
       auto d_up = activation(N * I);  // [N, I]
-      kernels::swiglu_backward(d_pre.data(), d_up.data(), d_act.data(), a.mlp_pre.data(),
+      be_.swiglu_backward(d_pre.data(), d_up.data(), d_act.data(), a.mlp_pre.data(),
                                a.mlp_up.data(), N * I);
       d_act.reset();
-      kernels::linear_backward(d_norm2_out.data(), g + L.gate.weight, at(g, L.gate.bias),
+      be_.linear_backward(d_norm2_out.data(), g + L.gate.weight, at(g, L.gate.bias),
                                d_pre.data(), a.norm2_out.data(), p + L.gate.weight, N, h, I);
-      kernels::linear_backward(d_norm2_out.data(), g + L.up.weight, at(g, L.up.bias),
+      be_.linear_backward(d_norm2_out.data(), g + L.up.weight, at(g, L.up.bias),
                                d_up.data(), a.norm2_out.data(), p + L.up.weight, N, h, I);
     } else {
-      kernels::gelu_backward(d_pre.data(), a.mlp_pre.data(), d_act.data(), N * I);
+      be_.gelu_backward(d_pre.data(), a.mlp_pre.data(), d_act.data(), N * I);
       d_act.reset();
-      kernels::linear_backward(d_norm2_out.data(), g + L.up.weight, at(g, L.up.bias),
+      be_.linear_backward(d_norm2_out.data(), g + L.up.weight, at(g, L.up.bias),
                                d_pre.data(), a.norm2_out.data(), p + L.up.weight, N, h, I);
     }
   }
@@ -295,24 +305,32 @@ TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockAct
   auto dq = activation(N * qw);  // [N, qw]
   auto dk = activation(N * kw);  // [N, kw]
   auto dv = activation(N * kw);  // [N, kw]
-  {
-    auto scratch = activation(T * T);  // [T, T] dP, then dS, of one (sequence, head)
-    kernels::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(),
-                                d_attn_out.data(), a.probs.data(), a.q.data(), a.k.data(),
-                                a.v.data(), B, T, m.heads, m.kv_heads, m.head_dim);
+  if (options_.flash_attention) {
+    auto delta = written_activation(B * m.heads * T);  // [B, a, T] rowsum(dO ∘ O)
+    be_.flash_attention_backward(dq.data(), dk.data(), dv.data(), delta.data(),
+                                 d_attn_out.data(), a.attn_out.data(), a.lse.data(), a.q.data(),
+                                 a.k.data(), a.v.data(), B, T, m.heads, m.kv_heads, m.head_dim);
+  } else {
+    // dP, then dS: one [T, T] on the host, every (sequence, head)'s on a GPU.
+    auto scratch = activation(be_.attention_scratch_elements(B, T, m.heads));
+    be_.attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), d_attn_out.data(),
+                           a.probs.data(), a.q.data(), a.k.data(), a.v.data(), B, T, m.heads,
+                           m.kv_heads, m.head_dim);
   }
   d_attn_out.reset();
+  a.attn_out.reset();
   a.probs.reset();
+  a.lse.reset();
   if (is_rotary(layout_)) {
-    kernels::rope_backward(dq.data(), B, T, m.heads, m.head_dim, options_.rope_theta);
-    kernels::rope_backward(dk.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta);
+    be_.rope_backward(dq.data(), B, T, m.heads, m.head_dim, options_.rope_theta);
+    be_.rope_backward(dk.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta);
   }
   auto d_norm1_out = activation(N * h);  // [N, h]
-  kernels::linear_backward(d_norm1_out.data(), g + L.q.weight, at(g, L.q.bias), dq.data(),
+  be_.linear_backward(d_norm1_out.data(), g + L.q.weight, at(g, L.q.bias), dq.data(),
                            a.norm1_out.data(), p + L.q.weight, N, h, qw);
-  kernels::linear_backward(d_norm1_out.data(), g + L.k.weight, at(g, L.k.bias), dk.data(),
+  be_.linear_backward(d_norm1_out.data(), g + L.k.weight, at(g, L.k.bias), dk.data(),
                            a.norm1_out.data(), p + L.k.weight, N, h, kw);
-  kernels::linear_backward(d_norm1_out.data(), g + L.v.weight, at(g, L.v.bias), dv.data(),
+  be_.linear_backward(d_norm1_out.data(), g + L.v.weight, at(g, L.v.bias), dv.data(),
                            a.norm1_out.data(), p + L.v.weight, N, h, kw);
   dq.reset();
   dk.reset();
@@ -348,11 +366,11 @@ HeadForward<S> GptModel<S>::forward_head(std::span<const S> params,
   a.input = std::move(input);
   norm_forward(shape, a.input.data(), params.data(), H.norm, a.norm_out, a.norm_mean, a.norm_rstd);
   a.logits = written_activation(N * m.vocab);     // [N, V]
-  kernels::linear_forward(a.logits.data(), a.norm_out.data(), w_out,
+  be_.linear_forward(a.logits.data(), a.norm_out.data(), w_out,
                           static_cast<const S*>(nullptr), N, m.hidden, m.vocab, false);
   a.log_probs = written_activation(N * m.vocab);  // [N, V]
-  kernels::log_softmax_forward(a.log_probs.data(), a.logits.data(), N, m.vocab);
-  f.loss = kernels::nll_loss_forward(a.log_probs.data(), targets.data(), N, m.vocab) /
+  be_.log_softmax_forward(a.log_probs.data(), a.logits.data(), N, m.vocab);
+  f.loss = be_.nll_loss_forward(a.log_probs.data(), targets.data(), N, m.vocab) /
            static_cast<double>(N);
   return f;
 }
@@ -384,16 +402,16 @@ TrackedBuffer<S> GptModel<S>::backward_head(std::span<const S> params,
   // loss = (1/N) Σ −logp[target]: nll_loss's backward, then log_softmax's; as in PyTorch both
   // gradients are alive together with the saved logits and log-probabilities.
   auto d_log_probs = activation(N * m.vocab);  // [N, V]
-  kernels::nll_loss_backward(d_log_probs.data(), targets.data(), N, m.vocab,
+  be_.nll_loss_backward(d_log_probs.data(), targets.data(), N, m.vocab,
                              static_cast<S>(loss_scale / static_cast<double>(N)));
   auto d_logits = written_activation(N * m.vocab);  // [N, V], log_softmax_backward writes it
-  kernels::log_softmax_backward(d_logits.data(), d_log_probs.data(), a.log_probs.data(), N,
+  be_.log_softmax_backward(d_logits.data(), d_log_probs.data(), a.log_probs.data(), N,
                                 m.vocab);
   d_log_probs.reset();
   a.log_probs.reset();
   a.logits.reset();
   auto d_norm_out = activation(N * m.hidden);  // [N, h]
-  kernels::linear_backward(d_norm_out.data(), dw_out, static_cast<S*>(nullptr), d_logits.data(),
+  be_.linear_backward(d_norm_out.data(), dw_out, static_cast<S*>(nullptr), d_logits.data(),
                            a.norm_out.data(), w_out, N, m.hidden, m.vocab);
   d_logits.reset();
   a.norm_out.reset();
@@ -411,7 +429,7 @@ void GptModel<S>::backward_embedding(std::span<const std::int32_t> tokens,
   check_tokens(tokens, shape, "backward_embedding tokens");
   check_hidden(d_output, shape, "backward_embedding d_output");
   const auto& e = layout_.embedding();
-  kernels::embedding_backward(grad.data() + e.tokens, at(grad.data(), e.positions),
+  be_.embedding_backward(grad.data() + e.tokens, at(grad.data(), e.positions),
                               d_output.data(), tokens.data(), shape.batch, shape.seq,
                               layout_.spec().hidden);
 }
@@ -435,6 +453,7 @@ void GptModel<S>::check_tokens(std::span<const std::int32_t> tokens, BatchShape 
   if (static_cast<std::int64_t>(tokens.size()) != shape.tokens())
     throw std::invalid_argument(fmt::format("{}: {} tokens, expected B {} × T {}", what,
                                             tokens.size(), shape.batch, shape.seq));
+  if (!allocator_.host_accessible()) return;  // on a GPU: drawn in range (synthetic_data.hpp)
   for (auto t : tokens)
     if (t < 0 || t >= layout_.spec().vocab)
       throw std::invalid_argument(

@@ -24,13 +24,19 @@
 // its output becomes the next block's input; backward consumes the saved state and the incoming
 // gradient and returns the gradient of the unit's input.
 //
+// Every kernel runs through a Backend (backend.hpp): the host's by default, the GPU's for the CUDA
+// backend, on the memory of the allocator the model is given. The model never touches an element
+// itself, so the same code allocates and frees the same buffers in the same order on both.
+//
 // The scalar type is float for the executor; double is instantiated for the gradient check.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 
 #include "costmodel/model.hpp"
+#include "executor/backend.hpp"
 #include "executor/model_layout.hpp"
 #include "executor/tracked_allocator.hpp"
 
@@ -53,6 +59,9 @@ struct ModelOptions {
   double norm_eps = 1e-5;
   // Rotary base θ. ModelSpec does not carry it; 10000 is RoFormer's, Llama-2's and GPT-NeoX's.
   double rope_theta = 10000.0;
+  // Fused attention (Backend::flash_attention_forward): a block keeps the log-sum-exp of each
+  // score row [B, a, T] instead of the probabilities [B, a, T, T] (the cost model's flash option).
+  bool flash_attention = false;
 };
 
 // What a block's backward needs, with shapes (N = B·T, h = hidden, qw = heads·head_dim,
@@ -68,7 +77,8 @@ struct BlockActivations {
   TrackedBuffer<S> norm1_mean, norm1_rstd;  // [N]
   TrackedBuffer<S> q;                       // [N, qw]  after rotary
   TrackedBuffer<S> k, v;                    // [N, kw]  k after rotary
-  TrackedBuffer<S> probs;                   // [B, a, T, T] attention probabilities
+  TrackedBuffer<S> probs;                   // [B, a, T, T] attention probabilities (eager)
+  TrackedBuffer<S> lse;                     // [B, a, T]    their rows' log-sum-exp (flash)
   TrackedBuffer<S> attn_out;                // [N, qw]  input of the output projection
   TrackedBuffer<S> mid;                     // [N, h]   a = x + Attn(...)
   TrackedBuffer<S> norm2_out;               // [N, h]
@@ -113,7 +123,7 @@ struct HeadForward {
 // a backward holds, besides the saved buffers not yet consumed, gradients [N, I] ×2 (×3 SwiGLU),
 // [N, qw] ×2, [N, kw] ×2, [N, h] and a [T, T] scratch; dx reuses dy's buffer.
 std::int64_t block_saved_elements(const GptLayout& layout, BatchShape shape,
-                                  Checkpointing checkpointing);
+                                  Checkpointing checkpointing, bool flash_attention = false);
 // Elements the head keeps for its backward (input, norm output and stats, logits and
 // log-probabilities). Its backward adds 2·N·V transiently (the two [N, V] gradients).
 std::int64_t head_saved_elements(const GptLayout& layout, BatchShape shape);
@@ -122,9 +132,10 @@ std::int64_t head_backward_elements(const GptLayout& layout, BatchShape shape);
 template <class S>
 class GptModel {
  public:
-  // Throws like GptLayout for a spec it cannot run.
+  // Throws like GptLayout for a spec it cannot run, std::invalid_argument for flash attention on
+  // a backend without it. backend: where the kernels run (not owned; nullptr: the host's).
   GptModel(const costmodel::ModelSpec& spec, TrackedAllocator& allocator,
-           ModelOptions options = {});
+           ModelOptions options = {}, Backend<S>* backend = nullptr);
 
   const GptLayout& layout() const { return layout_; }
   const ModelOptions& options() const { return options_; }
@@ -181,6 +192,8 @@ class GptModel {
   GptLayout layout_;
   TrackedAllocator& allocator_;
   ModelOptions options_;
+  std::unique_ptr<Backend<S>> host_backend_;  // when none is given
+  Backend<S>& be_;
 };
 
 extern template class GptModel<float>;

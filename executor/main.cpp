@@ -52,7 +52,13 @@ int run(int argc, char** argv) {
     std::cerr << "executor: internal error: " << e.what() << "\n";
     return 1;
   }
-  return cl.run.rehearse_rank ? executor::run_rehearsal(cl.run) : executor::run_under_mpi(cl.run);
+  try {
+    return executor::run(cl.run);
+  } catch (const costmodel::InputError& e) { // refused before any rank started
+    if (comm::launcher_rank_from_environment() == 0)
+      std::cerr << "executor: " << e.what() << "\n";
+    return 2;
+  }
 }
 
 } // namespace

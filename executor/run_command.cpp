@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -13,17 +14,27 @@
 
 #include "comm/comm_error.hpp"
 #include "comm/fault_injection.hpp"
-#include "comm/mpi_environment.hpp"
+#include "comm/launch_env.hpp"
 #include "comm/process_identity.hpp"
 #include "comm/topology.hpp"
 #include "comm/watchdog.hpp"
 #include "comm/watched_communicator.hpp"
+#include "costmodel/hardware.hpp"
 #include "costmodel/input_error.hpp"
 #include "costmodel/json_reader.hpp"
+#include "executor/caching_pool.hpp"
 #include "executor/checkpoint.hpp"
+#include "executor/device_run.hpp"
 #include "executor/engine.hpp"
 #include "executor/run_document.hpp"
 #include "executor/stand_in_communicator.hpp"
+
+#if defined(SHARDPLAN_HAVE_MPI)
+#include "comm/mpi_environment.hpp"
+#endif
+#if defined(SHARDPLAN_HAVE_NCCL)
+#include "comm/nccl_communicator.hpp"
+#endif
 
 namespace shardplan::executor {
 namespace {
@@ -52,11 +63,11 @@ void write_file(const std::string& path, const std::string& text) {
     throw InputError("--out", fmt::format("cannot write \"{}\"", path));
 }
 
-std::string oom_line(const OutOfMemory& e, int rank, double predicted_peak,
+std::string oom_line(const char* what, int rank, double predicted_peak,
                      const std::string& phase) {
   return fmt::format("executor: rank {} on {}: {} in phase '{}'; the plan predicts a peak of "
                      "{:.2f} GiB ({:.0f} bytes) per rank",
-                     rank, comm::host_name(), e.what(), phase, predicted_peak / kGiB,
+                     rank, comm::host_name(), what, phase, predicted_peak / kGiB,
                      predicted_peak);
 }
 
@@ -72,13 +83,16 @@ struct Measured {
   RankRecord record;
 };
 
+// Runs the steps of one rank. device: the GPU of the CUDA backend (nullptr on CPUs).
 Measured run_steps(const RunSetup& setup, TrackedAllocator& allocator, EngineGroups groups,
                    int rank, std::int64_t steps, bool report, comm::Watchdog& watchdog,
-                   const std::optional<comm::FaultInjection>& fault,
+                   const std::optional<comm::FaultInjection>& fault, DeviceRun* device,
                    RunCheckpoints* checkpoints = nullptr) {
   Measured m;
   auto options = setup.engine;
   options.watchdog = &watchdog;
+  if (device != nullptr)
+    options.backend = &device->backend();
   watchdog.set_phase("allocating the parameters and optimizer states");
   m.engine = std::make_unique<ShardingEngine>(options, allocator, groups);
   if (checkpoints) {
@@ -108,11 +122,107 @@ Measured run_steps(const RunSetup& setup, TrackedAllocator& allocator, EngineGro
   for (auto c : kMemoryCategories)
     m.record.category_peaks[c] = allocator.peak_bytes(c);
   m.record.capacity_bytes = allocator.capacity_bytes();
+  if (device != nullptr) {
+    const auto f = device->footprint();
+    m.record.reserved_peak_bytes = f.reserved_peak_bytes;
+    m.record.context_bytes = f.context_bytes;
+    m.record.nccl_bytes = f.nccl_bytes;
+  }
   return m;
+}
+
+// Every rank's record to every rank: one all-gather of fixed-length vectors, in memory the
+// world's collectives use (the host's for MPI, the GPU's for NCCL).
+std::vector<RankRecord> exchange_records(comm::Communicator& world, const RankRecord& mine) {
+  const auto packed = pack(mine);
+  const std::size_t bytes = packed.size() * sizeof(double);
+  auto buffer = world.allocate(bytes * static_cast<std::size_t>(world.size()));
+  buffer->copy_from_host(packed.data(), bytes, bytes * static_cast<std::size_t>(world.rank()));
+  auto* base = static_cast<unsigned char*>(buffer->data());
+  world.all_gather(base + bytes * static_cast<std::size_t>(world.rank()), base, packed.size(),
+                   comm::DataType::f64);
+  world.synchronize();
+  std::vector<double> all(packed.size() * static_cast<std::size_t>(world.size()));
+  buffer->copy_to_host(all.data(), all.size() * sizeof(double));
+  std::vector<RankRecord> records;
+  for (int r = 0; r < world.size(); ++r) {
+    const auto from = all.begin() + static_cast<std::ptrdiff_t>(r * packed.size());
+    records.push_back(unpack({from, from + static_cast<std::ptrdiff_t>(packed.size())},
+                             mine.steps.size()));
+  }
+  return records;
+}
+
+// The dense peak of the plan's hardware for the run's compute dtype, for the MFU; 0 when the
+// profile the plan names cannot be read from here.
+double peak_flops_of(const RunSetup& setup) {
+  try {
+    return costmodel::load_hardware(setup.plan.hardware)
+        .peak(costmodel::compute_dtype(setup.plan.job.precision));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+// Rank 0 writes the run document and says what it measured.
+void write_run_document(const RunCommand& c, const RunSetup& setup, const ShardingEngine& engine,
+                        const std::vector<RankRecord>& records, RunEnvironment env,
+                        RunCheckpoints* checkpoints) {
+  env.peak_flops = peak_flops_of(setup);
+  auto doc = run_document(setup, engine, records, env);
+  if (checkpoints)
+    checkpoints->report(doc);
+  write_file(c.out, doc.dump(2) + "\n");
+  const auto& time = doc["summary"]["time"];
+  std::cerr << fmt::format("executor: wrote {}: {}peak {:.1f} MiB (predicted {:.1f} MiB), step "
+                           "{:.3f} s (predicted {:.3f} s){}\n",
+                           c.out,
+                           env.rehearsal ? fmt::format("rehearsal of rank {} of {}: ",
+                                                       env.rehearsed_rank, setup.world)
+                                         : "",
+                           doc["summary"]["memory"]["peak_bytes"].get<double>() / (1 << 20),
+                           setup.plan.prediction.peak_bytes / (1 << 20),
+                           time["step_s"].get<double>(), setup.plan.prediction.step_s,
+                           time.contains("mfu")
+                               ? fmt::format(", MFU {:.1f}%", 100 * time["mfu"].get<double>())
+                               : "");
+}
+
+RunRequest request_of(const RunCommand& c) {
+  RunRequest r = c.request;
+  r.gpu = c.backend == ComputeBackend::cuda;
+  return r;
+}
+
+// Whatever ends a rank's run: the exit code, after the rank's line. The watchdog's end_job ends
+// the whole job (MPI_Abort, or this process where there is no MPI).
+int finish_rank(const std::exception_ptr& failure, int rank, double predicted_peak,
+                comm::Watchdog& watchdog) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const InputError& e) {
+    if (rank == 0)
+      std::cerr << "executor: " << e.what() << "\n";
+    return 2;
+  } catch (const OutOfMemory& e) {
+    std::cerr << oom_line(e.what(), rank, predicted_peak, watchdog.phase()) << std::endl;
+  } catch (const PoolExhausted& e) { // the device's pool at its limit (--capacity-GiB)
+    std::cerr << oom_line(e.what(), rank, predicted_peak, watchdog.phase()) << std::endl;
+  } catch (const std::bad_alloc& e) { // the device itself is full (cudaMalloc refused)
+    std::cerr << oom_line(e.what(), rank, predicted_peak, watchdog.phase()) << std::endl;
+  } catch (const std::exception& e) {
+    watchdog.fail(e.what(), 1); // "executor: rank R on H: failed in phase 'P': ..."
+  }
+  // Ranks allocate alike, so the others are crossing the capacity too: give them a moment to
+  // print their own line before the abort ends them.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  watchdog.end_job(3);
+  return 3;
 }
 
 } // namespace
 
+#if defined(SHARDPLAN_HAVE_MPI)
 int run_under_mpi(const RunCommand& c) {
   comm::MpiEnvironment mpi;
   const int rank = mpi.world_rank();
@@ -121,58 +231,116 @@ int run_under_mpi(const RunCommand& c) {
   comm::Watchdog watchdog({.program = "executor", .rank = rank, .timeout_s = c.timeout_s},
                           [&mpi](int exit_code) { mpi.abort(exit_code); });
   double predicted_peak = 0;
-  int code = 0;
   try {
     auto world = mpi.world();
     comm::WatchedCommunicator watched(*world, watchdog); // and every group split off it
     const auto topology = comm::discover_topology(watched);
     const RunSetup setup =
-        make_run_setup(costmodel::read_json_file(c.plan), world->size(), c.request);
+        make_run_setup(costmodel::read_json_file(c.plan), world->size(), request_of(c));
     check_fault_rank(c, world->size());
     predicted_peak = setup.plan.prediction.peak_bytes;
     auto owned = make_groups(watched, setup.plan.spec);
     TrackedAllocator allocator(capacity_bytes(c));
     RunCheckpoints checkpoints(c.checkpoint, watched);
     auto m = run_steps(setup, allocator, owned.groups, rank, c.request.steps, rank == 0, watchdog,
-                       c.fault, &checkpoints);
-    // Every rank's record to every rank (one all-gather of fixed-length vectors).
+                       c.fault, nullptr, &checkpoints);
     watchdog.set_phase("gathering the ranks' records");
-    const auto mine = pack(m.record);
-    std::vector<double> all(mine.size() * static_cast<std::size_t>(world->size()));
-    watched.all_gather(mine.data(), all.data(), mine.size(), comm::DataType::f64);
+    const auto records = exchange_records(watched, m.record);
     if (rank == 0) {
       watchdog.set_phase("writing the run document");
-      std::vector<RankRecord> records;
-      for (int r = 0; r < world->size(); ++r)
-        records.push_back(unpack({all.begin() + static_cast<std::ptrdiff_t>(r * mine.size()),
-                                  all.begin() + static_cast<std::ptrdiff_t>((r + 1) * mine.size())},
-                                 m.record.steps.size()));
-      RunEnvironment env{"mpi", world->library_version(), topology.hosts, false, -1};
-      auto doc = run_document(setup, *m.engine, records, env);
-      checkpoints.report(doc);
-      write_file(c.out, doc.dump(2) + "\n");
-      std::cerr << fmt::format(
-          "executor: wrote {}: peak {:.1f} MiB (predicted {:.1f} MiB), step {:.3f} s "
-          "(predicted {:.3f} s)\n",
-          c.out, doc["summary"]["memory"]["peak_bytes"].get<double>() / (1 << 20),
-          setup.plan.prediction.peak_bytes / (1 << 20),
-          doc["summary"]["time"]["step_s"].get<double>(), setup.plan.prediction.step_s);
+      write_run_document(c, setup, *m.engine, records,
+                         {"mpi", world->library_version(), topology.hosts, false, -1, "", 0},
+                         &checkpoints);
     }
-  } catch (const InputError& e) {
-    if (rank == 0)
-      std::cerr << "executor: " << e.what() << "\n";
-    code = 2;
-  } catch (const OutOfMemory& e) {
-    std::cerr << oom_line(e, rank, predicted_peak, watchdog.phase()) << std::endl;
-    // Ranks allocate alike, so the others are crossing the capacity too: give them a moment to
-    // print their own line before the abort ends them.
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    watchdog.end_job(3);
-  } catch (const std::exception& e) {
-    watchdog.fail(e.what(), 1); // "executor: rank R on H: failed in phase 'P': ..."
+    return 0;
+  } catch (...) {
+    return finish_rank(std::current_exception(), rank, predicted_peak, watchdog);
   }
-  return code;
 }
+#else
+int run_under_mpi(const RunCommand&) {
+  throw InputError("--backend", "cpu runs its ranks under mpirun, and this build has no MPI; "
+                                "rehearse one rank with --rehearse-rank and --world");
+}
+#endif
+
+#if defined(SHARDPLAN_HAVE_NCCL)
+int run_on_gpus(const RunCommand& c) {
+  // Who this rank is: torchrun's environment, else MPI's (mpirun, srun), else one process alone.
+  const bool torchrun = comm::launched_with_torchrun_environment();
+#if defined(SHARDPLAN_HAVE_MPI)
+  std::optional<comm::MpiEnvironment> mpi;
+  if (!torchrun)
+    mpi.emplace();
+#endif
+  comm::LaunchEnvironment env;
+  if (torchrun) {
+    env = comm::read_launch_environment(); // InputError naming the variable: main says it
+  }
+#if defined(SHARDPLAN_HAVE_MPI)
+  std::unique_ptr<comm::MpiCommunicator> host_world;
+  if (mpi) {
+    host_world = mpi->world();
+    env.rank = mpi->world_rank();
+    env.world_size = mpi->world_size();
+    env.local_rank = comm::discover_topology(*host_world).local_rank;
+  }
+#endif
+  const int rank = env.rank;
+  comm::Watchdog watchdog(
+      {.program = "executor", .rank = rank, .timeout_s = c.timeout_s}, [&](int exit_code) {
+#if defined(SHARDPLAN_HAVE_MPI)
+        if (mpi)
+          mpi->abort(exit_code);
+#endif
+        std::_Exit(exit_code); // torchrun ends the other workers when one exits
+      });
+  double predicted_peak = 0;
+  try {
+    const RunSetup setup =
+        make_run_setup(costmodel::read_json_file(c.plan), env.world_size, request_of(c));
+    check_fault_rank(c, env.world_size);
+    predicted_peak = setup.plan.prediction.peak_bytes;
+    watchdog.set_phase("opening the GPU");
+    auto device = open_device(env.local_rank, c.capacity_GiB ? capacity_bytes(c) : -1);
+    watchdog.set_phase("making the NCCL communicators");
+    device->before_communicators();
+    std::unique_ptr<comm::NcclCommunicator> nccl;
+#if defined(SHARDPLAN_HAVE_MPI)
+    if (host_world)
+      nccl = comm::NcclCommunicator::create(*host_world, env.local_rank);
+#endif
+    if (!nccl)
+      nccl = comm::NcclCommunicator::create_from_environment(env, c.timeout_s);
+    comm::WatchedCommunicator watched(*nccl, watchdog);
+    const auto topology = comm::discover_topology(watched);
+    // The reductions get a communicator of their own: a stream beside the all-gathers'.
+    auto owned = make_groups(watched, setup.plan.spec, true);
+    watched.barrier();
+    device->after_communicators();
+    TrackedAllocator allocator(capacity_bytes(c), &device->memory());
+    auto m = run_steps(setup, allocator, owned.groups, rank, c.request.steps, rank == 0, watchdog,
+                       c.fault, device.get());
+    watchdog.set_phase("gathering the ranks' records");
+    const auto records = exchange_records(watched, m.record);
+    if (rank == 0) {
+      watchdog.set_phase("writing the run document");
+      write_run_document(c, setup, *m.engine, records,
+                         {"nccl", watched.library_version(), topology.hosts, false, -1,
+                          device->footprint().name, 0},
+                         nullptr);
+    }
+    return 0;
+  } catch (...) {
+    return finish_rank(std::current_exception(), rank, predicted_peak, watchdog);
+  }
+}
+#else
+int run_on_gpus(const RunCommand&) {
+  throw InputError("--backend", "cuda across ranks needs NCCL, and this build has none; "
+                                "rehearse one rank with --rehearse-rank and --world");
+}
+#endif
 
 int run_rehearsal(const RunCommand& c) {
   const int rank = *c.rehearse_rank, world_size = *c.world;
@@ -181,34 +349,50 @@ int run_rehearsal(const RunCommand& c) {
                           [](int exit_code) { std::_Exit(exit_code); });
   double predicted_peak = 0;
   try {
-    const RunSetup setup = make_run_setup(costmodel::read_json_file(c.plan), world_size, c.request);
+    const RunSetup setup =
+        make_run_setup(costmodel::read_json_file(c.plan), world_size, request_of(c));
     if (c.fault && c.fault->rank != rank)
       throw InputError("--inject-fault", fmt::format("rank {} is not the rehearsed rank {}",
                                                      c.fault->rank, rank));
     predicted_peak = setup.plan.prediction.peak_bytes;
+    // The CUDA backend rehearses on the GPU the process sees first (CUDA_VISIBLE_DEVICES picks).
+    std::unique_ptr<DeviceRun> device;
+    if (c.backend == ComputeBackend::cuda)
+      device = open_device(0, c.capacity_GiB ? capacity_bytes(c) : -1);
+    MemorySource* memory = device ? &device->memory() : nullptr;
     const int S = setup.plan.spec.group(world_size);
-    StandInCommunicator world(rank, world_size), shard(rank % S, S),
-        replica(rank / S, world_size / S);
-    EngineGroups groups{&world, &shard, world_size > S ? &replica : nullptr, true};
-    TrackedAllocator allocator(capacity_bytes(c));
-    auto m = run_steps(setup, allocator, groups, rank, c.request.steps, true, watchdog, c.fault);
-    RunEnvironment env{"rehearsal", world.library_version(), {comm::host_name()}, true, rank};
-    const auto doc = run_document(setup, *m.engine, {m.record}, env);
-    write_file(c.out, doc.dump(2) + "\n");
-    std::cerr << fmt::format(
-        "executor: wrote {}: rehearsal of rank {} of {}: peak {:.1f} MiB (predicted {:.1f} MiB)\n",
-        c.out, rank, world_size, doc["summary"]["memory"]["peak_bytes"].get<double>() / (1 << 20),
-        predicted_peak / (1 << 20));
+    StandInCommunicator world(rank, world_size, memory), shard(rank % S, S, memory),
+        replica(rank / S, world_size / S, memory);
+    EngineGroups groups{&world, &shard, world_size > S ? &replica : nullptr, true, nullptr};
+    TrackedAllocator allocator(capacity_bytes(c), memory);
+    auto m = run_steps(setup, allocator, groups, rank, c.request.steps, true, watchdog, c.fault,
+                       device.get());
+    write_run_document(c, setup, *m.engine, {m.record},
+                       {"rehearsal", world.library_version(), {comm::host_name()}, true, rank,
+                        device ? device->footprint().name : "", 0},
+                       nullptr);
     return 0;
   } catch (const InputError& e) {
     std::cerr << "executor: " << e.what() << "\n";
     return 2;
   } catch (const OutOfMemory& e) {
-    std::cerr << oom_line(e, rank, predicted_peak, watchdog.phase()) << "\n";
+    std::cerr << oom_line(e.what(), rank, predicted_peak, watchdog.phase()) << "\n";
+    return 3;
+  } catch (const PoolExhausted& e) {
+    std::cerr << oom_line(e.what(), rank, predicted_peak, watchdog.phase()) << "\n";
+    return 3;
+  } catch (const std::bad_alloc& e) {
+    std::cerr << oom_line(e.what(), rank, predicted_peak, watchdog.phase()) << "\n";
     return 3;
   } catch (const std::exception& e) {
     watchdog.fail(e.what(), 1);
   }
+}
+
+int run(const RunCommand& c) {
+  if (c.rehearse_rank)
+    return run_rehearsal(c);
+  return c.backend == ComputeBackend::cuda ? run_on_gpus(c) : run_under_mpi(c);
 }
 
 } // namespace shardplan::executor

@@ -1,4 +1,5 @@
-// Running a plan: under MPI (every rank of the plan) or as a rehearsal of one rank in one process.
+// Running a plan: every rank of the plan (the CPU backend under MPI; the CUDA backend under MPI,
+// torchrun or alone) or a rehearsal of one rank in one process (either backend).
 // Each returns the exit code: 0 done, 2 bad input (one line on stderr, rank 0 only: every rank
 // reads the same plan and fails alike), 3 out of memory under --capacity-GiB (every rank that
 // crosses the capacity prints its line; MPI_Abort then ends every rank with code 3, so none waits
@@ -10,7 +11,6 @@
 
 namespace shardplan::executor {
 
-int run_under_mpi(const RunCommand& command);
-int run_rehearsal(const RunCommand& command);
+int run(const RunCommand& command);
 
 } // namespace shardplan::executor

@@ -4,13 +4,15 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "costmodel/accounting.hpp"
 #include "costmodel/plan.hpp"
 
 namespace shardplan::executor {
 namespace {
 
-constexpr std::size_t kHeader = 3 + 2 * kMemoryCategoryCount; // rank, peak, capacity, 2 breakdowns
-constexpr std::size_t kPerStep = 8 + 4 * kCollectiveKindCount;
+// rank, peak, capacity, 2 breakdowns, reserved peak, context, NCCL
+constexpr std::size_t kHeader = 6 + 2 * kMemoryCategoryCount;
+constexpr std::size_t kPerStep = 9 + 4 * kCollectiveKindCount;
 
 double median(std::vector<double> v) {
   if (v.empty())
@@ -45,6 +47,19 @@ nlohmann::json collectives_json(const CollectiveStats& s) {
   return j;
 }
 
+// The model FLOPs of one optimizer step on one rank: 3 × the forward's (forward, and a backward of
+// twice its FLOPs), counted as the cost model counts them (costmodel/accounting.hpp), without the
+// recompute of checkpointing (PaLM's model FLOPs, Chowdhery et al. 2022, appendix B).
+double model_flops_per_step(const EngineOptions& o) {
+  const auto& m = o.model;
+  const double forward_per_token =
+      static_cast<double>(m.layers) * costmodel::block_forward_flops_per_token(m, o.micro_batch.seq) +
+      costmodel::head_forward_flops_per_token(m);
+  const double tokens =
+      static_cast<double>(o.micro_batch.tokens()) * static_cast<double>(o.grad_accumulation);
+  return 3.0 * forward_per_token * tokens;
+}
+
 } // namespace
 
 std::size_t packed_size(std::size_t steps) {
@@ -61,9 +76,11 @@ std::vector<double> pack(const RankRecord& r) {
     v.push_back(static_cast<double>(r.at_peak[c]));
   for (auto c : kMemoryCategories)
     v.push_back(static_cast<double>(r.category_peaks[c]));
+  for (auto x : {r.reserved_peak_bytes, r.context_bytes, r.nccl_bytes})
+    v.push_back(static_cast<double>(x));
   for (const auto& s : r.steps) {
     for (double x : {static_cast<double>(s.step), s.loss, s.step_s, s.compute_s, s.optimizer_s,
-                     s.copy_s, s.step_cpu_s, s.compute_cpu_s})
+                     s.copy_s, s.step_cpu_s, s.compute_cpu_s, s.comm_wait_s})
       v.push_back(x);
     for (const auto& t : s.collectives.kinds)
       for (double x : {static_cast<double>(t.calls), t.seconds, t.size_bytes, t.bytes_sent})
@@ -86,6 +103,9 @@ RankRecord unpack(const std::vector<double>& v, std::size_t steps) {
     r.at_peak[c] = as_int(next());
   for (auto c : kMemoryCategories)
     r.category_peaks[c] = as_int(next());
+  r.reserved_peak_bytes = as_int(next());
+  r.context_bytes = as_int(next());
+  r.nccl_bytes = as_int(next());
   for (std::size_t k = 0; k < steps; ++k) {
     StepReport s;
     s.step = as_int(next());
@@ -96,6 +116,7 @@ RankRecord unpack(const std::vector<double>& v, std::size_t steps) {
     s.copy_s = next();
     s.step_cpu_s = next();
     s.compute_cpu_s = next();
+    s.comm_wait_s = next();
     for (auto& t : s.collectives.kinds) {
       t.calls = as_int(next());
       t.seconds = next();
@@ -146,6 +167,9 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                           {"assertions", true}
 #endif
                          }}};
+  const bool on_device = !env.device.empty();
+  if (on_device)
+    doc["environment"]["device"] = env.device;
   if (env.rehearsal) {
     doc["environment"]["rehearsed_rank"] = env.rehearsed_rank;
     doc["environment"]["collective_time"] =
@@ -160,6 +184,8 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                   {"config", eo.model.hf_config}};
   doc["execution"] = {
       {"precision", "fp32"},
+      {"gemm_math", on_device ? "tf32" : "fp32"},
+      {"attention", eo.model_options.flash_attention ? "flash" : "eager"},
       {"world_size", setup.world},
       {"steps", ranks.front().steps.size()},
       {"micro_batch", eo.micro_batch.batch},
@@ -180,12 +206,23 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
     loss.push_back(s.loss);
   doc["loss"] = loss;
 
+  // On a device: the pool's reserved peak plus the context and NCCL workspace; the difference to
+  // the tracked peak goes to `overhead` (see run_document.hpp).
+  auto peak_of = [&](const RankRecord& r) {
+    return on_device ? r.reserved_peak_bytes + r.context_bytes + r.nccl_bytes : r.peak_bytes;
+  };
+  auto at_peak_of = [&](const RankRecord& r) {
+    MemoryBreakdown b = r.at_peak;
+    if (on_device)
+      b[MemoryCategory::overhead] += peak_of(r) - r.peak_bytes;
+    return b;
+  };
   nlohmann::json per_rank = nlohmann::json::array();
   std::size_t peak_rank = 0, slow_rank = 0;
   std::vector<double> step_medians;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const auto& r = ranks[i];
-    if (r.peak_bytes > ranks[peak_rank].peak_bytes)
+    if (peak_of(r) > peak_of(ranks[peak_rank]))
       peak_rank = i;
     const double step = steady_median(r.steps, &StepReport::step_s);
     step_medians.push_back(step);
@@ -206,6 +243,7 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                        {"copy_s", s.copy_s},
                        {"step_cpu_s", s.step_cpu_s},
                        {"compute_cpu_s", s.compute_cpu_s},
+                       {"comm_wait_s", s.comm_wait_s},
                        {"collectives_s", coll}});
     }
     nlohmann::json coll_median = nlohmann::json::object();
@@ -218,10 +256,22 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
       coll_median[collective_kind_name(static_cast<CollectiveKind>(k))] = m;
       coll_sum += m;
     }
+    nlohmann::json device = nullptr;
+    if (on_device)
+      device = {{"reserved_peak_bytes", r.reserved_peak_bytes},
+                {"allocated_peak_bytes", r.peak_bytes},
+                {"fragmentation", r.peak_bytes > 0 ? static_cast<double>(r.reserved_peak_bytes) /
+                                                             static_cast<double>(r.peak_bytes) -
+                                                         1.0
+                                                   : 0.0},
+                {"cuda_context_bytes", r.context_bytes},
+                {"nccl_workspace_bytes", r.nccl_bytes}};
     per_rank.push_back({{"rank", r.rank},
                         {"memory",
-                         {{"peak_bytes", r.peak_bytes},
-                          {"at_peak", breakdown_json(r.at_peak)},
+                         {{"peak_bytes", peak_of(r)},
+                          {"tracked_peak_bytes", r.peak_bytes},
+                          {"device", device},
+                          {"at_peak", breakdown_json(at_peak_of(r))},
                           {"category_peaks", breakdown_json(r.category_peaks)},
                           {"capacity_bytes", r.capacity_bytes == TrackedAllocator::kUnlimited
                                                  ? nlohmann::json(nullptr)
@@ -233,10 +283,13 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                           {"copy_s", steady_median(r.steps, &StepReport::copy_s)},
                           {"step_cpu_s", steady_median(r.steps, &StepReport::step_cpu_s)},
                           {"compute_cpu_s", steady_median(r.steps, &StepReport::compute_cpu_s)},
+                          {"comm_wait_s", steady_median(r.steps, &StepReport::comm_wait_s)},
                           {"collectives_s", coll_median},
                           {"collectives_total_s", coll_sum},
                           {"steps", steps}}},
                         {"collectives", collectives_json(total)}});
+    if (!on_device)
+      per_rank.back()["memory"].erase("device");
   }
   doc["ranks"] = per_rank;
 
@@ -248,9 +301,13 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
     for (const auto& t : s.collectives.kinds)
       bytes_sent += t.bytes_sent;
   const double steps = static_cast<double>(std::max<std::size_t>(1, ranks[slow_rank].steps.size()));
+  const double step_s = slow["time"]["step_s"].get<double>();
+  const double flops = model_flops_per_step(eo);
+
   doc["summary"] = {{"memory",
                      {{"peak_bytes", peak["memory"]["peak_bytes"]},
                       {"rank", peak["rank"]},
+                      {"device", peak["memory"]["device"]},
                       {"at_peak", peak["memory"]["at_peak"]}}},
                     {"time",
                      {{"rank", slow["rank"]},
@@ -262,8 +319,21 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                       {"compute_cpu_s", slow["time"]["compute_cpu_s"]},
                       {"collectives_s", slow["time"]["collectives_total_s"]},
                       {"collectives_by_kind_s", slow["time"]["collectives_s"]},
+                      {"comm_wait_s", slow["time"]["comm_wait_s"]},
+                      {"model_flops_per_step", flops},
                       {"collective_time_excluded", env.rehearsal}}},
                     {"comm_bytes_per_step", bytes_sent / steps}};
+  // Achieved FLOP/s, and the MFU where the device's peak is known (absent otherwise).
+  auto& time = doc["summary"]["time"];
+  if (step_s > 0) {
+    time["achieved_TFLOPs"] = flops / step_s / 1e12;
+    if (env.peak_flops > 0) {
+      time["peak_TFLOPs"] = env.peak_flops / 1e12;
+      time["mfu"] = flops / step_s / env.peak_flops;
+    }
+  }
+  if (!on_device)
+    doc["summary"]["memory"].erase("device");
   return doc;
 }
 

@@ -9,6 +9,15 @@
 //   summary.time.compute_s, optimizer_s, copy_s, collectives_s: that rank's medians
 //   summary.time.step_cpu_s, compute_cpu_s: the computing thread's CPU time over the same (below
 //                                  the wall time when the machine's other load took the core)
+//   summary.time.comm_wait_s       the time the compute stream stalled on collectives (GPU)
+//   summary.time.achieved_TFLOPs, mfu   the model's FLOPs per step (3 × the forward's, the cost
+//                                  model's count, no recompute: PaLM's model FLOPs utilisation)
+//                                  over the step time, and over the device's peak
+//
+// On the CUDA backend the memory summary is the device's: peak_bytes is the caching pool's
+// highest reserved plus the CUDA context and the NCCL workspace, and at_peak's overhead holds
+// those two and the pool's reserved-but-unallocated bytes, as the cost model's overhead term
+// holds context, NCCL workspace and fragmentation; `device` has each of them.
 //
 // Every rank's record travels as a fixed-length vector of doubles (pack/unpack) so rank 0 can
 // gather them with one all-gather.
@@ -32,6 +41,10 @@ struct RankRecord {
   MemoryBreakdown at_peak;        // when the total peaked
   MemoryBreakdown category_peaks; // each category's own highest
   std::int64_t capacity_bytes = 0;
+  // The CUDA backend's device (device_run.hpp); 0 on the CPU backend.
+  std::int64_t reserved_peak_bytes = 0; // the caching pool's highest reserved
+  std::int64_t context_bytes = 0;       // the CUDA context
+  std::int64_t nccl_bytes = 0;          // the NCCL communicators' workspace
   std::vector<StepReport> steps;
 };
 
@@ -40,11 +53,13 @@ RankRecord unpack(const std::vector<double>& v, std::size_t steps);
 std::size_t packed_size(std::size_t steps);
 
 struct RunEnvironment {
-  std::string backend;            // "mpi" or "rehearsal"
+  std::string backend;            // "mpi", "nccl" or "rehearsal"
   std::string library;            // "Open MPI v4.1.4"
   std::vector<std::string> hosts; // per rank
   bool rehearsal = false;
   int rehearsed_rank = -1;
+  std::string device;     // the GPU's name on the CUDA backend; "" on CPUs
+  double peak_flops = 0;  // the device's dense peak for the run's compute dtype (0: unknown)
 };
 
 // The median of each step's value over steps 2..K (all of them when K == 1).

@@ -15,15 +15,16 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
   const auto& p = r.plan;
   r.world = world;
   const auto& job = p.job;
+  const char* executor = request.gpu ? "the GPU executor" : "the CPU executor";
   if (job.precision != costmodel::Precision::fp32)
     throw InputError(
         "/job/precision",
-        fmt::format("the CPU executor runs fp32 only, got \"{}\"; plan with --precision fp32",
+        fmt::format("{} runs fp32 only, got \"{}\"; plan with --precision fp32", executor,
                     costmodel::precision_name(job.precision)));
   if (job.optimizer != costmodel::Optimizer::adamw)
     throw InputError("/job/optimizer", fmt::format("the executor runs adamw only, got \"{}\"",
                                                    costmodel::optimizer_name(job.optimizer)));
-  if (job.attention != costmodel::AttentionImpl::eager)
+  if (job.attention != costmodel::AttentionImpl::eager && !request.gpu)
     throw InputError(
         "/job/attention",
         fmt::format("the CPU executor materialises the attention scores (eager), got \"{}\"; "
@@ -37,8 +38,7 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
   if (p.spec.offload != costmodel::Offload::none)
     throw InputError(
         "/sharding/offload",
-        fmt::format("the CPU executor does not model a host/device split, so it cannot offload, "
-                    "got \"{}\"",
+        fmt::format("{} does not offload, got \"{}\"", executor,
                     costmodel::offload_name(p.spec.offload)));
   if (p.spec.shard_parameters && !p.spec.shard_gradients)
     throw InputError("/sharding/shard_parameters",
@@ -81,18 +81,21 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
                                                                         : Checkpointing::none;
   e.adamw.lr = request.lr;
   e.seed = request.seed;
-  e.prefetch_as_planned = request.prefetch_as_planned;
+  // On a GPU the collectives are queued on their own streams: the gathers are issued ahead as
+  // the plan says, as the frameworks do.
+  e.prefetch_as_planned = request.prefetch_as_planned || request.gpu;
+  e.model_options.flash_attention = job.attention == costmodel::AttentionImpl::flash;
 
   if (p.spec.reduce_dtype != costmodel::DType::fp32)
     r.deviations.push_back(
-        fmt::format("gradients are reduced in fp32, not {} (/sharding/reduce_dtype): MPI "
+        fmt::format("gradients are reduced in fp32, not {} (/sharding/reduce_dtype): {} "
                     "reduces the fp32 buffers",
-                    costmodel::dtype_name(p.spec.reduce_dtype)));
+                    costmodel::dtype_name(p.spec.reduce_dtype), request.gpu ? "NCCL" : "MPI"));
   if (p.model.attention_dropout || p.model.residual_dropout)
     r.deviations.push_back(
         "dropout is not applied (the executor trains deterministically); the prediction "
         "counts its masks");
-  if (p.spec.shard_parameters && !request.prefetch_as_planned &&
+  if (p.spec.shard_parameters && !e.prefetch_as_planned &&
       (p.spec.forward_prefetch > 0 || p.spec.backward_prefetch > 0))
     r.deviations.push_back(
         "all-gathers are issued when a unit is about to run, not prefetched: MPI collectives "

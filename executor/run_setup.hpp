@@ -1,16 +1,19 @@
-// From a plan document to what the CPU executor runs, refusing what it cannot run as asked (never
+// From a plan document to what the executor runs, refusing what it cannot run as asked (never
 // silently something else). The checks, each an InputError naming the plan's JSON pointer:
-//   /job/precision       fp32 only: the CPU backend computes, stores and reduces in fp32
+//   /job/precision       fp32 only: both backends compute, store and reduce in fp32 (the CUDA
+//                        backend's GEMMs in TF32, as the cost model's fp32 precision assumes)
 //   /job/optimizer       adamw only
-//   /job/attention       eager only: the executor materialises the attention scores (a·s² per
-//                        sequence); a plan for flash attention predicts memory it would not use
+//   /job/attention       the CPU backend: eager only (it materialises the attention scores, a·s²
+//                        per sequence; a plan for flash attention predicts memory it would not
+//                        use); the CUDA backend: eager or flash (flash_attention.hpp)
 //   /job/checkpointing   none or full (selective recompute is not implemented)
-//   /sharding/offload    none: the CPU executor has no host/device split to offload across
+//   /sharding/offload    none: the executor does not offload
 //   /cluster/gpus        must equal the ranks launched (or --world of a rehearsal)
 //   /model               a bare parameter count has no architecture to run
 // What it runs differently and says so in the run document (`deviations`): gradients are reduced
-// in fp32 whatever /sharding/reduce_dtype says (MPI on fp32 buffers); dropout is not applied; the
-// gathers are not issued ahead on a blocking backend unless asked (engine.hpp, prefetch).
+// in fp32 whatever /sharding/reduce_dtype says (MPI or NCCL on fp32 buffers); dropout is not
+// applied; on the CPU the gathers are not issued ahead unless asked (engine.hpp, prefetch); on a
+// GPU they always are, as the plan says.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +34,7 @@ struct RunRequest {
   std::optional<std::int64_t> scale_seq; // and a shorter sequence
   bool prefetch_as_planned = false;
   double lr = 1e-3;
+  bool gpu = false; // the CUDA backend (executor --backend cuda)
 };
 
 struct RunSetup {

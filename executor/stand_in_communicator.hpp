@@ -5,26 +5,31 @@
 // with this rank's block, a reduce-scatter keeps this rank's block of the input (the sum over N
 // identical ranks would only scale it), an all-reduce keeps the input. The time of a collective is
 // that of the copy, not of the network: a rehearsal's run document says collective time is
-// excluded.
+// excluded. The copies are in the memory the rank's buffers live in (a GPU's for the CUDA backend,
+// queued on its current stream, in order with the compute).
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "comm/communicator.hpp"
+#include "executor/memory_source.hpp"
 
 namespace shardplan::executor {
 
 class StandInCommunicator final : public comm::Communicator {
 public:
-  // Throws std::invalid_argument unless 0 <= rank < size.
-  StandInCommunicator(int rank, int size);
+  // Throws std::invalid_argument unless 0 <= rank < size. memory: where the buffers it copies
+  // live (not owned; nullptr: the host's heap).
+  StandInCommunicator(int rank, int size, MemorySource* memory = nullptr);
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "rehearsal"; }
   std::string library_version() const override { return "local copies in place of collectives"; }
-  comm::MemorySpace memory_space() const override { return comm::MemorySpace::host; }
+  comm::MemorySpace memory_space() const override {
+    return memory_->host_accessible() ? comm::MemorySpace::host : comm::MemorySpace::device;
+  }
   std::unique_ptr<comm::CommBuffer> allocate(std::size_t bytes) override;
 
   void all_reduce(const void* send, void* recv, std::size_t count, comm::DataType type,
@@ -43,8 +48,12 @@ public:
   std::unique_ptr<comm::Communicator> split(int color, int key) override;
 
 private:
+  void copy(const void* send, void* recv, std::size_t bytes);
+
   int rank_;
   int size_;
+  HostMemory heap_;
+  MemorySource* memory_;
 };
 
 } // namespace shardplan::executor

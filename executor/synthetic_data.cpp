@@ -3,6 +3,7 @@
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -44,10 +45,9 @@ TokenBatch synthetic_sequences(TrackedAllocator& allocator, std::uint64_t seed,
     throw std::invalid_argument(fmt::format("vocabulary of {} tokens", vocab));
   if (first_sequence < 0)
     throw std::invalid_argument(fmt::format("sequence index {} < 0", first_sequence));
-  TokenBatch batch;
-  batch.shape = shape;
-  batch.inputs = allocator.allocate<std::int32_t>(MemoryCategory::activations, shape.tokens());
-  batch.targets = allocator.allocate<std::int32_t>(MemoryCategory::activations, shape.tokens());
+  // Drawn on the host, then written into the allocator's memory (a GPU's, for the CUDA backend).
+  const auto count = static_cast<std::size_t>(shape.tokens());
+  std::vector<std::int32_t> inputs(count), targets(count);
   const auto v = static_cast<std::uint64_t>(vocab);
   for (std::int64_t b = 0; b < shape.batch; ++b) {
     const auto index = static_cast<std::uint64_t>(first_sequence + b);
@@ -55,11 +55,21 @@ TokenBatch synthetic_sequences(TrackedAllocator& allocator, std::uint64_t seed,
     auto previous = static_cast<std::int32_t>(generator() % v);
     for (std::int64_t t = 0; t < shape.seq; ++t) {
       const auto next = static_cast<std::int32_t>(generator() % v);
-      batch.inputs[b * shape.seq + t] = previous;
-      batch.targets[b * shape.seq + t] = next;
+      const auto at = static_cast<std::size_t>(b * shape.seq + t);
+      inputs[at] = previous;
+      targets[at] = next;
       previous = next;
     }
   }
+  TokenBatch batch;
+  batch.shape = shape;
+  batch.inputs =
+      allocator.allocate_uninitialized<std::int32_t>(MemoryCategory::activations, shape.tokens());
+  batch.targets =
+      allocator.allocate_uninitialized<std::int32_t>(MemoryCategory::activations, shape.tokens());
+  const auto bytes = static_cast<std::int64_t>(count * sizeof(std::int32_t));
+  allocator.source().write(batch.inputs.data(), inputs.data(), bytes);
+  allocator.source().write(batch.targets.data(), targets.data(), bytes);
   return batch;
 }
 

@@ -10,8 +10,7 @@
 namespace shardplan::executor {
 namespace {
 
-// Cache-line alignment, as cudaMalloc's 256 B is for the GPU: vector loads never split a line.
-constexpr std::align_val_t kAlignment{64};
+constexpr std::align_val_t kAlignment{64};  // HostMemory's (memory_source.hpp)
 
 std::string describe_bytes(std::int64_t bytes) {
   return fmt::format("{:.2f} GiB ({} bytes)", static_cast<double>(bytes) / (1024.0 * 1024 * 1024),
@@ -19,6 +18,26 @@ std::string describe_bytes(std::int64_t bytes) {
 }
 
 }  // namespace
+
+void* HostMemory::allocate(std::int64_t bytes, bool zero) {
+  void* p = ::operator new(static_cast<std::size_t>(bytes), kAlignment);
+  if (zero) std::memset(p, 0, static_cast<std::size_t>(bytes));
+  return p;
+}
+
+void HostMemory::free(void* data, std::int64_t) noexcept { ::operator delete(data, kAlignment); }
+
+void HostMemory::write(void* dst, const void* host, std::int64_t bytes) {
+  if (bytes > 0) std::memcpy(dst, host, static_cast<std::size_t>(bytes));
+}
+
+void HostMemory::read(void* host, const void* src, std::int64_t bytes) {
+  if (bytes > 0) std::memcpy(host, src, static_cast<std::size_t>(bytes));
+}
+
+void HostMemory::copy(void* dst, const void* src, std::int64_t bytes) {
+  if (bytes > 0 && dst != src) std::memmove(dst, src, static_cast<std::size_t>(bytes));
+}
 
 const char* category_name(MemoryCategory category) {
   switch (category) {
@@ -49,7 +68,8 @@ OutOfMemory::OutOfMemory(MemoryCategory category, std::int64_t requested_bytes,
       in_use_(in_use_bytes),
       capacity_(capacity_bytes) {}
 
-TrackedAllocator::TrackedAllocator(std::int64_t capacity_bytes) : capacity_(capacity_bytes) {
+TrackedAllocator::TrackedAllocator(std::int64_t capacity_bytes, MemorySource* source)
+    : source_(source ? source : &heap_), capacity_(capacity_bytes) {
   if (capacity_bytes < 0)
     throw std::invalid_argument(
         fmt::format("allocator capacity must be >= 0, got {}", capacity_bytes));
@@ -77,18 +97,17 @@ void* TrackedAllocator::acquire(MemoryCategory category, std::int64_t bytes, boo
   }
   void* p = nullptr;
   try {
-    p = ::operator new(static_cast<std::size_t>(bytes), kAlignment);
+    p = source_->allocate(bytes, zero);
   } catch (...) {
     std::lock_guard lock(mutex_);
     in_use_[category] -= bytes;
     throw;
   }
-  if (zero) std::memset(p, 0, static_cast<std::size_t>(bytes));
   return p;
 }
 
 void TrackedAllocator::release(void* data, MemoryCategory category, std::int64_t bytes) noexcept {
-  ::operator delete(data, kAlignment);
+  source_->free(data, bytes);
   std::lock_guard lock(mutex_);
   in_use_[category] -= bytes;
 }

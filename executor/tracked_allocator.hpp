@@ -9,6 +9,9 @@
 // not allocated here is not counted: Eigen's GEMM packing workspace (a few hundred KiB, bounded by
 // its cache blocking) and the C++ runtime's own heap.
 //
+// The bytes themselves come from a MemorySource (memory_source.hpp): the heap by default, the GPU's
+// caching pool for the CUDA backend, whose rounding and reserved segments it reports itself.
+//
 // There is no global state: an allocator is an object, passed by reference to whatever allocates.
 #pragma once
 
@@ -21,6 +24,8 @@
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
+
+#include "executor/memory_source.hpp"
 
 namespace shardplan::executor {
 
@@ -129,8 +134,10 @@ class TrackedAllocator {
  public:
   static constexpr std::int64_t kUnlimited = std::numeric_limits<std::int64_t>::max();
 
-  // capacity_bytes: the most bytes that may be in use at once (kUnlimited: no limit).
-  explicit TrackedAllocator(std::int64_t capacity_bytes = kUnlimited);
+  // capacity_bytes: the most bytes that may be in use at once (kUnlimited: no limit). source: where
+  // the bytes come from (not owned; nullptr: the heap).
+  explicit TrackedAllocator(std::int64_t capacity_bytes = kUnlimited,
+                            MemorySource* source = nullptr);
   TrackedAllocator(const TrackedAllocator&) = delete;
   TrackedAllocator& operator=(const TrackedAllocator&) = delete;
 
@@ -159,6 +166,9 @@ class TrackedAllocator {
   }
 
   std::int64_t capacity_bytes() const;
+  MemorySource& source() const { return *source_; }
+  // Whether the host may touch the buffers' elements (false on a GPU).
+  bool host_accessible() const { return source_->host_accessible(); }
   // From now on at most this many bytes may be in use (a fault injection takes the free capacity
   // away, so that the next allocation throws OutOfMemory). Buffers already handed out are kept.
   void set_capacity(std::int64_t capacity_bytes);
@@ -180,6 +190,8 @@ class TrackedAllocator {
   void release(void* data, MemoryCategory category, std::int64_t bytes) noexcept;
   [[noreturn]] static void throw_bad_count(std::int64_t count, std::size_t element_size);
 
+  HostMemory heap_;
+  MemorySource* source_;
   mutable std::mutex mutex_;  // buffers may be freed from a communication thread
   std::int64_t capacity_;
   MemoryBreakdown in_use_;

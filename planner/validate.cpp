@@ -25,6 +25,10 @@ struct RunFacts {
   std::array<double, costmodel::kCategories> at_peak{};
   double step_s = 0, compute_s = 0, optimizer_s = 0, copy_s = 0, collectives_s = 0;
   std::optional<double> step_cpu_s, compute_cpu_s; // CPU time of the computing thread
+  // A GPU run: the time the compute stalled on collectives (the exposed communication), the
+  // achieved FLOP/s and MFU, and the device's memory terms.
+  std::optional<double> comm_wait_s, achieved_TFLOPs, mfu;
+  std::optional<json> device;
   bool collective_time_excluded = false;
   double comm_bytes_per_step = 0;
   bool scaled = false;
@@ -54,6 +58,8 @@ RunFacts read_run(const json& run) {
       f.at_peak[static_cast<std::size_t>(c)] = b.number(
           costmodel::category_name(static_cast<costmodel::Category>(c)), Range::non_negative());
     b.finish();
+    if (const auto* d = m.optional_object("device"))
+      f.device = *d;
     m.finish();
     ObjectReader t(s.object("time"), "/summary/time");
     t.integer("rank", Range::non_negative());
@@ -65,6 +71,11 @@ RunFacts read_run(const json& run) {
     f.step_cpu_s = t.optional_number("step_cpu_s", Range::non_negative());
     f.compute_cpu_s = t.optional_number("compute_cpu_s", Range::non_negative());
     t.object("collectives_by_kind_s");
+    f.comm_wait_s = t.optional_number("comm_wait_s", Range::non_negative());
+    t.optional_number("model_flops_per_step", Range::non_negative());
+    f.achieved_TFLOPs = t.optional_number("achieved_TFLOPs", Range::non_negative());
+    t.optional_number("peak_TFLOPs", Range::positive());
+    f.mfu = t.optional_number("mfu", Range::non_negative());
     f.collective_time_excluded = t.boolean("collective_time_excluded");
     t.finish();
     f.comm_bytes_per_step = s.number("comm_bytes_per_step", Range::non_negative());
@@ -82,7 +93,7 @@ RunFacts read_run(const json& run) {
     f.rehearsal = e.boolean("rehearsal");
     f.world = static_cast<int>(e.integer("ranks", Range{1, 1e6, false}));
     for (const char* k :
-         {"backend", "library", "hosts", "build", "rehearsed_rank", "collective_time"})
+         {"backend", "library", "hosts", "build", "rehearsed_rank", "collective_time", "device"})
       e.ignore(k);
     e.finish();
   }
@@ -156,19 +167,28 @@ json validate_json(const json& plan_document, const json& run_document) {
                    {"peak_rel_error", rel_error(pr.peak_bytes, run.peak_bytes)}};
 
   const double measured_compute = run.compute_s + run.optimizer_s;
-  const double other = std::max(0.0, run.step_s - measured_compute - run.collectives_s);
+  // On a GPU the collectives are queued, not waited for: the communication that did not overlap
+  // is the time the compute waited for it.
+  const double measured_comm = run.comm_wait_s ? *run.comm_wait_s : run.collectives_s;
+  const double other = std::max(0.0, run.step_s - measured_compute - measured_comm);
   out["time"] = {{"step_predicted_s", pr.step_s},
                  {"step_measured_s", run.step_s},
                  {"step_rel_error", rel_error(pr.step_s, run.step_s)},
                  {"parts",
                   {{"compute", compare(pr.compute_s, measured_compute, "s")},
-                   {"communication", compare(pr.exposed_comm_s, run.collectives_s, "s")},
+                   {"communication", compare(pr.exposed_comm_s, measured_comm, "s")},
                    {"other", {{"measured_s", other}, {"copy_s", run.copy_s}}}}},
                  {"comm_bytes", compare(pr.comm_bytes_per_gpu, run.comm_bytes_per_step, "bytes")}};
   if (run.step_cpu_s)
     out["time"]["step_cpu_s"] = *run.step_cpu_s;
   if (run.compute_cpu_s)
     out["time"]["compute_cpu_s"] = *run.compute_cpu_s;
+  if (run.achieved_TFLOPs)
+    out["time"]["achieved_TFLOPs"] = *run.achieved_TFLOPs;
+  if (run.mfu)
+    out["time"]["mfu"] = *run.mfu;
+  if (run.device)
+    out["memory"]["device"] = *run.device;
 
   json notes = json::array();
   if (run.scaled)
@@ -229,6 +249,11 @@ std::string validate_table(const json& plan_document, const json& run_document) 
   t.line("  {:<26} {:>14.0f} {:>14.0f} {:>9}", "bytes sent per rank",
          tm["comm_bytes"]["predicted_bytes"].get<double>(),
          tm["comm_bytes"]["measured_bytes"].get<double>(), percent(tm["comm_bytes"]["rel_error"]));
+  if (tm.contains("achieved_TFLOPs"))
+    t.line("  {:<26} {:>14} {:>14.1f}", "achieved TFLOP/s", "-",
+           tm["achieved_TFLOPs"].get<double>());
+  if (tm.contains("mfu"))
+    t.line("  {:<26} {:>14} {:>13.1f}%", "MFU", "-", 100 * tm["mfu"].get<double>());
   if (!v["notes"].empty()) {
     t.line("");
     t.line("notes");

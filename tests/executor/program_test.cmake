@@ -61,3 +61,27 @@ list(LENGTH lines count)
 if(NOT count EQUAL 1)
   message(FATAL_ERROR "bad input should be one line, got:\n${last_stderr}")
 endif()
+
+# The CUDA backend's options: a backend that does not exist, checkpoints (cpu only), and a
+# rehearsal of rank 0 on the GPU: it runs where there is one (the run document names the device)
+# and is refused with one line naming --backend where there is none (or no CUDA in the build).
+run_expect(2 COMMAND ${EXECUTOR} --plan plan.json --out x.json --backend gpu
+           EXPECT "--backend: must be cpu or cuda, got \"gpu\"")
+run_expect(2 COMMAND ${EXECUTOR} --plan plan.json --out x.json --backend cuda --save ckpt
+           EXPECT "--save: checkpoints are written and read by the cpu backend only")
+execute_process(COMMAND ${EXECUTOR} --backend cuda --plan plan.json --rehearse-rank 0 --world 2
+                        --steps 2 --out gpu-rehearsal.json
+                RESULT_VARIABLE rc ERROR_VARIABLE err WORKING_DIRECTORY ${WORK} TIMEOUT 120)
+if(rc EQUAL 0)
+  file(READ ${WORK}/gpu-rehearsal.json gpu_run)
+  string(JSON device GET "${gpu_run}" environment device)
+  string(JSON reserved GET "${gpu_run}" summary memory device reserved_peak_bytes)
+  message(STATUS "GPU rehearsal on ${device}: ${reserved} bytes reserved at the peak")
+elseif(rc EQUAL 2)
+  if(NOT err MATCHES "^executor: --backend: cuda: this (host has no CUDA device|build has no CUDA backend)")
+    message(FATAL_ERROR "--backend cuda without a GPU: ${err}")
+  endif()
+  message(STATUS "no GPU here: ${err}")
+else()
+  message(FATAL_ERROR "--backend cuda rehearsal: exit code ${rc}: ${err}")
+endif()

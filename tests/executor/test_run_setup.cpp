@@ -1,4 +1,4 @@
-// From a plan document to what the CPU executor runs: what it refuses, what it runs differently
+// From a plan document to what the executor runs: what it refuses, what it runs differently
 // and says so; the run document's records; the scaled config the planner reads back.
 #include <doctest/doctest.h>
 
@@ -72,7 +72,31 @@ TEST_CASE("executor::a plan it cannot run as asked is refused, naming the field"
     make_run_setup(bad, 2, {});
     FAIL("accepted an offloading plan");
   } catch (const InputError& e) {
-    CHECK(std::string(e.what()).find("does not model a host/device split") != std::string::npos);
+    CHECK(std::string(e.what()).find("the CPU executor does not offload") != std::string::npos);
+  }
+}
+
+TEST_CASE("executor::the GPU backend runs flash attention and prefetches as planned") {
+  auto plan = plan_document("zero3", 2);
+  plan["job"]["attention"] = "flash";
+  RunRequest gpu;
+  gpu.gpu = true;
+  const auto flash = make_run_setup(plan, 2, gpu);
+  CHECK(flash.engine.model_options.flash_attention);
+  // Collectives on their own streams: the gathers are issued ahead, and no deviation says not.
+  CHECK(flash.engine.prefetch_as_planned);
+  for (const auto& d : flash.deviations)
+    CHECK(d.find("not prefetched") == std::string::npos);
+  plan["job"]["attention"] = "eager";
+  CHECK_FALSE(make_run_setup(plan, 2, gpu).engine.model_options.flash_attention);
+  // What neither backend runs is refused the same way, naming the backend.
+  plan["job"]["precision"] = "bf16-mixed";
+  try {
+    make_run_setup(plan, 2, gpu);
+    FAIL("accepted a bf16 plan");
+  } catch (const InputError& e) {
+    CHECK(e.where() == "/job/precision");
+    CHECK(std::string(e.what()).find("the GPU executor runs fp32 only") != std::string::npos);
   }
 }
 

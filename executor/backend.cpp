@@ -1,0 +1,169 @@
+#include "executor/backend.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <utility>
+
+#include "executor/kernels.hpp"
+
+namespace shardplan::executor {
+
+template <class S>
+void HostBackend<S>::embedding_forward(S* out, const std::int32_t* tokens, const S* wte,
+                                       const S* wpe, std::int64_t batch, std::int64_t seq,
+                                       std::int64_t channels) {
+  kernels::embedding_forward(out, tokens, wte, wpe, batch, seq, channels);
+}
+template <class S>
+void HostBackend<S>::embedding_backward(S* dwte, S* dwpe, const S* dout,
+                                        const std::int32_t* tokens, std::int64_t batch,
+                                        std::int64_t seq, std::int64_t channels) {
+  kernels::embedding_backward(dwte, dwpe, dout, tokens, batch, seq, channels);
+}
+template <class S>
+void HostBackend<S>::linear_forward(S* y, const S* x, const S* w, const S* b, std::int64_t n,
+                                    std::int64_t in, std::int64_t out, bool accumulate) {
+  kernels::linear_forward(y, x, w, b, n, in, out, accumulate);
+}
+template <class S>
+void HostBackend<S>::linear_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w,
+                                     std::int64_t n, std::int64_t in, std::int64_t out) {
+  kernels::linear_backward(dx, dw, db, dy, x, w, n, in, out);
+}
+template <class S>
+void HostBackend<S>::layernorm_forward(S* y, S* mean, S* rstd, const S* x, const S* w, const S* b,
+                                       std::int64_t n, std::int64_t channels, S eps) {
+  kernels::layernorm_forward(y, mean, rstd, x, w, b, n, channels, eps);
+}
+template <class S>
+void HostBackend<S>::layernorm_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w,
+                                        const S* mean, const S* rstd, std::int64_t n,
+                                        std::int64_t channels) {
+  kernels::layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, n, channels);
+}
+template <class S>
+void HostBackend<S>::rmsnorm_forward(S* y, S* rstd, const S* x, const S* w, std::int64_t n,
+                                     std::int64_t channels, S eps) {
+  kernels::rmsnorm_forward(y, rstd, x, w, n, channels, eps);
+}
+template <class S>
+void HostBackend<S>::rmsnorm_backward(S* dx, S* dw, const S* dy, const S* x, const S* w,
+                                      const S* rstd, std::int64_t n, std::int64_t channels) {
+  kernels::rmsnorm_backward(dx, dw, dy, x, w, rstd, n, channels);
+}
+template <class S>
+void HostBackend<S>::rope_forward(S* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                                  std::int64_t head_dim, double theta) {
+  kernels::rope_forward(x, batch, seq, heads, head_dim, theta);
+}
+template <class S>
+void HostBackend<S>::rope_backward(S* dx, std::int64_t batch, std::int64_t seq,
+                                   std::int64_t heads, std::int64_t head_dim, double theta) {
+  kernels::rope_backward(dx, batch, seq, heads, head_dim, theta);
+}
+template <class S>
+void HostBackend<S>::attention_forward(S* out, S* probs, const S* q, const S* k, const S* v,
+                                       std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                                       std::int64_t kv_heads, std::int64_t head_dim) {
+  kernels::attention_forward(out, probs, q, k, v, batch, seq, heads, kv_heads, head_dim);
+}
+template <class S>
+std::int64_t HostBackend<S>::attention_scratch_elements(std::int64_t, std::int64_t seq,
+                                                        std::int64_t) const {
+  return seq * seq;
+}
+template <class S>
+void HostBackend<S>::attention_backward(S* dq, S* dk, S* dv, S* scratch, const S* dout,
+                                        const S* probs, const S* q, const S* k, const S* v,
+                                        std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                                        std::int64_t kv_heads, std::int64_t head_dim) {
+  kernels::attention_backward(dq, dk, dv, scratch, dout, probs, q, k, v, batch, seq, heads,
+                              kv_heads, head_dim);
+}
+template <class S>
+void HostBackend<S>::flash_attention_forward(S*, S*, const S*, const S*, const S*, std::int64_t,
+                                             std::int64_t, std::int64_t, std::int64_t,
+                                             std::int64_t) {
+  throw std::invalid_argument("flash attention runs on the CUDA backend only");
+}
+template <class S>
+void HostBackend<S>::flash_attention_backward(S*, S*, S*, S*, const S*, const S*, const S*,
+                                              const S*, const S*, const S*, std::int64_t,
+                                              std::int64_t, std::int64_t, std::int64_t,
+                                              std::int64_t) {
+  throw std::invalid_argument("flash attention runs on the CUDA backend only");
+}
+template <class S>
+void HostBackend<S>::gelu_forward(S* out, const S* in, std::int64_t n) {
+  kernels::gelu_forward(out, in, n);
+}
+template <class S>
+void HostBackend<S>::gelu_backward(S* din, const S* in, const S* dout, std::int64_t n) {
+  kernels::gelu_backward(din, in, dout, n);
+}
+template <class S>
+void HostBackend<S>::swiglu_forward(S* out, const S* gate, const S* up, std::int64_t n) {
+  kernels::swiglu_forward(out, gate, up, n);
+}
+template <class S>
+void HostBackend<S>::swiglu_backward(S* dgate, S* dup, const S* dout, const S* gate, const S* up,
+                                     std::int64_t n) {
+  kernels::swiglu_backward(dgate, dup, dout, gate, up, n);
+}
+template <class S>
+void HostBackend<S>::log_softmax_forward(S* logp, const S* logits, std::int64_t n,
+                                         std::int64_t vocab) {
+  kernels::log_softmax_forward(logp, logits, n, vocab);
+}
+template <class S>
+double HostBackend<S>::nll_loss_forward(const S* logp, const std::int32_t* targets,
+                                        std::int64_t n, std::int64_t vocab) {
+  return kernels::nll_loss_forward(logp, targets, n, vocab);
+}
+template <class S>
+void HostBackend<S>::nll_loss_backward(S* dlogp, const std::int32_t* targets, std::int64_t n,
+                                       std::int64_t vocab, S scale) {
+  kernels::nll_loss_backward(dlogp, targets, n, vocab, scale);
+}
+template <class S>
+void HostBackend<S>::log_softmax_backward(S* dlogits, const S* dlogp, const S* logp,
+                                          std::int64_t n, std::int64_t vocab) {
+  kernels::log_softmax_backward(dlogits, dlogp, logp, n, vocab);
+}
+template <class S>
+void HostBackend<S>::copy(S* dst, const S* src, std::int64_t n) {
+  std::copy(src, src + n, dst);
+}
+template <class S>
+void HostBackend<S>::add(S* dst, const S* src, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+template <class S>
+void HostBackend<S>::adamw_step(S* params, const S* grads, S* exp_avg, S* exp_avg_sq,
+                                std::int64_t n, std::int64_t step, const AdamWOptions& options) {
+  const auto count = static_cast<std::size_t>(n);
+  executor::adamw_step<S>({params, count}, {grads, count}, {exp_avg, count},
+                          {exp_avg_sq, count}, step, options);
+}
+template <class S>
+void HostBackend<S>::begin(typename Backend<S>::Part part) {
+  started_[static_cast<int>(part)] = std::chrono::steady_clock::now();
+}
+template <class S>
+void HostBackend<S>::end(typename Backend<S>::Part part) {
+  using P = typename Backend<S>::Part;
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                 started_[static_cast<int>(part)])
+                       .count();
+  (part == P::compute ? seconds_.compute : part == P::optimizer ? seconds_.optimizer
+                                                                  : seconds_.copy) += s;
+}
+template <class S>
+typename Backend<S>::PartSeconds HostBackend<S>::take_seconds() {
+  return std::exchange(seconds_, {});
+}
+
+template class HostBackend<float>;
+template class HostBackend<double>;
+
+}  // namespace shardplan::executor

@@ -1,0 +1,79 @@
+#include "executor/device_run.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <fmt/format.h>
+
+#include "costmodel/input_error.hpp"
+#include "executor/cuda/cuda_backend.hpp"
+#include "executor/cuda/device_memory.hpp"
+
+namespace shardplan::executor {
+namespace {
+
+class CudaDeviceRun final : public DeviceRun {
+ public:
+  CudaDeviceRun(int device, std::int64_t limit_bytes) {
+    if (cudaSetDevice(device) != cudaSuccess)
+      throw std::runtime_error(fmt::format("cudaSetDevice({}) failed", device));
+    context_ = cuda::DeviceMemory::context_bytes();
+    cudaDeviceProp props{};
+    if (cudaGetDeviceProperties(&props, device) == cudaSuccess)
+      name_ = props.name;
+    std::size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess)
+      total_ = static_cast<std::int64_t>(total);
+    memory_ = std::make_unique<cuda::DeviceMemory>(
+        limit_bytes < 0 ? CachingPool::kUnlimited : limit_bytes);
+    // The GEMMs in TF32, as the cost model's fp32 precision computes (costmodel/job.cpp).
+    backend_ = std::make_unique<cuda::CudaBackend>(*memory_, true);
+  }
+  ~CudaDeviceRun() override {
+    backend_.reset(); // its stream, before the memory's segments
+    memory_.reset();
+  }
+
+  MemorySource& memory() override { return *memory_; }
+  Backend<float>& backend() override { return *backend_; }
+  void before_communicators() override { used_before_ = used(); }
+  void after_communicators() override { nccl_ = used() - used_before_; }
+  void reset_peaks() override { memory_->reset_peaks(); }
+  DeviceFootprint footprint() const override {
+    DeviceFootprint f;
+    f.name = name_;
+    f.total_bytes = total_;
+    f.context_bytes = context_;
+    f.nccl_bytes = nccl_;
+    const auto s = memory_->stats();
+    f.reserved_peak_bytes = s.peak_reserved_bytes;
+    f.allocated_peak_bytes = s.peak_allocated_bytes;
+    f.segments = s.segments;
+    return f;
+  }
+
+ private:
+  static std::int64_t used() {
+    std::size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess)
+      return 0;
+    return static_cast<std::int64_t>(total - free);
+  }
+
+  std::string name_;
+  std::int64_t total_ = 0, context_ = 0, nccl_ = 0, used_before_ = 0;
+  std::unique_ptr<cuda::DeviceMemory> memory_;
+  std::unique_ptr<cuda::CudaBackend> backend_;
+};
+
+} // namespace
+
+std::unique_ptr<DeviceRun> open_device(int device, std::int64_t limit_bytes) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    throw costmodel::InputError("--backend", "cuda: this host has no CUDA device");
+  }
+  return std::make_unique<CudaDeviceRun>(device % count, limit_bytes);
+}
+
+} // namespace shardplan::executor

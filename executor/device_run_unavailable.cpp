@@ -1,0 +1,14 @@
+// open_device in a build without the CUDA toolkit (device_run.hpp).
+#include "executor/device_run.hpp"
+
+#include "costmodel/input_error.hpp"
+
+namespace shardplan::executor {
+
+std::unique_ptr<DeviceRun> open_device(int, std::int64_t) {
+  throw costmodel::InputError("--backend",
+                              "cuda: this build has no CUDA backend (the CUDA toolkit was not "
+                              "found when it was configured)");
+}
+
+} // namespace shardplan::executor
