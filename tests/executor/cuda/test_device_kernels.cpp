@@ -8,8 +8,7 @@
 // blocking) differs by at most about k·u·Σ|terms|; with terms of O(1) and k ≤ 300 that is ≤ 2e-5 of
 // the sums' scale. An index or accumulation error moves an element by O(1) of that scale.
 //
-// Exits 77 with "no CUDA device: skipped" where there is no CUDA device.
-#define DOCTEST_CONFIG_IMPLEMENT
+// Skipped without a CUDA device (gpu_test_main.cpp).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -35,7 +34,6 @@ namespace host = shardplan::executor::kernels;
 using Floats = std::vector<float>;
 using Tokens = std::vector<std::int32_t>;
 
-constexpr int kSkipped = 77;
 // Relative tolerances (see the top of the file).
 constexpr double kElementwise = 1e-5;  // a few roundings; tanhf, expf within 2 ulp of libm's
 constexpr double kReduction = 2e-4;    // sums of up to 300 terms in another order
@@ -618,15 +616,4 @@ TEST_CASE("executor::cuda kernels report bad arguments and failed calls in one l
   CHECK_THROWS_WITH_AS(dev::linear_forward(no_blas, p, p, p, nullptr, 2, 2, 2, false),
                        doctest::Contains("linear_forward"), std::runtime_error);
   CHECK_NOTHROW(gpu.finish());
-}
-
-int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    (void)cudaGetLastError();  // clear the "no driver" error
-    std::puts("no CUDA device: skipped");
-    return kSkipped;
-  }
-  doctest::Context context(argc, argv);
-  return context.run();
 }

@@ -1,9 +1,8 @@
 // The device memory of the CUDA backend (executor/cuda/device_memory.hpp) on a CUDA device: the
 // pool's segment rules seen through cudaMalloc, zeroing, reuse across streams ordered by the
 // fences (a free on one stream, the next user on another), record_use, memmove semantics of an
-// overlapping copy against std::memmove on the host, and the limit. Its own main(): on a machine
-// without a CUDA device it prints "no CUDA device: skipped" and exits 77 (ctest: skipped).
-#define DOCTEST_CONFIG_IMPLEMENT
+// overlapping copy against std::memmove on the host, and the limit. Skipped without a CUDA device
+// (gpu_test_main.cpp).
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -23,7 +22,6 @@ using shardplan::executor::CachingPool;
 using shardplan::executor::PoolExhausted;
 using shardplan::executor::cuda::DeviceMemory;
 
-constexpr int kSkipped = 77;
 constexpr std::int64_t MiB = 1024 * 1024;
 
 void ok(cudaError_t code) { REQUIRE_MESSAGE(code == cudaSuccess, cudaGetErrorString(code)); }
@@ -162,14 +160,4 @@ TEST_CASE("executor::cuda device memory: the limit and what the device holds bes
   ok(cudaFree(raw));
   CHECK(DeviceMemory::context_bytes() > 0);
   memory.free(p, 1000);
-}
-
-int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return kSkipped;
-  }
-  doctest::Context context(argc, argv);
-  return context.run();
 }

@@ -1,9 +1,7 @@
 // The flash attention kernels (executor/cuda/flash_attention.hpp) on a CUDA device against the
 // host kernels attention_forward / attention_backward of executor/kernels.hpp run in double (the
 // materialized probabilities): out, the saved log-sum-exp, and dq, dk, dv, which the backward
-// adds. Its own main(): on a machine without a CUDA device it prints "no CUDA device: skipped" and
-// exits 77, which ctest counts as skipped.
-#define DOCTEST_CONFIG_IMPLEMENT
+// adds. Skipped without a CUDA device (gpu_test_main.cpp).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -25,7 +23,6 @@ namespace {
 using namespace shardplan::executor;
 using std::int64_t;
 
-constexpr int kSkipped = 77;
 
 // fp32 against the double reference: |got − want| ≤ kTolerance·(1 + |want|). The kernels add up
 // at most d = 256 products for a score and T = 130 terms for an output or gradient entry, each
@@ -243,14 +240,4 @@ TEST_CASE("executor::cuda flash attention rejects what it cannot take") {
   CHECK_NOTHROW(
       cuda::flash_attention_backward(nullptr, p, p, p, p, p, p, p, p, p, p, 2, 0, 2, 1, 64));
   synchronize();
-}
-
-int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return kSkipped;
-  }
-  doctest::Context context(argc, argv);
-  return context.run();
 }
