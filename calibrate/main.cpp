@@ -1,5 +1,5 @@
 // calibrate: measures a cluster's collectives, GEMMs and memory bandwidth and writes a hardware
-// profile; or fits nccl-tests logs. Under mpirun, only rank 0 reports bad input.
+// profile; or fits nccl-tests logs. Under mpirun or torchrun, only rank 0 reports bad input.
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -8,16 +8,36 @@
 
 #include "calibrate/import_command.hpp"
 #include "calibrate/options.hpp"
+#include "comm/launch_env.hpp"
 #include "comm/process_identity.hpp"
 #include "costmodel/input_error.hpp"
 
-#if defined(SHARDPLAN_HAVE_MPI)
+#if defined(SHARDPLAN_HAVE_MPI) || defined(SHARDPLAN_HAVE_NCCL)
+#define SHARDPLAN_CALIBRATE_MEASURES 1
 #include "calibrate/measure_command.hpp"
 #endif
 
+namespace {
+
+// This process's rank as its launcher numbered it: torchrun's RANK, else mpirun's or srun's, else
+// 0 (a process started by hand, or a RANK that is not a rank: then every process reports).
+int launcher_rank() {
+  using namespace shardplan;
+  if (comm::launched_with_torchrun_environment()) {
+    try {
+      return comm::read_launch_environment().rank;
+    } catch (const costmodel::InputError&) {
+      return 0;
+    }
+  }
+  return comm::launcher_rank_from_environment();
+}
+
+} // namespace
+
 int main(int argc, char** argv) {
   using namespace shardplan;
-  const bool reports = comm::launcher_rank_from_environment() == 0;
+  const bool reports = launcher_rank() == 0;
   calibrate::CommandLine command_line;
   try {
     command_line = calibrate::parse_command_line(argc, argv);
@@ -44,7 +64,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   case calibrate::CommandLine::Command::measure:
-#if defined(SHARDPLAN_HAVE_MPI)
+#if defined(SHARDPLAN_CALIBRATE_MEASURES)
     try {
       return calibrate::run_measurement(command_line.measure, std::cout, std::cerr);
     } catch (const std::exception& e) { // MPI could not even start
@@ -52,7 +72,7 @@ int main(int argc, char** argv) {
       return 1;
     }
 #else
-    break; // parse_command_line rejects every backend in a build without MPI
+    break; // require_backend rejects every backend in a build without MPI and NCCL
 #endif
   }
   return 1;

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <new>
 #include <optional>
 
@@ -21,14 +23,18 @@
 #include "comm/comm_error.hpp"
 #include "comm/fault_injection.hpp"
 #include "comm/groups.hpp"
-#include "comm/mpi_environment.hpp"
+#include "comm/launch_env.hpp"
 #include "comm/process_identity.hpp"
 #include "comm/topology.hpp"
 #include "comm/watchdog.hpp"
 #include "costmodel/input_error.hpp"
 #include "costmodel/model.hpp"
 
+#if defined(SHARDPLAN_HAVE_MPI)
+#include "comm/mpi_environment.hpp"
+#endif
 #if defined(SHARDPLAN_HAVE_NCCL)
+#include "calibrate/staged_host_communicator.hpp"
 #include "comm/nccl_communicator.hpp"
 #endif
 
@@ -114,18 +120,9 @@ bool share_preflight(comm::Communicator& world, const std::optional<std::string>
   return true;
 }
 
-std::unique_ptr<comm::Communicator> open_backend(BackendKind backend,
-                                                 comm::MpiCommunicator& host_world,
-                                                 const comm::Topology& topology) {
-#if defined(SHARDPLAN_HAVE_NCCL)
-  if (backend == BackendKind::nccl)
-    return comm::NcclCommunicator::create(host_world, topology.local_rank);
-#endif
-  (void)backend;
-  (void)topology;
-  // A communicator of its own, so nothing else shares the measured traffic.
-  return host_world.split_mpi(0, host_world.rank());
-}
+// The communicator the sweeps measure, opened once the topology is known. Collective over the
+// host world.
+using OpenBackend = std::function<std::unique_ptr<comm::Communicator>(const comm::Topology&)>;
 
 json sweep_extra(const MeasureOptions& o, const GroupPlan& plan) {
   json groups = json::array();
@@ -213,8 +210,10 @@ void add_compute(const MeasureOptions& o, const ComputeCalibration& c, const Pre
     extra["host_to_device_GBps"] = rounded(*c.host_link_Bps / 1e9, 4);
 }
 
-int measure(const MeasureOptions& o, comm::MpiCommunicator& host_world, comm::Watchdog& watchdog,
-            std::ostream& out, std::ostream& err) {
+// `host_world`: every rank, on host memory (MPI's world, or NCCL's through staging buffers).
+int measure(const MeasureOptions& o, comm::Communicator& host_world,
+            const OpenBackend& open_backend, comm::Watchdog& watchdog, std::ostream& out,
+            std::ostream& err) {
   const bool root = host_world.rank() == 0;
   const comm::Topology topology = comm::discover_topology(host_world);
 
@@ -239,7 +238,7 @@ int measure(const MeasureOptions& o, comm::MpiCommunicator& host_world, comm::Wa
   }
 
   watchdog.set_phase(fmt::format("opening the {} backend", backend_name(o.backend)));
-  auto backend_world = open_backend(o.backend, host_world, topology);
+  auto backend_world = open_backend(topology);
   // NCCL's communicators are aborted before the watchdog ends the job (their kernels stop).
   std::optional<comm::Watchdog::Watched> watched_backend;
   watched_backend.emplace(watchdog, *backend_world);
@@ -369,9 +368,9 @@ int measure(const MeasureOptions& o, comm::MpiCommunicator& host_world, comm::Wa
   return 0;
 }
 
-} // namespace
-
-int run_measurement(const MeasureOptions& options, std::ostream& out, std::ostream& err) {
+#if defined(SHARDPLAN_HAVE_MPI)
+// Ranks from mpirun or srun: the host world is MPI's; NCCL's unique id travels over it.
+int run_under_mpi(const MeasureOptions& options, std::ostream& out, std::ostream& err) {
   comm::MpiEnvironment mpi;
   // No rank waits for ever: a rank that stops ends the job after --timeout-s, one that fails
   // says so (comm/watchdog.hpp).
@@ -379,8 +378,18 @@ int run_measurement(const MeasureOptions& options, std::ostream& out, std::ostre
       {.program = "calibrate", .rank = mpi.world_rank(), .timeout_s = options.timeout_s},
       [&mpi](int exit_code) { mpi.abort(exit_code); });
   auto host_world = mpi.world();
+  const OpenBackend open_backend =
+      [&](const comm::Topology& topology) -> std::unique_ptr<comm::Communicator> {
+#if defined(SHARDPLAN_HAVE_NCCL)
+    if (options.backend == BackendKind::nccl)
+      return comm::NcclCommunicator::create(*host_world, topology.local_rank);
+#endif
+    (void)topology;
+    // A communicator of its own, so nothing else shares the measured traffic.
+    return host_world->split_mpi(0, host_world->rank());
+  };
   try {
-    return measure(options, *host_world, watchdog, out, err);
+    return measure(options, *host_world, open_backend, watchdog, out, err);
   } catch (const InputError& e) {
     fmt::print(err, "calibrate: {}\n", e.what()); // rank 0 only (a file it could not write)
     host_world.reset();
@@ -391,6 +400,75 @@ int run_measurement(const MeasureOptions& options, std::ostream& out, std::ostre
     err.flush();
     watchdog.fail(e.what(), 1); // "calibrate: rank R on H: failed in phase 'P': ..."
   }
+}
+#endif
+
+#if defined(SHARDPLAN_HAVE_NCCL)
+// Ranks without MPI: from the environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK,
+// MASTER_ADDR, MASTER_PORT; comm/launch_env.hpp), or one process started by hand, which is rank 0
+// of 1. NCCL's unique id travels over TCP (NcclCommunicator::create_from_environment); the host
+// exchanges run on that NCCL world through staging buffers; the measured collectives run on a
+// communicator split off it, so nothing else shares their traffic.
+int run_from_environment(const MeasureOptions& options, std::ostream& out, std::ostream& err) {
+  comm::LaunchEnvironment environment; // rank 0 of 1
+  try {
+    if (comm::launched_with_torchrun_environment())
+      environment = comm::read_launch_environment();
+  } catch (const InputError& e) {
+    fmt::print(err, "calibrate: {}\n", e.what());
+    return 2;
+  }
+  comm::set_process_rank(environment.rank);
+  // Without MPI_Abort a rank can only end itself; torchrun then ends the others (it stops every
+  // worker once one has failed), and their NCCL communicators are aborted first.
+  comm::Watchdog watchdog(
+      {.program = "calibrate", .rank = environment.rank, .timeout_s = options.timeout_s},
+      [](int exit_code) { std::_Exit(exit_code); });
+  std::unique_ptr<comm::NcclCommunicator> world;
+  std::optional<comm::Watchdog::Watched> watched_world;
+  try {
+    watchdog.set_phase(environment.world_size > 1 ? "joining the ranks (NCCL's id over TCP)"
+                                                  : "opening NCCL",
+                       true);
+    world = comm::NcclCommunicator::create_from_environment(environment, options.timeout_s);
+    watched_world.emplace(watchdog, *world);
+    StagedHostCommunicator host_world(*world);
+    const OpenBackend open_backend = [&](const comm::Topology&) {
+      return world->split(0, world->rank());
+    };
+    return measure(options, host_world, open_backend, watchdog, out, err);
+  } catch (const InputError& e) {
+    fmt::print(err, "calibrate: {}\n", e.what()); // rank 0 only (a file it could not write)
+    return 2;
+  } catch (const std::exception& e) {
+    out.flush();
+    err.flush();
+    watchdog.fail(e.what(), 1); // "calibrate: rank R on H: failed in phase 'P': ..."
+  }
+}
+#endif
+
+} // namespace
+
+int run_measurement(const MeasureOptions& options, std::ostream& out, std::ostream& err) {
+#if defined(SHARDPLAN_HAVE_NCCL)
+#if defined(SHARDPLAN_HAVE_MPI)
+  const bool from_environment =
+      options.backend == BackendKind::nccl && comm::launched_with_torchrun_environment();
+#else
+  const bool from_environment = options.backend == BackendKind::nccl;
+#endif
+  if (from_environment)
+    return run_from_environment(options, out, err);
+#endif
+#if defined(SHARDPLAN_HAVE_MPI)
+  return run_under_mpi(options, out, err);
+#else
+  (void)out;
+  fmt::print(err, "calibrate: --backend: {}: this calibrate was built without MPI\n",
+             backend_name(options.backend));
+  return 2;
+#endif
 }
 
 } // namespace shardplan::calibrate

@@ -83,8 +83,8 @@ bool backend_available(BackendKind backend) {
   if (backend == BackendKind::mpi)
     return true;
 #endif
-#if defined(SHARDPLAN_HAVE_NCCL) && defined(SHARDPLAN_HAVE_MPI)
-  if (backend == BackendKind::nccl)
+#if defined(SHARDPLAN_HAVE_NCCL)
+  if (backend == BackendKind::nccl) // under MPI, or from torchrun's environment without it
     return true;
 #endif
   (void)backend;
@@ -102,7 +102,10 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   CLI::App app{"Measures this cluster's collectives (NCCL on GPUs, MPI on CPUs), GEMM throughput "
                "and memory\n"
                "bandwidth, fits the curves the cost model uses, and writes a hardware profile.\n"
-               "Run it under mpirun or srun, one rank per GPU (or per CPU device).",
+               "Run it under mpirun or srun, one rank per GPU (or per CPU device); --backend "
+               "nccl also runs\n"
+               "without MPI: under torchrun --no-python, one process per GPU, or as one plain "
+               "process (one GPU).",
                "calibrate"};
   std::string backend = "mpi", ops = "all_reduce,all_gather,reduce_scatter", min_bytes, max_bytes,
               factor = "2", warmup = "5", iters = "20", groups, gemm_tokens;

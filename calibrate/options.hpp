@@ -19,7 +19,8 @@ namespace shardplan::calibrate {
 
 enum class BackendKind { mpi, nccl };
 const char* backend_name(BackendKind backend);
-// Whether this build can run the backend (NCCL needs CUDA, NCCL and MPI at build time).
+// Whether this build can run the backend (mpi needs MPI; nccl needs CUDA and NCCL, and runs under
+// MPI when the build has it, or from torchrun's environment).
 bool backend_available(BackendKind backend);
 // Throws costmodel::InputError (--backend) when this build cannot run the backend.
 void require_backend(BackendKind backend);

@@ -69,6 +69,11 @@ LaunchEnvironment read_launch_environment(const EnvironmentLookup& lookup) {
   environment.master_addr = address_text;
   environment.master_port =
       integer_variable(lookup, "MASTER_PORT", 1, 65535, "an integer in 1..65535");
+  const char* agent_store = lookup("TORCHELASTIC_USE_AGENT_STORE");
+  environment.agent_store = agent_store != nullptr && std::string_view(agent_store) == "True";
+  if (environment.agent_store && environment.master_port == 65535)
+    throw InputError("MASTER_PORT", "must be below 65535 when TORCHELASTIC_USE_AGENT_STORE=True "
+                                    "(the exchange uses the next port), got \"65535\"");
   return environment;
 }
 

@@ -15,6 +15,12 @@ struct LaunchEnvironment {
   int local_rank = 0; // on this host; picks the GPU
   std::string master_addr; // where rank 0 listens: an IPv4 address or a host name
   int master_port = 0;     // 1..65535
+  // torchrun's own store already listens on MASTER_PORT (it sets TORCHELASTIC_USE_AGENT_STORE=True
+  // when its agent hosts the store, torch/distributed/elastic/agent/server/api.py): the ranks'
+  // exchange then uses the next port.
+  bool agent_store = false;
+  // The port rank 0 serves the exchange on (comm/tcp_exchange.hpp).
+  int exchange_port() const { return agent_store ? master_port + 1 : master_port; }
 };
 
 // The value of a variable, or null when it is not set (std::getenv's contract). The overloads

@@ -280,8 +280,7 @@ TcpBlobServer::TcpBlobServer(std::string address, int port, int world_size)
         fmt::format("rank 0: cannot listen on {}: {}{}", endpoint_text(address_, port_),
                     errno_text(last_error),
                     last_error == EADDRINUSE
-                        ? " (another program holds MASTER_PORT; torchrun's own agent store does "
-                          "when it sets TORCHELASTIC_USE_AGENT_STORE=True)"
+                        ? " (another program holds the port)"
                         : ""),
         __FILE__, __LINE__);
   sockaddr_storage bound{};
@@ -587,11 +586,12 @@ std::vector<std::byte> tcp_share_blob(const LaunchEnvironment& environment,
   if (environment.world_size == 1)
     return {blob.begin(), blob.end()};
   if (environment.rank == 0) {
-    TcpBlobServer server(environment.master_addr, environment.master_port, environment.world_size);
+    TcpBlobServer server(environment.master_addr, environment.exchange_port(),
+                         environment.world_size);
     server.serve(blob, timeout_s);
     return {blob.begin(), blob.end()};
   }
-  return tcp_receive_blob(environment.master_addr, environment.master_port, environment.rank,
+  return tcp_receive_blob(environment.master_addr, environment.exchange_port(), environment.rank,
                           environment.world_size, timeout_s);
 }
 

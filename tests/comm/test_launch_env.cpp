@@ -61,7 +61,21 @@ TEST_CASE("launch_env::reads what torchrun sets") {
   CHECK(environment.local_rank == 1);
   CHECK(environment.master_addr == "127.0.0.1");
   CHECK(environment.master_port == 29500);
+  CHECK(environment.exchange_port() == 29500);
   CHECK(launched_with_torchrun_environment(lookup_in(variables)));
+}
+
+TEST_CASE("launch_env::with torchrun's agent store on MASTER_PORT the exchange takes the next port") {
+  auto variables = torchrun_variables();
+  variables["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  CHECK(read_launch_environment(lookup_in(variables)).exchange_port() == 29501);
+  variables["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  CHECK(read_launch_environment(lookup_in(variables)).exchange_port() == 29500);
+  variables["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  variables["MASTER_PORT"] = "65535";
+  CHECK(error_reading(variables) ==
+        "MASTER_PORT: must be below 65535 when TORCHELASTIC_USE_AGENT_STORE=True (the exchange "
+        "uses the next port), got \"65535\"");
 }
 
 TEST_CASE("launch_env::RANK and WORLD_SIZE together say torchrun started the process") {
