@@ -14,8 +14,10 @@ namespace {
 
 constexpr std::size_t kCpuCopyBytes = 64u << 20; // well beyond the caches
 constexpr std::size_t kAdamParams = 4u << 20;    // 64 MiB of fp32 state
-constexpr std::size_t kGpuCopyBytes = 1u << 30;
-constexpr std::size_t kHostLinkBytes = 256u << 20;
+#if defined(SHARDPLAN_HAVE_NCCL)
+constexpr std::size_t kGpuCopyBytes = 1u << 30;   // device-to-device copy
+constexpr std::size_t kHostLinkBytes = 256u << 20; // host-to-device copy
+#endif
 
 // Every rank's times become the slowest rank's.
 void keep_slowest(comm::Communicator& world, std::vector<GemmMeasurement>& gemms) {

@@ -155,8 +155,12 @@ void HostBackend<S>::end(typename Backend<S>::Part part) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                  started_[static_cast<int>(part)])
                        .count();
-  (part == P::compute ? seconds_.compute : part == P::optimizer ? seconds_.optimizer
-                                                                  : seconds_.copy) += s;
+  switch (part) {
+    case P::forward: seconds_.forward += s; break;
+    case P::backward: seconds_.backward += s; break;
+    case P::optimizer: seconds_.optimizer += s; break;
+    case P::copy: seconds_.copy += s; break;
+  }
 }
 template <class S>
 typename Backend<S>::PartSeconds HostBackend<S>::take_seconds() {

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <span>
 
 #include "comm/communicator.hpp"
@@ -106,7 +107,8 @@ class Backend {
   // Nothing to do on the host: its collectives complete before they return.
   //
   // Work queued on `waiter` from now on starts after the work queued so far on `producer`. The
-  // time the compute stream stalls in such a wait is counted in PartSeconds::comm_wait.
+  // time the compute stream stalls in such a wait is counted in PartSeconds::comm_waits, by
+  // producer.
   virtual void wait(comm::Communicator* waiter, comm::Communicator* producer) {
     (void)waiter;
     (void)producer;
@@ -125,10 +127,12 @@ class Backend {
 
   // Time of the parts of a step, bracketing work queued on the compute stream: wall time on the
   // host, CUDA events on a GPU (known after synchronize()).
-  enum class Part { compute, optimizer, copy };
+  enum class Part { forward, backward, optimizer, copy };
+  static constexpr std::size_t kParts = 4;
   struct PartSeconds {
-    double compute = 0, optimizer = 0, copy = 0;
-    double comm_wait = 0; // the compute stream stalled on collectives
+    double forward = 0, backward = 0, optimizer = 0, copy = 0;
+    // The compute stream stalled on each group's collective stream.
+    std::map<const comm::Communicator*, double> comm_waits;
   };
   virtual void begin(Part part) = 0;
   virtual void end(Part part) = 0;
@@ -197,7 +201,7 @@ class HostBackend final : public Backend<S> {
   typename Backend<S>::PartSeconds take_seconds() override;
 
  private:
-  std::chrono::steady_clock::time_point started_[3];
+  std::chrono::steady_clock::time_point started_[Backend<S>::kParts];
   typename Backend<S>::PartSeconds seconds_;
 };
 

@@ -214,9 +214,9 @@ struct ShardingEngine::State {
     f();
     be.end(part);
   }
-  template <class F> void timed_compute(F&& f) {
+  template <class F> void timed_compute(Part part, F&& f) {
     const double c0 = thread_cpu_seconds();
-    timed(Part::compute, f);
+    timed(part, f);
     compute_cpu_s += thread_cpu_seconds() - c0;
   }
 
@@ -401,7 +401,7 @@ struct ShardingEngine::State {
       acquire(u);
       wait_for_gathers(u);
       prefetch_forward(u);
-      timed_compute([&] {
+      timed_compute(Part::forward, [&] {
         if (u == 0) {
           x = model.forward_embedding(params_for(u), tokens.inputs.span(), b);
         } else if (u < U - 1) {
@@ -429,7 +429,7 @@ struct ShardingEngine::State {
       ensure_grad_target(u);
       if (is_head(u) && tied())
         ensure_grad_target(0); // the head adds into the embedding's
-      timed_compute([&] {
+      timed_compute(Part::backward, [&] {
         if (is_head(u)) {
           dx = model.backward_head(params_for(u), embedding_for_head(), std::move(head->saved),
                                    tokens.targets.span(), grad_span(u),
@@ -640,10 +640,19 @@ StepReport ShardingEngine::step() {
   r.step_cpu_s = thread_cpu_seconds() - c0;
   r.compute_cpu_s = s.compute_cpu_s;
   const auto parts = s.be.take_seconds();
-  r.compute_s = parts.compute;
+  r.forward_s = parts.forward;
+  r.backward_s = parts.backward;
+  r.compute_s = parts.forward + parts.backward;
   r.optimizer_s = parts.optimizer;
   r.copy_s = parts.copy;
-  r.comm_wait_s = parts.comm_wait;
+  auto waited = [&](const comm::Communicator* c) {
+    const auto it = parts.comm_waits.find(c);
+    return c != nullptr && it != parts.comm_waits.end() ? it->second : 0.0;
+  };
+  r.gather_wait_s = waited(s.shard.get());
+  r.reduce_wait_s = waited(s.reduce.get());
+  r.replica_wait_s = waited(s.replica.get());
+  r.comm_wait_s = r.gather_wait_s + r.reduce_wait_s + r.replica_wait_s;
   r.collectives = s.stats;
   // The loss of the global batch (outside the step's time), in memory the world's collectives use.
   double local = loss_sum / static_cast<double>(gas);

@@ -115,12 +115,17 @@ struct StepReport {
   double loss = 0;             // mean over the global batch (this rank's alone in a rehearsal)
   double step_s = 0;           // wall time of the step on this rank
   double compute_s = 0;        // forward, backward and recompute
+  double forward_s = 0;        // the forward of every micro-batch
+  double backward_s = 0;       // the backward of every micro-batch (and its recompute)
   double optimizer_s = 0;      // AdamW over this rank's part
   double copy_s = 0;           // gradient copies into and out of buckets, accumulation adds
   // Time the compute waited for collectives it depends on (a GPU's compute stream stalled on the
   // all-gather, reduce and replica streams: the communication that did not overlap). 0 where
   // collectives block the computing thread: their time is in `collectives`.
   double comm_wait_s = 0;
+  double gather_wait_s = 0;  // ... on the all-gathers' stream
+  double reduce_wait_s = 0;  // ... on the reductions' stream
+  double replica_wait_s = 0; // ... on the replica all-reduce's stream (HSDP)
   CollectiveStats collectives; // this step's (on a GPU: the time to queue them, not to run them)
   // CPU time of the computing thread over the step and over its compute parts: what the step
   // took while it ran. Wall time above CPU time is time the thread was not running (other load

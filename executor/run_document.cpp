@@ -12,7 +12,7 @@ namespace {
 
 // rank, peak, capacity, 2 breakdowns, reserved peak, context, NCCL
 constexpr std::size_t kHeader = 6 + 2 * kMemoryCategoryCount;
-constexpr std::size_t kPerStep = 9 + 4 * kCollectiveKindCount;
+constexpr std::size_t kPerStep = 14 + 4 * kCollectiveKindCount;
 
 double median(std::vector<double> v) {
   if (v.empty())
@@ -80,7 +80,8 @@ std::vector<double> pack(const RankRecord& r) {
     v.push_back(static_cast<double>(x));
   for (const auto& s : r.steps) {
     for (double x : {static_cast<double>(s.step), s.loss, s.step_s, s.compute_s, s.optimizer_s,
-                     s.copy_s, s.step_cpu_s, s.compute_cpu_s, s.comm_wait_s})
+                     s.copy_s, s.step_cpu_s, s.compute_cpu_s, s.comm_wait_s, s.forward_s,
+                     s.backward_s, s.gather_wait_s, s.reduce_wait_s, s.replica_wait_s})
       v.push_back(x);
     for (const auto& t : s.collectives.kinds)
       for (double x : {static_cast<double>(t.calls), t.seconds, t.size_bytes, t.bytes_sent})
@@ -117,6 +118,11 @@ RankRecord unpack(const std::vector<double>& v, std::size_t steps) {
     s.step_cpu_s = next();
     s.compute_cpu_s = next();
     s.comm_wait_s = next();
+    s.forward_s = next();
+    s.backward_s = next();
+    s.gather_wait_s = next();
+    s.reduce_wait_s = next();
+    s.replica_wait_s = next();
     for (auto& t : s.collectives.kinds) {
       t.calls = as_int(next());
       t.seconds = next();
@@ -243,7 +249,13 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                        {"copy_s", s.copy_s},
                        {"step_cpu_s", s.step_cpu_s},
                        {"compute_cpu_s", s.compute_cpu_s},
+                       {"forward_s", s.forward_s},
+                       {"backward_s", s.backward_s},
                        {"comm_wait_s", s.comm_wait_s},
+                       {"comm_wait_by_stream_s",
+                        {{"all_gather", s.gather_wait_s},
+                         {"reduce", s.reduce_wait_s},
+                         {"replica", s.replica_wait_s}}},
                        {"collectives_s", coll}});
     }
     nlohmann::json coll_median = nlohmann::json::object();
@@ -283,7 +295,13 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                           {"copy_s", steady_median(r.steps, &StepReport::copy_s)},
                           {"step_cpu_s", steady_median(r.steps, &StepReport::step_cpu_s)},
                           {"compute_cpu_s", steady_median(r.steps, &StepReport::compute_cpu_s)},
+                          {"forward_s", steady_median(r.steps, &StepReport::forward_s)},
+                          {"backward_s", steady_median(r.steps, &StepReport::backward_s)},
                           {"comm_wait_s", steady_median(r.steps, &StepReport::comm_wait_s)},
+                          {"comm_wait_by_stream_s",
+                           {{"all_gather", steady_median(r.steps, &StepReport::gather_wait_s)},
+                            {"reduce", steady_median(r.steps, &StepReport::reduce_wait_s)},
+                            {"replica", steady_median(r.steps, &StepReport::replica_wait_s)}}},
                           {"collectives_s", coll_median},
                           {"collectives_total_s", coll_sum},
                           {"steps", steps}}},
@@ -307,7 +325,6 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
   doc["summary"] = {{"memory",
                      {{"peak_bytes", peak["memory"]["peak_bytes"]},
                       {"rank", peak["rank"]},
-                      {"device", peak["memory"]["device"]},
                       {"at_peak", peak["memory"]["at_peak"]}}},
                     {"time",
                      {{"rank", slow["rank"]},
@@ -319,7 +336,10 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                       {"compute_cpu_s", slow["time"]["compute_cpu_s"]},
                       {"collectives_s", slow["time"]["collectives_total_s"]},
                       {"collectives_by_kind_s", slow["time"]["collectives_s"]},
+                      {"forward_s", slow["time"]["forward_s"]},
+                      {"backward_s", slow["time"]["backward_s"]},
                       {"comm_wait_s", slow["time"]["comm_wait_s"]},
+                      {"comm_wait_by_stream_s", slow["time"]["comm_wait_by_stream_s"]},
                       {"model_flops_per_step", flops},
                       {"collective_time_excluded", env.rehearsal}}},
                     {"comm_bytes_per_step", bytes_sent / steps}};
@@ -332,8 +352,8 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
       time["mfu"] = flops / step_s / env.peak_flops;
     }
   }
-  if (!on_device)
-    doc["summary"]["memory"].erase("device");
+  if (on_device)
+    doc["summary"]["memory"]["device"] = peak["memory"]["device"];
   return doc;
 }
 

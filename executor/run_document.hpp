@@ -9,7 +9,10 @@
 //   summary.time.compute_s, optimizer_s, copy_s, collectives_s: that rank's medians
 //   summary.time.step_cpu_s, compute_cpu_s: the computing thread's CPU time over the same (below
 //                                  the wall time when the machine's other load took the core)
-//   summary.time.comm_wait_s       the time the compute stream stalled on collectives (GPU)
+//   summary.time.forward_s, backward_s: the compute's two parts (compute_s is their sum)
+//   summary.time.comm_wait_s       the time the compute stream stalled on collectives (GPU), and
+//                                  comm_wait_by_stream_s: on the all-gathers', the reductions'
+//                                  and the replica all-reduce's streams
 //   summary.time.achieved_TFLOPs, mfu   the model's FLOPs per step (3 × the forward's, the cost
 //                                  model's count, no recompute: PaLM's model FLOPs utilisation)
 //                                  over the step time, and over the device's peak

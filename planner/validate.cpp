@@ -28,7 +28,7 @@ struct RunFacts {
   // A GPU run: the time the compute stalled on collectives (the exposed communication), the
   // achieved FLOP/s and MFU, and the device's memory terms.
   std::optional<double> comm_wait_s, achieved_TFLOPs, mfu;
-  std::optional<json> device;
+  std::optional<json> device, comm_wait_by_stream;
   bool collective_time_excluded = false;
   double comm_bytes_per_step = 0;
   bool scaled = false;
@@ -72,6 +72,10 @@ RunFacts read_run(const json& run) {
     f.compute_cpu_s = t.optional_number("compute_cpu_s", Range::non_negative());
     t.object("collectives_by_kind_s");
     f.comm_wait_s = t.optional_number("comm_wait_s", Range::non_negative());
+    t.optional_number("forward_s", Range::non_negative());
+    t.optional_number("backward_s", Range::non_negative());
+    if (const auto* w = t.optional_object("comm_wait_by_stream_s"))
+      f.comm_wait_by_stream = *w;
     t.optional_number("model_flops_per_step", Range::non_negative());
     f.achieved_TFLOPs = t.optional_number("achieved_TFLOPs", Range::non_negative());
     t.optional_number("peak_TFLOPs", Range::positive());
@@ -187,6 +191,8 @@ json validate_json(const json& plan_document, const json& run_document) {
     out["time"]["achieved_TFLOPs"] = *run.achieved_TFLOPs;
   if (run.mfu)
     out["time"]["mfu"] = *run.mfu;
+  if (run.comm_wait_by_stream)
+    out["time"]["parts"]["communication"]["by_stream_s"] = *run.comm_wait_by_stream;
   if (run.device)
     out["memory"]["device"] = *run.device;
 
@@ -197,6 +203,9 @@ json validate_json(const json& plan_document, const json& run_document) {
   if (run.rehearsal || run.collective_time_excluded)
     notes.push_back(
         "a rehearsal: collectives were local copies, so communication time is not comparable");
+  if (run.rehearsal && run.device)
+    notes.push_back("a rehearsal on a GPU makes no NCCL communicator: the prediction's NCCL "
+                    "workspace is not in the measured peak");
   if (run.world != plan.cluster.gpus || run.strategy != plan.spec.strategy ||
       (run.micro_batch != 0 && run.micro_batch != plan.job.micro_batch))
     notes.push_back(

@@ -46,7 +46,7 @@ CudaBackend::~CudaBackend() {
       destroy(i.begin);
       destroy(i.end);
     }
-  for (auto& i : waits_) {
+  for (auto& [producer, i] : waits_) {
     destroy(i.begin);
     destroy(i.end);
   }
@@ -222,7 +222,7 @@ void CudaBackend::wait(comm::Communicator* waiter, comm::Communicator* producer)
     CUDA_OK(cudaEventRecord(i.begin, w));
     CUDA_OK(cudaStreamWaitEvent(w, ready, 0));
     CUDA_OK(cudaEventRecord(i.end, w));
-    waits_.push_back(i);
+    waits_.emplace_back(producer, i);
   } else {
     CUDA_OK(cudaStreamWaitEvent(w, ready, 0));
   }
@@ -258,25 +258,33 @@ void CudaBackend::end(Part part) {
 
 Backend<float>::PartSeconds CudaBackend::take_seconds() {
   synchronize();
-  auto seconds = [this](std::vector<Interval>& intervals) {
-    double total = 0;
-    for (auto& i : intervals) {
-      if (i.end != nullptr) {
-        float ms = 0;
-        CUDA_OK(cudaEventElapsedTime(&ms, i.begin, i.end));
-        total += 1e-3 * static_cast<double>(ms);
-        free_events_.push_back(i.end);
-      }
-      free_events_.push_back(i.begin);
+  // The interval's seconds; its events go back to the pool.
+  auto seconds = [this](const Interval& i) {
+    double s = 0;
+    if (i.end != nullptr) {
+      float ms = 0;
+      CUDA_OK(cudaEventElapsedTime(&ms, i.begin, i.end));
+      s = 1e-3 * static_cast<double>(ms);
+      free_events_.push_back(i.end);
     }
+    free_events_.push_back(i.begin);
+    return s;
+  };
+  auto total = [&](std::vector<Interval>& intervals) {
+    double sum = 0;
+    for (const auto& i : intervals)
+      sum += seconds(i);
     intervals.clear();
-    return total;
+    return sum;
   };
   PartSeconds s;
-  s.compute = seconds(parts_[static_cast<std::size_t>(Part::compute)]);
-  s.optimizer = seconds(parts_[static_cast<std::size_t>(Part::optimizer)]);
-  s.copy = seconds(parts_[static_cast<std::size_t>(Part::copy)]);
-  s.comm_wait = seconds(waits_);
+  s.forward = total(parts_[static_cast<std::size_t>(Part::forward)]);
+  s.backward = total(parts_[static_cast<std::size_t>(Part::backward)]);
+  s.optimizer = total(parts_[static_cast<std::size_t>(Part::optimizer)]);
+  s.copy = total(parts_[static_cast<std::size_t>(Part::copy)]);
+  for (const auto& [producer, i] : waits_)
+    s.comm_waits[producer] += seconds(i);
+  waits_.clear();
   return s;
 }
 

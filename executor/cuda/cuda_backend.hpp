@@ -6,7 +6,7 @@
 //
 // Timing is CUDA events on the compute stream: a part's seconds are the events' elapsed time, and
 // a wait of the compute stream for a collective stream is bracketed by two events, so the time the
-// compute stalled on communication is measured where it happens (PartSeconds::comm_wait).
+// compute stalled on communication is measured where it happens (PartSeconds::comm_waits).
 //
 // The loss of a micro-batch is the one value read back to the host during a step: the head's
 // forward waits for the compute stream (once per micro-batch; the backward is queued right after).
@@ -120,8 +120,9 @@ class CudaBackend final : public Backend<float> {
   Launch launch_;
   double* loss_sum_ = nullptr; // one double on the device
   std::vector<cudaEvent_t> free_events_;
-  std::array<std::vector<Interval>, 3> parts_; // by Part
-  std::vector<Interval> waits_;                // the compute stream's waits for collectives
+  std::array<std::vector<Interval>, kParts> parts_; // by Part
+  // The compute stream's waits for collectives, by the group whose stream it waited for.
+  std::vector<std::pair<const comm::Communicator*, Interval>> waits_;
 };
 
 } // namespace shardplan::executor::cuda

@@ -130,6 +130,45 @@ TEST_CASE("validate::says when numbers are not comparable") {
   CHECK(v["memory"]["categories"]["activations"]["rel_error"].is_null());       // none measured
 }
 
+TEST_CASE("validate::a GPU run: exposed communication is the compute's wait, MFU and device") {
+  auto run = run_document();
+  auto& time = run["summary"]["time"];
+  // On a GPU, collectives_s is the time to queue them; comm_wait_s the compute's stall on them.
+  time["comm_wait_s"] = 0.25;
+  time["comm_wait_by_stream_s"] = {{"all_gather", 0.15}, {"reduce", 0.1}, {"replica", 0.0}};
+  time["model_flops_per_step"] = 3e14;
+  time["achieved_TFLOPs"] = 200.0; // 3e14 / 1.5 s
+  time["peak_TFLOPs"] = 494.5;
+  time["mfu"] = 200.0 / 494.5;
+  run["summary"]["memory"]["device"] = {{"reserved_peak_bytes", 1100},
+                                        {"cuda_context_bytes", 100},
+                                        {"nccl_workspace_bytes", 50}};
+  run["environment"]["device"] = "NVIDIA H200";
+  const auto v = planner::validate_json(plan_document(), run);
+  CHECK(v["time"]["parts"]["communication"]["measured_s"].get<double>() == 0.25);
+  CHECK(v["time"]["parts"]["communication"]["rel_error"].get<double>() ==
+        doctest::Approx(0.2 / 0.25 - 1));
+  // other = step − (compute + optimizer) − the wait = 1.5 − 1.0 − 0.25
+  CHECK(v["time"]["parts"]["other"]["measured_s"].get<double>() == doctest::Approx(0.25));
+  CHECK(v["time"]["mfu"].get<double>() == doctest::Approx(200.0 / 494.5));
+  CHECK(v["time"]["parts"]["communication"]["by_stream_s"]["all_gather"] == 0.15);
+  CHECK(v["memory"]["device"]["cuda_context_bytes"] == 100);
+  const auto table = planner::validate_table(plan_document(), run);
+  CHECK(table.find("MFU") != std::string::npos);
+  CHECK(table.find("40.4%") != std::string::npos); // 200 / 494.5
+  // A rehearsal on a GPU has no NCCL communicator: validate says its workspace is missing.
+  run["environment"]["rehearsal"] = true;
+  const auto notes = planner::validate_json(plan_document(), run)["notes"];
+  bool said = false;
+  for (const auto& n : notes)
+    said = said || n.get<std::string>().find("NCCL workspace") != std::string::npos;
+  INFO(notes.dump());
+  CHECK(said);
+  // A negative stall is refused naming the field.
+  time["comm_wait_s"] = -1;
+  CHECK_THROWS_AS(planner::validate_json(plan_document(), run), costmodel::InputError);
+}
+
 TEST_CASE("validate::a malformed run is refused naming the field") {
   auto run = run_document();
   run["summary"]["time"].erase("step_s");
