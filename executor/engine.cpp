@@ -234,12 +234,11 @@ struct ShardingEngine::State {
     });
   }
 
-  // Before a reduction reads `input` (len elements): the compute that wrote it is done, and the
-  // memory is not reused before the reduction is.
-  void ready_for_reduce(const float* input) {
-    be.wait(reduce.get(), nullptr);
-    be.record_use(input, reduce.get());
-  }
+  // Before a reduction reads its input: the compute that wrote it is done. (A buffer freed before
+  // the step's end that a reduction read, the per-micro-batch gradient, is marked as used by the
+  // reduce stream where it is freed, reduce_unit; the others live until the step's end, when every
+  // stream has been waited for.)
+  void ready_for_reduce() { be.wait(reduce.get(), nullptr); }
   // A reduction's output that the compute stream reads later.
   Buffer reduce_output(MemoryCategory category, std::int64_t elements) {
     be.allocate_on(reduce.get());
@@ -269,16 +268,15 @@ struct ShardingEngine::State {
         un.grad_shard = reduce_output(MemoryCategory::gradients, us.chunk);
       else
         accumulate_into_input(u, input);
-      ready_for_reduce(input);
+      ready_for_reduce();
       reduce->reduce_scatter(input, un.grad_shard.data(), c, kF32);
       replica_all_reduce(un.grad_shard.data(), c);
     } else if (o.spec.shard_optimizer) {
       // Whole gradients, sharded optimizer (ZeRO-1): this rank's chunk of the whole buffer gets
       // the reduced chunk. The output must not overlap the input: a bucket region, or a transient.
       float* mine = un.grads.data() + sl.chunk_begin(u);
-      ready_for_reduce(input);
+      ready_for_reduce();
       if (input != un.grads.data()) {
-        be.record_use(mine, reduce.get());
         reduce->reduce_scatter(input, mine, c, kF32);
         replica_all_reduce(mine, c);
       } else {
@@ -297,9 +295,7 @@ struct ShardingEngine::State {
               ? std::max<std::int64_t>(
                     1, static_cast<std::int64_t>(o.spec.reduce_bucket_bytes / dtype))
               : us.size;
-      ready_for_reduce(input);
-      if (replica)
-        be.record_use(input, replica.get());
+      ready_for_reduce();
       for (std::int64_t begin = 0; begin < us.size; begin += per) {
         const auto n = static_cast<std::size_t>(std::min(per, us.size - begin));
         reduce->all_reduce(input + begin, input + begin, n, kF32);
@@ -362,8 +358,7 @@ struct ShardingEngine::State {
         bucket_used += len;
         pending_bytes += static_cast<double>(us.size) * costmodel::dtype_bytes(o.spec.reduce_dtype);
       }
-      if (o.spec.shard_gradients)
-        un.fresh.reset();
+      release_fresh(un);
       if (!pending.empty() && (pending_bytes >= o.spec.reduce_bucket_bytes || u == 0))
         flush_bucket();
       return;
@@ -379,8 +374,16 @@ struct ShardingEngine::State {
     } else {
       reduce_from(u, source);
     }
-    if (o.spec.shard_gradients)
-      un.fresh.reset();
+    release_fresh(un);
+  }
+
+  // Frees a unit's per-micro-batch gradient (sharded gradients), which a reduction may still be
+  // reading on its stream: the memory is not handed out again before that is done.
+  void release_fresh(Unit& un) {
+    if (un.fresh.empty())
+      return;
+    be.record_use(un.fresh.data(), reduce.get());
+    un.fresh.reset();
   }
 
   double micro_batch(std::int64_t mb, bool reduce_now) {
