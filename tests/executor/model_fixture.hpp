@@ -39,6 +39,35 @@ inline costmodel::ModelSpec tiny_neox() {
   return costmodel::model_from_hf_config(config, "tiny-neox");
 }
 
+// A forward over every unit in order (and with backward, the backward, adding the gradients into
+// grads[u]), wherever the buffers live: one flat parameter and one gradient buffer per unit, the
+// tied head reading unit 0. Returns the mean cross-entropy.
+template <class S>
+double forward_backward(const GptModel<S>& model, const std::vector<TrackedBuffer<S>>& params,
+                        std::vector<TrackedBuffer<S>>& grads,
+                        std::span<const std::int32_t> tokens,
+                        std::span<const std::int32_t> targets, BatchShape shape,
+                        Checkpointing checkpointing, bool backward) {
+  auto p = [&](std::int64_t u) { return params[static_cast<std::size_t>(u)].span(); };
+  auto g = [&](std::int64_t u) { return grads[static_cast<std::size_t>(u)].span(); };
+  const auto last = static_cast<std::int64_t>(params.size()) - 1;
+  auto x = model.forward_embedding(p(0), tokens, shape);
+  std::vector<BlockActivations<S>> saved;
+  for (std::int64_t u = 1; u < last; ++u) {
+    auto f = model.forward_block(p(u), std::move(x), shape, checkpointing);
+    x = std::move(f.output);
+    saved.push_back(std::move(f.saved));
+  }
+  auto head = model.forward_head(p(last), p(0), std::move(x), targets, shape);
+  if (!backward) return head.loss;
+  auto dx = model.backward_head(p(last), p(0), std::move(head.saved), targets, g(last), g(0));
+  for (std::int64_t u = last - 1; u >= 1; --u)
+    dx = model.backward_block(p(u), std::move(saved[static_cast<std::size_t>(u - 1)]),
+                              std::move(dx), g(u));
+  model.backward_embedding(tokens, std::move(dx), g(0), shape);
+  return head.loss;
+}
+
 template <class S>
 struct WholeModel {
   GptModel<S> model;
@@ -77,22 +106,8 @@ struct WholeModel {
   // Mean cross-entropy; with backward, adds the gradients of the loss into grads.
   double run(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
              BatchShape shape, Checkpointing checkpointing, bool backward) {
-    const std::int64_t last = units() - 1;
-    auto x = model.forward_embedding(p(0), tokens, shape);
-    std::vector<BlockActivations<S>> saved;
-    for (std::int64_t u = 1; u < last; ++u) {
-      auto f = model.forward_block(p(u), std::move(x), shape, checkpointing);
-      x = std::move(f.output);
-      saved.push_back(std::move(f.saved));
-    }
-    auto head = model.forward_head(p(last), p(0), std::move(x), targets, shape);
-    if (!backward) return head.loss;
-    auto dx = model.backward_head(p(last), p(0), std::move(head.saved), targets, g(last), g(0));
-    for (std::int64_t u = last - 1; u >= 1; --u)
-      dx = model.backward_block(p(u), std::move(saved[static_cast<std::size_t>(u - 1)]),
-                                std::move(dx), g(u));
-    model.backward_embedding(tokens, std::move(dx), g(0), shape);
-    return head.loss;
+    return forward_backward(model, params, grads, tokens, targets, shape, checkpointing,
+                            backward);
   }
 };
 

@@ -110,26 +110,12 @@ Result run_on_gpu(const Reference& ref, const costmodel::ModelSpec& spec, BatchS
   const std::span<const std::int32_t> out(targets.data(),
                                           static_cast<std::size_t>(targets.size()));
 
-  const auto last = static_cast<std::int64_t>(p.size()) - 1;
-  auto ps = [&](std::int64_t u) { return std::span<const float>(p[static_cast<std::size_t>(u)].span()); };
-  auto gs = [&](std::int64_t u) { return g[static_cast<std::size_t>(u)].span(); };
-  auto x = model.forward_embedding(ps(0), in, shape);
-  std::vector<BlockActivations<float>> saved;
-  for (std::int64_t u = 1; u < last; ++u) {
-    auto f = model.forward_block(ps(u), std::move(x), shape, checkpointing);
-    x = std::move(f.output);
-    saved.push_back(std::move(f.saved));
-  }
-  auto head = model.forward_head(ps(last), ps(0), std::move(x), out, shape);
-  auto dx = model.backward_head(ps(last), ps(0), std::move(head.saved), out, gs(last), gs(0));
-  for (std::int64_t u = last - 1; u >= 1; --u)
-    dx = model.backward_block(ps(u), std::move(saved[static_cast<std::size_t>(u - 1)]),
-                              std::move(dx), gs(u));
-  model.backward_embedding(in, std::move(dx), gs(0), shape);
+  const double loss =
+      forward_backward(model, p, g, in, out, shape, checkpointing, true);
   gpu.backend.synchronize();
 
   Result r;
-  r.loss = head.loss;
+  r.loss = loss;
   for (const auto& d : g) {
     r.grads.emplace_back(static_cast<std::size_t>(d.size()));
     gpu.memory.read(r.grads.back().data(), d.data(), bytes(d.size(), sizeof(float)));
