@@ -12,8 +12,9 @@
 //
 // Who is to blame: a rank blocked in a collective waits for another rank, while a rank that stopped
 // outside one is the culprit. So a waiting rank gives the others grace_s more (a tenth of the
-// timeout, at least 1 s) before it fires: the rank that stopped names itself and its phase first,
-// and its abort ends the waiting ones. The job therefore ends within timeout_s + grace_s.
+// timeout, at least 2 s: on a node with more busy ranks than cores a watchdog thread can wake a
+// second late) before it fires: the rank that stopped names itself and its phase first, and its
+// abort ends the waiting ones. The job therefore ends within timeout_s + grace_s.
 //
 // While it lives it also reports crashes: on SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT it writes
 //

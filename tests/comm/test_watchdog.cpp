@@ -51,7 +51,7 @@ struct Watched {
 TEST_CASE("watchdog::no progress ends the job with one line naming the rank and the phase") {
   Watched w(0.2);
   w.watchdog.set_phase("step 2 forward unit 1");
-  REQUIRE(w.wait_for_end(3000ms) == kTimeoutExitCode);
+  REQUIRE(w.wait_for_end(4000ms) == kTimeoutExitCode);
   const auto text = w.text();
   CHECK(text.find("test: rank 1 on ") == 0);
   CHECK(text.find(": no progress for 0.2 s in phase 'step 2 forward unit 1'; aborting the job\n") !=
@@ -74,12 +74,12 @@ TEST_CASE("watchdog::progress keeps it quiet") {
 
 TEST_CASE("watchdog::a rank waiting for the others gives them grace to name themselves first") {
   Watched w(0.2);
-  CHECK(w.watchdog.grace_s() == 1.0);
+  CHECK(w.watchdog.grace_s() == 2.0); // max(2 s, timeout / 10)
   w.watchdog.set_phase("step 3 backward unit 2");
   w.watchdog.begin_wait("reduce_scatter");
   CHECK(w.watchdog.phase() == "step 3 backward unit 2: reduce_scatter");
   CHECK(w.wait_for_end(700ms) == -1); // past the timeout, within the grace
-  REQUIRE(w.wait_for_end(3000ms) == kTimeoutExitCode);
+  REQUIRE(w.wait_for_end(4000ms) == kTimeoutExitCode);
   CHECK(w.text().find("in phase 'step 3 backward unit 2: reduce_scatter' (waiting for the other "
                       "ranks); aborting the job") != std::string::npos);
 }
@@ -106,7 +106,7 @@ TEST_CASE("watchdog::aborts the communicators it watches before the job ends") {
   } group;
   Watched w(0.1);
   const auto watched = w.watchdog.watch(group);
-  REQUIRE(w.wait_for_end(3000ms) == kTimeoutExitCode);
+  REQUIRE(w.wait_for_end(4000ms) == kTimeoutExitCode);
   CHECK(group.aborted);
 }
 
