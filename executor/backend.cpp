@@ -1,6 +1,7 @@
 #include "executor/backend.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <utility>
 
@@ -31,24 +32,24 @@ void HostBackend<S>::linear_backward(S* dx, S* dw, S* db, const S* dy, const S* 
   kernels::linear_backward(dx, dw, db, dy, x, w, n, in, out);
 }
 template <class S>
-void HostBackend<S>::layernorm_forward(S* y, S* mean, S* rstd, const S* x, const S* w, const S* b,
-                                       std::int64_t n, std::int64_t channels, S eps) {
+void HostBackend<S>::layernorm_forward(S* y, A* mean, A* rstd, const S* x, const S* w, const S* b,
+                                       std::int64_t n, std::int64_t channels, A eps) {
   kernels::layernorm_forward(y, mean, rstd, x, w, b, n, channels, eps);
 }
 template <class S>
 void HostBackend<S>::layernorm_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w,
-                                        const S* mean, const S* rstd, std::int64_t n,
+                                        const A* mean, const A* rstd, std::int64_t n,
                                         std::int64_t channels) {
   kernels::layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, n, channels);
 }
 template <class S>
-void HostBackend<S>::rmsnorm_forward(S* y, S* rstd, const S* x, const S* w, std::int64_t n,
-                                     std::int64_t channels, S eps) {
+void HostBackend<S>::rmsnorm_forward(S* y, A* rstd, const S* x, const S* w, std::int64_t n,
+                                     std::int64_t channels, A eps) {
   kernels::rmsnorm_forward(y, rstd, x, w, n, channels, eps);
 }
 template <class S>
 void HostBackend<S>::rmsnorm_backward(S* dx, S* dw, const S* dy, const S* x, const S* w,
-                                      const S* rstd, std::int64_t n, std::int64_t channels) {
+                                      const A* rstd, std::int64_t n, std::int64_t channels) {
   kernels::rmsnorm_backward(dx, dw, dy, x, w, rstd, n, channels);
 }
 template <class S>
@@ -81,13 +82,13 @@ void HostBackend<S>::attention_backward(S* dq, S* dk, S* dv, S* scratch, const S
                               kv_heads, head_dim);
 }
 template <class S>
-void HostBackend<S>::flash_attention_forward(S*, S*, const S*, const S*, const S*, std::int64_t,
+void HostBackend<S>::flash_attention_forward(S*, A*, const S*, const S*, const S*, std::int64_t,
                                              std::int64_t, std::int64_t, std::int64_t,
                                              std::int64_t) {
   throw std::invalid_argument("flash attention runs on the CUDA backend only");
 }
 template <class S>
-void HostBackend<S>::flash_attention_backward(S*, S*, S*, S*, const S*, const S*, const S*,
+void HostBackend<S>::flash_attention_backward(S*, S*, S*, A*, const S*, const S*, const A*,
                                               const S*, const S*, const S*, std::int64_t,
                                               std::int64_t, std::int64_t, std::int64_t,
                                               std::int64_t) {
@@ -111,22 +112,22 @@ void HostBackend<S>::swiglu_backward(S* dgate, S* dup, const S* dout, const S* g
   kernels::swiglu_backward(dgate, dup, dout, gate, up, n);
 }
 template <class S>
-void HostBackend<S>::log_softmax_forward(S* logp, const S* logits, std::int64_t n,
+void HostBackend<S>::log_softmax_forward(A* logp, const S* logits, std::int64_t n,
                                          std::int64_t vocab) {
   kernels::log_softmax_forward(logp, logits, n, vocab);
 }
 template <class S>
-double HostBackend<S>::nll_loss_forward(const S* logp, const std::int32_t* targets,
+double HostBackend<S>::nll_loss_forward(const A* logp, const std::int32_t* targets,
                                         std::int64_t n, std::int64_t vocab) {
-  return kernels::nll_loss_forward(logp, targets, n, vocab);
+  return kernels::nll_loss_forward<S>(logp, targets, n, vocab);
 }
 template <class S>
-void HostBackend<S>::nll_loss_backward(S* dlogp, const std::int32_t* targets, std::int64_t n,
-                                       std::int64_t vocab, S scale) {
-  kernels::nll_loss_backward(dlogp, targets, n, vocab, scale);
+void HostBackend<S>::nll_loss_backward(A* dlogp, const std::int32_t* targets, std::int64_t n,
+                                       std::int64_t vocab, A scale) {
+  kernels::nll_loss_backward<S>(dlogp, targets, n, vocab, scale);
 }
 template <class S>
-void HostBackend<S>::log_softmax_backward(S* dlogits, const S* dlogp, const S* logp,
+void HostBackend<S>::log_softmax_backward(S* dlogits, const A* dlogp, const A* logp,
                                           std::int64_t n, std::int64_t vocab) {
   kernels::log_softmax_backward(dlogits, dlogp, logp, n, vocab);
 }
@@ -136,14 +137,33 @@ void HostBackend<S>::copy(S* dst, const S* src, std::int64_t n) {
 }
 template <class S>
 void HostBackend<S>::add(S* dst, const S* src, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = executor::narrow<S>(widen(dst[i]) + widen(src[i]));
 }
 template <class S>
-void HostBackend<S>::adamw_step(S* params, const S* grads, S* exp_avg, S* exp_avg_sq,
+void HostBackend<S>::adamw_step(A* params, const A* grads, A* exp_avg, A* exp_avg_sq,
                                 std::int64_t n, std::int64_t step, const AdamWOptions& options) {
   const auto count = static_cast<std::size_t>(n);
-  executor::adamw_step<S>({params, count}, {grads, count}, {exp_avg, count},
+  executor::adamw_step<A>({params, count}, {grads, count}, {exp_avg, count},
                           {exp_avg_sq, count}, step, options);
+}
+template <class S>
+void HostBackend<S>::narrow(S* dst, const A* src, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = executor::narrow<S>(src[i]);
+}
+template <class S>
+void HostBackend<S>::widen_add(A* dst, const S* src, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] += widen(src[i]);
+}
+template <class S>
+void HostBackend<S>::scale(A* x, std::int64_t n, double factor) {
+  const auto f = static_cast<A>(factor);
+  for (std::int64_t i = 0; i < n; ++i) x[i] *= f;
+}
+template <class S>
+bool HostBackend<S>::all_finite(const A* x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return false;
+  return true;
 }
 template <class S>
 void HostBackend<S>::begin(typename Backend<S>::Part part) {

@@ -21,12 +21,15 @@
 
 #include "comm/communicator.hpp"
 #include "executor/adamw.hpp"
+#include "executor/scalar.hpp"
 
 namespace shardplan::executor {
 
 template <class S>
 class Backend {
  public:
+  using A = accum_t<S>;  // norm statistics, log-sum-exp, the loss's log-probabilities (scalar.hpp)
+
   Backend() = default;
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
@@ -43,14 +46,14 @@ class Backend {
                               std::int64_t in, std::int64_t out, bool accumulate) = 0;
   virtual void linear_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w,
                                std::int64_t n, std::int64_t in, std::int64_t out) = 0;
-  virtual void layernorm_forward(S* y, S* mean, S* rstd, const S* x, const S* w, const S* b,
-                                 std::int64_t n, std::int64_t channels, S eps) = 0;
+  virtual void layernorm_forward(S* y, A* mean, A* rstd, const S* x, const S* w, const S* b,
+                                 std::int64_t n, std::int64_t channels, A eps) = 0;
   virtual void layernorm_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w,
-                                  const S* mean, const S* rstd, std::int64_t n,
+                                  const A* mean, const A* rstd, std::int64_t n,
                                   std::int64_t channels) = 0;
-  virtual void rmsnorm_forward(S* y, S* rstd, const S* x, const S* w, std::int64_t n,
-                               std::int64_t channels, S eps) = 0;
-  virtual void rmsnorm_backward(S* dx, S* dw, const S* dy, const S* x, const S* w, const S* rstd,
+  virtual void rmsnorm_forward(S* y, A* rstd, const S* x, const S* w, std::int64_t n,
+                               std::int64_t channels, A eps) = 0;
+  virtual void rmsnorm_backward(S* dx, S* dw, const S* dy, const S* x, const S* w, const A* rstd,
                                 std::int64_t n, std::int64_t channels) = 0;
   virtual void rope_forward(S* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
                             std::int64_t head_dim, double theta) = 0;
@@ -73,11 +76,11 @@ class Backend {
   // probabilities from it and needs delta [B, heads, T] as scratch. Backends without it say so
   // (supports_flash_attention) and throw.
   virtual bool supports_flash_attention(std::int64_t head_dim) const = 0;
-  virtual void flash_attention_forward(S* out, S* lse, const S* q, const S* k, const S* v,
+  virtual void flash_attention_forward(S* out, A* lse, const S* q, const S* k, const S* v,
                                        std::int64_t batch, std::int64_t seq, std::int64_t heads,
                                        std::int64_t kv_heads, std::int64_t head_dim) = 0;
-  virtual void flash_attention_backward(S* dq, S* dk, S* dv, S* delta, const S* dout,
-                                        const S* out, const S* lse, const S* q, const S* k,
+  virtual void flash_attention_backward(S* dq, S* dk, S* dv, A* delta, const S* dout,
+                                        const S* out, const A* lse, const S* q, const S* k,
                                         const S* v, std::int64_t batch, std::int64_t seq,
                                         std::int64_t heads, std::int64_t kv_heads,
                                         std::int64_t head_dim) = 0;
@@ -86,22 +89,31 @@ class Backend {
   virtual void swiglu_forward(S* out, const S* gate, const S* up, std::int64_t n) = 0;
   virtual void swiglu_backward(S* dgate, S* dup, const S* dout, const S* gate, const S* up,
                                std::int64_t n) = 0;
-  virtual void log_softmax_forward(S* logp, const S* logits, std::int64_t n,
+  virtual void log_softmax_forward(A* logp, const S* logits, std::int64_t n,
                                    std::int64_t vocab) = 0;
   // Σₙ −logp[n, target[n]]. A GPU backend waits here for its queued work (once per micro-batch).
-  virtual double nll_loss_forward(const S* logp, const std::int32_t* targets, std::int64_t n,
+  virtual double nll_loss_forward(const A* logp, const std::int32_t* targets, std::int64_t n,
                                   std::int64_t vocab) = 0;
-  virtual void nll_loss_backward(S* dlogp, const std::int32_t* targets, std::int64_t n,
-                                 std::int64_t vocab, S scale) = 0;
-  virtual void log_softmax_backward(S* dlogits, const S* dlogp, const S* logp, std::int64_t n,
+  virtual void nll_loss_backward(A* dlogp, const std::int32_t* targets, std::int64_t n,
+                                 std::int64_t vocab, A scale) = 0;
+  virtual void log_softmax_backward(S* dlogits, const A* dlogp, const A* logp, std::int64_t n,
                                     std::int64_t vocab) = 0;
 
   // ---- the engine's element-wise work
   virtual void copy(S* dst, const S* src, std::int64_t n) = 0;  // may not overlap
   virtual void add(S* dst, const S* src, std::int64_t n) = 0;   // dst += src
-  // adamw.hpp's step on n elements.
-  virtual void adamw_step(S* params, const S* grads, S* exp_avg, S* exp_avg_sq, std::int64_t n,
+  // adamw.hpp's step on n elements of the master weights (A: fp32 for every compute type but the
+  // gradient check's double).
+  virtual void adamw_step(A* params, const A* grads, A* exp_avg, A* exp_avg_sq, std::int64_t n,
                           std::int64_t step, const AdamWOptions& options) = 0;
+  // Mixed precision (scalar.hpp): the compute type's copies of the master weights and the master
+  // type's copies of the computed gradients. With S = A these are a copy and an add.
+  virtual void narrow(S* dst, const A* src, std::int64_t n) = 0;     // dst = S(src), may not overlap
+  virtual void widen_add(A* dst, const S* src, std::int64_t n) = 0;  // dst += A(src)
+  virtual void scale(A* x, std::int64_t n, double factor) = 0;       // x *= factor
+  // Whether every element is finite (fp16's loss scaling skips a step whose gradients overflowed).
+  // Waits for the work queued on the compute stream.
+  virtual bool all_finite(const A* x, std::int64_t n) = 0;
 
   // ---- order and time. A stream is a group's collective stream, or the compute stream (nullptr).
   // Nothing to do on the host: its collectives complete before they return.
@@ -144,6 +156,7 @@ class Backend {
 template <class S>
 class HostBackend final : public Backend<S> {
  public:
+  using A = accum_t<S>;
   const char* name() const override { return "cpu"; }
   void embedding_forward(S* out, const std::int32_t* tokens, const S* wte, const S* wpe,
                          std::int64_t batch, std::int64_t seq, std::int64_t channels) override;
@@ -153,13 +166,13 @@ class HostBackend final : public Backend<S> {
                       std::int64_t out, bool accumulate) override;
   void linear_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w, std::int64_t n,
                        std::int64_t in, std::int64_t out) override;
-  void layernorm_forward(S* y, S* mean, S* rstd, const S* x, const S* w, const S* b,
-                         std::int64_t n, std::int64_t channels, S eps) override;
-  void layernorm_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w, const S* mean,
-                          const S* rstd, std::int64_t n, std::int64_t channels) override;
-  void rmsnorm_forward(S* y, S* rstd, const S* x, const S* w, std::int64_t n,
-                       std::int64_t channels, S eps) override;
-  void rmsnorm_backward(S* dx, S* dw, const S* dy, const S* x, const S* w, const S* rstd,
+  void layernorm_forward(S* y, A* mean, A* rstd, const S* x, const S* w, const S* b,
+                         std::int64_t n, std::int64_t channels, A eps) override;
+  void layernorm_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w, const A* mean,
+                          const A* rstd, std::int64_t n, std::int64_t channels) override;
+  void rmsnorm_forward(S* y, A* rstd, const S* x, const S* w, std::int64_t n,
+                       std::int64_t channels, A eps) override;
+  void rmsnorm_backward(S* dx, S* dw, const S* dy, const S* x, const S* w, const A* rstd,
                         std::int64_t n, std::int64_t channels) override;
   void rope_forward(S* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
                     std::int64_t head_dim, double theta) override;
@@ -175,9 +188,9 @@ class HostBackend final : public Backend<S> {
                           std::int64_t heads, std::int64_t kv_heads,
                           std::int64_t head_dim) override;
   bool supports_flash_attention(std::int64_t) const override { return false; }
-  void flash_attention_forward(S*, S*, const S*, const S*, const S*, std::int64_t, std::int64_t,
+  void flash_attention_forward(S*, A*, const S*, const S*, const S*, std::int64_t, std::int64_t,
                                std::int64_t, std::int64_t, std::int64_t) override;
-  void flash_attention_backward(S*, S*, S*, S*, const S*, const S*, const S*, const S*,
+  void flash_attention_backward(S*, S*, S*, A*, const S*, const S*, const A*, const S*,
                                 const S*, const S*, std::int64_t, std::int64_t, std::int64_t,
                                 std::int64_t, std::int64_t) override;
   void gelu_forward(S* out, const S* in, std::int64_t n) override;
@@ -185,17 +198,21 @@ class HostBackend final : public Backend<S> {
   void swiglu_forward(S* out, const S* gate, const S* up, std::int64_t n) override;
   void swiglu_backward(S* dgate, S* dup, const S* dout, const S* gate, const S* up,
                        std::int64_t n) override;
-  void log_softmax_forward(S* logp, const S* logits, std::int64_t n, std::int64_t vocab) override;
-  double nll_loss_forward(const S* logp, const std::int32_t* targets, std::int64_t n,
+  void log_softmax_forward(A* logp, const S* logits, std::int64_t n, std::int64_t vocab) override;
+  double nll_loss_forward(const A* logp, const std::int32_t* targets, std::int64_t n,
                           std::int64_t vocab) override;
-  void nll_loss_backward(S* dlogp, const std::int32_t* targets, std::int64_t n,
-                         std::int64_t vocab, S scale) override;
-  void log_softmax_backward(S* dlogits, const S* dlogp, const S* logp, std::int64_t n,
+  void nll_loss_backward(A* dlogp, const std::int32_t* targets, std::int64_t n,
+                         std::int64_t vocab, A scale) override;
+  void log_softmax_backward(S* dlogits, const A* dlogp, const A* logp, std::int64_t n,
                             std::int64_t vocab) override;
   void copy(S* dst, const S* src, std::int64_t n) override;
   void add(S* dst, const S* src, std::int64_t n) override;
-  void adamw_step(S* params, const S* grads, S* exp_avg, S* exp_avg_sq, std::int64_t n,
+  void adamw_step(A* params, const A* grads, A* exp_avg, A* exp_avg_sq, std::int64_t n,
                   std::int64_t step, const AdamWOptions& options) override;
+  void narrow(S* dst, const A* src, std::int64_t n) override;
+  void widen_add(A* dst, const S* src, std::int64_t n) override;
+  void scale(A* x, std::int64_t n, double factor) override;
+  bool all_finite(const A* x, std::int64_t n) override;
   void begin(typename Backend<S>::Part part) override;
   void end(typename Backend<S>::Part part) override;
   typename Backend<S>::PartSeconds take_seconds() override;

@@ -110,8 +110,8 @@ void linear_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w, s
 }
 
 template <class S>
-void layernorm_forward(S* y, S* mean, S* rstd, const S* x, const S* w, const S* b, std::int64_t n,
-                       std::int64_t channels, S eps) {
+void layernorm_forward(S* y, accum_t<S>* mean, accum_t<S>* rstd, const S* x, const S* w, const S* b, std::int64_t n,
+                       std::int64_t channels, accum_t<S> eps) {
   const S inv_c = S(1) / static_cast<S>(channels);
   for (std::int64_t i = 0; i < n; ++i) {
     const S* xi = x + i * channels;
@@ -130,8 +130,8 @@ void layernorm_forward(S* y, S* mean, S* rstd, const S* x, const S* w, const S* 
 }
 
 template <class S>
-void layernorm_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w, const S* mean,
-                        const S* rstd, std::int64_t n, std::int64_t channels) {
+void layernorm_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w, const accum_t<S>* mean,
+                        const accum_t<S>* rstd, std::int64_t n, std::int64_t channels) {
   const S inv_c = S(1) / static_cast<S>(channels);
   for (std::int64_t i = 0; i < n; ++i) {
     const S* dyi = dy + i * channels;
@@ -158,8 +158,8 @@ void layernorm_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w
 }
 
 template <class S>
-void rmsnorm_forward(S* y, S* rstd, const S* x, const S* w, std::int64_t n, std::int64_t channels,
-                     S eps) {
+void rmsnorm_forward(S* y, accum_t<S>* rstd, const S* x, const S* w, std::int64_t n, std::int64_t channels,
+                     accum_t<S> eps) {
   const S inv_c = S(1) / static_cast<S>(channels);
   for (std::int64_t i = 0; i < n; ++i) {
     const S* xi = x + i * channels;
@@ -173,7 +173,7 @@ void rmsnorm_forward(S* y, S* rstd, const S* x, const S* w, std::int64_t n, std:
 }
 
 template <class S>
-void rmsnorm_backward(S* dx, S* dw, const S* dy, const S* x, const S* w, const S* rstd,
+void rmsnorm_backward(S* dx, S* dw, const S* dy, const S* x, const S* w, const accum_t<S>* rstd,
                       std::int64_t n, std::int64_t channels) {
   const S inv_c = S(1) / static_cast<S>(channels);
   for (std::int64_t i = 0; i < n; ++i) {
@@ -347,7 +347,7 @@ void swiglu_backward(S* dgate, S* dup, const S* dout, const S* gate, const S* up
 }
 
 template <class S>
-void log_softmax_forward(S* logp, const S* logits, std::int64_t n, std::int64_t vocab) {
+void log_softmax_forward(accum_t<S>* logp, const S* logits, std::int64_t n, std::int64_t vocab) {
   for (std::int64_t i = 0; i < n; ++i) {
     const S* zi = logits + i * vocab;
     S* out = logp + i * vocab;  // holds exp(z − max) first
@@ -359,7 +359,7 @@ void log_softmax_forward(S* logp, const S* logits, std::int64_t n, std::int64_t 
 }
 
 template <class S>
-double nll_loss_forward(const S* logp, const std::int32_t* targets, std::int64_t n,
+double nll_loss_forward(const accum_t<S>* logp, const std::int32_t* targets, std::int64_t n,
                         std::int64_t vocab) {
   double sum = 0;
   for (std::int64_t i = 0; i < n; ++i) sum -= static_cast<double>(logp[i * vocab + targets[i]]);
@@ -367,13 +367,13 @@ double nll_loss_forward(const S* logp, const std::int32_t* targets, std::int64_t
 }
 
 template <class S>
-void nll_loss_backward(S* dlogp, const std::int32_t* targets, std::int64_t n, std::int64_t vocab,
-                       S scale) {
+void nll_loss_backward(accum_t<S>* dlogp, const std::int32_t* targets, std::int64_t n, std::int64_t vocab,
+                       accum_t<S> scale) {
   for (std::int64_t i = 0; i < n; ++i) dlogp[i * vocab + targets[i]] -= scale;
 }
 
 template <class S>
-void log_softmax_backward(S* dlogits, const S* dlogp, const S* logp, std::int64_t n,
+void log_softmax_backward(S* dlogits, const accum_t<S>* dlogp, const accum_t<S>* logp, std::int64_t n,
                           std::int64_t vocab) {
   for (std::int64_t i = 0; i < n; ++i) {
     const S* g = dlogp + i * vocab;

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "executor/scalar.hpp"
+
 namespace shardplan::executor::kernels {
 
 // out[n, :] = wte[tokens[n], :] (+ wpe[t, :] when wpe is given).       wte [V, C], wpe [P, C]
@@ -31,21 +33,21 @@ void linear_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w, s
 // LayerNorm (Ba et al. 2016): y = (x − μ)·rstd·w + b, rstd = 1/√(σ² + ε), biased variance as
 // torch.nn.LayerNorm. Saves mean [N] and rstd [N] for the backward.
 template <class S>
-void layernorm_forward(S* y, S* mean, S* rstd, const S* x, const S* w, const S* b, std::int64_t n,
-                       std::int64_t channels, S eps);
+void layernorm_forward(S* y, accum_t<S>* mean, accum_t<S>* rstd, const S* x, const S* w, const S* b, std::int64_t n,
+                       std::int64_t channels, accum_t<S> eps);
 // With x̂ = (x − μ)·rstd and g = dy·w: dx += rstd·(g − mean(g) − x̂·mean(g·x̂)) (llm.c
 // layernorm_backward); dw += dy·x̂; db += dy.
 template <class S>
-void layernorm_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w, const S* mean,
-                        const S* rstd, std::int64_t n, std::int64_t channels);
+void layernorm_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w, const accum_t<S>* mean,
+                        const accum_t<S>* rstd, std::int64_t n, std::int64_t channels);
 
 // RMSNorm (Zhang & Sennrich 2019; HF LlamaRMSNorm): y = x·rstd·w, rstd = 1/√(mean(x²) + ε).
 template <class S>
-void rmsnorm_forward(S* y, S* rstd, const S* x, const S* w, std::int64_t n, std::int64_t channels,
-                     S eps);
+void rmsnorm_forward(S* y, accum_t<S>* rstd, const S* x, const S* w, std::int64_t n, std::int64_t channels,
+                     accum_t<S> eps);
 // With x̂ = x·rstd and g = dy·w: dx += rstd·(g − x̂·mean(g·x̂)); dw += dy·x̂.
 template <class S>
-void rmsnorm_backward(S* dx, S* dw, const S* dy, const S* x, const S* w, const S* rstd,
+void rmsnorm_backward(S* dx, S* dw, const S* dy, const S* x, const S* w, const accum_t<S>* rstd,
                       std::int64_t n, std::int64_t channels);
 
 // Rotary positions (Su et al. 2021, RoFormer eq. 34) in the "rotate half" pairing of HF
@@ -94,19 +96,19 @@ void swiglu_backward(S* dgate, S* dup, const S* dout, const S* gate, const S* up
 // log-probabilities, log_softmax's backward a gradient of the logits.
 // logp [N, V] = z − max − log Σ exp(z − max), row by row.
 template <class S>
-void log_softmax_forward(S* logp, const S* logits, std::int64_t n, std::int64_t vocab);
+void log_softmax_forward(accum_t<S>* logp, const S* logits, std::int64_t n, std::int64_t vocab);
 // Σₙ −logp[n, target[n]] (accumulated in double).
 template <class S>
-double nll_loss_forward(const S* logp, const std::int32_t* targets, std::int64_t n,
+double nll_loss_forward(const accum_t<S>* logp, const std::int32_t* targets, std::int64_t n,
                         std::int64_t vocab);
 // dlogp[n, target[n]] += −scale (scale = dloss/dsum, e.g. 1/N); the other entries are untouched.
 template <class S>
-void nll_loss_backward(S* dlogp, const std::int32_t* targets, std::int64_t n, std::int64_t vocab,
-                       S scale);
+void nll_loss_backward(accum_t<S>* dlogp, const std::int32_t* targets, std::int64_t n, std::int64_t vocab,
+                       accum_t<S> scale);
 // dlogits = dlogp − exp(logp)·Σⱼ dlogp[n, j]  (torch's _log_softmax_backward_data). Unlike the
 // other backward kernels it WRITES its output: the logits have no other gradient.
 template <class S>
-void log_softmax_backward(S* dlogits, const S* dlogp, const S* logp, std::int64_t n,
+void log_softmax_backward(S* dlogits, const accum_t<S>* dlogp, const accum_t<S>* logp, std::int64_t n,
                           std::int64_t vocab);
 
 }  // namespace shardplan::executor::kernels

@@ -33,6 +33,7 @@ CudaBackend::CudaBackend(DeviceMemory& memory, bool tf32) : memory_(memory) {
   set_tf32(launch_.blas, tf32);
   // The loss accumulator: 8 bytes outside the tracked allocator, like cuBLAS's own workspace.
   CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&loss_sum_), sizeof(double)));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&nonfinite_), sizeof(int)));
   memory_.set_stream(launch_.stream);
 }
 
@@ -51,6 +52,7 @@ CudaBackend::~CudaBackend() {
     destroy(i.end);
   }
   (void)cudaFree(loss_sum_);
+  (void)cudaFree(nonfinite_);
   (void)cublasDestroy(launch_.blas);
   (void)cudaStreamDestroy(launch_.stream);
 }
@@ -187,6 +189,24 @@ void CudaBackend::adamw_step(float* params, const float* grads, float* exp_avg,
                              const AdamWOptions& o) {
   cuda::adamw_step(launch_, params, grads, exp_avg, exp_avg_sq, n, step, o.lr, o.beta1, o.beta2,
                    o.eps, o.weight_decay);
+}
+void CudaBackend::narrow(float* dst, const float* src, std::int64_t n) {
+  cuda::copy(launch_, dst, src, n);
+}
+void CudaBackend::widen_add(float* dst, const float* src, std::int64_t n) {
+  cuda::add(launch_, dst, src, n);
+}
+void CudaBackend::scale(float* x, std::int64_t n, double factor) {
+  cuda::scale(launch_, x, static_cast<float>(factor), n);
+}
+bool CudaBackend::all_finite(const float* x, std::int64_t n) {
+  CUDA_OK(cudaMemsetAsync(nonfinite_, 0, sizeof(int), launch_.stream));
+  cuda::count_nonfinite(launch_, nonfinite_, x, n);
+  int count = 0;
+  CUDA_OK(cudaMemcpyAsync(&count, nonfinite_, sizeof(int), cudaMemcpyDeviceToHost,
+                          launch_.stream));
+  CUDA_OK(cudaStreamSynchronize(launch_.stream));
+  return count == 0;
 }
 
 // ---- order and time

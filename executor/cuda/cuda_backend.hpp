@@ -99,6 +99,10 @@ class CudaBackend final : public Backend<float> {
   void add(float* dst, const float* src, std::int64_t n) override;
   void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
                   std::int64_t n, std::int64_t step, const AdamWOptions& options) override;
+  void narrow(float* dst, const float* src, std::int64_t n) override;
+  void widen_add(float* dst, const float* src, std::int64_t n) override;
+  void scale(float* x, std::int64_t n, double factor) override;
+  bool all_finite(const float* x, std::int64_t n) override;
 
   void wait(comm::Communicator* waiter, comm::Communicator* producer) override;
   void record_use(const void* p, comm::Communicator* user) override;
@@ -119,6 +123,7 @@ class CudaBackend final : public Backend<float> {
   DeviceMemory& memory_;
   Launch launch_;
   double* loss_sum_ = nullptr; // one double on the device
+  int* nonfinite_ = nullptr;    // all_finite's count, on the device
   std::vector<cudaEvent_t> free_events_;
   std::array<std::vector<Interval>, kParts> parts_; // by Part
   // The compute stream's waits for collectives, by the group whose stream it waited for.

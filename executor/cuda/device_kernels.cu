@@ -634,6 +634,12 @@ __global__ void scale_kernel(float* x, float factor, std::int64_t n) {
   for (std::int64_t i = grid_first(); i < n; i += grid_step()) x[i] *= factor;
 }
 
+__global__ void count_nonfinite_kernel(int* count, const float* x, std::int64_t n) {
+  int bad = 0;
+  for (std::int64_t i = grid_first(); i < n; i += grid_step()) bad += isfinite(x[i]) ? 0 : 1;
+  if (bad > 0) atomicAdd(count, bad);
+}
+
 // torch.optim.AdamW's element-wise update in adamw.cpp's order (see adamw.hpp):
 //   θ ← θ·decay;  m ← m + (1 − β₁)·(g − m);  v ← β₂·v + ((1 − β₂)·g)·g;
 //   θ ← θ − (step_size·m) / (√v / √(1 − β₂ᵗ) + ε).
@@ -913,6 +919,12 @@ void scale(const Launch& launch, float* x, float factor, std::int64_t n) {
   if (n == 0) return;
   scale_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(x, factor, n);
   check_launch("scale");
+}
+
+void count_nonfinite(const Launch& launch, int* count, const float* x, std::int64_t n) {
+  if (n == 0) return;
+  count_nonfinite_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(count, x, n);
+  check_launch("count_nonfinite");
 }
 
 void adamw_step(const Launch& launch, float* params, const float* grads, float* exp_avg,

@@ -113,6 +113,8 @@ void log_softmax_backward(const Launch& launch, float* dlogits, const float* dlo
 void copy(const Launch& launch, float* dst, const float* src, std::int64_t n);  // no overlap
 void add(const Launch& launch, float* dst, const float* src, std::int64_t n);   // dst += src
 void scale(const Launch& launch, float* x, float factor, std::int64_t n);       // x *= factor
+// *count += the number of elements of x that are infinite or NaN.
+void count_nonfinite(const Launch& launch, int* count, const float* x, std::int64_t n);
 
 // executor/adamw.hpp's step on n elements, `step` counting from 1: the scalar factors computed in
 // double on the host as adamw.cpp does, the element-wise arithmetic in float in adamw.cpp's order,

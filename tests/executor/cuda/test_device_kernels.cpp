@@ -483,7 +483,7 @@ TEST_CASE("executor::cuda log_softmax and nll_loss match the host's") {
 
     // The loss ADDS into a device double: from 1.5, two calls give 1.5 + 2·Σ. The host sums in
     // double too, in another order: the difference is far below 1e-12 of Σ|logp|.
-    const double sum = host::nll_loss_forward(logp.data(), targets.data(), n, vocab);
+    const double sum = host::nll_loss_forward<float>(logp.data(), targets.data(), n, vocab);
     DeviceArray<double> d_loss(std::vector<double>{1.5});
     for (int call = 1; call <= 2; ++call) {
       dev::nll_loss_forward(gpu.launch(), d_loss.get(), d_logp.get(), d_targets.get(), n, vocab);
@@ -496,7 +496,7 @@ TEST_CASE("executor::cuda log_softmax and nll_loss match the host's") {
     Floats dlogp = random_floats(n * vocab, 83);
     DeviceArray<float> d_dlogp(dlogp);
     for (int call = 1; call <= 2; ++call) {
-      host::nll_loss_backward(dlogp.data(), targets.data(), n, vocab, scale);
+      host::nll_loss_backward<float>(dlogp.data(), targets.data(), n, vocab, scale);
       dev::nll_loss_backward(gpu.launch(), d_dlogp.get(), d_targets.get(), n, vocab, scale);
       gpu.finish();
       check_close(d_dlogp.download(), dlogp, kExact, after_call("dlogp", call));
