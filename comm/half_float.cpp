@@ -5,20 +5,6 @@
 
 namespace shardplan::comm {
 
-float bf16_to_float(std::uint16_t bits) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
-}
-
-std::uint16_t float_to_bf16(float value) {
-  const auto bits = std::bit_cast<std::uint32_t>(value);
-  if (std::isnan(value))
-    return static_cast<std::uint16_t>((bits >> 16) | 0x0040u); // quiet NaN
-  // Round to nearest even on the 16 bits that are dropped.
-  const std::uint32_t lsb = (bits >> 16) & 1u;
-  const std::uint32_t rounded = bits + 0x7FFFu + lsb;
-  return static_cast<std::uint16_t>(rounded >> 16);
-}
-
 float f16_to_float(std::uint16_t bits) {
   const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
   const std::uint32_t exponent = (bits >> 10) & 0x1Fu;

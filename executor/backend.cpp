@@ -155,6 +155,10 @@ void HostBackend<S>::widen_add(A* dst, const S* src, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] += widen(src[i]);
 }
 template <class S>
+void HostBackend<S>::copy_wide(A* dst, const A* src, std::int64_t n) {
+  std::copy(src, src + n, dst);
+}
+template <class S>
 void HostBackend<S>::scale(A* x, std::int64_t n, double factor) {
   const auto f = static_cast<A>(factor);
   for (std::int64_t i = 0; i < n; ++i) x[i] *= f;
@@ -189,5 +193,7 @@ typename Backend<S>::PartSeconds HostBackend<S>::take_seconds() {
 
 template class HostBackend<float>;
 template class HostBackend<double>;
+template class HostBackend<bf16>;
+template class HostBackend<f16>;
 
 }  // namespace shardplan::executor

@@ -110,6 +110,7 @@ class Backend {
   // type's copies of the computed gradients. With S = A these are a copy and an add.
   virtual void narrow(S* dst, const A* src, std::int64_t n) = 0;     // dst = S(src), may not overlap
   virtual void widen_add(A* dst, const S* src, std::int64_t n) = 0;  // dst += A(src)
+  virtual void copy_wide(A* dst, const A* src, std::int64_t n) = 0;  // may not overlap
   virtual void scale(A* x, std::int64_t n, double factor) = 0;       // x *= factor
   // Whether every element is finite (fp16's loss scaling skips a step whose gradients overflowed).
   // Waits for the work queued on the compute stream.
@@ -211,6 +212,7 @@ class HostBackend final : public Backend<S> {
                   std::int64_t step, const AdamWOptions& options) override;
   void narrow(S* dst, const A* src, std::int64_t n) override;
   void widen_add(A* dst, const S* src, std::int64_t n) override;
+  void copy_wide(A* dst, const A* src, std::int64_t n) override;
   void scale(A* x, std::int64_t n, double factor) override;
   bool all_finite(const A* x, std::int64_t n) override;
   void begin(typename Backend<S>::Part part) override;
@@ -224,5 +226,7 @@ class HostBackend final : public Backend<S> {
 
 extern template class HostBackend<float>;
 extern template class HostBackend<double>;
+extern template class HostBackend<bf16>;
+extern template class HostBackend<f16>;
 
 }  // namespace shardplan::executor

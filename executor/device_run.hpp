@@ -16,6 +16,7 @@
 #include <string>
 
 #include "executor/backend.hpp"
+#include "executor/engine.hpp"
 #include "executor/memory_source.hpp"
 
 namespace shardplan::executor {
@@ -38,7 +39,10 @@ class DeviceRun {
   virtual ~DeviceRun() = default;
 
   virtual MemorySource& memory() = 0;
-  virtual Backend<float>& backend() = 0;
+  // Points the options' backend of their precision's compute type (EngineOptions::backend,
+  // backend_bf16, backend_f16) at this GPU's, made on first use: fp32 with TF32 GEMMs, as the cost
+  // model's fp32 computes (costmodel/job.cpp); bf16 and fp16 with fp32 accumulation.
+  virtual void attach(EngineOptions& options) = 0;
   // Brackets the making of the NCCL communicators: their growth is nccl_bytes.
   virtual void before_communicators() = 0;
   virtual void after_communicators() = 0;

@@ -45,55 +45,108 @@ void check_group(const comm::Communicator* c, int size, int rank, const char* na
 
 } // namespace
 
-struct ShardingEngine::State {
+struct ShardingEngine::Impl {
+  virtual ~Impl() = default;
+  virtual StepReport step() = 0;
+  virtual std::vector<float> full_parameters(std::int64_t unit) = 0;
+  virtual const GptLayout& layout() const = 0;
+  virtual const ShardLayout& shards() const = 0;
+  virtual const EngineOptions& options() const = 0;
+  virtual std::int64_t steps_done() const = 0;
+  virtual UnitState unit_state(std::int64_t unit) = 0;
+  virtual void set_steps_done(std::int64_t steps) = 0;
+  virtual int forward_prefetch() const = 0;
+  virtual int backward_prefetch() const = 0;
+};
+
+namespace {
+
+// torch.cuda.amp.GradScaler's defaults (torch/amp/grad_scaler.py): growth_factor 2,
+// backoff_factor 0.5, growth_interval 2000 (init_scale 2^16: EngineOptions).
+constexpr std::int64_t kLossScaleGrowthInterval = 2000;
+
+template <class S> Backend<S>* backend_of(const EngineOptions& o) {
+  if constexpr (std::is_same_v<S, float>)
+    return o.backend;
+  else if constexpr (std::is_same_v<S, bf16>)
+    return o.backend_bf16;
+  else
+    return o.backend_f16;
+}
+
+// S: the compute type; A = accum_t<S>: master weights, optimizer states, fp32 gradients.
+template <class S>
+struct State final : ShardingEngine::Impl {
+  using A = accum_t<S>;
+  static constexpr bool kMixed = !std::is_same_v<S, A>;
+  static constexpr comm::DataType kS = data_type_v<S>;
+  static constexpr comm::DataType kA = data_type_v<A>;
+
   struct Unit {
-    Buffer params;  // chunk (sharded) or whole
-    Buffer exp_avg; // chunk (sharded optimizer) or whole
-    Buffer exp_avg_sq;
-    Buffer grads;      // whole gradient, unsharded gradients: alive from first use to step end
-    Buffer fresh;      // full gradient of one micro-batch, sharded gradients
-    Buffer grad_shard; // reduced chunk, sharded gradients: from its first reduce to step end
-    Buffer gathered;   // all-gathered parameters while the unit is in use
+    TrackedBuffer<A> params; // fp32 parameters at rest (chunk or whole); DeepSpeed: the master
+    TrackedBuffer<S> low;    // DeepSpeed's S parameters at rest (chunk or whole)
+    TrackedBuffer<A> exp_avg; // chunk (sharded optimizer) or whole
+    TrackedBuffer<A> exp_avg_sq;
+    // Whole gradient (unsharded gradients): alive from first use to step end, fp32 or S.
+    TrackedBuffer<A> grads;
+    TrackedBuffer<S> low_grads;
+    // S gradient of one micro-batch: sharded gradients' full gradient; with fp32 whole gradients
+    // the unit's backward output, widened into them after the backward.
+    TrackedBuffer<S> fresh;
+    TrackedBuffer<A> grad_shard;     // reduced chunk (sharded gradients), fp32 or
+    TrackedBuffer<S> low_grad_shard; // ... S: from its first reduce to step end
+    TrackedBuffer<S> gathered;       // all-gathered parameters, or DDP's S copy, while in use
   };
   struct Pending {
     std::int64_t unit;
     std::int64_t offset; // in the current contiguous bucket
+  };
+  // A reduced chunk in S waiting to be added into the unit's fp32 chunk.
+  struct Widen {
+    std::int64_t unit;
+    TrackedBuffer<S> chunk;
   };
 
   State(EngineOptions opts, TrackedAllocator& a, EngineGroups groups)
       : o(std::move(opts)),
         alloc(a),
         g(groups),
-        host_backend(o.backend ? nullptr : std::make_unique<HostBackend<float>>()),
-        be(o.backend ? *o.backend : *host_backend),
-        model(o.model, a, o.model_options, &be) {}
+        host_backend(backend_of<S>(o) ? nullptr : std::make_unique<HostBackend<S>>()),
+        be(backend_of<S>(o) ? *backend_of<S>(o) : *host_backend),
+        model(o.model, a, o.model_options, &be) {
+    init();
+  }
 
-  using Part = Backend<float>::Part;
+  using Part = typename Backend<S>::Part;
 
   EngineOptions o;
   TrackedAllocator& alloc;
   EngineGroups g;
-  std::unique_ptr<Backend<float>> host_backend; // when none is given
-  Backend<float>& be;
-  GptModel<float> model;
+  std::unique_ptr<Backend<S>> host_backend; // when none is given
+  Backend<S>& be;
+  GptModel<S> model;
+  PrecisionPolicy policy;
   ShardLayout sl;
   CollectiveStats stats; // of the current step
   // The shard group's all-gathers, its reductions (the same group, on a GPU its own stream) and
   // the replica group's all-reduce; each counted in `stats`.
   std::unique_ptr<TimedCommunicator> shard, reduce, replica;
   std::vector<Unit> units;
-  Buffer head_embedding; // tied head under sharded parameters: the embedding gathered again
-  Buffer ddp_bucket;     // grad_bucket_copy: every unit's gradient, concatenated
+  TrackedBuffer<S> head_embedding; // tied head: the embedding gathered (or copied) again
+  TrackedBuffer<A> ddp_bucket;     // grad_bucket_copy: every unit's gradient, concatenated
   std::vector<std::int64_t> ddp_offset;
-  std::array<Buffer, 2> buckets; // contiguous_grad_bucket (the second with flat_grad_partition)
-  std::array<bool, 2> bucket_in_flight{}; // reduced from and not waited for since
+  std::array<TrackedBuffer<S>, 2> buckets; // contiguous_grad_bucket (two with flat_grad_partition)
+  std::array<bool, 2> bucket_in_flight{};  // reduced from and not waited for since
   int bucket_index = 0;
-  std::int64_t bucket_used = 0; // floats
+  std::int64_t bucket_used = 0; // elements
   double pending_bytes = 0;     // the cost model's count: elements × reduce dtype bytes
   std::vector<Pending> pending;
+  std::vector<Widen> widen_pending;
   std::int64_t step_count = 0;
   int fwd_prefetch = 0, bwd_prefetch = 0;
   double compute_cpu_s = 0;
+  double loss_scale = 1;
+  std::int64_t good_steps = 0; // since the loss scale last changed
 
   std::int64_t unit_count() const { return static_cast<std::int64_t>(units.size()); }
   const UnitShards& shape(std::int64_t u) const { return sl.units[static_cast<std::size_t>(u)]; }
@@ -101,6 +154,7 @@ struct ShardingEngine::State {
   bool tied() const { return o.model.tied_embeddings; }
   bool is_head(std::int64_t u) const { return u == unit_count() - 1; }
   int world_rank() const { return sl.replica_rank * sl.group + sl.shard_rank; }
+  bool low_whole() const { return policy.low_whole_grads; }
 
   // A unit needs a gather before it runs: its parameters are partitioned, or it is a tied head
   // whose output matrix lives in the partitioned embedding unit (the cost model's head gather
@@ -108,6 +162,8 @@ struct ShardingEngine::State {
   bool needs_gather(std::int64_t u) const {
     return shape(u).params_sharded || (is_head(u) && tied() && shape(0).params_sharded);
   }
+  // DDP under autocast: the unit computes from an S copy of its fp32 parameters.
+  bool needs_copy(std::int64_t u) const { return policy.autocast_copies && !needs_gather(u); }
   bool alive(std::int64_t u) {
     return !unit(u).gathered.empty() || (is_head(u) && !head_embedding.empty());
   }
@@ -118,14 +174,41 @@ struct ShardingEngine::State {
   }
 
   // The gathered buffer is written by the all-gather stream and read by the compute stream, which
-  // waits for it in wait_for_gathers.
-  void gather_into(std::int64_t u, Buffer& out) {
+  // waits for it in wait_for_gathers. An fp32 chunk is first cast to S (FSDP's MixedPrecision
+  // param_dtype): a transient the gather stream reads once the compute stream has written it.
+  void gather_into(std::int64_t u, TrackedBuffer<S>& out) {
     const auto& us = shape(u);
+    auto& un = unit(u);
+    const auto chunk = static_cast<std::size_t>(us.chunk);
+    TrackedBuffer<S> cast;
+    const S* source = nullptr;
+    if constexpr (kMixed) {
+      if (policy.low_params) {
+        source = un.low.data();
+      } else {
+        cast = alloc.allocate_uninitialized<S>(MemoryCategory::buffers, us.chunk);
+        be.narrow(cast.data(), un.params.data(), us.chunk);
+        be.wait(shard.get(), nullptr);
+        source = cast.data();
+      }
+    } else {
+      source = un.params.data();
+    }
     be.allocate_on(shard.get());
-    out = alloc.allocate_uninitialized<float>(MemoryCategory::buffers, us.padded);
+    out = alloc.allocate_uninitialized<S>(MemoryCategory::buffers, us.padded);
     be.allocate_on(nullptr);
     be.record_use(out.data(), nullptr);
-    shard->all_gather(unit(u).params.data(), out.data(), static_cast<std::size_t>(us.chunk), kF32);
+    shard->all_gather(source, out.data(), chunk, kS);
+    if (!cast.empty()) {
+      be.record_use(cast.data(), shard.get());
+      cast.reset();
+    }
+  }
+  // DDP under autocast: the S copy of unit u's fp32 parameters.
+  void copy_into(std::int64_t u, TrackedBuffer<S>& out) {
+    const std::int64_t n = sl.whole_elements(u, o.spec);
+    out = alloc.allocate_uninitialized<S>(MemoryCategory::buffers, n);
+    be.narrow(out.data(), unit(u).params.data(), n);
   }
   // Before unit u's compute: the gathers queued so far (u's among them; later prefetches are
   // queued after this) are done.
@@ -133,24 +216,44 @@ struct ShardingEngine::State {
     if (needs_gather(u))
       be.wait(nullptr, shard.get());
   }
-  void acquire(std::int64_t u) {
+  // Unit u's parameters for its compute. The embedding's backward reads none: DDP's S copy of it
+  // exists for the forward only (the cost model counts none: autocast does not cast the lookup).
+  void acquire(std::int64_t u, bool backward = false) {
     if (shape(u).params_sharded && unit(u).gathered.empty())
       gather_into(u, unit(u).gathered);
     if (is_head(u) && tied() && shape(0).params_sharded && head_embedding.empty())
       gather_into(0, head_embedding);
+    if (needs_copy(u) && unit(u).gathered.empty() && !(backward && u == 0)) {
+      copy_into(u, unit(u).gathered);
+      if (is_head(u) && tied() && head_embedding.empty())
+        copy_into(0, head_embedding);
+    }
   }
   void release(std::int64_t u) {
     unit(u).gathered.reset();
     if (is_head(u))
       head_embedding.reset();
   }
-  std::span<const float> params_for(std::int64_t u) {
-    return shape(u).params_sharded ? unit(u).gathered.span() : unit(u).params.span();
+  std::span<const S> params_for(std::int64_t u) {
+    auto& un = unit(u);
+    if (needs_gather(u) && shape(u).params_sharded)
+      return un.gathered.span();
+    if (needs_copy(u))
+      return un.gathered.span();
+    if constexpr (kMixed)
+      return un.low.span();
+    else
+      return un.params.span();
   }
-  std::span<const float> embedding_for_head() {
+  std::span<const S> embedding_for_head() {
     if (!tied())
       return {};
-    return shape(0).params_sharded ? head_embedding.span() : unit(0).params.span();
+    if (shape(0).params_sharded || policy.autocast_copies)
+      return head_embedding.span();
+    if constexpr (kMixed)
+      return unit(0).low.span();
+    else
+      return unit(0).params.span();
   }
 
   // Plan-order prefetch (EngineOptions::prefetch_as_planned): the next units the limiter allows.
@@ -182,17 +285,47 @@ struct ShardingEngine::State {
     }
   }
 
+  // The model adds a unit's gradient into an S buffer: the kept whole gradient when it is S, else
+  // `fresh` (sharded gradients' per-micro-batch gradient, or the transient widened into fp32
+  // whole gradients).
+  bool widens_whole(std::int64_t) const { return kMixed && !o.spec.shard_gradients && !low_whole(); }
   void ensure_grad_target(std::int64_t u) {
     auto& un = unit(u);
     if (o.spec.shard_gradients) {
       if (un.fresh.empty())
-        un.fresh = alloc.allocate<float>(MemoryCategory::gradients, shape(u).padded);
-    } else if (un.grads.empty()) {
-      un.grads = alloc.allocate<float>(MemoryCategory::gradients, sl.whole_elements(u, o.spec));
+        un.fresh = alloc.allocate<S>(MemoryCategory::gradients, shape(u).padded);
+      return;
     }
+    const std::int64_t n = sl.whole_elements(u, o.spec);
+    if (low_whole()) {
+      if (un.low_grads.empty())
+        un.low_grads = alloc.allocate<S>(MemoryCategory::gradients, n);
+      return;
+    }
+    if (un.grads.empty())
+      un.grads = alloc.allocate<A>(MemoryCategory::gradients, n);
+    if (widens_whole(u) && un.fresh.empty())
+      un.fresh = alloc.allocate<S>(MemoryCategory::gradients, n);
   }
-  std::span<float> grad_span(std::int64_t u) {
-    return o.spec.shard_gradients ? unit(u).fresh.span() : unit(u).grads.span();
+  std::span<S> grad_span(std::int64_t u) {
+    auto& un = unit(u);
+    if (o.spec.shard_gradients || widens_whole(u))
+      return un.fresh.span();
+    if (low_whole())
+      return un.low_grads.span();
+    if constexpr (kMixed)
+      return {};
+    else
+      return un.grads.span();
+  }
+  // After unit u's backward: the S gradient the model wrote, widened into the fp32 whole gradient.
+  // A tied head also added into the embedding's transient, widened after the embedding's backward.
+  void widen_whole(std::int64_t u) {
+    if (!widens_whole(u))
+      return;
+    auto& un = unit(u);
+    timed(Part::copy, [&] { be.widen_add(un.grads.data(), un.fresh.data(), un.fresh.size()); });
+    un.fresh.reset();
   }
 
   // Tells the watchdog what the step does now: "step 2 forward unit 3" ("step 2 micro-batch 1
@@ -222,15 +355,18 @@ struct ShardingEngine::State {
 
   // Adds the kept chunk into this rank's block of the reduce input, so that the reduce-scatter's
   // sum is the accumulated gradient (the reduce overwrites its output). With replicas only the
-  // first replica adds it: the replica all-reduce then sums it once.
-  void accumulate_into_input(std::int64_t u, float* input) {
+  // first replica adds it: the replica all-reduce then sums it once. Same-type chunks only.
+  template <class T> void accumulate_into_input(std::int64_t u, T* input, const T* kept_chunk) {
     if (sl.replica_rank != 0)
       return;
     be.wait(nullptr, reduce.get()); // the kept chunk is the previous micro-batch's reduction
     if (replica)
       be.wait(nullptr, replica.get());
     timed(Part::copy, [&] {
-      be.add(input + sl.chunk_begin(u), unit(u).grad_shard.data(), shape(u).chunk);
+      if constexpr (std::is_same_v<T, S>)
+        be.add(input + sl.chunk_begin(u), kept_chunk, shape(u).chunk);
+      else
+        throw std::logic_error("fp32 chunks are accumulated by widening");
     });
   }
 
@@ -240,9 +376,9 @@ struct ShardingEngine::State {
   // stream has been waited for.)
   void ready_for_reduce() { be.wait(reduce.get(), nullptr); }
   // A reduction's output that the compute stream reads later.
-  Buffer reduce_output(MemoryCategory category, std::int64_t elements) {
+  template <class T> TrackedBuffer<T> reduce_output(MemoryCategory category, std::int64_t elements) {
     be.allocate_on(reduce.get());
-    auto out = alloc.allocate<float>(category, elements);
+    auto out = alloc.allocate<T>(category, elements);
     be.allocate_on(nullptr);
     be.record_use(out.data(), nullptr);
     if (replica)
@@ -250,41 +386,80 @@ struct ShardingEngine::State {
     return out;
   }
   // The replica group's all-reduce of what the shard group's reduction produced.
-  void replica_all_reduce(float* data, std::size_t count) {
+  template <class T> void replica_all_reduce(T* data, std::size_t count) {
     if (!replica)
       return;
     be.wait(replica.get(), reduce.get());
-    replica->all_reduce(data, data, count, kF32);
+    replica->all_reduce(data, data, count, data_type_v<T>);
+  }
+
+  // The reduced S chunks of earlier units into their fp32 chunks. Queued on the compute stream
+  // one unit late, so that a unit's reduce-scatter overlaps the next unit's backward.
+  void widen_reduced() {
+    if (widen_pending.empty())
+      return;
+    be.wait(nullptr, reduce.get());
+    if (replica)
+      be.wait(nullptr, replica.get());
+    for (auto& w : widen_pending) {
+      auto& un = unit(w.unit);
+      timed(Part::copy, [&] { be.widen_add(un.grad_shard.data(), w.chunk.data(), w.chunk.size()); });
+    }
+    widen_pending.clear();
   }
 
   // Reduces unit u's gradient held in `input` (padded elements when the optimizer is sharded,
   // whole otherwise). `input` may be the unit's own gradient buffer or a bucket region.
-  void reduce_from(std::int64_t u, float* input) {
+  template <class T> void reduce_from(std::int64_t u, T* input) {
     const auto& us = shape(u);
     auto& un = unit(u);
     const auto c = static_cast<std::size_t>(us.chunk);
+    constexpr auto type = data_type_v<T>;
     if (o.spec.shard_optimizer && o.spec.shard_gradients) {
-      if (un.grad_shard.empty())
-        un.grad_shard = reduce_output(MemoryCategory::gradients, us.chunk);
-      else
-        accumulate_into_input(u, input);
-      ready_for_reduce();
-      reduce->reduce_scatter(input, un.grad_shard.data(), c, kF32);
-      replica_all_reduce(un.grad_shard.data(), c);
+      if constexpr (std::is_same_v<T, S>) {
+        if (kMixed && !policy.low_kept_chunk) {
+          // S reduce-scatter, added into the fp32 chunk (FSDP's sharded gradient; DeepSpeed
+          // stage 3's fp32 partition).
+          if (un.grad_shard.empty())
+            un.grad_shard = alloc.allocate<A>(MemoryCategory::gradients, us.chunk);
+          auto out = reduce_output<S>(MemoryCategory::gradients, us.chunk);
+          ready_for_reduce();
+          reduce->reduce_scatter(input, out.data(), c, type);
+          replica_all_reduce(out.data(), c);
+          widen_pending.push_back({u, std::move(out)});
+          return;
+        }
+        auto& kept = [&]() -> TrackedBuffer<S>& {
+          if constexpr (kMixed)
+            return un.low_grad_shard;
+          else
+            return un.grad_shard;
+        }();
+        if (kept.empty())
+          kept = reduce_output<S>(MemoryCategory::gradients, us.chunk);
+        else
+          accumulate_into_input<S>(u, input, kept.data());
+        ready_for_reduce();
+        reduce->reduce_scatter(input, kept.data(), c, type);
+        replica_all_reduce(kept.data(), c);
+      } else {
+        throw std::logic_error("sharded gradients are computed in the compute type");
+      }
     } else if (o.spec.shard_optimizer) {
       // Whole gradients, sharded optimizer (ZeRO-1): this rank's chunk of the whole buffer gets
       // the reduced chunk. The output must not overlap the input: a bucket region, or a transient.
-      float* mine = un.grads.data() + sl.chunk_begin(u);
+      T* whole = whole_grads<T>(u);
+      T* mine = whole + sl.chunk_begin(u);
       ready_for_reduce();
-      if (input != un.grads.data()) {
-        reduce->reduce_scatter(input, mine, c, kF32);
+      if (input != whole) {
+        reduce->reduce_scatter(input, mine, c, type);
         replica_all_reduce(mine, c);
       } else {
-        auto out = reduce_output(MemoryCategory::buffers, us.chunk);
-        reduce->reduce_scatter(input, out.data(), c, kF32);
+        auto out = reduce_output<T>(MemoryCategory::buffers, us.chunk);
+        reduce->reduce_scatter(input, out.data(), c, type);
         replica_all_reduce(out.data(), c);
         be.wait(nullptr, replica ? replica.get() : reduce.get());
-        timed(Part::copy, [&] { be.copy(mine, out.data(), us.chunk); });
+        timed(Part::copy, [&] { copy_elements(mine, out.data(), us.chunk); });
       }
     } else {
       // All-reduce in buckets of reduce_bucket_bytes (DDP's bucket_cap_mb; the cost model's
@@ -298,10 +473,28 @@ struct ShardingEngine::State {
       ready_for_reduce();
       for (std::int64_t begin = 0; begin < us.size; begin += per) {
         const auto n = static_cast<std::size_t>(std::min(per, us.size - begin));
-        reduce->all_reduce(input + begin, input + begin, n, kF32);
+        reduce->all_reduce(input + begin, input + begin, n, type);
         replica_all_reduce(input + begin, n);
       }
     }
+  }
+
+  template <class T> T* whole_grads(std::int64_t u) {
+    if constexpr (std::is_same_v<T, A>)
+      if (!low_whole())
+        return unit(u).grads.data();
+    if constexpr (std::is_same_v<T, S>)
+      if (low_whole() || !kMixed)
+        return reinterpret_cast<T*>(kMixed ? static_cast<void*>(unit(u).low_grads.data())
+                                           : static_cast<void*>(unit(u).grads.data()));
+    throw std::logic_error("whole gradients of another type");
+  }
+  // The compute stream's copy of n elements of either type.
+  template <class T> void copy_elements(T* dst, const T* src, std::int64_t n) {
+    if constexpr (std::is_same_v<T, S>)
+      be.copy(dst, src, n);
+    else
+      be.copy_wide(dst, src, n);
   }
 
   // Waits until the last reductions that read bucket i are done, before it is filled again.
@@ -317,13 +510,13 @@ struct ShardingEngine::State {
   void flush_bucket() {
     const auto i = static_cast<std::size_t>(bucket_index);
     for (const auto& p : pending)
-      reduce_from(p.unit, buckets[i].data() + p.offset);
+      reduce_from<S>(p.unit, buckets[i].data() + p.offset);
     bucket_in_flight[i] = true;
     if (!o.spec.shard_optimizer) { // all-reduced in the bucket: copy the sums back
       wait_for_bucket(i);
       for (const auto& p : pending)
         timed(Part::copy, [&] {
-          be.copy(unit(p.unit).grads.data(), buckets[i].data() + p.offset, shape(p.unit).size);
+          be.copy(whole_grads<S>(p.unit), buckets[i].data() + p.offset, shape(p.unit).size);
         });
     }
     pending.clear();
@@ -337,7 +530,13 @@ struct ShardingEngine::State {
   void reduce_unit(std::int64_t u) {
     auto& un = unit(u);
     const auto& us = shape(u);
-    float* source = o.spec.shard_gradients ? un.fresh.data() : un.grads.data();
+    widen_reduced();
+    if (!o.spec.shard_gradients && !low_whole() && kMixed) {
+      // fp32 whole gradients (DDP): all-reduced in fp32.
+      reduce_whole_fp32(u);
+      return;
+    }
+    S* source = o.spec.shard_gradients ? un.fresh.data() : whole_grads<S>(u);
     const std::int64_t len = o.spec.shard_gradients ? us.padded : sl.whole_elements(u, o.spec);
     if (o.spec.contiguous_grad_bucket) {
       // DeepSpeed's contiguous gradients: the unit's gradient is copied into the bucket and its
@@ -347,7 +546,7 @@ struct ShardingEngine::State {
       const std::int64_t capacity = buckets[0].size();
       if (len > capacity) {
         flush_bucket();
-        reduce_from(u, source);
+        reduce_from<S>(u, source);
       } else {
         if (bucket_used + len > capacity)
           flush_bucket();
@@ -365,16 +564,29 @@ struct ShardingEngine::State {
     }
     if (o.spec.grad_bucket_copy) {
       // torch DDP without gradient_as_bucket_view: gradients are copied into the bucket, reduced
-      // there, and the reduced values copied back into the gradients.
-      // The copies back wait for every reduction, after the backward (copy_back_buckets), so
-      // that the compute does not wait for each bucket's reduction in turn.
-      float* region = ddp_bucket.data() + ddp_offset[static_cast<std::size_t>(u)];
-      timed(Part::copy, [&] { be.copy(region, source, us.size); });
-      reduce_from(u, region);
+      // there, and the reduced values copied back into the gradients. The copies back wait for
+      // every reduction, after the backward (copy_back_buckets), so that the compute does not
+      // wait for each bucket's reduction in turn.
+      if constexpr (!kMixed) { // fp32 (mixed precision: reduce_whole_fp32)
+        A* region = ddp_bucket.data() + ddp_offset[static_cast<std::size_t>(u)];
+        timed(Part::copy, [&] { be.copy(region, source, us.size); });
+        reduce_from<S>(u, region);
+      }
     } else {
-      reduce_from(u, source);
+      reduce_from<S>(u, source);
     }
     release_fresh(un);
+  }
+  // DDP under mixed precision: the fp32 gradient, all-reduced in fp32 from the bucket copy or in
+  // place.
+  void reduce_whole_fp32(std::int64_t u) {
+    if (o.spec.grad_bucket_copy) {
+      A* region = ddp_bucket.data() + ddp_offset[static_cast<std::size_t>(u)];
+      timed(Part::copy, [&] { be.copy_wide(region, unit(u).grads.data(), shape(u).size); });
+      reduce_from<A>(u, region);
+      return;
+    }
+    reduce_from<A>(u, unit(u).grads.data());
   }
 
   // Frees a unit's per-micro-batch gradient (sharded gradients), which a reduction may still be
@@ -396,9 +608,9 @@ struct ShardingEngine::State {
     auto tokens = synthetic_sequences(alloc, o.seed, first, b, o.model.vocab);
 
     // ---- forward
-    std::vector<BlockActivations<float>> saved(static_cast<std::size_t>(L));
-    TrackedBuffer<float> x;
-    std::optional<HeadForward<float>> head;
+    std::vector<BlockActivations<S>> saved(static_cast<std::size_t>(L));
+    TrackedBuffer<S> x;
+    std::optional<HeadForward<S>> head;
     for (std::int64_t u = 0; u < U; ++u) {
       phase("forward", u, mb);
       acquire(u);
@@ -416,17 +628,18 @@ struct ShardingEngine::State {
                                           tokens.targets.span(), b));
         }
       });
-      if (needs_gather(u) && !kept(u))
+      // Gathered units the backward gathers again; DDP's copy of the embedding.
+      if ((needs_gather(u) && !kept(u)) || (needs_copy(u) && u == 0))
         release(u);
     }
     const double loss = head->loss;
 
-    // ---- backward
-    const double scale = 1.0 / (static_cast<double>(o.grad_accumulation) * sl.world);
-    TrackedBuffer<float> dx;
+    // ---- backward, of the loss × loss_scale (fp16) / (micro-batches · ranks)
+    const double scale = loss_scale / (static_cast<double>(o.grad_accumulation) * sl.world);
+    TrackedBuffer<S> dx;
     for (std::int64_t u = U - 1; u >= 0; --u) {
       phase("backward", u, mb);
-      acquire(u);
+      acquire(u, true);
       wait_for_gathers(u);
       prefetch_backward(u);
       ensure_grad_target(u);
@@ -436,7 +649,7 @@ struct ShardingEngine::State {
         if (is_head(u)) {
           dx = model.backward_head(params_for(u), embedding_for_head(), std::move(head->saved),
                                    tokens.targets.span(), grad_span(u),
-                                   tied() ? grad_span(0) : std::span<float>{}, scale);
+                                   tied() ? grad_span(0) : std::span<S>{}, scale);
         } else if (u > 0) {
           dx =
               model.backward_block(params_for(u), std::move(saved[static_cast<std::size_t>(u - 1)]),
@@ -445,11 +658,13 @@ struct ShardingEngine::State {
           model.backward_embedding(tokens.inputs.span(), std::move(dx), grad_span(0), b);
         }
       });
-      if (needs_gather(u))
+      if (needs_gather(u) || needs_copy(u))
         release(u);
+      widen_whole(u);
       if (reduce_now)
         reduce_unit(u);
     }
+    widen_reduced();
     return loss;
   }
 
@@ -467,26 +682,113 @@ struct ShardingEngine::State {
       return;
     for (std::int64_t u = 0; u < unit_count(); ++u)
       timed(Part::copy, [&] {
-        be.copy(unit(u).grads.data(), ddp_bucket.data() + ddp_offset[static_cast<std::size_t>(u)],
-                shape(u).size);
+        copy_elements<A>(unit(u).grads.data(),
+                         ddp_bucket.data() + ddp_offset[static_cast<std::size_t>(u)],
+                         shape(u).size);
       });
   }
 
-  void optimizer_step() {
+  // The fp32 gradient the optimizer reads for unit u (n elements from `begin` of the unit). Under
+  // DeepSpeed it is a transient fp32 copy of the gradient partition (the cost model's step_grad):
+  // stages 1 and 2 cast their S partition, stage 3 flattens its fp32 partition into a new tensor
+  // (stage3.py, _prepare_fp32_grad_for_sub_group).
+  struct StepGrad {
+    A* data = nullptr;
+    TrackedBuffer<A> copy;
+  };
+  StepGrad step_grad(std::int64_t u, std::int64_t begin, std::int64_t n) {
+    auto& un = unit(u);
+    StepGrad out;
+    const S* low = nullptr;
+    if constexpr (kMixed) {
+      if (o.spec.shard_gradients && policy.low_kept_chunk)
+        low = un.low_grad_shard.data();
+      else if (!o.spec.shard_gradients && low_whole())
+        low = un.low_grads.data() + begin;
+    }
+    A* kept = low != nullptr                ? nullptr
+              : o.spec.shard_gradients ? un.grad_shard.data()
+                                       : un.grads.data() + begin;
+    if (!policy.low_params) {
+      out.data = kept;
+      return out;
+    }
+    if (low != nullptr) { // zeroed, then the widened S partition added
+      out.copy = alloc.allocate<A>(MemoryCategory::gradients, n);
+      be.widen_add(out.copy.data(), low, n);
+    } else {
+      out.copy = alloc.allocate_uninitialized<A>(MemoryCategory::gradients, n);
+      be.copy_wide(out.copy.data(), kept, n);
+    }
+    out.data = out.copy.data();
+    return out;
+  }
+
+  // Whether every rank's gradients are finite (fp16's loss scaling), a world all-reduce.
+  bool finite_everywhere(const std::vector<StepGrad>& grads, const std::vector<std::int64_t>& n) {
+    double bad = 0;
+    for (std::size_t u = 0; u < grads.size(); ++u)
+      if (!be.all_finite(grads[u].data, n[u]))
+        bad = 1;
+    if (g.stand_in)
+      return bad == 0;
+    auto buffer = g.world->allocate(sizeof(double));
+    buffer->copy_from_host(&bad, sizeof(double));
+    g.world->all_reduce(buffer->data(), buffer->data(), 1, comm::DataType::f64);
+    g.world->synchronize();
+    buffer->copy_to_host(&bad, sizeof(double));
+    return bad == 0;
+  }
+
+  // AdamW on the master weights; DeepSpeed then rounds them into its S partition. Returns
+  // whether the update ran (fp16: not when a gradient overflowed).
+  bool optimizer_step() {
     phase("optimizer");
     const auto& spec = o.spec;
-    for (std::int64_t u = 0; u < unit_count(); ++u) {
-      auto& un = unit(u);
+    const std::int64_t U = unit_count();
+    std::vector<StepGrad> grads;
+    std::vector<std::int64_t> count;
+    for (std::int64_t u = 0; u < U; ++u) {
       const auto& us = shape(u);
       const std::int64_t n = spec.shard_optimizer ? us.chunk : us.size;
       const std::int64_t begin = spec.shard_optimizer ? sl.chunk_begin(u) : 0;
-      float* p = us.params_sharded ? un.params.data() : un.params.data() + begin;
-      const float* gr = spec.shard_gradients ? un.grad_shard.data() : un.grads.data() + begin;
+      grads.push_back(step_grad(u, begin, n));
+      count.push_back(n);
+    }
+    if (policy.loss_scaling) {
+      if (!finite_everywhere(grads, count)) {
+        loss_scale *= 0.5;
+        good_steps = 0;
+        return false;
+      }
+      for (std::int64_t u = 0; u < U; ++u) {
+        auto& gr = grads[static_cast<std::size_t>(u)];
+        // Unscaled in place: the kept fp32 gradient is freed after the step anyway.
+        be.scale(gr.data, count[static_cast<std::size_t>(u)], 1.0 / loss_scale);
+      }
+      if (++good_steps == kLossScaleGrowthInterval) {
+        loss_scale *= 2;
+        good_steps = 0;
+      }
+    }
+    for (std::int64_t u = 0; u < U; ++u) {
+      auto& un = unit(u);
+      const auto& us = shape(u);
+      const std::int64_t n = count[static_cast<std::size_t>(u)];
+      const std::int64_t begin = spec.shard_optimizer ? sl.chunk_begin(u) : 0;
+      // The master: DeepSpeed's is a chunk (its optimizer is sharded); fp32 parameters at rest
+      // are a chunk when partitioned, else whole.
+      A* p = policy.low_params || us.params_sharded ? un.params.data() : un.params.data() + begin;
       if (un.exp_avg.size() != n)
         throw std::logic_error(fmt::format("unit {}: {} optimizer elements for {} parameters", u,
                                            un.exp_avg.size(), n));
-      be.adamw_step(p, gr, un.exp_avg.data(), un.exp_avg_sq.data(), n, step_count, o.adamw);
+      be.adamw_step(p, grads[static_cast<std::size_t>(u)].data, un.exp_avg.data(),
+                    un.exp_avg_sq.data(), n, step_count, o.adamw);
+      if constexpr (kMixed)
+        if (policy.low_params)
+          be.narrow(us.params_sharded ? un.low.data() : un.low.data() + begin, p, n);
     }
+    return true;
   }
 
   // Sharded optimizer, parameters not partitioned (ZeRO-1/2, and units kept whole under ZeRO-3's
@@ -500,11 +802,305 @@ struct ShardingEngine::State {
       const auto& us = shape(u);
       if (us.params_sharded)
         continue;
-      float* p = unit(u).params.data();
-      shard->all_gather(p + sl.chunk_begin(u), p, static_cast<std::size_t>(us.chunk), kF32);
+      const auto c = static_cast<std::size_t>(us.chunk);
+      if constexpr (kMixed) {
+        if (policy.low_params) {
+          S* p = unit(u).low.data();
+          shard->all_gather(p + sl.chunk_begin(u), p, c, kS);
+          continue;
+        }
+      }
+      A* p = unit(u).params.data();
+      shard->all_gather(p + sl.chunk_begin(u), p, c, kA);
     }
   }
+
+  // Parameters drawn on the host (param_init.hpp) as fp32, written into `out` as T.
+  template <class T>
+  void write_initial(TrackedBuffer<T>& out, std::int64_t u, std::int64_t first) {
+    const auto& layout = model.layout();
+    const std::int64_t n = out.size();
+    std::vector<A> values(static_cast<std::size_t>(n));
+    init_unit_params<A>(layout, u, o.seed, first, values);
+    std::vector<T> typed(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i)
+      typed[i] = narrow<T>(values[i]);
+    if (alloc.host_accessible())
+      std::copy(typed.begin(), typed.end(), out.data());
+    else
+      alloc.source().write(out.data(), typed.data(), n * static_cast<std::int64_t>(sizeof(T)));
+  }
+
+  void init() {
+    const auto& spec = o.spec;
+    if (g.world == nullptr)
+      throw std::invalid_argument("the world group is missing");
+    if (spec.shard_parameters && !spec.shard_gradients)
+      throw std::invalid_argument(
+          "shard_parameters needs shard_gradients (no framework does otherwise)");
+    if (spec.shard_gradients && !spec.shard_optimizer)
+      throw std::invalid_argument(
+          "shard_gradients needs shard_optimizer (no framework does otherwise)");
+    if (o.grad_accumulation < 1)
+      throw std::invalid_argument(fmt::format("{} micro-batches per step", o.grad_accumulation));
+    if (o.micro_batch.batch < 1 || o.micro_batch.seq < 1)
+      throw std::invalid_argument("the micro-batch is empty");
+    set_policy();
+    const auto& layout = model.layout();
+    sl = make_shard_layout(layout, spec, g.world->size(), g.world->rank());
+    check_group(g.shard, sl.group, sl.shard_rank, "shard");
+    if (sl.replicas > 1)
+      check_group(g.replica, sl.replicas, sl.replica_rank, "replica");
+    shard = std::make_unique<TimedCommunicator>(*g.shard, stats);
+    if (g.shard_reduce != nullptr) {
+      check_group(g.shard_reduce, sl.group, sl.shard_rank, "shard reduce");
+      reduce = std::make_unique<TimedCommunicator>(*g.shard_reduce, stats);
+    } else {
+      reduce = std::make_unique<TimedCommunicator>(*g.shard, stats);
+    }
+    if (sl.replicas > 1)
+      replica = std::make_unique<TimedCommunicator>(*g.replica, stats);
+
+    if (o.prefetch_as_planned && spec.shard_parameters) {
+      fwd_prefetch = spec.forward_prefetch;
+      bwd_prefetch = spec.backward_prefetch;
+      // DeepSpeed: as many blocks ahead as stage3_prefetch_bucket_size elements hold (at least
+      // one), as the cost model derives it.
+      const double block = static_cast<double>(layout.block().size);
+      if (spec.prefetch_bucket_elems > 0 && block > 0)
+        fwd_prefetch = std::max(1, static_cast<int>(spec.prefetch_bucket_elems / block));
+    }
+
+    // ---- state present before the first step: parameters, optimizer states, persistent buffers.
+    const std::int64_t U = layout.unit_count();
+    units.resize(static_cast<std::size_t>(U));
+    for (std::int64_t u = 0; u < U; ++u) {
+      auto& un = unit(u);
+      const auto& us = shape(u);
+      const std::int64_t n = us.params_sharded ? us.chunk : sl.whole_elements(u, spec);
+      const std::int64_t first = us.params_sharded ? sl.chunk_begin(u) : 0;
+      if (policy.low_params) {
+        un.low = alloc.allocate<S>(MemoryCategory::parameters, n);
+        write_initial(un.low, u, first);
+      } else {
+        un.params = alloc.allocate<A>(MemoryCategory::parameters, n);
+        write_initial(un.params, u, first);
+      }
+    }
+    for (std::int64_t u = 0; u < U; ++u) {
+      auto& un = unit(u);
+      const auto& us = shape(u);
+      const std::int64_t n = spec.shard_optimizer ? us.chunk : us.size;
+      if (policy.low_params) { // DeepSpeed's fp32 master partition
+        un.params = alloc.allocate<A>(MemoryCategory::optimizer_states, n);
+        write_initial(un.params, u, spec.shard_optimizer ? sl.chunk_begin(u) : 0);
+      }
+      un.exp_avg = alloc.allocate<A>(MemoryCategory::optimizer_states, n);
+      un.exp_avg_sq = alloc.allocate<A>(MemoryCategory::optimizer_states, n);
+    }
+    if (spec.grad_bucket_copy) {
+      std::int64_t total = 0;
+      for (std::int64_t u = 0; u < U; ++u) {
+        ddp_offset.push_back(total);
+        total += sl.whole_elements(u, spec);
+      }
+      ddp_bucket = alloc.allocate<A>(MemoryCategory::buffers, total);
+    }
+    if (spec.contiguous_grad_bucket) {
+      const auto elements = static_cast<std::int64_t>(spec.reduce_bucket_bytes / sizeof(S));
+      buckets[0] = alloc.allocate<S>(MemoryCategory::buffers, elements);
+      if (spec.flat_grad_partition)
+        buckets[1] = alloc.allocate<S>(MemoryCategory::buffers, elements);
+    }
+  }
+
+  void set_policy() {
+    const auto want = costmodel::compute_dtype(o.precision);
+    const bool mixed = o.precision != costmodel::Precision::fp32;
+    if (mixed != kMixed || (std::is_same_v<S, bf16> && want != costmodel::DType::bf16) ||
+        (std::is_same_v<S, f16> && want != costmodel::DType::fp16))
+      throw std::logic_error("the engine's compute type is not the precision's");
+    policy = precision_policy(o.precision, o.spec);
+    if (policy.loss_scaling) {
+      if (!(o.initial_loss_scale > 0) || !std::isfinite(o.initial_loss_scale))
+        throw std::invalid_argument(
+            fmt::format("initial loss scale {}: must be positive", o.initial_loss_scale));
+      loss_scale = o.initial_loss_scale;
+    }
+  }
+
+  // ---- the public interface
+
+  StepReport step() override {
+    stats = {};
+    compute_cpu_s = 0;
+    (void)be.take_seconds();
+    ++step_count;
+    StepReport r;
+    r.step = step_count;
+    r.loss_scale = loss_scale;
+    const auto t0 = Clock::now();
+    const double c0 = thread_cpu_seconds();
+    double loss_sum = 0;
+    const std::int64_t gas = o.grad_accumulation;
+    for (std::int64_t mb = 0; mb < gas; ++mb)
+      loss_sum += micro_batch(mb, o.spec.shard_gradients || mb == gas - 1);
+    copy_back_buckets();
+    wait_for_reductions();
+    bool updated = true;
+    timed(Part::optimizer, [&] { updated = optimizer_step(); });
+    r.skipped = !updated;
+    if (updated)
+      gather_updated_parameters();
+    // Everything queued is done (a GPU's streams; nothing to wait for on the host).
+    phase("end of the step");
+    for (auto* c : {shard.get(), reduce.get(), replica.get()})
+      if (c != nullptr)
+        c->synchronize();
+    be.synchronize();
+    // zero_grad(set_to_none=True): the gradients kept through the step are released.
+    for (auto& un : units) {
+      un.grads.reset();
+      un.low_grads.reset();
+      un.grad_shard.reset();
+      un.low_grad_shard.reset();
+    }
+    r.step_s = seconds_since(t0);
+    r.step_cpu_s = thread_cpu_seconds() - c0;
+    r.compute_cpu_s = compute_cpu_s;
+    const auto parts = be.take_seconds();
+    r.forward_s = parts.forward;
+    r.backward_s = parts.backward;
+    r.compute_s = parts.forward + parts.backward;
+    r.optimizer_s = parts.optimizer;
+    r.copy_s = parts.copy;
+    auto waited = [&](const comm::Communicator* c) {
+      const auto it = parts.comm_waits.find(c);
+      return c != nullptr && it != parts.comm_waits.end() ? it->second : 0.0;
+    };
+    r.gather_wait_s = waited(shard.get());
+    r.reduce_wait_s = waited(reduce.get());
+    r.replica_wait_s = waited(replica.get());
+    r.comm_wait_s = r.gather_wait_s + r.reduce_wait_s + r.replica_wait_s;
+    r.collectives = stats;
+    // The loss of the global batch (outside the step's time), in memory the world's collectives
+    // use.
+    double local = loss_sum / static_cast<double>(gas);
+    if (g.stand_in) {
+      r.loss = local;
+    } else {
+      phase("loss");
+      auto buffer = g.world->allocate(sizeof(double));
+      buffer->copy_from_host(&local, sizeof(double));
+      g.world->all_reduce(buffer->data(), buffer->data(), 1, comm::DataType::f64);
+      g.world->synchronize();
+      double sum = 0;
+      buffer->copy_to_host(&sum, sizeof(double));
+      r.loss = sum / sl.world;
+    }
+    return r;
+  }
+
+  std::vector<float> full_parameters(std::int64_t u) override {
+    const auto& us = shape(u);
+    auto& un = unit(u);
+    std::vector<A> out(static_cast<std::size_t>(us.padded));
+    be.synchronize();
+    // The fp32 weights: parameters at rest, or DeepSpeed's master (a chunk: its optimizer is
+    // sharded).
+    const bool chunked = policy.low_params ? o.spec.shard_optimizer : us.params_sharded;
+    if (chunked) {
+      const auto bytes = static_cast<std::size_t>(us.padded) * sizeof(A);
+      auto gathered = g.shard->allocate(bytes);
+      g.shard->all_gather(un.params.data(), gathered->data(), static_cast<std::size_t>(us.chunk),
+                          kA);
+      g.shard->synchronize();
+      gathered->copy_to_host(out.data(), bytes);
+    } else {
+      alloc.source().read(out.data(), un.params.data(),
+                          us.size * static_cast<std::int64_t>(sizeof(A)));
+    }
+    out.resize(static_cast<std::size_t>(us.size));
+    return {out.begin(), out.end()};
+  }
+
+  const GptLayout& layout() const override { return model.layout(); }
+  const ShardLayout& shards() const override { return sl; }
+  const EngineOptions& options() const override { return o; }
+  std::int64_t steps_done() const override { return step_count; }
+  int forward_prefetch() const override { return fwd_prefetch; }
+  int backward_prefetch() const override { return bwd_prefetch; }
+
+  ShardingEngine::UnitState unit_state(std::int64_t u) override {
+    if constexpr (kMixed) {
+      (void)u;
+      throw std::logic_error("checkpoints hold fp32 runs only");
+    } else {
+      auto& un = unit(u);
+      const bool chunked_params = shape(u).params_sharded;
+      return {un.params.span(), chunked_params ? sl.chunk_begin(u) : 0, un.exp_avg.span(),
+              un.exp_avg_sq.span(), o.spec.shard_optimizer ? sl.chunk_begin(u) : 0};
+    }
+  }
+  void set_steps_done(std::int64_t steps) override {
+    if (steps < 0)
+      throw std::invalid_argument(fmt::format("{} steps done", steps));
+    step_count = steps;
+  }
 };
+
+std::unique_ptr<ShardingEngine::Impl> make_engine(EngineOptions options,
+                                                  TrackedAllocator& allocator,
+                                                  EngineGroups groups) {
+  switch (costmodel::compute_dtype(options.precision)) {
+    case costmodel::DType::bf16:
+      if (options.precision == costmodel::Precision::bf16_mixed)
+        return std::make_unique<State<bf16>>(std::move(options), allocator, groups);
+      break;
+    case costmodel::DType::fp16:
+      return std::make_unique<State<f16>>(std::move(options), allocator, groups);
+    default:
+      return std::make_unique<State<float>>(std::move(options), allocator, groups);
+  }
+  throw std::invalid_argument(
+      "pure bf16 (bf16 optimizer states) is not run by the executor; use bf16-mixed");
+}
+
+} // namespace
+
+PrecisionPolicy precision_policy(costmodel::Precision p, const costmodel::ShardingSpec& spec) {
+  using costmodel::Precision;
+  PrecisionPolicy policy;
+  if (p == Precision::bf16)
+    throw std::invalid_argument(
+        "pure bf16 (bf16 optimizer states) is not run by the executor; use bf16-mixed");
+  if (p == Precision::fp32)
+    return policy;
+  const auto b = costmodel::state_bytes(p, spec, costmodel::Accounting::framework);
+  policy.low_params = b.param < 4;
+  policy.autocast_copies = spec.flavour == costmodel::Flavour::ddp && b.compute < b.param;
+  policy.low_whole_grads = b.grad < 4;
+  policy.low_kept_chunk = b.grad < 4 && !spec.flat_grad_partition;
+  policy.loss_scaling = p == Precision::fp16_mixed;
+  if (policy.low_params && b.master <= 0)
+    throw std::invalid_argument("16-bit parameters at rest need an fp32 master copy");
+  // Reductions run in the type the gradients are in: the compute type for sharded gradients and
+  // DeepSpeed's, fp32 for PyTorch's whole gradients. The cost model reduces in
+  // max(reduce_dtype, compute dtype).
+  const double reduce_bytes = std::max(costmodel::dtype_bytes(spec.reduce_dtype), b.compute);
+  const double engine_bytes = spec.shard_gradients || policy.low_whole_grads ? b.compute : 4.0;
+  if (reduce_bytes != engine_bytes)
+    throw std::invalid_argument(fmt::format(
+        "reduce_dtype {} with {}: the executor reduces {} gradients in {}",
+        costmodel::dtype_name(spec.reduce_dtype), costmodel::precision_name(p),
+        spec.shard_gradients ? "sharded" : "whole",
+        engine_bytes == 4 ? "fp32" : costmodel::dtype_name(costmodel::compute_dtype(p))));
+  if (spec.grad_bucket_copy && policy.low_whole_grads)
+    throw std::invalid_argument("a DDP bucket copy of 16-bit gradients is not run");
+  if (spec.contiguous_grad_bucket && !(spec.shard_gradients || policy.low_whole_grads))
+    throw std::invalid_argument("a contiguous gradient bucket of fp32 gradients is not run");
+  return policy;
+}
 
 OwnedGroups make_groups(comm::Communicator& world, const costmodel::ShardingSpec& spec,
                         bool separate_reduce_stream) {
@@ -527,205 +1123,39 @@ OwnedGroups make_groups(comm::Communicator& world, const costmodel::ShardingSpec
 
 ShardingEngine::ShardingEngine(EngineOptions options, TrackedAllocator& allocator,
                                EngineGroups groups)
-    : s_(std::make_unique<State>(std::move(options), allocator, groups)) {
-  auto& s = *s_;
-  const auto& spec = s.o.spec;
-  if (groups.world == nullptr)
-    throw std::invalid_argument("the world group is missing");
-  if (spec.shard_parameters && !spec.shard_gradients)
-    throw std::invalid_argument(
-        "shard_parameters needs shard_gradients (no framework does otherwise)");
-  if (spec.shard_gradients && !spec.shard_optimizer)
-    throw std::invalid_argument(
-        "shard_gradients needs shard_optimizer (no framework does otherwise)");
-  if (s.o.grad_accumulation < 1)
-    throw std::invalid_argument(fmt::format("{} micro-batches per step", s.o.grad_accumulation));
-  if (s.o.micro_batch.batch < 1 || s.o.micro_batch.seq < 1)
-    throw std::invalid_argument("the micro-batch is empty");
-  const auto& layout = s.model.layout();
-  s.sl = make_shard_layout(layout, spec, groups.world->size(), groups.world->rank());
-  check_group(groups.shard, s.sl.group, s.sl.shard_rank, "shard");
-  if (s.sl.replicas > 1)
-    check_group(groups.replica, s.sl.replicas, s.sl.replica_rank, "replica");
-  s.shard = std::make_unique<TimedCommunicator>(*groups.shard, s.stats);
-  if (groups.shard_reduce != nullptr) {
-    check_group(groups.shard_reduce, s.sl.group, s.sl.shard_rank, "shard reduce");
-    s.reduce = std::make_unique<TimedCommunicator>(*groups.shard_reduce, s.stats);
-  } else {
-    s.reduce = std::make_unique<TimedCommunicator>(*groups.shard, s.stats);
-  }
-  if (s.sl.replicas > 1)
-    s.replica = std::make_unique<TimedCommunicator>(*groups.replica, s.stats);
-
-  if (s.o.prefetch_as_planned && spec.shard_parameters) {
-    s.fwd_prefetch = spec.forward_prefetch;
-    s.bwd_prefetch = spec.backward_prefetch;
-    // DeepSpeed: as many blocks ahead as stage3_prefetch_bucket_size elements hold (at least one),
-    // as the cost model derives it.
-    const double block = static_cast<double>(layout.block().size);
-    if (spec.prefetch_bucket_elems > 0 && block > 0)
-      s.fwd_prefetch = std::max(1, static_cast<int>(spec.prefetch_bucket_elems / block));
-  }
-
-  // ---- state present before the first step: parameters, optimizer states, persistent buffers.
-  const std::int64_t U = layout.unit_count();
-  s.units.resize(static_cast<std::size_t>(U));
-  for (std::int64_t u = 0; u < U; ++u) {
-    auto& un = s.unit(u);
-    const auto& us = s.shape(u);
-    const std::int64_t n = us.params_sharded ? us.chunk : s.sl.whole_elements(u, spec);
-    un.params = allocator.allocate<float>(MemoryCategory::parameters, n);
-    const std::int64_t first = us.params_sharded ? s.sl.chunk_begin(u) : 0;
-    if (allocator.host_accessible()) {
-      init_unit_params<float>(layout, u, s.o.seed, first, un.params.span());
-    } else { // drawn on the host, then written into the device's memory
-      std::vector<float> host(static_cast<std::size_t>(n));
-      init_unit_params<float>(layout, u, s.o.seed, first, host);
-      allocator.source().write(un.params.data(), host.data(),
-                               n * static_cast<std::int64_t>(sizeof(float)));
-    }
-  }
-  for (std::int64_t u = 0; u < U; ++u) {
-    auto& un = s.unit(u);
-    const auto& us = s.shape(u);
-    const std::int64_t n = spec.shard_optimizer ? us.chunk : us.size;
-    un.exp_avg = allocator.allocate<float>(MemoryCategory::optimizer_states, n);
-    un.exp_avg_sq = allocator.allocate<float>(MemoryCategory::optimizer_states, n);
-  }
-  if (spec.grad_bucket_copy) {
-    std::int64_t total = 0;
-    for (std::int64_t u = 0; u < U; ++u) {
-      s.ddp_offset.push_back(total);
-      total += s.sl.whole_elements(u, spec);
-    }
-    s.ddp_bucket = allocator.allocate<float>(MemoryCategory::buffers, total);
-  }
-  if (spec.contiguous_grad_bucket) {
-    const auto floats = static_cast<std::int64_t>(spec.reduce_bucket_bytes / sizeof(float));
-    s.buckets[0] = allocator.allocate<float>(MemoryCategory::buffers, floats);
-    if (spec.flat_grad_partition)
-      s.buckets[1] = allocator.allocate<float>(MemoryCategory::buffers, floats);
-  }
-}
+    : s_(make_engine(std::move(options), allocator, groups)) {}
 
 ShardingEngine::~ShardingEngine() = default;
 
 StepReport ShardingEngine::step() {
-  auto& s = *s_;
-  s.stats = {};
-  s.compute_cpu_s = 0;
-  (void)s.be.take_seconds();
-  ++s.step_count;
-  StepReport r;
-  r.step = s.step_count;
-  const auto t0 = Clock::now();
-  const double c0 = thread_cpu_seconds();
-  double loss_sum = 0;
-  const std::int64_t gas = s.o.grad_accumulation;
-  for (std::int64_t mb = 0; mb < gas; ++mb)
-    loss_sum += s.micro_batch(mb, s.o.spec.shard_gradients || mb == gas - 1);
-  s.copy_back_buckets();
-  s.wait_for_reductions();
-  s.timed(State::Part::optimizer, [&] { s.optimizer_step(); });
-  s.gather_updated_parameters();
-  // Everything queued is done (a GPU's streams; nothing to wait for on the host).
-  s.phase("end of the step");
-  for (auto* c : {s.shard.get(), s.reduce.get(), s.replica.get()})
-    if (c != nullptr)
-      c->synchronize();
-  s.be.synchronize();
-  // zero_grad(set_to_none=True): the gradients kept through the step are released.
-  for (auto& un : s.units) {
-    un.grads.reset();
-    un.grad_shard.reset();
-  }
-  r.step_s = seconds_since(t0);
-  r.step_cpu_s = thread_cpu_seconds() - c0;
-  r.compute_cpu_s = s.compute_cpu_s;
-  const auto parts = s.be.take_seconds();
-  r.forward_s = parts.forward;
-  r.backward_s = parts.backward;
-  r.compute_s = parts.forward + parts.backward;
-  r.optimizer_s = parts.optimizer;
-  r.copy_s = parts.copy;
-  auto waited = [&](const comm::Communicator* c) {
-    const auto it = parts.comm_waits.find(c);
-    return c != nullptr && it != parts.comm_waits.end() ? it->second : 0.0;
-  };
-  r.gather_wait_s = waited(s.shard.get());
-  r.reduce_wait_s = waited(s.reduce.get());
-  r.replica_wait_s = waited(s.replica.get());
-  r.comm_wait_s = r.gather_wait_s + r.reduce_wait_s + r.replica_wait_s;
-  r.collectives = s.stats;
-  // The loss of the global batch (outside the step's time), in memory the world's collectives use.
-  double local = loss_sum / static_cast<double>(gas);
-  if (s.g.stand_in) {
-    r.loss = local;
-  } else {
-    s.phase("loss");
-    auto buffer = s.g.world->allocate(sizeof(double));
-    buffer->copy_from_host(&local, sizeof(double));
-    s.g.world->all_reduce(buffer->data(), buffer->data(), 1, comm::DataType::f64);
-    s.g.world->synchronize();
-    double sum = 0;
-    buffer->copy_to_host(&sum, sizeof(double));
-    r.loss = sum / s.sl.world;
-  }
-  return r;
+  return s_->step();
 }
-
 std::vector<float> ShardingEngine::full_parameters(std::int64_t unit) {
-  auto& s = *s_;
-  const auto& us = s.shape(unit);
-  auto& un = s.unit(unit);
-  std::vector<float> out(static_cast<std::size_t>(us.padded));
-  s.be.synchronize();
-  if (us.params_sharded) {
-    const auto bytes = static_cast<std::size_t>(us.padded) * sizeof(float);
-    auto gathered = s.g.shard->allocate(bytes);
-    s.g.shard->all_gather(un.params.data(), gathered->data(), static_cast<std::size_t>(us.chunk),
-                          kF32);
-    s.g.shard->synchronize();
-    gathered->copy_to_host(out.data(), bytes);
-  } else {
-    s.alloc.source().read(out.data(), un.params.data(),
-                          us.size * static_cast<std::int64_t>(sizeof(float)));
-  }
-  out.resize(static_cast<std::size_t>(us.size));
-  return out;
+  return s_->full_parameters(unit);
 }
-
 const GptLayout& ShardingEngine::layout() const {
-  return s_->model.layout();
+  return s_->layout();
 }
 const ShardLayout& ShardingEngine::shards() const {
-  return s_->sl;
+  return s_->shards();
 }
 const EngineOptions& ShardingEngine::options() const {
-  return s_->o;
+  return s_->options();
 }
 std::int64_t ShardingEngine::steps_done() const {
-  return s_->step_count;
+  return s_->steps_done();
 }
-
 ShardingEngine::UnitState ShardingEngine::unit_state(std::int64_t unit) {
-  auto& s = *s_;
-  auto& un = s.unit(unit);
-  const bool chunked_params = s.shape(unit).params_sharded;
-  return {un.params.span(), chunked_params ? s.sl.chunk_begin(unit) : 0, un.exp_avg.span(),
-          un.exp_avg_sq.span(), s.o.spec.shard_optimizer ? s.sl.chunk_begin(unit) : 0};
+  return s_->unit_state(unit);
 }
-
 void ShardingEngine::set_steps_done(std::int64_t steps) {
-  if (steps < 0)
-    throw std::invalid_argument(fmt::format("{} steps done", steps));
-  s_->step_count = steps;
+  s_->set_steps_done(steps);
 }
 int ShardingEngine::forward_prefetch() const {
-  return s_->fwd_prefetch;
+  return s_->forward_prefetch();
 }
 int ShardingEngine::backward_prefetch() const {
-  return s_->bwd_prefetch;
+  return s_->backward_prefetch();
 }
 
 } // namespace shardplan::executor

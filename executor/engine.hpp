@@ -31,6 +31,23 @@
 // adds into the embedding unit's gradient, which therefore exists from the head's backward to the
 // embedding's reduction, as in PyTorch and the cost model.
 //
+// Mixed precision (bf16-mixed, fp16-mixed) as the cost model's framework accounting
+// (costmodel/accounting.cpp state_bytes, simulator.cpp): the model computes in the 16-bit type S,
+// the optimizer in fp32 on master weights, and what is kept in which type follows the flavour:
+//   PyTorch (ddp, fsdp1, fsdp2)  parameters at rest are fp32 and are the master weights. FSDP
+//                                casts a unit's chunk to S and all-gathers it in S; DDP (autocast)
+//                                makes S copies of a unit's weights (`buffers`) that live from its
+//                                forward to the end of its backward. Kept gradients are fp32 (the
+//                                autograd leaf's dtype): FSDP reduce-scatters S and adds the chunk
+//                                into an fp32 chunk; DDP widens each unit's S gradient into its
+//                                fp32 gradient and all-reduces fp32.
+//   DeepSpeed                    an S parameter partition and an fp32 master partition
+//                                (`optimizer_states`); gradients in S (a stage-3 partition in
+//                                fp32), reduced in S; the step widens S gradients into an fp32
+//                                transient, updates the master and rounds it into the S partition.
+// fp16-mixed scales the loss dynamically as torch.cuda.amp.GradScaler does: from 2^16, halved
+// and the step skipped when any rank's gradients are not finite, doubled after 2000 good steps.
+//
 // Gradient accumulation as the cost model: gradients are reduced on every micro-batch when they
 // are sharded, only on the last one otherwise. MPI sums, so the loss of each micro-batch is scaled
 // by 1 / (micro-batches · ranks): the reduced gradient is the mean over the global batch.
@@ -48,6 +65,8 @@
 
 #include "comm/communicator.hpp"
 #include "comm/watchdog.hpp"
+#include "costmodel/accounting.hpp"
+#include "costmodel/job.hpp"
 #include "costmodel/model.hpp"
 #include "costmodel/sharding.hpp"
 #include "executor/adamw.hpp"
@@ -79,13 +98,35 @@ struct EngineOptions {
   bool prefetch_as_planned = false;
   // The model's options (norm ε, rotary θ, flash attention).
   ModelOptions model_options;
-  // Where the model and the engine compute (not owned; nullptr: the host). The allocator the
-  // engine is given must hand out that backend's memory.
+  // The precision policy (costmodel/job.hpp): fp32, bf16-mixed or fp16-mixed; with the spec's
+  // flavour it says what is kept in which type (see the comment at the top).
+  costmodel::Precision precision = costmodel::Precision::fp32;
+  // Where the model and the engine compute, the one of the policy's compute type (not owned;
+  // nullptr: the host). The allocator the engine is given must hand out that backend's memory.
+  // fp16-mixed: the first loss scale (GradScaler's init_scale).
+  double initial_loss_scale = 65536.0;
   Backend<float>* backend = nullptr;
+  Backend<bf16>* backend_bf16 = nullptr;
+  Backend<f16>* backend_f16 = nullptr;
   // Told what the step does ("step 2 forward unit 3") as it goes, so that a rank that stops is
   // named with its phase (comm/watchdog.hpp). Not owned; nullptr: nobody watches.
   comm::Watchdog* watchdog = nullptr;
 };
+
+// What a precision policy keeps in which type (see the comment at the top), from the cost model's
+// bytes per state (costmodel::state_bytes) so that what the engine keeps is what the cost model
+// counts. All false for fp32.
+struct PrecisionPolicy {
+  bool low_params = false;      // parameters at rest in 16 bits, an fp32 master beside (DeepSpeed)
+  bool autocast_copies = false; // 16-bit copies of fp32 parameters while a unit is in use (DDP)
+  bool low_whole_grads = false; // whole gradients kept in 16 bits (DeepSpeed ZeRO-1), else fp32
+  bool low_kept_chunk = false;  // reduced chunks kept in 16 bits (DeepSpeed ZeRO-2), else fp32
+  bool loss_scaling = false;    // fp16: dynamic loss scaling
+};
+// Throws std::invalid_argument for what the engine does not run: pure bf16 (bf16 optimizer
+// states), a reduce dtype other than the type the gradients are in.
+PrecisionPolicy precision_policy(costmodel::Precision precision,
+                                 const costmodel::ShardingSpec& spec);
 
 // The groups the engine's collectives run in. Not owned.
 struct EngineGroups {
@@ -126,6 +167,10 @@ struct StepReport {
   double gather_wait_s = 0;  // ... on the all-gathers' stream
   double reduce_wait_s = 0;  // ... on the reductions' stream
   double replica_wait_s = 0; // ... on the replica all-reduce's stream (HSDP)
+  // fp16-mixed: the loss scale the step's backward used, and whether its gradients overflowed
+  // (the update was skipped and the scale halved). 1 and false otherwise.
+  double loss_scale = 1;
+  bool skipped = false;
   CollectiveStats collectives; // this step's (on a GPU: the time to queue them, not to run them)
   // CPU time of the computing thread over the step and over its compute parts: what the step
   // took while it ran. Wall time above CPU time is time the thread was not running (other load
@@ -136,6 +181,8 @@ struct StepReport {
 
 class ShardingEngine {
 public:
+  struct Impl; // the engine for one compute type (engine.cpp)
+
   // Allocates this rank's parameters (initialised element by element, param_init.hpp) and
   // optimizer states, and the plan's persistent buffers. Throws OutOfMemory past the allocator's
   // capacity, std::invalid_argument for a spec or group the engine cannot run.
@@ -148,8 +195,8 @@ public:
   // parameter all-gathers. Collective over the world.
   StepReport step();
 
-  // Collective over the shard group: unit u's full parameters (size elements), on every rank, in
-  // host memory.
+  // Collective over the shard group: unit u's full parameters (size elements; the fp32 master
+  // weights under mixed precision), on every rank, in host memory.
   std::vector<float> full_parameters(std::int64_t unit);
 
   const GptLayout& layout() const;
@@ -161,7 +208,7 @@ public:
   // elements [begin, begin + size) of the unit's flat buffer, zero padding past the unit's size
   // included: the parameters (the chunk when partitioned, else whole) and AdamW's moments (the
   // chunk under a sharded optimizer, else whole). Valid between steps; host memory only (the CPU
-  // backend's).
+  // backend's); fp32 only (std::logic_error under mixed precision).
   struct UnitState {
     std::span<float> params;
     std::int64_t params_begin = 0;
@@ -177,8 +224,7 @@ public:
   int backward_prefetch() const;
 
 private:
-  struct State;
-  std::unique_ptr<State> s_;
+  std::unique_ptr<Impl> s_;
 };
 
 } // namespace shardplan::executor

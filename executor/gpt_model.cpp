@@ -24,34 +24,44 @@ S* at(S* unit, std::int64_t offset) {
   return offset == kAbsent ? nullptr : unit + offset;
 }
 
+// sizeof(accum_t<S>) for sizeof(S) (scalar.hpp): fp32 for the 16-bit types and float.
+std::int64_t accum_bytes(std::int64_t element_bytes) { return element_bytes == 8 ? 8 : 4; }
+
 }  // namespace
 
-std::int64_t block_saved_elements(const GptLayout& layout, BatchShape shape,
-                                  Checkpointing checkpointing, bool flash_attention) {
+std::int64_t block_saved_bytes(const GptLayout& layout, BatchShape shape,
+                               Checkpointing checkpointing, bool flash_attention,
+                               std::int64_t element_bytes) {
   const auto& m = layout.spec();
   const std::int64_t n = shape.tokens();
-  if (checkpointing == Checkpointing::full) return n * m.hidden;
+  if (checkpointing == Checkpointing::full) return n * m.hidden * element_bytes;
   const std::int64_t stats = is_layernorm(layout) ? 2 * n : n;  // mean and rstd, or rstd
+  const std::int64_t rows = shape.batch * m.heads * shape.seq;   // score rows [B, a, T]
   std::int64_t e = n * m.hidden;                                 // input
-  e += n * m.hidden + stats;                                     // norm1
+  e += n * m.hidden;                                             // norm1
   e += n * m.q_width() + 2 * n * m.kv_width();                   // q, k, v
-  e += shape.batch * m.heads * shape.seq * (flash_attention ? 1 : shape.seq);  // probs or lse
+  if (!flash_attention) e += rows * shape.seq;                   // probs
   e += n * m.q_width();                                          // attn_out
   if (!is_parallel(layout)) e += n * m.hidden;                   // mid
-  e += n * m.hidden + stats;                                     // norm2
+  e += n * m.hidden;                                             // norm2
   e += (is_swiglu(layout) ? 3 : 2) * n * m.intermediate;         // mlp_pre, (mlp_up), mlp_act
-  return e;
+  const std::int64_t acc = 2 * stats + (flash_attention ? rows : 0);  // norm1, norm2 stats; lse
+  return e * element_bytes + acc * accum_bytes(element_bytes);
 }
 
-std::int64_t head_saved_elements(const GptLayout& layout, BatchShape shape) {
+std::int64_t head_saved_bytes(const GptLayout& layout, BatchShape shape,
+                              std::int64_t element_bytes) {
   const auto& m = layout.spec();
   const std::int64_t n = shape.tokens();
   const std::int64_t stats = is_layernorm(layout) ? 2 * n : n;
-  return 2 * n * m.hidden + stats + 2 * n * m.vocab;
+  return (2 * n * m.hidden + n * m.vocab) * element_bytes +  // input, norm_out, logits
+         (stats + n * m.vocab) * accum_bytes(element_bytes);  // stats, log_probs
 }
 
-std::int64_t head_backward_elements(const GptLayout& layout, BatchShape shape) {
-  return 2 * shape.tokens() * layout.spec().vocab;
+std::int64_t head_backward_bytes(const GptLayout& layout, BatchShape shape,
+                                 std::int64_t element_bytes) {
+  const std::int64_t nv = shape.tokens() * layout.spec().vocab;
+  return nv * accum_bytes(element_bytes) + nv * element_bytes;  // d_log_probs, d_logits
 }
 
 template <class S>
@@ -69,13 +79,15 @@ GptModel<S>::GptModel(const costmodel::ModelSpec& spec, TrackedAllocator& alloca
 }
 
 template <class S>
-TrackedBuffer<S> GptModel<S>::activation(std::int64_t elements) const {
-  return allocator_.template allocate<S>(MemoryCategory::activations, elements);
+template <class T>
+TrackedBuffer<T> GptModel<S>::activation(std::int64_t elements) const {
+  return allocator_.template allocate<T>(MemoryCategory::activations, elements);
 }
 
 template <class S>
-TrackedBuffer<S> GptModel<S>::written_activation(std::int64_t elements) const {
-  return allocator_.template allocate_uninitialized<S>(MemoryCategory::activations, elements);
+template <class T>
+TrackedBuffer<T> GptModel<S>::written_activation(std::int64_t elements) const {
+  return allocator_.template allocate_uninitialized<T>(MemoryCategory::activations, elements);
 }
 
 template <class S>
@@ -94,13 +106,13 @@ void GptModel<S>::check_grad(std::span<S> grad, UnitKind kind, const char* what)
 // Norm₁, Norm₂ or the final norm forward: allocates and fills out [N, h], mean, rstd [N].
 template <class S>
 void GptModel<S>::norm_forward(BatchShape shape, const S* x, const S* params, NormOffsets norm,
-                               TrackedBuffer<S>& out, TrackedBuffer<S>& mean,
-                               TrackedBuffer<S>& rstd) const {
+                               TrackedBuffer<S>& out, TrackedBuffer<A>& mean,
+                               TrackedBuffer<A>& rstd) const {
   const std::int64_t n = shape.tokens(), h = layout_.spec().hidden;
-  const S eps = static_cast<S>(options_.norm_eps);
+  const A eps = static_cast<A>(options_.norm_eps);
   out = activation(n * h);
-  if (is_layernorm(layout_)) mean = activation(n);
-  rstd = activation(n);
+  if (is_layernorm(layout_)) mean = activation<A>(n);
+  rstd = activation<A>(n);
   if (is_layernorm(layout_))
     be_.layernorm_forward(out.data(), mean.data(), rstd.data(), x, params + norm.weight,
                                params + norm.bias, n, h, eps);
@@ -111,8 +123,8 @@ void GptModel<S>::norm_forward(BatchShape shape, const S* x, const S* params, No
 // Adds the norm's input gradient into dx and its parameter gradients into grad.
 template <class S>
 void GptModel<S>::norm_backward(BatchShape shape, S* dx, S* grad, const S* dy, const S* x,
-                                const S* params, NormOffsets norm, const TrackedBuffer<S>& mean,
-                                const TrackedBuffer<S>& rstd) const {
+                                const S* params, NormOffsets norm, const TrackedBuffer<A>& mean,
+                                const TrackedBuffer<A>& rstd) const {
   const std::int64_t n = shape.tokens(), h = layout_.spec().hidden;
   if (is_layernorm(layout_))
     be_.layernorm_backward(dx, grad + norm.weight, grad + norm.bias, dy, x,
@@ -164,7 +176,7 @@ void GptModel<S>::run_block(const S* p, BlockActivations<S>& a, TrackedBuffer<S>
     be_.rope_forward(a.k.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta);
   }
   if (options_.flash_attention) {
-    a.lse = written_activation(B * m.heads * T);
+    a.lse = written_activation<A>(B * m.heads * T);
     a.attn_out = written_activation(N * qw);
     be_.flash_attention_forward(a.attn_out.data(), a.lse.data(), a.q.data(), a.k.data(),
                                 a.v.data(), B, T, m.heads, m.kv_heads, m.head_dim);
@@ -306,7 +318,7 @@ TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockAct
   auto dk = activation(N * kw);  // [N, kw]
   auto dv = activation(N * kw);  // [N, kw]
   if (options_.flash_attention) {
-    auto delta = written_activation(B * m.heads * T);  // [B, a, T] rowsum(dO ∘ O)
+    auto delta = written_activation<A>(B * m.heads * T);  // [B, a, T] rowsum(dO ∘ O)
     be_.flash_attention_backward(dq.data(), dk.data(), dv.data(), delta.data(),
                                  d_attn_out.data(), a.attn_out.data(), a.lse.data(), a.q.data(),
                                  a.k.data(), a.v.data(), B, T, m.heads, m.kv_heads, m.head_dim);
@@ -368,7 +380,7 @@ HeadForward<S> GptModel<S>::forward_head(std::span<const S> params,
   a.logits = written_activation(N * m.vocab);     // [N, V]
   be_.linear_forward(a.logits.data(), a.norm_out.data(), w_out,
                           static_cast<const S*>(nullptr), N, m.hidden, m.vocab, false);
-  a.log_probs = written_activation(N * m.vocab);  // [N, V]
+  a.log_probs = written_activation<A>(N * m.vocab);  // [N, V]
   be_.log_softmax_forward(a.log_probs.data(), a.logits.data(), N, m.vocab);
   f.loss = be_.nll_loss_forward(a.log_probs.data(), targets.data(), N, m.vocab) /
            static_cast<double>(N);
@@ -401,9 +413,9 @@ TrackedBuffer<S> GptModel<S>::backward_head(std::span<const S> params,
 
   // loss = (1/N) Σ −logp[target]: nll_loss's backward, then log_softmax's; as in PyTorch both
   // gradients are alive together with the saved logits and log-probabilities.
-  auto d_log_probs = activation(N * m.vocab);  // [N, V]
+  auto d_log_probs = activation<A>(N * m.vocab);  // [N, V]
   be_.nll_loss_backward(d_log_probs.data(), targets.data(), N, m.vocab,
-                             static_cast<S>(loss_scale / static_cast<double>(N)));
+                        static_cast<A>(loss_scale / static_cast<double>(N)));
   auto d_logits = written_activation(N * m.vocab);  // [N, V], log_softmax_backward writes it
   be_.log_softmax_backward(d_logits.data(), d_log_probs.data(), a.log_probs.data(), N,
                                 m.vocab);
@@ -462,5 +474,7 @@ void GptModel<S>::check_tokens(std::span<const std::int32_t> tokens, BatchShape 
 
 template class GptModel<float>;
 template class GptModel<double>;
+template class GptModel<bf16>;
+template class GptModel<f16>;
 
 }  // namespace shardplan::executor

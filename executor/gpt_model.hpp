@@ -28,7 +28,10 @@
 // backend, on the memory of the allocator the model is given. The model never touches an element
 // itself, so the same code allocates and frees the same buffers in the same order on both.
 //
-// The scalar type is float for the executor; double is instantiated for the gradient check.
+// The element type S (scalar.hpp) is float for the executor, bf16 or f16 for mixed precision
+// (activations, parameters and gradients in S, every sum in fp32), double for the gradient check.
+// Whatever S, the norm statistics, attention's log-sum-exp and the loss's log-probabilities and
+// their gradient are accum_t<S> (fp32; fp64 for double), as PyTorch keeps them.
 #pragma once
 
 #include <cstdint>
@@ -67,22 +70,23 @@ struct ModelOptions {
 // What a block's backward needs, with shapes (N = B·T, h = hidden, qw = heads·head_dim,
 // kw = kv_heads·head_dim, I = intermediate, a = heads). With Checkpointing::full only `input`
 // is kept. `mean` buffers exist for LayerNorm only; `mid` for the sequential residual only;
-// `mlp_up` for SwiGLU only.
+// `mlp_up` for SwiGLU only. The norm statistics and lse are accum_t<S>, the rest S.
 template <class S>
 struct BlockActivations {
+  using A = accum_t<S>;
   BatchShape shape;
   Checkpointing checkpointing = Checkpointing::none;
   TrackedBuffer<S> input;                   // [N, h]   x
   TrackedBuffer<S> norm1_out;               // [N, h]   Norm₁(x)
-  TrackedBuffer<S> norm1_mean, norm1_rstd;  // [N]
+  TrackedBuffer<A> norm1_mean, norm1_rstd;  // [N]
   TrackedBuffer<S> q;                       // [N, qw]  after rotary
   TrackedBuffer<S> k, v;                    // [N, kw]  k after rotary
   TrackedBuffer<S> probs;                   // [B, a, T, T] attention probabilities (eager)
-  TrackedBuffer<S> lse;                     // [B, a, T]    their rows' log-sum-exp (flash)
+  TrackedBuffer<A> lse;                     // [B, a, T]    their rows' log-sum-exp (flash)
   TrackedBuffer<S> attn_out;                // [N, qw]  input of the output projection
   TrackedBuffer<S> mid;                     // [N, h]   a = x + Attn(...)
   TrackedBuffer<S> norm2_out;               // [N, h]
-  TrackedBuffer<S> norm2_mean, norm2_rstd;  // [N]
+  TrackedBuffer<A> norm2_mean, norm2_rstd;  // [N]
   TrackedBuffer<S> mlp_pre;                 // [N, I]   up (GELU) or gate (SwiGLU) pre-activation
   TrackedBuffer<S> mlp_up;                  // [N, I]   SwiGLU up projection
   TrackedBuffer<S> mlp_act;                 // [N, I]   input of the down projection
@@ -94,20 +98,22 @@ struct BlockForward {
   BlockActivations<S> saved;
 };
 
-// The head keeps what PyTorch keeps for an fp32 *ForCausalLM loss (HF modeling_llama.py
-// LlamaForCausalLM.forward, loss_utils.py ForCausalLMLoss; .float() of an fp32 tensor is the
-// tensor itself): the logits, which the model's output holds until the step ends, and the
+// The head keeps what PyTorch keeps for a *ForCausalLM loss computed in fp32 (HF
+// modeling_llama.py LlamaForCausalLM.forward, loss_utils.py ForCausalLMLoss: logits.float()):
+// the logits in S, which the model's output holds until the step ends, and the fp32
 // log-probabilities log_softmax saves for its backward. Its backward makes two more [N, V]
-// tensors, the gradient of the log-probabilities (nll_loss) and that of the logits (log_softmax),
-// so the head's peak is 4 × N·V fp32 values.
+// tensors, the fp32 gradient of the log-probabilities (nll_loss) and that of the logits in S
+// (log_softmax), so the head's peak is 2 × N·V values in S and 2 × N·V in accum_t<S> (log_softmax
+// here reads the S logits directly, without .float()'s transient fp32 copy).
 template <class S>
 struct HeadActivations {
+  using A = accum_t<S>;
   BatchShape shape;
   TrackedBuffer<S> input;                 // [N, h]
   TrackedBuffer<S> norm_out;              // [N, h]
-  TrackedBuffer<S> norm_mean, norm_rstd;  // [N]
+  TrackedBuffer<A> norm_mean, norm_rstd;  // [N]
   TrackedBuffer<S> logits;                // [N, V]
-  TrackedBuffer<S> log_probs;             // [N, V]  log_softmax(logits)
+  TrackedBuffer<A> log_probs;             // [N, V]  log_softmax(logits)
 };
 
 template <class S>
@@ -116,18 +122,24 @@ struct HeadForward {
   HeadActivations<S> saved;
 };
 
-// Elements a block keeps for its backward (all of BlockActivations' buffers, input included).
-// forward_block grows the tracked `activations` by exactly this × sizeof(S): what it keeps beyond
-// its input (already counted) plus its output [N, h]. Transiently it needs more: with
-// Checkpointing::full the forward builds every buffer once before freeing all but the input, and
-// a backward holds, besides the saved buffers not yet consumed, gradients [N, I] ×2 (×3 SwiGLU),
-// [N, qw] ×2, [N, kw] ×2, [N, h] and a [T, T] scratch; dx reuses dy's buffer.
-std::int64_t block_saved_elements(const GptLayout& layout, BatchShape shape,
-                                  Checkpointing checkpointing, bool flash_attention = false);
-// Elements the head keeps for its backward (input, norm output and stats, logits and
-// log-probabilities). Its backward adds 2·N·V transiently (the two [N, V] gradients).
-std::int64_t head_saved_elements(const GptLayout& layout, BatchShape shape);
-std::int64_t head_backward_elements(const GptLayout& layout, BatchShape shape);
+// Bytes a block keeps for its backward (all of BlockActivations' buffers, input included), for
+// elements of element_bytes = sizeof(S) bytes: the norm statistics and lse take sizeof(accum_t<S>)
+// each (4 for bf16, f16 and float, 8 for double), everything else element_bytes. forward_block
+// grows the tracked `activations` by exactly this: what it keeps beyond its input (already
+// counted) plus its output [N, h]. Transiently it needs more: with Checkpointing::full the forward
+// builds every buffer once before freeing all but the input, and a backward holds, besides the
+// saved buffers not yet consumed, gradients [N, I] ×2 (×3 SwiGLU), [N, qw] ×2, [N, kw] ×2, [N, h]
+// and a [T, T] scratch, all in S; dx reuses dy's buffer.
+std::int64_t block_saved_bytes(const GptLayout& layout, BatchShape shape,
+                               Checkpointing checkpointing, bool flash_attention,
+                               std::int64_t element_bytes);
+// Bytes the head keeps for its backward: input, norm output and logits in S, norm statistics and
+// log-probabilities in accum_t<S>. Its backward adds the two [N, V] gradients transiently
+// (head_backward_bytes): the log-probabilities' in accum_t<S>, the logits' in S.
+std::int64_t head_saved_bytes(const GptLayout& layout, BatchShape shape,
+                              std::int64_t element_bytes);
+std::int64_t head_backward_bytes(const GptLayout& layout, BatchShape shape,
+                                 std::int64_t element_bytes);
 
 template <class S>
 class GptModel {
@@ -173,16 +185,20 @@ class GptModel {
                           std::span<S> grad, BatchShape shape) const;
 
  private:
-  TrackedBuffer<S> activation(std::int64_t elements) const;
+  using A = accum_t<S>;
+  // An activation of `elements` elements of T (S, or A for the statistics and log-probabilities).
+  template <class T = S>
+  TrackedBuffer<T> activation(std::int64_t elements) const;
   // For an activation the next kernel writes completely (no zeroing).
-  TrackedBuffer<S> written_activation(std::int64_t elements) const;
+  template <class T = S>
+  TrackedBuffer<T> written_activation(std::int64_t elements) const;
   // Runs the block's forward from saved.input, filling every saved buffer, into `output`.
   void run_block(const S* params, BlockActivations<S>& saved, TrackedBuffer<S>& output) const;
   void norm_forward(BatchShape shape, const S* x, const S* params, NormOffsets norm,
-                    TrackedBuffer<S>& out, TrackedBuffer<S>& mean, TrackedBuffer<S>& rstd) const;
+                    TrackedBuffer<S>& out, TrackedBuffer<A>& mean, TrackedBuffer<A>& rstd) const;
   void norm_backward(BatchShape shape, S* dx, S* grad, const S* dy, const S* x, const S* params,
-                     NormOffsets norm, const TrackedBuffer<S>& mean,
-                     const TrackedBuffer<S>& rstd) const;
+                     NormOffsets norm, const TrackedBuffer<A>& mean,
+                     const TrackedBuffer<A>& rstd) const;
   void check_unit(std::span<const S> params, UnitKind kind, const char* what) const;
   void check_grad(std::span<S> grad, UnitKind kind, const char* what) const;
   void check_hidden(const TrackedBuffer<S>& x, BatchShape shape, const char* what) const;
@@ -198,5 +214,7 @@ class GptModel {
 
 extern template class GptModel<float>;
 extern template class GptModel<double>;
+extern template class GptModel<bf16>;
+extern template class GptModel<f16>;
 
 }  // namespace shardplan::executor

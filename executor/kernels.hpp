@@ -1,6 +1,8 @@
 // The layer kernels of the GPT model, forward and backward, on plain row-major arrays (llm.c's
 // layout: activations are [N = B·T tokens, C channels], token n = b·T + t). Templated on the
-// scalar: the executor runs them in fp32; the gradient-check test runs them in fp64.
+// element type S (scalar.hpp): the executor runs them in fp32, or in bf16 or f16 storage with
+// every sum in fp32 (accum_t<S>; norm statistics and the loss's log-probabilities are fp32
+// arrays); the gradient-check test runs them in fp64.
 //
 // Conventions: every backward kernel ADDS into the gradients it produces (inputs' and
 // parameters'), so callers zero them once and gradient accumulation needs nothing more. A bias or
@@ -33,18 +35,19 @@ void linear_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w, s
 // LayerNorm (Ba et al. 2016): y = (x − μ)·rstd·w + b, rstd = 1/√(σ² + ε), biased variance as
 // torch.nn.LayerNorm. Saves mean [N] and rstd [N] for the backward.
 template <class S>
-void layernorm_forward(S* y, accum_t<S>* mean, accum_t<S>* rstd, const S* x, const S* w, const S* b, std::int64_t n,
-                       std::int64_t channels, accum_t<S> eps);
+void layernorm_forward(S* y, accum_t<S>* mean, accum_t<S>* rstd, const S* x, const S* w, const S* b,
+                       std::int64_t n, std::int64_t channels, accum_t<S> eps);
 // With x̂ = (x − μ)·rstd and g = dy·w: dx += rstd·(g − mean(g) − x̂·mean(g·x̂)) (llm.c
 // layernorm_backward); dw += dy·x̂; db += dy.
 template <class S>
-void layernorm_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w, const accum_t<S>* mean,
-                        const accum_t<S>* rstd, std::int64_t n, std::int64_t channels);
+void layernorm_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w,
+                        const accum_t<S>* mean, const accum_t<S>* rstd, std::int64_t n,
+                        std::int64_t channels);
 
 // RMSNorm (Zhang & Sennrich 2019; HF LlamaRMSNorm): y = x·rstd·w, rstd = 1/√(mean(x²) + ε).
 template <class S>
-void rmsnorm_forward(S* y, accum_t<S>* rstd, const S* x, const S* w, std::int64_t n, std::int64_t channels,
-                     accum_t<S> eps);
+void rmsnorm_forward(S* y, accum_t<S>* rstd, const S* x, const S* w, std::int64_t n,
+                     std::int64_t channels, accum_t<S> eps);
 // With x̂ = x·rstd and g = dy·w: dx += rstd·(g − x̂·mean(g·x̂)); dw += dy·x̂.
 template <class S>
 void rmsnorm_backward(S* dx, S* dw, const S* dy, const S* x, const S* w, const accum_t<S>* rstd,
@@ -103,12 +106,12 @@ double nll_loss_forward(const accum_t<S>* logp, const std::int32_t* targets, std
                         std::int64_t vocab);
 // dlogp[n, target[n]] += −scale (scale = dloss/dsum, e.g. 1/N); the other entries are untouched.
 template <class S>
-void nll_loss_backward(accum_t<S>* dlogp, const std::int32_t* targets, std::int64_t n, std::int64_t vocab,
-                       accum_t<S> scale);
+void nll_loss_backward(accum_t<S>* dlogp, const std::int32_t* targets, std::int64_t n,
+                       std::int64_t vocab, accum_t<S> scale);
 // dlogits = dlogp − exp(logp)·Σⱼ dlogp[n, j]  (torch's _log_softmax_backward_data). Unlike the
 // other backward kernels it WRITES its output: the logits have no other gradient.
 template <class S>
-void log_softmax_backward(S* dlogits, const accum_t<S>* dlogp, const accum_t<S>* logp, std::int64_t n,
-                          std::int64_t vocab);
+void log_softmax_backward(S* dlogits, const accum_t<S>* dlogp, const accum_t<S>* logp,
+                          std::int64_t n, std::int64_t vocab);
 
 }  // namespace shardplan::executor::kernels

@@ -72,6 +72,16 @@ std::string oom_line(const char* what, int rank, double predicted_peak,
 }
 
 // A fault for a rank the run does not have would never happen: the test that asked is wrong.
+// Checkpoints hold fp32 parameters and moments (checkpoint.hpp): a mixed-precision run has none.
+void check_checkpoints(const RunCommand& c, const RunSetup& setup) {
+  const bool save = !c.checkpoint.save_dir.empty(), resume = !c.checkpoint.resume_dir.empty();
+  if ((save || resume) && setup.engine.precision != costmodel::Precision::fp32)
+    throw costmodel::InputError(
+        save ? "--save" : "--resume",
+        fmt::format("checkpoints hold fp32 runs only, the plan's precision is \"{}\"",
+                    costmodel::precision_name(setup.engine.precision)));
+}
+
 void check_fault_rank(const RunCommand& c, int world_size) {
   if (c.fault && c.fault->rank >= world_size)
     throw InputError("--inject-fault", fmt::format("rank {} is not one of the run's {} ranks",
@@ -92,7 +102,7 @@ Measured run_steps(const RunSetup& setup, TrackedAllocator& allocator, EngineGro
   auto options = setup.engine;
   options.watchdog = &watchdog;
   if (device != nullptr)
-    options.backend = &device->backend();
+    device->attach(options);
   watchdog.set_phase("allocating the parameters and optimizer states");
   m.engine = std::make_unique<ShardingEngine>(options, allocator, groups);
   if (checkpoints) {
@@ -238,6 +248,7 @@ int run_under_mpi(const RunCommand& c) {
     const RunSetup setup =
         make_run_setup(costmodel::read_json_file(c.plan), world->size(), request_of(c));
     check_fault_rank(c, world->size());
+    check_checkpoints(c, setup);
     predicted_peak = setup.plan.prediction.peak_bytes;
     auto owned = make_groups(watched, setup.plan.spec);
     TrackedAllocator allocator(capacity_bytes(c));

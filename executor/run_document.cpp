@@ -4,6 +4,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include <fmt/format.h>
+
 #include "costmodel/accounting.hpp"
 #include "costmodel/plan.hpp"
 
@@ -12,7 +14,7 @@ namespace {
 
 // rank, peak, capacity, 2 breakdowns, reserved peak, context, NCCL
 constexpr std::size_t kHeader = 6 + 2 * kMemoryCategoryCount;
-constexpr std::size_t kPerStep = 14 + 4 * kCollectiveKindCount;
+constexpr std::size_t kPerStep = 16 + 4 * kCollectiveKindCount;
 
 double median(std::vector<double> v) {
   if (v.empty())
@@ -81,7 +83,8 @@ std::vector<double> pack(const RankRecord& r) {
   for (const auto& s : r.steps) {
     for (double x : {static_cast<double>(s.step), s.loss, s.step_s, s.compute_s, s.optimizer_s,
                      s.copy_s, s.step_cpu_s, s.compute_cpu_s, s.comm_wait_s, s.forward_s,
-                     s.backward_s, s.gather_wait_s, s.reduce_wait_s, s.replica_wait_s})
+                     s.backward_s, s.gather_wait_s, s.reduce_wait_s, s.replica_wait_s,
+                     s.loss_scale, s.skipped ? 1.0 : 0.0})
       v.push_back(x);
     for (const auto& t : s.collectives.kinds)
       for (double x : {static_cast<double>(t.calls), t.seconds, t.size_bytes, t.bytes_sent})
@@ -123,6 +126,8 @@ RankRecord unpack(const std::vector<double>& v, std::size_t steps) {
     s.gather_wait_s = next();
     s.reduce_wait_s = next();
     s.replica_wait_s = next();
+    s.loss_scale = next();
+    s.skipped = next() != 0;
     for (auto& t : s.collectives.kinds) {
       t.calls = as_int(next());
       t.seconds = next();
@@ -189,8 +194,11 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                   {"units", layout.unit_count()},
                   {"config", eo.model.hf_config}};
   doc["execution"] = {
-      {"precision", "fp32"},
-      {"gemm_math", on_device ? "tf32" : "fp32"},
+      {"precision", costmodel::precision_name(eo.precision)},
+      {"gemm_math", eo.precision != costmodel::Precision::fp32
+                        ? fmt::format("{}, fp32 accumulation",
+                                      costmodel::dtype_name(costmodel::compute_dtype(eo.precision)))
+                        : std::string(on_device ? "tf32" : "fp32")},
       {"attention", eo.model_options.flash_attention ? "flash" : "eager"},
       {"world_size", setup.world},
       {"steps", ranks.front().steps.size()},
@@ -256,6 +264,8 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                         {{"all_gather", s.gather_wait_s},
                          {"reduce", s.reduce_wait_s},
                          {"replica", s.replica_wait_s}}},
+                       {"loss_scale", s.loss_scale},
+                       {"skipped", s.skipped},
                        {"collectives_s", coll}});
     }
     nlohmann::json coll_median = nlohmann::json::object();

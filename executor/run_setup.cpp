@@ -16,11 +16,12 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
   r.world = world;
   const auto& job = p.job;
   const char* executor = request.gpu ? "the GPU executor" : "the CPU executor";
-  if (job.precision != costmodel::Precision::fp32)
+  if (job.precision == costmodel::Precision::bf16)
     throw InputError(
         "/job/precision",
-        fmt::format("{} runs fp32 only, got \"{}\"; plan with --precision fp32", executor,
-                    costmodel::precision_name(job.precision)));
+        fmt::format("{} runs fp32, bf16-mixed and fp16-mixed, got \"bf16\" (bf16 optimizer "
+                    "states); plan with --precision bf16-mixed",
+                    executor));
   if (job.optimizer != costmodel::Optimizer::adamw)
     throw InputError("/job/optimizer", fmt::format("the executor runs adamw only, got \"{}\"",
                                                    costmodel::optimizer_name(job.optimizer)));
@@ -85,12 +86,21 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
   // the plan says, as the frameworks do.
   e.prefetch_as_planned = request.prefetch_as_planned || request.gpu;
   e.model_options.flash_attention = job.attention == costmodel::AttentionImpl::flash;
+  e.precision = job.precision;
+  try {
+    (void)precision_policy(job.precision, p.spec);
+  } catch (const std::invalid_argument& error) {
+    throw InputError("/sharding/reduce_dtype", error.what());
+  }
 
-  if (p.spec.reduce_dtype != costmodel::DType::fp32)
+  // fp32 gradients are reduced in fp32 whatever the plan's reduce dtype (the cost model reduces
+  // in max(reduce_dtype, compute dtype) too); mixed precision reduces as the cost model does or
+  // is refused by the engine.
+  if (job.precision == costmodel::Precision::fp32 && p.spec.reduce_dtype != costmodel::DType::fp32)
     r.deviations.push_back(
-        fmt::format("gradients are reduced in fp32, not {} (/sharding/reduce_dtype): {} "
-                    "reduces the fp32 buffers",
-                    costmodel::dtype_name(p.spec.reduce_dtype), request.gpu ? "NCCL" : "MPI"));
+        fmt::format("gradients are reduced in fp32, not {} (/sharding/reduce_dtype): the "
+                    "gradients of an fp32 job are fp32",
+                    costmodel::dtype_name(p.spec.reduce_dtype)));
   if (p.model.attention_dropout || p.model.residual_dropout)
     r.deviations.push_back(
         "dropout is not applied (the executor trains deterministically); the prediction "

@@ -1,7 +1,9 @@
 // From a plan document to what the executor runs, refusing what it cannot run as asked (never
 // silently something else). The checks, each an InputError naming the plan's JSON pointer:
-//   /job/precision       fp32 only: both backends compute, store and reduce in fp32 (the CUDA
-//                        backend's GEMMs in TF32, as the cost model's fp32 precision assumes)
+//   /job/precision       fp32 (the CUDA backend's GEMMs in TF32, as the cost model's fp32
+//                        assumes), bf16-mixed or fp16-mixed (engine.hpp); not pure bf16
+//   /sharding/reduce_dtype   under mixed precision, the type the gradients are reduced in
+//                        (engine.hpp, precision_policy)
 //   /job/optimizer       adamw only
 //   /job/attention       the CPU backend: eager only (it materialises the attention scores, a·s²
 //                        per sequence; a plan for flash attention predicts memory it would not
@@ -10,8 +12,8 @@
 //   /sharding/offload    none: the executor does not offload
 //   /cluster/gpus        must equal the ranks launched (or --world of a rehearsal)
 //   /model               a bare parameter count has no architecture to run
-// What it runs differently and says so in the run document (`deviations`): gradients are reduced
-// in fp32 whatever /sharding/reduce_dtype says (MPI or NCCL on fp32 buffers); dropout is not
+// What it runs differently and says so in the run document (`deviations`): an fp32 job's
+// gradients are reduced in fp32 whatever /sharding/reduce_dtype says; dropout is not
 // applied; on the CPU the gathers are not issued ahead unless asked (engine.hpp, prefetch); on a
 // GPU they always are, as the plan says.
 #pragma once

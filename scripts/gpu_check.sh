@@ -17,8 +17,9 @@
 # The GPU machine needs the CUDA toolkit (nvcc, cuBLAS), CMake >= 3.25, ninja, python3 and NCCL
 # (SHARDPLAN_NCCL_ROOT or NCCL_ROOT, else the folder of Python's nvidia.nccl); no MPI, no package
 # manager, no network. The model is llama-2-7b at full width (hidden 4096, 32 heads, MLP 11008,
-# vocabulary 32000) with 4 blocks, in fp32 (the CUDA executor's GEMMs run in TF32) with flash
-# attention, sequences of 1024 tokens, 2 per micro-batch: a step takes a fraction of a second.
+# vocabulary 32000) with 4 blocks, in bf16-mixed (bf16 GEMMs with fp32 accumulation, fp32
+# master weights; PRECISION=fp32 runs TF32 GEMMs instead) with flash attention, sequences of
+# 1024 tokens, 2 per micro-batch: a step takes a fraction of a second.
 # It ends with one table (also LOGDIR/table.txt): per strategy the predicted and measured peak
 # memory and step time, the prediction's error ((predicted - measured) / measured, as `planner
 # validate` reports it) and the MFU of the measured step. Every command's output is in LOGDIR;
@@ -26,7 +27,8 @@
 # minutes on one H200 (the build is most of it): few sweep sizes and iterations, short runs.
 #
 # Environment: BUILD_DIR (default build/gpu-check), STEPS (executor steps, default 8; the times
-# are medians of steps 2..STEPS), CUDA_ARCHITECTURES (default: the GPUs' own, from nvidia-smi),
+# are medians of steps 2..STEPS), PRECISION (default bf16-mixed; fp32, fp16-mixed),
+# CUDA_ARCHITECTURES (default: the GPUs' own, from nvidia-smi),
 # EXTRA_CMAKE_ARGS (more configure arguments, split at spaces).
 set -euo pipefail
 
@@ -35,6 +37,7 @@ DEFAULT_DEPS=$ROOT/.gpu-deps
 STRATEGIES=(ddp zero2 zero3 fsdp-full)
 LAYERS=4 SEQ=1024 MICRO_BATCH=2 GLOBAL_BATCH=16 PLAN_GPUS=8
 STEPS=${STEPS:-8}
+PRECISION=${PRECISION:-bf16-mixed}
 
 usage() {
   cat <<EOF
@@ -388,7 +391,7 @@ check() {
   # Per strategy: the plan for 8 GPUs of this profile (one node of 8), rank 0 of it rehearsed on
   # GPU 0 (its own shards and buffers; stand-in copies for the collectives), validate.
   local job=(--model model.json --hardware calibrated.json --gpus "$PLAN_GPUS" --gpus-per-node "$PLAN_GPUS"
-    --seq-len "$SEQ" --global-batch "$GLOBAL_BATCH" --micro-batch "$MICRO_BATCH" --precision fp32
+    --seq-len "$SEQ" --global-batch "$GLOBAL_BATCH" --micro-batch "$MICRO_BATCH" --precision "$PRECISION"
     --attention flash --checkpointing none --offload none)
   local s
   for s in "${STRATEGIES[@]}"; do

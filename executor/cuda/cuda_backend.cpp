@@ -26,7 +26,8 @@ void check(cublasStatus_t code, const char* call) {
 
 } // namespace
 
-CudaBackend::CudaBackend(DeviceMemory& memory, bool tf32) : memory_(memory) {
+template <class S>
+CudaBackend<S>::CudaBackend(DeviceMemory& memory, bool tf32) : memory_(memory) {
   CUDA_OK(cudaStreamCreateWithFlags(&launch_.stream, cudaStreamNonBlocking));
   CUDA_OK(cublasCreate(&launch_.blas));
   CUDA_OK(cublasSetStream(launch_.blas, launch_.stream));
@@ -37,7 +38,8 @@ CudaBackend::CudaBackend(DeviceMemory& memory, bool tf32) : memory_(memory) {
   memory_.set_stream(launch_.stream);
 }
 
-CudaBackend::~CudaBackend() {
+template <class S>
+CudaBackend<S>::~CudaBackend() {
   (void)cudaStreamSynchronize(launch_.stream);
   auto destroy = [](cudaEvent_t e) { (void)cudaEventDestroy(e); };
   for (auto e : free_events_)
@@ -59,159 +61,185 @@ CudaBackend::~CudaBackend() {
 
 // ---- layer kernels: device_kernels.hpp and flash_attention.hpp on the compute stream
 
-void CudaBackend::embedding_forward(float* out, const std::int32_t* tokens, const float* wte,
-                                    const float* wpe, std::int64_t batch, std::int64_t seq,
-                                    std::int64_t channels) {
+template <class S>
+void CudaBackend<S>::embedding_forward(S* out, const std::int32_t* tokens, const S* wte,
+                                       const S* wpe, std::int64_t batch, std::int64_t seq,
+                                       std::int64_t channels) {
   cuda::embedding_forward(launch_, out, tokens, wte, wpe, batch, seq, channels);
 }
-void CudaBackend::embedding_backward(float* dwte, float* dwpe, const float* dout,
-                                     const std::int32_t* tokens, std::int64_t batch,
-                                     std::int64_t seq, std::int64_t channels) {
+template <class S>
+void CudaBackend<S>::embedding_backward(S* dwte, S* dwpe, const S* dout, const std::int32_t* tokens,
+                                        std::int64_t batch, std::int64_t seq,
+                                        std::int64_t channels) {
   cuda::embedding_backward(launch_, dwte, dwpe, dout, tokens, batch, seq, channels);
 }
-void CudaBackend::linear_forward(float* y, const float* x, const float* w, const float* b,
-                                 std::int64_t n, std::int64_t in, std::int64_t out,
-                                 bool accumulate) {
+template <class S>
+void CudaBackend<S>::linear_forward(S* y, const S* x, const S* w, const S* b, std::int64_t n,
+                                    std::int64_t in, std::int64_t out, bool accumulate) {
   cuda::linear_forward(launch_, y, x, w, b, n, in, out, accumulate);
 }
-void CudaBackend::linear_backward(float* dx, float* dw, float* db, const float* dy,
-                                  const float* x, const float* w, std::int64_t n, std::int64_t in,
-                                  std::int64_t out) {
+template <class S>
+void CudaBackend<S>::linear_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w,
+                                     std::int64_t n, std::int64_t in, std::int64_t out) {
   cuda::linear_backward(launch_, dx, dw, db, dy, x, w, n, in, out);
 }
-void CudaBackend::layernorm_forward(float* y, float* mean, float* rstd, const float* x,
-                                    const float* w, const float* b, std::int64_t n,
-                                    std::int64_t channels, float eps) {
+template <class S>
+void CudaBackend<S>::layernorm_forward(S* y, A* mean, A* rstd, const S* x, const S* w, const S* b,
+                                       std::int64_t n, std::int64_t channels, A eps) {
   cuda::layernorm_forward(launch_, y, mean, rstd, x, w, b, n, channels, eps);
 }
-void CudaBackend::layernorm_backward(float* dx, float* dw, float* db, const float* dy,
-                                     const float* x, const float* w, const float* mean,
-                                     const float* rstd, std::int64_t n, std::int64_t channels) {
+template <class S>
+void CudaBackend<S>::layernorm_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w,
+                                        const A* mean, const A* rstd, std::int64_t n,
+                                        std::int64_t channels) {
   cuda::layernorm_backward(launch_, dx, dw, db, dy, x, w, mean, rstd, n, channels);
 }
-void CudaBackend::rmsnorm_forward(float* y, float* rstd, const float* x, const float* w,
-                                  std::int64_t n, std::int64_t channels, float eps) {
+template <class S>
+void CudaBackend<S>::rmsnorm_forward(S* y, A* rstd, const S* x, const S* w, std::int64_t n,
+                                     std::int64_t channels, A eps) {
   cuda::rmsnorm_forward(launch_, y, rstd, x, w, n, channels, eps);
 }
-void CudaBackend::rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x,
-                                   const float* w, const float* rstd, std::int64_t n,
-                                   std::int64_t channels) {
+template <class S>
+void CudaBackend<S>::rmsnorm_backward(S* dx, S* dw, const S* dy, const S* x, const S* w,
+                                      const A* rstd, std::int64_t n, std::int64_t channels) {
   cuda::rmsnorm_backward(launch_, dx, dw, dy, x, w, rstd, n, channels);
 }
-void CudaBackend::rope_forward(float* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-                               std::int64_t head_dim, double theta) {
+template <class S>
+void CudaBackend<S>::rope_forward(S* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                                  std::int64_t head_dim, double theta) {
   cuda::rope_forward(launch_, x, batch, seq, heads, head_dim, theta);
 }
-void CudaBackend::rope_backward(float* dx, std::int64_t batch, std::int64_t seq,
-                                std::int64_t heads, std::int64_t head_dim, double theta) {
+template <class S>
+void CudaBackend<S>::rope_backward(S* dx, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                                   std::int64_t head_dim, double theta) {
   cuda::rope_backward(launch_, dx, batch, seq, heads, head_dim, theta);
 }
-void CudaBackend::attention_forward(float* out, float* probs, const float* q, const float* k,
-                                    const float* v, std::int64_t batch, std::int64_t seq,
-                                    std::int64_t heads, std::int64_t kv_heads,
-                                    std::int64_t head_dim) {
+template <class S>
+void CudaBackend<S>::attention_forward(S* out, S* probs, const S* q, const S* k, const S* v,
+                                       std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                                       std::int64_t kv_heads, std::int64_t head_dim) {
   cuda::attention_forward(launch_, out, probs, q, k, v, batch, seq, heads, kv_heads, head_dim);
 }
-std::int64_t CudaBackend::attention_scratch_elements(std::int64_t batch, std::int64_t seq,
-                                                     std::int64_t heads) const {
+template <class S>
+std::int64_t CudaBackend<S>::attention_scratch_elements(std::int64_t batch, std::int64_t seq,
+                                                        std::int64_t heads) const {
   return cuda::attention_scratch_elements(batch, seq, heads);
 }
-void CudaBackend::attention_backward(float* dq, float* dk, float* dv, float* scratch,
-                                     const float* dout, const float* probs, const float* q,
-                                     const float* k, const float* v, std::int64_t batch,
-                                     std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
-                                     std::int64_t head_dim) {
+template <class S>
+void CudaBackend<S>::attention_backward(S* dq, S* dk, S* dv, S* scratch, const S* dout,
+                                        const S* probs, const S* q, const S* k, const S* v,
+                                        std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                                        std::int64_t kv_heads, std::int64_t head_dim) {
   cuda::attention_backward(launch_, dq, dk, dv, scratch, dout, probs, q, k, v, batch, seq, heads,
                            kv_heads, head_dim);
 }
-bool CudaBackend::supports_flash_attention(std::int64_t head_dim) const {
-  return flash_attention_supports(head_dim);
+template <class S>
+bool CudaBackend<S>::supports_flash_attention(std::int64_t head_dim) const {
+  return flash_attention_supports<S>(head_dim);
 }
-void CudaBackend::flash_attention_forward(float* out, float* lse, const float* q, const float* k,
-                                          const float* v, std::int64_t batch, std::int64_t seq,
-                                          std::int64_t heads, std::int64_t kv_heads,
-                                          std::int64_t head_dim) {
+template <class S>
+void CudaBackend<S>::flash_attention_forward(S* out, A* lse, const S* q, const S* k, const S* v,
+                                             std::int64_t batch, std::int64_t seq,
+                                             std::int64_t heads, std::int64_t kv_heads,
+                                             std::int64_t head_dim) {
   cuda::flash_attention_forward(launch_.stream, out, lse, q, k, v, batch, seq, heads, kv_heads,
                                 head_dim);
 }
-void CudaBackend::flash_attention_backward(float* dq, float* dk, float* dv, float* delta,
-                                           const float* dout, const float* out, const float* lse,
-                                           const float* q, const float* k, const float* v,
-                                           std::int64_t batch, std::int64_t seq,
-                                           std::int64_t heads, std::int64_t kv_heads,
-                                           std::int64_t head_dim) {
-  cuda::flash_attention_backward(launch_.stream, dq, dk, dv, delta, dout, out, lse, q, k, v,
-                                 batch, seq, heads, kv_heads, head_dim);
+template <class S>
+void CudaBackend<S>::flash_attention_backward(S* dq, S* dk, S* dv, A* delta, const S* dout,
+                                              const S* out, const A* lse, const S* q, const S* k,
+                                              const S* v, std::int64_t batch, std::int64_t seq,
+                                              std::int64_t heads, std::int64_t kv_heads,
+                                              std::int64_t head_dim) {
+  cuda::flash_attention_backward(launch_.stream, dq, dk, dv, delta, dout, out, lse, q, k, v, batch,
+                                 seq, heads, kv_heads, head_dim);
 }
-void CudaBackend::gelu_forward(float* out, const float* in, std::int64_t n) {
+template <class S>
+void CudaBackend<S>::gelu_forward(S* out, const S* in, std::int64_t n) {
   cuda::gelu_forward(launch_, out, in, n);
 }
-void CudaBackend::gelu_backward(float* din, const float* in, const float* dout, std::int64_t n) {
+template <class S>
+void CudaBackend<S>::gelu_backward(S* din, const S* in, const S* dout, std::int64_t n) {
   cuda::gelu_backward(launch_, din, in, dout, n);
 }
-void CudaBackend::swiglu_forward(float* out, const float* gate, const float* up, std::int64_t n) {
+template <class S>
+void CudaBackend<S>::swiglu_forward(S* out, const S* gate, const S* up, std::int64_t n) {
   cuda::swiglu_forward(launch_, out, gate, up, n);
 }
-void CudaBackend::swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
-                                  const float* up, std::int64_t n) {
+template <class S>
+void CudaBackend<S>::swiglu_backward(S* dgate, S* dup, const S* dout, const S* gate, const S* up,
+                                     std::int64_t n) {
   cuda::swiglu_backward(launch_, dgate, dup, dout, gate, up, n);
 }
-void CudaBackend::log_softmax_forward(float* logp, const float* logits, std::int64_t n,
-                                      std::int64_t vocab) {
+template <class S>
+void CudaBackend<S>::log_softmax_forward(A* logp, const S* logits, std::int64_t n,
+                                         std::int64_t vocab) {
   cuda::log_softmax_forward(launch_, logp, logits, n, vocab);
 }
-double CudaBackend::nll_loss_forward(const float* logp, const std::int32_t* targets,
-                                     std::int64_t n, std::int64_t vocab) {
+template <class S>
+double CudaBackend<S>::nll_loss_forward(const A* logp, const std::int32_t* targets, std::int64_t n,
+                                        std::int64_t vocab) {
   CUDA_OK(cudaMemsetAsync(loss_sum_, 0, sizeof(double), launch_.stream));
   cuda::nll_loss_forward(launch_, loss_sum_, logp, targets, n, vocab);
   double sum = 0;
-  CUDA_OK(cudaMemcpyAsync(&sum, loss_sum_, sizeof(double), cudaMemcpyDeviceToHost,
-                          launch_.stream));
+  CUDA_OK(cudaMemcpyAsync(&sum, loss_sum_, sizeof(double), cudaMemcpyDeviceToHost, launch_.stream));
   CUDA_OK(cudaStreamSynchronize(launch_.stream));
   return sum;
 }
-void CudaBackend::nll_loss_backward(float* dlogp, const std::int32_t* targets, std::int64_t n,
-                                    std::int64_t vocab, float scale) {
+template <class S>
+void CudaBackend<S>::nll_loss_backward(A* dlogp, const std::int32_t* targets, std::int64_t n,
+                                       std::int64_t vocab, A scale) {
   cuda::nll_loss_backward(launch_, dlogp, targets, n, vocab, scale);
 }
-void CudaBackend::log_softmax_backward(float* dlogits, const float* dlogp, const float* logp,
-                                       std::int64_t n, std::int64_t vocab) {
+template <class S>
+void CudaBackend<S>::log_softmax_backward(S* dlogits, const A* dlogp, const A* logp, std::int64_t n,
+                                          std::int64_t vocab) {
   cuda::log_softmax_backward(launch_, dlogits, dlogp, logp, n, vocab);
 }
-void CudaBackend::copy(float* dst, const float* src, std::int64_t n) {
+template <class S>
+void CudaBackend<S>::copy(S* dst, const S* src, std::int64_t n) {
   cuda::copy(launch_, dst, src, n);
 }
-void CudaBackend::add(float* dst, const float* src, std::int64_t n) {
+template <class S>
+void CudaBackend<S>::add(S* dst, const S* src, std::int64_t n) {
   cuda::add(launch_, dst, src, n);
 }
-void CudaBackend::adamw_step(float* params, const float* grads, float* exp_avg,
-                             float* exp_avg_sq, std::int64_t n, std::int64_t step,
-                             const AdamWOptions& o) {
+template <class S>
+void CudaBackend<S>::adamw_step(A* params, const A* grads, A* exp_avg, A* exp_avg_sq,
+                                std::int64_t n, std::int64_t step, const AdamWOptions& o) {
   cuda::adamw_step(launch_, params, grads, exp_avg, exp_avg_sq, n, step, o.lr, o.beta1, o.beta2,
                    o.eps, o.weight_decay);
 }
-void CudaBackend::narrow(float* dst, const float* src, std::int64_t n) {
+template <class S>
+void CudaBackend<S>::narrow(S* dst, const A* src, std::int64_t n) {
+  cuda::narrow(launch_, dst, src, n); // a copy for float
+}
+template <class S>
+void CudaBackend<S>::widen_add(A* dst, const S* src, std::int64_t n) {
+  cuda::widen_add(launch_, dst, src, n); // an add for float
+}
+template <class S>
+void CudaBackend<S>::copy_wide(A* dst, const A* src, std::int64_t n) {
   cuda::copy(launch_, dst, src, n);
 }
-void CudaBackend::widen_add(float* dst, const float* src, std::int64_t n) {
-  cuda::add(launch_, dst, src, n);
-}
-void CudaBackend::scale(float* x, std::int64_t n, double factor) {
+template <class S>
+void CudaBackend<S>::scale(A* x, std::int64_t n, double factor) {
   cuda::scale(launch_, x, static_cast<float>(factor), n);
 }
-bool CudaBackend::all_finite(const float* x, std::int64_t n) {
+template <class S>
+bool CudaBackend<S>::all_finite(const A* x, std::int64_t n) {
   CUDA_OK(cudaMemsetAsync(nonfinite_, 0, sizeof(int), launch_.stream));
   cuda::count_nonfinite(launch_, nonfinite_, x, n);
   int count = 0;
-  CUDA_OK(cudaMemcpyAsync(&count, nonfinite_, sizeof(int), cudaMemcpyDeviceToHost,
-                          launch_.stream));
+  CUDA_OK(cudaMemcpyAsync(&count, nonfinite_, sizeof(int), cudaMemcpyDeviceToHost, launch_.stream));
   CUDA_OK(cudaStreamSynchronize(launch_.stream));
   return count == 0;
 }
 
 // ---- order and time
 
-cudaStream_t CudaBackend::stream_of(const comm::Communicator* c) const {
+template <class S>
+cudaStream_t CudaBackend<S>::stream_of(const comm::Communicator* c) const {
   if (c == nullptr)
     return launch_.stream;
   auto* s = static_cast<cudaStream_t>(c->cuda_stream());
@@ -220,7 +248,8 @@ cudaStream_t CudaBackend::stream_of(const comm::Communicator* c) const {
   return s != nullptr ? s : launch_.stream;
 }
 
-cudaEvent_t CudaBackend::event() {
+template <class S>
+cudaEvent_t CudaBackend<S>::event() {
   if (!free_events_.empty()) {
     auto e = free_events_.back();
     free_events_.pop_back();
@@ -231,7 +260,8 @@ cudaEvent_t CudaBackend::event() {
   return e;
 }
 
-void CudaBackend::wait(comm::Communicator* waiter, comm::Communicator* producer) {
+template <class S>
+void CudaBackend<S>::wait(comm::Communicator* waiter, comm::Communicator* producer) {
   const cudaStream_t w = stream_of(waiter), p = stream_of(producer);
   if (w == p)
     return;
@@ -250,25 +280,30 @@ void CudaBackend::wait(comm::Communicator* waiter, comm::Communicator* producer)
   free_events_.push_back(ready);
 }
 
-void CudaBackend::record_use(const void* p, comm::Communicator* user) {
+template <class S>
+void CudaBackend<S>::record_use(const void* p, comm::Communicator* user) {
   memory_.record_use(const_cast<void*>(p), stream_of(user));
 }
 
-void CudaBackend::allocate_on(comm::Communicator* stream) {
+template <class S>
+void CudaBackend<S>::allocate_on(comm::Communicator* stream) {
   memory_.set_stream(stream_of(stream));
 }
 
-void CudaBackend::synchronize() {
+template <class S>
+void CudaBackend<S>::synchronize() {
   CUDA_OK(cudaStreamSynchronize(launch_.stream));
 }
 
-void CudaBackend::begin(Part part) {
+template <class S>
+void CudaBackend<S>::begin(Part part) {
   Interval i{event(), nullptr};
   CUDA_OK(cudaEventRecord(i.begin, launch_.stream));
   parts_[static_cast<std::size_t>(part)].push_back(i);
 }
 
-void CudaBackend::end(Part part) {
+template <class S>
+void CudaBackend<S>::end(Part part) {
   auto& open = parts_[static_cast<std::size_t>(part)];
   if (open.empty() || open.back().end != nullptr)
     throw std::logic_error("CudaBackend::end without begin");
@@ -276,7 +311,8 @@ void CudaBackend::end(Part part) {
   CUDA_OK(cudaEventRecord(open.back().end, launch_.stream));
 }
 
-Backend<float>::PartSeconds CudaBackend::take_seconds() {
+template <class S>
+typename Backend<S>::PartSeconds CudaBackend<S>::take_seconds() {
   synchronize();
   // The interval's seconds; its events go back to the pool.
   auto seconds = [this](const Interval& i) {
@@ -307,5 +343,9 @@ Backend<float>::PartSeconds CudaBackend::take_seconds() {
   waits_.clear();
   return s;
 }
+
+template class CudaBackend<float>;
+template class CudaBackend<bf16>;
+template class CudaBackend<f16>;
 
 } // namespace shardplan::executor::cuda

@@ -1,13 +1,19 @@
-// The layer kernels of the GPU backend, fp32 (device_kernels.hpp). The arithmetic of each kernel
-// is that of executor/kernels.cpp, element by element; what differs is only the order of the
-// reductions (warp shuffles instead of a loop) and the GEMMs (cuBLAS).
+// The layer kernels of the GPU backend (device_kernels.hpp), for storage S = float, bf16 or f16.
+// The arithmetic of each kernel is that of executor/kernels.cpp, element by element, in fp32
+// whatever S: every load is converted to float (to_float), every store rounded to S once
+// (from_float: __float2bfloat16_rn, __float2half_rn; nothing to do for float). What differs from
+// the host is only the order of the reductions (warp shuffles instead of a loop) and the GEMMs
+// (cuBLAS). The kernels are templates over the CUDA type T of S (float, __nv_bfloat16, __half: the
+// same bits as executor::bf16 and executor::f16); the launchers, templates over S, cast the
+// pointers (dev) and are explicitly instantiated for the three types at the end.
 //
 // Launch shapes: 256 threads per block everywhere. Element-wise kernels loop grid-stride
 // (a grid of at most kMaxGridStrideBlocks blocks). Row reductions give a row to one warp (rows up
 // to a few thousand elements: LayerNorm/RMSNorm, the attention softmax) or to one block (the
 // vocabulary rows of the loss, up to 128256). Reductions over rows (the gradients of biases and
-// norm weights) give 32 columns to a block and split the rows into chunks whose partial sums are
-// added with one atomicAdd per column and chunk.
+// norm weights) give 32 columns to a block; in fp32 they split the rows into chunks whose partial
+// sums are added with one atomicAdd per column and chunk, in bf16 and f16 one block takes all the
+// rows of its columns so that each gradient is rounded once.
 //
 // Indices are 64-bit: B·heads·T·T passes 2³¹ at T = 4096, and N·V (16384 × 128256) nearly does.
 #include "executor/cuda/device_kernels.hpp"
@@ -17,7 +23,10 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 namespace shardplan::executor::cuda {
@@ -28,10 +37,68 @@ constexpr int kWarp = 32;                            // threads per warp
 constexpr int kWarpsPerBlock = kThreads / kWarp;     // 8: rows per block of a warp-per-row kernel
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr std::int64_t kMaxGridStrideBlocks = 8192;  // ~8 waves of 256-thread blocks on 132 SMs
-// Column reductions: blocks of kWarp columns × kColumnPhases row phases; enough chunks of rows
-// that the grid has about kColumnTargetBlocks blocks, each chunk at least kWarp rows.
+// Column reductions: blocks of kWarp columns × kColumnPhases row phases; in fp32, enough chunks of
+// rows that the grid has about kColumnTargetBlocks blocks, each chunk at least kWarp rows.
 constexpr int kColumnPhases = kThreads / kWarp;  // 8
 constexpr std::int64_t kColumnTargetBlocks = 2048;
+
+// ---------------------------------------------------------------------------------------------
+// Storage types: the CUDA type of each executor type.
+
+template <class S>
+struct DeviceType {
+  using type = S;  // float
+};
+template <>
+struct DeviceType<executor::bf16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct DeviceType<executor::f16> {
+  using type = __half;
+};
+template <class S>
+using device_t = typename DeviceType<S>::type;
+
+static_assert(sizeof(executor::bf16) == sizeof(__nv_bfloat16) &&
+                  alignof(executor::bf16) == alignof(__nv_bfloat16),
+              "executor::bf16 has __nv_bfloat16's bits");
+static_assert(sizeof(executor::f16) == sizeof(__half) && alignof(executor::f16) == alignof(__half),
+              "executor::f16 has __half's bits");
+
+// A pointer to S as its CUDA type (const kept).
+template <class S>
+auto dev(S* p) {
+  using T = device_t<std::remove_const_t<S>>;
+  if constexpr (std::is_const_v<S>)
+    return reinterpret_cast<const T*>(p);
+  else
+    return reinterpret_cast<T*>(p);
+}
+
+template <class T>
+constexpr bool is_float_v = std::is_same_v<T, float>;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+// x rounded to T, to nearest (ties to even).
+template <class T>
+__device__ __forceinline__ T from_float(float x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(x);
+  else if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(x);
+  else
+    return x;
+}
+
+// *p += x, rounded once.
+template <class T>
+__device__ __forceinline__ void add_to(T* p, float x) {
+  *p = from_float<T>(to_float(*p) + x);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Host-side checks
@@ -137,18 +204,20 @@ __device__ __forceinline__ void merge_max_sum(float& m, float& s, float m2, floa
 // Embedding
 
 // out [N, C]: element i = (n, c).
-__global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens, const float* wte,
-                                         const float* wpe, std::int64_t seq, std::int64_t channels,
+template <class T>
+__global__ void embedding_forward_kernel(T* out, const std::int32_t* tokens, const T* wte,
+                                         const T* wpe, std::int64_t seq, std::int64_t channels,
                                          std::int64_t count) {
   for (std::int64_t i = grid_first(); i < count; i += grid_step()) {
     const std::int64_t n = i / channels, c = i % channels;
-    float e = wte[static_cast<std::int64_t>(tokens[n]) * channels + c];
-    if (wpe) e += wpe[(n % seq) * channels + c];
-    out[i] = e;
+    float e = to_float(wte[static_cast<std::int64_t>(tokens[n]) * channels + c]);
+    if (wpe) e += to_float(wpe[(n % seq) * channels + c]);
+    out[i] = from_float<T>(e);
   }
 }
 
-// dwte[tokens[n], c] += dout[n, c]: a token may appear many times in the batch, so atomically.
+// fp32: dwte[tokens[n], c] += dout[n, c]: a token may appear many times in the batch, so
+// atomically.
 __global__ void embedding_backward_tokens_kernel(float* dwte, const float* dout,
                                                  const std::int32_t* tokens,
                                                  std::int64_t channels, std::int64_t count) {
@@ -158,24 +227,75 @@ __global__ void embedding_backward_tokens_kernel(float* dwte, const float* dout,
   }
 }
 
+// bf16, f16: dwte[v, :] += Σ_{n: tokens[n] = v} dout[n, :], summed in fp32 and rounded once (a
+// 16-bit atomicAdd per row would round at every add, and lose the small terms of a frequent
+// token). One block per row n of the batch; only the block of a token's first row works, the
+// others see an earlier row of their token and return. That block sums its token's rows in row
+// order (the same result every run): each warp scans the rows from n on, 32 tokens at a time, a
+// ballot marking the rows of the token, and adds their columns pass + threadIdx.x + kThreads·j
+// (kEmbeddingColumns per thread; rows wider than kThreads·kEmbeddingColumns take several passes).
+constexpr int kEmbeddingColumns = 4;
+
+template <class T>
+__global__ void embedding_backward_rows_kernel(T* dwte, const T* dout, const std::int32_t* tokens,
+                                               std::int64_t rows, std::int64_t channels) {
+  const std::int64_t n = blockIdx.x;
+  const std::int32_t token = tokens[n];
+  int earlier = 0;
+  for (std::int64_t m = threadIdx.x; m < n; m += kThreads) earlier |= tokens[m] == token ? 1 : 0;
+  if (__syncthreads_or(earlier)) return;  // the whole block: no barrier follows
+  T* dst = dwte + static_cast<std::int64_t>(token) * channels;
+  for (std::int64_t pass = 0; pass < channels;
+       pass += static_cast<std::int64_t>(kThreads) * kEmbeddingColumns) {
+    // A warp whose columns of this pass all lie past the row's end has nothing to add (the
+    // same for the whole warp: its ballots below need every lane).
+    if (pass + warp_id() * kWarp >= channels) continue;
+    const std::int64_t base = pass + threadIdx.x;
+    float sum[kEmbeddingColumns] = {};
+    for (std::int64_t first = n; first < rows; first += kWarp) {  // the same for the whole warp
+      const std::int64_t m = first + lane_id();
+      unsigned match = __ballot_sync(kFullMask, m < rows && tokens[m] == token);
+      while (match != 0) {
+        const T* src = dout + (first + __ffs(static_cast<int>(match)) - 1) * channels;
+        match &= match - 1;
+#pragma unroll
+        for (int j = 0; j < kEmbeddingColumns; ++j) {
+          const std::int64_t c = base + j * kThreads;
+          if (c < channels) sum[j] += to_float(src[c]);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kEmbeddingColumns; ++j) {
+      const std::int64_t c = base + j * kThreads;
+      if (c < channels) add_to(dst + c, sum[j]);
+    }
+  }
+}
+
 // dwpe[t, c] += Σ_b dout[b·T + t, c]: one thread per (t, c), no atomics.
-__global__ void embedding_backward_positions_kernel(float* dwpe, const float* dout,
-                                                    std::int64_t batch, std::int64_t seq,
-                                                    std::int64_t channels) {
+template <class T>
+__global__ void embedding_backward_positions_kernel(T* dwpe, const T* dout, std::int64_t batch,
+                                                    std::int64_t seq, std::int64_t channels) {
   const std::int64_t count = seq * channels;
   for (std::int64_t i = grid_first(); i < count; i += grid_step()) {
     float sum = 0.0f;
-    for (std::int64_t b = 0; b < batch; ++b) sum += dout[b * count + i];
-    dwpe[i] += sum;
+    for (std::int64_t b = 0; b < batch; ++b) sum += to_float(dout[b * count + i]);
+    add_to(dwpe + i, sum);
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Linear: bias and column sums
 
-// y [rows, cols] += b [cols] on every row.
-__global__ void add_bias_kernel(float* y, const float* b, std::int64_t cols, std::int64_t count) {
-  for (std::int64_t i = grid_first(); i < count; i += grid_step()) y[i] += b[i % cols];
+// y [rows, cols] += b [cols] on every row; y = b when `overwrite`.
+template <class T>
+__global__ void add_bias_kernel(T* y, const T* b, std::int64_t cols, std::int64_t count,
+                                bool overwrite) {
+  for (std::int64_t i = grid_first(); i < count; i += grid_step()) {
+    const float bias = to_float(b[i % cols]);
+    y[i] = from_float<T>(overwrite ? bias : to_float(y[i]) + bias);
+  }
 }
 
 // Sums over rows, for the gradients that accumulate across tokens:
@@ -183,11 +303,13 @@ __global__ void add_bias_kernel(float* y, const float* b, std::int64_t cols, std
 //   dw[c] += Σ_r dy[r, c]·x̂[r, c]       (dw given)
 // with x̂ = (x − mean[r])·rstd[r], or x·rstd[r] when mean is nullptr (RMSNorm).
 // Block (kWarp, kColumnPhases): threadIdx.x a column (coalesced rows), threadIdx.y a phase of the
-// rows; blockIdx.x picks 32 columns, blockIdx.y a chunk of rows_per_chunk rows. Each block adds
-// its chunk's sum of each column with one atomicAdd.
-__global__ void column_sums_kernel(float* dw, float* db, const float* dy, const float* x,
-                                   const float* mean, const float* rstd, std::int64_t rows,
-                                   std::int64_t cols, std::int64_t rows_per_chunk) {
+// rows; blockIdx.x picks 32 columns, blockIdx.y a chunk of rows_per_chunk rows. In fp32 each block
+// adds its chunk's sum of each column with one atomicAdd; in bf16 and f16 there is one chunk (the
+// launch's), and the block adds its sums with one rounding.
+template <class T>
+__global__ void column_sums_kernel(T* dw, T* db, const T* dy, const T* x, const float* mean,
+                                   const float* rstd, std::int64_t rows, std::int64_t cols,
+                                   std::int64_t rows_per_chunk) {
   __shared__ float part_w[kColumnPhases][kWarp + 1];  // +1: no bank conflicts on the reads below
   __shared__ float part_b[kColumnPhases][kWarp + 1];
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kWarp + threadIdx.x;
@@ -196,10 +318,11 @@ __global__ void column_sums_kernel(float* dw, float* db, const float* dy, const 
   float sum_w = 0.0f, sum_b = 0.0f;
   if (c < cols)
     for (std::int64_t r = first + threadIdx.y; r < last; r += kColumnPhases) {
-      const float d = dy[r * cols + c];
+      const float d = to_float(dy[r * cols + c]);
       sum_b += d;
       if (dw) {
-        const float centred = mean ? x[r * cols + c] - mean[r] : x[r * cols + c];
+        const float xv = to_float(x[r * cols + c]);
+        const float centred = mean ? xv - mean[r] : xv;
         sum_w += d * (centred * rstd[r]);
       }
     }
@@ -212,77 +335,110 @@ __global__ void column_sums_kernel(float* dw, float* db, const float* dy, const 
       total_w += part_w[phase][threadIdx.x];
       total_b += part_b[phase][threadIdx.x];
     }
-    if (dw) atomicAdd(dw + c, total_w);
-    if (db) atomicAdd(db + c, total_b);
+    if constexpr (is_float_v<T>) {
+      if (dw) atomicAdd(dw + c, total_w);
+      if (db) atomicAdd(db + c, total_b);
+    } else {
+      if (dw) add_to(dw + c, total_w);
+      if (db) add_to(db + c, total_b);
+    }
   }
 }
 
-void launch_column_sums(const Launch& launch, const char* kernel, float* dw, float* db,
-                        const float* dy, const float* x, const float* mean, const float* rstd,
-                        std::int64_t rows, std::int64_t cols) {
+template <class T>
+void launch_column_sums(const Launch& launch, const char* kernel, T* dw, T* db, const T* dy,
+                        const T* x, const float* mean, const float* rstd, std::int64_t rows,
+                        std::int64_t cols) {
   const std::int64_t column_blocks = ceil_div(cols, kWarp);
   if (column_blocks > INT_MAX) fail(kernel, "too many columns: " + std::to_string(cols));
-  const std::int64_t wanted =
-      std::max<std::int64_t>(1, ceil_div(kColumnTargetBlocks, column_blocks));
-  const std::int64_t chunks_at_most = std::min(wanted, ceil_div(rows, kWarp));
-  const std::int64_t rows_per_chunk = ceil_div(rows, chunks_at_most);
+  std::int64_t rows_per_chunk = rows;  // bf16, f16: one chunk
+  if constexpr (is_float_v<T>) {
+    const std::int64_t wanted =
+        std::max<std::int64_t>(1, ceil_div(kColumnTargetBlocks, column_blocks));
+    const std::int64_t chunks_at_most = std::min(wanted, ceil_div(rows, kWarp));
+    rows_per_chunk = ceil_div(rows, chunks_at_most);
+  }
   const std::int64_t chunks = ceil_div(rows, rows_per_chunk);  // no empty chunk
   const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(chunks));
   const dim3 block(kWarp, kColumnPhases);
-  column_sums_kernel<<<grid, block, 0, launch.stream>>>(dw, db, dy, x, mean, rstd, rows, cols,
-                                                        rows_per_chunk);
+  column_sums_kernel<T><<<grid, block, 0, launch.stream>>>(dw, db, dy, x, mean, rstd, rows, cols,
+                                                           rows_per_chunk);
   check_launch(kernel);
 }
 
 // ---------------------------------------------------------------------------------------------
 // GEMMs. cuBLAS is column-major: a row-major [r, c] matrix with row stride ld is, to cuBLAS, its
 // transpose, a c × r matrix with leading dimension ld. So a row-major product Y = X·Wᵀ is asked
-// for as Yᵀ = W·Xᵀ (llm.c matmul_forward_cublaslt makes the same mapping).
+// for as Yᵀ = W·Xᵀ (llm.c matmul_forward_cublaslt makes the same mapping). fp32 goes through
+// cublasSgemm (the handle's math mode: fp32 or TF32); bf16 and f16 through cublasGemmEx with
+// CUBLAS_COMPUTE_32F (fp32 products and sums, alpha and beta in float, C rounded once to 16 bits).
+
+template <class T>
+constexpr cudaDataType_t kBlasType = std::is_same_v<T, __nv_bfloat16> ? CUDA_R_16BF : CUDA_R_16F;
 
 // C = op(A)·op(B) + beta·C in cuBLAS's column-major terms; m × n = op(A) m × k times op(B) k × n.
+template <class T>
 void gemm(const Launch& launch, const char* kernel, cublasOperation_t op_a,
-          cublasOperation_t op_b, int m, int n, int k, const float* a, int lda, const float* b,
-          int ldb, float beta, float* c, int ldc) {
+          cublasOperation_t op_b, int m, int n, int k, const T* a, int lda, const T* b, int ldb,
+          float beta, T* c, int ldc) {
   const float alpha = 1.0f;
-  check_blas(cublasSgemm(launch.blas, op_a, op_b, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc),
-             kernel);
+  if constexpr (is_float_v<T>)
+    check_blas(
+        cublasSgemm(launch.blas, op_a, op_b, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc),
+        kernel);
+  else
+    check_blas(cublasGemmEx(launch.blas, op_a, op_b, m, n, k, &alpha, a, kBlasType<T>, lda, b,
+                            kBlasType<T>, ldb, &beta, c, kBlasType<T>, ldc, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT),
+               kernel);
 }
 
 // The same over `batch` matrices at the given element strides.
+template <class T>
 void gemm_batched(const Launch& launch, const char* kernel, cublasOperation_t op_a,
-                  cublasOperation_t op_b, int m, int n, int k, const float* a, int lda,
-                  long long stride_a, const float* b, int ldb, long long stride_b, float beta,
-                  float* c, int ldc, long long stride_c, int batch) {
+                  cublasOperation_t op_b, int m, int n, int k, const T* a, int lda,
+                  long long stride_a, const T* b, int ldb, long long stride_b, float beta, T* c,
+                  int ldc, long long stride_c, int batch) {
   const float alpha = 1.0f;
-  check_blas(cublasSgemmStridedBatched(launch.blas, op_a, op_b, m, n, k, &alpha, a, lda, stride_a,
-                                       b, ldb, stride_b, &beta, c, ldc, stride_c, batch),
-             kernel);
+  if constexpr (is_float_v<T>)
+    check_blas(cublasSgemmStridedBatched(launch.blas, op_a, op_b, m, n, k, &alpha, a, lda,
+                                         stride_a, b, ldb, stride_b, &beta, c, ldc, stride_c,
+                                         batch),
+               kernel);
+  else
+    check_blas(cublasGemmStridedBatchedEx(launch.blas, op_a, op_b, m, n, k, &alpha, a,
+                                          kBlasType<T>, lda, stride_a, b, kBlasType<T>, ldb,
+                                          stride_b, &beta, c, kBlasType<T>, ldc, stride_c, batch,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               kernel);
 }
 
 // ---------------------------------------------------------------------------------------------
 // LayerNorm and RMSNorm: one warp per row; the statistics in fp32 as on the host (two passes for
 // the variance, the biased one of torch.nn.LayerNorm).
 
-__global__ void layernorm_forward_kernel(float* y, float* mean, float* rstd, const float* x,
-                                         const float* w, const float* b, std::int64_t rows,
-                                         std::int64_t channels, float eps) {
+template <class T>
+__global__ void layernorm_forward_kernel(T* y, float* mean, float* rstd, const T* x, const T* w,
+                                         const T* b, std::int64_t rows, std::int64_t channels,
+                                         float eps) {
   const std::int64_t row = warp_row();
   if (row >= rows) return;  // the whole warp: no block-level synchronization below
   const int lane = lane_id();
   const float inv_c = 1.0f / static_cast<float>(channels);
-  const float* xr = x + row * channels;
+  const T* xr = x + row * channels;
   float sum = 0.0f;
-  for (std::int64_t c = lane; c < channels; c += kWarp) sum += xr[c];
+  for (std::int64_t c = lane; c < channels; c += kWarp) sum += to_float(xr[c]);
   const float m = warp_sum(sum) * inv_c;
   float sq = 0.0f;
   for (std::int64_t c = lane; c < channels; c += kWarp) {
-    const float d = xr[c] - m;
+    const float d = to_float(xr[c]) - m;
     sq += d * d;
   }
   const float r = 1.0f / sqrtf(warp_sum(sq) * inv_c + eps);
-  float* yr = y + row * channels;
+  T* yr = y + row * channels;
   for (std::int64_t c = lane; c < channels; c += kWarp)
-    yr[c] = (xr[c] - m) * r * w[c] + (b ? b[c] : 0.0f);
+    yr[c] = from_float<T>((to_float(xr[c]) - m) * r * to_float(w[c]) +
+                          (b ? to_float(b[c]) : 0.0f));
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
@@ -290,65 +446,73 @@ __global__ void layernorm_forward_kernel(float* y, float* mean, float* rstd, con
 }
 
 // dx += rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·w (llm.c layernorm_backward).
-__global__ void layernorm_backward_dx_kernel(float* dx, const float* dy, const float* x,
-                                             const float* w, const float* mean, const float* rstd,
+template <class T>
+__global__ void layernorm_backward_dx_kernel(T* dx, const T* dy, const T* x, const T* w,
+                                             const float* mean, const float* rstd,
                                              std::int64_t rows, std::int64_t channels) {
   const std::int64_t row = warp_row();
   if (row >= rows) return;
   const int lane = lane_id();
   const float inv_c = 1.0f / static_cast<float>(channels);
-  const float* dyr = dy + row * channels;
-  const float* xr = x + row * channels;
+  const T* dyr = dy + row * channels;
+  const T* xr = x + row * channels;
   const float m = mean[row], r = rstd[row];
   float g_sum = 0.0f, gx_sum = 0.0f;
   for (std::int64_t c = lane; c < channels; c += kWarp) {
-    const float xhat = (xr[c] - m) * r;
-    const float g = dyr[c] * w[c];
+    const float xhat = (to_float(xr[c]) - m) * r;
+    const float g = to_float(dyr[c]) * to_float(w[c]);
     g_sum += g;
     gx_sum += g * xhat;
   }
   const float g_mean = warp_sum(g_sum) * inv_c, gx_mean = warp_sum(gx_sum) * inv_c;
-  float* dxr = dx + row * channels;
+  T* dxr = dx + row * channels;
   for (std::int64_t c = lane; c < channels; c += kWarp) {
-    const float xhat = (xr[c] - m) * r;
-    const float g = dyr[c] * w[c];
-    dxr[c] += r * (g - g_mean - xhat * gx_mean);
+    const float xhat = (to_float(xr[c]) - m) * r;
+    const float g = to_float(dyr[c]) * to_float(w[c]);
+    add_to(dxr + c, r * (g - g_mean - xhat * gx_mean));
   }
 }
 
-__global__ void rmsnorm_forward_kernel(float* y, float* rstd, const float* x, const float* w,
+template <class T>
+__global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w,
                                        std::int64_t rows, std::int64_t channels, float eps) {
   const std::int64_t row = warp_row();
   if (row >= rows) return;
   const int lane = lane_id();
   const float inv_c = 1.0f / static_cast<float>(channels);
-  const float* xr = x + row * channels;
+  const T* xr = x + row * channels;
   float sq = 0.0f;
-  for (std::int64_t c = lane; c < channels; c += kWarp) sq += xr[c] * xr[c];
+  for (std::int64_t c = lane; c < channels; c += kWarp) {
+    const float xv = to_float(xr[c]);
+    sq += xv * xv;
+  }
   const float r = 1.0f / sqrtf(warp_sum(sq) * inv_c + eps);
-  float* yr = y + row * channels;
-  for (std::int64_t c = lane; c < channels; c += kWarp) yr[c] = xr[c] * r * w[c];
+  T* yr = y + row * channels;
+  for (std::int64_t c = lane; c < channels; c += kWarp)
+    yr[c] = from_float<T>(to_float(xr[c]) * r * to_float(w[c]));
   if (lane == 0) rstd[row] = r;
 }
 
 // dx += rstd·(g − x̂·mean(g·x̂)), g = dy·w, x̂ = x·rstd.
-__global__ void rmsnorm_backward_dx_kernel(float* dx, const float* dy, const float* x,
-                                           const float* w, const float* rstd, std::int64_t rows,
+template <class T>
+__global__ void rmsnorm_backward_dx_kernel(T* dx, const T* dy, const T* x, const T* w,
+                                           const float* rstd, std::int64_t rows,
                                            std::int64_t channels) {
   const std::int64_t row = warp_row();
   if (row >= rows) return;
   const int lane = lane_id();
   const float inv_c = 1.0f / static_cast<float>(channels);
-  const float* dyr = dy + row * channels;
-  const float* xr = x + row * channels;
+  const T* dyr = dy + row * channels;
+  const T* xr = x + row * channels;
   const float r = rstd[row];
   float gx_sum = 0.0f;
-  for (std::int64_t c = lane; c < channels; c += kWarp) gx_sum += dyr[c] * w[c] * xr[c] * r;
+  for (std::int64_t c = lane; c < channels; c += kWarp)
+    gx_sum += to_float(dyr[c]) * to_float(w[c]) * to_float(xr[c]) * r;
   const float gx_mean = warp_sum(gx_sum) * inv_c;
-  float* dxr = dx + row * channels;
+  T* dxr = dx + row * channels;
   for (std::int64_t c = lane; c < channels; c += kWarp) {
-    const float xhat = xr[c] * r;
-    dxr[c] += r * (dyr[c] * w[c] - xhat * gx_mean);
+    const float xhat = to_float(xr[c]) * r;
+    add_to(dxr + c, r * (to_float(dyr[c]) * to_float(w[c]) - xhat * gx_mean));
   }
 }
 
@@ -357,29 +521,40 @@ __global__ void rmsnorm_backward_dx_kernel(float* dx, const float* dy, const flo
 // Thread (t, i) of the x dimension computes cos/sin of t·θ^(−2i/d) once, in double as the host
 // does, then rotates that pair in the (sequence, head)s of blockIdx.y, blockIdx.y + gridDim.y, ...
 // x [B, T, heads, d]; direction +1 (forward) or −1 (the inverse rotation, the backward).
-__global__ void rope_kernel(float* x, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
-                            std::int64_t batch_heads, double theta, double direction) {
-  const std::int64_t half = head_dim / 2;
-  const std::int64_t pair = grid_first();
-  if (pair >= seq * half) return;
-  const std::int64_t t = pair / half, i = pair % half;
+
+// cos and sin of the angle t·θ^(−2i/d) of pair (t, i), in double as the host computes them, then
+// rounded to float; sin negated for direction −1. Not inlined: one copy of double pow and sincos
+// serves the rope kernel of every storage type.
+__device__ __noinline__ float2 rope_cos_sin(std::int64_t t, std::int64_t i, std::int64_t head_dim,
+                                            double theta, double direction) {
   const double inv_freq =
       pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
   const double angle = static_cast<double>(t) * inv_freq;
   double sin_angle, cos_angle;
   sincos(angle, &sin_angle, &cos_angle);
-  const float c = static_cast<float>(cos_angle);
-  const float s = static_cast<float>(direction * sin_angle);
+  return make_float2(static_cast<float>(cos_angle), static_cast<float>(direction * sin_angle));
+}
+
+template <class T>
+__global__ void rope_kernel(T* x, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
+                            std::int64_t batch_heads, double theta, double direction) {
+  const std::int64_t half = head_dim / 2;
+  const std::int64_t pair = grid_first();
+  if (pair >= seq * half) return;
+  const std::int64_t t = pair / half, i = pair % half;
+  const float2 rotation = rope_cos_sin(t, i, head_dim, theta, direction);
+  const float c = rotation.x, s = rotation.y;
   for (std::int64_t bh = blockIdx.y; bh < batch_heads; bh += gridDim.y) {
     const std::int64_t b = bh / heads, h = bh % heads;
-    float* p = x + ((b * seq + t) * heads + h) * head_dim;
-    const float x1 = p[i], x2 = p[i + half];
-    p[i] = x1 * c - x2 * s;
-    p[i + half] = x2 * c + x1 * s;
+    T* p = x + ((b * seq + t) * heads + h) * head_dim;
+    const float x1 = to_float(p[i]), x2 = to_float(p[i + half]);
+    p[i] = from_float<T>(x1 * c - x2 * s);
+    p[i + half] = from_float<T>(x2 * c + x1 * s);
   }
 }
 
-void launch_rope(const Launch& launch, const char* kernel, float* x, std::int64_t batch,
+template <class T>
+void launch_rope(const Launch& launch, const char* kernel, T* x, std::int64_t batch,
                  std::int64_t seq, std::int64_t heads, std::int64_t head_dim, double theta,
                  double direction) {
   const std::int64_t pairs = seq * (head_dim / 2), batch_heads = batch * heads;
@@ -390,8 +565,8 @@ void launch_rope(const Launch& launch, const char* kernel, float* x, std::int64_
   const dim3 grid(blocks_for(pairs, kThreads, kernel),
                   static_cast<unsigned>(
                       std::min<std::int64_t>(ceil_div(batch_heads, kRotationsPerThread), 65535)));
-  rope_kernel<<<grid, kThreads, 0, launch.stream>>>(x, seq, heads, head_dim, batch_heads, theta,
-                                                    direction);
+  rope_kernel<T><<<grid, kThreads, 0, launch.stream>>>(x, seq, heads, head_dim, batch_heads,
+                                                       theta, direction);
   check_launch(kernel);
 }
 
@@ -399,41 +574,42 @@ void launch_rope(const Launch& launch, const char* kernel, float* x, std::int64_
 // Attention's softmax, one warp per row of scores [B·heads·T rows, T]: row r is query t = r mod T,
 // keys 0..t kept (causal), the rest set to zero.
 
-// In place: raw scores Q·Kᵀ in, probabilities out. p = exp(s·scale − max·scale) / Σ, as the host.
-__global__ void causal_softmax_kernel(float* probs, std::int64_t rows, std::int64_t seq,
+// In place: raw scores Q·Kᵀ in, probabilities out. p = exp(s·scale − max·scale) / Σ, as the host;
+// the last pass computes exp again from the raw score (the same value), so that a 16-bit p is
+// rounded once.
+template <class T>
+__global__ void causal_softmax_kernel(T* probs, std::int64_t rows, std::int64_t seq,
                                       float scale) {
   const std::int64_t row = warp_row();
   if (row >= rows) return;
   const int lane = lane_id();
   const std::int64_t t = row % seq;
-  float* p = probs + row * seq;
+  T* p = probs + row * seq;
   float maxv = -INFINITY;
-  for (std::int64_t j = lane; j <= t; j += kWarp) maxv = fmaxf(maxv, p[j]);
+  for (std::int64_t j = lane; j <= t; j += kWarp) maxv = fmaxf(maxv, to_float(p[j]));
   maxv = warp_max(maxv) * scale;
   float sum = 0.0f;
-  for (std::int64_t j = lane; j <= t; j += kWarp) {
-    const float e = expf(p[j] * scale - maxv);
-    p[j] = e;  // read back by this same lane below
-    sum += e;
-  }
+  for (std::int64_t j = lane; j <= t; j += kWarp) sum += expf(to_float(p[j]) * scale - maxv);
   const float inv_sum = 1.0f / warp_sum(sum);
-  for (std::int64_t j = lane; j < seq; j += kWarp) p[j] = j <= t ? p[j] * inv_sum : 0.0f;
+  for (std::int64_t j = lane; j < seq; j += kWarp)
+    p[j] = from_float<T>(j <= t ? expf(to_float(p[j]) * scale - maxv) * inv_sum : 0.0f);
 }
 
 // In place on dp: dP in, dS = P ∘ (dP − Σⱼ P·dP)·scale out (zero above the diagonal).
-__global__ void causal_softmax_backward_kernel(float* dp, const float* probs, std::int64_t rows,
+template <class T>
+__global__ void causal_softmax_backward_kernel(T* dp, const T* probs, std::int64_t rows,
                                                std::int64_t seq, float scale) {
   const std::int64_t row = warp_row();
   if (row >= rows) return;
   const int lane = lane_id();
   const std::int64_t t = row % seq;
-  const float* p = probs + row * seq;
-  float* d = dp + row * seq;
+  const T* p = probs + row * seq;
+  T* d = dp + row * seq;
   float dot = 0.0f;
-  for (std::int64_t j = lane; j <= t; j += kWarp) dot += p[j] * d[j];
+  for (std::int64_t j = lane; j <= t; j += kWarp) dot += to_float(p[j]) * to_float(d[j]);
   dot = warp_sum(dot);
   for (std::int64_t j = lane; j < seq; j += kWarp)
-    d[j] = j <= t ? p[j] * (d[j] - dot) * scale : 0.0f;
+    d[j] = from_float<T>(j <= t ? to_float(p[j]) * (to_float(d[j]) - dot) * scale : 0.0f);
 }
 
 // The layout of one attention call for the batched GEMMs. For sequence b and j ∈ [0, G),
@@ -477,8 +653,9 @@ struct AttentionShape {
 // S = Q·Kᵀ (row-major [T, T] per head) as cuBLAS's Sᵀ = K·Qᵀ: op(A) = K (T × d; A is k's
 // column-major d × T view, transposed), op(B) = Qᵀ (q's d × T view).
 // Reused for dP = dO·Vᵀ with (q, k) := (dO, V).
-void scores_gemm(const Launch& launch, const char* kernel, const AttentionShape& s, const float* q,
-                 const float* k, float* scores) {
+template <class T>
+void scores_gemm(const Launch& launch, const char* kernel, const AttentionShape& s, const T* q,
+                 const T* k, T* scores) {
   gemm_batched(launch, kernel, CUBLAS_OP_T, CUBLAS_OP_N, s.seq, s.seq, s.head_dim, k, s.kv_ld,
                s.kv_stride, q, s.q_ld, s.q_stride, 0.0f, scores, s.seq, s.scores_stride,
                s.kv_heads);
@@ -486,8 +663,9 @@ void scores_gemm(const Launch& launch, const char* kernel, const AttentionShape&
 
 // O (+)= P·V (row-major [T, d] per query head, row stride heads·d) as Oᵀ = Vᵀ·Pᵀ: op(A) = Vᵀ
 // (v's d × T view), op(B) = Pᵀ (p's column-major T × T view). Reused for dQ += dS·K.
-void apply_gemm(const Launch& launch, const char* kernel, const AttentionShape& s, const float* p,
-                const float* v, float beta, float* out) {
+template <class T>
+void apply_gemm(const Launch& launch, const char* kernel, const AttentionShape& s, const T* p,
+                const T* v, float beta, T* out) {
   gemm_batched(launch, kernel, CUBLAS_OP_N, CUBLAS_OP_N, s.head_dim, s.seq, s.seq, v, s.kv_ld,
                s.kv_stride, p, s.seq, s.scores_stride, beta, out, s.q_ld, s.q_stride, s.kv_heads);
 }
@@ -495,8 +673,9 @@ void apply_gemm(const Launch& launch, const char* kernel, const AttentionShape& 
 // dV += Pᵀ·dO (row-major [T, d] per kv head, row stride kv_heads·d) as dVᵀ = dOᵀ·P: op(A) = dOᵀ
 // (dO's d × T view), op(B) = P (the transpose of p's column-major view). Reused for dK += dSᵀ·Q.
 // The G query heads of a kv head add into it in G calls issued in order on one stream.
+template <class T>
 void apply_transposed_gemm(const Launch& launch, const char* kernel, const AttentionShape& s,
-                           const float* p, const float* dout, float* dv) {
+                           const T* p, const T* dout, T* dv) {
   gemm_batched(launch, kernel, CUBLAS_OP_N, CUBLAS_OP_T, s.head_dim, s.seq, s.seq, dout, s.q_ld,
                s.q_stride, p, s.seq, s.scores_stride, 1.0f, dv, s.kv_ld, s.kv_stride, s.kv_heads);
 }
@@ -507,56 +686,62 @@ void apply_transposed_gemm(const Launch& launch, const char* kernel, const Atten
 constexpr float kGeluScale = 0.7978845608028654f;  // √(2/π)
 constexpr float kGeluCubic = 0.044715f;
 
-__global__ void gelu_forward_kernel(float* out, const float* in, std::int64_t n) {
+template <class T>
+__global__ void gelu_forward_kernel(T* out, const T* in, std::int64_t n) {
   for (std::int64_t i = grid_first(); i < n; i += grid_step()) {
-    const float x = in[i];
-    out[i] = 0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCubic * x * x * x)));
+    const float x = to_float(in[i]);
+    out[i] = from_float<T>(0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCubic * x * x * x))));
   }
 }
 
-__global__ void gelu_backward_kernel(float* din, const float* in, const float* dout,
-                                     std::int64_t n) {
+template <class T>
+__global__ void gelu_backward_kernel(T* din, const T* in, const T* dout, std::int64_t n) {
   for (std::int64_t i = grid_first(); i < n; i += grid_step()) {
-    const float x = in[i];
+    const float x = to_float(in[i]);
     const float th = tanhf(kGeluScale * (x + kGeluCubic * x * x * x));
     const float sech2 = 1.0f - th * th;
     const float local = 0.5f * (1.0f + th) +
                         0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-    din[i] += local * dout[i];
+    add_to(din + i, local * to_float(dout[i]));
   }
 }
 
-__global__ void swiglu_forward_kernel(float* out, const float* gate, const float* up,
-                                      std::int64_t n) {
+template <class T>
+__global__ void swiglu_forward_kernel(T* out, const T* gate, const T* up, std::int64_t n) {
   for (std::int64_t i = grid_first(); i < n; i += grid_step()) {
-    const float g = gate[i];
+    const float g = to_float(gate[i]);
     const float sig = 1.0f / (1.0f + expf(-g));
-    out[i] = g * sig * up[i];
+    out[i] = from_float<T>(g * sig * to_float(up[i]));
   }
 }
 
-__global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* dout,
-                                       const float* gate, const float* up, std::int64_t n) {
+template <class T>
+__global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dout, const T* gate,
+                                       const T* up, std::int64_t n) {
   for (std::int64_t i = grid_first(); i < n; i += grid_step()) {
-    const float g = gate[i];
+    const float g = to_float(gate[i]);
     const float sig = 1.0f / (1.0f + expf(-g));
-    dgate[i] += dout[i] * up[i] * sig * (1.0f + g * (1.0f - sig));
-    dup[i] += dout[i] * g * sig;
+    const float d = to_float(dout[i]);
+    add_to(dgate + i, d * to_float(up[i]) * sig * (1.0f + g * (1.0f - sig)));
+    add_to(dup + i, d * g * sig);
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// The loss (torch's log_softmax and nll_loss), one block per vocabulary row.
+// The loss (torch's log_softmax and nll_loss), one block per vocabulary row. The logits and their
+// gradient are in S; the log-probabilities and their gradient in fp32.
 
 // logp = z − (max + log Σ exp(z − max)); max and Σ in one pass (online normaliser), then a
 // second pass writes.
-__global__ void log_softmax_forward_kernel(float* logp, const float* logits, std::int64_t vocab) {
+template <class T>
+__global__ void log_softmax_forward_kernel(float* logp, const T* logits, std::int64_t vocab) {
   __shared__ float part_max[kWarpsPerBlock], part_sum[kWarpsPerBlock];
   __shared__ float shift;
   const std::int64_t row = blockIdx.x;
-  const float* z = logits + row * vocab;
+  const T* z = logits + row * vocab;
   float m = -INFINITY, s = 0.0f;
-  for (std::int64_t j = threadIdx.x; j < vocab; j += kThreads) merge_max_sum(m, s, z[j], 1.0f);
+  for (std::int64_t j = threadIdx.x; j < vocab; j += kThreads)
+    merge_max_sum(m, s, to_float(z[j]), 1.0f);
   for (int offset = kWarp / 2; offset > 0; offset /= 2) {
     const float m2 = __shfl_xor_sync(kFullMask, m, offset);
     const float s2 = __shfl_xor_sync(kFullMask, s, offset);
@@ -580,7 +765,7 @@ __global__ void log_softmax_forward_kernel(float* logp, const float* logits, std
   __syncthreads();
   const float row_shift = shift;
   float* out = logp + row * vocab;
-  for (std::int64_t j = threadIdx.x; j < vocab; j += kThreads) out[j] = z[j] - row_shift;
+  for (std::int64_t j = threadIdx.x; j < vocab; j += kThreads) out[j] = to_float(z[j]) - row_shift;
 }
 
 // *loss_sum += Σₙ −logp[n, target[n]] in double: one block, so the sum is added by one thread
@@ -610,7 +795,8 @@ __global__ void nll_loss_backward_kernel(float* dlogp, const std::int32_t* targe
 }
 
 // dlogits = dlogp − exp(logp)·Σⱼ dlogp (torch's _log_softmax_backward_data); writes.
-__global__ void log_softmax_backward_kernel(float* dlogits, const float* dlogp, const float* logp,
+template <class T>
+__global__ void log_softmax_backward_kernel(T* dlogits, const float* dlogp, const float* logp,
                                             std::int64_t vocab) {
   __shared__ float part[kWarpsPerBlock];
   const std::int64_t row = blockIdx.x;
@@ -619,15 +805,29 @@ __global__ void log_softmax_backward_kernel(float* dlogits, const float* dlogp, 
   float sum = 0.0f;
   for (std::int64_t j = threadIdx.x; j < vocab; j += kThreads) sum += g[j];
   sum = block_sum(sum, part);
-  float* out = dlogits + row * vocab;
-  for (std::int64_t j = threadIdx.x; j < vocab; j += kThreads) out[j] = g[j] - expf(lp[j]) * sum;
+  T* out = dlogits + row * vocab;
+  for (std::int64_t j = threadIdx.x; j < vocab; j += kThreads)
+    out[j] = from_float<T>(g[j] - expf(lp[j]) * sum);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Element-wise work of the engine, and AdamW
 
-__global__ void add_kernel(float* dst, const float* src, std::int64_t n) {
-  for (std::int64_t i = grid_first(); i < n; i += grid_step()) dst[i] += src[i];
+template <class T>
+__global__ void add_kernel(T* dst, const T* src, std::int64_t n) {
+  for (std::int64_t i = grid_first(); i < n; i += grid_step()) add_to(dst + i, to_float(src[i]));
+}
+
+// dst = T(src): the compute copy of fp32 master weights.
+template <class T>
+__global__ void narrow_kernel(T* dst, const float* src, std::int64_t n) {
+  for (std::int64_t i = grid_first(); i < n; i += grid_step()) dst[i] = from_float<T>(src[i]);
+}
+
+// dst += float(src): a computed gradient into the fp32 master gradients.
+template <class T>
+__global__ void widen_add_kernel(float* dst, const T* src, std::int64_t n) {
+  for (std::int64_t i = grid_first(); i < n; i += grid_step()) dst[i] += to_float(src[i]);
 }
 
 __global__ void scale_kernel(float* x, float factor, std::int64_t n) {
@@ -665,62 +865,77 @@ __global__ void adamw_kernel(float* params, const float* grads, float* exp_avg, 
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
-// Launchers
+// Launchers: templates over S; dev() gives the kernels their CUDA type.
 
 void set_tf32(cublasHandle_t blas, bool enabled) {
   check_blas(cublasSetMathMode(blas, enabled ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
              "set_tf32");
 }
 
-void embedding_forward(const Launch& launch, float* out, const std::int32_t* tokens,
-                       const float* wte, const float* wpe, std::int64_t batch, std::int64_t seq,
-                       std::int64_t channels) {
+template <class S>
+void embedding_forward(const Launch& launch, S* out, const std::int32_t* tokens, const S* wte,
+                       const S* wpe, std::int64_t batch, std::int64_t seq, std::int64_t channels) {
   const std::int64_t count = batch * seq * channels;
   if (count == 0) return;
   embedding_forward_kernel<<<grid_stride_blocks(count), kThreads, 0, launch.stream>>>(
-      out, tokens, wte, wpe, seq, channels, count);
+      dev(out), tokens, dev(wte), dev(wpe), seq, channels, count);
   check_launch("embedding_forward");
 }
 
-void embedding_backward(const Launch& launch, float* dwte, float* dwpe, const float* dout,
+template <class S>
+void embedding_backward(const Launch& launch, S* dwte, S* dwpe, const S* dout,
                         const std::int32_t* tokens, std::int64_t batch, std::int64_t seq,
                         std::int64_t channels) {
+  constexpr const char* kernel = "embedding_backward";
   const std::int64_t count = batch * seq * channels;
   if (count == 0) return;
-  embedding_backward_tokens_kernel<<<grid_stride_blocks(count), kThreads, 0, launch.stream>>>(
-      dwte, dout, tokens, channels, count);
-  check_launch("embedding_backward");
+  if constexpr (std::is_same_v<S, float>)
+    embedding_backward_tokens_kernel<<<grid_stride_blocks(count), kThreads, 0, launch.stream>>>(
+        dwte, dout, tokens, channels, count);
+  else
+    embedding_backward_rows_kernel<<<blocks_for(batch * seq, 1, kernel), kThreads, 0,
+                                     launch.stream>>>(dev(dwte), dev(dout), tokens, batch * seq,
+                                                      channels);
+  check_launch(kernel);
   if (!dwpe) return;
   embedding_backward_positions_kernel<<<grid_stride_blocks(seq * channels), kThreads, 0,
-                                        launch.stream>>>(dwpe, dout, batch, seq, channels);
-  check_launch("embedding_backward");
+                                        launch.stream>>>(dev(dwpe), dev(dout), batch, seq,
+                                                         channels);
+  check_launch(kernel);
 }
 
-void linear_forward(const Launch& launch, float* y, const float* x, const float* w, const float* b,
+template <class S>
+void linear_forward(const Launch& launch, S* y, const S* x, const S* w, const S* b,
                     std::int64_t n, std::int64_t in, std::int64_t out, bool accumulate) {
   constexpr const char* kernel = "linear_forward";
   if (n == 0 || out == 0) return;
+  const auto add_bias = [&](bool overwrite) {
+    add_bias_kernel<<<grid_stride_blocks(n * out), kThreads, 0, launch.stream>>>(
+        dev(y), dev(b), out, n * out, overwrite);
+    check_launch(kernel);
+  };
+  // bf16, f16: the bias goes into y first (b is in S: exactly, when not accumulating) and the
+  // GEMM adds to it, so that y is rounded once (as cuBLASLt's bias epilogue and PyTorch's addmm).
+  const bool bias_first = b != nullptr && !std::is_same_v<S, float>;
+  if (bias_first) add_bias(!accumulate);
   if (in > 0) {
     // Yᵀ [out × n] = W [out × in] · Xᵀ [in × n]: w's column-major view is Wᵀ (in × out, ld in),
     // transposed; x's is Xᵀ (in × n, ld in); y's is Yᵀ (out × n, ld out).
     gemm(launch, kernel, CUBLAS_OP_T, CUBLAS_OP_N, blas_int(out, kernel, "out"),
-         blas_int(n, kernel, "n"), blas_int(in, kernel, "in"), w, blas_int(in, kernel, "in"), x,
-         blas_int(in, kernel, "in"), accumulate ? 1.0f : 0.0f, y, blas_int(out, kernel, "out"));
-  } else if (!accumulate) {
-    check_cuda(cudaMemsetAsync(y, 0, static_cast<std::size_t>(n * out) * sizeof(float),
+         blas_int(n, kernel, "n"), blas_int(in, kernel, "in"), dev(w),
+         blas_int(in, kernel, "in"), dev(x), blas_int(in, kernel, "in"),
+         accumulate || bias_first ? 1.0f : 0.0f, dev(y), blas_int(out, kernel, "out"));
+  } else if (!accumulate && !bias_first) {
+    check_cuda(cudaMemsetAsync(y, 0, static_cast<std::size_t>(n * out) * sizeof(S),
                                launch.stream),
                kernel);  // an empty sum
   }
-  if (b) {
-    add_bias_kernel<<<grid_stride_blocks(n * out), kThreads, 0, launch.stream>>>(y, b, out,
-                                                                                n * out);
-    check_launch(kernel);
-  }
+  if (b && !bias_first) add_bias(false);
 }
 
-void linear_backward(const Launch& launch, float* dx, float* dw, float* db, const float* dy,
-                     const float* x, const float* w, std::int64_t n, std::int64_t in,
-                     std::int64_t out) {
+template <class S>
+void linear_backward(const Launch& launch, S* dx, S* dw, S* db, const S* dy, const S* x,
+                     const S* w, std::int64_t n, std::int64_t in, std::int64_t out) {
   constexpr const char* kernel = "linear_backward";
   if (n == 0 || out == 0) return;
   if (in > 0) {
@@ -728,63 +943,74 @@ void linear_backward(const Launch& launch, float* dx, float* dw, float* db, cons
               out_ = blas_int(out, kernel, "out");
     // dXᵀ [in × n] += Wᵀ [in × out] · dYᵀ [out × n]: both are their arrays' column-major views.
     if (dx)
-      gemm(launch, kernel, CUBLAS_OP_N, CUBLAS_OP_N, in_, n_, out_, w, in_, dy, out_, 1.0f, dx,
-           in_);
+      gemm(launch, kernel, CUBLAS_OP_N, CUBLAS_OP_N, in_, n_, out_, dev(w), in_, dev(dy), out_,
+           1.0f, dev(dx), in_);
     // dWᵀ [in × out] += Xᵀ [in × n] · dY [n × out]: x's view, and dy's view (dYᵀ) transposed.
-    gemm(launch, kernel, CUBLAS_OP_N, CUBLAS_OP_T, in_, out_, n_, x, in_, dy, out_, 1.0f, dw, in_);
+    gemm(launch, kernel, CUBLAS_OP_N, CUBLAS_OP_T, in_, out_, n_, dev(x), in_, dev(dy), out_,
+         1.0f, dev(dw), in_);
   }
-  if (db) launch_column_sums(launch, kernel, nullptr, db, dy, nullptr, nullptr, nullptr, n, out);
+  if (db)
+    launch_column_sums(launch, kernel, dev(static_cast<S*>(nullptr)), dev(db), dev(dy),
+                       dev(static_cast<const S*>(nullptr)), nullptr, nullptr, n, out);
 }
 
-void layernorm_forward(const Launch& launch, float* y, float* mean, float* rstd, const float* x,
-                       const float* w, const float* b, std::int64_t n, std::int64_t channels,
-                       float eps) {
+template <class S>
+void layernorm_forward(const Launch& launch, S* y, float* mean, float* rstd, const S* x,
+                       const S* w, const S* b, std::int64_t n, std::int64_t channels, float eps) {
   constexpr const char* kernel = "layernorm_forward";
   if (n == 0 || channels == 0) return;
   layernorm_forward_kernel<<<blocks_for(n, kWarpsPerBlock, kernel), kThreads, 0, launch.stream>>>(
-      y, mean, rstd, x, w, b, n, channels, eps);
+      dev(y), mean, rstd, dev(x), dev(w), dev(b), n, channels, eps);
   check_launch(kernel);
 }
 
-void layernorm_backward(const Launch& launch, float* dx, float* dw, float* db, const float* dy,
-                        const float* x, const float* w, const float* mean, const float* rstd,
-                        std::int64_t n, std::int64_t channels) {
+template <class S>
+void layernorm_backward(const Launch& launch, S* dx, S* dw, S* db, const S* dy, const S* x,
+                        const S* w, const float* mean, const float* rstd, std::int64_t n,
+                        std::int64_t channels) {
   constexpr const char* kernel = "layernorm_backward";
   if (n == 0 || channels == 0) return;
   layernorm_backward_dx_kernel<<<blocks_for(n, kWarpsPerBlock, kernel), kThreads, 0,
-                                 launch.stream>>>(dx, dy, x, w, mean, rstd, n, channels);
+                                 launch.stream>>>(dev(dx), dev(dy), dev(x), dev(w), mean, rstd, n,
+                                                  channels);
   check_launch(kernel);
-  launch_column_sums(launch, kernel, dw, db, dy, x, mean, rstd, n, channels);
+  launch_column_sums(launch, kernel, dev(dw), dev(db), dev(dy), dev(x), mean, rstd, n, channels);
 }
 
-void rmsnorm_forward(const Launch& launch, float* y, float* rstd, const float* x, const float* w,
+template <class S>
+void rmsnorm_forward(const Launch& launch, S* y, float* rstd, const S* x, const S* w,
                      std::int64_t n, std::int64_t channels, float eps) {
   constexpr const char* kernel = "rmsnorm_forward";
   if (n == 0 || channels == 0) return;
   rmsnorm_forward_kernel<<<blocks_for(n, kWarpsPerBlock, kernel), kThreads, 0, launch.stream>>>(
-      y, rstd, x, w, n, channels, eps);
+      dev(y), rstd, dev(x), dev(w), n, channels, eps);
   check_launch(kernel);
 }
 
-void rmsnorm_backward(const Launch& launch, float* dx, float* dw, const float* dy, const float* x,
-                      const float* w, const float* rstd, std::int64_t n, std::int64_t channels) {
+template <class S>
+void rmsnorm_backward(const Launch& launch, S* dx, S* dw, const S* dy, const S* x, const S* w,
+                      const float* rstd, std::int64_t n, std::int64_t channels) {
   constexpr const char* kernel = "rmsnorm_backward";
   if (n == 0 || channels == 0) return;
   rmsnorm_backward_dx_kernel<<<blocks_for(n, kWarpsPerBlock, kernel), kThreads, 0,
-                               launch.stream>>>(dx, dy, x, w, rstd, n, channels);
+                               launch.stream>>>(dev(dx), dev(dy), dev(x), dev(w), rstd, n,
+                                                channels);
   check_launch(kernel);
-  launch_column_sums(launch, kernel, dw, nullptr, dy, x, nullptr, rstd, n, channels);
+  launch_column_sums(launch, kernel, dev(dw), dev(static_cast<S*>(nullptr)), dev(dy), dev(x),
+                     nullptr, rstd, n, channels);
 }
 
-void rope_forward(const Launch& launch, float* x, std::int64_t batch, std::int64_t seq,
+template <class S>
+void rope_forward(const Launch& launch, S* x, std::int64_t batch, std::int64_t seq,
                   std::int64_t heads, std::int64_t head_dim, double theta) {
-  launch_rope(launch, "rope_forward", x, batch, seq, heads, head_dim, theta, 1.0);
+  launch_rope(launch, "rope_forward", dev(x), batch, seq, heads, head_dim, theta, 1.0);
 }
 
 // The rotation is orthogonal: the gradient of its input is Rᵀ·dy = R(−angle)·dy.
-void rope_backward(const Launch& launch, float* dx, std::int64_t batch, std::int64_t seq,
+template <class S>
+void rope_backward(const Launch& launch, S* dx, std::int64_t batch, std::int64_t seq,
                    std::int64_t heads, std::int64_t head_dim, double theta) {
-  launch_rope(launch, "rope_backward", dx, batch, seq, heads, head_dim, theta, -1.0);
+  launch_rope(launch, "rope_backward", dev(dx), batch, seq, heads, head_dim, theta, -1.0);
 }
 
 std::int64_t attention_scratch_elements(std::int64_t batch, std::int64_t seq, std::int64_t heads) {
@@ -792,89 +1018,100 @@ std::int64_t attention_scratch_elements(std::int64_t batch, std::int64_t seq, st
 }
 
 // Vaswani et al. 2017 eq. 1, causal: P = softmax(Q·Kᵀ/√d) (masked), O = P·V.
-void attention_forward(const Launch& launch, float* out, float* probs, const float* q,
-                       const float* k, const float* v, std::int64_t batch, std::int64_t seq,
-                       std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim) {
+template <class S>
+void attention_forward(const Launch& launch, S* out, S* probs, const S* q, const S* k,
+                       const S* v, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                       std::int64_t kv_heads, std::int64_t head_dim) {
   constexpr const char* kernel = "attention_forward";
   if (batch == 0 || seq == 0 || heads == 0 || kv_heads == 0 || head_dim == 0) return;
   const AttentionShape s(seq, heads, kv_heads, head_dim, kernel);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   for (std::int64_t b = 0; b < batch; ++b)
     for (std::int64_t j = 0; j < s.group; ++j)
-      scores_gemm(launch, kernel, s, q + s.q_offset(b, j), k + s.kv_offset(b),
-                  probs + s.scores_offset(b, j));
+      scores_gemm(launch, kernel, s, dev(q + s.q_offset(b, j)), dev(k + s.kv_offset(b)),
+                  dev(probs + s.scores_offset(b, j)));
   const std::int64_t rows = batch * heads * seq;
   causal_softmax_kernel<<<blocks_for(rows, kWarpsPerBlock, kernel), kThreads, 0, launch.stream>>>(
-      probs, rows, seq, scale);
+      dev(probs), rows, seq, scale);
   check_launch(kernel);
   for (std::int64_t b = 0; b < batch; ++b)
     for (std::int64_t j = 0; j < s.group; ++j)
-      apply_gemm(launch, kernel, s, probs + s.scores_offset(b, j), v + s.kv_offset(b), 0.0f,
-                 out + s.q_offset(b, j));
+      apply_gemm(launch, kernel, s, dev(probs + s.scores_offset(b, j)), dev(v + s.kv_offset(b)),
+                 0.0f, dev(out + s.q_offset(b, j)));
 }
 
 // dP = dO·Vᵀ; dV += Pᵀ·dO; dS = P ∘ (dP − rowsum(P ∘ dP))·scale; dQ += dS·K; dK += dSᵀ·Q.
-void attention_backward(const Launch& launch, float* dq, float* dk, float* dv, float* scratch,
-                        const float* dout, const float* probs, const float* q, const float* k,
-                        const float* v, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-                        std::int64_t kv_heads, std::int64_t head_dim) {
+template <class S>
+void attention_backward(const Launch& launch, S* dq, S* dk, S* dv, S* scratch, const S* dout,
+                        const S* probs, const S* q, const S* k, const S* v, std::int64_t batch,
+                        std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
+                        std::int64_t head_dim) {
   constexpr const char* kernel = "attention_backward";
   if (batch == 0 || seq == 0 || heads == 0 || kv_heads == 0 || head_dim == 0) return;
   const AttentionShape s(seq, heads, kv_heads, head_dim, kernel);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   for (std::int64_t b = 0; b < batch; ++b)
     for (std::int64_t j = 0; j < s.group; ++j) {
-      const float* dout_bj = dout + s.q_offset(b, j);
-      scores_gemm(launch, kernel, s, dout_bj, v + s.kv_offset(b), scratch + s.scores_offset(b, j));
-      apply_transposed_gemm(launch, kernel, s, probs + s.scores_offset(b, j), dout_bj,
-                            dv + s.kv_offset(b));
+      const S* dout_bj = dout + s.q_offset(b, j);
+      scores_gemm(launch, kernel, s, dev(dout_bj), dev(v + s.kv_offset(b)),
+                  dev(scratch + s.scores_offset(b, j)));
+      apply_transposed_gemm(launch, kernel, s, dev(probs + s.scores_offset(b, j)), dev(dout_bj),
+                            dev(dv + s.kv_offset(b)));
     }
   const std::int64_t rows = batch * heads * seq;
   causal_softmax_backward_kernel<<<blocks_for(rows, kWarpsPerBlock, kernel), kThreads, 0,
-                                   launch.stream>>>(scratch, probs, rows, seq, scale);
+                                   launch.stream>>>(dev(scratch), dev(probs), rows, seq, scale);
   check_launch(kernel);
   for (std::int64_t b = 0; b < batch; ++b)
     for (std::int64_t j = 0; j < s.group; ++j) {
-      const float* ds_bj = scratch + s.scores_offset(b, j);
-      apply_gemm(launch, kernel, s, ds_bj, k + s.kv_offset(b), 1.0f, dq + s.q_offset(b, j));
-      apply_transposed_gemm(launch, kernel, s, ds_bj, q + s.q_offset(b, j), dk + s.kv_offset(b));
+      const S* ds_bj = scratch + s.scores_offset(b, j);
+      apply_gemm(launch, kernel, s, dev(ds_bj), dev(k + s.kv_offset(b)), 1.0f,
+                 dev(dq + s.q_offset(b, j)));
+      apply_transposed_gemm(launch, kernel, s, dev(ds_bj), dev(q + s.q_offset(b, j)),
+                            dev(dk + s.kv_offset(b)));
     }
 }
 
-void gelu_forward(const Launch& launch, float* out, const float* in, std::int64_t n) {
+template <class S>
+void gelu_forward(const Launch& launch, S* out, const S* in, std::int64_t n) {
   if (n == 0) return;
-  gelu_forward_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(out, in, n);
+  gelu_forward_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(dev(out), dev(in),
+                                                                             n);
   check_launch("gelu_forward");
 }
 
-void gelu_backward(const Launch& launch, float* din, const float* in, const float* dout,
-                   std::int64_t n) {
+template <class S>
+void gelu_backward(const Launch& launch, S* din, const S* in, const S* dout, std::int64_t n) {
   if (n == 0) return;
-  gelu_backward_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(din, in, dout, n);
+  gelu_backward_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(dev(din), dev(in),
+                                                                              dev(dout), n);
   check_launch("gelu_backward");
 }
 
-void swiglu_forward(const Launch& launch, float* out, const float* gate, const float* up,
-                    std::int64_t n) {
+template <class S>
+void swiglu_forward(const Launch& launch, S* out, const S* gate, const S* up, std::int64_t n) {
   if (n == 0) return;
-  swiglu_forward_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(out, gate, up, n);
+  swiglu_forward_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(
+      dev(out), dev(gate), dev(up), n);
   check_launch("swiglu_forward");
 }
 
-void swiglu_backward(const Launch& launch, float* dgate, float* dup, const float* dout,
-                     const float* gate, const float* up, std::int64_t n) {
+template <class S>
+void swiglu_backward(const Launch& launch, S* dgate, S* dup, const S* dout, const S* gate,
+                     const S* up, std::int64_t n) {
   if (n == 0) return;
-  swiglu_backward_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(dgate, dup, dout,
-                                                                               gate, up, n);
+  swiglu_backward_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(
+      dev(dgate), dev(dup), dev(dout), dev(gate), dev(up), n);
   check_launch("swiglu_backward");
 }
 
-void log_softmax_forward(const Launch& launch, float* logp, const float* logits, std::int64_t n,
+template <class S>
+void log_softmax_forward(const Launch& launch, float* logp, const S* logits, std::int64_t n,
                          std::int64_t vocab) {
   constexpr const char* kernel = "log_softmax_forward";
   if (n == 0 || vocab == 0) return;
   log_softmax_forward_kernel<<<blocks_for(n, 1, kernel), kThreads, 0, launch.stream>>>(
-      logp, logits, vocab);
+      logp, dev(logits), vocab);
   check_launch(kernel);
 }
 
@@ -893,26 +1130,51 @@ void nll_loss_backward(const Launch& launch, float* dlogp, const std::int32_t* t
   check_launch("nll_loss_backward");
 }
 
-void log_softmax_backward(const Launch& launch, float* dlogits, const float* dlogp,
+template <class S>
+void log_softmax_backward(const Launch& launch, S* dlogits, const float* dlogp,
                           const float* logp, std::int64_t n, std::int64_t vocab) {
   constexpr const char* kernel = "log_softmax_backward";
   if (n == 0 || vocab == 0) return;
   log_softmax_backward_kernel<<<blocks_for(n, 1, kernel), kThreads, 0, launch.stream>>>(
-      dlogits, dlogp, logp, vocab);
+      dev(dlogits), dlogp, logp, vocab);
   check_launch(kernel);
 }
 
-void copy(const Launch& launch, float* dst, const float* src, std::int64_t n) {
+template <class S>
+void copy(const Launch& launch, S* dst, const S* src, std::int64_t n) {
   if (n == 0) return;
-  check_cuda(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float),
+  check_cuda(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(S),
                              cudaMemcpyDeviceToDevice, launch.stream),
              "copy");
 }
 
-void add(const Launch& launch, float* dst, const float* src, std::int64_t n) {
+template <class S>
+void add(const Launch& launch, S* dst, const S* src, std::int64_t n) {
   if (n == 0) return;
-  add_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(dst, src, n);
+  add_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(dev(dst), dev(src), n);
   check_launch("add");
+}
+
+template <class S>
+void narrow(const Launch& launch, S* dst, const float* src, std::int64_t n) {
+  if constexpr (std::is_same_v<S, float>) {
+    copy(launch, dst, src, n);
+  } else {
+    if (n == 0) return;
+    narrow_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(dev(dst), src, n);
+    check_launch("narrow");
+  }
+}
+
+template <class S>
+void widen_add(const Launch& launch, float* dst, const S* src, std::int64_t n) {
+  if constexpr (std::is_same_v<S, float>) {
+    add(launch, dst, src, n);
+  } else {
+    if (n == 0) return;
+    widen_add_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(dst, dev(src), n);
+    check_launch("widen_add");
+  }
 }
 
 void scale(const Launch& launch, float* x, float factor, std::int64_t n) {
@@ -947,5 +1209,55 @@ void adamw_step(const Launch& launch, float* params, const float* grads, float* 
       step_size, bias_correction2_sqrt, eps_f);
   check_launch("adamw_step");
 }
+
+
+// ---------------------------------------------------------------------------------------------
+// The instantiations: every templated launcher for S = float, bf16, f16.
+
+#define SHARDPLAN_DEVICE_KERNELS(S)                                                              \
+  template void embedding_forward<S>(const Launch&, S*, const std::int32_t*, const S*, const S*, \
+                                     std::int64_t, std::int64_t, std::int64_t);                  \
+  template void embedding_backward<S>(const Launch&, S*, S*, const S*, const std::int32_t*,      \
+                                      std::int64_t, std::int64_t, std::int64_t);                 \
+  template void linear_forward<S>(const Launch&, S*, const S*, const S*, const S*, std::int64_t, \
+                                  std::int64_t, std::int64_t, bool);                             \
+  template void linear_backward<S>(const Launch&, S*, S*, S*, const S*, const S*, const S*,      \
+                                   std::int64_t, std::int64_t, std::int64_t);                    \
+  template void layernorm_forward<S>(const Launch&, S*, float*, float*, const S*, const S*,      \
+                                     const S*, std::int64_t, std::int64_t, float);               \
+  template void layernorm_backward<S>(const Launch&, S*, S*, S*, const S*, const S*, const S*,   \
+                                      const float*, const float*, std::int64_t, std::int64_t);   \
+  template void rmsnorm_forward<S>(const Launch&, S*, float*, const S*, const S*, std::int64_t,  \
+                                   std::int64_t, float);                                         \
+  template void rmsnorm_backward<S>(const Launch&, S*, S*, const S*, const S*, const S*,         \
+                                    const float*, std::int64_t, std::int64_t);                   \
+  template void rope_forward<S>(const Launch&, S*, std::int64_t, std::int64_t, std::int64_t,     \
+                                std::int64_t, double);                                           \
+  template void rope_backward<S>(const Launch&, S*, std::int64_t, std::int64_t, std::int64_t,    \
+                                 std::int64_t, double);                                          \
+  template void attention_forward<S>(const Launch&, S*, S*, const S*, const S*, const S*,        \
+                                     std::int64_t, std::int64_t, std::int64_t, std::int64_t,     \
+                                     std::int64_t);                                              \
+  template void attention_backward<S>(const Launch&, S*, S*, S*, S*, const S*, const S*,         \
+                                      const S*, const S*, const S*, std::int64_t, std::int64_t,  \
+                                      std::int64_t, std::int64_t, std::int64_t);                 \
+  template void gelu_forward<S>(const Launch&, S*, const S*, std::int64_t);                      \
+  template void gelu_backward<S>(const Launch&, S*, const S*, const S*, std::int64_t);           \
+  template void swiglu_forward<S>(const Launch&, S*, const S*, const S*, std::int64_t);          \
+  template void swiglu_backward<S>(const Launch&, S*, S*, const S*, const S*, const S*,          \
+                                   std::int64_t);                                                \
+  template void log_softmax_forward<S>(const Launch&, float*, const S*, std::int64_t,            \
+                                       std::int64_t);                                            \
+  template void log_softmax_backward<S>(const Launch&, S*, const float*, const float*,           \
+                                        std::int64_t, std::int64_t);                             \
+  template void copy<S>(const Launch&, S*, const S*, std::int64_t);                              \
+  template void add<S>(const Launch&, S*, const S*, std::int64_t);                               \
+  template void narrow<S>(const Launch&, S*, const float*, std::int64_t);                        \
+  template void widen_add<S>(const Launch&, float*, const S*, std::int64_t);
+
+SHARDPLAN_DEVICE_KERNELS(float)
+SHARDPLAN_DEVICE_KERNELS(executor::bf16)
+SHARDPLAN_DEVICE_KERNELS(executor::f16)
+#undef SHARDPLAN_DEVICE_KERNELS
 
 }  // namespace shardplan::executor::cuda

@@ -25,16 +25,27 @@ class CudaDeviceRun final : public DeviceRun {
       total_ = static_cast<std::int64_t>(total);
     memory_ = std::make_unique<cuda::DeviceMemory>(
         limit_bytes < 0 ? CachingPool::kUnlimited : limit_bytes);
-    // The GEMMs in TF32, as the cost model's fp32 precision computes (costmodel/job.cpp).
-    backend_ = std::make_unique<cuda::CudaBackend>(*memory_, true);
   }
   ~CudaDeviceRun() override {
-    backend_.reset(); // its stream, before the memory's segments
+    fp32_.reset(); // their streams, before the memory's segments
+    bf16_.reset();
+    fp16_.reset();
     memory_.reset();
   }
 
   MemorySource& memory() override { return *memory_; }
-  Backend<float>& backend() override { return *backend_; }
+  void attach(EngineOptions& options) override {
+    switch (costmodel::compute_dtype(options.precision)) {
+      case costmodel::DType::bf16:
+        options.backend_bf16 = &make(bf16_);
+        break;
+      case costmodel::DType::fp16:
+        options.backend_f16 = &make(fp16_);
+        break;
+      default: // the GEMMs in TF32, as the cost model's fp32 precision computes
+        options.backend = &make(fp32_);
+    }
+  }
   void before_communicators() override { used_before_ = used(); }
   void after_communicators() override { nccl_ = used() - used_before_; }
   void reset_peaks() override { memory_->reset_peaks(); }
@@ -62,7 +73,16 @@ class CudaDeviceRun final : public DeviceRun {
   std::string name_;
   std::int64_t total_ = 0, context_ = 0, nccl_ = 0, used_before_ = 0;
   std::unique_ptr<cuda::DeviceMemory> memory_;
-  std::unique_ptr<cuda::CudaBackend> backend_;
+  // One backend per compute type; the pool queues its allocations on the last one made.
+  template <class S> cuda::CudaBackend<S>& make(std::unique_ptr<cuda::CudaBackend<S>>& b) {
+    if (!b)
+      b = std::make_unique<cuda::CudaBackend<S>>(*memory_, true);
+    return *b;
+  }
+
+  std::unique_ptr<cuda::CudaBackend<float>> fp32_;
+  std::unique_ptr<cuda::CudaBackend<bf16>> bf16_;
+  std::unique_ptr<cuda::CudaBackend<f16>> fp16_;
 };
 
 } // namespace

@@ -1,4 +1,11 @@
-// Causal attention without materialized scores, fp32 on CUDA cores (no tensor cores).
+// Causal attention without materialized scores, on CUDA cores (no tensor cores), for storage
+// S = float, bf16 or f16: q, k, v, out and the gradients in S, converted to float as they are
+// loaded into the shared tiles (which are fp32 in every precision), all arithmetic in fp32, each
+// result rounded to S once when stored (to nearest, ties to even); lse and delta are fp32.
+// The kernels are templates over the element they read and write, float or a 16-bit word, and a
+// Codec that converts it: bf16 and f16 share one set of 16-bit kernels, the format a kernel
+// argument (a branch that every thread takes the same way), which halves what the build compiles
+// for them.
 //
 // Forward (FlashAttention-2, Dao 2023, Algorithm 1): one block per (b, head, query tile of Br
 // rows). The block keeps its Q tile in shared memory and walks the key/value tiles of Bc rows up
@@ -12,8 +19,12 @@
 // query heads of its group and over the query tiles at or below the diagonal, recomputes
 // P = exp(S − lse), and accumulates dV += Pᵀ·dO and dK += dSᵀ·Q in registers with
 // dS = P ∘ (dP − D), dP = dO·Vᵀ. Each key row belongs to exactly one block, so dK and dV are
-// added with plain stores at the end; dQ += dS·K·scale goes through atomicAdd, since every key
-// tile contributes to it.
+// added with plain stores at the end. In fp32, dQ += dS·K·scale goes through atomicAdd, since every
+// key tile contributes to it. In bf16 and f16 an atomic add would round dQ once per key tile, so a
+// third kernel computes dQ instead, one block per (b, head, query tile) as the forward is split:
+// it walks the key tiles up to the diagonal, recomputes P and dP (the work of two more GEMMs) and
+// keeps dQ in registers, which are added to dq with one rounding at the end (the dQ loop of
+// FlashAttention-2's Algorithm 2 as a kernel of its own, as in Triton's fused-attention tutorial).
 //
 // Thread layout: 4 (8 for the d = 256 backward) consecutive lanes of one warp share one row of a
 // tile: in the forward a query row (its scores over the Bc keys, strided by kRowThreads, and its
@@ -21,8 +32,14 @@
 // against the Br queries, the same striding). The row's reductions are warp shuffles among those
 // lanes. Shared tiles have rows padded by 4 floats, which keeps the float4 reads of a warp on
 // distinct banks for every supported head dim and keeps rows 16-byte aligned.
+//
+// Head dims: 16, 32, 64, 80, 96, 128 and 256 in fp32; 64 and 128 in bf16 and f16 (built_for), those
+// of every preset model (examples/models: GPT-2, Llama, Mistral), so that the build compiles the
+// 16-bit kernels for two head dims rather than seven.
 #include "executor/cuda/flash_attention.hpp"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -35,6 +52,62 @@
 namespace shardplan::executor::cuda {
 
 namespace {
+
+// ---- elements
+
+// A bf16 or f16 element as the kernels see it: its 16 bits (executor::bf16, executor::f16).
+struct Word16 {
+  unsigned short bits;
+};
+static_assert(sizeof(Word16) == sizeof(executor::bf16) && sizeof(Word16) == sizeof(executor::f16),
+              "a 16-bit element is one word");
+
+// Loads an element as float; stores a float rounded to the element's format (to nearest, ties to
+// even): the identity for float.
+template <class T>
+struct Codec;
+template <>
+struct Codec<float> {
+  __device__ __forceinline__ float load(float x) const { return x; }
+  __device__ __forceinline__ float store(float x) const { return x; }
+};
+template <>
+struct Codec<Word16> {
+  bool bf16;  // else f16
+  __device__ __forceinline__ float load(Word16 x) const {
+    return bf16 ? __bfloat162float(__ushort_as_bfloat16(x.bits))
+                : __half2float(__ushort_as_half(x.bits));
+  }
+  __device__ __forceinline__ Word16 store(float x) const {
+    return {bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x))
+                 : __half_as_ushort(__float2half_rn(x))};
+  }
+};
+
+template <class T>
+constexpr bool is_float_v = std::is_same_v<T, float>;
+
+// The kernels' element type of storage S, and its codec.
+template <class S>
+using element_t = std::conditional_t<std::is_same_v<S, float>, float, Word16>;
+
+template <class S>
+Codec<element_t<S>> codec_of() {
+  if constexpr (std::is_same_v<S, float>)
+    return {};
+  else
+    return {std::is_same_v<S, executor::bf16>};
+}
+
+// A pointer to S as a pointer to its element type (const kept).
+template <class S>
+auto elements(S* p) {
+  using E = element_t<std::remove_const_t<S>>;
+  if constexpr (std::is_const_v<S>)
+    return reinterpret_cast<const E*>(p);
+  else
+    return reinterpret_cast<E*>(p);
+}
 
 // The most dynamic shared memory a block may opt into on the smallest device that runs this
 // library's sm_80 code: 99 KiB on compute capability 8.6 and 8.9 (163 KiB on 8.0, 227 KiB on 9.0;
@@ -96,6 +169,28 @@ struct BackwardLayout {
   static_assert(kBytes <= kMaxSharedBytes, "backward tiles exceed the shared memory budget");
 };
 
+// Shared memory of the bf16/f16 dQ kernel, floats: the forward's, with the output gradient's tile
+// beside the query tile and dS where the forward has P.
+//   sQ, sdO [BR][kStride]   the query tile and its output gradient
+//   sK, sV  [BC][kStride]   the key and value tiles
+//   sdS     [BR][kPStride]  dS of the current key tile, read back by the row's lanes
+template <int D, int BR, int BC>
+struct DqLayout {
+  static constexpr int kRowThreads = 4;                  // lanes per query row
+  static constexpr int kThreads = BR * kRowThreads;      // block size
+  static constexpr int kStride = D + 4;                  // floats per Q, dO, K, V tile row
+  static constexpr int kPStride = BC + 4;                // floats per dS tile row
+  static constexpr int kColumns = BC / kRowThreads;      // scores per lane
+  static constexpr int kGroups = D / (4 * kRowThreads);  // float4 dQ groups per lane
+  static constexpr std::size_t kFloats = static_cast<std::size_t>(2 * BR + 2 * BC) * kStride +
+                                         static_cast<std::size_t>(BR) * kPStride;
+  static constexpr std::size_t kBytes = kFloats * sizeof(float);
+  static_assert(D % (4 * kRowThreads) == 0, "a lane's dQ columns are whole float4 groups");
+  static_assert(BC % 4 == 0 && BC % kRowThreads == 0, "dS rows are read as float4");
+  static_assert(kThreads % 32 == 0, "the shuffles assume whole warps");
+  static_assert(kBytes <= kMaxSharedBytes, "dQ tiles exceed the shared memory budget");
+};
+
 __device__ __forceinline__ float4 load4(const float* p) {
   return *reinterpret_cast<const float4*>(p);
 }
@@ -131,26 +226,33 @@ __device__ __forceinline__ float group_sum(float x) {
 }
 
 // tile[r][0..D) = src[(row0 + r)·src_stride + 0..D) for r < ROWS (row t of one head starts at
-// src + t·src_stride); rows at or past `seq` are zeros. Consecutive threads read consecutive
-// floats of a row.
-template <int D, int ROWS, int STRIDE, int THREADS>
-__device__ __forceinline__ void load_rows(float* tile, const float* __restrict__ src,
-                                          std::int64_t src_stride, int row0, int seq) {
+// src + t·src_stride), converted to float; rows at or past `seq` are zeros. Consecutive threads
+// read consecutive elements of a row.
+template <int D, int ROWS, int STRIDE, int THREADS, class T>
+__device__ __forceinline__ void load_rows(float* tile, const T* __restrict__ src,
+                                          std::int64_t src_stride, int row0, int seq,
+                                          Codec<T> codec) {
   for (int i = static_cast<int>(threadIdx.x); i < ROWS * D; i += THREADS) {
     const int r = i / D, c = i - r * D;
     const int t = row0 + r;
-    tile[r * STRIDE + c] = t < seq ? src[t * src_stride + c] : 0.0f;
+    tile[r * STRIDE + c] = t < seq ? codec.load(src[t * src_stride + c]) : 0.0f;
   }
+}
+
+// *p += x, rounded once.
+template <class T>
+__device__ __forceinline__ void add_to(T* p, float x, Codec<T> codec) {
+  *p = codec.store(codec.load(*p) + x);
 }
 
 // grid (B·heads, ⌈T / BR⌉), block ForwardLayout::kThreads, dynamic shared ForwardLayout::kBytes.
 // blockIdx.y counts query tiles from the last one, so the longest blocks (most key tiles) start
 // first.
-template <int D, int BR, int BC>
+template <class T, int D, int BR, int BC>
 __global__ void __launch_bounds__(ForwardLayout<D, BR, BC>::kThreads)
-flash_forward_kernel(float* __restrict__ out, float* __restrict__ lse, const float* __restrict__ q,
-                     const float* __restrict__ k, const float* __restrict__ v, int seq, int heads,
-                     int kv_heads, float scale) {
+flash_forward_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ q,
+                     const T* __restrict__ k, const T* __restrict__ v, int seq, int heads,
+                     int kv_heads, float scale, Codec<T> codec) {
   using L = ForwardLayout<D, BR, BC>;
   constexpr int TPR = L::kRowThreads;
   extern __shared__ __align__(16) float smem[];
@@ -167,13 +269,13 @@ flash_forward_kernel(float* __restrict__ out, float* __restrict__ lse, const flo
   const int sub = static_cast<int>(threadIdx.x) % TPR;  // its place among the row's lanes
   const int query = q0 + r;
 
-  const std::int64_t q_stride = static_cast<std::int64_t>(heads) * D;  // floats per token, q/out
-  const std::int64_t kv_stride = static_cast<std::int64_t>(kv_heads) * D;  // floats per token, k/v
-  const float* qh = q + static_cast<std::int64_t>(b) * seq * q_stride + h * D;
-  const float* kh = k + static_cast<std::int64_t>(b) * seq * kv_stride + kvh * D;
-  const float* vh = v + static_cast<std::int64_t>(b) * seq * kv_stride + kvh * D;
+  const std::int64_t q_stride = static_cast<std::int64_t>(heads) * D;  // elements per token, q/out
+  const std::int64_t kv_stride = static_cast<std::int64_t>(kv_heads) * D;  // per token, k/v
+  const T* qh = q + static_cast<std::int64_t>(b) * seq * q_stride + h * D;
+  const T* kh = k + static_cast<std::int64_t>(b) * seq * kv_stride + kvh * D;
+  const T* vh = v + static_cast<std::int64_t>(b) * seq * kv_stride + kvh * D;
 
-  load_rows<D, BR, L::kStride, L::kThreads>(sQ, qh, q_stride, q0, seq);
+  load_rows<D, BR, L::kStride, L::kThreads>(sQ, qh, q_stride, q0, seq, codec);
 
   float acc[L::kGroups][4] = {};  // Σ exp(s − m)·v over the keys so far, columns 4·(sub + TPR·g)
   float m = -INFINITY;            // running maximum of the row's scaled scores
@@ -184,8 +286,8 @@ flash_forward_kernel(float* __restrict__ out, float* __restrict__ lse, const flo
   for (int j = 0; j < kv_tiles; ++j) {
     const int k0 = j * BC;
     __syncthreads();  // every lane is done with the previous sK, sV
-    load_rows<D, BC, L::kStride, L::kThreads>(sK, kh, kv_stride, k0, seq);
-    load_rows<D, BC, L::kStride, L::kThreads>(sV, vh, kv_stride, k0, seq);
+    load_rows<D, BC, L::kStride, L::kThreads>(sK, kh, kv_stride, k0, seq, codec);
+    load_rows<D, BC, L::kStride, L::kThreads>(sV, vh, kv_stride, k0, seq, codec);
     __syncthreads();
 
     // s[i] = scale · q_query · k_(k0 + sub + TPR·i)
@@ -244,12 +346,12 @@ flash_forward_kernel(float* __restrict__ out, float* __restrict__ lse, const flo
 
   if (query < seq) {
     const float inv_l = 1.0f / l;
-    float* orow = out + (static_cast<std::int64_t>(b) * seq + query) * q_stride + h * D;
+    T* orow = out + (static_cast<std::int64_t>(b) * seq + query) * q_stride + h * D;
 #pragma unroll
     for (int g = 0; g < L::kGroups; ++g) {
       const int col = 4 * (sub + TPR * g);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) orow[col + e] = acc[g][e] * inv_l;
+      for (int e = 0; e < 4; ++e) orow[col + e] = codec.store(acc[g][e] * inv_l);
     }
     if (sub == 0)
       lse[(static_cast<std::int64_t>(b) * heads + h) * seq + query] = m + logf(l);
@@ -257,22 +359,23 @@ flash_forward_kernel(float* __restrict__ out, float* __restrict__ lse, const flo
 }
 
 // delta[b, h, t] = Σ_c dout[b, t, h, c] · out[b, t, h, c]   (FlashAttention-2's D). One warp per
-// row of d floats; rows are numbered as they lie in memory, row = (b·T + t)·heads + h.
+// row of d elements; rows are numbered as they lie in memory, row = (b·T + t)·heads + h.
 constexpr int kDeltaWarps = 8;  // warps per block
 
+template <class T>
 __global__ void __launch_bounds__(kDeltaWarps * 32)
-flash_delta_kernel(float* __restrict__ delta, const float* __restrict__ dout,
-                   const float* __restrict__ out, std::int64_t rows, int seq, int heads,
-                   int head_dim) {
+flash_delta_kernel(float* __restrict__ delta, const T* __restrict__ dout,
+                   const T* __restrict__ out, std::int64_t rows, int seq, int heads,
+                   int head_dim, Codec<T> codec) {
   const std::int64_t row =
       static_cast<std::int64_t>(blockIdx.x) * kDeltaWarps + threadIdx.x / 32;
   if (row >= rows)  // the same for the whole warp: no lane of it reaches the shuffles
     return;
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const float* a = dout + row * head_dim;
-  const float* o = out + row * head_dim;
+  const T* a = dout + row * head_dim;
+  const T* o = out + row * head_dim;
   float sum = 0.0f;
-  for (int c = lane; c < head_dim; c += 32) sum += a[c] * o[c];
+  for (int c = lane; c < head_dim; c += 32) sum += codec.load(a[c]) * codec.load(o[c]);
   sum = group_sum<32>(sum);
   if (lane == 0) {
     const std::int64_t token = row / heads;  // b·T + t
@@ -285,14 +388,14 @@ flash_delta_kernel(float* __restrict__ delta, const float* __restrict__ dout,
 // grid (B·kv_heads, ⌈T / B⌉), block BackwardLayout::kThreads, dynamic shared
 // BackwardLayout::kBytes. Block (b, kvh, key tile) owns dK, dV of keys [k0, k0 + B) of kv head
 // kvh; it visits the query tiles from its own (the diagonal) to the last, for each query head of
-// the group.
-template <int D, int B, int TPR>
+// the group. In fp32 it adds dQ too (atomically); bf16 and f16 leave dq to flash_dq_kernel.
+template <class T, int D, int B, int TPR>
 __global__ void __launch_bounds__(BackwardLayout<D, B, TPR>::kThreads)
-flash_backward_kernel(float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv,
-                      const float* __restrict__ dout, const float* __restrict__ lse,
-                      const float* __restrict__ delta, const float* __restrict__ q,
-                      const float* __restrict__ k, const float* __restrict__ v, int seq,
-                      int heads, int kv_heads, float scale) {
+flash_backward_kernel(T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv,
+                      const T* __restrict__ dout, const float* __restrict__ lse,
+                      const float* __restrict__ delta, const T* __restrict__ q,
+                      const T* __restrict__ k, const T* __restrict__ v, int seq,
+                      int heads, int kv_heads, float scale, Codec<T> codec) {
   using L = BackwardLayout<D, B, TPR>;
   extern __shared__ __align__(16) float smem[];
   float* sK = smem;
@@ -313,11 +416,11 @@ flash_backward_kernel(float* __restrict__ dq, float* __restrict__ dk, float* __r
   const int sub = static_cast<int>(threadIdx.x) % TPR;  // its place among the row's lanes
   const int key = k0 + c;
 
-  const std::int64_t q_stride = static_cast<std::int64_t>(heads) * D;  // floats per token, q/dq/dout
-  const std::int64_t kv_stride = static_cast<std::int64_t>(kv_heads) * D;  // floats per token, k/v
+  const std::int64_t q_stride = static_cast<std::int64_t>(heads) * D;  // per token, q/dq/dout
+  const std::int64_t kv_stride = static_cast<std::int64_t>(kv_heads) * D;  // per token, k/v
   const std::int64_t kv_offset = static_cast<std::int64_t>(b) * seq * kv_stride + kvh * D;
-  load_rows<D, B, L::kStride, L::kThreads>(sK, k + kv_offset, kv_stride, k0, seq);
-  load_rows<D, B, L::kStride, L::kThreads>(sV, v + kv_offset, kv_stride, k0, seq);
+  load_rows<D, B, L::kStride, L::kThreads>(sK, k + kv_offset, kv_stride, k0, seq, codec);
+  load_rows<D, B, L::kStride, L::kThreads>(sV, v + kv_offset, kv_stride, k0, seq, codec);
 
   float dk_acc[L::kGroups][4] = {};  // Σ dS·q over the queries so far (× scale at the end)
   float dv_acc[L::kGroups][4] = {};  // Σ P·dO
@@ -330,8 +433,8 @@ flash_backward_kernel(float* __restrict__ dq, float* __restrict__ dk, float* __r
       const int q0 = it * B;
       __syncthreads();  // every lane is done with the previous sQ, sdO, sPT, sdST (and sK, sV
                         // are loaded before the first use)
-      load_rows<D, B, L::kStride, L::kThreads>(sQ, q + q_offset, q_stride, q0, seq);
-      load_rows<D, B, L::kStride, L::kThreads>(sdO, dout + q_offset, q_stride, q0, seq);
+      load_rows<D, B, L::kStride, L::kThreads>(sQ, q + q_offset, q_stride, q0, seq, codec);
+      load_rows<D, B, L::kStride, L::kThreads>(sdO, dout + q_offset, q_stride, q0, seq, codec);
       for (int i = static_cast<int>(threadIdx.x); i < B; i += L::kThreads) {
         const int t = q0 + i;
         sLse[i] = t < seq ? lse[stat_offset + t] : 0.0f;
@@ -385,37 +488,135 @@ flash_backward_kernel(float* __restrict__ dq, float* __restrict__ dk, float* __r
 
       // dQ[q0 + c] += scale · Σ_j dS[c, j]·K[j]: here the lane's row is query row c of the tile
       // (q0 ≥ k0, so every row of the tile may see keys of this block).
-      const int query = q0 + c;
-      if (query < seq) {
-        float dq_acc[L::kGroups][4] = {};
-        for (int j = 0; j < B; ++j) {
-          const float ds = sdST[j * L::kSStride + c];
+      if constexpr (is_float_v<T>) {
+        const int query = q0 + c;
+        if (query < seq) {
+          float dq_acc[L::kGroups][4] = {};
+          for (int j = 0; j < B; ++j) {
+            const float ds = sdST[j * L::kSStride + c];
 #pragma unroll
-          for (int g = 0; g < L::kGroups; ++g)
-            axpy4(dq_acc[g], ds, load4(sK + j * L::kStride + 4 * (sub + TPR * g)));
-        }
-        float* dq_row = dq + q_offset + query * q_stride;
+            for (int g = 0; g < L::kGroups; ++g)
+              axpy4(dq_acc[g], ds, load4(sK + j * L::kStride + 4 * (sub + TPR * g)));
+          }
+          float* dq_row = dq + q_offset + query * q_stride;
 #pragma unroll
-        for (int g = 0; g < L::kGroups; ++g) {
-          const int col = 4 * (sub + TPR * g);
+          for (int g = 0; g < L::kGroups; ++g) {
+            const int col = 4 * (sub + TPR * g);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) atomicAdd(dq_row + col + e, dq_acc[g][e] * scale);
+            for (int e = 0; e < 4; ++e) atomicAdd(dq_row + col + e, dq_acc[g][e] * scale);
+          }
         }
       }
     }
   }
 
   if (key < seq) {  // this block alone writes these rows of dK and dV: no atomics needed
-    float* dk_row = dk + kv_offset + key * kv_stride;
-    float* dv_row = dv + kv_offset + key * kv_stride;
+    T* dk_row = dk + kv_offset + key * kv_stride;
+    T* dv_row = dv + kv_offset + key * kv_stride;
 #pragma unroll
     for (int g = 0; g < L::kGroups; ++g) {
       const int col = 4 * (sub + TPR * g);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        dk_row[col + e] += dk_acc[g][e] * scale;
-        dv_row[col + e] += dv_acc[g][e];
+        add_to(dk_row + col + e, dk_acc[g][e] * scale, codec);
+        add_to(dv_row + col + e, dv_acc[g][e], codec);
       }
+    }
+  }
+}
+
+// bf16, f16: dQ += scale · dS·K, dS = P ∘ (dP − D), P = exp(scale·Q·Kᵀ − lse), dP = dO·Vᵀ.
+// grid (B·heads, ⌈T / BR⌉), block DqLayout::kThreads, dynamic shared DqLayout::kBytes; the
+// forward's split and thread layout: TPR lanes per query row, each with the scores of keys
+// sub + TPR·i of the tile and the dQ columns of float4 groups sub + TPR·g. Query tiles are counted
+// from the last, as in the forward.
+template <class T, int D, int BR, int BC>
+__global__ void __launch_bounds__(DqLayout<D, BR, BC>::kThreads)
+flash_dq_kernel(T* __restrict__ dq, const T* __restrict__ dout, const float* __restrict__ lse,
+                const float* __restrict__ delta, const T* __restrict__ q,
+                const T* __restrict__ k, const T* __restrict__ v, int seq, int heads,
+                int kv_heads, float scale, Codec<T> codec) {
+  using L = DqLayout<D, BR, BC>;
+  constexpr int TPR = L::kRowThreads;
+  extern __shared__ __align__(16) float smem[];
+  float* sQ = smem;
+  float* sdO = sQ + BR * L::kStride;
+  float* sK = sdO + BR * L::kStride;
+  float* sV = sK + BC * L::kStride;
+  float* sdS = sV + BC * L::kStride;
+
+  const int b = static_cast<int>(blockIdx.x) / heads;
+  const int h = static_cast<int>(blockIdx.x) % heads;
+  const int kvh = h / (heads / kv_heads);
+  const int q0 = static_cast<int>(gridDim.y - 1 - blockIdx.y) * BR;
+  const int r = static_cast<int>(threadIdx.x) / TPR;    // this lane's query row in the tile
+  const int sub = static_cast<int>(threadIdx.x) % TPR;  // its place among the row's lanes
+  const int query = q0 + r;
+
+  const std::int64_t q_stride = static_cast<std::int64_t>(heads) * D;      // per token, q/dq/dout
+  const std::int64_t kv_stride = static_cast<std::int64_t>(kv_heads) * D;  // per token, k/v
+  const std::int64_t q_offset = static_cast<std::int64_t>(b) * seq * q_stride + h * D;
+  const std::int64_t kv_offset = static_cast<std::int64_t>(b) * seq * kv_stride + kvh * D;
+  load_rows<D, BR, L::kStride, L::kThreads>(sQ, q + q_offset, q_stride, q0, seq, codec);
+  load_rows<D, BR, L::kStride, L::kThreads>(sdO, dout + q_offset, q_stride, q0, seq, codec);
+  const std::int64_t stat = (static_cast<std::int64_t>(b) * heads + h) * seq + query;
+  const float row_lse = query < seq ? lse[stat] : 0.0f;
+  const float row_delta = query < seq ? delta[stat] : 0.0f;
+
+  float acc[L::kGroups][4] = {};  // Σ dS·k over the keys so far (× scale at the end)
+  const int last_query = min(q0 + BR, seq) - 1;
+  const int kv_tiles = last_query / BC + 1;
+  for (int j = 0; j < kv_tiles; ++j) {
+    const int k0 = j * BC;
+    __syncthreads();  // every lane is done with the previous sK, sV, sdS (and sQ, sdO are
+                      // loaded before the first use)
+    load_rows<D, BC, L::kStride, L::kThreads>(sK, k + kv_offset, kv_stride, k0, seq, codec);
+    load_rows<D, BC, L::kStride, L::kThreads>(sV, v + kv_offset, kv_stride, k0, seq, codec);
+    __syncthreads();
+
+    // s[i] = q_query · k_(k0 + sub + TPR·i), dp[i] = dO_query · v_(same key)
+    float s[L::kColumns] = {};
+    float dp[L::kColumns] = {};
+#pragma unroll 4
+    for (int c = 0; c < D; c += 4) {
+      const float4 qv = load4(sQ + r * L::kStride + c);
+      const float4 ov = load4(sdO + r * L::kStride + c);
+#pragma unroll
+      for (int i = 0; i < L::kColumns; ++i) {
+        const int row = (sub + TPR * i) * L::kStride + c;
+        s[i] += dot4(qv, load4(sK + row));
+        dp[i] += dot4(ov, load4(sV + row));
+      }
+    }
+    // P where key ≤ query < T, else 0; dS = P ∘ (dP − D). The row's TPR lanes share dS through
+    // sdS (one warp's lanes: a warp barrier orders the exchange).
+#pragma unroll
+    for (int i = 0; i < L::kColumns; ++i) {
+      const int key = k0 + sub + TPR * i;
+      const float p = query < seq && key <= query ? expf(s[i] * scale - row_lse) : 0.0f;
+      sdS[r * L::kPStride + sub + TPR * i] = p * (dp[i] - row_delta);
+    }
+    __syncwarp();
+    for (int c = 0; c < BC; c += 4) {
+      const float4 ds = load4(sdS + r * L::kPStride + c);
+#pragma unroll
+      for (int g = 0; g < L::kGroups; ++g) {
+        const int col = 4 * (sub + TPR * g);
+        axpy4(acc[g], ds.x, load4(sK + (c + 0) * L::kStride + col));
+        axpy4(acc[g], ds.y, load4(sK + (c + 1) * L::kStride + col));
+        axpy4(acc[g], ds.z, load4(sK + (c + 2) * L::kStride + col));
+        axpy4(acc[g], ds.w, load4(sK + (c + 3) * L::kStride + col));
+      }
+    }
+  }
+
+  if (query < seq) {
+    T* dq_row = dq + q_offset + static_cast<std::int64_t>(query) * q_stride;
+#pragma unroll
+    for (int g = 0; g < L::kGroups; ++g) {
+      const int col = 4 * (sub + TPR * g);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) add_to(dq_row + col + e, acc[g][e] * scale, codec);
     }
   }
 }
@@ -447,22 +648,51 @@ void reserve_shared(Kernel kernel, std::size_t bytes, const char* name) {
         name, "cudaFuncSetAttribute");
 }
 
-// Calls f(std::integral_constant<int, D>) for a supported head dim.
-template <class F>
+// The head dims each storage type's kernels are built for (the top of this file).
+template <class T>
+constexpr bool built_for(int head_dim) {
+  if constexpr (is_float_v<T>)
+    return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 80 ||
+           head_dim == 96 || head_dim == 128 || head_dim == 256;
+  else
+    return head_dim == 64 || head_dim == 128;
+}
+
+// Calls f(std::integral_constant<int, D>) for a head dim T's kernels are built for.
+template <class T, class F>
 void dispatch_head_dim(std::int64_t head_dim, F&& f) {
+  const auto call = [&](auto tag) {
+    if constexpr (built_for<T>(decltype(tag)::value)) f(tag);
+  };
   switch (head_dim) {
-    case 16: f(std::integral_constant<int, 16>{}); break;
-    case 32: f(std::integral_constant<int, 32>{}); break;
-    case 64: f(std::integral_constant<int, 64>{}); break;
-    case 80: f(std::integral_constant<int, 80>{}); break;
-    case 96: f(std::integral_constant<int, 96>{}); break;
-    case 128: f(std::integral_constant<int, 128>{}); break;
-    case 256: f(std::integral_constant<int, 256>{}); break;
+    case 16: call(std::integral_constant<int, 16>{}); break;
+    case 32: call(std::integral_constant<int, 32>{}); break;
+    case 64: call(std::integral_constant<int, 64>{}); break;
+    case 80: call(std::integral_constant<int, 80>{}); break;
+    case 96: call(std::integral_constant<int, 96>{}); break;
+    case 128: call(std::integral_constant<int, 128>{}); break;
+    case 256: call(std::integral_constant<int, 256>{}); break;
     default: break;  // rejected by validate()
   }
 }
 
+// "16, 32, 64, 80, 96, 128 or 256" for T's kernels.
+template <class T>
+std::string built_head_dims() {
+  std::string list;
+  const int all[] = {16, 32, 64, 80, 96, 128, 256};
+  int left = 0;
+  for (const int d : all) left += built_for<T>(d) ? 1 : 0;
+  for (const int d : all) {
+    if (!built_for<T>(d)) continue;
+    --left;
+    list += std::to_string(d) + (left > 1 ? ", " : left == 1 ? " or " : "");
+  }
+  return list;
+}
+
 // Rejects what the kernels cannot take, naming the value. True when there is work to queue.
+template <class T>
 bool validate(const char* name, std::int64_t batch, std::int64_t seq, std::int64_t heads,
               std::int64_t kv_heads, std::int64_t head_dim) {
   auto fail = [&](const std::string& what) {
@@ -474,9 +704,9 @@ bool validate(const char* name, std::int64_t batch, std::int64_t seq, std::int64
   if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0)
     fail("heads " + std::to_string(heads) + " must be a positive multiple of kv_heads " +
          std::to_string(kv_heads));
-  if (!flash_attention_supports(head_dim))
-    fail("head_dim " + std::to_string(head_dim) +
-         " is not supported (16, 32, 64, 80, 96, 128 or 256)");
+  if (!(head_dim <= 256 && built_for<T>(static_cast<int>(head_dim))))
+    fail("head_dim " + std::to_string(head_dim) + " is not supported" +
+         (is_float_v<T> ? "" : " in 16 bits") + " (" + built_head_dims<T>() + ")");
   if (batch == 0 || seq == 0)
     return false;
   // Kernel indices: tokens of one sequence in int; the grid's y (query or key tiles of 16 or 32
@@ -491,62 +721,91 @@ bool validate(const char* name, std::int64_t batch, std::int64_t seq, std::int64
 
 }  // namespace
 
+template <class S>
 bool flash_attention_supports(std::int64_t head_dim) {
-  switch (head_dim) {
-    case 16: case 32: case 64: case 80: case 96: case 128: case 256: return true;
-    default: return false;
-  }
+  return head_dim >= 0 && head_dim <= 256 &&
+         built_for<element_t<S>>(static_cast<int>(head_dim));
 }
 
-void flash_attention_forward(cudaStream_t stream, float* out, float* lse, const float* q,
-                             const float* k, const float* v, std::int64_t batch, std::int64_t seq,
-                             std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim) {
+template <class S>
+void flash_attention_forward(cudaStream_t stream, S* out, float* lse, const S* q, const S* k,
+                             const S* v, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                             std::int64_t kv_heads, std::int64_t head_dim) {
+  using T = element_t<S>;
   constexpr const char* name = "flash_attention_forward";
-  if (!validate(name, batch, seq, heads, kv_heads, head_dim))
+  if (!validate<T>(name, batch, seq, heads, kv_heads, head_dim))
     return;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-  dispatch_head_dim(head_dim, [&](auto tag) {
+  dispatch_head_dim<T>(head_dim, [&](auto tag) {
     constexpr int D = decltype(tag)::value;
-    constexpr int T = kTileRows<D>;
-    using L = ForwardLayout<D, T, T>;
-    reserve_shared(flash_forward_kernel<D, T, T>, L::kBytes, name);
-    const dim3 grid(static_cast<unsigned>(batch * heads), static_cast<unsigned>((seq + T - 1) / T));
-    flash_forward_kernel<D, T, T><<<grid, L::kThreads, L::kBytes, stream>>>(
-        out, lse, q, k, v, static_cast<int>(seq), static_cast<int>(heads),
-        static_cast<int>(kv_heads), scale);
+    constexpr int R = kTileRows<D>;
+    using L = ForwardLayout<D, R, R>;
+    reserve_shared(flash_forward_kernel<T, D, R, R>, L::kBytes, name);
+    const dim3 grid(static_cast<unsigned>(batch * heads), static_cast<unsigned>((seq + R - 1) / R));
+    flash_forward_kernel<T, D, R, R><<<grid, L::kThreads, L::kBytes, stream>>>(
+        elements(out), lse, elements(q), elements(k), elements(v), static_cast<int>(seq),
+        static_cast<int>(heads), static_cast<int>(kv_heads), scale, codec_of<S>());
   });
   check(cudaGetLastError(), name, "flash_forward_kernel launch");
 }
 
-void flash_attention_backward(cudaStream_t stream, float* dq, float* dk, float* dv, float* delta,
-                              const float* dout, const float* out, const float* lse,
-                              const float* q, const float* k, const float* v, std::int64_t batch,
-                              std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
-                              std::int64_t head_dim) {
+template <class S>
+void flash_attention_backward(cudaStream_t stream, S* dq, S* dk, S* dv, float* delta,
+                              const S* dout, const S* out, const float* lse, const S* q,
+                              const S* k, const S* v, std::int64_t batch, std::int64_t seq,
+                              std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim) {
+  using T = element_t<S>;
   constexpr const char* name = "flash_attention_backward";
-  if (!validate(name, batch, seq, heads, kv_heads, head_dim))
+  if (!validate<T>(name, batch, seq, heads, kv_heads, head_dim))
     return;
   const std::int64_t rows = batch * seq * heads;
   const auto delta_blocks = static_cast<unsigned>((rows + kDeltaWarps - 1) / kDeltaWarps);
   flash_delta_kernel<<<delta_blocks, kDeltaWarps * 32, 0, stream>>>(
-      delta, dout, out, rows, static_cast<int>(seq), static_cast<int>(heads),
-      static_cast<int>(head_dim));
+      delta, elements(dout), elements(out), rows, static_cast<int>(seq), static_cast<int>(heads),
+      static_cast<int>(head_dim), codec_of<S>());
   check(cudaGetLastError(), name, "flash_delta_kernel launch");
 
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-  dispatch_head_dim(head_dim, [&](auto tag) {
+  dispatch_head_dim<T>(head_dim, [&](auto tag) {
     constexpr int D = decltype(tag)::value;
-    constexpr int T = kTileRows<D>;
+    constexpr int R = kTileRows<D>;
     constexpr int TPR = kBackwardRowThreads<D>;
-    using L = BackwardLayout<D, T, TPR>;
-    reserve_shared(flash_backward_kernel<D, T, TPR>, L::kBytes, name);
+    using L = BackwardLayout<D, R, TPR>;
+    reserve_shared(flash_backward_kernel<T, D, R, TPR>, L::kBytes, name);
     const dim3 grid(static_cast<unsigned>(batch * kv_heads),
-                    static_cast<unsigned>((seq + T - 1) / T));
-    flash_backward_kernel<D, T, TPR><<<grid, L::kThreads, L::kBytes, stream>>>(
-        dq, dk, dv, dout, lse, delta, q, k, v, static_cast<int>(seq), static_cast<int>(heads),
-        static_cast<int>(kv_heads), scale);
+                    static_cast<unsigned>((seq + R - 1) / R));
+    flash_backward_kernel<T, D, R, TPR><<<grid, L::kThreads, L::kBytes, stream>>>(
+        elements(dq), elements(dk), elements(dv), elements(dout), lse, delta, elements(q),
+        elements(k), elements(v), static_cast<int>(seq), static_cast<int>(heads),
+        static_cast<int>(kv_heads), scale, codec_of<S>());
+    check(cudaGetLastError(), name, "flash_backward_kernel launch");
+    if constexpr (!is_float_v<T>) {
+      using Q = DqLayout<D, R, R>;
+      reserve_shared(flash_dq_kernel<T, D, R, R>, Q::kBytes, name);
+      const dim3 dq_grid(static_cast<unsigned>(batch * heads),
+                         static_cast<unsigned>((seq + R - 1) / R));
+      flash_dq_kernel<T, D, R, R><<<dq_grid, Q::kThreads, Q::kBytes, stream>>>(
+          elements(dq), elements(dout), lse, delta, elements(q), elements(k), elements(v),
+          static_cast<int>(seq), static_cast<int>(heads), static_cast<int>(kv_heads), scale,
+          codec_of<S>());
+      check(cudaGetLastError(), name, "flash_dq_kernel launch");
+    }
   });
-  check(cudaGetLastError(), name, "flash_backward_kernel launch");
 }
+
+#define SHARDPLAN_FLASH_ATTENTION(S)                                                             \
+  template bool flash_attention_supports<S>(std::int64_t);                                      \
+  template void flash_attention_forward<S>(cudaStream_t, S*, float*, const S*, const S*,        \
+                                           const S*, std::int64_t, std::int64_t, std::int64_t,  \
+                                           std::int64_t, std::int64_t);                         \
+  template void flash_attention_backward<S>(cudaStream_t, S*, S*, S*, float*, const S*,         \
+                                            const S*, const float*, const S*, const S*,         \
+                                            const S*, std::int64_t, std::int64_t, std::int64_t, \
+                                            std::int64_t, std::int64_t);
+
+SHARDPLAN_FLASH_ATTENTION(float)
+SHARDPLAN_FLASH_ATTENTION(executor::bf16)
+SHARDPLAN_FLASH_ATTENTION(executor::f16)
+#undef SHARDPLAN_FLASH_ATTENTION
 
 }  // namespace shardplan::executor::cuda

@@ -2,11 +2,14 @@
 // compare: the loss of every step and every unit's final parameters, gathered whole.
 #pragma once
 
+#include <cmath>
 #include <string>
 #include <vector>
 
 #include "costmodel/sharding.hpp"
+#include "costmodel/simulator.hpp"
 #include "executor/engine.hpp"
+#include "executor/scaled_model.hpp"
 #include "executor/stand_in_communicator.hpp"
 #include "model_fixture.hpp"
 
@@ -14,6 +17,7 @@ namespace shardplan::executor::testing {
 
 struct EngineRun {
   std::vector<double> losses;
+  std::vector<StepReport> reports;
   std::vector<std::vector<float>> params; // per unit, whole
   MemoryBreakdown at_peak;
   MemoryBreakdown category_peaks;
@@ -58,8 +62,10 @@ inline EngineRun run_engine(const EngineOptions& options, EngineGroups groups, i
   EngineRun r;
   {
     ShardingEngine engine(options, allocator, groups);
-    for (int k = 0; k < steps; ++k)
-      r.losses.push_back(engine.step().loss);
+    for (int k = 0; k < steps; ++k) {
+      r.reports.push_back(engine.step());
+      r.losses.push_back(r.reports.back().loss);
+    }
     if (gather_params)
       for (std::int64_t u = 0; u < engine.layout().unit_count(); ++u)
         r.params.push_back(engine.full_parameters(u));
@@ -76,6 +82,65 @@ inline EngineRun rehearse_engine(const EngineOptions& options, int rank, int wor
   const int S = options.spec.group(world);
   StandInCommunicator w(rank, world), shard(rank % S, S), replica(rank / S, world / S);
   return run_engine(options, {&w, &shard, world > S ? &replica : nullptr, true}, steps, false);
+}
+
+// A small model whose head dominates the peak, as a real vocabulary makes it, with every unit a
+// multiple of 4 elements (so shards of 1, 2 and 4 ranks need no padding).
+inline costmodel::ModelSpec small_llama() {
+  return scale_down(
+      costmodel::load_model("llama-3-8b"),
+      {.layers = 3, .hidden = 32, .heads = 4, .kv_heads = 2, .intermediate = 64, .vocab = 512});
+}
+
+// A CPU device for the cost model: nothing but what the memory walk and the compute model need.
+inline costmodel::HardwareProfile cpu_profile(int ranks) {
+  costmodel::HardwareProfile h;
+  h.name = "test-cpu";
+  h.memory_bytes = 1e12;
+  for (auto d : {costmodel::DType::fp32, costmodel::DType::bf16, costmodel::DType::fp16})
+    h.peak_flops[d] = 1e11;
+  h.hbm_bandwidth_Bps = 1e10;
+  h.compute_efficiency = 1;
+  h.is_cpu = true;
+  h.gpus_per_node = ranks;
+  h.intra_bandwidth_Bps = h.inter_bandwidth_Bps = 1e10;
+  h.intra_latency_s = h.inter_latency_s = 1e-6;
+  h.host_memory_bytes = 1e12;
+  h.host_link_Bps = 1e10;
+  h.host_optimizer_params_per_s = 1e9;
+  return h;
+}
+
+// The cost model's prediction for the engine's options on `world` ranks of that device.
+inline costmodel::StepResult predict(const EngineOptions& o, int world,
+                                     const costmodel::HardwareProfile& hw) {
+  costmodel::StepInput in;
+  in.model = &o.model;
+  in.hardware = &hw;
+  in.cluster = {world, world};
+  in.job.seq_len = o.micro_batch.seq;
+  in.job.micro_batch = o.micro_batch.batch;
+  in.job.global_batch = o.micro_batch.batch * o.grad_accumulation * world;
+  in.job.precision = o.precision;
+  in.job.optimizer = costmodel::Optimizer::adamw;
+  in.job.attention = costmodel::AttentionImpl::eager;
+  in.job.checkpointing = o.checkpointing == Checkpointing::full ? costmodel::Checkpointing::full
+                                                                : costmodel::Checkpointing::none;
+  in.spec = o.spec;
+  return costmodel::simulate_step(in);
+}
+
+// ‖a − b‖ / ‖b‖ over every unit.
+inline double relative_l2(const std::vector<std::vector<float>>& a,
+                          const std::vector<std::vector<float>>& b) {
+  double num = 0, den = 0;
+  for (std::size_t u = 0; u < a.size(); ++u)
+    for (std::size_t i = 0; i < a[u].size(); ++i) {
+      const double x = static_cast<double>(a[u][i]), y = static_cast<double>(b[u][i]);
+      num += (x - y) * (x - y);
+      den += y * y;
+    }
+  return std::sqrt(num / den);
 }
 
 inline double max_abs_difference(const std::vector<std::vector<float>>& a,

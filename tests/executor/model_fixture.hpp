@@ -3,6 +3,7 @@
 #pragma once
 
 #include <random>
+#include <span>
 #include <vector>
 
 #include "costmodel/model.hpp"
@@ -37,6 +38,15 @@ inline costmodel::ModelSpec tiny_neox() {
                                  {"vocab_size", 50},
                                  {"max_position_embeddings", 64}};
   return costmodel::model_from_hf_config(config, "tiny-neox");
+}
+
+// fp32 values rounded to S (scalar.hpp's narrow): the compute type's copy of fp32 parameters.
+template <class S>
+TrackedBuffer<S> narrowed(TrackedAllocator& allocator, MemoryCategory category,
+                          std::span<const float> values) {
+  auto out = allocator.allocate_uninitialized<S>(category, std::ssize(values));
+  for (std::size_t i = 0; i < values.size(); ++i) out.data()[i] = narrow<S>(values[i]);
+  return out;
 }
 
 // A forward over every unit in order (and with backward, the backward, adding the gradients into

@@ -14,7 +14,7 @@ set(job --model ${DATA}/llama-tiny.json --hardware ${DATA}/cpu-test.json --gpus 
 run_expect(0 COMMAND ${PLANNER} recommend ${job} --precision fp32 --strategy fsdp-full --flavour fsdp2
                      --emit plan OUTPUT plan)
 file(WRITE ${WORK}/plan.json "${plan}")
-run_expect(0 COMMAND ${PLANNER} recommend ${job} --precision bf16-mixed --strategy fsdp-full --flavour fsdp2
+run_expect(0 COMMAND ${PLANNER} recommend ${job} --precision bf16 --strategy fsdp-full --flavour fsdp2
                      --emit plan OUTPUT bf16_plan)
 file(WRITE ${WORK}/bf16-plan.json "${bf16_plan}")
 
@@ -51,7 +51,7 @@ run_expect(3 COMMAND ${EXECUTOR} --plan plan.json --rehearse-rank 0 --world 2 --
 
 # Bad input: one line naming the field, exit code 2.
 run_expect(2 COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan bf16-plan.json --out x.json
-           EXPECT "/job/precision: the CPU executor runs fp32 only")
+           EXPECT "/job/precision: the CPU executor runs fp32, bf16-mixed and fp16-mixed, got \"bf16\"")
 run_expect(2 COMMAND ${mpirun} -np 1 ${EXECUTOR} --plan plan.json --out x.json
            EXPECT "/cluster/gpus: the plan is for 2 ranks, the run has 1")
 run_expect(2 COMMAND ${EXECUTOR} --plan plan.json --out x.json --steps 0 EXPECT "--steps: must be between")

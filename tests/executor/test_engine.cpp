@@ -4,8 +4,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 
-#include "costmodel/simulator.hpp"
 #include "engine_fixture.hpp"
 #include "executor/adamw.hpp"
 #include "executor/shard_layout.hpp"
@@ -17,42 +17,6 @@ using namespace shardplan::executor::testing;
 using costmodel::Flavour;
 
 namespace {
-
-// A CPU device for the cost model: nothing but what the memory walk and the compute model need.
-costmodel::HardwareProfile cpu_profile(int ranks) {
-  costmodel::HardwareProfile h;
-  h.name = "test-cpu";
-  h.memory_bytes = 1e12;
-  h.peak_flops[costmodel::DType::fp32] = 1e11;
-  h.hbm_bandwidth_Bps = 1e10;
-  h.compute_efficiency = 1;
-  h.is_cpu = true;
-  h.gpus_per_node = ranks;
-  h.intra_bandwidth_Bps = h.inter_bandwidth_Bps = 1e10;
-  h.intra_latency_s = h.inter_latency_s = 1e-6;
-  h.host_memory_bytes = 1e12;
-  h.host_link_Bps = 1e10;
-  h.host_optimizer_params_per_s = 1e9;
-  return h;
-}
-
-costmodel::StepResult predict(const EngineOptions& o, int world,
-                              const costmodel::HardwareProfile& hw) {
-  costmodel::StepInput in;
-  in.model = &o.model;
-  in.hardware = &hw;
-  in.cluster = {world, world};
-  in.job.seq_len = o.micro_batch.seq;
-  in.job.micro_batch = o.micro_batch.batch;
-  in.job.global_batch = o.micro_batch.batch * o.grad_accumulation * world;
-  in.job.precision = costmodel::Precision::fp32;
-  in.job.optimizer = costmodel::Optimizer::adamw;
-  in.job.attention = costmodel::AttentionImpl::eager;
-  in.job.checkpointing = o.checkpointing == Checkpointing::full ? costmodel::Checkpointing::full
-                                                                : costmodel::Checkpointing::none;
-  in.spec = o.spec;
-  return costmodel::simulate_step(in);
-}
 
 struct Strategy {
   const char* name;
@@ -66,14 +30,6 @@ const Strategy kStrategies[] = {{"ddp", Flavour::ddp},
                                 {"fsdp-full", Flavour::fsdp1},
                                 {"fsdp-grad-op", Flavour::fsdp2},
                                 {"hsdp", Flavour::fsdp2}};
-
-// A small model whose head dominates the peak, as a real vocabulary makes it, with every unit a
-// multiple of 4 elements (so shards of 1, 2 and 4 ranks need no padding).
-costmodel::ModelSpec small_llama() {
-  return scale_down(
-      costmodel::load_model("llama-3-8b"),
-      {.layers = 3, .hidden = 32, .heads = 4, .kv_heads = 2, .intermediate = 64, .vocab = 512});
-}
 
 } // namespace
 
@@ -146,49 +102,72 @@ TEST_CASE("engine::one rank of DDP is the plain training loop, bit for bit") {
 }
 
 TEST_CASE("engine::model states are the cost model's to the byte") {
+  // Under every precision the executor runs: state_bytes (costmodel/accounting.cpp) says fp32
+  // keeps 4 + 4 + 4 bytes per parameter; bf16-/fp16-mixed under PyTorch's flavours fp32
+  // parameters (the master) and moments, under DeepSpeed a 2-byte partition beside an fp32
+  // master and moments. The engine allocates exactly those.
   const auto model = small_llama();
-  for (int world : {1, 2, 4}) {
-    const auto hw = cpu_profile(world);
-    for (const auto& s : kStrategies) {
-      if (std::string(s.name) == "hsdp" && world == 1)
-        continue;
-      CAPTURE(world);
-      CAPTURE(s.name);
-      CAPTURE(costmodel::flavour_name(s.flavour));
-      const auto options = test_options(model, test_spec(s.name, s.flavour, world, 1 << 16));
-      const auto predicted = predict(options, world, hw);
-      REQUIRE(predicted.valid);
-      for (int rank = 0; rank < world; ++rank) {
-        const auto run = rehearse_engine(options, rank, world, 1);
-        CHECK(static_cast<double>(run.at_peak[MemoryCategory::parameters]) ==
-              predicted.model_states[static_cast<int>(costmodel::Category::parameters)]);
-        CHECK(static_cast<double>(run.at_peak[MemoryCategory::optimizer_states]) ==
-              predicted.model_states[static_cast<int>(costmodel::Category::optimizer_states)]);
-      }
-    }
-  }
-}
-
-TEST_CASE("engine::peak memory is the cost model's") {
-  const auto model = small_llama();
-  for (int world : {1, 2, 4}) {
-    const auto hw = cpu_profile(world);
-    for (auto ckpt : {Checkpointing::none, Checkpointing::full})
+  for (auto precision : {costmodel::Precision::fp32, costmodel::Precision::bf16_mixed,
+                         costmodel::Precision::fp16_mixed})
+    for (int world : {1, 2, 4}) {
+      const auto hw = cpu_profile(world);
       for (const auto& s : kStrategies) {
         if (std::string(s.name) == "hsdp" && world == 1)
           continue;
-        const auto options =
-            test_options(model, test_spec(s.name, s.flavour, world, 1 << 16), 2, ckpt);
+        CAPTURE(world);
+        CAPTURE(std::string(s.name));
+        CAPTURE(std::string(costmodel::flavour_name(s.flavour)));
+        CAPTURE(std::string(costmodel::precision_name(precision)));
+        auto options = test_options(model, test_spec(s.name, s.flavour, world, 1 << 16));
+        options.precision = precision;
         const auto predicted = predict(options, world, hw);
-        const auto run = rehearse_engine(options, 0, world, 2);
-        const double error = (predicted.peak_bytes - static_cast<double>(run.peak_bytes)) /
-                             static_cast<double>(run.peak_bytes);
-        INFO(world << " ranks, " << std::string(s.name) << " ("
-                   << std::string(costmodel::flavour_name(s.flavour)) << "), ckpt "
-                   << (ckpt == Checkpointing::full ? "full" : "none") << ": predicted "
-                   << predicted.peak_bytes << ", measured " << run.peak_bytes << ", error "
-                   << 100 * error << "% at " << predicted.peak_when);
-        CHECK(std::abs(error) < 0.03);
+        REQUIRE(predicted.valid);
+        for (int rank = 0; rank < world; ++rank) {
+          const auto run = rehearse_engine(options, rank, world, 1);
+          CHECK(static_cast<double>(run.at_peak[MemoryCategory::parameters]) ==
+                predicted.model_states[static_cast<int>(costmodel::Category::parameters)]);
+          CHECK(static_cast<double>(run.at_peak[MemoryCategory::optimizer_states]) ==
+                predicted.model_states[static_cast<int>(costmodel::Category::optimizer_states)]);
+        }
       }
+    }
+}
+
+TEST_CASE("engine::peak memory is the cost model's") {
+  // fp32: within 3%. bf16-mixed: within 5%; the one difference the memory walk has at these
+  // head-dominated peaks is the head's: the cost model counts an fp32 upcast of the logits beside
+  // the bf16 logits (HF's logits.float() before the loss, costmodel/accounting.cpp
+  // head_activations), while the executor's log-softmax reads the bf16 logits and writes fp32
+  // log-probabilities: 2·N·V bytes less, 16 KiB here, 1–4% of the peak (DDP's per-unit bf16
+  // gradient before its fp32 widening goes the other way, 1%). The worst is printed.
+  const auto model = small_llama();
+  for (auto [precision, tolerance] :
+       {std::pair{costmodel::Precision::fp32, 0.03}, {costmodel::Precision::bf16_mixed, 0.05}}) {
+    double worst = 0;
+    for (int world : {1, 2, 4}) {
+      const auto hw = cpu_profile(world);
+      for (auto ckpt : {Checkpointing::none, Checkpointing::full})
+        for (const auto& s : kStrategies) {
+          if (std::string(s.name) == "hsdp" && world == 1)
+            continue;
+          auto options =
+              test_options(model, test_spec(s.name, s.flavour, world, 1 << 16), 2, ckpt);
+          options.precision = precision;
+          const auto predicted = predict(options, world, hw);
+          const auto run = rehearse_engine(options, 0, world, 2);
+          const double error = (predicted.peak_bytes - static_cast<double>(run.peak_bytes)) /
+                               static_cast<double>(run.peak_bytes);
+          worst = std::max(worst, std::abs(error));
+          INFO(std::string(costmodel::precision_name(precision))
+               << ", " << world << " ranks, " << std::string(s.name) << " ("
+               << std::string(costmodel::flavour_name(s.flavour)) << "), ckpt "
+               << (ckpt == Checkpointing::full ? "full" : "none") << ": predicted "
+               << predicted.peak_bytes << ", measured " << run.peak_bytes << ", error "
+               << 100 * error << "% at " << predicted.peak_when);
+          CHECK(std::abs(error) < tolerance);
+        }
+    }
+    MESSAGE(std::string(costmodel::precision_name(precision))
+            << ": worst peak error " << 100 * worst << "%");
   }
 }

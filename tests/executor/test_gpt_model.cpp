@@ -158,36 +158,52 @@ TEST_CASE("executor::gradients accumulate over micro-batches") {
   CHECK(worst < 1e-14);
 }
 
-TEST_CASE("executor::saved activations are what block_saved_elements says") {
+namespace {
+
+// forward_block and forward_head grow the tracked activations by what block_saved_bytes and
+// head_saved_bytes say, for elements of type S.
+template <class S>
+void check_saved_bytes(const ModelSpec& spec, const char* type) {
+  CAPTURE(type);
+  TrackedAllocator allocator;
+  GptModel<S> model(spec, allocator);
+  const auto& layout = model.layout();
+  const auto unit_params = [&](std::int64_t unit) {
+    std::vector<float> values(static_cast<std::size_t>(layout.unit_size_of(unit)));
+    init_unit_params<float>(layout, unit, 3, 0, values);
+    return narrowed<S>(allocator, MemoryCategory::parameters, values);
+  };
+  auto params = unit_params(1);
+  auto head_params = unit_params(layout.unit_count() - 1);
+  auto emb_params = unit_params(0);
+  auto batch = synthetic_batch(allocator, 1, kShape, spec.vocab);
+  const std::int64_t nh = kShape.tokens() * spec.hidden;
+  const auto bytes = static_cast<std::int64_t>(sizeof(S));
+
+  for (auto mode : {Checkpointing::none, Checkpointing::full}) {
+    auto x = allocator.allocate<S>(MemoryCategory::activations, nh);
+    const auto before = allocator.in_use_bytes(MemoryCategory::activations);
+    auto f = model.forward_block(params.span(), std::move(x), kShape, mode);
+    // The block adds what it saves beyond its (already counted) input, and its output [N, h]:
+    // together exactly block_saved_bytes.
+    CHECK(allocator.in_use_bytes(MemoryCategory::activations) - before ==
+          block_saved_bytes(layout, kShape, mode, false, bytes));
+  }
+  auto x = allocator.allocate<S>(MemoryCategory::activations, nh);
+  const auto before = allocator.in_use_bytes(MemoryCategory::activations);
+  auto h = model.forward_head(head_params.span(), emb_params.span(), std::move(x),
+                              batch.targets.span(), kShape);
+  CHECK(allocator.in_use_bytes(MemoryCategory::activations) - before ==
+        head_saved_bytes(layout, kShape, bytes) - nh * bytes);
+}
+
+}  // namespace
+
+TEST_CASE("executor::saved activations are what block_saved_bytes says") {
   for (const auto& spec : {tiny_llama(), tiny_gpt2(), tiny_neox()}) {
     CAPTURE(spec.name);
-    TrackedAllocator allocator;
-    GptModel<float> model(spec, allocator);
-    const auto& layout = model.layout();
-    auto params = allocator.allocate<float>(MemoryCategory::parameters, layout.block().size);
-    init_unit_params<float>(layout, 1, 3, 0, params.span());
-    auto head_params = allocator.allocate<float>(MemoryCategory::parameters, layout.head().size);
-    auto emb_params =
-        allocator.allocate<float>(MemoryCategory::parameters, layout.embedding().size);
-    auto batch = synthetic_batch(allocator, 1, kShape, spec.vocab);
-    const std::int64_t nh = kShape.tokens() * spec.hidden;
-    const auto f4 = static_cast<std::int64_t>(sizeof(float));
-
-    for (auto mode : {Checkpointing::none, Checkpointing::full}) {
-      auto x = allocator.allocate<float>(MemoryCategory::activations, nh);
-      const auto before = allocator.in_use_bytes(MemoryCategory::activations);
-      auto f = model.forward_block(params.span(), std::move(x), kShape, mode);
-      // The block adds what it saves beyond its (already counted) input, and its output [N, h]:
-      // together exactly block_saved_elements.
-      CHECK(allocator.in_use_bytes(MemoryCategory::activations) - before ==
-            block_saved_elements(layout, kShape, mode) * f4);
-    }
-    auto x = allocator.allocate<float>(MemoryCategory::activations, nh);
-    const auto before = allocator.in_use_bytes(MemoryCategory::activations);
-    auto h = model.forward_head(head_params.span(), emb_params.span(), std::move(x),
-                                batch.targets.span(), kShape);
-    CHECK(allocator.in_use_bytes(MemoryCategory::activations) - before ==
-          (head_saved_elements(layout, kShape) - nh) * f4);
+    check_saved_bytes<float>(spec, "float");
+    check_saved_bytes<bf16>(spec, "bf16");
   }
 }
 

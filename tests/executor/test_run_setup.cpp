@@ -49,8 +49,14 @@ TEST_CASE("executor::a plan it cannot run as asked is refused, naming the field"
   CHECK(where_of(plan, 2) == "accepted");
   CHECK(where_of(plan, 4) == "/cluster/gpus");
   auto bad = plan;
-  bad["job"]["precision"] = "bf16-mixed";
+  bad["job"]["precision"] = "bf16";
   CHECK(where_of(bad, 2) == "/job/precision");
+  bad["job"]["precision"] = "bf16-mixed";
+  CHECK(where_of(bad, 2) == "accepted");
+  bad["job"]["precision"] = "fp16-mixed";
+  CHECK(where_of(bad, 2) == "accepted");
+  bad["sharding"]["reduce_dtype"] = "fp32"; // FSDP's bf16 gradients reduced in fp32
+  CHECK(where_of(bad, 2) == "/sharding/reduce_dtype");
   bad = plan;
   bad["job"]["attention"] = "flash";
   CHECK(where_of(bad, 2) == "/job/attention");
@@ -91,12 +97,15 @@ TEST_CASE("executor::the GPU backend runs flash attention and prefetches as plan
   CHECK_FALSE(make_run_setup(plan, 2, gpu).engine.model_options.flash_attention);
   // What neither backend runs is refused the same way, naming the backend.
   plan["job"]["precision"] = "bf16-mixed";
+  CHECK(make_run_setup(plan, 2, gpu).engine.precision == costmodel::Precision::bf16_mixed);
+  plan["job"]["precision"] = "bf16";  // bf16 optimizer states: neither backend
   try {
     make_run_setup(plan, 2, gpu);
-    FAIL("accepted a bf16 plan");
+    FAIL("accepted a pure bf16 plan");
   } catch (const InputError& e) {
     CHECK(e.where() == "/job/precision");
-    CHECK(std::string(e.what()).find("the GPU executor runs fp32 only") != std::string::npos);
+    CHECK(std::string(e.what()).find("the GPU executor runs fp32, bf16-mixed and fp16-mixed") !=
+          std::string::npos);
   }
 }
 

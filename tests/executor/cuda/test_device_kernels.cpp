@@ -15,7 +15,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -26,124 +25,25 @@
 #include "executor/adamw.hpp"
 #include "executor/cuda/device_kernels.hpp"
 #include "executor/kernels.hpp"
+#include "gpu_fixture.hpp"
 
 namespace {
 
 namespace dev = shardplan::executor::cuda;
 namespace host = shardplan::executor::kernels;
-using Floats = std::vector<float>;
-using Tokens = std::vector<std::int32_t>;
+using namespace shardplan::executor::testing;
 
 // Relative tolerances (see the top of the file).
 constexpr double kElementwise = 1e-5;  // a few roundings; tanhf, expf within 2 ulp of libm's
 constexpr double kReduction = 2e-4;    // sums of up to 300 terms in another order
 constexpr double kExact = 1e-7;        // the same single rounding on both sides
 
-void require_cuda(cudaError_t code, const char* call) {
-  if (code != cudaSuccess)
-    throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorString(code));
-}
-
-// A device array of `count` T, freed when it goes out of scope.
-template <class T>
-class DeviceArray {
- public:
-  explicit DeviceArray(std::size_t count) : count_(count) {
-    require_cuda(cudaMalloc(&data_, std::max<std::size_t>(count, 1) * sizeof(T)), "cudaMalloc");
-  }
-  explicit DeviceArray(const std::vector<T>& values) : DeviceArray(values.size()) {
-    upload(values);
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() { cudaFree(data_); }
-
-  T* get() const { return static_cast<T*>(data_); }
-  void upload(const std::vector<T>& values) {
-    REQUIRE(values.size() == count_);
-    require_cuda(cudaMemcpy(data_, values.data(), count_ * sizeof(T), cudaMemcpyHostToDevice),
-                 "cudaMemcpy to the device");
-    require_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  }
-  // Call after Gpu::finish.
-  std::vector<T> download() const {
-    std::vector<T> values(count_);
-    require_cuda(cudaMemcpy(values.data(), data_, count_ * sizeof(T), cudaMemcpyDeviceToHost),
-                 "cudaMemcpy from the device");
-    return values;
-  }
-
- private:
-  void* data_ = nullptr;
-  std::size_t count_;
-};
-
-// A stream of its own and a cuBLAS handle bound to it, as the backend sets them up.
-class Gpu {
- public:
-  Gpu() {
-    require_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
-    if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
-    if (cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS)
-      throw std::runtime_error("cublasSetStream failed");
-    launch_.stream = stream_;
-    launch_.blas = blas_;
-  }
-  Gpu(const Gpu&) = delete;
-  Gpu& operator=(const Gpu&) = delete;
-  ~Gpu() {
-    cublasDestroy(blas_);
-    cudaStreamDestroy(stream_);
-  }
-  const dev::Launch& launch() const { return launch_; }
-  cublasHandle_t blas() const { return blas_; }
-  cudaStream_t stream() const { return stream_; }
-  // Waits for the queued work; an asynchronous failure of a kernel surfaces here.
-  void finish() const {
-    require_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-    require_cuda(cudaGetLastError(), "a queued kernel");
-  }
-
- private:
-  cudaStream_t stream_ = nullptr;
-  cublasHandle_t blas_ = nullptr;
-  dev::Launch launch_;
-};
-
-Floats random_floats(std::int64_t count, unsigned seed, float low = -1.0f, float high = 1.0f) {
-  std::mt19937 generator(seed);
-  std::uniform_real_distribution<float> uniform(low, high);
-  Floats values(static_cast<std::size_t>(count));
-  for (auto& v : values) v = uniform(generator);
-  return values;
-}
-
-Tokens random_tokens(std::int64_t count, std::int32_t below, unsigned seed) {
-  std::mt19937 generator(seed);
-  std::uniform_int_distribution<std::int32_t> uniform(0, below - 1);
-  Tokens values(static_cast<std::size_t>(count));
-  for (auto& v : values) v = uniform(generator);
-  return values;
-}
-
 // Every element within tol·(|want| + max |want|); reports how many are not, and the first.
 void check_close(const Floats& got, const Floats& want, double tol, const std::string& what) {
-  REQUIRE(got.size() == want.size());
-  double scale = 0.0;
-  for (float w : want) scale = std::max(scale, std::fabs(static_cast<double>(w)));
-  std::size_t wrong = 0, first = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double want_i = static_cast<double>(want[i]);
-    const double error = std::fabs(static_cast<double>(got[i]) - want_i);
-    if (!(error <= tol * (std::fabs(want_i) + scale))) {
-      if (wrong == 0) first = i;
-      ++wrong;
-    }
-  }
-  INFO(what << ": " << wrong << " of " << got.size() << " elements differ; first at " << first
-            << ": got " << (got.empty() ? 0.0f : got[first]) << ", want "
-            << (want.empty() ? 0.0f : want[first]));
-  CHECK(wrong == 0);
+  check_elements(got, want, what, [tol](double got_i, double want_i, std::size_t, double scale) {
+    const double error = std::fabs(got_i - want_i);
+    return error <= tol * (std::fabs(want_i) + scale);
+  });
 }
 
 std::string after_call(const char* name, int call) {
@@ -613,7 +513,8 @@ TEST_CASE("executor::cuda kernels report bad arguments and failed calls in one l
   // A cuBLAS call without a handle fails, and the error names the kernel.
   dev::Launch no_blas;
   no_blas.stream = gpu.stream();
-  CHECK_THROWS_WITH_AS(dev::linear_forward(no_blas, p, p, p, nullptr, 2, 2, 2, false),
+  CHECK_THROWS_WITH_AS(
+      dev::linear_forward(no_blas, p, p, p, static_cast<const float*>(nullptr), 2, 2, 2, false),
                        doctest::Contains("linear_forward"), std::runtime_error);
   CHECK_NOTHROW(gpu.finish());
 }

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -17,12 +16,13 @@
 
 #include "executor/cuda/flash_attention.hpp"
 #include "executor/kernels.hpp"
+#include "gpu_fixture.hpp"
 
 namespace {
 
 using namespace shardplan::executor;
+using namespace shardplan::executor::testing;
 using std::int64_t;
-
 
 // fp32 against the double reference: |got − want| ≤ kTolerance·(1 + |want|). The kernels add up
 // at most d = 256 products for a score and T = 130 terms for an output or gradient entry, each
@@ -55,49 +55,9 @@ std::vector<Shape> shapes() {
   return all;
 }
 
-void check_cuda(cudaError_t code, const char* call) {
-  if (code != cudaSuccess)
-    throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorString(code));
-}
-
-// Floats on the device, freed at scope exit.
-class DeviceFloats {
- public:
-  explicit DeviceFloats(std::size_t n) : n_(n) {
-    check_cuda(cudaMalloc(&data_, std::max<std::size_t>(n, 1) * sizeof(float)), "cudaMalloc");
-  }
-  explicit DeviceFloats(const std::vector<float>& host) : DeviceFloats(host.size()) {
-    check_cuda(cudaMemcpy(data_, host.data(), n_ * sizeof(float), cudaMemcpyHostToDevice),
-               "cudaMemcpy");
-  }
-  DeviceFloats(const DeviceFloats&) = delete;
-  DeviceFloats& operator=(const DeviceFloats&) = delete;
-  ~DeviceFloats() { cudaFree(data_); }
-  float* get() { return static_cast<float*>(data_); }
-  void zero() { check_cuda(cudaMemset(data_, 0, n_ * sizeof(float)), "cudaMemset"); }
-  std::vector<float> download() const {
-    std::vector<float> host(n_);
-    check_cuda(cudaMemcpy(host.data(), data_, n_ * sizeof(float), cudaMemcpyDeviceToHost),
-               "cudaMemcpy");
-    return host;
-  }
-
- private:
-  void* data_ = nullptr;
-  std::size_t n_;
-};
-
 void synchronize() {
-  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  check_cuda(cudaGetLastError(), "a kernel");
-}
-
-std::vector<float> random_values(std::size_t n, float bound, std::uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-bound, bound);
-  std::vector<float> x(n);
-  for (float& value : x) value = dist(gen);
-  return x;
+  require_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  require_cuda(cudaGetLastError(), "a kernel");
 }
 
 std::vector<double> to_double(const std::vector<float>& x) { return {x.begin(), x.end()}; }
@@ -111,10 +71,10 @@ struct Inputs {
     const auto q_size = tokens * static_cast<std::size_t>(s.heads * s.head_dim);
     const auto kv_size = tokens * static_cast<std::size_t>(s.kv_heads * s.head_dim);
     const auto seed = static_cast<std::uint32_t>(s.head_dim * 1000 + s.seq * 10 + s.heads);
-    q = random_values(q_size, 2.0f, seed);
-    k = random_values(kv_size, 2.0f, seed + 1);
-    v = random_values(kv_size, 1.0f, seed + 2);
-    dout = random_values(q_size, 1.0f, seed + 3);
+    q = random_floats(static_cast<int64_t>(q_size), seed, -2.0f, 2.0f);
+    k = random_floats(static_cast<int64_t>(kv_size), seed + 1, -2.0f, 2.0f);
+    v = random_floats(static_cast<int64_t>(kv_size), seed + 2, -1.0f, 1.0f);
+    dout = random_floats(static_cast<int64_t>(q_size), seed + 3, -1.0f, 1.0f);
   }
 };
 
@@ -187,7 +147,7 @@ TEST_CASE("executor::cuda flash attention forward matches the host kernel") {
     INFO(describe(s));
     const Inputs in(s);
     const Reference ref(s, in);
-    DeviceFloats q(in.q), k(in.k), v(in.v), out(in.q.size()),
+    DeviceArray<float> q(in.q), k(in.k), v(in.v), out(in.q.size()),
         lse(static_cast<std::size_t>(s.batch * s.heads * s.seq));
     cuda::flash_attention_forward(nullptr, out.get(), lse.get(), q.get(), k.get(), v.get(),
                                   s.batch, s.seq, s.heads, s.kv_heads, s.head_dim);
@@ -203,7 +163,7 @@ TEST_CASE("executor::cuda flash attention backward matches the host kernel and a
     const Inputs in(s);
     const Reference ref(s, in);
     const auto stats = static_cast<std::size_t>(s.batch * s.heads * s.seq);
-    DeviceFloats q(in.q), k(in.k), v(in.v), dout(in.dout), out(in.q.size()), lse(stats),
+    DeviceArray<float> q(in.q), k(in.k), v(in.v), dout(in.dout), out(in.q.size()), lse(stats),
         delta(stats), dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
     cuda::flash_attention_forward(nullptr, out.get(), lse.get(), q.get(), k.get(), v.get(),
                                   s.batch, s.seq, s.heads, s.kv_heads, s.head_dim);
@@ -228,7 +188,7 @@ TEST_CASE("executor::cuda flash attention rejects what it cannot take") {
   CHECK(cuda::flash_attention_supports(256));
   CHECK_FALSE(cuda::flash_attention_supports(72));
   CHECK_FALSE(cuda::flash_attention_supports(512));
-  DeviceFloats x(4096);
+  DeviceArray<float> x(4096);
   float* p = x.get();
   CHECK_THROWS_WITH_AS(cuda::flash_attention_forward(nullptr, p, p, p, p, p, 1, 4, 2, 1, 72),
                        doctest::Contains("head_dim 72"), std::runtime_error);
