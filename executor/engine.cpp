@@ -355,19 +355,14 @@ struct State final : ShardingEngine::Impl {
 
   // Adds the kept chunk into this rank's block of the reduce input, so that the reduce-scatter's
   // sum is the accumulated gradient (the reduce overwrites its output). With replicas only the
-  // first replica adds it: the replica all-reduce then sums it once. Same-type chunks only.
-  template <class T> void accumulate_into_input(std::int64_t u, T* input, const T* kept_chunk) {
+  // first replica adds it: the replica all-reduce then sums it once.
+  void accumulate_into_input(std::int64_t u, S* input, const S* kept_chunk) {
     if (sl.replica_rank != 0)
       return;
     be.wait(nullptr, reduce.get()); // the kept chunk is the previous micro-batch's reduction
     if (replica)
       be.wait(nullptr, replica.get());
-    timed(Part::copy, [&] {
-      if constexpr (std::is_same_v<T, S>)
-        be.add(input + sl.chunk_begin(u), kept_chunk, shape(u).chunk);
-      else
-        throw std::logic_error("fp32 chunks are accumulated by widening");
-    });
+    timed(Part::copy, [&] { be.add(input + sl.chunk_begin(u), kept_chunk, shape(u).chunk); });
   }
 
   // Before a reduction reads its input: the compute that wrote it is done. (A buffer freed before
@@ -438,7 +433,7 @@ struct State final : ShardingEngine::Impl {
         if (kept.empty())
           kept = reduce_output<S>(MemoryCategory::gradients, us.chunk);
         else
-          accumulate_into_input<S>(u, input, kept.data());
+          accumulate_into_input(u, input, kept.data());
         ready_for_reduce();
         reduce->reduce_scatter(input, kept.data(), c, type);
         replica_all_reduce(kept.data(), c);
@@ -479,15 +474,15 @@ struct State final : ShardingEngine::Impl {
     }
   }
 
+  // The kept whole gradient of unit u as T: fp32 (PyTorch's, and every fp32 run's) or S
+  // (DeepSpeed ZeRO-1's).
   template <class T> T* whole_grads(std::int64_t u) {
-    if constexpr (std::is_same_v<T, A>)
-      if (!low_whole())
-        return unit(u).grads.data();
-    if constexpr (std::is_same_v<T, S>)
-      if (low_whole() || !kMixed)
-        return reinterpret_cast<T*>(kMixed ? static_cast<void*>(unit(u).low_grads.data())
-                                           : static_cast<void*>(unit(u).grads.data()));
-    throw std::logic_error("whole gradients of another type");
+    if constexpr (!kMixed)
+      return unit(u).grads.data();
+    else if constexpr (std::is_same_v<T, S>)
+      return low_whole() ? unit(u).low_grads.data() : throw std::logic_error("fp32 whole gradients");
+    else
+      return low_whole() ? throw std::logic_error("16-bit whole gradients") : unit(u).grads.data();
   }
   // The compute stream's copy of n elements of either type.
   template <class T> void copy_elements(T* dst, const T* src, std::int64_t n) {

@@ -58,8 +58,9 @@ using ConstRowVectorMap = Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>;
 // kernel: out = narrow(widen(out) + Σ terms)). For fp32 and fp64, where both are the identity, the
 // kernels are Eigen's GEMMs and loops that sum in the output itself (a weight gradient over the
 // rows, an embedding row over its tokens); there the 16-bit types have loops of their own, which
-// sum in fp32 and round once: element by element, without scratch (no kernel allocates), fast
-// enough for the tests' tiny models.
+// sum in fp32 and round once, element by element. The 16-bit linear layers run Eigen's GEMM on
+// fp32 copies of their operands (the one place a kernel allocates: untracked heap, like Eigen's
+// packing buffers); the other loops need no scratch and are fast enough for the tests' models.
 
 // The largest element of a row of S, in accum_t<S>.
 template <class S>
@@ -132,23 +133,43 @@ void embedding_backward(S* dwte, S* dwpe, const S* dout, const std::int32_t* tok
   }
 }
 
+namespace {
+
+// A 16-bit matrix widened into fp32, for Eigen's GEMM. The copy is heap memory outside the
+// tracked allocator, like Eigen's own packing buffers (tracked_allocator.hpp).
+template <class S>
+RowMajor<float> widened(const S* a, std::int64_t rows, std::int64_t cols) {
+  RowMajor<float> m(rows, cols);
+  float* out = m.data();
+  for (std::int64_t i = 0; i < rows * cols; ++i) out[i] = widen(a[i]);
+  return m;
+}
+
+// out = narrow(out + Σ) element by element: a 16-bit output that gets an fp32 sum, rounded once.
+template <class S>
+void add_rounded(S* out, const RowMajor<float>& sum) {
+  const float* s = sum.data();
+  for (std::int64_t i = 0; i < sum.size(); ++i) out[i] = narrow<S>(widen(out[i]) + s[i]);
+}
+
+}  // namespace
+
 template <class S>
 void linear_forward(S* y, const S* x, const S* w, const S* b, std::int64_t n, std::int64_t in,
                     std::int64_t out, bool accumulate) {
   if constexpr (is_half_v<S>) {
-    // y[i, o] = narrow((y[i, o] +) Σₖ x[i, k]·w[o, k] (+ b[o])), the sum in fp32 (cuBLAS's
-    // CUBLAS_COMPUTE_32F; accumulate: β = 1), one rounding.
-    for (std::int64_t i = 0; i < n; ++i)
-      for (std::int64_t o = 0; o < out; ++o) {
-        const S* xi = x + i * in;
-        const S* wo = w + o * in;
-        accum_t<S> dot = 0;
-        for (std::int64_t k = 0; k < in; ++k) dot += widen(xi[k]) * widen(wo[k]);
-        S& yio = y[i * out + o];
-        accum_t<S> v = accumulate ? widen(yio) + dot : dot;
-        if (b) v += widen(b[o]);
-        yio = narrow<S>(v);
-      }
+    // y = narrow((y +) x·wᵀ (+ b)): the GEMM on fp32 copies of the operands, the sum in fp32
+    // (cuBLAS's CUBLAS_COMPUTE_32F; accumulate: β = 1), one rounding.
+    RowMajor<float> Y = widened(x, n, in) * widened(w, out, in).transpose();
+    if (b)
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t o = 0; o < out; ++o) Y(i, o) += widen(b[o]);
+    if (accumulate) {
+      add_rounded(y, Y);
+    } else {
+      const float* v = Y.data();
+      for (std::int64_t i = 0; i < n * out; ++i) y[i] = narrow<S>(v[i]);
+    }
   } else {
     MatrixMap<S> Y(y, n, out);
     ConstMatrixMap<S> X(x, n, in);
@@ -165,28 +186,11 @@ template <class S>
 void linear_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w, std::int64_t n,
                      std::int64_t in, std::int64_t out) {
   if constexpr (is_half_v<S>) {
-    // Each gradient element: its sum in fp32, added to the old value, one rounding.
-    if (dx)
-      for (std::int64_t i = 0; i < n; ++i)
-        for (std::int64_t k = 0; k < in; ++k) {
-          accum_t<S> sum = 0;  // Σₒ dy[i, o]·w[o, k]
-          for (std::int64_t o = 0; o < out; ++o)
-            sum += widen(dy[i * out + o]) * widen(w[o * in + k]);
-          dx[i * in + k] = narrow<S>(widen(dx[i * in + k]) + sum);
-        }
-    for (std::int64_t o = 0; o < out; ++o) {
-      for (std::int64_t k = 0; k < in; ++k) {
-        accum_t<S> sum = 0;  // Σᵢ dy[i, o]·x[i, k]
-        for (std::int64_t i = 0; i < n; ++i)
-          sum += widen(dy[i * out + o]) * widen(x[i * in + k]);
-        dw[o * in + k] = narrow<S>(widen(dw[o * in + k]) + sum);
-      }
-      if (db) {
-        accum_t<S> sum = 0;  // Σᵢ dy[i, o]
-        for (std::int64_t i = 0; i < n; ++i) sum += widen(dy[i * out + o]);
-        db[o] = narrow<S>(widen(db[o]) + sum);
-      }
-    }
+    // Each gradient: its GEMM on fp32 copies, added to the old value, one rounding.
+    const RowMajor<float> dY = widened(dy, n, out);
+    if (dx) add_rounded(dx, RowMajor<float>(dY * widened(w, out, in)));
+    add_rounded(dw, RowMajor<float>(dY.transpose() * widened(x, n, in)));
+    if (db) add_rounded(db, RowMajor<float>(dY.colwise().sum()));
   } else {
     ConstMatrixMap<S> dY(dy, n, out);
     if (dx) MatrixMap<S>(dx, n, in).noalias() += dY * ConstMatrixMap<S>(w, out, in);
