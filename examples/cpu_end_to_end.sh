@@ -50,8 +50,9 @@ tail -n 4 calibrate.log
 #    allocator has none); give it a small memory, so the planner has to choose.
 jq --argjson gib "$CAPACITY_GIB" '.gpu.memory_GiB = $gib' calibrated.json > device.json
 
-# 4. Recommend. The CPU executor runs fp32 with materialised attention and no offload (it has no
-#    host/device split); checkpointing none or full.
+# 4. Recommend. fp32 (the CPU executor also runs bf16-mixed and fp16-mixed, in 16-bit storage with
+#    fp32 arithmetic: a CPU has no 16-bit GEMM rate to calibrate), with materialised attention and
+#    no offload (it has no host/device split); checkpointing none or full.
 JOB=(--model model.json --hardware device.json --gpus $RANKS --seq-len $SEQ --global-batch $GLOBAL_BATCH
      --precision fp32 --attention eager --checkpointing none --offload none)
 "$PLANNER" recommend "${JOB[@]}" --top 3 | sed -n '1,20p'

@@ -10,5 +10,5 @@ ctest --preset release -j "$(nproc)"
 # skips both (the release suite alone, for a quick check while editing).
 if [[ "${SHARDPLAN_FULL_CHECKS:-1}" == 1 ]]; then
   scripts/sanitize.sh
-  FUZZ_BUILD_DIR=build/sanitize FUZZ_SECONDS="${FUZZ_SECONDS:-15}" scripts/fuzz.sh
+  FUZZ_BUILD_DIR=build/sanitize FUZZ_SECONDS="${FUZZ_SECONDS:-10}" scripts/fuzz.sh
 fi

@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <utility>
 
 #include "engine_fixture.hpp"
 #include "executor/adamw.hpp"
@@ -141,8 +140,14 @@ TEST_CASE("engine::peak memory is the cost model's") {
   // log-probabilities: 2·N·V bytes less, 16 KiB here, 1–4% of the peak (DDP's per-unit bf16
   // gradient before its fp32 widening goes the other way, 1%). The worst is printed.
   const auto model = small_llama();
-  for (auto [precision, tolerance] :
-       {std::pair{costmodel::Precision::fp32, 0.03}, {costmodel::Precision::bf16_mixed, 0.05}}) {
+  struct Bound {
+    costmodel::Precision precision;
+    double tolerance;
+  };
+  for (const Bound& bound :
+       {Bound{costmodel::Precision::fp32, 0.03}, Bound{costmodel::Precision::bf16_mixed, 0.05}}) {
+    const auto precision = bound.precision;
+    const double tolerance = bound.tolerance;
     double worst = 0;
     for (int world : {1, 2, 4}) {
       const auto hw = cpu_profile(world);
