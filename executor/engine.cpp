@@ -21,7 +21,6 @@ namespace shardplan::executor {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr auto kF32 = comm::DataType::f32;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -288,7 +287,7 @@ struct State final : ShardingEngine::Impl {
   // The model adds a unit's gradient into an S buffer: the kept whole gradient when it is S, else
   // `fresh` (sharded gradients' per-micro-batch gradient, or the transient widened into fp32
   // whole gradients).
-  bool widens_whole(std::int64_t) const { return kMixed && !o.spec.shard_gradients && !low_whole(); }
+  bool widens_whole() const { return kMixed && !o.spec.shard_gradients && !low_whole(); }
   void ensure_grad_target(std::int64_t u) {
     auto& un = unit(u);
     if (o.spec.shard_gradients) {
@@ -304,12 +303,12 @@ struct State final : ShardingEngine::Impl {
     }
     if (un.grads.empty())
       un.grads = alloc.allocate<A>(MemoryCategory::gradients, n);
-    if (widens_whole(u) && un.fresh.empty())
+    if (widens_whole() && un.fresh.empty())
       un.fresh = alloc.allocate<S>(MemoryCategory::gradients, n);
   }
   std::span<S> grad_span(std::int64_t u) {
     auto& un = unit(u);
-    if (o.spec.shard_gradients || widens_whole(u))
+    if (o.spec.shard_gradients || widens_whole())
       return un.fresh.span();
     if (low_whole())
       return un.low_grads.span();
@@ -321,7 +320,7 @@ struct State final : ShardingEngine::Impl {
   // After unit u's backward: the S gradient the model wrote, widened into the fp32 whole gradient.
   // A tied head also added into the embedding's transient, widened after the embedding's backward.
   void widen_whole(std::int64_t u) {
-    if (!widens_whole(u))
+    if (!widens_whole())
       return;
     auto& un = unit(u);
     timed(Part::copy, [&] { be.widen_add(un.grads.data(), un.fresh.data(), un.fresh.size()); });

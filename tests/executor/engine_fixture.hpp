@@ -24,6 +24,20 @@ struct EngineRun {
   std::int64_t peak_bytes = 0;
 };
 
+// Every strategy and flavour the engine runs (HSDP needs 2 ranks or more).
+struct Strategy {
+  const char* name;
+  costmodel::Flavour flavour;
+};
+inline constexpr Strategy kStrategies[] = {{"ddp", costmodel::Flavour::ddp},
+                                           {"zero1", costmodel::Flavour::deepspeed},
+                                           {"zero2", costmodel::Flavour::deepspeed},
+                                           {"zero3", costmodel::Flavour::deepspeed},
+                                           {"fsdp-full", costmodel::Flavour::fsdp2},
+                                           {"fsdp-full", costmodel::Flavour::fsdp1},
+                                           {"fsdp-grad-op", costmodel::Flavour::fsdp2},
+                                           {"hsdp", costmodel::Flavour::fsdp2}};
+
 // The plan's spec for a strategy, with DeepSpeed's 1 GB buckets made small (`bucket` bytes) so a
 // test exercises buckets that fill up and several reductions per bucket.
 inline costmodel::ShardingSpec test_spec(const std::string& strategy, costmodel::Flavour flavour,

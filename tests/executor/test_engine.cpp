@@ -15,23 +15,6 @@ using namespace shardplan::executor;
 using namespace shardplan::executor::testing;
 using costmodel::Flavour;
 
-namespace {
-
-struct Strategy {
-  const char* name;
-  Flavour flavour;
-};
-const Strategy kStrategies[] = {{"ddp", Flavour::ddp},
-                                {"zero1", Flavour::deepspeed},
-                                {"zero2", Flavour::deepspeed},
-                                {"zero3", Flavour::deepspeed},
-                                {"fsdp-full", Flavour::fsdp2},
-                                {"fsdp-full", Flavour::fsdp1},
-                                {"fsdp-grad-op", Flavour::fsdp2},
-                                {"hsdp", Flavour::fsdp2}};
-
-} // namespace
-
 TEST_CASE("engine::shard layout pads every unit to the shard group and chunks it") {
   const auto spec = tiny_llama();
   GptLayout layout(spec);

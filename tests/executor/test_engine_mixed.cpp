@@ -16,19 +16,6 @@ using costmodel::Precision;
 
 namespace {
 
-struct Strategy {
-  const char* name;
-  Flavour flavour;
-};
-const Strategy kStrategies[] = {{"ddp", Flavour::ddp},
-                                {"zero1", Flavour::deepspeed},
-                                {"zero2", Flavour::deepspeed},
-                                {"zero3", Flavour::deepspeed},
-                                {"fsdp-full", Flavour::fsdp2},
-                                {"fsdp-full", Flavour::fsdp1},
-                                {"fsdp-grad-op", Flavour::fsdp2},
-                                {"hsdp", Flavour::fsdp2}};
-
 EngineOptions mixed_options(const costmodel::ModelSpec& model, const costmodel::ShardingSpec& spec,
                             Precision precision, std::int64_t grad_accumulation = 2,
                             Checkpointing ckpt = Checkpointing::none) {
