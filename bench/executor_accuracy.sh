@@ -65,7 +65,7 @@ plan_for() {  # model ranks strategy flavour micro-batch checkpointing -> plan f
   [[ $strategy == hsdp ]] && extra=(--shard-group-size 2)
   if "$PLANNER" recommend --model "$model.json" --hardware "$(profile "$model" "$ranks")" --gpus "$ranks" \
        --seq-len $SEQ --global-batch $((4 * ranks)) --micro-batch "$mb" --precision fp32 --attention eager \
-       --checkpointing "$ckpt" --offload none --strategy "$strategy" --flavour "$flavour" "${extra[@]}" \
+       --checkpointing "$ckpt" --offload none --recipe executor --strategy "$strategy" --flavour "$flavour" "${extra[@]}" \
        --emit plan > "$out" 2> "$out.err"; then
     echo "$out"
   fi

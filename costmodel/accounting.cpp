@@ -1,5 +1,8 @@
 #include "costmodel/accounting.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 namespace shardplan::costmodel {
 
 StateBytes state_bytes(Precision p, const ShardingSpec& spec, Accounting a) {
@@ -70,59 +73,296 @@ double head_forward_flops_per_token(const ModelSpec& m) {
   return 2.0 * static_cast<double>(m.hidden) * static_cast<double>(m.vocab);
 }
 
-ActivationBytes block_activations(const ModelSpec& m, std::int64_t seq_len, std::int64_t micro_batch,
-                                  double e, AttentionImpl attention, Checkpointing ckpt) {
-  const double s = static_cast<double>(seq_len);
-  const double T = s * static_cast<double>(micro_batch);  // tokens in the micro-batch
-  const double h = static_cast<double>(m.hidden);
-  const double q = static_cast<double>(m.q_width());
-  const double kv = static_cast<double>(m.kv_width());
-  const double a = static_cast<double>(m.heads);
-  const double I = static_cast<double>(m.intermediate);
+double selective_op_recompute_flops_per_token(const ModelSpec& m) {
+  return static_cast<double>(m.block.matmul_params());  // half of 2 FLOPs per weight and token
+}
 
+namespace {
+
+// Tokens, widths and dtypes of one micro-batch, as doubles.
+struct Shape {
+  double s, T, h, q, kv, a, I, V, hd;
+  Shape(const ModelSpec& m, const TrainingJob& j)
+      : s(static_cast<double>(j.seq_len)),
+        T(static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch)),
+        h(static_cast<double>(m.hidden)),
+        q(static_cast<double>(m.q_width())),
+        kv(static_cast<double>(m.kv_width())),
+        a(static_cast<double>(m.heads)),
+        I(static_cast<double>(m.intermediate)),
+        V(static_cast<double>(m.vocab)),
+        hd(static_cast<double>(m.head_dim)) {}
+};
+
+// Megatron's GPT as Korthikanti et al. 2022 (Table 2) count it, per tensor for this architecture:
+// with GPT-2's shapes (4h GELU MLP, dropout, MHA, LayerNorm) and 2-byte activations it gives the
+// paper's s·b·h·(34 + 5·a·s/h) per layer. Flash attention keeps the fp32 logsumexp (a·s·b)
+// instead of the a·s²·b scores; selective recompute drops the eager core. The executor's GPT
+// (executor/gpt_model.hpp) keeps exactly these tensors.
+ActivationBytes megatron_block(const ModelSpec& m, const TrainingJob& j, double e, bool checkpointed) {
+  const Shape x(m, j);
+  const double T = x.T, h = x.h, q = x.q, kv = x.kv, a = x.a, s = x.s, I = x.I;
   // Inputs of the two norms (one shared input with GPT-NeoX's parallel residual).
   const double norms = (m.parallel_residual ? 1.0 : 2.0) * e * T * h;
   // QKV projection input, Q, K, V kept for the core, output projection input.
   double attention_outer = e * T * h + e * T * (q + 2 * kv) + e * T * q;
   // The attention core: softmax output (and dropout mask + output) per head, s×s per sequence.
   double core = 0;
-  if (attention == AttentionImpl::eager) {
+  if (j.attention == AttentionImpl::eager) {
     core = e * a * s * T;
     if (m.attention_dropout) core += (1.0 + e) * a * s * T;
   } else {
     core = 4.0 * a * T;  // fp32 logsumexp per head and token (FlashAttention-2's saved stats)
   }
   if (m.residual_dropout) attention_outer += T * h;  // 1-byte mask after the attention output
-  double mlp = 0;
-  if (m.mlp == MlpKind::gelu) {
-    mlp = e * T * h + 2 * e * T * I;  // fc1 input; GELU input; fc2 input
-  } else {
-    mlp = e * T * h + 3 * e * T * I;  // gate/up input; gate out; up out; down input
-  }
+  double mlp = m.mlp == MlpKind::gelu ? e * T * h + 2 * e * T * I   // fc1 input; GELU input; fc2 input
+                                      : e * T * h + 3 * e * T * I;  // gate/up input; gate, up; down input
   if (m.residual_dropout) mlp += T * h;
   const double full = norms + attention_outer + core + mlp;
   ActivationBytes out;
-  switch (ckpt) {
-    case Checkpointing::none: out.saved = full; break;
-    case Checkpointing::selective:  // the eager core is recomputed; flash keeps its statistics
-      out.saved = norms + attention_outer + mlp + (attention == AttentionImpl::flash ? core : 0);
-      break;
-    case Checkpointing::full:
-      out.saved = e * T * h;  // the block input only
-      out.recompute = full;   // one block's activations rebuilt at a time in backward
-      break;
+  if (checkpointed) {
+    out.saved = e * T * h;  // the block input only
+    out.recompute = full;   // one block's activations rebuilt at a time in backward
+  } else if (j.checkpointing == Checkpointing::selective_attention && j.attention == AttentionImpl::eager) {
+    out.saved = full - core;
+  } else {
+    out.saved = full;
   }
   return out;
 }
 
-ActivationBytes head_activations(const ModelSpec& m, std::int64_t seq_len, std::int64_t micro_batch,
-                                 double e) {
-  const double T = static_cast<double>(seq_len) * static_cast<double>(micro_batch);
-  const double h = static_cast<double>(m.hidden);
-  const double V = static_cast<double>(m.vocab);
+// What the frameworks' own model code keeps, per tensor. Dtypes: e bytes of the compute dtype; p
+// bytes of the parameters the block reads; r bytes of the residual stream, which carries the
+// embedding's output dtype, the parameters' (fp32 under autocast, since an embedding lookup is
+// not autocast; the compute dtype when FSDP or DeepSpeed hand the block 16-bit parameters).
+// Under autocast (p > e) each GEMM casts its own input to the compute dtype and that cast is what
+// its backward keeps; otherwise GEMMs reading one tensor share it.
+struct Dtypes {
+  double e, p, r;
+  bool autocast() const { return p > e; }
+  // What `consumers` GEMMs reading one norm output of dtype `out` keep.
+  double gemm_inputs(int consumers, double out) const { return autocast() ? consumers * e : out; }
+};
+
+// An RMSNorm and what its consumers keep. transformers' LlamaRMSNorm: x.to(float32) (kept by
+// pow), the fp32 rsqrt of the mean square per token, the normalized value cast back to the input
+// dtype (kept by the weight multiply; fp32 in torchtitan's nn.RMSNorm, which multiplies before
+// casting), then weight * normalized.
+double rmsnorm(const Shape& x, const Dtypes& d, int consumers, double normalized) {
+  return 4 * x.T * x.h + 4 * x.T + normalized * x.T * x.h + d.gemm_inputs(consumers, std::max(d.p, d.r)) * x.T * x.h;
+}
+// nn.LayerNorm (GPT-2, GPT-NeoX): its input, fp32 mean and rstd per token, and its consumers'.
+double layernorm(const Shape& x, const Dtypes& d, int consumers, bool keeps_input) {
+  return (keeps_input ? d.r * x.T * x.h : 0) + 8 * x.T + d.gemm_inputs(consumers, std::max(d.p, d.r)) * x.T * x.h;
+}
+
+// The attention between the projections, for models whose projections are separate (Llama):
+// sdpa with is_causal and enable_gqa keeps q, k, v (k and v at the kv width), its output (read in
+// place by o_proj) and an fp32 logsumexp per head and token. Eager (eager_attention_forward):
+// repeat_kv widens k and v to every head; the matmul keeps q and kᵀ, softmax runs in fp32 and
+// keeps its output, its cast to the compute dtype (when narrower) is what the matmul with v keeps,
+// and o_proj keeps the contiguous transposed output.
+double llama_attention(const ModelSpec& m, const Shape& x, const TrainingJob& j, double e) {
+  const double T = x.T, q = x.q, kv = x.kv, a = x.a, s = x.s;
+  if (j.attention == AttentionImpl::flash) return e * T * (2 * q + 2 * kv) + 4 * a * T;
+  double core = 4 * e * T * q + 4 * a * s * T + (e < 4 ? e * a * s * T : 0);
+  if (m.attention_dropout) core += a * s * T + e * a * s * T;  // bool mask, dropped probabilities
+  return core;
+}
+
+// LlamaDecoderLayer (Mistral and Qwen2 share its code; biases keep nothing more) and torchtitan's
+// Llama TransformerBlock (fused wqkv: one GEMM reads the attention norm). LlamaMLP /
+// FeedForward: SiLU keeps its input (gate out), the product keeps both factors, down_proj keeps
+// the product.
+double llama_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
+  const bool titan = j.recipe == Recipe::torchtitan;
+  const double normalized = titan ? 4.0 : d.r;
+  const double mlp_inner = m.mlp == MlpKind::swiglu ? 4 * d.e * x.T * x.I : 2 * d.e * x.T * x.I;
+  return rmsnorm(x, d, titan ? 1 : 3, normalized) + llama_attention(m, x, j, d.e) +
+         rmsnorm(x, d, 2, normalized) + mlp_inner;
+}
+
+// GPT2Block: LayerNorms, one fused c_attn whose output q, k and v are views of (the whole
+// storage stays); sdpa keeps them, its output (c_proj reads it in place) and the logsumexp;
+// eager keeps the qkv storage, the fp32 softmax output and its cast, and the merged heads c_proj
+// reads. NewGELUActivation (gelu_new) is written out in ops: it keeps c_fc's output, tanh's
+// output, 1 + tanh and 0.5·x; c_proj keeps its result. Dropout keeps 1-byte masks (CUDA's
+// native_dropout) after attention and MLP, and on the probabilities with eager attention.
+double gpt2_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
+  const double T = x.T, h = x.h, e = d.e, a = x.a, s = x.s;
+  double attention = layernorm(x, d, 1, true) + 3 * e * T * h;
+  if (j.attention == AttentionImpl::flash) {
+    attention += e * T * h + 4 * a * T;
+  } else {
+    attention += 4 * a * s * T + (e < 4 ? e * a * s * T : 0) + e * T * h;
+    if (m.attention_dropout) attention += a * s * T + e * a * s * T;
+  }
+  if (m.residual_dropout) attention += T * h;
+  double mlp = layernorm(x, d, 1, true) + 5 * e * T * x.I;
+  if (m.residual_dropout) mlp += T * h;
+  return attention + mlp;
+}
+
+// GPTNeoXLayer with the parallel residual: both LayerNorms read the block input (kept once). The
+// fused query_key_value output stays whole (v is a view of it); rotary rebuilds q and k (kept by
+// sdpa in the compute dtype); dense reads a contiguous copy of the attention output. The MLP
+// keeps the exact GELU's input and output.
+double neox_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
+  const double T = x.T, h = x.h, q = x.q, e = d.e, a = x.a, s = x.s;
+  // Eager attention's matmul with v reads it as [b·a, s, d]: at b = 1 a view that keeps the whole
+  // fused output alive, at b > 1 a copy of v alone.
+  const double qkv = j.attention == AttentionImpl::eager && j.micro_batch > 1 ? e * T * q : 3 * e * T * q;
+  double attention = layernorm(x, d, 1, true) + qkv + 2 * e * T * q + e * T * h;
+  if (j.attention == AttentionImpl::flash) {
+    attention += e * T * q + 4 * a * T;
+  } else {
+    attention += 4 * a * s * T + (e < 4 ? e * a * s * T : 0);
+    if (m.attention_dropout) attention += a * s * T + e * a * s * T;
+  }
+  const double mlp = layernorm(x, d, 1, !m.parallel_residual) + 2 * e * T * x.I;
+  return attention + mlp;
+}
+
+ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, double e, double p, bool checkpointed) {
+  const Shape x(m, j);
+  const Dtypes d{e, p, p};
+  double full = 0;
+  switch (m.architecture) {
+    case Architecture::gpt2: full = gpt2_block(m, x, j, d); break;
+    case Architecture::gpt_neox: full = neox_block(m, x, j, d); break;
+    case Architecture::llama:
+    case Architecture::mistral:
+    case Architecture::qwen2:
+    case Architecture::uniform: full = llama_block(m, x, j, d); break;
+  }
   ActivationBytes out;
-  out.saved = 2 * e * T * h + (e + 4 + 4) * T * V;
-  out.backward = 4 * T * V;
+  if (checkpointed) {
+    out.saved = d.r * x.T * x.h;  // torch.utils.checkpoint keeps the block's input
+    out.recompute = full;
+  } else if (j.checkpointing == Checkpointing::selective_op) {
+    // torchtitan's SelectiveAC (torchtitan/distributed/activation_checkpoint.py): inside each
+    // block the outputs of attention and of the odd-numbered matmuls are saved (wqkv, w1, w2 of
+    // wqkv, wo, w1, w3, w2), everything else is recomputed; the block's input is kept.
+    const double qkv = x.q + 2 * x.kv;
+    out.saved = d.r * x.T * x.h + e * x.T * qkv + e * x.T * x.q + 4 * x.a * x.T + e * x.T * x.I + e * x.T * x.h;
+    out.recompute = full;
+  } else {
+    out.saved = full;
+  }
+  return out;
+}
+
+}  // namespace
+
+ActivationBytes block_activations(const ModelSpec& m, const TrainingJob& j, double e, double p,
+                                  bool checkpointed) {
+  if (j.recipe == Recipe::megatron || j.recipe == Recipe::executor) return megatron_block(m, j, e, checkpointed);
+  return framework_block(m, j, e, p, checkpointed);
+}
+
+double rotary_table_bytes(const ModelSpec& m, const TrainingJob& j, double p) {
+  if (m.positions != PositionKind::rotary || j.recipe == Recipe::torchtitan ||
+      j.recipe == Recipe::megatron || j.recipe == Recipe::executor)
+    return 0;  // torchtitan keeps freqs_cis as a module buffer; the executor keeps no table
+  // transformers' rotary embedding: cos and sin per position over the rotary width (GPT-NeoX:
+  // rotary_pct of the head), in the residual dtype, computed once and read by every block.
+  return 2 * p * static_cast<double>(j.seq_len) * static_cast<double>(m.rotary_dim);
+}
+
+double checkpointed_mask_bytes(const ModelSpec& m, const TrainingJob& j, double p) {
+  // GPT2Model's eager path builds a [b, 1, s, s] additive mask and hands it to each block as a
+  // positional argument, which torch.utils.checkpoint keeps for the recompute.
+  bool any = false;
+  for (std::int64_t b = 0; b < m.layers && !any; ++b) any = j.block_checkpointed(b);
+  if (m.architecture != Architecture::gpt2 || j.attention != AttentionImpl::eager || !any) return 0;
+  if (j.recipe == Recipe::megatron || j.recipe == Recipe::executor) return 0;
+  return p * static_cast<double>(j.micro_batch) * static_cast<double>(j.seq_len) * static_cast<double>(j.seq_len);
+}
+
+ActivationBytes embedding_activations(const ModelSpec& m, const TrainingJob& j, double /*e*/, double p) {
+  ActivationBytes out;
+  if (j.recipe == Recipe::executor || j.recipe == Recipe::megatron) return out;
+  const Shape x(m, j);
+  // nn.Embedding's backward needs the int64 token ids (GPT-2 also its int64 position ids);
+  // embedding dropout keeps a 1-byte mask.
+  out.saved = 8 * x.T + rotary_table_bytes(m, j, p) + checkpointed_mask_bytes(m, j, p);
+  if (m.positions == PositionKind::learned) out.saved += 8 * x.s;
+  if (m.embedding_dropout) out.saved += x.T * x.h;
+  return out;
+}
+
+ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& j, double e, double p) {
+  const Shape x(m, j);
+  const double T = x.T, h = x.h, V = x.V;
+  ActivationBytes out;
+  if (j.recipe == Recipe::executor) {
+    // The executor's head: final-norm and projection inputs, logits in the compute dtype, their
+    // fp32 upcast and the log-softmax the loss keeps; the fp32 logits gradient in backward.
+    out.saved = 2 * e * T * h + (e + 4 + 4) * T * V;
+    out.backward = 4 * T * V;
+    return out;
+  }
+  // The final norm and what the projection keeps of it.
+  const Dtypes d{e, p, p};
+  switch (m.architecture) {
+    case Architecture::gpt2:
+    case Architecture::gpt_neox: out.saved = layernorm(x, d, 1, true); break;
+    default: out.saved = j.recipe == Recipe::megatron ? 2 * e * T * h
+                                                      : rmsnorm(x, d, 1, j.recipe == Recipe::torchtitan ? 4.0 : d.r);
+  }
+  const double labels = j.loss == LossImpl::chunked || j.loss == LossImpl::fused_linear ? 0 : 8 * T;
+  switch (j.loss) {
+    case LossImpl::upcast:
+      // ForCausalLMLoss: logits.float() then cross_entropy = nll_loss(log_softmax(.)). The logits
+      // stay alive (the model returns them), log_softmax keeps its fp32 output; the fp32 copy
+      // lives through the forward only (it is the logits themselves in fp32). In backward the
+      // gradients of the log-probabilities and of the logits are both fp32 at once.
+      out.saved += e * T * V + 4 * T * V + labels;
+      out.forward = e < 4 ? 4 * T * V : 0;
+      out.backward = 8 * T * V;
+      break;
+    case LossImpl::fused:
+      // flash-attn's CrossEntropyLoss (and a compiled loss): the logits and an fp32 log-sum-exp
+      // per token; the backward writes one gradient of the logits' size.
+      out.saved += e * T * V + 4 * T + labels;
+      out.backward = e * T * V;
+      break;
+    case LossImpl::fp32_inplace:
+      // megatron/core/tensor_parallel/cross_entropy.py: the logits cast to fp32, exponentiated
+      // and normalized in place and kept as the softmax; the 16-bit logits die with the forward;
+      // the backward turns the softmax into the gradient in place, then casts it to 16 bits.
+      out.saved += 4 * T * V + labels;
+      out.forward = e < 4 ? e * T * V : 0;
+      out.backward = e < 4 ? e * T * V : 0;
+      break;
+    case LossImpl::chunked:
+    case LossImpl::fused_linear: {
+      // The loss and its gradients are computed inside the forward, C tokens at a time, and only
+      // the gradient of the hidden states stays (with the final norm's output it was computed
+      // from). torchtitan's ChunkedLossWrapper (torchtitan/components/loss.py) splits the
+      // sequence into N chunks and runs lm_head, the upcast cross-entropy and its backward per
+      // chunk: at the worst moment a chunk holds its logits, the fp32 log-probabilities and the
+      // two fp32 gradients of the upcast path. Liger's fused linear cross-entropy
+      // (liger_kernel/ops/fused_linear_cross_entropy.py) picks C = the next power of two of
+      // T / ceil(V / h), keeps the weight's gradient (the weight's dtype, fp32 here) and
+      // rewrites the chunk's logits into their gradient in place.
+      double C = 0;
+      double per_token = 0;
+      if (j.loss == LossImpl::chunked) {
+        const double n = static_cast<double>(j.loss_chunks);
+        C = x.T / x.s * std::ceil(x.s / n);
+        per_token = e + 12;
+        out.saved += e * T * h;
+      } else {
+        const double inc = std::ceil(V / h);
+        C = std::min(T, std::exp2(std::ceil(std::log2(std::ceil(T / inc)))));
+        per_token = e;
+        out.saved += e * T * h + 4 * V * h;
+      }
+      out.forward = per_token * C * V;
+      break;
+    }
+  }
   return out;
 }
 

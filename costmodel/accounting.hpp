@@ -44,23 +44,36 @@ double head_forward_flops_per_token(const ModelSpec& m);
 // Of the block's forward FLOPs, the attention core that selective checkpointing recomputes.
 double attention_core_flops_per_token(const ModelSpec& m, std::int64_t seq_len);
 
+// Of the block's forward FLOPs, what torchtitan's op-level selective checkpointing reruns: its
+// policy (torchtitan/distributed/activation_checkpoint.py, _op_sac_save_list) keeps the
+// attention output and every second matmul, so half the projections' FLOPs run again.
+double selective_op_recompute_flops_per_token(const ModelSpec& m);
+
 struct ActivationBytes {
   double saved = 0;      // kept from forward to backward, per unit
-  double recompute = 0;  // extra alive while the unit's backward recomputes (full checkpointing)
+  double forward = 0;    // extra alive during the unit's forward only (the loss's fp32 copy)
+  double recompute = 0;  // extra alive while a checkpointed unit's backward reruns its forward
   double backward = 0;   // transient during the unit's backward (e.g. the logits gradient)
 };
 
-// Korthikanti et al. 2022, Table 2, derived per tensor for this architecture rather than copied:
-// with GPT-2's shapes (4h GELU MLP, dropout, MHA, LayerNorm) and 2-byte activations it gives the
-// paper's s·b·h·(34 + 5·a·s/h) per layer; flash attention keeps the logsumexp (fp32, a·s·b)
-// instead of the a·s²·b scores; selective drops the attention core; full keeps the block input.
-ActivationBytes block_activations(const ModelSpec& m, std::int64_t seq_len, std::int64_t micro_batch,
-                                  double bytes_per_element, AttentionImpl attention,
-                                  Checkpointing ckpt);
-// The head: final-norm and projection inputs, logits in the compute dtype, their fp32 upcast and
-// the log-softmax the loss saves (HF *ForCausalLM casts logits to float before the loss; torch
-// cross_entropy saves log_softmax); the fp32 logits gradient is the backward transient.
-ActivationBytes head_activations(const ModelSpec& m, std::int64_t seq_len, std::int64_t micro_batch,
-                                 double bytes_per_element);
+// What one transformer block keeps for backward under the job's recipe (its model code),
+// precision (e: bytes of the compute dtype), attention and checkpointing mode, per micro-batch.
+// `checkpointed`: this block runs under full checkpointing (full, or its turn under every:N).
+// Each recipe's terms are derived per saved tensor from its model code, cited beside them, and
+// checked against the bytes PyTorch's autograd saves (tests/costmodel/data/oracle_units.json).
+// e: bytes of the compute dtype; p: bytes of the parameters the forward reads (4 under autocast,
+// where each GEMM casts its inputs; e where FSDP or DeepSpeed hand over 16-bit parameters).
+ActivationBytes block_activations(const ModelSpec& m, const TrainingJob& job, double e, double p,
+                                  bool checkpointed);
+// The embeddings: what their backward needs (the token ids) and what the recipe computes once
+// for all blocks (rotary tables).
+ActivationBytes embedding_activations(const ModelSpec& m, const TrainingJob& job, double e, double p);
+// transformers' rotary cos and sin tables, computed once per forward and read by every block
+// (zero for recipes that keep them as a module buffer or have none).
+double rotary_table_bytes(const ModelSpec& m, const TrainingJob& job, double p);
+// An attention mask built once and kept by checkpointed blocks (GPT-2's eager path).
+double checkpointed_mask_bytes(const ModelSpec& m, const TrainingJob& job, double p);
+// The head: the final norm, the projection to the vocabulary and the loss, by the job's loss.
+ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& job, double e, double p);
 
 }  // namespace shardplan::costmodel

@@ -32,7 +32,15 @@ const std::vector<std::string>& optimizer_names() {
   return n;
 }
 const std::vector<std::string>& checkpointing_names() {
-  static const std::vector<std::string> n = {"none", "selective", "full"};
+  static const std::vector<std::string> n = {"none", "full", "every", "selective-attention", "selective-op"};
+  return n;
+}
+const std::vector<std::string>& loss_names() {
+  static const std::vector<std::string> n = {"upcast", "fused", "chunked", "fused-linear", "fp32-inplace"};
+  return n;
+}
+const std::vector<std::string>& recipe_names() {
+  static const std::vector<std::string> n = {"hf", "torchtitan", "llm-foundry", "megatron", "deepspeed", "executor"};
   return n;
 }
 
@@ -49,8 +57,87 @@ Precision precision_from_name(const std::string& s, const std::string& where) {
 Optimizer optimizer_from_name(const std::string& s, const std::string& where) {
   return from_name<Optimizer>(optimizer_names(), s, where);
 }
-Checkpointing checkpointing_from_name(const std::string& s, const std::string& where) {
-  return from_name<Checkpointing>(checkpointing_names(), s, where);
+const char* loss_name(LossImpl l) { return loss_names()[static_cast<std::size_t>(l)].c_str(); }
+const char* recipe_name(Recipe r) { return recipe_names()[static_cast<std::size_t>(r)].c_str(); }
+Recipe recipe_from_name(const std::string& s, const std::string& where) {
+  return from_name<Recipe>(recipe_names(), s, where);
+}
+
+LossImpl default_loss(Recipe r) {
+  switch (r) {
+    case Recipe::hf:
+    case Recipe::deepspeed:
+    case Recipe::executor:
+    case Recipe::torchtitan: return LossImpl::upcast;  // ForCausalLMLoss; torchtitan cross_entropy_loss
+    case Recipe::llm_foundry: return LossImpl::fused;  // loss_fn: fused_crossentropy (flash-attn)
+    case Recipe::megatron: return LossImpl::fp32_inplace;
+  }
+  return LossImpl::upcast;
+}
+
+namespace {
+// "name:N" → N, a positive integer; the whole option names the error.
+std::int64_t count_after_colon(const std::string& s, std::size_t colon, const std::string& where,
+                               const char* what) {
+  const std::string digits = s.substr(colon + 1);
+  std::int64_t n = 0;
+  const bool ok = !digits.empty() && digits.size() <= 12 &&
+                  digits.find_first_not_of("0123456789") == std::string::npos &&
+                  (n = std::stoll(digits)) >= 1;
+  if (!ok)
+    throw InputError(where, fmt::format("{} must be a whole number >= 1 after the colon, got \"{}\"", what, s));
+  return n;
+}
+}  // namespace
+
+void set_checkpointing(TrainingJob& j, const std::string& s, const std::string& where) {
+  j.checkpoint_every = 0;
+  if (s.rfind("every:", 0) == 0) {
+    j.checkpointing = Checkpointing::every;
+    j.checkpoint_every = count_after_colon(s, 5, where, "every:N");
+    return;
+  }
+  if (s == "selective") {  // the name before the modes were told apart
+    j.checkpointing = Checkpointing::selective_attention;
+    return;
+  }
+  if (s == "every")
+    throw InputError(where, "every needs the block interval, e.g. \"every:2\"");
+  static const std::vector<std::string> shown = {"none", "full", "every:N", "selective-attention",
+                                                 "selective", "selective-op"};
+  for (std::size_t i = 0; i < checkpointing_names().size(); ++i)
+    if (checkpointing_names()[i] == s) {
+      j.checkpointing = static_cast<Checkpointing>(i);
+      return;
+    }
+  throw InputError(where, fmt::format("must be one of {}, got \"{}\"", fmt::join(shown, ", "), s));
+}
+
+void set_loss(TrainingJob& j, const std::string& s, const std::string& where) {
+  j.loss_chunks = 0;
+  if (s.rfind("chunked:", 0) == 0) {
+    j.loss = LossImpl::chunked;
+    j.loss_chunks = count_after_colon(s, 7, where, "chunked:N");
+    return;
+  }
+  if (s == "chunked") throw InputError(where, "chunked needs its number of chunks, e.g. \"chunked:8\"");
+  static const std::vector<std::string> shown = {"upcast", "fused", "chunked:N", "fused-linear", "fp32-inplace"};
+  for (std::size_t i = 0; i < loss_names().size(); ++i)
+    if (loss_names()[i] == s) {
+      j.loss = static_cast<LossImpl>(i);
+      return;
+    }
+  throw InputError(where, fmt::format("must be one of {}, got \"{}\"", fmt::join(shown, ", "), s));
+}
+
+std::string checkpointing_label(const TrainingJob& j) {
+  if (j.checkpointing == Checkpointing::every) return fmt::format("every:{}", j.checkpoint_every);
+  return checkpointing_name(j.checkpointing);
+}
+
+std::string loss_label(const TrainingJob& j) {
+  if (j.loss == LossImpl::chunked) return fmt::format("chunked:{}", j.loss_chunks);
+  return loss_name(j.loss);
 }
 AttentionImpl attention_from_name(const std::string& s, const std::string& where) {
   return from_name<AttentionImpl>(attention_names(), s, where);
@@ -76,9 +163,11 @@ TrainingJob job_from_json(const nlohmann::json& doc) {
   j.micro_batch = r.optional_integer("micro_batch", Range{1, 1e9, false}).value_or(0);
   if (auto p = r.optional_string("precision")) j.precision = precision_from_name(*p, "/precision");
   if (auto o = r.optional_string("optimizer")) j.optimizer = optimizer_from_name(*o, "/optimizer");
-  if (auto c = r.optional_string("checkpointing"))
-    j.checkpointing = checkpointing_from_name(*c, "/checkpointing");
+  if (auto c = r.optional_string("checkpointing")) set_checkpointing(j, *c, "/checkpointing");
   if (auto a = r.optional_string("attention")) j.attention = attention_from_name(*a, "/attention");
+  if (auto rc = r.optional_string("recipe")) j.recipe = recipe_from_name(*rc, "/recipe");
+  j.loss = default_loss(j.recipe);
+  if (auto l = r.optional_string("loss")) set_loss(j, *l, "/loss");
   r.finish();
   return j;
 }
@@ -89,8 +178,10 @@ nlohmann::json job_to_json(const TrainingJob& j) {
                         {"global_batch", j.global_batch},
                         {"precision", precision_name(j.precision)},
                         {"optimizer", optimizer_name(j.optimizer)},
-                        {"checkpointing", checkpointing_name(j.checkpointing)},
-                        {"attention", attention_name(j.attention)}};
+                        {"checkpointing", checkpointing_label(j)},
+                        {"attention", attention_name(j.attention)},
+                        {"recipe", recipe_name(j.recipe)},
+                        {"loss", loss_label(j)}};
   if (j.micro_batch > 0) out["micro_batch"] = j.micro_batch;
   return out;
 }

@@ -18,20 +18,57 @@ namespace shardplan::costmodel {
 //   bf16        pure bf16: weights, gradients and optimizer states in bf16
 enum class Precision { fp32, bf16_mixed, fp16_mixed, bf16 };
 enum class Optimizer { adamw, adam, sgd, adafactor };
-enum class Checkpointing { none, selective, full };
+// Activation checkpointing, by what the frameworks' options do:
+//   none                 every block keeps what autograd saves
+//   full                 every block keeps only its inputs and reruns its forward in backward (HF
+//                        gradient_checkpointing_enable, torchtitan mode="full", Megatron full)
+//   every:N              every N-th block fully checkpointed, the others keep everything
+//                        (transformers activation_checkpointing_enable(every_n_layers=N);
+//                        torchtitan 0.2 mode="selective", selective_ac_option="N")
+//   selective-attention  Megatron --recompute-granularity selective: the attention core is
+//                        recomputed; with flash attention there is nothing left to drop, so it
+//                        equals none ("selective" is accepted as this name)
+//   selective-op         torchtitan selective_ac_option="op": outputs of the ops on its save list
+//                        (attention, every second matmul) kept, the rest recomputed
+enum class Checkpointing { none, full, every, selective_attention, selective_op };
 enum class AttentionImpl { flash, eager };  // fused (no s×s scores kept) or materialized scores
+// How the loss turns the last hidden states into a scalar (see costmodel/accounting.hpp):
+//   upcast        logits in the compute dtype, cross_entropy on an fp32 copy (HF ForCausalLMLoss,
+//                 torchtitan's cross_entropy_loss)
+//   fused         a fused cross-entropy kernel: the logits and one log-sum-exp per token
+//                 (flash-attn's CrossEntropyLoss, llm-foundry's default; a torch.compile'd loss)
+//   chunked:N     the sequence split into N chunks, each chunk's logits, loss and gradient
+//                 computed in the forward (torchtitan's ChunkedLossWrapper, num_chunks = N)
+//   fused-linear  Liger's fused linear cross-entropy: chunked:N with Liger's chunk rule
+//   fp32-inplace  Megatron's vocab-parallel cross-entropy: an fp32 copy turned into the softmax
+//                 in place and saved; the backward writes the gradient over it
+enum class LossImpl { upcast, fused, chunked, fused_linear, fp32_inplace };
+// The training code the job runs: its model code decides what autograd keeps per block and at the
+// head (costmodel/accounting.cpp), and its loss is the job's unless the job names another.
+//   hf           transformers *ForCausalLM with its own loss (Trainer, accelerate, TRL)
+//   torchtitan   torchtitan's Llama with its cross_entropy_loss
+//   llm-foundry  an HF-style block with flash-attn's fused cross-entropy (llm-foundry's default)
+//   megatron     Megatron-core GPT: fp32 softmax of the logits, gradient computed in place
+//   deepspeed    an HF model under the DeepSpeed engine (its activation_checkpointing section)
+//   executor     this project's executor (executor/gpt_model.hpp): what `executor` runs
+enum class Recipe { hf, torchtitan, llm_foundry, megatron, deepspeed, executor };
+const char* recipe_name(Recipe r);
+Recipe recipe_from_name(const std::string& s, const std::string& where);
+const std::vector<std::string>& recipe_names();
+LossImpl default_loss(Recipe r);
 
 const char* precision_name(Precision p);
 const char* optimizer_name(Optimizer o);
-const char* checkpointing_name(Checkpointing c);
+const char* checkpointing_name(Checkpointing c);  // the mode alone ("every", not "every:2")
+const char* loss_name(LossImpl l);
 const char* attention_name(AttentionImpl a);
 Precision precision_from_name(const std::string& s, const std::string& where);
 Optimizer optimizer_from_name(const std::string& s, const std::string& where);
-Checkpointing checkpointing_from_name(const std::string& s, const std::string& where);
 AttentionImpl attention_from_name(const std::string& s, const std::string& where);
 const std::vector<std::string>& precision_names();
 const std::vector<std::string>& optimizer_names();
 const std::vector<std::string>& checkpointing_names();
+const std::vector<std::string>& loss_names();
 
 // The dtype GEMMs run in, and its element size, for a policy.
 DType compute_dtype(Precision p);
@@ -43,8 +80,31 @@ struct TrainingJob {
   Precision precision = Precision::bf16_mixed;
   Optimizer optimizer = Optimizer::adamw;
   Checkpointing checkpointing = Checkpointing::none;
+  std::int64_t checkpoint_every = 0;  // N of every:N (blocks N-1, 2N-1, ... are checkpointed)
   AttentionImpl attention = AttentionImpl::flash;
+  LossImpl loss = LossImpl::upcast;
+  std::int64_t loss_chunks = 0;   // N of chunked:N: chunks the sequence is split into
+  Recipe recipe = Recipe::hf;
+
+  // Whether block b (0-based) keeps only its input and reruns its forward in backward. every:N
+  // counts as the recipe's code does: transformers' activation_checkpointing_enable(every_n_layers)
+  // checkpoints layers 0, N, 2N, ... (modeling_utils.py, _set_gradient_checkpointing);
+  // torchtitan 0.2's selective_ac_option = "N" the N-th, 2N-th, ... (a counter from 1).
+  bool block_checkpointed(std::int64_t b) const {
+    if (checkpointing == Checkpointing::full) return true;
+    if (checkpointing != Checkpointing::every) return false;
+    return recipe == Recipe::torchtitan ? (b + 1) % checkpoint_every == 0 : b % checkpoint_every == 0;
+  }
 };
+
+// "every:2", "chunked:4096": the option as written on the command line.
+std::string checkpointing_label(const TrainingJob& j);
+std::string loss_label(const TrainingJob& j);
+// Parse "none", "full", "every:N", "selective-attention" (alias "selective"), "selective-op" into
+// the job; `where` names the flag or JSON pointer in errors.
+void set_checkpointing(TrainingJob& j, const std::string& s, const std::string& where);
+// Parse "upcast", "fused", "chunked:N", "fused-linear".
+void set_loss(TrainingJob& j, const std::string& s, const std::string& where);
 
 struct Cluster {
   int gpus = 0;           // N

@@ -34,11 +34,11 @@ bool is_metadata_key(const std::string& k) {
       "_name_or_path", "architectures", "model_type", "torch_dtype", "transformers_version",
       "use_cache", "initializer_range", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
       "rope_theta", "rope_scaling", "pretraining_tp", "sliding_window", "use_sliding_window",
-      "max_window_layers", "rotary_pct", "rotary_emb_base", "rotary_emb_fraction",
+      "max_window_layers", "rotary_emb_base", "rotary_emb_fraction",
       "classifier_dropout", "n_ctx", "scale_attn_weights", "reorder_and_upcast_attn",
       "scale_attn_by_inverse_layer_idx", "task_specific_params", "id2label", "label2id",
       "is_decoder", "use_return_dict", "output_attentions", "output_hidden_states", "dtype",
-      "quantization_config", "auto_map", "partial_rotary_factor", "embd_pdrop", "hidden_dropout",
+      "quantization_config", "auto_map",
       "embedding_dropout", "max_length", "do_sample", "temperature", "top_p",
       "gradient_checkpointing",
       // Leftovers of the OpenAI GPT config class in GPT-2 checkpoints (gpt2-medium: n_special,
@@ -110,6 +110,10 @@ void read_llama_family(ObjectReader& r, ModelSpec& m) {
   m.mlp = MlpKind::swiglu;
   m.norm = NormKind::rmsnorm;
   m.positions = PositionKind::rotary;
+  // partial_rotary_factor (default 1): the rotated fraction of each head (the rotary tables' width).
+  m.rotary_dim = static_cast<std::int64_t>(
+      static_cast<double>(m.head_dim) * r.optional_number("partial_rotary_factor", Range{0, 1, true}).value_or(1.0));
+  r.ignore("hidden_dropout");
 
   bool qkv_bias = false, out_bias = false, mlp_bias = false;
   if (m.architecture == Architecture::llama) {
@@ -150,6 +154,7 @@ void read_gpt2(ObjectReader& r, ModelSpec& m) {
   r.ignore("activation_function");
   m.attention_dropout = r.optional_number("attn_pdrop", Range::between(0, 1)).value_or(0.1) > 0;
   m.residual_dropout = r.optional_number("resid_pdrop", Range::between(0, 1)).value_or(0.1) > 0;
+  m.embedding_dropout = r.optional_number("embd_pdrop", Range::between(0, 1)).value_or(0.1) > 0;
   check_heads(m, r, "n_head", "n_embd", false);
   m.head_dim = m.hidden / m.heads;
   m.mlp = MlpKind::gelu;
@@ -183,11 +188,16 @@ void read_gpt_neox(ObjectReader& r, ModelSpec& m) {
   const bool bias = r.optional_boolean("attention_bias").value_or(true);
   r.ignore("hidden_act");
   m.attention_dropout = r.optional_number("attention_dropout", Range::between(0, 1)).value_or(0) > 0;
+  // GPTNeoXLayer drops out the attention and MLP outputs with hidden_dropout (default 0).
+  m.residual_dropout = r.optional_number("hidden_dropout", Range::between(0, 1)).value_or(0) > 0;
   check_heads(m, r, "num_attention_heads", "hidden_size", false);
   m.head_dim = m.hidden / m.heads;
   m.mlp = MlpKind::gelu;
   m.norm = NormKind::layernorm;
   m.positions = PositionKind::rotary;
+  // GPTNeoXConfig.rotary_pct (default 0.25): rotary on that fraction of each head.
+  m.rotary_dim = static_cast<std::int64_t>(
+      static_cast<double>(m.head_dim) * r.optional_number("rotary_pct", Range{0, 1, true}).value_or(0.25));
 
   m.embedding.tensors.push_back(matrix("embed_in.weight", m.vocab, m.hidden));
   add_norm(m.block, "input_layernorm", m);

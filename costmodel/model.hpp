@@ -50,6 +50,8 @@ struct ModelSpec {
   bool parallel_residual = false;  // GPT-NeoX: attention and MLP read the same input
   bool attention_dropout = false;  // dropout on the attention probabilities (mask kept)
   bool residual_dropout = false;   // dropout after attention and MLP outputs (mask kept)
+  bool embedding_dropout = false;  // dropout on the embeddings' output (GPT-2's embd_pdrop)
+  std::int64_t rotary_dim = 0;     // rotated width of each head (GPT-NeoX: rotary_pct of it)
 
   UnitTensors embedding;           // token (and position) embeddings
   UnitTensors block;               // one transformer block; all blocks are identical

@@ -104,13 +104,24 @@ class Simulation {
   }
   // Time of a reduction of `bytes` split into buckets of the spec's size.
   double bucketed(Collective op, const Group& g, double bytes, double bucket);
-  const UnitInfo& info(int u) const { return u == 0 ? units_[0] : u == n_units_ - 1 ? units_[2] : units_[1]; }
+  // Unit u of the step: 0 the embeddings, the last the head, the others blocks (a checkpointed
+  // block keeps only its input and reruns its forward).
+  const UnitInfo& info(int u) const {
+    if (u == 0) return units_[0];
+    if (u == n_units_ - 1) return units_[2];
+    return in_.job.block_checkpointed(u - 1) ? units_[3] : units_[1];
+  }
   std::string fail(std::string reason) {
     result_.valid = false;
     result_.reason = std::move(reason);
     return result_.reason;
   }
   bool check_plan();
+  // PyTorch DDP's mixed precision is autocast over fp32 parameters: each GEMM casts its weight
+  // (kept for backward) and its input.
+  bool autocast_copies() const {
+    return spec_.flavour == Flavour::ddp && sb_.compute < sb_.param && in_.accounting == Accounting::framework;
+  }
   void prepare();
   void micro_batch(int mb, bool first, bool reduce);
   void walk_memory();
@@ -121,7 +132,7 @@ class Simulation {
   CommModel comm_;
   StepResult result_;
   StateBytes sb_;
-  std::array<UnitInfo, 3> units_;
+  std::array<UnitInfo, 4> units_;  // embeddings, block, head, checkpointed block
   int n_units_ = 0;
   int world_ = 1, shard_ = 1;  // ranks; shard group size
   Group shard_group_, replica_group_;
@@ -267,11 +278,21 @@ void Simulation::prepare() {
       units_[k].bwd_s += tokens * p.backward / *hw.calibration->elementwise_elems_per_s;
     }
   }
-  if (j.checkpointing == Checkpointing::full) units_[1].recompute_s = units_[1].fwd_s;
-  if (j.checkpointing == Checkpointing::selective && j.attention == AttentionImpl::eager)
+  // Recompute: a checkpointed block reruns its forward; Megatron's selective recompute reruns the
+  // eager attention core; torchtitan's op-level policy reruns what its save list drops.
+  units_[3] = units_[1];
+  units_[3].recompute_s = units_[1].fwd_s;
+  if (j.checkpointing == Checkpointing::selective_attention && j.attention == AttentionImpl::eager)
     units_[1].recompute_s = attention_core_flops_per_token(m, j.seq_len) * tokens / rate;
-  units_[1].act = block_activations(m, j.seq_len, j.micro_batch, compute_b_, j.attention, j.checkpointing);
-  units_[2].act = head_activations(m, j.seq_len, j.micro_batch, compute_b_);
+  if (j.checkpointing == Checkpointing::selective_op)
+    units_[1].recompute_s = selective_op_recompute_flops_per_token(m) * tokens / rate;
+  // The parameters the forward reads: fp32 under DDP's autocast, the gathered or kept 16-bit
+  // copies under FSDP and DeepSpeed (and the compute dtype when there is one dtype).
+  const double seen_b = autocast_copies() ? sb_.param : compute_b_;
+  units_[0].act = embedding_activations(m, j, compute_b_, seen_b);
+  units_[1].act = block_activations(m, j, compute_b_, seen_b, false);
+  units_[3].act = block_activations(m, j, compute_b_, seen_b, true);
+  units_[2].act = head_activations(m, j, compute_b_, seen_b);
 
   const int G = in_.cluster.gpus_per_node;
   shard_group_ = {shard_, std::min(shard_, G)};
@@ -305,8 +326,7 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
   const int U = n_units_;
   const double S = shard_;
   const bool shard_params = s.shard_parameters;
-  const bool autocast_copies = s.flavour == Flavour::ddp && sb_.compute < sb_.param &&
-                               in_.accounting == Accounting::framework;
+  const bool autocast_copies = this->autocast_copies();
   const bool offload_opt = s.offload != Offload::none;
   // The last unit is used again at once by backward: FSDP2's root and FSDP1's root keep it, and
   // DeepSpeed's trace-based prefetch finds it still gathered.
@@ -341,7 +361,8 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
     const double st = issue(Stream::compute, ready, cause, ui.fwd_s, "forward", u);
     fwd_start_[u] = st;
     fwd_end_[u] = st + ui.fwd_s;
-    mem(st, ui.act.saved, Category::activations, Phase::forward, u, mb);
+    mem(st, ui.act.saved + ui.act.forward, Category::activations, Phase::forward, u, mb);
+    mem(fwd_end_[u], -ui.act.forward, Category::activations, Phase::forward, u, mb);
     if (autocast_copies) mem(st, ui.matmul * compute_b_, Category::buffers, Phase::forward, u, mb);
     if (shard_params && gathered_alive_[u] && !kept_through_backward(u)) {
       mem(fwd_end_[u], -ui.gather_bytes, Category::buffers, Phase::forward, u, mb, -1);
@@ -611,7 +632,9 @@ StepResult Simulation::run() {
     compute_per_mb += ui.fwd_s + ui.bwd_s + ui.recompute_s;
   }
   result_.compute_s = compute_per_mb * static_cast<double>(gas) + result_.optimizer_s;
-  result_.recompute_s = units_[1].recompute_s * static_cast<double>(m.layers) * static_cast<double>(gas);
+  double recompute_per_mb = 0;
+  for (int u = 0; u < n_units_; ++u) recompute_per_mb += info(u).recompute_s;
+  result_.recompute_s = recompute_per_mb * static_cast<double>(gas);
   if (gas > 1) {  // the first simulated micro-batch stands for gas − 1 of them
     const double extra = static_cast<double>(gas - 2);
     for (int k = 0; k < kStreams; ++k) {

@@ -54,7 +54,7 @@ jq --argjson gib "$CAPACITY_GIB" '.gpu.memory_GiB = $gib' calibrated.json > devi
 #    fp32 arithmetic: a CPU has no 16-bit GEMM rate to calibrate), with materialised attention and
 #    no offload (it has no host/device split); checkpointing none or full.
 JOB=(--model model.json --hardware device.json --gpus $RANKS --seq-len $SEQ --global-batch $GLOBAL_BATCH
-     --precision fp32 --attention eager --checkpointing none --offload none)
+     --precision fp32 --attention eager --checkpointing none --offload none --recipe executor)
 "$PLANNER" recommend "${JOB[@]}" --top 3 | sed -n '1,20p'
 "$PLANNER" recommend "${JOB[@]}" --emit plan > plan.json
 

@@ -31,11 +31,19 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
         fmt::format("the CPU executor materialises the attention scores (eager), got \"{}\"; "
                     "plan with --attention eager",
                     costmodel::attention_name(job.attention)));
-  if (job.checkpointing == costmodel::Checkpointing::selective)
-    throw InputError(
-        "/job/checkpointing",
-        "selective recompute is not implemented by the executor, got \"selective\"; plan "
-        "with --checkpointing none or full");
+  if (job.recipe != costmodel::Recipe::executor)
+    throw InputError("/job/recipe",
+                     fmt::format("the executor runs its own model code, planned as recipe \"executor\", "
+                                 "got \"{}\"; plan with --recipe executor",
+                                 costmodel::recipe_name(job.recipe)));
+  if (job.checkpointing != costmodel::Checkpointing::none && job.checkpointing != costmodel::Checkpointing::full)
+    throw InputError("/job/checkpointing",
+                     fmt::format("the executor checkpoints every block or none, got \"{}\"; plan "
+                                 "with --checkpointing none or full",
+                                 costmodel::checkpointing_label(job)));
+  if (job.loss != costmodel::LossImpl::upcast)
+    throw InputError("/job/loss", fmt::format("the executor's loss is upcast, got \"{}\"",
+                                              costmodel::loss_label(job)));
   if (p.spec.offload != costmodel::Offload::none)
     throw InputError(
         "/sharding/offload",

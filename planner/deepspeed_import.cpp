@@ -615,7 +615,7 @@ class Importer {
     const json* a = r_.optional_object("activation_checkpointing");
     note(fmt::format("activation checkpointing is switched on in the model code, not by the "
                      "DeepSpeed config: the scenario's --checkpointing {}",
-                     checkpointing_name(base_.job.checkpointing)));
+                     checkpointing_label(base_.job)));
     if (!a) return;
     ObjectReader s(*a, "/activation_checkpointing");
     if (s.optional_boolean("partition_activations").value_or(false))

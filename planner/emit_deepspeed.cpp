@@ -87,7 +87,7 @@ std::string comment_for(const Scenario& sc, const Evaluation& e) {
       "peak "
       "{} of {} usable per GPU{}, step {}.",
       scenario_line(sc), e.spec.strategy, flavour_name(e.spec.flavour), e.job.micro_batch,
-      checkpointing_name(e.job.checkpointing), offload_name(e.spec.offload), gib(r.peak_bytes),
+      checkpointing_label(e.job), offload_name(e.spec.offload), gib(r.peak_bytes),
       gib(sc.usable_bytes()), e.fits ? "" : " (DOES NOT FIT)", seconds(r.step_s));
   switch (e.job.checkpointing) {
   case Checkpointing::none: break;
@@ -97,9 +97,20 @@ std::string comment_for(const Scenario& sc, const Evaluation& e) {
          "gradient_checkpointing=True)); the activation_checkpointing section configures "
          "deepspeed.checkpointing for models that call it (Megatron-DeepSpeed).";
     break;
-  case Checkpointing::selective:
+  case Checkpointing::every:
+    c += fmt::format(" Checkpointing every {}-th block is switched on in the model, not by this "
+                     "file (wrap those blocks with torch.utils.checkpoint or "
+                     "deepspeed.checkpointing.checkpoint).",
+                     e.job.checkpoint_every);
+    break;
+  case Checkpointing::selective_attention:
     c += " Selective activation checkpointing (the attention core recomputed) has no DeepSpeed "
          "switch: enable it in the model (e.g. Megatron --recompute-granularity selective).";
+    break;
+  case Checkpointing::selective_op:
+    c += " Op-level selective checkpointing has no DeepSpeed switch: apply it in the model "
+         "(torch.utils.checkpoint with create_selective_checkpoint_contexts, as torchtitan's "
+         "SelectiveAC).";
     break;
   }
   c += fmt::format(" No optimizer section: DeepSpeed uses the optimizer the training script passes "
@@ -144,7 +155,7 @@ nlohmann::json deepspeed_config(const Scenario& sc, const Evaluation& e) {
   // stated explicitly because the plan's communication volume depends on it.
   ds["communication_data_type"] = dtype_name(e.spec.reduce_dtype);
   ds["zero_optimization"] = zero_section(sc, e, stage);
-  if (job.checkpointing == Checkpointing::full)
+  if (job.checkpointing == Checkpointing::full || job.checkpointing == Checkpointing::every)
     // deepspeed/runtime/activation_checkpointing/config.py: everything off except what the
     // plan assumes (block inputs kept on the GPU, nothing partitioned: no tensor parallelism).
     ds["activation_checkpointing"] = {{"partition_activations", false},

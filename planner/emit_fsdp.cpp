@@ -67,6 +67,40 @@ void batch_lines(Text& t, const Scenario& sc, const Evaluation& e, bool sync_eac
   }
 }
 
+// Activation checkpointing applied to model.layers before the wrapper, one form per mode: full and
+// every:N wrap blocks with torch's checkpoint_wrapper (what torchtitan's FullAC and 0.2.x's
+// selective_ac_option = "N" do); selective-op applies torchtitan 0.3.0's SelectiveAC
+// (torchtitan/distributed/activation_checkpoint.py: keeps the outputs of attention and of every
+// second matmul, recomputes the rest).
+void checkpointing_lines(Text& t, const TrainingJob& j) {
+  switch (j.checkpointing) {
+  case Checkpointing::none: return;
+  case Checkpointing::selective_attention:
+    t.line("# selective-attention (Megatron's selective recompute) reruns the attention core only;");
+    t.line("# {}", j.attention == AttentionImpl::flash
+                       ? "with flash attention nothing is kept to drop, so no wrapper is needed"
+                       : "torch has no wrapper for it: recompute the scores inside the attention module");
+    return;
+  case Checkpointing::selective_op:
+    t.line("from torchtitan.distributed.activation_checkpoint import SelectiveAC  # torchtitan 0.3.0");
+    t.line("SelectiveAC(SelectiveAC.Config()).apply(model)  # selective-op: keep attention and every "
+           "second matmul, recompute the rest");
+    return;
+  case Checkpointing::full:
+  case Checkpointing::every:
+    t.line("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper");
+    t.line("for name, block in list(model.layers.named_children()):");
+    if (j.checkpointing == Checkpointing::every) {
+      t.line("    if (int(name) + 1) % {} == 0:  # every:{}: every {}-th block recomputes its forward",
+             j.checkpoint_every, j.checkpoint_every, j.checkpoint_every);
+      t.line("        model.layers.register_module(name, checkpoint_wrapper(block))");
+    } else {
+      t.line("    model.layers.register_module(name, checkpoint_wrapper(block))  # full: every block");
+    }
+    return;
+  }
+}
+
 // FSDP2 (torch/distributed/fsdp/_fully_shard/_fully_shard.py): fully_shard(module, mesh=...,
 // reshard_after_forward=..., mp_policy=MixedPrecisionPolicy(param_dtype, reduce_dtype),
 // offload_policy=OffloadPolicy() | CPUOffloadPolicy(pin_memory=True)); a 2-D mesh is HSDP with
@@ -81,10 +115,8 @@ void fsdp2_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   t.line("from torch.distributed.device_mesh import init_device_mesh");
   t.line("from torch.distributed.fsdp import {}, MixedPrecisionPolicy, fully_shard",
          offload ? "CPUOffloadPolicy" : "OffloadPolicy");
-  if (e.job.checkpointing == Checkpointing::full)
-    t.line("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import "
-           "checkpoint_wrapper");
   t.line("");
+  checkpointing_lines(t, e.job);
   t.line("{}", mesh_line(l));
   if (p == Precision::bf16)
     t.line(
@@ -97,18 +129,9 @@ void fsdp2_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   const std::string args = fmt::format(
       "mesh=mesh, reshard_after_forward={}, mp_policy=mp_policy, offload_policy=offload_policy",
       py_bool(s.reshard_after_forward));
-  t.line(
-      "for name, block in list(model.layers.named_children()):  # one unit per transformer block");
-  if (e.job.checkpointing == Checkpointing::full) {
-    t.line("    block = checkpoint_wrapper(block)  # full activation checkpointing");
-    t.line("    model.layers.register_module(name, block)");
-  }
+  t.line("for block in model.layers.children():  # one unit per transformer block");
   t.line("    fully_shard(block, {})", args);
   t.line("fully_shard(model, {})  # root: embeddings and head", args);
-  if (e.job.checkpointing == Checkpointing::selective)
-    t.line("# selective activation checkpointing: recompute the attention core only "
-           "(torch.utils.checkpoint with create_selective_checkpoint_contexts, as torchtitan's "
-           "selective_ac_option = \"op\")");
   if (offload) t.line("# the optimizer then steps on the host: build it after fully_shard");
   batch_lines(t, sc, e, true);
 }
@@ -130,6 +153,7 @@ void fsdp1_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   t.line("from torch.distributed.fsdp import FullyShardedDataParallel as FSDP");
   t.line("from torch.distributed.fsdp.wrap import ModuleWrapPolicy");
   t.line("");
+  checkpointing_lines(t, e.job);
   t.line("{}", mesh_line(l));
   if (e.job.precision == Precision::bf16)
     t.line(
@@ -146,13 +170,6 @@ void fsdp1_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   t.line("    backward_prefetch=BackwardPrefetch.BACKWARD_PRE,");
   t.line("    limit_all_gathers=True,");
   t.line(")");
-  if (e.job.checkpointing == Checkpointing::full)
-    t.line(
-        "# full activation checkpointing: apply_activation_checkpointing(model, check_fn=lambda m: "
-        "isinstance(m, TransformerBlock))  (torch.distributed.algorithms._checkpoint)");
-  if (e.job.checkpointing == Checkpointing::selective)
-    t.line("# selective activation checkpointing: recompute the attention core only "
-           "(torch.utils.checkpoint with create_selective_checkpoint_contexts)");
   batch_lines(t, sc, e, true);
 }
 
@@ -165,6 +182,7 @@ void ddp_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   t.line("import torch");
   t.line("from torch.nn.parallel import DistributedDataParallel as DDP");
   t.line("");
+  checkpointing_lines(t, e.job);
   if (p == Precision::bf16)
     t.line(
         "model.to(torch.bfloat16)  # pure bf16: weights, gradients and optimizer states in bf16");
@@ -175,12 +193,6 @@ void ddp_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
     t.line("# forward and loss under torch.autocast(\"cuda\", dtype={}){}",
            torch_dtype(compute_dtype(p)),
            p == Precision::fp16_mixed ? ", with torch.amp.GradScaler for the loss" : "");
-  if (e.job.checkpointing == Checkpointing::full)
-    t.line("# full activation checkpointing: torch.utils.checkpoint.checkpoint(block, x, "
-           "use_reentrant=False) around each transformer block");
-  if (e.job.checkpointing == Checkpointing::selective)
-    t.line("# selective activation checkpointing: recompute the attention core only "
-           "(torch.utils.checkpoint with create_selective_checkpoint_contexts)");
   batch_lines(t, sc, e, false);
 }
 
@@ -190,12 +202,13 @@ void ddp_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
 // data_parallel_replicate_degree, data_parallel_shard_degree, fsdp_reshard_after_forward
 // ("default" | "always" | "never"); [activation_checkpoint] mode ("none" | "selective" | "full"),
 // selective_ac_option ("op" or every n-th layer). Accumulation = global / (local × DP degree).
+// These are torchtitan 0.2.x's keys; 0.3.0 takes command-line options and has no layer-level mode.
 void torchtitan_toml(Text& t, const Scenario& sc, const Evaluation& e) {
   const auto& s = e.spec;
   const Layout l = layout_of(sc, s);
   const bool fsdp = s.shard_optimizer;
   const auto p = e.job.precision;
-  t.line("# ---- torchtitan job config (TOML; keys of torchtitan/config/job_config.py) ----");
+  t.line("# ---- torchtitan 0.2.x job config (TOML; keys of torchtitan/config/job_config.py) ----");
   if (s.flavour == Flavour::fsdp1)
     t.line(
         "# torchtitan shards with FSDP2 (fully_shard); this plan was costed with fsdp1's buffers");
@@ -232,9 +245,24 @@ void torchtitan_toml(Text& t, const Scenario& sc, const Evaluation& e) {
     t.line("fsdp_reshard_after_forward = \"{}\"", s.reshard_after_forward ? "default" : "never");
   t.line("");
   t.line("[activation_checkpoint]");
-  t.line("mode = \"{}\"", checkpointing_name(e.job.checkpointing));
-  if (e.job.checkpointing == Checkpointing::selective)
-    t.line("selective_ac_option = \"op\"  # per-op: recompute the cheap ops, keep the matmuls");
+  switch (e.job.checkpointing) {
+  case Checkpointing::none: t.line("mode = \"none\""); break;
+  case Checkpointing::full: t.line("mode = \"full\""); break;
+  case Checkpointing::every:
+    t.line("mode = \"selective\"");
+    t.line("selective_ac_option = \"{}\"  # every {}-th block fully checkpointed", e.job.checkpoint_every,
+           e.job.checkpoint_every);
+    break;
+  case Checkpointing::selective_op:
+    t.line("mode = \"selective\"");
+    t.line("selective_ac_option = \"op\"  # keep attention and every second matmul, recompute the rest");
+    break;
+  case Checkpointing::selective_attention:
+    t.line("mode = \"none\"  # torchtitan has no attention-only recompute; {}",
+           e.job.attention == AttentionImpl::flash ? "with flash attention it equals none"
+                                                   : "this plan's eager scores are kept");
+    break;
+  }
 }
 
 }  // namespace
@@ -257,7 +285,7 @@ std::string fsdp_settings(const Scenario& sc, const Evaluation& e) {
   t.line(
       "# micro-batch {}, checkpointing {}, offload {}; predicted peak {} of {} usable per GPU{}, "
       "step {}",
-      e.job.micro_batch, checkpointing_name(e.job.checkpointing), offload_name(s.offload),
+      e.job.micro_batch, checkpointing_label(e.job), offload_name(s.offload),
       gib(r.peak_bytes), gib(sc.usable_bytes()), e.fits ? "" : " (DOES NOT FIT)",
       seconds(r.step_s));
   t.line("");

@@ -96,7 +96,7 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
       {"offload", offload_name(e.spec.offload)},
       {"micro_batch", e.job.micro_batch},
       {"grad_accumulation", r.grad_accumulation},
-      {"checkpointing", checkpointing_name(e.job.checkpointing)},
+      {"checkpointing", checkpointing_label(e.job)},
       {"precision", precision_name(e.job.precision)},
       {"optimizer", optimizer_name(e.job.optimizer)},
       {"params", r.params},
@@ -132,7 +132,7 @@ std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
   line("plan: {} ({}){}, micro-batch {} x {} accumulation, checkpointing {}, offload {}",
        e.spec.strategy, flavour_name(e.spec.flavour),
        e.spec.shard_group_size > 0 ? fmt::format(", shard group {}", e.spec.shard_group_size) : "",
-       e.job.micro_batch, r.grad_accumulation, checkpointing_name(e.job.checkpointing),
+       e.job.micro_batch, r.grad_accumulation, checkpointing_label(e.job),
        offload_name(e.spec.offload));
   if (!r.valid) {
     line("not runnable: {}", r.reason);

@@ -120,7 +120,7 @@ Explanation explain(const Scenario& sc, const SearchResult& r) {
   if (rec.job.checkpointing != Checkpointing::none)
     x.reasons.push_back(fmt::format("{} activation checkpointing trades {:.3f} s of recompute per step for "
                                     "activation memory.",
-                                    checkpointing_name(rec.job.checkpointing), rec.result.recompute_s));
+                                    checkpointing_label(rec.job), rec.result.recompute_s));
 
   // ZeRO-3 against FSDP, when close.
   if (full && fsdp && full->eval.fits && fsdp->eval.fits &&

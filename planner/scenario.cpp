@@ -21,8 +21,13 @@ void add_scenario_options(CLI::App& app, ScenarioOptions& o) {
   app.add_option("--micro-batch", o.micro_batch, "sequences per GPU per forward/backward");
   app.add_option("--precision", o.precision, "fp32 | bf16-mixed | fp16-mixed | bf16");
   app.add_option("--optimizer", o.optimizer, "adamw | adam | sgd | adafactor");
-  app.add_option("--checkpointing", o.checkpointing, "none | selective | full");
+  app.add_option("--checkpointing", o.checkpointing,
+                 "none | full | every:N | selective-attention (alias selective) | selective-op");
   app.add_option("--attention", o.attention, "flash | eager");
+  app.add_option("--recipe", o.recipe,
+                 "the training code: hf | torchtitan | llm-foundry | megatron | deepspeed | executor "
+                 "(default hf: transformers' own model and loss)");
+  app.add_option("--loss", o.loss, "upcast | fused | chunked:N | fused-linear | fp32-inplace (default: the recipe's)");
   app.add_option("--headroom", o.headroom, "fraction of GPU memory kept free (default 0.05)");
   app.add_option("--accounting", o.accounting, "framework | zero-paper (2+2+12 bytes/param)");
 }
@@ -41,8 +46,11 @@ Scenario make_scenario(const ScenarioOptions& o) {
   sc.cluster.gpus_per_node = o.gpus_per_node == 0 ? sc.hardware.gpus_per_node : o.gpus_per_node;
   costmodel::validate_cluster(sc.cluster);
 
+  bool loss_named = !o.loss.empty();
   if (!o.job_file.empty()) {
-    sc.job = costmodel::job_from_json(costmodel::read_json_file(o.job_file));
+    const auto doc = costmodel::read_json_file(o.job_file);
+    sc.job = costmodel::job_from_json(doc);
+    loss_named = loss_named || (doc.is_object() && doc.contains("loss"));
   } else {
     sc.job.seq_len = kDefaultSeqLen;
     sc.job.global_batch = kDefaultSequencesPerGpu * sc.cluster.gpus;
@@ -58,9 +66,16 @@ Scenario make_scenario(const ScenarioOptions& o) {
     throw InputError("--seq-len", fmt::format("must be <= 100000000, got {}", sc.job.seq_len));
   if (!o.precision.empty()) sc.job.precision = costmodel::precision_from_name(o.precision, "--precision");
   if (!o.optimizer.empty()) sc.job.optimizer = costmodel::optimizer_from_name(o.optimizer, "--optimizer");
-  if (!o.checkpointing.empty())
-    sc.job.checkpointing = costmodel::checkpointing_from_name(o.checkpointing, "--checkpointing");
+  if (!o.checkpointing.empty()) costmodel::set_checkpointing(sc.job, o.checkpointing, "--checkpointing");
   if (!o.attention.empty()) sc.job.attention = costmodel::attention_from_name(o.attention, "--attention");
+  if (!o.recipe.empty()) {  // the recipe's loss unless --loss (or the job document) names one
+    sc.job.recipe = costmodel::recipe_from_name(o.recipe, "--recipe");
+    if (!loss_named) sc.job.loss = costmodel::default_loss(sc.job.recipe);
+  }
+  if (!o.loss.empty()) costmodel::set_loss(sc.job, o.loss, "--loss");
+  if (sc.job.checkpointing == costmodel::Checkpointing::every && sc.job.checkpoint_every > sc.model.layers)
+    throw InputError("--checkpointing", fmt::format("every:{} checkpoints no block of a {}-layer model",
+                                                    sc.job.checkpoint_every, sc.model.layers));
   costmodel::validate_job(sc.job, sc.cluster);
   if (!(o.headroom >= 0 && o.headroom < 1))
     throw InputError("--headroom", fmt::format("must be in [0, 1), got {}", o.headroom));

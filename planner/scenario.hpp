@@ -27,7 +27,7 @@ struct ScenarioOptions {
   std::int64_t seq_len = 0;
   std::int64_t global_batch = 0;
   std::int64_t micro_batch = 0;
-  std::string precision, optimizer, checkpointing, attention;
+  std::string precision, optimizer, checkpointing, attention, loss, recipe;
   double headroom = 0.05;     // fraction of capacity kept free
   std::string accounting = "framework";
 };

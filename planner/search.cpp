@@ -106,10 +106,10 @@ SearchResult search(const Scenario& sc, const SearchPins& pins) {
     throw InputError("--micro-batch", fmt::format("{} does not divide the {} sequences per GPU",
                                                   pins.micro_batch.value_or(0), per_gpu));
   std::vector<Checkpointing> ckpts;
-  for (auto c : {Checkpointing::none, Checkpointing::selective, Checkpointing::full})
+  for (auto c : {Checkpointing::none, Checkpointing::selective_attention, Checkpointing::full})
     if (!pins.checkpointing || *pins.checkpointing == c) {
       // Selective recompute only changes anything for materialized attention scores.
-      if (c == Checkpointing::selective && sc.job.attention == AttentionImpl::flash && !pins.checkpointing)
+      if (c == Checkpointing::selective_attention && sc.job.attention == AttentionImpl::flash && !pins.checkpointing)
         continue;
       ckpts.push_back(c);
     }
@@ -180,7 +180,7 @@ SearchResult search(const Scenario& sc, const SearchPins& pins) {
         reason = fmt::format(
             "smallest peak {:.1f} GiB (micro-batch {}, {} checkpointing, offload {}) exceeds {:.1f} GiB "
             "usable; at the peak ({}) activations are {:.1f} GiB and buffers {:.1f} GiB",
-            r.peak_bytes / kGiB, c.eval.job.micro_batch, checkpointing_name(c.eval.job.checkpointing),
+            r.peak_bytes / kGiB, c.eval.job.micro_batch, checkpointing_label(c.eval.job),
             offload_name(c.eval.spec.offload), usable / kGiB, r.peak_when,
             r.at_peak[static_cast<int>(Category::activations)] / kGiB,
             r.at_peak[static_cast<int>(Category::buffers)] / kGiB);

@@ -158,7 +158,7 @@ std::string memory_svg(const Scenario& sc, const std::vector<Evaluation>& best) 
     }
     const std::string lines[] = {
         family,
-        fmt::format("mb {}, ckpt {}", e.job.micro_batch, checkpointing_name(e.job.checkpointing)),
+        fmt::format("mb {}, ckpt {}", e.job.micro_batch, checkpointing_label(e.job)),
         fmt::format("offload {}", offload_name(e.spec.offload)),
     };
     for (std::size_t k = 0; k < 3; ++k)

@@ -392,7 +392,7 @@ check() {
   # GPU 0 (its own shards and buffers; stand-in copies for the collectives), validate.
   local job=(--model model.json --hardware calibrated.json --gpus "$PLAN_GPUS" --gpus-per-node "$PLAN_GPUS"
     --seq-len "$SEQ" --global-batch "$GLOBAL_BATCH" --micro-batch "$MICRO_BATCH" --precision "$PRECISION"
-    --attention flash --checkpointing none --offload none)
+    --attention flash --checkpointing none --offload none --recipe executor)
   local s
   for s in "${STRATEGIES[@]}"; do
     rm -f "plan-$s.json" "run-$s.json" "validate-$s.json"

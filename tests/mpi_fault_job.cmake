@@ -13,7 +13,7 @@ if(PLANNER)
   execute_process(
     COMMAND "${PLANNER}" recommend --model ${DATA}/llama-tiny.json --hardware ${DATA}/cpu-test.json
             --gpus ${RANKS} --seq-len 32 --global-batch ${RANKS} --micro-batch 1 --attention eager
-            --checkpointing none --offload none --precision fp32 --strategy fsdp-full
+            --checkpointing none --offload none --precision fp32 --recipe executor --strategy fsdp-full
             --flavour fsdp2 --emit plan
     RESULT_VARIABLE rc OUTPUT_VARIABLE plan ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)

@@ -103,18 +103,27 @@ TEST_CASE("simulator::gradient accumulation follows the frameworks") {
 TEST_CASE("simulator::korthikanti activation table") {
   // Korthikanti et al. 2022, Table 2, no parallelism: per layer s·b·h·(34 + 5·a·s/h) bytes;
   // selective recompute 34·s·b·h; full recompute 2·s·b·h. GPT-2's block has their shapes (4h GELU
-  // MLP, dropout, multi-head attention, LayerNorm).
+  // MLP, dropout, multi-head attention, LayerNorm); the table counts Megatron's GPT.
   const auto m = load_model("gpt2-xl");
   const double s = 1024, b = 4, h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads);
-  const auto none = block_activations(m, 1024, 4, 2.0, AttentionImpl::eager, Checkpointing::none);
+  TrainingJob j;
+  j.recipe = Recipe::megatron;
+  j.seq_len = 1024;
+  j.micro_batch = 4;
+  j.attention = AttentionImpl::eager;
+  const auto none = block_activations(m, j, 2.0, 2.0, false);
   CHECK(none.saved == doctest::Approx(s * b * h * (34 + 5 * a * s / h)));
-  const auto sel = block_activations(m, 1024, 4, 2.0, AttentionImpl::eager, Checkpointing::selective);
+  j.checkpointing = Checkpointing::selective_attention;
+  const auto sel = block_activations(m, j, 2.0, 2.0, false);
   CHECK(sel.saved == doctest::Approx(34 * s * b * h));
-  const auto full = block_activations(m, 1024, 4, 2.0, AttentionImpl::eager, Checkpointing::full);
+  j.checkpointing = Checkpointing::full;
+  const auto full = block_activations(m, j, 2.0, 2.0, true);
   CHECK(full.saved == doctest::Approx(2 * s * b * h));
   CHECK(full.recompute == doctest::Approx(none.saved));
   // Flash attention drops the s×s terms, keeping an fp32 logsumexp per head and token.
-  const auto flash = block_activations(m, 1024, 4, 2.0, AttentionImpl::flash, Checkpointing::none);
+  j.checkpointing = Checkpointing::none;
+  j.attention = AttentionImpl::flash;
+  const auto flash = block_activations(m, j, 2.0, 2.0, false);
   CHECK(flash.saved == doctest::Approx(34 * s * b * h + 4 * a * s * b));
 }
 

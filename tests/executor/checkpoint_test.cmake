@@ -21,7 +21,7 @@ endfunction()
 # The test model scaled down further: a few seconds for every run on two cores.
 set(scale --scale-layers 2 --scale-hidden 32 --scale-heads 4 --scale-vocab 256 --scale-seq 16)
 set(job --model ${DATA}/llama-tiny.json --hardware ${DATA}/cpu-test.json --seq-len 64
-        --global-batch 4 --micro-batch 1 --attention eager --checkpointing none --offload none
+        --global-batch 4 --micro-batch 1 --attention eager --checkpointing none --offload none --recipe executor
         --precision fp32)
 foreach(plan "zero3;4" "zero2;2" "ddp;1")
   list(GET plan 0 strategy)

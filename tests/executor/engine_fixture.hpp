@@ -138,6 +138,7 @@ inline costmodel::StepResult predict(const EngineOptions& o, int world,
   in.job.precision = o.precision;
   in.job.optimizer = costmodel::Optimizer::adamw;
   in.job.attention = costmodel::AttentionImpl::eager;
+  in.job.recipe = costmodel::Recipe::executor;  // the executor's own model code
   in.job.checkpointing = o.checkpointing == Checkpointing::full ? costmodel::Checkpointing::full
                                                                 : costmodel::Checkpointing::none;
   in.spec = o.spec;

@@ -10,7 +10,8 @@ set(mpirun ${MPIRUN} --allow-run-as-root --oversubscribe --mca btl_vader_single_
 include(${CMAKE_CURRENT_LIST_DIR}/run_expect.cmake)
 
 set(job --model ${DATA}/llama-tiny.json --hardware ${DATA}/cpu-test.json --gpus 2 --seq-len 64
-        --global-batch 4 --micro-batch 2 --attention eager --checkpointing none --offload none)
+        --global-batch 4 --micro-batch 2 --attention eager --checkpointing none --offload none
+        --recipe executor)
 run_expect(0 COMMAND ${PLANNER} recommend ${job} --precision fp32 --strategy fsdp-full --flavour fsdp2
                      --emit plan OUTPUT plan)
 file(WRITE ${WORK}/plan.json "${plan}")

@@ -28,6 +28,7 @@ nlohmann::json plan_document(const std::string& strategy, int gpus) {
   p.job.micro_batch = 2;
   p.job.precision = costmodel::Precision::fp32;
   p.job.attention = costmodel::AttentionImpl::eager;
+  p.job.recipe = costmodel::Recipe::executor;
   p.spec = costmodel::make_spec(strategy, std::nullopt, gpus);
   p.prediction.peak_bytes = 1e6;
   return costmodel::plan_to_json(p);
@@ -63,6 +64,14 @@ TEST_CASE("executor::a plan it cannot run as asked is refused, naming the field"
   bad = plan;
   bad["job"]["checkpointing"] = "selective";
   CHECK(where_of(bad, 2) == "/job/checkpointing");
+  bad["job"]["checkpointing"] = "every:2";
+  CHECK(where_of(bad, 2) == "/job/checkpointing");
+  bad = plan;
+  bad["job"]["recipe"] = "hf";  // another framework's model code: not what the executor runs
+  CHECK(where_of(bad, 2) == "/job/recipe");
+  bad = plan;
+  bad["job"]["loss"] = "fused";
+  CHECK(where_of(bad, 2) == "/job/loss");
   bad = plan;
   bad["job"]["optimizer"] = "sgd";
   CHECK(where_of(bad, 2) == "/job/optimizer");

@@ -207,7 +207,7 @@ TEST_CASE("emit::fsdp settings per strategy") {
   CHECK(contains(full,
                  "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)"));
   CHECK(contains(full, "offload_policy = OffloadPolicy()"));
-  CHECK(contains(full, "checkpoint_wrapper(block)"));
+  CHECK(contains(full, "model.layers.register_module(name, checkpoint_wrapper(block))  # full"));
   CHECK(contains(full, "data_parallel_shard_degree = 16\n"));
   CHECK(contains(full, "data_parallel_replicate_degree = 1\n"));
   CHECK(contains(full, "fsdp_reshard_after_forward = \"default\""));
@@ -218,13 +218,16 @@ TEST_CASE("emit::fsdp settings per strategy") {
   CHECK(contains(full, "# mixed_precision_reduce = \"float32\" is torchtitan's only choice"));
 
   const auto grad_op = planner::fsdp_settings(sc, plan(sc, "fsdp-grad-op", 1, Precision::bf16_mixed,
-                                                       Offload::params, Checkpointing::selective));
+                                                       Offload::params, Checkpointing::selective_op));
   CHECK(contains(grad_op, "reshard_after_forward=False"));
   CHECK_FALSE(contains(grad_op, "reshard_after_forward=True"));
   CHECK(contains(grad_op, "fsdp_reshard_after_forward = \"never\""));
   CHECK(contains(grad_op, "CPUOffloadPolicy(pin_memory=True)"));
   CHECK(contains(grad_op, "enable_cpu_offload = true"));
+  // torchtitan's op-level policy: 0.2.x's TOML keys and 0.3.0's SelectiveAC class
+  // (torchtitan/distributed/activation_checkpoint.py).
   CHECK(contains(grad_op, "mode = \"selective\"\nselective_ac_option = \"op\""));
+  CHECK(contains(grad_op, "SelectiveAC(SelectiveAC.Config()).apply(model)"));
 
   const auto hsdp = planner::fsdp_settings(sc, plan(sc, "hsdp"));
   CHECK(contains(

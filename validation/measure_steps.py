@@ -1,0 +1,682 @@
+#!/usr/bin/env python3
+"""Measure the memory of whole training steps of the real frameworks with PyTorch's own trackers.
+
+What it measures
+    One training step of a Hugging Face causal LM (``transformers.LlamaForCausalLM`` and
+    ``transformers.GPT2LMHeadModel``, dropout 0) with float32 parameters: forward with the model's
+    own loss (labels = input ids), backward, ``optimizer.step()`` and
+    ``optimizer.zero_grad(set_to_none=True)``, under ``torch.optim.AdamW(lr=1e-3)``. Each case runs
+    two steps and measures the second, when the optimizer states exist. The grid is: two models x
+    sequence length 128/256 x micro-batch 1/2 x precision ("fp32", "bf16-mixed") x checkpointing
+    ("none", "full": HF's non-reentrant ``gradient_checkpointing_enable``) x wrapper:
+
+    - "none":  the bare model in one process, no process group (the reference);
+    - "ddp":   ``torch.nn.parallel.DistributedDataParallel`` on gloo, world sizes 1 and 2, its
+               defaults (bucket_cap_mb 25, gradient_as_bucket_view False);
+    - "fsdp2": ``torch.distributed.fsdp.fully_shard`` on each decoder layer, then on the root
+               model, world size 2 on a CPU device mesh (gloo), reshard_after_forward default.
+
+    "bf16-mixed" is ``torch.autocast("cpu", dtype=torch.bfloat16)`` around forward + loss for
+    "none" and "ddp", and ``torch.distributed.fsdp.MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=fp32)`` without autocast for "fsdp2". Attention is HF's "sdpa"; the harness records
+    which ``aten`` SDPA kernel actually ran. AdamW runs its foreach implementation (``foreach=True``):
+    that is PyTorch's default on the accelerators the planner predicts for, while on CPU tensors
+    the default would be the per-tensor loop, whose temporaries differ.
+
+How it measures
+    ``torch.distributed._tools.mem_tracker.MemTracker`` (a ``TorchDispatchMode`` that follows
+    every tensor storage an op returns, with ``torch.distributed._tools.mod_tracker.ModTracker``
+    for the module hierarchy and ``torch.optim.optimizer`` step hooks for the optimizer states)
+    for "none" and "ddp", and its subclass
+    ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` for "fsdp2". Model, optimizer
+    and the batch are registered before the measured step (``track_external`` /
+    ``FSDPMemTracker(model, optimizer)`` + ``track_inputs``). The trackers count storage bytes
+    (``numel * element_size``; no allocator rounding on CPU) per category after every op, and
+    keep the total's peak with the categories at that moment. A small subclass of each tracker
+    (``_PeakProbe``) adds what they do not keep: each category's own maximum over the step, and
+    the module (innermost active ``ModTracker`` module, "Global" when none) and phase (forward,
+    backward, backward-recompute, optimizer) at the moment the total peaked.
+
+    Two refinements of the trackers' categories, neither changing a total:
+    - DDP rebuilds its gradient buckets in the second iteration's forward
+      (``DistributedDataParallel._pre_forward`` -> ``Reducer._rebuild_buckets``), so the tracker
+      would file them under activations; storages first seen inside ``_pre_forward`` (less its
+      buffer broadcast) get their own category, ddp_gradient_buckets.
+    - The trackers file everything allocated inside ``optimizer.step()`` as optimizer state. The
+      states exist before the measured step and are updated in place, so optimizer_states is
+      split into the states' own bytes and optimizer_temp (the foreach intermediates).
+
+    Storages created before the measured step and first touched inside it are counted from the
+    first op that returns them (the trackers only see op outputs and registered objects).
+
+    Multi-rank runs go through ``torch.distributed.run`` (torchrun) on gloo, one intra-op thread
+    per rank; each rank writes its results and the launcher keeps rank 0's, with every rank's
+    peak in rank_peak_bytes. Where a peak falls at the end of FSDP2's backward, gloo's threads
+    release collective buffers at times that vary from run to run, and so may that peak (by up
+    to ~5% here): each FSDP2 case is measured REPEATS times per rank, and peak_bytes_range is
+    [min, max] over ranks and repeats (rank 0's first measurement is the record).
+
+Output
+    A JSON corpus (``--out``) with the versions, the model configs (HF config.json dicts that the
+    planner's parser accepts), and one record per case: peak_bytes (total at the peak), at_peak
+    {category: bytes at that moment}, category_peaks {category: its own maximum}, the exact
+    parameter count, where the peak happened, and the SDPA kernel that ran. Categories are the
+    trackers' reference types, renamed: Parameter -> parameters, Buffer -> buffers, Gradient ->
+    gradients, Activation -> activations, Temp -> temp, Optstate/OptState -> optimizer_states
+    (+ optimizer_temp, above), Other -> other (the batch, under MemTracker); FSDPMemTracker's
+    Sharded/Unsharded Param -> sharded_parameters / unsharded_parameters, Sharded/Unsharded
+    Grad -> sharded_gradients / unsharded_gradients, All Gather -> all_gather, Reduce Scatter ->
+    reduce_scatter, Inputs -> inputs (the batch).
+
+Usage
+    python validation/measure_steps.py --out tests/costmodel/data/oracle_steps.json
+    (--planner PATH also checks that the planner parses each config to the same parameter count)
+"""
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+SCHEMA_VERSION = 1
+GENERATED_BY = "validation/measure_steps.py"
+
+CONFIGS = {
+    "llama-h256": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 704,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 4096,
+        "max_position_embeddings": 2048,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-05,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "use_cache": False,
+    },
+    "gpt2-h256": {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "n_embd": 256,
+        "n_layer": 4,
+        "n_head": 8,
+        "n_positions": 1024,
+        "vocab_size": 4096,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-05,
+        "attn_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "resid_pdrop": 0.0,
+        "tie_word_embeddings": True,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "use_cache": False,
+    },
+}
+SEQ_LENS = (128, 256)
+MICRO_BATCHES = (1, 2)
+PRECISIONS = ("fp32", "bf16-mixed")
+CHECKPOINTING = ("none", "full")
+# (wrapper, world size), in the order of the corpus.
+RUNS = (("none", 1), ("ddp", 1), ("ddp", 2), ("fsdp2", 2))
+WARMUP_STEPS = 1  # steps before the measured one
+# Measurements per case and rank: FSDP2's peaks at the end of the backward vary from run to run
+# (gloo's threads release collective buffers when they get to it), so it measures each case
+# more than once; the corpus records the range.
+REPEATS = {"none": 1, "ddp": 1, "fsdp2": 3}
+RANK_TOLERANCE = 0.03  # the peaks of one case (ranks, repeats) may differ by this fraction
+
+CATEGORY_NAMES = {
+    "Parameter": "parameters",
+    "Buffer": "buffers",
+    "Gradient": "gradients",
+    "Activation": "activations",
+    "Temp": "temp",
+    "Optstate": "optimizer_states",
+    "OptState": "optimizer_states",
+    "Other": "other",
+    "Sharded Param": "sharded_parameters",
+    "Unsharded Param": "unsharded_parameters",
+    "Sharded Grad": "sharded_gradients",
+    "Unsharded Grad": "unsharded_gradients",
+    "All Gather": "all_gather",
+    "Reduce Scatter": "reduce_scatter",
+    "Inputs": "inputs",
+    "DDP Gradient Buckets": "ddp_gradient_buckets",
+}
+# The order of the categories in each record.
+CATEGORY_ORDER = ("parameters", "sharded_parameters", "unsharded_parameters", "buffers",
+                  "gradients", "sharded_gradients", "unsharded_gradients", "ddp_gradient_buckets",
+                  "activations", "temp", "all_gather", "reduce_scatter", "optimizer_states",
+                  "optimizer_temp", "other", "inputs")
+
+
+# ----------------------------------------------------------------------------------------------
+# The grid
+
+
+def case_grid():
+    """Every (config, seq_len, micro_batch, precision, checkpointing), in corpus order."""
+    for config in CONFIGS:
+        for precision in PRECISIONS:
+            for checkpointing in CHECKPOINTING:
+                for seq_len in SEQ_LENS:
+                    for micro_batch in MICRO_BATCHES:
+                        yield {
+                            "config": config,
+                            "seq_len": seq_len,
+                            "micro_batch": micro_batch,
+                            "precision": precision,
+                            "checkpointing": checkpointing,
+                        }
+
+
+def case_id(wrapper, world_size, case):
+    return (f"{wrapper}/{case['config']}/{case['precision']}/{case['checkpointing']}/"
+            f"s{case['seq_len']}-b{case['micro_batch']}/w{world_size}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Model, batch, wrapper, optimizer, step
+
+
+def build_model(config_name, checkpointing):
+    """The HF model from CONFIGS with float32 parameters, seed-0 init, sdpa attention, train mode."""
+    import torch
+    import transformers
+
+    cfg = dict(CONFIGS[config_name])
+    arch = cfg.pop("architectures")[0]
+    config_class = {"LlamaForCausalLM": transformers.LlamaConfig,
+                    "GPT2LMHeadModel": transformers.GPT2Config}[arch]
+    cfg.pop("model_type")
+    config = config_class(**cfg)
+    torch.manual_seed(0)
+    model = getattr(transformers, arch)._from_config(
+        config, attn_implementation="sdpa", dtype=torch.float32)
+    if checkpointing == "full":
+        with warnings.catch_warnings():  # transformers 5 calls it a deprecated alias
+            warnings.simplefilter("ignore", FutureWarning)
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model
+
+
+def parameter_count(model):
+    """Distinct parameters (tied embeddings once), as model.parameters() yields them."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def make_batch(config_name, seq_len, micro_batch, rank):
+    """Random token ids [micro_batch, seq_len]; the labels are the same tensor."""
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + rank)
+    return torch.randint(0, CONFIGS[config_name]["vocab_size"], (micro_batch, seq_len), generator=g)
+
+
+def decoder_layers(model):
+    base = getattr(model, model.base_model_prefix)
+    return base.layers if hasattr(base, "layers") else base.h
+
+
+def wrap_model(model, wrapper, precision):
+    """DDP with its defaults, or fully_shard per decoder layer and then the root."""
+    import torch
+
+    if wrapper == "none":
+        return model
+    if wrapper == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    if wrapper == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+        kwargs = {"mesh": mesh}
+        if precision == "bf16-mixed":
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                       reduce_dtype=torch.float32)
+        for layer in decoder_layers(model):
+            fully_shard(layer, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+    raise ValueError(wrapper)
+
+
+def make_optimizer(model):
+    import torch
+
+    return torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+
+
+def train_step(model, optimizer, ids, precision, wrapper):
+    """Forward with the model's loss, backward, optimizer step, zero_grad(set_to_none=True)."""
+    import torch
+
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16)
+                if precision == "bf16-mixed" and wrapper != "fsdp2" else contextlib.nullcontext())
+    with autocast:
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+# ----------------------------------------------------------------------------------------------
+# Trackers
+
+
+class _PeakProbe:
+    """Mixin over MemTracker / FSDPMemTracker: each category's own peak, and where the total peaked.
+
+    The trackers update their peak after every op (``_update_peak_stats``); this hooks the same
+    point, so the category peaks are sampled exactly where the total is.
+    """
+
+    def _probe_init(self):
+        self._override_reftype = None  # set by classify_ddp_buckets
+        self.category_peaks = {}
+        self.peak_where = ("", "")
+        self.sdpa_kernels = set()
+
+    def _phase(self):
+        if self._in_opt:
+            return "optimizer"
+        if self._mod_tracker.is_bw:
+            return "backward-recompute" if self._in_ac else "backward"
+        return "forward"
+
+    def _update_peak_stats(self, peak_state):
+        before = dict(self._peak_mem)
+        super()._update_peak_stats(peak_state)
+        for dev, snap in self._curr_mem_snap.items():
+            peaks = self.category_peaks.setdefault(dev, {})
+            for k, v in snap.items():
+                if v > peaks.get(k, 0):
+                    peaks[k] = v
+            if self._peak_mem.get(dev, 0) > before.get(dev, 0):
+                self.peak_where = (deepest_module(self._mod_tracker.parents), self._phase())
+
+    def _track(self, reftype, t):
+        super()._track(self._override_reftype or reftype, t)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "scaled_dot_product" in func.__name__:
+            self.sdpa_kernels.add(func.__name__.split(".")[0])
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def deepest_module(parents):
+    """The innermost active module's FQN (ties: the first in name order); "Global" (ModTracker's
+    name for outside every module) when none is active."""
+    names = sorted(p for p in parents if p != "Global")
+    if not names:
+        return "Global"
+    return max(names, key=lambda n: n.count("."))
+
+
+def classify_ddp_buckets(tracker, ddp_model):
+    """Gives DDP's gradient buckets their own category for the measured step.
+
+    In the second iteration DDP's ``_pre_forward`` rebuilds the reducer's buckets in the order the
+    gradients became ready (``Reducer::rebuild_buckets``); the tracker would file them under
+    activations, being created in a forward. While ``_pre_forward`` runs (less its buffer
+    broadcast, ``_sync_buffers``), every storage the tracker first sees goes to "DDP Gradient
+    Buckets" instead (totals do not change).
+    """
+    from torch.distributed._tools.mem_tracker import _RefType
+
+    class _DDPRefType(_RefType):
+        BUCKETS = "DDP Gradient Buckets"
+
+    original_pre_forward = ddp_model._pre_forward
+    original_sync_buffers = ddp_model._sync_buffers
+
+    def pre_forward(*args, **kwargs):
+        for dev_snap in tracker._curr_mem_snap.values():
+            dev_snap.setdefault(_DDPRefType.BUCKETS, 0)
+        tracker._override_reftype = _DDPRefType.BUCKETS
+        try:
+            return original_pre_forward(*args, **kwargs)
+        finally:
+            tracker._override_reftype = None
+
+    def sync_buffers(*args, **kwargs):
+        saved, tracker._override_reftype = tracker._override_reftype, None
+        try:
+            return original_sync_buffers(*args, **kwargs)
+        finally:
+            tracker._override_reftype = saved
+
+    ddp_model._pre_forward = pre_forward
+    ddp_model._sync_buffers = sync_buffers
+
+
+def make_tracker(wrapper, model, optimizer, ids):
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    if wrapper == "fsdp2":
+        class ProbedFSDPMemTracker(_PeakProbe, FSDPMemTracker):
+            pass
+
+        tracker = ProbedFSDPMemTracker(model, optimizer)
+        tracker.track_inputs((ids,))
+    else:
+        class ProbedMemTracker(_PeakProbe, MemTracker):
+            pass
+
+        tracker = ProbedMemTracker()
+        tracker.track_external(model, optimizer, ids)
+        if wrapper == "ddp":
+            classify_ddp_buckets(tracker, model)
+    tracker._probe_init()
+    return tracker
+
+
+def category_dict(snap):
+    """{reference type: bytes} -> {our name: int}, in the tracker's enum order, without 'Total'."""
+    out = {}
+    for k, v in snap.items():
+        name = getattr(k, "value", k)
+        if name == "Total":
+            continue
+        out[CATEGORY_NAMES.get(name, name)] = int(v)
+    return out
+
+
+def optimizer_state_bytes(optimizer):
+    """Bytes of the storages behind optimizer.state (exp_avg, exp_avg_sq, step), each once."""
+    from torch.distributed._tools.common_utils import get_untyped_storages
+
+    storages = {}
+    for state in optimizer.state.values():
+        for v in state.values():
+            if hasattr(v, "untyped_storage"):
+                for st in get_untyped_storages(v):
+                    storages[id(st)] = st.nbytes()
+    return sum(storages.values())
+
+
+def split_optimizer(categories, state_bytes):
+    """The trackers count everything the optimizer step allocates as optimizer state. In the
+    measured step the states already exist and are updated in place, so the category is exactly
+    the states plus the step's live temporaries (foreach intermediates): split them."""
+    out = dict(categories)
+    if "optimizer_states" in out:
+        total = out["optimizer_states"]
+        out["optimizer_states"] = min(total, state_bytes)
+        out["optimizer_temp"] = total - out["optimizer_states"]
+    return out
+
+
+def in_category_order(categories, keys):
+    """Every key of `keys` (0 where absent), in CATEGORY_ORDER."""
+    unknown = sorted(set(keys) - set(CATEGORY_ORDER))
+    return {k: int(categories.get(k, 0)) for k in list(CATEGORY_ORDER) + unknown if k in keys}
+
+
+def read_tracker(tracker, state_bytes):
+    """peak_bytes, at_peak, category_peaks, peak_module, peak_phase from the one CPU device."""
+    peak = tracker.get_tracker_snapshot("peak")
+    if len(peak) != 1:
+        raise RuntimeError(f"expected one device, the tracker saw {list(peak)}")
+    (dev, snap), = peak.items()
+    at_peak = split_optimizer(category_dict(snap), state_bytes)
+    own_peaks = split_optimizer(category_dict(tracker.category_peaks[dev]), state_bytes)
+    keys = set(at_peak) | set(own_peaks)
+    return {
+        "peak_bytes": int(snap["Total"]),
+        "at_peak": in_category_order(at_peak, keys),
+        "category_peaks": in_category_order(own_peaks, keys),
+        "peak_module": tracker.peak_where[0],
+        "peak_phase": tracker.peak_where[1],
+        "sdpa_kernel": ",".join(sorted(tracker.sdpa_kernels)),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# One case, one rank
+
+
+def measure_case(wrapper, world_size, rank, case):
+    """Build, warm up, then track one step; returns this rank's record."""
+    model = build_model(case["config"], case["checkpointing"])
+    params = parameter_count(model)
+    model = wrap_model(model, wrapper, case["precision"])
+    optimizer = make_optimizer(model)
+    ids = make_batch(case["config"], case["seq_len"], case["micro_batch"], rank)
+    for _ in range(WARMUP_STEPS):
+        train_step(model, optimizer, ids, case["precision"], wrapper)
+    gc.collect()
+    tracker = make_tracker(wrapper, model, optimizer, ids)
+    with tracker:
+        loss = train_step(model, optimizer, ids, case["precision"], wrapper)
+    record = {
+        "id": case_id(wrapper, world_size, case),
+        "wrapper": wrapper,
+        "world_size": world_size,
+        "config": case["config"],
+        "model_class": CONFIGS[case["config"]]["architectures"][0],
+        "params": params,
+        "seq_len": case["seq_len"],
+        "micro_batch": case["micro_batch"],
+        "precision": case["precision"],
+        "attention": "flash",
+        "loss": "upcast",
+        "checkpointing": case["checkpointing"],
+        "optimizer": "adamw",
+        **read_tracker(tracker, optimizer_state_bytes(optimizer)),
+        "loss_value": round(loss, 4),
+    }
+    del tracker, optimizer, model
+    gc.collect()
+    return record
+
+
+def worker_main(wrapper, out_path):
+    """Runs every case of the grid for one wrapper on this rank and writes the records."""
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    torch.set_num_threads(1)  # two intra-op threads on two cores ran 4x slower than one
+    if wrapper != "none":
+        torch.distributed.init_process_group("gloo")
+    records, errors = [], []
+    for case in case_grid():
+        try:
+            samples = [measure_case(wrapper, world_size, rank, case)
+                       for _ in range(REPEATS[wrapper])]
+            records.append(dict(samples[0], peak_bytes_samples=[r["peak_bytes"] for r in samples]))
+        except Exception as e:  # record it and go on with the other cases
+            errors.append({"id": case_id(wrapper, world_size, case),
+                           "error": f"{type(e).__name__}: {e}".splitlines()[0][:500]})
+            if len(errors) == 1:
+                import traceback
+                traceback.print_exc()
+        if wrapper != "none":
+            torch.distributed.barrier()
+    with open(out_path, "w") as f:
+        json.dump({"rank": rank, "records": records, "errors": errors}, f)
+    if wrapper != "none":
+        torch.distributed.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------------------
+# Launcher
+
+
+def launch(wrapper, world_size, tmpdir):
+    """Runs the worker processes of one run to the end; returns (exit status, [per-rank result
+    files], log file)."""
+    script = os.path.abspath(__file__)
+    stem = os.path.join(tmpdir, f"{wrapper}-w{world_size}")
+    if wrapper == "none":
+        cmd = [sys.executable, script, "--worker", wrapper, "--worker-out", stem + "-r{rank}.json"]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={world_size}", script, "--worker", wrapper,
+               "--worker-out", stem + "-r{rank}.json"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    log = open(stem + ".log", "w")
+    proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    return proc.returncode, [stem + f"-r{r}.json" for r in range(world_size)], stem + ".log"
+
+
+def merge_ranks(files):
+    """Rank 0's records (its first measurement), each with every rank's first peak and the range
+    over all ranks and repeats; cases any rank failed are errors; warnings where that range is
+    wider than RANK_TOLERANCE."""
+    results = []
+    for path in files:
+        with open(path) as f:
+            results.append(json.load(f))
+    by_rank = [{r["id"]: r for r in res["records"]} for res in results]
+    errors = {e["id"]: e["error"] for res in results for e in res["errors"]}
+    merged, warnings_ = [], []
+    for rec in results[0]["records"]:
+        if rec["id"] in errors:
+            continue
+        peaks = [ranks[rec["id"]]["peak_bytes"] for ranks in by_rank]
+        samples = [p for ranks in by_rank for p in ranks[rec["id"]]["peak_bytes_samples"]]
+        rec = {k: v for k, v in rec.items() if k != "peak_bytes_samples"}
+        rec.update(rank_peak_bytes=peaks, peak_bytes_range=[min(samples), max(samples)])
+        spread = (max(samples) - min(samples)) / max(samples)
+        if spread > RANK_TOLERANCE:
+            warnings_.append(f"{rec['id']}: peaks over ranks and repeats span {min(samples)}.."
+                             f"{max(samples)} ({spread:.1%})")
+        merged.append(rec)
+    return merged, errors, warnings_
+
+
+def run_all(only):
+    """Launches each (wrapper, world size) run in turn; returns cases, failures, warnings."""
+    cases, failures, warnings_ = [], {}, []
+    with tempfile.TemporaryDirectory() as tmpdir:
+        for wrapper, world_size in RUNS:
+            name = f"{wrapper}-w{world_size}"
+            if only and name not in only:
+                continue
+            t0 = time.time()
+            rc, files, log = launch(wrapper, world_size, tmpdir)
+            if rc != 0 or not all(os.path.exists(p) for p in files):
+                with open(log) as f:
+                    lines = [ln for ln in f.read().splitlines() if ln.strip()]
+                print("\n".join(lines[-40:]))
+                failures[name] = f"exit {rc}: " + (lines[-1] if lines else "no output")
+                continue
+            merged, errors, rank_warnings = merge_ranks(files)
+            cases += merged
+            failures.update(errors)
+            warnings_ += rank_warnings
+            print(f"{name}: {len(merged)} cases, {len(errors)} failed, {time.time() - t0:.0f} s",
+                  flush=True)
+    return cases, failures, warnings_
+
+
+def check_planner(planner, cases):
+    """`planner describe --model` on each config: it must parse and count the same parameters."""
+    problems = []
+    params = {c["config"]: c["params"] for c in cases}
+    with tempfile.TemporaryDirectory() as tmpdir:
+        for name, config in CONFIGS.items():
+            path = os.path.join(tmpdir, f"{name}.json")
+            with open(path, "w") as f:
+                json.dump(config, f)
+            out = subprocess.run([planner, "describe", "--model", path], capture_output=True,
+                                 text=True)
+            total = [ln.split()[-1] for ln in out.stdout.splitlines()
+                     if ln.startswith("total parameters")]
+            if out.returncode != 0 or not total:
+                problems.append(f"planner rejects {name}: {out.stderr.strip() or out.stdout.strip()}")
+            elif name in params and int(total[0]) != params[name]:
+                problems.append(f"{name}: planner counts {total[0]} parameters, the model has "
+                                f"{params[name]}")
+    return problems
+
+
+def versions():
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+def command_line(args):
+    """The command as the corpus records it: repository-relative, no machine paths."""
+    out = os.path.relpath(args.out)
+    if out.startswith(".."):
+        out = os.path.basename(out)
+    parts = ["python", GENERATED_BY, "--out", out]
+    for name in args.only or []:
+        parts += ["--only", name]
+    return " ".join(parts)
+
+
+def write_corpus(out, cases, failures, command):
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "generated_by": GENERATED_BY,
+        "command": command,
+        "versions": versions(),
+        "configs": CONFIGS,
+        "cases": cases,
+        "failures": [{"id": k, "error": v} for k, v in sorted(failures.items())],
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="tests/costmodel/data/oracle_steps.json")
+    ap.add_argument("--only", action="append", choices=[f"{w}-w{n}" for w, n in RUNS],
+                    help="run only these wrapper-world runs (repeatable)")
+    ap.add_argument("--planner", help="planner executable: check that it parses each config")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker_main(args.worker, args.worker_out.format(rank=os.environ.get("RANK", "0")))
+        return 0
+
+    started = time.time()
+    cases, failures, warnings_ = run_all(args.only)
+    problems = check_planner(args.planner, cases) if args.planner else []
+    write_corpus(args.out, cases, failures, command_line(args))
+    print(f"{len(cases)} cases, {len(failures)} failures in {time.time() - started:.0f} s "
+          f"-> {args.out}")
+    for k, v in sorted(failures.items()):
+        print(f"FAILED {k}: {v}")
+    for w in warnings_:
+        print(f"WARNING {w}")
+    for p in problems:
+        print(f"PROBLEM {p}")
+    return 1 if failures or problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
