@@ -139,6 +139,7 @@ ActivationBytes megatron_block(const ModelSpec& m, const TrainingJob& j, double 
 // its backward keeps; otherwise GEMMs reading one tensor share it.
 struct Dtypes {
   double e, p, r;
+  bool cuda;
   bool autocast() const { return p > e; }
   // What `consumers` GEMMs reading one norm output of dtype `out` keep.
   double gemm_inputs(int consumers, double out) const { return autocast() ? consumers * e : out; }
@@ -150,6 +151,13 @@ struct Dtypes {
 // casting), then weight * normalized.
 double rmsnorm(const Shape& x, const Dtypes& d, int consumers, double normalized) {
   return 4 * x.T * x.h + 4 * x.T + normalized * x.T * x.h + d.gemm_inputs(consumers, std::max(d.p, d.r)) * x.T * x.h;
+}
+// torchtitan's nn.RMSNorm calls F.rms_norm: on CUDA the fused kernel (aten::_fused_rms_norm)
+// keeps its input and the fp32 rstd per token; elsewhere it runs as ops (an fp32 copy of the
+// input, rstd, the fp32 normalized value).
+double torch_rmsnorm(const Shape& x, const Dtypes& d, int consumers) {
+  if (!d.cuda) return rmsnorm(x, d, consumers, 4.0);
+  return d.r * x.T * x.h + 4 * x.T + d.gemm_inputs(consumers, std::max(d.p, d.r)) * x.T * x.h;
 }
 // nn.LayerNorm (GPT-2, GPT-NeoX): its input, fp32 mean and rstd per token, and its consumers'.
 double layernorm(const Shape& x, const Dtypes& d, int consumers, bool keeps_input) {
@@ -175,11 +183,10 @@ double llama_attention(const ModelSpec& m, const Shape& x, const TrainingJob& j,
 // FeedForward: SiLU keeps its input (gate out), the product keeps both factors, down_proj keeps
 // the product.
 double llama_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
-  const bool titan = j.recipe == Recipe::torchtitan;
-  const double normalized = titan ? 4.0 : d.r;
   const double mlp_inner = m.mlp == MlpKind::swiglu ? 4 * d.e * x.T * x.I : 2 * d.e * x.T * x.I;
-  return rmsnorm(x, d, titan ? 1 : 3, normalized) + llama_attention(m, x, j, d.e) +
-         rmsnorm(x, d, 2, normalized) + mlp_inner;
+  if (j.recipe == Recipe::torchtitan)
+    return torch_rmsnorm(x, d, 1) + llama_attention(m, x, j, d.e) + torch_rmsnorm(x, d, 2) + mlp_inner;
+  return rmsnorm(x, d, 3, d.r) + llama_attention(m, x, j, d.e) + rmsnorm(x, d, 2, d.r) + mlp_inner;
 }
 
 // GPT2Block: LayerNorms, one fused c_attn whose output q, k and v are views of (the whole
@@ -223,9 +230,10 @@ double neox_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, cons
   return attention + mlp;
 }
 
-ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, double e, double p, bool checkpointed) {
+ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, const Forward& f, bool checkpointed) {
   const Shape x(m, j);
-  const Dtypes d{e, p, p};
+  const Dtypes d{f.e, f.p, f.p, f.cuda};
+  const double e = f.e;
   double full = 0;
   switch (m.architecture) {
     case Architecture::gpt2: full = gpt2_block(m, x, j, d); break;
@@ -254,10 +262,10 @@ ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, double
 
 }  // namespace
 
-ActivationBytes block_activations(const ModelSpec& m, const TrainingJob& j, double e, double p,
+ActivationBytes block_activations(const ModelSpec& m, const TrainingJob& j, const Forward& f,
                                   bool checkpointed) {
-  if (j.recipe == Recipe::megatron || j.recipe == Recipe::executor) return megatron_block(m, j, e, checkpointed);
-  return framework_block(m, j, e, p, checkpointed);
+  if (j.recipe == Recipe::megatron || j.recipe == Recipe::executor) return megatron_block(m, j, f.e, checkpointed);
+  return framework_block(m, j, f, checkpointed);
 }
 
 double rotary_table_bytes(const ModelSpec& m, const TrainingJob& j, double p) {
@@ -279,7 +287,8 @@ double checkpointed_mask_bytes(const ModelSpec& m, const TrainingJob& j, double 
   return p * static_cast<double>(j.micro_batch) * static_cast<double>(j.seq_len) * static_cast<double>(j.seq_len);
 }
 
-ActivationBytes embedding_activations(const ModelSpec& m, const TrainingJob& j, double /*e*/, double p) {
+ActivationBytes embedding_activations(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+  const double p = f.p;
   ActivationBytes out;
   if (j.recipe == Recipe::executor || j.recipe == Recipe::megatron) return out;
   const Shape x(m, j);
@@ -291,7 +300,8 @@ ActivationBytes embedding_activations(const ModelSpec& m, const TrainingJob& j, 
   return out;
 }
 
-ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& j, double e, double p) {
+ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+  const double e = f.e;
   const Shape x(m, j);
   const double T = x.T, h = x.h, V = x.V;
   ActivationBytes out;
@@ -303,29 +313,34 @@ ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& j, doubl
     return out;
   }
   // The final norm and what the projection keeps of it.
-  const Dtypes d{e, p, p};
+  const Dtypes d{e, f.p, f.p, f.cuda};
   switch (m.architecture) {
     case Architecture::gpt2:
     case Architecture::gpt_neox: out.saved = layernorm(x, d, 1, true); break;
-    default: out.saved = j.recipe == Recipe::megatron ? 2 * e * T * h
-                                                      : rmsnorm(x, d, 1, j.recipe == Recipe::torchtitan ? 4.0 : d.r);
+    default:
+      out.saved = j.recipe == Recipe::megatron     ? 2 * e * T * h
+                  : j.recipe == Recipe::torchtitan ? torch_rmsnorm(x, d, 1)
+                                                   : rmsnorm(x, d, 1, d.r);
   }
   const double labels = j.loss == LossImpl::chunked || j.loss == LossImpl::fused_linear ? 0 : 8 * T;
   switch (j.loss) {
     case LossImpl::upcast:
-      // ForCausalLMLoss: logits.float() then cross_entropy = nll_loss(log_softmax(.)). The logits
-      // stay alive (the model returns them), log_softmax keeps its fp32 output; the fp32 copy
-      // lives through the forward only (it is the logits themselves in fp32). In backward the
-      // gradients of the log-probabilities and of the logits are both fp32 at once.
-      out.saved += e * T * V + 4 * T * V + labels;
-      out.forward = e < 4 ? 4 * T * V : 0;
+      // ForCausalLMLoss / torchtitan's cross_entropy_loss: logits.float(), then cross_entropy =
+      // nll_loss(log_softmax(.)), which keeps its fp32 output. The logits (and their fp32 copy)
+      // live through the forward only: HF Trainer's compute_loss keeps just the loss, torchtitan
+      // deletes pred before backward. In backward the gradients of the log-probabilities and of
+      // the logits are both fp32 at once.
+      out.saved += 4 * T * V + labels;
+      out.forward = e * T * V + (e < 4 ? 4 * T * V : 0);
       out.backward = 8 * T * V;
+      out.loss = 4 * T * V + labels;
       break;
     case LossImpl::fused:
       // flash-attn's CrossEntropyLoss (and a compiled loss): the logits and an fp32 log-sum-exp
       // per token; the backward writes one gradient of the logits' size.
       out.saved += e * T * V + 4 * T + labels;
       out.backward = e * T * V;
+      out.loss = e * T * V + 4 * T + labels;
       break;
     case LossImpl::fp32_inplace:
       // megatron/core/tensor_parallel/cross_entropy.py: the logits cast to fp32, exponentiated
@@ -334,6 +349,7 @@ ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& j, doubl
       out.saved += 4 * T * V + labels;
       out.forward = e < 4 ? e * T * V : 0;
       out.backward = e < 4 ? e * T * V : 0;
+      out.loss = 4 * T * V + labels;
       break;
     case LossImpl::chunked:
     case LossImpl::fused_linear: {

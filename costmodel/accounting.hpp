@@ -54,6 +54,18 @@ struct ActivationBytes {
   double forward = 0;    // extra alive during the unit's forward only (the loss's fp32 copy)
   double recompute = 0;  // extra alive while a checkpointed unit's backward reruns its forward
   double backward = 0;   // transient during the unit's backward (e.g. the logits gradient)
+  double loss = 0;       // of `saved`, what the loss's own backward releases (head only), before
+                         // the projection's gradients exist
+};
+
+// How the forward keeps its tensors: e bytes of the compute dtype; p bytes of the parameters it
+// reads (4 under autocast, where each GEMM casts its inputs; e where FSDP or DeepSpeed hand over
+// 16-bit parameters); cuda: it runs CUDA's kernels (torch's _fused_rms_norm keeps its input and
+// rstd, CUDA's dropout a 1-byte mask; on a CPU F.rms_norm runs as ops that keep fp32 copies).
+struct Forward {
+  double e = 2;
+  double p = 2;
+  bool cuda = true;
 };
 
 // What one transformer block keeps for backward under the job's recipe (its model code),
@@ -61,19 +73,17 @@ struct ActivationBytes {
 // `checkpointed`: this block runs under full checkpointing (full, or its turn under every:N).
 // Each recipe's terms are derived per saved tensor from its model code, cited beside them, and
 // checked against the bytes PyTorch's autograd saves (tests/costmodel/data/oracle_units.json).
-// e: bytes of the compute dtype; p: bytes of the parameters the forward reads (4 under autocast,
-// where each GEMM casts its inputs; e where FSDP or DeepSpeed hand over 16-bit parameters).
-ActivationBytes block_activations(const ModelSpec& m, const TrainingJob& job, double e, double p,
+ActivationBytes block_activations(const ModelSpec& m, const TrainingJob& job, const Forward& f,
                                   bool checkpointed);
 // The embeddings: what their backward needs (the token ids) and what the recipe computes once
 // for all blocks (rotary tables).
-ActivationBytes embedding_activations(const ModelSpec& m, const TrainingJob& job, double e, double p);
+ActivationBytes embedding_activations(const ModelSpec& m, const TrainingJob& job, const Forward& f);
 // transformers' rotary cos and sin tables, computed once per forward and read by every block
 // (zero for recipes that keep them as a module buffer or have none).
 double rotary_table_bytes(const ModelSpec& m, const TrainingJob& job, double p);
 // An attention mask built once and kept by checkpointed blocks (GPT-2's eager path).
 double checkpointed_mask_bytes(const ModelSpec& m, const TrainingJob& job, double p);
 // The head: the final norm, the projection to the vocabulary and the loss, by the job's loss.
-ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& job, double e, double p);
+ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& job, const Forward& f);
 
 }  // namespace shardplan::costmodel

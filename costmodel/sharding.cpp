@@ -39,6 +39,7 @@ void apply_fsdp1(ShardingSpec& s) {
   s.backward_prefetch = 1;
   s.max_inflight_allgathers = 2;
   s.keep_root_unsharded = s.reshard_after_forward;
+  s.root_unit = true;
   s.fp32_sharded_params = true;
   s.reduce_dtype = DType::bf16;
 }
@@ -49,6 +50,8 @@ void apply_fsdp1(ShardingSpec& s) {
 // group is not resharded before backward. Sharded DTensor parameters stay fp32; reduce_dtype
 // defaults to param_dtype.
 void apply_fsdp2(ShardingSpec& s) {
+  s.root_unit = true;
+  s.reduce_copy_in = true;
   s.forward_prefetch = 1;
   s.backward_prefetch = 1;
   s.max_inflight_allgathers = 2;
@@ -183,6 +186,8 @@ ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer)
   ShardingSpec s;
   s.strategy = r.choice("strategy", strategy_names());
   s.flavour = flavour_from_name(r.string("flavour"), r.pointer_of("flavour"));
+  s.root_unit = s.flavour == Flavour::fsdp1 || s.flavour == Flavour::fsdp2;
+  s.reduce_copy_in = s.flavour == Flavour::fsdp2;
   s.shard_optimizer = r.boolean("shard_optimizer");
   s.shard_gradients = r.boolean("shard_gradients");
   s.shard_parameters = r.boolean("shard_parameters");

@@ -37,6 +37,16 @@ struct ShardingSpec {
                                  // (HSDP: the ranks of a node; replicas are all-reduced)
   bool reshard_after_forward = false;  // free gathered parameters after a unit's forward
   bool keep_root_unsharded = false;    // FSDP1: the root unit (embeddings, head) stays gathered
+  // FSDP (1 and 2) as transformers, accelerate and torchtitan wrap a model: each block its own
+  // unit, the root module the rest, so the embeddings, final norm and head are one unit gathered
+  // at the start of forward and not resharded before backward (FSDP2 sets the root's
+  // reshard_after_forward to False); its gradients are reduced after the embeddings' backward.
+  // Follows from the flavour; not part of the plan document.
+  bool root_unit = false;
+  // FSDP2's foreach_reduce copies a unit's unsharded gradients into one flat reduce-scatter input
+  // in the reduce dtype and frees them; the input lives until the reduce-scatter is done.
+  // Follows from the flavour; not part of the plan document.
+  bool reduce_copy_in = false;
 
   // Scheduling knobs (units are one transformer block; embeddings and head are units too).
   int forward_prefetch = 1;       // units whose all-gather is issued ahead of their forward

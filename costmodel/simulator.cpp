@@ -65,6 +65,12 @@ class Simulation {
       spec_.persistence_threshold = 0;
       spec_.flat_grad_partition = spec_.contiguous_grad_bucket = spec_.grad_bucket_copy = false;
       spec_.keep_root_unsharded = false;
+      spec_.root_unit = false;
+    }
+    if (in.job.recipe == Recipe::executor) {
+      // The executor's engine (executor/engine.cpp) gathers the embeddings and the head as units
+      // of their own, reduce-scatters each unit's gradient in place and steps AdamW in place.
+      spec_.root_unit = spec_.reduce_copy_in = false;
     }
   }
 
@@ -258,6 +264,10 @@ void Simulation::prepare() {
     units_[2].gather += static_cast<double>(m.embedding.tensors.front().elements());
   if (m.tied_embeddings) units_[2].matmul += static_cast<double>(m.embedding.tensors.front().elements());
   units_[0].matmul = 0;  // an embedding lookup is a gather, not a GEMM
+  if (s.root_unit && s.shard_parameters) {  // the root gathers the head's parameters with its own
+    units_[0].gather += units_[2].gather - (m.tied_embeddings ? static_cast<double>(m.embedding.tensors.front().elements()) : 0.0);
+    units_[2].gather = 0;
+  }
 
   const double fwd_block = block_forward_flops_per_token(m, j.seq_len) * tokens;
   const double fwd_head = head_forward_flops_per_token(m) * tokens;
@@ -288,11 +298,11 @@ void Simulation::prepare() {
     units_[1].recompute_s = selective_op_recompute_flops_per_token(m) * tokens / rate;
   // The parameters the forward reads: fp32 under DDP's autocast, the gathered or kept 16-bit
   // copies under FSDP and DeepSpeed (and the compute dtype when there is one dtype).
-  const double seen_b = autocast_copies() ? sb_.param : compute_b_;
-  units_[0].act = embedding_activations(m, j, compute_b_, seen_b);
-  units_[1].act = block_activations(m, j, compute_b_, seen_b, false);
-  units_[3].act = block_activations(m, j, compute_b_, seen_b, true);
-  units_[2].act = head_activations(m, j, compute_b_, seen_b);
+  const Forward f{compute_b_, autocast_copies() ? sb_.param : compute_b_, !hw.is_cpu};
+  units_[0].act = embedding_activations(m, j, f);
+  units_[1].act = block_activations(m, j, f, false);
+  units_[3].act = block_activations(m, j, f, true);
+  units_[2].act = head_activations(m, j, f);
 
   const int G = in_.cluster.gpus_per_node;
   shard_group_ = {shard_, std::min(shard_, G)};
@@ -334,7 +344,7 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
     if (!s.reshard_after_forward) return true;
     if (in_.accounting == Accounting::zero_paper) return false;
     if (u == U - 1) return true;
-    return s.keep_root_unsharded && u == 0;
+    return (s.keep_root_unsharded || s.root_unit) && u == 0;
   };
 
   // ---- forward
@@ -363,7 +373,8 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
     fwd_end_[u] = st + ui.fwd_s;
     mem(st, ui.act.saved + ui.act.forward, Category::activations, Phase::forward, u, mb);
     mem(fwd_end_[u], -ui.act.forward, Category::activations, Phase::forward, u, mb);
-    if (autocast_copies) mem(st, ui.matmul * compute_b_, Category::buffers, Phase::forward, u, mb);
+    // autocast's casts of the weights are tensors autograd keeps, like the activations.
+    if (autocast_copies) mem(st, ui.matmul * compute_b_, Category::activations, Phase::forward, u, mb);
     if (shard_params && gathered_alive_[u] && !kept_through_backward(u)) {
       mem(fwd_end_[u], -ui.gather_bytes, Category::buffers, Phase::forward, u, mb, -1);
       gathered_alive_[u] = 0;
@@ -402,6 +413,9 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
     const double end = st + ui.bwd_s;
     bwd_end_[u] = end;
     mem(st, ui.act.backward, Category::activations, Phase::backward, u, mb);
+    // The loss's backward runs first and releases its transient and what it kept; the
+    // projection's gradients come after.
+    if (ui.act.loss > 0) mem(st, -(ui.act.backward + ui.act.loss), Category::activations, Phase::backward, u, mb);
     // Gradients: kept whole (DDP, ZeRO-1) they are allocated on first use and kept to the step;
     // sharded, the unit's full gradient is a transient until it is reduced. A tied head's backward
     // adds into the embedding matrix's gradient, so the embedding unit's gradient is first used
@@ -419,8 +433,9 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
     const bool tied = in_.model->tied_embeddings;
     if (!(tied && u == 0)) first_use(u);
     if (tied && u == U - 1) first_use(0);
-    mem(end, -(ui.act.saved + ui.act.recompute + ui.act.backward), Category::activations, Phase::backward, u, mb);
-    if (autocast_copies) mem(end, -ui.matmul * compute_b_, Category::buffers, Phase::backward, u, mb);
+    const double released = ui.act.loss > 0 ? ui.act.saved - ui.act.loss : ui.act.saved + ui.act.backward;
+    mem(end, -(released + ui.act.recompute), Category::activations, Phase::backward, u, mb);
+    if (autocast_copies) mem(end, -ui.matmul * compute_b_, Category::activations, Phase::backward, u, mb);
     if (shard_params && gathered_alive_[u]) {
       mem(end, -ui.gather_bytes, Category::buffers, Phase::backward, u, mb, -1);
       gathered_alive_[u] = 0;
@@ -429,8 +444,13 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
 
     // Reduction: per unit, or when the framework's bucket has filled.
     if (!reduce) continue;
+    if (s.root_unit && s.shard_gradients && u == U - 1) continue;  // reduced with the root, below
     pending_reduce_bytes_ += ui.params * reduce_b_;
     pending_units_.push_back(u);
+    if (s.root_unit && s.shard_gradients && u == 0) {
+      pending_reduce_bytes_ += info(U - 1).params * reduce_b_;
+      pending_units_.push_back(U - 1);
+    }
     const double bucket = s.reduce_bucket_bytes;
     const bool per_unit_buckets = !s.contiguous_grad_bucket;  // DDP caps buckets; FSDP reduces per unit
     if (!per_unit_buckets && pending_reduce_bytes_ < bucket && u > 0) continue;
@@ -440,6 +460,13 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
                                         : coll(op, shard_group_, pending_reduce_bytes_);
     const double rs = issue(rs_stream, end, Stream::compute, dur, op == Collective::reduce_scatter ? "reduce-scatter" : "all-reduce", u);
     double done = rs + dur;  // when this bucket's gradients are fully reduced
+    const bool copy_in = s.reduce_copy_in && s.shard_gradients && in_.accounting == Accounting::framework;
+    if (copy_in) {  // the unsharded gradients move into the flat reduce-scatter input; the
+                    // output shard, in the reduce dtype, is then added into the kept gradient
+      mem(end, pending_reduce_bytes_, Category::buffers, Phase::reduce, u, mb);
+      mem(rs, pending_reduce_bytes_ / S, Category::buffers, Phase::reduce, u, mb);
+      mem(rs + dur, -pending_reduce_bytes_ * (1 + 1 / S), Category::buffers, Phase::reduce, u, mb);
+    }
     if (hsdp_ && s.shard_gradients) {  // HYBRID_SHARD: all-reduce the shard across replicas
       const double ar = coll(Collective::all_reduce, replica_group_, pending_reduce_bytes_ / S);
       done = issue(Stream::all_reduce, done, Stream::reduce_scatter, ar, "replica all-reduce", u) + ar;
@@ -451,7 +478,7 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
     for (int pu : pending_units_) {
       const auto& pi = info(pu);
       if (s.shard_gradients && !s.contiguous_grad_bucket)
-        mem(rs + dur, -pi.params * compute_b_, Category::gradients, Phase::reduce, pu, mb);
+        mem(copy_in ? end : rs + dur, -pi.params * compute_b_, Category::gradients, Phase::reduce, pu, mb);
       if (s.shard_gradients && first && !offload_opt) {
         const double shard = pi.params / S * (s.flat_grad_partition ? 4.0 : sb_.grad);
         mem(rs + dur, shard, Category::gradients, Phase::reduce, pu, mb);
@@ -578,6 +605,17 @@ StepResult Simulation::run() {
     const double st = issue(Stream::compute, t, Stream::compute, dur, "optimizer step", -1);
     mem(st, local_opt_params * sb_.step_grad, Category::gradients, Phase::optimizer, -1, 1);
     mem(st + dur, -local_opt_params * sb_.step_grad, Category::gradients, Phase::optimizer, -1, 1);
+    // torch.optim.Adam/AdamW with foreach (the default on GPUs; torch/optim/adam.py,
+    // _multi_tensor_adam) first writes sqrt(exp_avg_sq) of every local parameter into new
+    // tensors: one intermediate of the local shard in the state dtype. DeepSpeed's FusedAdam
+    // updates in place.
+    const bool foreach_adam = s.flavour != Flavour::deepspeed && in_.accounting == Accounting::framework &&
+                              j.recipe != Recipe::executor &&
+                              (j.optimizer == Optimizer::adam || j.optimizer == Optimizer::adamw);
+    if (foreach_adam) {
+      mem(st, local_opt_params * sb_.moment, Category::optimizer_states, Phase::optimizer, -1, 1);
+      mem(st + dur, -local_opt_params * sb_.moment, Category::optimizer_states, Phase::optimizer, -1, 1);
+    }
     result_.optimizer_s = dur;
     t = st + dur;
   } else {

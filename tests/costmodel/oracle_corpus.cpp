@@ -64,8 +64,10 @@ std::vector<Row> unit_rows(const nlohmann::json& corpus) {
     const std::string skipped = cpu_only_reason(m, c);
     // e: the compute dtype; p: the parameters the forward reads (fp32 under autocast, 16-bit
     // when FSDP2's MixedPrecisionPolicy hands the block its unsharded bf16 parameters).
+    // Measured on CPU: no CUDA kernels (cuda = false).
     const double e = j.precision == Precision::fp32 ? 4 : 2;
     const double p = c.at("mixed_precision_mechanism").get<std::string>() == "autocast" ? 4 : e;
+    const Forward f{e, p, false};
     const auto& units = c.at("units");
     const double T = static_cast<double>(j.seq_len * j.micro_batch);
     double predicted_total = 0, measured_total = 0;
@@ -75,7 +77,7 @@ std::vector<Row> unit_rows(const nlohmann::json& corpus) {
     // The mask checkpointed blocks keep is likewise counted in the first of them.
     const double rotary = rotary_table_bytes(m, j, p);
     const double mask = checkpointed_mask_bytes(m, j, p);
-    const double embedding = embedding_activations(m, j, e, p).saved - rotary - mask;
+    const double embedding = embedding_activations(m, j, f).saved - rotary - mask;
     const double measured_embedding = units.at("embedding").at("activation_bytes").get<double>();
     rows.push_back(row(c, "embedding", embedding, measured_embedding, skipped));
     predicted_total += embedding;
@@ -84,7 +86,7 @@ std::vector<Row> unit_rows(const nlohmann::json& corpus) {
     bool rotary_counted = false, mask_counted = false;
     for (std::int64_t b = 0; b < m.layers; ++b) {
       const bool checkpointed = j.block_checkpointed(b);
-      double predicted = block_activations(m, j, e, p, checkpointed).saved;
+      double predicted = block_activations(m, j, f, checkpointed).saved;
       // torch.utils.checkpoint keeps the block's keyword inputs (cos, sin) in its closure, out
       // of the hooks' view.
       if (!checkpointed && !rotary_counted) {
@@ -102,15 +104,13 @@ std::vector<Row> unit_rows(const nlohmann::json& corpus) {
       measured_total += measured;
     }
 
-    // The head. The upcast path's logits are held by the model's output, not saved by autograd
-    // (a fused loss saves them); a chunked loss's gradient accumulator is held by the loss
+    // The head. A chunked loss's gradient accumulator is held by the loss
     // wrapper, and the corpus counts the largest chunk's saved tensors (its lm_head input — a
     // view of the whole hidden states when b = 1, a copy of the chunk otherwise — the fp32
     // log-probabilities and the chunk's labels).
-    const auto head = head_activations(m, j, e, p);
+    const auto head = head_activations(m, j, f);
     double predicted_head = head.saved;
-    double measured_head = units.at("head").at("activation_bytes").get<double>();
-    if (j.loss == LossImpl::upcast) measured_head += c.at("logits_alive_bytes").get<double>();
+    const double measured_head = units.at("head").at("activation_bytes").get<double>();
     if (j.loss == LossImpl::chunked) {
       const double h = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab);
       const double C = T / static_cast<double>(j.loss_chunks);
@@ -124,9 +124,92 @@ std::vector<Row> unit_rows(const nlohmann::json& corpus) {
   return rows;
 }
 
+namespace {
+
+// The corpus's categories (MemTracker's, with FSDPMemTracker's split of parameters, gradients
+// and communication buffers) summed into the cost model's.
+Breakdown measured_categories(const nlohmann::json& at_peak) {
+  Breakdown b{};
+  auto add = [&](Category c, const char* key) {
+    if (at_peak.contains(key)) b[static_cast<int>(c)] += at_peak.at(key).get<double>();
+  };
+  add(Category::parameters, "parameters");
+  add(Category::parameters, "sharded_parameters");
+  add(Category::parameters, "buffers");  // the model's own buffers (rotary inv_freq)
+  add(Category::gradients, "gradients");
+  add(Category::gradients, "sharded_gradients");
+  add(Category::gradients, "unsharded_gradients");
+  add(Category::optimizer_states, "optimizer_states");
+  add(Category::optimizer_states, "optimizer_temp");
+  add(Category::activations, "activations");
+  add(Category::activations, "temp");
+  add(Category::activations, "inputs");
+  add(Category::activations, "other");
+  add(Category::buffers, "ddp_gradient_buckets");
+  add(Category::buffers, "unsharded_parameters");
+  add(Category::buffers, "all_gather");
+  add(Category::buffers, "reduce_scatter");
+  return b;
+}
+
+ShardingSpec spec_of(const std::string& wrapper, int world) {
+  if (wrapper == "fsdp2") {
+    // The harness's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torchtitan's default.
+    ShardingSpec s = make_spec("fsdp-full", Flavour::fsdp2, world);
+    s.reduce_dtype = DType::fp32;
+    return s;
+  }
+  ShardingSpec s = make_spec("ddp", Flavour::ddp, world);
+  if (wrapper == "none") s.grad_bucket_copy = false;  // the bare model: no DDP buckets
+  return s;
+}
+
+}  // namespace
+
 std::vector<Row> step_rows(const nlohmann::json& corpus) {
-  (void)corpus;
-  return {};
+  std::vector<Row> rows;
+  const auto& configs = corpus.at("configs");
+  const auto hw = load_hardware("a100-sxm4-80gb");
+  for (const auto& c : corpus.at("cases")) {
+    const std::string config = c.at("config").get<std::string>();
+    const ModelSpec m = model_from_hf_config(configs.at(config), config);
+    TrainingJob j = job_of(c);
+    j.optimizer = optimizer_from_name(c.at("optimizer").get<std::string>(), "optimizer");
+    const int world = c.at("world_size").get<int>();
+    j.global_batch = j.micro_batch * world;
+    StepInput in;
+    in.model = &m;
+    in.hardware = &hw;
+    in.cluster = {world, world};
+    in.job = j;
+    in.spec = spec_of(c.at("wrapper").get<std::string>(), world);
+    const StepResult r = simulate_step(in);
+    std::string skipped = cpu_only_reason(m, c);
+    // torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce_scatter_copy_in:
+    // on CUDA the bf16 gradients are cast to the fp32 reduce dtype during the copy-in; on CPU each
+    // is cast first, an extra fp32 copy of the root's gradients at the root's reduce-scatter.
+    if (skipped.empty() && c.at("wrapper") == "fsdp2" && j.precision != Precision::fp32 &&
+        c.value("peak_phase", std::string()) == "backward" && c.value("peak_module", std::string()) == "Global")
+      skipped = "CPU: FSDP2 casts each gradient to the reduce dtype before the copy-in (CUDA casts during it)";
+    rows.push_back(row(c, "peak", r.allocated_peak_bytes, c.at("peak_bytes").get<double>(), skipped));
+    const Breakdown measured = measured_categories(c.at("at_peak"));
+    // Categories describe one moment: where two moments have nearly the same total (the end of
+    // the optimizer step and the loss's backward), they are compared only when both peaks fall
+    // in the same phase.
+    const bool predicted_in_step = r.peak_when.rfind("optimizer", 0) == 0;
+    const bool measured_in_step = c.value("peak_phase", std::string()) == "optimizer";
+    const std::string other_moment =
+        predicted_in_step == measured_in_step
+            ? skipped
+            : "the peak falls in another phase: predicted " + r.peak_when + ", measured " +
+                  c.value("peak_phase", std::string());
+    for (int k = 0; k < kCategories; ++k) {
+      if (static_cast<Category>(k) == Category::overhead) continue;
+      rows.push_back(row(c, std::string("peak/") + category_name(static_cast<Category>(k)), r.at_peak[k],
+                         measured[k], skipped.empty() ? other_moment : skipped));
+    }
+  }
+  return rows;
 }
 
 }  // namespace shardplan::oracle

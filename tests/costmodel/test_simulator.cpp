@@ -111,19 +111,19 @@ TEST_CASE("simulator::korthikanti activation table") {
   j.seq_len = 1024;
   j.micro_batch = 4;
   j.attention = AttentionImpl::eager;
-  const auto none = block_activations(m, j, 2.0, 2.0, false);
+  const auto none = block_activations(m, j, {2.0, 2.0, true}, false);
   CHECK(none.saved == doctest::Approx(s * b * h * (34 + 5 * a * s / h)));
   j.checkpointing = Checkpointing::selective_attention;
-  const auto sel = block_activations(m, j, 2.0, 2.0, false);
+  const auto sel = block_activations(m, j, {2.0, 2.0, true}, false);
   CHECK(sel.saved == doctest::Approx(34 * s * b * h));
   j.checkpointing = Checkpointing::full;
-  const auto full = block_activations(m, j, 2.0, 2.0, true);
+  const auto full = block_activations(m, j, {2.0, 2.0, true}, true);
   CHECK(full.saved == doctest::Approx(2 * s * b * h));
   CHECK(full.recompute == doctest::Approx(none.saved));
   // Flash attention drops the s×s terms, keeping an fp32 logsumexp per head and token.
   j.checkpointing = Checkpointing::none;
   j.attention = AttentionImpl::flash;
-  const auto flash = block_activations(m, j, 2.0, 2.0, false);
+  const auto flash = block_activations(m, j, {2.0, 2.0, true}, false);
   CHECK(flash.saved == doctest::Approx(34 * s * b * h + 4 * a * s * b));
 }
 
