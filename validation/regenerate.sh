@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Regenerates the memory corpora the cost model is tested against, with the frameworks' own code:
+#   tests/costmodel/data/oracle_units.json  bytes autograd keeps per unit (validation/measure_units.py)
+#   tests/costmodel/data/oracle_steps.json  whole-step peaks, PyTorch's MemTracker (validation/measure_steps.py)
+# Usage: validation/regenerate.sh [VENV_DIR]   (default validation/.venv; made on first use from
+# validation/requirements.txt, PyPI's torch, transformers and torchtitan). CPU only, about 10 minutes
+# on two cores. Not part of the test command: the corpora are checked in.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${1:-validation/.venv}
+if [[ ! -x "$venv/bin/python" ]]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet -r validation/requirements.txt
+fi
+py=$venv/bin/python
+"$py" validation/measure_units.py --out tests/costmodel/data/oracle_units.json
+planner=build/release/planner/planner
+extra=()
+[[ -x $planner ]] && extra=(--planner "$planner")
+"$py" validation/measure_steps.py --out tests/costmodel/data/oracle_steps.json "${extra[@]}"
+echo "corpora written; compare with: build/release/bench/memory_corpus --summary"
