@@ -360,7 +360,7 @@ ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& j, const
       // chunk: at the worst moment a chunk holds its logits, the fp32 log-probabilities and the
       // two fp32 gradients of the upcast path. Liger's fused linear cross-entropy
       // (liger_kernel/ops/fused_linear_cross_entropy.py) picks C = the next power of two of
-      // T / ceil(V / h), keeps the weight's gradient (the weight's dtype, fp32 here) and
+      // T / ceil(V / h), keeps the weight's gradient (in the dtype of the weight it reads) and
       // rewrites the chunk's logits into their gradient in place.
       double C = 0;
       double per_token = 0;
@@ -373,7 +373,7 @@ ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& j, const
         const double inc = std::ceil(V / h);
         C = std::min(T, std::exp2(std::ceil(std::log2(std::ceil(T / inc)))));
         per_token = e;
-        out.saved += e * T * h + 4 * V * h;
+        out.saved += e * T * h + f.p * V * h;
       }
       out.forward = per_token * C * V;
       break;

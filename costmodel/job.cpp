@@ -75,6 +75,18 @@ LossImpl default_loss(Recipe r) {
   return LossImpl::upcast;
 }
 
+const char* recipe_description(Recipe r) {
+  switch (r) {
+    case Recipe::hf: return "transformers' model code";
+    case Recipe::torchtitan: return "torchtitan's Llama";
+    case Recipe::llm_foundry: return "a transformers-style block, flash-attn's cross-entropy by default";
+    case Recipe::megatron: return "Megatron-core's GPT, Korthikanti et al.'s tensors";
+    case Recipe::deepspeed: return "a transformers model under the DeepSpeed engine";
+    case Recipe::executor: return "this project's executor";
+  }
+  return "?";
+}
+
 namespace {
 // "name:N" → N, a positive integer; the whole option names the error.
 std::int64_t count_after_colon(const std::string& s, std::size_t colon, const std::string& where,

@@ -56,6 +56,7 @@ const char* recipe_name(Recipe r);
 Recipe recipe_from_name(const std::string& s, const std::string& where);
 const std::vector<std::string>& recipe_names();
 LossImpl default_loss(Recipe r);
+const char* recipe_description(Recipe r);  // the reference code it counts, in a few words
 
 const char* precision_name(Precision p);
 const char* optimizer_name(Optimizer o);

@@ -511,12 +511,24 @@ void Simulation::walk_memory() {
   }
   result_.allocated_peak_bytes = std::max(peak, 0.0);
   if (at) {
+    // Name the op that allocates at the peak: of the events at the peak's instant (a prefetch is
+    // often issued at the moment another op allocates), the largest allocation.
+    const MemEvent* op = at;
+    for (const MemEvent* e = at; e >= events_.data() && e->t == at->t; --e)
+      if (e->bytes > op->bytes) op = e;
     const auto& s = spec_;
-    std::string when = at->phase == Phase::setup || at->phase == Phase::optimizer || at->phase == Phase::gather
-                           ? phase_name(at->phase)
-                           : fmt::format("{} of {}", phase_name(at->phase), unit_label(at->unit, n_units_));
-    if (result_.grad_accumulation > 1 && at->phase != Phase::optimizer && at->phase != Phase::gather)
-      when += at->micro_batch == 0 ? " (first micro-batch)" : " (last micro-batch)";
+    std::string when;
+    if (op->phase == Phase::setup || op->phase == Phase::optimizer || op->phase == Phase::gather)
+      when = phase_name(op->phase);
+    else if (op->gathered > 0)
+      when = fmt::format("all-gather of {}'s parameters, issued in {}", unit_label(op->unit, n_units_),
+                         phase_name(op->phase));
+    else if (op->cat == Category::activations && op->unit == n_units_ - 1 && op->phase == Phase::backward)
+      when = "backward of the loss: logits gradients";
+    else
+      when = fmt::format("{} of {}", phase_name(op->phase), unit_label(op->unit, n_units_));
+    if (result_.grad_accumulation > 1 && op->phase != Phase::optimizer && op->phase != Phase::gather)
+      when += op->micro_batch == 0 ? " (first micro-batch)" : " (last micro-batch)";
     if (s.shard_parameters)
       when += fmt::format(", {} gathered unit{} alive", gathered_at_peak, gathered_at_peak == 1 ? "" : "s");
     result_.peak_when = when;
@@ -552,7 +564,24 @@ StepResult Simulation::run() {
     total_params += count * u.params;
     local_opt_params += count * u.params / opt_div;
   }
-  if (offload_opt) opt_bytes = 0;
+  if (offload_opt) {
+    // Host memory: the node's CPUs hold every local GPU's offloaded optimizer states (fp32
+    // master and moments), its fp32 gradient partition, and with parameter offload the sharded
+    // parameters, all pinned (DeepSpeed's offload_optimizer/offload_param with pin_memory; FSDP's
+    // CPUOffloadPolicy(pin_memory=True)).
+    double host_per_gpu = opt_bytes + local_opt_params * 4.0;
+    if (s.offload == Offload::params) host_per_gpu += local_opt_params * sb_.param;
+    const int gpus_on_node = std::min(in_.cluster.gpus, in_.cluster.gpus_per_node);
+    result_.host_bytes_per_node = host_per_gpu * gpus_on_node;
+    if (result_.host_bytes_per_node > hw.host_memory_bytes) {
+      fail(fmt::format("offload needs {:.1f} GiB of host memory per node ({} GPUs x {:.1f} GiB of optimizer "
+                       "states, gradients{}), the node has {:.1f} GiB",
+                       result_.host_bytes_per_node / 1073741824.0, gpus_on_node, host_per_gpu / 1073741824.0,
+                       s.offload == Offload::params ? " and parameters" : "", hw.host_memory_bytes / 1073741824.0));
+      return result_;
+    }
+    opt_bytes = 0;
+  }
   mem(0, param_bytes, Category::parameters, Phase::setup, -1, 0);
   mem(0, opt_bytes, Category::optimizer_states, Phase::setup, -1, 0);
   if (s.grad_bucket_copy && in_.accounting == Accounting::framework)
@@ -660,6 +689,8 @@ StepResult Simulation::run() {
   // Overheads outside the allocator's view: CUDA context, NCCL workspace, fragmentation reserve.
   const double frag = hw.fragmentation * result_.allocated_peak_bytes;
   const double overhead = hw.cuda_context_bytes + hw.nccl_workspace_bytes + frag;
+  result_.reserve_bytes = frag;
+  result_.device_bytes = hw.cuda_context_bytes + hw.nccl_workspace_bytes;
   result_.at_peak[static_cast<int>(Category::overhead)] += overhead;
   result_.peak_bytes = result_.allocated_peak_bytes + overhead;
 

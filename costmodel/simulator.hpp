@@ -62,7 +62,10 @@ struct StepResult {
   std::int64_t grad_accumulation = 0;  // micro-batches per optimizer step
   // memory, bytes per GPU
   double peak_bytes = 0;        // allocated peak + overhead (context, NCCL, fragmentation)
-  double allocated_peak_bytes = 0;
+  double allocated_peak_bytes = 0;  // torch.cuda.max_memory_allocated()
+  double reserve_bytes = 0;     // the caching allocator's reserve on top: max_memory_reserved() − allocated
+  double device_bytes = 0;
+  double host_bytes_per_node = 0;  // pinned host memory an offload plan needs on each node      // CUDA context + NCCL workspace: what nvidia-smi adds to the reserved
   double capacity_bytes = 0;
   Breakdown at_peak{};          // sums to peak_bytes
   Breakdown model_states{};     // persistent parameters, gradients, optimizer states

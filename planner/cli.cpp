@@ -148,7 +148,8 @@ int run_cli(int argc, char** argv) {
       }
       if (!po.flavour.empty()) pins.flavour = costmodel::flavour_from_name(po.flavour, "--flavour");
       if (so.micro_batch > 0) pins.micro_batch = so.micro_batch;
-      if (!so.checkpointing.empty()) pins.checkpointing = sc.job.checkpointing;
+      pins.checkpointing = !so.checkpointing.empty();
+      pins.loss = !so.loss.empty();
       if (recommend_cmd->count("--offload")) pins.offload = costmodel::offload_from_name(po.offload, "--offload");
       if (po.shard_group_size != 0) {
         if (po.shard_group_size < 2 || sc.cluster.gpus % po.shard_group_size != 0)

@@ -23,6 +23,21 @@ std::string seconds(double s) {
   return fmt::format("{:.1f} us", s * 1e6);
 }
 
+Verdict verdict_of(const Scenario& sc, const Evaluation& e) {
+  if (e.fits) return Verdict::fits;
+  if (e.result.valid && e.result.peak_bytes <= sc.hardware.memory_bytes) return Verdict::tight;
+  return Verdict::does_not_fit;
+}
+
+const char* verdict_name(Verdict v) {
+  switch (v) {
+    case Verdict::fits: return "fits";
+    case Verdict::tight: return "tight";
+    case Verdict::does_not_fit: return "does not fit";
+  }
+  return "?";
+}
+
 StepInput step_input(const Scenario& sc, const ShardingSpec& spec, const TrainingJob& job) {
   StepInput in;
   in.model = &sc.model;
@@ -67,11 +82,11 @@ std::string scenario_line(const Scenario& sc) {
   const double params = static_cast<double>(m.total_params());
   const std::string count = params >= 1e9 ? fmt::format("{:.2f} B", params / 1e9)
                                           : fmt::format("{:.2f} M", params / 1e6);
-  return fmt::format("{} ({} params) on {} x {} ({} node{}), seq {}, global batch {}, {} {}",
+  return fmt::format("{} ({} params) on {} x {} ({} node{}), seq {}, global batch {}, {} {}, recipe {}",
                      m.name, count, sc.cluster.gpus,
                      sc.hardware.name, sc.cluster.nodes(), sc.cluster.nodes() == 1 ? "" : "s",
                      sc.job.seq_len, sc.job.global_batch, precision_name(sc.job.precision),
-                     optimizer_name(sc.job.optimizer));
+                     optimizer_name(sc.job.optimizer), recipe_name(sc.job.recipe));
 }
 
 nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
@@ -102,8 +117,15 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
       {"params", r.params},
       {"valid", r.valid},
       {"fits", e.fits},
+      {"verdict", verdict_name(verdict_of(sc, e))},
+      {"recipe", recipe_name(e.job.recipe)},
+      {"loss", loss_label(e.job)},
       {"memory",
        {{"peak_bytes", std::llround(r.peak_bytes)},
+        {"allocated_peak_bytes", std::llround(r.allocated_peak_bytes)},
+        {"reserve_bytes", std::llround(r.reserve_bytes)},
+        {"device_bytes", std::llround(r.device_bytes)},
+        {"margin_bytes", std::llround(sc.usable_bytes() - r.peak_bytes)},
         {"capacity_bytes", std::llround(r.capacity_bytes)},
         {"usable_bytes", std::llround(sc.usable_bytes())},
         {"breakdown", breakdown},
@@ -129,6 +151,8 @@ std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
   const auto& r = e.result;
   Text text;
   auto line = [&]<class... A>(fmt::format_string<A...> f, A&&... a) { text.line(f, std::forward<A>(a)...); };
+  line("training code: recipe {} ({}), loss {}", recipe_name(e.job.recipe), recipe_description(e.job.recipe),
+       loss_label(e.job));
   line("plan: {} ({}){}, micro-batch {} x {} accumulation, checkpointing {}, offload {}",
        e.spec.strategy, flavour_name(e.spec.flavour),
        e.spec.shard_group_size > 0 ? fmt::format(", shard group {}", e.spec.shard_group_size) : "",
@@ -149,9 +173,21 @@ std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
   line("  {:<42} {}", "peak happens at", r.peak_when);
   line("  {:<42} {:>12}   (what model-state-only estimators report)", "model states alone",
        gib(total(r.model_states)));
-  line("  verdict: {}", e.fits ? "FITS"
-                               : fmt::format("DOES NOT FIT (over by {})",
-                                             gib(r.peak_bytes - sc.usable_bytes())));
+  line("  compare with: torch.cuda.max_memory_allocated() {}, max_memory_reserved() {}, nvidia-smi {}",
+       gib(r.allocated_peak_bytes), gib(r.allocated_peak_bytes + r.reserve_bytes), gib(r.peak_bytes));
+  switch (verdict_of(sc, e)) {
+    case Verdict::fits:
+      line("  verdict: FITS ({} to spare beyond the {:.0f}% headroom)", gib(sc.usable_bytes() - r.peak_bytes),
+           sc.headroom * 100);
+      break;
+    case Verdict::tight:
+      line("  verdict: TIGHT (fits the {} device with {} to spare, inside the {:.0f}% headroom)",
+           gib(r.capacity_bytes), gib(r.capacity_bytes - r.peak_bytes), sc.headroom * 100);
+      break;
+    case Verdict::does_not_fit:
+      line("  verdict: DOES NOT FIT (over the device by {})", gib(r.peak_bytes - r.capacity_bytes));
+      break;
+  }
   line("");
   line("time per optimizer step");
   line("  {:<42} {:>12}", "compute (forward, backward, optimizer)", seconds(r.compute_s));

@@ -17,6 +17,12 @@ struct Evaluation {
   bool fits = false;           // valid and peak <= usable capacity
 };
 
+// Near the edge, three verdicts: fits (the peak is within the usable capacity, headroom kept),
+// tight (it fits the device only by eating into the headroom), does not fit (beyond the device).
+enum class Verdict { fits, tight, does_not_fit };
+Verdict verdict_of(const Scenario& sc, const Evaluation& e);
+const char* verdict_name(Verdict v);  // "fits", "tight", "does not fit"
+
 costmodel::StepInput step_input(const Scenario& sc, const costmodel::ShardingSpec& spec,
                                 const costmodel::TrainingJob& job);
 Evaluation evaluate(const Scenario& sc, const costmodel::ShardingSpec& spec,

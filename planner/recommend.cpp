@@ -22,8 +22,8 @@ nlohmann::json candidate_json(const Scenario& sc, const Candidate& c) {
 std::string knobs(const Evaluation& e) {
   std::string s = fmt::format("{} ({})", e.spec.strategy, flavour_name(e.spec.flavour));
   if (e.spec.shard_group_size > 0) s += fmt::format(" group {}", e.spec.shard_group_size);
-  s += fmt::format(", mb {}x{}, ckpt {}", e.job.micro_batch, e.result.grad_accumulation,
-                   checkpointing_label(e.job));
+  s += fmt::format(", mb {}x{}, ckpt {}, loss {}", e.job.micro_batch, e.result.grad_accumulation,
+                   checkpointing_label(e.job), loss_label(e.job));
   if (e.spec.offload != Offload::none) s += fmt::format(", offload {}", offload_name(e.spec.offload));
   if (e.spec.shard_parameters) s += fmt::format(", prefetch {}", e.spec.forward_prefetch);
   if (e.spec.reduce_bucket_bytes > 0) s += fmt::format(", bucket {:.0f} MiB", e.spec.reduce_bucket_bytes / 1048576.0);

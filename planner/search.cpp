@@ -42,6 +42,9 @@ std::vector<Offload> offloads_for(const ShardingSpec& s) {
 
 bool better(const Evaluation& a, const Evaluation& b) {
   if (a.result.step_s != b.result.step_s) return a.result.step_s < b.result.step_s;
+  // At equal time, the loss the recipe's code already runs: another one is a change to make.
+  const bool a_own = a.job.loss == default_loss(a.job.recipe), b_own = b.job.loss == default_loss(b.job.recipe);
+  if (a_own != b_own) return a_own;
   return a.result.peak_bytes < b.result.peak_bytes;
 }
 
@@ -105,28 +108,52 @@ SearchResult search(const Scenario& sc, const SearchPins& pins) {
   if (micro_batches.empty())
     throw InputError("--micro-batch", fmt::format("{} does not divide the {} sequences per GPU",
                                                   pins.micro_batch.value_or(0), per_gpu));
-  std::vector<Checkpointing> ckpts;
-  for (auto c : {Checkpointing::none, Checkpointing::selective_attention, Checkpointing::full})
-    if (!pins.checkpointing || *pins.checkpointing == c) {
-      // Selective recompute only changes anything for materialized attention scores.
-      if (c == Checkpointing::selective_attention && sc.job.attention == AttentionImpl::flash && !pins.checkpointing)
-        continue;
-      ckpts.push_back(c);
-    }
+  // What the user can set in the recipe's code: the checkpointing modes (every other block, and
+  // torchtitan's op-level policy, beside none and full; Megatron's attention-only recompute only
+  // changes anything for materialized scores) and the losses the recipe offers (transformers
+  // with Liger's fused linear cross-entropy; torchtitan's ChunkedLossWrapper, 8 chunks by default).
+  struct Ckpt {
+    Checkpointing mode;
+    std::int64_t every;
+  };
+  std::vector<Ckpt> ckpts;
+  if (pins.checkpointing) {
+    ckpts.push_back({sc.job.checkpointing, sc.job.checkpoint_every});
+  } else {
+    ckpts = {{Checkpointing::none, 0}, {Checkpointing::full, 0}};
+    if (sc.model.layers >= 2 && sc.job.recipe != Recipe::megatron && sc.job.recipe != Recipe::executor)
+      ckpts.push_back({Checkpointing::every, 2});
+    if (sc.job.recipe == Recipe::torchtitan) ckpts.push_back({Checkpointing::selective_op, 0});
+    if (sc.job.attention == AttentionImpl::eager && sc.job.recipe != Recipe::executor)
+      ckpts.push_back({Checkpointing::selective_attention, 0});
+  }
+  struct Loss {
+    LossImpl impl;
+    std::int64_t chunks;
+  };
+  std::vector<Loss> losses = {{sc.job.loss, sc.job.loss_chunks}};
+  if (!pins.loss) {
+    if (sc.job.recipe == Recipe::hf && sc.job.loss != LossImpl::fused_linear) losses.push_back({LossImpl::fused_linear, 0});
+    if (sc.job.recipe == Recipe::torchtitan && sc.job.loss != LossImpl::chunked) losses.push_back({LossImpl::chunked, 8});
+  }
 
   std::map<std::string, Candidate> best_fit, smallest;
   const double usable = sc.usable_bytes();
   const double overhead = sc.hardware.cuda_context_bytes + sc.hardware.nccl_workspace_bytes;
   for (const auto& spec : specs) {
     const std::string family = family_of(spec);
-    for (auto ckpt : ckpts) {
+    for (const auto& ckpt : ckpts)
+    for (const auto& loss : losses) {
       bool too_big = false;  // a smaller micro-batch of this configuration did not fit
       for (auto mb : micro_batches) {
         ++res.plans_considered;
         if (too_big && !pins.exhaustive) continue;
         TrainingJob job = sc.job;
         job.micro_batch = mb;
-        job.checkpointing = ckpt;
+        job.checkpointing = ckpt.mode;
+        job.checkpoint_every = ckpt.every;
+        job.loss = loss.impl;
+        job.loss_chunks = loss.chunks;
         Evaluation e = evaluate(sc, spec, job);
         ++res.plans_simulated;
         if (!e.result.valid) continue;

@@ -19,7 +19,8 @@ struct SearchPins {
   std::optional<std::string> strategy;
   std::optional<costmodel::Flavour> flavour;
   std::optional<std::int64_t> micro_batch;
-  std::optional<costmodel::Checkpointing> checkpointing;
+  bool checkpointing = false;  // the scenario's checkpointing mode (and every:N) is the user's
+  bool loss = false;           // the scenario's loss is the user's
   std::optional<costmodel::Offload> offload;
   std::optional<int> shard_group_size;
   bool exhaustive = false;  // simulate everything, no pruning (for tests and benchmarks)

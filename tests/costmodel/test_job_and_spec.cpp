@@ -47,6 +47,58 @@ TEST_CASE("job::rejections name the field and value") {
   CHECK(error_of([&] { job_from_json(missing); }) == "/seq_len: missing key");
 }
 
+TEST_CASE("job::recipe, loss and checkpointing modes: names, defaults and rejections") {
+  auto parsed = [](json patch) {
+    json j = kJob;
+    for (auto it = patch.begin(); it != patch.end(); ++it) j[it.key()] = it.value();
+    return job_from_json(j);
+  };
+  // The recipe's loss unless the document names one (llm-foundry's default is flash-attn's fused
+  // cross-entropy; Megatron's vocab-parallel cross-entropy works in fp32 in place).
+  CHECK(parsed({{"recipe", "llm-foundry"}}).loss == LossImpl::fused);
+  CHECK(parsed({{"recipe", "megatron"}}).loss == LossImpl::fp32_inplace);
+  CHECK(parsed({{"recipe", "llm-foundry"}, {"loss", "upcast"}}).loss == LossImpl::upcast);
+  const auto every = parsed({{"checkpointing", "every:3"}, {"loss", "chunked:8"}, {"recipe", "torchtitan"}});
+  CHECK(every.checkpointing == Checkpointing::every);
+  CHECK(every.checkpoint_every == 3);
+  CHECK(every.loss_chunks == 8);
+  CHECK(job_to_json(every)["checkpointing"] == "every:3");
+  CHECK(job_to_json(every)["loss"] == "chunked:8");
+  CHECK(job_from_json(job_to_json(every)).checkpoint_every == 3);
+  // "selective" is Megatron's attention-only recompute, under its own name.
+  CHECK(parsed({{"checkpointing", "selective"}}).checkpointing == Checkpointing::selective_attention);
+  CHECK(parsed({{"checkpointing", "selective-op"}}).checkpointing == Checkpointing::selective_op);
+  // Which blocks every:N checkpoints follows the recipe's code: transformers counts from layer 0
+  // (layer_index % N == 0), torchtitan 0.2 from its N-th block.
+  TrainingJob hf = every;
+  hf.recipe = Recipe::hf;
+  CHECK(hf.block_checkpointed(0));
+  CHECK_FALSE(hf.block_checkpointed(2));
+  CHECK(hf.block_checkpointed(3));
+  CHECK_FALSE(every.block_checkpointed(0));
+  CHECK(every.block_checkpointed(2));
+
+  auto with = [](const char* key, json v) {
+    json j = kJob;
+    j[key] = v;
+    return error_of([&] { job_from_json(j); });
+  };
+  CHECK(with("checkpointing", "every") == "/checkpointing: every needs the block interval, e.g. \"every:2\"");
+  CHECK(with("checkpointing", "every:0") ==
+        "/checkpointing: every:N must be a whole number >= 1 after the colon, got \"every:0\"");
+  CHECK(with("checkpointing", "every:x") ==
+        "/checkpointing: every:N must be a whole number >= 1 after the colon, got \"every:x\"");
+  CHECK(with("checkpointing", "layer") == "/checkpointing: must be one of none, full, every:N, selective-attention, "
+                                          "selective, selective-op, got \"layer\"");
+  CHECK(with("loss", "chunked") == "/loss: chunked needs its number of chunks, e.g. \"chunked:8\"");
+  CHECK(with("loss", "chunked:-2") == "/loss: chunked:N must be a whole number >= 1 after the colon, got \"chunked:-2\"");
+  CHECK(with("loss", "liger") ==
+        "/loss: must be one of upcast, fused, chunked:N, fused-linear, fp32-inplace, got \"liger\"");
+  CHECK(with("recipe", "nemo") ==
+        "/recipe: must be one of hf, torchtitan, llm-foundry, megatron, deepspeed, executor, got \"nemo\"");
+  CHECK(with("recipe", 3) == "/recipe: must be a string, got 3");
+}
+
 TEST_CASE("job::cluster and batch say what would work") {
   CHECK(error_of([] { validate_cluster({12, 8}); }) ==
         "--gpus: 12 is not a multiple of --gpus-per-node 8; 8 or 16 would be");

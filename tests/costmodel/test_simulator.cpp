@@ -266,3 +266,63 @@ TEST_CASE("simulator::offload moves optimizer states to the host") {
   CHECK(off.peak_bytes < base.peak_bytes);
   CHECK(off.step_s > base.step_s);  // the CPU step and host transfers cost time
 }
+
+TEST_CASE("simulator::the loss decides the head's peak, and the peak names the loss") {
+  // Llama-3-8B (V = 128256) at 8192 tokens, one GPU's micro-batch under FSDP2: the upcast path
+  // holds 4 + 8 bytes per token and vocabulary entry at its backward (the fp32 log-probabilities
+  // and the two fp32 gradients, torch's log_softmax/nll_loss), the fused kernel 2 + 2
+  // (flash-attn's CrossEntropyLoss: the logits and their gradient), the chunked ones a chunk.
+  const auto m = load_model("llama-3-8b");
+  const auto hw = load_hardware("h200-sxm-141gb");
+  StepInput in;
+  in.model = &m;
+  in.hardware = &hw;
+  in.cluster = {8, 8};
+  in.job.seq_len = 8192;
+  in.job.global_batch = 8;
+  in.job.micro_batch = 1;
+  in.spec = make_spec("fsdp-full", Flavour::fsdp2, 8);
+  auto peak_with = [&](const char* loss) {
+    in.job.loss = LossImpl::upcast;
+    set_loss(in.job, loss, "loss");
+    return simulate_step(in);
+  };
+  const auto upcast = peak_with("upcast");
+  const auto fused = peak_with("fused");
+  const auto chunked = peak_with("chunked:8");
+  const auto liger = peak_with("fused-linear");
+  const double TV = 8192.0 * 128256.0;
+  CHECK(upcast.peak_when.rfind("backward of the loss", 0) == 0);
+  // The head's backward transient differs by 8·T·V − 2·T·V, its saved bytes by 4·T·V − (2·T·V +
+  // 4·T): at the loss's backward the two paths differ by (12 − 4)·T·V less the 4·T statistics.
+  CHECK(upcast.allocated_peak_bytes - fused.allocated_peak_bytes == doctest::Approx(8 * TV - 4 * 8192.0).epsilon(0.01));
+  CHECK(fused.allocated_peak_bytes > chunked.allocated_peak_bytes);
+  CHECK(fused.allocated_peak_bytes > liger.allocated_peak_bytes);
+  CHECK(liger.peak_when.rfind("backward of the loss", 0) != 0);
+}
+
+TEST_CASE("simulator::offload checks the node's host memory") {
+  // DeepSpeed ZeRO-3 with the optimizer offloaded keeps the fp32 master and both moments (12 bytes
+  // per parameter) and the fp32 gradient partition (4) in pinned host memory: 16 bytes per
+  // parameter over the node's GPUs; llama-2-70b on one node of 8 needs 16·68.98e9 B ≈ 1028 GiB.
+  const auto m = load_model("llama-2-70b");
+  auto hw = load_hardware("a100-sxm4-80gb");
+  StepInput in;
+  in.model = &m;
+  in.hardware = &hw;
+  in.cluster = {8, 8};
+  in.job.seq_len = 4096;
+  in.job.global_batch = 8;
+  in.job.micro_batch = 1;
+  in.job.checkpointing = Checkpointing::full;
+  in.spec = make_spec("zero3", std::nullopt, 8);
+  in.spec.offload = Offload::optimizer;
+  const auto fits = simulate_step(in);
+  REQUIRE(fits.valid);
+  CHECK(fits.host_bytes_per_node == doctest::Approx(16.0 * static_cast<double>(m.total_params())));
+  hw.host_memory_bytes = 512.0 * 1073741824.0;
+  const auto refused = simulate_step(in);
+  CHECK_FALSE(refused.valid);
+  CHECK(refused.reason.find("of host memory per node (8 GPUs") != std::string::npos);
+  CHECK(refused.reason.find("the node has 512.0 GiB") != std::string::npos);
+}

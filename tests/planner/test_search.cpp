@@ -1,10 +1,13 @@
 #include <doctest/doctest.h>
 
+#include <set>
+
 #include <algorithm>
 
 #include <fmt/format.h>
 
 #include "costmodel/plan.hpp"
+#include "planner/estimate.hpp"
 #include "planner/recommend.hpp"
 
 using namespace shardplan;
@@ -98,18 +101,43 @@ TEST_CASE("search::a small model across nodes of a weak network is not fully sha
 }
 
 TEST_CASE("search::pins restrict the space") {
-  const auto sc = scenario("llama-2-7b", "a100-sxm4-80gb", 8, 8, 4096, 32);
+  auto sc = scenario("llama-2-7b", "a100-sxm4-80gb", 8, 8, 4096, 32);
+  sc.job.checkpointing = costmodel::Checkpointing::full;
   SearchPins pins;
   pins.strategy = "zero2";
   pins.micro_batch = 1;
-  pins.checkpointing = costmodel::Checkpointing::full;
+  pins.checkpointing = true;
+  pins.loss = true;
   const auto r = search(sc, pins);
   REQUIRE_FALSE(r.ranked.empty());
   for (const auto& c : r.ranked) {
     CHECK(c.eval.spec.strategy == "zero2");
     CHECK(c.eval.job.micro_batch == 1);
     CHECK(c.eval.job.checkpointing == costmodel::Checkpointing::full);
+    CHECK(c.eval.job.loss == costmodel::LossImpl::upcast);
   }
+}
+
+TEST_CASE("search::what the recipe lets a user set is searched and recorded") {
+  // transformers: checkpointing none, full or every other layer (activation_checkpointing_enable
+  // (every_n_layers=2)), the model's own loss or Liger's fused linear cross-entropy; torchtitan:
+  // its op-level selective checkpointing and its ChunkedLossWrapper (8 chunks).
+  auto sc = scenario("llama-3-8b", "a100-sxm4-80gb", 8, 8, 8192, 64);
+  SearchPins pins;
+  pins.exhaustive = true;
+  std::set<std::string> seen;
+  for (const auto& c : search(sc, pins).ranked)
+    seen.insert(costmodel::checkpointing_label(c.eval.job) + "/" + costmodel::loss_label(c.eval.job));
+  CHECK(seen.count("every:2/upcast") == 1);
+  CHECK(seen.count("none/fused-linear") == 1);
+  CHECK(seen.count("selective-op/upcast") == 0);
+  sc.job.recipe = costmodel::Recipe::torchtitan;
+  seen.clear();
+  for (const auto& c : search(sc, pins).ranked)
+    seen.insert(costmodel::checkpointing_label(c.eval.job) + "/" + costmodel::loss_label(c.eval.job));
+  CHECK(seen.count("selective-op/upcast") == 1);
+  CHECK(seen.count("selective-op/chunked:8") == 1);
+  CHECK(seen.count("none/fused-linear") == 0);
 }
 
 TEST_CASE("search::nothing fits is an answer, not an error") {
@@ -134,4 +162,30 @@ TEST_CASE("search::emitted plan round-trips") {
   CHECK(costmodel::spec_to_json(plan.spec) == costmodel::spec_to_json(e.spec));
   CHECK(plan.prediction.step_s == doctest::Approx(e.result.step_s));
   CHECK(costmodel::plan_to_json(plan) == doc);
+}
+
+TEST_CASE("estimate::three verdicts near the edge") {
+  // The same plan against three headrooms: fits (peak within the usable capacity), tight (fits the
+  // device only inside the headroom), does not fit (beyond the device itself).
+  auto sc = scenario("llama-2-7b", "a100-sxm4-80gb", 8, 8, 4096, 32);
+  auto job = sc.job;
+  job.micro_batch = 2;
+  const auto spec = costmodel::make_spec("fsdp-full", std::nullopt, 8);
+  auto e = evaluate(sc, spec, job);
+  const double peak = e.result.peak_bytes, capacity = sc.hardware.memory_bytes;
+  REQUIRE(peak < capacity);
+  sc.headroom = 1 - (peak / capacity) * 1.01;  // usable just above the peak
+  e = evaluate(sc, spec, job);
+  CHECK(verdict_of(sc, e) == Verdict::fits);
+  CHECK(e.fits);
+  sc.headroom = 1 - (peak / capacity) * 0.99;  // usable just below it, the device above
+  e = evaluate(sc, spec, job);
+  CHECK(verdict_of(sc, e) == Verdict::tight);
+  CHECK_FALSE(e.fits);
+  CHECK(evaluation_table(sc, e).find("verdict: TIGHT") != std::string::npos);
+  CHECK(evaluation_to_json(sc, e)["verdict"] == "tight");
+  sc.hardware.memory_bytes = peak * 0.99;
+  e = evaluate(sc, spec, job);
+  CHECK(verdict_of(sc, e) == Verdict::does_not_fit);
+  CHECK(evaluation_to_json(sc, e)["verdict"] == "does not fit");
 }
