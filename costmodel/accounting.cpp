@@ -74,7 +74,8 @@ double head_forward_flops_per_token(const ModelSpec& m) {
 }
 
 double selective_op_recompute_flops_per_token(const ModelSpec& m) {
-  return static_cast<double>(m.block.matmul_params());  // half of 2 FLOPs per weight and token
+  // Of a Llama block's five matmuls (wqkv, wo, w1, w3, w2) the 2nd and 4th are recomputed.
+  return 2.0 * (static_cast<double>(m.q_width() * m.hidden) + static_cast<double>(m.hidden * m.intermediate));
 }
 
 namespace {

@@ -45,8 +45,9 @@ double head_forward_flops_per_token(const ModelSpec& m);
 double attention_core_flops_per_token(const ModelSpec& m, std::int64_t seq_len);
 
 // Of the block's forward FLOPs, what torchtitan's op-level selective checkpointing reruns: its
-// policy (torchtitan/distributed/activation_checkpoint.py, _op_sac_save_list) keeps the
-// attention output and every second matmul, so half the projections' FLOPs run again.
+// policy (torchtitan/distributed/activation_checkpoint.py, SelectiveAC) saves the attention
+// output and every other matmul's, so the output projection and the MLP's up projection run again
+// (the element-wise ops' time is not counted here).
 double selective_op_recompute_flops_per_token(const ModelSpec& m);
 
 struct ActivationBytes {

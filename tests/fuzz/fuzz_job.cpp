@@ -10,7 +10,8 @@ bool same(const costmodel::TrainingJob& a, const costmodel::TrainingJob& b) {
   return a.seq_len == b.seq_len && a.global_batch == b.global_batch &&
          a.micro_batch == b.micro_batch && a.precision == b.precision &&
          a.optimizer == b.optimizer && a.checkpointing == b.checkpointing &&
-         a.attention == b.attention;
+         a.checkpoint_every == b.checkpoint_every && a.attention == b.attention && a.loss == b.loss &&
+         a.loss_chunks == b.loss_chunks && a.recipe == b.recipe;
 }
 }  // namespace
 

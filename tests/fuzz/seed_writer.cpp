@@ -46,7 +46,9 @@ int main(int argc, char** argv) {
       TrainingJob j = job;
       j.precision = static_cast<Precision>(i);
       j.optimizer = static_cast<Optimizer>(i % optimizer_names().size());
-      j.checkpointing = static_cast<Checkpointing>(i % checkpointing_names().size());
+      set_checkpointing(j, std::vector<std::string>{"none", "every:2", "selective-op", "full"}[i % 4], "seed");
+      set_loss(j, std::vector<std::string>{"upcast", "chunked:8", "fused", "fused-linear"}[i % 4], "seed");
+      j.recipe = static_cast<Recipe>(i % recipe_names().size());
       j.attention = i % 2 ? AttentionImpl::eager : AttentionImpl::flash;
       j.micro_batch = static_cast<std::int64_t>(i);  // 0: no micro_batch key
       write(out / "job", fmt::format("variant-{}", i), job_to_json(j));
