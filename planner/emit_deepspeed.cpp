@@ -98,7 +98,7 @@ std::string comment_for(const Scenario& sc, const Evaluation& e) {
          "deepspeed.checkpointing for models that call it (Megatron-DeepSpeed).";
     break;
   case Checkpointing::every:
-    c += fmt::format(" Checkpointing every {}-th block is switched on in the model, not by this "
+    c += fmt::format(" Checkpointing one block in {} is switched on in the model, not by this "
                      "file (wrap those blocks with torch.utils.checkpoint or "
                      "deepspeed.checkpointing.checkpoint).",
                      e.job.checkpoint_every);

@@ -88,10 +88,17 @@ void checkpointing_lines(Text& t, const TrainingJob& j) {
     return;
   case Checkpointing::full:
   case Checkpointing::every:
+    if (j.recipe != Recipe::torchtitan && j.recipe != Recipe::executor) {
+      // transformers 5.23 (modeling_utils.py): layers 0, N, 2N, ... as the plan counted them.
+      t.line("model.activation_checkpointing_enable(activation_checkpointing_kwargs={{\"use_reentrant\": False}}, "
+             "every_n_layers={})  # transformers; checkpointing {}",
+             j.checkpointing == Checkpointing::every ? j.checkpoint_every : 1, checkpointing_label(j));
+      return;
+    }
     t.line("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper");
     t.line("for name, block in list(model.layers.named_children()):");
     if (j.checkpointing == Checkpointing::every) {
-      t.line("    if (int(name) + 1) % {} == 0:  # every:{}: every {}-th block recomputes its forward",
+      t.line("    if (int(name) + 1) % {} == 0:  # every:{}: one block in {} recomputes its forward",
              j.checkpoint_every, j.checkpoint_every, j.checkpoint_every);
       t.line("        model.layers.register_module(name, checkpoint_wrapper(block))");
     } else {
@@ -250,7 +257,7 @@ void torchtitan_toml(Text& t, const Scenario& sc, const Evaluation& e) {
   case Checkpointing::full: t.line("mode = \"full\""); break;
   case Checkpointing::every:
     t.line("mode = \"selective\"");
-    t.line("selective_ac_option = \"{}\"  # every {}-th block fully checkpointed", e.job.checkpoint_every,
+    t.line("selective_ac_option = \"{}\"  # one block in {} fully checkpointed", e.job.checkpoint_every,
            e.job.checkpoint_every);
     break;
   case Checkpointing::selective_op:

@@ -50,6 +50,7 @@ Evaluation plan(const Scenario& sc, const std::string& strategy, std::int64_t mi
   job.micro_batch = micro;
   job.precision = precision;
   job.checkpointing = ckpt;
+  job.checkpoint_every = ckpt == Checkpointing::every ? 2 : 0;
   return planner::evaluate(sc, spec, job);
 }
 
@@ -207,7 +208,7 @@ TEST_CASE("emit::fsdp settings per strategy") {
   CHECK(contains(full,
                  "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)"));
   CHECK(contains(full, "offload_policy = OffloadPolicy()"));
-  CHECK(contains(full, "model.layers.register_module(name, checkpoint_wrapper(block))  # full"));
+  CHECK(contains(full, "every_n_layers=1)  # transformers; checkpointing full"));
   CHECK(contains(full, "data_parallel_shard_degree = 16\n"));
   CHECK(contains(full, "data_parallel_replicate_degree = 1\n"));
   CHECK(contains(full, "fsdp_reshard_after_forward = \"default\""));
@@ -299,4 +300,25 @@ TEST_CASE("svg::memory chart is well-formed and marks what does not fit") {
   CHECK(balanced_tags(empty, why));
   CHECK(contains(empty, "no plans"));
   CHECK(planner::xml_escape("a<b>&'\"") == "a&lt;b&gt;&amp;&apos;&quot;");
+}
+
+TEST_CASE("emit::every other block checkpointed, as code and as torchtitan 0.2.x keys") {
+  // torchtitan 0.2.x: mode = "selective", selective_ac_option = "2" checkpoints every 2nd block;
+  // the PyTorch snippets wrap the same blocks with checkpoint_wrapper; DeepSpeed gets its
+  // activation_checkpointing section and the sentence that the model switches it on.
+  auto sc = scenario();
+  const auto hf = planner::fsdp_settings(
+      sc, plan(sc, "fsdp-full", 2, Precision::bf16_mixed, Offload::none, Checkpointing::every));
+  // transformers counts from layer 0: its own switch, as the plan counted.
+  CHECK(contains(hf, "model.activation_checkpointing_enable(activation_checkpointing_kwargs={\"use_reentrant\": "
+                     "False}, every_n_layers=2)"));
+  sc.job.recipe = Recipe::torchtitan;
+  const auto e = plan(sc, "fsdp-full", 2, Precision::bf16_mixed, Offload::none, Checkpointing::every);
+  const auto fsdp = planner::fsdp_settings(sc, e);
+  CHECK(contains(fsdp, "    if (int(name) + 1) % 2 == 0:"));
+  CHECK(contains(fsdp, "mode = \"selective\"\nselective_ac_option = \"2\""));
+  const auto z3 = planner::deepspeed_config(
+      sc, plan(sc, "zero3", 2, Precision::bf16_mixed, Offload::none, Checkpointing::every));
+  CHECK(z3.contains("activation_checkpointing"));
+  CHECK(contains(z3["comment"].get<std::string>(), "Checkpointing one block in 2"));
 }
