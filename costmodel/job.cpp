@@ -1,5 +1,7 @@
 #include "costmodel/job.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "costmodel/json_reader.hpp"
@@ -88,58 +90,43 @@ const char* recipe_description(Recipe r) {
 }
 
 namespace {
-// "name:N" → N, a positive integer; the whole option names the error.
-std::int64_t count_after_colon(const std::string& s, std::size_t colon, const std::string& where,
-                               const char* what) {
-  const std::string digits = s.substr(colon + 1);
-  std::int64_t n = 0;
-  const bool ok = !digits.empty() && digits.size() <= 12 &&
-                  digits.find_first_not_of("0123456789") == std::string::npos &&
-                  (n = std::stoll(digits)) >= 1;
-  if (!ok)
-    throw InputError(where, fmt::format("{} must be a whole number >= 1 after the colon, got \"{}\"", what, s));
-  return n;
+// One of `names`; `counted` (a name among them) is written "counted:N" with N >= 1, which comes
+// back as the count. `shown` lists the accepted forms for the error.
+std::pair<std::size_t, std::int64_t> parse_counted(const std::string& s, const std::vector<std::string>& names,
+                                                   const std::string& counted, const char* example,
+                                                   const std::vector<std::string>& shown, const std::string& where) {
+  const std::string prefix = counted + ":";
+  if (s.rfind(prefix, 0) == 0) {
+    const std::string digits = s.substr(prefix.size());
+    const bool ok = !digits.empty() && digits.size() <= 12 && digits.find_first_not_of("0123456789") == std::string::npos &&
+                    std::stoll(digits) >= 1;
+    if (!ok)
+      throw InputError(where, fmt::format("{}N must be a whole number >= 1 after the colon, got \"{}\"", prefix, s));
+    const auto at = std::find(names.begin(), names.end(), counted) - names.begin();
+    return {static_cast<std::size_t>(at), std::stoll(digits)};
+  }
+  if (s == counted) throw InputError(where, fmt::format("{} needs its count, e.g. \"{}\"", counted, example));
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (names[i] == s) return {i, 0};
+  throw InputError(where, fmt::format("must be one of {}, got \"{}\"", fmt::join(shown, ", "), s));
 }
 }  // namespace
 
 void set_checkpointing(TrainingJob& j, const std::string& s, const std::string& where) {
-  j.checkpoint_every = 0;
-  if (s.rfind("every:", 0) == 0) {
-    j.checkpointing = Checkpointing::every;
-    j.checkpoint_every = count_after_colon(s, 5, where, "every:N");
-    return;
-  }
-  if (s == "selective") {  // the name before the modes were told apart
-    j.checkpointing = Checkpointing::selective_attention;
-    return;
-  }
-  if (s == "every")
-    throw InputError(where, "every needs the block interval, e.g. \"every:2\"");
-  static const std::vector<std::string> shown = {"none", "full", "every:N", "selective-attention",
-                                                 "selective", "selective-op"};
-  for (std::size_t i = 0; i < checkpointing_names().size(); ++i)
-    if (checkpointing_names()[i] == s) {
-      j.checkpointing = static_cast<Checkpointing>(i);
-      return;
-    }
-  throw InputError(where, fmt::format("must be one of {}, got \"{}\"", fmt::join(shown, ", "), s));
+  // "selective" is the name from before the modes were told apart: Megatron's.
+  const auto [index, every] = parse_counted(s == "selective" ? "selective-attention" : s, checkpointing_names(), "every",
+                                            "every:2",
+                                            {"none", "full", "every:N", "selective-attention", "selective", "selective-op"},
+                                            where);
+  j.checkpointing = static_cast<Checkpointing>(index);
+  j.checkpoint_every = every;
 }
 
 void set_loss(TrainingJob& j, const std::string& s, const std::string& where) {
-  j.loss_chunks = 0;
-  if (s.rfind("chunked:", 0) == 0) {
-    j.loss = LossImpl::chunked;
-    j.loss_chunks = count_after_colon(s, 7, where, "chunked:N");
-    return;
-  }
-  if (s == "chunked") throw InputError(where, "chunked needs its number of chunks, e.g. \"chunked:8\"");
-  static const std::vector<std::string> shown = {"upcast", "fused", "chunked:N", "fused-linear", "fp32-inplace"};
-  for (std::size_t i = 0; i < loss_names().size(); ++i)
-    if (loss_names()[i] == s) {
-      j.loss = static_cast<LossImpl>(i);
-      return;
-    }
-  throw InputError(where, fmt::format("must be one of {}, got \"{}\"", fmt::join(shown, ", "), s));
+  const auto [index, chunks] = parse_counted(s, loss_names(), "chunked", "chunked:8",
+                                             {"upcast", "fused", "chunked:N", "fused-linear", "fp32-inplace"}, where);
+  j.loss = static_cast<LossImpl>(index);
+  j.loss_chunks = chunks;
 }
 
 std::string checkpointing_label(const TrainingJob& j) {

@@ -83,14 +83,14 @@ TEST_CASE("job::recipe, loss and checkpointing modes: names, defaults and reject
     j[key] = v;
     return error_of([&] { job_from_json(j); });
   };
-  CHECK(with("checkpointing", "every") == "/checkpointing: every needs the block interval, e.g. \"every:2\"");
+  CHECK(with("checkpointing", "every") == "/checkpointing: every needs its count, e.g. \"every:2\"");
   CHECK(with("checkpointing", "every:0") ==
         "/checkpointing: every:N must be a whole number >= 1 after the colon, got \"every:0\"");
   CHECK(with("checkpointing", "every:x") ==
         "/checkpointing: every:N must be a whole number >= 1 after the colon, got \"every:x\"");
   CHECK(with("checkpointing", "layer") == "/checkpointing: must be one of none, full, every:N, selective-attention, "
                                           "selective, selective-op, got \"layer\"");
-  CHECK(with("loss", "chunked") == "/loss: chunked needs its number of chunks, e.g. \"chunked:8\"");
+  CHECK(with("loss", "chunked") == "/loss: chunked needs its count, e.g. \"chunked:8\"");
   CHECK(with("loss", "chunked:-2") == "/loss: chunked:N must be a whole number >= 1 after the colon, got \"chunked:-2\"");
   CHECK(with("loss", "liger") ==
         "/loss: must be one of upcast, fused, chunked:N, fused-linear, fp32-inplace, got \"liger\"");
