@@ -412,10 +412,13 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
     bwd_start_[u] = st;
     const double end = st + ui.bwd_s;
     bwd_end_[u] = end;
-    mem(st, ui.act.backward, Category::activations, Phase::backward, u, mb);
+    // The unit's backward kernels run after its pre-backward hooks, which issue the next unit's
+    // all-gather (FSDP's backward prefetch, recorded at `st`): a moment later.
+    const double kernels = st + 1e-3 * ui.bwd_s;
+    mem(kernels, ui.act.backward, Category::activations, Phase::backward, u, mb);
     // The loss's backward runs first and releases its transient and what it kept; the
     // projection's gradients come after.
-    if (ui.act.loss > 0) mem(st, -(ui.act.backward + ui.act.loss), Category::activations, Phase::backward, u, mb);
+    if (ui.act.loss > 0) mem(kernels, -(ui.act.backward + ui.act.loss), Category::activations, Phase::backward, u, mb);
     // Gradients: kept whole (DDP, ZeRO-1) they are allocated on first use and kept to the step;
     // sharded, the unit's full gradient is a transient until it is reduced. A tied head's backward
     // adds into the embedding matrix's gradient, so the embedding unit's gradient is first used
@@ -425,10 +428,10 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
     auto first_use = [&](int g) {
       const double elems = info(g).params;
       if (!s.shard_gradients && first) {
-        mem(st, elems * sb_.grad, Category::gradients, Phase::backward, g, mb);
+        mem(kernels, elems * sb_.grad, Category::gradients, Phase::backward, g, mb);
         kept_grad_bytes_ += elems * sb_.grad;
       }
-      if (s.shard_gradients) mem(st, elems * compute_b_, Category::gradients, Phase::backward, g, mb);
+      if (s.shard_gradients) mem(kernels, elems * compute_b_, Category::gradients, Phase::backward, g, mb);
     };
     const bool tied = in_.model->tied_embeddings;
     if (!(tied && u == 0)) first_use(u);
