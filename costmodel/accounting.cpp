@@ -165,18 +165,28 @@ double layernorm(const Shape& x, const Dtypes& d, int consumers, bool keeps_inpu
   return (keeps_input ? d.r * x.T * x.h : 0) + 8 * x.T + d.gemm_inputs(consumers, std::max(d.p, d.r)) * x.T * x.h;
 }
 
+// Dropout's mask per element: CUDA's native_dropout keeps a bool; on a CPU at::dropout keeps its
+// scaled noise in the dropped tensor's dtype.
+double dropout_mask(const Dtypes& d, double dtype) { return d.cuda ? 1.0 : dtype; }
+
+// Eager attention's probabilities: softmax runs in fp32 and keeps its output; the matmul with v
+// keeps its cast to the compute dtype (when narrower) or, with attention dropout, the dropped
+// probabilities and dropout its mask (the cast itself is then kept by nothing).
+double eager_probabilities(const ModelSpec& m, const Shape& x, const Dtypes& d) {
+  const double scores = x.a * x.s * x.T;
+  if (m.attention_dropout) return (4 + dropout_mask(d, d.e) + d.e) * scores;
+  return (4 + (d.e < 4 ? d.e : 0)) * scores;
+}
+
 // The attention between the projections, for models whose projections are separate (Llama):
 // sdpa with is_causal and enable_gqa keeps q, k, v (k and v at the kv width), its output (read in
 // place by o_proj) and an fp32 logsumexp per head and token. Eager (eager_attention_forward):
-// repeat_kv widens k and v to every head; the matmul keeps q and kᵀ, softmax runs in fp32 and
-// keeps its output, its cast to the compute dtype (when narrower) is what the matmul with v keeps,
+// repeat_kv widens k and v to every head; the matmul keeps q and kᵀ, then the probabilities,
 // and o_proj keeps the contiguous transposed output.
-double llama_attention(const ModelSpec& m, const Shape& x, const TrainingJob& j, double e) {
-  const double T = x.T, q = x.q, kv = x.kv, a = x.a, s = x.s;
+double llama_attention(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
+  const double T = x.T, q = x.q, kv = x.kv, a = x.a, e = d.e;
   if (j.attention == AttentionImpl::flash) return e * T * (2 * q + 2 * kv) + 4 * a * T;
-  double core = 4 * e * T * q + 4 * a * s * T + (e < 4 ? e * a * s * T : 0);
-  if (m.attention_dropout) core += a * s * T + e * a * s * T;  // bool mask, dropped probabilities
-  return core;
+  return 4 * e * T * q + eager_probabilities(m, x, d);
 }
 
 // LlamaDecoderLayer (Mistral and Qwen2 share its code; biases keep nothing more) and torchtitan's
@@ -186,29 +196,25 @@ double llama_attention(const ModelSpec& m, const Shape& x, const TrainingJob& j,
 double llama_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
   const double mlp_inner = m.mlp == MlpKind::swiglu ? 4 * d.e * x.T * x.I : 2 * d.e * x.T * x.I;
   if (j.recipe == Recipe::torchtitan)
-    return torch_rmsnorm(x, d, 1) + llama_attention(m, x, j, d.e) + torch_rmsnorm(x, d, 2) + mlp_inner;
-  return rmsnorm(x, d, 3, d.r) + llama_attention(m, x, j, d.e) + rmsnorm(x, d, 2, d.r) + mlp_inner;
+    return torch_rmsnorm(x, d, 1) + llama_attention(m, x, j, d) + torch_rmsnorm(x, d, 2) + mlp_inner;
+  return rmsnorm(x, d, 3, d.r) + llama_attention(m, x, j, d) + rmsnorm(x, d, 2, d.r) + mlp_inner;
 }
 
 // GPT2Block: LayerNorms, one fused c_attn whose output q, k and v are views of (the whole
 // storage stays); sdpa keeps them, its output (c_proj reads it in place) and the logsumexp;
-// eager keeps the qkv storage, the fp32 softmax output and its cast, and the merged heads c_proj
-// reads. NewGELUActivation (gelu_new) is written out in ops: it keeps c_fc's output, tanh's
-// output, 1 + tanh and 0.5·x; c_proj keeps its result. Dropout keeps 1-byte masks (CUDA's
-// native_dropout) after attention and MLP, and on the probabilities with eager attention.
+// eager keeps the qkv storage, the probabilities and the merged heads c_proj reads (flash keeps
+// only its random state for dropout). NewGELUActivation (gelu_new) is written out in ops: it
+// keeps c_fc's output, tanh's output, 1 + tanh and 0.5·x; c_proj keeps its result. Residual
+// dropout keeps a mask after attention and after the MLP.
 double gpt2_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
-  const double T = x.T, h = x.h, e = d.e, a = x.a, s = x.s;
+  const double T = x.T, h = x.h, e = d.e, a = x.a;
   double attention = layernorm(x, d, 1, true) + 3 * e * T * h;
-  if (j.attention == AttentionImpl::flash) {
+  if (j.attention == AttentionImpl::flash)
     attention += e * T * h + 4 * a * T;
-  } else {
-    attention += 4 * a * s * T + (e < 4 ? e * a * s * T : 0) + e * T * h;
-    if (m.attention_dropout) attention += a * s * T + e * a * s * T;
-  }
-  if (m.residual_dropout) attention += T * h;
-  double mlp = layernorm(x, d, 1, true) + 5 * e * T * x.I;
-  if (m.residual_dropout) mlp += T * h;
-  return attention + mlp;
+  else
+    attention += eager_probabilities(m, x, d) + e * T * h;
+  const double residual_mask = m.residual_dropout ? dropout_mask(d, e) * T * h : 0;
+  return attention + residual_mask + layernorm(x, d, 1, true) + 5 * e * T * x.I + residual_mask;
 }
 
 // GPTNeoXLayer with the parallel residual: both LayerNorms read the block input (kept once). The
@@ -216,19 +222,18 @@ double gpt2_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, cons
 // sdpa in the compute dtype); dense reads a contiguous copy of the attention output. The MLP
 // keeps the exact GELU's input and output.
 double neox_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
-  const double T = x.T, h = x.h, q = x.q, e = d.e, a = x.a, s = x.s;
+  const double T = x.T, h = x.h, q = x.q, e = d.e, a = x.a;
   // Eager attention's matmul with v reads it as [b·a, s, d]: at b = 1 a view that keeps the whole
   // fused output alive, at b > 1 a copy of v alone.
   const double qkv = j.attention == AttentionImpl::eager && j.micro_batch > 1 ? e * T * q : 3 * e * T * q;
   double attention = layernorm(x, d, 1, true) + qkv + 2 * e * T * q + e * T * h;
-  if (j.attention == AttentionImpl::flash) {
+  if (j.attention == AttentionImpl::flash)
     attention += e * T * q + 4 * a * T;
-  } else {
-    attention += 4 * a * s * T + (e < 4 ? e * a * s * T : 0);
-    if (m.attention_dropout) attention += a * s * T + e * a * s * T;
-  }
+  else
+    attention += eager_probabilities(m, x, d);
   const double mlp = layernorm(x, d, 1, !m.parallel_residual) + 2 * e * T * x.I;
-  return attention + mlp;
+  const double residual_mask = m.residual_dropout ? 2 * dropout_mask(d, e) * T * h : 0;
+  return attention + mlp + residual_mask;
 }
 
 ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, const Forward& f, bool checkpointed) {
@@ -294,10 +299,10 @@ ActivationBytes embedding_activations(const ModelSpec& m, const TrainingJob& j, 
   if (j.recipe == Recipe::executor || j.recipe == Recipe::megatron) return out;
   const Shape x(m, j);
   // nn.Embedding's backward needs the int64 token ids (GPT-2 also its int64 position ids);
-  // embedding dropout keeps a 1-byte mask.
+  // embedding dropout keeps a mask (1-byte on CUDA, the embeddings' dtype on a CPU).
   out.saved = 8 * x.T + rotary_table_bytes(m, j, p) + checkpointed_mask_bytes(m, j, p);
   if (m.positions == PositionKind::learned) out.saved += 8 * x.s;
-  if (m.embedding_dropout) out.saved += x.T * x.h;
+  if (m.embedding_dropout) out.saved += (f.cuda ? 1.0 : p) * x.T * x.h;
   return out;
 }
 

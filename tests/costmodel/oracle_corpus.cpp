@@ -33,9 +33,8 @@ TrainingJob job_of(const nlohmann::json& c) {
 
 // Why a case says nothing about what a GPU run keeps (empty: it does).
 std::string cpu_only_reason(const ModelSpec& m, const nlohmann::json& c) {
-  if (m.attention_dropout || m.residual_dropout || m.embedding_dropout)
-    return "dropout: on CPU at::dropout keeps its scaled noise in the input dtype and sdpa falls back "
-           "to the math path; CUDA keeps 1-byte masks and dropout inside flash attention";
+  if (m.attention_dropout && c.at("attention") == "flash")
+    return "dropout in sdpa: the CPU falls back to its math path (CUDA's flash kernel drops out inside)";
   if (c.value("attention_kernel", std::string()).find("math") != std::string::npos)
     return "sdpa ran its math path on CPU";
   return "";
