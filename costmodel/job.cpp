@@ -77,6 +77,10 @@ LossImpl default_loss(Recipe r) {
   return LossImpl::upcast;
 }
 
+Checkpointing default_checkpointing(Recipe r) {
+  return r == Recipe::torchtitan ? Checkpointing::selective_op : Checkpointing::none;
+}
+
 const char* recipe_description(Recipe r) {
   switch (r) {
     case Recipe::hf: return "transformers' model code";
@@ -162,9 +166,10 @@ TrainingJob job_from_json(const nlohmann::json& doc) {
   j.micro_batch = r.optional_integer("micro_batch", Range{1, 1e9, false}).value_or(0);
   if (auto p = r.optional_string("precision")) j.precision = precision_from_name(*p, "/precision");
   if (auto o = r.optional_string("optimizer")) j.optimizer = optimizer_from_name(*o, "/optimizer");
+  if (auto rc = r.optional_string("recipe")) j.recipe = recipe_from_name(*rc, "/recipe");
+  j.checkpointing = default_checkpointing(j.recipe);
   if (auto c = r.optional_string("checkpointing")) set_checkpointing(j, *c, "/checkpointing");
   if (auto a = r.optional_string("attention")) j.attention = attention_from_name(*a, "/attention");
-  if (auto rc = r.optional_string("recipe")) j.recipe = recipe_from_name(*rc, "/recipe");
   j.loss = default_loss(j.recipe);
   if (auto l = r.optional_string("loss")) set_loss(j, *l, "/loss");
   r.finish();

@@ -56,6 +56,9 @@ const char* recipe_name(Recipe r);
 Recipe recipe_from_name(const std::string& s, const std::string& where);
 const std::vector<std::string>& recipe_names();
 LossImpl default_loss(Recipe r);
+// The recipe's checkpointing unless the job names one: torchtitan 0.3.0's Trainer defaults to its
+// op-level SelectiveAC (torchtitan/trainer.py); the others run without.
+Checkpointing default_checkpointing(Recipe r);
 const char* recipe_description(Recipe r);  // the reference code it counts, in a few words
 
 const char* precision_name(Precision p);

@@ -46,11 +46,12 @@ Scenario make_scenario(const ScenarioOptions& o) {
   sc.cluster.gpus_per_node = o.gpus_per_node == 0 ? sc.hardware.gpus_per_node : o.gpus_per_node;
   costmodel::validate_cluster(sc.cluster);
 
-  bool loss_named = !o.loss.empty();
+  bool loss_named = !o.loss.empty(), checkpointing_named = !o.checkpointing.empty();
   if (!o.job_file.empty()) {
     const auto doc = costmodel::read_json_file(o.job_file);
     sc.job = costmodel::job_from_json(doc);
     loss_named = loss_named || (doc.is_object() && doc.contains("loss"));
+    checkpointing_named = checkpointing_named || (doc.is_object() && doc.contains("checkpointing"));
   } else {
     sc.job.seq_len = kDefaultSeqLen;
     sc.job.global_batch = kDefaultSequencesPerGpu * sc.cluster.gpus;
@@ -68,9 +69,10 @@ Scenario make_scenario(const ScenarioOptions& o) {
   if (!o.optimizer.empty()) sc.job.optimizer = costmodel::optimizer_from_name(o.optimizer, "--optimizer");
   if (!o.checkpointing.empty()) costmodel::set_checkpointing(sc.job, o.checkpointing, "--checkpointing");
   if (!o.attention.empty()) sc.job.attention = costmodel::attention_from_name(o.attention, "--attention");
-  if (!o.recipe.empty()) {  // the recipe's loss unless --loss (or the job document) names one
+  if (!o.recipe.empty()) {  // the recipe's loss and checkpointing unless the user names them
     sc.job.recipe = costmodel::recipe_from_name(o.recipe, "--recipe");
     if (!loss_named) sc.job.loss = costmodel::default_loss(sc.job.recipe);
+    if (!checkpointing_named) sc.job.checkpointing = costmodel::default_checkpointing(sc.job.recipe);
   }
   if (!o.loss.empty()) costmodel::set_loss(sc.job, o.loss, "--loss");
   if (sc.job.checkpointing == costmodel::Checkpointing::every && sc.job.checkpoint_every > sc.model.layers)

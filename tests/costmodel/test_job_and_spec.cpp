@@ -58,6 +58,12 @@ TEST_CASE("job::recipe, loss and checkpointing modes: names, defaults and reject
   CHECK(parsed({{"recipe", "llm-foundry"}}).loss == LossImpl::fused);
   CHECK(parsed({{"recipe", "megatron"}}).loss == LossImpl::fp32_inplace);
   CHECK(parsed({{"recipe", "llm-foundry"}, {"loss", "upcast"}}).loss == LossImpl::upcast);
+  // torchtitan 0.3.0's Trainer checkpoints with its op-level SelectiveAC unless told otherwise.
+  json titan = kJob;
+  titan.erase("checkpointing");
+  titan["recipe"] = "torchtitan";
+  CHECK(job_from_json(titan).checkpointing == Checkpointing::selective_op);
+  CHECK(parsed({{"recipe", "torchtitan"}}).checkpointing == Checkpointing::full);  // kJob names full
   const auto every = parsed({{"checkpointing", "every:3"}, {"loss", "chunked:8"}, {"recipe", "torchtitan"}});
   CHECK(every.checkpointing == Checkpointing::every);
   CHECK(every.checkpoint_every == 3);

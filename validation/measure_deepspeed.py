@@ -1,0 +1,683 @@
+#!/usr/bin/env python3
+"""Measure the memory of whole training steps of DeepSpeed's ZeRO-1/2/3 engines with PyTorch's MemTracker.
+
+What it measures
+    The step of validation/measure_steps.py (``transformers.LlamaForCausalLM``, the "llama-h256"
+    config, float32 initialisation, sdpa attention, the model's own loss with labels = input ids,
+    ``torch.optim.AdamW(lr=1e-3, foreach=True)``; two steps, the second measured), run through
+    DeepSpeed's own engine: ``deepspeed.initialize(model=model, optimizer=<that AdamW>,
+    config=...)`` on gloo with world size 2 (CPU, ``DS_ACCELERATOR=cpu``), then
+    ``loss = engine(...).loss; engine.backward(loss); engine.step()``. The grid is: ZeRO stage
+    1/2/3 x precision ("fp32", "bf16-mixed") x sequence length 128/256 x micro-batch 1/2, without
+    activation checkpointing.
+
+    The DeepSpeed config is ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps: 1``,
+    ``zero_optimization: {"stage": N}`` with DeepSpeed's defaults otherwise (contiguous_gradients,
+    reduce_scatter, reduce_bucket_size 5e8 elements, allgather_bucket_size 5e8, overlap_comm off
+    for stages 1/2 and on for stage 3, stage3_prefetch_bucket_size 5e7,
+    stage3_param_persistence_threshold 1e5, memory_efficient_linear), and
+    ``zero_allow_untested_optimizer: true`` (DeepSpeed refuses a client torch AdamW under ZeRO
+    without it). "bf16-mixed" adds ``"bf16": {"enabled": true}``: DeepSpeed casts the module to
+    bfloat16 (no autocast) and keeps a float32 master partition; "fp32" has no bf16 section. Each
+    case records the exact config it used (deepspeed_config).
+
+How it measures
+    ``torch.distributed._tools.mem_tracker.MemTracker`` with the ``_PeakProbe`` of
+    measure_steps.py (each category's own peak; module and phase at the peak). The engine's
+    module, the client AdamW that DeepSpeed drives (its states sit on DeepSpeed's float32 master
+    partition) and the batch are registered with ``track_external`` before the measured step.
+
+    The tracker only knows the model's parameters, buffers and gradients, activations, temps and
+    the optimizer's states; it sees other storages from the first op that returns them and files
+    them by phase. DeepSpeed keeps its own flat buffers, so this harness also registers those it
+    holds before the step, and names the ones it allocates inside the step, in these categories
+    (the names of measure_steps.py where they mean the same):
+
+    - parameters: the module's parameters (stages 1/2: views into DeepSpeed's flat weight buffer,
+      bit16_groups_flat; stage 3: the persistent, never-partitioned ones below
+      stage3_param_persistence_threshold);
+    - sharded_parameters: stage 3's low-precision partition of the parameters (lp_param_buffer);
+    - unsharded_parameters: stage 3's gathered parameters, forward and backward: the tensors the
+      gather handles' ``wait()`` gives each parameter (copies out of a coalesced gather, or a
+      single parameter's gathered buffer);
+    - master_parameters: the float32 master partition the client optimizer steps
+      (single_partition_of_fp32_groups; stage 3's fp32_partitioned_groups_flat);
+    - gradients: the parameters' .grad as autograd makes them (the tracker's own);
+    - sharded_gradients: DeepSpeed's gradient partition (stages 1/2: grads_in_partition, made in
+      ``copy_grads_in_partition``; stage 3: grad_partitions_flat_buffer);
+    - master_gradients: the float32 gradient of the master partition. DeepSpeed makes it inline
+      (``flat.to(float32)``), so it is filed here from the DeepSpeed call just after that op (stages
+      1/2: ``unscale_and_clip_grads``; stage 3: the end of ``_prepare_fp32_grad_for_sub_group``);
+      at the op itself it counts as step_temp;
+    - gradient_buckets: the ipg bucket buffers (reduce_bucket_size elements each; stages 1/2
+      allocate them in ``setup_buckets`` at each backward and free them at its end, stage 3 keeps
+      them from initialize);
+    - reduce_scatter: storages first seen in the gradient reduction (stages 1/2
+      ``reduce_ipg_grads``, stage 3 ``__reduce_and_partition_ipg_grads``);
+    - all_gather: storages first seen in stages 1/2's all-gather of the updated weights
+      (``all_gather_dp_groups``), and stage 3's flat all-gather outputs (first seen in
+      ``PartitionedParameterCoordinator.fetch_sub_module`` outside the handles' ``wait()``);
+    - step_temp: anything else first seen in ``engine.step()`` outside the client optimizer's own
+      step (gradient flattening, norms, the copy back to the bf16 weights);
+    - temp: anything else first seen in ``engine.backward()`` (the tracker's backward temps, and
+      DeepSpeed's work after autograd);
+    - optimizer_states / optimizer_temp: the client AdamW's states and its foreach intermediates
+      (split as in measure_steps.py).
+    The DeepSpeed categories are sticky: the tracker's gradient and parameter hooks do not refile a
+    storage that DeepSpeed owns (e.g. stage 2/3's .grad views into the ipg bucket stay
+    gradient_buckets). Registering DeepSpeed's buffers makes totals include them from the start of
+    the step rather than from their first use; otherwise no refinement changes a total.
+
+    Stage 3 replaces ``torch.nn.functional.linear`` for the whole process
+    (memory_efficient_linear, "persists unless manually reset"); the harness restores it after each
+    case, so every case runs with the functions its own stage installs.
+
+    deepspeed_buffers records, per case, the bytes (distinct storages) of DeepSpeed's buffers and
+    of the client optimizer's states right after ``deepspeed.initialize``;
+    deepspeed_buffers_in_step the largest size of each over the measured step, with those made
+    lazily (stages 1/2's ipg buckets and grads_in_partition, the master gradient, stage 3's
+    persistent parameters, listed at the first forward, and AdamW's states, made at the first
+    step). deepspeed_buffer_aliases lists buffers that share a storage. All of it runs on
+    CPU tensors: byte counts are ``numel * element_size`` (torch.empty of a bucket counts in full,
+    as it would on an accelerator), no allocator rounding.
+
+    Both ranks run every case in one torchrun launch (gloo, one intra-op thread per rank); the
+    corpus keeps rank 0's record with every rank's peak (rank_peak_bytes).
+
+Output
+    A JSON corpus (``--out``) in the format of oracle_steps.json: versions, the model config, and
+    one record per case with wrapper "deepspeed-zero1/2/3", world_size 2, peak_bytes, at_peak,
+    category_peaks, peak_module, peak_phase, plus deepspeed_config, deepspeed_optimizer (the class
+    DeepSpeed wrapped the client optimizer in), deepspeed_buffers, deepspeed_buffers_in_step,
+    deepspeed_buffer_aliases and optimizer_states_on_master.
+
+Usage
+    python validation/measure_deepspeed.py --out tests/costmodel/data/oracle_deepspeed.json
+"""
+
+import argparse
+import functools
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+# The harness of bare/DDP/FSDP2 steps; this script's directory is on sys.path when it runs.
+from measure_steps import (CATEGORY_NAMES, CONFIGS as STEP_CONFIGS, MICRO_BATCHES,
+                           SCHEMA_VERSION, SEQ_LENS, WARMUP_STEPS, _PeakProbe, build_model,
+                           deepest_module, make_batch, make_optimizer, merge_ranks,
+                           optimizer_state_bytes, parameter_count, split_optimizer)
+
+GENERATED_BY = "validation/measure_deepspeed.py"
+CONFIG = "llama-h256"
+CONFIGS = {CONFIG: STEP_CONFIGS[CONFIG]}
+STAGES = (1, 2, 3)
+PRECISIONS = ("fp32", "bf16-mixed")
+WORLD_SIZE = 2
+
+# DeepSpeed's categories: the tracker's reference type value -> the corpus name.
+DS_CATEGORIES = {
+    "Master Param": "master_parameters",
+    "Sharded Param": "sharded_parameters",
+    "Unsharded Param": "unsharded_parameters",
+    "Sharded Grad": "sharded_gradients",
+    "Master Grad": "master_gradients",
+    "Gradient Buckets": "gradient_buckets",
+    "Reduce Scatter": "reduce_scatter",
+    "All Gather": "all_gather",
+    "Step Temp": "step_temp",
+}
+NAMES = {**CATEGORY_NAMES, **DS_CATEGORIES}
+ORDER = ("parameters", "sharded_parameters", "unsharded_parameters", "master_parameters", "buffers",
+         "gradients", "sharded_gradients", "master_gradients", "gradient_buckets", "activations",
+         "temp", "reduce_scatter", "all_gather", "step_temp", "optimizer_states", "optimizer_temp",
+         "other")
+
+
+# ----------------------------------------------------------------------------------------------
+# The grid
+
+
+def case_grid(only=None):
+    """Every (stage, precision, seq_len, micro_batch), in corpus order (stages in `only` if given)."""
+    for stage in STAGES:
+        if only and wrapper_name(stage) not in only:
+            continue
+        for precision in PRECISIONS:
+            for seq_len in SEQ_LENS:
+                for micro_batch in MICRO_BATCHES:
+                    yield {"stage": stage, "config": CONFIG, "seq_len": seq_len,
+                           "micro_batch": micro_batch, "precision": precision,
+                           "checkpointing": "none"}
+
+
+def wrapper_name(stage):
+    return f"deepspeed-zero{stage}"
+
+
+def case_id(case):
+    return (f"{wrapper_name(case['stage'])}/{case['config']}/{case['precision']}/"
+            f"{case['checkpointing']}/s{case['seq_len']}-b{case['micro_batch']}/w{WORLD_SIZE}")
+
+
+def deepspeed_config(stage, precision, micro_batch):
+    """The config passed to deepspeed.initialize: DeepSpeed's defaults but for these keys."""
+    config = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": stage},
+        # ZeRO accepts a client torch.optim.AdamW only with this (is_zero_supported_optimizer).
+        "zero_allow_untested_optimizer": True,
+    }
+    if precision == "bf16-mixed":
+        config["bf16"] = {"enabled": True}
+    return config
+
+
+# ----------------------------------------------------------------------------------------------
+# DeepSpeed's buffers
+
+
+def _storages(tensors):
+    """{storage data pointer: (storage, bytes)} of the given tensors (None and empty skipped)."""
+    from torch.distributed._tools.common_utils import get_untyped_storages
+
+    out = {}
+    for t in tensors:
+        if t is None:
+            continue
+        for st in get_untyped_storages(t):
+            if st.nbytes() > 0:
+                out[st.data_ptr()] = (st, st.nbytes())
+    return out
+
+
+def _flat(obj):
+    """Tensors in a tensor, list/tuple/dict of them (nested), or None."""
+    import torch
+
+    if obj is None:
+        return []
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _flat(o)]
+    return []
+
+
+def buffer_groups(optimizer, stage):
+    """[(name, category, [tensors])] of the buffers DeepSpeed's ZeRO optimizer holds now.
+
+    category is a DS_CATEGORIES key, or "Parameter" for storages the module's parameters view."""
+    groups = []
+
+    def add(name, category, obj):
+        groups.append((name, category, _flat(obj)))
+
+    if stage in (1, 2):
+        add("bit16_groups_flat", "Parameter", getattr(optimizer, "bit16_groups_flat", None))
+        add("single_partition_of_fp32_groups", "Master Param",
+            getattr(optimizer, "single_partition_of_fp32_groups", None))
+        add("grads_in_partition", "Sharded Grad", getattr(optimizer, "grads_in_partition", None))
+        add("averaged_gradients", "Sharded Grad", getattr(optimizer, "averaged_gradients", None))
+    else:
+        add("lp_param_buffer (fp16_partitioned_groups_flat)", "Sharded Param",
+            getattr(optimizer, "fp16_partitioned_groups_flat", None))
+        add("fp32_partitioned_groups_flat", "Master Param",
+            getattr(optimizer, "fp32_partitioned_groups_flat", None))
+        add("grad_partitions_flat_buffer", "Sharded Grad",
+            getattr(optimizer, "grad_partitions_flat_buffer", None))
+        offload = getattr(optimizer, "parameter_offload", None)
+        add("persistent_parameters", "Parameter",
+            list(getattr(offload, "persistent_parameters", []) or []))
+    for dtype, bucket in sorted(getattr(optimizer, "ipg_buckets", {}).items(), key=lambda kv: str(kv[0])):
+        add(f"ipg_buckets[{str(dtype).replace('torch.', '')}].buffer", "Gradient Buckets",
+            getattr(bucket, "buffer", None))
+    return groups
+
+
+def buffer_sizes(optimizer, stage, client_optimizer):
+    """({name: bytes}, [[name, name] sharing a storage]) of DeepSpeed's buffers and the client
+    optimizer's states."""
+    sizes, owner, aliases = {}, {}, []
+    groups = buffer_groups(optimizer, stage)
+    states = [v for s in client_optimizer.state.values() for v in s.values() if hasattr(v, "untyped_storage")]
+    groups.append(("client_optimizer_states", "Optstate", states))
+    for name, _category, tensors in groups:
+        stores = _storages(tensors)
+        sizes[name] = sum(b for _st, b in stores.values())
+        for ptr in stores:
+            if ptr in owner and owner[ptr] != name and [owner[ptr], name] not in aliases:
+                aliases.append([owner[ptr], name])
+            owner.setdefault(ptr, name)
+    return sizes, aliases
+
+
+def states_on_master(optimizer, stage, client_optimizer):
+    """Whether every key of the client optimizer's state is one of DeepSpeed's master partitions."""
+    masters = (optimizer.single_partition_of_fp32_groups if stage in (1, 2)
+               else optimizer.fp32_partitioned_groups_flat)
+    ids = {id(t) for t in masters}
+    return bool(client_optimizer.state) and all(id(p) in ids for p in client_optimizer.state)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tracker
+
+
+def _ds_reftype():
+    from torch.distributed._tools.mem_tracker import _RefType
+
+    return _RefType("DeepSpeedRefType", [(k.upper().replace(" ", "_"), k) for k in DS_CATEGORIES])
+
+
+def make_tracker(engine, client_optimizer, ids):
+    from torch.distributed._tools.common_utils import get_untyped_storages
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+    ds_ref = _ds_reftype()
+    by_value = {m.value: m for m in ds_ref}
+    by_value.update({"Parameter": _MemRefType.PARAM, "Optstate": _MemRefType.OPT})
+
+    class DeepSpeedMemTracker(_PeakProbe, MemTracker):
+        """MemTracker + _PeakProbe, with a stack of reference types for storages first seen in
+        DeepSpeed's functions, a stack of phases, and sticky DeepSpeed categories."""
+
+        def _ds_init(self):
+            self.ds_override = []  # reference type for storages first seen, innermost last
+            self.ds_phase = []  # "backward" in engine.backward, "step" in engine.step
+            self.ds_lazy = {}  # buffer name -> largest bytes seen inside the step
+
+        def reftype(self, value):
+            return by_value[value]
+
+        def _phase(self):
+            if self._in_opt:
+                return "optimizer"
+            if self._mod_tracker.is_bw:
+                return super()._phase()
+            return self.ds_phase[-1] if self.ds_phase else super()._phase()
+
+        def _track(self, reftype, t):
+            if self.ds_override and not self._in_opt:
+                reftype = self.ds_override[-1]
+            MemTracker._track(self, reftype, t)
+
+        def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
+            dev_snap = self._curr_mem_snap.setdefault(winfo.device, dict.fromkeys(self._ref_class, 0))
+            dev_snap.setdefault(winfo.reftype, 0)
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+
+        def _update_and_maybe_create_winfos(self, t, reftype, update_existing=False):
+            # The tracker's own refiling (parameters at a module's first forward, gradients in
+            # its hooks) leaves DeepSpeed's storages where this harness put them.
+            if not isinstance(reftype, ds_ref):
+                for st in get_untyped_storages(t):
+                    winfo, _ = self._WINFO.get(st, (None, None))
+                    if winfo is not None and isinstance(winfo.reftype, ds_ref):
+                        return set()
+            return super()._update_and_maybe_create_winfos(t, reftype, update_existing)
+
+        def file_under(self, reftype, tensors):
+            """Registers (or refiles) the storages of `tensors` under `reftype`."""
+            for t in tensors:
+                if t is not None and t.untyped_storage().nbytes() > 0:
+                    MemTracker._update_and_maybe_create_winfos(self, t, reftype)
+
+        def note_lazy(self, name, tensors):
+            nbytes = sum(b for _st, b in _storages(tensors).values())
+            if nbytes > self.ds_lazy.get(name, 0):
+                self.ds_lazy[name] = nbytes
+
+    tracker = DeepSpeedMemTracker()
+    tracker._ds_init()
+    tracker.track_external(engine.module, client_optimizer, ids)
+    tracker._probe_init()
+    return tracker
+
+
+class _Patches:
+    """Replaces attributes for the measured step and puts them back."""
+
+    def __init__(self):
+        self.saved = []
+
+    def wrap(self, owner, name, make):
+        original = getattr(owner, name)
+        in_dict = name in vars(owner)
+        self.saved.append((owner, name, original, in_dict))
+        setattr(owner, name, functools.wraps(original)(make(original)))
+
+    def restore(self):
+        for owner, name, original, in_dict in reversed(self.saved):
+            if in_dict:  # a class's or module's own attribute
+                setattr(owner, name, original)
+            else:  # an instance attribute that shadowed the class's method
+                delattr(owner, name)
+        self.saved.clear()
+
+
+def classify_deepspeed(tracker, engine, stage):
+    """Installs the phase and category wrappers around DeepSpeed's functions; returns the patches."""
+    patches = _Patches()
+    optimizer = engine.optimizer
+    ref = tracker.reftype
+    from torch.distributed._tools.mem_tracker import _MemRefType
+
+    def scoped(reftype=None, phase=None, after=None):
+        def make(original):
+            def wrapper(*args, **kwargs):
+                if reftype is not None:
+                    tracker.ds_override.append(reftype)
+                if phase is not None:
+                    tracker.ds_phase.append(phase)
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    if phase is not None:
+                        tracker.ds_phase.pop()
+                    if reftype is not None:
+                        tracker.ds_override.pop()
+                    if after is not None:
+                        after(*args, **kwargs)
+            return wrapper
+        return make
+
+    patches.wrap(engine, "backward", scoped(_MemRefType.TEMP, "backward"))
+    patches.wrap(engine, "step", scoped(ref("Step Temp"), "step"))
+    if stage in (1, 2):
+        import deepspeed.runtime.zero.stage_1_and_2 as s12
+
+        def note_buckets(*_a, **_k):
+            for dtype, bucket in optimizer.ipg_buckets.items():
+                tracker.note_lazy(f"ipg_buckets[{str(dtype).replace('torch.', '')}].buffer", bucket.buffer)
+
+        def note_grads(*_a, **_k):
+            tracker.note_lazy("grads_in_partition", [optimizer.grads_in_partition])
+
+        patches.wrap(optimizer, "setup_buckets", scoped(ref("Gradient Buckets"), after=note_buckets))
+        patches.wrap(optimizer, "copy_grads_in_partition", scoped(ref("Sharded Grad"), after=note_grads))
+        patches.wrap(optimizer, "reduce_ipg_grads", scoped(ref("Reduce Scatter")))
+        patches.wrap(s12, "all_gather_dp_groups", scoped(ref("All Gather")))
+
+        def master_grad(original):
+            def wrapper(grad_groups_flat, *args, **kwargs):
+                tracker.file_under(ref("Master Grad"), grad_groups_flat)
+                tracker.note_lazy("master_gradient", grad_groups_flat)
+                return original(grad_groups_flat, *args, **kwargs)
+            return wrapper
+
+        patches.wrap(optimizer, "unscale_and_clip_grads", master_grad)
+    else:
+        from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+
+        from deepspeed.runtime.zero.partition_parameters import AllGatherCoalescedHandle, AllGatherHandle
+
+        def single_param_gathered(handle, *_a, **_k):
+            param = handle._AllGatherHandle__param  # its data: a view of the gathered buffer
+            tracker.file_under(ref("Unsharded Param"), [param.data])
+
+        def master_grad_made(sub_group_id, *_a, **_k):
+            grad = optimizer.fp32_partitioned_groups_flat[sub_group_id].grad
+            tracker.file_under(ref("Master Grad"), [grad])
+            tracker.note_lazy("master_gradient", [grad])
+
+        # Gathering: the flat all-gather outputs are made in fetch_sub_module, the parameters'
+        # own tensors (copies out of a coalesced gather) in the handles' wait().
+        patches.wrap(PartitionedParameterCoordinator, "fetch_sub_module", scoped(ref("All Gather")))
+        patches.wrap(AllGatherCoalescedHandle, "wait", scoped(ref("Unsharded Param")))
+        patches.wrap(AllGatherHandle, "wait", scoped(ref("Unsharded Param"), after=single_param_gathered))
+        patches.wrap(optimizer, "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads",
+                     scoped(ref("Reduce Scatter")))
+        patches.wrap(optimizer, "_prepare_fp32_grad_for_sub_group", scoped(after=master_grad_made))
+    return patches
+
+
+def register_buffers(tracker, optimizer, stage):
+    """Files the buffers DeepSpeed holds before the step under their categories. Where two share a
+    storage the first wins (stage 3 lists the low-precision partition before the master that may
+    alias it)."""
+    filed = set()
+    for _name, category, tensors in buffer_groups(optimizer, stage):
+        for ptr, (st, _nbytes) in _storages(tensors).items():
+            if ptr not in filed:
+                filed.add(ptr)
+                tracker.file_under(tracker.reftype(category), [t for t in tensors
+                                                               if t.untyped_storage().data_ptr() == ptr][:1])
+
+
+def category_dict(snap):
+    out = {}
+    for k, v in snap.items():
+        name = getattr(k, "value", k)
+        if name != "Total":
+            out[NAMES.get(name, name)] = out.get(NAMES.get(name, name), 0) + int(v)
+    return out
+
+
+def in_order(categories, keys):
+    unknown = sorted(set(keys) - set(ORDER))
+    return {k: int(categories.get(k, 0)) for k in list(ORDER) + unknown if k in keys}
+
+
+def read_tracker(tracker, state_bytes):
+    peak = tracker.get_tracker_snapshot("peak")
+    if len(peak) != 1:
+        raise RuntimeError(f"expected one device, the tracker saw {list(peak)}")
+    (dev, snap), = peak.items()
+    at_peak = split_optimizer(category_dict(snap), state_bytes)
+    own_peaks = split_optimizer(category_dict(tracker.category_peaks[dev]), state_bytes)
+    keys = {k for k, v in at_peak.items() if v} | {k for k, v in own_peaks.items() if v}
+    keys |= {"parameters", "buffers", "gradients", "activations", "temp", "optimizer_states", "other"}
+    return {
+        "peak_bytes": int(snap["Total"]),
+        "at_peak": in_order(at_peak, keys),
+        "category_peaks": in_order(own_peaks, keys),
+        "peak_module": tracker.peak_where[0],
+        "peak_phase": tracker.peak_where[1],
+        "sdpa_kernel": ",".join(sorted(tracker.sdpa_kernels)),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# One case, one rank
+
+
+def train_step(engine, ids):
+    """DeepSpeed's step: forward with the model's loss, engine.backward, engine.step (which
+    zeroes the gradients itself)."""
+    loss = engine(input_ids=ids, labels=ids, use_cache=False).loss
+    engine.backward(loss)
+    engine.step()
+    return float(loss.detach())
+
+
+def measure_case(rank, case):
+    import deepspeed
+
+    stage = case["stage"]
+    model = build_model(case["config"], case["checkpointing"])
+    params = parameter_count(model)
+    client_optimizer = make_optimizer(model)
+    config = deepspeed_config(stage, case["precision"], case["micro_batch"])
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client_optimizer,
+                                                   config=json.loads(json.dumps(config)))
+    if engine.optimizer is not optimizer or optimizer.optimizer is not client_optimizer:
+        raise RuntimeError(f"unexpected optimizer wrapping: {type(optimizer).__name__}")
+    buffers, aliases = buffer_sizes(optimizer, stage, client_optimizer)
+    ids = make_batch(case["config"], case["seq_len"], case["micro_batch"], rank)
+    for _ in range(WARMUP_STEPS):
+        train_step(engine, ids)
+    gc.collect()
+    tracker = make_tracker(engine, client_optimizer, ids)
+    register_buffers(tracker, optimizer, stage)
+    tracker.ds_lazy.update(buffer_sizes(optimizer, stage, client_optimizer)[0])
+    patches = classify_deepspeed(tracker, engine, stage)
+    try:
+        with tracker:
+            loss = train_step(engine, ids)
+    finally:
+        patches.restore()
+    for name, nbytes in buffer_sizes(optimizer, stage, client_optimizer)[0].items():
+        tracker.ds_lazy[name] = max(nbytes, tracker.ds_lazy.get(name, 0))
+    record = {
+        "id": case_id(case),
+        "wrapper": wrapper_name(stage),
+        "world_size": WORLD_SIZE,
+        "config": case["config"],
+        "model_class": CONFIGS[case["config"]]["architectures"][0],
+        "params": params,
+        "seq_len": case["seq_len"],
+        "micro_batch": case["micro_batch"],
+        "precision": case["precision"],
+        "mixed_precision_mechanism": "deepspeed-bf16" if case["precision"] == "bf16-mixed" else "none",
+        "attention": "flash",
+        "loss": "upcast",
+        "checkpointing": case["checkpointing"],
+        "optimizer": "adamw",
+        **read_tracker(tracker, optimizer_state_bytes(client_optimizer)),
+        "loss_value": round(loss, 4),
+        "deepspeed_config": config,
+        "deepspeed_optimizer": type(optimizer).__name__,
+        "deepspeed_buffers": buffers,
+        "deepspeed_buffers_in_step": dict(sorted(tracker.ds_lazy.items())),
+        "deepspeed_buffer_aliases": aliases,
+        "optimizer_states_on_master": states_on_master(optimizer, stage, client_optimizer),
+    }
+    del tracker, patches, engine, optimizer, client_optimizer, model
+    gc.collect()
+    return record
+
+
+def worker_main(out_path, only):
+    """Runs every case on this rank and writes the records (format of measure_steps.py's)."""
+    import logging
+
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    import deepspeed
+    from deepspeed.utils import logger as ds_logger
+
+    ds_logger.setLevel(logging.WARNING)
+    rank = int(os.environ.get("RANK", "0"))
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    linear = torch.nn.functional.linear
+    records, errors = [], []
+    for case in case_grid(only):
+        try:
+            record = measure_case(rank, case)
+            records.append(dict(record, peak_bytes_samples=[record["peak_bytes"]]))
+        except Exception as e:  # record it and go on with the other cases
+            errors.append({"id": case_id(case), "error": f"{type(e).__name__}: {e}".splitlines()[0][:500]})
+            if len(errors) == 1:
+                import traceback
+                traceback.print_exc()
+        # Stage 3 swaps in its memory-efficient linear for the whole process; each case gets its own.
+        torch.nn.functional.linear = linear
+        torch.distributed.barrier()
+        print(f"rank {rank}: {case_id(case)} done", flush=True)
+    with open(out_path, "w") as f:
+        json.dump({"rank": rank, "records": records, "errors": errors}, f)
+    torch.distributed.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------------------
+# Launcher
+
+
+def launch(tmpdir, only):
+    """Runs both ranks to the end; returns (exit status, [per-rank result files], log file)."""
+    stem = os.path.join(tmpdir, f"deepspeed-w{WORLD_SIZE}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={WORLD_SIZE}", os.path.abspath(__file__), "--worker",
+           "--worker-out", stem + "-r{rank}.json"]
+    for name in only or []:
+        cmd += ["--only", name]
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    with open(stem + ".log", "w") as log:
+        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return proc.returncode, [stem + f"-r{r}.json" for r in range(WORLD_SIZE)], stem + ".log"
+
+
+def run_all(only):
+    with tempfile.TemporaryDirectory() as tmpdir:
+        rc, files, log = launch(tmpdir, only)
+        if rc != 0 or not all(os.path.exists(p) for p in files):
+            with open(log) as f:
+                lines = [ln for ln in f.read().splitlines() if ln.strip()]
+            print("\n".join(lines[-40:]))
+            return [], {"deepspeed-w2": f"exit {rc}: " + (lines[-1] if lines else "no output")}, []
+        return merge_ranks(files)
+
+
+def versions():
+    import importlib.metadata
+
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "deepspeed": importlib.metadata.version("deepspeed")}
+
+
+def command_line(args):
+    out = os.path.relpath(args.out)
+    if out.startswith(".."):
+        out = os.path.basename(out)
+    parts = ["python", GENERATED_BY, "--out", out]
+    for name in args.only or []:
+        parts += ["--only", name]
+    return " ".join(parts)
+
+
+def write_corpus(out, cases, failures, command):
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "generated_by": GENERATED_BY,
+        "command": command,
+        "versions": versions(),
+        "configs": CONFIGS,
+        "cases": cases,
+        "failures": [{"id": k, "error": v} for k, v in sorted(failures.items())],
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="tests/costmodel/data/oracle_deepspeed.json")
+    ap.add_argument("--only", action="append", choices=[wrapper_name(s) for s in STAGES],
+                    help="run only these stages (repeatable)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker_main(args.worker_out.format(rank=os.environ.get("RANK", "0")), args.only)
+        return 0
+
+    started = time.time()
+    cases, failures, warnings_ = run_all(args.only)
+    write_corpus(args.out, cases, failures, command_line(args))
+    print(f"{len(cases)} cases, {len(failures)} failures in {time.time() - started:.0f} s -> {args.out}")
+    for k, v in sorted(failures.items()):
+        print(f"FAILED {k}: {v}")
+    for w in warnings_:
+        print(f"WARNING {w}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
