@@ -31,7 +31,10 @@ int main(int argc, char** argv) {
       if (kind == "embedding" || kind == "head" || kind == "total") kind = "unit: " + kind;
       const bool category = kind.rfind("peak/", 0) == 0;
       if (peak_of.count(r.case_id))
-        kind = (r.case_id.rfind("fsdp2/", 0) == 0 ? "fsdp2 " : "bare/ddp ") + kind;
+        kind = (r.case_id.rfind("fsdp2/", 0) == 0       ? "fsdp2 "
+                : r.case_id.rfind("deepspeed-", 0) == 0 ? "deepspeed "
+                                                        : "bare/ddp ") +
+               kind;
       if (!r.skipped.empty()) {
         ++set_aside[kind];
         continue;
@@ -45,6 +48,7 @@ int main(int argc, char** argv) {
   };
   report("oracle_units.json case", oracle::unit_rows(oracle::read_corpus("oracle_units.json")));
   report("oracle_steps.json case", oracle::step_rows(oracle::read_corpus("oracle_steps.json")));
+  report("oracle_deepspeed.json case", oracle::step_rows(oracle::read_corpus("oracle_deepspeed.json")));
   fmt::print("\n{:<28} {:>8} {:>10} {:>12} {:>12}\n", "quantity", "compared", "set aside", "median |err|",
              "max |err|");
   for (auto& [kind, e] : errors) {

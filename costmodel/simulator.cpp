@@ -145,6 +145,7 @@ class Simulation {
   bool hsdp_ = false;
   int fwd_prefetch_ = 1;
   double reduce_b_ = 2, compute_b_ = 2;
+  double flat_grad_b_ = 4;  // bytes per element of DeepSpeed ZeRO-3's flat gradient partition
   std::array<double, kStreams> free_at_{};  // when each stream is next free
   std::vector<double> fwd_start_, fwd_end_, bwd_start_, bwd_end_, gathered_free_;
   std::vector<char> gathered_alive_;
@@ -238,6 +239,17 @@ void Simulation::prepare() {
   const auto& hw = *in_.hardware;
   const bool paper = in_.accounting == Accounting::zero_paper;
   sb_ = state_bytes(j.precision, s, in_.accounting);
+  // DeepSpeed 0.19.8's stage-3 gradient partition (grad_partitions_flat_buffer) is in the
+  // gradients' dtype, not fp32; the executor keeps it in fp32.
+  flat_grad_b_ = j.recipe == Recipe::executor || in_.accounting != Accounting::framework ? 4.0 : sb_.grad;
+  if (s.separate_fp32_master && sb_.master == 0 && j.recipe != Recipe::executor &&
+      in_.accounting == Accounting::framework && j.precision == Precision::fp32) {
+    // DeepSpeed clones each rank's share into an fp32 master partition in fp32 jobs too
+    // (single_partition_of_fp32_groups, fp32_partitioned_groups_flat) and steps on an fp32 copy
+    // of the gradient partition; the executor's DeepSpeed flavour keeps one fp32 copy.
+    sb_.master = 4;
+    sb_.step_grad = 4;
+  }
   compute_b_ = sb_.compute;
   // Gradients are reduced in the spec's dtype, but never below the dtype they are computed in
   // (an fp32 job's FSDP/DeepSpeed defaults of bf16 reduction do not apply: its param dtype is fp32).
@@ -483,7 +495,7 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
       if (s.shard_gradients && !s.contiguous_grad_bucket)
         mem(copy_in ? end : rs + dur, -pi.params * compute_b_, Category::gradients, Phase::reduce, pu, mb);
       if (s.shard_gradients && first && !offload_opt) {
-        const double shard = pi.params / S * (s.flat_grad_partition ? 4.0 : sb_.grad);
+        const double shard = pi.params / S * (s.flat_grad_partition ? flat_grad_b_ : sb_.grad);
         mem(rs + dur, shard, Category::gradients, Phase::reduce, pu, mb);
         kept_grad_bytes_ += shard;
       }
@@ -589,8 +601,17 @@ StepResult Simulation::run() {
   mem(0, opt_bytes, Category::optimizer_states, Phase::setup, -1, 0);
   if (s.grad_bucket_copy && in_.accounting == Accounting::framework)
     mem(0, total_params * sb_.grad, Category::buffers, Phase::setup, -1, 0);
-  if (s.contiguous_grad_bucket && in_.accounting == Accounting::framework)
-    mem(0, s.reduce_bucket_bytes * (s.flat_grad_partition ? 2.0 : 1.0), Category::buffers, Phase::setup, -1, 0);
+  if (s.contiguous_grad_bucket && in_.accounting == Accounting::framework) {
+    // DeepSpeed sizes its reduce bucket in elements (reduce_bucket_size; the spec holds them at 2
+    // bytes each) of the gradients' dtype: an fp32 job's bucket is twice as wide
+    // (deepspeed/runtime/zero/stage_1_and_2.py, ipg_buckets). The executor's bucket is in bytes.
+    // DeepSpeed 0.19.8 keeps one bucket per dtype in every stage (measured:
+    // tests/costmodel/data/oracle_deepspeed.json); the executor double-buffers stage 3's.
+    const bool executor = j.recipe == Recipe::executor;
+    const double width = executor ? 1.0 : reduce_b_ / 2.0;
+    const double buckets = executor && s.flat_grad_partition ? 2.0 : 1.0;
+    mem(0, s.reduce_bucket_bytes * width * buckets, Category::buffers, Phase::setup, -1, 0);
+  }
 
   // ---- micro-batches: the first (accumulating, no sync for DDP/ZeRO-1) stands for all but the
   // last; the last reduces. Time of the middle ones = time of the first.
@@ -682,7 +703,7 @@ StepResult Simulation::run() {
     double grads = 0;
     for (int k = 0; k < 3; ++k) {
       const double count = k == 1 ? static_cast<double>(m.layers) : 1.0;
-      const double g = s.shard_gradients ? units_[k].params / S * (s.flat_grad_partition ? 4.0 : sb_.grad)
+      const double g = s.shard_gradients ? units_[k].params / S * (s.flat_grad_partition ? flat_grad_b_ : sb_.grad)
                                          : units_[k].params * sb_.grad;
       grads += count * g;
     }

@@ -148,10 +148,16 @@ Breakdown measured_categories(const nlohmann::json& at_peak) {
   add(Category::buffers, "unsharded_parameters");
   add(Category::buffers, "all_gather");
   add(Category::buffers, "reduce_scatter");
+  // DeepSpeed's own buffers, as validation/measure_deepspeed.py labels them.
+  add(Category::optimizer_states, "master_parameters");
+  add(Category::gradients, "master_gradients");
+  add(Category::gradients, "step_temp");
+  add(Category::buffers, "gradient_buckets");
   return b;
 }
 
 ShardingSpec spec_of(const std::string& wrapper, int world) {
+  if (wrapper.rfind("deepspeed-", 0) == 0) return make_spec(wrapper.substr(10), Flavour::deepspeed, world);
   if (wrapper == "fsdp2") {
     // The harness's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torchtitan's default.
     ShardingSpec s = make_spec("fsdp-full", Flavour::fsdp2, world);
