@@ -2,8 +2,9 @@
 # Regenerates the memory corpora the cost model is tested against, with the frameworks' own code:
 #   tests/costmodel/data/oracle_units.json  bytes autograd keeps per unit (validation/measure_units.py)
 #   tests/costmodel/data/oracle_steps.json  whole-step peaks, PyTorch's MemTracker (validation/measure_steps.py)
+#   tests/costmodel/data/oracle_deepspeed.json  DeepSpeed's ZeRO-1/2/3 steps (validation/measure_deepspeed.py)
 # Usage: validation/regenerate.sh [VENV_DIR]   (default validation/.venv; made on first use from
-# validation/requirements.txt, PyPI's torch, transformers and torchtitan). CPU only, about 10 minutes
+# validation/requirements.txt, PyPI's torch, transformers, torchtitan and deepspeed). CPU only, about 15 minutes
 # on two cores. Not part of the test command: the corpora are checked in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,4 +19,5 @@ planner=build/release/planner/planner
 extra=()
 [[ -x $planner ]] && extra=(--planner "$planner")
 "$py" validation/measure_steps.py --out tests/costmodel/data/oracle_steps.json "${extra[@]}"
+"$py" validation/measure_deepspeed.py --out tests/costmodel/data/oracle_deepspeed.json
 echo "corpora written; compare with: build/release/bench/memory_corpus --summary"
