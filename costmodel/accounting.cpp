@@ -259,7 +259,8 @@ ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, const 
     // wqkv, wo, w1, w3, w2), everything else is recomputed; the block's input is kept.
     const double qkv = x.q + 2 * x.kv;
     out.saved = d.r * x.T * x.h + e * x.T * qkv + e * x.T * x.q + 4 * x.a * x.T + e * x.T * x.I + e * x.T * x.h;
-    out.recompute = full;
+    // In backward the rest is rebuilt beside what was kept: the block's full set at once.
+    out.recompute = std::max(0.0, full - out.saved);
   } else {
     out.saved = full;
   }
