@@ -114,8 +114,9 @@ import time
 # The harness of bare/DDP/FSDP2 steps; this script's directory is on sys.path when it runs.
 from measure_steps import (CATEGORY_NAMES, CONFIGS as STEP_CONFIGS, MICRO_BATCHES,
                            SCHEMA_VERSION, SEQ_LENS, WARMUP_STEPS, _PeakProbe, build_model,
-                           make_batch, make_optimizer, merge_ranks, optimizer_state_bytes,
-                           parameter_count, split_optimizer)
+                           command_line, make_batch, make_optimizer, merge_ranks,
+                           optimizer_state_bytes, parameter_count, split_optimizer,
+                           versions as steps_versions, write_corpus)
 
 GENERATED_BY = "validation/measure_deepspeed.py"
 CONFIG = "llama-h256"
@@ -630,38 +631,7 @@ def run_all(only):
 def versions():
     import importlib.metadata
 
-    import torch
-    import transformers
-
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "deepspeed": importlib.metadata.version("deepspeed")}
-
-
-def command_line(args):
-    out = os.path.relpath(args.out)
-    if out.startswith(".."):
-        out = os.path.basename(out)
-    parts = ["python", GENERATED_BY, "--out", out]
-    for name in args.only or []:
-        parts += ["--only", name]
-    return " ".join(parts)
-
-
-def write_corpus(out, cases, failures, command):
-    doc = {
-        "schema_version": SCHEMA_VERSION,
-        "generated_by": GENERATED_BY,
-        "command": command,
-        "versions": versions(),
-        "configs": CONFIGS,
-        "cases": cases,
-        "failures": [{"id": k, "error": v} for k, v in sorted(failures.items())],
-    }
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
+    return {**steps_versions(), "deepspeed": importlib.metadata.version("deepspeed")}
 
 
 def main():
@@ -678,7 +648,7 @@ def main():
 
     started = time.time()
     cases, failures, warnings_ = run_all(args.only)
-    write_corpus(args.out, cases, failures, command_line(args))
+    write_corpus(args.out, cases, failures, command_line(args, GENERATED_BY), GENERATED_BY, versions(), CONFIGS)
     print(f"{len(cases)} cases, {len(failures)} failures in {time.time() - started:.0f} s -> {args.out}")
     for k, v in sorted(failures.items()):
         print(f"FAILED {k}: {v}")

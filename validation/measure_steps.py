@@ -623,24 +623,25 @@ def versions():
             "transformers": transformers.__version__}
 
 
-def command_line(args):
+def command_line(args, generated_by=GENERATED_BY):
     """The command as the corpus records it: repository-relative, no machine paths."""
     out = os.path.relpath(args.out)
     if out.startswith(".."):
         out = os.path.basename(out)
-    parts = ["python", GENERATED_BY, "--out", out]
+    parts = ["python", generated_by, "--out", out]
     for name in args.only or []:
         parts += ["--only", name]
     return " ".join(parts)
 
 
-def write_corpus(out, cases, failures, command):
+def write_corpus(out, cases, failures, command, generated_by=GENERATED_BY, package_versions=None,
+                 configs=None):
     doc = {
         "schema_version": SCHEMA_VERSION,
-        "generated_by": GENERATED_BY,
+        "generated_by": generated_by,
         "command": command,
-        "versions": versions(),
-        "configs": CONFIGS,
+        "versions": package_versions or versions(),
+        "configs": configs or CONFIGS,
         "cases": cases,
         "failures": [{"id": k, "error": v} for k, v in sorted(failures.items())],
     }
