@@ -105,7 +105,6 @@ import functools
 import gc
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
