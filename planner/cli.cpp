@@ -147,9 +147,9 @@ int run_cli(int argc, char** argv) {
         pins.strategy = po.strategy;
       }
       if (!po.flavour.empty()) pins.flavour = costmodel::flavour_from_name(po.flavour, "--flavour");
-      if (so.micro_batch > 0) pins.micro_batch = so.micro_batch;
-      pins.checkpointing = !so.checkpointing.empty();
-      pins.loss = !so.loss.empty();
+      if (sc.job.micro_batch > 0) pins.micro_batch = sc.job.micro_batch;  // --micro-batch or the job's
+      pins.checkpointing = sc.checkpointing_named;
+      pins.loss = sc.loss_named;
       if (recommend_cmd->count("--offload")) pins.offload = costmodel::offload_from_name(po.offload, "--offload");
       if (po.shard_group_size != 0) {
         if (po.shard_group_size < 2 || sc.cluster.gpus % po.shard_group_size != 0)

@@ -46,7 +46,10 @@ Scenario make_scenario(const ScenarioOptions& o) {
   sc.cluster.gpus_per_node = o.gpus_per_node == 0 ? sc.hardware.gpus_per_node : o.gpus_per_node;
   costmodel::validate_cluster(sc.cluster);
 
-  bool loss_named = !o.loss.empty(), checkpointing_named = !o.checkpointing.empty();
+  bool& loss_named = sc.loss_named;
+  bool& checkpointing_named = sc.checkpointing_named;
+  loss_named = !o.loss.empty();
+  checkpointing_named = !o.checkpointing.empty();
   if (!o.job_file.empty()) {
     const auto doc = costmodel::read_json_file(o.job_file);
     sc.job = costmodel::job_from_json(doc);

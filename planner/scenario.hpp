@@ -40,6 +40,8 @@ struct Scenario {
   costmodel::Accounting accounting = costmodel::Accounting::framework;
   double headroom = 0.05;
   bool is_default = false;    // nothing was said: the built-in default job
+  // What the user named (by flag or in the job document): the search keeps these as given.
+  bool checkpointing_named = false, loss_named = false;
   double usable_bytes() const { return hardware.memory_bytes * (1.0 - headroom); }
 };
 

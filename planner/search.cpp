@@ -56,6 +56,10 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
     if (strategy == "hsdp" && sc.cluster.gpus < 2) continue;
     for (Flavour f : flavours_for(strategy)) {
       if (pins.flavour && *pins.flavour != f) continue;
+      // The recipe's code shards the way its framework does: torchtitan with FSDP2 (or DDP), a
+      // model under the DeepSpeed engine with ZeRO.
+      if (sc.job.recipe == Recipe::torchtitan && f != Flavour::fsdp2 && f != Flavour::ddp) continue;
+      if (sc.job.recipe == Recipe::deepspeed && f != Flavour::deepspeed) continue;
       std::vector<std::optional<int>> groups = {std::nullopt};
       if (strategy == "hsdp") {
         groups.clear();
@@ -92,8 +96,10 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
     }
   }
   if (out.empty())
-    throw InputError("--strategy", "the pinned knobs leave no plan to search (check --flavour, "
-                                   "--offload and --shard-group-size against the strategy)");
+    throw InputError("--strategy", fmt::format("the pinned knobs leave no plan to search (check --flavour, "
+                                               "--offload and --shard-group-size against the strategy, and "
+                                               "the flavours recipe {} shards with)",
+                                               recipe_name(sc.job.recipe)));
   return out;
 }
 

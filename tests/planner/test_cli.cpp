@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <regex>
@@ -180,4 +181,24 @@ TEST_CASE("cli::bad input is one line and exit code 2") {
   CHECK(r.code == 2);
   CHECK(r.out.empty());
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+}
+
+TEST_CASE("cli::recommend keeps the job document's micro-batch, checkpointing and loss") {
+  // What the user wrote in --job is used as given, as a flag would be: the search does not range
+  // over it, and the plan records it.
+  const auto dir = std::filesystem::temp_directory_path() / "shardplan-cli-job";
+  std::filesystem::create_directories(dir);
+  const auto job = (dir / "job.json").string();
+  std::ofstream(job) << R"({"schema_version": 1, "seq_len": 4096, "global_batch": 32, "micro_batch": 1,
+                            "checkpointing": "every:2", "recipe": "torchtitan", "loss": "chunked:4"})";
+  const auto r = planner({"recommend", "--job", job, "--gpus", "8", "--format", "json"});
+  REQUIRE(r.code == 0);
+  const auto doc = nlohmann::json::parse(r.out);
+  for (const auto& c : doc.at("candidates")) {
+    CHECK(c.at("micro_batch") == 1);
+    CHECK(c.at("checkpointing") == "every:2");
+    CHECK(c.at("loss") == "chunked:4");
+    CHECK(c.at("recipe") == "torchtitan");
+  }
+  std::filesystem::remove_all(dir);
 }

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "costmodel/input_error.hpp"
 #include "costmodel/plan.hpp"
 #include "planner/estimate.hpp"
 #include "planner/recommend.hpp"
@@ -188,4 +189,25 @@ TEST_CASE("estimate::three verdicts near the edge") {
   e = evaluate(sc, spec, job);
   CHECK(verdict_of(sc, e) == Verdict::does_not_fit);
   CHECK(evaluation_to_json(sc, e)["verdict"] == "does not fit");
+}
+
+TEST_CASE("search::the recipe's framework decides how it shards") {
+  // torchtitan shards with FSDP2 (or replicates with DDP); a model under the DeepSpeed engine
+  // uses ZeRO. Pinning another flavour leaves nothing, and the message names the recipe.
+  auto sc = scenario("llama-2-7b", "a100-sxm4-80gb", 8, 8, 4096, 32);
+  sc.job.recipe = costmodel::Recipe::torchtitan;
+  SearchPins pins;
+  pins.exhaustive = true;
+  for (const auto& c : search(sc, pins).ranked)
+    CHECK((c.eval.spec.flavour == costmodel::Flavour::fsdp2 || c.eval.spec.flavour == costmodel::Flavour::ddp));
+  sc.job.recipe = costmodel::Recipe::deepspeed;
+  for (const auto& c : search(sc, pins).ranked) CHECK(c.eval.spec.flavour == costmodel::Flavour::deepspeed);
+  sc.job.recipe = costmodel::Recipe::torchtitan;
+  pins.flavour = costmodel::Flavour::deepspeed;
+  try {
+    search(sc, pins);
+    FAIL("expected an input error");
+  } catch (const costmodel::InputError& e) {
+    CHECK(std::string(e.what()).find("recipe torchtitan") != std::string::npos);
+  }
 }
