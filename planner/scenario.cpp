@@ -78,9 +78,14 @@ Scenario make_scenario(const ScenarioOptions& o) {
     if (!checkpointing_named) sc.job.checkpointing = costmodel::default_checkpointing(sc.job.recipe);
   }
   if (!o.loss.empty()) costmodel::set_loss(sc.job, o.loss, "--loss");
-  if (sc.job.checkpointing == costmodel::Checkpointing::every && sc.job.checkpoint_every > sc.model.layers)
-    throw InputError("--checkpointing", fmt::format("every:{} checkpoints no block of a {}-layer model",
-                                                    sc.job.checkpoint_every, sc.model.layers));
+  if (sc.job.checkpointing == costmodel::Checkpointing::every) {  // as the recipe's code counts
+    bool any = false;
+    for (std::int64_t b = 0; b < sc.model.layers && !any; ++b) any = sc.job.block_checkpointed(b);
+    if (!any)
+      throw InputError("--checkpointing", fmt::format("every:{} checkpoints no block of a {}-layer model under recipe {}",
+                                                      sc.job.checkpoint_every, sc.model.layers,
+                                                      costmodel::recipe_name(sc.job.recipe)));
+  }
   costmodel::validate_job(sc.job, sc.cluster);
   if (!(o.headroom >= 0 && o.headroom < 1))
     throw InputError("--headroom", fmt::format("must be in [0, 1), got {}", o.headroom));

@@ -202,3 +202,13 @@ TEST_CASE("cli::recommend keeps the job document's micro-batch, checkpointing an
   }
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("cli::every:N that checkpoints no block is refused, as the recipe counts") {
+  // torchtitan 0.2 checkpoints its N-th, 2N-th ... block: none of llama-2-7b's 32 at N = 40;
+  // transformers starts at layer 0, so every:40 there checkpoints layer 0 alone.
+  const auto titan = planner({"estimate", "--strategy", "zero3", "--recipe", "torchtitan", "--checkpointing", "every:40"});
+  CHECK(titan.code == 2);
+  CHECK(titan.err == "planner: --checkpointing: every:40 checkpoints no block of a 32-layer model under recipe "
+                     "torchtitan\n");
+  CHECK(planner({"estimate", "--strategy", "zero3", "--checkpointing", "every:40"}).code == 0);
+}
