@@ -59,7 +59,8 @@ std::string unit_label(int u, int units) {
 class Simulation {
  public:
   Simulation(const StepInput& in, Trace* trace)
-      : in_(in), spec_(in.spec), trace_(trace), comm_(*in.hardware) {
+      : in_(in), spec_(in.spec), trace_(trace), comm_(*in.hardware),
+        frameworks_(in.accounting == Accounting::framework && in.job.recipe != Recipe::executor) {
     if (in.accounting == Accounting::zero_paper) {
       // The paper's model states only: no framework buffers or partition quirks.
       spec_.persistence_threshold = 0;
@@ -67,11 +68,7 @@ class Simulation {
       spec_.keep_root_unsharded = false;
       spec_.root_unit = false;
     }
-    if (in.job.recipe == Recipe::executor) {
-      // The executor's engine (executor/engine.cpp) gathers the embeddings and the head as units
-      // of their own, reduce-scatters each unit's gradient in place and steps AdamW in place.
-      spec_.root_unit = spec_.reduce_copy_in = false;
-    }
+    if (!frameworks_) spec_.root_unit = spec_.reduce_copy_in = false;
   }
 
   StepResult run();
@@ -136,6 +133,11 @@ class Simulation {
   ShardingSpec spec_;  // the plan, normalized for the accounting mode
   Trace* trace_;
   CommModel comm_;
+  // The frameworks' own code runs (as measured: tests/costmodel/data/oracle_*.json), not the ZeRO
+  // paper's model states alone nor this project's executor (executor/engine.cpp), whose engine
+  // gathers the embeddings and head apart, reduces in place, steps AdamW in place, keeps
+  // DeepSpeed's stage-3 gradient partition in fp32 and sizes its reduce buckets in bytes.
+  const bool frameworks_;
   StepResult result_;
   StateBytes sb_;
   std::array<UnitInfo, 4> units_;  // embeddings, block, head, checkpointed block
@@ -240,13 +242,12 @@ void Simulation::prepare() {
   const bool paper = in_.accounting == Accounting::zero_paper;
   sb_ = state_bytes(j.precision, s, in_.accounting);
   // DeepSpeed 0.19.8's stage-3 gradient partition (grad_partitions_flat_buffer) is in the
-  // gradients' dtype, not fp32; the executor keeps it in fp32.
-  flat_grad_b_ = j.recipe == Recipe::executor || in_.accounting != Accounting::framework ? 4.0 : sb_.grad;
-  if (s.separate_fp32_master && sb_.master == 0 && j.recipe != Recipe::executor &&
-      in_.accounting == Accounting::framework && j.precision == Precision::fp32) {
+  // gradients' dtype, not fp32.
+  flat_grad_b_ = frameworks_ ? sb_.grad : 4.0;
+  if (frameworks_ && s.separate_fp32_master && sb_.master == 0 && j.precision == Precision::fp32) {
     // DeepSpeed clones each rank's share into an fp32 master partition in fp32 jobs too
     // (single_partition_of_fp32_groups, fp32_partitioned_groups_flat) and steps on an fp32 copy
-    // of the gradient partition; the executor's DeepSpeed flavour keeps one fp32 copy.
+    // of the gradient partition.
     sb_.master = 4;
     sb_.step_grad = 4;
   }
@@ -475,7 +476,7 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
                                         : coll(op, shard_group_, pending_reduce_bytes_);
     const double rs = issue(rs_stream, end, Stream::compute, dur, op == Collective::reduce_scatter ? "reduce-scatter" : "all-reduce", u);
     double done = rs + dur;  // when this bucket's gradients are fully reduced
-    const bool copy_in = s.reduce_copy_in && s.shard_gradients && in_.accounting == Accounting::framework;
+    const bool copy_in = s.reduce_copy_in && s.shard_gradients;
     if (copy_in) {  // the unsharded gradients move into the flat reduce-scatter input; the
                     // output shard, in the reduce dtype, is then added into the kept gradient
       mem(end, pending_reduce_bytes_, Category::buffers, Phase::reduce, u, mb);
@@ -604,12 +605,11 @@ StepResult Simulation::run() {
   if (s.contiguous_grad_bucket && in_.accounting == Accounting::framework) {
     // DeepSpeed sizes its reduce bucket in elements (reduce_bucket_size; the spec holds them at 2
     // bytes each) of the gradients' dtype: an fp32 job's bucket is twice as wide
-    // (deepspeed/runtime/zero/stage_1_and_2.py, ipg_buckets). The executor's bucket is in bytes.
-    // DeepSpeed 0.19.8 keeps one bucket per dtype in every stage (measured:
-    // tests/costmodel/data/oracle_deepspeed.json); the executor double-buffers stage 3's.
-    const bool executor = j.recipe == Recipe::executor;
-    const double width = executor ? 1.0 : reduce_b_ / 2.0;
-    const double buckets = executor && s.flat_grad_partition ? 2.0 : 1.0;
+    // (deepspeed/runtime/zero/stage_1_and_2.py, ipg_buckets), and 0.19.8 keeps one bucket per
+    // dtype in every stage (measured: tests/costmodel/data/oracle_deepspeed.json); the executor
+    // double-buffers stage 3's.
+    const double width = frameworks_ ? reduce_b_ / 2.0 : 1.0;
+    const double buckets = !frameworks_ && s.flat_grad_partition ? 2.0 : 1.0;
     mem(0, s.reduce_bucket_bytes * width * buckets, Category::buffers, Phase::setup, -1, 0);
   }
 
@@ -662,8 +662,7 @@ StepResult Simulation::run() {
     // _multi_tensor_adam) first writes sqrt(exp_avg_sq) of every local parameter into new
     // tensors: one intermediate of the local shard in the state dtype. DeepSpeed's FusedAdam
     // updates in place.
-    const bool foreach_adam = s.flavour != Flavour::deepspeed && in_.accounting == Accounting::framework &&
-                              j.recipe != Recipe::executor &&
+    const bool foreach_adam = frameworks_ && s.flavour != Flavour::deepspeed &&
                               (j.optimizer == Optimizer::adam || j.optimizer == Optimizer::adamw);
     if (foreach_adam) {
       mem(st, local_opt_params * sb_.moment, Category::optimizer_states, Phase::optimizer, -1, 1);
