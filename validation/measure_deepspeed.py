@@ -113,7 +113,7 @@ import time
 # The harness of bare/DDP/FSDP2 steps; this script's directory is on sys.path when it runs.
 from measure_steps import (CATEGORY_NAMES, CONFIGS as STEP_CONFIGS, MICRO_BATCHES,
                            SCHEMA_VERSION, SEQ_LENS, WARMUP_STEPS, _PeakProbe, build_model,
-                           command_line, make_batch, make_optimizer, merge_ranks,
+                           command_line, in_category_order, make_batch, make_optimizer, merge_ranks,
                            optimizer_state_bytes, parameter_count, split_optimizer,
                            versions as steps_versions, write_corpus)
 
@@ -469,11 +469,6 @@ def category_dict(snap):
     return out
 
 
-def in_order(categories, keys):
-    unknown = sorted(set(keys) - set(ORDER))
-    return {k: int(categories.get(k, 0)) for k in list(ORDER) + unknown if k in keys}
-
-
 def read_tracker(tracker, state_bytes):
     peak = tracker.get_tracker_snapshot("peak")
     if len(peak) != 1:
@@ -485,8 +480,8 @@ def read_tracker(tracker, state_bytes):
     keys |= {"parameters", "buffers", "gradients", "activations", "temp", "optimizer_states", "other"}
     return {
         "peak_bytes": int(snap["Total"]),
-        "at_peak": in_order(at_peak, keys),
-        "category_peaks": in_order(own_peaks, keys),
+        "at_peak": in_category_order(at_peak, keys, ORDER),
+        "category_peaks": in_category_order(own_peaks, keys, ORDER),
         "peak_module": tracker.peak_where[0],
         "peak_phase": tracker.peak_where[1],
         "sdpa_kernel": ",".join(sorted(tracker.sdpa_kernels)),

@@ -426,10 +426,10 @@ def split_optimizer(categories, state_bytes):
     return out
 
 
-def in_category_order(categories, keys):
-    """Every key of `keys` (0 where absent), in CATEGORY_ORDER."""
-    unknown = sorted(set(keys) - set(CATEGORY_ORDER))
-    return {k: int(categories.get(k, 0)) for k in list(CATEGORY_ORDER) + unknown if k in keys}
+def in_category_order(categories, keys, order=CATEGORY_ORDER):
+    """Every key of `keys` (0 where absent), in `order`, then the others sorted."""
+    unknown = sorted(set(keys) - set(order))
+    return {k: int(categories.get(k, 0)) for k in list(order) + unknown if k in keys}
 
 
 def read_tracker(tracker, state_bytes):
