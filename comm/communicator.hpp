@@ -42,9 +42,11 @@ public:
   virtual const char* backend() const = 0;         // "mpi", "nccl"
   virtual std::string library_version() const = 0; // "Open MPI v4.1.4", "NCCL 2.21.5"
   virtual MemorySpace memory_space() const = 0;
-  // The CUDA stream (a cudaStream_t) this group's collectives are queued on, for ordering compute
-  // against them with events; nullptr for a backend whose collectives complete before returning.
-  virtual void* cuda_stream() const { return nullptr; }
+  // The stream this group's collectives are queued on, an opaque handle the backend that orders
+  // compute against them understands: a cudaStream_t for NCCL (events order it), the communicator
+  // itself under the stream-order checker (executor/stream_check.hpp). nullptr for a backend whose
+  // collectives complete before returning.
+  virtual void* stream_handle() const { return nullptr; }
   // Not collective: memory this communicator's collectives can use.
   virtual std::unique_ptr<CommBuffer> allocate(std::size_t bytes) = 0;
 

@@ -50,7 +50,7 @@ public:
   const char* backend() const override { return "nccl"; }
   std::string library_version() const override;
   MemorySpace memory_space() const override { return MemorySpace::device; }
-  void* cuda_stream() const override { return stream_; }
+  void* stream_handle() const override { return stream_; }
   std::unique_ptr<CommBuffer> allocate(std::size_t bytes) override;
 
   void all_reduce(const void* send, void* recv, std::size_t count, DataType type,

@@ -24,7 +24,7 @@ public:
   const char* backend() const override { return inner_.backend(); }
   std::string library_version() const override { return inner_.library_version(); }
   MemorySpace memory_space() const override { return inner_.memory_space(); }
-  void* cuda_stream() const override { return inner_.cuda_stream(); }
+  void* stream_handle() const override { return inner_.stream_handle(); }
   std::unique_ptr<CommBuffer> allocate(std::size_t bytes) override {
     return inner_.allocate(bytes);
   }

@@ -354,8 +354,12 @@ struct State final : ShardingEngine::Impl {
 
   // Adds the kept chunk into this rank's block of the reduce input, so that the reduce-scatter's
   // sum is the accumulated gradient (the reduce overwrites its output). With replicas only the
-  // first replica adds it: the replica all-reduce then sums it once.
+  // first replica adds it: the replica all-reduce then sums it once. On every replica the
+  // reduce-scatter about to overwrite the kept chunk waits for the previous micro-batch's replica
+  // all-reduce of it (write after write across the two streams).
   void accumulate_into_input(std::int64_t u, S* input, const S* kept_chunk) {
+    if (replica)
+      be.wait(reduce.get(), replica.get());
     if (sl.replica_rank != 0)
       return;
     be.wait(nullptr, reduce.get()); // the kept chunk is the previous micro-batch's reduction
@@ -558,9 +562,9 @@ struct State final : ShardingEngine::Impl {
     }
     if (o.spec.grad_bucket_copy) {
       // torch DDP without gradient_as_bucket_view: gradients are copied into the bucket, reduced
-      // there, and the reduced values copied back into the gradients. The copies back wait for
-      // every reduction, after the backward (copy_back_buckets), so that the compute does not
-      // wait for each bucket's reduction in turn.
+      // there, and the reduced values copied back into the gradients. The copies back come after
+      // the backward (copy_back_buckets), once the compute stream has waited for every reduction,
+      // so that it does not wait for each bucket's reduction in turn.
       if constexpr (!kMixed) { // fp32 (mixed precision: reduce_whole_fp32)
         A* region = ddp_bucket.data() + ddp_offset[static_cast<std::size_t>(u)];
         timed(Part::copy, [&] { be.copy(region, source, us.size); });
@@ -670,7 +674,8 @@ struct State final : ShardingEngine::Impl {
   }
 
   // grad_bucket_copy without a sharded optimizer: the all-reduced sums back into the gradients
-  // (a reduce-scatter wrote its chunk in place otherwise).
+  // (a reduce-scatter wrote its chunk in place otherwise). After wait_for_reductions: the
+  // all-reduces write the bucket in place on their own stream.
   void copy_back_buckets() {
     if (!o.spec.grad_bucket_copy || o.spec.shard_optimizer)
       return;
@@ -939,8 +944,8 @@ struct State final : ShardingEngine::Impl {
     const std::int64_t gas = o.grad_accumulation;
     for (std::int64_t mb = 0; mb < gas; ++mb)
       loss_sum += micro_batch(mb, o.spec.shard_gradients || mb == gas - 1);
-    copy_back_buckets();
     wait_for_reductions();
+    copy_back_buckets();
     bool updated = true;
     timed(Part::optimizer, [&] { updated = optimizer_step(); });
     r.skipped = !updated;

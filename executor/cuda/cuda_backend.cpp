@@ -242,7 +242,7 @@ template <class S>
 cudaStream_t CudaBackend<S>::stream_of(const comm::Communicator* c) const {
   if (c == nullptr)
     return launch_.stream;
-  auto* s = static_cast<cudaStream_t>(c->cuda_stream());
+  auto* s = static_cast<cudaStream_t>(c->stream_handle());
   // A group without a stream (a rehearsal's stand-in copies) works on the current memory stream,
   // which is the compute stream: it is ordered with the compute already.
   return s != nullptr ? s : launch_.stream;
