@@ -31,7 +31,15 @@ if(SHARDPLAN_HAVE_CUDA)
   find_path(NCCL_INCLUDE_DIR nccl.h
     HINTS ${SHARDPLAN_NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS}
     PATH_SUFFIXES include)
-  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
+  # The library beside the header it is compiled against first (a wheel's nvidia/nccl/include
+  # and nvidia/nccl/lib, which ship libnccl.so.2 only): a system libnccl.so elsewhere must not win
+  # over it. NAMES_PER_DIR: each folder is searched for every name before the next folder.
+  if(NCCL_INCLUDE_DIR)
+    get_filename_component(_nccl_root ${NCCL_INCLUDE_DIR} DIRECTORY)
+    find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
+      PATHS ${_nccl_root} PATH_SUFFIXES lib lib64 NO_DEFAULT_PATH)
+  endif()
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
     HINTS ${SHARDPLAN_NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_LIBRARY_DIR}
     PATH_SUFFIXES lib lib64)
   if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)

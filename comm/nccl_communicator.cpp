@@ -12,6 +12,8 @@
 
 #define SHARDPLAN_NCCL_CALL(communicator, function, ...)                                           \
   ::shardplan::comm::check_nccl(function(__VA_ARGS__), #function, communicator, __FILE__, __LINE__)
+// A collective of this communicator, refused once it is aborted (NcclCommunicator::enqueue).
+#define SHARDPLAN_NCCL_ENQUEUE(function, ...) enqueue(#function, [&] { return function(__VA_ARGS__); })
 
 namespace shardplan::comm {
 namespace {
@@ -88,6 +90,42 @@ std::byte* block(void* base, std::size_t index, std::size_t count, DataType type
   return static_cast<std::byte*>(base) + index * count * element_bytes(type);
 }
 
+// Non-blocking communicators (ncclConfig_t.blocking = 0, NCCL 2.14+): every call returns at once,
+// possibly with ncclInProgress, and the communicator's state is polled with ncclCommGetAsyncError
+// until it leaves ncclInProgress. So no NCCL call of this rank blocks the thread that made it, and
+// the watchdog's ncclCommAbort, from its own thread, never waits for (or races) a call in flight.
+ncclConfig_t nonblocking_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+// Polls a communicator that has just been created (ncclCommInitRankConfig, ncclCommSplit) until it
+// is ready; nothing can abort it yet.
+void wait_until_created(ncclComm_t comm, const char* call) {
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(comm, &state), "ncclCommGetAsyncError", comm, __FILE__,
+               __LINE__);
+    if (state != ncclInProgress) {
+      check_nccl(state, call, comm, __FILE__, __LINE__);
+      return;
+    }
+    std::this_thread::yield();
+  }
+}
+
+// ncclCommInitRankConfig with the non-blocking config, waited for.
+ncclComm_t init_rank(int ranks, const ncclUniqueId& id, int rank) {
+  ncclConfig_t config = nonblocking_config();
+  ncclComm_t comm = nullptr;
+  const ncclResult_t started = ncclCommInitRankConfig(&comm, ranks, id, rank, &config);
+  if (started != ncclInProgress)
+    check_nccl(started, "ncclCommInitRankConfig", comm, __FILE__, __LINE__);
+  wait_until_created(comm, "ncclCommInitRankConfig");
+  return comm;
+}
+
 } // namespace
 
 void check_nccl(ncclResult_t code, const char* call, ncclComm_t comm, const char* file, int line) {
@@ -122,10 +160,19 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& host_gr
   if (host_group.rank() == 0)
     SHARDPLAN_NCCL_CALL(nullptr, ncclGetUniqueId, &id);
   host_group.broadcast(&id, sizeof id, DataType::u8, 0);
-  ncclComm_t comm = nullptr;
-  SHARDPLAN_NCCL_CALL(nullptr, ncclCommInitRank, &comm, host_group.size(), id, host_group.rank());
+  ncclComm_t comm = init_rank(host_group.size(), id, host_group.rank());
   return std::unique_ptr<NcclCommunicator>(
       new NcclCommunicator(comm, device, host_group.split(0, host_group.rank())));
+}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create_alone(int device) {
+  if (device < 0 || device >= cuda_device_count())
+    throw CommError(fmt::format("NCCL backend: no CUDA device {} on this host", device), __FILE__,
+                    __LINE__);
+  SHARDPLAN_CUDA_CALL(cudaSetDevice, device);
+  ncclUniqueId id{};
+  SHARDPLAN_NCCL_CALL(nullptr, ncclGetUniqueId, &id);
+  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(init_rank(1, id, 0), device, nullptr));
 }
 
 std::unique_ptr<NcclCommunicator>
@@ -145,9 +192,7 @@ NcclCommunicator::create_from_environment(const LaunchEnvironment& environment, 
                                 shared.size(), sizeof id),
                     __FILE__, __LINE__);
   std::memcpy(&id, shared.data(), sizeof id);
-  ncclComm_t comm = nullptr;
-  SHARDPLAN_NCCL_CALL(nullptr, ncclCommInitRank, &comm, environment.world_size, id,
-                      environment.rank);
+  ncclComm_t comm = init_rank(environment.world_size, id, environment.rank);
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(comm, device, nullptr));
 }
 
@@ -173,6 +218,10 @@ NcclCommunicator::~NcclCommunicator() {
   }
   if (barrier_scratch_ != nullptr)
     (void)cudaFree(barrier_scratch_);
+  // A non-blocking communicator is finalized (its pending work flushed) before it is destroyed.
+  ncclResult_t state = ncclCommFinalize(comm_);
+  while (state == ncclInProgress && ncclCommGetAsyncError(comm_, &state) == ncclSuccess)
+    std::this_thread::yield();
   (void)ncclCommDestroy(comm_);
 }
 
@@ -189,43 +238,45 @@ std::unique_ptr<CommBuffer> NcclCommunicator::allocate(std::size_t bytes) {
 
 void NcclCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DataType type,
                                   ReduceOp op) {
-  SHARDPLAN_NCCL_CALL(comm_, ncclAllReduce, send, recv, count, nccl_type(type), nccl_op(op), comm_,
+  SHARDPLAN_NCCL_ENQUEUE(ncclAllReduce, send, recv, count, nccl_type(type), nccl_op(op), comm_,
                       stream_);
 }
 
 void NcclCommunicator::reduce(const void* send, void* recv, std::size_t count, DataType type,
                               int root, ReduceOp op) {
-  SHARDPLAN_NCCL_CALL(comm_, ncclReduce, send, recv, count, nccl_type(type), nccl_op(op), root,
+  SHARDPLAN_NCCL_ENQUEUE(ncclReduce, send, recv, count, nccl_type(type), nccl_op(op), root,
                       comm_, stream_);
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t count, DataType type) {
-  SHARDPLAN_NCCL_CALL(comm_, ncclAllGather, send, recv, count, nccl_type(type), comm_, stream_);
+  SHARDPLAN_NCCL_ENQUEUE(ncclAllGather, send, recv, count, nccl_type(type), comm_, stream_);
 }
 
 void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count,
                                       DataType type, ReduceOp op) {
-  SHARDPLAN_NCCL_CALL(comm_, ncclReduceScatter, send, recv, count, nccl_type(type), nccl_op(op),
+  SHARDPLAN_NCCL_ENQUEUE(ncclReduceScatter, send, recv, count, nccl_type(type), nccl_op(op),
                       comm_, stream_);
 }
 
 void NcclCommunicator::broadcast(void* buffer, std::size_t count, DataType type, int root) {
-  SHARDPLAN_NCCL_CALL(comm_, ncclBroadcast, buffer, buffer, count, nccl_type(type), root, comm_,
+  SHARDPLAN_NCCL_ENQUEUE(ncclBroadcast, buffer, buffer, count, nccl_type(type), root, comm_,
                       stream_);
 }
 
 void NcclCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DataType type) {
   // One send and one receive per peer in a group, as nccl-tests' alltoall does; works on every
   // NCCL with point-to-point (2.7+).
-  SHARDPLAN_NCCL_CALL(comm_, ncclGroupStart);
-  for (int peer = 0; peer < size_; ++peer) {
-    const auto p = static_cast<std::size_t>(peer);
-    SHARDPLAN_NCCL_CALL(comm_, ncclSend, block(send, p, count, type), count, nccl_type(type), peer,
-                        comm_, stream_);
-    SHARDPLAN_NCCL_CALL(comm_, ncclRecv, block(recv, p, count, type), count, nccl_type(type), peer,
-                        comm_, stream_);
-  }
-  SHARDPLAN_NCCL_CALL(comm_, ncclGroupEnd);
+  enqueue("ncclGroupEnd (all-to-all)", [&] {
+    SHARDPLAN_NCCL_CALL(comm_, ncclGroupStart);
+    for (int peer = 0; peer < size_; ++peer) {
+      const auto p = static_cast<std::size_t>(peer);
+      SHARDPLAN_NCCL_CALL(comm_, ncclSend, block(send, p, count, type), count, nccl_type(type),
+                          peer, comm_, stream_);
+      SHARDPLAN_NCCL_CALL(comm_, ncclRecv, block(recv, p, count, type), count, nccl_type(type),
+                          peer, comm_, stream_);
+    }
+    return ncclGroupEnd();
+  });
 }
 
 void NcclCommunicator::synchronize() {
@@ -235,9 +286,7 @@ void NcclCommunicator::synchronize() {
   for (;;) {
     {
       std::lock_guard lock(abort_mutex_);
-      if (aborted_)
-        throw CommError("NCCL communicator aborted (a rank failed or stopped)", __FILE__,
-                        __LINE__);
+      throw_if_aborted();
       ncclResult_t async_error = ncclSuccess;
       SHARDPLAN_NCCL_CALL(comm_, ncclCommGetAsyncError, comm_, &async_error);
       check_nccl(async_error, "NCCL (asynchronous error)", comm_, __FILE__, __LINE__);
@@ -249,6 +298,38 @@ void NcclCommunicator::synchronize() {
       check_cuda(state, "cudaStreamQuery", __FILE__, __LINE__);
     std::this_thread::yield();
   }
+}
+
+template <class Call> void NcclCommunicator::enqueue(const char* call, Call&& start) {
+  {
+    std::lock_guard lock(abort_mutex_);
+    throw_if_aborted();
+    const ncclResult_t started = start();
+    if (started != ncclInProgress) {
+      check_nccl(started, call, comm_, __FILE__, __LINE__);
+      return;
+    }
+  }
+  // Queued but not yet accepted: polled with the lock released between polls, so that an abort
+  // from the watchdog's thread can come in.
+  for (;;) {
+    {
+      std::lock_guard lock(abort_mutex_);
+      throw_if_aborted();
+      ncclResult_t state = ncclSuccess;
+      SHARDPLAN_NCCL_CALL(comm_, ncclCommGetAsyncError, comm_, &state);
+      if (state != ncclInProgress) {
+        check_nccl(state, call, comm_, __FILE__, __LINE__);
+        return;
+      }
+    }
+    std::this_thread::yield();
+  }
+}
+
+void NcclCommunicator::throw_if_aborted() const {
+  if (aborted_)
+    throw CommError("NCCL communicator aborted (a rank failed or stopped)", __FILE__, __LINE__);
 }
 
 void NcclCommunicator::abort() {
@@ -271,14 +352,15 @@ void NcclCommunicator::barrier() {
     SHARDPLAN_CUDA_CALL(cudaMalloc, &barrier_scratch_, sizeof(int));
     SHARDPLAN_CUDA_CALL(cudaMemsetAsync, barrier_scratch_, 0, sizeof(int), stream_);
   }
-  SHARDPLAN_NCCL_CALL(comm_, ncclAllReduce, barrier_scratch_, barrier_scratch_, 1, ncclInt32,
-                      ncclSum, comm_, stream_);
+  SHARDPLAN_NCCL_ENQUEUE(ncclAllReduce, barrier_scratch_, barrier_scratch_, 1, ncclInt32, ncclSum, comm_, stream_);
   synchronize();
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
   ncclComm_t part = nullptr;
-  SHARDPLAN_NCCL_CALL(comm_, ncclCommSplit, comm_, color, key, &part, nullptr);
+  // A null config: the new communicator inherits this one's (non-blocking).
+  enqueue("ncclCommSplit", [&] { return ncclCommSplit(comm_, color, key, &part, nullptr); });
+  wait_until_created(part, "ncclCommSplit");
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
       part, device_, host_group_ != nullptr ? host_group_->split(color, key) : nullptr));
 }

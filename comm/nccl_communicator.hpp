@@ -4,7 +4,8 @@
 // over TCP), then every rank calls ncclCommInitRank. It keeps an MPI communicator of the same ranks
 // for host-side barriers when it has one. Every CUDA and NCCL result is checked. NCCL up to 2.29
 // refuses two ranks of one communicator on the same GPU ("Duplicate GPU detected"), so a machine
-// with one GPU runs this backend with one rank only.
+// with one GPU runs this backend with one rank only. Communicators are non-blocking (ncclConfig_t
+// blocking = 0): no call blocks its thread, and every collective is refused once abort() ran.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,6 +39,8 @@ public:
   // LOCAL_RANK's. Such a communicator has no host group: its barrier is an NCCL all-reduce.
   static std::unique_ptr<NcclCommunicator> create_from_environment(
       const LaunchEnvironment& environment, double timeout_s = 300);
+  // One rank alone on `device`, with no other process to share an id with (a one-GPU check).
+  static std::unique_ptr<NcclCommunicator> create_alone(int device);
   ~NcclCommunicator() override;
 
   cudaStream_t stream() const { return stream_; }
@@ -70,6 +73,11 @@ public:
 
 private:
   NcclCommunicator(ncclComm_t comm, int device, std::unique_ptr<Communicator> host_group);
+  // Starts one NCCL call on this communicator (start() returns its result) unless it is aborted,
+  // then polls until NCCL has accepted it; the abort lock is held only around each NCCL call, so
+  // abort() never waits for a call that does not return. Throws CommError.
+  template <class Call> void enqueue(const char* call, Call&& start);
+  void throw_if_aborted() const;
 
   ncclComm_t comm_;
   int device_;

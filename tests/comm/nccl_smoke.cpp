@@ -1,5 +1,6 @@
-// The NCCL backend on this machine's GPUs, under mpirun (one rank per GPU): every collective on
-// device buffers, checked against the reference sums, then a split. Exits 77 (a skipped test) when
+// The NCCL backend on this machine's GPUs, under mpirun or torchrun (one rank per GPU), or one
+// process alone (--alone, and always without MPI): every collective on device buffers, checked
+// against the reference sums, then a split. Exits 77 (a skipped test) when
 // there is no CUDA device, saying so; 0 when every check passes; 1 otherwise.
 #include <cstdio>
 #include <exception>
@@ -8,7 +9,10 @@
 #include <fmt/format.h>
 
 #include "comm/comm_error.hpp"
+#include "comm/launch_env.hpp"
+#if SHARDPLAN_HAVE_MPI
 #include "comm/mpi_environment.hpp"
+#endif
 #include "comm/nccl_communicator.hpp"
 #include "comm/topology.hpp"
 
@@ -79,9 +83,31 @@ int run_collectives(Communicator& c) {
   return wrong;
 }
 
-} // namespace
+// The sum of `wrong` over the communicator's ranks, through the communicator itself.
+int wrong_anywhere(Communicator& c, int wrong) {
+  auto buffer = c.allocate(sizeof(int));
+  buffer->copy_from_host(&wrong, sizeof(int));
+  c.all_reduce(buffer->data(), buffer->data(), 1, DataType::i32);
+  c.synchronize();
+  int sum = 0;
+  buffer->copy_to_host(&sum, sizeof(int));
+  return sum;
+}
 
-int main(int argc, char** argv) {
+int check_all(NcclCommunicator& nccl, const char* how) {
+  int wrong = run_collectives(nccl);
+  auto halves = nccl.split(nccl.rank() % 2, nccl.rank());
+  wrong += run_collectives(*halves);
+  wrong = wrong_anywhere(nccl, wrong);
+  if (nccl.rank() == 0)
+    fmt::print("NCCL backend ({}) on {} ranks ({}): {}\n", nccl.library_version(), nccl.size(), how,
+               wrong == 0 ? "every collective correct" : "WRONG RESULTS");
+  return wrong == 0 ? 0 : 1;
+}
+
+#if SHARDPLAN_HAVE_MPI
+// Ranks started by mpirun: NCCL's id shared over MPI.
+int run_under_mpi(bool probe) {
   MpiEnvironment mpi;
   auto world = mpi.world();
   const int devices = cuda_device_count();
@@ -92,22 +118,49 @@ int main(int argc, char** argv) {
       fmt::print("skipped: no CUDA device on this machine (the NCCL backend needs one per rank)\n");
     return kSkipped;
   }
-  if (argc > 1 && std::string_view(argv[1]) == "--probe")
+  if (probe)
     return 0;
   try {
     const Topology topology = discover_topology(*world);
     auto nccl = NcclCommunicator::create(*world, topology.local_rank);
-    int wrong = run_collectives(*nccl);
-    auto halves = nccl->split(nccl->rank() % 2, nccl->rank());
-    wrong += run_collectives(*halves);
-    int wrong_anywhere = 0;
-    world->all_reduce(&wrong, &wrong_anywhere, 1, DataType::i32);
-    if (world->rank() == 0)
-      fmt::print("NCCL backend ({}) on {} ranks: {}\n", nccl->library_version(), nccl->size(),
-                 wrong_anywhere == 0 ? "every collective correct" : "WRONG RESULTS");
-    return wrong_anywhere == 0 ? 0 : 1;
+    return check_all(*nccl, "mpirun");
   } catch (const std::exception& e) {
     fmt::print(stderr, "{}\n", e.what());
     mpi.abort(1);
   }
+}
+#endif
+
+// One process alone (--alone, and always without MPI), or the ranks torchrun started.
+int run_without_mpi(bool probe) {
+  if (cuda_device_count() == 0) {
+    fmt::print("skipped: no CUDA device on this machine (the NCCL backend needs one per rank)\n");
+    return kSkipped;
+  }
+  if (probe)
+    return 0;
+  try {
+    if (launched_with_torchrun_environment())
+      return check_all(*NcclCommunicator::create_from_environment(read_launch_environment()),
+                       "torchrun");
+    return check_all(*NcclCommunicator::create_alone(0), "one process, no MPI");
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "{}\n", e.what());
+    return 1;
+  }
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  bool alone = false, probe = false;
+  for (int i = 1; i < argc; ++i) {
+    alone = alone || std::string_view(argv[i]) == "--alone";
+    probe = probe || std::string_view(argv[i]) == "--probe";
+  }
+#if SHARDPLAN_HAVE_MPI
+  if (!alone && !launched_with_torchrun_environment())
+    return run_under_mpi(probe);
+#endif
+  return run_without_mpi(probe);
 }
