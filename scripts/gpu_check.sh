@@ -10,9 +10,10 @@
 #                                              nvidia-nccl package, run the GPU tests (ctest -L gpu),
 #                                              calibrate the GPUs present (NCCL collectives, cuBLAS
 #                                              GEMMs, copy bandwidth), then for ddp, zero2, zero3
-#                                              and fsdp-full: plan an 8-GPU job for that profile,
-#                                              rehearse its rank 0 on GPU 0 with the CUDA executor,
-#                                              and `planner validate` it
+#                                              and fsdp-full: run a one-GPU plan for real with a
+#                                              one-rank NCCL communicator, plan an 8-GPU job for
+#                                              that profile, rehearse its rank 0 on GPU 0 with the
+#                                              CUDA executor, and `planner validate` it
 #
 # The GPU machine needs the CUDA toolkit (nvcc, cuBLAS), CMake >= 3.25, ninja, python3 and NCCL
 # (SHARDPLAN_NCCL_ROOT or NCCL_ROOT, else the folder of Python's nvidia.nccl); no MPI, no package
@@ -390,10 +391,23 @@ check() {
 
   # Per strategy: the plan for 8 GPUs of this profile (one node of 8), rank 0 of it rehearsed on
   # GPU 0 (its own shards and buffers; stand-in copies for the collectives), validate.
-  local job=(--model model.json --hardware calibrated.json --gpus "$PLAN_GPUS" --gpus-per-node "$PLAN_GPUS"
+  local common=(--model model.json --hardware calibrated.json
     --seq-len "$SEQ" --global-batch "$GLOBAL_BATCH" --micro-batch "$MICRO_BATCH" --precision "$PRECISION"
     --attention flash --checkpointing none --offload none --recipe executor)
+  local job=("${common[@]}" --gpus "$PLAN_GPUS" --gpus-per-node "$PLAN_GPUS")
   local s
+  # Per strategy: the plan for this one GPU, run for real with a one-rank NCCL communicator (its
+  # collectives are kernels on NCCL's own streams, so every wait of the engine orders real work).
+  # The rank's environment is torchrun's (comm/launch_env.hpp): no MPI is needed.
+  for s in "${STRATEGIES[@]}"; do
+    rm -f "plan1-$s.json" "run1-$s.json"
+    soft_step "$s: plan for 1 GPU" "plan1-$s.log" to_file "plan1-$s.json" \
+      "$planner" recommend "${common[@]}" --gpus 1 --gpus-per-node 1 --strategy "$s" --emit plan || continue
+    soft_step "$s: executor on 1 GPU (NCCL)" "run1-$s.log" limited 240 \
+      env CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}" RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
+      MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 "$executor" --backend cuda --plan "plan1-$s.json" \
+      --steps 3 --out "run1-$s.json" || continue
+  done
   for s in "${STRATEGIES[@]}"; do
     rm -f "plan-$s.json" "run-$s.json" "validate-$s.json"
     soft_step "$s: plan" "plan-$s.log" to_file "plan-$s.json" \

@@ -24,6 +24,9 @@
 #include "executor/cuda/cuda_backend.hpp"
 #include "executor/cuda/device_memory.hpp"
 #include "executor/synthetic_data.hpp"
+#if SHARDPLAN_HAVE_NCCL
+#include "comm/nccl_communicator.hpp"
+#endif
 
 using namespace shardplan;
 using namespace shardplan::executor;
@@ -158,7 +161,64 @@ template <class S> EngineRun run_engine_on_gpu(EngineOptions options, int steps)
   return r;
 }
 
+#if SHARDPLAN_HAVE_NCCL
+// The engine on the GPU with real NCCL collectives on one rank: the world, its all-gathers and its
+// reductions are three communicators, each a stream of its own (as a multi-GPU run's), so every
+// wait and record_use of the engine orders real kernels on real streams.
+template <class S> EngineRun run_engine_on_gpu_nccl(EngineOptions options, int steps) {
+  auto world = comm::NcclCommunicator::create_alone(0);
+  auto shard = world->split(0, 0);
+  auto reduce = world->split(0, 0);
+  cuda::DeviceMemory memory;
+  cuda::CudaBackend<S> backend{memory, false};
+  TrackedAllocator allocator{TrackedAllocator::kUnlimited, &memory};
+  if constexpr (std::is_same_v<S, float>)
+    options.backend = &backend;
+  else
+    options.backend_bf16 = &backend;
+  EngineRun r;
+  {
+    ShardingEngine engine(options, allocator, {world.get(), shard.get(), nullptr, false, reduce.get()});
+    for (int k = 0; k < steps; ++k)
+      r.losses.push_back(engine.step().loss);
+    for (std::int64_t u = 0; u < engine.layout().unit_count(); ++u)
+      r.params.push_back(engine.full_parameters(u));
+  }
+  r.peak_bytes = allocator.peak_bytes();
+  return r;
+}
+#endif
+
 } // namespace
+
+#if SHARDPLAN_HAVE_NCCL
+TEST_CASE("cuda::every strategy on NCCL's own streams trains as the CPU engine") {
+  // One rank: NCCL's collectives are copies on their streams, so the values are the stand-in's
+  // and the CPU engine's; only the ordering differs, and a missing wait shows as a wrong value.
+  for (const auto& model : {tiny_llama(), tiny_gpt2()}) {
+    CAPTURE(model.name);
+    for (const auto& s : kStrategies) {
+      if (std::string(s.name) == "hsdp")
+        continue; // replicas need more than one GPU
+      for (std::int64_t gas : {1, 2}) {
+        CAPTURE(s.name);
+        CAPTURE(costmodel::flavour_name(s.flavour));
+        CAPTURE(gas);
+        auto options = test_options(model, test_spec(s.name, s.flavour, 1), gas);
+        options.adamw.lr = 1e-3;
+        options.prefetch_as_planned = true;
+        StandInCommunicator self(0, 1);
+        const auto cpu = run_engine(options, {&self, &self, nullptr, true}, 3);
+        const auto gpu = run_engine_on_gpu_nccl<float>(options, 3);
+        REQUIRE(gpu.losses.size() == cpu.losses.size());
+        CHECK(std::abs(gpu.losses[0] - cpu.losses[0]) <= kLoss * cpu.losses[0]);
+        for (std::size_t k = 1; k < cpu.losses.size(); ++k)
+          CHECK(std::abs(gpu.losses[k] - cpu.losses[k]) <= kLossAfterSteps * cpu.losses[k]);
+      }
+    }
+  }
+}
+#endif
 
 TEST_CASE("cuda::the model's loss and gradients are the CPU backend's (eager attention)") {
   const BatchShape shape{2, 7};
