@@ -11,6 +11,8 @@
 
 namespace shardplan::comm {
 
+class HostStream;  // comm/host_stream.hpp
+
 enum class MemorySpace { host, device };
 
 // Memory that a communicator's collectives read and write: host memory for MPI, the rank's GPU
@@ -47,6 +49,9 @@ public:
   // itself under the stream-order checker (executor/stream_check.hpp). nullptr for a backend whose
   // collectives complete before returning.
   virtual void* stream_handle() const { return nullptr; }
+  // The host thread this group's collectives run on, for a backend that computes on the host
+  // (comm/host_stream.hpp); nullptr when they run on the calling thread (or on a device stream).
+  virtual HostStream* host_stream() { return nullptr; }
   // Not collective: memory this communicator's collectives can use.
   virtual std::unique_ptr<CommBuffer> allocate(std::size_t bytes) = 0;
 

@@ -13,9 +13,12 @@ MpiEnvironment::MpiEnvironment() {
   int initialized = 0;
   SHARDPLAN_MPI_CALL(MPI_Initialized, &initialized);
   if (!initialized) {
-    int provided = 0;
-    SHARDPLAN_MPI_CALL(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    // MPI_THREAD_MULTIPLE: collective streams (comm/host_stream.hpp) call MPI from their own
+    // threads, each on its own communicator.
+    SHARDPLAN_MPI_CALL(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_MULTIPLE, &thread_level_);
     initialized_here_ = true;
+  } else {
+    SHARDPLAN_MPI_CALL(MPI_Query_thread, &thread_level_);
   }
   // Errors on the world (and on communicators made from it) come back as return codes.
   SHARDPLAN_MPI_CALL(MPI_Comm_set_errhandler, MPI_COMM_WORLD, MPI_ERRORS_RETURN);

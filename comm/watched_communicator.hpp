@@ -25,6 +25,7 @@ public:
   std::string library_version() const override { return inner_.library_version(); }
   MemorySpace memory_space() const override { return inner_.memory_space(); }
   void* stream_handle() const override { return inner_.stream_handle(); }
+  HostStream* host_stream() override { return inner_.host_stream(); }
   std::unique_ptr<CommBuffer> allocate(std::size_t bytes) override {
     return inner_.allocate(bytes);
   }

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "comm/host_stream.hpp"
+#include "executor/host_stream_memory.hpp"
 #include "executor/kernels.hpp"
 
 namespace shardplan::executor {
@@ -169,6 +171,50 @@ bool HostBackend<S>::all_finite(const A* x, std::int64_t n) {
     if (!std::isfinite(x[i])) return false;
   return true;
 }
+template <class S>
+HostBackend<S>::HostBackend(MemorySource* memory)
+    : memory_(dynamic_cast<StreamOrderedHostMemory*>(memory)) {}
+
+namespace {
+comm::HostStream* host_stream_of(comm::Communicator* c) {
+  return c != nullptr ? c->host_stream() : nullptr;
+}
+}  // namespace
+
+template <class S>
+void HostBackend<S>::wait(comm::Communicator* waiter, comm::Communicator* producer) {
+  auto* p = host_stream_of(producer);
+  if (p == nullptr)
+    return;  // the computing thread, or a blocking group: what they issued is done
+  auto* w = host_stream_of(waiter);
+  if (w != nullptr) {
+    w->enqueue_wait(*p, p->queued());
+    return;
+  }
+  // The computing thread waits (for itself, or for a blocking group whose calls it makes).
+  const auto t0 = std::chrono::steady_clock::now();
+  p->wait_for(p->queued());
+  seconds_.comm_waits[producer] +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <class S>
+void HostBackend<S>::record_use(const void* p, comm::Communicator* user) {
+  auto* s = host_stream_of(user);
+  if (s == nullptr)
+    return;
+  if (memory_ != nullptr)
+    memory_->record_use(p, s);
+  else
+    s->wait_for(s->queued());  // nothing holds the memory back: it must be done with it now
+}
+
+template <class S>
+void HostBackend<S>::allocate_on(comm::Communicator* stream) {
+  if (memory_ != nullptr)
+    memory_->set_stream(host_stream_of(stream));
+}
+
 template <class S>
 void HostBackend<S>::begin(typename Backend<S>::Part part) {
   started_[static_cast<int>(part)] = std::chrono::steady_clock::now();

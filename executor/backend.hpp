@@ -20,6 +20,7 @@
 #include <span>
 
 #include "comm/communicator.hpp"
+#include "executor/memory_source.hpp"
 #include "executor/adamw.hpp"
 #include "executor/scalar.hpp"
 
@@ -153,11 +154,21 @@ class Backend {
   virtual PartSeconds take_seconds() = 0;
 };
 
-// The CPU backend: kernels.hpp and adamw.hpp on the calling thread.
+class StreamOrderedHostMemory;  // executor/host_stream_memory.hpp
+
+// The CPU backend: kernels.hpp and adamw.hpp on the calling thread. Collectives either block that
+// thread (a group without a host stream: nothing to order) or run on their group's own thread
+// (comm/host_stream.hpp), ordered as a GPU orders streams: the computing thread blocks in
+// wait(nullptr, group) until the group has done what it had queued (timed in comm_waits), a group
+// waits for another on its own thread, and memory a group still uses is held back at its free
+// when the allocator's memory is a StreamOrderedHostMemory (else record_use waits for the group).
 template <class S>
 class HostBackend final : public Backend<S> {
  public:
   using A = accum_t<S>;
+  // memory: the memory the engine's allocator hands out (not owned), for record_use and
+  // allocate_on; nullptr or any other source: record_use waits instead.
+  explicit HostBackend(MemorySource* memory = nullptr);
   const char* name() const override { return "cpu"; }
   void embedding_forward(S* out, const std::int32_t* tokens, const S* wte, const S* wpe,
                          std::int64_t batch, std::int64_t seq, std::int64_t channels) override;
@@ -215,11 +226,15 @@ class HostBackend final : public Backend<S> {
   void copy_wide(A* dst, const A* src, std::int64_t n) override;
   void scale(A* x, std::int64_t n, double factor) override;
   bool all_finite(const A* x, std::int64_t n) override;
+  void wait(comm::Communicator* waiter, comm::Communicator* producer) override;
+  void record_use(const void* p, comm::Communicator* user) override;
+  void allocate_on(comm::Communicator* stream) override;
   void begin(typename Backend<S>::Part part) override;
   void end(typename Backend<S>::Part part) override;
   typename Backend<S>::PartSeconds take_seconds() override;
 
  private:
+  StreamOrderedHostMemory* memory_ = nullptr;
   std::chrono::steady_clock::time_point started_[Backend<S>::kParts];
   typename Backend<S>::PartSeconds seconds_;
 };

@@ -110,7 +110,7 @@ struct State final : ShardingEngine::Impl {
       : o(std::move(opts)),
         alloc(a),
         g(groups),
-        host_backend(backend_of<S>(o) ? nullptr : std::make_unique<HostBackend<S>>()),
+        host_backend(backend_of<S>(o) ? nullptr : std::make_unique<HostBackend<S>>(&a.source())),
         be(backend_of<S>(o) ? *backend_of<S>(o) : *host_backend),
         model(o.model, a, o.model_options, &be) {
     init();

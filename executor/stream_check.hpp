@@ -68,6 +68,7 @@ class CheckedCommunicator final : public comm::Communicator {
   std::string library_version() const override { return inner_.library_version(); }
   comm::MemorySpace memory_space() const override { return inner_.memory_space(); }
   void* stream_handle() const override { return const_cast<CheckedCommunicator*>(this); }
+  comm::HostStream* host_stream() override { return inner_.host_stream(); }
   std::unique_ptr<comm::CommBuffer> allocate(std::size_t bytes) override {
     return inner_.allocate(bytes);
   }

@@ -4,8 +4,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <optional>
+#include <vector>
 
+#include "comm/host_stream.hpp"
 #include "engine_fixture.hpp"
+#include "executor/host_stream_memory.hpp"
 #include "mpi_test_world.hpp"
 
 using namespace shardplan;
@@ -39,6 +43,35 @@ const Case kCases[] = {{"zero1", Flavour::deepspeed}, {"zero2", Flavour::deepspe
 EngineRun run_on_world(const EngineOptions& o) {
   auto owned = make_groups(test_world(), o.spec);
   return run_engine(o, owned.groups, kSteps);
+}
+
+// The same with each group's collectives on a thread of its own (comm/host_stream.hpp), the
+// reductions on a stream beside the all-gathers', and memory held back for the streams at its
+// free: the engine's waits order real concurrent work.
+EngineRun run_streamed(const EngineOptions& o) {
+  auto owned = make_groups(test_world(), o.spec, true);
+  comm::StreamedCommunicator shard(*owned.groups.shard), reduce(*owned.groups.shard_reduce);
+  std::optional<comm::StreamedCommunicator> replica;
+  if (owned.groups.replica != nullptr)
+    replica.emplace(*owned.groups.replica);
+  StreamOrderedHostMemory memory;
+  TrackedAllocator allocator(TrackedAllocator::kUnlimited, &memory);
+  EngineRun r;
+  {
+    ShardingEngine engine(o, allocator,
+                          {owned.groups.world, &shard, replica ? &*replica : nullptr, false,
+                           &reduce});
+    for (int k = 0; k < kSteps; ++k) {
+      r.reports.push_back(engine.step());
+      r.losses.push_back(r.reports.back().loss);
+    }
+    for (std::int64_t u = 0; u < engine.layout().unit_count(); ++u)
+      r.params.push_back(engine.full_parameters(u));
+  }
+  r.peak_bytes = allocator.peak_bytes();
+  for (auto c : kMemoryCategories)
+    r.category_peaks[c] = allocator.peak_bytes(c);
+  return r;
 }
 
 double worst_loss_error = 0, worst_param_difference = 0; // over every comparison, for the log
@@ -167,4 +200,26 @@ TEST_CASE("engine::under bf16-mixed, sharded strategies train as DDP within bf16
   if (test_world().rank() == 0)
     MESSAGE(world << " ranks, bf16-mixed: worst relative loss difference " << worst_loss
                   << ", worst relative L2 parameter difference " << worst_params);
+}
+
+TEST_CASE("engine::collectives on their own threads train as blocking ones, in the same memory") {
+  const int world = test_world().size();
+  const auto model = tiny_llama();
+  std::vector<Case> cases(std::begin(kCases), std::end(kCases));
+  cases.push_back({"ddp", Flavour::ddp});
+  for (const auto& c : cases)
+    for (std::int64_t gas : {1, 2}) {
+      CAPTURE(c.strategy);
+      CAPTURE(costmodel::flavour_name(c.flavour));
+      CAPTURE(gas);
+      auto o = test_options(model, test_spec(c.strategy, c.flavour, world), gas);
+      o.prefetch_as_planned = true;  // what overlapping collectives make of the plan's prefetch
+      const auto blocking = run_on_world(o);
+      const auto streamed = run_streamed(o);
+      check_equal(streamed, blocking);
+      // The allocator counts requests and frees, not when the heap gets the memory back.
+      CHECK(streamed.peak_bytes == blocking.peak_bytes);
+      for (auto cat : kMemoryCategories)
+        CHECK(streamed.category_peaks[cat] == blocking.category_peaks[cat]);
+    }
 }
