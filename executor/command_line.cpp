@@ -80,6 +80,10 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   app.add_option("--lr", r.request.lr, "AdamW learning rate [default: 1e-3]");
   app.add_flag("--prefetch-as-planned", r.request.prefetch_as_planned,
                "issue all-gathers ahead as the plan's prefetch says, even though MPI blocks");
+  app.add_flag("--collective-streams", r.request.collective_streams,
+               "cpu backend: run each group's collectives on a thread of its own, overlapping "
+               "the compute\n(needs MPI_THREAD_MULTIPLE); the all-gathers are issued ahead as "
+               "planned");
   app.add_option("--rehearse-rank", rehearse, "rehearse this rank of the plan in one process");
   app.add_option("--world", world, "ranks of the rehearsed run (with --rehearse-rank)");
   std::string fault;
@@ -199,6 +203,11 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     r.rehearse_rank = rehearse;
     r.world = world;
   }
+  if (r.request.collective_streams && (r.backend != ComputeBackend::cpu || r.rehearse_rank))
+    throw InputError("--collective-streams",
+                     r.backend != ComputeBackend::cpu
+                         ? "the cuda backend's collectives are on NCCL's streams already"
+                         : "a rehearsal's collectives are local copies: not with --rehearse-rank");
   check_checkpoint_options(app, r, save_every);
   if (r.backend == ComputeBackend::cuda && (app.count("--save") || app.count("--resume")))
     throw InputError(app.count("--save") ? "--save" : "--resume",

@@ -6,7 +6,7 @@
 //                          torchrun --no-python, or one process alone)
 //                         [--scale-layers L --scale-hidden H --scale-heads A --scale-kv-heads K
 //                          --scale-intermediate I --scale-vocab V --scale-seq S] [--seed S]
-//                         [--lr LR] [--prefetch-as-planned] [--timeout-s T]
+//                         [--lr LR] [--prefetch-as-planned] [--collective-streams] [--timeout-s T]
 //                         [--inject-fault crash|hang|oom|throw@RANK:STEP]   (tests only)
 //                         [--save DIR [--save-every K]] [--resume DIR]   (checkpoint.hpp)
 //   executor --plan plan.json --rehearse-rank r --world N --out run.json [...]

@@ -14,6 +14,7 @@
 
 #include "comm/comm_error.hpp"
 #include "comm/fault_injection.hpp"
+#include "comm/host_stream.hpp"
 #include "comm/launch_env.hpp"
 #include "comm/process_identity.hpp"
 #include "comm/topology.hpp"
@@ -26,6 +27,7 @@
 #include "executor/checkpoint.hpp"
 #include "executor/device_run.hpp"
 #include "executor/engine.hpp"
+#include "executor/host_stream_memory.hpp"
 #include "executor/run_document.hpp"
 #include "executor/stand_in_communicator.hpp"
 
@@ -250,8 +252,23 @@ int run_under_mpi(const RunCommand& c) {
     check_fault_rank(c, world->size());
     check_checkpoints(c, setup);
     predicted_peak = setup.plan.prediction.peak_bytes;
-    auto owned = make_groups(watched, setup.plan.spec);
-    TrackedAllocator allocator(capacity_bytes(c));
+    // With collective streams the reductions get a communicator of their own (a stream beside
+    // the all-gathers', as on a GPU), and memory a stream still uses is held back at its free.
+    const bool streams = c.request.collective_streams;
+    if (streams && !mpi.threads_may_call())
+      throw std::runtime_error(fmt::format("--collective-streams: {} does not provide "
+                                           "MPI_THREAD_MULTIPLE",
+                                           world->library_version()));
+    auto owned = make_groups(watched, setup.plan.spec, streams);
+    std::vector<std::unique_ptr<comm::StreamedCommunicator>> stream_groups;
+    if (streams)
+      for (auto** g : {&owned.groups.shard, &owned.groups.shard_reduce, &owned.groups.replica})
+        if (*g != nullptr) {
+          stream_groups.push_back(std::make_unique<comm::StreamedCommunicator>(**g));
+          *g = stream_groups.back().get();
+        }
+    StreamOrderedHostMemory memory;
+    TrackedAllocator allocator(capacity_bytes(c), &memory);
     RunCheckpoints checkpoints(c.checkpoint, watched);
     auto m = run_steps(setup, allocator, owned.groups, rank, c.request.steps, rank == 0, watchdog,
                        c.fault, nullptr, &checkpoints);
@@ -260,7 +277,8 @@ int run_under_mpi(const RunCommand& c) {
     if (rank == 0) {
       watchdog.set_phase("writing the run document");
       write_run_document(c, setup, *m.engine, records,
-                         {"mpi", world->library_version(), topology.hosts, false, -1, "", 0},
+                         {"mpi", world->library_version(), topology.hosts, false, -1, "", 0,
+                          streams},
                          &checkpoints);
     }
     return 0;

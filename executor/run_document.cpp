@@ -350,6 +350,7 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                       {"backward_s", slow["time"]["backward_s"]},
                       {"comm_wait_s", slow["time"]["comm_wait_s"]},
                       {"comm_wait_by_stream_s", slow["time"]["comm_wait_by_stream_s"]},
+                      {"collectives_overlap", env.collectives_overlap()},
                       {"model_flops_per_step", flops},
                       {"collective_time_excluded", env.rehearsal}}},
                     {"comm_bytes_per_step", bytes_sent / steps}};

@@ -10,9 +10,12 @@
 //   summary.time.step_cpu_s, compute_cpu_s: the computing thread's CPU time over the same (below
 //                                  the wall time when the machine's other load took the core)
 //   summary.time.forward_s, backward_s: the compute's two parts (compute_s is their sum)
-//   summary.time.comm_wait_s       the time the compute stream stalled on collectives (GPU), and
-//                                  comm_wait_by_stream_s: on the all-gathers', the reductions'
-//                                  and the replica all-reduce's streams
+//   summary.time.comm_wait_s       the time the compute stream stalled on collectives (GPU, or
+//                                  collective streams on CPUs), and comm_wait_by_stream_s: on
+//                                  the all-gathers', the reductions' and the replica
+//                                  all-reduce's streams
+//   summary.time.collectives_overlap  whether collectives ran beside the compute (then the
+//                                  exposed communication is comm_wait_s, else collectives_s)
 //   summary.time.achieved_TFLOPs, mfu   the model's FLOPs per step (3 × the forward's, the cost
 //                                  model's count, no recompute: PaLM's model FLOPs utilisation)
 //                                  over the step time, and over the device's peak
@@ -63,6 +66,10 @@ struct RunEnvironment {
   int rehearsed_rank = -1;
   std::string device;     // the GPU's name on the CUDA backend; "" on CPUs
   double peak_flops = 0;  // the device's dense peak for the run's compute dtype (0: unknown)
+  bool collective_streams = false;  // cpu: collectives on threads of their own (host_stream.hpp)
+  // Whether collectives ran beside the compute (NCCL's streams, or collective streams): the
+  // communication the step waited for is then comm_wait_s, else all of collectives_s.
+  bool collectives_overlap() const { return backend == "nccl" || collective_streams; }
 };
 
 // The median of each step's value over steps 2..K (all of them when K == 1).

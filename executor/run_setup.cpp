@@ -90,9 +90,9 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
                                                                         : Checkpointing::none;
   e.adamw.lr = request.lr;
   e.seed = request.seed;
-  // On a GPU the collectives are queued on their own streams: the gathers are issued ahead as
-  // the plan says, as the frameworks do.
-  e.prefetch_as_planned = request.prefetch_as_planned || request.gpu;
+  // On a GPU (and with collective streams on CPUs) the collectives are queued on their own
+  // streams: the gathers are issued ahead as the plan says, as the frameworks do.
+  e.prefetch_as_planned = request.prefetch_as_planned || request.gpu || request.collective_streams;
   e.model_options.flash_attention = job.attention == costmodel::AttentionImpl::flash;
   e.precision = job.precision;
   try {

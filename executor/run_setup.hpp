@@ -35,6 +35,10 @@ struct RunRequest {
   std::optional<ScaledSize> scale;       // run a scaled copy of the plan's model
   std::optional<std::int64_t> scale_seq; // and a shorter sequence
   bool prefetch_as_planned = false;
+  // The cpu backend under mpirun: each group's collectives on a thread of its own
+  // (comm/host_stream.hpp), overlapping the compute as a GPU's streams do; the gathers are then
+  // issued ahead as the plan says.
+  bool collective_streams = false;
   double lr = 1e-3;
   bool gpu = false; // the CUDA backend (executor --backend cuda)
 };

@@ -29,6 +29,8 @@ struct RunFacts {
   // achieved FLOP/s and MFU, and the device's memory terms.
   std::optional<double> comm_wait_s, achieved_TFLOPs, mfu;
   std::optional<json> device, comm_wait_by_stream;
+  std::optional<bool> collectives_overlap;  // beside the compute (absent in older documents)
+  std::string backend;                      // "mpi", "nccl", "rehearsal"
   bool collective_time_excluded = false;
   double comm_bytes_per_step = 0;
   bool scaled = false;
@@ -72,6 +74,7 @@ RunFacts read_run(const json& run) {
     f.compute_cpu_s = t.optional_number("compute_cpu_s", Range::non_negative());
     t.object("collectives_by_kind_s");
     f.comm_wait_s = t.optional_number("comm_wait_s", Range::non_negative());
+    f.collectives_overlap = t.optional_boolean("collectives_overlap");
     t.optional_number("forward_s", Range::non_negative());
     t.optional_number("backward_s", Range::non_negative());
     if (const auto* w = t.optional_object("comm_wait_by_stream_s"))
@@ -96,8 +99,9 @@ RunFacts read_run(const json& run) {
     ObjectReader e(r.object("environment"), "/environment");
     f.rehearsal = e.boolean("rehearsal");
     f.world = static_cast<int>(e.integer("ranks", Range{1, 1e6, false}));
+    f.backend = e.string("backend");
     for (const char* k :
-         {"backend", "library", "hosts", "build", "rehearsed_rank", "collective_time", "device"})
+         {"library", "hosts", "build", "rehearsed_rank", "collective_time", "device"})
       e.ignore(k);
     e.finish();
   }
@@ -171,9 +175,12 @@ json validate_json(const json& plan_document, const json& run_document) {
                    {"peak_rel_error", rel_error(pr.peak_bytes, run.peak_bytes)}};
 
   const double measured_compute = run.compute_s + run.optimizer_s;
-  // On a GPU the collectives are queued, not waited for: the communication that did not overlap
-  // is the time the compute waited for it.
-  const double measured_comm = run.comm_wait_s ? *run.comm_wait_s : run.collectives_s;
+  // Collectives that ran beside the compute (a GPU's streams, a CPU run's collective streams) are
+  // queued, not waited for: the communication that did not overlap is the time the compute
+  // waited for it. Blocking collectives are exposed whole. (A run document without the key
+  // overlapped them on a GPU only.)
+  const bool overlapped = run.collectives_overlap.value_or(run.backend == "nccl");
+  const double measured_comm = overlapped && run.comm_wait_s ? *run.comm_wait_s : run.collectives_s;
   const double other = std::max(0.0, run.step_s - measured_compute - measured_comm);
   out["time"] = {{"step_predicted_s", pr.step_s},
                  {"step_measured_s", run.step_s},

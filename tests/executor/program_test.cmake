@@ -31,6 +31,39 @@ if(NOT kind STREQUAL "shardplan.run" OR NOT ranks EQUAL 2)
 endif()
 message(STATUS "peak of rank 1: ${rank1_peak} bytes measured, ${predicted} predicted")
 
+# The same run with each group's collectives on a thread of its own (--collective-streams): the
+# same losses (the same sums in the same order) and the same tracked memory as a blocking run that
+# issues its gathers ahead as planned, and a run document saying the collectives overlapped, so
+# that validate takes the time the compute waited for them as the exposed communication.
+run_expect(0 COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan plan.json --steps 2 --out ahead.json
+                     --prefetch-as-planned)
+run_expect(0 COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan plan.json --steps 2 --out streams.json
+                     --collective-streams)
+file(READ ${WORK}/ahead.json ahead)
+file(READ ${WORK}/streams.json streams)
+foreach(field "summary;memory;peak_bytes" "ranks;1;time;steps;1;loss" "ranks;0;time;steps;0;loss")
+  string(JSON a GET "${ahead}" ${field})
+  string(JSON b GET "${streams}" ${field})
+  if(NOT a STREQUAL b)
+    message(FATAL_ERROR "collective streams: ${field} is ${b}, a blocking run's ${a}")
+  endif()
+endforeach()
+string(JSON overlap_blocking GET "${ahead}" summary time collectives_overlap)
+string(JSON overlap_streams GET "${streams}" summary time collectives_overlap)
+string(JSON waited GET "${streams}" summary time comm_wait_s)
+if(overlap_blocking OR NOT overlap_streams)
+  message(FATAL_ERROR "collectives_overlap: ${overlap_blocking} blocking, ${overlap_streams} streams")
+endif()
+run_expect(0 COMMAND ${PLANNER} validate --plan plan.json --run streams.json --format json
+           OUTPUT validated)
+string(JSON measured_comm GET "${validated}" time parts communication measured_s)
+if(NOT measured_comm EQUAL waited)
+  message(FATAL_ERROR "validate: exposed communication ${measured_comm} s, the run waited ${waited} s")
+endif()
+message(STATUS "collective streams: the compute waited ${waited} s a step for collectives")
+run_expect(2 COMMAND ${EXECUTOR} --plan plan.json --rehearse-rank 0 --world 2 --out x.json
+                     --collective-streams EXPECT "--collective-streams: a rehearsal")
+
 # A rehearsal of rank 1 of the 2-rank plan in one process allocates rank 1's peak.
 run_expect(0 COMMAND ${EXECUTOR} --plan plan.json --rehearse-rank 1 --world 2 --steps 2 --out rehearsal.json)
 file(READ ${WORK}/rehearsal.json rehearsal)
