@@ -163,6 +163,16 @@ HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string&
   p.is_cpu = gpu.optional_string("kind").value_or("gpu") == "cpu";
   if (gpu.has("kind") && !p.is_cpu && doc["gpu"]["kind"] != "gpu")
     throw InputError("/gpu/kind", fmt::format("must be gpu or cpu, got {}", describe_value(doc["gpu"]["kind"])));
+  if (const auto c = gpu.optional_string("collectives")) {
+    if (*c != "blocking" && *c != "overlapped")
+      throw InputError("/gpu/collectives", fmt::format("must be blocking or overlapped, got \"{}\"", *c));
+    if (!p.is_cpu && *c == "blocking")
+      throw InputError("/gpu/collectives",
+                       "a GPU's collectives run on their own streams: only a cpu kind blocks");
+    p.collectives_block = *c == "blocking";
+  } else {
+    p.collectives_block = p.is_cpu;
+  }
   gpu.ignore("source");
   gpu.finish();
 

@@ -85,9 +85,13 @@ struct HardwareProfile {
   std::map<DType, double> peak_flops;  // dense FLOP/s per dtype
   double hbm_bandwidth_Bps = 0;
   double compute_efficiency = 0;    // fraction of peak a large transformer GEMM reaches
-  // A CPU "device" (a calibrated MPI host): its collectives block the compute thread, so nothing
-  // overlaps; it has no CUDA context, NCCL workspace or caching allocator.
+  // A CPU "device" (a calibrated MPI host): no CUDA context, NCCL workspace or caching allocator.
   bool is_cpu = false;
+  // Its collectives block the thread that computes, so nothing overlaps (MPI called on that
+  // thread): a CPU profile's default. False for GPUs, and for a CPU profile whose /gpu/collectives
+  // is "overlapped" (each group's collectives on a thread of its own: executor
+  // --collective-streams), which the simulator then runs on their own streams as a GPU's.
+  bool collectives_block = false;
   // node and links
   int gpus_per_node = 0;
   double intra_bandwidth_Bps = 0;   // per GPU, one direction (NVLink, or PCIe without it)

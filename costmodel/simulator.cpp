@@ -166,8 +166,9 @@ class Simulation {
 };
 
 double Simulation::issue(Stream s, double ready, Stream cause, double dur, const char* what, int unit) {
-  // On a CPU device a collective blocks the thread that computes: everything is one stream.
-  if (in_.hardware->is_cpu && s != Stream::compute) {
+  // Where collectives block the thread that computes (a CPU profile's MPI): everything is one
+  // stream.
+  if (in_.hardware->collectives_block && s != Stream::compute) {
     const double start = std::max(free_at_[0], ready);
     free_at_[0] = start + dur;
     free_at_[static_cast<int>(s)] = free_at_[0];
@@ -676,7 +677,7 @@ StepResult Simulation::run() {
     const double cpu = local_opt_params * in_.cluster.gpus_per_node / hw.host_optimizer_params_per_s;
     const double h2d = local_opt_params * sb_.compute / hw.host_link_Bps;
     const double st = issue(Stream::host, t, Stream::compute, cpu + h2d, "CPU optimizer + upload", -1);
-    if (!hw.is_cpu) result_.exposed_s[static_cast<int>(Stream::host)] += cpu + h2d;
+    if (!hw.collectives_block) result_.exposed_s[static_cast<int>(Stream::host)] += cpu + h2d;
     free_at_[0] = st + cpu + h2d;
     t = free_at_[0];
   }
@@ -685,7 +686,7 @@ StepResult Simulation::run() {
     const double dur = bucketed(Collective::all_gather, shard_group_, total_params * sb_.compute,
                                 s.allgather_bucket_bytes);
     const double st = issue(Stream::all_gather, t, Stream::compute, dur, "parameter all-gather", -1);
-    if (!hw.is_cpu) result_.exposed_s[static_cast<int>(Stream::all_gather)] += dur;
+    if (!hw.collectives_block) result_.exposed_s[static_cast<int>(Stream::all_gather)] += dur;
     free_at_[0] = st + dur;
     t = st + dur;
   }

@@ -213,3 +213,24 @@ TEST_CASE("hardware::unknown profile names the presets") {
   const auto e = error_of([] { load_hardware("tpu-v5"); });
   CHECK(e.rfind("--hardware: \"tpu-v5\" is neither a profile (a100-sxm4-40gb, ", 0) == 0);
 }
+
+TEST_CASE("hardware::a CPU profile's collectives block unless it says they overlap") {
+  json doc = read_json_file(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/executor/data/cpu-test.json");
+  CHECK(hardware_from_json(doc, "x").collectives_block);
+  doc["gpu"]["collectives"] = "overlapped";
+  CHECK_FALSE(hardware_from_json(doc, "x").collectives_block);
+  doc["gpu"]["collectives"] = "blocking";
+  CHECK(hardware_from_json(doc, "x").collectives_block);
+  CHECK_FALSE(hardware_from_json(profile_doc("h100-sxm5-80gb"), "x").collectives_block);
+}
+
+TEST_CASE("hardware::collectives must be blocking or overlapped, and a GPU's never block") {
+  json doc = read_json_file(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/executor/data/cpu-test.json");
+  doc["gpu"]["collectives"] = "async";
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) ==
+        "/gpu/collectives: must be blocking or overlapped, got \"async\"");
+  json gpu = profile_doc("a100-sxm4-80gb");
+  gpu["gpu"]["collectives"] = "blocking";
+  CHECK(error_of([&] { hardware_from_json(gpu, "x"); }) ==
+        "/gpu/collectives: a GPU's collectives run on their own streams: only a cpu kind blocks");
+}

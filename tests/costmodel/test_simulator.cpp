@@ -326,3 +326,23 @@ TEST_CASE("simulator::offload checks the node's host memory") {
   CHECK(refused.reason.find("of host memory per node (8 GPUs") != std::string::npos);
   CHECK(refused.reason.find("the node has 512.0 GiB") != std::string::npos);
 }
+
+TEST_CASE("simulator::a CPU profile whose collectives overlap hides what compute covers") {
+  // The same CPU device, its collectives blocking the computing thread or on threads of their
+  // own: blocking exposes every collective (the step is compute plus all communication); on their
+  // own streams the step can only be shorter, and the exposed communication at most the busy time
+  // of the communication streams.
+  const auto model = load_model("llama-2-7b");
+  auto hw = load_hardware(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/executor/data/cpu-test.json");
+  REQUIRE(hw.collectives_block);
+  for (const char* strategy : {"ddp", "zero3", "fsdp-full"}) {
+    CAPTURE(strategy);
+    const auto blocking = run(model, hw, 4, strategy, Accounting::framework, 4, 1, 256);
+    auto overlapped_hw = hw;
+    overlapped_hw.collectives_block = false;
+    const auto overlapped = run(model, overlapped_hw, 4, strategy, Accounting::framework, 4, 1, 256);
+    CHECK(overlapped.step_s < blocking.step_s);
+    CHECK(overlapped.exposed_comm_s < blocking.exposed_comm_s);
+    CHECK(overlapped.compute_s == doctest::Approx(blocking.compute_s));
+  }
+}

@@ -116,6 +116,7 @@ inline costmodel::HardwareProfile cpu_profile(int ranks) {
   h.hbm_bandwidth_Bps = 1e10;
   h.compute_efficiency = 1;
   h.is_cpu = true;
+  h.collectives_block = true;
   h.gpus_per_node = ranks;
   h.intra_bandwidth_Bps = h.inter_bandwidth_Bps = 1e10;
   h.intra_latency_s = h.inter_latency_s = 1e-6;
