@@ -103,7 +103,7 @@ TEST_CASE("file_writer::a FIFO is written through to its reader and stays a FIFO
   CHECK(s.names() == std::vector<std::string>{"pipe"});
 }
 
-TEST_CASE("file_writer::a symbolic link is followed to a device only; other links are refused") {
+TEST_CASE("file_writer::a symbolic link is followed to a device only, other links are refused") {
   const Scratch s("symlink");
   write_text(s.path("target.json"), "old");
   std::filesystem::create_symlink(s.path("target.json"), s.path("link.json"));
