@@ -13,6 +13,8 @@
 #include "calibrate/results_table.hpp"
 #include "costmodel/hardware.hpp"
 #include "costmodel/input_error.hpp"
+#include "io/file_writer.hpp"
+#include "io/text.hpp"
 
 namespace shardplan::calibrate {
 namespace {
@@ -62,6 +64,10 @@ CurveKey key_of(const NcclTestsLog& log, const ImportOptions& options) {
 } // namespace
 
 int run_import(const ImportOptions& options, std::ostream& out) {
+  if (!options.out.empty())
+    io::check_destination(options.out, "--out");
+  else if (!options.into.empty())
+    io::check_destination(options.into, "--into");
   const nlohmann::json profile =
       options.into.empty() ? nlohmann::json() : read_profile_for_merge(options.into);
   std::vector<NcclTestsLog> logs;
@@ -109,9 +115,9 @@ int run_import(const ImportOptions& options, std::ostream& out) {
   if (options.into.empty()) {
     const nlohmann::json document = {{"calibration", section}};
     if (options.out.empty()) {
-      out << document.dump(2) << '\n';
+      out << io::json_text(document, 2) << '\n';
     } else {
-      write_json_atomically(options.out, document);
+      io::write_file(options.out, io::json_text(document, 2) + "\n", "--out");
       fmt::print(out, "# wrote the calibration section to {}\n", options.out);
     }
     return 0;
@@ -119,7 +125,7 @@ int run_import(const ImportOptions& options, std::ostream& out) {
   const nlohmann::json merged = merge_calibration(profile, section);
   const std::string target = options.out.empty() ? options.into : options.out;
   costmodel::hardware_from_json(merged, std::filesystem::path(target).stem().string()); // validates
-  write_json_atomically(target, merged);
+  io::write_file(target, io::json_text(merged, 2) + "\n", options.out.empty() ? "--into" : "--out");
   fmt::print(out, "# wrote {} (calibration merged into {})\n", target, options.into);
   return 0;
 }

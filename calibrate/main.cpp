@@ -11,6 +11,7 @@
 #include "comm/launch_env.hpp"
 #include "comm/process_identity.hpp"
 #include "costmodel/input_error.hpp"
+#include "io/standard_output.hpp"
 
 #if defined(SHARDPLAN_HAVE_MPI) || defined(SHARDPLAN_HAVE_NCCL)
 #define SHARDPLAN_CALIBRATE_MEASURES 1
@@ -33,9 +34,7 @@ int launcher_rank() {
   return comm::launcher_rank_from_environment();
 }
 
-} // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   using namespace shardplan;
   const bool reports = launcher_rank() == 0;
   calibrate::CommandLine command_line;
@@ -76,4 +75,10 @@ int main(int argc, char** argv) {
 #endif
   }
   return 1;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  return shardplan::io::finish_standard_output("calibrate", run(argc, argv));
 }

@@ -29,6 +29,8 @@
 #include "comm/watchdog.hpp"
 #include "costmodel/input_error.hpp"
 #include "costmodel/model.hpp"
+#include "io/file_writer.hpp"
+#include "io/text.hpp"
 
 #if defined(SHARDPLAN_HAVE_MPI)
 #include "comm/mpi_environment.hpp"
@@ -47,6 +49,7 @@ using nlohmann::json;
 // What rank 0 checks before anything is measured, so that a bad flag or file costs no sweep.
 struct Preflight {
   std::string out_path;
+  std::string out_flag; // the flag that named out_path: --out, or --into (written in place)
   json into_profile;
   std::vector<GemmShape> model_shapes;
   std::vector<costmodel::ElementwiseOp> elementwise_ops; // the model's, with their counts
@@ -66,7 +69,8 @@ Preflight preflight(const MeasureOptions& o, const comm::Topology& topology) {
   p.out_path = !o.out.empty()    ? o.out
                : !o.into.empty() ? o.into
                                  : fmt::format("calibrated-{}.json", topology.hosts.front());
-  check_writable(p.out_path, o.out.empty() && !o.into.empty() ? "--into" : "--out");
+  p.out_flag = o.out.empty() && !o.into.empty() ? "--into" : "--out";
+  io::check_destination(p.out_path, p.out_flag);
   if (o.gemm) {
     try {
       const auto model = costmodel::load_model(o.gemm_model);
@@ -361,7 +365,7 @@ int measure(const MeasureOptions& o, comm::Communicator& host_world,
   const json document = pre.into_profile.is_null() ? measured_profile(system, record)
                                                    : merge_calibration(pre.into_profile, section);
   costmodel::hardware_from_json(document, system.name); // what the planner will read
-  write_json_atomically(pre.out_path, document);
+  io::write_file(pre.out_path, io::json_text(document, 2) + "\n", pre.out_flag);
   fmt::print(out, "# wrote {}{}\n", pre.out_path,
              pre.into_profile.is_null() ? ""
                                         : fmt::format(" (calibration merged into {})", o.into));

@@ -3,17 +3,22 @@
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
 
 #include "costmodel/input_error.hpp"
+#include "io/file_reader.hpp"
+#include "io/text.hpp"
 
 namespace shardplan::calibrate {
 namespace {
 
 using costmodel::InputError;
+
+// A log has a few hundred lines (one per size); a bound far above that still refuses /dev/zero or
+// a file given by mistake before it fills the memory.
+constexpr std::int64_t kLogBytes = std::int64_t{64} << 20; // 64 MiB
 
 std::vector<std::string> split_words(const std::string& line) {
   std::istringstream in(line);
@@ -203,12 +208,7 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& pa
 }
 
 NcclTestsLog read_nccl_tests_log(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw InputError(path, "cannot open file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_nccl_tests_log(text.str(), path);
+  return parse_nccl_tests_log(io::read_file(path, kLogBytes), io::printable(path));
 }
 
 } // namespace shardplan::calibrate

@@ -1,14 +1,8 @@
 #include "calibrate/profile_writer.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include <fmt/format.h>
 
@@ -22,10 +16,6 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0; // 2^30
 constexpr double kGB = 1e9;
 
 using nlohmann::json;
-
-std::string temporary_name(const std::string& path) {
-  return fmt::format("{}.tmp-{}", path, static_cast<long>(getpid()));
-}
 
 json curve_to_json(const FittedCurve& c) {
   json segments = json::array(), samples = json::array();
@@ -243,46 +233,14 @@ json merge_calibration(const json& profile, const json& calibration) {
 
 json read_profile_for_merge(const std::string& path) {
   try {
-    json profile = costmodel::read_json_file(path);
-    costmodel::hardware_from_json(profile, std::filesystem::path(path).stem().string());
-    return profile;
+    return costmodel::read_json_document(path, [&](const json& profile) {
+      costmodel::hardware_from_json(profile, std::filesystem::path(path).stem().string());
+      return profile;
+    });
   } catch (const costmodel::InputError& e) {
-    // "p.json: cannot open file", or "p.json: /gpu/memory_GiB: must be > 0, got -8"
-    const std::string what = e.what();
-    throw costmodel::InputError("--into",
-                                e.where() == path ? what : fmt::format("{}: {}", path, what));
+    // "--into: p.json: cannot open file: ...", or "--into: p.json: /gpu/memory_GiB: must be > 0"
+    throw costmodel::InputError("--into", e.what());
   }
-}
-
-void write_json_atomically(const std::string& path, const json& document) {
-  const std::string temporary = temporary_name(path);
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out)
-      throw costmodel::InputError(path, fmt::format("cannot write: {}", std::strerror(errno)));
-    out << document.dump(2) << '\n';
-    out.flush();
-    if (!out) {
-      std::remove(temporary.c_str());
-      throw costmodel::InputError(path, "cannot write: the write failed");
-    }
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) {
-    std::remove(temporary.c_str());
-    throw costmodel::InputError(path, fmt::format("cannot write: {}", error.message()));
-  }
-}
-
-void check_writable(const std::string& path, const std::string& flag) {
-  const std::string temporary = temporary_name(path);
-  std::ofstream probe(temporary, std::ios::binary | std::ios::trunc);
-  if (!probe)
-    throw costmodel::InputError(flag,
-                                fmt::format("cannot write \"{}\": {}", path, std::strerror(errno)));
-  probe.close();
-  std::remove(temporary.c_str());
 }
 
 } // namespace shardplan::calibrate

@@ -1,8 +1,8 @@
 // Writing what calibrate measured as hardware profile JSON (hardware_profiles/*.json, read by
 // costmodel::hardware_from_json): the "calibration" section (fitted curves with their samples and
 // errors, GEMMs, compute efficiency, memory bandwidth, when/where/with what), a complete profile
-// for a system measured from scratch, or the section merged into an existing profile. Files are
-// written atomically (a temporary file in the same folder, then renamed).
+// for a system measured from scratch, or the section merged into an existing profile. The
+// commands write them with io::write_file (whole or not at all).
 #pragma once
 
 #include <map>
@@ -85,11 +85,6 @@ nlohmann::json merge_calibration(const nlohmann::json& profile, const nlohmann::
 // Reads the profile named by --into and checks it with the cost model's parser; errors name the
 // flag and the file.
 nlohmann::json read_profile_for_merge(const std::string& path);
-
-// Throws costmodel::InputError naming the path when it cannot be written.
-void write_json_atomically(const std::string& path, const nlohmann::json& document);
-// Checks that `path` can be created (its folder exists and is writable) without leaving a file.
-void check_writable(const std::string& path, const std::string& flag);
 
 // x rounded to `digits` significant digits, for readable documents.
 double rounded(double x, int digits = 5);

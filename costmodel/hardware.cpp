@@ -236,7 +236,9 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
                                    fmt::join(preset_hardware_names(), ", ")));
     path = preset;
   }
-  return hardware_from_json(read_json_file(path.string()), path.stem().string());
+  return read_json_document(path.string(), [&](const nlohmann::json& doc) {
+    return hardware_from_json(doc, path.stem().string());
+  });
 }
 
 nlohmann::json hardware_to_json(const HardwareProfile& p) {

@@ -1,10 +1,10 @@
 #include "costmodel/json_reader.hpp"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
+
+#include "io/text.hpp"
 
 namespace shardplan::costmodel {
 
@@ -53,16 +53,17 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& sourc
   }
 }
 
-nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "cannot open file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_json_text(text.str(), path);
+nlohmann::json read_json_file(const std::string& path, std::int64_t limit_bytes) {
+  return parse_json_text(io::read_file(path, limit_bytes), io::printable(path));
+}
+
+InputError error_in_file(const std::string& path, const InputError& error) {
+  if (!error.where().starts_with('/') || error.where() == io::printable(path)) return error;
+  return InputError(io::printable(path), error.what());
 }
 
 std::string describe_value(const nlohmann::json& value) {
-  std::string s = value.dump();
+  std::string s = io::json_text(value);
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return s;
 }

@@ -13,13 +13,29 @@
 #include <nlohmann/json.hpp>
 
 #include "costmodel/input_error.hpp"
+#include "io/file_reader.hpp"
 
 namespace shardplan::costmodel {
 
 // Parses text as JSON; a syntax error becomes an InputError at `source`.
 nlohmann::json parse_json_text(const std::string& text, const std::string& source);
-// Reads a whole file and parses it; an unreadable file is an InputError naming the path.
-nlohmann::json read_json_file(const std::string& path);
+// Reads a whole file (io::read_file: a regular file of at most limit_bytes) and parses it; an
+// unreadable file is an InputError naming the path and the reason.
+nlohmann::json read_json_file(const std::string& path,
+                              std::int64_t limit_bytes = io::kDocumentBytes);
+// An error of the document read from `path`: one at a JSON pointer gains the file's name in front
+// ("plan.json: /schema_version: missing key"); one at a flag or at the file itself is kept.
+InputError error_in_file(const std::string& path, const InputError& error);
+// parse(read_json_file(path)), its errors named as error_in_file names them.
+template <class Parse>
+auto read_json_document(const std::string& path, Parse&& parse) {
+  const nlohmann::json document = read_json_file(path);
+  try {
+    return parse(document);
+  } catch (const InputError& e) {
+    throw error_in_file(path, e);
+  }
+}
 // A short rendering of a value for error messages (strings quoted, long values cut).
 std::string describe_value(const nlohmann::json& value);
 

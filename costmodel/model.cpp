@@ -304,7 +304,8 @@ ModelSpec load_model(const std::string& name_or_path) {
                                             name_or_path, fmt::join(presets, ", ")));
   else if (std::filesystem::is_directory(name_or_path))
     path = name_or_path + "/config.json";
-  return model_from_hf_config(read_json_file(path), name_or_path);
+  return read_json_document(
+      path, [&](const nlohmann::json& config) { return model_from_hf_config(config, name_or_path); });
 }
 
 ModelSpec model_from_param_count(double params, std::int64_t layers) {

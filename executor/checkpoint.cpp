@@ -21,6 +21,7 @@
 #include "costmodel/json_reader.hpp"
 #include "costmodel/sharding.hpp"
 #include "executor/sha256.hpp"
+#include "io/text.hpp"
 
 namespace shardplan::executor {
 namespace {
@@ -38,6 +39,9 @@ static_assert(std::endian::native == std::endian::little, "checkpoints are littl
 constexpr std::array<const char*, 3> kTensors = {"params", "exp_avg", "exp_avg_sq"};
 constexpr std::int64_t kFloat = sizeof(float);
 constexpr std::size_t kIoBlock = 1 << 20; // bytes per read when a whole file is streamed
+// An index lists every part with its segments (~100 bytes per tensor of each unit a part holds):
+// 256 MiB holds thousands of ranks' parts of a model with hundreds of layers.
+constexpr std::int64_t kIndexBytes = std::int64_t{256} << 20;
 
 std::string errno_text() {
   return std::strerror(errno);
@@ -275,7 +279,8 @@ bool is_sha256_hex(const std::string& s) {
 
 bool is_inside(const std::string& path) {
   const fs::path p(path);
-  if (path.empty() || p.is_absolute())
+  // A NUL would end the path at open(2): "g/\0.." names "g/".
+  if (path.empty() || p.is_absolute() || path.find('\0') != std::string::npos)
     return false;
   return std::none_of(p.begin(), p.end(), [](const fs::path& part) { return part == ".."; });
 }
@@ -328,7 +333,8 @@ CheckpointIndex parse_index(const json& doc) {
     if (!is_inside(f.path))
       throw InputError(
           at + "/path",
-          fmt::format("must be a relative path inside the checkpoint, got \"{}\"", f.path));
+          fmt::format("must be a relative path inside the checkpoint, got \"{}\"",
+                      io::printable(f.path)));
     f.bytes = fr.integer("bytes", Range::non_negative());
     f.sha256 = fr.string("sha256");
     if (!is_sha256_hex(f.sha256))
@@ -505,7 +511,8 @@ CheckpointIndex checkpoint_index_from_json(const json& doc) { return parse_index
 
 CheckpointIndex read_checkpoint_index(const std::string& dir) {
   const std::string path = index_path(dir);
-  const json doc = costmodel::read_json_file(path); // names the path when unreadable or not JSON
+  // Names the path when unreadable or not JSON.
+  const json doc = costmodel::read_json_file(path, kIndexBytes);
   try {
     return parse_index(doc);
   } catch (const InputError& e) {

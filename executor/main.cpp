@@ -6,7 +6,6 @@
 // ends the job with its signal: mpirun returns 128 + the signal number).
 #include <malloc.h>
 
-#include <fstream>
 #include <iostream>
 
 #include "comm/process_identity.hpp"
@@ -14,6 +13,9 @@
 #include "executor/command_line.hpp"
 #include "executor/run_command.hpp"
 #include "executor/scale_config.hpp"
+#include "io/file_writer.hpp"
+#include "io/standard_output.hpp"
+#include "io/text.hpp"
 
 namespace {
 
@@ -28,12 +30,11 @@ int run(int argc, char** argv) {
       return 0;
     case executor::CommandLine::Command::scale_config: {
       const auto config = executor::scaled_config(cl.scale_config.model, cl.scale_config.size);
-      std::ofstream out(cl.scale_config.out);
-      if (!(out << config.dump(2) << "\n"))
-        throw costmodel::InputError("--out", "cannot write \"" + cl.scale_config.out + "\"");
+      io::write_file(cl.scale_config.out, io::json_text(config, 2) + "\n", "--out");
       return 0;
     }
     case executor::CommandLine::Command::consolidate: {
+      io::check_destination(cl.consolidate.out, "--out");
       const auto c =
           executor::consolidate_checkpoint(cl.consolidate.dir, cl.consolidate.out);
       std::cerr << "executor: wrote " << cl.consolidate.out << ": " << c.params
@@ -71,5 +72,5 @@ int main(int argc, char** argv) {
   // heap's free top). The tracked allocator's accounting does not depend on it.
   mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, -1);
-  return run(argc, argv);
+  return shardplan::io::finish_standard_output("executor", run(argc, argv));
 }

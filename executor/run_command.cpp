@@ -4,7 +4,6 @@
 #include <cmath>
 #include <exception>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -23,6 +22,8 @@
 #include "costmodel/hardware.hpp"
 #include "costmodel/input_error.hpp"
 #include "costmodel/json_reader.hpp"
+#include "io/file_writer.hpp"
+#include "io/text.hpp"
 #include "executor/caching_pool.hpp"
 #include "executor/checkpoint.hpp"
 #include "executor/device_run.hpp"
@@ -50,19 +51,23 @@ std::int64_t capacity_bytes(const RunCommand& c) {
                         : TrackedAllocator::kUnlimited;
 }
 
-// Writes a whole file or nothing: a temporary next to it, renamed into place.
-void write_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out)
-      throw InputError("--out", fmt::format("cannot write \"{}\"", path));
-    out << text;
-    if (!out.flush())
-      throw InputError("--out", fmt::format("cannot write \"{}\"", path));
+// Rank 0 writes the run document: its destination is checked before the first step, and every
+// rank learns the verdict (rank 0 says why; finish_rank prints rank 0's InputError only).
+[[maybe_unused]] void check_out_on_rank_0(comm::Communicator& world, const RunCommand& c) {
+  std::optional<InputError> error;
+  if (world.rank() == 0) {
+    try {
+      io::check_destination(c.out, "--out");
+    } catch (const InputError& e) {
+      error = e;
+    }
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw InputError("--out", fmt::format("cannot write \"{}\"", path));
+  std::int32_t failed = error ? 1 : 0;
+  world.broadcast(&failed, 1, comm::DataType::i32, 0);
+  if (error)
+    throw *error;
+  if (failed)
+    throw InputError("--out", "rank 0 cannot write it");
 }
 
 std::string oom_line(const char* what, int rank, double predicted_peak,
@@ -184,7 +189,7 @@ void write_run_document(const RunCommand& c, const RunSetup& setup, const Shardi
   auto doc = run_document(setup, engine, records, env);
   if (checkpoints)
     checkpoints->report(doc);
-  write_file(c.out, doc.dump(2) + "\n");
+  io::write_file(c.out, io::json_text(doc, 2) + "\n", "--out");
   const auto& time = doc["summary"]["time"];
   std::cerr << fmt::format("executor: wrote {}: {}peak {:.1f} MiB (predicted {:.1f} MiB), step "
                            "{:.3f} s (predicted {:.3f} s){}\n",
@@ -204,6 +209,13 @@ RunRequest request_of(const RunCommand& c) {
   RunRequest r = c.request;
   r.gpu = c.backend == ComputeBackend::cuda;
   return r;
+}
+
+// The plan's setup for a world of world_size ranks; the plan's errors name its file.
+RunSetup read_setup(const RunCommand& c, int world_size) {
+  return costmodel::read_json_document(c.plan, [&](const nlohmann::json& plan) {
+    return make_run_setup(plan, world_size, request_of(c));
+  });
 }
 
 // Whatever ends a rank's run: the exit code, after the rank's line. The watchdog's end_job ends
@@ -247,10 +259,10 @@ int run_under_mpi(const RunCommand& c) {
     auto world = mpi.world();
     comm::WatchedCommunicator watched(*world, watchdog); // and every group split off it
     const auto topology = comm::discover_topology(watched);
-    const RunSetup setup =
-        make_run_setup(costmodel::read_json_file(c.plan), world->size(), request_of(c));
+    const RunSetup setup = read_setup(c, world->size());
     check_fault_rank(c, world->size());
     check_checkpoints(c, setup);
+    check_out_on_rank_0(watched, c);
     predicted_peak = setup.plan.prediction.peak_bytes;
     // With collective streams the reductions get a communicator of their own (a stream beside
     // the all-gathers', as on a GPU), and memory a stream still uses is held back at its free.
@@ -326,8 +338,16 @@ int run_on_gpus(const RunCommand& c) {
       });
   double predicted_peak = 0;
   try {
-    const RunSetup setup =
-        make_run_setup(costmodel::read_json_file(c.plan), env.world_size, request_of(c));
+    const RunSetup setup = read_setup(c, env.world_size);
+    bool out_checked = false; // by every rank, from rank 0's verdict
+#if defined(SHARDPLAN_HAVE_MPI)
+    if (host_world) {
+      check_out_on_rank_0(*host_world, c);
+      out_checked = true;
+    }
+#endif
+    if (!out_checked && rank == 0) // torchrun ends the other workers when this one ends
+      io::check_destination(c.out, "--out");
     check_fault_rank(c, env.world_size);
     predicted_peak = setup.plan.prediction.peak_bytes;
     watchdog.set_phase("opening the GPU");
@@ -378,8 +398,8 @@ int run_rehearsal(const RunCommand& c) {
                           [](int exit_code) { std::_Exit(exit_code); });
   double predicted_peak = 0;
   try {
-    const RunSetup setup =
-        make_run_setup(costmodel::read_json_file(c.plan), world_size, request_of(c));
+    const RunSetup setup = read_setup(c, world_size);
+    io::check_destination(c.out, "--out");
     if (c.fault && c.fault->rank != rank)
       throw InputError("--inject-fault", fmt::format("rank {} is not the rehearsed rank {}",
                                                      c.fault->rank, rank));

@@ -1,6 +1,5 @@
 #include "planner/cli.hpp"
 
-#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -8,6 +7,9 @@
 #include <fmt/format.h>
 
 #include "costmodel/json_reader.hpp"
+#include "costmodel/plan.hpp"
+#include "io/file_writer.hpp"
+#include "io/text.hpp"
 #include "planner/deepspeed_import.hpp"
 #include "planner/describe.hpp"
 #include "planner/emit_deepspeed.hpp"
@@ -28,17 +30,9 @@ void check_format(const std::string& f) {
     throw InputError("--format", fmt::format("must be table or json, got \"{}\"", f));
 }
 
-// Writes a whole file or nothing: a temporary next to it, renamed into place.
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw InputError(path, "cannot write file");
-    out << text;
-    if (!out.flush()) throw InputError(path, "cannot write file");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw InputError(path, "cannot write file");
-}
+// A JSON document as the planner prints it (io/text.hpp: bytes that are not UTF-8 in a path or
+// name become U+FFFD).
+std::string json_document(const nlohmann::json& document) { return io::json_text(document, 2) + "\n"; }
 
 }  // namespace
 
@@ -131,9 +125,10 @@ int run_cli(int argc, char** argv) {
       check_format(format);
       const auto m = describe_params != 0 ? costmodel::model_from_param_count(describe_params)
                                           : costmodel::load_model(describe_model);
-      out << (format == "json" ? costmodel::model_to_json(m).dump(2) + "\n" : describe_table(m));
+      out << (format == "json" ? json_document(costmodel::model_to_json(m)) : describe_table(m));
     } else if (recommend_cmd->parsed()) {
       check_format(format);
+      if (!svg_path.empty()) io::check_destination(svg_path, "--svg");
       if (top < 0) throw InputError("--top", fmt::format("must be >= 0, got {}", top));
       if (!emit.empty() && emit != "plan" && emit != "deepspeed" && emit != "fsdp")
         throw InputError("--emit", fmt::format("must be deepspeed, fsdp or plan, got \"{}\"", emit));
@@ -163,24 +158,32 @@ int run_cli(int argc, char** argv) {
       if (!svg_path.empty()) {
         std::vector<Evaluation> bars;
         for (const auto& c : rec.search.best_per_family) bars.push_back(c.eval);
-        write_file_atomically(svg_path, memory_svg(sc, bars));
+        io::write_file(svg_path, memory_svg(sc, bars), "--svg");
       }
       if (emit == "plan") {
-        out << plan_document(sc, rec.search.ranked.front().eval).dump(2) << "\n";
+        out << json_document(plan_document(sc, rec.search.ranked.front().eval));
       } else if (emit == "deepspeed") {
-        out << deepspeed_config(sc, rec.search.ranked.front().eval).dump(2) << "\n";
+        out << json_document(deepspeed_config(sc, rec.search.ranked.front().eval));
       } else if (emit == "fsdp") {
         out << fsdp_settings(sc, rec.search.ranked.front().eval);
       } else if (format == "json") {
-        out << recommendation_json(sc, rec, top).dump(2) << "\n";
+        out << json_document(recommendation_json(sc, rec, top));
       } else {
         out << recommendation_table(sc, rec, top);
       }
     } else if (validate->parsed()) {
       check_format(format);
-      const auto plan = costmodel::read_json_file(plan_path);
+      // The plan's errors name the plan's file; what validate refuses after it, the run's.
+      const auto plan = costmodel::read_json_document(plan_path, [](const nlohmann::json& d) {
+        costmodel::plan_from_json(d);
+        return d;
+      });
       const auto run = costmodel::read_json_file(run_path);
-      out << (format == "json" ? validate_json(plan, run).dump(2) + "\n" : validate_table(plan, run));
+      try {
+        out << (format == "json" ? json_document(validate_json(plan, run)) : validate_table(plan, run));
+      } catch (const InputError& e) {
+        throw costmodel::error_in_file(run_path, e);
+      }
     } else if (compare->parsed()) {
       check_format(format);
       const Scenario sc = make_scenario(so);
@@ -193,7 +196,7 @@ int run_cli(int argc, char** argv) {
       if (format == "json") {
         nlohmann::json arr = nlohmann::json::array();
         for (const auto& e : evals) arr.push_back(evaluation_to_json(sc, e));
-        out << arr.dump(2) << "\n";
+        out << json_document(arr);
       } else {
         out << scenario_line(sc) << "\n";
         out << fmt::format("{:<14} {:<10} {:>5} {:>11} {:>11} {:>11} {:>10} {:>11} {:>7}  {}\n", "strategy",
@@ -214,6 +217,7 @@ int run_cli(int argc, char** argv) {
       }
     } else if (estimate->parsed() || simulate->parsed()) {
       check_format(format);
+      if (simulate->parsed()) io::check_destination(trace_path, "--trace");
       Scenario sc = make_scenario(so);
       costmodel::Trace trace;
       costmodel::Trace* trace_ptr = simulate->parsed() ? &trace : nullptr;
@@ -222,7 +226,8 @@ int run_cli(int argc, char** argv) {
       if (!deepspeed_path.empty()) {
         if (!po.strategy.empty())
           throw InputError("--strategy", "give either --strategy or --deepspeed, not both");
-        const auto imported = import_deepspeed_config(costmodel::read_json_file(deepspeed_path), sc);
+        const auto imported = costmodel::read_json_document(
+            deepspeed_path, [&](const nlohmann::json& d) { return import_deepspeed_config(d, sc); });
         assumptions = imported.assumptions;
         sc.job = imported.job;
         e = imported.job.micro_batch > 0 ? evaluate(sc, imported.spec, imported.job, trace_ptr)
@@ -231,11 +236,12 @@ int run_cli(int argc, char** argv) {
         if (po.strategy.empty()) throw InputError("--strategy", "missing (or give --deepspeed ds_config.json)");
         e = evaluate_choosing_micro_batch(sc, make_plan_spec(po, po.strategy, sc), trace_ptr);
       }
-      if (simulate->parsed()) write_file_atomically(trace_path, trace_to_chrome_json(trace).dump() + "\n");
+      if (simulate->parsed())
+        io::write_file(trace_path, io::json_text(trace_to_chrome_json(trace)) + "\n", "--trace");
       if (format == "json") {
         auto j = evaluation_to_json(sc, e);
         if (!deepspeed_path.empty()) j["assumptions"] = assumptions;
-        out << j.dump(2) << "\n";
+        out << json_document(j);
       } else {
         out << scenario_line(sc) << "\n" << evaluation_table(sc, e);
         for (const auto& a : assumptions) out << "assumed: " << a << "\n";

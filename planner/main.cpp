@@ -1,3 +1,6 @@
+#include "io/standard_output.hpp"
 #include "planner/cli.hpp"
 
-int main(int argc, char** argv) { return shardplan::planner::run_cli(argc, argv); }
+int main(int argc, char** argv) {
+  return shardplan::io::finish_standard_output("planner", shardplan::planner::run_cli(argc, argv));
+}

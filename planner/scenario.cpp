@@ -51,8 +51,10 @@ Scenario make_scenario(const ScenarioOptions& o) {
   loss_named = !o.loss.empty();
   checkpointing_named = !o.checkpointing.empty();
   if (!o.job_file.empty()) {
-    const auto doc = costmodel::read_json_file(o.job_file);
-    sc.job = costmodel::job_from_json(doc);
+    const auto doc = costmodel::read_json_document(o.job_file, [&](const nlohmann::json& d) {
+      sc.job = costmodel::job_from_json(d);
+      return d;
+    });
     loss_named = loss_named || (doc.is_object() && doc.contains("loss"));
     checkpointing_named = checkpointing_named || (doc.is_object() && doc.contains("checkpointing"));
   } else {

@@ -1,13 +1,19 @@
 # Runs a command and checks its exit code and, optionally, that standard error is exactly one line
 # containing a text. Used by the CLI tests:
-#   cmake -DCOMMAND=a|b|c -DEXPECT_CODE=2 [-DEXPECT_ONE_LINE=text] [-DWORK_DIR=dir] -P run_and_expect.cmake
-# (the command's words are separated by '|').
+#   cmake -DCOMMAND=a|b|c -DEXPECT_CODE=2 [-DEXPECT_ONE_LINE=text] [-DWORK_DIR=dir]
+#         [-DOUTPUT_FILE=file] -P run_and_expect.cmake
+# (the command's words are separated by '|'; OUTPUT_FILE receives its standard output). A command
+# that does not end within a minute fails.
 string(REPLACE "|" ";" command "${COMMAND}")
 if(WORK_DIR)
   file(MAKE_DIRECTORY "${WORK_DIR}")
 endif()
-execute_process(COMMAND ${command} RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err
-                WORKING_DIRECTORY "${WORK_DIR}")
+set(output OUTPUT_VARIABLE out)
+if(OUTPUT_FILE)
+  set(output OUTPUT_FILE "${OUTPUT_FILE}")
+endif()
+execute_process(COMMAND ${command} RESULT_VARIABLE code ${output} ERROR_VARIABLE err
+                WORKING_DIRECTORY "${WORK_DIR}" TIMEOUT 60)
 message("${out}${err}")
 if(NOT "${code}" STREQUAL "${EXPECT_CODE}")
   message(FATAL_ERROR "exit code ${code}, expected ${EXPECT_CODE}")

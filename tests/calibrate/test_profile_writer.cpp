@@ -1,12 +1,6 @@
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
-#include <filesystem>
-#include <fstream>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "calibrate/profile_writer.hpp"
 #include "costmodel/hardware.hpp"
@@ -22,12 +16,6 @@ namespace {
 
 const std::string kA100 =
     std::string(SHARDPLAN_SOURCE_DIR) + "/hardware_profiles/a100-sxm4-80gb.json";
-
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          fmt::format("calibrate-test-{}-{}", getpid(), name))
-      .string();
-}
 
 FittedCurve curve(Collective op, int ranks, Tier tier, double latency_s, double bandwidth_Bps) {
   std::vector<costmodel::MeasuredSample> samples;
@@ -178,18 +166,7 @@ TEST_CASE("profile_writer::a tier without curves borrows the other's values and 
   CHECK(link->ranks == 4);
 }
 
-TEST_CASE("profile_writer::files are written whole, or not at all") {
-  const std::string path = temp_path("profile.json");
-  write_json_atomically(path, {{"a", 1}});
-  write_json_atomically(path, {{"a", 2}});
-  CHECK(costmodel::read_json_file(path).at("a") == 2);
-  std::filesystem::remove(path);
-  CHECK_NOTHROW(check_writable(path, "--out"));
-  CHECK_FALSE(std::filesystem::exists(path));
-  CHECK_THROWS_WITH_AS(check_writable("/no/such/folder/p.json", "--out"),
-                       doctest::Contains("--out: cannot write \"/no/such/folder/p.json\""),
-                       costmodel::InputError);
-  CHECK_THROWS_AS(write_json_atomically("/no/such/folder/p.json", {}), costmodel::InputError);
+TEST_CASE("profile_writer::a profile to merge into names --into and the file") {
   CHECK_THROWS_WITH_AS(read_profile_for_merge("/no/such/profile.json"),
                        doctest::Contains("--into: /no/such/profile.json"), costmodel::InputError);
   CHECK(rounded(123.456789, 4) == doctest::Approx(123.5));

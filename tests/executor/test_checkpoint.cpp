@@ -228,6 +228,6 @@ TEST_CASE("checkpoint::a damaged or mismatched checkpoint is an error naming the
   }
   SUBCASE("no checkpoint at all") {
     fs::remove(index);
-    CHECK(load_error(model) == index.string() + ": cannot open file");
+    CHECK(load_error(model) == index.string() + ": cannot open file: No such file or directory");
   }
 }
