@@ -252,7 +252,7 @@ int run_under_mpi(const RunCommand& c) {
     predicted_peak = setup.plan.prediction.peak_bytes;
     auto owned = make_groups(watched, setup.plan.spec);
     TrackedAllocator allocator(capacity_bytes(c));
-    RunCheckpoints checkpoints(c.checkpoint, watched);
+    RunCheckpoints checkpoints(c.checkpoint, watched, c.request.steps);
     auto m = run_steps(setup, allocator, owned.groups, rank, c.request.steps, rank == 0, watchdog,
                        c.fault, nullptr, &checkpoints);
     watchdog.set_phase("gathering the ranks' records");
