@@ -126,8 +126,7 @@ std::string read_own_file(int dirfd, const char* name, const std::string& shown,
   if (!S_ISREG(st.st_mode))
     throw InputError(shown, "not a regular file");
   if (st.st_size > limit)
-    throw InputError(shown, fmt::format("{} bytes, more than the {} this format writes",
-                                        st.st_size, limit));
+    throw InputError(shown, fmt::format("{} bytes, past the limit of {} bytes", st.st_size, limit));
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
   read_at(fd.get(), text.data(), text.size(), 0, shown);
   return text;
@@ -622,13 +621,18 @@ void write_index(const fs::path& folder, const std::string& text) {
   digest.commit();
 }
 
-// The files of step folder `name` (in DIR, open as `dirfd`) when it is one this format wrote for
-// a step before `step`: it holds a copy of the index (digest and all) of the step its name says,
-// and that index names files directly in it. Nothing otherwise: a symbolic link, a newer step, a
-// folder without a valid index.
-std::optional<std::vector<std::string>> older_step_files(int dirfd, const fs::path& root,
-                                                         const std::string& name,
-                                                         std::int64_t step, Fd& folder) {
+// A step folder this format wrote, open, and the names of the files its index names in it.
+struct OwnStepFolder {
+  Fd fd;
+  std::vector<std::string> files;
+};
+
+// Step folder `name` of DIR (open as `dirfd`) when it is one this format wrote for a step before
+// `step`: it holds a copy of the index (digest and all) of the step its name says, and that index
+// names files directly in it. Nothing otherwise: a symbolic link, a newer step, a folder without
+// a valid index.
+std::optional<OwnStepFolder> older_step_folder(int dirfd, const fs::path& root,
+                                               const std::string& name, std::int64_t step) {
   static const std::regex kStepDir("step-([0-9]{8,18})");
   std::smatch m;
   if (!std::regex_match(name, m, kStepDir))
@@ -636,24 +640,24 @@ std::optional<std::vector<std::string>> older_step_files(int dirfd, const fs::pa
   const std::int64_t older = std::stoll(m[1].str());
   if (older >= step || name != step_folder(older))
     return std::nullopt;
-  folder = Fd(::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (folder.get() < 0)
+  OwnStepFolder folder{
+      Fd(::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)), {}};
+  if (folder.fd.get() < 0)
     return std::nullopt;
-  std::vector<std::string> files;
   try {
-    const auto index = read_index_in(folder.get(), (root / name).string());
+    const auto index = read_index_in(folder.fd.get(), (root / name).string());
     if (index.step != older)
       return std::nullopt;
     for (const auto& f : index.files) {
       const fs::path p(f.path);
       if (p.parent_path() != fs::path(name) || !p.has_filename())
         return std::nullopt;
-      files.push_back(p.filename().string());
+      folder.files.push_back(p.filename().string());
     }
   } catch (const InputError&) {
     return std::nullopt;
   }
-  return files;
+  return folder;
 }
 
 // Removes a regular file (never what a symbolic link points to) and the temporary of its name.
@@ -678,14 +682,13 @@ void remove_older_steps(const fs::path& root, std::int64_t step) {
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec))
     names.push_back(it->path().filename().string());
   for (const auto& name : names) {
-    Fd folder;
-    const auto files = older_step_files(dirfd.get(), root, name, step, folder);
-    if (!files)
+    const auto folder = older_step_folder(dirfd.get(), root, name, step);
+    if (!folder)
       continue;
-    for (const auto& f : *files)
-      remove_own_file(folder.get(), f);
-    remove_own_file(folder.get(), kIndex);
-    remove_own_file(folder.get(), kIndexDigest);
+    for (const auto& f : folder->files)
+      remove_own_file(folder->fd.get(), f);
+    remove_own_file(folder->fd.get(), kIndex);
+    remove_own_file(folder->fd.get(), kIndexDigest);
     ::unlinkat(dirfd.get(), name.c_str(), AT_REMOVEDIR); // fails, harmlessly, when not empty
   }
 }
