@@ -190,12 +190,14 @@ public:
     return *digest_;
   }
 
-  Sha256::Digest commit() {
+  // Synced, renamed into place, the folder synced (unless the caller syncs it after more renames).
+  Sha256::Digest commit(bool sync_folder = true) {
     const auto digest = sync();
     if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
       fail("cannot rename the temporary into place");
     committed_ = true;
-    sync_directory(path_.parent_path());
+    if (sync_folder)
+      sync_directory(path_.parent_path());
     return digest;
   }
 
@@ -467,9 +469,29 @@ std::string digest_line(const Sha256::Digest& d) {
   return Sha256::hex(d) + "  " + kIndex + "\n";
 }
 
+CheckpointIndex read_index_in(int dirfd, const std::string& dir, bool step_copy = false);
+
+// Whether `text`, DIR's index that its digest file does not match, is byte for byte the copy in
+// the folder of the step it names, whose own digest matches it: a save cut short between renaming
+// DIR's index and its digest (write_index), not an edit.
+bool is_saved_step_copy(int dirfd, const std::string& dir, const std::string& text) {
+  try {
+    const auto step = parse_index(costmodel::parse_json_text(text, dir)).step;
+    const std::string folder = step_folder(step);
+    const Fd fd(::openat(dirfd, folder.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (fd.get() < 0)
+      return false;
+    const auto shown = (fs::path(dir) / folder).string();
+    read_index_in(fd.get(), shown, true); // its digest matches
+    return read_own_file(fd.get(), kIndex, index_path(shown), kMaxIndexBytes) == text;
+  } catch (const InputError&) {
+    return false;
+  }
+}
+
 // The index in the folder `dirfd` (DIR, or a step folder holding its copy), named `dir` in errors:
 // its digest file first, then the index it vouches for, strictly.
-CheckpointIndex read_index_in(int dirfd, const std::string& dir) {
+CheckpointIndex read_index_in(int dirfd, const std::string& dir, bool step_copy) {
   const std::string path = index_path(dir), digest_path = path + ".sha256";
   const std::string text = read_own_file(dirfd, kIndex, path, kMaxIndexBytes);
   auto parsed = [&] {
@@ -492,7 +514,8 @@ CheckpointIndex read_index_in(int dirfd, const std::string& dir) {
                      fmt::format("must be one line \"<sha256>  {}\" as sha256sum writes it, got "
                                  "{}",
                                  kIndex, costmodel::describe_value(line)));
-  if (const auto got = Sha256::hex(Sha256::of(text)); got != recorded)
+  if (const auto got = Sha256::hex(Sha256::of(text));
+      got != recorded && (step_copy || !is_saved_step_copy(dirfd, dir, text)))
     throw InputError(path, fmt::format("its sha256 is {}, {} says {}: the index was changed "
                                        "after it was saved",
                                        got, kIndexDigest, recorded));
@@ -608,8 +631,9 @@ void make_step_folder(const fs::path& path) {
 }
 
 // The index and its digest in `folder`: both written and synced under temporary names, then
-// renamed, the index first. A reader sees the previous pair or the new one; a save cut short
-// between the two renames leaves the new index with the previous digest, which a load refuses.
+// renamed, the index first, then the folder synced. A reader sees the previous pair or the new
+// one; a save cut short between the two renames leaves the new index with the previous digest
+// (read_index_in then takes the index for its step folder's copy, written before).
 void write_index(const fs::path& folder, const std::string& text) {
   AtomicFile index(folder / kIndex);
   index.write(text.data(), text.size());
@@ -617,7 +641,7 @@ void write_index(const fs::path& folder, const std::string& text) {
   AtomicFile digest(folder / kIndexDigest);
   digest.write(line.data(), line.size());
   digest.sync();
-  index.commit();
+  index.commit(false);
   digest.commit();
 }
 
@@ -645,7 +669,7 @@ std::optional<OwnStepFolder> older_step_folder(int dirfd, const fs::path& root,
   if (folder.fd.get() < 0)
     return std::nullopt;
   try {
-    const auto index = read_index_in(folder.fd.get(), (root / name).string());
+    const auto index = read_index_in(folder.fd.get(), (root / name).string(), true);
     if (index.step != older)
       return std::nullopt;
     for (const auto& f : index.files) {

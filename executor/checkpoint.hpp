@@ -44,19 +44,21 @@
 // Writes are atomic: each file goes to NAME.tmp, is fsynced and renamed, then its folder fsynced;
 // ranks write their parts, agree, then rank 0 writes the step folder's copy of the index and then
 // DIR's index the same way (the index and its digest both synced before either is renamed), so a
-// reader sees the old checkpoint or the new one, never a mixture; a save cut short between the two
-// renames leaves an index its digest does not match, which a load refuses. Once the new index is
-// in place, the folders of older steps go: only those whose own copy of the index names them,
-// only the files that copy names (then the copy, then the folder if it is empty); never through a
-// symbolic link, never a newer step. A step folder that is a symbolic link is refused. Saving the
-// same step again into the same DIR rewrites that step's parts in place.
+// reader sees the old checkpoint or the new one, never a mixture (a save cut short between
+// renaming DIR's index and its digest leaves an index that is its step folder's copy, which a load
+// takes for saved when that copy's own digest matches). Once the new index is in place, the
+// folders of older steps go: only those whose own copy of the index names them, only the files
+// that copy names (then the copy, then the folder if it is empty); never through a symbolic link,
+// never a newer step. A step folder that is a symbolic link is refused. Saving the same step again
+// into the same DIR rewrites that step's parts in place.
 //
 // A run (RunCommand, RunCheckpoints) checks its --save DIR before its first step: it makes DIR,
 // locks it (a second executor is refused naming the holder), and refuses a DIR that holds the
 // checkpoint of another model or plan, or of a step later than the first it saves, or an index it
 // cannot read, unless --overwrite or it resumes from DIR.
 //
-// Loading verifies everything before it trusts anything: the index's digest, then the index
+// Loading verifies everything before it trusts anything: the index's digest (or, as above, its
+// step folder's copy and that copy's digest), then the index
 // strictly (unknown or missing keys, segments that do not tile every tensor, a step past
 // kMaxCheckpointStep), the model's shape against the run's, every file's size; each file's sha256
 // and its segments' are checked by one rank (file k by rank k mod N, so the job reads each file

@@ -197,6 +197,19 @@ TEST_CASE("checkpoint::a damaged or mismatched checkpoint is an error naming the
     CHECK(load_error(model).find(index.string() + ": its sha256 is ") != std::string::npos);
     CHECK(load_error(model).find(", index.json.sha256 says ") != std::string::npos);
   }
+  SUBCASE("a save cut short between renaming the index and its digest") {
+    // The previous save's digest beside the new index: the index is its step folder's copy.
+    write_text(bad / "index.json.sha256", std::string(64, '0') + "  index.json\n");
+    CHECK(load_error(model).empty());
+    // Not when the copy differs, or is not there.
+    auto copy = read_json(bad / "step-00000001" / "index.json");
+    copy["saved_by"]["seed"] = 7;
+    write_json(bad / "step-00000001" / "index.json", copy);
+    sign_index(bad / "step-00000001");
+    CHECK(load_error(model).find(index.string() + ": its sha256 is ") != std::string::npos);
+    fs::remove(bad / "step-00000001" / "index.json");
+    CHECK(load_error(model).find(index.string() + ": its sha256 is ") != std::string::npos);
+  }
   SUBCASE("an index without its digest") {
     fs::remove(bad / "index.json.sha256");
     CHECK(load_error(model) == (bad / "index.json.sha256").string() +
