@@ -192,6 +192,23 @@ if(NOT uid STREQUAL "0")
   file(CHMOD ${WORK}/ro PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE)
 endif()
 
+# A job whose rank 1 dies at step 3, after step 2's save: the folder holds step 2 whole, its lock
+# went with the job, and a run resumes from it and saves into it again.
+execute_process(COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan zero2-2.json ${scale} --steps 4
+                        --save-every 1 --save crashed --out x.json --inject-fault crash@1:3
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET WORKING_DIRECTORY ${WORK} TIMEOUT 120)
+if(rc EQUAL 0)
+  message(FATAL_ERROR "crash@1:3 ended with exit code 0")
+endif()
+run_expect(0 COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan zero2-2.json ${scale} --steps 1
+                     --out after-crash.json --resume crashed --save crashed)
+file(READ ${WORK}/after-crash.json run)
+string(JSON resumed_step GET "${run}" execution resumed_from step)
+expect_equal("resumed after the crash from step" "${resumed_step}" 2)
+if(EXISTS ${WORK}/crashed/step-00000002)
+  message(FATAL_ERROR "step 2's folder is still there after step 3's save")
+endif()
+
 # Two executors saving into one folder: the second is refused, naming the first's process and
 # host. The first holds the folder's lock from before its first step, where it hangs (an
 # injected fault) until it is ended here.
@@ -218,6 +235,8 @@ message(STATUS "a second executor saving into one folder: ${err}")
 # Options: one line naming the option and the value.
 run_expect(2 COMMAND ${EXECUTOR} --plan ddp-1.json --out x.json --save-every 2
            EXPECT "--save-every: 2 needs --save DIR")
+run_expect(2 COMMAND ${EXECUTOR} --plan ddp-1.json --out x.json --overwrite
+           EXPECT "--overwrite: needs --save DIR")
 run_expect(2 COMMAND ${EXECUTOR} --plan ddp-1.json --out x.json --save s --save-every 0
            EXPECT "--save-every: must be between 1 and 100000, got 0")
 run_expect(2 COMMAND ${EXECUTOR} --plan ddp-1.json --out x.json --save ddp-1.json
