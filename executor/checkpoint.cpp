@@ -39,9 +39,16 @@ static_assert(std::endian::native == std::endian::little, "checkpoints are littl
 constexpr std::array<const char*, 3> kTensors = {"params", "exp_avg", "exp_avg_sq"};
 constexpr std::int64_t kFloat = sizeof(float);
 constexpr std::size_t kIoBlock = 1 << 20; // bytes per read when a whole file is streamed
-// An index lists every part with its segments (~100 bytes per tensor of each unit a part holds):
-// 256 MiB holds thousands of ranks' parts of a model with hundreds of layers.
-constexpr std::int64_t kIndexBytes = std::int64_t{256} << 20;
+// Version 2 added the index's digest file and each segment's sha256; version 1 (neither) is
+// refused: an index without them could be edited unnoticed.
+constexpr int kSchemaVersion = 2;
+constexpr const char* kIndex = "index.json";
+constexpr const char* kIndexDigest = "index.json.sha256";
+constexpr std::int64_t kMaxIndexBytes = std::int64_t{256} << 20;
+constexpr std::int64_t kMaxIndexDigestBytes = 4096;
+// The segments' bytes in one file: 8 PiB, far past any part, and far from 2^63 so that adding a
+// segment (at most 4·1e15 bytes) to a sum below it cannot overflow.
+constexpr std::int64_t kMaxFileBytes = std::int64_t{1} << 53;
 
 std::string errno_text() {
   return std::strerror(errno);
@@ -105,6 +112,27 @@ void read_at(int fd, void* data, std::size_t bytes, std::int64_t offset, const s
   }
 }
 
+// A small file this format wrote (an index or its digest) in the folder `dirfd`, read whole: a
+// symbolic link is not followed, a FIFO or a device is refused without waiting, and a file past
+// `limit` bytes is refused unread. `shown` names it in errors.
+std::string read_own_file(int dirfd, const char* name, const std::string& shown,
+                          std::int64_t limit) {
+  Fd fd(::openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (fd.get() < 0)
+    throw InputError(shown, errno == ELOOP ? "a symbolic link, which a checkpoint never writes"
+                                           : fmt::format("cannot read: {}", errno_text()));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0)
+    throw InputError(shown, fmt::format("cannot read: {}", errno_text()));
+  if (!S_ISREG(st.st_mode))
+    throw InputError(shown, "not a regular file");
+  if (st.st_size > limit)
+    throw InputError(shown, fmt::format("{} bytes, past the limit of {} bytes", st.st_size, limit));
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  read_at(fd.get(), text.data(), text.size(), 0, shown);
+  return text;
+}
+
 // A directory's entries (a rename into it) reach the disk only when the directory is fsynced
 // (fsync(2), "Calling fsync() does not necessarily ensure that the entry in the directory
 // containing the file has also reached disk").
@@ -116,11 +144,14 @@ void sync_directory(const fs::path& dir) {
 }
 
 // A file written whole or not at all: NAME.tmp, fsync, rename to NAME, fsync of the folder. The
-// bytes are hashed as they are written. Without commit() the temporary is removed.
+// bytes are hashed as they are written. Without commit() the temporary is removed. The temporary
+// is made anew (a leftover is removed first, never written through, even when it is a symbolic
+// link); the rename replaces NAME itself, never what a symbolic link NAME points to.
 class AtomicFile {
 public:
   explicit AtomicFile(fs::path path) : path_(std::move(path)), tmp_(path_.string() + ".tmp") {
-    fd_ = Fd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    ::unlink(tmp_.c_str()); // a leftover of a save that was cut short
+    fd_ = Fd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (fd_.get() < 0)
       fail("cannot write");
   }
@@ -147,16 +178,28 @@ public:
     }
   }
 
-  Sha256::Digest commit() {
-    if (::fsync(fd_.get()) != 0)
-      fail("cannot sync");
-    if (::close(fd_.release()) != 0)
-      fail("cannot write");
+  // The bytes on the disk, under the temporary name: after this only the rename is left, which
+  // needs no space. Returns the sha256 of what was written.
+  Sha256::Digest sync() {
+    if (!digest_) {
+      if (::fsync(fd_.get()) != 0)
+        fail("cannot sync");
+      if (::close(fd_.release()) != 0)
+        fail("cannot write");
+      digest_ = hash_.finish();
+    }
+    return *digest_;
+  }
+
+  // Synced, renamed into place, the folder synced (unless the caller syncs it after more renames).
+  Sha256::Digest commit(bool sync_folder = true) {
+    const auto digest = sync();
     if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
       fail("cannot rename the temporary into place");
     committed_ = true;
-    sync_directory(path_.parent_path());
-    return hash_.finish();
+    if (sync_folder)
+      sync_directory(path_.parent_path());
+    return digest;
   }
 
 private:
@@ -168,6 +211,7 @@ private:
   std::string tmp_;
   Fd fd_;
   Sha256 hash_;
+  std::optional<Sha256::Digest> digest_; // once synced
   bool committed_ = false;
 };
 
@@ -209,8 +253,22 @@ void agree(comm::Communicator& world, const std::optional<InputError>& failure) 
 
 // ---- layout of the parts
 
+std::string step_folder(std::int64_t step) {
+  return fmt::format("step-{:08}", step);
+}
+
 std::string part_path(std::int64_t step, int part, int parts) {
-  return fmt::format("step-{:08}/part-{:05}-of-{:05}.bin", step, part, parts);
+  return fmt::format("{}/part-{:05}-of-{:05}.bin", step_folder(step), part, parts);
+}
+
+// A segment's sha256 covers its label, then its bytes (checkpoint.hpp), so that a range moved to
+// another place in the index, or given another tensor's name, no longer matches.
+Sha256 segment_hash(const CheckpointSegment& s) {
+  const std::string label =
+      fmt::format("shardplan.checkpoint segment {} {} {} {}\n", s.tensor, s.unit, s.begin, s.end);
+  Sha256 hash;
+  hash.update(label.data(), label.size());
+  return hash;
 }
 
 // Part `part`'s ranges: [part·chunk, min((part+1)·chunk, n)) of every tensor of every unit.
@@ -223,7 +281,7 @@ std::vector<CheckpointSegment> part_segments(const ShardLayout& sl, int part) {
       const std::int64_t begin = part * us.chunk, end = std::min(begin + us.chunk, us.size);
       if (begin >= end)
         continue; // this part's chunk of a small unit is all padding
-      out.push_back({tensor, static_cast<std::int64_t>(u), begin, end, offset});
+      out.push_back({tensor, static_cast<std::int64_t>(u), begin, end, offset, ""});
       offset += (end - begin) * kFloat;
     }
   return out;
@@ -240,27 +298,33 @@ Held held(const ShardingEngine::UnitState& st, std::string_view tensor) {
   return {tensor == "exp_avg" ? st.exp_avg : st.exp_avg_sq, st.optimizer_begin};
 }
 
-Sha256::Digest write_part(ShardingEngine& engine, const fs::path& path) {
+// The sha256s of a part: the whole file's, then each segment's, in the file's order.
+using PartDigests = std::vector<Sha256::Digest>;
+
+PartDigests write_part(ShardingEngine& engine, const fs::path& path) {
   const auto& sl = engine.shards();
   AtomicFile file(path);
+  PartDigests digests(1);
   for (const auto& seg : part_segments(sl, sl.shard_rank)) {
     const Held h = held(engine.unit_state(seg.unit), seg.tensor);
     const auto held_end = h.begin + static_cast<std::int64_t>(h.values.size());
     if (seg.begin < h.begin || seg.end > held_end)
       throw std::logic_error(fmt::format("{} of unit {}: [{}, {}) is not held", seg.tensor,
                                          seg.unit, seg.begin, seg.end));
-    file.write(h.values.data() + (seg.begin - h.begin),
-               static_cast<std::size_t>((seg.end - seg.begin) * kFloat));
+    const auto* data = h.values.data() + (seg.begin - h.begin);
+    const auto bytes = static_cast<std::size_t>((seg.end - seg.begin) * kFloat);
+    file.write(data, bytes);
+    auto hash = segment_hash(seg);
+    hash.update(data, bytes);
+    digests.push_back(hash.finish());
   }
-  return file.commit();
+  digests[0] = file.commit();
+  return digests;
 }
 
 json segment_json(const CheckpointSegment& s) {
-  return {{"tensor", s.tensor},
-          {"unit", s.unit},
-          {"begin", s.begin},
-          {"end", s.end},
-          {"offset_bytes", s.offset_bytes}};
+  return {{"tensor", s.tensor}, {"unit", s.unit},         {"begin", s.begin},
+          {"end", s.end},       {"offset_bytes", s.offset_bytes}, {"sha256", s.sha256}};
 }
 
 std::int64_t segments_bytes(const std::vector<CheckpointSegment>& segments) {
@@ -287,12 +351,15 @@ bool is_inside(const std::string& path) {
 
 CheckpointIndex parse_index(const json& doc) {
   ObjectReader r(doc, "");
-  if (const auto v = r.integer("schema_version"); v != 1)
-    throw InputError("/schema_version", fmt::format("must be 1, got {}", v));
+  if (const auto v = r.integer("schema_version"); v != kSchemaVersion)
+    throw InputError("/schema_version",
+                     v == 1 ? "1, a checkpoint without the digests of its index and ranges, which "
+                              "this executor no longer reads (it needs 2)"
+                            : fmt::format("must be {}, got {}", kSchemaVersion, v));
   if (const auto kind = r.string("kind"); kind != "shardplan.checkpoint")
     throw InputError("/kind", fmt::format("must be \"shardplan.checkpoint\", got \"{}\"", kind));
   CheckpointIndex idx;
-  idx.step = r.integer("step", Range::non_negative());
+  idx.step = r.integer("step", Range::between(0, static_cast<double>(kMaxCheckpointStep)));
   // The engine counts one step for both: AdamW's bias corrections and the data stream.
   if (const auto adamw = r.integer("adamw_step", Range::non_negative()); adamw != idx.step)
     throw InputError("/adamw_step", fmt::format("must equal /step ({}), got {}", idx.step, adamw));
@@ -303,7 +370,7 @@ CheckpointIndex parse_index(const json& doc) {
       d.choice(t, {"f32"});
     d.finish();
   }
-  r.object("saved_by"); // what saved it, for people: a resume may use any plan
+  idx.saved_by = r.object("saved_by"); // what saved it: a resume may use any plan
   idx.model = r.object("model");
   {
     ObjectReader m(idx.model, "/model");
@@ -357,7 +424,14 @@ CheckpointIndex parse_index(const json& doc) {
         throw InputError(sat + "/offset_bytes",
                          fmt::format("must be {} (the segments are stored back to back), got {}",
                                      offset, s.offset_bytes));
+      s.sha256 = sr.string("sha256");
+      if (!is_sha256_hex(s.sha256))
+        throw InputError(sat + "/sha256",
+                         fmt::format("must be 64 lowercase hex digits, got \"{}\"", s.sha256));
       sr.finish();
+      if ((s.end - s.begin) * kFloat > kMaxFileBytes - offset)
+        throw InputError(sat + "/end", fmt::format("the file's segments pass {} bytes, got {}",
+                                                   kMaxFileBytes, s.end));
       offset += (s.end - s.begin) * kFloat;
       ranges[{s.tensor, s.unit}].emplace_back(s.begin, s.end);
       f.segments.push_back(s);
@@ -390,7 +464,65 @@ CheckpointIndex parse_index(const json& doc) {
 }
 
 std::string index_path(const std::string& dir) {
-  return (fs::path(dir) / "index.json").string();
+  return (fs::path(dir) / kIndex).string();
+}
+
+// The digest file's one line, as sha256sum writes it: 64 hex digits, two spaces, index.json.
+std::string digest_line(const Sha256::Digest& d) {
+  return Sha256::hex(d) + "  " + kIndex + "\n";
+}
+
+CheckpointIndex read_index_in(int dirfd, const std::string& dir, bool step_copy = false);
+
+// Whether `text`, DIR's index that its digest file does not match, is byte for byte the copy in
+// the folder of the step it names, whose own digest matches it: a save cut short between renaming
+// DIR's index and its digest (write_index), not an edit.
+bool is_saved_step_copy(int dirfd, const std::string& dir, const std::string& text) {
+  try {
+    const auto step = parse_index(costmodel::parse_json_text(text, dir)).step;
+    const std::string folder = step_folder(step);
+    const Fd fd(::openat(dirfd, folder.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (fd.get() < 0)
+      return false;
+    const auto shown = (fs::path(dir) / folder).string();
+    read_index_in(fd.get(), shown, true); // its digest matches
+    return read_own_file(fd.get(), kIndex, index_path(shown), kMaxIndexBytes) == text;
+  } catch (const InputError&) {
+    return false;
+  }
+}
+
+// The index in the folder `dirfd` (DIR, or a step folder holding its copy), named `dir` in errors:
+// its digest file first, then the index it vouches for, strictly.
+CheckpointIndex read_index_in(int dirfd, const std::string& dir, bool step_copy) {
+  const std::string path = index_path(dir), digest_path = path + ".sha256";
+  const std::string text = read_own_file(dirfd, kIndex, path, kMaxIndexBytes);
+  auto parsed = [&] {
+    const json doc = costmodel::parse_json_text(text, path);
+    try {
+      return parse_index(doc);
+    } catch (const InputError& e) {
+      throw InputError(path, e.what());
+    }
+  };
+  struct stat st {};
+  if (::fstatat(dirfd, kIndexDigest, &st, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT) {
+    parsed(); // an index of another version says so
+    throw InputError(digest_path, "missing: the digest of index.json, written beside it");
+  }
+  const std::string line = read_own_file(dirfd, kIndexDigest, digest_path, kMaxIndexDigestBytes);
+  const std::string recorded = line.substr(0, 64);
+  if (!is_sha256_hex(recorded) || line != recorded + "  " + kIndex + "\n")
+    throw InputError(digest_path,
+                     fmt::format("must be one line \"<sha256>  {}\" as sha256sum writes it, got "
+                                 "{}",
+                                 kIndex, costmodel::describe_value(line)));
+  if (const auto got = Sha256::hex(Sha256::of(text));
+      got != recorded && (step_copy || !is_saved_step_copy(dirfd, dir, text)))
+    throw InputError(path, fmt::format("its sha256 is {}, {} says {}: the index was changed "
+                                       "after it was saved",
+                                       got, kIndexDigest, recorded));
+  return parsed();
 }
 
 std::string file_path(const std::string& dir, const CheckpointFile& f) {
@@ -475,6 +607,119 @@ std::int64_t read_ranges(ShardingEngine& engine, const std::string& dir,
   return bytes;
 }
 
+// ---- saving: the folders
+
+// A step folder absent, or a folder of its own: a symbolic link there would send the parts
+// elsewhere.
+void check_step_folder(const fs::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT)
+      return;
+    throw InputError(path.string(), fmt::format("cannot read: {}", errno_text()));
+  }
+  if (S_ISLNK(st.st_mode))
+    throw InputError(path.string(), "a symbolic link: a checkpoint writes its parts only into "
+                                    "folders of its own");
+  if (!S_ISDIR(st.st_mode))
+    throw InputError(path.string(), "exists and is not a folder");
+}
+
+void make_step_folder(const fs::path& path) {
+  if (::mkdir(path.c_str(), 0755) == 0)
+    return;
+  if (errno != EEXIST)
+    throw InputError(path.string(), fmt::format("cannot make the folder: {}", errno_text()));
+  check_step_folder(path);
+}
+
+// The index and its digest in `folder`: both written and synced under temporary names, then
+// renamed, the index first, then the folder synced. A reader sees the previous pair or the new
+// one; a save cut short between the two renames leaves the new index with the previous digest
+// (read_index_in then takes the index for its step folder's copy, written before).
+void write_index(const fs::path& folder, const std::string& text) {
+  AtomicFile index(folder / kIndex);
+  index.write(text.data(), text.size());
+  const std::string line = digest_line(index.sync());
+  AtomicFile digest(folder / kIndexDigest);
+  digest.write(line.data(), line.size());
+  digest.sync();
+  index.commit(false);
+  digest.commit();
+}
+
+// A step folder this format wrote, open, and the names of the files its index names in it.
+struct OwnStepFolder {
+  Fd fd;
+  std::vector<std::string> files;
+};
+
+// Step folder `name` of DIR (open as `dirfd`) when it is one this format wrote for a step before
+// `step`: it holds a copy of the index (digest and all) of the step its name says, and that index
+// names files directly in it. Nothing otherwise: a symbolic link, a newer step, a folder without
+// a valid index.
+std::optional<OwnStepFolder> older_step_folder(int dirfd, const fs::path& root,
+                                               const std::string& name, std::int64_t step) {
+  static const std::regex kStepDir("step-([0-9]{8,18})");
+  std::smatch m;
+  if (!std::regex_match(name, m, kStepDir))
+    return std::nullopt;
+  const std::int64_t older = std::stoll(m[1].str());
+  if (older >= step || name != step_folder(older))
+    return std::nullopt;
+  OwnStepFolder folder{
+      Fd(::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)), {}};
+  if (folder.fd.get() < 0)
+    return std::nullopt;
+  try {
+    const auto index = read_index_in(folder.fd.get(), (root / name).string(), true);
+    if (index.step != older)
+      return std::nullopt;
+    for (const auto& f : index.files) {
+      const fs::path p(f.path);
+      if (p.parent_path() != fs::path(name) || !p.has_filename())
+        return std::nullopt;
+      folder.files.push_back(p.filename().string());
+    }
+  } catch (const InputError&) {
+    return std::nullopt;
+  }
+  return folder;
+}
+
+// Removes a regular file (never what a symbolic link points to) and the temporary of its name.
+void remove_own_file(int dirfd, const std::string& name) {
+  for (const std::string& n : {name, name + ".tmp"}) {
+    struct stat st {};
+    if (::fstatat(dirfd, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
+      ::unlinkat(dirfd, n.c_str(), 0);
+  }
+}
+
+// Once step `step`'s index is in place: the folders of older steps that this format wrote go,
+// each with only the files its index names, then the index, then the folder if that left it
+// empty (a user's notes in it stay, and so does the folder). Best effort: what stays does no
+// harm.
+void remove_older_steps(const fs::path& root, std::int64_t step) {
+  const Fd dirfd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dirfd.get() < 0)
+    return;
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec))
+    names.push_back(it->path().filename().string());
+  for (const auto& name : names) {
+    const auto folder = older_step_folder(dirfd.get(), root, name, step);
+    if (!folder)
+      continue;
+    for (const auto& f : folder->files)
+      remove_own_file(folder->fd.get(), f);
+    remove_own_file(folder->fd.get(), kIndex);
+    remove_own_file(folder->fd.get(), kIndexDigest);
+    ::unlinkat(dirfd.get(), name.c_str(), AT_REMOVEDIR); // fails, harmlessly, when not empty
+  }
+}
+
 } // namespace
 
 json model_shape_json(const GptLayout& layout) {
@@ -510,31 +755,47 @@ json model_shape_json(const GptLayout& layout) {
 CheckpointIndex checkpoint_index_from_json(const json& doc) { return parse_index(doc); }
 
 CheckpointIndex read_checkpoint_index(const std::string& dir) {
-  const std::string path = index_path(dir);
-  // Names the path when unreadable or not JSON.
-  const json doc = costmodel::read_json_file(path, kIndexBytes);
-  try {
-    return parse_index(doc);
-  } catch (const InputError& e) {
-    throw InputError(path, e.what());
-  }
+  const Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0)
+    throw InputError(index_path(dir), fmt::format("cannot read: {}", errno_text()));
+  return read_index_in(fd.get(), dir);
 }
 
 void verify_checkpoint_file(const std::string& dir, const CheckpointFile& f) {
   check_size(dir, f);
   const std::string path = file_path(dir, f);
   const Fd fd = open_for_reading(path);
+  // The segments lie back to back from byte 0 and fill the file (parse_index): one pass hashes
+  // the file and each segment.
   Sha256 hash;
+  std::vector<std::string> segment_digests;
   std::vector<char> block(kIoBlock);
-  for (std::int64_t at = 0; at < f.bytes;) {
-    const auto n = static_cast<std::size_t>(std::min<std::int64_t>(kIoBlock, f.bytes - at));
-    read_at(fd.get(), block.data(), n, at, path);
-    hash.update(block.data(), n);
-    at += static_cast<std::int64_t>(n);
+  for (const auto& seg : f.segments) {
+    auto seg_hash = segment_hash(seg);
+    const std::int64_t end = seg.offset_bytes + (seg.end - seg.begin) * kFloat;
+    for (std::int64_t at = seg.offset_bytes; at < end;) {
+      const auto n = static_cast<std::size_t>(std::min<std::int64_t>(kIoBlock, end - at));
+      read_at(fd.get(), block.data(), n, at, path);
+      hash.update(block.data(), n);
+      seg_hash.update(block.data(), n);
+      at += static_cast<std::int64_t>(n);
+    }
+    segment_digests.push_back(Sha256::hex(seg_hash.finish()));
   }
   if (const auto got = Sha256::hex(hash.finish()); got != f.sha256)
     throw InputError(path,
                      fmt::format("corrupted: its sha256 is {}, the index says {}", got, f.sha256));
+  // The file is the one the index names, byte for byte: a segment that does not match is a label
+  // or a range the index gives to bytes that are not it.
+  for (std::size_t j = 0; j < f.segments.size(); ++j)
+    if (const auto& seg = f.segments[j]; segment_digests[j] != seg.sha256)
+      throw InputError(path, fmt::format("bytes [{}, {}) are not {} of unit {}, elements [{}, {}), "
+                                         "as the index says: their sha256 with that label is {}, "
+                                         "the index says {}",
+                                         seg.offset_bytes,
+                                         seg.offset_bytes + (seg.end - seg.begin) * kFloat,
+                                         seg.tensor, seg.unit, seg.begin, seg.end,
+                                         segment_digests[j], seg.sha256));
 }
 
 void save_checkpoint(ShardingEngine& engine, comm::Communicator& world, const std::string& dir) {
@@ -544,40 +805,56 @@ void save_checkpoint(ShardingEngine& engine, comm::Communicator& world, const st
         fmt::format("a world of {} ranks saves an engine of {} ranks", world.size(), sl.world));
   const std::int64_t step = engine.steps_done();
   const fs::path root(dir);
-  const std::string step_dir = fmt::format("step-{:08}", step);
+  const std::string folder = step_folder(step);
   std::optional<InputError> failure;
   if (world.rank() == 0)
-    capture(failure, [&] { fs::create_directories(root / step_dir); });
+    capture(failure, [&] {
+      fs::create_directories(root);
+      make_step_folder(root / folder);
+    });
   agree(world, failure);
 
-  // The first shard group writes: its rank s holds (at least) part s of every tensor.
-  Sha256::Digest digest{};
+  // The first shard group writes: its rank s holds (at least) part s of every tensor. Every rank
+  // gets every part's digests: the file's, then its segments' (at most one per tensor and unit).
+  const std::size_t slots = 1 + kTensors.size() * sl.units.size();
+  constexpr std::size_t kDigest = std::tuple_size_v<Sha256::Digest>;
+  std::vector<std::uint8_t> mine(slots * kDigest);
   if (sl.replica_rank == 0)
-    capture(failure,
-            [&] { digest = write_part(engine, root / part_path(step, sl.shard_rank, sl.group)); });
+    capture(failure, [&] {
+      const auto digests = write_part(engine, root / part_path(step, sl.shard_rank, sl.group));
+      for (std::size_t k = 0; k < digests.size(); ++k)
+        std::copy(digests[k].begin(), digests[k].end(),
+                  mine.begin() + static_cast<std::ptrdiff_t>(k * kDigest));
+    });
   agree(world, failure);
-  std::vector<std::uint8_t> digests(digest.size() * static_cast<std::size_t>(world.size()));
-  world.all_gather(digest.data(), digests.data(), digest.size(), comm::DataType::u8);
+  std::vector<std::uint8_t> all(mine.size() * static_cast<std::size_t>(world.size()));
+  world.all_gather(mine.data(), all.data(), mine.size(), comm::DataType::u8);
+  auto digest_of = [&](int rank, std::size_t slot) {
+    Sha256::Digest d{};
+    std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(
+                                  (static_cast<std::size_t>(rank) * slots + slot) * kDigest),
+                kDigest, d.begin());
+    return Sha256::hex(d);
+  };
 
   if (world.rank() == 0)
     capture(failure, [&] {
       json files = json::array();
       for (int s = 0; s < sl.group; ++s) { // world rank s is shard rank s of the first group
-        Sha256::Digest d{};
-        std::copy_n(digests.begin() + static_cast<std::ptrdiff_t>(s * d.size()), d.size(),
-                    d.begin());
-        const auto segments = part_segments(sl, s);
+        auto segments = part_segments(sl, s);
         json seg = json::array();
-        for (const auto& x : segments)
-          seg.push_back(segment_json(x));
+        for (std::size_t k = 0; k < segments.size(); ++k) {
+          segments[k].sha256 = digest_of(s, 1 + k);
+          seg.push_back(segment_json(segments[k]));
+        }
         files.push_back({{"path", part_path(step, s, sl.group)},
                          {"bytes", segments_bytes(segments)},
-                         {"sha256", Sha256::hex(d)},
+                         {"sha256", digest_of(s, 0)},
                          {"segments", seg}});
       }
       const auto& o = engine.options();
       const json index = {
-          {"schema_version", 1},
+          {"schema_version", kSchemaVersion},
           {"kind", "shardplan.checkpoint"},
           {"step", step},
           {"adamw_step", step},
@@ -593,17 +870,10 @@ void save_checkpoint(ShardingEngine& engine, comm::Communicator& world, const st
           {"model", model_shape_json(engine.layout())},
           {"files", files}};
       const std::string text = index.dump(1) + "\n";
-      AtomicFile file(root / "index.json");
-      file.write(text.data(), text.size());
-      file.commit();
-      // The new index is in place: older steps' parts are no longer referenced.
-      static const std::regex kStepDir("step-[0-9]{8}");
-      std::error_code ec;
-      for (const auto& entry : fs::directory_iterator(root, ec)) {
-        const auto name = entry.path().filename().string();
-        if (name != step_dir && std::regex_match(name, kStepDir) && entry.is_directory(ec))
-          fs::remove_all(entry.path(), ec); // best effort: a leftover folder does no harm
-      }
+      // The step folder's copy first: what marks the folder as this format's, for its removal.
+      write_index(root / folder, text);
+      write_index(root, text);
+      remove_older_steps(root, step);
     });
   agree(world, failure);
 }
@@ -680,12 +950,85 @@ std::string params_sha256(ShardingEngine& engine) {
   return Sha256::hex(hash.finish());
 }
 
-RunCheckpoints::RunCheckpoints(CheckpointOptions options, comm::Communicator& world)
-    : o_(std::move(options)), world_(world) {}
+std::vector<std::int64_t> saved_steps(std::int64_t first, std::int64_t steps,
+                                       std::int64_t every) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t step = first + 1; step <= first + steps; ++step)
+    if (step == first + steps || (every > 0 && step % every == 0))
+      out.push_back(step);
+  return out;
+}
+
+void check_save_destination(const CheckpointOptions& o, const ShardingEngine& engine,
+                            const std::vector<std::int64_t>& steps) {
+  const fs::path root(o.save_dir);
+  for (const auto step : steps)
+    check_step_folder(root / step_folder(step));
+  std::error_code ec;
+  const bool resumes_from_it =
+      !o.resume_dir.empty() && fs::equivalent(o.save_dir, o.resume_dir, ec);
+  struct stat st {};
+  if (o.overwrite || resumes_from_it || steps.empty() ||
+      (::lstat(index_path(o.save_dir).c_str(), &st) != 0 && errno == ENOENT))
+    return;
+  auto refuse = [&](const std::string& what) {
+    throw InputError("--save", fmt::format("\"{}\" holds {}; --overwrite replaces it", o.save_dir,
+                                           what));
+  };
+  CheckpointIndex there;
+  try {
+    there = read_checkpoint_index(o.save_dir);
+  } catch (const InputError& e) {
+    refuse(fmt::format("what this executor does not read as a checkpoint ({})", e.what()));
+  }
+  // What saved it, for people (parse_index reads these leniently): "?" where it says nothing.
+  auto text = [](const json& j, const char* key) {
+    const auto it = j.find(key);
+    return it != j.end() && (it->is_string() || it->is_number_integer()) ? it->dump() : "?";
+  };
+  const auto name = text(there.model, "name");
+  const std::string held = fmt::format("the checkpoint of model {} at step {}", name, there.step);
+  try {
+    compare_shape(there.model, model_shape_json(engine.layout()), "/model");
+  } catch (const InputError& e) {
+    refuse(fmt::format("{}, another model than this run's ({})", held, e.what()));
+  }
+  const auto& opts = engine.options();
+  const json run_plan = {{"strategy", opts.spec.strategy},
+                         {"flavour", costmodel::flavour_name(opts.spec.flavour)},
+                         {"world_size", engine.shards().world}};
+  for (const char* key : {"strategy", "flavour", "world_size"})
+    if (text(there.saved_by, key) != run_plan[key].dump())
+      refuse(fmt::format("{}, saved by another plan (/saved_by/{} is {}, this run's {})", held, key,
+                         text(there.saved_by, key), run_plan[key].dump()));
+  if (there.step > steps.front())
+    refuse(fmt::format("{}, later than step {}, the first this run saves", held, steps.front()));
+}
+
+RunCheckpoints::RunCheckpoints(CheckpointOptions options, comm::Communicator& world,
+                               std::int64_t steps)
+    : o_(std::move(options)), world_(world), steps_(steps) {}
 
 void RunCheckpoints::start(ShardingEngine& engine) {
+  // DIR locked for the run by the rank that writes its index, before anything is loaded.
+  const bool save = !o_.save_dir.empty(), writer = world_.rank() == 0;
+  std::optional<InputError> failure;
+  if (save && writer)
+    capture(failure, [&] { lock_ = CheckpointLock::take(o_.save_dir); });
+  agree(world_, failure);
   if (!o_.resume_dir.empty())
     resumed_step_ = load_checkpoint(engine, world_, o_.resume_dir).step;
+  // The same on every rank: no agreement needed.
+  const std::int64_t first = engine.steps_done();
+  if (first > kMaxCheckpointStep - steps_)
+    throw InputError("--resume", fmt::format("\"{}\" holds step {}: {} more steps pass step {}, "
+                                             "the last a checkpoint may hold",
+                                             o_.resume_dir, first, steps_, kMaxCheckpointStep));
+  if (save && writer)
+    capture(failure, [&] {
+      check_save_destination(o_, engine, saved_steps(first, steps_, o_.save_every));
+    });
+  agree(world_, failure);
   initial_sha256_ = params_sha256(engine);
 }
 

@@ -27,6 +27,8 @@ void check_checkpoint_options(const CLI::App& app, const RunCommand& r, std::int
     throw InputError("--save", fmt::format("\"{}\" exists and is not a folder", c.save_dir));
   if (app.count("--save-every") && !save)
     throw InputError("--save-every", fmt::format("{} needs --save DIR", save_every));
+  if (c.overwrite && !save)
+    throw InputError("--overwrite", "needs --save DIR");
   if (app.count("--save-every") && (save_every < 1 || save_every > 100000))
     throw InputError("--save-every",
                      fmt::format("must be between 1 and 100000, got {}", save_every));
@@ -98,6 +100,8 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   app.add_option("--save", r.checkpoint.save_dir,
                  "write a sharded checkpoint to this folder after the last step (checkpoint.hpp)");
   app.add_option("--save-every", save_every, "... and after every K-th step");
+  app.add_flag("--overwrite", r.checkpoint.overwrite,
+               "... even over the checkpoint of another model, plan or a later step in DIR");
   app.add_option("--resume", r.checkpoint.resume_dir,
                  "start from this checkpoint (saved by any plan on any number of ranks)");
 

@@ -8,7 +8,8 @@
 //                          --scale-intermediate I --scale-vocab V --scale-seq S] [--seed S]
 //                         [--lr LR] [--prefetch-as-planned] [--collective-streams] [--timeout-s T]
 //                         [--inject-fault crash|hang|oom|throw@RANK:STEP]   (tests only)
-//                         [--save DIR [--save-every K]] [--resume DIR]   (checkpoint.hpp)
+//                         [--save DIR [--save-every K] [--overwrite]] [--resume DIR]
+//                          (checkpoint.hpp)
 //   executor --plan plan.json --rehearse-rank r --world N --out run.json [...]
 //   executor scale-config --model M --layers L --hidden H --heads A [--kv-heads K] [--head-dim D]
 //                         [--intermediate I] --vocab V [--max-positions P] --out config.json
@@ -40,7 +41,7 @@ struct RunCommand {
   std::optional<int> world; // with --rehearse-rank
   double timeout_s = 300;   // a rank without progress for this long ends the job (watchdog)
   std::optional<comm::FaultInjection> fault; // --inject-fault, for the tests of the above
-  CheckpointOptions checkpoint;              // --save, --save-every, --resume
+  CheckpointOptions checkpoint;              // --save, --save-every, --overwrite, --resume
 };
 
 struct ScaleConfigCommand {

@@ -281,7 +281,7 @@ int run_under_mpi(const RunCommand& c) {
         }
     StreamOrderedHostMemory memory;
     TrackedAllocator allocator(capacity_bytes(c), &memory);
-    RunCheckpoints checkpoints(c.checkpoint, watched);
+    RunCheckpoints checkpoints(c.checkpoint, watched, c.request.steps);
     auto m = run_steps(setup, allocator, owned.groups, rank, c.request.steps, rank == 0, watchdog,
                        c.fault, nullptr, &checkpoints);
     watchdog.set_phase("gathering the ranks' records");

@@ -2,8 +2,10 @@
 # saved under ZeRO-3 on 4 ranks resumes under ZeRO-2 on 2 ranks and DDP on 1 with the saved
 # parameters (the resumed run's initial_params_sha256 is the saved run's final_params_sha256);
 # 2 steps, a save and 2 resumed steps end bit for bit as 4 uninterrupted steps; consolidate writes
-# the bytes final_params_sha256 hashes; a truncated, corrupted or mismatched checkpoint and bad
-# options are one line naming the file or the option, exit code 2.
+# the bytes final_params_sha256 hashes; a truncated, corrupted, edited or mismatched checkpoint and
+# bad options are one line naming the file or the option, exit code 2; a --save folder that holds
+# another run's checkpoint, cannot be made, or is being written by another executor is refused
+# before the first step.
 # Arguments: MPIRUN, EXECUTOR, PLANNER, DATA (this folder's data/), WORK (a scratch folder).
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
@@ -16,6 +18,19 @@ function(expect_equal what a b)
     message(FATAL_ERROR "${what}: \"${a}\" != \"${b}\"")
   endif()
   message(STATUS "${what}: ${a}")
+endfunction()
+
+# The last run_expect's run was refused before its first step.
+function(expect_no_step what)
+  if(last_stderr MATCHES "executor: step [0-9]+/")
+    message(FATAL_ERROR "${what}: refused after training:\n${last_stderr}")
+  endif()
+endfunction()
+
+# DIR/index.json.sha256 for the index as it now is, as whoever edits an index can write it.
+function(sign_index dir)
+  file(SHA256 ${dir}/index.json digest)
+  file(WRITE ${dir}/index.json.sha256 "${digest}  index.json\n")
 endfunction()
 
 # The test model scaled down further: a few seconds for every run on two cores.
@@ -106,11 +121,122 @@ file(COPY ${WORK}/ckpt/ DESTINATION ${WORK}/cut-index)
 string(SUBSTRING "${index}" 0 200 cut)
 file(WRITE ${WORK}/cut-index/index.json "${cut}")
 run_expect(2 COMMAND ${EXECUTOR} consolidate cut-index --out x.bin
+           EXPECT "cut-index/index.json: its sha256 is " ", index.json.sha256 says ")
+sign_index(${WORK}/cut-index)
+run_expect(2 COMMAND ${EXECUTOR} consolidate cut-index --out x.bin
            EXPECT "cut-index/index.json: not valid JSON")
+
+# An index edited so that its ranges still tile every tensor, its digest recomputed: params of
+# unit 0, elements [0, 2048) and [2048, 4096), swapped between parts 0 and 1. The parts are the
+# saved ones; their ranges' digests, which cover the labels, tell.
+file(COPY ${WORK}/ckpt/ DESTINATION ${WORK}/swapped)
+string(JSON begin0 GET "${index}" files 0 segments 0 begin)
+string(JSON end0 GET "${index}" files 0 segments 0 end)
+string(JSON end1 GET "${index}" files 1 segments 0 end)
+expect_equal("part 0 holds params of unit 0 from" "${begin0}" 0)
+expect_equal("part 1 holds params of unit 0 up to" "${end1}" 4096)
+string(JSON swapped SET "${index}" files 0 segments 0 begin 2048)
+string(JSON swapped SET "${swapped}" files 0 segments 0 end 4096)
+string(JSON swapped SET "${swapped}" files 1 segments 0 begin 0)
+string(JSON swapped SET "${swapped}" files 1 segments 0 end 2048)
+file(WRITE ${WORK}/swapped/index.json "${swapped}")
+sign_index(${WORK}/swapped)
+string(JSON part0 GET "${index}" files 0 path)
+run_expect(2 COMMAND ${EXECUTOR} consolidate swapped --out x.bin
+           EXPECT "swapped/${part0}: bytes [0, 8192) are not params of unit 0, elements [2048, 4096)")
+run_expect(2 COMMAND ${mpirun} -np 1 ${EXECUTOR} --plan ddp-1.json ${scale} --steps 1
+                     --out x.json --resume swapped
+           EXPECT "swapped/${part0}: bytes [0, 8192) are not params of unit 0, elements [2048, 4096)")
+
+# An index at step 2^63 - 1 (its digest recomputed): refused, no step number wraps.
+file(COPY ${WORK}/ckpt/ DESTINATION ${WORK}/huge-step)
+string(JSON huge SET "${index}" step 9223372036854775807)
+string(JSON huge SET "${huge}" adamw_step 9223372036854775807)
+file(WRITE ${WORK}/huge-step/index.json "${huge}")
+sign_index(${WORK}/huge-step)
+run_expect(2 COMMAND ${mpirun} -np 1 ${EXECUTOR} --plan ddp-1.json ${scale} --steps 1
+                     --out x.json --resume huge-step
+           EXPECT "huge-step/index.json: /step: must be <= 1000000000, got 9223372036854775807")
+
+# --save into a folder with another run's checkpoint (here of another plan, and of a later step)
+# is refused before the first step, naming what is there; --overwrite replaces it.
+file(COPY ${WORK}/ckpt/ DESTINATION ${WORK}/taken)
+run_expect(2 COMMAND ${mpirun} -np 1 ${EXECUTOR} --plan ddp-1.json ${scale} --steps 1
+                     --out x.json --save taken
+           EXPECT "--save: \"taken\" holds the checkpoint of model " " at step 2, saved by another plan "
+                  "(/saved_by/strategy is \"zero3\", this run's \"ddp\"); --overwrite replaces it")
+expect_no_step("--save into another run's checkpoint")
+file(SHA256 ${WORK}/taken/index.json taken_after)
+file(SHA256 ${WORK}/ckpt/index.json taken_before)
+expect_equal("the refused run left the index as it was" "${taken_after}" "${taken_before}")
+run_expect(0 COMMAND ${mpirun} -np 1 ${EXECUTOR} --plan ddp-1.json ${scale} --steps 1
+                     --out x.json --save taken --overwrite)
+file(READ ${WORK}/taken/index.json taken_index)
+string(JSON taken_step GET "${taken_index}" step)
+expect_equal("--overwrite: the folder holds the new run's step" "${taken_step}" 1)
+
+# A --save folder that cannot be made is refused before the first step (and one that cannot be
+# written in, where permission bits stop the user: not root).
+run_expect(2 COMMAND ${mpirun} -np 1 ${EXECUTOR} --plan ddp-1.json ${scale} --steps 1
+                     --out x.json --save ddp-1.json/ck
+           EXPECT "--save: cannot make the folder \"ddp-1.json/ck\": Not a directory")
+expect_no_step("--save under a file")
+execute_process(COMMAND id -u OUTPUT_VARIABLE uid OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT uid STREQUAL "0")
+  file(MAKE_DIRECTORY ${WORK}/ro)
+  file(CHMOD ${WORK}/ro PERMISSIONS OWNER_READ OWNER_EXECUTE)
+  run_expect(2 COMMAND ${mpirun} -np 1 ${EXECUTOR} --plan ddp-1.json ${scale} --steps 1
+                       --out x.json --save ro/ck
+             EXPECT "--save: cannot make the folder \"ro/ck\": Permission denied")
+  expect_no_step("--save under a read-only folder")
+  file(CHMOD ${WORK}/ro PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE)
+endif()
+
+# A job whose rank 1 dies at step 3, after step 2's save: the folder holds step 2 whole, its lock
+# went with the job, and a run resumes from it and saves into it again.
+execute_process(COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan zero2-2.json ${scale} --steps 4
+                        --save-every 1 --save crashed --out x.json --inject-fault crash@1:3
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET WORKING_DIRECTORY ${WORK} TIMEOUT 120)
+if(rc EQUAL 0)
+  message(FATAL_ERROR "crash@1:3 ended with exit code 0")
+endif()
+run_expect(0 COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan zero2-2.json ${scale} --steps 1
+                     --out after-crash.json --resume crashed --save crashed)
+file(READ ${WORK}/after-crash.json run)
+string(JSON resumed_step GET "${run}" execution resumed_from step)
+expect_equal("resumed after the crash from step" "${resumed_step}" 2)
+if(EXISTS ${WORK}/crashed/step-00000002)
+  message(FATAL_ERROR "step 2's folder is still there after step 3's save")
+endif()
+
+# Two executors saving into one folder: the second is refused, naming the first's process and
+# host. The first holds the folder's lock from before its first step, where it hangs (an
+# injected fault) until it is ended here.
+string(JOIN " " mpirun_line ${mpirun})
+string(JOIN " " scale_line ${scale})
+set(run_line "${mpirun_line} -np 1 ${EXECUTOR} --plan ddp-1.json ${scale_line}")
+execute_process(
+  COMMAND sh -c "${run_line} --steps 2 --out held.json --save locked --inject-fault hang@0:1 \
+                   --timeout-s 60 2>holder.err &
+                 holder=$!
+                 i=0
+                 while [ ! -s locked/.lock ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+                 ${run_line} --steps 1 --out second.json --save locked
+                 rc=$?
+                 kill $holder
+                 wait $holder
+                 exit $rc"
+  RESULT_VARIABLE rc ERROR_VARIABLE err WORKING_DIRECTORY ${WORK} TIMEOUT 120)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "executor: --save: \"locked\" is being written by pid [0-9]+ on host [^ \n]+\n")
+  message(FATAL_ERROR "a second executor saving into one folder: exit code ${rc}:\n${err}")
+endif()
+message(STATUS "a second executor saving into one folder: ${err}")
 
 # Options: one line naming the option and the value.
 run_expect(2 COMMAND ${EXECUTOR} --plan ddp-1.json --out x.json --save-every 2
            EXPECT "--save-every: 2 needs --save DIR")
+run_expect(2 COMMAND ${EXECUTOR} --plan ddp-1.json --out x.json --overwrite
+           EXPECT "--overwrite: needs --save DIR")
 run_expect(2 COMMAND ${EXECUTOR} --plan ddp-1.json --out x.json --save s --save-every 0
            EXPECT "--save-every: must be between 1 and 100000, got 0")
 run_expect(2 COMMAND ${EXECUTOR} --plan ddp-1.json --out x.json --save ddp-1.json

@@ -1,9 +1,12 @@
 // Checkpoints in one process (a world of one rank): a save and a resume under another strategy
 // keep every bit, consolidate writes the bytes the parameter hash covers, and a truncated,
-// corrupted, incomplete or mismatched checkpoint is an error naming the file. The resharding
+// corrupted, edited, incomplete or mismatched checkpoint is an error naming the file. A save
+// removes only the older step folders it wrote, never through a symbolic link; a run refuses a
+// folder that holds another run's checkpoint, and a second writer of the folder. The resharding
 // across world sizes runs under mpirun (test_checkpoint_mpi.cpp, checkpoint_test.cmake).
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -12,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/process_identity.hpp"
 #include "costmodel/input_error.hpp"
 #include "engine_fixture.hpp"
 #include "executor/checkpoint.hpp"
@@ -73,6 +77,13 @@ nlohmann::json read_json(const fs::path& p) {
 }
 void write_json(const fs::path& p, const nlohmann::json& j) {
   std::ofstream(p) << j.dump(1);
+}
+// Rewrites DIR/index.json.sha256 for the index as it now is, as whoever edits an index can.
+void sign_index(const fs::path& dir) {
+  std::ofstream(dir / "index.json.sha256") << file_sha256(dir / "index.json") << "  index.json\n";
+}
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream(p) << text;
 }
 
 } // namespace
@@ -142,10 +153,12 @@ TEST_CASE("checkpoint::a damaged or mismatched checkpoint is an error naming the
     Solo s(m, "zero3", Flavour::deepspeed);
     return error_of([&] { load_checkpoint(s.engine, s.world, bad.string()); });
   };
+  // An edit that recomputes the index's digest, to reach the checks behind it.
   auto edit_index = [&](const std::function<void(nlohmann::json&)>& f) {
     auto j = read_json(index);
     f(j);
     write_json(index, j);
+    sign_index(bad);
   };
 
   fresh_copy();
@@ -173,7 +186,100 @@ TEST_CASE("checkpoint::a damaged or mismatched checkpoint is an error naming the
   }
   SUBCASE("a truncated index") {
     fs::resize_file(index, fs::file_size(index) / 2);
+    CHECK(load_error(model).find(index.string() + ": its sha256 is ") != std::string::npos);
+    sign_index(bad);
     CHECK(load_error(model).find(index.string() + ": not valid JSON") != std::string::npos);
+  }
+  SUBCASE("an index edited without its digest") {
+    auto j = read_json(index);
+    j["files"][0]["segments"][0]["end"] = 1; // anything: the digest is checked first
+    write_json(index, j);
+    CHECK(load_error(model).find(index.string() + ": its sha256 is ") != std::string::npos);
+    CHECK(load_error(model).find(", index.json.sha256 says ") != std::string::npos);
+  }
+  SUBCASE("a save cut short between renaming the index and its digest") {
+    // The previous save's digest beside the new index: the index is its step folder's copy.
+    write_text(bad / "index.json.sha256", std::string(64, '0') + "  index.json\n");
+    CHECK(load_error(model).empty());
+    // Not when the copy differs, or is not there.
+    auto copy = read_json(bad / "step-00000001" / "index.json");
+    copy["saved_by"]["seed"] = 7;
+    write_json(bad / "step-00000001" / "index.json", copy);
+    sign_index(bad / "step-00000001");
+    CHECK(load_error(model).find(index.string() + ": its sha256 is ") != std::string::npos);
+    fs::remove(bad / "step-00000001" / "index.json");
+    CHECK(load_error(model).find(index.string() + ": its sha256 is ") != std::string::npos);
+  }
+  SUBCASE("an index without its digest") {
+    fs::remove(bad / "index.json.sha256");
+    CHECK(load_error(model) == (bad / "index.json.sha256").string() +
+                                   ": missing: the digest of index.json, written beside it");
+  }
+  SUBCASE("a digest that is not one line of sha256sum") {
+    write_text(bad / "index.json.sha256", std::string(64, 'a'));
+    CHECK(load_error(model).find((bad / "index.json.sha256").string() + ": must be one line") !=
+          std::string::npos);
+  }
+  SUBCASE("an index of version 1") {
+    edit_index([](auto& j) { j["schema_version"] = 1; });
+    CHECK(load_error(model) ==
+          index.string() + ": /schema_version: 1, a checkpoint without the digests of its index "
+                           "and ranges, which this executor no longer reads (it needs 2)");
+    fs::remove(bad / "index.json.sha256");
+    CHECK(load_error(model).find("/schema_version: 1, a checkpoint without") != std::string::npos);
+  }
+  SUBCASE("the labels exp_avg and exp_avg_sq swapped, the index's digest recomputed") {
+    edit_index([](auto& j) {
+      for (auto& seg : j["files"][0]["segments"])
+        if (seg["tensor"] == "exp_avg")
+          seg["tensor"] = "exp_avg_sq";
+        else if (seg["tensor"] == "exp_avg_sq")
+          seg["tensor"] = "exp_avg";
+    });
+    // The ranges still tile every tensor and the part is the one saved: only the segments'
+    // digests, which cover their labels, tell.
+    const auto e = load_error(model);
+    CHECK(e.find(part.string() + ": bytes [") != std::string::npos);
+    CHECK(e.find(" are not exp_avg_sq of unit 0, elements [0, ") != std::string::npos);
+    CHECK(e.find("as the index says: their sha256 with that label is ") != std::string::npos);
+    CHECK(error_of([&] { consolidate_checkpoint(bad.string(), (dir.path / "m.bin").string()); }) ==
+          e);
+  }
+  SUBCASE("a segment's digest that is not its range's") {
+    edit_index([](auto& j) { j["files"][0]["segments"][2]["sha256"] = std::string(64, 'e'); });
+    CHECK(load_error(model).find(" are not params of unit 2, elements [0, ") !=
+          std::string::npos);
+  }
+  SUBCASE("a segment without a digest") {
+    edit_index([](auto& j) { j["files"][0]["segments"][1].erase("sha256"); });
+    CHECK(load_error(model) == index.string() + ": /files/0/segments/1/sha256: missing key");
+  }
+  SUBCASE("a step past the last a checkpoint may hold") {
+    for (const std::int64_t step : {std::int64_t{9223372036854775807}, std::int64_t{1000000001}}) {
+      CAPTURE(step);
+      edit_index([step](auto& j) {
+        j["step"] = step;
+        j["adamw_step"] = step;
+      });
+      CHECK(load_error(model) == index.string() + fmt::format(": /step: must be <= 1000000000, "
+                                                              "got {}",
+                                                              step));
+    }
+  }
+  SUBCASE("an index or a digest that is a symbolic link, a folder or a FIFO") {
+    fs::rename(index, bad / "real-index.json");
+    fs::create_symlink("real-index.json", index);
+    CHECK(load_error(model) ==
+          index.string() + ": a symbolic link, which a checkpoint never writes");
+    fs::remove(index);
+    fs::create_directory(index);
+    CHECK(load_error(model) == index.string() + ": not a regular file");
+    fs::remove(index);
+    fs::rename(bad / "real-index.json", index);
+    const auto digest = bad / "index.json.sha256";
+    fs::remove(digest);
+    REQUIRE(::mkfifo(digest.c_str(), 0644) == 0);
+    CHECK(load_error(model) == digest.string() + ": not a regular file");
   }
   SUBCASE("a missing key") {
     edit_index([](auto& j) { j["files"][0].erase("sha256"); });
@@ -228,6 +334,190 @@ TEST_CASE("checkpoint::a damaged or mismatched checkpoint is an error naming the
   }
   SUBCASE("no checkpoint at all") {
     fs::remove(index);
-    CHECK(load_error(model) == index.string() + ": cannot open file: No such file or directory");
+    CHECK(load_error(model) == index.string() + ": cannot read: No such file or directory");
+  }
+}
+
+TEST_CASE("checkpoint::a save removes only the older step folders it wrote") {
+  const Scratch dir("checkpoint-prune");
+  const auto model = tiny_gpt2();
+  const auto ck = dir.path / "ck";
+  fs::create_directories(ck / "step-00000009");
+  write_text(ck / "step-00000009" / "notes.txt", "a newer step's name, not a checkpoint");
+  Solo s(model, "zero3", Flavour::deepspeed);
+  s.engine.step();
+  save_checkpoint(s.engine, s.world, ck.string());
+  CHECK(fs::exists(ck / "step-00000001" / "index.json")); // the step folder's own copy
+  CHECK(fs::exists(ck / "step-00000001" / "index.json.sha256"));
+
+  SUBCASE("a user's file in an older step's folder stays, with the folder") {
+    write_text(ck / "step-00000001" / "notes.txt", "mine");
+    s.engine.step();
+    save_checkpoint(s.engine, s.world, ck.string());
+    std::vector<std::string> left;
+    for (const auto& e : fs::directory_iterator(ck / "step-00000001"))
+      left.push_back(e.path().filename().string());
+    CHECK(left == std::vector<std::string>{"notes.txt"});
+  }
+  SUBCASE("an older step's folder with our files only goes") {
+    s.engine.step();
+    save_checkpoint(s.engine, s.world, ck.string());
+    CHECK_FALSE(fs::exists(ck / "step-00000001"));
+  }
+  SUBCASE("an older step's folder without a valid index stays whole") {
+    write_text(ck / "step-00000001" / "index.json", "{}");
+    s.engine.step();
+    save_checkpoint(s.engine, s.world, ck.string());
+    CHECK(fs::exists(ck / "step-00000001" / "part-00000-of-00001.bin"));
+  }
+  SUBCASE("an older step's name linked to a folder elsewhere: neither the link nor its files go") {
+    const auto elsewhere = dir.path / "elsewhere";
+    fs::rename(ck / "step-00000001", elsewhere); // a complete step folder of this format
+    fs::create_directory_symlink(elsewhere, ck / "step-00000001");
+    s.engine.step();
+    save_checkpoint(s.engine, s.world, ck.string());
+    CHECK(fs::is_symlink(ck / "step-00000001"));
+    CHECK(fs::exists(elsewhere / "part-00000-of-00001.bin"));
+    CHECK(fs::exists(elsewhere / "index.json"));
+  }
+  // Step 9 is newer than the run's: its folder stays whatever it holds.
+  CHECK(fs::exists(ck / "step-00000009" / "notes.txt"));
+  CHECK(fs::exists(ck / "step-00000002" / "part-00000-of-00001.bin"));
+}
+
+TEST_CASE("checkpoint::a step folder that is a symbolic link is refused, nothing written there") {
+  const Scratch dir("checkpoint-linked-step");
+  const auto ck = dir.path / "ck", elsewhere = dir.path / "elsewhere";
+  fs::create_directories(ck);
+  fs::create_directories(elsewhere);
+  fs::create_directory_symlink(elsewhere, ck / "step-00000001");
+  Solo s(tiny_gpt2(), "zero3", Flavour::deepspeed);
+  s.engine.step();
+  CHECK(error_of([&] { save_checkpoint(s.engine, s.world, ck.string()); }) ==
+        (ck / "step-00000001").string() +
+            ": a symbolic link: a checkpoint writes its parts only into folders of its own");
+  CHECK(fs::is_empty(elsewhere));
+  CHECK_FALSE(fs::exists(ck / "index.json"));
+  // A run finds it before its first step.
+  CheckpointOptions o;
+  o.save_dir = ck.string();
+  CHECK(error_of([&] { check_save_destination(o, s.engine, {1, 2}); }) ==
+        (ck / "step-00000001").string() +
+            ": a symbolic link: a checkpoint writes its parts only into folders of its own");
+}
+
+TEST_CASE("checkpoint::a folder holding another run's checkpoint is refused before the first step") {
+  const Scratch dir("checkpoint-destination");
+  const auto model = tiny_gpt2();
+  const auto ck = dir.path / "ck";
+  {
+    Solo s(model, "zero3", Flavour::deepspeed);
+    s.engine.step();
+    s.engine.step();
+    save_checkpoint(s.engine, s.world, ck.string());
+  }
+  CheckpointOptions o;
+  o.save_dir = ck.string();
+  auto refusal = [&](const ShardingEngine& e, std::vector<std::int64_t> steps) {
+    return error_of([&] { check_save_destination(o, e, steps); });
+  };
+  const std::string held =
+      fmt::format("--save: \"{}\" holds the checkpoint of model \"{}\" at step 2, ", ck.string(),
+                  model.name);
+  Solo same(model, "zero3", Flavour::deepspeed);
+
+  SUBCASE("a later step than the run saves first") {
+    CHECK(refusal(same.engine, {1}) ==
+          held + "later than step 1, the first this run saves; --overwrite replaces it");
+    CHECK(refusal(same.engine, {2, 3}).empty()); // the run saves step 2 again and goes on
+  }
+  SUBCASE("another model") {
+    Solo other(tiny_llama(), "zero3", Flavour::deepspeed);
+    const auto e = refusal(other.engine, {5});
+    CHECK(e.find(held + "another model than this run's (/model/") == 0);
+    CHECK(e.find("; --overwrite replaces it") != std::string::npos);
+  }
+  SUBCASE("another plan") {
+    Solo other(model, "ddp", Flavour::ddp);
+    CHECK(refusal(other.engine, {5}) ==
+          held + "saved by another plan (/saved_by/strategy is \"zero3\", this run's \"ddp\"); "
+                 "--overwrite replaces it");
+  }
+  SUBCASE("what does not read as a checkpoint") {
+    write_text(ck / "index.json", "not json");
+    const auto e = refusal(same.engine, {5});
+    CHECK(e.find(fmt::format("--save: \"{}\" holds what this executor does not read as a "
+                             "checkpoint ({}: its sha256 is ",
+                             ck.string(), (ck / "index.json").string())) == 0);
+  }
+  SUBCASE("--overwrite, or a resume from it, may") {
+    o.overwrite = true;
+    CHECK(refusal(same.engine, {1}).empty());
+    o.overwrite = false;
+    o.resume_dir = ck.string();
+    Solo other(tiny_llama(), "ddp", Flavour::ddp);
+    CHECK(refusal(other.engine, {1}).empty());
+  }
+  SUBCASE("an empty or new folder may") {
+    o.save_dir = (dir.path / "new").string();
+    CHECK(refusal(same.engine, {1}).empty());
+  }
+  CHECK(saved_steps(0, 5, 2) == std::vector<std::int64_t>{2, 4, 5});
+  CHECK(saved_steps(3, 2, 0) == std::vector<std::int64_t>{5});
+}
+
+TEST_CASE("checkpoint::a run goes no further than the last step a checkpoint may hold") {
+  const Scratch dir("checkpoint-last-step");
+  const auto model = tiny_gpt2();
+  const auto ck = dir.path / "ck";
+  {
+    Solo s(model, "zero3", Flavour::deepspeed);
+    s.engine.step();
+    save_checkpoint(s.engine, s.world, ck.string());
+  }
+  auto j = read_json(ck / "index.json");
+  j["step"] = kMaxCheckpointStep - 1;
+  j["adamw_step"] = kMaxCheckpointStep - 1;
+  write_json(ck / "index.json", j);
+  sign_index(ck);
+  CheckpointOptions o;
+  o.resume_dir = ck.string();
+  Solo s(model, "zero3", Flavour::deepspeed);
+  RunCheckpoints one_step(o, s.world, 1);
+  CHECK(error_of([&] { one_step.start(s.engine); }).empty());
+  RunCheckpoints two_steps(o, s.world, 2);
+  CHECK(error_of([&] { two_steps.start(s.engine); }) ==
+        fmt::format("--resume: \"{}\" holds step 999999999: 2 more steps pass step 1000000000, "
+                    "the last a checkpoint may hold",
+                    ck.string()));
+}
+
+TEST_CASE("checkpoint::a folder is written by one executor at a time") {
+  const Scratch dir("checkpoint-lock");
+  const auto ck = dir.path / "a" / "ck";
+  {
+    const auto held = CheckpointLock::take(ck.string()); // makes the folders
+    // flock belongs to the open file: a second take, in this process too, is refused.
+    CHECK(error_of([&] { CheckpointLock::take(ck.string()); }) ==
+          fmt::format("--save: \"{}\" is being written by pid {} on host {}", ck.string(),
+                      ::getpid(), comm::host_name()));
+  }
+  CHECK(error_of([&] { CheckpointLock::take(ck.string()); }).empty()); // released with it
+  // A folder that cannot be made: its parent is a file.
+  write_text(dir.path / "file", "");
+  CHECK(error_of([&] { CheckpointLock::take((dir.path / "file" / "ck").string()); }) ==
+        fmt::format("--save: cannot make the folder \"{}\": Not a directory",
+                    (dir.path / "file" / "ck").string()));
+  // A folder that cannot be written in (permission bits do not stop root).
+  if (::geteuid() != 0) {
+    const auto ro = dir.path / "ro";
+    fs::create_directories(ro);
+    fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+    CHECK(error_of([&] { CheckpointLock::take((ro / "ck").string()); }) ==
+          fmt::format("--save: cannot make the folder \"{}\": Permission denied",
+                      (ro / "ck").string()));
+    CHECK(error_of([&] { CheckpointLock::take(ro.string()); }) ==
+          fmt::format("--save: cannot write in \"{}\": Permission denied", ro.string()));
+    fs::permissions(ro, fs::perms::owner_all);
   }
 }
