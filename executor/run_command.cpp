@@ -48,6 +48,27 @@ std::int64_t capacity_bytes(const RunCommand& c) {
                         : TrackedAllocator::kUnlimited;
 }
 
+// The host's memory (/proc/meminfo's MemTotal), 0 when it cannot be read.
+double host_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  double kibibytes = 0;
+  while (in >> key >> kibibytes >> unit)
+    if (key == "MemTotal:")
+      return kibibytes * 1024.0; // the kernel's "kB" is KiB
+  return 0;
+}
+
+// The plan as the executor runs it, refused before anything is allocated when one rank of it
+// cannot fit this host (run_setup.hpp, check_run_size).
+RunSetup run_setup_of(const RunCommand& c, int world_size) {
+  RunRequest request = c.request;
+  request.gpu = c.backend == ComputeBackend::cuda;
+  RunSetup setup = make_run_setup(costmodel::read_json_file(c.plan), world_size, request);
+  check_run_size(setup, request, host_memory_bytes());
+  return setup;
+}
+
 // Writes a whole file or nothing: a temporary next to it, renamed into place.
 void write_file(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
@@ -109,6 +130,9 @@ Measured run_steps(const RunSetup& setup, TrackedAllocator& allocator, EngineGro
     watchdog.set_phase("resuming from the checkpoint and hashing the parameters");
     checkpoints->start(*m.engine);
   }
+  // A resumed run goes on counting from the checkpoint's step: its progress reads "step 3/4" for
+  // the first of 2 steps after step 2.
+  const std::int64_t last_step = m.engine->steps_done() + steps;
   for (std::int64_t k = 0; k < steps; ++k) {
     const std::int64_t step = m.engine->steps_done() + 1;
     watchdog.set_phase(fmt::format("step {}", step));
@@ -118,7 +142,7 @@ Measured run_steps(const RunSetup& setup, TrackedAllocator& allocator, EngineGro
     auto r = m.engine->step();
     if (report)
       std::cerr << fmt::format("executor: step {}/{}: loss {:.4f}, {:.3f} s, peak {:.1f} MiB\n",
-                               r.step, steps, r.loss, r.step_s,
+                               r.step, last_step, r.loss, r.step_s,
                                static_cast<double>(allocator.peak_bytes()) / (1 << 20));
     m.record.steps.push_back(r);
     if (checkpoints) {
@@ -198,12 +222,6 @@ void write_run_document(const RunCommand& c, const RunSetup& setup, const Shardi
                                : "");
 }
 
-RunRequest request_of(const RunCommand& c) {
-  RunRequest r = c.request;
-  r.gpu = c.backend == ComputeBackend::cuda;
-  return r;
-}
-
 // Whatever ends a rank's run: the exit code, after the rank's line. The watchdog's end_job ends
 // the whole job (MPI_Abort, or this process where there is no MPI).
 int finish_rank(const std::exception_ptr& failure, int rank, double predicted_peak,
@@ -245,8 +263,7 @@ int run_under_mpi(const RunCommand& c) {
     auto world = mpi.world();
     comm::WatchedCommunicator watched(*world, watchdog); // and every group split off it
     const auto topology = comm::discover_topology(watched);
-    const RunSetup setup =
-        make_run_setup(costmodel::read_json_file(c.plan), world->size(), request_of(c));
+    const RunSetup setup = run_setup_of(c, world->size());
     check_fault_rank(c, world->size());
     check_checkpoints(c, setup);
     predicted_peak = setup.plan.prediction.peak_bytes;
@@ -308,8 +325,7 @@ int run_on_gpus(const RunCommand& c) {
       });
   double predicted_peak = 0;
   try {
-    const RunSetup setup =
-        make_run_setup(costmodel::read_json_file(c.plan), env.world_size, request_of(c));
+    const RunSetup setup = run_setup_of(c, env.world_size);
     check_fault_rank(c, env.world_size);
     predicted_peak = setup.plan.prediction.peak_bytes;
     watchdog.set_phase("opening the GPU");
@@ -360,8 +376,7 @@ int run_rehearsal(const RunCommand& c) {
                           [](int exit_code) { std::_Exit(exit_code); });
   double predicted_peak = 0;
   try {
-    const RunSetup setup =
-        make_run_setup(costmodel::read_json_file(c.plan), world_size, request_of(c));
+    const RunSetup setup = run_setup_of(c, world_size);
     if (c.fault && c.fault->rank != rank)
       throw InputError("--inject-fault", fmt::format("rank {} is not the rehearsed rank {}",
                                                      c.fault->rank, rank));
