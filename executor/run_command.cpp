@@ -22,6 +22,7 @@
 #include "costmodel/hardware.hpp"
 #include "costmodel/input_error.hpp"
 #include "costmodel/json_reader.hpp"
+#include "costmodel/whole_count.hpp"
 #include "executor/caching_pool.hpp"
 #include "executor/checkpoint.hpp"
 #include "executor/device_run.hpp"
@@ -44,7 +45,8 @@ using costmodel::InputError;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 std::int64_t capacity_bytes(const RunCommand& c) {
-  return c.capacity_GiB ? static_cast<std::int64_t>(std::llround(*c.capacity_GiB * kGiB))
+  // --capacity-GiB is < 1e6 (command_line.cpp): its bytes are a count.
+  return c.capacity_GiB ? *costmodel::rounded_count(*c.capacity_GiB * kGiB)
                         : TrackedAllocator::kUnlimited;
 }
 

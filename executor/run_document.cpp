@@ -8,6 +8,7 @@
 
 #include "costmodel/accounting.hpp"
 #include "costmodel/plan.hpp"
+#include "costmodel/whole_count.hpp"
 
 namespace shardplan::executor {
 namespace {
@@ -99,7 +100,12 @@ RankRecord unpack(const std::vector<double>& v, std::size_t steps) {
   RankRecord r;
   std::size_t i = 0;
   auto next = [&] { return v[i++]; };
-  auto as_int = [](double x) { return static_cast<std::int64_t>(std::llround(x)); };
+  auto as_int = [](double x) {
+    const auto n = costmodel::rounded_count(x); // packed from int64s: a count past 2^62 is corrupt
+    if (!n)
+      throw std::invalid_argument(fmt::format("rank record holds {}, not a count", x));
+    return *n;
+  };
   r.rank = static_cast<int>(as_int(next()));
   r.peak_bytes = as_int(next());
   r.capacity_bytes = as_int(next());

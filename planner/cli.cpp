@@ -198,6 +198,7 @@ int run_cli(int argc, char** argv) {
       for (std::string name; std::getline(list, name, ',');) {
         PlanOptions one = po;
         evals.push_back(evaluate_choosing_micro_batch(sc, make_plan_spec(one, name, sc)));
+        check_countable(sc, evals.back());
       }
       if (format == "json") {
         nlohmann::json arr = nlohmann::json::array();
@@ -240,6 +241,7 @@ int run_cli(int argc, char** argv) {
         if (!po.strategy) throw InputError("--strategy", "missing (or give --deepspeed ds_config.json)");
         e = evaluate_choosing_micro_batch(sc, make_plan_spec(po, *po.strategy, sc), trace_ptr);
       }
+      check_countable(sc, e);
       if (simulate->parsed()) write_file_atomically(trace_path, trace_to_chrome_json(trace).dump() + "\n");
       if (format == "json") {
         auto j = evaluation_to_json(sc, e);

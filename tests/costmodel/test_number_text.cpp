@@ -1,4 +1,5 @@
 // Numbers from flag text: decimal only, the whole text, in range; every rejection names the field.
+// Numbers computed in doubles become integers only where int64 holds them.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 
 #include "costmodel/input_error.hpp"
 #include "costmodel/number_text.hpp"
+#include "costmodel/whole_count.hpp"
 
 using namespace shardplan::costmodel;
 
@@ -58,4 +60,19 @@ TEST_CASE("number_text::decimal numbers: no hex floats, inf, nan or overflow") {
   }
   CHECK_THROWS_WITH_AS(double_from_text("--params", "1e400"),
                        "--params: must be a finite number within double's range, got \"1e400\"", InputError);
+}
+
+TEST_CASE("whole_count::a double becomes an integer only where int64 holds it, never wrapped") {
+  CHECK(rounded_count(2.5e9) == 2500000000);
+  CHECK(rounded_count(0.4) == 0);
+  CHECK(rounded_count(kMaxCount) == std::int64_t{1} << 62);
+  CHECK_FALSE(rounded_count(1e19).has_value());  // std::llround: INT64_MIN on x86-64
+  CHECK_FALSE(rounded_count(-1e19).has_value());
+  CHECK_FALSE(rounded_count(std::numeric_limits<double>::infinity()).has_value());
+  CHECK_FALSE(rounded_count(std::numeric_limits<double>::quiet_NaN()).has_value());
+  CHECK(count_json(1234.4) == 1234);
+  CHECK(count_json(1234.4).is_number_integer());
+  CHECK(count_json(3.59e21).is_number_float());
+  CHECK(count_json(3.59e21).get<double>() == 3.59e21);
+  CHECK(count_json(std::numeric_limits<double>::infinity()).is_null());
 }

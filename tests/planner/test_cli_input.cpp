@@ -94,3 +94,29 @@ TEST_CASE("cli_input::integer flags are decimal: 010 is ten, 0x10 is refused") {
   CHECK(params.code == 0);
   CHECK(params.out.find("\"params\": 7500000000,") != std::string::npos);
 }
+
+TEST_CASE("cli_input::bytes past what a plan can count are bad input, never a wrapped number") {
+  // 1e6 sequences of 2^20 tokens per micro-batch: 3.6e21 bytes per GPU, past 2^62; the JSON showed
+  // peak_bytes −9223372036854775808.
+  const std::vector<std::string> job = {"--params", "1e14", "--gpus", "1000000", "--seq-len", "1048576",
+                                        "--global-batch", "1000000000000", "--format", "json"};
+  std::vector<std::string> args = {"estimate", "--strategy", "zero3", "--micro-batch", "1000000"};
+  args.insert(args.end(), job.begin(), job.end());
+  const auto r = planner(args);
+  CHECK(r.code == 2);
+  CHECK(r.out.empty());
+  CHECK(r.err.rfind("planner: --micro-batch: 1000000 sequences of 1048576 tokens: params:100000000000000 needs "
+                    "3.59e+21 bytes per GPU under zero3",
+                    0) == 0);
+  args[0] = "compare";
+  args.erase(args.begin() + 1, args.begin() + 3);
+  const auto c = planner(args);
+  CHECK(c.code == 2);
+  CHECK(c.err.rfind("planner: --micro-batch: 1000000 sequences of 1048576 tokens:", 0) == 0);
+  // Without --micro-batch, even one sequence of 1e8 tokens of a 1e15-parameter model is too much
+  // under eager attention (its scores are seq² per head).
+  const auto seq = planner({"estimate", "--strategy", "ddp", "--params", "1e15", "--seq-len", "100000000",
+                            "--attention", "eager", "--format", "json"});
+  CHECK(seq.code == 2);
+  CHECK(seq.err.rfind("planner: --seq-len: 100000000 tokens, even 1 sequence per micro-batch:", 0) == 0);
+}
