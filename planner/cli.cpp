@@ -101,6 +101,8 @@ int run_cli(int argc, char** argv) {
   validate->add_option("--plan", plan_path, "plan document (planner recommend --emit plan)")->required();
   validate->add_option("--run", run_path, "run document written by executor --out")->required();
   validate->add_option("--format", format, "table | json");
+  bool force = false;
+  validate->add_flag("--force", force, "compare a run of another plan anyway (said in the first line)");
 
   try {
     app.parse(argc, argv);
@@ -188,7 +190,8 @@ int run_cli(int argc, char** argv) {
       check_format(format);
       const auto plan = costmodel::read_json_file(plan_path);
       const auto run = costmodel::read_json_file(run_path);
-      out << (format == "json" ? validate_json(plan, run).dump(2) + "\n" : validate_table(plan, run));
+      out << (format == "json" ? validate_json(plan, run, force).dump(2) + "\n"
+                                  : validate_table(plan, run, force));
     } else if (compare->parsed()) {
       check_format(format);
       const Scenario sc = make_scenario(so);
