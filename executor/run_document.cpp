@@ -74,7 +74,9 @@ std::vector<double> pack(const RankRecord& r) {
   v.reserve(packed_size(r.steps.size()));
   v.push_back(r.rank);
   v.push_back(static_cast<double>(r.peak_bytes));
-  v.push_back(static_cast<double>(r.capacity_bytes));
+  // No limit (kUnlimited, 2^63 − 1: no double holds it) travels as −1.
+  v.push_back(r.capacity_bytes == TrackedAllocator::kUnlimited ? -1.0
+                                                               : static_cast<double>(r.capacity_bytes));
   for (auto c : kMemoryCategories)
     v.push_back(static_cast<double>(r.at_peak[c]));
   for (auto c : kMemoryCategories)
@@ -108,7 +110,8 @@ RankRecord unpack(const std::vector<double>& v, std::size_t steps) {
   };
   r.rank = static_cast<int>(as_int(next()));
   r.peak_bytes = as_int(next());
-  r.capacity_bytes = as_int(next());
+  const double capacity = next();
+  r.capacity_bytes = capacity < 0 ? TrackedAllocator::kUnlimited : as_int(capacity);
   for (auto c : kMemoryCategories)
     r.at_peak[c] = as_int(next());
   for (auto c : kMemoryCategories)

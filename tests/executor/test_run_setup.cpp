@@ -203,5 +203,14 @@ TEST_CASE("executor::rank records travel as fixed-length vectors") {
   CHECK(back.steps[1].loss == 2.25);
   CHECK(back.steps[1].collectives[CollectiveKind::reduce_scatter].bytes_sent == 2048);
   CHECK(steady_median(back.steps, &StepReport::step_s) == 0.5);
+  CHECK(back.capacity_bytes == 1 << 30);
   CHECK_THROWS_AS(unpack(v, 3), std::invalid_argument);
+  // No capacity limit (2^63 − 1 bytes, which no double holds) comes back as no limit: it came
+  // back as −2^63 through std::llround.
+  r.capacity_bytes = TrackedAllocator::kUnlimited;
+  CHECK(unpack(pack(r), 2).capacity_bytes == TrackedAllocator::kUnlimited);
+  // A count past 2^62 in a record is refused, not wrapped.
+  auto bad = pack(r);
+  bad[1] = 1e19;  // the peak
+  CHECK_THROWS_AS(unpack(bad, 2), std::invalid_argument);
 }
