@@ -1,14 +1,13 @@
 #include "calibrate/options.hpp"
 
 #include <algorithm>
-#include <charconv>
-#include <cmath>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "calibrate/byte_size.hpp"
 #include "costmodel/input_error.hpp"
+#include "costmodel/number_text.hpp"
 
 namespace shardplan::calibrate {
 namespace {
@@ -48,13 +47,25 @@ std::uint64_t parse_size_flag(const std::string& flag, const std::string& text) 
   return *bytes;
 }
 
+// A decimal integer (costmodel/number_text.hpp) in [min, max]; what: "an integer >= 1".
 std::int64_t parse_integer_flag(const std::string& flag, const std::string& text, std::int64_t min,
-                                const char* what) {
+                                std::int64_t max, const char* what) {
   std::int64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size() || value < min)
+  try {
+    value = costmodel::int64_from_text(flag, text);
+  } catch (const InputError&) {
+    value = min - 1; // not a decimal integer: said as for one out of range
+  }
+  if (value < min || value > max)
     throw InputError(flag, fmt::format("must be {}, got \"{}\"", what, text));
   return value;
+}
+
+// A flag given as "" names nothing: refused, not read as "not given".
+const std::string& named(const CLI::App& app, const std::string& flag, const std::string& text) {
+  if (app.count(flag) && text.empty())
+    throw InputError(flag, "must name a file, got \"\"");
+  return text;
 }
 
 costmodel::Tier parse_tier(const std::string& text) {
@@ -185,12 +196,15 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
 
   if (import_command->parsed()) {
     result.command = CommandLine::Command::import_logs;
-    if (!ranks.empty())
-      imp.ranks = static_cast<int>(parse_integer_flag("--ranks", ranks, 1, "an integer >= 1"));
-    if (!tier.empty())
+    if (import_command->count("--ranks"))
+      imp.ranks = static_cast<int>(
+          parse_integer_flag("--ranks", ranks, 1, 1'000'000, "an integer between 1 and 1000000"));
+    if (import_command->count("--tier"))
       imp.tier = parse_tier(tier);
-    if (!op.empty())
+    if (import_command->count("--op"))
       imp.op = parse_ops({op}, "--op").front();
+    named(*import_command, "--out", imp.out);
+    named(*import_command, "--into", imp.into);
     result.import = std::move(imp);
     return result;
   }
@@ -209,18 +223,20 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   }
   m.ops = parse_ops(op_names, "--ops");
   const bool nccl = m.backend == BackendKind::nccl;
-  m.range.min_bytes = min_bytes.empty() ? 8 : parse_size_flag("--min-bytes", min_bytes);
-  m.range.max_bytes = max_bytes.empty() ? (nccl ? 1ULL << 30 : 8ULL << 20)
-                                        : parse_size_flag("--max-bytes", max_bytes);
+  m.range.min_bytes = app.count("--min-bytes") ? parse_size_flag("--min-bytes", min_bytes) : 8;
+  m.range.max_bytes = app.count("--max-bytes") ? parse_size_flag("--max-bytes", max_bytes)
+                                               : (nccl ? 1ULL << 30 : 8ULL << 20);
   if (m.range.min_bytes > m.range.max_bytes)
     throw InputError("--min-bytes", fmt::format("{} is larger than --max-bytes {}",
                                                 format_byte_size(m.range.min_bytes),
                                                 format_byte_size(m.range.max_bytes)));
   m.range.factor = static_cast<std::uint64_t>(
-      parse_integer_flag("--factor", factor, 2, "an integer >= 2 (nccl-tests -f)"));
-  m.warmup = static_cast<int>(parse_integer_flag("--warmup", warmup, 0, "an integer >= 0"));
-  m.iters = static_cast<int>(parse_integer_flag("--iters", iters, 1, "an integer >= 1"));
-  if (!groups.empty()) {
+      parse_integer_flag("--factor", factor, 2, 1'000'000, "an integer >= 2 (nccl-tests -f)"));
+  m.warmup = static_cast<int>(
+      parse_integer_flag("--warmup", warmup, 0, 1'000'000, "an integer between 0 and 1000000"));
+  m.iters = static_cast<int>(
+      parse_integer_flag("--iters", iters, 1, 1'000'000, "an integer between 1 and 1000000"));
+  if (app.count("--groups")) {
     for (std::size_t begin = 0; begin <= groups.size();) {
       const auto comma = std::min(groups.find(',', begin), groups.size());
       const std::string name = groups.substr(begin, comma - begin);
@@ -238,17 +254,24 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   m.check = !no_check;
   m.gemm = !no_gemm;
   m.memory = !no_memory;
-  if (m.gemm_model.empty())
+  if (!app.count("--gemm-model"))
     m.gemm_model = nccl ? "llama-2-7b" : "gpt2";
-  m.gemm_tokens = gemm_tokens.empty()
-                      ? (nccl ? 4096 : 256)
-                      : parse_integer_flag("--gemm-tokens", gemm_tokens, 1, "an integer >= 1");
+  else if (m.gemm_model.empty())
+    throw InputError("--gemm-model", "must name a preset or a file, got \"\"");
+  m.gemm_tokens = app.count("--gemm-tokens")
+                      ? parse_integer_flag("--gemm-tokens", gemm_tokens, 1, 1'000'000'000,
+                                           "an integer between 1 and 1000000000")
+                      : (nccl ? 4096 : 256);
+  named(app, "--out", m.out);
+  named(app, "--into", m.into);
   if (app.count("--timeout-s")) {
     double seconds = 0;
-    const auto [end, error] =
-        std::from_chars(timeout.data(), timeout.data() + timeout.size(), seconds);
-    if (error != std::errc() || end != timeout.data() + timeout.size() || !(seconds > 0) ||
-        !std::isfinite(seconds))
+    try {
+      seconds = costmodel::double_from_text("--timeout-s", timeout);
+    } catch (const InputError&) {
+      seconds = 0; // not a decimal number: said as for one out of range
+    }
+    if (!(seconds > 0))
       throw InputError("--timeout-s",
                        fmt::format("must be a number of seconds > 0 and finite, got \"{}\"",
                                    timeout));

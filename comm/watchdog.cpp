@@ -109,7 +109,7 @@ struct CrashReport {
 
 Watchdog::Watchdog(Options options, EndJob end_job)
     : options_(std::move(options)), end_job_(std::move(end_job)),
-      grace_s_(std::max(2.0, options_.timeout_s / 10)) {
+      grace_s_(kWaitingGrace_s) {
   if (!(options_.timeout_s > 0) || !std::isfinite(options_.timeout_s))
     throw std::invalid_argument(
         fmt::format("the watchdog's timeout must be > 0 and finite, got {}", options_.timeout_s));

@@ -11,10 +11,12 @@
 // the job through the end_job function it was given (MPI_Abort) with kTimeoutExitCode.
 //
 // Who is to blame: a rank blocked in a collective waits for another rank, while a rank that stopped
-// outside one is the culprit. So a waiting rank gives the others grace_s more (a tenth of the
-// timeout, at least 2 s: on a node with more busy ranks than cores a watchdog thread can wake a
-// second late) before it fires: the rank that stopped names itself and its phase first, and its
-// abort ends the waiting ones. The job therefore ends within timeout_s + grace_s.
+// outside one is the culprit. The culprit's last progress came before the waiting ranks entered
+// the collective that waits for it, so its watchdog fires first; a waiting rank gives it
+// grace_s (0.2 s) more, for the scheduling jitter between the two, and no more: a rank that cannot
+// name itself (stopped by a signal, or every rank waiting) must not keep the job past its timeout
+// (a grace of 2 s made --timeout-s 10 end the job after 12 s). The job ends within
+// timeout_s + grace_s of the last progress.
 //
 // While it lives it also reports crashes: on SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT it writes
 //
@@ -41,6 +43,8 @@ namespace shardplan::comm {
 
 // The exit code of a job that a watchdog ended (0 done, 1 error, 2 bad input, 3 out of memory).
 inline constexpr int kTimeoutExitCode = 4;
+// How much longer than timeout_s a rank waiting for the others waits (see above).
+inline constexpr double kWaitingGrace_s = 0.2;
 
 class Watchdog {
 public:

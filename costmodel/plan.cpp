@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "costmodel/json_reader.hpp"
+#include "costmodel/whole_count.hpp"
 
 namespace shardplan::costmodel {
 
@@ -30,7 +31,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   }
   nlohmann::json breakdown = nlohmann::json::object();
   for (int c = 0; c < kCategories; ++c)
-    breakdown[category_name(static_cast<Category>(c))] = std::llround(p.prediction.at_peak[c]);
+    breakdown[category_name(static_cast<Category>(c))] = count_json(p.prediction.at_peak[c]);
   return {{"schema_version", 1},
           {"kind", "shardplan.plan"},
           {"model", model},
@@ -39,7 +40,7 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"job", job_to_json(p.job)},
           {"sharding", spec_to_json(p.spec)},
           {"prediction",
-           {{"peak_bytes", std::llround(p.prediction.peak_bytes)},
+           {{"peak_bytes", count_json(p.prediction.peak_bytes)},
             {"breakdown", breakdown},
             {"step_s", p.prediction.step_s},
             {"compute_s", p.prediction.compute_s},

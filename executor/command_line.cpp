@@ -1,13 +1,12 @@
 #include "executor/command_line.hpp"
 
-#include <cmath>
-
 #include <filesystem>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "costmodel/input_error.hpp"
+#include "costmodel/number_text.hpp"
 
 namespace shardplan::executor {
 
@@ -32,6 +31,8 @@ void check_checkpoint_options(const CLI::App& app, const RunCommand& r, std::int
   if (app.count("--save-every") && (save_every < 1 || save_every > 100000))
     throw InputError("--save-every",
                      fmt::format("must be between 1 and 100000, got {}", save_every));
+  if (resume && c.resume_dir.empty())
+    throw InputError("--resume", "must name a folder, got \"\"");
   if (resume && !fs::is_regular_file(fs::path(c.resume_dir) / "index.json", ec))
     throw InputError("--resume", fmt::format("no checkpoint in \"{}\" (no index.json)",
                                              c.resume_dir));
@@ -53,12 +54,10 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   app.require_subcommand(0, 1);
   CommandLine cl;
   auto& r = cl.run;
-  std::int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, intermediate = 0, vocab = 0,
-               seq = 0;
-  double capacity = 0;
-  int rehearse = -1, world = 0;
-  std::int64_t steps = 3;
-  std::int64_t seed = 1234;
+  // Every number is read as text and converted after parsing (costmodel/number_text.hpp):
+  // decimal only, and a value given is used or refused, never taken for "not given".
+  std::string layers, hidden, heads, kv_heads, intermediate, vocab, seq, capacity, rehearse,
+      world, steps, seed, lr, timeout, save_every;
   app.add_option("--plan", r.plan, "plan document (planner recommend --emit plan)");
   std::string backend = "cpu";
   app.add_option("--backend", backend,
@@ -78,8 +77,9 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
                  "... this MLP width [default: keep the ratio]");
   app.add_option("--scale-vocab", vocab, "... this vocabulary");
   app.add_option("--scale-seq", seq, "run this many tokens per sequence instead of the plan's");
-  app.add_option("--seed", seed, "seed of the initial parameters and the tokens [default: 1234]");
-  app.add_option("--lr", r.request.lr, "AdamW learning rate [default: 1e-3]");
+  app.add_option("--seed", seed,
+                 "seed of the initial parameters and the tokens, 0 to 2^64-1 [default: 1234]");
+  app.add_option("--lr", lr, "AdamW learning rate [default: 1e-3]");
   app.add_flag("--prefetch-as-planned", r.request.prefetch_as_planned,
                "issue all-gathers ahead as the plan's prefetch says, even though MPI blocks");
   app.add_flag("--collective-streams", r.request.collective_streams,
@@ -89,14 +89,13 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   app.add_option("--rehearse-rank", rehearse, "rehearse this rank of the plan in one process");
   app.add_option("--world", world, "ranks of the rehearsed run (with --rehearse-rank)");
   std::string fault;
-  app.add_option("--timeout-s", r.timeout_s,
+  app.add_option("--timeout-s", timeout,
                  "a rank that makes no progress for this many seconds (a peer crashed or hung) "
                  "ends the job\nwith exit code 4 [default: 300]");
   app.add_option("--inject-fault", fault,
                  "tests only: rank RANK crashes, hangs, runs out of memory or throws at step STEP "
                  "(crash|hang|oom|throw@RANK:STEP)");
 
-  std::int64_t save_every = 0;
   app.add_option("--save", r.checkpoint.save_dir,
                  "write a sharded checkpoint to this folder after the last step (checkpoint.hpp)");
   app.add_option("--save-every", save_every, "... and after every K-th step");
@@ -108,15 +107,17 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   auto* scale = app.add_subcommand("scale-config",
                                    "write the config.json of a scaled-down model (dropout 0)");
   auto& sc = cl.scale_config;
+  std::string size_layers, size_hidden, size_heads, size_kv_heads, size_head_dim,
+      size_intermediate, size_vocab, size_positions;
   scale->add_option("--model", sc.model, "preset or config.json to scale")->required();
-  scale->add_option("--layers", sc.size.layers, "blocks")->required();
-  scale->add_option("--hidden", sc.size.hidden, "hidden size")->required();
-  scale->add_option("--heads", sc.size.heads, "attention heads")->required();
-  scale->add_option("--kv-heads", sc.size.kv_heads, "key/value heads [default: keep the ratio]");
-  scale->add_option("--head-dim", sc.size.head_dim, "head dimension [default: hidden / heads]");
-  scale->add_option("--intermediate", sc.size.intermediate, "MLP width [default: keep the ratio]");
-  scale->add_option("--vocab", sc.size.vocab, "vocabulary")->required();
-  scale->add_option("--max-positions", sc.size.max_positions,
+  scale->add_option("--layers", size_layers, "blocks")->required();
+  scale->add_option("--hidden", size_hidden, "hidden size")->required();
+  scale->add_option("--heads", size_heads, "attention heads")->required();
+  scale->add_option("--kv-heads", size_kv_heads, "key/value heads [default: keep the ratio]");
+  scale->add_option("--head-dim", size_head_dim, "head dimension [default: hidden / heads]");
+  scale->add_option("--intermediate", size_intermediate, "MLP width [default: keep the ratio]");
+  scale->add_option("--vocab", size_vocab, "vocabulary")->required();
+  scale->add_option("--max-positions", size_positions,
                     "learned positions / context [default: the model's]");
   scale->add_option("--out,-o", sc.out, "config.json to write")->required();
 
@@ -138,7 +139,26 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     throw InputError("command line", e.what());
   }
 
+  // A number >= 1 from a given flag's text; 0 (the library's "derive it") when not given.
+  auto count = [](const CLI::App& a, const char* flag, const std::string& text) -> std::int64_t {
+    if (!a.count(flag))
+      return 0;
+    const auto v = costmodel::int64_from_text(flag, text);
+    if (v < 1)
+      throw InputError(flag, fmt::format("must be >= 1, got {}", v));
+    return v;
+  };
   if (scale->parsed()) {
+    sc.size = ScaledSize{.layers = count(*scale, "--layers", size_layers),
+                         .hidden = count(*scale, "--hidden", size_hidden),
+                         .heads = count(*scale, "--heads", size_heads),
+                         .kv_heads = count(*scale, "--kv-heads", size_kv_heads),
+                         .head_dim = count(*scale, "--head-dim", size_head_dim),
+                         .intermediate = count(*scale, "--intermediate", size_intermediate),
+                         .vocab = count(*scale, "--vocab", size_vocab),
+                         .max_positions = count(*scale, "--max-positions", size_positions)};
+    if (sc.model.empty())
+      throw InputError("--model", "must name a preset or a file, got \"\"");
     cl.command = CommandLine::Command::scale_config;
     return cl;
   }
@@ -154,71 +174,82 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     r.backend = ComputeBackend::cuda;
   else
     throw InputError("--backend", fmt::format("must be cpu or cuda, got \"{}\"", backend));
-  if (r.plan.empty())
+  if (!app.count("--plan"))
     throw InputError("--plan", "missing: the plan document to run");
-  if (r.out.empty())
+  if (r.plan.empty())
+    throw InputError("--plan", "must name a file, got \"\"");
+  if (!app.count("--out"))
     throw InputError("--out", "missing: the run document to write");
-  if (steps < 1 || steps > 100000)
-    throw InputError("--steps", fmt::format("must be between 1 and 100000, got {}", steps));
-  r.request.steps = steps;
-  if (seed < 0)
-    throw InputError("--seed", fmt::format("must be >= 0, got {}", seed));
-  r.request.seed = static_cast<std::uint64_t>(seed);
-  if (!(r.request.lr > 0 && r.request.lr < 1))
-    throw InputError("--lr", fmt::format("must be in (0, 1), got {}", r.request.lr));
+  if (r.out.empty())
+    throw InputError("--out", "must name a file, got \"\"");
+  if (app.count("--steps")) {
+    const auto n = costmodel::int64_from_text("--steps", steps);
+    if (n < 1 || n > 100000)
+      throw InputError("--steps", fmt::format("must be between 1 and 100000, got {}", n));
+    r.request.steps = n;
+  }
+  if (app.count("--seed"))
+    r.request.seed = costmodel::uint64_from_text("--seed", seed);
+  if (app.count("--lr")) {
+    r.request.lr = costmodel::double_from_text("--lr", lr);
+    if (!(r.request.lr > 0 && r.request.lr < 1))
+      throw InputError("--lr", fmt::format("must be in (0, 1), got {}", r.request.lr));
+  }
   if (app.count("--capacity-GiB")) {
-    if (!(capacity > 0 && capacity < 1e6))
-      throw InputError("--capacity-GiB", fmt::format("must be > 0, got {}", capacity));
-    r.capacity_GiB = capacity;
+    const double gib = costmodel::double_from_text("--capacity-GiB", capacity);
+    if (!(gib > 0 && gib < 1e6))
+      throw InputError("--capacity-GiB", fmt::format("must be > 0 and < 1e6, got {}", gib));
+    r.capacity_GiB = gib;
   }
-  const bool any_scale = layers || hidden || heads || kv_heads || intermediate || vocab;
+  const bool any_scale = app.count("--scale-layers") || app.count("--scale-hidden") ||
+                         app.count("--scale-heads") || app.count("--scale-kv-heads") ||
+                         app.count("--scale-intermediate") || app.count("--scale-vocab");
   if (any_scale) {
-    if (layers < 1 || hidden < 1 || heads < 1 || vocab < 1)
-      throw InputError(layers < 1   ? "--scale-layers"
-                       : hidden < 1 ? "--scale-hidden"
-                       : heads < 1  ? "--scale-heads"
-                                    : "--scale-vocab",
-                       "scaling needs --scale-layers, --scale-hidden, --scale-heads and "
-                       "--scale-vocab, each >= 1");
-    if (kv_heads < 0 || intermediate < 0)
-      throw InputError(kv_heads < 0 ? "--scale-kv-heads" : "--scale-intermediate", "must be >= 1");
-    r.request.scale = ScaledSize{.layers = layers,
-                                 .hidden = hidden,
-                                 .heads = heads,
-                                 .kv_heads = kv_heads,
-                                 .intermediate = intermediate,
-                                 .vocab = vocab};
+    const ScaledSize size{.layers = count(app, "--scale-layers", layers),
+                          .hidden = count(app, "--scale-hidden", hidden),
+                          .heads = count(app, "--scale-heads", heads),
+                          .kv_heads = count(app, "--scale-kv-heads", kv_heads),
+                          .intermediate = count(app, "--scale-intermediate", intermediate),
+                          .vocab = count(app, "--scale-vocab", vocab)};
+    for (const char* flag : {"--scale-layers", "--scale-hidden", "--scale-heads", "--scale-vocab"})
+      if (!app.count(flag))
+        throw InputError(flag, "scaling needs --scale-layers, --scale-hidden, --scale-heads and "
+                               "--scale-vocab, each >= 1");
+    r.request.scale = size;
   }
-  if (app.count("--scale-seq")) {
-    if (seq < 1)
-      throw InputError("--scale-seq", fmt::format("must be >= 1, got {}", seq));
-    r.request.scale_seq = seq;
-  }
+  if (app.count("--scale-seq"))
+    r.request.scale_seq = count(app, "--scale-seq", seq);
   const bool has_rank = app.count("--rehearse-rank") > 0, has_world = app.count("--world") > 0;
   if (has_rank != has_world)
     throw InputError(has_rank ? "--world" : "--rehearse-rank",
                      "--rehearse-rank and --world go together");
   if (has_rank) {
-    if (world < 1 || world > 1'000'000)
-      throw InputError("--world", fmt::format("must be >= 1, got {}", world));
-    if (rehearse < 0 || rehearse >= world)
-      throw InputError("--rehearse-rank",
-                       fmt::format("must be in [0, {}), got {}", world, rehearse));
-    r.rehearse_rank = rehearse;
-    r.world = world;
+    const auto n = costmodel::int64_from_text("--world", world);
+    if (n < 1 || n > 1'000'000)
+      throw InputError("--world", fmt::format("must be between 1 and 1000000, got {}", n));
+    const auto rank = costmodel::int64_from_text("--rehearse-rank", rehearse);
+    if (rank < 0 || rank >= n)
+      throw InputError("--rehearse-rank", fmt::format("must be in [0, {}), got {}", n, rank));
+    r.rehearse_rank = static_cast<int>(rank);
+    r.world = static_cast<int>(n);
   }
   if (r.request.collective_streams && (r.backend != ComputeBackend::cpu || r.rehearse_rank))
     throw InputError("--collective-streams",
                      r.backend != ComputeBackend::cpu
                          ? "the cuda backend's collectives are on NCCL's streams already"
                          : "a rehearsal's collectives are local copies: not with --rehearse-rank");
-  check_checkpoint_options(app, r, save_every);
+  const std::int64_t every =
+      app.count("--save-every") ? costmodel::int64_from_text("--save-every", save_every) : 0;
+  check_checkpoint_options(app, r, every);
   if (r.backend == ComputeBackend::cuda && (app.count("--save") || app.count("--resume")))
     throw InputError(app.count("--save") ? "--save" : "--resume",
                      "checkpoints are written and read by the cpu backend only");
-  r.checkpoint.save_every = save_every;
-  if (!(r.timeout_s > 0) || !std::isfinite(r.timeout_s))
-    throw InputError("--timeout-s", fmt::format("must be > 0 and finite, got {}", r.timeout_s));
+  r.checkpoint.save_every = every;
+  if (app.count("--timeout-s")) {
+    r.timeout_s = costmodel::double_from_text("--timeout-s", timeout);
+    if (!(r.timeout_s > 0))
+      throw InputError("--timeout-s", fmt::format("must be > 0 and finite, got {}", r.timeout_s));
+  }
   if (app.count("--inject-fault")) {
     r.fault = comm::parse_fault_injection(fault);
     if (!r.fault)

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <fstream>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -24,6 +25,7 @@
 #include "costmodel/json_reader.hpp"
 #include "io/file_writer.hpp"
 #include "io/text.hpp"
+#include "costmodel/whole_count.hpp"
 #include "executor/caching_pool.hpp"
 #include "executor/checkpoint.hpp"
 #include "executor/device_run.hpp"
@@ -47,7 +49,8 @@ using costmodel::InputError;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 std::int64_t capacity_bytes(const RunCommand& c) {
-  return c.capacity_GiB ? static_cast<std::int64_t>(std::llround(*c.capacity_GiB * kGiB))
+  // --capacity-GiB is < 1e6 (command_line.cpp): its bytes are a count.
+  return c.capacity_GiB ? *costmodel::rounded_count(*c.capacity_GiB * kGiB)
                         : TrackedAllocator::kUnlimited;
 }
 
@@ -116,6 +119,9 @@ Measured run_steps(const RunSetup& setup, TrackedAllocator& allocator, EngineGro
     watchdog.set_phase("resuming from the checkpoint and hashing the parameters");
     checkpoints->start(*m.engine);
   }
+  // A resumed run goes on counting from the checkpoint's step: its progress reads "step 3/4" for
+  // the first of 2 steps after step 2.
+  const std::int64_t last_step = m.engine->steps_done() + steps;
   for (std::int64_t k = 0; k < steps; ++k) {
     const std::int64_t step = m.engine->steps_done() + 1;
     watchdog.set_phase(fmt::format("step {}", step));
@@ -125,7 +131,7 @@ Measured run_steps(const RunSetup& setup, TrackedAllocator& allocator, EngineGro
     auto r = m.engine->step();
     if (report)
       std::cerr << fmt::format("executor: step {}/{}: loss {:.4f}, {:.3f} s, peak {:.1f} MiB\n",
-                               r.step, steps, r.loss, r.step_s,
+                               r.step, last_step, r.loss, r.step_s,
                                static_cast<double>(allocator.peak_bytes()) / (1 << 20));
     m.record.steps.push_back(r);
     if (checkpoints) {
@@ -211,11 +217,27 @@ RunRequest request_of(const RunCommand& c) {
   return r;
 }
 
-// The plan's setup for a world of world_size ranks; the plan's errors name its file.
+// The host's memory (/proc/meminfo's MemTotal), 0 when it cannot be read.
+double host_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  double kibibytes = 0;
+  while (in >> key >> kibibytes >> unit)
+    if (key == "MemTotal:")
+      return kibibytes * 1024.0; // the kernel's "kB" is KiB
+  return 0;
+}
+
+// The plan's setup for a world of world_size ranks (the plan's errors name its file), refused
+// before anything is allocated when one rank of it cannot fit this host (run_setup.hpp,
+// check_run_size).
 RunSetup read_setup(const RunCommand& c, int world_size) {
-  return costmodel::read_json_document(c.plan, [&](const nlohmann::json& plan) {
-    return make_run_setup(plan, world_size, request_of(c));
+  const auto request = request_of(c);
+  RunSetup setup = costmodel::read_json_document(c.plan, [&](const nlohmann::json& plan) {
+    return make_run_setup(plan, world_size, request);
   });
+  check_run_size(setup, request, host_memory_bytes());
+  return setup;
 }
 
 // Whatever ends a rank's run: the exit code, after the rank's line. The watchdog's end_job ends

@@ -8,6 +8,7 @@
 
 #include "costmodel/accounting.hpp"
 #include "costmodel/plan.hpp"
+#include "costmodel/whole_count.hpp"
 
 namespace shardplan::executor {
 namespace {
@@ -73,7 +74,9 @@ std::vector<double> pack(const RankRecord& r) {
   v.reserve(packed_size(r.steps.size()));
   v.push_back(r.rank);
   v.push_back(static_cast<double>(r.peak_bytes));
-  v.push_back(static_cast<double>(r.capacity_bytes));
+  // No limit (kUnlimited, 2^63 − 1: no double holds it) travels as −1.
+  v.push_back(r.capacity_bytes == TrackedAllocator::kUnlimited ? -1.0
+                                                               : static_cast<double>(r.capacity_bytes));
   for (auto c : kMemoryCategories)
     v.push_back(static_cast<double>(r.at_peak[c]));
   for (auto c : kMemoryCategories)
@@ -99,10 +102,16 @@ RankRecord unpack(const std::vector<double>& v, std::size_t steps) {
   RankRecord r;
   std::size_t i = 0;
   auto next = [&] { return v[i++]; };
-  auto as_int = [](double x) { return static_cast<std::int64_t>(std::llround(x)); };
+  auto as_int = [](double x) {
+    const auto n = costmodel::rounded_count(x); // packed from int64s: a count past 2^62 is corrupt
+    if (!n)
+      throw std::invalid_argument(fmt::format("rank record holds {}, not a count", x));
+    return *n;
+  };
   r.rank = static_cast<int>(as_int(next()));
   r.peak_bytes = as_int(next());
-  r.capacity_bytes = as_int(next());
+  const double capacity = next();
+  r.capacity_bytes = capacity < 0 ? TrackedAllocator::kUnlimited : as_int(capacity);
   for (auto c : kMemoryCategories)
     r.at_peak[c] = as_int(next());
   for (auto c : kMemoryCategories)

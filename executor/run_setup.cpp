@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "costmodel/accounting.hpp"
 #include "costmodel/input_error.hpp"
 #include "executor/model_layout.hpp"
 
@@ -128,6 +129,37 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
         "the model or sequence was scaled down on the command line: the plan's prediction "
         "is for the unscaled model");
   return r;
+}
+
+double least_rank_bytes(const RunSetup& setup) {
+  const auto& e = setup.engine;
+  costmodel::TrainingJob job = setup.plan.job;
+  job.seq_len = e.micro_batch.seq;
+  job.micro_batch = e.micro_batch.batch;
+  const double bytes = costmodel::dtype_bytes(costmodel::compute_dtype(e.precision));
+  // CUDA's kernels keep the fewest copies (accounting.hpp, Forward): the least on either backend.
+  const costmodel::Forward f{bytes, bytes, true};
+  const double params = static_cast<double>(e.model.total_params()) * 4.0 / setup.world;
+  return params + costmodel::block_activations(e.model, job, f, false).saved +
+         costmodel::head_activations(e.model, job, f).saved;
+}
+
+void check_run_size(const RunSetup& setup, const RunRequest& request, double host_memory_bytes) {
+  const double need = least_rank_bytes(setup);
+  if (!(host_memory_bytes > 0 && need > host_memory_bytes))
+    return;
+  const std::string limit =
+      fmt::format("this host's {:.1f} GiB of memory", host_memory_bytes / 1073741824.0);
+  const auto& e = setup.engine;
+  const std::string what =
+      fmt::format("micro-batches of {} sequences of {} tokens of {} need at least {:.3g} bytes per "
+                  "rank, more than {}",
+                  e.micro_batch.batch, e.micro_batch.seq, e.model.name, need, limit);
+  if (request.scale_seq)
+    throw InputError("--scale-seq", what);
+  if (request.scale)
+    throw InputError("--scale-layers", what);
+  throw InputError("/job/seq_len", what);
 }
 
 } // namespace shardplan::executor

@@ -10,6 +10,7 @@
 #include "costmodel/plan.hpp"
 #include "io/file_writer.hpp"
 #include "io/text.hpp"
+#include "costmodel/number_text.hpp"
 #include "planner/deepspeed_import.hpp"
 #include "planner/describe.hpp"
 #include "planner/emit_deepspeed.hpp"
@@ -46,8 +47,7 @@ int run_cli(int argc, char** argv) {
   auto* hardware = app.add_subcommand("hardware", "list the hardware profiles");
 
   auto* describe = app.add_subcommand("describe", "per-block parameter table of a model");
-  std::string describe_model = "llama-2-7b";
-  double describe_params = 0;
+  std::optional<std::string> describe_model, describe_params;
   describe->add_option("--model", describe_model, "preset name or path to a config.json");
   describe->add_option("--params", describe_params, "a bare parameter count");
   describe->add_option("--format", format, "table | json");
@@ -57,7 +57,7 @@ int run_cli(int argc, char** argv) {
   auto* estimate = app.add_subcommand("estimate", "memory and step time of one plan");
   add_scenario_options(*estimate, so);
   add_plan_options(*estimate, po, false);
-  std::string deepspeed_path;
+  std::optional<std::string> deepspeed_path;
   estimate->add_option("--format", format, "table | json");
   estimate->add_option("--deepspeed", deepspeed_path,
                        "estimate an existing DeepSpeed config (instead of --strategy)");
@@ -72,8 +72,9 @@ int run_cli(int argc, char** argv) {
   auto* recommend_cmd = app.add_subcommand("recommend", "search the plan space and recommend a plan");
   add_scenario_options(*recommend_cmd, so);
   add_plan_options(*recommend_cmd, po, false);
-  std::string emit, svg_path;
-  int top = 10;
+  std::optional<std::string> emit;
+  std::string svg_path;
+  std::optional<std::string> top;
   bool exhaustive = false;
   recommend_cmd->add_option("--format", format, "table | json");
   recommend_cmd->add_option("--emit", emit,
@@ -94,6 +95,8 @@ int run_cli(int argc, char** argv) {
   validate->add_option("--plan", plan_path, "plan document (planner recommend --emit plan)")->required();
   validate->add_option("--run", run_path, "run document written by executor --out")->required();
   validate->add_option("--format", format, "table | json");
+  bool force = false;
+  validate->add_flag("--force", force, "compare a run of another plan anyway (said in the first line)");
 
   try {
     app.parse(argc, argv);
@@ -123,37 +126,44 @@ int run_cli(int argc, char** argv) {
       }
     } else if (describe->parsed()) {
       check_format(format);
-      const auto m = describe_params != 0 ? costmodel::model_from_param_count(describe_params)
-                                          : costmodel::load_model(describe_model);
+      if (describe_model && describe_params)
+        throw InputError("--params", "give either --model or --params, not both");
+      if (describe_model && describe_model->empty())
+        throw InputError("--model", "must name a preset or a file, got \"\"");
+      const auto m = describe_params
+                         ? costmodel::model_from_param_count(costmodel::double_from_text("--params", *describe_params))
+                         : costmodel::load_model(describe_model.value_or(kDefaultModel));
       out << (format == "json" ? json_document(costmodel::model_to_json(m)) : describe_table(m));
     } else if (recommend_cmd->parsed()) {
       check_format(format);
+      const int top_plans = top ? costmodel::int_from_text("--top", *top) : 10;
+      if (top_plans < 0) throw InputError("--top", fmt::format("must be >= 0, got {}", top_plans));
+      if (emit && emit != "plan" && emit != "deepspeed" && emit != "fsdp")
+        throw InputError("--emit", fmt::format("must be deepspeed, fsdp or plan, got \"{}\"", *emit));
+      if (recommend_cmd->count("--svg") && svg_path.empty()) throw InputError("--svg", "must name a file, got \"\"");
       if (!svg_path.empty()) io::check_destination(svg_path, "--svg");
-      if (top < 0) throw InputError("--top", fmt::format("must be >= 0, got {}", top));
-      if (!emit.empty() && emit != "plan" && emit != "deepspeed" && emit != "fsdp")
-        throw InputError("--emit", fmt::format("must be deepspeed, fsdp or plan, got \"{}\"", emit));
       const Scenario sc = make_scenario(so);
       SearchPins pins;
       pins.exhaustive = exhaustive;
-      if (!po.strategy.empty()) {
-        costmodel::make_spec(po.strategy, std::nullopt, sc.cluster.gpus_per_node,
-                             po.strategy == "hsdp" && po.shard_group_size ? std::optional<int>(po.shard_group_size)
-                                                                          : std::nullopt);
-        pins.strategy = po.strategy;
+      const auto group = shard_group_size(po);
+      if (po.strategy) {
+        costmodel::make_spec(*po.strategy, std::nullopt, sc.cluster.gpus_per_node,
+                             *po.strategy == "hsdp" ? group : std::nullopt);
+        pins.strategy = *po.strategy;
       }
-      if (!po.flavour.empty()) pins.flavour = costmodel::flavour_from_name(po.flavour, "--flavour");
+      if (po.flavour) pins.flavour = costmodel::flavour_from_name(*po.flavour, "--flavour");
       if (sc.job.micro_batch > 0) pins.micro_batch = sc.job.micro_batch;  // --micro-batch or the job's
       pins.checkpointing = sc.checkpointing_named;
       pins.loss = sc.loss_named;
-      if (recommend_cmd->count("--offload")) pins.offload = costmodel::offload_from_name(po.offload, "--offload");
-      if (po.shard_group_size != 0) {
-        if (po.shard_group_size < 2 || sc.cluster.gpus % po.shard_group_size != 0)
+      if (po.offload) pins.offload = costmodel::offload_from_name(*po.offload, "--offload");
+      if (group) {
+        if (*group < 2 || sc.cluster.gpus % *group != 0)
           throw InputError("--shard-group-size", fmt::format("must divide {} GPUs and be >= 2, got {}",
-                                                             sc.cluster.gpus, po.shard_group_size));
-        pins.shard_group_size = po.shard_group_size;
+                                                             sc.cluster.gpus, *group));
+        pins.shard_group_size = *group;
       }
       const auto rec = recommend(sc, pins);
-      if (!emit.empty() && rec.search.ranked.empty())
+      if (emit && rec.search.ranked.empty())
         throw InputError("--emit", "no plan fits, so there is no plan to emit");
       if (!svg_path.empty()) {
         std::vector<Evaluation> bars;
@@ -167,9 +177,9 @@ int run_cli(int argc, char** argv) {
       } else if (emit == "fsdp") {
         out << fsdp_settings(sc, rec.search.ranked.front().eval);
       } else if (format == "json") {
-        out << json_document(recommendation_json(sc, rec, top));
+        out << json_document(recommendation_json(sc, rec, top_plans));
       } else {
-        out << recommendation_table(sc, rec, top);
+        out << recommendation_table(sc, rec, top_plans);
       }
     } else if (validate->parsed()) {
       check_format(format);
@@ -180,7 +190,7 @@ int run_cli(int argc, char** argv) {
       });
       const auto run = costmodel::read_json_file(run_path);
       try {
-        out << (format == "json" ? json_document(validate_json(plan, run)) : validate_table(plan, run));
+        out << (format == "json" ? json_document(validate_json(plan, run, force)) : validate_table(plan, run, force));
       } catch (const InputError& e) {
         throw costmodel::error_in_file(run_path, e);
       }
@@ -188,10 +198,12 @@ int run_cli(int argc, char** argv) {
       check_format(format);
       const Scenario sc = make_scenario(so);
       std::vector<Evaluation> evals;
+      if (strategies.empty()) throw InputError("--strategies", "names no strategy, got \"\"");
       std::stringstream list(strategies);
       for (std::string name; std::getline(list, name, ',');) {
         PlanOptions one = po;
         evals.push_back(evaluate_choosing_micro_batch(sc, make_plan_spec(one, name, sc)));
+        check_countable(sc, evals.back());
       }
       if (format == "json") {
         nlohmann::json arr = nlohmann::json::array();
@@ -223,24 +235,25 @@ int run_cli(int argc, char** argv) {
       costmodel::Trace* trace_ptr = simulate->parsed() ? &trace : nullptr;
       Evaluation e;
       std::vector<std::string> assumptions;
-      if (!deepspeed_path.empty()) {
-        if (!po.strategy.empty())
+      if (deepspeed_path) {
+        if (po.strategy)
           throw InputError("--strategy", "give either --strategy or --deepspeed, not both");
         const auto imported = costmodel::read_json_document(
-            deepspeed_path, [&](const nlohmann::json& d) { return import_deepspeed_config(d, sc); });
+            *deepspeed_path, [&](const nlohmann::json& d) { return import_deepspeed_config(d, sc); });
         assumptions = imported.assumptions;
         sc.job = imported.job;
         e = imported.job.micro_batch > 0 ? evaluate(sc, imported.spec, imported.job, trace_ptr)
                                          : evaluate_choosing_micro_batch(sc, imported.spec, trace_ptr);
       } else {
-        if (po.strategy.empty()) throw InputError("--strategy", "missing (or give --deepspeed ds_config.json)");
-        e = evaluate_choosing_micro_batch(sc, make_plan_spec(po, po.strategy, sc), trace_ptr);
+        if (!po.strategy) throw InputError("--strategy", "missing (or give --deepspeed ds_config.json)");
+        e = evaluate_choosing_micro_batch(sc, make_plan_spec(po, *po.strategy, sc), trace_ptr);
       }
+      check_countable(sc, e);
       if (simulate->parsed())
         io::write_file(trace_path, io::json_text(trace_to_chrome_json(trace)) + "\n", "--trace");
       if (format == "json") {
         auto j = evaluation_to_json(sc, e);
-        if (!deepspeed_path.empty()) j["assumptions"] = assumptions;
+        if (deepspeed_path) j["assumptions"] = assumptions;
         out << json_document(j);
       } else {
         out << scenario_line(sc) << "\n" << evaluation_table(sc, e);

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "costmodel/json_reader.hpp"
+#include "costmodel/whole_count.hpp"
 #include "planner/estimate.hpp"
 
 namespace shardplan::planner {
@@ -351,7 +352,7 @@ class Importer {
     }
     if (stage == 3) {
       if (prefetch) s.prefetch_bucket_elems = std::floor(*prefetch);
-      if (persistence) s.persistence_threshold = std::llround(*persistence);
+      if (persistence) s.persistence_threshold = *rounded_count(*persistence);  // <= 1e15: read so
       if (max_live) {
         // A limit below two blocks' parameters allows one gathered block at a time.
         const double block = static_cast<double>(base_.model.block.params());

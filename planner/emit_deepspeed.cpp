@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "costmodel/input_error.hpp"
+#include "costmodel/whole_count.hpp"
 
 namespace shardplan::planner {
 
@@ -14,8 +15,8 @@ using namespace costmodel;
 
 namespace {
 
-std::int64_t elements(double bytes, DType dtype) {
-  return std::llround(bytes / dtype_bytes(dtype));
+nlohmann::json elements(double bytes, DType dtype) {
+  return count_json(bytes / dtype_bytes(dtype));
 }
 
 int zero_stage(const ShardingSpec& s) {
@@ -63,7 +64,7 @@ nlohmann::json zero_section(const Scenario& sc, const Evaluation& e, int stage) 
     z["allgather_partitions"] = true;
     z["allgather_bucket_size"] = elements(s.allgather_bucket_bytes, compute_dtype(e.job.precision));
   } else {
-    z["stage3_prefetch_bucket_size"] = std::llround(s.prefetch_bucket_elems);
+    z["stage3_prefetch_bucket_size"] = count_json(s.prefetch_bucket_elems);
     z["stage3_param_persistence_threshold"] = s.persistence_threshold;
     // DeepSpeed's default (1e9) does not bind for one block of a dense model; a plan limited to
     // fewer gathered units says so in parameters.

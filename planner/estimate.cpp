@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "costmodel/input_error.hpp"
+#include "costmodel/whole_count.hpp"
 #include "planner/text.hpp"
 
 namespace shardplan::planner {
@@ -77,6 +79,22 @@ Evaluation evaluate_choosing_micro_batch(const Scenario& sc, const ShardingSpec&
   return evaluate(sc, spec, job, trace);
 }
 
+void check_countable(const Scenario& sc, const Evaluation& e) {
+  const auto& r = e.result;
+  if (!(r.peak_bytes > kMaxCount)) return;
+  const double states = total(r.model_states);
+  const std::string what =
+      fmt::format("{} needs {:.3g} bytes per GPU under {} ({:.3g} of them model states), past the {:.3g} "
+                  "(2^62) a plan can count",
+                  sc.model.name, r.peak_bytes, e.spec.strategy, states, kMaxCount);
+  if (states > kMaxCount)
+    throw InputError(sc.model.architecture == Architecture::uniform ? "--params" : "--model", what);
+  if (sc.job.micro_batch > 0)
+    throw InputError("--micro-batch", fmt::format("{} sequences of {} tokens: {}", e.job.micro_batch,
+                                                  e.job.seq_len, what));
+  throw InputError("--seq-len", fmt::format("{} tokens, even 1 sequence per micro-batch: {}", e.job.seq_len, what));
+}
+
 std::string scenario_line(const Scenario& sc) {
   const auto& m = sc.model;
   const double params = static_cast<double>(m.total_params());
@@ -94,9 +112,9 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
   nlohmann::json breakdown = nlohmann::json::object();
   nlohmann::json states = nlohmann::json::object();
   for (int c = 0; c < kCategories; ++c) {
-    breakdown[category_name(static_cast<Category>(c))] = std::llround(r.at_peak[c]);
+    breakdown[category_name(static_cast<Category>(c))] = count_json(r.at_peak[c]);
     if (c <= static_cast<int>(Category::optimizer_states))
-      states[category_name(static_cast<Category>(c))] = std::llround(r.model_states[c]);
+      states[category_name(static_cast<Category>(c))] = count_json(r.model_states[c]);
   }
   nlohmann::json exposed = nlohmann::json::object();
   for (int s = 1; s < kStreams; ++s) exposed[stream_name(static_cast<Stream>(s))] = r.exposed_s[s];
@@ -121,16 +139,16 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
       {"recipe", recipe_name(e.job.recipe)},
       {"loss", loss_label(e.job)},
       {"memory",
-       {{"peak_bytes", std::llround(r.peak_bytes)},
-        {"allocated_peak_bytes", std::llround(r.allocated_peak_bytes)},
-        {"reserve_bytes", std::llround(r.reserve_bytes)},
-        {"device_bytes", std::llround(r.device_bytes)},
-        {"margin_bytes", std::llround(sc.usable_bytes() - r.peak_bytes)},
-        {"capacity_bytes", std::llround(r.capacity_bytes)},
-        {"usable_bytes", std::llround(sc.usable_bytes())},
+       {{"peak_bytes", count_json(r.peak_bytes)},
+        {"allocated_peak_bytes", count_json(r.allocated_peak_bytes)},
+        {"reserve_bytes", count_json(r.reserve_bytes)},
+        {"device_bytes", count_json(r.device_bytes)},
+        {"margin_bytes", count_json(sc.usable_bytes() - r.peak_bytes)},
+        {"capacity_bytes", count_json(r.capacity_bytes)},
+        {"usable_bytes", count_json(sc.usable_bytes())},
         {"breakdown", breakdown},
         {"model_states", states},
-        {"model_states_bytes", std::llround(total(r.model_states))},
+        {"model_states_bytes", count_json(total(r.model_states))},
         {"peak_when", r.peak_when}}},
       {"time",
        {{"step_s", r.step_s},

@@ -31,6 +31,10 @@ Evaluation evaluate(const Scenario& sc, const costmodel::ShardingSpec& spec,
 // (the smallest if none does, so the answer shows by how much).
 Evaluation evaluate_choosing_micro_batch(const Scenario& sc, const costmodel::ShardingSpec& spec,
                                          costmodel::Trace* trace = nullptr);
+// Refuses (costmodel::InputError) a plan the user asked for whose bytes per GPU pass
+// costmodel::kMaxCount (2^62, costmodel/whole_count.hpp), naming the input that made them so big:
+// --params or --model when the model states alone do, else --micro-batch (as given) or --seq-len.
+void check_countable(const Scenario& sc, const Evaluation& e);
 
 nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e);
 std::string scenario_line(const Scenario& sc);

@@ -3,10 +3,28 @@
 #include <fmt/format.h>
 
 #include "costmodel/json_reader.hpp"
+#include "costmodel/number_text.hpp"
 
 namespace shardplan::planner {
 
 using costmodel::InputError;
+
+namespace {
+
+// A whole number >= 1 from a flag's text.
+std::int64_t positive_count(const std::string& flag, const std::string& text) {
+  const auto v = costmodel::int64_from_text(flag, text);
+  if (v < 1) throw InputError(flag, fmt::format("must be > 0, got {}", v));
+  return v;
+}
+
+// A name flag given as "": refused, not read as "not given".
+const std::string& named(const std::string& flag, const std::optional<std::string>& text, const char* what) {
+  if (text->empty()) throw InputError(flag, fmt::format("must name {}, got \"\"", what));
+  return *text;
+}
+
+}  // namespace
 
 void add_scenario_options(CLI::App& app, ScenarioOptions& o) {
   app.add_option("--model", o.model, "preset name or path to a Hugging Face config.json");
@@ -34,52 +52,60 @@ void add_scenario_options(CLI::App& app, ScenarioOptions& o) {
 
 Scenario make_scenario(const ScenarioOptions& o) {
   Scenario sc;
-  sc.is_default = o.model.empty() && o.params == 0 && o.hardware.empty() && o.gpus == 0 &&
-                  o.job_file.empty();
-  if (o.params != 0 && !o.model.empty())
+  sc.is_default = !o.model && !o.params && !o.hardware && !o.gpus && !o.job_file;
+  if (o.params && o.model)
     throw InputError("--params", "give either --model or --params, not both");
-  sc.model = o.params != 0 ? costmodel::model_from_param_count(o.params, o.layers)
-                           : costmodel::load_model(o.model.empty() ? kDefaultModel : o.model);
-  sc.hardware = costmodel::load_hardware(o.hardware.empty() ? kDefaultHardware : o.hardware);
-  if (o.gpus < 0) throw InputError("--gpus", fmt::format("must be >= 1, got {}", o.gpus));
-  sc.cluster.gpus = o.gpus == 0 ? kDefaultGpus : o.gpus;
-  sc.cluster.gpus_per_node = o.gpus_per_node == 0 ? sc.hardware.gpus_per_node : o.gpus_per_node;
+  if (o.layers && !o.params) throw InputError("--layers", "goes with --params (a model's blocks are its own)");
+  if (o.params) {
+    const double params = costmodel::double_from_text("--params", *o.params);
+    const std::int64_t layers = o.layers ? positive_count("--layers", *o.layers) : 0;  // 0: derived
+    sc.model = costmodel::model_from_param_count(params, layers);
+  } else {
+    sc.model = costmodel::load_model(o.model ? named("--model", o.model, "a preset or a file") : kDefaultModel);
+  }
+  sc.hardware = costmodel::load_hardware(o.hardware ? named("--hardware", o.hardware, "a profile or a file")
+                                                    : kDefaultHardware);
+  if (o.gpus) {
+    sc.cluster.gpus = costmodel::int_from_text("--gpus", *o.gpus);
+    if (sc.cluster.gpus < 1) throw InputError("--gpus", fmt::format("must be >= 1, got {}", sc.cluster.gpus));
+  } else {
+    sc.cluster.gpus = kDefaultGpus;
+  }
+  sc.cluster.gpus_per_node = o.gpus_per_node ? costmodel::int_from_text("--gpus-per-node", *o.gpus_per_node)
+                                             : sc.hardware.gpus_per_node;
   costmodel::validate_cluster(sc.cluster);
 
   bool& loss_named = sc.loss_named;
   bool& checkpointing_named = sc.checkpointing_named;
-  loss_named = !o.loss.empty();
-  checkpointing_named = !o.checkpointing.empty();
-  if (!o.job_file.empty()) {
-    const auto doc = costmodel::read_json_document(o.job_file, [&](const nlohmann::json& d) {
-      sc.job = costmodel::job_from_json(d);
-      return d;
-    });
+  loss_named = o.loss.has_value();
+  checkpointing_named = o.checkpointing.has_value();
+  if (o.job_file) {
+    const auto doc = costmodel::read_json_document(named("--job", o.job_file, "a file"),
+                                                   [&](const nlohmann::json& d) {
+                                                     sc.job = costmodel::job_from_json(d);
+                                                     return d;
+                                                   });
     loss_named = loss_named || (doc.is_object() && doc.contains("loss"));
     checkpointing_named = checkpointing_named || (doc.is_object() && doc.contains("checkpointing"));
   } else {
     sc.job.seq_len = kDefaultSeqLen;
     sc.job.global_batch = kDefaultSequencesPerGpu * sc.cluster.gpus;
   }
-  auto positive = [](auto v, const char* flag) {
-    if (v < 0) throw InputError(flag, fmt::format("must be > 0, got {}", v));
-    return v;
-  };
-  if (positive(o.seq_len, "--seq-len") > 0) sc.job.seq_len = o.seq_len;
-  if (positive(o.global_batch, "--global-batch") > 0) sc.job.global_batch = o.global_batch;
-  if (positive(o.micro_batch, "--micro-batch") > 0) sc.job.micro_batch = o.micro_batch;
+  if (o.seq_len) sc.job.seq_len = positive_count("--seq-len", *o.seq_len);
+  if (o.global_batch) sc.job.global_batch = positive_count("--global-batch", *o.global_batch);
+  if (o.micro_batch) sc.job.micro_batch = positive_count("--micro-batch", *o.micro_batch);
   if (sc.job.seq_len > 100'000'000)
     throw InputError("--seq-len", fmt::format("must be <= 100000000, got {}", sc.job.seq_len));
-  if (!o.precision.empty()) sc.job.precision = costmodel::precision_from_name(o.precision, "--precision");
-  if (!o.optimizer.empty()) sc.job.optimizer = costmodel::optimizer_from_name(o.optimizer, "--optimizer");
-  if (!o.checkpointing.empty()) costmodel::set_checkpointing(sc.job, o.checkpointing, "--checkpointing");
-  if (!o.attention.empty()) sc.job.attention = costmodel::attention_from_name(o.attention, "--attention");
-  if (!o.recipe.empty()) {  // the recipe's loss and checkpointing unless the user names them
-    sc.job.recipe = costmodel::recipe_from_name(o.recipe, "--recipe");
+  if (o.precision) sc.job.precision = costmodel::precision_from_name(*o.precision, "--precision");
+  if (o.optimizer) sc.job.optimizer = costmodel::optimizer_from_name(*o.optimizer, "--optimizer");
+  if (o.checkpointing) costmodel::set_checkpointing(sc.job, *o.checkpointing, "--checkpointing");
+  if (o.attention) sc.job.attention = costmodel::attention_from_name(*o.attention, "--attention");
+  if (o.recipe) {  // the recipe's loss and checkpointing unless the user names them
+    sc.job.recipe = costmodel::recipe_from_name(*o.recipe, "--recipe");
     if (!loss_named) sc.job.loss = costmodel::default_loss(sc.job.recipe);
     if (!checkpointing_named) sc.job.checkpointing = costmodel::default_checkpointing(sc.job.recipe);
   }
-  if (!o.loss.empty()) costmodel::set_loss(sc.job, o.loss, "--loss");
+  if (o.loss) costmodel::set_loss(sc.job, *o.loss, "--loss");
   if (sc.job.checkpointing == costmodel::Checkpointing::every) {  // as the recipe's code counts
     bool any = false;
     for (std::int64_t b = 0; b < sc.model.layers && !any; ++b) any = sc.job.block_checkpointed(b);
@@ -89,14 +115,16 @@ Scenario make_scenario(const ScenarioOptions& o) {
                                                       costmodel::recipe_name(sc.job.recipe)));
   }
   costmodel::validate_job(sc.job, sc.cluster);
-  if (!(o.headroom >= 0 && o.headroom < 1))
-    throw InputError("--headroom", fmt::format("must be in [0, 1), got {}", o.headroom));
-  sc.headroom = o.headroom;
-  if (o.accounting == "framework") sc.accounting = costmodel::Accounting::framework;
-  else if (o.accounting == "zero-paper") sc.accounting = costmodel::Accounting::zero_paper;
+  const double headroom = o.headroom ? costmodel::double_from_text("--headroom", *o.headroom) : 0.05;
+  if (!(headroom >= 0 && headroom < 1))
+    throw InputError("--headroom", fmt::format("must be in [0, 1), got {}", headroom));
+  sc.headroom = headroom;
+  const std::string accounting = o.accounting.value_or("framework");
+  if (accounting == "framework") sc.accounting = costmodel::Accounting::framework;
+  else if (accounting == "zero-paper") sc.accounting = costmodel::Accounting::zero_paper;
   else
     throw InputError("--accounting",
-                     fmt::format("must be framework or zero-paper, got \"{}\"", o.accounting));
+                     fmt::format("must be framework or zero-paper, got \"{}\"", accounting));
   return sc;
 }
 
@@ -109,14 +137,17 @@ void add_plan_options(CLI::App& app, PlanOptions& o, bool strategy_required) {
   app.add_option("--offload", o.offload, "none | optimizer | params");
 }
 
+std::optional<int> shard_group_size(const PlanOptions& o) {
+  if (!o.shard_group_size) return std::nullopt;
+  return costmodel::int_from_text("--shard-group-size", *o.shard_group_size);
+}
+
 costmodel::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& strategy,
                                        const Scenario& sc) {
   std::optional<costmodel::Flavour> flavour;
-  if (!o.flavour.empty()) flavour = costmodel::flavour_from_name(o.flavour, "--flavour");
-  std::optional<int> group;
-  if (o.shard_group_size != 0) group = o.shard_group_size;
-  auto spec = costmodel::make_spec(strategy, flavour, sc.cluster.gpus_per_node, group);
-  spec.offload = costmodel::offload_from_name(o.offload, "--offload");
+  if (o.flavour) flavour = costmodel::flavour_from_name(*o.flavour, "--flavour");
+  auto spec = costmodel::make_spec(strategy, flavour, sc.cluster.gpus_per_node, shard_group_size(o));
+  spec.offload = costmodel::offload_from_name(o.offload.value_or("none"), "--offload");
   if (spec.shard_group_size > 0 && sc.cluster.gpus % spec.shard_group_size != 0)
     throw InputError("--shard-group-size",
                      fmt::format("{} does not divide {} GPUs", spec.shard_group_size, sc.cluster.gpus));

@@ -16,20 +16,21 @@
 
 namespace shardplan::planner {
 
+// The flags as the user gave them: nullopt when not given. A given value is used or refused,
+// never replaced by a default (an empty --model, --gpus 0); numbers are read as decimal text
+// (costmodel/number_text.hpp).
 struct ScenarioOptions {
-  std::string model;          // preset or config.json; empty with params == 0: the default
-  double params = 0;          // a bare parameter count instead of a model
-  std::int64_t layers = 0;    // blocks for a bare count (0: derived)
-  std::string hardware;
-  std::string job_file;       // a training-job document; flags override its fields
-  int gpus = 0;
-  int gpus_per_node = 0;      // 0: the profile's
-  std::int64_t seq_len = 0;
-  std::int64_t global_batch = 0;
-  std::int64_t micro_batch = 0;
-  std::string precision, optimizer, checkpointing, attention, loss, recipe;
-  double headroom = 0.05;     // fraction of capacity kept free
-  std::string accounting = "framework";
+  std::optional<std::string> model;     // preset or config.json (neither this nor params: the default)
+  std::optional<std::string> params;    // a bare parameter count instead of a model ("7.5e9")
+  std::optional<std::string> layers;    // blocks of a bare count (not given: derived)
+  std::optional<std::string> hardware;
+  std::optional<std::string> job_file;  // a training-job document; flags override its fields
+  std::optional<std::string> gpus;
+  std::optional<std::string> gpus_per_node;  // not given: the profile's
+  std::optional<std::string> seq_len, global_batch, micro_batch;
+  std::optional<std::string> precision, optimizer, checkpointing, attention, loss, recipe;
+  std::optional<std::string> headroom;  // fraction of capacity kept free (default 0.05)
+  std::optional<std::string> accounting;  // default framework
 };
 
 struct Scenario {
@@ -55,14 +56,16 @@ inline constexpr std::int64_t kDefaultSequencesPerGpu = 4;
 void add_scenario_options(CLI::App& app, ScenarioOptions& o);
 Scenario make_scenario(const ScenarioOptions& o);  // throws costmodel::InputError
 
-// Strategy flags shared by estimate, simulate and compare.
+// Strategy flags shared by estimate, simulate and compare, as given (nullopt: not given).
 struct PlanOptions {
-  std::string strategy;
-  std::string flavour;
-  int shard_group_size = 0;
-  std::string offload = "none";
+  std::optional<std::string> strategy;
+  std::optional<std::string> flavour;
+  std::optional<std::string> shard_group_size;  // not given: the GPUs per node
+  std::optional<std::string> offload;           // not given: none
 };
 void add_plan_options(CLI::App& app, PlanOptions& o, bool strategy_required);
+// --shard-group-size as a number (make_spec checks its range), or nullopt when not given.
+std::optional<int> shard_group_size(const PlanOptions& o);
 costmodel::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& strategy,
                                        const Scenario& sc);
 

@@ -36,8 +36,8 @@ struct RunFacts {
   bool scaled = false;
   bool rehearsal = false;
   int world = 0;
-  std::string strategy;
-  std::int64_t micro_batch = 0;
+  std::string model, strategy, flavour; // the plan the run was made from, as it records it
+  std::int64_t micro_batch = 0;         // 0: not recorded
   std::vector<std::string> deviations;
 };
 
@@ -108,10 +108,12 @@ RunFacts read_run(const json& run) {
   {
     ObjectReader p(r.object("plan"), "/plan");
     f.strategy = p.string("strategy");
+    f.model = p.string("model");
+    f.flavour = p.string("flavour");
     const auto& job = p.object("job");
     if (job.contains("micro_batch") && job["micro_batch"].is_number_integer())
       f.micro_batch = job["micro_batch"];
-    for (const char* k : {"flavour", "hardware", "model", "gpus", "job", "sharding"})
+    for (const char* k : {"hardware", "gpus", "job", "sharding"})
       p.ignore(k);
     p.finish();
   }
@@ -150,11 +152,36 @@ std::string percent(const json& e) {
   return e.is_null() ? std::string("n/a") : fmt::format("{:+.1f}%", 100 * e.get<double>());
 }
 
+// Where the run is not of the plan: "<run's JSON pointer>: the run's X, the plan's Y", one each.
+std::vector<std::pair<std::string, std::string>> differences(const costmodel::Plan& plan,
+                                                             const RunFacts& run) {
+  std::vector<std::pair<std::string, std::string>> d;
+  auto differ = [&d](const char* pointer, const std::string& of_run, const std::string& of_plan) {
+    if (of_run != of_plan)
+      d.emplace_back(pointer, fmt::format("the run's {}, the plan's {}", of_run, of_plan));
+  };
+  differ("/plan/model", fmt::format("model \"{}\"", run.model),
+         fmt::format("model \"{}\"", plan.model.name));
+  differ("/environment/ranks", fmt::format("{} ranks", run.world),
+         fmt::format("{} ranks", plan.cluster.gpus));
+  differ("/plan/strategy", run.strategy, plan.spec.strategy);
+  differ("/plan/flavour", run.flavour, costmodel::flavour_name(plan.spec.flavour));
+  if (run.micro_batch != 0)
+    differ("/plan/job/micro_batch", fmt::format("micro-batch {}", run.micro_batch),
+           fmt::format("micro-batch {}", plan.job.micro_batch));
+  return d;
+}
+
 } // namespace
 
-json validate_json(const json& plan_document, const json& run_document) {
+json validate_json(const json& plan_document, const json& run_document, bool force) {
   const auto plan = costmodel::plan_from_json(plan_document);
   const auto run = read_run(run_document);
+  const auto differ = differences(plan, run);
+  if (!differ.empty() && !force)
+    throw InputError(differ.front().first,
+                     fmt::format("not a run of this plan: {} (--force compares them anyway)",
+                                 differ.front().second));
   const auto& pr = plan.prediction;
   json out;
   out["plan"] = {
@@ -213,11 +240,6 @@ json validate_json(const json& plan_document, const json& run_document) {
   if (run.rehearsal && run.device)
     notes.push_back("a rehearsal on a GPU makes no NCCL communicator: the prediction's NCCL "
                     "workspace is not in the measured peak");
-  if (run.world != plan.cluster.gpus || run.strategy != plan.spec.strategy ||
-      (run.micro_batch != 0 && run.micro_batch != plan.job.micro_batch))
-    notes.push_back(
-        fmt::format("the run was made from another plan ({} on {} ranks, micro-batch {})",
-                    run.strategy, run.world, run.micro_batch));
   if (run.step_cpu_s && run.step_s > 0 && *run.step_cpu_s < 0.9 * run.step_s)
     notes.push_back(fmt::format(
         "the measuring rank's thread ran {:.0f}% of the step's wall time: other load on the "
@@ -226,12 +248,25 @@ json validate_json(const json& plan_document, const json& run_document) {
   for (const auto& d : run.deviations)
     notes.push_back("executor: " + d);
   out["notes"] = notes;
+  if (!differ.empty()) {
+    json forced = json::array();
+    for (const auto& [pointer, what] : differ)
+      forced.push_back(fmt::format("{}: {}", pointer, what));
+    out["forced"] = forced;
+  }
   return out;
 }
 
-std::string validate_table(const json& plan_document, const json& run_document) {
-  const json v = validate_json(plan_document, run_document);
+std::string validate_table(const json& plan_document, const json& run_document, bool force) {
+  const json v = validate_json(plan_document, run_document, force);
   Text t;
+  if (v.contains("forced")) {
+    std::vector<std::string> what;
+    for (const auto& d : v["forced"])
+      what.push_back(d.get<std::string>());
+    t.line("forced (--force): not a run of this plan ({}); the errors below compare two plans",
+           fmt::join(what, "; "));
+  }
   t.line("plan: {} ({}) on {} ranks, micro-batch {}, model {}, hardware {}",
          v["plan"]["strategy"].get<std::string>(), v["plan"]["flavour"].get<std::string>(),
          v["plan"]["gpus"].get<int>(), v["plan"]["micro_batch"].get<std::int64_t>(),

@@ -5,8 +5,7 @@
 // null where nothing was measured. JSON keys (at least): memory.peak_rel_error,
 // time.step_rel_error; memory.categories.<name>.{predicted_bytes, measured_bytes, rel_error};
 // time.parts.{compute, communication}.{predicted_s, measured_s, rel_error}; notes (why a number
-// may not be comparable: a scaled run, a rehearsal, a run of another plan, the executor's
-// deviations from the plan).
+// may not be comparable: a scaled run, a rehearsal, the executor's deviations from the plan).
 //
 // Measured values are the run document's summary (executor/run_document.hpp): the peak of the
 // rank with the highest peak and its breakdown; the slowest rank's median step. The predicted
@@ -25,9 +24,14 @@ namespace shardplan::planner {
 
 // plan_document: a plan (planner recommend --emit plan); run_document: executor's run.json.
 // Throws costmodel::InputError naming the JSON pointer of a missing or malformed field (in the
-// plan: as plan_from_json; in the run: "/summary/time/step_s: missing key").
+// plan: as plan_from_json; in the run: "/summary/time/step_s: missing key"), and of the first
+// field that says the run is not of this plan (its /plan/model, /environment/ranks,
+// /plan/strategy, /plan/flavour or /plan/job/micro_batch differs from the plan's), with both
+// values. force: compare anyway; the JSON then has "forced" (every difference), and the table
+// says so in its first line.
 nlohmann::json validate_json(const nlohmann::json& plan_document,
-                             const nlohmann::json& run_document);
-std::string validate_table(const nlohmann::json& plan_document, const nlohmann::json& run_document);
+                             const nlohmann::json& run_document, bool force = false);
+std::string validate_table(const nlohmann::json& plan_document, const nlohmann::json& run_document,
+                           bool force = false);
 
 } // namespace shardplan::planner

@@ -90,20 +90,52 @@ TEST_CASE("options::rejections name the flag and the value") {
   CHECK(rejection({"--min-bytes", "12X"}) ==
         "--min-bytes: must be a byte count like 8, 64K, 32M or 1G, got \"12X\"");
   CHECK(rejection({"--max-bytes", "0"}) == "--max-bytes: must be > 0, got 0");
-  CHECK(rejection({"--iters", "0"}) == "--iters: must be an integer >= 1, got \"0\"");
-  CHECK(rejection({"--warmup", "-1"}) == "--warmup: must be an integer >= 0, got \"-1\"");
+  CHECK(rejection({"--iters", "0"}) == "--iters: must be an integer between 1 and 1000000, got \"0\"");
+  CHECK(rejection({"--warmup", "-1"}) == "--warmup: must be an integer between 0 and 1000000, got \"-1\"");
   CHECK(rejection({"--backend", "gloo"}) == "--backend: must be nccl or mpi, got \"gloo\"");
   CHECK(rejection({"--groups", "world,shard:0"}).rfind("--groups: unknown group \"shard:0\"", 0) ==
         0);
-  CHECK(rejection({"--gemm-tokens", "x"}) == "--gemm-tokens: must be an integer >= 1, got \"x\"");
+  CHECK(rejection({"--gemm-tokens", "x"}) == "--gemm-tokens: must be an integer between 1 and 1000000000, got \"x\"");
   CHECK(rejection({"--bogus"}).rfind("command line: ", 0) == 0);
   CHECK(rejection({"import-nccl-tests"}).rfind("command line: ", 0) == 0); // no LOG
   CHECK(rejection({"import", "a.log", "--tier", "rack"}) ==
         "--tier: must be intra_node or inter_node, got \"rack\"");
   CHECK(rejection({"import", "a.log", "--ranks", "0"}) ==
-        "--ranks: must be an integer >= 1, got \"0\"");
+        "--ranks: must be an integer between 1 and 1000000, got \"0\"");
   CHECK(rejection({"import", "a.log", "--op", "gather"})
             .rfind("--op: unknown collective \"gather\"", 0) == 0);
+}
+
+TEST_CASE("options::a zero or empty value is refused, not read as the default; integers are decimal") {
+  CHECK(rejection({"--min-bytes", ""}) ==
+        "--min-bytes: must be a byte count like 8, 64K, 32M or 1G, got \"\"");
+  CHECK(rejection({"--max-bytes", ""}) ==
+        "--max-bytes: must be a byte count like 8, 64K, 32M or 1G, got \"\"");
+  CHECK(rejection({"--gemm-tokens", ""}) ==
+        "--gemm-tokens: must be an integer between 1 and 1000000000, got \"\"");
+  CHECK(rejection({"--gemm-tokens", "0"}) ==
+        "--gemm-tokens: must be an integer between 1 and 1000000000, got \"0\"");
+  CHECK(rejection({"--gemm-model", ""}) == "--gemm-model: must name a preset or a file, got \"\"");
+  CHECK(rejection({"--groups", ""}).rfind("--groups: unknown group \"\"", 0) == 0);
+  CHECK(rejection({"--out", ""}) == "--out: must name a file, got \"\"");
+  CHECK(rejection({"--into", ""}) == "--into: must name a file, got \"\"");
+  CHECK(rejection({"import", "a.log", "--ranks", ""}) ==
+        "--ranks: must be an integer between 1 and 1000000, got \"\"");
+  CHECK(rejection({"import", "a.log", "--tier", ""}) ==
+        "--tier: must be intra_node or inter_node, got \"\"");
+  CHECK(rejection({"import", "a.log", "--op", ""}).rfind("--op: unknown collective \"\"", 0) == 0);
+  CHECK(rejection({"import", "a.log", "--out", ""}) == "--out: must name a file, got \"\"");
+  // Decimal only, in range: never octal, hex or wrapped.
+  CHECK(parse({"--iters", "010"}).measure.iters == 10);
+  CHECK(parse({"import", "a.log", "--ranks", "010"}).import.ranks == 10);
+  CHECK(rejection({"--iters", "0x10"}) ==
+        "--iters: must be an integer between 1 and 1000000, got \"0x10\"");
+  CHECK(rejection({"--iters", "4294967297"}) ==
+        "--iters: must be an integer between 1 and 1000000, got \"4294967297\"");
+  CHECK(rejection({"--min-bytes", "0x10"}) ==
+        "--min-bytes: must be a byte count like 8, 64K, 32M or 1G, got \"0x10\"");
+  CHECK(rejection({"--timeout-s", "0x1p3"}) ==
+        "--timeout-s: must be a number of seconds > 0 and finite, got \"0x1p3\"");
 }
 
 TEST_CASE("options::the import command and help") {

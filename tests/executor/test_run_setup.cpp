@@ -91,6 +91,37 @@ TEST_CASE("executor::a plan it cannot run as asked is refused, naming the field"
   }
 }
 
+TEST_CASE("executor::a run too big for the host is refused before allocating, naming the flag") {
+  const auto plan = plan_document("fsdp-full", 2);
+  constexpr double kHost = 64.0 * (1 << 30);  // a 64 GiB host
+  RunRequest request;
+  const auto as_planned = make_run_setup(plan, 2, request);
+  CHECK(least_rank_bytes(as_planned) > 0);
+  CHECK(least_rank_bytes(as_planned) < 1e6);
+  CHECK_NOTHROW(check_run_size(as_planned, request, kHost));
+  // 2^31 tokens per sequence: the head's logits alone are 2 · 2^31 · 64 · 4 bytes; in doubles,
+  // nothing wraps.
+  request.scale_seq = std::int64_t{1} << 31;
+  const auto long_sequences = make_run_setup(plan, 2, request);
+  CHECK(least_rank_bytes(long_sequences) > 2.0 * 2147483648.0 * 64 * 4);
+  CHECK_THROWS_WITH_AS(check_run_size(long_sequences, request, kHost),
+                       doctest::Contains("--scale-seq: micro-batches of 2 sequences of 2147483648 tokens"),
+                       InputError);
+  CHECK_THROWS_WITH_AS(check_run_size(long_sequences, request, kHost),
+                       doctest::Contains("more than this host's 64.0 GiB of memory"), InputError);
+  CHECK_NOTHROW(check_run_size(long_sequences, request, 0));  // the host's memory unknown
+  // Scaled up rather than down: the --scale-* flags are named.
+  RunRequest wide;
+  wide.scale = ScaledSize{.layers = 1, .hidden = 1 << 20, .heads = 1, .vocab = 1 << 20};
+  const auto big_model = make_run_setup(plan, 2, wide);
+  try {
+    check_run_size(big_model, wide, kHost);
+    FAIL("accepted a model of 2^40 parameters on a 64 GiB host");
+  } catch (const InputError& e) {
+    CHECK(e.where() == "--scale-layers");
+  }
+}
+
 TEST_CASE("executor::the GPU backend runs flash attention and prefetches as planned") {
   auto plan = plan_document("zero3", 2);
   plan["job"]["attention"] = "flash";
@@ -172,5 +203,14 @@ TEST_CASE("executor::rank records travel as fixed-length vectors") {
   CHECK(back.steps[1].loss == 2.25);
   CHECK(back.steps[1].collectives[CollectiveKind::reduce_scatter].bytes_sent == 2048);
   CHECK(steady_median(back.steps, &StepReport::step_s) == 0.5);
+  CHECK(back.capacity_bytes == 1 << 30);
   CHECK_THROWS_AS(unpack(v, 3), std::invalid_argument);
+  // No capacity limit (2^63 − 1 bytes, which no double holds) comes back as no limit: it came
+  // back as −2^63 through std::llround.
+  r.capacity_bytes = TrackedAllocator::kUnlimited;
+  CHECK(unpack(pack(r), 2).capacity_bytes == TrackedAllocator::kUnlimited);
+  // A count past 2^62 in a record is refused, not wrapped.
+  auto bad = pack(r);
+  bad[1] = 1e19;  // the peak
+  CHECK_THROWS_AS(unpack(bad, 2), std::invalid_argument);
 }

@@ -121,11 +121,11 @@ TEST_CASE("validate::says when numbers are not comparable") {
   run["model"]["scaled"] = true;
   run["environment"]["rehearsal"] = true;
   run["summary"]["time"]["collective_time_excluded"] = true;
-  run["plan"]["strategy"] = "ddp";
   run["summary"]["memory"]["at_peak"]["buffers"] = 10;
   run["summary"]["memory"]["at_peak"]["activations"] = 0;
   const auto v = planner::validate_json(plan_document(), run);
-  CHECK(v["notes"].size() == 4);
+  CHECK(v["notes"].size() == 3);
+  CHECK_FALSE(v.contains("forced"));
   CHECK(v["memory"]["categories"]["buffers"]["rel_error"].get<double>() == -1); // none predicted
   CHECK(v["memory"]["categories"]["activations"]["rel_error"].is_null());       // none measured
 }
@@ -182,4 +182,46 @@ TEST_CASE("validate::a malformed run is refused naming the field") {
   CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run), "/surprise: unknown key",
                        costmodel::InputError);
   CHECK_THROWS_AS(planner::validate_json(run_document(), run_document()), costmodel::InputError);
+}
+
+TEST_CASE("validate::a run of another plan is refused naming the field; --force compares anyway") {
+  struct Case {
+    const char* pointer;
+    json value;
+    const char* difference;
+  };
+  const Case cases[] = {
+      {"/plan/model", "llama-2-7b", "the run's model \"llama-2-7b\", the plan's model \"gpt2\""},
+      {"/environment/ranks", 8, "the run's 8 ranks, the plan's 2 ranks"},
+      {"/plan/strategy", "ddp", "the run's ddp, the plan's fsdp-full"},
+      {"/plan/flavour", "fsdp1", "the run's fsdp1, the plan's fsdp2"},
+      {"/plan/job/micro_batch", 1, "the run's micro-batch 1, the plan's micro-batch 2"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.pointer);
+    auto run = run_document();
+    run[json::json_pointer(c.pointer)] = c.value;
+    const std::string named = std::string(c.pointer) + ": " + c.difference;
+    CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run),
+                         (std::string(c.pointer) + ": not a run of this plan: " + c.difference +
+                          " (--force compares them anyway)")
+                             .c_str(),
+                         costmodel::InputError);
+    CHECK_THROWS_AS(planner::validate_table(plan_document(), run), costmodel::InputError);
+    const auto forced = planner::validate_json(plan_document(), run, true);
+    REQUIRE(forced["forced"].size() == 1);
+    CHECK(forced["forced"][0] == named);
+    const auto table = planner::validate_table(plan_document(), run, true);
+    CHECK(table.rfind("forced (--force): not a run of this plan (" + named + ")", 0) == 0);
+  }
+  // Another model and strategy at once (the case): every difference is said.
+  auto run = run_document();
+  run["plan"]["model"] = "llama-2-7b";
+  run["plan"]["strategy"] = "zero3";
+  CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run), doctest::Contains("/plan/model: "),
+                       costmodel::InputError);
+  CHECK(planner::validate_json(plan_document(), run, true)["forced"].size() == 2);
+  // A run of this plan is compared with or without --force, and says nothing of it.
+  CHECK_FALSE(planner::validate_json(plan_document(), run_document(), true).contains("forced"));
+  CHECK(planner::validate_table(plan_document(), run_document(), true).rfind("plan: ", 0) == 0);
 }

@@ -1,0 +1,122 @@
+// What the planner makes of the numbers and names on its command line: a value the user gave is
+// used or refused (one line, exit code 2), never replaced by a default; integers are decimal.
+#include <doctest/doctest.h>
+
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "planner/cli.hpp"
+
+namespace {
+
+struct Run {
+  int code;
+  std::string out, err;
+};
+
+Run planner(std::vector<std::string> args) {
+  args.insert(args.begin(), "planner");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  std::ostringstream out, err;
+  auto* old_out = std::cout.rdbuf(out.rdbuf());
+  auto* old_err = std::cerr.rdbuf(err.rdbuf());
+  const int code = shardplan::planner::run_cli(static_cast<int>(argv.size()), argv.data());
+  std::cout.rdbuf(old_out);
+  std::cerr.rdbuf(old_err);
+  return {code, out.str(), err.str()};
+}
+
+void check_refused(std::vector<std::string> args, const std::string& err) {
+  CAPTURE(args.back());
+  const auto r = planner(std::move(args));
+  CHECK(r.code == 2);
+  CHECK(r.out.empty());
+  CHECK(r.err == "planner: " + err + "\n");
+}
+
+}  // namespace
+
+TEST_CASE("cli_input::a zero or empty value is refused, not read as the default") {
+  const std::vector<std::string> estimate = {"estimate", "--strategy", "ddp"};
+  auto with = [&](std::vector<std::string> more) {
+    auto a = estimate;
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  check_refused(with({"--gpus", "0"}), "--gpus: must be >= 1, got 0");
+  check_refused(with({"--gpus", ""}), "--gpus: must be a whole decimal number, got \"\"");
+  check_refused(with({"--seq-len", "0"}), "--seq-len: must be > 0, got 0");
+  check_refused(with({"--global-batch", "0"}), "--global-batch: must be > 0, got 0");
+  check_refused(with({"--micro-batch", "0"}), "--micro-batch: must be > 0, got 0");
+  check_refused(with({"--params", "0"}), "--params: must be between 1e3 and 1e15, got 0");
+  check_refused(with({"--params", "1e9", "--layers", "0"}), "--layers: must be > 0, got 0");
+  check_refused(with({"--model", ""}), "--model: must name a preset or a file, got \"\"");
+  check_refused(with({"--hardware", ""}), "--hardware: must name a profile or a file, got \"\"");
+  check_refused(with({"--job", ""}), "--job: must name a file, got \"\"");
+  check_refused(with({"--gpus-per-node", "0"}), "--gpus-per-node: must be between 1 and 1024, got 0");
+  check_refused(with({"--precision", ""}),
+                "--precision: must be one of fp32, bf16-mixed, fp16-mixed, bf16, got \"\"");
+  check_refused({"estimate", "--strategy", "hsdp", "--shard-group-size", "0"},
+                "--shard-group-size: must be >= 1, got 0");
+  check_refused({"estimate", "--strategy", ""},
+                "--strategy: must be one of ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, hsdp, got \"\"");
+  check_refused({"recommend", "--emit", ""}, "--emit: must be deepspeed, fsdp or plan, got \"\"");
+  check_refused({"describe", "--model", ""}, "--model: must name a preset or a file, got \"\"");
+  check_refused({"describe", "--params", "0"}, "--params: must be between 1e3 and 1e15, got 0");
+  check_refused({"compare", "--strategies", ""}, "--strategies: names no strategy, got \"\"");
+  // Not given at all: the built-in default job, as before.
+  const auto r = planner({"estimate", "--strategy", "ddp"});
+  CHECK(r.code == 0);
+  CHECK(r.out.rfind("llama-2-7b (6.74 B params) on 8 x a100-sxm4-80gb", 0) == 0);
+}
+
+TEST_CASE("cli_input::integer flags are decimal: 010 is ten, 0x10 is refused") {
+  // --gpus 010 is ten GPUs (not octal 8): not a multiple of 8 per node.
+  check_refused({"estimate", "--strategy", "ddp", "--gpus", "010"},
+                "--gpus: 10 is not a multiple of --gpus-per-node 8; 8 or 16 would be");
+  const auto leading_zero = planner({"estimate", "--strategy", "ddp", "--gpus", "016", "--format", "json"});
+  REQUIRE(leading_zero.code == 0);
+  CHECK(leading_zero.out.find("\"gpus\": 16,") != std::string::npos);
+  check_refused({"estimate", "--strategy", "ddp", "--gpus", "0x10"}, "--gpus: must be a whole decimal number, got \"0x10\"");
+  check_refused({"estimate", "--strategy", "ddp", "--seq-len", "0x1000"},
+                "--seq-len: must be a whole decimal number, got \"0x1000\"");
+  check_refused({"estimate", "--strategy", "ddp", "--gpus", "+8"}, "--gpus: must be a whole decimal number, got \"+8\"");
+  check_refused({"estimate", "--strategy", "ddp", "--gpus", "5000000000"},
+                "--gpus: must be between -2147483648 and 2147483647, got \"5000000000\"");
+  check_refused({"recommend", "--top", "0x3"}, "--top: must be a whole decimal number, got \"0x3\"");
+  check_refused({"estimate", "--strategy", "ddp", "--params", "0x1p40"}, "--params: must be a decimal number, got \"0x1p40\"");
+  check_refused({"estimate", "--strategy", "ddp", "--headroom", "nan"}, "--headroom: must be a decimal number, got \"nan\"");
+  check_refused({"estimate", "--strategy", "ddp", "--params", "inf"}, "--params: must be a decimal number, got \"inf\"");
+  const auto params = planner({"estimate", "--strategy", "zero3", "--params", "7.5e9", "--format", "json"});
+  CHECK(params.code == 0);
+  CHECK(params.out.find("\"params\": 7500000000,") != std::string::npos);
+}
+
+TEST_CASE("cli_input::bytes past what a plan can count are bad input, never a wrapped number") {
+  // 1e6 sequences of 2^20 tokens per micro-batch: 3.6e21 bytes per GPU, past 2^62; the JSON showed
+  // peak_bytes −9223372036854775808.
+  const std::vector<std::string> job = {"--params", "1e14", "--gpus", "1000000", "--seq-len", "1048576",
+                                        "--global-batch", "1000000000000", "--format", "json"};
+  std::vector<std::string> args = {"estimate", "--strategy", "zero3", "--micro-batch", "1000000"};
+  args.insert(args.end(), job.begin(), job.end());
+  const auto r = planner(args);
+  CHECK(r.code == 2);
+  CHECK(r.out.empty());
+  CHECK(r.err.rfind("planner: --micro-batch: 1000000 sequences of 1048576 tokens: params:100000000000000 needs "
+                    "3.59e+21 bytes per GPU under zero3",
+                    0) == 0);
+  args[0] = "compare";
+  args.erase(args.begin() + 1, args.begin() + 3);
+  const auto c = planner(args);
+  CHECK(c.code == 2);
+  CHECK(c.err.rfind("planner: --micro-batch: 1000000 sequences of 1048576 tokens:", 0) == 0);
+  // Without --micro-batch, even one sequence of 1e8 tokens of a 1e15-parameter model is too much
+  // under eager attention (its scores are seq² per head).
+  const auto seq = planner({"estimate", "--strategy", "ddp", "--params", "1e15", "--seq-len", "100000000",
+                            "--attention", "eager", "--format", "json"});
+  CHECK(seq.code == 2);
+  CHECK(seq.err.rfind("planner: --seq-len: 100000000 tokens, even 1 sequence per micro-batch:", 0) == 0);
+}

@@ -1,0 +1,122 @@
+// A property test over extreme inputs: estimate and compare, through the command line with JSON
+// output, for every combination of a grid from a tiny model on one GPU to 1e14 parameters on a
+// million GPUs with a million sequences of a million tokens per micro-batch. Each run either is
+// refused as bad input (exit code 2, one line naming a flag) or prints numbers that are finite,
+// non-negative (the margin to the usable memory aside: negative when the plan does not fit) and
+// consistent: the breakdown at the peak sums to the peak, and the peak holds the model states.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "planner/cli.hpp"
+
+namespace {
+
+using nlohmann::json;
+
+struct Run {
+  int code;
+  std::string out, err;
+};
+
+Run planner(std::vector<std::string> args) {
+  args.insert(args.begin(), "planner");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  std::ostringstream out, err;
+  auto* old_out = std::cout.rdbuf(out.rdbuf());
+  auto* old_err = std::cerr.rdbuf(err.rdbuf());
+  const int code = shardplan::planner::run_cli(static_cast<int>(argv.size()), argv.data());
+  std::cout.rdbuf(old_out);
+  std::cerr.rdbuf(old_err);
+  return {code, out.str(), err.str()};
+}
+
+// Every number under j finite and >= 0 (margin_bytes may be negative); where: its JSON pointer.
+void check_numbers(const json& j, const std::string& where) {
+  if (j.is_structured()) {
+    for (const auto& [key, value] : j.items())
+      if (key != "margin_bytes") check_numbers(value, where + "/" + key);
+    return;
+  }
+  if (!j.is_number()) return;
+  INFO(where << " = " << j.dump());
+  if (j.is_number_float()) CHECK(std::isfinite(j.get<double>()));
+  CHECK(j.get<double>() >= 0);
+}
+
+void check_evaluation(const json& e) {
+  check_numbers(e, "");
+  const auto& m = e.at("memory");
+  CHECK(m.at("margin_bytes").is_number());
+  const double peak = m.at("peak_bytes").get<double>();
+  double at_peak = 0;
+  for (const auto& [name, bytes] : m.at("breakdown").items()) at_peak += bytes.get<double>();
+  INFO(e.dump());
+  // Rounded category by category: within a byte a category.
+  CHECK(at_peak == doctest::Approx(peak).epsilon(1e-9));
+  CHECK(std::fabs(at_peak - peak) <= std::max(8.0, 1e-12 * peak));
+  if (e.at("valid").get<bool>()) CHECK(peak >= m.at("model_states_bytes").get<double>());
+}
+
+// Bad input: one line, naming a flag, exit code 2, nothing on standard output.
+bool refused(const Run& r) {
+  if (r.code != 2) return false;
+  CHECK(r.out.empty());
+  CHECK(r.err.rfind("planner: --", 0) == 0);
+  CHECK(r.err.find('\n') == r.err.size() - 1);
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("extreme_grid::estimate and compare print finite, non-negative, consistent numbers or refuse") {
+  const std::vector<std::string> params = {"1", "1e6", "7e9", "1e12", "1e14"};
+  const std::vector<long long> gpus = {1, 8, 1000, 1000000};
+  const std::vector<std::string> seq = {"1", "4096", "1048576"};
+  const std::vector<long long> micro = {1, 64, 1000000};
+  const std::vector<std::string> strategies = {"ddp", "zero1", "zero2", "zero3", "fsdp-full", "hsdp"};
+  int runs = 0, answered = 0;
+  for (const auto& p : params)
+    for (long long g : gpus)
+      for (const auto& s : seq)
+        for (long long mb : micro)
+          for (const std::string global : {std::to_string(g * mb), std::string("1000000000000")}) {
+            const std::vector<std::string> job = {"--params", p, "--gpus", std::to_string(g), "--seq-len", s,
+                                                  "--micro-batch", std::to_string(mb), "--global-batch", global,
+                                                  "--format", "json"};
+            std::string line;
+            for (const auto& a : job) line += a + " ";
+            CAPTURE(line);
+            auto compare = job;
+            compare.insert(compare.begin(), "compare");
+            const auto c = planner(compare);
+            ++runs;
+            if (!refused(c)) {
+              REQUIRE(c.code == 0);
+              ++answered;
+              const auto all = json::parse(c.out);
+              REQUIRE(all.size() == 7);
+              for (const auto& e : all) check_evaluation(e);
+            }
+            for (const auto& strategy : strategies) {
+              auto estimate = job;
+              estimate.insert(estimate.begin(), {"estimate", "--strategy", strategy});
+              const auto r = planner(estimate);
+              ++runs;
+              if (refused(r)) continue;
+              REQUIRE(r.code == 0);
+              ++answered;
+              check_evaluation(json::parse(r.out));
+            }
+          }
+  MESSAGE(runs << " runs, " << answered << " answered with numbers");
+  CHECK(answered > runs / 4);  // the grid is not all refusals
+}
