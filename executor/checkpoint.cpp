@@ -21,6 +21,7 @@
 #include "costmodel/json_reader.hpp"
 #include "costmodel/sharding.hpp"
 #include "executor/sha256.hpp"
+#include "io/file_kind.hpp"
 #include "io/text.hpp"
 
 namespace shardplan::executor {
@@ -125,7 +126,7 @@ std::string read_own_file(int dirfd, const char* name, const std::string& shown,
   if (::fstat(fd.get(), &st) != 0)
     throw InputError(shown, fmt::format("cannot read: {}", errno_text()));
   if (!S_ISREG(st.st_mode))
-    throw InputError(shown, "not a regular file");
+    throw InputError(shown, fmt::format("is {}, not a regular file", io::file_kind(st.st_mode)));
   if (st.st_size > limit)
     throw InputError(shown, fmt::format("{} bytes, past the limit of {} bytes", st.st_size, limit));
   std::string text(static_cast<std::size_t>(st.st_size), '\0');

@@ -273,13 +273,13 @@ TEST_CASE("checkpoint::a damaged or mismatched checkpoint is an error naming the
           index.string() + ": a symbolic link, which a checkpoint never writes");
     fs::remove(index);
     fs::create_directory(index);
-    CHECK(load_error(model) == index.string() + ": not a regular file");
+    CHECK(load_error(model) == index.string() + ": is a directory, not a regular file");
     fs::remove(index);
     fs::rename(bad / "real-index.json", index);
     const auto digest = bad / "index.json.sha256";
     fs::remove(digest);
     REQUIRE(::mkfifo(digest.c_str(), 0644) == 0);
-    CHECK(load_error(model) == digest.string() + ": not a regular file");
+    CHECK(load_error(model) == digest.string() + ": is a FIFO, not a regular file");
   }
   SUBCASE("a missing key") {
     edit_index([](auto& j) { j["files"][0].erase("sha256"); });

@@ -136,6 +136,8 @@ TEST_CASE("validate::a GPU run: exposed communication is the compute's wait, MFU
   // On a GPU, collectives_s is the time to queue them; comm_wait_s the compute's stall on them.
   time["comm_wait_s"] = 0.25;
   time["comm_wait_by_stream_s"] = {{"all_gather", 0.15}, {"reduce", 0.1}, {"replica", 0.0}};
+  time["collectives_overlap"] = true;
+  run["environment"]["backend"] = "nccl";
   time["model_flops_per_step"] = 3e14;
   time["achieved_TFLOPs"] = 200.0; // 3e14 / 1.5 s
   time["peak_TFLOPs"] = 494.5;
@@ -224,4 +226,27 @@ TEST_CASE("validate::a run of another plan is refused naming the field; --force 
   // A run of this plan is compared with or without --force, and says nothing of it.
   CHECK_FALSE(planner::validate_json(plan_document(), run_document(), true).contains("forced"));
   CHECK(planner::validate_table(plan_document(), run_document(), true).rfind("plan: ", 0) == 0);
+}
+
+TEST_CASE("validate::exposed communication is the compute's wait where collectives overlapped") {
+  // A CPU run: blocking collectives are exposed whole (collectives_s, whatever comm_wait_s says);
+  // with collective streams (collectives_overlap) the exposed part is the compute's wait; a run
+  // document without the key overlapped them only on the NCCL backend.
+  auto run = run_document();
+  auto& time = run["summary"]["time"];
+  const double queued_or_blocking = time["collectives_s"].get<double>();
+  time["comm_wait_s"] = 0.0;
+  time["collectives_overlap"] = false;
+  auto measured = [&] {
+    return planner::validate_json(plan_document(), run)["time"]["parts"]["communication"]
+                                 ["measured_s"].get<double>();
+  };
+  CHECK(measured() == queued_or_blocking);
+  time["comm_wait_s"] = 0.05;
+  time["collectives_overlap"] = true;
+  CHECK(measured() == 0.05);
+  time.erase("collectives_overlap");
+  CHECK(measured() == queued_or_blocking);  // an mpi run of an older executor
+  run["environment"]["backend"] = "nccl";
+  CHECK(measured() == 0.05);
 }
