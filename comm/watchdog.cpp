@@ -142,19 +142,20 @@ void Watchdog::set_phase(std::string_view phase, bool waits_for_peers) {
   std::memcpy(phase_.data(), phase.data(), n);
   phase_[n] = '\0';
   phase_waits_ = waits_for_peers;
-  operation_ = nullptr;
   progress_locked();
 }
 
 void Watchdog::begin_wait(const char* operation) {
   std::lock_guard lock(mutex_);
+  ++waits_;
   operation_ = operation;
   progress_locked();
 }
 
 void Watchdog::end_wait() {
   std::lock_guard lock(mutex_);
-  operation_ = nullptr;
+  if (waits_ > 0 && --waits_ == 0)
+    operation_ = nullptr;
   progress_locked();
 }
 
@@ -201,7 +202,7 @@ void Watchdog::abort_watched() {
 void Watchdog::run() {
   std::unique_lock lock(mutex_);
   while (!stopping_) {
-    const bool waiting = operation_ != nullptr || phase_waits_;
+    const bool waiting = waits_ > 0 || phase_waits_;
     const double limit = options_.timeout_s + (waiting ? grace_s_ : 0.0);
     const double idle = std::chrono::duration<double>(Clock::now() - last_progress_).count();
     if (idle < limit) {

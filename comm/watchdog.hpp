@@ -67,8 +67,9 @@ public:
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  // Called by the one thread that does the rank's work. Both are progress and cost a short lock
-  // and a copy of at most kPhaseCapacity bytes. `waits_for_peers`: the whole phase is spent in
+  // Called by the threads that do the rank's work (the main one; with collective streams,
+  // comm/host_stream.hpp, each stream's too). Both are progress and cost a short lock and a copy
+  // of at most kPhaseCapacity bytes. `waits_for_peers`: the whole phase is spent in
   // calls that wait for the other ranks (a benchmark of collectives), as between begin_wait and
   // end_wait.
   void set_phase(std::string_view phase, bool waits_for_peers = false);
@@ -124,7 +125,8 @@ private:
   mutable std::mutex mutex_; // guards everything below; the crash handler reads without it
   std::condition_variable wake_;
   std::array<char, kPhaseCapacity> phase_{};
-  const char* operation_ = nullptr; // the waiting call, or nullptr
+  const char* operation_ = nullptr; // the waiting call begun last, or nullptr
+  int waits_ = 0;                   // waiting calls under way (collective streams overlap them)
   bool phase_waits_ = false;
   Clock::time_point last_progress_;
   bool stopping_ = false;

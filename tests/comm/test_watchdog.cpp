@@ -83,6 +83,18 @@ TEST_CASE("watchdog::a rank waiting for the others gives them a short grace to n
                       "ranks); aborting the job") != std::string::npos);
 }
 
+TEST_CASE("watchdog::overlapping waits (collective streams) keep the rank waiting until the last ends") {
+  Watched w(60);
+  w.watchdog.set_phase("step 1 backward unit 3");
+  w.watchdog.begin_wait("all_gather");      // the all-gathers' stream
+  w.watchdog.begin_wait("reduce_scatter");  // the reductions' stream
+  w.watchdog.set_phase("step 1 backward unit 2");  // the computing thread goes on
+  w.watchdog.end_wait();
+  CHECK(w.watchdog.phase() == "step 1 backward unit 2: reduce_scatter");
+  w.watchdog.end_wait();
+  CHECK(w.watchdog.phase() == "step 1 backward unit 2");
+}
+
 TEST_CASE("watchdog::fires near its deadline, waiting or not") {
   // A 1 s timeout ends the job well before 2 s (it took 3 s for a waiting rank, whose grace was
   // 2 s): the bound is generous for a loaded machine and still fails a grace of a second.
