@@ -22,6 +22,7 @@
 #include "costmodel/sharding.hpp"
 #include "executor/sha256.hpp"
 #include "io/file_kind.hpp"
+#include "io/file_writer.hpp"
 #include "io/text.hpp"
 
 namespace shardplan::executor {
@@ -915,7 +916,10 @@ Consolidated consolidate_checkpoint(const std::string& dir, const std::string& o
     verify_checkpoint_file(dir, f);
   Consolidated c;
   c.step = index.step;
-  AtomicFile file(out);
+  // The whole model in memory (the executor held it to train it), then one output write: a
+  // regular file whole or not at all, a device or a pipe written through (io/file_writer.hpp).
+  std::string bytes_out;
+  Sha256 hash;
   std::vector<char> block(kIoBlock);
   for (std::size_t u = 0; u < index.unit_elements.size(); ++u) {
     // The parameter segments of unit u, in element order (they tile it: parse_index checked).
@@ -932,13 +936,15 @@ Consolidated consolidate_checkpoint(const std::string& dir, const std::string& o
       for (std::int64_t at = 0; at < bytes;) {
         const auto n = static_cast<std::size_t>(std::min<std::int64_t>(kIoBlock, bytes - at));
         read_at(fd.get(), block.data(), n, seg->offset_bytes + at, path);
-        file.write(block.data(), n);
+        hash.update(block.data(), n);
+        bytes_out.append(block.data(), n);
         at += static_cast<std::int64_t>(n);
       }
     }
     c.params += index.unit_elements[u];
   }
-  c.sha256 = Sha256::hex(file.commit());
+  io::write_file(out, bytes_out, "--out");
+  c.sha256 = Sha256::hex(hash.finish());
   return c;
 }
 

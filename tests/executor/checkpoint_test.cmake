@@ -95,6 +95,18 @@ run_expect(0 COMMAND ${PLANNER} validate --plan zero3-4.json --run continued.jso
 run_expect(0 COMMAND ${EXECUTOR} consolidate ckpt --out model.bin EXPECT "wrote model.bin")
 file(SHA256 ${WORK}/model.bin model_sha256)
 expect_equal("sha256 of model.bin = final_params_sha256" "${model_sha256}" "${saved_final}")
+# ... and into a device it writes through, never renaming over it: a null device of this test's
+# own where one can be made (mknod, as root), so that the old behaviour breaks nothing else.
+execute_process(COMMAND mknod ${WORK}/null c 1 3 RESULT_VARIABLE rc ERROR_QUIET)
+if(rc EQUAL 0)
+  run_expect(0 COMMAND ${EXECUTOR} consolidate ckpt --out null EXPECT "wrote null")
+  execute_process(COMMAND test -c ${WORK}/null RESULT_VARIABLE still_device)
+  if(NOT still_device EQUAL 0)
+    message(FATAL_ERROR "consolidate --out replaced a character device with a file")
+  endif()
+else()
+  message(STATUS "mknod not permitted: consolidate into a device not checked")
+endif()
 
 # Damaged or mismatched checkpoints: one line naming the file, exit code 2, on any rank count.
 file(COPY ${WORK}/ckpt/ DESTINATION ${WORK}/truncated)

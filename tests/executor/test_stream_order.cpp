@@ -229,6 +229,31 @@ TEST_CASE("stream_order::every strategy, flavour, rank and option of the engine 
   CHECK(runs > 100);
 }
 
+TEST_CASE("stream_order::deeper prefetch and more gathers in flight are ordered too") {
+  // The frameworks' defaults prefetch one unit with two all-gathers in flight; FSDP and DeepSpeed
+  // let users go further (forward_prefetch, backward_prefetch, the limiter).
+  for (const auto& st : kStrategies) {
+    if (std::string(st.name) != "fsdp-full" && std::string(st.name) != "zero3" &&
+        std::string(st.name) != "hsdp")
+      continue;
+    for (int depth : {2, 3})
+      for (int inflight : {1, 4}) {
+        auto spec = test_spec(st.name, st.flavour, 4);
+        spec.forward_prefetch = spec.backward_prefetch = depth;
+        spec.max_inflight_allgathers = inflight;
+        spec.prefetch_bucket_elems = 0;  // DeepSpeed: the depth as given, not from its bucket
+        auto o = test_options(small_llama(), spec, 2);
+        o.prefetch_as_planned = true;
+        for (int rank : {0, 3}) {
+          const auto r = run_checked(o, rank, 4, true);
+          CHECK_MESSAGE(r.count == 0, fmt::format("{} {} depth {} in flight {} rank {}:\n{}",
+                                                  st.name, flavour_name(st.flavour), depth,
+                                                  inflight, rank, r.findings));
+        }
+      }
+  }
+}
+
 TEST_CASE("stream_order::mixed precision and a tied head are ordered too") {
   for (auto precision : {Precision::bf16_mixed, Precision::fp16_mixed})
     for (const auto& st : kStrategies)

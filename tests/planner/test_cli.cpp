@@ -13,27 +13,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "planner/cli.hpp"
+#include "cli_fixture.hpp"
 
 namespace {
 
-struct Run {
-  int code;
-  std::string out, err;
-};
-
-Run planner(std::vector<std::string> args) {
-  args.insert(args.begin(), "planner");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  std::ostringstream out, err;
-  auto* old_out = std::cout.rdbuf(out.rdbuf());
-  auto* old_err = std::cerr.rdbuf(err.rdbuf());
-  const int code = shardplan::planner::run_cli(static_cast<int>(argv.size()), argv.data());
-  std::cout.rdbuf(old_out);
-  std::cerr.rdbuf(old_err);
-  return {code, out.str(), err.str()};
-}
+using shardplan::planner::testing::planner;
+using shardplan::planner::testing::Run;
 
 // Run time is the one thing that changes between runs.
 std::string without_timing(std::string s) {

@@ -15,29 +15,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "planner/cli.hpp"
+#include "cli_fixture.hpp"
 
 namespace {
 
 using nlohmann::json;
 
-struct Run {
-  int code;
-  std::string out, err;
-};
-
-Run planner(std::vector<std::string> args) {
-  args.insert(args.begin(), "planner");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  std::ostringstream out, err;
-  auto* old_out = std::cout.rdbuf(out.rdbuf());
-  auto* old_err = std::cerr.rdbuf(err.rdbuf());
-  const int code = shardplan::planner::run_cli(static_cast<int>(argv.size()), argv.data());
-  std::cout.rdbuf(old_out);
-  std::cerr.rdbuf(old_err);
-  return {code, out.str(), err.str()};
-}
+using shardplan::planner::testing::planner;
+using shardplan::planner::testing::Run;
 
 // Every number under j finite and >= 0 (margin_bytes may be negative); where: its JSON pointer.
 void check_numbers(const json& j, const std::string& where) {

@@ -1,0 +1,31 @@
+// Runs the planner's command line in this process and keeps what it printed and its exit code.
+#pragma once
+
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "planner/cli.hpp"
+
+namespace shardplan::planner::testing {
+
+struct Run {
+  int code;
+  std::string out, err;
+};
+
+inline Run planner(std::vector<std::string> args) {
+  args.insert(args.begin(), "planner");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  std::ostringstream out, err;
+  auto* old_out = std::cout.rdbuf(out.rdbuf());
+  auto* old_err = std::cerr.rdbuf(err.rdbuf());
+  const int code = run_cli(static_cast<int>(argv.size()), argv.data());
+  std::cout.rdbuf(old_out);
+  std::cerr.rdbuf(old_err);
+  return {code, out.str(), err.str()};
+}
+
+}  // namespace shardplan::planner::testing
