@@ -87,8 +87,9 @@ struct EngineOptions {
   AdamWOptions adamw;
   std::uint64_t seed = 1234; // initial parameters and tokens
   // Prefetch. The plan's forward/backward_prefetch and max_inflight_allgathers say how far ahead
-  // a GPU framework issues all-gathers so that they overlap compute. On a backend whose
-  // collectives block the computing thread (MPI on CPUs) nothing can overlap: the engine gathers
+  // a GPU framework issues all-gathers so that they overlap compute (on CPUs too with collective
+  // streams, comm/host_stream.hpp). Where collectives block the computing thread (plain MPI
+  // calls on CPUs) nothing can overlap: the engine gathers
   // a unit when it is about to run, which is also what the cost model predicts for a CPU profile
   // (collectives serialised with compute: a prefetched gather starts after the previous unit's
   // compute, when that unit's gathered buffer is already freed). With prefetch_as_planned the
@@ -160,9 +161,10 @@ struct StepReport {
   double backward_s = 0;       // the backward of every micro-batch (and its recompute)
   double optimizer_s = 0;      // AdamW over this rank's part
   double copy_s = 0;           // gradient copies into and out of buckets, accumulation adds
-  // Time the compute waited for collectives it depends on (a GPU's compute stream stalled on the
-  // all-gather, reduce and replica streams: the communication that did not overlap). 0 where
-  // collectives block the computing thread: their time is in `collectives`.
+  // Time the compute waited for collectives it depends on (a GPU's compute stream, or the CPU's
+  // computing thread with collective streams, stalled on the all-gather, reduce and replica
+  // streams: the communication that did not overlap). 0 where collectives block the computing
+  // thread: their time is in `collectives`.
   double comm_wait_s = 0;
   double gather_wait_s = 0;  // ... on the all-gathers' stream
   double reduce_wait_s = 0;  // ... on the reductions' stream
@@ -171,7 +173,9 @@ struct StepReport {
   // (the update was skipped and the scale halved). 1 and false otherwise.
   double loss_scale = 1;
   bool skipped = false;
-  CollectiveStats collectives; // this step's (on a GPU: the time to queue them, not to run them)
+  // This step's; where collectives run beside the compute (a GPU, collective streams on CPUs)
+  // their time is the time to queue them, not to run them.
+  CollectiveStats collectives;
   // CPU time of the computing thread over the step and over its compute parts: what the step
   // took while it ran. Wall time above CPU time is time the thread was not running (other load
   // on the machine; a collective that blocks instead of spinning).
