@@ -322,8 +322,14 @@ ModelSpec model_from_param_count(double params, std::int64_t layers) {
   if (layers == 0)
     layers = std::max<std::int64_t>(1, std::llround(std::cbrt(params / (12.0 * 128 * 128))));
   m.layers = std::min(layers, total);
-  const double h = std::sqrt(params / (12.0 * static_cast<double>(m.layers)));
-  m.hidden = std::max<std::int64_t>(1, std::llround(h));
+  const std::int64_t per_block = total / m.layers;
+  // GPT-3's block (Brown et al. 2020; Radford et al. 2019): W_qkv [3h, h], W_o [h, h],
+  // W_fc [4h, h], W_proj [h, 4h], 12·h² weights in GEMMs, with the largest h whose 12·h² fits the
+  // block's share; what is left of the share (norms, biases, rounding) is one vector, so that the
+  // count stays the user's and the FLOPs come from the shape (2 per GEMM weight per token).
+  auto h = static_cast<std::int64_t>(std::sqrt(static_cast<double>(per_block) / 12.0));
+  while (h > 1 && 12 * h * h > per_block) --h;  // the square root's rounding
+  m.hidden = std::max<std::int64_t>(1, h);
   m.heads = std::max<std::int64_t>(1, m.hidden / 128);
   m.kv_heads = m.heads;
   m.head_dim = std::max<std::int64_t>(1, m.hidden / m.heads);
@@ -331,8 +337,17 @@ ModelSpec model_from_param_count(double params, std::int64_t layers) {
   m.max_positions = 2048;
   m.mlp = MlpKind::gelu;
   m.norm = NormKind::layernorm;
-  const std::int64_t per_block = total / m.layers;
-  m.block.tensors.push_back({"block", per_block, 1});
+  const std::int64_t hh = m.hidden;
+  if (12 * hh * hh <= per_block && hh > 1) {
+    m.block.tensors = {{"attn.c_attn.weight", 3 * hh, hh},
+                       {"attn.c_proj.weight", hh, hh},
+                       {"mlp.c_fc.weight", 4 * hh, hh},
+                       {"mlp.c_proj.weight", hh, 4 * hh}};
+    if (const std::int64_t left = per_block - 12 * hh * hh; left > 0)
+      m.block.tensors.push_back({"norms, biases and the count's rest", left, 1});
+  } else {
+    m.block.tensors.push_back({"block", per_block, 1});  // too small for a 2×2 block
+  }
   const std::int64_t rest = total - per_block * m.layers;
   if (rest > 0) m.head.tensors.push_back({"remainder", rest, 1});
   return m;
