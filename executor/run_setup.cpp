@@ -119,7 +119,8 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
     r.deviations.push_back(
         "all-gathers are issued when a unit is about to run, not prefetched: MPI collectives "
         "block the computing thread, as the cost model's CPU profile assumes "
-        "(--prefetch-as-planned issues them ahead)");
+        "(--prefetch-as-planned issues them ahead; --collective-streams also runs them beside "
+        "the compute)");
   if (p.spec.persistence_threshold > 0 && p.spec.shard_parameters)
     r.deviations.push_back(
         "units with a tensor at or above the persistence threshold are partitioned whole, "
