@@ -11,10 +11,11 @@ std::size_t bytes_of(std::size_t count, comm::DataType type) {
 
 } // namespace
 
-StagedHostCommunicator::StagedHostCommunicator(comm::Communicator& inner) : inner_(inner) {}
+StagedHostCommunicator::StagedHostCommunicator(comm::Communicator& inner)
+    : ForwardingCommunicator(inner) {}
 
 StagedHostCommunicator::StagedHostCommunicator(std::unique_ptr<comm::Communicator> inner)
-    : owned_(std::move(inner)), inner_(*owned_) {}
+    : ForwardingCommunicator(*inner), owned_(std::move(inner)) {}
 
 std::unique_ptr<comm::CommBuffer> StagedHostCommunicator::allocate(std::size_t bytes) {
   return std::make_unique<comm::HostBuffer>(bytes);

@@ -12,22 +12,20 @@
 #include <memory>
 #include <string>
 
-#include "comm/communicator.hpp"
+#include "comm/forwarding_communicator.hpp"
 
 namespace shardplan::calibrate {
 
-class StagedHostCommunicator final : public comm::Communicator {
+class StagedHostCommunicator final : public comm::ForwardingCommunicator {
 public:
   // `inner` is not owned and must outlive this object.
   explicit StagedHostCommunicator(comm::Communicator& inner);
   // Owns `inner` (a group split off another staged communicator).
   explicit StagedHostCommunicator(std::unique_ptr<comm::Communicator> inner);
 
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  const char* backend() const override { return inner_.backend(); }
-  std::string library_version() const override { return inner_.library_version(); }
   comm::MemorySpace memory_space() const override { return comm::MemorySpace::host; }
+  // Every call has completed when it returns: no stream to order against.
+  void* stream_handle() const override { return nullptr; }
   // Host memory (comm::HostBuffer).
   std::unique_ptr<comm::CommBuffer> allocate(std::size_t bytes) override;
 
@@ -40,11 +38,9 @@ public:
                       comm::ReduceOp op = comm::ReduceOp::sum) override;
   void broadcast(void* buffer, std::size_t count, comm::DataType type, int root) override;
   void all_to_all(const void* send, void* recv, std::size_t count, comm::DataType type) override;
-  void barrier() override { inner_.barrier(); }
   // Every call has completed when it returns.
   void synchronize() override {}
   std::unique_ptr<comm::Communicator> split(int color, int key) override;
-  void abort() override { inner_.abort(); }
 
 private:
   // The staging buffers, grown to at least `bytes` (their contents are not kept).
@@ -52,7 +48,6 @@ private:
   comm::CommBuffer& recv_stage(std::size_t bytes);
 
   std::unique_ptr<comm::Communicator> owned_;
-  comm::Communicator& inner_;
   std::unique_ptr<comm::CommBuffer> send_;
   std::unique_ptr<comm::CommBuffer> recv_;
 };

@@ -5,7 +5,7 @@
 namespace shardplan::comm {
 
 StreamedCommunicator::StreamedCommunicator(Communicator& inner)
-    : inner_(inner), worker_([this] { run(); }) {}
+    : ForwardingCommunicator(inner), worker_([this] { run(); }) {}
 
 StreamedCommunicator::~StreamedCommunicator() {
   {

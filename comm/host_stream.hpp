@@ -20,7 +20,7 @@
 #include <string>
 #include <thread>
 
-#include "comm/communicator.hpp"
+#include "comm/forwarding_communicator.hpp"
 
 namespace shardplan::comm {
 
@@ -37,7 +37,7 @@ class HostStream {
   virtual void enqueue_wait(HostStream& other, std::uint64_t ticket) = 0;
 };
 
-class StreamedCommunicator final : public Communicator, public HostStream {
+class StreamedCommunicator final : public ForwardingCommunicator, public HostStream {
  public:
   // `inner` (not owned) must outlive this and is used only by the worker while it is.
   explicit StreamedCommunicator(Communicator& inner);
@@ -45,15 +45,7 @@ class StreamedCommunicator final : public Communicator, public HostStream {
   // to see it).
   ~StreamedCommunicator() override;
 
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  const char* backend() const override { return inner_.backend(); }
-  std::string library_version() const override { return inner_.library_version(); }
-  MemorySpace memory_space() const override { return inner_.memory_space(); }
   HostStream* host_stream() override { return this; }
-  std::unique_ptr<CommBuffer> allocate(std::size_t bytes) override {
-    return inner_.allocate(bytes);
-  }
 
   // Queued; each returns at once.
   void all_reduce(const void* send, void* recv, std::size_t count, DataType type,
@@ -83,7 +75,6 @@ class StreamedCommunicator final : public Communicator, public HostStream {
   void enqueue(std::function<void()> task);
   void run();
 
-  Communicator& inner_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<std::function<void()>> tasks_;

@@ -20,10 +20,10 @@ private:
 } // namespace
 
 WatchedCommunicator::WatchedCommunicator(Communicator& inner, Watchdog& watchdog)
-    : inner_(inner), watchdog_(watchdog), registration_(watchdog, inner) {}
+    : ForwardingCommunicator(inner), watchdog_(watchdog), registration_(watchdog, inner) {}
 
 WatchedCommunicator::WatchedCommunicator(std::unique_ptr<Communicator> inner, Watchdog& watchdog)
-    : owned_(std::move(inner)), inner_(*owned_), watchdog_(watchdog),
+    : ForwardingCommunicator(*inner), owned_(std::move(inner)), watchdog_(watchdog),
       registration_(watchdog, *owned_) {}
 
 void WatchedCommunicator::all_reduce(const void* send, void* recv, std::size_t count,

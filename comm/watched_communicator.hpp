@@ -7,28 +7,18 @@
 #include <memory>
 #include <string>
 
-#include "comm/communicator.hpp"
+#include "comm/forwarding_communicator.hpp"
 #include "comm/watchdog.hpp"
 
 namespace shardplan::comm {
 
-class WatchedCommunicator final : public Communicator {
+class WatchedCommunicator final : public ForwardingCommunicator {
 public:
   // Neither `inner` nor `watchdog` is owned; both must outlive this object.
   WatchedCommunicator(Communicator& inner, Watchdog& watchdog);
   // Owns `inner` (a group split off a watched communicator).
   WatchedCommunicator(std::unique_ptr<Communicator> inner, Watchdog& watchdog);
 
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  const char* backend() const override { return inner_.backend(); }
-  std::string library_version() const override { return inner_.library_version(); }
-  MemorySpace memory_space() const override { return inner_.memory_space(); }
-  void* stream_handle() const override { return inner_.stream_handle(); }
-  HostStream* host_stream() override { return inner_.host_stream(); }
-  std::unique_ptr<CommBuffer> allocate(std::size_t bytes) override {
-    return inner_.allocate(bytes);
-  }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DataType type,
                   ReduceOp op = ReduceOp::sum) override;
@@ -42,11 +32,9 @@ public:
   void barrier() override;
   void synchronize() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
-  void abort() override { inner_.abort(); }
 
 private:
   std::unique_ptr<Communicator> owned_;
-  Communicator& inner_;
   Watchdog& watchdog_;
   Watchdog::Watched registration_; // aborted with the job
 };

@@ -44,7 +44,7 @@ void CheckedMemory::copy(void* dst, const void* src, std::int64_t bytes) {
 
 CheckedCommunicator::CheckedCommunicator(comm::Communicator& inner, StreamOrderChecker& checker,
                                          std::string name)
-    : inner_(inner), checker_(checker) {
+    : ForwardingCommunicator(inner), checker_(checker) {
   checker_.name_stream(this, std::move(name));
 }
 

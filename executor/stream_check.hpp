@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.hpp"
+#include "comm/forwarding_communicator.hpp"
 #include "executor/backend.hpp"
 #include "executor/memory_source.hpp"
 #include "executor/stream_order.hpp"
@@ -57,21 +57,12 @@ class CheckedMemory final : public MemorySource {
   std::int64_t count_ = 0;
 };
 
-class CheckedCommunicator final : public comm::Communicator {
+class CheckedCommunicator final : public comm::ForwardingCommunicator {
  public:
   // Neither is owned. name: the stream's name in findings ("shard", "reduce", "replica").
   CheckedCommunicator(comm::Communicator& inner, StreamOrderChecker& checker, std::string name);
 
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  const char* backend() const override { return inner_.backend(); }
-  std::string library_version() const override { return inner_.library_version(); }
-  comm::MemorySpace memory_space() const override { return inner_.memory_space(); }
   void* stream_handle() const override { return const_cast<CheckedCommunicator*>(this); }
-  comm::HostStream* host_stream() override { return inner_.host_stream(); }
-  std::unique_ptr<comm::CommBuffer> allocate(std::size_t bytes) override {
-    return inner_.allocate(bytes);
-  }
   void all_reduce(const void* send, void* recv, std::size_t count, comm::DataType type,
                   comm::ReduceOp op = comm::ReduceOp::sum) override;
   void reduce(const void* send, void* recv, std::size_t count, comm::DataType type, int root,
@@ -81,18 +72,12 @@ class CheckedCommunicator final : public comm::Communicator {
                       comm::ReduceOp op = comm::ReduceOp::sum) override;
   void broadcast(void* buffer, std::size_t count, comm::DataType type, int root) override;
   void all_to_all(const void* send, void* recv, std::size_t count, comm::DataType type) override;
-  void barrier() override { inner_.barrier(); }
   void synchronize() override;
-  std::unique_ptr<comm::Communicator> split(int color, int key) override {
-    return inner_.split(color, key);
-  }
-  void abort() override { inner_.abort(); }
 
  private:
   void access(const void* send, std::int64_t send_bytes, const void* recv,
               std::int64_t recv_bytes, const char* what);
 
-  comm::Communicator& inner_;
   StreamOrderChecker& checker_;
 };
 

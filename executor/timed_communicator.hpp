@@ -7,27 +7,16 @@
 #include <memory>
 #include <string>
 
-#include "comm/communicator.hpp"
+#include "comm/forwarding_communicator.hpp"
 #include "executor/collective_stats.hpp"
 
 namespace shardplan::executor {
 
-class TimedCommunicator final : public comm::Communicator {
+class TimedCommunicator final : public comm::ForwardingCommunicator {
 public:
   // Neither `inner` nor `stats` is owned; both must outlive this object.
   TimedCommunicator(comm::Communicator& inner, CollectiveStats& stats)
-      : inner_(inner), stats_(stats) {}
-
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  const char* backend() const override { return inner_.backend(); }
-  std::string library_version() const override { return inner_.library_version(); }
-  comm::MemorySpace memory_space() const override { return inner_.memory_space(); }
-  void* stream_handle() const override { return inner_.stream_handle(); }
-  comm::HostStream* host_stream() override { return inner_.host_stream(); }
-  std::unique_ptr<comm::CommBuffer> allocate(std::size_t bytes) override {
-    return inner_.allocate(bytes);
-  }
+      : ForwardingCommunicator(inner), stats_(stats) {}
 
   void all_reduce(const void* send, void* recv, std::size_t count, comm::DataType type,
                   comm::ReduceOp op = comm::ReduceOp::sum) override;
@@ -39,18 +28,13 @@ public:
   void broadcast(void* buffer, std::size_t count, comm::DataType type, int root) override;
   void all_to_all(const void* send, void* recv, std::size_t count, comm::DataType type) override;
   void barrier() override;
-  void synchronize() override { inner_.synchronize(); }
-  // The new group is not timed (the engine makes its groups before it starts timing).
-  std::unique_ptr<comm::Communicator> split(int color, int key) override {
-    return inner_.split(color, key);
-  }
-  void abort() override { inner_.abort(); }
+  // split() is forwarded: the new group is not timed (the engine makes its groups before it
+  // starts timing).
 
 private:
   template <class F>
   void timed(CollectiveKind kind, costmodel::Collective op, double size_bytes, F&& call);
 
-  comm::Communicator& inner_;
   CollectiveStats& stats_;
 };
 

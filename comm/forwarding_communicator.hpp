@@ -1,0 +1,60 @@
+// A Communicator that forwards every call to another one: the base of the wrappers that add one
+// thing to a group (a watchdog's waits, timing, a thread of its own, the stream-order checker,
+// host staging), each of which overrides only what it changes.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.hpp"
+
+namespace shardplan::comm {
+
+class ForwardingCommunicator : public Communicator {
+public:
+  // `inner` is not owned and must outlive this object.
+  explicit ForwardingCommunicator(Communicator& inner) : inner_(inner) {}
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  const char* backend() const override { return inner_.backend(); }
+  std::string library_version() const override { return inner_.library_version(); }
+  MemorySpace memory_space() const override { return inner_.memory_space(); }
+  void* stream_handle() const override { return inner_.stream_handle(); }
+  HostStream* host_stream() override { return inner_.host_stream(); }
+  std::unique_ptr<CommBuffer> allocate(std::size_t bytes) override {
+    return inner_.allocate(bytes);
+  }
+  void all_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                  ReduceOp op = ReduceOp::sum) override {
+    inner_.all_reduce(send, recv, count, type, op);
+  }
+  void reduce(const void* send, void* recv, std::size_t count, DataType type, int root,
+              ReduceOp op = ReduceOp::sum) override {
+    inner_.reduce(send, recv, count, type, root, op);
+  }
+  void all_gather(const void* send, void* recv, std::size_t count, DataType type) override {
+    inner_.all_gather(send, recv, count, type);
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                      ReduceOp op = ReduceOp::sum) override {
+    inner_.reduce_scatter(send, recv, count, type, op);
+  }
+  void broadcast(void* buffer, std::size_t count, DataType type, int root) override {
+    inner_.broadcast(buffer, count, type, root);
+  }
+  void all_to_all(const void* send, void* recv, std::size_t count, DataType type) override {
+    inner_.all_to_all(send, recv, count, type);
+  }
+  void barrier() override { inner_.barrier(); }
+  void synchronize() override { inner_.synchronize(); }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    return inner_.split(color, key);
+  }
+  void abort() override { inner_.abort(); }
+
+protected:
+  Communicator& inner_;
+};
+
+} // namespace shardplan::comm
