@@ -9,17 +9,6 @@
 
 namespace shardplan::calibrate {
 
-std::optional<double> host_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kibibytes = 0;
-  std::string unit;
-  while (in >> key >> kibibytes >> unit)
-    if (key == "MemTotal:")
-      return kibibytes * 1024.0; // the kernel's "kB" is KiB
-  return std::nullopt;
-}
-
 std::string cpu_model_name() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;

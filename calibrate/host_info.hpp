@@ -6,8 +6,6 @@
 
 namespace shardplan::calibrate {
 
-// MemTotal from /proc/meminfo, in bytes; std::nullopt where there is none.
-std::optional<double> host_memory_bytes();
 // "model name" from /proc/cpuinfo ("" where there is none).
 std::string cpu_model_name();
 // Now, UTC, ISO 8601 to the second: "2025-01-31T12:34:56Z".

@@ -191,7 +191,7 @@ void add_compute(const MeasureOptions& o, const ComputeCalibration& c, const Pre
   system.cpu_device = c.cpu_device;
   system.efficiency_dtype = c.model_dtype;
   system.ranks_per_node = topology.local_size;
-  const double host_memory = host_memory_bytes().value_or(0);
+  const double host_memory = comm::host_memory_bytes().value_or(0);
   system.host_memory_bytes = host_memory;
   if (c.cpu_device) {
     system.device_memory_bytes = host_memory / topology.local_size;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <fstream>
 #include <atomic>
 #include <cstdlib>
 
@@ -35,6 +36,16 @@ int launcher_rank_from_environment() {
     }
   }
   return 0;
+}
+
+std::optional<double> host_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  double kibibytes = 0;
+  while (in >> key >> kibibytes >> unit)
+    if (key == "MemTotal:")
+      return kibibytes * 1024.0; // the kernel's "kB" is KiB
+  return std::nullopt;
 }
 
 } // namespace shardplan::comm

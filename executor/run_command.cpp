@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
-#include <fstream>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -217,17 +216,6 @@ RunRequest request_of(const RunCommand& c) {
   return r;
 }
 
-// The host's memory (/proc/meminfo's MemTotal), 0 when it cannot be read.
-double host_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  double kibibytes = 0;
-  while (in >> key >> kibibytes >> unit)
-    if (key == "MemTotal:")
-      return kibibytes * 1024.0; // the kernel's "kB" is KiB
-  return 0;
-}
-
 // The plan's setup for a world of world_size ranks (the plan's errors name its file), refused
 // before anything is allocated when one rank of it cannot fit this host (run_setup.hpp,
 // check_run_size).
@@ -236,7 +224,7 @@ RunSetup read_setup(const RunCommand& c, int world_size) {
   RunSetup setup = costmodel::read_json_document(c.plan, [&](const nlohmann::json& plan) {
     return make_run_setup(plan, world_size, request);
   });
-  check_run_size(setup, request, host_memory_bytes());
+  check_run_size(setup, request, comm::host_memory_bytes().value_or(0));
   return setup;
 }
 
