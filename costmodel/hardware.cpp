@@ -103,9 +103,51 @@ Calibration read_calibration(const nlohmann::json& j, const std::string& ptr) {
     c.memory_bandwidth_Bps = *bw * kGB;
   if (auto rate = r.optional_number("elementwise_Gelems_per_s", Range::positive()))
     c.elementwise_elems_per_s = *rate * 1e9;
+  if (const auto* as = r.optional_array("attention")) {
+    for (std::size_t i = 0; i < as->size(); ++i) {
+      ObjectReader a((*as)[i], fmt::format("{}/attention/{}", ptr, i));
+      AttentionSample s;
+      s.impl = a.choice("impl", {"eager", "flash"});
+      s.dtype = dtype_from(a.string("dtype"), a.pointer_of("dtype"));
+      s.batch = a.integer("batch", Range{1, 1e7, false});
+      s.seq = a.integer("seq", Range{1, 1e8, false});
+      s.heads = a.integer("heads", Range{1, 1e5, false});
+      s.kv_heads = a.integer("kv_heads", Range{1, 1e5, false});
+      if (s.heads % s.kv_heads != 0)
+        throw InputError(a.pointer_of("kv_heads"),
+                         fmt::format("must divide heads {}, got {}", s.heads, s.kv_heads));
+      s.head_dim = a.integer("head_dim", Range{1, 1e5, false});
+      s.forward_s = a.number("forward_us", Range::positive()) * 1e-6;
+      s.backward_s = a.number("backward_us", Range::positive()) * 1e-6;
+      a.finish();
+      c.attention.push_back(s);
+    }
+  }
   if (const auto* extra = r.optional_object("extra")) c.extra = *extra;
   r.finish();
   return c;
+}
+
+// /framework: eager PyTorch's cost per kernel launch and each flavour's hooks (hardware.hpp).
+void read_framework(const nlohmann::json& j, HardwareProfile& p) {
+  ObjectReader r(j, "/framework");
+  p.op_dispatch_s = r.number("op_dispatch_us", Range::non_negative()) * 1e-6;
+  ObjectReader flavours(r.object("flavours"), "/framework/flavours");
+  for (const char* name : {"ddp", "fsdp1", "fsdp2", "deepspeed"}) {
+    const auto* f = flavours.optional_object(name);
+    if (f == nullptr) continue;
+    ObjectReader o(*f, flavours.pointer_of(name));
+    FrameworkOverheads x;
+    x.forward_unit_s = o.number("forward_unit_us", Range::non_negative()) * 1e-6;
+    x.backward_unit_s = o.number("backward_unit_us", Range::non_negative()) * 1e-6;
+    x.forward_tensor_s = o.number("forward_tensor_us", Range::non_negative()) * 1e-6;
+    x.backward_tensor_s = o.number("backward_tensor_us", Range::non_negative()) * 1e-6;
+    o.finish();
+    p.framework[name] = x;
+  }
+  flavours.finish();
+  r.ignore("source");
+  r.finish();
 }
 
 }  // namespace
@@ -139,6 +181,11 @@ double HardwareProfile::peak(DType d) const {
   return 0.0;
 }
 
+double HardwareProfile::host_optimizer_rate(const std::string& family) const {
+  const auto it = host_optimizer_by_framework.find(family);
+  return it != host_optimizer_by_framework.end() ? it->second : host_optimizer_params_per_s;
+}
+
 HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string& name) {
   ObjectReader r(doc, "");
   const auto version = r.integer("schema_version");
@@ -160,6 +207,20 @@ HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string&
     throw InputError("/gpu/peak_TFLOPs/fp32", "missing key");
   p.hbm_bandwidth_Bps = gpu.number("memory_bandwidth_GBps", Range{0, 1e6, true}) * kGB;
   p.compute_efficiency = gpu.number("compute_efficiency", Range{0, 1, true});
+  p.sm_count = static_cast<int>(gpu.optional_integer("sm_count", Range{1, 1e5, false}).value_or(0));
+  if (const auto* clock = gpu.optional_object("clock_MHz")) {
+    ObjectReader c(*clock, "/gpu/clock_MHz");
+    p.boost_clock_hz = c.number("boost", Range{0, 1e5, true}) * 1e6;
+    p.sustained_clock_hz = c.number("sustained", Range{0, 1e5, true}) * 1e6;
+    if (p.sustained_clock_hz > p.boost_clock_hz)
+      throw InputError("/gpu/clock_MHz/sustained",
+                       fmt::format("must be <= boost {} (the peak is at boost), got {}",
+                                   p.boost_clock_hz / 1e6, p.sustained_clock_hz / 1e6));
+    c.finish();
+  }
+  p.power_limit_w = gpu.optional_number("power_limit_W", Range{0, 1e5, true}).value_or(0);
+  p.memory_bandwidth_efficiency =
+      gpu.optional_number("memory_bandwidth_efficiency", Range{0, 1, true}).value_or(1.0);
   p.is_cpu = gpu.optional_string("kind").value_or("gpu") == "cpu";
   if (gpu.has("kind") && !p.is_cpu && doc["gpu"]["kind"] != "gpu")
     throw InputError("/gpu/kind", fmt::format("must be gpu or cpu, got {}", describe_value(doc["gpu"]["kind"])));
@@ -198,8 +259,18 @@ HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string&
   ObjectReader host(r.object("host"), "/host");
   p.host_memory_bytes = host.number("memory_GiB", Range{0, 1e9, true}) * kGiB;
   p.host_link_Bps = host.number("link_bandwidth_GBps", Range{0, 1e6, true}) * kGB;
-  p.host_optimizer_params_per_s =
-      host.number("optimizer_Gparams_per_s", Range{0, 1e6, true}) * 1e9;
+  // One rate for every framework, or one per family: {"deepspeed": x, "torch": y}.
+  if (const auto* by = host.has("optimizer_Gparams_per_s") && doc["host"]["optimizer_Gparams_per_s"].is_object()
+                           ? host.optional_object("optimizer_Gparams_per_s")
+                           : nullptr) {
+    ObjectReader o(*by, "/host/optimizer_Gparams_per_s");
+    for (const char* family : {"deepspeed", "torch"})
+      p.host_optimizer_by_framework[family] = o.number(family, Range{0, 1e6, true}) * 1e9;
+    o.finish();
+    p.host_optimizer_params_per_s = p.host_optimizer_by_framework["torch"];
+  } else {
+    p.host_optimizer_params_per_s = host.number("optimizer_Gparams_per_s", Range{0, 1e6, true}) * 1e9;
+  }
   host.ignore("source");
   host.finish();
 
@@ -210,6 +281,7 @@ HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string&
   over.ignore("source");
   over.finish();
 
+  if (const auto* fw = r.optional_object("framework")) read_framework(*fw, p);
   if (const auto* cal = r.optional_object("calibration"))
     p.calibration = read_calibration(*cal, "/calibration");
   r.finish();

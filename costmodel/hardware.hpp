@@ -59,6 +59,25 @@ struct GemmSample {
   double flops_per_s() const { return 2.0 * static_cast<double>(m) * n * k / time_s; }
 };
 
+// One attention core timed by calibrate with the executor's kernels (CPU) or the CUDA kernels
+// (GPU): the causal attention of `batch` sequences of `seq` tokens, `heads` query heads sharing
+// `kv_heads` key/value heads of `head_dim` each, forward and backward.
+struct AttentionSample {
+  std::string impl;  // "eager" or "flash"
+  DType dtype = DType::fp32;
+  std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  double forward_s = 0;
+  double backward_s = 0;
+};
+
+// A framework's host work per micro-batch beside its kernels: hooks, bookkeeping and the copies
+// into and out of its flat buffers, per sharding unit and per parameter tensor, forward and
+// backward. Measured with the frameworks' own code (tests/costmodel/data/oracle_overheads.json).
+struct FrameworkOverheads {
+  double forward_unit_s = 0, backward_unit_s = 0;
+  double forward_tensor_s = 0, backward_tensor_s = 0;
+};
+
 struct Calibration {
   std::string date;      // ISO 8601
   std::string backend;   // "nccl" or "mpi"
@@ -73,6 +92,7 @@ struct Calibration {
   // it, the GEMM rate above is the GEMMs' alone and the cost model adds these layers' time;
   // without it (a datasheet profile) compute_efficiency stands for the whole step.
   std::optional<double> elementwise_elems_per_s;
+  std::vector<AttentionSample> attention;      // the model's attention cores, as run
   nlohmann::json extra;                        // anything calibrate keeps for the record
 };
 
@@ -85,6 +105,16 @@ struct HardwareProfile {
   std::map<DType, double> peak_flops;  // dense FLOP/s per dtype
   double hbm_bandwidth_Bps = 0;
   double compute_efficiency = 0;    // fraction of peak a large transformer GEMM reaches
+  // Streaming multiprocessors: the GEMM and attention kernels' tiles run in waves of one tile per
+  // SM (0 on a CPU profile: no tile or wave quantization).
+  int sm_count = 0;
+  // peak_flops are at the boost clock; a part held at a lower clock (its power limit) runs every
+  // compute rate at sustained / boost of it. Both 0 when the profile gives no clocks (ratio 1).
+  double boost_clock_hz = 0;
+  double sustained_clock_hz = 0;
+  double power_limit_w = 0;         // the board power the clocks are for (0: not given)
+  // Fraction of hbm_bandwidth_Bps a streaming kernel reaches (a copy or triad benchmark).
+  double memory_bandwidth_efficiency = 1;
   // A CPU "device" (a calibrated MPI host): no CUDA context, NCCL workspace or caching allocator.
   bool is_cpu = false;
   // Its collectives block the thread that computes, so nothing overlaps (MPI called on that
@@ -102,6 +132,12 @@ struct HardwareProfile {
   double host_memory_bytes = 0;     // per node
   double host_link_Bps = 0;         // per GPU, host <-> device (PCIe)
   double host_optimizer_params_per_s = 0;  // parameters one node's CPUs update per second (offload)
+  // The same rate per framework family where the profile tells them apart: "deepspeed"
+  // (DeepSpeedCPUAdam) and "torch" (torch.optim.AdamW on CPU tensors, FSDP's CPUOffload).
+  std::map<std::string, double> host_optimizer_by_framework;
+  // framework (host) side
+  double op_dispatch_s = 0;         // host time to issue one kernel from eager PyTorch
+  std::map<std::string, FrameworkOverheads> framework;  // by flavour name: ddp, fsdp1, fsdp2, deepspeed
   // overheads
   double cuda_context_bytes = 0;
   double nccl_workspace_bytes = 0;
@@ -109,6 +145,10 @@ struct HardwareProfile {
   std::optional<Calibration> calibration;
 
   double peak(DType d) const;       // FLOP/s; falls back bf16 -> fp16 -> fp32
+  // sustained / boost clock (1 when the profile gives no clocks).
+  double clock_ratio() const { return boost_clock_hz > 0 ? sustained_clock_hz / boost_clock_hz : 1.0; }
+  // The host optimizer rate of a framework family ("deepspeed" or "torch").
+  double host_optimizer_rate(const std::string& family) const;
 };
 
 // A profile name (stem under hardware_profiles/) or a path. Throws InputError.

@@ -1,10 +1,12 @@
 #include "costmodel/simulator.hpp"
 
 #include <algorithm>
+#include <numeric>
 #include <cmath>
 
 #include <fmt/format.h>
 
+#include "costmodel/compute_time.hpp"
 #include "costmodel/elementwise.hpp"
 
 namespace shardplan::costmodel {
@@ -43,6 +45,8 @@ struct UnitInfo {
   double matmul = 0;        // elements of GEMM weights (autocast copies)
   double opt_elems = 0;     // optimizer-state elements
   double fwd_s = 0, bwd_s = 0, recompute_s = 0;
+  ComputeTimes fwd_kinds{}; // the forward's seconds by kind (host_overhead: the host's excess)
+  ComputeTimes kinds{};     // forward and backward's seconds by kind
   double fwd_flops = 0;     // per micro-batch
   double gather_bytes = 0;  // the all-gathered unit in the compute dtype
   double gather_s = 0;      // its all-gather (plus the host upload of offloaded shards)
@@ -259,10 +263,6 @@ void Simulation::prepare() {
   n_units_ = static_cast<int>(m.layers) + 2;
 
   const double tokens = static_cast<double>(j.seq_len * j.micro_batch);
-  const double eff = hw.calibration && hw.calibration->compute_efficiency
-                         ? *hw.calibration->compute_efficiency
-                         : hw.compute_efficiency;
-  const double rate = hw.peak(compute_dtype(j.precision)) * eff;
   const std::int64_t threshold = paper ? 0 : s.persistence_threshold;
   const UnitTensors* tensors[3] = {&m.embedding, &m.block, &m.head};
   for (int k = 0; k < 3; ++k) {
@@ -283,33 +283,39 @@ void Simulation::prepare() {
     units_[2].gather = 0;
   }
 
-  const double fwd_block = block_forward_flops_per_token(m, j.seq_len) * tokens;
-  const double fwd_head = head_forward_flops_per_token(m) * tokens;
-  units_[1].fwd_flops = fwd_block;
-  units_[2].fwd_flops = fwd_head;
-  for (auto& u : units_) {
-    u.fwd_s = u.fwd_flops / rate;
-    u.bwd_s = 2 * u.fwd_s;  // backward = 2 × forward (input and weight gradients)
-  }
-  // A calibrated profile's GEMM rate is the GEMMs' alone: the other layers take their passes at
-  // the measured element-wise rate (costmodel/elementwise.hpp).
-  if (hw.calibration && hw.calibration->elementwise_elems_per_s) {
-    const std::vector<ElementwiseOp> ops[3] = {embedding_elementwise_ops(m), block_elementwise_ops(m),
-                                               head_elementwise_ops(m)};
-    for (int k = 0; k < 3; ++k) {
-      const Passes p = passes_per_token(ops[k]);
-      units_[k].fwd_s += tokens * p.forward / *hw.calibration->elementwise_elems_per_s;
-      units_[k].bwd_s += tokens * p.backward / *hw.calibration->elementwise_elems_per_s;
-    }
+  units_[1].fwd_flops = block_forward_flops_per_token(m, j.seq_len) * tokens;
+  units_[2].fwd_flops = head_forward_flops_per_token(m) * tokens;
+  // Each unit's kernels by kind (costmodel/compute_time.hpp), and the host's work to issue them:
+  // a GPU runs a unit at the slower of the two (kernels queue behind the host), a CPU rank does
+  // both in turn. The executor's own engine has no framework hooks or eager dispatch.
+  const ComputeModel cm(hw, j);
+  const UnitKind unit_kinds[3] = {UnitKind::embedding, UnitKind::block, UnitKind::head};
+  HardwareProfile no_framework;
+  const HardwareProfile& host_hw = frameworks_ ? hw : no_framework;
+  for (int k = 0; k < 3; ++k) {
+    auto& u = units_[k];
+    const UnitWork w = unit_work(cm, m, j, unit_kinds[k]);
+    const HostWork h = unit_host_work(host_hw, flavour_name(s.flavour), w,
+                                      static_cast<double>(tensors[k]->tensors.size()));
+    auto run = [&](const ComputeTimes& device, double host, ComputeTimes& kinds) {
+      const double dev = std::accumulate(device.begin(), device.end(), 0.0);
+      const double t = hw.is_cpu ? dev + host : std::max(dev, host);
+      for (int c = 0; c < kComputeKinds; ++c) kinds[c] += device[c];
+      kinds[static_cast<int>(ComputeKind::host_overhead)] += t - dev;
+      return t;
+    };
+    u.kinds = {};
+    u.fwd_kinds = {};
+    u.fwd_s = run(w.forward, h.forward_s, u.fwd_kinds);
+    u.bwd_s = run(w.backward, h.backward_s, u.kinds);
+    for (int c = 0; c < kComputeKinds; ++c) u.kinds[c] += u.fwd_kinds[c];
   }
   // Recompute: a checkpointed block reruns its forward; Megatron's selective recompute reruns the
   // eager attention core; torchtitan's op-level policy reruns what its save list drops.
   units_[3] = units_[1];
   units_[3].recompute_s = units_[1].fwd_s;
-  if (j.checkpointing == Checkpointing::selective_attention && j.attention == AttentionImpl::eager)
-    units_[1].recompute_s = attention_core_flops_per_token(m, j.seq_len) * tokens / rate;
-  if (j.checkpointing == Checkpointing::selective_op)
-    units_[1].recompute_s = selective_op_recompute_flops_per_token(m) * tokens / rate;
+  const ComputeTimes selective = block_recompute(cm, m, j);
+  units_[1].recompute_s = std::accumulate(selective.begin(), selective.end(), 0.0);
   // The parameters the forward reads: fp32 under DDP's autocast, the gathered or kept 16-bit
   // copies under FSDP and DeepSpeed (and the compute dtype when there is one dtype).
   const Forward f{compute_b_, autocast_copies() ? sb_.param : compute_b_, !hw.is_cpu};
@@ -728,6 +734,10 @@ StepResult Simulation::run() {
   double recompute_per_mb = 0;
   for (int u = 0; u < n_units_; ++u) recompute_per_mb += info(u).recompute_s;
   result_.recompute_s = recompute_per_mb * static_cast<double>(gas);
+  for (int u = 0; u < n_units_; ++u)
+    for (int c = 0; c < kComputeKinds; ++c) result_.compute_by_kind_s[c] += info(u).kinds[c] * static_cast<double>(gas);
+  result_.compute_by_kind_s[static_cast<int>(ComputeKind::recompute)] = result_.recompute_s;
+  result_.compute_by_kind_s[static_cast<int>(ComputeKind::optimizer)] = result_.optimizer_s;
   if (gas > 1) {  // the first simulated micro-batch stands for gas − 1 of them
     const double extra = static_cast<double>(gas - 2);
     for (int k = 0; k < kStreams; ++k) {

@@ -12,6 +12,7 @@
 
 #include "costmodel/accounting.hpp"
 #include "costmodel/comm_model.hpp"
+#include "costmodel/compute_time.hpp"
 #include "costmodel/hardware.hpp"
 #include "costmodel/job.hpp"
 #include "costmodel/model.hpp"
@@ -75,6 +76,8 @@ struct StepResult {
   double compute_s = 0;         // busy time of the compute stream (incl. recompute, optimizer)
   double recompute_s = 0;
   double optimizer_s = 0;
+  // The compute stream's busy time by kind (compute_time.hpp); sums to compute_s.
+  ComputeTimes compute_by_kind_s{};
   double exposed_comm_s = 0;    // compute stream idle, waiting on communication or transfers
   std::array<double, kStreams> busy_s{};     // per stream
   std::array<double, kStreams> exposed_s{};  // compute idle attributed to each stream

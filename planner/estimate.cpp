@@ -118,6 +118,8 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
   }
   nlohmann::json exposed = nlohmann::json::object();
   for (int s = 1; s < kStreams; ++s) exposed[stream_name(static_cast<Stream>(s))] = r.exposed_s[s];
+  nlohmann::json by_kind = nlohmann::json::object();
+  for (int k = 0; k < kComputeKinds; ++k) by_kind[compute_kind_name(static_cast<ComputeKind>(k))] = r.compute_by_kind_s[k];
   nlohmann::json out = {
       {"model", sc.model.name},
       {"hardware", sc.hardware.name},
@@ -155,6 +157,7 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
         {"compute_s", r.compute_s},
         {"recompute_s", r.recompute_s},
         {"optimizer_s", r.optimizer_s},
+        {"compute_by_kind_s", by_kind},
         {"exposed_comm_s", r.exposed_comm_s},
         {"exposed_by_stream_s", exposed}}},
       {"comm", {{"bytes_per_gpu", r.comm_bytes_per_gpu}, {"calibrated", r.calibrated_comm},
@@ -209,8 +212,13 @@ std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
   line("");
   line("time per optimizer step");
   line("  {:<42} {:>12}", "compute (forward, backward, optimizer)", seconds(r.compute_s));
-  if (r.recompute_s > 0) line("  {:<42} {:>12}", "  of which recompute", seconds(r.recompute_s));
-  line("  {:<42} {:>12}", "  of which optimizer step", seconds(r.optimizer_s));
+  // Where the compute stream's time goes, by kind of op (costmodel/compute_time.hpp).
+  const char* kind_labels[kComputeKinds] = {"GEMMs", "attention core",
+                                            "memory-bound (norms, activations, loss)",
+                                            "host overhead (launches, hooks)", "recompute", "optimizer step"};
+  for (int k = 0; k < kComputeKinds; ++k)
+    if (r.compute_by_kind_s[k] > 0 || k == static_cast<int>(ComputeKind::optimizer))
+      line("  {:<42} {:>12}", fmt::format("  {}", kind_labels[k]), seconds(r.compute_by_kind_s[k]));
   for (int s = 1; s < kStreams; ++s)
     if (r.exposed_s[s] > 0 || r.busy_s[s] > 0)
       line("  {:<42} {:>12}   (busy {})", fmt::format("exposed {}", stream_name(static_cast<Stream>(s))),

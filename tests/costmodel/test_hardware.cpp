@@ -211,7 +211,7 @@ TEST_CASE("hardware::bad calibration entry") {
 
 TEST_CASE("hardware::unknown profile names the presets") {
   const auto e = error_of([] { load_hardware("tpu-v5"); });
-  CHECK(e.rfind("--hardware: \"tpu-v5\" is neither a profile (a100-sxm4-40gb, ", 0) == 0);
+  CHECK(e.rfind("--hardware: \"tpu-v5\" is neither a profile (a100-pcie-40gb, ", 0) == 0);
 }
 
 TEST_CASE("hardware::a CPU profile's collectives block unless it says they overlap") {
@@ -233,4 +233,58 @@ TEST_CASE("hardware::collectives must be blocking or overlapped, and a GPU's nev
   gpu["gpu"]["collectives"] = "blocking";
   CHECK(error_of([&] { hardware_from_json(gpu, "x"); }) ==
         "/gpu/collectives: a GPU's collectives run on their own streams: only a cpu kind blocks");
+}
+
+TEST_CASE("hardware::clocks, SMs and memory efficiency are read, and their rejections") {
+  json doc = profile_doc("h100-sxm5-80gb");
+  const auto p = hardware_from_json(doc, "x");
+  CHECK(p.sm_count == 132);
+  CHECK(p.clock_ratio() == doctest::Approx(doc["gpu"]["clock_MHz"]["sustained"].get<double>() /
+                                           doc["gpu"]["clock_MHz"]["boost"].get<double>()));
+  doc["gpu"]["clock_MHz"]["sustained"] = 2000;
+  doc["gpu"]["clock_MHz"]["boost"] = 1980;
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) ==
+        "/gpu/clock_MHz/sustained: must be <= boost 1980 (the peak is at boost), got 2000");
+  doc = profile_doc("h100-sxm5-80gb");
+  doc["gpu"]["memory_bandwidth_efficiency"] = 1.5;
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }).rfind("/gpu/memory_bandwidth_efficiency: ", 0) == 0);
+  doc = profile_doc("h100-sxm5-80gb");
+  doc["gpu"]["sm_count"] = 0;
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }).rfind("/gpu/sm_count: ", 0) == 0);
+}
+
+TEST_CASE("hardware::framework overheads and per-framework optimizer rates, and their rejections") {
+  json doc = profile_doc("a100-sxm4-80gb");
+  doc["framework"] = json::parse(R"({"op_dispatch_us": 5, "flavours": {"fsdp2": {"forward_unit_us": 100,
+    "backward_unit_us": 200, "forward_tensor_us": 1, "backward_tensor_us": 2}}, "source": "s"})");
+  doc["host"]["optimizer_Gparams_per_s"] = {{"deepspeed", 2}, {"torch", 0.5}};
+  auto p = hardware_from_json(doc, "x");
+  CHECK(p.op_dispatch_s == doctest::Approx(5e-6));
+  CHECK(p.framework.at("fsdp2").backward_unit_s == doctest::Approx(200e-6));
+  CHECK(!p.framework.contains("ddp"));
+  CHECK(p.host_optimizer_rate("deepspeed") == 2e9);
+  CHECK(p.host_optimizer_rate("torch") == 0.5e9);
+  doc["framework"]["flavours"]["megatron"] = doc["framework"]["flavours"]["fsdp2"];
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) == "/framework/flavours/megatron: unknown key");
+  doc["framework"]["flavours"].erase("megatron");
+  doc["framework"]["flavours"]["fsdp2"]["forward_unit_us"] = -1;
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }).rfind("/framework/flavours/fsdp2/forward_unit_us: ", 0) == 0);
+  doc = profile_doc("a100-sxm4-80gb");
+  doc["host"]["optimizer_Gparams_per_s"] = {{"deepspeed", 2}};
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) == "/host/optimizer_Gparams_per_s/torch: missing key");
+}
+
+TEST_CASE("hardware::calibrated attention samples, and their rejections") {
+  json doc = profile_doc("a100-sxm4-80gb");
+  doc["calibration"] = calibration_doc();
+  doc["calibration"]["attention"] = json::parse(R"([{"impl": "eager", "dtype": "fp32", "batch": 2,
+    "seq": 128, "heads": 4, "kv_heads": 2, "head_dim": 32, "forward_us": 100, "backward_us": 250}])");
+  const auto p = hardware_from_json(doc, "x");
+  REQUIRE(p.calibration->attention.size() == 1);
+  CHECK(p.calibration->attention[0].backward_s == doctest::Approx(250e-6));
+  doc["calibration"]["attention"][0]["kv_heads"] = 3;
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) == "/calibration/attention/0/kv_heads: must divide heads 4, got 3");
+  doc["calibration"]["attention"][0]["kv_heads"] = 2;
+  doc["calibration"]["attention"][0]["impl"] = "sdpa";
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }).rfind("/calibration/attention/0/impl: ", 0) == 0);
 }

@@ -1,0 +1,262 @@
+#include "costmodel/compute_time.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "costmodel/elementwise.hpp"
+
+namespace shardplan::costmodel {
+namespace {
+
+// cuBLAS and CUTLASS split a GEMM's output into thread-block tiles and run one tile per SM at a
+// time; a partial tile costs a whole one (tile quantization) and a partial last wave of tiles
+// leaves SMs idle (wave quantization). 128 × 128 is the tile of NVIDIA's "Matrix Multiplication
+// Background User's Guide" (Deep Learning Performance documentation) illustrations of both;
+// flash attention's query tiles are 128 rows too (Dao 2023, FlashAttention-2, §3.3).
+constexpr double kTile = 128;
+// Results per clock per SM of the special-function units (exp2, log2, rcp, rsqrt) on compute
+// capabilities 5.x to 9.0: the CUDA C++ Programming Guide's table of arithmetic instruction
+// throughput. Softmax's exp runs there, not on the tensor cores (Shah et al. 2024,
+// FlashAttention-3, §3: 3.9 TFLOPS of exp against 989 TFLOPS of matmul on an H100 SXM5).
+constexpr double kSpecialPerSmPerClock = 16;
+// Matmul FLOPs per scored query-key pair and head dimension: forward QKᵀ and P·V (2 + 2);
+// backward recomputes QKᵀ and runs dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K, dK = dSᵀ·Q (5 × 2): the
+// 2.5× of the forward that FlashAttention-2's benchmarks count for the backward.
+constexpr double kFlashForwardFlopsPerPairDim = 4;
+constexpr double kFlashBackwardFlopsPerPairDim = 10;
+// Passes over the b·a·s² scores of eager attention (HF's eager_attention_forward): forward adds the
+// mask (read, write) and takes the softmax (read, write); backward's softmax gradient reads P and
+// dP and writes dS.
+constexpr double kEagerScoreForwardPasses = 4;
+constexpr double kEagerScoreBackwardPasses = 3;
+// Kernels a unit launches per attention core: flash 1 forward, 3 backward (FlashAttention-2's
+// backward: the dO·O row sums, the main kernel, dQ's conversion); eager the two batched matmuls
+// and the mask and softmax forward, four matmuls and the softmax gradient backward.
+constexpr double kFlashKernels[2] = {1, 3};
+constexpr double kEagerKernels[2] = {4, 5};
+
+constexpr const char* kKindNames[kComputeKinds] = {"gemm",          "attention", "memory_bound",
+                                                   "host_overhead", "recompute", "optimizer"};
+
+double total(const ComputeTimes& t) {
+  double s = 0;
+  for (double x : t) s += x;
+  return s;
+}
+
+double ceil_to(double x, double step) { return std::ceil(x / step) * step; }
+
+// The calibrated GEMM that shares two of g's dimensions, scaled linearly in the third (the
+// tokens of another micro-batch), or nullopt.
+std::optional<double> calibrated_gemm_s(const Calibration& c, const Gemm& g, DType dtype) {
+  std::optional<double> exact, scaled;
+  for (const auto& s : c.gemm) {
+    if (s.dtype != dtype) continue;
+    if (s.m == g.m && s.n == g.n && s.k == g.k) exact = s.time_s;
+    else if (s.n == g.n && s.k == g.k) scaled = s.time_s * static_cast<double>(g.m) / static_cast<double>(s.m);
+    else if (s.m == g.m && s.n == g.n) scaled = s.time_s * static_cast<double>(g.k) / static_cast<double>(s.k);
+    else if (s.m == g.m && s.k == g.k) scaled = s.time_s * static_cast<double>(g.n) / static_cast<double>(s.n);
+  }
+  if (exact) return *exact * g.count;
+  if (scaled) return *scaled * g.count;
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* compute_kind_name(ComputeKind k) { return kKindNames[static_cast<int>(k)]; }
+
+std::vector<Gemm> forward_gemms(const ModelSpec& m, UnitKind unit, std::int64_t tokens) {
+  std::vector<Gemm> gemms;
+  if (unit == UnitKind::block) {
+    for (const auto& t : m.block.tensors)
+      if (t.is_matrix()) gemms.push_back({tokens, t.rows, t.cols, 1});
+  } else if (unit == UnitKind::head) {
+    // The head's projection: its own matrix, or the embedding matrix it is tied to.
+    for (const auto& t : m.tied_embeddings ? m.embedding.tensors : m.head.tensors)
+      if (t.is_matrix()) {
+        gemms.push_back({tokens, t.rows, t.cols, 1});
+        break;
+      }
+  }
+  return gemms;
+}
+
+std::array<Gemm, 2> backward_gemms(const Gemm& f) {
+  // y[T, out] = x[T, in]·Wᵀ: dx[T, in] = dy·W (k = out); dW[out, in] = dyᵀ·x (k = T).
+  return {Gemm{f.m, f.k, f.n, f.count}, Gemm{f.n, f.k, f.m, f.count}};
+}
+
+double AttentionShape::scored_pairs() const {
+  const auto s = static_cast<double>(seq);
+  return static_cast<double>(batch) * static_cast<double>(heads) * s * (s + 1) / 2;
+}
+
+AttentionShape attention_shape(const ModelSpec& m, const TrainingJob& j) {
+  return {j.micro_batch, j.seq_len, m.heads, m.kv_heads, m.head_dim};
+}
+
+double UnitWork::forward_s() const { return total(forward); }
+double UnitWork::backward_s() const { return total(backward); }
+
+ComputeModel::ComputeModel(const HardwareProfile& hw, const TrainingJob& job)
+    : hw_(&hw), job_(&job), dtype_(compute_dtype(job.precision)) {
+  const double eff = hw.calibration && hw.calibration->compute_efficiency ? *hw.calibration->compute_efficiency
+                                                                          : hw.compute_efficiency;
+  gemm_rate_ = hw.peak(dtype_) * eff * hw.clock_ratio();
+  memory_rate_ = hw.calibration && hw.calibration->memory_bandwidth_Bps
+                     ? *hw.calibration->memory_bandwidth_Bps
+                     : hw.hbm_bandwidth_Bps * hw.memory_bandwidth_efficiency;
+  const double clock = hw.boost_clock_hz > 0 ? hw.sustained_clock_hz : 0;
+  special_rate_ = hw.sm_count * kSpecialPerSmPerClock * clock;
+}
+
+double ComputeModel::wave_factor(double tiles) const {
+  if (hw_->sm_count <= 0 || tiles <= 0) return 1;
+  const double sms = hw_->sm_count;
+  return tiles / (std::ceil(tiles / sms) * sms);
+}
+
+double ComputeModel::gemm_s(const Gemm& g) const {
+  if (hw_->calibration)
+    if (auto t = calibrated_gemm_s(*hw_->calibration, g, dtype_)) return *t;
+  const auto m = static_cast<double>(g.m), n = static_cast<double>(g.n), k = static_cast<double>(g.k);
+  const double tile = hw_->sm_count > 0 ? kTile : 1;
+  const double flops = 2 * ceil_to(m, tile) * ceil_to(n, tile) * k /
+                       wave_factor(std::ceil(m / kTile) * std::ceil(n / kTile));
+  const double bytes = (m * k + k * n + m * n) * dtype_bytes(dtype_);
+  return std::max(flops / gemm_rate_, bytes / memory_rate_) * g.count;
+}
+
+const AttentionSample* ComputeModel::attention_sample(const AttentionShape& a) const {
+  if (!hw_->calibration) return nullptr;
+  const char* impl = job_->attention == AttentionImpl::flash ? "flash" : "eager";
+  const AttentionSample* best = nullptr;
+  double best_distance = 0;
+  for (const auto& s : hw_->calibration->attention) {
+    if (s.impl != impl || s.dtype != dtype_) continue;
+    // The nearest in sequence length and head width (log ratios), then in the GQA group.
+    const double distance = std::abs(std::log(static_cast<double>(s.seq) / static_cast<double>(a.seq))) +
+                            std::abs(std::log(static_cast<double>(s.head_dim) / static_cast<double>(a.head_dim))) +
+                            (s.heads / s.kv_heads == a.heads / a.kv_heads ? 0.0 : 1e-3);
+    if (best == nullptr || distance < best_distance) {
+      best = &s;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
+// A measured core scaled to another shape by its scored pairs times the head width (both the
+// matmuls and the softmax grow with the pairs; the matmuls with the width).
+double ComputeModel::attention_scale(const AttentionShape& a, const AttentionSample& s) const {
+  const AttentionShape measured{s.batch, s.seq, s.heads, s.kv_heads, s.head_dim};
+  return a.scored_pairs() * static_cast<double>(a.head_dim) /
+         (measured.scored_pairs() * static_cast<double>(s.head_dim));
+}
+
+double ComputeModel::attention_forward_s(const AttentionShape& a) const {
+  if (const auto* s = attention_sample(a)) return s->forward_s * attention_scale(a, *s);
+  const auto d = static_cast<double>(a.head_dim), sq = static_cast<double>(a.seq);
+  const double heads = static_cast<double>(a.batch) * static_cast<double>(a.heads);
+  if (job_->attention == AttentionImpl::flash) {
+    // Per scored pair: 4d matmul FLOPs and one exp, one after the other (FlashAttention-2 does
+    // not overlap them), over tiles of 128 query rows per (sequence, head).
+    const double exp_s = special_rate_ > 0 ? 1 / special_rate_ : passes_s(1, 4);
+    return a.scored_pairs() * (kFlashForwardFlopsPerPairDim * d / gemm_rate_ + exp_s) /
+           wave_factor(heads * std::ceil(sq / kTile));
+  }
+  // Eager: the full s × s scores of QKᵀ and P·V as batched GEMMs, and passes over the scores.
+  const auto b_a = heads;
+  return gemm_s({a.seq, a.seq, a.head_dim, b_a}) + gemm_s({a.seq, a.head_dim, a.seq, b_a}) +
+         passes_s(kEagerScoreForwardPasses * b_a * sq * sq, dtype_bytes(dtype_));
+}
+
+double ComputeModel::attention_backward_s(const AttentionShape& a) const {
+  if (const auto* s = attention_sample(a)) return s->backward_s * attention_scale(a, *s);
+  const auto d = static_cast<double>(a.head_dim), sq = static_cast<double>(a.seq);
+  const double heads = static_cast<double>(a.batch) * static_cast<double>(a.heads);
+  if (job_->attention == AttentionImpl::flash) {
+    const double exp_s = special_rate_ > 0 ? 1 / special_rate_ : passes_s(1, 4);
+    return a.scored_pairs() * (kFlashBackwardFlopsPerPairDim * d / gemm_rate_ + exp_s) /
+           wave_factor(heads * std::ceil(sq / kTile));
+  }
+  const auto b_a = heads;
+  // dV = Pᵀ·dO and dQ = dS·K and dK = dSᵀ·Q (s × d × s), dP = dO·Vᵀ (s × s × d).
+  return 3 * gemm_s({a.seq, a.head_dim, a.seq, b_a}) + gemm_s({a.seq, a.seq, a.head_dim, b_a}) +
+         passes_s(kEagerScoreBackwardPasses * b_a * sq * sq, dtype_bytes(dtype_));
+}
+
+double ComputeModel::memory_s(double bytes) const { return bytes / memory_rate_; }
+
+double ComputeModel::passes_s(double elements, double bytes_per_element) const {
+  if (hw_->calibration && hw_->calibration->elementwise_elems_per_s)
+    return elements / *hw_->calibration->elementwise_elems_per_s;
+  return memory_s(elements * bytes_per_element);
+}
+
+UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j, UnitKind unit) {
+  const auto tokens = j.seq_len * j.micro_batch;
+  UnitWork w;
+  const auto gemm = static_cast<int>(ComputeKind::gemm);
+  const auto attention = static_cast<int>(ComputeKind::attention);
+  const auto memory = static_cast<int>(ComputeKind::memory_bound);
+  for (const auto& g : forward_gemms(m, unit, tokens)) {
+    w.forward[gemm] += cm.gemm_s(g);
+    for (const auto& b : backward_gemms(g)) w.backward[gemm] += cm.gemm_s(b);
+    w.forward_kernels += 1;
+    w.backward_kernels += 2;
+  }
+  if (unit == UnitKind::block && m.heads > 0) {
+    const auto a = attention_shape(m, j);
+    w.forward[attention] = cm.attention_forward_s(a);
+    w.backward[attention] = cm.attention_backward_s(a);
+    const bool flash = j.attention == AttentionImpl::flash;
+    w.forward_kernels += flash ? kFlashKernels[0] : kEagerKernels[0];
+    w.backward_kernels += flash ? kFlashKernels[1] : kEagerKernels[1];
+  }
+  const auto ops = unit == UnitKind::block  ? block_elementwise_ops(m)
+                   : unit == UnitKind::head ? head_elementwise_ops(m)
+                                            : embedding_elementwise_ops(m);
+  const Passes p = passes_per_token(ops);
+  const double bytes = dtype_bytes(compute_dtype(j.precision));
+  const double t = static_cast<double>(tokens);
+  w.forward[memory] = cm.passes_s(t * p.forward, bytes);
+  w.backward[memory] = cm.passes_s(t * p.backward, bytes);
+  for (const auto& op : ops) {
+    w.forward_kernels += op.count;
+    w.backward_kernels += op.count;
+  }
+  return w;
+}
+
+ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j) {
+  ComputeTimes r{};
+  const auto tokens = j.seq_len * j.micro_batch;
+  if (j.checkpointing == Checkpointing::selective_attention && j.attention == AttentionImpl::eager) {
+    // Megatron's selective recompute reruns the eager attention core.
+    r[static_cast<int>(ComputeKind::attention)] = cm.attention_forward_s(attention_shape(m, j));
+  } else if (j.checkpointing == Checkpointing::selective_op) {
+    // torchtitan's op-level policy keeps every second matmul's output (of wqkv, wo, w1, w3, w2 the
+    // 2nd and 4th are rerun: wo and w3) and reruns the element-wise ops its save list omits.
+    r[static_cast<int>(ComputeKind::gemm)] =
+        cm.gemm_s({tokens, m.hidden, m.q_width(), 1}) + cm.gemm_s({tokens, m.intermediate, m.hidden, 1});
+    r[static_cast<int>(ComputeKind::memory_bound)] =
+        cm.passes_s(static_cast<double>(tokens) * passes_per_token(block_elementwise_ops(m)).forward,
+                    dtype_bytes(compute_dtype(j.precision)));
+  }
+  return r;
+}
+
+HostWork unit_host_work(const HardwareProfile& hw, const std::string& flavour, const UnitWork& work,
+                        double tensors) {
+  HostWork h{work.forward_kernels * hw.op_dispatch_s, work.backward_kernels * hw.op_dispatch_s};
+  const auto it = hw.framework.find(flavour);
+  if (it != hw.framework.end()) {
+    h.forward_s += it->second.forward_unit_s + tensors * it->second.forward_tensor_s;
+    h.backward_s += it->second.backward_unit_s + tensors * it->second.backward_tensor_s;
+  }
+  return h;
+}
+
+}  // namespace shardplan::costmodel

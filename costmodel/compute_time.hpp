@@ -1,0 +1,108 @@
+// The compute stream's time per op kind: GEMMs at a rate that depends on their shape, the
+// attention core at its own rate, the layers that are not GEMMs as bytes over memory bandwidth,
+// and the host's work (kernel launches, the framework's hooks) where it outlasts the device's.
+//
+// A unit (the embeddings, one block, the head) runs per micro-batch:
+//   forward:  its linear layers' GEMMs y = x·Wᵀ (m = tokens, n = out, k = in), the attention core,
+//             and its element-wise layers (costmodel/elementwise.hpp);
+//   backward: each GEMM's two transposes, dx = dy·W (m = tokens, n = in, k = out) and
+//             dW = dyᵀ·x (m = out, n = in, k = tokens), the attention core's backward, and the
+//             element-wise layers' backward passes.
+// Recompute reruns what the checkpointing mode drops (block_recompute). The optimizer step is
+// the simulator's (bytes over memory bandwidth, or the host's rate when offloaded).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "costmodel/hardware.hpp"
+#include "costmodel/job.hpp"
+#include "costmodel/model.hpp"
+
+namespace shardplan::costmodel {
+
+// What the compute stream's time is spent on, in the order reports list them.
+enum class ComputeKind { gemm, attention, memory_bound, host_overhead, recompute, optimizer };
+constexpr int kComputeKinds = 6;
+const char* compute_kind_name(ComputeKind k);
+using ComputeTimes = std::array<double, kComputeKinds>;  // seconds per ComputeKind
+
+// C[m, n] = A[m, k]·B[k, n], `count` times.
+struct Gemm {
+  std::int64_t m = 0, n = 0, k = 0;
+  double count = 1;
+  double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * count; }
+};
+
+// The forward GEMMs of a unit's linear layers over `tokens` tokens: a block's matrices, the
+// head's projection (or the embedding matrix it is tied to); none for the embeddings (a lookup).
+enum class UnitKind { embedding, block, head };
+std::vector<Gemm> forward_gemms(const ModelSpec& m, UnitKind unit, std::int64_t tokens);
+// A forward GEMM's two backward GEMMs (input and weight gradients).
+std::array<Gemm, 2> backward_gemms(const Gemm& forward);
+
+// The causal attention core of one micro-batch.
+struct AttentionShape {
+  std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  // Query-key pairs scored: the causal triangle with its diagonal, b·a·s·(s+1)/2.
+  double scored_pairs() const;
+};
+AttentionShape attention_shape(const ModelSpec& m, const TrainingJob& j);
+
+// One unit's work on the device, per micro-batch, by kind (gemm, attention, memory_bound), and the
+// kernels it launches.
+struct UnitWork {
+  ComputeTimes forward{}, backward{};
+  double forward_kernels = 0, backward_kernels = 0;
+  double forward_s() const;
+  double backward_s() const;
+};
+
+// The rates of one device for one job's compute dtype.
+class ComputeModel {
+ public:
+  ComputeModel(const HardwareProfile& hw, const TrainingJob& job);
+
+  // A GEMM's time: the calibrated time of the same shape where calibrate measured it; otherwise
+  // the larger of its FLOPs (its tiles rounded up to whole tiles and waves) at the GEMM rate and
+  // its operands' bytes at the memory rate (a roofline).
+  double gemm_s(const Gemm& g) const;
+  // The attention core's forward and backward (flash or eager, by the job).
+  double attention_forward_s(const AttentionShape& a) const;
+  double attention_backward_s(const AttentionShape& a) const;
+  // Bytes read and written by a memory-bound kernel.
+  double memory_s(double bytes) const;
+  // `elements` element passes (elementwise.hpp) of `bytes_per_element` each: the calibrated
+  // element-wise rate where there is one, else their bytes over the memory rate.
+  double passes_s(double elements, double bytes_per_element) const;
+
+  double gemm_rate() const { return gemm_rate_; }        // FLOP/s of a large GEMM
+  double memory_rate() const { return memory_rate_; }    // bytes/s of a streaming kernel
+  double special_rate() const { return special_rate_; }  // exp/s of the SFUs (0: not a GPU's)
+
+ private:
+  const HardwareProfile* hw_;
+  const TrainingJob* job_;
+  DType dtype_;
+  double gemm_rate_ = 0, memory_rate_ = 0, special_rate_ = 0;
+  double wave_factor(double tiles) const;
+  const AttentionSample* attention_sample(const AttentionShape& a) const;
+  double attention_scale(const AttentionShape& a, const AttentionSample& s) const;
+};
+
+// Per micro-batch work of each unit kind; the block's is one block's.
+UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j, UnitKind unit);
+// One block's rerun in backward under the job's checkpointing mode, by kind (0 for none).
+ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j);
+
+// The host's time to issue a unit's forward or backward: its kernel launches and the framework's
+// hooks per unit and per parameter tensor (hardware.hpp's FrameworkOverheads, by flavour name).
+struct HostWork {
+  double forward_s = 0, backward_s = 0;
+};
+HostWork unit_host_work(const HardwareProfile& hw, const std::string& flavour, const UnitWork& work,
+                        double tensors);
+
+}  // namespace shardplan::costmodel

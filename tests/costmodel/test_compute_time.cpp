@@ -1,0 +1,201 @@
+// The compute model by op kind (costmodel/compute_time.hpp): every expected time here is derived
+// by hand from the profile's numbers and the formula's stated source, not read off the code.
+#include <cmath>
+
+#include <doctest/doctest.h>
+
+#include "costmodel/compute_time.hpp"
+#include "costmodel/simulator.hpp"
+
+using namespace shardplan::costmodel;
+
+namespace {
+
+// A GPU of round numbers: 100 SMs, 1000 TFLOP/s bf16 at a 1 GHz boost, GEMMs at half of it,
+// 2 TB/s of memory reached in full.
+HardwareProfile round_gpu() {
+  HardwareProfile p;
+  p.name = "round";
+  p.memory_bytes = 80e9;
+  p.peak_flops = {{DType::fp32, 100e12}, {DType::bf16, 1000e12}};
+  p.hbm_bandwidth_Bps = 2e12;
+  p.compute_efficiency = 0.5;
+  p.sm_count = 100;
+  p.boost_clock_hz = 1e9;
+  p.sustained_clock_hz = 1e9;
+  p.gpus_per_node = 8;
+  p.intra_bandwidth_Bps = 100e9;
+  p.inter_bandwidth_Bps = 10e9;
+  p.host_link_Bps = 10e9;
+  p.host_optimizer_params_per_s = 1e9;
+  return p;
+}
+
+TrainingJob bf16_job() {
+  TrainingJob j;
+  j.precision = Precision::bf16_mixed;
+  j.seq_len = 1024;
+  j.micro_batch = 1;
+  j.global_batch = 8;
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("compute_time::a GEMM pays for whole tiles and whole waves") {
+  const auto hw = round_gpu();
+  const auto job = bf16_job();
+  const ComputeModel cm(hw, job);
+  // 1280 x 1280 x 4096: 10 x 10 = 100 tiles of 128 x 128, one full wave on 100 SMs.
+  // 2·1280²·4096 FLOPs at 500 TFLOP/s.
+  CHECK(cm.gemm_s({1280, 1280, 4096, 1}) == doctest::Approx(2.0 * 1280 * 1280 * 4096 / 500e12));
+  // One more row: an 11th row of tiles (1408 rows) and 110 tiles, two waves of which the second
+  // has 10: 2·1408·1280·4096 FLOPs run at 110/200 of the rate.
+  CHECK(cm.gemm_s({1281, 1280, 4096, 1}) ==
+        doctest::Approx(2.0 * 1408 * 1280 * 4096 / (500e12 * 110.0 / 200.0)));
+  // A count multiplies.
+  CHECK(cm.gemm_s({1280, 1280, 4096, 3}) == doctest::Approx(3 * cm.gemm_s({1280, 1280, 4096, 1})));
+}
+
+TEST_CASE("compute_time::a thin GEMM is bound by its bytes") {
+  const auto hw = round_gpu();
+  const auto job = bf16_job();
+  const ComputeModel cm(hw, job);
+  // 12800 x 1 x 12800 (a matrix-vector product): 100 tiles, one wave; 2·12800·128·12800 tile
+  // FLOPs take 0.84 us at 500 TFLOP/s, while its operands (12800² + 12800 + 12800 elements of
+  // 2 bytes) take 164 us at 2 TB/s.
+  const double bytes = (12800.0 * 12800 + 12800 + 12800) * 2;
+  CHECK(cm.gemm_s({12800, 1, 12800, 1}) == doctest::Approx(bytes / 2e12));
+}
+
+TEST_CASE("compute_time::a part held below its boost clock runs slower in proportion") {
+  auto hw = round_gpu();
+  const auto job = bf16_job();
+  const double full = ComputeModel(hw, job).gemm_s({1280, 1280, 4096, 1});
+  hw.sustained_clock_hz = 0.75e9;  // e.g. a lower power limit
+  CHECK(ComputeModel(hw, job).gemm_s({1280, 1280, 4096, 1}) == doctest::Approx(full / 0.75));
+}
+
+TEST_CASE("compute_time::flash attention is matmul FLOPs and one exp per scored pair") {
+  const auto hw = round_gpu();
+  auto job = bf16_job();
+  const ComputeModel cm(hw, job);
+  // 8 heads x 1 sequence of 1600 tokens, head dim 128: 8 x 13 = 104 query tiles, two waves on 100
+  // SMs (104/200 used). Pairs: 8·1600·1601/2. Exp rate: 100 SMs x 16 per clock x 1 GHz.
+  const AttentionShape a{1, 1600, 8, 8, 128};
+  const double pairs = 8.0 * 1600 * 1601 / 2;
+  CHECK(a.scored_pairs() == pairs);
+  const double wave = 104.0 / 200.0;
+  CHECK(cm.attention_forward_s(a) == doctest::Approx(pairs * (4 * 128 / 500e12 + 1 / 1.6e12) / wave));
+  CHECK(cm.attention_backward_s(a) == doctest::Approx(pairs * (10 * 128 / 500e12 + 1 / 1.6e12) / wave));
+  // A narrower head spends a larger share on the exp: per pair 4·64/500e12 = 0.51 ps of matmul
+  // against 0.625 ps of exp.
+  const AttentionShape narrow{1, 1600, 8, 8, 64};
+  CHECK(cm.attention_forward_s(narrow) / cm.attention_forward_s(a) ==
+        doctest::Approx((4 * 64 / 500e12 + 1 / 1.6e12) / (4 * 128 / 500e12 + 1 / 1.6e12)));
+}
+
+TEST_CASE("compute_time::eager attention is batched GEMMs and passes over the scores") {
+  const auto hw = round_gpu();
+  auto job = bf16_job();
+  job.attention = AttentionImpl::eager;
+  const ComputeModel cm(hw, job);
+  const AttentionShape a{2, 1024, 4, 4, 128};
+  // QKᵀ (1024 x 1024 x 128) and P·V (1024 x 128 x 1024), 8 of each; 4 passes over 8·1024² scores
+  // of 2 bytes.
+  const double fwd = cm.gemm_s({1024, 1024, 128, 8}) + cm.gemm_s({1024, 128, 1024, 8}) +
+                     4 * 8 * 1024.0 * 1024 * 2 / 2e12;
+  CHECK(cm.attention_forward_s(a) == doctest::Approx(fwd));
+  const double bwd = 3 * cm.gemm_s({1024, 128, 1024, 8}) + cm.gemm_s({1024, 1024, 128, 8}) +
+                     3 * 8 * 1024.0 * 1024 * 2 / 2e12;
+  CHECK(cm.attention_backward_s(a) == doctest::Approx(bwd));
+}
+
+TEST_CASE("compute_time::calibrated times are used for their shapes and scaled to others") {
+  auto hw = round_gpu();
+  Calibration c;
+  c.backend = "mpi";
+  c.ranks = 1;
+  c.gemm.push_back({256, 384, 128, DType::bf16, 1e-3});
+  c.attention.push_back({"flash", DType::bf16, 2, 512, 4, 2, 64, 2e-3, 5e-3});
+  hw.calibration = c;
+  const auto job = bf16_job();
+  const ComputeModel cm(hw, job);
+  CHECK(cm.gemm_s({256, 384, 128, 2}) == doctest::Approx(2e-3));
+  // Twice the tokens (m), the same weight: twice the time.
+  CHECK(cm.gemm_s({512, 384, 128, 1}) == doctest::Approx(2e-3));
+  // Its weight gradient with twice the tokens (k): twice the time.
+  CHECK(cm.gemm_s({256, 384, 256, 1}) == doctest::Approx(2e-3));
+  // Twice the sequences: twice the time; twice the sequence: pairs 1024·1025 against 512·513.
+  CHECK(cm.attention_forward_s({4, 512, 4, 2, 64}) == doctest::Approx(4e-3));
+  CHECK(cm.attention_backward_s({2, 1024, 4, 2, 64}) == doctest::Approx(5e-3 * 1024 * 1025 / (512.0 * 513)));
+}
+
+TEST_CASE("compute_time::the host's work hides behind a GPU's kernels, adds to a CPU's") {
+  auto hw = round_gpu();
+  hw.op_dispatch_s = 10e-6;
+  hw.framework["fsdp2"] = {100e-6, 200e-6, 1e-6, 2e-6};
+  UnitWork w;
+  w.forward_kernels = 20;
+  w.backward_kernels = 30;
+  // 20 launches of 10 us + 100 us + 9 tensors x 1 us; 30 x 10 + 200 + 9 x 2.
+  const auto h = unit_host_work(hw, "fsdp2", w, 9);
+  CHECK(h.forward_s == doctest::Approx(309e-6));
+  CHECK(h.backward_s == doctest::Approx(518e-6));
+  CHECK(unit_host_work(hw, "ddp", w, 9).forward_s == doctest::Approx(200e-6));
+
+  // In a step: GPT-2 on one GPU, DDP; a per-unit hook far longer than any unit's kernels makes
+  // each unit's forward and backward take the host's time, and the excess is host overhead.
+  const auto m = load_model("gpt2");
+  hw.framework["ddp"] = {1.0, 2.0, 0, 0};  // seconds: nothing on the device takes as long
+  StepInput in;
+  in.model = &m;
+  in.hardware = &hw;
+  in.cluster = {1, 1};
+  in.job = bf16_job();
+  in.job.global_batch = 1;
+  in.spec = make_spec("ddp", std::nullopt, 1);
+  const auto r = simulate_step(in);
+  const double units = 12 + 2;
+  const double device = r.compute_by_kind_s[static_cast<int>(ComputeKind::gemm)] +
+                        r.compute_by_kind_s[static_cast<int>(ComputeKind::attention)] +
+                        r.compute_by_kind_s[static_cast<int>(ComputeKind::memory_bound)];
+  const double host = units * 3.0 + [&] {
+    double launches = 0;
+    for (auto u : {UnitKind::embedding, UnitKind::head}) {
+      const auto uw = unit_work(ComputeModel(hw, in.job), m, in.job, u);
+      launches += uw.forward_kernels + uw.backward_kernels;
+    }
+    const auto bw = unit_work(ComputeModel(hw, in.job), m, in.job, UnitKind::block);
+    return (launches + 12 * (bw.forward_kernels + bw.backward_kernels)) * 10e-6;
+  }();
+  CHECK(r.compute_by_kind_s[static_cast<int>(ComputeKind::host_overhead)] == doctest::Approx(host - device));
+  // A CPU rank does both in turn.
+  hw.is_cpu = true;
+  const auto cpu = simulate_step(in);
+  CHECK(cpu.compute_by_kind_s[static_cast<int>(ComputeKind::host_overhead)] == doctest::Approx(host));
+}
+
+TEST_CASE("compute_time::the kinds add up to the compute stream's busy time") {
+  // Llama-2-7b, FSDP2, full checkpointing: compute_s = Σ kinds; recompute = one block forward
+  // per block per micro-batch.
+  const auto m = load_model("llama-2-7b");
+  const auto hw = load_hardware("h100-sxm5-80gb");
+  StepInput in;
+  in.model = &m;
+  in.hardware = &hw;
+  in.cluster = {8, 8};
+  in.job = bf16_job();
+  in.job.seq_len = 4096;
+  in.job.global_batch = 16;
+  in.job.checkpointing = Checkpointing::full;
+  in.spec = make_spec("fsdp-full", Flavour::fsdp2, 8);
+  const auto r = simulate_step(in);
+  double sum = 0;
+  for (double x : r.compute_by_kind_s) sum += x;
+  CHECK(sum == doctest::Approx(r.compute_s));
+  const ComputeModel cm(hw, in.job);
+  const auto block = unit_work(cm, m, in.job, UnitKind::block);
+  CHECK(r.compute_by_kind_s[static_cast<int>(ComputeKind::recompute)] ==
+        doctest::Approx(2 * 32 * block.forward_s()));  // 2 micro-batches of 1 sequence
+}
