@@ -678,9 +678,11 @@ StepResult Simulation::run() {
     result_.optimizer_s = dur;
     t = st + dur;
   } else {
-    // CPU optimizer (DeepSpeed CPUAdam / FSDP CPUOffload): the node's CPUs update every local
-    // shard of its GPUs, then the updated parameters return over the host link.
-    const double cpu = local_opt_params * in_.cluster.gpus_per_node / hw.host_optimizer_params_per_s;
+    // CPU optimizer (DeepSpeed's CPUAdam; torch.optim.AdamW on CPU tensors under FSDP's
+    // CPUOffload): the node's CPUs update every local shard of its GPUs, then the updated
+    // parameters return over the host link.
+    const double rate = hw.host_optimizer_rate(s.flavour == Flavour::deepspeed ? "deepspeed" : "torch");
+    const double cpu = local_opt_params * in_.cluster.gpus_per_node / rate;
     const double h2d = local_opt_params * sb_.compute / hw.host_link_Bps;
     const double st = issue(Stream::host, t, Stream::compute, cpu + h2d, "CPU optimizer + upload", -1);
     if (!hw.collectives_block) result_.exposed_s[static_cast<int>(Stream::host)] += cpu + h2d;

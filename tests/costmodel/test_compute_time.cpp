@@ -199,3 +199,34 @@ TEST_CASE("compute_time::the kinds add up to the compute stream's busy time") {
   CHECK(r.compute_by_kind_s[static_cast<int>(ComputeKind::recompute)] ==
         doctest::Approx(2 * 32 * block.forward_s()));  // 2 micro-batches of 1 sequence
 }
+
+TEST_CASE("compute_time::the host optimizer runs at its framework's rate") {
+  // DeepSpeed steps offloaded states with its CPUAdam, FSDP's CPUOffload with torch.optim.AdamW on
+  // CPU tensors: a profile that gives both rates times each flavour with its own.
+  const auto m = load_model("llama-2-7b");
+  auto hw = load_hardware("a100-sxm4-80gb");
+  StepInput in;
+  in.model = &m;
+  in.hardware = &hw;
+  in.cluster = {8, 8};
+  in.job = bf16_job();
+  in.job.global_batch = 8;
+  auto host_s = [&](const char* strategy, Flavour f) {
+    in.spec = make_spec(strategy, f, 8);
+    // FSDP's CPUOffload moves the parameters too; DeepSpeed's offload_optimizer alone.
+    in.spec.offload = f == Flavour::deepspeed ? Offload::optimizer : Offload::params;
+    const auto r = simulate_step(in);
+    REQUIRE(r.valid);
+    return r.exposed_s[static_cast<int>(Stream::host)];
+  };
+  hw.host_optimizer_by_framework = {{"deepspeed", 2e9}, {"torch", 0.5e9}};
+  const double ds_fast = host_s("zero3", Flavour::deepspeed), fsdp_slow = host_s("fsdp-full", Flavour::fsdp2);
+  hw.host_optimizer_by_framework = {{"deepspeed", 0.5e9}, {"torch", 2e9}};
+  const double ds_slow = host_s("zero3", Flavour::deepspeed), fsdp_fast = host_s("fsdp-full", Flavour::fsdp2);
+  CHECK(ds_fast < ds_slow);
+  CHECK(fsdp_fast < fsdp_slow);
+  // One rate for both (a profile without the split) is that rate for either.
+  hw.host_optimizer_by_framework.clear();
+  hw.host_optimizer_params_per_s = 0.5e9;
+  CHECK(host_s("zero3", Flavour::deepspeed) == doctest::Approx(ds_slow));
+}
