@@ -15,6 +15,9 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kCommBound = 0.15;
 // ZeRO-3 and FSDP within this relative step time are "close".
 constexpr double kClose = 0.10;
+// A plan that does not fit makes memory the bottleneck only if it would be at least this much
+// faster than what fits (below it, the printed gain rounds to nothing).
+constexpr double kCapacityGain = 0.01;
 
 const Candidate* best_of(const SearchResult& r, const char* strategy) {
   for (const auto& c : r.best_per_family)
@@ -56,7 +59,7 @@ Explanation explain(const Scenario& sc, const SearchResult& r) {
   const Evaluation* fastest = r.fastest_ignoring_memory ? &r.fastest_ignoring_memory->eval : nullptr;
   const double share = exposed_share(rec);
 
-  if (fastest && !fastest->fits && fastest->result.step_s < rec.result.step_s * (1 - 1e-9)) {
+  if (fastest && !fastest->fits && fastest->result.step_s < rec.result.step_s * (1 - kCapacityGain)) {
     x.bottleneck = Bottleneck::memory_capacity;
     x.summary = fmt::format(
         "memory capacity: the fastest plan, {} at micro-batch {}, would take {:.3f} s per step but needs "
