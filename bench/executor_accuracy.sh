@@ -47,12 +47,14 @@ echo "# working in $WORK" >&2
 MODELS=(llama gpt2)
 
 # A CPU profile per (model, ranks): calibrate with that many ranks (the GEMM rate of ranks sharing
-# cores is what each rank gets) on that model's block GEMMs at the tokens of a micro-batch.
+# cores is what each rank gets) on that model's block GEMMs at the tokens of a micro-batch, and its
+# attention core (the executor's eager kernels) over that micro-batch's sequences of SEQ tokens.
 profile() {  # model ranks -> device-<model>-<ranks>.json
   local model=$1 ranks=$2 out=device-$1-$2.json
   if [[ ! -s $out ]]; then
     "${MPIRUN[@]}" -np "$ranks" "$CALIBRATE" --backend mpi --gemm-model "$model.json" \
-      --gemm-tokens $((2 * SEQ)) --max-bytes 16M --out "calibrated-$model-$ranks.json" > "calibrate-$model-$ranks.log"
+      --gemm-tokens $((2 * SEQ)) --attention-seq $SEQ --max-bytes 16M \
+      --out "calibrated-$model-$ranks.json" > "calibrate-$model-$ranks.log"
     jq '.gpu.memory_GiB = 64' "calibrated-$model-$ranks.json" > "$out"
   fi
   echo "$out"

@@ -1,5 +1,6 @@
 #include "calibrate/compute_calibration.hpp"
 
+#include "calibrate/attention_bench.hpp"
 #include "calibrate/cpu_bench.hpp"
 #include "calibrate/elementwise_bench.hpp"
 #include "calibrate/host_info.hpp"
@@ -14,6 +15,7 @@ namespace {
 
 constexpr std::size_t kCpuCopyBytes = 64u << 20; // well beyond the caches
 constexpr std::size_t kAdamParams = 4u << 20;    // 64 MiB of fp32 state
+constexpr double kAttentionSeconds = 0.02;       // timed runs of a core fill at least this
 #if defined(SHARDPLAN_HAVE_NCCL)
 constexpr std::size_t kGpuCopyBytes = 1u << 30;   // device-to-device copy
 constexpr std::size_t kHostLinkBytes = 256u << 20; // host-to-device copy
@@ -28,6 +30,20 @@ void keep_slowest(comm::Communicator& world, std::vector<GemmMeasurement>& gemms
                    comm::ReduceOp::max);
   for (std::size_t i = 0; i < gemms.size(); ++i)
     gemms[i].time_s = times[i];
+}
+
+void keep_slowest(comm::Communicator& world, std::vector<costmodel::AttentionSample>& cores) {
+  std::vector<double> times;
+  for (const auto& a : cores) {
+    times.push_back(a.forward_s);
+    times.push_back(a.backward_s);
+  }
+  world.all_reduce(times.data(), times.data(), times.size(), comm::DataType::f64,
+                   comm::ReduceOp::max);
+  for (std::size_t i = 0; i < cores.size(); ++i) {
+    cores[i].forward_s = times[2 * i];
+    cores[i].backward_s = times[2 * i + 1];
+  }
 }
 
 double slowest_rate(comm::Communicator& world, double rate) {
@@ -69,6 +85,11 @@ ComputeCalibration measure_compute(const ComputeSettings& settings, comm::Commun
       c.gemm.insert(c.gemm.end(), squares.begin(), squares.end());
       keep_slowest(host_world, c.gemm);
     }
+    if (settings.attention) {
+      c.attention = time_cuda_attention(nccl->device(), *settings.attention, kAttentionSeconds,
+                                        [&] { host_world.barrier(); });
+      keep_slowest(host_world, c.attention);
+    }
     if (settings.memory) {
       host_world.barrier();
       c.memory_bandwidth_Bps = slowest_rate(
@@ -95,6 +116,11 @@ ComputeCalibration measure_compute(const ComputeSettings& settings, comm::Commun
           host_world, time_cpu_elementwise_rate(settings.elementwise_ops, settings.tokens,
                                                 settings.head_dim));
     }
+  }
+  if (settings.attention) {
+    c.attention =
+        time_cpu_attention(*settings.attention, kAttentionSeconds, [&] { host_world.barrier(); });
+    keep_slowest(host_world, c.attention);
   }
   if (settings.memory) {
     host_world.barrier();

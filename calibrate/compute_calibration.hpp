@@ -1,7 +1,8 @@
 // The compute side of a calibration, measured on every rank at once (as a training step loads every
 // device) and combined as the slowest rank's: GEMM times for the model's block shapes and for
-// square shapes, memory copy bandwidth, host link bandwidth (GPU), and the host's Adam rate.
-// Eigen fp32 on a CPU rank; cuBLAS bf16, fp16, tf32 and fp32 on a GPU rank (NCCL backend).
+// square shapes, the model's attention core (calibrate/attention_bench.hpp), memory copy
+// bandwidth, host link bandwidth (GPU), and the host's Adam rate. Eigen fp32 on a CPU rank;
+// cuBLAS bf16, fp16, tf32 and fp32 on a GPU rank (NCCL backend).
 #pragma once
 
 #include <optional>
@@ -9,8 +10,10 @@
 #include <vector>
 
 #include "calibrate/gemm_shapes.hpp"
-#include "costmodel/elementwise.hpp"
 #include "comm/communicator.hpp"
+#include "costmodel/compute_time.hpp"
+#include "costmodel/elementwise.hpp"
+#include "costmodel/hardware.hpp"
 
 namespace shardplan::calibrate {
 
@@ -22,6 +25,8 @@ struct ComputeSettings {
   std::vector<costmodel::ElementwiseOp> elementwise_ops;
   std::int64_t tokens = 1; // of a micro-batch, as for the GEMMs
   std::int64_t head_dim = 1;
+  // The model's attention core (a micro-batch of whole sequences); none: not timed.
+  std::optional<costmodel::AttentionShape> attention;
 };
 
 struct ComputeCalibration {
@@ -34,6 +39,7 @@ struct ComputeCalibration {
   std::optional<double> host_link_Bps;                   // GPU: pinned host-to-device, slowest rank
   std::optional<double> optimizer_params_per_s;          // per rank, slowest rank
   std::optional<double> elementwise_elems_per_s;         // CPU: element passes/s, slowest rank
+  std::vector<costmodel::AttentionSample> attention;     // slowest rank's time per core
 };
 
 // Collective over `host_world` (the MPI world). `backend_world` tells CPU from GPU ranks (an NCCL

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 
+#include "calibrate/attention_bench.hpp"
 #include "calibrate/byte_size.hpp"
 #include "calibrate/collective_bench.hpp"
 #include "calibrate/compute_calibration.hpp"
@@ -54,6 +55,7 @@ struct Preflight {
   std::vector<GemmShape> model_shapes;
   std::vector<costmodel::ElementwiseOp> elementwise_ops; // the model's, with their counts
   std::int64_t head_dim = 1;
+  costmodel::AttentionShape attention; // --attention-seq's core; batch 0: none
 };
 
 Preflight preflight(const MeasureOptions& o, const comm::Topology& topology) {
@@ -71,12 +73,14 @@ Preflight preflight(const MeasureOptions& o, const comm::Topology& topology) {
                                  : fmt::format("calibrated-{}.json", topology.hosts.front());
   p.out_flag = o.out.empty() && !o.into.empty() ? "--into" : "--out";
   io::check_destination(p.out_path, p.out_flag);
-  if (o.gemm) {
+  if (o.gemm || o.attention_seq > 0) {
     try {
       const auto model = costmodel::load_model(o.gemm_model);
       p.model_shapes = model_gemm_shapes(model, o.gemm_tokens);
       p.elementwise_ops = model_elementwise_ops(model);
       p.head_dim = std::max<std::int64_t>(1, model.head_dim);
+      if (o.attention_seq > 0)
+        p.attention = model_attention_shape(model, o.gemm_tokens, o.attention_seq);
     } catch (const InputError& e) {
       const std::string what = e.what(); // "<where>: <message>"; the flag replaces the where
       throw InputError("--gemm-model", what.substr(std::min(what.size(), e.where().size() + 2)));
@@ -92,12 +96,20 @@ bool share_preflight(comm::Communicator& world, const std::optional<std::string>
   world.broadcast(&failed, 1, comm::DataType::i32, 0);
   if (failed)
     return false;
-  // The GEMM shapes (m, n, k, count), then the element-wise layers (kind, width, count) and the
-  // head dimension: other ranks may not see the model's file.
+  // The GEMM shapes (m, n, k, count), then the element-wise layers (kind, width, count), the
+  // head dimension and the attention core: other ranks may not see the model's file.
   auto& shapes = pre.model_shapes;
-  std::int64_t sizes[3] = {static_cast<std::int64_t>(shapes.size()),
-                           static_cast<std::int64_t>(pre.elementwise_ops.size()), pre.head_dim};
-  world.broadcast(sizes, 3, comm::DataType::i64, 0);
+  auto& core = pre.attention;
+  std::int64_t sizes[8] = {static_cast<std::int64_t>(shapes.size()),
+                           static_cast<std::int64_t>(pre.elementwise_ops.size()),
+                           pre.head_dim,
+                           core.batch,
+                           core.seq,
+                           core.heads,
+                           core.kv_heads,
+                           core.head_dim};
+  world.broadcast(sizes, 8, comm::DataType::i64, 0);
+  core = {sizes[3], sizes[4], sizes[5], sizes[6], sizes[7]};
   std::vector<std::int64_t> flat(static_cast<std::size_t>(sizes[0]) * 4);
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     flat[4 * i] = shapes[i].m;
@@ -153,6 +165,7 @@ void add_compute(const MeasureOptions& o, const ComputeCalibration& c, const Pre
   record.gemm = c.gemm;
   record.memory_bandwidth_Bps = c.memory_bandwidth_Bps;
   record.elementwise_elems_per_s = c.elementwise_elems_per_s;
+  record.attention = c.attention;
   json& extra = record.extra;
   const double model_rate = model_gemm_rate(c.gemm, c.model_dtype);
   json peaks = json::object();
@@ -315,13 +328,18 @@ int measure(const MeasureOptions& o, comm::Communicator& host_world,
   progress.clear();
 
   ComputeCalibration compute;
-  if (o.gemm || o.memory) {
+  if (o.gemm || o.memory || pre.attention.batch > 0) {
+    const char* phase = pre.attention.batch > 0 ? "GEMM, attention and memory bandwidth"
+                                                : "GEMM and memory bandwidth";
     if (root)
-      progress.show("GEMM and memory bandwidth");
-    watchdog.set_phase("GEMM and memory bandwidth");
-    compute = measure_compute(
-        {o.gemm, o.memory, pre.model_shapes, pre.elementwise_ops, o.gemm_tokens, pre.head_dim},
-        host_world, *backend_world);
+      progress.show(phase);
+    watchdog.set_phase(phase);
+    std::optional<costmodel::AttentionShape> attention;
+    if (pre.attention.batch > 0)
+      attention = pre.attention;
+    compute = measure_compute({o.gemm, o.memory, pre.model_shapes, pre.elementwise_ops,
+                               o.gemm_tokens, pre.head_dim, attention},
+                              host_world, *backend_world);
     progress.clear();
   }
   watched_backend.reset();
@@ -344,6 +362,7 @@ int measure(const MeasureOptions& o, comm::Communicator& host_world,
                costmodel::dtype_name(compute.model_dtype),
                record.extra.value("compute_efficiency_reference", std::string("peak")),
                *record.compute_efficiency);
+  print_attention_lines(out, compute.attention);
 
   fmt::print(out,
              "#\n# fit errors at the measured sizes (goal: median <= {:.0f}%, max <= {:.0f}%):\n",

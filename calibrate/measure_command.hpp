@@ -1,8 +1,8 @@
 // The measuring run of `calibrate` (its default command): sweeps every requested collective on
-// every requested group, fits each sweep, measures GEMMs and memory bandwidth, and writes the
-// profile from rank 0. Its ranks come from mpirun or srun (MPI), or, for --backend nccl, from the
-// environment torchrun sets when that is set or the build has no MPI (a process started by hand is
-// then rank 0 of 1).
+// every requested group, fits each sweep, measures GEMMs, the model's attention core
+// (--attention-seq) and memory bandwidth, and writes the profile from rank 0. Its ranks come from
+// mpirun or srun (MPI), or, for --backend nccl, from the environment torchrun sets when that is set
+// or the build has no MPI (a process started by hand is then rank 0 of 1).
 #pragma once
 
 #include <ostream>

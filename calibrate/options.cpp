@@ -119,7 +119,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
                "process (one GPU).",
                "calibrate"};
   std::string backend = "mpi", ops = "all_reduce,all_gather,reduce_scatter", min_bytes, max_bytes,
-              factor = "2", warmup = "5", iters = "20", groups, gemm_tokens;
+              factor = "2", warmup = "5", iters = "20", groups, gemm_tokens, attention_seq;
   bool no_check = false, no_gemm = false, no_memory = false;
   MeasureOptions m;
   app.add_option("--backend", backend, "nccl (GPU buffers) or mpi (CPU buffers)")
@@ -148,6 +148,10 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
                  "[default: gpt2 for mpi, llama-2-7b for nccl]");
   app.add_option("--gemm-tokens", gemm_tokens,
                  "tokens per GEMM (its m) [default: 256 for mpi, 4096 for nccl]");
+  app.add_option("--attention-seq", attention_seq,
+                 "sequence length of the model's attention core, timed forward and backward over\n"
+                 "sequences of that length, --gemm-tokens in all (needs --gemm-model) [default: "
+                 "not timed]");
   app.add_option("--out,-o", m.out,
                  "profile to write [default: calibrated-<host>.json, or PROFILE with --into]");
   app.add_option("--into", m.into, "existing profile to merge the calibration into");
@@ -262,6 +266,20 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
                       ? parse_integer_flag("--gemm-tokens", gemm_tokens, 1, 1'000'000'000,
                                            "an integer between 1 and 1000000000")
                       : (nccl ? 4096 : 256);
+  if (app.count("--attention-seq")) {
+    m.attention_seq = parse_integer_flag("--attention-seq", attention_seq, 1, 1'000'000'000,
+                                         "an integer between 1 and 1000000000");
+    if (!app.count("--gemm-model"))
+      throw InputError("--attention-seq",
+                       fmt::format("{} needs --gemm-model (the model whose attention is timed)",
+                                   m.attention_seq));
+    // A micro-batch of whole sequences: batch = tokens / seq.
+    if (m.gemm_tokens % m.attention_seq != 0)
+      throw InputError("--attention-seq",
+                       fmt::format("{} does not divide --gemm-tokens {} (a micro-batch of whole "
+                                   "sequences)",
+                                   m.attention_seq, m.gemm_tokens));
+  }
   named(app, "--out", m.out);
   named(app, "--into", m.into);
   if (app.count("--timeout-s")) {

@@ -37,6 +37,9 @@ struct MeasureOptions {
   bool memory = true;                     // memory copy bandwidth (and, on CPUs, optimizer rate)
   std::string gemm_model;                 // model preset or config.json whose block GEMMs are timed
   std::int64_t gemm_tokens = 0;           // m of those GEMMs (tokens per micro-batch)
+  // Sequence length of the model's attention core, timed over gemm_tokens / attention_seq
+  // sequences (0: not timed).
+  std::int64_t attention_seq = 0;
   std::string out;                        // profile to write ("" = default name, or in place)
   std::string into;                       // existing profile to merge the calibration into
   FitOptions fit;

@@ -83,6 +83,20 @@ json calibration_to_json(const CalibrationRecord& r) {
     doc["memory_bandwidth_GBps"] = rounded(*r.memory_bandwidth_Bps / kGB, 4);
   if (r.elementwise_elems_per_s)
     doc["elementwise_Gelems_per_s"] = rounded(*r.elementwise_elems_per_s / 1e9, 4);
+  if (!r.attention.empty()) {
+    json attention = json::array();
+    for (const auto& a : r.attention)
+      attention.push_back({{"impl", a.impl},
+                           {"dtype", costmodel::dtype_name(a.dtype)},
+                           {"batch", a.batch},
+                           {"seq", a.seq},
+                           {"heads", a.heads},
+                           {"kv_heads", a.kv_heads},
+                           {"head_dim", a.head_dim},
+                           {"forward_us", rounded(a.forward_s * 1e6)},
+                           {"backward_us", rounded(a.backward_s * 1e6)}});
+    doc["attention"] = attention;
+  }
   doc["extra"] = r.extra.is_object() ? r.extra : json::object();
   return doc;
 }
@@ -220,8 +234,8 @@ json merge_calibration(const json& profile, const json& calibration) {
   }
   json extra = old.contains("extra") && old["extra"].is_object() ? old["extra"] : json::object();
   extra.update(calibration.value("extra", json::object()));
-  for (const char* key :
-       {"gemm", "compute_efficiency", "memory_bandwidth_GBps", "elementwise_Gelems_per_s"})
+  for (const char* key : {"gemm", "compute_efficiency", "memory_bandwidth_GBps",
+                          "elementwise_Gelems_per_s", "attention"})
     if (calibration.contains(key))
       old[key] = calibration[key];
   for (const char* key : {"date", "backend", "host", "library", "ranks"})

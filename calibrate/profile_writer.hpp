@@ -1,8 +1,9 @@
 // Writing what calibrate measured as hardware profile JSON (hardware_profiles/*.json, read by
 // costmodel::hardware_from_json): the "calibration" section (fitted curves with their samples and
-// errors, GEMMs, compute efficiency, memory bandwidth, when/where/with what), a complete profile
-// for a system measured from scratch, or the section merged into an existing profile. The
-// commands write them with io::write_file (whole or not at all).
+// errors, GEMMs, compute efficiency, memory bandwidth, element-wise rate, attention cores,
+// when/where/with what), a complete profile for a system measured from scratch, or the section
+// merged into an existing profile. The commands write them with io::write_file (whole or not at
+// all).
 #pragma once
 
 #include <map>
@@ -36,6 +37,7 @@ struct CalibrationRecord {
   std::optional<double> compute_efficiency;   // model-shape GEMM rate / peak
   std::optional<double> memory_bandwidth_Bps; // device copy bandwidth
   std::optional<double> elementwise_elems_per_s; // costmodel/elementwise.hpp passes per second
+  std::vector<costmodel::AttentionSample> attention; // the model's attention cores, as run
   nlohmann::json extra = nlohmann::json::object();
 };
 
@@ -77,9 +79,9 @@ struct MeasuredSystem {
 nlohmann::json measured_profile(const MeasuredSystem& system, const CalibrationRecord& record);
 
 // `profile` with `calibration` merged into its calibration section: curves replace those with the
-// same op, ranks and tier and keep the others; GEMMs, compute efficiency and memory bandwidth are
-// replaced when the new section has them; date, backend, host, library and ranks are the new
-// section's; extra keys are updated.
+// same op, ranks and tier and keep the others; GEMMs, compute efficiency, memory bandwidth, the
+// element-wise rate and the attention cores are replaced when the new section has them; date,
+// backend, host, library and ranks are the new section's; extra keys are updated.
 nlohmann::json merge_calibration(const nlohmann::json& profile, const nlohmann::json& calibration);
 
 // Reads the profile named by --into and checks it with the cost model's parser; errors name the

@@ -83,6 +83,16 @@ void print_gemm_table(std::ostream& out, const std::vector<GemmMeasurement>& gem
                g.model_shape ? "model" : "square");
 }
 
+void print_attention_lines(std::ostream& out,
+                           const std::vector<costmodel::AttentionSample>& cores) {
+  for (const auto& a : cores)
+    fmt::print(out,
+               "# attention {} {} (batch {}, seq {}, heads {}, kv_heads {}, head_dim {}), slowest "
+               "rank: forward {:.1f} us, backward {:.1f} us\n",
+               a.impl, costmodel::dtype_name(a.dtype), a.batch, a.seq, a.heads, a.kv_heads,
+               a.head_dim, a.forward_s * 1e6, a.backward_s * 1e6);
+}
+
 ProgressBar::ProgressBar(std::ostream& out, int total_steps, bool enabled)
     : out_(out), total_(std::max(1, total_steps)), enabled_(enabled) {}
 

@@ -12,6 +12,7 @@
 #include "calibrate/fit.hpp"
 #include "calibrate/gemm_shapes.hpp"
 #include "calibrate/group_plan.hpp"
+#include "costmodel/hardware.hpp"
 
 namespace shardplan::calibrate {
 
@@ -27,6 +28,9 @@ void print_sweep_table(std::ostream& out, const SweepResult& sweep);
 // "# fit: 2 pieces, error at the 23 points: median 1.2%, max 4.0%" and one line per piece.
 void print_fit(std::ostream& out, const CurveFit& fit);
 void print_gemm_table(std::ostream& out, const std::vector<GemmMeasurement>& gemms);
+// One line per attention core: "# attention eager fp32 (batch 2, seq 128, heads 4, kv_heads 2,
+// head_dim 32), slowest rank: forward 123.4 us, backward 234.5 us".
+void print_attention_lines(std::ostream& out, const std::vector<costmodel::AttentionSample>& cores);
 // Human units for notes: "8 B", "64 KiB", "1.5 MiB".
 std::string human_bytes(double bytes);
 

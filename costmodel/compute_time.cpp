@@ -133,8 +133,11 @@ const AttentionSample* ComputeModel::attention_sample(const AttentionShape& a) c
   const char* impl = job_->attention == AttentionImpl::flash ? "flash" : "eager";
   const AttentionSample* best = nullptr;
   double best_distance = 0;
+  // A CPU has no TF32: its fp32 precision (tf32 here, as a GPU computes it) runs fp32 kernels,
+  // which calibrate's CPU ranks time as fp32 cores.
+  const bool fp32_serves = hw_->is_cpu && dtype_ == DType::tf32;
   for (const auto& s : hw_->calibration->attention) {
-    if (s.impl != impl || s.dtype != dtype_) continue;
+    if (s.impl != impl || (s.dtype != dtype_ && !(fp32_serves && s.dtype == DType::fp32))) continue;
     // The nearest in sequence length and head width (log ratios), then in the GQA group.
     const double distance = std::abs(std::log(static_cast<double>(s.seq) / static_cast<double>(a.seq))) +
                             std::abs(std::log(static_cast<double>(s.head_dim) / static_cast<double>(a.head_dim))) +

@@ -1,6 +1,7 @@
 // Test helper: loads a hardware profile through the cost model (as the planner does) and checks
-// that it carries a calibration with at least the expected number of collective curves.
-// Usage: profile_check PROFILE [MIN_CURVES]. Exit 0 when it does, 1 otherwise.
+// that it carries a calibration with at least the expected number of collective curves and of
+// attention cores, each core with positive forward and backward times.
+// Usage: profile_check PROFILE [MIN_CURVES [MIN_ATTENTION]]. Exit 0 when it does, 1 otherwise.
 #include <cstdlib>
 #include <exception>
 
@@ -10,7 +11,7 @@
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fmt::print(stderr, "usage: profile_check PROFILE [MIN_CURVES]\n");
+    fmt::print(stderr, "usage: profile_check PROFILE [MIN_CURVES [MIN_ATTENTION]]\n");
     return 1;
   }
   try {
@@ -20,6 +21,23 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "{}: expected a calibration with at least {} curves\n", argv[1],
                  min_curves);
       return 1;
+    }
+    const std::size_t min_attention = argc > 3 ? static_cast<std::size_t>(std::atoi(argv[3])) : 0;
+    const auto& attention = profile.calibration->attention;
+    if (attention.size() < min_attention) {
+      fmt::print(stderr, "{}: expected at least {} attention cores, found {}\n", argv[1],
+                 min_attention, attention.size());
+      return 1;
+    }
+    for (const auto& a : attention) {
+      fmt::print("attention {} {} batch {} seq {} heads {}/{} head_dim {}: forward {:.1f} us, "
+                 "backward {:.1f} us\n",
+                 a.impl, shardplan::costmodel::dtype_name(a.dtype), a.batch, a.seq, a.heads,
+                 a.kv_heads, a.head_dim, a.forward_s * 1e6, a.backward_s * 1e6);
+      if (!(a.forward_s > 0 && a.backward_s > 0)) {
+        fmt::print(stderr, "{}: an attention core without positive times\n", argv[1]);
+        return 1;
+      }
     }
     for (const auto& c : profile.calibration->collectives)
       fmt::print("{} {} ranks {}: {} pieces, median error {:.1f}%, max {:.1f}%\n",

@@ -48,6 +48,7 @@ TEST_CASE("options::defaults of a measuring run") {
   CHECK(m.gemm);
   CHECK(m.gemm_model == "gpt2");
   CHECK(m.gemm_tokens == 256);
+  CHECK(m.attention_seq == 0); // no attention core timed
 }
 
 TEST_CASE("options::flags of a measuring run") {
@@ -76,6 +77,35 @@ TEST_CASE("options::flags of a measuring run") {
   CHECK_FALSE(m.gemm);
   CHECK(m.into == "p.json");
   CHECK(m.out == "q.json");
+}
+
+TEST_CASE("options::--attention-seq times the model's core over whole sequences of --gemm-tokens") {
+  const auto m =
+      parse({"--gemm-model", "llama.json", "--gemm-tokens", "256", "--attention-seq", "128"})
+          .measure;
+  CHECK(m.gemm_model == "llama.json");
+  CHECK(m.gemm_tokens == 256);
+  CHECK(m.attention_seq == 128);
+  CHECK(parse({"--gemm-model", "gpt2", "--attention-seq", "256"}).measure.attention_seq == 256);
+  CHECK(parse({"--backend", "nccl", "--gemm-model", "gpt2", "--attention-seq", "1024"})
+            .measure.attention_seq == 1024); // of nccl's 4096 tokens
+}
+
+TEST_CASE("options::--attention-seq rejections name the flag and the value") {
+  CHECK(rejection({"--gemm-model", "gpt2", "--attention-seq", "0"}) ==
+        "--attention-seq: must be an integer between 1 and 1000000000, got \"0\"");
+  CHECK(rejection({"--gemm-model", "gpt2", "--attention-seq", ""}) ==
+        "--attention-seq: must be an integer between 1 and 1000000000, got \"\"");
+  CHECK(rejection({"--gemm-model", "gpt2", "--attention-seq", "12x"}) ==
+        "--attention-seq: must be an integer between 1 and 1000000000, got \"12x\"");
+  CHECK(rejection({"--attention-seq", "128"}) ==
+        "--attention-seq: 128 needs --gemm-model (the model whose attention is timed)");
+  CHECK(rejection({"--gemm-model", "gpt2", "--gemm-tokens", "256", "--attention-seq", "100"}) ==
+        "--attention-seq: 100 does not divide --gemm-tokens 256 (a micro-batch of whole "
+        "sequences)");
+  CHECK(rejection({"--gemm-model", "gpt2", "--attention-seq", "512"}) ==
+        "--attention-seq: 512 does not divide --gemm-tokens 256 (a micro-batch of whole "
+        "sequences)"); // more than the default tokens
 }
 
 TEST_CASE("options::rejections name the flag and the value") {

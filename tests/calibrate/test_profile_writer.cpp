@@ -113,6 +113,66 @@ TEST_CASE(
   CHECK(c.extra.at("other") == 1);
 }
 
+TEST_CASE("profile_writer::attention cores are written in the profile's schema and read back") {
+  auto r = record();
+  r.attention = {{"eager", costmodel::DType::fp32, 2, 128, 4, 2, 32, 812.34e-6, 1534.56e-6},
+                 {"flash", costmodel::DType::bf16, 1, 4096, 32, 8, 128, 1.25e-3, 3.5e-3}};
+  const auto section = calibration_to_json(r);
+  REQUIRE(section.at("attention").size() == 2);
+  CHECK(section.at("attention").at(0) == nlohmann::json{{"impl", "eager"},
+                                                        {"dtype", "fp32"},
+                                                        {"batch", 2},
+                                                        {"seq", 128},
+                                                        {"heads", 4},
+                                                        {"kv_heads", 2},
+                                                        {"head_dim", 32},
+                                                        {"forward_us", 812.34},
+                                                        {"backward_us", 1534.6}});
+  // What calibrate writes, the cost model reads: in a merged profile and in a measured one.
+  for (const auto& doc : {merge_calibration(costmodel::read_json_file(kA100), section),
+                          measured_profile(system(), r)}) {
+    const auto hw = costmodel::hardware_from_json(doc, "x");
+    REQUIRE(hw.calibration.has_value());
+    const auto& a = hw.calibration->attention;
+    REQUIRE(a.size() == 2);
+    CHECK(a[0].impl == "eager");
+    CHECK(a[0].dtype == costmodel::DType::fp32);
+    CHECK(a[0].batch == 2);
+    CHECK(a[0].seq == 128);
+    CHECK(a[0].heads == 4);
+    CHECK(a[0].kv_heads == 2);
+    CHECK(a[0].head_dim == 32);
+    CHECK(a[0].forward_s == doctest::Approx(812.34e-6));
+    CHECK(a[0].backward_s == doctest::Approx(1534.56e-6).epsilon(1e-4));
+    CHECK(a[1].impl == "flash");
+    CHECK(a[1].dtype == costmodel::DType::bf16);
+    CHECK(a[1].seq == 4096);
+    CHECK(a[1].kv_heads == 8);
+    CHECK(a[1].forward_s == doctest::Approx(1.25e-3));
+    CHECK(a[1].backward_s == doctest::Approx(3.5e-3));
+  }
+  // Without cores the section has no "attention".
+  CHECK_FALSE(calibration_to_json(record()).contains("attention"));
+}
+
+TEST_CASE("profile_writer::merging replaces the attention cores when the new section has them") {
+  auto r = record();
+  r.attention = {{"eager", costmodel::DType::fp32, 2, 128, 4, 2, 32, 800e-6, 1500e-6}};
+  const auto first = merge_calibration(costmodel::read_json_file(kA100), calibration_to_json(r));
+  // A later run without --attention-seq keeps them.
+  const auto kept = merge_calibration(first, calibration_to_json(record()));
+  REQUIRE(kept.at("calibration").at("attention").size() == 1);
+  CHECK(kept.at("calibration").at("attention").at(0).at("forward_us") == 800);
+  // A run with it replaces them.
+  r.attention = {{"eager", costmodel::DType::fp32, 4, 64, 4, 2, 32, 300e-6, 600e-6},
+                 {"eager", costmodel::DType::fp32, 1, 256, 4, 2, 32, 900e-6, 1800e-6}};
+  const auto replaced = merge_calibration(kept, calibration_to_json(r));
+  const auto hw = costmodel::hardware_from_json(replaced, "merged");
+  REQUIRE(hw.calibration->attention.size() == 2);
+  CHECK(hw.calibration->attention[0].seq == 64);
+  CHECK(hw.calibration->attention[1].forward_s == doctest::Approx(900e-6));
+}
+
 TEST_CASE("profile_writer::a measured profile is complete and says what it measured") {
   const auto doc = measured_profile(system(), record());
   const auto hw = costmodel::hardware_from_json(doc, "test-cpu");

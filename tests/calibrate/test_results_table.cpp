@@ -68,6 +68,20 @@ TEST_CASE("results_table::fit lines and human sizes") {
   CHECK(human_bytes(1.5 * 1048576) == "1.5 MiB");
 }
 
+TEST_CASE("results_table::one line per attention core: impl, shape, forward and backward") {
+  std::ostringstream out;
+  print_attention_lines(out,
+                        {{"eager", costmodel::DType::fp32, 2, 128, 4, 2, 32, 812.34e-6, 1534.56e-6},
+                         {"flash", costmodel::DType::bf16, 1, 4096, 32, 8, 128, 1.25e-3, 3.5e-3}});
+  CHECK(out.str() == "# attention eager fp32 (batch 2, seq 128, heads 4, kv_heads 2, head_dim 32), "
+                     "slowest rank: forward 812.3 us, backward 1534.6 us\n"
+                     "# attention flash bf16 (batch 1, seq 4096, heads 32, kv_heads 8, head_dim "
+                     "128), slowest rank: forward 1250.0 us, backward 3500.0 us\n");
+  std::ostringstream none;
+  print_attention_lines(none, {});
+  CHECK(none.str().empty());
+}
+
 TEST_CASE("results_table::the progress bar draws only when enabled") {
   std::ostringstream off, on;
   ProgressBar quiet(off, 10, false);

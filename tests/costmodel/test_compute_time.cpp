@@ -131,6 +131,32 @@ TEST_CASE("compute_time::calibrated times are used for their shapes and scaled t
   CHECK(cm.attention_backward_s({2, 1024, 4, 2, 64}) == doctest::Approx(5e-3 * 1024 * 1025 / (512.0 * 513)));
 }
 
+TEST_CASE("compute_time::a CPU's fp32 attention cores serve its fp32 jobs, a GPU's do not") {
+  auto hw = round_gpu();
+  Calibration c;
+  c.backend = "mpi";
+  c.ranks = 1;
+  c.attention.push_back({"eager", DType::fp32, 2, 128, 4, 2, 32, 600e-6, 1100e-6});
+  hw.calibration = c;
+  TrainingJob job = bf16_job();
+  job.precision = Precision::fp32;  // computes in tf32 (a GPU's TF32 GEMMs)
+  job.attention = AttentionImpl::eager;
+  const AttentionShape a{2, 128, 4, 2, 32};
+  // On a GPU an fp32 core is not the TF32 one: the eager formula stands.
+  const ComputeModel gpu(hw, job);
+  CHECK(gpu.attention_forward_s(a) != doctest::Approx(600e-6));
+  // A CPU has no TF32: its fp32 job runs the fp32 kernels calibrate timed.
+  hw.is_cpu = true;
+  const ComputeModel cpu(hw, job);
+  CHECK(cpu.attention_forward_s(a) == doctest::Approx(600e-6));
+  CHECK(cpu.attention_backward_s(a) == doctest::Approx(1100e-6));
+  // A bf16 job matches bf16 cores only.
+  TrainingJob bf16 = bf16_job();
+  bf16.attention = AttentionImpl::eager;
+  const ComputeModel cpu_bf16(hw, bf16);
+  CHECK(cpu_bf16.attention_forward_s(a) != doctest::Approx(600e-6));
+}
+
 TEST_CASE("compute_time::the host's work hides behind a GPU's kernels, adds to a CPU's") {
   auto hw = round_gpu();
   hw.op_dispatch_s = 10e-6;

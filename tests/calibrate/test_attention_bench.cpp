@@ -1,0 +1,38 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "calibrate/attention_bench.hpp"
+
+using namespace shardplan;
+using namespace shardplan::calibrate;
+
+TEST_CASE("attention_bench::the model's core: whole sequences of the tokens, its heads") {
+  const auto m = costmodel::load_model("llama-3-8b"); // 32 query heads, 8 key/value, 128 wide
+  const auto a = model_attention_shape(m, 4096, 1024);
+  CHECK(a.batch == 4);
+  CHECK(a.seq == 1024);
+  CHECK(a.heads == 32);
+  CHECK(a.kv_heads == 8);
+  CHECK(a.head_dim == 128);
+}
+
+TEST_CASE("attention_bench::a CPU rank times the host backend's fp32 eager attention") {
+  int calls = 0;
+  const auto samples = time_cpu_attention({2, 16, 4, 2, 8}, 1e-4, [&] { ++calls; });
+  REQUIRE(samples.size() == 1); // the host backend has no flash attention
+  const auto& s = samples.front();
+  CHECK(s.impl == "eager");
+  CHECK(s.dtype == costmodel::DType::fp32);
+  CHECK(s.batch == 2);
+  CHECK(s.seq == 16);
+  CHECK(s.heads == 4);
+  CHECK(s.kv_heads == 2);
+  CHECK(s.head_dim == 8);
+  CHECK(std::isfinite(s.forward_s));
+  CHECK(s.forward_s > 0);
+  CHECK(std::isfinite(s.backward_s));
+  CHECK(s.backward_s > 0);
+  CHECK(s.backward_s < 1); // 2 × 4 heads of 16 × 16 scores
+  CHECK(calls == 1);       // once before each implementation
+}
