@@ -100,7 +100,9 @@ double UnitWork::forward_s() const { return total(forward); }
 double UnitWork::backward_s() const { return total(backward); }
 
 ComputeModel::ComputeModel(const HardwareProfile& hw, const TrainingJob& job)
-    : hw_(&hw), job_(&job), dtype_(compute_dtype(job.precision)) {
+    : hw_(&hw), job_(&job), dtype_(compute_dtype(job.precision)),
+      // A CPU has no TF32: an fp32 job (tf32 on a GPU) runs the fp32 kernels calibrate timed.
+      measured_dtype_(hw.is_cpu && dtype_ == DType::tf32 ? DType::fp32 : dtype_) {
   const double eff = hw.calibration && hw.calibration->compute_efficiency ? *hw.calibration->compute_efficiency
                                                                           : hw.compute_efficiency;
   gemm_rate_ = hw.peak(dtype_) * eff * hw.clock_ratio();
@@ -119,7 +121,7 @@ double ComputeModel::wave_factor(double tiles) const {
 
 double ComputeModel::gemm_s(const Gemm& g) const {
   if (hw_->calibration)
-    if (auto t = calibrated_gemm_s(*hw_->calibration, g, dtype_)) return *t;
+    if (auto t = calibrated_gemm_s(*hw_->calibration, g, measured_dtype_)) return *t;
   const auto m = static_cast<double>(g.m), n = static_cast<double>(g.n), k = static_cast<double>(g.k);
   const double tile = hw_->sm_count > 0 ? kTile : 1;
   const double flops = 2 * ceil_to(m, tile) * ceil_to(n, tile) * k /
@@ -133,11 +135,8 @@ const AttentionSample* ComputeModel::attention_sample(const AttentionShape& a) c
   const char* impl = job_->attention == AttentionImpl::flash ? "flash" : "eager";
   const AttentionSample* best = nullptr;
   double best_distance = 0;
-  // A CPU has no TF32: its fp32 precision (tf32 here, as a GPU computes it) runs fp32 kernels,
-  // which calibrate's CPU ranks time as fp32 cores.
-  const bool fp32_serves = hw_->is_cpu && dtype_ == DType::tf32;
   for (const auto& s : hw_->calibration->attention) {
-    if (s.impl != impl || (s.dtype != dtype_ && !(fp32_serves && s.dtype == DType::fp32))) continue;
+    if (s.impl != impl || s.dtype != measured_dtype_) continue;
     // The nearest in sequence length and head width (log ratios), then in the GQA group.
     const double distance = std::abs(std::log(static_cast<double>(s.seq) / static_cast<double>(a.seq))) +
                             std::abs(std::log(static_cast<double>(s.head_dim) / static_cast<double>(a.head_dim))) +

@@ -86,6 +86,7 @@ class ComputeModel {
   const HardwareProfile* hw_;
   const TrainingJob* job_;
   DType dtype_;
+  DType measured_dtype_;  // the dtype of the calibrated samples that stand for dtype_
   double gemm_rate_ = 0, memory_rate_ = 0, special_rate_ = 0;
   double wave_factor(double tiles) const;
   const AttentionSample* attention_sample(const AttentionShape& a) const;

@@ -131,11 +131,12 @@ TEST_CASE("compute_time::calibrated times are used for their shapes and scaled t
   CHECK(cm.attention_backward_s({2, 1024, 4, 2, 64}) == doctest::Approx(5e-3 * 1024 * 1025 / (512.0 * 513)));
 }
 
-TEST_CASE("compute_time::a CPU's fp32 attention cores serve its fp32 jobs, a GPU's do not") {
+TEST_CASE("compute_time::a CPU's fp32 GEMMs and attention cores serve its fp32 jobs, a GPU's do not") {
   auto hw = round_gpu();
   Calibration c;
   c.backend = "mpi";
   c.ranks = 1;
+  c.gemm.push_back({256, 384, 128, DType::fp32, 1e-3});
   c.attention.push_back({"eager", DType::fp32, 2, 128, 4, 2, 32, 600e-6, 1100e-6});
   hw.calibration = c;
   TrainingJob job = bf16_job();
@@ -150,6 +151,8 @@ TEST_CASE("compute_time::a CPU's fp32 attention cores serve its fp32 jobs, a GPU
   const ComputeModel cpu(hw, job);
   CHECK(cpu.attention_forward_s(a) == doctest::Approx(600e-6));
   CHECK(cpu.attention_backward_s(a) == doctest::Approx(1100e-6));
+  CHECK(cpu.gemm_s({256, 384, 128, 1}) == doctest::Approx(1e-3));
+  CHECK(gpu.gemm_s({256, 384, 128, 1}) != doctest::Approx(1e-3));
   // A bf16 job matches bf16 cores only.
   TrainingJob bf16 = bf16_job();
   bf16.attention = AttentionImpl::eager;

@@ -73,7 +73,7 @@ TEST_CASE("extreme_grid::estimate and compare print finite, non-negative, consis
     for (long long g : gpus)
       for (const auto& s : seq)
         for (long long mb : micro)
-          for (const std::string global : {std::to_string(g * mb), std::string("1000000000000")}) {
+          for (const std::string& global : {std::to_string(g * mb), std::string("1000000000000")}) {
             const std::vector<std::string> job = {"--params", p, "--gpus", std::to_string(g), "--seq-len", s,
                                                   "--micro-batch", std::to_string(mb), "--global-batch", global,
                                                   "--format", "json"};
