@@ -375,7 +375,8 @@ check() {
   step "scaled model" scale-config.log "$executor" scale-config --model llama-2-7b --layers $LAYERS \
     --hidden 4096 --heads 32 --intermediate 11008 --vocab 32000 --out model.json
   local calibrate_args=(--backend nccl --min-bytes 256 --max-bytes 64M --factor 4 --warmup 2 --iters 10
-    --gemm-model model.json --gemm-tokens $((SEQ * MICRO_BATCH)) --timeout-s 120 --out calibrated.json)
+    --gemm-model model.json --gemm-tokens $((SEQ * MICRO_BATCH)) --attention-seq "$SEQ" --timeout-s 120
+    --out calibrated.json)
   if ((gpus > 1)) && command -v torchrun > /dev/null; then
     # When torchrun's agent keeps its store on MASTER_PORT it says so
     # (TORCHELASTIC_USE_AGENT_STORE=True) and the ranks exchange NCCL's id on the next port
