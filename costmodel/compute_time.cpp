@@ -251,12 +251,13 @@ ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const T
 }
 
 HostWork unit_host_work(const HardwareProfile& hw, const std::string& flavour, const UnitWork& work,
-                        double tensors) {
+                        double tensors, double submodules) {
   HostWork h{work.forward_kernels * hw.op_dispatch_s, work.backward_kernels * hw.op_dispatch_s};
   const auto it = hw.framework.find(flavour);
   if (it != hw.framework.end()) {
-    h.forward_s += it->second.forward_unit_s + tensors * it->second.forward_tensor_s;
-    h.backward_s += it->second.backward_unit_s + tensors * it->second.backward_tensor_s;
+    const auto& f = it->second;
+    h.forward_s += f.forward_unit_s + submodules * f.forward_submodule_s + tensors * f.forward_tensor_s;
+    h.backward_s += f.backward_unit_s + submodules * f.backward_submodule_s + tensors * f.backward_tensor_s;
   }
   return h;
 }

@@ -99,11 +99,13 @@ UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob
 ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j);
 
 // The host's time to issue a unit's forward or backward: its kernel launches and the framework's
-// hooks per unit and per parameter tensor (hardware.hpp's FrameworkOverheads, by flavour name).
+// hooks per unit, linear submodule and parameter tensor (hardware.hpp's FrameworkOverheads, by
+// flavour name).
 struct HostWork {
   double forward_s = 0, backward_s = 0;
 };
+// `tensors`: the unit's parameter tensors; `submodules`: its linear layers (matrices).
 HostWork unit_host_work(const HardwareProfile& hw, const std::string& flavour, const UnitWork& work,
-                        double tensors);
+                        double tensors, double submodules);
 
 }  // namespace shardplan::costmodel

@@ -133,7 +133,7 @@ void read_framework(const nlohmann::json& j, HardwareProfile& p) {
   ObjectReader r(j, "/framework");
   p.op_dispatch_s = r.number("op_dispatch_us", Range::non_negative()) * 1e-6;
   ObjectReader flavours(r.object("flavours"), "/framework/flavours");
-  for (const char* name : {"ddp", "fsdp1", "fsdp2", "deepspeed"}) {
+  for (const char* name : {"ddp", "fsdp1", "fsdp2", "deepspeed_zero12", "deepspeed_zero3"}) {
     const auto* f = flavours.optional_object(name);
     if (f == nullptr) continue;
     ObjectReader o(*f, flavours.pointer_of(name));
@@ -142,6 +142,8 @@ void read_framework(const nlohmann::json& j, HardwareProfile& p) {
     x.backward_unit_s = o.number("backward_unit_us", Range::non_negative()) * 1e-6;
     x.forward_tensor_s = o.number("forward_tensor_us", Range::non_negative()) * 1e-6;
     x.backward_tensor_s = o.number("backward_tensor_us", Range::non_negative()) * 1e-6;
+    x.forward_submodule_s = o.optional_number("forward_submodule_us", Range::non_negative()).value_or(0) * 1e-6;
+    x.backward_submodule_s = o.optional_number("backward_submodule_us", Range::non_negative()).value_or(0) * 1e-6;
     o.finish();
     p.framework[name] = x;
   }
@@ -267,7 +269,6 @@ HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string&
     for (const char* family : {"deepspeed", "torch"})
       p.host_optimizer_by_framework[family] = o.number(family, Range{0, 1e6, true}) * 1e9;
     o.finish();
-    p.host_optimizer_params_per_s = p.host_optimizer_by_framework["torch"];
   } else {
     p.host_optimizer_params_per_s = host.number("optimizer_Gparams_per_s", Range{0, 1e6, true}) * 1e9;
   }

@@ -71,11 +71,13 @@ struct AttentionSample {
 };
 
 // A framework's host work per micro-batch beside its kernels: hooks, bookkeeping and the copies
-// into and out of its flat buffers, per sharding unit and per parameter tensor, forward and
-// backward. Measured with the frameworks' own code (tests/costmodel/data/oracle_overheads.json).
+// into and out of its flat buffers, per sharding unit, per linear submodule (DeepSpeed ZeRO-3
+// hooks every submodule) and per parameter tensor, forward and backward. Measured with the
+// frameworks' own code (validation/measure_overheads.py, tests/costmodel/data/oracle_overheads.json).
 struct FrameworkOverheads {
   double forward_unit_s = 0, backward_unit_s = 0;
   double forward_tensor_s = 0, backward_tensor_s = 0;
+  double forward_submodule_s = 0, backward_submodule_s = 0;
 };
 
 struct Calibration {
@@ -131,13 +133,15 @@ struct HardwareProfile {
   // host (for offload)
   double host_memory_bytes = 0;     // per node
   double host_link_Bps = 0;         // per GPU, host <-> device (PCIe)
-  double host_optimizer_params_per_s = 0;  // parameters one node's CPUs update per second (offload)
-  // The same rate per framework family where the profile tells them apart: "deepspeed"
-  // (DeepSpeedCPUAdam) and "torch" (torch.optim.AdamW on CPU tensors, FSDP's CPUOffload).
+  // Parameters one node's CPUs update per second (offload), for every framework; or (then 0) per
+  // framework family where the profile tells them apart: "deepspeed" (DeepSpeedCPUAdam) and
+  // "torch" (torch.optim.AdamW on CPU tensors, FSDP's CPUOffload). Read through host_optimizer_rate.
+  double host_optimizer_params_per_s = 0;
   std::map<std::string, double> host_optimizer_by_framework;
   // framework (host) side
   double op_dispatch_s = 0;         // host time to issue one kernel from eager PyTorch
-  std::map<std::string, FrameworkOverheads> framework;  // by flavour name: ddp, fsdp1, fsdp2, deepspeed
+  // By framework: ddp, fsdp1, fsdp2, deepspeed_zero12 (stages 1 and 2), deepspeed_zero3.
+  std::map<std::string, FrameworkOverheads> framework;
   // overheads
   double cuda_context_bytes = 0;
   double nccl_workspace_bytes = 0;

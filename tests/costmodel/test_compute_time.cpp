@@ -163,20 +163,24 @@ TEST_CASE("compute_time::a CPU's fp32 GEMMs and attention cores serve its fp32 j
 TEST_CASE("compute_time::the host's work hides behind a GPU's kernels, adds to a CPU's") {
   auto hw = round_gpu();
   hw.op_dispatch_s = 10e-6;
-  hw.framework["fsdp2"] = {100e-6, 200e-6, 1e-6, 2e-6};
+  hw.framework["fsdp2"] = {100e-6, 200e-6, 1e-6, 2e-6, 0, 0};
+  hw.framework["deepspeed_zero3"] = {100e-6, 200e-6, 1e-6, 2e-6, 30e-6, 40e-6};
   UnitWork w;
   w.forward_kernels = 20;
   w.backward_kernels = 30;
   // 20 launches of 10 us + 100 us + 9 tensors x 1 us; 30 x 10 + 200 + 9 x 2.
-  const auto h = unit_host_work(hw, "fsdp2", w, 9);
+  const auto h = unit_host_work(hw, "fsdp2", w, 9, 7);
   CHECK(h.forward_s == doctest::Approx(309e-6));
   CHECK(h.backward_s == doctest::Approx(518e-6));
-  CHECK(unit_host_work(hw, "ddp", w, 9).forward_s == doctest::Approx(200e-6));
+  CHECK(unit_host_work(hw, "ddp", w, 9, 7).forward_s == doctest::Approx(200e-6));
+  // DeepSpeed's hooks on each of the 7 linear submodules: + 7 x 30 us, + 7 x 40 us.
+  CHECK(unit_host_work(hw, "deepspeed_zero3", w, 9, 7).forward_s == doctest::Approx(519e-6));
+  CHECK(unit_host_work(hw, "deepspeed_zero3", w, 9, 7).backward_s == doctest::Approx(798e-6));
 
   // In a step: GPT-2 on one GPU, DDP; a per-unit hook far longer than any unit's kernels makes
   // each unit's forward and backward take the host's time, and the excess is host overhead.
   const auto m = load_model("gpt2");
-  hw.framework["ddp"] = {1.0, 2.0, 0, 0};  // seconds: nothing on the device takes as long
+  hw.framework["ddp"] = {1.0, 2.0, 0, 0, 0, 0};  // seconds: nothing on the device takes as long
   StepInput in;
   in.model = &m;
   in.hardware = &hw;

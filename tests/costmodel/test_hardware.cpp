@@ -91,7 +91,9 @@ TEST_CASE("hardware::units are converted at the boundary") {
   CHECK(p.inter_bandwidth_Bps == 25e9);
   CHECK(p.inter_latency_s == doctest::Approx(6e-6));
   CHECK(p.host_memory_bytes == 2048.0 * kGiB);
-  CHECK(p.host_optimizer_params_per_s == 1e9);
+  // DeepSpeed's CPUAdam at the ZeRO-Offload paper's rate, torch's AdamW at the measured fraction.
+  CHECK(p.host_optimizer_rate("deepspeed") == 1e9);
+  CHECK(p.host_optimizer_rate("torch") == 0.17e9);
   CHECK(p.cuda_context_bytes == 0.5 * kGiB);
   CHECK(p.fragmentation == 0.05);
 }
@@ -287,4 +289,35 @@ TEST_CASE("hardware::calibrated attention samples, and their rejections") {
   doc["calibration"]["attention"][0]["kv_heads"] = 2;
   doc["calibration"]["attention"][0]["impl"] = "sdpa";
   CHECK(error_of([&] { hardware_from_json(doc, "x"); }).rfind("/calibration/attention/0/impl: ", 0) == 0);
+}
+
+TEST_CASE("hardware::every profile's framework overheads are the measured corpus's") {
+  // tests/costmodel/data/oracle_overheads.json: the frameworks' own code timed by
+  // validation/measure_overheads.py. Each shipped profile carries its fits (to 1 ns) and splits its
+  // host optimizer rate by the measured torch AdamW / DeepSpeed CPUAdam ratio.
+  const json corpus = read_json_file(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/costmodel/data/oracle_overheads.json");
+  const json& f = corpus["flavours"];
+  const json& ds = f["deepspeed"]["fit_with_submodules"];
+  const double ratio = corpus["host_optimizer"]["torch_adamw_foreach_false"]["Gparams_per_s"].get<double>() /
+                       corpus["host_optimizer"]["deepspeed_cpu_adam"]["Gparams_per_s"].get<double>();
+  auto us = [](const json& v) { return v.get<double>() * 1e-6; };
+  for (const auto& name : preset_hardware_names()) {
+    CAPTURE(name);
+    const auto p = load_hardware(name);
+    if (p.is_cpu) continue;
+    CHECK(p.op_dispatch_s == doctest::Approx(us(corpus["op_dispatch_autograd_us"])).epsilon(1e-3));
+    for (const char* fl : {"ddp", "fsdp1", "fsdp2"}) {
+      CAPTURE(fl);
+      const auto& o = p.framework.at(fl);
+      CHECK(o.forward_unit_s == doctest::Approx(us(f[fl]["forward_unit_us"])).epsilon(1e-3));
+      CHECK(o.backward_unit_s == doctest::Approx(us(f[fl]["backward_unit_us"])).epsilon(1e-3));
+      CHECK(o.forward_tensor_s == doctest::Approx(us(f[fl]["forward_tensor_us"])).epsilon(1e-3));
+      CHECK(o.backward_tensor_s == doctest::Approx(us(f[fl]["backward_tensor_us"])).epsilon(1e-3));
+    }
+    const auto& z3 = p.framework.at("deepspeed_zero3");
+    CHECK(z3.forward_unit_s == doctest::Approx(us(ds["forward"]["coefficients_us"]["unit"])).epsilon(1e-3));
+    CHECK(z3.forward_submodule_s == doctest::Approx(us(ds["forward"]["coefficients_us"]["submodule"])).epsilon(1e-3));
+    CHECK(z3.backward_tensor_s == doctest::Approx(us(ds["backward"]["coefficients_us"]["tensor"])).epsilon(1e-3));
+    CHECK(p.host_optimizer_rate("torch") / p.host_optimizer_rate("deepspeed") == doctest::Approx(ratio).epsilon(5e-3));
+  }
 }

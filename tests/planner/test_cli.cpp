@@ -91,7 +91,7 @@ TEST_CASE("cli::emitted configs parse and keep the chosen settings") {
   const auto plan = planner({"recommend", "--emit", "plan"});
   REQUIRE(plan.code == 0);
   CHECK(nlohmann::json::parse(plan.out)["kind"] == "shardplan.plan");
-  const auto fsdp = planner({"recommend", "--strategy", "hsdp", "--gpus", "16", "--emit", "fsdp"});
+  const auto fsdp = planner({"recommend", "--strategy", "hsdp", "--flavour", "fsdp2", "--gpus", "16", "--emit", "fsdp"});
   REQUIRE(fsdp.code == 0);
   CHECK(fsdp.out.find("fully_shard(") != std::string::npos);
   CHECK(fsdp.out.find("data_parallel_replicate_degree = 2") != std::string::npos);
