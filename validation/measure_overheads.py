@@ -36,7 +36,16 @@ What it measures
          never be gathered: that variant is measured too, on a smaller grid, as
          default_persistence), DeepSpeed's defaults otherwise (memory_efficient_linear,
          overlap_comm, prefetching). ZeRO-3 hooks every submodule (each Linear as well as each
-         block and the root), so its extra time is also fitted with a term per submodule.
+         block and the root), so its extra time is also fitted with a term per submodule;
+       - "deepspeed_zero12": DeepSpeed's ZeRO stage 1/2 engine, initialized as "deepspeed" is
+         (SGD with lr 0) with DS_CONFIG_ZERO2: ZeRO stage 2, DeepSpeed's defaults otherwise
+         (reduce_bucket_size, overlap_comm, contiguous_gradients). Stage 2 adds to stage 1 a
+         gradient hook per parameter tensor and the reduce buckets those hooks fill in backward;
+         parameters stay whole (no per-submodule hooks, no memory_efficient_linear), so the
+         plain unit+tensor fit is the one to use. Stage 1 (DS_CONFIG_ZERO1), which reduces the
+         gradients once after backward, is measured in the same process on the same grid and
+         recorded under deepspeed_zero12.stage1. The config records the stage, the optimizer class
+         DeepSpeed put in place and its bucket settings.
 
        All run in one process on a gloo process group of world size 1 (MASTER_ADDR/PORT set in
        the environment), so no communication latency is measured, only the framework's host work
@@ -109,13 +118,27 @@ Output
     A JSON file (``--out``): schema_version, command, versions (python, torch, deepspeed),
     host (CPU model name from /proc/cpuinfo, torch's intra-op threads for parts 1-2, the load
     averages), method (the parameters above), op_dispatch_us and its per-op times, flavours {ddp,
-    fsdp1, fsdp2, deepspeed: the four per-unit/per-tensor microseconds, the per-step constants,
-    the fits, the configuration that ran} (a flavour that fails carries "error" and no numbers),
-    host_optimizer, and samples: per model and flavour the kept pass's statistics of bare and
-    wrapped forward and backward (microseconds) and every pass's medians.
+    fsdp1, fsdp2, deepspeed, deepspeed_zero12: the four per-unit/per-tensor microseconds, the
+    per-step constants, the fits, the configuration that ran} (a flavour that fails carries
+    "error" and no numbers), host_optimizer, and samples: per model and flavour the kept pass's
+    statistics of bare and wrapped forward and backward (microseconds) and every pass's medians.
+
+    ``--update FILE`` with ``--only FLAVOUR`` (repeatable; flavours only) measures just those
+    flavours and merges each into FILE's "flavours", leaving every other key of FILE with the value
+    it had (the top-level command, host, samples, elapsed_s and the other flavours included). A
+    flavour merged this way carries its own record: command (the exact command that measured
+    it), versions, host (with the load averages of its run), method, samples (as the top-level
+    samples, for this flavour only) and elapsed_s. FILE must not have the flavour yet, unless
+    ``--replace`` is given (the flavours already shipped are tied to the hardware profiles, and
+    are not to be measured again on their own). If the measurement fails, FILE is left as it was.
+
+    The shipped corpus was made in two runs: the full run (its top-level command) and then
+    deepspeed_zero12, added by --update (flavours.deepspeed_zero12.command).
 
 Usage
     python validation/measure_overheads.py --out tests/costmodel/data/oracle_overheads.json
+    python validation/measure_overheads.py --only deepspeed_zero12 \\
+        --update tests/costmodel/data/oracle_overheads.json
 """
 
 import argparse
@@ -145,7 +168,8 @@ MEASURED = 40
 OP_BATCH = 100
 OP_WARMUP = 50
 OP_MEASURED = 200
-FLAVOURS = ("ddp", "fsdp1", "fsdp2", "deepspeed")
+FLAVOURS = ("ddp", "fsdp1", "fsdp2", "deepspeed", "deepspeed_zero12")
+DEEPSPEED_FLAVOURS = ("deepspeed", "deepspeed_zero12")
 HOST_OPTIMIZERS = ("deepspeed_cpu_adam", "torch_adamw_foreach_false", "torch_adamw_foreach_true",
                    "torch_adamw_fused")
 PARTS = ("dispatch",) + FLAVOURS + HOST_OPTIMIZERS
@@ -161,6 +185,20 @@ DS_CONFIG_DEFAULT_PERSISTENCE = {
     "train_micro_batch_size_per_gpu": 1,
     "gradient_accumulation_steps": 1,
     "zero_optimization": {"stage": 3},
+    "zero_allow_untested_optimizer": True,
+}
+# ZeRO stages 1 and 2 ("deepspeed_zero12"): stage 2 is the flavour's numbers, stage 1 is recorded
+# beside it. DeepSpeed's defaults otherwise (reduce buckets, overlap_comm, contiguous_gradients).
+DS_CONFIG_ZERO2 = {
+    "train_micro_batch_size_per_gpu": 1,
+    "gradient_accumulation_steps": 1,
+    "zero_optimization": {"stage": 2},
+    "zero_allow_untested_optimizer": True,
+}
+DS_CONFIG_ZERO1 = {
+    "train_micro_batch_size_per_gpu": 1,
+    "gradient_accumulation_steps": 1,
+    "zero_optimization": {"stage": 1},
     "zero_allow_untested_optimizer": True,
 }
 OPT_TENSORS = 8
@@ -356,7 +394,7 @@ def build_case(flavour, units, linears, bias, x, ds_config, original_linear):
         fully_shard(model)
         info = {"fully_shard_modules": len(model.blocks) + 1, "reshard_after_forward": True}
         return [module_runner(bare_model, x), module_runner(model, x)], info
-    if flavour == "deepspeed":
+    if flavour in DEEPSPEED_FLAVOURS:
         import deepspeed
 
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -366,8 +404,18 @@ def build_case(flavour, units, linears, bias, x, ds_config, original_linear):
             ds_linear = torch.nn.functional.linear  # ZeRO-3's memory_efficient_linear
         finally:
             torch.nn.functional.linear = original_linear
-        if engine.zero_optimization_stage() != 3:
-            raise RuntimeError(f"ZeRO stage {engine.zero_optimization_stage()}, expected 3")
+        expected = ds_config["zero_optimization"]["stage"]
+        if engine.zero_optimization_stage() != expected:
+            raise RuntimeError(f"ZeRO stage {engine.zero_optimization_stage()}, expected {expected}")
+        if flavour == "deepspeed_zero12":
+            info = {"zero_stage": expected, "deepspeed_optimizer": type(engine.optimizer).__name__}
+            for name in ("zero_reduce_bucket_size", "zero_allgather_bucket_size", "zero_overlap_comm",
+                         "zero_contiguous_gradients", "zero_reduce_scatter"):
+                getter = getattr(engine, name, None)
+                if getter is not None:
+                    info[name[len("zero_"):]] = getter()
+            return [module_runner(bare_model, x),
+                    Runner(lambda: engine(x).sum(), engine.backward, engine.step)], info
 
         def use(fn):
             def enter():
@@ -399,7 +447,7 @@ def measure_flavour(flavour):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    if flavour == "deepspeed":
+    if flavour in DEEPSPEED_FLAVOURS:
         import deepspeed
         from deepspeed.utils import logger as ds_logger
 
@@ -411,6 +459,8 @@ def measure_flavour(flavour):
     variants = [("main", DS_CONFIG, None)]
     if flavour == "deepspeed":
         variants.append(("default_persistence", DS_CONFIG_DEFAULT_PERSISTENCE, DEFAULT_PERSISTENCE_GRID))
+    if flavour == "deepspeed_zero12":
+        variants = [("main", DS_CONFIG_ZERO2, None), ("stage1", DS_CONFIG_ZERO1, None)]
     x = torch.randn(1, WIDTH)
     cases, errors = [], []
 
@@ -524,6 +574,11 @@ def summarise_flavour(flavour, result):
             **entry(by_variant.get("default_persistence", []), other, DEFAULT_PERSISTENCE_GRID),
             "grid": {k: list(v) for k, v in DEFAULT_PERSISTENCE_GRID.items()},
             "deepspeed_config": DS_CONFIG_DEFAULT_PERSISTENCE}
+    if flavour == "deepspeed_zero12":
+        summary["deepspeed_config"] = DS_CONFIG_ZERO2
+        other = [e for e in errors if e["variant"] == "stage1"]
+        summary["stage1"] = {**entry(by_variant.get("stage1", []), other),
+                             "deepspeed_config": DS_CONFIG_ZERO1}
     if errors:
         summary["case_errors"] = errors
     samples = []
@@ -669,13 +724,77 @@ def package_version(name):
 
 def command_line(args):
     """The command as the file records it: repository-relative, no machine paths."""
-    out = os.path.relpath(args.out)
+    out = os.path.relpath(args.update or args.out)
     if out.startswith(".."):
         out = os.path.basename(out)
+    if args.update:
+        parts = [GENERATED_BY]
+        for name in args.only:
+            parts += ["--only", name]
+        parts += ["--update", out] + (["--replace"] if args.replace else [])
+        return " ".join(parts)
     parts = [GENERATED_BY, "--out", out]
     for name in args.only or []:
         parts += ["--only", name]
     return " ".join(parts)
+
+
+def method_record():
+    return {
+        "width": WIDTH, "input": [1, WIDTH], "dtype": "float32", "world_size": 1,
+        "backend": "gloo", "timer": "time.perf_counter", "passes": PASSES,
+        "warmup_rounds_first_pass": WARMUP, "warmup_rounds_later_passes": REWARM,
+        "measured_rounds_per_pass": MEASURED, "op_batch": OP_BATCH, "units": list(UNITS),
+        "linears_per_unit": list(LINEARS_PER_UNIT), "bias": list(BIASES),
+        "statistic": "median of the pass with the smallest (wrapped) median",
+        "extra": "wrapped median - bare median (same rounds) per model and phase, fitted over the grid",
+        "optimizer_params": OPT_TENSORS * OPT_TENSOR_NUMEL, "optimizer_tensors": OPT_TENSORS,
+        "optimizer_warmup_steps": OPT_WARMUP, "optimizer_measured_steps_per_pass": OPT_MEASURED,
+    }
+
+
+def update_file(args):
+    """--update: measures only the flavours named by --only and merges each, with its own record
+    (command, versions, host, method, samples), into doc["flavours"] of an existing file; every
+    other key of the file is written back with the value it had. A flavour the file already has is
+    refused unless --replace is given."""
+    with open(args.update) as f:
+        doc = json.load(f)
+    flavours = doc.setdefault("flavours", {})
+    for name in args.only:
+        if name not in FLAVOURS:
+            raise SystemExit(f"--update takes flavours only ({', '.join(FLAVOURS)}), not {name}")
+        if name in flavours and not args.replace:
+            raise SystemExit(f"{args.update} already has flavours.{name}; give --replace to measure it again")
+    started, failures = time.time(), {}
+    with tempfile.TemporaryDirectory() as tmpdir:
+        for name in args.only:
+            result, err, loads = run_part(name, tmpdir, name)
+            if err:
+                failures[name] = err
+                continue
+            entry, samples = summarise_flavour(name, result)
+            entry["command"] = command_line(args)
+            entry["versions"] = {"python": platform.python_version(), "torch": package_version("torch"),
+                                 "deepspeed": package_version("deepspeed"),
+                                 "numpy": package_version("numpy")}
+            entry["host"] = {"cpu": cpu_model(), "threads": 1, "cpu_count": os.cpu_count(),
+                             "loadavg": loads}
+            entry["method"] = {k: v for k, v in method_record().items() if not k.startswith("optimizer_")
+                               and k != "op_batch"}
+            entry["samples"] = samples
+            entry["elapsed_s"] = loads["seconds"]
+            flavours[name] = entry
+    if failures:
+        for k, v in sorted(failures.items()):
+            print(f"FAILED {k}: {v}")
+        print(f"{args.update} left as it was")
+        return 1
+    with open(args.update, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    print(f"merged {', '.join(args.only)} into {args.update} in {time.time() - started:.0f} s")
+    return 0
 
 
 def worker(part, out):
@@ -693,12 +812,21 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/costmodel/data/oracle_overheads.json")
     ap.add_argument("--only", action="append", choices=PARTS, help="run only these parts (repeatable)")
+    ap.add_argument("--update", metavar="FILE",
+                    help="measure only the flavours given by --only and merge them into FILE's "
+                         "flavours, leaving the rest of FILE as it is")
+    ap.add_argument("--replace", action="store_true",
+                    help="with --update: measure again a flavour FILE already has")
     ap.add_argument("--worker", choices=PARTS, help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(args.worker, args.worker_out)
         return 0
+    if args.update:
+        if not args.only:
+            ap.error("--update needs --only FLAVOUR")
+        return update_file(args)
 
     started = time.time()
     wanted = [p for p in PARTS if not args.only or p in args.only]
@@ -733,17 +861,7 @@ def main():
                      "numpy": package_version("numpy")},
         "host": {"cpu": cpu_model(), "threads": dispatch.get("threads"), "cpu_count": os.cpu_count(),
                  "loadavg_by_part": loads},
-        "method": {
-            "width": WIDTH, "input": [1, WIDTH], "dtype": "float32", "world_size": 1,
-            "backend": "gloo", "timer": "time.perf_counter", "passes": PASSES,
-            "warmup_rounds_first_pass": WARMUP, "warmup_rounds_later_passes": REWARM,
-            "measured_rounds_per_pass": MEASURED, "op_batch": OP_BATCH, "units": list(UNITS),
-            "linears_per_unit": list(LINEARS_PER_UNIT), "bias": list(BIASES),
-            "statistic": "median of the pass with the smallest (wrapped) median",
-            "extra": "wrapped median - bare median (same rounds) per model and phase, fitted over the grid",
-            "optimizer_params": OPT_TENSORS * OPT_TENSOR_NUMEL, "optimizer_tensors": OPT_TENSORS,
-            "optimizer_warmup_steps": OPT_WARMUP, "optimizer_measured_steps_per_pass": OPT_MEASURED,
-        },
+        "method": method_record(),
     }
     if "dispatch" in failures:
         doc["op_dispatch_us"] = {"error": failures["dispatch"]}
