@@ -306,7 +306,7 @@ TEST_CASE("hardware::every profile's framework overheads are the measured corpus
     const auto p = load_hardware(name);
     if (p.is_cpu) continue;
     CHECK(p.op_dispatch_s == doctest::Approx(us(corpus["op_dispatch_autograd_us"])).epsilon(1e-3));
-    for (const char* fl : {"ddp", "fsdp1", "fsdp2"}) {
+    for (const char* fl : {"ddp", "fsdp1", "fsdp2", "deepspeed_zero12"}) {
       CAPTURE(fl);
       const auto& o = p.framework.at(fl);
       CHECK(o.forward_unit_s == doctest::Approx(us(f[fl]["forward_unit_us"])).epsilon(1e-3));
