@@ -157,36 +157,28 @@ double ComputeModel::attention_scale(const AttentionShape& a, const AttentionSam
          (measured.scored_pairs() * static_cast<double>(s.head_dim));
 }
 
-double ComputeModel::attention_forward_s(const AttentionShape& a) const {
-  if (const auto* s = attention_sample(a)) return s->forward_s * attention_scale(a, *s);
+double ComputeModel::attention_forward_s(const AttentionShape& a) const { return attention_s(a, false); }
+double ComputeModel::attention_backward_s(const AttentionShape& a) const { return attention_s(a, true); }
+
+double ComputeModel::attention_s(const AttentionShape& a, bool backward) const {
+  if (const auto* s = attention_sample(a)) return (backward ? s->backward_s : s->forward_s) * attention_scale(a, *s);
   const auto d = static_cast<double>(a.head_dim), sq = static_cast<double>(a.seq);
   const double heads = static_cast<double>(a.batch) * static_cast<double>(a.heads);
   if (job_->attention == AttentionImpl::flash) {
-    // Per scored pair: 4d matmul FLOPs and one exp, one after the other (FlashAttention-2 does
+    // Per scored pair: the matmul FLOPs and one exp, one after the other (FlashAttention-2 does
     // not overlap them), over tiles of 128 query rows per (sequence, head).
     const double exp_s = special_rate_ > 0 ? 1 / special_rate_ : passes_s(1, 4);
-    return a.scored_pairs() * (kFlashForwardFlopsPerPairDim * d / gemm_rate_ + exp_s) /
-           wave_factor(heads * std::ceil(sq / kTile));
+    const double flops = backward ? kFlashBackwardFlopsPerPairDim : kFlashForwardFlopsPerPairDim;
+    return a.scored_pairs() * (flops * d / gemm_rate_ + exp_s) / wave_factor(heads * std::ceil(sq / kTile));
   }
-  // Eager: the full s × s scores of QKᵀ and P·V as batched GEMMs, and passes over the scores.
-  const auto b_a = heads;
-  return gemm_s({a.seq, a.seq, a.head_dim, b_a}) + gemm_s({a.seq, a.head_dim, a.seq, b_a}) +
-         passes_s(kEagerScoreForwardPasses * b_a * sq * sq, dtype_bytes(dtype_));
-}
-
-double ComputeModel::attention_backward_s(const AttentionShape& a) const {
-  if (const auto* s = attention_sample(a)) return s->backward_s * attention_scale(a, *s);
-  const auto d = static_cast<double>(a.head_dim), sq = static_cast<double>(a.seq);
-  const double heads = static_cast<double>(a.batch) * static_cast<double>(a.heads);
-  if (job_->attention == AttentionImpl::flash) {
-    const double exp_s = special_rate_ > 0 ? 1 / special_rate_ : passes_s(1, 4);
-    return a.scored_pairs() * (kFlashBackwardFlopsPerPairDim * d / gemm_rate_ + exp_s) /
-           wave_factor(heads * std::ceil(sq / kTile));
-  }
-  const auto b_a = heads;
-  // dV = Pᵀ·dO and dQ = dS·K and dK = dSᵀ·Q (s × d × s), dP = dO·Vᵀ (s × s × d).
-  return 3 * gemm_s({a.seq, a.head_dim, a.seq, b_a}) + gemm_s({a.seq, a.seq, a.head_dim, b_a}) +
-         passes_s(kEagerScoreBackwardPasses * b_a * sq * sq, dtype_bytes(dtype_));
+  // Eager: the full s × s scores as batched GEMMs, and passes over the scores. Forward: QKᵀ
+  // (s × s × d) and P·V (s × d × s); backward: dP = dO·Vᵀ (s × s × d) and dV = Pᵀ·dO, dQ = dS·K,
+  // dK = dSᵀ·Q (s × d × s).
+  const double scores = gemm_s({a.seq, a.seq, a.head_dim, heads});
+  const double values = gemm_s({a.seq, a.head_dim, a.seq, heads});
+  return scores + (backward ? 3 : 1) * values +
+         passes_s((backward ? kEagerScoreBackwardPasses : kEagerScoreForwardPasses) * heads * sq * sq,
+                  dtype_bytes(dtype_));
 }
 
 double ComputeModel::memory_s(double bytes) const { return bytes / memory_rate_; }

@@ -91,6 +91,7 @@ class ComputeModel {
   double wave_factor(double tiles) const;
   const AttentionSample* attention_sample(const AttentionShape& a) const;
   double attention_scale(const AttentionShape& a, const AttentionSample& s) const;
+  double attention_s(const AttentionShape& a, bool backward) const;
 };
 
 // Per micro-batch work of each unit kind; the block's is one block's.

@@ -290,19 +290,19 @@ void Simulation::prepare() {
   // both in turn. The executor's own engine has no framework hooks or eager dispatch.
   const ComputeModel cm(hw, j);
   const UnitKind unit_kinds[3] = {UnitKind::embedding, UnitKind::block, UnitKind::head};
-  HardwareProfile no_framework;
-  const HardwareProfile& host_hw = frameworks_ ? hw : no_framework;
   // DeepSpeed hooks every submodule only at stage 3 (it gathers parameters there).
-  const std::string framework_key = s.flavour != Flavour::deepspeed ? flavour_name(s.flavour)
-                                    : s.shard_parameters            ? "deepspeed_zero3"
-                                                                    : "deepspeed_zero12";
+  const char* framework_key = s.flavour != Flavour::deepspeed ? flavour_name(s.flavour)
+                              : s.shard_parameters            ? "deepspeed_zero3"
+                                                              : "deepspeed_zero12";
   for (int k = 0; k < 3; ++k) {
     auto& u = units_[k];
     const UnitWork w = unit_work(cm, m, j, unit_kinds[k]);
-    const auto& t = tensors[k]->tensors;
-    const auto linears = std::count_if(t.begin(), t.end(), [](const Tensor& x) { return x.is_matrix(); });
-    const HostWork h = unit_host_work(host_hw, framework_key, w, static_cast<double>(t.size()),
-                                      static_cast<double>(linears));
+    HostWork h;
+    if (frameworks_) {
+      const auto& t = tensors[k]->tensors;
+      const auto linears = std::count_if(t.begin(), t.end(), [](const Tensor& x) { return x.is_matrix(); });
+      h = unit_host_work(hw, framework_key, w, static_cast<double>(t.size()), static_cast<double>(linears));
+    }
     auto run = [&](const ComputeTimes& device, double host, ComputeTimes& kinds) {
       const double dev = std::accumulate(device.begin(), device.end(), 0.0);
       const double t = hw.is_cpu ? dev + host : std::max(dev, host);
