@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "costmodel/elementwise.hpp"
+#include "costmodel/traffic.hpp"
 
 namespace shardplan::costmodel {
 namespace {
@@ -189,7 +190,13 @@ double ComputeModel::passes_s(double elements, double bytes_per_element) const {
   return memory_s(elements * bytes_per_element);
 }
 
-UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j, UnitKind unit) {
+double ComputeModel::traffic_s(double bytes) const {
+  const double e = dtype_bytes(dtype_);
+  return passes_s(bytes / e, e);
+}
+
+UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j, UnitKind unit,
+                   const Forward& f) {
   const auto tokens = j.seq_len * j.micro_batch;
   UnitWork w;
   const auto gemm = static_cast<int>(ComputeKind::gemm);
@@ -212,11 +219,19 @@ UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob
   const auto ops = unit == UnitKind::block  ? block_elementwise_ops(m)
                    : unit == UnitKind::head ? head_elementwise_ops(m)
                                             : embedding_elementwise_ops(m);
-  const Passes p = passes_per_token(ops);
-  const double bytes = dtype_bytes(compute_dtype(j.precision));
-  const double t = static_cast<double>(tokens);
-  w.forward[memory] = cm.passes_s(t * p.forward, bytes);
-  w.backward[memory] = cm.passes_s(t * p.backward, bytes);
+  if (counts_recipe_traffic(j)) {
+    const Traffic t = unit == UnitKind::block  ? block_traffic(m, j, f)
+                      : unit == UnitKind::head ? head_traffic(m, j, f)
+                                               : embedding_traffic(m, j, f);
+    w.forward[memory] = cm.traffic_s(t.forward);
+    w.backward[memory] = cm.traffic_s(t.backward);
+  } else {
+    const Passes p = passes_per_token(ops);
+    const double bytes = dtype_bytes(compute_dtype(j.precision));
+    const double t = static_cast<double>(tokens);
+    w.forward[memory] = cm.passes_s(t * p.forward, bytes);
+    w.backward[memory] = cm.passes_s(t * p.backward, bytes);
+  }
   for (const auto& op : ops) {
     w.forward_kernels += op.count;
     w.backward_kernels += op.count;
@@ -224,7 +239,7 @@ UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob
   return w;
 }
 
-ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j) {
+ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j, const Forward& f) {
   ComputeTimes r{};
   const auto tokens = j.seq_len * j.micro_batch;
   if (j.checkpointing == Checkpointing::selective_attention && j.attention == AttentionImpl::eager) {
@@ -236,8 +251,10 @@ ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const T
     r[static_cast<int>(ComputeKind::gemm)] =
         cm.gemm_s({tokens, m.hidden, m.q_width(), 1}) + cm.gemm_s({tokens, m.intermediate, m.hidden, 1});
     r[static_cast<int>(ComputeKind::memory_bound)] =
-        cm.passes_s(static_cast<double>(tokens) * passes_per_token(block_elementwise_ops(m)).forward,
-                    dtype_bytes(compute_dtype(j.precision)));
+        counts_recipe_traffic(j)
+            ? cm.traffic_s(recompute_traffic(m, j, f))
+            : cm.passes_s(static_cast<double>(tokens) * passes_per_token(block_elementwise_ops(m)).forward,
+                          dtype_bytes(compute_dtype(j.precision)));
   }
   return r;
 }

@@ -4,7 +4,8 @@
 //
 // A unit (the embeddings, one block, the head) runs per micro-batch:
 //   forward:  its linear layers' GEMMs y = x·Wᵀ (m = tokens, n = out, k = in), the attention core,
-//             and its element-wise layers (costmodel/elementwise.hpp);
+//             and its element-wise layers (the recipe's ops, costmodel/traffic.hpp, or the
+//             executor's kernels, costmodel/elementwise.hpp);
 //   backward: each GEMM's two transposes, dx = dy·W (m = tokens, n = in, k = out) and
 //             dW = dyᵀ·x (m = out, n = in, k = tokens), the attention core's backward, and the
 //             element-wise layers' backward passes.
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "costmodel/accounting.hpp"
 #include "costmodel/hardware.hpp"
 #include "costmodel/job.hpp"
 #include "costmodel/model.hpp"
@@ -77,6 +79,9 @@ class ComputeModel {
   // `elements` element passes (elementwise.hpp) of `bytes_per_element` each: the calibrated
   // element-wise rate where there is one, else their bytes over the memory rate.
   double passes_s(double elements, double bytes_per_element) const;
+  // The bytes a recipe's memory-bound ops move (traffic.hpp), at the same rate: over memory
+  // bandwidth, or as element passes of the compute dtype at the calibrated element-wise rate.
+  double traffic_s(double bytes) const;
 
   double gemm_rate() const { return gemm_rate_; }        // FLOP/s of a large GEMM
   double memory_rate() const { return memory_rate_; }    // bytes/s of a streaming kernel
@@ -94,10 +99,13 @@ class ComputeModel {
   double attention_s(const AttentionShape& a, bool backward) const;
 };
 
-// Per micro-batch work of each unit kind; the block's is one block's.
-UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j, UnitKind unit);
+// Per micro-batch work of each unit kind; the block's is one block's. `f`: the dtypes the
+// forward reads (accounting.hpp); a framework's recipe moves the bytes of costmodel/traffic.hpp
+// in its memory-bound ops, the executor and Megatron the passes of elementwise.hpp.
+UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j, UnitKind unit,
+                   const Forward& f);
 // One block's rerun in backward under the job's checkpointing mode, by kind (0 for none).
-ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j);
+ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j, const Forward& f);
 
 // The host's time to issue a unit's forward or backward: its kernel launches and the framework's
 // hooks per unit, linear submodule and parameter tensor (hardware.hpp's FrameworkOverheads, by

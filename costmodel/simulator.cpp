@@ -288,6 +288,9 @@ void Simulation::prepare() {
   // Each unit's kernels by kind (costmodel/compute_time.hpp), and the host's work to issue them:
   // a GPU runs a unit at the slower of the two (kernels queue behind the host), a CPU rank does
   // both in turn. The executor's own engine has no framework hooks or eager dispatch.
+  // The parameters the forward reads: fp32 under DDP's autocast, the gathered or kept 16-bit
+  // copies under FSDP and DeepSpeed (and the compute dtype when there is one dtype).
+  const Forward f{compute_b_, autocast_copies() ? sb_.param : compute_b_, !hw.is_cpu};
   const ComputeModel cm(hw, j);
   const UnitKind unit_kinds[3] = {UnitKind::embedding, UnitKind::block, UnitKind::head};
   // DeepSpeed hooks every submodule only at stage 3 (it gathers parameters there).
@@ -296,7 +299,7 @@ void Simulation::prepare() {
                                                               : "deepspeed_zero12";
   for (int k = 0; k < 3; ++k) {
     auto& u = units_[k];
-    const UnitWork w = unit_work(cm, m, j, unit_kinds[k]);
+    const UnitWork w = unit_work(cm, m, j, unit_kinds[k], f);
     HostWork h;
     if (frameworks_) {
       const auto& t = tensors[k]->tensors;
@@ -320,11 +323,8 @@ void Simulation::prepare() {
   // eager attention core; torchtitan's op-level policy reruns what its save list drops.
   units_[3] = units_[1];
   units_[3].recompute_s = units_[1].fwd_s;
-  const ComputeTimes selective = block_recompute(cm, m, j);
+  const ComputeTimes selective = block_recompute(cm, m, j, f);
   units_[1].recompute_s = std::accumulate(selective.begin(), selective.end(), 0.0);
-  // The parameters the forward reads: fp32 under DDP's autocast, the gathered or kept 16-bit
-  // copies under FSDP and DeepSpeed (and the compute dtype when there is one dtype).
-  const Forward f{compute_b_, autocast_copies() ? sb_.param : compute_b_, !hw.is_cpu};
   units_[0].act = embedding_activations(m, j, f);
   units_[1].act = block_activations(m, j, f, false);
   units_[3].act = block_activations(m, j, f, true);

@@ -9,6 +9,7 @@
 #include "costmodel/json_reader.hpp"
 #include "costmodel/model.hpp"
 #include "costmodel/simulator.hpp"
+#include "costmodel/traffic.hpp"
 
 namespace shardplan::oracle {
 
@@ -119,6 +120,40 @@ std::vector<Row> unit_rows(const nlohmann::json& corpus) {
     predicted_total += predicted_head;
     measured_total += measured_head;
     rows.push_back(row(c, "total", predicted_total, measured_total, skipped));
+  }
+  return rows;
+}
+
+std::vector<Row> traffic_rows(const nlohmann::json& corpus) {
+  std::vector<Row> rows;
+  const auto& configs = corpus.at("configs");
+  for (const auto& c : corpus.at("cases")) {
+    const std::string config = c.at("config").get<std::string>();
+    const ModelSpec m = model_from_hf_config(configs.at(config), config);
+    const TrainingJob j = job_of(c);
+    // transformers' models run under autocast (fp32 parameters, e-byte GEMMs); torchtitan's
+    // blocks read the bf16 parameters FSDP2 hands them. Measured on CPU (cuda = false).
+    const double e = j.precision == Precision::fp32 ? 4 : 2;
+    const double p = j.recipe == Recipe::hf ? 4 : e;
+    const Forward f{e, p, false};
+    const auto& units = c.at("units");
+    auto measured = [&](const std::string& unit, const char* direction) {
+      const auto& u = units.at(unit);
+      if (!u.contains(direction) || !u.at(direction).contains("memory_bound")) return 0.0;
+      return u.at(direction).at("memory_bound").at("bytes").get<double>();
+    };
+    auto add = [&](const std::string& unit, const Traffic& t, double recompute, const std::string& skip) {
+      rows.push_back(row(c, unit + "/forward", t.forward, measured(unit, "forward"), ""));
+      rows.push_back(row(c, unit + "/backward", t.backward + recompute, measured(unit, "backward"), skip));
+    };
+    // GPT-2's position table gets its gradient after the token table's backward began or before
+    // it: the hooks cannot tell which unit ran it.
+    add("embedding", embedding_traffic(m, j, f), 0,
+        m.positions == PositionKind::learned ? "the position table's backward is not attributed" : "");
+    const Traffic block = block_traffic(m, j, f);
+    add("block 1", block, j.block_checkpointed(1) || j.checkpointing == Checkpointing::selective_op ? recompute_traffic(m, j, f) : 0,
+        "");
+    add("head", head_traffic(m, j, f), 0, "");
   }
   return rows;
 }

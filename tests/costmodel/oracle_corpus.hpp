@@ -26,6 +26,10 @@ std::vector<Row> unit_rows(const nlohmann::json& corpus);
 // tests/costmodel/data/oracle_steps.json: whole training steps, peak and its categories.
 std::vector<Row> step_rows(const nlohmann::json& corpus);
 
+// tests/costmodel/data/oracle_traffic.json: per unit and direction, the bytes the memory-bound ATen
+// ops read and write ("block 1/forward", "head/backward", ...), against costmodel/traffic.hpp.
+std::vector<Row> traffic_rows(const nlohmann::json& corpus);
+
 nlohmann::json read_corpus(const std::string& file_name);  // from tests/costmodel/data/
 
 }  // namespace shardplan::oracle

@@ -196,10 +196,10 @@ TEST_CASE("compute_time::the host's work hides behind a GPU's kernels, adds to a
   const double host = units * 3.0 + [&] {
     double launches = 0;
     for (auto u : {UnitKind::embedding, UnitKind::head}) {
-      const auto uw = unit_work(ComputeModel(hw, in.job), m, in.job, u);
+      const auto uw = unit_work(ComputeModel(hw, in.job), m, in.job, u, Forward{2, 4, true});
       launches += uw.forward_kernels + uw.backward_kernels;
     }
-    const auto bw = unit_work(ComputeModel(hw, in.job), m, in.job, UnitKind::block);
+    const auto bw = unit_work(ComputeModel(hw, in.job), m, in.job, UnitKind::block, Forward{2, 4, true});
     return (launches + 12 * (bw.forward_kernels + bw.backward_kernels)) * 10e-6;
   }();
   CHECK(r.compute_by_kind_s[static_cast<int>(ComputeKind::host_overhead)] == doctest::Approx(host - device));
@@ -228,7 +228,7 @@ TEST_CASE("compute_time::the kinds add up to the compute stream's busy time") {
   for (double x : r.compute_by_kind_s) sum += x;
   CHECK(sum == doctest::Approx(r.compute_s));
   const ComputeModel cm(hw, in.job);
-  const auto block = unit_work(cm, m, in.job, UnitKind::block);
+  const auto block = unit_work(cm, m, in.job, UnitKind::block, Forward{2, 2, true});
   CHECK(r.compute_by_kind_s[static_cast<int>(ComputeKind::recompute)] ==
         doctest::Approx(2 * 32 * block.forward_s()));  // 2 micro-batches of 1 sequence
 }

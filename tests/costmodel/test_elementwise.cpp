@@ -35,8 +35,9 @@ TEST_CASE("elementwise::Llama's SwiGLU, RMSNorm and rotary") {
 }
 
 TEST_CASE("elementwise::a measured rate times exactly its passes") {
-  // One rank, DDP, one micro-batch of 2 x 128 tokens: the compute stream's memory-bound time is
-  // every unit's passes (forward and backward) x tokens / rate, by the definition of the rate.
+  // One rank, DDP, one micro-batch of 2 x 128 tokens of the executor's model: the compute stream's
+  // memory-bound time is every unit's passes (forward and backward) x tokens / rate, by the
+  // definition of the rate (calibrate times the executor's kernels).
   const auto m = load_model("gpt2");
   auto hw = load_hardware("a100-sxm4-80gb");
   StepInput in;
@@ -46,6 +47,7 @@ TEST_CASE("elementwise::a measured rate times exactly its passes") {
   in.job.seq_len = 128;
   in.job.global_batch = 2;
   in.job.micro_batch = 2;
+  in.job.recipe = Recipe::executor;
   in.spec = make_spec("ddp", std::nullopt, 1);
   Calibration c;
   c.backend = "mpi";

@@ -350,8 +350,11 @@ TEST_CASE("simulator::a CPU profile whose collectives overlap hides what compute
 TEST_CASE("simulator::a bare parameter count computes as the model of that size and depth") {
   // llama-2-7b: 6,738,415,616 parameters in 32 blocks (Touvron et al. 2023, Table 1's 7B; the
   // preset's exact count). A --params model of that count and depth derives GPT-3's block from it
-  // (12·h² GEMM weights): its compute must be the preset's within 2% (the preset's embedding is a
-  // lookup, its head a GEMM; SwiGLU's three matrices hold what GELU's two do).
+  // (12·h² GEMM weights): its GEMM and attention time must be the preset's within 2% (the preset's
+  // embedding is a lookup, its head a GEMM; SwiGLU's three matrices hold what GELU's two do). The
+  // memory-bound ops are each architecture's own (costmodel/traffic.hpp: GPT-3's LayerNorm and
+  // GELU against Llama's RMSNorm, rotary and SwiGLU, and no loss over a vocabulary), so they are
+  // not compared.
   const auto preset = load_model("llama-2-7b");
   const auto bare = model_from_param_count(static_cast<double>(preset.total_params()), preset.layers);
   CHECK(bare.total_params() == preset.total_params());
@@ -359,5 +362,9 @@ TEST_CASE("simulator::a bare parameter count computes as the model of that size 
   const auto hw = load_hardware("a100-sxm4-80gb");
   const auto a = run(preset, hw, 8, "zero3", Accounting::framework, 8, 1, 4096);
   const auto b = run(bare, hw, 8, "zero3", Accounting::framework, 8, 1, 4096);
-  CHECK(b.compute_s == doctest::Approx(a.compute_s).epsilon(0.02));
+  auto flops_bound = [](const StepResult& r) {
+    return r.compute_by_kind_s[static_cast<int>(ComputeKind::gemm)] +
+           r.compute_by_kind_s[static_cast<int>(ComputeKind::attention)];
+  };
+  CHECK(flops_bound(b) == doctest::Approx(flops_bound(a)).epsilon(0.02));
 }

@@ -1,0 +1,248 @@
+#include "costmodel/traffic.hpp"
+
+#include <string>
+
+namespace shardplan::costmodel {
+
+namespace {
+
+// Widths of one micro-batch as doubles, and the dtypes the recipe computes in: e bytes of the
+// compute dtype, r bytes of the residual stream (the parameters' dtype: fp32 under autocast, the
+// compute dtype where FSDP or DeepSpeed hand 16-bit parameters), 4 for fp32 intermediates.
+struct Shape {
+  double T, s, h, q, kv, I, V, hd, e, r;
+  bool autocast, cuda;
+  Shape(const ModelSpec& m, const TrainingJob& j, const Forward& f)
+      : T(static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch)),
+        s(static_cast<double>(j.seq_len)),
+        h(static_cast<double>(m.hidden)),
+        q(static_cast<double>(m.q_width())),
+        kv(static_cast<double>(m.kv_width())),
+        I(static_cast<double>(m.intermediate)),
+        V(static_cast<double>(m.vocab)),
+        hd(static_cast<double>(m.head_dim)),
+        e(f.e),
+        r(f.p),
+        autocast(f.p > f.e),
+        cuda(f.cuda) {}
+  // A cast between the residual dtype and the compute dtype, per element (0 when they agree).
+  double cast() const { return r > e ? r + e : 0; }
+  // A cast of an fp32 intermediate to the compute dtype and back, per element.
+  double fp32_cast() const { return e < 4 ? 4 + e : 0; }
+};
+
+Traffic per_token(const Shape& x, double forward, double backward) {
+  return {x.T * forward, x.T * backward};
+}
+
+// The norms, per token, as each recipe's code runs them.
+// transformers' LlamaRMSNorm (Llama, Mistral, Qwen2), eager ops in fp32: x.to(float32) (a copy
+// when r < 4), pow(2) 8, mean 4, x·rsqrt 8, .to(r), weight·y 2r. Its backward, op by op: 92
+// bytes per element in fp32 (the traced sequence: mul 8, mul 12, sum 4, mul 12, mul 8, sum 4,
+// div 4, pow 8, mul 8, mul 12, add 12), plus the two casts when r < 4.
+Traffic hf_rmsnorm(const Shape& x) {
+  const double casts = x.r < 4 ? 2 * (4 + x.r) : 0;
+  return per_token(x, (20 + 2 * x.r + casts) * x.h, (92 + casts) * x.h);
+}
+// torch's nn.RMSNorm (torchtitan) calls F.rms_norm: on CUDA the fused kernel reads x and writes
+// y (and an fp32 rstd per token) and its backward reads dy and x and writes dx; elsewhere it runs
+// as the ops above with the weight multiply in fp32 (28 and 92 bytes, plus the casts).
+Traffic torch_rmsnorm(const Shape& x) {
+  if (x.cuda) return per_token(x, 2 * x.r * x.h + 4, 3 * x.r * x.h + 4);
+  const double casts = x.r < 4 ? 2 * (4 + x.r) : 0;
+  return per_token(x, (28 + casts) * x.h, (92 + casts) * x.h);
+}
+// nn.LayerNorm is one kernel on both devices (native_layer_norm): reads x, writes y, mean and
+// rstd; backward reads dy, x, mean and rstd and writes dx and the affine gradients.
+Traffic layernorm(const Shape& x) { return per_token(x, 2 * x.r * x.h + 8, 3 * x.r * x.h + 8); }
+
+Traffic norm(const ModelSpec& m, const TrainingJob& j, const Shape& x) {
+  if (m.norm == NormKind::layernorm) return layernorm(x);
+  return j.recipe == Recipe::torchtitan ? torch_rmsnorm(x) : hf_rmsnorm(x);
+}
+
+// transformers' rotate_half rotary embedding on one tensor of `width` elements per token:
+// q·cos (an fp32 product, cos and sin being fp32), the negated half, the concatenation, ·sin,
+// their fp32 sum, cast back: 5e + 20 per element, and the fp32 cos and sin rows read. Backward:
+// the two products 16, the negation, two slice gradients and two adds 10e, three casts.
+Traffic rotate_half(const Shape& x, double width) {
+  const double table = 2 * 4 * x.hd;  // cos and sin per token, read once per product
+  return per_token(x, (5 * x.e + 20 + x.fp32_cast()) * width + table,
+                   (16 + 10 * x.e + 3 * x.fp32_cast()) * width + table);
+}
+// torchtitan's ComplexRoPE: the fp32 view of q or k (a cast when e < 4), one complex product
+// with freqs_cis, cast back; the backward is the conjugate product.
+Traffic complex_rope(const Shape& x, double width) {
+  const double table = 4 * x.hd;  // one complex64 row of hd/2 per token
+  return per_token(x, (8 + 2 * x.fp32_cast()) * width + table, (8 + 2 * x.fp32_cast()) * width + 2 * table);
+}
+
+Traffic& operator+=(Traffic& a, const Traffic& b) {
+  a.forward += b.forward;
+  a.backward += b.backward;
+  return a;
+}
+Traffic times(double n, Traffic t) { return {n * t.forward, n * t.backward}; }
+
+// The GEMMs that read the attention norm's output and the MLP norm's output: under autocast each
+// casts its own input; their input gradients are cast back and summed in the residual dtype.
+struct Consumers {
+  int attention = 1, mlp = 1;
+};
+Consumers consumers(const ModelSpec& m, const TrainingJob& j) {
+  switch (m.architecture) {
+    case Architecture::gpt2:
+    case Architecture::gpt_neox: return {1, 1};  // fused c_attn / query_key_value, one fc
+    default:  // q, k, v apart (torchtitan fuses wqkv); gate and up for SwiGLU
+      return {j.recipe == Recipe::torchtitan ? 1 : 3, m.mlp == MlpKind::swiglu ? 2 : 1};
+  }
+}
+
+// transformers' GPT-2 writes gelu_new out in ops (NewGELUActivation: 0.5·x·(1 + tanh(√(2/π)·
+// (x + 0.044715·x³)))): 8 element-wise ops forward, 11 backward. Other GELUs are one kernel.
+bool written_out_gelu(const ModelSpec& m) {
+  if (m.architecture != Architecture::gpt2) return false;
+  const auto& c = m.hf_config;
+  const auto it = c.is_object() ? c.find("activation_function") : c.end();
+  return it == c.end() || (it->is_string() && it->get<std::string>() == "gelu_new");
+}
+
+Traffic activation(const ModelSpec& m, const Shape& x) {
+  if (m.mlp == MlpKind::swiglu)  // silu(gate) 2e, ·up 3e; backward: two products and silu's 9e
+    return per_token(x, 5 * x.e * x.I, 9 * x.e * x.I);
+  if (written_out_gelu(m)) return per_token(x, 18 * x.e * x.I, 28 * x.e * x.I);
+  return per_token(x, 2 * x.e * x.I, 3 * x.e * x.I);
+}
+
+// The rotary embedding, the copies the attention's inputs and gradients take.
+Traffic attention_copies(const ModelSpec& m, const TrainingJob& j, const Shape& x) {
+  Traffic t;
+  switch (m.architecture) {
+    case Architecture::gpt2:
+      t.backward = x.T * 2 * x.e * 3 * x.h;  // the q, k, v gradients concatenated for c_attn
+      break;
+    case Architecture::gpt_neox: {
+      // rotary_pct of each head is rotated; the rotated and the passed parts are concatenated
+      // (in fp32, the rotation's dtype) and cast back; v is made contiguous; the backward
+      // splits the gradients by slices and concatenates q, k and v's for query_key_value.
+      const double rotated = x.q * static_cast<double>(m.rotary_dim) / x.hd;
+      t += times(2, rotate_half(x, rotated));
+      t.forward += x.T * (2 * 8 * x.q + (x.e < 4 ? 2 * (x.fp32_cast() * (x.q - rotated) + x.fp32_cast() * x.q) : 0) +
+                          2 * x.e * x.q);
+      t.backward += x.T * (2 * 6 * x.e * x.q + 2 * 2 * x.e * 3 * x.q);
+      break;
+    }
+    default:
+      if (j.recipe == Recipe::torchtitan) {
+        // wqkv's output split into contiguous q, k, v; their gradients concatenated back.
+        t.forward = t.backward = x.T * 2 * x.e * (x.q + 2 * x.kv);
+        t += complex_rope(x, x.q + x.kv);
+      } else {
+        t += rotate_half(x, x.q + x.kv);
+        t.backward += x.T * 2 * x.e * (x.q + x.kv);  // q's and k's gradients made contiguous
+      }
+  }
+  return t;
+}
+
+// Σ elements of the unit's matrices: autocast casts each weight to the compute dtype in forward
+// and each weight gradient back in backward.
+double weight_casts(const Shape& x, double matrix_elements) { return x.autocast ? x.cast() * matrix_elements : 0; }
+
+double bias_elements(const UnitTensors& u) {
+  double n = 0;
+  for (const auto& t : u.tensors)
+    if (!t.is_matrix() && t.name.find("bias") != std::string::npos) n += static_cast<double>(t.elements());
+  return n;
+}
+
+}  // namespace
+
+bool counts_recipe_traffic(const TrainingJob& j) {
+  return j.recipe != Recipe::executor && j.recipe != Recipe::megatron;
+}
+
+Traffic block_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+  const Shape x(m, j, f);
+  Traffic t = times(2, norm(m, j, x));
+  t += attention_copies(m, j, x);
+  t += activation(m, x);
+  const Consumers c = consumers(m, j);
+  const double readers = c.attention + c.mlp;
+  // Residual adds: r + the branch's output (e) + r forward; the gradient sums in backward.
+  t += times(2, per_token(x, (2 * x.r + x.e) * x.h, 3 * x.r * x.h));
+  if (x.autocast) {
+    // Each reader casts the fp32 norm output; its input gradient is cast back; the branch
+    // outputs' gradients are cast to the compute dtype for o_proj and down_proj.
+    t += per_token(x, readers * x.cast() * x.h, (readers + 2) * x.cast() * x.h);
+  }
+  // The input gradients of several readers of one tensor are summed.
+  t.backward += x.T * (readers - 2) * 3 * x.r * x.h;
+  t.backward += x.T * x.e * bias_elements(m.block);  // bias gradients: a sum over the tokens
+  const double w = weight_casts(x, static_cast<double>(m.block.matmul_params()));
+  t.forward += w;
+  t.backward += w;
+  return t;
+}
+
+double recompute_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+  const Shape x(m, j, f);
+  double bytes = block_traffic(m, j, f).forward;
+  // torch.utils.checkpoint stops the rerun once the last tensor backward needs is rebuilt
+  // (early stop, its default): the block's closing residual adds (one, or GPT-NeoX's two of the
+  // parallel residual) are not rerun. torchtitan wraps its blocks with early_stop=False
+  // (torchtitan/distributed/activation_checkpoint.py).
+  if (j.recipe != Recipe::torchtitan) bytes -= x.T * (m.parallel_residual ? 2 : 1) * (2 * x.r + x.e) * x.h;
+  return bytes;
+}
+
+Traffic head_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+  const Shape x(m, j, f);
+  Traffic t = norm(m, j, x);
+  if (x.autocast) {  // the projection's input, its gradient, its weight and weight gradient
+    t += per_token(x, x.cast() * x.h, x.cast() * x.h);
+    t.forward += x.cast() * x.V * x.h;
+    t.backward += x.cast() * x.V * x.h;
+  }
+  if (j.loss == LossImpl::upcast || j.loss == LossImpl::chunked) {
+    // logits.float() (a copy when e < 4), log_softmax reads and writes [T, V] in fp32, the
+    // negative log-likelihood indexes it; backward: nll's gradient written in full, log_softmax's
+    // backward reads it and the output and writes the logits' gradient, cast to e. torchtitan's
+    // ChunkedLossWrapper runs the same ops chunk by chunk.
+    t += per_token(x, (x.fp32_cast() + 8) * x.V, (16 + x.fp32_cast()) * x.V);
+  } else {
+    // A fused loss (flash-attn's or a compiled cross-entropy, Liger's fused linear one, Megatron's
+    // in place) reads the logits for the log-sum-exp, then reads them again and writes their
+    // gradient: 3e per element of [T, V], without fp32 copies.
+    t += per_token(x, x.e * x.V, 2 * x.e * x.V);
+  }
+  return t;
+}
+
+Traffic embedding_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+  const Shape x(m, j, f);
+  if (m.embedding.tensors.empty()) return {};
+  // A lookup reads its rows and writes them (and the ids); its dense backward reads the rows'
+  // gradient and writes the whole table's gradient (embedding_dense_backward), in the parameter
+  // dtype; a tied table adds the head's gradient into it. Per-position work (the learned position
+  // rows, the rotary tables) runs over one sequence: position ids are [1, s], broadcast over the
+  // micro-batch.
+  Traffic t = per_token(x, 2 * x.r * x.h + 8, x.r * x.h + 8);
+  t.backward += x.r * x.V * x.h;
+  if (m.tied_embeddings) t.backward += 3 * x.r * x.V * x.h;
+  if (m.positions == PositionKind::learned) {
+    t.forward += x.s * (2 * x.r * x.h + 8) + (2 * x.T + x.s) * x.r * x.h;  // rows, then their sum
+    t.backward += x.s * (x.r * x.h + 8) + x.r * static_cast<double>(m.max_positions) * x.h;
+  }
+  if (j.recipe != Recipe::torchtitan) {
+    // transformers' model forward: position ids and the causal mask's int64 ops (arange, add,
+    // cat, sub, ne, cumsum: about 80 bytes per position) and, with rotary positions, the fp32
+    // cos and sin rows (inv_freq·position, cat, cos, sin and their scaling: six passes read and
+    // written over the rotary width, 48 bytes per element).
+    t.forward += x.s * 80;
+    if (m.positions == PositionKind::rotary) t.forward += x.s * 48 * static_cast<double>(m.rotary_dim);
+  }
+  return t;
+}
+
+}  // namespace shardplan::costmodel
