@@ -246,9 +246,36 @@ std::vector<std::string> preset_model_names() {
           "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "mistral-7b"};
 }
 
+namespace {
+
+bool holds_data(const std::filesystem::path& dir) {
+  std::error_code ec;
+  return std::filesystem::is_directory(dir / "hardware_profiles", ec) &&
+         std::filesystem::is_directory(dir / "examples" / "models", ec);
+}
+
+}  // namespace
+
 std::string data_dir() {
-  if (const char* env = std::getenv("SHARDPLAN_DATA_DIR"); env && *env) return env;
-  return SHARDPLAN_DEFAULT_DATA_DIR;
+  // The user's folder, checked: a wrong one is an error, not an empty list.
+  if (const char* env = std::getenv("SHARDPLAN_DATA_DIR"); env && *env) {
+    if (!holds_data(env))
+      throw InputError("SHARDPLAN_DATA_DIR",
+                       fmt::format("\"{}\" has no hardware_profiles/ and examples/models/ folders", env));
+    return env;
+  }
+  // Installed: <prefix>/bin/<program> finds <prefix>/share/shardplan (cmake --install).
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const auto installed = exe.parent_path().parent_path() / "share" / "shardplan";
+    if (holds_data(installed)) return installed.string();
+  }
+  // A build tree: the sources it was built from.
+  if (holds_data(SHARDPLAN_DEFAULT_DATA_DIR)) return SHARDPLAN_DEFAULT_DATA_DIR;
+  throw InputError("SHARDPLAN_DATA_DIR",
+                   "is not set and neither an installed share/shardplan folder nor the source tree was "
+                   "found: set it to the folder holding hardware_profiles/ and examples/models/");
 }
 
 ModelSpec model_from_hf_config(const nlohmann::json& config, const std::string& name) {

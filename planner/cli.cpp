@@ -124,6 +124,8 @@ int run_cli(int argc, char** argv) {
         const auto h = costmodel::load_hardware(n);
         out << fmt::format("{:<18} {}\n", n, h.description);
       }
+      out << fmt::format("(profiles in {}/hardware_profiles; a profile file's path works too)\n",
+                         costmodel::data_dir());
     } else if (describe->parsed()) {
       check_format(format);
       if (describe_model && describe_params)
