@@ -198,7 +198,10 @@ std::string ops_text(const std::vector<Term>& ts) {
   for (const auto& t : ts) s += fmt::format("{}{} {}", s.empty() ? "" : ", ", t.name, gb(t.value));
   return s;
 }
-std::string percent_slower(double slow, double fast) { return fmt::format("{:.1f}%", 100 * (slow / fast - 1)); }
+std::string percent_slower(double slow, double fast) {
+  const double p = 100 * (slow / fast - 1);
+  return p < 1 ? fmt::format("{:.2f}%", p) : fmt::format("{:.1f}%", p);
+}
 
 // The one place claims become sentences.
 struct Render {
