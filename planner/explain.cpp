@@ -18,6 +18,8 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // Exposed time above this share of the step makes waiting (communication or offload) the bottleneck.
 constexpr double kWaitBound = 0.15;
+// Step times closer than this are a tie: no term decides between them.
+constexpr double kTie = 1e-4;
 // ZeRO-3 and FSDP within this relative step time are "close".
 constexpr double kClose = 0.10;
 // A plan that does not fit makes memory the bottleneck only if it would be at least this much
@@ -241,6 +243,9 @@ struct Render {
                        c.largest.name, gib1(c.largest.value));
   }
   std::string operator()(const LosesByTime& c) const {
+    if (c.loser.step_s - c.winner.step_s < kTie * c.winner.step_s)
+      return fmt::format("{} is within {}% of {}'s step time ({} against {})", plan_at(c.loser), 100 * kTie,
+                         plan_at(c.winner), seconds(c.loser.step_s), seconds(c.winner.step_s));
     return fmt::format("{} is {} slower than {} ({} against {}); the largest difference is {}: {} against {}",
                        plan_at(c.loser), percent_slower(c.loser.step_s, c.winner.step_s), plan_at(c.winner),
                        seconds(c.loser.step_s), seconds(c.winner.step_s), c.term, seconds(c.loser_term_s),

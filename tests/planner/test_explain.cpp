@@ -142,7 +142,8 @@ TEST_CASE("explain::bytes moved are the ratio of the two plans' bytes, by collec
 TEST_CASE("explain::a slower plan is explained by the step term whose difference is largest") {
   // Was: HSDP "keeps parameters gathered and avoids re-gathering them in backward" (that is
   // SHARD_GRAD_OP) for the 1.3B model on 64 GPUs.
-  for (const auto& args : {k13bOn64, k70bOn16, std::vector<std::string>{}}) {
+  const std::vector<std::string> tie = {"--model", "gpt2", "--gpus", "8"};  // fsdp-grad-op ties fsdp-full
+  for (const auto& args : {k13bOn64, k70bOn16, std::vector<std::string>{}, tie}) {
     const auto d = run_json(args);
     const auto found = claims_of(d, "loses_by_time");
     CHECK(!found.empty());
@@ -152,7 +153,7 @@ TEST_CASE("explain::a slower plan is explained by the step term whose difference
       REQUIRE(winner);
       REQUIRE(loser);
       CHECK(c["winner"]["step_s"] == d["recommendation"]["time"]["step_s"]);
-      CHECK(c["winner"]["step_s"].get<double>() < c["loser"]["step_s"].get<double>());
+      CHECK(c["winner"]["step_s"].get<double>() <= c["loser"]["step_s"].get<double>());
       const std::string term = c["term"];
       CHECK(c["winner_term_s"].get<double>() == doctest::Approx(step_term(*winner, term)));
       CHECK(c["loser_term_s"].get<double>() == doctest::Approx(step_term(*loser, term)));
@@ -166,7 +167,9 @@ TEST_CASE("explain::a slower plan is explained by the step term whose difference
       }
       CHECK(sum_w == doctest::Approx((*winner)["time"]["step_s"].get<double>()));
       CHECK(sum_l == doctest::Approx((*loser)["time"]["step_s"].get<double>()));
-      CHECK(contains(c["text"], term));
+      // Step times within 0.01% are a tie, said as such; otherwise the sentence names the term.
+      const double w_s = c["winner"]["step_s"], l_s = c["loser"]["step_s"];
+      CHECK(contains(c["text"], l_s - w_s < 1e-4 * w_s ? "within 0.01%" : term));
     }
   }
   CHECK_FALSE(contains(run_table(k13bOn64), "re-gathering"));
