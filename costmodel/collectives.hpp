@@ -11,6 +11,7 @@
 namespace shardplan::costmodel {
 
 enum class Collective { all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all };
+constexpr int kCollectives = 6;
 
 struct CollectiveTraits {
   Collective op;
@@ -25,7 +26,7 @@ struct CollectiveTraits {
   double (*bus_factor)(int ranks);
 };
 
-const std::array<CollectiveTraits, 6>& collective_table();
+const std::array<CollectiveTraits, kCollectives>& collective_table();
 const CollectiveTraits& traits(Collective op);
 std::optional<Collective> collective_from_name(std::string_view name);
 

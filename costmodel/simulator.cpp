@@ -105,6 +105,7 @@ class Simulation {
       cost_cache_[cache_next_++ % cost_cache_.size()] = {op, g.ranks, g.ranks_per_node, size, c};
     }
     result_.comm_bytes_per_gpu += c.bytes_sent;
+    result_.comm_bytes_by_op[static_cast<int>(op)] += c.bytes_sent;
     result_.calibrated_comm |= c.calibrated;
     result_.extrapolated_comm |= c.extrapolated;
     return c.seconds;
@@ -201,8 +202,10 @@ double Simulation::bucketed(Collective op, const Group& g, double bytes, double 
   double t = 0;
   // One collective per full bucket and one for the remainder (DDP's bucket_cap_mb semantics).
   const double before = result_.comm_bytes_per_gpu;
+  const double before_op = result_.comm_bytes_by_op[static_cast<int>(op)];
   const double one = coll(op, g, bucket);
   result_.comm_bytes_per_gpu = before + (result_.comm_bytes_per_gpu - before) * full;
+  result_.comm_bytes_by_op[static_cast<int>(op)] = before_op + (result_.comm_bytes_by_op[static_cast<int>(op)] - before_op) * full;
   t += one * full;
   if (rest > 0) t += coll(op, g, rest);
   return t;
@@ -388,6 +391,7 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
         issue_t = std::max(issue_t, gathered_free_[u - s.max_inflight_allgathers]);
       const double dur = ui.gather_s;
       result_.comm_bytes_per_gpu += ui.gather_sent;
+      result_.comm_bytes_by_op[static_cast<int>(Collective::all_gather)] += ui.gather_sent;
       const double st = issue(Stream::all_gather, issue_t, Stream::compute, dur, "all-gather", u);
       mem(st, ui.gather_bytes, Category::buffers, Phase::forward, u, mb, +1);
       gathered_alive_[u] = 1;
@@ -422,6 +426,7 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
         issue_t = std::max(issue_t, bwd_end_[u + s.max_inflight_allgathers]);
       const double dur = ui.gather_s;
       result_.comm_bytes_per_gpu += ui.gather_sent;
+      result_.comm_bytes_by_op[static_cast<int>(Collective::all_gather)] += ui.gather_sent;
       const double st = issue(Stream::all_gather, issue_t, Stream::compute, dur, "all-gather", u);
       mem(st, ui.gather_bytes, Category::buffers, Phase::backward, u, mb, +1);
       gathered_alive_[u] = 1;
@@ -633,12 +638,14 @@ StepResult Simulation::run() {
   // What the first micro-batch did, to count it gas − 1 times.
   std::array<double, kStreams> busy_first{}, exposed_first{};
   double bytes_first = 0;
+  std::array<double, kCollectives> bytes_by_op_first{};
   if (gas > 1) {
     micro_batch(0, true, reduce_each);
     first_mb_s = *std::max_element(free_at_.begin(), free_at_.end());
     busy_first = result_.busy_s;
     exposed_first = result_.exposed_s;
     bytes_first = result_.comm_bytes_per_gpu;
+    bytes_by_op_first = result_.comm_bytes_by_op;
     micro_batch(1, false, true);
   } else {
     micro_batch(0, true, true);
@@ -691,6 +698,7 @@ StepResult Simulation::run() {
     const double cpu = local_opt_params * in_.cluster.gpus_per_node / rate;
     const double h2d = local_opt_params * sb_.compute / hw.host_link_Bps;
     const double st = issue(Stream::host, t, Stream::compute, cpu + h2d, "CPU optimizer + upload", -1);
+    result_.host_optimizer_s = cpu;
     if (!hw.collectives_block) result_.exposed_s[static_cast<int>(Stream::host)] += cpu + h2d;
     free_at_[0] = st + cpu + h2d;
     t = free_at_[0];
@@ -753,6 +761,7 @@ StepResult Simulation::run() {
       result_.exposed_s[k] += extra * exposed_first[k];
     }
     result_.comm_bytes_per_gpu += extra * bytes_first;
+    for (int k = 0; k < kCollectives; ++k) result_.comm_bytes_by_op[k] += extra * bytes_by_op_first[k];
   }
   result_.exposed_comm_s = std::max(0.0, result_.step_s - result_.compute_s);
   const double tokens_step = static_cast<double>(j.global_batch * j.seq_len);

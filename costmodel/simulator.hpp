@@ -82,6 +82,8 @@ struct StepResult {
   std::array<double, kStreams> busy_s{};     // per stream
   std::array<double, kStreams> exposed_s{};  // compute idle attributed to each stream
   double comm_bytes_per_gpu = 0;  // bytes each GPU sends per step
+  std::array<double, kCollectives> comm_bytes_by_op{};  // the same bytes by collective (sums to it)
+  double host_optimizer_s = 0;    // an offload plan's CPU optimizer step (on the host stream)
   double tokens_per_s = 0;        // whole job
   double model_flops = 0;         // per step, whole job, without recompute (6·tokens·params-ish)
   double mfu = 0;

@@ -118,6 +118,9 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
   }
   nlohmann::json exposed = nlohmann::json::object();
   for (int s = 1; s < kStreams; ++s) exposed[stream_name(static_cast<Stream>(s))] = r.exposed_s[s];
+  nlohmann::json bytes_by_op = nlohmann::json::object();
+  for (int op = 0; op < kCollectives; ++op)
+    if (r.comm_bytes_by_op[op] > 0) bytes_by_op[traits(static_cast<Collective>(op)).name] = r.comm_bytes_by_op[op];
   nlohmann::json by_kind = nlohmann::json::object();
   for (int k = 0; k < kComputeKinds; ++k) by_kind[compute_kind_name(static_cast<ComputeKind>(k))] = r.compute_by_kind_s[k];
   nlohmann::json out = {
@@ -160,7 +163,8 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
         {"compute_by_kind_s", by_kind},
         {"exposed_comm_s", r.exposed_comm_s},
         {"exposed_by_stream_s", exposed}}},
-      {"comm", {{"bytes_per_gpu", r.comm_bytes_per_gpu}, {"calibrated", r.calibrated_comm},
+      {"comm", {{"bytes_per_gpu", r.comm_bytes_per_gpu}, {"bytes_by_collective", bytes_by_op},
+                {"calibrated", r.calibrated_comm},
                 {"extrapolated", r.extrapolated_comm}}},
       {"throughput", {{"tokens_per_s", r.tokens_per_s}}},
       {"mfu", r.mfu}};

@@ -1,8 +1,13 @@
 #include "planner/explain.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include <fmt/format.h>
+
+#include "costmodel/input_error.hpp"
+#include "planner/estimate.hpp"
 
 namespace shardplan::planner {
 
@@ -11,13 +16,63 @@ using namespace costmodel;
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-// Exposed communication above this share of the step makes communication the bottleneck.
-constexpr double kCommBound = 0.15;
+// Exposed time above this share of the step makes waiting (communication or offload) the bottleneck.
+constexpr double kWaitBound = 0.15;
+// Step times closer than this are a tie: no term decides between them.
+constexpr double kTie = 1e-4;
 // ZeRO-3 and FSDP within this relative step time are "close".
 constexpr double kClose = 0.10;
 // A plan that does not fit makes memory the bottleneck only if it would be at least this much
 // faster than what fits (below it, the printed gain rounds to nothing).
 constexpr double kCapacityGain = 0.01;
+// How far the advice scales a job that fits nowhere: GPUs up to this factor, the sequence down by it.
+constexpr int kMaxScale = 64;
+
+const char* category_label(int c) {
+  static const char* labels[kCategories] = {"parameters",  "gradients", "optimizer states",
+                                            "activations", "buffers",   "overhead"};
+  return labels[c];
+}
+const char* kind_label(int k) {
+  static const char* labels[kComputeKinds] = {"GEMMs",         "attention core", "memory-bound ops",
+                                              "host overhead", "recompute",      "optimizer step"};
+  return labels[k];
+}
+std::string exposed_label(Stream s) { return fmt::format("exposed {}", stream_name(s)); }
+std::string op_label(int op) {
+  std::string s = traits(static_cast<Collective>(op)).name;
+  std::replace(s.begin(), s.end(), '_', '-');
+  return s;
+}
+
+Term largest_category(const StepResult& r) {
+  int worst = 0;
+  for (int c = 1; c < kCategories; ++c)
+    if (r.at_peak[c] > r.at_peak[worst]) worst = c;
+  return {category_label(worst), r.at_peak[worst]};
+}
+
+// The step as terms: the compute stream's busy time by kind and the exposed time by stream (plus
+// any exposed time no stream claims), which together add up to the step.
+std::vector<Term> step_terms(const StepResult& r) {
+  std::vector<Term> t;
+  for (int k = 0; k < kComputeKinds; ++k) t.push_back({kind_label(k), r.compute_by_kind_s[k]});
+  double attributed = 0;
+  for (int s = 1; s < kStreams; ++s) {
+    t.push_back({exposed_label(static_cast<Stream>(s)), r.exposed_s[s]});
+    attributed += r.exposed_s[s];
+  }
+  t.push_back({"other waiting", r.exposed_comm_s - attributed});
+  return t;
+}
+
+std::vector<Term> bytes_by_op(const StepResult& r) {
+  std::vector<Term> t;
+  for (int op = 0; op < kCollectives; ++op)
+    if (r.comm_bytes_by_op[op] > 0) t.push_back({op_label(op), r.comm_bytes_by_op[op]});
+  std::stable_sort(t.begin(), t.end(), [](const Term& a, const Term& b) { return a.value > b.value; });
+  return t;
+}
 
 const Candidate* best_of(const SearchResult& r, const char* strategy) {
   for (const auto& c : r.best_per_family)
@@ -25,11 +80,259 @@ const Candidate* best_of(const SearchResult& r, const char* strategy) {
   return nullptr;
 }
 
-double exposed_share(const Evaluation& e) { return e.result.exposed_comm_s / e.result.step_s; }
+double exposed_share(const StepResult& r) { return r.exposed_comm_s / r.step_s; }
 
-std::string plan_name(const Evaluation& e) {
-  return fmt::format("{} ({})", e.spec.strategy, flavour_name(e.spec.flavour));
+WaitBound wait_bound(const Evaluation& e) {
+  const auto& r = e.result;
+  int worst = 1;
+  for (int s = 2; s < kStreams; ++s)
+    if (r.exposed_s[s] > r.exposed_s[worst]) worst = s;
+  const bool host = worst == static_cast<int>(Stream::host);
+  return {plan_numbers(e), r.exposed_comm_s, {exposed_label(static_cast<Stream>(worst)), r.exposed_s[worst]}, host,
+          host ? r.host_optimizer_s : 0};
 }
+
+LosesByTime loses_by_time(const Evaluation& winner, const Evaluation& loser) {
+  const auto w = step_terms(winner.result), l = step_terms(loser.result);
+  std::size_t worst = 0;
+  for (std::size_t i = 1; i < w.size(); ++i)
+    if (l[i].value - w[i].value > l[worst].value - w[worst].value) worst = i;
+  return {plan_numbers(winner), plan_numbers(loser), w[worst].name, w[worst].value, l[worst].value};
+}
+
+BytesRatio bytes_ratio(const Evaluation& e, const Evaluation& ddp) {
+  return {plan_numbers(e), plan_numbers(ddp), e.result.comm_bytes_per_gpu, ddp.result.comm_bytes_per_gpu,
+          bytes_by_op(e.result), bytes_by_op(ddp.result)};
+}
+
+// Whether a change of the job makes some plan fit: the search, pinned as the user pinned it, rerun
+// on the changed scenario; its best fitting plan, else its smallest peak.
+std::optional<Advice> advice(const std::string& change, const Scenario& changed, const SearchPins& pins,
+                             double usable) {
+  SearchResult res;
+  try {
+    res = search(changed, pins);
+  } catch (const InputError&) {
+    return std::nullopt;  // the pins do not apply to the changed job
+  }
+  const Candidate* best = res.ranked.empty() ? nullptr : &res.ranked.front();
+  for (const auto& c : res.best_per_family)
+    if (!best || c.eval.result.peak_bytes < best->eval.result.peak_bytes) best = &c;
+  if (!res.ranked.empty()) best = &res.ranked.front();
+  if (!best) return std::nullopt;
+  return Advice{change, plan_numbers(best->eval), largest_category(best->eval.result), usable};
+}
+
+// A job that fits nowhere, replanned with one change at a time: the fewest extra GPUs (keeping the
+// sequences per GPU) and the longest shorter sequence that make a plan fit, or the most tried when
+// none does; and each knob the user pinned (offload, checkpointing, micro-batch, strategy), set free.
+// Knobs the search was free to set were tried already and are not advised.
+std::vector<Claim> advise(const Scenario& sc, const SearchPins& pins) {
+  std::vector<Claim> out;
+  const double usable = sc.usable_bytes();
+  std::optional<Advice> last;
+  for (int k = 2; k <= kMaxScale; k *= 2) {
+    Scenario more = sc;
+    more.cluster.gpus *= k;
+    more.job.global_batch *= k;
+    const auto per_gpu = sc.job.global_batch / sc.cluster.gpus;
+    last = advice(fmt::format("{} GPUs instead of {} ({} sequence{} per GPU, as before)", more.cluster.gpus,
+                              sc.cluster.gpus, per_gpu, per_gpu == 1 ? "" : "s"),
+                  more, pins, usable);
+    if (last && last->after.fits) break;
+  }
+  if (last) out.push_back(*last);
+  last.reset();
+  for (int k = 2; k <= kMaxScale && sc.job.seq_len / k >= 1; k *= 2) {
+    Scenario shorter = sc;
+    shorter.job.seq_len /= k;
+    last = advice(fmt::format("sequence length {} instead of {}", shorter.job.seq_len, sc.job.seq_len), shorter,
+                  pins, usable);
+    if (last && last->after.fits) break;
+  }
+  if (last) out.push_back(*last);
+  auto unpin = [&](const std::string& change, SearchPins freed) {
+    auto a = advice(change, sc, freed, usable);
+    if (a && a->after.fits) out.push_back(*a);
+  };
+  if (pins.offload) {
+    SearchPins p = pins;
+    p.offload.reset();
+    unpin("offload allowed", p);
+  }
+  if (pins.checkpointing) {
+    SearchPins p = pins;
+    p.checkpointing = false;
+    unpin("activation checkpointing chosen by the search", p);
+  }
+  if (pins.micro_batch) {
+    SearchPins p = pins;
+    p.micro_batch.reset();
+    unpin("the micro-batch chosen by the search", p);
+  }
+  if (pins.strategy || pins.flavour || pins.shard_group_size) {
+    SearchPins p;  // the same pins but the strategy's
+    p.micro_batch = pins.micro_batch;
+    p.checkpointing = pins.checkpointing;
+    p.loss = pins.loss;
+    p.offload = pins.offload;
+    unpin("any strategy", p);
+  }
+  return out;
+}
+
+nlohmann::json plan_json(const PlanNumbers& p) {
+  return {{"plan", p.name}, {"micro_batch", p.micro_batch}, {"step_s", p.step_s}, {"peak_bytes", p.peak_bytes},
+          {"fits", p.fits}};
+}
+nlohmann::json term_json(const Term& t) { return {{"name", t.name}, {"value", t.value}}; }
+nlohmann::json terms_json(const std::vector<Term>& ts) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& t : ts) a.push_back(term_json(t));
+  return a;
+}
+
+std::string plan_at(const PlanNumbers& p) { return fmt::format("{} at micro-batch {}", p.name, p.micro_batch); }
+std::string gb(double bytes) { return fmt::format("{:.2f} GB", bytes / 1e9); }
+std::string gib1(double bytes) { return fmt::format("{:.1f} GiB", bytes / kGiB); }
+std::string ops_text(const std::vector<Term>& ts) {
+  std::string s;
+  for (const auto& t : ts) s += fmt::format("{}{} {}", s.empty() ? "" : ", ", t.name, gb(t.value));
+  return s;
+}
+std::string percent_slower(double slow, double fast) {
+  const double p = 100 * (slow / fast - 1);
+  return p < 1 ? fmt::format("{:.2f}%", p) : fmt::format("{:.1f}%", p);
+}
+
+// The one place claims become sentences.
+struct Render {
+  std::string operator()(const ComputeBound& c) const {
+    return fmt::format("compute: {:.1f}% of the step ({} of {}) is GPU compute, most of it {} ({}); "
+                       "exposed communication is {} ({:.1f}%), MFU {:.0f}%",
+                       100 * c.compute_s / c.plan.step_s, seconds(c.compute_s), seconds(c.plan.step_s),
+                       c.largest.name, seconds(c.largest.value), seconds(c.exposed_s),
+                       100 * c.exposed_s / c.plan.step_s, 100 * c.mfu);
+  }
+  std::string operator()(const WaitBound& c) const {
+    std::string s = fmt::format("{}: the GPU waits {} of the {} step ({:.0f}%), most of it {} ({})",
+                                c.host ? "offload" : "communication", seconds(c.exposed_s),
+                                seconds(c.plan.step_s), 100 * c.exposed_s / c.plan.step_s, c.largest.name,
+                                seconds(c.largest.value));
+    if (c.host_optimizer_s > 0)
+      s += fmt::format(", of which {} is the CPU optimizer step and the rest host transfers",
+                       seconds(c.host_optimizer_s));
+    return s;
+  }
+  std::string operator()(const CapacityBound& c) const {
+    return fmt::format("memory capacity: the fastest plan, {}, would take {} per step but its peak is {}, "
+                       "most of it {} ({}), against {} usable; what fits costs {} (+{})",
+                       plan_at(c.fastest), seconds(c.fastest.step_s), gib1(c.fastest.peak_bytes), c.largest.name,
+                       gib1(c.largest.value), gib1(c.usable_bytes), seconds(c.recommended.step_s),
+                       percent_slower(c.recommended.step_s, c.fastest.step_s));
+  }
+  std::string operator()(const NothingFits& c) const {
+    return fmt::format("nothing fits: the smallest peak of any plan is {} ({}), most of it {} ({}), against {} "
+                       "usable per GPU",
+                       gib1(c.smallest.peak_bytes), plan_at(c.smallest), c.largest.name, gib1(c.largest.value),
+                       gib1(c.usable_bytes));
+  }
+  std::string operator()(const LosesByMemory& c) const {
+    return fmt::format("{} does not fit: its smallest peak is {} against {} usable, the largest part {}{} ({})",
+                       c.plan.name, gib1(c.plan.peak_bytes), gib1(c.usable_bytes), c.replicated ? "replicated " : "",
+                       c.largest.name, gib1(c.largest.value));
+  }
+  std::string operator()(const LosesByTime& c) const {
+    if (c.loser.step_s - c.winner.step_s < kTie * c.winner.step_s)
+      return fmt::format("{} is within {}% of {}'s step time ({} against {})", plan_at(c.loser), 100 * kTie,
+                         plan_at(c.winner), seconds(c.loser.step_s), seconds(c.winner.step_s));
+    return fmt::format("{} is {} slower than {} ({} against {}); the largest difference is {}: {} against {}",
+                       plan_at(c.loser), percent_slower(c.loser.step_s, c.winner.step_s), plan_at(c.winner),
+                       seconds(c.loser.step_s), seconds(c.winner.step_s), c.term, seconds(c.loser_term_s),
+                       seconds(c.winner_term_s));
+  }
+  std::string operator()(const BytesRatio& c) const {
+    return fmt::format("{} sends {:.2f}x the bytes of {} per GPU per step: {} ({}) against {} ({})",
+                       plan_at(c.plan), c.bytes / c.ddp_bytes, plan_at(c.ddp), gb(c.bytes), ops_text(c.by_op),
+                       gb(c.ddp_bytes), ops_text(c.ddp_by_op));
+  }
+  std::string operator()(const Needed& c) const {
+    std::string cost = fmt::format("{} of {}", seconds(c.cost.value), c.cost.name);
+    if (c.host_optimizer_s > 0) cost += fmt::format(" ({} of it the CPU optimizer step)", seconds(c.host_optimizer_s));
+    if (!c.without.fits)
+      return fmt::format("{} is needed to fit: without it the same plan's peak is {} against {} usable; it costs {} "
+                         "per step",
+                         c.feature, gib1(c.without.peak_bytes), gib1(c.usable_bytes), cost);
+    return fmt::format("{} is not needed to fit: without it the same plan's peak is {} and its step {} against {}; "
+                       "it costs {} per step",
+                       c.feature, gib1(c.without.peak_bytes), seconds(c.without.step_s), seconds(c.plan.step_s), cost);
+  }
+  std::string operator()(const Advice& c) const {
+    if (c.after.fits)
+      return fmt::format("with {}, {} fits: peak {} against {} usable, step {}", c.change, plan_at(c.after),
+                         gib1(c.after.peak_bytes), gib1(c.usable_bytes), seconds(c.after.step_s));
+    return fmt::format("even with {}, nothing fits: the smallest peak is {} ({}), most of it {} ({}), against {} "
+                       "usable",
+                       c.change, gib1(c.after.peak_bytes), plan_at(c.after), c.largest_after.name,
+                       gib1(c.largest_after.value), gib1(c.usable_bytes));
+  }
+  std::string operator()(const CloseFrameworks& c) const {
+    return fmt::format(
+        "ZeRO-3 and FSDP are within {:.1f}% of each other. In numbers: DeepSpeed keeps a bf16 partition plus "
+        "an fp32 master and a flat fp32 gradient partition ({} of states, {} of buffers with its reduce buckets "
+        "at the peak); FSDP keeps fp32 sharded parameters cast to bf16 at all-gather ({} of states, {} of "
+        "buffers); peaks {} vs {}. In practice: FSDP2 is PyTorch-native (DTensor, torch.compile, any torch.optim "
+        "optimizer, DCP checkpoints that reshard to another world size); DeepSpeed brings CPU/NVMe offload and "
+        "its own optimizers, and writes per-rank partitions consolidated with zero_to_fp32.py.",
+        100 * std::fabs(c.zero3.step_s / c.fsdp.step_s - 1), gib1(c.zero3_states), gib1(c.zero3_buffers),
+        gib1(c.fsdp_states), gib1(c.fsdp_buffers), gib1(c.zero3.peak_bytes), gib1(c.fsdp.peak_bytes));
+  }
+};
+
+struct ToJson {
+  nlohmann::json operator()(const ComputeBound& c) const {
+    return {{"kind", "compute_bound"}, {"plan", plan_json(c.plan)}, {"compute_s", c.compute_s},
+            {"exposed_s", c.exposed_s}, {"mfu", c.mfu}, {"largest", term_json(c.largest)}};
+  }
+  nlohmann::json operator()(const WaitBound& c) const {
+    return {{"kind", "wait_bound"}, {"plan", plan_json(c.plan)}, {"exposed_s", c.exposed_s},
+            {"largest", term_json(c.largest)}, {"host", c.host}, {"host_optimizer_s", c.host_optimizer_s}};
+  }
+  nlohmann::json operator()(const CapacityBound& c) const {
+    return {{"kind", "capacity_bound"}, {"fastest", plan_json(c.fastest)}, {"recommended", plan_json(c.recommended)},
+            {"largest", term_json(c.largest)}, {"usable_bytes", c.usable_bytes}};
+  }
+  nlohmann::json operator()(const NothingFits& c) const {
+    return {{"kind", "nothing_fits"}, {"smallest", plan_json(c.smallest)}, {"largest", term_json(c.largest)},
+            {"usable_bytes", c.usable_bytes}};
+  }
+  nlohmann::json operator()(const LosesByMemory& c) const {
+    return {{"kind", "loses_by_memory"}, {"plan", plan_json(c.plan)}, {"largest", term_json(c.largest)},
+            {"replicated", c.replicated}, {"usable_bytes", c.usable_bytes}};
+  }
+  nlohmann::json operator()(const LosesByTime& c) const {
+    return {{"kind", "loses_by_time"}, {"winner", plan_json(c.winner)}, {"loser", plan_json(c.loser)},
+            {"term", c.term}, {"winner_term_s", c.winner_term_s}, {"loser_term_s", c.loser_term_s}};
+  }
+  nlohmann::json operator()(const BytesRatio& c) const {
+    return {{"kind", "bytes_ratio"}, {"plan", plan_json(c.plan)}, {"ddp", plan_json(c.ddp)},
+            {"bytes", c.bytes}, {"ddp_bytes", c.ddp_bytes}, {"ratio", c.bytes / c.ddp_bytes},
+            {"by_collective", terms_json(c.by_op)}, {"ddp_by_collective", terms_json(c.ddp_by_op)}};
+  }
+  nlohmann::json operator()(const Needed& c) const {
+    return {{"kind", "needed"}, {"feature", c.feature}, {"plan", plan_json(c.plan)}, {"without", plan_json(c.without)},
+            {"usable_bytes", c.usable_bytes}, {"cost", term_json(c.cost)}, {"host_optimizer_s", c.host_optimizer_s}};
+  }
+  nlohmann::json operator()(const Advice& c) const {
+    return {{"kind", "advice"}, {"change", c.change}, {"helps", c.after.fits}, {"after", plan_json(c.after)}, {"largest_after", term_json(c.largest_after)},
+            {"usable_bytes", c.usable_bytes}};
+  }
+  nlohmann::json operator()(const CloseFrameworks& c) const {
+    return {{"kind", "close_frameworks"}, {"zero3", plan_json(c.zero3)}, {"fsdp", plan_json(c.fsdp)},
+            {"zero3_states_bytes", c.zero3_states}, {"zero3_buffers_bytes", c.zero3_buffers},
+            {"fsdp_states_bytes", c.fsdp_states}, {"fsdp_buffers_bytes", c.fsdp_buffers}};
+  }
+};
 
 }  // namespace
 
@@ -37,110 +340,120 @@ const char* bottleneck_name(Bottleneck b) {
   switch (b) {
     case Bottleneck::memory_capacity: return "memory capacity";
     case Bottleneck::communication: return "communication";
+    case Bottleneck::host_offload: return "offload (CPU optimizer, host transfers)";
     case Bottleneck::compute: return "compute";
   }
   return "?";
 }
 
-Explanation explain(const Scenario& sc, const SearchResult& r) {
+PlanNumbers plan_numbers(const Evaluation& e) {
+  std::string name = fmt::format("{} ({})", e.spec.strategy, flavour_name(e.spec.flavour));
+  if (e.spec.shard_group_size > 0) name += fmt::format(" group {}", e.spec.shard_group_size);
+  if (e.spec.offload != Offload::none) name += fmt::format(" offload {}", offload_name(e.spec.offload));
+  return {name, e.job.micro_batch, e.result.step_s, e.result.peak_bytes, e.fits};
+}
+
+std::string render(const Claim& c) { return std::visit(Render{}, c); }
+
+nlohmann::json claim_json(const Claim& c) {
+  auto j = std::visit(ToJson{}, c);
+  j["text"] = render(c);
+  return j;
+}
+
+Explanation explain(const Scenario& sc, const SearchPins& pins, const SearchResult& r) {
   Explanation x;
-  const double cap = sc.hardware.memory_bytes / kGiB;
+  const double usable = sc.usable_bytes();
   if (r.ranked.empty()) {
     x.bottleneck = Bottleneck::memory_capacity;
-    double smallest = 1e300;
-    for (const auto& c : r.best_per_family) smallest = std::min(smallest, c.eval.result.peak_bytes);
-    x.summary = fmt::format("nothing fits: the smallest peak of any plan is {:.1f} GiB against {:.1f} GiB "
-                            "usable per GPU; more GPUs (to shard over), offload or a shorter sequence are "
-                            "needed",
-                            smallest / kGiB, sc.usable_bytes() / kGiB);
+    const Candidate* smallest = nullptr;
+    for (const auto& c : r.best_per_family)
+      if (!smallest || c.eval.result.peak_bytes < smallest->eval.result.peak_bytes) smallest = &c;
+    if (!smallest) {
+      x.summary = NothingFits{{"no runnable plan", 0, 0, 0, false}, {"", 0}, usable};
+      return x;
+    }
+    x.summary = NothingFits{plan_numbers(smallest->eval), largest_category(smallest->eval.result), usable};
+    x.reasons = advise(sc, pins);
     return x;
   }
+
   const Evaluation& rec = r.ranked.front().eval;
   const Evaluation* fastest = r.fastest_ignoring_memory ? &r.fastest_ignoring_memory->eval : nullptr;
-  const double share = exposed_share(rec);
-
+  const bool waits = exposed_share(rec.result) > kWaitBound;
   if (fastest && !fastest->fits && fastest->result.step_s < rec.result.step_s * (1 - kCapacityGain)) {
     x.bottleneck = Bottleneck::memory_capacity;
-    x.summary = fmt::format(
-        "memory capacity: the fastest plan, {} at micro-batch {}, would take {:.3f} s per step but needs "
-        "{:.1f} GiB of {:.1f} GiB; what fits costs {:.3f} s ({:+.0f}%)",
-        plan_name(*fastest), fastest->job.micro_batch, fastest->result.step_s,
-        fastest->result.peak_bytes / kGiB, cap, rec.result.step_s,
-        100 * (rec.result.step_s / fastest->result.step_s - 1));
-  } else if (share > kCommBound) {
-    x.bottleneck = Bottleneck::communication;
-    x.summary = fmt::format("communication: {:.0f}% of the recommended step ({:.3f} s of {:.3f} s) waits on "
-                            "collectives that compute cannot hide",
-                            100 * share, rec.result.exposed_comm_s, rec.result.step_s);
+    x.summary = CapacityBound{plan_numbers(*fastest), plan_numbers(rec), largest_category(fastest->result), usable};
+    if (waits) x.reasons.push_back(wait_bound(rec));
+  } else if (waits) {
+    const WaitBound w = wait_bound(rec);
+    x.bottleneck = w.host ? Bottleneck::host_offload : Bottleneck::communication;
+    x.summary = w;
   } else {
     x.bottleneck = Bottleneck::compute;
-    x.summary = fmt::format("compute: {:.0f}% of the step is GPU compute (MFU {:.0f}%); only {:.1f}% is "
-                            "exposed communication",
-                            100 * rec.result.compute_s / rec.result.step_s, 100 * rec.result.mfu, 100 * share);
+    int kind = 0;
+    for (int k = 1; k < kComputeKinds; ++k)
+      if (rec.result.compute_by_kind_s[k] > rec.result.compute_by_kind_s[kind]) kind = k;
+    x.summary = ComputeBound{plan_numbers(rec), rec.result.compute_s, rec.result.exposed_comm_s, rec.result.mfu,
+                             {kind_label(kind), rec.result.compute_by_kind_s[kind]}};
   }
 
-  // DDP and replication.
-  if (const auto* ddp = best_of(r, "ddp"); ddp && !ddp->eval.fits) {
-    const auto& s = ddp->eval.result.model_states;
-    x.reasons.push_back(fmt::format(
-        "DDP replicates everything: {:.1f} GiB of parameters, {:.1f} GiB of gradients and {:.1f} GiB of "
-        "optimizer states on every GPU; sharding them over {} GPUs is what makes this job fit. Picking DDP "
-        "when replicated state is the bottleneck is the classic mistake.",
-        s[0] / kGiB, s[1] / kGiB, s[2] / kGiB, sc.cluster.gpus));
-  } else if (ddp && ddp->eval.fits && rec.spec.strategy != "ddp") {
-    x.reasons.push_back(fmt::format("DDP fits ({:.1f} GiB peak) but takes {:.3f} s per step against {:.3f} s.",
-                                    ddp->eval.result.peak_bytes / kGiB, ddp->eval.result.step_s,
-                                    rec.result.step_s));
+  // What the recommended plan needs to fit, and what that costs.
+  if (rec.spec.offload != Offload::none) {
+    ShardingSpec spec = rec.spec;
+    spec.offload = Offload::none;
+    const int host = static_cast<int>(Stream::host);
+    x.reasons.push_back(Needed{fmt::format("offload {}", offload_name(rec.spec.offload)), plan_numbers(rec),
+                               plan_numbers(evaluate(sc, spec, rec.job)), usable,
+                               {exposed_label(Stream::host), rec.result.exposed_s[host]}, rec.result.host_optimizer_s});
+  }
+  if (rec.job.checkpointing != Checkpointing::none) {
+    TrainingJob job = rec.job;
+    job.checkpointing = Checkpointing::none;
+    x.reasons.push_back(Needed{fmt::format("{} activation checkpointing", checkpointing_label(rec.job)),
+                               plan_numbers(rec), plan_numbers(evaluate(sc, rec.spec, job)), usable,
+                               {"recompute", rec.result.recompute_s}, 0});
   }
 
-  // Full sharding: 1.5x the communication; hidden or exposed.
-  const Candidate* full = best_of(r, "zero3");
+  // Against the alternatives: DDP, the best fully sharded plan and the runner-up family.
+  const Candidate* ddp = best_of(r, "ddp");
+  const Candidate* zero3 = best_of(r, "zero3");
   const Candidate* fsdp = best_of(r, "fsdp-full");
-  const Candidate* sharded = full && fsdp ? (better(fsdp->eval, full->eval) ? fsdp : full) : (full ? full : fsdp);
-  if (sharded && sharded->eval.result.valid) {
-    const auto& e = sharded->eval;
-    const double busy = e.result.busy_s[static_cast<int>(Stream::all_gather)] +
-                        e.result.busy_s[static_cast<int>(Stream::reduce_scatter)];
-    const bool hidden = exposed_share(e) <= kCommBound;
-    x.reasons.push_back(fmt::format(
-        "{} moves 1.5x DDP's bytes per step (two all-gathers and a reduce-scatter: {:.1f} GB per GPU); its "
-        "collectives run {:.3f} s against {:.3f} s of compute, and {:.3f} s ({:.0f}% of its step) is exposed: "
-        "{}",
-        plan_name(e), e.result.comm_bytes_per_gpu / 1e9, busy, e.result.compute_s, e.result.exposed_comm_s,
-        100 * exposed_share(e),
-        hidden ? "the interconnect is fast enough to hide it under compute"
-               : "the interconnect is too slow to hide it, so less sharding (ZeRO-2, HSDP) or fewer bytes win"));
+  const Candidate* full = zero3 && fsdp ? (better(fsdp->eval, zero3->eval) ? fsdp : zero3) : (zero3 ? zero3 : fsdp);
+  const Candidate* runner_up = nullptr;
+  for (const auto& c : r.best_per_family)
+    if (c.eval.fits && c.family != r.ranked.front().family) {
+      runner_up = &c;
+      break;
+    }
+  if (ddp && !ddp->eval.fits && ddp->eval.result.valid) {
+    const auto& s = ddp->eval.spec;
+    const Term largest = largest_category(ddp->eval.result);
+    const bool replicated = (largest.name == category_label(static_cast<int>(Category::parameters)) && !s.shard_parameters) ||
+                            (largest.name == category_label(static_cast<int>(Category::gradients)) && !s.shard_gradients) ||
+                            (largest.name == category_label(static_cast<int>(Category::optimizer_states)) && !s.shard_optimizer);
+    x.reasons.push_back(LosesByMemory{plan_numbers(ddp->eval), largest, replicated, usable});
   }
-  if (rec.spec.strategy != "zero3" && rec.spec.strategy != "fsdp-full" && sharded && sharded->eval.fits) {
-    x.reasons.push_back(fmt::format("{} wins over full sharding by {:.1f}% of step time: it keeps parameters "
-                                    "gathered and avoids re-gathering them in backward.",
-                                    plan_name(rec), 100 * (sharded->eval.result.step_s / rec.result.step_s - 1)));
+  std::vector<std::string> compared = {r.ranked.front().family};
+  for (const Candidate* c : {runner_up, full, ddp}) {
+    if (!c || !c->eval.fits || std::find(compared.begin(), compared.end(), c->family) != compared.end()) continue;
+    compared.push_back(c->family);
+    x.reasons.push_back(loses_by_time(rec, c->eval));
   }
-  if (rec.spec.offload != Offload::none)
-    x.reasons.push_back(fmt::format("Offload is needed to fit: the CPU step and host transfers add {:.3f} s "
-                                    "exposed per step.",
-                                    rec.result.exposed_s[static_cast<int>(Stream::host)]));
-  if (rec.job.checkpointing != Checkpointing::none)
-    x.reasons.push_back(fmt::format("{} activation checkpointing trades {:.3f} s of recompute per step for "
-                                    "activation memory.",
-                                    checkpointing_label(rec.job), rec.result.recompute_s));
+  if (ddp && ddp->eval.result.valid && ddp->eval.result.comm_bytes_per_gpu > 0) {
+    if (rec.spec.strategy != "ddp") x.reasons.push_back(bytes_ratio(rec, ddp->eval));
+    if (full && full->family != r.ranked.front().family && full->eval.result.valid)
+      x.reasons.push_back(bytes_ratio(full->eval, ddp->eval));
+  }
 
   // ZeRO-3 against FSDP, when close.
-  if (full && fsdp && full->eval.fits && fsdp->eval.fits &&
-      std::fabs(full->eval.result.step_s / fsdp->eval.result.step_s - 1) < kClose) {
-    const auto& z = full->eval.result;
+  if (zero3 && fsdp && zero3->eval.fits && fsdp->eval.fits &&
+      std::fabs(zero3->eval.result.step_s / fsdp->eval.result.step_s - 1) < kClose) {
+    const auto& z = zero3->eval.result;
     const auto& f = fsdp->eval.result;
-    x.reasons.push_back(fmt::format(
-        "ZeRO-3 and FSDP are within {:.1f}% of each other. In numbers: DeepSpeed keeps a bf16 partition plus "
-        "an fp32 master and a flat fp32 gradient partition ({:.1f} GiB of states, {:.1f} GiB of buffers with "
-        "its reduce buckets at the peak); FSDP keeps fp32 sharded parameters cast to bf16 at all-gather "
-        "({:.1f} GiB of states, {:.1f} GiB of buffers); peaks {:.1f} vs {:.1f} GiB. In practice: FSDP2 is "
-        "PyTorch-native (DTensor, torch.compile, any torch.optim optimizer, DCP checkpoints that reshard to "
-        "another world size); DeepSpeed brings CPU/NVMe offload and its own optimizers, and writes per-rank "
-        "partitions consolidated with zero_to_fp32.py.",
-        100 * std::fabs(z.step_s / f.step_s - 1), total(z.model_states) / kGiB,
-        z.at_peak[static_cast<int>(Category::buffers)] / kGiB, total(f.model_states) / kGiB,
-        f.at_peak[static_cast<int>(Category::buffers)] / kGiB, z.peak_bytes / kGiB, f.peak_bytes / kGiB));
+    const int buffers = static_cast<int>(Category::buffers);
+    x.reasons.push_back(CloseFrameworks{plan_numbers(zero3->eval), plan_numbers(fsdp->eval), total(z.model_states),
+                                        z.at_peak[buffers], total(f.model_states), f.at_peak[buffers]});
   }
   return x;
 }

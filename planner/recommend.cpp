@@ -35,7 +35,7 @@ std::string knobs(const Evaluation& e) {
 Recommendation recommend(const Scenario& sc, const SearchPins& pins) {
   Recommendation r;
   r.search = search(sc, pins);
-  r.explanation = explain(sc, r.search);
+  r.explanation = explain(sc, pins, r.search);
   return r;
 }
 
@@ -53,14 +53,14 @@ std::string recommendation_table(const Scenario& sc, const Recommendation& r, in
   t.line("searched {} plans ({} simulated) in {:.3f} s", s.plans_considered, s.plans_simulated, s.seconds);
   t.line("");
   if (s.ranked.empty()) {
-    t.line("NO PLAN FITS. {}", r.explanation.summary);
+    t.line("NO PLAN FITS (the reasons follow)");
   } else {
     t.line("RECOMMENDED  {}", knobs(s.ranked.front().eval));
     t.str += evaluation_table(sc, s.ranked.front().eval);
   }
   t.line("");
-  t.line("bottleneck: {}", r.explanation.summary);
-  for (const auto& reason : r.explanation.reasons) t.line("  - {}", reason);
+  t.line("bottleneck: {}", render(r.explanation.summary));
+  for (const auto& reason : r.explanation.reasons) t.line("  - {}", render(reason));
   t.line("");
   t.line("best plan of each family");
   t.line("  {:<12} {:>6} {:>10} {:>10} {:>10} {:>7}  {}", "family", "fits", "peak GiB", "step s", "tokens/s",
@@ -105,6 +105,8 @@ nlohmann::json recommendation_json(const Scenario& sc, const Recommendation& r, 
   for (const auto& c : s.best_per_family)
     if (!c.eval.fits) candidates.push_back(candidate_json(sc, c));
   out["candidates"] = candidates;
+  out["fastest_ignoring_memory"] =
+      s.fastest_ignoring_memory ? candidate_json(sc, *s.fastest_ignoring_memory) : nlohmann::json(nullptr);
   nlohmann::json families = nlohmann::json::array();
   for (const auto& c : s.best_per_family) families.push_back(candidate_json(sc, c));
   out["best_per_family"] = families;
@@ -114,9 +116,11 @@ nlohmann::json recommendation_json(const Scenario& sc, const Recommendation& r, 
   nlohmann::json rejected = nlohmann::json::array();
   for (const auto& [family, reason] : s.rejected) rejected.push_back({{"family", family}, {"reason", reason}});
   out["rejected"] = rejected;
+  nlohmann::json reasons = nlohmann::json::array();
+  for (const auto& reason : r.explanation.reasons) reasons.push_back(claim_json(reason));
   out["bottleneck"] = {{"name", bottleneck_name(r.explanation.bottleneck)},
-                       {"summary", r.explanation.summary},
-                       {"reasons", r.explanation.reasons}};
+                       {"summary", claim_json(r.explanation.summary)},
+                       {"reasons", reasons}};
   out["search"] = {{"plans_evaluated", s.plans_simulated},
                    {"plans_considered", s.plans_considered},
                    {"fitting", s.ranked.size()},

@@ -149,7 +149,7 @@ TEST_CASE("search::nothing fits is an answer, not an error") {
   const auto rec = recommend(sc, pins);
   CHECK(rec.search.ranked.empty());
   CHECK(rec.explanation.bottleneck == Bottleneck::memory_capacity);
-  CHECK(rec.explanation.summary.rfind("nothing fits", 0) == 0);
+  CHECK(render(rec.explanation.summary).rfind("nothing fits", 0) == 0);
 }
 
 TEST_CASE("search::emitted plan round-trips") {
