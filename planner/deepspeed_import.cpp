@@ -496,6 +496,9 @@ class Importer {
                                    "ZeroOneAdam, OneBitLamb, Lion, Adagrad, Muon, got \"{}\"",
                                    type));
     }
+    if (out_.job.optimizer != base_.job.optimizer)
+      note(fmt::format("optimizer {} from the config replaces the scenario's {}", optimizer_name(out_.job.optimizer),
+                       optimizer_name(base_.job.optimizer)));
     if (s.has("params")) {
       s.object("params");
       note("/optimizer/params ignored: lr, betas, eps and weight_decay do not affect memory or "
