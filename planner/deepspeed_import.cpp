@@ -608,6 +608,8 @@ class Importer {
     }
     out_.job.global_batch = *T;
     out_.job.micro_batch = M.value_or(0);
+    if (base_.job.micro_batch > 0 && M && *M != base_.job.micro_batch)
+      note(fmt::format("micro-batch {} from the config replaces the scenario's {}", *M, base_.job.micro_batch));
     if (*T != base_.job.global_batch && !T0.automatic)
       note(fmt::format("train_batch_size {} replaces the scenario's global batch {}", *T,
                        base_.job.global_batch));

@@ -164,10 +164,10 @@ std::string hardware_line(const Scenario& sc) {
           ? fmt::format("{:.4g} GiB per GPU (--gpu-memory-GiB; the profile's {:.4g} GiB)", h.memory_bytes / kGiB,
                         *sc.profile_memory_bytes / kGiB)
           : fmt::format("{:.4g} GiB per GPU", h.memory_bytes / kGiB);
-  return fmt::format("hardware {}: {}; inter-node {} per GPU = {} per node of {} GPUs (profile's "
+  return fmt::format("hardware {}: {}; inter-node {} per GPU = {} per node of {} GPU{} (profile's "
                      "bandwidth_GBps_per_{})",
                      h.name, memory, gbps(h.inter_bandwidth_Bps), gbps(h.inter_bandwidth_Bps * h.gpus_per_node),
-                     h.gpus_per_node, h.inter_bandwidth_per_node_key ? "node" : "gpu");
+                     h.gpus_per_node, h.gpus_per_node == 1 ? "" : "s", h.inter_bandwidth_per_node_key ? "node" : "gpu");
 }
 
 nlohmann::json hardware_json(const Scenario& sc) {
