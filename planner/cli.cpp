@@ -161,6 +161,10 @@ int run_cli(int argc, char** argv) {
       // Asking for a framework's config is asking for that framework's plans: the search is
       // narrowed to them, and that is said on stderr.
       std::string emit_pin;
+      if (emit == "deepspeed" && sc.job.recipe == costmodel::Recipe::torchtitan)
+        throw InputError("--emit", "deepspeed: recipe torchtitan shards with FSDP2 or DDP, not DeepSpeed; use --emit fsdp");
+      if (emit == "fsdp" && sc.job.recipe == costmodel::Recipe::deepspeed)
+        throw InputError("--emit", "fsdp: recipe deepspeed runs under the DeepSpeed engine; use --emit deepspeed");
       if (emit == "deepspeed") {
         if (pins.flavour && *pins.flavour != costmodel::Flavour::deepspeed && *pins.flavour != costmodel::Flavour::ddp)
           throw InputError("--flavour", fmt::format("--emit deepspeed writes a DeepSpeed config, got --flavour {}",

@@ -192,4 +192,8 @@ TEST_CASE("cli_input::recommend refuses flags it would drop") {
                 "zero2");
   check_refused({"recommend", "--emit", "fsdp", "--flavour", "deepspeed"},
                 "--flavour: --emit fsdp writes PyTorch settings, got --flavour deepspeed");
+  check_refused({"recommend", "--emit", "deepspeed", "--recipe", "torchtitan"},
+                "--emit: deepspeed: recipe torchtitan shards with FSDP2 or DDP, not DeepSpeed; use --emit fsdp");
+  check_refused({"recommend", "--emit", "fsdp", "--recipe", "deepspeed"},
+                "--emit: fsdp: recipe deepspeed runs under the DeepSpeed engine; use --emit deepspeed");
 }
