@@ -261,9 +261,11 @@ HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string&
                                  "(its old meaning: each GPU's share of the node's NICs) or give "
                                  "bandwidth_GBps_per_node",
                                  describe_value(doc["inter_node"]["bandwidth_GBps"])));
-  const bool per_gpu = inter.has("bandwidth_GBps_per_gpu"), per_node = inter.has("bandwidth_GBps_per_node");
+  const bool per_gpu = inter.has("bandwidth_GBps_per_gpu"),
+             per_node = inter.has("bandwidth_GBps_per_node");
   if (per_gpu == per_node)
-    throw InputError(per_gpu ? "/inter_node/bandwidth_GBps_per_node" : "/inter_node/bandwidth_GBps_per_gpu",
+    throw InputError(per_gpu ? "/inter_node/bandwidth_GBps_per_node"
+                             : "/inter_node/bandwidth_GBps_per_gpu",
                      per_gpu ? "give bandwidth_GBps_per_gpu or bandwidth_GBps_per_node, not both"
                              : "missing key (or give bandwidth_GBps_per_node)");
   if (per_gpu) {

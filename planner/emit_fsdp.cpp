@@ -217,8 +217,8 @@ void ddp_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
 // selective (per op) | full (torchtitan/distributed/activation_checkpoint.py), no every-n-th form.
 struct TitanEntry {
   std::string section, key;
-  std::string value;    // a TOML literal; "" for a comment
-  std::string comment;  // after the value, or the whole line
+  std::string value;   // a TOML literal; "" for a comment
+  std::string comment; // after the value, or the whole line
   bool boolean = false;
 };
 
@@ -228,12 +228,16 @@ std::vector<TitanEntry> titan_entries(const Scenario& sc, const Evaluation& e) {
   const bool fsdp = s.shard_optimizer;
   const auto p = e.job.precision;
   std::vector<TitanEntry> out;
-  auto add = [&](const char* section, const char* key, std::string value, std::string comment = "") {
+  auto add = [&](const char* section, const char* key, std::string value,
+                 std::string comment = "") {
     out.push_back({section, key, std::move(value), std::move(comment), false});
   };
-  auto note = [&](const char* section, std::string comment) { out.push_back({section, "", "", std::move(comment)}); };
+  auto note = [&](const char* section, std::string comment) {
+    out.push_back({section, "", "", std::move(comment)});
+  };
   if (s.flavour == Flavour::fsdp1)
-    note("training", "torchtitan shards with FSDP2 (fully_shard); this plan was costed with fsdp1's buffers");
+    note("training",
+         "torchtitan shards with FSDP2 (fully_shard); this plan was costed with fsdp1's buffers");
   add("training", "local_batch_size", std::to_string(e.job.micro_batch));
   add("training", "global_batch_size", std::to_string(e.job.global_batch));
   add("training", "seq_len", std::to_string(e.job.seq_len));
@@ -242,28 +246,34 @@ std::vector<TitanEntry> titan_entries(const Scenario& sc, const Evaluation& e) {
   } else if (p == Precision::fp32) {
     add("training", "mixed_precision_param", "\"float32\"");
   } else if (p == Precision::bf16) {
-    add("training", "dtype", "\"bfloat16\"", "pure bf16: parameters, gradients and optimizer states");
+    add("training", "dtype", "\"bfloat16\"",
+        "pure bf16: parameters, gradients and optimizer states");
   } else {
-    note("training", fmt::format("mixed_precision_param: torchtitan offers \"bfloat16\" (fp32 master) or "
-                                 "\"float32\"; this {} plan needs the snippet above",
-                                 precision_name(p)));
+    note("training",
+         fmt::format("mixed_precision_param: torchtitan offers \"bfloat16\" (fp32 master) or "
+                     "\"float32\"; this {} plan needs the snippet above",
+                     precision_name(p)));
   }
   if (fsdp) {
     if (s.reduce_dtype == DType::fp32)
       add("training", "mixed_precision_reduce", "\"float32\"");
     else
-      note("training", fmt::format("mixed_precision_reduce = \"float32\" is torchtitan's only choice; this plan "
-                                   "reduces in {} (half the reduce-scatter bytes): use the snippet above, or "
-                                   "expect twice the gradient traffic",
-                                   dtype_name(s.reduce_dtype)));
-    out.push_back({"training", "enable_cpu_offload", s.offload == Offload::params ? "true" : "false", "", true});
+      note(
+          "training",
+          fmt::format("mixed_precision_reduce = \"float32\" is torchtitan's only choice; this plan "
+                      "reduces in {} (half the reduce-scatter bytes): use the snippet above, or "
+                      "expect twice the gradient traffic",
+                      dtype_name(s.reduce_dtype)));
+    out.push_back({"training", "enable_cpu_offload",
+                   s.offload == Offload::params ? "true" : "false", "", true});
   }
   add("parallelism", "data_parallel_replicate_degree", std::to_string(l.replicate));
   add("parallelism", "data_parallel_shard_degree", std::to_string(l.shard));
   if (fsdp)
     // "default" reshards every block but the last after forward (backward needs it at once),
     // which is what FSDP2 does for the root; "never" is SHARD_GRAD_OP.
-    add("parallelism", "fsdp_reshard_after_forward", s.reshard_after_forward ? "\"default\"" : "\"never\"");
+    add("parallelism", "fsdp_reshard_after_forward",
+        s.reshard_after_forward ? "\"default\"" : "\"never\"");
   return out;
 }
 
@@ -273,7 +283,8 @@ void torchtitan_toml(Text& t, const Scenario& sc, const Evaluation& e) {
   std::string section;
   for (const auto& x : titan_entries(sc, e)) {
     if (x.section != section) {
-      if (!section.empty()) t.line("");
+      if (!section.empty())
+        t.line("");
       t.line("[{}]", x.section);
       section = x.section;
     }
@@ -312,7 +323,8 @@ void torchtitan_toml(Text& t, const Scenario& sc, const Evaluation& e) {
 void torchtitan_command_line(Text& t, const Scenario& sc, const Evaluation& e) {
   t.line("# ---- torchtitan 0.3.0 command line: tyro options of torchtitan/config/configs.py and "
          "trainer.py ----");
-  t.line("# --module and --config pick your model's config_registry entry; these options override it");
+  t.line(
+      "# --module and --config pick your model's config_registry entry; these options override it");
   std::vector<std::string> args;
   for (const auto& x : titan_entries(sc, e)) {
     if (x.key.empty()) {
@@ -320,7 +332,8 @@ void torchtitan_command_line(Text& t, const Scenario& sc, const Evaluation& e) {
       continue;
     }
     std::string value = x.value;
-    if (value.size() >= 2 && value.front() == '"') value = value.substr(1, value.size() - 2);
+    if (value.size() >= 2 && value.front() == '"')
+      value = value.substr(1, value.size() - 2);
     if (x.boolean)
       args.push_back(fmt::format("--{}.{}{}", x.section, value == "true" ? "" : "no_", x.key));
     else
@@ -328,12 +341,18 @@ void torchtitan_command_line(Text& t, const Scenario& sc, const Evaluation& e) {
   }
   const char* ac = "none";
   switch (e.job.checkpointing) {
-  case Checkpointing::none: break;
-  case Checkpointing::full: ac = "full"; break;
-  case Checkpointing::selective_op: ac = "selective"; break;
+  case Checkpointing::none:
+    break;
+  case Checkpointing::full:
+    ac = "full";
+    break;
+  case Checkpointing::selective_op:
+    ac = "selective";
+    break;
   case Checkpointing::every:
     ac = "full";
-    t.line("# every:{}: 0.3.0 has no every-n-th-block option; full checkpoints every block (less memory, "
+    t.line("# every:{}: 0.3.0 has no every-n-th-block option; full checkpoints every block (less "
+           "memory, "
            "more recompute than costed)",
            e.job.checkpoint_every);
     break;
@@ -344,9 +363,11 @@ void torchtitan_command_line(Text& t, const Scenario& sc, const Evaluation& e) {
     break;
   }
   args.push_back(fmt::format("activation_checkpoint:{}", ac));
-  t.line("torchrun --nnodes {} --nproc_per_node {} -m torchtitan.train --module <model> --config <config> \\",
+  t.line("torchrun --nnodes {} --nproc_per_node {} -m torchtitan.train --module <model> --config "
+         "<config> \\",
          sc.cluster.nodes(), std::min(sc.cluster.gpus, sc.cluster.gpus_per_node));
-  for (std::size_t i = 0; i < args.size(); ++i) t.line("  {}{}", args[i], i + 1 < args.size() ? " \\" : "");
+  for (std::size_t i = 0; i < args.size(); ++i)
+    t.line("  {}{}", args[i], i + 1 < args.size() ? " \\" : "");
 }
 
 }  // namespace

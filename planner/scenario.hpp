@@ -25,7 +25,7 @@ struct ScenarioOptions {
   std::optional<std::string> params;    // a bare parameter count instead of a model ("7.5e9")
   std::optional<std::string> layers;    // blocks of a bare count (not given: derived)
   std::optional<std::string> hardware;
-  std::optional<std::string> gpu_memory_GiB;  // replaces the profile's GPU memory
+  std::optional<std::string> gpu_memory_GiB; // replaces the profile's GPU memory
   std::optional<std::string> job_file;  // a training-job document; flags override its fields
   std::optional<std::string> gpus;
   std::optional<std::string> gpus_per_node;  // not given: the profile's
@@ -87,7 +87,8 @@ std::optional<int> shard_group_size(const PlanOptions& o);
 // (engine.py, communication_data_type: the fp16/bf16 training dtype, else fp32), whose buckets
 // hold 5e8 elements of their dtype (zero/config.py); DDP reduces the parameters' dtype, fp32
 // under autocast.
-costmodel::ShardingSpec with_job_precision(costmodel::ShardingSpec s, const costmodel::TrainingJob& job);
+costmodel::ShardingSpec with_job_precision(costmodel::ShardingSpec s,
+                                           const costmodel::TrainingJob& job);
 costmodel::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& strategy,
                                        const Scenario& sc);
 
