@@ -1,5 +1,6 @@
 #include "planner/cli.hpp"
 
+#include <cstdio>
 #include <iostream>
 #include <sstream>
 
@@ -113,6 +114,7 @@ int run_cli(int argc, char** argv) {
 
   try {
     std::ostringstream out;
+    std::vector<std::string> notes; // for stderr, after the output
     if (models->parsed()) {
       for (const auto& n : costmodel::preset_model_names()) {
         const auto m = costmodel::load_model(n);
@@ -215,10 +217,8 @@ int run_cli(int argc, char** argv) {
       }
       const auto rec = recommend(sc, pins);
       if (emit) { // the config is stdout; what it was planned from goes to stderr
-        if (!sc.defaulted.empty())
-          std::cerr << "planner: " << defaults_line(sc) << "\n";
-        if (!emit_pin.empty())
-          std::cerr << "planner: " << emit_pin << "\n";
+        if (!sc.defaulted.empty()) notes.push_back(defaults_line(sc));
+        if (!emit_pin.empty()) notes.push_back(emit_pin);
       }
       if (emit && rec.search.ranked.empty())
         throw InputError("--emit", "no plan fits, so there is no plan to emit");
@@ -340,6 +340,13 @@ int run_cli(int argc, char** argv) {
       }
     }
     std::cout << out.str();
+    if (!notes.empty()) {
+      // Said once the output is written: a failed write is then the one line on stderr
+      // (io::finish_standard_output).
+      std::cout.flush();
+      if (std::fflush(stdout) == 0 && !std::cout.fail())
+        for (const auto& n : notes) std::cerr << "planner: " << n << "\n";
+    }
     return 0;
   } catch (const InputError& e) {
     std::cerr << "planner: " << e.what() << "\n";
