@@ -79,7 +79,8 @@ int run_cli(int argc, char** argv) {
   bool exhaustive = false;
   recommend_cmd->add_option("--format", format, "table | json");
   recommend_cmd->add_option("--emit", emit,
-                            "deepspeed | fsdp | plan: print the chosen plan's config instead of the table");
+                            "deepspeed | fsdp | plan: print the chosen plan's config instead of the table "
+                            "(deepspeed and fsdp search that framework's plans only)");
   recommend_cmd->add_option("--svg", svg_path, "write the best plan of each family as stacked memory bars");
   recommend_cmd->add_option("--top", top, "ranked plans to list (default 10)");
   recommend_cmd->add_flag("--exhaustive", exhaustive, "simulate every plan (no pruning)");

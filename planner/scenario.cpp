@@ -37,8 +37,10 @@ void add_scenario_options(CLI::App& app, ScenarioOptions& o) {
   app.add_option(
       "--gpu-memory-GiB", o.gpu_memory_GiB,
       "GPU memory per device in GiB, replacing the hardware profile's (e.g. 2 to plan for "
-      "what a CPU run's --capacity allows)");
-  app.add_option("--job", o.job_file, "training-job document (flags override its fields)");
+      "the executor's --capacity-GiB)");
+  app.add_option("--job", o.job_file,
+                 "training-job document (flags override its fields; its micro_batch, checkpointing "
+                 "and loss pin the search as the flags do)");
   app.add_option("--gpus", o.gpus, "GPUs in the job");
   app.add_option("--gpus-per-node", o.gpus_per_node, "GPUs per node (default: the profile's)");
   app.add_option("--seq-len", o.seq_len, "tokens per sequence");
