@@ -136,13 +136,16 @@ json measured_profile(const MeasuredSystem& s, const CalibrationRecord& r) {
   auto link_section = [&](costmodel::Tier tier, const std::optional<LinkEstimate>& own,
                           const std::optional<LinkEstimate>& other) -> json {
     const bool intra = tier == costmodel::Tier::intra_node;
+    // A fitted curve's bus bandwidth is each rank's: per GPU (costmodel/hardware.hpp reads the
+    // inter-node key with its unit).
+    const char* bandwidth_key = intra ? "bandwidth_GBps" : "bandwidth_GBps_per_gpu";
     const std::string link =
         s.cpu_device ? (intra ? "MPI within a node (shared memory)" : "MPI between nodes")
                      : (intra ? "NCCL within a node" : "NCCL between nodes");
     if (own)
       return {
           {"link", link},
-          {"bandwidth_GBps", rounded(own->bandwidth_Bps / kGB, 4)},
+          {bandwidth_key, rounded(own->bandwidth_Bps / kGB, 4)},
           {"latency_us", rounded(own->latency_s * 1e6, 4)},
           {"source",
            fmt::format("{}: the fitted {} curve on {} ranks: bus bandwidth of its bandwidth-bound "
@@ -151,13 +154,13 @@ json measured_profile(const MeasuredSystem& s, const CalibrationRecord& r) {
     if (other)
       return {
           {"link", link},
-          {"bandwidth_GBps", rounded(other->bandwidth_Bps / kGB, 4)},
+          {bandwidth_key, rounded(other->bandwidth_Bps / kGB, 4)},
           {"latency_us", rounded(other->latency_s * 1e6, 4)},
           {"source",
            fmt::format("{}: NOT MEASURED (no {} group in this run): the {} values stand in",
                        measured, costmodel::tier_name(tier), intra ? "inter-node" : "intra-node")}};
     return {{"link", link},
-            {"bandwidth_GBps", rounded(s.memory_bandwidth_Bps / 2 / kGB, 4)},
+            {bandwidth_key, rounded(s.memory_bandwidth_Bps / 2 / kGB, 4)},
             {"latency_us", 0},
             {"source",
              fmt::format("{}: NOT MEASURED (no group of two or more ranks): half the memory copy "

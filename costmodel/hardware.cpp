@@ -253,7 +253,28 @@ HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string&
 
   ObjectReader inter(r.object("inter_node"), "/inter_node");
   inter.ignore("link");
-  p.inter_bandwidth_Bps = inter.number("bandwidth_GBps", Range{0, 1e6, true}) * kGB;
+  // The unit is in the key: a NIC's rate is quoted per node as often as per GPU (100 GbE per node
+  // is 12.5 GB/s per node, 1.5625 GB/s per GPU of 8), and reading one as the other is 8x off.
+  if (inter.has("bandwidth_GBps"))
+    throw InputError("/inter_node/bandwidth_GBps",
+                     fmt::format("the unit is ambiguous, got {}: rename it bandwidth_GBps_per_gpu "
+                                 "(its old meaning: each GPU's share of the node's NICs) or give "
+                                 "bandwidth_GBps_per_node",
+                                 describe_value(doc["inter_node"]["bandwidth_GBps"])));
+  const bool per_gpu = inter.has("bandwidth_GBps_per_gpu"),
+             per_node = inter.has("bandwidth_GBps_per_node");
+  if (per_gpu == per_node)
+    throw InputError(per_gpu ? "/inter_node/bandwidth_GBps_per_node"
+                             : "/inter_node/bandwidth_GBps_per_gpu",
+                     per_gpu ? "give bandwidth_GBps_per_gpu or bandwidth_GBps_per_node, not both"
+                             : "missing key (or give bandwidth_GBps_per_node)");
+  if (per_gpu) {
+    p.inter_bandwidth_Bps = inter.number("bandwidth_GBps_per_gpu", Range{0, 1e6, true}) * kGB;
+  } else {
+    p.inter_bandwidth_Bps =
+        inter.number("bandwidth_GBps_per_node", Range{0, 1e9, true}) * kGB / p.gpus_per_node;
+    p.inter_bandwidth_per_node_key = true;
+  }
   p.inter_latency_s = inter.number("latency_us", Range{0, 1e6, false}) * 1e-6;
   inter.ignore("source");
   inter.finish();
@@ -324,7 +345,8 @@ nlohmann::json hardware_to_json(const HardwareProfile& p) {
           {"peak_TFLOPs", peak},
           {"gpus_per_node", p.gpus_per_node},
           {"intra_node_GBps", p.intra_bandwidth_Bps / kGB},
-          {"inter_node_GBps", p.inter_bandwidth_Bps / kGB},
+          {"inter_node_GBps_per_gpu", p.inter_bandwidth_Bps / kGB},
+          {"inter_node_GBps_per_node", p.inter_bandwidth_Bps * p.gpus_per_node / kGB},
           {"calibrated", p.calibration.has_value()}};
 }
 

@@ -129,6 +129,9 @@ struct HardwareProfile {
   double intra_bandwidth_Bps = 0;   // per GPU, one direction (NVLink, or PCIe without it)
   double intra_latency_s = 0;       // per ring step inside a node
   double inter_bandwidth_Bps = 0;   // per GPU, one direction (its share of the node's NICs)
+  // The document gave /inter_node/bandwidth_GBps_per_node (divided by gpus_per_node above), not
+  // bandwidth_GBps_per_gpu.
+  bool inter_bandwidth_per_node_key = false;
   double inter_latency_s = 0;       // per ring step across nodes
   // host (for offload)
   double host_memory_bytes = 0;     // per node

@@ -1,5 +1,6 @@
 #include "planner/cli.hpp"
 
+#include <cstdio>
 #include <iostream>
 #include <sstream>
 
@@ -78,7 +79,8 @@ int run_cli(int argc, char** argv) {
   bool exhaustive = false;
   recommend_cmd->add_option("--format", format, "table | json");
   recommend_cmd->add_option("--emit", emit,
-                            "deepspeed | fsdp | plan: print the chosen plan's config instead of the table");
+                            "deepspeed | fsdp | plan: print the chosen plan's config instead of the table "
+                            "(deepspeed and fsdp search that framework's plans only)");
   recommend_cmd->add_option("--svg", svg_path, "write the best plan of each family as stacked memory bars");
   recommend_cmd->add_option("--top", top, "ranked plans to list (default 10)");
   recommend_cmd->add_flag("--exhaustive", exhaustive, "simulate every plan (no pruning)");
@@ -113,6 +115,7 @@ int run_cli(int argc, char** argv) {
 
   try {
     std::ostringstream out;
+    std::vector<std::string> notes; // for stderr, after the output
     if (models->parsed()) {
       for (const auto& n : costmodel::preset_model_names()) {
         const auto m = costmodel::load_model(n);
@@ -142,6 +145,14 @@ int run_cli(int argc, char** argv) {
       if (top_plans < 0) throw InputError("--top", fmt::format("must be >= 0, got {}", top_plans));
       if (emit && emit != "plan" && emit != "deepspeed" && emit != "fsdp")
         throw InputError("--emit", fmt::format("must be deepspeed, fsdp or plan, got \"{}\"", *emit));
+      // --emit prints one plan's config as the framework reads it: the table's flags would be
+      // dropped.
+      for (const char* flag : {"--format", "--top"})
+        if (emit && recommend_cmd->count(flag))
+          throw InputError(
+              flag, fmt::format("shapes the table, and --emit {} prints a config instead; give one "
+                                "of them",
+                                *emit));
       if (recommend_cmd->count("--svg") && svg_path.empty()) throw InputError("--svg", "must name a file, got \"\"");
       if (!svg_path.empty()) io::check_destination(svg_path, "--svg");
       const Scenario sc = make_scenario(so);
@@ -149,11 +160,54 @@ int run_cli(int argc, char** argv) {
       pins.exhaustive = exhaustive;
       const auto group = shard_group_size(po);
       if (po.strategy) {
-        costmodel::make_spec(*po.strategy, std::nullopt, sc.cluster.gpus_per_node,
-                             *po.strategy == "hsdp" ? group : std::nullopt);
+        // Refuses an unknown strategy, and a shard group beside one that is not hsdp.
+        costmodel::make_spec(*po.strategy, std::nullopt, sc.cluster.gpus_per_node, group);
         pins.strategy = *po.strategy;
       }
       if (po.flavour) pins.flavour = costmodel::flavour_from_name(*po.flavour, "--flavour");
+      // Asking for a framework's config is asking for that framework's plans: the search is
+      // narrowed to them, and that is said on stderr.
+      std::string emit_pin;
+      if (emit == "deepspeed" && sc.job.recipe == costmodel::Recipe::torchtitan)
+        throw InputError("--emit", "deepspeed: recipe torchtitan shards with FSDP2 or DDP, not "
+                                   "DeepSpeed; use --emit fsdp");
+      if (emit == "fsdp" && sc.job.recipe == costmodel::Recipe::deepspeed)
+        throw InputError(
+            "--emit",
+            "fsdp: recipe deepspeed runs under the DeepSpeed engine; use --emit deepspeed");
+      if (emit == "deepspeed") {
+        if (pins.flavour && *pins.flavour != costmodel::Flavour::deepspeed &&
+            *pins.flavour != costmodel::Flavour::ddp)
+          throw InputError(
+              "--flavour",
+              fmt::format("--emit deepspeed writes a DeepSpeed config, got --flavour {}",
+                          *po.flavour));
+        if (po.strategy && po.strategy->rfind("zero", 0) != 0 && *po.strategy != "ddp")
+          throw InputError(
+              "--strategy",
+              fmt::format("--emit deepspeed writes a DeepSpeed config (ddp or zero1-3), "
+                          "got --strategy {}",
+                          *po.strategy));
+        if (!pins.flavour && !po.strategy) {
+          pins.flavour = costmodel::Flavour::deepspeed;
+          emit_pin = "--emit deepspeed: searching DeepSpeed's plans only (ZeRO stages 1-3, as "
+                     "--flavour deepspeed)";
+        }
+      } else if (emit == "fsdp") {
+        if (pins.flavour == costmodel::Flavour::deepspeed)
+          throw InputError("--flavour",
+                           "--emit fsdp writes PyTorch settings, got --flavour deepspeed");
+        if (po.strategy && po.strategy->rfind("zero", 0) == 0)
+          throw InputError("--strategy",
+                           fmt::format("--emit fsdp writes PyTorch settings (ddp, fsdp-full, "
+                                       "fsdp-grad-op, hsdp), got --strategy {}",
+                                       *po.strategy));
+        if (!pins.flavour && !po.strategy) {
+          pins.pytorch_only = true;
+          emit_pin =
+              "--emit fsdp: searching PyTorch's plans only (DDP, FSDP1, FSDP2; no DeepSpeed ZeRO)";
+        }
+      }
       if (sc.job.micro_batch > 0) pins.micro_batch = sc.job.micro_batch;  // --micro-batch or the job's
       pins.checkpointing = sc.checkpointing_named;
       pins.loss = sc.loss_named;
@@ -165,6 +219,10 @@ int run_cli(int argc, char** argv) {
         pins.shard_group_size = *group;
       }
       const auto rec = recommend(sc, pins);
+      if (emit) { // the config is stdout; what it was planned from goes to stderr
+        if (!sc.defaulted.empty()) notes.push_back(defaults_line(sc));
+        if (!emit_pin.empty()) notes.push_back(emit_pin);
+      }
       if (emit && rec.search.ranked.empty())
         throw InputError("--emit", "no plan fits, so there is no plan to emit");
       if (!svg_path.empty()) {
@@ -212,7 +270,9 @@ int run_cli(int argc, char** argv) {
         for (const auto& e : evals) arr.push_back(evaluation_to_json(sc, e));
         out << json_document(arr);
       } else {
-        out << scenario_line(sc) << "\n";
+        if (!sc.defaulted.empty())
+          out << defaults_line(sc) << "\n";
+        out << scenario_line(sc) << "\n" << hardware_line(sc) << "\n";
         out << fmt::format("{:<14} {:<10} {:>5} {:>11} {:>11} {:>11} {:>10} {:>11} {:>7}  {}\n", "strategy",
                            "flavour", "mb", "states GiB", "peak GiB", "step s", "exposed s", "tokens/s", "MFU",
                            "verdict");
@@ -240,6 +300,21 @@ int run_cli(int argc, char** argv) {
       if (deepspeed_path) {
         if (po.strategy)
           throw InputError("--strategy", "give either --strategy or --deepspeed, not both");
+        // The config's zero_optimization says these; a flag beside it would be dropped.
+        for (const auto& [flag, given] :
+             {std::pair{"--flavour", po.flavour.has_value()},
+              std::pair{"--offload", po.offload.has_value()},
+              std::pair{"--shard-group-size", po.shard_group_size.has_value()}})
+          if (given)
+            throw InputError(
+                flag, fmt::format("give either {} or --deepspeed (its zero_optimization says it), "
+                                  "not both",
+                                  flag));
+        // A DeepSpeed config names no model, and no default model is the user's.
+        if (!so.model && !so.params)
+          throw InputError("--model",
+                           "missing: a DeepSpeed config does not name the model; give --model (a "
+                           "preset or a config.json) or --params");
         const auto imported = costmodel::read_json_document(
             *deepspeed_path, [&](const nlohmann::json& d) { return import_deepspeed_config(d, sc); });
         assumptions = imported.assumptions;
@@ -256,13 +331,25 @@ int run_cli(int argc, char** argv) {
       if (format == "json") {
         auto j = evaluation_to_json(sc, e);
         if (deepspeed_path) j["assumptions"] = assumptions;
+        j["hardware_profile"] = hardware_json(sc);
+        if (!sc.defaulted.empty())
+          j["defaulted"] = sc.defaulted;
         out << json_document(j);
       } else {
-        out << scenario_line(sc) << "\n" << evaluation_table(sc, e);
+        if (!sc.defaulted.empty())
+          out << defaults_line(sc) << "\n";
+        out << scenario_line(sc) << "\n" << hardware_line(sc) << "\n" << evaluation_table(sc, e);
         for (const auto& a : assumptions) out << "assumed: " << a << "\n";
       }
     }
     std::cout << out.str();
+    if (!notes.empty()) {
+      // Said once the output is written: a failed write is then the one line on stderr
+      // (io::finish_standard_output).
+      std::cout.flush();
+      if (std::fflush(stdout) == 0 && !std::cout.fail())
+        for (const auto& n : notes) std::cerr << "planner: " << n << "\n";
+    }
     return 0;
   } catch (const InputError& e) {
     std::cerr << "planner: " << e.what() << "\n";

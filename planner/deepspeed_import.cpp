@@ -496,6 +496,9 @@ class Importer {
                                    "ZeroOneAdam, OneBitLamb, Lion, Adagrad, Muon, got \"{}\"",
                                    type));
     }
+    if (out_.job.optimizer != base_.job.optimizer)
+      note(fmt::format("optimizer {} from the config replaces the scenario's {}",
+                       optimizer_name(out_.job.optimizer), optimizer_name(base_.job.optimizer)));
     if (s.has("params")) {
       s.object("params");
       note("/optimizer/params ignored: lr, betas, eps and weight_decay do not affect memory or "
@@ -605,6 +608,9 @@ class Importer {
     }
     out_.job.global_batch = *T;
     out_.job.micro_batch = M.value_or(0);
+    if (base_.job.micro_batch > 0 && M && *M != base_.job.micro_batch)
+      note(fmt::format("micro-batch {} from the config replaces the scenario's {}", *M,
+                       base_.job.micro_batch));
     if (*T != base_.job.global_batch && !T0.automatic)
       note(fmt::format("train_batch_size {} replaces the scenario's global batch {}", *T,
                        base_.job.global_batch));

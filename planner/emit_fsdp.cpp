@@ -1,6 +1,8 @@
 #include "planner/emit_fsdp.hpp"
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -203,53 +205,96 @@ void ddp_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   batch_lines(t, sc, e, false);
 }
 
-// torchtitan job config (torchtitan/config/job_config.py; docs: torchtitan/docs/fsdp.md):
-// [training] local_batch_size, global_batch_size, seq_len, mixed_precision_param ("bfloat16" |
+// torchtitan's options: the same names in 0.2.x (0.2.0-0.2.2: a TOML job config read with
+// --job.config_file, keys of torchtitan/config/job_config.py) and 0.3.0 (command-line options only,
+// parsed by tyro over torchtitan/config/configs.py and trainer.py). [training] local_batch_size,
+// global_batch_size, seq_len, dtype ("bfloat16": pure bf16), mixed_precision_param ("bfloat16" |
 // "float32"), mixed_precision_reduce ("float32" only), enable_cpu_offload; [parallelism]
 // data_parallel_replicate_degree, data_parallel_shard_degree, fsdp_reshard_after_forward
-// ("default" | "always" | "never"); [activation_checkpoint] mode ("none" | "selective" | "full"),
-// selective_ac_option ("op" or every n-th layer). Accumulation = global / (local × DP degree).
-// These are torchtitan 0.2.x's keys; 0.3.0 takes command-line options and has no layer-level mode.
-void torchtitan_toml(Text& t, const Scenario& sc, const Evaluation& e) {
+// ("default" | "always" | "never"). Accumulation = global / (local × DP degree). Activation
+// checkpointing: 0.2.x's [activation_checkpoint] mode ("none" | "selective" | "full") and
+// selective_ac_option ("op" or every n-th layer); 0.3.0's subcommand activation_checkpoint:none |
+// selective (per op) | full (torchtitan/distributed/activation_checkpoint.py), no every-n-th form.
+struct TitanEntry {
+  std::string section, key;
+  std::string value;   // a TOML literal; "" for a comment
+  std::string comment; // after the value, or the whole line
+  bool boolean = false;
+};
+
+std::vector<TitanEntry> titan_entries(const Scenario& sc, const Evaluation& e) {
   const auto& s = e.spec;
   const Layout l = layout_of(sc, s);
   const bool fsdp = s.shard_optimizer;
   const auto p = e.job.precision;
-  t.line("# ---- torchtitan 0.2.x job config (TOML; keys of torchtitan/config/job_config.py) ----");
+  std::vector<TitanEntry> out;
+  auto add = [&](const char* section, const char* key, std::string value,
+                 std::string comment = "") {
+    out.push_back({section, key, std::move(value), std::move(comment), false});
+  };
+  auto note = [&](const char* section, std::string comment) {
+    out.push_back({section, "", "", std::move(comment)});
+  };
   if (s.flavour == Flavour::fsdp1)
-    t.line(
-        "# torchtitan shards with FSDP2 (fully_shard); this plan was costed with fsdp1's buffers");
-  t.line("[training]");
-  t.line("local_batch_size = {}", e.job.micro_batch);
-  t.line("global_batch_size = {}", e.job.global_batch);
-  t.line("seq_len = {}", e.job.seq_len);
-  if (p == Precision::bf16_mixed)
-    t.line("mixed_precision_param = \"bfloat16\"");
-  else if (p == Precision::fp32)
-    t.line("mixed_precision_param = \"float32\"");
-  else
-    t.line("# mixed_precision_param: torchtitan offers \"bfloat16\" (fp32 master) or \"float32\"; "
-           "this {} plan needs the snippet above",
-           precision_name(p));
+    note("training",
+         "torchtitan shards with FSDP2 (fully_shard); this plan was costed with fsdp1's buffers");
+  add("training", "local_batch_size", std::to_string(e.job.micro_batch));
+  add("training", "global_batch_size", std::to_string(e.job.global_batch));
+  add("training", "seq_len", std::to_string(e.job.seq_len));
+  if (p == Precision::bf16_mixed) {
+    add("training", "mixed_precision_param", "\"bfloat16\"");
+  } else if (p == Precision::fp32) {
+    add("training", "mixed_precision_param", "\"float32\"");
+  } else if (p == Precision::bf16) {
+    add("training", "dtype", "\"bfloat16\"",
+        "pure bf16: parameters, gradients and optimizer states");
+  } else {
+    note("training",
+         fmt::format("mixed_precision_param: torchtitan offers \"bfloat16\" (fp32 master) or "
+                     "\"float32\"; this {} plan needs the snippet above",
+                     precision_name(p)));
+  }
   if (fsdp) {
     if (s.reduce_dtype == DType::fp32)
-      t.line("mixed_precision_reduce = \"float32\"");
+      add("training", "mixed_precision_reduce", "\"float32\"");
     else
-      t.line("# mixed_precision_reduce = \"float32\" is torchtitan's only choice; this plan "
-             "reduces in "
-             "{} (half the reduce-scatter bytes): use the snippet above, or expect twice the "
-             "gradient traffic",
-             dtype_name(s.reduce_dtype));
-    t.line("enable_cpu_offload = {}", s.offload == Offload::params ? "true" : "false");
+      note(
+          "training",
+          fmt::format("mixed_precision_reduce = \"float32\" is torchtitan's only choice; this plan "
+                      "reduces in {} (half the reduce-scatter bytes): use the snippet above, or "
+                      "expect twice the gradient traffic",
+                      dtype_name(s.reduce_dtype)));
+    out.push_back({"training", "enable_cpu_offload",
+                   s.offload == Offload::params ? "true" : "false", "", true});
   }
-  t.line("");
-  t.line("[parallelism]");
-  t.line("data_parallel_replicate_degree = {}", l.replicate);
-  t.line("data_parallel_shard_degree = {}", l.shard);
+  add("parallelism", "data_parallel_replicate_degree", std::to_string(l.replicate));
+  add("parallelism", "data_parallel_shard_degree", std::to_string(l.shard));
   if (fsdp)
     // "default" reshards every block but the last after forward (backward needs it at once),
     // which is what FSDP2 does for the root; "never" is SHARD_GRAD_OP.
-    t.line("fsdp_reshard_after_forward = \"{}\"", s.reshard_after_forward ? "default" : "never");
+    add("parallelism", "fsdp_reshard_after_forward",
+        s.reshard_after_forward ? "\"default\"" : "\"never\"");
+  return out;
+}
+
+void torchtitan_toml(Text& t, const Scenario& sc, const Evaluation& e) {
+  t.line("# ---- torchtitan 0.2.x (0.2.0-0.2.2) job config: TOML for --job.config_file, keys of "
+         "torchtitan/config/job_config.py ----");
+  std::string section;
+  for (const auto& x : titan_entries(sc, e)) {
+    if (x.section != section) {
+      if (!section.empty())
+        t.line("");
+      t.line("[{}]", x.section);
+      section = x.section;
+    }
+    if (x.key.empty())
+      t.line("# {}", x.comment);
+    else if (x.comment.empty())
+      t.line("{} = {}", x.key, x.value);
+    else
+      t.line("{} = {}  # {}", x.key, x.value, x.comment);
+  }
   t.line("");
   t.line("[activation_checkpoint]");
   switch (e.job.checkpointing) {
@@ -270,6 +315,59 @@ void torchtitan_toml(Text& t, const Scenario& sc, const Evaluation& e) {
                                                    : "this plan's eager scores are kept");
     break;
   }
+}
+
+// torchtitan 0.3.0: `torchrun ... -m torchtitan.train --module <model> --config <registry entry>`
+// then overrides as --section.key value (run_train.sh); booleans are flags (--training.
+// enable_cpu_offload / --training.no_enable_cpu_offload), activation checkpointing a subcommand.
+void torchtitan_command_line(Text& t, const Scenario& sc, const Evaluation& e) {
+  t.line("# ---- torchtitan 0.3.0 command line: tyro options of torchtitan/config/configs.py and "
+         "trainer.py ----");
+  t.line(
+      "# --module and --config pick your model's config_registry entry; these options override it");
+  std::vector<std::string> args;
+  for (const auto& x : titan_entries(sc, e)) {
+    if (x.key.empty()) {
+      t.line("# {}", x.comment);
+      continue;
+    }
+    std::string value = x.value;
+    if (value.size() >= 2 && value.front() == '"')
+      value = value.substr(1, value.size() - 2);
+    if (x.boolean)
+      args.push_back(fmt::format("--{}.{}{}", x.section, value == "true" ? "" : "no_", x.key));
+    else
+      args.push_back(fmt::format("--{}.{} {}", x.section, x.key, value));
+  }
+  const char* ac = "none";
+  switch (e.job.checkpointing) {
+  case Checkpointing::none:
+    break;
+  case Checkpointing::full:
+    ac = "full";
+    break;
+  case Checkpointing::selective_op:
+    ac = "selective";
+    break;
+  case Checkpointing::every:
+    ac = "full";
+    t.line("# every:{}: 0.3.0 has no every-n-th-block option; full checkpoints every block (less "
+           "memory, "
+           "more recompute than costed)",
+           e.job.checkpoint_every);
+    break;
+  case Checkpointing::selective_attention:
+    t.line("# torchtitan has no attention-only recompute; {}",
+           e.job.attention == AttentionImpl::flash ? "with flash attention it equals none"
+                                                   : "this plan's eager scores are kept");
+    break;
+  }
+  args.push_back(fmt::format("activation_checkpoint:{}", ac));
+  t.line("torchrun --nnodes {} --nproc_per_node {} -m torchtitan.train --module <model> --config "
+         "<config> \\",
+         sc.cluster.nodes(), std::min(sc.cluster.gpus, sc.cluster.gpus_per_node));
+  for (std::size_t i = 0; i < args.size(); ++i)
+    t.line("  {}{}", args[i], i + 1 < args.size() ? " \\" : "");
 }
 
 }  // namespace
@@ -304,6 +402,8 @@ std::string fsdp_settings(const Scenario& sc, const Evaluation& e) {
   }
   t.line("");
   torchtitan_toml(t, sc, e);
+  t.line("");
+  torchtitan_command_line(t, sc, e);
   return t.str;
 }
 

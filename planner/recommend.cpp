@@ -49,7 +49,10 @@ std::string recommendation_table(const Scenario& sc, const Recommendation& r, in
   Text t;
   const auto& s = r.search;
   if (sc.is_default) t.line("{}", default_job_line(sc));
+  else if (!sc.defaulted.empty())
+    t.line("{}", defaults_line(sc));
   t.line("{}", scenario_line(sc));
+  t.line("{}", hardware_line(sc));
   t.line("searched {} plans ({} simulated) in {:.3f} s", s.plans_considered, s.plans_simulated, s.seconds);
   t.line("");
   if (s.ranked.empty()) {
@@ -98,6 +101,9 @@ nlohmann::json recommendation_json(const Scenario& sc, const Recommendation& r, 
   nlohmann::json out;
   out["default_job"] = sc.is_default;
   out["scenario"] = scenario_line(sc);
+  out["hardware_profile"] = hardware_json(sc);
+  if (!sc.defaulted.empty())
+    out["defaulted"] = sc.defaulted;
   out["recommendation"] = s.ranked.empty() ? nlohmann::json(nullptr) : candidate_json(sc, s.ranked.front());
   nlohmann::json candidates = nlohmann::json::array();
   for (std::size_t i = 0; i < s.ranked.size() && i < static_cast<std::size_t>(top); ++i)

@@ -1,6 +1,7 @@
 #include "planner/scenario.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "costmodel/json_reader.hpp"
 #include "costmodel/number_text.hpp"
@@ -10,6 +11,8 @@ namespace shardplan::planner {
 using costmodel::InputError;
 
 namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // A whole number >= 1 from a flag's text.
 std::int64_t positive_count(const std::string& flag, const std::string& text) {
@@ -31,7 +34,13 @@ void add_scenario_options(CLI::App& app, ScenarioOptions& o) {
   app.add_option("--params", o.params, "a bare parameter count instead of --model (e.g. 7.5e9)");
   app.add_option("--layers", o.layers, "transformer blocks of a bare --params model");
   app.add_option("--hardware", o.hardware, "hardware profile name or path");
-  app.add_option("--job", o.job_file, "training-job document (flags override its fields)");
+  app.add_option(
+      "--gpu-memory-GiB", o.gpu_memory_GiB,
+      "GPU memory per device in GiB, replacing the hardware profile's (e.g. 2 to plan for "
+      "the executor's --capacity-GiB)");
+  app.add_option("--job", o.job_file,
+                 "training-job document (flags override its fields; its micro_batch, checkpointing "
+                 "and loss pin the search as the flags do)");
   app.add_option("--gpus", o.gpus, "GPUs in the job");
   app.add_option("--gpus-per-node", o.gpus_per_node, "GPUs per node (default: the profile's)");
   app.add_option("--seq-len", o.seq_len, "tokens per sequence");
@@ -65,12 +74,26 @@ Scenario make_scenario(const ScenarioOptions& o) {
   }
   sc.hardware = costmodel::load_hardware(o.hardware ? named("--hardware", o.hardware, "a profile or a file")
                                                     : kDefaultHardware);
+  if (o.gpu_memory_GiB) {
+    const double gib = costmodel::double_from_text("--gpu-memory-GiB", *o.gpu_memory_GiB);
+    if (!(gib > 0) || gib > 1e6) // double_from_text refuses inf and nan
+      throw InputError("--gpu-memory-GiB",
+                       fmt::format("must be > 0 and <= 1000000, got {}", *o.gpu_memory_GiB));
+    sc.profile_memory_bytes = sc.hardware.memory_bytes;
+    sc.hardware.memory_bytes = gib * kGiB;
+  }
   if (o.gpus) {
     sc.cluster.gpus = costmodel::int_from_text("--gpus", *o.gpus);
     if (sc.cluster.gpus < 1) throw InputError("--gpus", fmt::format("must be >= 1, got {}", sc.cluster.gpus));
   } else {
     sc.cluster.gpus = kDefaultGpus;
   }
+  if (!o.model && !o.params)
+    sc.defaulted.push_back(fmt::format("--model {}", kDefaultModel));
+  if (!o.hardware)
+    sc.defaulted.push_back(fmt::format("--hardware {}", kDefaultHardware));
+  if (!o.gpus)
+    sc.defaulted.push_back(fmt::format("--gpus {}", kDefaultGpus));
   sc.cluster.gpus_per_node = o.gpus_per_node ? costmodel::int_from_text("--gpus-per-node", *o.gpus_per_node)
                                              : sc.hardware.gpus_per_node;
   costmodel::validate_cluster(sc.cluster);
@@ -90,6 +113,11 @@ Scenario make_scenario(const ScenarioOptions& o) {
   } else {
     sc.job.seq_len = kDefaultSeqLen;
     sc.job.global_batch = kDefaultSequencesPerGpu * sc.cluster.gpus;
+    if (!o.seq_len)
+      sc.defaulted.push_back(fmt::format("--seq-len {}", kDefaultSeqLen));
+    if (!o.global_batch)
+      sc.defaulted.push_back(fmt::format("--global-batch {} ({} per GPU)", sc.job.global_batch,
+                                         kDefaultSequencesPerGpu));
   }
   if (o.seq_len) sc.job.seq_len = positive_count("--seq-len", *o.seq_len);
   if (o.global_batch) sc.job.global_batch = positive_count("--global-batch", *o.global_batch);
@@ -128,6 +156,49 @@ Scenario make_scenario(const ScenarioOptions& o) {
   return sc;
 }
 
+std::string defaults_line(const Scenario& sc) {
+  if (sc.defaulted.empty())
+    return "";
+  return fmt::format("not given, so defaulted: {}", fmt::join(sc.defaulted, ", "));
+}
+
+namespace {
+// "25 GB/s": a rate in GB/s (1e9 bytes), as many digits as it has up to 4 significant.
+std::string gbps(double bytes_per_s) {
+  return fmt::format("{:.4g} GB/s", bytes_per_s / 1e9);
+}
+} // namespace
+
+std::string hardware_line(const Scenario& sc) {
+  const auto& h = sc.hardware;
+  const std::string memory =
+      sc.profile_memory_bytes
+          ? fmt::format("{:.4g} GiB per GPU (--gpu-memory-GiB; the profile's {:.4g} GiB)",
+                        h.memory_bytes / kGiB, *sc.profile_memory_bytes / kGiB)
+          : fmt::format("{:.4g} GiB per GPU", h.memory_bytes / kGiB);
+  return fmt::format("hardware {}: {}; inter-node {} per GPU = {} per node of {} GPU{} (profile's "
+                     "bandwidth_GBps_per_{})",
+                     h.name, memory, gbps(h.inter_bandwidth_Bps),
+                     gbps(h.inter_bandwidth_Bps * h.gpus_per_node), h.gpus_per_node,
+                     h.gpus_per_node == 1 ? "" : "s",
+                     h.inter_bandwidth_per_node_key ? "node" : "gpu");
+}
+
+nlohmann::json hardware_json(const Scenario& sc) {
+  const auto& h = sc.hardware;
+  nlohmann::json j = {{"name", h.name},
+                      {"gpu_memory_GiB", h.memory_bytes / kGiB},
+                      {"gpu_memory_from", sc.profile_memory_bytes ? "--gpu-memory-GiB" : "profile"},
+                      {"inter_node_GBps_per_gpu", h.inter_bandwidth_Bps / 1e9},
+                      {"inter_node_GBps_per_node", h.inter_bandwidth_Bps * h.gpus_per_node / 1e9},
+                      {"inter_node_key", h.inter_bandwidth_per_node_key
+                                             ? "bandwidth_GBps_per_node"
+                                             : "bandwidth_GBps_per_gpu"}};
+  if (sc.profile_memory_bytes)
+    j["profile_gpu_memory_GiB"] = *sc.profile_memory_bytes / kGiB;
+  return j;
+}
+
 void add_plan_options(CLI::App& app, PlanOptions& o, bool strategy_required) {
   auto* s = app.add_option("--strategy", o.strategy,
                            "ddp | zero1 | zero2 | zero3 | fsdp-full | fsdp-grad-op | hsdp");
@@ -142,11 +213,29 @@ std::optional<int> shard_group_size(const PlanOptions& o) {
   return costmodel::int_from_text("--shard-group-size", *o.shard_group_size);
 }
 
+costmodel::ShardingSpec with_job_precision(costmodel::ShardingSpec s,
+                                           const costmodel::TrainingJob& job) {
+  using costmodel::DType;
+  if (s.flavour == costmodel::Flavour::ddp)
+    return s;
+  const DType c = costmodel::compute_dtype(job.precision);
+  const DType compute = c == DType::tf32 ? DType::fp32 : c;
+  if (s.flavour == costmodel::Flavour::deepspeed) {
+    s.reduce_bucket_bytes *=
+        costmodel::dtype_bytes(compute) / costmodel::dtype_bytes(s.reduce_dtype);
+    s.allgather_bucket_bytes *= costmodel::dtype_bytes(compute) / 2; // preset: 2-byte elements
+  }
+  s.reduce_dtype = job.recipe == costmodel::Recipe::torchtitan ? DType::fp32 : compute;
+  return s;
+}
+
 costmodel::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& strategy,
                                        const Scenario& sc) {
   std::optional<costmodel::Flavour> flavour;
   if (o.flavour) flavour = costmodel::flavour_from_name(*o.flavour, "--flavour");
-  auto spec = costmodel::make_spec(strategy, flavour, sc.cluster.gpus_per_node, shard_group_size(o));
+  auto spec = with_job_precision(
+      costmodel::make_spec(strategy, flavour, sc.cluster.gpus_per_node, shard_group_size(o)),
+      sc.job);
   spec.offload = costmodel::offload_from_name(o.offload.value_or("none"), "--offload");
   if (spec.shard_group_size > 0 && sc.cluster.gpus % spec.shard_group_size != 0)
     throw InputError("--shard-group-size",

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -24,6 +25,7 @@ struct ScenarioOptions {
   std::optional<std::string> params;    // a bare parameter count instead of a model ("7.5e9")
   std::optional<std::string> layers;    // blocks of a bare count (not given: derived)
   std::optional<std::string> hardware;
+  std::optional<std::string> gpu_memory_GiB; // replaces the profile's GPU memory
   std::optional<std::string> job_file;  // a training-job document; flags override its fields
   std::optional<std::string> gpus;
   std::optional<std::string> gpus_per_node;  // not given: the profile's
@@ -43,6 +45,11 @@ struct Scenario {
   bool is_default = false;    // nothing was said: the built-in default job
   // What the user named (by flag or in the job document): the search keeps these as given.
   bool checkpointing_named = false, loss_named = false;
+  // The profile's GPU memory when --gpu-memory-GiB replaced it (hardware.memory_bytes is the
+  // override).
+  std::optional<double> profile_memory_bytes;
+  // The parts of the question the user left to the built-in defaults, as "--flag value".
+  std::vector<std::string> defaulted;
   double usable_bytes() const { return hardware.memory_bytes * (1.0 - headroom); }
 };
 
@@ -56,6 +63,13 @@ inline constexpr std::int64_t kDefaultSequencesPerGpu = 4;
 void add_scenario_options(CLI::App& app, ScenarioOptions& o);
 Scenario make_scenario(const ScenarioOptions& o);  // throws costmodel::InputError
 
+// "not given, so defaulted: --hardware a100-sxm4-80gb, --gpus 8"; "" when the user gave them all.
+std::string defaults_line(const Scenario& sc);
+// How the hardware is read: the GPU memory (and its override) and the inter-node bandwidth per
+// GPU and per node, with the profile key it came from.
+std::string hardware_line(const Scenario& sc);
+nlohmann::json hardware_json(const Scenario& sc);
+
 // Strategy flags shared by estimate, simulate and compare, as given (nullopt: not given).
 struct PlanOptions {
   std::optional<std::string> strategy;
@@ -66,6 +80,15 @@ struct PlanOptions {
 void add_plan_options(CLI::App& app, PlanOptions& o, bool strategy_required);
 // --shard-group-size as a number (make_spec checks its range), or nullopt when not given.
 std::optional<int> shard_group_size(const PlanOptions& o);
+// The spec's dtypes as the framework sets them for the job when the user does not: gradients
+// reduced in the compute dtype under FSDP (MixedPrecision/MixedPrecisionPolicy: reduce_dtype
+// defaults to param_dtype) — but in fp32 under torchtitan (mixed_precision_reduce, "float32"
+// only: torchtitan/config/job_config.py 0.2.x, configs.py 0.3.0) — and under DeepSpeed
+// (engine.py, communication_data_type: the fp16/bf16 training dtype, else fp32), whose buckets
+// hold 5e8 elements of their dtype (zero/config.py); DDP reduces the parameters' dtype, fp32
+// under autocast.
+costmodel::ShardingSpec with_job_precision(costmodel::ShardingSpec s,
+                                           const costmodel::TrainingJob& job);
 costmodel::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& strategy,
                                        const Scenario& sc);
 

@@ -56,6 +56,8 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
     if (strategy == "hsdp" && sc.cluster.gpus < 2) continue;
     for (Flavour f : flavours_for(strategy)) {
       if (pins.flavour && *pins.flavour != f) continue;
+      if (pins.pytorch_only && f == Flavour::deepspeed)
+        continue;
       // The recipe's code shards the way its framework does: torchtitan with FSDP2 (or DDP), a
       // model under the DeepSpeed engine with ZeRO.
       if (sc.job.recipe == Recipe::torchtitan && f != Flavour::fsdp2 && f != Flavour::ddp) continue;
@@ -68,7 +70,7 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
           for (int g : hsdp_groups(sc.cluster)) groups.push_back(g);
       }
       for (const auto& g : groups) {
-        const ShardingSpec base = make_spec(strategy, f, G, g);
+        const ShardingSpec base = with_job_precision(make_spec(strategy, f, G, g), sc.job);
         for (Offload o : offloads_for(base)) {
           if (pins.offload && *pins.offload != o) continue;
           ShardingSpec s = base;

@@ -18,6 +18,7 @@ namespace shardplan::planner {
 struct SearchPins {
   std::optional<std::string> strategy;
   std::optional<costmodel::Flavour> flavour;
+  bool pytorch_only = false; // PyTorch's flavours (ddp, fsdp1, fsdp2): what --emit fsdp can write
   std::optional<std::int64_t> micro_batch;
   bool checkpointing = false;  // the scenario's checkpointing mode (and every:N) is the user's
   bool loss = false;           // the scenario's loss is the user's

@@ -225,6 +225,9 @@ json validate_json(const json& plan_document, const json& run_document, bool for
     out["time"]["achieved_TFLOPs"] = *run.achieved_TFLOPs;
   if (run.mfu)
     out["time"]["mfu"] = *run.mfu;
+  // Which of the run's fields the measured communication is.
+  out["time"]["parts"]["communication"]["measured_as"] =
+      overlapped && run.comm_wait_s ? "summary.time.comm_wait_s" : "summary.time.collectives_s";
   if (run.comm_wait_by_stream)
     out["time"]["parts"]["communication"]["by_stream_s"] = *run.comm_wait_by_stream;
   if (run.device)

@@ -162,7 +162,7 @@ TEST_CASE("edges::hardware profile: zero, negative, absurd and non-finite number
   };
   const Field fields[] = {{"gpu", "memory_GiB", false},           {"gpu", "memory_bandwidth_GBps", false},
                           {"gpu", "compute_efficiency", false},   {"intra_node", "bandwidth_GBps", false},
-                          {"intra_node", "latency_us", true},     {"inter_node", "bandwidth_GBps", false},
+                          {"intra_node", "latency_us", true},     {"inter_node", "bandwidth_GBps_per_gpu", false},
                           {"inter_node", "latency_us", true},     {"host", "memory_GiB", false},
                           {"host", "link_bandwidth_GBps", false}, {"host", "optimizer_Gparams_per_s", false},
                           {"overhead", "cuda_context_GiB", true}, {"overhead", "fragmentation", true}};

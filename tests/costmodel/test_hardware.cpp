@@ -161,9 +161,42 @@ TEST_CASE("hardware::negative memory") {
   doc["gpu"]["memory_GiB"] = -8;
   CHECK(error_of([&] { hardware_from_json(doc, "x"); }) == "/gpu/memory_GiB: must be > 0, got -8");
   json bw = profile_doc("h100-sxm5-80gb");
-  bw["inter_node"]["bandwidth_GBps"] = -50;
+  bw["inter_node"]["bandwidth_GBps_per_gpu"] = -50;
   CHECK(error_of([&] { hardware_from_json(bw, "x"); }) ==
-        "/inter_node/bandwidth_GBps: must be > 0, got -50");
+        "/inter_node/bandwidth_GBps_per_gpu: must be > 0, got -50");
+}
+
+TEST_CASE("hardware::inter-node bandwidth names its unit") {
+  // a100-pcie-40gb: 4 x 200 Gb/s HDR per node = 100 GB/s per node each way; 8 GPUs share it,
+  // 12.5 GB/s each.
+  const auto pcie = hardware_from_json(profile_doc("a100-pcie-40gb"), "x");
+  CHECK(pcie.inter_bandwidth_Bps == doctest::Approx(12.5e9));
+  CHECK(pcie.inter_bandwidth_per_node_key);
+  // DGX A100: one 200 Gb/s HDR adapter per GPU = 25 GB/s per GPU.
+  const auto dgx = hardware_from_json(profile_doc("a100-sxm4-80gb"), "x");
+  CHECK(dgx.inter_bandwidth_Bps == doctest::Approx(25e9));
+  CHECK_FALSE(dgx.inter_bandwidth_per_node_key);
+
+  json old = profile_doc("a100-sxm4-80gb");
+  old["inter_node"]["bandwidth_GBps"] = 12.5;
+  old["inter_node"].erase("bandwidth_GBps_per_gpu");
+  CHECK(error_of([&] { hardware_from_json(old, "x"); }) ==
+        "/inter_node/bandwidth_GBps: the unit is ambiguous, got 12.5: rename it "
+        "bandwidth_GBps_per_gpu (its old meaning: each GPU's share of the node's NICs) or give "
+        "bandwidth_GBps_per_node");
+  json both = profile_doc("a100-sxm4-80gb");
+  both["inter_node"]["bandwidth_GBps_per_node"] = 200;
+  CHECK(error_of([&] { hardware_from_json(both, "x"); }) ==
+        "/inter_node/bandwidth_GBps_per_node: give bandwidth_GBps_per_gpu or "
+        "bandwidth_GBps_per_node, not both");
+  json neither = profile_doc("a100-sxm4-80gb");
+  neither["inter_node"].erase("bandwidth_GBps_per_gpu");
+  CHECK(error_of([&] { hardware_from_json(neither, "x"); }) ==
+        "/inter_node/bandwidth_GBps_per_gpu: missing key (or give bandwidth_GBps_per_node)");
+  json zero = profile_doc("a100-pcie-40gb");
+  zero["inter_node"]["bandwidth_GBps_per_node"] = 0;
+  CHECK(error_of([&] { hardware_from_json(zero, "x"); }) ==
+        "/inter_node/bandwidth_GBps_per_node: must be > 0, got 0");
 }
 
 TEST_CASE("hardware::unknown key") {

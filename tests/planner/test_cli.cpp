@@ -96,7 +96,7 @@ TEST_CASE("cli::emitted configs parse and keep the chosen settings") {
   CHECK(fsdp.out.find("fully_shard(") != std::string::npos);
   CHECK(fsdp.out.find("data_parallel_replicate_degree = 2") != std::string::npos);
   // An existing DeepSpeed config is estimated with its assumptions stated.
-  const auto est = planner({"estimate", "--deepspeed",
+  const auto est = planner({"estimate", "--model", "llama-2-7b", "--deepspeed",
                             std::string(SHARDPLAN_SOURCE_DIR) + "/examples/deepspeed/zero2-offload-bf16.json",
                             "--format", "json"});
   REQUIRE(est.code == 0);
@@ -147,7 +147,8 @@ TEST_CASE("cli::bad input is one line and exit code 2") {
       {{"recommend", "--format", "xml"}, "planner: --format: must be table or json, got \"xml\"\n"},
       {{"recommend", "--emit", "megatron"}, "planner: --emit: must be deepspeed, fsdp or plan, got \"megatron\"\n"},
       {{"recommend", "--emit", "deepspeed", "--strategy", "fsdp-full"},
-       "planner: --emit: fsdp-full is a PyTorch FSDP plan; use --emit fsdp\n"},
+       "planner: --strategy: --emit deepspeed writes a DeepSpeed config (ddp or zero1-3), got --strategy "
+       "fsdp-full\n"},
       {{"estimate"}, "planner: --strategy: missing (or give --deepspeed ds_config.json)\n"},
       {{"estimate", "--strategy", "zero3", "--flavour", "fsdp2"},
        "planner: --flavour: zero3 is not implemented by fsdp2; use deepspeed\n"},

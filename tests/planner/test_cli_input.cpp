@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli_fixture.hpp"
 
 namespace {
@@ -52,10 +54,12 @@ TEST_CASE("cli_input::a zero or empty value is refused, not read as the default"
   check_refused({"describe", "--model", ""}, "--model: must name a preset or a file, got \"\"");
   check_refused({"describe", "--params", "0"}, "--params: must be between 1e3 and 1e15, got 0");
   check_refused({"compare", "--strategies", ""}, "--strategies: names no strategy, got \"\"");
-  // Not given at all: the built-in default job, as before.
+  // Not given at all: the built-in default job, said in the first line.
   const auto r = planner({"estimate", "--strategy", "ddp"});
   CHECK(r.code == 0);
-  CHECK(r.out.rfind("llama-2-7b (6.74 B params) on 8 x a100-sxm4-80gb", 0) == 0);
+  CHECK(r.out.rfind("not given, so defaulted: --model llama-2-7b, --hardware a100-sxm4-80gb, --gpus 8, --seq-len "
+                    "4096, --global-batch 32 (4 per GPU)\nllama-2-7b (6.74 B params) on 8 x a100-sxm4-80gb",
+                    0) == 0);
 }
 
 TEST_CASE("cli_input::integer flags are decimal: 010 is ten, 0x10 is refused") {
@@ -104,4 +108,92 @@ TEST_CASE("cli_input::bytes past what a plan can count are bad input, never a wr
                             "--attention", "eager", "--format", "json"});
   CHECK(seq.code == 2);
   CHECK(seq.err.rfind("planner: --seq-len: 100000000 tokens, even 1 sequence per micro-batch:", 0) == 0);
+}
+
+TEST_CASE("cli_input::--gpu-memory-GiB replaces the profile's memory and says so") {
+  const std::vector<std::string> estimate = {"estimate", "--strategy", "zero3", "--model", "gpt2", "--hardware",
+                                             "a100-sxm4-80gb", "--gpus", "8", "--seq-len", "1024", "--global-batch",
+                                             "8"};
+  auto with = [&](std::vector<std::string> more) {
+    auto a = estimate;
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  check_refused(with({"--gpu-memory-GiB", "0"}), "--gpu-memory-GiB: must be > 0 and <= 1000000, got 0");
+  check_refused(with({"--gpu-memory-GiB", "-2"}), "--gpu-memory-GiB: must be > 0 and <= 1000000, got -2");
+  check_refused(with({"--gpu-memory-GiB", "2e6"}), "--gpu-memory-GiB: must be > 0 and <= 1000000, got 2e6");
+  check_refused(with({"--gpu-memory-GiB", "inf"}), "--gpu-memory-GiB: must be a decimal number, got \"inf\"");
+  check_refused(with({"--gpu-memory-GiB", "nan"}), "--gpu-memory-GiB: must be a decimal number, got \"nan\"");
+  check_refused(with({"--gpu-memory-GiB", ""}), "--gpu-memory-GiB: must be a decimal number, got \"\"");
+
+  const auto table = planner(with({"--gpu-memory-GiB", "40"}));
+  REQUIRE(table.code == 0);
+  CHECK(table.out.find("hardware a100-sxm4-80gb: 40 GiB per GPU (--gpu-memory-GiB; the profile's 80 GiB)") !=
+        std::string::npos);
+  const auto json = planner(with({"--gpu-memory-GiB", "40", "--format", "json"}));
+  REQUIRE(json.code == 0);
+  const auto doc = nlohmann::json::parse(json.out);
+  CHECK(doc["memory"]["capacity_bytes"] == 42949672960.0);  // 40 x 2^30
+  CHECK(doc["hardware_profile"]["gpu_memory_from"] == "--gpu-memory-GiB");
+  CHECK(doc["hardware_profile"]["profile_gpu_memory_GiB"] == 80.0);
+}
+
+TEST_CASE("cli_input::the header says how the inter-node bandwidth is read") {
+  // a100-pcie-40gb: 100 GB/s per node (4 x 200 Gb/s) over 8 GPUs = 12.5 GB/s per GPU.
+  const auto pcie = planner({"estimate", "--strategy", "hsdp", "--model", "gpt2", "--hardware", "a100-pcie-40gb",
+                             "--gpus", "16", "--seq-len", "1024", "--global-batch", "16"});
+  REQUIRE(pcie.code == 0);
+  CHECK(pcie.out.find("inter-node 12.5 GB/s per GPU = 100 GB/s per node of 8 GPUs (profile's "
+                      "bandwidth_GBps_per_node)") != std::string::npos);
+  // h100-sxm5-80gb: one 400 Gb/s NDR port per GPU = 50 GB/s per GPU, 400 GB/s per node of 8.
+  const auto dgx = planner({"estimate", "--strategy", "hsdp", "--model", "gpt2", "--hardware", "h100-sxm5-80gb",
+                            "--gpus", "16", "--seq-len", "1024", "--global-batch", "16", "--format", "json"});
+  REQUIRE(dgx.code == 0);
+  const auto doc = nlohmann::json::parse(dgx.out)["hardware_profile"];
+  CHECK(doc["inter_node_GBps_per_gpu"] == 50.0);
+  CHECK(doc["inter_node_GBps_per_node"] == 400.0);
+  CHECK(doc["inter_node_key"] == "bandwidth_GBps_per_gpu");
+}
+
+TEST_CASE("cli_input::what is defaulted is said first, and a DeepSpeed config needs its model") {
+  const std::string ds = std::string(SHARDPLAN_SOURCE_DIR) + "/examples/deepspeed/zero1-fp16.json";
+  check_refused({"estimate", "--deepspeed", ds, "--gpus", "16"},
+                "--model: missing: a DeepSpeed config does not name the model; give --model (a preset or a "
+                "config.json) or --params");
+  // Beside a config, a flag its zero_optimization already states would be dropped: refused.
+  check_refused({"estimate", "--deepspeed", ds, "--model", "gpt2", "--offload", "optimizer"},
+                "--offload: give either --offload or --deepspeed (its zero_optimization says it), not both");
+  check_refused({"estimate", "--deepspeed", ds, "--model", "gpt2", "--flavour", "fsdp2"},
+                "--flavour: give either --flavour or --deepspeed (its zero_optimization says it), not both");
+  check_refused({"estimate", "--deepspeed", ds, "--model", "gpt2", "--shard-group-size", "4"},
+                "--shard-group-size: give either --shard-group-size or --deepspeed (its zero_optimization says "
+                "it), not both");
+  const auto r = planner({"estimate", "--deepspeed", ds, "--model", "gpt2", "--gpus", "16", "--global-batch", "32"});
+  REQUIRE(r.code == 0);
+  CHECK(r.out.rfind("not given, so defaulted: --hardware a100-sxm4-80gb, --seq-len 4096\n", 0) == 0);
+  // Everything given: no such line.
+  const auto all = planner({"estimate", "--strategy", "ddp", "--model", "gpt2", "--hardware", "a100-sxm4-80gb",
+                            "--gpus", "8", "--seq-len", "1024", "--global-batch", "8"});
+  REQUIRE(all.code == 0);
+  CHECK(all.out.rfind("gpt2 (124.44 M params) on 8 x a100-sxm4-80gb", 0) == 0);
+}
+
+TEST_CASE("cli_input::recommend refuses flags it would drop") {
+  check_refused({"recommend", "--strategy", "zero3", "--shard-group-size", "4"},
+                "--shard-group-size: applies to hsdp only, not zero3");
+  check_refused({"recommend", "--emit", "deepspeed", "--format", "json"},
+                "--format: shapes the table, and --emit deepspeed prints a config instead; give one of them");
+  check_refused({"recommend", "--emit", "plan", "--top", "3"},
+                "--top: shapes the table, and --emit plan prints a config instead; give one of them");
+  check_refused({"recommend", "--emit", "deepspeed", "--flavour", "fsdp2"},
+                "--flavour: --emit deepspeed writes a DeepSpeed config, got --flavour fsdp2");
+  check_refused({"recommend", "--emit", "fsdp", "--strategy", "zero2"},
+                "--strategy: --emit fsdp writes PyTorch settings (ddp, fsdp-full, fsdp-grad-op, hsdp), got --strategy "
+                "zero2");
+  check_refused({"recommend", "--emit", "fsdp", "--flavour", "deepspeed"},
+                "--flavour: --emit fsdp writes PyTorch settings, got --flavour deepspeed");
+  check_refused({"recommend", "--emit", "deepspeed", "--recipe", "torchtitan"},
+                "--emit: deepspeed: recipe torchtitan shards with FSDP2 or DDP, not DeepSpeed; use --emit fsdp");
+  check_refused({"recommend", "--emit", "fsdp", "--recipe", "deepspeed"},
+                "--emit: fsdp: recipe deepspeed runs under the DeepSpeed engine; use --emit deepspeed");
 }

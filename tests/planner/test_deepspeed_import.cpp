@@ -304,3 +304,15 @@ TEST_CASE("deepspeed_import::knobs map onto the spec") {
   const auto disabled = import(with(kZero2, P("/sparse_attention"), {{"enabled", false}}));
   CHECK(says(disabled, "/sparse_attention ignored: not enabled"));
 }
+
+TEST_CASE("deepspeed_import::the config's micro-batch and optimizer replacing the user's are stated") {
+  // zero2-offload-bf16.json: train_micro_batch_size_per_gpu 2 and an AdamW optimizer section.
+  auto sc = scenario();
+  sc.job.micro_batch = 4;  // --micro-batch 4
+  sc.job.optimizer = Optimizer::sgd;  // --optimizer sgd
+  const auto d = import_example("zero2-offload-bf16.json", sc);
+  CHECK(d.job.micro_batch == 2);
+  CHECK(says(d, "micro-batch 2 from the config replaces the scenario's 4"));
+  CHECK(d.job.optimizer != Optimizer::sgd);
+  CHECK(says(d, "from the config replaces the scenario's sgd"));
+}

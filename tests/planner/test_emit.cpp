@@ -13,6 +13,9 @@
 #include "planner/emit_fsdp.hpp"
 #include "planner/estimate.hpp"
 #include "planner/svg_chart.hpp"
+#include "planner/scenario.hpp"
+
+#include "cli_fixture.hpp"
 
 using namespace shardplan;
 using namespace shardplan::costmodel;
@@ -321,4 +324,86 @@ TEST_CASE("emit::every other block checkpointed, as code and as torchtitan 0.2.x
       sc, plan(sc, "zero3", 2, Precision::bf16_mixed, Offload::none, Checkpointing::every));
   CHECK(z3.contains("activation_checkpointing"));
   CHECK(contains(z3["comment"].get<std::string>(), "Checkpointing one block in 2"));
+}
+
+TEST_CASE("emit::the reduce dtype follows the precision, as the frameworks default it") {
+  // DeepSpeed (engine.py, communication_data_type): the fp16/bf16 training dtype, else fp32. FSDP
+  // (MixedPrecision / MixedPrecisionPolicy): reduce_dtype defaults to param_dtype. torchtitan:
+  // mixed_precision_reduce "float32" only.
+  using planner::testing::planner;
+  const std::vector<std::string> base = {"recommend", "--model", "gpt2", "--hardware", "a100-sxm4-80gb", "--gpus", "8",
+                                         "--seq-len", "1024", "--global-batch", "16"};
+  auto run = [&](std::vector<std::string> more) {
+    auto a = base;
+    a.insert(a.end(), more.begin(), more.end());
+    return planner(a);
+  };
+  const std::pair<const char*, const char*> ds_cases[] = {{"fp32", "fp32"}, {"fp16-mixed", "fp16"}, {"bf16-mixed", "bf16"}};
+  for (const auto& [precision, want] : ds_cases) {
+    CAPTURE(precision);
+    const auto r = run({"--precision", precision, "--emit", "deepspeed"});
+    REQUIRE(r.code == 0);
+    const auto ds = nlohmann::json::parse(r.out);
+    CHECK(ds["communication_data_type"] == want);
+    // The search was narrowed to DeepSpeed's plans, and stderr says so in one line.
+    CHECK(ds["zero_optimization"]["stage"].get<int>() >= 1);
+    CHECK(r.err == "planner: --emit deepspeed: searching DeepSpeed's plans only (ZeRO stages 1-3, as --flavour "
+                   "deepspeed)\n");
+  }
+  const auto fp32 = run({"--precision", "fp32", "--strategy", "fsdp-full", "--flavour", "fsdp2", "--emit", "fsdp"});
+  REQUIRE(fp32.code == 0);
+  CHECK(contains(fp32.out, "MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)"));
+  CHECK(contains(fp32.out, "mixed_precision_reduce = \"float32\"\n"));
+  const auto fp16 = run({"--precision", "fp16-mixed", "--strategy", "fsdp-full", "--flavour", "fsdp1", "--emit", "fsdp"});
+  REQUIRE(fp16.code == 0);
+  CHECK(contains(fp16.out, "MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float16)"));
+  const auto titan = run({"--recipe", "torchtitan", "--strategy", "fsdp-full", "--emit", "fsdp"});
+  REQUIRE(titan.code == 0);
+  CHECK(contains(titan.out, "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)"));
+  CHECK(contains(titan.out, "--training.mixed_precision_reduce float32 \\\n"));
+  // The plan document the executor reads: fp32 reduction for an fp32 job.
+  const auto plan = run({"--precision", "fp32", "--strategy", "zero2", "--emit", "plan"});
+  REQUIRE(plan.code == 0);
+  CHECK(nlohmann::json::parse(plan.out)["sharding"]["reduce_dtype"] == "fp32");
+}
+
+TEST_CASE("emit::DeepSpeed buckets hold 5e8 elements of the reduce dtype") {
+  // zero/config.py: reduce_bucket_size = allgather_bucket_size = 5e8 elements; fp32 elements are
+  // 4 bytes, so 2e9 bytes each for an fp32 job, 1e9 for bf16.
+  const auto zero2 = make_spec("zero2", Flavour::deepspeed, 8);
+  TrainingJob job;
+  job.precision = Precision::fp32;
+  const auto fp32 = planner::with_job_precision(zero2, job);
+  CHECK(fp32.reduce_dtype == DType::fp32);
+  CHECK(fp32.reduce_bucket_bytes == 2e9);
+  CHECK(fp32.allgather_bucket_bytes == 2e9);
+  job.precision = Precision::bf16_mixed;
+  const auto bf16 = planner::with_job_precision(zero2, job);
+  CHECK(bf16.reduce_dtype == DType::bf16);
+  CHECK(bf16.reduce_bucket_bytes == 1e9);
+  // DDP reduces the fp32 parameters' gradients under autocast: unchanged.
+  CHECK(planner::with_job_precision(make_spec("ddp", std::nullopt, 8), job).reduce_dtype == DType::fp32);
+}
+
+TEST_CASE("emit::torchtitan options for 0.2.x (TOML) and 0.3.0 (command line)") {
+  // Option names of torchtitan 0.2.2 (torchtitan/config/job_config.py) and 0.3.0
+  // (torchtitan/config/configs.py; activation checkpointing subcommands in
+  // torchtitan/distributed/activation_checkpoint.py).
+  const auto sc = scenario(16);
+  const auto hsdp = planner::fsdp_settings(
+      sc, plan(sc, "hsdp", 1, Precision::bf16_mixed, Offload::none, Checkpointing::selective_op, Flavour::fsdp2));
+  CHECK(contains(hsdp, "# ---- torchtitan 0.2.x (0.2.0-0.2.2) job config"));
+  CHECK(contains(hsdp, "# ---- torchtitan 0.3.0 command line"));
+  CHECK(contains(hsdp, "torchrun --nnodes 2 --nproc_per_node 8 -m torchtitan.train --module <model> --config "
+                       "<config> \\\n"));
+  CHECK(contains(hsdp, "  --parallelism.data_parallel_replicate_degree 2 \\\n"));
+  CHECK(contains(hsdp, "  --parallelism.data_parallel_shard_degree 8 \\\n"));
+  CHECK(contains(hsdp, "  --training.no_enable_cpu_offload \\\n"));
+  CHECK(contains(hsdp, "  activation_checkpoint:selective\n"));
+  const auto pure = planner::fsdp_settings(
+      sc, plan(sc, "fsdp-full", 1, Precision::bf16, Offload::params, Checkpointing::none, Flavour::fsdp2));
+  CHECK(contains(pure, "dtype = \"bfloat16\"  # pure bf16"));
+  CHECK(contains(pure, "  --training.dtype bfloat16 \\\n"));
+  CHECK(contains(pure, "  --training.enable_cpu_offload \\\n"));
+  CHECK(contains(pure, "  activation_checkpoint:none\n"));
 }

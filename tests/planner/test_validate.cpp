@@ -5,6 +5,7 @@
 #include <string>
 
 #include "costmodel/input_error.hpp"
+#include "costmodel/json_reader.hpp"
 #include "costmodel/plan.hpp"
 #include "planner/validate.hpp"
 
@@ -249,4 +250,38 @@ TEST_CASE("validate::exposed communication is the compute's wait where collectiv
   CHECK(measured() == queued_or_blocking);  // an mpi run of an older executor
   run["environment"]["backend"] = "nccl";
   CHECK(measured() == 0.05);
+}
+
+TEST_CASE("validate::real CPU runs: blocking collectives are the measured communication") {
+  // Written by the executor with MPI on 2 CPU ranks (tests/planner/data/cpu_run: the plan of
+  // tests/executor/data/llama-tiny.json on cpu-test, fsdp-full, fp32; run.json with blocking
+  // collectives, streams.json with --collective-streams). A blocking run's compute never waits on
+  // another thread, so its comm_wait_s is 0: its exposed communication is all of collectives_s.
+  const std::string dir = std::string(SHARDPLAN_SOURCE_DIR) + "/tests/planner/data/cpu_run/";
+  const auto plan = costmodel::read_json_file(dir + "plan.json");
+  const auto blocking = costmodel::read_json_file(dir + "run.json");
+  const auto& t = blocking["summary"]["time"];
+  REQUIRE(t["collectives_overlap"] == false);
+  REQUIRE(t["comm_wait_s"] == 0.0);
+  double by_kind = 0;
+  for (const auto& [kind, s] : t["collectives_by_kind_s"].items()) by_kind += s.get<double>();
+  REQUIRE(by_kind > 0);
+  const auto v = planner::validate_json(plan, blocking);
+  const auto& comm = v["time"]["parts"]["communication"];
+  CHECK(comm["measured_s"].get<double>() == t["collectives_s"].get<double>());
+  CHECK(comm["measured_as"] == "summary.time.collectives_s");
+  CHECK(comm["measured_s"].get<double>() == doctest::Approx(by_kind));
+  CHECK_FALSE(comm["rel_error"].is_null());
+  const auto table = planner::validate_table(plan, blocking);
+  const auto line = table.substr(table.find("  communication"), table.find('\n', table.find("  communication")) -
+                                                                    table.find("  communication"));
+  CHECK(line.find("n/a") == std::string::npos);
+  CHECK(line.find(" 0.0000 ") == std::string::npos);
+
+  // With collective streams the compute's wait is the exposed part.
+  const auto streams = costmodel::read_json_file(dir + "streams.json");
+  REQUIRE(streams["summary"]["time"]["collectives_overlap"] == true);
+  const auto waited = planner::validate_json(plan, streams)["time"]["parts"]["communication"];
+  CHECK(waited["measured_s"] == streams["summary"]["time"]["comm_wait_s"]);
+  CHECK(waited["measured_as"] == "summary.time.comm_wait_s");
 }
