@@ -26,12 +26,6 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
   if (job.optimizer != costmodel::Optimizer::adamw)
     throw InputError("/job/optimizer", fmt::format("the executor runs adamw only, got \"{}\"",
                                                    costmodel::optimizer_name(job.optimizer)));
-  if (job.attention != costmodel::AttentionImpl::eager && !request.gpu)
-    throw InputError(
-        "/job/attention",
-        fmt::format("the CPU executor materialises the attention scores (eager), got \"{}\"; "
-                    "plan with --attention eager",
-                    costmodel::attention_name(job.attention)));
   if (job.recipe != costmodel::Recipe::executor)
     throw InputError("/job/recipe",
                      fmt::format("the executor runs its own model code, planned as recipe \"executor\", "

@@ -5,9 +5,6 @@
 //   /sharding/reduce_dtype   under mixed precision, the type the gradients are reduced in
 //                        (engine.hpp, precision_policy)
 //   /job/optimizer       adamw only
-//   /job/attention       the CPU backend: eager only (it materialises the attention scores, a·s²
-//                        per sequence; a plan for flash attention predicts memory it would not
-//                        use); the CUDA backend: eager or flash (flash_attention.hpp)
 //   /job/checkpointing   none or full (selective recompute is not implemented)
 //   /sharding/offload    none: the executor does not offload
 //   /cluster/gpus        must equal the ranks launched (or --world of a rehearsal)
