@@ -978,7 +978,8 @@ struct State final : ShardingEngine::Impl {
   }
 
   // The fp32 gradient AdamW reads on the host: the kept host chunk (sharded gradients), or this
-  // rank's part of the device's whole gradient copied device → host (ZeRO-1).
+  // rank's part of the device's whole gradient copied device → host (ZeRO-1), timed with the
+  // optimizer.
   StepGrad offloaded_step_grad(std::int64_t u, std::int64_t begin, std::int64_t n) {
     auto& un = unit(u);
     StepGrad out;
@@ -987,22 +988,21 @@ struct State final : ShardingEngine::Impl {
       return out;
     }
     out.copy = host_pool.allocate<A>(MemoryCategory::gradients, n);
-    timed(Part::copy, [&] {
-      if (low_whole())
-        be.widen_add(out.copy.data(), un.low_grads.data() + begin, n);
-      else
-        be.copy_wide(out.copy.data(), un.grads.data() + begin, n);
-    });
+    if (low_whole())
+      be.widen_add(out.copy.data(), un.low_grads.data() + begin, n);
+    else
+      be.copy_wide(out.copy.data(), un.grads.data() + begin, n);
     out.data = out.copy.data();
     return out;
   }
 
   // After AdamW on the host master: the updated part host → device (the device's fp32
-  // parameters; DeepSpeed's S partition is rounded from the master by optimizer_step).
+  // parameters; DeepSpeed's S partition is rounded from the master by optimizer_step). Timed
+  // with the optimizer, as the cost model's "CPU optimizer + upload".
   void upload_parameters(std::int64_t u, std::int64_t begin, std::int64_t n) {
     auto& un = unit(u);
     A* device = shape(u).params_sharded ? un.params.data() : un.params.data() + begin;
-    timed(Part::copy, [&] { be.copy_wide(device, un.host_master.data(), n); });
+    be.copy_wide(device, un.host_master.data(), n);
   }
 
   // ---- the public interface
