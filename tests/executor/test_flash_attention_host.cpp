@@ -5,15 +5,16 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "costmodel/accounting.hpp"
+#include "engine_fixture.hpp"
 #include "executor/backend.hpp"
 #include "executor/flash_attention_host.hpp"
 #include "executor/gpt_model.hpp"
 #include "executor/kernels.hpp"
 #include "executor/param_init.hpp"
-#include "engine_fixture.hpp"
 
 using namespace shardplan;
 using namespace shardplan::executor;
@@ -34,20 +35,21 @@ std::vector<double> uniform(std::int64_t n, unsigned seed) {
   std::mt19937 gen(seed);
   std::uniform_real_distribution<double> dist(-2.0, 2.0);
   std::vector<double> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = dist(gen);
+  for (auto& x : v)
+    x = dist(gen);
   return v;
 }
 
-template <class S>
-std::vector<S> as(const std::vector<double>& v) {
+template <class S> std::vector<S> as(const std::vector<double>& v) {
   std::vector<S> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = narrow<S>(static_cast<accum_t<S>>(v[i]));
+  for (std::size_t i = 0; i < v.size(); ++i)
+    out[i] = narrow<S>(static_cast<accum_t<S>>(v[i]));
   return out;
 }
-template <class S>
-std::vector<double> to_double(const std::vector<S>& v) {
+template <class S> std::vector<double> to_double(const std::vector<S>& v) {
   std::vector<double> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<double>(widen(v[i]));
+  for (std::size_t i = 0; i < v.size(); ++i)
+    out[i] = static_cast<double>(widen(v[i]));
   return out;
 }
 
@@ -91,9 +93,9 @@ Result run(bool flash, const Shape& s, const std::vector<double>& q, const std::
   return {to_double(out), to_double(dq), to_double(dk), to_double(dv)};
 }
 
-template <class S>
-void check_against_eager(const char* type, double tolerance) {
-  CAPTURE(type);
+template <class S> void check_against_eager(const char* type, double tolerance) {
+  const std::string name = type;
+  CAPTURE(name);
   const Shape s;
   // Reference inputs already representable in S (rounded through it).
   const auto q = to_double(as<S>(uniform(s.q(), 1))), k = to_double(as<S>(uniform(s.kv(), 2)));
@@ -104,13 +106,13 @@ void check_against_eager(const char* type, double tolerance) {
                            rel_l2(got.dk, want.dk), rel_l2(got.dv, want.dv)};
   const char* names[] = {"out", "dq", "dk", "dv"};
   for (int i = 0; i < 4; ++i) {
-    MESSAGE(std::string(type) << " " << std::string(names[i]) << ": relative L2 error " << errors[i] << ", tolerance "
-                 << tolerance);
+    MESSAGE(std::string(type) << " " << std::string(names[i]) << ": relative L2 error " << errors[i]
+                              << ", tolerance " << tolerance);
     CHECK(errors[i] < tolerance);
   }
 }
 
-}  // namespace
+} // namespace
 
 // Tolerances (relative L2 norm against the eager kernels in double over the same inputs):
 // - double: the same sums in another order and exp/log at full precision; each result is a sum of
@@ -132,8 +134,8 @@ TEST_CASE("flash_attention_host::the log-sum-exp is each score row's") {
   const Shape s{1, 70, 2, 1, 8};
   const auto q = uniform(s.q(), 5), k = uniform(s.kv(), 6), v = uniform(s.kv(), 7);
   std::vector<double> out(q.size()), lse(static_cast<std::size_t>(s.rows()));
-  flash_host::forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s.batch, s.seq,
-                      s.heads, s.kv_heads, s.d);
+  flash_host::forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s.batch, s.seq, s.heads,
+                      s.kv_heads, s.d);
   double worst = 0;
   for (std::int64_t h = 0; h < s.heads; ++h)
     for (std::int64_t t = 0; t < s.seq; ++t) {
@@ -145,9 +147,10 @@ TEST_CASE("flash_attention_host::the log-sum-exp is each score row's") {
                  k[static_cast<std::size_t>(j * s.d + e)];
         sum += std::exp(dot / std::sqrt(8.0));
       }
-      worst = std::max(worst, std::abs(lse[static_cast<std::size_t>(h * s.seq + t)] - std::log(sum)));
+      worst =
+          std::max(worst, std::abs(lse[static_cast<std::size_t>(h * s.seq + t)] - std::log(sum)));
     }
-  CHECK(worst < 1e-12);  // the same sum in blocks, double (as above)
+  CHECK(worst < 1e-12); // the same sum in blocks, double (as above)
 }
 
 TEST_CASE("flash_attention_host::a block keeps 4·a·T bytes of log-sum-exp instead of the scores") {
@@ -195,8 +198,8 @@ TEST_CASE("flash_attention_host::the engine's peak with flash attention is the c
   const auto model = testing::small_llama();
   for (int world : {1, 2})
     for (const char* strategy : {"ddp", "zero3"}) {
-      const auto flavour = std::string(strategy) == "ddp" ? costmodel::Flavour::ddp
-                                                          : costmodel::Flavour::deepspeed;
+      const auto flavour =
+          std::string(strategy) == "ddp" ? costmodel::Flavour::ddp : costmodel::Flavour::deepspeed;
       auto options =
           testing::test_options(model, testing::test_spec(strategy, flavour, world, 1 << 16));
       options.micro_batch = {2, 96};
@@ -206,8 +209,9 @@ TEST_CASE("flash_attention_host::the engine's peak with flash attention is the c
       const auto run = testing::rehearse_engine(options, 0, world, 2);
       const double error = (predicted.peak_bytes - static_cast<double>(run.peak_bytes)) /
                            static_cast<double>(run.peak_bytes);
-      MESSAGE(world << " ranks, " << std::string(strategy) << ", flash: predicted " << predicted.peak_bytes
-                    << " B, measured " << run.peak_bytes << " B, error " << 100 * error << "%");
+      MESSAGE(world << " ranks, " << std::string(strategy) << ", flash: predicted "
+                    << predicted.peak_bytes << " B, measured " << run.peak_bytes << " B, error "
+                    << 100 * error << "%");
       CHECK(std::abs(error) < 0.03);
     }
 }

@@ -31,10 +31,15 @@ constexpr OffloadCase kCases[] = {{"zero1", Flavour::deepspeed, Offload::optimiz
                                   {"fsdp-full", Flavour::fsdp1, Offload::params}};
 
 EngineOptions offload_options(const OffloadCase& c, int world, Offload offload,
-                              std::int64_t grad_accumulation) {
+                              std::int64_t grad_accumulation,
+                              costmodel::Precision precision = costmodel::Precision::fp32) {
   auto spec = test_spec(c.strategy, c.flavour, world, 1 << 16);
   spec.offload = offload;
-  return test_options(small_llama(), spec, grad_accumulation);
+  if (precision != costmodel::Precision::fp32) // the compute type: what the engine reduces in
+    spec.reduce_dtype = costmodel::compute_dtype(precision);
+  auto options = test_options(small_llama(), spec, grad_accumulation);
+  options.precision = precision;
+  return options;
 }
 
 std::string name_of(const OffloadCase& c) {
@@ -42,7 +47,7 @@ std::string name_of(const OffloadCase& c) {
          costmodel::offload_name(c.offload);
 }
 
-}  // namespace
+} // namespace
 
 TEST_CASE("host_offload::offloaded training is the training without offload") {
   // One rank, 3 steps. One micro-batch: bit for bit (the same AdamW on the same fp32 values; the
@@ -60,7 +65,8 @@ TEST_CASE("host_offload::offloaded training is the training without offload") {
       REQUIRE(plain.losses.size() == off.losses.size());
       const double error = relative_l2(off.params, plain.params);
       if (gas == 1) {
-        for (std::size_t k = 0; k < plain.losses.size(); ++k) CHECK(off.losses[k] == plain.losses[k]);
+        for (std::size_t k = 0; k < plain.losses.size(); ++k)
+          CHECK(off.losses[k] == plain.losses[k]);
         CHECK(error == 0);
       } else {
         CHECK(error < 1e-6);
@@ -86,13 +92,14 @@ TEST_CASE("host_offload::the device holds what the cost model's offload counts")
                              static_cast<double>(run.peak_bytes);
         worst = std::max(worst, std::abs(error));
         INFO(name_of(c) << ", rank " << rank << " of " << world << ": predicted "
-                        << predicted.peak_bytes << " B, measured " << run.peak_bytes
-                        << " B, error " << 100 * error << "%");
+                        << predicted.peak_bytes << " B, measured " << run.peak_bytes << " B, error "
+                        << 100 * error << "%");
         CHECK(std::abs(error) < 0.03);
         CHECK(run.category_peaks[MemoryCategory::optimizer_states] == 0);
         CHECK(static_cast<double>(run.at_peak[MemoryCategory::parameters]) ==
               predicted.model_states[static_cast<int>(costmodel::Category::parameters)]);
-        if (rank == 0) CHECK(run.peak_bytes < plain.peak_bytes);
+        if (rank == 0)
+          CHECK(run.peak_bytes < plain.peak_bytes);
       }
     }
   MESSAGE("offload: worst device peak error " << 100 * worst << "%");
@@ -120,4 +127,27 @@ TEST_CASE("host_offload::what no framework offloads is refused") {
                        "FSDP offloads parameters, gradients and optimizer together (CPUOffload); "
                        "use offload params",
                        std::invalid_argument);
+}
+
+TEST_CASE("host_offload::mixed precision offloads the fp32 master and moments") {
+  // bf16-mixed on 2 ranks: no optimizer state on the device, the parameters the cost model keeps
+  // there to the byte, and the peak (in the head's backward) the cost model's less the one
+  // difference engine::peak memory is the cost model's names: the cost model counts an fp32
+  // upcast of the bf16 logits that the executor's log-softmax does not make, 2·N·V bytes
+  // (N = 2 × 8 tokens, V = 512: 16 KiB). With offload the states are gone and that is 7% of these
+  // small peaks; what remains is within 1%.
+  for (const auto& c : kCases) {
+    CAPTURE(name_of(c));
+    const auto options = offload_options(c, 2, c.offload, 2, costmodel::Precision::bf16_mixed);
+    const auto predicted = predict(options, 2, cpu_profile(2));
+    REQUIRE(predicted.valid);
+    const auto run = rehearse_engine(options, 1, 2, 2);
+    const double upcast = 2.0 * options.micro_batch.tokens() * options.model.vocab;
+    const auto measured = static_cast<double>(run.peak_bytes);
+    INFO("predicted " << predicted.peak_bytes << " B, measured " << measured << " B");
+    CHECK(std::abs(predicted.peak_bytes - upcast - measured) / measured < 0.01);
+    CHECK(run.category_peaks[MemoryCategory::optimizer_states] == 0);
+    CHECK(static_cast<double>(run.at_peak[MemoryCategory::parameters]) ==
+          predicted.model_states[static_cast<int>(costmodel::Category::parameters)]);
+  }
 }
