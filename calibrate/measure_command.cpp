@@ -218,6 +218,10 @@ void add_compute(const MeasureOptions& o, const ComputeCalibration& c, const Pre
     system.host_link_Bps = c.host_link_Bps.value_or(0);
     system.host_link_note = "pinned host-to-device cudaMemcpyAsync, slowest rank";
   }
+  if (o.device_memory_bytes) {
+    system.device_memory_bytes = *o.device_memory_bytes;
+    system.device_memory_note = "set with --device-memory-GiB";
+  }
   system.memory_bandwidth_Bps = c.memory_bandwidth_Bps.value_or(0);
   if (c.optimizer_params_per_s) {
     system.optimizer_params_per_s = *c.optimizer_params_per_s * topology.local_size;

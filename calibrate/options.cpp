@@ -1,5 +1,7 @@
 #include "calibrate/options.hpp"
 
+#include <cmath>
+
 #include <algorithm>
 
 #include <CLI/CLI.hpp>
@@ -155,6 +157,10 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   app.add_option("--out,-o", m.out,
                  "profile to write [default: calibrated-<host>.json, or PROFILE with --into]");
   app.add_option("--into", m.into, "existing profile to merge the calibration into");
+  std::string device_memory;
+  app.add_option("--device-memory-GiB", device_memory,
+                 "the new profile's device memory (gpu.memory_GiB), the size plans must fit\n"
+                 "[default: the device's; a CPU rank: the host's memory shared by its ranks]");
   std::string timeout, fault;
   app.add_option("--timeout-s", timeout,
                  "a rank that makes no progress for this many seconds (a peer crashed or hung) "
@@ -282,6 +288,24 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   }
   named(app, "--out", m.out);
   named(app, "--into", m.into);
+  if (app.count("--device-memory-GiB")) {
+    double gib = 0;
+    try {
+      gib = costmodel::double_from_text("--device-memory-GiB", device_memory);
+    } catch (const InputError&) {
+      gib = 0; // not a decimal number: said as for one out of range
+    }
+    if (!(gib > 0) || !std::isfinite(gib))
+      throw InputError("--device-memory-GiB",
+                       fmt::format("must be a number of GiB > 0 and finite, got \"{}\"",
+                                   device_memory));
+    if (!m.into.empty())
+      throw InputError("--device-memory-GiB",
+                       fmt::format("sets a new profile's memory; --into {} keeps its own "
+                                   "gpu.memory_GiB",
+                                   m.into));
+    m.device_memory_bytes = gib * 1073741824.0;  // GiB = 2^30 bytes
+  }
   if (app.count("--timeout-s")) {
     double seconds = 0;
     try {

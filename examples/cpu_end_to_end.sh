@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole loop on one CPU machine, with MPI ranks standing in for GPUs:
 #
-#   calibrate (MPI, 2 ranks)  ->  planner recommend (that profile, a small capacity)
+#   calibrate (MPI, 2 ranks, a small capacity)  ->  planner recommend (that profile)
 #     ->  executor (2 ranks, the recommended plan, under that capacity)  ->  planner validate
 #
 # and one last line: "peak memory error X%, step time error Y%" (the prediction's error relative
@@ -27,7 +27,6 @@ EXECUTOR=$BUILD/executor/executor
 for program in "$PLANNER" "$CALIBRATE" "$EXECUTOR"; do
   [[ -x $program ]] || { echo "missing $program: build first (cmake --preset release && cmake --build --preset release)" >&2; exit 1; }
 done
-command -v jq > /dev/null || { echo "this script needs jq" >&2; exit 1; }
 MPIRUN=(mpirun --oversubscribe --mca btl_vader_single_copy_mechanism none)
 [[ $(id -u) == 0 ]] && MPIRUN+=(--allow-run-as-root)
 mkdir -p "$WORK"
@@ -39,31 +38,28 @@ echo "working in $WORK"
 "$EXECUTOR" scale-config --model llama-3-8b --layers 4 --hidden 128 --heads 4 --kv-heads 2 \
   --intermediate 384 --vocab 8192 --out model.json
 
-# 2. Calibrate the ranks: MPI collectives, the model's GEMMs at the tokens of a micro-batch of one
-#    sequence, memory bandwidth.
+# 2. Calibrate the ranks: MPI collectives, the model's GEMMs and its attention core (eager and
+#    flash) at the tokens of a micro-batch of one sequence, memory bandwidth. The profile is the
+#    device the plan is for: a CPU rank (gpu.kind cpu: collectives block compute; no CUDA context,
+#    no fragmentation reserve: the executor's tracked allocator has none) with a small memory
+#    (--device-memory-GiB), so the planner has to choose.
 "${MPIRUN[@]}" -np $RANKS "$CALIBRATE" --backend mpi --gemm-model model.json --gemm-tokens $SEQ \
-  --max-bytes 16M --out calibrated.json > calibrate.log
+  --attention-seq $SEQ --max-bytes 16M --device-memory-GiB "$CAPACITY_GIB" --out device.json \
+  > calibrate.log
 tail -n 4 calibrate.log
 
-# 3. The profile as the device the plan is for: calibrate wrote a CPU rank (gpu.kind cpu:
-#    collectives block compute; no CUDA context, no fragmentation reserve: the executor's tracked
-#    allocator has none); give it a small memory, so the planner has to choose.
-jq --argjson gib "$CAPACITY_GIB" '.gpu.memory_GiB = $gib' calibrated.json > device.json
-
-# 4. Recommend. fp32 (the CPU executor also runs bf16-mixed and fp16-mixed, in 16-bit storage with
-#    fp32 arithmetic: a CPU has no 16-bit GEMM rate to calibrate), with materialised attention and
-#    no offload (it has no host/device split); checkpointing none or full.
+# 3. Recommend. fp32 (the CPU executor also runs bf16-mixed and fp16-mixed, in 16-bit storage with
+#    fp32 arithmetic: a CPU has no 16-bit GEMM rate to calibrate); attention, checkpointing and
+#    offload as the planner chooses: the CPU executor runs flash attention (tiled, on the host)
+#    and optimizer or parameter offload (to a host pool the device's memory does not count).
 JOB=(--model model.json --hardware device.json --gpus $RANKS --seq-len $SEQ --global-batch $GLOBAL_BATCH
-     --precision fp32 --attention eager --checkpointing none --offload none --recipe executor)
+     --precision fp32 --recipe executor)
 "$PLANNER" recommend "${JOB[@]}" --top 3 | sed -n '1,20p'
 "$PLANNER" recommend "${JOB[@]}" --emit plan > plan.json
 
-# 5. Run the plan on 2 ranks under the same capacity.
+# 4. Run the plan on 2 ranks under the same capacity.
 "${MPIRUN[@]}" -np $RANKS "$EXECUTOR" --plan plan.json --steps "$STEPS" --out run.json \
   --capacity-GiB "$CAPACITY_GIB"
 
-# 6. Predicted against measured.
-"$PLANNER" validate --plan plan.json --run run.json | sed '$d'
-"$PLANNER" validate --plan plan.json --run run.json --format json > validate.json
-printf 'peak memory error %+.1f%%, step time error %+.1f%%\n' \
-  "$(jq '.memory.peak_rel_error * 100' validate.json)" "$(jq '.time.step_rel_error * 100' validate.json)"
+# 5. Predicted against measured; the last line is "peak memory error X%, step time error Y%".
+"$PLANNER" validate --plan plan.json --run run.json

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "comm/host_stream.hpp"
+#include "executor/flash_attention_host.hpp"
 #include "executor/host_stream_memory.hpp"
 #include "executor/kernels.hpp"
 
@@ -84,17 +85,20 @@ void HostBackend<S>::attention_backward(S* dq, S* dk, S* dv, S* scratch, const S
                               kv_heads, head_dim);
 }
 template <class S>
-void HostBackend<S>::flash_attention_forward(S*, A*, const S*, const S*, const S*, std::int64_t,
-                                             std::int64_t, std::int64_t, std::int64_t,
-                                             std::int64_t) {
-  throw std::invalid_argument("flash attention runs on the CUDA backend only");
+void HostBackend<S>::flash_attention_forward(S* out, A* lse, const S* q, const S* k, const S* v,
+                                             std::int64_t batch, std::int64_t seq,
+                                             std::int64_t heads, std::int64_t kv_heads,
+                                             std::int64_t head_dim) {
+  flash_host::forward(out, lse, q, k, v, batch, seq, heads, kv_heads, head_dim);
 }
 template <class S>
-void HostBackend<S>::flash_attention_backward(S*, S*, S*, A*, const S*, const S*, const A*,
-                                              const S*, const S*, const S*, std::int64_t,
-                                              std::int64_t, std::int64_t, std::int64_t,
-                                              std::int64_t) {
-  throw std::invalid_argument("flash attention runs on the CUDA backend only");
+void HostBackend<S>::flash_attention_backward(S* dq, S* dk, S* dv, A* delta, const S* dout,
+                                              const S* out, const A* lse, const S* q, const S* k,
+                                              const S* v, std::int64_t batch, std::int64_t seq,
+                                              std::int64_t heads, std::int64_t kv_heads,
+                                              std::int64_t head_dim) {
+  flash_host::backward(dq, dk, dv, delta, dout, out, lse, q, k, v, batch, seq, heads, kv_heads,
+                       head_dim);
 }
 template <class S>
 void HostBackend<S>::gelu_forward(S* out, const S* in, std::int64_t n) {

@@ -199,12 +199,15 @@ class HostBackend final : public Backend<S> {
                           const S* q, const S* k, const S* v, std::int64_t batch, std::int64_t seq,
                           std::int64_t heads, std::int64_t kv_heads,
                           std::int64_t head_dim) override;
-  bool supports_flash_attention(std::int64_t) const override { return false; }
-  void flash_attention_forward(S*, A*, const S*, const S*, const S*, std::int64_t, std::int64_t,
-                               std::int64_t, std::int64_t, std::int64_t) override;
-  void flash_attention_backward(S*, S*, S*, A*, const S*, const S*, const A*, const S*,
-                                const S*, const S*, std::int64_t, std::int64_t, std::int64_t,
-                                std::int64_t, std::int64_t) override;
+  // Tiled FlashAttention-2 on the host (flash_attention_host.hpp), any head_dim.
+  bool supports_flash_attention(std::int64_t) const override { return true; }
+  void flash_attention_forward(S* out, A* lse, const S* q, const S* k, const S* v,
+                               std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                               std::int64_t kv_heads, std::int64_t head_dim) override;
+  void flash_attention_backward(S* dq, S* dk, S* dv, A* delta, const S* dout, const S* out,
+                                const A* lse, const S* q, const S* k, const S* v,
+                                std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                                std::int64_t kv_heads, std::int64_t head_dim) override;
   void gelu_forward(S* out, const S* in, std::int64_t n) override;
   void gelu_backward(S* din, const S* in, const S* dout, std::int64_t n) override;
   void swiglu_forward(S* out, const S* gate, const S* up, std::int64_t n) override;

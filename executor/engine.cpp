@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "executor/host_offload.hpp"
 #include "executor/param_init.hpp"
 #include "executor/synthetic_data.hpp"
 #include "executor/timed_communicator.hpp"
@@ -95,6 +96,9 @@ struct State final : ShardingEngine::Impl {
     TrackedBuffer<A> grad_shard;     // reduced chunk (sharded gradients), fp32 or
     TrackedBuffer<S> low_grad_shard; // ... S: from its first reduce to step end
     TrackedBuffer<S> gathered;       // all-gathered parameters, or DDP's S copy, while in use
+    // Optimizer offload where the device keeps the fp32 parameters (PyTorch's flavours, fp32):
+    // the host's fp32 copy of this rank's part of them, AdamW's master (host_offload.hpp).
+    TrackedBuffer<A> host_master;
   };
   struct Pending {
     std::int64_t unit;
@@ -130,6 +134,10 @@ struct State final : ShardingEngine::Impl {
   // The shard group's all-gathers, its reductions (the same group, on a GPU its own stream) and
   // the replica group's all-reduce; each counted in `stats`.
   std::unique_ptr<TimedCommunicator> shard, reduce, replica;
+  // Offloaded states (host_offload.hpp): a pool of its own, not the device's; declared before the
+  // units so that it outlives their buffers.
+  OffloadPolicy offload;
+  TrackedAllocator host_pool;
   std::vector<Unit> units;
   TrackedBuffer<S> head_embedding; // tied head: the embedding gathered (or copied) again
   TrackedBuffer<A> ddp_bucket;     // grad_bucket_copy: every unit's gradient, concatenated
@@ -176,6 +184,8 @@ struct State final : ShardingEngine::Impl {
   // waits for it in wait_for_gathers. An fp32 chunk is first cast to S (FSDP's MixedPrecision
   // param_dtype): a transient the gather stream reads once the compute stream has written it.
   void gather_into(std::int64_t u, TrackedBuffer<S>& out) {
+    if (offload.params && shape(u).params_sharded)
+      return gather_offloaded(u, out);
     const auto& us = shape(u);
     auto& un = unit(u);
     const auto chunk = static_cast<std::size_t>(us.chunk);
@@ -415,16 +425,18 @@ struct State final : ShardingEngine::Impl {
     constexpr auto type = data_type_v<T>;
     if (o.spec.shard_optimizer && o.spec.shard_gradients) {
       if constexpr (std::is_same_v<T, S>) {
-        if (kMixed && !policy.low_kept_chunk) {
+        if ((kMixed && !policy.low_kept_chunk) || offload.optimizer) {
           // S reduce-scatter, added into the fp32 chunk (FSDP's sharded gradient; DeepSpeed
           // stage 3's fp32 partition).
           if (un.grad_shard.empty())
-            un.grad_shard = alloc.allocate<A>(MemoryCategory::gradients, us.chunk);
+            un.grad_shard = grads_alloc().template allocate<A>(MemoryCategory::gradients, us.chunk);
           auto out = reduce_output<S>(MemoryCategory::gradients, us.chunk);
           ready_for_reduce();
           reduce->reduce_scatter(input, out.data(), c, type);
           replica_all_reduce(out.data(), c);
           widen_pending.push_back({u, std::move(out)});
+          if (offload.optimizer)
+            widen_reduced(); // device → host now: the device keeps no chunk (the cost model's)
           return;
         }
         auto& kept = [&]() -> TrackedBuffer<S>& {
@@ -696,6 +708,8 @@ struct State final : ShardingEngine::Impl {
     TrackedBuffer<A> copy;
   };
   StepGrad step_grad(std::int64_t u, std::int64_t begin, std::int64_t n) {
+    if (offload.optimizer)
+      return offloaded_step_grad(u, begin, n);
     auto& un = unit(u);
     StepGrad out;
     const S* low = nullptr;
@@ -778,6 +792,8 @@ struct State final : ShardingEngine::Impl {
       // The master: DeepSpeed's is a chunk (its optimizer is sharded); fp32 parameters at rest
       // are a chunk when partitioned, else whole.
       A* p = policy.low_params || us.params_sharded ? un.params.data() : un.params.data() + begin;
+      if (!un.host_master.empty())
+        p = un.host_master.data();
       if (un.exp_avg.size() != n)
         throw std::logic_error(fmt::format("unit {}: {} optimizer elements for {} parameters", u,
                                            un.exp_avg.size(), n));
@@ -786,6 +802,8 @@ struct State final : ShardingEngine::Impl {
       if constexpr (kMixed)
         if (policy.low_params)
           be.narrow(us.params_sharded ? un.low.data() : un.low.data() + begin, p, n);
+      if (!un.host_master.empty())
+        upload_parameters(u, begin, n);
     }
     return true;
   }
@@ -845,6 +863,9 @@ struct State final : ShardingEngine::Impl {
     if (o.micro_batch.batch < 1 || o.micro_batch.seq < 1)
       throw std::invalid_argument("the micro-batch is empty");
     set_policy();
+    offload = offload_policy(spec);
+    if (offload.optimizer && !alloc.host_accessible())
+      throw std::invalid_argument("offload runs on the CPU backend (its host pool is the heap)");
     const auto& layout = model.layout();
     sl = make_shard_layout(layout, spec, g.world->size(), g.world->rank());
     check_group(g.shard, sl.group, sl.shard_rank, "shard");
@@ -878,11 +899,12 @@ struct State final : ShardingEngine::Impl {
       const auto& us = shape(u);
       const std::int64_t n = us.params_sharded ? us.chunk : sl.whole_elements(u, spec);
       const std::int64_t first = us.params_sharded ? sl.chunk_begin(u) : 0;
+      TrackedAllocator& at_rest = offload.params && us.params_sharded ? host_pool : alloc;
       if (policy.low_params) {
-        un.low = alloc.allocate<S>(MemoryCategory::parameters, n);
+        un.low = at_rest.allocate<S>(MemoryCategory::parameters, n);
         write_initial(un.low, u, first);
       } else {
-        un.params = alloc.allocate<A>(MemoryCategory::parameters, n);
+        un.params = at_rest.allocate<A>(MemoryCategory::parameters, n);
         write_initial(un.params, u, first);
       }
     }
@@ -890,12 +912,16 @@ struct State final : ShardingEngine::Impl {
       auto& un = unit(u);
       const auto& us = shape(u);
       const std::int64_t n = spec.shard_optimizer ? us.chunk : us.size;
+      TrackedAllocator& states = offload.optimizer ? host_pool : alloc;
       if (policy.low_params) { // DeepSpeed's fp32 master partition
-        un.params = alloc.allocate<A>(MemoryCategory::optimizer_states, n);
+        un.params = states.allocate<A>(MemoryCategory::optimizer_states, n);
         write_initial(un.params, u, spec.shard_optimizer ? sl.chunk_begin(u) : 0);
+      } else if (offload.optimizer && !(offload.params && us.params_sharded)) {
+        un.host_master = host_pool.allocate<A>(MemoryCategory::optimizer_states, n);
+        write_initial(un.host_master, u, sl.chunk_begin(u));
       }
-      un.exp_avg = alloc.allocate<A>(MemoryCategory::optimizer_states, n);
-      un.exp_avg_sq = alloc.allocate<A>(MemoryCategory::optimizer_states, n);
+      un.exp_avg = states.allocate<A>(MemoryCategory::optimizer_states, n);
+      un.exp_avg_sq = states.allocate<A>(MemoryCategory::optimizer_states, n);
     }
     if (spec.grad_bucket_copy) {
       std::int64_t total = 0;
@@ -926,6 +952,57 @@ struct State final : ShardingEngine::Impl {
             fmt::format("initial loss scale {}: must be positive", o.initial_loss_scale));
       loss_scale = o.initial_loss_scale;
     }
+  }
+
+  // ---- host offload (host_offload.hpp)
+
+  // Where reduced gradient chunks are kept: the host pool under optimizer offload.
+  TrackedAllocator& grads_alloc() { return offload.optimizer ? host_pool : alloc; }
+
+  // Parameter offload: the unit's chunk goes host → device into its own slot of the gathered
+  // buffer (cast to S on the way when the host keeps fp32), and the all-gather runs in place.
+  void gather_offloaded(std::int64_t u, TrackedBuffer<S>& out) {
+    const auto& us = shape(u);
+    auto& un = unit(u);
+    out = alloc.allocate_uninitialized<S>(MemoryCategory::buffers, us.padded);
+    S* slot = out.data() + static_cast<std::int64_t>(sl.shard_rank) * us.chunk;
+    timed(Part::copy, [&] {
+      if (policy.low_params)
+        be.copy(slot, un.low.data(), us.chunk);
+      else
+        be.narrow(slot, un.params.data(), us.chunk);
+    });
+    be.wait(shard.get(), nullptr);
+    shard->all_gather(slot, out.data(), static_cast<std::size_t>(us.chunk), kS);
+    be.record_use(out.data(), shard.get());
+  }
+
+  // The fp32 gradient AdamW reads on the host: the kept host chunk (sharded gradients), or this
+  // rank's part of the device's whole gradient copied device → host (ZeRO-1), timed with the
+  // optimizer.
+  StepGrad offloaded_step_grad(std::int64_t u, std::int64_t begin, std::int64_t n) {
+    auto& un = unit(u);
+    StepGrad out;
+    if (o.spec.shard_gradients) {
+      out.data = un.grad_shard.data();
+      return out;
+    }
+    out.copy = host_pool.allocate<A>(MemoryCategory::gradients, n);
+    if (low_whole())
+      be.widen_add(out.copy.data(), un.low_grads.data() + begin, n);
+    else
+      be.copy_wide(out.copy.data(), un.grads.data() + begin, n);
+    out.data = out.copy.data();
+    return out;
+  }
+
+  // After AdamW on the host master: the updated part host → device (the device's fp32
+  // parameters; DeepSpeed's S partition is rounded from the master by optimizer_step). Timed
+  // with the optimizer, as the cost model's "CPU optimizer + upload".
+  void upload_parameters(std::int64_t u, std::int64_t begin, std::int64_t n) {
+    auto& un = unit(u);
+    A* device = shape(u).params_sharded ? un.params.data() : un.params.data() + begin;
+    be.copy_wide(device, un.host_master.data(), n);
   }
 
   // ---- the public interface

@@ -17,6 +17,9 @@
 //                           gradients are copied into; reduced when it fills
 //   forward/backward_prefetch, max_inflight_allgathers   see EngineOptions::prefetch_as_planned
 //   persistence_threshold   units whose tensors are all smaller stay whole (shard_layout.hpp)
+//   offload                 optimizer / params: master, moments, reduced gradients (and the
+//                           partitioned parameters) in a host pool of their own, not the
+//                           device's allocator (host_offload.hpp)
 //
 // Memory follows the cost model's timeline (costmodel/simulator.cpp) allocation by allocation,
 // every buffer through the TrackedAllocator with the cost model's category: gathered units are

@@ -89,6 +89,13 @@ void check_checkpoints(const RunCommand& c, const RunSetup& setup) {
         save ? "--save" : "--resume",
         fmt::format("checkpoints hold fp32 runs only, the plan's precision is \"{}\"",
                     costmodel::precision_name(setup.engine.precision)));
+  // An offloaded run's master weights and moments are in the host pool (host_offload.hpp),
+  // which checkpoints do not read or restore.
+  if ((save || resume) && setup.engine.spec.offload != costmodel::Offload::none)
+    throw costmodel::InputError(
+        save ? "--save" : "--resume",
+        fmt::format("checkpoints hold runs without offload, the plan offloads \"{}\"",
+                    costmodel::offload_name(setup.engine.spec.offload)));
 }
 
 void check_fault_rank(const RunCommand& c, int world_size) {

@@ -4,6 +4,7 @@
 
 #include "costmodel/accounting.hpp"
 #include "costmodel/input_error.hpp"
+#include "executor/host_offload.hpp"
 #include "executor/model_layout.hpp"
 
 namespace shardplan::executor {
@@ -26,12 +27,6 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
   if (job.optimizer != costmodel::Optimizer::adamw)
     throw InputError("/job/optimizer", fmt::format("the executor runs adamw only, got \"{}\"",
                                                    costmodel::optimizer_name(job.optimizer)));
-  if (job.attention != costmodel::AttentionImpl::eager && !request.gpu)
-    throw InputError(
-        "/job/attention",
-        fmt::format("the CPU executor materialises the attention scores (eager), got \"{}\"; "
-                    "plan with --attention eager",
-                    costmodel::attention_name(job.attention)));
   if (job.recipe != costmodel::Recipe::executor)
     throw InputError("/job/recipe",
                      fmt::format("the executor runs its own model code, planned as recipe \"executor\", "
@@ -45,11 +40,16 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
   if (job.loss != costmodel::LossImpl::upcast)
     throw InputError("/job/loss", fmt::format("the executor's loss is upcast, got \"{}\"",
                                               costmodel::loss_label(job)));
-  if (p.spec.offload != costmodel::Offload::none)
+  if (p.spec.offload != costmodel::Offload::none && request.gpu)
     throw InputError(
         "/sharding/offload",
-        fmt::format("{} does not offload, got \"{}\"", executor,
+        fmt::format("{} does not offload (the CPU executor does), got \"{}\"", executor,
                     costmodel::offload_name(p.spec.offload)));
+  try {
+    (void)offload_policy(p.spec);
+  } catch (const std::invalid_argument& error) {
+    throw InputError("/sharding/offload", error.what());
+  }
   if (p.spec.shard_parameters && !p.spec.shard_gradients)
     throw InputError("/sharding/shard_parameters",
                      "true needs shard_gradients true (no framework does otherwise)");

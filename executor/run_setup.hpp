@@ -5,11 +5,9 @@
 //   /sharding/reduce_dtype   under mixed precision, the type the gradients are reduced in
 //                        (engine.hpp, precision_policy)
 //   /job/optimizer       adamw only
-//   /job/attention       the CPU backend: eager only (it materialises the attention scores, a·s²
-//                        per sequence; a plan for flash attention predicts memory it would not
-//                        use); the CUDA backend: eager or flash (flash_attention.hpp)
 //   /job/checkpointing   none or full (selective recompute is not implemented)
-//   /sharding/offload    none: the executor does not offload
+//   /sharding/offload    the CPU backend: none, optimizer or params (host_offload.hpp); the
+//                        CUDA backend: none
 //   /cluster/gpus        must equal the ranks launched (or --world of a rehearsal)
 //   /model               a bare parameter count has no architecture to run
 // What it runs differently and says so in the run document (`deviations`): an fp32 job's

@@ -17,10 +17,13 @@ TEST_CASE("attention_bench::the model's core: whole sequences of the tokens, its
   CHECK(a.head_dim == 128);
 }
 
-TEST_CASE("attention_bench::a CPU rank times the host backend's fp32 eager attention") {
+TEST_CASE("attention_bench::a CPU rank times the host backend's fp32 eager and flash attention") {
   int calls = 0;
   const auto samples = time_cpu_attention({2, 16, 4, 2, 8}, 1e-4, [&] { ++calls; });
-  REQUIRE(samples.size() == 1); // the host backend has no flash attention
+  REQUIRE(samples.size() == 2); // eager, then the host's tiled flash attention
+  CHECK(samples[1].impl == "flash");
+  CHECK(samples[1].forward_s > 0);
+  CHECK(samples[1].backward_s > 0);
   const auto& s = samples.front();
   CHECK(s.impl == "eager");
   CHECK(s.dtype == costmodel::DType::fp32);
@@ -34,5 +37,5 @@ TEST_CASE("attention_bench::a CPU rank times the host backend's fp32 eager atten
   CHECK(std::isfinite(s.backward_s));
   CHECK(s.backward_s > 0);
   CHECK(s.backward_s < 1); // 2 × 4 heads of 16 × 16 scores
-  CHECK(calls == 1);       // once before each implementation
+  CHECK(calls == 2);       // once before each implementation
 }

@@ -215,3 +215,18 @@ TEST_CASE("fault::calibrate's --timeout-s and --inject-fault") {
               "\"");
   }
 }
+
+TEST_CASE("options::--device-memory-GiB sets the new profile's device memory") {
+  // 0.06 GiB = 0.06 × 2^30 bytes = 64424509.44 B.
+  CHECK(*parse({"--device-memory-GiB", "0.06"}).measure.device_memory_bytes == 0.06 * 1073741824.0);
+  CHECK_FALSE(parse({}).measure.device_memory_bytes.has_value());
+  for (const char* bad : {"0", "-1", "inf", "nan", "big", ""}) {
+    CAPTURE(bad);
+    CHECK(rejection({"--device-memory-GiB", bad}) ==
+          std::string("--device-memory-GiB: must be a number of GiB > 0 and finite, got \"") + bad +
+              "\"");
+  }
+  CHECK(rejection({"--device-memory-GiB", "1", "--into", "p.json"}) ==
+        "--device-memory-GiB: sets a new profile's memory; --into p.json keeps its own "
+        "gpu.memory_GiB");
+}

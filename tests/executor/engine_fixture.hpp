@@ -138,7 +138,8 @@ inline costmodel::StepResult predict(const EngineOptions& o, int world,
   in.job.global_batch = o.micro_batch.batch * o.grad_accumulation * world;
   in.job.precision = o.precision;
   in.job.optimizer = costmodel::Optimizer::adamw;
-  in.job.attention = costmodel::AttentionImpl::eager;
+  in.job.attention = o.model_options.flash_attention ? costmodel::AttentionImpl::flash
+                                                     : costmodel::AttentionImpl::eager;
   in.job.recipe = costmodel::Recipe::executor;  // the executor's own model code
   in.job.checkpointing = o.checkpointing == Checkpointing::full ? costmodel::Checkpointing::full
                                                                 : costmodel::Checkpointing::none;

@@ -59,8 +59,8 @@ TEST_CASE("executor::a plan it cannot run as asked is refused, naming the field"
   bad["sharding"]["reduce_dtype"] = "fp32"; // FSDP's bf16 gradients reduced in fp32
   CHECK(where_of(bad, 2) == "/sharding/reduce_dtype");
   bad = plan;
-  bad["job"]["attention"] = "flash";
-  CHECK(where_of(bad, 2) == "/job/attention");
+  bad["job"]["attention"] = "flash"; // the host's tiled kernel (flash_attention_host.hpp)
+  CHECK(where_of(bad, 2) == "accepted");
   bad = plan;
   bad["job"]["checkpointing"] = "selective";
   CHECK(where_of(bad, 2) == "/job/checkpointing");
@@ -76,18 +76,22 @@ TEST_CASE("executor::a plan it cannot run as asked is refused, naming the field"
   bad["job"]["optimizer"] = "sgd";
   CHECK(where_of(bad, 2) == "/job/optimizer");
   bad = plan;
-  bad["sharding"]["offload"] = "params";
+  bad["sharding"]["offload"] = "params"; // FSDP's CPUOffload, to host buffers (host_offload.hpp)
+  CHECK(where_of(bad, 2) == "accepted");
+  bad["sharding"]["offload"] = "optimizer"; // not what FSDP does
   CHECK(where_of(bad, 2) == "/sharding/offload");
   bad = plan;
   bad["sharding"]["shard_group_size"] = 3;
   CHECK(where_of(bad, 2) == "/sharding/shard_group_size");
   try {
     bad = plan;
-    bad["sharding"]["offload"] = "optimizer";
-    make_run_setup(bad, 2, {});
-    FAIL("accepted an offloading plan");
+    bad["sharding"]["offload"] = "params";
+    RunRequest gpu;
+    gpu.gpu = true;
+    make_run_setup(bad, 2, gpu);
+    FAIL("the GPU executor accepted an offloading plan");
   } catch (const InputError& e) {
-    CHECK(std::string(e.what()).find("the CPU executor does not offload") != std::string::npos);
+    CHECK(std::string(e.what()).find("the GPU executor does not offload") != std::string::npos);
   }
 }
 
