@@ -123,7 +123,11 @@ int run_cli(int argc, char** argv) {
                            m.total_params());
       }
     } else if (hardware->parsed()) {
-      for (const auto& n : costmodel::preset_hardware_names()) {
+      const auto names = costmodel::preset_hardware_names();
+      if (names.empty())
+        throw InputError("SHARDPLAN_DATA_DIR", fmt::format("no profiles (*.json) in {}/hardware_profiles",
+                                                           costmodel::data_dir()));
+      for (const auto& n : names) {
         const auto h = costmodel::load_hardware(n);
         out << fmt::format("{:<18} {}\n", n, h.description);
       }

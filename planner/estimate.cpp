@@ -17,7 +17,15 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 }
 
-std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / kGiB); }
+// Bytes in the largest binary unit that keeps a digit before the point: 0.00 GiB says nothing
+// about a 3 MiB buffer (the CPU profiles' and tiny models' sizes).
+std::string gib(double bytes) {
+  const double a = std::abs(bytes);
+  if (a >= kGiB || a == 0) return fmt::format("{:.2f} GiB", bytes / kGiB);
+  if (a >= kGiB / 1024) return fmt::format("{:.2f} MiB", bytes / (kGiB / 1024));
+  if (a >= 1024) return fmt::format("{:.2f} KiB", bytes / 1024);
+  return fmt::format("{:.0f} B", bytes);
+}
 
 std::string seconds(double s) {
   if (s >= 1) return fmt::format("{:.3f} s", s);

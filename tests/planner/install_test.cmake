@@ -35,3 +35,11 @@ string(REGEX REPLACE "\n$" "" one "${err}")
 if(NOT rc EQUAL 2 OR NOT err MATCHES "SHARDPLAN_DATA_DIR" OR one MATCHES "\n" OR NOT out STREQUAL "")
   message(FATAL_ERROR "wrong SHARDPLAN_DATA_DIR: rc ${rc}, stdout:\n${out}\nstderr:\n${err}")
 endif()
+
+# A data folder whose profile folder is empty: the same.
+file(MAKE_DIRECTORY ${WORK}/empty/hardware_profiles ${WORK}/empty/examples/models)
+execute_process(COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_DATA_DIR=${WORK}/empty ${WORK}/prefix/bin/planner hardware
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err WORKING_DIRECTORY ${WORK})
+if(NOT rc EQUAL 2 OR NOT err MATCHES "no profiles" OR NOT out STREQUAL "")
+  message(FATAL_ERROR "empty profile folder: rc ${rc}, stdout:\n${out}\nstderr:\n${err}")
+endif()

@@ -122,10 +122,11 @@ TEST_CASE("deepspeed_import::zero2 with CPU optimizer offload") {
   CHECK(d.spec.reduce_bucket_bytes == 2e8 * 2);
   CHECK(d.spec.allgather_bucket_bytes == 2e8 * 2);
   CHECK(says(d, "train_batch_size 64 replaces the scenario's global batch 32"));
+  // 2e8 elements x 2 bytes = 4e8 B = 381.47 MiB.
   CHECK(says(
       d,
       "/zero_optimization/overlap_comm true at stage 2: DeepSpeed then keeps a second "
-      "reduce bucket that the model does not count (memory under-predicted by 0.37 GiB per GPU)"));
+      "reduce bucket that the model does not count (memory under-predicted by 381.47 MiB per GPU)"));
   auto sc = scenario();
   sc.job = d.job;
   const auto e = planner::evaluate(sc, d.spec, d.job);
