@@ -8,6 +8,7 @@
 
 #include "costmodel/compute_time.hpp"
 #include "costmodel/elementwise.hpp"
+#include "costmodel/traffic.hpp"
 
 namespace shardplan::costmodel {
 namespace {
@@ -326,6 +327,11 @@ void Simulation::prepare() {
   // eager attention core; torchtitan's op-level policy reruns what its save list drops.
   units_[3] = units_[1];
   units_[3].recompute_s = units_[1].fwd_s;
+  if (counts_recipe_traffic(j)) {
+    // A recipe's rerun skips what its checkpoint's early stop leaves out (traffic.hpp).
+    const double skipped = block_traffic(m, j, f).forward - recompute_traffic(m, j, f);
+    units_[3].recompute_s -= std::min(cm.traffic_s(skipped), units_[1].fwd_kinds[static_cast<int>(ComputeKind::memory_bound)]);
+  }
   const ComputeTimes selective = block_recompute(cm, m, j, f);
   units_[1].recompute_s = std::accumulate(selective.begin(), selective.end(), 0.0);
   units_[0].act = embedding_activations(m, j, f);
