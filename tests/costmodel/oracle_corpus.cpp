@@ -32,6 +32,12 @@ TrainingJob job_of(const nlohmann::json& c) {
   return j;
 }
 
+// The model a case ran, from the corpus's configs.
+ModelSpec model_of(const nlohmann::json& configs, const nlohmann::json& c) {
+  const std::string config = c.at("config").get<std::string>();
+  return model_from_hf_config(configs.at(config), config);
+}
+
 // Why a case says nothing about what a GPU run keeps (empty: it does).
 std::string cpu_only_reason(const ModelSpec& m, const nlohmann::json& c) {
   if (m.attention_dropout && c.at("attention") == "flash")
@@ -58,8 +64,7 @@ std::vector<Row> unit_rows(const nlohmann::json& corpus) {
   std::vector<Row> rows;
   const auto& configs = corpus.at("configs");
   for (const auto& c : corpus.at("cases")) {
-    const std::string config = c.at("config").get<std::string>();
-    const ModelSpec m = model_from_hf_config(configs.at(config), config);
+    const ModelSpec m = model_of(configs, c);
     const TrainingJob j = job_of(c);
     const std::string skipped = cpu_only_reason(m, c);
     // e: the compute dtype; p: the parameters the forward reads (fp32 under autocast, 16-bit
@@ -128,8 +133,7 @@ std::vector<Row> traffic_rows(const nlohmann::json& corpus) {
   std::vector<Row> rows;
   const auto& configs = corpus.at("configs");
   for (const auto& c : corpus.at("cases")) {
-    const std::string config = c.at("config").get<std::string>();
-    const ModelSpec m = model_from_hf_config(configs.at(config), config);
+    const ModelSpec m = model_of(configs, c);
     const TrainingJob j = job_of(c);
     // transformers' models run under autocast (fp32 parameters, e-byte GEMMs); torchtitan's
     // blocks read the bf16 parameters FSDP2 hands them. Measured on CPU (cuda = false).
@@ -211,8 +215,7 @@ std::vector<Row> step_rows(const nlohmann::json& corpus) {
   const auto& configs = corpus.at("configs");
   const auto hw = load_hardware("a100-sxm4-80gb");
   for (const auto& c : corpus.at("cases")) {
-    const std::string config = c.at("config").get<std::string>();
-    const ModelSpec m = model_from_hf_config(configs.at(config), config);
+    const ModelSpec m = model_of(configs, c);
     TrainingJob j = job_of(c);
     j.optimizer = optimizer_from_name(c.at("optimizer").get<std::string>(), "optimizer");
     const int world = c.at("world_size").get<int>();
