@@ -216,26 +216,29 @@ UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob
     w.forward_kernels += flash ? kFlashKernels[0] : kEagerKernels[0];
     w.backward_kernels += flash ? kFlashKernels[1] : kEagerKernels[1];
   }
-  const auto ops = unit == UnitKind::block  ? block_elementwise_ops(m)
-                   : unit == UnitKind::head ? head_elementwise_ops(m)
-                                            : embedding_elementwise_ops(m);
-  if (counts_recipe_traffic(j)) {
+  if (counts_recipe_traffic(j)) {  // the framework's model code, op by op
     const Traffic t = unit == UnitKind::block  ? block_traffic(m, j, f)
                       : unit == UnitKind::head ? head_traffic(m, j, f)
                                                : embedding_traffic(m, j, f);
     w.forward[memory] = cm.traffic_s(t.forward);
     w.backward[memory] = cm.traffic_s(t.backward);
-  } else {
+    w.forward_kernels += t.forward_ops;
+    w.backward_kernels += t.backward_ops;
+  } else {  // the executor's (and Megatron's) kernels
+    const auto ops = unit == UnitKind::block  ? block_elementwise_ops(m)
+                     : unit == UnitKind::head ? head_elementwise_ops(m)
+                                              : embedding_elementwise_ops(m);
     const Passes p = passes_per_token(ops);
     const double bytes = dtype_bytes(compute_dtype(j.precision));
     const double t = static_cast<double>(tokens);
     w.forward[memory] = cm.passes_s(t * p.forward, bytes);
     w.backward[memory] = cm.passes_s(t * p.backward, bytes);
+    for (const auto& op : ops) {
+      w.forward_kernels += op.count;
+      w.backward_kernels += op.count;
+    }
   }
-  for (const auto& op : ops) {
-    w.forward_kernels += op.count;
-    w.backward_kernels += op.count;
-  }
+
   return w;
 }
 
@@ -252,7 +255,7 @@ ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const T
         cm.gemm_s({tokens, m.hidden, m.q_width(), 1}) + cm.gemm_s({tokens, m.intermediate, m.hidden, 1});
     r[static_cast<int>(ComputeKind::memory_bound)] =
         counts_recipe_traffic(j)
-            ? cm.traffic_s(recompute_traffic(m, j, f))
+            ? cm.traffic_s(recompute_traffic(m, j, f).forward)
             : cm.passes_s(static_cast<double>(tokens) * passes_per_token(block_elementwise_ops(m)).forward,
                           dtype_bytes(compute_dtype(j.precision)));
   }

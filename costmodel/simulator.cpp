@@ -329,7 +329,7 @@ void Simulation::prepare() {
   units_[3].recompute_s = units_[1].fwd_s;
   if (counts_recipe_traffic(j)) {
     // A recipe's rerun skips what its checkpoint's early stop leaves out (traffic.hpp).
-    const double skipped = block_traffic(m, j, f).forward - recompute_traffic(m, j, f);
+    const double skipped = block_traffic(m, j, f).forward - recompute_traffic(m, j, f).forward;
     units_[3].recompute_s -= std::min(cm.traffic_s(skipped), units_[1].fwd_kinds[static_cast<int>(ComputeKind::memory_bound)]);
   }
   const ComputeTimes selective = block_recompute(cm, m, j, f);

@@ -1,5 +1,6 @@
 #include "costmodel/traffic.hpp"
 
+#include <algorithm>
 #include <string>
 
 namespace shardplan::costmodel {
@@ -31,8 +32,9 @@ struct Shape {
   double fp32_cast() const { return e < 4 ? 4 + e : 0; }
 };
 
-Traffic per_token(const Shape& x, double forward, double backward) {
-  return {x.T * forward, x.T * backward};
+// Bytes per token and the ops (kernels) that move them, per micro-batch.
+Traffic per_token(const Shape& x, double forward, double backward, double forward_ops, double backward_ops) {
+  return {x.T * forward, x.T * backward, forward_ops, backward_ops};
 }
 
 // The norms, per token, as each recipe's code runs them.
@@ -41,20 +43,21 @@ Traffic per_token(const Shape& x, double forward, double backward) {
 // bytes per element in fp32 (the traced sequence: mul 8, mul 12, sum 4, mul 12, mul 8, sum 4,
 // div 4, pow 8, mul 8, mul 12, add 12), plus the two casts when r < 4.
 Traffic hf_rmsnorm(const Shape& x) {
-  const double casts = x.r < 4 ? 2 * (4 + x.r) : 0;
-  return per_token(x, (20 + 2 * x.r + casts) * x.h, (92 + casts) * x.h);
+  const double casts = x.r < 4 ? 2 * (4 + x.r) : 0, cast_ops = x.r < 4 ? 2 : 0;
+  return per_token(x, (20 + 2 * x.r + casts) * x.h, (92 + casts) * x.h, 6 + cast_ops, 14 + cast_ops);
 }
 // torch's nn.RMSNorm (torchtitan) calls F.rms_norm: on CUDA the fused kernel reads x and writes
 // y (and an fp32 rstd per token) and its backward reads dy and x and writes dx; elsewhere it runs
 // as the ops above with the weight multiply in fp32 (28 and 92 bytes, plus the casts).
 Traffic torch_rmsnorm(const Shape& x) {
-  if (x.cuda) return per_token(x, 2 * x.r * x.h + 4, 3 * x.r * x.h + 4);
+  if (x.cuda) return per_token(x, 2 * x.r * x.h + 4, 3 * x.r * x.h + 4, 1, 1);
+  // With r < 4 the forward casts x up and y down, the backward casts twice up and once down.
   const double casts = x.r < 4 ? 2 * (4 + x.r) : 0;
-  return per_token(x, (28 + casts) * x.h, (92 + casts) * x.h);
+  return per_token(x, (28 + casts) * x.h, (92 + casts) * x.h, x.r < 4 ? 8 : 6, x.r < 4 ? 17 : 14);
 }
 // nn.LayerNorm is one kernel on both devices (native_layer_norm): reads x, writes y, mean and
 // rstd; backward reads dy, x, mean and rstd and writes dx and the affine gradients.
-Traffic layernorm(const Shape& x) { return per_token(x, 2 * x.r * x.h + 8, 3 * x.r * x.h + 8); }
+Traffic layernorm(const Shape& x) { return per_token(x, 2 * x.r * x.h + 8, 3 * x.r * x.h + 8, 1, 1); }
 
 Traffic norm(const ModelSpec& m, const TrainingJob& j, const Shape& x) {
   if (m.norm == NormKind::layernorm) return layernorm(x);
@@ -63,26 +66,34 @@ Traffic norm(const ModelSpec& m, const TrainingJob& j, const Shape& x) {
 
 // transformers' rotate_half rotary embedding on one tensor of `width` elements per token:
 // q·cos (an fp32 product, cos and sin being fp32), the negated half, the concatenation, ·sin,
-// their fp32 sum, cast back: 5e + 20 per element, and the fp32 cos and sin rows read. Backward:
-// the two products 16, the negation, two slice gradients and two adds 10e, three casts.
-Traffic rotate_half(const Shape& x, double width) {
+// their fp32 sum, cast back (GPT-NeoX casts after joining the unrotated part): 5e + 20 per
+// element, and the fp32 cos and sin rows read. Backward: the two products 16, the negation, two
+// slice gradients and two adds 10e, three casts.
+Traffic rotate_half(const Shape& x, double width, bool cast_back) {
   const double table = 2 * 4 * x.hd;  // cos and sin per token, read once per product
-  return per_token(x, (5 * x.e + 20 + x.fp32_cast()) * width + table,
-                   (16 + 10 * x.e + 3 * x.fp32_cast()) * width + table);
+  const double casts = x.e < 4 ? 1 : 0, back = cast_back ? casts : 0;
+  return per_token(x, (5 * x.e + 20 + back * (4 + x.e)) * width + table,
+                   (16 + 10 * x.e + 3 * x.fp32_cast()) * width + table, 5 + back, 7 + 3 * casts);
 }
 // torchtitan's ComplexRoPE: the fp32 view of q or k (a cast when e < 4), one complex product
 // with freqs_cis, cast back; the backward is the conjugate product.
 Traffic complex_rope(const Shape& x, double width) {
   const double table = 4 * x.hd;  // one complex64 row of hd/2 per token
-  return per_token(x, (8 + 2 * x.fp32_cast()) * width + table, (8 + 2 * x.fp32_cast()) * width + 2 * table);
+  const double casts = x.e < 4 ? 2 : 0;  // per tensor: to fp32 and back
+  return per_token(x, (8 + 2 * x.fp32_cast()) * width + table, (8 + 2 * x.fp32_cast()) * width + 2 * table,
+                   2 * (1 + casts), 2 * (1 + casts));
 }
 
 Traffic& operator+=(Traffic& a, const Traffic& b) {
   a.forward += b.forward;
   a.backward += b.backward;
+  a.forward_ops += b.forward_ops;
+  a.backward_ops += b.backward_ops;
   return a;
 }
-Traffic times(double n, Traffic t) { return {n * t.forward, n * t.backward}; }
+Traffic times(double n, Traffic t) {
+  return {n * t.forward, n * t.backward, n * t.forward_ops, n * t.backward_ops};
+}
 
 // The GEMMs that read the attention norm's output and the MLP norm's output: under autocast each
 // casts its own input; their input gradients are cast back and summed in the residual dtype.
@@ -109,9 +120,9 @@ bool written_out_gelu(const ModelSpec& m) {
 
 Traffic activation(const ModelSpec& m, const Shape& x) {
   if (m.mlp == MlpKind::swiglu)  // silu(gate) 2e, ·up 3e; backward: two products and silu's 9e
-    return per_token(x, 5 * x.e * x.I, 9 * x.e * x.I);
-  if (written_out_gelu(m)) return per_token(x, 18 * x.e * x.I, 28 * x.e * x.I);
-  return per_token(x, 2 * x.e * x.I, 3 * x.e * x.I);
+    return per_token(x, 5 * x.e * x.I, 9 * x.e * x.I, 2, 3);
+  if (written_out_gelu(m)) return per_token(x, 18 * x.e * x.I, 28 * x.e * x.I, 8, 11);
+  return per_token(x, 2 * x.e * x.I, 3 * x.e * x.I, 1, 1);
 }
 
 // The rotary embedding, the copies the attention's inputs and gradients take.
@@ -120,26 +131,35 @@ Traffic attention_copies(const ModelSpec& m, const TrainingJob& j, const Shape& 
   switch (m.architecture) {
     case Architecture::gpt2:
       t.backward = x.T * 2 * x.e * 3 * x.h;  // the q, k, v gradients concatenated for c_attn
+      t.backward_ops = 1;
       break;
     case Architecture::gpt_neox: {
       // rotary_pct of each head is rotated; the rotated and the passed parts are concatenated
       // (in fp32, the rotation's dtype) and cast back; v is made contiguous; the backward
       // splits the gradients by slices and concatenates q, k and v's for query_key_value.
       const double rotated = x.q * static_cast<double>(m.rotary_dim) / x.hd;
-      t += times(2, rotate_half(x, rotated));
+      t += times(2, rotate_half(x, rotated, false));
       t.forward += x.T * (2 * 8 * x.q + (x.e < 4 ? 2 * (x.fp32_cast() * (x.q - rotated) + x.fp32_cast() * x.q) : 0) +
                           2 * x.e * x.q);
       t.backward += x.T * (2 * 6 * x.e * x.q + 2 * 2 * x.e * 3 * x.q);
+      // Forward: two concatenations (and with e < 4 four casts: the passed parts up, q and k
+      // down) and v's copy; backward: two slice gradients and an add per tensor, the concatenation
+      // and its copy.
+      t.forward_ops += 3 + (x.e < 4 ? 4 : 0);
+      t.backward_ops += 2 * 3 + 2;
       break;
     }
     default:
       if (j.recipe == Recipe::torchtitan) {
         // wqkv's output split into contiguous q, k, v; their gradients concatenated back.
         t.forward = t.backward = x.T * 2 * x.e * (x.q + 2 * x.kv);
+        t.forward_ops = 3;  // three copies; one concatenation back
+        t.backward_ops = 1;
         t += complex_rope(x, x.q + x.kv);
       } else {
-        t += rotate_half(x, x.q + x.kv);
+        t += times(2, rotate_half(x, (x.q + x.kv) / 2, true));  // q and k
         t.backward += x.T * 2 * x.e * (x.q + x.kv);  // q's and k's gradients made contiguous
+        t.backward_ops += 2;
       }
   }
   return t;
@@ -149,11 +169,29 @@ Traffic attention_copies(const ModelSpec& m, const TrainingJob& j, const Shape& 
 // and each weight gradient back in backward.
 double weight_casts(const Shape& x, double matrix_elements) { return x.autocast ? x.cast() * matrix_elements : 0; }
 
-double bias_elements(const UnitTensors& u) {
-  double n = 0;
-  for (const auto& t : u.tensors)
-    if (!t.is_matrix() && t.name.find("bias") != std::string::npos) n += static_cast<double>(t.elements());
-  return n;
+// The unit's linear layers' bias vectors (P.bias beside a matrix P.weight; a norm's bias is the
+// norm's): their elements and how many.
+struct Biases {
+  double elements = 0, tensors = 0;
+};
+Biases biases(const UnitTensors& u) {
+  Biases b;
+  const std::string suffix = ".bias";
+  for (const auto& t : u.tensors) {
+    if (t.is_matrix() || t.name.size() <= suffix.size() ||
+        t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string weight = t.name.substr(0, t.name.size() - suffix.size()) + ".weight";
+    const bool linear = std::any_of(u.tensors.begin(), u.tensors.end(),
+                                    [&](const Tensor& w) { return w.is_matrix() && w.name == weight; });
+    if (!linear) continue;
+    b.elements += static_cast<double>(t.elements());
+    b.tensors += 1;
+  }
+  return b;
+}
+double matrices(const UnitTensors& u) {
+  return static_cast<double>(std::count_if(u.tensors.begin(), u.tensors.end(), [](const Tensor& t) { return t.is_matrix(); }));
 }
 
 }  // namespace
@@ -170,37 +208,48 @@ Traffic block_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f
   const Consumers c = consumers(m, j);
   const double readers = c.attention + c.mlp;
   // Residual adds: r + the branch's output (e) + r forward; the gradient sums in backward.
-  t += times(2, per_token(x, (2 * x.r + x.e) * x.h, 3 * x.r * x.h));
+  t += times(2, per_token(x, (2 * x.r + x.e) * x.h, 3 * x.r * x.h, 1, 1));
+  const Biases b = biases(m.block);
   if (x.autocast) {
     // Each reader casts the fp32 norm output; its input gradient is cast back; the branch
-    // outputs' gradients are cast to the compute dtype for o_proj and down_proj.
-    t += per_token(x, readers * x.cast() * x.h, (readers + 2) * x.cast() * x.h);
+    // outputs' gradients are cast to the compute dtype for o_proj and down_proj. Each weight
+    // and bias is cast in forward and its gradient cast back.
+    const double params = matrices(m.block) + b.tensors;
+    t += per_token(x, readers * x.cast() * x.h, (readers + 2) * x.cast() * x.h, readers + params,
+                   readers + 2 + params);
   }
   // The input gradients of several readers of one tensor are summed.
   t.backward += x.T * (readers - 2) * 3 * x.r * x.h;
-  t.backward += x.T * x.e * bias_elements(m.block);  // bias gradients: a sum over the tokens
+  t.backward_ops += readers - 2;
+  t.backward += x.T * x.e * b.elements;  // bias gradients: a sum over the tokens
+  t.backward_ops += b.tensors;
   const double w = weight_casts(x, static_cast<double>(m.block.matmul_params()));
   t.forward += w;
   t.backward += w;
   return t;
 }
 
-double recompute_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+Traffic recompute_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
   const Shape x(m, j, f);
-  double bytes = block_traffic(m, j, f).forward;
+  const Traffic block = block_traffic(m, j, f);
+  Traffic rerun{block.forward, 0, block.forward_ops, 0};
   // torch.utils.checkpoint stops the rerun once the last tensor backward needs is rebuilt
   // (early stop, its default): the block's closing residual adds (one, or GPT-NeoX's two of the
   // parallel residual) are not rerun. torchtitan wraps its blocks with early_stop=False
   // (torchtitan/distributed/activation_checkpoint.py).
-  if (j.recipe != Recipe::torchtitan) bytes -= x.T * (m.parallel_residual ? 2 : 1) * (2 * x.r + x.e) * x.h;
-  return bytes;
+  if (j.recipe != Recipe::torchtitan) {
+    const double skipped = m.parallel_residual ? 2 : 1;
+    rerun.forward -= x.T * skipped * (2 * x.r + x.e) * x.h;
+    rerun.forward_ops -= skipped;
+  }
+  return rerun;
 }
 
 Traffic head_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
   const Shape x(m, j, f);
   Traffic t = norm(m, j, x);
   if (x.autocast) {  // the projection's input, its gradient, its weight and weight gradient
-    t += per_token(x, x.cast() * x.h, x.cast() * x.h);
+    t += per_token(x, x.cast() * x.h, x.cast() * x.h, 2, 2);
     t.forward += x.cast() * x.V * x.h;
     t.backward += x.cast() * x.V * x.h;
   }
@@ -209,12 +258,20 @@ Traffic head_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f)
     // negative log-likelihood indexes it; backward: nll's gradient written in full, log_softmax's
     // backward reads it and the output and writes the logits' gradient, cast to e. torchtitan's
     // ChunkedLossWrapper runs the same ops chunk by chunk.
-    t += per_token(x, (x.fp32_cast() + 8) * x.V, (16 + x.fp32_cast()) * x.V);
+    // Ops: the upcast, log_softmax, nll and the labels' shift (transformers) or the division by
+    // the token count (torchtitan); backward: the loss's seed, nll's and log_softmax's
+    // backward, the division's, the cast back.
+    // transformers' shifted labels are a copy when the micro-batch has more than one sequence.
+    const double upcast = x.e < 4 ? 1 : 0;
+    const double titan = j.recipe == Recipe::torchtitan ? 1 : 0;
+    const double shift_copy = !titan && j.micro_batch > 1 ? 1 : 0;
+    t += per_token(x, (x.fp32_cast() + 8) * x.V, (16 + x.fp32_cast()) * x.V, upcast + 3 + shift_copy,
+                   3 + titan + upcast);
   } else {
     // A fused loss (flash-attn's or a compiled cross-entropy, Liger's fused linear one, Megatron's
     // in place) reads the logits for the log-sum-exp, then reads them again and writes their
     // gradient: 3e per element of [T, V], without fp32 copies.
-    t += per_token(x, x.e * x.V, 2 * x.e * x.V);
+    t += per_token(x, x.e * x.V, 2 * x.e * x.V, 1, 1);
   }
   return t;
 }
@@ -227,12 +284,14 @@ Traffic embedding_traffic(const ModelSpec& m, const TrainingJob& j, const Forwar
   // dtype; a tied table adds the head's gradient into it. Per-position work (the learned position
   // rows, the rotary tables) runs over one sequence: position ids are [1, s], broadcast over the
   // micro-batch.
-  Traffic t = per_token(x, 2 * x.r * x.h + 8, x.r * x.h + 8);
+  Traffic t = per_token(x, 2 * x.r * x.h + 8, x.r * x.h + 8, 1, 1);
   t.backward += x.r * x.V * x.h;
   if (m.tied_embeddings) t.backward += 3 * x.r * x.V * x.h;
   if (m.positions == PositionKind::learned) {
     t.forward += x.s * (2 * x.r * x.h + 8) + (2 * x.T + x.s) * x.r * x.h;  // rows, then their sum
     t.backward += x.s * (x.r * x.h + 8) + x.r * static_cast<double>(m.max_positions) * x.h;
+    t.forward_ops += 2;  // the position lookup and the sum
+    t.backward_ops += 1;
   }
   if (j.recipe != Recipe::torchtitan) {
     // transformers' model forward: position ids and the causal mask's int64 ops (arange, add,
@@ -240,7 +299,11 @@ Traffic embedding_traffic(const ModelSpec& m, const TrainingJob& j, const Forwar
     // cos and sin rows (inv_freq·position, cat, cos, sin and their scaling: six passes read and
     // written over the rotary width, 48 bytes per element).
     t.forward += x.s * 80;
-    if (m.positions == PositionKind::rotary) t.forward += x.s * 48 * static_cast<double>(m.rotary_dim);
+    t.forward_ops += 9;  // the position ids' and mask's ops
+    if (m.positions == PositionKind::rotary) {
+      t.forward += x.s * 48 * static_cast<double>(m.rotary_dim);
+      t.forward_ops += 7;
+    }
   }
   return t;
 }

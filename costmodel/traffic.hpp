@@ -18,8 +18,10 @@
 namespace shardplan::costmodel {
 
 struct Traffic {
-  double forward = 0;   // bytes read + written by the unit's forward (the head's: with the loss)
-  double backward = 0;  // bytes of its backward, without a checkpointed block's recompute
+  double forward = 0;       // bytes read + written by the unit's forward (the head's: with the loss)
+  double backward = 0;      // bytes of its backward, without a checkpointed block's recompute
+  double forward_ops = 0;   // the memory-bound kernels that move them (each one launch)
+  double backward_ops = 0;
 };
 
 // The recipes whose model code is counted here: hf, deepspeed, llm-foundry (transformers' model
@@ -29,8 +31,8 @@ bool counts_recipe_traffic(const TrainingJob& j);
 
 // One block, the head (final norm, projection's casts, loss), the embeddings.
 Traffic block_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f);
-// What a checkpointed block's backward reruns of its forward's traffic.
-double recompute_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f);
+// What a checkpointed block's backward reruns of its forward (forward and forward_ops).
+Traffic recompute_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f);
 Traffic head_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f);
 Traffic embedding_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f);
 

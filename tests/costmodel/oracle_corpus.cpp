@@ -141,23 +141,26 @@ std::vector<Row> traffic_rows(const nlohmann::json& corpus) {
     const double p = j.recipe == Recipe::hf ? 4 : e;
     const Forward f{e, p, false};
     const auto& units = c.at("units");
-    auto measured = [&](const std::string& unit, const char* direction) {
+    auto measured = [&](const std::string& unit, const char* direction, const char* what) {
       const auto& u = units.at(unit);
       if (!u.contains(direction) || !u.at(direction).contains("memory_bound")) return 0.0;
-      return u.at(direction).at("memory_bound").at("bytes").get<double>();
+      return u.at(direction).at("memory_bound").at(what).get<double>();
     };
-    auto add = [&](const std::string& unit, const Traffic& t, double recompute, const std::string& skip) {
-      rows.push_back(row(c, unit + "/forward", t.forward, measured(unit, "forward"), ""));
-      rows.push_back(row(c, unit + "/backward", t.backward + recompute, measured(unit, "backward"), skip));
+    auto add = [&](const std::string& unit, const Traffic& t, const Traffic& recompute, const std::string& skip) {
+      rows.push_back(row(c, unit + "/forward", t.forward, measured(unit, "forward", "bytes"), ""));
+      rows.push_back(row(c, unit + "/backward", t.backward + recompute.forward, measured(unit, "backward", "bytes"), skip));
+      rows.push_back(row(c, unit + "/forward ops", t.forward_ops, measured(unit, "forward", "ops"), ""));
+      rows.push_back(row(c, unit + "/backward ops", t.backward_ops + recompute.forward_ops,
+                         measured(unit, "backward", "ops"), skip));
     };
     // GPT-2's position table gets its gradient after the token table's backward began or before
     // it: the hooks cannot tell which unit ran it.
-    add("embedding", embedding_traffic(m, j, f), 0,
+    add("embedding", embedding_traffic(m, j, f), {},
         m.positions == PositionKind::learned ? "the position table's backward is not attributed" : "");
     const Traffic block = block_traffic(m, j, f);
-    add("block 1", block, j.block_checkpointed(1) || j.checkpointing == Checkpointing::selective_op ? recompute_traffic(m, j, f) : 0,
+    add("block 1", block, j.block_checkpointed(1) || j.checkpointing == Checkpointing::selective_op ? recompute_traffic(m, j, f) : Traffic{},
         "");
-    add("head", head_traffic(m, j, f), 0, "");
+    add("head", head_traffic(m, j, f), {}, "");
   }
   return rows;
 }
