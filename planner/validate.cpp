@@ -183,7 +183,6 @@ std::vector<std::pair<std::string, std::string>> differences(const costmodel::Pl
   return d;
 }
 
-
 json memory_json(const costmodel::PlanPrediction& pr, const RunFacts& run) {
   json categories = json::object();
   for (int c = 0; c < costmodel::kCategories; ++c) {
