@@ -231,17 +231,13 @@ void add_compute(const MeasureOptions& o, const ComputeCalibration& c, const Pre
     extra["host_to_device_GBps"] = rounded(*c.host_link_Bps / 1e9, 4);
 }
 
-// `host_world`: every rank, on host memory (MPI's world, or NCCL's through staging buffers).
-int measure(const MeasureOptions& o, comm::Communicator& host_world,
-            const OpenBackend& open_backend, comm::Watchdog& watchdog, std::ostream& out,
-            std::ostream& err) {
+// The group plan and the root's preflight, the same verdict on every rank. False (after the
+// root printed the error) when the options or files are refused.
+bool check_options(const MeasureOptions& o, comm::Communicator& host_world,
+                   const comm::Topology& topology, std::ostream& err, GroupPlan& plan,
+                   Preflight& pre) {
   const bool root = host_world.rank() == 0;
-  const comm::Topology topology = comm::discover_topology(host_world);
-
-  watchdog.set_phase("checking the options and files");
   std::optional<std::string> error;
-  Preflight pre;
-  GroupPlan plan;
   try {
     plan = plan_groups(o.groups, topology); // the same verdict on every rank
     if (o.fault && o.fault->rank >= topology.size)
@@ -255,87 +251,81 @@ int measure(const MeasureOptions& o, comm::Communicator& host_world,
   if (!share_preflight(host_world, error, pre)) {
     if (root)
       fmt::print(err, "calibrate: {}\n", *error);
-    return 2;
+    return false;
   }
+  return true;
+}
 
-  watchdog.set_phase(fmt::format("opening the {} backend", backend_name(o.backend)));
-  auto backend_world = open_backend(topology);
-  // NCCL's communicators are aborted before the watchdog ends the job (their kernels stop).
-  std::optional<comm::Watchdog::Watched> watched_backend;
-  watched_backend.emplace(watchdog, *backend_world);
+void print_header(std::ostream& out, const MeasureOptions& o, const comm::Topology& topology,
+                  const std::string& library, const GroupPlan& plan) {
+  fmt::print(out,
+             "# calibrate: {} backend ({}), {} ranks on {} node{} ({}), float, warmup {}, iters "
+             "{}, sizes {} .. {} x{}\n",
+             backend_name(o.backend), library, topology.size, topology.nodes,
+             topology.nodes == 1 ? "" : "s", topology.host_list(), o.warmup, o.iters,
+             human_bytes(static_cast<double>(o.range.min_bytes)),
+             human_bytes(static_cast<double>(o.range.max_bytes)), o.range.factor);
+  for (const auto& note : plan.notes)
+    fmt::print(out, "# note: {}\n", note);
+}
+
+// What the collective sweeps share, and what they add up.
+struct Sweeps {
+  const MeasureOptions& o;
+  comm::Communicator& host_world;
+  comm::Watchdog& watchdog;
+  ProgressBar& progress;
+  std::ostream& out;
   BenchSettings settings;
-  settings.warmup = o.warmup;
-  settings.iters = o.iters;
-  settings.check = o.check;
-  const std::string library = backend_world->library_version();
-  if (root) {
-    fmt::print(out,
-               "# calibrate: {} backend ({}), {} ranks on {} node{} ({}), float, warmup {}, iters "
-               "{}, sizes {} .. {} x{}\n",
-               backend_name(o.backend), library, topology.size, topology.nodes,
-               topology.nodes == 1 ? "" : "s", topology.host_list(), o.warmup, o.iters,
-               human_bytes(static_cast<double>(o.range.min_bytes)),
-               human_bytes(static_cast<double>(o.range.max_bytes)), o.range.factor);
-    for (const auto& note : plan.notes)
-      fmt::print(out, "# note: {}\n", note);
-  }
-
-  int total_steps = 0;
-  for (const auto& g : plan.groups)
-    for (auto op : o.ops)
-      total_steps += static_cast<int>(sweep_points(op, g.ranks, o.range, sizeof(float)).size());
-  ProgressBar progress(err, total_steps, root && isatty(STDERR_FILENO));
-
-  CalibrationRecord record;
-  record.date = utc_timestamp();
-  record.backend = backend_name(o.backend);
-  record.host = topology.host_list();
-  record.library = library;
-  record.ranks = topology.size;
-  std::int64_t wrong_total = 0;
+  bool root;
   std::int64_t point_index = 0; // --inject-fault's STEP
-  for (const auto& g : plan.groups) {
-    auto group = comm::make_group(*backend_world, topology, g.spec);
-    const auto watched_group = watchdog.watch(*group);
-    for (auto op : o.ops) {
-      const auto points = sweep_points(op, g.ranks, o.range, sizeof(float));
-      if (points.empty())
-        continue;
-      CollectiveBench bench(op, *group, host_world, points.back(), settings);
-      SweepResult sweep{op, g, {}};
-      for (const auto& p : points) {
-        const auto phase = fmt::format("{} {} {}", costmodel::traits(op).name, g.name,
-                                       human_bytes(static_cast<double>(p.size_bytes)));
-        progress.show(phase);
-        // A point is all collectives: every rank waits for the others through it.
-        watchdog.set_phase(phase, true);
-        comm::inject_due_fault(o.fault, host_world.rank(), ++point_index, watchdog,
-                               [] { throw std::bad_alloc(); });
-        sweep.points.push_back(bench.run(p));
-        progress.step();
-      }
-      if (!root)
-        continue;
-      progress.clear();
-      print_sweep_table(out, sweep);
-      std::vector<costmodel::MeasuredSample> samples;
-      for (const auto& p : sweep.points) {
-        samples.push_back({static_cast<double>(p.point.size_bytes), p.time_s});
-        wrong_total += std::max<std::int64_t>(0, p.wrong);
-      }
-      FittedCurve curve{op, g.ranks, g.tier, fit_piecewise(samples, o.fit)};
-      print_fit(out, curve.fit);
-      record.curves.push_back(std::move(curve));
-      out.flush();
-    }
-  }
-  progress.clear();
+  std::int64_t wrong_total = 0;
+};
 
+// One collective over one group at every size; on the root, its table and fitted curve.
+void sweep_collective(Sweeps& s, costmodel::Collective op, const PlannedGroup& g,
+                      comm::Communicator& group, CalibrationRecord& record) {
+  const auto points = sweep_points(op, g.ranks, s.o.range, sizeof(float));
+  if (points.empty())
+    return;
+  CollectiveBench bench(op, group, s.host_world, points.back(), s.settings);
+  SweepResult sweep{op, g, {}};
+  for (const auto& p : points) {
+    const auto phase = fmt::format("{} {} {}", costmodel::traits(op).name, g.name,
+                                   human_bytes(static_cast<double>(p.size_bytes)));
+    s.progress.show(phase);
+    // A point is all collectives: every rank waits for the others through it.
+    s.watchdog.set_phase(phase, true);
+    comm::inject_due_fault(s.o.fault, s.host_world.rank(), ++s.point_index, s.watchdog,
+                           [] { throw std::bad_alloc(); });
+    sweep.points.push_back(bench.run(p));
+    s.progress.step();
+  }
+  if (!s.root)
+    return;
+  s.progress.clear();
+  print_sweep_table(s.out, sweep);
+  std::vector<costmodel::MeasuredSample> samples;
+  for (const auto& p : sweep.points) {
+    samples.push_back({static_cast<double>(p.point.size_bytes), p.time_s});
+    s.wrong_total += std::max<std::int64_t>(0, p.wrong);
+  }
+  FittedCurve curve{op, g.ranks, g.tier, fit_piecewise(samples, s.o.fit)};
+  print_fit(s.out, curve.fit);
+  record.curves.push_back(std::move(curve));
+  s.out.flush();
+}
+
+// GEMM, memory bandwidth and attention, where asked for.
+ComputeCalibration measure_compute_phase(const MeasureOptions& o, const Preflight& pre,
+                                         comm::Communicator& host_world,
+                                         comm::Communicator& backend_world,
+                                         comm::Watchdog& watchdog, ProgressBar& progress) {
   ComputeCalibration compute;
   if (o.gemm || o.memory || pre.attention.batch > 0) {
     const char* phase = pre.attention.batch > 0 ? "GEMM, attention and memory bandwidth"
                                                 : "GEMM and memory bandwidth";
-    if (root)
+    if (host_world.rank() == 0)
       progress.show(phase);
     watchdog.set_phase(phase);
     std::optional<costmodel::AttentionShape> attention;
@@ -343,15 +333,29 @@ int measure(const MeasureOptions& o, comm::Communicator& host_world,
       attention = pre.attention;
     compute = measure_compute({o.gemm, o.memory, pre.model_shapes, pre.elementwise_ops,
                                o.gemm_tokens, pre.head_dim, attention},
-                              host_world, *backend_world);
+                              host_world, backend_world);
     progress.clear();
   }
-  watched_backend.reset();
-  backend_world.reset();
-  if (!root)
-    return 0;
-  watchdog.set_phase("writing the profile");
+  return compute;
+}
 
+void print_fit_errors(std::ostream& out, const MeasureOptions& o, const CalibrationRecord& record) {
+  fmt::print(out,
+             "#\n# fit errors at the measured sizes (goal: median <= {:.0f}%, max <= {:.0f}%):\n",
+             100 * o.fit.median_goal, 100 * o.fit.max_goal);
+  for (const auto& c : record.curves)
+    fmt::print(out, "#   {:<15} {:>4} ranks  {:<10}  median {:5.1f}%  max {:5.1f}%  {} piece{}{}\n",
+               costmodel::traits(c.op).name, c.ranks, costmodel::tier_name(c.tier),
+               100 * c.fit.median_rel_error, 100 * c.fit.max_rel_error, c.fit.segments.size(),
+               c.fit.segments.size() == 1 ? "" : "s", c.fit.meets(o.fit) ? "" : "  (goal missed)");
+}
+
+// On the root, after every measurement: the compute lines, the fit errors, and the profile
+// (not written when a checked result was wrong).
+int write_profile(const MeasureOptions& o, const Preflight& pre, const GroupPlan& plan,
+                  const comm::Topology& topology, const ComputeCalibration& compute,
+                  CalibrationRecord& record, std::int64_t wrong_total, std::ostream& out,
+                  std::ostream& err) {
   if (!compute.gemm.empty())
     print_gemm_table(out, compute.gemm);
   record.extra = {{"sweep", sweep_extra(o, plan)}};
@@ -367,15 +371,7 @@ int measure(const MeasureOptions& o, comm::Communicator& host_world,
                record.extra.value("compute_efficiency_reference", std::string("peak")),
                *record.compute_efficiency);
   print_attention_lines(out, compute.attention);
-
-  fmt::print(out,
-             "#\n# fit errors at the measured sizes (goal: median <= {:.0f}%, max <= {:.0f}%):\n",
-             100 * o.fit.median_goal, 100 * o.fit.max_goal);
-  for (const auto& c : record.curves)
-    fmt::print(out, "#   {:<15} {:>4} ranks  {:<10}  median {:5.1f}%  max {:5.1f}%  {} piece{}{}\n",
-               costmodel::traits(c.op).name, c.ranks, costmodel::tier_name(c.tier),
-               100 * c.fit.median_rel_error, 100 * c.fit.max_rel_error, c.fit.segments.size(),
-               c.fit.segments.size() == 1 ? "" : "s", c.fit.meets(o.fit) ? "" : "  (goal missed)");
+  print_fit_errors(out, o, record);
   if (wrong_total > 0) {
     fmt::print(err,
                "calibrate: {} wrong elements in the checked results (see #wrong); the profile is "
@@ -393,6 +389,62 @@ int measure(const MeasureOptions& o, comm::Communicator& host_world,
              pre.into_profile.is_null() ? ""
                                         : fmt::format(" (calibration merged into {})", o.into));
   return 0;
+}
+
+// `host_world`: every rank, on host memory (MPI's world, or NCCL's through staging buffers).
+int measure(const MeasureOptions& o, comm::Communicator& host_world,
+            const OpenBackend& open_backend, comm::Watchdog& watchdog, std::ostream& out,
+            std::ostream& err) {
+  const bool root = host_world.rank() == 0;
+  const comm::Topology topology = comm::discover_topology(host_world);
+
+  watchdog.set_phase("checking the options and files");
+  Preflight pre;
+  GroupPlan plan;
+  if (!check_options(o, host_world, topology, err, plan, pre))
+    return 2;
+
+  watchdog.set_phase(fmt::format("opening the {} backend", backend_name(o.backend)));
+  auto backend_world = open_backend(topology);
+  // NCCL's communicators are aborted before the watchdog ends the job (their kernels stop).
+  std::optional<comm::Watchdog::Watched> watched_backend;
+  watched_backend.emplace(watchdog, *backend_world);
+  const std::string library = backend_world->library_version();
+  if (root)
+    print_header(out, o, topology, library, plan);
+
+  int total_steps = 0;
+  for (const auto& g : plan.groups)
+    for (auto op : o.ops)
+      total_steps += static_cast<int>(sweep_points(op, g.ranks, o.range, sizeof(float)).size());
+  ProgressBar progress(err, total_steps, root && isatty(STDERR_FILENO));
+
+  CalibrationRecord record;
+  record.date = utc_timestamp();
+  record.backend = backend_name(o.backend);
+  record.host = topology.host_list();
+  record.library = library;
+  record.ranks = topology.size;
+  Sweeps sweeps{o, host_world, watchdog, progress, out, {}, root};
+  sweeps.settings.warmup = o.warmup;
+  sweeps.settings.iters = o.iters;
+  sweeps.settings.check = o.check;
+  for (const auto& g : plan.groups) {
+    auto group = comm::make_group(*backend_world, topology, g.spec);
+    const auto watched_group = watchdog.watch(*group);
+    for (auto op : o.ops)
+      sweep_collective(sweeps, op, g, *group, record);
+  }
+  progress.clear();
+
+  const ComputeCalibration compute =
+      measure_compute_phase(o, pre, host_world, *backend_world, watchdog, progress);
+  watched_backend.reset();
+  backend_world.reset();
+  if (!root)
+    return 0;
+  watchdog.set_phase("writing the profile");
+  return write_profile(o, pre, plan, topology, compute, record, sweeps.wrong_total, out, err);
 }
 
 #if defined(SHARDPLAN_HAVE_MPI)

@@ -89,6 +89,87 @@ std::optional<costmodel::Collective> collective_named_in(const std::string& text
   return found;
 }
 
+namespace {
+
+// Where the columns of the table are, from its header line.
+struct TableColumns {
+  std::size_t time = 0; // index of the out-of-place time among a row's words
+  std::optional<std::size_t> type, wrong;
+};
+
+// A comment line before the table: a rank line ("#  Rank  3 Group  0 Pid  1234 on node01
+// device  3 [0x..] NVIDIA ...") or the column headers. Returns the columns at the header line.
+std::optional<TableColumns> read_comment_before_table(const std::vector<std::string>& words,
+                                                      const std::string& where, NcclTestsLog& log) {
+  std::vector<std::string> columns(words.begin(), words.end());
+  if (columns.front() == "#")
+    columns.erase(columns.begin());
+  else
+    columns.front().erase(0, 1);
+  if (!columns.empty() && columns.front() == "Rank") {
+    ++log.ranks;
+    const auto on = std::find(columns.begin(), columns.end(), "on");
+    if (on != columns.end() && on + 1 != columns.end() && !is_printable_ascii(*(on + 1)))
+      throw InputError(where, "the host name after \"on\" is not printable ASCII");
+    if (on != columns.end() && on + 1 != columns.end() &&
+        std::find(log.hosts.begin(), log.hosts.end(), *(on + 1)) == log.hosts.end())
+      log.hosts.push_back(*(on + 1));
+    return std::nullopt;
+  }
+  const auto time = std::find(columns.begin(), columns.end(), "time");
+  const bool sizes = !columns.empty() && (columns.front() == "size" || columns.front() == "bytes");
+  if (!sizes || time == columns.end())
+    return std::nullopt;
+  TableColumns table;
+  table.time = static_cast<std::size_t>(time - columns.begin());
+  const auto type = std::find(columns.begin(), columns.end(), "type");
+  if (type != columns.end() && type < time)
+    table.type = static_cast<std::size_t>(type - columns.begin());
+  // time, algbw, busbw, then "#wrong" (or "error" in older versions)
+  if (table.time + 3 < columns.size())
+    table.wrong = table.time + 3;
+  return table;
+}
+
+// One row of the table; a sample unless its size is 0 (nothing was sent: too few elements for
+// every rank to get one).
+void read_row(const std::string& line, const std::vector<std::string>& words,
+              const TableColumns& table, const std::string& where, NcclTestsLog& log) {
+  const double size =
+      is_unsigned_integer(words.front()) ? to_number(words.front()).value_or(-1.0) : -1.0;
+  const double time_us =
+      words.size() > table.time ? to_number(words[table.time]).value_or(-1.0) : -1.0;
+  if (size < 0 || !(time_us > 0))
+    throw InputError(
+        where,
+        fmt::format("expected a table row (size, count, type, redop, root, time, algbw, busbw, "
+                    "#wrong, ...) with a positive time in column {}, got \"{}\"",
+                    table.time + 1, line.size() > 100 ? line.substr(0, 97) + "..." : line));
+  const auto& wrong = table.wrong;
+  if (wrong && words.size() > *wrong && is_unsigned_integer(words[*wrong]) && words[*wrong] != "0")
+    throw InputError(
+        where,
+        fmt::format("#wrong is {}: nccl-tests found wrong results at this size; the run is not "
+                    "a valid measurement",
+                    words[*wrong]));
+  if (table.type && words.size() > *table.type) {
+    const auto& type = words[*table.type];
+    if (!is_printable_ascii(type))
+      throw InputError(where,
+                       fmt::format("the type in column {} is not printable ASCII", *table.type + 1));
+    if (log.data_type.empty())
+      log.data_type = type;
+    else if (log.data_type != type)
+      throw InputError(where, fmt::format("the log mixes types {} and {}; give one type per log",
+                                          log.data_type, type));
+  }
+  if (size == 0)
+    return;
+  log.samples.push_back({size, time_us * 1e-6});
+}
+
+} // namespace
+
 NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& path) {
   NcclTestsLog log;
   log.path = path;
@@ -96,8 +177,7 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& pa
   std::string line;
   int line_number = 0;
   int header_line = 0;         // line of the column headers, 0 before it
-  std::size_t time_column = 0; // index of the out-of-place time among a row's words
-  std::optional<std::size_t> type_column, wrong_column;
+  TableColumns table;
   bool summary_seen = false; // "# Avg bus bandwidth"
   int last_row_line = 0;
   auto where = [&](int n) { return fmt::format("{}:{}", path, n); };
@@ -117,34 +197,9 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& pa
         log.nccl_version = nccl_version_in(words);
       if (!comment)
         continue; // the command line, NCCL's INFO lines, ...
-      std::vector<std::string> columns(words.begin(), words.end());
-      if (columns.front() == "#")
-        columns.erase(columns.begin());
-      else
-        columns.front().erase(0, 1);
-      // "#  Rank  3 Group  0 Pid  1234 on node01 device  3 [0x..] NVIDIA ..."
-      if (!columns.empty() && columns.front() == "Rank") {
-        ++log.ranks;
-        const auto on = std::find(columns.begin(), columns.end(), "on");
-        if (on != columns.end() && on + 1 != columns.end() && !is_printable_ascii(*(on + 1)))
-          throw InputError(where(line_number), "the host name after \"on\" is not printable ASCII");
-        if (on != columns.end() && on + 1 != columns.end() &&
-            std::find(log.hosts.begin(), log.hosts.end(), *(on + 1)) == log.hosts.end())
-          log.hosts.push_back(*(on + 1));
-        continue;
-      }
-      const auto time = std::find(columns.begin(), columns.end(), "time");
-      const bool sizes =
-          !columns.empty() && (columns.front() == "size" || columns.front() == "bytes");
-      if (sizes && time != columns.end()) {
+      if (const auto header = read_comment_before_table(words, where(line_number), log)) {
         header_line = line_number;
-        time_column = static_cast<std::size_t>(time - columns.begin());
-        const auto type = std::find(columns.begin(), columns.end(), "type");
-        if (type != columns.end() && type < time)
-          type_column = static_cast<std::size_t>(type - columns.begin());
-        // time, algbw, busbw, then "#wrong" (or "error" in older versions)
-        if (time_column + 3 < columns.size())
-          wrong_column = time_column + 3;
+        table = *header;
       }
       continue;
     }
@@ -158,38 +213,8 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& pa
     if (summary_seen)
       throw InputError(where(line_number),
                        "a row after the '# Avg bus bandwidth' line (two tables in one log?)");
-    const double size =
-        is_unsigned_integer(words.front()) ? to_number(words.front()).value_or(-1.0) : -1.0;
-    const double time_us =
-        words.size() > time_column ? to_number(words[time_column]).value_or(-1.0) : -1.0;
-    if (size < 0 || !(time_us > 0))
-      throw InputError(
-          where(line_number),
-          fmt::format("expected a table row (size, count, type, redop, root, time, algbw, busbw, "
-                      "#wrong, ...) with a positive time in column {}, got \"{}\"",
-                      time_column + 1, line.size() > 100 ? line.substr(0, 97) + "..." : line));
-    if (wrong_column && words.size() > *wrong_column && is_unsigned_integer(words[*wrong_column]) &&
-        words[*wrong_column] != "0")
-      throw InputError(
-          where(line_number),
-          fmt::format("#wrong is {}: nccl-tests found wrong results at this size; the run is not "
-                      "a valid measurement",
-                      words[*wrong_column]));
-    if (type_column && words.size() > *type_column) {
-      if (!is_printable_ascii(words[*type_column]))
-        throw InputError(where(line_number),
-                         fmt::format("the type in column {} is not printable ASCII", *type_column + 1));
-      if (log.data_type.empty())
-        log.data_type = words[*type_column];
-      else if (log.data_type != words[*type_column])
-        throw InputError(where(line_number),
-                         fmt::format("the log mixes types {} and {}; give one type per log",
-                                     log.data_type, words[*type_column]));
-    }
+    read_row(line, words, table, where(line_number), log);
     last_row_line = line_number;
-    if (size == 0)
-      continue; // nothing was sent (too few elements for every rank to get one)
-    log.samples.push_back({size, time_us * 1e-6});
   }
 
   if (header_line == 0)

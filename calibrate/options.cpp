@@ -111,6 +111,219 @@ void require_backend(BackendKind backend) {
                                  backend == BackendKind::nccl ? "CUDA and NCCL" : "MPI"));
 }
 
+namespace {
+
+// The measure options as given: numbers are read as text and converted after parsing.
+struct MeasureTexts {
+  std::string backend = "mpi", ops = "all_reduce,all_gather,reduce_scatter", min_bytes, max_bytes,
+              factor = "2", warmup = "5", iters = "20", groups, gemm_tokens, attention_seq;
+  bool no_check = false, no_gemm = false, no_memory = false;
+  std::string device_memory, timeout, fault;
+};
+
+// import-nccl-tests's options as given.
+struct ImportTexts {
+  std::string ranks, tier, op;
+};
+
+void add_measure_options(CLI::App& app, MeasureOptions& m, MeasureTexts& t) {
+  app.add_option("--backend", t.backend, "nccl (GPU buffers) or mpi (CPU buffers)")
+      ->capture_default_str();
+  app.add_option("--ops", t.ops, "comma list of collectives: " + known_collectives())
+      ->capture_default_str();
+  app.add_option("--min-bytes,-b", t.min_bytes,
+                 "smallest size (nccl-tests -b; K, M, G suffixes) [default: 8]");
+  app.add_option("--max-bytes,-e", t.max_bytes,
+                 "largest size (nccl-tests -e) [default: 8M for mpi, 1G for nccl]");
+  app.add_option("--factor,-f", t.factor, "size multiplier between points (nccl-tests -f)")
+      ->capture_default_str();
+  app.add_option("--warmup,-w", t.warmup, "untimed runs per size (nccl-tests -w)")
+      ->capture_default_str();
+  app.add_option("--iters,-n", t.iters, "timed runs per size (nccl-tests -n)")->capture_default_str();
+  app.add_option(
+      "--groups", t.groups,
+      "comma list of groups: world, intra_node, inter_node (one rank per node), shard:S,\n"
+      "replica:S (HSDP with shard groups of S consecutive ranks) [default: world, plus\n"
+      "intra_node and inter_node when the job spans nodes]");
+  app.add_flag("--no-check", t.no_check, "skip the correctness check of each size (nccl-tests -c 0)");
+  app.add_flag("--no-gemm", t.no_gemm, "skip the GEMM throughput measurement");
+  app.add_flag("--no-memory", t.no_memory, "skip the memory bandwidth measurement");
+  app.add_option("--gemm-model", m.gemm_model,
+                 "model (preset or config.json) whose transformer-block GEMMs are timed\n"
+                 "[default: gpt2 for mpi, llama-2-7b for nccl]");
+  app.add_option("--gemm-tokens", t.gemm_tokens,
+                 "tokens per GEMM (its m) [default: 256 for mpi, 4096 for nccl]");
+  app.add_option("--attention-seq", t.attention_seq,
+                 "sequence length of the model's attention core, timed forward and backward over\n"
+                 "sequences of that length, --gemm-tokens in all (needs --gemm-model) [default: "
+                 "not timed]");
+  app.add_option("--out,-o", m.out,
+                 "profile to write [default: calibrated-<host>.json, or PROFILE with --into]");
+  app.add_option("--into", m.into, "existing profile to merge the calibration into");
+  app.add_option("--device-memory-GiB", t.device_memory,
+                 "the new profile's device memory (gpu.memory_GiB), the size plans must fit\n"
+                 "[default: the device's; a CPU rank: the host's memory shared by its ranks]");
+  app.add_option("--timeout-s", t.timeout,
+                 "a rank that makes no progress for this many seconds (a peer crashed or hung) "
+                 "ends the job\nwith exit code 4 [default: 300]");
+  app.add_option("--inject-fault", t.fault,
+                 "tests only: rank RANK crashes, hangs, runs out of memory or throws at sweep "
+                 "point STEP\n(crash|hang|oom|throw@RANK:STEP)");
+}
+
+CLI::App* add_import_command(CLI::App& app, ImportOptions& imp, ImportTexts& t) {
+  auto* import_command = app.add_subcommand(
+      "import-nccl-tests",
+      "Fits the tables of nccl-tests logs (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
+      "...)\n"
+      "and writes the calibration section: merged into --into PROFILE (written to --out or in\n"
+      "place), or alone to --out (or standard output).");
+  import_command->alias("import");
+  import_command->add_option("logs", imp.logs, "nccl-tests output files")->required();
+  import_command->add_option("--ranks", t.ranks,
+                             "ranks of the runs [default: from each log's rank lines]");
+  import_command->add_option(
+      "--tier", t.tier,
+      "intra_node or inter_node [default: from the hosts in each log's rank lines]");
+  import_command->add_option("--op", t.op,
+                             "collective measured [default: from each log's header or file name]");
+  import_command->add_option("--out,-o", imp.out, "file to write");
+  import_command->add_option("--into", imp.into, "existing profile to merge the calibration into");
+  return import_command;
+}
+
+void read_import(const CLI::App& import_command, const ImportTexts& t, ImportOptions& imp) {
+  if (import_command.count("--ranks"))
+    imp.ranks = static_cast<int>(
+        parse_integer_flag("--ranks", t.ranks, 1, 1'000'000, "an integer between 1 and 1000000"));
+  if (import_command.count("--tier"))
+    imp.tier = parse_tier(t.tier);
+  if (import_command.count("--op"))
+    imp.op = parse_ops({t.op}, "--op").front();
+  named(import_command, "--out", imp.out);
+  named(import_command, "--into", imp.into);
+}
+
+// The pieces of a comma list, empty ones included.
+std::vector<std::string> comma_list(const std::string& text) {
+  std::vector<std::string> pieces;
+  for (std::size_t begin = 0; begin <= text.size();) {
+    const auto comma = std::min(text.find(',', begin), text.size());
+    pieces.push_back(text.substr(begin, comma - begin));
+    begin = comma + 1;
+  }
+  return pieces;
+}
+
+// --backend, --ops, the sweep's sizes, --warmup, --iters and --groups.
+void read_sweep(const CLI::App& app, const MeasureTexts& t, MeasureOptions& m) {
+  if (t.backend == "mpi")
+    m.backend = BackendKind::mpi;
+  else if (t.backend == "nccl")
+    m.backend = BackendKind::nccl;
+  else
+    throw InputError("--backend", fmt::format("must be nccl or mpi, got \"{}\"", t.backend));
+  m.ops = parse_ops(comma_list(t.ops), "--ops");
+  const bool nccl = m.backend == BackendKind::nccl;
+  m.range.min_bytes = app.count("--min-bytes") ? parse_size_flag("--min-bytes", t.min_bytes) : 8;
+  m.range.max_bytes = app.count("--max-bytes") ? parse_size_flag("--max-bytes", t.max_bytes)
+                                               : (nccl ? 1ULL << 30 : 8ULL << 20);
+  if (m.range.min_bytes > m.range.max_bytes)
+    throw InputError("--min-bytes", fmt::format("{} is larger than --max-bytes {}",
+                                                format_byte_size(m.range.min_bytes),
+                                                format_byte_size(m.range.max_bytes)));
+  m.range.factor = static_cast<std::uint64_t>(
+      parse_integer_flag("--factor", t.factor, 2, 1'000'000, "an integer >= 2 (nccl-tests -f)"));
+  m.warmup = static_cast<int>(
+      parse_integer_flag("--warmup", t.warmup, 0, 1'000'000, "an integer between 0 and 1000000"));
+  m.iters = static_cast<int>(
+      parse_integer_flag("--iters", t.iters, 1, 1'000'000, "an integer between 1 and 1000000"));
+  if (app.count("--groups")) {
+    for (const auto& name : comma_list(t.groups)) {
+      const auto spec = comm::parse_group(name);
+      if (!spec)
+        throw InputError(
+            "--groups", fmt::format("unknown group \"{}\" (world, intra_node, inter_node, shard:S, "
+                                    "replica:S with S >= 1)",
+                                    name));
+      if (std::find(m.groups.begin(), m.groups.end(), *spec) == m.groups.end())
+        m.groups.push_back(*spec);
+    }
+  }
+}
+
+// --no-check, --no-gemm, --no-memory, and the GEMM and attention shapes.
+void read_compute(const CLI::App& app, const MeasureTexts& t, MeasureOptions& m) {
+  const bool nccl = m.backend == BackendKind::nccl;
+  m.check = !t.no_check;
+  m.gemm = !t.no_gemm;
+  m.memory = !t.no_memory;
+  if (!app.count("--gemm-model"))
+    m.gemm_model = nccl ? "llama-2-7b" : "gpt2";
+  else if (m.gemm_model.empty())
+    throw InputError("--gemm-model", "must name a preset or a file, got \"\"");
+  m.gemm_tokens = app.count("--gemm-tokens")
+                      ? parse_integer_flag("--gemm-tokens", t.gemm_tokens, 1, 1'000'000'000,
+                                           "an integer between 1 and 1000000000")
+                      : (nccl ? 4096 : 256);
+  if (app.count("--attention-seq")) {
+    m.attention_seq = parse_integer_flag("--attention-seq", t.attention_seq, 1, 1'000'000'000,
+                                         "an integer between 1 and 1000000000");
+    if (!app.count("--gemm-model"))
+      throw InputError("--attention-seq",
+                       fmt::format("{} needs --gemm-model (the model whose attention is timed)",
+                                   m.attention_seq));
+    // A micro-batch of whole sequences: batch = tokens / seq.
+    if (m.gemm_tokens % m.attention_seq != 0)
+      throw InputError("--attention-seq",
+                       fmt::format("{} does not divide --gemm-tokens {} (a micro-batch of whole "
+                                   "sequences)",
+                                   m.attention_seq, m.gemm_tokens));
+  }
+}
+
+// A number > 0 from a flag's text; what is not a decimal number is said as for one out of range.
+double positive_number(const std::string& flag, const std::string& text) {
+  try {
+    return costmodel::double_from_text(flag, text);
+  } catch (const InputError&) {
+    return 0;
+  }
+}
+
+// --device-memory-GiB, --timeout-s and --inject-fault.
+void read_limits(const CLI::App& app, const MeasureTexts& t, MeasureOptions& m) {
+  if (app.count("--device-memory-GiB")) {
+    const double gib = positive_number("--device-memory-GiB", t.device_memory);
+    if (!(gib > 0) || !std::isfinite(gib))
+      throw InputError("--device-memory-GiB",
+                       fmt::format("must be a number of GiB > 0 and finite, got \"{}\"",
+                                   t.device_memory));
+    if (!m.into.empty())
+      throw InputError("--device-memory-GiB",
+                       fmt::format("sets a new profile's memory; --into {} keeps its own "
+                                   "gpu.memory_GiB",
+                                   m.into));
+    m.device_memory_bytes = gib * 1073741824.0;  // GiB = 2^30 bytes
+  }
+  if (app.count("--timeout-s")) {
+    const double seconds = positive_number("--timeout-s", t.timeout);
+    if (!(seconds > 0))
+      throw InputError("--timeout-s",
+                       fmt::format("must be a number of seconds > 0 and finite, got \"{}\"",
+                                   t.timeout));
+    m.timeout_s = seconds;
+  }
+  if (app.count("--inject-fault")) {
+    m.fault = comm::parse_fault_injection(t.fault);
+    if (!m.fault)
+      throw InputError("--inject-fault",
+                       fmt::format("expected {}, got \"{}\"", comm::kFaultInjectionSyntax, t.fault));
+  }
+}
+
+} // namespace
+
 CommandLine parse_command_line(int argc, const char* const* argv) {
   CLI::App app{"Measures this cluster's collectives (NCCL on GPUs, MPI on CPUs), GEMM throughput "
                "and memory\n"
@@ -120,74 +333,12 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
                "without MPI: under torchrun --no-python, one process per GPU, or as one plain "
                "process (one GPU).",
                "calibrate"};
-  std::string backend = "mpi", ops = "all_reduce,all_gather,reduce_scatter", min_bytes, max_bytes,
-              factor = "2", warmup = "5", iters = "20", groups, gemm_tokens, attention_seq;
-  bool no_check = false, no_gemm = false, no_memory = false;
   MeasureOptions m;
-  app.add_option("--backend", backend, "nccl (GPU buffers) or mpi (CPU buffers)")
-      ->capture_default_str();
-  app.add_option("--ops", ops, "comma list of collectives: " + known_collectives())
-      ->capture_default_str();
-  app.add_option("--min-bytes,-b", min_bytes,
-                 "smallest size (nccl-tests -b; K, M, G suffixes) [default: 8]");
-  app.add_option("--max-bytes,-e", max_bytes,
-                 "largest size (nccl-tests -e) [default: 8M for mpi, 1G for nccl]");
-  app.add_option("--factor,-f", factor, "size multiplier between points (nccl-tests -f)")
-      ->capture_default_str();
-  app.add_option("--warmup,-w", warmup, "untimed runs per size (nccl-tests -w)")
-      ->capture_default_str();
-  app.add_option("--iters,-n", iters, "timed runs per size (nccl-tests -n)")->capture_default_str();
-  app.add_option(
-      "--groups", groups,
-      "comma list of groups: world, intra_node, inter_node (one rank per node), shard:S,\n"
-      "replica:S (HSDP with shard groups of S consecutive ranks) [default: world, plus\n"
-      "intra_node and inter_node when the job spans nodes]");
-  app.add_flag("--no-check", no_check, "skip the correctness check of each size (nccl-tests -c 0)");
-  app.add_flag("--no-gemm", no_gemm, "skip the GEMM throughput measurement");
-  app.add_flag("--no-memory", no_memory, "skip the memory bandwidth measurement");
-  app.add_option("--gemm-model", m.gemm_model,
-                 "model (preset or config.json) whose transformer-block GEMMs are timed\n"
-                 "[default: gpt2 for mpi, llama-2-7b for nccl]");
-  app.add_option("--gemm-tokens", gemm_tokens,
-                 "tokens per GEMM (its m) [default: 256 for mpi, 4096 for nccl]");
-  app.add_option("--attention-seq", attention_seq,
-                 "sequence length of the model's attention core, timed forward and backward over\n"
-                 "sequences of that length, --gemm-tokens in all (needs --gemm-model) [default: "
-                 "not timed]");
-  app.add_option("--out,-o", m.out,
-                 "profile to write [default: calibrated-<host>.json, or PROFILE with --into]");
-  app.add_option("--into", m.into, "existing profile to merge the calibration into");
-  std::string device_memory;
-  app.add_option("--device-memory-GiB", device_memory,
-                 "the new profile's device memory (gpu.memory_GiB), the size plans must fit\n"
-                 "[default: the device's; a CPU rank: the host's memory shared by its ranks]");
-  std::string timeout, fault;
-  app.add_option("--timeout-s", timeout,
-                 "a rank that makes no progress for this many seconds (a peer crashed or hung) "
-                 "ends the job\nwith exit code 4 [default: 300]");
-  app.add_option("--inject-fault", fault,
-                 "tests only: rank RANK crashes, hangs, runs out of memory or throws at sweep "
-                 "point STEP\n(crash|hang|oom|throw@RANK:STEP)");
-
+  MeasureTexts measure_texts;
+  add_measure_options(app, m, measure_texts);
   ImportOptions imp;
-  std::string ranks, tier, op;
-  auto* import_command = app.add_subcommand(
-      "import-nccl-tests",
-      "Fits the tables of nccl-tests logs (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
-      "...)\n"
-      "and writes the calibration section: merged into --into PROFILE (written to --out or in\n"
-      "place), or alone to --out (or standard output).");
-  import_command->alias("import");
-  import_command->add_option("logs", imp.logs, "nccl-tests output files")->required();
-  import_command->add_option("--ranks", ranks,
-                             "ranks of the runs [default: from each log's rank lines]");
-  import_command->add_option(
-      "--tier", tier,
-      "intra_node or inter_node [default: from the hosts in each log's rank lines]");
-  import_command->add_option("--op", op,
-                             "collective measured [default: from each log's header or file name]");
-  import_command->add_option("--out,-o", imp.out, "file to write");
-  import_command->add_option("--into", imp.into, "existing profile to merge the calibration into");
+  ImportTexts import_texts;
+  auto* import_command = add_import_command(app, imp, import_texts);
 
   CommandLine result;
   try {
@@ -206,125 +357,15 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
 
   if (import_command->parsed()) {
     result.command = CommandLine::Command::import_logs;
-    if (import_command->count("--ranks"))
-      imp.ranks = static_cast<int>(
-          parse_integer_flag("--ranks", ranks, 1, 1'000'000, "an integer between 1 and 1000000"));
-    if (import_command->count("--tier"))
-      imp.tier = parse_tier(tier);
-    if (import_command->count("--op"))
-      imp.op = parse_ops({op}, "--op").front();
-    named(*import_command, "--out", imp.out);
-    named(*import_command, "--into", imp.into);
+    read_import(*import_command, import_texts, imp);
     result.import = std::move(imp);
     return result;
   }
-
-  if (backend == "mpi")
-    m.backend = BackendKind::mpi;
-  else if (backend == "nccl")
-    m.backend = BackendKind::nccl;
-  else
-    throw InputError("--backend", fmt::format("must be nccl or mpi, got \"{}\"", backend));
-  std::vector<std::string> op_names;
-  for (std::size_t begin = 0; begin <= ops.size();) {
-    const auto comma = std::min(ops.find(',', begin), ops.size());
-    op_names.push_back(ops.substr(begin, comma - begin));
-    begin = comma + 1;
-  }
-  m.ops = parse_ops(op_names, "--ops");
-  const bool nccl = m.backend == BackendKind::nccl;
-  m.range.min_bytes = app.count("--min-bytes") ? parse_size_flag("--min-bytes", min_bytes) : 8;
-  m.range.max_bytes = app.count("--max-bytes") ? parse_size_flag("--max-bytes", max_bytes)
-                                               : (nccl ? 1ULL << 30 : 8ULL << 20);
-  if (m.range.min_bytes > m.range.max_bytes)
-    throw InputError("--min-bytes", fmt::format("{} is larger than --max-bytes {}",
-                                                format_byte_size(m.range.min_bytes),
-                                                format_byte_size(m.range.max_bytes)));
-  m.range.factor = static_cast<std::uint64_t>(
-      parse_integer_flag("--factor", factor, 2, 1'000'000, "an integer >= 2 (nccl-tests -f)"));
-  m.warmup = static_cast<int>(
-      parse_integer_flag("--warmup", warmup, 0, 1'000'000, "an integer between 0 and 1000000"));
-  m.iters = static_cast<int>(
-      parse_integer_flag("--iters", iters, 1, 1'000'000, "an integer between 1 and 1000000"));
-  if (app.count("--groups")) {
-    for (std::size_t begin = 0; begin <= groups.size();) {
-      const auto comma = std::min(groups.find(',', begin), groups.size());
-      const std::string name = groups.substr(begin, comma - begin);
-      const auto spec = comm::parse_group(name);
-      if (!spec)
-        throw InputError(
-            "--groups", fmt::format("unknown group \"{}\" (world, intra_node, inter_node, shard:S, "
-                                    "replica:S with S >= 1)",
-                                    name));
-      if (std::find(m.groups.begin(), m.groups.end(), *spec) == m.groups.end())
-        m.groups.push_back(*spec);
-      begin = comma + 1;
-    }
-  }
-  m.check = !no_check;
-  m.gemm = !no_gemm;
-  m.memory = !no_memory;
-  if (!app.count("--gemm-model"))
-    m.gemm_model = nccl ? "llama-2-7b" : "gpt2";
-  else if (m.gemm_model.empty())
-    throw InputError("--gemm-model", "must name a preset or a file, got \"\"");
-  m.gemm_tokens = app.count("--gemm-tokens")
-                      ? parse_integer_flag("--gemm-tokens", gemm_tokens, 1, 1'000'000'000,
-                                           "an integer between 1 and 1000000000")
-                      : (nccl ? 4096 : 256);
-  if (app.count("--attention-seq")) {
-    m.attention_seq = parse_integer_flag("--attention-seq", attention_seq, 1, 1'000'000'000,
-                                         "an integer between 1 and 1000000000");
-    if (!app.count("--gemm-model"))
-      throw InputError("--attention-seq",
-                       fmt::format("{} needs --gemm-model (the model whose attention is timed)",
-                                   m.attention_seq));
-    // A micro-batch of whole sequences: batch = tokens / seq.
-    if (m.gemm_tokens % m.attention_seq != 0)
-      throw InputError("--attention-seq",
-                       fmt::format("{} does not divide --gemm-tokens {} (a micro-batch of whole "
-                                   "sequences)",
-                                   m.attention_seq, m.gemm_tokens));
-  }
+  read_sweep(app, measure_texts, m);
+  read_compute(app, measure_texts, m);
   named(app, "--out", m.out);
   named(app, "--into", m.into);
-  if (app.count("--device-memory-GiB")) {
-    double gib = 0;
-    try {
-      gib = costmodel::double_from_text("--device-memory-GiB", device_memory);
-    } catch (const InputError&) {
-      gib = 0; // not a decimal number: said as for one out of range
-    }
-    if (!(gib > 0) || !std::isfinite(gib))
-      throw InputError("--device-memory-GiB",
-                       fmt::format("must be a number of GiB > 0 and finite, got \"{}\"",
-                                   device_memory));
-    if (!m.into.empty())
-      throw InputError("--device-memory-GiB",
-                       fmt::format("sets a new profile's memory; --into {} keeps its own "
-                                   "gpu.memory_GiB",
-                                   m.into));
-    m.device_memory_bytes = gib * 1073741824.0;  // GiB = 2^30 bytes
-  }
-  if (app.count("--timeout-s")) {
-    double seconds = 0;
-    try {
-      seconds = costmodel::double_from_text("--timeout-s", timeout);
-    } catch (const InputError&) {
-      seconds = 0; // not a decimal number: said as for one out of range
-    }
-    if (!(seconds > 0))
-      throw InputError("--timeout-s",
-                       fmt::format("must be a number of seconds > 0 and finite, got \"{}\"",
-                                   timeout));
-    m.timeout_s = seconds;
-  }
-  if (app.count("--inject-fault")) {
-    m.fault = comm::parse_fault_injection(fault);
-    if (!m.fault)
-      throw InputError("--inject-fault",
-                       fmt::format("expected {}, got \"{}\"", comm::kFaultInjectionSyntax, fault));
-  }
+  read_limits(app, measure_texts, m);
   result.measure = std::move(m);
   return result;
 }

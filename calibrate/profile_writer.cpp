@@ -127,46 +127,93 @@ std::optional<LinkEstimate> link_from_curves(const std::vector<FittedCurve>& cur
   return link;
 }
 
-json measured_profile(const MeasuredSystem& s, const CalibrationRecord& r) {
-  const std::string measured = measured_note(r);
+namespace {
+
+// A link's section: the fitted curve of its tier, else the other tier's, else half the memory
+// copy bandwidth.
+json link_json(const MeasuredSystem& s, const std::string& measured, costmodel::Tier tier,
+               const std::optional<LinkEstimate>& own, const std::optional<LinkEstimate>& other) {
+  const bool intra = tier == costmodel::Tier::intra_node;
+  // A fitted curve's bus bandwidth is each rank's: per GPU (costmodel/hardware.hpp reads the
+  // inter-node key with its unit).
+  const char* bandwidth_key = intra ? "bandwidth_GBps" : "bandwidth_GBps_per_gpu";
+  const std::string link =
+      s.cpu_device ? (intra ? "MPI within a node (shared memory)" : "MPI between nodes")
+                   : (intra ? "NCCL within a node" : "NCCL between nodes");
+  if (own)
+    return {
+        {"link", link},
+        {bandwidth_key, rounded(own->bandwidth_Bps / kGB, 4)},
+        {"latency_us", rounded(own->latency_s * 1e6, 4)},
+        {"source",
+         fmt::format("{}: the fitted {} curve on {} ranks: bus bandwidth of its bandwidth-bound "
+                     "piece, and its smallest-size latency per ring step",
+                     measured, costmodel::traits(own->op).name, own->ranks)}};
+  if (other)
+    return {
+        {"link", link},
+        {bandwidth_key, rounded(other->bandwidth_Bps / kGB, 4)},
+        {"latency_us", rounded(other->latency_s * 1e6, 4)},
+        {"source",
+         fmt::format("{}: NOT MEASURED (no {} group in this run): the {} values stand in",
+                     measured, costmodel::tier_name(tier), intra ? "inter-node" : "intra-node")}};
+  return {{"link", link},
+          {bandwidth_key, rounded(s.memory_bandwidth_Bps / 2 / kGB, 4)},
+          {"latency_us", 0},
+          {"source",
+           fmt::format("{}: NOT MEASURED (no group of two or more ranks): half the memory copy "
+                       "bandwidth (one direction of a copy) and no latency stand in",
+                       measured)}};
+}
+
+json gpu_json(const MeasuredSystem& s, const std::string& measured) {
   json peak = json::object();
   for (const auto& [dtype, flops] : s.peak_flops)
     peak[costmodel::dtype_name(dtype)] = rounded(flops / 1e12, 4);
+  return {{"name", s.device},
+          // A CPU rank's collectives block its computing thread: the cost model serialises
+          // them with compute (costmodel/hardware.hpp).
+          {"kind", s.cpu_device ? "cpu" : "gpu"},
+          {"memory_GiB", rounded(s.device_memory_bytes / kGiB, 4)},
+          {"peak_TFLOPs", peak},
+          {"memory_bandwidth_GBps", rounded(s.memory_bandwidth_Bps / kGB, 4)},
+          {"compute_efficiency", rounded(s.compute_efficiency, 3)},
+          {"source",
+           fmt::format(
+               "{}: memory: {}; peak: the best measured GEMM rate per type; memory bandwidth: "
+               "copy, read + write bytes; compute_efficiency: the model-shape {} GEMM rate / "
+               "that peak",
+               measured, s.device_memory_note, costmodel::dtype_name(s.efficiency_dtype))}};
+}
 
-  auto link_section = [&](costmodel::Tier tier, const std::optional<LinkEstimate>& own,
-                          const std::optional<LinkEstimate>& other) -> json {
-    const bool intra = tier == costmodel::Tier::intra_node;
-    // A fitted curve's bus bandwidth is each rank's: per GPU (costmodel/hardware.hpp reads the
-    // inter-node key with its unit).
-    const char* bandwidth_key = intra ? "bandwidth_GBps" : "bandwidth_GBps_per_gpu";
-    const std::string link =
-        s.cpu_device ? (intra ? "MPI within a node (shared memory)" : "MPI between nodes")
-                     : (intra ? "NCCL within a node" : "NCCL between nodes");
-    if (own)
-      return {
-          {"link", link},
-          {bandwidth_key, rounded(own->bandwidth_Bps / kGB, 4)},
-          {"latency_us", rounded(own->latency_s * 1e6, 4)},
+json host_json(const MeasuredSystem& s, const std::string& measured) {
+  return {{"memory_GiB", rounded(s.host_memory_bytes / kGiB, 4)},
+          {"link_bandwidth_GBps", rounded(s.host_link_Bps / kGB, 4)},
+          {"optimizer_Gparams_per_s", rounded(s.optimizer_params_per_s / 1e9, 4)},
           {"source",
-           fmt::format("{}: the fitted {} curve on {} ranks: bus bandwidth of its bandwidth-bound "
-                       "piece, and its smallest-size latency per ring step",
-                       measured, costmodel::traits(own->op).name, own->ranks)}};
-    if (other)
-      return {
-          {"link", link},
-          {bandwidth_key, rounded(other->bandwidth_Bps / kGB, 4)},
-          {"latency_us", rounded(other->latency_s * 1e6, 4)},
+           fmt::format(
+               "{}: memory: MemTotal of /proc/meminfo; link: {}; optimizer: a fused fp32 Adam "
+               "step per rank times the ranks of a node",
+               measured, s.host_link_note)}};
+}
+
+json overhead_json(const MeasuredSystem& s) {
+  return {{"cuda_context_GiB", s.cpu_device ? 0.0 : 0.5},
+          {"nccl_workspace_GiB", s.cpu_device ? 0.0 : 0.5},
+          {"fragmentation", s.cpu_device ? 0.0 : 0.05},
           {"source",
-           fmt::format("{}: NOT MEASURED (no {} group in this run): the {} values stand in",
-                       measured, costmodel::tier_name(tier), intra ? "inter-node" : "intra-node")}};
-    return {{"link", link},
-            {bandwidth_key, rounded(s.memory_bandwidth_Bps / 2 / kGB, 4)},
-            {"latency_us", 0},
-            {"source",
-             fmt::format("{}: NOT MEASURED (no group of two or more ranks): half the memory copy "
-                         "bandwidth (one direction of a copy) and no latency stand in",
-                         measured)}};
-  };
+           s.cpu_device
+               ? "a CPU rank has no CUDA context or NCCL buffers, and the executor's tracked "
+                 "allocator allocates exactly what it is asked for (no caching pool, no "
+                 "fragmentation)"
+               : "NOT MEASURED: planning defaults (CUDA context with cuBLAS ~0.5 GiB, NCCL "
+                 "buffers ~0.5 GiB, fragmentation 5%), replaced by the executor's measurement"}};
+}
+
+} // namespace
+
+json measured_profile(const MeasuredSystem& s, const CalibrationRecord& r) {
+  const std::string measured = measured_note(r);
   const auto intra = link_from_curves(r.curves, costmodel::Tier::intra_node);
   const auto inter = link_from_curves(r.curves, costmodel::Tier::inter_node);
   const std::string device_kind = s.cpu_device ? "CPU rank" : "GPU";
@@ -175,46 +222,14 @@ json measured_profile(const MeasuredSystem& s, const CalibrationRecord& r) {
           {"name", s.name},
           {"description", fmt::format("{} ({} per rank, {} per node), {}", s.device, device_kind,
                                       s.ranks_per_node, measured)},
-          {"gpu",
-           {{"name", s.device},
-            // A CPU rank's collectives block its computing thread: the cost model serialises
-            // them with compute (costmodel/hardware.hpp).
-            {"kind", s.cpu_device ? "cpu" : "gpu"},
-            {"memory_GiB", rounded(s.device_memory_bytes / kGiB, 4)},
-            {"peak_TFLOPs", peak},
-            {"memory_bandwidth_GBps", rounded(s.memory_bandwidth_Bps / kGB, 4)},
-            {"compute_efficiency", rounded(s.compute_efficiency, 3)},
-            {"source",
-             fmt::format(
-                 "{}: memory: {}; peak: the best measured GEMM rate per type; memory bandwidth: "
-                 "copy, read + write bytes; compute_efficiency: the model-shape {} GEMM rate / "
-                 "that peak",
-                 measured, s.device_memory_note, costmodel::dtype_name(s.efficiency_dtype))}}},
+          {"gpu", gpu_json(s, measured)},
           {"node",
            {{"gpus_per_node", s.ranks_per_node},
             {"source", fmt::format("{}: ranks per node of the run", measured)}}},
-          {"intra_node", link_section(costmodel::Tier::intra_node, intra, inter)},
-          {"inter_node", link_section(costmodel::Tier::inter_node, inter, intra)},
-          {"host",
-           {{"memory_GiB", rounded(s.host_memory_bytes / kGiB, 4)},
-            {"link_bandwidth_GBps", rounded(s.host_link_Bps / kGB, 4)},
-            {"optimizer_Gparams_per_s", rounded(s.optimizer_params_per_s / 1e9, 4)},
-            {"source",
-             fmt::format(
-                 "{}: memory: MemTotal of /proc/meminfo; link: {}; optimizer: a fused fp32 Adam "
-                 "step per rank times the ranks of a node",
-                 measured, s.host_link_note)}}},
-          {"overhead",
-           {{"cuda_context_GiB", s.cpu_device ? 0.0 : 0.5},
-            {"nccl_workspace_GiB", s.cpu_device ? 0.0 : 0.5},
-            {"fragmentation", s.cpu_device ? 0.0 : 0.05},
-            {"source",
-             s.cpu_device
-                 ? "a CPU rank has no CUDA context or NCCL buffers, and the executor's tracked "
-                   "allocator allocates exactly what it is asked for (no caching pool, no "
-                   "fragmentation)"
-                 : "NOT MEASURED: planning defaults (CUDA context with cuBLAS ~0.5 GiB, NCCL "
-                   "buffers ~0.5 GiB, fragmentation 5%), replaced by the executor's measurement"}}},
+          {"intra_node", link_json(s, measured, costmodel::Tier::intra_node, intra, inter)},
+          {"inter_node", link_json(s, measured, costmodel::Tier::inter_node, inter, intra)},
+          {"host", host_json(s, measured)},
+          {"overhead", overhead_json(s)},
           {"calibration", calibration_to_json(r)}};
 }
 

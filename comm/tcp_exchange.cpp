@@ -296,167 +296,222 @@ TcpBlobServer::~TcpBlobServer() {
     (void)::close(listener_);
 }
 
-void TcpBlobServer::serve(std::span<const std::byte> blob, double timeout_s) {
-  const auto deadline = deadline_after(timeout_s);
-  const std::string where = endpoint_text(address_, port_);
-  const int peers = world_size_ - 1;
-  Socket listener(std::exchange(listener_, -1)); // one job per server: stop listening on return
+namespace {
 
+// Rank 0's side of one exchange: the peers' connections, by rank once each has named itself.
+class Rendezvous {
+public:
+  Rendezvous(Socket listener, std::string where, int world_size, double timeout_s)
+      : listener_(std::move(listener)), where_(std::move(where)), world_size_(world_size),
+        peers_(world_size - 1), timeout_s_(timeout_s), deadline_(deadline_after(timeout_s)),
+        by_rank_(static_cast<std::size_t>(world_size)),
+        from_rank_(static_cast<std::size_t>(world_size)) {}
+
+  // 1. Every peer connects and names itself.
+  void connect_all() {
+    while (connected_ < peers_) {
+      std::vector<pollfd> entries;
+      entries.push_back({listener_.get(), POLLIN, 0});
+      for (const auto& entry : pending_)
+        entries.push_back({entry.socket.get(), POLLIN, 0});
+      const int ready =
+          ::poll(entries.data(), static_cast<nfds_t>(entries.size()), milliseconds_left(deadline_));
+      if (ready < 0 && errno == EINTR)
+        continue;
+      if (ready < 0)
+        give_up(fmt::format("rank 0: poll on {} failed: {}", where_, errno_text(errno)), __LINE__);
+      if (ready == 0)
+        give_up(fmt::format("rank 0: {} of {} peers connected to {} within {} (missing ranks {})",
+                            connected_, peers_, where_, seconds_text(timeout_s_),
+                            missing_ranks([&](int rank) {
+                              return by_rank_[static_cast<std::size_t>(rank)].valid();
+                            })),
+                __LINE__);
+      // Greetings first: accepting may add to `pending_` and move its elements.
+      for (std::size_t i = 0; i < pending_.size();) {
+        if (entries[i + 1].revents == 0 || !read_greeting(pending_[i])) {
+          ++i;
+          continue;
+        }
+        pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+        entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+        ++connected_;
+      }
+      if (entries[0].revents != 0)
+        accept_waiting();
+    }
+  }
+
+  // 2. Every peer gets the blob; 3. confirms it; 4. is released.
+  void deliver(std::span<const std::byte> blob) {
+    for (int rank = 1; rank < world_size_; ++rank) {
+      const auto result = send_reply(socket_of(rank), kStatusBlob, blob, deadline_);
+      if (result.status != Io::done)
+        give_up(fmt::format("rank 0: sending the id to rank {} ({}) from {} {}", rank,
+                            from_rank_[static_cast<std::size_t>(rank)], where_,
+                            result.status == Io::timed_out
+                                ? "did not finish within " + seconds_text(timeout_s_)
+                                : "failed: " + errno_text(result.error)),
+                __LINE__);
+    }
+    for (int rank = 1; rank < world_size_; ++rank) {
+      std::byte ack{};
+      const auto result = receive_exactly(socket_of(rank), &ack, 1, deadline_);
+      if (result.status == Io::timed_out)
+        give_up(fmt::format("rank 0: {} of {} peers confirmed the id from {} within {} (missing "
+                            "ranks {})",
+                            rank - 1, peers_, where_, seconds_text(timeout_s_),
+                            missing_ranks([&](int r) { return r < rank; })),
+                __LINE__);
+      if (result.status != Io::done || ack != kAck)
+        give_up(fmt::format("rank 0: rank {} ({}) closed its connection to {} before confirming "
+                            "the id{}",
+                            rank, from_rank_[static_cast<std::size_t>(rank)], where_,
+                            result.status == Io::failed ? ": " + errno_text(result.error) : ""),
+                __LINE__);
+    }
+    // Each peer has read everything sent to it and sent nothing more, so closing after 'G' ends
+    // the connection cleanly (no reset) even if this process exits at once.
+    for (int rank = 1; rank < world_size_; ++rank)
+      (void)send_all(socket_of(rank), &kGo, 1, deadline_);
+  }
+
+private:
   struct Pending {
     Socket socket;
     std::string from;
     std::array<std::byte, kHelloBytes> hello{};
     std::size_t received = 0;
   };
-  std::vector<Pending> pending;
-  std::vector<Socket> by_rank(static_cast<std::size_t>(world_size_));
-  std::vector<std::string> from_rank(static_cast<std::size_t>(world_size_));
-  int connected = 0;
 
-  const auto missing_ranks = [&](const auto& done) {
+  int socket_of(int rank) const { return by_rank_[static_cast<std::size_t>(rank)].get(); }
+
+  template <typename Done> std::string missing_ranks(const Done& done) const {
     std::vector<int> missing;
     for (int rank = 1; rank < world_size_; ++rank)
       if (!done(rank))
         missing.push_back(rank);
     return rank_list(missing);
-  };
+  }
+
   // Tells every peer that has connected why the job ends, then ends it on this rank.
-  const auto give_up = [&](const std::string& reason, int line) {
-    for (auto& socket : by_rank)
+  [[noreturn]] void give_up(const std::string& reason, int line) {
+    for (auto& socket : by_rank_)
       if (socket.valid())
         send_refusal(socket.get(), reason);
-    for (auto& entry : pending)
+    for (auto& entry : pending_)
       send_refusal(entry.socket.get(), reason);
     throw CommError(reason, __FILE__, line);
-  };
+  }
 
-  // 1. Every peer connects and names itself.
-  while (connected < peers) {
-    std::vector<pollfd> entries;
-    entries.push_back({listener.get(), POLLIN, 0});
-    for (const auto& entry : pending)
-      entries.push_back({entry.socket.get(), POLLIN, 0});
-    const int ready =
-        ::poll(entries.data(), static_cast<nfds_t>(entries.size()), milliseconds_left(deadline));
-    if (ready < 0 && errno == EINTR)
-      continue;
-    if (ready < 0)
-      give_up(fmt::format("rank 0: poll on {} failed: {}", where, errno_text(errno)), __LINE__);
-    if (ready == 0)
-      give_up(fmt::format("rank 0: {} of {} peers connected to {} within {} (missing ranks {})",
-                          connected, peers, where, seconds_text(timeout_s),
-                          missing_ranks([&](int rank) {
-                            return by_rank[static_cast<std::size_t>(rank)].valid();
-                          })),
+  // Reads what has arrived of a peer's greeting; true once it is whole and the peer holds its
+  // rank's slot (its socket moved there).
+  bool read_greeting(Pending& entry) {
+    const ssize_t got = ::recv(entry.socket.get(), entry.hello.data() + entry.received,
+                               kHelloBytes - entry.received, 0);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
+      return false;
+    if (got <= 0)
+      give_up(fmt::format("rank 0: a peer from {} closed its connection to {} before naming its "
+                          "rank{}",
+                          entry.from, where_, got < 0 ? ": " + errno_text(errno) : ""),
               __LINE__);
-    // Greetings first: accepting may add to `pending` and move its elements.
-    for (std::size_t i = 0; i < pending.size();) {
-      if (entries[i + 1].revents == 0) {
-        ++i;
-        continue;
-      }
-      Pending& entry = pending[i];
-      const ssize_t got = ::recv(entry.socket.get(), entry.hello.data() + entry.received,
-                                 kHelloBytes - entry.received, 0);
-      if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) {
-        ++i;
-        continue;
-      }
-      if (got <= 0)
-        give_up(fmt::format("rank 0: a peer from {} closed its connection to {} before naming its "
-                            "rank{}",
-                            entry.from, where, got < 0 ? ": " + errno_text(errno) : ""),
-                __LINE__);
-      entry.received += static_cast<std::size_t>(got);
-      if (entry.received < kHelloBytes) {
-        ++i;
-        continue;
-      }
-      if (!std::equal(kMagic.begin(), kMagic.end(), entry.hello.begin()))
-        give_up(fmt::format("rank 0: the connection from {} to {} is not a shardplan rank (wrong "
-                            "greeting); is another program using this address?",
-                            entry.from, where),
-                __LINE__);
-      const auto rank = get_be(entry.hello.data() + 4, 4);
-      const auto size = get_be(entry.hello.data() + 8, 4);
-      if (size != static_cast<std::uint64_t>(world_size_))
-        give_up(fmt::format("rank 0: the peer from {} is rank {} of a world of {} ranks, but this "
-                            "job has {} (WORLD_SIZE differs between ranks)",
-                            entry.from, rank, size, world_size_),
-                __LINE__);
-      if (rank < 1 || rank >= static_cast<std::uint64_t>(world_size_))
-        give_up(fmt::format("rank 0: the peer from {} claims rank {}, outside 1..{}", entry.from,
-                            rank, world_size_ - 1),
-                __LINE__);
-      auto& slot = by_rank[static_cast<std::size_t>(rank)];
-      if (slot.valid())
-        give_up(fmt::format("rank 0: the peers from {} and {} both claim rank {}",
-                            from_rank[static_cast<std::size_t>(rank)], entry.from, rank),
-                __LINE__);
-      slot = std::move(entry.socket);
-      from_rank[static_cast<std::size_t>(rank)] = entry.from;
-      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-      entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-      ++connected;
-    }
-    if (entries[0].revents != 0) {
-      for (;;) {
-        sockaddr_storage peer{};
-        socklen_t length = sizeof peer;
-        const int fd = ::accept4(listener.get(), reinterpret_cast<sockaddr*>(&peer), &length,
-                                 SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
-          break; // EAGAIN: no more for now; an aborted connection is simply not a peer
-        set_non_blocking_options(fd);
-        pending.push_back({Socket(fd), peer_text(peer, length), {}, 0});
-      }
+    entry.received += static_cast<std::size_t>(got);
+    if (entry.received < kHelloBytes)
+      return false;
+    if (!std::equal(kMagic.begin(), kMagic.end(), entry.hello.begin()))
+      give_up(fmt::format("rank 0: the connection from {} to {} is not a shardplan rank (wrong "
+                          "greeting); is another program using this address?",
+                          entry.from, where_),
+              __LINE__);
+    const auto rank = get_be(entry.hello.data() + 4, 4);
+    const auto size = get_be(entry.hello.data() + 8, 4);
+    if (size != static_cast<std::uint64_t>(world_size_))
+      give_up(fmt::format("rank 0: the peer from {} is rank {} of a world of {} ranks, but this "
+                          "job has {} (WORLD_SIZE differs between ranks)",
+                          entry.from, rank, size, world_size_),
+              __LINE__);
+    if (rank < 1 || rank >= static_cast<std::uint64_t>(world_size_))
+      give_up(fmt::format("rank 0: the peer from {} claims rank {}, outside 1..{}", entry.from,
+                          rank, world_size_ - 1),
+              __LINE__);
+    auto& slot = by_rank_[static_cast<std::size_t>(rank)];
+    if (slot.valid())
+      give_up(fmt::format("rank 0: the peers from {} and {} both claim rank {}",
+                          from_rank_[static_cast<std::size_t>(rank)], entry.from, rank),
+              __LINE__);
+    slot = std::move(entry.socket);
+    from_rank_[static_cast<std::size_t>(rank)] = entry.from;
+    return true;
+  }
+
+  void accept_waiting() {
+    for (;;) {
+      sockaddr_storage peer{};
+      socklen_t length = sizeof peer;
+      const int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&peer), &length,
+                               SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0)
+        break; // EAGAIN: no more for now; an aborted connection is simply not a peer
+      set_non_blocking_options(fd);
+      pending_.push_back({Socket(fd), peer_text(peer, length), {}, 0});
     }
   }
 
-  // 2. Every peer gets the blob; 3. confirms it; 4. is released.
-  for (int rank = 1; rank < world_size_; ++rank) {
-    const auto result =
-        send_reply(by_rank[static_cast<std::size_t>(rank)].get(), kStatusBlob, blob, deadline);
-    if (result.status != Io::done)
-      give_up(fmt::format("rank 0: sending the id to rank {} ({}) from {} {}", rank,
-                          from_rank[static_cast<std::size_t>(rank)], where,
-                          result.status == Io::timed_out
-                              ? "did not finish within " + seconds_text(timeout_s)
-                              : "failed: " + errno_text(result.error)),
-              __LINE__);
-  }
-  for (int rank = 1; rank < world_size_; ++rank) {
-    std::byte ack{};
-    const auto result =
-        receive_exactly(by_rank[static_cast<std::size_t>(rank)].get(), &ack, 1, deadline);
-    if (result.status == Io::timed_out)
-      give_up(fmt::format("rank 0: {} of {} peers confirmed the id from {} within {} (missing "
-                          "ranks {})",
-                          rank - 1, peers, where, seconds_text(timeout_s),
-                          missing_ranks([&](int r) { return r < rank; })),
-              __LINE__);
-    if (result.status != Io::done || ack != kAck)
-      give_up(fmt::format("rank 0: rank {} ({}) closed its connection to {} before confirming the "
-                          "id{}",
-                          rank, from_rank[static_cast<std::size_t>(rank)], where,
-                          result.status == Io::failed ? ": " + errno_text(result.error) : ""),
-              __LINE__);
-  }
-  // Each peer has read everything sent to it and sent nothing more, so closing after 'G' ends the
-  // connection cleanly (no reset) even if this process exits at once.
-  for (int rank = 1; rank < world_size_; ++rank)
-    (void)send_all(by_rank[static_cast<std::size_t>(rank)].get(), &kGo, 1, deadline);
+  Socket listener_;
+  std::string where_;
+  int world_size_;
+  int peers_;
+  double timeout_s_;
+  Clock::time_point deadline_;
+  std::vector<Pending> pending_;
+  std::vector<Socket> by_rank_;
+  std::vector<std::string> from_rank_;
+  int connected_ = 0;
+};
+
+} // namespace
+
+void TcpBlobServer::serve(std::span<const std::byte> blob, double timeout_s) {
+  // One job per server: stop listening on return.
+  Rendezvous rendezvous(Socket(std::exchange(listener_, -1)), endpoint_text(address_, port_),
+                        world_size_, timeout_s);
+  rendezvous.connect_all();
+  rendezvous.deliver(blob);
 }
 
-std::vector<std::byte> tcp_receive_blob(const std::string& address, int port, int rank,
-                                        int world_size, double timeout_s) {
-  const auto deadline = deadline_after(timeout_s);
-  const std::string where = endpoint_text(address, port);
-  if (world_size < 2 || rank < 1 || rank >= world_size)
-    throw CommError(fmt::format("rank {}: not a peer of a world of {} ranks", rank, world_size),
-                    __FILE__, __LINE__);
+namespace {
 
-  // 1. Connect, retrying until the deadline: rank 0 may not be listening yet.
+// Connects to one of rank 0's addresses; returns 0, or the errno of the failure.
+int connect_to(const addrinfo& entry, Clock::time_point deadline, Socket& socket) {
+  Socket candidate(::socket(entry.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!candidate.valid())
+    return errno;
+  int error = 0;
+  if (::connect(candidate.get(), entry.ai_addr, entry.ai_addrlen) != 0) {
+    error = errno;
+    if (error == EINPROGRESS) {
+      // One unreachable address (say, IPv6) must not use up the time for the next.
+      const auto attempt_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+      if (!wait_for(candidate.get(), POLLOUT, attempt_deadline)) {
+        error = ETIMEDOUT;
+      } else {
+        socklen_t length = sizeof error;
+        if (::getsockopt(candidate.get(), SOL_SOCKET, SO_ERROR, &error, &length) != 0)
+          error = errno;
+      }
+    }
+  }
+  if (error == 0) {
+    set_non_blocking_options(candidate.get());
+    socket = std::move(candidate);
+  }
+  return error;
+}
+
+// 1. Connect, retrying until the deadline: rank 0 may not be listening yet.
+Socket connect_to_rank0(const std::string& address, int port, int rank, double timeout_s,
+                        Clock::time_point deadline) {
   Socket socket;
   std::string last_error = "no address";
   auto pause = std::chrono::milliseconds(20);
@@ -470,46 +525,48 @@ std::vector<std::byte> tcp_receive_blob(const std::string& address, int port, in
     if (code == EAI_AGAIN)
       last_error = ::gai_strerror(code);
     for (const addrinfo* entry = addresses.first; entry != nullptr && !socket.valid();
-         entry = entry->ai_next) {
-      Socket candidate(
-          ::socket(entry->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-      if (!candidate.valid()) {
-        last_error = errno_text(errno);
-        continue;
-      }
-      int error = 0;
-      if (::connect(candidate.get(), entry->ai_addr, entry->ai_addrlen) != 0) {
-        error = errno;
-        if (error == EINPROGRESS) {
-          // One unreachable address (say, IPv6) must not use up the time for the next.
-          const auto attempt_deadline =
-              std::min(deadline, Clock::now() + std::chrono::seconds(5));
-          if (!wait_for(candidate.get(), POLLOUT, attempt_deadline)) {
-            error = ETIMEDOUT;
-          } else {
-            socklen_t length = sizeof error;
-            if (::getsockopt(candidate.get(), SOL_SOCKET, SO_ERROR, &error, &length) != 0)
-              error = errno;
-          }
-        }
-      }
-      if (error == 0) {
-        set_non_blocking_options(candidate.get());
-        socket = std::move(candidate);
-      } else {
+         entry = entry->ai_next)
+      if (const int error = connect_to(*entry, deadline, socket); error != 0)
         last_error = errno_text(error);
-      }
-    }
     if (socket.valid())
       break;
     if (Clock::now() >= deadline)
       throw CommError(fmt::format("rank {}: could not connect to rank 0 at {} within {} (last "
                                   "error: {})",
-                                  rank, where, seconds_text(timeout_s), last_error),
+                                  rank, endpoint_text(address, port), seconds_text(timeout_s),
+                                  last_error),
                       __FILE__, __LINE__);
     std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - Clock::now()));
     pause = std::min(pause * 2, std::chrono::milliseconds(500));
   }
+  return socket;
+}
+
+// Rank 0's reason after a refusal in place of the release (it gave up while waiting for another
+// rank's confirmation).
+std::string refusal_reason(int fd, Clock::time_point deadline) {
+  std::array<std::byte, kReplyHeaderBytes - 1> size{};
+  std::string reason = "another rank failed";
+  if (receive_exactly(fd, size.data(), size.size(), deadline).status == Io::done) {
+    const auto bytes = std::min(get_be(size.data(), 8), kMaxReplyBytes);
+    std::string text(static_cast<std::size_t>(bytes), '\0');
+    if (receive_exactly(fd, text.data(), text.size(), deadline).status == Io::done)
+      reason = text;
+  }
+  return reason;
+}
+
+} // namespace
+
+std::vector<std::byte> tcp_receive_blob(const std::string& address, int port, int rank,
+                                        int world_size, double timeout_s) {
+  const auto deadline = deadline_after(timeout_s);
+  const std::string where = endpoint_text(address, port);
+  if (world_size < 2 || rank < 1 || rank >= world_size)
+    throw CommError(fmt::format("rank {}: not a peer of a world of {} ranks", rank, world_size),
+                    __FILE__, __LINE__);
+
+  Socket socket = connect_to_rank0(address, port, rank, timeout_s, deadline);
 
   const auto lost = [&](const IoResult& result, const std::string& waiting_for) {
     if (result.status == Io::timed_out)
@@ -564,15 +621,8 @@ std::vector<std::byte> tcp_receive_blob(const std::string& address, int port, in
     throw lost(result, "the release (every rank holds the id)");
   if (go == std::byte{kStatusRefusal}) {
     // Rank 0 gave up while waiting for another rank's confirmation: its refusal follows.
-    std::array<std::byte, kReplyHeaderBytes - 1> size{};
-    std::string reason = "another rank failed";
-    if (receive_exactly(socket.get(), size.data(), size.size(), deadline).status == Io::done) {
-      const auto bytes = std::min(get_be(size.data(), 8), kMaxReplyBytes);
-      std::string text(static_cast<std::size_t>(bytes), '\0');
-      if (receive_exactly(socket.get(), text.data(), text.size(), deadline).status == Io::done)
-        reason = text;
-    }
-    throw CommError(fmt::format("rank {}: rank 0 at {} refused the job: {}", rank, where, reason),
+    throw CommError(fmt::format("rank {}: rank 0 at {} refused the job: {}", rank, where,
+                                refusal_reason(socket.get(), deadline)),
                     __FILE__, __LINE__);
   }
   if (go != kGo)

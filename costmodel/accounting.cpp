@@ -307,28 +307,12 @@ ActivationBytes embedding_activations(const ModelSpec& m, const TrainingJob& j, 
   return out;
 }
 
-ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+namespace {
+
+// What the loss keeps of the logits and what its forward and backward hold at once.
+void add_loss_activations(ActivationBytes& out, const Shape& x, const TrainingJob& j, const Forward& f) {
   const double e = f.e;
-  const Shape x(m, j);
   const double T = x.T, h = x.h, V = x.V;
-  ActivationBytes out;
-  if (j.recipe == Recipe::executor) {
-    // The executor's head: final-norm and projection inputs, logits in the compute dtype, their
-    // fp32 upcast and the log-softmax the loss keeps; the fp32 logits gradient in backward.
-    out.saved = 2 * e * T * h + (e + 4 + 4) * T * V;
-    out.backward = 4 * T * V;
-    return out;
-  }
-  // The final norm and what the projection keeps of it.
-  const Dtypes d{e, f.p, f.p, f.cuda};
-  switch (m.architecture) {
-    case Architecture::gpt2:
-    case Architecture::gpt_neox: out.saved = layernorm(x, d, 1, true); break;
-    default:
-      out.saved = j.recipe == Recipe::megatron     ? 2 * e * T * h
-                  : j.recipe == Recipe::torchtitan ? torch_rmsnorm(x, d, 1)
-                                                   : rmsnorm(x, d, 1, d.r);
-  }
   const double labels = j.loss == LossImpl::chunked || j.loss == LossImpl::fused_linear ? 0 : 8 * T;
   switch (j.loss) {
     case LossImpl::upcast:
@@ -386,6 +370,33 @@ ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& j, const
       break;
     }
   }
+}
+
+}  // namespace
+
+ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+  const double e = f.e;
+  const Shape x(m, j);
+  const double T = x.T, h = x.h, V = x.V;
+  ActivationBytes out;
+  if (j.recipe == Recipe::executor) {
+    // The executor's head: final-norm and projection inputs, logits in the compute dtype, their
+    // fp32 upcast and the log-softmax the loss keeps; the fp32 logits gradient in backward.
+    out.saved = 2 * e * T * h + (e + 4 + 4) * T * V;
+    out.backward = 4 * T * V;
+    return out;
+  }
+  // The final norm and what the projection keeps of it.
+  const Dtypes d{e, f.p, f.p, f.cuda};
+  switch (m.architecture) {
+    case Architecture::gpt2:
+    case Architecture::gpt_neox: out.saved = layernorm(x, d, 1, true); break;
+    default:
+      out.saved = j.recipe == Recipe::megatron     ? 2 * e * T * h
+                  : j.recipe == Recipe::torchtitan ? torch_rmsnorm(x, d, 1)
+                                                   : rmsnorm(x, d, 1, d.r);
+  }
+  add_loss_activations(out, x, j, f);
   return out;
 }
 

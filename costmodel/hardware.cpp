@@ -188,16 +188,9 @@ double HardwareProfile::host_optimizer_rate(const std::string& family) const {
   return it != host_optimizer_by_framework.end() ? it->second : host_optimizer_params_per_s;
 }
 
-HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string& name) {
-  ObjectReader r(doc, "");
-  const auto version = r.integer("schema_version");
-  if (version != 1)
-    throw InputError("/schema_version", fmt::format("must be 1, got {}", version));
-  HardwareProfile p;
-  p.name = name;
-  p.description = r.string("description");
-  r.ignore("name");
+namespace {
 
+void read_gpu(ObjectReader& r, const nlohmann::json& doc, HardwareProfile& p) {
   ObjectReader gpu(r.object("gpu"), "/gpu");
   p.device = gpu.string("name");
   p.memory_bytes = gpu.number("memory_GiB", Range{0, 1e6, true}) * kGiB;
@@ -238,12 +231,10 @@ HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string&
   }
   gpu.ignore("source");
   gpu.finish();
+}
 
-  ObjectReader node(r.object("node"), "/node");
-  p.gpus_per_node = static_cast<int>(node.integer("gpus_per_node", Range{1, 1024, false}));
-  node.ignore("source");
-  node.finish();
-
+// The links between GPUs: within a node, and between nodes.
+void read_links(ObjectReader& r, const nlohmann::json& doc, HardwareProfile& p) {
   ObjectReader intra(r.object("intra_node"), "/intra_node");
   intra.ignore("link");
   p.intra_bandwidth_Bps = intra.number("bandwidth_GBps", Range{0, 1e6, true}) * kGB;
@@ -278,7 +269,9 @@ HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string&
   p.inter_latency_s = inter.number("latency_us", Range{0, 1e6, false}) * 1e-6;
   inter.ignore("source");
   inter.finish();
+}
 
+void read_host(ObjectReader& r, const nlohmann::json& doc, HardwareProfile& p) {
   ObjectReader host(r.object("host"), "/host");
   p.host_memory_bytes = host.number("memory_GiB", Range{0, 1e9, true}) * kGiB;
   p.host_link_Bps = host.number("link_bandwidth_GBps", Range{0, 1e6, true}) * kGB;
@@ -295,6 +288,28 @@ HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string&
   }
   host.ignore("source");
   host.finish();
+}
+
+}  // namespace
+
+HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string& name) {
+  ObjectReader r(doc, "");
+  const auto version = r.integer("schema_version");
+  if (version != 1)
+    throw InputError("/schema_version", fmt::format("must be 1, got {}", version));
+  HardwareProfile p;
+  p.name = name;
+  p.description = r.string("description");
+  r.ignore("name");
+  read_gpu(r, doc, p);
+
+  ObjectReader node(r.object("node"), "/node");
+  p.gpus_per_node = static_cast<int>(node.integer("gpus_per_node", Range{1, 1024, false}));
+  node.ignore("source");
+  node.finish();
+
+  read_links(r, doc, p);
+  read_host(r, doc, p);
 
   ObjectReader over(r.object("overhead"), "/overhead");
   p.cuda_context_bytes = over.number("cuda_context_GiB", Range::between(0, 1e3)) * kGiB;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -131,9 +132,44 @@ class Simulation {
   bool autocast_copies() const {
     return spec_.flavour == Flavour::ddp && sb_.compute < sb_.param && in_.accounting == Accounting::framework;
   }
+  // The step's per-unit sizes and times, the groups, and the cleared timeline.
   void prepare();
+  void prepare_bytes();
+  void prepare_unit_sizes();
+  void prepare_unit_times();
+  void prepare_gathers();
+  // One micro-batch's forward and backward; `first`: the first of the step (gradients are
+  // allocated), `reduce`: its gradients are reduced.
   void micro_batch(int mb, bool first, bool reduce);
+  void forward(int mb);
+  void backward(int mb, bool first, bool reduce);
+  // All-gathers unit u's parameters once `issue_t`; returns when they are ready.
+  double gather(int u, double issue_t, Phase phase, int mb);
+  // Unit u's gradients join the pending reduction, reduced once the framework's bucket is full.
+  void queue_reduction(int u, double end, int mb, bool first);
+  void reduce_pending(int u, double end, int mb, bool first);
   void walk_memory();
+
+  // The model states before the step starts, on the device and in total.
+  struct States {
+    double param_bytes = 0, opt_bytes = 0, total_params = 0, local_opt_params = 0;
+  };
+  // Empty, after fail(), when offloaded states do not fit the host.
+  std::optional<States> place_states();
+  // What the first of several micro-batches did, to count it gas − 1 times.
+  struct FirstMicroBatch {
+    double seconds = 0;
+    std::array<double, kStreams> busy{}, exposed{};
+    double bytes = 0;
+    std::array<double, kCollectives> bytes_by_op{};
+  };
+  FirstMicroBatch run_micro_batches(std::int64_t gas);
+  void wait_for_reductions();
+  // The optimizer step from t, and the parameter all-gather after it; returns its end.
+  double optimizer_step(double t, const States& st);
+  void account_states(const States& st);
+  void add_overheads();
+  void account_compute(std::int64_t gas, const FirstMicroBatch& first);
 
   const StepInput& in_;
   ShardingSpec spec_;  // the plan, normalized for the accounting mode
@@ -244,10 +280,16 @@ bool Simulation::check_plan() {
 }
 
 void Simulation::prepare() {
-  const auto& m = *in_.model;
+  prepare_bytes();
+  prepare_unit_sizes();
+  prepare_unit_times();
+  prepare_gathers();
+}
+
+// Bytes per element of the states, the compute dtype and the reduction.
+void Simulation::prepare_bytes() {
   const auto& j = in_.job;
   const auto& s = spec_;
-  const auto& hw = *in_.hardware;
   const bool paper = in_.accounting == Accounting::zero_paper;
   sb_ = state_bytes(j.precision, s, in_.accounting);
   // DeepSpeed 0.19.8's stage-3 gradient partition (grad_partitions_flat_buffer) is in the
@@ -264,10 +306,16 @@ void Simulation::prepare() {
   // Gradients are reduced in the spec's dtype, but never below the dtype they are computed in
   // (an fp32 job's FSDP/DeepSpeed defaults of bf16 reduction do not apply: its param dtype is fp32).
   reduce_b_ = paper ? 2.0 : std::max(dtype_bytes(s.reduce_dtype), sb_.compute);
-  n_units_ = static_cast<int>(m.layers) + 2;
+  n_units_ = static_cast<int>(in_.model->layers) + 2;
+}
 
-  const double tokens = static_cast<double>(j.seq_len * j.micro_batch);
-  const std::int64_t threshold = paper ? 0 : s.persistence_threshold;
+// Elements of each unit kind: parameters, the shardable and gathered ones, GEMM weights and
+// optimizer states.
+void Simulation::prepare_unit_sizes() {
+  const auto& m = *in_.model;
+  const auto& j = in_.job;
+  const auto& s = spec_;
+  const std::int64_t threshold = in_.accounting == Accounting::zero_paper ? 0 : s.persistence_threshold;
   const UnitTensors* tensors[3] = {&m.embedding, &m.block, &m.head};
   for (int k = 0; k < 3; ++k) {
     auto& u = units_[k];
@@ -286,7 +334,16 @@ void Simulation::prepare() {
     units_[0].gather += units_[2].gather - (m.tied_embeddings ? static_cast<double>(m.embedding.tensors.front().elements()) : 0.0);
     units_[2].gather = 0;
   }
+}
 
+// Each unit kind's FLOPs, compute times by kind, recompute and activations.
+void Simulation::prepare_unit_times() {
+  const auto& m = *in_.model;
+  const auto& j = in_.job;
+  const auto& s = spec_;
+  const auto& hw = *in_.hardware;
+  const double tokens = static_cast<double>(j.seq_len * j.micro_batch);
+  const UnitTensors* tensors[3] = {&m.embedding, &m.block, &m.head};
   units_[1].fwd_flops = block_forward_flops_per_token(m, j.seq_len) * tokens;
   units_[2].fwd_flops = head_forward_flops_per_token(m) * tokens;
   // Each unit's kernels by kind (costmodel/compute_time.hpp), and the host's work to issue them:
@@ -338,7 +395,13 @@ void Simulation::prepare() {
   units_[1].act = block_activations(m, j, f, false);
   units_[3].act = block_activations(m, j, f, true);
   units_[2].act = head_activations(m, j, f);
+}
 
+// The shard and replica groups, the forward prefetch, each unit kind's all-gather, and the
+// cleared timeline.
+void Simulation::prepare_gathers() {
+  const auto& s = spec_;
+  const auto& hw = *in_.hardware;
   const int G = in_.cluster.gpus_per_node;
   shard_group_ = {shard_, std::min(shard_, G)};
   replica_group_ = {world_ / shard_, std::max(1, G / shard_)};
@@ -367,12 +430,25 @@ void Simulation::prepare() {
 }
 
 void Simulation::micro_batch(int mb, bool first, bool reduce) {
+  forward(mb);
+  backward(mb, first, reduce);
+}
+
+double Simulation::gather(int u, double issue_t, Phase phase, int mb) {
+  const auto& ui = info(u);
+  const double dur = ui.gather_s;
+  result_.comm_bytes_per_gpu += ui.gather_sent;
+  result_.comm_bytes_by_op[static_cast<int>(Collective::all_gather)] += ui.gather_sent;
+  const double st = issue(Stream::all_gather, issue_t, Stream::compute, dur, "all-gather", u);
+  mem(st, ui.gather_bytes, Category::buffers, phase, u, mb, +1);
+  gathered_alive_[u] = 1;
+  return st + dur;
+}
+
+void Simulation::forward(int mb) {
   const auto& s = spec_;
   const int U = n_units_;
-  const double S = shard_;
-  const bool shard_params = s.shard_parameters;
   const bool autocast_copies = this->autocast_copies();
-  const bool offload_opt = s.offload != Offload::none;
   // The last unit is used again at once by backward: FSDP2's root and FSDP1's root keep it, and
   // DeepSpeed's trace-based prefetch finds it still gathered.
   auto kept_through_backward = [&](int u) {
@@ -382,12 +458,11 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
     return (s.keep_root_unsharded || s.root_unit) && u == 0;
   };
 
-  // ---- forward
   for (int u = 0; u < U; ++u) {
     const auto& ui = info(u);
     double ready = 0;
     Stream cause = Stream::compute;
-    if (shard_params && ui.gather > 0 && !gathered_alive_[u]) {
+    if (s.shard_parameters && ui.gather > 0 && !gathered_alive_[u]) {
       // Issue: when the CPU reaches this unit's pre-forward, `prefetch` units ahead of the GPU;
       // rate limit: the gathered unit `limit` positions back must be freed.
       const int fp = fwd_prefetch_;
@@ -395,13 +470,7 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
       if (fp == 0 && u == 0) issue_t = free_at_[0];
       if (s.reshard_after_forward && u - s.max_inflight_allgathers >= 0)
         issue_t = std::max(issue_t, gathered_free_[u - s.max_inflight_allgathers]);
-      const double dur = ui.gather_s;
-      result_.comm_bytes_per_gpu += ui.gather_sent;
-      result_.comm_bytes_by_op[static_cast<int>(Collective::all_gather)] += ui.gather_sent;
-      const double st = issue(Stream::all_gather, issue_t, Stream::compute, dur, "all-gather", u);
-      mem(st, ui.gather_bytes, Category::buffers, Phase::forward, u, mb, +1);
-      gathered_alive_[u] = 1;
-      ready = st + dur;
+      ready = gather(u, issue_t, Phase::forward, mb);
       cause = Stream::all_gather;
     }
     const double st = issue(Stream::compute, ready, cause, ui.fwd_s, "forward", u);
@@ -411,14 +480,19 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
     mem(fwd_end_[u], -ui.act.forward, Category::activations, Phase::forward, u, mb);
     // autocast's casts of the weights are tensors autograd keeps, like the activations.
     if (autocast_copies) mem(st, ui.matmul * compute_b_, Category::activations, Phase::forward, u, mb);
-    if (shard_params && gathered_alive_[u] && !kept_through_backward(u)) {
+    if (s.shard_parameters && gathered_alive_[u] && !kept_through_backward(u)) {
       mem(fwd_end_[u], -ui.gather_bytes, Category::buffers, Phase::forward, u, mb, -1);
       gathered_alive_[u] = 0;
       gathered_free_[u] = fwd_end_[u];
     }
   }
+}
 
-  // ---- backward
+void Simulation::backward(int mb, bool first, bool reduce) {
+  const auto& s = spec_;
+  const int U = n_units_;
+  const bool shard_params = s.shard_parameters;
+  const bool autocast_copies = this->autocast_copies();
   pending_reduce_bytes_ = 0;
   pending_units_.clear();
   for (int u = U - 1; u >= 0; --u) {
@@ -430,13 +504,7 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
       double issue_t = u + bp <= U - 1 ? (bp == 0 ? bwd_end_[u + 1] : bwd_start_[u + bp]) : 0;
       if (u + s.max_inflight_allgathers <= U - 1)
         issue_t = std::max(issue_t, bwd_end_[u + s.max_inflight_allgathers]);
-      const double dur = ui.gather_s;
-      result_.comm_bytes_per_gpu += ui.gather_sent;
-      result_.comm_bytes_by_op[static_cast<int>(Collective::all_gather)] += ui.gather_sent;
-      const double st = issue(Stream::all_gather, issue_t, Stream::compute, dur, "all-gather", u);
-      mem(st, ui.gather_bytes, Category::buffers, Phase::backward, u, mb, +1);
-      gathered_alive_[u] = 1;
-      ready = st + dur;
+      ready = gather(u, issue_t, Phase::backward, mb);
       cause = Stream::all_gather;
     }
     double st = 0;
@@ -481,53 +549,68 @@ void Simulation::micro_batch(int mb, bool first, bool reduce) {
       gathered_alive_[u] = 0;
     }
     if (s.contiguous_grad_bucket && fresh > 0) mem(end, -fresh, Category::gradients, Phase::backward, u, mb);
-
-    // Reduction: per unit, or when the framework's bucket has filled.
-    if (!reduce) continue;
-    if (s.root_unit && s.shard_gradients && u == U - 1) continue;  // reduced with the root, below
-    pending_reduce_bytes_ += ui.params * reduce_b_;
-    pending_units_.push_back(u);
-    if (s.root_unit && s.shard_gradients && u == 0) {
-      pending_reduce_bytes_ += info(U - 1).params * reduce_b_;
-      pending_units_.push_back(U - 1);
-    }
-    const double bucket = s.reduce_bucket_bytes;
-    const bool per_unit_buckets = !s.contiguous_grad_bucket;  // DDP caps buckets; FSDP reduces per unit
-    if (!per_unit_buckets && pending_reduce_bytes_ < bucket && u > 0) continue;
-    const Collective op = s.shard_optimizer ? Collective::reduce_scatter : Collective::all_reduce;
-    const Stream rs_stream = op == Collective::reduce_scatter ? Stream::reduce_scatter : Stream::all_reduce;
-    const double dur = per_unit_buckets ? bucketed(op, shard_group_, pending_reduce_bytes_, bucket)
-                                        : coll(op, shard_group_, pending_reduce_bytes_);
-    const double rs = issue(rs_stream, end, Stream::compute, dur, op == Collective::reduce_scatter ? "reduce-scatter" : "all-reduce", u);
-    double done = rs + dur;  // when this bucket's gradients are fully reduced
-    const bool copy_in = s.reduce_copy_in && s.shard_gradients;
-    if (copy_in) {  // the unsharded gradients move into the flat reduce-scatter input; the
-                    // output shard, in the reduce dtype, is then added into the kept gradient
-      mem(end, pending_reduce_bytes_, Category::buffers, Phase::reduce, u, mb);
-      mem(rs, pending_reduce_bytes_ / S, Category::buffers, Phase::reduce, u, mb);
-      mem(rs + dur, -pending_reduce_bytes_ * (1 + 1 / S), Category::buffers, Phase::reduce, u, mb);
-    }
-    if (hsdp_ && s.shard_gradients) {  // HYBRID_SHARD: all-reduce the shard across replicas
-      const double ar = coll(Collective::all_reduce, replica_group_, pending_reduce_bytes_ / S);
-      done = issue(Stream::all_reduce, done, Stream::reduce_scatter, ar, "replica all-reduce", u) + ar;
-    }
-    if (offload_opt && s.shard_gradients) {  // gradient partitions stream to host memory
-      const double d2h = pending_reduce_bytes_ / S / in_.hardware->host_link_Bps;
-      done = issue(Stream::host, done, Stream::reduce_scatter, d2h, "gradients to host", u) + d2h;
-    }
-    for (int pu : pending_units_) {
-      const auto& pi = info(pu);
-      if (s.shard_gradients && !s.contiguous_grad_bucket)
-        mem(copy_in ? end : rs + dur, -pi.params * compute_b_, Category::gradients, Phase::reduce, pu, mb);
-      if (s.shard_gradients && first && !offload_opt) {
-        const double shard = pi.params / S * (s.flat_grad_partition ? flat_grad_b_ : sb_.grad);
-        mem(rs + dur, shard, Category::gradients, Phase::reduce, pu, mb);
-        kept_grad_bytes_ += shard;
-      }
-    }
-    pending_reduce_bytes_ = 0;
-    pending_units_.clear();
+    if (reduce) queue_reduction(u, end, mb, first);
   }
+}
+
+// Reduction: per unit, or when the framework's bucket has filled.
+void Simulation::queue_reduction(int u, double end, int mb, bool first) {
+  const auto& s = spec_;
+  const int U = n_units_;
+  if (s.root_unit && s.shard_gradients && u == U - 1) return;  // reduced with the root, below
+  pending_reduce_bytes_ += info(u).params * reduce_b_;
+  pending_units_.push_back(u);
+  if (s.root_unit && s.shard_gradients && u == 0) {
+    pending_reduce_bytes_ += info(U - 1).params * reduce_b_;
+    pending_units_.push_back(U - 1);
+  }
+  const bool per_unit_buckets = !s.contiguous_grad_bucket;  // DDP caps buckets; FSDP reduces per unit
+  if (!per_unit_buckets && pending_reduce_bytes_ < s.reduce_bucket_bytes && u > 0) return;
+  reduce_pending(u, end, mb, first);
+}
+
+// Reduces the pending gradients once unit u's backward ends: reduce-scatter or all-reduce, then
+// HSDP's replica all-reduce and the offload's copy to the host; frees the unsharded gradients and
+// keeps the shards.
+void Simulation::reduce_pending(int u, double end, int mb, bool first) {
+  const auto& s = spec_;
+  const double S = shard_;
+  const bool offload_opt = s.offload != Offload::none;
+  const double bucket = s.reduce_bucket_bytes;
+  const bool per_unit_buckets = !s.contiguous_grad_bucket;
+  const Collective op = s.shard_optimizer ? Collective::reduce_scatter : Collective::all_reduce;
+  const Stream rs_stream = op == Collective::reduce_scatter ? Stream::reduce_scatter : Stream::all_reduce;
+  const double dur = per_unit_buckets ? bucketed(op, shard_group_, pending_reduce_bytes_, bucket)
+                                      : coll(op, shard_group_, pending_reduce_bytes_);
+  const double rs = issue(rs_stream, end, Stream::compute, dur, op == Collective::reduce_scatter ? "reduce-scatter" : "all-reduce", u);
+  double done = rs + dur;  // when this bucket's gradients are fully reduced
+  const bool copy_in = s.reduce_copy_in && s.shard_gradients;
+  if (copy_in) {  // the unsharded gradients move into the flat reduce-scatter input; the
+                  // output shard, in the reduce dtype, is then added into the kept gradient
+    mem(end, pending_reduce_bytes_, Category::buffers, Phase::reduce, u, mb);
+    mem(rs, pending_reduce_bytes_ / S, Category::buffers, Phase::reduce, u, mb);
+    mem(rs + dur, -pending_reduce_bytes_ * (1 + 1 / S), Category::buffers, Phase::reduce, u, mb);
+  }
+  if (hsdp_ && s.shard_gradients) {  // HYBRID_SHARD: all-reduce the shard across replicas
+    const double ar = coll(Collective::all_reduce, replica_group_, pending_reduce_bytes_ / S);
+    done = issue(Stream::all_reduce, done, Stream::reduce_scatter, ar, "replica all-reduce", u) + ar;
+  }
+  if (offload_opt && s.shard_gradients) {  // gradient partitions stream to host memory
+    const double d2h = pending_reduce_bytes_ / S / in_.hardware->host_link_Bps;
+    done = issue(Stream::host, done, Stream::reduce_scatter, d2h, "gradients to host", u) + d2h;
+  }
+  for (int pu : pending_units_) {
+    const auto& pi = info(pu);
+    if (s.shard_gradients && !s.contiguous_grad_bucket)
+      mem(copy_in ? end : rs + dur, -pi.params * compute_b_, Category::gradients, Phase::reduce, pu, mb);
+    if (s.shard_gradients && first && !offload_opt) {
+      const double shard = pi.params / S * (s.flat_grad_partition ? flat_grad_b_ : sb_.grad);
+      mem(rs + dur, shard, Category::gradients, Phase::reduce, pu, mb);
+      kept_grad_bytes_ += shard;
+    }
+  }
+  pending_reduce_bytes_ = 0;
+  pending_units_.clear();
 }
 
 void Simulation::walk_memory() {
@@ -575,42 +658,30 @@ void Simulation::walk_memory() {
   }
 }
 
-StepResult Simulation::run() {
+std::optional<Simulation::States> Simulation::place_states() {
   const auto& m = *in_.model;
   const auto& hw = *in_.hardware;
-  const auto& j = in_.job;
   const auto& s = spec_;
-  result_.params = m.total_params();
-  result_.micro_batch = j.micro_batch;
-  result_.capacity_bytes = hw.memory_bytes;
-  if (!check_plan()) return result_;
-  prepare();
   const double S = shard_;
-  const std::int64_t per_gpu = j.global_batch / world_;
-  const std::int64_t gas = per_gpu / j.micro_batch;
-  result_.grad_accumulation = gas;
-  const bool offload_opt = s.offload != Offload::none;
-
-  // ---- state present before the step starts
-  double param_bytes = 0, opt_bytes = 0, total_params = 0, local_opt_params = 0;
+  States st;
   for (int k = 0; k < 3; ++k) {
     const double count = k == 1 ? static_cast<double>(m.layers) : 1.0;
     const auto& u = units_[k];
     const double whole = u.params - (s.shard_parameters ? u.shardable : 0);
     const double sharded = s.shard_parameters ? u.shardable / S : 0;
-    param_bytes += count * sb_.param * (whole + (s.offload == Offload::params ? 0 : sharded));
+    st.param_bytes += count * sb_.param * (whole + (s.offload == Offload::params ? 0 : sharded));
     const double opt_div = s.shard_optimizer ? S : 1.0;
-    opt_bytes += count * (sb_.master * u.params + sb_.moment * u.opt_elems) / opt_div;
-    total_params += count * u.params;
-    local_opt_params += count * u.params / opt_div;
+    st.opt_bytes += count * (sb_.master * u.params + sb_.moment * u.opt_elems) / opt_div;
+    st.total_params += count * u.params;
+    st.local_opt_params += count * u.params / opt_div;
   }
-  if (offload_opt) {
+  if (s.offload != Offload::none) {
     // Host memory: the node's CPUs hold every local GPU's offloaded optimizer states (fp32
     // master and moments), its fp32 gradient partition, and with parameter offload the sharded
     // parameters, all pinned (DeepSpeed's offload_optimizer/offload_param with pin_memory; FSDP's
     // CPUOffloadPolicy(pin_memory=True)).
-    double host_per_gpu = opt_bytes + local_opt_params * 4.0;
-    if (s.offload == Offload::params) host_per_gpu += local_opt_params * sb_.param;
+    double host_per_gpu = st.opt_bytes + st.local_opt_params * 4.0;
+    if (s.offload == Offload::params) host_per_gpu += st.local_opt_params * sb_.param;
     const int gpus_on_node = std::min(in_.cluster.gpus, in_.cluster.gpus_per_node);
     result_.host_bytes_per_node = host_per_gpu * gpus_on_node;
     if (result_.host_bytes_per_node > hw.host_memory_bytes) {
@@ -618,14 +689,14 @@ StepResult Simulation::run() {
                        "states, gradients{}), the node has {:.1f} GiB",
                        result_.host_bytes_per_node / 1073741824.0, gpus_on_node, host_per_gpu / 1073741824.0,
                        s.offload == Offload::params ? " and parameters" : "", hw.host_memory_bytes / 1073741824.0));
-      return result_;
+      return std::nullopt;
     }
-    opt_bytes = 0;
+    st.opt_bytes = 0;
   }
-  mem(0, param_bytes, Category::parameters, Phase::setup, -1, 0);
-  mem(0, opt_bytes, Category::optimizer_states, Phase::setup, -1, 0);
+  mem(0, st.param_bytes, Category::parameters, Phase::setup, -1, 0);
+  mem(0, st.opt_bytes, Category::optimizer_states, Phase::setup, -1, 0);
   if (s.grad_bucket_copy && in_.accounting == Accounting::framework)
-    mem(0, total_params * sb_.grad, Category::buffers, Phase::setup, -1, 0);
+    mem(0, st.total_params * sb_.grad, Category::buffers, Phase::setup, -1, 0);
   if (s.contiguous_grad_bucket && in_.accounting == Accounting::framework) {
     // DeepSpeed sizes its reduce bucket in elements (reduce_bucket_size; the spec holds them at 2
     // bytes each) of the gradients' dtype: an fp32 job's bucket is twice as wide
@@ -636,46 +707,53 @@ StepResult Simulation::run() {
     const double buckets = !frameworks_ && s.flat_grad_partition ? 2.0 : 1.0;
     mem(0, s.reduce_bucket_bytes * width * buckets, Category::buffers, Phase::setup, -1, 0);
   }
+  return st;
+}
 
-  // ---- micro-batches: the first (accumulating, no sync for DDP/ZeRO-1) stands for all but the
-  // last; the last reduces. Time of the middle ones = time of the first.
-  const bool reduce_each = s.shard_gradients;
-  double first_mb_s = 0;
-  // What the first micro-batch did, to count it gas − 1 times.
-  std::array<double, kStreams> busy_first{}, exposed_first{};
-  double bytes_first = 0;
-  std::array<double, kCollectives> bytes_by_op_first{};
+// The first micro-batch (accumulating, no sync for DDP/ZeRO-1) stands for all but the last; the
+// last reduces. Time of the middle ones = time of the first.
+Simulation::FirstMicroBatch Simulation::run_micro_batches(std::int64_t gas) {
+  FirstMicroBatch first;
   if (gas > 1) {
-    micro_batch(0, true, reduce_each);
-    first_mb_s = *std::max_element(free_at_.begin(), free_at_.end());
-    busy_first = result_.busy_s;
-    exposed_first = result_.exposed_s;
-    bytes_first = result_.comm_bytes_per_gpu;
-    bytes_by_op_first = result_.comm_bytes_by_op;
+    micro_batch(0, true, spec_.shard_gradients);
+    first.seconds = *std::max_element(free_at_.begin(), free_at_.end());
+    first.busy = result_.busy_s;
+    first.exposed = result_.exposed_s;
+    first.bytes = result_.comm_bytes_per_gpu;
+    first.bytes_by_op = result_.comm_bytes_by_op;
     micro_batch(1, false, true);
   } else {
     micro_batch(0, true, true);
   }
-  double t = *std::max_element(free_at_.begin(), free_at_.end());
-  // Waiting for the last reductions before the step is exposed communication.
-  {
-    double last_comm = 0;
-    Stream cause = Stream::reduce_scatter;
-    for (int k = 1; k < kStreams; ++k)
-      if (free_at_[k] > last_comm) { last_comm = free_at_[k]; cause = static_cast<Stream>(k); }
-    if (last_comm > free_at_[0]) {
-      result_.exposed_s[static_cast<int>(cause)] += last_comm - free_at_[0];
-      free_at_[0] = last_comm;
-    }
-  }
+  return first;
+}
 
-  // ---- optimizer step: bandwidth-bound over the local shard (read gradient, read and write
-  // master and moments, write parameters), or on the host when offloaded.
+// Waiting for the last reductions before the step is exposed communication.
+void Simulation::wait_for_reductions() {
+  double last_comm = 0;
+  Stream cause = Stream::reduce_scatter;
+  for (int k = 1; k < kStreams; ++k)
+    if (free_at_[k] > last_comm) { last_comm = free_at_[k]; cause = static_cast<Stream>(k); }
+  if (last_comm > free_at_[0]) {
+    result_.exposed_s[static_cast<int>(cause)] += last_comm - free_at_[0];
+    free_at_[0] = last_comm;
+  }
+}
+
+// Bandwidth-bound over the local shard (read gradient, read and write master and moments, write
+// parameters), or on the host when offloaded.
+double Simulation::optimizer_step(double t, const States& states) {
+  const auto& m = *in_.model;
+  const auto& hw = *in_.hardware;
+  const auto& j = in_.job;
+  const auto& s = spec_;
+  const double S = shard_;
+  const double local_opt_params = states.local_opt_params;
   double opt_elems_local = 0;
   for (int k = 0; k < 3; ++k)
     opt_elems_local += (k == 1 ? static_cast<double>(m.layers) : 1.0) * units_[k].opt_elems /
                        (s.shard_optimizer ? S : 1.0);
-  if (!offload_opt) {
+  if (s.offload == Offload::none) {
     const double bytes = local_opt_params * (sb_.grad + sb_.step_grad + 2 * sb_.master + sb_.param) +
                          2 * opt_elems_local * sb_.moment;
     const double bw = hw.calibration && hw.calibration->memory_bandwidth_Bps ? *hw.calibration->memory_bandwidth_Bps
@@ -711,42 +789,46 @@ StepResult Simulation::run() {
   }
   // ZeRO-1/2: every rank all-gathers the updated parameters it does not own.
   if (s.shard_optimizer && !s.shard_parameters) {
-    const double dur = bucketed(Collective::all_gather, shard_group_, total_params * sb_.compute,
+    const double dur = bucketed(Collective::all_gather, shard_group_, states.total_params * sb_.compute,
                                 s.allgather_bucket_bytes);
     const double st = issue(Stream::all_gather, t, Stream::compute, dur, "parameter all-gather", -1);
     if (!hw.collectives_block) result_.exposed_s[static_cast<int>(Stream::all_gather)] += dur;
     free_at_[0] = st + dur;
     t = st + dur;
   }
-  // zero_grad(set_to_none=True): the gradients kept across micro-batches are released.
-  mem(t, -kept_grad_bytes_, Category::gradients, Phase::optimizer, -1, 1);
+  return t;
+}
 
-  // ---- totals
-  const double mb_tail = t - first_mb_s;
-  result_.step_s = gas > 1 ? first_mb_s * static_cast<double>(gas - 1) + mb_tail : t;
-  walk_memory();
-  result_.model_states[static_cast<int>(Category::parameters)] = param_bytes;
-  result_.model_states[static_cast<int>(Category::optimizer_states)] = opt_bytes;
-  {
-    double grads = 0;
-    for (int k = 0; k < 3; ++k) {
-      const double count = k == 1 ? static_cast<double>(m.layers) : 1.0;
-      const double g = s.shard_gradients ? units_[k].params / S * (s.flat_grad_partition ? flat_grad_b_ : sb_.grad)
-                                         : units_[k].params * sb_.grad;
-      grads += count * g;
-    }
-    if (offload_opt && s.shard_gradients) grads = 0;
-    result_.model_states[static_cast<int>(Category::gradients)] = grads;
+void Simulation::account_states(const States& states) {
+  const auto& m = *in_.model;
+  const auto& s = spec_;
+  const double S = shard_;
+  result_.model_states[static_cast<int>(Category::parameters)] = states.param_bytes;
+  result_.model_states[static_cast<int>(Category::optimizer_states)] = states.opt_bytes;
+  double grads = 0;
+  for (int k = 0; k < 3; ++k) {
+    const double count = k == 1 ? static_cast<double>(m.layers) : 1.0;
+    const double g = s.shard_gradients ? units_[k].params / S * (s.flat_grad_partition ? flat_grad_b_ : sb_.grad)
+                                       : units_[k].params * sb_.grad;
+    grads += count * g;
   }
-  // Overheads outside the allocator's view: CUDA context, NCCL workspace, fragmentation reserve.
+  if (s.offload != Offload::none && s.shard_gradients) grads = 0;
+  result_.model_states[static_cast<int>(Category::gradients)] = grads;
+}
+
+// Overheads outside the allocator's view: CUDA context, NCCL workspace, fragmentation reserve.
+void Simulation::add_overheads() {
+  const auto& hw = *in_.hardware;
   const double frag = hw.fragmentation * result_.allocated_peak_bytes;
   const double overhead = hw.cuda_context_bytes + hw.nccl_workspace_bytes + frag;
   result_.reserve_bytes = frag;
   result_.device_bytes = hw.cuda_context_bytes + hw.nccl_workspace_bytes;
   result_.at_peak[static_cast<int>(Category::overhead)] += overhead;
   result_.peak_bytes = result_.allocated_peak_bytes + overhead;
+}
 
-  // Time of the step: all micro-batches. compute busy time scales the same way.
+// Time of the step: all micro-batches. compute busy time scales the same way.
+void Simulation::account_compute(std::int64_t gas, const FirstMicroBatch& first) {
   double compute_per_mb = 0;
   for (int u = 0; u < n_units_; ++u) {
     const auto& ui = info(u);
@@ -763,12 +845,43 @@ StepResult Simulation::run() {
   if (gas > 1) {  // the first simulated micro-batch stands for gas − 1 of them
     const double extra = static_cast<double>(gas - 2);
     for (int k = 0; k < kStreams; ++k) {
-      result_.busy_s[k] += extra * busy_first[k];
-      result_.exposed_s[k] += extra * exposed_first[k];
+      result_.busy_s[k] += extra * first.busy[k];
+      result_.exposed_s[k] += extra * first.exposed[k];
     }
-    result_.comm_bytes_per_gpu += extra * bytes_first;
-    for (int k = 0; k < kCollectives; ++k) result_.comm_bytes_by_op[k] += extra * bytes_by_op_first[k];
+    result_.comm_bytes_per_gpu += extra * first.bytes;
+    for (int k = 0; k < kCollectives; ++k) result_.comm_bytes_by_op[k] += extra * first.bytes_by_op[k];
   }
+}
+
+StepResult Simulation::run() {
+  const auto& m = *in_.model;
+  const auto& hw = *in_.hardware;
+  const auto& j = in_.job;
+  result_.params = m.total_params();
+  result_.micro_batch = j.micro_batch;
+  result_.capacity_bytes = hw.memory_bytes;
+  if (!check_plan()) return result_;
+  prepare();
+  const std::int64_t per_gpu = j.global_batch / world_;
+  const std::int64_t gas = per_gpu / j.micro_batch;
+  result_.grad_accumulation = gas;
+
+  const auto states = place_states();  // present before the step starts
+  if (!states) return result_;
+  const FirstMicroBatch first = run_micro_batches(gas);
+  double t = *std::max_element(free_at_.begin(), free_at_.end());
+  wait_for_reductions();
+  t = optimizer_step(t, *states);
+  // zero_grad(set_to_none=True): the gradients kept across micro-batches are released.
+  mem(t, -kept_grad_bytes_, Category::gradients, Phase::optimizer, -1, 1);
+
+  // ---- totals
+  const double mb_tail = t - first.seconds;
+  result_.step_s = gas > 1 ? first.seconds * static_cast<double>(gas - 1) + mb_tail : t;
+  walk_memory();
+  account_states(*states);
+  add_overheads();
+  account_compute(gas, first);
   result_.exposed_comm_s = std::max(0.0, result_.step_s - result_.compute_s);
   const double tokens_step = static_cast<double>(j.global_batch * j.seq_len);
   result_.tokens_per_s = tokens_step / result_.step_s;

@@ -351,8 +351,12 @@ bool is_inside(const std::string& path) {
   return std::none_of(p.begin(), p.end(), [](const fs::path& part) { return part == ".."; });
 }
 
-CheckpointIndex parse_index(const json& doc) {
-  ObjectReader r(doc, "");
+// (tensor, unit) -> the element ranges the files hold, to check that they tile each tensor.
+using TensorRanges =
+    std::map<std::pair<std::string, std::int64_t>, std::vector<std::pair<std::int64_t, std::int64_t>>>;
+
+// schema_version, kind, step, byte_order and dtypes.
+void read_index_header(ObjectReader& r, CheckpointIndex& idx) {
   if (const auto v = r.integer("schema_version"); v != kSchemaVersion)
     throw InputError("/schema_version",
                      v == 1 ? "1, a checkpoint without the digests of its index and ranges, which "
@@ -360,91 +364,97 @@ CheckpointIndex parse_index(const json& doc) {
                             : fmt::format("must be {}, got {}", kSchemaVersion, v));
   if (const auto kind = r.string("kind"); kind != "shardplan.checkpoint")
     throw InputError("/kind", fmt::format("must be \"shardplan.checkpoint\", got \"{}\"", kind));
-  CheckpointIndex idx;
   idx.step = r.integer("step", Range::between(0, static_cast<double>(kMaxCheckpointStep)));
   // The engine counts one step for both: AdamW's bias corrections and the data stream.
   if (const auto adamw = r.integer("adamw_step", Range::non_negative()); adamw != idx.step)
     throw InputError("/adamw_step", fmt::format("must equal /step ({}), got {}", idx.step, adamw));
   r.choice("byte_order", {"little"});
-  {
-    ObjectReader d(r.object("dtypes"), "/dtypes");
-    for (const char* t : kTensors)
-      d.choice(t, {"f32"});
-    d.finish();
-  }
+  ObjectReader d(r.object("dtypes"), "/dtypes");
+  for (const char* t : kTensors)
+    d.choice(t, {"f32"});
+  d.finish();
+}
+
+// saved_by and model, and the elements of each of the model's units.
+void read_index_model(ObjectReader& r, CheckpointIndex& idx) {
   idx.saved_by = r.object("saved_by"); // what saved it: a resume may use any plan
   idx.model = r.object("model");
-  {
-    ObjectReader m(idx.model, "/model");
-    const auto& units = m.array("units");
-    if (units.empty())
-      throw InputError("/model/units", "no units");
-    for (std::size_t u = 0; u < units.size(); ++u) {
-      ObjectReader ur(units[u], fmt::format("/model/units/{}", u));
-      ur.choice("kind", {"embedding", "block", "head"});
-      idx.unit_elements.push_back(ur.integer("elements", Range::between(1, 1e15)));
-      ur.finish();
-    }
-    m.ignore_if([](const std::string&) { return true; }); // compared with the run's model later
+  ObjectReader m(idx.model, "/model");
+  const auto& units = m.array("units");
+  if (units.empty())
+    throw InputError("/model/units", "no units");
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    ObjectReader ur(units[u], fmt::format("/model/units/{}", u));
+    ur.choice("kind", {"embedding", "block", "head"});
+    idx.unit_elements.push_back(ur.integer("elements", Range::between(1, 1e15)));
+    ur.finish();
   }
-  const auto units = static_cast<std::int64_t>(idx.unit_elements.size());
-  const auto& files = r.array("files");
-  if (files.empty())
-    throw InputError("/files", "no files");
-  // (tensor, unit) -> the element ranges the files hold, to check that they tile each tensor.
-  std::map<std::pair<std::string, std::int64_t>, std::vector<std::pair<std::int64_t, std::int64_t>>>
-      ranges;
-  for (std::size_t i = 0; i < files.size(); ++i) {
-    const std::string at = fmt::format("/files/{}", i);
-    ObjectReader fr(files[i], at);
-    CheckpointFile f;
-    f.path = fr.string("path");
-    if (!is_inside(f.path))
-      throw InputError(
-          at + "/path",
-          fmt::format("must be a relative path inside the checkpoint, got \"{}\"",
-                      io::printable(f.path)));
-    f.bytes = fr.integer("bytes", Range::non_negative());
-    f.sha256 = fr.string("sha256");
-    if (!is_sha256_hex(f.sha256))
-      throw InputError(at + "/sha256",
-                       fmt::format("must be 64 lowercase hex digits, got \"{}\"", f.sha256));
-    const auto& segments = fr.array("segments");
-    std::int64_t offset = 0;
-    for (std::size_t j = 0; j < segments.size(); ++j) {
-      const std::string sat = fmt::format("{}/segments/{}", at, j);
-      ObjectReader sr(segments[j], sat);
-      CheckpointSegment s;
-      s.tensor = sr.choice("tensor", {kTensors.begin(), kTensors.end()});
-      s.unit = sr.integer("unit", Range::between(0, static_cast<double>(units - 1)));
-      const auto n = idx.unit_elements[static_cast<std::size_t>(s.unit)];
-      s.begin = sr.integer("begin", Range::between(0, static_cast<double>(n - 1)));
-      s.end = sr.integer("end",
-                         Range::between(static_cast<double>(s.begin + 1), static_cast<double>(n)));
-      s.offset_bytes = sr.integer("offset_bytes", Range::non_negative());
-      if (s.offset_bytes != offset)
-        throw InputError(sat + "/offset_bytes",
-                         fmt::format("must be {} (the segments are stored back to back), got {}",
-                                     offset, s.offset_bytes));
-      s.sha256 = sr.string("sha256");
-      if (!is_sha256_hex(s.sha256))
-        throw InputError(sat + "/sha256",
-                         fmt::format("must be 64 lowercase hex digits, got \"{}\"", s.sha256));
-      sr.finish();
-      if ((s.end - s.begin) * kFloat > kMaxFileBytes - offset)
-        throw InputError(sat + "/end", fmt::format("the file's segments pass {} bytes, got {}",
-                                                   kMaxFileBytes, s.end));
-      offset += (s.end - s.begin) * kFloat;
-      ranges[{s.tensor, s.unit}].emplace_back(s.begin, s.end);
-      f.segments.push_back(s);
-    }
-    if (offset != f.bytes)
-      throw InputError(at + "/bytes",
-                       fmt::format("{}, but the segments hold {} bytes", f.bytes, offset));
-    fr.finish();
-    idx.files.push_back(std::move(f));
+  m.ignore_if([](const std::string&) { return true; }); // compared with the run's model later
+}
+
+// One segment of a file, stored at `offset` (the bytes of the segments before it).
+CheckpointSegment parse_segment(const json& doc, const std::string& sat,
+                                const std::vector<std::int64_t>& unit_elements,
+                                std::int64_t offset) {
+  const auto units = static_cast<std::int64_t>(unit_elements.size());
+  ObjectReader sr(doc, sat);
+  CheckpointSegment s;
+  s.tensor = sr.choice("tensor", {kTensors.begin(), kTensors.end()});
+  s.unit = sr.integer("unit", Range::between(0, static_cast<double>(units - 1)));
+  const auto n = unit_elements[static_cast<std::size_t>(s.unit)];
+  s.begin = sr.integer("begin", Range::between(0, static_cast<double>(n - 1)));
+  s.end = sr.integer("end",
+                     Range::between(static_cast<double>(s.begin + 1), static_cast<double>(n)));
+  s.offset_bytes = sr.integer("offset_bytes", Range::non_negative());
+  if (s.offset_bytes != offset)
+    throw InputError(sat + "/offset_bytes",
+                     fmt::format("must be {} (the segments are stored back to back), got {}",
+                                 offset, s.offset_bytes));
+  s.sha256 = sr.string("sha256");
+  if (!is_sha256_hex(s.sha256))
+    throw InputError(sat + "/sha256",
+                     fmt::format("must be 64 lowercase hex digits, got \"{}\"", s.sha256));
+  sr.finish();
+  if ((s.end - s.begin) * kFloat > kMaxFileBytes - offset)
+    throw InputError(sat + "/end", fmt::format("the file's segments pass {} bytes, got {}",
+                                               kMaxFileBytes, s.end));
+  return s;
+}
+
+CheckpointFile parse_file(const json& doc, const std::string& at,
+                          const std::vector<std::int64_t>& unit_elements, TensorRanges& ranges) {
+  ObjectReader fr(doc, at);
+  CheckpointFile f;
+  f.path = fr.string("path");
+  if (!is_inside(f.path))
+    throw InputError(
+        at + "/path",
+        fmt::format("must be a relative path inside the checkpoint, got \"{}\"",
+                    io::printable(f.path)));
+  f.bytes = fr.integer("bytes", Range::non_negative());
+  f.sha256 = fr.string("sha256");
+  if (!is_sha256_hex(f.sha256))
+    throw InputError(at + "/sha256",
+                     fmt::format("must be 64 lowercase hex digits, got \"{}\"", f.sha256));
+  const auto& segments = fr.array("segments");
+  std::int64_t offset = 0;
+  for (std::size_t j = 0; j < segments.size(); ++j) {
+    const auto s = parse_segment(segments[j], fmt::format("{}/segments/{}", at, j), unit_elements,
+                                 offset);
+    offset += (s.end - s.begin) * kFloat;
+    ranges[{s.tensor, s.unit}].emplace_back(s.begin, s.end);
+    f.segments.push_back(s);
   }
-  r.finish();
+  if (offset != f.bytes)
+    throw InputError(at + "/bytes",
+                     fmt::format("{}, but the segments hold {} bytes", f.bytes, offset));
+  fr.finish();
+  return f;
+}
+
+// Every element of every tensor of every unit in exactly one file.
+void check_tiling(TensorRanges& ranges, const std::vector<std::int64_t>& unit_elements) {
+  const auto units = static_cast<std::int64_t>(unit_elements.size());
   for (const char* t : kTensors)
     for (std::int64_t u = 0; u < units; ++u) {
       auto& v = ranges[{t, u}];
@@ -457,11 +467,26 @@ CheckpointIndex parse_index(const json& doc) {
                                                  b > next ? "in no file" : "in two files"));
         next = e;
       }
-      const auto n = idx.unit_elements[static_cast<std::size_t>(u)];
+      const auto n = unit_elements[static_cast<std::size_t>(u)];
       if (next != n)
         throw InputError("/files", fmt::format("{} of unit {}: elements [{}, {}) are in no file", t,
                                                u, next, n));
     }
+}
+
+CheckpointIndex parse_index(const json& doc) {
+  ObjectReader r(doc, "");
+  CheckpointIndex idx;
+  read_index_header(r, idx);
+  read_index_model(r, idx);
+  const auto& files = r.array("files");
+  if (files.empty())
+    throw InputError("/files", "no files");
+  TensorRanges ranges;
+  for (std::size_t i = 0; i < files.size(); ++i)
+    idx.files.push_back(parse_file(files[i], fmt::format("/files/{}", i), idx.unit_elements, ranges));
+  r.finish();
+  check_tiling(ranges, idx.unit_elements);
   return idx;
 }
 

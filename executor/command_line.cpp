@@ -41,6 +41,223 @@ void check_checkpoint_options(const CLI::App& app, const RunCommand& r, std::int
                      "a rehearsal holds one rank's state only: not with --rehearse-rank");
 }
 
+// The run's options as given: every number is read as text and converted after parsing
+// (costmodel/number_text.hpp): decimal only, and a value given is used or refused, never taken
+// for "not given".
+struct RunTexts {
+  std::string layers, hidden, heads, kv_heads, intermediate, vocab, seq, capacity, rehearse,
+      world, steps, seed, lr, timeout, save_every;
+  std::string backend = "cpu";
+  std::string fault;
+};
+
+// scale-config's sizes as given (numbers as text, as RunTexts).
+struct ScaleTexts {
+  std::string layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, positions;
+};
+
+void add_run_options(CLI::App& app, RunCommand& r, RunTexts& t) {
+  app.add_option("--plan", r.plan, "plan document (planner recommend --emit plan)");
+  app.add_option("--backend", t.backend,
+                 "cpu: ranks under mpirun on host memory; cuda: one GPU per rank (mpirun, "
+                 "torchrun --no-python, or one process) [default: cpu]");
+  app.add_option("--steps", t.steps, "optimizer steps to run [default: 3]");
+  app.add_option("--out,-o", r.out, "run document to write");
+  app.add_option(
+      "--capacity-GiB", t.capacity,
+      "behave like a device of this many GiB: past it, an out-of-memory error and exit code 3");
+  app.add_option("--scale-layers", t.layers, "run the plan's model scaled down to this many blocks");
+  app.add_option("--scale-hidden", t.hidden, "... this hidden size");
+  app.add_option("--scale-heads", t.heads, "... this many attention heads");
+  app.add_option("--scale-kv-heads", t.kv_heads,
+                 "... this many key/value heads [default: keep the ratio]");
+  app.add_option("--scale-intermediate", t.intermediate,
+                 "... this MLP width [default: keep the ratio]");
+  app.add_option("--scale-vocab", t.vocab, "... this vocabulary");
+  app.add_option("--scale-seq", t.seq, "run this many tokens per sequence instead of the plan's");
+  app.add_option("--seed", t.seed,
+                 "seed of the initial parameters and the tokens, 0 to 2^64-1 [default: 1234]");
+  app.add_option("--lr", t.lr, "AdamW learning rate [default: 1e-3]");
+  app.add_flag("--prefetch-as-planned", r.request.prefetch_as_planned,
+               "issue all-gathers ahead as the plan's prefetch says, even though MPI blocks");
+  app.add_flag("--collective-streams", r.request.collective_streams,
+               "cpu backend: run each group's collectives on a thread of its own, overlapping "
+               "the compute\n(needs MPI_THREAD_MULTIPLE); the all-gathers are issued ahead as "
+               "planned");
+  app.add_option("--rehearse-rank", t.rehearse, "rehearse this rank of the plan in one process");
+  app.add_option("--world", t.world, "ranks of the rehearsed run (with --rehearse-rank)");
+  app.add_option("--timeout-s", t.timeout,
+                 "a rank that makes no progress for this many seconds (a peer crashed or hung) "
+                 "ends the job\nwith exit code 4 [default: 300]");
+  app.add_option("--inject-fault", t.fault,
+                 "tests only: rank RANK crashes, hangs, runs out of memory or throws at step STEP "
+                 "(crash|hang|oom|throw@RANK:STEP)");
+
+  app.add_option("--save", r.checkpoint.save_dir,
+                 "write a sharded checkpoint to this folder after the last step (checkpoint.hpp)");
+  app.add_option("--save-every", t.save_every, "... and after every K-th step");
+  app.add_flag("--overwrite", r.checkpoint.overwrite,
+               "... even over the checkpoint of another model, plan or a later step in DIR");
+  app.add_option("--resume", r.checkpoint.resume_dir,
+                 "start from this checkpoint (saved by any plan on any number of ranks)");
+}
+
+CLI::App* add_scale_config(CLI::App& app, ScaleConfigCommand& sc, ScaleTexts& t) {
+  auto* scale = app.add_subcommand("scale-config",
+                                   "write the config.json of a scaled-down model (dropout 0)");
+  scale->add_option("--model", sc.model, "preset or config.json to scale")->required();
+  scale->add_option("--layers", t.layers, "blocks")->required();
+  scale->add_option("--hidden", t.hidden, "hidden size")->required();
+  scale->add_option("--heads", t.heads, "attention heads")->required();
+  scale->add_option("--kv-heads", t.kv_heads, "key/value heads [default: keep the ratio]");
+  scale->add_option("--head-dim", t.head_dim, "head dimension [default: hidden / heads]");
+  scale->add_option("--intermediate", t.intermediate, "MLP width [default: keep the ratio]");
+  scale->add_option("--vocab", t.vocab, "vocabulary")->required();
+  scale->add_option("--max-positions", t.positions,
+                    "learned positions / context [default: the model's]");
+  scale->add_option("--out,-o", sc.out, "config.json to write")->required();
+  return scale;
+}
+
+CLI::App* add_consolidate(CLI::App& app, ConsolidateCommand& c) {
+  auto* consolidate = app.add_subcommand(
+      "consolidate", "write a checkpoint's full fp32 parameters in model order (zero_to_fp32)");
+  consolidate->add_option("dir", c.dir, "checkpoint folder (executor --save)")->required();
+  consolidate->add_option("--out,-o", c.out, "file to write (raw little-endian fp32)")->required();
+  return consolidate;
+}
+
+// A number >= 1 from a given flag's text; 0 (the library's "derive it") when not given.
+std::int64_t positive_count(const CLI::App& a, const char* flag, const std::string& text) {
+  if (!a.count(flag))
+    return 0;
+  const auto v = costmodel::int64_from_text(flag, text);
+  if (v < 1)
+    throw InputError(flag, fmt::format("must be >= 1, got {}", v));
+  return v;
+}
+
+void read_scale_config(const CLI::App& scale, const ScaleTexts& t, ScaleConfigCommand& sc) {
+  sc.size = ScaledSize{.layers = positive_count(scale, "--layers", t.layers),
+                       .hidden = positive_count(scale, "--hidden", t.hidden),
+                       .heads = positive_count(scale, "--heads", t.heads),
+                       .kv_heads = positive_count(scale, "--kv-heads", t.kv_heads),
+                       .head_dim = positive_count(scale, "--head-dim", t.head_dim),
+                       .intermediate = positive_count(scale, "--intermediate", t.intermediate),
+                       .vocab = positive_count(scale, "--vocab", t.vocab),
+                       .max_positions = positive_count(scale, "--max-positions", t.positions)};
+  if (sc.model.empty())
+    throw InputError("--model", "must name a preset or a file, got \"\"");
+}
+
+// --backend, --plan and --out.
+void read_backend_and_files(const CLI::App& app, const RunTexts& t, RunCommand& r) {
+  if (t.backend == "cpu")
+    r.backend = ComputeBackend::cpu;
+  else if (t.backend == "cuda")
+    r.backend = ComputeBackend::cuda;
+  else
+    throw InputError("--backend", fmt::format("must be cpu or cuda, got \"{}\"", t.backend));
+  if (!app.count("--plan"))
+    throw InputError("--plan", "missing: the plan document to run");
+  if (r.plan.empty())
+    throw InputError("--plan", "must name a file, got \"\"");
+  if (!app.count("--out"))
+    throw InputError("--out", "missing: the run document to write");
+  if (r.out.empty())
+    throw InputError("--out", "must name a file, got \"\"");
+}
+
+// --steps, --seed, --lr and --capacity-GiB.
+void read_run_numbers(const CLI::App& app, const RunTexts& t, RunCommand& r) {
+  if (app.count("--steps")) {
+    const auto n = costmodel::int64_from_text("--steps", t.steps);
+    if (n < 1 || n > 100000)
+      throw InputError("--steps", fmt::format("must be between 1 and 100000, got {}", n));
+    r.request.steps = n;
+  }
+  if (app.count("--seed"))
+    r.request.seed = costmodel::uint64_from_text("--seed", t.seed);
+  if (app.count("--lr")) {
+    r.request.lr = costmodel::double_from_text("--lr", t.lr);
+    if (!(r.request.lr > 0 && r.request.lr < 1))
+      throw InputError("--lr", fmt::format("must be in (0, 1), got {}", r.request.lr));
+  }
+  if (app.count("--capacity-GiB")) {
+    const double gib = costmodel::double_from_text("--capacity-GiB", t.capacity);
+    if (!(gib > 0 && gib < 1e6))
+      throw InputError("--capacity-GiB", fmt::format("must be > 0 and < 1e6, got {}", gib));
+    r.capacity_GiB = gib;
+  }
+}
+
+// --scale-* and --scale-seq.
+void read_scale(const CLI::App& app, const RunTexts& t, RunCommand& r) {
+  const bool any_scale = app.count("--scale-layers") || app.count("--scale-hidden") ||
+                         app.count("--scale-heads") || app.count("--scale-kv-heads") ||
+                         app.count("--scale-intermediate") || app.count("--scale-vocab");
+  if (any_scale) {
+    const ScaledSize size{.layers = positive_count(app, "--scale-layers", t.layers),
+                          .hidden = positive_count(app, "--scale-hidden", t.hidden),
+                          .heads = positive_count(app, "--scale-heads", t.heads),
+                          .kv_heads = positive_count(app, "--scale-kv-heads", t.kv_heads),
+                          .intermediate = positive_count(app, "--scale-intermediate", t.intermediate),
+                          .vocab = positive_count(app, "--scale-vocab", t.vocab)};
+    for (const char* flag : {"--scale-layers", "--scale-hidden", "--scale-heads", "--scale-vocab"})
+      if (!app.count(flag))
+        throw InputError(flag, "scaling needs --scale-layers, --scale-hidden, --scale-heads and "
+                               "--scale-vocab, each >= 1");
+    r.request.scale = size;
+  }
+  if (app.count("--scale-seq"))
+    r.request.scale_seq = positive_count(app, "--scale-seq", t.seq);
+}
+
+// --rehearse-rank and --world, and --collective-streams, which a rehearsal cannot have.
+void read_rehearsal(const CLI::App& app, const RunTexts& t, RunCommand& r) {
+  const bool has_rank = app.count("--rehearse-rank") > 0, has_world = app.count("--world") > 0;
+  if (has_rank != has_world)
+    throw InputError(has_rank ? "--world" : "--rehearse-rank",
+                     "--rehearse-rank and --world go together");
+  if (has_rank) {
+    const auto n = costmodel::int64_from_text("--world", t.world);
+    if (n < 1 || n > 1'000'000)
+      throw InputError("--world", fmt::format("must be between 1 and 1000000, got {}", n));
+    const auto rank = costmodel::int64_from_text("--rehearse-rank", t.rehearse);
+    if (rank < 0 || rank >= n)
+      throw InputError("--rehearse-rank", fmt::format("must be in [0, {}), got {}", n, rank));
+    r.rehearse_rank = static_cast<int>(rank);
+    r.world = static_cast<int>(n);
+  }
+  if (r.request.collective_streams && (r.backend != ComputeBackend::cpu || r.rehearse_rank))
+    throw InputError("--collective-streams",
+                     r.backend != ComputeBackend::cpu
+                         ? "the cuda backend's collectives are on NCCL's streams already"
+                         : "a rehearsal's collectives are local copies: not with --rehearse-rank");
+}
+
+// --save, --save-every, --resume, --timeout-s and --inject-fault.
+void read_checkpoint_and_faults(const CLI::App& app, const RunTexts& t, RunCommand& r) {
+  const std::int64_t every =
+      app.count("--save-every") ? costmodel::int64_from_text("--save-every", t.save_every) : 0;
+  check_checkpoint_options(app, r, every);
+  if (r.backend == ComputeBackend::cuda && (app.count("--save") || app.count("--resume")))
+    throw InputError(app.count("--save") ? "--save" : "--resume",
+                     "checkpoints are written and read by the cpu backend only");
+  r.checkpoint.save_every = every;
+  if (app.count("--timeout-s")) {
+    r.timeout_s = costmodel::double_from_text("--timeout-s", t.timeout);
+    if (!(r.timeout_s > 0))
+      throw InputError("--timeout-s", fmt::format("must be > 0 and finite, got {}", r.timeout_s));
+  }
+  if (app.count("--inject-fault")) {
+    r.fault = comm::parse_fault_injection(t.fault);
+    if (!r.fault)
+      throw InputError("--inject-fault",
+                       fmt::format("expected {}, got \"{}\"", comm::kFaultInjectionSyntax, t.fault));
+  }
+}
+
 } // namespace
 
 CommandLine parse_command_line(int argc, const char* const* argv) {
@@ -54,79 +271,11 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   app.require_subcommand(0, 1);
   CommandLine cl;
   auto& r = cl.run;
-  // Every number is read as text and converted after parsing (costmodel/number_text.hpp):
-  // decimal only, and a value given is used or refused, never taken for "not given".
-  std::string layers, hidden, heads, kv_heads, intermediate, vocab, seq, capacity, rehearse,
-      world, steps, seed, lr, timeout, save_every;
-  app.add_option("--plan", r.plan, "plan document (planner recommend --emit plan)");
-  std::string backend = "cpu";
-  app.add_option("--backend", backend,
-                 "cpu: ranks under mpirun on host memory; cuda: one GPU per rank (mpirun, "
-                 "torchrun --no-python, or one process) [default: cpu]");
-  app.add_option("--steps", steps, "optimizer steps to run [default: 3]");
-  app.add_option("--out,-o", r.out, "run document to write");
-  app.add_option(
-      "--capacity-GiB", capacity,
-      "behave like a device of this many GiB: past it, an out-of-memory error and exit code 3");
-  app.add_option("--scale-layers", layers, "run the plan's model scaled down to this many blocks");
-  app.add_option("--scale-hidden", hidden, "... this hidden size");
-  app.add_option("--scale-heads", heads, "... this many attention heads");
-  app.add_option("--scale-kv-heads", kv_heads,
-                 "... this many key/value heads [default: keep the ratio]");
-  app.add_option("--scale-intermediate", intermediate,
-                 "... this MLP width [default: keep the ratio]");
-  app.add_option("--scale-vocab", vocab, "... this vocabulary");
-  app.add_option("--scale-seq", seq, "run this many tokens per sequence instead of the plan's");
-  app.add_option("--seed", seed,
-                 "seed of the initial parameters and the tokens, 0 to 2^64-1 [default: 1234]");
-  app.add_option("--lr", lr, "AdamW learning rate [default: 1e-3]");
-  app.add_flag("--prefetch-as-planned", r.request.prefetch_as_planned,
-               "issue all-gathers ahead as the plan's prefetch says, even though MPI blocks");
-  app.add_flag("--collective-streams", r.request.collective_streams,
-               "cpu backend: run each group's collectives on a thread of its own, overlapping "
-               "the compute\n(needs MPI_THREAD_MULTIPLE); the all-gathers are issued ahead as "
-               "planned");
-  app.add_option("--rehearse-rank", rehearse, "rehearse this rank of the plan in one process");
-  app.add_option("--world", world, "ranks of the rehearsed run (with --rehearse-rank)");
-  std::string fault;
-  app.add_option("--timeout-s", timeout,
-                 "a rank that makes no progress for this many seconds (a peer crashed or hung) "
-                 "ends the job\nwith exit code 4 [default: 300]");
-  app.add_option("--inject-fault", fault,
-                 "tests only: rank RANK crashes, hangs, runs out of memory or throws at step STEP "
-                 "(crash|hang|oom|throw@RANK:STEP)");
-
-  app.add_option("--save", r.checkpoint.save_dir,
-                 "write a sharded checkpoint to this folder after the last step (checkpoint.hpp)");
-  app.add_option("--save-every", save_every, "... and after every K-th step");
-  app.add_flag("--overwrite", r.checkpoint.overwrite,
-               "... even over the checkpoint of another model, plan or a later step in DIR");
-  app.add_option("--resume", r.checkpoint.resume_dir,
-                 "start from this checkpoint (saved by any plan on any number of ranks)");
-
-  auto* scale = app.add_subcommand("scale-config",
-                                   "write the config.json of a scaled-down model (dropout 0)");
-  auto& sc = cl.scale_config;
-  std::string size_layers, size_hidden, size_heads, size_kv_heads, size_head_dim,
-      size_intermediate, size_vocab, size_positions;
-  scale->add_option("--model", sc.model, "preset or config.json to scale")->required();
-  scale->add_option("--layers", size_layers, "blocks")->required();
-  scale->add_option("--hidden", size_hidden, "hidden size")->required();
-  scale->add_option("--heads", size_heads, "attention heads")->required();
-  scale->add_option("--kv-heads", size_kv_heads, "key/value heads [default: keep the ratio]");
-  scale->add_option("--head-dim", size_head_dim, "head dimension [default: hidden / heads]");
-  scale->add_option("--intermediate", size_intermediate, "MLP width [default: keep the ratio]");
-  scale->add_option("--vocab", size_vocab, "vocabulary")->required();
-  scale->add_option("--max-positions", size_positions,
-                    "learned positions / context [default: the model's]");
-  scale->add_option("--out,-o", sc.out, "config.json to write")->required();
-
-  auto* consolidate = app.add_subcommand(
-      "consolidate", "write a checkpoint's full fp32 parameters in model order (zero_to_fp32)");
-  consolidate->add_option("dir", cl.consolidate.dir, "checkpoint folder (executor --save)")
-      ->required();
-  consolidate->add_option("--out,-o", cl.consolidate.out, "file to write (raw little-endian fp32)")
-      ->required();
+  RunTexts run_texts;
+  ScaleTexts scale_texts;
+  add_run_options(app, r, run_texts);
+  auto* scale = add_scale_config(app, cl.scale_config, scale_texts);
+  auto* consolidate = add_consolidate(app, cl.consolidate);
 
   try {
     app.parse(argc, argv);
@@ -139,26 +288,8 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     throw InputError("command line", e.what());
   }
 
-  // A number >= 1 from a given flag's text; 0 (the library's "derive it") when not given.
-  auto count = [](const CLI::App& a, const char* flag, const std::string& text) -> std::int64_t {
-    if (!a.count(flag))
-      return 0;
-    const auto v = costmodel::int64_from_text(flag, text);
-    if (v < 1)
-      throw InputError(flag, fmt::format("must be >= 1, got {}", v));
-    return v;
-  };
   if (scale->parsed()) {
-    sc.size = ScaledSize{.layers = count(*scale, "--layers", size_layers),
-                         .hidden = count(*scale, "--hidden", size_hidden),
-                         .heads = count(*scale, "--heads", size_heads),
-                         .kv_heads = count(*scale, "--kv-heads", size_kv_heads),
-                         .head_dim = count(*scale, "--head-dim", size_head_dim),
-                         .intermediate = count(*scale, "--intermediate", size_intermediate),
-                         .vocab = count(*scale, "--vocab", size_vocab),
-                         .max_positions = count(*scale, "--max-positions", size_positions)};
-    if (sc.model.empty())
-      throw InputError("--model", "must name a preset or a file, got \"\"");
+    read_scale_config(*scale, scale_texts, cl.scale_config);
     cl.command = CommandLine::Command::scale_config;
     return cl;
   }
@@ -168,94 +299,11 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     cl.command = CommandLine::Command::consolidate;
     return cl;
   }
-  if (backend == "cpu")
-    r.backend = ComputeBackend::cpu;
-  else if (backend == "cuda")
-    r.backend = ComputeBackend::cuda;
-  else
-    throw InputError("--backend", fmt::format("must be cpu or cuda, got \"{}\"", backend));
-  if (!app.count("--plan"))
-    throw InputError("--plan", "missing: the plan document to run");
-  if (r.plan.empty())
-    throw InputError("--plan", "must name a file, got \"\"");
-  if (!app.count("--out"))
-    throw InputError("--out", "missing: the run document to write");
-  if (r.out.empty())
-    throw InputError("--out", "must name a file, got \"\"");
-  if (app.count("--steps")) {
-    const auto n = costmodel::int64_from_text("--steps", steps);
-    if (n < 1 || n > 100000)
-      throw InputError("--steps", fmt::format("must be between 1 and 100000, got {}", n));
-    r.request.steps = n;
-  }
-  if (app.count("--seed"))
-    r.request.seed = costmodel::uint64_from_text("--seed", seed);
-  if (app.count("--lr")) {
-    r.request.lr = costmodel::double_from_text("--lr", lr);
-    if (!(r.request.lr > 0 && r.request.lr < 1))
-      throw InputError("--lr", fmt::format("must be in (0, 1), got {}", r.request.lr));
-  }
-  if (app.count("--capacity-GiB")) {
-    const double gib = costmodel::double_from_text("--capacity-GiB", capacity);
-    if (!(gib > 0 && gib < 1e6))
-      throw InputError("--capacity-GiB", fmt::format("must be > 0 and < 1e6, got {}", gib));
-    r.capacity_GiB = gib;
-  }
-  const bool any_scale = app.count("--scale-layers") || app.count("--scale-hidden") ||
-                         app.count("--scale-heads") || app.count("--scale-kv-heads") ||
-                         app.count("--scale-intermediate") || app.count("--scale-vocab");
-  if (any_scale) {
-    const ScaledSize size{.layers = count(app, "--scale-layers", layers),
-                          .hidden = count(app, "--scale-hidden", hidden),
-                          .heads = count(app, "--scale-heads", heads),
-                          .kv_heads = count(app, "--scale-kv-heads", kv_heads),
-                          .intermediate = count(app, "--scale-intermediate", intermediate),
-                          .vocab = count(app, "--scale-vocab", vocab)};
-    for (const char* flag : {"--scale-layers", "--scale-hidden", "--scale-heads", "--scale-vocab"})
-      if (!app.count(flag))
-        throw InputError(flag, "scaling needs --scale-layers, --scale-hidden, --scale-heads and "
-                               "--scale-vocab, each >= 1");
-    r.request.scale = size;
-  }
-  if (app.count("--scale-seq"))
-    r.request.scale_seq = count(app, "--scale-seq", seq);
-  const bool has_rank = app.count("--rehearse-rank") > 0, has_world = app.count("--world") > 0;
-  if (has_rank != has_world)
-    throw InputError(has_rank ? "--world" : "--rehearse-rank",
-                     "--rehearse-rank and --world go together");
-  if (has_rank) {
-    const auto n = costmodel::int64_from_text("--world", world);
-    if (n < 1 || n > 1'000'000)
-      throw InputError("--world", fmt::format("must be between 1 and 1000000, got {}", n));
-    const auto rank = costmodel::int64_from_text("--rehearse-rank", rehearse);
-    if (rank < 0 || rank >= n)
-      throw InputError("--rehearse-rank", fmt::format("must be in [0, {}), got {}", n, rank));
-    r.rehearse_rank = static_cast<int>(rank);
-    r.world = static_cast<int>(n);
-  }
-  if (r.request.collective_streams && (r.backend != ComputeBackend::cpu || r.rehearse_rank))
-    throw InputError("--collective-streams",
-                     r.backend != ComputeBackend::cpu
-                         ? "the cuda backend's collectives are on NCCL's streams already"
-                         : "a rehearsal's collectives are local copies: not with --rehearse-rank");
-  const std::int64_t every =
-      app.count("--save-every") ? costmodel::int64_from_text("--save-every", save_every) : 0;
-  check_checkpoint_options(app, r, every);
-  if (r.backend == ComputeBackend::cuda && (app.count("--save") || app.count("--resume")))
-    throw InputError(app.count("--save") ? "--save" : "--resume",
-                     "checkpoints are written and read by the cpu backend only");
-  r.checkpoint.save_every = every;
-  if (app.count("--timeout-s")) {
-    r.timeout_s = costmodel::double_from_text("--timeout-s", timeout);
-    if (!(r.timeout_s > 0))
-      throw InputError("--timeout-s", fmt::format("must be > 0 and finite, got {}", r.timeout_s));
-  }
-  if (app.count("--inject-fault")) {
-    r.fault = comm::parse_fault_injection(fault);
-    if (!r.fault)
-      throw InputError("--inject-fault",
-                       fmt::format("expected {}, got \"{}\"", comm::kFaultInjectionSyntax, fault));
-  }
+  read_backend_and_files(app, run_texts, r);
+  read_run_numbers(app, run_texts, r);
+  read_scale(app, run_texts, r);
+  read_rehearsal(app, run_texts, r);
+  read_checkpoint_and_faults(app, run_texts, r);
   return cl;
 }
 

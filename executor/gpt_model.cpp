@@ -246,6 +246,8 @@ BlockForward<S> GptModel<S>::forward_block(std::span<const S> params, TrackedBuf
   return f;
 }
 
+// Left whole: each step frees what it was the last to read, which sets the tracked peak; split,
+// a dozen buffers and their release order would pass between the parts.
 template <class S>
 TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockActivations<S> saved,
                                              TrackedBuffer<S> d_output, std::span<S> grad) const {

@@ -155,17 +155,10 @@ double steady_median(const std::vector<StepReport>& steps, double StepReport::*f
   return median(v);
 }
 
-nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
-                            const std::vector<RankRecord>& ranks, const RunEnvironment& env) {
-  if (ranks.empty())
-    throw std::invalid_argument("no rank records");
-  const auto& plan = setup.plan;
-  const auto& eo = engine.options();
-  nlohmann::json doc;
-  doc["schema_version"] = 1;
-  doc["kind"] = "shardplan.run";
+namespace {
 
-  // The plan and its prediction, copied so the run document stands alone.
+// The plan and its prediction, copied so the run document stands alone.
+void add_plan(nlohmann::json& doc, const costmodel::Plan& plan) {
   const auto plan_json = costmodel::plan_to_json(plan);
   doc["plan"] = {
       {"strategy", plan.spec.strategy},   {"flavour", costmodel::flavour_name(plan.spec.flavour)},
@@ -173,36 +166,36 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
       {"gpus", plan.cluster.gpus},        {"job", plan_json["job"]},
       {"sharding", plan_json["sharding"]}};
   doc["prediction"] = plan_json["prediction"];
+}
 
-  doc["environment"] = {{"backend", env.backend},
-                        {"library", env.library},
-                        {"ranks", setup.world},
-                        {"hosts", env.hosts},
-                        {"rehearsal", env.rehearsal},
-                        {"build",
-                         {{"compiler", __VERSION__},
+nlohmann::json environment_json(const RunSetup& setup, const RunEnvironment& env) {
+  nlohmann::json j = {{"backend", env.backend},
+                      {"library", env.library},
+                      {"ranks", setup.world},
+                      {"hosts", env.hosts},
+                      {"rehearsal", env.rehearsal},
+                      {"build",
+                       {{"compiler", __VERSION__},
 #ifdef NDEBUG
-                          {"assertions", false}
+                        {"assertions", false}
 #else
-                          {"assertions", true}
+                        {"assertions", true}
 #endif
-                         }}};
-  const bool on_device = !env.device.empty();
-  if (on_device)
-    doc["environment"]["device"] = env.device;
+                       }}};
+  if (!env.device.empty())
+    j["device"] = env.device;
   if (env.rehearsal) {
-    doc["environment"]["rehearsed_rank"] = env.rehearsed_rank;
-    doc["environment"]["collective_time"] =
+    j["rehearsed_rank"] = env.rehearsed_rank;
+    j["collective_time"] =
         "excluded: a rehearsal stands in for each collective with a local copy of the same size";
   }
+  return j;
+}
 
-  const auto& layout = engine.layout();
-  doc["model"] = {{"name", eo.model.name},
-                  {"params", eo.model.total_params()},
-                  {"scaled", setup.scaled},
-                  {"units", layout.unit_count()},
-                  {"config", eo.model.hf_config}};
-  doc["execution"] = {
+nlohmann::json execution_json(const RunSetup& setup, const ShardingEngine& engine, std::size_t steps,
+                              bool on_device) {
+  const auto& eo = engine.options();
+  return {
       {"precision", costmodel::precision_name(eo.precision)},
       {"gemm_math", eo.precision != costmodel::Precision::fp32
                         ? fmt::format("{}, fp32 accumulation",
@@ -210,7 +203,7 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                         : std::string(on_device ? "tf32" : "fp32")},
       {"attention", eo.model_options.flash_attention ? "flash" : "eager"},
       {"world_size", setup.world},
-      {"steps", ranks.front().steps.size()},
+      {"steps", steps},
       {"micro_batch", eo.micro_batch.batch},
       {"seq_len", eo.micro_batch.seq},
       {"grad_accumulation", eo.grad_accumulation},
@@ -223,148 +216,142 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
       {"lr", eo.adamw.lr},
       {"deviations", setup.deviations},
       {"timing", "per-step wall time on each rank; summaries are medians of steps 2..K"}};
+}
 
-  nlohmann::json loss = nlohmann::json::array();
-  for (const auto& s : ranks.front().steps)
-    loss.push_back(s.loss);
-  doc["loss"] = loss;
+// On a device: the pool's reserved peak plus the context and NCCL workspace; the difference to
+// the tracked peak goes to `overhead` (see run_document.hpp).
+std::int64_t peak_of(const RankRecord& r, bool on_device) {
+  return on_device ? r.reserved_peak_bytes + r.context_bytes + r.nccl_bytes : r.peak_bytes;
+}
 
-  // On a device: the pool's reserved peak plus the context and NCCL workspace; the difference to
-  // the tracked peak goes to `overhead` (see run_document.hpp).
-  auto peak_of = [&](const RankRecord& r) {
-    return on_device ? r.reserved_peak_bytes + r.context_bytes + r.nccl_bytes : r.peak_bytes;
-  };
-  auto at_peak_of = [&](const RankRecord& r) {
-    MemoryBreakdown b = r.at_peak;
-    if (on_device)
-      b[MemoryCategory::overhead] += peak_of(r) - r.peak_bytes;
-    return b;
-  };
-  nlohmann::json per_rank = nlohmann::json::array();
-  std::size_t peak_rank = 0, slow_rank = 0;
-  std::vector<double> step_medians;
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    const auto& r = ranks[i];
-    if (peak_of(r) > peak_of(ranks[peak_rank]))
-      peak_rank = i;
-    const double step = steady_median(r.steps, &StepReport::step_s);
-    step_medians.push_back(step);
-    if (step > step_medians[slow_rank])
-      slow_rank = i;
-    CollectiveStats total;
-    nlohmann::json steps = nlohmann::json::array();
-    for (const auto& s : r.steps) {
-      total += s.collectives;
-      nlohmann::json coll = nlohmann::json::object();
-      for (std::size_t k = 0; k < kCollectiveKindCount; ++k)
-        coll[collective_kind_name(static_cast<CollectiveKind>(k))] = s.collectives.kinds[k].seconds;
-      steps.push_back({{"step", s.step},
-                       {"loss", s.loss},
-                       {"step_s", s.step_s},
-                       {"compute_s", s.compute_s},
-                       {"optimizer_s", s.optimizer_s},
-                       {"copy_s", s.copy_s},
-                       {"step_cpu_s", s.step_cpu_s},
-                       {"compute_cpu_s", s.compute_cpu_s},
-                       {"forward_s", s.forward_s},
-                       {"backward_s", s.backward_s},
-                       {"comm_wait_s", s.comm_wait_s},
-                       {"comm_wait_by_stream_s",
-                        {{"all_gather", s.gather_wait_s},
-                         {"reduce", s.reduce_wait_s},
-                         {"replica", s.replica_wait_s}}},
-                       {"loss_scale", s.loss_scale},
-                       {"skipped", s.skipped},
-                       {"collectives_s", coll}});
-    }
-    nlohmann::json coll_median = nlohmann::json::object();
-    double coll_sum = 0;
-    for (std::size_t k = 0; k < kCollectiveKindCount; ++k) {
-      std::vector<double> v;
-      for (const auto& s : steady(r.steps))
-        v.push_back(s.collectives.kinds[k].seconds);
-      const double m = median(v);
-      coll_median[collective_kind_name(static_cast<CollectiveKind>(k))] = m;
-      coll_sum += m;
-    }
-    nlohmann::json device = nullptr;
-    if (on_device)
-      device = {{"reserved_peak_bytes", r.reserved_peak_bytes},
-                {"allocated_peak_bytes", r.peak_bytes},
-                {"fragmentation", r.peak_bytes > 0 ? static_cast<double>(r.reserved_peak_bytes) /
-                                                             static_cast<double>(r.peak_bytes) -
-                                                         1.0
-                                                   : 0.0},
-                {"cuda_context_bytes", r.context_bytes},
-                {"nccl_workspace_bytes", r.nccl_bytes}};
-    per_rank.push_back({{"rank", r.rank},
-                        {"memory",
-                         {{"peak_bytes", peak_of(r)},
-                          {"tracked_peak_bytes", r.peak_bytes},
-                          {"device", device},
-                          {"at_peak", breakdown_json(at_peak_of(r))},
-                          {"category_peaks", breakdown_json(r.category_peaks)},
-                          {"capacity_bytes", r.capacity_bytes == TrackedAllocator::kUnlimited
-                                                 ? nlohmann::json(nullptr)
-                                                 : nlohmann::json(r.capacity_bytes)}}},
-                        {"time",
-                         {{"step_s", step},
-                          {"compute_s", steady_median(r.steps, &StepReport::compute_s)},
-                          {"optimizer_s", steady_median(r.steps, &StepReport::optimizer_s)},
-                          {"copy_s", steady_median(r.steps, &StepReport::copy_s)},
-                          {"step_cpu_s", steady_median(r.steps, &StepReport::step_cpu_s)},
-                          {"compute_cpu_s", steady_median(r.steps, &StepReport::compute_cpu_s)},
-                          {"forward_s", steady_median(r.steps, &StepReport::forward_s)},
-                          {"backward_s", steady_median(r.steps, &StepReport::backward_s)},
-                          {"comm_wait_s", steady_median(r.steps, &StepReport::comm_wait_s)},
-                          {"comm_wait_by_stream_s",
-                           {{"all_gather", steady_median(r.steps, &StepReport::gather_wait_s)},
-                            {"reduce", steady_median(r.steps, &StepReport::reduce_wait_s)},
-                            {"replica", steady_median(r.steps, &StepReport::replica_wait_s)}}},
-                          {"collectives_s", coll_median},
-                          {"collectives_total_s", coll_sum},
-                          {"steps", steps}}},
-                        {"collectives", collectives_json(total)}});
-    if (!on_device)
-      per_rank.back()["memory"].erase("device");
+MemoryBreakdown at_peak_of(const RankRecord& r, bool on_device) {
+  MemoryBreakdown b = r.at_peak;
+  if (on_device)
+    b[MemoryCategory::overhead] += peak_of(r, on_device) - r.peak_bytes;
+  return b;
+}
+
+nlohmann::json step_json(const StepReport& s) {
+  nlohmann::json coll = nlohmann::json::object();
+  for (std::size_t k = 0; k < kCollectiveKindCount; ++k)
+    coll[collective_kind_name(static_cast<CollectiveKind>(k))] = s.collectives.kinds[k].seconds;
+  return {{"step", s.step},
+          {"loss", s.loss},
+          {"step_s", s.step_s},
+          {"compute_s", s.compute_s},
+          {"optimizer_s", s.optimizer_s},
+          {"copy_s", s.copy_s},
+          {"step_cpu_s", s.step_cpu_s},
+          {"compute_cpu_s", s.compute_cpu_s},
+          {"forward_s", s.forward_s},
+          {"backward_s", s.backward_s},
+          {"comm_wait_s", s.comm_wait_s},
+          {"comm_wait_by_stream_s",
+           {{"all_gather", s.gather_wait_s}, {"reduce", s.reduce_wait_s}, {"replica", s.replica_wait_s}}},
+          {"loss_scale", s.loss_scale},
+          {"skipped", s.skipped},
+          {"collectives_s", coll}};
+}
+
+nlohmann::json rank_memory_json(const RankRecord& r, bool on_device) {
+  nlohmann::json memory = {{"peak_bytes", peak_of(r, on_device)},
+                           {"tracked_peak_bytes", r.peak_bytes},
+                           {"at_peak", breakdown_json(at_peak_of(r, on_device))},
+                           {"category_peaks", breakdown_json(r.category_peaks)},
+                           {"capacity_bytes", r.capacity_bytes == TrackedAllocator::kUnlimited
+                                                  ? nlohmann::json(nullptr)
+                                                  : nlohmann::json(r.capacity_bytes)}};
+  if (on_device)
+    memory["device"] = {{"reserved_peak_bytes", r.reserved_peak_bytes},
+                        {"allocated_peak_bytes", r.peak_bytes},
+                        {"fragmentation", r.peak_bytes > 0 ? static_cast<double>(r.reserved_peak_bytes) /
+                                                                     static_cast<double>(r.peak_bytes) -
+                                                                 1.0
+                                                           : 0.0},
+                        {"cuda_context_bytes", r.context_bytes},
+                        {"nccl_workspace_bytes", r.nccl_bytes}};
+  return memory;
+}
+
+// Medians over the steady steps (2..K), each step's record as well.
+nlohmann::json rank_time_json(const RankRecord& r, double step_median) {
+  nlohmann::json steps = nlohmann::json::array();
+  for (const auto& s : r.steps)
+    steps.push_back(step_json(s));
+  nlohmann::json coll_median = nlohmann::json::object();
+  double coll_sum = 0;
+  for (std::size_t k = 0; k < kCollectiveKindCount; ++k) {
+    std::vector<double> v;
+    for (const auto& s : steady(r.steps))
+      v.push_back(s.collectives.kinds[k].seconds);
+    const double m = median(v);
+    coll_median[collective_kind_name(static_cast<CollectiveKind>(k))] = m;
+    coll_sum += m;
   }
-  doc["ranks"] = per_rank;
+  return {{"step_s", step_median},
+          {"compute_s", steady_median(r.steps, &StepReport::compute_s)},
+          {"optimizer_s", steady_median(r.steps, &StepReport::optimizer_s)},
+          {"copy_s", steady_median(r.steps, &StepReport::copy_s)},
+          {"step_cpu_s", steady_median(r.steps, &StepReport::step_cpu_s)},
+          {"compute_cpu_s", steady_median(r.steps, &StepReport::compute_cpu_s)},
+          {"forward_s", steady_median(r.steps, &StepReport::forward_s)},
+          {"backward_s", steady_median(r.steps, &StepReport::backward_s)},
+          {"comm_wait_s", steady_median(r.steps, &StepReport::comm_wait_s)},
+          {"comm_wait_by_stream_s",
+           {{"all_gather", steady_median(r.steps, &StepReport::gather_wait_s)},
+            {"reduce", steady_median(r.steps, &StepReport::reduce_wait_s)},
+            {"replica", steady_median(r.steps, &StepReport::replica_wait_s)}}},
+          {"collectives_s", coll_median},
+          {"collectives_total_s", coll_sum},
+          {"steps", steps}};
+}
 
-  const auto& peak = per_rank[peak_rank];
-  const auto& slow = per_rank[slow_rank];
+nlohmann::json rank_json(const RankRecord& r, double step_median, bool on_device) {
+  CollectiveStats total;
+  for (const auto& s : r.steps)
+    total += s.collectives;
+  return {{"rank", r.rank},
+          {"memory", rank_memory_json(r, on_device)},
+          {"time", rank_time_json(r, step_median)},
+          {"collectives", collectives_json(total)}};
+}
+
+// The summary: memory of the rank with the highest peak, time of the slowest rank.
+nlohmann::json summary_json(const nlohmann::json& peak, const nlohmann::json& slow, const RankRecord& slow_record,
+                            const EngineOptions& eo, const RunEnvironment& env) {
   // Bytes the slowest rank sent per step (the cost model's comm_bytes_per_gpu).
   double bytes_sent = 0;
-  for (const auto& s : ranks[slow_rank].steps)
+  for (const auto& s : slow_record.steps)
     for (const auto& t : s.collectives.kinds)
       bytes_sent += t.bytes_sent;
-  const double steps = static_cast<double>(std::max<std::size_t>(1, ranks[slow_rank].steps.size()));
+  const double steps = static_cast<double>(std::max<std::size_t>(1, slow_record.steps.size()));
   const double step_s = slow["time"]["step_s"].get<double>();
   const double flops = model_flops_per_step(eo);
 
-  doc["summary"] = {{"memory",
-                     {{"peak_bytes", peak["memory"]["peak_bytes"]},
-                      {"rank", peak["rank"]},
-                      {"at_peak", peak["memory"]["at_peak"]}}},
-                    {"time",
-                     {{"rank", slow["rank"]},
-                      {"step_s", slow["time"]["step_s"]},
-                      {"compute_s", slow["time"]["compute_s"]},
-                      {"optimizer_s", slow["time"]["optimizer_s"]},
-                      {"copy_s", slow["time"]["copy_s"]},
-                      {"step_cpu_s", slow["time"]["step_cpu_s"]},
-                      {"compute_cpu_s", slow["time"]["compute_cpu_s"]},
-                      {"collectives_s", slow["time"]["collectives_total_s"]},
-                      {"collectives_by_kind_s", slow["time"]["collectives_s"]},
-                      {"forward_s", slow["time"]["forward_s"]},
-                      {"backward_s", slow["time"]["backward_s"]},
-                      {"comm_wait_s", slow["time"]["comm_wait_s"]},
-                      {"comm_wait_by_stream_s", slow["time"]["comm_wait_by_stream_s"]},
-                      {"collectives_overlap", env.collectives_overlap()},
-                      {"model_flops_per_step", flops},
-                      {"collective_time_excluded", env.rehearsal}}},
-                    {"comm_bytes_per_step", bytes_sent / steps}};
+  nlohmann::json summary = {{"memory",
+                             {{"peak_bytes", peak["memory"]["peak_bytes"]},
+                              {"rank", peak["rank"]},
+                              {"at_peak", peak["memory"]["at_peak"]}}},
+                            {"time",
+                             {{"rank", slow["rank"]},
+                              {"step_s", slow["time"]["step_s"]},
+                              {"compute_s", slow["time"]["compute_s"]},
+                              {"optimizer_s", slow["time"]["optimizer_s"]},
+                              {"copy_s", slow["time"]["copy_s"]},
+                              {"step_cpu_s", slow["time"]["step_cpu_s"]},
+                              {"compute_cpu_s", slow["time"]["compute_cpu_s"]},
+                              {"collectives_s", slow["time"]["collectives_total_s"]},
+                              {"collectives_by_kind_s", slow["time"]["collectives_s"]},
+                              {"forward_s", slow["time"]["forward_s"]},
+                              {"backward_s", slow["time"]["backward_s"]},
+                              {"comm_wait_s", slow["time"]["comm_wait_s"]},
+                              {"comm_wait_by_stream_s", slow["time"]["comm_wait_by_stream_s"]},
+                              {"collectives_overlap", env.collectives_overlap()},
+                              {"model_flops_per_step", flops},
+                              {"collective_time_excluded", env.rehearsal}}},
+                            {"comm_bytes_per_step", bytes_sent / steps}};
   // Achieved FLOP/s, and the MFU where the device's peak is known (absent otherwise).
-  auto& time = doc["summary"]["time"];
+  auto& time = summary["time"];
   if (step_s > 0) {
     time["achieved_TFLOPs"] = flops / step_s / 1e12;
     if (env.peak_flops > 0) {
@@ -372,8 +359,50 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
       time["mfu"] = flops / step_s / env.peak_flops;
     }
   }
-  if (on_device)
-    doc["summary"]["memory"]["device"] = peak["memory"]["device"];
+  if (!env.device.empty())
+    summary["memory"]["device"] = peak["memory"]["device"];
+  return summary;
+}
+
+} // namespace
+
+nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
+                            const std::vector<RankRecord>& ranks, const RunEnvironment& env) {
+  if (ranks.empty())
+    throw std::invalid_argument("no rank records");
+  const auto& eo = engine.options();
+  const bool on_device = !env.device.empty();
+  nlohmann::json doc;
+  doc["schema_version"] = 1;
+  doc["kind"] = "shardplan.run";
+  add_plan(doc, setup.plan);
+  doc["environment"] = environment_json(setup, env);
+  doc["model"] = {{"name", eo.model.name},
+                  {"params", eo.model.total_params()},
+                  {"scaled", setup.scaled},
+                  {"units", engine.layout().unit_count()},
+                  {"config", eo.model.hf_config}};
+  doc["execution"] = execution_json(setup, engine, ranks.front().steps.size(), on_device);
+
+  nlohmann::json loss = nlohmann::json::array();
+  for (const auto& s : ranks.front().steps)
+    loss.push_back(s.loss);
+  doc["loss"] = loss;
+
+  nlohmann::json per_rank = nlohmann::json::array();
+  std::size_t peak_rank = 0, slow_rank = 0;
+  std::vector<double> step_medians;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const auto& r = ranks[i];
+    if (peak_of(r, on_device) > peak_of(ranks[peak_rank], on_device))
+      peak_rank = i;
+    step_medians.push_back(steady_median(r.steps, &StepReport::step_s));
+    if (step_medians.back() > step_medians[slow_rank])
+      slow_rank = i;
+    per_rank.push_back(rank_json(r, step_medians.back(), on_device));
+  }
+  doc["ranks"] = per_rank;
+  doc["summary"] = summary_json(per_rank[peak_rank], per_rank[slow_rank], ranks[slow_rank], eo, env);
   return doc;
 }
 

@@ -11,11 +11,10 @@ namespace shardplan::executor {
 
 using costmodel::InputError;
 
-RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const RunRequest& request) {
-  RunSetup r;
-  r.plan = costmodel::plan_from_json(plan_document);
-  const auto& p = r.plan;
-  r.world = world;
+namespace {
+
+// Refuses a plan this executor cannot run as planned.
+void check_runnable(const costmodel::Plan& p, int world, const RunRequest& request) {
   const auto& job = p.job;
   const char* executor = request.gpu ? "the GPU executor" : "the CPU executor";
   if (job.precision == costmodel::Precision::bf16)
@@ -64,7 +63,12 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
     throw InputError(
         "/model", fmt::format("\"{}\" is a bare parameter count: there is no architecture to run",
                               p.model.name));
+}
 
+// The engine's options from the plan, scaled down as the request asks.
+void set_engine_options(RunSetup& r, int world, const RunRequest& request) {
+  const auto& p = r.plan;
+  const auto& job = p.job;
   auto& e = r.engine;
   e.model = p.model;
   if (request.scale) {
@@ -101,7 +105,13 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
   } catch (const std::invalid_argument& error) {
     throw InputError("/sharding/reduce_dtype", error.what());
   }
+}
 
+// Where the run departs from the plan's prediction, said in the run document.
+void add_deviations(RunSetup& r) {
+  const auto& p = r.plan;
+  const auto& job = p.job;
+  const auto& e = r.engine;
   // fp32 gradients are reduced in fp32 whatever the plan's reduce dtype (the cost model reduces
   // in max(reduce_dtype, compute dtype) too); mixed precision reduces as the cost model does or
   // is refused by the engine.
@@ -129,6 +139,17 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
     r.deviations.push_back(
         "the model or sequence was scaled down on the command line: the plan's prediction "
         "is for the unscaled model");
+}
+
+} // namespace
+
+RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const RunRequest& request) {
+  RunSetup r;
+  r.plan = costmodel::plan_from_json(plan_document);
+  r.world = world;
+  check_runnable(r.plan, world, request);
+  set_engine_options(r, world, request);
+  add_deviations(r);
   return r;
 }
 

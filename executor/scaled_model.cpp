@@ -21,11 +21,8 @@ bool has_tensor(const costmodel::UnitTensors& unit, const std::string& name) {
 
 double dropout(bool on) { return on ? 0.1 : 0.0; }
 
-}  // namespace
-
-ModelSpec scale_down(const ModelSpec& source, const ScaledSize& size) {
-  if (source.architecture == Architecture::uniform)
-    throw InputError("--scale", "a bare parameter count has no architecture to scale down");
+// The size with its defaults filled in from the source model, checked against its architecture.
+ScaledSize complete_size(const ModelSpec& source, const ScaledSize& size) {
   ScaledSize s = size;
   if (s.layers < 1 || s.hidden < 1 || s.heads < 1 || s.vocab < 1)
     throw InputError("--scale", fmt::format("layers, hidden, heads and vocab must be >= 1, got "
@@ -58,7 +55,11 @@ ModelSpec scale_down(const ModelSpec& source, const ScaledSize& size) {
   if (!llama_family && s.head_dim * s.heads != s.hidden)
     throw InputError("--scale", fmt::format("{} needs head_dim = hidden / heads",
                                             costmodel::architecture_name(source.architecture)));
+  return s;
+}
 
+// The Hugging Face config.json of the scaled model, in the keys of the source's architecture.
+nlohmann::json scaled_config(const ModelSpec& source, const ScaledSize& s) {
   nlohmann::json config = {{"architectures", {costmodel::architecture_name(source.architecture)}}};
   switch (source.architecture) {
     case Architecture::gpt2:
@@ -101,6 +102,16 @@ ModelSpec scale_down(const ModelSpec& source, const ScaledSize& size) {
                        {"mlp_bias", has_tensor(source.block, "mlp.gate_proj.bias")}});
       break;
   }
+  return config;
+}
+
+}  // namespace
+
+ModelSpec scale_down(const ModelSpec& source, const ScaledSize& size) {
+  if (source.architecture == Architecture::uniform)
+    throw InputError("--scale", "a bare parameter count has no architecture to scale down");
+  const ScaledSize s = complete_size(source, size);
+  const nlohmann::json config = scaled_config(source, s);
   const std::string name = fmt::format("{} scaled to L={} h={} a={} kv={} d={} I={} V={}",
                                        source.name, s.layers, s.hidden, s.heads, s.kv_heads,
                                        s.head_dim, s.intermediate, s.vocab);

@@ -231,6 +231,15 @@ class Importer {
     const json* zj = r_.optional_object("zero_optimization");
     const json empty = json::object();
     ObjectReader z(zj ? *zj : empty, "/zero_optimization");
+    read_zero_stage(z);
+    read_zero_offload(z);
+    read_zero_sizes(z, zj ? *zj : empty);
+    read_zero_unmodelled(z);
+    z.finish();
+  }
+
+  // zero_optimization.stage, and the plan it names.
+  void read_zero_stage(ObjectReader& z) {
     int stage = 0;
     if (z.has("stage")) {
       const auto st = z.integer("stage");
@@ -249,8 +258,11 @@ class Importer {
     } else {
       out_.spec = make_spec(fmt::format("zero{}", stage), Flavour::deepspeed, gpn);
     }
-    ShardingSpec& s = out_.spec;
+  }
 
+  void read_zero_offload(ObjectReader& z) {
+    const int stage = stage_;
+    ShardingSpec& s = out_.spec;
     // The deprecated boolean switches (still accepted by DeepSpeed) and their replacements.
     bool opt_present = false, param_present = false;
     const OffloadSection opt = read_offload(z, "offload_optimizer", opt_present);
@@ -279,50 +291,55 @@ class Importer {
       throw InputError(z.pointer_of(opt_present ? "offload_optimizer" : "cpu_offload"),
                        "optimizer offload needs ZeRO stage 1, 2 or 3, got stage 0");
     s.offload = param_cpu ? Offload::params : opt_cpu ? Offload::optimizer : Offload::none;
+  }
 
-    // Bucket and prefetch sizes. "auto" is the Hugging Face Trainer's fill from the model's
-    // hidden size h (transformers/integrations/deepspeed.py, trainer_config_finalize):
-    // reduce_bucket_size h², stage3_prefetch_bucket_size 0.9·h², stage3_param_persistence_threshold
-    // 10·h. DeepSpeed also accepts the stage-3 keys without their prefix (pydantic aliases,
-    // populate_by_name); the two spellings of one key cannot both be given.
-    const double h = static_cast<double>(base_.model.hidden);
-    const json& zo = zj ? *zj : empty;
-    auto sized = [&](const char* key, const char* alias,
-                     std::optional<double> auto_value) -> std::optional<double> {
-      if (alias && z.has(key) && z.has(alias))
-        throw InputError(z.pointer_of(alias), fmt::format("give {} or {}, not both", key, alias));
-      const char* k = alias && z.has(alias) ? alias : key;
-      if (!z.has(k)) return std::nullopt;
-      if (stage_ < 3 && std::string_view(key).starts_with("stage3_")) {
-        z.ignore(k);
-        note(fmt::format("/zero_optimization/{} ignored: used at stage 3 only", k));
-        return std::nullopt;
-      }
-      if (is_auto(zo, k)) {
-        if (!auto_value)
-          throw InputError(z.pointer_of(k),
-                           "must be a number (the Hugging Face Trainer fills \"auto\" only for "
-                           "reduce_bucket_size, stage3_prefetch_bucket_size and "
-                           "stage3_param_persistence_threshold), got \"auto\"");
-        z.ignore(k);
-        note(fmt::format("/zero_optimization/{} \"auto\": {:.0f} from the model's hidden size {} "
-                         "(the Hugging Face Trainer's rule)",
-                         k, *auto_value, base_.model.hidden));
-        return auto_value;
-      }
-      if (zo.at(k).is_string())
+  // Bucket and prefetch sizes. "auto" is the Hugging Face Trainer's fill from the model's
+  // hidden size h (transformers/integrations/deepspeed.py, trainer_config_finalize):
+  // reduce_bucket_size h², stage3_prefetch_bucket_size 0.9·h², stage3_param_persistence_threshold
+  // 10·h. DeepSpeed also accepts the stage-3 keys without their prefix (pydantic aliases,
+  // populate_by_name); the two spellings of one key cannot both be given.
+  std::optional<double> sized(ObjectReader& z, const json& zo, const char* key, const char* alias,
+                              std::optional<double> auto_value) {
+    if (alias && z.has(key) && z.has(alias))
+      throw InputError(z.pointer_of(alias), fmt::format("give {} or {}, not both", key, alias));
+    const char* k = alias && z.has(alias) ? alias : key;
+    if (!z.has(k)) return std::nullopt;
+    if (stage_ < 3 && std::string_view(key).starts_with("stage3_")) {
+      z.ignore(k);
+      note(fmt::format("/zero_optimization/{} ignored: used at stage 3 only", k));
+      return std::nullopt;
+    }
+    if (is_auto(zo, k)) {
+      if (!auto_value)
         throw InputError(z.pointer_of(k),
-                         fmt::format("must be a number{}, got {}", auto_value ? " or \"auto\"" : "",
-                                     describe_value(zo.at(k))));
-      return z.number(k, Range{0, 1e15, false});
-    };
-    const auto reduce = sized("reduce_bucket_size", nullptr, h * h);
-    const auto allgather = sized("allgather_bucket_size", nullptr, std::nullopt);
+                         "must be a number (the Hugging Face Trainer fills \"auto\" only for "
+                         "reduce_bucket_size, stage3_prefetch_bucket_size and "
+                         "stage3_param_persistence_threshold), got \"auto\"");
+      z.ignore(k);
+      note(fmt::format("/zero_optimization/{} \"auto\": {:.0f} from the model's hidden size {} "
+                       "(the Hugging Face Trainer's rule)",
+                       k, *auto_value, base_.model.hidden));
+      return auto_value;
+    }
+    if (zo.at(k).is_string())
+      throw InputError(z.pointer_of(k),
+                       fmt::format("must be a number{}, got {}", auto_value ? " or \"auto\"" : "",
+                                   describe_value(zo.at(k))));
+    return z.number(k, Range{0, 1e15, false});
+  }
+
+  // The bucket, prefetch and persistence sizes (see sized) and the switches beside them.
+  void read_zero_sizes(ObjectReader& z, const json& zo) {
+    const int stage = stage_;
+    ShardingSpec& s = out_.spec;
+    const double h = static_cast<double>(base_.model.hidden);
+    const auto reduce = sized(z, zo, "reduce_bucket_size", nullptr, h * h);
+    const auto allgather = sized(z, zo, "allgather_bucket_size", nullptr, std::nullopt);
     const auto prefetch =
-        sized("stage3_prefetch_bucket_size", "prefetch_bucket_size", std::floor(0.9 * h * h));
+        sized(z, zo, "stage3_prefetch_bucket_size", "prefetch_bucket_size", std::floor(0.9 * h * h));
     const auto persistence =
-        sized("stage3_param_persistence_threshold", "param_persistence_threshold", 10 * h);
-    const auto max_live = sized("stage3_max_live_parameters", "max_live_parameters", std::nullopt);
+        sized(z, zo, "stage3_param_persistence_threshold", "param_persistence_threshold", 10 * h);
+    const auto max_live = sized(z, zo, "stage3_max_live_parameters", "max_live_parameters", std::nullopt);
     const auto contiguous = z.optional_boolean("contiguous_gradients");
     const auto overlap = z.optional_boolean("overlap_comm");
     const auto reduce_scatter = z.optional_boolean("reduce_scatter");
@@ -365,7 +382,10 @@ class Importer {
         s.max_inflight_allgathers = units;
       }
     }
+  }
 
+  // Keys understood but not modelled (noted), and ZeRO++/MiCS (refused unless switched off).
+  void read_zero_unmodelled(ObjectReader& z) {
     // Understood but not modelled: stated, never dropped silently.
     struct Ignored {
       const char* key;
@@ -427,7 +447,6 @@ class Importer {
     }
     if (z.has("zenflow"))
       throw InputError(z.pointer_of("zenflow"), "ZenFlow is not modelled; remove it");
-    z.finish();
   }
 
   void read_communication_dtype() {
@@ -512,33 +531,42 @@ class Importer {
   }
 
   // ---- batch (config.py, _configure_train_batch_size and _batch_assertion).
-  void read_batch() {
-    const int gpus = base_.cluster.gpus;
+  // The three batch keys as given, with what "auto" and the scenario fill in.
+  struct BatchKeys {
+    std::optional<std::int64_t> global, micro, accumulation;
+    std::string global_text;  // train_batch_size as the config gave it, for the errors
+    bool micro_free;          // micro-batch "auto" with no --micro-batch: the planner chooses
+    bool global_auto, accumulation_auto;
+  };
+
+  BatchKeys read_batch_keys() {
     const auto T0 = batch_value(r_, ds_, "train_batch_size");
     const auto M0 = batch_value(r_, ds_, "train_micro_batch_size_per_gpu");
     const auto A0 = batch_value(r_, ds_, "gradient_accumulation_steps");
-    std::optional<std::int64_t> T = T0.value, M = M0.value, A = A0.value;
-    std::string t_desc = T ? std::to_string(*T) : "";
+    BatchKeys b{T0.value, M0.value, A0.value, T0.value ? std::to_string(*T0.value) : "", false,
+                T0.automatic, A0.automatic};
+    auto& T = b.global;
+    auto& M = b.micro;
+    auto& t_desc = b.global_text;
     if (T0.automatic) {
       T = base_.job.global_batch;
       t_desc = fmt::format("\"auto\" (the scenario's global batch {})", *T);
       note(fmt::format("train_batch_size \"auto\": {}, the scenario's global batch", *T));
     }
-    bool micro_free = false;  // "auto" with no --micro-batch: the planner chooses
     if (M0.automatic) {
       if (base_.job.micro_batch > 0) {
         M = base_.job.micro_batch;
         note(fmt::format("train_micro_batch_size_per_gpu \"auto\": {}, the scenario's micro-batch",
                          *M));
       } else {
-        micro_free = true;
+        b.micro_free = true;
         note(
             "train_micro_batch_size_per_gpu \"auto\" and no --micro-batch: the planner chooses it");
       }
     }
     if (A0.automatic) note("gradient_accumulation_steps \"auto\": follows from the batch sizes");
     if (!T && !M) {
-      if (!micro_free)
+      if (!b.micro_free)
         throw InputError("/train_batch_size",
                          "missing: give train_batch_size or train_micro_batch_size_per_gpu (or "
                          "\"auto\" to take the scenario's)");
@@ -546,6 +574,18 @@ class Importer {
       t_desc = std::to_string(*T);
       note(fmt::format("no train_batch_size: {}, the scenario's global batch", *T));
     }
+    return b;
+  }
+
+  // The key left out follows from the two given: train_batch_size = micro-batch x accumulation x
+  // GPUs, as DeepSpeed's config reads them.
+  void complete_batch(BatchKeys& b) {
+    const int gpus = base_.cluster.gpus;
+    auto& T = b.global;
+    auto& M = b.micro;
+    auto& A = b.accumulation;
+    const auto& t_desc = b.global_text;
+    const bool micro_free = b.micro_free;
     auto multiples = [](std::int64_t v, std::int64_t of) {
       const auto lo = v / of * of;
       return lo == 0 ? std::to_string(of) : fmt::format("{} or {}", lo, lo + of);
@@ -593,7 +633,7 @@ class Importer {
         M = *T / gpus;
       }
     } else {  // only the micro-batch
-      if (A0.automatic) {
+      if (b.accumulation_auto) {
         T = base_.job.global_batch;
         if (*T % (*M * gpus) != 0)
           throw InputError(
@@ -606,12 +646,19 @@ class Importer {
         T = *M * gpus;
       }
     }
+  }
+
+  void read_batch() {
+    BatchKeys b = read_batch_keys();
+    complete_batch(b);
+    const auto& T = b.global;
+    const auto& M = b.micro;
     out_.job.global_batch = *T;
     out_.job.micro_batch = M.value_or(0);
     if (base_.job.micro_batch > 0 && M && *M != base_.job.micro_batch)
       note(fmt::format("micro-batch {} from the config replaces the scenario's {}", *M,
                        base_.job.micro_batch));
-    if (*T != base_.job.global_batch && !T0.automatic)
+    if (*T != base_.job.global_batch && !b.global_auto)
       note(fmt::format("train_batch_size {} replaces the scenario's global batch {}", *T,
                        base_.job.global_batch));
   }

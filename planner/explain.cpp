@@ -361,23 +361,27 @@ nlohmann::json claim_json(const Claim& c) {
   return j;
 }
 
-Explanation explain(const Scenario& sc, const SearchPins& pins, const SearchResult& r) {
+namespace {
+
+// No plan fits: the plan of the smallest peak, and the advice.
+Explanation explain_nothing_fits(const Scenario& sc, const SearchPins& pins, const SearchResult& r) {
   Explanation x;
   const double usable = sc.usable_bytes();
-  if (r.ranked.empty()) {
-    x.bottleneck = Bottleneck::memory_capacity;
-    const Candidate* smallest = nullptr;
-    for (const auto& c : r.best_per_family)
-      if (!smallest || c.eval.result.peak_bytes < smallest->eval.result.peak_bytes) smallest = &c;
-    if (!smallest) {
-      x.summary = NothingFits{{"no runnable plan", 0, 0, 0, false}, {"", 0}, usable};
-      return x;
-    }
-    x.summary = NothingFits{plan_numbers(smallest->eval), largest_category(smallest->eval.result), usable};
-    x.reasons = advise(sc, pins);
+  x.bottleneck = Bottleneck::memory_capacity;
+  const Candidate* smallest = nullptr;
+  for (const auto& c : r.best_per_family)
+    if (!smallest || c.eval.result.peak_bytes < smallest->eval.result.peak_bytes) smallest = &c;
+  if (!smallest) {
+    x.summary = NothingFits{{"no runnable plan", 0, 0, 0, false}, {"", 0}, usable};
     return x;
   }
+  x.summary = NothingFits{plan_numbers(smallest->eval), largest_category(smallest->eval.result), usable};
+  x.reasons = advise(sc, pins);
+  return x;
+}
 
+// The bottleneck of the recommended plan, and the summary that says so.
+void add_summary(Explanation& x, const SearchResult& r, double usable) {
   const Evaluation& rec = r.ranked.front().eval;
   const Evaluation* fastest = r.fastest_ignoring_memory ? &r.fastest_ignoring_memory->eval : nullptr;
   const bool waits = exposed_share(rec.result) > kWaitBound;
@@ -397,8 +401,10 @@ Explanation explain(const Scenario& sc, const SearchPins& pins, const SearchResu
     x.summary = ComputeBound{plan_numbers(rec), rec.result.compute_s, rec.result.exposed_comm_s, rec.result.mfu,
                              {kind_label(kind), rec.result.compute_by_kind_s[kind]}};
   }
+}
 
-  // What the recommended plan needs to fit, and what that costs.
+// What the recommended plan needs to fit, and what that costs.
+void add_needs(Explanation& x, const Scenario& sc, const Evaluation& rec, double usable) {
   if (rec.spec.offload != Offload::none) {
     ShardingSpec spec = rec.spec;
     spec.offload = Offload::none;
@@ -414,8 +420,12 @@ Explanation explain(const Scenario& sc, const SearchPins& pins, const SearchResu
                                plan_numbers(rec), plan_numbers(evaluate(sc, rec.spec, job)), usable,
                                {"recompute", rec.result.recompute_s}, 0});
   }
+}
 
-  // Against the alternatives: DDP, the best fully sharded plan and the runner-up family.
+// Against the alternatives: DDP, the best fully sharded plan and the runner-up family; ZeRO-3
+// against FSDP, when close.
+void add_alternatives(Explanation& x, const SearchResult& r, double usable) {
+  const Evaluation& rec = r.ranked.front().eval;
   const Candidate* ddp = best_of(r, "ddp");
   const Candidate* zero3 = best_of(r, "zero3");
   const Candidate* fsdp = best_of(r, "fsdp-full");
@@ -455,6 +465,17 @@ Explanation explain(const Scenario& sc, const SearchPins& pins, const SearchResu
     x.reasons.push_back(CloseFrameworks{plan_numbers(zero3->eval), plan_numbers(fsdp->eval), total(z.model_states),
                                         z.at_peak[buffers], total(f.model_states), f.at_peak[buffers]});
   }
+}
+
+}  // namespace
+
+Explanation explain(const Scenario& sc, const SearchPins& pins, const SearchResult& r) {
+  if (r.ranked.empty()) return explain_nothing_fits(sc, pins, r);
+  Explanation x;
+  const double usable = sc.usable_bytes();
+  add_summary(x, r, usable);
+  add_needs(x, sc, r.ranked.front().eval, usable);
+  add_alternatives(x, r, usable);
   return x;
 }
 

@@ -59,9 +59,10 @@ void add_scenario_options(CLI::App& app, ScenarioOptions& o) {
   app.add_option("--accounting", o.accounting, "framework | zero-paper (2+2+12 bytes/param)");
 }
 
-Scenario make_scenario(const ScenarioOptions& o) {
-  Scenario sc;
-  sc.is_default = !o.model && !o.params && !o.hardware && !o.gpus && !o.job_file;
+namespace {
+
+// The model, the hardware (with --gpu-memory-GiB) and the cluster.
+void set_model_and_cluster(const ScenarioOptions& o, Scenario& sc) {
   if (o.params && o.model)
     throw InputError("--params", "give either --model or --params, not both");
   if (o.layers && !o.params) throw InputError("--layers", "goes with --params (a model's blocks are its own)");
@@ -97,7 +98,10 @@ Scenario make_scenario(const ScenarioOptions& o) {
   sc.cluster.gpus_per_node = o.gpus_per_node ? costmodel::int_from_text("--gpus-per-node", *o.gpus_per_node)
                                              : sc.hardware.gpus_per_node;
   costmodel::validate_cluster(sc.cluster);
+}
 
+// The job: the --job file's, or the defaults; which of loss and checkpointing the user named.
+void set_base_job(const ScenarioOptions& o, Scenario& sc) {
   bool& loss_named = sc.loss_named;
   bool& checkpointing_named = sc.checkpointing_named;
   loss_named = o.loss.has_value();
@@ -119,6 +123,10 @@ Scenario make_scenario(const ScenarioOptions& o) {
       sc.defaulted.push_back(fmt::format("--global-batch {} ({} per GPU)", sc.job.global_batch,
                                          kDefaultSequencesPerGpu));
   }
+}
+
+// The job flags over the base job.
+void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
   if (o.seq_len) sc.job.seq_len = positive_count("--seq-len", *o.seq_len);
   if (o.global_batch) sc.job.global_batch = positive_count("--global-batch", *o.global_batch);
   if (o.micro_batch) sc.job.micro_batch = positive_count("--micro-batch", *o.micro_batch);
@@ -130,8 +138,8 @@ Scenario make_scenario(const ScenarioOptions& o) {
   if (o.attention) sc.job.attention = costmodel::attention_from_name(*o.attention, "--attention");
   if (o.recipe) {  // the recipe's loss and checkpointing unless the user names them
     sc.job.recipe = costmodel::recipe_from_name(*o.recipe, "--recipe");
-    if (!loss_named) sc.job.loss = costmodel::default_loss(sc.job.recipe);
-    if (!checkpointing_named) sc.job.checkpointing = costmodel::default_checkpointing(sc.job.recipe);
+    if (!sc.loss_named) sc.job.loss = costmodel::default_loss(sc.job.recipe);
+    if (!sc.checkpointing_named) sc.job.checkpointing = costmodel::default_checkpointing(sc.job.recipe);
   }
   if (o.loss) costmodel::set_loss(sc.job, *o.loss, "--loss");
   if (sc.job.checkpointing == costmodel::Checkpointing::every) {  // as the recipe's code counts
@@ -142,6 +150,16 @@ Scenario make_scenario(const ScenarioOptions& o) {
                                                       sc.job.checkpoint_every, sc.model.layers,
                                                       costmodel::recipe_name(sc.job.recipe)));
   }
+}
+
+}  // namespace
+
+Scenario make_scenario(const ScenarioOptions& o) {
+  Scenario sc;
+  sc.is_default = !o.model && !o.params && !o.hardware && !o.gpus && !o.job_file;
+  set_model_and_cluster(o, sc);
+  set_base_job(o, sc);
+  apply_job_flags(o, sc);
   costmodel::validate_job(sc.job, sc.cluster);
   const double headroom = o.headroom ? costmodel::double_from_text("--headroom", *o.headroom) : 0.05;
   if (!(headroom >= 0 && headroom < 1))

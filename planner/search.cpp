@@ -105,10 +105,9 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
   return out;
 }
 
-SearchResult search(const Scenario& sc, const SearchPins& pins) {
-  const auto t0 = std::chrono::steady_clock::now();
-  SearchResult res;
-  const auto specs = strategy_specs(sc, pins);
+namespace {
+
+std::vector<std::int64_t> micro_batches_to_search(const Scenario& sc, const SearchPins& pins) {
   const std::int64_t per_gpu = sc.job.global_batch / sc.cluster.gpus;
   std::vector<std::int64_t> micro_batches;
   for (std::int64_t b = 1; b <= per_gpu; ++b)
@@ -116,14 +115,19 @@ SearchResult search(const Scenario& sc, const SearchPins& pins) {
   if (micro_batches.empty())
     throw InputError("--micro-batch", fmt::format("{} does not divide the {} sequences per GPU",
                                                   pins.micro_batch.value_or(0), per_gpu));
-  // What the user can set in the recipe's code: the checkpointing modes (every other block, and
-  // torchtitan's op-level policy, beside none and full; Megatron's attention-only recompute only
-  // changes anything for materialized scores) and the losses the recipe offers (transformers
-  // with Liger's fused linear cross-entropy; torchtitan's ChunkedLossWrapper, 8 chunks by default).
-  struct Ckpt {
-    Checkpointing mode;
-    std::int64_t every;
-  };
+  return micro_batches;
+}
+
+// What the user can set in the recipe's code: the checkpointing modes (every other block, and
+// torchtitan's op-level policy, beside none and full; Megatron's attention-only recompute only
+// changes anything for materialized scores) and the losses the recipe offers (transformers
+// with Liger's fused linear cross-entropy; torchtitan's ChunkedLossWrapper, 8 chunks by default).
+struct Ckpt {
+  Checkpointing mode;
+  std::int64_t every;
+};
+
+std::vector<Ckpt> checkpointing_to_search(const Scenario& sc, const SearchPins& pins) {
   std::vector<Ckpt> ckpts;
   if (pins.checkpointing) {
     ckpts.push_back({sc.job.checkpointing, sc.job.checkpoint_every});
@@ -135,19 +139,74 @@ SearchResult search(const Scenario& sc, const SearchPins& pins) {
     if (sc.job.attention == AttentionImpl::eager && sc.job.recipe != Recipe::executor)
       ckpts.push_back({Checkpointing::selective_attention, 0});
   }
-  struct Loss {
-    LossImpl impl;
-    std::int64_t chunks;
-  };
+  return ckpts;
+}
+
+struct Loss {
+  LossImpl impl;
+  std::int64_t chunks;
+};
+
+std::vector<Loss> losses_to_search(const Scenario& sc, const SearchPins& pins) {
   std::vector<Loss> losses = {{sc.job.loss, sc.job.loss_chunks}};
   if (!pins.loss) {
     if (sc.job.recipe == Recipe::hf && sc.job.loss != LossImpl::fused_linear) losses.push_back({LossImpl::fused_linear, 0});
     if (sc.job.recipe == Recipe::torchtitan && sc.job.loss != LossImpl::chunked) losses.push_back({LossImpl::chunked, 8});
   }
+  return losses;
+}
 
-  std::map<std::string, Candidate> best_fit, smallest;
+// Why no plan of a family fits, from its plan of the smallest peak.
+std::string rejection_reason(const Scenario& sc, const Candidate& c) {
   const double usable = sc.usable_bytes();
   const double overhead = sc.hardware.cuda_context_bytes + sc.hardware.nccl_workspace_bytes;
+  const auto& r = c.eval.result;
+  const double states = total(r.model_states);
+  if (states + overhead > usable) {
+    // Name the largest model state: what replication (or the lack of sharding) costs.
+    int worst = 0;
+    for (int k = 1; k <= static_cast<int>(Category::optimizer_states); ++k)
+      if (r.model_states[k] > r.model_states[worst]) worst = k;
+    const bool replicated = worst == static_cast<int>(Category::optimizer_states)
+                                ? !c.eval.spec.shard_optimizer
+                                : worst == static_cast<int>(Category::gradients) ? !c.eval.spec.shard_gradients
+                                                                                 : !c.eval.spec.shard_parameters;
+    std::string what = category_name(static_cast<Category>(worst));
+    std::replace(what.begin(), what.end(), '_', ' ');
+    return fmt::format("{}{} alone need {:.1f} GiB of {:.1f} GiB; all model states {:.1f} GiB",
+                       replicated ? "replicated " : "", what, r.model_states[worst] / kGiB,
+                       sc.hardware.memory_bytes / kGiB, states / kGiB);
+  }
+  return fmt::format(
+      "smallest peak {:.1f} GiB (micro-batch {}, {} checkpointing, offload {}) exceeds {:.1f} GiB "
+      "usable; at the peak ({}) activations are {:.1f} GiB and buffers {:.1f} GiB",
+      r.peak_bytes / kGiB, c.eval.job.micro_batch, checkpointing_label(c.eval.job),
+      offload_name(c.eval.spec.offload), usable / kGiB, r.peak_when,
+      r.at_peak[static_cast<int>(Category::activations)] / kGiB,
+      r.at_peak[static_cast<int>(Category::buffers)] / kGiB);
+}
+
+// Pareto front of (peak memory, step time) among fitting plans; ranked is sorted by time.
+void add_pareto_front(SearchResult& res) {
+  double best_mem = 1e300;
+  for (const auto& c : res.ranked)
+    if (c.eval.result.peak_bytes < best_mem) {
+      res.pareto.push_back(c);
+      best_mem = c.eval.result.peak_bytes;
+    }
+}
+
+}  // namespace
+
+SearchResult search(const Scenario& sc, const SearchPins& pins) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SearchResult res;
+  const auto specs = strategy_specs(sc, pins);
+  const auto micro_batches = micro_batches_to_search(sc, pins);
+  const auto ckpts = checkpointing_to_search(sc, pins);
+  const auto losses = losses_to_search(sc, pins);
+
+  std::map<std::string, Candidate> best_fit, smallest;
   for (const auto& spec : specs) {
     const std::string family = family_of(spec);
     for (const auto& ckpt : ckpts)
@@ -183,45 +242,11 @@ SearchResult search(const Scenario& sc, const SearchPins& pins) {
   }
   std::stable_sort(res.ranked.begin(), res.ranked.end(),
                    [](const Candidate& a, const Candidate& b) { return better(a.eval, b.eval); });
-  // Pareto front of (peak memory, step time) among fitting plans; ranked is sorted by time.
-  double best_mem = 1e300;
-  for (const auto& c : res.ranked)
-    if (c.eval.result.peak_bytes < best_mem) {
-      res.pareto.push_back(c);
-      best_mem = c.eval.result.peak_bytes;
-    }
+  add_pareto_front(res);
   for (const auto& [family, c] : smallest) {
     auto bf = best_fit.find(family);
     res.best_per_family.push_back(bf != best_fit.end() ? bf->second : c);
-    if (bf == best_fit.end()) {
-      const auto& r = c.eval.result;
-      const double states = total(r.model_states);
-      std::string reason;
-      if (states + overhead > usable) {
-        // Name the largest model state: what replication (or the lack of sharding) costs.
-        int worst = 0;
-        for (int k = 1; k <= static_cast<int>(Category::optimizer_states); ++k)
-          if (r.model_states[k] > r.model_states[worst]) worst = k;
-        const bool replicated = worst == static_cast<int>(Category::optimizer_states)
-                                    ? !c.eval.spec.shard_optimizer
-                                    : worst == static_cast<int>(Category::gradients) ? !c.eval.spec.shard_gradients
-                                                                                     : !c.eval.spec.shard_parameters;
-        std::string what = category_name(static_cast<Category>(worst));
-        std::replace(what.begin(), what.end(), '_', ' ');
-        reason = fmt::format("{}{} alone need {:.1f} GiB of {:.1f} GiB; all model states {:.1f} GiB",
-                             replicated ? "replicated " : "", what, r.model_states[worst] / kGiB,
-                             sc.hardware.memory_bytes / kGiB, states / kGiB);
-      } else {
-        reason = fmt::format(
-            "smallest peak {:.1f} GiB (micro-batch {}, {} checkpointing, offload {}) exceeds {:.1f} GiB "
-            "usable; at the peak ({}) activations are {:.1f} GiB and buffers {:.1f} GiB",
-            r.peak_bytes / kGiB, c.eval.job.micro_batch, checkpointing_label(c.eval.job),
-            offload_name(c.eval.spec.offload), usable / kGiB, r.peak_when,
-            r.at_peak[static_cast<int>(Category::activations)] / kGiB,
-            r.at_peak[static_cast<int>(Category::buffers)] / kGiB);
-      }
-      res.rejected.emplace_back(family, reason);
-    }
+    if (bf == best_fit.end()) res.rejected.emplace_back(family, rejection_reason(sc, c));
   }
   std::stable_sort(res.best_per_family.begin(), res.best_per_family.end(),
                    [](const Candidate& a, const Candidate& b) {

@@ -41,6 +41,54 @@ struct RunFacts {
   std::vector<std::string> deviations;
 };
 
+void read_summary_memory(ObjectReader& s, RunFacts& f) {
+  ObjectReader m(s.object("memory"), "/summary/memory");
+  f.peak_bytes = m.number("peak_bytes", Range::non_negative());
+  m.integer("rank", Range::non_negative());
+  ObjectReader b(m.object("at_peak"), "/summary/memory/at_peak");
+  for (int c = 0; c < costmodel::kCategories; ++c)
+    f.at_peak[static_cast<std::size_t>(c)] = b.number(
+        costmodel::category_name(static_cast<costmodel::Category>(c)), Range::non_negative());
+  b.finish();
+  if (const auto* d = m.optional_object("device"))
+    f.device = *d;
+  m.finish();
+}
+
+void read_summary_time(ObjectReader& s, RunFacts& f) {
+  ObjectReader t(s.object("time"), "/summary/time");
+  t.integer("rank", Range::non_negative());
+  f.step_s = t.number("step_s", Range::non_negative());
+  f.compute_s = t.number("compute_s", Range::non_negative());
+  f.optimizer_s = t.number("optimizer_s", Range::non_negative());
+  f.copy_s = t.number("copy_s", Range::non_negative());
+  f.collectives_s = t.number("collectives_s", Range::non_negative());
+  f.step_cpu_s = t.optional_number("step_cpu_s", Range::non_negative());
+  f.compute_cpu_s = t.optional_number("compute_cpu_s", Range::non_negative());
+  t.object("collectives_by_kind_s");
+  f.comm_wait_s = t.optional_number("comm_wait_s", Range::non_negative());
+  f.collectives_overlap = t.optional_boolean("collectives_overlap");
+  t.optional_number("forward_s", Range::non_negative());
+  t.optional_number("backward_s", Range::non_negative());
+  if (const auto* w = t.optional_object("comm_wait_by_stream_s"))
+    f.comm_wait_by_stream = *w;
+  t.optional_number("model_flops_per_step", Range::non_negative());
+  f.achieved_TFLOPs = t.optional_number("achieved_TFLOPs", Range::non_negative());
+  t.optional_number("peak_TFLOPs", Range::positive());
+  f.mfu = t.optional_number("mfu", Range::non_negative());
+  f.collective_time_excluded = t.boolean("collective_time_excluded");
+  t.finish();
+}
+
+// /summary: the rank of the highest peak's memory, the slowest rank's time.
+void read_summary(ObjectReader& r, RunFacts& f) {
+  ObjectReader s(r.object("summary"), "/summary");
+  read_summary_memory(s, f);
+  read_summary_time(s, f);
+  f.comm_bytes_per_step = s.number("comm_bytes_per_step", Range::non_negative());
+  s.finish();
+}
+
 RunFacts read_run(const json& run) {
   ObjectReader r(run, "");
   if (r.integer("schema_version") != 1)
@@ -50,44 +98,7 @@ RunFacts read_run(const json& run) {
   if (const auto kind = r.string("kind"); kind != "shardplan.run")
     throw InputError("/kind", fmt::format("must be \"shardplan.run\", got \"{}\"", kind));
   RunFacts f;
-  {
-    ObjectReader s(r.object("summary"), "/summary");
-    ObjectReader m(s.object("memory"), "/summary/memory");
-    f.peak_bytes = m.number("peak_bytes", Range::non_negative());
-    m.integer("rank", Range::non_negative());
-    ObjectReader b(m.object("at_peak"), "/summary/memory/at_peak");
-    for (int c = 0; c < costmodel::kCategories; ++c)
-      f.at_peak[static_cast<std::size_t>(c)] = b.number(
-          costmodel::category_name(static_cast<costmodel::Category>(c)), Range::non_negative());
-    b.finish();
-    if (const auto* d = m.optional_object("device"))
-      f.device = *d;
-    m.finish();
-    ObjectReader t(s.object("time"), "/summary/time");
-    t.integer("rank", Range::non_negative());
-    f.step_s = t.number("step_s", Range::non_negative());
-    f.compute_s = t.number("compute_s", Range::non_negative());
-    f.optimizer_s = t.number("optimizer_s", Range::non_negative());
-    f.copy_s = t.number("copy_s", Range::non_negative());
-    f.collectives_s = t.number("collectives_s", Range::non_negative());
-    f.step_cpu_s = t.optional_number("step_cpu_s", Range::non_negative());
-    f.compute_cpu_s = t.optional_number("compute_cpu_s", Range::non_negative());
-    t.object("collectives_by_kind_s");
-    f.comm_wait_s = t.optional_number("comm_wait_s", Range::non_negative());
-    f.collectives_overlap = t.optional_boolean("collectives_overlap");
-    t.optional_number("forward_s", Range::non_negative());
-    t.optional_number("backward_s", Range::non_negative());
-    if (const auto* w = t.optional_object("comm_wait_by_stream_s"))
-      f.comm_wait_by_stream = *w;
-    t.optional_number("model_flops_per_step", Range::non_negative());
-    f.achieved_TFLOPs = t.optional_number("achieved_TFLOPs", Range::non_negative());
-    t.optional_number("peak_TFLOPs", Range::positive());
-    f.mfu = t.optional_number("mfu", Range::non_negative());
-    f.collective_time_excluded = t.boolean("collective_time_excluded");
-    t.finish();
-    f.comm_bytes_per_step = s.number("comm_bytes_per_step", Range::non_negative());
-    s.finish();
-  }
+  read_summary(r, f);
   {
     ObjectReader mo(r.object("model"), "/model");
     f.scaled = mo.boolean("scaled");
@@ -172,6 +183,76 @@ std::vector<std::pair<std::string, std::string>> differences(const costmodel::Pl
   return d;
 }
 
+json memory_json(const costmodel::PlanPrediction& pr, const RunFacts& run) {
+  json categories = json::object();
+  for (int c = 0; c < costmodel::kCategories; ++c) {
+    const auto name = costmodel::category_name(static_cast<costmodel::Category>(c));
+    categories[name] = compare(pr.at_peak[static_cast<std::size_t>(c)],
+                               run.at_peak[static_cast<std::size_t>(c)], "bytes");
+  }
+  return {{"categories", categories},
+          {"peak_predicted_bytes", pr.peak_bytes},
+          {"peak_measured_bytes", run.peak_bytes},
+          {"peak_rel_error", rel_error(pr.peak_bytes, run.peak_bytes)}};
+}
+
+// The step's time, predicted and measured, in parts.
+json time_json(const costmodel::PlanPrediction& pr, const RunFacts& run) {
+  const double measured_compute = run.compute_s + run.optimizer_s;
+  // Collectives that ran beside the compute (a GPU's streams, a CPU run's collective streams) are
+  // queued, not waited for: the communication that did not overlap is the time the compute
+  // waited for it. Blocking collectives are exposed whole. (A run document without the key
+  // overlapped them on a GPU only.)
+  const bool overlapped = run.collectives_overlap.value_or(run.backend == "nccl");
+  const double measured_comm = overlapped && run.comm_wait_s ? *run.comm_wait_s : run.collectives_s;
+  const double other = std::max(0.0, run.step_s - measured_compute - measured_comm);
+  json t = {{"step_predicted_s", pr.step_s},
+            {"step_measured_s", run.step_s},
+            {"step_rel_error", rel_error(pr.step_s, run.step_s)},
+            {"parts",
+             {{"compute", compare(pr.compute_s, measured_compute, "s")},
+              {"communication", compare(pr.exposed_comm_s, measured_comm, "s")},
+              {"other", {{"measured_s", other}, {"copy_s", run.copy_s}}}}},
+            {"comm_bytes", compare(pr.comm_bytes_per_gpu, run.comm_bytes_per_step, "bytes")}};
+  if (run.step_cpu_s)
+    t["step_cpu_s"] = *run.step_cpu_s;
+  if (run.compute_cpu_s)
+    t["compute_cpu_s"] = *run.compute_cpu_s;
+  if (run.achieved_TFLOPs)
+    t["achieved_TFLOPs"] = *run.achieved_TFLOPs;
+  if (run.mfu)
+    t["mfu"] = *run.mfu;
+  // Which of the run's fields the measured communication is.
+  t["parts"]["communication"]["measured_as"] =
+      overlapped && run.comm_wait_s ? "summary.time.comm_wait_s" : "summary.time.collectives_s";
+  if (run.comm_wait_by_stream)
+    t["parts"]["communication"]["by_stream_s"] = *run.comm_wait_by_stream;
+  return t;
+}
+
+// What makes the comparison weaker: a scaled model, a rehearsal, a busy machine, the executor's
+// deviations.
+json notes_json(const RunFacts& run) {
+  json notes = json::array();
+  if (run.scaled)
+    notes.push_back("the run used a scaled-down copy of the plan's model: the prediction is for "
+                    "the plan's model");
+  if (run.rehearsal || run.collective_time_excluded)
+    notes.push_back(
+        "a rehearsal: collectives were local copies, so communication time is not comparable");
+  if (run.rehearsal && run.device)
+    notes.push_back("a rehearsal on a GPU makes no NCCL communicator: the prediction's NCCL "
+                    "workspace is not in the measured peak");
+  if (run.step_cpu_s && run.step_s > 0 && *run.step_cpu_s < 0.9 * run.step_s)
+    notes.push_back(fmt::format(
+        "the measuring rank's thread ran {:.0f}% of the step's wall time: other load on the "
+        "machine took its core, so the measured times are inflated",
+        100 * *run.step_cpu_s / run.step_s));
+  for (const auto& d : run.deviations)
+    notes.push_back("executor: " + d);
+  return notes;
+}
+
 } // namespace
 
 json validate_json(const json& plan_document, const json& run_document, bool force) {
@@ -190,67 +271,11 @@ json validate_json(const json& plan_document, const json& run_document, bool for
       {"model", plan.model.name},       {"hardware", plan.hardware},
       {"peak_when", pr.peak_when}};
 
-  json categories = json::object();
-  for (int c = 0; c < costmodel::kCategories; ++c) {
-    const auto name = costmodel::category_name(static_cast<costmodel::Category>(c));
-    categories[name] = compare(pr.at_peak[static_cast<std::size_t>(c)],
-                               run.at_peak[static_cast<std::size_t>(c)], "bytes");
-  }
-  out["memory"] = {{"categories", categories},
-                   {"peak_predicted_bytes", pr.peak_bytes},
-                   {"peak_measured_bytes", run.peak_bytes},
-                   {"peak_rel_error", rel_error(pr.peak_bytes, run.peak_bytes)}};
-
-  const double measured_compute = run.compute_s + run.optimizer_s;
-  // Collectives that ran beside the compute (a GPU's streams, a CPU run's collective streams) are
-  // queued, not waited for: the communication that did not overlap is the time the compute
-  // waited for it. Blocking collectives are exposed whole. (A run document without the key
-  // overlapped them on a GPU only.)
-  const bool overlapped = run.collectives_overlap.value_or(run.backend == "nccl");
-  const double measured_comm = overlapped && run.comm_wait_s ? *run.comm_wait_s : run.collectives_s;
-  const double other = std::max(0.0, run.step_s - measured_compute - measured_comm);
-  out["time"] = {{"step_predicted_s", pr.step_s},
-                 {"step_measured_s", run.step_s},
-                 {"step_rel_error", rel_error(pr.step_s, run.step_s)},
-                 {"parts",
-                  {{"compute", compare(pr.compute_s, measured_compute, "s")},
-                   {"communication", compare(pr.exposed_comm_s, measured_comm, "s")},
-                   {"other", {{"measured_s", other}, {"copy_s", run.copy_s}}}}},
-                 {"comm_bytes", compare(pr.comm_bytes_per_gpu, run.comm_bytes_per_step, "bytes")}};
-  if (run.step_cpu_s)
-    out["time"]["step_cpu_s"] = *run.step_cpu_s;
-  if (run.compute_cpu_s)
-    out["time"]["compute_cpu_s"] = *run.compute_cpu_s;
-  if (run.achieved_TFLOPs)
-    out["time"]["achieved_TFLOPs"] = *run.achieved_TFLOPs;
-  if (run.mfu)
-    out["time"]["mfu"] = *run.mfu;
-  // Which of the run's fields the measured communication is.
-  out["time"]["parts"]["communication"]["measured_as"] =
-      overlapped && run.comm_wait_s ? "summary.time.comm_wait_s" : "summary.time.collectives_s";
-  if (run.comm_wait_by_stream)
-    out["time"]["parts"]["communication"]["by_stream_s"] = *run.comm_wait_by_stream;
+  out["memory"] = memory_json(pr, run);
+  out["time"] = time_json(pr, run);
   if (run.device)
     out["memory"]["device"] = *run.device;
-
-  json notes = json::array();
-  if (run.scaled)
-    notes.push_back("the run used a scaled-down copy of the plan's model: the prediction is for "
-                    "the plan's model");
-  if (run.rehearsal || run.collective_time_excluded)
-    notes.push_back(
-        "a rehearsal: collectives were local copies, so communication time is not comparable");
-  if (run.rehearsal && run.device)
-    notes.push_back("a rehearsal on a GPU makes no NCCL communicator: the prediction's NCCL "
-                    "workspace is not in the measured peak");
-  if (run.step_cpu_s && run.step_s > 0 && *run.step_cpu_s < 0.9 * run.step_s)
-    notes.push_back(fmt::format(
-        "the measuring rank's thread ran {:.0f}% of the step's wall time: other load on the "
-        "machine took its core, so the measured times are inflated",
-        100 * *run.step_cpu_s / run.step_s));
-  for (const auto& d : run.deviations)
-    notes.push_back("executor: " + d);
-  out["notes"] = notes;
+  out["notes"] = notes_json(run);
   if (!differ.empty()) {
     json forced = json::array();
     for (const auto& [pointer, what] : differ)

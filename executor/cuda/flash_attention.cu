@@ -248,6 +248,8 @@ __device__ __forceinline__ void add_to(T* p, float x, Codec<T> codec) {
 // grid (B·heads, ⌈T / BR⌉), block ForwardLayout::kThreads, dynamic shared ForwardLayout::kBytes.
 // blockIdx.y counts query tiles from the last one, so the longest blocks (most key tiles) start
 // first.
+// Left whole: the tile loop keeps its accumulators in registers and its tiles in shared memory;
+// split into device functions, that state would pass by reference through every part.
 template <class T, int D, int BR, int BC>
 __global__ void __launch_bounds__(ForwardLayout<D, BR, BC>::kThreads)
 flash_forward_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ q,
@@ -389,6 +391,8 @@ flash_delta_kernel(float* __restrict__ delta, const T* __restrict__ dout,
 // BackwardLayout::kBytes. Block (b, kvh, key tile) owns dK, dV of keys [k0, k0 + B) of kv head
 // kvh; it visits the query tiles from its own (the diagonal) to the last, for each query head of
 // the group. In fp32 it adds dQ too (atomically); bf16 and f16 leave dq to flash_dq_kernel.
+// Left whole: the tile loop keeps its accumulators in registers and its tiles in shared memory;
+// split into device functions, that state would pass by reference through every part.
 template <class T, int D, int B, int TPR>
 __global__ void __launch_bounds__(BackwardLayout<D, B, TPR>::kThreads)
 flash_backward_kernel(T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv,
@@ -530,6 +534,8 @@ flash_backward_kernel(T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv
 // forward's split and thread layout: TPR lanes per query row, each with the scores of keys
 // sub + TPR·i of the tile and the dQ columns of float4 groups sub + TPR·g. Query tiles are counted
 // from the last, as in the forward.
+// Left whole: the tile loop keeps its accumulators in registers and its tiles in shared memory;
+// split into device functions, that state would pass by reference through every part.
 template <class T, int D, int BR, int BC>
 __global__ void __launch_bounds__(DqLayout<D, BR, BC>::kThreads)
 flash_dq_kernel(T* __restrict__ dq, const T* __restrict__ dout, const float* __restrict__ lse,

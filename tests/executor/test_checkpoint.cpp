@@ -133,6 +133,7 @@ TEST_CASE("checkpoint::a resume under another strategy continues bit for bit") {
   CHECK(file_sha256(out) == c.sha256);
 }
 
+// Left whole: long as one case, short as run; each SUBCASE runs alone after the shared setup.
 TEST_CASE("checkpoint::a damaged or mismatched checkpoint is an error naming the file") {
   const Scratch dir("checkpoint-damaged");
   const auto model = tiny_gpt2();

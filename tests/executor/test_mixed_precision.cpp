@@ -98,6 +98,258 @@ void expect_within(const std::string& type, const std::string& what, double erro
   CHECK(error <= tolerance);
 }
 
+// The shapes every kernel below runs at.
+namespace sizes {
+constexpr std::int64_t B = 2, T = 8, C = 16, V = 50, I = 24, H = 4, KVH = 2, D = 6;
+constexpr std::int64_t N = B * T;
+}  // namespace sizes
+
+// embedding forward: wte[token] + wpe[t], one rounding.
+template <class S>
+void check_embedding_forward(const std::string& type, std::mt19937_64& gen,
+                             const std::vector<std::int32_t>& tokens) {
+  using namespace sizes;
+  const double one = kUnitRoundoff<S> + kFp32Order;
+  const auto wte = rounded<S>(gen, V * C, 1), wpe = rounded<S>(gen, T * C, 1);
+  std::vector<float> y(N * C);
+  std::vector<S> y16(N * C);
+  kernels::embedding_forward(y.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  kernels::embedding_forward(y16.data(), tokens.data(), to_s<S>(wte).data(),
+                             to_s<S>(wpe).data(), B, T, C);
+  expect_within(type, "embedding_forward", rel_l2(y16, y), one);
+}
+
+// embedding backward: a row's tokens summed in fp32, one rounding.
+template <class S>
+void check_embedding_backward(const std::string& type, std::mt19937_64& gen,
+                              const std::vector<std::int32_t>& tokens) {
+  using namespace sizes;
+  const double one = kUnitRoundoff<S> + kFp32Order;
+  const auto dy = rounded<S>(gen, N * C, 1);
+  std::vector<float> dwte(V * C), dwpe(T * C);
+  kernels::embedding_backward(dwte.data(), dwpe.data(), dy.data(), tokens.data(), B, T, C);
+  dwte = start_like<S>(gen, dwte);
+  dwpe = start_like<S>(gen, dwpe);
+  auto dwte16 = to_s<S>(dwte), dwpe16 = to_s<S>(dwpe);
+  kernels::embedding_backward(dwte.data(), dwpe.data(), dy.data(), tokens.data(), B, T, C);
+  kernels::embedding_backward(dwte16.data(), dwpe16.data(), to_s<S>(dy).data(), tokens.data(),
+                              B, T, C);
+  expect_within(type, "embedding_backward dwte", rel_l2(dwte16, dwte), one);
+  expect_within(type, "embedding_backward dwpe", rel_l2(dwpe16, dwpe), one);
+}
+
+// linear: y = x·wᵀ + b, then y += x·wᵀ + b; backward into dx, dw, db.
+template <class S>
+void check_linear(const std::string& type, std::mt19937_64& gen) {
+  using namespace sizes;
+  const double one = kUnitRoundoff<S> + kFp32Order;
+  const auto x = rounded<S>(gen, N * C, 1), w = rounded<S>(gen, I * C, 0.5),
+             b = rounded<S>(gen, I, 0.5), dy = rounded<S>(gen, N * I, 1);
+  const auto x16 = to_s<S>(x), w16 = to_s<S>(w), b16 = to_s<S>(b), dy16 = to_s<S>(dy);
+  std::vector<float> y(N * I);
+  std::vector<S> y16(N * I);
+  kernels::linear_forward(y.data(), x.data(), w.data(), b.data(), N, C, I, false);
+  kernels::linear_forward(y16.data(), x16.data(), w16.data(), b16.data(), N, C, I, false);
+  expect_within(type, "linear_forward", rel_l2(y16, y), one);
+  y = to_f(y16);  // accumulate onto the same S values
+  kernels::linear_forward(y.data(), x.data(), w.data(), b.data(), N, C, I, true);
+  kernels::linear_forward(y16.data(), x16.data(), w16.data(), b16.data(), N, C, I, true);
+  expect_within(type, "linear_forward accumulate", rel_l2(y16, y), one);
+
+  std::vector<float> dx(N * C), dw(I * C), db(I);
+  kernels::linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N,
+                           C, I);
+  dx = start_like<S>(gen, dx);
+  dw = start_like<S>(gen, dw);
+  db = start_like<S>(gen, db);
+  auto dx16 = to_s<S>(dx), dw16 = to_s<S>(dw), db16 = to_s<S>(db);
+  kernels::linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N,
+                           C, I);
+  kernels::linear_backward(dx16.data(), dw16.data(), db16.data(), dy16.data(), x16.data(),
+                           w16.data(), N, C, I);
+  expect_within(type, "linear_backward dx", rel_l2(dx16, dx), one);
+  expect_within(type, "linear_backward dw", rel_l2(dw16, dw), one);
+  expect_within(type, "linear_backward db", rel_l2(db16, db), one);
+}
+
+// LayerNorm and RMSNorm, forward and backward. x has an offset, so the mean matters.
+template <class S>
+void check_norms(const std::string& type, std::mt19937_64& gen) {
+  using namespace sizes;
+  const double one = kUnitRoundoff<S> + kFp32Order;
+  const double exact = 0x1p-20;
+  auto x = rounded<S>(gen, N * C, 1);
+  for (auto& v : x) v = widen(narrow<S>(v + 0.5f));
+  const auto w = rounded<S>(gen, C, 1), b = rounded<S>(gen, C, 0.5),
+             dy = rounded<S>(gen, N * C, 1);
+  const auto x16 = to_s<S>(x), w16 = to_s<S>(w), b16 = to_s<S>(b), dy16 = to_s<S>(dy);
+  std::vector<float> y(N * C), mean(N), rstd(N), mean16(N), rstd16(N);
+  std::vector<S> y16(N * C);
+  kernels::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
+                             N, C, 1e-5f);
+  kernels::layernorm_forward(y16.data(), mean16.data(), rstd16.data(), x16.data(), w16.data(),
+                             b16.data(), N, C, 1e-5f);
+  expect_within(type, "layernorm_forward y", rel_l2(y16, y), one);
+  expect_within(type, "layernorm_forward mean (fp32)", rel_l2(mean16, mean), exact);
+  expect_within(type, "layernorm_forward rstd (fp32)", rel_l2(rstd16, rstd), exact);
+
+  std::vector<float> dx(N * C), dw(C), db(C);
+  kernels::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                              mean.data(), rstd.data(), N, C);
+  dx = start_like<S>(gen, dx);
+  dw = start_like<S>(gen, dw);
+  db = start_like<S>(gen, db);
+  auto dx16 = to_s<S>(dx), dw16 = to_s<S>(dw), db16 = to_s<S>(db);
+  kernels::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                              mean.data(), rstd.data(), N, C);
+  kernels::layernorm_backward(dx16.data(), dw16.data(), db16.data(), dy16.data(), x16.data(),
+                              w16.data(), mean.data(), rstd.data(), N, C);
+  expect_within(type, "layernorm_backward dx", rel_l2(dx16, dx), one);
+  expect_within(type, "layernorm_backward dw", rel_l2(dw16, dw), one);
+  expect_within(type, "layernorm_backward db", rel_l2(db16, db), one);
+
+  kernels::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+  kernels::rmsnorm_forward(y16.data(), rstd16.data(), x16.data(), w16.data(), N, C, 1e-5f);
+  expect_within(type, "rmsnorm_forward y", rel_l2(y16, y), one);
+  expect_within(type, "rmsnorm_forward rstd (fp32)", rel_l2(rstd16, rstd), exact);
+  std::fill(dx.begin(), dx.end(), 0.0f);
+  std::fill(dw.begin(), dw.end(), 0.0f);
+  kernels::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N,
+                            C);
+  dx = start_like<S>(gen, dx);
+  dw = start_like<S>(gen, dw);
+  dx16 = to_s<S>(dx);
+  dw16 = to_s<S>(dw);
+  kernels::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N,
+                            C);
+  kernels::rmsnorm_backward(dx16.data(), dw16.data(), dy16.data(), x16.data(), w16.data(),
+                            rstd.data(), N, C);
+  expect_within(type, "rmsnorm_backward dx", rel_l2(dx16, dx), one);
+  expect_within(type, "rmsnorm_backward dw", rel_l2(dw16, dw), one);
+}
+
+// Rotary, forward and backward (in place).
+template <class S>
+void check_rope(const std::string& type, std::mt19937_64& gen) {
+  using namespace sizes;
+  const double one = kUnitRoundoff<S> + kFp32Order;
+  auto x = rounded<S>(gen, N * H * D, 1);
+  auto x16 = to_s<S>(x);
+  kernels::rope_forward(x.data(), B, T, H, D, 10000.0);
+  kernels::rope_forward(x16.data(), B, T, H, D, 10000.0);
+  expect_within(type, "rope_forward", rel_l2(x16, x), one);
+  x = to_f(x16);
+  kernels::rope_backward(x.data(), B, T, H, D, 10000.0);
+  kernels::rope_backward(x16.data(), B, T, H, D, 10000.0);
+  expect_within(type, "rope_backward", rel_l2(x16, x), one);
+}
+
+// Attention with grouped-query heads (4 query heads on 2 key/value heads).
+template <class S>
+void check_attention(const std::string& type, std::mt19937_64& gen) {
+  using namespace sizes;
+  const double u = kUnitRoundoff<S>;
+  const double one = kUnitRoundoff<S> + kFp32Order;
+  const auto q = rounded<S>(gen, N * H * D, 1.5), k = rounded<S>(gen, N * KVH * D, 1.5),
+             v = rounded<S>(gen, N * KVH * D, 1), dout = rounded<S>(gen, N * H * D, 1);
+  const auto q16 = to_s<S>(q), k16 = to_s<S>(k), v16 = to_s<S>(v), dout16 = to_s<S>(dout);
+  std::vector<float> out(N * H * D), probs(B * H * T * T), out_abs(N * H * D);
+  std::vector<S> out16(N * H * D), probs16(B * H * T * T);
+  kernels::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), B, T, H,
+                             KVH, D);
+  kernels::attention_forward(out16.data(), probs16.data(), q16.data(), k16.data(), v16.data(),
+                             B, T, H, KVH, D);
+  std::vector<float> v_abs(v);
+  for (auto& e : v_abs) e = std::abs(e);
+  kernels::attention_forward(out_abs.data(), probs.data(), q.data(), k.data(), v_abs.data(), B,
+                             T, H, KVH, D);
+  const double kappa = norm(out_abs) / norm(out);
+  MESSAGE(type << " attention_forward: κ = ‖P·|V|‖/‖P·V‖ = " << kappa);
+  expect_within(type, "attention_forward probs", rel_l2(probs16, probs), one);
+  expect_within(type, "attention_forward out", rel_l2(out16, out), (1 + kappa) * u + kFp32Order);
+
+  // The backward reads the S probabilities, both kernels the same values.
+  probs = to_f(probs16);
+  std::vector<float> dq(N * H * D), dk(N * KVH * D), dv(N * KVH * D), scratch(T * T);
+  std::vector<S> scratch16(T * T);
+  kernels::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(),
+                              probs.data(), q.data(), k.data(), v.data(), B, T, H, KVH, D);
+  dq = start_like<S>(gen, dq);
+  dk = start_like<S>(gen, dk);
+  dv = start_like<S>(gen, dv);
+  auto dq16 = to_s<S>(dq), dk16 = to_s<S>(dk), dv16 = to_s<S>(dv);
+  kernels::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(),
+                              probs.data(), q.data(), k.data(), v.data(), B, T, H, KVH, D);
+  kernels::attention_backward(dq16.data(), dk16.data(), dv16.data(), scratch16.data(),
+                              dout16.data(), probs16.data(), q16.data(), k16.data(), v16.data(),
+                              B, T, H, KVH, D);
+  const double attention_backward = 4 * u + kFp32Order;
+  expect_within(type, "attention_backward dq", rel_l2(dq16, dq), attention_backward);
+  expect_within(type, "attention_backward dk", rel_l2(dk16, dk), attention_backward);
+  expect_within(type, "attention_backward dv", rel_l2(dv16, dv), attention_backward);
+}
+
+// GELU and SwiGLU, forward and backward.
+template <class S>
+void check_activations(const std::string& type, std::mt19937_64& gen) {
+  using namespace sizes;
+  const double one = kUnitRoundoff<S> + kFp32Order;
+  const auto a = rounded<S>(gen, N * I, 3), g = rounded<S>(gen, N * I, 3),
+             dy = rounded<S>(gen, N * I, 1);
+  const auto a16 = to_s<S>(a), g16 = to_s<S>(g), dy16 = to_s<S>(dy);
+  std::vector<float> y(N * I);
+  std::vector<S> y16(N * I);
+  kernels::gelu_forward(y.data(), a.data(), N * I);
+  kernels::gelu_forward(y16.data(), a16.data(), N * I);
+  expect_within(type, "gelu_forward", rel_l2(y16, y), one);
+  kernels::swiglu_forward(y.data(), a.data(), g.data(), N * I);
+  kernels::swiglu_forward(y16.data(), a16.data(), g16.data(), N * I);
+  expect_within(type, "swiglu_forward", rel_l2(y16, y), one);
+
+  std::vector<float> din(N * I), dup(N * I);
+  kernels::gelu_backward(din.data(), a.data(), dy.data(), N * I);
+  din = start_like<S>(gen, din);
+  auto din16 = to_s<S>(din);
+  kernels::gelu_backward(din.data(), a.data(), dy.data(), N * I);
+  kernels::gelu_backward(din16.data(), a16.data(), dy16.data(), N * I);
+  expect_within(type, "gelu_backward", rel_l2(din16, din), one);
+  std::fill(din.begin(), din.end(), 0.0f);
+  kernels::swiglu_backward(din.data(), dup.data(), dy.data(), a.data(), g.data(), N * I);
+  din = start_like<S>(gen, din);
+  dup = start_like<S>(gen, dup);
+  din16 = to_s<S>(din);
+  auto dup16 = to_s<S>(dup);
+  kernels::swiglu_backward(din.data(), dup.data(), dy.data(), a.data(), g.data(), N * I);
+  kernels::swiglu_backward(din16.data(), dup16.data(), dy16.data(), a16.data(), g16.data(),
+                           N * I);
+  expect_within(type, "swiglu_backward dgate", rel_l2(din16, din), one);
+  expect_within(type, "swiglu_backward dup", rel_l2(dup16, dup), one);
+}
+
+// The loss: log-probabilities and their gradient in fp32, the logits' gradient in S.
+template <class S>
+void check_loss(const std::string& type, std::mt19937_64& gen,
+                const std::vector<std::int32_t>& tokens) {
+  using namespace sizes;
+  const double one = kUnitRoundoff<S> + kFp32Order;
+  const double exact = 0x1p-20;
+  const auto z = rounded<S>(gen, N * V, 4);
+  std::vector<float> logp(N * V), logp16(N * V), dlogp(N * V), dlogp16(N * V), dz(N * V);
+  std::vector<S> dz16(N * V);
+  kernels::log_softmax_forward(logp.data(), z.data(), N, V);
+  kernels::log_softmax_forward(logp16.data(), to_s<S>(z).data(), N, V);
+  expect_within(type, "log_softmax_forward (fp32)", rel_l2(logp16, logp), exact);
+  const double loss = kernels::nll_loss_forward<float>(logp.data(), tokens.data(), N, V);
+  const double loss16 = kernels::nll_loss_forward<S>(logp16.data(), tokens.data(), N, V);
+  expect_within(type, "nll_loss_forward (fp32)", std::abs(loss16 - loss) / loss, exact);
+  kernels::nll_loss_backward<float>(dlogp.data(), tokens.data(), N, V, 1.0f / N);
+  kernels::nll_loss_backward<S>(dlogp16.data(), tokens.data(), N, V, 1.0f / N);
+  expect_within(type, "nll_loss_backward (fp32)", rel_l2(dlogp16, dlogp), exact);
+  kernels::log_softmax_backward(dz.data(), dlogp.data(), logp.data(), N, V);
+  kernels::log_softmax_backward(dz16.data(), dlogp.data(), logp.data(), N, V);
+  expect_within(type, "log_softmax_backward", rel_l2(dz16, dz), one);
+}
+
 // Every kernel in S against the same kernel in fp32 on the same inputs (rounded to S). Tolerances,
 // in units of u:
 //   1 for an output rounded once from an fp32 value computed the same way (every element-wise
@@ -114,217 +366,21 @@ void expect_within(const std::string& type, const std::string& what, double erro
 //     dS's: (2 + κ)·u. Tolerance 4u for all three.
 template <class S>
 void kernels_against_fp32(const std::string& type) {
-  const double u = kUnitRoundoff<S>;
-  const double one = u + kFp32Order, exact = 0x1p-20;
-  constexpr std::int64_t B = 2, T = 8, C = 16, V = 50, I = 24, H = 4, KVH = 2, D = 6;
-  constexpr std::int64_t N = B * T;
+  using namespace sizes;
   std::mt19937_64 gen(2024);
   std::vector<std::int32_t> tokens(N);
   std::uniform_int_distribution<std::int32_t> tok(0, V - 1);
   for (auto& t : tokens) t = tok(gen);
   tokens[9] = tokens[2];  // a wte row for three tokens
   tokens[12] = tokens[2];
-
-  {  // embedding forward: wte[token] + wpe[t], one rounding.
-    const auto wte = rounded<S>(gen, V * C, 1), wpe = rounded<S>(gen, T * C, 1);
-    std::vector<float> y(N * C);
-    std::vector<S> y16(N * C);
-    kernels::embedding_forward(y.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
-    kernels::embedding_forward(y16.data(), tokens.data(), to_s<S>(wte).data(),
-                               to_s<S>(wpe).data(), B, T, C);
-    expect_within(type, "embedding_forward", rel_l2(y16, y), one);
-  }
-  {  // embedding backward: a row's tokens summed in fp32, one rounding.
-    const auto dy = rounded<S>(gen, N * C, 1);
-    std::vector<float> dwte(V * C), dwpe(T * C);
-    kernels::embedding_backward(dwte.data(), dwpe.data(), dy.data(), tokens.data(), B, T, C);
-    dwte = start_like<S>(gen, dwte);
-    dwpe = start_like<S>(gen, dwpe);
-    auto dwte16 = to_s<S>(dwte), dwpe16 = to_s<S>(dwpe);
-    kernels::embedding_backward(dwte.data(), dwpe.data(), dy.data(), tokens.data(), B, T, C);
-    kernels::embedding_backward(dwte16.data(), dwpe16.data(), to_s<S>(dy).data(), tokens.data(),
-                                B, T, C);
-    expect_within(type, "embedding_backward dwte", rel_l2(dwte16, dwte), one);
-    expect_within(type, "embedding_backward dwpe", rel_l2(dwpe16, dwpe), one);
-  }
-  {  // linear: y = x·wᵀ + b, then y += x·wᵀ + b; backward into dx, dw, db.
-    const auto x = rounded<S>(gen, N * C, 1), w = rounded<S>(gen, I * C, 0.5),
-               b = rounded<S>(gen, I, 0.5), dy = rounded<S>(gen, N * I, 1);
-    const auto x16 = to_s<S>(x), w16 = to_s<S>(w), b16 = to_s<S>(b), dy16 = to_s<S>(dy);
-    std::vector<float> y(N * I);
-    std::vector<S> y16(N * I);
-    kernels::linear_forward(y.data(), x.data(), w.data(), b.data(), N, C, I, false);
-    kernels::linear_forward(y16.data(), x16.data(), w16.data(), b16.data(), N, C, I, false);
-    expect_within(type, "linear_forward", rel_l2(y16, y), one);
-    y = to_f(y16);  // accumulate onto the same S values
-    kernels::linear_forward(y.data(), x.data(), w.data(), b.data(), N, C, I, true);
-    kernels::linear_forward(y16.data(), x16.data(), w16.data(), b16.data(), N, C, I, true);
-    expect_within(type, "linear_forward accumulate", rel_l2(y16, y), one);
-
-    std::vector<float> dx(N * C), dw(I * C), db(I);
-    kernels::linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N,
-                             C, I);
-    dx = start_like<S>(gen, dx);
-    dw = start_like<S>(gen, dw);
-    db = start_like<S>(gen, db);
-    auto dx16 = to_s<S>(dx), dw16 = to_s<S>(dw), db16 = to_s<S>(db);
-    kernels::linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N,
-                             C, I);
-    kernels::linear_backward(dx16.data(), dw16.data(), db16.data(), dy16.data(), x16.data(),
-                             w16.data(), N, C, I);
-    expect_within(type, "linear_backward dx", rel_l2(dx16, dx), one);
-    expect_within(type, "linear_backward dw", rel_l2(dw16, dw), one);
-    expect_within(type, "linear_backward db", rel_l2(db16, db), one);
-  }
-  {  // LayerNorm and RMSNorm, forward and backward. x has an offset, so the mean matters.
-    auto x = rounded<S>(gen, N * C, 1);
-    for (auto& v : x) v = widen(narrow<S>(v + 0.5f));
-    const auto w = rounded<S>(gen, C, 1), b = rounded<S>(gen, C, 0.5),
-               dy = rounded<S>(gen, N * C, 1);
-    const auto x16 = to_s<S>(x), w16 = to_s<S>(w), b16 = to_s<S>(b), dy16 = to_s<S>(dy);
-    std::vector<float> y(N * C), mean(N), rstd(N), mean16(N), rstd16(N);
-    std::vector<S> y16(N * C);
-    kernels::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
-                               N, C, 1e-5f);
-    kernels::layernorm_forward(y16.data(), mean16.data(), rstd16.data(), x16.data(), w16.data(),
-                               b16.data(), N, C, 1e-5f);
-    expect_within(type, "layernorm_forward y", rel_l2(y16, y), one);
-    expect_within(type, "layernorm_forward mean (fp32)", rel_l2(mean16, mean), exact);
-    expect_within(type, "layernorm_forward rstd (fp32)", rel_l2(rstd16, rstd), exact);
-
-    std::vector<float> dx(N * C), dw(C), db(C);
-    kernels::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
-                                mean.data(), rstd.data(), N, C);
-    dx = start_like<S>(gen, dx);
-    dw = start_like<S>(gen, dw);
-    db = start_like<S>(gen, db);
-    auto dx16 = to_s<S>(dx), dw16 = to_s<S>(dw), db16 = to_s<S>(db);
-    kernels::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
-                                mean.data(), rstd.data(), N, C);
-    kernels::layernorm_backward(dx16.data(), dw16.data(), db16.data(), dy16.data(), x16.data(),
-                                w16.data(), mean.data(), rstd.data(), N, C);
-    expect_within(type, "layernorm_backward dx", rel_l2(dx16, dx), one);
-    expect_within(type, "layernorm_backward dw", rel_l2(dw16, dw), one);
-    expect_within(type, "layernorm_backward db", rel_l2(db16, db), one);
-
-    kernels::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
-    kernels::rmsnorm_forward(y16.data(), rstd16.data(), x16.data(), w16.data(), N, C, 1e-5f);
-    expect_within(type, "rmsnorm_forward y", rel_l2(y16, y), one);
-    expect_within(type, "rmsnorm_forward rstd (fp32)", rel_l2(rstd16, rstd), exact);
-    std::fill(dx.begin(), dx.end(), 0.0f);
-    std::fill(dw.begin(), dw.end(), 0.0f);
-    kernels::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N,
-                              C);
-    dx = start_like<S>(gen, dx);
-    dw = start_like<S>(gen, dw);
-    dx16 = to_s<S>(dx);
-    dw16 = to_s<S>(dw);
-    kernels::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N,
-                              C);
-    kernels::rmsnorm_backward(dx16.data(), dw16.data(), dy16.data(), x16.data(), w16.data(),
-                              rstd.data(), N, C);
-    expect_within(type, "rmsnorm_backward dx", rel_l2(dx16, dx), one);
-    expect_within(type, "rmsnorm_backward dw", rel_l2(dw16, dw), one);
-  }
-  {  // Rotary, forward and backward (in place).
-    auto x = rounded<S>(gen, N * H * D, 1);
-    auto x16 = to_s<S>(x);
-    kernels::rope_forward(x.data(), B, T, H, D, 10000.0);
-    kernels::rope_forward(x16.data(), B, T, H, D, 10000.0);
-    expect_within(type, "rope_forward", rel_l2(x16, x), one);
-    x = to_f(x16);
-    kernels::rope_backward(x.data(), B, T, H, D, 10000.0);
-    kernels::rope_backward(x16.data(), B, T, H, D, 10000.0);
-    expect_within(type, "rope_backward", rel_l2(x16, x), one);
-  }
-  {  // Attention with grouped-query heads (4 query heads on 2 key/value heads).
-    const auto q = rounded<S>(gen, N * H * D, 1.5), k = rounded<S>(gen, N * KVH * D, 1.5),
-               v = rounded<S>(gen, N * KVH * D, 1), dout = rounded<S>(gen, N * H * D, 1);
-    const auto q16 = to_s<S>(q), k16 = to_s<S>(k), v16 = to_s<S>(v), dout16 = to_s<S>(dout);
-    std::vector<float> out(N * H * D), probs(B * H * T * T), out_abs(N * H * D);
-    std::vector<S> out16(N * H * D), probs16(B * H * T * T);
-    kernels::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), B, T, H,
-                               KVH, D);
-    kernels::attention_forward(out16.data(), probs16.data(), q16.data(), k16.data(), v16.data(),
-                               B, T, H, KVH, D);
-    std::vector<float> v_abs(v);
-    for (auto& e : v_abs) e = std::abs(e);
-    kernels::attention_forward(out_abs.data(), probs.data(), q.data(), k.data(), v_abs.data(), B,
-                               T, H, KVH, D);
-    const double kappa = norm(out_abs) / norm(out);
-    MESSAGE(type << " attention_forward: κ = ‖P·|V|‖/‖P·V‖ = " << kappa);
-    expect_within(type, "attention_forward probs", rel_l2(probs16, probs), one);
-    expect_within(type, "attention_forward out", rel_l2(out16, out), (1 + kappa) * u + kFp32Order);
-
-    // The backward reads the S probabilities, both kernels the same values.
-    probs = to_f(probs16);
-    std::vector<float> dq(N * H * D), dk(N * KVH * D), dv(N * KVH * D), scratch(T * T);
-    std::vector<S> scratch16(T * T);
-    kernels::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(),
-                                probs.data(), q.data(), k.data(), v.data(), B, T, H, KVH, D);
-    dq = start_like<S>(gen, dq);
-    dk = start_like<S>(gen, dk);
-    dv = start_like<S>(gen, dv);
-    auto dq16 = to_s<S>(dq), dk16 = to_s<S>(dk), dv16 = to_s<S>(dv);
-    kernels::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(),
-                                probs.data(), q.data(), k.data(), v.data(), B, T, H, KVH, D);
-    kernels::attention_backward(dq16.data(), dk16.data(), dv16.data(), scratch16.data(),
-                                dout16.data(), probs16.data(), q16.data(), k16.data(), v16.data(),
-                                B, T, H, KVH, D);
-    const double attention_backward = 4 * u + kFp32Order;
-    expect_within(type, "attention_backward dq", rel_l2(dq16, dq), attention_backward);
-    expect_within(type, "attention_backward dk", rel_l2(dk16, dk), attention_backward);
-    expect_within(type, "attention_backward dv", rel_l2(dv16, dv), attention_backward);
-  }
-  {  // GELU and SwiGLU, forward and backward.
-    const auto a = rounded<S>(gen, N * I, 3), g = rounded<S>(gen, N * I, 3),
-               dy = rounded<S>(gen, N * I, 1);
-    const auto a16 = to_s<S>(a), g16 = to_s<S>(g), dy16 = to_s<S>(dy);
-    std::vector<float> y(N * I);
-    std::vector<S> y16(N * I);
-    kernels::gelu_forward(y.data(), a.data(), N * I);
-    kernels::gelu_forward(y16.data(), a16.data(), N * I);
-    expect_within(type, "gelu_forward", rel_l2(y16, y), one);
-    kernels::swiglu_forward(y.data(), a.data(), g.data(), N * I);
-    kernels::swiglu_forward(y16.data(), a16.data(), g16.data(), N * I);
-    expect_within(type, "swiglu_forward", rel_l2(y16, y), one);
-
-    std::vector<float> din(N * I), dup(N * I);
-    kernels::gelu_backward(din.data(), a.data(), dy.data(), N * I);
-    din = start_like<S>(gen, din);
-    auto din16 = to_s<S>(din);
-    kernels::gelu_backward(din.data(), a.data(), dy.data(), N * I);
-    kernels::gelu_backward(din16.data(), a16.data(), dy16.data(), N * I);
-    expect_within(type, "gelu_backward", rel_l2(din16, din), one);
-    std::fill(din.begin(), din.end(), 0.0f);
-    kernels::swiglu_backward(din.data(), dup.data(), dy.data(), a.data(), g.data(), N * I);
-    din = start_like<S>(gen, din);
-    dup = start_like<S>(gen, dup);
-    din16 = to_s<S>(din);
-    auto dup16 = to_s<S>(dup);
-    kernels::swiglu_backward(din.data(), dup.data(), dy.data(), a.data(), g.data(), N * I);
-    kernels::swiglu_backward(din16.data(), dup16.data(), dy16.data(), a16.data(), g16.data(),
-                             N * I);
-    expect_within(type, "swiglu_backward dgate", rel_l2(din16, din), one);
-    expect_within(type, "swiglu_backward dup", rel_l2(dup16, dup), one);
-  }
-  {  // The loss: log-probabilities and their gradient in fp32, the logits' gradient in S.
-    const auto z = rounded<S>(gen, N * V, 4);
-    std::vector<float> logp(N * V), logp16(N * V), dlogp(N * V), dlogp16(N * V), dz(N * V);
-    std::vector<S> dz16(N * V);
-    kernels::log_softmax_forward(logp.data(), z.data(), N, V);
-    kernels::log_softmax_forward(logp16.data(), to_s<S>(z).data(), N, V);
-    expect_within(type, "log_softmax_forward (fp32)", rel_l2(logp16, logp), exact);
-    const double loss = kernels::nll_loss_forward<float>(logp.data(), tokens.data(), N, V);
-    const double loss16 = kernels::nll_loss_forward<S>(logp16.data(), tokens.data(), N, V);
-    expect_within(type, "nll_loss_forward (fp32)", std::abs(loss16 - loss) / loss, exact);
-    kernels::nll_loss_backward<float>(dlogp.data(), tokens.data(), N, V, 1.0f / N);
-    kernels::nll_loss_backward<S>(dlogp16.data(), tokens.data(), N, V, 1.0f / N);
-    expect_within(type, "nll_loss_backward (fp32)", rel_l2(dlogp16, dlogp), exact);
-    kernels::log_softmax_backward(dz.data(), dlogp.data(), logp.data(), N, V);
-    kernels::log_softmax_backward(dz16.data(), dlogp.data(), logp.data(), N, V);
-    expect_within(type, "log_softmax_backward", rel_l2(dz16, dz), one);
-  }
+  check_embedding_forward<S>(type, gen, tokens);
+  check_embedding_backward<S>(type, gen, tokens);
+  check_linear<S>(type, gen);
+  check_norms<S>(type, gen);
+  check_rope<S>(type, gen);
+  check_attention<S>(type, gen);
+  check_activations<S>(type, gen);
+  check_loss<S>(type, gen, tokens);
 }
 
 }  // namespace

@@ -450,6 +450,7 @@ struct AttentionBounds {
   Doubles flash_dq, flash_dk;      // flash attention in S (the D term)
 };
 
+// Left whole: one pass over each query row feeds every bound from the same per-row sums.
 AttentionBounds attention_bounds(const AttentionShape& s, const Floats& q, const Floats& k,
                                  const Floats& v, const Floats& dout, const Floats& probs,
                                  const Floats& out, const Floats& dq0, const Floats& dk0,

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Lists the functions and doctest TEST_CASEs longer than a limit (default 80 lines), longest first.
+
+Usage: scripts/long_functions.py [LIMIT]   (from the repository root; needs universal-ctags)
+
+A function left long on purpose carries a comment starting "Left whole:" in the lines just above
+it; those are listed with "(reason given)". The exit status is 1 when a long function has none.
+"""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOTS = ["bench", "calibrate", "comm", "costmodel", "executor", "io", "planner", "tests", "validation"]
+
+
+def has_reason(lines, start):
+    """A "Left whole:" comment among the lines above `start` (1-based), up to the code before it."""
+    for line in reversed(lines[max(0, start - 8):start - 1]):
+        text = line.strip()
+        if text.startswith("// Left whole:"):
+            return True
+        if text and not text.startswith(("//", "template", "__global__")):
+            return False
+    return False
+
+
+def functions(roots):
+    out = subprocess.run(["ctags", "-R", "--languages=C++", "--langmap=C++:+.cu.cuh", "--kinds-C++=f",
+                          "--fields=+ne", "--output-format=json", "-f", "-"] + roots,
+                         capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        tag = json.loads(line)
+        if "end" in tag:
+            name = f'{tag["scope"]}::{tag["name"]}' if tag.get("scope") else tag["name"]
+            yield tag["path"], tag["line"], tag["end"], name
+
+
+def test_cases(roots):
+    for root in roots:
+        for path in Path(root).rglob("*.cpp"):
+            lines = path.read_text(errors="replace").split("\n")
+            for i, line in enumerate(lines):
+                if not re.match(r"\s*TEST_CASE\(", line):
+                    continue
+                depth, opened = 0, False
+                for k in range(i, len(lines)):
+                    depth += lines[k].count("{") - lines[k].count("}")
+                    opened = opened or "{" in lines[k]
+                    if opened and depth <= 0:
+                        yield str(path), i + 1, k + 1, line.strip()[:60]
+                        break
+
+
+def main():
+    limit = int(sys.argv[1]) if len(sys.argv) > 1 else 80
+    roots = [r for r in ROOTS if Path(r).is_dir()]
+    rows = []
+    for path, start, end, name in list(functions(roots)) + list(test_cases(roots)):
+        if end - start + 1 > limit:
+            lines = Path(path).read_text(errors="replace").split("\n")
+            rows.append((end - start + 1, path, start, name, has_reason(lines, start)))
+    unexplained = 0
+    for n, path, start, name, reason in sorted(rows, reverse=True):
+        print(f"{n:5d}  {path}:{start}  {name}{'  (reason given)' if reason else ''}")
+        unexplained += not reason
+    return 1 if unexplained else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
