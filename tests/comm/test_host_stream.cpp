@@ -32,16 +32,16 @@ class LoggingCommunicator final : public Communicator {
   std::unique_ptr<CommBuffer> allocate(std::size_t bytes) override {
     return std::make_unique<HostBuffer>(bytes);
   }
-  void all_reduce(const void*, void*, std::size_t count, DataType, ReduceOp) override {
+  void do_all_reduce(const void*, void*, std::size_t count, DataType, ReduceOp) override {
     std::this_thread::sleep_for(delay_);
     if (count == 0)
       throw std::runtime_error("an all-reduce failed");
     std::lock_guard lock(mutex_);
     log_.push_back(static_cast<int>(count));
   }
-  void reduce(const void*, void*, std::size_t, DataType, int, ReduceOp) override {}
+  void do_reduce(const void*, void*, std::size_t, DataType, int, ReduceOp) override {}
   void all_gather(const void*, void*, std::size_t, DataType) override {}
-  void reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp) override {}
+  void do_reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp) override {}
   void broadcast(void*, std::size_t, DataType, int) override {}
   void all_to_all(const void*, void*, std::size_t, DataType) override {}
   void barrier() override {}

@@ -121,10 +121,10 @@ TEST_CASE("watchdog::aborts the communicators it watches before the job ends") {
     std::string library_version() const override { return ""; }
     MemorySpace memory_space() const override { return MemorySpace::host; }
     std::unique_ptr<CommBuffer> allocate(std::size_t) override { return nullptr; }
-    void all_reduce(const void*, void*, std::size_t, DataType, ReduceOp) override {}
-    void reduce(const void*, void*, std::size_t, DataType, int, ReduceOp) override {}
+    void do_all_reduce(const void*, void*, std::size_t, DataType, ReduceOp) override {}
+    void do_reduce(const void*, void*, std::size_t, DataType, int, ReduceOp) override {}
     void all_gather(const void*, void*, std::size_t, DataType) override {}
-    void reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp) override {}
+    void do_reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp) override {}
     void broadcast(void*, std::size_t, DataType, int) override {}
     void all_to_all(const void*, void*, std::size_t, DataType) override {}
     void barrier() override {}
