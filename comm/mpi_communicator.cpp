@@ -157,8 +157,8 @@ void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t count
   }
 }
 
-void MpiCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
-                                        ReduceOp op) {
+void MpiCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_t count,
+                                        DataType type, ReduceOp op) {
   const int n = checked_count(count, "MPI_Reduce_scatter_block");
   SHARDPLAN_MPI_CALL(MPI_Reduce_scatter_block, send, recv, n, mpi_type(type), mpi_op(type, op),
                      comm_);

@@ -29,8 +29,8 @@ void TimedCommunicator::do_all_reduce(const void* send, void* recv, std::size_t 
         [&] { inner_.all_reduce(send, recv, count, type, op); });
 }
 
-void TimedCommunicator::do_reduce(const void* send, void* recv, std::size_t count, comm::DataType type,
-                                  int root, comm::ReduceOp op) {
+void TimedCommunicator::do_reduce(const void* send, void* recv, std::size_t count,
+                                  comm::DataType type, int root, comm::ReduceOp op) {
   timed(CollectiveKind::other, costmodel::Collective::reduce, bytes_of(count, type),
         [&] { inner_.reduce(send, recv, count, type, root, op); });
 }
