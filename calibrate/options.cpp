@@ -120,6 +120,8 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
                "without MPI: under torchrun --no-python, one process per GPU, or as one plain "
                "process (one GPU).",
                "calibrate"};
+  app.set_version_flag("--version", "calibrate " SHARDPLAN_VERSION,
+                       "print the program's name and version and exit");
   std::string backend = "mpi", ops = "all_reduce,all_gather,reduce_scatter", min_bytes, max_bytes,
               factor = "2", warmup = "5", iters = "20", groups, gemm_tokens, attention_seq;
   bool no_check = false, no_gemm = false, no_memory = false;
@@ -199,6 +201,10 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   } catch (const CLI::CallForAllHelp&) {
     result.command = CommandLine::Command::help;
     result.help_text = app.help("", CLI::AppFormatMode::All);
+    return result;
+  } catch (const CLI::CallForVersion& e) {
+    result.command = CommandLine::Command::help; // printed as the help is
+    result.help_text = std::string(e.what()) + "\n";
     return result;
   } catch (const CLI::ParseError& e) {
     throw InputError("command line", e.what());

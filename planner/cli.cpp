@@ -41,6 +41,8 @@ std::string json_document(const nlohmann::json& document) { return io::json_text
 int run_cli(int argc, char** argv) {
   CLI::App app{"shardplan planner: predicts per-GPU peak memory and step time of sharded training "
                "(DDP, ZeRO-1/2/3, FSDP, HSDP) and recommends a plan"};
+  app.set_version_flag("--version", "planner " SHARDPLAN_VERSION,
+                       "print the program's name and version and exit");
   app.require_subcommand(1);
   std::string format = "table";
 
@@ -107,6 +109,9 @@ int run_cli(int argc, char** argv) {
     return 0;
   } catch (const CLI::CallForAllHelp&) {
     std::cout << app.help("", CLI::AppFormatMode::All);
+    return 0;
+  } catch (const CLI::CallForVersion& e) {
+    std::cout << e.what() << "\n";
     return 0;
   } catch (const CLI::ParseError& e) {
     std::cerr << "planner: " << e.what() << "\n";
