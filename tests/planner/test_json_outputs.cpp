@@ -31,10 +31,8 @@ std::vector<std::string> with(std::vector<std::string> args, const std::vector<s
 
 } // namespace
 
-TEST_CASE("json_outputs::estimate, simulate, recommend, describe and validate print schema_version") {
+TEST_CASE("json_outputs::estimate, recommend, describe and validate print schema_version") {
   CHECK(printed(with({"estimate", "--strategy", "zero3", "--format", "json"}, kJob))
-            .at("schema_version") == 1);
-  CHECK(printed(with({"simulate", "--strategy", "zero2", "--format", "json"}, kJob))
             .at("schema_version") == 1);
   const auto recommendation = printed(with({"recommend", "--format", "json"}, kJob));
   CHECK(recommendation.at("schema_version") == 1);
