@@ -56,7 +56,7 @@ TEST_CASE("atomic_file::without a commit the file is untouched and the temporary
   CHECK(s.names() == std::vector<std::string>{"index.json"});
 }
 
-TEST_CASE("atomic_file::a synced file takes no more writes; commit renames it once") {
+TEST_CASE("atomic_file::a synced file takes no more writes and commit renames it once") {
   const Scratch s("atomic-synced");
   const std::string path = s.path("a.bin");
   AtomicFile file(path, "--out");
