@@ -113,7 +113,7 @@ int run_import(const ImportOptions& options, std::ostream& out) {
   const nlohmann::json section = calibration_to_json(record);
 
   if (options.into.empty()) {
-    const nlohmann::json document = {{"calibration", section}};
+    const nlohmann::json document = {{"schema_version", 1}, {"calibration", section}};
     if (options.out.empty()) {
       out << io::json_text(document, 2) << '\n';
     } else {

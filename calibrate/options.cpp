@@ -333,6 +333,8 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
                "without MPI: under torchrun --no-python, one process per GPU, or as one plain "
                "process (one GPU).",
                "calibrate"};
+  app.set_version_flag("--version", "calibrate " SHARDPLAN_VERSION,
+                       "print the program's name and version and exit");
   MeasureOptions m;
   MeasureTexts measure_texts;
   add_measure_options(app, m, measure_texts);
@@ -350,6 +352,10 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   } catch (const CLI::CallForAllHelp&) {
     result.command = CommandLine::Command::help;
     result.help_text = app.help("", CLI::AppFormatMode::All);
+    return result;
+  } catch (const CLI::CallForVersion& e) {
+    result.command = CommandLine::Command::help; // printed as the help is
+    result.help_text = std::string(e.what()) + "\n";
     return result;
   } catch (const CLI::ParseError& e) {
     throw InputError("command line", e.what());

@@ -38,8 +38,8 @@ comm::CommBuffer& StagedHostCommunicator::recv_stage(std::size_t bytes) {
 // input is copied before anything is written back, so in-place calls (send == recv, or an
 // all_gather whose send is its own block of recv) read their input intact.
 
-void StagedHostCommunicator::all_reduce(const void* send, void* recv, std::size_t count,
-                                        comm::DataType type, comm::ReduceOp op) {
+void StagedHostCommunicator::do_all_reduce(const void* send, void* recv, std::size_t count,
+                                           comm::DataType type, comm::ReduceOp op) {
   const std::size_t bytes = bytes_of(count, type);
   auto& in = send_stage(bytes);
   auto& out = recv_stage(bytes);
@@ -49,8 +49,8 @@ void StagedHostCommunicator::all_reduce(const void* send, void* recv, std::size_
   out.copy_to_host(recv, bytes);
 }
 
-void StagedHostCommunicator::reduce(const void* send, void* recv, std::size_t count,
-                                    comm::DataType type, int root, comm::ReduceOp op) {
+void StagedHostCommunicator::do_reduce(const void* send, void* recv, std::size_t count,
+                                       comm::DataType type, int root, comm::ReduceOp op) {
   const std::size_t bytes = bytes_of(count, type);
   auto& in = send_stage(bytes);
   auto& out = recv_stage(bytes);
@@ -73,8 +73,8 @@ void StagedHostCommunicator::all_gather(const void* send, void* recv, std::size_
   out.copy_to_host(recv, total);
 }
 
-void StagedHostCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count,
-                                            comm::DataType type, comm::ReduceOp op) {
+void StagedHostCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_t count,
+                                               comm::DataType type, comm::ReduceOp op) {
   const std::size_t block = bytes_of(count, type);
   const std::size_t total = block * static_cast<std::size_t>(size());
   auto& in = send_stage(total);

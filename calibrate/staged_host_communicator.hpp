@@ -29,13 +29,13 @@ public:
   // Host memory (comm::HostBuffer).
   std::unique_ptr<comm::CommBuffer> allocate(std::size_t bytes) override;
 
-  void all_reduce(const void* send, void* recv, std::size_t count, comm::DataType type,
-                  comm::ReduceOp op = comm::ReduceOp::sum) override;
-  void reduce(const void* send, void* recv, std::size_t count, comm::DataType type, int root,
-              comm::ReduceOp op = comm::ReduceOp::sum) override;
+  void do_all_reduce(const void* send, void* recv, std::size_t count, comm::DataType type,
+                     comm::ReduceOp op) override;
+  void do_reduce(const void* send, void* recv, std::size_t count, comm::DataType type, int root,
+                 comm::ReduceOp op) override;
   void all_gather(const void* send, void* recv, std::size_t count, comm::DataType type) override;
-  void reduce_scatter(const void* send, void* recv, std::size_t count, comm::DataType type,
-                      comm::ReduceOp op = comm::ReduceOp::sum) override;
+  void do_reduce_scatter(const void* send, void* recv, std::size_t count, comm::DataType type,
+                         comm::ReduceOp op) override;
   void broadcast(void* buffer, std::size_t count, comm::DataType type, int root) override;
   void all_to_all(const void* send, void* recv, std::size_t count, comm::DataType type) override;
   // Every call has completed when it returns.

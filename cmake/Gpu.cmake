@@ -1,6 +1,8 @@
 # CUDA and NCCL are optional. Without them every CPU part builds and configure says once what it
 # skipped (the summary at the end of the root CMakeLists.txt).
 option(SHARDPLAN_ENABLE_CUDA "Build the CUDA/NCCL parts when a toolkit is found" ON)
+# The `cuda` preset: a configure that finds no CUDA toolkit or no NCCL fails instead of skipping.
+option(SHARDPLAN_REQUIRE_CUDA "Fail the configure unless CUDA and NCCL are found" OFF)
 set(SHARDPLAN_HAVE_CUDA OFF)
 set(SHARDPLAN_HAVE_NCCL OFF)
 if(SHARDPLAN_ENABLE_CUDA)
@@ -51,6 +53,10 @@ if(SHARDPLAN_HAVE_CUDA)
   endif()
 endif()
 
+if(SHARDPLAN_REQUIRE_CUDA AND NOT (SHARDPLAN_HAVE_CUDA AND SHARDPLAN_HAVE_NCCL))
+  message(FATAL_ERROR "SHARDPLAN_REQUIRE_CUDA: CUDA found: ${SHARDPLAN_HAVE_CUDA}, NCCL found: "
+                      "${SHARDPLAN_HAVE_NCCL} (set CMAKE_CUDA_COMPILER, SHARDPLAN_NCCL_ROOT)")
+endif()
 if(NOT SHARDPLAN_HAVE_CUDA)
   list(APPEND SHARDPLAN_SKIPPED "CUDA (GPU executor backend, cuBLAS GEMM calibration)")
 endif()

@@ -28,8 +28,18 @@ public:
   virtual void* data() = 0;
   virtual std::size_t bytes() const = 0;
   // Copies `bytes` between host memory and this buffer at `offset` bytes into it.
-  virtual void copy_from_host(const void* source, std::size_t bytes, std::size_t offset = 0) = 0;
-  virtual void copy_to_host(void* destination, std::size_t bytes, std::size_t offset = 0) const = 0;
+  void copy_from_host(const void* source, std::size_t bytes, std::size_t offset = 0) {
+    do_copy_from_host(source, bytes, offset);
+  }
+  void copy_to_host(void* destination, std::size_t bytes, std::size_t offset = 0) const {
+    do_copy_to_host(destination, bytes, offset);
+  }
+
+protected:
+  // What copy_from_host and copy_to_host do (the public calls carry the default offset; a virtual
+  // function takes every argument).
+  virtual void do_copy_from_host(const void* source, std::size_t bytes, std::size_t offset) = 0;
+  virtual void do_copy_to_host(void* destination, std::size_t bytes, std::size_t offset) const = 0;
 };
 
 class Communicator {
@@ -56,18 +66,24 @@ public:
   virtual std::unique_ptr<CommBuffer> allocate(std::size_t bytes) = 0;
 
   // recv[i] = op over ranks of send[i], on every rank. send == recv reduces in place.
-  virtual void all_reduce(const void* send, void* recv, std::size_t count, DataType type,
-                          ReduceOp op = ReduceOp::sum) = 0;
+  void all_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                  ReduceOp op = ReduceOp::sum) {
+    do_all_reduce(send, recv, count, type, op);
+  }
   // Like all_reduce, but only `root` receives; recv is not touched on other ranks.
-  virtual void reduce(const void* send, void* recv, std::size_t count, DataType type, int root,
-                      ReduceOp op = ReduceOp::sum) = 0;
+  void reduce(const void* send, void* recv, std::size_t count, DataType type, int root,
+              ReduceOp op = ReduceOp::sum) {
+    do_reduce(send, recv, count, type, root, op);
+  }
   // Each rank sends `count` elements; recv (size()·count) holds rank r's at offset r·count.
   // In place when send == recv + rank()·count.
   virtual void all_gather(const void* send, void* recv, std::size_t count, DataType type) = 0;
   // send holds size() blocks of `count`; rank r receives the reduction of every rank's block r.
   // send and recv must not overlap.
-  virtual void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
-                              ReduceOp op = ReduceOp::sum) = 0;
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                      ReduceOp op = ReduceOp::sum) {
+    do_reduce_scatter(send, recv, count, type, op);
+  }
   // root's buffer (count elements) is copied to every rank's buffer.
   virtual void broadcast(void* buffer, std::size_t count, DataType type, int root) = 0;
   // send holds size() blocks of `count`; block p goes to rank p, which stores it at block rank().
@@ -86,6 +102,17 @@ public:
   // A backend whose calls block the calling thread (MPI) cannot cancel a started collective: it
   // has nothing to do here, and its rank ends with the job (MpiEnvironment::abort, MPI_Abort).
   virtual void abort() {}
+
+protected:
+  // What all_reduce, reduce and reduce_scatter do: the public calls carry the default operation,
+  // a virtual function takes every argument (a default on a virtual function is the caller's
+  // static type's, not the override's).
+  virtual void do_all_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                             ReduceOp op) = 0;
+  virtual void do_reduce(const void* send, void* recv, std::size_t count, DataType type, int root,
+                         ReduceOp op) = 0;
+  virtual void do_reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                                 ReduceOp op) = 0;
 };
 
 } // namespace shardplan::comm

@@ -25,20 +25,8 @@ public:
   std::unique_ptr<CommBuffer> allocate(std::size_t bytes) override {
     return inner_.allocate(bytes);
   }
-  void all_reduce(const void* send, void* recv, std::size_t count, DataType type,
-                  ReduceOp op = ReduceOp::sum) override {
-    inner_.all_reduce(send, recv, count, type, op);
-  }
-  void reduce(const void* send, void* recv, std::size_t count, DataType type, int root,
-              ReduceOp op = ReduceOp::sum) override {
-    inner_.reduce(send, recv, count, type, root, op);
-  }
   void all_gather(const void* send, void* recv, std::size_t count, DataType type) override {
     inner_.all_gather(send, recv, count, type);
-  }
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
-                      ReduceOp op = ReduceOp::sum) override {
-    inner_.reduce_scatter(send, recv, count, type, op);
   }
   void broadcast(void* buffer, std::size_t count, DataType type, int root) override {
     inner_.broadcast(buffer, count, type, root);
@@ -54,6 +42,19 @@ public:
   void abort() override { inner_.abort(); }
 
 protected:
+  void do_all_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                     ReduceOp op) override {
+    inner_.all_reduce(send, recv, count, type, op);
+  }
+  void do_reduce(const void* send, void* recv, std::size_t count, DataType type, int root,
+                 ReduceOp op) override {
+    inner_.reduce(send, recv, count, type, root, op);
+  }
+  void do_reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                         ReduceOp op) override {
+    inner_.reduce_scatter(send, recv, count, type, op);
+  }
+
   Communicator& inner_;
 };
 

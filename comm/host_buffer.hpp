@@ -13,8 +13,8 @@ public:
   explicit HostBuffer(std::size_t bytes);
   void* data() override { return storage_.get(); }
   std::size_t bytes() const override { return bytes_; }
-  void copy_from_host(const void* source, std::size_t bytes, std::size_t offset = 0) override;
-  void copy_to_host(void* destination, std::size_t bytes, std::size_t offset = 0) const override;
+  void do_copy_from_host(const void* source, std::size_t bytes, std::size_t offset) override;
+  void do_copy_to_host(void* destination, std::size_t bytes, std::size_t offset) const override;
 
 private:
   struct AlignedDelete {

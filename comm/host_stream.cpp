@@ -95,20 +95,20 @@ void StreamedCommunicator::abort() {
   inner_.abort();
 }
 
-void StreamedCommunicator::all_reduce(const void* send, void* recv, std::size_t count,
-                                      DataType type, ReduceOp op) {
+void StreamedCommunicator::do_all_reduce(const void* send, void* recv, std::size_t count,
+                                         DataType type, ReduceOp op) {
   enqueue([=, this] { inner_.all_reduce(send, recv, count, type, op); });
 }
-void StreamedCommunicator::reduce(const void* send, void* recv, std::size_t count, DataType type,
-                                  int root, ReduceOp op) {
+void StreamedCommunicator::do_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                                     int root, ReduceOp op) {
   enqueue([=, this] { inner_.reduce(send, recv, count, type, root, op); });
 }
 void StreamedCommunicator::all_gather(const void* send, void* recv, std::size_t count,
                                       DataType type) {
   enqueue([=, this] { inner_.all_gather(send, recv, count, type); });
 }
-void StreamedCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count,
-                                          DataType type, ReduceOp op) {
+void StreamedCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_t count,
+                                             DataType type, ReduceOp op) {
   enqueue([=, this] { inner_.reduce_scatter(send, recv, count, type, op); });
 }
 void StreamedCommunicator::broadcast(void* buffer, std::size_t count, DataType type, int root) {

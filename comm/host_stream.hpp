@@ -48,13 +48,13 @@ class StreamedCommunicator final : public ForwardingCommunicator, public HostStr
   HostStream* host_stream() override { return this; }
 
   // Queued; each returns at once.
-  void all_reduce(const void* send, void* recv, std::size_t count, DataType type,
-                  ReduceOp op = ReduceOp::sum) override;
-  void reduce(const void* send, void* recv, std::size_t count, DataType type, int root,
-              ReduceOp op = ReduceOp::sum) override;
+  void do_all_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                     ReduceOp op) override;
+  void do_reduce(const void* send, void* recv, std::size_t count, DataType type, int root,
+                 ReduceOp op) override;
   void all_gather(const void* send, void* recv, std::size_t count, DataType type) override;
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
-                      ReduceOp op = ReduceOp::sum) override;
+  void do_reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                         ReduceOp op) override;
   void broadcast(void* buffer, std::size_t count, DataType type, int root) override;
   void all_to_all(const void* send, void* recv, std::size_t count, DataType type) override;
   // After everything queued is done.

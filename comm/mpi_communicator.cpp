@@ -131,15 +131,15 @@ std::unique_ptr<CommBuffer> MpiCommunicator::allocate(std::size_t bytes) {
   return std::make_unique<HostBuffer>(bytes);
 }
 
-void MpiCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DataType type,
-                                 ReduceOp op) {
+void MpiCommunicator::do_all_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                                    ReduceOp op) {
   const int n = checked_count(count, "MPI_Allreduce");
   const void* source = send == recv ? MPI_IN_PLACE : send;
   SHARDPLAN_MPI_CALL(MPI_Allreduce, source, recv, n, mpi_type(type), mpi_op(type, op), comm_);
 }
 
-void MpiCommunicator::reduce(const void* send, void* recv, std::size_t count, DataType type,
-                             int root, ReduceOp op) {
+void MpiCommunicator::do_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                                int root, ReduceOp op) {
   const int n = checked_count(count, "MPI_Reduce");
   const void* source = (rank_ == root && send == recv) ? MPI_IN_PLACE : send;
   SHARDPLAN_MPI_CALL(MPI_Reduce, source, recv, n, mpi_type(type), mpi_op(type, op), root, comm_);
@@ -157,8 +157,8 @@ void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t count
   }
 }
 
-void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
-                                     ReduceOp op) {
+void MpiCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_t count,
+                                        DataType type, ReduceOp op) {
   const int n = checked_count(count, "MPI_Reduce_scatter_block");
   SHARDPLAN_MPI_CALL(MPI_Reduce_scatter_block, send, recv, n, mpi_type(type), mpi_op(type, op),
                      comm_);

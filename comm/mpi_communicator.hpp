@@ -35,13 +35,13 @@ public:
   MemorySpace memory_space() const override { return MemorySpace::host; }
   std::unique_ptr<CommBuffer> allocate(std::size_t bytes) override;
 
-  void all_reduce(const void* send, void* recv, std::size_t count, DataType type,
-                  ReduceOp op = ReduceOp::sum) override;
-  void reduce(const void* send, void* recv, std::size_t count, DataType type, int root,
-              ReduceOp op = ReduceOp::sum) override;
+  void do_all_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                     ReduceOp op) override;
+  void do_reduce(const void* send, void* recv, std::size_t count, DataType type, int root,
+                 ReduceOp op) override;
   void all_gather(const void* send, void* recv, std::size_t count, DataType type) override;
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
-                      ReduceOp op = ReduceOp::sum) override;
+  void do_reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                         ReduceOp op) override;
   void broadcast(void* buffer, std::size_t count, DataType type, int root) override;
   void all_to_all(const void* send, void* recv, std::size_t count, DataType type) override;
   void barrier() override;

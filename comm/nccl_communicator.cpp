@@ -59,7 +59,7 @@ public:
   ~DeviceBuffer() override { cudaFree(data_); }
   void* data() override { return data_; }
   std::size_t bytes() const override { return bytes_; }
-  void copy_from_host(const void* source, std::size_t bytes, std::size_t offset = 0) override {
+  void do_copy_from_host(const void* source, std::size_t bytes, std::size_t offset) override {
     if (offset > bytes_ || bytes > bytes_ - offset)
       throw CommError("copy_from_host: beyond the end of the device buffer", __FILE__, __LINE__);
     SHARDPLAN_CUDA_CALL(cudaSetDevice, device_);
@@ -69,7 +69,7 @@ public:
     // communicator's stream does not wait for the default stream: wait here.
     SHARDPLAN_CUDA_CALL(cudaStreamSynchronize, nullptr);
   }
-  void copy_to_host(void* destination, std::size_t bytes, std::size_t offset = 0) const override {
+  void do_copy_to_host(void* destination, std::size_t bytes, std::size_t offset) const override {
     if (offset > bytes_ || bytes > bytes_ - offset)
       throw CommError("copy_to_host: beyond the end of the device buffer", __FILE__, __LINE__);
     SHARDPLAN_CUDA_CALL(cudaSetDevice, device_);
@@ -236,14 +236,14 @@ std::unique_ptr<CommBuffer> NcclCommunicator::allocate(std::size_t bytes) {
   return std::make_unique<DeviceBuffer>(device_, bytes);
 }
 
-void NcclCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DataType type,
-                                  ReduceOp op) {
+void NcclCommunicator::do_all_reduce(const void* send, void* recv, std::size_t count,
+                                     DataType type, ReduceOp op) {
   SHARDPLAN_NCCL_ENQUEUE(ncclAllReduce, send, recv, count, nccl_type(type), nccl_op(op), comm_,
                       stream_);
 }
 
-void NcclCommunicator::reduce(const void* send, void* recv, std::size_t count, DataType type,
-                              int root, ReduceOp op) {
+void NcclCommunicator::do_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                                 int root, ReduceOp op) {
   SHARDPLAN_NCCL_ENQUEUE(ncclReduce, send, recv, count, nccl_type(type), nccl_op(op), root,
                       comm_, stream_);
 }
@@ -252,8 +252,8 @@ void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t coun
   SHARDPLAN_NCCL_ENQUEUE(ncclAllGather, send, recv, count, nccl_type(type), comm_, stream_);
 }
 
-void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count,
-                                      DataType type, ReduceOp op) {
+void NcclCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_t count,
+                                         DataType type, ReduceOp op) {
   SHARDPLAN_NCCL_ENQUEUE(ncclReduceScatter, send, recv, count, nccl_type(type), nccl_op(op),
                       comm_, stream_);
 }

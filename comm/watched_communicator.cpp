@@ -26,14 +26,14 @@ WatchedCommunicator::WatchedCommunicator(std::unique_ptr<Communicator> inner, Wa
     : ForwardingCommunicator(*inner), owned_(std::move(inner)), watchdog_(watchdog),
       registration_(watchdog, *owned_) {}
 
-void WatchedCommunicator::all_reduce(const void* send, void* recv, std::size_t count,
-                                     DataType type, ReduceOp op) {
+void WatchedCommunicator::do_all_reduce(const void* send, void* recv, std::size_t count,
+                                        DataType type, ReduceOp op) {
   Waiting w(watchdog_, "all_reduce");
   inner_.all_reduce(send, recv, count, type, op);
 }
 
-void WatchedCommunicator::reduce(const void* send, void* recv, std::size_t count, DataType type,
-                                 int root, ReduceOp op) {
+void WatchedCommunicator::do_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                                    int root, ReduceOp op) {
   Waiting w(watchdog_, "reduce");
   inner_.reduce(send, recv, count, type, root, op);
 }
@@ -44,8 +44,8 @@ void WatchedCommunicator::all_gather(const void* send, void* recv, std::size_t c
   inner_.all_gather(send, recv, count, type);
 }
 
-void WatchedCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count,
-                                         DataType type, ReduceOp op) {
+void WatchedCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_t count,
+                                            DataType type, ReduceOp op) {
   Waiting w(watchdog_, "reduce_scatter");
   inner_.reduce_scatter(send, recv, count, type, op);
 }

@@ -389,7 +389,8 @@ nlohmann::json model_to_json(const ModelSpec& m) {
                          {"params", t.elements()}});
     return nlohmann::json{{"params", u.params()}, {"tensors", tensors}};
   };
-  return {{"model", m.name},
+  return {{"schema_version", 1},
+          {"model", m.name},
           {"architecture", architecture_name(m.architecture)},
           {"hidden_size", m.hidden},
           {"layers", m.layers},

@@ -21,6 +21,7 @@
 #include "costmodel/json_reader.hpp"
 #include "costmodel/sharding.hpp"
 #include "executor/sha256.hpp"
+#include "io/atomic_file.hpp"
 #include "io/file_kind.hpp"
 #include "io/file_writer.hpp"
 #include "io/text.hpp"
@@ -135,59 +136,21 @@ std::string read_own_file(int dirfd, const char* name, const std::string& shown,
   return text;
 }
 
-// A directory's entries (a rename into it) reach the disk only when the directory is fsynced
-// (fsync(2), "Calling fsync() does not necessarily ensure that the entry in the directory
-// containing the file has also reached disk").
-void sync_directory(const fs::path& dir) {
-  const fs::path d = dir.empty() ? fs::path(".") : dir;
-  Fd fd(::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0 || ::fsync(fd.get()) != 0)
-    throw InputError(d.string(), fmt::format("cannot sync the folder: {}", errno_text()));
-}
-
-// A file written whole or not at all: NAME.tmp, fsync, rename to NAME, fsync of the folder. The
-// bytes are hashed as they are written. Without commit() the temporary is removed. The temporary
-// is made anew (a leftover is removed first, never written through, even when it is a symbolic
-// link); the rename replaces NAME itself, never what a symbolic link NAME points to.
-class AtomicFile {
+// A file written whole or not at all (io::AtomicFile), its bytes hashed as they are written.
+class HashedFile {
 public:
-  explicit AtomicFile(fs::path path) : path_(std::move(path)), tmp_(path_.string() + ".tmp") {
-    ::unlink(tmp_.c_str()); // a leftover of a save that was cut short
-    fd_ = Fd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-    if (fd_.get() < 0)
-      fail("cannot write");
-  }
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-  ~AtomicFile() {
-    if (!committed_) {
-      fd_ = Fd();
-      ::unlink(tmp_.c_str());
-    }
-  }
+  explicit HashedFile(const fs::path& path) : file_(path.string()) {}
 
   void write(const void* data, std::size_t bytes) {
     hash_.update(data, bytes);
-    auto* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t n = ::write(fd_.get(), p, bytes);
-      if (n < 0 && errno == EINTR)
-        continue;
-      if (n <= 0)
-        fail("cannot write");
-      p += n;
-      bytes -= static_cast<std::size_t>(n);
-    }
+    file_.write(data, bytes);
   }
 
   // The bytes on the disk, under the temporary name: after this only the rename is left, which
   // needs no space. Returns the sha256 of what was written.
   Sha256::Digest sync() {
     if (!digest_) {
-      if (::fsync(fd_.get()) != 0)
-        fail("cannot sync");
-      if (::close(fd_.release()) != 0)
-        fail("cannot write");
+      file_.sync();
       digest_ = hash_.finish();
     }
     return *digest_;
@@ -196,25 +159,14 @@ public:
   // Synced, renamed into place, the folder synced (unless the caller syncs it after more renames).
   Sha256::Digest commit(bool sync_folder = true) {
     const auto digest = sync();
-    if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
-      fail("cannot rename the temporary into place");
-    committed_ = true;
-    if (sync_folder)
-      sync_directory(path_.parent_path());
+    file_.commit(sync_folder);
     return digest;
   }
 
 private:
-  [[noreturn]] void fail(const char* what) {
-    throw InputError(path_.string(), fmt::format("{}: {}", what, errno_text()));
-  }
-
-  fs::path path_;
-  std::string tmp_;
-  Fd fd_;
+  io::AtomicFile file_;
   Sha256 hash_;
   std::optional<Sha256::Digest> digest_; // once synced
-  bool committed_ = false;
 };
 
 // ---- agreement across ranks
@@ -305,7 +257,7 @@ using PartDigests = std::vector<Sha256::Digest>;
 
 PartDigests write_part(ShardingEngine& engine, const fs::path& path) {
   const auto& sl = engine.shards();
-  AtomicFile file(path);
+  HashedFile file(path);
   PartDigests digests(1);
   for (const auto& seg : part_segments(sl, sl.shard_rank)) {
     const Held h = held(engine.unit_state(seg.unit), seg.tensor);
@@ -665,10 +617,10 @@ void make_step_folder(const fs::path& path) {
 // one; a save cut short between the two renames leaves the new index with the previous digest
 // (read_index_in then takes the index for its step folder's copy, written before).
 void write_index(const fs::path& folder, const std::string& text) {
-  AtomicFile index(folder / kIndex);
+  HashedFile index(folder / kIndex);
   index.write(text.data(), text.size());
   const std::string line = digest_line(index.sync());
-  AtomicFile digest(folder / kIndexDigest);
+  HashedFile digest(folder / kIndexDigest);
   digest.write(line.data(), line.size());
   digest.sync();
   index.commit(false);
@@ -714,13 +666,28 @@ std::optional<OwnStepFolder> older_step_folder(int dirfd, const fs::path& root,
   return folder;
 }
 
-// Removes a regular file (never what a symbolic link points to) and the temporary of its name.
+// Removes a regular file (never what a symbolic link points to).
 void remove_own_file(int dirfd, const std::string& name) {
-  for (const std::string& n : {name, name + ".tmp"}) {
-    struct stat st {};
-    if (::fstatat(dirfd, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
-      ::unlinkat(dirfd, n.c_str(), 0);
+  struct stat st {};
+  if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
+    ::unlinkat(dirfd, name.c_str(), 0);
+}
+
+// The names in `folder` of the temporaries that a save cut short left for the files `own`
+// (io::temporary_prefix).
+std::vector<std::string> leftover_temporaries(const fs::path& folder,
+                                              const std::vector<std::string>& own) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string entry = it->path().filename().string();
+    for (const auto& name : own)
+      if (entry.starts_with(io::temporary_prefix(name))) {
+        found.push_back(entry);
+        break;
+      }
   }
+  return found;
 }
 
 // Once step `step`'s index is in place: the folders of older steps that this format wrote go,
@@ -739,10 +706,12 @@ void remove_older_steps(const fs::path& root, std::int64_t step) {
     const auto folder = older_step_folder(dirfd.get(), root, name, step);
     if (!folder)
       continue;
-    for (const auto& f : folder->files)
+    std::vector<std::string> own = folder->files;
+    own.insert(own.end(), {kIndex, kIndexDigest});
+    for (const auto& f : leftover_temporaries(root / name, own))
       remove_own_file(folder->fd.get(), f);
-    remove_own_file(folder->fd.get(), kIndex);
-    remove_own_file(folder->fd.get(), kIndexDigest);
+    for (const auto& f : own)
+      remove_own_file(folder->fd.get(), f);
     ::unlinkat(dirfd.get(), name.c_str(), AT_REMOVEDIR); // fails, harmlessly, when not empty
   }
 }

@@ -268,6 +268,8 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
       "collectives, the loss. Run it under mpirun, one rank per device; or rehearse one rank\n"
       "of an N-rank plan in one process with --rehearse-rank and --world.",
       "executor"};
+  app.set_version_flag("--version", "executor " SHARDPLAN_VERSION,
+                       "print the program's name and version and exit");
   app.require_subcommand(0, 1);
   CommandLine cl;
   auto& r = cl.run;
@@ -283,6 +285,10 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     cl.command = CommandLine::Command::help;
     cl.help_text =
         app.get_subcommands().empty() ? app.help() : app.get_subcommands().front()->help();
+    return cl;
+  } catch (const CLI::CallForVersion& e) {
+    cl.command = CommandLine::Command::help; // printed as the help is
+    cl.help_text = std::string(e.what()) + "\n";
     return cl;
   } catch (const CLI::ParseError& e) {
     throw InputError("command line", e.what());

@@ -19,11 +19,11 @@ public:
   }
   void* data() override { return data_; }
   std::size_t bytes() const override { return bytes_; }
-  void copy_from_host(const void* source, std::size_t bytes, std::size_t offset) override {
+  void do_copy_from_host(const void* source, std::size_t bytes, std::size_t offset) override {
     memory_.write(static_cast<unsigned char*>(data_) + offset, source,
                   static_cast<std::int64_t>(bytes));
   }
-  void copy_to_host(void* destination, std::size_t bytes, std::size_t offset) const override {
+  void do_copy_to_host(void* destination, std::size_t bytes, std::size_t offset) const override {
     memory_.read(destination, static_cast<const unsigned char*>(data_) + offset,
                  static_cast<std::int64_t>(bytes));
   }
@@ -51,13 +51,13 @@ std::unique_ptr<comm::CommBuffer> StandInCommunicator::allocate(std::size_t byte
   return std::make_unique<SourceBuffer>(*memory_, bytes);
 }
 
-void StandInCommunicator::all_reduce(const void* send, void* recv, std::size_t count,
-                                     comm::DataType type, comm::ReduceOp) {
+void StandInCommunicator::do_all_reduce(const void* send, void* recv, std::size_t count,
+                                        comm::DataType type, comm::ReduceOp) {
   copy(send, recv, count * comm::element_bytes(type));
 }
 
-void StandInCommunicator::reduce(const void* send, void* recv, std::size_t count,
-                                 comm::DataType type, int root, comm::ReduceOp) {
+void StandInCommunicator::do_reduce(const void* send, void* recv, std::size_t count,
+                                    comm::DataType type, int root, comm::ReduceOp) {
   if (rank_ == root)
     copy(send, recv, count * comm::element_bytes(type));
 }
@@ -73,8 +73,8 @@ void StandInCommunicator::all_gather(const void* send, void* recv, std::size_t c
       copy(mine, out + static_cast<std::size_t>(r) * block, block);
 }
 
-void StandInCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count,
-                                         comm::DataType type, comm::ReduceOp) {
+void StandInCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_t count,
+                                            comm::DataType type, comm::ReduceOp) {
   const std::size_t block = count * comm::element_bytes(type);
   copy(static_cast<const unsigned char*>(send) + static_cast<std::size_t>(rank_) * block, recv,
        block);

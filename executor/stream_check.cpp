@@ -65,14 +65,14 @@ std::int64_t bytes_of(std::size_t count, comm::DataType type) {
 }
 }  // namespace
 
-void CheckedCommunicator::all_reduce(const void* send, void* recv, std::size_t count,
-                                     comm::DataType type, comm::ReduceOp op) {
+void CheckedCommunicator::do_all_reduce(const void* send, void* recv, std::size_t count,
+                                        comm::DataType type, comm::ReduceOp op) {
   access(send, bytes_of(count, type), recv, bytes_of(count, type), "all-reduce");
   inner_.all_reduce(send, recv, count, type, op);
 }
 
-void CheckedCommunicator::reduce(const void* send, void* recv, std::size_t count,
-                                 comm::DataType type, int root, comm::ReduceOp op) {
+void CheckedCommunicator::do_reduce(const void* send, void* recv, std::size_t count,
+                                    comm::DataType type, int root, comm::ReduceOp op) {
   access(send, bytes_of(count, type), rank() == root ? recv : nullptr, bytes_of(count, type),
          "reduce");
   inner_.reduce(send, recv, count, type, root, op);
@@ -85,8 +85,8 @@ void CheckedCommunicator::all_gather(const void* send, void* recv, std::size_t c
   inner_.all_gather(send, recv, count, type);
 }
 
-void CheckedCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count,
-                                         comm::DataType type, comm::ReduceOp op) {
+void CheckedCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_t count,
+                                            comm::DataType type, comm::ReduceOp op) {
   access(send, bytes_of(count * static_cast<std::size_t>(size()), type), recv,
          bytes_of(count, type), "reduce-scatter");
   inner_.reduce_scatter(send, recv, count, type, op);

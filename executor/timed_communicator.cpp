@@ -23,14 +23,14 @@ double bytes_of(std::size_t count, comm::DataType type) {
 }
 } // namespace
 
-void TimedCommunicator::all_reduce(const void* send, void* recv, std::size_t count,
-                                   comm::DataType type, comm::ReduceOp op) {
+void TimedCommunicator::do_all_reduce(const void* send, void* recv, std::size_t count,
+                                      comm::DataType type, comm::ReduceOp op) {
   timed(CollectiveKind::all_reduce, costmodel::Collective::all_reduce, bytes_of(count, type),
         [&] { inner_.all_reduce(send, recv, count, type, op); });
 }
 
-void TimedCommunicator::reduce(const void* send, void* recv, std::size_t count, comm::DataType type,
-                               int root, comm::ReduceOp op) {
+void TimedCommunicator::do_reduce(const void* send, void* recv, std::size_t count,
+                                  comm::DataType type, int root, comm::ReduceOp op) {
   timed(CollectiveKind::other, costmodel::Collective::reduce, bytes_of(count, type),
         [&] { inner_.reduce(send, recv, count, type, root, op); });
 }
@@ -42,8 +42,8 @@ void TimedCommunicator::all_gather(const void* send, void* recv, std::size_t cou
         bytes_of(count, type) * inner_.size(), [&] { inner_.all_gather(send, recv, count, type); });
 }
 
-void TimedCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count,
-                                       comm::DataType type, comm::ReduceOp op) {
+void TimedCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_t count,
+                                          comm::DataType type, comm::ReduceOp op) {
   // nccl-tests size of a reduce-scatter: the whole input buffer.
   timed(CollectiveKind::reduce_scatter, costmodel::Collective::reduce_scatter,
         bytes_of(count, type) * inner_.size(),

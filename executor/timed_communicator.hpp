@@ -18,13 +18,13 @@ public:
   TimedCommunicator(comm::Communicator& inner, CollectiveStats& stats)
       : ForwardingCommunicator(inner), stats_(stats) {}
 
-  void all_reduce(const void* send, void* recv, std::size_t count, comm::DataType type,
-                  comm::ReduceOp op = comm::ReduceOp::sum) override;
-  void reduce(const void* send, void* recv, std::size_t count, comm::DataType type, int root,
-              comm::ReduceOp op = comm::ReduceOp::sum) override;
+  void do_all_reduce(const void* send, void* recv, std::size_t count, comm::DataType type,
+                     comm::ReduceOp op) override;
+  void do_reduce(const void* send, void* recv, std::size_t count, comm::DataType type, int root,
+                 comm::ReduceOp op) override;
   void all_gather(const void* send, void* recv, std::size_t count, comm::DataType type) override;
-  void reduce_scatter(const void* send, void* recv, std::size_t count, comm::DataType type,
-                      comm::ReduceOp op = comm::ReduceOp::sum) override;
+  void do_reduce_scatter(const void* send, void* recv, std::size_t count, comm::DataType type,
+                         comm::ReduceOp op) override;
   void broadcast(void* buffer, std::size_t count, comm::DataType type, int root) override;
   void all_to_all(const void* send, void* recv, std::size_t count, comm::DataType type) override;
   void barrier() override;

@@ -5,28 +5,24 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
-#include <random>
 
 #include <fmt/format.h>
 
 #include "costmodel/input_error.hpp"
+#include "io/atomic_file.hpp"
 #include "io/file_kind.hpp"
 #include "io/text.hpp"
 
 namespace shardplan::io {
 namespace {
 
-using costmodel::InputError;
 
 [[noreturn]] void fail(const std::string& path, const std::string& flag,
                        const std::string& reason) {
-  if (flag.empty())
-    throw InputError(printable(path), fmt::format("cannot write: {}", reason));
-  throw InputError(flag, fmt::format("cannot write \"{}\": {}", printable(path), reason));
+  cannot_write(path, flag, reason);
 }
 
 std::string errno_text() { return std::strerror(errno); }
@@ -37,7 +33,6 @@ enum class Way { standard_output, through, replace };
 struct Target {
   Way way = Way::replace;
   std::string folder;    // replace: where the temporary goes
-  std::string name;      // replace: the file's name in it
   int keep_mode = -1;    // replace: an existing file's permission bits, or -1
 };
 
@@ -77,7 +72,6 @@ Target target_of(const std::string& path, const std::string& flag) {
   }
   const std::filesystem::path p(path);
   t.folder = p.has_parent_path() ? p.parent_path().string() : ".";
-  t.name = p.filename().string();
   return t;
 }
 
@@ -116,60 +110,11 @@ void write_through(const std::string& path, std::string_view bytes, const std::s
   if (::close(fd) != 0) fail(path, flag, errno_text());
 }
 
-// A new file beside the target, created O_EXCL under a name no other process or call uses:
-// ".NAME.tmp-PID-RANDOM" (NAME cut so that the whole stays within a file name's 255 bytes).
-class Temporary {
-public:
-  Temporary(const Target& t, const std::string& path, const std::string& flag) {
-    std::random_device entropy;
-    const std::string name = t.name.substr(0, 200);
-    for (int attempt = 0; fd_ < 0; ++attempt) {
-      const auto salt = (std::uint64_t{entropy()} << 32) | entropy();
-      path_ = (std::filesystem::path(t.folder) /
-               fmt::format(".{}.tmp-{}-{:016x}", name, static_cast<long>(::getpid()), salt))
-                  .string();
-      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-      if (fd_ < 0 && (errno != EEXIST || attempt == 100)) fail(path, flag, errno_text());
-    }
-  }
-  Temporary(const Temporary&) = delete;
-  Temporary& operator=(const Temporary&) = delete;
-  ~Temporary() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!renamed_) ::unlink(path_.c_str());
-  }
-  int fd() const { return fd_; }
-  // Closes the file, reporting the close's error (a file system may report a write's only there).
-  int close() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-  const std::string& path() const { return path_; }
-  void renamed() { renamed_ = true; }
-
-private:
-  std::string path_;
-  int fd_ = -1;
-  bool renamed_ = false;
-};
-
 void replace(const Target& t, const std::string& path, std::string_view bytes,
              const std::string& flag) {
-  Temporary tmp(t, path, flag);
-  if (t.keep_mode >= 0) ::fchmod(tmp.fd(), static_cast<mode_t>(t.keep_mode)); // best effort
-  write_all(tmp.fd(), bytes, path, flag);
-  // EINVAL: a file system without fsync; its bytes are as durable as it makes them.
-  if (::fsync(tmp.fd()) != 0 && errno != EINVAL) fail(path, flag, errno_text());
-  if (tmp.close() != 0) fail(path, flag, errno_text());
-  if (::rename(tmp.path().c_str(), path.c_str()) != 0) fail(path, flag, errno_text());
-  tmp.renamed();
-  // The rename reaches the disk with the folder's fsync; the file is in place either way.
-  const int dir = ::open(t.folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
+  AtomicFile file(path, flag, t.keep_mode);
+  file.write(bytes);
+  file.commit();
 }
 
 } // namespace
@@ -189,7 +134,7 @@ void check_destination(const std::string& path, const std::string& flag) {
   struct stat st {};
   if (::stat(t.folder.c_str(), &st) != 0) fail(path, flag, errno_text());
   if (!S_ISDIR(st.st_mode)) fail(path, flag, std::strerror(ENOTDIR));
-  const Temporary probe(t, path, flag); // removed again at once
+  const AtomicFile probe(path, flag); // its temporary is removed again at once
 }
 
 } // namespace shardplan::io

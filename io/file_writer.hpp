@@ -5,10 +5,11 @@
 //   a symbolic link           followed only to a device, FIFO or socket (/dev/stdout); a link to a
 //                             regular file, a directory or nothing is refused (the link and its
 //                             target are left as they are);
-//   a regular file, or        written whole or not at all: a temporary ".NAME.tmp-PID-RANDOM"
-//   nothing yet               beside it (created O_EXCL: unique to the process and the call),
-//                             fsynced, closed and renamed over NAME (an existing file's
-//                             permission bits are kept); on any failure the temporary is removed;
+//   a regular file, or        written whole or not at all (io/atomic_file.hpp): a temporary
+//   nothing yet               ".NAME.tmp-PID-RANDOM" beside it (created O_EXCL: unique to the
+//                             process and the call), fsynced, closed and renamed over NAME, the
+//                             folder fsynced (an existing file's permission bits are kept); on
+//                             any failure the temporary is removed;
 //   a directory or a block    refused.
 //   device
 // Every write and the close are checked. Errors are costmodel::InputError with errno's text:

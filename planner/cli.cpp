@@ -416,6 +416,8 @@ void run_subcommand(const Subcommands& c, const CliOptions& o, std::ostream& out
 int run_cli(int argc, char** argv) {
   CLI::App app{"shardplan planner: predicts per-GPU peak memory and step time of sharded training "
                "(DDP, ZeRO-1/2/3, FSDP, HSDP) and recommends a plan"};
+  app.set_version_flag("--version", "planner " SHARDPLAN_VERSION,
+                       "print the program's name and version and exit");
   app.require_subcommand(1);
   CliOptions options;
   const Subcommands subcommands = add_subcommands(app, options);
@@ -427,6 +429,9 @@ int run_cli(int argc, char** argv) {
     return 0;
   } catch (const CLI::CallForAllHelp&) {
     std::cout << app.help("", CLI::AppFormatMode::All);
+    return 0;
+  } catch (const CLI::CallForVersion& e) {
+    std::cout << e.what() << "\n";
     return 0;
   } catch (const CLI::ParseError& e) {
     std::cerr << "planner: " << e.what() << "\n";

@@ -177,6 +177,7 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
       {"throughput", {{"tokens_per_s", r.tokens_per_s}}},
       {"mfu", r.mfu}};
   if (!r.valid) out["reason"] = r.reason;
+  out["schema_version"] = 1;
   return out;
 }
 
@@ -255,7 +256,7 @@ nlohmann::json trace_to_chrome_json(const Trace& t) {
   for (const auto& m : t.memory)
     events.push_back({{"ph", "C"}, {"name", "memory allocated (GiB)"}, {"pid", 1}, {"ts", m.time_s * 1e6},
                       {"args", {{"GiB", m.bytes / kGiB}}}});
-  return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+  return {{"schema_version", 1}, {"traceEvents", events}, {"displayTimeUnit", "ms"}};
 }
 
 }  // namespace shardplan::planner

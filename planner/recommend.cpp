@@ -15,6 +15,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 nlohmann::json candidate_json(const Scenario& sc, const Candidate& c) {
   auto j = evaluation_to_json(sc, c.eval);
+  j.erase("schema_version"); // the recommendation document's own
   j["family"] = c.family;
   return j;
 }
@@ -99,6 +100,7 @@ std::string recommendation_table(const Scenario& sc, const Recommendation& r, in
 nlohmann::json recommendation_json(const Scenario& sc, const Recommendation& r, int top) {
   const auto& s = r.search;
   nlohmann::json out;
+  out["schema_version"] = 1;
   out["default_job"] = sc.is_default;
   out["scenario"] = scenario_line(sc);
   out["hardware_profile"] = hardware_json(sc);

@@ -282,6 +282,7 @@ json validate_json(const json& plan_document, const json& run_document, bool for
       forced.push_back(fmt::format("{}: {}", pointer, what));
     out["forced"] = forced;
   }
+  out["schema_version"] = 1;
   return out;
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs what is missing, then configures and builds the release preset (build/release).
+# Configures and builds the release preset (build/release). The packages the build needs are
+# installed by the Quick start's scripts (scripts/demo.sh, scripts/test.sh) when one is missing,
+# or by hand: scripts/install-deps.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
 cmake --preset release >/dev/null
 cmake --build --preset release -j "$(nproc)"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Quick start, first command: build, then run the main job on its built-in default.
+# Quick start, first command: install what the build needs when something is missing (once),
+# build, then run the main job on its built-in default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/install-deps.sh >&2
 scripts/build.sh >&2
 exec build/release/planner/planner recommend "$@"

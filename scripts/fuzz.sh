@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# Fuzzes every document parser: builds the libFuzzer targets of tests/fuzz with clang, AddressSanitizer
-# and UndefinedBehaviorSanitizer (the libraries instrumented too) in build/fuzz, replays the kept
-# regression inputs (tests/fuzz/regressions/), then runs each target for FUZZ_SECONDS (default 30)
-# from a seed corpus copied from the shipped documents. Any crash, leak, sanitizer report or escaped
-# exception fails the script; the inputs that did are left under build/fuzz/artifacts/.
-#   FUZZ_SECONDS=20 scripts/fuzz.sh      FUZZ_BUILD_DIR=build/other scripts/fuzz.sh
+# Fuzzes every document parser: builds the libFuzzer targets of tests/fuzz (the `fuzz` preset:
+# clang, AddressSanitizer and UndefinedBehaviorSanitizer, the libraries instrumented too, in the
+# sanitize preset's folder build/sanitize, so that after scripts/sanitize.sh nothing is compiled
+# again), replays the kept regression inputs (tests/fuzz/regressions/, ctest's `fuzz` preset), then
+# runs each target for FUZZ_SECONDS (default 30) from a seed corpus copied from the shipped
+# documents. Any crash, leak, sanitizer report or escaped exception fails the script; the inputs
+# that did are left under build/sanitize/artifacts/.
+#   FUZZ_SECONDS=20 scripts/fuzz.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-30}
-build=${FUZZ_BUILD_DIR:-build/fuzz}
+build=build/sanitize # the fuzz preset's folder
 jobs=${FUZZ_JOBS:-$(nproc)}
 
-# Configured exactly as scripts/sanitize.sh configures its build: FUZZ_BUILD_DIR=build/sanitize
-# reuses it.
-scripts/configure-sanitize.sh "$build"
-cmake --build "$build" --target shardplan_fuzzers -j "$jobs"
+cmake --preset fuzz >/dev/null
+cmake --build --preset fuzz -j "$jobs"
+ctest --preset fuzz
 
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export SHARDPLAN_DATA_DIR=$PWD
-ctest --test-dir "$build" -L fuzz --output-on-failure --no-tests=ignore
 
 # Seeds: copied from the shipped documents at every run (never kept in git), plus the job, sharding
 # and plan documents the project's own writers produce.

@@ -215,37 +215,6 @@ gpu_architectures() {
     grep -E '^[0-9]+$' | sort -u | paste -sd';' -
 }
 
-# The executables the gpu-labelled tests run (paths in the build folder that ninja can build),
-# relative to the build folder: the tests' names from ctest, their commands from the
-# CTestTestfile.cmake files (ctest leaves out the command of a test whose executable is not built).
-gpu_test_targets() {
-  local build=$1
-  ctest --test-dir "$build" -L gpu --show-only=json-v1 > "$LOG/gpu-tests.json"
-  ninja -C "$build" -t targets all | cut -d: -f1 > "$LOG/ninja-targets.txt"
-  python3 - "$build" "$LOG/gpu-tests.json" "$LOG/ninja-targets.txt" <<'EOF'
-import json, os, re, sys
-build, tests, targets = sys.argv[1], sys.argv[2], sys.argv[3]
-names = {test["name"] for test in json.load(open(tests)).get("tests", [])}
-known = set(line.strip() for line in open(targets))
-wanted = []
-for folder, _, files in os.walk(build):
-    if "CTestTestfile.cmake" not in files:
-        continue
-    for line in open(os.path.join(folder, "CTestTestfile.cmake")):
-        test = re.match(r"\s*add_test\(\[=\[(.*?)\]=\]\s+(.*)\)\s*$", line)
-        if not test or test.group(1) not in names:
-            continue
-        for word in re.findall(r'"((?:[^"\\]|\\.)*)"', test.group(2)):
-            value = word.split("=", 1)[1] if word.startswith("-D") and "=" in word else word
-            for path in value.split("|"):  # -DCOMMAND=program|arguments (run_and_expect.cmake)
-                if path.startswith(build + "/"):
-                    relative = os.path.relpath(path, build)
-                    if relative in known and relative not in wanted:
-                        wanted.append(relative)
-print("\n".join(wanted))
-EOF
-}
-
 # One row per strategy from the validate and run documents, and the calibrated profile; the table
 # on standard output.
 print_table() {
@@ -353,11 +322,9 @@ check() {
   if grep -E "shardplan: skipped:.*(CUDA \(|NCCL \()" "$LOG/configure.log" > /dev/null; then
     die "configure did not find CUDA or NCCL: $(grep 'shardplan: skipped:' "$LOG/configure.log") [log: $LOG/configure.log]"
   fi
-  local targets
-  targets=$(gpu_test_targets "$build") || die "could not list the gpu tests [logs: $LOG/gpu-tests.json]"
-  # shellcheck disable=SC2086 # one target per word
+  # shardplan_gpu_tests: what the tests labelled gpu run (tests/CMakeLists.txt).
   step "build" build.log cmake --build "$build" -j "$(nproc)" --target calibrate/calibrate \
-    planner/planner executor/executor $targets
+    planner/planner executor/executor shardplan_gpu_tests
   local planner=$build/planner/planner calibrate=$build/calibrate/calibrate
   local executor=$build/executor/executor
 

@@ -65,6 +65,7 @@ TEST_CASE("import::without --into the calibration section is written alone") {
   REQUIRE(json_start != std::string::npos);
   const auto doc = costmodel::parse_json_text(out.str().substr(json_start), "stdout");
   CHECK(doc.at("calibration").at("collectives").at(0).at("op") == "all_gather");
+  CHECK(doc.at("schema_version") == 1);
 }
 
 TEST_CASE("import::flags that contradict a log, and missing facts, are bad input") {

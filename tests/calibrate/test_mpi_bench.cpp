@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "calibrate/collective_bench.hpp"
+#include "comm/forwarding_communicator.hpp"
 #include "comm/groups.hpp"
 #include "comm/topology.hpp"
 #include "mpi_test_world.hpp"
@@ -27,47 +28,16 @@ BenchSettings quick() {
 
 // Forwards to another communicator, but corrupts the first received element of every
 // all_reduce: the check must notice.
-class CorruptingCommunicator final : public comm::Communicator {
+class CorruptingCommunicator final : public comm::ForwardingCommunicator {
 public:
-  explicit CorruptingCommunicator(comm::Communicator& inner) : inner_(inner) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  const char* backend() const override { return inner_.backend(); }
-  std::string library_version() const override { return inner_.library_version(); }
-  comm::MemorySpace memory_space() const override { return inner_.memory_space(); }
-  std::unique_ptr<comm::CommBuffer> allocate(std::size_t bytes) override {
-    return inner_.allocate(bytes);
-  }
-  void all_reduce(const void* s, void* r, std::size_t n, comm::DataType t,
-                  comm::ReduceOp op) override {
+  explicit CorruptingCommunicator(comm::Communicator& inner) : ForwardingCommunicator(inner) {}
+
+private:
+  void do_all_reduce(const void* s, void* r, std::size_t n, comm::DataType t,
+                     comm::ReduceOp op) override {
     inner_.all_reduce(s, r, n, t, op);
     static_cast<float*>(r)[0] += 1.0f;
   }
-  void reduce(const void* s, void* r, std::size_t n, comm::DataType t, int root,
-              comm::ReduceOp op) override {
-    inner_.reduce(s, r, n, t, root, op);
-  }
-  void all_gather(const void* s, void* r, std::size_t n, comm::DataType t) override {
-    inner_.all_gather(s, r, n, t);
-  }
-  void reduce_scatter(const void* s, void* r, std::size_t n, comm::DataType t,
-                      comm::ReduceOp op) override {
-    inner_.reduce_scatter(s, r, n, t, op);
-  }
-  void broadcast(void* b, std::size_t n, comm::DataType t, int root) override {
-    inner_.broadcast(b, n, t, root);
-  }
-  void all_to_all(const void* s, void* r, std::size_t n, comm::DataType t) override {
-    inner_.all_to_all(s, r, n, t);
-  }
-  void barrier() override { inner_.barrier(); }
-  void synchronize() override { inner_.synchronize(); }
-  std::unique_ptr<comm::Communicator> split(int color, int key) override {
-    return inner_.split(color, key);
-  }
-
-private:
-  comm::Communicator& inner_;
 };
 
 } // namespace

@@ -13,6 +13,7 @@
 
 #include "comm/host_stream.hpp"
 #include "comm/host_buffer.hpp"
+#include "idle_communicator.hpp"
 
 using namespace shardplan::comm;
 
@@ -20,35 +21,20 @@ namespace {
 
 // One rank alone: an all-reduce appends its count to a shared log (after `delay`, or throws when
 // the count is 0), so order and concurrency are visible.
-class LoggingCommunicator final : public Communicator {
+class LoggingCommunicator final : public test::IdleCommunicator {
  public:
   LoggingCommunicator(std::vector<int>& log, std::mutex& m, std::chrono::milliseconds delay = {})
       : log_(log), mutex_(m), delay_(delay) {}
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  const char* backend() const override { return "log"; }
-  std::string library_version() const override { return "none"; }
-  MemorySpace memory_space() const override { return MemorySpace::host; }
-  std::unique_ptr<CommBuffer> allocate(std::size_t bytes) override {
-    return std::make_unique<HostBuffer>(bytes);
-  }
-  void all_reduce(const void*, void*, std::size_t count, DataType, ReduceOp) override {
+
+ private:
+  void do_all_reduce(const void*, void*, std::size_t count, DataType, ReduceOp) override {
     std::this_thread::sleep_for(delay_);
     if (count == 0)
       throw std::runtime_error("an all-reduce failed");
     std::lock_guard lock(mutex_);
     log_.push_back(static_cast<int>(count));
   }
-  void reduce(const void*, void*, std::size_t, DataType, int, ReduceOp) override {}
-  void all_gather(const void*, void*, std::size_t, DataType) override {}
-  void reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp) override {}
-  void broadcast(void*, std::size_t, DataType, int) override {}
-  void all_to_all(const void*, void*, std::size_t, DataType) override {}
-  void barrier() override {}
-  void synchronize() override {}
-  std::unique_ptr<Communicator> split(int, int) override { return nullptr; }
 
- private:
   std::vector<int>& log_;
   std::mutex& mutex_;
   std::chrono::milliseconds delay_;

@@ -12,6 +12,7 @@
 
 #include "comm/fault_injection.hpp"
 #include "comm/watchdog.hpp"
+#include "idle_communicator.hpp"
 
 using namespace shardplan::comm;
 using namespace std::chrono_literals;
@@ -113,23 +114,8 @@ TEST_CASE("watchdog::fires near its deadline, waiting or not") {
 }
 
 TEST_CASE("watchdog::aborts the communicators it watches before the job ends") {
-  struct Abortable final : Communicator {
+  struct Abortable final : test::IdleCommunicator {
     std::atomic<bool> aborted{false};
-    int rank() const override { return 0; }
-    int size() const override { return 1; }
-    const char* backend() const override { return "test"; }
-    std::string library_version() const override { return ""; }
-    MemorySpace memory_space() const override { return MemorySpace::host; }
-    std::unique_ptr<CommBuffer> allocate(std::size_t) override { return nullptr; }
-    void all_reduce(const void*, void*, std::size_t, DataType, ReduceOp) override {}
-    void reduce(const void*, void*, std::size_t, DataType, int, ReduceOp) override {}
-    void all_gather(const void*, void*, std::size_t, DataType) override {}
-    void reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp) override {}
-    void broadcast(void*, std::size_t, DataType, int) override {}
-    void all_to_all(const void*, void*, std::size_t, DataType) override {}
-    void barrier() override {}
-    void synchronize() override {}
-    std::unique_ptr<Communicator> split(int, int) override { return nullptr; }
     void abort() override { aborted = true; }
   } group;
   Watched w(0.1);

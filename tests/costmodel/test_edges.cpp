@@ -14,20 +14,13 @@
 #include "costmodel/plan.hpp"
 #include "costmodel/sharding.hpp"
 #include "costmodel/simulator.hpp"
+#include "tests/test_support.hpp"
 
+using shardplan::test::error_of;
 using namespace shardplan::costmodel;
 using nlohmann::json;
 
 namespace {
-
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 

@@ -9,7 +9,9 @@
 #include "costmodel/hardware.hpp"
 #include "costmodel/json_reader.hpp"
 #include "costmodel/model.hpp"
+#include "tests/test_support.hpp"
 
+using shardplan::test::error_of;
 using namespace shardplan::costmodel;
 using nlohmann::json;
 
@@ -17,15 +19,6 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kMiB = 1024.0 * 1024.0;
-
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 json profile_doc(const std::string& name) {
   return read_json_file(data_dir() + "/hardware_profiles/" + name + ".json");

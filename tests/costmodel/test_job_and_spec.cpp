@@ -3,19 +3,13 @@
 #include "costmodel/job.hpp"
 #include "costmodel/json_reader.hpp"
 #include "costmodel/sharding.hpp"
+#include "tests/test_support.hpp"
 
+using shardplan::test::error_of;
 using namespace shardplan::costmodel;
 using nlohmann::json;
 
 namespace {
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "no error";
-}
 const json kJob = {{"schema_version", 1}, {"seq_len", 4096}, {"global_batch", 64},
                    {"precision", "bf16-mixed"}, {"optimizer", "adamw"}, {"checkpointing", "full"}};
 }  // namespace

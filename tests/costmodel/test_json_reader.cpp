@@ -1,20 +1,11 @@
 #include <doctest/doctest.h>
 
 #include "costmodel/json_reader.hpp"
+#include "tests/test_support.hpp"
 
+using shardplan::test::error_of;
 using namespace shardplan::costmodel;
 using nlohmann::json;
-
-namespace {
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "no error";
-}
-}  // namespace
 
 TEST_CASE("json_reader::unknown key is named") {
   const json j = {{"gpus", 8}, {"gpsu", 8}};

@@ -16,20 +16,13 @@
 
 #include "costmodel/json_reader.hpp"
 #include "costmodel/model.hpp"
+#include "tests/test_support.hpp"
 
+using shardplan::test::error_of;
 using namespace shardplan::costmodel;
 using nlohmann::json;
 
 namespace {
-
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 // A preset's config.json as a JSON value, to be edited into a bad document.
 json preset_config(const std::string& name) {

@@ -20,7 +20,9 @@
 #include "engine_fixture.hpp"
 #include "executor/checkpoint.hpp"
 #include "executor/sha256.hpp"
+#include "tests/test_support.hpp"
 
+using shardplan::test::error_of;
 using namespace shardplan;
 using namespace shardplan::executor;
 using namespace shardplan::executor::testing;
@@ -59,16 +61,6 @@ std::string file_sha256(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   return Sha256::hex(Sha256::of(bytes));
-}
-
-// The message of the InputError f throws ("" when it throws none).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 nlohmann::json read_json(const fs::path& p) {
@@ -163,7 +155,7 @@ TEST_CASE("checkpoint::a damaged or mismatched checkpoint is an error naming the
   };
 
   fresh_copy();
-  CHECK(load_error(model).empty());
+  CHECK(load_error(model) == "no error");
 
   SUBCASE("a truncated part") {
     fs::resize_file(part, fs::file_size(part) - 4);
@@ -201,7 +193,7 @@ TEST_CASE("checkpoint::a damaged or mismatched checkpoint is an error naming the
   SUBCASE("a save cut short between renaming the index and its digest") {
     // The previous save's digest beside the new index: the index is its step folder's copy.
     write_text(bad / "index.json.sha256", std::string(64, '0') + "  index.json\n");
-    CHECK(load_error(model).empty());
+    CHECK(load_error(model) == "no error");
     // Not when the copy differs, or is not there.
     auto copy = read_json(bad / "step-00000001" / "index.json");
     copy["saved_by"]["seed"] = 7;
@@ -430,7 +422,7 @@ TEST_CASE("checkpoint::a folder holding another run's checkpoint is refused befo
   SUBCASE("a later step than the run saves first") {
     CHECK(refusal(same.engine, {1}) ==
           held + "later than step 1, the first this run saves; --overwrite replaces it");
-    CHECK(refusal(same.engine, {2, 3}).empty()); // the run saves step 2 again and goes on
+    CHECK(refusal(same.engine, {2, 3}) == "no error"); // the run saves step 2 again and goes on
   }
   SUBCASE("another model") {
     Solo other(tiny_llama(), "zero3", Flavour::deepspeed);
@@ -453,15 +445,15 @@ TEST_CASE("checkpoint::a folder holding another run's checkpoint is refused befo
   }
   SUBCASE("--overwrite, or a resume from it, may") {
     o.overwrite = true;
-    CHECK(refusal(same.engine, {1}).empty());
+    CHECK(refusal(same.engine, {1}) == "no error");
     o.overwrite = false;
     o.resume_dir = ck.string();
     Solo other(tiny_llama(), "ddp", Flavour::ddp);
-    CHECK(refusal(other.engine, {1}).empty());
+    CHECK(refusal(other.engine, {1}) == "no error");
   }
   SUBCASE("an empty or new folder may") {
     o.save_dir = (dir.path / "new").string();
-    CHECK(refusal(same.engine, {1}).empty());
+    CHECK(refusal(same.engine, {1}) == "no error");
   }
   CHECK(saved_steps(0, 5, 2) == std::vector<std::int64_t>{2, 4, 5});
   CHECK(saved_steps(3, 2, 0) == std::vector<std::int64_t>{5});
@@ -485,7 +477,7 @@ TEST_CASE("checkpoint::a run goes no further than the last step a checkpoint may
   o.resume_dir = ck.string();
   Solo s(model, "zero3", Flavour::deepspeed);
   RunCheckpoints one_step(o, s.world, 1);
-  CHECK(error_of([&] { one_step.start(s.engine); }).empty());
+  CHECK(error_of([&] { one_step.start(s.engine); }) == "no error");
   RunCheckpoints two_steps(o, s.world, 2);
   CHECK(error_of([&] { two_steps.start(s.engine); }) ==
         fmt::format("--resume: \"{}\" holds step 999999999: 2 more steps pass step 1000000000, "
@@ -503,7 +495,7 @@ TEST_CASE("checkpoint::a folder is written by one executor at a time") {
           fmt::format("--save: \"{}\" is being written by pid {} on host {}", ck.string(),
                       ::getpid(), comm::host_name()));
   }
-  CHECK(error_of([&] { CheckpointLock::take(ck.string()); }).empty()); // released with it
+  CHECK(error_of([&] { CheckpointLock::take(ck.string()); }) == "no error"); // released with it
   // A folder that cannot be made: its parent is a file.
   write_text(dir.path / "file", "");
   CHECK(error_of([&] { CheckpointLock::take((dir.path / "file" / "ck").string()); }) ==

@@ -13,7 +13,9 @@
 
 #include "costmodel/input_error.hpp"
 #include "executor/checkpoint.hpp"
+#include "tests/test_support.hpp"
 
+using shardplan::test::error_of;
 using namespace shardplan;
 namespace fs = std::filesystem;
 
@@ -24,15 +26,6 @@ nlohmann::json seed_index() {
   std::ifstream in(std::string(SHARDPLAN_SOURCE_DIR) +
                    "/tests/fuzz/seeds/checkpoint-zero3-4-ranks.json");
   return nlohmann::json::parse(in);
-}
-
-template <class F> std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const costmodel::InputError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 } // namespace

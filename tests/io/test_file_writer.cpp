@@ -15,7 +15,9 @@
 #include "costmodel/input_error.hpp"
 #include "io/file_writer.hpp"
 #include "scratch.hpp"
+#include "tests/test_support.hpp"
 
+using shardplan::test::error_of;
 using shardplan::costmodel::InputError;
 using shardplan::io::check_destination;
 using shardplan::io::write_file;
@@ -24,15 +26,6 @@ using shardplan::io::test::Scratch;
 using shardplan::io::test::write_text;
 
 namespace {
-
-template <class F> std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 mode_t lmode(const std::string& path) {
   struct stat st {};

@@ -9,7 +9,9 @@
 #include "costmodel/model.hpp"
 #include "planner/deepspeed_import.hpp"
 #include "planner/estimate.hpp"
+#include "tests/test_support.hpp"
 
+using shardplan::test::error_of;
 using namespace shardplan;
 using namespace shardplan::costmodel;
 using nlohmann::json;
@@ -17,15 +19,6 @@ using planner::DeepSpeedImport;
 using planner::Scenario;
 
 namespace {
-
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 Scenario scenario() {
   Scenario sc;

@@ -16,22 +16,16 @@
 #include "planner/scenario.hpp"
 
 #include "cli_fixture.hpp"
+#include "tests/test_support.hpp"
 
+using shardplan::test::contains;
+using shardplan::test::error_of;
 using namespace shardplan;
 using namespace shardplan::costmodel;
 using planner::Evaluation;
 using planner::Scenario;
 
 namespace {
-
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 // llama-2-7b on 8 x a100-sxm4-80gb, seq 4096, global batch 32.
 Scenario scenario(int gpus = 8) {
@@ -55,10 +49,6 @@ Evaluation plan(const Scenario& sc, const std::string& strategy, std::int64_t mi
   job.checkpointing = ckpt;
   job.checkpoint_every = ckpt == Checkpointing::every ? 2 : 0;
   return planner::evaluate(sc, spec, job);
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 // Every element opened is closed in order; comments and declarations are skipped.

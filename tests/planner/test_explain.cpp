@@ -16,7 +16,9 @@
 #include "costmodel/hardware.hpp"
 #include "costmodel/plan.hpp"
 #include "planner/estimate.hpp"
+#include "tests/test_support.hpp"
 
+using shardplan::test::contains;
 using nlohmann::json;
 using shardplan::planner::testing::planner;
 
@@ -91,8 +93,6 @@ std::vector<std::string> step_term_names(const json& c) {
   for (const auto& [k, v] : c["time"]["exposed_by_stream_s"].items()) names.push_back("exposed " + k);
   return names;
 }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // The four jobs whose explanations used to be false.
 const std::vector<std::string> k13bOn64 = {"--params", "1.3e9", "--gpus", "64"};
