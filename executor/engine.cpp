@@ -371,39 +371,39 @@ OwnedGroups make_groups(comm::Communicator& world, const costmodel::ShardingSpec
 
 ShardingEngine::ShardingEngine(EngineOptions options, TrackedAllocator& allocator,
                                EngineGroups groups)
-    : s_(make_engine(std::move(options), allocator, groups)) {}
+    : impl_(make_engine(std::move(options), allocator, groups)) {}
 
 ShardingEngine::~ShardingEngine() = default;
 
 StepReport ShardingEngine::step() {
-  return s_->step();
+  return impl_->step();
 }
 std::vector<float> ShardingEngine::full_parameters(std::int64_t unit) {
-  return s_->full_parameters(unit);
+  return impl_->full_parameters(unit);
 }
 const GptLayout& ShardingEngine::layout() const {
-  return s_->layout();
+  return impl_->layout();
 }
 const ShardLayout& ShardingEngine::shards() const {
-  return s_->shards();
+  return impl_->shards();
 }
 const EngineOptions& ShardingEngine::options() const {
-  return s_->options();
+  return impl_->options();
 }
 std::int64_t ShardingEngine::steps_done() const {
-  return s_->steps_done();
+  return impl_->steps_done();
 }
 ShardingEngine::UnitState ShardingEngine::unit_state(std::int64_t unit) {
-  return s_->unit_state(unit);
+  return impl_->unit_state(unit);
 }
 void ShardingEngine::set_steps_done(std::int64_t steps) {
-  s_->set_steps_done(steps);
+  impl_->set_steps_done(steps);
 }
 int ShardingEngine::forward_prefetch() const {
-  return s_->forward_prefetch();
+  return impl_->forward_prefetch();
 }
 int ShardingEngine::backward_prefetch() const {
-  return s_->backward_prefetch();
+  return impl_->backward_prefetch();
 }
 
 } // namespace shardplan::executor
