@@ -1,6 +1,6 @@
 // The sharding engine: one optimizer step of a GPT model over a group of ranks, driven only by the
-// plan's ShardingSpec (DESIGN.md, "a strategy is a configuration, not a code path"). DDP,
-// ZeRO-1/2/3, FSDP's strategies and HSDP are the same code with different switches:
+// plan's ShardingSpec: a strategy is a configuration, not a code path. DDP, ZeRO-1/2/3, FSDP's
+// strategies and HSDP are the same code with different switches:
 //
 //   shard_parameters        parameters are chunks at rest; a unit is all-gathered before it runs
 //   reshard_after_forward   ...and freed after its forward (kept for the backward otherwise; the
@@ -58,6 +58,9 @@
 // Data: sequence i of the global batch of step t is synthetic_sequences' sequence
 // t·global_batch + i; micro-batch k of rank r holds sequences (k·world + r)·b … + b − 1, so a run
 // on one rank with world × k micro-batches sees the same sequences as a run on `world` ranks.
+//
+// The engine's parts (engine_state.hpp lists them): its state, the gather scheduler, the gradient
+// buffers and buckets, the optimizer step with its loss scaler, and the step loop (engine.cpp).
 #pragma once
 
 #include <cstdint>
@@ -231,7 +234,7 @@ public:
   int backward_prefetch() const;
 
 private:
-  std::unique_ptr<Impl> s_;
+  std::unique_ptr<Impl> impl_;
 };
 
 } // namespace shardplan::executor
