@@ -42,7 +42,7 @@ double char_width(unsigned char c) {
     case '.': case ',': case ':': case ';': case '\'': case '|': return 0.34;
     case '(': case ')': case '[': case ']': case '-': case '/': return 0.4;
     case '%': return 0.95;
-    default: return c >= 0x80 ? 0.45 : 0.64;  // a UTF-8 byte: ×, · and the like take two
+    default: return c >= 0x80 ? 0.45 : 0.62;  // a UTF-8 byte: ×, · and the like take two
   }
 }
 
@@ -151,10 +151,11 @@ ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best
   L.axis_top_gib = std::ceil(relevant * 1.08 / L.step_gib) * L.step_gib;
 
   // Slots wide enough for every label under or above a bar.
-  double slot = 120;
+  double slot = 100;
   for (const auto& e : best) {
-    for (const auto& line : plan_lines(sc, e)) slot = std::max(slot, text_width(line, 11, true) + 18);
-    slot = std::max(slot, text_width(gib_text(e.result.peak_bytes / kGiB), 11, true) + 18);
+    const auto lines = plan_lines(sc, e);
+    for (std::size_t k = 0; k < lines.size(); ++k) slot = std::max(slot, text_width(lines[k], 11, k == 0) + 14);
+    slot = std::max(slot, text_width(gib_text(e.result.peak_bytes / kGiB), 11, true) + 14);
   }
   const auto n = static_cast<double>(std::max<std::size_t>(best.size(), 1));
   const double plot_width = std::max(360.0, slot * n);

@@ -390,7 +390,7 @@ TEST_CASE("svg::layout keeps every label apart, on the canvas and off the capaci
 }
 
 TEST_CASE("svg::text widths are estimated on the wide side") {
-  // DejaVu Sans: digits 0.64 em, "M" 0.9 em; bold 12% wider.
+  // DejaVu Sans, rounded up: digits 0.64 em, "M" 0.9 em; bold 12% wider.
   CHECK(planner::text_width("10", 10, false) == doctest::Approx(12.8));
   CHECK(planner::text_width("M", 10, true) == doctest::Approx(10.08));
   CHECK(planner::text_width("", 11, false) == 0);
