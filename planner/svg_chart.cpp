@@ -13,40 +13,68 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr const char* kFont = "font-family=\"Helvetica, Arial, sans-serif\"";
-constexpr int kHead = 4;  // chart category of the head's activations
+constexpr int kHead = 4; // chart category of the head's activations
 
 // Geometry, in SVG user units.
 constexpr double kLeft = 70, kPlotTop = 112, kPlotHeight = 320, kMargin = 16;
-constexpr double kBreak = 14;  // how far a broken bar rises above the axis's top
+constexpr double kBreak = 14; // how far a broken bar rises above the axis's top
 
 // A round axis step (1, 2 or 5 × 10^k GiB) giving at most 8 intervals up to `top`.
 double tick_step(double top) {
   const double raw = top / 8;
   const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
   for (double m : {1.0, 2.0, 5.0, 10.0})
-    if (m * magnitude >= raw) return m * magnitude;
+    if (m * magnitude >= raw)
+      return m * magnitude;
   return 10 * magnitude;
 }
 
 // Advance widths of DejaVu Sans (the widest of the usual sans-serif fonts) in em.
 double char_width(unsigned char c) {
-  if (c >= '0' && c <= '9') return 0.64;
-  if (c >= 'A' && c <= 'Z') return c == 'M' || c == 'W' ? 0.9 : 0.78;
+  if (c >= '0' && c <= '9')
+    return 0.64;
+  if (c >= 'A' && c <= 'Z')
+    return c == 'M' || c == 'W' ? 0.9 : 0.78;
   switch (c) {
-    case ' ': return 0.32;
-    case 'f': case 't': return 0.4;
-    case 'i': case 'j': case 'l': return 0.28;
-    case 'r': return 0.42;
-    case 'm': return 0.98;
-    case 'w': return 0.82;
-    case '.': case ',': case ':': case ';': case '\'': case '|': return 0.34;
-    case '(': case ')': case '[': case ']': case '-': case '/': return 0.4;
-    case '%': return 0.95;
-    default: return c >= 0x80 ? 0.45 : 0.62;  // a UTF-8 byte: ×, · and the like take two
+  case ' ':
+    return 0.32;
+  case 'f':
+  case 't':
+    return 0.4;
+  case 'i':
+  case 'j':
+  case 'l':
+    return 0.28;
+  case 'r':
+    return 0.42;
+  case 'm':
+    return 0.98;
+  case 'w':
+    return 0.82;
+  case '.':
+  case ',':
+  case ':':
+  case ';':
+  case '\'':
+  case '|':
+    return 0.34;
+  case '(':
+  case ')':
+  case '[':
+  case ']':
+  case '-':
+  case '/':
+    return 0.4;
+  case '%':
+    return 0.95;
+  default:
+    return c >= 0x80 ? 0.45 : 0.62; // a UTF-8 byte: ×, · and the like take two
   }
 }
 
-std::string gib_text(double g) { return g >= 100 ? fmt::format("{:.0f} GiB", g) : fmt::format("{:.1f} GiB", g); }
+std::string gib_text(double g) {
+  return g >= 100 ? fmt::format("{:.0f} GiB", g) : fmt::format("{:.1f} GiB", g);
+}
 
 struct Svg {
   std::string out;
@@ -67,10 +95,12 @@ ChartText make_text(std::string text, double x, double y, double size, ChartText
   t.bold = bold;
   t.fill = std::move(fill);
   const double w = text_width(t.text, size, bold);
-  t.left = anchor == ChartText::Anchor::start ? x : anchor == ChartText::Anchor::middle ? x - w / 2 : x - w;
+  t.left = anchor == ChartText::Anchor::start    ? x
+           : anchor == ChartText::Anchor::middle ? x - w / 2
+                                                 : x - w;
   t.right = t.left + w;
-  t.top = y - 0.8 * size;  // ascent
-  t.bottom = y + 0.25 * size;  // descent
+  t.top = y - 0.8 * size;     // ascent
+  t.bottom = y + 0.25 * size; // descent
   return t;
 }
 
@@ -94,12 +124,18 @@ std::vector<std::string> plan_lines(const Scenario& sc, const Evaluation& e) {
 // The bar's bytes in chart categories (chart_categories() order).
 std::vector<double> chart_bytes(const StepResult& r) {
   auto at = [&](Category c) { return r.at_peak[static_cast<std::size_t>(c)]; };
-  const double head = std::clamp(r.head_activations_at_peak, 0.0, std::max(at(Category::activations), 0.0));
-  return {at(Category::parameters),  at(Category::gradients), at(Category::optimizer_states),
-          at(Category::activations) - head, head, at(Category::buffers), at(Category::overhead)};
+  const double head =
+      std::clamp(r.head_activations_at_peak, 0.0, std::max(at(Category::activations), 0.0));
+  return {at(Category::parameters),
+          at(Category::gradients),
+          at(Category::optimizer_states),
+          at(Category::activations) - head,
+          head,
+          at(Category::buffers),
+          at(Category::overhead)};
 }
 
-}  // namespace
+} // namespace
 
 const std::vector<ChartCategory>& chart_categories() {
   static const std::vector<ChartCategory> c = {
@@ -116,7 +152,8 @@ const std::vector<ChartCategory>& chart_categories() {
 
 double text_width(const std::string& text, double size, bool bold) {
   double em = 0;
-  for (unsigned char c : text) em += char_width(c);
+  for (unsigned char c : text)
+    em += char_width(c);
   return em * size * (bold ? 1.12 : 1.0);
 }
 
@@ -125,12 +162,23 @@ std::string xml_escape(const std::string& text) {
   out.reserve(text.size());
   for (char c : text) {
     switch (c) {
-    case '&': out += "&amp;"; break;
-    case '<': out += "&lt;"; break;
-    case '>': out += "&gt;"; break;
-    case '"': out += "&quot;"; break;
-    case '\'': out += "&apos;"; break;
-    default: out += c;
+    case '&':
+      out += "&amp;";
+      break;
+    case '<':
+      out += "&lt;";
+      break;
+    case '>':
+      out += "&gt;";
+      break;
+    case '"':
+      out += "&quot;";
+      break;
+    case '\'':
+      out += "&apos;";
+      break;
+    default:
+      out += c;
     }
   }
   return out;
@@ -154,7 +202,8 @@ ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best
   double slot = 100;
   for (const auto& e : best) {
     const auto lines = plan_lines(sc, e);
-    for (std::size_t k = 0; k < lines.size(); ++k) slot = std::max(slot, text_width(lines[k], 11, k == 0) + 14);
+    for (std::size_t k = 0; k < lines.size(); ++k)
+      slot = std::max(slot, text_width(lines[k], 11, k == 0) + 14);
     slot = std::max(slot, text_width(gib_text(e.result.peak_bytes / kGiB), 11, true) + 14);
   }
   const auto n = static_cast<double>(std::max<std::size_t>(best.size(), 1));
@@ -168,10 +217,14 @@ ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best
   auto y = [&](double g) { return L.base - g / L.axis_top_gib * kPlotHeight; };
   L.capacity_y = y(capacity);
   L.usable_y = y(usable);
-  auto add = [&](ChartText t) { L.texts.push_back(std::move(t)); return &L.texts.back(); };
+  auto add = [&](ChartText t) {
+    L.texts.push_back(std::move(t));
+    return &L.texts.back();
+  };
 
   // Title and the scenario.
-  add(make_text("Memory per GPU at the peak: best plan of each family", kLeft, 26, 16, A::start, true));
+  add(make_text("Memory per GPU at the peak: best plan of each family", kLeft, 26, 16, A::start,
+                true));
   add(make_text(scenario_line(sc), kLeft, 48, 12, A::start, false, "#333333"));
 
   // Axis tick labels and the axis title.
@@ -181,7 +234,7 @@ ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best
     const double cy = L.plot_top + kPlotHeight / 2;
     ChartText t = make_text("GiB per GPU", 20, cy, 12, A::middle);
     t.vertical = true;
-    const double w = t.right - t.left;  // rotated: the width runs up the page
+    const double w = t.right - t.left; // rotated: the width runs up the page
     t.left = 20 - 0.8 * 12;
     t.right = 20 + 0.25 * 12;
     t.top = cy - w / 2;
@@ -190,7 +243,8 @@ ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best
   }
 
   // Bars, their totals above them and their plans under the axis.
-  const std::vector<double> lines_y = {std::max(L.usable_y, L.capacity_y), std::min(L.usable_y, L.capacity_y)};
+  const std::vector<double> lines_y = {std::max(L.usable_y, L.capacity_y),
+                                       std::min(L.usable_y, L.capacity_y)};
   double lowest = L.base;
   for (std::size_t i = 0; i < best.size(); ++i) {
     const auto& e = best[i];
@@ -204,7 +258,8 @@ ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best
     const auto lines = plan_lines(sc, e);
     b.family = lines[0];
     for (std::size_t k = 0; k < lines.size(); ++k) {
-      auto* t = add(make_text(lines[k], cx, L.base + 20 + 14 * static_cast<double>(k), 11, A::middle, k == 0));
+      auto* t = add(make_text(lines[k], cx, L.base + 20 + 14 * static_cast<double>(k), 11,
+                              A::middle, k == 0));
       lowest = std::max(lowest, t->bottom);
     }
     if (!r.valid) {
@@ -219,10 +274,12 @@ ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best
     double level = 0;
     for (std::size_t c = 0; c < bytes.size(); ++c) {
       const double g = bytes[c] / kGiB;
-      if (g <= 0) continue;
+      if (g <= 0)
+        continue;
       const double lo = std::min(level, ceiling), hi = std::min(level + g, ceiling);
       level += g;
-      if (hi <= lo) continue;
+      if (hi <= lo)
+        continue;
       b.segments.push_back({static_cast<int>(c), g, y(hi), y(lo)});
     }
     b.y_top = y(std::min(b.peak_gib, ceiling));
@@ -231,26 +288,33 @@ ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best
     double baseline = b.y_top - 6;
     for (double ly : lines_y) {
       const double top = baseline - 9 - (two ? 13 : 0), bottom = baseline + 3;
-      if (ly >= top - 2 && ly <= bottom + 2) baseline = ly - 6;
+      if (ly >= top - 2 && ly <= bottom + 2)
+        baseline = ly - 6;
     }
-    add(make_text(gib_text(b.peak_gib), cx, baseline, 11, A::middle, true, e.fits ? "#000000" : "#b00020"));
-    if (two) add(make_text("does not fit", cx, baseline - 13, 11, A::middle, false, "#b00020"));
+    add(make_text(gib_text(b.peak_gib), cx, baseline, 11, A::middle, true,
+                  e.fits ? "#000000" : "#b00020"));
+    if (two)
+      add(make_text("does not fit", cx, baseline - 13, 11, A::middle, false, "#b00020"));
     L.bars.push_back(std::move(b));
   }
-  if (best.empty()) add(make_text("no plans", kLeft + plot_width / 2, L.plot_top + kPlotHeight / 2, 13, A::middle));
+  if (best.empty())
+    add(make_text("no plans", kLeft + plot_width / 2, L.plot_top + kPlotHeight / 2, 13, A::middle));
 
   // The capacity and usable lines' labels, right of the plot, one under the other.
   double label_right = L.plot_right;
   {
     const double x = L.plot_right + 8;
-    auto* cap = add(make_text(fmt::format("capacity {:.2f} GiB", capacity), x, L.capacity_y + 4, 11, A::start));
+    auto* cap = add(
+        make_text(fmt::format("capacity {:.2f} GiB", capacity), x, L.capacity_y + 4, 11, A::start));
     cap->id = "capacity-label";
     double uy = L.usable_y + 4;
-    if (uy - (L.capacity_y + 4) < 13) uy = L.capacity_y + 4 + 13;
-    auto* use = add(make_text(fmt::format("usable {:.2f} GiB", usable), x, uy, 11, A::start, false, "#555555"));
+    if (uy - (L.capacity_y + 4) < 13)
+      uy = L.capacity_y + 4 + 13;
+    auto* use = add(
+        make_text(fmt::format("usable {:.2f} GiB", usable), x, uy, 11, A::start, false, "#555555"));
     use->id = "usable-label";
-    auto* head = add(make_text(fmt::format("({:g}% headroom)", sc.headroom * 100), x, uy + 13, 11, A::start, false,
-                               "#555555"));
+    auto* head = add(make_text(fmt::format("({:g}% headroom)", sc.headroom * 100), x, uy + 13, 11,
+                               A::start, false, "#555555"));
     label_right = std::max({cap->right, use->right, head->right});
   }
 
@@ -267,7 +331,8 @@ ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best
   add(make_text("at the peak, bottom of a bar to top:", lx, ly - 8, 11, A::start, true));
   legend_right = std::max(legend_right, L.texts.back().right);
   ly += 4;
-  for (auto c = cats.size(); c-- > 0;) legend_text(cats[c].label);
+  for (auto c = cats.size(); c-- > 0;)
+    legend_text(cats[c].label);
   ly += 10;
   legend_text("GPU capacity");
   legend_text("usable (capacity - headroom)");
@@ -284,21 +349,23 @@ std::string memory_svg(const Scenario& sc, const std::vector<Evaluation>& best) 
   const ChartLayout L = chart_layout(sc, best);
   const auto& cats = chart_categories();
   Svg s;
-  s.add("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 {:.0f} {:.0f}\" {}>",
+  s.add("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 "
+        "0 {:.0f} {:.0f}\" {}>",
         L.width, L.height, L.width, L.height, kFont);
-  s.add("<rect x=\"0\" y=\"0\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"#ffffff\"/>", L.width, L.height);
+  s.add("<rect x=\"0\" y=\"0\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"#ffffff\"/>", L.width,
+        L.height);
 
   // Grid and axes.
   s.add("<g id=\"axis\">");
   for (double g = 0; g <= L.axis_top_gib + L.step_gib / 2; g += L.step_gib) {
     const double gy = L.base - g / L.axis_top_gib * (L.base - L.plot_top);
-    s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#e6e6e6\"/>", L.plot_left, gy,
-          L.plot_right, gy);
+    s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#e6e6e6\"/>",
+          L.plot_left, gy, L.plot_right, gy);
   }
-  s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#000000\"/>", L.plot_left, L.plot_top,
-        L.plot_left, L.base);
-  s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#000000\"/>", L.plot_left, L.base,
-        L.plot_right, L.base);
+  s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#000000\"/>",
+        L.plot_left, L.plot_top, L.plot_left, L.base);
+  s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#000000\"/>",
+        L.plot_left, L.base, L.plot_right, L.base);
   s.add("</g>");
 
   // Bars.
@@ -306,67 +373,85 @@ std::string memory_svg(const Scenario& sc, const std::vector<Evaluation>& best) 
     s.add("<g class=\"bar\" data-fits=\"{}\" data-broken=\"{}\">", b.fits ? "true" : "false",
           b.broken ? "true" : "false");
     for (const auto& seg : b.segments)
-      s.add("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\"><title>{}: {} {:.2f} "
+      s.add("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" "
+            "fill=\"{}\"><title>{}: {} {:.2f} "
             "GiB</title></rect>",
-            b.x, seg.y_top, b.width, seg.y_bottom - seg.y_top, cats[static_cast<std::size_t>(seg.category)].colour,
-            xml_escape(b.family), cats[static_cast<std::size_t>(seg.category)].label, seg.gib);
-    if (b.broken) {  // two white slashes across the bar just under the axis's top
+            b.x, seg.y_top, b.width, seg.y_bottom - seg.y_top,
+            cats[static_cast<std::size_t>(seg.category)].colour, xml_escape(b.family),
+            cats[static_cast<std::size_t>(seg.category)].label, seg.gib);
+    if (b.broken) { // two white slashes across the bar just under the axis's top
       for (double d : {0.0, 6.0})
-        s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#ffffff\" stroke-width=\"3\"/>",
+        s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#ffffff\" "
+              "stroke-width=\"3\"/>",
               b.x - 3, L.plot_top + 8 + d, b.x + b.width + 3, L.plot_top + d);
     }
     if (b.valid && !b.fits)
-      s.add("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" stroke=\"#b00020\" "
+      s.add("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" "
+            "stroke=\"#b00020\" "
             "stroke-width=\"2.5\" stroke-dasharray=\"5 3\"/>",
             b.x - 2, b.y_top - 2, b.width + 4, L.base - b.y_top + 2);
     s.add("</g>");
   }
 
   // Capacity (solid) and usable capacity (dashed), over the bars.
-  s.add("<line id=\"capacity\" x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#000000\" "
+  s.add("<line id=\"capacity\" x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" "
+        "stroke=\"#000000\" "
         "stroke-width=\"1.5\"/>",
         L.plot_left, L.capacity_y, L.plot_right, L.capacity_y);
-  s.add("<line id=\"usable\" x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#555555\" "
+  s.add("<line id=\"usable\" x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" "
+        "stroke=\"#555555\" "
         "stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>",
         L.plot_left, L.usable_y, L.plot_right, L.usable_y);
 
   // Legend marks, beside the legend's texts (the texts below place them).
   const ChartText* first = nullptr;
   for (const auto& t : L.texts)
-    if (t.text == cats.back().label) first = &t;
+    if (t.text == cats.back().label)
+      first = &t;
   if (first) {
     const double lx = first->x - 18;
     double ly = first->y - 10;
     for (auto c = cats.size(); c-- > 0; ly += 18)
-      s.add("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"{}\"/>", lx, ly, cats[c].colour);
+      s.add("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"{}\"/>", lx, ly,
+            cats[c].colour);
     ly += 10;
-    s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#000000\" stroke-width=\"1.5\"/>", lx,
-          ly + 6, lx + 12, ly + 6);
+    s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#000000\" "
+          "stroke-width=\"1.5\"/>",
+          lx, ly + 6, lx + 12, ly + 6);
     ly += 18;
-    s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#555555\" stroke-width=\"1.5\" "
+    s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#555555\" "
+          "stroke-width=\"1.5\" "
           "stroke-dasharray=\"6 4\"/>",
           lx, ly + 6, lx + 12, ly + 6);
     ly += 18;
-    s.add("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"none\" stroke=\"#b00020\" "
+    s.add("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"none\" "
+          "stroke=\"#b00020\" "
           "stroke-width=\"2\" stroke-dasharray=\"3 2\"/>",
           lx, ly);
     ly += 18;
     s.add("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"#999999\"/>", lx, ly);
-    s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#ffffff\" stroke-width=\"2\"/>",
+    s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#ffffff\" "
+          "stroke-width=\"2\"/>",
           lx - 1, ly + 8, lx + 13, ly + 4);
   }
 
   // Every text.
   s.add("<g id=\"labels\">");
   for (const auto& t : L.texts) {
-    const char* anchor = t.anchor == ChartText::Anchor::start ? "start"
-                         : t.anchor == ChartText::Anchor::middle ? "middle" : "end";
-    std::string attrs = fmt::format("x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{:g}\" text-anchor=\"{}\"", t.x, t.y,
-                                    t.size, anchor);
-    if (t.bold) attrs += " font-weight=\"bold\"";
-    if (t.fill != "#000000") attrs += fmt::format(" fill=\"{}\"", t.fill);
-    if (t.vertical) attrs += fmt::format(" transform=\"rotate(-90 {:.1f} {:.1f})\"", t.x, t.y);
-    if (!t.id.empty()) attrs += fmt::format(" id=\"{}\"", t.id);
+    const char* anchor = t.anchor == ChartText::Anchor::start    ? "start"
+                         : t.anchor == ChartText::Anchor::middle ? "middle"
+                                                                 : "end";
+    std::string attrs =
+        fmt::format("x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{:g}\" text-anchor=\"{}\"", t.x, t.y,
+                    t.size, anchor);
+    if (t.bold)
+      attrs += " font-weight=\"bold\"";
+    if (t.fill != "#000000")
+      attrs += fmt::format(" fill=\"{}\"", t.fill);
+    if (t.vertical)
+      attrs += fmt::format(" transform=\"rotate(-90 {:.1f} {:.1f})\"", t.x, t.y);
+    if (!t.id.empty())
+      attrs += fmt::format(" id=\"{}\"", t.id);
     s.add("<text {}>{}</text>", attrs, xml_escape(t.text));
   }
   s.add("</g>");
@@ -374,4 +459,4 @@ std::string memory_svg(const Scenario& sc, const std::vector<Evaluation>& best) 
   return s.out;
 }
 
-}  // namespace shardplan::planner
+} // namespace shardplan::planner

@@ -441,6 +441,13 @@ TEST_CASE("trace::processes and threads named, the CPU optimizer on its own lane
   CHECK(contains(table, "optimizer step on the host's CPUs"));
   CHECK(contains(table, planner::seconds(e.result.host_optimizer_s)));
   CHECK_FALSE(contains(table, "    optimizer step "));  // no compute-stream line saying 0
+  // The host transfers' lane holds the transfers alone, and the summary's busy time is theirs.
+  double transfers_us = 0;
+  for (const auto& ev : events)
+    if (ev.at("ph") == "X" && ev.at("pid") == 1 && ev.at("tid") == 4) transfers_us += ev.at("dur").get<double>();
+  const double transfers_s = e.result.busy_s[static_cast<int>(Stream::host)] - e.result.host_optimizer_s;
+  CHECK(transfers_us == doctest::Approx(transfers_s * 1e6));
+  CHECK(contains(table, "(busy " + planner::seconds(transfers_s) + ")\n"));
 
   // Every flow start (on an all-gather) has one end, bound to a compute span starting no earlier.
   std::map<int, nlohmann::json> starts, ends;
