@@ -217,7 +217,8 @@ double Simulation::issue(Stream s, double ready, Stream cause, double dur, const
     result_.busy_s[static_cast<int>(s)] += dur;
     result_.exposed_s[static_cast<int>(s)] += dur;
     if (trace_ && dur > 0)
-      trace_->spans.push_back({s, unit >= 0 ? fmt::format("{} {}", what, unit_label(unit, n_units_)) : what, start, dur});
+      trace_->spans.push_back(
+          {s, unit >= 0 ? fmt::format("{} {}", what, unit_label(unit, n_units_)) : what, start, dur, unit});
     return start;
   }
   auto& free = free_at_[static_cast<int>(s)];
@@ -227,7 +228,7 @@ double Simulation::issue(Stream s, double ready, Stream cause, double dur, const
   result_.busy_s[static_cast<int>(s)] += dur;
   if (trace_ && dur > 0)
     trace_->spans.push_back({s, unit >= 0 ? fmt::format("{} {}", what, unit_label(unit, n_units_)) : what,
-                             start, dur});
+                             start, dur, unit});
   return start;
 }
 
@@ -620,14 +621,17 @@ void Simulation::walk_memory() {
   double peak = -1;
   const MemEvent* at = nullptr;
   int gathered_at_peak = 0;
+  double head_act = 0;
   for (const MemEvent& e : events_) {
     cur[static_cast<int>(e.cat)] += e.bytes;
     cur_total += e.bytes;
+    if (e.cat == Category::activations && e.unit == n_units_ - 1) head_act += e.bytes;
     gathered += e.gathered;
     if (trace_) trace_->memory.push_back({e.t, cur_total});
     if (cur_total > peak) {
       peak = cur_total;
       result_.at_peak = cur;
+      result_.head_activations_at_peak = head_act;
       at = &e;
       gathered_at_peak = gathered;
     }
@@ -781,7 +785,9 @@ double Simulation::optimizer_step(double t, const States& states) {
     const double rate = hw.host_optimizer_rate(s.flavour == Flavour::deepspeed ? "deepspeed" : "torch");
     const double cpu = local_opt_params * in_.cluster.gpus_per_node / rate;
     const double h2d = local_opt_params * sb_.compute / hw.host_link_Bps;
-    const double st = issue(Stream::host, t, Stream::compute, cpu + h2d, "CPU optimizer + upload", -1);
+    const double st = issue(Stream::host, t, Stream::compute, cpu, "CPU optimizer step", -1);
+    if (trace_ && cpu > 0) trace_->spans.back().host_cpu = true;
+    issue(Stream::host, st + cpu, Stream::compute, h2d, "parameters to device", -1);
     result_.host_optimizer_s = cpu;
     if (!hw.collectives_block) result_.exposed_s[static_cast<int>(Stream::host)] += cpu + h2d;
     free_at_[0] = st + cpu + h2d;

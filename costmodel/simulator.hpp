@@ -36,6 +36,8 @@ struct TraceSpan {
   std::string name;
   double start_s;
   double duration_s;
+  int unit = -1;             // the unit it computes or gathers for (0: embeddings, last: head)
+  bool host_cpu = false;     // work of the host's CPUs (the offloaded optimizer step), not a transfer
 };
 struct MemoryPoint {
   double time_s;
@@ -69,6 +71,8 @@ struct StepResult {
   double host_bytes_per_node = 0;  // pinned host memory an offload plan needs on each node      // CUDA context + NCCL workspace: what nvidia-smi adds to the reserved
   double capacity_bytes = 0;
   Breakdown at_peak{};          // sums to peak_bytes
+  double head_activations_at_peak = 0;  // of at_peak's activations, the head's: the final norm,
+                                        // the logits and the loss's tensors
   Breakdown model_states{};     // persistent parameters, gradients, optimizer states
   std::string peak_when;        // "backward of block 0, 2 gathered units alive"
   // time, seconds for one optimizer step (all micro-batches)

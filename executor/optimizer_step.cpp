@@ -155,7 +155,7 @@ void OptimizerStep<S>::update_unit(std::int64_t u, const StepGrad& grad, Part pa
 
 // After AdamW on the host master: the updated part host → device (the device's fp32 parameters;
 // DeepSpeed's S partition is rounded from the master by update_unit). Timed with the optimizer,
-// as the cost model's "CPU optimizer + upload".
+// as the cost model's "CPU optimizer step" and "parameters to device".
 template <class S> void OptimizerStep<S>::upload_parameters(std::int64_t u, Part part) {
   auto& buffers = state_.unit(u);
   A* device = state_.shape(u).params_sharded ? buffers.params.data()

@@ -1,6 +1,8 @@
 #include "planner/estimate.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -176,6 +178,7 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
                 {"extrapolated", r.extrapolated_comm}}},
       {"throughput", {{"tokens_per_s", r.tokens_per_s}}},
       {"mfu", r.mfu}};
+  if (r.host_optimizer_s > 0) out["time"]["host_optimizer_s"] = r.host_optimizer_s;
   if (!r.valid) out["reason"] = r.reason;
   out["schema_version"] = 1;
   return out;
@@ -229,13 +232,23 @@ std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
   const char* kind_labels[kComputeKinds] = {"GEMMs", "attention core",
                                             "memory-bound (norms, activations, loss)",
                                             "host overhead (launches, hooks)", "recompute", "optimizer step"};
+  // An offloaded optimizer step runs on the host's CPUs, not the compute stream: its own line.
+  const bool host_optimizer = r.host_optimizer_s > 0;
   for (int k = 0; k < kComputeKinds; ++k)
-    if (r.compute_by_kind_s[k] > 0 || k == static_cast<int>(ComputeKind::optimizer))
+    if (r.compute_by_kind_s[k] > 0 || (k == static_cast<int>(ComputeKind::optimizer) && !host_optimizer))
       line("  {:<42} {:>12}", fmt::format("  {}", kind_labels[k]), seconds(r.compute_by_kind_s[k]));
-  for (int s = 1; s < kStreams; ++s)
-    if (r.exposed_s[s] > 0 || r.busy_s[s] > 0)
+  // The simulator runs it on the host stream, the trace on its own lane: the transfers' line
+  // counts the transfers alone, the step's line all of its time (the GPU waits for all of it).
+  if (host_optimizer)
+    line("  {:<42} {:>12}   (exposed: the GPUs wait for it)", "optimizer step on the host's CPUs",
+         seconds(r.host_optimizer_s));
+  for (int s = 1; s < kStreams; ++s) {
+    const double apart = s == static_cast<int>(Stream::host) ? r.host_optimizer_s : 0.0;
+    const double exposed = std::max(0.0, r.exposed_s[s] - apart), busy = std::max(0.0, r.busy_s[s] - apart);
+    if (exposed > 0 || busy > 0)
       line("  {:<42} {:>12}   (busy {})", fmt::format("exposed {}", stream_name(static_cast<Stream>(s))),
-           seconds(r.exposed_s[s]), seconds(r.busy_s[s]));
+           seconds(exposed), seconds(busy));
+  }
   line("  {:<42} {:>12}", "step", seconds(r.step_s));
   line("  throughput {:.0f} tokens/s for the job, MFU {:.1f}%, {:.2f} GB sent per GPU per step{}",
        r.tokens_per_s, r.mfu * 100, r.comm_bytes_per_gpu / 1e9,
@@ -246,15 +259,50 @@ std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
 }
 
 nlohmann::json trace_to_chrome_json(const Trace& t) {
+  // Two processes: the simulated GPU (one rank: its compute and communication streams and the
+  // copies over the host link) and the host's CPUs (an offloaded optimizer step).
+  constexpr int kGpu = 1, kHost = 2, kCpuOptimizer = 0;
   nlohmann::json events = nlohmann::json::array();
-  for (int s = 0; s < kStreams; ++s)
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 1}, {"tid", s},
-                      {"args", {{"name", stream_name(static_cast<Stream>(s))}}}});
+  auto meta = [&](const char* what, int pid, int tid, const std::string& name) {
+    nlohmann::json m = {{"ph", "M"}, {"name", what}, {"pid", pid}, {"args", {{"name", name}}}};
+    if (tid >= 0) m["tid"] = tid;
+    events.push_back(std::move(m));
+  };
+  const bool host_cpu = std::any_of(t.spans.begin(), t.spans.end(), [](const TraceSpan& s) { return s.host_cpu; });
+  meta("process_name", kGpu, -1, "GPU (one rank, simulated step)");
+  for (int s = 0; s < kStreams; ++s) meta("thread_name", kGpu, s, stream_name(static_cast<Stream>(s)));
+  if (host_cpu) {
+    meta("process_name", kHost, -1, "host CPUs");
+    meta("thread_name", kHost, kCpuOptimizer, "CPU optimizer");
+  }
   for (const auto& sp : t.spans)
-    events.push_back({{"ph", "X"}, {"name", sp.name}, {"pid", 1}, {"tid", static_cast<int>(sp.stream)},
+    events.push_back({{"ph", "X"}, {"name", sp.name}, {"pid", sp.host_cpu ? kHost : kGpu},
+                      {"tid", sp.host_cpu ? kCpuOptimizer : static_cast<int>(sp.stream)},
                       {"ts", sp.start_s * 1e6}, {"dur", sp.duration_s * 1e6}});
+  // Flow arrows: each all-gather of a unit to the first compute of that unit that starts once the
+  // gather has finished (the forward, recompute or backward that waits for it).
+  std::map<int, std::vector<double>> compute_starts;  // unit -> its compute spans' starts
+  for (const auto& c : t.spans)
+    if (c.stream == Stream::compute && !c.host_cpu && c.unit >= 0) compute_starts[c.unit].push_back(c.start_s);
+  for (auto& [unit, starts] : compute_starts) std::sort(starts.begin(), starts.end());
+  int flow_id = 0;
+  for (const auto& ag : t.spans) {
+    if (ag.stream != Stream::all_gather || ag.unit < 0) continue;
+    const auto it = compute_starts.find(ag.unit);
+    if (it == compute_starts.end()) continue;
+    const double done = ag.start_s + ag.duration_s;
+    const auto w = std::lower_bound(it->second.begin(), it->second.end(), done - 1e-12 * done);
+    if (w == it->second.end()) continue;
+    ++flow_id;
+    events.push_back({{"ph", "s"}, {"id", flow_id}, {"name", "gathered parameters"}, {"cat", "dependency"},
+                      {"pid", kGpu}, {"tid", static_cast<int>(Stream::all_gather)},
+                      {"ts", (ag.start_s + ag.duration_s / 2) * 1e6}});
+    events.push_back({{"ph", "f"}, {"bp", "e"}, {"id", flow_id}, {"name", "gathered parameters"},
+                      {"cat", "dependency"}, {"pid", kGpu}, {"tid", static_cast<int>(Stream::compute)},
+                      {"ts", *w * 1e6}});
+  }
   for (const auto& m : t.memory)
-    events.push_back({{"ph", "C"}, {"name", "memory allocated (GiB)"}, {"pid", 1}, {"ts", m.time_s * 1e6},
+    events.push_back({{"ph", "C"}, {"name", "memory allocated (GiB)"}, {"pid", kGpu}, {"ts", m.time_s * 1e6},
                       {"args", {{"GiB", m.bytes / kGiB}}}});
   return {{"schema_version", 1}, {"traceEvents", events}, {"displayTimeUnit", "ms"}};
 }

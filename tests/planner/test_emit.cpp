@@ -2,12 +2,18 @@
 // FSDP/torchtitan settings, and the SVG memory chart.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "costmodel/hardware.hpp"
 #include "costmodel/json_reader.hpp"
 #include "costmodel/model.hpp"
+#include "io/text.hpp"
 #include "planner/deepspeed_import.hpp"
 #include "planner/emit_deepspeed.hpp"
 #include "planner/emit_fsdp.hpp"
@@ -279,13 +285,14 @@ TEST_CASE("svg::memory chart is well-formed and marks what does not fit") {
   CHECK(contains(svg, "<line id=\"usable\""));
   CHECK(contains(svg, "stroke-dasharray=\"6 4\""));
   CHECK(contains(svg, "capacity 80.00 GiB"));
-  CHECK(contains(svg, "usable 76.00 GiB (5% headroom)"));
+  CHECK(contains(svg, "usable 76.00 GiB</text>"));
+  CHECK(contains(svg, "(5% headroom)</text>"));
   CHECK(contains(svg, "llama &lt;7b&gt; &amp; &quot;friends&quot;"));
   CHECK_FALSE(contains(svg, "<7b>"));
   CHECK(contains(svg, "data-fits=\"false\""));
   CHECK(contains(svg, "does not fit</text>"));
   CHECK(contains(svg, "not runnable"));
-  for (const char* colour : {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#bab0ac"})
+  for (const char* colour : {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#edc948", "#59a14f", "#bab0ac"})
     CHECK(contains(svg, colour));
   CHECK(contains(svg, "GiB per GPU"));
 
@@ -293,6 +300,177 @@ TEST_CASE("svg::memory chart is well-formed and marks what does not fit") {
   CHECK(balanced_tags(empty, why));
   CHECK(contains(empty, "no plans"));
   CHECK(planner::xml_escape("a<b>&'\"") == "a&lt;b&gt;&amp;&apos;&quot;");
+}
+
+TEST_CASE("svg::layout keeps every label apart, on the canvas and off the capacity lines") {
+  // 16 GPUs: HSDP's default shard group is a node of 8, so 2 replicas.
+  const auto sc = scenario(16);
+  std::vector<Evaluation> best = {
+      plan(sc, "ddp", 1, Precision::bf16_mixed, Offload::none, Checkpointing::none),
+      plan(sc, "zero2", 1),
+      plan(sc, "hsdp", 2),
+      plan(sc, "fsdp-full", 2, Precision::bf16_mixed, Offload::none, Checkpointing::none),
+      plan(sc, "zero2", 1, Precision::bf16_mixed, Offload::params),  // not runnable
+  };
+  REQUIRE_FALSE(best[0].fits);
+  REQUIRE(best[2].fits);
+  REQUIRE_FALSE(best[4].result.valid);
+  const auto L = planner::chart_layout(sc, best);
+
+  // The axis is scaled to the capacity (80 GiB) and the bars near it, not to DDP's bar: 16 bytes
+  // per parameter of 6.74 B parameters alone are 100 GiB, so DDP's bar is broken at the top.
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  CHECK(L.axis_top_gib >= 80);
+  CHECK(L.axis_top_gib < best[0].result.peak_bytes / gib);
+  REQUIRE(L.bars.size() == best.size());
+  CHECK(L.bars[0].broken);
+  CHECK(L.bars[0].y_top < L.plot_top);
+  CHECK(L.bars[0].y_top >= L.plot_top - 14);
+  for (std::size_t i = 1; i < 4; ++i) CHECK_FALSE(L.bars[i].broken);
+
+  auto has_text = [&](const std::string& t) {
+    return std::any_of(L.texts.begin(), L.texts.end(), [&](const auto& x) { return x.text == t; });
+  };
+  CHECK(has_text("hsdp (fsdp2)"));
+  CHECK(has_text("shard group 8 x 2 replicas"));
+  CHECK(has_text("replicated on 16 GPUs"));
+  CHECK(has_text("sharded over 16 GPUs"));
+  char ddp_total[32];
+  std::snprintf(ddp_total, sizeof ddp_total, "%.0f GiB", best[0].result.peak_bytes / gib);
+  CHECK(has_text(ddp_total));  // the broken bar's total, written
+  CHECK(has_text("does not fit"));
+  CHECK(has_text("not runnable"));
+  CHECK(has_text("capacity 80.00 GiB"));
+  CHECK(has_text("logits and loss (head activations)"));
+
+  // The head's activations are their own segment wherever the simulator found them at the peak,
+  // and the segments of a bar that is not broken add up to its peak.
+  for (std::size_t i = 1; i < 4; ++i) {
+    const auto& b = L.bars[i];
+    const auto& r = best[i].result;
+    double sum = 0;
+    bool head = false;
+    for (const auto& seg : b.segments) {
+      sum += seg.gib;
+      if (seg.category == 4) {
+        head = true;
+        CHECK(seg.gib == doctest::Approx(r.head_activations_at_peak / gib));
+      }
+    }
+    CHECK(sum == doctest::Approx(r.peak_bytes / gib));
+    CHECK(head == (r.head_activations_at_peak > 0));
+  }
+
+  // Every label on the canvas, no two overlapping, none across the capacity or usable line.
+  for (std::size_t i = 0; i < L.texts.size(); ++i) {
+    const auto& a = L.texts[i];
+    INFO("label \"" << a.text << "\"");
+    CHECK(a.left >= 0);
+    CHECK(a.top >= 0);
+    CHECK(a.right <= L.width);
+    CHECK(a.bottom <= L.height);
+    for (double ly : {L.capacity_y, L.usable_y})
+      CHECK_FALSE((a.right > L.plot_left && a.left < L.plot_right && a.top < ly + 1 && a.bottom > ly - 1));
+    for (std::size_t k = i + 1; k < L.texts.size(); ++k) {
+      const auto& b = L.texts[k];
+      INFO("and \"" << b.text << "\"");
+      CHECK_FALSE((a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom));
+    }
+  }
+}
+
+TEST_CASE("svg::text widths are estimated on the wide side") {
+  // DejaVu Sans, rounded up: digits 0.64 em, "M" 0.9 em; bold 12% wider.
+  CHECK(planner::text_width("10", 10, false) == doctest::Approx(12.8));
+  CHECK(planner::text_width("M", 10, true) == doctest::Approx(10.08));
+  CHECK(planner::text_width("", 11, false) == 0);
+}
+
+TEST_CASE("trace::processes and threads named, the CPU optimizer on its own lane, all-gathers flow to compute") {
+  const auto sc = scenario();
+  auto spec = make_spec("zero3", std::nullopt, sc.cluster.gpus_per_node);
+  spec.offload = Offload::optimizer;
+  TrainingJob job = sc.job;
+  job.micro_batch = 2;
+  job.checkpointing = Checkpointing::full;
+  Trace trace;
+  const auto e = planner::evaluate(sc, spec, job, &trace);
+  REQUIRE(e.result.valid);
+  REQUIRE(e.result.host_optimizer_s > 0);
+  // The trace as the program writes it, read back.
+  const auto doc = nlohmann::json::parse(io::json_text(planner::trace_to_chrome_json(trace)));
+  const auto& events = doc.at("traceEvents");
+
+  std::map<std::pair<int, int>, std::string> threads;
+  std::map<int, std::string> processes;
+  for (const auto& ev : events) {
+    if (ev.at("ph") != "M") continue;
+    if (ev.at("name") == "process_name") processes[ev.at("pid")] = ev.at("args").at("name");
+    if (ev.at("name") == "thread_name") threads[{ev.at("pid"), ev.at("tid")}] = ev.at("args").at("name");
+  }
+  CHECK(processes == std::map<int, std::string>{{1, "GPU (one rank, simulated step)"}, {2, "host CPUs"}});
+  CHECK(threads == std::map<std::pair<int, int>, std::string>{{{1, 0}, "compute"},
+                                                              {{1, 1}, "all-gather"},
+                                                              {{1, 2}, "reduce-scatter"},
+                                                              {{1, 3}, "all-reduce"},
+                                                              {{1, 4}, "host transfers"},
+                                                              {{2, 0}, "CPU optimizer"}});
+
+  // The optimizer lane holds the CPU optimizer step, as long as the summary says it took.
+  double optimizer_us = 0;
+  int optimizer_spans = 0;
+  for (const auto& ev : events)
+    if (ev.at("ph") == "X" && ev.at("pid") == 2) {
+      CHECK(ev.at("name") == "CPU optimizer step");
+      optimizer_us += ev.at("dur").get<double>();
+      ++optimizer_spans;
+    }
+  CHECK(optimizer_spans == 1);
+  CHECK(optimizer_us == doctest::Approx(e.result.host_optimizer_s * 1e6));
+  const auto table = planner::evaluation_table(sc, e);
+  CHECK(contains(table, "optimizer step on the host's CPUs"));
+  CHECK(contains(table, planner::seconds(e.result.host_optimizer_s)));
+  CHECK_FALSE(contains(table, "    optimizer step "));  // no compute-stream line saying 0
+  // The host transfers' lane holds the transfers alone, and the summary's busy time is theirs.
+  double transfers_us = 0;
+  for (const auto& ev : events)
+    if (ev.at("ph") == "X" && ev.at("pid") == 1 && ev.at("tid") == 4) transfers_us += ev.at("dur").get<double>();
+  const double transfers_s = e.result.busy_s[static_cast<int>(Stream::host)] - e.result.host_optimizer_s;
+  CHECK(transfers_us == doctest::Approx(transfers_s * 1e6));
+  CHECK(contains(table, "(busy " + planner::seconds(transfers_s) + ")\n"));
+
+  // Every flow start (on an all-gather) has one end, bound to a compute span starting no earlier.
+  std::map<int, nlohmann::json> starts, ends;
+  std::vector<std::pair<double, double>> gathers, computes;  // (start, end) in µs
+  for (const auto& ev : events) {
+    if (ev.at("ph") == "s") CHECK(starts.emplace(ev.at("id").get<int>(), ev).second);
+    if (ev.at("ph") == "f") CHECK(ends.emplace(ev.at("id").get<int>(), ev).second);
+    if (ev.at("ph") == "X" && ev.at("pid") == 1) {
+      const double ts = ev.at("ts"), dur = ev.at("dur");
+      if (ev.at("tid") == 1 && ev.at("name").get<std::string>().rfind("all-gather ", 0) == 0)
+        gathers.emplace_back(ts, ts + dur);
+      if (ev.at("tid") == 0) computes.emplace_back(ts, ts + dur);
+    }
+  }
+  REQUIRE_FALSE(gathers.empty());
+  CHECK(starts.size() == gathers.size());  // ZeRO-3 gathers each unit before its compute
+  CHECK(ends.size() == starts.size());
+  for (const auto& [id, s] : starts) {
+    INFO("flow " << id);
+    REQUIRE(ends.count(id) == 1);
+    const auto& f = ends.at(id);
+    CHECK(f.at("bp") == "e");
+    CHECK(s.at("tid") == 1);
+    CHECK(f.at("tid") == 0);
+    CHECK(s.at("pid") == 1);
+    CHECK(f.at("pid") == 1);
+    const double sts = s.at("ts"), fts = f.at("ts");
+    CHECK(std::any_of(gathers.begin(), gathers.end(), [&](auto g) { return g.first <= sts && sts <= g.second; }));
+    // The end is bound to the compute span that starts there, after the gather it leaves from.
+    const auto gather = std::find_if(gathers.begin(), gathers.end(), [&](auto g) { return g.first <= sts && sts <= g.second; });
+    CHECK(fts >= gather->second * (1 - 1e-9));
+    CHECK(std::any_of(computes.begin(), computes.end(), [&](auto c) { return c.first == fts; }));
+  }
 }
 
 TEST_CASE("emit::every other block checkpointed, as code and as torchtitan 0.2.x keys") {
