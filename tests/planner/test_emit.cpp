@@ -455,7 +455,9 @@ TEST_CASE("trace::processes and threads named, the CPU optimizer on its own lane
   REQUIRE_FALSE(gathers.empty());
   CHECK(starts.size() == gathers.size());  // ZeRO-3 gathers each unit before its compute
   CHECK(ends.size() == starts.size());
-  for (const auto& [id, s] : starts) {
+  for (const auto& start : starts) {
+    const auto id = start.first;  // a copy: doctest's INFO cannot capture a structured binding
+    const auto& s = start.second;
     INFO("flow " << id);
     REQUIRE(ends.count(id) == 1);
     const auto& f = ends.at(id);
@@ -507,7 +509,9 @@ TEST_CASE("emit::the reduce dtype follows the precision, as the frameworks defau
     return planner(a);
   };
   const std::pair<const char*, const char*> ds_cases[] = {{"fp32", "fp32"}, {"fp16-mixed", "fp16"}, {"bf16-mixed", "bf16"}};
-  for (const auto& [precision, want] : ds_cases) {
+  for (const auto& ds_case : ds_cases) {
+    const char* precision = ds_case.first;  // doctest's CAPTURE cannot capture a structured binding
+    const char* want = ds_case.second;
     CAPTURE(precision);
     const auto r = run({"--precision", precision, "--emit", "deepspeed"});
     REQUIRE(r.code == 0);
