@@ -53,8 +53,11 @@ int run(int argc, char** argv) {
       std::cout << command_line.help_text;
     return 0;
   case calibrate::CommandLine::Command::import_logs:
+  case calibrate::CommandLine::Command::import_overheads:
     try {
-      return calibrate::run_import(command_line.import, std::cout);
+      return command_line.command == calibrate::CommandLine::Command::import_logs
+                 ? calibrate::run_import(command_line.import, std::cout)
+                 : calibrate::run_import_overheads(command_line.overheads, std::cout);
     } catch (const costmodel::InputError& e) {
       fmt::print(stderr, "calibrate: {}\n", e.what());
       return 2;

@@ -192,6 +192,24 @@ CLI::App* add_import_command(CLI::App& app, ImportOptions& imp, ImportTexts& t) 
   return import_command;
 }
 
+CLI::App* add_import_overheads_command(CLI::App& app, OverheadsImportOptions& o) {
+  auto* command = app.add_subcommand(
+      "import-overheads",
+      "Merges a framework's host-side costs measured on this host by\n"
+      "validation/measure_overheads.py (torch, FSDP and DeepSpeed's own code: hooks per unit,\n"
+      "per tensor and per submodule, op dispatch, DeepSpeed CPUAdam's and torch AdamW's host\n"
+      "rates) into --into PROFILE (written to --out or in place).");
+  command->add_option("measurement", o.measurement, "measure_overheads.py's --out file")
+      ->required()
+      ->type_name("FILE");
+  command->add_option("--into", o.into, "existing profile to merge the overheads into")
+      ->required()
+      ->type_name("FILE");
+  command->add_option("--out,-o", o.out, "file to write [default: --into, in place]")
+      ->type_name("FILE");
+  return command;
+}
+
 void read_import(const CLI::App& import_command, const ImportTexts& t, ImportOptions& imp) {
   if (import_command.count("--ranks"))
     imp.ranks = static_cast<int>(
@@ -341,6 +359,8 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   ImportOptions imp;
   ImportTexts import_texts;
   auto* import_command = add_import_command(app, imp, import_texts);
+  OverheadsImportOptions overheads;
+  auto* overheads_command = add_import_overheads_command(app, overheads);
 
   CommandLine result;
   try {
@@ -365,6 +385,14 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     result.command = CommandLine::Command::import_logs;
     read_import(*import_command, import_texts, imp);
     result.import = std::move(imp);
+    return result;
+  }
+  if (overheads_command->parsed()) {
+    result.command = CommandLine::Command::import_overheads;
+    named(*overheads_command, "measurement", overheads.measurement);
+    named(*overheads_command, "--into", overheads.into);
+    named(*overheads_command, "--out", overheads.out);
+    result.overheads = std::move(overheads);
     return result;
   }
   read_sweep(app, measure_texts, m);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "calibrate/fit.hpp"
+#include "calibrate/overheads_import.hpp"
 #include "calibrate/sweep.hpp"
 #include "comm/fault_injection.hpp"
 #include "comm/groups.hpp"
@@ -62,10 +63,11 @@ struct ImportOptions {
 };
 
 struct CommandLine {
-  enum class Command { measure, import_logs, help };
+  enum class Command { measure, import_logs, import_overheads, help };
   Command command = Command::measure;
   MeasureOptions measure;
   ImportOptions import;
+  OverheadsImportOptions overheads;
   std::string help_text; // for Command::help
 };
 
