@@ -1,5 +1,9 @@
 #include "calibrate/compute_calibration.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+
 #include "calibrate/attention_bench.hpp"
 #include "calibrate/cpu_bench.hpp"
 #include "calibrate/elementwise_bench.hpp"
@@ -62,6 +66,45 @@ std::vector<GemmMeasurement> cpu_gemms(const std::vector<GemmShape>& shapes, boo
   return out;
 }
 
+// The straggler wait of a blocking collective (costmodel::StragglerWait): one transformer block's
+// GEMMs, forward and backward (the compute between two of FSDP's collectives is a block's forward
+// or backward), run back to back, started together on every rank, as many times as fill
+// kStragglerSeconds (8 to 40); per repetition the slowest rank's time less the ranks' mean is what
+// the ranks wait, on average, at the collective that follows.
+constexpr double kStragglerSeconds = 2.0;
+
+std::optional<costmodel::StragglerWait> measure_straggler_wait(const std::vector<GemmShape>& shapes,
+                                                               comm::Communicator& world) {
+  const int ranks = world.size();
+  std::vector<GemmShape> block;
+  std::copy_if(shapes.begin(), shapes.end(), std::back_inserter(block),
+               [](const GemmShape& s) { return !s.head; });
+  if (ranks < 2 || block.empty())
+    return std::nullopt;
+  // One run first (every rank the same count of runs: the slowest rank's first run decides).
+  double first = time_cpu_gemm_sequence(block, 1, [&] { world.barrier(); }).front();
+  world.all_reduce(&first, &first, 1, comm::DataType::f64, comm::ReduceOp::max);
+  const int repetitions =
+      std::clamp(static_cast<int>(std::ceil(kStragglerSeconds / std::max(first, 1e-9))), 8, 40);
+  const std::vector<double> times =
+      time_cpu_gemm_sequence(block, repetitions, [&] { world.barrier(); });
+  std::vector<double> slowest(times.size()), sum(times.size());
+  world.all_reduce(times.data(), slowest.data(), times.size(), comm::DataType::f64,
+                   comm::ReduceOp::max);
+  world.all_reduce(times.data(), sum.data(), times.size(), comm::DataType::f64,
+                   comm::ReduceOp::sum);
+  double waited = 0, computed = 0;
+  std::vector<double> means;
+  for (std::size_t i = 0; i < times.size(); ++i) {
+    const double mean = sum[i] / ranks;
+    waited += slowest[i] - mean;
+    computed += mean;
+    means.push_back(mean);
+  }
+  std::nth_element(means.begin(), means.begin() + means.size() / 2, means.end());
+  return costmodel::StragglerWait{waited / computed, ranks, means[means.size() / 2], repetitions};
+}
+
 } // namespace
 
 ComputeCalibration measure_compute(const ComputeSettings& settings, comm::Communicator& host_world,
@@ -110,6 +153,7 @@ ComputeCalibration measure_compute(const ComputeSettings& settings, comm::Commun
     auto squares = cpu_gemms(square_gemm_shapes(false), false, host_world);
     c.gemm.insert(c.gemm.end(), squares.begin(), squares.end());
     keep_slowest(host_world, c.gemm);
+    c.straggler_wait = measure_straggler_wait(settings.model_shapes, host_world);
     if (!settings.elementwise_ops.empty()) {
       host_world.barrier();
       c.elementwise_elems_per_s = slowest_rate(

@@ -40,6 +40,7 @@ struct ComputeCalibration {
   std::optional<double> optimizer_params_per_s;          // per rank, slowest rank
   std::optional<double> elementwise_elems_per_s;         // CPU: element passes/s, slowest rank
   std::vector<costmodel::AttentionSample> attention;     // slowest rank's time per core
+  std::optional<costmodel::StragglerWait> straggler_wait; // CPU ranks, two or more
 };
 
 // Collective over `host_world` (the MPI world). `backend_world` tells CPU from GPU ranks (an NCCL

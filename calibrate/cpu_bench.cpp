@@ -74,4 +74,30 @@ double measure_cpu_adam_rate(std::size_t params, int repetitions) {
   return static_cast<double>(params) * repetitions / seconds;
 }
 
+std::vector<double> time_cpu_gemm_sequence(const std::vector<GemmShape>& shapes, int repetitions,
+                                           const std::function<void()>& start_together) {
+  struct Operands {
+    Eigen::MatrixXf a, b, c;
+  };
+  std::vector<Operands> operands;
+  for (const auto& s : shapes)
+    operands.push_back({Eigen::MatrixXf::Random(s.m, s.k), Eigen::MatrixXf::Random(s.k, s.n),
+                        Eigen::MatrixXf(s.m, s.n)});
+  auto run = [&] {
+    for (auto& o : operands)
+      o.c.noalias() = o.a * o.b;
+  };
+  run(); // untimed: first touch of the outputs, caches
+  std::vector<double> times;
+  for (int i = 0; i < repetitions; ++i) {
+    start_together();
+    const auto begin = std::chrono::steady_clock::now();
+    run();
+    times.push_back(seconds_since(begin));
+  }
+  volatile float sink = operands.empty() ? 0.f : operands.front().c(0, 0);
+  (void)sink;
+  return times;
+}
+
 } // namespace shardplan::calibrate

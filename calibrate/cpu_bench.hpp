@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "calibrate/gemm_shapes.hpp"
@@ -18,5 +19,9 @@ double measure_cpu_copy_bandwidth(std::size_t bytes, int repetitions);
 // Parameters per second of a fused Adam step (Kingma & Ba 2015, Algorithm 1) on fp32 arrays of
 // `params` elements: the host-side optimizer of an offloaded run.
 double measure_cpu_adam_rate(std::size_t params, int repetitions);
+// Seconds of each of `repetitions` runs of the shapes' GEMMs back to back (one untimed run first),
+// each run begun by start_together() (a barrier across the ranks).
+std::vector<double> time_cpu_gemm_sequence(const std::vector<GemmShape>& shapes, int repetitions,
+                                           const std::function<void()>& start_together);
 
 } // namespace shardplan::calibrate

@@ -14,19 +14,19 @@ std::vector<GemmShape> model_gemm_shapes(const costmodel::ModelSpec& model, std:
     else
       it->count += s.count;
   };
-  auto linear = [&](std::int64_t out, std::int64_t in, std::int64_t count) {
-    add({tokens, out, in, count}); // y = x·Wᵀ
-    add({tokens, in, out, count}); // dx = dy·W
-    add({out, in, tokens, count}); // dW = dyᵀ·x
+  auto linear = [&](std::int64_t out, std::int64_t in, std::int64_t count, bool head) {
+    add({tokens, out, in, count, head}); // y = x·Wᵀ
+    add({tokens, in, out, count, head}); // dx = dy·W
+    add({out, in, tokens, count, head}); // dW = dyᵀ·x
   };
   for (const auto& t : model.block.tensors)
     if (t.is_matrix())
-      linear(t.rows, t.cols, model.layers);
+      linear(t.rows, t.cols, model.layers, false);
   // The head's projection: its own matrix, or the embedding matrix it is tied to.
   const auto& head = model.tied_embeddings ? model.embedding.tensors : model.head.tensors;
   for (const auto& t : head)
     if (t.is_matrix()) {
-      linear(t.rows, t.cols, 1);
+      linear(t.rows, t.cols, 1, true);
       break;
     }
   return shapes;

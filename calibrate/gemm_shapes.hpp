@@ -16,6 +16,7 @@ namespace shardplan::calibrate {
 struct GemmShape {
   std::int64_t m = 0, n = 0, k = 0;
   std::int64_t count = 1; // how many times one forward and backward runs it (model shapes)
+  bool head = false;      // the head's projection only (not a transformer block's)
   bool same_dims(const GemmShape& o) const { return m == o.m && n == o.n && k == o.k; }
   double flops() const {
     return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);

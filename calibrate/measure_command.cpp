@@ -166,6 +166,7 @@ void add_compute(const MeasureOptions& o, const ComputeCalibration& c, const Pre
   record.memory_bandwidth_Bps = c.memory_bandwidth_Bps;
   record.elementwise_elems_per_s = c.elementwise_elems_per_s;
   record.attention = c.attention;
+  record.straggler_wait = c.straggler_wait;
   json& extra = record.extra;
   const double model_rate = model_gemm_rate(c.gemm, c.model_dtype);
   json peaks = json::object();

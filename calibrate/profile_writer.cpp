@@ -83,6 +83,11 @@ json calibration_to_json(const CalibrationRecord& r) {
     doc["memory_bandwidth_GBps"] = rounded(*r.memory_bandwidth_Bps / kGB, 4);
   if (r.elementwise_elems_per_s)
     doc["elementwise_Gelems_per_s"] = rounded(*r.elementwise_elems_per_s / 1e9, 4);
+  if (r.straggler_wait)
+    doc["straggler_wait"] = {{"fraction", rounded(r.straggler_wait->fraction, 4)},
+                             {"ranks", r.straggler_wait->ranks},
+                             {"segment_us", rounded(r.straggler_wait->segment_s * 1e6)},
+                             {"repetitions", r.straggler_wait->repetitions}};
   if (!r.attention.empty()) {
     json attention = json::array();
     for (const auto& a : r.attention)

@@ -38,6 +38,7 @@ struct CalibrationRecord {
   std::optional<double> memory_bandwidth_Bps; // device copy bandwidth
   std::optional<double> elementwise_elems_per_s; // costmodel/elementwise.hpp passes per second
   std::vector<costmodel::AttentionSample> attention; // the model's attention cores, as run
+  std::optional<costmodel::StragglerWait> straggler_wait; // two or more ranks
   nlohmann::json extra = nlohmann::json::object();
 };
 

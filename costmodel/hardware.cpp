@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <numbers>
 
 #include <fmt/format.h>
 
@@ -103,6 +104,16 @@ Calibration read_calibration(const nlohmann::json& j, const std::string& ptr) {
     c.memory_bandwidth_Bps = *bw * kGB;
   if (auto rate = r.optional_number("elementwise_Gelems_per_s", Range::positive()))
     c.elementwise_elems_per_s = *rate * 1e9;
+  if (const auto* sw = r.optional_object("straggler_wait")) {
+    ObjectReader w(*sw, r.pointer_of("straggler_wait"));
+    StragglerWait s;
+    s.fraction = w.number("fraction", Range::between(0, 10));
+    s.ranks = static_cast<int>(w.integer("ranks", Range{2, 1e7, false}));
+    s.segment_s = w.number("segment_us", Range::positive()) * 1e-6;
+    s.repetitions = static_cast<int>(w.integer("repetitions", Range{1, 1e9, false}));
+    w.finish();
+    c.straggler_wait = s;
+  }
   if (const auto* as = r.optional_array("attention")) {
     for (std::size_t i = 0; i < as->size(); ++i) {
       ObjectReader a((*as)[i], fmt::format("{}/attention/{}", ptr, i));
@@ -181,6 +192,36 @@ double HardwareProfile::peak(DType d) const {
     if (it != peak_flops.end()) return it->second;
   }
   return 0.0;
+}
+
+namespace {
+// The standard normal quantile Φ⁻¹(p), by bisection on Φ(x) = erfc(−x/√2)/2.
+double normal_quantile(double p) {
+  double lo = -40, hi = 40;
+  for (int i = 0; i < 200; ++i) {
+    const double mid = (lo + hi) / 2;
+    (0.5 * std::erfc(-mid / std::numbers::sqrt2) < p ? lo : hi) = mid;
+  }
+  return (lo + hi) / 2;
+}
+
+// E[max of n independent standard normal variables] (the expected largest of n ranks' times, in
+// standard deviations above their mean): exact values for n <= 8 (Harter 1961, "Expected values of
+// normal order statistics", Biometrika 48, Table 1: 1/√π for n = 2), then Blom's approximation
+// Φ⁻¹((n − 0.375) / (n + 0.25)) (Blom 1958, "Statistical Estimates and Transformed Beta-Variables").
+double expected_normal_maximum(int n) {
+  static constexpr double kExact[] = {0, 0, 0.56419, 0.84628, 1.02938, 1.16296, 1.26721, 1.35218, 1.42360};
+  if (n <= 8) return kExact[std::max(n, 0)];
+  return normal_quantile((n - 0.375) / (n + 0.25));
+}
+}  // namespace
+
+double HardwareProfile::straggler_wait_fraction(int ranks) const {
+  if (!calibration || !calibration->straggler_wait || ranks < 2) return 0;
+  const auto& s = *calibration->straggler_wait;
+  // The slowest of n ranks runs E[max of n] standard deviations over the mean: scaled from the
+  // measured rank count to this one.
+  return s.fraction * expected_normal_maximum(ranks) / expected_normal_maximum(s.ranks);
 }
 
 double HardwareProfile::host_optimizer_rate(const std::string& family) const {

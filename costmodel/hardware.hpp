@@ -80,6 +80,18 @@ struct FrameworkOverheads {
   double forward_submodule_s = 0, backward_submodule_s = 0;
 };
 
+// What a collective that blocks the computing thread waits for the slowest rank: the ranks run the
+// same work between two collectives, but each run's time varies (other processes, the OS, caches),
+// so each collective ends at the slowest rank's arrival. calibrate starts one transformer block's
+// GEMMs together on every rank, `repetitions` times, and keeps
+// fraction = Σ(slowest − mean) / Σ mean over the repetitions, at `ranks` ranks.
+struct StragglerWait {
+  double fraction = 0;   // of the compute time between two collectives
+  int ranks = 0;         // ranks it was measured with
+  double segment_s = 0;  // the median mean time of the measured segment
+  int repetitions = 0;
+};
+
 struct Calibration {
   std::string date;      // ISO 8601
   std::string backend;   // "nccl" or "mpi"
@@ -95,6 +107,7 @@ struct Calibration {
   // without it (a datasheet profile) compute_efficiency stands for the whole step.
   std::optional<double> elementwise_elems_per_s;
   std::vector<AttentionSample> attention;      // the model's attention cores, as run
+  std::optional<StragglerWait> straggler_wait; // measured on two or more ranks
   nlohmann::json extra;                        // anything calibrate keeps for the record
 };
 
@@ -156,6 +169,9 @@ struct HardwareProfile {
   double clock_ratio() const { return boost_clock_hz > 0 ? sustained_clock_hz / boost_clock_hz : 1.0; }
   // The host optimizer rate of a framework family ("deepspeed" or "torch").
   double host_optimizer_rate(const std::string& family) const;
+  // The calibrated straggler wait of a blocking collective over `ranks` ranks, as a fraction of
+  // the compute time since the previous collective; 0 without a measurement or for one rank.
+  double straggler_wait_fraction(int ranks) const;
 };
 
 // A profile name (stem under hardware_profiles/) or a path. Throws InputError.

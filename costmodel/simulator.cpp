@@ -75,6 +75,7 @@ class Simulation {
       spec_.root_unit = false;
     }
     if (!frameworks_) spec_.root_unit = spec_.reduce_copy_in = false;
+    straggler_fraction_ = in.hardware->straggler_wait_fraction(in.cluster.gpus);
   }
 
   StepResult run();
@@ -205,12 +206,25 @@ class Simulation {
   double pending_reduce_bytes_ = 0;
   std::vector<int> pending_units_;
   double kept_grad_bytes_ = 0;  // gradients kept until zero_grad at the end of the step
+  // Blocking collectives: the straggler wait's fraction for the world's ranks, and the compute
+  // issued since the last collective.
+  double straggler_fraction_ = 0;
+  double compute_since_collective_ = 0;
 };
 
 double Simulation::issue(Stream s, double ready, Stream cause, double dur, const char* what, int unit) {
   // Where collectives block the thread that computes (a CPU profile's MPI): everything is one
-  // stream.
+  // stream, and each collective first waits for the slowest rank to arrive: the calibrated
+  // straggler fraction of the compute since the previous collective (HardwareProfile::
+  // straggler_wait_fraction).
+  if (in_.hardware->collectives_block && s == Stream::compute) compute_since_collective_ += dur;
   if (in_.hardware->collectives_block && s != Stream::compute) {
+    if (dur > 0) {
+      const double wait = straggler_fraction_ * compute_since_collective_;
+      compute_since_collective_ = 0;
+      result_.straggler_wait_s += wait;
+      dur += wait;
+    }
     const double start = std::max(free_at_[0], ready);
     free_at_[0] = start + dur;
     free_at_[static_cast<int>(s)] = free_at_[0];

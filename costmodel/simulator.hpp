@@ -88,6 +88,8 @@ struct StepResult {
   double comm_bytes_per_gpu = 0;  // bytes each GPU sends per step
   std::array<double, kCollectives> comm_bytes_by_op{};  // the same bytes by collective (sums to it)
   double host_optimizer_s = 0;    // an offload plan's CPU optimizer step (on the host stream)
+  // Blocking collectives (a CPU profile): the time they wait for the slowest rank, in exposed_s.
+  double straggler_wait_s = 0;
   double tokens_per_s = 0;        // whole job
   double model_flops = 0;         // per step, whole job, without recompute (6·tokens·params-ish)
   double mfu = 0;

@@ -172,6 +172,7 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
         {"optimizer_s", r.optimizer_s},
         {"compute_by_kind_s", by_kind},
         {"exposed_comm_s", r.exposed_comm_s},
+        {"straggler_wait_s", r.straggler_wait_s},
         {"exposed_by_stream_s", exposed}}},
       {"comm", {{"bytes_per_gpu", r.comm_bytes_per_gpu}, {"bytes_by_collective", bytes_by_op},
                 {"calibrated", r.calibrated_comm},

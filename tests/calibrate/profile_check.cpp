@@ -1,6 +1,7 @@
 // Test helper: loads a hardware profile through the cost model (as the planner does) and checks
 // that it carries a calibration with at least the expected number of collective curves and of
 // attention cores, each core with positive forward and backward times.
+// CPU ranks that timed GEMMs must carry a measured straggler wait.
 // Usage: profile_check PROFILE [MIN_CURVES [MIN_ATTENTION]]. Exit 0 when it does, 1 otherwise.
 #include <cstdlib>
 #include <exception>
@@ -38,6 +39,17 @@ int main(int argc, char** argv) {
         fmt::print(stderr, "{}: an attention core without positive times\n", argv[1]);
         return 1;
       }
+    }
+    // CPU ranks that timed GEMMs also timed the straggler wait of a blocking collective.
+    const auto& cal = *profile.calibration;
+    if (cal.backend == "mpi" && cal.ranks >= 2 && !cal.gemm.empty()) {
+      if (!cal.straggler_wait || cal.straggler_wait->ranks != cal.ranks ||
+          !(cal.straggler_wait->fraction >= 0) || !(cal.straggler_wait->segment_s > 0)) {
+        fmt::print(stderr, "{}: expected a straggler wait measured on {} ranks\n", argv[1], cal.ranks);
+        return 1;
+      }
+      fmt::print("straggler wait on {} ranks: {:.2f}% of a {:.1f} us segment\n", cal.ranks,
+                 100 * cal.straggler_wait->fraction, cal.straggler_wait->segment_s * 1e6);
     }
     for (const auto& c : profile.calibration->collectives)
       fmt::print("{} {} ranks {}: {} pieces, median error {:.1f}%, max {:.1f}%\n",

@@ -252,6 +252,29 @@ TEST_CASE("hardware::a CPU profile's collectives block unless it says they overl
   CHECK_FALSE(hardware_from_json(profile_doc("h100-sxm5-80gb"), "x").collectives_block);
 }
 
+TEST_CASE("hardware::a straggler wait is read, checked, and scaled by the expected slowest of n ranks") {
+  json doc = read_json_file(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/executor/data/cpu-test.json");
+  doc["calibration"] = calibration_doc();
+  CHECK(hardware_from_json(doc, "x").straggler_wait_fraction(2) == 0);  // not measured
+  doc["calibration"]["straggler_wait"] = {{"fraction", 0.05}, {"ranks", 2}, {"segment_us", 1500}, {"repetitions", 40}};
+  const auto p = hardware_from_json(doc, "x");
+  CHECK(p.straggler_wait_fraction(1) == 0);  // one rank waits for nobody
+  CHECK(p.straggler_wait_fraction(2) == doctest::Approx(0.05));
+  // The slowest of n ranks lies E[max of n standard normals] deviations above the mean: 1/√π =
+  // 0.56419 for 2, 1.02938 for 4 (Harter 1961, Table 1), 3.2414 for 1000 (the same table).
+  CHECK(p.straggler_wait_fraction(4) == doctest::Approx(0.05 * 1.02938 / 0.56419));
+  CHECK(p.straggler_wait_fraction(1000) == doctest::Approx(0.05 * 3.2414 / 0.56419).epsilon(0.01));
+  json bad = doc;
+  bad["calibration"]["straggler_wait"]["ranks"] = 1;
+  CHECK(error_of([&] { hardware_from_json(bad, "x"); }) == "/calibration/straggler_wait/ranks: must be >= 2, got 1");
+  bad = doc;
+  bad["calibration"]["straggler_wait"]["fraction"] = -0.1;
+  CHECK(error_of([&] { hardware_from_json(bad, "x"); }).rfind("/calibration/straggler_wait/fraction: ", 0) == 0);
+  bad = doc;
+  bad["calibration"]["straggler_wait"]["spread"] = 1;
+  CHECK(error_of([&] { hardware_from_json(bad, "x"); }) == "/calibration/straggler_wait/spread: unknown key");
+}
+
 TEST_CASE("hardware::collectives must be blocking or overlapped, and a GPU's never block") {
   json doc = read_json_file(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/executor/data/cpu-test.json");
   doc["gpu"]["collectives"] = "async";

@@ -347,6 +347,28 @@ TEST_CASE("simulator::a CPU profile whose collectives overlap hides what compute
   }
 }
 
+TEST_CASE("simulator::a blocking collective waits the straggler fraction of the compute before it") {
+  // DDP on a blocking CPU profile: every compute of forward and backward precedes one of the
+  // bucket all-reduces (the last at the end of backward); only the optimizer step follows the last.
+  // So the waits add up to the fraction times the compute less the optimizer, and the step grows
+  // by exactly that.
+  const auto model = load_model("gpt2");
+  auto hw = load_hardware(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/executor/data/cpu-test.json");
+  REQUIRE(hw.collectives_block);
+  hw.calibration = Calibration{};  // measured nothing else
+  const auto before = run(model, hw, 2, "ddp", Accounting::framework, 2, 1, 256);
+  CHECK(before.straggler_wait_s == 0);
+  hw.calibration->straggler_wait = StragglerWait{0.1, 2, 1e-3, 40};
+  const auto after = run(model, hw, 2, "ddp", Accounting::framework, 2, 1, 256);
+  CHECK(after.straggler_wait_s == doctest::Approx(0.1 * (after.compute_s - after.optimizer_s)));
+  CHECK(after.step_s - before.step_s == doctest::Approx(after.straggler_wait_s));
+  CHECK(after.exposed_comm_s - before.exposed_comm_s == doctest::Approx(after.straggler_wait_s));
+  CHECK(after.compute_s == doctest::Approx(before.compute_s));
+  // On streams of their own (a GPU, or --collective-streams) nothing is added.
+  hw.collectives_block = false;
+  CHECK(run(model, hw, 2, "ddp", Accounting::framework, 2, 1, 256).straggler_wait_s == 0);
+}
+
 TEST_CASE("simulator::a bare parameter count computes as the model of that size and depth") {
   // llama-2-7b: 6,738,415,616 parameters in 32 blocks (Touvron et al. 2023, Table 1's 7B; the
   // preset's exact count). A --params model of that count and depth derives GPT-3's block from it
