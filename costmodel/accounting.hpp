@@ -11,7 +11,8 @@
 
 namespace shardplan::costmodel {
 
-// `framework`: what the flavour really keeps (FACTS.md); `zero_paper`: Rajbhandari et al. 2020
+// `framework`: what the flavour really keeps (its buffers, copies and partitions, each cited where
+// sharding.hpp and the simulator model it); `zero_paper`: Rajbhandari et al. 2020
 // §3, 2 + 2 + K bytes per parameter with K = 12 (fp32 master 4, momentum 4, variance 4).
 enum class Accounting { framework, zero_paper };
 

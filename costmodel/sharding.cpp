@@ -127,7 +127,9 @@ ShardingSpec make_spec(const std::string& strategy, std::optional<Flavour> flavo
     throw InputError("--flavour", fmt::format("{} is not implemented by {}; use {}", strategy,
                                               flavour_name(s.flavour), fmt::join(ok, " or ")));
   }
-  // The three sharding switches (DESIGN.md table).
+  // The three sharding switches: ZeRO-1 shards the optimizer states, ZeRO-2 and SHARD_GRAD_OP the
+  // gradients too, ZeRO-3 and FULL_SHARD the parameters too (Rajbhandari et al. 2020, §5;
+  // torch.distributed.fsdp.ShardingStrategy).
   if (strategy == "zero1") {
     s.shard_optimizer = true;
   } else if (strategy == "zero2" || strategy == "fsdp-grad-op") {

@@ -1,5 +1,5 @@
 // ShardingSpec: one point in the space that DDP, ZeRO-1/2/3, FSDP's strategies and HSDP all live
-// in (DESIGN.md, "a strategy is a configuration"). The cost model and the executor take this one
+// in: a strategy is a configuration of what is sharded and how it is scheduled. The cost model and the executor take this one
 // struct; a named strategy is only a preset of it, and a framework flavour fills in its defaults.
 #pragma once
 

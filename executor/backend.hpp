@@ -1,7 +1,7 @@
 // Where the model and the engine compute: the layer kernels of kernels.hpp, the engine's copies,
 // AdamW, and the order of compute against the collectives. The
-// model and the sharding engine are written once against this interface (DESIGN.md: a strategy is
-// a configuration; so is a device):
+// model and the sharding engine are written once against this interface (a device is a
+// configuration, as a strategy is):
 //
 //   HostBackend<S>   runs every call on the calling thread over host memory (kernels.hpp); its
 //                    collectives (MPI) complete when they return, so ordering is free.

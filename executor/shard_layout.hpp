@@ -5,7 +5,7 @@
 // parameters are sharded, its gradients and optimizer states when those are. This is the FSDP1
 // FlatParameter's layout (torch/distributed/fsdp/_flat_param.py: flatten, pad to a multiple of
 // the world size, chunk) and DeepSpeed ZeRO-3's (each parameter padded to a multiple of the world
-// size, FACTS.md).
+// size: deepspeed/runtime/zero/partition_parameters.py, _partition_param).
 //
 // Small tensors (ZeRO-3's stage3_param_persistence_threshold): a unit whose tensors are ALL below
 // the threshold is never partitioned: every rank keeps it whole and it is never gathered (the cost

@@ -462,8 +462,8 @@ class Importer {
                                                   : DType::bf16;
     }
     if (stage_ > 0) s.reduce_bucket_bytes = reduce_bucket_elems_ * dtype_bytes(s.reduce_dtype);
-    // Stage 1/2 keep one contiguous reduce bucket, two when overlap_comm is on (FACTS.md,
-    // "DeepSpeed ZeRO"); the spec counts the stage's default (overlap on at stage 3 only).
+    // Stage 1/2 keep one contiguous reduce bucket, two when overlap_comm is on
+    // (deepspeed/runtime/zero/stage_1_and_2.py, the ipg buffers); the spec counts the stage's default (overlap on at stage 3 only).
     if (overlap_ && *overlap_)
       note(fmt::format("/zero_optimization/overlap_comm true at stage {}: DeepSpeed then keeps a "
                        "second reduce bucket that the model does not count (memory under-predicted "

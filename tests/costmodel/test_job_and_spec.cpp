@@ -115,7 +115,7 @@ TEST_CASE("job::cluster and batch say what would work") {
         "--micro-batch: 3 does not divide the 4 sequences per GPU (global batch 32 / 8 GPUs)");
 }
 
-TEST_CASE("sharding::presets are the DESIGN.md table") {
+TEST_CASE("sharding::presets shard what ZeRO's stages and FSDP's strategies shard") {
   const auto ddp = make_spec("ddp", std::nullopt, 8);
   CHECK_FALSE(ddp.shard_optimizer);
   CHECK(ddp.reduce_bucket_bytes == 25 * 1024 * 1024);  // torch DDP bucket_cap_mb = 25
