@@ -17,6 +17,7 @@
 #include "planner/emit_deepspeed.hpp"
 #include "planner/emit_fsdp.hpp"
 #include "planner/estimate.hpp"
+#include "planner/parallel_estimate.hpp"
 #include "planner/recommend.hpp"
 #include "planner/scenario.hpp"
 #include "planner/svg_chart.hpp"
@@ -42,6 +43,7 @@ struct CliOptions {
   std::optional<std::string> describe_model, describe_params;
   ScenarioOptions so;
   PlanOptions po;
+  ParallelOptions pa;  // estimate's tensor, pipeline and context parallelism
   std::optional<std::string> deepspeed_path;
   std::string trace_path;
   std::optional<std::string> emit;
@@ -80,6 +82,7 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
   c.estimate->add_option("--format", o.format, "table | json");
   c.estimate->add_option("--deepspeed", o.deepspeed_path,
                          "estimate an existing DeepSpeed config (instead of --strategy)");
+  add_parallel_options(*c.estimate, o.pa);
 
   c.simulate = app.add_subcommand("simulate", "estimate, and write the step's timeline");
   add_scenario_options(*c.simulate, o.so);
@@ -358,9 +361,33 @@ std::pair<Evaluation, std::vector<std::string>> evaluate_deepspeed_config(const 
   return {std::move(e), imported.assumptions};
 }
 
+// estimate with tensor, pipeline or context parallelism: the data-parallel strategy over what
+// is left, evaluated per pipeline stage.
+void run_parallel_estimate(const CliOptions& o, std::ostream& out) {
+  if (o.deepspeed_path) throw InputError("--deepspeed", "give either a DeepSpeed config or model-parallel flags");
+  if (!o.po.strategy) throw InputError("--strategy", "missing: the data-parallel strategy over the replicas");
+  Scenario sc = make_scenario(o.so, false);
+  const auto layout = layout_from_options(o.pa, sc);
+  const auto spec = make_plan_spec(o.po, *o.po.strategy, sc);
+  const auto r = costmodel::simulate_parallel_step(step_input(sc, spec, sc.job), layout);
+  if (!r.step.valid) throw InputError("--strategy", r.step.reason);
+  if (o.format == "json") {
+    auto j = parallel_to_json(sc, layout, spec, r);
+    j["hardware_profile"] = hardware_json(sc);
+    out << json_document(j);
+    return;
+  }
+  if (!sc.defaulted.empty()) out << defaults_line(sc) << "\n";
+  out << scenario_line(sc) << "\n" << hardware_line(sc) << "\n" << parallel_table(sc, layout, spec, r);
+}
+
 // estimate, and simulate (estimate that also writes the step's timeline).
 void run_estimate(const CliOptions& o, bool simulate, std::ostream& out) {
   check_format(o.format);
+  if (!simulate && o.pa.given()) {
+    run_parallel_estimate(o, out);
+    return;
+  }
   if (simulate) io::check_destination(o.trace_path, "--trace");
   Scenario sc = make_scenario(o.so);
   costmodel::Trace trace;
