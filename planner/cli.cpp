@@ -18,6 +18,7 @@
 #include "planner/emit_fsdp.hpp"
 #include "planner/estimate.hpp"
 #include "planner/parallel_estimate.hpp"
+#include "planner/parallel_search.hpp"
 #include "planner/recommend.hpp"
 #include "planner/scenario.hpp"
 #include "planner/svg_chart.hpp"
@@ -50,6 +51,7 @@ struct CliOptions {
   std::string svg_path;
   std::optional<std::string> top;
   bool exhaustive = false;
+  bool model_parallel = false;  // recommend: search tensor, pipeline and context parallelism too
   std::string strategies = "ddp,zero1,zero2,zero3,fsdp-full,fsdp-grad-op,hsdp";
   std::string plan_path, run_path;
   bool force = false;
@@ -100,6 +102,9 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
   c.recommend->add_option("--svg", o.svg_path, "write the best plan of each family as stacked memory bars");
   c.recommend->add_option("--top", o.top, "ranked plans to list (default 10)");
   c.recommend->add_flag("--exhaustive", o.exhaustive, "simulate every plan (no pruning)");
+  c.recommend->add_flag("--model-parallel", o.model_parallel,
+                        "search tensor (with sequence), pipeline and context parallelism with DDP, ZeRO-1 and "
+                        "FSDP over the replicas");
 
   c.compare = app.add_subcommand("compare", "evaluate strategies side by side for one job");
   add_scenario_options(*c.compare, o.so);
@@ -246,6 +251,14 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   check_format(o.format);
   const int top_plans = o.top ? costmodel::int_from_text("--top", *o.top) : 10;
   check_recommend_flags(o, recommend_cmd, top_plans);
+  if (o.model_parallel) {
+    if (o.emit) throw InputError("--emit", "not with --model-parallel: its table gives torchtitan's and Megatron-LM's options");
+    const Scenario msc = make_scenario(o.so, false);
+    const auto found = search_layouts(msc);
+    out << (o.format == "json" ? json_document(layout_search_json(msc, found, top_plans))
+                               : scenario_line(msc) + "\n" + layout_search_table(msc, found, top_plans));
+    return;
+  }
   const Scenario sc = make_scenario(o.so);
   const auto [pins, emit_pin] = search_pins(o, sc);
   const auto rec = recommend(sc, pins);

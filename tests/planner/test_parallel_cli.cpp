@@ -23,6 +23,13 @@ std::vector<std::string> llama70b(std::vector<std::string> more) {
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+void refused(const std::vector<std::string>& more, const std::string& err) {
+  const auto r = planner(llama70b(more));
+  CHECK(r.code == 2);
+  CHECK(r.out.empty());
+  CHECK(r.err == "planner: " + err + "\n");
+}
+
 }  // namespace
 
 TEST_CASE("cli_parallel::estimate reports per stage and names the peak stage") {
@@ -46,12 +53,6 @@ TEST_CASE("cli_parallel::estimate reports per stage and names the peak stage") {
 }
 
 TEST_CASE("cli_parallel::refusals name the flags and the numbers") {
-  auto refused = [](std::vector<std::string> more, const std::string& err) {
-    const auto r = planner(llama70b(std::move(more)));
-    CHECK(r.code == 2);
-    CHECK(r.out.empty());
-    CHECK(r.err == "planner: " + err + "\n");
-  };
   refused({"--tensor-parallel", "0"}, "--tensor-parallel: must be >= 1, got 0");
   refused({"--schedule", "zero-bubble"},
           "--schedule: must be one of 1f1b, interleaved-1f1b, gpipe, got \"zero-bubble\"");
@@ -63,4 +64,16 @@ TEST_CASE("cli_parallel::refusals name the flags and the numbers") {
   refused({"--tensor-parallel", "8", "--micro-batches", "3"}, "--micro-batches: 3 does not divide the 2 sequences per replica");
   refused({"--pipeline-parallel", "4", "--virtual-stages", "2"},
           "--pipeline-parallel 4 --virtual-stages 2: virtual stages 2 need the interleaved-1f1b schedule, not 1f1b");
+}
+
+TEST_CASE("cli_parallel::recommend --model-parallel ranks layouts and gives their options") {
+  const auto r = planner({"recommend", "--model", "llama-3-70b", "--hardware", "h100-sxm5-80gb", "--gpus", "256",
+                          "--seq-len", "8192", "--global-batch", "256", "--recipe", "megatron", "--model-parallel",
+                          "--top", "3"});
+  CHECK(r.code == 0);
+  CHECK(has(r.out, "data parallelism alone: best"));
+  CHECK(has(r.out, "torchtitan: --parallelism."));
+  const auto e = planner({"recommend", "--gpus", "16", "--model-parallel", "--emit", "plan"});
+  CHECK(e.code == 2);
+  CHECK(e.err == "planner: --emit: not with --model-parallel: its table gives torchtitan's and Megatron-LM's options\n");
 }
