@@ -157,12 +157,13 @@ DataParallelTime data_parallel_time(const StepInput& in, const ParallelLayout& l
 }  // namespace
 
 double tp_bytes_per_block(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l, double e) {
-  const double t = l.tensor_parallel;
-  if (t <= 1) return 0;
+  const int n = l.tensor_parallel;
+  if (n <= 1) return 0;
   const double buffer = e * local_tokens(j, l) * static_cast<double>(m.hidden);
-  const double per_collective = l.sequence_parallel ? 2 * (t - 1) / t * buffer  // all-gather + reduce-scatter
-                                                    : 2 * (t - 1) / t * buffer;  // all-reduce
-  return 4 * per_collective;  // two in the forward, two in the backward
+  const double one = l.sequence_parallel ? bytes_sent_per_rank(Collective::all_gather, n, buffer) +
+                                               bytes_sent_per_rank(Collective::reduce_scatter, n, buffer)
+                                         : bytes_sent_per_rank(Collective::all_reduce, n, buffer);
+  return 4 * one;  // two in the forward, two in the backward
 }
 
 double cp_bytes_per_block(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l, double e) {
