@@ -107,8 +107,12 @@ void stage_states(const ParallelMemoryInput& in, const StageShare& share, StageM
   const double block_local = tp_local_elements(m.block, t, false);
   if (s.shard_parameters)
     out.buffer_bytes += in.layout.pipeline_parallel > 1 ? elems * sb.compute : 2 * block_local * sb.compute;
-  // Sharded gradients: one unit's unsharded gradient lives until it is reduce-scattered.
-  if (s.shard_gradients) out.buffer_bytes += block_local * sb.compute;
+  // Sharded gradients: one unit's unsharded gradient lives until it is reduce-scattered. Under a
+  // pipeline the stage runs its micro-batches without gradient sync (torch/distributed/pipelining/
+  // stage.py, backward_maybe_with_nosync: set_requires_gradient_sync(False) until the last), so
+  // the whole stage's unsharded gradients accumulate until the last micro-batch's reduction.
+  if (s.shard_gradients)
+    out.buffer_bytes += (in.layout.pipeline_parallel > 1 ? elems : block_local) * sb.compute;
 }
 
 // What the head keeps on the last stage per micro-batch (Megatron-core GPT): the final norm's
