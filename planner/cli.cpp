@@ -17,6 +17,8 @@
 #include "planner/emit_deepspeed.hpp"
 #include "planner/emit_fsdp.hpp"
 #include "planner/estimate.hpp"
+#include "planner/parallel_estimate.hpp"
+#include "planner/parallel_search.hpp"
 #include "planner/recommend.hpp"
 #include "planner/scenario.hpp"
 #include "planner/svg_chart.hpp"
@@ -42,12 +44,14 @@ struct CliOptions {
   std::optional<std::string> describe_model, describe_params;
   ScenarioOptions so;
   PlanOptions po;
+  ParallelOptions pa;  // estimate's tensor, pipeline and context parallelism
   std::optional<std::string> deepspeed_path;
   std::string trace_path;
   std::optional<std::string> emit;
   std::string svg_path;
   std::optional<std::string> top;
   bool exhaustive = false;
+  bool model_parallel = false;  // recommend: search tensor, pipeline and context parallelism too
   std::string strategies = "ddp,zero1,zero2,zero3,fsdp-full,fsdp-grad-op,hsdp";
   std::string plan_path, run_path;
   bool force = false;
@@ -80,6 +84,7 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
   c.estimate->add_option("--format", o.format, "table | json");
   c.estimate->add_option("--deepspeed", o.deepspeed_path,
                          "estimate an existing DeepSpeed config (instead of --strategy)");
+  add_parallel_options(*c.estimate, o.pa);
 
   c.simulate = app.add_subcommand("simulate", "estimate, and write the step's timeline");
   add_scenario_options(*c.simulate, o.so);
@@ -97,6 +102,9 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
   c.recommend->add_option("--svg", o.svg_path, "write the best plan of each family as stacked memory bars");
   c.recommend->add_option("--top", o.top, "ranked plans to list (default 10)");
   c.recommend->add_flag("--exhaustive", o.exhaustive, "simulate every plan (no pruning)");
+  c.recommend->add_flag("--model-parallel", o.model_parallel,
+                        "search tensor (with sequence), pipeline and context parallelism with DDP, ZeRO-1 and "
+                        "FSDP over the replicas");
 
   c.compare = app.add_subcommand("compare", "evaluate strategies side by side for one job");
   add_scenario_options(*c.compare, o.so);
@@ -243,6 +251,14 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   check_format(o.format);
   const int top_plans = o.top ? costmodel::int_from_text("--top", *o.top) : 10;
   check_recommend_flags(o, recommend_cmd, top_plans);
+  if (o.model_parallel) {
+    if (o.emit) throw InputError("--emit", "not with --model-parallel: its table gives torchtitan's and Megatron-LM's options");
+    const Scenario msc = make_scenario(o.so, false);
+    const auto found = search_layouts(msc);
+    out << (o.format == "json" ? json_document(layout_search_json(msc, found, top_plans))
+                               : scenario_line(msc) + "\n" + layout_search_table(msc, found, top_plans));
+    return;
+  }
   const Scenario sc = make_scenario(o.so);
   const auto [pins, emit_pin] = search_pins(o, sc);
   const auto rec = recommend(sc, pins);
@@ -358,9 +374,33 @@ std::pair<Evaluation, std::vector<std::string>> evaluate_deepspeed_config(const 
   return {std::move(e), imported.assumptions};
 }
 
+// estimate with tensor, pipeline or context parallelism: the data-parallel strategy over what
+// is left, evaluated per pipeline stage.
+void run_parallel_estimate(const CliOptions& o, std::ostream& out) {
+  if (o.deepspeed_path) throw InputError("--deepspeed", "give either a DeepSpeed config or model-parallel flags");
+  if (!o.po.strategy) throw InputError("--strategy", "missing: the data-parallel strategy over the replicas");
+  Scenario sc = make_scenario(o.so, false);
+  const auto layout = layout_from_options(o.pa, sc);
+  const auto spec = make_plan_spec(o.po, *o.po.strategy, sc);
+  const auto r = costmodel::simulate_parallel_step(step_input(sc, spec, sc.job), layout);
+  if (!r.step.valid) throw InputError("--strategy", r.step.reason);
+  if (o.format == "json") {
+    auto j = parallel_to_json(sc, layout, spec, r);
+    j["hardware_profile"] = hardware_json(sc);
+    out << json_document(j);
+    return;
+  }
+  if (!sc.defaulted.empty()) out << defaults_line(sc) << "\n";
+  out << scenario_line(sc) << "\n" << hardware_line(sc) << "\n" << parallel_table(sc, layout, spec, r);
+}
+
 // estimate, and simulate (estimate that also writes the step's timeline).
 void run_estimate(const CliOptions& o, bool simulate, std::ostream& out) {
   check_format(o.format);
+  if (!simulate && o.pa.given()) {
+    run_parallel_estimate(o, out);
+    return;
+  }
   if (simulate) io::check_destination(o.trace_path, "--trace");
   Scenario sc = make_scenario(o.so);
   costmodel::Trace trace;

@@ -154,13 +154,13 @@ void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
 
 }  // namespace
 
-Scenario make_scenario(const ScenarioOptions& o) {
+Scenario make_scenario(const ScenarioOptions& o, bool check_batch) {
   Scenario sc;
   sc.is_default = !o.model && !o.params && !o.hardware && !o.gpus && !o.job_file;
   set_model_and_cluster(o, sc);
   set_base_job(o, sc);
   apply_job_flags(o, sc);
-  costmodel::validate_job(sc.job, sc.cluster);
+  if (check_batch) costmodel::validate_job(sc.job, sc.cluster);
   const double headroom = o.headroom ? costmodel::double_from_text("--headroom", *o.headroom) : 0.05;
   if (!(headroom >= 0 && headroom < 1))
     throw InputError("--headroom", fmt::format("must be in [0, 1), got {}", headroom));

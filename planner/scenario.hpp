@@ -61,7 +61,9 @@ inline constexpr std::int64_t kDefaultSeqLen = 4096;
 inline constexpr std::int64_t kDefaultSequencesPerGpu = 4;
 
 void add_scenario_options(CLI::App& app, ScenarioOptions& o);
-Scenario make_scenario(const ScenarioOptions& o);  // throws costmodel::InputError
+// Throws costmodel::InputError. check_batch: the global batch must divide over every GPU (data
+// parallelism alone); a plan with model parallelism checks it over its replicas instead.
+Scenario make_scenario(const ScenarioOptions& o, bool check_batch = true);
 
 // "not given, so defaulted: --hardware a100-sxm4-80gb, --gpus 8"; "" when the user gave them all.
 std::string defaults_line(const Scenario& sc);

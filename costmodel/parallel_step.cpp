@@ -1,0 +1,290 @@
+#include "costmodel/parallel_step.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "costmodel/compute_time.hpp"
+
+namespace shardplan::costmodel {
+namespace {
+
+double local_tokens(const TrainingJob& j, const ParallelLayout& l) {
+  return static_cast<double>(j.seq_len) / l.context_parallel * static_cast<double>(j.micro_batch);
+}
+
+// A point-to-point send of `bytes` on a group's tier: one hop's latency and the link's bandwidth.
+double p2p_time(const HardwareProfile& hw, Tier tier, double bytes) {
+  if (bytes <= 0) return 0;
+  return tier == Tier::inter_node ? hw.inter_latency_s + bytes / hw.inter_bandwidth_Bps
+                                  : hw.intra_latency_s + bytes / hw.intra_bandwidth_Bps;
+}
+
+// One stage's seconds per micro-batch: compute alone, and forward/backward with what is exposed.
+struct StageTime {
+  double compute = 0;            // forward + backward + recompute kernels
+  double forward = 0, backward = 0;  // with exposed TP and CP communication
+  double tp_exposed = 0, cp_exposed = 0;
+};
+
+// Per-block times and communication, shared by every block of the stage.
+struct BlockTime {
+  double fwd = 0, bwd = 0;       // GEMMs and attention
+  double core_fwd = 0;           // the attention core of the forward (what ring attention overlaps)
+  double tp_fwd = 0, tp_bwd = 0; // TP collectives' seconds
+  double cp_fwd = 0, cp_bwd = 0; // ring exchanges' seconds
+};
+
+BlockTime block_time(const StepInput& in, const ParallelLayout& l, const LayoutGroups& g, const ComputeModel& cm) {
+  const auto& m = *in.model;
+  const auto& j = in.job;
+  const double e = dtype_bytes(compute_dtype(j.precision));
+  const double T = local_tokens(j, l);
+  const double t = l.tensor_parallel;
+  BlockTime b;
+  // Each rank computes 1/t of every GEMM and of the heads; its T local tokens attend over the
+  // whole sequence (ring attention visits every K/V chunk).
+  b.fwd = block_forward_flops_per_token(m, j.seq_len) * T / t / cm.gemm_rate();
+  b.bwd = 2 * b.fwd;  // backward = 2 x forward (accounting.hpp)
+  b.core_fwd = attention_core_flops_per_token(m, j.seq_len) * T / t / cm.gemm_rate();
+  const CommModel comm(*in.hardware);
+  const double buffer = e * T * static_cast<double>(m.hidden);
+  auto tp_phase = [&]() {
+    if (l.tensor_parallel == 1) return 0.0;
+    if (!l.sequence_parallel) return 2 * comm.cost(Collective::all_reduce, g.tensor, buffer).seconds;
+    return 2 * (comm.cost(Collective::all_gather, g.tensor, buffer).seconds +
+                comm.cost(Collective::reduce_scatter, g.tensor, buffer).seconds);
+  };
+  b.tp_fwd = b.tp_bwd = tp_phase();
+  if (l.context_parallel > 1) {
+    const double chunk = 2 * e * T * static_cast<double>(m.kv_width()) / t;  // K and V
+    const double step = p2p_time(*in.hardware, g.context.tier(), chunk);
+    b.cp_fwd = (l.context_parallel - 1) * step;
+    b.cp_bwd = (l.context_parallel - 1) * p2p_time(*in.hardware, g.context.tier(), 2 * chunk);
+  }
+  return b;
+}
+
+// Async TP overlaps each collective with the GEMMs beside it: exposed only beyond them.
+double exposed(double comm, double overlap_with, bool overlapped) {
+  return overlapped ? std::max(0.0, comm - overlap_with) : comm;
+}
+
+// first_block: the stage's first block in the model (which of its blocks every:N checkpoints).
+StageTime stage_time(const StepInput& in, const ParallelLayout& l, const BlockTime& b, std::int64_t first_block,
+                     bool last, const ComputeModel& cm) {
+  const auto& m = *in.model;
+  const auto& j = in.job;
+  const double blocks = static_cast<double>(m.layers) / l.pipeline_parallel;
+  const double T = local_tokens(j, l);
+  const bool async = l.async_tensor_parallel;
+  StageTime s;
+  const double tp_f = exposed(b.tp_fwd, b.fwd - b.core_fwd, async);
+  const double tp_b = exposed(b.tp_bwd, b.bwd - 2 * b.core_fwd, async);
+  const double cp_f = std::max(0.0, b.cp_fwd - b.core_fwd);
+  const double cp_b = std::max(0.0, b.cp_bwd - 2 * b.core_fwd);
+  double checkpointed = 0;
+  for (std::int64_t k = 0; k < static_cast<std::int64_t>(blocks); ++k)
+    checkpointed += j.block_checkpointed(first_block + k) ? 1 : 0;
+  // A checkpointed block reruns its forward, its collectives included, before its backward.
+  s.forward = blocks * (b.fwd + tp_f + cp_f);
+  s.backward = blocks * (b.bwd + tp_b + cp_b) + checkpointed * (b.fwd + tp_f + cp_f);
+  s.compute = blocks * (b.fwd + b.bwd) + checkpointed * b.fwd;
+  s.tp_exposed = blocks * (tp_f + tp_b) + checkpointed * tp_f;
+  s.cp_exposed = blocks * (cp_f + cp_b) + checkpointed * cp_f;
+  if (last) {  // the head's GEMM, split over the vocabulary
+    const double head = head_forward_flops_per_token(m) * T / l.tensor_parallel / cm.gemm_rate();
+    s.forward += head;
+    s.backward += 2 * head;
+    s.compute += 3 * head;
+  }
+  // The embedding lookup is memory-bound: not timed on this path.
+  return s;
+}
+
+// The data-parallel side of a stage: gradient reduction over the DP group after the stage's last
+// backward (overlapped with that backward), ZeRO-1/2's parameter all-gather after the optimizer
+// step, FSDP's parameter all-gathers; then the optimizer step, bandwidth-bound over the local
+// shard. Returns the seconds from the stage's last backward to the end of its optimizer step.
+struct DataParallelTime {
+  double comm = 0, exposed = 0, bytes = 0, optimizer = 0;
+};
+
+DataParallelTime data_parallel_time(const StepInput& in, const ParallelLayout& l, const LayoutGroups& g,
+                                    const StageMemory& mem, const StageTime& st) {
+  const auto& s = in.spec;
+  const auto& hw = *in.hardware;
+  const CommModel comm(hw);
+  const StateBytes sb = state_bytes(in.job.precision, s, Accounting::framework);
+  const double reduce_b = std::max(dtype_bytes(s.reduce_dtype), sb.compute);
+  DataParallelTime d;
+  auto run = [&](Collective op, double size) {
+    const auto c = comm.cost(op, g.data, size);
+    d.bytes += c.bytes_sent;
+    return c.seconds;
+  };
+  const double grads = mem.local_params * reduce_b;
+  const double reduce = run(s.shard_optimizer ? Collective::reduce_scatter : Collective::all_reduce, grads);
+  d.comm += reduce;
+  d.exposed += std::max(0.0, reduce - st.backward);
+  const double params = mem.local_params * sb.compute;
+  if (s.shard_optimizer && !s.shard_parameters) {  // ZeRO-1/2: gather the updated parameters
+    const double ag = run(Collective::all_gather, params);
+    d.comm += ag;
+    d.exposed += ag;
+  }
+  if (s.shard_parameters) {
+    // Under a pipeline the stage's parameters are gathered once, before its first forward, and
+    // kept for the step; without one FSDP gathers every unit in each forward and backward,
+    // overlapped with the compute but for the first unit of each pass.
+    const bool pipeline = l.pipeline_parallel > 1;
+    const double times = pipeline ? 1.0 : 2.0 * l.micro_batches;
+    const auto c = comm.cost(Collective::all_gather, g.data, params);
+    d.bytes += c.bytes_sent * times;
+    d.comm += c.seconds * times;
+    const double first_unit = c.seconds / std::max(1.0, static_cast<double>(in.model->layers));
+    d.exposed += pipeline ? c.seconds
+                          : std::max(0.0, c.seconds * times - st.compute * l.micro_batches) + times * first_unit;
+  }
+  // Read the gradient shard, read and write the fp32 master and the moments, write the parameters:
+  // the stage's sharded states moved once each way.
+  const double bw = hw.calibration && hw.calibration->memory_bandwidth_Bps ? *hw.calibration->memory_bandwidth_Bps
+                                                                            : hw.hbm_bandwidth_Bps;
+  d.optimizer = (2 * mem.optimizer_bytes + mem.grad_bytes + mem.param_bytes) / bw;
+  return d;
+}
+
+}  // namespace
+
+double tp_bytes_per_block(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l, double e) {
+  const int n = l.tensor_parallel;
+  if (n <= 1) return 0;
+  const double buffer = e * local_tokens(j, l) * static_cast<double>(m.hidden);
+  const double one = l.sequence_parallel ? bytes_sent_per_rank(Collective::all_gather, n, buffer) +
+                                               bytes_sent_per_rank(Collective::reduce_scatter, n, buffer)
+                                         : bytes_sent_per_rank(Collective::all_reduce, n, buffer);
+  return 4 * one;  // two in the forward, two in the backward
+}
+
+double cp_bytes_per_block(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l, double e) {
+  const double c = l.context_parallel;
+  if (c <= 1) return 0;
+  const double chunk = 2 * e * local_tokens(j, l) * static_cast<double>(m.kv_width()) / l.tensor_parallel;
+  return (c - 1) * chunk * 3;  // forward: K, V; backward: K, V and dK, dV
+}
+
+double p2p_bytes(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l, double e) {
+  const double split = l.sequence_parallel ? l.tensor_parallel : 1;
+  return e * local_tokens(j, l) * static_cast<double>(m.hidden) / split;
+}
+
+}  // namespace shardplan::costmodel
+
+namespace shardplan::costmodel {
+namespace {
+
+// The per-stage times, the walk, the data-parallel tail and the memory, summed up.
+void evaluate_stages(const StepInput& in, const ParallelLayout& l, ParallelStep& out) {
+  const auto& m = *in.model;
+  const auto& j = in.job;
+  const auto& hw = *in.hardware;
+  const int p = l.pipeline_parallel;
+  const double e = dtype_bytes(compute_dtype(j.precision));
+  const LayoutGroups g = layout_groups(l, in.cluster);
+  const ComputeModel cm(hw, j);
+  const BlockTime b = block_time(in, l, g, cm);
+  const auto per_stage = m.layers / p;
+  std::vector<StageTime> st;
+  for (int s = 0; s < p; ++s) {
+    st.push_back(stage_time(in, l, b, per_stage / l.virtual_stages * s, s == p - 1, cm));
+    out.stage_forward_s.push_back(st.back().forward);
+    out.stage_backward_s.push_back(st.back().backward);
+  }
+  out.p2p_s = p2p_time(hw, g.pipeline_crosses_nodes ? Tier::inter_node : Tier::intra_node, p2p_bytes(m, j, l, e));
+  out.walk = walk_schedule(l.schedule, p, l.virtual_stages, l.micro_batches, out.stage_forward_s,
+                           out.stage_backward_s, p > 1 ? out.p2p_s : 0);
+  ParallelMemoryInput mi{&m, &hw, in.cluster, j, in.spec, l};
+  out.memory = parallel_memory(mi, out.walk);
+  // The step ends when the last stage to finish its optimizer step does.
+  double end = 0;
+  int worst = 0;
+  DataParallelTime worst_dp;
+  for (int s = 0; s < p; ++s) {
+    const DataParallelTime d = data_parallel_time(in, l, g, out.memory.stages[static_cast<std::size_t>(s)], st[s]);
+    const double stage_end = out.walk.end_s[static_cast<std::size_t>(s)] + d.exposed + d.optimizer;
+    if (stage_end > end) { end = stage_end; worst = s; worst_dp = d; }
+  }
+  const StageTime& w = st[static_cast<std::size_t>(worst)];
+  const double mb = l.micro_batches;
+  out.compute_per_mb_s = w.compute;
+  out.tp_exposed_s = w.tp_exposed * mb;
+  out.cp_exposed_s = w.cp_exposed * mb;
+  out.bubble_s = std::max(0.0, out.walk.end_s[static_cast<std::size_t>(worst)] -
+                                   out.walk.busy_s[static_cast<std::size_t>(worst)]);
+  out.dp_comm_s = worst_dp.comm;
+  out.dp_exposed_s = worst_dp.exposed;
+  const DataParallelTime d0 = data_parallel_time(in, l, g, out.memory.stages[0], st[0]);
+  out.tp_bytes = tp_bytes_per_block(m, j, l, e) * static_cast<double>(per_stage) * mb;
+  out.cp_bytes = cp_bytes_per_block(m, j, l, e) * static_cast<double>(per_stage) * mb;
+  out.pp_bytes = p > 1 ? p2p_bytes(m, j, l, e) * mb : 0;  // stage 0 sends activations, receives gradients
+  out.dp_bytes = d0.bytes;
+  auto& r = out.step;
+  r.step_s = end;
+  r.optimizer_s = worst_dp.optimizer;
+  r.compute_s = w.compute * mb + worst_dp.optimizer;
+  r.exposed_comm_s = std::max(0.0, r.step_s - r.compute_s - out.bubble_s);
+}
+
+void summarize(const StepInput& in, const ParallelLayout& l, ParallelStep& out) {
+  const auto& m = *in.model;
+  const auto& j = in.job;
+  const auto& hw = *in.hardware;
+  auto& r = out.step;
+  const StageMemory& peak = out.memory.stages[static_cast<std::size_t>(out.memory.peak_stage)];
+  r.peak_bytes = out.memory.peak_bytes;
+  r.allocated_peak_bytes = peak.total() - peak.overhead_bytes;
+  r.reserve_bytes = hw.fragmentation * r.allocated_peak_bytes;
+  r.device_bytes = hw.cuda_context_bytes + hw.nccl_workspace_bytes;
+  r.at_peak = {peak.param_bytes, peak.grad_bytes, peak.optimizer_bytes, peak.activation_bytes, peak.buffer_bytes,
+               peak.overhead_bytes};
+  r.model_states = {peak.param_bytes, peak.grad_bytes, peak.optimizer_bytes, 0, 0, 0};
+  r.peak_when = out.memory.peak_name;
+  r.grad_accumulation = l.micro_batches;
+  r.comm_bytes_per_gpu = out.tp_bytes + out.cp_bytes + out.pp_bytes + out.dp_bytes;
+  const double tokens = static_cast<double>(j.global_batch) * static_cast<double>(j.seq_len);
+  r.tokens_per_s = tokens / r.step_s;
+  const double per_token = static_cast<double>(m.layers) * block_forward_flops_per_token(m, j.seq_len) +
+                           head_forward_flops_per_token(m);
+  r.model_flops = 3 * per_token * tokens;
+  r.mfu = r.model_flops / (r.step_s * in.cluster.gpus * hw.peak(compute_dtype(j.precision)));
+}
+
+}  // namespace
+
+ParallelStep simulate_parallel_step(const StepInput& in, const ParallelLayout& l) {
+  ParallelStep out;
+  if (l.trivial()) {
+    out.step = simulate_step(in);
+    return out;
+  }
+  auto& r = out.step;
+  r.params = in.model->total_params();
+  r.micro_batch = in.job.micro_batch;
+  r.capacity_bytes = in.hardware->memory_bytes;
+  const auto problems = layout_problems(l, *in.model, in.job, in.cluster);
+  if (!problems.empty() || in.job.micro_batch <= 0) {
+    r.valid = false;
+    r.reason = problems.empty() ? "the micro-batch must be set" : fmt::format("{}", fmt::join(problems, "; "));
+    return out;
+  }
+  if (in.spec.offload != Offload::none) {
+    r.valid = false;
+    r.reason = "offload is not modeled with tensor, pipeline or context parallelism";
+    return out;
+  }
+  evaluate_stages(in, l, out);
+  summarize(in, l, out);
+  return out;
+}
+
+}  // namespace shardplan::costmodel

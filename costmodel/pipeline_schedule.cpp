@@ -1,0 +1,149 @@
+#include "costmodel/pipeline_schedule.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace shardplan::costmodel {
+namespace {
+
+std::vector<PipeOp> one_f_one_b(int p, int s, int m) {
+  std::vector<PipeOp> ops;
+  const int warmup = std::min(p - s - 1, m);
+  int f = 0, b = 0;
+  for (; f < warmup; ++f) ops.push_back({PipeOpKind::forward, f, 0});
+  for (; f < m; ++f, ++b) {
+    ops.push_back({PipeOpKind::forward, f, 0});
+    ops.push_back({PipeOpKind::backward, b, 0});
+  }
+  for (; b < m; ++b) ops.push_back({PipeOpKind::backward, b, 0});
+  return ops;
+}
+
+std::vector<PipeOp> gpipe(int m) {
+  std::vector<PipeOp> ops;
+  for (int f = 0; f < m; ++f) ops.push_back({PipeOpKind::forward, f, 0});
+  for (int b = 0; b < m; ++b) ops.push_back({PipeOpKind::backward, b, 0});
+  return ops;
+}
+
+// Megatron's get_model_chunk_id and microbatch order: the k-th forward (backward) of a stage
+// works on chunk (k mod p·v) / p (backward: v − 1 − that) and micro-batch
+// (k / (p·v))·p + k mod p.
+PipeOp interleaved_op(PipeOpKind kind, int k, int p, int v) {
+  const int in_group = k % (p * v);
+  int chunk = in_group / p;
+  if (kind == PipeOpKind::backward) chunk = v - 1 - chunk;
+  return {kind, (k / (p * v)) * p + k % p, chunk};
+}
+
+std::vector<PipeOp> interleaved(int p, int s, int v, int m) {
+  const int total = m * v;
+  const int warmup = m == p ? total : std::min(2 * (p - s - 1) + (v - 1) * p, total);
+  std::vector<PipeOp> ops;
+  int f = 0, b = 0;
+  for (; f < warmup; ++f) ops.push_back(interleaved_op(PipeOpKind::forward, f, p, v));
+  for (; f < total; ++f, ++b) {
+    ops.push_back(interleaved_op(PipeOpKind::forward, f, p, v));
+    ops.push_back(interleaved_op(PipeOpKind::backward, b, p, v));
+  }
+  for (; b < total; ++b) ops.push_back(interleaved_op(PipeOpKind::backward, b, p, v));
+  return ops;
+}
+
+}  // namespace
+
+std::vector<std::vector<PipeOp>> schedule_ops(PipelineSchedule schedule, int p, int v, int m) {
+  if (p < 1 || v < 1 || m < 1) throw std::logic_error("schedule_ops: degrees must be >= 1");
+  if (schedule != PipelineSchedule::interleaved_1f1b && v != 1)
+    throw std::logic_error("schedule_ops: virtual stages need the interleaved schedule");
+  if (schedule == PipelineSchedule::interleaved_1f1b && m % p != 0)
+    throw std::logic_error("schedule_ops: interleaved needs m a multiple of p");
+  std::vector<std::vector<PipeOp>> ops(static_cast<std::size_t>(p));
+  for (int s = 0; s < p; ++s) {
+    switch (schedule) {
+      case PipelineSchedule::one_f_one_b: ops[s] = one_f_one_b(p, s, m); break;
+      case PipelineSchedule::gpipe: ops[s] = gpipe(m); break;
+      case PipelineSchedule::interleaved_1f1b: ops[s] = interleaved(p, s, v, m); break;
+    }
+  }
+  return ops;
+}
+
+namespace {
+
+// End times of each (micro-batch, virtual stage)'s forward and backward; < 0 until run.
+struct Ends {
+  int G;
+  std::vector<double> fwd, bwd;
+  Ends(int m, int G_) : G(G_), fwd(static_cast<std::size_t>(m * G_), -1), bwd(fwd) {}
+  double& f(int mb, int g) { return fwd[static_cast<std::size_t>(mb * G + g)]; }
+  double& b(int mb, int g) { return bwd[static_cast<std::size_t>(mb * G + g)]; }
+};
+
+// When op may start as far as the other stages go (< 0: not yet known).
+double dependency_ready(Ends& e, const PipeOp& op, int g, int p, double p2p_s) {
+  const int G = e.G;
+  if (op.kind == PipeOpKind::forward) {
+    if (g == 0) return 0;
+    const double end = e.f(op.micro_batch, g - 1);
+    return end < 0 ? -1 : end + ((g - 1) % p != g % p ? p2p_s : 0);
+  }
+  if (g == G - 1) return e.f(op.micro_batch, g);
+  const double end = e.b(op.micro_batch, g + 1);
+  return end < 0 ? -1 : end + ((g + 1) % p != g % p ? p2p_s : 0);
+}
+
+}  // namespace
+
+PipelineWalk walk_schedule(PipelineSchedule schedule, int p, int v, int m, const std::vector<double>& forward_s,
+                           const std::vector<double>& backward_s, double p2p_s) {
+  const auto ops = schedule_ops(schedule, p, v, m);
+  if (static_cast<int>(forward_s.size()) != p || static_cast<int>(backward_s.size()) != p)
+    throw std::logic_error("walk_schedule: one forward and one backward time per stage");
+  Ends ends(m, p * v);
+  std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
+  std::vector<double> free_at(static_cast<std::size_t>(p), 0);
+  PipelineWalk w;
+  w.busy_s.assign(static_cast<std::size_t>(p), 0);
+  // Each stage runs its list in order; an op waits for its stage and its dependency. Sweep the
+  // stages until every list is done: each sweep runs at least one op unless the lists deadlock.
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < p; ++s) {
+      while (next[s] < ops[s].size()) {
+        const PipeOp& op = ops[s][next[s]];
+        const int g = op.chunk * p + s;
+        const double ready = dependency_ready(ends, op, g, p, p2p_s);
+        if (ready < 0) break;
+        const bool fwd = op.kind == PipeOpKind::forward;
+        const double dur = (fwd ? forward_s[s] : backward_s[s]) / v;
+        const double end = std::max(free_at[s], ready) + dur;
+        (fwd ? ends.f(op.micro_batch, g) : ends.b(op.micro_batch, g)) = end;
+        free_at[s] = end;
+        w.busy_s[s] += dur;
+        ++next[s];
+        progress = true;
+      }
+    }
+  }
+  for (int s = 0; s < p; ++s)
+    if (next[s] != ops[s].size()) throw std::logic_error("walk_schedule: the schedule deadlocks");
+  w.end_s = free_at;
+  w.span_s = *std::max_element(free_at.begin(), free_at.end());
+  const double busiest = *std::max_element(w.busy_s.begin(), w.busy_s.end());
+  w.bubble_fraction = busiest > 0 ? (w.span_s - busiest) / busiest : 0;
+  // Activations: a chunk's forward allocates them, its backward frees them; a stage's ops run one
+  // at a time in list order, so the list order is the order of its allocations and frees.
+  for (int s = 0; s < p; ++s) {
+    int alive = 0, peak = 0;
+    for (const PipeOp& op : ops[s]) {
+      alive += op.kind == PipeOpKind::forward ? 1 : -1;
+      peak = std::max(peak, alive);
+    }
+    w.peak_chunks.push_back(peak);
+    w.peak_in_flight.push_back(static_cast<double>(peak) / v);
+  }
+  return w;
+}
+
+}  // namespace shardplan::costmodel

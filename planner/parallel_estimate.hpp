@@ -1,0 +1,40 @@
+// `planner estimate` with tensor, pipeline and context parallelism: the flags, the layout they
+// make with the scenario's batch, and the per-stage report (costmodel/parallel_step.hpp).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "costmodel/parallel_step.hpp"
+#include "planner/scenario.hpp"
+
+namespace shardplan::planner {
+
+// As given on the command line (nullopt / false: not given).
+struct ParallelOptions {
+  std::optional<std::string> tensor_parallel, pipeline_parallel, schedule, virtual_stages, micro_batches,
+      context_parallel;
+  bool sequence_parallel = false;
+  bool async_tensor_parallel = false;
+  bool given() const {
+    return tensor_parallel || pipeline_parallel || schedule || virtual_stages || micro_batches || context_parallel ||
+           sequence_parallel || async_tensor_parallel;
+  }
+};
+void add_parallel_options(CLI::App& app, ParallelOptions& o);
+
+// The layout of the flags, its micro-batches and the job's micro-batch made to agree with the
+// global batch over the data-parallel ranks (one given: the other follows; neither: micro-batch
+// 1), checked against the model and cluster. Sets sc.job.micro_batch. Throws InputError naming
+// the flags and the reasons.
+costmodel::ParallelLayout layout_from_options(const ParallelOptions& o, Scenario& sc);
+
+std::string parallel_table(const Scenario& sc, const costmodel::ParallelLayout& l, const costmodel::ShardingSpec& spec,
+                           const costmodel::ParallelStep& r);
+nlohmann::json parallel_to_json(const Scenario& sc, const costmodel::ParallelLayout& l,
+                                const costmodel::ShardingSpec& spec, const costmodel::ParallelStep& r);
+
+}  // namespace shardplan::planner

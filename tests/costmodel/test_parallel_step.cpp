@@ -1,0 +1,117 @@
+#include <doctest/doctest.h>
+
+#include "costmodel/parallel_step.hpp"
+#include "tests/test_support.hpp"
+
+using shardplan::test::contains;
+using namespace shardplan::costmodel;
+
+namespace {
+
+struct Setup {
+  ModelSpec model = load_model("llama-3-70b");
+  HardwareProfile hw = load_hardware("h100-sxm5-80gb");
+  StepInput in;
+  Setup(int gpus, std::int64_t global, std::int64_t micro, const std::string& strategy) {
+    in.model = &model;
+    in.hardware = &hw;
+    in.cluster = {gpus, 8};
+    in.job.seq_len = 8192;
+    in.job.global_batch = global;
+    in.job.micro_batch = micro;
+    in.job.recipe = Recipe::megatron;
+    in.job.loss = LossImpl::fp32_inplace;
+    in.spec = make_spec(strategy, std::nullopt, 8);
+  }
+};
+
+ParallelLayout layout(int t, bool sp, int p, int m, int c = 1) {
+  ParallelLayout l;
+  l.tensor_parallel = t;
+  l.sequence_parallel = sp;
+  l.pipeline_parallel = p;
+  l.micro_batches = m;
+  l.context_parallel = c;
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("parallel_step::t = p = c = 1 is the step simulator's result") {
+  Setup s(64, 64, 1, "fsdp-full");
+  const auto plain = simulate_step(s.in);
+  const auto same = simulate_parallel_step(s.in, ParallelLayout{}).step;
+  CHECK(same.step_s == plain.step_s);
+  CHECK(same.peak_bytes == plain.peak_bytes);
+  CHECK(same.peak_when == plain.peak_when);
+  CHECK(same.comm_bytes_per_gpu == plain.comm_bytes_per_gpu);
+}
+
+// Megatron's tensor parallelism per block and micro-batch (Shoeybi et al. 2019, §3; Korthikanti
+// et al. 2022, §4.2.2). GPT-3 shapes, s = 2048, b = 1, e = 2: the activations are
+// 2·2048·12288 = 50,331,648 bytes; t = 8, a ring all-reduce sends 2·7/8 of them, 88,080,384;
+// four all-reduces (two forward, two backward): 352,321,536. With sequence parallelism each
+// becomes an all-gather and a reduce-scatter sending 7/8 each: the same total.
+TEST_CASE("parallel_step::communication volumes per block, hand-derived") {
+  const nlohmann::json config = {{"architectures", {"GPT2LMHeadModel"}}, {"n_embd", 12288}, {"n_head", 96},
+                                 {"n_layer", 96}, {"n_positions", 2048}, {"vocab_size", 51200}};
+  const auto gpt3 = model_from_hf_config(config, "gpt3");
+  TrainingJob j;
+  j.seq_len = 2048;
+  j.micro_batch = 1;
+  CHECK(tp_bytes_per_block(gpt3, j, layout(8, false, 1, 1), 2) == doctest::Approx(352321536.0));
+  CHECK(tp_bytes_per_block(gpt3, j, layout(8, true, 1, 1), 2) == doctest::Approx(352321536.0));
+  CHECK(tp_bytes_per_block(gpt3, j, layout(1, false, 1, 1), 2) == 0);
+  // Between stages: the s·b·h activations, 50,331,648 bytes; the sequence-parallel shard: 1/8.
+  CHECK(p2p_bytes(gpt3, j, layout(8, false, 2, 2), 2) == doctest::Approx(50331648.0));
+  CHECK(p2p_bytes(gpt3, j, layout(8, true, 2, 2), 2) == doctest::Approx(6291456.0));
+  // Ring attention, Llama-3-70B at s = 8192, c = 4, t = 8: the local 2048 tokens' K and V of
+  // 1024 wide split by 8: 2·2·2048·1024/8 = 1,048,576 bytes per step; 3 steps forward, and the
+  // backward passes K, V with dK, dV: 3·1,048,576·(1 + 2) = 9,437,184.
+  const auto llama = load_model("llama-3-70b");
+  j.seq_len = 8192;
+  CHECK(cp_bytes_per_block(llama, j, layout(8, true, 1, 1, 4), 2) == doctest::Approx(9437184.0));
+}
+
+TEST_CASE("parallel_step::Llama-3-70B on 256 GPUs with TP 8 and PP 4") {
+  Setup s(256, 64, 1, "fsdp-full");
+  const auto l = layout(8, true, 4, 8);  // d = 8, 8 micro-batches of 1
+  const auto r = simulate_parallel_step(s.in, l);
+  REQUIRE(r.step.valid);
+  // The walk's bubble with nearly equal stages: (p − 1)/m = 3/8 of a stage's work for equal ones.
+  // The last stage also runs the head and is the busiest: the others' idle time, measured
+  // against its longer work, is a little under 3/8.
+  CHECK(r.walk.bubble_fraction <= doctest::Approx(3.0 / 8));
+  CHECK(r.walk.bubble_fraction > 0.3);
+  CHECK(r.memory.peak_stage == 0);
+  CHECK(contains(r.step.peak_when, "stage 0 of 4"));
+  CHECK(r.step.peak_bytes < s.hw.memory_bytes);
+  // Stages 1 and 2 hold only blocks and run the same ops: equal forward times.
+  CHECK(r.stage_forward_s[1] == doctest::Approx(r.stage_forward_s[2]));
+  CHECK(r.stage_forward_s[3] > r.stage_forward_s[2]);  // the head
+  // Neighbouring stages are 64 ranks apart: the send crosses nodes, one inter-node hop:
+  // latency + (2·8192·8192/8 bytes) / the NIC bandwidth per GPU.
+  CHECK(r.p2p_s == doctest::Approx(s.hw.inter_latency_s + 16777216.0 / s.hw.inter_bandwidth_Bps));
+  // TP's collectives are all exposed without async TP, and fewer with it.
+  CHECK(r.tp_exposed_s > 0);
+  ParallelLayout async = l;
+  async.async_tensor_parallel = true;
+  CHECK(simulate_parallel_step(s.in, async).tp_exposed_s < r.tp_exposed_s);
+  // Step = compute + bubble + exposed communication.
+  CHECK(r.step.step_s == doctest::Approx(r.step.compute_s + r.bubble_s + r.step.exposed_comm_s));
+  CHECK(r.step.mfu > 0.1);
+  CHECK(r.step.mfu < 1.0);
+}
+
+TEST_CASE("parallel_step::more micro-batches shrink the bubble; impossible layouts say why") {
+  Setup s(256, 128, 1, "fsdp-full");
+  const auto m16 = simulate_parallel_step(s.in, layout(8, true, 4, 16));
+  Setup s8(256, 64, 1, "fsdp-full");
+  const auto m8 = simulate_parallel_step(s8.in, layout(8, true, 4, 8));
+  CHECK(m16.walk.bubble_fraction < m8.walk.bubble_fraction);
+  const auto bad = simulate_parallel_step(s.in, layout(16, true, 4, 16)).step;
+  CHECK_FALSE(bad.valid);
+  CHECK(contains(bad.reason, "tensor parallel 16 is larger than a node of 8 GPUs"));
+  ParallelLayout wrong_batch = layout(8, true, 4, 8);  // 8 replicas x 8 x 1 = 64, not 128
+  CHECK(contains(simulate_parallel_step(s.in, wrong_batch).step.reason, "not the global batch 128"));
+}
