@@ -41,7 +41,7 @@ def without_timing(recommendation: dict) -> dict:
     return r
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _planner_built():
+def pytest_configure(config):
     if not planner_path().exists():
-        pytest.fail(f"no planner program at {planner_path()} (build the release preset, or set SHARDPLAN_PLANNER)")
+        raise pytest.UsageError(
+            f"no planner program at {planner_path()} (build the release preset, or set SHARDPLAN_PLANNER)")
