@@ -12,7 +12,7 @@ if ! python3 -m venv "$venv" >/dev/null 2>&1; then
   echo "python-env.sh: cannot make a venv at $venv (python3 -m venv failed; is python3-venv installed?)" >&2
   exit 1
 fi
-if ! "$venv/bin/pip" install -q --retries 1 --timeout 20 nanobind pytest >/dev/null 2>&1; then
+if ! "$venv/bin/pip" install -q --disable-pip-version-check --retries 1 --timeout 20 nanobind pytest >/dev/null 2>&1; then
   echo "python-env.sh: cannot install nanobind and pytest from PyPI into $venv" >&2
   exit 1
 fi
