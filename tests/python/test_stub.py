@@ -3,6 +3,8 @@ import ast
 import inspect
 from pathlib import Path
 
+import pytest
+
 import shardplan
 
 STUB = Path(shardplan.__file__).with_name("__init__.pyi")
@@ -39,3 +41,12 @@ def test_stub_lists_every_function_and_option():
     assert set(declared) == set(shardplan.__all__) - {"InputError"}
     for name, options in declared.items():
         assert options == runtime_options(getattr(shardplan, name)), name
+
+
+def test_module_stub_is_what_stubgen_writes(tmp_path):
+    # python/shardplan/_shardplan.pyi is nanobind's stubgen output for the compiled module:
+    # python -m nanobind.stubgen -m shardplan._shardplan -o python/shardplan/_shardplan.pyi
+    stubgen = pytest.importorskip("nanobind.stubgen")
+    out = tmp_path / "_shardplan.pyi"
+    stubgen.main(["-q", "-m", "shardplan._shardplan", "-o", str(out)])
+    assert out.read_text() == STUB.with_name("_shardplan.pyi").read_text()
