@@ -425,6 +425,8 @@ struct Parser {
     app.require_subcommand(1);
     subcommands = add_subcommands(app, options);
   }
+  Parser(const Parser&) = delete;  // app holds pointers into options
+  Parser& operator=(const Parser&) = delete;
 };
 
 }  // namespace
