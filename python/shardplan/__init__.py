@@ -325,6 +325,8 @@ def fsdp2_args(**options: Any) -> Dict[str, Any]:
     reduce_dtype: torch dtype names such as "bfloat16"), offload_policy (type, pin_memory) and
     model_dtype (the dtype the model is cast to first, pure bf16; else None)."""
     options.setdefault("flavour", "fsdp2")
+    if options["flavour"] != "fsdp2":
+        raise InputError("flavour", f"fsdp2_args writes FSDP2's fully_shard arguments, got {options['flavour']!r}")
     return fsdp_settings(**options)["fully_shard"]
 
 

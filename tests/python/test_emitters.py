@@ -85,3 +85,9 @@ def test_fsdp2_args_of_a_zero_strategy_is_refused():
     with pytest.raises(shardplan.InputError) as e:
         shardplan.fsdp2_args(**JOB, strategy="zero3")
     assert e.value.field == "strategy" and "zero3" in e.value.message
+
+
+def test_fsdp2_args_of_another_flavour_is_refused():
+    with pytest.raises(shardplan.InputError) as e:
+        shardplan.fsdp2_args(**JOB, flavour="fsdp1")
+    assert e.value.field == "flavour" and "fsdp1" in e.value.message
