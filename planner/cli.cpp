@@ -55,6 +55,7 @@ struct CliOptions {
   std::string strategies = "ddp,zero1,zero2,zero3,fsdp-full,fsdp-grad-op,hsdp";
   std::string plan_path, run_path;
   bool force = false;
+  bool fsdp_as_data = false;  // Request::fsdp_as_data
 };
 
 struct Subcommands {
@@ -279,7 +280,8 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   } else if (emit == "deepspeed") {
     out << json_document(deepspeed_config(sc, rec.search.ranked.front().eval));
   } else if (emit == "fsdp") {
-    out << fsdp_settings(sc, rec.search.ranked.front().eval);
+    const auto& best = rec.search.ranked.front().eval;
+    out << (o.fsdp_as_data ? json_document(fsdp_settings_json(sc, best)) : fsdp_settings(sc, best));
   } else if (o.format == "json") {
     out << json_document(recommendation_json(sc, rec, top_plans));
   } else {
@@ -362,7 +364,7 @@ std::pair<Evaluation, std::vector<std::string>> evaluate_deepspeed_config(const 
                             "not both",
                             flag));
   // A DeepSpeed config names no model, and no default model is the user's.
-  if (!o.so.model && !o.so.params)
+  if (!o.so.model && !o.so.params && !o.so.model_document)
     throw InputError("--model",
                      "missing: a DeepSpeed config does not name the model; give --model (a "
                      "preset or a config.json) or --params");
@@ -451,17 +453,45 @@ void run_subcommand(const Subcommands& c, const CliOptions& o, std::ostream& out
   }
 }
 
-}  // namespace
-
-int run_cli(int argc, char** argv) {
+// The command line's parser, writing into `options`; run_cli and run_request share it.
+struct Parser {
   CLI::App app{"shardplan planner: predicts per-GPU peak memory and step time of sharded training "
                "(DDP, ZeRO-1/2/3, FSDP, HSDP) and recommends a plan"};
-  app.set_version_flag("--version", "planner " SHARDPLAN_VERSION,
-                       "print the program's name and version and exit");
-  app.require_subcommand(1);
   CliOptions options;
-  const Subcommands subcommands = add_subcommands(app, options);
+  Subcommands subcommands;
+  Parser() {
+    app.set_version_flag("--version", "planner " SHARDPLAN_VERSION,
+                         "print the program's name and version and exit");
+    app.require_subcommand(1);
+    subcommands = add_subcommands(app, options);
+  }
+  Parser(const Parser&) = delete;  // app holds pointers into options
+  Parser& operator=(const Parser&) = delete;
+};
 
+}  // namespace
+
+Response run_request(const Request& request) {
+  Parser p;
+  std::vector<std::string> args(request.args.rbegin(), request.args.rend());  // CLI11 pops the back
+  try {
+    p.app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    throw InputError("arguments", e.what());
+  }
+  p.options.so.model_document = request.model;
+  p.options.so.hardware_document = request.hardware;
+  p.options.fsdp_as_data = request.fsdp_as_data;
+  std::ostringstream out;
+  Response r;
+  run_subcommand(p.subcommands, p.options, out, r.notes);
+  r.output = out.str();
+  return r;
+}
+
+int run_cli(int argc, char** argv) {
+  Parser p;
+  CLI::App& app = p.app;
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -481,7 +511,7 @@ int run_cli(int argc, char** argv) {
   try {
     std::ostringstream out;
     std::vector<std::string> notes; // for stderr, after the output
-    run_subcommand(subcommands, options, out, notes);
+    run_subcommand(p.subcommands, p.options, out, notes);
     std::cout << out.str();
     if (!notes.empty()) {
       // Said once the output is written: a failed write is then the one line on stderr

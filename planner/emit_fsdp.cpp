@@ -277,11 +277,41 @@ std::vector<TitanEntry> titan_entries(const Scenario& sc, const Evaluation& e) {
   return out;
 }
 
+// [activation_checkpoint] of torchtitan 0.2.x for the plan's checkpointing.
+std::vector<TitanEntry> titan_checkpoint_entries(const TrainingJob& j) {
+  const char* section = "activation_checkpoint";
+  switch (j.checkpointing) {
+  case Checkpointing::none: return {{section, "mode", "\"none\"", ""}};
+  case Checkpointing::full: return {{section, "mode", "\"full\"", ""}};
+  case Checkpointing::every:
+    return {{section, "mode", "\"selective\"", ""},
+            {section, "selective_ac_option", fmt::format("\"{}\"", j.checkpoint_every),
+             fmt::format("one block in {} fully checkpointed", j.checkpoint_every)}};
+  case Checkpointing::selective_op:
+    return {{section, "mode", "\"selective\"", ""},
+            {section, "selective_ac_option", "\"op\"",
+             "keep attention and every second matmul, recompute the rest"}};
+  case Checkpointing::selective_attention:
+    return {{section, "mode", "\"none\"",
+             fmt::format("torchtitan has no attention-only recompute; {}",
+                         j.attention == AttentionImpl::flash ? "with flash attention it equals none"
+                                                             : "this plan's eager scores are kept")}};
+  }
+  return {};
+}
+
+// Every torchtitan 0.2.x entry of the plan, section by section.
+std::vector<TitanEntry> titan_config(const Scenario& sc, const Evaluation& e) {
+  auto entries = titan_entries(sc, e);
+  for (auto& x : titan_checkpoint_entries(e.job)) entries.push_back(std::move(x));
+  return entries;
+}
+
 void torchtitan_toml(Text& t, const Scenario& sc, const Evaluation& e) {
   t.line("# ---- torchtitan 0.2.x (0.2.0-0.2.2) job config: TOML for --job.config_file, keys of "
          "torchtitan/config/job_config.py ----");
   std::string section;
-  for (const auto& x : titan_entries(sc, e)) {
+  for (const auto& x : titan_config(sc, e)) {
     if (x.section != section) {
       if (!section.empty())
         t.line("");
@@ -295,26 +325,49 @@ void torchtitan_toml(Text& t, const Scenario& sc, const Evaluation& e) {
     else
       t.line("{} = {}  # {}", x.key, x.value, x.comment);
   }
-  t.line("");
-  t.line("[activation_checkpoint]");
-  switch (e.job.checkpointing) {
-  case Checkpointing::none: t.line("mode = \"none\""); break;
-  case Checkpointing::full: t.line("mode = \"full\""); break;
-  case Checkpointing::every:
-    t.line("mode = \"selective\"");
-    t.line("selective_ac_option = \"{}\"  # one block in {} fully checkpointed", e.job.checkpoint_every,
-           e.job.checkpoint_every);
-    break;
-  case Checkpointing::selective_op:
-    t.line("mode = \"selective\"");
-    t.line("selective_ac_option = \"op\"  # keep attention and every second matmul, recompute the rest");
-    break;
-  case Checkpointing::selective_attention:
-    t.line("mode = \"none\"  # torchtitan has no attention-only recompute; {}",
-           e.job.attention == AttentionImpl::flash ? "with flash attention it equals none"
-                                                   : "this plan's eager scores are kept");
-    break;
+}
+
+// The TOML entries as JSON: {section: {key: value}}, values typed (a quoted literal a string,
+// true/false a boolean, else an integer); the comments without a key in "notes".
+nlohmann::json torchtitan_json(const Scenario& sc, const Evaluation& e) {
+  nlohmann::json out = nlohmann::json::object();
+  out["notes"] = nlohmann::json::array();
+  for (const auto& x : titan_config(sc, e)) {
+    if (x.key.empty()) {
+      out["notes"].push_back(x.comment);
+      continue;
+    }
+    nlohmann::json value;
+    if (x.value.size() >= 2 && x.value.front() == '"')
+      value = x.value.substr(1, x.value.size() - 2);
+    else if (x.value == "true" || x.value == "false")
+      value = x.value == "true";
+    else
+      value = std::stoll(x.value);
+    out[x.section][x.key] = value;
   }
+  return out;
+}
+
+// FSDP2's fully_shard keyword arguments as data (the snippet's values): the mesh's shape and
+// dimension names, reshard_after_forward, MixedPrecisionPolicy's dtypes (torch dtype names without
+// "torch."), the offload policy, and the dtype the whole model is cast to first (pure bf16) or null.
+nlohmann::json fully_shard_json(const Scenario& sc, const Evaluation& e) {
+  const auto& s = e.spec;
+  const Layout l = layout_of(sc, s);
+  auto dtype = [](DType d) { return std::string(torch_dtype(d)).substr(6); };  // "torch." cut
+  nlohmann::json mesh = l.replicate > 1
+                            ? nlohmann::json{{"shape", {l.replicate, l.shard}},
+                                             {"mesh_dim_names", {"dp_replicate", "dp_shard"}}}
+                            : nlohmann::json{{"shape", {l.shard}}, {"mesh_dim_names", {"dp_shard"}}};
+  const bool offload = s.offload == Offload::params;
+  return {{"mesh", mesh},
+          {"reshard_after_forward", s.reshard_after_forward},
+          {"mp_policy",
+           {{"param_dtype", dtype(compute_dtype(e.job.precision))}, {"reduce_dtype", dtype(s.reduce_dtype)}}},
+          {"offload_policy", offload ? nlohmann::json{{"type", "CPUOffloadPolicy"}, {"pin_memory", true}}
+                                     : nlohmann::json{{"type", "OffloadPolicy"}}},
+          {"model_dtype", e.job.precision == Precision::bf16 ? nlohmann::json("bfloat16") : nlohmann::json()}};
 }
 
 // torchtitan 0.3.0: `torchrun ... -m torchtitan.train --module <model> --config <registry entry>`
@@ -372,7 +425,10 @@ void torchtitan_command_line(Text& t, const Scenario& sc, const Evaluation& e) {
 
 }  // namespace
 
-std::string fsdp_settings(const Scenario& sc, const Evaluation& e) {
+namespace {
+
+// What fsdp_settings and fsdp_settings_json refuse.
+void check_fsdp_plan(const Scenario& sc, const Evaluation& e) {
   const auto& s = e.spec;
   if (s.flavour == Flavour::deepspeed || s.strategy.rfind("zero", 0) == 0)
     throw InputError("--emit",
@@ -384,6 +440,13 @@ std::string fsdp_settings(const Scenario& sc, const Evaluation& e) {
     throw InputError("--emit",
                      fmt::format("micro-batch {} does not divide global batch {} over {} GPUs",
                                  e.job.micro_batch, e.job.global_batch, sc.cluster.gpus));
+}
+
+}  // namespace
+
+std::string fsdp_settings(const Scenario& sc, const Evaluation& e) {
+  check_fsdp_plan(sc, e);
+  const auto& s = e.spec;
   const auto& r = e.result;
   Text t;
   t.line("# shardplan: {} ({}) for {}", s.strategy, flavour_name(s.flavour), scenario_line(sc));
@@ -405,6 +468,16 @@ std::string fsdp_settings(const Scenario& sc, const Evaluation& e) {
   t.line("");
   torchtitan_command_line(t, sc, e);
   return t.str;
+}
+
+nlohmann::json fsdp_settings_json(const Scenario& sc, const Evaluation& e) {
+  check_fsdp_plan(sc, e);
+  nlohmann::json out = {{"strategy", e.spec.strategy},
+                        {"flavour", flavour_name(e.spec.flavour)},
+                        {"torchtitan", torchtitan_json(sc, e)},
+                        {"text", fsdp_settings(sc, e)}};
+  if (e.spec.flavour == Flavour::fsdp2) out["fully_shard"] = fully_shard_json(sc, e);
+  return out;
 }
 
 }  // namespace shardplan::planner

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "planner/estimate.hpp"
 #include "planner/scenario.hpp"
 
@@ -15,5 +17,9 @@ namespace shardplan::planner {
 // that is not runnable, and for an optimizer-only offload (FSDP offloads parameters, gradients
 // and optimizer states together).
 std::string fsdp_settings(const Scenario& sc, const Evaluation& e);
+// The same settings as data, refusing what fsdp_settings refuses: {"strategy", "flavour",
+// "torchtitan": {section: {key: value}, "notes": [...]}, "fully_shard" (FSDP2 plans only): {"mesh",
+// "reshard_after_forward", "mp_policy", "offload_policy", "model_dtype"}, "text": fsdp_settings}.
+nlohmann::json fsdp_settings_json(const Scenario& sc, const Evaluation& e);
 
 }  // namespace shardplan::planner

@@ -61,20 +61,55 @@ void add_scenario_options(CLI::App& app, ScenarioOptions& o) {
 
 namespace {
 
-// The model, the hardware (with --gpu-memory-GiB) and the cluster.
-void set_model_and_cluster(const ScenarioOptions& o, Scenario& sc) {
-  if (o.params && o.model)
+// A document's own name (its `key`, a non-empty string), else `fallback`.
+std::string document_name(const nlohmann::json& doc, const char* key, const char* fallback) {
+  if (doc.is_object() && doc.contains(key) && doc[key].is_string() && !doc[key].get<std::string>().empty())
+    return doc[key].get<std::string>();
+  return fallback;
+}
+
+// parse() of a document given in memory, its errors named as a file's are, by `what` ("model:
+// /hidden_size: ...").
+template <class Parse>
+auto in_document(const char* what, Parse&& parse) {
+  try {
+    return parse();
+  } catch (const InputError& e) {
+    throw costmodel::error_in_file(what, e);
+  }
+}
+
+// The model and the hardware profile: from the documents in memory, or as the flags name them.
+void set_model_and_hardware(const ScenarioOptions& o, Scenario& sc) {
+  if (o.params && (o.model || o.model_document))
     throw InputError("--params", "give either --model or --params, not both");
   if (o.layers && !o.params) throw InputError("--layers", "goes with --params (a model's blocks are its own)");
+  if (o.model && o.model_document) throw InputError("--model", "give either a name or a document, not both");
+  if (o.hardware && o.hardware_document)
+    throw InputError("--hardware", "give either a name or a document, not both");
   if (o.params) {
     const double params = costmodel::double_from_text("--params", *o.params);
     const std::int64_t layers = o.layers ? positive_count("--layers", *o.layers) : 0;  // 0: derived
     sc.model = costmodel::model_from_param_count(params, layers);
+  } else if (o.model_document) {
+    sc.model = in_document("model", [&] {
+      return costmodel::model_from_hf_config(*o.model_document, document_name(*o.model_document, "_name_or_path", "model"));
+    });
   } else {
     sc.model = costmodel::load_model(o.model ? named("--model", o.model, "a preset or a file") : kDefaultModel);
   }
-  sc.hardware = costmodel::load_hardware(o.hardware ? named("--hardware", o.hardware, "a profile or a file")
-                                                    : kDefaultHardware);
+  if (o.hardware_document)
+    sc.hardware = in_document("hardware", [&] {
+      return costmodel::hardware_from_json(*o.hardware_document, document_name(*o.hardware_document, "name", "hardware"));
+    });
+  else
+    sc.hardware = costmodel::load_hardware(o.hardware ? named("--hardware", o.hardware, "a profile or a file")
+                                                      : kDefaultHardware);
+}
+
+// The model, the hardware (with --gpu-memory-GiB) and the cluster.
+void set_model_and_cluster(const ScenarioOptions& o, Scenario& sc) {
+  set_model_and_hardware(o, sc);
   if (o.gpu_memory_GiB) {
     const double gib = costmodel::double_from_text("--gpu-memory-GiB", *o.gpu_memory_GiB);
     if (!(gib > 0) || gib > 1e6) // double_from_text refuses inf and nan
@@ -89,9 +124,9 @@ void set_model_and_cluster(const ScenarioOptions& o, Scenario& sc) {
   } else {
     sc.cluster.gpus = kDefaultGpus;
   }
-  if (!o.model && !o.params)
+  if (!o.model && !o.params && !o.model_document)
     sc.defaulted.push_back(fmt::format("--model {}", kDefaultModel));
-  if (!o.hardware)
+  if (!o.hardware && !o.hardware_document)
     sc.defaulted.push_back(fmt::format("--hardware {}", kDefaultHardware));
   if (!o.gpus)
     sc.defaulted.push_back(fmt::format("--gpus {}", kDefaultGpus));
@@ -156,7 +191,8 @@ void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
 
 Scenario make_scenario(const ScenarioOptions& o, bool check_batch) {
   Scenario sc;
-  sc.is_default = !o.model && !o.params && !o.hardware && !o.gpus && !o.job_file;
+  sc.is_default = !o.model && !o.params && !o.model_document && !o.hardware && !o.hardware_document && !o.gpus &&
+                  !o.job_file;
   set_model_and_cluster(o, sc);
   set_base_job(o, sc);
   apply_job_flags(o, sc);

@@ -33,6 +33,9 @@ struct ScenarioOptions {
   std::optional<std::string> precision, optimizer, checkpointing, attention, loss, recipe;
   std::optional<std::string> headroom;  // fraction of capacity kept free (default 0.05)
   std::optional<std::string> accounting;  // default framework
+  // A config.json and a hardware profile already in memory, in place of --model and --hardware
+  // (the Python module's dicts); refused beside the flag they replace.
+  std::optional<nlohmann::json> model_document, hardware_document;
 };
 
 struct Scenario {

@@ -4,10 +4,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 full=${SHARDPLAN_FULL_CHECKS:-1}
+python_deps=(python3-venv python3-dev) # the Python package's venv and headers
 if [[ "$full" == 1 ]]; then
-  scripts/install-deps.sh clang libclang-rt-14-dev # the sanitizer and fuzz builds' compiler
+  scripts/install-deps.sh clang libclang-rt-14-dev "${python_deps[@]}" # clang: the sanitizer and fuzz builds' compiler
 else
-  scripts/install-deps.sh
+  scripts/install-deps.sh "${python_deps[@]}"
+fi
+# The Python package (python/) builds in the release tree when its venv can be made (nanobind and
+# pytest from PyPI); ctest then runs its pytest suite (tests/python). Without PyPI it is skipped.
+venv=build/pyvenv
+if scripts/python-env.sh "$venv"; then
+  cmake --preset release -DSHARDPLAN_PYTHON=ON -DPython_EXECUTABLE="$PWD/$venv/bin/python" \
+    -Dnanobind_DIR="$("$venv/bin/python" -m nanobind --cmake_dir)" >/dev/null
+else
+  echo "test.sh: skipping the Python package's tests (see the line above)" >&2
+  cmake --preset release -DSHARDPLAN_PYTHON=OFF >/dev/null
 fi
 scripts/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -1,0 +1,69 @@
+# Typing stub of the shardplan package: the keyword arguments of every function, for editors and
+# type checkers. The options are the planner's flags with underscores; numbers may also be text.
+import os
+from typing import Any, Dict, List, Mapping, Sequence, TypedDict, Union
+
+from typing_extensions import Unpack
+
+_Path = Union[str, os.PathLike[str]]
+# A preset name, a config.json path, a config.json as a dict, or a transformers config object.
+Model = Union[_Path, Mapping[str, Any], Any]
+# A profile name, a profile file's path, or a profile as a dict.
+Hardware = Union[_Path, Mapping[str, Any]]
+Number = Union[int, float, str]
+
+class InputError(ValueError):
+    field: str  # the keyword argument ("global_batch") or the place in a document
+    message: str
+    def __init__(self, where: str, message: str) -> None: ...
+
+class ScenarioOptions(TypedDict, total=False):
+    model: Model
+    params: Number  # a bare parameter count instead of a model
+    layers: Number  # blocks of a bare count
+    hardware: Hardware
+    gpu_memory_GiB: Number
+    job: _Path  # a training-job document
+    gpus: Number
+    gpus_per_node: Number
+    seq_len: Number
+    global_batch: Number  # sequences per optimizer step, whole job
+    micro_batch: Number  # sequences per GPU per forward/backward (searched when absent)
+    precision: str  # fp32 | bf16-mixed | fp16-mixed | bf16
+    optimizer: str  # adamw | adam | sgd | adafactor
+    checkpointing: str  # none | full | every:N | selective-attention | selective-op
+    attention: str  # flash | eager
+    recipe: str  # hf | torchtitan | llm-foundry | megatron | deepspeed | executor
+    loss: str  # upcast | fused | chunked:N | fused-linear | fp32-inplace
+    headroom: Number  # fraction of GPU memory kept free
+    accounting: str  # framework | zero-paper
+
+class PlanOptions(ScenarioOptions, total=False):
+    strategy: str  # ddp | zero1 | zero2 | zero3 | fsdp-full | fsdp-grad-op | hsdp
+    flavour: str  # ddp | fsdp1 | fsdp2 | deepspeed
+    shard_group_size: Number
+    offload: str  # none | optimizer | params
+
+class EstimateOptions(PlanOptions, total=False):
+    deepspeed: _Path  # an existing ds_config.json instead of strategy
+
+class EmitOptions(PlanOptions, total=False):
+    exhaustive: bool
+
+class RecommendOptions(EmitOptions, total=False):
+    top: Number
+    svg: _Path
+
+class CompareOptions(ScenarioOptions, total=False):
+    strategies: Union[str, Sequence[str]]
+    offload: str
+
+def estimate(**options: Unpack[EstimateOptions]) -> Dict[str, Any]: ...
+def simulate(*, trace: _Path, **options: Unpack[PlanOptions]) -> Dict[str, Any]: ...
+def recommend(**options: Unpack[RecommendOptions]) -> Dict[str, Any]: ...
+def compare(**options: Unpack[CompareOptions]) -> List[Dict[str, Any]]: ...
+def deepspeed_config(**options: Unpack[EmitOptions]) -> Dict[str, Any]: ...
+def plan_document(**options: Unpack[EmitOptions]) -> Dict[str, Any]: ...
+def fsdp_settings(**options: Unpack[EmitOptions]) -> Dict[str, Any]: ...
+def fsdp2_args(**options: Unpack[EmitOptions]) -> Dict[str, Any]: ...
+def torchtitan_options(**options: Unpack[EmitOptions]) -> Dict[str, Any]: ...
