@@ -73,7 +73,8 @@ def _field_name(where: str) -> str:
     return where
 
 
-_SWITCHES = ("exhaustive",)  # the flags that take no value
+# The flags that take no value.
+_SWITCHES = ("exhaustive", "sequence_parallel", "async_tensor_parallel", "model_parallel")
 
 
 def _flag(name: str) -> str:
@@ -165,6 +166,14 @@ def estimate(
     shard_group_size: Optional[Number] = None,
     offload: Optional[str] = None,
     deepspeed: Optional[Union[str, "os.PathLike[str]"]] = None,
+    tensor_parallel: Optional[Number] = None,
+    sequence_parallel: bool = False,
+    async_tensor_parallel: bool = False,
+    pipeline_parallel: Optional[Number] = None,
+    schedule: Optional[str] = None,
+    virtual_stages: Optional[Number] = None,
+    micro_batches: Optional[Number] = None,
+    context_parallel: Optional[Number] = None,
 ) -> Dict[str, Any]:
     """Memory and step time of one plan: ``planner estimate --format json``."""
     return _json("estimate", dict(locals(), format="json"))
@@ -230,6 +239,7 @@ def recommend(
     top: Optional[Number] = None,
     exhaustive: bool = False,
     svg: Optional[Union[str, "os.PathLike[str]"]] = None,
+    model_parallel: bool = False,
 ) -> Dict[str, Any]:
     """Searches the plan space: ``planner recommend --format json`` (recommendation, candidates,
     rejected, bottleneck, search)."""

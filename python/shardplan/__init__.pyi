@@ -46,6 +46,14 @@ class PlanOptions(ScenarioOptions, total=False):
 
 class EstimateOptions(PlanOptions, total=False):
     deepspeed: _Path  # an existing ds_config.json instead of strategy
+    tensor_parallel: Number  # t, inside a node
+    sequence_parallel: bool
+    async_tensor_parallel: bool
+    pipeline_parallel: Number  # p stages
+    schedule: str  # 1f1b | interleaved-1f1b | gpipe
+    virtual_stages: Number  # model chunks per stage (interleaved-1f1b)
+    micro_batches: Number  # per step through the pipeline
+    context_parallel: Number  # c (ring attention)
 
 class EmitOptions(PlanOptions, total=False):
     exhaustive: bool
@@ -53,6 +61,7 @@ class EmitOptions(PlanOptions, total=False):
 class RecommendOptions(EmitOptions, total=False):
     top: Number
     svg: _Path
+    model_parallel: bool  # search tensor, pipeline and context parallelism too
 
 class CompareOptions(ScenarioOptions, total=False):
     strategies: Union[str, Sequence[str]]

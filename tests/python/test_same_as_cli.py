@@ -79,3 +79,17 @@ def test_numbers_as_text_or_numbers():
 def test_svg_is_written(tmp_path):
     shardplan.recommend(model="gpt2", gpus=8, svg=tmp_path / "memory.svg")
     assert (tmp_path / "memory.svg").read_text().startswith("<svg")
+
+
+def test_tensor_pipeline_and_context_parallel_plans():
+    # A 3D plan through estimate and the model-parallel search through recommend.
+    options = dict(model="llama-3-70b", hardware="h100-sxm5-80gb", gpus=256, seq_len=8192,
+                   global_batch=64, strategy="fsdp-full", tensor_parallel=8, sequence_parallel=True,
+                   pipeline_parallel=4, schedule="interleaved-1f1b", virtual_stages=5,
+                   micro_batches=8, micro_batch=1)
+    assert shardplan.estimate(**options) == cli_json("estimate", *flags(**options), "--format", "json")
+    search = dict(model="llama-3-70b", hardware="h100-sxm5-80gb", gpus=256, seq_len=8192,
+                  global_batch=256, model_parallel=True)
+    ours = shardplan.recommend(**search)
+    theirs = cli_json("recommend", *flags(**search), "--format", "json")
+    assert without_timing(ours) == without_timing(theirs)
