@@ -29,8 +29,11 @@ def flags(**options) -> list:
     """The command line's flags for keyword options, as the package spells them."""
     out = []
     for name, value in options.items():
+        if value is False:  # a switch left off
+            continue
         out.append("--" + name.replace("_", "-"))
-        out.append(str(value))
+        if value is not True:  # a switch takes no value
+            out.append(str(value))
     return out
 
 
