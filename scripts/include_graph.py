@@ -2,8 +2,13 @@
 """Which folders' headers each folder's sources include, read from the quoted #include lines.
 
 Usage: scripts/include_graph.py [--files] [FOLDER ...]
-  prints "folder -> included folder (count)" for every pair; with --files, each including file too.
-  Folders default to every top-level folder with C++ sources (tests/ split by its subfolders).
+  prints "folder -> included folder (count of #include lines)" for every pair; with --files, each
+  including file too. Folders: the top-level ones, tests/ split by its subfolders, and cuda/
+  subfolders on their own.
+       scripts/include_graph.py --check
+  exits 1, naming the file and the include, when a folder includes a header of a folder that
+  ALLOWED below does not list for it (ctest runs this as layers::includes_follow_links). The build
+  enforces the same edges (cmake/Layers.cmake); this check also holds the policy itself still.
 """
 import collections
 import os
@@ -49,7 +54,56 @@ def include_edges():
     return edges
 
 
+# The layers: which folders each folder's sources may include besides its own. The cost model and
+# the planner never see comm, kernels or the executor; the kernels never see the cost model.
+ALLOWED = {
+    "core": set(),
+    "costmodel": {"core"},
+    "comm": {"core"},
+    "kernels": {"comm", "core"},
+    "kernels/cuda": {"kernels", "comm", "core"},
+    "planner": {"costmodel", "core"},
+    "executor": {"kernels", "costmodel", "comm", "core"},
+    "executor/cuda": {"executor", "kernels/cuda", "kernels", "costmodel", "comm", "core"},
+    "calibrate": {"kernels/cuda", "kernels", "costmodel", "comm", "core"},
+    "bench": {"planner", "costmodel", "core", "tests"},
+    "tests": {"core"},
+    # The parsers' fuzz targets reach each document's reader where it lives.
+    "tests/fuzz": {"tests", "calibrate", "executor", "planner", "costmodel", "core"},
+}
+
+
+def allowed_from(here):
+    """The folders `here` may include: a test folder, its library's and the library itself."""
+    if here in ALLOWED:
+        return ALLOWED[here]
+    if here.startswith("tests/"):
+        lib = here.split("/", 1)[1]
+        if lib in ALLOWED:
+            cuda = {lib + "/cuda"} | ALLOWED.get(lib + "/cuda", set())
+            return {"tests", lib} | ALLOWED[lib] | cuda
+    return None
+
+
+def check():
+    bad = 0
+    for (here, there), files in sorted(include_edges().items()):
+        allowed = allowed_from(here)
+        if allowed is None:
+            print(f"include_graph.py: {here}/ is not in the layers table (ALLOWED)")
+            bad += 1
+        elif there not in allowed:
+            for f in sorted(set(files)):
+                print(f"{f}: includes a header of {there}/, which {here}/ may not use")
+                bad += 1
+    if bad == 0:
+        print("include_graph.py: every include follows the layers")
+    return 1 if bad else 0
+
+
 def main(argv):
+    if "--check" in argv:
+        return check()
     show_files = "--files" in argv
     only = [a.rstrip("/") for a in argv if not a.startswith("--")]
     for (here, there), files in sorted(include_edges().items()):
