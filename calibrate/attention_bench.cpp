@@ -5,16 +5,16 @@
 #include <cstddef>
 #include <vector>
 
-#include "executor/backend.hpp"
-#include "executor/memory_source.hpp"
-#include "executor/scalar.hpp"
+#include "kernels/backend.hpp"
+#include "kernels/memory_source.hpp"
+#include "kernels/scalar.hpp"
 
 #if defined(SHARDPLAN_HAVE_NCCL)
 #include <cuda_runtime_api.h>
 
 #include "comm/cuda_check.hpp"
-#include "executor/cuda/cuda_backend.hpp"
-#include "executor/cuda/device_memory.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/device_memory.hpp"
 #endif
 
 namespace shardplan::calibrate {
@@ -105,7 +105,7 @@ Seconds median_seconds(executor::Backend<S>& be, Forward forward, Backward backw
 // Eager attention, then flash attention where the backend has it, with the executor's buffers:
 // q, out [N, heads·d]; k, v [N, kv_heads·d]; eager's probs [B, heads, T, T] and the backward's
 // scratch; flash's lse and delta [B, heads, T] in the accumulation type. The backward adds into
-// dq, dk and dv (executor/backend.hpp), as the executor's does into its zeroed gradients.
+// dq, dk and dv (kernels/backend.hpp), as the executor's does into its zeroed gradients.
 template <class S>
 std::vector<AttentionSample> time_attention(executor::Backend<S>& be,
                                             executor::MemorySource& memory, costmodel::DType dtype,

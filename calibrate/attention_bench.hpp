@@ -26,7 +26,7 @@ costmodel::AttentionShape model_attention_shape(const costmodel::ModelSpec& m, s
 
 // Forward and backward seconds of each implementation the backend runs, eager first. Each time
 // is the median of at least three runs after an untimed one (first touch), as many as fill
-// min_seconds (at most 50), bracketed by the backend's part timers (executor/backend.hpp: wall
+// min_seconds (at most 50), bracketed by the backend's part timers (kernels/backend.hpp: wall
 // time on the host, CUDA events on the GPU's compute stream). before_each is called before each
 // implementation is timed (calibrate: a barrier, so that every rank computes at once).
 //

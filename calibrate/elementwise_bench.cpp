@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "executor/kernels.hpp"
+#include "kernels/kernels.hpp"
 
 namespace shardplan::calibrate {
 

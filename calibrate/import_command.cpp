@@ -12,9 +12,9 @@
 #include "calibrate/profile_writer.hpp"
 #include "calibrate/results_table.hpp"
 #include "costmodel/hardware.hpp"
-#include "costmodel/input_error.hpp"
-#include "io/file_writer.hpp"
-#include "io/text.hpp"
+#include "core/input_error.hpp"
+#include "core/file_writer.hpp"
+#include "core/text.hpp"
 
 namespace shardplan::calibrate {
 namespace {

@@ -10,8 +10,8 @@
 #include "calibrate/options.hpp"
 #include "comm/launch_env.hpp"
 #include "comm/process_identity.hpp"
-#include "costmodel/input_error.hpp"
-#include "io/standard_output.hpp"
+#include "core/input_error.hpp"
+#include "core/standard_output.hpp"
 
 #if defined(SHARDPLAN_HAVE_MPI) || defined(SHARDPLAN_HAVE_NCCL)
 #define SHARDPLAN_CALIBRATE_MEASURES 1

@@ -28,10 +28,10 @@
 #include "comm/process_identity.hpp"
 #include "comm/topology.hpp"
 #include "comm/watchdog.hpp"
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 #include "costmodel/model.hpp"
-#include "io/file_writer.hpp"
-#include "io/text.hpp"
+#include "core/file_writer.hpp"
+#include "core/text.hpp"
 
 #if defined(SHARDPLAN_HAVE_MPI)
 #include "comm/mpi_environment.hpp"

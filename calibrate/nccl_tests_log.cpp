@@ -7,9 +7,9 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/input_error.hpp"
-#include "io/file_reader.hpp"
-#include "io/text.hpp"
+#include "core/input_error.hpp"
+#include "core/file_reader.hpp"
+#include "core/text.hpp"
 
 namespace shardplan::calibrate {
 namespace {

@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 
 #include "calibrate/byte_size.hpp"
-#include "costmodel/input_error.hpp"
-#include "costmodel/number_text.hpp"
+#include "core/input_error.hpp"
+#include "core/number_text.hpp"
 
 namespace shardplan::calibrate {
 namespace {
@@ -49,7 +49,7 @@ std::uint64_t parse_size_flag(const std::string& flag, const std::string& text) 
   return *bytes;
 }
 
-// A decimal integer (costmodel/number_text.hpp) in [min, max]; what: "an integer >= 1".
+// A decimal integer (core/number_text.hpp) in [min, max]; what: "an integer >= 1".
 std::int64_t parse_integer_flag(const std::string& flag, const std::string& text, std::int64_t min,
                                 std::int64_t max, const char* what) {
   std::int64_t value = 0;

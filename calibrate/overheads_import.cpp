@@ -8,10 +8,10 @@
 
 #include "calibrate/profile_writer.hpp"
 #include "costmodel/hardware.hpp"
-#include "costmodel/input_error.hpp"
-#include "costmodel/json_reader.hpp"
-#include "io/file_writer.hpp"
-#include "io/text.hpp"
+#include "core/input_error.hpp"
+#include "core/json_reader.hpp"
+#include "core/file_writer.hpp"
+#include "core/text.hpp"
 
 namespace shardplan::calibrate {
 namespace {

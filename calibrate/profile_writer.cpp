@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/input_error.hpp"
-#include "costmodel/json_reader.hpp"
+#include "core/input_error.hpp"
+#include "core/json_reader.hpp"
 
 namespace shardplan::calibrate {
 namespace {

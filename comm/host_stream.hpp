@@ -1,7 +1,7 @@
 // Collectives that run beside the computing thread on the host: each StreamedCommunicator is one
 // stream, a worker thread that runs its group's collectives one after another in the order they
 // were issued, while the thread that issued them goes on computing. This is a CUDA stream's
-// contract (the engine's, executor/backend.hpp) on CPUs: a call queues the collective and returns;
+// contract (the engine's, kernels/backend.hpp) on CPUs: a call queues the collective and returns;
 // HostStream's tickets stand for CUDA events (a ticket is "the first n collectives of the stream
 // are done"), and the host backend orders compute against the streams with them.
 //

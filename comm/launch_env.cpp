@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 
 namespace shardplan::comm {
 namespace {

@@ -18,7 +18,7 @@ constexpr int kElementwiseKinds = 8;
 const char* elementwise_kind_name(ElementwiseKind k);
 
 // Elements read plus elements written per element of the layer's width, from each kernel's
-// arguments (executor/kernels.hpp): a norm reads x and writes y (2) and in backward reads dy and
+// arguments (kernels/kernels.hpp): a norm reads x and writes y (2) and in backward reads dy and
 // x and adds into dx (4); a residual copies the stream (2) and adds its gradient (3); rotary
 // rotates q and k in place (2, 2); GELU reads its input and writes (2), backward reads input,
 // dout and dx and writes dx (4); SwiGLU reads gate and up and writes (3), backward reads dout,

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/json_reader.hpp"
+#include "core/json_reader.hpp"
 #include "costmodel/model.hpp"
 
 namespace shardplan::costmodel {

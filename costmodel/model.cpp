@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/json_reader.hpp"
+#include "core/json_reader.hpp"
 
 #ifndef SHARDPLAN_DEFAULT_DATA_DIR
 #define SHARDPLAN_DEFAULT_DATA_DIR "."

@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/json_reader.hpp"
+#include "core/json_reader.hpp"
 
 namespace shardplan::costmodel {
 namespace {

@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/json_reader.hpp"
-#include "costmodel/whole_count.hpp"
+#include "core/json_reader.hpp"
+#include "core/whole_count.hpp"
 
 namespace shardplan::costmodel {
 

@@ -17,14 +17,14 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/input_error.hpp"
-#include "costmodel/json_reader.hpp"
+#include "core/input_error.hpp"
+#include "core/json_reader.hpp"
 #include "costmodel/sharding.hpp"
 #include "executor/sha256.hpp"
-#include "io/atomic_file.hpp"
-#include "io/file_kind.hpp"
-#include "io/file_writer.hpp"
-#include "io/text.hpp"
+#include "core/atomic_file.hpp"
+#include "core/file_kind.hpp"
+#include "core/file_writer.hpp"
+#include "core/text.hpp"
 
 namespace shardplan::executor {
 namespace {
@@ -911,7 +911,7 @@ Consolidated consolidate_checkpoint(const std::string& dir, const std::string& o
   Consolidated c;
   c.step = index.step;
   // The whole model in memory (the executor held it to train it), then one output write: a
-  // regular file whole or not at all, a device or a pipe written through (io/file_writer.hpp).
+  // regular file whole or not at all, a device or a pipe written through (core/file_writer.hpp).
   std::string bytes_out;
   Sha256 hash;
   std::vector<char> block(kIoBlock);

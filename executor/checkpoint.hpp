@@ -41,7 +41,7 @@
 //                    "offset_bytes": 8192, "sha256": "4b1a..."}, ...]}, ...]}
 // Version 1 (no index digest, no segment digests) is refused: its index could be edited unseen.
 //
-// Writes are atomic (io/atomic_file.hpp): each file goes to a temporary beside it, is fsynced and
+// Writes are atomic (core/atomic_file.hpp): each file goes to a temporary beside it, is fsynced and
 // renamed, then its folder fsynced;
 // ranks write their parts, agree, then rank 0 writes the step folder's copy of the index and then
 // DIR's index the same way (the index and its digest both synced before either is renamed), so a

@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 
 #include "comm/process_identity.hpp"
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 
 namespace shardplan::executor {
 namespace {

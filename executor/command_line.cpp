@@ -5,8 +5,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "costmodel/input_error.hpp"
-#include "costmodel/number_text.hpp"
+#include "core/input_error.hpp"
+#include "core/number_text.hpp"
 
 namespace shardplan::executor {
 
@@ -42,7 +42,7 @@ void check_checkpoint_options(const CLI::App& app, const RunCommand& r, std::int
 }
 
 // The run's options as given: every number is read as text and converted after parsing
-// (costmodel/number_text.hpp): decimal only, and a value given is used or refused, never taken
+// (core/number_text.hpp): decimal only, and a value given is used or refused, never taken
 // for "not given".
 struct RunTexts {
   std::string layers, hidden, heads, kv_heads, intermediate, vocab, seq, capacity, rehearse,

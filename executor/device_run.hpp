@@ -1,6 +1,6 @@
 // The GPU of one rank for the CUDA backend (executor --backend cuda), behind an interface without
 // CUDA types so that the run command compiles in every build: the device's memory (a caching
-// pool, executor/cuda/device_memory.hpp), the backend that computes on it, and what was measured
+// pool, kernels/cuda/device_memory.hpp), the backend that computes on it, and what was measured
 // about the device itself for the cost model's overhead terms:
 //
 //   context_bytes   cudaMemGetInfo's used bytes once the context exists, before anything else
@@ -15,9 +15,9 @@
 #include <memory>
 #include <string>
 
-#include "executor/backend.hpp"
+#include "kernels/backend.hpp"
 #include "executor/engine.hpp"
-#include "executor/memory_source.hpp"
+#include "kernels/memory_source.hpp"
 
 namespace shardplan::executor {
 

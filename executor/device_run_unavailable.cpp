@@ -1,7 +1,7 @@
 // open_device in a build without the CUDA toolkit (device_run.hpp).
 #include "executor/device_run.hpp"
 
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 
 namespace shardplan::executor {
 

@@ -39,7 +39,7 @@
 #include <span>
 
 #include "costmodel/model.hpp"
-#include "executor/backend.hpp"
+#include "kernels/backend.hpp"
 #include "executor/model_layout.hpp"
 #include "executor/tracked_allocator.hpp"
 

@@ -9,13 +9,13 @@
 #include <iostream>
 
 #include "comm/process_identity.hpp"
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 #include "executor/command_line.hpp"
 #include "executor/run_command.hpp"
 #include "executor/scale_config.hpp"
-#include "io/file_writer.hpp"
-#include "io/standard_output.hpp"
-#include "io/text.hpp"
+#include "core/file_writer.hpp"
+#include "core/standard_output.hpp"
+#include "core/text.hpp"
 
 namespace {
 

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 
 namespace shardplan::executor {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "costmodel/accounting.hpp"
 #include "costmodel/plan.hpp"
-#include "costmodel/whole_count.hpp"
+#include "core/whole_count.hpp"
 
 namespace shardplan::executor {
 namespace {

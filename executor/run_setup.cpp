@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "costmodel/accounting.hpp"
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 #include "executor/host_offload.hpp"
 #include "executor/model_layout.hpp"
 

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "comm/communicator.hpp"
-#include "executor/memory_source.hpp"
+#include "kernels/memory_source.hpp"
 
 namespace shardplan::executor {
 

@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "comm/forwarding_communicator.hpp"
-#include "executor/backend.hpp"
-#include "executor/memory_source.hpp"
+#include "kernels/backend.hpp"
+#include "kernels/memory_source.hpp"
 #include "executor/stream_order.hpp"
 
 namespace shardplan::executor {

@@ -2,7 +2,7 @@
 // compute stream, each group's collective stream, and the host), built from what the engine says
 // (reads and writes of memory ranges, waits between streams, host synchronizations, allocations,
 // record_use and frees), checked as it is built. No GPU and no thread is needed: the streams are
-// the CUDA semantics the engine is written against (executor/backend.hpp), not threads.
+// the CUDA semantics the engine is written against (kernels/backend.hpp), not threads.
 //
 // Each stream keeps a vector clock (Lamport 1978; Fidge 1988): entry t is how much of stream t's
 // work is known to come before the stream's next operation. An operation on stream s ticks s's own

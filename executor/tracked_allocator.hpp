@@ -25,7 +25,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "executor/memory_source.hpp"
+#include "kernels/memory_source.hpp"
 
 namespace shardplan::executor {
 

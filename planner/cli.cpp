@@ -7,11 +7,11 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "costmodel/json_reader.hpp"
+#include "core/json_reader.hpp"
 #include "costmodel/plan.hpp"
-#include "io/file_writer.hpp"
-#include "io/text.hpp"
-#include "costmodel/number_text.hpp"
+#include "core/file_writer.hpp"
+#include "core/text.hpp"
+#include "core/number_text.hpp"
 #include "planner/deepspeed_import.hpp"
 #include "planner/describe.hpp"
 #include "planner/emit_deepspeed.hpp"
@@ -34,7 +34,7 @@ void check_format(const std::string& f) {
     throw InputError("--format", fmt::format("must be table or json, got \"{}\"", f));
 }
 
-// A JSON document as the planner prints it (io/text.hpp: bytes that are not UTF-8 in a path or
+// A JSON document as the planner prints it (core/text.hpp: bytes that are not UTF-8 in a path or
 // name become U+FFFD).
 std::string json_document(const nlohmann::json& document) { return io::json_text(document, 2) + "\n"; }
 

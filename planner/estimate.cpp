@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/input_error.hpp"
-#include "costmodel/whole_count.hpp"
+#include "core/input_error.hpp"
+#include "core/whole_count.hpp"
 #include "planner/text.hpp"
 
 namespace shardplan::planner {

@@ -32,7 +32,7 @@ Evaluation evaluate(const Scenario& sc, const costmodel::ShardingSpec& spec,
 Evaluation evaluate_choosing_micro_batch(const Scenario& sc, const costmodel::ShardingSpec& spec,
                                          costmodel::Trace* trace = nullptr);
 // Refuses (costmodel::InputError) a plan the user asked for whose bytes per GPU pass
-// costmodel::kMaxCount (2^62, costmodel/whole_count.hpp), naming the input that made them so big:
+// costmodel::kMaxCount (2^62, core/whole_count.hpp), naming the input that made them so big:
 // --params or --model when the model states alone do, else --micro-batch (as given) or --seq-len.
 void check_countable(const Scenario& sc, const Evaluation& e);
 

@@ -1,4 +1,4 @@
-#include "io/standard_output.hpp"
+#include "core/standard_output.hpp"
 #include "planner/cli.hpp"
 
 int main(int argc, char** argv) {

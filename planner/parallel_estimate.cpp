@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/input_error.hpp"
-#include "costmodel/number_text.hpp"
+#include "core/input_error.hpp"
+#include "core/number_text.hpp"
 #include "planner/estimate.hpp"
 
 namespace shardplan::planner {

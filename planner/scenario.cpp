@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "costmodel/json_reader.hpp"
-#include "costmodel/number_text.hpp"
+#include "core/json_reader.hpp"
+#include "core/number_text.hpp"
 
 namespace shardplan::planner {
 

@@ -19,7 +19,7 @@ namespace shardplan::planner {
 
 // The flags as the user gave them: nullopt when not given. A given value is used or refused,
 // never replaced by a default (an empty --model, --gpus 0); numbers are read as decimal text
-// (costmodel/number_text.hpp).
+// (core/number_text.hpp).
 struct ScenarioOptions {
   std::optional<std::string> model;     // preset or config.json (neither this nor params: the default)
   std::optional<std::string> params;    // a bare parameter count instead of a model ("7.5e9")

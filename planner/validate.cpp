@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/json_reader.hpp"
+#include "core/json_reader.hpp"
 #include "costmodel/plan.hpp"
 #include "planner/text.hpp"
 

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 
 namespace shardplan::test {
 

@@ -4,9 +4,9 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/input_error.hpp"
-#include "executor/cuda/cuda_backend.hpp"
-#include "executor/cuda/device_memory.hpp"
+#include "core/input_error.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/device_memory.hpp"
 
 namespace shardplan::executor {
 namespace {

@@ -1,7 +1,7 @@
 #include <doctest/doctest.h>
 
 #include "calibrate/group_plan.hpp"
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 
 using namespace shardplan;
 using namespace shardplan::calibrate;

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "calibrate/nccl_tests_log.hpp"
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 
 using namespace shardplan;
 using namespace shardplan::calibrate;

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "calibrate/options.hpp"
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 
 using namespace shardplan;
 using namespace shardplan::calibrate;

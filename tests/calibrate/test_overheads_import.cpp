@@ -11,7 +11,7 @@
 
 #include "calibrate/overheads_import.hpp"
 #include "costmodel/hardware.hpp"
-#include "costmodel/json_reader.hpp"
+#include "core/json_reader.hpp"
 #include "tests/test_support.hpp"
 
 using namespace shardplan;

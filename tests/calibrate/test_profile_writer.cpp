@@ -4,8 +4,8 @@
 
 #include "calibrate/profile_writer.hpp"
 #include "costmodel/hardware.hpp"
-#include "costmodel/input_error.hpp"
-#include "costmodel/json_reader.hpp"
+#include "core/input_error.hpp"
+#include "core/json_reader.hpp"
 
 using namespace shardplan;
 using namespace shardplan::calibrate;

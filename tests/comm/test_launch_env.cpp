@@ -4,7 +4,7 @@
 #include <string>
 
 #include "comm/launch_env.hpp"
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 
 using namespace shardplan::comm;
 using shardplan::costmodel::InputError;

@@ -6,7 +6,7 @@
 
 #include "costmodel/accounting.hpp"
 #include "costmodel/hardware.hpp"
-#include "costmodel/json_reader.hpp"
+#include "core/json_reader.hpp"
 #include "costmodel/model.hpp"
 #include "costmodel/simulator.hpp"
 #include "costmodel/traffic.hpp"

@@ -9,7 +9,7 @@
 
 #include "costmodel/hardware.hpp"
 #include "costmodel/job.hpp"
-#include "costmodel/json_reader.hpp"
+#include "core/json_reader.hpp"
 #include "costmodel/model.hpp"
 #include "costmodel/plan.hpp"
 #include "costmodel/sharding.hpp"

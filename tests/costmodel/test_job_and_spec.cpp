@@ -1,7 +1,7 @@
 #include <doctest/doctest.h>
 
 #include "costmodel/job.hpp"
-#include "costmodel/json_reader.hpp"
+#include "core/json_reader.hpp"
 #include "costmodel/sharding.hpp"
 #include "tests/test_support.hpp"
 

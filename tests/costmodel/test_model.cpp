@@ -14,7 +14,7 @@
 
 #include <string>
 
-#include "costmodel/json_reader.hpp"
+#include "core/json_reader.hpp"
 #include "costmodel/model.hpp"
 #include "tests/test_support.hpp"
 

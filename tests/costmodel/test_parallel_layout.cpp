@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "costmodel/json_reader.hpp"
+#include "core/json_reader.hpp"
 #include "costmodel/parallel_layout.hpp"
 #include "tests/test_support.hpp"
 

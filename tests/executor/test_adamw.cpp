@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "executor/adamw.hpp"
+#include "kernels/adamw.hpp"
 
 using namespace shardplan::executor;
 

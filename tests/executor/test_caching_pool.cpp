@@ -1,5 +1,5 @@
 // The caching pool's rules, on host memory. Every expected number is derived by hand in a comment
-// from the rules in executor/caching_pool.hpp (PyTorch's CUDACachingAllocator.cpp): requests round
+// from the rules in kernels/caching_pool.hpp (PyTorch's CUDACachingAllocator.cpp): requests round
 // up to 512 B; <= 1 MiB is small (2 MiB segments); < 10 MiB shares 20 MiB segments; larger gets
 // its own segment rounded up to 2 MiB; split when the rest is >= 512 B (small) or > 1 MiB (large).
 #include <doctest/doctest.h>
@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "executor/caching_pool.hpp"
+#include "kernels/caching_pool.hpp"
 
 using namespace shardplan::executor;
 

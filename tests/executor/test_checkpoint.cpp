@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 
 #include "comm/process_identity.hpp"
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 #include "engine_fixture.hpp"
 #include "executor/checkpoint.hpp"
 #include "executor/sha256.hpp"

@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 #include "executor/checkpoint.hpp"
 #include "tests/test_support.hpp"
 

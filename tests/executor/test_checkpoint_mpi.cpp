@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 #include "engine_fixture.hpp"
 #include "executor/checkpoint.hpp"
 #include "mpi_test_world.hpp"

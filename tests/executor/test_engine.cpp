@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "engine_fixture.hpp"
-#include "executor/adamw.hpp"
+#include "kernels/adamw.hpp"
 #include "executor/shard_layout.hpp"
 #include "executor/synthetic_data.hpp"
 

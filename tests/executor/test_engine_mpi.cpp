@@ -9,7 +9,7 @@
 
 #include "comm/host_stream.hpp"
 #include "engine_fixture.hpp"
-#include "executor/host_stream_memory.hpp"
+#include "kernels/host_stream_memory.hpp"
 #include "mpi_test_world.hpp"
 
 using namespace shardplan;

@@ -1,4 +1,4 @@
-// The host's tiled flash attention (executor/flash_attention_host.hpp) against the eager kernels
+// The host's tiled flash attention (kernels/flash_attention_host.hpp) against the eager kernels
 // (kernels.hpp, which materialise the probabilities): the same outputs and gradients within the
 // rounding of each type, and the memory the cost model counts for flash attention.
 #include <doctest/doctest.h>
@@ -10,10 +10,10 @@
 
 #include "costmodel/accounting.hpp"
 #include "engine_fixture.hpp"
-#include "executor/backend.hpp"
-#include "executor/flash_attention_host.hpp"
+#include "kernels/backend.hpp"
+#include "kernels/flash_attention_host.hpp"
 #include "executor/gpt_model.hpp"
-#include "executor/kernels.hpp"
+#include "kernels/kernels.hpp"
 #include "executor/param_init.hpp"
 
 using namespace shardplan;

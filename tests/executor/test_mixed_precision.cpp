@@ -18,10 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "executor/backend.hpp"
+#include "kernels/backend.hpp"
 #include "executor/gpt_model.hpp"
-#include "executor/kernels.hpp"
-#include "executor/scalar.hpp"
+#include "kernels/kernels.hpp"
+#include "kernels/scalar.hpp"
 #include "executor/synthetic_data.hpp"
 #include "model_fixture.hpp"
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 #include "executor/model_layout.hpp"
 #include "executor/param_init.hpp"
 #include "executor/scaled_model.hpp"

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "engine_state_fixture.hpp"
-#include "executor/adamw.hpp"
+#include "kernels/adamw.hpp"
 #include "executor/optimizer_step.hpp"
 
 using namespace shardplan;

@@ -2,7 +2,7 @@
 // and says so; the run document's records; the scaled config the planner reads back.
 #include <doctest/doctest.h>
 
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 #include "costmodel/plan.hpp"
 #include "executor/run_document.hpp"
 #include "executor/run_setup.hpp"

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "executor/adamw.hpp"
+#include "kernels/adamw.hpp"
 #include "executor/synthetic_data.hpp"
 #include "model_fixture.hpp"
 

@@ -19,8 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "costmodel/input_error.hpp"
-#include "costmodel/json_reader.hpp"
+#include "core/input_error.hpp"
+#include "core/json_reader.hpp"
 
 namespace shardplan::fuzz {
 

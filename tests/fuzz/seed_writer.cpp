@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 
 #include "costmodel/hardware.hpp"
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 #include "costmodel/job.hpp"
 #include "costmodel/model.hpp"
 #include "costmodel/plan.hpp"

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "costmodel/hardware.hpp"
-#include "costmodel/json_reader.hpp"
+#include "core/json_reader.hpp"
 #include "costmodel/model.hpp"
 #include "planner/deepspeed_import.hpp"
 #include "planner/estimate.hpp"

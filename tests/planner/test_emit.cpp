@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "costmodel/hardware.hpp"
-#include "costmodel/json_reader.hpp"
+#include "core/json_reader.hpp"
 #include "costmodel/model.hpp"
-#include "io/text.hpp"
+#include "core/text.hpp"
 #include "planner/deepspeed_import.hpp"
 #include "planner/emit_deepspeed.hpp"
 #include "planner/emit_fsdp.hpp"

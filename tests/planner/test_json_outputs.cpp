@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_fixture.hpp"
-#include "costmodel/json_reader.hpp"
+#include "core/json_reader.hpp"
 
 using shardplan::planner::testing::planner;
 

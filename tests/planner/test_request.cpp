@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_fixture.hpp"
-#include "costmodel/input_error.hpp"
+#include "core/input_error.hpp"
 #include "planner/cli.hpp"
 
 namespace {

@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "costmodel/input_error.hpp"
-#include "costmodel/json_reader.hpp"
+#include "core/input_error.hpp"
+#include "core/json_reader.hpp"
 #include "costmodel/plan.hpp"
 #include "planner/validate.hpp"
 

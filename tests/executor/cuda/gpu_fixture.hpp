@@ -17,7 +17,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "executor/cuda/device_kernels.hpp"
+#include "kernels/cuda/device_kernels.hpp"
 
 namespace shardplan::executor::testing {
 

@@ -1,4 +1,4 @@
-// The model and the sharding engine on the CUDA backend (executor/cuda/cuda_backend.hpp) against
+// The model and the sharding engine on the CUDA backend (kernels/cuda/cuda_backend.hpp) against
 // the CPU backend, which is the reference (its kernels are checked against finite differences in
 // test_gpt_model.cpp): the loss and every unit's gradients of a forward and backward, with eager
 // and flash attention and with full recompute; then three optimizer steps of the engine under every
@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "engine_fixture.hpp"
-#include "executor/cuda/cuda_backend.hpp"
-#include "executor/cuda/device_memory.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/device_memory.hpp"
 #include "executor/synthetic_data.hpp"
 #if SHARDPLAN_HAVE_NCCL
 #include "comm/nccl_communicator.hpp"

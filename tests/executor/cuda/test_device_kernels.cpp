@@ -1,5 +1,5 @@
-// The GPU backend's layer kernels (executor/cuda/device_kernels.hpp) against the host kernels
-// (executor/kernels.hpp) and AdamW (executor/adamw.hpp), which are the reference: the same random
+// The GPU backend's layer kernels (kernels/cuda/device_kernels.hpp) against the host kernels
+// (kernels/kernels.hpp) and AdamW (kernels/adamw.hpp), which are the reference: the same random
 // inputs on both, odd sizes (14 rows, 33 channels, vocabulary 37, 7 positions, grouped heads), and
 // every backward kernel called twice from nonzero gradients, since it must ADD each time.
 //
@@ -22,9 +22,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "executor/adamw.hpp"
-#include "executor/cuda/device_kernels.hpp"
-#include "executor/kernels.hpp"
+#include "kernels/adamw.hpp"
+#include "kernels/cuda/device_kernels.hpp"
+#include "kernels/kernels.hpp"
 #include "gpu_fixture.hpp"
 
 namespace {

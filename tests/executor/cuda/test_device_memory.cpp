@@ -1,4 +1,4 @@
-// The device memory of the CUDA backend (executor/cuda/device_memory.hpp) on a CUDA device: the
+// The device memory of the CUDA backend (kernels/cuda/device_memory.hpp) on a CUDA device: the
 // pool's segment rules seen through cudaMalloc, zeroing, reuse across streams ordered by the
 // fences (a free on one stream, the next user on another), record_use, memmove semantics of an
 // overlapping copy against std::memmove on the host, and the limit. Skipped without a CUDA device
@@ -14,7 +14,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "executor/cuda/device_memory.hpp"
+#include "kernels/cuda/device_memory.hpp"
 
 namespace {
 

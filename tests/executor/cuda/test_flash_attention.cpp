@@ -1,5 +1,5 @@
-// The flash attention kernels (executor/cuda/flash_attention.hpp) on a CUDA device against the
-// host kernels attention_forward / attention_backward of executor/kernels.hpp run in double (the
+// The flash attention kernels (kernels/cuda/flash_attention.hpp) on a CUDA device against the
+// host kernels attention_forward / attention_backward of kernels/kernels.hpp run in double (the
 // materialized probabilities): out, the saved log-sum-exp, and dq, dk, dv, which the backward
 // adds. Skipped without a CUDA device (gpu_test_main.cpp).
 #include <doctest/doctest.h>
@@ -14,8 +14,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "executor/cuda/flash_attention.hpp"
-#include "executor/kernels.hpp"
+#include "kernels/cuda/flash_attention.hpp"
+#include "kernels/kernels.hpp"
 #include "gpu_fixture.hpp"
 
 namespace {

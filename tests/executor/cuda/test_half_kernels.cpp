@@ -1,4 +1,4 @@
-// The GPU kernels in bf16 and f16 (executor/cuda/device_kernels.hpp, flash_attention.hpp) against
+// The GPU kernels in bf16 and f16 (kernels/cuda/device_kernels.hpp, flash_attention.hpp) against
 // the same kernels in fp32 on the GPU, on the same inputs: random floats rounded to the 16-bit
 // type, handed to the 16-bit kernel as they are and to the fp32 kernel widened (exactly). Both
 // compute in fp32, so what separates them is the 16-bit kernel's roundings of what it stores, which
@@ -37,9 +37,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "executor/cuda/device_kernels.hpp"
-#include "executor/cuda/flash_attention.hpp"
-#include "executor/scalar.hpp"
+#include "kernels/cuda/device_kernels.hpp"
+#include "kernels/cuda/flash_attention.hpp"
+#include "kernels/scalar.hpp"
 #include "gpu_fixture.hpp"
 
 TYPE_TO_STRING_AS("bf16", shardplan::executor::bf16);
