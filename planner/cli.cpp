@@ -57,6 +57,7 @@ struct CliOptions {
 // A flag renamed to the name the other commands use: its old spelling is refused, naming the new.
 struct RenamedFlag {
   CLI::Option* old_option;
+  const char* old_name;
   const char* new_name;
   const char* note; // what else the user should know, or ""
 };
@@ -112,8 +113,8 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
   c.compare->add_option("--strategy", o.strategies,
                         "comma list of strategies (ddp | zero1 | zero2 | zero3 | fsdp-full | "
                         "fsdp-grad-op | hsdp) [default: all]");
-  c.renamed.push_back({c.compare->add_option("--strategies", o.retired)->group(""), "--strategy",
-                       " (a comma list, as before)"});
+  c.renamed.push_back({c.compare->add_option("--strategies", o.retired)->group(""), "--strategies",
+                       "--strategy", " (a comma list, as before)"});
   c.compare->add_option("--offload", o.po.offload, "none | optimizer | params");
   c.compare->add_option("--format", o.format, "table | json");
 
@@ -414,7 +415,7 @@ void run_subcommand(const Subcommands& c, const CliOptions& o, std::ostream& out
                     std::vector<std::string>& notes) {
   for (const auto& r : c.renamed)
     if (r.old_option->count() > 0)
-      throw InputError(r.old_option->get_name(),
+      throw InputError(r.old_name,
                        fmt::format("renamed: give {}{}", r.new_name, r.note));
   if (c.models->parsed()) {
     list_models(out);

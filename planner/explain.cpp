@@ -103,8 +103,8 @@ LosesByTime loses_by_time(const Evaluation& winner, const Evaluation& loser) {
   return {plan_numbers(winner), plan_numbers(loser), w[worst].name, w[worst].value, l[worst].value};
 }
 
-// ZeRO-3 against FSDP: their states and buffers, and the step term and the peak category whose
-// difference between the two is largest.
+// ZeRO-3 against FSDP: their states and buffers; the step term in which the faster of the two
+// gains most over the other, and the category at the peak in which the smaller gains most.
 CloseFrameworks close_frameworks(const Evaluation& zero3, const Evaluation& fsdp) {
   const auto& z = zero3.result;
   const auto& f = fsdp.result;
@@ -112,15 +112,18 @@ CloseFrameworks close_frameworks(const Evaluation& zero3, const Evaluation& fsdp
   CloseFrameworks c{plan_numbers(zero3), plan_numbers(fsdp), total(z.model_states), z.at_peak[buffers],
                     total(f.model_states), f.at_peak[buffers]};
   const auto zt = step_terms(z), ft = step_terms(f);
+  const double toward_zero3 = z.step_s <= f.step_s ? 1.0 : -1.0;  // gain = slower's term - faster's
   std::size_t term = 0;
   for (std::size_t i = 1; i < zt.size(); ++i)
-    if (std::fabs(ft[i].value - zt[i].value) > std::fabs(ft[term].value - zt[term].value)) term = i;
+    if (toward_zero3 * (ft[i].value - zt[i].value) > toward_zero3 * (ft[term].value - zt[term].value)) term = i;
   c.step_term = zt[term].name;
   c.zero3_term_s = zt[term].value;
   c.fsdp_term_s = ft[term].value;
+  const double smaller_zero3 = z.peak_bytes <= f.peak_bytes ? 1.0 : -1.0;
   int category = 0;
   for (int k = 1; k < kCategories; ++k)
-    if (std::fabs(f.at_peak[k] - z.at_peak[k]) > std::fabs(f.at_peak[category] - z.at_peak[category])) category = k;
+    if (smaller_zero3 * (f.at_peak[k] - z.at_peak[k]) > smaller_zero3 * (f.at_peak[category] - z.at_peak[category]))
+      category = k;
   c.peak_term = category_label(category);
   c.zero3_peak_term = z.at_peak[category];
   c.fsdp_peak_term = f.at_peak[category];
@@ -310,7 +313,7 @@ struct Render {
         slow.step_s - fast.step_s < kTie * fast.step_s
             ? fmt::format("their steps tie within {}% ({} against {})", 100 * kTie, seconds(c.zero3.step_s),
                           seconds(c.fsdp.step_s))
-            : fmt::format("{} is {} faster ({} against {}), most of the difference {} ({} against {})",
+            : fmt::format("{} is {} faster ({} against {}), its largest gain in {} ({} against {})",
                           plan_at(fast), percent_slower(slow.step_s, fast.step_s), seconds(fast.step_s),
                           seconds(slow.step_s), c.step_term,
                           seconds(zero3_faster ? c.zero3_term_s : c.fsdp_term_s),
@@ -319,7 +322,7 @@ struct Render {
     const double peak_gap = std::fabs(c.zero3.peak_bytes - c.fsdp.peak_bytes);
     const std::string memory =
         peak_gap == 0 ? std::string("their peaks are equal")
-                      : fmt::format("{}'s peak is {} smaller, most of the difference {} ({} against {})",
+                      : fmt::format("{}'s peak is {} smaller, its largest gain in {} ({} against {})",
                                     (zero3_smaller ? c.zero3 : c.fsdp).name, gib1(peak_gap), c.peak_term,
                                     gib1(zero3_smaller ? c.zero3_peak_term : c.fsdp_peak_term),
                                     gib1(zero3_smaller ? c.fsdp_peak_term : c.zero3_peak_term));
