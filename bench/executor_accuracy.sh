@@ -137,7 +137,7 @@ if [[ -z ${SKIP_CLASSIFICATION:-} ]]; then
   # Classification on 2 ranks under CAPACITY_GIB: every strategy x micro-batch {1, 2, 4} x
   # checkpointing {none, full}. The planner's verdict is the plan's predicted peak against the
   # capacity less the default 5% headroom (and, for the raw prediction, against the capacity
-  # itself); the executor runs one step under --capacity-GiB and either finishes or stops with
+  # itself); the executor runs one step under --gpu-memory-GiB and either finishes or stops with
   # exit code 3.
   capacity=$(jq -n "$CAPACITY_GIB * 1073741824")
   fit_ok=0 fit_oom=0 reject_oom=0 reject_ok=0 raw_fit_ok=0 raw_fit_oom=0 raw_reject_oom=0 raw_reject_ok=0
@@ -155,7 +155,7 @@ if [[ -z ${SKIP_CLASSIFICATION:-} ]]; then
           fits=$(jq -n "$peak <= $capacity * 0.95")
           raw_fits=$(jq -n "$peak <= $capacity")
           set +e
-          "${MPIRUN[@]}" -np 2 "$EXECUTOR" --plan "$plan" --steps 1 --out class.json --capacity-GiB "$CAPACITY_GIB" \
+          "${MPIRUN[@]}" -np 2 "$EXECUTOR" --plan "$plan" --steps 1 --out class.json --gpu-memory-GiB "$CAPACITY_GIB" \
             > /dev/null 2> class.log
           rc=$?
           set -e
@@ -181,7 +181,7 @@ if [[ -z ${SKIP_CLASSIFICATION:-} ]]; then
     done
   done
   echo
-  echo "classification under --capacity-GiB $CAPACITY_GIB on 2 ranks:"
+  echo "classification under --gpu-memory-GiB $CAPACITY_GIB on 2 ranks:"
   echo "  with the planner's 5% headroom: fits and ran $fit_ok, fits but crossed the capacity $fit_oom," \
        "rejected and crossed it $reject_oom, rejected but ran $reject_ok"
   echo "  the raw prediction (no headroom): fits and ran $raw_fit_ok, fits but crossed $raw_fit_oom," \

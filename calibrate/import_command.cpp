@@ -63,7 +63,10 @@ CurveKey key_of(const NcclTestsLog& log, const ImportOptions& options) {
 
 } // namespace
 
-int run_import(const ImportOptions& options, std::ostream& out) {
+int run_import(const ImportOptions& given, std::ostream& out) {
+  ImportOptions options = given;
+  if (!options.into.empty())
+    options.into = into_profile_path(options.into); // a profile's name, or a path
   if (!options.out.empty())
     io::check_destination(options.out, "--out");
   else if (!options.into.empty())

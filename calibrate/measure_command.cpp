@@ -51,6 +51,7 @@ using nlohmann::json;
 struct Preflight {
   std::string out_path;
   std::string out_flag; // the flag that named out_path: --out, or --into (written in place)
+  std::string into_path; // --into's file (a profile's name resolved through the data dir)
   json into_profile;
   std::vector<GemmShape> model_shapes;
   std::vector<costmodel::ElementwiseOp> elementwise_ops; // the model's, with their counts
@@ -61,7 +62,8 @@ struct Preflight {
 Preflight preflight(const MeasureOptions& o, const comm::Topology& topology) {
   Preflight p;
   if (!o.into.empty()) {
-    p.into_profile = read_profile_for_merge(o.into);
+    p.into_path = into_profile_path(o.into);
+    p.into_profile = read_profile_for_merge(p.into_path);
   } else if (!o.gemm || !o.memory) {
     throw InputError(o.gemm ? "--no-memory" : "--no-gemm",
                      "a new profile needs the GEMM and memory measurements (its peak, efficiency "
@@ -69,7 +71,7 @@ Preflight preflight(const MeasureOptions& o, const comm::Topology& topology) {
                      "skip them only with --into PROFILE");
   }
   p.out_path = !o.out.empty()    ? o.out
-               : !o.into.empty() ? o.into
+               : !o.into.empty() ? p.into_path
                                  : fmt::format("calibrated-{}.json", topology.hosts.front());
   p.out_flag = o.out.empty() && !o.into.empty() ? "--into" : "--out";
   io::check_destination(p.out_path, p.out_flag);
@@ -221,7 +223,7 @@ void add_compute(const MeasureOptions& o, const ComputeCalibration& c, const Pre
   }
   if (o.device_memory_bytes) {
     system.device_memory_bytes = *o.device_memory_bytes;
-    system.device_memory_note = "set with --device-memory-GiB";
+    system.device_memory_note = "set with --gpu-memory-GiB";
   }
   system.memory_bandwidth_Bps = c.memory_bandwidth_Bps.value_or(0);
   if (c.optimizer_params_per_s) {
@@ -283,14 +285,16 @@ struct Sweeps {
   std::int64_t wrong_total = 0;
 };
 
-// One collective over one group at every size; on the root, its table and fitted curve.
+// One collective over one group at every size; on the root, each size's row of its table as
+// soon as it is measured (as nccl-tests prints), then the fitted curve.
 void sweep_collective(Sweeps& s, costmodel::Collective op, const PlannedGroup& g,
                       comm::Communicator& group, CalibrationRecord& record) {
   const auto points = sweep_points(op, g.ranks, s.o.range, sizeof(float));
   if (points.empty())
     return;
   CollectiveBench bench(op, group, s.host_world, points.back(), s.settings);
-  SweepResult sweep{op, g, {}};
+  SweepTablePrinter table(s.out, op, g);
+  std::vector<costmodel::MeasuredSample> samples;
   for (const auto& p : points) {
     const auto phase = fmt::format("{} {} {}", costmodel::traits(op).name, g.name,
                                    human_bytes(static_cast<double>(p.size_bytes)));
@@ -299,18 +303,19 @@ void sweep_collective(Sweeps& s, costmodel::Collective op, const PlannedGroup& g
     s.watchdog.set_phase(phase, true);
     comm::inject_due_fault(s.o.fault, s.host_world.rank(), ++s.point_index, s.watchdog,
                            [] { throw std::bad_alloc(); });
-    sweep.points.push_back(bench.run(p));
+    const PointResult result = bench.run(p);
     s.progress.step();
+    if (!s.root)
+      continue;
+    s.progress.clear(); // the bar is redrawn below the row by the next point's show
+    table.add(result);
+    samples.push_back({static_cast<double>(result.point.size_bytes), result.time_s});
+    s.wrong_total += std::max<std::int64_t>(0, result.wrong);
   }
   if (!s.root)
     return;
   s.progress.clear();
-  print_sweep_table(s.out, sweep);
-  std::vector<costmodel::MeasuredSample> samples;
-  for (const auto& p : sweep.points) {
-    samples.push_back({static_cast<double>(p.point.size_bytes), p.time_s});
-    s.wrong_total += std::max<std::int64_t>(0, p.wrong);
-  }
+  table.finish();
   FittedCurve curve{op, g.ranks, g.tier, fit_piecewise(samples, s.o.fit)};
   print_fit(s.out, curve.fit);
   record.curves.push_back(std::move(curve));
@@ -388,7 +393,7 @@ int write_profile(const MeasureOptions& o, const Preflight& pre, const GroupPlan
   io::write_file(pre.out_path, io::json_text(document, 2) + "\n", pre.out_flag);
   fmt::print(out, "# wrote {}{}\n", pre.out_path,
              pre.into_profile.is_null() ? ""
-                                        : fmt::format(" (calibration merged into {})", o.into));
+                                        : fmt::format(" (calibration merged into {})", pre.into_path));
   return 0;
 }
 

@@ -119,6 +119,7 @@ struct MeasureTexts {
               factor = "2", warmup = "5", iters = "20", groups, gemm_tokens, attention_seq;
   bool no_check = false, no_gemm = false, no_memory = false;
   std::string device_memory, timeout, fault;
+  std::string renamed; // the value of --device-memory-GiB, now --gpu-memory-GiB as planner names it
 };
 
 // import-nccl-tests's options as given.
@@ -128,47 +129,67 @@ struct ImportTexts {
 
 void add_measure_options(CLI::App& app, MeasureOptions& m, MeasureTexts& t) {
   app.add_option("--backend", t.backend, "nccl (GPU buffers) or mpi (CPU buffers)")
+      ->type_name("NAME")
       ->capture_default_str();
   app.add_option("--ops", t.ops, "comma list of collectives: " + known_collectives())
+      ->type_name("LIST")
       ->capture_default_str();
   app.add_option("--min-bytes,-b", t.min_bytes,
-                 "smallest size (nccl-tests -b; K, M, G suffixes) [default: 8]");
+                 "smallest size (nccl-tests -b; K, M, G suffixes) [default: 8]")
+      ->type_name("BYTES");
   app.add_option("--max-bytes,-e", t.max_bytes,
-                 "largest size (nccl-tests -e) [default: 8M for mpi, 1G for nccl]");
+                 "largest size (nccl-tests -e) [default: 8M for mpi, 1G for nccl]")
+      ->type_name("BYTES");
   app.add_option("--factor,-f", t.factor, "size multiplier between points (nccl-tests -f)")
+      ->type_name("N")
       ->capture_default_str();
   app.add_option("--warmup,-w", t.warmup, "untimed runs per size (nccl-tests -w)")
+      ->type_name("N")
       ->capture_default_str();
-  app.add_option("--iters,-n", t.iters, "timed runs per size (nccl-tests -n)")->capture_default_str();
+  app.add_option("--iters,-n", t.iters, "timed runs per size (nccl-tests -n)")
+      ->type_name("N")
+      ->capture_default_str();
   app.add_option(
       "--groups", t.groups,
       "comma list of groups: world, intra_node, inter_node (one rank per node), shard:S,\n"
       "replica:S (HSDP with shard groups of S consecutive ranks) [default: world, plus\n"
-      "intra_node and inter_node when the job spans nodes]");
+      "intra_node and inter_node when the job spans nodes]")
+      ->type_name("LIST");
   app.add_flag("--no-check", t.no_check, "skip the correctness check of each size (nccl-tests -c 0)");
   app.add_flag("--no-gemm", t.no_gemm, "skip the GEMM throughput measurement");
   app.add_flag("--no-memory", t.no_memory, "skip the memory bandwidth measurement");
   app.add_option("--gemm-model", m.gemm_model,
                  "model (preset or config.json) whose transformer-block GEMMs are timed\n"
-                 "[default: gpt2 for mpi, llama-2-7b for nccl]");
+                 "[default: gpt2 for mpi, llama-2-7b for nccl]")
+      ->type_name("MODEL");
   app.add_option("--gemm-tokens", t.gemm_tokens,
-                 "tokens per GEMM (its m) [default: 256 for mpi, 4096 for nccl]");
+                 "tokens per GEMM (its m) [default: 256 for mpi, 4096 for nccl]")
+      ->type_name("N");
   app.add_option("--attention-seq", t.attention_seq,
                  "sequence length of the model's attention core, timed forward and backward over\n"
                  "sequences of that length, --gemm-tokens in all (needs --gemm-model) [default: "
-                 "not timed]");
+                 "not timed]")
+      ->type_name("N");
   app.add_option("--out,-o", m.out,
-                 "profile to write [default: calibrated-<host>.json, or PROFILE with --into]");
-  app.add_option("--into", m.into, "existing profile to merge the calibration into");
-  app.add_option("--device-memory-GiB", t.device_memory,
+                 "profile to write [default: calibrated-<host>.json, or PROFILE with --into]")
+      ->type_name("FILE");
+  app.add_option("--into", m.into,
+                 "existing profile to merge the calibration into: a file, or a name under\n"
+                 "hardware_profiles/ as planner --hardware takes it")
+      ->type_name("PROFILE");
+  app.add_option("--gpu-memory-GiB", t.device_memory,
                  "the new profile's device memory (gpu.memory_GiB), the size plans must fit\n"
-                 "[default: the device's; a CPU rank: the host's memory shared by its ranks]");
+                 "[default: the device's; a CPU rank: the host's memory shared by its ranks]")
+      ->type_name("GiB");
+  app.add_option("--device-memory-GiB", t.renamed)->group(""); // renamed: refused, hidden
   app.add_option("--timeout-s", t.timeout,
                  "a rank that makes no progress for this many seconds (a peer crashed or hung) "
-                 "ends the job\nwith exit code 4 [default: 300]");
+                 "ends the job\nwith exit code 4 [default: 300]")
+      ->type_name("SECONDS");
   app.add_option("--inject-fault", t.fault,
                  "tests only: rank RANK crashes, hangs, runs out of memory or throws at sweep "
-                 "point STEP\n(crash|hang|oom|throw@RANK:STEP)");
+                 "point STEP\n(crash|hang|oom|throw@RANK:STEP)")
+      ->type_name("FAULT");
 }
 
 CLI::App* add_import_command(CLI::App& app, ImportOptions& imp, ImportTexts& t) {
@@ -179,16 +200,24 @@ CLI::App* add_import_command(CLI::App& app, ImportOptions& imp, ImportTexts& t) 
       "and writes the calibration section: merged into --into PROFILE (written to --out or in\n"
       "place), or alone to --out (or standard output).");
   import_command->alias("import");
-  import_command->add_option("logs", imp.logs, "nccl-tests output files")->required();
+  import_command->add_option("logs", imp.logs, "nccl-tests output files")
+      ->type_name("FILE")->required();
   import_command->add_option("--ranks", t.ranks,
-                             "ranks of the runs [default: from each log's rank lines]");
+                             "ranks of the runs [default: from each log's rank lines]")
+      ->type_name("N");
   import_command->add_option(
       "--tier", t.tier,
-      "intra_node or inter_node [default: from the hosts in each log's rank lines]");
+      "intra_node or inter_node [default: from the hosts in each log's rank lines]")
+      ->type_name("TIER");
   import_command->add_option("--op", t.op,
-                             "collective measured [default: from each log's header or file name]");
-  import_command->add_option("--out,-o", imp.out, "file to write");
-  import_command->add_option("--into", imp.into, "existing profile to merge the calibration into");
+                             "collective measured [default: from each log's header or file name]")
+      ->type_name("NAME");
+  import_command->add_option("--out,-o", imp.out, "file to write")
+      ->type_name("FILE");
+  import_command->add_option("--into", imp.into,
+                             "existing profile to merge the calibration into: a file, or a name "
+                             "under\nhardware_profiles/ as planner --hardware takes it")
+      ->type_name("PROFILE");
   return import_command;
 }
 
@@ -309,16 +338,16 @@ double positive_number(const std::string& flag, const std::string& text) {
   }
 }
 
-// --device-memory-GiB, --timeout-s and --inject-fault.
+// --gpu-memory-GiB, --timeout-s and --inject-fault.
 void read_limits(const CLI::App& app, const MeasureTexts& t, MeasureOptions& m) {
-  if (app.count("--device-memory-GiB")) {
-    const double gib = positive_number("--device-memory-GiB", t.device_memory);
+  if (app.count("--gpu-memory-GiB")) {
+    const double gib = positive_number("--gpu-memory-GiB", t.device_memory);
     if (!(gib > 0) || !std::isfinite(gib))
-      throw InputError("--device-memory-GiB",
+      throw InputError("--gpu-memory-GiB",
                        fmt::format("must be a number of GiB > 0 and finite, got \"{}\"",
                                    t.device_memory));
     if (!m.into.empty())
-      throw InputError("--device-memory-GiB",
+      throw InputError("--gpu-memory-GiB",
                        fmt::format("sets a new profile's memory; --into {} keeps its own "
                                    "gpu.memory_GiB",
                                    m.into));
@@ -387,6 +416,8 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     result.import = std::move(imp);
     return result;
   }
+  if (app.count("--device-memory-GiB"))
+    throw InputError("--device-memory-GiB", "renamed: give --gpu-memory-GiB");
   if (overheads_command->parsed()) {
     result.command = CommandLine::Command::import_overheads;
     named(*overheads_command, "measurement", overheads.measurement);

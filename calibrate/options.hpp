@@ -42,7 +42,7 @@ struct MeasureOptions {
   // sequences (0: not timed).
   std::int64_t attention_seq = 0;
   // The written profile's device memory (gpu.memory_GiB) in bytes, the size the plans must fit:
-  // --device-memory-GiB (a new profile only). Unset: what the device has (a CPU rank: the host's
+  // --gpu-memory-GiB (a new profile only). Unset: what the device has (a CPU rank: the host's
   // memory shared by its ranks).
   std::optional<double> device_memory_bytes;
   std::string out;                        // profile to write ("" = default name, or in place)

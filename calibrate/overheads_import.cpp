@@ -163,9 +163,10 @@ json merge_overheads(const json& profile, const MeasuredOverheads& measured) {
 }
 
 int run_import_overheads(const OverheadsImportOptions& options, std::ostream& out) {
-  const std::string target = options.out.empty() ? options.into : options.out;
+  const std::string into = into_profile_path(options.into);  // a profile's name, or a path
+  const std::string target = options.out.empty() ? into : options.out;
   io::check_destination(target, options.out.empty() ? "--into" : "--out");
-  const json profile = read_profile_for_merge(options.into);
+  const json profile = read_profile_for_merge(into);
   const MeasuredOverheads measured =
       costmodel::read_json_document(options.measurement, overheads_from_measurement);
   const json merged = merge_overheads(profile, measured);
@@ -189,7 +190,7 @@ int run_import_overheads(const OverheadsImportOptions& options, std::ostream& ou
                (*measured.host_optimizer_Gparams_per_s)["deepspeed"].get<double>(),
                (*measured.host_optimizer_Gparams_per_s)["torch"].get<double>());
   fmt::print(out, "\n# wrote {} (framework overheads of {} merged into {})\n", target,
-             options.measurement, options.into);
+             options.measurement, into);
   return 0;
 }
 

@@ -8,6 +8,8 @@
 
 #include "core/input_error.hpp"
 #include "core/json_reader.hpp"
+#include "costmodel/hardware.hpp"
+#include "costmodel/model.hpp"
 
 namespace shardplan::calibrate {
 namespace {
@@ -266,6 +268,23 @@ json merge_calibration(const json& profile, const json& calibration) {
   old["collectives"] = curves;
   old["extra"] = extra;
   return merged;
+}
+
+std::string into_profile_path(const std::string& name_or_path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path given(name_or_path);
+  const bool bare_name = given.extension() != ".json" && !given.has_parent_path();
+  if (fs::exists(given, ec) || !bare_name)
+    return name_or_path;
+  const fs::path preset = fs::path(costmodel::data_dir()) / "hardware_profiles" / (name_or_path + ".json");
+  if (!fs::is_regular_file(preset, ec))
+    throw costmodel::InputError(
+        "--into", fmt::format("\"{}\" is neither a file nor a profile in {}/hardware_profiles "
+                              "(profiles: {})",
+                              name_or_path, costmodel::data_dir(),
+                              fmt::join(costmodel::preset_hardware_names(), ", ")));
+  return preset.string();
 }
 
 json read_profile_for_merge(const std::string& path) {

@@ -85,6 +85,12 @@ nlohmann::json measured_profile(const MeasuredSystem& system, const CalibrationR
 // backend, host, library and ranks are the new section's; extra keys are updated.
 nlohmann::json merge_calibration(const nlohmann::json& profile, const nlohmann::json& calibration);
 
+// --into's file: a path as given when a file is there, else a profile's name (a stem under the data
+// dir's hardware_profiles/, as planner --hardware takes it) resolved to that file. A bare name that
+// is neither throws InputError("--into", ...) naming the profiles; a path is returned as given, so
+// that reading it says what is wrong with it.
+std::string into_profile_path(const std::string& name_or_path);
+
 // Reads the profile named by --into and checks it with the cost model's parser; errors name the
 // flag and the file.
 nlohmann::json read_profile_for_merge(const std::string& path);

@@ -41,25 +41,46 @@ std::string human_bytes(double bytes) {
 }
 
 void print_sweep_table(std::ostream& out, const SweepResult& sweep) {
-  const auto& g = sweep.group;
-  fmt::print(out, "#\n# {} on {}: {} group{} of {} ranks, {}\n", costmodel::traits(sweep.op).name,
+  SweepTablePrinter printer(out, sweep.op, sweep.group);
+  for (const auto& p : sweep.points)
+    printer.add(p);
+  printer.finish();
+}
+
+SweepTablePrinter::SweepTablePrinter(std::ostream& out, costmodel::Collective op,
+                                     const PlannedGroup& group)
+    : out_(out), op_(op), group_(group) {}
+
+void SweepTablePrinter::header() {
+  if (header_printed_)
+    return;
+  header_printed_ = true;
+  const auto& g = group_;
+  fmt::print(out_, "#\n# {} on {}: {} group{} of {} ranks, {}\n", costmodel::traits(op_).name,
              g.name, g.groups, g.groups == 1 ? "" : "s", g.ranks, costmodel::tier_name(g.tier));
-  fmt::print(out, "#\n# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}            out-of-place\n", "", "", "",
+  fmt::print(out_, "#\n# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}            out-of-place\n", "", "", "",
              "", "");
-  fmt::print(out, "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}\n", "size",
+  fmt::print(out_, "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}\n", "size",
              "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong");
-  fmt::print(out, "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>5}\n", "(B)",
+  fmt::print(out_, "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>5}\n", "(B)",
              "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "");
-  double busbw_sum = 0;
-  for (const auto& p : sweep.points) {
-    fmt::print(out, "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {}  {:6.2f}  {:6.2f}  {:>5}\n",
-               p.point.size_bytes, p.point.count, "float", reduces(sweep.op) ? "sum" : "none",
-               rooted(sweep.op) ? "0" : "-1", format_time_us(p.time_s * 1e6), p.algbw_GBps,
-               p.busbw_GBps, p.wrong < 0 ? std::string("N/A") : std::to_string(p.wrong));
-    busbw_sum += p.busbw_GBps;
-  }
-  const auto points = static_cast<double>(std::max<std::size_t>(1, sweep.points.size()));
-  fmt::print(out, "# Avg bus bandwidth    : {:.4f}\n", busbw_sum / points);
+}
+
+void SweepTablePrinter::add(const PointResult& p) {
+  header();
+  fmt::print(out_, "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {}  {:6.2f}  {:6.2f}  {:>5}\n",
+             p.point.size_bytes, p.point.count, "float", reduces(op_) ? "sum" : "none",
+             rooted(op_) ? "0" : "-1", format_time_us(p.time_s * 1e6), p.algbw_GBps, p.busbw_GBps,
+             p.wrong < 0 ? std::string("N/A") : std::to_string(p.wrong));
+  busbw_sum_ += p.busbw_GBps;
+  ++rows_;
+  out_.flush();
+}
+
+void SweepTablePrinter::finish() {
+  header();
+  fmt::print(out_, "# Avg bus bandwidth    : {:.4f}\n", busbw_sum_ / std::max(1, rows_));
+  out_.flush();
 }
 
 void print_fit(std::ostream& out, const CurveFit& fit) {

@@ -25,6 +25,25 @@ struct SweepResult {
 // nccl-tests' time column: 2 decimals below 100 µs, 1 below 10 ms, none above.
 std::string format_time_us(double microseconds);
 void print_sweep_table(std::ostream& out, const SweepResult& sweep);
+
+// The same table printed as the sweep runs, as nccl-tests does: the header first, each size's
+// row (flushed) as soon as it is measured, the average bus bandwidth at the end. The printed text
+// equals print_sweep_table's of the points added.
+class SweepTablePrinter {
+public:
+  SweepTablePrinter(std::ostream& out, costmodel::Collective op, const PlannedGroup& group);
+  void add(const PointResult& point); // prints the header before the first row
+  void finish();                      // the average line (and the header when no row came)
+
+private:
+  void header();
+  std::ostream& out_;
+  costmodel::Collective op_;
+  PlannedGroup group_;
+  bool header_printed_ = false;
+  int rows_ = 0;
+  double busbw_sum_ = 0;
+};
 // "# fit: 2 pieces, error at the 23 points: median 1.2%, max 4.0%" and one line per piece.
 void print_fit(std::ostream& out, const CurveFit& fit);
 void print_gemm_table(std::ostream& out, const std::vector<GemmMeasurement>& gemms);

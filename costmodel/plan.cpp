@@ -32,7 +32,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   nlohmann::json breakdown = nlohmann::json::object();
   for (int c = 0; c < kCategories; ++c)
     breakdown[category_name(static_cast<Category>(c))] = count_json(p.prediction.at_peak[c]);
-  return {{"schema_version", 1},
+  nlohmann::json doc = {{"schema_version", 1},
           {"kind", "shardplan.plan"},
           {"model", model},
           {"hardware", p.hardware},
@@ -47,6 +47,8 @@ nlohmann::json plan_to_json(const Plan& p) {
             {"exposed_comm_s", p.prediction.exposed_comm_s},
             {"comm_bytes_per_gpu", p.prediction.comm_bytes_per_gpu},
             {"peak_when", p.prediction.peak_when}}}};
+  if (p.gpu_memory_GiB) doc["capacity"] = {{"gpu_memory_GiB", *p.gpu_memory_GiB}};
+  return doc;
 }
 
 Plan plan_from_json(const nlohmann::json& doc) {
@@ -78,6 +80,12 @@ Plan plan_from_json(const nlohmann::json& doc) {
     ObjectReader c(r.object("cluster"), "/cluster");
     p.cluster.gpus = static_cast<int>(c.integer("gpus", Range{1, 1e6, false}));
     p.cluster.gpus_per_node = static_cast<int>(c.integer("gpus_per_node", Range{1, 1024, false}));
+    c.finish();
+  }
+  if (const auto* capacity = r.optional_object("capacity")) {
+    ObjectReader c(*capacity, "/capacity");
+    // As planner --gpu-memory-GiB takes it: > 0 and at most a million GiB.
+    p.gpu_memory_GiB = c.number("gpu_memory_GiB", Range{0, 1e6, true});
     c.finish();
   }
   try {

@@ -42,9 +42,9 @@ echo "working in $WORK"
 #    flash) at the tokens of a micro-batch of one sequence, memory bandwidth. The profile is the
 #    device the plan is for: a CPU rank (gpu.kind cpu: collectives block compute; no CUDA context,
 #    no fragmentation reserve: the executor's tracked allocator has none) with a small memory
-#    (--device-memory-GiB), so the planner has to choose.
+#    (--gpu-memory-GiB), so the planner has to choose.
 "${MPIRUN[@]}" -np $RANKS "$CALIBRATE" --backend mpi --gemm-model model.json --gemm-tokens $SEQ \
-  --attention-seq $SEQ --max-bytes 16M --device-memory-GiB "$CAPACITY_GIB" --out device.json \
+  --attention-seq $SEQ --max-bytes 16M --gpu-memory-GiB "$CAPACITY_GIB" --out device.json \
   > calibrate.log
 tail -n 4 calibrate.log
 
@@ -59,7 +59,7 @@ JOB=(--model model.json --hardware device.json --gpus $RANKS --seq-len $SEQ --gl
 
 # 4. Run the plan on 2 ranks under the same capacity.
 "${MPIRUN[@]}" -np $RANKS "$EXECUTOR" --plan plan.json --steps "$STEPS" --out run.json \
-  --capacity-GiB "$CAPACITY_GIB"
+  --gpu-memory-GiB "$CAPACITY_GIB"
 
 # 5. Predicted against measured; the last line is "peak memory error X%, step time error Y%".
 "$PLANNER" validate --plan plan.json --run run.json

@@ -49,7 +49,31 @@ struct RunTexts {
       world, steps, seed, lr, timeout, save_every;
   std::string backend = "cpu";
   std::string fault;
+  std::string renamed; // the value of a renamed flag, refused
 };
+
+// Flags renamed to the names planner and scale-config use for the same thing: the old spelling
+// is refused with a line naming the new one.
+struct RenamedFlag {
+  const char* old_name;
+  const char* new_name;
+};
+constexpr RenamedFlag kRenamed[] = {
+    {"--capacity-GiB", "--gpu-memory-GiB"}, {"--scale-layers", "--layers"},
+    {"--scale-hidden", "--hidden"},         {"--scale-heads", "--heads"},
+    {"--scale-kv-heads", "--kv-heads"},     {"--scale-intermediate", "--intermediate"},
+    {"--scale-vocab", "--vocab"},           {"--scale-seq", "--seq-len"}};
+
+void add_renamed(CLI::App& app, std::string& sink) {
+  for (const auto& r : kRenamed)
+    app.add_option(r.old_name, sink)->group(""); // hidden from --help
+}
+
+void refuse_renamed(const CLI::App& app) {
+  for (const auto& r : kRenamed)
+    if (app.count(r.old_name))
+      throw InputError(r.old_name, fmt::format("renamed: give {}", r.new_name));
+}
 
 // scale-config's sizes as given (numbers as text, as RunTexts).
 struct ScaleTexts {
@@ -64,17 +88,18 @@ void add_run_options(CLI::App& app, RunCommand& r, RunTexts& t) {
   app.add_option("--steps", t.steps, "optimizer steps to run [default: 3]");
   app.add_option("--out,-o", r.out, "run document to write");
   app.add_option(
-      "--capacity-GiB", t.capacity,
-      "behave like a device of this many GiB: past it, an out-of-memory error and exit code 3");
-  app.add_option("--scale-layers", t.layers, "run the plan's model scaled down to this many blocks");
-  app.add_option("--scale-hidden", t.hidden, "... this hidden size");
-  app.add_option("--scale-heads", t.heads, "... this many attention heads");
-  app.add_option("--scale-kv-heads", t.kv_heads,
+      "--gpu-memory-GiB", t.capacity,
+      "behave like a device of this many GiB: past it, an out-of-memory error and exit code 3\n"
+      "[default: the plan's capacity/gpu_memory_GiB (planner --gpu-memory-GiB), else no limit]");
+  app.add_option("--layers", t.layers, "run the plan's model scaled down to this many blocks");
+  app.add_option("--hidden", t.hidden, "... this hidden size");
+  app.add_option("--heads", t.heads, "... this many attention heads");
+  app.add_option("--kv-heads", t.kv_heads,
                  "... this many key/value heads [default: keep the ratio]");
-  app.add_option("--scale-intermediate", t.intermediate,
+  app.add_option("--intermediate", t.intermediate,
                  "... this MLP width [default: keep the ratio]");
-  app.add_option("--scale-vocab", t.vocab, "... this vocabulary");
-  app.add_option("--scale-seq", t.seq, "run this many tokens per sequence instead of the plan's");
+  app.add_option("--vocab", t.vocab, "... this vocabulary");
+  app.add_option("--seq-len", t.seq, "run this many tokens per sequence instead of the plan's");
   app.add_option("--seed", t.seed,
                  "seed of the initial parameters and the tokens, 0 to 2^64-1 [default: 1234]");
   app.add_option("--lr", t.lr, "AdamW learning rate [default: 1e-3]");
@@ -100,6 +125,7 @@ void add_run_options(CLI::App& app, RunCommand& r, RunTexts& t) {
                "... even over the checkpoint of another model, plan or a later step in DIR");
   app.add_option("--resume", r.checkpoint.resume_dir,
                  "start from this checkpoint (saved by any plan on any number of ranks)");
+  add_renamed(app, t.renamed);
 }
 
 CLI::App* add_scale_config(CLI::App& app, ScaleConfigCommand& sc, ScaleTexts& t) {
@@ -168,7 +194,7 @@ void read_backend_and_files(const CLI::App& app, const RunTexts& t, RunCommand& 
     throw InputError("--out", "must name a file, got \"\"");
 }
 
-// --steps, --seed, --lr and --capacity-GiB.
+// --steps, --seed, --lr and --gpu-memory-GiB.
 void read_run_numbers(const CLI::App& app, const RunTexts& t, RunCommand& r) {
   if (app.count("--steps")) {
     const auto n = costmodel::int64_from_text("--steps", t.steps);
@@ -183,34 +209,34 @@ void read_run_numbers(const CLI::App& app, const RunTexts& t, RunCommand& r) {
     if (!(r.request.lr > 0 && r.request.lr < 1))
       throw InputError("--lr", fmt::format("must be in (0, 1), got {}", r.request.lr));
   }
-  if (app.count("--capacity-GiB")) {
-    const double gib = costmodel::double_from_text("--capacity-GiB", t.capacity);
+  if (app.count("--gpu-memory-GiB")) {
+    const double gib = costmodel::double_from_text("--gpu-memory-GiB", t.capacity);
     if (!(gib > 0 && gib < 1e6))
-      throw InputError("--capacity-GiB", fmt::format("must be > 0 and < 1e6, got {}", gib));
+      throw InputError("--gpu-memory-GiB", fmt::format("must be > 0 and < 1e6, got {}", gib));
     r.capacity_GiB = gib;
   }
 }
 
-// --scale-* and --scale-seq.
+// The model size flags (--layers, --hidden, ...) and --seq-len.
 void read_scale(const CLI::App& app, const RunTexts& t, RunCommand& r) {
-  const bool any_scale = app.count("--scale-layers") || app.count("--scale-hidden") ||
-                         app.count("--scale-heads") || app.count("--scale-kv-heads") ||
-                         app.count("--scale-intermediate") || app.count("--scale-vocab");
+  const bool any_scale = app.count("--layers") || app.count("--hidden") ||
+                         app.count("--heads") || app.count("--kv-heads") ||
+                         app.count("--intermediate") || app.count("--vocab");
   if (any_scale) {
-    const ScaledSize size{.layers = positive_count(app, "--scale-layers", t.layers),
-                          .hidden = positive_count(app, "--scale-hidden", t.hidden),
-                          .heads = positive_count(app, "--scale-heads", t.heads),
-                          .kv_heads = positive_count(app, "--scale-kv-heads", t.kv_heads),
-                          .intermediate = positive_count(app, "--scale-intermediate", t.intermediate),
-                          .vocab = positive_count(app, "--scale-vocab", t.vocab)};
-    for (const char* flag : {"--scale-layers", "--scale-hidden", "--scale-heads", "--scale-vocab"})
+    const ScaledSize size{.layers = positive_count(app, "--layers", t.layers),
+                          .hidden = positive_count(app, "--hidden", t.hidden),
+                          .heads = positive_count(app, "--heads", t.heads),
+                          .kv_heads = positive_count(app, "--kv-heads", t.kv_heads),
+                          .intermediate = positive_count(app, "--intermediate", t.intermediate),
+                          .vocab = positive_count(app, "--vocab", t.vocab)};
+    for (const char* flag : {"--layers", "--hidden", "--heads", "--vocab"})
       if (!app.count(flag))
-        throw InputError(flag, "scaling needs --scale-layers, --scale-hidden, --scale-heads and "
-                               "--scale-vocab, each >= 1");
+        throw InputError(flag, "scaling needs --layers, --hidden, --heads and "
+                               "--vocab, each >= 1");
     r.request.scale = size;
   }
-  if (app.count("--scale-seq"))
-    r.request.scale_seq = positive_count(app, "--scale-seq", t.seq);
+  if (app.count("--seq-len"))
+    r.request.scale_seq = positive_count(app, "--seq-len", t.seq);
 }
 
 // --rehearse-rank and --world, and --collective-streams, which a rehearsal cannot have.
@@ -305,6 +331,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     cl.command = CommandLine::Command::consolidate;
     return cl;
   }
+  refuse_renamed(app);
   read_backend_and_files(app, run_texts, r);
   read_run_numbers(app, run_texts, r);
   read_scale(app, run_texts, r);

@@ -1,11 +1,11 @@
 // The command line of `executor` (parsing only; every rejection is an InputError naming the flag
 // and the value, which main turns into one line and exit code 2):
 //
-//   mpirun -np N executor --plan plan.json --steps K --out run.json [--capacity-GiB X]
+//   mpirun -np N executor --plan plan.json --steps K --out run.json [--gpu-memory-GiB X]
 //                         [--backend cpu|cuda]   (cuda: one GPU per rank, under mpirun, under
 //                          torchrun --no-python, or one process alone)
-//                         [--scale-layers L --scale-hidden H --scale-heads A --scale-kv-heads K
-//                          --scale-intermediate I --scale-vocab V --scale-seq S] [--seed S]
+//                         [--layers L --hidden H --heads A --kv-heads K
+//                          --intermediate I --vocab V --seq-len S] [--seed S]
 //                         [--lr LR] [--prefetch-as-planned] [--collective-streams] [--timeout-s T]
 //                         [--inject-fault crash|hang|oom|throw@RANK:STEP]   (tests only)
 //                         [--save DIR [--save-every K] [--overwrite]] [--resume DIR]

@@ -2,7 +2,7 @@
 // compares it with the prediction); scale-config writes the config.json of a scaled-down model
 // for the planner; consolidate writes a checkpoint's fp32 parameters (checkpoint.hpp). Exit codes:
 // 0 done, 1 internal or MPI error (or a rank failed), 2 bad input (a bad checkpoint too),
-// 3 out of memory under --capacity-GiB, 4 a rank made no progress for --timeout-s (a crashed rank
+// 3 out of memory under --gpu-memory-GiB, 4 a rank made no progress for --timeout-s (a crashed rank
 // ends the job with its signal: mpirun returns 128 + the signal number).
 #include <malloc.h>
 

@@ -47,10 +47,16 @@ using costmodel::InputError;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-std::int64_t capacity_bytes(const RunCommand& c) {
-  // --capacity-GiB is < 1e6 (command_line.cpp): its bytes are a count.
-  return c.capacity_GiB ? *costmodel::rounded_count(*c.capacity_GiB * kGiB)
-                        : TrackedAllocator::kUnlimited;
+// The device size the run behaves like: --gpu-memory-GiB, else the size the plan was made for
+// (planner --gpu-memory-GiB, the plan's /capacity/gpu_memory_GiB), else no limit.
+std::optional<double> capacity_GiB(const RunCommand& c, const costmodel::Plan& plan) {
+  return c.capacity_GiB ? c.capacity_GiB : plan.gpu_memory_GiB;
+}
+
+std::int64_t capacity_bytes(const RunCommand& c, const costmodel::Plan& plan) {
+  // Both are <= 1e6 GiB (command_line.cpp, costmodel/plan.cpp): the bytes are a count.
+  const auto gib = capacity_GiB(c, plan);
+  return gib ? *costmodel::rounded_count(*gib * kGiB) : TrackedAllocator::kUnlimited;
 }
 
 // Rank 0 writes the run document: its destination is checked before the first step, and every
@@ -247,7 +253,7 @@ int finish_rank(const std::exception_ptr& failure, int rank, double predicted_pe
     return 2;
   } catch (const OutOfMemory& e) {
     std::cerr << oom_line(e.what(), rank, predicted_peak, watchdog.phase()) << std::endl;
-  } catch (const PoolExhausted& e) { // the device's pool at its limit (--capacity-GiB)
+  } catch (const PoolExhausted& e) { // the device's pool at its limit (--gpu-memory-GiB)
     std::cerr << oom_line(e.what(), rank, predicted_peak, watchdog.phase()) << std::endl;
   } catch (const std::bad_alloc& e) { // the device itself is full (cudaMalloc refused)
     std::cerr << oom_line(e.what(), rank, predicted_peak, watchdog.phase()) << std::endl;
@@ -297,7 +303,7 @@ int run_under_mpi(const RunCommand& c) {
           *g = stream_groups.back().get();
         }
     StreamOrderedHostMemory memory;
-    TrackedAllocator allocator(capacity_bytes(c), &memory);
+    TrackedAllocator allocator(capacity_bytes(c, setup.plan), &memory);
     RunCheckpoints checkpoints(c.checkpoint, watched, c.request.steps);
     auto m = run_steps(setup, allocator, owned.groups, rank, c.request.steps, rank == 0, watchdog,
                        c.fault, nullptr, &checkpoints);
@@ -368,7 +374,7 @@ int run_on_gpus(const RunCommand& c) {
     check_fault_rank(c, env.world_size);
     predicted_peak = setup.plan.prediction.peak_bytes;
     watchdog.set_phase("opening the GPU");
-    auto device = open_device(env.local_rank, c.capacity_GiB ? capacity_bytes(c) : -1);
+    auto device = open_device(env.local_rank, capacity_GiB(c, setup.plan) ? capacity_bytes(c, setup.plan) : -1);
     watchdog.set_phase("making the NCCL communicators");
     device->before_communicators();
     std::unique_ptr<comm::NcclCommunicator> nccl;
@@ -384,7 +390,7 @@ int run_on_gpus(const RunCommand& c) {
     auto owned = make_groups(watched, setup.plan.spec, true);
     watched.barrier();
     device->after_communicators();
-    TrackedAllocator allocator(capacity_bytes(c), &device->memory());
+    TrackedAllocator allocator(capacity_bytes(c, setup.plan), &device->memory());
     auto m = run_steps(setup, allocator, owned.groups, rank, c.request.steps, rank == 0, watchdog,
                        c.fault, device.get());
     watchdog.set_phase("gathering the ranks' records");
@@ -424,13 +430,13 @@ int run_rehearsal(const RunCommand& c) {
     // The CUDA backend rehearses on the GPU the process sees first (CUDA_VISIBLE_DEVICES picks).
     std::unique_ptr<DeviceRun> device;
     if (c.backend == ComputeBackend::cuda)
-      device = open_device(0, c.capacity_GiB ? capacity_bytes(c) : -1);
+      device = open_device(0, capacity_GiB(c, setup.plan) ? capacity_bytes(c, setup.plan) : -1);
     MemorySource* memory = device ? &device->memory() : nullptr;
     const int S = setup.plan.spec.group(world_size);
     StandInCommunicator world(rank, world_size, memory), shard(rank % S, S, memory),
         replica(rank / S, world_size / S, memory);
     EngineGroups groups{&world, &shard, world_size > S ? &replica : nullptr, true, nullptr};
-    TrackedAllocator allocator(capacity_bytes(c), memory);
+    TrackedAllocator allocator(capacity_bytes(c, setup.plan), memory);
     auto m = run_steps(setup, allocator, groups, rank, c.request.steps, true, watchdog, c.fault,
                        device.get());
     write_run_document(c, setup, *m.engine, {m.record},

@@ -80,7 +80,7 @@ void set_engine_options(RunSetup& r, int world, const RunRequest& request) {
   e.micro_batch = {job.micro_batch, job.seq_len};
   if (request.scale_seq) {
     if (*request.scale_seq < 1)
-      throw InputError("--scale-seq", fmt::format("must be >= 1, got {}", *request.scale_seq));
+      throw InputError("--seq-len", fmt::format("must be >= 1, got {}", *request.scale_seq));
     e.micro_batch.seq = *request.scale_seq;
     r.scaled = r.scaled || *request.scale_seq != job.seq_len;
   }
@@ -178,9 +178,9 @@ void check_run_size(const RunSetup& setup, const RunRequest& request, double hos
                   "rank, more than {}",
                   e.micro_batch.batch, e.micro_batch.seq, e.model.name, need, limit);
   if (request.scale_seq)
-    throw InputError("--scale-seq", what);
+    throw InputError("--seq-len", what);
   if (request.scale)
-    throw InputError("--scale-layers", what);
+    throw InputError("--layers", what);
   throw InputError("/job/seq_len", what);
 }
 

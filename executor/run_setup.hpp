@@ -56,11 +56,11 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
 // The fewest bytes one rank of the run must hold at once, as the cost model counts them
 // (costmodel/accounting.hpp): its share of the fp32 parameters, one block's activations for
 // backward and the head's (the logits) for one micro-batch. Computed in doubles: no size of a
-// scaled run (--scale-seq 2147483648) wraps.
+// scaled run (--seq-len 2147483648) wraps.
 double least_rank_bytes(const RunSetup& setup);
 // Refuses, before anything is allocated, a run whose least_rank_bytes exceed the host's memory
-// (host_memory_bytes; 0: unknown), naming what made it that big: --scale-seq, the --scale-* flags,
-// or the plan's /job/seq_len. A run past --capacity-GiB but within the host still runs into its
+// (host_memory_bytes; 0: unknown), naming what made it that big: --seq-len, the model size flags,
+// or the plan's /job/seq_len. A run past --gpu-memory-GiB but within the host still runs into its
 // out-of-memory error (exit code 3), as a device of that size would.
 void check_run_size(const RunSetup& setup, const RunRequest& request, double host_memory_bytes);
 

@@ -56,9 +56,19 @@ struct CliOptions {
   std::string plan_path, run_path;
   bool force = false;
   bool fsdp_as_data = false;  // Request::fsdp_as_data
+  std::string retired; // the value of a renamed flag, which is refused
+};
+
+// A flag renamed to the name the other commands use: its old spelling is refused, naming the new.
+struct RenamedFlag {
+  CLI::Option* old_option;
+  const char* old_name;
+  const char* new_name;
+  const char* note; // what else the user should know, or ""
 };
 
 struct Subcommands {
+  std::vector<RenamedFlag> renamed;
   CLI::App* models;
   CLI::App* hardware;
   CLI::App* describe;
@@ -109,7 +119,11 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
 
   c.compare = app.add_subcommand("compare", "evaluate strategies side by side for one job");
   add_scenario_options(*c.compare, o.so);
-  c.compare->add_option("--strategies", o.strategies, "comma-separated strategies");
+  c.compare->add_option("--strategy", o.strategies,
+                        "comma list of strategies (ddp | zero1 | zero2 | zero3 | fsdp-full | "
+                        "fsdp-grad-op | hsdp) [default: all]");
+  c.renamed.push_back({c.compare->add_option("--strategies", o.retired)->group(""), "--strategies",
+                       "--strategy", " (a comma list, as before)"});
   c.compare->add_option("--offload", o.po.offload, "none | optimizer | params");
   c.compare->add_option("--format", o.format, "table | json");
 
@@ -309,9 +323,12 @@ void compare_table(const Scenario& sc, const std::vector<Evaluation>& evals, std
   if (!sc.defaulted.empty())
     out << defaults_line(sc) << "\n";
   out << scenario_line(sc) << "\n" << hardware_line(sc) << "\n";
-  out << fmt::format("{:<14} {:<10} {:>5} {:>11} {:>11} {:>11} {:>10} {:>11} {:>7}  {}\n", "strategy",
-                     "flavour", "mb", "states GiB", "peak GiB", "step s", "exposed s", "tokens/s", "MFU",
-                     "verdict");
+  // The checkpointing column is as wide as its longest label ("selective-attention").
+  std::size_t ckpt = std::string("checkpointing").size();
+  for (const auto& e : evals) ckpt = std::max(ckpt, costmodel::checkpointing_label(e.job).size());
+  out << fmt::format("{:<14} {:<10} {:>5} {:<{}} {:>11} {:>11} {:>11} {:>10} {:>11} {:>7}  {}\n",
+                     "strategy", "flavour", "mb", "checkpointing", ckpt, "states GiB", "peak GiB",
+                     "step s", "exposed s", "tokens/s", "MFU", "verdict");
   for (const auto& e : evals) {
     const auto& r = e.result;
     if (!r.valid) {
@@ -319,10 +336,12 @@ void compare_table(const Scenario& sc, const std::vector<Evaluation>& evals, std
                          costmodel::flavour_name(e.spec.flavour), r.reason);
       continue;
     }
-    out << fmt::format("{:<14} {:<10} {:>5} {:>11.2f} {:>11.2f} {:>11.3f} {:>10.3f} {:>11.0f} {:>6.1f}%  {}\n",
-                       e.spec.strategy, costmodel::flavour_name(e.spec.flavour), e.job.micro_batch,
-                       costmodel::total(r.model_states) / (1 << 30), r.peak_bytes / (1 << 30), r.step_s,
-                       r.exposed_comm_s, r.tokens_per_s, 100 * r.mfu, e.fits ? "fits" : "DOES NOT FIT");
+    out << fmt::format(
+        "{:<14} {:<10} {:>5} {:<{}} {:>11.2f} {:>11.2f} {:>11.3f} {:>10.3f} {:>11.0f} {:>6.1f}%  {}\n",
+        e.spec.strategy, costmodel::flavour_name(e.spec.flavour), e.job.micro_batch,
+        costmodel::checkpointing_label(e.job), ckpt, costmodel::total(r.model_states) / (1 << 30),
+        r.peak_bytes / (1 << 30), r.step_s, r.exposed_comm_s, r.tokens_per_s, 100 * r.mfu,
+        e.fits ? "fits" : "DOES NOT FIT");
   }
 }
 
@@ -330,7 +349,7 @@ void run_compare(const CliOptions& o, std::ostream& out) {
   check_format(o.format);
   const Scenario sc = make_scenario(o.so);
   std::vector<Evaluation> evals;
-  if (o.strategies.empty()) throw InputError("--strategies", "names no strategy, got \"\"");
+  if (o.strategies.empty()) throw InputError("--strategy", "names no strategy, got \"\"");
   std::stringstream list(o.strategies);
   for (std::string name; std::getline(list, name, ',');) {
     PlanOptions one = o.po;
@@ -436,6 +455,10 @@ void run_estimate(const CliOptions& o, bool simulate, std::ostream& out) {
 // Runs the parsed subcommand; its output goes to `out`, lines for stderr to `notes`.
 void run_subcommand(const Subcommands& c, const CliOptions& o, std::ostream& out,
                     std::vector<std::string>& notes) {
+  for (const auto& r : c.renamed)
+    if (r.old_option->count() > 0)
+      throw InputError(r.old_name,
+                       fmt::format("renamed: give {}{}", r.new_name, r.note));
   if (c.models->parsed()) {
     list_models(out);
   } else if (c.hardware->parsed()) {

@@ -117,6 +117,17 @@ std::string scenario_line(const Scenario& sc) {
                      optimizer_name(sc.job.optimizer), recipe_name(sc.job.recipe));
 }
 
+std::vector<std::pair<std::string, double>> exposed_by_wait(const StepResult& r) {
+  std::vector<std::pair<std::string, double>> out;
+  const int host = static_cast<int>(Stream::host);
+  // The CPU step is exposed in full unless the hardware blocks (then the stream claims none of it).
+  const double cpu = std::min(r.host_optimizer_s, r.exposed_s[host]);
+  for (int s = 1; s < kStreams; ++s)
+    out.emplace_back(stream_name(static_cast<Stream>(s)), r.exposed_s[s] - (s == host ? cpu : 0.0));
+  out.emplace_back(kCpuOptimizerWait, cpu);
+  return out;
+}
+
 nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
   const auto& r = e.result;
   nlohmann::json breakdown = nlohmann::json::object();
@@ -127,7 +138,7 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
       states[category_name(static_cast<Category>(c))] = count_json(r.model_states[c]);
   }
   nlohmann::json exposed = nlohmann::json::object();
-  for (int s = 1; s < kStreams; ++s) exposed[stream_name(static_cast<Stream>(s))] = r.exposed_s[s];
+  for (const auto& [name, s] : exposed_by_wait(r)) exposed[name] = s;
   nlohmann::json bytes_by_op = nlohmann::json::object();
   for (int op = 0; op < kCollectives; ++op)
     if (r.comm_bytes_by_op[op] > 0) bytes_by_op[traits(static_cast<Collective>(op)).name] = r.comm_bytes_by_op[op];

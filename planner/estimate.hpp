@@ -2,6 +2,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -35,6 +37,12 @@ Evaluation evaluate_choosing_micro_batch(const Scenario& sc, const costmodel::Sh
 // costmodel::kMaxCount (2^62, core/whole_count.hpp), naming the input that made them so big:
 // --params or --model when the model states alone do, else --micro-batch (as given) or --seq-len.
 void check_countable(const Scenario& sc, const Evaluation& e);
+
+// The compute stream's waiting by what it waits for: each collective stream, the host stream's
+// PCIe copies ("host transfers"), and an offload plan's CPU optimizer step apart from those copies
+// (the simulator runs it on the host stream). Sums to the streams' exposed time.
+std::vector<std::pair<std::string, double>> exposed_by_wait(const costmodel::StepResult& r);
+inline constexpr const char* kCpuOptimizerWait = "CPU optimizer step";
 
 nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e);
 std::string scenario_line(const Scenario& sc);

@@ -38,7 +38,6 @@ const char* kind_label(int k) {
                                               "host overhead", "recompute",      "optimizer step"};
   return labels[k];
 }
-std::string exposed_label(Stream s) { return fmt::format("exposed {}", stream_name(s)); }
 std::string op_label(int op) {
   std::string s = traits(static_cast<Collective>(op)).name;
   std::replace(s.begin(), s.end(), '_', '-');
@@ -58,9 +57,9 @@ std::vector<Term> step_terms(const StepResult& r) {
   std::vector<Term> t;
   for (int k = 0; k < kComputeKinds; ++k) t.push_back({kind_label(k), r.compute_by_kind_s[k]});
   double attributed = 0;
-  for (int s = 1; s < kStreams; ++s) {
-    t.push_back({exposed_label(static_cast<Stream>(s)), r.exposed_s[s]});
-    attributed += r.exposed_s[s];
+  for (const auto& [name, s] : exposed_by_wait(r)) {
+    t.push_back({"exposed " + name, s});
+    attributed += s;
   }
   t.push_back({"other waiting", r.exposed_comm_s - attributed});
   return t;
@@ -82,13 +81,17 @@ const Candidate* best_of(const SearchResult& r, const char* strategy) {
 
 double exposed_share(const StepResult& r) { return r.exposed_comm_s / r.step_s; }
 
+// The largest of what the GPU waits for: a collective stream, the host's PCIe copies, or an offload
+// plan's CPU optimizer step (planner/estimate.hpp, exposed_by_wait).
 WaitBound wait_bound(const Evaluation& e) {
   const auto& r = e.result;
-  int worst = 1;
-  for (int s = 2; s < kStreams; ++s)
-    if (r.exposed_s[s] > r.exposed_s[worst]) worst = s;
-  const bool host = worst == static_cast<int>(Stream::host);
-  return {plan_numbers(e), r.exposed_comm_s, {exposed_label(static_cast<Stream>(worst)), r.exposed_s[worst]}, host,
+  const auto waits = exposed_by_wait(r);
+  std::size_t worst = 0;
+  for (std::size_t i = 1; i < waits.size(); ++i)
+    if (waits[i].second > waits[worst].second) worst = i;
+  const std::string& name = waits[worst].first;
+  const bool host = name == stream_name(Stream::host) || name == kCpuOptimizerWait;
+  return {plan_numbers(e), r.exposed_comm_s, {"exposed " + name, waits[worst].second}, host,
           host ? r.host_optimizer_s : 0};
 }
 
@@ -98,6 +101,33 @@ LosesByTime loses_by_time(const Evaluation& winner, const Evaluation& loser) {
   for (std::size_t i = 1; i < w.size(); ++i)
     if (l[i].value - w[i].value > l[worst].value - w[worst].value) worst = i;
   return {plan_numbers(winner), plan_numbers(loser), w[worst].name, w[worst].value, l[worst].value};
+}
+
+// ZeRO-3 against FSDP: their states and buffers; the step term in which the faster of the two
+// gains most over the other, and the category at the peak in which the smaller gains most.
+CloseFrameworks close_frameworks(const Evaluation& zero3, const Evaluation& fsdp) {
+  const auto& z = zero3.result;
+  const auto& f = fsdp.result;
+  const int buffers = static_cast<int>(Category::buffers);
+  CloseFrameworks c{plan_numbers(zero3), plan_numbers(fsdp), total(z.model_states), z.at_peak[buffers],
+                    total(f.model_states), f.at_peak[buffers]};
+  const auto zt = step_terms(z), ft = step_terms(f);
+  const double toward_zero3 = z.step_s <= f.step_s ? 1.0 : -1.0;  // gain = slower's term - faster's
+  std::size_t term = 0;
+  for (std::size_t i = 1; i < zt.size(); ++i)
+    if (toward_zero3 * (ft[i].value - zt[i].value) > toward_zero3 * (ft[term].value - zt[term].value)) term = i;
+  c.step_term = zt[term].name;
+  c.zero3_term_s = zt[term].value;
+  c.fsdp_term_s = ft[term].value;
+  const double smaller_zero3 = z.peak_bytes <= f.peak_bytes ? 1.0 : -1.0;
+  int category = 0;
+  for (int k = 1; k < kCategories; ++k)
+    if (smaller_zero3 * (f.at_peak[k] - z.at_peak[k]) > smaller_zero3 * (f.at_peak[category] - z.at_peak[category]))
+      category = k;
+  c.peak_term = category_label(category);
+  c.zero3_peak_term = z.at_peak[category];
+  c.fsdp_peak_term = f.at_peak[category];
+  return c;
 }
 
 BytesRatio bytes_ratio(const Evaluation& e, const Evaluation& ddp) {
@@ -219,9 +249,8 @@ struct Render {
                                 c.host ? "offload" : "communication", seconds(c.exposed_s),
                                 seconds(c.plan.step_s), 100 * c.exposed_s / c.plan.step_s, c.largest.name,
                                 seconds(c.largest.value));
-    if (c.host_optimizer_s > 0)
-      s += fmt::format(", of which {} is the CPU optimizer step and the rest host transfers",
-                       seconds(c.host_optimizer_s));
+    if (c.host_optimizer_s > 0 && c.largest.name != fmt::format("exposed {}", kCpuOptimizerWait))
+      s += fmt::format("; the CPU optimizer step takes {} besides", seconds(c.host_optimizer_s));
     return s;
   }
   std::string operator()(const CapacityBound& c) const {
@@ -277,15 +306,34 @@ struct Render {
                        gib1(c.largest_after.value), gib1(c.usable_bytes));
   }
   std::string operator()(const CloseFrameworks& c) const {
+    const bool zero3_faster = c.zero3.step_s <= c.fsdp.step_s;
+    const PlanNumbers& fast = zero3_faster ? c.zero3 : c.fsdp;
+    const PlanNumbers& slow = zero3_faster ? c.fsdp : c.zero3;
+    const std::string time =
+        slow.step_s - fast.step_s < kTie * fast.step_s
+            ? fmt::format("their steps tie within {}% ({} against {})", 100 * kTie, seconds(c.zero3.step_s),
+                          seconds(c.fsdp.step_s))
+            : fmt::format("{} is {} faster ({} against {}), its largest gain in {} ({} against {})",
+                          plan_at(fast), percent_slower(slow.step_s, fast.step_s), seconds(fast.step_s),
+                          seconds(slow.step_s), c.step_term,
+                          seconds(zero3_faster ? c.zero3_term_s : c.fsdp_term_s),
+                          seconds(zero3_faster ? c.fsdp_term_s : c.zero3_term_s));
+    const bool zero3_smaller = c.zero3.peak_bytes <= c.fsdp.peak_bytes;
+    const double peak_gap = std::fabs(c.zero3.peak_bytes - c.fsdp.peak_bytes);
+    const std::string memory =
+        peak_gap == 0 ? std::string("their peaks are equal")
+                      : fmt::format("{}'s peak is {} smaller, its largest gain in {} ({} against {})",
+                                    (zero3_smaller ? c.zero3 : c.fsdp).name, gib1(peak_gap), c.peak_term,
+                                    gib1(zero3_smaller ? c.zero3_peak_term : c.fsdp_peak_term),
+                                    gib1(zero3_smaller ? c.fsdp_peak_term : c.zero3_peak_term));
     return fmt::format(
         "ZeRO-3 and FSDP are within {:.1f}% of each other. In numbers: DeepSpeed keeps a bf16 partition plus "
         "an fp32 master and a flat fp32 gradient partition ({} of states, {} of buffers with its reduce buckets "
         "at the peak); FSDP keeps fp32 sharded parameters cast to bf16 at all-gather ({} of states, {} of "
-        "buffers); peaks {} vs {}. In practice: FSDP2 is PyTorch-native (DTensor, torch.compile, any torch.optim "
-        "optimizer, DCP checkpoints that reshard to another world size); DeepSpeed brings CPU/NVMe offload and "
-        "its own optimizers, and writes per-rank partitions consolidated with zero_to_fp32.py.",
+        "buffers); peaks {} vs {}. Here {}; {}.",
         100 * std::fabs(c.zero3.step_s / c.fsdp.step_s - 1), gib1(c.zero3_states), gib1(c.zero3_buffers),
-        gib1(c.fsdp_states), gib1(c.fsdp_buffers), gib1(c.zero3.peak_bytes), gib1(c.fsdp.peak_bytes));
+        gib1(c.fsdp_states), gib1(c.fsdp_buffers), gib1(c.zero3.peak_bytes), gib1(c.fsdp.peak_bytes), time,
+        memory);
   }
 };
 
@@ -330,7 +378,10 @@ struct ToJson {
   nlohmann::json operator()(const CloseFrameworks& c) const {
     return {{"kind", "close_frameworks"}, {"zero3", plan_json(c.zero3)}, {"fsdp", plan_json(c.fsdp)},
             {"zero3_states_bytes", c.zero3_states}, {"zero3_buffers_bytes", c.zero3_buffers},
-            {"fsdp_states_bytes", c.fsdp_states}, {"fsdp_buffers_bytes", c.fsdp_buffers}};
+            {"fsdp_states_bytes", c.fsdp_states}, {"fsdp_buffers_bytes", c.fsdp_buffers},
+            {"step_term", c.step_term}, {"zero3_term_s", c.zero3_term_s}, {"fsdp_term_s", c.fsdp_term_s},
+            {"peak_term", c.peak_term}, {"zero3_peak_term_bytes", c.zero3_peak_term},
+            {"fsdp_peak_term_bytes", c.fsdp_peak_term}};
   }
 };
 
@@ -411,7 +462,9 @@ void add_needs(Explanation& x, const Scenario& sc, const Evaluation& rec, double
     const int host = static_cast<int>(Stream::host);
     x.reasons.push_back(Needed{fmt::format("offload {}", offload_name(rec.spec.offload)), plan_numbers(rec),
                                plan_numbers(evaluate(sc, spec, rec.job)), usable,
-                               {exposed_label(Stream::host), rec.result.exposed_s[host]}, rec.result.host_optimizer_s});
+                               {fmt::format("exposed host transfers and {}", kCpuOptimizerWait),
+                                rec.result.exposed_s[host]},
+                               rec.result.host_optimizer_s});
   }
   if (rec.job.checkpointing != Checkpointing::none) {
     TrainingJob job = rec.job;
@@ -459,11 +512,7 @@ void add_alternatives(Explanation& x, const SearchResult& r, double usable) {
   // ZeRO-3 against FSDP, when close.
   if (zero3 && fsdp && zero3->eval.fits && fsdp->eval.fits &&
       std::fabs(zero3->eval.result.step_s / fsdp->eval.result.step_s - 1) < kClose) {
-    const auto& z = zero3->eval.result;
-    const auto& f = fsdp->eval.result;
-    const int buffers = static_cast<int>(Category::buffers);
-    x.reasons.push_back(CloseFrameworks{plan_numbers(zero3->eval), plan_numbers(fsdp->eval), total(z.model_states),
-                                        z.at_peak[buffers], total(f.model_states), f.at_peak[buffers]});
+    x.reasons.push_back(close_frameworks(zero3->eval, fsdp->eval));
   }
 }
 

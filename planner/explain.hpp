@@ -106,6 +106,12 @@ struct Advice {
 struct CloseFrameworks {
   PlanNumbers zero3, fsdp;
   double zero3_states = 0, zero3_buffers = 0, fsdp_states = 0, fsdp_buffers = 0;
+  // The step term in which the faster plan gains most over the other (seconds of each), and the
+  // category at the peak in which the smaller plan gains most (bytes of each).
+  std::string step_term;
+  double zero3_term_s = 0, fsdp_term_s = 0;
+  std::string peak_term;
+  double zero3_peak_term = 0, fsdp_peak_term = 0;
 };
 
 using Claim = std::variant<ComputeBound, WaitBound, CapacityBound, NothingFits, LosesByMemory, LosesByTime,

@@ -141,6 +141,8 @@ nlohmann::json plan_document(const Scenario& sc, const Evaluation& e) {
   p.model = sc.model;
   p.hardware = sc.hardware.name;
   p.cluster = sc.cluster;
+  // --gpu-memory-GiB: the size the plan was made to fit travels with it to the executor.
+  if (sc.profile_memory_bytes) p.gpu_memory_GiB = sc.hardware.memory_bytes / (1024.0 * 1024.0 * 1024.0);
   p.job = e.job;
   p.spec = e.spec;
   p.prediction = prediction_from(e.result);

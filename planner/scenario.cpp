@@ -36,8 +36,8 @@ void add_scenario_options(CLI::App& app, ScenarioOptions& o) {
   app.add_option("--hardware", o.hardware, "hardware profile name or path");
   app.add_option(
       "--gpu-memory-GiB", o.gpu_memory_GiB,
-      "GPU memory per device in GiB, replacing the hardware profile's (e.g. 2 to plan for "
-      "the executor's --capacity-GiB)");
+      "GPU memory per device in GiB, replacing the hardware profile's; --emit plan carries it "
+      "to the executor,\nwhich then behaves like a device of that size");
   app.add_option("--job", o.job_file,
                  "training-job document (flags override its fields; its micro_batch, checkpointing "
                  "and loss pin the search as the flags do)");

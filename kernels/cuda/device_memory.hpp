@@ -75,7 +75,7 @@ struct DeviceMemoryInfo {
 class DeviceMemory final : public MemorySource {
  public:
   // On the current device (cudaSetDevice first). limit_bytes: the most bytes of segments held at
-  // once (executor --capacity-GiB); crossing it throws PoolExhausted. The current stream starts as
+  // once (executor --gpu-memory-GiB); crossing it throws PoolExhausted. The current stream starts as
   // the legacy default stream (0).
   explicit DeviceMemory(std::int64_t limit_bytes = CachingPool::kUnlimited);
   // Waits for the device, destroys the events, frees every segment. Blocks must be freed before.

@@ -248,7 +248,7 @@ def recommend(
 
 def compare(
     *,
-    strategies: Optional[Union[str, Sequence[str]]] = None,
+    strategy: Optional[Union[str, Sequence[str]]] = None,
     model: Optional[Model] = None,
     params: Optional[Number] = None,
     layers: Optional[Number] = None,
@@ -273,8 +273,8 @@ def compare(
     """Strategies side by side for one job (a list, or "ddp,zero3"): ``planner compare --format
     json``, one evaluation per strategy."""
     options = dict(locals(), format="json")
-    if strategies is not None and not isinstance(strategies, str):
-        options["strategies"] = ",".join(strategies)
+    if strategy is not None and not isinstance(strategy, str):
+        options["strategy"] = ",".join(strategy)
     return _json("compare", options)
 
 

@@ -64,7 +64,7 @@ class RecommendOptions(EmitOptions, total=False):
     model_parallel: bool  # search tensor, pipeline and context parallelism too
 
 class CompareOptions(ScenarioOptions, total=False):
-    strategies: Union[str, Sequence[str]]
+    strategy: Union[str, Sequence[str]]  # one or a list
     offload: str
 
 def estimate(**options: Unpack[EstimateOptions]) -> Dict[str, Any]: ...

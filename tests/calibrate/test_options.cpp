@@ -184,6 +184,21 @@ TEST_CASE("options::the import command and help") {
   CHECK(import_help.help_text.find("--tier") != std::string::npos);
 }
 
+TEST_CASE("options::help names each value's kind, never CLI11's TEXT") {
+  for (const auto& args : {std::vector<std::string>{"--help"},
+                           std::vector<std::string>{"import", "--help"}}) {
+    const std::string help = parse(args).help_text;
+    CAPTURE(help);
+    CHECK(help.find("TEXT") == std::string::npos);
+    CHECK(help.find("--into PROFILE") != std::string::npos);
+    CHECK(help.find("FILE") != std::string::npos);
+  }
+  const std::string help = parse({"--help"}).help_text;
+  CHECK(help.find("--min-bytes BYTES") != std::string::npos);
+  CHECK(help.find("--iters N") != std::string::npos);
+  CHECK(help.find("--timeout-s SECONDS") != std::string::npos);
+}
+
 TEST_CASE("options::a backend this build lacks is bad input") {
   for (BackendKind backend : {BackendKind::mpi, BackendKind::nccl}) {
     if (backend_available(backend)) {
@@ -216,17 +231,19 @@ TEST_CASE("fault::calibrate's --timeout-s and --inject-fault") {
   }
 }
 
-TEST_CASE("options::--device-memory-GiB sets the new profile's device memory") {
+TEST_CASE("options::--gpu-memory-GiB sets the new profile's device memory") {
   // 0.06 GiB = 0.06 × 2^30 bytes = 64424509.44 B.
-  CHECK(*parse({"--device-memory-GiB", "0.06"}).measure.device_memory_bytes == 0.06 * 1073741824.0);
+  CHECK(*parse({"--gpu-memory-GiB", "0.06"}).measure.device_memory_bytes == 0.06 * 1073741824.0);
   CHECK_FALSE(parse({}).measure.device_memory_bytes.has_value());
   for (const char* bad : {"0", "-1", "inf", "nan", "big", ""}) {
     CAPTURE(bad);
-    CHECK(rejection({"--device-memory-GiB", bad}) ==
-          std::string("--device-memory-GiB: must be a number of GiB > 0 and finite, got \"") + bad +
+    CHECK(rejection({"--gpu-memory-GiB", bad}) ==
+          std::string("--gpu-memory-GiB: must be a number of GiB > 0 and finite, got \"") + bad +
               "\"");
   }
-  CHECK(rejection({"--device-memory-GiB", "1", "--into", "p.json"}) ==
-        "--device-memory-GiB: sets a new profile's memory; --into p.json keeps its own "
+  // The old spelling is refused, naming the new one (planner's name for the same size).
+  CHECK(rejection({"--device-memory-GiB", "1"}) == "--device-memory-GiB: renamed: give --gpu-memory-GiB");
+  CHECK(rejection({"--gpu-memory-GiB", "1", "--into", "p.json"}) ==
+        "--gpu-memory-GiB: sets a new profile's memory; --into p.json keeps its own "
         "gpu.memory_GiB");
 }

@@ -50,6 +50,28 @@ TEST_CASE("results_table::rows in nccl-tests' column layout") {
   CHECK(text.find("# Avg bus bandwidth    : ") != std::string::npos);
 }
 
+TEST_CASE("results_table::each size's row is printed as soon as it is measured") {
+  const SweepResult sweep = two_point_sweep();
+  std::ostringstream streamed;
+  SweepTablePrinter printer(streamed, sweep.op, sweep.group);
+  CHECK(streamed.str().empty()); // nothing before the first size is measured
+  printer.add(sweep.points[0]);
+  const std::string after_first = streamed.str();
+  // The header and the 64 B row, and neither the 1 MiB row nor the average yet.
+  CHECK(after_first.find("# all_gather on world: 1 group of 4 ranks") != std::string::npos);
+  CHECK(after_first.find("          64             4     float") != std::string::npos);
+  CHECK(after_first.find("     1048576") == std::string::npos);
+  CHECK(after_first.find("# Avg bus bandwidth") == std::string::npos);
+  printer.add(sweep.points[1]);
+  CHECK(streamed.str().find("     1048576         65536") != std::string::npos);
+  CHECK(streamed.str().find("# Avg bus bandwidth") == std::string::npos);
+  printer.finish();
+  // Streamed or printed at once, the table is the same text.
+  std::ostringstream whole;
+  print_sweep_table(whole, sweep);
+  CHECK(streamed.str() == whole.str());
+}
+
 TEST_CASE("results_table::a table calibrate prints imports as an nccl-tests log") {
   std::ostringstream out;
   print_sweep_table(out, two_point_sweep());

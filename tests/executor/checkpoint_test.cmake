@@ -34,7 +34,7 @@ function(sign_index dir)
 endfunction()
 
 # The test model scaled down further: a few seconds for every run on two cores.
-set(scale --scale-layers 2 --scale-hidden 32 --scale-heads 4 --scale-vocab 256 --scale-seq 16)
+set(scale --layers 2 --hidden 32 --heads 4 --vocab 256 --seq-len 16)
 set(job --model ${DATA}/llama-tiny.json --hardware ${DATA}/cpu-test.json --seq-len 64
         --global-batch 4 --micro-batch 1 --attention eager --checkpointing none --offload none --recipe executor
         --precision fp32)
@@ -125,8 +125,8 @@ string(REPEAT "x" ${size} junk)
 file(WRITE ${WORK}/corrupted/${part3} "${junk}")
 run_expect(2 COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan zero2-2.json ${scale} --steps 1
                      --out x.json --resume corrupted EXPECT "corrupted/${part3}: corrupted")
-run_expect(2 COMMAND ${mpirun} -np 1 ${EXECUTOR} --plan ddp-1.json --scale-layers 3
-                     --scale-hidden 32 --scale-heads 4 --scale-vocab 256 --scale-seq 16 --steps 1
+run_expect(2 COMMAND ${mpirun} -np 1 ${EXECUTOR} --plan ddp-1.json --layers 3
+                     --hidden 32 --heads 4 --vocab 256 --seq-len 16 --steps 1
                      --out x.json --resume ckpt
            EXPECT "ckpt/index.json: /model/layers: the checkpoint's model has 2, the run's model 3")
 file(COPY ${WORK}/ckpt/ DESTINATION ${WORK}/cut-index)

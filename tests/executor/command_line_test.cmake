@@ -1,7 +1,7 @@
 # The executor's numbers on its command line, through the program (rehearsals: no MPI needed): a
 # value given is used or refused (one line, exit code 2), never read as "not given"; integers are
 # decimal; a seed is any of 0 .. 2^64-1 and one past is refused, never clamped (two seeds past
-# 2^63-1 give two runs); a --scale-seq the host cannot hold is refused before anything is
+# 2^63-1 give two runs); a --seq-len the host cannot hold is refused before anything is
 # allocated (under a 4 GiB address-space limit, so that a regression fails instead of swapping).
 # Arguments: EXECUTOR, PLANNER, DATA (this folder's data/), WORK (a scratch folder), SANITIZE.
 file(REMOVE_RECURSE ${WORK})
@@ -14,7 +14,7 @@ run_expect(0 COMMAND ${PLANNER} recommend --model ${DATA}/llama-tiny.json --hard
                      --strategy fsdp-full --flavour fsdp2 --emit plan OUTPUT plan)
 file(WRITE ${WORK}/plan.json "${plan}")
 set(rehearse ${EXECUTOR} --plan plan.json --rehearse-rank 0 --world 2 --out run.json)
-set(small --scale-layers 1 --scale-hidden 16 --scale-heads 2 --scale-vocab 64)
+set(small --layers 1 --hidden 16 --heads 2 --vocab 64)
 
 foreach(case
     "--steps|0x10|--steps: must be a whole decimal number, got \"0x10\""
@@ -22,10 +22,10 @@ foreach(case
     "--seed|99999999999999999999|--seed: must be between 0 and 18446744073709551615, got \"99999999999999999999\""
     "--seed|18446744073709551616|--seed: must be between 0 and 18446744073709551615, got \"18446744073709551616\""
     "--seed|-1|--seed: must be between 0 and 18446744073709551615, got \"-1\""
-    "--scale-seq|0|--scale-seq: must be >= 1, got 0"
-    "--scale-kv-heads|0|--scale-kv-heads: must be >= 1, got 0"
+    "--seq-len|0|--seq-len: must be >= 1, got 0"
+    "--kv-heads|0|--kv-heads: must be >= 1, got 0"
     "--save-every|0x2|--save-every: must be a whole decimal number, got \"0x2\""
-    "--capacity-GiB|inf|--capacity-GiB: must be a decimal number, got \"inf\""
+    "--gpu-memory-GiB|inf|--gpu-memory-GiB: must be a decimal number, got \"inf\""
     "--lr|0x1p-3|--lr: must be a decimal number, got \"0x1p-3\""
     "--timeout-s|nan|--timeout-s: must be a decimal number, got \"nan\"")
 
@@ -37,7 +37,7 @@ foreach(case
 endforeach()
 # An empty value (given through sh: a CMake list drops empty arguments).
 foreach(case "--steps|--steps: must be a whole decimal number, got \"\""
-             "--scale-seq|--scale-seq: must be a whole decimal number, got \"\""
+             "--seq-len|--seq-len: must be a whole decimal number, got \"\""
              "--resume|--resume: must name a folder, got \"\"")
   string(REPLACE "|" ";" parts "${case}")
   list(GET parts 0 flag)
@@ -78,5 +78,27 @@ set(limit "ulimit -v 4194304 &&")
 if(SANITIZE)
   set(limit "")
 endif()
-run_expect(2 COMMAND sh -c "${limit} exec \"$0\" \"$@\"" ${rehearse} --scale-seq 2147483648
-           EXPECT "executor: --scale-seq: micro-batches of 2 sequences of 2147483648 tokens")
+run_expect(2 COMMAND sh -c "${limit} exec \"$0\" \"$@\"" ${rehearse} --seq-len 2147483648
+           EXPECT "executor: --seq-len: micro-batches of 2 sequences of 2147483648 tokens")
+
+# The names planner and scale-config use for the same things; the old spellings are refused with
+# one line naming the new flag.
+foreach(case "--scale-layers|1|--layers" "--scale-seq|32|--seq-len" "--capacity-GiB|1|--gpu-memory-GiB")
+  string(REPLACE "|" ";" parts "${case}")
+  list(GET parts 0 flag)
+  list(GET parts 1 value)
+  list(GET parts 2 new)
+  run_expect(2 COMMAND ${rehearse} ${small} ${flag} ${value} EXPECT "executor: ${flag}: renamed: give ${new}")
+endforeach()
+
+# A plan made for a smaller device (planner --gpu-memory-GiB, written as capacity/gpu_memory_GiB)
+# runs as on a device of that size: 0.001 GiB (about 1 MiB) holds not even a rank's shard of the
+# tiny model's embedding (llama-tiny: 8192 words x hidden 128 = 1048576 fp32 weights, 4 MiB; half
+# of it, 2 MiB, on each of the 2 ranks).
+# --gpu-memory-GiB on the executor's command line replaces the plan's.
+string(JSON small_device SET "${plan}" capacity "{\"gpu_memory_GiB\": 0.001}")
+file(WRITE ${WORK}/small-device-plan.json "${small_device}")
+run_expect(3 COMMAND ${EXECUTOR} --plan small-device-plan.json --rehearse-rank 0 --world 2 --out run.json
+                     --steps 1 EXPECT "out of memory: allocating")
+run_expect(0 COMMAND ${EXECUTOR} --plan small-device-plan.json --rehearse-rank 0 --world 2 --out run.json
+                     --steps 1 --gpu-memory-GiB 64)

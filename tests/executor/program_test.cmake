@@ -75,12 +75,12 @@ if(NOT rehearsed_peak EQUAL rank1_peak OR NOT excluded)
 endif()
 
 # Out of memory: exit code 3, with the category, the sizes and the plan's prediction.
-run_expect(3 COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan plan.json --steps 1 --out oom.json --capacity-GiB 0.01
+run_expect(3 COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan plan.json --steps 1 --out oom.json --gpu-memory-GiB 0.01
            EXPECT "out of memory: allocating" "would exceed the capacity of" "the plan predicts a peak of")
 string(REGEX MATCHALL "executor: rank [0-9]+ on [^:]+: out of memory" oom_lines "${last_stderr}")
 list(LENGTH oom_lines oom_count)
 message(STATUS "out-of-memory lines: ${oom_count} of 2 ranks")
-run_expect(3 COMMAND ${EXECUTOR} --plan plan.json --rehearse-rank 0 --world 2 --out oom.json --capacity-GiB 0.01
+run_expect(3 COMMAND ${EXECUTOR} --plan plan.json --rehearse-rank 0 --world 2 --out oom.json --gpu-memory-GiB 0.01
            EXPECT "out of memory: allocating")
 
 # Bad input: one line naming the field, exit code 2.

@@ -11,8 +11,8 @@ run_expect(0 COMMAND ${PLANNER} recommend --model ${DATA}/llama-tiny.json --hard
                      --checkpointing none --offload none --recipe executor --precision fp32
                      --strategy ddp --emit plan OUTPUT plan)
 file(WRITE ${WORK}/plan.json "${plan}")
-set(run ${mpirun} -np 1 ${EXECUTOR} --plan plan.json --scale-layers 1 --scale-hidden 16 --scale-heads 2
-        --scale-vocab 64)
+set(run ${mpirun} -np 1 ${EXECUTOR} --plan plan.json --layers 1 --hidden 16 --heads 2
+        --vocab 64)
 run_expect(0 COMMAND ${run} --steps 2 --out saved.json --save ckpt
            EXPECT "executor: step 1/2:" "executor: step 2/2:")
 run_expect(0 COMMAND ${run} --steps 2 --out resumed.json --resume ckpt

@@ -109,12 +109,12 @@ TEST_CASE("executor::a run too big for the host is refused before allocating, na
   const auto long_sequences = make_run_setup(plan, 2, request);
   CHECK(least_rank_bytes(long_sequences) > 2.0 * 2147483648.0 * 64 * 4);
   CHECK_THROWS_WITH_AS(check_run_size(long_sequences, request, kHost),
-                       doctest::Contains("--scale-seq: micro-batches of 2 sequences of 2147483648 tokens"),
+                       doctest::Contains("--seq-len: micro-batches of 2 sequences of 2147483648 tokens"),
                        InputError);
   CHECK_THROWS_WITH_AS(check_run_size(long_sequences, request, kHost),
                        doctest::Contains("more than this host's 64.0 GiB of memory"), InputError);
   CHECK_NOTHROW(check_run_size(long_sequences, request, 0));  // the host's memory unknown
-  // Scaled up rather than down: the --scale-* flags are named.
+  // Scaled up rather than down: the model size flags are named.
   RunRequest wide;
   wide.scale = ScaledSize{.layers = 1, .hidden = 1 << 20, .heads = 1, .vocab = 1 << 20};
   const auto big_model = make_run_setup(plan, 2, wide);
@@ -122,7 +122,7 @@ TEST_CASE("executor::a run too big for the host is refused before allocating, na
     check_run_size(big_model, wide, kHost);
     FAIL("accepted a model of 2^40 parameters on a 64 GiB host");
   } catch (const InputError& e) {
-    CHECK(e.where() == "--scale-layers");
+    CHECK(e.where() == "--layers");
   }
 }
 

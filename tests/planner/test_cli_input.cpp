@@ -53,13 +53,46 @@ TEST_CASE("cli_input::a zero or empty value is refused, not read as the default"
   check_refused({"recommend", "--emit", ""}, "--emit: must be deepspeed, fsdp or plan, got \"\"");
   check_refused({"describe", "--model", ""}, "--model: must name a preset or a file, got \"\"");
   check_refused({"describe", "--params", "0"}, "--params: must be between 1e3 and 1e15, got 0");
-  check_refused({"compare", "--strategies", ""}, "--strategies: names no strategy, got \"\"");
+  check_refused({"compare", "--strategy", ""}, "--strategy: names no strategy, got \"\"");
   // Not given at all: the built-in default job, said in the first line.
   const auto r = planner({"estimate", "--strategy", "ddp"});
   CHECK(r.code == 0);
   CHECK(r.out.rfind("not given, so defaulted: --model llama-2-7b, --hardware a100-sxm4-80gb, --gpus 8, --seq-len "
                     "4096, --global-batch 32 (4 per GPU)\nllama-2-7b (6.74 B params) on 8 x a100-sxm4-80gb",
                     0) == 0);
+}
+
+TEST_CASE("cli_input::compare takes --strategy as the other commands do; --strategies is refused") {
+  check_refused({"compare", "--strategies", "ddp,zero3"},
+                "--strategies: renamed: give --strategy (a comma list, as before)");
+  const auto r = planner({"compare", "--strategy", "ddp,zero3", "--format", "json"});
+  REQUIRE(r.code == 0);
+  const auto rows = nlohmann::json::parse(r.out);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].at("strategy") == "ddp");
+  CHECK(rows[1].at("strategy") == "zero3");
+}
+
+TEST_CASE("cli_input::compare shows each row's checkpointing, in the table and in JSON") {
+  // --checkpointing full is each row's mode as given; the default job (recipe hf) checkpoints
+  // nothing unless asked (costmodel/job.hpp, default_checkpointing).
+  const auto json = planner({"compare", "--strategy", "ddp,zero3", "--checkpointing", "full", "--format", "json"});
+  REQUIRE(json.code == 0);
+  for (const auto& row : nlohmann::json::parse(json.out)) CHECK(row.at("checkpointing") == "full");
+  const auto table = planner({"compare", "--strategy", "ddp,zero3", "--checkpointing", "every:4"});
+  REQUIRE(table.code == 0);
+  std::istringstream lines(table.out);
+  int rows = 0;
+  bool header = false;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("strategy ", 0) == 0) header = line.find(" checkpointing ") != std::string::npos;
+    if (line.rfind("ddp ", 0) == 0 || line.rfind("zero3 ", 0) == 0) {
+      CHECK(line.find(" every:4 ") != std::string::npos);
+      ++rows;
+    }
+  }
+  CHECK(header);
+  CHECK(rows == 2);
 }
 
 TEST_CASE("cli_input::integer flags are decimal: 010 is ten, 0x10 is refused") {

@@ -9,7 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_fixture.hpp"
+#include "core/input_error.hpp"
 #include "core/json_reader.hpp"
+#include "costmodel/plan.hpp"
 
 using shardplan::planner::testing::planner;
 
@@ -47,7 +49,7 @@ TEST_CASE("json_outputs::estimate, recommend, describe and validate print schema
 }
 
 TEST_CASE("json_outputs::each plan that compare prints carries schema_version") {
-  const auto plans = printed(with({"compare", "--strategies", "ddp,zero3", "--format", "json"}, kJob));
+  const auto plans = printed(with({"compare", "--strategy", "ddp,zero3", "--format", "json"}, kJob));
   REQUIRE(plans.is_array());
   REQUIRE(plans.size() == 2);
   for (const auto& plan : plans)
@@ -62,4 +64,27 @@ TEST_CASE("json_outputs::the --trace file carries schema_version") {
   std::filesystem::remove(path);
   CHECK(trace.at("schema_version") == 1);
   CHECK(trace.at("traceEvents").is_array());
+}
+
+TEST_CASE("json_outputs::--emit plan carries --gpu-memory-GiB to the executor") {
+  // The size the plan was made to fit is the plan's capacity; the profile's size is not written.
+  const auto plan = printed(with({"recommend", "--emit", "plan", "--gpu-memory-GiB", "40"}, kJob));
+  CHECK(plan.at("capacity").at("gpu_memory_GiB") == 40.0);
+  CHECK(shardplan::costmodel::plan_from_json(plan).gpu_memory_GiB == 40.0);
+  const auto plain = printed(with({"recommend", "--emit", "plan"}, kJob));
+  CHECK_FALSE(plain.contains("capacity"));
+  CHECK_FALSE(shardplan::costmodel::plan_from_json(plain).gpu_memory_GiB.has_value());
+  // What the executor would refuse to behave like: no size, or one past a million GiB.
+  for (const double bad : {0.0, -2.0, 2e6}) {
+    auto doc = plan;
+    doc["capacity"]["gpu_memory_GiB"] = bad;
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(shardplan::costmodel::plan_from_json(doc),
+                         doctest::Contains("/capacity/gpu_memory_GiB"),
+                         shardplan::costmodel::InputError);
+  }
+  auto extra = plan;
+  extra["capacity"]["gpu_memory_GB"] = 40;
+  CHECK_THROWS_WITH_AS(shardplan::costmodel::plan_from_json(extra), doctest::Contains("gpu_memory_GB"),
+                       shardplan::costmodel::InputError);
 }

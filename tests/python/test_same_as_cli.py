@@ -45,9 +45,9 @@ def test_defaults_are_the_cli_defaults():
 
 def test_compare_list_or_text():
     options = dict(model="llama-2-7b", gpus=8, seq_len=4096, global_batch=32)
-    theirs = cli_json("compare", *flags(**options), "--strategies", "ddp,zero2,zero3,fsdp-full", "--format", "json")
-    assert shardplan.compare(strategies=["ddp", "zero2", "zero3", "fsdp-full"], **options) == theirs
-    assert shardplan.compare(strategies="ddp,zero2,zero3,fsdp-full", **options) == theirs
+    theirs = cli_json("compare", *flags(**options), "--strategy", "ddp,zero2,zero3,fsdp-full", "--format", "json")
+    assert shardplan.compare(strategy=["ddp", "zero2", "zero3", "fsdp-full"], **options) == theirs
+    assert shardplan.compare(strategy="ddp,zero2,zero3,fsdp-full", **options) == theirs
     assert shardplan.compare(**options) == cli_json("compare", *flags(**options), "--format", "json")
 
 
