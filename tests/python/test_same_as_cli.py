@@ -92,4 +92,6 @@ def test_tensor_pipeline_and_context_parallel_plans():
                   global_batch=256, model_parallel=True)
     ours = shardplan.recommend(**search)
     theirs = cli_json("recommend", *flags(**search), "--format", "json")
-    assert without_timing(ours) == without_timing(theirs)
+    for r in (ours, theirs):
+        del r["search_s"]  # the search's wall time
+    assert ours == theirs
