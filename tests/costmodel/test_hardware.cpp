@@ -261,7 +261,8 @@ TEST_CASE("hardware::a straggler wait is read, checked, and scaled by the expect
   CHECK(p.straggler_wait_fraction(1) == 0);  // one rank waits for nobody
   CHECK(p.straggler_wait_fraction(2) == doctest::Approx(0.05));
   // The slowest of n ranks lies E[max of n standard normals] deviations above the mean: 1/√π =
-  // 0.56419 for 2, 1.02938 for 4 (Harter 1961, Table 1), 3.2414 for 1000 (the same table).
+  // 0.56419 for 2, 1.02938 for 4 (Harter 1961, Table 1), 3.2414 for 1000 (Tippett 1925, "On the
+  // extreme individuals and the range of samples taken from a normal population", Biometrika 17).
   CHECK(p.straggler_wait_fraction(4) == doctest::Approx(0.05 * 1.02938 / 0.56419));
   CHECK(p.straggler_wait_fraction(1000) == doctest::Approx(0.05 * 3.2414 / 0.56419).epsilon(0.01));
   json bad = doc;
