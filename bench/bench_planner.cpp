@@ -9,7 +9,8 @@ using namespace shardplan;
 
 namespace {
 
-planner::Scenario scenario(const char* model, const char* hw, int gpus, std::int64_t seq, std::int64_t batch) {
+planner::Scenario scenario(const char* model, const char* hw, int gpus, std::int64_t seq,
+                           std::int64_t batch) {
   planner::Scenario sc;
   sc.model = costmodel::load_model(model);
   sc.hardware = costmodel::load_hardware(hw);
@@ -29,16 +30,21 @@ void search(benchmark::State& state, planner::Scenario sc, bool exhaustive) {
     considered += r.plans_considered;
     benchmark::DoNotOptimize(r.ranked.data());
   }
-  state.counters["plans_simulated/s"] = benchmark::Counter(static_cast<double>(simulated), benchmark::Counter::kIsRate);
-  state.counters["plans_considered/s"] = benchmark::Counter(static_cast<double>(considered), benchmark::Counter::kIsRate);
+  state.counters["plans_simulated/s"] =
+      benchmark::Counter(static_cast<double>(simulated), benchmark::Counter::kIsRate);
+  state.counters["plans_considered/s"] =
+      benchmark::Counter(static_cast<double>(considered), benchmark::Counter::kIsRate);
 }
 
 }  // namespace
 
-BENCHMARK_CAPTURE(search, llama70b_h100_1024gpus, scenario("llama-2-70b", "h100-sxm5-80gb", 1024, 4096, 1024), false)
+BENCHMARK_CAPTURE(search, llama70b_h100_1024gpus,
+                  scenario("llama-2-70b", "h100-sxm5-80gb", 1024, 4096, 1024), false)
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(search, llama7b_a100_8gpus, scenario("llama-2-7b", "a100-sxm4-80gb", 8, 4096, 256), false)
+BENCHMARK_CAPTURE(search, llama7b_a100_8gpus,
+                  scenario("llama-2-7b", "a100-sxm4-80gb", 8, 4096, 256), false)
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(search, llama7b_a100_8gpus_exhaustive, scenario("llama-2-7b", "a100-sxm4-80gb", 8, 4096, 256), true)
+BENCHMARK_CAPTURE(search, llama7b_a100_8gpus_exhaustive,
+                  scenario("llama-2-7b", "a100-sxm4-80gb", 8, 4096, 256), true)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_MAIN();

@@ -23,8 +23,8 @@ void simulate(benchmark::State& state, const char* strategy) {
     auto r = simulate_step(in);
     benchmark::DoNotOptimize(r.step_s);
   }
-  state.counters["simulations/s"] = benchmark::Counter(static_cast<double>(state.iterations()),
-                                                       benchmark::Counter::kIsRate);
+  state.counters["simulations/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 
 }  // namespace

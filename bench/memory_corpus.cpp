@@ -24,8 +24,8 @@ int main(int argc, char** argv) {
     for (const auto& r : rows)
       if (r.quantity == "peak") peak_of[r.case_id] = r.measured;
     if (!summary_only)
-      fmt::print("{:<64} {:<10} {:<28} {:>14} {:>14} {:>8}\n", corpus, "recipe", "quantity", "predicted B",
-                 "measured B", "error");
+      fmt::print("{:<64} {:<10} {:<28} {:>14} {:>14} {:>8}\n", corpus, "recipe", "quantity",
+                 "predicted B", "measured B", "error");
     for (const auto& r : rows) {
       std::string kind = r.quantity.rfind("block", 0) == 0 ? "unit: block" : r.quantity;
       if (kind == "embedding" || kind == "head" || kind == "total") kind = "unit: " + kind;
@@ -42,15 +42,16 @@ int main(int argc, char** argv) {
       errors[kind].push_back(category ? std::abs(r.predicted - r.measured) / peak_of.at(r.case_id)
                                       : std::abs(r.error()));
       if (!summary_only)
-        fmt::print("{:<64} {:<10} {:<28} {:>14.0f} {:>14.0f} {:>7.2f}%\n", r.case_id, r.recipe, r.quantity,
-                   r.predicted, r.measured, 100 * r.error());
+        fmt::print("{:<64} {:<10} {:<28} {:>14.0f} {:>14.0f} {:>7.2f}%\n", r.case_id, r.recipe,
+                   r.quantity, r.predicted, r.measured, 100 * r.error());
     }
   };
   report("oracle_units.json case", oracle::unit_rows(oracle::read_corpus("oracle_units.json")));
   report("oracle_steps.json case", oracle::step_rows(oracle::read_corpus("oracle_steps.json")));
-  report("oracle_deepspeed.json case", oracle::step_rows(oracle::read_corpus("oracle_deepspeed.json")));
-  fmt::print("\n{:<28} {:>8} {:>10} {:>12} {:>12}\n", "quantity", "compared", "set aside", "median |err|",
-             "max |err|");
+  report("oracle_deepspeed.json case",
+         oracle::step_rows(oracle::read_corpus("oracle_deepspeed.json")));
+  fmt::print("\n{:<28} {:>8} {:>10} {:>12} {:>12}\n", "quantity", "compared", "set aside",
+             "median |err|", "max |err|");
   for (auto& [kind, e] : errors) {
     std::sort(e.begin(), e.end());
     fmt::print("{:<28} {:>8} {:>10} {:>11.3f}% {:>11.3f}%\n", kind, e.size(), set_aside[kind],

@@ -31,18 +31,16 @@ namespace {
 
 // `count` elements of T in `memory`, freed on scope exit; filled with values in [-1, 1) (a
 // normed activation's typical range, as the executor's q, k and v are) unless `zero`.
-template <class T>
-class Buffer {
+template <class T> class Buffer {
 public:
   Buffer(executor::MemorySource& memory, std::int64_t count, std::uint32_t seed, bool zero = false)
       : memory_(memory), bytes_(std::max<std::int64_t>(count, 1) * std::int64_t{sizeof(T)}) {
     data_ = static_cast<T*>(memory.allocate(bytes_, true));
-    if (zero)
-      return;
+    if (zero) return;
     std::vector<T> host(static_cast<std::size_t>(std::max<std::int64_t>(count, 1)));
     std::uint32_t x = seed;
     for (auto& e : host) {
-      x = x * 1664525u + 1013904223u; // Numerical Recipes' LCG, as elementwise_bench fills
+      x = x * 1664525u + 1013904223u;  // Numerical Recipes' LCG, as elementwise_bench fills
       e = executor::narrow<T>(static_cast<float>(x >> 8) / static_cast<float>(1 << 23) - 1.0f);
     }
     try {
@@ -84,8 +82,8 @@ Seconds median_seconds(executor::Backend<S>& be, Forward forward, Backward backw
     const auto s = be.take_seconds();
     return Seconds{s.forward, s.backward};
   };
-  (void)be.take_seconds();     // nothing before counts
-  const Seconds first = run(); // untimed: first touch
+  (void)be.take_seconds();      // nothing before counts
+  const Seconds first = run();  // untimed: first touch
   const double once = std::max(first.forward + first.backward, 1e-9);
   const int runs = std::clamp(static_cast<int>(std::ceil(min_seconds / once)), 3, 50);
   std::vector<double> forwards, backwards;
@@ -125,8 +123,7 @@ std::vector<AttentionSample> time_attention(executor::Backend<S>& be,
   {
     Buffer<S> probs(memory, B * a.heads * T * T, 0, true);
     Buffer<S> scratch(memory, be.attention_scratch_elements(B, T, a.heads), 0, true);
-    if (before_each)
-      before_each();
+    if (before_each) before_each();
     const Seconds s = median_seconds(
         be,
         [&] {
@@ -143,8 +140,7 @@ std::vector<AttentionSample> time_attention(executor::Backend<S>& be,
   }
   if (be.supports_flash_attention(a.head_dim)) {
     Buffer<A> lse(memory, B * a.heads * T, 0, true), delta(memory, B * a.heads * T, 0, true);
-    if (before_each)
-      before_each();
+    if (before_each) before_each();
     const Seconds s = median_seconds(
         be,
         [&] {
@@ -162,7 +158,7 @@ std::vector<AttentionSample> time_attention(executor::Backend<S>& be,
   return samples;
 }
 
-} // namespace
+}  // namespace
 
 std::vector<AttentionSample> time_cpu_attention(const AttentionShape& shape, double min_seconds,
                                                 const std::function<void()>& before_each) {
@@ -190,4 +186,4 @@ std::vector<AttentionSample> time_cuda_attention(int device, const AttentionShap
 }
 #endif
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

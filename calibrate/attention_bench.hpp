@@ -43,4 +43,4 @@ time_cuda_attention(int device, const costmodel::AttentionShape& shape, double m
                     const std::function<void()>& before_each = {});
 #endif
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -14,4 +14,4 @@ std::optional<std::uint64_t> parse_byte_size(std::string_view text);
 // The shortest exact rendering with a suffix: 8, 64K, 32M, 1G, 1536.
 std::string format_byte_size(std::uint64_t bytes);
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -9,34 +9,31 @@ namespace shardplan::calibrate {
 namespace {
 
 using costmodel::Collective;
-constexpr comm::DataType kType = comm::DataType::f32; // nccl-tests' default -d float
-constexpr float kUnwritten = -1.0f;                   // marks receive elements before the check
+constexpr comm::DataType kType = comm::DataType::f32;  // nccl-tests' default -d float
+constexpr float kUnwritten = -1.0f;                    // marks receive elements before the check
 
 // Element ranges [begin, end) of a buffer of `count` floats that the check reads.
 std::vector<std::pair<std::size_t, std::size_t>> checked_ranges(std::size_t count,
                                                                 std::size_t max_bytes) {
   const std::size_t max_elements = std::max<std::size_t>(2, max_bytes / sizeof(float));
-  if (count <= max_elements)
-    return {{0, count}};
+  if (count <= max_elements) return {{0, count}};
   const std::size_t half = max_elements / 2;
   return {{0, half}, {count - half, count}};
 }
 
-} // namespace
+}  // namespace
 
 CollectiveBench::CollectiveBench(Collective op, comm::Communicator& group,
                                  comm::Communicator& host_world, const SweepPoint& largest,
                                  const BenchSettings& settings)
     : op_(op), group_(group), host_world_(host_world), settings_(settings) {
   for (std::size_t j = 0; j < sums_over_ranks_.size(); ++j)
-    for (int r = 0; r < group_.size(); ++r)
-      sums_over_ranks_[j] += fill_value(r, j);
+    for (int r = 0; r < group_.size(); ++r) sums_over_ranks_[j] += fill_value(r, j);
   send_ = group_.allocate(std::max<std::size_t>(1, largest.send_count) * sizeof(float));
   recv_ = group_.allocate(std::max<std::size_t>(1, largest.recv_count) * sizeof(float));
   // The send pattern does not depend on the point, so it is written once for the largest.
   std::vector<float> values(largest.send_count);
-  for (std::size_t i = 0; i < values.size(); ++i)
-    values[i] = fill_value(group_.rank(), i);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = fill_value(group_.rank(), i);
   send_->copy_from_host(values.data(), values.size() * sizeof(float));
   if (op_ == Collective::broadcast && group_.rank() == kRoot) {
     // broadcast works in place on the receive buffer: the root's holds the data.
@@ -108,8 +105,7 @@ std::int64_t CollectiveBench::count_wrong(const SweepPoint& p) {
       host.resize(end - begin);
       recv_->copy_to_host(host.data(), host.size() * sizeof(float), begin * sizeof(float));
       for (std::size_t i = begin; i < end; ++i)
-        if (host[i - begin] != expected(p, i))
-          ++wrong;
+        if (host[i - begin] != expected(p, i)) ++wrong;
     }
   }
   return wrong;
@@ -118,8 +114,7 @@ std::int64_t CollectiveBench::count_wrong(const SweepPoint& p) {
 PointResult CollectiveBench::run(const SweepPoint& p) {
   PointResult result;
   result.point = p;
-  for (int i = 0; i < settings_.warmup; ++i)
-    issue(p);
+  for (int i = 0; i < settings_.warmup; ++i) issue(p);
   group_.synchronize();
   // The timed runs go in batches, each after a barrier of every rank; a batch's time per call is
   // the slowest rank's, and the median batch is kept.
@@ -130,8 +125,7 @@ PointResult CollectiveBench::run(const SweepPoint& p) {
     const int runs = settings_.iters / batches + (b < settings_.iters % batches ? 1 : 0);
     host_world_.barrier();
     timer->start();
-    for (int i = 0; i < runs; ++i)
-      issue(p);
+    for (int i = 0; i < runs; ++i) issue(p);
     per_call[static_cast<std::size_t>(b)] = timer->stop_seconds() / runs;
   }
   host_world_.all_reduce(per_call.data(), per_call.data(), per_call.size(), comm::DataType::f64,
@@ -148,4 +142,4 @@ PointResult CollectiveBench::run(const SweepPoint& p) {
   return result;
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -21,7 +21,7 @@ namespace shardplan::calibrate {
 struct BenchSettings {
   int warmup = 5;
   int iters = 20;
-  int batches = 5; // the iters are timed in this many batches (at most iters)
+  int batches = 5;  // the iters are timed in this many batches (at most iters)
   bool check = true;
   // Checked elements per buffer at most: larger buffers are checked at their first and last halves
   // of this many bytes.
@@ -30,11 +30,11 @@ struct BenchSettings {
 
 struct PointResult {
   SweepPoint point;
-  double time_s = 0;     // per call, slowest rank
-  double algbw_GBps = 0; // size / time, GB = 1e9
-  double busbw_GBps = 0; // algbw × the collective's bus factor for the group size
+  double time_s = 0;      // per call, slowest rank
+  double algbw_GBps = 0;  // size / time, GB = 1e9
+  double busbw_GBps = 0;  // algbw × the collective's bus factor for the group size
   std::int64_t wrong =
-      -1; // elements that differ from the expected result, over all ranks; -1 unchecked
+      -1;  // elements that differ from the expected result, over all ranks; -1 unchecked
 };
 
 class CollectiveBench {
@@ -46,7 +46,7 @@ public:
   // Collective over host_world: every rank calls it with the same point index.
   PointResult run(const SweepPoint& point);
 
-  static constexpr int kRoot = 0; // broadcast and reduce root, as nccl-tests' default -r 0
+  static constexpr int kRoot = 0;  // broadcast and reduce root, as nccl-tests' default -r 0
 
 private:
   void issue(const SweepPoint& point);
@@ -59,7 +59,7 @@ private:
   BenchSettings settings_;
   std::unique_ptr<comm::CommBuffer> send_;
   std::unique_ptr<comm::CommBuffer> recv_;
-  std::array<float, 7> sums_over_ranks_{}; // Σ over ranks of fill_value(r, j), j = index mod 7
+  std::array<float, 7> sums_over_ranks_{};  // Σ over ranks of fill_value(r, j), j = index mod 7
 };
 
 // Element i of group rank r's send buffer: small integers whose sums stay exact in float for
@@ -68,4 +68,4 @@ inline float fill_value(int rank, std::size_t index) {
   return static_cast<float>((static_cast<std::size_t>(rank) + index) % 7 + 1);
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -17,23 +17,21 @@
 namespace shardplan::calibrate {
 namespace {
 
-constexpr std::size_t kCpuCopyBytes = 64u << 20; // well beyond the caches
-constexpr std::size_t kAdamParams = 4u << 20;    // 64 MiB of fp32 state
-constexpr double kAttentionSeconds = 0.02;       // timed runs of a core fill at least this
+constexpr std::size_t kCpuCopyBytes = 64u << 20;  // well beyond the caches
+constexpr std::size_t kAdamParams = 4u << 20;     // 64 MiB of fp32 state
+constexpr double kAttentionSeconds = 0.02;        // timed runs of a core fill at least this
 #if defined(SHARDPLAN_HAVE_NCCL)
-constexpr std::size_t kGpuCopyBytes = 1u << 30;   // device-to-device copy
-constexpr std::size_t kHostLinkBytes = 256u << 20; // host-to-device copy
+constexpr std::size_t kGpuCopyBytes = 1u << 30;     // device-to-device copy
+constexpr std::size_t kHostLinkBytes = 256u << 20;  // host-to-device copy
 #endif
 
 // Every rank's times become the slowest rank's.
 void keep_slowest(comm::Communicator& world, std::vector<GemmMeasurement>& gemms) {
   std::vector<double> times;
-  for (const auto& g : gemms)
-    times.push_back(g.time_s);
+  for (const auto& g : gemms) times.push_back(g.time_s);
   world.all_reduce(times.data(), times.data(), times.size(), comm::DataType::f64,
                    comm::ReduceOp::max);
-  for (std::size_t i = 0; i < gemms.size(); ++i)
-    gemms[i].time_s = times[i];
+  for (std::size_t i = 0; i < gemms.size(); ++i) gemms[i].time_s = times[i];
 }
 
 void keep_slowest(comm::Communicator& world, std::vector<costmodel::AttentionSample>& cores) {
@@ -60,7 +58,7 @@ std::vector<GemmMeasurement> cpu_gemms(const std::vector<GemmShape>& shapes, boo
                                        comm::Communicator& world) {
   std::vector<GemmMeasurement> out;
   for (const auto& s : shapes) {
-    world.barrier(); // every rank computes at once
+    world.barrier();  // every rank computes at once
     out.push_back({s, costmodel::DType::fp32, time_cpu_gemm(s), model_shapes});
   }
   return out;
@@ -79,8 +77,7 @@ std::optional<costmodel::StragglerWait> measure_straggler_wait(const std::vector
   std::vector<GemmShape> block;
   std::copy_if(shapes.begin(), shapes.end(), std::back_inserter(block),
                [](const GemmShape& s) { return !s.head; });
-  if (ranks < 2 || block.empty())
-    return std::nullopt;
+  if (ranks < 2 || block.empty()) return std::nullopt;
   // One run first (every rank the same count of runs: the slowest rank's first run decides).
   double first = time_cpu_gemm_sequence(block, 1, [&] { world.barrier(); }).front();
   world.all_reduce(&first, &first, 1, comm::DataType::f64, comm::ReduceOp::max);
@@ -105,7 +102,7 @@ std::optional<costmodel::StragglerWait> measure_straggler_wait(const std::vector
   return costmodel::StragglerWait{waited / computed, ranks, means[means.size() / 2], repetitions};
 }
 
-} // namespace
+}  // namespace
 
 ComputeCalibration measure_compute(const ComputeSettings& settings, comm::Communicator& host_world,
                                    comm::Communicator& backend_world) {
@@ -156,9 +153,9 @@ ComputeCalibration measure_compute(const ComputeSettings& settings, comm::Commun
     c.straggler_wait = measure_straggler_wait(settings.model_shapes, host_world);
     if (!settings.elementwise_ops.empty()) {
       host_world.barrier();
-      c.elementwise_elems_per_s = slowest_rate(
-          host_world, time_cpu_elementwise_rate(settings.elementwise_ops, settings.tokens,
-                                                settings.head_dim));
+      c.elementwise_elems_per_s =
+          slowest_rate(host_world, time_cpu_elementwise_rate(settings.elementwise_ops,
+                                                             settings.tokens, settings.head_dim));
     }
   }
   if (settings.attention) {
@@ -175,4 +172,4 @@ ComputeCalibration measure_compute(const ComputeSettings& settings, comm::Commun
   return c;
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -23,24 +23,24 @@ struct ComputeSettings {
   std::vector<GemmShape> model_shapes;
   // The model's layers that are not GEMMs (CPU ranks: timed with the executor's kernels).
   std::vector<costmodel::ElementwiseOp> elementwise_ops;
-  std::int64_t tokens = 1; // of a micro-batch, as for the GEMMs
+  std::int64_t tokens = 1;  // of a micro-batch, as for the GEMMs
   std::int64_t head_dim = 1;
   // The model's attention core (a micro-batch of whole sequences); none: not timed.
   std::optional<costmodel::AttentionShape> attention;
 };
 
 struct ComputeCalibration {
-  std::string device; // GPU name or CPU model
+  std::string device;  // GPU name or CPU model
   bool cpu_device = true;
-  std::optional<double> device_memory_bytes;             // GPU: total device memory
-  std::vector<GemmMeasurement> gemm;                     // slowest rank's time per GEMM
-  costmodel::DType model_dtype = costmodel::DType::fp32; // bf16 on GPUs
-  std::optional<double> memory_bandwidth_Bps;            // slowest rank's copy bandwidth
-  std::optional<double> host_link_Bps;                   // GPU: pinned host-to-device, slowest rank
-  std::optional<double> optimizer_params_per_s;          // per rank, slowest rank
-  std::optional<double> elementwise_elems_per_s;         // CPU: element passes/s, slowest rank
-  std::vector<costmodel::AttentionSample> attention;     // slowest rank's time per core
-  std::optional<costmodel::StragglerWait> straggler_wait; // CPU ranks, two or more
+  std::optional<double> device_memory_bytes;              // GPU: total device memory
+  std::vector<GemmMeasurement> gemm;                      // slowest rank's time per GEMM
+  costmodel::DType model_dtype = costmodel::DType::fp32;  // bf16 on GPUs
+  std::optional<double> memory_bandwidth_Bps;             // slowest rank's copy bandwidth
+  std::optional<double> host_link_Bps;                // GPU: pinned host-to-device, slowest rank
+  std::optional<double> optimizer_params_per_s;       // per rank, slowest rank
+  std::optional<double> elementwise_elems_per_s;      // CPU: element passes/s, slowest rank
+  std::vector<costmodel::AttentionSample> attention;  // slowest rank's time per core
+  std::optional<costmodel::StragglerWait> straggler_wait;  // CPU ranks, two or more
 };
 
 // Collective over `host_world` (the MPI world). `backend_world` tells CPU from GPU ranks (an NCCL
@@ -48,4 +48,4 @@ struct ComputeCalibration {
 ComputeCalibration measure_compute(const ComputeSettings& settings, comm::Communicator& host_world,
                                    comm::Communicator& backend_world);
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -15,14 +15,14 @@ double seconds_since(std::chrono::steady_clock::time_point begin) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 }
 
-} // namespace
+}  // namespace
 
 double time_cpu_gemm(const GemmShape& shape, double min_seconds) {
   const Eigen::MatrixXf a = Eigen::MatrixXf::Random(shape.m, shape.k);
   const Eigen::MatrixXf b = Eigen::MatrixXf::Random(shape.k, shape.n);
   Eigen::MatrixXf c(shape.m, shape.n);
   auto begin = std::chrono::steady_clock::now();
-  c.noalias() = a * b; // untimed: first touch of c, caches
+  c.noalias() = a * b;  // untimed: first touch of c, caches
   const double first = std::max(seconds_since(begin), 1e-9);
   // At least three timed runs, each timed alone; the median resists a preempted run.
   const int runs = std::clamp(static_cast<int>(std::ceil(min_seconds / first)), 3, 50);
@@ -42,7 +42,7 @@ double time_cpu_gemm(const GemmShape& shape, double min_seconds) {
 
 double measure_cpu_copy_bandwidth(std::size_t bytes, int repetitions) {
   std::vector<char> source(bytes, 1), destination(bytes, 0);
-  std::memcpy(destination.data(), source.data(), bytes); // untimed: page faults
+  std::memcpy(destination.data(), source.data(), bytes);  // untimed: page faults
   const auto begin = std::chrono::steady_clock::now();
   for (int i = 0; i < repetitions; ++i) {
     source[static_cast<std::size_t>(i) % bytes] = static_cast<char>(i);
@@ -64,10 +64,9 @@ double measure_cpu_adam_rate(std::size_t params, int repetitions) {
     v = beta2 * v + (1 - beta2) * g.square();
     p -= lr * m / (v.sqrt() + eps);
   };
-  step(); // untimed
+  step();  // untimed
   const auto begin = std::chrono::steady_clock::now();
-  for (int i = 0; i < repetitions; ++i)
-    step();
+  for (int i = 0; i < repetitions; ++i) step();
   const double seconds = seconds_since(begin);
   volatile float sink = p(0);
   (void)sink;
@@ -84,10 +83,9 @@ std::vector<double> time_cpu_gemm_sequence(const std::vector<GemmShape>& shapes,
     operands.push_back({Eigen::MatrixXf::Random(s.m, s.k), Eigen::MatrixXf::Random(s.k, s.n),
                         Eigen::MatrixXf(s.m, s.n)});
   auto run = [&] {
-    for (auto& o : operands)
-      o.c.noalias() = o.a * o.b;
+    for (auto& o : operands) o.c.noalias() = o.a * o.b;
   };
-  run(); // untimed: first touch of the outputs, caches
+  run();  // untimed: first touch of the outputs, caches
   std::vector<double> times;
   for (int i = 0; i < repetitions; ++i) {
     start_together();
@@ -100,4 +98,4 @@ std::vector<double> time_cpu_gemm_sequence(const std::vector<GemmShape>& shapes,
   return times;
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -24,4 +24,4 @@ double measure_cpu_adam_rate(std::size_t params, int repetitions);
 std::vector<double> time_cpu_gemm_sequence(const std::vector<GemmShape>& shapes, int repetitions,
                                            const std::function<void()>& start_together);
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

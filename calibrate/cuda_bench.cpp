@@ -18,8 +18,7 @@ namespace {
 using costmodel::DType;
 
 void check_cublas(cublasStatus_t status, const char* call, const char* file, int line) {
-  if (status == CUBLAS_STATUS_SUCCESS)
-    return;
+  if (status == CUBLAS_STATUS_SUCCESS) return;
   throw comm::CommError(fmt::format("{} failed: {}", call, cublasGetStatusString(status)), file,
                         line);
 }
@@ -84,7 +83,7 @@ GemmTypes gemm_types(DType d) {
   return {CUDA_R_32F, CUBLAS_COMPUTE_32F};
 }
 
-} // namespace
+}  // namespace
 
 CudaDeviceInfo cuda_device_info(int device) {
   cudaDeviceProp properties{};
@@ -120,11 +119,9 @@ std::vector<GemmMeasurement> measure_cublas_gemms(const std::vector<GemmShape>& 
                                 a.get(), types.storage, m, b.get(), types.storage, k, &beta,
                                 c.get(), types.storage, m, types.compute, CUBLAS_GEMM_DEFAULT);
         };
-        for (int i = 0; i < kWarmup; ++i)
-          gemm();
+        for (int i = 0; i < kWarmup; ++i) gemm();
         events.start(stream);
-        for (int i = 0; i < kRuns; ++i)
-          gemm();
+        for (int i = 0; i < kRuns; ++i) gemm();
         results.push_back({s, dtype, events.stop_seconds(stream) / kRuns, model_shapes});
       }
     }
@@ -169,4 +166,4 @@ double measure_host_to_device_bandwidth(std::size_t bytes, int repetitions, cuda
   return rate;
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -14,8 +14,8 @@
 namespace shardplan::calibrate {
 
 struct CudaDeviceInfo {
-  std::string name;        // "NVIDIA H100 80GB HBM3"
-  double memory_bytes = 0; // total device memory
+  std::string name;         // "NVIDIA H100 80GB HBM3"
+  double memory_bytes = 0;  // total device memory
 };
 
 CudaDeviceInfo cuda_device_info(int device);
@@ -28,4 +28,4 @@ double measure_device_copy_bandwidth(std::size_t bytes, int repetitions, cudaStr
 // Bytes per second of cudaMemcpyAsync from pinned host memory to the device.
 double measure_host_to_device_bandwidth(std::size_t bytes, int repetitions, cudaStream_t stream);
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

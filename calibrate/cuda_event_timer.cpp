@@ -33,10 +33,10 @@ private:
   cudaEvent_t end_ = nullptr;
 };
 
-} // namespace
+}  // namespace
 
 std::unique_ptr<OpTimer> make_cuda_event_timer(cudaStream_t stream) {
   return std::make_unique<CudaEventTimer>(stream);
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

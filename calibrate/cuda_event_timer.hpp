@@ -11,4 +11,4 @@ namespace shardplan::calibrate {
 
 std::unique_ptr<OpTimer> make_cuda_event_timer(cudaStream_t stream);
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -22,4 +22,4 @@ double time_cpu_elementwise_rate(const std::vector<costmodel::ElementwiseOp>& op
                                  std::int64_t tokens, std::int64_t head_dim,
                                  double min_seconds = 0.02);
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -33,12 +33,10 @@ Eigen::Vector2d solve_line(const Eigen::MatrixXd& a, const Eigen::VectorXd& weig
   Eigen::Vector2d x(0.0, 0.0);
   if (has_spread) {
     x = wa.colPivHouseholderQr().solve(root);
-    if (x(0) >= 0 && x(1) > 0)
-      return x;
+    if (x(0) >= 0 && x(1) > 0) return x;
     if (x(1) > 0) {
       const double slope = wa.col(1).dot(root) / wa.col(1).squaredNorm();
-      if (slope > 0)
-        return {0.0, slope};
+      if (slope > 0) return {0.0, slope};
     }
   }
   return {wa.col(0).dot(root) / wa.col(0).squaredNorm(), 0.0};
@@ -48,7 +46,7 @@ Eigen::Vector2d solve_line(const Eigen::MatrixXd& a, const Eigen::VectorXd& weig
 struct Partition {
   std::vector<std::size_t> ends;
   std::vector<CurveSegment> segments;
-  std::vector<double> errors; // per sample, each against its own piece
+  std::vector<double> errors;  // per sample, each against its own piece
   double max_error = std::numeric_limits<double>::infinity();
 };
 
@@ -60,22 +58,19 @@ Partition best_partition(std::span<const MeasuredSample> samples, int pieces,
                          std::size_t min_points) {
   const std::size_t n = samples.size();
   constexpr double kNone = std::numeric_limits<double>::infinity();
-  auto splittable = [&](std::size_t i) { // a piece may end just before index i
+  auto splittable = [&](std::size_t i) {  // a piece may end just before index i
     return i == n || (i > 0 && i < n && samples[i - 1].size_bytes < samples[i].size_bytes);
   };
   // piece_error[b][e]: largest relative error of one piece fitted to samples [b, e).
   std::vector<std::vector<double>> piece_error(n + 1, std::vector<double>(n + 1, kNone));
   for (std::size_t b = 0; b < n; ++b) {
-    if (b > 0 && !splittable(b))
-      continue;
+    if (b > 0 && !splittable(b)) continue;
     for (std::size_t e = b + min_points; e <= n; ++e) {
-      if (!splittable(e))
-        continue;
+      if (!splittable(e)) continue;
       const auto piece = samples.subspan(b, e - b);
       const CurveSegment s = fit_segment(piece, 0.0);
       double worst = 0;
-      for (const auto& m : piece)
-        worst = std::max(worst, relative_error(s, m));
+      for (const auto& m : piece) worst = std::max(worst, relative_error(s, m));
       piece_error[b][e] = worst;
     }
   }
@@ -87,8 +82,7 @@ Partition best_partition(std::span<const MeasuredSample> samples, int pieces,
   for (std::size_t k = 1; k <= k_max; ++k)
     for (std::size_t e = 1; e <= n; ++e)
       for (std::size_t b = 0; b < e; ++b) {
-        if (best[k - 1][b] == kNone || piece_error[b][e] == kNone)
-          continue;
+        if (best[k - 1][b] == kNone || piece_error[b][e] == kNone) continue;
         const double worst = std::max(best[k - 1][b], piece_error[b][e]);
         if (worst < best[k][e]) {
           best[k][e] = worst;
@@ -96,17 +90,14 @@ Partition best_partition(std::span<const MeasuredSample> samples, int pieces,
         }
       }
   Partition p;
-  if (best[k_max][n] == kNone)
-    return p; // no admissible partition
-  for (std::size_t k = k_max, e = n; k > 0; e = from[k][e], --k)
-    p.ends.push_back(e);
+  if (best[k_max][n] == kNone) return p;  // no admissible partition
+  for (std::size_t k = k_max, e = n; k > 0; e = from[k][e], --k) p.ends.push_back(e);
   std::reverse(p.ends.begin(), p.ends.end());
   std::size_t begin = 0;
   for (std::size_t end : p.ends) {
     const auto piece = samples.subspan(begin, end - begin);
     p.segments.push_back(fit_segment(piece, 0.0));
-    for (const auto& m : piece)
-      p.errors.push_back(relative_error(p.segments.back(), m));
+    for (const auto& m : piece) p.errors.push_back(relative_error(p.segments.back(), m));
     begin = end;
   }
   p.max_error = best[k_max][n];
@@ -142,17 +133,15 @@ bool better_fit(const CurveFit& a, const CurveFit& b, const FitOptions& goals) {
   auto median_ratio = [&](const CurveFit& f) { return f.median_rel_error / goals.median_goal; };
   const double worst_a = std::max({max_ratio(a), median_ratio(a), 1.0});
   const double worst_b = std::max({max_ratio(b), median_ratio(b), 1.0});
-  if (std::fabs(worst_a - worst_b) > 1e-9 * worst_b)
-    return worst_a < worst_b;
+  if (std::fabs(worst_a - worst_b) > 1e-9 * worst_b) return worst_a < worst_b;
   return max_ratio(a) + median_ratio(a) < max_ratio(b) + median_ratio(b);
 }
 
-} // namespace
+}  // namespace
 
 CurveSegment fit_segment(std::span<const MeasuredSample> samples, double error_bound) {
-  if (samples.empty())
-    throw std::invalid_argument("fit_segment: no samples");
-  const double scale = std::max(1.0, samples.back().size_bytes); // sizes scaled to ≤ 1
+  if (samples.empty()) throw std::invalid_argument("fit_segment: no samples");
+  const double scale = std::max(1.0, samples.back().size_bytes);  // sizes scaled to ≤ 1
   const auto n = static_cast<Eigen::Index>(samples.size());
   // Rows: [1/t, (size/scale)/t] · [latency, scale/bandwidth] ≈ 1, i.e. relative residuals.
   Eigen::MatrixXd a(n, 2);
@@ -190,8 +179,7 @@ CurveSegment fit_segment(std::span<const MeasuredSample> samples, double error_b
 }
 
 double median(std::vector<double> values) {
-  if (values.empty())
-    return 0;
+  if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
   const std::size_t mid = values.size() / 2;
   return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
@@ -205,15 +193,13 @@ double CurveFit::time_s(double size_bytes) const {
   const CurveSegment* chosen = &segments.front();
   for (const auto& s : segments) {
     chosen = &s;
-    if (size_bytes <= s.max_bytes)
-      break;
+    if (size_bytes <= s.max_bytes) break;
   }
   return predict(*chosen, size_bytes);
 }
 
 CurveFit fit_piecewise(std::vector<MeasuredSample> samples, const FitOptions& options) {
-  if (samples.empty())
-    throw std::invalid_argument("fit_piecewise: no samples");
+  if (samples.empty()) throw std::invalid_argument("fit_piecewise: no samples");
   for (const auto& m : samples)
     if (!(m.time_s > 0) || !std::isfinite(m.time_s) || m.size_bytes < 0)
       throw std::invalid_argument("fit_piecewise: every sample needs a size >= 0 and a time > 0");
@@ -230,19 +216,16 @@ CurveFit fit_piecewise(std::vector<MeasuredSample> samples, const FitOptions& op
   // lowers the median. Fewer pieces win unless more pieces do better on the goals.
   CurveFit chosen;
   for (int pieces = 1; pieces <= std::max(options.max_segments, 1); ++pieces) {
-    if (pieces > 1 && static_cast<std::size_t>(pieces) * min_points > n)
-      break;
+    if (pieces > 1 && static_cast<std::size_t>(pieces) * min_points > n) break;
     const Partition p =
         best_partition(samples, pieces, pieces == 1 ? std::min(min_points, n) : min_points);
-    if (p.segments.empty())
-      continue; // no admissible split (equal sizes everywhere)
+    if (p.segments.empty()) continue;  // no admissible split (equal sizes everywhere)
     CurveFit candidate = refined_fit(samples, p, std::max(options.max_goal, p.max_error));
     if (chosen.segments.empty() || better_fit(candidate, chosen, options))
       chosen = std::move(candidate);
-    if (chosen.meets(options))
-      break;
+    if (chosen.meets(options)) break;
   }
   return chosen;
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -18,15 +18,15 @@ struct FitOptions {
   // NCCL switches protocol (LL, LL128, Simple) and algorithm inside it, MPI switches from eager to
   // rendezvous, and CPU copies slow down as buffers outgrow the caches.
   int max_segments = 5;
-  int min_points_per_segment = 3; // lowered automatically when there are too few samples
-  double median_goal = 0.05;      // relative error at the measured points
+  int min_points_per_segment = 3;  // lowered automatically when there are too few samples
+  double median_goal = 0.05;       // relative error at the measured points
   double max_goal = 0.10;
 };
 
 struct CurveFit {
-  std::vector<costmodel::MeasuredSample> samples; // sorted by size
-  std::vector<costmodel::CurveSegment> segments;  // ordered by size, contiguous
-  std::vector<double> relative_errors;            // |fit − measured| / measured, per sample
+  std::vector<costmodel::MeasuredSample> samples;  // sorted by size
+  std::vector<costmodel::CurveSegment> segments;   // ordered by size, contiguous
+  std::vector<double> relative_errors;             // |fit − measured| / measured, per sample
   double median_rel_error = 0;
   double max_rel_error = 0;
   bool meets(const FitOptions& goals) const;
@@ -47,4 +47,4 @@ costmodel::CurveSegment fit_segment(std::span<const costmodel::MeasuredSample> s
 
 double median(std::vector<double> values);
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -15,13 +15,12 @@ std::vector<GemmShape> model_gemm_shapes(const costmodel::ModelSpec& model, std:
       it->count += s.count;
   };
   auto linear = [&](std::int64_t out, std::int64_t in, std::int64_t count, bool head) {
-    add({tokens, out, in, count, head}); // y = x·Wᵀ
-    add({tokens, in, out, count, head}); // dx = dy·W
-    add({out, in, tokens, count, head}); // dW = dyᵀ·x
+    add({tokens, out, in, count, head});  // y = x·Wᵀ
+    add({tokens, in, out, count, head});  // dx = dy·W
+    add({out, in, tokens, count, head});  // dW = dyᵀ·x
   };
   for (const auto& t : model.block.tensors)
-    if (t.is_matrix())
-      linear(t.rows, t.cols, model.layers, false);
+    if (t.is_matrix()) linear(t.rows, t.cols, model.layers, false);
   // The head's projection: its own matrix, or the embedding matrix it is tied to.
   const auto& head = model.tied_embeddings ? model.embedding.tensors : model.head.tensors;
   for (const auto& t : head)
@@ -43,8 +42,7 @@ std::vector<GemmShape> square_gemm_shapes(bool gpu) {
 double model_gemm_rate(const std::vector<GemmMeasurement>& measurements, costmodel::DType dtype) {
   double flops = 0, seconds = 0;
   for (const auto& g : measurements) {
-    if (!g.model_shape || g.dtype != dtype)
-      continue;
+    if (!g.model_shape || g.dtype != dtype) continue;
     const auto count = static_cast<double>(g.shape.count);
     flops += count * g.shape.flops();
     seconds += count * g.time_s;
@@ -55,9 +53,8 @@ double model_gemm_rate(const std::vector<GemmMeasurement>& measurements, costmod
 double best_gemm_rate(const std::vector<GemmMeasurement>& measurements, costmodel::DType dtype) {
   double best = 0;
   for (const auto& g : measurements)
-    if (g.dtype == dtype)
-      best = std::max(best, g.flops_per_s());
+    if (g.dtype == dtype) best = std::max(best, g.flops_per_s());
   return best;
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

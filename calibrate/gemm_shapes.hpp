@@ -15,8 +15,8 @@ namespace shardplan::calibrate {
 
 struct GemmShape {
   std::int64_t m = 0, n = 0, k = 0;
-  std::int64_t count = 1; // how many times one forward and backward runs it (model shapes)
-  bool head = false;      // the head's projection only (not a transformer block's)
+  std::int64_t count = 1;  // how many times one forward and backward runs it (model shapes)
+  bool head = false;       // the head's projection only (not a transformer block's)
   bool same_dims(const GemmShape& o) const { return m == o.m && n == o.n && k == o.k; }
   double flops() const {
     return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
@@ -26,8 +26,8 @@ struct GemmShape {
 struct GemmMeasurement {
   GemmShape shape;
   costmodel::DType dtype = costmodel::DType::fp32;
-  double time_s = 0;        // per GEMM (the slowest rank's, once combined over ranks)
-  bool model_shape = false; // one of the model's block GEMMs, not a square one
+  double time_s = 0;         // per GEMM (the slowest rank's, once combined over ranks)
+  bool model_shape = false;  // one of the model's block GEMMs, not a square one
   double flops_per_s() const { return shape.flops() / time_s; }
 };
 
@@ -41,4 +41,4 @@ double model_gemm_rate(const std::vector<GemmMeasurement>& measurements, costmod
 // Best FLOP/s of any GEMM of `dtype`; 0 if none.
 double best_gemm_rate(const std::vector<GemmMeasurement>& measurements, costmodel::DType dtype);
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -59,4 +59,4 @@ GroupPlan plan_groups(const std::vector<comm::GroupSpec>& requested,
   return plan;
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -15,15 +15,15 @@ namespace shardplan::calibrate {
 
 struct PlannedGroup {
   comm::GroupSpec spec;
-  std::string name; // "world", "shard:4"
-  int ranks = 0;    // in each group
-  int groups = 0;   // groups of this split, all measured at once
+  std::string name;  // "world", "shard:4"
+  int ranks = 0;     // in each group
+  int groups = 0;    // groups of this split, all measured at once
   costmodel::Tier tier = costmodel::Tier::intra_node;
 };
 
 struct GroupPlan {
   std::vector<PlannedGroup> groups;
-  std::vector<std::string> notes; // why a requested group is not measured
+  std::vector<std::string> notes;  // why a requested group is not measured
 };
 
 // The defaults when none are requested: world, plus intra_node and inter_node on several nodes.
@@ -32,4 +32,4 @@ std::vector<comm::GroupSpec> default_groups(const comm::Topology& topology);
 GroupPlan plan_groups(const std::vector<comm::GroupSpec>& requested,
                       const comm::Topology& topology);
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -13,11 +13,9 @@ std::string cpu_model_name() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) != 0)
-      continue;
+    if (line.rfind("model name", 0) != 0) continue;
     const auto colon = line.find(':');
-    if (colon == std::string::npos)
-      continue;
+    if (colon == std::string::npos) continue;
     const auto begin = line.find_first_not_of(" \t", colon + 1);
     return begin == std::string::npos ? std::string() : line.substr(begin);
   }
@@ -32,4 +30,4 @@ std::string utc_timestamp() {
                      utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec);
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

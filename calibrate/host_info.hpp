@@ -11,4 +11,4 @@ std::string cpu_model_name();
 // Now, UTC, ISO 8601 to the second: "2025-01-31T12:34:56Z".
 std::string utc_timestamp();
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -11,10 +11,10 @@
 #include "calibrate/nccl_tests_log.hpp"
 #include "calibrate/profile_writer.hpp"
 #include "calibrate/results_table.hpp"
-#include "costmodel/hardware.hpp"
-#include "core/input_error.hpp"
 #include "core/file_writer.hpp"
+#include "core/input_error.hpp"
 #include "core/text.hpp"
+#include "costmodel/hardware.hpp"
 
 namespace shardplan::calibrate {
 namespace {
@@ -44,8 +44,7 @@ CurveKey key_of(const NcclTestsLog& log, const ImportOptions& options) {
     throw InputError("--ranks",
                      fmt::format("{} but {} lists {} ranks", *options.ranks, log.path, log.ranks));
   key.ranks = options.ranks ? *options.ranks : log.ranks;
-  if (key.ranks < 1)
-    throw InputError(log.path, "has no \"#  Rank\" lines; give --ranks");
+  if (key.ranks < 1) throw InputError(log.path, "has no \"#  Rank\" lines; give --ranks");
   const std::optional<costmodel::Tier> found =
       log.hosts.empty() ? std::nullopt
                         : std::optional(log.hosts.size() > 1 ? costmodel::Tier::inter_node
@@ -55,18 +54,17 @@ CurveKey key_of(const NcclTestsLog& log, const ImportOptions& options) {
                      fmt::format("{} but {} ran on {} host{}", costmodel::tier_name(*options.tier),
                                  log.path, log.hosts.size(), log.hosts.size() == 1 ? "" : "s"));
   const auto tier = options.tier ? options.tier : found;
-  if (!tier)
-    throw InputError(log.path, "has no hosts in \"#  Rank\" lines; give --tier");
+  if (!tier) throw InputError(log.path, "has no hosts in \"#  Rank\" lines; give --tier");
   key.tier = *tier;
   return key;
 }
 
-} // namespace
+}  // namespace
 
 int run_import(const ImportOptions& given, std::ostream& out) {
   ImportOptions options = given;
   if (!options.into.empty())
-    options.into = into_profile_path(options.into); // a profile's name, or a path
+    options.into = into_profile_path(options.into);  // a profile's name, or a path
   if (!options.out.empty())
     io::check_destination(options.out, "--out");
   else if (!options.into.empty())
@@ -74,8 +72,7 @@ int run_import(const ImportOptions& given, std::ostream& out) {
   const nlohmann::json profile =
       options.into.empty() ? nlohmann::json() : read_profile_for_merge(options.into);
   std::vector<NcclTestsLog> logs;
-  for (const auto& path : options.logs)
-    logs.push_back(read_nccl_tests_log(path));
+  for (const auto& path : options.logs) logs.push_back(read_nccl_tests_log(path));
 
   std::map<CurveKey, std::vector<costmodel::MeasuredSample>> samples;
   std::map<CurveKey, std::vector<std::string>> sources;
@@ -88,8 +85,7 @@ int run_import(const ImportOptions& given, std::ostream& out) {
     sources[key].push_back(std::filesystem::path(log.path).filename().string());
     files.push_back(std::filesystem::path(log.path).filename().string());
     for (const auto& h : log.hosts)
-      if (std::find(hosts.begin(), hosts.end(), h) == hosts.end())
-        hosts.push_back(h);
+      if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
     if (!log.nccl_version.empty() &&
         std::find(versions.begin(), versions.end(), log.nccl_version) == versions.end())
       versions.push_back(log.nccl_version);
@@ -127,10 +123,11 @@ int run_import(const ImportOptions& given, std::ostream& out) {
   }
   const nlohmann::json merged = merge_calibration(profile, section);
   const std::string target = options.out.empty() ? options.into : options.out;
-  costmodel::hardware_from_json(merged, std::filesystem::path(target).stem().string()); // validates
+  costmodel::hardware_from_json(merged,
+                                std::filesystem::path(target).stem().string());  // validates
   io::write_file(target, io::json_text(merged, 2) + "\n", options.out.empty() ? "--into" : "--out");
   fmt::print(out, "# wrote {} (calibration merged into {})\n", target, options.into);
   return 0;
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -11,4 +11,4 @@ namespace shardplan::calibrate {
 // Returns the exit code; throws costmodel::InputError for bad logs, flags or files.
 int run_import(const ImportOptions& options, std::ostream& out);
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

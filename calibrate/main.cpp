@@ -43,14 +43,12 @@ int run(int argc, char** argv) {
     if (command_line.command == calibrate::CommandLine::Command::measure)
       calibrate::require_backend(command_line.measure.backend);
   } catch (const costmodel::InputError& e) {
-    if (reports)
-      fmt::print(stderr, "calibrate: {}\n", e.what());
+    if (reports) fmt::print(stderr, "calibrate: {}\n", e.what());
     return 2;
   }
   switch (command_line.command) {
   case calibrate::CommandLine::Command::help:
-    if (reports)
-      std::cout << command_line.help_text;
+    if (reports) std::cout << command_line.help_text;
     return 0;
   case calibrate::CommandLine::Command::import_logs:
   case calibrate::CommandLine::Command::import_overheads:
@@ -69,18 +67,18 @@ int run(int argc, char** argv) {
 #if defined(SHARDPLAN_CALIBRATE_MEASURES)
     try {
       return calibrate::run_measurement(command_line.measure, std::cout, std::cerr);
-    } catch (const std::exception& e) { // MPI could not even start
+    } catch (const std::exception& e) {  // MPI could not even start
       fmt::print(stderr, "calibrate: error: {}\n", e.what());
       return 1;
     }
 #else
-    break; // require_backend rejects every backend in a build without MPI and NCCL
+    break;  // require_backend rejects every backend in a build without MPI and NCCL
 #endif
   }
   return 1;
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   return shardplan::io::finish_standard_output("calibrate", run(argc, argv));

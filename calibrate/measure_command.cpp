@@ -28,10 +28,10 @@
 #include "comm/process_identity.hpp"
 #include "comm/topology.hpp"
 #include "comm/watchdog.hpp"
-#include "core/input_error.hpp"
-#include "costmodel/model.hpp"
 #include "core/file_writer.hpp"
+#include "core/input_error.hpp"
 #include "core/text.hpp"
+#include "costmodel/model.hpp"
 
 #if defined(SHARDPLAN_HAVE_MPI)
 #include "comm/mpi_environment.hpp"
@@ -50,13 +50,13 @@ using nlohmann::json;
 // What rank 0 checks before anything is measured, so that a bad flag or file costs no sweep.
 struct Preflight {
   std::string out_path;
-  std::string out_flag; // the flag that named out_path: --out, or --into (written in place)
-  std::string into_path; // --into's file (a profile's name resolved through the data dir)
+  std::string out_flag;   // the flag that named out_path: --out, or --into (written in place)
+  std::string into_path;  // --into's file (a profile's name resolved through the data dir)
   json into_profile;
   std::vector<GemmShape> model_shapes;
-  std::vector<costmodel::ElementwiseOp> elementwise_ops; // the model's, with their counts
+  std::vector<costmodel::ElementwiseOp> elementwise_ops;  // the model's, with their counts
   std::int64_t head_dim = 1;
-  costmodel::AttentionShape attention; // --attention-seq's core; batch 0: none
+  costmodel::AttentionShape attention;  // --attention-seq's core; batch 0: none
 };
 
 Preflight preflight(const MeasureOptions& o, const comm::Topology& topology) {
@@ -84,7 +84,7 @@ Preflight preflight(const MeasureOptions& o, const comm::Topology& topology) {
       if (o.attention_seq > 0)
         p.attention = model_attention_shape(model, o.gemm_tokens, o.attention_seq);
     } catch (const InputError& e) {
-      const std::string what = e.what(); // "<where>: <message>"; the flag replaces the where
+      const std::string what = e.what();  // "<where>: <message>"; the flag replaces the where
       throw InputError("--gemm-model", what.substr(std::min(what.size(), e.where().size() + 2)));
     }
   }
@@ -96,8 +96,7 @@ bool share_preflight(comm::Communicator& world, const std::optional<std::string>
                      Preflight& pre) {
   std::int32_t failed = error.has_value() ? 1 : 0;
   world.broadcast(&failed, 1, comm::DataType::i32, 0);
-  if (failed)
-    return false;
+  if (failed) return false;
   // The GEMM shapes (m, n, k, count), then the element-wise layers (kind, width, count), the
   // head dimension and the attention core: other ranks may not see the model's file.
   auto& shapes = pre.model_shapes;
@@ -133,7 +132,8 @@ bool share_preflight(comm::Communicator& world, const std::optional<std::string>
   pre.elementwise_ops.clear();
   for (std::size_t i = 0; i < ops.size(); i += 3)
     pre.elementwise_ops.push_back(
-        {static_cast<costmodel::ElementwiseKind>(static_cast<int>(ops[i])), ops[i + 1], ops[i + 2]});
+        {static_cast<costmodel::ElementwiseKind>(static_cast<int>(ops[i])), ops[i + 1],
+         ops[i + 2]});
   pre.head_dim = sizes[2];
   return true;
 }
@@ -199,8 +199,7 @@ void add_compute(const MeasureOptions& o, const ComputeCalibration& c, const Pre
       record.compute_efficiency = std::min(1.0, ratio);
       extra["compute_efficiency_reference"] = fmt::format(
           "the profile's {} peak, {} TFLOP/s", costmodel::dtype_name(c.model_dtype), peak / 1e12);
-      if (ratio > 1)
-        extra["compute_efficiency_unclamped"] = rounded(ratio, 3);
+      if (ratio > 1) extra["compute_efficiency_unclamped"] = rounded(ratio, 3);
     }
   }
   system.device = c.device;
@@ -230,8 +229,7 @@ void add_compute(const MeasureOptions& o, const ComputeCalibration& c, const Pre
     system.optimizer_params_per_s = *c.optimizer_params_per_s * topology.local_size;
     extra["optimizer_Gparams_per_s_per_rank"] = rounded(*c.optimizer_params_per_s / 1e9, 4);
   }
-  if (c.host_link_Bps)
-    extra["host_to_device_GBps"] = rounded(*c.host_link_Bps / 1e9, 4);
+  if (c.host_link_Bps) extra["host_to_device_GBps"] = rounded(*c.host_link_Bps / 1e9, 4);
 }
 
 // The group plan and the root's preflight, the same verdict on every rank. False (after the
@@ -242,18 +240,16 @@ bool check_options(const MeasureOptions& o, comm::Communicator& host_world,
   const bool root = host_world.rank() == 0;
   std::optional<std::string> error;
   try {
-    plan = plan_groups(o.groups, topology); // the same verdict on every rank
+    plan = plan_groups(o.groups, topology);  // the same verdict on every rank
     if (o.fault && o.fault->rank >= topology.size)
       throw InputError("--inject-fault", fmt::format("rank {} is not one of the job's {} ranks",
                                                      o.fault->rank, topology.size));
-    if (root)
-      pre = preflight(o, topology);
+    if (root) pre = preflight(o, topology);
   } catch (const InputError& e) {
     error = e.what();
   }
   if (!share_preflight(host_world, error, pre)) {
-    if (root)
-      fmt::print(err, "calibrate: {}\n", *error);
+    if (root) fmt::print(err, "calibrate: {}\n", *error);
     return false;
   }
   return true;
@@ -268,8 +264,7 @@ void print_header(std::ostream& out, const MeasureOptions& o, const comm::Topolo
              topology.nodes == 1 ? "" : "s", topology.host_list(), o.warmup, o.iters,
              human_bytes(static_cast<double>(o.range.min_bytes)),
              human_bytes(static_cast<double>(o.range.max_bytes)), o.range.factor);
-  for (const auto& note : plan.notes)
-    fmt::print(out, "# note: {}\n", note);
+  for (const auto& note : plan.notes) fmt::print(out, "# note: {}\n", note);
 }
 
 // What the collective sweeps share, and what they add up.
@@ -281,7 +276,7 @@ struct Sweeps {
   std::ostream& out;
   BenchSettings settings;
   bool root;
-  std::int64_t point_index = 0; // --inject-fault's STEP
+  std::int64_t point_index = 0;  // --inject-fault's STEP
   std::int64_t wrong_total = 0;
 };
 
@@ -290,8 +285,7 @@ struct Sweeps {
 void sweep_collective(Sweeps& s, costmodel::Collective op, const PlannedGroup& g,
                       comm::Communicator& group, CalibrationRecord& record) {
   const auto points = sweep_points(op, g.ranks, s.o.range, sizeof(float));
-  if (points.empty())
-    return;
+  if (points.empty()) return;
   CollectiveBench bench(op, group, s.host_world, points.back(), s.settings);
   SweepTablePrinter table(s.out, op, g);
   std::vector<costmodel::MeasuredSample> samples;
@@ -305,15 +299,13 @@ void sweep_collective(Sweeps& s, costmodel::Collective op, const PlannedGroup& g
                            [] { throw std::bad_alloc(); });
     const PointResult result = bench.run(p);
     s.progress.step();
-    if (!s.root)
-      continue;
-    s.progress.clear(); // the bar is redrawn below the row by the next point's show
+    if (!s.root) continue;
+    s.progress.clear();  // the bar is redrawn below the row by the next point's show
     table.add(result);
     samples.push_back({static_cast<double>(result.point.size_bytes), result.time_s});
     s.wrong_total += std::max<std::int64_t>(0, result.wrong);
   }
-  if (!s.root)
-    return;
+  if (!s.root) return;
   s.progress.clear();
   table.finish();
   FittedCurve curve{op, g.ranks, g.tier, fit_piecewise(samples, s.o.fit)};
@@ -331,12 +323,10 @@ ComputeCalibration measure_compute_phase(const MeasureOptions& o, const Prefligh
   if (o.gemm || o.memory || pre.attention.batch > 0) {
     const char* phase = pre.attention.batch > 0 ? "GEMM, attention and memory bandwidth"
                                                 : "GEMM and memory bandwidth";
-    if (host_world.rank() == 0)
-      progress.show(phase);
+    if (host_world.rank() == 0) progress.show(phase);
     watchdog.set_phase(phase);
     std::optional<costmodel::AttentionShape> attention;
-    if (pre.attention.batch > 0)
-      attention = pre.attention;
+    if (pre.attention.batch > 0) attention = pre.attention;
     compute = measure_compute({o.gemm, o.memory, pre.model_shapes, pre.elementwise_ops,
                                o.gemm_tokens, pre.head_dim, attention},
                               host_world, backend_world);
@@ -362,8 +352,7 @@ int write_profile(const MeasureOptions& o, const Preflight& pre, const GroupPlan
                   const comm::Topology& topology, const ComputeCalibration& compute,
                   CalibrationRecord& record, std::int64_t wrong_total, std::ostream& out,
                   std::ostream& err) {
-  if (!compute.gemm.empty())
-    print_gemm_table(out, compute.gemm);
+  if (!compute.gemm.empty()) print_gemm_table(out, compute.gemm);
   record.extra = {{"sweep", sweep_extra(o, plan)}};
   MeasuredSystem system;
   system.name = std::filesystem::path(pre.out_path).stem().string();
@@ -389,11 +378,12 @@ int write_profile(const MeasureOptions& o, const Preflight& pre, const GroupPlan
   const json section = calibration_to_json(record);
   const json document = pre.into_profile.is_null() ? measured_profile(system, record)
                                                    : merge_calibration(pre.into_profile, section);
-  costmodel::hardware_from_json(document, system.name); // what the planner will read
+  costmodel::hardware_from_json(document, system.name);  // what the planner will read
   io::write_file(pre.out_path, io::json_text(document, 2) + "\n", pre.out_flag);
   fmt::print(out, "# wrote {}{}\n", pre.out_path,
-             pre.into_profile.is_null() ? ""
-                                        : fmt::format(" (calibration merged into {})", pre.into_path));
+             pre.into_profile.is_null()
+                 ? ""
+                 : fmt::format(" (calibration merged into {})", pre.into_path));
   return 0;
 }
 
@@ -407,8 +397,7 @@ int measure(const MeasureOptions& o, comm::Communicator& host_world,
   watchdog.set_phase("checking the options and files");
   Preflight pre;
   GroupPlan plan;
-  if (!check_options(o, host_world, topology, err, plan, pre))
-    return 2;
+  if (!check_options(o, host_world, topology, err, plan, pre)) return 2;
 
   watchdog.set_phase(fmt::format("opening the {} backend", backend_name(o.backend)));
   auto backend_world = open_backend(topology);
@@ -416,8 +405,7 @@ int measure(const MeasureOptions& o, comm::Communicator& host_world,
   std::optional<comm::Watchdog::Watched> watched_backend;
   watched_backend.emplace(watchdog, *backend_world);
   const std::string library = backend_world->library_version();
-  if (root)
-    print_header(out, o, topology, library, plan);
+  if (root) print_header(out, o, topology, library, plan);
 
   int total_steps = 0;
   for (const auto& g : plan.groups)
@@ -438,8 +426,7 @@ int measure(const MeasureOptions& o, comm::Communicator& host_world,
   for (const auto& g : plan.groups) {
     auto group = comm::make_group(*backend_world, topology, g.spec);
     const auto watched_group = watchdog.watch(*group);
-    for (auto op : o.ops)
-      sweep_collective(sweeps, op, g, *group, record);
+    for (auto op : o.ops) sweep_collective(sweeps, op, g, *group, record);
   }
   progress.clear();
 
@@ -447,8 +434,7 @@ int measure(const MeasureOptions& o, comm::Communicator& host_world,
       measure_compute_phase(o, pre, host_world, *backend_world, watchdog, progress);
   watched_backend.reset();
   backend_world.reset();
-  if (!root)
-    return 0;
+  if (!root) return 0;
   watchdog.set_phase("writing the profile");
   return write_profile(o, pre, plan, topology, compute, record, sweeps.wrong_total, out, err);
 }
@@ -476,14 +462,14 @@ int run_under_mpi(const MeasureOptions& options, std::ostream& out, std::ostream
   try {
     return measure(options, *host_world, open_backend, watchdog, out, err);
   } catch (const InputError& e) {
-    fmt::print(err, "calibrate: {}\n", e.what()); // rank 0 only (a file it could not write)
+    fmt::print(err, "calibrate: {}\n", e.what());  // rank 0 only (a file it could not write)
     host_world.reset();
     return 2;
   } catch (const std::exception& e) {
     // A CommError names the call, the host and the rank; the line adds the phase. The other
     // ranks may wait in a collective for ever: the abort ends them.
     err.flush();
-    watchdog.fail(e.what(), 1); // "calibrate: rank R on H: failed in phase 'P': ..."
+    watchdog.fail(e.what(), 1);  // "calibrate: rank R on H: failed in phase 'P': ..."
   }
 }
 #endif
@@ -495,10 +481,9 @@ int run_under_mpi(const MeasureOptions& options, std::ostream& out, std::ostream
 // exchanges run on that NCCL world through staging buffers; the measured collectives run on a
 // communicator split off it, so nothing else shares their traffic.
 int run_from_environment(const MeasureOptions& options, std::ostream& out, std::ostream& err) {
-  comm::LaunchEnvironment environment; // rank 0 of 1
+  comm::LaunchEnvironment environment;  // rank 0 of 1
   try {
-    if (comm::launched_with_torchrun_environment())
-      environment = comm::read_launch_environment();
+    if (comm::launched_with_torchrun_environment()) environment = comm::read_launch_environment();
   } catch (const InputError& e) {
     fmt::print(err, "calibrate: {}\n", e.what());
     return 2;
@@ -523,17 +508,17 @@ int run_from_environment(const MeasureOptions& options, std::ostream& out, std::
     };
     return measure(options, host_world, open_backend, watchdog, out, err);
   } catch (const InputError& e) {
-    fmt::print(err, "calibrate: {}\n", e.what()); // rank 0 only (a file it could not write)
+    fmt::print(err, "calibrate: {}\n", e.what());  // rank 0 only (a file it could not write)
     return 2;
   } catch (const std::exception& e) {
     out.flush();
     err.flush();
-    watchdog.fail(e.what(), 1); // "calibrate: rank R on H: failed in phase 'P': ..."
+    watchdog.fail(e.what(), 1);  // "calibrate: rank R on H: failed in phase 'P': ..."
   }
 }
 #endif
 
-} // namespace
+}  // namespace
 
 int run_measurement(const MeasureOptions& options, std::ostream& out, std::ostream& err) {
 #if defined(SHARDPLAN_HAVE_NCCL)
@@ -543,8 +528,7 @@ int run_measurement(const MeasureOptions& options, std::ostream& out, std::ostre
 #else
   const bool from_environment = options.backend == BackendKind::nccl;
 #endif
-  if (from_environment)
-    return run_from_environment(options, out, err);
+  if (from_environment) return run_from_environment(options, out, err);
 #endif
 #if defined(SHARDPLAN_HAVE_MPI)
   return run_under_mpi(options, out, err);
@@ -556,4 +540,4 @@ int run_measurement(const MeasureOptions& options, std::ostream& out, std::ostre
 #endif
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

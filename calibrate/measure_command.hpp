@@ -18,4 +18,4 @@ namespace shardplan::calibrate {
 // options.timeout_s ends the job with 4 (comm/watchdog.hpp).
 int run_measurement(const MeasureOptions& options, std::ostream& out, std::ostream& err);
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "core/input_error.hpp"
 #include "core/file_reader.hpp"
+#include "core/input_error.hpp"
 #include "core/text.hpp"
 
 namespace shardplan::calibrate {
@@ -18,21 +18,19 @@ using costmodel::InputError;
 
 // A log has a few hundred lines (one per size); a bound far above that still refuses /dev/zero or
 // a file given by mistake before it fills the memory.
-constexpr std::int64_t kLogBytes = std::int64_t{64} << 20; // 64 MiB
+constexpr std::int64_t kLogBytes = std::int64_t{64} << 20;  // 64 MiB
 
 std::vector<std::string> split_words(const std::string& line) {
   std::istringstream in(line);
   std::vector<std::string> words;
-  for (std::string w; in >> w;)
-    words.push_back(w);
+  for (std::string w; in >> w;) words.push_back(w);
   return words;
 }
 
 std::optional<double> to_number(const std::string& text) {
   double value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size())
-    return std::nullopt;
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return value;
 }
 
@@ -53,8 +51,7 @@ std::optional<costmodel::Collective> binary_named_on(const std::vector<std::stri
     const std::string base =
         w.substr(w.find_last_of('/') == std::string::npos ? 0 : w.find_last_of('/') + 1);
     for (const auto& t : costmodel::collective_table())
-      if (base == t.nccl_tests)
-        return t.op;
+      if (base == t.nccl_tests) return t.op;
   }
   return std::nullopt;
 }
@@ -62,8 +59,7 @@ std::optional<costmodel::Collective> binary_named_on(const std::vector<std::stri
 // "nccl-library=21903" -> "2.19.3"
 std::string nccl_version_in(const std::vector<std::string>& words) {
   for (const auto& w : words) {
-    if (w.rfind("nccl-library=", 0) != 0)
-      continue;
+    if (w.rfind("nccl-library=", 0) != 0) continue;
     int code = 0;
     const std::string digits = w.substr(13);
     const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), code);
@@ -73,7 +69,7 @@ std::string nccl_version_in(const std::vector<std::string>& words) {
   return "";
 }
 
-} // namespace
+}  // namespace
 
 std::optional<costmodel::Collective> collective_named_in(const std::string& text) {
   std::optional<costmodel::Collective> found;
@@ -93,7 +89,7 @@ namespace {
 
 // Where the columns of the table are, from its header line.
 struct TableColumns {
-  std::size_t time = 0; // index of the out-of-place time among a row's words
+  std::size_t time = 0;  // index of the out-of-place time among a row's words
   std::optional<std::size_t> type, wrong;
 };
 
@@ -118,16 +114,14 @@ std::optional<TableColumns> read_comment_before_table(const std::vector<std::str
   }
   const auto time = std::find(columns.begin(), columns.end(), "time");
   const bool sizes = !columns.empty() && (columns.front() == "size" || columns.front() == "bytes");
-  if (!sizes || time == columns.end())
-    return std::nullopt;
+  if (!sizes || time == columns.end()) return std::nullopt;
   TableColumns table;
   table.time = static_cast<std::size_t>(time - columns.begin());
   const auto type = std::find(columns.begin(), columns.end(), "type");
   if (type != columns.end() && type < time)
     table.type = static_cast<std::size_t>(type - columns.begin());
   // time, algbw, busbw, then "#wrong" (or "error" in older versions)
-  if (table.time + 3 < columns.size())
-    table.wrong = table.time + 3;
+  if (table.time + 3 < columns.size()) table.wrong = table.time + 3;
   return table;
 }
 
@@ -155,20 +149,19 @@ void read_row(const std::string& line, const std::vector<std::string>& words,
   if (table.type && words.size() > *table.type) {
     const auto& type = words[*table.type];
     if (!is_printable_ascii(type))
-      throw InputError(where,
-                       fmt::format("the type in column {} is not printable ASCII", *table.type + 1));
+      throw InputError(
+          where, fmt::format("the type in column {} is not printable ASCII", *table.type + 1));
     if (log.data_type.empty())
       log.data_type = type;
     else if (log.data_type != type)
       throw InputError(where, fmt::format("the log mixes types {} and {}; give one type per log",
                                           log.data_type, type));
   }
-  if (size == 0)
-    return;
+  if (size == 0) return;
   log.samples.push_back({size, time_us * 1e-6});
 }
 
-} // namespace
+}  // namespace
 
 NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& path) {
   NcclTestsLog log;
@@ -176,27 +169,22 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& pa
   std::istringstream in(text);
   std::string line;
   int line_number = 0;
-  int header_line = 0;         // line of the column headers, 0 before it
+  int header_line = 0;  // line of the column headers, 0 before it
   TableColumns table;
-  bool summary_seen = false; // "# Avg bus bandwidth"
+  bool summary_seen = false;  // "# Avg bus bandwidth"
   int last_row_line = 0;
   auto where = [&](int n) { return fmt::format("{}:{}", path, n); };
 
   while (std::getline(in, line)) {
     ++line_number;
-    if (!line.empty() && line.back() == '\r')
-      line.pop_back();
+    if (!line.empty() && line.back() == '\r') line.pop_back();
     const auto words = split_words(line);
-    if (words.empty())
-      continue;
+    if (words.empty()) continue;
     const bool comment = words.front().front() == '#';
     if (header_line == 0) {
-      if (!log.op)
-        log.op = binary_named_on(words);
-      if (log.nccl_version.empty())
-        log.nccl_version = nccl_version_in(words);
-      if (!comment)
-        continue; // the command line, NCCL's INFO lines, ...
+      if (!log.op) log.op = binary_named_on(words);
+      if (log.nccl_version.empty()) log.nccl_version = nccl_version_in(words);
+      if (!comment) continue;  // the command line, NCCL's INFO lines, ...
       if (const auto header = read_comment_before_table(words, where(line_number), log)) {
         header_line = line_number;
         table = *header;
@@ -204,8 +192,7 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& pa
       continue;
     }
     if (comment) {
-      if (line.find("Avg bus bandwidth") != std::string::npos)
-        summary_seen = true;
+      if (line.find("Avg bus bandwidth") != std::string::npos) summary_seen = true;
       continue;
     }
     if (line.find("NCCL INFO") != std::string::npos || line.find("NCCL WARN") != std::string::npos)
@@ -219,16 +206,14 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& pa
 
   if (header_line == 0)
     throw InputError(path, "no nccl-tests table: no \"#  size  count  type ... time\" header line");
-  if (last_row_line == 0)
-    throw InputError(where(header_line), "the table has no rows");
+  if (last_row_line == 0) throw InputError(where(header_line), "the table has no rows");
   if (log.samples.empty())
     throw InputError(where(header_line), "the table has no row with a size above 0");
   if (!summary_seen)
     throw InputError(
         where(last_row_line),
         "truncated: the table is not followed by nccl-tests' \"# Avg bus bandwidth\" line");
-  if (!log.op)
-    log.op = collective_named_in(std::filesystem::path(path).filename().string());
+  if (!log.op) log.op = collective_named_in(std::filesystem::path(path).filename().string());
   return log;
 }
 
@@ -236,4 +221,4 @@ NcclTestsLog read_nccl_tests_log(const std::string& path) {
   return parse_nccl_tests_log(io::read_file(path, kLogBytes), io::printable(path));
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -19,13 +19,13 @@ namespace shardplan::calibrate {
 
 struct NcclTestsLog {
   std::string path;
-  std::optional<costmodel::Collective> op; // named in the log or its file name
-  int ranks = 0;                           // "#  Rank" lines (0: none)
-  std::vector<std::string> hosts;          // distinct hosts of those lines, in order
-  std::string nccl_version;                // "2.19.3" from "nccl-library=21903" ("" if absent)
-  std::string data_type;                   // the type column ("float")
+  std::optional<costmodel::Collective> op;  // named in the log or its file name
+  int ranks = 0;                            // "#  Rank" lines (0: none)
+  std::vector<std::string> hosts;           // distinct hosts of those lines, in order
+  std::string nccl_version;                 // "2.19.3" from "nccl-library=21903" ("" if absent)
+  std::string data_type;                    // the type column ("float")
   std::vector<costmodel::MeasuredSample>
-      samples; // size (nccl-tests' size column), out-of-place time
+      samples;  // size (nccl-tests' size column), out-of-place time
 };
 
 // `text` is the whole log; `path` names it in errors and may name the test ("all_gather_perf.log").
@@ -36,4 +36,4 @@ NcclTestsLog read_nccl_tests_log(const std::string& path);
 // appears in `text`; the longest match wins ("all_reduce_perf" over "reduce_perf").
 std::optional<costmodel::Collective> collective_named_in(const std::string& text);
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

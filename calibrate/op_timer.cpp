@@ -24,7 +24,7 @@ private:
   std::chrono::steady_clock::time_point begin_;
 };
 
-} // namespace
+}  // namespace
 
 std::unique_ptr<OpTimer> make_op_timer(comm::Communicator& group) {
 #if defined(SHARDPLAN_HAVE_NCCL)
@@ -34,4 +34,4 @@ std::unique_ptr<OpTimer> make_op_timer(comm::Communicator& group) {
   return std::make_unique<HostClockTimer>(group);
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -20,4 +20,4 @@ public:
 // CUDA events for an NCCL communicator, the host clock otherwise.
 std::unique_ptr<OpTimer> make_op_timer(comm::Communicator& group);
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

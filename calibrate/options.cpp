@@ -18,8 +18,7 @@ using costmodel::InputError;
 
 std::string known_collectives() {
   std::vector<std::string> names;
-  for (const auto& t : costmodel::collective_table())
-    names.emplace_back(t.name);
+  for (const auto& t : costmodel::collective_table()) names.emplace_back(t.name);
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
@@ -31,11 +30,9 @@ std::vector<costmodel::Collective> parse_ops(const std::vector<std::string>& nam
     if (!op)
       throw InputError(
           flag, fmt::format("unknown collective \"{}\" (known: {})", name, known_collectives()));
-    if (std::find(ops.begin(), ops.end(), *op) == ops.end())
-      ops.push_back(*op);
+    if (std::find(ops.begin(), ops.end(), *op) == ops.end()) ops.push_back(*op);
   }
-  if (ops.empty())
-    throw InputError(flag, "names no collective");
+  if (ops.empty()) throw InputError(flag, "names no collective");
   return ops;
 }
 
@@ -44,8 +41,7 @@ std::uint64_t parse_size_flag(const std::string& flag, const std::string& text) 
   if (!bytes)
     throw InputError(flag,
                      fmt::format("must be a byte count like 8, 64K, 32M or 1G, got \"{}\"", text));
-  if (*bytes == 0)
-    throw InputError(flag, "must be > 0, got 0");
+  if (*bytes == 0) throw InputError(flag, "must be > 0, got 0");
   return *bytes;
 }
 
@@ -56,7 +52,7 @@ std::int64_t parse_integer_flag(const std::string& flag, const std::string& text
   try {
     value = costmodel::int64_from_text(flag, text);
   } catch (const InputError&) {
-    value = min - 1; // not a decimal integer: said as for one out of range
+    value = min - 1;  // not a decimal integer: said as for one out of range
   }
   if (value < min || value > max)
     throw InputError(flag, fmt::format("must be {}, got \"{}\"", what, text));
@@ -65,27 +61,23 @@ std::int64_t parse_integer_flag(const std::string& flag, const std::string& text
 
 // A flag given as "" names nothing: refused, not read as "not given".
 const std::string& named(const CLI::App& app, const std::string& flag, const std::string& text) {
-  if (app.count(flag) && text.empty())
-    throw InputError(flag, "must name a file, got \"\"");
+  if (app.count(flag) && text.empty()) throw InputError(flag, "must name a file, got \"\"");
   return text;
 }
 
 costmodel::Tier parse_tier(const std::string& text) {
-  if (text == "intra_node")
-    return costmodel::Tier::intra_node;
-  if (text == "inter_node")
-    return costmodel::Tier::inter_node;
+  if (text == "intra_node") return costmodel::Tier::intra_node;
+  if (text == "inter_node") return costmodel::Tier::inter_node;
   throw InputError("--tier", fmt::format("must be intra_node or inter_node, got \"{}\"", text));
 }
 
 // The text CLI11 would print for --help of the (sub)command that asked for it.
 std::string help_of(const CLI::App& app) {
-  for (const CLI::App* sub : app.get_subcommands())
-    return sub->help();
+  for (const CLI::App* sub : app.get_subcommands()) return sub->help();
   return app.help();
 }
 
-} // namespace
+}  // namespace
 
 const char* backend_name(BackendKind backend) {
   return backend == BackendKind::nccl ? "nccl" : "mpi";
@@ -93,11 +85,10 @@ const char* backend_name(BackendKind backend) {
 
 bool backend_available(BackendKind backend) {
 #if defined(SHARDPLAN_HAVE_MPI)
-  if (backend == BackendKind::mpi)
-    return true;
+  if (backend == BackendKind::mpi) return true;
 #endif
 #if defined(SHARDPLAN_HAVE_NCCL)
-  if (backend == BackendKind::nccl) // under MPI, or from torchrun's environment without it
+  if (backend == BackendKind::nccl)  // under MPI, or from torchrun's environment without it
     return true;
 #endif
   (void)backend;
@@ -119,7 +110,8 @@ struct MeasureTexts {
               factor = "2", warmup = "5", iters = "20", groups, gemm_tokens, attention_seq;
   bool no_check = false, no_gemm = false, no_memory = false;
   std::string device_memory, timeout, fault;
-  std::string renamed; // the value of --device-memory-GiB, now --gpu-memory-GiB as planner names it
+  std::string
+      renamed;  // the value of --device-memory-GiB, now --gpu-memory-GiB as planner names it
 };
 
 // import-nccl-tests's options as given.
@@ -150,12 +142,13 @@ void add_measure_options(CLI::App& app, MeasureOptions& m, MeasureTexts& t) {
       ->type_name("N")
       ->capture_default_str();
   app.add_option(
-      "--groups", t.groups,
-      "comma list of groups: world, intra_node, inter_node (one rank per node), shard:S,\n"
-      "replica:S (HSDP with shard groups of S consecutive ranks) [default: world, plus\n"
-      "intra_node and inter_node when the job spans nodes]")
+         "--groups", t.groups,
+         "comma list of groups: world, intra_node, inter_node (one rank per node), shard:S,\n"
+         "replica:S (HSDP with shard groups of S consecutive ranks) [default: world, plus\n"
+         "intra_node and inter_node when the job spans nodes]")
       ->type_name("LIST");
-  app.add_flag("--no-check", t.no_check, "skip the correctness check of each size (nccl-tests -c 0)");
+  app.add_flag("--no-check", t.no_check,
+               "skip the correctness check of each size (nccl-tests -c 0)");
   app.add_flag("--no-gemm", t.no_gemm, "skip the GEMM throughput measurement");
   app.add_flag("--no-memory", t.no_memory, "skip the memory bandwidth measurement");
   app.add_option("--gemm-model", m.gemm_model,
@@ -181,7 +174,7 @@ void add_measure_options(CLI::App& app, MeasureOptions& m, MeasureTexts& t) {
                  "the new profile's device memory (gpu.memory_GiB), the size plans must fit\n"
                  "[default: the device's; a CPU rank: the host's memory shared by its ranks]")
       ->type_name("GiB");
-  app.add_option("--device-memory-GiB", t.renamed)->group(""); // renamed: refused, hidden
+  app.add_option("--device-memory-GiB", t.renamed)->group("");  // renamed: refused, hidden
   app.add_option("--timeout-s", t.timeout,
                  "a rank that makes no progress for this many seconds (a peer crashed or hung) "
                  "ends the job\nwith exit code 4 [default: 300]")
@@ -201,22 +194,24 @@ CLI::App* add_import_command(CLI::App& app, ImportOptions& imp, ImportTexts& t) 
       "place), or alone to --out (or standard output).");
   import_command->alias("import");
   import_command->add_option("logs", imp.logs, "nccl-tests output files")
-      ->type_name("FILE")->required();
-  import_command->add_option("--ranks", t.ranks,
-                             "ranks of the runs [default: from each log's rank lines]")
+      ->type_name("FILE")
+      ->required();
+  import_command
+      ->add_option("--ranks", t.ranks, "ranks of the runs [default: from each log's rank lines]")
       ->type_name("N");
-  import_command->add_option(
-      "--tier", t.tier,
-      "intra_node or inter_node [default: from the hosts in each log's rank lines]")
+  import_command
+      ->add_option("--tier", t.tier,
+                   "intra_node or inter_node [default: from the hosts in each log's rank lines]")
       ->type_name("TIER");
-  import_command->add_option("--op", t.op,
-                             "collective measured [default: from each log's header or file name]")
+  import_command
+      ->add_option("--op", t.op,
+                   "collective measured [default: from each log's header or file name]")
       ->type_name("NAME");
-  import_command->add_option("--out,-o", imp.out, "file to write")
-      ->type_name("FILE");
-  import_command->add_option("--into", imp.into,
-                             "existing profile to merge the calibration into: a file, or a name "
-                             "under\nhardware_profiles/ as planner --hardware takes it")
+  import_command->add_option("--out,-o", imp.out, "file to write")->type_name("FILE");
+  import_command
+      ->add_option("--into", imp.into,
+                   "existing profile to merge the calibration into: a file, or a name "
+                   "under\nhardware_profiles/ as planner --hardware takes it")
       ->type_name("PROFILE");
   return import_command;
 }
@@ -243,10 +238,8 @@ void read_import(const CLI::App& import_command, const ImportTexts& t, ImportOpt
   if (import_command.count("--ranks"))
     imp.ranks = static_cast<int>(
         parse_integer_flag("--ranks", t.ranks, 1, 1'000'000, "an integer between 1 and 1000000"));
-  if (import_command.count("--tier"))
-    imp.tier = parse_tier(t.tier);
-  if (import_command.count("--op"))
-    imp.op = parse_ops({t.op}, "--op").front();
+  if (import_command.count("--tier")) imp.tier = parse_tier(t.tier);
+  if (import_command.count("--op")) imp.op = parse_ops({t.op}, "--op").front();
   named(import_command, "--out", imp.out);
   named(import_command, "--into", imp.into);
 }
@@ -343,9 +336,9 @@ void read_limits(const CLI::App& app, const MeasureTexts& t, MeasureOptions& m) 
   if (app.count("--gpu-memory-GiB")) {
     const double gib = positive_number("--gpu-memory-GiB", t.device_memory);
     if (!(gib > 0) || !std::isfinite(gib))
-      throw InputError("--gpu-memory-GiB",
-                       fmt::format("must be a number of GiB > 0 and finite, got \"{}\"",
-                                   t.device_memory));
+      throw InputError(
+          "--gpu-memory-GiB",
+          fmt::format("must be a number of GiB > 0 and finite, got \"{}\"", t.device_memory));
     if (!m.into.empty())
       throw InputError("--gpu-memory-GiB",
                        fmt::format("sets a new profile's memory; --into {} keeps its own "
@@ -356,20 +349,20 @@ void read_limits(const CLI::App& app, const MeasureTexts& t, MeasureOptions& m) 
   if (app.count("--timeout-s")) {
     const double seconds = positive_number("--timeout-s", t.timeout);
     if (!(seconds > 0))
-      throw InputError("--timeout-s",
-                       fmt::format("must be a number of seconds > 0 and finite, got \"{}\"",
-                                   t.timeout));
+      throw InputError(
+          "--timeout-s",
+          fmt::format("must be a number of seconds > 0 and finite, got \"{}\"", t.timeout));
     m.timeout_s = seconds;
   }
   if (app.count("--inject-fault")) {
     m.fault = comm::parse_fault_injection(t.fault);
     if (!m.fault)
-      throw InputError("--inject-fault",
-                       fmt::format("expected {}, got \"{}\"", comm::kFaultInjectionSyntax, t.fault));
+      throw InputError("--inject-fault", fmt::format("expected {}, got \"{}\"",
+                                                     comm::kFaultInjectionSyntax, t.fault));
   }
 }
 
-} // namespace
+}  // namespace
 
 CommandLine parse_command_line(int argc, const char* const* argv) {
   CLI::App app{"Measures this cluster's collectives (NCCL on GPUs, MPI on CPUs), GEMM throughput "
@@ -403,7 +396,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     result.help_text = app.help("", CLI::AppFormatMode::All);
     return result;
   } catch (const CLI::CallForVersion& e) {
-    result.command = CommandLine::Command::help; // printed as the help is
+    result.command = CommandLine::Command::help;  // printed as the help is
     result.help_text = std::string(e.what()) + "\n";
     return result;
   } catch (const CLI::ParseError& e) {
@@ -435,4 +428,4 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   return result;
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

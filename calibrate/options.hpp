@@ -28,16 +28,16 @@ void require_backend(BackendKind backend);
 
 struct MeasureOptions {
   BackendKind backend = BackendKind::mpi;
-  std::vector<costmodel::Collective> ops; // in the order given
-  SweepRange range;                       // per-backend defaults unless given
-  int warmup = 5;                         // nccl-tests -w
-  int iters = 20;                         // nccl-tests -n
-  bool check = true;                      // nccl-tests -c: one checked run per size
-  std::vector<comm::GroupSpec> groups;    // empty: the default groups for the topology
-  bool gemm = true;                       // GEMM throughput
-  bool memory = true;                     // memory copy bandwidth (and, on CPUs, optimizer rate)
-  std::string gemm_model;                 // model preset or config.json whose block GEMMs are timed
-  std::int64_t gemm_tokens = 0;           // m of those GEMMs (tokens per micro-batch)
+  std::vector<costmodel::Collective> ops;  // in the order given
+  SweepRange range;                        // per-backend defaults unless given
+  int warmup = 5;                          // nccl-tests -w
+  int iters = 20;                          // nccl-tests -n
+  bool check = true;                       // nccl-tests -c: one checked run per size
+  std::vector<comm::GroupSpec> groups;     // empty: the default groups for the topology
+  bool gemm = true;                        // GEMM throughput
+  bool memory = true;                      // memory copy bandwidth (and, on CPUs, optimizer rate)
+  std::string gemm_model;        // model preset or config.json whose block GEMMs are timed
+  std::int64_t gemm_tokens = 0;  // m of those GEMMs (tokens per micro-batch)
   // Sequence length of the model's attention core, timed over gemm_tokens / attention_seq
   // sequences (0: not timed).
   std::int64_t attention_seq = 0;
@@ -45,18 +45,18 @@ struct MeasureOptions {
   // --gpu-memory-GiB (a new profile only). Unset: what the device has (a CPU rank: the host's
   // memory shared by its ranks).
   std::optional<double> device_memory_bytes;
-  std::string out;                        // profile to write ("" = default name, or in place)
-  std::string into;                       // existing profile to merge the calibration into
+  std::string out;   // profile to write ("" = default name, or in place)
+  std::string into;  // existing profile to merge the calibration into
   FitOptions fit;
-  double timeout_s = 300; // a rank without progress for this long ends the job (watchdog)
-  std::optional<comm::FaultInjection> fault; // --inject-fault (STEP: the sweep point, from 1)
+  double timeout_s = 300;  // a rank without progress for this long ends the job (watchdog)
+  std::optional<comm::FaultInjection> fault;  // --inject-fault (STEP: the sweep point, from 1)
 };
 
 struct ImportOptions {
   std::vector<std::string> logs;
-  std::optional<int> ranks;                // overrides the ranks found in each log's header
-  std::optional<costmodel::Tier> tier;     // overrides the tier found from the log's hosts
-  std::optional<costmodel::Collective> op; // overrides the test named in the log
+  std::optional<int> ranks;                 // overrides the ranks found in each log's header
+  std::optional<costmodel::Tier> tier;      // overrides the tier found from the log's hosts
+  std::optional<costmodel::Collective> op;  // overrides the test named in the log
   std::string out;
   std::string into;
   FitOptions fit;
@@ -68,10 +68,10 @@ struct CommandLine {
   MeasureOptions measure;
   ImportOptions import;
   OverheadsImportOptions overheads;
-  std::string help_text; // for Command::help
+  std::string help_text;  // for Command::help
 };
 
 // Throws costmodel::InputError. Whether this build can run the backend is require_backend's.
 CommandLine parse_command_line(int argc, const char* const* argv);
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -7,11 +7,11 @@
 #include <fmt/ostream.h>
 
 #include "calibrate/profile_writer.hpp"
-#include "costmodel/hardware.hpp"
+#include "core/file_writer.hpp"
 #include "core/input_error.hpp"
 #include "core/json_reader.hpp"
-#include "core/file_writer.hpp"
 #include "core/text.hpp"
+#include "costmodel/hardware.hpp"
 
 namespace shardplan::calibrate {
 namespace {
@@ -38,8 +38,7 @@ bool measured(const json& flavours, const char* name) {
 json unit_tensor_fit(const json& flavour, const std::string& pointer) {
   ObjectReader r(flavour, pointer);
   json out = json::object();
-  for (const char* key : kTimes)
-    out[key] = r.number(key, Range::non_negative());
+  for (const char* key : kTimes) out[key] = r.number(key, Range::non_negative());
   return out;
 }
 
@@ -70,9 +69,9 @@ std::string text_or(const json& object, const char* key, const char* otherwise) 
 std::string provenance(const json& m) {
   const json versions = m.value("versions", json::object());
   const json host = m.value("host", json::object());
-  return fmt::format("torch {}, deepspeed {}, python {} on {}",
-                     text_or(versions, "torch", "?"), text_or(versions, "deepspeed", "?"),
-                     text_or(versions, "python", "?"), text_or(host, "cpu", "an unnamed CPU"));
+  return fmt::format("torch {}, deepspeed {}, python {} on {}", text_or(versions, "torch", "?"),
+                     text_or(versions, "deepspeed", "?"), text_or(versions, "python", "?"),
+                     text_or(host, "cpu", "an unnamed CPU"));
 }
 
 void read_host_optimizer(const json& m, MeasuredOverheads& out) {
@@ -82,8 +81,8 @@ void read_host_optimizer(const json& m, MeasuredOverheads& out) {
   ObjectReader o(*opt, "/host_optimizer");
   // DeepSpeed's CPUAdam steps ZeRO-Offload's fp32 partition; FSDP's CPUOffload steps
   // torch.optim.AdamW on CPU tensors, which picks foreach=False there.
-  const std::pair<const char*, const char*> families[] = {
-      {"deepspeed", "deepspeed_cpu_adam"}, {"torch", "torch_adamw_foreach_false"}};
+  const std::pair<const char*, const char*> families[] = {{"deepspeed", "deepspeed_cpu_adam"},
+                                                          {"torch", "torch_adamw_foreach_false"}};
   json rates = json::object();
   std::vector<std::string> said;
   for (const auto& [family, key] : families) {
@@ -96,15 +95,15 @@ void read_host_optimizer(const json& m, MeasuredOverheads& out) {
                                threads ? fmt::format(" on {} threads", *threads) : ""));
   }
   out.host_optimizer_Gparams_per_s = rates;
-  out.host_optimizer_source =
-      fmt::format("optimizer_Gparams_per_s measured by {} ({}): {}", kGeneratedBy, provenance(m),
-                  fmt::join(said, ", "));
+  out.host_optimizer_source = fmt::format("optimizer_Gparams_per_s measured by {} ({}): {}",
+                                          kGeneratedBy, provenance(m), fmt::join(said, ", "));
 }
 
 }  // namespace
 
 MeasuredOverheads overheads_from_measurement(const json& m) {
-  if (!m.is_object()) throw InputError("", "must be a JSON object written by " + std::string(kGeneratedBy));
+  if (!m.is_object())
+    throw InputError("", "must be a JSON object written by " + std::string(kGeneratedBy));
   ObjectReader r(m, "");
   if (const auto by = r.string("generated_by"); by != kGeneratedBy)
     throw InputError("/generated_by", fmt::format("must be \"{}\", got \"{}\"", kGeneratedBy, by));
@@ -133,7 +132,8 @@ MeasuredOverheads overheads_from_measurement(const json& m) {
                    "op_dispatch_autograd_us; flavours {} are its fits per unit and per parameter "
                    "tensor (per submodule too for deepspeed_zero3), the per-step constants left "
                    "out",
-                   kGeneratedBy, provenance(m), names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", ")))}};
+                   kGeneratedBy, provenance(m),
+                   names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", ")))}};
   read_host_optimizer(m, out);
   return out;
 }
@@ -150,14 +150,16 @@ json merge_overheads(const json& profile, const MeasuredOverheads& measured) {
         kept.push_back(name);
       }
   if (!kept.empty())
-    framework["source"] = fmt::format("{}; {} kept from the profile as it was", framework["source"].get<std::string>(),
-                                      fmt::join(kept, ", "));
+    framework["source"] =
+        fmt::format("{}; {} kept from the profile as it was",
+                    framework["source"].get<std::string>(), fmt::join(kept, ", "));
   merged["framework"] = framework;
   if (measured.host_optimizer_Gparams_per_s) {
     merged["host"]["optimizer_Gparams_per_s"] = *measured.host_optimizer_Gparams_per_s;
     const std::string before = profile["host"].value("source", "");
-    merged["host"]["source"] = before.empty() ? measured.host_optimizer_source
-                                              : before + "; replaced: " + measured.host_optimizer_source;
+    merged["host"]["source"] = before.empty()
+                                   ? measured.host_optimizer_source
+                                   : before + "; replaced: " + measured.host_optimizer_source;
   }
   return merged;
 }
@@ -170,11 +172,12 @@ int run_import_overheads(const OverheadsImportOptions& options, std::ostream& ou
   const MeasuredOverheads measured =
       costmodel::read_json_document(options.measurement, overheads_from_measurement);
   const json merged = merge_overheads(profile, measured);
-  costmodel::hardware_from_json(merged, std::filesystem::path(target).stem().string());  // validates
+  costmodel::hardware_from_json(merged,
+                                std::filesystem::path(target).stem().string());  // validates
   io::write_file(target, io::json_text(merged, 2) + "\n", options.out.empty() ? "--into" : "--out");
   const auto& flavours = measured.framework["flavours"];
-  fmt::print(out, "# op dispatch {} us; {} flavour(s) measured", measured.framework["op_dispatch_us"].get<double>(),
-             flavours.size());
+  fmt::print(out, "# op dispatch {} us; {} flavour(s) measured",
+             measured.framework["op_dispatch_us"].get<double>(), flavours.size());
   for (const auto& [name, fit] : flavours.items()) {
     fmt::print(out, "\n#   {:<16}", name);
     for (const char* direction : {"forward", "backward"}) {

@@ -14,7 +14,7 @@
 namespace shardplan::calibrate {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0; // 2^30
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;  // 2^30
 constexpr double kGB = 1e9;
 
 using nlohmann::json;
@@ -48,11 +48,10 @@ std::string measured_note(const CalibrationRecord& r) {
                      r.ranks, r.host);
 }
 
-} // namespace
+}  // namespace
 
 double rounded(double x, int digits) {
-  if (x == 0 || !std::isfinite(x))
-    return x;
+  if (x == 0 || !std::isfinite(x)) return x;
   const double scale =
       std::pow(10.0, digits - 1 - static_cast<int>(std::floor(std::log10(std::fabs(x)))));
   return std::round(x * scale) / scale;
@@ -65,8 +64,7 @@ json calibration_to_json(const CalibrationRecord& r) {
               {"library", r.library},
               {"ranks", r.ranks}};
   json curves = json::array();
-  for (const auto& c : r.curves)
-    curves.push_back(curve_to_json(c));
+  for (const auto& c : r.curves) curves.push_back(curve_to_json(c));
   doc["collectives"] = curves;
   if (!r.gemm.empty()) {
     json gemm = json::array();
@@ -79,8 +77,7 @@ json calibration_to_json(const CalibrationRecord& r) {
                       {"TFLOPs", rounded(g.flops_per_s() / 1e12, 4)}});
     doc["gemm"] = gemm;
   }
-  if (r.compute_efficiency)
-    doc["compute_efficiency"] = rounded(*r.compute_efficiency, 3);
+  if (r.compute_efficiency) doc["compute_efficiency"] = rounded(*r.compute_efficiency, 3);
   if (r.memory_bandwidth_Bps)
     doc["memory_bandwidth_GBps"] = rounded(*r.memory_bandwidth_Bps / kGB, 4);
   if (r.elementwise_elems_per_s)
@@ -112,16 +109,13 @@ std::optional<LinkEstimate> link_from_curves(const std::vector<FittedCurve>& cur
                                              costmodel::Tier tier) {
   const FittedCurve* best = nullptr;
   for (const auto& c : curves) {
-    if (c.tier != tier || c.ranks < 2 || c.fit.segments.empty())
-      continue;
+    if (c.tier != tier || c.ranks < 2 || c.fit.segments.empty()) continue;
     auto rank = [](const FittedCurve& x) {
       return std::pair(x.op == costmodel::Collective::all_reduce, x.ranks);
     };
-    if (best == nullptr || rank(c) > rank(*best))
-      best = &c;
+    if (best == nullptr || rank(c) > rank(*best)) best = &c;
   }
-  if (best == nullptr)
-    return std::nullopt;
+  if (best == nullptr) return std::nullopt;
   const int n = best->ranks;
   const double steps =
       best->op == costmodel::Collective::all_reduce ? 2.0 * (n - 1) : static_cast<double>(n - 1);
@@ -144,9 +138,9 @@ json link_json(const MeasuredSystem& s, const std::string& measured, costmodel::
   // A fitted curve's bus bandwidth is each rank's: per GPU (costmodel/hardware.hpp reads the
   // inter-node key with its unit).
   const char* bandwidth_key = intra ? "bandwidth_GBps" : "bandwidth_GBps_per_gpu";
-  const std::string link =
-      s.cpu_device ? (intra ? "MPI within a node (shared memory)" : "MPI between nodes")
-                   : (intra ? "NCCL within a node" : "NCCL between nodes");
+  const std::string link = s.cpu_device
+                               ? (intra ? "MPI within a node (shared memory)" : "MPI between nodes")
+                               : (intra ? "NCCL within a node" : "NCCL between nodes");
   if (own)
     return {
         {"link", link},
@@ -162,8 +156,8 @@ json link_json(const MeasuredSystem& s, const std::string& measured, costmodel::
         {bandwidth_key, rounded(other->bandwidth_Bps / kGB, 4)},
         {"latency_us", rounded(other->latency_s * 1e6, 4)},
         {"source",
-         fmt::format("{}: NOT MEASURED (no {} group in this run): the {} values stand in",
-                     measured, costmodel::tier_name(tier), intra ? "inter-node" : "intra-node")}};
+         fmt::format("{}: NOT MEASURED (no {} group in this run): the {} values stand in", measured,
+                     costmodel::tier_name(tier), intra ? "inter-node" : "intra-node")}};
   return {{"link", link},
           {bandwidth_key, rounded(s.memory_bandwidth_Bps / 2 / kGB, 4)},
           {"latency_us", 0},
@@ -177,31 +171,31 @@ json gpu_json(const MeasuredSystem& s, const std::string& measured) {
   json peak = json::object();
   for (const auto& [dtype, flops] : s.peak_flops)
     peak[costmodel::dtype_name(dtype)] = rounded(flops / 1e12, 4);
-  return {{"name", s.device},
-          // A CPU rank's collectives block its computing thread: the cost model serialises
-          // them with compute (costmodel/hardware.hpp).
-          {"kind", s.cpu_device ? "cpu" : "gpu"},
-          {"memory_GiB", rounded(s.device_memory_bytes / kGiB, 4)},
-          {"peak_TFLOPs", peak},
-          {"memory_bandwidth_GBps", rounded(s.memory_bandwidth_Bps / kGB, 4)},
-          {"compute_efficiency", rounded(s.compute_efficiency, 3)},
-          {"source",
-           fmt::format(
-               "{}: memory: {}; peak: the best measured GEMM rate per type; memory bandwidth: "
-               "copy, read + write bytes; compute_efficiency: the model-shape {} GEMM rate / "
-               "that peak",
-               measured, s.device_memory_note, costmodel::dtype_name(s.efficiency_dtype))}};
+  return {
+      {"name", s.device},
+      // A CPU rank's collectives block its computing thread: the cost model serialises
+      // them with compute (costmodel/hardware.hpp).
+      {"kind", s.cpu_device ? "cpu" : "gpu"},
+      {"memory_GiB", rounded(s.device_memory_bytes / kGiB, 4)},
+      {"peak_TFLOPs", peak},
+      {"memory_bandwidth_GBps", rounded(s.memory_bandwidth_Bps / kGB, 4)},
+      {"compute_efficiency", rounded(s.compute_efficiency, 3)},
+      {"source",
+       fmt::format("{}: memory: {}; peak: the best measured GEMM rate per type; memory bandwidth: "
+                   "copy, read + write bytes; compute_efficiency: the model-shape {} GEMM rate / "
+                   "that peak",
+                   measured, s.device_memory_note, costmodel::dtype_name(s.efficiency_dtype))}};
 }
 
 json host_json(const MeasuredSystem& s, const std::string& measured) {
-  return {{"memory_GiB", rounded(s.host_memory_bytes / kGiB, 4)},
-          {"link_bandwidth_GBps", rounded(s.host_link_Bps / kGB, 4)},
-          {"optimizer_Gparams_per_s", rounded(s.optimizer_params_per_s / 1e9, 4)},
-          {"source",
-           fmt::format(
-               "{}: memory: MemTotal of /proc/meminfo; link: {}; optimizer: a fused fp32 Adam "
-               "step per rank times the ranks of a node",
-               measured, s.host_link_note)}};
+  return {
+      {"memory_GiB", rounded(s.host_memory_bytes / kGiB, 4)},
+      {"link_bandwidth_GBps", rounded(s.host_link_Bps / kGB, 4)},
+      {"optimizer_Gparams_per_s", rounded(s.optimizer_params_per_s / 1e9, 4)},
+      {"source",
+       fmt::format("{}: memory: MemTotal of /proc/meminfo; link: {}; optimizer: a fused fp32 Adam "
+                   "step per rank times the ranks of a node",
+                   measured, s.host_link_note)}};
 }
 
 json overhead_json(const MeasuredSystem& s) {
@@ -217,7 +211,7 @@ json overhead_json(const MeasuredSystem& s) {
                  "buffers ~0.5 GiB, fragmentation 5%), replaced by the executor's measurement"}};
 }
 
-} // namespace
+}  // namespace
 
 json measured_profile(const MeasuredSystem& s, const CalibrationRecord& r) {
   const std::string measured = measured_note(r);
@@ -261,8 +255,7 @@ json merge_calibration(const json& profile, const json& calibration) {
   extra.update(calibration.value("extra", json::object()));
   for (const char* key : {"gemm", "compute_efficiency", "memory_bandwidth_GBps",
                           "elementwise_Gelems_per_s", "attention"})
-    if (calibration.contains(key))
-      old[key] = calibration[key];
+    if (calibration.contains(key)) old[key] = calibration[key];
   for (const char* key : {"date", "backend", "host", "library", "ranks"})
     old[key] = calibration.at(key);
   old["collectives"] = curves;
@@ -275,9 +268,9 @@ std::string into_profile_path(const std::string& name_or_path) {
   std::error_code ec;
   const fs::path given(name_or_path);
   const bool bare_name = given.extension() != ".json" && !given.has_parent_path();
-  if (fs::exists(given, ec) || !bare_name)
-    return name_or_path;
-  const fs::path preset = fs::path(costmodel::data_dir()) / "hardware_profiles" / (name_or_path + ".json");
+  if (fs::exists(given, ec) || !bare_name) return name_or_path;
+  const fs::path preset =
+      fs::path(costmodel::data_dir()) / "hardware_profiles" / (name_or_path + ".json");
   if (!fs::is_regular_file(preset, ec))
     throw costmodel::InputError(
         "--into", fmt::format("\"{}\" is neither a file nor a profile in {}/hardware_profiles "
@@ -299,4 +292,4 @@ json read_profile_for_merge(const std::string& path) {
   }
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -27,18 +27,18 @@ struct FittedCurve {
 };
 
 struct CalibrationRecord {
-  std::string date;    // ISO 8601
-  std::string backend; // "mpi" or "nccl"
-  std::string host;    // hosts measured, comma-separated
-  std::string library; // "Open MPI v4.1.4", "NCCL 2.21.5"
+  std::string date;     // ISO 8601
+  std::string backend;  // "mpi" or "nccl"
+  std::string host;     // hosts measured, comma-separated
+  std::string library;  // "Open MPI v4.1.4", "NCCL 2.21.5"
   int ranks = 0;
   std::vector<FittedCurve> curves;
   std::vector<GemmMeasurement> gemm;
-  std::optional<double> compute_efficiency;   // model-shape GEMM rate / peak
-  std::optional<double> memory_bandwidth_Bps; // device copy bandwidth
-  std::optional<double> elementwise_elems_per_s; // costmodel/elementwise.hpp passes per second
-  std::vector<costmodel::AttentionSample> attention; // the model's attention cores, as run
-  std::optional<costmodel::StragglerWait> straggler_wait; // two or more ranks
+  std::optional<double> compute_efficiency;           // model-shape GEMM rate / peak
+  std::optional<double> memory_bandwidth_Bps;         // device copy bandwidth
+  std::optional<double> elementwise_elems_per_s;      // costmodel/elementwise.hpp passes per second
+  std::vector<costmodel::AttentionSample> attention;  // the model's attention cores, as run
+  std::optional<costmodel::StragglerWait> straggler_wait;  // two or more ranks
   nlohmann::json extra = nlohmann::json::object();
 };
 
@@ -59,12 +59,12 @@ std::optional<LinkEstimate> link_from_curves(const std::vector<FittedCurve>& cur
 
 // What a profile written from scratch says about the device, node and host.
 struct MeasuredSystem {
-  std::string name;       // profile name (the file stem)
-  std::string device;     // "NVIDIA H100 80GB HBM3", or the CPU model for a CPU device
-  bool cpu_device = true; // each rank is a CPU device (MPI backend)
+  std::string name;        // profile name (the file stem)
+  std::string device;      // "NVIDIA H100 80GB HBM3", or the CPU model for a CPU device
+  bool cpu_device = true;  // each rank is a CPU device (MPI backend)
   double device_memory_bytes = 0;
-  std::string device_memory_note;                // how it was found
-  std::map<costmodel::DType, double> peak_flops; // best measured GEMM rate per dtype
+  std::string device_memory_note;                 // how it was found
+  std::map<costmodel::DType, double> peak_flops;  // best measured GEMM rate per dtype
   costmodel::DType efficiency_dtype = costmodel::DType::fp32;
   double compute_efficiency = 0;
   double memory_bandwidth_Bps = 0;
@@ -72,7 +72,7 @@ struct MeasuredSystem {
   double host_memory_bytes = 0;
   double host_link_Bps = 0;
   std::string host_link_note;
-  double optimizer_params_per_s = 0; // per node
+  double optimizer_params_per_s = 0;  // per node
 };
 
 // A complete profile (schema_version 1) with `record` as its calibration section; every "source"
@@ -98,4 +98,4 @@ nlohmann::json read_profile_for_merge(const std::string& path);
 // x rounded to `digits` significant digits, for readable documents.
 double rounded(double x, int digits = 5);
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -18,13 +18,11 @@ bool rooted(costmodel::Collective op) {
   return op == costmodel::Collective::broadcast || op == costmodel::Collective::reduce;
 }
 
-} // namespace
+}  // namespace
 
 std::string format_time_us(double us) {
-  if (us >= 10000.0)
-    return fmt::format("{:7.0f}", us);
-  if (us >= 100.0)
-    return fmt::format("{:7.1f}", us);
+  if (us >= 10000.0) return fmt::format("{:7.0f}", us);
+  if (us >= 100.0) return fmt::format("{:7.1f}", us);
   return fmt::format("{:7.2f}", us);
 }
 
@@ -35,15 +33,13 @@ std::string human_bytes(double bytes) {
     bytes /= 1024.0;
     ++u;
   }
-  if (u == 0 || bytes == std::floor(bytes))
-    return fmt::format("{:.0f} {}", bytes, units[u]);
+  if (u == 0 || bytes == std::floor(bytes)) return fmt::format("{:.0f} {}", bytes, units[u]);
   return fmt::format("{:.3g} {}", bytes, units[u]);
 }
 
 void print_sweep_table(std::ostream& out, const SweepResult& sweep) {
   SweepTablePrinter printer(out, sweep.op, sweep.group);
-  for (const auto& p : sweep.points)
-    printer.add(p);
+  for (const auto& p : sweep.points) printer.add(p);
   printer.finish();
 }
 
@@ -52,8 +48,7 @@ SweepTablePrinter::SweepTablePrinter(std::ostream& out, costmodel::Collective op
     : out_(out), op_(op), group_(group) {}
 
 void SweepTablePrinter::header() {
-  if (header_printed_)
-    return;
+  if (header_printed_) return;
   header_printed_ = true;
   const auto& g = group_;
   fmt::print(out_, "#\n# {} on {}: {} group{} of {} ranks, {}\n", costmodel::traits(op_).name,
@@ -117,13 +112,10 @@ void print_attention_lines(std::ostream& out,
 ProgressBar::ProgressBar(std::ostream& out, int total_steps, bool enabled)
     : out_(out), total_(std::max(1, total_steps)), enabled_(enabled) {}
 
-ProgressBar::~ProgressBar() {
-  clear();
-}
+ProgressBar::~ProgressBar() { clear(); }
 
 void ProgressBar::show(std::string_view label) {
-  if (!enabled_)
-    return;
+  if (!enabled_) return;
   constexpr int kWidth = 30;
   const int filled = kWidth * done_ / total_;
   out_ << '\r' << '[' << std::string(static_cast<std::size_t>(filled), '#')
@@ -132,15 +124,12 @@ void ProgressBar::show(std::string_view label) {
   drawn_ = true;
 }
 
-void ProgressBar::step() {
-  done_ = std::min(done_ + 1, total_);
-}
+void ProgressBar::step() { done_ = std::min(done_ + 1, total_); }
 
 void ProgressBar::clear() {
-  if (!enabled_ || !drawn_)
-    return;
+  if (!enabled_ || !drawn_) return;
   out_ << "\r\033[K" << std::flush;
   drawn_ = false;
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -32,8 +32,8 @@ void print_sweep_table(std::ostream& out, const SweepResult& sweep);
 class SweepTablePrinter {
 public:
   SweepTablePrinter(std::ostream& out, costmodel::Collective op, const PlannedGroup& group);
-  void add(const PointResult& point); // prints the header before the first row
-  void finish();                      // the average line (and the header when no row came)
+  void add(const PointResult& point);  // prints the header before the first row
+  void finish();                       // the average line (and the header when no row came)
 
 private:
   void header();
@@ -60,9 +60,9 @@ public:
   ~ProgressBar();
   ProgressBar(const ProgressBar&) = delete;
   ProgressBar& operator=(const ProgressBar&) = delete;
-  void show(std::string_view label); // draws the bar with the current step and label
-  void step();                       // one step done
-  void clear();                      // erases the line (before printing a table)
+  void show(std::string_view label);  // draws the bar with the current step and label
+  void step();                        // one step done
+  void clear();                       // erases the line (before printing a table)
 
 private:
   std::ostream& out_;
@@ -72,4 +72,4 @@ private:
   bool drawn_ = false;
 };
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

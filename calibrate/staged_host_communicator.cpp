@@ -9,7 +9,7 @@ std::size_t bytes_of(std::size_t count, comm::DataType type) {
   return count * comm::element_bytes(type);
 }
 
-} // namespace
+}  // namespace
 
 StagedHostCommunicator::StagedHostCommunicator(comm::Communicator& inner)
     : ForwardingCommunicator(inner) {}
@@ -22,14 +22,12 @@ std::unique_ptr<comm::CommBuffer> StagedHostCommunicator::allocate(std::size_t b
 }
 
 comm::CommBuffer& StagedHostCommunicator::send_stage(std::size_t bytes) {
-  if (send_ == nullptr || send_->bytes() < bytes)
-    send_ = inner_.allocate(bytes);
+  if (send_ == nullptr || send_->bytes() < bytes) send_ = inner_.allocate(bytes);
   return *send_;
 }
 
 comm::CommBuffer& StagedHostCommunicator::recv_stage(std::size_t bytes) {
-  if (recv_ == nullptr || recv_->bytes() < bytes)
-    recv_ = inner_.allocate(bytes);
+  if (recv_ == nullptr || recv_->bytes() < bytes) recv_ = inner_.allocate(bytes);
   return *recv_;
 }
 
@@ -57,7 +55,7 @@ void StagedHostCommunicator::do_reduce(const void* send, void* recv, std::size_t
   in.copy_from_host(send, bytes);
   inner_.reduce(in.data(), out.data(), count, type, root, op);
   inner_.synchronize();
-  if (rank() == root) // recv is not touched on the other ranks
+  if (rank() == root)  // recv is not touched on the other ranks
     out.copy_to_host(recv, bytes);
 }
 
@@ -90,12 +88,11 @@ void StagedHostCommunicator::broadcast(void* buffer, std::size_t count, comm::Da
   const std::size_t bytes = bytes_of(count, type);
   auto& stage = recv_stage(bytes);
   const bool is_root = rank() == root;
-  if (is_root) // the others' buffers are overwritten: their contents do not travel
+  if (is_root)  // the others' buffers are overwritten: their contents do not travel
     stage.copy_from_host(buffer, bytes);
   inner_.broadcast(stage.data(), count, type, root);
   inner_.synchronize();
-  if (!is_root)
-    stage.copy_to_host(buffer, bytes);
+  if (!is_root) stage.copy_to_host(buffer, bytes);
 }
 
 void StagedHostCommunicator::all_to_all(const void* send, void* recv, std::size_t count,
@@ -113,4 +110,4 @@ std::unique_ptr<comm::Communicator> StagedHostCommunicator::split(int color, int
   return std::make_unique<StagedHostCommunicator>(inner_.split(color, key));
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

@@ -52,4 +52,4 @@ private:
   std::unique_ptr<comm::CommBuffer> recv_;
 };
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

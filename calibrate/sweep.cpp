@@ -6,12 +6,10 @@ namespace shardplan::calibrate {
 
 std::vector<std::uint64_t> sweep_sizes(const SweepRange& range) {
   std::vector<std::uint64_t> sizes;
-  if (range.factor < 2 || range.min_bytes == 0)
-    return sizes;
+  if (range.factor < 2 || range.min_bytes == 0) return sizes;
   for (std::uint64_t size = range.min_bytes; size <= range.max_bytes;) {
     sizes.push_back(size);
-    if (size > std::numeric_limits<std::uint64_t>::max() / range.factor)
-      break;
+    if (size > std::numeric_limits<std::uint64_t>::max() / range.factor) break;
     size *= range.factor;
   }
   return sizes;
@@ -40,7 +38,7 @@ SweepPoint sweep_point(costmodel::Collective op, int ranks, std::uint64_t size_b
     p.send_count = per_rank * n;
     p.recv_count = per_rank;
     break;
-  default: // all_to_all: count/ranks elements to and from every peer
+  default:  // all_to_all: count/ranks elements to and from every peer
     p.send_count = p.recv_count = per_rank * n;
     break;
   }
@@ -52,13 +50,11 @@ std::vector<SweepPoint> sweep_points(costmodel::Collective op, int ranks, const 
   std::vector<SweepPoint> points;
   for (std::uint64_t size : sweep_sizes(range)) {
     const SweepPoint p = sweep_point(op, ranks, size, element_bytes);
-    if (p.count == 0)
-      continue;
-    if (!points.empty() && points.back().size_bytes == p.size_bytes)
-      continue;
+    if (p.count == 0) continue;
+    if (!points.empty() && points.back().size_bytes == p.size_bytes) continue;
     points.push_back(p);
   }
   return points;
 }
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

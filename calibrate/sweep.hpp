@@ -17,14 +17,14 @@ namespace shardplan::calibrate {
 struct SweepRange {
   std::uint64_t min_bytes = 8;
   std::uint64_t max_bytes = 8ULL << 20;
-  std::uint64_t factor = 2; // integer, ≥ 2
+  std::uint64_t factor = 2;  // integer, ≥ 2
 };
 
 struct SweepPoint {
-  std::uint64_t size_bytes = 0; // nccl-tests' size column
-  std::size_t count = 0;        // its count column: elements per rank argument of the call
-  std::size_t send_count = 0;   // elements in each rank's send buffer
-  std::size_t recv_count = 0;   // elements in each rank's receive buffer
+  std::uint64_t size_bytes = 0;  // nccl-tests' size column
+  std::size_t count = 0;         // its count column: elements per rank argument of the call
+  std::size_t send_count = 0;    // elements in each rank's send buffer
+  std::size_t recv_count = 0;    // elements in each rank's receive buffer
 };
 
 // Sizes min, min·f, min·f², … ≤ max.
@@ -37,4 +37,4 @@ SweepPoint sweep_point(costmodel::Collective op, int ranks, std::uint64_t size_b
 std::vector<SweepPoint> sweep_points(costmodel::Collective op, int ranks, const SweepRange& range,
                                      std::size_t element_bytes);
 
-} // namespace shardplan::calibrate
+}  // namespace shardplan::calibrate

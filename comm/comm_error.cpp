@@ -12,17 +12,14 @@ namespace {
 std::string short_source_path(const char* file) {
   const std::string path(file);
   const auto last = path.find_last_of('/');
-  if (last == std::string::npos || last == 0)
-    return path;
+  if (last == std::string::npos || last == 0) return path;
   const auto before = path.find_last_of('/', last - 1);
   return before == std::string::npos ? path : path.substr(before + 1);
 }
 
-std::string rank_text(int rank) {
-  return rank < 0 ? std::string("?") : std::to_string(rank);
-}
+std::string rank_text(int rank) { return rank < 0 ? std::string("?") : std::to_string(rank); }
 
-} // namespace
+}  // namespace
 
 CommError::CommError(const std::string& what_failed, const char* file, int line)
     : CommError(what_failed, host_name(), process_rank(), short_source_path(file), line) {}
@@ -33,4 +30,4 @@ CommError::CommError(const std::string& what_failed, std::string host, int rank,
                                      rank_text(rank), file, line)),
       host_(std::move(host)), rank_(rank), file_(std::move(file)), line_(line) {}
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -21,8 +21,8 @@ private:
   CommError(const std::string& what_failed, std::string host, int rank, std::string file, int line);
   std::string host_;
   int rank_;
-  std::string file_; // the last two components of the source path ("comm/mpi_communicator.cpp")
+  std::string file_;  // the last two components of the source path ("comm/mpi_communicator.cpp")
   int line_;
 };
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

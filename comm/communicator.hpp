@@ -49,10 +49,10 @@ public:
   Communicator& operator=(const Communicator&) = delete;
   virtual ~Communicator() = default;
 
-  virtual int rank() const = 0; // in this group, 0 ≤ rank < size
+  virtual int rank() const = 0;  // in this group, 0 ≤ rank < size
   virtual int size() const = 0;
-  virtual const char* backend() const = 0;         // "mpi", "nccl"
-  virtual std::string library_version() const = 0; // "Open MPI v4.1.4", "NCCL 2.21.5"
+  virtual const char* backend() const = 0;          // "mpi", "nccl"
+  virtual std::string library_version() const = 0;  // "Open MPI v4.1.4", "NCCL 2.21.5"
   virtual MemorySpace memory_space() const = 0;
   // The stream this group's collectives are queued on, an opaque handle the backend that orders
   // compute against them understands: a cudaStream_t for NCCL (events order it), the communicator
@@ -115,4 +115,4 @@ protected:
                                  ReduceOp op) = 0;
 };
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -10,4 +10,4 @@ void check_cuda(cudaError_t code, const char* call, const char* file, int line);
 #define SHARDPLAN_CUDA_CALL(function, ...)                                                         \
   ::shardplan::comm::check_cuda(function(__VA_ARGS__), #function, __FILE__, __LINE__)
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -54,4 +54,4 @@ const char* reduce_op_name(ReduceOp op) {
   return "?";
 }
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -17,20 +17,10 @@ const char* data_type_name(DataType type);
 const char* reduce_op_name(ReduceOp op);
 
 template <class T> constexpr DataType data_type_of();
-template <> constexpr DataType data_type_of<float>() {
-  return DataType::f32;
-}
-template <> constexpr DataType data_type_of<double>() {
-  return DataType::f64;
-}
-template <> constexpr DataType data_type_of<std::int32_t>() {
-  return DataType::i32;
-}
-template <> constexpr DataType data_type_of<std::int64_t>() {
-  return DataType::i64;
-}
-template <> constexpr DataType data_type_of<std::uint8_t>() {
-  return DataType::u8;
-}
+template <> constexpr DataType data_type_of<float>() { return DataType::f32; }
+template <> constexpr DataType data_type_of<double>() { return DataType::f64; }
+template <> constexpr DataType data_type_of<std::int32_t>() { return DataType::i32; }
+template <> constexpr DataType data_type_of<std::int64_t>() { return DataType::i64; }
+template <> constexpr DataType data_type_of<std::uint8_t>() { return DataType::u8; }
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -12,16 +12,14 @@ namespace {
 
 // A whole decimal number, digits only.
 template <class T> std::optional<T> parse_number(std::string_view text) {
-  if (text.empty() || text.front() < '0' || text.front() > '9')
-    return std::nullopt;
+  if (text.empty() || text.front() < '0' || text.front() > '9') return std::nullopt;
   T value{};
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size())
-    return std::nullopt;
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return value;
 }
 
-} // namespace
+}  // namespace
 
 const char* fault_kind_name(FaultKind kind) {
   switch (kind) {
@@ -40,8 +38,7 @@ const char* fault_kind_name(FaultKind kind) {
 std::optional<FaultInjection> parse_fault_injection(std::string_view text) {
   const auto at = text.find('@');
   const auto colon = text.find(':', at == std::string_view::npos ? 0 : at);
-  if (at == std::string_view::npos || colon == std::string_view::npos)
-    return std::nullopt;
+  if (at == std::string_view::npos || colon == std::string_view::npos) return std::nullopt;
   FaultInjection fault;
   const auto kind = text.substr(0, at);
   if (kind == "crash")
@@ -56,8 +53,7 @@ std::optional<FaultInjection> parse_fault_injection(std::string_view text) {
     return std::nullopt;
   const auto rank = parse_number<int>(text.substr(at + 1, colon - at - 1));
   const auto step = parse_number<std::int64_t>(text.substr(colon + 1));
-  if (!rank || !step || *step < 1)
-    return std::nullopt;
+  if (!rank || !step || *step < 1) return std::nullopt;
   fault.rank = *rank;
   fault.step = *step;
   return fault;
@@ -65,16 +61,14 @@ std::optional<FaultInjection> parse_fault_injection(std::string_view text) {
 
 void inject_due_fault(const std::optional<FaultInjection>& fault, int rank, std::int64_t step,
                       Watchdog& watchdog, const std::function<void()>& out_of_memory) {
-  if (!fault || fault->rank != rank || fault->step != step)
-    return;
+  if (!fault || fault->rank != rank || fault->step != step) return;
   watchdog.set_phase(watchdog.phase() + " (injected " + fault_kind_name(fault->kind) + ")");
   switch (fault->kind) {
   case FaultKind::crash:
     std::raise(SIGSEGV);
-    std::abort(); // with SIGSEGV ignored, still a crash
+    std::abort();  // with SIGSEGV ignored, still a crash
   case FaultKind::hang:
-    for (;;)
-      std::this_thread::sleep_for(std::chrono::hours(1));
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   case FaultKind::oom:
     out_of_memory();
     return;
@@ -83,4 +77,4 @@ void inject_due_fault(const std::optional<FaultInjection>& fault, int rank, std:
   }
 }
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -22,8 +22,8 @@ enum class FaultKind { crash, hang, oom, exception };
 
 struct FaultInjection {
   FaultKind kind = FaultKind::crash;
-  int rank = 0;          // world rank, >= 0
-  std::int64_t step = 1; // >= 1
+  int rank = 0;           // world rank, >= 0
+  std::int64_t step = 1;  // >= 1
   bool operator==(const FaultInjection&) const = default;
 };
 
@@ -33,7 +33,7 @@ inline constexpr const char* kFaultInjectionSyntax = "crash|hang|oom|throw@RANK:
 // "hang@1:3" -> {hang, 1, 3}; nullopt for anything else (no spaces, signs or extra characters;
 // RANK >= 0, STEP >= 1).
 std::optional<FaultInjection> parse_fault_injection(std::string_view text);
-const char* fault_kind_name(FaultKind kind); // "crash", "hang", "oom", "throw"
+const char* fault_kind_name(FaultKind kind);  // "crash", "hang", "oom", "throw"
 
 // Does the fault when it is due (this rank, this step), after appending " (injected KIND)" to the
 // watchdog's phase. crash and hang do not return; throw throws std::runtime_error. oom calls
@@ -42,4 +42,4 @@ const char* fault_kind_name(FaultKind kind); // "crash", "hang", "oom", "throw"
 void inject_due_fault(const std::optional<FaultInjection>& fault, int rank, std::int64_t step,
                       Watchdog& watchdog, const std::function<void()>& out_of_memory);
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -58,4 +58,4 @@ protected:
   Communicator& inner_;
 };
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

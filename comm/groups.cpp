@@ -27,15 +27,11 @@ std::string group_name(const GroupSpec& spec) {
 }
 
 std::optional<GroupSpec> parse_group(std::string_view text) {
-  if (text == "world")
-    return GroupSpec{GroupKind::world, 0};
-  if (text == "intra_node" || text == "node")
-    return GroupSpec{GroupKind::intra_node, 0};
-  if (text == "inter_node" || text == "one_per_node")
-    return GroupSpec{GroupKind::inter_node, 0};
+  if (text == "world") return GroupSpec{GroupKind::world, 0};
+  if (text == "intra_node" || text == "node") return GroupSpec{GroupKind::intra_node, 0};
+  if (text == "inter_node" || text == "one_per_node") return GroupSpec{GroupKind::inter_node, 0};
   const auto colon = text.find(':');
-  if (colon == std::string_view::npos)
-    return std::nullopt;
+  if (colon == std::string_view::npos) return std::nullopt;
   const auto kind_text = text.substr(0, colon);
   const auto size_text = text.substr(colon + 1);
   int size = 0;
@@ -43,10 +39,8 @@ std::optional<GroupSpec> parse_group(std::string_view text) {
       std::from_chars(size_text.data(), size_text.data() + size_text.size(), size);
   if (error != std::errc() || end != size_text.data() + size_text.size() || size < 1)
     return std::nullopt;
-  if (kind_text == "shard")
-    return GroupSpec{GroupKind::shard, size};
-  if (kind_text == "replica")
-    return GroupSpec{GroupKind::replica, size};
+  if (kind_text == "shard") return GroupSpec{GroupKind::shard, size};
+  if (kind_text == "replica") return GroupSpec{GroupKind::replica, size};
   return std::nullopt;
 }
 
@@ -66,8 +60,7 @@ SplitKey split_key(const GroupSpec& spec, const Topology& topology, int world_ra
       throw std::invalid_argument(
           fmt::format("{}: the shard group size must divide the world size {}", group_name(spec),
                       topology.size));
-    if (spec.kind == GroupKind::shard)
-      return {world_rank / s, world_rank % s};
+    if (spec.kind == GroupKind::shard) return {world_rank / s, world_rank % s};
     return {world_rank % s, world_rank / s};
   }
   }
@@ -76,16 +69,14 @@ SplitKey split_key(const GroupSpec& spec, const Topology& topology, int world_ra
 
 std::vector<int> group_members(const GroupSpec& spec, const Topology& topology, int world_rank) {
   const SplitKey mine = split_key(spec, topology, world_rank);
-  std::vector<std::pair<int, int>> keyed; // (key, world rank)
+  std::vector<std::pair<int, int>> keyed;  // (key, world rank)
   for (int r = 0; r < topology.size; ++r) {
     const SplitKey k = split_key(spec, topology, r);
-    if (k.color == mine.color)
-      keyed.emplace_back(k.key, r);
+    if (k.color == mine.color) keyed.emplace_back(k.key, r);
   }
   std::sort(keyed.begin(), keyed.end());
   std::vector<int> members;
-  for (const auto& [key, r] : keyed)
-    members.push_back(r);
+  for (const auto& [key, r] : keyed) members.push_back(r);
   return members;
 }
 
@@ -95,8 +86,7 @@ int max_nodes_spanned(const GroupSpec& spec, const Topology& topology) {
     nodes_of_color[split_key(spec, topology, r).color].insert(
         topology.node_of_rank[static_cast<std::size_t>(r)]);
   std::size_t widest = 0;
-  for (const auto& [color, nodes] : nodes_of_color)
-    widest = std::max(widest, nodes.size());
+  for (const auto& [color, nodes] : nodes_of_color) widest = std::max(widest, nodes.size());
   return static_cast<int>(widest);
 }
 
@@ -106,4 +96,4 @@ std::unique_ptr<Communicator> make_group(Communicator& world, const Topology& to
   return world.split(k.color, k.key);
 }
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -22,7 +22,7 @@ enum class GroupKind { world, intra_node, inter_node, shard, replica };
 
 struct GroupSpec {
   GroupKind kind = GroupKind::world;
-  int shard_size = 0; // ranks per shard group; for shard and replica only
+  int shard_size = 0;  // ranks per shard group; for shard and replica only
   bool operator==(const GroupSpec&) const = default;
 };
 
@@ -47,4 +47,4 @@ int max_nodes_spanned(const GroupSpec& spec, const Topology& topology);
 std::unique_ptr<Communicator> make_group(Communicator& world, const Topology& topology,
                                          const GroupSpec& spec);
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -19,8 +19,7 @@ inline float bf16_to_float(std::uint16_t bits) {
 inline std::uint16_t float_to_bf16(float value) {
   std::uint32_t bits;
   std::memcpy(&bits, &value, sizeof bits);
-  if (value != value)
-    return static_cast<std::uint16_t>((bits >> 16) | 0x0040u); // quiet NaN
+  if (value != value) return static_cast<std::uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN
   // Round to nearest even on the 16 bits that are dropped.
   const std::uint32_t lsb = (bits >> 16) & 1u;
   const std::uint32_t rounded = bits + 0x7FFFu + lsb;
@@ -30,4 +29,4 @@ inline std::uint16_t float_to_bf16(float value) {
 float f16_to_float(std::uint16_t bits);
 std::uint16_t float_to_f16(float value);
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

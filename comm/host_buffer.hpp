@@ -24,4 +24,4 @@ private:
   std::unique_ptr<std::byte[], AlignedDelete> storage_;
 };
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

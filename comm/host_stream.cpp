@@ -23,8 +23,7 @@ void StreamedCommunicator::run() {
     {
       std::unique_lock lock(mutex_);
       changed_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
-      if (tasks_.empty())
-        return;
+      if (tasks_.empty()) return;
       task = std::move(tasks_.front());
       tasks_.pop_front();
       skip = error_ != nullptr;
@@ -39,8 +38,7 @@ void StreamedCommunicator::run() {
     }
     {
       std::lock_guard lock(mutex_);
-      if (failed && !error_)
-        error_ = failed;
+      if (failed && !error_) error_ = failed;
       ++done_;
     }
     changed_.notify_all();
@@ -52,8 +50,7 @@ void StreamedCommunicator::enqueue(std::function<void()> task) {
     std::lock_guard lock(mutex_);
     if (stopping_)
       throw CommError("collective stream aborted (a rank failed or stopped)", __FILE__, __LINE__);
-    if (error_)
-      std::rethrow_exception(error_);
+    if (error_) std::rethrow_exception(error_);
     tasks_.push_back(std::move(task));
     ++queued_;
   }
@@ -73,15 +70,13 @@ std::uint64_t StreamedCommunicator::done() const {
 void StreamedCommunicator::wait_for(std::uint64_t ticket) {
   std::unique_lock lock(mutex_);
   changed_.wait(lock, [&] { return done_ >= ticket || error_ || aborted_; });
-  if (error_)
-    std::rethrow_exception(error_);
+  if (error_) std::rethrow_exception(error_);
   if (done_ < ticket)
     throw CommError("collective stream aborted (a rank failed or stopped)", __FILE__, __LINE__);
 }
 
 void StreamedCommunicator::enqueue_wait(HostStream& other, std::uint64_t ticket) {
-  if (&other == this || other.done() >= ticket)
-    return;
+  if (&other == this || other.done() >= ticket) return;
   enqueue([&other, ticket] { other.wait_for(ticket); });
 }
 

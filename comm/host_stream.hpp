@@ -25,7 +25,7 @@
 namespace shardplan::comm {
 
 class HostStream {
- public:
+public:
   virtual ~HostStream() = default;
   // The ticket of everything queued so far.
   virtual std::uint64_t queued() const = 0;
@@ -38,7 +38,7 @@ class HostStream {
 };
 
 class StreamedCommunicator final : public ForwardingCommunicator, public HostStream {
- public:
+public:
   // `inner` (not owned) must outlive this and is used only by the worker while it is.
   explicit StreamedCommunicator(Communicator& inner);
   // Runs what is queued, then ends the thread (a failure is dropped: the owner synchronizes first
@@ -71,7 +71,7 @@ class StreamedCommunicator final : public ForwardingCommunicator, public HostStr
   void wait_for(std::uint64_t ticket) override;
   void enqueue_wait(HostStream& other, std::uint64_t ticket) override;
 
- private:
+private:
   void enqueue(std::function<void()> task);
   void run();
 
@@ -80,7 +80,7 @@ class StreamedCommunicator final : public ForwardingCommunicator, public HostStr
   std::deque<std::function<void()>> tasks_;
   std::uint64_t queued_ = 0, done_ = 0;
   std::exception_ptr error_;  // the first failure; what follows it is skipped
-  bool stopping_ = false;  // the owner is going, or abort(): nothing more is taken
+  bool stopping_ = false;     // the owner is going, or abort(): nothing more is taken
   bool aborted_ = false;
   std::thread worker_;  // last: started once the rest is ready
 };

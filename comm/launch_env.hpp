@@ -10,11 +10,11 @@
 namespace shardplan::comm {
 
 struct LaunchEnvironment {
-  int rank = 0;       // in the whole job, 0 ≤ rank < world_size
-  int world_size = 1; // processes in the job
-  int local_rank = 0; // on this host; picks the GPU
-  std::string master_addr; // where rank 0 listens: an IPv4 address or a host name
-  int master_port = 0;     // 1..65535
+  int rank = 0;             // in the whole job, 0 ≤ rank < world_size
+  int world_size = 1;       // processes in the job
+  int local_rank = 0;       // on this host; picks the GPU
+  std::string master_addr;  // where rank 0 listens: an IPv4 address or a host name
+  int master_port = 0;      // 1..65535
   // torchrun's own store already listens on MASTER_PORT (it sets TORCHELASTIC_USE_AGENT_STORE=True
   // when its agent hosts the store, torch/distributed/elastic/agent/server/api.py): the ranks'
   // exchange then uses the next port.
@@ -38,4 +38,4 @@ bool launched_with_torchrun_environment(const EnvironmentLookup& lookup);
 LaunchEnvironment read_launch_environment();
 LaunchEnvironment read_launch_environment(const EnvironmentLookup& lookup);
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

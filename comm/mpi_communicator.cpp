@@ -27,7 +27,7 @@ MPI_Datatype mpi_type(DataType type) {
     return MPI_FLOAT;
   case DataType::f64:
     return MPI_DOUBLE;
-  case DataType::bf16: // raw 16-bit words; reduced by half_precision_op()
+  case DataType::bf16:  // raw 16-bit words; reduced by half_precision_op()
   case DataType::f16:
     return MPI_UINT16_T;
   case DataType::i32:
@@ -49,10 +49,8 @@ void reduce_half_words(void* in, void* inout, int* length, MPI_Datatype* /*type*
     const float x = is_bf16 ? bf16_to_float(a[i]) : f16_to_float(a[i]);
     const float y = is_bf16 ? bf16_to_float(b[i]) : f16_to_float(b[i]);
     float r = x + y;
-    if constexpr (op == ReduceOp::max)
-      r = x > y ? x : y;
-    if constexpr (op == ReduceOp::min)
-      r = x < y ? x : y;
+    if constexpr (op == ReduceOp::max) r = x > y ? x : y;
+    if constexpr (op == ReduceOp::min) r = x < y ? x : y;
     b[i] = is_bf16 ? float_to_bf16(r) : float_to_f16(r);
   }
 }
@@ -73,8 +71,7 @@ MPI_Op half_precision_op(DataType type, ReduceOp op) {
 }
 
 MPI_Op mpi_op(DataType type, ReduceOp op) {
-  if (type == DataType::bf16 || type == DataType::f16)
-    return half_precision_op(type, op);
+  if (type == DataType::bf16 || type == DataType::f16) return half_precision_op(type, op);
   switch (op) {
   case ReduceOp::sum:
     return MPI_SUM;
@@ -86,15 +83,13 @@ MPI_Op mpi_op(DataType type, ReduceOp op) {
   return MPI_SUM;
 }
 
-} // namespace
+}  // namespace
 
 void check_mpi(int code, const char* call, const char* file, int line) {
-  if (code == MPI_SUCCESS)
-    return;
+  if (code == MPI_SUCCESS) return;
   std::array<char, MPI_MAX_ERROR_STRING> text{};
   int length = 0;
-  if (MPI_Error_string(code, text.data(), &length) != MPI_SUCCESS)
-    length = 0;
+  if (MPI_Error_string(code, text.data(), &length) != MPI_SUCCESS) length = 0;
   throw CommError(fmt::format("{} failed: {}", call,
                               length > 0
                                   ? std::string(text.data(), static_cast<std::size_t>(length))
@@ -112,7 +107,7 @@ MpiCommunicator::~MpiCommunicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && comm_ != MPI_COMM_NULL && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF)
-    MPI_Comm_free(&comm_); // a destructor cannot report a failure; the job is ending anyway
+    MPI_Comm_free(&comm_);  // a destructor cannot report a failure; the job is ending anyway
 }
 
 std::string MpiCommunicator::library_version() const {
@@ -122,8 +117,7 @@ std::string MpiCommunicator::library_version() const {
   std::string version(text.data(), static_cast<std::size_t>(length));
   // "Open MPI v4.1.4, package: ..., ident: ..." -> "Open MPI v4.1.4"
   const auto end = version.find_first_of(",\n");
-  if (end != std::string::npos)
-    version.resize(end);
+  if (end != std::string::npos) version.resize(end);
   return version;
 }
 
@@ -174,9 +168,7 @@ void MpiCommunicator::all_to_all(const void* send, void* recv, std::size_t count
   SHARDPLAN_MPI_CALL(MPI_Alltoall, send, n, mpi_type(type), recv, n, mpi_type(type), comm_);
 }
 
-void MpiCommunicator::barrier() {
-  SHARDPLAN_MPI_CALL(MPI_Barrier, comm_);
-}
+void MpiCommunicator::barrier() { SHARDPLAN_MPI_CALL(MPI_Barrier, comm_); }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::split_mpi(int color, int key) {
   MPI_Comm part = MPI_COMM_NULL;
@@ -188,4 +180,4 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   return split_mpi(color, key);
 }
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -54,4 +54,4 @@ private:
   int size_ = 1;
 };
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -30,8 +30,7 @@ MpiEnvironment::MpiEnvironment() {
 MpiEnvironment::~MpiEnvironment() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (initialized_here_ && !finalized)
-    MPI_Finalize();
+  if (initialized_here_ && !finalized) MPI_Finalize();
 }
 
 std::unique_ptr<MpiCommunicator> MpiEnvironment::world() const {
@@ -42,7 +41,7 @@ std::unique_ptr<MpiCommunicator> MpiEnvironment::world() const {
 
 void MpiEnvironment::abort(int exit_code) const {
   MPI_Abort(MPI_COMM_WORLD, exit_code);
-  std::abort(); // MPI_Abort does not return; this keeps [[noreturn]] true if it ever did
+  std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] true if it ever did
 }
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -33,4 +33,4 @@ private:
   int thread_level_ = MPI_THREAD_SINGLE;
 };
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -13,7 +13,8 @@
 #define SHARDPLAN_NCCL_CALL(communicator, function, ...)                                           \
   ::shardplan::comm::check_nccl(function(__VA_ARGS__), #function, communicator, __FILE__, __LINE__)
 // A collective of this communicator, refused once it is aborted (NcclCommunicator::enqueue).
-#define SHARDPLAN_NCCL_ENQUEUE(function, ...) enqueue(#function, [&] { return function(__VA_ARGS__); })
+#define SHARDPLAN_NCCL_ENQUEUE(function, ...)                                                      \
+  enqueue(#function, [&] { return function(__VA_ARGS__); })
 
 namespace shardplan::comm {
 namespace {
@@ -126,16 +127,14 @@ ncclComm_t init_rank(int ranks, const ncclUniqueId& id, int rank) {
   return comm;
 }
 
-} // namespace
+}  // namespace
 
 void check_nccl(ncclResult_t code, const char* call, ncclComm_t comm, const char* file, int line) {
-  if (code == ncclSuccess)
-    return;
+  if (code == ncclSuccess) return;
   std::string message = fmt::format("{} failed: {}", call, ncclGetErrorString(code));
   if (comm != nullptr) {
     const char* last = ncclGetLastError(comm);
-    if (last != nullptr && *last != '\0')
-      message += fmt::format(" ({})", last);
+    if (last != nullptr && *last != '\0') message += fmt::format(" ({})", last);
   }
   throw CommError(message, file, line);
 }
@@ -143,7 +142,7 @@ void check_nccl(ncclResult_t code, const char* call, ncclComm_t comm, const char
 int cuda_device_count() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError(); // clear the sticky "no driver" error
+    (void)cudaGetLastError();  // clear the sticky "no driver" error
     return 0;
   }
   return count;
@@ -157,8 +156,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& host_gr
   const int device = local_rank % devices;
   SHARDPLAN_CUDA_CALL(cudaSetDevice, device);
   ncclUniqueId id{};
-  if (host_group.rank() == 0)
-    SHARDPLAN_NCCL_CALL(nullptr, ncclGetUniqueId, &id);
+  if (host_group.rank() == 0) SHARDPLAN_NCCL_CALL(nullptr, ncclGetUniqueId, &id);
   host_group.broadcast(&id, sizeof id, DataType::u8, 0);
   ncclComm_t comm = init_rank(host_group.size(), id, host_group.rank());
   return std::unique_ptr<NcclCommunicator>(
@@ -172,20 +170,20 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create_alone(int device) {
   SHARDPLAN_CUDA_CALL(cudaSetDevice, device);
   ncclUniqueId id{};
   SHARDPLAN_NCCL_CALL(nullptr, ncclGetUniqueId, &id);
-  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(init_rank(1, id, 0), device, nullptr));
+  return std::unique_ptr<NcclCommunicator>(
+      new NcclCommunicator(init_rank(1, id, 0), device, nullptr));
 }
 
 std::unique_ptr<NcclCommunicator>
 NcclCommunicator::create_from_environment(const LaunchEnvironment& environment, double timeout_s) {
-  set_process_rank(environment.rank); // for the host and rank in every CommError from here on
+  set_process_rank(environment.rank);  // for the host and rank in every CommError from here on
   const int devices = cuda_device_count();
   if (devices == 0)
     throw CommError("NCCL backend: no CUDA device on this host", __FILE__, __LINE__);
   const int device = environment.local_rank % devices;
   SHARDPLAN_CUDA_CALL(cudaSetDevice, device);
   ncclUniqueId id{};
-  if (environment.rank == 0)
-    SHARDPLAN_NCCL_CALL(nullptr, ncclGetUniqueId, &id);
+  if (environment.rank == 0) SHARDPLAN_NCCL_CALL(nullptr, ncclGetUniqueId, &id);
   const auto shared = tcp_share_blob(environment, std::as_bytes(std::span(&id, 1)), timeout_s);
   if (shared.size() != sizeof id)
     throw CommError(fmt::format("NCCL backend: rank 0 sent a {}-byte id, not {} bytes",
@@ -216,8 +214,7 @@ NcclCommunicator::~NcclCommunicator() {
     (void)cudaStreamSynchronize(stream_);
     (void)cudaStreamDestroy(stream_);
   }
-  if (barrier_scratch_ != nullptr)
-    (void)cudaFree(barrier_scratch_);
+  if (barrier_scratch_ != nullptr) (void)cudaFree(barrier_scratch_);
   // A non-blocking communicator is finalized (its pending work flushed) before it is destroyed.
   ncclResult_t state = ncclCommFinalize(comm_);
   while (state == ncclInProgress && ncclCommGetAsyncError(comm_, &state) == ncclSuccess)
@@ -236,16 +233,16 @@ std::unique_ptr<CommBuffer> NcclCommunicator::allocate(std::size_t bytes) {
   return std::make_unique<DeviceBuffer>(device_, bytes);
 }
 
-void NcclCommunicator::do_all_reduce(const void* send, void* recv, std::size_t count,
-                                     DataType type, ReduceOp op) {
+void NcclCommunicator::do_all_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                                     ReduceOp op) {
   SHARDPLAN_NCCL_ENQUEUE(ncclAllReduce, send, recv, count, nccl_type(type), nccl_op(op), comm_,
-                      stream_);
+                         stream_);
 }
 
 void NcclCommunicator::do_reduce(const void* send, void* recv, std::size_t count, DataType type,
                                  int root, ReduceOp op) {
-  SHARDPLAN_NCCL_ENQUEUE(ncclReduce, send, recv, count, nccl_type(type), nccl_op(op), root,
-                      comm_, stream_);
+  SHARDPLAN_NCCL_ENQUEUE(ncclReduce, send, recv, count, nccl_type(type), nccl_op(op), root, comm_,
+                         stream_);
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t count, DataType type) {
@@ -254,13 +251,13 @@ void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t coun
 
 void NcclCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_t count,
                                          DataType type, ReduceOp op) {
-  SHARDPLAN_NCCL_ENQUEUE(ncclReduceScatter, send, recv, count, nccl_type(type), nccl_op(op),
-                      comm_, stream_);
+  SHARDPLAN_NCCL_ENQUEUE(ncclReduceScatter, send, recv, count, nccl_type(type), nccl_op(op), comm_,
+                         stream_);
 }
 
 void NcclCommunicator::broadcast(void* buffer, std::size_t count, DataType type, int root) {
   SHARDPLAN_NCCL_ENQUEUE(ncclBroadcast, buffer, buffer, count, nccl_type(type), root, comm_,
-                      stream_);
+                         stream_);
 }
 
 void NcclCommunicator::all_to_all(const void* send, void* recv, std::size_t count, DataType type) {
@@ -292,10 +289,8 @@ void NcclCommunicator::synchronize() {
       check_nccl(async_error, "NCCL (asynchronous error)", comm_, __FILE__, __LINE__);
     }
     const cudaError_t state = cudaStreamQuery(stream_);
-    if (state == cudaSuccess)
-      return;
-    if (state != cudaErrorNotReady)
-      check_cuda(state, "cudaStreamQuery", __FILE__, __LINE__);
+    if (state == cudaSuccess) return;
+    if (state != cudaErrorNotReady) check_cuda(state, "cudaStreamQuery", __FILE__, __LINE__);
     std::this_thread::yield();
   }
 }
@@ -334,9 +329,8 @@ void NcclCommunicator::throw_if_aborted() const {
 
 void NcclCommunicator::abort() {
   std::lock_guard lock(abort_mutex_);
-  if (aborted_.exchange(true))
-    return;
-  (void)ncclCommAbort(comm_); // the job ends next; there is no one to report a failure to
+  if (aborted_.exchange(true)) return;
+  (void)ncclCommAbort(comm_);  // the job ends next; there is no one to report a failure to
 }
 
 void NcclCommunicator::barrier() {
@@ -352,7 +346,8 @@ void NcclCommunicator::barrier() {
     SHARDPLAN_CUDA_CALL(cudaMalloc, &barrier_scratch_, sizeof(int));
     SHARDPLAN_CUDA_CALL(cudaMemsetAsync, barrier_scratch_, 0, sizeof(int), stream_);
   }
-  SHARDPLAN_NCCL_ENQUEUE(ncclAllReduce, barrier_scratch_, barrier_scratch_, 1, ncclInt32, ncclSum, comm_, stream_);
+  SHARDPLAN_NCCL_ENQUEUE(ncclAllReduce, barrier_scratch_, barrier_scratch_, 1, ncclInt32, ncclSum,
+                         comm_, stream_);
   synchronize();
 }
 
@@ -365,4 +360,4 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
       part, device_, host_group_ != nullptr ? host_group_->split(color, key) : nullptr));
 }
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -37,8 +37,8 @@ public:
   // and hands it to the others over TCP on MASTER_ADDR:MASTER_PORT (comm/tcp_exchange.hpp),
   // waiting at most `timeout_s` for them (PyTorch's TCPStore waits 300 s by default); the GPU is
   // LOCAL_RANK's. Such a communicator has no host group: its barrier is an NCCL all-reduce.
-  static std::unique_ptr<NcclCommunicator> create_from_environment(
-      const LaunchEnvironment& environment, double timeout_s = 300);
+  static std::unique_ptr<NcclCommunicator>
+  create_from_environment(const LaunchEnvironment& environment, double timeout_s = 300);
   // One rank alone on `device`, with no other process to share an id with (a one-GPU check).
   static std::unique_ptr<NcclCommunicator> create_alone(int device);
   ~NcclCommunicator() override;
@@ -83,7 +83,7 @@ private:
   int device_;
   std::unique_ptr<Communicator> host_group_;
   cudaStream_t stream_ = nullptr;
-  void* barrier_scratch_ = nullptr; // one int on the device, for barrier() without a host group
+  void* barrier_scratch_ = nullptr;  // one int on the device, for barrier() without a host group
   int rank_ = 0;
   int size_ = 1;
   // abort() from the watchdog's thread against synchronize()'s polling of the communicator
@@ -92,4 +92,4 @@ private:
   std::atomic<bool> aborted_{false};
 };
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -3,36 +3,30 @@
 #include <unistd.h>
 
 #include <array>
-#include <fstream>
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
 
 namespace shardplan::comm {
 namespace {
 std::atomic<int> world_rank{-1};
-} // namespace
+}  // namespace
 
 std::string host_name() {
   std::array<char, 256> name{};
-  if (gethostname(name.data(), name.size() - 1) != 0)
-    return "unknown-host";
+  if (gethostname(name.data(), name.size() - 1) != 0) return "unknown-host";
   return std::string(name.data());
 }
 
-int process_rank() {
-  return world_rank.load();
-}
-void set_process_rank(int rank) {
-  world_rank.store(rank);
-}
+int process_rank() { return world_rank.load(); }
+void set_process_rank(int rank) { world_rank.store(rank); }
 
 int launcher_rank_from_environment() {
   for (const char* variable : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
     if (const char* value = std::getenv(variable)) {
       char* end = nullptr;
       const long rank = std::strtol(value, &end, 10);
-      if (end != value && *end == '\0' && rank >= 0)
-        return static_cast<int>(rank);
+      if (end != value && *end == '\0' && rank >= 0) return static_cast<int>(rank);
     }
   }
   return 0;
@@ -43,9 +37,8 @@ std::optional<double> host_memory_bytes() {
   std::string key, unit;
   double kibibytes = 0;
   while (in >> key >> kibibytes >> unit)
-    if (key == "MemTotal:")
-      return kibibytes * 1024.0; // the kernel's "kB" is KiB
+    if (key == "MemTotal:") return kibibytes * 1024.0;  // the kernel's "kB" is KiB
   return std::nullopt;
 }
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -16,4 +16,4 @@ void set_process_rank(int world_rank);
 // initialized; 0 when none is set (a process started by hand).
 int launcher_rank_from_environment();
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

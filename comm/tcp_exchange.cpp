@@ -58,8 +58,7 @@ public:
   bool valid() const { return fd_ >= 0; }
   int release() { return std::exchange(fd_, -1); }
   void reset() {
-    if (fd_ >= 0)
-      (void)::close(fd_); // nothing is left to report on a socket being dropped
+    if (fd_ >= 0) (void)::close(fd_);  // nothing is left to report on a socket being dropped
     fd_ = -1;
   }
 
@@ -67,13 +66,9 @@ private:
   int fd_ = -1;
 };
 
-std::string seconds_text(double seconds) {
-  return fmt::format("{:g} s", seconds);
-}
+std::string seconds_text(double seconds) { return fmt::format("{:g} s", seconds); }
 
-std::string errno_text(int error) {
-  return std::strerror(error);
-}
+std::string errno_text(int error) { return std::strerror(error); }
 
 Clock::time_point deadline_after(double timeout_s) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -83,8 +78,7 @@ Clock::time_point deadline_after(double timeout_s) {
 // Milliseconds until `deadline` for poll(), rounded up so that a wait never ends just before it.
 int milliseconds_left(Clock::time_point deadline) {
   const auto left = deadline - Clock::now();
-  if (left <= Clock::duration::zero())
-    return 0;
+  if (left <= Clock::duration::zero()) return 0;
   const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
   return static_cast<int>(std::min<long long>(ms, 1 << 30));
 }
@@ -93,7 +87,7 @@ enum class Io { done, timed_out, closed, failed };
 
 struct IoResult {
   Io status = Io::done;
-  int error = 0; // errno when failed
+  int error = 0;  // errno when failed
 };
 
 // Waits until `fd` is ready for `events` or the deadline passes; false on timeout. Errors and
@@ -102,12 +96,9 @@ bool wait_for(int fd, short events, Clock::time_point deadline) {
   for (;;) {
     pollfd entry{fd, events, 0};
     const int ready = ::poll(&entry, 1, milliseconds_left(deadline));
-    if (ready > 0)
-      return true;
-    if (ready == 0)
-      return false;
-    if (errno != EINTR)
-      return true;
+    if (ready > 0) return true;
+    if (ready == 0) return false;
+    if (errno != EINTR) return true;
   }
 }
 
@@ -121,8 +112,7 @@ IoResult send_all(int fd, const void* data, std::size_t bytes, Clock::time_point
     } else if (sent < 0 && errno == EINTR) {
       continue;
     } else if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (!wait_for(fd, POLLOUT, deadline))
-        return {Io::timed_out, 0};
+      if (!wait_for(fd, POLLOUT, deadline)) return {Io::timed_out, 0};
     } else {
       return {Io::failed, sent < 0 ? errno : EPIPE};
     }
@@ -142,8 +132,7 @@ IoResult receive_exactly(int fd, void* data, std::size_t bytes, Clock::time_poin
     } else if (errno == EINTR) {
       continue;
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (!wait_for(fd, POLLIN, deadline))
-        return {Io::timed_out, 0};
+      if (!wait_for(fd, POLLIN, deadline)) return {Io::timed_out, 0};
     } else {
       return {Io::failed, errno};
     }
@@ -152,17 +141,14 @@ IoResult receive_exactly(int fd, void* data, std::size_t bytes, Clock::time_poin
 }
 
 void put_u32(std::byte* out, std::uint32_t value) {
-  for (int i = 3; i >= 0; --i, value >>= 8)
-    out[i] = static_cast<std::byte>(value & 0xffU);
+  for (int i = 3; i >= 0; --i, value >>= 8) out[i] = static_cast<std::byte>(value & 0xffU);
 }
 void put_u64(std::byte* out, std::uint64_t value) {
-  for (int i = 7; i >= 0; --i, value >>= 8)
-    out[i] = static_cast<std::byte>(value & 0xffU);
+  for (int i = 7; i >= 0; --i, value >>= 8) out[i] = static_cast<std::byte>(value & 0xffU);
 }
 std::uint64_t get_be(const std::byte* in, int bytes) {
   std::uint64_t value = 0;
-  for (int i = 0; i < bytes; ++i)
-    value = value << 8 | std::to_integer<std::uint64_t>(in[i]);
+  for (int i = 0; i < bytes; ++i) value = value << 8 | std::to_integer<std::uint64_t>(in[i]);
   return value;
 }
 
@@ -179,9 +165,8 @@ std::string endpoint_text(const std::string& address, int port) {
 std::string peer_text(const sockaddr_storage& peer, socklen_t length) {
   std::array<char, NI_MAXHOST> host{};
   std::array<char, NI_MAXSERV> service{};
-  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&peer), length, host.data(),
-                    host.size(), service.data(), service.size(),
-                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&peer), length, host.data(), host.size(),
+                    service.data(), service.size(), NI_NUMERICHOST | NI_NUMERICSERV) != 0)
     return "an unknown address";
   return fmt::format("{}:{}", host.data(), service.data());
 }
@@ -192,8 +177,7 @@ struct AddressList {
   AddressList(const AddressList&) = delete;
   AddressList& operator=(const AddressList&) = delete;
   ~AddressList() {
-    if (first != nullptr)
-      ::freeaddrinfo(first);
+    if (first != nullptr) ::freeaddrinfo(first);
   }
 };
 
@@ -227,24 +211,23 @@ void send_refusal(int fd, const std::string& reason) {
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::string text;
-  for (const int rank : ranks)
-    text += (text.empty() ? "" : ", ") + std::to_string(rank);
+  for (const int rank : ranks) text += (text.empty() ? "" : ", ") + std::to_string(rank);
   return text;
 }
 
-} // namespace
+}  // namespace
 
 TcpBlobServer::TcpBlobServer(std::string address, int port, int world_size)
     : address_(std::move(address)), port_(port), world_size_(world_size) {
   if (world_size_ < 1 || port_ < 0 || port_ > 65535)
-    throw CommError(fmt::format("rank 0: cannot serve a world of {} ranks on port {}", world_size_,
-                                port_),
-                    __FILE__, __LINE__);
+    throw CommError(
+        fmt::format("rank 0: cannot serve a world of {} ranks on port {}", world_size_, port_),
+        __FILE__, __LINE__);
   AddressList addresses;
   if (const int code = resolve(address_, port_, true, addresses); code != 0)
-    throw CommError(fmt::format("rank 0: cannot resolve \"{}\": {}", address_,
-                                ::gai_strerror(code)),
-                    __FILE__, __LINE__);
+    throw CommError(
+        fmt::format("rank 0: cannot resolve \"{}\": {}", address_, ::gai_strerror(code)), __FILE__,
+        __LINE__);
   int last_error = EADDRNOTAVAIL;
   const auto try_bind = [&](const sockaddr* where, socklen_t length, int family) {
     Socket candidate(::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
@@ -279,9 +262,7 @@ TcpBlobServer::TcpBlobServer(std::string address, int port, int world_size)
     throw CommError(
         fmt::format("rank 0: cannot listen on {}: {}{}", endpoint_text(address_, port_),
                     errno_text(last_error),
-                    last_error == EADDRINUSE
-                        ? " (another program holds the port)"
-                        : ""),
+                    last_error == EADDRINUSE ? " (another program holds the port)" : ""),
         __FILE__, __LINE__);
   sockaddr_storage bound{};
   socklen_t length = sizeof bound;
@@ -292,8 +273,7 @@ TcpBlobServer::TcpBlobServer(std::string address, int port, int world_size)
 }
 
 TcpBlobServer::~TcpBlobServer() {
-  if (listener_ >= 0)
-    (void)::close(listener_);
+  if (listener_ >= 0) (void)::close(listener_);
 }
 
 namespace {
@@ -312,12 +292,10 @@ public:
     while (connected_ < peers_) {
       std::vector<pollfd> entries;
       entries.push_back({listener_.get(), POLLIN, 0});
-      for (const auto& entry : pending_)
-        entries.push_back({entry.socket.get(), POLLIN, 0});
+      for (const auto& entry : pending_) entries.push_back({entry.socket.get(), POLLIN, 0});
       const int ready =
           ::poll(entries.data(), static_cast<nfds_t>(entries.size()), milliseconds_left(deadline_));
-      if (ready < 0 && errno == EINTR)
-        continue;
+      if (ready < 0 && errno == EINTR) continue;
       if (ready < 0)
         give_up(fmt::format("rank 0: poll on {} failed: {}", where_, errno_text(errno)), __LINE__);
       if (ready == 0)
@@ -337,8 +315,7 @@ public:
         entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(i) + 1);
         ++connected_;
       }
-      if (entries[0].revents != 0)
-        accept_waiting();
+      if (entries[0].revents != 0) accept_waiting();
     }
   }
 
@@ -389,18 +366,15 @@ private:
   template <typename Done> std::string missing_ranks(const Done& done) const {
     std::vector<int> missing;
     for (int rank = 1; rank < world_size_; ++rank)
-      if (!done(rank))
-        missing.push_back(rank);
+      if (!done(rank)) missing.push_back(rank);
     return rank_list(missing);
   }
 
   // Tells every peer that has connected why the job ends, then ends it on this rank.
   [[noreturn]] void give_up(const std::string& reason, int line) {
     for (auto& socket : by_rank_)
-      if (socket.valid())
-        send_refusal(socket.get(), reason);
-    for (auto& entry : pending_)
-      send_refusal(entry.socket.get(), reason);
+      if (socket.valid()) send_refusal(socket.get(), reason);
+    for (auto& entry : pending_) send_refusal(entry.socket.get(), reason);
     throw CommError(reason, __FILE__, line);
   }
 
@@ -409,16 +383,14 @@ private:
   bool read_greeting(Pending& entry) {
     const ssize_t got = ::recv(entry.socket.get(), entry.hello.data() + entry.received,
                                kHelloBytes - entry.received, 0);
-    if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
-      return false;
+    if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return false;
     if (got <= 0)
       give_up(fmt::format("rank 0: a peer from {} closed its connection to {} before naming its "
                           "rank{}",
                           entry.from, where_, got < 0 ? ": " + errno_text(errno) : ""),
               __LINE__);
     entry.received += static_cast<std::size_t>(got);
-    if (entry.received < kHelloBytes)
-      return false;
+    if (entry.received < kHelloBytes) return false;
     if (!std::equal(kMagic.begin(), kMagic.end(), entry.hello.begin()))
       give_up(fmt::format("rank 0: the connection from {} to {} is not a shardplan rank (wrong "
                           "greeting); is another program using this address?",
@@ -451,8 +423,7 @@ private:
       socklen_t length = sizeof peer;
       const int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&peer), &length,
                                SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0)
-        break; // EAGAIN: no more for now; an aborted connection is simply not a peer
+      if (fd < 0) break;  // EAGAIN: no more for now; an aborted connection is simply not a peer
       set_non_blocking_options(fd);
       pending_.push_back({Socket(fd), peer_text(peer, length), {}, 0});
     }
@@ -470,7 +441,7 @@ private:
   int connected_ = 0;
 };
 
-} // namespace
+}  // namespace
 
 void TcpBlobServer::serve(std::span<const std::byte> blob, double timeout_s) {
   // One job per server: stop listening on return.
@@ -485,8 +456,7 @@ namespace {
 // Connects to one of rank 0's addresses; returns 0, or the errno of the failure.
 int connect_to(const addrinfo& entry, Clock::time_point deadline, Socket& socket) {
   Socket candidate(::socket(entry.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!candidate.valid())
-    return errno;
+  if (!candidate.valid()) return errno;
   int error = 0;
   if (::connect(candidate.get(), entry.ai_addr, entry.ai_addrlen) != 0) {
     error = errno;
@@ -519,17 +489,15 @@ Socket connect_to_rank0(const std::string& address, int port, int rank, double t
     AddressList addresses;
     const int code = resolve(address, port, false, addresses);
     if (code != 0 && code != EAI_AGAIN)
-      throw CommError(fmt::format("rank {}: cannot resolve \"{}\": {}", rank, address,
-                                  ::gai_strerror(code)),
-                      __FILE__, __LINE__);
-    if (code == EAI_AGAIN)
-      last_error = ::gai_strerror(code);
+      throw CommError(
+          fmt::format("rank {}: cannot resolve \"{}\": {}", rank, address, ::gai_strerror(code)),
+          __FILE__, __LINE__);
+    if (code == EAI_AGAIN) last_error = ::gai_strerror(code);
     for (const addrinfo* entry = addresses.first; entry != nullptr && !socket.valid();
          entry = entry->ai_next)
       if (const int error = connect_to(*entry, deadline, socket); error != 0)
         last_error = errno_text(error);
-    if (socket.valid())
-      break;
+    if (socket.valid()) break;
     if (Clock::now() >= deadline)
       throw CommError(fmt::format("rank {}: could not connect to rank 0 at {} within {} (last "
                                   "error: {})",
@@ -550,13 +518,12 @@ std::string refusal_reason(int fd, Clock::time_point deadline) {
   if (receive_exactly(fd, size.data(), size.size(), deadline).status == Io::done) {
     const auto bytes = std::min(get_be(size.data(), 8), kMaxReplyBytes);
     std::string text(static_cast<std::size_t>(bytes), '\0');
-    if (receive_exactly(fd, text.data(), text.size(), deadline).status == Io::done)
-      reason = text;
+    if (receive_exactly(fd, text.data(), text.size(), deadline).status == Io::done) reason = text;
   }
   return reason;
 }
 
-} // namespace
+}  // namespace
 
 std::vector<std::byte> tcp_receive_blob(const std::string& address, int port, int rank,
                                         int world_size, double timeout_s) {
@@ -574,11 +541,11 @@ std::vector<std::byte> tcp_receive_blob(const std::string& address, int port, in
                                    "within {} (rank 0 sends it once all {} ranks have connected)",
                                    rank, where, waiting_for, seconds_text(timeout_s), world_size),
                        __FILE__, __LINE__);
-    return CommError(fmt::format("rank {}: rank 0 at {} closed the connection before {} arrived{}",
-                                 rank, where, waiting_for,
-                                 result.status == Io::failed ? ": " + errno_text(result.error)
-                                                             : ""),
-                     __FILE__, __LINE__);
+    return CommError(
+        fmt::format("rank {}: rank 0 at {} closed the connection before {} arrived{}", rank, where,
+                    waiting_for,
+                    result.status == Io::failed ? ": " + errno_text(result.error) : ""),
+        __FILE__, __LINE__);
   };
 
   // 2. Name this rank.
@@ -607,10 +574,10 @@ std::vector<std::byte> tcp_receive_blob(const std::string& address, int port, in
       result.status != Io::done)
     throw lost(result, "the id");
   if (status == kStatusRefusal)
-    throw CommError(fmt::format("rank {}: rank 0 at {} refused the job: {}", rank, where,
-                                std::string(reinterpret_cast<const char*>(payload.data()),
-                                            payload.size())),
-                    __FILE__, __LINE__);
+    throw CommError(
+        fmt::format("rank {}: rank 0 at {} refused the job: {}", rank, where,
+                    std::string(reinterpret_cast<const char*>(payload.data()), payload.size())),
+        __FILE__, __LINE__);
 
   // 4. Confirm, and wait until every rank has.
   if (const auto result = send_all(socket.get(), &kAck, 1, deadline); result.status != Io::done)
@@ -633,8 +600,7 @@ std::vector<std::byte> tcp_receive_blob(const std::string& address, int port, in
 
 std::vector<std::byte> tcp_share_blob(const LaunchEnvironment& environment,
                                       std::span<const std::byte> blob, double timeout_s) {
-  if (environment.world_size == 1)
-    return {blob.begin(), blob.end()};
+  if (environment.world_size == 1) return {blob.begin(), blob.end()};
   if (environment.rank == 0) {
     TcpBlobServer server(environment.master_addr, environment.exchange_port(),
                          environment.world_size);
@@ -645,4 +611,4 @@ std::vector<std::byte> tcp_share_blob(const LaunchEnvironment& environment,
                           environment.world_size, timeout_s);
 }
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

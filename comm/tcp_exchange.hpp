@@ -37,8 +37,8 @@ public:
 
   int port() const { return port_; }
   // Waits for the world_size − 1 peers, sends them `blob` and returns once each has it; then
-  // stops listening. Throws CommError on timeout, on a peer that closes early, and on one that names a
-  // rank out of range, one already taken, or another world size.
+  // stops listening. Throws CommError on timeout, on a peer that closes early, and on one that
+  // names a rank out of range, one already taken, or another world size.
   void serve(std::span<const std::byte> blob, double timeout_s);
 
 private:
@@ -59,4 +59,4 @@ std::vector<std::byte> tcp_receive_blob(const std::string& address, int port, in
 std::vector<std::byte> tcp_share_blob(const LaunchEnvironment& environment,
                                       std::span<const std::byte> blob, double timeout_s);
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -9,13 +9,12 @@
 
 namespace shardplan::comm {
 namespace {
-constexpr std::size_t kHostNameBytes = 256; // gathered per rank, NUL-padded
-} // namespace
+constexpr std::size_t kHostNameBytes = 256;  // gathered per rank, NUL-padded
+}  // namespace
 
 bool Topology::uniform() const {
   std::vector<int> per_node(static_cast<std::size_t>(nodes), 0);
-  for (int n : node_of_rank)
-    ++per_node[static_cast<std::size_t>(n)];
+  for (int n : node_of_rank) ++per_node[static_cast<std::size_t>(n)];
   return std::all_of(per_node.begin(), per_node.end(), [&](int c) { return c == per_node[0]; });
 }
 
@@ -23,21 +22,19 @@ std::string Topology::host_list() const {
   std::string list;
   int listed = -1;
   for (std::size_t r = 0; r < hosts.size(); ++r) {
-    if (node_of_rank[r] <= listed)
-      continue;
+    if (node_of_rank[r] <= listed) continue;
     listed = node_of_rank[r];
-    if (!list.empty())
-      list += ",";
+    if (!list.empty()) list += ",";
     list += hosts[r];
   }
   return list;
 }
 
 std::uint64_t host_hash(std::string_view host) {
-  std::uint64_t hash = 0xcbf29ce484222325ULL; // FNV offset basis
+  std::uint64_t hash = 0xcbf29ce484222325ULL;  // FNV offset basis
   for (char c : host) {
     hash ^= static_cast<unsigned char>(c);
-    hash *= 0x100000001b3ULL; // FNV prime
+    hash *= 0x100000001b3ULL;  // FNV prime
   }
   return hash;
 }
@@ -54,8 +51,7 @@ Topology topology_from_hosts(const std::vector<std::string>& hosts, int rank) {
   for (const auto& host : hosts) {
     const auto [it, inserted] =
         node_of_hash.emplace(host_hash(host), static_cast<int>(node_of_hash.size()));
-    if (inserted)
-      ranks_on_node.push_back(0);
+    if (inserted) ranks_on_node.push_back(0);
     const int node = it->second;
     t.node_of_rank.push_back(node);
     t.local_rank_of.push_back(ranks_on_node[static_cast<std::size_t>(node)]++);
@@ -74,7 +70,7 @@ Topology discover_topology(Communicator& world) {
   std::vector<char> all(kHostNameBytes * static_cast<std::size_t>(world.size()));
   if (world.memory_space() == MemorySpace::host) {
     world.all_gather(mine.data(), all.data(), kHostNameBytes, DataType::u8);
-  } else { // through the communicator's own memory (a GPU's for NCCL)
+  } else {  // through the communicator's own memory (a GPU's for NCCL)
     auto buffer = world.allocate(all.size());
     const std::size_t offset = kHostNameBytes * static_cast<std::size_t>(world.rank());
     buffer->copy_from_host(mine.data(), kHostNameBytes, offset);
@@ -89,4 +85,4 @@ Topology discover_topology(Communicator& world) {
   return topology_from_hosts(hosts, world.rank());
 }
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -13,15 +13,15 @@
 namespace shardplan::comm {
 
 struct Topology {
-  int rank = 0;                   // in the world
-  int size = 1;                   // world size
-  int node = 0;                   // this rank's node, numbered in order of the nodes' lowest ranks
-  int nodes = 1;                  // number of nodes
-  int local_rank = 0;             // index among the ranks of its node
-  int local_size = 1;             // ranks on this rank's node
-  std::vector<std::string> hosts; // host name of every world rank
-  std::vector<int> node_of_rank;  // node of every world rank
-  std::vector<int> local_rank_of; // local rank of every world rank
+  int rank = 0;                    // in the world
+  int size = 1;                    // world size
+  int node = 0;                    // this rank's node, numbered in order of the nodes' lowest ranks
+  int nodes = 1;                   // number of nodes
+  int local_rank = 0;              // index among the ranks of its node
+  int local_size = 1;              // ranks on this rank's node
+  std::vector<std::string> hosts;  // host name of every world rank
+  std::vector<int> node_of_rank;   // node of every world rank
+  std::vector<int> local_rank_of;  // local rank of every world rank
 
   // True when every node runs the same number of ranks.
   bool uniform() const;
@@ -36,4 +36,4 @@ Topology topology_from_hosts(const std::vector<std::string>& hosts, int rank);
 // Collective over `world`, which must work on host memory (the MPI world, also under NCCL).
 Topology discover_topology(Communicator& world);
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -20,16 +20,14 @@ namespace {
 // Copies `text` into buffer[at, capacity - 1) and returns the new end; never writes past it.
 // Async-signal-safe (no allocation, no locale).
 std::size_t append(char* buffer, std::size_t capacity, std::size_t at, const char* text) {
-  while (*text != '\0' && at + 1 < capacity)
-    buffer[at++] = *text++;
+  while (*text != '\0' && at + 1 < capacity) buffer[at++] = *text++;
   return at;
 }
 
 void write_all(int fd, const char* data, std::size_t size) {
   while (size > 0) {
     const ssize_t written = ::write(fd, data, size);
-    if (written <= 0)
-      return; // nothing better to do with a broken standard error
+    if (written <= 0) return;  // nothing better to do with a broken standard error
     data += written;
     size -= static_cast<std::size_t>(written);
   }
@@ -51,7 +49,7 @@ const char* signal_name(int signal) {
   return "a fatal signal";
 }
 
-} // namespace
+}  // namespace
 
 // The process-wide half of crash reporting: signal handlers can only reach a watchdog through
 // static state. One watchdog at a time reports; the handlers it replaced are kept to run after it.
@@ -62,21 +60,17 @@ struct CrashReport {
 
   static bool install(Watchdog* watchdog) {
     Watchdog* none = nullptr;
-    if (!reporter.compare_exchange_strong(none, watchdog))
-      return false;
-    struct sigaction action{};
+    if (!reporter.compare_exchange_strong(none, watchdog)) return false;
+    struct sigaction action {};
     action.sa_handler = handle;
     sigemptyset(&action.sa_mask);
-    for (std::size_t i = 0; i < kSignals.size(); ++i)
-      sigaction(kSignals[i], &action, &previous[i]);
+    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &action, &previous[i]);
     return true;
   }
 
   static void uninstall(Watchdog* watchdog) {
-    if (reporter.load() != watchdog)
-      return;
-    for (std::size_t i = 0; i < kSignals.size(); ++i)
-      sigaction(kSignals[i], &previous[i], nullptr);
+    if (reporter.load() != watchdog) return;
+    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &previous[i], nullptr);
     reporter.store(nullptr);
   }
 
@@ -101,24 +95,21 @@ struct CrashReport {
     // The replaced action (Open MPI prints a backtrace, the default ends the process) runs when
     // this handler returns: the signal stays blocked until then.
     for (std::size_t i = 0; i < kSignals.size(); ++i)
-      if (kSignals[i] == signal)
-        sigaction(signal, &previous[i], nullptr);
+      if (kSignals[i] == signal) sigaction(signal, &previous[i], nullptr);
     raise(signal);
   }
 };
 
 Watchdog::Watchdog(Options options, EndJob end_job)
-    : options_(std::move(options)), end_job_(std::move(end_job)),
-      grace_s_(kWaitingGrace_s) {
+    : options_(std::move(options)), end_job_(std::move(end_job)), grace_s_(kWaitingGrace_s) {
   if (!(options_.timeout_s > 0) || !std::isfinite(options_.timeout_s))
     throw std::invalid_argument(
         fmt::format("the watchdog's timeout must be > 0 and finite, got {}", options_.timeout_s));
-  const auto prefix = fmt::format("{}: rank {} on {}: ", options_.program, options_.rank,
-                                  host_name());
+  const auto prefix =
+      fmt::format("{}: rank {} on {}: ", options_.program, options_.rank, host_name());
   std::strncpy(prefix_.data(), prefix.c_str(), prefix_.size() - 1);
   set_phase("startup");
-  if (options_.report_crashes)
-    CrashReport::install(this);
+  if (options_.report_crashes) CrashReport::install(this);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -132,9 +123,7 @@ Watchdog::~Watchdog() {
   thread_.join();
 }
 
-void Watchdog::progress_locked() {
-  last_progress_ = Clock::now();
-}
+void Watchdog::progress_locked() { last_progress_ = Clock::now(); }
 
 void Watchdog::set_phase(std::string_view phase, bool waits_for_peers) {
   std::lock_guard lock(mutex_);
@@ -154,15 +143,13 @@ void Watchdog::begin_wait(const char* operation) {
 
 void Watchdog::end_wait() {
   std::lock_guard lock(mutex_);
-  if (waits_ > 0 && --waits_ == 0)
-    operation_ = nullptr;
+  if (waits_ > 0 && --waits_ == 0) operation_ = nullptr;
   progress_locked();
 }
 
 std::string Watchdog::phase_locked() const {
   std::string text(phase_.data());
-  if (operation_ != nullptr)
-    text += fmt::format(": {}", operation_);
+  if (operation_ != nullptr) text += fmt::format(": {}", operation_);
   return text;
 }
 
@@ -195,8 +182,7 @@ void Watchdog::abort_watched() {
     list = watched_;
   }
   // The most recent first: groups split from a communicator go before it.
-  for (auto it = list.rbegin(); it != list.rend(); ++it)
-    (*it)->abort();
+  for (auto it = list.rbegin(); it != list.rend(); ++it) (*it)->abort();
 }
 
 void Watchdog::run() {
@@ -233,7 +219,7 @@ void Watchdog::fail(std::string_view what, int exit_code) {
 void Watchdog::end_job(int exit_code) {
   abort_watched();
   end_job_(exit_code);
-  std::_Exit(exit_code); // end_job_ does not return; this keeps [[noreturn]] true if it did
+  std::_Exit(exit_code);  // end_job_ does not return; this keeps [[noreturn]] true if it did
 }
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -49,10 +49,10 @@ inline constexpr double kWaitingGrace_s = 0.2;
 class Watchdog {
 public:
   struct Options {
-    std::string program;    // the first word of every line: "executor", "calibrate"
-    int rank = 0;           // world rank, named in every line
-    double timeout_s = 300; // > 0: no progress for this long ends the job
-    int report_fd = 2;      // where the lines go (standard error)
+    std::string program;     // the first word of every line: "executor", "calibrate"
+    int rank = 0;            // world rank, named in every line
+    double timeout_s = 300;  // > 0: no progress for this long ends the job
+    int report_fd = 2;       // where the lines go (standard error)
     bool report_crashes = true;
   };
   // Ends the job with the exit code and does not return (MPI_Abort). Called from the watchdog's
@@ -104,14 +104,14 @@ public:
   // wrote its own).
   [[noreturn]] void end_job(int exit_code);
 
-  static constexpr std::size_t kPhaseCapacity = 160; // bytes kept of a phase, with its NUL
+  static constexpr std::size_t kPhaseCapacity = 160;  // bytes kept of a phase, with its NUL
 
 private:
   using Clock = std::chrono::steady_clock;
   friend struct CrashReport;
 
   void run();
-  void progress_locked(); // mutex_ held
+  void progress_locked();  // mutex_ held
   void abort_watched();
   void write_line(std::string_view text) const;
   std::string phase_locked() const;
@@ -122,16 +122,16 @@ private:
   // "executor: rank 1 on node7: ", made once: the crash handler cannot format.
   std::array<char, 128> prefix_{};
 
-  mutable std::mutex mutex_; // guards everything below; the crash handler reads without it
+  mutable std::mutex mutex_;  // guards everything below; the crash handler reads without it
   std::condition_variable wake_;
   std::array<char, kPhaseCapacity> phase_{};
-  const char* operation_ = nullptr; // the waiting call begun last, or nullptr
-  int waits_ = 0;                   // waiting calls under way (collective streams overlap them)
+  const char* operation_ = nullptr;  // the waiting call begun last, or nullptr
+  int waits_ = 0;                    // waiting calls under way (collective streams overlap them)
   bool phase_waits_ = false;
   Clock::time_point last_progress_;
   bool stopping_ = false;
   std::vector<Communicator*> watched_;
-  std::thread thread_; // last: starts once the rest is ready
+  std::thread thread_;  // last: starts once the rest is ready
 };
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -17,7 +17,7 @@ private:
   Watchdog& watchdog_;
 };
 
-} // namespace
+}  // namespace
 
 WatchedCommunicator::WatchedCommunicator(Communicator& inner, Watchdog& watchdog)
     : ForwardingCommunicator(inner), watchdog_(watchdog), registration_(watchdog, inner) {}
@@ -80,4 +80,4 @@ std::unique_ptr<Communicator> WatchedCommunicator::split(int color, int key) {
   return std::make_unique<WatchedCommunicator>(std::move(part), watchdog_);
 }
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -19,7 +19,6 @@ public:
   // Owns `inner` (a group split off a watched communicator).
   WatchedCommunicator(std::unique_ptr<Communicator> inner, Watchdog& watchdog);
 
-
   void do_all_reduce(const void* send, void* recv, std::size_t count, DataType type,
                      ReduceOp op) override;
   void do_reduce(const void* send, void* recv, std::size_t count, DataType type, int root,
@@ -36,7 +35,7 @@ public:
 private:
   std::unique_ptr<Communicator> owned_;
   Watchdog& watchdog_;
-  Watchdog::Watched registration_; // aborted with the job
+  Watchdog::Watched registration_;  // aborted with the job
 };
 
-} // namespace shardplan::comm
+}  // namespace shardplan::comm

@@ -25,7 +25,7 @@ std::string errno_text() { return std::strerror(errno); }
 // Room for ".tmp-PID-RANDOM" within a file name's 255 bytes.
 constexpr std::size_t kNameBytes = 200;
 
-} // namespace
+}  // namespace
 
 void cannot_write(const std::string& path, const std::string& flag, const std::string& reason) {
   if (flag.empty())
@@ -56,7 +56,7 @@ AtomicFile::AtomicFile(std::string path, std::string flag, int keep_mode)
     fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd_ < 0 && (errno != EEXIST || attempt == 100)) cannot_write(path_, flag_, errno_text());
   }
-  if (keep_mode >= 0) ::fchmod(fd_, static_cast<mode_t>(keep_mode)); // best effort
+  if (keep_mode >= 0) ::fchmod(fd_, static_cast<mode_t>(keep_mode));  // best effort
 }
 
 AtomicFile::~AtomicFile() {
@@ -89,8 +89,7 @@ void AtomicFile::sync() {
 void AtomicFile::commit(bool sync_folder_too) {
   if (committed_) return;
   sync();
-  if (std::rename(temporary_.c_str(), path_.c_str()) != 0)
-    cannot_write(path_, flag_, errno_text());
+  if (std::rename(temporary_.c_str(), path_.c_str()) != 0) cannot_write(path_, flag_, errno_text());
   committed_ = true;
   if (sync_folder_too) sync_folder(folder_, path_, flag_);
 }
@@ -108,4 +107,4 @@ void sync_folder(const std::string& folder, const std::string& path, const std::
     cannot_write(path, flag, fmt::format("cannot sync the folder: {}", std::strerror(error)));
 }
 
-} // namespace shardplan::io
+}  // namespace shardplan::io

@@ -54,7 +54,8 @@ private:
 std::string temporary_prefix(std::string_view name);
 
 // Fsyncs a folder, so that the renames into it reach the disk. A file system without fsync
-// (EINVAL) and a folder that cannot be read (EACCES) are not errors: the file is in place. Throws as AtomicFile, naming `path` (the file renamed into it).
+// (EINVAL) and a folder that cannot be read (EACCES) are not errors: the file is in place. Throws
+// as AtomicFile, naming `path` (the file renamed into it).
 void sync_folder(const std::string& folder, const std::string& path, const std::string& flag = {});
 
-} // namespace shardplan::io
+}  // namespace shardplan::io

@@ -16,4 +16,4 @@ inline const char* file_kind(mode_t mode) {
   return "not a file";
 }
 
-} // namespace shardplan::io
+}  // namespace shardplan::io

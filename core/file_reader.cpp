@@ -9,8 +9,8 @@
 
 #include <fmt/format.h>
 
-#include "core/input_error.hpp"
 #include "core/file_kind.hpp"
+#include "core/input_error.hpp"
 #include "core/text.hpp"
 
 namespace shardplan::io {
@@ -38,12 +38,11 @@ std::string size_text(std::int64_t bytes) {
                            : fmt::format("{} bytes", bytes);
 }
 
-[[noreturn]] void too_large(const std::string& shown, const std::string& size,
-                            std::int64_t limit) {
+[[noreturn]] void too_large(const std::string& shown, const std::string& size, std::int64_t limit) {
   throw InputError(shown, fmt::format("is {}the {} this file may have", size, size_text(limit)));
 }
 
-} // namespace
+}  // namespace
 
 std::string read_file(const std::string& path, std::int64_t limit_bytes) {
   const std::string shown = printable(path);
@@ -78,4 +77,4 @@ std::string read_file(const std::string& path, std::int64_t limit_bytes) {
   return text;
 }
 
-} // namespace shardplan::io
+}  // namespace shardplan::io

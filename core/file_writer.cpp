@@ -11,14 +11,13 @@
 
 #include <fmt/format.h>
 
-#include "core/input_error.hpp"
 #include "core/atomic_file.hpp"
 #include "core/file_kind.hpp"
+#include "core/input_error.hpp"
 #include "core/text.hpp"
 
 namespace shardplan::io {
 namespace {
-
 
 [[noreturn]] void fail(const std::string& path, const std::string& flag,
                        const std::string& reason) {
@@ -32,8 +31,8 @@ enum class Way { standard_output, through, replace };
 
 struct Target {
   Way way = Way::replace;
-  std::string folder;    // replace: where the temporary goes
-  int keep_mode = -1;    // replace: an existing file's permission bits, or -1
+  std::string folder;  // replace: where the temporary goes
+  int keep_mode = -1;  // replace: an existing file's permission bits, or -1
 };
 
 bool written_through(mode_t mode) { return S_ISCHR(mode) || S_ISFIFO(mode) || S_ISSOCK(mode); }
@@ -51,13 +50,15 @@ Target target_of(const std::string& path, const std::string& flag) {
     if (S_ISLNK(st.st_mode)) {
       struct stat to {};
       if (::stat(path.c_str(), &to) != 0)
-        fail(path, flag, fmt::format("it is a symbolic link to nothing ({}); links are followed "
-                                     "only to a device, FIFO or socket",
-                                     errno_text()));
+        fail(path, flag,
+             fmt::format("it is a symbolic link to nothing ({}); links are followed "
+                         "only to a device, FIFO or socket",
+                         errno_text()));
       if (!written_through(to.st_mode))
-        fail(path, flag, fmt::format("it is a symbolic link to {}; links are followed only to a "
-                                     "device, FIFO or socket: give the target's own path",
-                                     file_kind(to.st_mode)));
+        fail(path, flag,
+             fmt::format("it is a symbolic link to {}; links are followed only to a "
+                         "device, FIFO or socket: give the target's own path",
+                         file_kind(to.st_mode)));
       t.way = Way::through;
       return t;
     }
@@ -117,14 +118,20 @@ void replace(const Target& t, const std::string& path, std::string_view bytes,
   file.commit();
 }
 
-} // namespace
+}  // namespace
 
 void write_file(const std::string& path, std::string_view bytes, const std::string& flag) {
   const Target t = target_of(path, flag);
   switch (t.way) {
-  case Way::standard_output: write_standard_output(bytes, flag); return;
-  case Way::through: write_through(path, bytes, flag); return;
-  case Way::replace: replace(t, path, bytes, flag); return;
+  case Way::standard_output:
+    write_standard_output(bytes, flag);
+    return;
+  case Way::through:
+    write_through(path, bytes, flag);
+    return;
+  case Way::replace:
+    replace(t, path, bytes, flag);
+    return;
   }
 }
 
@@ -134,7 +141,7 @@ void check_destination(const std::string& path, const std::string& flag) {
   struct stat st {};
   if (::stat(t.folder.c_str(), &st) != 0) fail(path, flag, errno_text());
   if (!S_ISDIR(st.st_mode)) fail(path, flag, std::strerror(ENOTDIR));
-  const AtomicFile probe(path, flag); // its temporary is removed again at once
+  const AtomicFile probe(path, flag);  // its temporary is removed again at once
 }
 
-} // namespace shardplan::io
+}  // namespace shardplan::io

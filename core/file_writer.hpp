@@ -29,4 +29,4 @@ void write_file(const std::string& path, std::string_view bytes, const std::stri
 // file (one is created and removed there; the final file is not created). Throws as write_file.
 void check_destination(const std::string& path, const std::string& flag = {});
 
-} // namespace shardplan::io
+}  // namespace shardplan::io

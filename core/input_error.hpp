@@ -8,14 +8,14 @@
 namespace shardplan::costmodel {
 
 class InputError : public std::runtime_error {
- public:
+public:
   // where: a JSON pointer ("/gpu/memory_GiB") or a flag ("--gpus"); message says what is wrong
   // and quotes the value, e.g. "must be > 0, got -8".
   InputError(std::string where, const std::string& message)
       : std::runtime_error(where + ": " + message), where_(std::move(where)) {}
   const std::string& where() const { return where_; }
 
- private:
+private:
   std::string where_;
 };
 

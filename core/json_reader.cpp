@@ -21,9 +21,12 @@ std::size_t too_deep_at(const std::string& text) {
   for (std::size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -39,7 +42,8 @@ std::size_t too_deep_at(const std::string& text) {
 
 nlohmann::json parse_json_text(const std::string& text, const std::string& source) {
   if (const auto at = too_deep_at(text); at != std::string::npos)
-    throw InputError(source, fmt::format("nested deeper than {} levels (byte {})", kMaxNesting, at));
+    throw InputError(source,
+                     fmt::format("nested deeper than {} levels (byte {})", kMaxNesting, at));
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
@@ -48,8 +52,9 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& sourc
     // A number beyond a double (1e400) is valid syntax that nlohmann reports as out_of_range.
     const std::string what = e.what();  // "[json.exception.out_of_range.406] number overflow ..."
     const auto text_at = what.find("] ");
-    throw InputError(source, fmt::format("not valid JSON ({})",
-                                         text_at == std::string::npos ? what : what.substr(text_at + 2)));
+    throw InputError(source,
+                     fmt::format("not valid JSON ({})",
+                                 text_at == std::string::npos ? what : what.substr(text_at + 2)));
   }
 }
 

@@ -12,8 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/input_error.hpp"
 #include "core/file_reader.hpp"
+#include "core/input_error.hpp"
 
 namespace shardplan::costmodel {
 
@@ -27,8 +27,7 @@ nlohmann::json read_json_file(const std::string& path,
 // ("plan.json: /schema_version: missing key"); one at a flag or at the file itself is kept.
 InputError error_in_file(const std::string& path, const InputError& error);
 // parse(read_json_file(path)), its errors named as error_in_file names them.
-template <class Parse>
-auto read_json_document(const std::string& path, Parse&& parse) {
+template <class Parse> auto read_json_document(const std::string& path, Parse&& parse) {
   const nlohmann::json document = read_json_file(path);
   try {
     return parse(document);
@@ -40,8 +39,8 @@ auto read_json_document(const std::string& path, Parse&& parse) {
 std::string describe_value(const nlohmann::json& value);
 
 struct Range {
-  double min = -1e300;   // inclusive unless min_exclusive
-  double max = 1e300;    // inclusive
+  double min = -1e300;  // inclusive unless min_exclusive
+  double max = 1e300;   // inclusive
   bool min_exclusive = false;
   static Range positive() { return {0.0, 1e300, true}; }
   static Range non_negative() { return {0.0, 1e300, false}; }
@@ -49,7 +48,7 @@ struct Range {
 };
 
 class ObjectReader {
- public:
+public:
   // pointer: the JSON pointer of `object` in its document ("" for the root).
   ObjectReader(const nlohmann::json& object, std::string pointer);
 
@@ -73,8 +72,7 @@ class ObjectReader {
   // Marks a key as read without interpreting it (metadata such as "source" notes).
   void ignore(std::string_view key);
   // Marks every key that satisfies `pred` as read.
-  template <class Pred>
-  void ignore_if(Pred pred) {
+  template <class Pred> void ignore_if(Pred pred) {
     for (auto it = object_.begin(); it != object_.end(); ++it)
       if (pred(it.key())) used_.insert(it.key());
   }
@@ -82,7 +80,7 @@ class ObjectReader {
   // Throws on the first key that was never read: "/gpu/memroy_GiB: unknown key".
   void finish() const;
 
- private:
+private:
   const nlohmann::json& get(std::string_view key) const;
   [[noreturn]] void fail(std::string_view key, const std::string& message) const;
   double checked_number(std::string_view key, const nlohmann::json& v, Range range) const;

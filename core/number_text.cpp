@@ -16,18 +16,19 @@ namespace {
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
 // std::from_chars in base 10 over the whole text: no '+', no spaces, no prefixes.
-template <class T>
-T whole_number(const std::string& field, std::string_view text) {
-  const bool digits = !text.empty() && (is_digit(text.front()) || (text.front() == '-' && text.size() > 1));
+template <class T> T whole_number(const std::string& field, std::string_view text) {
+  const bool digits =
+      !text.empty() && (is_digit(text.front()) || (text.front() == '-' && text.size() > 1));
   T value{};
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   const bool negative_unsigned = std::is_unsigned_v<T> && digits && text.front() == '-' &&
                                  std::all_of(text.begin() + 1, text.end(), is_digit);
   if (!negative_unsigned && (!digits || end != text.data() + text.size() ||
-      (error != std::errc() && error != std::errc::result_out_of_range)))
+                             (error != std::errc() && error != std::errc::result_out_of_range)))
     throw InputError(field, fmt::format("must be a whole decimal number, got \"{}\"", text));
   if (error == std::errc::result_out_of_range || negative_unsigned)
-    throw InputError(field, fmt::format("must be between {} and {}, got \"{}\"", std::numeric_limits<T>::min(),
+    throw InputError(field, fmt::format("must be between {} and {}, got \"{}\"",
+                                        std::numeric_limits<T>::min(),
                                         std::numeric_limits<T>::max(), text));
   return value;
 }
@@ -49,14 +50,16 @@ int int_from_text(const std::string& field, std::string_view text) {
 double double_from_text(const std::string& field, std::string_view text) {
   // Digits, '.', an exponent and signs only: std::from_chars would also read "inf" and "nan".
   bool plain = !text.empty() && text.front() != '+';
-  for (char c : text) plain = plain && (is_digit(c) || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+');
+  for (char c : text)
+    plain = plain && (is_digit(c) || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+');
   double value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (!plain || end != text.data() + text.size() ||
       (error != std::errc() && error != std::errc::result_out_of_range))
     throw InputError(field, fmt::format("must be a decimal number, got \"{}\"", text));
   if (error == std::errc::result_out_of_range || !std::isfinite(value))
-    throw InputError(field, fmt::format("must be a finite number within double's range, got \"{}\"", text));
+    throw InputError(
+        field, fmt::format("must be a finite number within double's range, got \"{}\"", text));
   return value;
 }
 

@@ -18,7 +18,7 @@ int finish_standard_output(std::string_view program, int exit_code) {
   int error = failed ? errno : 0;
   if (!failed) {
     errno = 0;
-    std::cout.flush(); // its own buffer, if it has one, into C's stdout
+    std::cout.flush();  // its own buffer, if it has one, into C's stdout
     const bool flushed = std::fflush(stdout) == 0;
     failed = !flushed || std::cout.fail() || std::ferror(stdout) != 0;
     error = errno;
@@ -39,4 +39,4 @@ int finish_standard_output(std::string_view program, int exit_code) {
   return 2;
 }
 
-} // namespace shardplan::io
+}  // namespace shardplan::io

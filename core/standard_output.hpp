@@ -13,4 +13,4 @@ namespace shardplan::io {
 // Called once, at the end of main().
 int finish_standard_output(std::string_view program, int exit_code);
 
-} // namespace shardplan::io
+}  // namespace shardplan::io

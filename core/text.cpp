@@ -11,9 +11,10 @@ std::size_t utf8_length(std::string_view s, std::size_t i) {
   const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
   const unsigned char c = byte(i);
   std::size_t n = 0;
-  unsigned char lo = 0x80, hi = 0xbf; // the range of the second byte
+  unsigned char lo = 0x80, hi = 0xbf;  // the range of the second byte
   if (c < 0x80) return 1;
-  if (c >= 0xc2 && c <= 0xdf) n = 2;
+  if (c >= 0xc2 && c <= 0xdf)
+    n = 2;
   else if (c >= 0xe0 && c <= 0xef) {
     n = 3;
     if (c == 0xe0) lo = 0xa0;
@@ -32,7 +33,7 @@ std::size_t utf8_length(std::string_view s, std::size_t i) {
   return n;
 }
 
-} // namespace
+}  // namespace
 
 std::string printable(std::string_view text) {
   std::string out;
@@ -55,4 +56,4 @@ std::string json_text(const nlohmann::json& document, int indent) {
   return document.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-} // namespace shardplan::io
+}  // namespace shardplan::io

@@ -17,4 +17,4 @@ std::string printable(std::string_view text);
 // byte becomes U+FFFD (the replacement character), as SECURITY.md says.
 std::string json_text(const nlohmann::json& document, int indent = -1);
 
-} // namespace shardplan::io
+}  // namespace shardplan::io

@@ -42,14 +42,16 @@ StateBytes state_bytes(Precision p, const ShardingSpec& spec, Accounting a) {
 
 std::int64_t optimizer_state_elements(const UnitTensors& u, Optimizer o) {
   switch (o) {
-    case Optimizer::adam:
-    case Optimizer::adamw: return 2 * u.params();
-    case Optimizer::sgd: return u.params();
-    case Optimizer::adafactor: {
-      std::int64_t n = 0;
-      for (const auto& t : u.tensors) n += t.is_matrix() ? t.rows + t.cols : t.elements();
-      return n;
-    }
+  case Optimizer::adam:
+  case Optimizer::adamw:
+    return 2 * u.params();
+  case Optimizer::sgd:
+    return u.params();
+  case Optimizer::adafactor: {
+    std::int64_t n = 0;
+    for (const auto& t : u.tensors) n += t.is_matrix() ? t.rows + t.cols : t.elements();
+    return n;
+  }
   }
   return 0;
 }
@@ -62,7 +64,8 @@ std::int64_t persistent_elements(const UnitTensors& u, std::int64_t threshold) {
 }
 
 double block_forward_flops_per_token(const ModelSpec& m, std::int64_t seq_len) {
-  return 2.0 * static_cast<double>(m.block.matmul_params()) + attention_core_flops_per_token(m, seq_len);
+  return 2.0 * static_cast<double>(m.block.matmul_params()) +
+         attention_core_flops_per_token(m, seq_len);
 }
 
 double attention_core_flops_per_token(const ModelSpec& m, std::int64_t seq_len) {
@@ -75,7 +78,8 @@ double head_forward_flops_per_token(const ModelSpec& m) {
 
 double selective_op_recompute_flops_per_token(const ModelSpec& m) {
   // Of a Llama block's five matmuls (wqkv, wo, w1, w3, w2) the 2nd and 4th are recomputed.
-  return 2.0 * (static_cast<double>(m.q_width() * m.hidden) + static_cast<double>(m.hidden * m.intermediate));
+  return 2.0 * (static_cast<double>(m.q_width() * m.hidden) +
+                static_cast<double>(m.hidden * m.intermediate));
 }
 
 namespace {
@@ -86,12 +90,9 @@ struct Shape {
   Shape(const ModelSpec& m, const TrainingJob& j)
       : s(static_cast<double>(j.seq_len)),
         T(static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch)),
-        h(static_cast<double>(m.hidden)),
-        q(static_cast<double>(m.q_width())),
-        kv(static_cast<double>(m.kv_width())),
-        a(static_cast<double>(m.heads)),
-        I(static_cast<double>(m.intermediate)),
-        V(static_cast<double>(m.vocab)),
+        h(static_cast<double>(m.hidden)), q(static_cast<double>(m.q_width())),
+        kv(static_cast<double>(m.kv_width())), a(static_cast<double>(m.heads)),
+        I(static_cast<double>(m.intermediate)), V(static_cast<double>(m.vocab)),
         hd(static_cast<double>(m.head_dim)) {}
 };
 
@@ -100,7 +101,8 @@ struct Shape {
 // paper's s·b·h·(34 + 5·a·s/h) per layer. Flash attention keeps the fp32 logsumexp (a·s·b)
 // instead of the a·s²·b scores; selective recompute drops the eager core. The executor's GPT
 // (executor/gpt_model.hpp) keeps exactly these tensors.
-ActivationBytes megatron_block(const ModelSpec& m, const TrainingJob& j, double e, bool checkpointed) {
+ActivationBytes megatron_block(const ModelSpec& m, const TrainingJob& j, double e,
+                               bool checkpointed) {
   const Shape x(m, j);
   const double T = x.T, h = x.h, q = x.q, kv = x.kv, a = x.a, s = x.s, I = x.I;
   // Inputs of the two norms (one shared input with GPT-NeoX's parallel residual).
@@ -116,15 +118,17 @@ ActivationBytes megatron_block(const ModelSpec& m, const TrainingJob& j, double 
     core = 4.0 * a * T;  // fp32 logsumexp per head and token (FlashAttention-2's saved stats)
   }
   if (m.residual_dropout) attention_outer += T * h;  // 1-byte mask after the attention output
-  double mlp = m.mlp == MlpKind::gelu ? e * T * h + 2 * e * T * I   // fc1 input; GELU input; fc2 input
-                                      : e * T * h + 3 * e * T * I;  // gate/up input; gate, up; down input
+  double mlp = m.mlp == MlpKind::gelu
+                   ? e * T * h + 2 * e * T * I   // fc1 input; GELU input; fc2 input
+                   : e * T * h + 3 * e * T * I;  // gate/up input; gate, up; down input
   if (m.residual_dropout) mlp += T * h;
   const double full = norms + attention_outer + core + mlp;
   ActivationBytes out;
   if (checkpointed) {
     out.saved = e * T * h;  // the block input only
     out.recompute = full;   // one block's activations rebuilt at a time in backward
-  } else if (j.checkpointing == Checkpointing::selective_attention && j.attention == AttentionImpl::eager) {
+  } else if (j.checkpointing == Checkpointing::selective_attention &&
+             j.attention == AttentionImpl::eager) {
     out.saved = full - core;
   } else {
     out.saved = full;
@@ -151,7 +155,8 @@ struct Dtypes {
 // dtype (kept by the weight multiply; fp32 in torchtitan's nn.RMSNorm, which multiplies before
 // casting), then weight * normalized.
 double rmsnorm(const Shape& x, const Dtypes& d, int consumers, double normalized) {
-  return 4 * x.T * x.h + 4 * x.T + normalized * x.T * x.h + d.gemm_inputs(consumers, std::max(d.p, d.r)) * x.T * x.h;
+  return 4 * x.T * x.h + 4 * x.T + normalized * x.T * x.h +
+         d.gemm_inputs(consumers, std::max(d.p, d.r)) * x.T * x.h;
 }
 // torchtitan's nn.RMSNorm calls F.rms_norm: on CUDA the fused kernel (aten::_fused_rms_norm)
 // keeps its input and the fp32 rstd per token; elsewhere it runs as ops (an fp32 copy of the
@@ -162,7 +167,8 @@ double torch_rmsnorm(const Shape& x, const Dtypes& d, int consumers) {
 }
 // nn.LayerNorm (GPT-2, GPT-NeoX): its input, fp32 mean and rstd per token, and its consumers'.
 double layernorm(const Shape& x, const Dtypes& d, int consumers, bool keeps_input) {
-  return (keeps_input ? d.r * x.T * x.h : 0) + 8 * x.T + d.gemm_inputs(consumers, std::max(d.p, d.r)) * x.T * x.h;
+  return (keeps_input ? d.r * x.T * x.h : 0) + 8 * x.T +
+         d.gemm_inputs(consumers, std::max(d.p, d.r)) * x.T * x.h;
 }
 
 // Dropout's mask per element: CUDA's native_dropout keeps a bool; on a CPU at::dropout keeps its
@@ -196,7 +202,8 @@ double llama_attention(const ModelSpec& m, const Shape& x, const TrainingJob& j,
 double llama_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
   const double mlp_inner = m.mlp == MlpKind::swiglu ? 4 * d.e * x.T * x.I : 2 * d.e * x.T * x.I;
   if (j.recipe == Recipe::torchtitan)
-    return torch_rmsnorm(x, d, 1) + llama_attention(m, x, j, d) + torch_rmsnorm(x, d, 2) + mlp_inner;
+    return torch_rmsnorm(x, d, 1) + llama_attention(m, x, j, d) + torch_rmsnorm(x, d, 2) +
+           mlp_inner;
   return rmsnorm(x, d, 3, d.r) + llama_attention(m, x, j, d) + rmsnorm(x, d, 2, d.r) + mlp_inner;
 }
 
@@ -225,7 +232,8 @@ double neox_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, cons
   const double T = x.T, h = x.h, q = x.q, e = d.e, a = x.a;
   // Eager attention's matmul with v reads it as [b·a, s, d]: at b = 1 a view that keeps the whole
   // fused output alive, at b > 1 a copy of v alone.
-  const double qkv = j.attention == AttentionImpl::eager && j.micro_batch > 1 ? e * T * q : 3 * e * T * q;
+  const double qkv =
+      j.attention == AttentionImpl::eager && j.micro_batch > 1 ? e * T * q : 3 * e * T * q;
   double attention = layernorm(x, d, 1, true) + qkv + 2 * e * T * q + e * T * h;
   if (j.attention == AttentionImpl::flash)
     attention += e * T * q + 4 * a * T;
@@ -236,18 +244,25 @@ double neox_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, cons
   return attention + mlp + residual_mask;
 }
 
-ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, const Forward& f, bool checkpointed) {
+ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, const Forward& f,
+                                bool checkpointed) {
   const Shape x(m, j);
   const Dtypes d{f.e, f.p, f.p, f.cuda};
   const double e = f.e;
   double full = 0;
   switch (m.architecture) {
-    case Architecture::gpt2: full = gpt2_block(m, x, j, d); break;
-    case Architecture::gpt_neox: full = neox_block(m, x, j, d); break;
-    case Architecture::llama:
-    case Architecture::mistral:
-    case Architecture::qwen2:
-    case Architecture::uniform: full = llama_block(m, x, j, d); break;
+  case Architecture::gpt2:
+    full = gpt2_block(m, x, j, d);
+    break;
+  case Architecture::gpt_neox:
+    full = neox_block(m, x, j, d);
+    break;
+  case Architecture::llama:
+  case Architecture::mistral:
+  case Architecture::qwen2:
+  case Architecture::uniform:
+    full = llama_block(m, x, j, d);
+    break;
   }
   ActivationBytes out;
   if (checkpointed) {
@@ -258,7 +273,8 @@ ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, const 
     // block the outputs of attention and of the odd-numbered matmuls are saved (wqkv, w1, w2 of
     // wqkv, wo, w1, w3, w2), everything else is recomputed; the block's input is kept.
     const double qkv = x.q + 2 * x.kv;
-    out.saved = d.r * x.T * x.h + e * x.T * qkv + e * x.T * x.q + 4 * x.a * x.T + e * x.T * x.I + e * x.T * x.h;
+    out.saved = d.r * x.T * x.h + e * x.T * qkv + e * x.T * x.q + 4 * x.a * x.T + e * x.T * x.I +
+                e * x.T * x.h;
     // In backward the rest is rebuilt beside what was kept: the block's full set at once.
     out.recompute = std::max(0.0, full - out.saved);
   } else {
@@ -271,7 +287,8 @@ ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, const 
 
 ActivationBytes block_activations(const ModelSpec& m, const TrainingJob& j, const Forward& f,
                                   bool checkpointed) {
-  if (j.recipe == Recipe::megatron || j.recipe == Recipe::executor) return megatron_block(m, j, f.e, checkpointed);
+  if (j.recipe == Recipe::megatron || j.recipe == Recipe::executor)
+    return megatron_block(m, j, f.e, checkpointed);
   return framework_block(m, j, f, checkpointed);
 }
 
@@ -291,7 +308,8 @@ double checkpointed_mask_bytes(const ModelSpec& m, const TrainingJob& j, double 
   for (std::int64_t b = 0; b < m.layers && !any; ++b) any = j.block_checkpointed(b);
   if (m.architecture != Architecture::gpt2 || j.attention != AttentionImpl::eager || !any) return 0;
   if (j.recipe == Recipe::megatron || j.recipe == Recipe::executor) return 0;
-  return p * static_cast<double>(j.micro_batch) * static_cast<double>(j.seq_len) * static_cast<double>(j.seq_len);
+  return p * static_cast<double>(j.micro_batch) * static_cast<double>(j.seq_len) *
+         static_cast<double>(j.seq_len);
 }
 
 ActivationBytes embedding_activations(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
@@ -310,65 +328,66 @@ ActivationBytes embedding_activations(const ModelSpec& m, const TrainingJob& j, 
 namespace {
 
 // What the loss keeps of the logits and what its forward and backward hold at once.
-void add_loss_activations(ActivationBytes& out, const Shape& x, const TrainingJob& j, const Forward& f) {
+void add_loss_activations(ActivationBytes& out, const Shape& x, const TrainingJob& j,
+                          const Forward& f) {
   const double e = f.e;
   const double T = x.T, h = x.h, V = x.V;
   const double labels = j.loss == LossImpl::chunked || j.loss == LossImpl::fused_linear ? 0 : 8 * T;
   switch (j.loss) {
-    case LossImpl::upcast:
-      // ForCausalLMLoss / torchtitan's cross_entropy_loss: logits.float(), then cross_entropy =
-      // nll_loss(log_softmax(.)), which keeps its fp32 output. The logits (and their fp32 copy)
-      // live through the forward only: HF Trainer's compute_loss keeps just the loss, torchtitan
-      // deletes pred before backward. In backward the gradients of the log-probabilities and of
-      // the logits are both fp32 at once.
-      out.saved += 4 * T * V + labels;
-      out.forward = e * T * V + (e < 4 ? 4 * T * V : 0);
-      out.backward = 8 * T * V;
-      out.loss = 4 * T * V + labels;
-      break;
-    case LossImpl::fused:
-      // flash-attn's CrossEntropyLoss (and a compiled loss): the logits and an fp32 log-sum-exp
-      // per token; the backward writes one gradient of the logits' size.
-      out.saved += e * T * V + 4 * T + labels;
-      out.backward = e * T * V;
-      out.loss = e * T * V + 4 * T + labels;
-      break;
-    case LossImpl::fp32_inplace:
-      // megatron/core/tensor_parallel/cross_entropy.py: the logits cast to fp32, exponentiated
-      // and normalized in place and kept as the softmax; the 16-bit logits die with the forward;
-      // the backward turns the softmax into the gradient in place, then casts it to 16 bits.
-      out.saved += 4 * T * V + labels;
-      out.forward = e < 4 ? e * T * V : 0;
-      out.backward = e < 4 ? e * T * V : 0;
-      out.loss = 4 * T * V + labels;
-      break;
-    case LossImpl::chunked:
-    case LossImpl::fused_linear: {
-      // The loss and its gradients are computed inside the forward, C tokens at a time, and only
-      // the gradient of the hidden states stays (with the final norm's output it was computed
-      // from). torchtitan's ChunkedLossWrapper (torchtitan/components/loss.py) splits the
-      // sequence into N chunks and runs lm_head, the upcast cross-entropy and its backward per
-      // chunk: at the worst moment a chunk holds its logits, the fp32 log-probabilities and the
-      // two fp32 gradients of the upcast path. Liger's fused linear cross-entropy
-      // (liger_kernel/ops/fused_linear_cross_entropy.py) picks C = the next power of two of
-      // T / ceil(V / h), keeps the weight's gradient (in the dtype of the weight it reads) and
-      // rewrites the chunk's logits into their gradient in place.
-      double C = 0;
-      double per_token = 0;
-      if (j.loss == LossImpl::chunked) {
-        const double n = static_cast<double>(j.loss_chunks);
-        C = x.T / x.s * std::ceil(x.s / n);
-        per_token = e + 12;
-        out.saved += e * T * h;
-      } else {
-        const double inc = std::ceil(V / h);
-        C = std::min(T, std::exp2(std::ceil(std::log2(std::ceil(T / inc)))));
-        per_token = e;
-        out.saved += e * T * h + f.p * V * h;
-      }
-      out.forward = per_token * C * V;
-      break;
+  case LossImpl::upcast:
+    // ForCausalLMLoss / torchtitan's cross_entropy_loss: logits.float(), then cross_entropy =
+    // nll_loss(log_softmax(.)), which keeps its fp32 output. The logits (and their fp32 copy)
+    // live through the forward only: HF Trainer's compute_loss keeps just the loss, torchtitan
+    // deletes pred before backward. In backward the gradients of the log-probabilities and of
+    // the logits are both fp32 at once.
+    out.saved += 4 * T * V + labels;
+    out.forward = e * T * V + (e < 4 ? 4 * T * V : 0);
+    out.backward = 8 * T * V;
+    out.loss = 4 * T * V + labels;
+    break;
+  case LossImpl::fused:
+    // flash-attn's CrossEntropyLoss (and a compiled loss): the logits and an fp32 log-sum-exp
+    // per token; the backward writes one gradient of the logits' size.
+    out.saved += e * T * V + 4 * T + labels;
+    out.backward = e * T * V;
+    out.loss = e * T * V + 4 * T + labels;
+    break;
+  case LossImpl::fp32_inplace:
+    // megatron/core/tensor_parallel/cross_entropy.py: the logits cast to fp32, exponentiated
+    // and normalized in place and kept as the softmax; the 16-bit logits die with the forward;
+    // the backward turns the softmax into the gradient in place, then casts it to 16 bits.
+    out.saved += 4 * T * V + labels;
+    out.forward = e < 4 ? e * T * V : 0;
+    out.backward = e < 4 ? e * T * V : 0;
+    out.loss = 4 * T * V + labels;
+    break;
+  case LossImpl::chunked:
+  case LossImpl::fused_linear: {
+    // The loss and its gradients are computed inside the forward, C tokens at a time, and only
+    // the gradient of the hidden states stays (with the final norm's output it was computed
+    // from). torchtitan's ChunkedLossWrapper (torchtitan/components/loss.py) splits the
+    // sequence into N chunks and runs lm_head, the upcast cross-entropy and its backward per
+    // chunk: at the worst moment a chunk holds its logits, the fp32 log-probabilities and the
+    // two fp32 gradients of the upcast path. Liger's fused linear cross-entropy
+    // (liger_kernel/ops/fused_linear_cross_entropy.py) picks C = the next power of two of
+    // T / ceil(V / h), keeps the weight's gradient (in the dtype of the weight it reads) and
+    // rewrites the chunk's logits into their gradient in place.
+    double C = 0;
+    double per_token = 0;
+    if (j.loss == LossImpl::chunked) {
+      const double n = static_cast<double>(j.loss_chunks);
+      C = x.T / x.s * std::ceil(x.s / n);
+      per_token = e + 12;
+      out.saved += e * T * h;
+    } else {
+      const double inc = std::ceil(V / h);
+      C = std::min(T, std::exp2(std::ceil(std::log2(std::ceil(T / inc)))));
+      per_token = e;
+      out.saved += e * T * h + f.p * V * h;
     }
+    out.forward = per_token * C * V;
+    break;
+  }
   }
 }
 
@@ -389,12 +408,14 @@ ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& j, const
   // The final norm and what the projection keeps of it.
   const Dtypes d{e, f.p, f.p, f.cuda};
   switch (m.architecture) {
-    case Architecture::gpt2:
-    case Architecture::gpt_neox: out.saved = layernorm(x, d, 1, true); break;
-    default:
-      out.saved = j.recipe == Recipe::megatron     ? 2 * e * T * h
-                  : j.recipe == Recipe::torchtitan ? torch_rmsnorm(x, d, 1)
-                                                   : rmsnorm(x, d, 1, d.r);
+  case Architecture::gpt2:
+  case Architecture::gpt_neox:
+    out.saved = layernorm(x, d, 1, true);
+    break;
+  default:
+    out.saved = j.recipe == Recipe::megatron     ? 2 * e * T * h
+                : j.recipe == Recipe::torchtitan ? torch_rmsnorm(x, d, 1)
+                                                 : rmsnorm(x, d, 1, d.r);
   }
   add_loss_activations(out, x, j, f);
   return out;

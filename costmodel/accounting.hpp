@@ -18,11 +18,11 @@ enum class Accounting { framework, zero_paper };
 
 // Bytes per parameter element of each model state.
 struct StateBytes {
-  double param = 0;    // parameter storage at rest (the sharded part divided by the shard group)
-  double grad = 0;     // gradient storage kept across micro-batches
-  double master = 0;   // separate fp32 master copy (counted with optimizer states)
-  double moment = 0;   // per optimizer-state element (see optimizer_state_elements)
-  double compute = 0;  // gathered parameters and freshly computed gradients (compute dtype)
+  double param = 0;      // parameter storage at rest (the sharded part divided by the shard group)
+  double grad = 0;       // gradient storage kept across micro-batches
+  double master = 0;     // separate fp32 master copy (counted with optimizer states)
+  double moment = 0;     // per optimizer-state element (see optimizer_state_elements)
+  double compute = 0;    // gathered parameters and freshly computed gradients (compute dtype)
   double step_grad = 0;  // transient gradient copy the optimizer step makes (DeepSpeed fp32 cast)
 };
 

@@ -21,20 +21,21 @@ CollectiveCost CommModel::datasheet_cost(Collective op, const Group& g, double s
   // bandwidth; a ring crossing nodes runs one channel per NIC, so the node's ranks of this group
   // share ranks_per_node NICs: busbw = min(intra, ranks_per_node × NIC bandwidth per GPU).
   const double intra = hw_->intra_bandwidth_Bps;
-  const double busbw = nodes > 1
-                           ? std::min(intra, std::min(g.ranks_per_node, hw_->gpus_per_node) *
-                                                 hw_->inter_bandwidth_Bps)
-                           : intra;
+  const double busbw = nodes > 1 ? std::min(intra, std::min(g.ranks_per_node, hw_->gpus_per_node) *
+                                                       hw_->inter_bandwidth_Bps)
+                                 : intra;
   const double hop = nodes > 1 ? hw_->inter_latency_s : hw_->intra_latency_s;
   // Ring steps: all-reduce 2(n−1) (reduce-scatter then all-gather), the others n−1; broadcast and
   // reduce are pipelined chains of n−1 hops.
-  const double ring_steps = op == Collective::all_reduce ? 2.0 * (n - 1) : static_cast<double>(n - 1);
+  const double ring_steps =
+      op == Collective::all_reduce ? 2.0 * (n - 1) : static_cast<double>(n - 1);
   double seconds = ring_steps * hop + c.bytes_sent / busbw;
   if (op == Collective::all_reduce) {
     // NCCL's tree all-reduce: latency of a reduce and a broadcast down a tree, log2 depth inside
     // and across nodes; same bandwidth term at large sizes. NCCL picks the faster algorithm.
-    const double tree_latency = 2.0 * (ceil_log2(std::min(n, g.ranks_per_node)) * hw_->intra_latency_s +
-                                       ceil_log2(nodes) * hw_->inter_latency_s);
+    const double tree_latency =
+        2.0 * (ceil_log2(std::min(n, g.ranks_per_node)) * hw_->intra_latency_s +
+               ceil_log2(nodes) * hw_->inter_latency_s);
     seconds = std::min(seconds, tree_latency + c.bytes_sent / busbw);
   }
   c.seconds = seconds;
@@ -70,9 +71,9 @@ CollectiveCost CommModel::cost(Collective op, const Group& g, double size) const
   c.extrapolated = !below || !above;
   const auto [lat_lo, bw_lo] = at(*lo);
   const auto [lat_hi, bw_hi] = at(*hi);
-  const double w = hi->ranks == lo->ranks ? 0.0
-                                          : static_cast<double>(g.ranks - lo->ranks) /
-                                                (hi->ranks - lo->ranks);
+  const double w = hi->ranks == lo->ranks
+                       ? 0.0
+                       : static_cast<double>(g.ranks - lo->ranks) / (hi->ranks - lo->ranks);
   const double latency = lat_lo + w * (lat_hi - lat_lo);
   const double busbw = bw_lo + w * (bw_hi - bw_lo);
   c.seconds = latency + c.bytes_sent / std::max(busbw, 1.0);

@@ -26,7 +26,7 @@ struct CollectiveCost {
 };
 
 class CommModel {
- public:
+public:
   explicit CommModel(const HardwareProfile& hw) : hw_(&hw) {}
   // size_bytes in nccl-tests' sense (collectives.hpp): the per-rank buffer for all-reduce, the
   // whole gathered/scattered buffer for all-gather and reduce-scatter.
@@ -34,7 +34,7 @@ class CommModel {
   // Datasheet-only cost (what cost() falls back to), exposed for tests and comparisons.
   CollectiveCost datasheet_cost(Collective op, const Group& g, double size_bytes) const;
 
- private:
+private:
   const HardwareProfile* hw_;
 };
 

@@ -53,10 +53,14 @@ std::optional<double> calibrated_gemm_s(const Calibration& c, const Gemm& g, DTy
   std::optional<double> exact, scaled;
   for (const auto& s : c.gemm) {
     if (s.dtype != dtype) continue;
-    if (s.m == g.m && s.n == g.n && s.k == g.k) exact = s.time_s;
-    else if (s.n == g.n && s.k == g.k) scaled = s.time_s * static_cast<double>(g.m) / static_cast<double>(s.m);
-    else if (s.m == g.m && s.n == g.n) scaled = s.time_s * static_cast<double>(g.k) / static_cast<double>(s.k);
-    else if (s.m == g.m && s.k == g.k) scaled = s.time_s * static_cast<double>(g.n) / static_cast<double>(s.n);
+    if (s.m == g.m && s.n == g.n && s.k == g.k)
+      exact = s.time_s;
+    else if (s.n == g.n && s.k == g.k)
+      scaled = s.time_s * static_cast<double>(g.m) / static_cast<double>(s.m);
+    else if (s.m == g.m && s.n == g.n)
+      scaled = s.time_s * static_cast<double>(g.k) / static_cast<double>(s.k);
+    else if (s.m == g.m && s.k == g.k)
+      scaled = s.time_s * static_cast<double>(g.n) / static_cast<double>(s.n);
   }
   if (exact) return *exact * g.count;
   if (scaled) return *scaled * g.count;
@@ -104,8 +108,9 @@ ComputeModel::ComputeModel(const HardwareProfile& hw, const TrainingJob& job)
     : hw_(&hw), job_(&job), dtype_(compute_dtype(job.precision)),
       // A CPU has no TF32: an fp32 job (tf32 on a GPU) runs the fp32 kernels calibrate timed.
       measured_dtype_(hw.is_cpu && dtype_ == DType::tf32 ? DType::fp32 : dtype_) {
-  const double eff = hw.calibration && hw.calibration->compute_efficiency ? *hw.calibration->compute_efficiency
-                                                                          : hw.compute_efficiency;
+  const double eff = hw.calibration && hw.calibration->compute_efficiency
+                         ? *hw.calibration->compute_efficiency
+                         : hw.compute_efficiency;
   gemm_rate_ = hw.peak(dtype_) * eff * hw.clock_ratio();
   memory_rate_ = hw.calibration && hw.calibration->memory_bandwidth_Bps
                      ? *hw.calibration->memory_bandwidth_Bps
@@ -123,7 +128,8 @@ double ComputeModel::wave_factor(double tiles) const {
 double ComputeModel::gemm_s(const Gemm& g) const {
   if (hw_->calibration)
     if (auto t = calibrated_gemm_s(*hw_->calibration, g, measured_dtype_)) return *t;
-  const auto m = static_cast<double>(g.m), n = static_cast<double>(g.n), k = static_cast<double>(g.k);
+  const auto m = static_cast<double>(g.m), n = static_cast<double>(g.n),
+             k = static_cast<double>(g.k);
   const double tile = hw_->sm_count > 0 ? kTile : 1;
   const double flops = 2 * ceil_to(m, tile) * ceil_to(n, tile) * k /
                        wave_factor(std::ceil(m / kTile) * std::ceil(n / kTile));
@@ -139,9 +145,10 @@ const AttentionSample* ComputeModel::attention_sample(const AttentionShape& a) c
   for (const auto& s : hw_->calibration->attention) {
     if (s.impl != impl || s.dtype != measured_dtype_) continue;
     // The nearest in sequence length and head width (log ratios), then in the GQA group.
-    const double distance = std::abs(std::log(static_cast<double>(s.seq) / static_cast<double>(a.seq))) +
-                            std::abs(std::log(static_cast<double>(s.head_dim) / static_cast<double>(a.head_dim))) +
-                            (s.heads / s.kv_heads == a.heads / a.kv_heads ? 0.0 : 1e-3);
+    const double distance =
+        std::abs(std::log(static_cast<double>(s.seq) / static_cast<double>(a.seq))) +
+        std::abs(std::log(static_cast<double>(s.head_dim) / static_cast<double>(a.head_dim))) +
+        (s.heads / s.kv_heads == a.heads / a.kv_heads ? 0.0 : 1e-3);
     if (best == nullptr || distance < best_distance) {
       best = &s;
       best_distance = distance;
@@ -158,11 +165,16 @@ double ComputeModel::attention_scale(const AttentionShape& a, const AttentionSam
          (measured.scored_pairs() * static_cast<double>(s.head_dim));
 }
 
-double ComputeModel::attention_forward_s(const AttentionShape& a) const { return attention_s(a, false); }
-double ComputeModel::attention_backward_s(const AttentionShape& a) const { return attention_s(a, true); }
+double ComputeModel::attention_forward_s(const AttentionShape& a) const {
+  return attention_s(a, false);
+}
+double ComputeModel::attention_backward_s(const AttentionShape& a) const {
+  return attention_s(a, true);
+}
 
 double ComputeModel::attention_s(const AttentionShape& a, bool backward) const {
-  if (const auto* s = attention_sample(a)) return (backward ? s->backward_s : s->forward_s) * attention_scale(a, *s);
+  if (const auto* s = attention_sample(a))
+    return (backward ? s->backward_s : s->forward_s) * attention_scale(a, *s);
   const auto d = static_cast<double>(a.head_dim), sq = static_cast<double>(a.seq);
   const double heads = static_cast<double>(a.batch) * static_cast<double>(a.heads);
   if (job_->attention == AttentionImpl::flash) {
@@ -170,7 +182,8 @@ double ComputeModel::attention_s(const AttentionShape& a, bool backward) const {
     // not overlap them), over tiles of 128 query rows per (sequence, head).
     const double exp_s = special_rate_ > 0 ? 1 / special_rate_ : passes_s(1, 4);
     const double flops = backward ? kFlashBackwardFlopsPerPairDim : kFlashForwardFlopsPerPairDim;
-    return a.scored_pairs() * (flops * d / gemm_rate_ + exp_s) / wave_factor(heads * std::ceil(sq / kTile));
+    return a.scored_pairs() * (flops * d / gemm_rate_ + exp_s) /
+           wave_factor(heads * std::ceil(sq / kTile));
   }
   // Eager: the full s × s scores as batched GEMMs, and passes over the scores. Forward: QKᵀ
   // (s × s × d) and P·V (s × d × s); backward: dP = dO·Vᵀ (s × s × d) and dV = Pᵀ·dO, dQ = dS·K,
@@ -178,7 +191,8 @@ double ComputeModel::attention_s(const AttentionShape& a, bool backward) const {
   const double scores = gemm_s({a.seq, a.seq, a.head_dim, heads});
   const double values = gemm_s({a.seq, a.head_dim, a.seq, heads});
   return scores + (backward ? 3 : 1) * values +
-         passes_s((backward ? kEagerScoreBackwardPasses : kEagerScoreForwardPasses) * heads * sq * sq,
+         passes_s((backward ? kEagerScoreBackwardPasses : kEagerScoreForwardPasses) * heads * sq *
+                      sq,
                   dtype_bytes(dtype_));
 }
 
@@ -242,21 +256,24 @@ UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob
   return w;
 }
 
-ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j,
+                             const Forward& f) {
   ComputeTimes r{};
   const auto tokens = j.seq_len * j.micro_batch;
-  if (j.checkpointing == Checkpointing::selective_attention && j.attention == AttentionImpl::eager) {
+  if (j.checkpointing == Checkpointing::selective_attention &&
+      j.attention == AttentionImpl::eager) {
     // Megatron's selective recompute reruns the eager attention core.
     r[static_cast<int>(ComputeKind::attention)] = cm.attention_forward_s(attention_shape(m, j));
   } else if (j.checkpointing == Checkpointing::selective_op) {
     // torchtitan's op-level policy keeps every second matmul's output (of wqkv, wo, w1, w3, w2 the
     // 2nd and 4th are rerun: wo and w3) and reruns the element-wise ops its save list omits.
-    r[static_cast<int>(ComputeKind::gemm)] =
-        cm.gemm_s({tokens, m.hidden, m.q_width(), 1}) + cm.gemm_s({tokens, m.intermediate, m.hidden, 1});
+    r[static_cast<int>(ComputeKind::gemm)] = cm.gemm_s({tokens, m.hidden, m.q_width(), 1}) +
+                                             cm.gemm_s({tokens, m.intermediate, m.hidden, 1});
     r[static_cast<int>(ComputeKind::memory_bound)] =
         counts_recipe_traffic(j)
             ? cm.traffic_s(recompute_traffic(m, j, f).forward)
-            : cm.passes_s(static_cast<double>(tokens) * passes_per_token(block_elementwise_ops(m)).forward,
+            : cm.passes_s(static_cast<double>(tokens) *
+                              passes_per_token(block_elementwise_ops(m)).forward,
                           dtype_bytes(compute_dtype(j.precision)));
   }
   return r;
@@ -268,8 +285,10 @@ HostWork unit_host_work(const HardwareProfile& hw, const std::string& flavour, c
   const auto it = hw.framework.find(flavour);
   if (it != hw.framework.end()) {
     const auto& f = it->second;
-    h.forward_s += f.forward_unit_s + submodules * f.forward_submodule_s + tensors * f.forward_tensor_s;
-    h.backward_s += f.backward_unit_s + submodules * f.backward_submodule_s + tensors * f.backward_tensor_s;
+    h.forward_s +=
+        f.forward_unit_s + submodules * f.forward_submodule_s + tensors * f.forward_tensor_s;
+    h.backward_s +=
+        f.backward_unit_s + submodules * f.backward_submodule_s + tensors * f.backward_tensor_s;
   }
   return h;
 }

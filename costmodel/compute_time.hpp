@@ -35,7 +35,9 @@ using ComputeTimes = std::array<double, kComputeKinds>;  // seconds per ComputeK
 struct Gemm {
   std::int64_t m = 0, n = 0, k = 0;
   double count = 1;
-  double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * count; }
+  double flops() const {
+    return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * count;
+  }
 };
 
 // The forward GEMMs of a unit's linear layers over `tokens` tokens: a block's matrices, the
@@ -64,7 +66,7 @@ struct UnitWork {
 
 // The rates of one device for one job's compute dtype.
 class ComputeModel {
- public:
+public:
   ComputeModel(const HardwareProfile& hw, const TrainingJob& job);
 
   // A GEMM's time: the calibrated time of the same shape where calibrate measured it; otherwise
@@ -87,7 +89,7 @@ class ComputeModel {
   double memory_rate() const { return memory_rate_; }    // bytes/s of a streaming kernel
   double special_rate() const { return special_rate_; }  // exp/s of the SFUs (0: not a GPU's)
 
- private:
+private:
   const HardwareProfile* hw_;
   const TrainingJob* job_;
   DType dtype_;
@@ -105,7 +107,8 @@ class ComputeModel {
 UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j, UnitKind unit,
                    const Forward& f);
 // One block's rerun in backward under the job's checkpointing mode, by kind (0 for none).
-ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j, const Forward& f);
+ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j,
+                             const Forward& f);
 
 // The host's time to issue a unit's forward or backward: its kernel launches and the framework's
 // hooks per unit, linear submodule and parameter tensor (hardware.hpp's FrameworkOverheads, by

@@ -19,7 +19,7 @@ ElementwiseKind norm_kind(const ModelSpec& m) {
   return m.norm == NormKind::layernorm ? ElementwiseKind::layernorm : ElementwiseKind::rmsnorm;
 }
 
-} // namespace
+}  // namespace
 
 const char* elementwise_kind_name(ElementwiseKind k) { return traits(k).name; }
 
@@ -33,8 +33,8 @@ std::vector<ElementwiseOp> block_elementwise_ops(const ModelSpec& m) {
       // Sequential: two residual adds; GPT-NeoX's parallel residual adds both branches to x once
       // (the executor accumulates the second branch inside its GEMM).
       {ElementwiseKind::residual, h, m.parallel_residual ? 1.0 : 2.0},
-      {swiglu ? ElementwiseKind::swiglu : ElementwiseKind::gelu, static_cast<double>(m.intermediate),
-       1}};
+      {swiglu ? ElementwiseKind::swiglu : ElementwiseKind::gelu,
+       static_cast<double>(m.intermediate), 1}};
   if (m.positions == PositionKind::rotary)
     ops.push_back({ElementwiseKind::rotary, static_cast<double>(m.q_width() + m.kv_width()), 1});
   return ops;
@@ -46,7 +46,7 @@ std::vector<ElementwiseOp> head_elementwise_ops(const ModelSpec& m) {
 }
 
 std::vector<ElementwiseOp> embedding_elementwise_ops(const ModelSpec& m) {
-  if (m.embedding.tensors.empty()) // a bare parameter count has no embeddings
+  if (m.embedding.tensors.empty())  // a bare parameter count has no embeddings
     return {};
   return {{ElementwiseKind::embedding, static_cast<double>(m.hidden),
            m.positions == PositionKind::learned ? 2.0 : 1.0}};
@@ -62,4 +62,4 @@ Passes passes_per_token(const std::vector<ElementwiseOp>& ops) {
   return total;
 }
 
-} // namespace shardplan::costmodel
+}  // namespace shardplan::costmodel

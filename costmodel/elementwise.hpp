@@ -13,7 +13,16 @@
 
 namespace shardplan::costmodel {
 
-enum class ElementwiseKind { layernorm, rmsnorm, residual, rotary, gelu, swiglu, embedding, log_softmax };
+enum class ElementwiseKind {
+  layernorm,
+  rmsnorm,
+  residual,
+  rotary,
+  gelu,
+  swiglu,
+  embedding,
+  log_softmax
+};
 constexpr int kElementwiseKinds = 8;
 const char* elementwise_kind_name(ElementwiseKind k);
 
@@ -32,8 +41,8 @@ Passes passes_of(ElementwiseKind k);
 
 struct ElementwiseOp {
   ElementwiseKind kind;
-  double width = 0; // elements per token
-  double count = 1; // times per unit (per block, or once for the head)
+  double width = 0;  // elements per token
+  double count = 1;  // times per unit (per block, or once for the head)
 };
 
 // The ops of one block, of the head (final norm, log-softmax over the vocabulary) and of the
@@ -45,4 +54,4 @@ std::vector<ElementwiseOp> embedding_elementwise_ops(const ModelSpec& m);
 // Σ count · width · passes, per token.
 Passes passes_per_token(const std::vector<ElementwiseOp>& ops);
 
-} // namespace shardplan::costmodel
+}  // namespace shardplan::costmodel

@@ -47,8 +47,8 @@ CollectiveCurve read_curve(const nlohmann::json& j, const std::string& ptr) {
     seg.min_bytes = s.number("min_bytes", Range::non_negative());
     seg.max_bytes = s.number("max_bytes", Range::non_negative());
     if (seg.max_bytes < seg.min_bytes)
-      throw InputError(s.pointer_of("max_bytes"),
-                       fmt::format("must be >= min_bytes {}, got {}", seg.min_bytes, seg.max_bytes));
+      throw InputError(s.pointer_of("max_bytes"), fmt::format("must be >= min_bytes {}, got {}",
+                                                              seg.min_bytes, seg.max_bytes));
     seg.latency_s = s.number("latency_us", Range::non_negative()) * 1e-6;
     seg.bandwidth_Bps = s.number("bandwidth_GBps", Range::positive()) * kGB;
     s.finish();
@@ -153,8 +153,10 @@ void read_framework(const nlohmann::json& j, HardwareProfile& p) {
     x.backward_unit_s = o.number("backward_unit_us", Range::non_negative()) * 1e-6;
     x.forward_tensor_s = o.number("forward_tensor_us", Range::non_negative()) * 1e-6;
     x.backward_tensor_s = o.number("backward_tensor_us", Range::non_negative()) * 1e-6;
-    x.forward_submodule_s = o.optional_number("forward_submodule_us", Range::non_negative()).value_or(0) * 1e-6;
-    x.backward_submodule_s = o.optional_number("backward_submodule_us", Range::non_negative()).value_or(0) * 1e-6;
+    x.forward_submodule_s =
+        o.optional_number("forward_submodule_us", Range::non_negative()).value_or(0) * 1e-6;
+    x.backward_submodule_s =
+        o.optional_number("backward_submodule_us", Range::non_negative()).value_or(0) * 1e-6;
     o.finish();
     p.framework[name] = x;
   }
@@ -167,10 +169,14 @@ void read_framework(const nlohmann::json& j, HardwareProfile& p) {
 
 const char* dtype_name(DType d) {
   switch (d) {
-    case DType::fp32: return "fp32";
-    case DType::tf32: return "tf32";
-    case DType::bf16: return "bf16";
-    case DType::fp16: return "fp16";
+  case DType::fp32:
+    return "fp32";
+  case DType::tf32:
+    return "tf32";
+  case DType::bf16:
+    return "bf16";
+  case DType::fp16:
+    return "fp16";
   }
   return "?";
 }
@@ -208,9 +214,11 @@ double normal_quantile(double p) {
 // E[max of n independent standard normal variables] (the expected largest of n ranks' times, in
 // standard deviations above their mean): exact values for n <= 8 (Harter 1961, "Expected values of
 // normal order statistics", Biometrika 48, Table 1: 1/√π for n = 2), then Blom's approximation
-// Φ⁻¹((n − 0.375) / (n + 0.25)) (Blom 1958, "Statistical Estimates and Transformed Beta-Variables").
+// Φ⁻¹((n − 0.375) / (n + 0.25)) (Blom 1958, "Statistical Estimates and Transformed
+// Beta-Variables").
 double expected_normal_maximum(int n) {
-  static constexpr double kExact[] = {0, 0, 0.56419, 0.84628, 1.02938, 1.16296, 1.26721, 1.35218, 1.42360};
+  static constexpr double kExact[] = {0,       0,       0.56419, 0.84628, 1.02938,
+                                      1.16296, 1.26721, 1.35218, 1.42360};
   if (n <= 8) return kExact[std::max(n, 0)];
   return normal_quantile((n - 0.375) / (n + 0.25));
 }
@@ -237,10 +245,10 @@ void read_gpu(ObjectReader& r, const nlohmann::json& doc, HardwareProfile& p) {
   p.memory_bytes = gpu.number("memory_GiB", Range{0, 1e6, true}) * kGiB;
   ObjectReader peak(gpu.object("peak_TFLOPs"), "/gpu/peak_TFLOPs");
   for (DType d : {DType::fp32, DType::tf32, DType::bf16, DType::fp16})
-    if (auto v = peak.optional_number(dtype_name(d), Range{0, 1e6, true})) p.peak_flops[d] = *v * 1e12;
+    if (auto v = peak.optional_number(dtype_name(d), Range{0, 1e6, true}))
+      p.peak_flops[d] = *v * 1e12;
   peak.finish();
-  if (!p.peak_flops.contains(DType::fp32))
-    throw InputError("/gpu/peak_TFLOPs/fp32", "missing key");
+  if (!p.peak_flops.contains(DType::fp32)) throw InputError("/gpu/peak_TFLOPs/fp32", "missing key");
   p.hbm_bandwidth_Bps = gpu.number("memory_bandwidth_GBps", Range{0, 1e6, true}) * kGB;
   p.compute_efficiency = gpu.number("compute_efficiency", Range{0, 1, true});
   p.sm_count = static_cast<int>(gpu.optional_integer("sm_count", Range{1, 1e5, false}).value_or(0));
@@ -259,10 +267,12 @@ void read_gpu(ObjectReader& r, const nlohmann::json& doc, HardwareProfile& p) {
       gpu.optional_number("memory_bandwidth_efficiency", Range{0, 1, true}).value_or(1.0);
   p.is_cpu = gpu.optional_string("kind").value_or("gpu") == "cpu";
   if (gpu.has("kind") && !p.is_cpu && doc["gpu"]["kind"] != "gpu")
-    throw InputError("/gpu/kind", fmt::format("must be gpu or cpu, got {}", describe_value(doc["gpu"]["kind"])));
+    throw InputError("/gpu/kind",
+                     fmt::format("must be gpu or cpu, got {}", describe_value(doc["gpu"]["kind"])));
   if (const auto c = gpu.optional_string("collectives")) {
     if (*c != "blocking" && *c != "overlapped")
-      throw InputError("/gpu/collectives", fmt::format("must be blocking or overlapped, got \"{}\"", *c));
+      throw InputError("/gpu/collectives",
+                       fmt::format("must be blocking or overlapped, got \"{}\"", *c));
     if (!p.is_cpu && *c == "blocking")
       throw InputError("/gpu/collectives",
                        "a GPU's collectives run on their own streams: only a cpu kind blocks");
@@ -317,15 +327,17 @@ void read_host(ObjectReader& r, const nlohmann::json& doc, HardwareProfile& p) {
   p.host_memory_bytes = host.number("memory_GiB", Range{0, 1e9, true}) * kGiB;
   p.host_link_Bps = host.number("link_bandwidth_GBps", Range{0, 1e6, true}) * kGB;
   // One rate for every framework, or one per family: {"deepspeed": x, "torch": y}.
-  if (const auto* by = host.has("optimizer_Gparams_per_s") && doc["host"]["optimizer_Gparams_per_s"].is_object()
-                           ? host.optional_object("optimizer_Gparams_per_s")
-                           : nullptr) {
+  if (const auto* by =
+          host.has("optimizer_Gparams_per_s") && doc["host"]["optimizer_Gparams_per_s"].is_object()
+              ? host.optional_object("optimizer_Gparams_per_s")
+              : nullptr) {
     ObjectReader o(*by, "/host/optimizer_Gparams_per_s");
     for (const char* family : {"deepspeed", "torch"})
       p.host_optimizer_by_framework[family] = o.number(family, Range{0, 1e6, true}) * 1e9;
     o.finish();
   } else {
-    p.host_optimizer_params_per_s = host.number("optimizer_Gparams_per_s", Range{0, 1e6, true}) * 1e9;
+    p.host_optimizer_params_per_s =
+        host.number("optimizer_Gparams_per_s", Range{0, 1e6, true}) * 1e9;
   }
   host.ignore("source");
   host.finish();
@@ -336,8 +348,7 @@ void read_host(ObjectReader& r, const nlohmann::json& doc, HardwareProfile& p) {
 HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string& name) {
   ObjectReader r(doc, "");
   const auto version = r.integer("schema_version");
-  if (version != 1)
-    throw InputError("/schema_version", fmt::format("must be 1, got {}", version));
+  if (version != 1) throw InputError("/schema_version", fmt::format("must be 1, got {}", version));
   HardwareProfile p;
   p.name = name;
   p.description = r.string("description");
@@ -379,7 +390,8 @@ std::vector<std::string> preset_hardware_names() {
 HardwareProfile load_hardware(const std::string& name_or_path) {
   std::filesystem::path path(name_or_path);
   if (path.extension() != ".json" || !std::filesystem::exists(path)) {
-    const auto preset = std::filesystem::path(data_dir()) / "hardware_profiles" / (name_or_path + ".json");
+    const auto preset =
+        std::filesystem::path(data_dir()) / "hardware_profiles" / (name_or_path + ".json");
     if (!std::filesystem::exists(preset))
       throw InputError("--hardware",
                        fmt::format("\"{}\" is neither a profile ({}) nor a file", name_or_path,

@@ -73,7 +73,8 @@ struct AttentionSample {
 // A framework's host work per micro-batch beside its kernels: hooks, bookkeeping and the copies
 // into and out of its flat buffers, per sharding unit, per linear submodule (DeepSpeed ZeRO-3
 // hooks every submodule) and per parameter tensor, forward and backward. Measured with the
-// frameworks' own code (validation/measure_overheads.py, tests/costmodel/data/oracle_overheads.json).
+// frameworks' own code (validation/measure_overheads.py,
+// tests/costmodel/data/oracle_overheads.json).
 struct FrameworkOverheads {
   double forward_unit_s = 0, backward_unit_s = 0;
   double forward_tensor_s = 0, backward_tensor_s = 0;
@@ -93,10 +94,10 @@ struct StragglerWait {
 };
 
 struct Calibration {
-  std::string date;      // ISO 8601
-  std::string backend;   // "nccl" or "mpi"
+  std::string date;     // ISO 8601
+  std::string backend;  // "nccl" or "mpi"
   std::string host;
-  std::string library;   // e.g. "NCCL 2.21.5", "Open MPI 4.1.4"
+  std::string library;  // e.g. "NCCL 2.21.5", "Open MPI 4.1.4"
   int ranks = 0;
   std::vector<CollectiveCurve> collectives;
   std::vector<GemmSample> gemm;
@@ -106,20 +107,20 @@ struct Calibration {
   // it, the GEMM rate above is the GEMMs' alone and the cost model adds these layers' time;
   // without it (a datasheet profile) compute_efficiency stands for the whole step.
   std::optional<double> elementwise_elems_per_s;
-  std::vector<AttentionSample> attention;      // the model's attention cores, as run
-  std::optional<StragglerWait> straggler_wait; // measured on two or more ranks
-  nlohmann::json extra;                        // anything calibrate keeps for the record
+  std::vector<AttentionSample> attention;       // the model's attention cores, as run
+  std::optional<StragglerWait> straggler_wait;  // measured on two or more ranks
+  nlohmann::json extra;                         // anything calibrate keeps for the record
 };
 
 struct HardwareProfile {
-  std::string name;                 // file stem
+  std::string name;  // file stem
   std::string description;
   // GPU (or, for a CPU profile, the host as the device)
-  std::string device;               // "NVIDIA H100 80GB HBM3"
-  double memory_bytes = 0;          // per device
+  std::string device;                  // "NVIDIA H100 80GB HBM3"
+  double memory_bytes = 0;             // per device
   std::map<DType, double> peak_flops;  // dense FLOP/s per dtype
   double hbm_bandwidth_Bps = 0;
-  double compute_efficiency = 0;    // fraction of peak a large transformer GEMM reaches
+  double compute_efficiency = 0;  // fraction of peak a large transformer GEMM reaches
   // Streaming multiprocessors: the GEMM and attention kernels' tiles run in waves of one tile per
   // SM (0 on a CPU profile: no tile or wave quantization).
   int sm_count = 0;
@@ -127,7 +128,7 @@ struct HardwareProfile {
   // compute rate at sustained / boost of it. Both 0 when the profile gives no clocks (ratio 1).
   double boost_clock_hz = 0;
   double sustained_clock_hz = 0;
-  double power_limit_w = 0;         // the board power the clocks are for (0: not given)
+  double power_limit_w = 0;  // the board power the clocks are for (0: not given)
   // Fraction of hbm_bandwidth_Bps a streaming kernel reaches (a copy or triad benchmark).
   double memory_bandwidth_efficiency = 1;
   // A CPU "device" (a calibrated MPI host): no CUDA context, NCCL workspace or caching allocator.
@@ -139,34 +140,37 @@ struct HardwareProfile {
   bool collectives_block = false;
   // node and links
   int gpus_per_node = 0;
-  double intra_bandwidth_Bps = 0;   // per GPU, one direction (NVLink, or PCIe without it)
-  double intra_latency_s = 0;       // per ring step inside a node
-  double inter_bandwidth_Bps = 0;   // per GPU, one direction (its share of the node's NICs)
+  double intra_bandwidth_Bps = 0;  // per GPU, one direction (NVLink, or PCIe without it)
+  double intra_latency_s = 0;      // per ring step inside a node
+  double inter_bandwidth_Bps = 0;  // per GPU, one direction (its share of the node's NICs)
   // The document gave /inter_node/bandwidth_GBps_per_node (divided by gpus_per_node above), not
   // bandwidth_GBps_per_gpu.
   bool inter_bandwidth_per_node_key = false;
-  double inter_latency_s = 0;       // per ring step across nodes
+  double inter_latency_s = 0;  // per ring step across nodes
   // host (for offload)
-  double host_memory_bytes = 0;     // per node
-  double host_link_Bps = 0;         // per GPU, host <-> device (PCIe)
+  double host_memory_bytes = 0;  // per node
+  double host_link_Bps = 0;      // per GPU, host <-> device (PCIe)
   // Parameters one node's CPUs update per second (offload), for every framework; or (then 0) per
   // framework family where the profile tells them apart: "deepspeed" (DeepSpeedCPUAdam) and
-  // "torch" (torch.optim.AdamW on CPU tensors, FSDP's CPUOffload). Read through host_optimizer_rate.
+  // "torch" (torch.optim.AdamW on CPU tensors, FSDP's CPUOffload). Read through
+  // host_optimizer_rate.
   double host_optimizer_params_per_s = 0;
   std::map<std::string, double> host_optimizer_by_framework;
   // framework (host) side
-  double op_dispatch_s = 0;         // host time to issue one kernel from eager PyTorch
+  double op_dispatch_s = 0;  // host time to issue one kernel from eager PyTorch
   // By framework: ddp, fsdp1, fsdp2, deepspeed_zero12 (stages 1 and 2), deepspeed_zero3.
   std::map<std::string, FrameworkOverheads> framework;
   // overheads
   double cuda_context_bytes = 0;
   double nccl_workspace_bytes = 0;
-  double fragmentation = 0;         // reserve as a fraction of the allocated peak
+  double fragmentation = 0;  // reserve as a fraction of the allocated peak
   std::optional<Calibration> calibration;
 
-  double peak(DType d) const;       // FLOP/s; falls back bf16 -> fp16 -> fp32
+  double peak(DType d) const;  // FLOP/s; falls back bf16 -> fp16 -> fp32
   // sustained / boost clock (1 when the profile gives no clocks).
-  double clock_ratio() const { return boost_clock_hz > 0 ? sustained_clock_hz / boost_clock_hz : 1.0; }
+  double clock_ratio() const {
+    return boost_clock_hz > 0 ? sustained_clock_hz / boost_clock_hz : 1.0;
+  }
   // The host optimizer rate of a framework family ("deepspeed" or "torch").
   double host_optimizer_rate(const std::string& family) const;
   // The calibrated straggler wait of a blocking collective over `ranks` ranks, as a fraction of

@@ -34,24 +34,33 @@ const std::vector<std::string>& optimizer_names() {
   return n;
 }
 const std::vector<std::string>& checkpointing_names() {
-  static const std::vector<std::string> n = {"none", "full", "every", "selective-attention", "selective-op"};
+  static const std::vector<std::string> n = {"none", "full", "every", "selective-attention",
+                                             "selective-op"};
   return n;
 }
 const std::vector<std::string>& loss_names() {
-  static const std::vector<std::string> n = {"upcast", "fused", "chunked", "fused-linear", "fp32-inplace"};
+  static const std::vector<std::string> n = {"upcast", "fused", "chunked", "fused-linear",
+                                             "fp32-inplace"};
   return n;
 }
 const std::vector<std::string>& recipe_names() {
-  static const std::vector<std::string> n = {"hf", "torchtitan", "llm-foundry", "megatron", "deepspeed", "executor"};
+  static const std::vector<std::string> n = {"hf",       "torchtitan", "llm-foundry",
+                                             "megatron", "deepspeed",  "executor"};
   return n;
 }
 
-const char* precision_name(Precision p) { return precision_names()[static_cast<std::size_t>(p)].c_str(); }
-const char* optimizer_name(Optimizer o) { return optimizer_names()[static_cast<std::size_t>(o)].c_str(); }
+const char* precision_name(Precision p) {
+  return precision_names()[static_cast<std::size_t>(p)].c_str();
+}
+const char* optimizer_name(Optimizer o) {
+  return optimizer_names()[static_cast<std::size_t>(o)].c_str();
+}
 const char* checkpointing_name(Checkpointing c) {
   return checkpointing_names()[static_cast<std::size_t>(c)].c_str();
 }
-const char* attention_name(AttentionImpl a) { return attention_names()[static_cast<std::size_t>(a)].c_str(); }
+const char* attention_name(AttentionImpl a) {
+  return attention_names()[static_cast<std::size_t>(a)].c_str();
+}
 
 Precision precision_from_name(const std::string& s, const std::string& where) {
   return from_name<Precision>(precision_names(), s, where);
@@ -67,12 +76,15 @@ Recipe recipe_from_name(const std::string& s, const std::string& where) {
 
 LossImpl default_loss(Recipe r) {
   switch (r) {
-    case Recipe::hf:
-    case Recipe::deepspeed:
-    case Recipe::executor:
-    case Recipe::torchtitan: return LossImpl::upcast;  // ForCausalLMLoss; torchtitan cross_entropy_loss
-    case Recipe::llm_foundry: return LossImpl::fused;  // loss_fn: fused_crossentropy (flash-attn)
-    case Recipe::megatron: return LossImpl::fp32_inplace;
+  case Recipe::hf:
+  case Recipe::deepspeed:
+  case Recipe::executor:
+  case Recipe::torchtitan:
+    return LossImpl::upcast;  // ForCausalLMLoss; torchtitan cross_entropy_loss
+  case Recipe::llm_foundry:
+    return LossImpl::fused;  // loss_fn: fused_crossentropy (flash-attn)
+  case Recipe::megatron:
+    return LossImpl::fp32_inplace;
   }
   return LossImpl::upcast;
 }
@@ -83,12 +95,18 @@ Checkpointing default_checkpointing(Recipe r) {
 
 const char* recipe_description(Recipe r) {
   switch (r) {
-    case Recipe::hf: return "transformers' model code";
-    case Recipe::torchtitan: return "torchtitan's Llama";
-    case Recipe::llm_foundry: return "a transformers-style block, flash-attn's cross-entropy by default";
-    case Recipe::megatron: return "Megatron-core's GPT, Korthikanti et al.'s tensors";
-    case Recipe::deepspeed: return "a transformers model under the DeepSpeed engine";
-    case Recipe::executor: return "this project's executor";
+  case Recipe::hf:
+    return "transformers' model code";
+  case Recipe::torchtitan:
+    return "torchtitan's Llama";
+  case Recipe::llm_foundry:
+    return "a transformers-style block, flash-attn's cross-entropy by default";
+  case Recipe::megatron:
+    return "Megatron-core's GPT, Korthikanti et al.'s tensors";
+  case Recipe::deepspeed:
+    return "a transformers model under the DeepSpeed engine";
+  case Recipe::executor:
+    return "this project's executor";
   }
   return "?";
 }
@@ -96,20 +114,26 @@ const char* recipe_description(Recipe r) {
 namespace {
 // One of `names`; `counted` (a name among them) is written "counted:N" with N >= 1, which comes
 // back as the count. `shown` lists the accepted forms for the error.
-std::pair<std::size_t, std::int64_t> parse_counted(const std::string& s, const std::vector<std::string>& names,
+std::pair<std::size_t, std::int64_t> parse_counted(const std::string& s,
+                                                   const std::vector<std::string>& names,
                                                    const std::string& counted, const char* example,
-                                                   const std::vector<std::string>& shown, const std::string& where) {
+                                                   const std::vector<std::string>& shown,
+                                                   const std::string& where) {
   const std::string prefix = counted + ":";
   if (s.rfind(prefix, 0) == 0) {
     const std::string digits = s.substr(prefix.size());
-    const bool ok = !digits.empty() && digits.size() <= 12 && digits.find_first_not_of("0123456789") == std::string::npos &&
+    const bool ok = !digits.empty() && digits.size() <= 12 &&
+                    digits.find_first_not_of("0123456789") == std::string::npos &&
                     std::stoll(digits) >= 1;
     if (!ok)
-      throw InputError(where, fmt::format("{}N must be a whole number >= 1 after the colon, got \"{}\"", prefix, s));
+      throw InputError(
+          where,
+          fmt::format("{}N must be a whole number >= 1 after the colon, got \"{}\"", prefix, s));
     const auto at = std::find(names.begin(), names.end(), counted) - names.begin();
     return {static_cast<std::size_t>(at), std::stoll(digits)};
   }
-  if (s == counted) throw InputError(where, fmt::format("{} needs its count, e.g. \"{}\"", counted, example));
+  if (s == counted)
+    throw InputError(where, fmt::format("{} needs its count, e.g. \"{}\"", counted, example));
   for (std::size_t i = 0; i < names.size(); ++i)
     if (names[i] == s) return {i, 0};
   throw InputError(where, fmt::format("must be one of {}, got \"{}\"", fmt::join(shown, ", "), s));
@@ -118,17 +142,17 @@ std::pair<std::size_t, std::int64_t> parse_counted(const std::string& s, const s
 
 void set_checkpointing(TrainingJob& j, const std::string& s, const std::string& where) {
   // "selective" is the name from before the modes were told apart: Megatron's.
-  const auto [index, every] = parse_counted(s == "selective" ? "selective-attention" : s, checkpointing_names(), "every",
-                                            "every:2",
-                                            {"none", "full", "every:N", "selective-attention", "selective", "selective-op"},
-                                            where);
+  const auto [index, every] = parse_counted(
+      s == "selective" ? "selective-attention" : s, checkpointing_names(), "every", "every:2",
+      {"none", "full", "every:N", "selective-attention", "selective", "selective-op"}, where);
   j.checkpointing = static_cast<Checkpointing>(index);
   j.checkpoint_every = every;
 }
 
 void set_loss(TrainingJob& j, const std::string& s, const std::string& where) {
-  const auto [index, chunks] = parse_counted(s, loss_names(), "chunked", "chunked:8",
-                                             {"upcast", "fused", "chunked:N", "fused-linear", "fp32-inplace"}, where);
+  const auto [index, chunks] =
+      parse_counted(s, loss_names(), "chunked", "chunked:8",
+                    {"upcast", "fused", "chunked:N", "fused-linear", "fp32-inplace"}, where);
   j.loss = static_cast<LossImpl>(index);
   j.loss_chunks = chunks;
 }
@@ -148,10 +172,13 @@ AttentionImpl attention_from_name(const std::string& s, const std::string& where
 
 DType compute_dtype(Precision p) {
   switch (p) {
-    case Precision::fp32: return DType::tf32;
-    case Precision::fp16_mixed: return DType::fp16;
-    case Precision::bf16_mixed:
-    case Precision::bf16: return DType::bf16;
+  case Precision::fp32:
+    return DType::tf32;
+  case Precision::fp16_mixed:
+    return DType::fp16;
+  case Precision::bf16_mixed:
+  case Precision::bf16:
+    return DType::bf16;
   }
   return DType::bf16;
 }
@@ -199,11 +226,12 @@ void validate_cluster(const Cluster& c) {
   if (c.gpus > c.gpus_per_node && c.gpus % c.gpus_per_node != 0) {
     const int below = c.gpus / c.gpus_per_node * c.gpus_per_node;
     const int above = below + c.gpus_per_node;  // offered only when itself allowed
-    throw InputError("--gpus", above <= kMaxGpus
-                                   ? fmt::format("{} is not a multiple of --gpus-per-node {}; {} or {} would be",
-                                                 c.gpus, c.gpus_per_node, below, above)
-                                   : fmt::format("{} is not a multiple of --gpus-per-node {}; {} would be",
-                                                 c.gpus, c.gpus_per_node, below));
+    throw InputError(
+        "--gpus", above <= kMaxGpus
+                      ? fmt::format("{} is not a multiple of --gpus-per-node {}; {} or {} would be",
+                                    c.gpus, c.gpus_per_node, below, above)
+                      : fmt::format("{} is not a multiple of --gpus-per-node {}; {} would be",
+                                    c.gpus, c.gpus_per_node, below));
   }
 }
 
@@ -214,9 +242,10 @@ void validate_job(const TrainingJob& j, const Cluster& c) {
                                  j.global_batch, c.gpus, c.gpus));
   const auto per_gpu = j.global_batch / c.gpus;
   if (j.micro_batch > 0 && per_gpu % j.micro_batch != 0)
-    throw InputError("--micro-batch",
-                     fmt::format("{} does not divide the {} sequences per GPU (global batch {} / {} GPUs)",
-                                 j.micro_batch, per_gpu, j.global_batch, c.gpus));
+    throw InputError(
+        "--micro-batch",
+        fmt::format("{} does not divide the {} sequences per GPU (global batch {} / {} GPUs)",
+                    j.micro_batch, per_gpu, j.global_batch, c.gpus));
 }
 
 }  // namespace shardplan::costmodel

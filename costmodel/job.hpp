@@ -78,16 +78,17 @@ const std::vector<std::string>& loss_names();
 DType compute_dtype(Precision p);
 
 struct TrainingJob {
-  std::int64_t seq_len = 4096;      // tokens per sequence
-  std::int64_t global_batch = 0;    // sequences per optimizer step, whole job
-  std::int64_t micro_batch = 0;     // sequences per GPU per forward/backward; 0 = let the planner choose
+  std::int64_t seq_len = 4096;    // tokens per sequence
+  std::int64_t global_batch = 0;  // sequences per optimizer step, whole job
+  std::int64_t micro_batch =
+      0;  // sequences per GPU per forward/backward; 0 = let the planner choose
   Precision precision = Precision::bf16_mixed;
   Optimizer optimizer = Optimizer::adamw;
   Checkpointing checkpointing = Checkpointing::none;
   std::int64_t checkpoint_every = 0;  // N of every:N (blocks N-1, 2N-1, ... are checkpointed)
   AttentionImpl attention = AttentionImpl::flash;
   LossImpl loss = LossImpl::upcast;
-  std::int64_t loss_chunks = 0;   // N of chunked:N: chunks the sequence is split into
+  std::int64_t loss_chunks = 0;  // N of chunked:N: chunks the sequence is split into
   Recipe recipe = Recipe::hf;
 
   // Whether block b (0-based) keeps only its input and reruns its forward in backward. every:N
@@ -97,7 +98,8 @@ struct TrainingJob {
   bool block_checkpointed(std::int64_t b) const {
     if (checkpointing == Checkpointing::full) return true;
     if (checkpointing != Checkpointing::every) return false;
-    return recipe == Recipe::torchtitan ? (b + 1) % checkpoint_every == 0 : b % checkpoint_every == 0;
+    return recipe == Recipe::torchtitan ? (b + 1) % checkpoint_every == 0
+                                        : b % checkpoint_every == 0;
   }
 };
 

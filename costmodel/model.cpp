@@ -34,11 +34,10 @@ bool is_metadata_key(const std::string& k) {
       "_name_or_path", "architectures", "model_type", "torch_dtype", "transformers_version",
       "use_cache", "initializer_range", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
       "rope_theta", "rope_scaling", "pretraining_tp", "sliding_window", "use_sliding_window",
-      "max_window_layers", "rotary_emb_base", "rotary_emb_fraction",
-      "classifier_dropout", "n_ctx", "scale_attn_weights", "reorder_and_upcast_attn",
-      "scale_attn_by_inverse_layer_idx", "task_specific_params", "id2label", "label2id",
-      "is_decoder", "use_return_dict", "output_attentions", "output_hidden_states", "dtype",
-      "quantization_config", "auto_map",
+      "max_window_layers", "rotary_emb_base", "rotary_emb_fraction", "classifier_dropout", "n_ctx",
+      "scale_attn_weights", "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx",
+      "task_specific_params", "id2label", "label2id", "is_decoder", "use_return_dict",
+      "output_attentions", "output_hidden_states", "dtype", "quantization_config", "auto_map",
       "embedding_dropout", "max_length", "do_sample", "temperature", "top_p",
       "gradient_checkpointing",
       // Leftovers of the OpenAI GPT config class in GPT-2 checkpoints (gpt2-medium: n_special,
@@ -82,9 +81,9 @@ void check_heads(const ModelSpec& m, ObjectReader& r, std::string_view heads_key
     throw InputError(r.pointer_of(heads_key),
                      fmt::format("{} heads do not divide {} = {}", m.heads, hidden_key, m.hidden));
   if (m.heads % m.kv_heads != 0)
-    throw InputError(r.pointer_of("num_key_value_heads"),
-                     fmt::format("{} key/value heads do not divide {} query heads", m.kv_heads,
-                                 m.heads));
+    throw InputError(
+        r.pointer_of("num_key_value_heads"),
+        fmt::format("{} key/value heads do not divide {} query heads", m.kv_heads, m.heads));
 }
 
 // Llama, Mistral and Qwen2 share one layout (HF modeling_llama.py, modeling_mistral.py,
@@ -94,8 +93,8 @@ void read_llama_family(ObjectReader& r, ModelSpec& m) {
   m.intermediate = dim(r, "intermediate_size");
   m.layers = dim(r, "num_hidden_layers", kMaxLayers);
   m.heads = dim(r, "num_attention_heads");
-  m.kv_heads = r.optional_integer("num_key_value_heads", Range{1, kMaxDimension, false})
-                   .value_or(m.heads);
+  m.kv_heads =
+      r.optional_integer("num_key_value_heads", Range{1, kMaxDimension, false}).value_or(m.heads);
   const auto head_dim = r.optional_integer("head_dim", Range{1, kMaxDimension, false});
   m.head_dim = head_dim.value_or(m.hidden / m.heads);
   m.vocab = dim(r, "vocab_size");
@@ -105,14 +104,17 @@ void read_llama_family(ObjectReader& r, ModelSpec& m) {
   if (act != "silu" && act != "swish")
     throw InputError(r.pointer_of("hidden_act"),
                      fmt::format("must be \"silu\" for a SwiGLU MLP, got \"{}\"", act));
-  m.attention_dropout = r.optional_number("attention_dropout", Range::between(0, 1)).value_or(0) > 0;
+  m.attention_dropout =
+      r.optional_number("attention_dropout", Range::between(0, 1)).value_or(0) > 0;
   check_heads(m, r, "num_attention_heads", "hidden_size", head_dim.has_value());
   m.mlp = MlpKind::swiglu;
   m.norm = NormKind::rmsnorm;
   m.positions = PositionKind::rotary;
-  // partial_rotary_factor (default 1): the rotated fraction of each head (the rotary tables' width).
+  // partial_rotary_factor (default 1): the rotated fraction of each head (the rotary tables'
+  // width).
   m.rotary_dim = static_cast<std::int64_t>(
-      static_cast<double>(m.head_dim) * r.optional_number("partial_rotary_factor", Range{0, 1, true}).value_or(1.0));
+      static_cast<double>(m.head_dim) *
+      r.optional_number("partial_rotary_factor", Range{0, 1, true}).value_or(1.0));
   r.ignore("hidden_dropout");
 
   bool qkv_bias = false, out_bias = false, mlp_bias = false;
@@ -148,8 +150,8 @@ void read_gpt2(ObjectReader& r, ModelSpec& m) {
   m.kv_heads = m.heads;
   m.vocab = dim(r, "vocab_size");
   m.max_positions = dim(r, "n_positions", 1e9);
-  m.intermediate = r.optional_integer("n_inner", Range{1, kMaxDimension, false})
-                       .value_or(4 * m.hidden);
+  m.intermediate =
+      r.optional_integer("n_inner", Range{1, kMaxDimension, false}).value_or(4 * m.hidden);
   m.tied_embeddings = r.optional_boolean("tie_word_embeddings").value_or(true);
   r.ignore("activation_function");
   m.attention_dropout = r.optional_number("attn_pdrop", Range::between(0, 1)).value_or(0.1) > 0;
@@ -187,7 +189,8 @@ void read_gpt_neox(ObjectReader& r, ModelSpec& m) {
   m.parallel_residual = r.optional_boolean("use_parallel_residual").value_or(true);
   const bool bias = r.optional_boolean("attention_bias").value_or(true);
   r.ignore("hidden_act");
-  m.attention_dropout = r.optional_number("attention_dropout", Range::between(0, 1)).value_or(0) > 0;
+  m.attention_dropout =
+      r.optional_number("attention_dropout", Range::between(0, 1)).value_or(0) > 0;
   // GPTNeoXLayer drops out the attention and MLP outputs with hidden_dropout (default 0).
   m.residual_dropout = r.optional_number("hidden_dropout", Range::between(0, 1)).value_or(0) > 0;
   check_heads(m, r, "num_attention_heads", "hidden_size", false);
@@ -196,8 +199,9 @@ void read_gpt_neox(ObjectReader& r, ModelSpec& m) {
   m.norm = NormKind::layernorm;
   m.positions = PositionKind::rotary;
   // GPTNeoXConfig.rotary_pct (default 0.25): rotary on that fraction of each head.
-  m.rotary_dim = static_cast<std::int64_t>(
-      static_cast<double>(m.head_dim) * r.optional_number("rotary_pct", Range{0, 1, true}).value_or(0.25));
+  m.rotary_dim =
+      static_cast<std::int64_t>(static_cast<double>(m.head_dim) *
+                                r.optional_number("rotary_pct", Range{0, 1, true}).value_or(0.25));
 
   m.embedding.tensors.push_back(matrix("embed_in.weight", m.vocab, m.hidden));
   add_norm(m.block, "input_layernorm", m);
@@ -214,12 +218,18 @@ void read_gpt_neox(ObjectReader& r, ModelSpec& m) {
 
 const char* architecture_name(Architecture a) {
   switch (a) {
-    case Architecture::llama: return "LlamaForCausalLM";
-    case Architecture::mistral: return "MistralForCausalLM";
-    case Architecture::qwen2: return "Qwen2ForCausalLM";
-    case Architecture::gpt2: return "GPT2LMHeadModel";
-    case Architecture::gpt_neox: return "GPTNeoXForCausalLM";
-    case Architecture::uniform: return "uniform";
+  case Architecture::llama:
+    return "LlamaForCausalLM";
+  case Architecture::mistral:
+    return "MistralForCausalLM";
+  case Architecture::qwen2:
+    return "Qwen2ForCausalLM";
+  case Architecture::gpt2:
+    return "GPT2LMHeadModel";
+  case Architecture::gpt_neox:
+    return "GPTNeoXForCausalLM";
+  case Architecture::uniform:
+    return "uniform";
   }
   return "?";
 }
@@ -242,7 +252,7 @@ std::int64_t ModelSpec::total_params() const {
 }
 
 std::vector<std::string> preset_model_names() {
-  return {"gpt2",       "gpt2-medium", "gpt2-large",  "gpt2-xl",   "llama-2-7b",
+  return {"gpt2",        "gpt2-medium", "gpt2-large", "gpt2-xl",     "llama-2-7b",
           "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "mistral-7b"};
 }
 
@@ -260,8 +270,9 @@ std::string data_dir() {
   // The user's folder, checked: a wrong one is an error, not an empty list.
   if (const char* env = std::getenv("SHARDPLAN_DATA_DIR"); env && *env) {
     if (!holds_data(env))
-      throw InputError("SHARDPLAN_DATA_DIR",
-                       fmt::format("\"{}\" has no hardware_profiles/ and examples/models/ folders", env));
+      throw InputError(
+          "SHARDPLAN_DATA_DIR",
+          fmt::format("\"{}\" has no hardware_profiles/ and examples/models/ folders", env));
     return env;
   }
   // Installed: <prefix>/bin/<program> finds <prefix>/share/shardplan (cmake --install).
@@ -273,32 +284,45 @@ std::string data_dir() {
   }
   // A build tree: the sources it was built from.
   if (holds_data(SHARDPLAN_DEFAULT_DATA_DIR)) return SHARDPLAN_DEFAULT_DATA_DIR;
-  throw InputError("SHARDPLAN_DATA_DIR",
-                   "is not set and neither an installed share/shardplan folder nor the source tree was "
-                   "found: set it to the folder holding hardware_profiles/ and examples/models/");
+  throw InputError(
+      "SHARDPLAN_DATA_DIR",
+      "is not set and neither an installed share/shardplan folder nor the source tree was "
+      "found: set it to the folder holding hardware_profiles/ and examples/models/");
 }
 
 ModelSpec model_from_hf_config(const nlohmann::json& config, const std::string& name) {
   ObjectReader r(config, "");
   const auto& archs = r.array("architectures");
   if (archs.size() != 1 || !archs[0].is_string())
-    throw InputError("/architectures", "must be a list of one architecture name, got " +
-                                           describe_value(archs));
+    throw InputError("/architectures",
+                     "must be a list of one architecture name, got " + describe_value(archs));
   const std::string arch = archs[0].get<std::string>();
   ModelSpec m;
   m.name = name;
-  if (arch == "LlamaForCausalLM") m.architecture = Architecture::llama;
-  else if (arch == "MistralForCausalLM") m.architecture = Architecture::mistral;
-  else if (arch == "Qwen2ForCausalLM") m.architecture = Architecture::qwen2;
-  else if (arch == "GPT2LMHeadModel") m.architecture = Architecture::gpt2;
-  else if (arch == "GPTNeoXForCausalLM") m.architecture = Architecture::gpt_neox;
+  if (arch == "LlamaForCausalLM")
+    m.architecture = Architecture::llama;
+  else if (arch == "MistralForCausalLM")
+    m.architecture = Architecture::mistral;
+  else if (arch == "Qwen2ForCausalLM")
+    m.architecture = Architecture::qwen2;
+  else if (arch == "GPT2LMHeadModel")
+    m.architecture = Architecture::gpt2;
+  else if (arch == "GPTNeoXForCausalLM")
+    m.architecture = Architecture::gpt_neox;
   else
-    throw InputError("/architectures/0", fmt::format("unsupported architecture \"{}\"; supported: {}",
-                                                     arch, fmt::join(kSupported, ", ")));
+    throw InputError("/architectures/0",
+                     fmt::format("unsupported architecture \"{}\"; supported: {}", arch,
+                                 fmt::join(kSupported, ", ")));
   switch (m.architecture) {
-    case Architecture::gpt2: read_gpt2(r, m); break;
-    case Architecture::gpt_neox: read_gpt_neox(r, m); break;
-    default: read_llama_family(r, m); break;
+  case Architecture::gpt2:
+    read_gpt2(r, m);
+    break;
+  case Architecture::gpt_neox:
+    read_gpt_neox(r, m);
+    break;
+  default:
+    read_llama_family(r, m);
+    break;
   }
   // Each dimension is bounded, but their products are not: count in double before anything
   // multiplies them in 64-bit integers (h·q_width alone can reach 1e21).
@@ -308,11 +332,13 @@ ModelSpec model_from_hf_config(const nlohmann::json& config, const std::string& 
     return n;
   };
   const double block = elements(m.block);
-  const double total = elements(m.embedding) + static_cast<double>(m.layers) * block + elements(m.head);
+  const double total =
+      elements(m.embedding) + static_cast<double>(m.layers) * block + elements(m.head);
   if (total > kMaxParams)
-    throw InputError("/", fmt::format("the dimensions give {:.3g} parameters ({:.3g} per block x {} "
-                                      "blocks); at most {:.0e} are supported",
-                                      total, block, m.layers, kMaxParams));
+    throw InputError("/",
+                     fmt::format("the dimensions give {:.3g} parameters ({:.3g} per block x {} "
+                                 "blocks); at most {:.0e} are supported",
+                                 total, block, m.layers, kMaxParams));
   // Dropout rates of the Llama family are read above; GPT-2's embedding dropout keeps no state
   // we count. Everything else must be metadata.
   r.ignore_if(is_metadata_key);
@@ -331,15 +357,17 @@ ModelSpec load_model(const std::string& name_or_path) {
                                             name_or_path, fmt::join(presets, ", ")));
   else if (std::filesystem::is_directory(name_or_path))
     path = name_or_path + "/config.json";
-  return read_json_document(
-      path, [&](const nlohmann::json& config) { return model_from_hf_config(config, name_or_path); });
+  return read_json_document(path, [&](const nlohmann::json& config) {
+    return model_from_hf_config(config, name_or_path);
+  });
 }
 
 ModelSpec model_from_param_count(double params, std::int64_t layers) {
   if (!std::isfinite(params) || params < 1e3 || params > 1e15)
     throw InputError("--params", fmt::format("must be between 1e3 and 1e15, got {}", params));
   if (layers < 0 || layers > kMaxLayers)
-    throw InputError("--layers", fmt::format("must be between 1 and {}, got {}", kMaxLayers, layers));
+    throw InputError("--layers",
+                     fmt::format("must be between 1 and {}, got {}", kMaxLayers, layers));
   const auto total = static_cast<std::int64_t>(std::llround(params));
   ModelSpec m;
   m.name = fmt::format("params:{}", params);
@@ -384,8 +412,9 @@ nlohmann::json model_to_json(const ModelSpec& m) {
   auto unit = [](const UnitTensors& u) {
     nlohmann::json tensors = nlohmann::json::array();
     for (const auto& t : u.tensors)
-      tensors.push_back({{"name", t.name}, {"shape", t.rows == 1 ? nlohmann::json::array({t.cols})
-                                                                 : nlohmann::json::array({t.rows, t.cols})},
+      tensors.push_back({{"name", t.name},
+                         {"shape", t.rows == 1 ? nlohmann::json::array({t.cols})
+                                               : nlohmann::json::array({t.rows, t.cols})},
                          {"params", t.elements()}});
     return nlohmann::json{{"params", u.params()}, {"tensors", tensors}};
   };

@@ -18,9 +18,9 @@ enum class PositionKind { learned, rotary };
 const char* architecture_name(Architecture a);  // the HF class name ("LlamaForCausalLM")
 
 struct Tensor {
-  std::string name;            // HF-style name inside its unit ("self_attn.q_proj.weight")
-  std::int64_t rows = 1;       // out features (1 for vectors)
-  std::int64_t cols = 1;       // in features
+  std::string name;       // HF-style name inside its unit ("self_attn.q_proj.weight")
+  std::int64_t rows = 1;  // out features (1 for vectors)
+  std::int64_t cols = 1;  // in features
   std::int64_t elements() const { return rows * cols; }
   bool is_matrix() const { return rows > 1 && cols > 1; }
 };
@@ -33,7 +33,7 @@ struct UnitTensors {
 };
 
 struct ModelSpec {
-  std::string name;                // preset name or file path or "params:7.5e9"
+  std::string name;  // preset name or file path or "params:7.5e9"
   Architecture architecture = Architecture::llama;
   std::int64_t hidden = 0;         // h
   std::int64_t layers = 0;         // L, transformer blocks
@@ -53,10 +53,10 @@ struct ModelSpec {
   bool embedding_dropout = false;  // dropout on the embeddings' output (GPT-2's embd_pdrop)
   std::int64_t rotary_dim = 0;     // rotated width of each head (GPT-NeoX: rotary_pct of it)
 
-  UnitTensors embedding;           // token (and position) embeddings
-  UnitTensors block;               // one transformer block; all blocks are identical
-  UnitTensors head;                // final norm and, when untied, the output projection
-  nlohmann::json hf_config;        // the config.json it was read from (null for a bare count)
+  UnitTensors embedding;     // token (and position) embeddings
+  UnitTensors block;         // one transformer block; all blocks are identical
+  UnitTensors head;          // final norm and, when untied, the output projection
+  nlohmann::json hf_config;  // the config.json it was read from (null for a bare count)
 
   std::int64_t total_params() const;
   std::int64_t q_width() const { return heads * head_dim; }

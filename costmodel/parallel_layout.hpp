@@ -30,14 +30,14 @@ PipelineSchedule schedule_from_name(const std::string& s, const std::string& whe
 const std::vector<std::string>& schedule_names();
 
 struct ParallelLayout {
-  int tensor_parallel = 1;        // t: ranks splitting each linear (and the attention heads)
-  bool sequence_parallel = false; // norms, dropouts and residuals split over the sequence by t
+  int tensor_parallel = 1;             // t: ranks splitting each linear (and the attention heads)
+  bool sequence_parallel = false;      // norms, dropouts and residuals split over the sequence by t
   bool async_tensor_parallel = false;  // TP's collectives overlapped with the GEMMs beside them
-  int pipeline_parallel = 1;      // p: stages
+  int pipeline_parallel = 1;           // p: stages
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
-  int virtual_stages = 1;         // v: model chunks per stage (interleaved only)
-  int micro_batches = 1;          // m: micro-batches per pipeline per optimizer step
-  int context_parallel = 1;       // c: ranks splitting each sequence (ring attention)
+  int virtual_stages = 1;    // v: model chunks per stage (interleaved only)
+  int micro_batches = 1;     // m: micro-batches per pipeline per optimizer step
+  int context_parallel = 1;  // c: ranks splitting each sequence (ring attention)
 
   int model_parallel() const { return tensor_parallel * pipeline_parallel * context_parallel; }
   // d = world / (t·p·c); 0 when it does not divide.
@@ -60,8 +60,8 @@ LayoutGroups layout_groups(const ParallelLayout& l, const Cluster& c);
 
 // Why the layout cannot run this model and job on this cluster, one reason per problem, each with
 // the numbers (empty: it can). Never throws.
-std::vector<std::string> layout_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJob& j,
-                                         const Cluster& c);
+std::vector<std::string> layout_problems(const ParallelLayout& l, const ModelSpec& m,
+                                         const TrainingJob& j, const Cluster& c);
 
 // {"tensor_parallel": 2, "sequence_parallel": true, "pipeline_parallel": 4, "schedule": "1f1b",
 //  "virtual_stages": 1, "micro_batches": 8, "context_parallel": 1, "async_tensor_parallel": false};

@@ -28,7 +28,8 @@ namespace shardplan::costmodel {
 //   core:    eager e·a·s·T for the softmax output, plus (1 + e)·a·s·T with attention dropout;
 //            flash attention keeps one fp32 log-sum-exp per head and token, 4·a·T
 // With GPT-3's shapes (q = kv = h, I = 4h, dropout, eager) this is the paper's formula exactly.
-LayerActivations layer_activations(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l, double e) {
+LayerActivations layer_activations(const ModelSpec& m, const TrainingJob& j,
+                                   const ParallelLayout& l, double e) {
   const double t = l.tensor_parallel;
   const double c = l.context_parallel;
   const double T = static_cast<double>(j.seq_len) / c * static_cast<double>(j.micro_batch);
@@ -78,8 +79,10 @@ void stage_states(const ParallelMemoryInput& in, const StageShare& share, StageM
   const int d = std::max(1, in.layout.data_parallel(in.cluster.gpus));
   const double S = std::min(s.group(d), d);
   double elems = share.blocks * tp_local_elements(m.block, t, false);
-  double opt = share.blocks * static_cast<double>(optimizer_state_elements(m.block, in.job.optimizer)) *
-               tp_local_elements(m.block, t, false) / std::max<double>(1, static_cast<double>(m.block.params()));
+  double opt = share.blocks *
+               static_cast<double>(optimizer_state_elements(m.block, in.job.optimizer)) *
+               tp_local_elements(m.block, t, false) /
+               std::max<double>(1, static_cast<double>(m.block.params()));
   auto add = [&](const UnitTensors& u, bool embedding) {
     const double local = tp_local_elements(u, t, embedding);
     elems += local;
@@ -91,7 +94,8 @@ void stage_states(const ParallelMemoryInput& in, const StageShare& share, StageM
   // Tied embeddings across stages: the last stage keeps its own copy of the word embeddings for
   // the output layer and the two copies' gradients are all-reduced (Megatron-core's
   // LanguageModule.setup_embeddings_and_output_layer, shared_embedding_or_output_weight).
-  if (share.last && m.tied_embeddings && !m.embedding.tensors.empty() && in.layout.pipeline_parallel > 1) {
+  if (share.last && m.tied_embeddings && !m.embedding.tensors.empty() &&
+      in.layout.pipeline_parallel > 1) {
     UnitTensors word;
     word.tensors.push_back(m.embedding.tensors.front());
     add(word, true);
@@ -102,11 +106,13 @@ void stage_states(const ParallelMemoryInput& in, const StageShare& share, StageM
   out.optimizer_bytes = (sb.master * elems + sb.moment * opt) / (s.shard_optimizer ? S : 1);
   // Sharded parameters are gathered in the compute dtype. With a pipeline, torchtitan keeps the
   // stage's parameters gathered from forward to backward (its "default" reshard_after_forward
-  // policy is False when pipeline parallelism is on: torchtitan/models/llama3/infra/parallelize.py);
-  // without one, FSDP holds the unit in use and the prefetched one.
+  // policy is False when pipeline parallelism is on:
+  // torchtitan/models/llama3/infra/parallelize.py); without one, FSDP holds the unit in use and the
+  // prefetched one.
   const double block_local = tp_local_elements(m.block, t, false);
   if (s.shard_parameters)
-    out.buffer_bytes += in.layout.pipeline_parallel > 1 ? elems * sb.compute : 2 * block_local * sb.compute;
+    out.buffer_bytes +=
+        in.layout.pipeline_parallel > 1 ? elems * sb.compute : 2 * block_local * sb.compute;
   // Sharded gradients: one unit's unsharded gradient lives until it is reduce-scattered. Under a
   // pipeline the stage runs its micro-batches without gradient sync (torch/distributed/pipelining/
   // stage.py, backward_maybe_with_nosync: set_requires_gradient_sync(False) until the last), so
@@ -121,7 +127,8 @@ void stage_states(const ParallelMemoryInput& in, const StageShare& share, StageM
 // megatron/core/tensor_parallel/cross_entropy.py).
 double head_saved(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l, double e) {
   const double t = l.tensor_parallel;
-  const double T = static_cast<double>(j.seq_len) / l.context_parallel * static_cast<double>(j.micro_batch);
+  const double T =
+      static_cast<double>(j.seq_len) / l.context_parallel * static_cast<double>(j.micro_batch);
   const double sp = l.sequence_parallel ? t : 1.0;
   return 2 * e * T * static_cast<double>(m.hidden) / sp + 4 * T * static_cast<double>(m.vocab) / t;
 }
@@ -129,7 +136,8 @@ double head_saved(const ModelSpec& m, const TrainingJob& j, const ParallelLayout
 // The embeddings on the first stage per micro-batch: the token ids (int64, the lookup's backward)
 // and, with embedding dropout, its 1-byte mask (split by t under sequence parallelism).
 double embedding_saved(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l) {
-  const double T = static_cast<double>(j.seq_len) / l.context_parallel * static_cast<double>(j.micro_batch);
+  const double T =
+      static_cast<double>(j.seq_len) / l.context_parallel * static_cast<double>(j.micro_batch);
   const double mask = m.embedding_dropout ? T * static_cast<double>(m.hidden) : 0;
   return 8 * T + mask / (l.sequence_parallel ? l.tensor_parallel : 1);
 }
@@ -143,10 +151,12 @@ void stage_activations(const ParallelMemoryInput& in, const StageShare& share, i
   const auto& l = in.layout;
   const double e = dtype_bytes(compute_dtype(j.precision));
   const LayerActivations layer = layer_activations(m, j, l, e);
-  const double T = static_cast<double>(j.seq_len) / l.context_parallel * static_cast<double>(j.micro_batch);
+  const double T =
+      static_cast<double>(j.seq_len) / l.context_parallel * static_cast<double>(j.micro_batch);
   // A checkpointed block keeps its input: split by t under sequence parallelism (Megatron
   // checkpoints the sequence-parallel input; Korthikanti §5, 2sbh/t).
-  const double input = e * T * static_cast<double>(m.hidden) / (l.sequence_parallel ? l.tensor_parallel : 1);
+  const double input =
+      e * T * static_cast<double>(m.hidden) / (l.sequence_parallel ? l.tensor_parallel : 1);
   const bool selective = j.checkpointing == Checkpointing::selective_attention;
   double saved = 0;
   bool any_checkpointed = false;
@@ -159,8 +169,10 @@ void stage_activations(const ParallelMemoryInput& in, const StageShare& share, i
   if (share.first) saved += embedding_saved(m, j, l);
   if (share.last) saved += head_saved(m, j, l, e);
   double transient = any_checkpointed ? layer.total() : 0;  // one block rebuilt at a time
-  if (l.sequence_parallel) transient += e * T * static_cast<double>(m.hidden);  // the all-gathered input
-  if (share.last) transient += e * T * static_cast<double>(m.vocab) / l.tensor_parallel;  // the logits
+  if (l.sequence_parallel)
+    transient += e * T * static_cast<double>(m.hidden);  // the all-gathered input
+  if (share.last)
+    transient += e * T * static_cast<double>(m.vocab) / l.tensor_parallel;  // the logits
   out.activation_bytes = saved * out.in_flight + transient;
   // Ring attention: the K and V chunk being used and the one arriving (Transformer Engine's
   // AttnFuncWithCPAndKVP2P double-buffers them), each of the local sequence.
@@ -173,7 +185,8 @@ std::string stage_name(const StageMemory& s, int p, bool first, bool last) {
   if (first) what += "embeddings, ";
   what += fmt::format("{} blocks", s.blocks);
   if (last) what += ", head and loss";
-  return fmt::format("stage {} of {} ({}, {:g} micro-batches in flight)", s.stage, p, what, s.in_flight);
+  return fmt::format("stage {} of {} ({}, {:g} micro-batches in flight)", s.stage, p, what,
+                     s.in_flight);
 }
 
 }  // namespace
@@ -195,7 +208,8 @@ ParallelMemory parallel_memory(const ParallelMemoryInput& in, const PipelineWalk
     // spreads evenly, so the count per stage is the same).
     stage_activations(in, share, static_cast<int>(per_stage / l.virtual_stages) * s, st);
     const double allocated = st.total();
-    st.overhead_bytes = hw.cuda_context_bytes + hw.nccl_workspace_bytes + hw.fragmentation * allocated;
+    st.overhead_bytes =
+        hw.cuda_context_bytes + hw.nccl_workspace_bytes + hw.fragmentation * allocated;
     if (st.total() > out.peak_bytes) {
       out.peak_bytes = st.total();
       out.peak_stage = s;

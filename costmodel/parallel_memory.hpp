@@ -28,7 +28,8 @@ struct LayerActivations {
   double core = 0;     // of `inside`, the attention core (what selective recompute drops)
   double total() const { return outside + inside; }
 };
-LayerActivations layer_activations(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l, double e);
+LayerActivations layer_activations(const ModelSpec& m, const TrainingJob& j,
+                                   const ParallelLayout& l, double e);
 
 // Elements one rank holds of a unit under tensor parallelism: matrices split by t (column- and
 // row-parallel linears, the vocabulary-parallel embedding and head), vectors (norms, biases)
@@ -39,15 +40,16 @@ double tp_local_elements(const UnitTensors& u, int t, bool embedding);
 
 struct StageMemory {
   int stage = 0;
-  double blocks = 0;             // transformer blocks on the stage (all its chunks)
-  double local_params = 0;       // elements this rank holds before data-parallel sharding
+  double blocks = 0;        // transformer blocks on the stage (all its chunks)
+  double local_params = 0;  // elements this rank holds before data-parallel sharding
   double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
-  double buffer_bytes = 0;       // gathered parameters, unsharded gradients, CP's K/V buffers
-  double activation_bytes = 0;   // saved for the in-flight micro-batches plus the transients
-  double in_flight = 0;          // micro-batches of the whole stage held at once (the walk's)
-  double overhead_bytes = 0;     // CUDA context, NCCL workspace, fragmentation
+  double buffer_bytes = 0;      // gathered parameters, unsharded gradients, CP's K/V buffers
+  double activation_bytes = 0;  // saved for the in-flight micro-batches plus the transients
+  double in_flight = 0;         // micro-batches of the whole stage held at once (the walk's)
+  double overhead_bytes = 0;    // CUDA context, NCCL workspace, fragmentation
   double total() const {
-    return param_bytes + grad_bytes + optimizer_bytes + buffer_bytes + activation_bytes + overhead_bytes;
+    return param_bytes + grad_bytes + optimizer_bytes + buffer_bytes + activation_bytes +
+           overhead_bytes;
   }
 };
 

@@ -22,20 +22,21 @@ double p2p_time(const HardwareProfile& hw, Tier tier, double bytes) {
 
 // One stage's seconds per micro-batch: compute alone, and forward/backward with what is exposed.
 struct StageTime {
-  double compute = 0;            // forward + backward + recompute kernels
+  double compute = 0;                // forward + backward + recompute kernels
   double forward = 0, backward = 0;  // with exposed TP and CP communication
   double tp_exposed = 0, cp_exposed = 0;
 };
 
 // Per-block times and communication, shared by every block of the stage.
 struct BlockTime {
-  double fwd = 0, bwd = 0;       // GEMMs and attention
-  double core_fwd = 0;           // the attention core of the forward (what ring attention overlaps)
-  double tp_fwd = 0, tp_bwd = 0; // TP collectives' seconds
-  double cp_fwd = 0, cp_bwd = 0; // ring exchanges' seconds
+  double fwd = 0, bwd = 0;  // GEMMs and attention
+  double core_fwd = 0;      // the attention core of the forward (what ring attention overlaps)
+  double tp_fwd = 0, tp_bwd = 0;  // TP collectives' seconds
+  double cp_fwd = 0, cp_bwd = 0;  // ring exchanges' seconds
 };
 
-BlockTime block_time(const StepInput& in, const ParallelLayout& l, const LayoutGroups& g, const ComputeModel& cm) {
+BlockTime block_time(const StepInput& in, const ParallelLayout& l, const LayoutGroups& g,
+                     const ComputeModel& cm) {
   const auto& m = *in.model;
   const auto& j = in.job;
   const double e = dtype_bytes(compute_dtype(j.precision));
@@ -51,7 +52,8 @@ BlockTime block_time(const StepInput& in, const ParallelLayout& l, const LayoutG
   const double buffer = e * T * static_cast<double>(m.hidden);
   auto tp_phase = [&]() {
     if (l.tensor_parallel == 1) return 0.0;
-    if (!l.sequence_parallel) return 2 * comm.cost(Collective::all_reduce, g.tensor, buffer).seconds;
+    if (!l.sequence_parallel)
+      return 2 * comm.cost(Collective::all_reduce, g.tensor, buffer).seconds;
     return 2 * (comm.cost(Collective::all_gather, g.tensor, buffer).seconds +
                 comm.cost(Collective::reduce_scatter, g.tensor, buffer).seconds);
   };
@@ -71,8 +73,8 @@ double exposed(double comm, double overlap_with, bool overlapped) {
 }
 
 // first_block: the stage's first block in the model (which of its blocks every:N checkpoints).
-StageTime stage_time(const StepInput& in, const ParallelLayout& l, const BlockTime& b, std::int64_t first_block,
-                     bool last, const ComputeModel& cm) {
+StageTime stage_time(const StepInput& in, const ParallelLayout& l, const BlockTime& b,
+                     std::int64_t first_block, bool last, const ComputeModel& cm) {
   const auto& m = *in.model;
   const auto& j = in.job;
   const double blocks = static_cast<double>(m.layers) / l.pipeline_parallel;
@@ -110,8 +112,9 @@ struct DataParallelTime {
   double comm = 0, exposed = 0, bytes = 0, optimizer = 0;
 };
 
-DataParallelTime data_parallel_time(const StepInput& in, const ParallelLayout& l, const LayoutGroups& g,
-                                    const StageMemory& mem, const StageTime& st) {
+DataParallelTime data_parallel_time(const StepInput& in, const ParallelLayout& l,
+                                    const LayoutGroups& g, const StageMemory& mem,
+                                    const StageTime& st) {
   const auto& s = in.spec;
   const auto& hw = *in.hardware;
   const CommModel comm(hw);
@@ -124,7 +127,8 @@ DataParallelTime data_parallel_time(const StepInput& in, const ParallelLayout& l
     return c.seconds;
   };
   const double grads = mem.local_params * reduce_b;
-  const double reduce = run(s.shard_optimizer ? Collective::reduce_scatter : Collective::all_reduce, grads);
+  const double reduce =
+      run(s.shard_optimizer ? Collective::reduce_scatter : Collective::all_reduce, grads);
   d.comm += reduce;
   d.exposed += std::max(0.0, reduce - st.backward);
   const double params = mem.local_params * sb.compute;
@@ -144,32 +148,38 @@ DataParallelTime data_parallel_time(const StepInput& in, const ParallelLayout& l
     d.comm += c.seconds * times;
     const double first_unit = c.seconds / std::max(1.0, static_cast<double>(in.model->layers));
     d.exposed += pipeline ? c.seconds
-                          : std::max(0.0, c.seconds * times - st.compute * l.micro_batches) + times * first_unit;
+                          : std::max(0.0, c.seconds * times - st.compute * l.micro_batches) +
+                                times * first_unit;
   }
   // Read the gradient shard, read and write the fp32 master and the moments, write the parameters:
   // the stage's sharded states moved once each way.
-  const double bw = hw.calibration && hw.calibration->memory_bandwidth_Bps ? *hw.calibration->memory_bandwidth_Bps
-                                                                            : hw.hbm_bandwidth_Bps;
+  const double bw = hw.calibration && hw.calibration->memory_bandwidth_Bps
+                        ? *hw.calibration->memory_bandwidth_Bps
+                        : hw.hbm_bandwidth_Bps;
   d.optimizer = (2 * mem.optimizer_bytes + mem.grad_bytes + mem.param_bytes) / bw;
   return d;
 }
 
 }  // namespace
 
-double tp_bytes_per_block(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l, double e) {
+double tp_bytes_per_block(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l,
+                          double e) {
   const int n = l.tensor_parallel;
   if (n <= 1) return 0;
   const double buffer = e * local_tokens(j, l) * static_cast<double>(m.hidden);
-  const double one = l.sequence_parallel ? bytes_sent_per_rank(Collective::all_gather, n, buffer) +
-                                               bytes_sent_per_rank(Collective::reduce_scatter, n, buffer)
-                                         : bytes_sent_per_rank(Collective::all_reduce, n, buffer);
+  const double one = l.sequence_parallel
+                         ? bytes_sent_per_rank(Collective::all_gather, n, buffer) +
+                               bytes_sent_per_rank(Collective::reduce_scatter, n, buffer)
+                         : bytes_sent_per_rank(Collective::all_reduce, n, buffer);
   return 4 * one;  // two in the forward, two in the backward
 }
 
-double cp_bytes_per_block(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l, double e) {
+double cp_bytes_per_block(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l,
+                          double e) {
   const double c = l.context_parallel;
   if (c <= 1) return 0;
-  const double chunk = 2 * e * local_tokens(j, l) * static_cast<double>(m.kv_width()) / l.tensor_parallel;
+  const double chunk =
+      2 * e * local_tokens(j, l) * static_cast<double>(m.kv_width()) / l.tensor_parallel;
   return (c - 1) * chunk * 3;  // forward: K, V; backward: K, V and dK, dV
 }
 
@@ -200,7 +210,8 @@ void evaluate_stages(const StepInput& in, const ParallelLayout& l, ParallelStep&
     out.stage_forward_s.push_back(st.back().forward);
     out.stage_backward_s.push_back(st.back().backward);
   }
-  out.p2p_s = p2p_time(hw, g.pipeline_crosses_nodes ? Tier::inter_node : Tier::intra_node, p2p_bytes(m, j, l, e));
+  out.p2p_s = p2p_time(hw, g.pipeline_crosses_nodes ? Tier::inter_node : Tier::intra_node,
+                       p2p_bytes(m, j, l, e));
   out.walk = walk_schedule(l.schedule, p, l.virtual_stages, l.micro_batches, out.stage_forward_s,
                            out.stage_backward_s, p > 1 ? out.p2p_s : 0);
   ParallelMemoryInput mi{&m, &hw, in.cluster, j, in.spec, l};
@@ -210,9 +221,14 @@ void evaluate_stages(const StepInput& in, const ParallelLayout& l, ParallelStep&
   int worst = 0;
   DataParallelTime worst_dp;
   for (int s = 0; s < p; ++s) {
-    const DataParallelTime d = data_parallel_time(in, l, g, out.memory.stages[static_cast<std::size_t>(s)], st[s]);
+    const DataParallelTime d =
+        data_parallel_time(in, l, g, out.memory.stages[static_cast<std::size_t>(s)], st[s]);
     const double stage_end = out.walk.end_s[static_cast<std::size_t>(s)] + d.exposed + d.optimizer;
-    if (stage_end > end) { end = stage_end; worst = s; worst_dp = d; }
+    if (stage_end > end) {
+      end = stage_end;
+      worst = s;
+      worst_dp = d;
+    }
   }
   const StageTime& w = st[static_cast<std::size_t>(worst)];
   const double mb = l.micro_batches;
@@ -226,7 +242,8 @@ void evaluate_stages(const StepInput& in, const ParallelLayout& l, ParallelStep&
   const DataParallelTime d0 = data_parallel_time(in, l, g, out.memory.stages[0], st[0]);
   out.tp_bytes = tp_bytes_per_block(m, j, l, e) * static_cast<double>(per_stage) * mb;
   out.cp_bytes = cp_bytes_per_block(m, j, l, e) * static_cast<double>(per_stage) * mb;
-  out.pp_bytes = p > 1 ? p2p_bytes(m, j, l, e) * mb : 0;  // stage 0 sends activations, receives gradients
+  out.pp_bytes =
+      p > 1 ? p2p_bytes(m, j, l, e) * mb : 0;  // stage 0 sends activations, receives gradients
   out.dp_bytes = d0.bytes;
   auto& r = out.step;
   r.step_s = end;
@@ -245,16 +262,17 @@ void summarize(const StepInput& in, const ParallelLayout& l, ParallelStep& out) 
   r.allocated_peak_bytes = peak.total() - peak.overhead_bytes;
   r.reserve_bytes = hw.fragmentation * r.allocated_peak_bytes;
   r.device_bytes = hw.cuda_context_bytes + hw.nccl_workspace_bytes;
-  r.at_peak = {peak.param_bytes, peak.grad_bytes, peak.optimizer_bytes, peak.activation_bytes, peak.buffer_bytes,
-               peak.overhead_bytes};
+  r.at_peak = {peak.param_bytes,      peak.grad_bytes,   peak.optimizer_bytes,
+               peak.activation_bytes, peak.buffer_bytes, peak.overhead_bytes};
   r.model_states = {peak.param_bytes, peak.grad_bytes, peak.optimizer_bytes, 0, 0, 0};
   r.peak_when = out.memory.peak_name;
   r.grad_accumulation = l.micro_batches;
   r.comm_bytes_per_gpu = out.tp_bytes + out.cp_bytes + out.pp_bytes + out.dp_bytes;
   const double tokens = static_cast<double>(j.global_batch) * static_cast<double>(j.seq_len);
   r.tokens_per_s = tokens / r.step_s;
-  const double per_token = static_cast<double>(m.layers) * block_forward_flops_per_token(m, j.seq_len) +
-                           head_forward_flops_per_token(m);
+  const double per_token =
+      static_cast<double>(m.layers) * block_forward_flops_per_token(m, j.seq_len) +
+      head_forward_flops_per_token(m);
   r.model_flops = 3 * per_token * tokens;
   r.mfu = r.model_flops / (r.step_s * in.cluster.gpus * hw.peak(compute_dtype(j.precision)));
 }
@@ -274,7 +292,8 @@ ParallelStep simulate_parallel_step(const StepInput& in, const ParallelLayout& l
   const auto problems = layout_problems(l, *in.model, in.job, in.cluster);
   if (!problems.empty() || in.job.micro_batch <= 0) {
     r.valid = false;
-    r.reason = problems.empty() ? "the micro-batch must be set" : fmt::format("{}", fmt::join(problems, "; "));
+    r.reason = problems.empty() ? "the micro-batch must be set"
+                                : fmt::format("{}", fmt::join(problems, "; "));
     return out;
   }
   if (in.spec.offload != Offload::none) {

@@ -29,26 +29,28 @@ namespace shardplan::costmodel {
 // gradients); a ring all-reduce sends 2(t−1)/t of its buffer. With sequence parallelism
 // (Korthikanti et al. 2022, §4.2.2) each all-reduce becomes an all-gather and a reduce-scatter of
 // the same buffer, (t−1)/t each: the same bytes.
-double tp_bytes_per_block(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l, double e);
+double tp_bytes_per_block(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l,
+                          double e);
 // Bytes one rank sends for ring attention per block and micro-batch, forward and backward: c − 1
 // steps of its K and V chunk (e·(s/c)·b·kv/t each) in the forward; the backward passes K, V and
 // their gradients: twice that.
-double cp_bytes_per_block(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l, double e);
+double cp_bytes_per_block(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l,
+                          double e);
 // The activations sent between two stages per micro-batch, one direction: s/c·b·h elements, split
 // by t under sequence parallelism (Megatron sends the sequence-parallel shard).
 double p2p_bytes(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l, double e);
 
 struct ParallelStep {
-  StepResult step;            // the summary (peak, step time, exposed communication, MFU)
-  ParallelMemory memory;      // per stage
-  PipelineWalk walk;          // with the stages' real durations
+  StepResult step;        // the summary (peak, step time, exposed communication, MFU)
+  ParallelMemory memory;  // per stage
+  PipelineWalk walk;      // with the stages' real durations
   std::vector<double> stage_forward_s, stage_backward_s;  // per micro-batch, comm included
-  double compute_per_mb_s = 0;    // the busiest stage's compute per micro-batch (no comm)
-  double tp_exposed_s = 0;        // per step on the busiest stage
+  double compute_per_mb_s = 0;  // the busiest stage's compute per micro-batch (no comm)
+  double tp_exposed_s = 0;      // per step on the busiest stage
   double cp_exposed_s = 0;
-  double p2p_s = 0;               // one send between stages
-  double bubble_s = 0;            // the walk's idle time of the busiest stage
-  double dp_comm_s = 0;           // gradient reduction (+ parameter all-gathers) per step
+  double p2p_s = 0;      // one send between stages
+  double bubble_s = 0;   // the walk's idle time of the busiest stage
+  double dp_comm_s = 0;  // gradient reduction (+ parameter all-gathers) per step
   double dp_exposed_s = 0;
   double tp_bytes = 0, cp_bytes = 0, pp_bytes = 0, dp_bytes = 0;  // per step, one rank of stage 0
 };

@@ -61,9 +61,15 @@ std::vector<std::vector<PipeOp>> schedule_ops(PipelineSchedule schedule, int p, 
   std::vector<std::vector<PipeOp>> ops(static_cast<std::size_t>(p));
   for (int s = 0; s < p; ++s) {
     switch (schedule) {
-      case PipelineSchedule::one_f_one_b: ops[s] = one_f_one_b(p, s, m); break;
-      case PipelineSchedule::gpipe: ops[s] = gpipe(m); break;
-      case PipelineSchedule::interleaved_1f1b: ops[s] = interleaved(p, s, v, m); break;
+    case PipelineSchedule::one_f_one_b:
+      ops[s] = one_f_one_b(p, s, m);
+      break;
+    case PipelineSchedule::gpipe:
+      ops[s] = gpipe(m);
+      break;
+    case PipelineSchedule::interleaved_1f1b:
+      ops[s] = interleaved(p, s, v, m);
+      break;
     }
   }
   return ops;
@@ -95,7 +101,8 @@ double dependency_ready(Ends& e, const PipeOp& op, int g, int p, double p2p_s) {
 
 }  // namespace
 
-PipelineWalk walk_schedule(PipelineSchedule schedule, int p, int v, int m, const std::vector<double>& forward_s,
+PipelineWalk walk_schedule(PipelineSchedule schedule, int p, int v, int m,
+                           const std::vector<double>& forward_s,
                            const std::vector<double>& backward_s, double p2p_s) {
   const auto ops = schedule_ops(schedule, p, v, m);
   if (static_cast<int>(forward_s.size()) != p || static_cast<int>(backward_s.size()) != p)

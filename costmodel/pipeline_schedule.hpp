@@ -30,9 +30,9 @@ struct PipeOp {
 std::vector<std::vector<PipeOp>> schedule_ops(PipelineSchedule schedule, int p, int v, int m);
 
 struct PipelineWalk {
-  double span_s = 0;               // first forward's start to last backward's end
-  std::vector<double> busy_s;      // per stage: its ops' durations
-  std::vector<double> end_s;       // per stage: when its last op ends
+  double span_s = 0;           // first forward's start to last backward's end
+  std::vector<double> busy_s;  // per stage: its ops' durations
+  std::vector<double> end_s;   // per stage: when its last op ends
   // (span − the busiest stage's work) / that work: Narayanan et al. 2021's bubble time over ideal
   // time, (p−1)/m for 1F1B and GPipe and (p−1)/(m·v) interleaved with equal stage times.
   double bubble_fraction = 0;
@@ -42,7 +42,8 @@ struct PipelineWalk {
 
 // forward_s[s], backward_s[s]: one micro-batch through all of stage s's layers (a chunk takes 1/v
 // of it). p2p_s: the send/receive between two stages, added to a dependency that crosses stages.
-PipelineWalk walk_schedule(PipelineSchedule schedule, int p, int v, int m, const std::vector<double>& forward_s,
+PipelineWalk walk_schedule(PipelineSchedule schedule, int p, int v, int m,
+                           const std::vector<double>& forward_s,
                            const std::vector<double>& backward_s, double p2p_s = 0);
 
 }  // namespace shardplan::costmodel

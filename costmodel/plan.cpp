@@ -32,21 +32,22 @@ nlohmann::json plan_to_json(const Plan& p) {
   nlohmann::json breakdown = nlohmann::json::object();
   for (int c = 0; c < kCategories; ++c)
     breakdown[category_name(static_cast<Category>(c))] = count_json(p.prediction.at_peak[c]);
-  nlohmann::json doc = {{"schema_version", 1},
-          {"kind", "shardplan.plan"},
-          {"model", model},
-          {"hardware", p.hardware},
-          {"cluster", {{"gpus", p.cluster.gpus}, {"gpus_per_node", p.cluster.gpus_per_node}}},
-          {"job", job_to_json(p.job)},
-          {"sharding", spec_to_json(p.spec)},
-          {"prediction",
-           {{"peak_bytes", count_json(p.prediction.peak_bytes)},
-            {"breakdown", breakdown},
-            {"step_s", p.prediction.step_s},
-            {"compute_s", p.prediction.compute_s},
-            {"exposed_comm_s", p.prediction.exposed_comm_s},
-            {"comm_bytes_per_gpu", p.prediction.comm_bytes_per_gpu},
-            {"peak_when", p.prediction.peak_when}}}};
+  nlohmann::json doc = {
+      {"schema_version", 1},
+      {"kind", "shardplan.plan"},
+      {"model", model},
+      {"hardware", p.hardware},
+      {"cluster", {{"gpus", p.cluster.gpus}, {"gpus_per_node", p.cluster.gpus_per_node}}},
+      {"job", job_to_json(p.job)},
+      {"sharding", spec_to_json(p.spec)},
+      {"prediction",
+       {{"peak_bytes", count_json(p.prediction.peak_bytes)},
+        {"breakdown", breakdown},
+        {"step_s", p.prediction.step_s},
+        {"compute_s", p.prediction.compute_s},
+        {"exposed_comm_s", p.prediction.exposed_comm_s},
+        {"comm_bytes_per_gpu", p.prediction.comm_bytes_per_gpu},
+        {"peak_when", p.prediction.peak_when}}}};
   if (p.gpu_memory_GiB) doc["capacity"] = {{"gpu_memory_GiB", *p.gpu_memory_GiB}};
   return doc;
 }
@@ -66,7 +67,8 @@ Plan plan_from_json(const nlohmann::json& doc) {
       try {
         p.model = model_from_hf_config(*config, name);
       } catch (const InputError& e) {
-        throw InputError("/model/config" + e.where(), std::string(e.what()).substr(e.where().size() + 2));
+        throw InputError("/model/config" + e.where(),
+                         std::string(e.what()).substr(e.where().size() + 2));
       }
     } else {
       p.model = model_from_param_count(m.number("params", Range{1e3, 1e15, false}),
@@ -97,7 +99,8 @@ Plan plan_from_json(const nlohmann::json& doc) {
   p.spec = spec_from_json(r.object("sharding"), "/sharding");
   {
     ObjectReader pr(r.object("prediction"), "/prediction");
-    // Byte counts are written back as 64-bit integers (plan_to_json); an exabyte is beyond any device.
+    // Byte counts are written back as 64-bit integers (plan_to_json); an exabyte is beyond any
+    // device.
     const Range bytes = Range::between(0, 1e18);
     p.prediction.peak_bytes = pr.number("peak_bytes", bytes);
     ObjectReader b(pr.object("breakdown"), "/prediction/breakdown");

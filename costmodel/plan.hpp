@@ -27,13 +27,13 @@ struct PlanPrediction {
 
 struct Plan {
   ModelSpec model;
-  std::string hardware;   // profile name or path it was planned for
+  std::string hardware;  // profile name or path it was planned for
   Cluster cluster;
   // GPU memory per device in GiB when the plan was made for another size than the profile's
   // (planner --gpu-memory-GiB): the capacity the executor then checks against.
   // JSON: /capacity/gpu_memory_GiB, absent when the profile's size was used.
   std::optional<double> gpu_memory_GiB;
-  TrainingJob job;        // micro_batch set
+  TrainingJob job;  // micro_batch set
   ShardingSpec spec;
   PlanPrediction prediction;
 };

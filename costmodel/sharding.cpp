@@ -12,7 +12,8 @@ namespace {
 constexpr double kMiB = 1024.0 * 1024.0;
 
 template <class E>
-E from_names(const std::vector<std::string>& names, const std::string& s, const std::string& where) {
+E from_names(const std::vector<std::string>& names, const std::string& s,
+             const std::string& where) {
   for (std::size_t i = 0; i < names.size(); ++i)
     if (names[i] == s) return static_cast<E>(i);
   throw InputError(where, fmt::format("must be one of {}, got \"{}\"", fmt::join(names, ", "), s));
@@ -146,14 +147,21 @@ ShardingSpec make_spec(const std::string& strategy, std::optional<Flavour> flavo
       throw InputError("--shard-group-size",
                        fmt::format("must be >= 1, got {}", s.shard_group_size));
   } else if (shard_group_size) {
-    throw InputError("--shard-group-size",
-                     fmt::format("applies to hsdp only, not {}", strategy));
+    throw InputError("--shard-group-size", fmt::format("applies to hsdp only, not {}", strategy));
   }
   switch (s.flavour) {
-    case Flavour::ddp: apply_ddp(s); break;
-    case Flavour::fsdp1: apply_fsdp1(s); break;
-    case Flavour::fsdp2: apply_fsdp2(s); break;
-    case Flavour::deepspeed: apply_deepspeed(s); break;
+  case Flavour::ddp:
+    apply_ddp(s);
+    break;
+  case Flavour::fsdp1:
+    apply_fsdp1(s);
+    break;
+  case Flavour::fsdp2:
+    apply_fsdp2(s);
+    break;
+  case Flavour::deepspeed:
+    apply_deepspeed(s);
+    break;
   }
   return s;
 }

@@ -1,6 +1,7 @@
 // ShardingSpec: one point in the space that DDP, ZeRO-1/2/3, FSDP's strategies and HSDP all live
-// in: a strategy is a configuration of what is sharded and how it is scheduled. The cost model and the executor take this one
-// struct; a named strategy is only a preset of it, and a framework flavour fills in its defaults.
+// in: a strategy is a configuration of what is sharded and how it is scheduled. The cost model and
+// the executor take this one struct; a named strategy is only a preset of it, and a framework
+// flavour fills in its defaults.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +22,8 @@ const char* flavour_name(Flavour f);
 Flavour flavour_from_name(const std::string& s, const std::string& where);
 const char* offload_name(Offload o);
 Offload offload_from_name(const std::string& s, const std::string& where);
-const std::vector<std::string>& strategy_names();  // ddp zero1 zero2 zero3 fsdp-full fsdp-grad-op hsdp
+const std::vector<std::string>&
+strategy_names();  // ddp zero1 zero2 zero3 fsdp-full fsdp-grad-op hsdp
 const std::vector<std::string>& flavour_names();
 const std::vector<std::string>& offload_names();
 
@@ -33,8 +35,8 @@ struct ShardingSpec {
   bool shard_optimizer = false;
   bool shard_gradients = false;
   bool shard_parameters = false;
-  int shard_group_size = 0;      // ranks sharing one copy of the sharded state; 0 = all ranks
-                                 // (HSDP: the ranks of a node; replicas are all-reduced)
+  int shard_group_size = 0;            // ranks sharing one copy of the sharded state; 0 = all ranks
+                                       // (HSDP: the ranks of a node; replicas are all-reduced)
   bool reshard_after_forward = false;  // free gathered parameters after a unit's forward
   bool keep_root_unsharded = false;    // FSDP1: the root unit (embeddings, head) stays gathered
   // FSDP (1 and 2) as transformers, accelerate and torchtitan wrap a model: each block its own
@@ -49,24 +51,24 @@ struct ShardingSpec {
   bool reduce_copy_in = false;
 
   // Scheduling knobs (units are one transformer block; embeddings and head are units too).
-  int forward_prefetch = 1;       // units whose all-gather is issued ahead of their forward
-  int backward_prefetch = 1;      // same in backward
-  int max_inflight_allgathers = 2;  // gathered units issued ahead of use at once (rate limiter)
-  double prefetch_bucket_elems = 0;  // DeepSpeed: prefetch ahead up to this many elements
-                                     // (at least one unit); 0 = forward_prefetch units
-  double reduce_bucket_bytes = 0;   // gradient bucket; 0 = one bucket per unit
+  int forward_prefetch = 1;           // units whose all-gather is issued ahead of their forward
+  int backward_prefetch = 1;          // same in backward
+  int max_inflight_allgathers = 2;    // gathered units issued ahead of use at once (rate limiter)
+  double prefetch_bucket_elems = 0;   // DeepSpeed: prefetch ahead up to this many elements
+                                      // (at least one unit); 0 = forward_prefetch units
+  double reduce_bucket_bytes = 0;     // gradient bucket; 0 = one bucket per unit
   double allgather_bucket_bytes = 0;  // post-step parameter all-gather bucket (ZeRO-1/2)
   DType reduce_dtype = DType::bf16;   // dtype gradients are reduced in
   std::int64_t persistence_threshold = 0;  // tensors with fewer elements stay unsharded (ZeRO-3)
   Offload offload = Offload::none;
 
   // Flavour details the memory accounting needs.
-  bool fp32_sharded_params = false;   // FSDP: the sharded parameter is fp32, cast at all-gather
-  bool separate_fp32_master = false;  // DeepSpeed: bf16 partition plus an fp32 master partition
+  bool fp32_sharded_params = false;     // FSDP: the sharded parameter is fp32, cast at all-gather
+  bool separate_fp32_master = false;    // DeepSpeed: bf16 partition plus an fp32 master partition
   bool contiguous_grad_bucket = false;  // DeepSpeed: a preallocated reduce bucket (x2 overlapping)
-  bool flat_grad_partition = false;   // DeepSpeed ZeRO-3: a flat fp32 gradient partition buffer
-  bool grad_bucket_copy = false;      // torch DDP without gradient_as_bucket_view: grads copied
-                                      // into all-reduce buckets (a second gradient copy)
+  bool flat_grad_partition = false;     // DeepSpeed ZeRO-3: a flat fp32 gradient partition buffer
+  bool grad_bucket_copy = false;        // torch DDP without gradient_as_bucket_view: grads copied
+                                        // into all-reduce buckets (a second gradient copy)
 
   // Shard count for a group of n ranks.
   int group(int world) const { return shard_group_size > 0 ? shard_group_size : world; }

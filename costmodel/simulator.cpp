@@ -1,9 +1,9 @@
 #include "costmodel/simulator.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <optional>
-#include <cmath>
 
 #include <fmt/format.h>
 
@@ -18,20 +18,27 @@ enum class Phase : std::uint8_t { setup, forward, backward, recompute, reduce, o
 
 const char* phase_name(Phase p) {
   switch (p) {
-    case Phase::setup: return "start of step";
-    case Phase::forward: return "forward";
-    case Phase::backward: return "backward";
-    case Phase::recompute: return "recompute";
-    case Phase::reduce: return "gradient reduction";
-    case Phase::optimizer: return "optimizer step";
-    case Phase::gather: return "parameter all-gather";
+  case Phase::setup:
+    return "start of step";
+  case Phase::forward:
+    return "forward";
+  case Phase::backward:
+    return "backward";
+  case Phase::recompute:
+    return "recompute";
+  case Phase::reduce:
+    return "gradient reduction";
+  case Phase::optimizer:
+    return "optimizer step";
+  case Phase::gather:
+    return "parameter all-gather";
   }
   return "?";
 }
 
 struct MemEvent {
   double t;
-  double bytes;       // + allocation, − free
+  double bytes;  // + allocation, − free
   Category cat;
   Phase phase;
   std::int8_t gathered;  // +1/−1 when a gathered unit appears/disappears
@@ -41,18 +48,18 @@ struct MemEvent {
 
 // Per-unit quantities (embeddings, one block, head): elements, seconds and bytes per micro-batch.
 struct UnitInfo {
-  double params = 0;        // elements
-  double shardable = 0;     // elements that get partitioned (the rest stays whole)
-  double gather = 0;        // elements all-gathered before use (tied head: + the embedding matrix)
-  double matmul = 0;        // elements of GEMM weights (autocast copies)
-  double opt_elems = 0;     // optimizer-state elements
+  double params = 0;     // elements
+  double shardable = 0;  // elements that get partitioned (the rest stays whole)
+  double gather = 0;     // elements all-gathered before use (tied head: + the embedding matrix)
+  double matmul = 0;     // elements of GEMM weights (autocast copies)
+  double opt_elems = 0;  // optimizer-state elements
   double fwd_s = 0, bwd_s = 0, recompute_s = 0;
-  ComputeTimes fwd_kinds{}; // the forward's seconds by kind (host_overhead: the host's excess)
-  ComputeTimes kinds{};     // forward and backward's seconds by kind
-  double fwd_flops = 0;     // per micro-batch
-  double gather_bytes = 0;  // the all-gathered unit in the compute dtype
-  double gather_s = 0;      // its all-gather (plus the host upload of offloaded shards)
-  double gather_sent = 0;   // bytes one rank sends for it
+  ComputeTimes fwd_kinds{};  // the forward's seconds by kind (host_overhead: the host's excess)
+  ComputeTimes kinds{};      // forward and backward's seconds by kind
+  double fwd_flops = 0;      // per micro-batch
+  double gather_bytes = 0;   // the all-gathered unit in the compute dtype
+  double gather_s = 0;       // its all-gather (plus the host upload of offloaded shards)
+  double gather_sent = 0;    // bytes one rank sends for it
   ActivationBytes act;
 };
 
@@ -63,7 +70,7 @@ std::string unit_label(int u, int units) {
 }
 
 class Simulation {
- public:
+public:
   Simulation(const StepInput& in, Trace* trace)
       : in_(in), spec_(in.spec), trace_(trace), comm_(*in.hardware),
         frameworks_(in.accounting == Accounting::framework && in.job.recipe != Recipe::executor) {
@@ -80,7 +87,7 @@ class Simulation {
 
   StepResult run();
 
- private:
+private:
   // Schedules an op on a stream once `ready`; returns its start. `cause` is the stream whose
   // completion made it ready (for attributing compute idle time).
   double issue(Stream s, double ready, Stream cause, double dur, const char* what, int unit);
@@ -131,7 +138,8 @@ class Simulation {
   // PyTorch DDP's mixed precision is autocast over fp32 parameters: each GEMM casts its weight
   // (kept for backward) and its input.
   bool autocast_copies() const {
-    return spec_.flavour == Flavour::ddp && sb_.compute < sb_.param && in_.accounting == Accounting::framework;
+    return spec_.flavour == Flavour::ddp && sb_.compute < sb_.param &&
+           in_.accounting == Accounting::framework;
   }
   // The step's per-unit sizes and times, the groups, and the cleared timeline.
   void prepare();
@@ -212,7 +220,8 @@ class Simulation {
   double compute_since_collective_ = 0;
 };
 
-double Simulation::issue(Stream s, double ready, Stream cause, double dur, const char* what, int unit) {
+double Simulation::issue(Stream s, double ready, Stream cause, double dur, const char* what,
+                         int unit) {
   // Where collectives block the thread that computes (a CPU profile's MPI): everything is one
   // stream, and each collective first waits for the slowest rank to arrive: the calibrated
   // straggler fraction of the compute since the previous collective (HardwareProfile::
@@ -232,17 +241,20 @@ double Simulation::issue(Stream s, double ready, Stream cause, double dur, const
     result_.exposed_s[static_cast<int>(s)] += dur;
     if (trace_ && dur > 0)
       trace_->spans.push_back(
-          {s, unit >= 0 ? fmt::format("{} {}", what, unit_label(unit, n_units_)) : what, start, dur, unit});
+          {s, unit >= 0 ? fmt::format("{} {}", what, unit_label(unit, n_units_)) : what, start, dur,
+           unit});
     return start;
   }
   auto& free = free_at_[static_cast<int>(s)];
   const double start = std::max(free, ready);
-  if (s == Stream::compute && ready > free) result_.exposed_s[static_cast<int>(cause)] += ready - free;
+  if (s == Stream::compute && ready > free)
+    result_.exposed_s[static_cast<int>(cause)] += ready - free;
   free = start + dur;
   result_.busy_s[static_cast<int>(s)] += dur;
   if (trace_ && dur > 0)
-    trace_->spans.push_back({s, unit >= 0 ? fmt::format("{} {}", what, unit_label(unit, n_units_)) : what,
-                             start, dur, unit});
+    trace_->spans.push_back(
+        {s, unit >= 0 ? fmt::format("{} {}", what, unit_label(unit, n_units_)) : what, start, dur,
+         unit});
   return start;
 }
 
@@ -257,7 +269,8 @@ double Simulation::bucketed(Collective op, const Group& g, double bytes, double 
   const double before_op = result_.comm_bytes_by_op[static_cast<int>(op)];
   const double one = coll(op, g, bucket);
   result_.comm_bytes_per_gpu = before + (result_.comm_bytes_per_gpu - before) * full;
-  result_.comm_bytes_by_op[static_cast<int>(op)] = before_op + (result_.comm_bytes_by_op[static_cast<int>(op)] - before_op) * full;
+  result_.comm_bytes_by_op[static_cast<int>(op)] =
+      before_op + (result_.comm_bytes_by_op[static_cast<int>(op)] - before_op) * full;
   t += one * full;
   if (rest > 0) t += coll(op, g, rest);
   return t;
@@ -274,21 +287,28 @@ bool Simulation::check_plan() {
     fail(fmt::format("shard group of {} does not divide {} GPUs", shard_, world_));
     return false;
   }
-  if (j.micro_batch <= 0 || j.global_batch % world_ != 0 || (j.global_batch / world_) % j.micro_batch != 0) {
-    fail(fmt::format("micro-batch {} does not divide the per-GPU batch of global batch {} on {} GPUs",
-                     j.micro_batch, j.global_batch, world_));
+  if (j.micro_batch <= 0 || j.global_batch % world_ != 0 ||
+      (j.global_batch / world_) % j.micro_batch != 0) {
+    fail(fmt::format(
+        "micro-batch {} does not divide the per-GPU batch of global batch {} on {} GPUs",
+        j.micro_batch, j.global_batch, world_));
     return false;
   }
   if (s.offload != Offload::none && !s.shard_optimizer) {
-    fail(fmt::format("{} cannot offload: offload needs sharded optimizer states (ZeRO or FSDP)", s.strategy));
+    fail(fmt::format("{} cannot offload: offload needs sharded optimizer states (ZeRO or FSDP)",
+                     s.strategy));
     return false;
   }
   if (s.offload == Offload::params && !s.shard_parameters) {
-    fail(fmt::format("{} cannot offload parameters: they are not sharded (zero3, fsdp-full, hsdp can)", s.strategy));
+    fail(fmt::format(
+        "{} cannot offload parameters: they are not sharded (zero3, fsdp-full, hsdp can)",
+        s.strategy));
     return false;
   }
-  if (s.offload == Offload::optimizer && (s.flavour == Flavour::fsdp1 || s.flavour == Flavour::fsdp2)) {
-    fail("FSDP offloads parameters, gradients and optimizer together (CPUOffload); use offload params");
+  if (s.offload == Offload::optimizer &&
+      (s.flavour == Flavour::fsdp1 || s.flavour == Flavour::fsdp2)) {
+    fail("FSDP offloads parameters, gradients and optimizer together (CPUOffload); use offload "
+         "params");
     return false;
   }
   return true;
@@ -319,7 +339,8 @@ void Simulation::prepare_bytes() {
   }
   compute_b_ = sb_.compute;
   // Gradients are reduced in the spec's dtype, but never below the dtype they are computed in
-  // (an fp32 job's FSDP/DeepSpeed defaults of bf16 reduction do not apply: its param dtype is fp32).
+  // (an fp32 job's FSDP/DeepSpeed defaults of bf16 reduction do not apply: its param dtype is
+  // fp32).
   reduce_b_ = paper ? 2.0 : std::max(dtype_bytes(s.reduce_dtype), sb_.compute);
   n_units_ = static_cast<int>(in_.model->layers) + 2;
 }
@@ -330,23 +351,29 @@ void Simulation::prepare_unit_sizes() {
   const auto& m = *in_.model;
   const auto& j = in_.job;
   const auto& s = spec_;
-  const std::int64_t threshold = in_.accounting == Accounting::zero_paper ? 0 : s.persistence_threshold;
+  const std::int64_t threshold =
+      in_.accounting == Accounting::zero_paper ? 0 : s.persistence_threshold;
   const UnitTensors* tensors[3] = {&m.embedding, &m.block, &m.head};
   for (int k = 0; k < 3; ++k) {
     auto& u = units_[k];
     const auto& t = *tensors[k];
     u.params = static_cast<double>(t.params());
-    u.shardable = s.shard_parameters ? u.params - static_cast<double>(persistent_elements(t, threshold)) : u.params;
+    u.shardable = s.shard_parameters
+                      ? u.params - static_cast<double>(persistent_elements(t, threshold))
+                      : u.params;
     u.gather = s.shard_parameters ? u.shardable : 0;
     u.matmul = static_cast<double>(t.matmul_params());
     u.opt_elems = static_cast<double>(optimizer_state_elements(t, j.optimizer));
   }
   if (m.tied_embeddings && s.shard_parameters)  // the head re-gathers the shared embedding matrix
     units_[2].gather += static_cast<double>(m.embedding.tensors.front().elements());
-  if (m.tied_embeddings) units_[2].matmul += static_cast<double>(m.embedding.tensors.front().elements());
-  units_[0].matmul = 0;  // an embedding lookup is a gather, not a GEMM
+  if (m.tied_embeddings)
+    units_[2].matmul += static_cast<double>(m.embedding.tensors.front().elements());
+  units_[0].matmul = 0;                     // an embedding lookup is a gather, not a GEMM
   if (s.root_unit && s.shard_parameters) {  // the root gathers the head's parameters with its own
-    units_[0].gather += units_[2].gather - (m.tied_embeddings ? static_cast<double>(m.embedding.tensors.front().elements()) : 0.0);
+    units_[0].gather +=
+        units_[2].gather -
+        (m.tied_embeddings ? static_cast<double>(m.embedding.tensors.front().elements()) : 0.0);
     units_[2].gather = 0;
   }
 }
@@ -379,8 +406,10 @@ void Simulation::prepare_unit_times() {
     HostWork h;
     if (frameworks_) {
       const auto& t = tensors[k]->tensors;
-      const auto linears = std::count_if(t.begin(), t.end(), [](const Tensor& x) { return x.is_matrix(); });
-      h = unit_host_work(hw, framework_key, w, static_cast<double>(t.size()), static_cast<double>(linears));
+      const auto linears =
+          std::count_if(t.begin(), t.end(), [](const Tensor& x) { return x.is_matrix(); });
+      h = unit_host_work(hw, framework_key, w, static_cast<double>(t.size()),
+                         static_cast<double>(linears));
     }
     auto run = [&](const ComputeTimes& device, double host, ComputeTimes& kinds) {
       const double dev = std::accumulate(device.begin(), device.end(), 0.0);
@@ -402,7 +431,8 @@ void Simulation::prepare_unit_times() {
   if (counts_recipe_traffic(j)) {
     // A recipe's rerun skips what its checkpoint's early stop leaves out (traffic.hpp).
     const double skipped = block_traffic(m, j, f).forward - recompute_traffic(m, j, f).forward;
-    units_[3].recompute_s -= std::min(cm.traffic_s(skipped), units_[1].fwd_kinds[static_cast<int>(ComputeKind::memory_bound)]);
+    units_[3].recompute_s -= std::min(
+        cm.traffic_s(skipped), units_[1].fwd_kinds[static_cast<int>(ComputeKind::memory_bound)]);
   }
   const ComputeTimes selective = block_recompute(cm, m, j, f);
   units_[1].recompute_s = std::accumulate(selective.begin(), selective.end(), 0.0);
@@ -433,10 +463,14 @@ void Simulation::prepare_gathers() {
     u.gather_sent = c.bytes_sent;
     result_.calibrated_comm |= c.calibrated;
     result_.extrapolated_comm |= c.extrapolated;
-    if (s.offload == Offload::params) u.gather_s += u.shardable / shard_ * compute_b_ / hw.host_link_Bps;
+    if (s.offload == Offload::params)
+      u.gather_s += u.shardable / shard_ * compute_b_ / hw.host_link_Bps;
   }
   const auto n = static_cast<std::size_t>(n_units_);
-  fwd_start_.assign(n, 0); fwd_end_.assign(n, 0); bwd_start_.assign(n, 0); bwd_end_.assign(n, 0);
+  fwd_start_.assign(n, 0);
+  fwd_end_.assign(n, 0);
+  bwd_start_.assign(n, 0);
+  bwd_end_.assign(n, 0);
   gathered_free_.assign(n, 0);
   gathered_alive_.assign(n, 0);
   events_.clear();
@@ -494,7 +528,8 @@ void Simulation::forward(int mb) {
     mem(st, ui.act.saved + ui.act.forward, Category::activations, Phase::forward, u, mb);
     mem(fwd_end_[u], -ui.act.forward, Category::activations, Phase::forward, u, mb);
     // autocast's casts of the weights are tensors autograd keeps, like the activations.
-    if (autocast_copies) mem(st, ui.matmul * compute_b_, Category::activations, Phase::forward, u, mb);
+    if (autocast_copies)
+      mem(st, ui.matmul * compute_b_, Category::activations, Phase::forward, u, mb);
     if (s.shard_parameters && gathered_alive_[u] && !kept_through_backward(u)) {
       mem(fwd_end_[u], -ui.gather_bytes, Category::buffers, Phase::forward, u, mb, -1);
       gathered_alive_[u] = 0;
@@ -538,7 +573,8 @@ void Simulation::backward(int mb, bool first, bool reduce) {
     mem(kernels, ui.act.backward, Category::activations, Phase::backward, u, mb);
     // The loss's backward runs first and releases its transient and what it kept; the
     // projection's gradients come after.
-    if (ui.act.loss > 0) mem(kernels, -(ui.act.backward + ui.act.loss), Category::activations, Phase::backward, u, mb);
+    if (ui.act.loss > 0)
+      mem(kernels, -(ui.act.backward + ui.act.loss), Category::activations, Phase::backward, u, mb);
     // Gradients: kept whole (DDP, ZeRO-1) they are allocated on first use and kept to the step;
     // sharded, the unit's full gradient is a transient until it is reduced. A tied head's backward
     // adds into the embedding matrix's gradient, so the embedding unit's gradient is first used
@@ -551,19 +587,23 @@ void Simulation::backward(int mb, bool first, bool reduce) {
         mem(kernels, elems * sb_.grad, Category::gradients, Phase::backward, g, mb);
         kept_grad_bytes_ += elems * sb_.grad;
       }
-      if (s.shard_gradients) mem(kernels, elems * compute_b_, Category::gradients, Phase::backward, g, mb);
+      if (s.shard_gradients)
+        mem(kernels, elems * compute_b_, Category::gradients, Phase::backward, g, mb);
     };
     const bool tied = in_.model->tied_embeddings;
     if (!(tied && u == 0)) first_use(u);
     if (tied && u == U - 1) first_use(0);
-    const double released = ui.act.loss > 0 ? ui.act.saved - ui.act.loss : ui.act.saved + ui.act.backward;
+    const double released =
+        ui.act.loss > 0 ? ui.act.saved - ui.act.loss : ui.act.saved + ui.act.backward;
     mem(end, -(released + ui.act.recompute), Category::activations, Phase::backward, u, mb);
-    if (autocast_copies) mem(end, -ui.matmul * compute_b_, Category::activations, Phase::backward, u, mb);
+    if (autocast_copies)
+      mem(end, -ui.matmul * compute_b_, Category::activations, Phase::backward, u, mb);
     if (shard_params && gathered_alive_[u]) {
       mem(end, -ui.gather_bytes, Category::buffers, Phase::backward, u, mb, -1);
       gathered_alive_[u] = 0;
     }
-    if (s.contiguous_grad_bucket && fresh > 0) mem(end, -fresh, Category::gradients, Phase::backward, u, mb);
+    if (s.contiguous_grad_bucket && fresh > 0)
+      mem(end, -fresh, Category::gradients, Phase::backward, u, mb);
     if (reduce) queue_reduction(u, end, mb, first);
   }
 }
@@ -579,7 +619,8 @@ void Simulation::queue_reduction(int u, double end, int mb, bool first) {
     pending_reduce_bytes_ += info(U - 1).params * reduce_b_;
     pending_units_.push_back(U - 1);
   }
-  const bool per_unit_buckets = !s.contiguous_grad_bucket;  // DDP caps buckets; FSDP reduces per unit
+  const bool per_unit_buckets =
+      !s.contiguous_grad_bucket;  // DDP caps buckets; FSDP reduces per unit
   if (!per_unit_buckets && pending_reduce_bytes_ < s.reduce_bucket_bytes && u > 0) return;
   reduce_pending(u, end, mb, first);
 }
@@ -594,10 +635,12 @@ void Simulation::reduce_pending(int u, double end, int mb, bool first) {
   const double bucket = s.reduce_bucket_bytes;
   const bool per_unit_buckets = !s.contiguous_grad_bucket;
   const Collective op = s.shard_optimizer ? Collective::reduce_scatter : Collective::all_reduce;
-  const Stream rs_stream = op == Collective::reduce_scatter ? Stream::reduce_scatter : Stream::all_reduce;
+  const Stream rs_stream =
+      op == Collective::reduce_scatter ? Stream::reduce_scatter : Stream::all_reduce;
   const double dur = per_unit_buckets ? bucketed(op, shard_group_, pending_reduce_bytes_, bucket)
                                       : coll(op, shard_group_, pending_reduce_bytes_);
-  const double rs = issue(rs_stream, end, Stream::compute, dur, op == Collective::reduce_scatter ? "reduce-scatter" : "all-reduce", u);
+  const double rs = issue(rs_stream, end, Stream::compute, dur,
+                          op == Collective::reduce_scatter ? "reduce-scatter" : "all-reduce", u);
   double done = rs + dur;  // when this bucket's gradients are fully reduced
   const bool copy_in = s.reduce_copy_in && s.shard_gradients;
   if (copy_in) {  // the unsharded gradients move into the flat reduce-scatter input; the
@@ -608,7 +651,8 @@ void Simulation::reduce_pending(int u, double end, int mb, bool first) {
   }
   if (hsdp_ && s.shard_gradients) {  // HYBRID_SHARD: all-reduce the shard across replicas
     const double ar = coll(Collective::all_reduce, replica_group_, pending_reduce_bytes_ / S);
-    done = issue(Stream::all_reduce, done, Stream::reduce_scatter, ar, "replica all-reduce", u) + ar;
+    done =
+        issue(Stream::all_reduce, done, Stream::reduce_scatter, ar, "replica all-reduce", u) + ar;
   }
   if (offload_opt && s.shard_gradients) {  // gradient partitions stream to host memory
     const double d2h = pending_reduce_bytes_ / S / in_.hardware->host_link_Bps;
@@ -617,7 +661,8 @@ void Simulation::reduce_pending(int u, double end, int mb, bool first) {
   for (int pu : pending_units_) {
     const auto& pi = info(pu);
     if (s.shard_gradients && !s.contiguous_grad_bucket)
-      mem(copy_in ? end : rs + dur, -pi.params * compute_b_, Category::gradients, Phase::reduce, pu, mb);
+      mem(copy_in ? end : rs + dur, -pi.params * compute_b_, Category::gradients, Phase::reduce, pu,
+          mb);
     if (s.shard_gradients && first && !offload_opt) {
       const double shard = pi.params / S * (s.flat_grad_partition ? flat_grad_b_ : sb_.grad);
       mem(rs + dur, shard, Category::gradients, Phase::reduce, pu, mb);
@@ -662,16 +707,19 @@ void Simulation::walk_memory() {
     if (op->phase == Phase::setup || op->phase == Phase::optimizer || op->phase == Phase::gather)
       when = phase_name(op->phase);
     else if (op->gathered > 0)
-      when = fmt::format("all-gather of {}'s parameters, issued in {}", unit_label(op->unit, n_units_),
-                         phase_name(op->phase));
-    else if (op->cat == Category::activations && op->unit == n_units_ - 1 && op->phase == Phase::backward)
+      when = fmt::format("all-gather of {}'s parameters, issued in {}",
+                         unit_label(op->unit, n_units_), phase_name(op->phase));
+    else if (op->cat == Category::activations && op->unit == n_units_ - 1 &&
+             op->phase == Phase::backward)
       when = "backward of the loss: logits gradients";
     else
       when = fmt::format("{} of {}", phase_name(op->phase), unit_label(op->unit, n_units_));
-    if (result_.grad_accumulation > 1 && op->phase != Phase::optimizer && op->phase != Phase::gather)
+    if (result_.grad_accumulation > 1 && op->phase != Phase::optimizer &&
+        op->phase != Phase::gather)
       when += op->micro_batch == 0 ? " (first micro-batch)" : " (last micro-batch)";
     if (s.shard_parameters)
-      when += fmt::format(", {} gathered unit{} alive", gathered_at_peak, gathered_at_peak == 1 ? "" : "s");
+      when += fmt::format(", {} gathered unit{} alive", gathered_at_peak,
+                          gathered_at_peak == 1 ? "" : "s");
     result_.peak_when = when;
   }
 }
@@ -703,10 +751,12 @@ std::optional<Simulation::States> Simulation::place_states() {
     const int gpus_on_node = std::min(in_.cluster.gpus, in_.cluster.gpus_per_node);
     result_.host_bytes_per_node = host_per_gpu * gpus_on_node;
     if (result_.host_bytes_per_node > hw.host_memory_bytes) {
-      fail(fmt::format("offload needs {:.1f} GiB of host memory per node ({} GPUs x {:.1f} GiB of optimizer "
-                       "states, gradients{}), the node has {:.1f} GiB",
-                       result_.host_bytes_per_node / 1073741824.0, gpus_on_node, host_per_gpu / 1073741824.0,
-                       s.offload == Offload::params ? " and parameters" : "", hw.host_memory_bytes / 1073741824.0));
+      fail(fmt::format(
+          "offload needs {:.1f} GiB of host memory per node ({} GPUs x {:.1f} GiB of optimizer "
+          "states, gradients{}), the node has {:.1f} GiB",
+          result_.host_bytes_per_node / 1073741824.0, gpus_on_node, host_per_gpu / 1073741824.0,
+          s.offload == Offload::params ? " and parameters" : "",
+          hw.host_memory_bytes / 1073741824.0));
       return std::nullopt;
     }
     st.opt_bytes = 0;
@@ -751,7 +801,10 @@ void Simulation::wait_for_reductions() {
   double last_comm = 0;
   Stream cause = Stream::reduce_scatter;
   for (int k = 1; k < kStreams; ++k)
-    if (free_at_[k] > last_comm) { last_comm = free_at_[k]; cause = static_cast<Stream>(k); }
+    if (free_at_[k] > last_comm) {
+      last_comm = free_at_[k];
+      cause = static_cast<Stream>(k);
+    }
   if (last_comm > free_at_[0]) {
     result_.exposed_s[static_cast<int>(cause)] += last_comm - free_at_[0];
     free_at_[0] = last_comm;
@@ -772,10 +825,12 @@ double Simulation::optimizer_step(double t, const States& states) {
     opt_elems_local += (k == 1 ? static_cast<double>(m.layers) : 1.0) * units_[k].opt_elems /
                        (s.shard_optimizer ? S : 1.0);
   if (s.offload == Offload::none) {
-    const double bytes = local_opt_params * (sb_.grad + sb_.step_grad + 2 * sb_.master + sb_.param) +
-                         2 * opt_elems_local * sb_.moment;
-    const double bw = hw.calibration && hw.calibration->memory_bandwidth_Bps ? *hw.calibration->memory_bandwidth_Bps
-                                                                              : hw.hbm_bandwidth_Bps;
+    const double bytes =
+        local_opt_params * (sb_.grad + sb_.step_grad + 2 * sb_.master + sb_.param) +
+        2 * opt_elems_local * sb_.moment;
+    const double bw = hw.calibration && hw.calibration->memory_bandwidth_Bps
+                          ? *hw.calibration->memory_bandwidth_Bps
+                          : hw.hbm_bandwidth_Bps;
     const double dur = bytes / bw;
     const double st = issue(Stream::compute, t, Stream::compute, dur, "optimizer step", -1);
     mem(st, local_opt_params * sb_.step_grad, Category::gradients, Phase::optimizer, -1, 1);
@@ -788,7 +843,8 @@ double Simulation::optimizer_step(double t, const States& states) {
                               (j.optimizer == Optimizer::adam || j.optimizer == Optimizer::adamw);
     if (foreach_adam) {
       mem(st, local_opt_params * sb_.moment, Category::optimizer_states, Phase::optimizer, -1, 1);
-      mem(st + dur, -local_opt_params * sb_.moment, Category::optimizer_states, Phase::optimizer, -1, 1);
+      mem(st + dur, -local_opt_params * sb_.moment, Category::optimizer_states, Phase::optimizer,
+          -1, 1);
     }
     result_.optimizer_s = dur;
     t = st + dur;
@@ -796,7 +852,8 @@ double Simulation::optimizer_step(double t, const States& states) {
     // CPU optimizer (DeepSpeed's CPUAdam; torch.optim.AdamW on CPU tensors under FSDP's
     // CPUOffload): the node's CPUs update every local shard of its GPUs, then the updated
     // parameters return over the host link.
-    const double rate = hw.host_optimizer_rate(s.flavour == Flavour::deepspeed ? "deepspeed" : "torch");
+    const double rate =
+        hw.host_optimizer_rate(s.flavour == Flavour::deepspeed ? "deepspeed" : "torch");
     const double cpu = local_opt_params * in_.cluster.gpus_per_node / rate;
     const double h2d = local_opt_params * sb_.compute / hw.host_link_Bps;
     const double st = issue(Stream::host, t, Stream::compute, cpu, "CPU optimizer step", -1);
@@ -809,9 +866,10 @@ double Simulation::optimizer_step(double t, const States& states) {
   }
   // ZeRO-1/2: every rank all-gathers the updated parameters it does not own.
   if (s.shard_optimizer && !s.shard_parameters) {
-    const double dur = bucketed(Collective::all_gather, shard_group_, states.total_params * sb_.compute,
-                                s.allgather_bucket_bytes);
-    const double st = issue(Stream::all_gather, t, Stream::compute, dur, "parameter all-gather", -1);
+    const double dur = bucketed(Collective::all_gather, shard_group_,
+                                states.total_params * sb_.compute, s.allgather_bucket_bytes);
+    const double st =
+        issue(Stream::all_gather, t, Stream::compute, dur, "parameter all-gather", -1);
     if (!hw.collectives_block) result_.exposed_s[static_cast<int>(Stream::all_gather)] += dur;
     free_at_[0] = st + dur;
     t = st + dur;
@@ -828,8 +886,9 @@ void Simulation::account_states(const States& states) {
   double grads = 0;
   for (int k = 0; k < 3; ++k) {
     const double count = k == 1 ? static_cast<double>(m.layers) : 1.0;
-    const double g = s.shard_gradients ? units_[k].params / S * (s.flat_grad_partition ? flat_grad_b_ : sb_.grad)
-                                       : units_[k].params * sb_.grad;
+    const double g = s.shard_gradients
+                         ? units_[k].params / S * (s.flat_grad_partition ? flat_grad_b_ : sb_.grad)
+                         : units_[k].params * sb_.grad;
     grads += count * g;
   }
   if (s.offload != Offload::none && s.shard_gradients) grads = 0;
@@ -859,7 +918,8 @@ void Simulation::account_compute(std::int64_t gas, const FirstMicroBatch& first)
   for (int u = 0; u < n_units_; ++u) recompute_per_mb += info(u).recompute_s;
   result_.recompute_s = recompute_per_mb * static_cast<double>(gas);
   for (int u = 0; u < n_units_; ++u)
-    for (int c = 0; c < kComputeKinds; ++c) result_.compute_by_kind_s[c] += info(u).kinds[c] * static_cast<double>(gas);
+    for (int c = 0; c < kComputeKinds; ++c)
+      result_.compute_by_kind_s[c] += info(u).kinds[c] * static_cast<double>(gas);
   result_.compute_by_kind_s[static_cast<int>(ComputeKind::recompute)] = result_.recompute_s;
   result_.compute_by_kind_s[static_cast<int>(ComputeKind::optimizer)] = result_.optimizer_s;
   if (gas > 1) {  // the first simulated micro-batch stands for gas − 1 of them
@@ -869,7 +929,8 @@ void Simulation::account_compute(std::int64_t gas, const FirstMicroBatch& first)
       result_.exposed_s[k] += extra * first.exposed[k];
     }
     result_.comm_bytes_per_gpu += extra * first.bytes;
-    for (int k = 0; k < kCollectives; ++k) result_.comm_bytes_by_op[k] += extra * first.bytes_by_op[k];
+    for (int k = 0; k < kCollectives; ++k)
+      result_.comm_bytes_by_op[k] += extra * first.bytes_by_op[k];
   }
 }
 
@@ -909,7 +970,8 @@ StepResult Simulation::run() {
   double fwd_flops_mb = 0;
   for (int u = 0; u < n_units_; ++u) fwd_flops_mb += info(u).fwd_flops;
   result_.model_flops = 3.0 * fwd_flops_mb * static_cast<double>(gas) * world_;
-  result_.mfu = result_.model_flops / (result_.step_s * world_ * hw.peak(compute_dtype(j.precision)));
+  result_.mfu =
+      result_.model_flops / (result_.step_s * world_ * hw.peak(compute_dtype(j.precision)));
   return result_;
 }
 
@@ -917,12 +979,18 @@ StepResult Simulation::run() {
 
 const char* category_name(Category c) {
   switch (c) {
-    case Category::parameters: return "parameters";
-    case Category::gradients: return "gradients";
-    case Category::optimizer_states: return "optimizer_states";
-    case Category::activations: return "activations";
-    case Category::buffers: return "buffers";
-    case Category::overhead: return "overhead";
+  case Category::parameters:
+    return "parameters";
+  case Category::gradients:
+    return "gradients";
+  case Category::optimizer_states:
+    return "optimizer_states";
+  case Category::activations:
+    return "activations";
+  case Category::buffers:
+    return "buffers";
+  case Category::overhead:
+    return "overhead";
   }
   return "?";
 }
@@ -935,11 +1003,16 @@ double total(const Breakdown& b) {
 
 const char* stream_name(Stream s) {
   switch (s) {
-    case Stream::compute: return "compute";
-    case Stream::all_gather: return "all-gather";
-    case Stream::reduce_scatter: return "reduce-scatter";
-    case Stream::all_reduce: return "all-reduce";
-    case Stream::host: return "host transfers";
+  case Stream::compute:
+    return "compute";
+  case Stream::all_gather:
+    return "all-gather";
+  case Stream::reduce_scatter:
+    return "reduce-scatter";
+  case Stream::all_reduce:
+    return "all-reduce";
+  case Stream::host:
+    return "host transfers";
   }
   return "?";
 }

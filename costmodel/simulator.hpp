@@ -36,8 +36,8 @@ struct TraceSpan {
   std::string name;
   double start_s;
   double duration_s;
-  int unit = -1;             // the unit it computes or gathers for (0: embeddings, last: head)
-  bool host_cpu = false;     // work of the host's CPUs (the offloaded optimizer step), not a transfer
+  int unit = -1;          // the unit it computes or gathers for (0: embeddings, last: head)
+  bool host_cpu = false;  // work of the host's CPUs (the offloaded optimizer step), not a transfer
 };
 struct MemoryPoint {
   double time_s;
@@ -52,46 +52,49 @@ struct StepInput {
   const ModelSpec* model = nullptr;
   const HardwareProfile* hardware = nullptr;
   Cluster cluster;
-  TrainingJob job;       // micro_batch must be set (> 0)
+  TrainingJob job;  // micro_batch must be set (> 0)
   ShardingSpec spec;
   Accounting accounting = Accounting::framework;
 };
 
 struct StepResult {
-  bool valid = true;            // false: the plan is not runnable as asked (reason says why)
+  bool valid = true;  // false: the plan is not runnable as asked (reason says why)
   std::string reason;
   std::int64_t params = 0;
   std::int64_t micro_batch = 0;
   std::int64_t grad_accumulation = 0;  // micro-batches per optimizer step
   // memory, bytes per GPU
-  double peak_bytes = 0;        // allocated peak + overhead (context, NCCL, fragmentation)
+  double peak_bytes = 0;            // allocated peak + overhead (context, NCCL, fragmentation)
   double allocated_peak_bytes = 0;  // torch.cuda.max_memory_allocated()
-  double reserve_bytes = 0;     // the caching allocator's reserve on top: max_memory_reserved() − allocated
+  double reserve_bytes =
+      0;  // the caching allocator's reserve on top: max_memory_reserved() − allocated
   double device_bytes = 0;
-  double host_bytes_per_node = 0;  // pinned host memory an offload plan needs on each node      // CUDA context + NCCL workspace: what nvidia-smi adds to the reserved
+  double host_bytes_per_node =
+      0;  // pinned host memory an offload plan needs on each node      // CUDA context + NCCL
+          // workspace: what nvidia-smi adds to the reserved
   double capacity_bytes = 0;
-  Breakdown at_peak{};          // sums to peak_bytes
+  Breakdown at_peak{};                  // sums to peak_bytes
   double head_activations_at_peak = 0;  // of at_peak's activations, the head's: the final norm,
                                         // the logits and the loss's tensors
-  Breakdown model_states{};     // persistent parameters, gradients, optimizer states
-  std::string peak_when;        // "backward of block 0, 2 gathered units alive"
+  Breakdown model_states{};             // persistent parameters, gradients, optimizer states
+  std::string peak_when;                // "backward of block 0, 2 gathered units alive"
   // time, seconds for one optimizer step (all micro-batches)
   double step_s = 0;
-  double compute_s = 0;         // busy time of the compute stream (incl. recompute, optimizer)
+  double compute_s = 0;  // busy time of the compute stream (incl. recompute, optimizer)
   double recompute_s = 0;
   double optimizer_s = 0;
   // The compute stream's busy time by kind (compute_time.hpp); sums to compute_s.
   ComputeTimes compute_by_kind_s{};
-  double exposed_comm_s = 0;    // compute stream idle, waiting on communication or transfers
-  std::array<double, kStreams> busy_s{};     // per stream
-  std::array<double, kStreams> exposed_s{};  // compute idle attributed to each stream
-  double comm_bytes_per_gpu = 0;  // bytes each GPU sends per step
+  double exposed_comm_s = 0;  // compute stream idle, waiting on communication or transfers
+  std::array<double, kStreams> busy_s{};                // per stream
+  std::array<double, kStreams> exposed_s{};             // compute idle attributed to each stream
+  double comm_bytes_per_gpu = 0;                        // bytes each GPU sends per step
   std::array<double, kCollectives> comm_bytes_by_op{};  // the same bytes by collective (sums to it)
-  double host_optimizer_s = 0;    // an offload plan's CPU optimizer step (on the host stream)
+  double host_optimizer_s = 0;  // an offload plan's CPU optimizer step (on the host stream)
   // Blocking collectives (a CPU profile): the time they wait for the slowest rank, in exposed_s.
   double straggler_wait_s = 0;
-  double tokens_per_s = 0;        // whole job
-  double model_flops = 0;         // per step, whole job, without recompute (6·tokens·params-ish)
+  double tokens_per_s = 0;  // whole job
+  double model_flops = 0;   // per step, whole job, without recompute (6·tokens·params-ish)
   double mfu = 0;
   bool calibrated_comm = false;
   bool extrapolated_comm = false;

@@ -15,17 +15,10 @@ struct Shape {
   bool autocast, cuda;
   Shape(const ModelSpec& m, const TrainingJob& j, const Forward& f)
       : T(static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch)),
-        s(static_cast<double>(j.seq_len)),
-        h(static_cast<double>(m.hidden)),
-        q(static_cast<double>(m.q_width())),
-        kv(static_cast<double>(m.kv_width())),
-        I(static_cast<double>(m.intermediate)),
-        V(static_cast<double>(m.vocab)),
-        hd(static_cast<double>(m.head_dim)),
-        e(f.e),
-        r(f.p),
-        autocast(f.p > f.e),
-        cuda(f.cuda) {}
+        s(static_cast<double>(j.seq_len)), h(static_cast<double>(m.hidden)),
+        q(static_cast<double>(m.q_width())), kv(static_cast<double>(m.kv_width())),
+        I(static_cast<double>(m.intermediate)), V(static_cast<double>(m.vocab)),
+        hd(static_cast<double>(m.head_dim)), e(f.e), r(f.p), autocast(f.p > f.e), cuda(f.cuda) {}
   // A cast between the residual dtype and the compute dtype, per element (0 when they agree).
   double cast() const { return r > e ? r + e : 0; }
   // A cast of an fp32 intermediate to the compute dtype and back, per element.
@@ -33,7 +26,8 @@ struct Shape {
 };
 
 // Bytes per token and the ops (kernels) that move them, per micro-batch.
-Traffic per_token(const Shape& x, double forward, double backward, double forward_ops, double backward_ops) {
+Traffic per_token(const Shape& x, double forward, double backward, double forward_ops,
+                  double backward_ops) {
   return {x.T * forward, x.T * backward, forward_ops, backward_ops};
 }
 
@@ -44,7 +38,8 @@ Traffic per_token(const Shape& x, double forward, double backward, double forwar
 // div 4, pow 8, mul 8, mul 12, add 12), plus the two casts when r < 4.
 Traffic hf_rmsnorm(const Shape& x) {
   const double casts = x.r < 4 ? 2 * (4 + x.r) : 0, cast_ops = x.r < 4 ? 2 : 0;
-  return per_token(x, (20 + 2 * x.r + casts) * x.h, (92 + casts) * x.h, 6 + cast_ops, 14 + cast_ops);
+  return per_token(x, (20 + 2 * x.r + casts) * x.h, (92 + casts) * x.h, 6 + cast_ops,
+                   14 + cast_ops);
 }
 // torch's nn.RMSNorm (torchtitan) calls F.rms_norm: on CUDA the fused kernel reads x and writes
 // y (and an fp32 rstd per token) and its backward reads dy and x and writes dx; elsewhere it runs
@@ -57,7 +52,9 @@ Traffic torch_rmsnorm(const Shape& x) {
 }
 // nn.LayerNorm is one kernel on both devices (native_layer_norm): reads x, writes y, mean and
 // rstd; backward reads dy, x, mean and rstd and writes dx and the affine gradients.
-Traffic layernorm(const Shape& x) { return per_token(x, 2 * x.r * x.h + 8, 3 * x.r * x.h + 8, 1, 1); }
+Traffic layernorm(const Shape& x) {
+  return per_token(x, 2 * x.r * x.h + 8, 3 * x.r * x.h + 8, 1, 1);
+}
 
 Traffic norm(const ModelSpec& m, const TrainingJob& j, const Shape& x) {
   if (m.norm == NormKind::layernorm) return layernorm(x);
@@ -78,10 +75,10 @@ Traffic rotate_half(const Shape& x, double width, bool cast_back) {
 // torchtitan's ComplexRoPE: the fp32 view of q or k (a cast when e < 4), one complex product
 // with freqs_cis, cast back; the backward is the conjugate product.
 Traffic complex_rope(const Shape& x, double width) {
-  const double table = 4 * x.hd;  // one complex64 row of hd/2 per token
+  const double table = 4 * x.hd;         // one complex64 row of hd/2 per token
   const double casts = x.e < 4 ? 2 : 0;  // per tensor: to fp32 and back
-  return per_token(x, (8 + 2 * x.fp32_cast()) * width + table, (8 + 2 * x.fp32_cast()) * width + 2 * table,
-                   2 * (1 + casts), 2 * (1 + casts));
+  return per_token(x, (8 + 2 * x.fp32_cast()) * width + table,
+                   (8 + 2 * x.fp32_cast()) * width + 2 * table, 2 * (1 + casts), 2 * (1 + casts));
 }
 
 Traffic& operator+=(Traffic& a, const Traffic& b) {
@@ -102,10 +99,11 @@ struct Consumers {
 };
 Consumers consumers(const ModelSpec& m, const TrainingJob& j) {
   switch (m.architecture) {
-    case Architecture::gpt2:
-    case Architecture::gpt_neox: return {1, 1};  // fused c_attn / query_key_value, one fc
-    default:  // q, k, v apart (torchtitan fuses wqkv); gate and up for SwiGLU
-      return {j.recipe == Recipe::torchtitan ? 1 : 3, m.mlp == MlpKind::swiglu ? 2 : 1};
+  case Architecture::gpt2:
+  case Architecture::gpt_neox:
+    return {1, 1};  // fused c_attn / query_key_value, one fc
+  default:          // q, k, v apart (torchtitan fuses wqkv); gate and up for SwiGLU
+    return {j.recipe == Recipe::torchtitan ? 1 : 3, m.mlp == MlpKind::swiglu ? 2 : 1};
   }
 }
 
@@ -129,45 +127,49 @@ Traffic activation(const ModelSpec& m, const Shape& x) {
 Traffic attention_copies(const ModelSpec& m, const TrainingJob& j, const Shape& x) {
   Traffic t;
   switch (m.architecture) {
-    case Architecture::gpt2:
-      t.backward = x.T * 2 * x.e * 3 * x.h;  // the q, k, v gradients concatenated for c_attn
+  case Architecture::gpt2:
+    t.backward = x.T * 2 * x.e * 3 * x.h;  // the q, k, v gradients concatenated for c_attn
+    t.backward_ops = 1;
+    break;
+  case Architecture::gpt_neox: {
+    // rotary_pct of each head is rotated; the rotated and the passed parts are concatenated
+    // (in fp32, the rotation's dtype) and cast back; v is made contiguous; the backward
+    // splits the gradients by slices and concatenates q, k and v's for query_key_value.
+    const double rotated = x.q * static_cast<double>(m.rotary_dim) / x.hd;
+    t += times(2, rotate_half(x, rotated, false));
+    t.forward +=
+        x.T *
+        (2 * 8 * x.q + (x.e < 4 ? 2 * (x.fp32_cast() * (x.q - rotated) + x.fp32_cast() * x.q) : 0) +
+         2 * x.e * x.q);
+    t.backward += x.T * (2 * 6 * x.e * x.q + 2 * 2 * x.e * 3 * x.q);
+    // Forward: two concatenations (and with e < 4 four casts: the passed parts up, q and k
+    // down) and v's copy; backward: two slice gradients and an add per tensor, the concatenation
+    // and its copy.
+    t.forward_ops += 3 + (x.e < 4 ? 4 : 0);
+    t.backward_ops += 2 * 3 + 2;
+    break;
+  }
+  default:
+    if (j.recipe == Recipe::torchtitan) {
+      // wqkv's output split into contiguous q, k, v; their gradients concatenated back.
+      t.forward = t.backward = x.T * 2 * x.e * (x.q + 2 * x.kv);
+      t.forward_ops = 3;  // three copies; one concatenation back
       t.backward_ops = 1;
-      break;
-    case Architecture::gpt_neox: {
-      // rotary_pct of each head is rotated; the rotated and the passed parts are concatenated
-      // (in fp32, the rotation's dtype) and cast back; v is made contiguous; the backward
-      // splits the gradients by slices and concatenates q, k and v's for query_key_value.
-      const double rotated = x.q * static_cast<double>(m.rotary_dim) / x.hd;
-      t += times(2, rotate_half(x, rotated, false));
-      t.forward += x.T * (2 * 8 * x.q + (x.e < 4 ? 2 * (x.fp32_cast() * (x.q - rotated) + x.fp32_cast() * x.q) : 0) +
-                          2 * x.e * x.q);
-      t.backward += x.T * (2 * 6 * x.e * x.q + 2 * 2 * x.e * 3 * x.q);
-      // Forward: two concatenations (and with e < 4 four casts: the passed parts up, q and k
-      // down) and v's copy; backward: two slice gradients and an add per tensor, the concatenation
-      // and its copy.
-      t.forward_ops += 3 + (x.e < 4 ? 4 : 0);
-      t.backward_ops += 2 * 3 + 2;
-      break;
+      t += complex_rope(x, x.q + x.kv);
+    } else {
+      t += times(2, rotate_half(x, (x.q + x.kv) / 2, true));  // q and k
+      t.backward += x.T * 2 * x.e * (x.q + x.kv);  // q's and k's gradients made contiguous
+      t.backward_ops += 2;
     }
-    default:
-      if (j.recipe == Recipe::torchtitan) {
-        // wqkv's output split into contiguous q, k, v; their gradients concatenated back.
-        t.forward = t.backward = x.T * 2 * x.e * (x.q + 2 * x.kv);
-        t.forward_ops = 3;  // three copies; one concatenation back
-        t.backward_ops = 1;
-        t += complex_rope(x, x.q + x.kv);
-      } else {
-        t += times(2, rotate_half(x, (x.q + x.kv) / 2, true));  // q and k
-        t.backward += x.T * 2 * x.e * (x.q + x.kv);  // q's and k's gradients made contiguous
-        t.backward_ops += 2;
-      }
   }
   return t;
 }
 
 // Σ elements of the unit's matrices: autocast casts each weight to the compute dtype in forward
 // and each weight gradient back in backward.
-double weight_casts(const Shape& x, double matrix_elements) { return x.autocast ? x.cast() * matrix_elements : 0; }
+double weight_casts(const Shape& x, double matrix_elements) {
+  return x.autocast ? x.cast() * matrix_elements : 0;
+}
 
 // The unit's linear layers' bias vectors (P.bias beside a matrix P.weight; a norm's bias is the
 // norm's): their elements and how many.
@@ -182,8 +184,9 @@ Biases biases(const UnitTensors& u) {
         t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) != 0)
       continue;
     const std::string weight = t.name.substr(0, t.name.size() - suffix.size()) + ".weight";
-    const bool linear = std::any_of(u.tensors.begin(), u.tensors.end(),
-                                    [&](const Tensor& w) { return w.is_matrix() && w.name == weight; });
+    const bool linear = std::any_of(u.tensors.begin(), u.tensors.end(), [&](const Tensor& w) {
+      return w.is_matrix() && w.name == weight;
+    });
     if (!linear) continue;
     b.elements += static_cast<double>(t.elements());
     b.tensors += 1;
@@ -191,7 +194,8 @@ Biases biases(const UnitTensors& u) {
   return b;
 }
 double matrices(const UnitTensors& u) {
-  return static_cast<double>(std::count_if(u.tensors.begin(), u.tensors.end(), [](const Tensor& t) { return t.is_matrix(); }));
+  return static_cast<double>(std::count_if(u.tensors.begin(), u.tensors.end(),
+                                           [](const Tensor& t) { return t.is_matrix(); }));
 }
 
 }  // namespace
@@ -265,8 +269,8 @@ Traffic head_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f)
     const double upcast = x.e < 4 ? 1 : 0;
     const double titan = j.recipe == Recipe::torchtitan ? 1 : 0;
     const double shift_copy = !titan && j.micro_batch > 1 ? 1 : 0;
-    t += per_token(x, (x.fp32_cast() + 8) * x.V, (16 + x.fp32_cast()) * x.V, upcast + 3 + shift_copy,
-                   3 + titan + upcast);
+    t += per_token(x, (x.fp32_cast() + 8) * x.V, (16 + x.fp32_cast()) * x.V,
+                   upcast + 3 + shift_copy, 3 + titan + upcast);
   } else {
     // A fused loss (flash-attn's or a compiled cross-entropy, Liger's fused linear one, Megatron's
     // in place) reads the logits for the log-sum-exp, then reads them again and writes their

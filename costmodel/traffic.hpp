@@ -18,9 +18,9 @@
 namespace shardplan::costmodel {
 
 struct Traffic {
-  double forward = 0;       // bytes read + written by the unit's forward (the head's: with the loss)
-  double backward = 0;      // bytes of its backward, without a checkpointed block's recompute
-  double forward_ops = 0;   // the memory-bound kernels that move them (each one launch)
+  double forward = 0;      // bytes read + written by the unit's forward (the head's: with the loss)
+  double backward = 0;     // bytes of its backward, without a checkpointed block's recompute
+  double forward_ops = 0;  // the memory-bound kernels that move them (each one launch)
   double backward_ops = 0;
 };
 

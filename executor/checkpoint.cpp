@@ -17,14 +17,14 @@
 
 #include <fmt/format.h>
 
-#include "core/input_error.hpp"
-#include "core/json_reader.hpp"
-#include "costmodel/sharding.hpp"
-#include "executor/sha256.hpp"
 #include "core/atomic_file.hpp"
 #include "core/file_kind.hpp"
 #include "core/file_writer.hpp"
+#include "core/input_error.hpp"
+#include "core/json_reader.hpp"
 #include "core/text.hpp"
+#include "costmodel/sharding.hpp"
+#include "executor/sha256.hpp"
 
 namespace shardplan::executor {
 namespace {
@@ -41,7 +41,7 @@ static_assert(std::endian::native == std::endian::little, "checkpoints are littl
 
 constexpr std::array<const char*, 3> kTensors = {"params", "exp_avg", "exp_avg_sq"};
 constexpr std::int64_t kFloat = sizeof(float);
-constexpr std::size_t kIoBlock = 1 << 20; // bytes per read when a whole file is streamed
+constexpr std::size_t kIoBlock = 1 << 20;  // bytes per read when a whole file is streamed
 // Version 2 added the index's digest file and each segment's sha256; version 1 (neither) is
 // refused: an index without them could be edited unnoticed.
 constexpr int kSchemaVersion = 2;
@@ -53,9 +53,7 @@ constexpr std::int64_t kMaxIndexDigestBytes = 4096;
 // segment (at most 4·1e15 bytes) to a sum below it cannot overflow.
 constexpr std::int64_t kMaxFileBytes = std::int64_t{1} << 53;
 
-std::string errno_text() {
-  return std::strerror(errno);
-}
+std::string errno_text() { return std::strerror(errno); }
 
 const char* kind_name(UnitKind k) {
   switch (k) {
@@ -81,8 +79,7 @@ public:
     return *this;
   }
   ~Fd() {
-    if (fd_ >= 0)
-      ::close(fd_);
+    if (fd_ >= 0) ::close(fd_);
   }
   int get() const { return fd_; }
   int release() { return std::exchange(fd_, -1); }
@@ -93,8 +90,7 @@ private:
 
 Fd open_for_reading(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0)
-    throw InputError(path, fmt::format("cannot read: {}", errno_text()));
+  if (fd.get() < 0) throw InputError(path, fmt::format("cannot read: {}", errno_text()));
   return fd;
 }
 
@@ -103,12 +99,9 @@ void read_at(int fd, void* data, std::size_t bytes, std::int64_t offset, const s
   auto* out = static_cast<char*>(data);
   while (bytes > 0) {
     const ssize_t n = ::pread(fd, out, bytes, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0)
-      throw InputError(path, fmt::format("cannot read: {}", errno_text()));
-    if (n == 0)
-      throw InputError(path, fmt::format("truncated: ends at byte {}", offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw InputError(path, fmt::format("cannot read: {}", errno_text()));
+    if (n == 0) throw InputError(path, fmt::format("truncated: ends at byte {}", offset));
     out += n;
     offset += n;
     bytes -= static_cast<std::size_t>(n);
@@ -166,7 +159,7 @@ public:
 private:
   io::AtomicFile file_;
   Sha256 hash_;
-  std::optional<Sha256::Digest> digest_; // once synced
+  std::optional<Sha256::Digest> digest_;  // once synced
 };
 
 // ---- agreement across ranks
@@ -188,8 +181,7 @@ void agree(comm::Communicator& world, const std::optional<InputError>& failure) 
   const std::int32_t mine = failure ? world.rank() : world.size();
   std::int32_t first = 0;
   world.all_reduce(&mine, &first, 1, comm::DataType::i32, comm::ReduceOp::min);
-  if (first == world.size())
-    return;
+  if (first == world.size()) return;
   std::string where, message;
   if (failure) {
     where = failure->where();
@@ -207,9 +199,7 @@ void agree(comm::Communicator& world, const std::optional<InputError>& failure) 
 
 // ---- layout of the parts
 
-std::string step_folder(std::int64_t step) {
-  return fmt::format("step-{:08}", step);
-}
+std::string step_folder(std::int64_t step) { return fmt::format("step-{:08}", step); }
 
 std::string part_path(std::int64_t step, int part, int parts) {
   return fmt::format("{}/part-{:05}-of-{:05}.bin", step_folder(step), part, parts);
@@ -233,8 +223,7 @@ std::vector<CheckpointSegment> part_segments(const ShardLayout& sl, int part) {
     for (std::size_t u = 0; u < sl.units.size(); ++u) {
       const auto& us = sl.units[u];
       const std::int64_t begin = part * us.chunk, end = std::min(begin + us.chunk, us.size);
-      if (begin >= end)
-        continue; // this part's chunk of a small unit is all padding
+      if (begin >= end) continue;  // this part's chunk of a small unit is all padding
       out.push_back({tensor, static_cast<std::int64_t>(u), begin, end, offset, ""});
       offset += (end - begin) * kFloat;
     }
@@ -242,13 +231,12 @@ std::vector<CheckpointSegment> part_segments(const ShardLayout& sl, int part) {
 }
 
 struct Held {
-  std::span<float> values; // elements [begin, begin + values.size()) of the unit
+  std::span<float> values;  // elements [begin, begin + values.size()) of the unit
   std::int64_t begin = 0;
 };
 
 Held held(const ShardingEngine::UnitState& st, std::string_view tensor) {
-  if (tensor == "params")
-    return {st.params, st.params_begin};
+  if (tensor == "params") return {st.params, st.params_begin};
   return {tensor == "exp_avg" ? st.exp_avg : st.exp_avg_sq, st.optimizer_begin};
 }
 
@@ -277,8 +265,12 @@ PartDigests write_part(ShardingEngine& engine, const fs::path& path) {
 }
 
 json segment_json(const CheckpointSegment& s) {
-  return {{"tensor", s.tensor}, {"unit", s.unit},         {"begin", s.begin},
-          {"end", s.end},       {"offset_bytes", s.offset_bytes}, {"sha256", s.sha256}};
+  return {{"tensor", s.tensor},
+          {"unit", s.unit},
+          {"begin", s.begin},
+          {"end", s.end},
+          {"offset_bytes", s.offset_bytes},
+          {"sha256", s.sha256}};
 }
 
 std::int64_t segments_bytes(const std::vector<CheckpointSegment>& segments) {
@@ -298,14 +290,13 @@ bool is_sha256_hex(const std::string& s) {
 bool is_inside(const std::string& path) {
   const fs::path p(path);
   // A NUL would end the path at open(2): "g/\0.." names "g/".
-  if (path.empty() || p.is_absolute() || path.find('\0') != std::string::npos)
-    return false;
+  if (path.empty() || p.is_absolute() || path.find('\0') != std::string::npos) return false;
   return std::none_of(p.begin(), p.end(), [](const fs::path& part) { return part == ".."; });
 }
 
 // (tensor, unit) -> the element ranges the files hold, to check that they tile each tensor.
-using TensorRanges =
-    std::map<std::pair<std::string, std::int64_t>, std::vector<std::pair<std::int64_t, std::int64_t>>>;
+using TensorRanges = std::map<std::pair<std::string, std::int64_t>,
+                              std::vector<std::pair<std::int64_t, std::int64_t>>>;
 
 // schema_version, kind, step, byte_order and dtypes.
 void read_index_header(ObjectReader& r, CheckpointIndex& idx) {
@@ -322,26 +313,24 @@ void read_index_header(ObjectReader& r, CheckpointIndex& idx) {
     throw InputError("/adamw_step", fmt::format("must equal /step ({}), got {}", idx.step, adamw));
   r.choice("byte_order", {"little"});
   ObjectReader d(r.object("dtypes"), "/dtypes");
-  for (const char* t : kTensors)
-    d.choice(t, {"f32"});
+  for (const char* t : kTensors) d.choice(t, {"f32"});
   d.finish();
 }
 
 // saved_by and model, and the elements of each of the model's units.
 void read_index_model(ObjectReader& r, CheckpointIndex& idx) {
-  idx.saved_by = r.object("saved_by"); // what saved it: a resume may use any plan
+  idx.saved_by = r.object("saved_by");  // what saved it: a resume may use any plan
   idx.model = r.object("model");
   ObjectReader m(idx.model, "/model");
   const auto& units = m.array("units");
-  if (units.empty())
-    throw InputError("/model/units", "no units");
+  if (units.empty()) throw InputError("/model/units", "no units");
   for (std::size_t u = 0; u < units.size(); ++u) {
     ObjectReader ur(units[u], fmt::format("/model/units/{}", u));
     ur.choice("kind", {"embedding", "block", "head"});
     idx.unit_elements.push_back(ur.integer("elements", Range::between(1, 1e15)));
     ur.finish();
   }
-  m.ignore_if([](const std::string&) { return true; }); // compared with the run's model later
+  m.ignore_if([](const std::string&) { return true; });  // compared with the run's model later
 }
 
 // One segment of a file, stored at `offset` (the bytes of the segments before it).
@@ -355,8 +344,8 @@ CheckpointSegment parse_segment(const json& doc, const std::string& sat,
   s.unit = sr.integer("unit", Range::between(0, static_cast<double>(units - 1)));
   const auto n = unit_elements[static_cast<std::size_t>(s.unit)];
   s.begin = sr.integer("begin", Range::between(0, static_cast<double>(n - 1)));
-  s.end = sr.integer("end",
-                     Range::between(static_cast<double>(s.begin + 1), static_cast<double>(n)));
+  s.end =
+      sr.integer("end", Range::between(static_cast<double>(s.begin + 1), static_cast<double>(n)));
   s.offset_bytes = sr.integer("offset_bytes", Range::non_negative());
   if (s.offset_bytes != offset)
     throw InputError(sat + "/offset_bytes",
@@ -379,10 +368,9 @@ CheckpointFile parse_file(const json& doc, const std::string& at,
   CheckpointFile f;
   f.path = fr.string("path");
   if (!is_inside(f.path))
-    throw InputError(
-        at + "/path",
-        fmt::format("must be a relative path inside the checkpoint, got \"{}\"",
-                    io::printable(f.path)));
+    throw InputError(at + "/path",
+                     fmt::format("must be a relative path inside the checkpoint, got \"{}\"",
+                                 io::printable(f.path)));
   f.bytes = fr.integer("bytes", Range::non_negative());
   f.sha256 = fr.string("sha256");
   if (!is_sha256_hex(f.sha256))
@@ -391,8 +379,8 @@ CheckpointFile parse_file(const json& doc, const std::string& at,
   const auto& segments = fr.array("segments");
   std::int64_t offset = 0;
   for (std::size_t j = 0; j < segments.size(); ++j) {
-    const auto s = parse_segment(segments[j], fmt::format("{}/segments/{}", at, j), unit_elements,
-                                 offset);
+    const auto s =
+        parse_segment(segments[j], fmt::format("{}/segments/{}", at, j), unit_elements, offset);
     offset += (s.end - s.begin) * kFloat;
     ranges[{s.tensor, s.unit}].emplace_back(s.begin, s.end);
     f.segments.push_back(s);
@@ -432,24 +420,20 @@ CheckpointIndex parse_index(const json& doc) {
   read_index_header(r, idx);
   read_index_model(r, idx);
   const auto& files = r.array("files");
-  if (files.empty())
-    throw InputError("/files", "no files");
+  if (files.empty()) throw InputError("/files", "no files");
   TensorRanges ranges;
   for (std::size_t i = 0; i < files.size(); ++i)
-    idx.files.push_back(parse_file(files[i], fmt::format("/files/{}", i), idx.unit_elements, ranges));
+    idx.files.push_back(
+        parse_file(files[i], fmt::format("/files/{}", i), idx.unit_elements, ranges));
   r.finish();
   check_tiling(ranges, idx.unit_elements);
   return idx;
 }
 
-std::string index_path(const std::string& dir) {
-  return (fs::path(dir) / kIndex).string();
-}
+std::string index_path(const std::string& dir) { return (fs::path(dir) / kIndex).string(); }
 
 // The digest file's one line, as sha256sum writes it: 64 hex digits, two spaces, index.json.
-std::string digest_line(const Sha256::Digest& d) {
-  return Sha256::hex(d) + "  " + kIndex + "\n";
-}
+std::string digest_line(const Sha256::Digest& d) { return Sha256::hex(d) + "  " + kIndex + "\n"; }
 
 CheckpointIndex read_index_in(int dirfd, const std::string& dir, bool step_copy = false);
 
@@ -461,10 +445,9 @@ bool is_saved_step_copy(int dirfd, const std::string& dir, const std::string& te
     const auto step = parse_index(costmodel::parse_json_text(text, dir)).step;
     const std::string folder = step_folder(step);
     const Fd fd(::openat(dirfd, folder.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (fd.get() < 0)
-      return false;
+    if (fd.get() < 0) return false;
     const auto shown = (fs::path(dir) / folder).string();
-    read_index_in(fd.get(), shown, true); // its digest matches
+    read_index_in(fd.get(), shown, true);  // its digest matches
     return read_own_file(fd.get(), kIndex, index_path(shown), kMaxIndexBytes) == text;
   } catch (const InputError&) {
     return false;
@@ -486,7 +469,7 @@ CheckpointIndex read_index_in(int dirfd, const std::string& dir, bool step_copy)
   };
   struct stat st {};
   if (::fstatat(dirfd, kIndexDigest, &st, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT) {
-    parsed(); // an index of another version says so
+    parsed();  // an index of another version says so
     throw InputError(digest_path, "missing: the digest of index.json, written beside it");
   }
   const std::string line = read_own_file(dirfd, kIndexDigest, digest_path, kMaxIndexDigestBytes);
@@ -512,8 +495,7 @@ void check_size(const std::string& dir, const CheckpointFile& f) {
   const std::string path = file_path(dir, f);
   std::error_code ec;
   const auto size = static_cast<std::int64_t>(fs::file_size(path, ec));
-  if (ec)
-    throw InputError(path, fmt::format("cannot read: {}", ec.message()));
+  if (ec) throw InputError(path, fmt::format("cannot read: {}", ec.message()));
   if (size < f.bytes)
     throw InputError(path, fmt::format("truncated: {} bytes, the index says {}", size, f.bytes));
   if (size > f.bytes)
@@ -528,14 +510,12 @@ void compare_shape(const json& saved, const json& run, const std::string& pointe
   if (run.is_object() && saved.is_object()) {
     for (auto it = run.begin(); it != run.end(); ++it) {
       if (pointer == "/model" && it.key() == "name")
-        continue; // the same shape under another name (a preset, its config.json) is the same
-      if (!saved.contains(it.key()))
-        throw InputError(pointer + "/" + it.key(), "missing");
+        continue;  // the same shape under another name (a preset, its config.json) is the same
+      if (!saved.contains(it.key())) throw InputError(pointer + "/" + it.key(), "missing");
       compare_shape(saved[it.key()], it.value(), pointer + "/" + it.key());
     }
     for (auto it = saved.begin(); it != saved.end(); ++it)
-      if (!run.contains(it.key()))
-        throw InputError(pointer + "/" + it.key(), "unknown key");
+      if (!run.contains(it.key())) throw InputError(pointer + "/" + it.key(), "unknown key");
     return;
   }
   if (run.is_array() && saved.is_array()) {
@@ -560,21 +540,18 @@ std::int64_t read_ranges(ShardingEngine& engine, const std::string& dir,
     const auto n = index.unit_elements[static_cast<std::size_t>(u)];
     for (const char* tensor : kTensors) {
       const Held h = held(st, tensor);
-      std::fill(h.values.begin(), h.values.end(), 0.0f); // padding stays zero
+      std::fill(h.values.begin(), h.values.end(), 0.0f);  // padding stays zero
       const std::int64_t need_begin = h.begin;
       const std::int64_t need_end =
           std::min(h.begin + static_cast<std::int64_t>(h.values.size()), n);
       for (std::size_t k = 0; k < index.files.size(); ++k) {
         const auto& f = index.files[k];
         for (const auto& seg : f.segments) {
-          if (seg.unit != u || seg.tensor != tensor)
-            continue;
+          if (seg.unit != u || seg.tensor != tensor) continue;
           const std::int64_t lo = std::max(need_begin, seg.begin), hi = std::min(need_end, seg.end);
-          if (lo >= hi)
-            continue;
+          if (lo >= hi) continue;
           auto it = open.find(k);
-          if (it == open.end())
-            it = open.emplace(k, open_for_reading(file_path(dir, f))).first;
+          if (it == open.end()) it = open.emplace(k, open_for_reading(file_path(dir, f))).first;
           read_at(it->second.get(), h.values.data() + (lo - h.begin),
                   static_cast<std::size_t>((hi - lo) * kFloat),
                   seg.offset_bytes + (lo - seg.begin) * kFloat, file_path(dir, f));
@@ -593,20 +570,17 @@ std::int64_t read_ranges(ShardingEngine& engine, const std::string& dir,
 void check_step_folder(const fs::path& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT)
-      return;
+    if (errno == ENOENT) return;
     throw InputError(path.string(), fmt::format("cannot read: {}", errno_text()));
   }
   if (S_ISLNK(st.st_mode))
     throw InputError(path.string(), "a symbolic link: a checkpoint writes its parts only into "
                                     "folders of its own");
-  if (!S_ISDIR(st.st_mode))
-    throw InputError(path.string(), "exists and is not a folder");
+  if (!S_ISDIR(st.st_mode)) throw InputError(path.string(), "exists and is not a folder");
 }
 
 void make_step_folder(const fs::path& path) {
-  if (::mkdir(path.c_str(), 0755) == 0)
-    return;
+  if (::mkdir(path.c_str(), 0755) == 0) return;
   if (errno != EEXIST)
     throw InputError(path.string(), fmt::format("cannot make the folder: {}", errno_text()));
   check_step_folder(path);
@@ -641,23 +615,18 @@ std::optional<OwnStepFolder> older_step_folder(int dirfd, const fs::path& root,
                                                const std::string& name, std::int64_t step) {
   static const std::regex kStepDir("step-([0-9]{8,18})");
   std::smatch m;
-  if (!std::regex_match(name, m, kStepDir))
-    return std::nullopt;
+  if (!std::regex_match(name, m, kStepDir)) return std::nullopt;
   const std::int64_t older = std::stoll(m[1].str());
-  if (older >= step || name != step_folder(older))
-    return std::nullopt;
+  if (older >= step || name != step_folder(older)) return std::nullopt;
   OwnStepFolder folder{
       Fd(::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)), {}};
-  if (folder.fd.get() < 0)
-    return std::nullopt;
+  if (folder.fd.get() < 0) return std::nullopt;
   try {
     const auto index = read_index_in(folder.fd.get(), (root / name).string(), true);
-    if (index.step != older)
-      return std::nullopt;
+    if (index.step != older) return std::nullopt;
     for (const auto& f : index.files) {
       const fs::path p(f.path);
-      if (p.parent_path() != fs::path(name) || !p.has_filename())
-        return std::nullopt;
+      if (p.parent_path() != fs::path(name) || !p.has_filename()) return std::nullopt;
       folder.files.push_back(p.filename().string());
     }
   } catch (const InputError&) {
@@ -696,27 +665,24 @@ std::vector<std::string> leftover_temporaries(const fs::path& folder,
 // harm.
 void remove_older_steps(const fs::path& root, std::int64_t step) {
   const Fd dirfd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dirfd.get() < 0)
-    return;
+  if (dirfd.get() < 0) return;
   std::vector<std::string> names;
   std::error_code ec;
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec))
     names.push_back(it->path().filename().string());
   for (const auto& name : names) {
     const auto folder = older_step_folder(dirfd.get(), root, name, step);
-    if (!folder)
-      continue;
+    if (!folder) continue;
     std::vector<std::string> own = folder->files;
     own.insert(own.end(), {kIndex, kIndexDigest});
     for (const auto& f : leftover_temporaries(root / name, own))
       remove_own_file(folder->fd.get(), f);
-    for (const auto& f : own)
-      remove_own_file(folder->fd.get(), f);
-    ::unlinkat(dirfd.get(), name.c_str(), AT_REMOVEDIR); // fails, harmlessly, when not empty
+    for (const auto& f : own) remove_own_file(folder->fd.get(), f);
+    ::unlinkat(dirfd.get(), name.c_str(), AT_REMOVEDIR);  // fails, harmlessly, when not empty
   }
 }
 
-} // namespace
+}  // namespace
 
 json model_shape_json(const GptLayout& layout) {
   const auto& m = layout.spec();
@@ -752,8 +718,7 @@ CheckpointIndex checkpoint_index_from_json(const json& doc) { return parse_index
 
 CheckpointIndex read_checkpoint_index(const std::string& dir) {
   const Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0)
-    throw InputError(index_path(dir), fmt::format("cannot read: {}", errno_text()));
+  if (fd.get() < 0) throw InputError(index_path(dir), fmt::format("cannot read: {}", errno_text()));
   return read_index_in(fd.get(), dir);
 }
 
@@ -785,13 +750,13 @@ void verify_checkpoint_file(const std::string& dir, const CheckpointFile& f) {
   // or a range the index gives to bytes that are not it.
   for (std::size_t j = 0; j < f.segments.size(); ++j)
     if (const auto& seg = f.segments[j]; segment_digests[j] != seg.sha256)
-      throw InputError(path, fmt::format("bytes [{}, {}) are not {} of unit {}, elements [{}, {}), "
-                                         "as the index says: their sha256 with that label is {}, "
-                                         "the index says {}",
-                                         seg.offset_bytes,
-                                         seg.offset_bytes + (seg.end - seg.begin) * kFloat,
-                                         seg.tensor, seg.unit, seg.begin, seg.end,
-                                         segment_digests[j], seg.sha256));
+      throw InputError(path,
+                       fmt::format("bytes [{}, {}) are not {} of unit {}, elements [{}, {}), "
+                                   "as the index says: their sha256 with that label is {}, "
+                                   "the index says {}",
+                                   seg.offset_bytes,
+                                   seg.offset_bytes + (seg.end - seg.begin) * kFloat, seg.tensor,
+                                   seg.unit, seg.begin, seg.end, segment_digests[j], seg.sha256));
 }
 
 void save_checkpoint(ShardingEngine& engine, comm::Communicator& world, const std::string& dir) {
@@ -836,7 +801,7 @@ void save_checkpoint(ShardingEngine& engine, comm::Communicator& world, const st
   if (world.rank() == 0)
     capture(failure, [&] {
       json files = json::array();
-      for (int s = 0; s < sl.group; ++s) { // world rank s is shard rank s of the first group
+      for (int s = 0; s < sl.group; ++s) {  // world rank s is shard rank s of the first group
         auto segments = part_segments(sl, s);
         json seg = json::array();
         for (std::size_t k = 0; k < segments.size(); ++k) {
@@ -885,8 +850,7 @@ LoadReport load_checkpoint(ShardingEngine& engine, comm::Communicator& world,
     } catch (const InputError& e) {
       throw InputError(index_path(dir), e.what());
     }
-    for (const auto& f : index.files)
-      check_size(dir, f);
+    for (const auto& f : index.files) check_size(dir, f);
   });
   agree(world, failure);
   // Each file's checksum once over the job.
@@ -906,8 +870,7 @@ LoadReport load_checkpoint(ShardingEngine& engine, comm::Communicator& world,
 
 Consolidated consolidate_checkpoint(const std::string& dir, const std::string& out) {
   const auto index = read_checkpoint_index(dir);
-  for (const auto& f : index.files)
-    verify_checkpoint_file(dir, f);
+  for (const auto& f : index.files) verify_checkpoint_file(dir, f);
   Consolidated c;
   c.step = index.step;
   // The whole model in memory (the executor held it to train it), then one output write: a
@@ -951,20 +914,17 @@ std::string params_sha256(ShardingEngine& engine) {
   return Sha256::hex(hash.finish());
 }
 
-std::vector<std::int64_t> saved_steps(std::int64_t first, std::int64_t steps,
-                                       std::int64_t every) {
+std::vector<std::int64_t> saved_steps(std::int64_t first, std::int64_t steps, std::int64_t every) {
   std::vector<std::int64_t> out;
   for (std::int64_t step = first + 1; step <= first + steps; ++step)
-    if (step == first + steps || (every > 0 && step % every == 0))
-      out.push_back(step);
+    if (step == first + steps || (every > 0 && step % every == 0)) out.push_back(step);
   return out;
 }
 
 void check_save_destination(const CheckpointOptions& o, const ShardingEngine& engine,
                             const std::vector<std::int64_t>& steps) {
   const fs::path root(o.save_dir);
-  for (const auto step : steps)
-    check_step_folder(root / step_folder(step));
+  for (const auto step : steps) check_step_folder(root / step_folder(step));
   std::error_code ec;
   const bool resumes_from_it =
       !o.resume_dir.empty() && fs::equivalent(o.save_dir, o.resume_dir, ec);
@@ -973,8 +933,8 @@ void check_save_destination(const CheckpointOptions& o, const ShardingEngine& en
       (::lstat(index_path(o.save_dir).c_str(), &st) != 0 && errno == ENOENT))
     return;
   auto refuse = [&](const std::string& what) {
-    throw InputError("--save", fmt::format("\"{}\" holds {}; --overwrite replaces it", o.save_dir,
-                                           what));
+    throw InputError("--save",
+                     fmt::format("\"{}\" holds {}; --overwrite replaces it", o.save_dir, what));
   };
   CheckpointIndex there;
   try {
@@ -1014,11 +974,9 @@ void RunCheckpoints::start(ShardingEngine& engine) {
   // DIR locked for the run by the rank that writes its index, before anything is loaded.
   const bool save = !o_.save_dir.empty(), writer = world_.rank() == 0;
   std::optional<InputError> failure;
-  if (save && writer)
-    capture(failure, [&] { lock_ = CheckpointLock::take(o_.save_dir); });
+  if (save && writer) capture(failure, [&] { lock_ = CheckpointLock::take(o_.save_dir); });
   agree(world_, failure);
-  if (!o_.resume_dir.empty())
-    resumed_step_ = load_checkpoint(engine, world_, o_.resume_dir).step;
+  if (!o_.resume_dir.empty()) resumed_step_ = load_checkpoint(engine, world_, o_.resume_dir).step;
   // The same on every rank: no agreement needed.
   const std::int64_t first = engine.steps_done();
   if (first > kMaxCheckpointStep - steps_)
@@ -1026,9 +984,8 @@ void RunCheckpoints::start(ShardingEngine& engine) {
                                              "the last a checkpoint may hold",
                                              o_.resume_dir, first, steps_, kMaxCheckpointStep));
   if (save && writer)
-    capture(failure, [&] {
-      check_save_destination(o_, engine, saved_steps(first, steps_, o_.save_every));
-    });
+    capture(failure,
+            [&] { check_save_destination(o_, engine, saved_steps(first, steps_, o_.save_every)); });
   agree(world_, failure);
   initial_sha256_ = params_sha256(engine);
 }
@@ -1039,8 +996,7 @@ void RunCheckpoints::after_step(ShardingEngine& engine, bool last) {
     save_checkpoint(engine, world_, o_.save_dir);
     saved_steps_.push_back(step);
   }
-  if (last)
-    final_sha256_ = params_sha256(engine);
+  if (last) final_sha256_ = params_sha256(engine);
 }
 
 void RunCheckpoints::report(json& doc) const {
@@ -1052,4 +1008,4 @@ void RunCheckpoints::report(json& doc) const {
     doc["execution"]["saved"] = {{"dir", o_.save_dir}, {"steps", saved_steps_}};
 }
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

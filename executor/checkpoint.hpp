@@ -16,7 +16,8 @@
 //   DIR/step-00000004/part-00001-of-00004.bin  shard rank 1's ranges, raw little-endian fp32
 //   DIR/step-00000004/index.json (and .sha256) a copy of step 4's index (paths relative to DIR):
 //                                              what marks the folder as this format's
-//   DIR/.lock                                  held by the executor writing DIR (checkpoint_lock.hpp)
+//   DIR/.lock                                  held by the executor writing DIR
+//   (checkpoint_lock.hpp)
 // Part s of S holds, for each state tensor in the order params, exp_avg, exp_avg_sq and each unit
 // in model order, the elements [s·chunk, min((s+1)·chunk, n)) of the unit's flat unpadded
 // parameter order (shard_layout.hpp), padding never saved. Every rank holds at least that range of
@@ -89,32 +90,33 @@ inline constexpr std::int64_t kMaxCheckpointStep = 1'000'000'000;
 
 // The run's checkpoint options (command_line.hpp).
 struct CheckpointOptions {
-  std::string save_dir;        // empty: no checkpoint is written
-  std::int64_t save_every = 0; // also after every step that is a multiple of this (0: only the end)
-  bool overwrite = false;      // save over another run's checkpoint in save_dir
-  std::string resume_dir;      // empty: start from the initial parameters
+  std::string save_dir;  // empty: no checkpoint is written
+  std::int64_t save_every =
+      0;                   // also after every step that is a multiple of this (0: only the end)
+  bool overwrite = false;  // save over another run's checkpoint in save_dir
+  std::string resume_dir;  // empty: start from the initial parameters
 };
 
 struct CheckpointSegment {
-  std::string tensor;     // "params", "exp_avg" or "exp_avg_sq"
-  std::int64_t unit = 0;  // 0 the embedding, 1..L the blocks, L + 1 the head
-  std::int64_t begin = 0; // elements [begin, end) of the unit's flat unpadded order
+  std::string tensor;      // "params", "exp_avg" or "exp_avg_sq"
+  std::int64_t unit = 0;   // 0 the embedding, 1..L the blocks, L + 1 the head
+  std::int64_t begin = 0;  // elements [begin, end) of the unit's flat unpadded order
   std::int64_t end = 0;
-  std::int64_t offset_bytes = 0; // where the range starts in the file
-  std::string sha256; // of its label line and its bytes (above), 64 lowercase hex digits
+  std::int64_t offset_bytes = 0;  // where the range starts in the file
+  std::string sha256;  // of its label line and its bytes (above), 64 lowercase hex digits
 };
 
 struct CheckpointFile {
-  std::string path; // relative to the checkpoint folder
+  std::string path;  // relative to the checkpoint folder
   std::int64_t bytes = 0;
-  std::string sha256; // of the whole file, 64 lowercase hex digits
+  std::string sha256;  // of the whole file, 64 lowercase hex digits
   std::vector<CheckpointSegment> segments;
 };
 
 struct CheckpointIndex {
-  std::int64_t step = 0; // optimizer steps done (AdamW's step and the training step)
-  nlohmann::json model;  // the model's shape, as model_shape_json writes it
-  nlohmann::json saved_by; // the plan that saved it (strategy, flavour, world_size, ...)
+  std::int64_t step = 0;    // optimizer steps done (AdamW's step and the training step)
+  nlohmann::json model;     // the model's shape, as model_shape_json writes it
+  nlohmann::json saved_by;  // the plan that saved it (strategy, flavour, world_size, ...)
   std::vector<std::int64_t> unit_elements;
   std::vector<CheckpointFile> files;
 };
@@ -137,8 +139,8 @@ nlohmann::json model_shape_json(const GptLayout& layout);
 void save_checkpoint(ShardingEngine& engine, comm::Communicator& world, const std::string& dir);
 
 struct LoadReport {
-  std::int64_t step = 0;       // the engine continues with step + 1
-  std::int64_t bytes_read = 0; // by this rank, of its ranges (the checksum pass not counted)
+  std::int64_t step = 0;        // the engine continues with step + 1
+  std::int64_t bytes_read = 0;  // by this rank, of its ranges (the checksum pass not counted)
 };
 // Collective over `world`: replaces the engine's parameters, moments and step with the
 // checkpoint's, whatever plan and world size saved it.
@@ -147,8 +149,8 @@ LoadReport load_checkpoint(ShardingEngine& engine, comm::Communicator& world,
 
 struct Consolidated {
   std::int64_t step = 0;
-  std::int64_t params = 0; // elements written
-  std::string sha256;      // of the written file
+  std::int64_t params = 0;  // elements written
+  std::string sha256;       // of the written file
 };
 // Not collective: verifies the checkpoint and writes the full fp32 parameters in model order
 // (every unit's flat buffer, unpadded, concatenated; little-endian), atomically, to `out` (like
@@ -190,10 +192,10 @@ private:
   CheckpointOptions o_;
   comm::Communicator& world_;
   std::int64_t steps_ = 0;
-  CheckpointLock lock_; // of o_.save_dir, on rank 0, for the whole run
+  CheckpointLock lock_;  // of o_.save_dir, on rank 0, for the whole run
   std::string initial_sha256_, final_sha256_;
   std::optional<std::int64_t> resumed_step_;
   std::vector<std::int64_t> saved_steps_;
 };
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

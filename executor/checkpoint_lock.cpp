@@ -32,12 +32,11 @@ std::string holder_of(int fd, const std::string& lock_path) {
   std::istringstream in(std::string(text.data(), n > 0 ? static_cast<std::size_t>(n) : 0));
   long long pid = 0;
   std::string host;
-  if (in >> pid >> host && pid > 0)
-    return fmt::format("pid {} on host {}", pid, host);
+  if (in >> pid >> host && pid > 0) return fmt::format("pid {} on host {}", pid, host);
   return fmt::format("another process ({} names none yet)", lock_path);
 }
 
-} // namespace
+}  // namespace
 
 CheckpointLock::CheckpointLock(CheckpointLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
 
@@ -47,8 +46,7 @@ CheckpointLock& CheckpointLock::operator=(CheckpointLock&& o) noexcept {
 }
 
 CheckpointLock::~CheckpointLock() {
-  if (fd_ >= 0)
-    ::close(fd_); // releases the lock
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 CheckpointLock CheckpointLock::take(const std::string& dir) {
@@ -59,15 +57,16 @@ CheckpointLock CheckpointLock::take(const std::string& dir) {
   const std::string path = (fs::path(dir) / kLockFile).string();
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   if (fd < 0)
-    throw InputError("--save", fmt::format("cannot write in \"{}\": {}", dir, std::strerror(errno)));
+    throw InputError("--save",
+                     fmt::format("cannot write in \"{}\": {}", dir, std::strerror(errno)));
   CheckpointLock lock(fd);
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
     throw InputError("--save", fmt::format("\"{}\" is not a regular file", path));
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK)
-      throw InputError("--save", fmt::format("\"{}\" is being written by {}", dir,
-                                             holder_of(fd, path)));
+      throw InputError("--save",
+                       fmt::format("\"{}\" is being written by {}", dir, holder_of(fd, path)));
     throw InputError("--save", fmt::format("cannot lock \"{}\": {}", path, std::strerror(errno)));
   }
   const std::string holder = fmt::format("{} {}\n", ::getpid(), comm::host_name());
@@ -77,4 +76,4 @@ CheckpointLock CheckpointLock::take(const std::string& dir) {
   return lock;
 }
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

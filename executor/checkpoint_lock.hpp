@@ -12,7 +12,7 @@ namespace shardplan::executor {
 
 class CheckpointLock {
 public:
-  CheckpointLock() = default; // holds nothing
+  CheckpointLock() = default;  // holds nothing
   CheckpointLock(CheckpointLock&& o) noexcept;
   CheckpointLock& operator=(CheckpointLock&& o) noexcept;
   CheckpointLock(const CheckpointLock&) = delete;
@@ -26,7 +26,7 @@ public:
 
 private:
   explicit CheckpointLock(int fd) : fd_(fd) {}
-  int fd_ = -1; // DIR/.lock, locked
+  int fd_ = -1;  // DIR/.lock, locked
 };
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

@@ -18,8 +18,7 @@ const char* collective_kind_name(CollectiveKind kind) {
 
 double CollectiveStats::seconds() const {
   double s = 0;
-  for (const auto& k : kinds)
-    s += k.seconds;
+  for (const auto& k : kinds) s += k.seconds;
   return s;
 }
 
@@ -33,4 +32,4 @@ CollectiveStats& CollectiveStats::operator+=(const CollectiveStats& other) {
   return *this;
 }
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

@@ -14,13 +14,13 @@ namespace shardplan::executor {
 // The kinds the run document reports (the collectives the sharding engine issues).
 enum class CollectiveKind { all_gather, reduce_scatter, all_reduce, other };
 inline constexpr std::size_t kCollectiveKindCount = 4;
-const char* collective_kind_name(CollectiveKind kind); // "all_gather", ...
+const char* collective_kind_name(CollectiveKind kind);  // "all_gather", ...
 
 struct CollectiveTally {
   std::int64_t calls = 0;
   double seconds = 0;
-  double size_bytes = 0; // sum of nccl-tests sizes
-  double bytes_sent = 0; // sum of size × bus factor
+  double size_bytes = 0;  // sum of nccl-tests sizes
+  double bytes_sent = 0;  // sum of size × bus factor
 };
 
 struct CollectiveStats {
@@ -29,8 +29,8 @@ struct CollectiveStats {
   const CollectiveTally& operator[](CollectiveKind k) const {
     return kinds[static_cast<std::size_t>(k)];
   }
-  double seconds() const; // all kinds
+  double seconds() const;  // all kinds
   CollectiveStats& operator+=(const CollectiveStats& other);
 };
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

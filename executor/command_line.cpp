@@ -20,22 +20,19 @@ void check_checkpoint_options(const CLI::App& app, const RunCommand& r, std::int
   std::error_code ec;
   const auto& c = r.checkpoint;
   const bool save = app.count("--save") > 0, resume = app.count("--resume") > 0;
-  if (save && c.save_dir.empty())
-    throw InputError("--save", "must name a folder, got \"\"");
+  if (save && c.save_dir.empty()) throw InputError("--save", "must name a folder, got \"\"");
   if (save && fs::exists(c.save_dir, ec) && !fs::is_directory(c.save_dir, ec))
     throw InputError("--save", fmt::format("\"{}\" exists and is not a folder", c.save_dir));
   if (app.count("--save-every") && !save)
     throw InputError("--save-every", fmt::format("{} needs --save DIR", save_every));
-  if (c.overwrite && !save)
-    throw InputError("--overwrite", "needs --save DIR");
+  if (c.overwrite && !save) throw InputError("--overwrite", "needs --save DIR");
   if (app.count("--save-every") && (save_every < 1 || save_every > 100000))
     throw InputError("--save-every",
                      fmt::format("must be between 1 and 100000, got {}", save_every));
-  if (resume && c.resume_dir.empty())
-    throw InputError("--resume", "must name a folder, got \"\"");
+  if (resume && c.resume_dir.empty()) throw InputError("--resume", "must name a folder, got \"\"");
   if (resume && !fs::is_regular_file(fs::path(c.resume_dir) / "index.json", ec))
-    throw InputError("--resume", fmt::format("no checkpoint in \"{}\" (no index.json)",
-                                             c.resume_dir));
+    throw InputError("--resume",
+                     fmt::format("no checkpoint in \"{}\" (no index.json)", c.resume_dir));
   if (r.rehearse_rank && (save || resume))
     throw InputError(save ? "--save" : "--resume",
                      "a rehearsal holds one rank's state only: not with --rehearse-rank");
@@ -45,11 +42,11 @@ void check_checkpoint_options(const CLI::App& app, const RunCommand& r, std::int
 // (core/number_text.hpp): decimal only, and a value given is used or refused, never taken
 // for "not given".
 struct RunTexts {
-  std::string layers, hidden, heads, kv_heads, intermediate, vocab, seq, capacity, rehearse,
-      world, steps, seed, lr, timeout, save_every;
+  std::string layers, hidden, heads, kv_heads, intermediate, vocab, seq, capacity, rehearse, world,
+      steps, seed, lr, timeout, save_every;
   std::string backend = "cpu";
   std::string fault;
-  std::string renamed; // the value of a renamed flag, refused
+  std::string renamed;  // the value of a renamed flag, refused
 };
 
 // Flags renamed to the names planner and scale-config use for the same thing: the old spelling
@@ -65,8 +62,7 @@ constexpr RenamedFlag kRenamed[] = {
     {"--scale-vocab", "--vocab"},           {"--scale-seq", "--seq-len"}};
 
 void add_renamed(CLI::App& app, std::string& sink) {
-  for (const auto& r : kRenamed)
-    app.add_option(r.old_name, sink)->group(""); // hidden from --help
+  for (const auto& r : kRenamed) app.add_option(r.old_name, sink)->group("");  // hidden from --help
 }
 
 void refuse_renamed(const CLI::App& app) {
@@ -96,8 +92,7 @@ void add_run_options(CLI::App& app, RunCommand& r, RunTexts& t) {
   app.add_option("--heads", t.heads, "... this many attention heads");
   app.add_option("--kv-heads", t.kv_heads,
                  "... this many key/value heads [default: keep the ratio]");
-  app.add_option("--intermediate", t.intermediate,
-                 "... this MLP width [default: keep the ratio]");
+  app.add_option("--intermediate", t.intermediate, "... this MLP width [default: keep the ratio]");
   app.add_option("--vocab", t.vocab, "... this vocabulary");
   app.add_option("--seq-len", t.seq, "run this many tokens per sequence instead of the plan's");
   app.add_option("--seed", t.seed,
@@ -155,11 +150,9 @@ CLI::App* add_consolidate(CLI::App& app, ConsolidateCommand& c) {
 
 // A number >= 1 from a given flag's text; 0 (the library's "derive it") when not given.
 std::int64_t positive_count(const CLI::App& a, const char* flag, const std::string& text) {
-  if (!a.count(flag))
-    return 0;
+  if (!a.count(flag)) return 0;
   const auto v = costmodel::int64_from_text(flag, text);
-  if (v < 1)
-    throw InputError(flag, fmt::format("must be >= 1, got {}", v));
+  if (v < 1) throw InputError(flag, fmt::format("must be >= 1, got {}", v));
   return v;
 }
 
@@ -172,8 +165,7 @@ void read_scale_config(const CLI::App& scale, const ScaleTexts& t, ScaleConfigCo
                        .intermediate = positive_count(scale, "--intermediate", t.intermediate),
                        .vocab = positive_count(scale, "--vocab", t.vocab),
                        .max_positions = positive_count(scale, "--max-positions", t.positions)};
-  if (sc.model.empty())
-    throw InputError("--model", "must name a preset or a file, got \"\"");
+  if (sc.model.empty()) throw InputError("--model", "must name a preset or a file, got \"\"");
 }
 
 // --backend, --plan and --out.
@@ -184,14 +176,10 @@ void read_backend_and_files(const CLI::App& app, const RunTexts& t, RunCommand& 
     r.backend = ComputeBackend::cuda;
   else
     throw InputError("--backend", fmt::format("must be cpu or cuda, got \"{}\"", t.backend));
-  if (!app.count("--plan"))
-    throw InputError("--plan", "missing: the plan document to run");
-  if (r.plan.empty())
-    throw InputError("--plan", "must name a file, got \"\"");
-  if (!app.count("--out"))
-    throw InputError("--out", "missing: the run document to write");
-  if (r.out.empty())
-    throw InputError("--out", "must name a file, got \"\"");
+  if (!app.count("--plan")) throw InputError("--plan", "missing: the plan document to run");
+  if (r.plan.empty()) throw InputError("--plan", "must name a file, got \"\"");
+  if (!app.count("--out")) throw InputError("--out", "missing: the run document to write");
+  if (r.out.empty()) throw InputError("--out", "must name a file, got \"\"");
 }
 
 // --steps, --seed, --lr and --gpu-memory-GiB.
@@ -202,8 +190,7 @@ void read_run_numbers(const CLI::App& app, const RunTexts& t, RunCommand& r) {
       throw InputError("--steps", fmt::format("must be between 1 and 100000, got {}", n));
     r.request.steps = n;
   }
-  if (app.count("--seed"))
-    r.request.seed = costmodel::uint64_from_text("--seed", t.seed);
+  if (app.count("--seed")) r.request.seed = costmodel::uint64_from_text("--seed", t.seed);
   if (app.count("--lr")) {
     r.request.lr = costmodel::double_from_text("--lr", t.lr);
     if (!(r.request.lr > 0 && r.request.lr < 1))
@@ -219,9 +206,9 @@ void read_run_numbers(const CLI::App& app, const RunTexts& t, RunCommand& r) {
 
 // The model size flags (--layers, --hidden, ...) and --seq-len.
 void read_scale(const CLI::App& app, const RunTexts& t, RunCommand& r) {
-  const bool any_scale = app.count("--layers") || app.count("--hidden") ||
-                         app.count("--heads") || app.count("--kv-heads") ||
-                         app.count("--intermediate") || app.count("--vocab");
+  const bool any_scale = app.count("--layers") || app.count("--hidden") || app.count("--heads") ||
+                         app.count("--kv-heads") || app.count("--intermediate") ||
+                         app.count("--vocab");
   if (any_scale) {
     const ScaledSize size{.layers = positive_count(app, "--layers", t.layers),
                           .hidden = positive_count(app, "--hidden", t.hidden),
@@ -235,8 +222,7 @@ void read_scale(const CLI::App& app, const RunTexts& t, RunCommand& r) {
                                "--vocab, each >= 1");
     r.request.scale = size;
   }
-  if (app.count("--seq-len"))
-    r.request.scale_seq = positive_count(app, "--seq-len", t.seq);
+  if (app.count("--seq-len")) r.request.scale_seq = positive_count(app, "--seq-len", t.seq);
 }
 
 // --rehearse-rank and --world, and --collective-streams, which a rehearsal cannot have.
@@ -279,12 +265,12 @@ void read_checkpoint_and_faults(const CLI::App& app, const RunTexts& t, RunComma
   if (app.count("--inject-fault")) {
     r.fault = comm::parse_fault_injection(t.fault);
     if (!r.fault)
-      throw InputError("--inject-fault",
-                       fmt::format("expected {}, got \"{}\"", comm::kFaultInjectionSyntax, t.fault));
+      throw InputError("--inject-fault", fmt::format("expected {}, got \"{}\"",
+                                                     comm::kFaultInjectionSyntax, t.fault));
   }
 }
 
-} // namespace
+}  // namespace
 
 CommandLine parse_command_line(int argc, const char* const* argv) {
   CLI::App app{
@@ -313,7 +299,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
         app.get_subcommands().empty() ? app.help() : app.get_subcommands().front()->help();
     return cl;
   } catch (const CLI::CallForVersion& e) {
-    cl.command = CommandLine::Command::help; // printed as the help is
+    cl.command = CommandLine::Command::help;  // printed as the help is
     cl.help_text = std::string(e.what()) + "\n";
     return cl;
   } catch (const CLI::ParseError& e) {
@@ -326,8 +312,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     return cl;
   }
   if (consolidate->parsed()) {
-    if (cl.consolidate.out.empty())
-      throw InputError("--out", "must name a file, got \"\"");
+    if (cl.consolidate.out.empty()) throw InputError("--out", "must name a file, got \"\"");
     cl.command = CommandLine::Command::consolidate;
     return cl;
   }
@@ -340,4 +325,4 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   return cl;
 }
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

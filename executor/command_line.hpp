@@ -36,12 +36,12 @@ struct RunCommand {
   std::string plan;
   std::string out;
   RunRequest request;
-  std::optional<double> capacity_GiB; // on a GPU: the most bytes its memory pool may reserve
+  std::optional<double> capacity_GiB;  // on a GPU: the most bytes its memory pool may reserve
   std::optional<int> rehearse_rank;
-  std::optional<int> world; // with --rehearse-rank
-  double timeout_s = 300;   // a rank without progress for this long ends the job (watchdog)
-  std::optional<comm::FaultInjection> fault; // --inject-fault, for the tests of the above
-  CheckpointOptions checkpoint;              // --save, --save-every, --overwrite, --resume
+  std::optional<int> world;  // with --rehearse-rank
+  double timeout_s = 300;    // a rank without progress for this long ends the job (watchdog)
+  std::optional<comm::FaultInjection> fault;  // --inject-fault, for the tests of the above
+  CheckpointOptions checkpoint;               // --save, --save-every, --overwrite, --resume
 };
 
 struct ScaleConfigCommand {
@@ -51,8 +51,8 @@ struct ScaleConfigCommand {
 };
 
 struct ConsolidateCommand {
-  std::string dir; // the checkpoint
-  std::string out; // model.bin
+  std::string dir;  // the checkpoint
+  std::string out;  // model.bin
 };
 
 struct CommandLine {
@@ -67,4 +67,4 @@ struct CommandLine {
 // Throws costmodel::InputError.
 CommandLine parse_command_line(int argc, const char* const* argv);
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

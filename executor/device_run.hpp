@@ -15,24 +15,24 @@
 #include <memory>
 #include <string>
 
-#include "kernels/backend.hpp"
 #include "executor/engine.hpp"
+#include "kernels/backend.hpp"
 #include "kernels/memory_source.hpp"
 
 namespace shardplan::executor {
 
 struct DeviceFootprint {
-  std::string name;                      // "NVIDIA H200"
-  std::int64_t total_bytes = 0;          // the device's memory
-  std::int64_t context_bytes = 0;        // see above
-  std::int64_t nccl_bytes = 0;           // 0 without communicators (a rehearsal)
-  std::int64_t reserved_peak_bytes = 0;  // the pool's highest reserved
-  std::int64_t allocated_peak_bytes = 0; // its highest allocated (requests rounded to 512 B)
-  std::int64_t segments = 0;             // cudaMalloc'ed segments held at the end
+  std::string name;                       // "NVIDIA H200"
+  std::int64_t total_bytes = 0;           // the device's memory
+  std::int64_t context_bytes = 0;         // see above
+  std::int64_t nccl_bytes = 0;            // 0 without communicators (a rehearsal)
+  std::int64_t reserved_peak_bytes = 0;   // the pool's highest reserved
+  std::int64_t allocated_peak_bytes = 0;  // its highest allocated (requests rounded to 512 B)
+  std::int64_t segments = 0;              // cudaMalloc'ed segments held at the end
 };
 
 class DeviceRun {
- public:
+public:
   DeviceRun() = default;
   DeviceRun(const DeviceRun&) = delete;
   DeviceRun& operator=(const DeviceRun&) = delete;
@@ -56,4 +56,4 @@ class DeviceRun {
 // costmodel::InputError (--backend) in a build without CUDA or on a host without a GPU.
 std::unique_ptr<DeviceRun> open_device(int device, std::int64_t limit_bytes);
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

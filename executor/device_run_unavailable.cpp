@@ -11,4 +11,4 @@ std::unique_ptr<DeviceRun> open_device(int, std::int64_t) {
                               "found when it was configured)");
 }
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

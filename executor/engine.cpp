@@ -25,7 +25,7 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-} // namespace
+}  // namespace
 
 struct ShardingEngine::Impl {
   virtual ~Impl() = default;
@@ -47,9 +47,7 @@ namespace {
 template <class S> class StepLoop final : public ShardingEngine::Impl {
 public:
   StepLoop(EngineOptions options, TrackedAllocator& allocator, EngineGroups groups)
-      : state_(std::move(options), allocator, groups),
-        grads_(state_),
-        gathers_(state_),
+      : state_(std::move(options), allocator, groups), grads_(state_), gathers_(state_),
         optimizer_(state_) {}
 
   StepReport step() override;
@@ -62,8 +60,7 @@ public:
   int backward_prefetch() const override { return gathers_.depth().backward; }
   ShardingEngine::UnitState unit_state(std::int64_t u) override;
   void set_steps_done(std::int64_t steps) override {
-    if (steps < 0)
-      throw std::invalid_argument(fmt::format("{} steps done", steps));
+    if (steps < 0) throw std::invalid_argument(fmt::format("{} steps done", steps));
     state_.step_count = steps;
   }
 
@@ -74,14 +71,13 @@ private:
 
   // What the forward leaves for the backward: each block's saved activations, the head's.
   struct ForwardResult {
-    std::vector<BlockActivations<S>> saved; // [blocks]
+    std::vector<BlockActivations<S>> saved;  // [blocks]
     std::optional<HeadForward<S>> head;
   };
 
   double micro_batch(std::int64_t mb, bool reduce_now);
   ForwardResult forward(std::int64_t mb, const TokenBatch& tokens);
-  void backward(std::int64_t mb, const TokenBatch& tokens, ForwardResult& fwd,
-                bool reduce_now);
+  void backward(std::int64_t mb, const TokenBatch& tokens, ForwardResult& fwd, bool reduce_now);
   void finish_step();
   void fill_timings(StepReport& report);
   double global_loss(double local);
@@ -114,7 +110,7 @@ typename StepLoop<S>::ForwardResult StepLoop<S>::forward(std::int64_t mb,
   const auto& b = st.options.micro_batch;
   ForwardResult fwd;
   fwd.saved.resize(static_cast<std::size_t>(units - 2));
-  TrackedBuffer<S> x; // the activations between units [batch, seq, hidden]
+  TrackedBuffer<S> x;  // the activations between units [batch, seq, hidden]
   for (std::int64_t u = 0; u < units; ++u) {
     st.phase("forward", u, mb);
     gathers_.acquire(u);
@@ -129,8 +125,8 @@ typename StepLoop<S>::ForwardResult StepLoop<S>::forward(std::int64_t mb,
         x = std::move(f.output);
         fwd.saved[static_cast<std::size_t>(u - 1)] = std::move(f.saved);
       } else {
-        fwd.head.emplace(st.model.forward_head(params, gathers_.embedding_for_head(),
-                                               std::move(x), tokens.targets.span(), b));
+        fwd.head.emplace(st.model.forward_head(params, gathers_.embedding_for_head(), std::move(x),
+                                               tokens.targets.span(), b));
       }
     });
     // Gathered units the backward gathers again; DDP's copy of the embedding.
@@ -148,21 +144,20 @@ void StepLoop<S>::backward(std::int64_t mb, const TokenBatch& tokens, ForwardRes
   const auto& b = st.options.micro_batch;
   const double scale = optimizer_.loss_scaler().scale() /
                        (static_cast<double>(st.options.grad_accumulation) * st.shards.world);
-  TrackedBuffer<S> dx; // the gradient of the activations between units
+  TrackedBuffer<S> dx;  // the gradient of the activations between units
   for (std::int64_t u = st.unit_count() - 1; u >= 0; --u) {
     st.phase("backward", u, mb);
     gathers_.acquire(u, true);
     gathers_.wait_for_gathers(u);
     gathers_.prefetch_backward(u);
     grads_.ensure_target(u);
-    if (st.is_head(u) && st.tied())
-      grads_.ensure_target(0); // the head adds into the embedding's
+    if (st.is_head(u) && st.tied()) grads_.ensure_target(0);  // the head adds into the embedding's
     st.timed_compute(Part::backward, [&] {
       if (st.is_head(u)) {
         dx = st.model.backward_head(gathers_.params_for(u), gathers_.embedding_for_head(),
                                     std::move(fwd.head->saved), tokens.targets.span(),
-                                    grads_.target(u),
-                                    st.tied() ? grads_.target(0) : std::span<S>{}, scale);
+                                    grads_.target(u), st.tied() ? grads_.target(0) : std::span<S>{},
+                                    scale);
       } else if (u > 0) {
         dx = st.model.backward_block(gathers_.params_for(u),
                                      std::move(fwd.saved[static_cast<std::size_t>(u - 1)]),
@@ -171,11 +166,9 @@ void StepLoop<S>::backward(std::int64_t mb, const TokenBatch& tokens, ForwardRes
         st.model.backward_embedding(tokens.inputs.span(), std::move(dx), grads_.target(0), b);
       }
     });
-    if (gathers_.needs_gather(u) || gathers_.needs_copy(u))
-      gathers_.release(u);
+    if (gathers_.needs_gather(u) || gathers_.needs_copy(u)) gathers_.release(u);
     grads_.widen_whole(u);
-    if (reduce_now)
-      grads_.reduce_unit(u);
+    if (reduce_now) grads_.reduce_unit(u);
   }
   grads_.widen_reduced();
 }
@@ -186,8 +179,7 @@ template <class S> void StepLoop<S>::finish_step() {
   auto& st = state_;
   st.phase("end of the step");
   for (auto* c : {st.streams.gather.get(), st.streams.reduce.get(), st.streams.replica.get()})
-    if (c != nullptr)
-      c->synchronize();
+    if (c != nullptr) c->synchronize();
   st.backend.synchronize();
   grads_.release_step_gradients();
 }
@@ -215,8 +207,7 @@ template <class S> void StepLoop<S>::fill_timings(StepReport& r) {
 // The loss of the global batch (outside the step's time), in memory the world's collectives use.
 template <class S> double StepLoop<S>::global_loss(double local) {
   auto& st = state_;
-  if (st.groups.stand_in)
-    return local;
+  if (st.groups.stand_in) return local;
   st.phase("loss");
   auto* world = st.groups.world;
   auto buffer = world->allocate(sizeof(double));
@@ -248,8 +239,7 @@ template <class S> StepReport StepLoop<S>::step() {
   bool updated = true;
   st.timed(Part::optimizer, [&] { updated = optimizer_.run(); });
   r.skipped = !updated;
-  if (updated)
-    gathers_.gather_updated_parameters();
+  if (updated) gathers_.gather_updated_parameters();
   finish_step();
   r.step_s = seconds_since(t0);
   r.step_cpu_s = thread_cpu_seconds() - c0;
@@ -297,24 +287,23 @@ template <class S> ShardingEngine::UnitState StepLoop<S>::unit_state(std::int64_
   }
 }
 
-std::unique_ptr<ShardingEngine::Impl> make_engine(EngineOptions options,
-                                                  TrackedAllocator& allocator,
-                                                  EngineGroups groups) {
+std::unique_ptr<ShardingEngine::Impl>
+make_engine(EngineOptions options, TrackedAllocator& allocator, EngineGroups groups) {
   switch (costmodel::compute_dtype(options.precision)) {
-    case costmodel::DType::bf16:
-      if (options.precision == costmodel::Precision::bf16_mixed)
-        return std::make_unique<StepLoop<bf16>>(std::move(options), allocator, groups);
-      break;
-    case costmodel::DType::fp16:
-      return std::make_unique<StepLoop<f16>>(std::move(options), allocator, groups);
-    default:
-      return std::make_unique<StepLoop<float>>(std::move(options), allocator, groups);
+  case costmodel::DType::bf16:
+    if (options.precision == costmodel::Precision::bf16_mixed)
+      return std::make_unique<StepLoop<bf16>>(std::move(options), allocator, groups);
+    break;
+  case costmodel::DType::fp16:
+    return std::make_unique<StepLoop<f16>>(std::move(options), allocator, groups);
+  default:
+    return std::make_unique<StepLoop<float>>(std::move(options), allocator, groups);
   }
   throw std::invalid_argument(
       "pure bf16 (bf16 optimizer states) is not run by the executor; use bf16-mixed");
 }
 
-} // namespace
+}  // namespace
 
 PrecisionPolicy precision_policy(costmodel::Precision p, const costmodel::ShardingSpec& spec) {
   using costmodel::Precision;
@@ -322,8 +311,7 @@ PrecisionPolicy precision_policy(costmodel::Precision p, const costmodel::Shardi
   if (p == Precision::bf16)
     throw std::invalid_argument(
         "pure bf16 (bf16 optimizer states) is not run by the executor; use bf16-mixed");
-  if (p == Precision::fp32)
-    return policy;
+  if (p == Precision::fp32) return policy;
   const auto b = costmodel::state_bytes(p, spec, costmodel::Accounting::framework);
   policy.low_params = b.param < 4;
   policy.autocast_copies = spec.flavour == costmodel::Flavour::ddp && b.compute < b.param;
@@ -375,35 +363,19 @@ ShardingEngine::ShardingEngine(EngineOptions options, TrackedAllocator& allocato
 
 ShardingEngine::~ShardingEngine() = default;
 
-StepReport ShardingEngine::step() {
-  return impl_->step();
-}
+StepReport ShardingEngine::step() { return impl_->step(); }
 std::vector<float> ShardingEngine::full_parameters(std::int64_t unit) {
   return impl_->full_parameters(unit);
 }
-const GptLayout& ShardingEngine::layout() const {
-  return impl_->layout();
-}
-const ShardLayout& ShardingEngine::shards() const {
-  return impl_->shards();
-}
-const EngineOptions& ShardingEngine::options() const {
-  return impl_->options();
-}
-std::int64_t ShardingEngine::steps_done() const {
-  return impl_->steps_done();
-}
+const GptLayout& ShardingEngine::layout() const { return impl_->layout(); }
+const ShardLayout& ShardingEngine::shards() const { return impl_->shards(); }
+const EngineOptions& ShardingEngine::options() const { return impl_->options(); }
+std::int64_t ShardingEngine::steps_done() const { return impl_->steps_done(); }
 ShardingEngine::UnitState ShardingEngine::unit_state(std::int64_t unit) {
   return impl_->unit_state(unit);
 }
-void ShardingEngine::set_steps_done(std::int64_t steps) {
-  impl_->set_steps_done(steps);
-}
-int ShardingEngine::forward_prefetch() const {
-  return impl_->forward_prefetch();
-}
-int ShardingEngine::backward_prefetch() const {
-  return impl_->backward_prefetch();
-}
+void ShardingEngine::set_steps_done(std::int64_t steps) { impl_->set_steps_done(steps); }
+int ShardingEngine::forward_prefetch() const { return impl_->forward_prefetch(); }
+int ShardingEngine::backward_prefetch() const { return impl_->backward_prefetch(); }
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

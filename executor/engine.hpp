@@ -75,23 +75,23 @@
 #include "costmodel/job.hpp"
 #include "costmodel/model.hpp"
 #include "costmodel/sharding.hpp"
-#include "kernels/adamw.hpp"
-#include "kernels/backend.hpp"
 #include "executor/collective_stats.hpp"
 #include "executor/gpt_model.hpp"
 #include "executor/shard_layout.hpp"
 #include "executor/tracked_allocator.hpp"
+#include "kernels/adamw.hpp"
+#include "kernels/backend.hpp"
 
 namespace shardplan::executor {
 
 struct EngineOptions {
-  costmodel::ModelSpec model; // the model that runs
+  costmodel::ModelSpec model;  // the model that runs
   costmodel::ShardingSpec spec;
-  BatchShape micro_batch;             // sequences per micro-batch × tokens per sequence
-  std::int64_t grad_accumulation = 1; // micro-batches per optimizer step on each rank
+  BatchShape micro_batch;              // sequences per micro-batch × tokens per sequence
+  std::int64_t grad_accumulation = 1;  // micro-batches per optimizer step on each rank
   Checkpointing checkpointing = Checkpointing::none;
   AdamWOptions adamw;
-  std::uint64_t seed = 1234; // initial parameters and tokens
+  std::uint64_t seed = 1234;  // initial parameters and tokens
   // Prefetch. The plan's forward/backward_prefetch and max_inflight_allgathers say how far ahead
   // a GPU framework issues all-gathers so that they overlap compute (on CPUs too with collective
   // streams, comm/host_stream.hpp). Where collectives block the computing thread (plain MPI
@@ -124,11 +124,11 @@ struct EngineOptions {
 // bytes per state (costmodel::state_bytes) so that what the engine keeps is what the cost model
 // counts. All false for fp32.
 struct PrecisionPolicy {
-  bool low_params = false;      // parameters at rest in 16 bits, an fp32 master beside (DeepSpeed)
-  bool autocast_copies = false; // 16-bit copies of fp32 parameters while a unit is in use (DDP)
-  bool low_whole_grads = false; // whole gradients kept in 16 bits (DeepSpeed ZeRO-1), else fp32
-  bool low_kept_chunk = false;  // reduced chunks kept in 16 bits (DeepSpeed ZeRO-2), else fp32
-  bool loss_scaling = false;    // fp16: dynamic loss scaling
+  bool low_params = false;       // parameters at rest in 16 bits, an fp32 master beside (DeepSpeed)
+  bool autocast_copies = false;  // 16-bit copies of fp32 parameters while a unit is in use (DDP)
+  bool low_whole_grads = false;  // whole gradients kept in 16 bits (DeepSpeed ZeRO-1), else fp32
+  bool low_kept_chunk = false;   // reduced chunks kept in 16 bits (DeepSpeed ZeRO-2), else fp32
+  bool loss_scaling = false;     // fp16: dynamic loss scaling
 };
 // Throws std::invalid_argument for what the engine does not run: pure bf16 (bf16 optimizer
 // states), a reduce dtype other than the type the gradients are in.
@@ -137,10 +137,10 @@ PrecisionPolicy precision_policy(costmodel::Precision precision,
 
 // The groups the engine's collectives run in. Not owned.
 struct EngineGroups {
-  comm::Communicator* world = nullptr;   // every rank
-  comm::Communicator* shard = nullptr;   // the shard group (the world without HSDP): all-gathers
-  comm::Communicator* replica = nullptr; // across shard groups; nullptr with a single group
-  bool stand_in = false;                 // rehearsal: collectives are local copies
+  comm::Communicator* world = nullptr;    // every rank
+  comm::Communicator* shard = nullptr;    // the shard group (the world without HSDP): all-gathers
+  comm::Communicator* replica = nullptr;  // across shard groups; nullptr with a single group
+  bool stand_in = false;                  // rehearsal: collectives are local copies
   // The shard group again, for the gradient reductions: on a GPU its own NCCL communicator, so
   // that reductions queue on their own stream beside the all-gathers (FSDP's and DeepSpeed's
   // separate reduce-scatter stream). nullptr: the shard group's.
@@ -159,22 +159,22 @@ OwnedGroups make_groups(comm::Communicator& world, const costmodel::ShardingSpec
                         bool separate_reduce_stream = false);
 
 struct StepReport {
-  std::int64_t step = 0;       // 1-based
-  double loss = 0;             // mean over the global batch (this rank's alone in a rehearsal)
-  double step_s = 0;           // wall time of the step on this rank
-  double compute_s = 0;        // forward, backward and recompute
-  double forward_s = 0;        // the forward of every micro-batch
-  double backward_s = 0;       // the backward of every micro-batch (and its recompute)
-  double optimizer_s = 0;      // AdamW over this rank's part
-  double copy_s = 0;           // gradient copies into and out of buckets, accumulation adds
+  std::int64_t step = 0;   // 1-based
+  double loss = 0;         // mean over the global batch (this rank's alone in a rehearsal)
+  double step_s = 0;       // wall time of the step on this rank
+  double compute_s = 0;    // forward, backward and recompute
+  double forward_s = 0;    // the forward of every micro-batch
+  double backward_s = 0;   // the backward of every micro-batch (and its recompute)
+  double optimizer_s = 0;  // AdamW over this rank's part
+  double copy_s = 0;       // gradient copies into and out of buckets, accumulation adds
   // Time the compute waited for collectives it depends on (a GPU's compute stream, or the CPU's
   // computing thread with collective streams, stalled on the all-gather, reduce and replica
   // streams: the communication that did not overlap). 0 where collectives block the computing
   // thread: their time is in `collectives`.
   double comm_wait_s = 0;
-  double gather_wait_s = 0;  // ... on the all-gathers' stream
-  double reduce_wait_s = 0;  // ... on the reductions' stream
-  double replica_wait_s = 0; // ... on the replica all-reduce's stream (HSDP)
+  double gather_wait_s = 0;   // ... on the all-gathers' stream
+  double reduce_wait_s = 0;   // ... on the reductions' stream
+  double replica_wait_s = 0;  // ... on the replica all-reduce's stream (HSDP)
   // fp16-mixed: the loss scale the step's backward used, and whether its gradients overflowed
   // (the update was skipped and the scale halved). 1 and false otherwise.
   double loss_scale = 1;
@@ -191,7 +191,7 @@ struct StepReport {
 
 class ShardingEngine {
 public:
-  struct Impl; // the engine for one compute type (engine.cpp)
+  struct Impl;  // the engine for one compute type (engine.cpp)
 
   // Allocates this rank's parameters (initialised element by element, param_init.hpp) and
   // optimizer states, and the plan's persistent buffers. Throws OutOfMemory past the allocator's
@@ -237,4 +237,4 @@ private:
   std::unique_ptr<Impl> impl_;
 };
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

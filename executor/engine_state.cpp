@@ -15,8 +15,7 @@ namespace shardplan::executor {
 namespace {
 
 void check_group(const comm::Communicator* c, int size, int rank, const char* name) {
-  if (c == nullptr)
-    throw std::invalid_argument(fmt::format("the {} group is missing", name));
+  if (c == nullptr) throw std::invalid_argument(fmt::format("the {} group is missing", name));
   if (c->size() != size || c->rank() != rank)
     throw std::invalid_argument(
         fmt::format("the {} group has rank {} of {}, the layout needs {} of {}", name, c->rank(),
@@ -32,7 +31,7 @@ template <class S> Backend<S>* backend_of(const EngineOptions& o) {
     return o.backend_f16;
 }
 
-} // namespace
+}  // namespace
 
 double thread_cpu_seconds() {
   timespec t{};
@@ -42,8 +41,7 @@ double thread_cpu_seconds() {
 
 void check_engine_options(const EngineOptions& o, const EngineGroups& groups) {
   const auto& spec = o.spec;
-  if (groups.world == nullptr)
-    throw std::invalid_argument("the world group is missing");
+  if (groups.world == nullptr) throw std::invalid_argument("the world group is missing");
   if (spec.shard_parameters && !spec.shard_gradients)
     throw std::invalid_argument(
         "shard_parameters needs shard_gradients (no framework does otherwise)");
@@ -62,16 +60,13 @@ std::string phase_text(std::int64_t step, std::int64_t grad_accumulation, const 
   if (micro_batch >= 0 && grad_accumulation > 1)
     text += fmt::format(" micro-batch {}", micro_batch + 1);
   text += fmt::format(" {}", part);
-  if (unit >= 0)
-    text += fmt::format(" unit {}", unit);
+  if (unit >= 0) text += fmt::format(" unit {}", unit);
   return text;
 }
 
 template <class S>
 EngineState<S>::EngineState(EngineOptions opts, TrackedAllocator& device, EngineGroups groups_in)
-    : options(std::move(opts)),
-      allocator(device),
-      groups(groups_in),
+    : options(std::move(opts)), allocator(device), groups(groups_in),
       host_backend(backend_of<S>(options) ? nullptr
                                           : std::make_unique<HostBackend<S>>(&device.source())),
       backend(backend_of<S>(options) ? *backend_of<S>(options) : *host_backend),
@@ -81,8 +76,8 @@ EngineState<S>::EngineState(EngineOptions opts, TrackedAllocator& device, Engine
   offload = offload_policy(options.spec);
   if (offload.optimizer && !allocator.host_accessible())
     throw std::invalid_argument("offload runs on the CPU backend (its host pool is the heap)");
-  shards = make_shard_layout(model.layout(), options.spec, groups.world->size(),
-                             groups.world->rank());
+  shards =
+      make_shard_layout(model.layout(), options.spec, groups.world->size(), groups.world->rank());
   make_streams();
   units.resize(static_cast<std::size_t>(model.layout().unit_count()));
   allocate_parameters();
@@ -148,7 +143,7 @@ template <class S> void EngineState<S>::allocate_optimizer_states() {
     const auto& us = shape(u);
     const std::int64_t n = spec.shard_optimizer ? us.chunk : us.size;
     TrackedAllocator& states = optimizer_allocator();
-    if (policy.low_params) { // DeepSpeed's fp32 master partition
+    if (policy.low_params) {  // DeepSpeed's fp32 master partition
       buffers.params = states.allocate<A>(MemoryCategory::optimizer_states, n);
       write_initial(buffers.params, u, spec.shard_optimizer ? shards.chunk_begin(u) : 0);
     } else if (offload.optimizer && !(offload.params && us.params_sharded)) {
@@ -167,8 +162,7 @@ void EngineState<S>::write_initial(TrackedBuffer<T>& out, std::int64_t u, std::i
   std::vector<A> values(static_cast<std::size_t>(n));
   init_unit_params<A>(model.layout(), u, options.seed, first, values);
   std::vector<T> typed(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i)
-    typed[i] = narrow<T>(values[i]);
+  for (std::size_t i = 0; i < values.size(); ++i) typed[i] = narrow<T>(values[i]);
   if (allocator.host_accessible())
     std::copy(typed.begin(), typed.end(), out.data());
   else
@@ -179,4 +173,4 @@ template struct EngineState<float>;
 template struct EngineState<bf16>;
 template struct EngineState<f16>;
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

@@ -38,10 +38,10 @@ std::string phase_text(std::int64_t step, std::int64_t grad_accumulation, const 
 // and `padded` are its shard layout's (shard_layout.hpp).
 template <class S> struct UnitBuffers {
   using A = accum_t<S>;
-  TrackedBuffer<A> params;     // fp32 parameters at rest [chunk or whole]; DeepSpeed: the master
-  TrackedBuffer<S> low_params; // DeepSpeed's S parameters at rest [chunk or whole]
-  TrackedBuffer<A> exp_avg;    // AdamW's first moment [chunk (sharded optimizer) or whole]
-  TrackedBuffer<A> exp_avg_sq; // ... second moment, the same shape
+  TrackedBuffer<A> params;      // fp32 parameters at rest [chunk or whole]; DeepSpeed: the master
+  TrackedBuffer<S> low_params;  // DeepSpeed's S parameters at rest [chunk or whole]
+  TrackedBuffer<A> exp_avg;     // AdamW's first moment [chunk (sharded optimizer) or whole]
+  TrackedBuffer<A> exp_avg_sq;  // ... second moment, the same shape
   // Whole gradient (unsharded gradients) [whole], alive from first use to the step's end, fp32
   // or S (DeepSpeed ZeRO-1).
   TrackedBuffer<A> whole_grads;
@@ -49,9 +49,9 @@ template <class S> struct UnitBuffers {
   // S gradient of one micro-batch: sharded gradients' full gradient [padded]; with fp32 whole
   // gradients the unit's backward output [whole], widened into them after the backward.
   TrackedBuffer<S> micro_batch_grads;
-  TrackedBuffer<A> grad_chunk;     // reduced chunk (sharded gradients) [chunk], fp32 or
-  TrackedBuffer<S> low_grad_chunk; // ... S: from its first reduce to the step's end
-  TrackedBuffer<S> gathered;       // all-gathered parameters [padded], or DDP's S copy [whole]
+  TrackedBuffer<A> grad_chunk;      // reduced chunk (sharded gradients) [chunk], fp32 or
+  TrackedBuffer<S> low_grad_chunk;  // ... S: from its first reduce to the step's end
+  TrackedBuffer<S> gathered;        // all-gathered parameters [padded], or DDP's S copy [whole]
   // Optimizer offload where the device keeps the fp32 parameters (PyTorch's flavours, fp32):
   // the host's fp32 copy of this rank's part of them [chunk or whole], AdamW's master
   // (host_offload.hpp).
@@ -77,23 +77,23 @@ template <class S> struct EngineState {
   EngineState(EngineOptions options, TrackedAllocator& allocator, EngineGroups groups);
 
   EngineOptions options;
-  TrackedAllocator& allocator; // the device's
+  TrackedAllocator& allocator;  // the device's
   EngineGroups groups;
-  std::unique_ptr<Backend<S>> host_backend; // when the options name none
+  std::unique_ptr<Backend<S>> host_backend;  // when the options name none
   Backend<S>& backend;
   GptModel<S> model;
   PrecisionPolicy policy;
   ShardLayout shards;
-  CollectiveStats stats; // of the current step
+  CollectiveStats stats;  // of the current step
   EngineStreams streams;
   // Offloaded states (host_offload.hpp): a pool of its own, not the device's; declared before the
   // units so that it outlives their buffers.
   OffloadPolicy offload;
   TrackedAllocator host_pool;
   std::vector<UnitBuffers<S>> units;
-  std::int64_t step_count = 0;  // steps begun, the current one included (1-based)
-  double compute_cpu_s = 0;     // of the current step's compute, seconds
-  double initial_loss_scale = 1; // fp16-mixed: the options', checked; 1 otherwise
+  std::int64_t step_count = 0;    // steps begun, the current one included (1-based)
+  double compute_cpu_s = 0;       // of the current step's compute, seconds
+  double initial_loss_scale = 1;  // fp16-mixed: the options', checked; 1 otherwise
 
   std::int64_t unit_count() const { return static_cast<std::int64_t>(units.size()); }
   const UnitShards& shape(std::int64_t u) const {
@@ -142,4 +142,4 @@ extern template struct EngineState<float>;
 extern template struct EngineState<bf16>;
 extern template struct EngineState<f16>;
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

@@ -13,8 +13,7 @@ bool kept_through_backward(const costmodel::ShardingSpec& spec, std::int64_t uni
 PrefetchDepth prefetch_depth(const costmodel::ShardingSpec& spec, bool prefetch_as_planned,
                              std::int64_t block_elements) {
   PrefetchDepth depth;
-  if (!prefetch_as_planned || !spec.shard_parameters)
-    return depth;
+  if (!prefetch_as_planned || !spec.shard_parameters) return depth;
   depth.forward = spec.forward_prefetch;
   depth.backward = spec.backward_prefetch;
   const double block = static_cast<double>(block_elements);
@@ -25,9 +24,8 @@ PrefetchDepth prefetch_depth(const costmodel::ShardingSpec& spec, bool prefetch_
 
 template <class S>
 GatherScheduler<S>::GatherScheduler(EngineState<S>& state)
-    : state_(state),
-      depth_(prefetch_depth(state.spec(), state.options.prefetch_as_planned,
-                            state.model.layout().block().size)) {}
+    : state_(state), depth_(prefetch_depth(state.spec(), state.options.prefetch_as_planned,
+                                           state.model.layout().block().size)) {}
 
 template <class S> bool GatherScheduler<S>::needs_gather(std::int64_t u) const {
   return state_.shape(u).params_sharded ||
@@ -50,8 +48,7 @@ template <class S> bool GatherScheduler<S>::alive(std::int64_t u) {
 // stream reads once the compute stream has written it.
 template <class S> void GatherScheduler<S>::gather_into(std::int64_t u, TrackedBuffer<S>& out) {
   auto& st = state_;
-  if (st.offload.params && st.shape(u).params_sharded)
-    return gather_offloaded(u, out);
+  if (st.offload.params && st.shape(u).params_sharded) return gather_offloaded(u, out);
   const auto& us = st.shape(u);
   auto& buffers = st.unit(u);
   auto* gather = st.streams.gather.get();
@@ -110,36 +107,30 @@ template <class S> void GatherScheduler<S>::copy_into(std::int64_t u, TrackedBuf
 }
 
 template <class S> void GatherScheduler<S>::wait_for_gathers(std::int64_t u) {
-  if (needs_gather(u))
-    state_.backend.wait(nullptr, state_.streams.gather.get());
+  if (needs_gather(u)) state_.backend.wait(nullptr, state_.streams.gather.get());
 }
 
 template <class S> void GatherScheduler<S>::acquire(std::int64_t u, bool backward) {
   auto& st = state_;
   auto& gathered = st.unit(u).gathered;
-  if (st.shape(u).params_sharded && gathered.empty())
-    gather_into(u, gathered);
+  if (st.shape(u).params_sharded && gathered.empty()) gather_into(u, gathered);
   if (st.is_head(u) && st.tied() && st.shape(0).params_sharded && head_embedding_.empty())
     gather_into(0, head_embedding_);
   if (needs_copy(u) && gathered.empty() && !(backward && u == 0)) {
     copy_into(u, gathered);
-    if (st.is_head(u) && st.tied() && head_embedding_.empty())
-      copy_into(0, head_embedding_);
+    if (st.is_head(u) && st.tied() && head_embedding_.empty()) copy_into(0, head_embedding_);
   }
 }
 
 template <class S> void GatherScheduler<S>::release(std::int64_t u) {
   state_.unit(u).gathered.reset();
-  if (state_.is_head(u))
-    head_embedding_.reset();
+  if (state_.is_head(u)) head_embedding_.reset();
 }
 
 template <class S> std::span<const S> GatherScheduler<S>::params_for(std::int64_t u) {
   auto& buffers = state_.unit(u);
-  if (needs_gather(u) && state_.shape(u).params_sharded)
-    return buffers.gathered.span();
-  if (needs_copy(u))
-    return buffers.gathered.span();
+  if (needs_gather(u) && state_.shape(u).params_sharded) return buffers.gathered.span();
+  if (needs_copy(u)) return buffers.gathered.span();
   if constexpr (kMixed)
     return buffers.low_params.span();
   else
@@ -147,8 +138,7 @@ template <class S> std::span<const S> GatherScheduler<S>::params_for(std::int64_
 }
 
 template <class S> std::span<const S> GatherScheduler<S>::embedding_for_head() {
-  if (!state_.tied())
-    return {};
+  if (!state_.tied()) return {};
   if (state_.shape(0).params_sharded || state_.policy.autocast_copies)
     return head_embedding_.span();
   if constexpr (kMixed)
@@ -161,13 +151,10 @@ template <class S> void GatherScheduler<S>::prefetch_forward(std::int64_t u) {
   const int limit = state_.spec().max_inflight_allgathers;
   for (int ahead = 1; ahead <= depth_.forward; ++ahead) {
     const std::int64_t next = u + ahead;
-    if (next >= state_.unit_count())
-      break;
-    if (!needs_gather(next) || alive(next))
-      continue;
-    const std::int64_t back = next - limit; // must have been freed (rate limiter)
-    if (back >= 0 && !kept(back) && alive(back))
-      break;
+    if (next >= state_.unit_count()) break;
+    if (!needs_gather(next) || alive(next)) continue;
+    const std::int64_t back = next - limit;  // must have been freed (rate limiter)
+    if (back >= 0 && !kept(back) && alive(back)) break;
     acquire(next);
   }
 }
@@ -176,27 +163,22 @@ template <class S> void GatherScheduler<S>::prefetch_backward(std::int64_t u) {
   const int limit = state_.spec().max_inflight_allgathers;
   for (int ahead = 1; ahead <= depth_.backward; ++ahead) {
     const std::int64_t next = u - ahead;
-    if (next < 0)
-      break;
-    if (!needs_gather(next) || alive(next))
-      continue;
-    if (next + limit <= u)
-      break; // unit next + limit has not finished its backward yet
+    if (next < 0) break;
+    if (!needs_gather(next) || alive(next)) continue;
+    if (next + limit <= u) break;  // unit next + limit has not finished its backward yet
     acquire(next);
   }
 }
 
 template <class S> void GatherScheduler<S>::gather_updated_parameters() {
   auto& st = state_;
-  if (!st.spec().shard_optimizer)
-    return;
+  if (!st.spec().shard_optimizer) return;
   st.phase("parameter all-gather");
   auto* gather = st.streams.gather.get();
-  st.backend.wait(gather, nullptr); // after the optimizer's updates
+  st.backend.wait(gather, nullptr);  // after the optimizer's updates
   for (std::int64_t u = 0; u < st.unit_count(); ++u) {
     const auto& us = st.shape(u);
-    if (us.params_sharded)
-      continue;
+    if (us.params_sharded) continue;
     const auto chunk = static_cast<std::size_t>(us.chunk);
     if constexpr (kMixed) {
       if (st.policy.low_params) {
@@ -214,4 +196,4 @@ template class GatherScheduler<float>;
 template class GatherScheduler<bf16>;
 template class GatherScheduler<f16>;
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

@@ -56,7 +56,7 @@ public:
   void prefetch_backward(std::int64_t u);
 
   std::span<const S> params_for(std::int64_t u);
-  std::span<const S> embedding_for_head(); // empty when the head is not tied
+  std::span<const S> embedding_for_head();  // empty when the head is not tied
 
   // Sharded optimizer, parameters not partitioned (ZeRO-1/2, and units kept whole under ZeRO-3's
   // persistence threshold): every rank all-gathers the updated chunks in place.
@@ -76,11 +76,11 @@ private:
 
   EngineState<S>& state_;
   PrefetchDepth depth_;
-  TrackedBuffer<S> head_embedding_; // tied head: the embedding gathered (or copied) again [padded]
+  TrackedBuffer<S> head_embedding_;  // tied head: the embedding gathered (or copied) again [padded]
 };
 
 extern template class GatherScheduler<float>;
 extern template class GatherScheduler<bf16>;
 extern template class GatherScheduler<f16>;
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

@@ -5,7 +5,6 @@
 
 #include <fmt/format.h>
 
-
 namespace shardplan::executor {
 namespace {
 
@@ -19,8 +18,7 @@ bool is_parallel(const GptLayout& l) { return l.spec().parallel_residual; }
 bool is_rotary(const GptLayout& l) { return l.spec().positions == PositionKind::rotary; }
 
 // Pointer to an optional tensor (a bias) of a flat unit buffer, or nullptr.
-template <class S>
-S* at(S* unit, std::int64_t offset) {
+template <class S> S* at(S* unit, std::int64_t offset) {
   return offset == kAbsent ? nullptr : unit + offset;
 }
 
@@ -35,16 +33,16 @@ std::int64_t block_saved_bytes(const GptLayout& layout, BatchShape shape,
   const auto& m = layout.spec();
   const std::int64_t n = shape.tokens();
   if (checkpointing == Checkpointing::full) return n * m.hidden * element_bytes;
-  const std::int64_t stats = is_layernorm(layout) ? 2 * n : n;  // mean and rstd, or rstd
-  const std::int64_t rows = shape.batch * m.heads * shape.seq;   // score rows [B, a, T]
-  std::int64_t e = n * m.hidden;                                 // input
-  e += n * m.hidden;                                             // norm1
-  e += n * m.q_width() + 2 * n * m.kv_width();                   // q, k, v
-  if (!flash_attention) e += rows * shape.seq;                   // probs
-  e += n * m.q_width();                                          // attn_out
-  if (!is_parallel(layout)) e += n * m.hidden;                   // mid
-  e += n * m.hidden;                                             // norm2
-  e += (is_swiglu(layout) ? 3 : 2) * n * m.intermediate;         // mlp_pre, (mlp_up), mlp_act
+  const std::int64_t stats = is_layernorm(layout) ? 2 * n : n;        // mean and rstd, or rstd
+  const std::int64_t rows = shape.batch * m.heads * shape.seq;        // score rows [B, a, T]
+  std::int64_t e = n * m.hidden;                                      // input
+  e += n * m.hidden;                                                  // norm1
+  e += n * m.q_width() + 2 * n * m.kv_width();                        // q, k, v
+  if (!flash_attention) e += rows * shape.seq;                        // probs
+  e += n * m.q_width();                                               // attn_out
+  if (!is_parallel(layout)) e += n * m.hidden;                        // mid
+  e += n * m.hidden;                                                  // norm2
+  e += (is_swiglu(layout) ? 3 : 2) * n * m.intermediate;              // mlp_pre, (mlp_up), mlp_act
   const std::int64_t acc = 2 * stats + (flash_attention ? rows : 0);  // norm1, norm2 stats; lse
   return e * element_bytes + acc * accum_bytes(element_bytes);
 }
@@ -54,7 +52,7 @@ std::int64_t head_saved_bytes(const GptLayout& layout, BatchShape shape,
   const auto& m = layout.spec();
   const std::int64_t n = shape.tokens();
   const std::int64_t stats = is_layernorm(layout) ? 2 * n : n;
-  return (2 * n * m.hidden + n * m.vocab) * element_bytes +  // input, norm_out, logits
+  return (2 * n * m.hidden + n * m.vocab) * element_bytes +   // input, norm_out, logits
          (stats + n * m.vocab) * accum_bytes(element_bytes);  // stats, log_probs
 }
 
@@ -67,15 +65,13 @@ std::int64_t head_backward_bytes(const GptLayout& layout, BatchShape shape,
 template <class S>
 GptModel<S>::GptModel(const costmodel::ModelSpec& spec, TrackedAllocator& allocator,
                       ModelOptions options, Backend<S>* backend)
-    : layout_(spec),
-      allocator_(allocator),
-      options_(options),
+    : layout_(spec), allocator_(allocator), options_(options),
       host_backend_(backend ? nullptr : std::make_unique<HostBackend<S>>()),
       be_(backend ? *backend : *host_backend_) {
   if (options_.flash_attention && !be_.supports_flash_attention(spec.head_dim))
-    throw std::invalid_argument(fmt::format(
-        "flash attention with head_dim {} is not available on the {} backend", spec.head_dim,
-        be_.name()));
+    throw std::invalid_argument(
+        fmt::format("flash attention with head_dim {} is not available on the {} backend",
+                    spec.head_dim, be_.name()));
 }
 
 template <class S>
@@ -115,7 +111,7 @@ void GptModel<S>::norm_forward(BatchShape shape, const S* x, const S* params, No
   rstd = activation<A>(n);
   if (is_layernorm(layout_))
     be_.layernorm_forward(out.data(), mean.data(), rstd.data(), x, params + norm.weight,
-                               params + norm.bias, n, h, eps);
+                          params + norm.bias, n, h, eps);
   else
     be_.rmsnorm_forward(out.data(), rstd.data(), x, params + norm.weight, n, h, eps);
 }
@@ -127,11 +123,10 @@ void GptModel<S>::norm_backward(BatchShape shape, S* dx, S* grad, const S* dy, c
                                 const TrackedBuffer<A>& rstd) const {
   const std::int64_t n = shape.tokens(), h = layout_.spec().hidden;
   if (is_layernorm(layout_))
-    be_.layernorm_backward(dx, grad + norm.weight, grad + norm.bias, dy, x,
-                                params + norm.weight, mean.data(), rstd.data(), n, h);
+    be_.layernorm_backward(dx, grad + norm.weight, grad + norm.bias, dy, x, params + norm.weight,
+                           mean.data(), rstd.data(), n, h);
   else
-    be_.rmsnorm_backward(dx, grad + norm.weight, dy, x, params + norm.weight, rstd.data(),
-                              n, h);
+    be_.rmsnorm_backward(dx, grad + norm.weight, dy, x, params + norm.weight, rstd.data(), n, h);
 }
 
 template <class S>
@@ -148,7 +143,7 @@ TrackedBuffer<S> GptModel<S>::forward_embedding(std::span<const S> params,
                     m.max_positions));
   auto out = activation(shape.tokens() * m.hidden);  // [N, h]
   be_.embedding_forward(out.data(), tokens.data(), params.data() + e.tokens,
-                             at(params.data(), e.positions), shape.batch, shape.seq, m.hidden);
+                        at(params.data(), e.positions), shape.batch, shape.seq, m.hidden);
   return out;
 }
 
@@ -165,12 +160,12 @@ void GptModel<S>::run_block(const S* p, BlockActivations<S>& a, TrackedBuffer<S>
   a.q = activation(N * qw);
   a.k = activation(N * kw);
   a.v = activation(N * kw);
-  be_.linear_forward(a.q.data(), a.norm1_out.data(), p + L.q.weight, at(p, L.q.bias), N, h,
-                          qw, false);
-  be_.linear_forward(a.k.data(), a.norm1_out.data(), p + L.k.weight, at(p, L.k.bias), N, h,
-                          kw, false);
-  be_.linear_forward(a.v.data(), a.norm1_out.data(), p + L.v.weight, at(p, L.v.bias), N, h,
-                          kw, false);
+  be_.linear_forward(a.q.data(), a.norm1_out.data(), p + L.q.weight, at(p, L.q.bias), N, h, qw,
+                     false);
+  be_.linear_forward(a.k.data(), a.norm1_out.data(), p + L.k.weight, at(p, L.k.bias), N, h, kw,
+                     false);
+  be_.linear_forward(a.v.data(), a.norm1_out.data(), p + L.v.weight, at(p, L.v.bias), N, h, kw,
+                     false);
   if (is_rotary(layout_)) {
     be_.rope_forward(a.q.data(), B, T, m.heads, m.head_dim, options_.rope_theta);
     be_.rope_forward(a.k.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta);
@@ -178,13 +173,13 @@ void GptModel<S>::run_block(const S* p, BlockActivations<S>& a, TrackedBuffer<S>
   if (options_.flash_attention) {
     a.lse = written_activation<A>(B * m.heads * T);
     a.attn_out = written_activation(N * qw);
-    be_.flash_attention_forward(a.attn_out.data(), a.lse.data(), a.q.data(), a.k.data(),
-                                a.v.data(), B, T, m.heads, m.kv_heads, m.head_dim);
+    be_.flash_attention_forward(a.attn_out.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(),
+                                B, T, m.heads, m.kv_heads, m.head_dim);
   } else {
     a.probs = written_activation(B * m.heads * T * T);
     a.attn_out = written_activation(N * qw);
-    be_.attention_forward(a.attn_out.data(), a.probs.data(), a.q.data(), a.k.data(), a.v.data(),
-                          B, T, m.heads, m.kv_heads, m.head_dim);
+    be_.attention_forward(a.attn_out.data(), a.probs.data(), a.q.data(), a.k.data(), a.v.data(), B,
+                          T, m.heads, m.kv_heads, m.head_dim);
   }
 
   // Sequential residual: a = x + o(attn); the MLP reads Norm₂(a). Parallel: it reads Norm₂(x).
@@ -192,8 +187,8 @@ void GptModel<S>::run_block(const S* p, BlockActivations<S>& a, TrackedBuffer<S>
   if (!is_parallel(layout_)) {
     a.mid = activation(N * h);
     be_.copy(a.mid.data(), x, N * h);
-    be_.linear_forward(a.mid.data(), a.attn_out.data(), p + L.o.weight, at(p, L.o.bias), N,
-                            qw, h, true);
+    be_.linear_forward(a.mid.data(), a.attn_out.data(), p + L.o.weight, at(p, L.o.bias), N, qw, h,
+                       true);
     mlp_in = a.mid.data();
   }
   norm_forward(a.shape, mlp_in, p, L.norm2, a.norm2_out, a.norm2_mean, a.norm2_rstd);
@@ -201,14 +196,14 @@ void GptModel<S>::run_block(const S* p, BlockActivations<S>& a, TrackedBuffer<S>
   a.mlp_act = activation(N * I);
   if (is_swiglu(layout_)) {
     a.mlp_up = activation(N * I);
-    be_.linear_forward(a.mlp_pre.data(), a.norm2_out.data(), p + L.gate.weight,
-                            at(p, L.gate.bias), N, h, I, false);
-    be_.linear_forward(a.mlp_up.data(), a.norm2_out.data(), p + L.up.weight,
-                            at(p, L.up.bias), N, h, I, false);
+    be_.linear_forward(a.mlp_pre.data(), a.norm2_out.data(), p + L.gate.weight, at(p, L.gate.bias),
+                       N, h, I, false);
+    be_.linear_forward(a.mlp_up.data(), a.norm2_out.data(), p + L.up.weight, at(p, L.up.bias), N, h,
+                       I, false);
     be_.swiglu_forward(a.mlp_act.data(), a.mlp_pre.data(), a.mlp_up.data(), N * I);
   } else {
-    be_.linear_forward(a.mlp_pre.data(), a.norm2_out.data(), p + L.up.weight,
-                            at(p, L.up.bias), N, h, I, false);
+    be_.linear_forward(a.mlp_pre.data(), a.norm2_out.data(), p + L.up.weight, at(p, L.up.bias), N,
+                       h, I, false);
     be_.gelu_forward(a.mlp_act.data(), a.mlp_pre.data(), N * I);
   }
 
@@ -216,13 +211,13 @@ void GptModel<S>::run_block(const S* p, BlockActivations<S>& a, TrackedBuffer<S>
   y = activation(N * h);
   if (is_parallel(layout_)) {
     be_.copy(y.data(), x, N * h);
-    be_.linear_forward(y.data(), a.attn_out.data(), p + L.o.weight, at(p, L.o.bias), N, qw,
-                            h, true);
+    be_.linear_forward(y.data(), a.attn_out.data(), p + L.o.weight, at(p, L.o.bias), N, qw, h,
+                       true);
   } else {
     be_.copy(y.data(), a.mid.data(), N * h);
   }
-  be_.linear_forward(y.data(), a.mlp_act.data(), p + L.down.weight, at(p, L.down.bias), N, I,
-                          h, true);
+  be_.linear_forward(y.data(), a.mlp_act.data(), p + L.down.weight, at(p, L.down.bias), N, I, h,
+                     true);
 }
 
 template <class S>
@@ -272,13 +267,13 @@ TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockAct
   // Output projections read dy before it is changed. Parallel residual: both read dy.
   auto d_act = activation(N * I);  // [N, I]
   be_.linear_backward(d_act.data(), g + L.down.weight, at(g, L.down.bias), dy.data(),
-                           a.mlp_act.data(), p + L.down.weight, N, I, h);
+                      a.mlp_act.data(), p + L.down.weight, N, I, h);
   a.mlp_act.reset();
   TrackedBuffer<S> d_attn_out;  // [N, qw]
   auto attention_output_backward = [&] {
     d_attn_out = activation(N * qw);
     be_.linear_backward(d_attn_out.data(), g + L.o.weight, at(g, L.o.bias), dy.data(),
-                             a.attn_out.data(), p + L.o.weight, N, qw, h);
+                        a.attn_out.data(), p + L.o.weight, N, qw, h);
     if (!options_.flash_attention) a.attn_out.reset();  // flash's backward reads it again
   };
   if (is_parallel(layout_)) attention_output_backward();
@@ -290,17 +285,17 @@ TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockAct
     if (is_swiglu(layout_)) {
       auto d_up = activation(N * I);  // [N, I]
       be_.swiglu_backward(d_pre.data(), d_up.data(), d_act.data(), a.mlp_pre.data(),
-                               a.mlp_up.data(), N * I);
+                          a.mlp_up.data(), N * I);
       d_act.reset();
-      be_.linear_backward(d_norm2_out.data(), g + L.gate.weight, at(g, L.gate.bias),
-                               d_pre.data(), a.norm2_out.data(), p + L.gate.weight, N, h, I);
-      be_.linear_backward(d_norm2_out.data(), g + L.up.weight, at(g, L.up.bias),
-                               d_up.data(), a.norm2_out.data(), p + L.up.weight, N, h, I);
+      be_.linear_backward(d_norm2_out.data(), g + L.gate.weight, at(g, L.gate.bias), d_pre.data(),
+                          a.norm2_out.data(), p + L.gate.weight, N, h, I);
+      be_.linear_backward(d_norm2_out.data(), g + L.up.weight, at(g, L.up.bias), d_up.data(),
+                          a.norm2_out.data(), p + L.up.weight, N, h, I);
     } else {
       be_.gelu_backward(d_pre.data(), a.mlp_pre.data(), d_act.data(), N * I);
       d_act.reset();
-      be_.linear_backward(d_norm2_out.data(), g + L.up.weight, at(g, L.up.bias),
-                               d_pre.data(), a.norm2_out.data(), p + L.up.weight, N, h, I);
+      be_.linear_backward(d_norm2_out.data(), g + L.up.weight, at(g, L.up.bias), d_pre.data(),
+                          a.norm2_out.data(), p + L.up.weight, N, h, I);
     }
   }
   a.mlp_pre.reset();
@@ -321,9 +316,9 @@ TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockAct
   auto dv = activation(N * kw);  // [N, kw]
   if (options_.flash_attention) {
     auto delta = written_activation<A>(B * m.heads * T);  // [B, a, T] rowsum(dO ∘ O)
-    be_.flash_attention_backward(dq.data(), dk.data(), dv.data(), delta.data(),
-                                 d_attn_out.data(), a.attn_out.data(), a.lse.data(), a.q.data(),
-                                 a.k.data(), a.v.data(), B, T, m.heads, m.kv_heads, m.head_dim);
+    be_.flash_attention_backward(dq.data(), dk.data(), dv.data(), delta.data(), d_attn_out.data(),
+                                 a.attn_out.data(), a.lse.data(), a.q.data(), a.k.data(),
+                                 a.v.data(), B, T, m.heads, m.kv_heads, m.head_dim);
   } else {
     // dP, then dS: one [T, T] on the host, every (sequence, head)'s on a GPU.
     auto scratch = activation(be_.attention_scratch_elements(B, T, m.heads));
@@ -341,11 +336,11 @@ TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockAct
   }
   auto d_norm1_out = activation(N * h);  // [N, h]
   be_.linear_backward(d_norm1_out.data(), g + L.q.weight, at(g, L.q.bias), dq.data(),
-                           a.norm1_out.data(), p + L.q.weight, N, h, qw);
+                      a.norm1_out.data(), p + L.q.weight, N, h, qw);
   be_.linear_backward(d_norm1_out.data(), g + L.k.weight, at(g, L.k.bias), dk.data(),
-                           a.norm1_out.data(), p + L.k.weight, N, h, kw);
+                      a.norm1_out.data(), p + L.k.weight, N, h, kw);
   be_.linear_backward(d_norm1_out.data(), g + L.v.weight, at(g, L.v.bias), dv.data(),
-                           a.norm1_out.data(), p + L.v.weight, N, h, kw);
+                      a.norm1_out.data(), p + L.v.weight, N, h, kw);
   dq.reset();
   dk.reset();
   dv.reset();
@@ -353,17 +348,16 @@ TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockAct
   a.k.reset();
   a.v.reset();
   a.norm1_out.reset();
-  norm_backward(a.shape, dy.data(), g, d_norm1_out.data(), a.input.data(), p, L.norm1,
-                a.norm1_mean, a.norm1_rstd);
+  norm_backward(a.shape, dy.data(), g, d_norm1_out.data(), a.input.data(), p, L.norm1, a.norm1_mean,
+                a.norm1_rstd);
   return dy;
 }
 
 template <class S>
-HeadForward<S> GptModel<S>::forward_head(std::span<const S> params,
-                                         std::span<const S> embedding_params,
-                                         TrackedBuffer<S> input,
-                                         std::span<const std::int32_t> targets,
-                                         BatchShape shape) const {
+HeadForward<S>
+GptModel<S>::forward_head(std::span<const S> params, std::span<const S> embedding_params,
+                          TrackedBuffer<S> input, std::span<const std::int32_t> targets,
+                          BatchShape shape) const {
   check_unit(params, UnitKind::head, "forward_head params");
   if (layout_.spec().tied_embeddings)
     check_unit(embedding_params, UnitKind::embedding, "forward_head tied embedding params");
@@ -379,23 +373,22 @@ HeadForward<S> GptModel<S>::forward_head(std::span<const S> params,
   a.shape = shape;
   a.input = std::move(input);
   norm_forward(shape, a.input.data(), params.data(), H.norm, a.norm_out, a.norm_mean, a.norm_rstd);
-  a.logits = written_activation(N * m.vocab);     // [N, V]
-  be_.linear_forward(a.logits.data(), a.norm_out.data(), w_out,
-                          static_cast<const S*>(nullptr), N, m.hidden, m.vocab, false);
+  a.logits = written_activation(N * m.vocab);  // [N, V]
+  be_.linear_forward(a.logits.data(), a.norm_out.data(), w_out, static_cast<const S*>(nullptr), N,
+                     m.hidden, m.vocab, false);
   a.log_probs = written_activation<A>(N * m.vocab);  // [N, V]
   be_.log_softmax_forward(a.log_probs.data(), a.logits.data(), N, m.vocab);
-  f.loss = be_.nll_loss_forward(a.log_probs.data(), targets.data(), N, m.vocab) /
-           static_cast<double>(N);
+  f.loss =
+      be_.nll_loss_forward(a.log_probs.data(), targets.data(), N, m.vocab) / static_cast<double>(N);
   return f;
 }
 
 template <class S>
-TrackedBuffer<S> GptModel<S>::backward_head(std::span<const S> params,
-                                            std::span<const S> embedding_params,
-                                            HeadActivations<S> saved,
-                                            std::span<const std::int32_t> targets,
-                                            std::span<S> grad, std::span<S> embedding_grad,
-                                            double loss_scale) const {
+TrackedBuffer<S>
+GptModel<S>::backward_head(std::span<const S> params, std::span<const S> embedding_params,
+                           HeadActivations<S> saved, std::span<const std::int32_t> targets,
+                           std::span<S> grad, std::span<S> embedding_grad,
+                           double loss_scale) const {
   const auto& m = layout_.spec();
   check_unit(params, UnitKind::head, "backward_head params");
   check_grad(grad, UnitKind::head, "backward_head grad");
@@ -419,14 +412,13 @@ TrackedBuffer<S> GptModel<S>::backward_head(std::span<const S> params,
   be_.nll_loss_backward(d_log_probs.data(), targets.data(), N, m.vocab,
                         static_cast<A>(loss_scale / static_cast<double>(N)));
   auto d_logits = written_activation(N * m.vocab);  // [N, V], log_softmax_backward writes it
-  be_.log_softmax_backward(d_logits.data(), d_log_probs.data(), a.log_probs.data(), N,
-                                m.vocab);
+  be_.log_softmax_backward(d_logits.data(), d_log_probs.data(), a.log_probs.data(), N, m.vocab);
   d_log_probs.reset();
   a.log_probs.reset();
   a.logits.reset();
   auto d_norm_out = activation(N * m.hidden);  // [N, h]
   be_.linear_backward(d_norm_out.data(), dw_out, static_cast<S*>(nullptr), d_logits.data(),
-                           a.norm_out.data(), w_out, N, m.hidden, m.vocab);
+                      a.norm_out.data(), w_out, N, m.hidden, m.vocab);
   d_logits.reset();
   a.norm_out.reset();
   auto dx = activation(N * m.hidden);  // [N, h]
@@ -443,9 +435,8 @@ void GptModel<S>::backward_embedding(std::span<const std::int32_t> tokens,
   check_tokens(tokens, shape, "backward_embedding tokens");
   check_hidden(d_output, shape, "backward_embedding d_output");
   const auto& e = layout_.embedding();
-  be_.embedding_backward(grad.data() + e.tokens, at(grad.data(), e.positions),
-                              d_output.data(), tokens.data(), shape.batch, shape.seq,
-                              layout_.spec().hidden);
+  be_.embedding_backward(grad.data() + e.tokens, at(grad.data(), e.positions), d_output.data(),
+                         tokens.data(), shape.batch, shape.seq, layout_.spec().hidden);
 }
 
 template <class S>

@@ -39,15 +39,15 @@
 #include <span>
 
 #include "costmodel/model.hpp"
-#include "kernels/backend.hpp"
 #include "executor/model_layout.hpp"
 #include "executor/tracked_allocator.hpp"
+#include "kernels/backend.hpp"
 
 namespace shardplan::executor {
 
 struct BatchShape {
-  std::int64_t batch = 0;  // B, sequences in the micro-batch
-  std::int64_t seq = 0;    // T, tokens per sequence
+  std::int64_t batch = 0;                              // B, sequences in the micro-batch
+  std::int64_t seq = 0;                                // T, tokens per sequence
   std::int64_t tokens() const { return batch * seq; }  // N = B·T
 };
 
@@ -71,8 +71,7 @@ struct ModelOptions {
 // kw = kv_heads·head_dim, I = intermediate, a = heads). With Checkpointing::full only `input`
 // is kept. `mean` buffers exist for LayerNorm only; `mid` for the sequential residual only;
 // `mlp_up` for SwiGLU only. The norm statistics and lse are accum_t<S>, the rest S.
-template <class S>
-struct BlockActivations {
+template <class S> struct BlockActivations {
   using A = accum_t<S>;
   BatchShape shape;
   Checkpointing checkpointing = Checkpointing::none;
@@ -92,8 +91,7 @@ struct BlockActivations {
   TrackedBuffer<S> mlp_act;                 // [N, I]   input of the down projection
 };
 
-template <class S>
-struct BlockForward {
+template <class S> struct BlockForward {
   TrackedBuffer<S> output;  // [N, h]  the next unit's input
   BlockActivations<S> saved;
 };
@@ -105,8 +103,7 @@ struct BlockForward {
 // tensors, the fp32 gradient of the log-probabilities (nll_loss) and that of the logits in S
 // (log_softmax), so the head's peak is 2 × N·V values in S and 2 × N·V in accum_t<S> (log_softmax
 // here reads the S logits directly, without .float()'s transient fp32 copy).
-template <class S>
-struct HeadActivations {
+template <class S> struct HeadActivations {
   using A = accum_t<S>;
   BatchShape shape;
   TrackedBuffer<S> input;                 // [N, h]
@@ -116,8 +113,7 @@ struct HeadActivations {
   TrackedBuffer<A> log_probs;             // [N, V]  log_softmax(logits)
 };
 
-template <class S>
-struct HeadForward {
+template <class S> struct HeadForward {
   double loss = 0;  // mean cross-entropy over the N tokens
   HeadActivations<S> saved;
 };
@@ -141,13 +137,12 @@ std::int64_t head_saved_bytes(const GptLayout& layout, BatchShape shape,
 std::int64_t head_backward_bytes(const GptLayout& layout, BatchShape shape,
                                  std::int64_t element_bytes);
 
-template <class S>
-class GptModel {
- public:
+template <class S> class GptModel {
+public:
   // Throws like GptLayout for a spec it cannot run, std::invalid_argument for flash attention on
   // a backend without it. backend: where the kernels run (not owned; nullptr: the host's).
-  GptModel(const costmodel::ModelSpec& spec, TrackedAllocator& allocator,
-           ModelOptions options = {}, Backend<S>* backend = nullptr);
+  GptModel(const costmodel::ModelSpec& spec, TrackedAllocator& allocator, ModelOptions options = {},
+           Backend<S>* backend = nullptr);
 
   const GptLayout& layout() const { return layout_; }
   const ModelOptions& options() const { return options_; }
@@ -158,8 +153,8 @@ class GptModel {
                                      std::span<const std::int32_t> tokens, BatchShape shape) const;
 
   // x [N, h] → y [N, h], keeping what the backward needs (or only x, for Checkpointing::full).
-  BlockForward<S> forward_block(std::span<const S> params, TrackedBuffer<S> input,
-                                BatchShape shape, Checkpointing checkpointing) const;
+  BlockForward<S> forward_block(std::span<const S> params, TrackedBuffer<S> input, BatchShape shape,
+                                Checkpointing checkpointing) const;
 
   // x [N, h] and targets [N] → mean cross-entropy. embedding_params: the embedding unit's
   // parameters when the head is tied (its wte is the output matrix), else ignored (may be empty).
@@ -184,14 +179,12 @@ class GptModel {
   void backward_embedding(std::span<const std::int32_t> tokens, TrackedBuffer<S> d_output,
                           std::span<S> grad, BatchShape shape) const;
 
- private:
+private:
   using A = accum_t<S>;
   // An activation of `elements` elements of T (S, or A for the statistics and log-probabilities).
-  template <class T = S>
-  TrackedBuffer<T> activation(std::int64_t elements) const;
+  template <class T = S> TrackedBuffer<T> activation(std::int64_t elements) const;
   // For an activation the next kernel writes completely (no zeroing).
-  template <class T = S>
-  TrackedBuffer<T> written_activation(std::int64_t elements) const;
+  template <class T = S> TrackedBuffer<T> written_activation(std::int64_t elements) const;
   // Runs the block's forward from saved.input, filling every saved buffer, into `output`.
   void run_block(const S* params, BlockActivations<S>& saved, TrackedBuffer<S>& output) const;
   void norm_forward(BatchShape shape, const S* x, const S* params, NormOffsets norm,
@@ -202,8 +195,7 @@ class GptModel {
   void check_unit(std::span<const S> params, UnitKind kind, const char* what) const;
   void check_grad(std::span<S> grad, UnitKind kind, const char* what) const;
   void check_hidden(const TrackedBuffer<S>& x, BatchShape shape, const char* what) const;
-  void check_tokens(std::span<const std::int32_t> tokens, BatchShape shape,
-                    const char* what) const;
+  void check_tokens(std::span<const std::int32_t> tokens, BatchShape shape, const char* what) const;
 
   GptLayout layout_;
   TrackedAllocator& allocator_;

@@ -7,8 +7,7 @@ namespace shardplan::executor {
 
 std::int64_t all_reduce_bucket_elements(const costmodel::ShardingSpec& spec,
                                         std::int64_t unit_elements) {
-  if (!(spec.reduce_bucket_bytes > 0))
-    return unit_elements;
+  if (!(spec.reduce_bucket_bytes > 0)) return unit_elements;
   const double dtype = costmodel::dtype_bytes(spec.reduce_dtype);
   return std::max<std::int64_t>(1, static_cast<std::int64_t>(spec.reduce_bucket_bytes / dtype));
 }
@@ -29,8 +28,8 @@ template <class S> GradBuffers<S>::GradBuffers(EngineState<S>& state) : state_(s
   const auto& spec = state.spec();
   if (spec.grad_bucket_copy) {
     bucket_copy_offsets_ = bucket_copy_offsets(state.shards, spec);
-    bucket_copy_ = state.allocator.template allocate<A>(MemoryCategory::buffers,
-                                                        bucket_copy_offsets_.back());
+    bucket_copy_ =
+        state.allocator.template allocate<A>(MemoryCategory::buffers, bucket_copy_offsets_.back());
   }
   if (spec.contiguous_grad_bucket) {
     const auto elements = static_cast<std::int64_t>(spec.reduce_bucket_bytes / sizeof(S));
@@ -70,10 +69,8 @@ template <class S> void GradBuffers<S>::ensure_target(std::int64_t u) {
 
 template <class S> std::span<S> GradBuffers<S>::target(std::int64_t u) {
   auto& buffers = state_.unit(u);
-  if (state_.spec().shard_gradients || widens_whole())
-    return buffers.micro_batch_grads.span();
-  if (state_.low_whole())
-    return buffers.low_whole_grads.span();
+  if (state_.spec().shard_gradients || widens_whole()) return buffers.micro_batch_grads.span();
+  if (state_.low_whole()) return buffers.low_whole_grads.span();
   if constexpr (kMixed)
     return {};
   else
@@ -81,8 +78,7 @@ template <class S> std::span<S> GradBuffers<S>::target(std::int64_t u) {
 }
 
 template <class S> void GradBuffers<S>::widen_whole(std::int64_t u) {
-  if (!widens_whole())
-    return;
+  if (!widens_whole()) return;
   auto& buffers = state_.unit(u);
   state_.timed(Part::copy, [&] {
     state_.backend.widen_add(buffers.whole_grads.data(), buffers.micro_batch_grads.data(),
@@ -101,13 +97,10 @@ void GradBuffers<S>::accumulate_into_input(std::int64_t u, S* input, const S* ke
   auto& st = state_;
   auto* reduce = st.streams.reduce.get();
   auto* replica = st.streams.replica.get();
-  if (replica)
-    st.backend.wait(reduce, replica);
-  if (st.shards.replica_rank != 0)
-    return;
-  st.backend.wait(nullptr, reduce); // the kept chunk is the previous micro-batch's reduction
-  if (replica)
-    st.backend.wait(nullptr, replica);
+  if (replica) st.backend.wait(reduce, replica);
+  if (st.shards.replica_rank != 0) return;
+  st.backend.wait(nullptr, reduce);  // the kept chunk is the previous micro-batch's reduction
+  if (replica) st.backend.wait(nullptr, replica);
   st.timed(Part::copy, [&] {
     st.backend.add(input + st.shards.chunk_begin(u), kept_chunk, st.shape(u).chunk);
   });
@@ -130,8 +123,7 @@ TrackedBuffer<T> GradBuffers<S>::reduce_output(MemoryCategory category, std::int
   auto out = st.allocator.template allocate<T>(category, elements);
   st.backend.allocate_on(nullptr);
   st.backend.record_use(out.data(), nullptr);
-  if (st.streams.replica)
-    st.backend.record_use(out.data(), st.streams.replica.get());
+  if (st.streams.replica) st.backend.record_use(out.data(), st.streams.replica.get());
   return out;
 }
 
@@ -140,19 +132,16 @@ template <class S>
 template <class T>
 void GradBuffers<S>::replica_all_reduce(T* data, std::size_t count) {
   auto* replica = state_.streams.replica.get();
-  if (!replica)
-    return;
+  if (!replica) return;
   state_.backend.wait(replica, state_.streams.reduce.get());
   replica->all_reduce(data, data, count, data_type_v<T>);
 }
 
 template <class S> void GradBuffers<S>::widen_reduced() {
-  if (pending_widens_.empty())
-    return;
+  if (pending_widens_.empty()) return;
   auto& st = state_;
   st.backend.wait(nullptr, st.streams.reduce.get());
-  if (st.streams.replica)
-    st.backend.wait(nullptr, st.streams.replica.get());
+  if (st.streams.replica) st.backend.wait(nullptr, st.streams.replica.get());
   for (auto& w : pending_widens_) {
     auto& buffers = st.unit(w.unit);
     st.timed(Part::copy, [&] {
@@ -189,15 +178,15 @@ template <class S> void GradBuffers<S>::reduce_scatter_sharded(std::int64_t u, S
     // S reduce-scatter, added into the fp32 chunk (FSDP's sharded gradient; DeepSpeed stage 3's
     // fp32 partition).
     if (buffers.grad_chunk.empty())
-      buffers.grad_chunk = st.optimizer_allocator().template allocate<A>(
-          MemoryCategory::gradients, us.chunk);
+      buffers.grad_chunk =
+          st.optimizer_allocator().template allocate<A>(MemoryCategory::gradients, us.chunk);
     auto out = reduce_output<S>(MemoryCategory::gradients, us.chunk);
     ready_for_reduce();
     reduce->reduce_scatter(input, out.data(), chunk, data_type_v<S>);
     replica_all_reduce(out.data(), chunk);
     pending_widens_.push_back({u, std::move(out)});
     if (st.offload.optimizer)
-      widen_reduced(); // device → host now: the device keeps no chunk (the cost model's)
+      widen_reduced();  // device → host now: the device keeps no chunk (the cost model's)
     return;
   }
   auto& kept = [&]() -> TrackedBuffer<S>& {
@@ -280,11 +269,9 @@ void GradBuffers<S>::copy_elements(T* dst, const T* src, std::int64_t n) {
 
 // Waits until the last reductions that read bucket i are done, before it is filled again.
 template <class S> void GradBuffers<S>::wait_for_bucket(std::size_t i) {
-  if (!bucket_in_flight_[i])
-    return;
+  if (!bucket_in_flight_[i]) return;
   state_.backend.wait(nullptr, state_.streams.reduce.get());
-  if (state_.streams.replica)
-    state_.backend.wait(nullptr, state_.streams.replica.get());
+  if (state_.streams.replica) state_.backend.wait(nullptr, state_.streams.replica.get());
   bucket_in_flight_[i] = false;
 }
 
@@ -293,7 +280,7 @@ template <class S> void GradBuffers<S>::flush_bucket() {
   for (const auto& entry : bucket_entries_)
     reduce_from<S>(entry.unit, buckets_[i].data() + entry.offset);
   bucket_in_flight_[i] = true;
-  if (!state_.spec().shard_optimizer) { // all-reduced in the bucket: copy the sums back
+  if (!state_.spec().shard_optimizer) {  // all-reduced in the bucket: copy the sums back
     wait_for_bucket(i);
     for (const auto& entry : bucket_entries_)
       state_.timed(Part::copy, [&] {
@@ -304,8 +291,7 @@ template <class S> void GradBuffers<S>::flush_bucket() {
   bucket_entries_.clear();
   bucket_used_ = 0;
   bucket_bytes_ = 0;
-  if (!buckets_[1].empty())
-    bucket_index_ ^= 1;
+  if (!buckets_[1].empty()) bucket_index_ ^= 1;
 }
 
 template <class S> void GradBuffers<S>::reduce_unit(std::int64_t u) {
@@ -330,7 +316,7 @@ template <class S> void GradBuffers<S>::reduce_unit(std::int64_t u) {
     // there, and the reduced values copied back into the gradients. The copies back come after
     // the backward (copy_back_buckets), once the compute stream has waited for every reduction,
     // so that it does not wait for each bucket's reduction in turn.
-    if constexpr (!kMixed) { // fp32 (mixed precision: reduce_whole_fp32)
+    if constexpr (!kMixed) {  // fp32 (mixed precision: reduce_whole_fp32)
       A* region = bucket_copy_.data() + bucket_copy_offsets_[static_cast<std::size_t>(u)];
       st.timed(Part::copy, [&] { st.backend.copy(region, source, st.shape(u).size); });
       reduce_from<S>(u, region);
@@ -355,12 +341,10 @@ void GradBuffers<S>::reduce_into_contiguous_bucket(std::int64_t u, S* source,
     flush_bucket();
     reduce_from<S>(u, source);
   } else {
-    if (bucket_used_ + elements > capacity)
-      flush_bucket();
+    if (bucket_used_ + elements > capacity) flush_bucket();
     wait_for_bucket(static_cast<std::size_t>(bucket_index_));
     auto& bucket = buckets_[static_cast<std::size_t>(bucket_index_)];
-    st.timed(Part::copy,
-             [&] { st.backend.copy(bucket.data() + bucket_used_, source, elements); });
+    st.timed(Part::copy, [&] { st.backend.copy(bucket.data() + bucket_used_, source, elements); });
     bucket_entries_.push_back({u, bucket_used_});
     bucket_used_ += elements;
     bucket_bytes_ +=
@@ -389,22 +373,19 @@ template <class S> void GradBuffers<S>::reduce_whole_fp32(std::int64_t u) {
 // Frees a unit's per-micro-batch gradient (sharded gradients), which a reduction may still be
 // reading on its stream: the memory is not handed out again before that is done.
 template <class S> void GradBuffers<S>::release_micro_batch_grads(UnitBuffers<S>& buffers) {
-  if (buffers.micro_batch_grads.empty())
-    return;
+  if (buffers.micro_batch_grads.empty()) return;
   state_.backend.record_use(buffers.micro_batch_grads.data(), state_.streams.reduce.get());
   buffers.micro_batch_grads.reset();
 }
 
 template <class S> void GradBuffers<S>::wait_for_reductions() {
   state_.backend.wait(nullptr, state_.streams.reduce.get());
-  if (state_.streams.replica)
-    state_.backend.wait(nullptr, state_.streams.replica.get());
+  if (state_.streams.replica) state_.backend.wait(nullptr, state_.streams.replica.get());
 }
 
 template <class S> void GradBuffers<S>::copy_back_buckets() {
   const auto& spec = state_.spec();
-  if (!spec.grad_bucket_copy || spec.shard_optimizer)
-    return;
+  if (!spec.grad_bucket_copy || spec.shard_optimizer) return;
   for (std::int64_t u = 0; u < state_.unit_count(); ++u)
     state_.timed(Part::copy, [&] {
       copy_elements<A>(state_.unit(u).whole_grads.data(),
@@ -426,4 +407,4 @@ template class GradBuffers<float>;
 template class GradBuffers<bf16>;
 template class GradBuffers<f16>;
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

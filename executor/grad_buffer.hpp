@@ -72,12 +72,12 @@ private:
   // A unit's gradient copied into the current contiguous bucket, not yet reduced.
   struct BucketEntry {
     std::int64_t unit;
-    std::int64_t offset; // elements into the bucket
+    std::int64_t offset;  // elements into the bucket
   };
   // A reduced chunk in S waiting to be added into the unit's fp32 chunk.
   struct PendingWiden {
     std::int64_t unit;
-    TrackedBuffer<S> chunk; // [chunk]
+    TrackedBuffer<S> chunk;  // [chunk]
   };
 
   bool widens_whole() const;
@@ -98,13 +98,13 @@ private:
   template <class T> void copy_elements(T* dst, const T* src, std::int64_t n);
 
   EngineState<S>& state_;
-  TrackedBuffer<A> bucket_copy_;               // grad_bucket_copy: every unit's gradient, concatenated
-  std::vector<std::int64_t> bucket_copy_offsets_; // per unit, elements into bucket_copy_
-  std::array<TrackedBuffer<S>, 2> buckets_;    // contiguous_grad_bucket [reduce_bucket_bytes / S]
-  std::array<bool, 2> bucket_in_flight_{};     // reduced from and not waited for since
-  int bucket_index_ = 0;                       // the bucket being filled
-  std::int64_t bucket_used_ = 0;               // elements of it
-  double bucket_bytes_ = 0; // the cost model's count: elements × reduce dtype bytes
+  TrackedBuffer<A> bucket_copy_;  // grad_bucket_copy: every unit's gradient, concatenated
+  std::vector<std::int64_t> bucket_copy_offsets_;  // per unit, elements into bucket_copy_
+  std::array<TrackedBuffer<S>, 2> buckets_;  // contiguous_grad_bucket [reduce_bucket_bytes / S]
+  std::array<bool, 2> bucket_in_flight_{};   // reduced from and not waited for since
+  int bucket_index_ = 0;                     // the bucket being filled
+  std::int64_t bucket_used_ = 0;             // elements of it
+  double bucket_bytes_ = 0;  // the cost model's count: elements × reduce dtype bytes
   std::vector<BucketEntry> bucket_entries_;
   std::vector<PendingWiden> pending_widens_;
 };
@@ -113,4 +113,4 @@ extern template class GradBuffers<float>;
 extern template class GradBuffers<bf16>;
 extern template class GradBuffers<f16>;
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

@@ -7,8 +7,7 @@ namespace shardplan::executor {
 OffloadPolicy offload_policy(const costmodel::ShardingSpec& spec) {
   using costmodel::Offload;
   OffloadPolicy p;
-  if (spec.offload == Offload::none)
-    return p;
+  if (spec.offload == Offload::none) return p;
   if (!spec.shard_optimizer)
     throw std::invalid_argument(
         fmt::format("offload {} needs sharded optimizer states (ZeRO or FSDP), {} keeps them whole",
@@ -28,4 +27,4 @@ OffloadPolicy offload_policy(const costmodel::ShardingSpec& spec) {
   return p;
 }
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

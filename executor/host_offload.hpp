@@ -26,8 +26,8 @@
 namespace shardplan::executor {
 
 struct OffloadPolicy {
-  bool optimizer = false; // master, moments and reduced gradients on the host
-  bool params = false;    // partitioned parameters at rest on the host too
+  bool optimizer = false;  // master, moments and reduced gradients on the host
+  bool params = false;     // partitioned parameters at rest on the host too
 };
 
 // From the plan's spec. Throws std::invalid_argument for what no framework offloads (the cost
@@ -35,4 +35,4 @@ struct OffloadPolicy {
 // without sharded parameters, optimizer-only offload under FSDP.
 OffloadPolicy offload_policy(const costmodel::ShardingSpec& spec);
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

@@ -15,4 +15,4 @@ bool LossScaler::update(bool finite) {
   return true;
 }
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

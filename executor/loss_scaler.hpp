@@ -30,7 +30,7 @@ public:
 private:
   bool enabled_ = false;
   double scale_ = 1;
-  std::int64_t good_steps_ = 0; // since the scale last changed
+  std::int64_t good_steps_ = 0;  // since the scale last changed
 };
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

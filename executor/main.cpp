@@ -9,13 +9,13 @@
 #include <iostream>
 
 #include "comm/process_identity.hpp"
+#include "core/file_writer.hpp"
 #include "core/input_error.hpp"
+#include "core/standard_output.hpp"
+#include "core/text.hpp"
 #include "executor/command_line.hpp"
 #include "executor/run_command.hpp"
 #include "executor/scale_config.hpp"
-#include "core/file_writer.hpp"
-#include "core/standard_output.hpp"
-#include "core/text.hpp"
 
 namespace {
 
@@ -35,8 +35,7 @@ int run(int argc, char** argv) {
     }
     case executor::CommandLine::Command::consolidate: {
       io::check_destination(cl.consolidate.out, "--out");
-      const auto c =
-          executor::consolidate_checkpoint(cl.consolidate.dir, cl.consolidate.out);
+      const auto c = executor::consolidate_checkpoint(cl.consolidate.dir, cl.consolidate.out);
       std::cerr << "executor: wrote " << cl.consolidate.out << ": " << c.params
                 << " fp32 parameters of step " << c.step << ", sha256 " << c.sha256 << "\n";
       return 0;
@@ -46,8 +45,7 @@ int run(int argc, char** argv) {
     }
   } catch (const costmodel::InputError& e) {
     // Under mpirun every rank parses the same command line: one of them says so.
-    if (comm::launcher_rank_from_environment() == 0)
-      std::cerr << "executor: " << e.what() << "\n";
+    if (comm::launcher_rank_from_environment() == 0) std::cerr << "executor: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "executor: internal error: " << e.what() << "\n";
@@ -55,14 +53,13 @@ int run(int argc, char** argv) {
   }
   try {
     return executor::run(cl.run);
-  } catch (const costmodel::InputError& e) { // refused before any rank started
-    if (comm::launcher_rank_from_environment() == 0)
-      std::cerr << "executor: " << e.what() << "\n";
+  } catch (const costmodel::InputError& e) {  // refused before any rank started
+    if (comm::launcher_rank_from_environment() == 0) std::cerr << "executor: " << e.what() << "\n";
     return 2;
   }
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   // Keep freed buffers in the process's heap for the next step, as a framework's caching

@@ -18,7 +18,7 @@ using costmodel::UnitTensors;
 struct BlockNames {
   const char* norm1;
   const char* norm2;
-  const char* q;    // separate projections, or nullptr when fused
+  const char* q;  // separate projections, or nullptr when fused
   const char* k;
   const char* v;
   const char* qkv;  // fused projection, or nullptr
@@ -38,29 +38,36 @@ struct UnitNames {
 
 UnitNames names_of(Architecture a) {
   switch (a) {
-    case Architecture::llama:
-    case Architecture::mistral:
-    case Architecture::qwen2:
-      // HF modeling_llama.py (LlamaDecoderLayer, LlamaAttention, LlamaMLP).
-      return {"embed_tokens", nullptr,
-              {"input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
-               "self_attn.k_proj", "self_attn.v_proj", nullptr, "self_attn.o_proj", "mlp.up_proj",
-               "mlp.gate_proj", "mlp.down_proj"},
-              "norm", "lm_head"};
-    case Architecture::gpt2:
-      // HF modeling_gpt2.py (GPT2Block, GPT2Attention, GPT2MLP).
-      return {"wte", "wpe",
-              {"ln_1", "ln_2", nullptr, nullptr, nullptr, "attn.c_attn", "attn.c_proj", "mlp.c_fc",
-               nullptr, "mlp.c_proj"},
-              "ln_f", "lm_head"};
-    case Architecture::gpt_neox:
-      // HF modeling_gpt_neox.py (GPTNeoXLayer, GPTNeoXAttention, GPTNeoXMLP).
-      return {"embed_in", nullptr,
-              {"input_layernorm", "post_attention_layernorm", nullptr, nullptr, nullptr,
-               "attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", nullptr,
-               "mlp.dense_4h_to_h"},
-              "final_layer_norm", "embed_out"};
-    case Architecture::uniform: break;
+  case Architecture::llama:
+  case Architecture::mistral:
+  case Architecture::qwen2:
+    // HF modeling_llama.py (LlamaDecoderLayer, LlamaAttention, LlamaMLP).
+    return {"embed_tokens",
+            nullptr,
+            {"input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+             "self_attn.v_proj", nullptr, "self_attn.o_proj", "mlp.up_proj", "mlp.gate_proj",
+             "mlp.down_proj"},
+            "norm",
+            "lm_head"};
+  case Architecture::gpt2:
+    // HF modeling_gpt2.py (GPT2Block, GPT2Attention, GPT2MLP).
+    return {"wte",
+            "wpe",
+            {"ln_1", "ln_2", nullptr, nullptr, nullptr, "attn.c_attn", "attn.c_proj", "mlp.c_fc",
+             nullptr, "mlp.c_proj"},
+            "ln_f",
+            "lm_head"};
+  case Architecture::gpt_neox:
+    // HF modeling_gpt_neox.py (GPTNeoXLayer, GPTNeoXAttention, GPTNeoXMLP).
+    return {"embed_in",
+            nullptr,
+            {"input_layernorm", "post_attention_layernorm", nullptr, nullptr, nullptr,
+             "attention.query_key_value", "attention.dense", "mlp.dense_h_to_4h", nullptr,
+             "mlp.dense_4h_to_h"},
+            "final_layer_norm",
+            "embed_out"};
+  case Architecture::uniform:
+    break;
   }
   throw costmodel::InputError(
       "/architectures", "a bare parameter count has no layers to execute; give a model config");
@@ -68,7 +75,7 @@ UnitNames names_of(Architecture a) {
 
 // Offsets of one unit's tensors, and which of them a role has claimed.
 class UnitIndex {
- public:
+public:
   UnitIndex(const UnitTensors& unit, const char* unit_name) : unit_name_(unit_name) {
     std::int64_t offset = 0;
     for (const auto& t : unit.tensors) {
@@ -117,7 +124,7 @@ class UnitIndex {
   std::int64_t size() const { return size_; }
   const std::vector<TensorSlot>& slots() const { return slots_; }
 
- private:
+private:
   const char* unit_name_;
   std::vector<TensorSlot> slots_;
   std::vector<bool> claimed_;
@@ -202,18 +209,24 @@ UnitKind GptLayout::unit_kind(std::int64_t unit) const {
 
 std::int64_t GptLayout::unit_size(UnitKind kind) const {
   switch (kind) {
-    case UnitKind::embedding: return embedding_.size;
-    case UnitKind::block: return block_.size;
-    case UnitKind::head: return head_.size;
+  case UnitKind::embedding:
+    return embedding_.size;
+  case UnitKind::block:
+    return block_.size;
+  case UnitKind::head:
+    return head_.size;
   }
   return 0;
 }
 
 const std::vector<TensorSlot>& GptLayout::slots(UnitKind kind) const {
   switch (kind) {
-    case UnitKind::embedding: return embedding_slots_;
-    case UnitKind::block: return block_slots_;
-    case UnitKind::head: return head_slots_;
+  case UnitKind::embedding:
+    return embedding_slots_;
+  case UnitKind::block:
+    return block_slots_;
+  case UnitKind::head:
+    return head_slots_;
   }
   return head_slots_;
 }

@@ -39,19 +39,19 @@ struct EmbeddingLayout {
 };
 
 struct BlockLayout {
-  NormOffsets norm1;       // before attention
-  NormOffsets norm2;       // before the MLP
-  LinearOffsets q, k, v;   // [heads·head_dim, hidden], [kv_heads·head_dim, hidden] × 2
-  LinearOffsets o;         // [hidden, heads·head_dim]
-  LinearOffsets up;        // [intermediate, hidden]  (GELU: c_fc / dense_h_to_4h; SwiGLU: up_proj)
-  LinearOffsets gate;      // [intermediate, hidden]  SwiGLU only (gate_proj)
-  LinearOffsets down;      // [hidden, intermediate]
+  NormOffsets norm1;      // before attention
+  NormOffsets norm2;      // before the MLP
+  LinearOffsets q, k, v;  // [heads·head_dim, hidden], [kv_heads·head_dim, hidden] × 2
+  LinearOffsets o;        // [hidden, heads·head_dim]
+  LinearOffsets up;       // [intermediate, hidden]  (GELU: c_fc / dense_h_to_4h; SwiGLU: up_proj)
+  LinearOffsets gate;     // [intermediate, hidden]  SwiGLU only (gate_proj)
+  LinearOffsets down;     // [hidden, intermediate]
   std::int64_t size = 0;
 };
 
 struct HeadLayout {
-  NormOffsets norm;                // final norm
-  std::int64_t output = kAbsent;   // [vocab, hidden]; kAbsent when tied to the token embedding
+  NormOffsets norm;               // final norm
+  std::int64_t output = kAbsent;  // [vocab, hidden]; kAbsent when tied to the token embedding
   std::int64_t size = 0;
 };
 
@@ -64,7 +64,7 @@ struct TensorSlot {
 };
 
 class GptLayout {
- public:
+public:
   // Throws costmodel::InputError ("/architectures") for a spec the executor cannot run (a bare
   // parameter count) and std::invalid_argument when the tensor list and the dimensions disagree.
   explicit GptLayout(const costmodel::ModelSpec& spec);
@@ -81,7 +81,7 @@ class GptLayout {
   std::int64_t unit_size_of(std::int64_t unit) const { return unit_size(unit_kind(unit)); }
   const std::vector<TensorSlot>& slots(UnitKind kind) const;
 
- private:
+private:
   costmodel::ModelSpec spec_;
   EmbeddingLayout embedding_;
   BlockLayout block_;

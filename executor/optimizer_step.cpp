@@ -13,8 +13,7 @@ OptimizerStep<S>::OptimizerStep(EngineState<S>& state)
 
 template <class S> typename OptimizerStep<S>::Part OptimizerStep<S>::part_of(std::int64_t u) const {
   const auto& us = state_.shape(u);
-  if (state_.spec().shard_optimizer)
-    return {state_.shards.chunk_begin(u), us.chunk};
+  if (state_.spec().shard_optimizer) return {state_.shards.chunk_begin(u), us.chunk};
   return {0, us.size};
 }
 
@@ -24,8 +23,7 @@ template <class S> typename OptimizerStep<S>::Part OptimizerStep<S>::part_of(std
 template <class S>
 typename OptimizerStep<S>::StepGrad OptimizerStep<S>::step_grad(std::int64_t u, Part part) {
   auto& st = state_;
-  if (st.offload.optimizer)
-    return offloaded_step_grad(u, part);
+  if (st.offload.optimizer) return offloaded_step_grad(u, part);
   auto& buffers = st.unit(u);
   const bool sharded = st.spec().shard_gradients;
   StepGrad out;
@@ -43,7 +41,7 @@ typename OptimizerStep<S>::StepGrad OptimizerStep<S>::step_grad(std::int64_t u, 
     out.data = kept;
     return out;
   }
-  if (low != nullptr) { // zeroed, then the widened S partition added
+  if (low != nullptr) {  // zeroed, then the widened S partition added
     out.copy = st.allocator.template allocate<A>(MemoryCategory::gradients, part.elements);
     st.backend.widen_add(out.copy.data(), low, part.elements);
   } else {
@@ -73,8 +71,7 @@ typename OptimizerStep<S>::StepGrad OptimizerStep<S>::offloaded_step_grad(std::i
     st.backend.widen_add(out.copy.data(), buffers.low_whole_grads.data() + part.begin,
                          part.elements);
   else
-    st.backend.copy_wide(out.copy.data(), buffers.whole_grads.data() + part.begin,
-                         part.elements);
+    st.backend.copy_wide(out.copy.data(), buffers.whole_grads.data() + part.begin, part.elements);
   out.data = out.copy.data();
   return out;
 }
@@ -86,10 +83,8 @@ bool OptimizerStep<S>::finite_everywhere(const std::vector<StepGrad>& grads,
   auto& st = state_;
   double bad = 0;
   for (std::size_t u = 0; u < grads.size(); ++u)
-    if (!st.backend.all_finite(grads[u].data, parts[u].elements))
-      bad = 1;
-  if (st.groups.stand_in)
-    return bad == 0;
+    if (!st.backend.all_finite(grads[u].data, parts[u].elements)) bad = 1;
+  if (st.groups.stand_in) return bad == 0;
   auto* world = st.groups.world;
   auto buffer = world->allocate(sizeof(double));
   buffer->copy_from_host(&bad, sizeof(double));
@@ -104,8 +99,7 @@ bool OptimizerStep<S>::finite_everywhere(const std::vector<StepGrad>& grads,
 template <class S>
 bool OptimizerStep<S>::unscale_or_skip(const std::vector<StepGrad>& grads,
                                        const std::vector<Part>& parts) {
-  if (!finite_everywhere(grads, parts))
-    return scaler_.update(false);
+  if (!finite_everywhere(grads, parts)) return scaler_.update(false);
   for (std::size_t u = 0; u < grads.size(); ++u)
     state_.backend.scale(grads[u].data, parts[u].elements, 1.0 / scaler_.scale());
   return scaler_.update(true);
@@ -119,8 +113,7 @@ template <class S> bool OptimizerStep<S>::run() {
     parts.push_back(part_of(u));
     grads.push_back(step_grad(u, parts.back()));
   }
-  if (scaler_.enabled() && !unscale_or_skip(grads, parts))
-    return false;
+  if (scaler_.enabled() && !unscale_or_skip(grads, parts)) return false;
   for (std::int64_t u = 0; u < state_.unit_count(); ++u)
     update_unit(u, grads[static_cast<std::size_t>(u)], parts[static_cast<std::size_t>(u)]);
   return true;
@@ -137,8 +130,7 @@ void OptimizerStep<S>::update_unit(std::int64_t u, const StepGrad& grad, Part pa
   // chunk when partitioned, else whole.
   A* master = st.policy.low_params || us.params_sharded ? buffers.params.data()
                                                         : buffers.params.data() + part.begin;
-  if (!buffers.host_master.empty())
-    master = buffers.host_master.data();
+  if (!buffers.host_master.empty()) master = buffers.host_master.data();
   if (buffers.exp_avg.size() != n)
     throw std::logic_error(fmt::format("unit {}: {} optimizer elements for {} parameters", u,
                                        buffers.exp_avg.size(), n));
@@ -149,8 +141,7 @@ void OptimizerStep<S>::update_unit(std::int64_t u, const StepGrad& grad, Part pa
       st.backend.narrow(us.params_sharded ? buffers.low_params.data()
                                           : buffers.low_params.data() + part.begin,
                         master, n);
-  if (!buffers.host_master.empty())
-    upload_parameters(u, part);
+  if (!buffers.host_master.empty()) upload_parameters(u, part);
 }
 
 // After AdamW on the host master: the updated part host → device (the device's fp32 parameters;
@@ -158,8 +149,8 @@ void OptimizerStep<S>::update_unit(std::int64_t u, const StepGrad& grad, Part pa
 // as the cost model's "CPU optimizer step" and "parameters to device".
 template <class S> void OptimizerStep<S>::upload_parameters(std::int64_t u, Part part) {
   auto& buffers = state_.unit(u);
-  A* device = state_.shape(u).params_sharded ? buffers.params.data()
-                                             : buffers.params.data() + part.begin;
+  A* device =
+      state_.shape(u).params_sharded ? buffers.params.data() : buffers.params.data() + part.begin;
   state_.backend.copy_wide(device, buffers.host_master.data(), part.elements);
 }
 
@@ -167,4 +158,4 @@ template class OptimizerStep<float>;
 template class OptimizerStep<bf16>;
 template class OptimizerStep<f16>;
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

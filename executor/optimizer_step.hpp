@@ -54,4 +54,4 @@ extern template class OptimizerStep<float>;
 extern template class OptimizerStep<bf16>;
 extern template class OptimizerStep<f16>;
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

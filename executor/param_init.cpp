@@ -56,8 +56,8 @@ void init_unit_params(const GptLayout& layout, std::int64_t unit, std::uint64_t 
     const TensorSlot& s = slots[slot];
     double value;
     if (s.tensor.is_matrix()) {
-      const bool residual = kind == UnitKind::block &&
-                            (s.offset == block.o.weight || s.offset == block.down.weight);
+      const bool residual =
+          kind == UnitKind::block && (s.offset == block.o.weight || s.offset == block.down.weight);
       value = (residual ? residual_std : kInitStd) * normal_at(key, e);
     } else {
       value = ends_with(s.tensor.name, ".bias") ? 0.0 : 1.0;

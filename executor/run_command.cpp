@@ -2,8 +2,8 @@
 
 #include <chrono>
 #include <cmath>
-#include <exception>
 #include <cstdio>
+#include <exception>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -19,19 +19,19 @@
 #include "comm/topology.hpp"
 #include "comm/watchdog.hpp"
 #include "comm/watched_communicator.hpp"
-#include "costmodel/hardware.hpp"
+#include "core/file_writer.hpp"
 #include "core/input_error.hpp"
 #include "core/json_reader.hpp"
-#include "core/file_writer.hpp"
 #include "core/text.hpp"
 #include "core/whole_count.hpp"
-#include "kernels/caching_pool.hpp"
+#include "costmodel/hardware.hpp"
 #include "executor/checkpoint.hpp"
 #include "executor/device_run.hpp"
 #include "executor/engine.hpp"
-#include "kernels/host_stream_memory.hpp"
 #include "executor/run_document.hpp"
 #include "executor/stand_in_communicator.hpp"
+#include "kernels/caching_pool.hpp"
+#include "kernels/host_stream_memory.hpp"
 
 #if defined(SHARDPLAN_HAVE_MPI)
 #include "comm/mpi_environment.hpp"
@@ -72,18 +72,14 @@ std::int64_t capacity_bytes(const RunCommand& c, const costmodel::Plan& plan) {
   }
   std::int32_t failed = error ? 1 : 0;
   world.broadcast(&failed, 1, comm::DataType::i32, 0);
-  if (error)
-    throw *error;
-  if (failed)
-    throw InputError("--out", "rank 0 cannot write it");
+  if (error) throw *error;
+  if (failed) throw InputError("--out", "rank 0 cannot write it");
 }
 
-std::string oom_line(const char* what, int rank, double predicted_peak,
-                     const std::string& phase) {
+std::string oom_line(const char* what, int rank, double predicted_peak, const std::string& phase) {
   return fmt::format("executor: rank {} on {}: {} in phase '{}'; the plan predicts a peak of "
                      "{:.2f} GiB ({:.0f} bytes) per rank",
-                     rank, comm::host_name(), what, phase, predicted_peak / kGiB,
-                     predicted_peak);
+                     rank, comm::host_name(), what, phase, predicted_peak / kGiB, predicted_peak);
 }
 
 // A fault for a rank the run does not have would never happen: the test that asked is wrong.
@@ -123,8 +119,7 @@ Measured run_steps(const RunSetup& setup, TrackedAllocator& allocator, EngineGro
   Measured m;
   auto options = setup.engine;
   options.watchdog = &watchdog;
-  if (device != nullptr)
-    device->attach(options);
+  if (device != nullptr) device->attach(options);
   watchdog.set_phase("allocating the parameters and optimizer states");
   m.engine = std::make_unique<ShardingEngine>(options, allocator, groups);
   if (checkpoints) {
@@ -154,8 +149,7 @@ Measured run_steps(const RunSetup& setup, TrackedAllocator& allocator, EngineGro
   m.record.rank = rank;
   m.record.peak_bytes = allocator.peak_bytes();
   m.record.at_peak = allocator.breakdown_at_peak();
-  for (auto c : kMemoryCategories)
-    m.record.category_peaks[c] = allocator.peak_bytes(c);
+  for (auto c : kMemoryCategories) m.record.category_peaks[c] = allocator.peak_bytes(c);
   m.record.capacity_bytes = allocator.capacity_bytes();
   if (device != nullptr) {
     const auto f = device->footprint();
@@ -182,8 +176,8 @@ std::vector<RankRecord> exchange_records(comm::Communicator& world, const RankRe
   std::vector<RankRecord> records;
   for (int r = 0; r < world.size(); ++r) {
     const auto from = all.begin() + static_cast<std::ptrdiff_t>(r * packed.size());
-    records.push_back(unpack({from, from + static_cast<std::ptrdiff_t>(packed.size())},
-                             mine.steps.size()));
+    records.push_back(
+        unpack({from, from + static_cast<std::ptrdiff_t>(packed.size())}, mine.steps.size()));
   }
   return records;
 }
@@ -205,22 +199,19 @@ void write_run_document(const RunCommand& c, const RunSetup& setup, const Shardi
                         RunCheckpoints* checkpoints) {
   env.peak_flops = peak_flops_of(setup);
   auto doc = run_document(setup, engine, records, env);
-  if (checkpoints)
-    checkpoints->report(doc);
+  if (checkpoints) checkpoints->report(doc);
   io::write_file(c.out, io::json_text(doc, 2) + "\n", "--out");
   const auto& time = doc["summary"]["time"];
-  std::cerr << fmt::format("executor: wrote {}: {}peak {:.1f} MiB (predicted {:.1f} MiB), step "
-                           "{:.3f} s (predicted {:.3f} s){}\n",
-                           c.out,
-                           env.rehearsal ? fmt::format("rehearsal of rank {} of {}: ",
-                                                       env.rehearsed_rank, setup.world)
-                                         : "",
-                           doc["summary"]["memory"]["peak_bytes"].get<double>() / (1 << 20),
-                           setup.plan.prediction.peak_bytes / (1 << 20),
-                           time["step_s"].get<double>(), setup.plan.prediction.step_s,
-                           time.contains("mfu")
-                               ? fmt::format(", MFU {:.1f}%", 100 * time["mfu"].get<double>())
-                               : "");
+  std::cerr << fmt::format(
+      "executor: wrote {}: {}peak {:.1f} MiB (predicted {:.1f} MiB), step "
+      "{:.3f} s (predicted {:.3f} s){}\n",
+      c.out,
+      env.rehearsal ? fmt::format("rehearsal of rank {} of {}: ", env.rehearsed_rank, setup.world)
+                    : "",
+      doc["summary"]["memory"]["peak_bytes"].get<double>() / (1 << 20),
+      setup.plan.prediction.peak_bytes / (1 << 20), time["step_s"].get<double>(),
+      setup.plan.prediction.step_s,
+      time.contains("mfu") ? fmt::format(", MFU {:.1f}%", 100 * time["mfu"].get<double>()) : "");
 }
 
 RunRequest request_of(const RunCommand& c) {
@@ -248,17 +239,16 @@ int finish_rank(const std::exception_ptr& failure, int rank, double predicted_pe
   try {
     std::rethrow_exception(failure);
   } catch (const InputError& e) {
-    if (rank == 0)
-      std::cerr << "executor: " << e.what() << "\n";
+    if (rank == 0) std::cerr << "executor: " << e.what() << "\n";
     return 2;
   } catch (const OutOfMemory& e) {
     std::cerr << oom_line(e.what(), rank, predicted_peak, watchdog.phase()) << std::endl;
-  } catch (const PoolExhausted& e) { // the device's pool at its limit (--gpu-memory-GiB)
+  } catch (const PoolExhausted& e) {  // the device's pool at its limit (--gpu-memory-GiB)
     std::cerr << oom_line(e.what(), rank, predicted_peak, watchdog.phase()) << std::endl;
-  } catch (const std::bad_alloc& e) { // the device itself is full (cudaMalloc refused)
+  } catch (const std::bad_alloc& e) {  // the device itself is full (cudaMalloc refused)
     std::cerr << oom_line(e.what(), rank, predicted_peak, watchdog.phase()) << std::endl;
   } catch (const std::exception& e) {
-    watchdog.fail(e.what(), 1); // "executor: rank R on H: failed in phase 'P': ..."
+    watchdog.fail(e.what(), 1);  // "executor: rank R on H: failed in phase 'P': ..."
   }
   // Ranks allocate alike, so the others are crossing the capacity too: give them a moment to
   // print their own line before the abort ends them.
@@ -267,7 +257,7 @@ int finish_rank(const std::exception_ptr& failure, int rank, double predicted_pe
   return 3;
 }
 
-} // namespace
+}  // namespace
 
 #if defined(SHARDPLAN_HAVE_MPI)
 int run_under_mpi(const RunCommand& c) {
@@ -280,7 +270,7 @@ int run_under_mpi(const RunCommand& c) {
   double predicted_peak = 0;
   try {
     auto world = mpi.world();
-    comm::WatchedCommunicator watched(*world, watchdog); // and every group split off it
+    comm::WatchedCommunicator watched(*world, watchdog);  // and every group split off it
     const auto topology = comm::discover_topology(watched);
     const RunSetup setup = read_setup(c, world->size());
     check_fault_rank(c, world->size());
@@ -311,10 +301,10 @@ int run_under_mpi(const RunCommand& c) {
     const auto records = exchange_records(watched, m.record);
     if (rank == 0) {
       watchdog.set_phase("writing the run document");
-      write_run_document(c, setup, *m.engine, records,
-                         {"mpi", world->library_version(), topology.hosts, false, -1, "", 0,
-                          streams},
-                         &checkpoints);
+      write_run_document(
+          c, setup, *m.engine, records,
+          {"mpi", world->library_version(), topology.hosts, false, -1, "", 0, streams},
+          &checkpoints);
     }
     return 0;
   } catch (...) {
@@ -334,12 +324,11 @@ int run_on_gpus(const RunCommand& c) {
   const bool torchrun = comm::launched_with_torchrun_environment();
 #if defined(SHARDPLAN_HAVE_MPI)
   std::optional<comm::MpiEnvironment> mpi;
-  if (!torchrun)
-    mpi.emplace();
+  if (!torchrun) mpi.emplace();
 #endif
   comm::LaunchEnvironment env;
   if (torchrun) {
-    env = comm::read_launch_environment(); // InputError naming the variable: main says it
+    env = comm::read_launch_environment();  // InputError naming the variable: main says it
   }
 #if defined(SHARDPLAN_HAVE_MPI)
   std::unique_ptr<comm::MpiCommunicator> host_world;
@@ -354,36 +343,34 @@ int run_on_gpus(const RunCommand& c) {
   comm::Watchdog watchdog(
       {.program = "executor", .rank = rank, .timeout_s = c.timeout_s}, [&](int exit_code) {
 #if defined(SHARDPLAN_HAVE_MPI)
-        if (mpi)
-          mpi->abort(exit_code);
+        if (mpi) mpi->abort(exit_code);
 #endif
-        std::_Exit(exit_code); // torchrun ends the other workers when one exits
+        std::_Exit(exit_code);  // torchrun ends the other workers when one exits
       });
   double predicted_peak = 0;
   try {
     const RunSetup setup = read_setup(c, env.world_size);
-    bool out_checked = false; // by every rank, from rank 0's verdict
+    bool out_checked = false;  // by every rank, from rank 0's verdict
 #if defined(SHARDPLAN_HAVE_MPI)
     if (host_world) {
       check_out_on_rank_0(*host_world, c);
       out_checked = true;
     }
 #endif
-    if (!out_checked && rank == 0) // torchrun ends the other workers when this one ends
+    if (!out_checked && rank == 0)  // torchrun ends the other workers when this one ends
       io::check_destination(c.out, "--out");
     check_fault_rank(c, env.world_size);
     predicted_peak = setup.plan.prediction.peak_bytes;
     watchdog.set_phase("opening the GPU");
-    auto device = open_device(env.local_rank, capacity_GiB(c, setup.plan) ? capacity_bytes(c, setup.plan) : -1);
+    auto device = open_device(env.local_rank,
+                              capacity_GiB(c, setup.plan) ? capacity_bytes(c, setup.plan) : -1);
     watchdog.set_phase("making the NCCL communicators");
     device->before_communicators();
     std::unique_ptr<comm::NcclCommunicator> nccl;
 #if defined(SHARDPLAN_HAVE_MPI)
-    if (host_world)
-      nccl = comm::NcclCommunicator::create(*host_world, env.local_rank);
+    if (host_world) nccl = comm::NcclCommunicator::create(*host_world, env.local_rank);
 #endif
-    if (!nccl)
-      nccl = comm::NcclCommunicator::create_from_environment(env, c.timeout_s);
+    if (!nccl) nccl = comm::NcclCommunicator::create_from_environment(env, c.timeout_s);
     comm::WatchedCommunicator watched(*nccl, watchdog);
     const auto topology = comm::discover_topology(watched);
     // The reductions get a communicator of their own: a stream beside the all-gathers'.
@@ -424,8 +411,8 @@ int run_rehearsal(const RunCommand& c) {
     const RunSetup setup = read_setup(c, world_size);
     io::check_destination(c.out, "--out");
     if (c.fault && c.fault->rank != rank)
-      throw InputError("--inject-fault", fmt::format("rank {} is not the rehearsed rank {}",
-                                                     c.fault->rank, rank));
+      throw InputError("--inject-fault",
+                       fmt::format("rank {} is not the rehearsed rank {}", c.fault->rank, rank));
     predicted_peak = setup.plan.prediction.peak_bytes;
     // The CUDA backend rehearses on the GPU the process sees first (CUDA_VISIBLE_DEVICES picks).
     std::unique_ptr<DeviceRun> device;
@@ -440,8 +427,13 @@ int run_rehearsal(const RunCommand& c) {
     auto m = run_steps(setup, allocator, groups, rank, c.request.steps, true, watchdog, c.fault,
                        device.get());
     write_run_document(c, setup, *m.engine, {m.record},
-                       {"rehearsal", world.library_version(), {comm::host_name()}, true, rank,
-                        device ? device->footprint().name : "", 0},
+                       {"rehearsal",
+                        world.library_version(),
+                        {comm::host_name()},
+                        true,
+                        rank,
+                        device ? device->footprint().name : "",
+                        0},
                        nullptr);
     return 0;
   } catch (const InputError& e) {
@@ -462,9 +454,8 @@ int run_rehearsal(const RunCommand& c) {
 }
 
 int run(const RunCommand& c) {
-  if (c.rehearse_rank)
-    return run_rehearsal(c);
+  if (c.rehearse_rank) return run_rehearsal(c);
   return c.backend == ComputeBackend::cuda ? run_on_gpus(c) : run_under_mpi(c);
 }
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

@@ -13,4 +13,4 @@ namespace shardplan::executor {
 
 int run(const RunCommand& command);
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

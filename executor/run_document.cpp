@@ -6,9 +6,9 @@
 
 #include <fmt/format.h>
 
+#include "core/whole_count.hpp"
 #include "costmodel/accounting.hpp"
 #include "costmodel/plan.hpp"
-#include "core/whole_count.hpp"
 
 namespace shardplan::executor {
 namespace {
@@ -18,23 +18,20 @@ constexpr std::size_t kHeader = 6 + 2 * kMemoryCategoryCount;
 constexpr std::size_t kPerStep = 16 + 4 * kCollectiveKindCount;
 
 double median(std::vector<double> v) {
-  if (v.empty())
-    return 0;
+  if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 std::vector<StepReport> steady(const std::vector<StepReport>& steps) {
-  if (steps.size() <= 1)
-    return steps;
+  if (steps.size() <= 1) return steps;
   return {steps.begin() + 1, steps.end()};
 }
 
 nlohmann::json breakdown_json(const MemoryBreakdown& b) {
   nlohmann::json j = nlohmann::json::object();
-  for (auto c : kMemoryCategories)
-    j[category_name(c)] = b[c];
+  for (auto c : kMemoryCategories) j[category_name(c)] = b[c];
   return j;
 }
 
@@ -56,18 +53,17 @@ nlohmann::json collectives_json(const CollectiveStats& s) {
 double model_flops_per_step(const EngineOptions& o) {
   const auto& m = o.model;
   const double forward_per_token =
-      static_cast<double>(m.layers) * costmodel::block_forward_flops_per_token(m, o.micro_batch.seq) +
+      static_cast<double>(m.layers) *
+          costmodel::block_forward_flops_per_token(m, o.micro_batch.seq) +
       costmodel::head_forward_flops_per_token(m);
   const double tokens =
       static_cast<double>(o.micro_batch.tokens()) * static_cast<double>(o.grad_accumulation);
   return 3.0 * forward_per_token * tokens;
 }
 
-} // namespace
+}  // namespace
 
-std::size_t packed_size(std::size_t steps) {
-  return kHeader + kPerStep * steps;
-}
+std::size_t packed_size(std::size_t steps) { return kHeader + kPerStep * steps; }
 
 std::vector<double> pack(const RankRecord& r) {
   std::vector<double> v;
@@ -75,19 +71,18 @@ std::vector<double> pack(const RankRecord& r) {
   v.push_back(r.rank);
   v.push_back(static_cast<double>(r.peak_bytes));
   // No limit (kUnlimited, 2^63 − 1: no double holds it) travels as −1.
-  v.push_back(r.capacity_bytes == TrackedAllocator::kUnlimited ? -1.0
-                                                               : static_cast<double>(r.capacity_bytes));
-  for (auto c : kMemoryCategories)
-    v.push_back(static_cast<double>(r.at_peak[c]));
-  for (auto c : kMemoryCategories)
-    v.push_back(static_cast<double>(r.category_peaks[c]));
+  v.push_back(r.capacity_bytes == TrackedAllocator::kUnlimited
+                  ? -1.0
+                  : static_cast<double>(r.capacity_bytes));
+  for (auto c : kMemoryCategories) v.push_back(static_cast<double>(r.at_peak[c]));
+  for (auto c : kMemoryCategories) v.push_back(static_cast<double>(r.category_peaks[c]));
   for (auto x : {r.reserved_peak_bytes, r.context_bytes, r.nccl_bytes})
     v.push_back(static_cast<double>(x));
   for (const auto& s : r.steps) {
-    for (double x : {static_cast<double>(s.step), s.loss, s.step_s, s.compute_s, s.optimizer_s,
-                     s.copy_s, s.step_cpu_s, s.compute_cpu_s, s.comm_wait_s, s.forward_s,
-                     s.backward_s, s.gather_wait_s, s.reduce_wait_s, s.replica_wait_s,
-                     s.loss_scale, s.skipped ? 1.0 : 0.0})
+    for (double x :
+         {static_cast<double>(s.step), s.loss, s.step_s, s.compute_s, s.optimizer_s, s.copy_s,
+          s.step_cpu_s, s.compute_cpu_s, s.comm_wait_s, s.forward_s, s.backward_s, s.gather_wait_s,
+          s.reduce_wait_s, s.replica_wait_s, s.loss_scale, s.skipped ? 1.0 : 0.0})
       v.push_back(x);
     for (const auto& t : s.collectives.kinds)
       for (double x : {static_cast<double>(t.calls), t.seconds, t.size_bytes, t.bytes_sent})
@@ -103,19 +98,16 @@ RankRecord unpack(const std::vector<double>& v, std::size_t steps) {
   std::size_t i = 0;
   auto next = [&] { return v[i++]; };
   auto as_int = [](double x) {
-    const auto n = costmodel::rounded_count(x); // packed from int64s: a count past 2^62 is corrupt
-    if (!n)
-      throw std::invalid_argument(fmt::format("rank record holds {}, not a count", x));
+    const auto n = costmodel::rounded_count(x);  // packed from int64s: a count past 2^62 is corrupt
+    if (!n) throw std::invalid_argument(fmt::format("rank record holds {}, not a count", x));
     return *n;
   };
   r.rank = static_cast<int>(as_int(next()));
   r.peak_bytes = as_int(next());
   const double capacity = next();
   r.capacity_bytes = capacity < 0 ? TrackedAllocator::kUnlimited : as_int(capacity);
-  for (auto c : kMemoryCategories)
-    r.at_peak[c] = as_int(next());
-  for (auto c : kMemoryCategories)
-    r.category_peaks[c] = as_int(next());
+  for (auto c : kMemoryCategories) r.at_peak[c] = as_int(next());
+  for (auto c : kMemoryCategories) r.category_peaks[c] = as_int(next());
   r.reserved_peak_bytes = as_int(next());
   r.context_bytes = as_int(next());
   r.nccl_bytes = as_int(next());
@@ -150,8 +142,7 @@ RankRecord unpack(const std::vector<double>& v, std::size_t steps) {
 
 double steady_median(const std::vector<StepReport>& steps, double StepReport::*field) {
   std::vector<double> v;
-  for (const auto& s : steady(steps))
-    v.push_back(s.*field);
+  for (const auto& s : steady(steps)) v.push_back(s.*field);
   return median(v);
 }
 
@@ -182,8 +173,7 @@ nlohmann::json environment_json(const RunSetup& setup, const RunEnvironment& env
                         {"assertions", true}
 #endif
                        }}};
-  if (!env.device.empty())
-    j["device"] = env.device;
+  if (!env.device.empty()) j["device"] = env.device;
   if (env.rehearsal) {
     j["rehearsed_rank"] = env.rehearsed_rank;
     j["collective_time"] =
@@ -192,8 +182,8 @@ nlohmann::json environment_json(const RunSetup& setup, const RunEnvironment& env
   return j;
 }
 
-nlohmann::json execution_json(const RunSetup& setup, const ShardingEngine& engine, std::size_t steps,
-                              bool on_device) {
+nlohmann::json execution_json(const RunSetup& setup, const ShardingEngine& engine,
+                              std::size_t steps, bool on_device) {
   const auto& eo = engine.options();
   return {
       {"precision", costmodel::precision_name(eo.precision)},
@@ -226,8 +216,7 @@ std::int64_t peak_of(const RankRecord& r, bool on_device) {
 
 MemoryBreakdown at_peak_of(const RankRecord& r, bool on_device) {
   MemoryBreakdown b = r.at_peak;
-  if (on_device)
-    b[MemoryCategory::overhead] += peak_of(r, on_device) - r.peak_bytes;
+  if (on_device) b[MemoryCategory::overhead] += peak_of(r, on_device) - r.peak_bytes;
   return b;
 }
 
@@ -247,7 +236,9 @@ nlohmann::json step_json(const StepReport& s) {
           {"backward_s", s.backward_s},
           {"comm_wait_s", s.comm_wait_s},
           {"comm_wait_by_stream_s",
-           {{"all_gather", s.gather_wait_s}, {"reduce", s.reduce_wait_s}, {"replica", s.replica_wait_s}}},
+           {{"all_gather", s.gather_wait_s},
+            {"reduce", s.reduce_wait_s},
+            {"replica", s.replica_wait_s}}},
           {"loss_scale", s.loss_scale},
           {"skipped", s.skipped},
           {"collectives_s", coll}};
@@ -262,28 +253,27 @@ nlohmann::json rank_memory_json(const RankRecord& r, bool on_device) {
                                                   ? nlohmann::json(nullptr)
                                                   : nlohmann::json(r.capacity_bytes)}};
   if (on_device)
-    memory["device"] = {{"reserved_peak_bytes", r.reserved_peak_bytes},
-                        {"allocated_peak_bytes", r.peak_bytes},
-                        {"fragmentation", r.peak_bytes > 0 ? static_cast<double>(r.reserved_peak_bytes) /
-                                                                     static_cast<double>(r.peak_bytes) -
-                                                                 1.0
-                                                           : 0.0},
-                        {"cuda_context_bytes", r.context_bytes},
-                        {"nccl_workspace_bytes", r.nccl_bytes}};
+    memory["device"] = {
+        {"reserved_peak_bytes", r.reserved_peak_bytes},
+        {"allocated_peak_bytes", r.peak_bytes},
+        {"fragmentation",
+         r.peak_bytes > 0
+             ? static_cast<double>(r.reserved_peak_bytes) / static_cast<double>(r.peak_bytes) - 1.0
+             : 0.0},
+        {"cuda_context_bytes", r.context_bytes},
+        {"nccl_workspace_bytes", r.nccl_bytes}};
   return memory;
 }
 
 // Medians over the steady steps (2..K), each step's record as well.
 nlohmann::json rank_time_json(const RankRecord& r, double step_median) {
   nlohmann::json steps = nlohmann::json::array();
-  for (const auto& s : r.steps)
-    steps.push_back(step_json(s));
+  for (const auto& s : r.steps) steps.push_back(step_json(s));
   nlohmann::json coll_median = nlohmann::json::object();
   double coll_sum = 0;
   for (std::size_t k = 0; k < kCollectiveKindCount; ++k) {
     std::vector<double> v;
-    for (const auto& s : steady(r.steps))
-      v.push_back(s.collectives.kinds[k].seconds);
+    for (const auto& s : steady(r.steps)) v.push_back(s.collectives.kinds[k].seconds);
     const double m = median(v);
     coll_median[collective_kind_name(static_cast<CollectiveKind>(k))] = m;
     coll_sum += m;
@@ -308,8 +298,7 @@ nlohmann::json rank_time_json(const RankRecord& r, double step_median) {
 
 nlohmann::json rank_json(const RankRecord& r, double step_median, bool on_device) {
   CollectiveStats total;
-  for (const auto& s : r.steps)
-    total += s.collectives;
+  for (const auto& s : r.steps) total += s.collectives;
   return {{"rank", r.rank},
           {"memory", rank_memory_json(r, on_device)},
           {"time", rank_time_json(r, step_median)},
@@ -317,13 +306,13 @@ nlohmann::json rank_json(const RankRecord& r, double step_median, bool on_device
 }
 
 // The summary: memory of the rank with the highest peak, time of the slowest rank.
-nlohmann::json summary_json(const nlohmann::json& peak, const nlohmann::json& slow, const RankRecord& slow_record,
-                            const EngineOptions& eo, const RunEnvironment& env) {
+nlohmann::json summary_json(const nlohmann::json& peak, const nlohmann::json& slow,
+                            const RankRecord& slow_record, const EngineOptions& eo,
+                            const RunEnvironment& env) {
   // Bytes the slowest rank sent per step (the cost model's comm_bytes_per_gpu).
   double bytes_sent = 0;
   for (const auto& s : slow_record.steps)
-    for (const auto& t : s.collectives.kinds)
-      bytes_sent += t.bytes_sent;
+    for (const auto& t : s.collectives.kinds) bytes_sent += t.bytes_sent;
   const double steps = static_cast<double>(std::max<std::size_t>(1, slow_record.steps.size()));
   const double step_s = slow["time"]["step_s"].get<double>();
   const double flops = model_flops_per_step(eo);
@@ -359,17 +348,15 @@ nlohmann::json summary_json(const nlohmann::json& peak, const nlohmann::json& sl
       time["mfu"] = flops / step_s / env.peak_flops;
     }
   }
-  if (!env.device.empty())
-    summary["memory"]["device"] = peak["memory"]["device"];
+  if (!env.device.empty()) summary["memory"]["device"] = peak["memory"]["device"];
   return summary;
 }
 
-} // namespace
+}  // namespace
 
 nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                             const std::vector<RankRecord>& ranks, const RunEnvironment& env) {
-  if (ranks.empty())
-    throw std::invalid_argument("no rank records");
+  if (ranks.empty()) throw std::invalid_argument("no rank records");
   const auto& eo = engine.options();
   const bool on_device = !env.device.empty();
   nlohmann::json doc;
@@ -385,8 +372,7 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
   doc["execution"] = execution_json(setup, engine, ranks.front().steps.size(), on_device);
 
   nlohmann::json loss = nlohmann::json::array();
-  for (const auto& s : ranks.front().steps)
-    loss.push_back(s.loss);
+  for (const auto& s : ranks.front().steps) loss.push_back(s.loss);
   doc["loss"] = loss;
 
   nlohmann::json per_rank = nlohmann::json::array();
@@ -394,16 +380,15 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
   std::vector<double> step_medians;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const auto& r = ranks[i];
-    if (peak_of(r, on_device) > peak_of(ranks[peak_rank], on_device))
-      peak_rank = i;
+    if (peak_of(r, on_device) > peak_of(ranks[peak_rank], on_device)) peak_rank = i;
     step_medians.push_back(steady_median(r.steps, &StepReport::step_s));
-    if (step_medians.back() > step_medians[slow_rank])
-      slow_rank = i;
+    if (step_medians.back() > step_medians[slow_rank]) slow_rank = i;
     per_rank.push_back(rank_json(r, step_medians.back(), on_device));
   }
   doc["ranks"] = per_rank;
-  doc["summary"] = summary_json(per_rank[peak_rank], per_rank[slow_rank], ranks[slow_rank], eo, env);
+  doc["summary"] =
+      summary_json(per_rank[peak_rank], per_rank[slow_rank], ranks[slow_rank], eo, env);
   return doc;
 }
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

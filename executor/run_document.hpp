@@ -44,13 +44,13 @@ namespace shardplan::executor {
 struct RankRecord {
   int rank = 0;
   std::int64_t peak_bytes = 0;
-  MemoryBreakdown at_peak;        // when the total peaked
-  MemoryBreakdown category_peaks; // each category's own highest
+  MemoryBreakdown at_peak;         // when the total peaked
+  MemoryBreakdown category_peaks;  // each category's own highest
   std::int64_t capacity_bytes = 0;
   // The CUDA backend's device (device_run.hpp); 0 on the CPU backend.
-  std::int64_t reserved_peak_bytes = 0; // the caching pool's highest reserved
-  std::int64_t context_bytes = 0;       // the CUDA context
-  std::int64_t nccl_bytes = 0;          // the NCCL communicators' workspace
+  std::int64_t reserved_peak_bytes = 0;  // the caching pool's highest reserved
+  std::int64_t context_bytes = 0;        // the CUDA context
+  std::int64_t nccl_bytes = 0;           // the NCCL communicators' workspace
   std::vector<StepReport> steps;
 };
 
@@ -59,9 +59,9 @@ RankRecord unpack(const std::vector<double>& v, std::size_t steps);
 std::size_t packed_size(std::size_t steps);
 
 struct RunEnvironment {
-  std::string backend;            // "mpi", "nccl" or "rehearsal"
-  std::string library;            // "Open MPI v4.1.4"
-  std::vector<std::string> hosts; // per rank
+  std::string backend;             // "mpi", "nccl" or "rehearsal"
+  std::string library;             // "Open MPI v4.1.4"
+  std::vector<std::string> hosts;  // per rank
   bool rehearsal = false;
   int rehearsed_rank = -1;
   std::string device;     // the GPU's name on the CUDA backend; "" on CPUs
@@ -78,4 +78,4 @@ double steady_median(const std::vector<StepReport>& steps, double StepReport::*f
 nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                             const std::vector<RankRecord>& ranks, const RunEnvironment& env);
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

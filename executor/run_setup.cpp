@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/accounting.hpp"
 #include "core/input_error.hpp"
+#include "costmodel/accounting.hpp"
 #include "executor/host_offload.hpp"
 #include "executor/model_layout.hpp"
 
@@ -27,11 +27,13 @@ void check_runnable(const costmodel::Plan& p, int world, const RunRequest& reque
     throw InputError("/job/optimizer", fmt::format("the executor runs adamw only, got \"{}\"",
                                                    costmodel::optimizer_name(job.optimizer)));
   if (job.recipe != costmodel::Recipe::executor)
-    throw InputError("/job/recipe",
-                     fmt::format("the executor runs its own model code, planned as recipe \"executor\", "
-                                 "got \"{}\"; plan with --recipe executor",
-                                 costmodel::recipe_name(job.recipe)));
-  if (job.checkpointing != costmodel::Checkpointing::none && job.checkpointing != costmodel::Checkpointing::full)
+    throw InputError(
+        "/job/recipe",
+        fmt::format("the executor runs its own model code, planned as recipe \"executor\", "
+                    "got \"{}\"; plan with --recipe executor",
+                    costmodel::recipe_name(job.recipe)));
+  if (job.checkpointing != costmodel::Checkpointing::none &&
+      job.checkpointing != costmodel::Checkpointing::full)
     throw InputError("/job/checkpointing",
                      fmt::format("the executor checkpoints every block or none, got \"{}\"; plan "
                                  "with --checkpointing none or full",
@@ -40,10 +42,9 @@ void check_runnable(const costmodel::Plan& p, int world, const RunRequest& reque
     throw InputError("/job/loss", fmt::format("the executor's loss is upcast, got \"{}\"",
                                               costmodel::loss_label(job)));
   if (p.spec.offload != costmodel::Offload::none && request.gpu)
-    throw InputError(
-        "/sharding/offload",
-        fmt::format("{} does not offload (the CPU executor does), got \"{}\"", executor,
-                    costmodel::offload_name(p.spec.offload)));
+    throw InputError("/sharding/offload",
+                     fmt::format("{} does not offload (the CPU executor does), got \"{}\"",
+                                 executor, costmodel::offload_name(p.spec.offload)));
   try {
     (void)offload_policy(p.spec);
   } catch (const std::invalid_argument& error) {
@@ -75,7 +76,7 @@ void set_engine_options(RunSetup& r, int world, const RunRequest& request) {
     e.model = scale_down(p.model, *request.scale);
     r.scaled = true;
   }
-  GptLayout check(e.model); // throws for what the model cannot build
+  GptLayout check(e.model);  // throws for what the model cannot build
   e.spec = p.spec;
   e.micro_batch = {job.micro_batch, job.seq_len};
   if (request.scale_seq) {
@@ -141,7 +142,7 @@ void add_deviations(RunSetup& r) {
         "is for the unscaled model");
 }
 
-} // namespace
+}  // namespace
 
 RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const RunRequest& request) {
   RunSetup r;
@@ -168,8 +169,7 @@ double least_rank_bytes(const RunSetup& setup) {
 
 void check_run_size(const RunSetup& setup, const RunRequest& request, double host_memory_bytes) {
   const double need = least_rank_bytes(setup);
-  if (!(host_memory_bytes > 0 && need > host_memory_bytes))
-    return;
+  if (!(host_memory_bytes > 0 && need > host_memory_bytes)) return;
   const std::string limit =
       fmt::format("this host's {:.1f} GiB of memory", host_memory_bytes / 1073741824.0);
   const auto& e = setup.engine;
@@ -177,11 +177,9 @@ void check_run_size(const RunSetup& setup, const RunRequest& request, double hos
       fmt::format("micro-batches of {} sequences of {} tokens of {} need at least {:.3g} bytes per "
                   "rank, more than {}",
                   e.micro_batch.batch, e.micro_batch.seq, e.model.name, need, limit);
-  if (request.scale_seq)
-    throw InputError("--seq-len", what);
-  if (request.scale)
-    throw InputError("--layers", what);
+  if (request.scale_seq) throw InputError("--seq-len", what);
+  if (request.scale) throw InputError("--layers", what);
   throw InputError("/job/seq_len", what);
 }
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

@@ -30,24 +30,24 @@ namespace shardplan::executor {
 struct RunRequest {
   std::int64_t steps = 3;
   std::uint64_t seed = 1234;
-  std::optional<ScaledSize> scale;       // run a scaled copy of the plan's model
-  std::optional<std::int64_t> scale_seq; // and a shorter sequence
+  std::optional<ScaledSize> scale;        // run a scaled copy of the plan's model
+  std::optional<std::int64_t> scale_seq;  // and a shorter sequence
   bool prefetch_as_planned = false;
   // The cpu backend under mpirun: each group's collectives on a thread of its own
   // (comm/host_stream.hpp), overlapping the compute as a GPU's streams do; the gathers are then
   // issued ahead as the plan says.
   bool collective_streams = false;
   double lr = 1e-3;
-  bool gpu = false; // the CUDA backend (executor --backend cuda)
+  bool gpu = false;  // the CUDA backend (executor --backend cuda)
 };
 
 struct RunSetup {
   costmodel::Plan plan;
   EngineOptions engine;
   int world = 1;
-  std::int64_t global_batch = 0;       // sequences per step in the run
-  bool scaled = false;                 // the run's model or sequence differs from the plan's
-  std::vector<std::string> deviations; // what runs differently from the plan, in words
+  std::int64_t global_batch = 0;        // sequences per step in the run
+  bool scaled = false;                  // the run's model or sequence differs from the plan's
+  std::vector<std::string> deviations;  // what runs differently from the plan, in words
 };
 
 // Throws costmodel::InputError (bad or unrunnable plan, bad scale).
@@ -64,4 +64,4 @@ double least_rank_bytes(const RunSetup& setup);
 // out-of-memory error (exit code 3), as a device of that size would.
 void check_run_size(const RunSetup& setup, const RunRequest& request, double host_memory_bytes);
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

@@ -15,4 +15,4 @@ namespace shardplan::executor {
 // Throws costmodel::InputError.
 nlohmann::json scaled_config(const std::string& source, const ScaledSize& size);
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

@@ -31,8 +31,7 @@ ScaledSize complete_size(const ModelSpec& source, const ScaledSize& size) {
   if (s.kv_heads == 0)
     s.kv_heads = std::max<std::int64_t>(1, s.heads * source.kv_heads / source.heads);
   if (s.intermediate == 0)
-    s.intermediate =
-        std::max<std::int64_t>(1, s.hidden * source.intermediate / source.hidden);
+    s.intermediate = std::max<std::int64_t>(1, s.hidden * source.intermediate / source.hidden);
   if (s.max_positions == 0) s.max_positions = source.max_positions;
   if (s.head_dim == 0) {
     if (s.hidden % s.heads != 0)
@@ -41,8 +40,8 @@ ScaledSize complete_size(const ModelSpec& source, const ScaledSize& size) {
     s.head_dim = s.hidden / s.heads;
   }
   if (s.kv_heads < 1 || s.heads % s.kv_heads != 0)
-    throw InputError("--scale", fmt::format("{} key/value heads do not divide {} heads",
-                                            s.kv_heads, s.heads));
+    throw InputError("--scale",
+                     fmt::format("{} key/value heads do not divide {} heads", s.kv_heads, s.heads));
 
   const bool llama_family = source.architecture == Architecture::llama ||
                             source.architecture == Architecture::mistral ||
@@ -62,45 +61,45 @@ ScaledSize complete_size(const ModelSpec& source, const ScaledSize& size) {
 nlohmann::json scaled_config(const ModelSpec& source, const ScaledSize& s) {
   nlohmann::json config = {{"architectures", {costmodel::architecture_name(source.architecture)}}};
   switch (source.architecture) {
-    case Architecture::gpt2:
-      config.update({{"n_embd", s.hidden},
-                     {"n_layer", s.layers},
-                     {"n_head", s.heads},
-                     {"n_inner", s.intermediate},
-                     {"vocab_size", s.vocab},
-                     {"n_positions", s.max_positions},
-                     {"tie_word_embeddings", source.tied_embeddings},
-                     {"attn_pdrop", dropout(source.attention_dropout)},
-                     {"resid_pdrop", dropout(source.residual_dropout)}});
-      break;
-    case Architecture::gpt_neox:
-      config.update({{"hidden_size", s.hidden},
-                     {"num_hidden_layers", s.layers},
-                     {"num_attention_heads", s.heads},
-                     {"intermediate_size", s.intermediate},
-                     {"vocab_size", s.vocab},
-                     {"max_position_embeddings", s.max_positions},
-                     {"tie_word_embeddings", source.tied_embeddings},
-                     {"use_parallel_residual", source.parallel_residual},
-                     {"attention_bias", has_tensor(source.block, "attention.query_key_value.bias")},
-                     {"attention_dropout", dropout(source.attention_dropout)}});
-      break;
-    default:
-      config.update({{"hidden_size", s.hidden},
-                     {"num_hidden_layers", s.layers},
-                     {"num_attention_heads", s.heads},
-                     {"num_key_value_heads", s.kv_heads},
-                     {"head_dim", s.head_dim},
-                     {"intermediate_size", s.intermediate},
-                     {"vocab_size", s.vocab},
-                     {"max_position_embeddings", s.max_positions},
-                     {"tie_word_embeddings", source.tied_embeddings},
-                     {"hidden_act", "silu"},
-                     {"attention_dropout", dropout(source.attention_dropout)}});
-      if (source.architecture == Architecture::llama)
-        config.update({{"attention_bias", has_tensor(source.block, "self_attn.q_proj.bias")},
-                       {"mlp_bias", has_tensor(source.block, "mlp.gate_proj.bias")}});
-      break;
+  case Architecture::gpt2:
+    config.update({{"n_embd", s.hidden},
+                   {"n_layer", s.layers},
+                   {"n_head", s.heads},
+                   {"n_inner", s.intermediate},
+                   {"vocab_size", s.vocab},
+                   {"n_positions", s.max_positions},
+                   {"tie_word_embeddings", source.tied_embeddings},
+                   {"attn_pdrop", dropout(source.attention_dropout)},
+                   {"resid_pdrop", dropout(source.residual_dropout)}});
+    break;
+  case Architecture::gpt_neox:
+    config.update({{"hidden_size", s.hidden},
+                   {"num_hidden_layers", s.layers},
+                   {"num_attention_heads", s.heads},
+                   {"intermediate_size", s.intermediate},
+                   {"vocab_size", s.vocab},
+                   {"max_position_embeddings", s.max_positions},
+                   {"tie_word_embeddings", source.tied_embeddings},
+                   {"use_parallel_residual", source.parallel_residual},
+                   {"attention_bias", has_tensor(source.block, "attention.query_key_value.bias")},
+                   {"attention_dropout", dropout(source.attention_dropout)}});
+    break;
+  default:
+    config.update({{"hidden_size", s.hidden},
+                   {"num_hidden_layers", s.layers},
+                   {"num_attention_heads", s.heads},
+                   {"num_key_value_heads", s.kv_heads},
+                   {"head_dim", s.head_dim},
+                   {"intermediate_size", s.intermediate},
+                   {"vocab_size", s.vocab},
+                   {"max_position_embeddings", s.max_positions},
+                   {"tie_word_embeddings", source.tied_embeddings},
+                   {"hidden_act", "silu"},
+                   {"attention_dropout", dropout(source.attention_dropout)}});
+    if (source.architecture == Architecture::llama)
+      config.update({{"attention_bias", has_tensor(source.block, "self_attn.q_proj.bias")},
+                     {"mlp_bias", has_tensor(source.block, "mlp.gate_proj.bias")}});
+    break;
   }
   return config;
 }
@@ -112,9 +111,9 @@ ModelSpec scale_down(const ModelSpec& source, const ScaledSize& size) {
     throw InputError("--scale", "a bare parameter count has no architecture to scale down");
   const ScaledSize s = complete_size(source, size);
   const nlohmann::json config = scaled_config(source, s);
-  const std::string name = fmt::format("{} scaled to L={} h={} a={} kv={} d={} I={} V={}",
-                                       source.name, s.layers, s.hidden, s.heads, s.kv_heads,
-                                       s.head_dim, s.intermediate, s.vocab);
+  const std::string name =
+      fmt::format("{} scaled to L={} h={} a={} kv={} d={} I={} V={}", source.name, s.layers,
+                  s.hidden, s.heads, s.kv_heads, s.head_dim, s.intermediate, s.vocab);
   ModelSpec scaled = costmodel::model_from_hf_config(config, name);
   scaled.residual_dropout = source.residual_dropout;
   return scaled;

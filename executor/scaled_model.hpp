@@ -15,9 +15,9 @@ struct ScaledSize {
   std::int64_t layers = 0;
   std::int64_t hidden = 0;
   std::int64_t heads = 0;
-  std::int64_t kv_heads = 0;       // 0: as many as heads (no GQA), or heads / (the source's ratio)
-  std::int64_t head_dim = 0;       // 0: hidden / heads. Only Llama-family configs may set another
-  std::int64_t intermediate = 0;   // 0: the source's intermediate / hidden ratio
+  std::int64_t kv_heads = 0;      // 0: as many as heads (no GQA), or heads / (the source's ratio)
+  std::int64_t head_dim = 0;      // 0: hidden / heads. Only Llama-family configs may set another
+  std::int64_t intermediate = 0;  // 0: the source's intermediate / hidden ratio
   std::int64_t vocab = 0;
   std::int64_t max_positions = 0;  // 0: the source's (size of GPT-2's learned position table)
 };

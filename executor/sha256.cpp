@@ -42,11 +42,9 @@ constexpr std::uint32_t small_sigma1(std::uint32_t x) {
   return std::rotr(x, 17) ^ std::rotr(x, 19) ^ (x >> 10);
 }
 
-} // namespace
+}  // namespace
 
-Sha256::Sha256() {
-  reset();
-}
+Sha256::Sha256() { reset(); }
 
 void Sha256::reset() {
   h_ = kH0;
@@ -77,8 +75,7 @@ void Sha256::compress(const std::uint8_t* block) {
     a = t1 + t2;
   }
   const std::array<std::uint32_t, 8> v = {a, b, c, d, e, f, g, h};
-  for (std::size_t i = 0; i < 8; ++i)
-    h_[i] += v[i];
+  for (std::size_t i = 0; i < 8; ++i) h_[i] += v[i];
 }
 
 void Sha256::update(std::span<const std::uint8_t> bytes) {
@@ -89,13 +86,11 @@ void Sha256::update(std::span<const std::uint8_t> bytes) {
     std::memcpy(block_.data() + used_, bytes.data(), take);
     used_ += take;
     i = take;
-    if (used_ < block_.size())
-      return;
+    if (used_ < block_.size()) return;
     compress(block_.data());
     used_ = 0;
   }
-  for (; i + 64 <= bytes.size(); i += 64)
-    compress(bytes.data() + i);
+  for (; i + 64 <= bytes.size(); i += 64) compress(bytes.data() + i);
   std::memcpy(block_.data(), bytes.data() + i, bytes.size() - i);
   used_ = bytes.size() - i;
 }
@@ -143,4 +138,4 @@ std::string Sha256::hex(const Digest& digest) {
   return out;
 }
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

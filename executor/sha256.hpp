@@ -27,13 +27,13 @@ public:
   static std::string hex(const Digest& digest);
 
 private:
-  void compress(const std::uint8_t* block); // one 512-bit block, §6.2.2
+  void compress(const std::uint8_t* block);  // one 512-bit block, §6.2.2
   void reset();
 
   std::array<std::uint32_t, 8> h_{};
   std::array<std::uint8_t, 64> block_{};
-  std::size_t used_ = 0;     // bytes waiting in block_
-  std::uint64_t length_ = 0; // message bytes so far
+  std::size_t used_ = 0;      // bytes waiting in block_
+  std::uint64_t length_ = 0;  // message bytes so far
 };
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

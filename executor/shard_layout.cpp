@@ -48,4 +48,4 @@ ShardLayout make_shard_layout(const GptLayout& layout, const costmodel::Sharding
   return s;
 }
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

@@ -25,19 +25,19 @@
 namespace shardplan::executor {
 
 struct UnitShards {
-  std::int64_t size = 0;       // n, elements of the unit
-  std::int64_t padded = 0;     // n rounded up to a multiple of S
-  std::int64_t chunk = 0;      // padded / S, one rank's part
-  bool params_sharded = false; // parameters partitioned at rest, all-gathered before use
+  std::int64_t size = 0;        // n, elements of the unit
+  std::int64_t padded = 0;      // n rounded up to a multiple of S
+  std::int64_t chunk = 0;       // padded / S, one rank's part
+  bool params_sharded = false;  // parameters partitioned at rest, all-gathered before use
 };
 
 struct ShardLayout {
-  int world = 1;                 // ranks in the job
-  int group = 1;                 // S, ranks of a shard group (HSDP: fewer than the world)
-  int replicas = 1;              // world / S
-  int shard_rank = 0;            // this rank's index in its shard group: world rank % S
-  int replica_rank = 0;          // its shard group's index: world rank / S
-  std::vector<UnitShards> units; // 0 the embedding, 1..L the blocks, L + 1 the head
+  int world = 1;                  // ranks in the job
+  int group = 1;                  // S, ranks of a shard group (HSDP: fewer than the world)
+  int replicas = 1;               // world / S
+  int shard_rank = 0;             // this rank's index in its shard group: world rank % S
+  int replica_rank = 0;           // its shard group's index: world rank / S
+  std::vector<UnitShards> units;  // 0 the embedding, 1..L the blocks, L + 1 the head
 
   // Whole-unit buffers hold `padded` elements where a rank updates only its chunk and the chunks
   // are then all-gathered in place (sharded optimizer); otherwise exactly `size`.
@@ -50,4 +50,4 @@ struct ShardLayout {
 ShardLayout make_shard_layout(const GptLayout& layout, const costmodel::ShardingSpec& spec,
                               int world, int world_rank);
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

@@ -14,8 +14,7 @@ public:
       : memory_(memory), bytes_(bytes),
         data_(bytes ? memory.allocate(static_cast<std::int64_t>(bytes), true) : nullptr) {}
   ~SourceBuffer() override {
-    if (data_)
-      memory_.free(data_, static_cast<std::int64_t>(bytes_));
+    if (data_) memory_.free(data_, static_cast<std::int64_t>(bytes_));
   }
   void* data() override { return data_; }
   std::size_t bytes() const override { return bytes_; }
@@ -34,7 +33,7 @@ private:
   void* data_;
 };
 
-} // namespace
+}  // namespace
 
 StandInCommunicator::StandInCommunicator(int rank, int size, MemorySource* memory)
     : rank_(rank), size_(size), memory_(memory ? memory : &heap_) {
@@ -43,8 +42,7 @@ StandInCommunicator::StandInCommunicator(int rank, int size, MemorySource* memor
 }
 
 void StandInCommunicator::copy(const void* send, void* recv, std::size_t bytes) {
-  if (send != recv && bytes > 0)
-    memory_->copy(recv, send, static_cast<std::int64_t>(bytes));
+  if (send != recv && bytes > 0) memory_->copy(recv, send, static_cast<std::int64_t>(bytes));
 }
 
 std::unique_ptr<comm::CommBuffer> StandInCommunicator::allocate(std::size_t bytes) {
@@ -58,8 +56,7 @@ void StandInCommunicator::do_all_reduce(const void* send, void* recv, std::size_
 
 void StandInCommunicator::do_reduce(const void* send, void* recv, std::size_t count,
                                     comm::DataType type, int root, comm::ReduceOp) {
-  if (rank_ == root)
-    copy(send, recv, count * comm::element_bytes(type));
+  if (rank_ == root) copy(send, recv, count * comm::element_bytes(type));
 }
 
 void StandInCommunicator::all_gather(const void* send, void* recv, std::size_t count,
@@ -69,8 +66,7 @@ void StandInCommunicator::all_gather(const void* send, void* recv, std::size_t c
   const unsigned char* mine = out + static_cast<std::size_t>(rank_) * block;
   copy(send, out + static_cast<std::size_t>(rank_) * block, block);
   for (int r = 0; r < size_; ++r)
-    if (r != rank_)
-      copy(mine, out + static_cast<std::size_t>(r) * block, block);
+    if (r != rank_) copy(mine, out + static_cast<std::size_t>(r) * block, block);
 }
 
 void StandInCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_t count,
@@ -91,4 +87,4 @@ std::unique_ptr<comm::Communicator> StandInCommunicator::split(int, int) {
   return std::make_unique<StandInCommunicator>(0, 1, memory_);
 }
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

@@ -56,4 +56,4 @@ private:
   MemorySource* memory_;
 };
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

@@ -7,8 +7,7 @@ namespace shardplan::executor {
 // ---- CheckedMemory
 
 CheckedMemory::~CheckedMemory() {
-  for (auto [p, bytes] : quarantine_)
-    heap_.free(p, bytes);
+  for (auto [p, bytes] : quarantine_) heap_.free(p, bytes);
 }
 
 void* CheckedMemory::allocate(std::int64_t bytes, bool zero) {
@@ -54,8 +53,7 @@ void CheckedCommunicator::access(const void* send, std::int64_t send_bytes, cons
   const auto* s = static_cast<const char*>(send);
   const auto* r = static_cast<const char*>(recv);
   const bool in_place = r != nullptr && s >= r && s + send_bytes <= r + recv_bytes;
-  if (!in_place)
-    checker_.read(this, send, send_bytes, what);
+  if (!in_place) checker_.read(this, send, send_bytes, what);
   checker_.write(this, recv, recv_bytes, what);
 }
 
@@ -80,8 +78,8 @@ void CheckedCommunicator::do_reduce(const void* send, void* recv, std::size_t co
 
 void CheckedCommunicator::all_gather(const void* send, void* recv, std::size_t count,
                                      comm::DataType type) {
-  access(send, bytes_of(count, type), recv, bytes_of(count * static_cast<std::size_t>(size()), type),
-         "all-gather");
+  access(send, bytes_of(count, type), recv,
+         bytes_of(count * static_cast<std::size_t>(size()), type), "all-gather");
   inner_.all_gather(send, recv, count, type);
 }
 
@@ -122,8 +120,7 @@ CheckedBackend<S>::CheckedBackend(Backend<S>& inner, StreamOrderChecker& checker
 
 template <class S>
 StreamOrderChecker::Stream CheckedBackend<S>::stream_of(const comm::Communicator* c) const {
-  if (c == nullptr || c->stream_handle() == nullptr)
-    return compute();
+  if (c == nullptr || c->stream_handle() == nullptr) return compute();
   return c->stream_handle();
 }
 
@@ -224,8 +221,8 @@ void CheckedBackend<S>::rmsnorm_backward(S* dx, S* dw, const S* dy, const S* x, 
 }
 
 template <class S>
-void CheckedBackend<S>::rope_forward(S* x, std::int64_t batch, std::int64_t seq,
-                                     std::int64_t heads, std::int64_t head_dim, double theta) {
+void CheckedBackend<S>::rope_forward(S* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                                     std::int64_t head_dim, double theta) {
   w(x, batch * seq * heads * head_dim, "rotary forward");
   inner_.rope_forward(x, batch, seq, heads, head_dim, theta);
 }
@@ -239,9 +236,8 @@ void CheckedBackend<S>::rope_backward(S* dx, std::int64_t batch, std::int64_t se
 
 template <class S>
 void CheckedBackend<S>::attention_forward(S* out, S* probs, const S* q, const S* k, const S* v,
-                                          std::int64_t batch, std::int64_t seq,
-                                          std::int64_t heads, std::int64_t kv_heads,
-                                          std::int64_t head_dim) {
+                                          std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                                          std::int64_t kv_heads, std::int64_t head_dim) {
   const std::int64_t n = batch * seq;
   r(q, n * heads * head_dim, "attention forward");
   r(k, n * kv_heads * head_dim, "attention forward");
@@ -254,9 +250,8 @@ void CheckedBackend<S>::attention_forward(S* out, S* probs, const S* q, const S*
 template <class S>
 void CheckedBackend<S>::attention_backward(S* dq, S* dk, S* dv, S* scratch, const S* dout,
                                            const S* probs, const S* q, const S* k, const S* v,
-                                           std::int64_t batch, std::int64_t seq,
-                                           std::int64_t heads, std::int64_t kv_heads,
-                                           std::int64_t head_dim) {
+                                           std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                                           std::int64_t kv_heads, std::int64_t head_dim) {
   const std::int64_t n = batch * seq;
   r(dout, n * heads * head_dim, "attention backward");
   r(probs, batch * heads * seq * seq, "attention backward");
@@ -267,13 +262,13 @@ void CheckedBackend<S>::attention_backward(S* dq, S* dk, S* dv, S* scratch, cons
   w(dq, n * heads * head_dim, "attention backward");
   w(dk, n * kv_heads * head_dim, "attention backward");
   w(dv, n * kv_heads * head_dim, "attention backward");
-  inner_.attention_backward(dq, dk, dv, scratch, dout, probs, q, k, v, batch, seq, heads,
-                            kv_heads, head_dim);
+  inner_.attention_backward(dq, dk, dv, scratch, dout, probs, q, k, v, batch, seq, heads, kv_heads,
+                            head_dim);
 }
 
 template <class S>
-void CheckedBackend<S>::flash_attention_forward(S* out, A* lse, const S* q, const S* k,
-                                                const S* v, std::int64_t batch, std::int64_t seq,
+void CheckedBackend<S>::flash_attention_forward(S* out, A* lse, const S* q, const S* k, const S* v,
+                                                std::int64_t batch, std::int64_t seq,
                                                 std::int64_t heads, std::int64_t kv_heads,
                                                 std::int64_t head_dim) {
   const std::int64_t n = batch * seq;
@@ -287,10 +282,10 @@ void CheckedBackend<S>::flash_attention_forward(S* out, A* lse, const S* q, cons
 
 template <class S>
 void CheckedBackend<S>::flash_attention_backward(S* dq, S* dk, S* dv, A* delta, const S* dout,
-                                                 const S* out, const A* lse, const S* q,
-                                                 const S* k, const S* v, std::int64_t batch,
-                                                 std::int64_t seq, std::int64_t heads,
-                                                 std::int64_t kv_heads, std::int64_t head_dim) {
+                                                 const S* out, const A* lse, const S* q, const S* k,
+                                                 const S* v, std::int64_t batch, std::int64_t seq,
+                                                 std::int64_t heads, std::int64_t kv_heads,
+                                                 std::int64_t head_dim) {
   const std::int64_t n = batch * seq;
   r(dout, n * heads * head_dim, "flash attention backward");
   r(out, n * heads * head_dim, "flash attention backward");
@@ -306,8 +301,7 @@ void CheckedBackend<S>::flash_attention_backward(S* dq, S* dk, S* dv, A* delta, 
                                   kv_heads, head_dim);
 }
 
-template <class S>
-void CheckedBackend<S>::gelu_forward(S* out, const S* in, std::int64_t n) {
+template <class S> void CheckedBackend<S>::gelu_forward(S* out, const S* in, std::int64_t n) {
   r(in, n, "gelu forward");
   w(out, n, "gelu forward");
   inner_.gelu_forward(out, in, n);
@@ -330,8 +324,8 @@ void CheckedBackend<S>::swiglu_forward(S* out, const S* gate, const S* up, std::
 }
 
 template <class S>
-void CheckedBackend<S>::swiglu_backward(S* dgate, S* dup, const S* dout, const S* gate,
-                                        const S* up, std::int64_t n) {
+void CheckedBackend<S>::swiglu_backward(S* dgate, S* dup, const S* dout, const S* gate, const S* up,
+                                        std::int64_t n) {
   r(dout, n, "swiglu backward");
   r(gate, n, "swiglu backward");
   r(up, n, "swiglu backward");
@@ -388,8 +382,7 @@ template <class S> void CheckedBackend<S>::add(S* dst, const S* src, std::int64_
 
 template <class S>
 void CheckedBackend<S>::adamw_step(A* params, const A* grads, A* exp_avg, A* exp_avg_sq,
-                                   std::int64_t n, std::int64_t step,
-                                   const AdamWOptions& options) {
+                                   std::int64_t n, std::int64_t step, const AdamWOptions& options) {
   r(grads, n, "optimizer step");
   w(params, n, "optimizer step");
   w(exp_avg, n, "optimizer step");

@@ -26,14 +26,14 @@
 #include <vector>
 
 #include "comm/forwarding_communicator.hpp"
+#include "executor/stream_order.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/memory_source.hpp"
-#include "executor/stream_order.hpp"
 
 namespace shardplan::executor {
 
 class CheckedMemory final : public MemorySource {
- public:
+public:
   explicit CheckedMemory(StreamOrderChecker& checker) : checker_(checker) {}
   ~CheckedMemory() override;
   // The stream of the allocations that follow (Backend::allocate_on).
@@ -49,7 +49,7 @@ class CheckedMemory final : public MemorySource {
   void read(void* host, const void* src, std::int64_t bytes) override;
   void copy(void* dst, const void* src, std::int64_t bytes) override;
 
- private:
+private:
   StreamOrderChecker& checker_;
   StreamOrderChecker::Stream stream_ = nullptr;
   HostMemory heap_;
@@ -58,7 +58,7 @@ class CheckedMemory final : public MemorySource {
 };
 
 class CheckedCommunicator final : public comm::ForwardingCommunicator {
- public:
+public:
   // Neither is owned. name: the stream's name in findings ("shard", "reduce", "replica").
   CheckedCommunicator(comm::Communicator& inner, StreamOrderChecker& checker, std::string name);
 
@@ -74,16 +74,15 @@ class CheckedCommunicator final : public comm::ForwardingCommunicator {
   void all_to_all(const void* send, void* recv, std::size_t count, comm::DataType type) override;
   void synchronize() override;
 
- private:
-  void access(const void* send, std::int64_t send_bytes, const void* recv,
-              std::int64_t recv_bytes, const char* what);
+private:
+  void access(const void* send, std::int64_t send_bytes, const void* recv, std::int64_t recv_bytes,
+              const char* what);
 
   StreamOrderChecker& checker_;
 };
 
-template <class S>
-class CheckedBackend final : public Backend<S> {
- public:
+template <class S> class CheckedBackend final : public Backend<S> {
+public:
   using A = accum_t<S>;
   using Part = typename Backend<S>::Part;
   // None is owned.
@@ -98,12 +97,12 @@ class CheckedBackend final : public Backend<S> {
                       std::int64_t out, bool accumulate) override;
   void linear_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w, std::int64_t n,
                        std::int64_t in, std::int64_t out) override;
-  void layernorm_forward(S* y, A* mean, A* rstd, const S* x, const S* w, const S* b,
-                         std::int64_t n, std::int64_t channels, A eps) override;
+  void layernorm_forward(S* y, A* mean, A* rstd, const S* x, const S* w, const S* b, std::int64_t n,
+                         std::int64_t channels, A eps) override;
   void layernorm_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w, const A* mean,
                           const A* rstd, std::int64_t n, std::int64_t channels) override;
-  void rmsnorm_forward(S* y, A* rstd, const S* x, const S* w, std::int64_t n,
-                       std::int64_t channels, A eps) override;
+  void rmsnorm_forward(S* y, A* rstd, const S* x, const S* w, std::int64_t n, std::int64_t channels,
+                       A eps) override;
   void rmsnorm_backward(S* dx, S* dw, const S* dy, const S* x, const S* w, const A* rstd,
                         std::int64_t n, std::int64_t channels) override;
   void rope_forward(S* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
@@ -139,8 +138,8 @@ class CheckedBackend final : public Backend<S> {
   void log_softmax_forward(A* logp, const S* logits, std::int64_t n, std::int64_t vocab) override;
   double nll_loss_forward(const A* logp, const std::int32_t* targets, std::int64_t n,
                           std::int64_t vocab) override;
-  void nll_loss_backward(A* dlogp, const std::int32_t* targets, std::int64_t n,
-                         std::int64_t vocab, A scale) override;
+  void nll_loss_backward(A* dlogp, const std::int32_t* targets, std::int64_t n, std::int64_t vocab,
+                         A scale) override;
   void log_softmax_backward(S* dlogits, const A* dlogp, const A* logp, std::int64_t n,
                             std::int64_t vocab) override;
   void copy(S* dst, const S* src, std::int64_t n) override;
@@ -161,7 +160,7 @@ class CheckedBackend final : public Backend<S> {
   void end(Part part) override { inner_.end(part); }
   typename Backend<S>::PartSeconds take_seconds() override { return inner_.take_seconds(); }
 
- private:
+private:
   // The checker's stream of a group: its own under CheckedCommunicator; the compute stream for a
   // group without one (as CudaBackend::stream_of).
   StreamOrderChecker::Stream stream_of(const comm::Communicator* c) const;

@@ -14,7 +14,8 @@
 //                     clock[s].
 //   any operation     is queued by the host, so it comes after everything the host already waited
 //                     for: clock[s] joins clock[host] first.
-// Memory (PyTorch's caching allocator, c10/cuda/CUDACachingAllocator.cpp, and Tensor.record_stream):
+// Memory (PyTorch's caching allocator, c10/cuda/CUDACachingAllocator.cpp, and
+// Tensor.record_stream):
 //   allocated(p, n, s)  a block handed out for stream s; its first use is an operation of s (the
 //                       allocator made s wait for the block's previous users), so every other
 //                       stream must be ordered after the allocation before it touches the block.
@@ -37,7 +38,7 @@
 namespace shardplan::executor {
 
 class StreamOrderChecker {
- public:
+public:
   using Stream = const void*;  // an opaque identity; kHost is the host thread
   static constexpr Stream kHost = nullptr;
 
@@ -65,7 +66,7 @@ class StreamOrderChecker {
   std::int64_t finding_count() const { return finding_count_; }
   std::int64_t accesses_checked() const { return accesses_; }
 
- private:
+private:
   using Clock = std::vector<std::uint64_t>;  // indexed by stream index
   struct Access {
     int stream;
@@ -93,11 +94,11 @@ class StreamOrderChecker {
   // The block holding p (live or freed), or nullptr; `base` gets its address.
   Block* block_of(const void* p, const char** base);
 
-  std::vector<Stream> streams_;                 // index -> identity
-  std::unordered_map<Stream, int> index_;       // identity -> index
-  std::vector<std::string> names_;              // index -> name ("" when unnamed)
-  std::vector<Clock> clocks_;                   // index -> vector clock
-  std::map<const char*, Block> blocks_;         // by base address; freed blocks stay (quarantine)
+  std::vector<Stream> streams_;            // index -> identity
+  std::unordered_map<Stream, int> index_;  // identity -> index
+  std::vector<std::string> names_;         // index -> name ("" when unnamed)
+  std::vector<Clock> clocks_;              // index -> vector clock
+  std::map<const char*, Block> blocks_;    // by base address; freed blocks stay (quarantine)
   std::vector<std::string> findings_;
   std::int64_t finding_count_ = 0;
   std::int64_t accesses_ = 0;

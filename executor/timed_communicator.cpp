@@ -21,7 +21,7 @@ namespace {
 double bytes_of(std::size_t count, comm::DataType type) {
   return static_cast<double>(count * comm::element_bytes(type));
 }
-} // namespace
+}  // namespace
 
 void TimedCommunicator::do_all_reduce(const void* send, void* recv, std::size_t count,
                                       comm::DataType type, comm::ReduceOp op) {
@@ -65,4 +65,4 @@ void TimedCommunicator::barrier() {
   timed(CollectiveKind::other, costmodel::Collective::all_reduce, 0, [&] { inner_.barrier(); });
 }
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

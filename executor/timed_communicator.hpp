@@ -38,4 +38,4 @@ private:
   CollectiveStats& stats_;
 };
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

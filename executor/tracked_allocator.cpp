@@ -17,12 +17,18 @@ std::string describe_bytes(std::int64_t bytes) {
 
 const char* category_name(MemoryCategory category) {
   switch (category) {
-    case MemoryCategory::parameters: return "parameters";
-    case MemoryCategory::gradients: return "gradients";
-    case MemoryCategory::optimizer_states: return "optimizer_states";
-    case MemoryCategory::activations: return "activations";
-    case MemoryCategory::buffers: return "buffers";
-    case MemoryCategory::overhead: return "overhead";
+  case MemoryCategory::parameters:
+    return "parameters";
+  case MemoryCategory::gradients:
+    return "gradients";
+  case MemoryCategory::optimizer_states:
+    return "optimizer_states";
+  case MemoryCategory::activations:
+    return "activations";
+  case MemoryCategory::buffers:
+    return "buffers";
+  case MemoryCategory::overhead:
+    return "overhead";
   }
   return "?";
 }
@@ -39,9 +45,7 @@ OutOfMemory::OutOfMemory(MemoryCategory category, std::int64_t requested_bytes,
           "out of memory: allocating {} of {} with {} in use would exceed the capacity of {}",
           describe_bytes(requested_bytes), category_name(category), describe_bytes(in_use_bytes),
           describe_bytes(capacity_bytes))),
-      category_(category),
-      requested_(requested_bytes),
-      in_use_(in_use_bytes),
+      category_(category), requested_(requested_bytes), in_use_(in_use_bytes),
       capacity_(capacity_bytes) {}
 
 TrackedAllocator::TrackedAllocator(std::int64_t capacity_bytes, MemorySource* source)

@@ -58,7 +58,7 @@ struct MemoryBreakdown {
 // "out of memory: allocating 1.50 GiB (1610612736 bytes) of activations with 1.80 GiB
 //  (1932735283 bytes) in use would exceed the capacity of 2.00 GiB (2147483648 bytes)".
 class OutOfMemory : public std::runtime_error {
- public:
+public:
   OutOfMemory(MemoryCategory category, std::int64_t requested_bytes, std::int64_t in_use_bytes,
               std::int64_t capacity_bytes);
   MemoryCategory category() const { return category_; }
@@ -66,7 +66,7 @@ class OutOfMemory : public std::runtime_error {
   std::int64_t in_use_bytes() const { return in_use_; }
   std::int64_t capacity_bytes() const { return capacity_; }
 
- private:
+private:
   MemoryCategory category_;
   std::int64_t requested_;
   std::int64_t in_use_;
@@ -77,12 +77,11 @@ class TrackedAllocator;
 
 // Owns `size()` elements of T allocated through a TrackedAllocator, and gives them back when it is
 // destroyed or reset. Move-only. The allocator must outlive every buffer it handed out.
-template <class T>
-class TrackedBuffer {
+template <class T> class TrackedBuffer {
   static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>,
                 "tracked buffers hold plain numbers");
 
- public:
+public:
   TrackedBuffer() = default;
   TrackedBuffer(const TrackedBuffer&) = delete;
   TrackedBuffer& operator=(const TrackedBuffer&) = delete;
@@ -110,7 +109,7 @@ class TrackedBuffer {
   T& operator[](std::int64_t i) { return data_[i]; }
   const T& operator[](std::int64_t i) const { return data_[i]; }
 
- private:
+private:
   friend class TrackedAllocator;
   TrackedBuffer(TrackedAllocator* allocator, T* data, std::int64_t size, MemoryCategory category)
       : allocator_(allocator), data_(data), size_(size), category_(category) {}
@@ -131,7 +130,7 @@ class TrackedBuffer {
 using Buffer = TrackedBuffer<float>;
 
 class TrackedAllocator {
- public:
+public:
   static constexpr std::int64_t kUnlimited = std::numeric_limits<std::int64_t>::max();
 
   // capacity_bytes: the most bytes that may be in use at once (kUnlimited: no limit). source: where
@@ -144,8 +143,7 @@ class TrackedAllocator {
   // `count` zero-initialised elements of T (zeroing touches every page, so the memory is really
   // resident). Throws OutOfMemory when the capacity would be crossed, std::invalid_argument for a
   // negative or overflowing count. A count of 0 gives an empty buffer and counts nothing.
-  template <class T>
-  TrackedBuffer<T> allocate(MemoryCategory category, std::int64_t count) {
+  template <class T> TrackedBuffer<T> allocate(MemoryCategory category, std::int64_t count) {
     if (count < 0 || count > kUnlimited / static_cast<std::int64_t>(sizeof(T)))
       throw_bad_count(count, sizeof(T));
     if (count == 0) return {};
@@ -183,9 +181,8 @@ class TrackedAllocator {
   // Starts the peaks again from what is in use now (e.g. to measure one step alone).
   void reset_peaks();
 
- private:
-  template <class T>
-  friend class TrackedBuffer;
+private:
+  template <class T> friend class TrackedBuffer;
   void* acquire(MemoryCategory category, std::int64_t bytes, bool zero = true);
   void release(void* data, MemoryCategory category, std::int64_t bytes) noexcept;
   [[noreturn]] static void throw_bad_count(std::int64_t count, std::size_t element_size);
@@ -201,8 +198,7 @@ class TrackedAllocator {
   std::int64_t allocations_ = 0;
 };
 
-template <class T>
-void TrackedBuffer<T>::reset() noexcept {
+template <class T> void TrackedBuffer<T>::reset() noexcept {
   if (allocator_ && data_) allocator_->release(data_, category_, bytes());
   allocator_ = nullptr;
   data_ = nullptr;

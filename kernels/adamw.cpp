@@ -13,9 +13,9 @@ void adamw_step(std::span<S> params, std::span<const S> grads, std::span<S> exp_
                 std::span<S> exp_avg_sq, std::int64_t step, const AdamWOptions& o) {
   const std::size_t n = params.size();
   if (grads.size() != n || exp_avg.size() != n || exp_avg_sq.size() != n)
-    throw std::invalid_argument(fmt::format(
-        "adamw_step: params {}, grads {}, exp_avg {}, exp_avg_sq {} elements differ", n,
-        grads.size(), exp_avg.size(), exp_avg_sq.size()));
+    throw std::invalid_argument(
+        fmt::format("adamw_step: params {}, grads {}, exp_avg {}, exp_avg_sq {} elements differ", n,
+                    grads.size(), exp_avg.size(), exp_avg_sq.size()));
   if (step < 1) throw std::invalid_argument(fmt::format("adamw_step: step {} < 1", step));
   const double t = static_cast<double>(step);
   const S decay = static_cast<S>(1.0 - o.lr * o.weight_decay);

@@ -8,7 +8,7 @@
 namespace shardplan::executor {
 
 struct AdamWOptions {
-  double lr = 1e-3;            // torch.optim.AdamW defaults
+  double lr = 1e-3;  // torch.optim.AdamW defaults
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;

@@ -19,9 +19,9 @@ void HostBackend<S>::embedding_forward(S* out, const std::int32_t* tokens, const
   kernels::embedding_forward(out, tokens, wte, wpe, batch, seq, channels);
 }
 template <class S>
-void HostBackend<S>::embedding_backward(S* dwte, S* dwpe, const S* dout,
-                                        const std::int32_t* tokens, std::int64_t batch,
-                                        std::int64_t seq, std::int64_t channels) {
+void HostBackend<S>::embedding_backward(S* dwte, S* dwpe, const S* dout, const std::int32_t* tokens,
+                                        std::int64_t batch, std::int64_t seq,
+                                        std::int64_t channels) {
   kernels::embedding_backward(dwte, dwpe, dout, tokens, batch, seq, channels);
 }
 template <class S>
@@ -61,8 +61,8 @@ void HostBackend<S>::rope_forward(S* x, std::int64_t batch, std::int64_t seq, st
   kernels::rope_forward(x, batch, seq, heads, head_dim, theta);
 }
 template <class S>
-void HostBackend<S>::rope_backward(S* dx, std::int64_t batch, std::int64_t seq,
-                                   std::int64_t heads, std::int64_t head_dim, double theta) {
+void HostBackend<S>::rope_backward(S* dx, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                                   std::int64_t head_dim, double theta) {
   kernels::rope_backward(dx, batch, seq, heads, head_dim, theta);
 }
 template <class S>
@@ -100,8 +100,7 @@ void HostBackend<S>::flash_attention_backward(S* dq, S* dk, S* dv, A* delta, con
   flash_host::backward(dq, dk, dv, delta, dout, out, lse, q, k, v, batch, seq, heads, kv_heads,
                        head_dim);
 }
-template <class S>
-void HostBackend<S>::gelu_forward(S* out, const S* in, std::int64_t n) {
+template <class S> void HostBackend<S>::gelu_forward(S* out, const S* in, std::int64_t n) {
   kernels::gelu_forward(out, in, n);
 }
 template <class S>
@@ -123,8 +122,8 @@ void HostBackend<S>::log_softmax_forward(A* logp, const S* logits, std::int64_t 
   kernels::log_softmax_forward(logp, logits, n, vocab);
 }
 template <class S>
-double HostBackend<S>::nll_loss_forward(const A* logp, const std::int32_t* targets,
-                                        std::int64_t n, std::int64_t vocab) {
+double HostBackend<S>::nll_loss_forward(const A* logp, const std::int32_t* targets, std::int64_t n,
+                                        std::int64_t vocab) {
   return kernels::nll_loss_forward<S>(logp, targets, n, vocab);
 }
 template <class S>
@@ -133,44 +132,37 @@ void HostBackend<S>::nll_loss_backward(A* dlogp, const std::int32_t* targets, st
   kernels::nll_loss_backward<S>(dlogp, targets, n, vocab, scale);
 }
 template <class S>
-void HostBackend<S>::log_softmax_backward(S* dlogits, const A* dlogp, const A* logp,
-                                          std::int64_t n, std::int64_t vocab) {
+void HostBackend<S>::log_softmax_backward(S* dlogits, const A* dlogp, const A* logp, std::int64_t n,
+                                          std::int64_t vocab) {
   kernels::log_softmax_backward(dlogits, dlogp, logp, n, vocab);
 }
-template <class S>
-void HostBackend<S>::copy(S* dst, const S* src, std::int64_t n) {
+template <class S> void HostBackend<S>::copy(S* dst, const S* src, std::int64_t n) {
   std::copy(src, src + n, dst);
 }
-template <class S>
-void HostBackend<S>::add(S* dst, const S* src, std::int64_t n) {
+template <class S> void HostBackend<S>::add(S* dst, const S* src, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] = executor::narrow<S>(widen(dst[i]) + widen(src[i]));
 }
 template <class S>
 void HostBackend<S>::adamw_step(A* params, const A* grads, A* exp_avg, A* exp_avg_sq,
                                 std::int64_t n, std::int64_t step, const AdamWOptions& options) {
   const auto count = static_cast<std::size_t>(n);
-  executor::adamw_step<A>({params, count}, {grads, count}, {exp_avg, count},
-                          {exp_avg_sq, count}, step, options);
+  executor::adamw_step<A>({params, count}, {grads, count}, {exp_avg, count}, {exp_avg_sq, count},
+                          step, options);
 }
-template <class S>
-void HostBackend<S>::narrow(S* dst, const A* src, std::int64_t n) {
+template <class S> void HostBackend<S>::narrow(S* dst, const A* src, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] = executor::narrow<S>(src[i]);
 }
-template <class S>
-void HostBackend<S>::widen_add(A* dst, const S* src, std::int64_t n) {
+template <class S> void HostBackend<S>::widen_add(A* dst, const S* src, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] += widen(src[i]);
 }
-template <class S>
-void HostBackend<S>::copy_wide(A* dst, const A* src, std::int64_t n) {
+template <class S> void HostBackend<S>::copy_wide(A* dst, const A* src, std::int64_t n) {
   std::copy(src, src + n, dst);
 }
-template <class S>
-void HostBackend<S>::scale(A* x, std::int64_t n, double factor) {
+template <class S> void HostBackend<S>::scale(A* x, std::int64_t n, double factor) {
   const auto f = static_cast<A>(factor);
   for (std::int64_t i = 0; i < n; ++i) x[i] *= f;
 }
-template <class S>
-bool HostBackend<S>::all_finite(const A* x, std::int64_t n) {
+template <class S> bool HostBackend<S>::all_finite(const A* x, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i)
     if (!std::isfinite(x[i])) return false;
   return true;
@@ -188,8 +180,7 @@ comm::HostStream* host_stream_of(comm::Communicator* c) {
 template <class S>
 void HostBackend<S>::wait(comm::Communicator* waiter, comm::Communicator* producer) {
   auto* p = host_stream_of(producer);
-  if (p == nullptr)
-    return;  // the computing thread, or a blocking group: what they issued is done
+  if (p == nullptr) return;  // the computing thread, or a blocking group: what they issued is done
   auto* w = host_stream_of(waiter);
   if (w != nullptr) {
     w->enqueue_wait(*p, p->queued());
@@ -202,42 +193,43 @@ void HostBackend<S>::wait(comm::Communicator* waiter, comm::Communicator* produc
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-template <class S>
-void HostBackend<S>::record_use(const void* p, comm::Communicator* user) {
+template <class S> void HostBackend<S>::record_use(const void* p, comm::Communicator* user) {
   auto* s = host_stream_of(user);
-  if (s == nullptr)
-    return;
+  if (s == nullptr) return;
   if (memory_ != nullptr)
     memory_->record_use(p, s);
   else
     s->wait_for(s->queued());  // nothing holds the memory back: it must be done with it now
 }
 
-template <class S>
-void HostBackend<S>::allocate_on(comm::Communicator* stream) {
-  if (memory_ != nullptr)
-    memory_->set_stream(host_stream_of(stream));
+template <class S> void HostBackend<S>::allocate_on(comm::Communicator* stream) {
+  if (memory_ != nullptr) memory_->set_stream(host_stream_of(stream));
 }
 
-template <class S>
-void HostBackend<S>::begin(typename Backend<S>::Part part) {
+template <class S> void HostBackend<S>::begin(typename Backend<S>::Part part) {
   started_[static_cast<int>(part)] = std::chrono::steady_clock::now();
 }
-template <class S>
-void HostBackend<S>::end(typename Backend<S>::Part part) {
+template <class S> void HostBackend<S>::end(typename Backend<S>::Part part) {
   using P = typename Backend<S>::Part;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                  started_[static_cast<int>(part)])
                        .count();
   switch (part) {
-    case P::forward: seconds_.forward += s; break;
-    case P::backward: seconds_.backward += s; break;
-    case P::optimizer: seconds_.optimizer += s; break;
-    case P::copy: seconds_.copy += s; break;
+  case P::forward:
+    seconds_.forward += s;
+    break;
+  case P::backward:
+    seconds_.backward += s;
+    break;
+  case P::optimizer:
+    seconds_.optimizer += s;
+    break;
+  case P::copy:
+    seconds_.copy += s;
+    break;
   }
 }
-template <class S>
-typename Backend<S>::PartSeconds HostBackend<S>::take_seconds() {
+template <class S> typename Backend<S>::PartSeconds HostBackend<S>::take_seconds() {
   return std::exchange(seconds_, {});
 }
 

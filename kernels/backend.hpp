@@ -20,15 +20,14 @@
 #include <span>
 
 #include "comm/communicator.hpp"
-#include "kernels/memory_source.hpp"
 #include "kernels/adamw.hpp"
+#include "kernels/memory_source.hpp"
 #include "kernels/scalar.hpp"
 
 namespace shardplan::executor {
 
-template <class S>
-class Backend {
- public:
+template <class S> class Backend {
+public:
   using A = accum_t<S>;  // norm statistics, log-sum-exp, the loss's log-probabilities (scalar.hpp)
 
   Backend() = default;
@@ -80,11 +79,10 @@ class Backend {
   virtual void flash_attention_forward(S* out, A* lse, const S* q, const S* k, const S* v,
                                        std::int64_t batch, std::int64_t seq, std::int64_t heads,
                                        std::int64_t kv_heads, std::int64_t head_dim) = 0;
-  virtual void flash_attention_backward(S* dq, S* dk, S* dv, A* delta, const S* dout,
-                                        const S* out, const A* lse, const S* q, const S* k,
-                                        const S* v, std::int64_t batch, std::int64_t seq,
-                                        std::int64_t heads, std::int64_t kv_heads,
-                                        std::int64_t head_dim) = 0;
+  virtual void flash_attention_backward(S* dq, S* dk, S* dv, A* delta, const S* dout, const S* out,
+                                        const A* lse, const S* q, const S* k, const S* v,
+                                        std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                                        std::int64_t kv_heads, std::int64_t head_dim) = 0;
   virtual void gelu_forward(S* out, const S* in, std::int64_t n) = 0;
   virtual void gelu_backward(S* din, const S* in, const S* dout, std::int64_t n) = 0;
   virtual void swiglu_forward(S* out, const S* gate, const S* up, std::int64_t n) = 0;
@@ -109,7 +107,7 @@ class Backend {
                           std::int64_t step, const AdamWOptions& options) = 0;
   // Mixed precision (scalar.hpp): the compute type's copies of the master weights and the master
   // type's copies of the computed gradients. With S = A these are a copy and an add.
-  virtual void narrow(S* dst, const A* src, std::int64_t n) = 0;     // dst = S(src), may not overlap
+  virtual void narrow(S* dst, const A* src, std::int64_t n) = 0;  // dst = S(src), may not overlap
   virtual void widen_add(A* dst, const S* src, std::int64_t n) = 0;  // dst += A(src)
   virtual void copy_wide(A* dst, const A* src, std::int64_t n) = 0;  // may not overlap
   virtual void scale(A* x, std::int64_t n, double factor) = 0;       // x *= factor
@@ -162,9 +160,8 @@ class StreamOrderedHostMemory;  // kernels/host_stream_memory.hpp
 // wait(nullptr, group) until the group has done what it had queued (timed in comm_waits), a group
 // waits for another on its own thread, and memory a group still uses is held back at its free
 // when the allocator's memory is a StreamOrderedHostMemory (else record_use waits for the group).
-template <class S>
-class HostBackend final : public Backend<S> {
- public:
+template <class S> class HostBackend final : public Backend<S> {
+public:
   using A = accum_t<S>;
   // memory: the memory the engine's allocator hands out (not owned), for record_use and
   // allocate_on; nullptr or any other source: record_use waits instead.
@@ -178,12 +175,12 @@ class HostBackend final : public Backend<S> {
                       std::int64_t out, bool accumulate) override;
   void linear_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w, std::int64_t n,
                        std::int64_t in, std::int64_t out) override;
-  void layernorm_forward(S* y, A* mean, A* rstd, const S* x, const S* w, const S* b,
-                         std::int64_t n, std::int64_t channels, A eps) override;
+  void layernorm_forward(S* y, A* mean, A* rstd, const S* x, const S* w, const S* b, std::int64_t n,
+                         std::int64_t channels, A eps) override;
   void layernorm_backward(S* dx, S* dw, S* db, const S* dy, const S* x, const S* w, const A* mean,
                           const A* rstd, std::int64_t n, std::int64_t channels) override;
-  void rmsnorm_forward(S* y, A* rstd, const S* x, const S* w, std::int64_t n,
-                       std::int64_t channels, A eps) override;
+  void rmsnorm_forward(S* y, A* rstd, const S* x, const S* w, std::int64_t n, std::int64_t channels,
+                       A eps) override;
   void rmsnorm_backward(S* dx, S* dw, const S* dy, const S* x, const S* w, const A* rstd,
                         std::int64_t n, std::int64_t channels) override;
   void rope_forward(S* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
@@ -216,8 +213,8 @@ class HostBackend final : public Backend<S> {
   void log_softmax_forward(A* logp, const S* logits, std::int64_t n, std::int64_t vocab) override;
   double nll_loss_forward(const A* logp, const std::int32_t* targets, std::int64_t n,
                           std::int64_t vocab) override;
-  void nll_loss_backward(A* dlogp, const std::int32_t* targets, std::int64_t n,
-                         std::int64_t vocab, A scale) override;
+  void nll_loss_backward(A* dlogp, const std::int32_t* targets, std::int64_t n, std::int64_t vocab,
+                         A scale) override;
   void log_softmax_backward(S* dlogits, const A* dlogp, const A* logp, std::int64_t n,
                             std::int64_t vocab) override;
   void copy(S* dst, const S* src, std::int64_t n) override;
@@ -236,7 +233,7 @@ class HostBackend final : public Backend<S> {
   void end(typename Backend<S>::Part part) override;
   typename Backend<S>::PartSeconds take_seconds() override;
 
- private:
+private:
   StreamOrderedHostMemory* memory_ = nullptr;
   std::chrono::steady_clock::time_point started_[Backend<S>::kParts];
   typename Backend<S>::PartSeconds seconds_;

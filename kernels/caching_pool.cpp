@@ -33,14 +33,14 @@ struct CachingPool::Block {
     std::uint64_t order = 0;  // the free() call that brought it: later = recorded later
   };
   char* ptr = nullptr;
-  std::int64_t size = 0;   // bytes, a multiple of 512
-  bool small = false;      // which pool (fixed by the segment)
+  std::int64_t size = 0;  // bytes, a multiple of 512
+  bool small = false;     // which pool (fixed by the segment)
   bool allocated = false;
-  Block* prev = nullptr;   // the block just below in the same segment (nullptr: segment start)
-  Block* next = nullptr;   // the block just above in the same segment (nullptr: segment end)
-  void* stream = nullptr;             // handed out: the allocating stream
-  std::vector<void*> uses;            // handed out: other streams recorded with record_use
-  std::vector<HeldFence> fences;      // free: at most one per stream
+  Block* prev = nullptr;    // the block just below in the same segment (nullptr: segment start)
+  Block* next = nullptr;    // the block just above in the same segment (nullptr: segment end)
+  void* stream = nullptr;   // handed out: the allocating stream
+  std::vector<void*> uses;  // handed out: other streams recorded with record_use
+  std::vector<HeldFence> fences;  // free: at most one per stream
 };
 
 bool CachingPool::BySizeThenAddress::operator()(const Block* a, const Block* b) const {
@@ -82,9 +82,7 @@ PoolExhausted::PoolExhausted(std::int64_t requested_bytes, std::int64_t segment_
           "exceed the limit of {}",
           describe_bytes(requested_bytes), describe_bytes(segment_bytes),
           describe_bytes(reserved_bytes), describe_bytes(limit_bytes))),
-      requested_(requested_bytes),
-      segment_(segment_bytes),
-      reserved_(reserved_bytes),
+      requested_(requested_bytes), segment_(segment_bytes), reserved_(reserved_bytes),
       limit_(limit_bytes) {}
 
 std::int64_t CachingPool::rounded_size(std::int64_t bytes) {

@@ -44,7 +44,7 @@ namespace shardplan::executor {
 // the memory is not there, so that the pool releases its cached segments and retries; anything
 // else for other failures, which the pool lets through.
 class SegmentSource {
- public:
+public:
   virtual ~SegmentSource() = default;
   virtual void* map(std::int64_t bytes) = 0;
   virtual void unmap(void* p, std::int64_t bytes) noexcept = 0;
@@ -54,14 +54,14 @@ class SegmentSource {
 // stands for a device of that size: a map that would hold more than `capacity_bytes` in all throws
 // std::bad_alloc, as cudaMalloc fails with cudaErrorMemoryAllocation.
 class HostSegmentSource final : public SegmentSource {
- public:
+public:
   static constexpr std::int64_t kUnlimited = std::numeric_limits<std::int64_t>::max();
   explicit HostSegmentSource(std::int64_t capacity_bytes = kUnlimited);
   void* map(std::int64_t bytes) override;
   void unmap(void* p, std::int64_t bytes) noexcept override;
   std::int64_t mapped_bytes() const;  // held now
 
- private:
+private:
   mutable std::mutex mutex_;
   std::int64_t capacity_;
   std::int64_t mapped_ = 0;
@@ -78,7 +78,7 @@ struct Fence {
 // a new segment of 20971520 bytes (20.00 MiB), which with 8388608 bytes (8.00 MiB) reserved would
 // exceed the limit of 16777216 bytes (16.00 MiB)".
 class PoolExhausted : public std::runtime_error {
- public:
+public:
   PoolExhausted(std::int64_t requested_bytes, std::int64_t segment_bytes,
                 std::int64_t reserved_bytes, std::int64_t limit_bytes);
   std::int64_t requested_bytes() const { return requested_; }
@@ -86,7 +86,7 @@ class PoolExhausted : public std::runtime_error {
   std::int64_t reserved_bytes() const { return reserved_; }
   std::int64_t limit_bytes() const { return limit_; }
 
- private:
+private:
   std::int64_t requested_;
   std::int64_t segment_;
   std::int64_t reserved_;
@@ -106,7 +106,7 @@ struct PoolStats {
 };
 
 class CachingPool {
- public:
+public:
   static constexpr std::int64_t kUnlimited = std::numeric_limits<std::int64_t>::max();
 
   // PyTorch's constants (CUDACachingAllocator.cpp: kMinBlockSize, kSmallSize, kSmallBuffer,
@@ -176,7 +176,7 @@ class CachingPool {
   PoolStats stats() const;
   void reset_peaks();  // peaks start again from the current values
 
- private:
+private:
   struct Block;
   struct BySizeThenAddress {
     bool operator()(const Block* a, const Block* b) const;

@@ -17,8 +17,8 @@ template <class A> using Column = Eigen::Matrix<A, Eigen::Dynamic, 1>;
 // One head's rows of a [B·T, stride] array: `first` is the head's first element of token 0 of
 // the sequence, rows r0 … r0 + rows − 1 of it, head_dim columns.
 struct HeadRows {
-  std::int64_t first;  // element offset of (token 0 of the sequence, the head's channel 0)
-  std::int64_t stride; // elements per token (heads·d or kv_heads·d)
+  std::int64_t first;   // element offset of (token 0 of the sequence, the head's channel 0)
+  std::int64_t stride;  // elements per token (heads·d or kv_heads·d)
 };
 
 template <class S, class A = accum_t<S>>
@@ -27,8 +27,7 @@ void load(Tile<A>& tile, const S* base, HeadRows at, std::int64_t r0, std::int64
   tile.resize(rows, d);
   for (std::int64_t r = 0; r < rows; ++r) {
     const S* row = base + at.first + (r0 + r) * at.stride;
-    for (std::int64_t e = 0; e < d; ++e)
-      tile(r, e) = widen(row[e]);
+    for (std::int64_t e = 0; e < d; ++e) tile(r, e) = widen(row[e]);
   }
 }
 
@@ -37,8 +36,7 @@ template <class S, class A = accum_t<S>>
 void add_to(S* base, const Tile<A>& tile, HeadRows at, std::int64_t r0) {
   for (std::int64_t r = 0; r < tile.rows(); ++r) {
     S* row = base + at.first + (r0 + r) * at.stride;
-    for (std::int64_t e = 0; e < tile.cols(); ++e)
-      row[e] = narrow<S>(widen(row[e]) + tile(r, e));
+    for (std::int64_t e = 0; e < tile.cols(); ++e) row[e] = narrow<S>(widen(row[e]) + tile(r, e));
   }
 }
 
@@ -79,9 +77,9 @@ void forward_block(S* out, accum_t<S>* lse_row, const S* q, const S* k, const S*
     load(vj, v, ka, k0, cols, d);
     causal_scores(s, qi, kj, scale, q0, k0);
     for (std::int64_t r = 0; r < rows; ++r) {
-      const A m_new = std::max(m(r), s.row(r).maxCoeff());  // finite: key k0 ≤ q0 + r or m(r)
-      const A rescale = std::exp(m(r) - m_new);             // 0 on the first block (m = −∞)
-      s.row(r) = (s.row(r).array() - m_new).exp().matrix(); // masked: exp(−∞) = 0
+      const A m_new = std::max(m(r), s.row(r).maxCoeff());   // finite: key k0 ≤ q0 + r or m(r)
+      const A rescale = std::exp(m(r) - m_new);              // 0 on the first block (m = −∞)
+      s.row(r) = (s.row(r).array() - m_new).exp().matrix();  // masked: exp(−∞) = 0
       l(r) = l(r) * rescale + s.row(r).sum();
       acc.row(r) *= rescale;
       m(r) = m_new;
@@ -94,8 +92,7 @@ void forward_block(S* out, accum_t<S>* lse_row, const S* q, const S* k, const S*
   }
   for (std::int64_t r = 0; r < rows; ++r) {
     S* row = out + qa.first + (q0 + r) * qa.stride;
-    for (std::int64_t e = 0; e < d; ++e)
-      row[e] = narrow<S>(acc(r, e));
+    for (std::int64_t e = 0; e < d; ++e) row[e] = narrow<S>(acc(r, e));
   }
 }
 
@@ -108,8 +105,7 @@ void row_deltas(accum_t<S>* delta_row, const S* dout, const S* out, HeadRows qa,
     const S* o = out + qa.first + t * qa.stride;
     const S* g = dout + qa.first + t * qa.stride;
     A sum = 0;
-    for (std::int64_t e = 0; e < d; ++e)
-      sum += widen(o[e]) * widen(g[e]);
+    for (std::int64_t e = 0; e < d; ++e) sum += widen(o[e]) * widen(g[e]);
     delta_row[t] = sum;
   }
 }
@@ -146,7 +142,7 @@ void backward_key_block(S* dk, S* dv, Tile<accum_t<S>>& dq_acc, const S* dout,
   add_to(dv, dvj, ka, k0);
 }
 
-} // namespace
+}  // namespace
 
 template <class S>
 void forward(S* out, accum_t<S>* lse, const S* q, const S* k, const S* v, std::int64_t batch,
@@ -170,7 +166,7 @@ void backward(S* dq, S* dk, S* dv, accum_t<S>* delta, const S* dout, const S* ou
   using A = accum_t<S>;
   check_shape(heads, kv_heads, head_dim);
   const std::int64_t group = heads / kv_heads, qs = heads * head_dim, ks = kv_heads * head_dim;
-  Tile<A> dq_acc; // [T, d]: one head's dQ, summed over the key blocks
+  Tile<A> dq_acc;  // [T, d]: one head's dQ, summed over the key blocks
   for (std::int64_t b = 0; b < batch; ++b)
     for (std::int64_t h = 0; h < heads; ++h) {
       const HeadRows qa{b * seq * qs + h * head_dim, qs};
@@ -197,4 +193,4 @@ SHARDPLAN_FLASH_HOST(bf16)
 SHARDPLAN_FLASH_HOST(f16)
 #undef SHARDPLAN_FLASH_HOST
 
-} // namespace shardplan::executor::flash_host
+}  // namespace shardplan::executor::flash_host

@@ -23,8 +23,7 @@ void StreamOrderedHostMemory::set_stream(comm::HostStream* stream) {
 }
 
 void StreamOrderedHostMemory::record_use(const void* p, comm::HostStream* stream) {
-  if (stream == nullptr)
-    return;
+  if (stream == nullptr) return;
   std::lock_guard lock(mutex_);
   const auto it = users_.find(p);
   if (it == users_.end())
@@ -36,8 +35,7 @@ void StreamOrderedHostMemory::record_use(const void* p, comm::HostStream* stream
 void StreamOrderedHostMemory::release_done() {
   std::erase_if(held_, [&](Held& h) {
     for (const auto& f : h.fences)
-      if (f.stream->done() < f.ticket)
-        return false;
+      if (f.stream->done() < f.ticket) return false;
     heap_.free(h.data, h.bytes);
     return true;
   });
@@ -49,8 +47,7 @@ void* StreamOrderedHostMemory::allocate(std::int64_t bytes, bool zero) {
   void* p = heap_.allocate(bytes, zero);
   auto& users = users_[p];
   users.clear();
-  if (stream_ != nullptr)
-    users.push_back(stream_);
+  if (stream_ != nullptr) users.push_back(stream_);
   return p;
 }
 
@@ -59,8 +56,7 @@ void StreamOrderedHostMemory::free(void* data, std::int64_t bytes) noexcept {
   std::vector<Fence> fences;
   if (const auto it = users_.find(data); it != users_.end()) {
     for (auto* s : it->second)
-      if (const auto ticket = s->queued(); s->done() < ticket)
-        fences.push_back({s, ticket});
+      if (const auto ticket = s->queued(); s->done() < ticket) fences.push_back({s, ticket});
     users_.erase(it);
   }
   if (fences.empty())

@@ -17,7 +17,7 @@
 namespace shardplan::executor {
 
 class StreamOrderedHostMemory final : public MemorySource {
- public:
+public:
   StreamOrderedHostMemory() = default;
   // Waits for the streams of the blocks still held back, then frees them. The streams must still
   // be alive.
@@ -38,7 +38,7 @@ class StreamOrderedHostMemory final : public MemorySource {
   // Blocks freed but held back for their streams, now (for tests).
   std::size_t held_back() const;
 
- private:
+private:
   struct Fence {
     comm::HostStream* stream;
     std::uint64_t ticket;

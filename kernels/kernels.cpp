@@ -14,24 +14,19 @@ namespace {
 
 template <class S>
 using RowMajor = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <class S>
-using MatrixMap = Eigen::Map<RowMajor<S>>;
-template <class S>
-using ConstMatrixMap = Eigen::Map<const RowMajor<S>>;
-template <class S>
-using RowVectorMap = Eigen::Map<Eigen::Matrix<S, 1, Eigen::Dynamic>>;
-template <class S>
-using ArrayMap = Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>>;
-template <class S>
-using ConstArrayMap = Eigen::Map<const Eigen::Array<S, 1, Eigen::Dynamic>>;
+template <class S> using MatrixMap = Eigen::Map<RowMajor<S>>;
+template <class S> using ConstMatrixMap = Eigen::Map<const RowMajor<S>>;
+template <class S> using RowVectorMap = Eigen::Map<Eigen::Matrix<S, 1, Eigen::Dynamic>>;
+template <class S> using ArrayMap = Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>>;
+template <class S> using ConstArrayMap = Eigen::Map<const Eigen::Array<S, 1, Eigen::Dynamic>>;
 // exp(x) for the kernels' element-wise loops. fp32: Cephes' expf (Moshier 1984, cephes/single/
 // expf.c): x = n·ln2 + r with |r| ≤ ln2/2, exp(r) by its degree-5 minimax polynomial, times 2ⁿ
 // built in the exponent bits; no calls, so the loops that use it are vectorised (with
-// -fno-trapping-math, see CMakeLists.txt; libm's expf is a call per element: ~5 ns against ~1 ns), relative error ≤ 1e-7 (1 ulp) on
-// [−87, 88], inputs clamped to that range (exp(−87) ≈ 1.6e-38 is the smallest normal float's
-// order; a softmax never needs less). fp64 (the gradient check): std::exp.
-template <class S>
-inline S exp_fast(S x) {
+// -fno-trapping-math, see CMakeLists.txt; libm's expf is a call per element: ~5 ns against ~1 ns),
+// relative error ≤ 1e-7 (1 ulp) on [−87, 88], inputs clamped to that range (exp(−87) ≈ 1.6e-38 is
+// the smallest normal float's order; a softmax never needs less). fp64 (the gradient check):
+// std::exp.
+template <class S> inline S exp_fast(S x) {
   if constexpr (std::is_same_v<S, float>) {
     x = std::min(std::max(x, -87.3f), 88.7f);
     const int k = static_cast<int>(x * 1.44269504088896341f + 128.5f) - 128;  // round(x·log2 e)
@@ -50,8 +45,7 @@ inline S exp_fast(S x) {
   }
 }
 
-template <class S>
-using ConstRowVectorMap = Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>;
+template <class S> using ConstRowVectorMap = Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>;
 
 // Element types (scalar.hpp). A kernel reads S through widen(), computes and sums in
 // A = accum_t<S>, and rounds once, through narrow<S>(), where it writes an S element (a backward
@@ -63,8 +57,7 @@ using ConstRowVectorMap = Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>;
 // packing buffers); the other loops need no scratch and are fast enough for the tests' models.
 
 // The largest element of a row of S, in accum_t<S>.
-template <class S>
-accum_t<S> row_max(const S* z, std::int64_t n) {
+template <class S> accum_t<S> row_max(const S* z, std::int64_t n) {
   if constexpr (is_half_v<S>) {
     accum_t<S> m = widen(z[0]);
     for (std::int64_t j = 1; j < n; ++j) m = std::max(m, widen(z[j]));
@@ -114,8 +107,7 @@ void embedding_backward(S* dwte, S* dwpe, const S* dout, const std::int32_t* tok
         for (std::int64_t c = 0; c < channels; ++c) {
           S* p = dwpe + t * channels + c;
           accum_t<S> sum = widen(*p);
-          for (std::int64_t b = 0; b < batch; ++b)
-            sum += widen(dout[(b * seq + t) * channels + c]);
+          for (std::int64_t b = 0; b < batch; ++b) sum += widen(dout[(b * seq + t) * channels + c]);
           *p = narrow<S>(sum);
         }
   } else {
@@ -137,8 +129,7 @@ namespace {
 
 // A 16-bit matrix widened into fp32, for Eigen's GEMM. The copy is heap memory outside the
 // tracked allocator, like Eigen's own packing buffers (tracked_allocator.hpp).
-template <class S>
-RowMajor<float> widened(const S* a, std::int64_t rows, std::int64_t cols) {
+template <class S> RowMajor<float> widened(const S* a, std::int64_t rows, std::int64_t cols) {
   RowMajor<float> m(rows, cols);
   float* out = m.data();
   for (std::int64_t i = 0; i < rows * cols; ++i) out[i] = widen(a[i]);
@@ -146,8 +137,7 @@ RowMajor<float> widened(const S* a, std::int64_t rows, std::int64_t cols) {
 }
 
 // out = narrow(out + Σ) element by element: a 16-bit output that gets an fp32 sum, rounded once.
-template <class S>
-void add_rounded(S* out, const RowMajor<float>& sum) {
+template <class S> void add_rounded(S* out, const RowMajor<float>& sum) {
   const float* s = sum.data();
   for (std::int64_t i = 0; i < sum.size(); ++i) out[i] = narrow<S>(widen(out[i]) + s[i]);
 }
@@ -361,8 +351,7 @@ namespace {
 // probabilities and dS are S tensors, as a 16-bit GEMM reads them: the output is P·V of the
 // stored (rounded) P, the backward's dQ and dK sums of the stored dS. A score row is computed
 // again for each pass over it instead of being kept in fp32 (the kernels allocate nothing).
-template <class S>
-accum_t<S> dot_rows(const S* a, const S* b, std::int64_t d) {
+template <class S> accum_t<S> dot_rows(const S* a, const S* b, std::int64_t d) {
   accum_t<S> sum = 0;
   for (std::int64_t e = 0; e < d; ++e) sum += widen(a[e]) * widen(b[e]);
   return sum;
@@ -530,24 +519,20 @@ void attention_backward(S* dq, S* dk, S* dv, S* scratch, const S* dout, const S*
 }
 
 namespace {
-template <class S>
-constexpr S kGeluScale = static_cast<S>(0.7978845608028654);  // √(2/π)
-template <class S>
-constexpr S kGeluCubic = static_cast<S>(0.044715);
+template <class S> constexpr S kGeluScale = static_cast<S>(0.7978845608028654);  // √(2/π)
+template <class S> constexpr S kGeluCubic = static_cast<S>(0.044715);
 }  // namespace
 
-template <class S>
-void gelu_forward(S* out, const S* in, std::int64_t n) {
+template <class S> void gelu_forward(S* out, const S* in, std::int64_t n) {
   using A = accum_t<S>;
   for (std::int64_t i = 0; i < n; ++i) {
     const A x = widen(in[i]);
-    out[i] = narrow<S>(A(0.5) * x *
-                       (A(1) + std::tanh(kGeluScale<A> * (x + kGeluCubic<A> * x * x * x))));
+    out[i] =
+        narrow<S>(A(0.5) * x * (A(1) + std::tanh(kGeluScale<A> * (x + kGeluCubic<A> * x * x * x))));
   }
 }
 
-template <class S>
-void gelu_backward(S* din, const S* in, const S* dout, std::int64_t n) {
+template <class S> void gelu_backward(S* din, const S* in, const S* dout, std::int64_t n) {
   using A = accum_t<S>;
   for (std::int64_t i = 0; i < n; ++i) {
     const A x = widen(in[i]);
@@ -559,8 +544,7 @@ void gelu_backward(S* din, const S* in, const S* dout, std::int64_t n) {
   }
 }
 
-template <class S>
-void swiglu_forward(S* out, const S* gate, const S* up, std::int64_t n) {
+template <class S> void swiglu_forward(S* out, const S* gate, const S* up, std::int64_t n) {
   using A = accum_t<S>;
   for (std::int64_t i = 0; i < n; ++i) {
     const A g = widen(gate[i]);
@@ -621,43 +605,42 @@ void log_softmax_backward(S* dlogits, const accum_t<S>* dlogp, const accum_t<S>*
   }
 }
 
-#define SHARDPLAN_INSTANTIATE_KERNELS(S)                                                          \
-  template void embedding_forward<S>(S*, const std::int32_t*, const S*, const S*, std::int64_t,   \
-                                     std::int64_t, std::int64_t);                                 \
-  template void embedding_backward<S>(S*, S*, const S*, const std::int32_t*, std::int64_t,        \
-                                      std::int64_t, std::int64_t);                                \
-  template void linear_forward<S>(S*, const S*, const S*, const S*, std::int64_t, std::int64_t,   \
-                                  std::int64_t, bool);                                            \
-  template void linear_backward<S>(S*, S*, S*, const S*, const S*, const S*, std::int64_t,        \
-                                   std::int64_t, std::int64_t);                                   \
-  template void layernorm_forward<S>(S*, accum_t<S>*, accum_t<S>*, const S*, const S*, const S*,  \
-                                     std::int64_t, std::int64_t, accum_t<S>);                     \
-  template void layernorm_backward<S>(S*, S*, S*, const S*, const S*, const S*,                   \
-                                      const accum_t<S>*, const accum_t<S>*, std::int64_t,         \
-                                      std::int64_t);                                              \
-  template void rmsnorm_forward<S>(S*, accum_t<S>*, const S*, const S*, std::int64_t,             \
-                                   std::int64_t, accum_t<S>);                                     \
-  template void rmsnorm_backward<S>(S*, S*, const S*, const S*, const S*, const accum_t<S>*,      \
-                                    std::int64_t, std::int64_t);                                  \
-  template void rope_forward<S>(S*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,       \
-                                double);                                                          \
-  template void rope_backward<S>(S*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,      \
-                                 double);                                                         \
-  template void attention_forward<S>(S*, S*, const S*, const S*, const S*, std::int64_t,          \
-                                     std::int64_t, std::int64_t, std::int64_t, std::int64_t);     \
-  template void attention_backward<S>(S*, S*, S*, S*, const S*, const S*, const S*, const S*,     \
-                                      const S*, std::int64_t, std::int64_t, std::int64_t,         \
-                                      std::int64_t, std::int64_t);                                \
-  template void gelu_forward<S>(S*, const S*, std::int64_t);                                      \
-  template void gelu_backward<S>(S*, const S*, const S*, std::int64_t);                           \
-  template void swiglu_forward<S>(S*, const S*, const S*, std::int64_t);                          \
-  template void swiglu_backward<S>(S*, S*, const S*, const S*, const S*, std::int64_t);           \
-  template void log_softmax_forward<S>(accum_t<S>*, const S*, std::int64_t, std::int64_t);        \
-  template double nll_loss_forward<S>(const accum_t<S>*, const std::int32_t*, std::int64_t,       \
-                                      std::int64_t);                                              \
-  template void nll_loss_backward<S>(accum_t<S>*, const std::int32_t*, std::int64_t,              \
-                                     std::int64_t, accum_t<S>);                                   \
-  template void log_softmax_backward<S>(S*, const accum_t<S>*, const accum_t<S>*, std::int64_t,   \
+#define SHARDPLAN_INSTANTIATE_KERNELS(S)                                                           \
+  template void embedding_forward<S>(S*, const std::int32_t*, const S*, const S*, std::int64_t,    \
+                                     std::int64_t, std::int64_t);                                  \
+  template void embedding_backward<S>(S*, S*, const S*, const std::int32_t*, std::int64_t,         \
+                                      std::int64_t, std::int64_t);                                 \
+  template void linear_forward<S>(S*, const S*, const S*, const S*, std::int64_t, std::int64_t,    \
+                                  std::int64_t, bool);                                             \
+  template void linear_backward<S>(S*, S*, S*, const S*, const S*, const S*, std::int64_t,         \
+                                   std::int64_t, std::int64_t);                                    \
+  template void layernorm_forward<S>(S*, accum_t<S>*, accum_t<S>*, const S*, const S*, const S*,   \
+                                     std::int64_t, std::int64_t, accum_t<S>);                      \
+  template void layernorm_backward<S>(S*, S*, S*, const S*, const S*, const S*, const accum_t<S>*, \
+                                      const accum_t<S>*, std::int64_t, std::int64_t);              \
+  template void rmsnorm_forward<S>(S*, accum_t<S>*, const S*, const S*, std::int64_t,              \
+                                   std::int64_t, accum_t<S>);                                      \
+  template void rmsnorm_backward<S>(S*, S*, const S*, const S*, const S*, const accum_t<S>*,       \
+                                    std::int64_t, std::int64_t);                                   \
+  template void rope_forward<S>(S*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,        \
+                                double);                                                           \
+  template void rope_backward<S>(S*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,       \
+                                 double);                                                          \
+  template void attention_forward<S>(S*, S*, const S*, const S*, const S*, std::int64_t,           \
+                                     std::int64_t, std::int64_t, std::int64_t, std::int64_t);      \
+  template void attention_backward<S>(S*, S*, S*, S*, const S*, const S*, const S*, const S*,      \
+                                      const S*, std::int64_t, std::int64_t, std::int64_t,          \
+                                      std::int64_t, std::int64_t);                                 \
+  template void gelu_forward<S>(S*, const S*, std::int64_t);                                       \
+  template void gelu_backward<S>(S*, const S*, const S*, std::int64_t);                            \
+  template void swiglu_forward<S>(S*, const S*, const S*, std::int64_t);                           \
+  template void swiglu_backward<S>(S*, S*, const S*, const S*, const S*, std::int64_t);            \
+  template void log_softmax_forward<S>(accum_t<S>*, const S*, std::int64_t, std::int64_t);         \
+  template double nll_loss_forward<S>(const accum_t<S>*, const std::int32_t*, std::int64_t,        \
+                                      std::int64_t);                                               \
+  template void nll_loss_backward<S>(accum_t<S>*, const std::int32_t*, std::int64_t, std::int64_t, \
+                                     accum_t<S>);                                                  \
+  template void log_softmax_backward<S>(S*, const accum_t<S>*, const accum_t<S>*, std::int64_t,    \
                                         std::int64_t);
 
 SHARDPLAN_INSTANTIATE_KERNELS(float)

@@ -81,14 +81,11 @@ void attention_backward(S* dq, S* dk, S* dv, S* scratch, const S* dout, const S*
 
 // GELU, tanh approximation (Hendrycks & Gimpel 2016 eq. for 0.5x(1 + tanh(√(2/π)(x + 0.044715x³)));
 // GPT-2's "gelu_new", llm.c gelu_forward).
-template <class S>
-void gelu_forward(S* out, const S* in, std::int64_t n);
-template <class S>
-void gelu_backward(S* din, const S* in, const S* dout, std::int64_t n);
+template <class S> void gelu_forward(S* out, const S* in, std::int64_t n);
+template <class S> void gelu_backward(S* din, const S* in, const S* dout, std::int64_t n);
 
 // SwiGLU (Shazeer 2020, eq. 6; HF LlamaMLP): out = silu(gate)·up, silu(g) = g·σ(g).
-template <class S>
-void swiglu_forward(S* out, const S* gate, const S* up, std::int64_t n);
+template <class S> void swiglu_forward(S* out, const S* gate, const S* up, std::int64_t n);
 // dgate += dout·up·σ(g)(1 + g(1 − σ(g)));  dup += dout·silu(g).
 template <class S>
 void swiglu_backward(S* dgate, S* dup, const S* dout, const S* gate, const S* up, std::int64_t n);

@@ -8,7 +8,7 @@
 namespace shardplan::executor {
 
 class MemorySource {
- public:
+public:
   MemorySource() = default;
   MemorySource(const MemorySource&) = delete;
   MemorySource& operator=(const MemorySource&) = delete;
@@ -31,7 +31,7 @@ class MemorySource {
 // 64-byte aligned blocks of the process's heap (cache-line alignment, as cudaMalloc's 256 B is for
 // the GPU: vector loads never split a line). The default source.
 class HostMemory final : public MemorySource {
- public:
+public:
   void* allocate(std::int64_t bytes, bool zero) override;
   void free(void* data, std::int64_t bytes) noexcept override;
   bool host_accessible() const override { return true; }

@@ -29,16 +29,14 @@ struct f16 {
 template <class S>
 inline constexpr bool is_half_v = std::is_same_v<S, bf16> || std::is_same_v<S, f16>;
 
-template <class S>
-using accum_t = std::conditional_t<is_half_v<S>, float, S>;
+template <class S> using accum_t = std::conditional_t<is_half_v<S>, float, S>;
 
 inline float widen(bf16 x) { return comm::bf16_to_float(x.bits); }
 inline float widen(f16 x) { return comm::f16_to_float(x.bits); }
 inline float widen(float x) { return x; }
 inline double widen(double x) { return x; }
 
-template <class S>
-inline S narrow(accum_t<S> a) {
+template <class S> inline S narrow(accum_t<S> a) {
   if constexpr (std::is_same_v<S, bf16>)
     return bf16{comm::float_to_bf16(a)};
   else if constexpr (std::is_same_v<S, f16>)
@@ -49,8 +47,8 @@ inline S narrow(accum_t<S> a) {
 
 // The collectives' element type of S.
 template <class S>
-constexpr comm::DataType data_type_v = std::is_same_v<S, bf16>   ? comm::DataType::bf16
-                                       : std::is_same_v<S, f16>  ? comm::DataType::f16
+constexpr comm::DataType data_type_v = std::is_same_v<S, bf16>    ? comm::DataType::bf16
+                                       : std::is_same_v<S, f16>   ? comm::DataType::f16
                                        : std::is_same_v<S, float> ? comm::DataType::f32
                                                                   : comm::DataType::f64;
 

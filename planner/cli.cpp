@@ -7,11 +7,11 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "core/json_reader.hpp"
-#include "costmodel/plan.hpp"
 #include "core/file_writer.hpp"
-#include "core/text.hpp"
+#include "core/json_reader.hpp"
 #include "core/number_text.hpp"
+#include "core/text.hpp"
+#include "costmodel/plan.hpp"
 #include "planner/deepspeed_import.hpp"
 #include "planner/describe.hpp"
 #include "planner/emit_deepspeed.hpp"
@@ -36,7 +36,9 @@ void check_format(const std::string& f) {
 
 // A JSON document as the planner prints it (core/text.hpp: bytes that are not UTF-8 in a path or
 // name become U+FFFD).
-std::string json_document(const nlohmann::json& document) { return io::json_text(document, 2) + "\n"; }
+std::string json_document(const nlohmann::json& document) {
+  return io::json_text(document, 2) + "\n";
+}
 
 // Every option of every subcommand; CLI11 writes into these while parsing.
 struct CliOptions {
@@ -56,7 +58,7 @@ struct CliOptions {
   std::string plan_path, run_path;
   bool force = false;
   bool fsdp_as_data = false;  // Request::fsdp_as_data
-  std::string retired; // the value of a renamed flag, which is refused
+  std::string retired;        // the value of a renamed flag, which is refused
 };
 
 // A flag renamed to the name the other commands use: its old spelling is refused, naming the new.
@@ -64,7 +66,7 @@ struct RenamedFlag {
   CLI::Option* old_option;
   const char* old_name;
   const char* new_name;
-  const char* note; // what else the user should know, or ""
+  const char* note;  // what else the user should know, or ""
 };
 
 struct Subcommands {
@@ -100,22 +102,26 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
   c.simulate = app.add_subcommand("simulate", "estimate, and write the step's timeline");
   add_scenario_options(*c.simulate, o.so);
   add_plan_options(*c.simulate, o.po, true);
-  c.simulate->add_option("--trace", o.trace_path, "Chrome-trace JSON to write (opens in Perfetto)")->required();
+  c.simulate->add_option("--trace", o.trace_path, "Chrome-trace JSON to write (opens in Perfetto)")
+      ->required();
   c.simulate->add_option("--format", o.format, "table | json");
 
   c.recommend = app.add_subcommand("recommend", "search the plan space and recommend a plan");
   add_scenario_options(*c.recommend, o.so);
   add_plan_options(*c.recommend, o.po, false);
   c.recommend->add_option("--format", o.format, "table | json");
-  c.recommend->add_option("--emit", o.emit,
-                          "deepspeed | fsdp | plan: print the chosen plan's config instead of the table "
-                          "(deepspeed and fsdp search that framework's plans only)");
-  c.recommend->add_option("--svg", o.svg_path, "write the best plan of each family as stacked memory bars");
+  c.recommend->add_option(
+      "--emit", o.emit,
+      "deepspeed | fsdp | plan: print the chosen plan's config instead of the table "
+      "(deepspeed and fsdp search that framework's plans only)");
+  c.recommend->add_option("--svg", o.svg_path,
+                          "write the best plan of each family as stacked memory bars");
   c.recommend->add_option("--top", o.top, "ranked plans to list (default 10)");
   c.recommend->add_flag("--exhaustive", o.exhaustive, "simulate every plan (no pruning)");
-  c.recommend->add_flag("--model-parallel", o.model_parallel,
-                        "search tensor (with sequence), pipeline and context parallelism with DDP, ZeRO-1 and "
-                        "FSDP over the replicas");
+  c.recommend->add_flag(
+      "--model-parallel", o.model_parallel,
+      "search tensor (with sequence), pipeline and context parallelism with DDP, ZeRO-1 and "
+      "FSDP over the replicas");
 
   c.compare = app.add_subcommand("compare", "evaluate strategies side by side for one job");
   add_scenario_options(*c.compare, o.so);
@@ -128,26 +134,29 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
   c.compare->add_option("--format", o.format, "table | json");
 
   c.validate = app.add_subcommand("validate", "compare a plan's prediction with an executor run");
-  c.validate->add_option("--plan", o.plan_path, "plan document (planner recommend --emit plan)")->required();
+  c.validate->add_option("--plan", o.plan_path, "plan document (planner recommend --emit plan)")
+      ->required();
   c.validate->add_option("--run", o.run_path, "run document written by executor --out")->required();
   c.validate->add_option("--format", o.format, "table | json");
-  c.validate->add_flag("--force", o.force, "compare a run of another plan anyway (said in the first line)");
+  c.validate->add_flag("--force", o.force,
+                       "compare a run of another plan anyway (said in the first line)");
   return c;
 }
 
 void list_models(std::ostream& out) {
   for (const auto& n : costmodel::preset_model_names()) {
     const auto m = costmodel::load_model(n);
-    out << fmt::format("{:<14} {:<20} {:>16L} params\n", n, costmodel::architecture_name(m.architecture),
-                       m.total_params());
+    out << fmt::format("{:<14} {:<20} {:>16L} params\n", n,
+                       costmodel::architecture_name(m.architecture), m.total_params());
   }
 }
 
 void list_hardware(std::ostream& out) {
   const auto names = costmodel::preset_hardware_names();
   if (names.empty())
-    throw InputError("SHARDPLAN_DATA_DIR",
-                     fmt::format("no profiles (*.json) in {}/hardware_profiles", costmodel::data_dir()));
+    throw InputError(
+        "SHARDPLAN_DATA_DIR",
+        fmt::format("no profiles (*.json) in {}/hardware_profiles", costmodel::data_dir()));
   for (const auto& n : names) {
     const auto h = costmodel::load_hardware(n);
     out << fmt::format("{:<18} {}\n", n, h.description);
@@ -163,7 +172,8 @@ void run_describe(const CliOptions& o, std::ostream& out) {
   if (o.describe_model && o.describe_model->empty())
     throw InputError("--model", "must name a preset or a file, got \"\"");
   const auto m = o.describe_params
-                     ? costmodel::model_from_param_count(costmodel::double_from_text("--params", *o.describe_params))
+                     ? costmodel::model_from_param_count(
+                           costmodel::double_from_text("--params", *o.describe_params))
                      : costmodel::load_model(o.describe_model.value_or(kDefaultModel));
   out << (o.format == "json" ? json_document(costmodel::model_to_json(m)) : describe_table(m));
 }
@@ -178,21 +188,18 @@ std::string narrow_to_emitted_framework(const CliOptions& o, const Scenario& sc,
                                "DeepSpeed; use --emit fsdp");
   if (emit == "fsdp" && sc.job.recipe == costmodel::Recipe::deepspeed)
     throw InputError(
-        "--emit",
-        "fsdp: recipe deepspeed runs under the DeepSpeed engine; use --emit deepspeed");
+        "--emit", "fsdp: recipe deepspeed runs under the DeepSpeed engine; use --emit deepspeed");
   if (emit == "deepspeed") {
     if (pins.flavour && *pins.flavour != costmodel::Flavour::deepspeed &&
         *pins.flavour != costmodel::Flavour::ddp)
       throw InputError(
           "--flavour",
-          fmt::format("--emit deepspeed writes a DeepSpeed config, got --flavour {}",
-                      *po.flavour));
+          fmt::format("--emit deepspeed writes a DeepSpeed config, got --flavour {}", *po.flavour));
     if (po.strategy && po.strategy->rfind("zero", 0) != 0 && *po.strategy != "ddp")
-      throw InputError(
-          "--strategy",
-          fmt::format("--emit deepspeed writes a DeepSpeed config (ddp or zero1-3), "
-                      "got --strategy {}",
-                      *po.strategy));
+      throw InputError("--strategy",
+                       fmt::format("--emit deepspeed writes a DeepSpeed config (ddp or zero1-3), "
+                                   "got --strategy {}",
+                                   *po.strategy));
     if (!pins.flavour && !po.strategy) {
       pins.flavour = costmodel::Flavour::deepspeed;
       return "--emit deepspeed: searching DeepSpeed's plans only (ZeRO stages 1-3, as "
@@ -200,8 +207,7 @@ std::string narrow_to_emitted_framework(const CliOptions& o, const Scenario& sc,
     }
   } else if (emit == "fsdp") {
     if (pins.flavour == costmodel::Flavour::deepspeed)
-      throw InputError("--flavour",
-                       "--emit fsdp writes PyTorch settings, got --flavour deepspeed");
+      throw InputError("--flavour", "--emit fsdp writes PyTorch settings, got --flavour deepspeed");
     if (po.strategy && po.strategy->rfind("zero", 0) == 0)
       throw InputError("--strategy",
                        fmt::format("--emit fsdp writes PyTorch settings (ddp, fsdp-full, "
@@ -230,7 +236,8 @@ void check_recommend_flags(const CliOptions& o, const CLI::App& recommend_cmd, i
           flag, fmt::format("shapes the table, and --emit {} prints a config instead; give one "
                             "of them",
                             *emit));
-  if (recommend_cmd.count("--svg") && o.svg_path.empty()) throw InputError("--svg", "must name a file, got \"\"");
+  if (recommend_cmd.count("--svg") && o.svg_path.empty())
+    throw InputError("--svg", "must name a file, got \"\"");
   if (!o.svg_path.empty()) io::check_destination(o.svg_path, "--svg");
 }
 
@@ -267,18 +274,22 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   const int top_plans = o.top ? costmodel::int_from_text("--top", *o.top) : 10;
   check_recommend_flags(o, recommend_cmd, top_plans);
   if (o.model_parallel) {
-    if (o.emit) throw InputError("--emit", "not with --model-parallel: its table gives torchtitan's and Megatron-LM's options");
+    if (o.emit)
+      throw InputError(
+          "--emit",
+          "not with --model-parallel: its table gives torchtitan's and Megatron-LM's options");
     const Scenario msc = make_scenario(o.so, false);
     const auto found = search_layouts(msc);
-    out << (o.format == "json" ? json_document(layout_search_json(msc, found, top_plans))
-                               : scenario_line(msc) + "\n" + layout_search_table(msc, found, top_plans));
+    out << (o.format == "json"
+                ? json_document(layout_search_json(msc, found, top_plans))
+                : scenario_line(msc) + "\n" + layout_search_table(msc, found, top_plans));
     return;
   }
   const Scenario sc = make_scenario(o.so);
   const auto [pins, emit_pin] = search_pins(o, sc);
   const auto rec = recommend(sc, pins);
   const auto& emit = o.emit;
-  if (emit) { // the config is stdout; what it was planned from goes to stderr
+  if (emit) {  // the config is stdout; what it was planned from goes to stderr
     if (!sc.defaulted.empty()) notes.push_back(defaults_line(sc));
     if (!emit_pin.empty()) notes.push_back(emit_pin);
   }
@@ -320,8 +331,7 @@ void run_validate(const CliOptions& o, std::ostream& out) {
 }
 
 void compare_table(const Scenario& sc, const std::vector<Evaluation>& evals, std::ostream& out) {
-  if (!sc.defaulted.empty())
-    out << defaults_line(sc) << "\n";
+  if (!sc.defaulted.empty()) out << defaults_line(sc) << "\n";
   out << scenario_line(sc) << "\n" << hardware_line(sc) << "\n";
   // The checkpointing column is as wide as its longest label ("selective-attention").
   std::size_t ckpt = std::string("checkpointing").size();
@@ -336,12 +346,13 @@ void compare_table(const Scenario& sc, const std::vector<Evaluation>& evals, std
                          costmodel::flavour_name(e.spec.flavour), r.reason);
       continue;
     }
-    out << fmt::format(
-        "{:<14} {:<10} {:>5} {:<{}} {:>11.2f} {:>11.2f} {:>11.3f} {:>10.3f} {:>11.0f} {:>6.1f}%  {}\n",
-        e.spec.strategy, costmodel::flavour_name(e.spec.flavour), e.job.micro_batch,
-        costmodel::checkpointing_label(e.job), ckpt, costmodel::total(r.model_states) / (1 << 30),
-        r.peak_bytes / (1 << 30), r.step_s, r.exposed_comm_s, r.tokens_per_s, 100 * r.mfu,
-        e.fits ? "fits" : "DOES NOT FIT");
+    out << fmt::format("{:<14} {:<10} {:>5} {:<{}} {:>11.2f} {:>11.2f} {:>11.3f} {:>10.3f} "
+                       "{:>11.0f} {:>6.1f}%  {}\n",
+                       e.spec.strategy, costmodel::flavour_name(e.spec.flavour), e.job.micro_batch,
+                       costmodel::checkpointing_label(e.job), ckpt,
+                       costmodel::total(r.model_states) / (1 << 30), r.peak_bytes / (1 << 30),
+                       r.step_s, r.exposed_comm_s, r.tokens_per_s, 100 * r.mfu,
+                       e.fits ? "fits" : "DOES NOT FIT");
   }
 }
 
@@ -367,8 +378,8 @@ void run_compare(const CliOptions& o, std::ostream& out) {
 
 // estimate --deepspeed: the plan and job read from a DeepSpeed config. Sets sc.job to the
 // config's job; returns the evaluation and what the import assumed.
-std::pair<Evaluation, std::vector<std::string>> evaluate_deepspeed_config(const CliOptions& o, Scenario& sc,
-                                                                          costmodel::Trace* trace_ptr) {
+std::pair<Evaluation, std::vector<std::string>>
+evaluate_deepspeed_config(const CliOptions& o, Scenario& sc, costmodel::Trace* trace_ptr) {
   const auto& po = o.po;
   if (po.strategy)
     throw InputError("--strategy", "give either --strategy or --deepspeed, not both");
@@ -378,10 +389,10 @@ std::pair<Evaluation, std::vector<std::string>> evaluate_deepspeed_config(const 
         std::pair{"--offload", po.offload.has_value()},
         std::pair{"--shard-group-size", po.shard_group_size.has_value()}})
     if (given)
-      throw InputError(
-          flag, fmt::format("give either {} or --deepspeed (its zero_optimization says it), "
-                            "not both",
-                            flag));
+      throw InputError(flag,
+                       fmt::format("give either {} or --deepspeed (its zero_optimization says it), "
+                                   "not both",
+                                   flag));
   // A DeepSpeed config names no model, and no default model is the user's.
   if (!o.so.model && !o.so.params && !o.so.model_document)
     throw InputError("--model",
@@ -390,16 +401,19 @@ std::pair<Evaluation, std::vector<std::string>> evaluate_deepspeed_config(const 
   const auto imported = costmodel::read_json_document(
       *o.deepspeed_path, [&](const nlohmann::json& d) { return import_deepspeed_config(d, sc); });
   sc.job = imported.job;
-  auto e = imported.job.micro_batch > 0 ? evaluate(sc, imported.spec, imported.job, trace_ptr)
-                                        : evaluate_choosing_micro_batch(sc, imported.spec, trace_ptr);
+  auto e = imported.job.micro_batch > 0
+               ? evaluate(sc, imported.spec, imported.job, trace_ptr)
+               : evaluate_choosing_micro_batch(sc, imported.spec, trace_ptr);
   return {std::move(e), imported.assumptions};
 }
 
 // estimate with tensor, pipeline or context parallelism: the data-parallel strategy over what
 // is left, evaluated per pipeline stage.
 void run_parallel_estimate(const CliOptions& o, std::ostream& out) {
-  if (o.deepspeed_path) throw InputError("--deepspeed", "give either a DeepSpeed config or model-parallel flags");
-  if (!o.po.strategy) throw InputError("--strategy", "missing: the data-parallel strategy over the replicas");
+  if (o.deepspeed_path)
+    throw InputError("--deepspeed", "give either a DeepSpeed config or model-parallel flags");
+  if (!o.po.strategy)
+    throw InputError("--strategy", "missing: the data-parallel strategy over the replicas");
   Scenario sc = make_scenario(o.so, false);
   const auto layout = layout_from_options(o.pa, sc);
   const auto spec = make_plan_spec(o.po, *o.po.strategy, sc);
@@ -412,7 +426,9 @@ void run_parallel_estimate(const CliOptions& o, std::ostream& out) {
     return;
   }
   if (!sc.defaulted.empty()) out << defaults_line(sc) << "\n";
-  out << scenario_line(sc) << "\n" << hardware_line(sc) << "\n" << parallel_table(sc, layout, spec, r);
+  out << scenario_line(sc) << "\n"
+      << hardware_line(sc) << "\n"
+      << parallel_table(sc, layout, spec, r);
 }
 
 // estimate, and simulate (estimate that also writes the step's timeline).
@@ -431,7 +447,8 @@ void run_estimate(const CliOptions& o, bool simulate, std::ostream& out) {
   if (o.deepspeed_path) {
     std::tie(e, assumptions) = evaluate_deepspeed_config(o, sc, trace_ptr);
   } else {
-    if (!o.po.strategy) throw InputError("--strategy", "missing (or give --deepspeed ds_config.json)");
+    if (!o.po.strategy)
+      throw InputError("--strategy", "missing (or give --deepspeed ds_config.json)");
     e = evaluate_choosing_micro_batch(sc, make_plan_spec(o.po, *o.po.strategy, sc), trace_ptr);
   }
   check_countable(sc, e);
@@ -441,12 +458,10 @@ void run_estimate(const CliOptions& o, bool simulate, std::ostream& out) {
     auto j = evaluation_to_json(sc, e);
     if (o.deepspeed_path) j["assumptions"] = assumptions;
     j["hardware_profile"] = hardware_json(sc);
-    if (!sc.defaulted.empty())
-      j["defaulted"] = sc.defaulted;
+    if (!sc.defaulted.empty()) j["defaulted"] = sc.defaulted;
     out << json_document(j);
   } else {
-    if (!sc.defaulted.empty())
-      out << defaults_line(sc) << "\n";
+    if (!sc.defaulted.empty()) out << defaults_line(sc) << "\n";
     out << scenario_line(sc) << "\n" << hardware_line(sc) << "\n" << evaluation_table(sc, e);
     for (const auto& a : assumptions) out << "assumed: " << a << "\n";
   }
@@ -457,8 +472,7 @@ void run_subcommand(const Subcommands& c, const CliOptions& o, std::ostream& out
                     std::vector<std::string>& notes) {
   for (const auto& r : c.renamed)
     if (r.old_option->count() > 0)
-      throw InputError(r.old_name,
-                       fmt::format("renamed: give {}{}", r.new_name, r.note));
+      throw InputError(r.old_name, fmt::format("renamed: give {}{}", r.new_name, r.note));
   if (c.models->parsed()) {
     list_models(out);
   } else if (c.hardware->parsed()) {
@@ -533,7 +547,7 @@ int run_cli(int argc, char** argv) {
 
   try {
     std::ostringstream out;
-    std::vector<std::string> notes; // for stderr, after the output
+    std::vector<std::string> notes;  // for stderr, after the output
     run_subcommand(p.subcommands, p.options, out, notes);
     std::cout << out.str();
     if (!notes.empty()) {

@@ -63,7 +63,7 @@ DType dtype_from(const std::string& name, const std::string& where) {
 }
 
 class Importer {
- public:
+public:
   Importer(const json& ds, const Scenario& base) : ds_(ds), base_(base), r_(ds, "") {}
 
   DeepSpeedImport run() {
@@ -81,7 +81,7 @@ class Importer {
     return std::move(out_);
   }
 
- private:
+private:
   void note(std::string line) { out_.assumptions.push_back(std::move(line)); }
 
   // ---- precision: "bf16" (alias "bfloat16") and "fp16" sections (precision_config.py).
@@ -335,11 +335,12 @@ class Importer {
     const double h = static_cast<double>(base_.model.hidden);
     const auto reduce = sized(z, zo, "reduce_bucket_size", nullptr, h * h);
     const auto allgather = sized(z, zo, "allgather_bucket_size", nullptr, std::nullopt);
-    const auto prefetch =
-        sized(z, zo, "stage3_prefetch_bucket_size", "prefetch_bucket_size", std::floor(0.9 * h * h));
+    const auto prefetch = sized(z, zo, "stage3_prefetch_bucket_size", "prefetch_bucket_size",
+                                std::floor(0.9 * h * h));
     const auto persistence =
         sized(z, zo, "stage3_param_persistence_threshold", "param_persistence_threshold", 10 * h);
-    const auto max_live = sized(z, zo, "stage3_max_live_parameters", "max_live_parameters", std::nullopt);
+    const auto max_live =
+        sized(z, zo, "stage3_max_live_parameters", "max_live_parameters", std::nullopt);
     const auto contiguous = z.optional_boolean("contiguous_gradients");
     const auto overlap = z.optional_boolean("overlap_comm");
     const auto reduce_scatter = z.optional_boolean("reduce_scatter");
@@ -463,7 +464,8 @@ class Importer {
     }
     if (stage_ > 0) s.reduce_bucket_bytes = reduce_bucket_elems_ * dtype_bytes(s.reduce_dtype);
     // Stage 1/2 keep one contiguous reduce bucket, two when overlap_comm is on
-    // (deepspeed/runtime/zero/stage_1_and_2.py, the ipg buffers); the spec counts the stage's default (overlap on at stage 3 only).
+    // (deepspeed/runtime/zero/stage_1_and_2.py, the ipg buffers); the spec counts the stage's
+    // default (overlap on at stage 3 only).
     if (overlap_ && *overlap_)
       note(fmt::format("/zero_optimization/overlap_comm true at stage {}: DeepSpeed then keeps a "
                        "second reduce bucket that the model does not count (memory under-predicted "
@@ -543,8 +545,8 @@ class Importer {
     const auto T0 = batch_value(r_, ds_, "train_batch_size");
     const auto M0 = batch_value(r_, ds_, "train_micro_batch_size_per_gpu");
     const auto A0 = batch_value(r_, ds_, "gradient_accumulation_steps");
-    BatchKeys b{T0.value, M0.value, A0.value, T0.value ? std::to_string(*T0.value) : "", false,
-                T0.automatic, A0.automatic};
+    BatchKeys b{T0.value, M0.value,     A0.value,    T0.value ? std::to_string(*T0.value) : "",
+                false,    T0.automatic, A0.automatic};
     auto& T = b.global;
     auto& M = b.micro;
     auto& t_desc = b.global_text;
@@ -593,10 +595,11 @@ class Importer {
     // Each batch key is at most 1e9, but their product with the GPU count can overflow 64 bits.
     if (M && A &&
         static_cast<double>(*M) * static_cast<double>(*A) * gpus > static_cast<double>(kMaxBatch))
-      throw InputError("/gradient_accumulation_steps",
-                       fmt::format("train_micro_batch_size_per_gpu {} x gradient_accumulation_steps "
-                                   "{} x {} GPUs is over {} sequences per step",
-                                   *M, *A, gpus, kMaxBatch));
+      throw InputError(
+          "/gradient_accumulation_steps",
+          fmt::format("train_micro_batch_size_per_gpu {} x gradient_accumulation_steps "
+                      "{} x {} GPUs is over {} sequences per step",
+                      *M, *A, gpus, kMaxBatch));
     if (T && M && A) {
       if (*T != *M * *A * gpus) {
         std::string fix = fmt::format("use train_batch_size {}", *M * *A * gpus);

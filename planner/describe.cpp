@@ -8,7 +8,9 @@ namespace shardplan::planner {
 
 std::string describe_table(const costmodel::ModelSpec& m) {
   Text text;
-  auto line = [&]<class... A>(fmt::format_string<A...> f, A&&... a) { text.line(f, std::forward<A>(a)...); };
+  auto line = [&]<class... A>(fmt::format_string<A...> f, A&&... a) {
+    text.line(f, std::forward<A>(a)...);
+  };
   line("{} — {}", m.name, costmodel::architecture_name(m.architecture));
   if (m.architecture != costmodel::Architecture::uniform)
     line("hidden {}, {} blocks, {} heads ({} key/value) x {}, MLP {} ({}), vocab {}, {} embeddings",
@@ -19,7 +21,8 @@ std::string describe_table(const costmodel::ModelSpec& m) {
     line("");
     line("{}{}", title, count > 1 ? fmt::format(" (x {})", count) : "");
     for (const auto& t : u.tensors) {
-      const auto shape = t.rows == 1 ? fmt::format("[{}]", t.cols) : fmt::format("[{}, {}]", t.rows, t.cols);
+      const auto shape =
+          t.rows == 1 ? fmt::format("[{}]", t.cols) : fmt::format("[{}, {}]", t.rows, t.cols);
       line("  {:<34} {:>16} {:>16L}", t.name, shape, t.elements());
     }
     line("  {:<34} {:>16} {:>16L}", "unit total", "", u.params());

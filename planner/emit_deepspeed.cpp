@@ -91,7 +91,8 @@ std::string comment_for(const Scenario& sc, const Evaluation& e) {
       checkpointing_label(e.job), offload_name(e.spec.offload), gib(r.peak_bytes),
       gib(sc.usable_bytes()), e.fits ? "" : " (DOES NOT FIT)", seconds(r.step_s));
   switch (e.job.checkpointing) {
-  case Checkpointing::none: break;
+  case Checkpointing::none:
+    break;
   case Checkpointing::full:
     c += " Activation checkpointing is switched on in the model, not by this file: Hugging Face "
          "models with model.gradient_checkpointing_enable() (or TrainingArguments("

@@ -19,17 +19,18 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 const char* torch_dtype(DType d) {
   switch (d) {
-  case DType::bf16: return "torch.bfloat16";
-  case DType::fp16: return "torch.float16";
+  case DType::bf16:
+    return "torch.bfloat16";
+  case DType::fp16:
+    return "torch.float16";
   case DType::fp32:
-  case DType::tf32: return "torch.float32";
+  case DType::tf32:
+    return "torch.float32";
   }
   return "torch.float32";
 }
 
-const char* py_bool(bool b) {
-  return b ? "True" : "False";
-}
+const char* py_bool(bool b) { return b ? "True" : "False"; }
 
 struct Layout {
   int shard = 1;      // ranks that share one copy of the sharded state
@@ -76,35 +77,45 @@ void batch_lines(Text& t, const Scenario& sc, const Evaluation& e, bool sync_eac
 // second matmul, recomputes the rest).
 void checkpointing_lines(Text& t, const TrainingJob& j) {
   switch (j.checkpointing) {
-  case Checkpointing::none: return;
+  case Checkpointing::none:
+    return;
   case Checkpointing::selective_attention:
-    t.line("# selective-attention (Megatron's selective recompute) reruns the attention core only;");
-    t.line("# {}", j.attention == AttentionImpl::flash
-                       ? "with flash attention nothing is kept to drop, so no wrapper is needed"
-                       : "torch has no wrapper for it: recompute the scores inside the attention module");
+    t.line(
+        "# selective-attention (Megatron's selective recompute) reruns the attention core only;");
+    t.line("# {}",
+           j.attention == AttentionImpl::flash
+               ? "with flash attention nothing is kept to drop, so no wrapper is needed"
+               : "torch has no wrapper for it: recompute the scores inside the attention module");
     return;
   case Checkpointing::selective_op:
-    t.line("from torchtitan.distributed.activation_checkpoint import SelectiveAC  # torchtitan 0.3.0");
-    t.line("SelectiveAC(SelectiveAC.Config()).apply(model)  # selective-op: keep attention and every "
-           "second matmul, recompute the rest");
+    t.line(
+        "from torchtitan.distributed.activation_checkpoint import SelectiveAC  # torchtitan 0.3.0");
+    t.line(
+        "SelectiveAC(SelectiveAC.Config()).apply(model)  # selective-op: keep attention and every "
+        "second matmul, recompute the rest");
     return;
   case Checkpointing::full:
   case Checkpointing::every:
     if (j.recipe != Recipe::torchtitan && j.recipe != Recipe::executor) {
       // transformers 5.23 (modeling_utils.py): layers 0, N, 2N, ... as the plan counted them.
-      t.line("model.activation_checkpointing_enable(activation_checkpointing_kwargs={{\"use_reentrant\": False}}, "
+      t.line("model.activation_checkpointing_enable(activation_checkpointing_kwargs={{\"use_"
+             "reentrant\": False}}, "
              "every_n_layers={})  # transformers; checkpointing {}",
-             j.checkpointing == Checkpointing::every ? j.checkpoint_every : 1, checkpointing_label(j));
+             j.checkpointing == Checkpointing::every ? j.checkpoint_every : 1,
+             checkpointing_label(j));
       return;
     }
-    t.line("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper");
+    t.line("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import "
+           "checkpoint_wrapper");
     t.line("for name, block in list(model.layers.named_children()):");
     if (j.checkpointing == Checkpointing::every) {
-      t.line("    if (int(name) + 1) % {} == 0:  # every:{}: one block in {} recomputes its forward",
-             j.checkpoint_every, j.checkpoint_every, j.checkpoint_every);
+      t.line(
+          "    if (int(name) + 1) % {} == 0:  # every:{}: one block in {} recomputes its forward",
+          j.checkpoint_every, j.checkpoint_every, j.checkpoint_every);
       t.line("        model.layers.register_module(name, checkpoint_wrapper(block))");
     } else {
-      t.line("    model.layers.register_module(name, checkpoint_wrapper(block))  # full: every block");
+      t.line(
+          "    model.layers.register_module(name, checkpoint_wrapper(block))  # full: every block");
     }
     return;
   }
@@ -217,8 +228,8 @@ void ddp_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
 // selective (per op) | full (torchtitan/distributed/activation_checkpoint.py), no every-n-th form.
 struct TitanEntry {
   std::string section, key;
-  std::string value;   // a TOML literal; "" for a comment
-  std::string comment; // after the value, or the whole line
+  std::string value;    // a TOML literal; "" for a comment
+  std::string comment;  // after the value, or the whole line
   bool boolean = false;
 };
 
@@ -281,8 +292,10 @@ std::vector<TitanEntry> titan_entries(const Scenario& sc, const Evaluation& e) {
 std::vector<TitanEntry> titan_checkpoint_entries(const TrainingJob& j) {
   const char* section = "activation_checkpoint";
   switch (j.checkpointing) {
-  case Checkpointing::none: return {{section, "mode", "\"none\"", ""}};
-  case Checkpointing::full: return {{section, "mode", "\"full\"", ""}};
+  case Checkpointing::none:
+    return {{section, "mode", "\"none\"", ""}};
+  case Checkpointing::full:
+    return {{section, "mode", "\"full\"", ""}};
   case Checkpointing::every:
     return {{section, "mode", "\"selective\"", ""},
             {section, "selective_ac_option", fmt::format("\"{}\"", j.checkpoint_every),
@@ -292,10 +305,11 @@ std::vector<TitanEntry> titan_checkpoint_entries(const TrainingJob& j) {
             {section, "selective_ac_option", "\"op\"",
              "keep attention and every second matmul, recompute the rest"}};
   case Checkpointing::selective_attention:
-    return {{section, "mode", "\"none\"",
-             fmt::format("torchtitan has no attention-only recompute; {}",
-                         j.attention == AttentionImpl::flash ? "with flash attention it equals none"
-                                                             : "this plan's eager scores are kept")}};
+    return {
+        {section, "mode", "\"none\"",
+         fmt::format("torchtitan has no attention-only recompute; {}",
+                     j.attention == AttentionImpl::flash ? "with flash attention it equals none"
+                                                         : "this plan's eager scores are kept")}};
   }
   return {};
 }
@@ -313,8 +327,7 @@ void torchtitan_toml(Text& t, const Scenario& sc, const Evaluation& e) {
   std::string section;
   for (const auto& x : titan_config(sc, e)) {
     if (x.section != section) {
-      if (!section.empty())
-        t.line("");
+      if (!section.empty()) t.line("");
       t.line("[{}]", x.section);
       section = x.section;
     }
@@ -351,23 +364,27 @@ nlohmann::json torchtitan_json(const Scenario& sc, const Evaluation& e) {
 
 // FSDP2's fully_shard keyword arguments as data (the snippet's values): the mesh's shape and
 // dimension names, reshard_after_forward, MixedPrecisionPolicy's dtypes (torch dtype names without
-// "torch."), the offload policy, and the dtype the whole model is cast to first (pure bf16) or null.
+// "torch."), the offload policy, and the dtype the whole model is cast to first (pure bf16) or
+// null.
 nlohmann::json fully_shard_json(const Scenario& sc, const Evaluation& e) {
   const auto& s = e.spec;
   const Layout l = layout_of(sc, s);
   auto dtype = [](DType d) { return std::string(torch_dtype(d)).substr(6); };  // "torch." cut
-  nlohmann::json mesh = l.replicate > 1
-                            ? nlohmann::json{{"shape", {l.replicate, l.shard}},
-                                             {"mesh_dim_names", {"dp_replicate", "dp_shard"}}}
-                            : nlohmann::json{{"shape", {l.shard}}, {"mesh_dim_names", {"dp_shard"}}};
+  nlohmann::json mesh =
+      l.replicate > 1 ? nlohmann::json{{"shape", {l.replicate, l.shard}},
+                                       {"mesh_dim_names", {"dp_replicate", "dp_shard"}}}
+                      : nlohmann::json{{"shape", {l.shard}}, {"mesh_dim_names", {"dp_shard"}}};
   const bool offload = s.offload == Offload::params;
   return {{"mesh", mesh},
           {"reshard_after_forward", s.reshard_after_forward},
           {"mp_policy",
-           {{"param_dtype", dtype(compute_dtype(e.job.precision))}, {"reduce_dtype", dtype(s.reduce_dtype)}}},
-          {"offload_policy", offload ? nlohmann::json{{"type", "CPUOffloadPolicy"}, {"pin_memory", true}}
-                                     : nlohmann::json{{"type", "OffloadPolicy"}}},
-          {"model_dtype", e.job.precision == Precision::bf16 ? nlohmann::json("bfloat16") : nlohmann::json()}};
+           {{"param_dtype", dtype(compute_dtype(e.job.precision))},
+            {"reduce_dtype", dtype(s.reduce_dtype)}}},
+          {"offload_policy",
+           offload ? nlohmann::json{{"type", "CPUOffloadPolicy"}, {"pin_memory", true}}
+                   : nlohmann::json{{"type", "OffloadPolicy"}}},
+          {"model_dtype",
+           e.job.precision == Precision::bf16 ? nlohmann::json("bfloat16") : nlohmann::json()}};
 }
 
 // torchtitan 0.3.0: `torchrun ... -m torchtitan.train --module <model> --config <registry entry>`
@@ -385,8 +402,7 @@ void torchtitan_command_line(Text& t, const Scenario& sc, const Evaluation& e) {
       continue;
     }
     std::string value = x.value;
-    if (value.size() >= 2 && value.front() == '"')
-      value = value.substr(1, value.size() - 2);
+    if (value.size() >= 2 && value.front() == '"') value = value.substr(1, value.size() - 2);
     if (x.boolean)
       args.push_back(fmt::format("--{}.{}{}", x.section, value == "true" ? "" : "no_", x.key));
     else
@@ -453,15 +469,21 @@ std::string fsdp_settings(const Scenario& sc, const Evaluation& e) {
   t.line(
       "# micro-batch {}, checkpointing {}, offload {}; predicted peak {} of {} usable per GPU{}, "
       "step {}",
-      e.job.micro_batch, checkpointing_label(e.job), offload_name(s.offload),
-      gib(r.peak_bytes), gib(sc.usable_bytes()), e.fits ? "" : " (DOES NOT FIT)",
-      seconds(r.step_s));
+      e.job.micro_batch, checkpointing_label(e.job), offload_name(s.offload), gib(r.peak_bytes),
+      gib(sc.usable_bytes()), e.fits ? "" : " (DOES NOT FIT)", seconds(r.step_s));
   t.line("");
   switch (s.flavour) {
-  case Flavour::fsdp2: fsdp2_snippet(t, sc, e); break;
-  case Flavour::fsdp1: fsdp1_snippet(t, sc, e); break;
-  case Flavour::ddp: ddp_snippet(t, sc, e); break;
-  case Flavour::deepspeed: break;  // rejected above
+  case Flavour::fsdp2:
+    fsdp2_snippet(t, sc, e);
+    break;
+  case Flavour::fsdp1:
+    fsdp1_snippet(t, sc, e);
+    break;
+  case Flavour::ddp:
+    ddp_snippet(t, sc, e);
+    break;
+  case Flavour::deepspeed:
+    break;  // rejected above
   }
   t.line("");
   torchtitan_toml(t, sc, e);

@@ -43,9 +43,12 @@ Verdict verdict_of(const Scenario& sc, const Evaluation& e) {
 
 const char* verdict_name(Verdict v) {
   switch (v) {
-    case Verdict::fits: return "fits";
-    case Verdict::tight: return "tight";
-    case Verdict::does_not_fit: return "does not fit";
+  case Verdict::fits:
+    return "fits";
+  case Verdict::tight:
+    return "tight";
+  case Verdict::does_not_fit:
+    return "does not fit";
   }
   return "?";
 }
@@ -61,7 +64,8 @@ StepInput step_input(const Scenario& sc, const ShardingSpec& spec, const Trainin
   return in;
 }
 
-Evaluation evaluate(const Scenario& sc, const ShardingSpec& spec, const TrainingJob& job, Trace* trace) {
+Evaluation evaluate(const Scenario& sc, const ShardingSpec& spec, const TrainingJob& job,
+                    Trace* trace) {
   Evaluation e;
   e.spec = spec;
   e.job = job;
@@ -70,7 +74,8 @@ Evaluation evaluate(const Scenario& sc, const ShardingSpec& spec, const Training
   return e;
 }
 
-Evaluation evaluate_choosing_micro_batch(const Scenario& sc, const ShardingSpec& spec, Trace* trace) {
+Evaluation evaluate_choosing_micro_batch(const Scenario& sc, const ShardingSpec& spec,
+                                         Trace* trace) {
   if (sc.job.micro_batch > 0) return evaluate(sc, spec, sc.job, trace);
   const std::int64_t per_gpu = sc.job.global_batch / sc.cluster.gpus;
   std::vector<std::int64_t> divisors;
@@ -93,28 +98,30 @@ void check_countable(const Scenario& sc, const Evaluation& e) {
   const auto& r = e.result;
   if (!(r.peak_bytes > kMaxCount)) return;
   const double states = total(r.model_states);
-  const std::string what =
-      fmt::format("{} needs {:.3g} bytes per GPU under {} ({:.3g} of them model states), past the {:.3g} "
-                  "(2^62) a plan can count",
-                  sc.model.name, r.peak_bytes, e.spec.strategy, states, kMaxCount);
+  const std::string what = fmt::format(
+      "{} needs {:.3g} bytes per GPU under {} ({:.3g} of them model states), past the {:.3g} "
+      "(2^62) a plan can count",
+      sc.model.name, r.peak_bytes, e.spec.strategy, states, kMaxCount);
   if (states > kMaxCount)
     throw InputError(sc.model.architecture == Architecture::uniform ? "--params" : "--model", what);
   if (sc.job.micro_batch > 0)
-    throw InputError("--micro-batch", fmt::format("{} sequences of {} tokens: {}", e.job.micro_batch,
-                                                  e.job.seq_len, what));
-  throw InputError("--seq-len", fmt::format("{} tokens, even 1 sequence per micro-batch: {}", e.job.seq_len, what));
+    throw InputError("--micro-batch", fmt::format("{} sequences of {} tokens: {}",
+                                                  e.job.micro_batch, e.job.seq_len, what));
+  throw InputError("--seq-len", fmt::format("{} tokens, even 1 sequence per micro-batch: {}",
+                                            e.job.seq_len, what));
 }
 
 std::string scenario_line(const Scenario& sc) {
   const auto& m = sc.model;
   const double params = static_cast<double>(m.total_params());
-  const std::string count = params >= 1e9 ? fmt::format("{:.2f} B", params / 1e9)
-                                          : fmt::format("{:.2f} M", params / 1e6);
-  return fmt::format("{} ({} params) on {} x {} ({} node{}), seq {}, global batch {}, {} {}, recipe {}",
-                     m.name, count, sc.cluster.gpus,
-                     sc.hardware.name, sc.cluster.nodes(), sc.cluster.nodes() == 1 ? "" : "s",
-                     sc.job.seq_len, sc.job.global_batch, precision_name(sc.job.precision),
-                     optimizer_name(sc.job.optimizer), recipe_name(sc.job.recipe));
+  const std::string count =
+      params >= 1e9 ? fmt::format("{:.2f} B", params / 1e9) : fmt::format("{:.2f} M", params / 1e6);
+  return fmt::format(
+      "{} ({} params) on {} x {} ({} node{}), seq {}, global batch {}, {} {}, recipe {}", m.name,
+      count, sc.cluster.gpus, sc.hardware.name, sc.cluster.nodes(),
+      sc.cluster.nodes() == 1 ? "" : "s", sc.job.seq_len, sc.job.global_batch,
+      precision_name(sc.job.precision), optimizer_name(sc.job.optimizer),
+      recipe_name(sc.job.recipe));
 }
 
 std::vector<std::pair<std::string, double>> exposed_by_wait(const StepResult& r) {
@@ -141,55 +148,58 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
   for (const auto& [name, s] : exposed_by_wait(r)) exposed[name] = s;
   nlohmann::json bytes_by_op = nlohmann::json::object();
   for (int op = 0; op < kCollectives; ++op)
-    if (r.comm_bytes_by_op[op] > 0) bytes_by_op[traits(static_cast<Collective>(op)).name] = r.comm_bytes_by_op[op];
+    if (r.comm_bytes_by_op[op] > 0)
+      bytes_by_op[traits(static_cast<Collective>(op)).name] = r.comm_bytes_by_op[op];
   nlohmann::json by_kind = nlohmann::json::object();
-  for (int k = 0; k < kComputeKinds; ++k) by_kind[compute_kind_name(static_cast<ComputeKind>(k))] = r.compute_by_kind_s[k];
-  nlohmann::json out = {
-      {"model", sc.model.name},
-      {"hardware", sc.hardware.name},
-      {"gpus", sc.cluster.gpus},
-      {"gpus_per_node", sc.cluster.gpus_per_node},
-      {"strategy", e.spec.strategy},
-      {"flavour", flavour_name(e.spec.flavour)},
-      {"shard_group_size", e.spec.group(sc.cluster.gpus)},
-      {"offload", offload_name(e.spec.offload)},
-      {"micro_batch", e.job.micro_batch},
-      {"grad_accumulation", r.grad_accumulation},
-      {"checkpointing", checkpointing_label(e.job)},
-      {"precision", precision_name(e.job.precision)},
-      {"optimizer", optimizer_name(e.job.optimizer)},
-      {"params", r.params},
-      {"valid", r.valid},
-      {"fits", e.fits},
-      {"verdict", verdict_name(verdict_of(sc, e))},
-      {"recipe", recipe_name(e.job.recipe)},
-      {"loss", loss_label(e.job)},
-      {"memory",
-       {{"peak_bytes", count_json(r.peak_bytes)},
-        {"allocated_peak_bytes", count_json(r.allocated_peak_bytes)},
-        {"reserve_bytes", count_json(r.reserve_bytes)},
-        {"device_bytes", count_json(r.device_bytes)},
-        {"margin_bytes", count_json(sc.usable_bytes() - r.peak_bytes)},
-        {"capacity_bytes", count_json(r.capacity_bytes)},
-        {"usable_bytes", count_json(sc.usable_bytes())},
-        {"breakdown", breakdown},
-        {"model_states", states},
-        {"model_states_bytes", count_json(total(r.model_states))},
-        {"peak_when", r.peak_when}}},
-      {"time",
-       {{"step_s", r.step_s},
-        {"compute_s", r.compute_s},
-        {"recompute_s", r.recompute_s},
-        {"optimizer_s", r.optimizer_s},
-        {"compute_by_kind_s", by_kind},
-        {"exposed_comm_s", r.exposed_comm_s},
-        {"straggler_wait_s", r.straggler_wait_s},
-        {"exposed_by_stream_s", exposed}}},
-      {"comm", {{"bytes_per_gpu", r.comm_bytes_per_gpu}, {"bytes_by_collective", bytes_by_op},
-                {"calibrated", r.calibrated_comm},
-                {"extrapolated", r.extrapolated_comm}}},
-      {"throughput", {{"tokens_per_s", r.tokens_per_s}}},
-      {"mfu", r.mfu}};
+  for (int k = 0; k < kComputeKinds; ++k)
+    by_kind[compute_kind_name(static_cast<ComputeKind>(k))] = r.compute_by_kind_s[k];
+  nlohmann::json out = {{"model", sc.model.name},
+                        {"hardware", sc.hardware.name},
+                        {"gpus", sc.cluster.gpus},
+                        {"gpus_per_node", sc.cluster.gpus_per_node},
+                        {"strategy", e.spec.strategy},
+                        {"flavour", flavour_name(e.spec.flavour)},
+                        {"shard_group_size", e.spec.group(sc.cluster.gpus)},
+                        {"offload", offload_name(e.spec.offload)},
+                        {"micro_batch", e.job.micro_batch},
+                        {"grad_accumulation", r.grad_accumulation},
+                        {"checkpointing", checkpointing_label(e.job)},
+                        {"precision", precision_name(e.job.precision)},
+                        {"optimizer", optimizer_name(e.job.optimizer)},
+                        {"params", r.params},
+                        {"valid", r.valid},
+                        {"fits", e.fits},
+                        {"verdict", verdict_name(verdict_of(sc, e))},
+                        {"recipe", recipe_name(e.job.recipe)},
+                        {"loss", loss_label(e.job)},
+                        {"memory",
+                         {{"peak_bytes", count_json(r.peak_bytes)},
+                          {"allocated_peak_bytes", count_json(r.allocated_peak_bytes)},
+                          {"reserve_bytes", count_json(r.reserve_bytes)},
+                          {"device_bytes", count_json(r.device_bytes)},
+                          {"margin_bytes", count_json(sc.usable_bytes() - r.peak_bytes)},
+                          {"capacity_bytes", count_json(r.capacity_bytes)},
+                          {"usable_bytes", count_json(sc.usable_bytes())},
+                          {"breakdown", breakdown},
+                          {"model_states", states},
+                          {"model_states_bytes", count_json(total(r.model_states))},
+                          {"peak_when", r.peak_when}}},
+                        {"time",
+                         {{"step_s", r.step_s},
+                          {"compute_s", r.compute_s},
+                          {"recompute_s", r.recompute_s},
+                          {"optimizer_s", r.optimizer_s},
+                          {"compute_by_kind_s", by_kind},
+                          {"exposed_comm_s", r.exposed_comm_s},
+                          {"straggler_wait_s", r.straggler_wait_s},
+                          {"exposed_by_stream_s", exposed}}},
+                        {"comm",
+                         {{"bytes_per_gpu", r.comm_bytes_per_gpu},
+                          {"bytes_by_collective", bytes_by_op},
+                          {"calibrated", r.calibrated_comm},
+                          {"extrapolated", r.extrapolated_comm}}},
+                        {"throughput", {{"tokens_per_s", r.tokens_per_s}}},
+                        {"mfu", r.mfu}};
   if (r.host_optimizer_s > 0) out["time"]["host_optimizer_s"] = r.host_optimizer_s;
   if (!r.valid) out["reason"] = r.reason;
   out["schema_version"] = 1;
@@ -199,9 +209,11 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
 std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
   const auto& r = e.result;
   Text text;
-  auto line = [&]<class... A>(fmt::format_string<A...> f, A&&... a) { text.line(f, std::forward<A>(a)...); };
-  line("training code: recipe {} ({}), loss {}", recipe_name(e.job.recipe), recipe_description(e.job.recipe),
-       loss_label(e.job));
+  auto line = [&]<class... A>(fmt::format_string<A...> f, A&&... a) {
+    text.line(f, std::forward<A>(a)...);
+  };
+  line("training code: recipe {} ({}), loss {}", recipe_name(e.job.recipe),
+       recipe_description(e.job.recipe), loss_label(e.job));
   line("plan: {} ({}){}, micro-batch {} x {} accumulation, checkpointing {}, offload {}",
        e.spec.strategy, flavour_name(e.spec.flavour),
        e.spec.shard_group_size > 0 ? fmt::format(", shard group {}", e.spec.shard_group_size) : "",
@@ -213,7 +225,10 @@ std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
   }
   line("");
   line("memory per GPU at the peak");
-  const char* labels[kCategories] = {"parameters", "gradients", "optimizer states", "activations",
+  const char* labels[kCategories] = {"parameters",
+                                     "gradients",
+                                     "optimizer states",
+                                     "activations",
                                      "buffers (gathered params, buckets)",
                                      "overhead (context, NCCL, fragmentation)"};
   for (int c = 0; c < kCategories; ++c) line("  {:<42} {:>12}", labels[c], gib(r.at_peak[c]));
@@ -222,32 +237,38 @@ std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
   line("  {:<42} {}", "peak happens at", r.peak_when);
   line("  {:<42} {:>12}   (what model-state-only estimators report)", "model states alone",
        gib(total(r.model_states)));
-  line("  compare with: torch.cuda.max_memory_allocated() {}, max_memory_reserved() {}, nvidia-smi {}",
-       gib(r.allocated_peak_bytes), gib(r.allocated_peak_bytes + r.reserve_bytes), gib(r.peak_bytes));
+  line("  compare with: torch.cuda.max_memory_allocated() {}, max_memory_reserved() {}, nvidia-smi "
+       "{}",
+       gib(r.allocated_peak_bytes), gib(r.allocated_peak_bytes + r.reserve_bytes),
+       gib(r.peak_bytes));
   switch (verdict_of(sc, e)) {
-    case Verdict::fits:
-      line("  verdict: FITS ({} to spare beyond the {:.0f}% headroom)", gib(sc.usable_bytes() - r.peak_bytes),
-           sc.headroom * 100);
-      break;
-    case Verdict::tight:
-      line("  verdict: TIGHT (fits the {} device with {} to spare, inside the {:.0f}% headroom)",
-           gib(r.capacity_bytes), gib(r.capacity_bytes - r.peak_bytes), sc.headroom * 100);
-      break;
-    case Verdict::does_not_fit:
-      line("  verdict: DOES NOT FIT (over the device by {})", gib(r.peak_bytes - r.capacity_bytes));
-      break;
+  case Verdict::fits:
+    line("  verdict: FITS ({} to spare beyond the {:.0f}% headroom)",
+         gib(sc.usable_bytes() - r.peak_bytes), sc.headroom * 100);
+    break;
+  case Verdict::tight:
+    line("  verdict: TIGHT (fits the {} device with {} to spare, inside the {:.0f}% headroom)",
+         gib(r.capacity_bytes), gib(r.capacity_bytes - r.peak_bytes), sc.headroom * 100);
+    break;
+  case Verdict::does_not_fit:
+    line("  verdict: DOES NOT FIT (over the device by {})", gib(r.peak_bytes - r.capacity_bytes));
+    break;
   }
   line("");
   line("time per optimizer step");
   line("  {:<42} {:>12}", "compute (forward, backward, optimizer)", seconds(r.compute_s));
   // Where the compute stream's time goes, by kind of op (costmodel/compute_time.hpp).
-  const char* kind_labels[kComputeKinds] = {"GEMMs", "attention core",
+  const char* kind_labels[kComputeKinds] = {"GEMMs",
+                                            "attention core",
                                             "memory-bound (norms, activations, loss)",
-                                            "host overhead (launches, hooks)", "recompute", "optimizer step"};
+                                            "host overhead (launches, hooks)",
+                                            "recompute",
+                                            "optimizer step"};
   // An offloaded optimizer step runs on the host's CPUs, not the compute stream: its own line.
   const bool host_optimizer = r.host_optimizer_s > 0;
   for (int k = 0; k < kComputeKinds; ++k)
-    if (r.compute_by_kind_s[k] > 0 || (k == static_cast<int>(ComputeKind::optimizer) && !host_optimizer))
+    if (r.compute_by_kind_s[k] > 0 ||
+        (k == static_cast<int>(ComputeKind::optimizer) && !host_optimizer))
       line("  {:<42} {:>12}", fmt::format("  {}", kind_labels[k]), seconds(r.compute_by_kind_s[k]));
   // The simulator runs it on the host stream, the trace on its own lane: the transfers' line
   // counts the transfers alone, the step's line all of its time (the GPU waits for all of it).
@@ -256,10 +277,12 @@ std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
          seconds(r.host_optimizer_s));
   for (int s = 1; s < kStreams; ++s) {
     const double apart = s == static_cast<int>(Stream::host) ? r.host_optimizer_s : 0.0;
-    const double exposed = std::max(0.0, r.exposed_s[s] - apart), busy = std::max(0.0, r.busy_s[s] - apart);
+    const double exposed = std::max(0.0, r.exposed_s[s] - apart),
+                 busy = std::max(0.0, r.busy_s[s] - apart);
     if (exposed > 0 || busy > 0)
-      line("  {:<42} {:>12}   (busy {})", fmt::format("exposed {}", stream_name(static_cast<Stream>(s))),
-           seconds(exposed), seconds(busy));
+      line("  {:<42} {:>12}   (busy {})",
+           fmt::format("exposed {}", stream_name(static_cast<Stream>(s))), seconds(exposed),
+           seconds(busy));
   }
   line("  {:<42} {:>12}", "step", seconds(r.step_s));
   line("  throughput {:.0f} tokens/s for the job, MFU {:.1f}%, {:.2f} GB sent per GPU per step{}",
@@ -280,22 +303,28 @@ nlohmann::json trace_to_chrome_json(const Trace& t) {
     if (tid >= 0) m["tid"] = tid;
     events.push_back(std::move(m));
   };
-  const bool host_cpu = std::any_of(t.spans.begin(), t.spans.end(), [](const TraceSpan& s) { return s.host_cpu; });
+  const bool host_cpu =
+      std::any_of(t.spans.begin(), t.spans.end(), [](const TraceSpan& s) { return s.host_cpu; });
   meta("process_name", kGpu, -1, "GPU (one rank, simulated step)");
-  for (int s = 0; s < kStreams; ++s) meta("thread_name", kGpu, s, stream_name(static_cast<Stream>(s)));
+  for (int s = 0; s < kStreams; ++s)
+    meta("thread_name", kGpu, s, stream_name(static_cast<Stream>(s)));
   if (host_cpu) {
     meta("process_name", kHost, -1, "host CPUs");
     meta("thread_name", kHost, kCpuOptimizer, "CPU optimizer");
   }
   for (const auto& sp : t.spans)
-    events.push_back({{"ph", "X"}, {"name", sp.name}, {"pid", sp.host_cpu ? kHost : kGpu},
+    events.push_back({{"ph", "X"},
+                      {"name", sp.name},
+                      {"pid", sp.host_cpu ? kHost : kGpu},
                       {"tid", sp.host_cpu ? kCpuOptimizer : static_cast<int>(sp.stream)},
-                      {"ts", sp.start_s * 1e6}, {"dur", sp.duration_s * 1e6}});
+                      {"ts", sp.start_s * 1e6},
+                      {"dur", sp.duration_s * 1e6}});
   // Flow arrows: each all-gather of a unit to the first compute of that unit that starts once the
   // gather has finished (the forward, recompute or backward that waits for it).
   std::map<int, std::vector<double>> compute_starts;  // unit -> its compute spans' starts
   for (const auto& c : t.spans)
-    if (c.stream == Stream::compute && !c.host_cpu && c.unit >= 0) compute_starts[c.unit].push_back(c.start_s);
+    if (c.stream == Stream::compute && !c.host_cpu && c.unit >= 0)
+      compute_starts[c.unit].push_back(c.start_s);
   for (auto& [unit, starts] : compute_starts) std::sort(starts.begin(), starts.end());
   int flow_id = 0;
   for (const auto& ag : t.spans) {
@@ -306,15 +335,27 @@ nlohmann::json trace_to_chrome_json(const Trace& t) {
     const auto w = std::lower_bound(it->second.begin(), it->second.end(), done - 1e-12 * done);
     if (w == it->second.end()) continue;
     ++flow_id;
-    events.push_back({{"ph", "s"}, {"id", flow_id}, {"name", "gathered parameters"}, {"cat", "dependency"},
-                      {"pid", kGpu}, {"tid", static_cast<int>(Stream::all_gather)},
+    events.push_back({{"ph", "s"},
+                      {"id", flow_id},
+                      {"name", "gathered parameters"},
+                      {"cat", "dependency"},
+                      {"pid", kGpu},
+                      {"tid", static_cast<int>(Stream::all_gather)},
                       {"ts", (ag.start_s + ag.duration_s / 2) * 1e6}});
-    events.push_back({{"ph", "f"}, {"bp", "e"}, {"id", flow_id}, {"name", "gathered parameters"},
-                      {"cat", "dependency"}, {"pid", kGpu}, {"tid", static_cast<int>(Stream::compute)},
+    events.push_back({{"ph", "f"},
+                      {"bp", "e"},
+                      {"id", flow_id},
+                      {"name", "gathered parameters"},
+                      {"cat", "dependency"},
+                      {"pid", kGpu},
+                      {"tid", static_cast<int>(Stream::compute)},
                       {"ts", *w * 1e6}});
   }
   for (const auto& m : t.memory)
-    events.push_back({{"ph", "C"}, {"name", "memory allocated (GiB)"}, {"pid", kGpu}, {"ts", m.time_s * 1e6},
+    events.push_back({{"ph", "C"},
+                      {"name", "memory allocated (GiB)"},
+                      {"pid", kGpu},
+                      {"ts", m.time_s * 1e6},
                       {"args", {{"GiB", m.bytes / kGiB}}}});
   return {{"schema_version", 1}, {"traceEvents", events}, {"displayTimeUnit", "ms"}};
 }

@@ -16,7 +16,7 @@ struct Evaluation {
   costmodel::ShardingSpec spec;
   costmodel::TrainingJob job;  // with the micro-batch used
   costmodel::StepResult result;
-  bool fits = false;           // valid and peak <= usable capacity
+  bool fits = false;  // valid and peak <= usable capacity
 };
 
 // Near the edge, three verdicts: fits (the peak is within the usable capacity, headroom kept),
@@ -51,7 +51,7 @@ std::string evaluation_table(const Scenario& sc, const Evaluation& e);
 nlohmann::json trace_to_chrome_json(const costmodel::Trace& t);
 
 // Formatting helpers shared by the renderers.
-std::string gib(double bytes);    // "12.34 GiB"
-std::string seconds(double s);    // "1.234 s" / "12.3 ms"
+std::string gib(double bytes);  // "12.34 GiB"
+std::string seconds(double s);  // "1.234 s" / "12.3 ms"
 
 }  // namespace shardplan::planner

@@ -16,7 +16,8 @@ using namespace costmodel;
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-// Exposed time above this share of the step makes waiting (communication or offload) the bottleneck.
+// Exposed time above this share of the step makes waiting (communication or offload) the
+// bottleneck.
 constexpr double kWaitBound = 0.15;
 // Step times closer than this are a tie: no term decides between them.
 constexpr double kTie = 1e-4;
@@ -25,7 +26,8 @@ constexpr double kClose = 0.10;
 // A plan that does not fit makes memory the bottleneck only if it would be at least this much
 // faster than what fits (below it, the printed gain rounds to nothing).
 constexpr double kCapacityGain = 0.01;
-// How far the advice scales a job that fits nowhere: GPUs up to this factor, the sequence down by it.
+// How far the advice scales a job that fits nowhere: GPUs up to this factor, the sequence down by
+// it.
 constexpr int kMaxScale = 64;
 
 const char* category_label(int c) {
@@ -69,7 +71,8 @@ std::vector<Term> bytes_by_op(const StepResult& r) {
   std::vector<Term> t;
   for (int op = 0; op < kCollectives; ++op)
     if (r.comm_bytes_by_op[op] > 0) t.push_back({op_label(op), r.comm_bytes_by_op[op]});
-  std::stable_sort(t.begin(), t.end(), [](const Term& a, const Term& b) { return a.value > b.value; });
+  std::stable_sort(t.begin(), t.end(),
+                   [](const Term& a, const Term& b) { return a.value > b.value; });
   return t;
 }
 
@@ -91,7 +94,10 @@ WaitBound wait_bound(const Evaluation& e) {
     if (waits[i].second > waits[worst].second) worst = i;
   const std::string& name = waits[worst].first;
   const bool host = name == stream_name(Stream::host) || name == kCpuOptimizerWait;
-  return {plan_numbers(e), r.exposed_comm_s, {"exposed " + name, waits[worst].second}, host,
+  return {plan_numbers(e),
+          r.exposed_comm_s,
+          {"exposed " + name, waits[worst].second},
+          host,
           host ? r.host_optimizer_s : 0};
 }
 
@@ -109,20 +115,23 @@ CloseFrameworks close_frameworks(const Evaluation& zero3, const Evaluation& fsdp
   const auto& z = zero3.result;
   const auto& f = fsdp.result;
   const int buffers = static_cast<int>(Category::buffers);
-  CloseFrameworks c{plan_numbers(zero3), plan_numbers(fsdp), total(z.model_states), z.at_peak[buffers],
-                    total(f.model_states), f.at_peak[buffers]};
+  CloseFrameworks c{plan_numbers(zero3), plan_numbers(fsdp),    total(z.model_states),
+                    z.at_peak[buffers],  total(f.model_states), f.at_peak[buffers]};
   const auto zt = step_terms(z), ft = step_terms(f);
   const double toward_zero3 = z.step_s <= f.step_s ? 1.0 : -1.0;  // gain = slower's term - faster's
   std::size_t term = 0;
   for (std::size_t i = 1; i < zt.size(); ++i)
-    if (toward_zero3 * (ft[i].value - zt[i].value) > toward_zero3 * (ft[term].value - zt[term].value)) term = i;
+    if (toward_zero3 * (ft[i].value - zt[i].value) >
+        toward_zero3 * (ft[term].value - zt[term].value))
+      term = i;
   c.step_term = zt[term].name;
   c.zero3_term_s = zt[term].value;
   c.fsdp_term_s = ft[term].value;
   const double smaller_zero3 = z.peak_bytes <= f.peak_bytes ? 1.0 : -1.0;
   int category = 0;
   for (int k = 1; k < kCategories; ++k)
-    if (smaller_zero3 * (f.at_peak[k] - z.at_peak[k]) > smaller_zero3 * (f.at_peak[category] - z.at_peak[category]))
+    if (smaller_zero3 * (f.at_peak[k] - z.at_peak[k]) >
+        smaller_zero3 * (f.at_peak[category] - z.at_peak[category]))
       category = k;
   c.peak_term = category_label(category);
   c.zero3_peak_term = z.at_peak[category];
@@ -131,14 +140,18 @@ CloseFrameworks close_frameworks(const Evaluation& zero3, const Evaluation& fsdp
 }
 
 BytesRatio bytes_ratio(const Evaluation& e, const Evaluation& ddp) {
-  return {plan_numbers(e), plan_numbers(ddp), e.result.comm_bytes_per_gpu, ddp.result.comm_bytes_per_gpu,
-          bytes_by_op(e.result), bytes_by_op(ddp.result)};
+  return {plan_numbers(e),
+          plan_numbers(ddp),
+          e.result.comm_bytes_per_gpu,
+          ddp.result.comm_bytes_per_gpu,
+          bytes_by_op(e.result),
+          bytes_by_op(ddp.result)};
 }
 
 // Whether a change of the job makes some plan fit: the search, pinned as the user pinned it, rerun
 // on the changed scenario; its best fitting plan, else its smallest peak.
-std::optional<Advice> advice(const std::string& change, const Scenario& changed, const SearchPins& pins,
-                             double usable) {
+std::optional<Advice> advice(const std::string& change, const Scenario& changed,
+                             const SearchPins& pins, double usable) {
   SearchResult res;
   try {
     res = search(changed, pins);
@@ -155,8 +168,8 @@ std::optional<Advice> advice(const std::string& change, const Scenario& changed,
 
 // A job that fits nowhere, replanned with one change at a time: the fewest extra GPUs (keeping the
 // sequences per GPU) and the longest shorter sequence that make a plan fit, or the most tried when
-// none does; and each knob the user pinned (offload, checkpointing, micro-batch, strategy), set free.
-// Knobs the search was free to set were tried already and are not advised.
+// none does; and each knob the user pinned (offload, checkpointing, micro-batch, strategy), set
+// free. Knobs the search was free to set were tried already and are not advised.
 std::vector<Claim> advise(const Scenario& sc, const SearchPins& pins) {
   std::vector<Claim> out;
   const double usable = sc.usable_bytes();
@@ -166,8 +179,8 @@ std::vector<Claim> advise(const Scenario& sc, const SearchPins& pins) {
     more.cluster.gpus *= k;
     more.job.global_batch *= k;
     const auto per_gpu = sc.job.global_batch / sc.cluster.gpus;
-    last = advice(fmt::format("{} GPUs instead of {} ({} sequence{} per GPU, as before)", more.cluster.gpus,
-                              sc.cluster.gpus, per_gpu, per_gpu == 1 ? "" : "s"),
+    last = advice(fmt::format("{} GPUs instead of {} ({} sequence{} per GPU, as before)",
+                              more.cluster.gpus, sc.cluster.gpus, per_gpu, per_gpu == 1 ? "" : "s"),
                   more, pins, usable);
     if (last && last->after.fits) break;
   }
@@ -176,8 +189,9 @@ std::vector<Claim> advise(const Scenario& sc, const SearchPins& pins) {
   for (int k = 2; k <= kMaxScale && sc.job.seq_len / k >= 1; k *= 2) {
     Scenario shorter = sc;
     shorter.job.seq_len /= k;
-    last = advice(fmt::format("sequence length {} instead of {}", shorter.job.seq_len, sc.job.seq_len), shorter,
-                  pins, usable);
+    last =
+        advice(fmt::format("sequence length {} instead of {}", shorter.job.seq_len, sc.job.seq_len),
+               shorter, pins, usable);
     if (last && last->after.fits) break;
   }
   if (last) out.push_back(*last);
@@ -212,7 +226,10 @@ std::vector<Claim> advise(const Scenario& sc, const SearchPins& pins) {
 }
 
 nlohmann::json plan_json(const PlanNumbers& p) {
-  return {{"plan", p.name}, {"micro_batch", p.micro_batch}, {"step_s", p.step_s}, {"peak_bytes", p.peak_bytes},
+  return {{"plan", p.name},
+          {"micro_batch", p.micro_batch},
+          {"step_s", p.step_s},
+          {"peak_bytes", p.peak_bytes},
           {"fits", p.fits}};
 }
 nlohmann::json term_json(const Term& t) { return {{"name", t.name}, {"value", t.value}}; }
@@ -222,7 +239,9 @@ nlohmann::json terms_json(const std::vector<Term>& ts) {
   return a;
 }
 
-std::string plan_at(const PlanNumbers& p) { return fmt::format("{} at micro-batch {}", p.name, p.micro_batch); }
+std::string plan_at(const PlanNumbers& p) {
+  return fmt::format("{} at micro-batch {}", p.name, p.micro_batch);
+}
 std::string gb(double bytes) { return fmt::format("{:.2f} GB", bytes / 1e9); }
 std::string gib1(double bytes) { return fmt::format("{:.1f} GiB", bytes / kGiB); }
 std::string ops_text(const std::vector<Term>& ts) {
@@ -238,72 +257,84 @@ std::string percent_slower(double slow, double fast) {
 // The one place claims become sentences.
 struct Render {
   std::string operator()(const ComputeBound& c) const {
-    return fmt::format("compute: {:.1f}% of the step ({} of {}) is GPU compute, most of it {} ({}); "
-                       "exposed communication is {} ({:.1f}%), MFU {:.0f}%",
-                       100 * c.compute_s / c.plan.step_s, seconds(c.compute_s), seconds(c.plan.step_s),
-                       c.largest.name, seconds(c.largest.value), seconds(c.exposed_s),
-                       100 * c.exposed_s / c.plan.step_s, 100 * c.mfu);
+    return fmt::format(
+        "compute: {:.1f}% of the step ({} of {}) is GPU compute, most of it {} ({}); "
+        "exposed communication is {} ({:.1f}%), MFU {:.0f}%",
+        100 * c.compute_s / c.plan.step_s, seconds(c.compute_s), seconds(c.plan.step_s),
+        c.largest.name, seconds(c.largest.value), seconds(c.exposed_s),
+        100 * c.exposed_s / c.plan.step_s, 100 * c.mfu);
   }
   std::string operator()(const WaitBound& c) const {
     std::string s = fmt::format("{}: the GPU waits {} of the {} step ({:.0f}%), most of it {} ({})",
                                 c.host ? "offload" : "communication", seconds(c.exposed_s),
-                                seconds(c.plan.step_s), 100 * c.exposed_s / c.plan.step_s, c.largest.name,
-                                seconds(c.largest.value));
+                                seconds(c.plan.step_s), 100 * c.exposed_s / c.plan.step_s,
+                                c.largest.name, seconds(c.largest.value));
     if (c.host_optimizer_s > 0 && c.largest.name != fmt::format("exposed {}", kCpuOptimizerWait))
       s += fmt::format("; the CPU optimizer step takes {} besides", seconds(c.host_optimizer_s));
     return s;
   }
   std::string operator()(const CapacityBound& c) const {
-    return fmt::format("memory capacity: the fastest plan, {}, would take {} per step but its peak is {}, "
-                       "most of it {} ({}), against {} usable; what fits costs {} (+{})",
-                       plan_at(c.fastest), seconds(c.fastest.step_s), gib1(c.fastest.peak_bytes), c.largest.name,
-                       gib1(c.largest.value), gib1(c.usable_bytes), seconds(c.recommended.step_s),
-                       percent_slower(c.recommended.step_s, c.fastest.step_s));
+    return fmt::format(
+        "memory capacity: the fastest plan, {}, would take {} per step but its peak is {}, "
+        "most of it {} ({}), against {} usable; what fits costs {} (+{})",
+        plan_at(c.fastest), seconds(c.fastest.step_s), gib1(c.fastest.peak_bytes), c.largest.name,
+        gib1(c.largest.value), gib1(c.usable_bytes), seconds(c.recommended.step_s),
+        percent_slower(c.recommended.step_s, c.fastest.step_s));
   }
   std::string operator()(const NothingFits& c) const {
-    return fmt::format("nothing fits: the smallest peak of any plan is {} ({}), most of it {} ({}), against {} "
-                       "usable per GPU",
-                       gib1(c.smallest.peak_bytes), plan_at(c.smallest), c.largest.name, gib1(c.largest.value),
-                       gib1(c.usable_bytes));
+    return fmt::format(
+        "nothing fits: the smallest peak of any plan is {} ({}), most of it {} ({}), against {} "
+        "usable per GPU",
+        gib1(c.smallest.peak_bytes), plan_at(c.smallest), c.largest.name, gib1(c.largest.value),
+        gib1(c.usable_bytes));
   }
   std::string operator()(const LosesByMemory& c) const {
-    return fmt::format("{} does not fit: its smallest peak is {} against {} usable, the largest part {}{} ({})",
-                       c.plan.name, gib1(c.plan.peak_bytes), gib1(c.usable_bytes), c.replicated ? "replicated " : "",
-                       c.largest.name, gib1(c.largest.value));
+    return fmt::format(
+        "{} does not fit: its smallest peak is {} against {} usable, the largest part {}{} ({})",
+        c.plan.name, gib1(c.plan.peak_bytes), gib1(c.usable_bytes),
+        c.replicated ? "replicated " : "", c.largest.name, gib1(c.largest.value));
   }
   std::string operator()(const LosesByTime& c) const {
     if (c.loser.step_s - c.winner.step_s < kTie * c.winner.step_s)
-      return fmt::format("{} is within {}% of {}'s step time ({} against {})", plan_at(c.loser), 100 * kTie,
-                         plan_at(c.winner), seconds(c.loser.step_s), seconds(c.winner.step_s));
-    return fmt::format("{} is {} slower than {} ({} against {}); the largest difference is {}: {} against {}",
-                       plan_at(c.loser), percent_slower(c.loser.step_s, c.winner.step_s), plan_at(c.winner),
-                       seconds(c.loser.step_s), seconds(c.winner.step_s), c.term, seconds(c.loser_term_s),
-                       seconds(c.winner_term_s));
+      return fmt::format("{} is within {}% of {}'s step time ({} against {})", plan_at(c.loser),
+                         100 * kTie, plan_at(c.winner), seconds(c.loser.step_s),
+                         seconds(c.winner.step_s));
+    return fmt::format(
+        "{} is {} slower than {} ({} against {}); the largest difference is {}: {} against {}",
+        plan_at(c.loser), percent_slower(c.loser.step_s, c.winner.step_s), plan_at(c.winner),
+        seconds(c.loser.step_s), seconds(c.winner.step_s), c.term, seconds(c.loser_term_s),
+        seconds(c.winner_term_s));
   }
   std::string operator()(const BytesRatio& c) const {
     return fmt::format("{} sends {:.2f}x the bytes of {} per GPU per step: {} ({}) against {} ({})",
-                       plan_at(c.plan), c.bytes / c.ddp_bytes, plan_at(c.ddp), gb(c.bytes), ops_text(c.by_op),
-                       gb(c.ddp_bytes), ops_text(c.ddp_by_op));
+                       plan_at(c.plan), c.bytes / c.ddp_bytes, plan_at(c.ddp), gb(c.bytes),
+                       ops_text(c.by_op), gb(c.ddp_bytes), ops_text(c.ddp_by_op));
   }
   std::string operator()(const Needed& c) const {
     std::string cost = fmt::format("{} of {}", seconds(c.cost.value), c.cost.name);
-    if (c.host_optimizer_s > 0) cost += fmt::format(" ({} of it the CPU optimizer step)", seconds(c.host_optimizer_s));
+    if (c.host_optimizer_s > 0)
+      cost += fmt::format(" ({} of it the CPU optimizer step)", seconds(c.host_optimizer_s));
     if (!c.without.fits)
-      return fmt::format("{} is needed to fit: without it the same plan's peak is {} against {} usable; it costs {} "
+      return fmt::format("{} is needed to fit: without it the same plan's peak is {} against {} "
+                         "usable; it costs {} "
                          "per step",
                          c.feature, gib1(c.without.peak_bytes), gib1(c.usable_bytes), cost);
-    return fmt::format("{} is not needed to fit: without it the same plan's peak is {} and its step {} against {}; "
+    return fmt::format("{} is not needed to fit: without it the same plan's peak is {} and its "
+                       "step {} against {}; "
                        "it costs {} per step",
-                       c.feature, gib1(c.without.peak_bytes), seconds(c.without.step_s), seconds(c.plan.step_s), cost);
+                       c.feature, gib1(c.without.peak_bytes), seconds(c.without.step_s),
+                       seconds(c.plan.step_s), cost);
   }
   std::string operator()(const Advice& c) const {
     if (c.after.fits)
-      return fmt::format("with {}, {} fits: peak {} against {} usable, step {}", c.change, plan_at(c.after),
-                         gib1(c.after.peak_bytes), gib1(c.usable_bytes), seconds(c.after.step_s));
-    return fmt::format("even with {}, nothing fits: the smallest peak is {} ({}), most of it {} ({}), against {} "
-                       "usable",
-                       c.change, gib1(c.after.peak_bytes), plan_at(c.after), c.largest_after.name,
-                       gib1(c.largest_after.value), gib1(c.usable_bytes));
+      return fmt::format("with {}, {} fits: peak {} against {} usable, step {}", c.change,
+                         plan_at(c.after), gib1(c.after.peak_bytes), gib1(c.usable_bytes),
+                         seconds(c.after.step_s));
+    return fmt::format(
+        "even with {}, nothing fits: the smallest peak is {} ({}), most of it {} ({}), against {} "
+        "usable",
+        c.change, gib1(c.after.peak_bytes), plan_at(c.after), c.largest_after.name,
+        gib1(c.largest_after.value), gib1(c.usable_bytes));
   }
   std::string operator()(const CloseFrameworks& c) const {
     const bool zero3_faster = c.zero3.step_s <= c.fsdp.step_s;
@@ -311,76 +342,114 @@ struct Render {
     const PlanNumbers& slow = zero3_faster ? c.fsdp : c.zero3;
     const std::string time =
         slow.step_s - fast.step_s < kTie * fast.step_s
-            ? fmt::format("their steps tie within {}% ({} against {})", 100 * kTie, seconds(c.zero3.step_s),
-                          seconds(c.fsdp.step_s))
+            ? fmt::format("their steps tie within {}% ({} against {})", 100 * kTie,
+                          seconds(c.zero3.step_s), seconds(c.fsdp.step_s))
             : fmt::format("{} is {} faster ({} against {}), its largest gain in {} ({} against {})",
-                          plan_at(fast), percent_slower(slow.step_s, fast.step_s), seconds(fast.step_s),
-                          seconds(slow.step_s), c.step_term,
+                          plan_at(fast), percent_slower(slow.step_s, fast.step_s),
+                          seconds(fast.step_s), seconds(slow.step_s), c.step_term,
                           seconds(zero3_faster ? c.zero3_term_s : c.fsdp_term_s),
                           seconds(zero3_faster ? c.fsdp_term_s : c.zero3_term_s));
     const bool zero3_smaller = c.zero3.peak_bytes <= c.fsdp.peak_bytes;
     const double peak_gap = std::fabs(c.zero3.peak_bytes - c.fsdp.peak_bytes);
     const std::string memory =
-        peak_gap == 0 ? std::string("their peaks are equal")
-                      : fmt::format("{}'s peak is {} smaller, its largest gain in {} ({} against {})",
-                                    (zero3_smaller ? c.zero3 : c.fsdp).name, gib1(peak_gap), c.peak_term,
-                                    gib1(zero3_smaller ? c.zero3_peak_term : c.fsdp_peak_term),
-                                    gib1(zero3_smaller ? c.fsdp_peak_term : c.zero3_peak_term));
-    return fmt::format(
-        "ZeRO-3 and FSDP are within {:.1f}% of each other. In numbers: DeepSpeed keeps a bf16 partition plus "
-        "an fp32 master and a flat fp32 gradient partition ({} of states, {} of buffers with its reduce buckets "
-        "at the peak); FSDP keeps fp32 sharded parameters cast to bf16 at all-gather ({} of states, {} of "
-        "buffers); peaks {} vs {}. Here {}; {}.",
-        100 * std::fabs(c.zero3.step_s / c.fsdp.step_s - 1), gib1(c.zero3_states), gib1(c.zero3_buffers),
-        gib1(c.fsdp_states), gib1(c.fsdp_buffers), gib1(c.zero3.peak_bytes), gib1(c.fsdp.peak_bytes), time,
-        memory);
+        peak_gap == 0
+            ? std::string("their peaks are equal")
+            : fmt::format("{}'s peak is {} smaller, its largest gain in {} ({} against {})",
+                          (zero3_smaller ? c.zero3 : c.fsdp).name, gib1(peak_gap), c.peak_term,
+                          gib1(zero3_smaller ? c.zero3_peak_term : c.fsdp_peak_term),
+                          gib1(zero3_smaller ? c.fsdp_peak_term : c.zero3_peak_term));
+    return fmt::format("ZeRO-3 and FSDP are within {:.1f}% of each other. In numbers: DeepSpeed "
+                       "keeps a bf16 partition plus "
+                       "an fp32 master and a flat fp32 gradient partition ({} of states, {} of "
+                       "buffers with its reduce buckets "
+                       "at the peak); FSDP keeps fp32 sharded parameters cast to bf16 at "
+                       "all-gather ({} of states, {} of "
+                       "buffers); peaks {} vs {}. Here {}; {}.",
+                       100 * std::fabs(c.zero3.step_s / c.fsdp.step_s - 1), gib1(c.zero3_states),
+                       gib1(c.zero3_buffers), gib1(c.fsdp_states), gib1(c.fsdp_buffers),
+                       gib1(c.zero3.peak_bytes), gib1(c.fsdp.peak_bytes), time, memory);
   }
 };
 
 struct ToJson {
   nlohmann::json operator()(const ComputeBound& c) const {
-    return {{"kind", "compute_bound"}, {"plan", plan_json(c.plan)}, {"compute_s", c.compute_s},
-            {"exposed_s", c.exposed_s}, {"mfu", c.mfu}, {"largest", term_json(c.largest)}};
+    return {{"kind", "compute_bound"},
+            {"plan", plan_json(c.plan)},
+            {"compute_s", c.compute_s},
+            {"exposed_s", c.exposed_s},
+            {"mfu", c.mfu},
+            {"largest", term_json(c.largest)}};
   }
   nlohmann::json operator()(const WaitBound& c) const {
-    return {{"kind", "wait_bound"}, {"plan", plan_json(c.plan)}, {"exposed_s", c.exposed_s},
-            {"largest", term_json(c.largest)}, {"host", c.host}, {"host_optimizer_s", c.host_optimizer_s}};
+    return {{"kind", "wait_bound"},     {"plan", plan_json(c.plan)},
+            {"exposed_s", c.exposed_s}, {"largest", term_json(c.largest)},
+            {"host", c.host},           {"host_optimizer_s", c.host_optimizer_s}};
   }
   nlohmann::json operator()(const CapacityBound& c) const {
-    return {{"kind", "capacity_bound"}, {"fastest", plan_json(c.fastest)}, {"recommended", plan_json(c.recommended)},
-            {"largest", term_json(c.largest)}, {"usable_bytes", c.usable_bytes}};
+    return {{"kind", "capacity_bound"},
+            {"fastest", plan_json(c.fastest)},
+            {"recommended", plan_json(c.recommended)},
+            {"largest", term_json(c.largest)},
+            {"usable_bytes", c.usable_bytes}};
   }
   nlohmann::json operator()(const NothingFits& c) const {
-    return {{"kind", "nothing_fits"}, {"smallest", plan_json(c.smallest)}, {"largest", term_json(c.largest)},
+    return {{"kind", "nothing_fits"},
+            {"smallest", plan_json(c.smallest)},
+            {"largest", term_json(c.largest)},
             {"usable_bytes", c.usable_bytes}};
   }
   nlohmann::json operator()(const LosesByMemory& c) const {
-    return {{"kind", "loses_by_memory"}, {"plan", plan_json(c.plan)}, {"largest", term_json(c.largest)},
-            {"replicated", c.replicated}, {"usable_bytes", c.usable_bytes}};
+    return {{"kind", "loses_by_memory"},
+            {"plan", plan_json(c.plan)},
+            {"largest", term_json(c.largest)},
+            {"replicated", c.replicated},
+            {"usable_bytes", c.usable_bytes}};
   }
   nlohmann::json operator()(const LosesByTime& c) const {
-    return {{"kind", "loses_by_time"}, {"winner", plan_json(c.winner)}, {"loser", plan_json(c.loser)},
-            {"term", c.term}, {"winner_term_s", c.winner_term_s}, {"loser_term_s", c.loser_term_s}};
+    return {{"kind", "loses_by_time"},          {"winner", plan_json(c.winner)},
+            {"loser", plan_json(c.loser)},      {"term", c.term},
+            {"winner_term_s", c.winner_term_s}, {"loser_term_s", c.loser_term_s}};
   }
   nlohmann::json operator()(const BytesRatio& c) const {
-    return {{"kind", "bytes_ratio"}, {"plan", plan_json(c.plan)}, {"ddp", plan_json(c.ddp)},
-            {"bytes", c.bytes}, {"ddp_bytes", c.ddp_bytes}, {"ratio", c.bytes / c.ddp_bytes},
-            {"by_collective", terms_json(c.by_op)}, {"ddp_by_collective", terms_json(c.ddp_by_op)}};
+    return {{"kind", "bytes_ratio"},
+            {"plan", plan_json(c.plan)},
+            {"ddp", plan_json(c.ddp)},
+            {"bytes", c.bytes},
+            {"ddp_bytes", c.ddp_bytes},
+            {"ratio", c.bytes / c.ddp_bytes},
+            {"by_collective", terms_json(c.by_op)},
+            {"ddp_by_collective", terms_json(c.ddp_by_op)}};
   }
   nlohmann::json operator()(const Needed& c) const {
-    return {{"kind", "needed"}, {"feature", c.feature}, {"plan", plan_json(c.plan)}, {"without", plan_json(c.without)},
-            {"usable_bytes", c.usable_bytes}, {"cost", term_json(c.cost)}, {"host_optimizer_s", c.host_optimizer_s}};
+    return {{"kind", "needed"},
+            {"feature", c.feature},
+            {"plan", plan_json(c.plan)},
+            {"without", plan_json(c.without)},
+            {"usable_bytes", c.usable_bytes},
+            {"cost", term_json(c.cost)},
+            {"host_optimizer_s", c.host_optimizer_s}};
   }
   nlohmann::json operator()(const Advice& c) const {
-    return {{"kind", "advice"}, {"change", c.change}, {"helps", c.after.fits}, {"after", plan_json(c.after)}, {"largest_after", term_json(c.largest_after)},
+    return {{"kind", "advice"},
+            {"change", c.change},
+            {"helps", c.after.fits},
+            {"after", plan_json(c.after)},
+            {"largest_after", term_json(c.largest_after)},
             {"usable_bytes", c.usable_bytes}};
   }
   nlohmann::json operator()(const CloseFrameworks& c) const {
-    return {{"kind", "close_frameworks"}, {"zero3", plan_json(c.zero3)}, {"fsdp", plan_json(c.fsdp)},
-            {"zero3_states_bytes", c.zero3_states}, {"zero3_buffers_bytes", c.zero3_buffers},
-            {"fsdp_states_bytes", c.fsdp_states}, {"fsdp_buffers_bytes", c.fsdp_buffers},
-            {"step_term", c.step_term}, {"zero3_term_s", c.zero3_term_s}, {"fsdp_term_s", c.fsdp_term_s},
-            {"peak_term", c.peak_term}, {"zero3_peak_term_bytes", c.zero3_peak_term},
+    return {{"kind", "close_frameworks"},
+            {"zero3", plan_json(c.zero3)},
+            {"fsdp", plan_json(c.fsdp)},
+            {"zero3_states_bytes", c.zero3_states},
+            {"zero3_buffers_bytes", c.zero3_buffers},
+            {"fsdp_states_bytes", c.fsdp_states},
+            {"fsdp_buffers_bytes", c.fsdp_buffers},
+            {"step_term", c.step_term},
+            {"zero3_term_s", c.zero3_term_s},
+            {"fsdp_term_s", c.fsdp_term_s},
+            {"peak_term", c.peak_term},
+            {"zero3_peak_term_bytes", c.zero3_peak_term},
             {"fsdp_peak_term_bytes", c.fsdp_peak_term}};
   }
 };
@@ -389,10 +458,14 @@ struct ToJson {
 
 const char* bottleneck_name(Bottleneck b) {
   switch (b) {
-    case Bottleneck::memory_capacity: return "memory capacity";
-    case Bottleneck::communication: return "communication";
-    case Bottleneck::host_offload: return "offload (CPU optimizer, host transfers)";
-    case Bottleneck::compute: return "compute";
+  case Bottleneck::memory_capacity:
+    return "memory capacity";
+  case Bottleneck::communication:
+    return "communication";
+  case Bottleneck::host_offload:
+    return "offload (CPU optimizer, host transfers)";
+  case Bottleneck::compute:
+    return "compute";
   }
   return "?";
 }
@@ -400,7 +473,8 @@ const char* bottleneck_name(Bottleneck b) {
 PlanNumbers plan_numbers(const Evaluation& e) {
   std::string name = fmt::format("{} ({})", e.spec.strategy, flavour_name(e.spec.flavour));
   if (e.spec.shard_group_size > 0) name += fmt::format(" group {}", e.spec.shard_group_size);
-  if (e.spec.offload != Offload::none) name += fmt::format(" offload {}", offload_name(e.spec.offload));
+  if (e.spec.offload != Offload::none)
+    name += fmt::format(" offload {}", offload_name(e.spec.offload));
   return {name, e.job.micro_batch, e.result.step_s, e.result.peak_bytes, e.fits};
 }
 
@@ -415,7 +489,8 @@ nlohmann::json claim_json(const Claim& c) {
 namespace {
 
 // No plan fits: the plan of the smallest peak, and the advice.
-Explanation explain_nothing_fits(const Scenario& sc, const SearchPins& pins, const SearchResult& r) {
+Explanation explain_nothing_fits(const Scenario& sc, const SearchPins& pins,
+                                 const SearchResult& r) {
   Explanation x;
   const double usable = sc.usable_bytes();
   x.bottleneck = Bottleneck::memory_capacity;
@@ -426,7 +501,8 @@ Explanation explain_nothing_fits(const Scenario& sc, const SearchPins& pins, con
     x.summary = NothingFits{{"no runnable plan", 0, 0, 0, false}, {"", 0}, usable};
     return x;
   }
-  x.summary = NothingFits{plan_numbers(smallest->eval), largest_category(smallest->eval.result), usable};
+  x.summary =
+      NothingFits{plan_numbers(smallest->eval), largest_category(smallest->eval.result), usable};
   x.reasons = advise(sc, pins);
   return x;
 }
@@ -434,11 +510,14 @@ Explanation explain_nothing_fits(const Scenario& sc, const SearchPins& pins, con
 // The bottleneck of the recommended plan, and the summary that says so.
 void add_summary(Explanation& x, const SearchResult& r, double usable) {
   const Evaluation& rec = r.ranked.front().eval;
-  const Evaluation* fastest = r.fastest_ignoring_memory ? &r.fastest_ignoring_memory->eval : nullptr;
+  const Evaluation* fastest =
+      r.fastest_ignoring_memory ? &r.fastest_ignoring_memory->eval : nullptr;
   const bool waits = exposed_share(rec.result) > kWaitBound;
-  if (fastest && !fastest->fits && fastest->result.step_s < rec.result.step_s * (1 - kCapacityGain)) {
+  if (fastest && !fastest->fits &&
+      fastest->result.step_s < rec.result.step_s * (1 - kCapacityGain)) {
     x.bottleneck = Bottleneck::memory_capacity;
-    x.summary = CapacityBound{plan_numbers(*fastest), plan_numbers(rec), largest_category(fastest->result), usable};
+    x.summary = CapacityBound{plan_numbers(*fastest), plan_numbers(rec),
+                              largest_category(fastest->result), usable};
     if (waits) x.reasons.push_back(wait_bound(rec));
   } else if (waits) {
     const WaitBound w = wait_bound(rec);
@@ -449,7 +528,10 @@ void add_summary(Explanation& x, const SearchResult& r, double usable) {
     int kind = 0;
     for (int k = 1; k < kComputeKinds; ++k)
       if (rec.result.compute_by_kind_s[k] > rec.result.compute_by_kind_s[kind]) kind = k;
-    x.summary = ComputeBound{plan_numbers(rec), rec.result.compute_s, rec.result.exposed_comm_s, rec.result.mfu,
+    x.summary = ComputeBound{plan_numbers(rec),
+                             rec.result.compute_s,
+                             rec.result.exposed_comm_s,
+                             rec.result.mfu,
                              {kind_label(kind), rec.result.compute_by_kind_s[kind]}};
   }
 }
@@ -460,8 +542,10 @@ void add_needs(Explanation& x, const Scenario& sc, const Evaluation& rec, double
     ShardingSpec spec = rec.spec;
     spec.offload = Offload::none;
     const int host = static_cast<int>(Stream::host);
-    x.reasons.push_back(Needed{fmt::format("offload {}", offload_name(rec.spec.offload)), plan_numbers(rec),
-                               plan_numbers(evaluate(sc, spec, rec.job)), usable,
+    x.reasons.push_back(Needed{fmt::format("offload {}", offload_name(rec.spec.offload)),
+                               plan_numbers(rec),
+                               plan_numbers(evaluate(sc, spec, rec.job)),
+                               usable,
                                {fmt::format("exposed host transfers and {}", kCpuOptimizerWait),
                                 rec.result.exposed_s[host]},
                                rec.result.host_optimizer_s});
@@ -469,9 +553,13 @@ void add_needs(Explanation& x, const Scenario& sc, const Evaluation& rec, double
   if (rec.job.checkpointing != Checkpointing::none) {
     TrainingJob job = rec.job;
     job.checkpointing = Checkpointing::none;
-    x.reasons.push_back(Needed{fmt::format("{} activation checkpointing", checkpointing_label(rec.job)),
-                               plan_numbers(rec), plan_numbers(evaluate(sc, rec.spec, job)), usable,
-                               {"recompute", rec.result.recompute_s}, 0});
+    x.reasons.push_back(
+        Needed{fmt::format("{} activation checkpointing", checkpointing_label(rec.job)),
+               plan_numbers(rec),
+               plan_numbers(evaluate(sc, rec.spec, job)),
+               usable,
+               {"recompute", rec.result.recompute_s},
+               0});
   }
 }
 
@@ -482,7 +570,8 @@ void add_alternatives(Explanation& x, const SearchResult& r, double usable) {
   const Candidate* ddp = best_of(r, "ddp");
   const Candidate* zero3 = best_of(r, "zero3");
   const Candidate* fsdp = best_of(r, "fsdp-full");
-  const Candidate* full = zero3 && fsdp ? (better(fsdp->eval, zero3->eval) ? fsdp : zero3) : (zero3 ? zero3 : fsdp);
+  const Candidate* full =
+      zero3 && fsdp ? (better(fsdp->eval, zero3->eval) ? fsdp : zero3) : (zero3 ? zero3 : fsdp);
   const Candidate* runner_up = nullptr;
   for (const auto& c : r.best_per_family)
     if (c.eval.fits && c.family != r.ranked.front().family) {
@@ -492,14 +581,20 @@ void add_alternatives(Explanation& x, const SearchResult& r, double usable) {
   if (ddp && !ddp->eval.fits && ddp->eval.result.valid) {
     const auto& s = ddp->eval.spec;
     const Term largest = largest_category(ddp->eval.result);
-    const bool replicated = (largest.name == category_label(static_cast<int>(Category::parameters)) && !s.shard_parameters) ||
-                            (largest.name == category_label(static_cast<int>(Category::gradients)) && !s.shard_gradients) ||
-                            (largest.name == category_label(static_cast<int>(Category::optimizer_states)) && !s.shard_optimizer);
+    const bool replicated =
+        (largest.name == category_label(static_cast<int>(Category::parameters)) &&
+         !s.shard_parameters) ||
+        (largest.name == category_label(static_cast<int>(Category::gradients)) &&
+         !s.shard_gradients) ||
+        (largest.name == category_label(static_cast<int>(Category::optimizer_states)) &&
+         !s.shard_optimizer);
     x.reasons.push_back(LosesByMemory{plan_numbers(ddp->eval), largest, replicated, usable});
   }
   std::vector<std::string> compared = {r.ranked.front().family};
   for (const Candidate* c : {runner_up, full, ddp}) {
-    if (!c || !c->eval.fits || std::find(compared.begin(), compared.end(), c->family) != compared.end()) continue;
+    if (!c || !c->eval.fits ||
+        std::find(compared.begin(), compared.end(), c->family) != compared.end())
+      continue;
     compared.push_back(c->family);
     x.reasons.push_back(loses_by_time(rec, c->eval));
   }

@@ -31,7 +31,8 @@ struct PlanNumbers {
 };
 PlanNumbers plan_numbers(const Evaluation& e);
 
-// One term of a step or of a peak: "activations" (bytes), "GEMMs" or "exposed all-gather" (seconds).
+// One term of a step or of a peak: "activations" (bytes), "GEMMs" or "exposed all-gather"
+// (seconds).
 struct Term {
   std::string name;
   double value = 0;
@@ -114,8 +115,8 @@ struct CloseFrameworks {
   double zero3_peak_term = 0, fsdp_peak_term = 0;
 };
 
-using Claim = std::variant<ComputeBound, WaitBound, CapacityBound, NothingFits, LosesByMemory, LosesByTime,
-                           BytesRatio, Needed, Advice, CloseFrameworks>;
+using Claim = std::variant<ComputeBound, WaitBound, CapacityBound, NothingFits, LosesByMemory,
+                           LosesByTime, BytesRatio, Needed, Advice, CloseFrameworks>;
 
 std::string render(const Claim& c);         // one sentence (or two)
 nlohmann::json claim_json(const Claim& c);  // {"kind", "text", and the numbers}

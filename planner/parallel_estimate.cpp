@@ -11,14 +11,18 @@ namespace shardplan::planner {
 using costmodel::InputError;
 
 void add_parallel_options(CLI::App& app, ParallelOptions& o) {
-  app.add_option("--tensor-parallel", o.tensor_parallel, "tensor-parallel size t (inside a node; default 1)");
-  app.add_flag("--sequence-parallel", o.sequence_parallel, "split norms and dropouts over the sequence (t > 1)");
-  app.add_flag("--async-tensor-parallel", o.async_tensor_parallel, "overlap TP's collectives with the GEMMs");
+  app.add_option("--tensor-parallel", o.tensor_parallel,
+                 "tensor-parallel size t (inside a node; default 1)");
+  app.add_flag("--sequence-parallel", o.sequence_parallel,
+               "split norms and dropouts over the sequence (t > 1)");
+  app.add_flag("--async-tensor-parallel", o.async_tensor_parallel,
+               "overlap TP's collectives with the GEMMs");
   app.add_option("--pipeline-parallel", o.pipeline_parallel, "pipeline stages p (default 1)");
   app.add_option("--schedule", o.schedule, "1f1b | interleaved-1f1b | gpipe (default 1f1b)");
   app.add_option("--virtual-stages", o.virtual_stages, "model chunks per stage (interleaved-1f1b)");
   app.add_option("--micro-batches", o.micro_batches, "micro-batches per step through the pipeline");
-  app.add_option("--context-parallel", o.context_parallel, "context-parallel size c (ring attention)");
+  app.add_option("--context-parallel", o.context_parallel,
+                 "context-parallel size c (ring attention)");
 }
 
 namespace {
@@ -31,25 +35,29 @@ int degree(const std::optional<std::string>& text, const char* flag) {
 }
 
 // The micro-batch and the micro-batches from the global batch over d replicas.
-void set_micro_batches(const ParallelOptions& o, Scenario& sc, costmodel::ParallelLayout& l, int d) {
+void set_micro_batches(const ParallelOptions& o, Scenario& sc, costmodel::ParallelLayout& l,
+                       int d) {
   auto& j = sc.job;
   if (j.global_batch % d != 0)
-    throw InputError("--global-batch", fmt::format("{} sequences do not divide over {} data-parallel replicas "
-                                                   "({} GPUs / {} model-parallel)",
-                                                   j.global_batch, d, sc.cluster.gpus, l.model_parallel()));
+    throw InputError("--global-batch",
+                     fmt::format("{} sequences do not divide over {} data-parallel replicas "
+                                 "({} GPUs / {} model-parallel)",
+                                 j.global_batch, d, sc.cluster.gpus, l.model_parallel()));
   const std::int64_t per_replica = j.global_batch / d;
   if (o.micro_batches && j.micro_batch == 0) {
     if (per_replica % l.micro_batches != 0)
-      throw InputError("--micro-batches", fmt::format("{} does not divide the {} sequences per replica",
-                                                      l.micro_batches, per_replica));
+      throw InputError("--micro-batches",
+                       fmt::format("{} does not divide the {} sequences per replica",
+                                   l.micro_batches, per_replica));
     j.micro_batch = per_replica / l.micro_batches;
     return;
   }
   if (j.micro_batch == 0) j.micro_batch = 1;
   if (!o.micro_batches) {
     if (per_replica % j.micro_batch != 0)
-      throw InputError("--micro-batch", fmt::format("{} does not divide the {} sequences per replica",
-                                                    j.micro_batch, per_replica));
+      throw InputError("--micro-batch",
+                       fmt::format("{} does not divide the {} sequences per replica", j.micro_batch,
+                                   per_replica));
     l.micro_batches = static_cast<int>(per_replica / j.micro_batch);
   }
 }
@@ -84,19 +92,24 @@ costmodel::ParallelLayout layout_from_options(const ParallelOptions& o, Scenario
   if (o.schedule) l.schedule = costmodel::schedule_from_name(*o.schedule, "--schedule");
   const int d = l.data_parallel(sc.cluster.gpus);
   if (d == 0)
-    throw InputError("--gpus", fmt::format("{} GPUs are not a multiple of tensor {} x pipeline {} x context {} = {}",
-                                           sc.cluster.gpus, l.tensor_parallel, l.pipeline_parallel,
-                                           l.context_parallel, l.model_parallel()));
+    throw InputError(
+        "--gpus",
+        fmt::format("{} GPUs are not a multiple of tensor {} x pipeline {} x context {} = {}",
+                    sc.cluster.gpus, l.tensor_parallel, l.pipeline_parallel, l.context_parallel,
+                    l.model_parallel()));
   set_micro_batches(o, sc, l, d);
   const auto problems = costmodel::layout_problems(l, sc.model, sc.job, sc.cluster);
-  if (!problems.empty()) throw InputError(flags_given(o), fmt::format("{}", fmt::join(problems, "; ")));
+  if (!problems.empty())
+    throw InputError(flags_given(o), fmt::format("{}", fmt::join(problems, "; ")));
   return l;
 }
 
 namespace {
 
-std::string layout_line(const Scenario& sc, const costmodel::ParallelLayout& l, const costmodel::ShardingSpec& spec) {
-  std::string pipe = fmt::format("pipeline {} ({}", l.pipeline_parallel, costmodel::schedule_name(l.schedule));
+std::string layout_line(const Scenario& sc, const costmodel::ParallelLayout& l,
+                        const costmodel::ShardingSpec& spec) {
+  std::string pipe =
+      fmt::format("pipeline {} ({}", l.pipeline_parallel, costmodel::schedule_name(l.schedule));
   if (l.virtual_stages > 1) pipe += fmt::format(", {} virtual stages", l.virtual_stages);
   pipe += fmt::format(", {} micro-batches of {})", l.micro_batches, sc.job.micro_batch);
   return fmt::format("parallelism: tensor {}{}, {}, context {}, data {} ({})", l.tensor_parallel,
@@ -106,35 +119,46 @@ std::string layout_line(const Scenario& sc, const costmodel::ParallelLayout& l, 
 
 }  // namespace
 
-std::string parallel_table(const Scenario& sc, const costmodel::ParallelLayout& l, const costmodel::ShardingSpec& spec,
-                           const costmodel::ParallelStep& r) {
+std::string parallel_table(const Scenario& sc, const costmodel::ParallelLayout& l,
+                           const costmodel::ShardingSpec& spec, const costmodel::ParallelStep& r) {
   const auto& s = r.step;
   std::string out = layout_line(sc, l, spec) + "\n";
-  out += fmt::format("step {}: compute {}, pipeline bubble {} ({:.1f}% of the busiest stage's work, from the "
-                     "schedule's walk), exposed communication {} (tensor parallel {}, context parallel {}, data "
-                     "parallel {}); MFU {:.1f}%\n",
-                     seconds(s.step_s), seconds(s.compute_s), seconds(r.bubble_s), 100 * r.walk.bubble_fraction,
-                     seconds(s.exposed_comm_s), seconds(r.tp_exposed_s), seconds(r.cp_exposed_s),
-                     seconds(r.dp_exposed_s), 100 * s.mfu);
-  out += fmt::format("peak {} of {} on {}\n", gib(s.peak_bytes), gib(sc.hardware.memory_bytes), s.peak_when);
-  out += fmt::format("{:>5} {:>6} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}\n", "stage", "blocks", "in flight",
-                     "parameters", "gradients", "optimizer", "buffers", "activations", "total");
+  out += fmt::format(
+      "step {}: compute {}, pipeline bubble {} ({:.1f}% of the busiest stage's work, from the "
+      "schedule's walk), exposed communication {} (tensor parallel {}, context parallel {}, data "
+      "parallel {}); MFU {:.1f}%\n",
+      seconds(s.step_s), seconds(s.compute_s), seconds(r.bubble_s), 100 * r.walk.bubble_fraction,
+      seconds(s.exposed_comm_s), seconds(r.tp_exposed_s), seconds(r.cp_exposed_s),
+      seconds(r.dp_exposed_s), 100 * s.mfu);
+  out += fmt::format("peak {} of {} on {}\n", gib(s.peak_bytes), gib(sc.hardware.memory_bytes),
+                     s.peak_when);
+  out += fmt::format("{:>5} {:>6} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}\n", "stage",
+                     "blocks", "in flight", "parameters", "gradients", "optimizer", "buffers",
+                     "activations", "total");
   for (const auto& st : r.memory.stages)
-    out += fmt::format("{:>5} {:>6g} {:>9g} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}\n", st.stage, st.blocks,
-                       st.in_flight, gib(st.param_bytes), gib(st.grad_bytes), gib(st.optimizer_bytes),
-                       gib(st.buffer_bytes), gib(st.activation_bytes), gib(st.total()));
+    out += fmt::format("{:>5} {:>6g} {:>9g} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}\n", st.stage,
+                       st.blocks, st.in_flight, gib(st.param_bytes), gib(st.grad_bytes),
+                       gib(st.optimizer_bytes), gib(st.buffer_bytes), gib(st.activation_bytes),
+                       gib(st.total()));
   return out;
 }
 
 nlohmann::json parallel_to_json(const Scenario& sc, const costmodel::ParallelLayout& l,
-                                const costmodel::ShardingSpec& spec, const costmodel::ParallelStep& r) {
+                                const costmodel::ShardingSpec& spec,
+                                const costmodel::ParallelStep& r) {
   nlohmann::json stages = nlohmann::json::array();
   for (const auto& st : r.memory.stages)
-    stages.push_back({{"stage", st.stage}, {"blocks", st.blocks}, {"in_flight_micro_batches", st.in_flight},
-                      {"parameters_bytes", st.param_bytes}, {"gradients_bytes", st.grad_bytes},
-                      {"optimizer_states_bytes", st.optimizer_bytes}, {"buffers_bytes", st.buffer_bytes},
-                      {"activations_bytes", st.activation_bytes}, {"overhead_bytes", st.overhead_bytes},
-                      {"total_bytes", st.total()}, {"forward_s", r.stage_forward_s[static_cast<std::size_t>(st.stage)]},
+    stages.push_back({{"stage", st.stage},
+                      {"blocks", st.blocks},
+                      {"in_flight_micro_batches", st.in_flight},
+                      {"parameters_bytes", st.param_bytes},
+                      {"gradients_bytes", st.grad_bytes},
+                      {"optimizer_states_bytes", st.optimizer_bytes},
+                      {"buffers_bytes", st.buffer_bytes},
+                      {"activations_bytes", st.activation_bytes},
+                      {"overhead_bytes", st.overhead_bytes},
+                      {"total_bytes", st.total()},
+                      {"forward_s", r.stage_forward_s[static_cast<std::size_t>(st.stage)]},
                       {"backward_s", r.stage_backward_s[static_cast<std::size_t>(st.stage)]}});
   const auto& s = r.step;
   return {{"schema_version", 1},
@@ -150,9 +174,13 @@ nlohmann::json parallel_to_json(const Scenario& sc, const costmodel::ParallelLay
           {"bubble_s", r.bubble_s},
           {"bubble_fraction", r.walk.bubble_fraction},
           {"exposed_comm_s", s.exposed_comm_s},
-          {"exposed_by_dimension_s", {{"tensor", r.tp_exposed_s}, {"context", r.cp_exposed_s}, {"data", r.dp_exposed_s}}},
-          {"comm_bytes_per_gpu", {{"tensor", r.tp_bytes}, {"context", r.cp_bytes}, {"pipeline", r.pp_bytes},
-                                  {"data", r.dp_bytes}}},
+          {"exposed_by_dimension_s",
+           {{"tensor", r.tp_exposed_s}, {"context", r.cp_exposed_s}, {"data", r.dp_exposed_s}}},
+          {"comm_bytes_per_gpu",
+           {{"tensor", r.tp_bytes},
+            {"context", r.cp_bytes},
+            {"pipeline", r.pp_bytes},
+            {"data", r.dp_bytes}}},
           {"p2p_s", r.p2p_s},
           {"mfu", s.mfu},
           {"stages", stages}};

@@ -15,13 +15,13 @@ namespace shardplan::planner {
 
 // As given on the command line (nullopt / false: not given).
 struct ParallelOptions {
-  std::optional<std::string> tensor_parallel, pipeline_parallel, schedule, virtual_stages, micro_batches,
-      context_parallel;
+  std::optional<std::string> tensor_parallel, pipeline_parallel, schedule, virtual_stages,
+      micro_batches, context_parallel;
   bool sequence_parallel = false;
   bool async_tensor_parallel = false;
   bool given() const {
-    return tensor_parallel || pipeline_parallel || schedule || virtual_stages || micro_batches || context_parallel ||
-           sequence_parallel || async_tensor_parallel;
+    return tensor_parallel || pipeline_parallel || schedule || virtual_stages || micro_batches ||
+           context_parallel || sequence_parallel || async_tensor_parallel;
   }
 };
 void add_parallel_options(CLI::App& app, ParallelOptions& o);
@@ -32,9 +32,10 @@ void add_parallel_options(CLI::App& app, ParallelOptions& o);
 // the flags and the reasons.
 costmodel::ParallelLayout layout_from_options(const ParallelOptions& o, Scenario& sc);
 
-std::string parallel_table(const Scenario& sc, const costmodel::ParallelLayout& l, const costmodel::ShardingSpec& spec,
-                           const costmodel::ParallelStep& r);
+std::string parallel_table(const Scenario& sc, const costmodel::ParallelLayout& l,
+                           const costmodel::ShardingSpec& spec, const costmodel::ParallelStep& r);
 nlohmann::json parallel_to_json(const Scenario& sc, const costmodel::ParallelLayout& l,
-                                const costmodel::ShardingSpec& spec, const costmodel::ParallelStep& r);
+                                const costmodel::ShardingSpec& spec,
+                                const costmodel::ParallelStep& r);
 
 }  // namespace shardplan::planner

@@ -31,7 +31,8 @@ std::vector<std::pair<PipelineSchedule, int>> schedules(int p, std::int64_t laye
 }
 
 bool faster(const LayoutCandidate& a, const LayoutCandidate& b) {
-  if (a.result.step.step_s != b.result.step.step_s) return a.result.step.step_s < b.result.step.step_s;
+  if (a.result.step.step_s != b.result.step.step_s)
+    return a.result.step.step_s < b.result.step.step_s;
   return a.result.step.peak_bytes < b.result.step.peak_bytes;
 }
 
@@ -45,17 +46,21 @@ struct Walker {
     ++out.layouts;
     for (int mb : divisors(per_replica, per_replica)) {
       l.micro_batches = static_cast<int>(per_replica / mb);
-      if (l.schedule == PipelineSchedule::interleaved_1f1b && l.micro_batches % l.pipeline_parallel != 0) continue;
+      if (l.schedule == PipelineSchedule::interleaved_1f1b &&
+          l.micro_batches % l.pipeline_parallel != 0)
+        continue;
       LayoutCandidate c{l, spec, sc.job, {}, false};
       c.job.micro_batch = mb;
-      if (!l.trivial() && !layout_problems(l, sc.model, c.job, sc.cluster).empty()) return;  // not by the batch
+      if (!l.trivial() && !layout_problems(l, sc.model, c.job, sc.cluster).empty())
+        return;  // not by the batch
       ++out.evaluated;
       c.result = simulate_parallel_step(step_input(sc, spec, c.job), l);
       c.fits = c.result.step.valid && c.result.step.peak_bytes <= sc.usable_bytes();
       if (l.trivial()) {
         auto& best = out.best_data_parallel;
-        const bool better_dp = !best || (c.fits && (!best->fits || faster(c, *best))) ||
-                               (!c.fits && !best->fits && c.result.step.peak_bytes < best->result.step.peak_bytes);
+        const bool better_dp =
+            !best || (c.fits && (!best->fits || faster(c, *best))) ||
+            (!c.fits && !best->fits && c.result.step.peak_bytes < best->result.step.peak_bytes);
         if (c.result.step.valid && better_dp) best = c;
       }
       if (!c.fits) return;
@@ -112,14 +117,18 @@ using namespace costmodel;
 namespace {
 
 int layers_per_chunk(const Scenario& sc, const ParallelLayout& l) {
-  return static_cast<int>(sc.model.layers / (static_cast<std::int64_t>(l.pipeline_parallel) * l.virtual_stages));
+  return static_cast<int>(sc.model.layers /
+                          (static_cast<std::int64_t>(l.pipeline_parallel) * l.virtual_stages));
 }
 
 const char* titan_schedule(PipelineSchedule s) {
   switch (s) {
-    case PipelineSchedule::one_f_one_b: return "1F1B";
-    case PipelineSchedule::interleaved_1f1b: return "Interleaved1F1B";
-    case PipelineSchedule::gpipe: return "GPipe";
+  case PipelineSchedule::one_f_one_b:
+    return "1F1B";
+  case PipelineSchedule::interleaved_1f1b:
+    return "Interleaved1F1B";
+  case PipelineSchedule::gpipe:
+    return "GPipe";
   }
   return "?";
 }
@@ -129,8 +138,9 @@ std::string layout_cell(const LayoutCandidate& c, int gpus) {
   std::string pp = fmt::format("{}", l.pipeline_parallel);
   if (l.pipeline_parallel > 1)
     pp += l.virtual_stages > 1 ? fmt::format(" int.x{}", l.virtual_stages) : std::string(" 1f1b");
-  return fmt::format("{:>3} {:>3} {:>11} {:>3} {:>5} {:>4} {:>4}", l.tensor_parallel, l.sequence_parallel ? "yes" : "no",
-                     pp, l.context_parallel, l.data_parallel(gpus), l.micro_batches, c.job.micro_batch);
+  return fmt::format("{:>3} {:>3} {:>11} {:>3} {:>5} {:>4} {:>4}", l.tensor_parallel,
+                     l.sequence_parallel ? "yes" : "no", pp, l.context_parallel,
+                     l.data_parallel(gpus), l.micro_batches, c.job.micro_batch);
 }
 
 }  // namespace
@@ -140,15 +150,18 @@ std::string torchtitan_options(const Scenario& sc, const LayoutCandidate& c) {
   const int d = l.data_parallel(sc.cluster.gpus);
   if (c.spec.flavour != Flavour::ddp && c.spec.flavour != Flavour::fsdp2) return "";
   const bool shard = c.spec.shard_parameters;
-  std::string s = fmt::format("--parallelism.data_parallel_replicate_degree {} --parallelism.data_parallel_shard_degree {} "
-                              "--parallelism.tensor_parallel_degree {}",
-                              shard ? 1 : d, shard ? d : 1, l.tensor_parallel);
+  std::string s = fmt::format(
+      "--parallelism.data_parallel_replicate_degree {} --parallelism.data_parallel_shard_degree {} "
+      "--parallelism.tensor_parallel_degree {}",
+      shard ? 1 : d, shard ? d : 1, l.tensor_parallel);
   if (l.async_tensor_parallel) s += " --parallelism.enable_async_tensor_parallel";
   if (l.pipeline_parallel > 1)
-    s += fmt::format(" --parallelism.pipeline_parallel_degree {} --parallelism.pipeline_parallel_schedule {} "
-                     "--parallelism.pipeline_parallel_layers_per_stage {} "
-                     "--parallelism.pipeline_parallel_microbatch_size {}",
-                     l.pipeline_parallel, titan_schedule(l.schedule), layers_per_chunk(sc, l), c.job.micro_batch);
+    s += fmt::format(
+        " --parallelism.pipeline_parallel_degree {} --parallelism.pipeline_parallel_schedule {} "
+        "--parallelism.pipeline_parallel_layers_per_stage {} "
+        "--parallelism.pipeline_parallel_microbatch_size {}",
+        l.pipeline_parallel, titan_schedule(l.schedule), layers_per_chunk(sc, l),
+        c.job.micro_batch);
   s += fmt::format(" --parallelism.context_parallel_degree {}", l.context_parallel);
   return s;
 }
@@ -160,33 +173,39 @@ std::string megatron_arguments(const Scenario& sc, const LayoutCandidate& c) {
   if (l.sequence_parallel) s += " --sequence-parallel";
   if (l.async_tensor_parallel) s += " --tp-comm-overlap";
   s += fmt::format(" --pipeline-model-parallel-size {}", l.pipeline_parallel);
-  if (l.virtual_stages > 1) s += fmt::format(" --num-layers-per-virtual-pipeline-stage {}", layers_per_chunk(sc, l));
-  s += fmt::format(" --context-parallel-size {} --micro-batch-size {} --global-batch-size {}", l.context_parallel,
-                   c.job.micro_batch, sc.job.global_batch);
+  if (l.virtual_stages > 1)
+    s += fmt::format(" --num-layers-per-virtual-pipeline-stage {}", layers_per_chunk(sc, l));
+  s += fmt::format(" --context-parallel-size {} --micro-batch-size {} --global-batch-size {}",
+                   l.context_parallel, c.job.micro_batch, sc.job.global_batch);
   if (c.spec.shard_optimizer) s += " --use-distributed-optimizer";
   return s;
 }
 
 std::string layout_search_table(const Scenario& sc, const LayoutSearch& s, int top) {
-  std::string out = fmt::format("{} layouts x strategies considered, {} evaluated, {:.3f} s\n", s.layouts,
-                                s.evaluated, s.seconds);
+  std::string out = fmt::format("{} layouts x strategies considered, {} evaluated, {:.3f} s\n",
+                                s.layouts, s.evaluated, s.seconds);
   if (s.best_data_parallel) {
     const auto& b = *s.best_data_parallel;
-    out += fmt::format("data parallelism alone: best {} with micro-batch {}: {} per step, peak {}{}\n", b.spec.strategy,
-                       b.job.micro_batch, seconds(b.result.step.step_s), gib(b.result.step.peak_bytes),
-                       b.fits ? "" : fmt::format(" (does not fit {} usable)", gib(sc.usable_bytes())));
+    out +=
+        fmt::format("data parallelism alone: best {} with micro-batch {}: {} per step, peak {}{}\n",
+                    b.spec.strategy, b.job.micro_batch, seconds(b.result.step.step_s),
+                    gib(b.result.step.peak_bytes),
+                    b.fits ? "" : fmt::format(" (does not fit {} usable)", gib(sc.usable_bytes())));
   } else if (sc.job.global_batch % sc.cluster.gpus != 0) {
-    out += fmt::format("data parallelism alone: the global batch of {} sequences does not divide over {} GPUs\n",
-                       sc.job.global_batch, sc.cluster.gpus);
+    out += fmt::format(
+        "data parallelism alone: the global batch of {} sequences does not divide over {} GPUs\n",
+        sc.job.global_batch, sc.cluster.gpus);
   }
   if (s.ranked.empty()) return out + "no layout fits\n";
-  out += fmt::format("{:>4} {:>3} {:>3} {:>11} {:>3} {:>5} {:>4} {:>4} {:>10} {:>11} {:>10} {:>10} {:>6}\n", "rank",
-                     "tp", "sp", "pp", "cp", "dp", "m", "mb", "strategy", "step", "peak", "bubble", "MFU");
+  out += fmt::format(
+      "{:>4} {:>3} {:>3} {:>11} {:>3} {:>5} {:>4} {:>4} {:>10} {:>11} {:>10} {:>10} {:>6}\n",
+      "rank", "tp", "sp", "pp", "cp", "dp", "m", "mb", "strategy", "step", "peak", "bubble", "MFU");
   for (int i = 0; i < top && i < static_cast<int>(s.ranked.size()); ++i) {
     const auto& c = s.ranked[static_cast<std::size_t>(i)];
-    out += fmt::format("{:>4} {} {:>10} {:>11} {:>10} {:>10} {:>5.1f}%\n", i + 1, layout_cell(c, sc.cluster.gpus),
-                       c.spec.strategy, seconds(c.result.step.step_s), gib(c.result.step.peak_bytes),
-                       seconds(c.layout.trivial() ? 0.0 : c.result.bubble_s), 100 * c.result.step.mfu);
+    out += fmt::format(
+        "{:>4} {} {:>10} {:>11} {:>10} {:>10} {:>5.1f}%\n", i + 1, layout_cell(c, sc.cluster.gpus),
+        c.spec.strategy, seconds(c.result.step.step_s), gib(c.result.step.peak_bytes),
+        seconds(c.layout.trivial() ? 0.0 : c.result.bubble_s), 100 * c.result.step.mfu);
   }
   const auto& best = s.ranked.front();
   if (const auto t = torchtitan_options(sc, best); !t.empty()) out += "torchtitan: " + t + "\n";
@@ -212,9 +231,13 @@ nlohmann::json layout_search_json(const Scenario& sc, const LayoutSearch& s, int
   nlohmann::json ranked = nlohmann::json::array();
   for (int i = 0; i < top && i < static_cast<int>(s.ranked.size()); ++i)
     ranked.push_back(one(s.ranked[static_cast<std::size_t>(i)]));
-  nlohmann::json j = {{"schema_version", 1}, {"layouts_considered", s.layouts}, {"evaluated", s.evaluated},
-                      {"search_s", s.seconds}, {"ranked", ranked}};
-  j["best_data_parallel"] = s.best_data_parallel ? one(*s.best_data_parallel) : nlohmann::json(nullptr);
+  nlohmann::json j = {{"schema_version", 1},
+                      {"layouts_considered", s.layouts},
+                      {"evaluated", s.evaluated},
+                      {"search_s", s.seconds},
+                      {"ranked", ranked}};
+  j["best_data_parallel"] =
+      s.best_data_parallel ? one(*s.best_data_parallel) : nlohmann::json(nullptr);
   return j;
 }
 

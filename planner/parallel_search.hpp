@@ -28,10 +28,10 @@ struct LayoutCandidate {
 };
 
 struct LayoutSearch {
-  std::vector<LayoutCandidate> ranked;  // fitting, fastest first (ties to lower peak)
+  std::vector<LayoutCandidate> ranked;                // fitting, fastest first (ties to lower peak)
   std::optional<LayoutCandidate> best_data_parallel;  // t = p = c = 1, fitting or the smallest peak
-  long layouts = 0;      // layouts x strategies considered
-  long evaluated = 0;    // evaluations run after pruning
+  long layouts = 0;                                   // layouts x strategies considered
+  long evaluated = 0;                                 // evaluations run after pruning
   double seconds = 0;
 };
 

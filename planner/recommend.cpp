@@ -15,7 +15,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 nlohmann::json candidate_json(const Scenario& sc, const Candidate& c) {
   auto j = evaluation_to_json(sc, c.eval);
-  j.erase("schema_version"); // the recommendation document's own
+  j.erase("schema_version");  // the recommendation document's own
   j["family"] = c.family;
   return j;
 }
@@ -25,9 +25,11 @@ std::string knobs(const Evaluation& e) {
   if (e.spec.shard_group_size > 0) s += fmt::format(" group {}", e.spec.shard_group_size);
   s += fmt::format(", mb {}x{}, ckpt {}, loss {}", e.job.micro_batch, e.result.grad_accumulation,
                    checkpointing_label(e.job), loss_label(e.job));
-  if (e.spec.offload != Offload::none) s += fmt::format(", offload {}", offload_name(e.spec.offload));
+  if (e.spec.offload != Offload::none)
+    s += fmt::format(", offload {}", offload_name(e.spec.offload));
   if (e.spec.shard_parameters) s += fmt::format(", prefetch {}", e.spec.forward_prefetch);
-  if (e.spec.reduce_bucket_bytes > 0) s += fmt::format(", bucket {:.0f} MiB", e.spec.reduce_bucket_bytes / 1048576.0);
+  if (e.spec.reduce_bucket_bytes > 0)
+    s += fmt::format(", bucket {:.0f} MiB", e.spec.reduce_bucket_bytes / 1048576.0);
   return s;
 }
 
@@ -41,20 +43,23 @@ Recommendation recommend(const Scenario& sc, const SearchPins& pins) {
 }
 
 std::string default_job_line(const Scenario& sc) {
-  return fmt::format("no model or hardware given: planning the built-in default job ({} on {} x {}, seq {}, "
-                     "global batch {}); see --help to plan yours",
-                     sc.model.name, sc.cluster.gpus, sc.hardware.name, sc.job.seq_len, sc.job.global_batch);
+  return fmt::format(
+      "no model or hardware given: planning the built-in default job ({} on {} x {}, seq {}, "
+      "global batch {}); see --help to plan yours",
+      sc.model.name, sc.cluster.gpus, sc.hardware.name, sc.job.seq_len, sc.job.global_batch);
 }
 
 std::string recommendation_table(const Scenario& sc, const Recommendation& r, int top) {
   Text t;
   const auto& s = r.search;
-  if (sc.is_default) t.line("{}", default_job_line(sc));
+  if (sc.is_default)
+    t.line("{}", default_job_line(sc));
   else if (!sc.defaulted.empty())
     t.line("{}", defaults_line(sc));
   t.line("{}", scenario_line(sc));
   t.line("{}", hardware_line(sc));
-  t.line("searched {} plans ({} simulated) in {:.3f} s", s.plans_considered, s.plans_simulated, s.seconds);
+  t.line("searched {} plans ({} simulated) in {:.3f} s", s.plans_considered, s.plans_simulated,
+         s.seconds);
   t.line("");
   if (s.ranked.empty()) {
     t.line("NO PLAN FITS (the reasons follow)");
@@ -67,12 +72,13 @@ std::string recommendation_table(const Scenario& sc, const Recommendation& r, in
   for (const auto& reason : r.explanation.reasons) t.line("  - {}", render(reason));
   t.line("");
   t.line("best plan of each family");
-  t.line("  {:<12} {:>6} {:>10} {:>10} {:>10} {:>7}  {}", "family", "fits", "peak GiB", "step s", "tokens/s",
-         "MFU", "settings");
+  t.line("  {:<12} {:>6} {:>10} {:>10} {:>10} {:>7}  {}", "family", "fits", "peak GiB", "step s",
+         "tokens/s", "MFU", "settings");
   for (const auto& c : s.best_per_family) {
     const auto& e = c.eval;
-    t.line("  {:<12} {:>6} {:>10.1f} {:>10.3f} {:>10.0f} {:>6.1f}%  {}", c.family, e.fits ? "yes" : "no",
-           e.result.peak_bytes / kGiB, e.result.step_s, e.result.tokens_per_s, 100 * e.result.mfu, knobs(e));
+    t.line("  {:<12} {:>6} {:>10.1f} {:>10.3f} {:>10.0f} {:>6.1f}%  {}", c.family,
+           e.fits ? "yes" : "no", e.result.peak_bytes / kGiB, e.result.step_s,
+           e.result.tokens_per_s, 100 * e.result.mfu, knobs(e));
   }
   if (!s.rejected.empty()) {
     t.line("");
@@ -83,15 +89,17 @@ std::string recommendation_table(const Scenario& sc, const Recommendation& r, in
     t.line("");
     t.line("Pareto front (peak memory vs step time)");
     for (const auto& c : s.pareto)
-      t.line("  {:>8.1f} GiB  {:>8.3f} s  {}", c.eval.result.peak_bytes / kGiB, c.eval.result.step_s, knobs(c.eval));
+      t.line("  {:>8.1f} GiB  {:>8.3f} s  {}", c.eval.result.peak_bytes / kGiB,
+             c.eval.result.step_s, knobs(c.eval));
   }
   if (top > 0 && s.ranked.size() > 1) {
     t.line("");
-    t.line("top {} of {} fitting plans", std::min<std::size_t>(static_cast<std::size_t>(top), s.ranked.size()),
-           s.ranked.size());
+    t.line("top {} of {} fitting plans",
+           std::min<std::size_t>(static_cast<std::size_t>(top), s.ranked.size()), s.ranked.size());
     for (std::size_t i = 0; i < s.ranked.size() && i < static_cast<std::size_t>(top); ++i) {
       const auto& e = s.ranked[i].eval;
-      t.line("  {:>3}. {:>8.3f} s {:>8.1f} GiB  {}", i + 1, e.result.step_s, e.result.peak_bytes / kGiB, knobs(e));
+      t.line("  {:>3}. {:>8.3f} s {:>8.1f} GiB  {}", i + 1, e.result.step_s,
+             e.result.peak_bytes / kGiB, knobs(e));
     }
   }
   return t.str;
@@ -104,17 +112,18 @@ nlohmann::json recommendation_json(const Scenario& sc, const Recommendation& r, 
   out["default_job"] = sc.is_default;
   out["scenario"] = scenario_line(sc);
   out["hardware_profile"] = hardware_json(sc);
-  if (!sc.defaulted.empty())
-    out["defaulted"] = sc.defaulted;
-  out["recommendation"] = s.ranked.empty() ? nlohmann::json(nullptr) : candidate_json(sc, s.ranked.front());
+  if (!sc.defaulted.empty()) out["defaulted"] = sc.defaulted;
+  out["recommendation"] =
+      s.ranked.empty() ? nlohmann::json(nullptr) : candidate_json(sc, s.ranked.front());
   nlohmann::json candidates = nlohmann::json::array();
   for (std::size_t i = 0; i < s.ranked.size() && i < static_cast<std::size_t>(top); ++i)
     candidates.push_back(candidate_json(sc, s.ranked[i]));
   for (const auto& c : s.best_per_family)
     if (!c.eval.fits) candidates.push_back(candidate_json(sc, c));
   out["candidates"] = candidates;
-  out["fastest_ignoring_memory"] =
-      s.fastest_ignoring_memory ? candidate_json(sc, *s.fastest_ignoring_memory) : nlohmann::json(nullptr);
+  out["fastest_ignoring_memory"] = s.fastest_ignoring_memory
+                                       ? candidate_json(sc, *s.fastest_ignoring_memory)
+                                       : nlohmann::json(nullptr);
   nlohmann::json families = nlohmann::json::array();
   for (const auto& c : s.best_per_family) families.push_back(candidate_json(sc, c));
   out["best_per_family"] = families;
@@ -122,7 +131,8 @@ nlohmann::json recommendation_json(const Scenario& sc, const Recommendation& r, 
   for (const auto& c : s.pareto) pareto.push_back(candidate_json(sc, c));
   out["pareto"] = pareto;
   nlohmann::json rejected = nlohmann::json::array();
-  for (const auto& [family, reason] : s.rejected) rejected.push_back({{"family", family}, {"reason", reason}});
+  for (const auto& [family, reason] : s.rejected)
+    rejected.push_back({{"family", family}, {"reason", reason}});
   out["rejected"] = rejected;
   nlohmann::json reasons = nlohmann::json::array();
   for (const auto& reason : r.explanation.reasons) reasons.push_back(claim_json(reason));
@@ -142,7 +152,8 @@ nlohmann::json plan_document(const Scenario& sc, const Evaluation& e) {
   p.hardware = sc.hardware.name;
   p.cluster = sc.cluster;
   // --gpu-memory-GiB: the size the plan was made to fit travels with it to the executor.
-  if (sc.profile_memory_bytes) p.gpu_memory_GiB = sc.hardware.memory_bytes / (1024.0 * 1024.0 * 1024.0);
+  if (sc.profile_memory_bytes)
+    p.gpu_memory_GiB = sc.hardware.memory_bytes / (1024.0 * 1024.0 * 1024.0);
   p.job = e.job;
   p.spec = e.spec;
   p.prediction = prediction_from(e.result);

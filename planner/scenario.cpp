@@ -22,7 +22,8 @@ std::int64_t positive_count(const std::string& flag, const std::string& text) {
 }
 
 // A name flag given as "": refused, not read as "not given".
-const std::string& named(const std::string& flag, const std::optional<std::string>& text, const char* what) {
+const std::string& named(const std::string& flag, const std::optional<std::string>& text,
+                         const char* what) {
   if (text->empty()) throw InputError(flag, fmt::format("must name {}, got \"\"", what));
   return *text;
 }
@@ -51,10 +52,13 @@ void add_scenario_options(CLI::App& app, ScenarioOptions& o) {
   app.add_option("--checkpointing", o.checkpointing,
                  "none | full | every:N | selective-attention (alias selective) | selective-op");
   app.add_option("--attention", o.attention, "flash | eager");
-  app.add_option("--recipe", o.recipe,
-                 "the training code: hf | torchtitan | llm-foundry | megatron | deepspeed | executor "
-                 "(default hf: transformers' own model and loss)");
-  app.add_option("--loss", o.loss, "upcast | fused | chunked:N | fused-linear | fp32-inplace (default: the recipe's)");
+  app.add_option(
+      "--recipe", o.recipe,
+      "the training code: hf | torchtitan | llm-foundry | megatron | deepspeed | executor "
+      "(default hf: transformers' own model and loss)");
+  app.add_option(
+      "--loss", o.loss,
+      "upcast | fused | chunked:N | fused-linear | fp32-inplace (default: the recipe's)");
   app.add_option("--headroom", o.headroom, "fraction of GPU memory kept free (default 0.05)");
   app.add_option("--accounting", o.accounting, "framework | zero-paper (2+2+12 bytes/param)");
 }
@@ -63,15 +67,15 @@ namespace {
 
 // A document's own name (its `key`, a non-empty string), else `fallback`.
 std::string document_name(const nlohmann::json& doc, const char* key, const char* fallback) {
-  if (doc.is_object() && doc.contains(key) && doc[key].is_string() && !doc[key].get<std::string>().empty())
+  if (doc.is_object() && doc.contains(key) && doc[key].is_string() &&
+      !doc[key].get<std::string>().empty())
     return doc[key].get<std::string>();
   return fallback;
 }
 
 // parse() of a document given in memory, its errors named as a file's are, by `what` ("model:
 // /hidden_size: ...").
-template <class Parse>
-auto in_document(const char* what, Parse&& parse) {
+template <class Parse> auto in_document(const char* what, Parse&& parse) {
   try {
     return parse();
   } catch (const InputError& e) {
@@ -83,8 +87,10 @@ auto in_document(const char* what, Parse&& parse) {
 void set_model_and_hardware(const ScenarioOptions& o, Scenario& sc) {
   if (o.params && (o.model || o.model_document))
     throw InputError("--params", "give either --model or --params, not both");
-  if (o.layers && !o.params) throw InputError("--layers", "goes with --params (a model's blocks are its own)");
-  if (o.model && o.model_document) throw InputError("--model", "give either a name or a document, not both");
+  if (o.layers && !o.params)
+    throw InputError("--layers", "goes with --params (a model's blocks are its own)");
+  if (o.model && o.model_document)
+    throw InputError("--model", "give either a name or a document, not both");
   if (o.hardware && o.hardware_document)
     throw InputError("--hardware", "give either a name or a document, not both");
   if (o.params) {
@@ -93,18 +99,21 @@ void set_model_and_hardware(const ScenarioOptions& o, Scenario& sc) {
     sc.model = costmodel::model_from_param_count(params, layers);
   } else if (o.model_document) {
     sc.model = in_document("model", [&] {
-      return costmodel::model_from_hf_config(*o.model_document, document_name(*o.model_document, "_name_or_path", "model"));
+      return costmodel::model_from_hf_config(
+          *o.model_document, document_name(*o.model_document, "_name_or_path", "model"));
     });
   } else {
-    sc.model = costmodel::load_model(o.model ? named("--model", o.model, "a preset or a file") : kDefaultModel);
+    sc.model = costmodel::load_model(o.model ? named("--model", o.model, "a preset or a file")
+                                             : kDefaultModel);
   }
   if (o.hardware_document)
     sc.hardware = in_document("hardware", [&] {
-      return costmodel::hardware_from_json(*o.hardware_document, document_name(*o.hardware_document, "name", "hardware"));
+      return costmodel::hardware_from_json(*o.hardware_document,
+                                           document_name(*o.hardware_document, "name", "hardware"));
     });
   else
-    sc.hardware = costmodel::load_hardware(o.hardware ? named("--hardware", o.hardware, "a profile or a file")
-                                                      : kDefaultHardware);
+    sc.hardware = costmodel::load_hardware(
+        o.hardware ? named("--hardware", o.hardware, "a profile or a file") : kDefaultHardware);
 }
 
 // The model, the hardware (with --gpu-memory-GiB) and the cluster.
@@ -112,7 +121,7 @@ void set_model_and_cluster(const ScenarioOptions& o, Scenario& sc) {
   set_model_and_hardware(o, sc);
   if (o.gpu_memory_GiB) {
     const double gib = costmodel::double_from_text("--gpu-memory-GiB", *o.gpu_memory_GiB);
-    if (!(gib > 0) || gib > 1e6) // double_from_text refuses inf and nan
+    if (!(gib > 0) || gib > 1e6)  // double_from_text refuses inf and nan
       throw InputError("--gpu-memory-GiB",
                        fmt::format("must be > 0 and <= 1000000, got {}", *o.gpu_memory_GiB));
     sc.profile_memory_bytes = sc.hardware.memory_bytes;
@@ -120,7 +129,8 @@ void set_model_and_cluster(const ScenarioOptions& o, Scenario& sc) {
   }
   if (o.gpus) {
     sc.cluster.gpus = costmodel::int_from_text("--gpus", *o.gpus);
-    if (sc.cluster.gpus < 1) throw InputError("--gpus", fmt::format("must be >= 1, got {}", sc.cluster.gpus));
+    if (sc.cluster.gpus < 1)
+      throw InputError("--gpus", fmt::format("must be >= 1, got {}", sc.cluster.gpus));
   } else {
     sc.cluster.gpus = kDefaultGpus;
   }
@@ -128,10 +138,10 @@ void set_model_and_cluster(const ScenarioOptions& o, Scenario& sc) {
     sc.defaulted.push_back(fmt::format("--model {}", kDefaultModel));
   if (!o.hardware && !o.hardware_document)
     sc.defaulted.push_back(fmt::format("--hardware {}", kDefaultHardware));
-  if (!o.gpus)
-    sc.defaulted.push_back(fmt::format("--gpus {}", kDefaultGpus));
-  sc.cluster.gpus_per_node = o.gpus_per_node ? costmodel::int_from_text("--gpus-per-node", *o.gpus_per_node)
-                                             : sc.hardware.gpus_per_node;
+  if (!o.gpus) sc.defaulted.push_back(fmt::format("--gpus {}", kDefaultGpus));
+  sc.cluster.gpus_per_node = o.gpus_per_node
+                                 ? costmodel::int_from_text("--gpus-per-node", *o.gpus_per_node)
+                                 : sc.hardware.gpus_per_node;
   costmodel::validate_cluster(sc.cluster);
 }
 
@@ -152,8 +162,7 @@ void set_base_job(const ScenarioOptions& o, Scenario& sc) {
   } else {
     sc.job.seq_len = kDefaultSeqLen;
     sc.job.global_batch = kDefaultSequencesPerGpu * sc.cluster.gpus;
-    if (!o.seq_len)
-      sc.defaulted.push_back(fmt::format("--seq-len {}", kDefaultSeqLen));
+    if (!o.seq_len) sc.defaulted.push_back(fmt::format("--seq-len {}", kDefaultSeqLen));
     if (!o.global_batch)
       sc.defaulted.push_back(fmt::format("--global-batch {} ({} per GPU)", sc.job.global_batch,
                                          kDefaultSequencesPerGpu));
@@ -174,16 +183,19 @@ void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
   if (o.recipe) {  // the recipe's loss and checkpointing unless the user names them
     sc.job.recipe = costmodel::recipe_from_name(*o.recipe, "--recipe");
     if (!sc.loss_named) sc.job.loss = costmodel::default_loss(sc.job.recipe);
-    if (!sc.checkpointing_named) sc.job.checkpointing = costmodel::default_checkpointing(sc.job.recipe);
+    if (!sc.checkpointing_named)
+      sc.job.checkpointing = costmodel::default_checkpointing(sc.job.recipe);
   }
   if (o.loss) costmodel::set_loss(sc.job, *o.loss, "--loss");
   if (sc.job.checkpointing == costmodel::Checkpointing::every) {  // as the recipe's code counts
     bool any = false;
     for (std::int64_t b = 0; b < sc.model.layers && !any; ++b) any = sc.job.block_checkpointed(b);
     if (!any)
-      throw InputError("--checkpointing", fmt::format("every:{} checkpoints no block of a {}-layer model under recipe {}",
-                                                      sc.job.checkpoint_every, sc.model.layers,
-                                                      costmodel::recipe_name(sc.job.recipe)));
+      throw InputError(
+          "--checkpointing",
+          fmt::format("every:{} checkpoints no block of a {}-layer model under recipe {}",
+                      sc.job.checkpoint_every, sc.model.layers,
+                      costmodel::recipe_name(sc.job.recipe)));
   }
 }
 
@@ -191,19 +203,22 @@ void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
 
 Scenario make_scenario(const ScenarioOptions& o, bool check_batch) {
   Scenario sc;
-  sc.is_default = !o.model && !o.params && !o.model_document && !o.hardware && !o.hardware_document && !o.gpus &&
-                  !o.job_file;
+  sc.is_default = !o.model && !o.params && !o.model_document && !o.hardware &&
+                  !o.hardware_document && !o.gpus && !o.job_file;
   set_model_and_cluster(o, sc);
   set_base_job(o, sc);
   apply_job_flags(o, sc);
   if (check_batch) costmodel::validate_job(sc.job, sc.cluster);
-  const double headroom = o.headroom ? costmodel::double_from_text("--headroom", *o.headroom) : 0.05;
+  const double headroom =
+      o.headroom ? costmodel::double_from_text("--headroom", *o.headroom) : 0.05;
   if (!(headroom >= 0 && headroom < 1))
     throw InputError("--headroom", fmt::format("must be in [0, 1), got {}", headroom));
   sc.headroom = headroom;
   const std::string accounting = o.accounting.value_or("framework");
-  if (accounting == "framework") sc.accounting = costmodel::Accounting::framework;
-  else if (accounting == "zero-paper") sc.accounting = costmodel::Accounting::zero_paper;
+  if (accounting == "framework")
+    sc.accounting = costmodel::Accounting::framework;
+  else if (accounting == "zero-paper")
+    sc.accounting = costmodel::Accounting::zero_paper;
   else
     throw InputError("--accounting",
                      fmt::format("must be framework or zero-paper, got \"{}\"", accounting));
@@ -211,17 +226,14 @@ Scenario make_scenario(const ScenarioOptions& o, bool check_batch) {
 }
 
 std::string defaults_line(const Scenario& sc) {
-  if (sc.defaulted.empty())
-    return "";
+  if (sc.defaulted.empty()) return "";
   return fmt::format("not given, so defaulted: {}", fmt::join(sc.defaulted, ", "));
 }
 
 namespace {
 // "25 GB/s": a rate in GB/s (1e9 bytes), as many digits as it has up to 4 significant.
-std::string gbps(double bytes_per_s) {
-  return fmt::format("{:.4g} GB/s", bytes_per_s / 1e9);
-}
-} // namespace
+std::string gbps(double bytes_per_s) { return fmt::format("{:.4g} GB/s", bytes_per_s / 1e9); }
+}  // namespace
 
 std::string hardware_line(const Scenario& sc) {
   const auto& h = sc.hardware;
@@ -248,8 +260,7 @@ nlohmann::json hardware_json(const Scenario& sc) {
                       {"inter_node_key", h.inter_bandwidth_per_node_key
                                              ? "bandwidth_GBps_per_node"
                                              : "bandwidth_GBps_per_gpu"}};
-  if (sc.profile_memory_bytes)
-    j["profile_gpu_memory_GiB"] = *sc.profile_memory_bytes / kGiB;
+  if (sc.profile_memory_bytes) j["profile_gpu_memory_GiB"] = *sc.profile_memory_bytes / kGiB;
   return j;
 }
 
@@ -258,7 +269,8 @@ void add_plan_options(CLI::App& app, PlanOptions& o, bool strategy_required) {
                            "ddp | zero1 | zero2 | zero3 | fsdp-full | fsdp-grad-op | hsdp");
   if (strategy_required) s->required();
   app.add_option("--flavour", o.flavour, "ddp | fsdp1 | fsdp2 | deepspeed (default by strategy)");
-  app.add_option("--shard-group-size", o.shard_group_size, "HSDP shard group (default: GPUs per node)");
+  app.add_option("--shard-group-size", o.shard_group_size,
+                 "HSDP shard group (default: GPUs per node)");
   app.add_option("--offload", o.offload, "none | optimizer | params");
 }
 
@@ -270,14 +282,13 @@ std::optional<int> shard_group_size(const PlanOptions& o) {
 costmodel::ShardingSpec with_job_precision(costmodel::ShardingSpec s,
                                            const costmodel::TrainingJob& job) {
   using costmodel::DType;
-  if (s.flavour == costmodel::Flavour::ddp)
-    return s;
+  if (s.flavour == costmodel::Flavour::ddp) return s;
   const DType c = costmodel::compute_dtype(job.precision);
   const DType compute = c == DType::tf32 ? DType::fp32 : c;
   if (s.flavour == costmodel::Flavour::deepspeed) {
     s.reduce_bucket_bytes *=
         costmodel::dtype_bytes(compute) / costmodel::dtype_bytes(s.reduce_dtype);
-    s.allgather_bucket_bytes *= costmodel::dtype_bytes(compute) / 2; // preset: 2-byte elements
+    s.allgather_bucket_bytes *= costmodel::dtype_bytes(compute) / 2;  // preset: 2-byte elements
   }
   s.reduce_dtype = job.recipe == costmodel::Recipe::torchtitan ? DType::fp32 : compute;
   return s;
@@ -292,8 +303,8 @@ costmodel::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& 
       sc.job);
   spec.offload = costmodel::offload_from_name(o.offload.value_or("none"), "--offload");
   if (spec.shard_group_size > 0 && sc.cluster.gpus % spec.shard_group_size != 0)
-    throw InputError("--shard-group-size",
-                     fmt::format("{} does not divide {} GPUs", spec.shard_group_size, sc.cluster.gpus));
+    throw InputError("--shard-group-size", fmt::format("{} does not divide {} GPUs",
+                                                       spec.shard_group_size, sc.cluster.gpus));
   return spec;
 }
 

@@ -21,17 +21,17 @@ namespace shardplan::planner {
 // never replaced by a default (an empty --model, --gpus 0); numbers are read as decimal text
 // (core/number_text.hpp).
 struct ScenarioOptions {
-  std::optional<std::string> model;     // preset or config.json (neither this nor params: the default)
-  std::optional<std::string> params;    // a bare parameter count instead of a model ("7.5e9")
-  std::optional<std::string> layers;    // blocks of a bare count (not given: derived)
+  std::optional<std::string> model;  // preset or config.json (neither this nor params: the default)
+  std::optional<std::string> params;  // a bare parameter count instead of a model ("7.5e9")
+  std::optional<std::string> layers;  // blocks of a bare count (not given: derived)
   std::optional<std::string> hardware;
-  std::optional<std::string> gpu_memory_GiB; // replaces the profile's GPU memory
-  std::optional<std::string> job_file;  // a training-job document; flags override its fields
+  std::optional<std::string> gpu_memory_GiB;  // replaces the profile's GPU memory
+  std::optional<std::string> job_file;        // a training-job document; flags override its fields
   std::optional<std::string> gpus;
   std::optional<std::string> gpus_per_node;  // not given: the profile's
   std::optional<std::string> seq_len, global_batch, micro_batch;
   std::optional<std::string> precision, optimizer, checkpointing, attention, loss, recipe;
-  std::optional<std::string> headroom;  // fraction of capacity kept free (default 0.05)
+  std::optional<std::string> headroom;    // fraction of capacity kept free (default 0.05)
   std::optional<std::string> accounting;  // default framework
   // A config.json and a hardware profile already in memory, in place of --model and --hardware
   // (the Python module's dicts); refused beside the flag they replace.
@@ -45,7 +45,7 @@ struct Scenario {
   costmodel::TrainingJob job;
   costmodel::Accounting accounting = costmodel::Accounting::framework;
   double headroom = 0.05;
-  bool is_default = false;    // nothing was said: the built-in default job
+  bool is_default = false;  // nothing was said: the built-in default job
   // What the user named (by flag or in the job document): the search keeps these as given.
   bool checkpointing_named = false, loss_named = false;
   // The profile's GPU memory when --gpu-memory-GiB replaced it (hardware.memory_bytes is the

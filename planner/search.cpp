@@ -43,7 +43,8 @@ std::vector<Offload> offloads_for(const ShardingSpec& s) {
 bool better(const Evaluation& a, const Evaluation& b) {
   if (a.result.step_s != b.result.step_s) return a.result.step_s < b.result.step_s;
   // At equal time, the loss the recipe's code already runs: another one is a change to make.
-  const bool a_own = a.job.loss == default_loss(a.job.recipe), b_own = b.job.loss == default_loss(b.job.recipe);
+  const bool a_own = a.job.loss == default_loss(a.job.recipe),
+             b_own = b.job.loss == default_loss(b.job.recipe);
   if (a_own != b_own) return a_own;
   return a.result.peak_bytes < b.result.peak_bytes;
 }
@@ -56,8 +57,7 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
     if (strategy == "hsdp" && sc.cluster.gpus < 2) continue;
     for (Flavour f : flavours_for(strategy)) {
       if (pins.flavour && *pins.flavour != f) continue;
-      if (pins.pytorch_only && f == Flavour::deepspeed)
-        continue;
+      if (pins.pytorch_only && f == Flavour::deepspeed) continue;
       // The recipe's code shards the way its framework does: torchtitan with FSDP2 (or DDP), a
       // model under the DeepSpeed engine with ZeRO.
       if (sc.job.recipe == Recipe::torchtitan && f != Flavour::fsdp2 && f != Flavour::ddp) continue;
@@ -65,7 +65,8 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
       std::vector<std::optional<int>> groups = {std::nullopt};
       if (strategy == "hsdp") {
         groups.clear();
-        if (pins.shard_group_size) groups.push_back(*pins.shard_group_size);
+        if (pins.shard_group_size)
+          groups.push_back(*pins.shard_group_size);
         else
           for (int g : hsdp_groups(sc.cluster)) groups.push_back(g);
       }
@@ -98,10 +99,11 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
     }
   }
   if (out.empty())
-    throw InputError("--strategy", fmt::format("the pinned knobs leave no plan to search (check --flavour, "
-                                               "--offload and --shard-group-size against the strategy, and "
-                                               "the flavours recipe {} shards with)",
-                                               recipe_name(sc.job.recipe)));
+    throw InputError("--strategy",
+                     fmt::format("the pinned knobs leave no plan to search (check --flavour, "
+                                 "--offload and --shard-group-size against the strategy, and "
+                                 "the flavours recipe {} shards with)",
+                                 recipe_name(sc.job.recipe)));
   return out;
 }
 
@@ -111,7 +113,8 @@ std::vector<std::int64_t> micro_batches_to_search(const Scenario& sc, const Sear
   const std::int64_t per_gpu = sc.job.global_batch / sc.cluster.gpus;
   std::vector<std::int64_t> micro_batches;
   for (std::int64_t b = 1; b <= per_gpu; ++b)
-    if (per_gpu % b == 0 && (!pins.micro_batch || *pins.micro_batch == b)) micro_batches.push_back(b);
+    if (per_gpu % b == 0 && (!pins.micro_batch || *pins.micro_batch == b))
+      micro_batches.push_back(b);
   if (micro_batches.empty())
     throw InputError("--micro-batch", fmt::format("{} does not divide the {} sequences per GPU",
                                                   pins.micro_batch.value_or(0), per_gpu));
@@ -133,7 +136,8 @@ std::vector<Ckpt> checkpointing_to_search(const Scenario& sc, const SearchPins& 
     ckpts.push_back({sc.job.checkpointing, sc.job.checkpoint_every});
   } else {
     ckpts = {{Checkpointing::none, 0}, {Checkpointing::full, 0}};
-    if (sc.model.layers >= 2 && sc.job.recipe != Recipe::megatron && sc.job.recipe != Recipe::executor)
+    if (sc.model.layers >= 2 && sc.job.recipe != Recipe::megatron &&
+        sc.job.recipe != Recipe::executor)
       ckpts.push_back({Checkpointing::every, 2});
     if (sc.job.recipe == Recipe::torchtitan) ckpts.push_back({Checkpointing::selective_op, 0});
     if (sc.job.attention == AttentionImpl::eager && sc.job.recipe != Recipe::executor)
@@ -150,8 +154,10 @@ struct Loss {
 std::vector<Loss> losses_to_search(const Scenario& sc, const SearchPins& pins) {
   std::vector<Loss> losses = {{sc.job.loss, sc.job.loss_chunks}};
   if (!pins.loss) {
-    if (sc.job.recipe == Recipe::hf && sc.job.loss != LossImpl::fused_linear) losses.push_back({LossImpl::fused_linear, 0});
-    if (sc.job.recipe == Recipe::torchtitan && sc.job.loss != LossImpl::chunked) losses.push_back({LossImpl::chunked, 8});
+    if (sc.job.recipe == Recipe::hf && sc.job.loss != LossImpl::fused_linear)
+      losses.push_back({LossImpl::fused_linear, 0});
+    if (sc.job.recipe == Recipe::torchtitan && sc.job.loss != LossImpl::chunked)
+      losses.push_back({LossImpl::chunked, 8});
   }
   return losses;
 }
@@ -167,10 +173,10 @@ std::string rejection_reason(const Scenario& sc, const Candidate& c) {
     int worst = 0;
     for (int k = 1; k <= static_cast<int>(Category::optimizer_states); ++k)
       if (r.model_states[k] > r.model_states[worst]) worst = k;
-    const bool replicated = worst == static_cast<int>(Category::optimizer_states)
-                                ? !c.eval.spec.shard_optimizer
-                                : worst == static_cast<int>(Category::gradients) ? !c.eval.spec.shard_gradients
-                                                                                 : !c.eval.spec.shard_parameters;
+    const bool replicated =
+        worst == static_cast<int>(Category::optimizer_states) ? !c.eval.spec.shard_optimizer
+        : worst == static_cast<int>(Category::gradients)      ? !c.eval.spec.shard_gradients
+                                                              : !c.eval.spec.shard_parameters;
     std::string what = category_name(static_cast<Category>(worst));
     std::replace(what.begin(), what.end(), '_', ' ');
     return fmt::format("{}{} alone need {:.1f} GiB of {:.1f} GiB; all model states {:.1f} GiB",
@@ -210,35 +216,35 @@ SearchResult search(const Scenario& sc, const SearchPins& pins) {
   for (const auto& spec : specs) {
     const std::string family = family_of(spec);
     for (const auto& ckpt : ckpts)
-    for (const auto& loss : losses) {
-      bool too_big = false;  // a smaller micro-batch of this configuration did not fit
-      for (auto mb : micro_batches) {
-        ++res.plans_considered;
-        if (too_big && !pins.exhaustive) continue;
-        TrainingJob job = sc.job;
-        job.micro_batch = mb;
-        job.checkpointing = ckpt.mode;
-        job.checkpoint_every = ckpt.every;
-        job.loss = loss.impl;
-        job.loss_chunks = loss.chunks;
-        Evaluation e = evaluate(sc, spec, job);
-        ++res.plans_simulated;
-        if (!e.result.valid) continue;
-        Candidate c{e, family};
-        if (!res.fastest_ignoring_memory || better(e, res.fastest_ignoring_memory->eval))
-          res.fastest_ignoring_memory = c;
-        auto it = smallest.find(family);
-        if (it == smallest.end() || e.result.peak_bytes < it->second.eval.result.peak_bytes)
-          smallest[family] = c;
-        if (!e.fits) {
-          too_big = true;
-          continue;
+      for (const auto& loss : losses) {
+        bool too_big = false;  // a smaller micro-batch of this configuration did not fit
+        for (auto mb : micro_batches) {
+          ++res.plans_considered;
+          if (too_big && !pins.exhaustive) continue;
+          TrainingJob job = sc.job;
+          job.micro_batch = mb;
+          job.checkpointing = ckpt.mode;
+          job.checkpoint_every = ckpt.every;
+          job.loss = loss.impl;
+          job.loss_chunks = loss.chunks;
+          Evaluation e = evaluate(sc, spec, job);
+          ++res.plans_simulated;
+          if (!e.result.valid) continue;
+          Candidate c{e, family};
+          if (!res.fastest_ignoring_memory || better(e, res.fastest_ignoring_memory->eval))
+            res.fastest_ignoring_memory = c;
+          auto it = smallest.find(family);
+          if (it == smallest.end() || e.result.peak_bytes < it->second.eval.result.peak_bytes)
+            smallest[family] = c;
+          if (!e.fits) {
+            too_big = true;
+            continue;
+          }
+          res.ranked.push_back(c);
+          auto bf = best_fit.find(family);
+          if (bf == best_fit.end() || better(e, bf->second.eval)) best_fit[family] = c;
         }
-        res.ranked.push_back(c);
-        auto bf = best_fit.find(family);
-        if (bf == best_fit.end() || better(e, bf->second.eval)) best_fit[family] = c;
       }
-    }
   }
   std::stable_sort(res.ranked.begin(), res.ranked.end(),
                    [](const Candidate& a, const Candidate& b) { return better(a.eval, b.eval); });

@@ -18,7 +18,7 @@ namespace shardplan::planner {
 struct SearchPins {
   std::optional<std::string> strategy;
   std::optional<costmodel::Flavour> flavour;
-  bool pytorch_only = false; // PyTorch's flavours (ddp, fsdp1, fsdp2): what --emit fsdp can write
+  bool pytorch_only = false;  // PyTorch's flavours (ddp, fsdp1, fsdp2): what --emit fsdp can write
   std::optional<std::int64_t> micro_batch;
   bool checkpointing = false;  // the scenario's checkpointing mode (and every:N) is the user's
   bool loss = false;           // the scenario's loss is the user's
@@ -33,13 +33,15 @@ struct Candidate {
 };
 
 struct SearchResult {
-  std::vector<Candidate> ranked;      // every fitting plan, best first
-  std::vector<Candidate> best_per_family;  // fitting or not: the best fitting, else the smallest peak
-  std::vector<Candidate> pareto;      // fitting plans no other fitting plan beats in both memory and time
+  std::vector<Candidate> ranked;  // every fitting plan, best first
+  std::vector<Candidate>
+      best_per_family;  // fitting or not: the best fitting, else the smallest peak
+  std::vector<Candidate>
+      pareto;  // fitting plans no other fitting plan beats in both memory and time
   std::vector<std::pair<std::string, std::string>> rejected;  // family -> reason in numbers
-  std::optional<Candidate> fastest_ignoring_memory;  // for naming the bottleneck
-  long plans_considered = 0;          // the whole space
-  long plans_simulated = 0;           // after pruning
+  std::optional<Candidate> fastest_ignoring_memory;           // for naming the bottleneck
+  long plans_considered = 0;                                  // the whole space
+  long plans_simulated = 0;                                   // after pruning
   double seconds = 0;
 };
 

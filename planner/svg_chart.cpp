@@ -13,28 +13,25 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr const char* kFont = "font-family=\"Helvetica, Arial, sans-serif\"";
-constexpr int kHead = 4; // chart category of the head's activations
+constexpr int kHead = 4;  // chart category of the head's activations
 
 // Geometry, in SVG user units.
 constexpr double kLeft = 70, kPlotTop = 112, kPlotHeight = 320, kMargin = 16;
-constexpr double kBreak = 14; // how far a broken bar rises above the axis's top
+constexpr double kBreak = 14;  // how far a broken bar rises above the axis's top
 
 // A round axis step (1, 2 or 5 × 10^k GiB) giving at most 8 intervals up to `top`.
 double tick_step(double top) {
   const double raw = top / 8;
   const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
   for (double m : {1.0, 2.0, 5.0, 10.0})
-    if (m * magnitude >= raw)
-      return m * magnitude;
+    if (m * magnitude >= raw) return m * magnitude;
   return 10 * magnitude;
 }
 
 // Advance widths of DejaVu Sans (the widest of the usual sans-serif fonts) in em.
 double char_width(unsigned char c) {
-  if (c >= '0' && c <= '9')
-    return 0.64;
-  if (c >= 'A' && c <= 'Z')
-    return c == 'M' || c == 'W' ? 0.9 : 0.78;
+  if (c >= '0' && c <= '9') return 0.64;
+  if (c >= 'A' && c <= 'Z') return c == 'M' || c == 'W' ? 0.9 : 0.78;
   switch (c) {
   case ' ':
     return 0.32;
@@ -68,7 +65,7 @@ double char_width(unsigned char c) {
   case '%':
     return 0.95;
   default:
-    return c >= 0x80 ? 0.45 : 0.62; // a UTF-8 byte: ×, · and the like take two
+    return c >= 0x80 ? 0.45 : 0.62;  // a UTF-8 byte: ×, · and the like take two
   }
 }
 
@@ -99,8 +96,8 @@ ChartText make_text(std::string text, double x, double y, double size, ChartText
            : anchor == ChartText::Anchor::middle ? x - w / 2
                                                  : x - w;
   t.right = t.left + w;
-  t.top = y - 0.8 * size;     // ascent
-  t.bottom = y + 0.25 * size; // descent
+  t.top = y - 0.8 * size;      // ascent
+  t.bottom = y + 0.25 * size;  // descent
   return t;
 }
 
@@ -135,7 +132,7 @@ std::vector<double> chart_bytes(const StepResult& r) {
           at(Category::overhead)};
 }
 
-} // namespace
+}  // namespace
 
 const std::vector<ChartCategory>& chart_categories() {
   static const std::vector<ChartCategory> c = {
@@ -152,8 +149,7 @@ const std::vector<ChartCategory>& chart_categories() {
 
 double text_width(const std::string& text, double size, bool bold) {
   double em = 0;
-  for (unsigned char c : text)
-    em += char_width(c);
+  for (unsigned char c : text) em += char_width(c);
   return em * size * (bold ? 1.12 : 1.0);
 }
 
@@ -234,7 +230,7 @@ ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best
     const double cy = L.plot_top + kPlotHeight / 2;
     ChartText t = make_text("GiB per GPU", 20, cy, 12, A::middle);
     t.vertical = true;
-    const double w = t.right - t.left; // rotated: the width runs up the page
+    const double w = t.right - t.left;  // rotated: the width runs up the page
     t.left = 20 - 0.8 * 12;
     t.right = 20 + 0.25 * 12;
     t.top = cy - w / 2;
@@ -274,12 +270,10 @@ ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best
     double level = 0;
     for (std::size_t c = 0; c < bytes.size(); ++c) {
       const double g = bytes[c] / kGiB;
-      if (g <= 0)
-        continue;
+      if (g <= 0) continue;
       const double lo = std::min(level, ceiling), hi = std::min(level + g, ceiling);
       level += g;
-      if (hi <= lo)
-        continue;
+      if (hi <= lo) continue;
       b.segments.push_back({static_cast<int>(c), g, y(hi), y(lo)});
     }
     b.y_top = y(std::min(b.peak_gib, ceiling));
@@ -288,13 +282,11 @@ ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best
     double baseline = b.y_top - 6;
     for (double ly : lines_y) {
       const double top = baseline - 9 - (two ? 13 : 0), bottom = baseline + 3;
-      if (ly >= top - 2 && ly <= bottom + 2)
-        baseline = ly - 6;
+      if (ly >= top - 2 && ly <= bottom + 2) baseline = ly - 6;
     }
     add(make_text(gib_text(b.peak_gib), cx, baseline, 11, A::middle, true,
                   e.fits ? "#000000" : "#b00020"));
-    if (two)
-      add(make_text("does not fit", cx, baseline - 13, 11, A::middle, false, "#b00020"));
+    if (two) add(make_text("does not fit", cx, baseline - 13, 11, A::middle, false, "#b00020"));
     L.bars.push_back(std::move(b));
   }
   if (best.empty())
@@ -308,8 +300,7 @@ ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best
         make_text(fmt::format("capacity {:.2f} GiB", capacity), x, L.capacity_y + 4, 11, A::start));
     cap->id = "capacity-label";
     double uy = L.usable_y + 4;
-    if (uy - (L.capacity_y + 4) < 13)
-      uy = L.capacity_y + 4 + 13;
+    if (uy - (L.capacity_y + 4) < 13) uy = L.capacity_y + 4 + 13;
     auto* use = add(
         make_text(fmt::format("usable {:.2f} GiB", usable), x, uy, 11, A::start, false, "#555555"));
     use->id = "usable-label";
@@ -331,8 +322,7 @@ ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best
   add(make_text("at the peak, bottom of a bar to top:", lx, ly - 8, 11, A::start, true));
   legend_right = std::max(legend_right, L.texts.back().right);
   ly += 4;
-  for (auto c = cats.size(); c-- > 0;)
-    legend_text(cats[c].label);
+  for (auto c = cats.size(); c-- > 0;) legend_text(cats[c].label);
   ly += 10;
   legend_text("GPU capacity");
   legend_text("usable (capacity - headroom)");
@@ -379,7 +369,7 @@ std::string memory_svg(const Scenario& sc, const std::vector<Evaluation>& best) 
             b.x, seg.y_top, b.width, seg.y_bottom - seg.y_top,
             cats[static_cast<std::size_t>(seg.category)].colour, xml_escape(b.family),
             cats[static_cast<std::size_t>(seg.category)].label, seg.gib);
-    if (b.broken) { // two white slashes across the bar just under the axis's top
+    if (b.broken) {  // two white slashes across the bar just under the axis's top
       for (double d : {0.0, 6.0})
         s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#ffffff\" "
               "stroke-width=\"3\"/>",
@@ -406,8 +396,7 @@ std::string memory_svg(const Scenario& sc, const std::vector<Evaluation>& best) 
   // Legend marks, beside the legend's texts (the texts below place them).
   const ChartText* first = nullptr;
   for (const auto& t : L.texts)
-    if (t.text == cats.back().label)
-      first = &t;
+    if (t.text == cats.back().label) first = &t;
   if (first) {
     const double lx = first->x - 18;
     double ly = first->y - 10;
@@ -444,14 +433,10 @@ std::string memory_svg(const Scenario& sc, const std::vector<Evaluation>& best) 
     std::string attrs =
         fmt::format("x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{:g}\" text-anchor=\"{}\"", t.x, t.y,
                     t.size, anchor);
-    if (t.bold)
-      attrs += " font-weight=\"bold\"";
-    if (t.fill != "#000000")
-      attrs += fmt::format(" fill=\"{}\"", t.fill);
-    if (t.vertical)
-      attrs += fmt::format(" transform=\"rotate(-90 {:.1f} {:.1f})\"", t.x, t.y);
-    if (!t.id.empty())
-      attrs += fmt::format(" id=\"{}\"", t.id);
+    if (t.bold) attrs += " font-weight=\"bold\"";
+    if (t.fill != "#000000") attrs += fmt::format(" fill=\"{}\"", t.fill);
+    if (t.vertical) attrs += fmt::format(" transform=\"rotate(-90 {:.1f} {:.1f})\"", t.x, t.y);
+    if (!t.id.empty()) attrs += fmt::format(" id=\"{}\"", t.id);
     s.add("<text {}>{}</text>", attrs, xml_escape(t.text));
   }
   s.add("</g>");
@@ -459,4 +444,4 @@ std::string memory_svg(const Scenario& sc, const std::vector<Evaluation>& best) 
   return s.out;
 }
 
-} // namespace shardplan::planner
+}  // namespace shardplan::planner

@@ -20,19 +20,19 @@ namespace shardplan::planner {
 // A text of the chart and the box it is estimated to cover, in SVG user units (y down).
 struct ChartText {
   std::string text;
-  double x = 0, y = 0; // anchor point (baseline)
+  double x = 0, y = 0;  // anchor point (baseline)
   double size = 11;
   bool bold = false;
   enum class Anchor { start, middle, end } anchor = Anchor::start;
-  bool vertical = false; // rotated -90 degrees about (x, y)
+  bool vertical = false;  // rotated -90 degrees about (x, y)
   std::string fill = "#000000";
-  std::string id; // the SVG element's id where one is given
+  std::string id;  // the SVG element's id where one is given
   double left = 0, top = 0, right = 0, bottom = 0;
 };
 
 // One segment of a stacked bar: a category's bytes drawn between two heights.
 struct ChartSegment {
-  int category = 0; // index into chart_categories()
+  int category = 0;  // index into chart_categories()
   double gib = 0;
   double y_top = 0, y_bottom = 0;
 };
@@ -40,10 +40,10 @@ struct ChartSegment {
 struct ChartBar {
   bool valid = true;
   bool fits = true;
-  bool broken = false; // taller than the axis: drawn to above its top and broken there
+  bool broken = false;  // taller than the axis: drawn to above its top and broken there
   double x = 0, width = 0;
   double peak_gib = 0;
-  double y_top = 0; // the drawn top
+  double y_top = 0;  // the drawn top
   std::string family;
   std::vector<ChartSegment> segments;
 };
@@ -78,4 +78,4 @@ std::string memory_svg(const Scenario& sc, const std::vector<Evaluation>& best_p
 // The text with &, <, >, " and ' replaced by their XML entities.
 std::string xml_escape(const std::string& text);
 
-} // namespace shardplan::planner
+}  // namespace shardplan::planner

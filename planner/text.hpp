@@ -10,8 +10,7 @@ namespace shardplan::planner {
 
 struct Text {
   std::string str;
-  template <class... A>
-  void line(fmt::format_string<A...> f, A&&... a) {
+  template <class... A> void line(fmt::format_string<A...> f, A&&... a) {
     str += fmt::format(f, std::forward<A>(a)...);
     str += '\n';
   }

@@ -24,7 +24,7 @@ struct RunFacts {
   double peak_bytes = 0;
   std::array<double, costmodel::kCategories> at_peak{};
   double step_s = 0, compute_s = 0, optimizer_s = 0, copy_s = 0, collectives_s = 0;
-  std::optional<double> step_cpu_s, compute_cpu_s; // CPU time of the computing thread
+  std::optional<double> step_cpu_s, compute_cpu_s;  // CPU time of the computing thread
   // A GPU run: the time the compute stalled on collectives (the exposed communication), the
   // achieved FLOP/s and MFU, and the device's memory terms.
   std::optional<double> comm_wait_s, achieved_TFLOPs, mfu;
@@ -36,8 +36,8 @@ struct RunFacts {
   bool scaled = false;
   bool rehearsal = false;
   int world = 0;
-  std::string model, strategy, flavour; // the plan the run was made from, as it records it
-  std::int64_t micro_batch = 0;         // 0: not recorded
+  std::string model, strategy, flavour;  // the plan the run was made from, as it records it
+  std::int64_t micro_batch = 0;          // 0: not recorded
   std::vector<std::string> deviations;
 };
 
@@ -50,8 +50,7 @@ void read_summary_memory(ObjectReader& s, RunFacts& f) {
     f.at_peak[static_cast<std::size_t>(c)] = b.number(
         costmodel::category_name(static_cast<costmodel::Category>(c)), Range::non_negative());
   b.finish();
-  if (const auto* d = m.optional_object("device"))
-    f.device = *d;
+  if (const auto* d = m.optional_object("device")) f.device = *d;
   m.finish();
 }
 
@@ -70,8 +69,7 @@ void read_summary_time(ObjectReader& s, RunFacts& f) {
   f.collectives_overlap = t.optional_boolean("collectives_overlap");
   t.optional_number("forward_s", Range::non_negative());
   t.optional_number("backward_s", Range::non_negative());
-  if (const auto* w = t.optional_object("comm_wait_by_stream_s"))
-    f.comm_wait_by_stream = *w;
+  if (const auto* w = t.optional_object("comm_wait_by_stream_s")) f.comm_wait_by_stream = *w;
   t.optional_number("model_flops_per_step", Range::non_negative());
   f.achieved_TFLOPs = t.optional_number("achieved_TFLOPs", Range::non_negative());
   t.optional_number("peak_TFLOPs", Range::positive());
@@ -102,8 +100,7 @@ RunFacts read_run(const json& run) {
   {
     ObjectReader mo(r.object("model"), "/model");
     f.scaled = mo.boolean("scaled");
-    for (const char* k : {"name", "params", "units", "config"})
-      mo.ignore(k);
+    for (const char* k : {"name", "params", "units", "config"}) mo.ignore(k);
     mo.finish();
   }
   {
@@ -124,32 +121,27 @@ RunFacts read_run(const json& run) {
     const auto& job = p.object("job");
     if (job.contains("micro_batch") && job["micro_batch"].is_number_integer())
       f.micro_batch = job["micro_batch"];
-    for (const char* k : {"hardware", "gpus", "job", "sharding"})
-      p.ignore(k);
+    for (const char* k : {"hardware", "gpus", "job", "sharding"}) p.ignore(k);
     p.finish();
   }
   {
     ObjectReader x(r.object("execution"), "/execution");
     if (const auto* d = x.optional_array("deviations"))
       for (const auto& v : *d)
-        if (v.is_string())
-          f.deviations.push_back(v.get<std::string>());
+        if (v.is_string()) f.deviations.push_back(v.get<std::string>());
     x.ignore_if([](const std::string&) { return true; });
     x.finish();
   }
-  for (const char* k : {"prediction", "loss", "ranks"})
-    r.ignore(k);
+  for (const char* k : {"prediction", "loss", "ranks"}) r.ignore(k);
   // The consolidated parameters' sha256 at the start and the end (executor/checkpoint.hpp): for
   // comparing runs, not the prediction; absent from rehearsals and older documents.
-  for (const char* k : {"initial_params_sha256", "final_params_sha256"})
-    r.optional_string(k);
+  for (const char* k : {"initial_params_sha256", "final_params_sha256"}) r.optional_string(k);
   r.finish();
   return f;
 }
 
 json rel_error(double predicted, double measured) {
-  if (measured == 0)
-    return predicted == 0 ? json(0.0) : json(nullptr);
+  if (measured == 0) return predicted == 0 ? json(0.0) : json(nullptr);
   return (predicted - measured) / measured;
 }
 
@@ -214,14 +206,10 @@ json time_json(const costmodel::PlanPrediction& pr, const RunFacts& run) {
               {"communication", compare(pr.exposed_comm_s, measured_comm, "s")},
               {"other", {{"measured_s", other}, {"copy_s", run.copy_s}}}}},
             {"comm_bytes", compare(pr.comm_bytes_per_gpu, run.comm_bytes_per_step, "bytes")}};
-  if (run.step_cpu_s)
-    t["step_cpu_s"] = *run.step_cpu_s;
-  if (run.compute_cpu_s)
-    t["compute_cpu_s"] = *run.compute_cpu_s;
-  if (run.achieved_TFLOPs)
-    t["achieved_TFLOPs"] = *run.achieved_TFLOPs;
-  if (run.mfu)
-    t["mfu"] = *run.mfu;
+  if (run.step_cpu_s) t["step_cpu_s"] = *run.step_cpu_s;
+  if (run.compute_cpu_s) t["compute_cpu_s"] = *run.compute_cpu_s;
+  if (run.achieved_TFLOPs) t["achieved_TFLOPs"] = *run.achieved_TFLOPs;
+  if (run.mfu) t["mfu"] = *run.mfu;
   // Which of the run's fields the measured communication is.
   t["parts"]["communication"]["measured_as"] =
       overlapped && run.comm_wait_s ? "summary.time.comm_wait_s" : "summary.time.collectives_s";
@@ -248,12 +236,11 @@ json notes_json(const RunFacts& run) {
         "the measuring rank's thread ran {:.0f}% of the step's wall time: other load on the "
         "machine took its core, so the measured times are inflated",
         100 * *run.step_cpu_s / run.step_s));
-  for (const auto& d : run.deviations)
-    notes.push_back("executor: " + d);
+  for (const auto& d : run.deviations) notes.push_back("executor: " + d);
   return notes;
 }
 
-} // namespace
+}  // namespace
 
 json validate_json(const json& plan_document, const json& run_document, bool force) {
   const auto plan = costmodel::plan_from_json(plan_document);
@@ -273,8 +260,7 @@ json validate_json(const json& plan_document, const json& run_document, bool for
 
   out["memory"] = memory_json(pr, run);
   out["time"] = time_json(pr, run);
-  if (run.device)
-    out["memory"]["device"] = *run.device;
+  if (run.device) out["memory"]["device"] = *run.device;
   out["notes"] = notes_json(run);
   if (!differ.empty()) {
     json forced = json::array();
@@ -291,8 +277,7 @@ std::string validate_table(const json& plan_document, const json& run_document, 
   Text t;
   if (v.contains("forced")) {
     std::vector<std::string> what;
-    for (const auto& d : v["forced"])
-      what.push_back(d.get<std::string>());
+    for (const auto& d : v["forced"]) what.push_back(d.get<std::string>());
     t.line("forced (--force): not a run of this plan ({}); the errors below compare two plans",
            fmt::join(what, "; "));
   }
@@ -337,8 +322,7 @@ std::string validate_table(const json& plan_document, const json& run_document, 
   if (!v["notes"].empty()) {
     t.line("");
     t.line("notes");
-    for (const auto& n : v["notes"])
-      t.line("  - {}", n.get<std::string>());
+    for (const auto& n : v["notes"]) t.line("  - {}", n.get<std::string>());
   }
   t.line("");
   t.line("peak memory error {}, step time error {}", percent(m["peak_rel_error"]),
@@ -346,4 +330,4 @@ std::string validate_table(const json& plan_document, const json& run_document, 
   return t.str;
 }
 
-} // namespace shardplan::planner
+}  // namespace shardplan::planner

@@ -34,4 +34,4 @@ nlohmann::json validate_json(const nlohmann::json& plan_document,
 std::string validate_table(const nlohmann::json& plan_document, const nlohmann::json& run_document,
                            bool force = false);
 
-} // namespace shardplan::planner
+}  // namespace shardplan::planner

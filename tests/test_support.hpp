@@ -23,4 +23,4 @@ inline bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-} // namespace shardplan::test
+}  // namespace shardplan::test

@@ -12,22 +12,20 @@ namespace shardplan::executor {
 namespace {
 
 class CudaDeviceRun final : public DeviceRun {
- public:
+public:
   CudaDeviceRun(int device, std::int64_t limit_bytes) {
     if (cudaSetDevice(device) != cudaSuccess)
       throw std::runtime_error(fmt::format("cudaSetDevice({}) failed", device));
     context_ = cuda::DeviceMemory::context_bytes();
     cudaDeviceProp props{};
-    if (cudaGetDeviceProperties(&props, device) == cudaSuccess)
-      name_ = props.name;
+    if (cudaGetDeviceProperties(&props, device) == cudaSuccess) name_ = props.name;
     std::size_t free = 0, total = 0;
-    if (cudaMemGetInfo(&free, &total) == cudaSuccess)
-      total_ = static_cast<std::int64_t>(total);
-    memory_ = std::make_unique<cuda::DeviceMemory>(
-        limit_bytes < 0 ? CachingPool::kUnlimited : limit_bytes);
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) total_ = static_cast<std::int64_t>(total);
+    memory_ = std::make_unique<cuda::DeviceMemory>(limit_bytes < 0 ? CachingPool::kUnlimited
+                                                                   : limit_bytes);
   }
   ~CudaDeviceRun() override {
-    fp32_.reset(); // their streams, before the memory's segments
+    fp32_.reset();  // their streams, before the memory's segments
     bf16_.reset();
     fp16_.reset();
     memory_.reset();
@@ -36,14 +34,14 @@ class CudaDeviceRun final : public DeviceRun {
   MemorySource& memory() override { return *memory_; }
   void attach(EngineOptions& options) override {
     switch (costmodel::compute_dtype(options.precision)) {
-      case costmodel::DType::bf16:
-        options.backend_bf16 = &make(bf16_);
-        break;
-      case costmodel::DType::fp16:
-        options.backend_f16 = &make(fp16_);
-        break;
-      default: // the GEMMs in TF32, as the cost model's fp32 precision computes
-        options.backend = &make(fp32_);
+    case costmodel::DType::bf16:
+      options.backend_bf16 = &make(bf16_);
+      break;
+    case costmodel::DType::fp16:
+      options.backend_f16 = &make(fp16_);
+      break;
+    default:  // the GEMMs in TF32, as the cost model's fp32 precision computes
+      options.backend = &make(fp32_);
     }
   }
   void before_communicators() override { used_before_ = used(); }
@@ -62,11 +60,10 @@ class CudaDeviceRun final : public DeviceRun {
     return f;
   }
 
- private:
+private:
   static std::int64_t used() {
     std::size_t free = 0, total = 0;
-    if (cudaMemGetInfo(&free, &total) != cudaSuccess)
-      return 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
     return static_cast<std::int64_t>(total - free);
   }
 
@@ -75,8 +72,7 @@ class CudaDeviceRun final : public DeviceRun {
   std::unique_ptr<cuda::DeviceMemory> memory_;
   // One backend per compute type; the pool queues its allocations on the last one made.
   template <class S> cuda::CudaBackend<S>& make(std::unique_ptr<cuda::CudaBackend<S>>& b) {
-    if (!b)
-      b = std::make_unique<cuda::CudaBackend<S>>(*memory_, true);
+    if (!b) b = std::make_unique<cuda::CudaBackend<S>>(*memory_, true);
     return *b;
   }
 
@@ -85,7 +81,7 @@ class CudaDeviceRun final : public DeviceRun {
   std::unique_ptr<cuda::CudaBackend<f16>> fp16_;
 };
 
-} // namespace
+}  // namespace
 
 std::unique_ptr<DeviceRun> open_device(int device, std::int64_t limit_bytes) {
   int count = 0;
@@ -96,4 +92,4 @@ std::unique_ptr<DeviceRun> open_device(int device, std::int64_t limit_bytes) {
   return std::make_unique<CudaDeviceRun>(device % count, limit_bytes);
 }
 
-} // namespace shardplan::executor
+}  // namespace shardplan::executor

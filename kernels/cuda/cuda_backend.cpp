@@ -18,16 +18,15 @@ void check(cudaError_t code, const char* call) {
 
 void check(cublasStatus_t code, const char* call) {
   if (code != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error(fmt::format("{} failed: cuBLAS status {}", call,
-                                         static_cast<int>(code)));
+    throw std::runtime_error(
+        fmt::format("{} failed: cuBLAS status {}", call, static_cast<int>(code)));
 }
 
 #define CUDA_OK(call) check(call, #call)
 
-} // namespace
+}  // namespace
 
-template <class S>
-CudaBackend<S>::CudaBackend(DeviceMemory& memory, bool tf32) : memory_(memory) {
+template <class S> CudaBackend<S>::CudaBackend(DeviceMemory& memory, bool tf32) : memory_(memory) {
   CUDA_OK(cudaStreamCreateWithFlags(&launch_.stream, cudaStreamNonBlocking));
   CUDA_OK(cublasCreate(&launch_.blas));
   CUDA_OK(cublasSetStream(launch_.blas, launch_.stream));
@@ -38,12 +37,10 @@ CudaBackend<S>::CudaBackend(DeviceMemory& memory, bool tf32) : memory_(memory) {
   memory_.set_stream(launch_.stream);
 }
 
-template <class S>
-CudaBackend<S>::~CudaBackend() {
+template <class S> CudaBackend<S>::~CudaBackend() {
   (void)cudaStreamSynchronize(launch_.stream);
   auto destroy = [](cudaEvent_t e) { (void)cudaEventDestroy(e); };
-  for (auto e : free_events_)
-    destroy(e);
+  for (auto e : free_events_) destroy(e);
   for (auto& part : parts_)
     for (auto& i : part) {
       destroy(i.begin);
@@ -133,8 +130,7 @@ void CudaBackend<S>::attention_backward(S* dq, S* dk, S* dv, S* scratch, const S
   cuda::attention_backward(launch_, dq, dk, dv, scratch, dout, probs, q, k, v, batch, seq, heads,
                            kv_heads, head_dim);
 }
-template <class S>
-bool CudaBackend<S>::supports_flash_attention(std::int64_t head_dim) const {
+template <class S> bool CudaBackend<S>::supports_flash_attention(std::int64_t head_dim) const {
   return flash_attention_supports<S>(head_dim);
 }
 template <class S>
@@ -154,8 +150,7 @@ void CudaBackend<S>::flash_attention_backward(S* dq, S* dk, S* dv, A* delta, con
   cuda::flash_attention_backward(launch_.stream, dq, dk, dv, delta, dout, out, lse, q, k, v, batch,
                                  seq, heads, kv_heads, head_dim);
 }
-template <class S>
-void CudaBackend<S>::gelu_forward(S* out, const S* in, std::int64_t n) {
+template <class S> void CudaBackend<S>::gelu_forward(S* out, const S* in, std::int64_t n) {
   cuda::gelu_forward(launch_, out, in, n);
 }
 template <class S>
@@ -196,12 +191,10 @@ void CudaBackend<S>::log_softmax_backward(S* dlogits, const A* dlogp, const A* l
                                           std::int64_t vocab) {
   cuda::log_softmax_backward(launch_, dlogits, dlogp, logp, n, vocab);
 }
-template <class S>
-void CudaBackend<S>::copy(S* dst, const S* src, std::int64_t n) {
+template <class S> void CudaBackend<S>::copy(S* dst, const S* src, std::int64_t n) {
   cuda::copy(launch_, dst, src, n);
 }
-template <class S>
-void CudaBackend<S>::add(S* dst, const S* src, std::int64_t n) {
+template <class S> void CudaBackend<S>::add(S* dst, const S* src, std::int64_t n) {
   cuda::add(launch_, dst, src, n);
 }
 template <class S>
@@ -210,24 +203,19 @@ void CudaBackend<S>::adamw_step(A* params, const A* grads, A* exp_avg, A* exp_av
   cuda::adamw_step(launch_, params, grads, exp_avg, exp_avg_sq, n, step, o.lr, o.beta1, o.beta2,
                    o.eps, o.weight_decay);
 }
-template <class S>
-void CudaBackend<S>::narrow(S* dst, const A* src, std::int64_t n) {
-  cuda::narrow(launch_, dst, src, n); // a copy for float
+template <class S> void CudaBackend<S>::narrow(S* dst, const A* src, std::int64_t n) {
+  cuda::narrow(launch_, dst, src, n);  // a copy for float
 }
-template <class S>
-void CudaBackend<S>::widen_add(A* dst, const S* src, std::int64_t n) {
-  cuda::widen_add(launch_, dst, src, n); // an add for float
+template <class S> void CudaBackend<S>::widen_add(A* dst, const S* src, std::int64_t n) {
+  cuda::widen_add(launch_, dst, src, n);  // an add for float
 }
-template <class S>
-void CudaBackend<S>::copy_wide(A* dst, const A* src, std::int64_t n) {
+template <class S> void CudaBackend<S>::copy_wide(A* dst, const A* src, std::int64_t n) {
   cuda::copy(launch_, dst, src, n);
 }
-template <class S>
-void CudaBackend<S>::scale(A* x, std::int64_t n, double factor) {
+template <class S> void CudaBackend<S>::scale(A* x, std::int64_t n, double factor) {
   cuda::scale(launch_, x, static_cast<float>(factor), n);
 }
-template <class S>
-bool CudaBackend<S>::all_finite(const A* x, std::int64_t n) {
+template <class S> bool CudaBackend<S>::all_finite(const A* x, std::int64_t n) {
   CUDA_OK(cudaMemsetAsync(nonfinite_, 0, sizeof(int), launch_.stream));
   cuda::count_nonfinite(launch_, nonfinite_, x, n);
   int count = 0;
@@ -238,18 +226,15 @@ bool CudaBackend<S>::all_finite(const A* x, std::int64_t n) {
 
 // ---- order and time
 
-template <class S>
-cudaStream_t CudaBackend<S>::stream_of(const comm::Communicator* c) const {
-  if (c == nullptr)
-    return launch_.stream;
+template <class S> cudaStream_t CudaBackend<S>::stream_of(const comm::Communicator* c) const {
+  if (c == nullptr) return launch_.stream;
   auto* s = static_cast<cudaStream_t>(c->stream_handle());
   // A group without a stream (a rehearsal's stand-in copies) works on the current memory stream,
   // which is the compute stream: it is ordered with the compute already.
   return s != nullptr ? s : launch_.stream;
 }
 
-template <class S>
-cudaEvent_t CudaBackend<S>::event() {
+template <class S> cudaEvent_t CudaBackend<S>::event() {
   if (!free_events_.empty()) {
     auto e = free_events_.back();
     free_events_.pop_back();
@@ -263,11 +248,10 @@ cudaEvent_t CudaBackend<S>::event() {
 template <class S>
 void CudaBackend<S>::wait(comm::Communicator* waiter, comm::Communicator* producer) {
   const cudaStream_t w = stream_of(waiter), p = stream_of(producer);
-  if (w == p)
-    return;
+  if (w == p) return;
   cudaEvent_t ready = event();
   CUDA_OK(cudaEventRecord(ready, p));
-  if (w == launch_.stream) { // the compute stalls from `begin` until the collectives are done
+  if (w == launch_.stream) {  // the compute stalls from `begin` until the collectives are done
     Interval i{event(), event()};
     CUDA_OK(cudaEventRecord(i.begin, w));
     CUDA_OK(cudaStreamWaitEvent(w, ready, 0));
@@ -280,30 +264,25 @@ void CudaBackend<S>::wait(comm::Communicator* waiter, comm::Communicator* produc
   free_events_.push_back(ready);
 }
 
-template <class S>
-void CudaBackend<S>::record_use(const void* p, comm::Communicator* user) {
+template <class S> void CudaBackend<S>::record_use(const void* p, comm::Communicator* user) {
   memory_.record_use(const_cast<void*>(p), stream_of(user));
 }
 
-template <class S>
-void CudaBackend<S>::allocate_on(comm::Communicator* stream) {
+template <class S> void CudaBackend<S>::allocate_on(comm::Communicator* stream) {
   memory_.set_stream(stream_of(stream));
 }
 
-template <class S>
-void CudaBackend<S>::synchronize() {
+template <class S> void CudaBackend<S>::synchronize() {
   CUDA_OK(cudaStreamSynchronize(launch_.stream));
 }
 
-template <class S>
-void CudaBackend<S>::begin(Part part) {
+template <class S> void CudaBackend<S>::begin(Part part) {
   Interval i{event(), nullptr};
   CUDA_OK(cudaEventRecord(i.begin, launch_.stream));
   parts_[static_cast<std::size_t>(part)].push_back(i);
 }
 
-template <class S>
-void CudaBackend<S>::end(Part part) {
+template <class S> void CudaBackend<S>::end(Part part) {
   auto& open = parts_[static_cast<std::size_t>(part)];
   if (open.empty() || open.back().end != nullptr)
     throw std::logic_error("CudaBackend::end without begin");
@@ -311,8 +290,7 @@ void CudaBackend<S>::end(Part part) {
   CUDA_OK(cudaEventRecord(open.back().end, launch_.stream));
 }
 
-template <class S>
-typename Backend<S>::PartSeconds CudaBackend<S>::take_seconds() {
+template <class S> typename Backend<S>::PartSeconds CudaBackend<S>::take_seconds() {
   synchronize();
   // The interval's seconds; its events go back to the pool.
   auto seconds = [this](const Interval& i) {
@@ -328,8 +306,7 @@ typename Backend<S>::PartSeconds CudaBackend<S>::take_seconds() {
   };
   auto total = [&](std::vector<Interval>& intervals) {
     double sum = 0;
-    for (const auto& i : intervals)
-      sum += seconds(i);
+    for (const auto& i : intervals) sum += seconds(i);
     intervals.clear();
     return sum;
   };
@@ -338,8 +315,7 @@ typename Backend<S>::PartSeconds CudaBackend<S>::take_seconds() {
   s.backward = total(parts_[static_cast<std::size_t>(Part::backward)]);
   s.optimizer = total(parts_[static_cast<std::size_t>(Part::optimizer)]);
   s.copy = total(parts_[static_cast<std::size_t>(Part::copy)]);
-  for (const auto& [producer, i] : waits_)
-    s.comm_waits[producer] += seconds(i);
+  for (const auto& [producer, i] : waits_) s.comm_waits[producer] += seconds(i);
   waits_.clear();
   return s;
 }
@@ -348,4 +324,4 @@ template class CudaBackend<float>;
 template class CudaBackend<bf16>;
 template class CudaBackend<f16>;
 
-} // namespace shardplan::executor::cuda
+}  // namespace shardplan::executor::cuda

@@ -33,9 +33,8 @@
 
 namespace shardplan::executor::cuda {
 
-template <class S>
-class CudaBackend final : public Backend<S> {
- public:
+template <class S> class CudaBackend final : public Backend<S> {
+public:
   using A = accum_t<S>;  // float
   using Part = typename Backend<S>::Part;
   using PartSeconds = typename Backend<S>::PartSeconds;
@@ -115,9 +114,9 @@ class CudaBackend final : public Backend<S> {
   void end(Part part) override;
   PartSeconds take_seconds() override;
 
- private:
+private:
   cudaStream_t stream_of(const comm::Communicator* c) const;
-  cudaEvent_t event(); // a recycled timing-capable event
+  cudaEvent_t event();  // a recycled timing-capable event
   // Opened and closed events on the compute stream, summed at take_seconds().
   struct Interval {
     cudaEvent_t begin = nullptr, end = nullptr;
@@ -125,10 +124,10 @@ class CudaBackend final : public Backend<S> {
 
   DeviceMemory& memory_;
   Launch launch_;
-  double* loss_sum_ = nullptr; // one double on the device
+  double* loss_sum_ = nullptr;  // one double on the device
   int* nonfinite_ = nullptr;    // all_finite's count, on the device
   std::vector<cudaEvent_t> free_events_;
-  std::array<std::vector<Interval>, Backend<S>::kParts> parts_; // by Part
+  std::array<std::vector<Interval>, Backend<S>::kParts> parts_;  // by Part
   // The compute stream's waits for collectives, by the group whose stream it waited for.
   std::vector<std::pair<const comm::Communicator*, Interval>> waits_;
 };
@@ -137,4 +136,4 @@ extern template class CudaBackend<float>;
 extern template class CudaBackend<bf16>;
 extern template class CudaBackend<f16>;
 
-} // namespace shardplan::executor::cuda
+}  // namespace shardplan::executor::cuda

@@ -32,9 +32,9 @@
 namespace shardplan::executor::cuda {
 namespace {
 
-constexpr int kThreads = 256;                        // threads per block
-constexpr int kWarp = 32;                            // threads per warp
-constexpr int kWarpsPerBlock = kThreads / kWarp;     // 8: rows per block of a warp-per-row kernel
+constexpr int kThreads = 256;                     // threads per block
+constexpr int kWarp = 32;                         // threads per warp
+constexpr int kWarpsPerBlock = kThreads / kWarp;  // 8: rows per block of a warp-per-row kernel
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr std::int64_t kMaxGridStrideBlocks = 8192;  // ~8 waves of 256-thread blocks on 132 SMs
 // Column reductions: blocks of kWarp columns × kColumnPhases row phases; in fp32, enough chunks of
@@ -45,20 +45,12 @@ constexpr std::int64_t kColumnTargetBlocks = 2048;
 // ---------------------------------------------------------------------------------------------
 // Storage types: the CUDA type of each executor type.
 
-template <class S>
-struct DeviceType {
+template <class S> struct DeviceType {
   using type = S;  // float
 };
-template <>
-struct DeviceType<executor::bf16> {
-  using type = __nv_bfloat16;
-};
-template <>
-struct DeviceType<executor::f16> {
-  using type = __half;
-};
-template <class S>
-using device_t = typename DeviceType<S>::type;
+template <> struct DeviceType<executor::bf16> { using type = __nv_bfloat16; };
+template <> struct DeviceType<executor::f16> { using type = __half; };
+template <class S> using device_t = typename DeviceType<S>::type;
 
 static_assert(sizeof(executor::bf16) == sizeof(__nv_bfloat16) &&
                   alignof(executor::bf16) == alignof(__nv_bfloat16),
@@ -67,8 +59,7 @@ static_assert(sizeof(executor::f16) == sizeof(__half) && alignof(executor::f16) 
               "executor::f16 has __half's bits");
 
 // A pointer to S as its CUDA type (const kept).
-template <class S>
-auto dev(S* p) {
+template <class S> auto dev(S* p) {
   using T = device_t<std::remove_const_t<S>>;
   if constexpr (std::is_const_v<S>)
     return reinterpret_cast<const T*>(p);
@@ -76,16 +67,14 @@ auto dev(S* p) {
     return reinterpret_cast<T*>(p);
 }
 
-template <class T>
-constexpr bool is_float_v = std::is_same_v<T, float>;
+template <class T> constexpr bool is_float_v = std::is_same_v<T, float>;
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 
 // x rounded to T, to nearest (ties to even).
-template <class T>
-__device__ __forceinline__ T from_float(float x) {
+template <class T> __device__ __forceinline__ T from_float(float x) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>)
     return __float2bfloat16_rn(x);
   else if constexpr (std::is_same_v<T, __half>)
@@ -95,8 +84,7 @@ __device__ __forceinline__ T from_float(float x) {
 }
 
 // *p += x, rounded once.
-template <class T>
-__device__ __forceinline__ void add_to(T* p, float x) {
+template <class T> __device__ __forceinline__ void add_to(T* p, float x) {
   *p = from_float<T>(to_float(*p) + x);
 }
 
@@ -219,8 +207,8 @@ __global__ void embedding_forward_kernel(T* out, const std::int32_t* tokens, con
 // fp32: dwte[tokens[n], c] += dout[n, c]: a token may appear many times in the batch, so
 // atomically.
 __global__ void embedding_backward_tokens_kernel(float* dwte, const float* dout,
-                                                 const std::int32_t* tokens,
-                                                 std::int64_t channels, std::int64_t count) {
+                                                 const std::int32_t* tokens, std::int64_t channels,
+                                                 std::int64_t count) {
   for (std::int64_t i = grid_first(); i < count; i += grid_step()) {
     const std::int64_t n = i / channels, c = i % channels;
     atomicAdd(dwte + static_cast<std::int64_t>(tokens[n]) * channels + c, dout[i]);
@@ -361,8 +349,8 @@ void launch_column_sums(const Launch& launch, const char* kernel, T* dw, T* db, 
   const std::int64_t chunks = ceil_div(rows, rows_per_chunk);  // no empty chunk
   const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(chunks));
   const dim3 block(kWarp, kColumnPhases);
-  column_sums_kernel<T><<<grid, block, 0, launch.stream>>>(dw, db, dy, x, mean, rstd, rows, cols,
-                                                           rows_per_chunk);
+  column_sums_kernel<T>
+      <<<grid, block, 0, launch.stream>>>(dw, db, dy, x, mean, rstd, rows, cols, rows_per_chunk);
   check_launch(kernel);
 }
 
@@ -378,14 +366,13 @@ constexpr cudaDataType_t kBlasType = std::is_same_v<T, __nv_bfloat16> ? CUDA_R_1
 
 // C = op(A)·op(B) + beta·C in cuBLAS's column-major terms; m × n = op(A) m × k times op(B) k × n.
 template <class T>
-void gemm(const Launch& launch, const char* kernel, cublasOperation_t op_a,
-          cublasOperation_t op_b, int m, int n, int k, const T* a, int lda, const T* b, int ldb,
-          float beta, T* c, int ldc) {
+void gemm(const Launch& launch, const char* kernel, cublasOperation_t op_a, cublasOperation_t op_b,
+          int m, int n, int k, const T* a, int lda, const T* b, int ldb, float beta, T* c,
+          int ldc) {
   const float alpha = 1.0f;
   if constexpr (is_float_v<T>)
-    check_blas(
-        cublasSgemm(launch.blas, op_a, op_b, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc),
-        kernel);
+    check_blas(cublasSgemm(launch.blas, op_a, op_b, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc),
+               kernel);
   else
     check_blas(cublasGemmEx(launch.blas, op_a, op_b, m, n, k, &alpha, a, kBlasType<T>, lda, b,
                             kBlasType<T>, ldb, &beta, c, kBlasType<T>, ldc, CUBLAS_COMPUTE_32F,
@@ -401,15 +388,14 @@ void gemm_batched(const Launch& launch, const char* kernel, cublasOperation_t op
                   int ldc, long long stride_c, int batch) {
   const float alpha = 1.0f;
   if constexpr (is_float_v<T>)
-    check_blas(cublasSgemmStridedBatched(launch.blas, op_a, op_b, m, n, k, &alpha, a, lda,
-                                         stride_a, b, ldb, stride_b, &beta, c, ldc, stride_c,
-                                         batch),
+    check_blas(cublasSgemmStridedBatched(launch.blas, op_a, op_b, m, n, k, &alpha, a, lda, stride_a,
+                                         b, ldb, stride_b, &beta, c, ldc, stride_c, batch),
                kernel);
   else
-    check_blas(cublasGemmStridedBatchedEx(launch.blas, op_a, op_b, m, n, k, &alpha, a,
-                                          kBlasType<T>, lda, stride_a, b, kBlasType<T>, ldb,
-                                          stride_b, &beta, c, kBlasType<T>, ldc, stride_c, batch,
-                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    check_blas(cublasGemmStridedBatchedEx(launch.blas, op_a, op_b, m, n, k, &alpha, a, kBlasType<T>,
+                                          lda, stride_a, b, kBlasType<T>, ldb, stride_b, &beta, c,
+                                          kBlasType<T>, ldc, stride_c, batch, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT),
                kernel);
 }
 
@@ -437,8 +423,7 @@ __global__ void layernorm_forward_kernel(T* y, float* mean, float* rstd, const T
   const float r = 1.0f / sqrtf(warp_sum(sq) * inv_c + eps);
   T* yr = y + row * channels;
   for (std::int64_t c = lane; c < channels; c += kWarp)
-    yr[c] = from_float<T>((to_float(xr[c]) - m) * r * to_float(w[c]) +
-                          (b ? to_float(b[c]) : 0.0f));
+    yr[c] = from_float<T>((to_float(xr[c]) - m) * r * to_float(w[c]) + (b ? to_float(b[c]) : 0.0f));
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
@@ -474,8 +459,8 @@ __global__ void layernorm_backward_dx_kernel(T* dx, const T* dy, const T* x, con
 }
 
 template <class T>
-__global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w,
-                                       std::int64_t rows, std::int64_t channels, float eps) {
+__global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w, std::int64_t rows,
+                                       std::int64_t channels, float eps) {
   const std::int64_t row = warp_row();
   if (row >= rows) return;
   const int lane = lane_id();
@@ -527,8 +512,7 @@ __global__ void rmsnorm_backward_dx_kernel(T* dx, const T* dy, const T* x, const
 // serves the rope kernel of every storage type.
 __device__ __noinline__ float2 rope_cos_sin(std::int64_t t, std::int64_t i, std::int64_t head_dim,
                                             double theta, double direction) {
-  const double inv_freq =
-      pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+  const double inv_freq = pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
   const double angle = static_cast<double>(t) * inv_freq;
   double sin_angle, cos_angle;
   sincos(angle, &sin_angle, &cos_angle);
@@ -565,8 +549,8 @@ void launch_rope(const Launch& launch, const char* kernel, T* x, std::int64_t ba
   const dim3 grid(blocks_for(pairs, kThreads, kernel),
                   static_cast<unsigned>(
                       std::min<std::int64_t>(ceil_div(batch_heads, kRotationsPerThread), 65535)));
-  rope_kernel<T><<<grid, kThreads, 0, launch.stream>>>(x, seq, heads, head_dim, batch_heads,
-                                                       theta, direction);
+  rope_kernel<T><<<grid, kThreads, 0, launch.stream>>>(x, seq, heads, head_dim, batch_heads, theta,
+                                                       direction);
   check_launch(kernel);
 }
 
@@ -578,8 +562,7 @@ void launch_rope(const Launch& launch, const char* kernel, T* x, std::int64_t ba
 // the last pass computes exp again from the raw score (the same value), so that a 16-bit p is
 // rounded once.
 template <class T>
-__global__ void causal_softmax_kernel(T* probs, std::int64_t rows, std::int64_t seq,
-                                      float scale) {
+__global__ void causal_softmax_kernel(T* probs, std::int64_t rows, std::int64_t seq, float scale) {
   const std::int64_t row = warp_row();
   if (row >= rows) return;
   const int lane = lane_id();
@@ -686,8 +669,7 @@ void apply_transposed_gemm(const Launch& launch, const char* kernel, const Atten
 constexpr float kGeluScale = 0.7978845608028654f;  // √(2/π)
 constexpr float kGeluCubic = 0.044715f;
 
-template <class T>
-__global__ void gelu_forward_kernel(T* out, const T* in, std::int64_t n) {
+template <class T> __global__ void gelu_forward_kernel(T* out, const T* in, std::int64_t n) {
   for (std::int64_t i = grid_first(); i < n; i += grid_step()) {
     const float x = to_float(in[i]);
     out[i] = from_float<T>(0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCubic * x * x * x))));
@@ -700,8 +682,8 @@ __global__ void gelu_backward_kernel(T* din, const T* in, const T* dout, std::in
     const float x = to_float(in[i]);
     const float th = tanhf(kGeluScale * (x + kGeluCubic * x * x * x));
     const float sech2 = 1.0f - th * th;
-    const float local = 0.5f * (1.0f + th) +
-                        0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    const float local =
+        0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
     add_to(din + i, local * to_float(dout[i]));
   }
 }
@@ -716,8 +698,8 @@ __global__ void swiglu_forward_kernel(T* out, const T* gate, const T* up, std::i
 }
 
 template <class T>
-__global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dout, const T* gate,
-                                       const T* up, std::int64_t n) {
+__global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dout, const T* gate, const T* up,
+                                       std::int64_t n) {
   for (std::int64_t i = grid_first(); i < n; i += grid_step()) {
     const float g = to_float(gate[i]);
     const float sig = 1.0f / (1.0f + expf(-g));
@@ -788,8 +770,8 @@ __global__ void nll_loss_forward_kernel(double* loss_sum, const float* logp,
 }
 
 // dlogp[n, target[n]] −= scale: one element per row, so no two threads touch the same one.
-__global__ void nll_loss_backward_kernel(float* dlogp, const std::int32_t* targets,
-                                         std::int64_t n, std::int64_t vocab, float scale) {
+__global__ void nll_loss_backward_kernel(float* dlogp, const std::int32_t* targets, std::int64_t n,
+                                         std::int64_t vocab, float scale) {
   for (std::int64_t i = grid_first(); i < n; i += grid_step())
     dlogp[i * vocab + targets[i]] -= scale;
 }
@@ -813,20 +795,17 @@ __global__ void log_softmax_backward_kernel(T* dlogits, const float* dlogp, cons
 // ---------------------------------------------------------------------------------------------
 // Element-wise work of the engine, and AdamW
 
-template <class T>
-__global__ void add_kernel(T* dst, const T* src, std::int64_t n) {
+template <class T> __global__ void add_kernel(T* dst, const T* src, std::int64_t n) {
   for (std::int64_t i = grid_first(); i < n; i += grid_step()) add_to(dst + i, to_float(src[i]));
 }
 
 // dst = T(src): the compute copy of fp32 master weights.
-template <class T>
-__global__ void narrow_kernel(T* dst, const float* src, std::int64_t n) {
+template <class T> __global__ void narrow_kernel(T* dst, const float* src, std::int64_t n) {
   for (std::int64_t i = grid_first(); i < n; i += grid_step()) dst[i] = from_float<T>(src[i]);
 }
 
 // dst += float(src): a computed gradient into the fp32 master gradients.
-template <class T>
-__global__ void widen_add_kernel(float* dst, const T* src, std::int64_t n) {
+template <class T> __global__ void widen_add_kernel(float* dst, const T* src, std::int64_t n) {
   for (std::int64_t i = grid_first(); i < n; i += grid_step()) dst[i] += to_float(src[i]);
 }
 
@@ -853,8 +832,8 @@ __global__ void adamw_kernel(float* params, const float* grads, float* exp_avg, 
     const float g = grads[i];
     const float p = __fmul_rn(params[i], decay);
     const float m = __fadd_rn(exp_avg[i], __fmul_rn(one_minus_beta1, __fsub_rn(g, exp_avg[i])));
-    const float v = __fadd_rn(__fmul_rn(beta2, exp_avg_sq[i]),
-                              __fmul_rn(__fmul_rn(one_minus_beta2, g), g));
+    const float v =
+        __fadd_rn(__fmul_rn(beta2, exp_avg_sq[i]), __fmul_rn(__fmul_rn(one_minus_beta2, g), g));
     const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), bias_correction2_sqrt), eps);
     params[i] = __fsub_rn(p, __fdiv_rn(__fmul_rn(step_size, m), denom));
     exp_avg[i] = m;
@@ -905,8 +884,8 @@ void embedding_backward(const Launch& launch, S* dwte, S* dwpe, const S* dout,
 }
 
 template <class S>
-void linear_forward(const Launch& launch, S* y, const S* x, const S* w, const S* b,
-                    std::int64_t n, std::int64_t in, std::int64_t out, bool accumulate) {
+void linear_forward(const Launch& launch, S* y, const S* x, const S* w, const S* b, std::int64_t n,
+                    std::int64_t in, std::int64_t out, bool accumulate) {
   constexpr const char* kernel = "linear_forward";
   if (n == 0 || out == 0) return;
   const auto add_bias = [&](bool overwrite) {
@@ -922,20 +901,19 @@ void linear_forward(const Launch& launch, S* y, const S* x, const S* w, const S*
     // Yᵀ [out × n] = W [out × in] · Xᵀ [in × n]: w's column-major view is Wᵀ (in × out, ld in),
     // transposed; x's is Xᵀ (in × n, ld in); y's is Yᵀ (out × n, ld out).
     gemm(launch, kernel, CUBLAS_OP_T, CUBLAS_OP_N, blas_int(out, kernel, "out"),
-         blas_int(n, kernel, "n"), blas_int(in, kernel, "in"), dev(w),
-         blas_int(in, kernel, "in"), dev(x), blas_int(in, kernel, "in"),
-         accumulate || bias_first ? 1.0f : 0.0f, dev(y), blas_int(out, kernel, "out"));
+         blas_int(n, kernel, "n"), blas_int(in, kernel, "in"), dev(w), blas_int(in, kernel, "in"),
+         dev(x), blas_int(in, kernel, "in"), accumulate || bias_first ? 1.0f : 0.0f, dev(y),
+         blas_int(out, kernel, "out"));
   } else if (!accumulate && !bias_first) {
-    check_cuda(cudaMemsetAsync(y, 0, static_cast<std::size_t>(n * out) * sizeof(S),
-                               launch.stream),
+    check_cuda(cudaMemsetAsync(y, 0, static_cast<std::size_t>(n * out) * sizeof(S), launch.stream),
                kernel);  // an empty sum
   }
   if (b && !bias_first) add_bias(false);
 }
 
 template <class S>
-void linear_backward(const Launch& launch, S* dx, S* dw, S* db, const S* dy, const S* x,
-                     const S* w, std::int64_t n, std::int64_t in, std::int64_t out) {
+void linear_backward(const Launch& launch, S* dx, S* dw, S* db, const S* dy, const S* x, const S* w,
+                     std::int64_t n, std::int64_t in, std::int64_t out) {
   constexpr const char* kernel = "linear_backward";
   if (n == 0 || out == 0) return;
   if (in > 0) {
@@ -946,8 +924,8 @@ void linear_backward(const Launch& launch, S* dx, S* dw, S* db, const S* dy, con
       gemm(launch, kernel, CUBLAS_OP_N, CUBLAS_OP_N, in_, n_, out_, dev(w), in_, dev(dy), out_,
            1.0f, dev(dx), in_);
     // dWᵀ [in × out] += Xᵀ [in × n] · dY [n × out]: x's view, and dy's view (dYᵀ) transposed.
-    gemm(launch, kernel, CUBLAS_OP_N, CUBLAS_OP_T, in_, out_, n_, dev(x), in_, dev(dy), out_,
-         1.0f, dev(dw), in_);
+    gemm(launch, kernel, CUBLAS_OP_N, CUBLAS_OP_T, in_, out_, n_, dev(x), in_, dev(dy), out_, 1.0f,
+         dev(dw), in_);
   }
   if (db)
     launch_column_sums(launch, kernel, dev(static_cast<S*>(nullptr)), dev(db), dev(dy),
@@ -955,8 +933,8 @@ void linear_backward(const Launch& launch, S* dx, S* dw, S* db, const S* dy, con
 }
 
 template <class S>
-void layernorm_forward(const Launch& launch, S* y, float* mean, float* rstd, const S* x,
-                       const S* w, const S* b, std::int64_t n, std::int64_t channels, float eps) {
+void layernorm_forward(const Launch& launch, S* y, float* mean, float* rstd, const S* x, const S* w,
+                       const S* b, std::int64_t n, std::int64_t channels, float eps) {
   constexpr const char* kernel = "layernorm_forward";
   if (n == 0 || channels == 0) return;
   layernorm_forward_kernel<<<blocks_for(n, kWarpsPerBlock, kernel), kThreads, 0, launch.stream>>>(
@@ -992,9 +970,8 @@ void rmsnorm_backward(const Launch& launch, S* dx, S* dw, const S* dy, const S* 
                       const float* rstd, std::int64_t n, std::int64_t channels) {
   constexpr const char* kernel = "rmsnorm_backward";
   if (n == 0 || channels == 0) return;
-  rmsnorm_backward_dx_kernel<<<blocks_for(n, kWarpsPerBlock, kernel), kThreads, 0,
-                               launch.stream>>>(dev(dx), dev(dy), dev(x), dev(w), rstd, n,
-                                                channels);
+  rmsnorm_backward_dx_kernel<<<blocks_for(n, kWarpsPerBlock, kernel), kThreads, 0, launch.stream>>>(
+      dev(dx), dev(dy), dev(x), dev(w), rstd, n, channels);
   check_launch(kernel);
   launch_column_sums(launch, kernel, dev(dw), dev(static_cast<S*>(nullptr)), dev(dy), dev(x),
                      nullptr, rstd, n, channels);
@@ -1019,8 +996,8 @@ std::int64_t attention_scratch_elements(std::int64_t batch, std::int64_t seq, st
 
 // Vaswani et al. 2017 eq. 1, causal: P = softmax(Q·Kᵀ/√d) (masked), O = P·V.
 template <class S>
-void attention_forward(const Launch& launch, S* out, S* probs, const S* q, const S* k,
-                       const S* v, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+void attention_forward(const Launch& launch, S* out, S* probs, const S* q, const S* k, const S* v,
+                       std::int64_t batch, std::int64_t seq, std::int64_t heads,
                        std::int64_t kv_heads, std::int64_t head_dim) {
   constexpr const char* kernel = "attention_forward";
   if (batch == 0 || seq == 0 || heads == 0 || kv_heads == 0 || head_dim == 0) return;
@@ -1072,11 +1049,9 @@ void attention_backward(const Launch& launch, S* dq, S* dk, S* dv, S* scratch, c
     }
 }
 
-template <class S>
-void gelu_forward(const Launch& launch, S* out, const S* in, std::int64_t n) {
+template <class S> void gelu_forward(const Launch& launch, S* out, const S* in, std::int64_t n) {
   if (n == 0) return;
-  gelu_forward_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(dev(out), dev(in),
-                                                                             n);
+  gelu_forward_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(dev(out), dev(in), n);
   check_launch("gelu_forward");
 }
 
@@ -1091,8 +1066,8 @@ void gelu_backward(const Launch& launch, S* din, const S* in, const S* dout, std
 template <class S>
 void swiglu_forward(const Launch& launch, S* out, const S* gate, const S* up, std::int64_t n) {
   if (n == 0) return;
-  swiglu_forward_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(
-      dev(out), dev(gate), dev(up), n);
+  swiglu_forward_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(dev(out), dev(gate),
+                                                                               dev(up), n);
   check_launch("swiglu_forward");
 }
 
@@ -1125,14 +1100,14 @@ void nll_loss_forward(const Launch& launch, double* loss_sum, const float* logp,
 void nll_loss_backward(const Launch& launch, float* dlogp, const std::int32_t* targets,
                        std::int64_t n, std::int64_t vocab, float scale) {
   if (n == 0 || vocab == 0) return;
-  nll_loss_backward_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(
-      dlogp, targets, n, vocab, scale);
+  nll_loss_backward_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(dlogp, targets, n,
+                                                                                  vocab, scale);
   check_launch("nll_loss_backward");
 }
 
 template <class S>
-void log_softmax_backward(const Launch& launch, S* dlogits, const float* dlogp,
-                          const float* logp, std::int64_t n, std::int64_t vocab) {
+void log_softmax_backward(const Launch& launch, S* dlogits, const float* dlogp, const float* logp,
+                          std::int64_t n, std::int64_t vocab) {
   constexpr const char* kernel = "log_softmax_backward";
   if (n == 0 || vocab == 0) return;
   log_softmax_backward_kernel<<<blocks_for(n, 1, kernel), kThreads, 0, launch.stream>>>(
@@ -1140,23 +1115,20 @@ void log_softmax_backward(const Launch& launch, S* dlogits, const float* dlogp,
   check_launch(kernel);
 }
 
-template <class S>
-void copy(const Launch& launch, S* dst, const S* src, std::int64_t n) {
+template <class S> void copy(const Launch& launch, S* dst, const S* src, std::int64_t n) {
   if (n == 0) return;
   check_cuda(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(S),
                              cudaMemcpyDeviceToDevice, launch.stream),
              "copy");
 }
 
-template <class S>
-void add(const Launch& launch, S* dst, const S* src, std::int64_t n) {
+template <class S> void add(const Launch& launch, S* dst, const S* src, std::int64_t n) {
   if (n == 0) return;
   add_kernel<<<grid_stride_blocks(n), kThreads, 0, launch.stream>>>(dev(dst), dev(src), n);
   check_launch("add");
 }
 
-template <class S>
-void narrow(const Launch& launch, S* dst, const float* src, std::int64_t n) {
+template <class S> void narrow(const Launch& launch, S* dst, const float* src, std::int64_t n) {
   if constexpr (std::is_same_v<S, float>) {
     copy(launch, dst, src, n);
   } else {
@@ -1166,8 +1138,7 @@ void narrow(const Launch& launch, S* dst, const float* src, std::int64_t n) {
   }
 }
 
-template <class S>
-void widen_add(const Launch& launch, float* dst, const S* src, std::int64_t n) {
+template <class S> void widen_add(const Launch& launch, float* dst, const S* src, std::int64_t n) {
   if constexpr (std::is_same_v<S, float>) {
     add(launch, dst, src, n);
   } else {
@@ -1210,49 +1181,48 @@ void adamw_step(const Launch& launch, float* params, const float* grads, float* 
   check_launch("adamw_step");
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // The instantiations: every templated launcher for S = float, bf16, f16.
 
-#define SHARDPLAN_DEVICE_KERNELS(S)                                                              \
-  template void embedding_forward<S>(const Launch&, S*, const std::int32_t*, const S*, const S*, \
-                                     std::int64_t, std::int64_t, std::int64_t);                  \
-  template void embedding_backward<S>(const Launch&, S*, S*, const S*, const std::int32_t*,      \
-                                      std::int64_t, std::int64_t, std::int64_t);                 \
-  template void linear_forward<S>(const Launch&, S*, const S*, const S*, const S*, std::int64_t, \
-                                  std::int64_t, std::int64_t, bool);                             \
-  template void linear_backward<S>(const Launch&, S*, S*, S*, const S*, const S*, const S*,      \
-                                   std::int64_t, std::int64_t, std::int64_t);                    \
-  template void layernorm_forward<S>(const Launch&, S*, float*, float*, const S*, const S*,      \
-                                     const S*, std::int64_t, std::int64_t, float);               \
-  template void layernorm_backward<S>(const Launch&, S*, S*, S*, const S*, const S*, const S*,   \
-                                      const float*, const float*, std::int64_t, std::int64_t);   \
-  template void rmsnorm_forward<S>(const Launch&, S*, float*, const S*, const S*, std::int64_t,  \
-                                   std::int64_t, float);                                         \
-  template void rmsnorm_backward<S>(const Launch&, S*, S*, const S*, const S*, const S*,         \
-                                    const float*, std::int64_t, std::int64_t);                   \
-  template void rope_forward<S>(const Launch&, S*, std::int64_t, std::int64_t, std::int64_t,     \
-                                std::int64_t, double);                                           \
-  template void rope_backward<S>(const Launch&, S*, std::int64_t, std::int64_t, std::int64_t,    \
-                                 std::int64_t, double);                                          \
-  template void attention_forward<S>(const Launch&, S*, S*, const S*, const S*, const S*,        \
-                                     std::int64_t, std::int64_t, std::int64_t, std::int64_t,     \
-                                     std::int64_t);                                              \
-  template void attention_backward<S>(const Launch&, S*, S*, S*, S*, const S*, const S*,         \
-                                      const S*, const S*, const S*, std::int64_t, std::int64_t,  \
-                                      std::int64_t, std::int64_t, std::int64_t);                 \
-  template void gelu_forward<S>(const Launch&, S*, const S*, std::int64_t);                      \
-  template void gelu_backward<S>(const Launch&, S*, const S*, const S*, std::int64_t);           \
-  template void swiglu_forward<S>(const Launch&, S*, const S*, const S*, std::int64_t);          \
-  template void swiglu_backward<S>(const Launch&, S*, S*, const S*, const S*, const S*,          \
-                                   std::int64_t);                                                \
-  template void log_softmax_forward<S>(const Launch&, float*, const S*, std::int64_t,            \
-                                       std::int64_t);                                            \
-  template void log_softmax_backward<S>(const Launch&, S*, const float*, const float*,           \
-                                        std::int64_t, std::int64_t);                             \
-  template void copy<S>(const Launch&, S*, const S*, std::int64_t);                              \
-  template void add<S>(const Launch&, S*, const S*, std::int64_t);                               \
-  template void narrow<S>(const Launch&, S*, const float*, std::int64_t);                        \
+#define SHARDPLAN_DEVICE_KERNELS(S)                                                                \
+  template void embedding_forward<S>(const Launch&, S*, const std::int32_t*, const S*, const S*,   \
+                                     std::int64_t, std::int64_t, std::int64_t);                    \
+  template void embedding_backward<S>(const Launch&, S*, S*, const S*, const std::int32_t*,        \
+                                      std::int64_t, std::int64_t, std::int64_t);                   \
+  template void linear_forward<S>(const Launch&, S*, const S*, const S*, const S*, std::int64_t,   \
+                                  std::int64_t, std::int64_t, bool);                               \
+  template void linear_backward<S>(const Launch&, S*, S*, S*, const S*, const S*, const S*,        \
+                                   std::int64_t, std::int64_t, std::int64_t);                      \
+  template void layernorm_forward<S>(const Launch&, S*, float*, float*, const S*, const S*,        \
+                                     const S*, std::int64_t, std::int64_t, float);                 \
+  template void layernorm_backward<S>(const Launch&, S*, S*, S*, const S*, const S*, const S*,     \
+                                      const float*, const float*, std::int64_t, std::int64_t);     \
+  template void rmsnorm_forward<S>(const Launch&, S*, float*, const S*, const S*, std::int64_t,    \
+                                   std::int64_t, float);                                           \
+  template void rmsnorm_backward<S>(const Launch&, S*, S*, const S*, const S*, const S*,           \
+                                    const float*, std::int64_t, std::int64_t);                     \
+  template void rope_forward<S>(const Launch&, S*, std::int64_t, std::int64_t, std::int64_t,       \
+                                std::int64_t, double);                                             \
+  template void rope_backward<S>(const Launch&, S*, std::int64_t, std::int64_t, std::int64_t,      \
+                                 std::int64_t, double);                                            \
+  template void attention_forward<S>(const Launch&, S*, S*, const S*, const S*, const S*,          \
+                                     std::int64_t, std::int64_t, std::int64_t, std::int64_t,       \
+                                     std::int64_t);                                                \
+  template void attention_backward<S>(const Launch&, S*, S*, S*, S*, const S*, const S*, const S*, \
+                                      const S*, const S*, std::int64_t, std::int64_t,              \
+                                      std::int64_t, std::int64_t, std::int64_t);                   \
+  template void gelu_forward<S>(const Launch&, S*, const S*, std::int64_t);                        \
+  template void gelu_backward<S>(const Launch&, S*, const S*, const S*, std::int64_t);             \
+  template void swiglu_forward<S>(const Launch&, S*, const S*, const S*, std::int64_t);            \
+  template void swiglu_backward<S>(const Launch&, S*, S*, const S*, const S*, const S*,            \
+                                   std::int64_t);                                                  \
+  template void log_softmax_forward<S>(const Launch&, float*, const S*, std::int64_t,              \
+                                       std::int64_t);                                              \
+  template void log_softmax_backward<S>(const Launch&, S*, const float*, const float*,             \
+                                        std::int64_t, std::int64_t);                               \
+  template void copy<S>(const Launch&, S*, const S*, std::int64_t);                                \
+  template void add<S>(const Launch&, S*, const S*, std::int64_t);                                 \
+  template void narrow<S>(const Launch&, S*, const float*, std::int64_t);                          \
   template void widen_add<S>(const Launch&, float*, const S*, std::int64_t);
 
 SHARDPLAN_DEVICE_KERNELS(float)

@@ -55,17 +55,17 @@ void embedding_backward(const Launch& launch, S* dwte, S* dwpe, const S* dout,
 // y [n, out] (+)= x [n, in] · wᵀ (+ b);  w [out, in] as nn.Linear stores it; accumulate: add to y
 // (the GEMM's beta). b may be nullptr.
 template <class S>
-void linear_forward(const Launch& launch, S* y, const S* x, const S* w, const S* b,
-                    std::int64_t n, std::int64_t in, std::int64_t out, bool accumulate);
+void linear_forward(const Launch& launch, S* y, const S* x, const S* w, const S* b, std::int64_t n,
+                    std::int64_t in, std::int64_t out, bool accumulate);
 // dx += dy · w;  dw += dyᵀ · x;  db += Σₙ dy.  dx and db may be nullptr.
 template <class S>
-void linear_backward(const Launch& launch, S* dx, S* dw, S* db, const S* dy, const S* x,
-                     const S* w, std::int64_t n, std::int64_t in, std::int64_t out);
+void linear_backward(const Launch& launch, S* dx, S* dw, S* db, const S* dy, const S* x, const S* w,
+                     std::int64_t n, std::int64_t in, std::int64_t out);
 
 // LayerNorm: y = (x − μ)·rstd·w + b; saves mean [n] and rstd [n] (float).
 template <class S>
-void layernorm_forward(const Launch& launch, S* y, float* mean, float* rstd, const S* x,
-                       const S* w, const S* b, std::int64_t n, std::int64_t channels, float eps);
+void layernorm_forward(const Launch& launch, S* y, float* mean, float* rstd, const S* x, const S* w,
+                       const S* b, std::int64_t n, std::int64_t channels, float eps);
 // dx += rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·w;  dw += Σₙ dy·x̂;  db += Σₙ dy.
 template <class S>
 void layernorm_backward(const Launch& launch, S* dx, S* dw, S* db, const S* dy, const S* x,
@@ -96,8 +96,8 @@ void rope_backward(const Launch& launch, S* dx, std::int64_t batch, std::int64_t
 // PyTorch's eager attention (a 16-bit matmul, then softmax in fp32, probs cast back to S).
 // Throws std::invalid_argument when heads is not a multiple of kv_heads.
 template <class S>
-void attention_forward(const Launch& launch, S* out, S* probs, const S* q, const S* k,
-                       const S* v, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+void attention_forward(const Launch& launch, S* out, S* probs, const S* q, const S* k, const S* v,
+                       std::int64_t batch, std::int64_t seq, std::int64_t heads,
                        std::int64_t kv_heads, std::int64_t head_dim);
 // dq += ..., dk += ..., dv += ... (kernels.hpp's formulas). Unlike the host kernel's [T, T],
 // scratch holds attention_scratch_elements(batch, seq, heads) = B·heads·T·T elements of S (dP,
@@ -111,8 +111,7 @@ void attention_backward(const Launch& launch, S* dq, S* dk, S* dv, S* scratch, c
 std::int64_t attention_scratch_elements(std::int64_t batch, std::int64_t seq, std::int64_t heads);
 
 // GELU (tanh approximation) and SwiGLU, element-wise over n; the backward ADDS.
-template <class S>
-void gelu_forward(const Launch& launch, S* out, const S* in, std::int64_t n);
+template <class S> void gelu_forward(const Launch& launch, S* out, const S* in, std::int64_t n);
 template <class S>
 void gelu_backward(const Launch& launch, S* din, const S* in, const S* dout, std::int64_t n);
 template <class S>
@@ -133,24 +132,22 @@ void nll_loss_backward(const Launch& launch, float* dlogp, const std::int32_t* t
                        std::int64_t n, std::int64_t vocab, float scale);
 // dlogits (S) = dlogp − exp(logp)·Σⱼ dlogp[n, j]: WRITES dlogits.
 template <class S>
-void log_softmax_backward(const Launch& launch, S* dlogits, const float* dlogp,
-                          const float* logp, std::int64_t n, std::int64_t vocab);
+void log_softmax_backward(const Launch& launch, S* dlogits, const float* dlogp, const float* logp,
+                          std::int64_t n, std::int64_t vocab);
 
 // ---- the engine's element-wise work
 template <class S>
 void copy(const Launch& launch, S* dst, const S* src, std::int64_t n);  // no overlap
 template <class S>
-void add(const Launch& launch, S* dst, const S* src, std::int64_t n);   // dst += src
+void add(const Launch& launch, S* dst, const S* src, std::int64_t n);      // dst += src
 void scale(const Launch& launch, float* x, float factor, std::int64_t n);  // x *= factor
 // *count += the number of elements of x that are infinite or NaN.
 void count_nonfinite(const Launch& launch, int* count, const float* x, std::int64_t n);
 // Mixed precision (for S = float, copy and add): the compute copy of the fp32 master weights,
 // dst = S(src) rounded to nearest, ties to even (no overlap); and a computed gradient into the
 // fp32 master gradients, dst += float(src).
-template <class S>
-void narrow(const Launch& launch, S* dst, const float* src, std::int64_t n);
-template <class S>
-void widen_add(const Launch& launch, float* dst, const S* src, std::int64_t n);
+template <class S> void narrow(const Launch& launch, S* dst, const float* src, std::int64_t n);
+template <class S> void widen_add(const Launch& launch, float* dst, const S* src, std::int64_t n);
 
 // kernels/adamw.hpp's step on n elements, `step` counting from 1: the scalar factors computed in
 // double on the host as adamw.cpp does, the element-wise arithmetic in float in adamw.cpp's order,

@@ -18,7 +18,7 @@ void check(cudaError_t code, const char* call, const char* file, int line) {
       fmt::format("{} failed: {}: {}", call, cudaGetErrorName(code), cudaGetErrorString(code)),
       file, line);
 }
-#define DEVICE_MEMORY_CALL(function, ...) \
+#define DEVICE_MEMORY_CALL(function, ...)                                                          \
   check(function(__VA_ARGS__), #function, __FILE__, __LINE__)
 
 std::string describe_bytes(std::int64_t bytes) {
@@ -35,7 +35,7 @@ int current_device() {
 // Makes `device` the calling thread's current device for a scope (a communication thread starts
 // on device 0), and the previous one current again at its end.
 class DeviceGuard {
- public:
+public:
   explicit DeviceGuard(int device) : device_(device), previous_(current_device()) {
     if (previous_ != device_) DEVICE_MEMORY_CALL(cudaSetDevice, device_);
   }
@@ -45,7 +45,7 @@ class DeviceGuard {
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
- private:
+private:
   int device_;
   int previous_;
 };

@@ -39,11 +39,11 @@ namespace shardplan::executor::cuda {
 // cudaMalloc refused (cudaErrorMemoryAllocation): a std::bad_alloc, so that the pool releases its
 // cached segments and tries once more. what() is one line naming the size and the device.
 class DeviceOutOfMemory : public std::bad_alloc {
- public:
+public:
   DeviceOutOfMemory(std::int64_t bytes, int device);
   const char* what() const noexcept override { return message_.c_str(); }
 
- private:
+private:
   std::string message_;
 };
 
@@ -52,13 +52,13 @@ class DeviceOutOfMemory : public std::bad_alloc {
 // segment's last free blocks may carry fences of work still queued (PyTorch waits for its blocks'
 // events before it releases cached segments); a failure there is kept for take_error().
 class CudaSegmentSource final : public SegmentSource {
- public:
+public:
   explicit CudaSegmentSource(int device) : device_(device) {}
   void* map(std::int64_t bytes) override;
   void unmap(void* p, std::int64_t bytes) noexcept override;
   std::string take_error();  // the first failure of unmap since the last call ("" when none)
 
- private:
+private:
   int device_;
   std::mutex mutex_;
   std::string error_;
@@ -66,17 +66,17 @@ class CudaSegmentSource final : public SegmentSource {
 
 // cudaMemGetInfo around one step of the program (bytes).
 struct DeviceMemoryInfo {
-  std::int64_t total = 0;        // the device's memory
-  std::int64_t free_before = 0;  // free before the step
-  std::int64_t free_after = 0;   // free after it
+  std::int64_t total = 0;                                           // the device's memory
+  std::int64_t free_before = 0;                                     // free before the step
+  std::int64_t free_after = 0;                                      // free after it
   std::int64_t growth() const { return free_before - free_after; }  // what the step took
 };
 
 class DeviceMemory final : public MemorySource {
- public:
+public:
   // On the current device (cudaSetDevice first). limit_bytes: the most bytes of segments held at
-  // once (executor --gpu-memory-GiB); crossing it throws PoolExhausted. The current stream starts as
-  // the legacy default stream (0).
+  // once (executor --gpu-memory-GiB); crossing it throws PoolExhausted. The current stream starts
+  // as the legacy default stream (0).
   explicit DeviceMemory(std::int64_t limit_bytes = CachingPool::kUnlimited);
   // Waits for the device, destroys the events, frees every segment. Blocks must be freed before.
   ~DeviceMemory() override;
@@ -107,7 +107,7 @@ class DeviceMemory final : public MemorySource {
   cudaStream_t stream() const;
   // Allocations on another stream for a scope: sets it, and the previous one back on destruction.
   class StreamScope {
-   public:
+  public:
     StreamScope(DeviceMemory& memory, cudaStream_t stream)
         : memory_(memory), previous_(memory.stream()) {
       memory.set_stream(stream);
@@ -116,7 +116,7 @@ class DeviceMemory final : public MemorySource {
     StreamScope(const StreamScope&) = delete;
     StreamScope& operator=(const StreamScope&) = delete;
 
-   private:
+  private:
     DeviceMemory& memory_;
     cudaStream_t previous_;
   };
@@ -151,8 +151,8 @@ class DeviceMemory final : public MemorySource {
   // on the same GPU is counted too.
   static std::int64_t context_bytes();
 
- private:
-  cudaEvent_t take_event();                       // mutex_ held
+private:
+  cudaEvent_t take_event();                        // mutex_ held
   void recycle(const std::vector<void*>& events);  // mutex_ not held
   void throw_deferred_error();                     // mutex_ not held
 

@@ -64,15 +64,12 @@ static_assert(sizeof(Word16) == sizeof(executor::bf16) && sizeof(Word16) == size
 
 // Loads an element as float; stores a float rounded to the element's format (to nearest, ties to
 // even): the identity for float.
-template <class T>
-struct Codec;
-template <>
-struct Codec<float> {
+template <class T> struct Codec;
+template <> struct Codec<float> {
   __device__ __forceinline__ float load(float x) const { return x; }
   __device__ __forceinline__ float store(float x) const { return x; }
 };
-template <>
-struct Codec<Word16> {
+template <> struct Codec<Word16> {
   bool bf16;  // else f16
   __device__ __forceinline__ float load(Word16 x) const {
     return bf16 ? __bfloat162float(__ushort_as_bfloat16(x.bits))
@@ -84,15 +81,12 @@ struct Codec<Word16> {
   }
 };
 
-template <class T>
-constexpr bool is_float_v = std::is_same_v<T, float>;
+template <class T> constexpr bool is_float_v = std::is_same_v<T, float>;
 
 // The kernels' element type of storage S, and its codec.
-template <class S>
-using element_t = std::conditional_t<std::is_same_v<S, float>, float, Word16>;
+template <class S> using element_t = std::conditional_t<std::is_same_v<S, float>, float, Word16>;
 
-template <class S>
-Codec<element_t<S>> codec_of() {
+template <class S> Codec<element_t<S>> codec_of() {
   if constexpr (std::is_same_v<S, float>)
     return {};
   else
@@ -100,8 +94,7 @@ Codec<element_t<S>> codec_of() {
 }
 
 // A pointer to S as a pointer to its element type (const kept).
-template <class S>
-auto elements(S* p) {
+template <class S> auto elements(S* p) {
   using E = element_t<std::remove_const_t<S>>;
   if constexpr (std::is_const_v<S>)
     return reinterpret_cast<const E*>(p);
@@ -118,20 +111,17 @@ constexpr std::size_t kDefaultSharedBytes = 48 * 1024;
 
 // Tile rows per head dim: 32 × 32 up to d = 128, 16 × 16 at d = 256 (which keeps both kernels'
 // shared memory under kMaxSharedBytes and the per-thread accumulators at ≤ 64 floats).
-template <int D>
-constexpr int kTileRows = D <= 128 ? 32 : 16;
+template <int D> constexpr int kTileRows = D <= 128 ? 32 : 16;
 // Lanes sharing one key row in the backward: its dK and dV accumulators are 2·D / kRowThreads
 // floats per lane.
-template <int D>
-constexpr int kBackwardRowThreads = D <= 128 ? 4 : 8;
+template <int D> constexpr int kBackwardRowThreads = D <= 128 ? 4 : 8;
 
 // Shared memory of the forward, floats:
 //   sQ [BR][kStride]   the query tile
 //   sK [BC][kStride]   the key tile
 //   sV [BC][kStride]   the value tile
 //   sP [BR][kPStride]  exp(s − m) of the current key tile, read back by the row's lanes
-template <int D, int BR, int BC>
-struct ForwardLayout {
+template <int D, int BR, int BC> struct ForwardLayout {
   static constexpr int kRowThreads = 4;                  // lanes per query row
   static constexpr int kThreads = BR * kRowThreads;      // block size
   static constexpr int kStride = D + 4;                  // floats per Q, K, V tile row
@@ -153,13 +143,12 @@ struct ForwardLayout {
 //   sPT     [B][kSStride]  Pᵀ: row = key, column = query
 //   sdST    [B][kSStride]  dSᵀ, the same
 //   sLse, sDelta [B]       lse and D of the current query rows
-template <int D, int B, int TPR>
-struct BackwardLayout {
-  static constexpr int kThreads = B * TPR;          // block size; TPR lanes per key row
-  static constexpr int kStride = D + 4;             // floats per K, V, Q, dO tile row
-  static constexpr int kSStride = B + TPR;          // floats per Pᵀ, dSᵀ row
-  static constexpr int kRows = B / TPR;             // query rows per lane in the score phase
-  static constexpr int kGroups = D / (4 * TPR);     // float4 dK, dV, dQ groups per lane
+template <int D, int B, int TPR> struct BackwardLayout {
+  static constexpr int kThreads = B * TPR;       // block size; TPR lanes per key row
+  static constexpr int kStride = D + 4;          // floats per K, V, Q, dO tile row
+  static constexpr int kSStride = B + TPR;       // floats per Pᵀ, dSᵀ row
+  static constexpr int kRows = B / TPR;          // query rows per lane in the score phase
+  static constexpr int kGroups = D / (4 * TPR);  // float4 dK, dV, dQ groups per lane
   static constexpr std::size_t kFloats = 4 * static_cast<std::size_t>(B) * kStride +
                                          2 * static_cast<std::size_t>(B) * kSStride + 2 * B;
   static constexpr std::size_t kBytes = kFloats * sizeof(float);
@@ -174,16 +163,15 @@ struct BackwardLayout {
 //   sQ, sdO [BR][kStride]   the query tile and its output gradient
 //   sK, sV  [BC][kStride]   the key and value tiles
 //   sdS     [BR][kPStride]  dS of the current key tile, read back by the row's lanes
-template <int D, int BR, int BC>
-struct DqLayout {
+template <int D, int BR, int BC> struct DqLayout {
   static constexpr int kRowThreads = 4;                  // lanes per query row
   static constexpr int kThreads = BR * kRowThreads;      // block size
   static constexpr int kStride = D + 4;                  // floats per Q, dO, K, V tile row
   static constexpr int kPStride = BC + 4;                // floats per dS tile row
   static constexpr int kColumns = BC / kRowThreads;      // scores per lane
   static constexpr int kGroups = D / (4 * kRowThreads);  // float4 dQ groups per lane
-  static constexpr std::size_t kFloats = static_cast<std::size_t>(2 * BR + 2 * BC) * kStride +
-                                         static_cast<std::size_t>(BR) * kPStride;
+  static constexpr std::size_t kFloats =
+      static_cast<std::size_t>(2 * BR + 2 * BC) * kStride + static_cast<std::size_t>(BR) * kPStride;
   static constexpr std::size_t kBytes = kFloats * sizeof(float);
   static_assert(D % (4 * kRowThreads) == 0, "a lane's dQ columns are whole float4 groups");
   static_assert(BC % 4 == 0 && BC % kRowThreads == 0, "dS rows are read as float4");
@@ -209,16 +197,14 @@ __device__ __forceinline__ void axpy4(float* acc, float w, float4 x) {
 
 // Max and sum over the WIDTH consecutive lanes that share a row (WIDTH a power of two ≤ 32,
 // groups aligned to WIDTH, so lane ^ offset stays inside the group).
-template <int WIDTH>
-__device__ __forceinline__ float group_max(float x) {
+template <int WIDTH> __device__ __forceinline__ float group_max(float x) {
 #pragma unroll
   for (int offset = WIDTH / 2; offset > 0; offset /= 2)
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
   return x;
 }
 
-template <int WIDTH>
-__device__ __forceinline__ float group_sum(float x) {
+template <int WIDTH> __device__ __forceinline__ float group_sum(float x) {
 #pragma unroll
   for (int offset = WIDTH / 2; offset > 0; offset /= 2)
     x += __shfl_xor_sync(0xffffffffu, x, offset);
@@ -240,8 +226,7 @@ __device__ __forceinline__ void load_rows(float* tile, const T* __restrict__ src
 }
 
 // *p += x, rounded once.
-template <class T>
-__device__ __forceinline__ void add_to(T* p, float x, Codec<T> codec) {
+template <class T> __device__ __forceinline__ void add_to(T* p, float x, Codec<T> codec) {
   *p = codec.store(codec.load(*p) + x);
 }
 
@@ -252,9 +237,9 @@ __device__ __forceinline__ void add_to(T* p, float x, Codec<T> codec) {
 // split into device functions, that state would pass by reference through every part.
 template <class T, int D, int BR, int BC>
 __global__ void __launch_bounds__(ForwardLayout<D, BR, BC>::kThreads)
-flash_forward_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ q,
-                     const T* __restrict__ k, const T* __restrict__ v, int seq, int heads,
-                     int kv_heads, float scale, Codec<T> codec) {
+    flash_forward_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ q,
+                         const T* __restrict__ k, const T* __restrict__ v, int seq, int heads,
+                         int kv_heads, float scale, Codec<T> codec) {
   using L = ForwardLayout<D, BR, BC>;
   constexpr int TPR = L::kRowThreads;
   extern __shared__ __align__(16) float smem[];
@@ -327,9 +312,9 @@ flash_forward_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __re
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[g][e] *= rescale;
 
-    // acc += p · V_tile: the row's p were computed by its TPR lanes; share them through sP. A
-    // row's lanes are one warp's consecutive lanes, so a warp barrier orders the exchange; the
-    // next write to sP comes after the __syncthreads at the top of the next tile.
+        // acc += p · V_tile: the row's p were computed by its TPR lanes; share them through sP. A
+        // row's lanes are one warp's consecutive lanes, so a warp barrier orders the exchange; the
+        // next write to sP comes after the __syncthreads at the top of the next tile.
 #pragma unroll
     for (int i = 0; i < L::kColumns; ++i) sP[r * L::kPStride + sub + TPR * i] = s[i];
     __syncwarp();
@@ -355,8 +340,7 @@ flash_forward_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __re
 #pragma unroll
       for (int e = 0; e < 4; ++e) orow[col + e] = codec.store(acc[g][e] * inv_l);
     }
-    if (sub == 0)
-      lse[(static_cast<std::int64_t>(b) * heads + h) * seq + query] = m + logf(l);
+    if (sub == 0) lse[(static_cast<std::int64_t>(b) * heads + h) * seq + query] = m + logf(l);
   }
 }
 
@@ -366,11 +350,10 @@ constexpr int kDeltaWarps = 8;  // warps per block
 
 template <class T>
 __global__ void __launch_bounds__(kDeltaWarps * 32)
-flash_delta_kernel(float* __restrict__ delta, const T* __restrict__ dout,
-                   const T* __restrict__ out, std::int64_t rows, int seq, int heads,
-                   int head_dim, Codec<T> codec) {
-  const std::int64_t row =
-      static_cast<std::int64_t>(blockIdx.x) * kDeltaWarps + threadIdx.x / 32;
+    flash_delta_kernel(float* __restrict__ delta, const T* __restrict__ dout,
+                       const T* __restrict__ out, std::int64_t rows, int seq, int heads,
+                       int head_dim, Codec<T> codec) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kDeltaWarps + threadIdx.x / 32;
   if (row >= rows)  // the same for the whole warp: no lane of it reaches the shuffles
     return;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -395,11 +378,11 @@ flash_delta_kernel(float* __restrict__ delta, const T* __restrict__ dout,
 // split into device functions, that state would pass by reference through every part.
 template <class T, int D, int B, int TPR>
 __global__ void __launch_bounds__(BackwardLayout<D, B, TPR>::kThreads)
-flash_backward_kernel(T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv,
-                      const T* __restrict__ dout, const float* __restrict__ lse,
-                      const float* __restrict__ delta, const T* __restrict__ q,
-                      const T* __restrict__ k, const T* __restrict__ v, int seq,
-                      int heads, int kv_heads, float scale, Codec<T> codec) {
+    flash_backward_kernel(T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv,
+                          const T* __restrict__ dout, const float* __restrict__ lse,
+                          const float* __restrict__ delta, const T* __restrict__ q,
+                          const T* __restrict__ k, const T* __restrict__ v, int seq, int heads,
+                          int kv_heads, float scale, Codec<T> codec) {
   using L = BackwardLayout<D, B, TPR>;
   extern __shared__ __align__(16) float smem[];
   float* sK = smem;
@@ -420,7 +403,7 @@ flash_backward_kernel(T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv
   const int sub = static_cast<int>(threadIdx.x) % TPR;  // its place among the row's lanes
   const int key = k0 + c;
 
-  const std::int64_t q_stride = static_cast<std::int64_t>(heads) * D;  // per token, q/dq/dout
+  const std::int64_t q_stride = static_cast<std::int64_t>(heads) * D;      // per token, q/dq/dout
   const std::int64_t kv_stride = static_cast<std::int64_t>(kv_heads) * D;  // per token, k/v
   const std::int64_t kv_offset = static_cast<std::int64_t>(b) * seq * kv_stride + kvh * D;
   load_rows<D, B, L::kStride, L::kThreads>(sK, k + kv_offset, kv_stride, k0, seq, codec);
@@ -538,10 +521,10 @@ flash_backward_kernel(T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv
 // split into device functions, that state would pass by reference through every part.
 template <class T, int D, int BR, int BC>
 __global__ void __launch_bounds__(DqLayout<D, BR, BC>::kThreads)
-flash_dq_kernel(T* __restrict__ dq, const T* __restrict__ dout, const float* __restrict__ lse,
-                const float* __restrict__ delta, const T* __restrict__ q,
-                const T* __restrict__ k, const T* __restrict__ v, int seq, int heads,
-                int kv_heads, float scale, Codec<T> codec) {
+    flash_dq_kernel(T* __restrict__ dq, const T* __restrict__ dout, const float* __restrict__ lse,
+                    const float* __restrict__ delta, const T* __restrict__ q,
+                    const T* __restrict__ k, const T* __restrict__ v, int seq, int heads,
+                    int kv_heads, float scale, Codec<T> codec) {
   using L = DqLayout<D, BR, BC>;
   constexpr int TPR = L::kRowThreads;
   extern __shared__ __align__(16) float smem[];
@@ -637,54 +620,64 @@ void check(cudaError_t code, const char* kernel, const char* call) {
 
 // Grants `kernel` `bytes` of dynamic shared memory, opting in past the default 48 KiB; throws when
 // the current device allows less.
-template <class Kernel>
-void reserve_shared(Kernel kernel, std::size_t bytes, const char* name) {
-  if (bytes <= kDefaultSharedBytes)
-    return;
+template <class Kernel> void reserve_shared(Kernel kernel, std::size_t bytes, const char* name) {
+  if (bytes <= kDefaultSharedBytes) return;
   int device = 0, limit = 0;
   check(cudaGetDevice(&device), name, "cudaGetDevice");
   check(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), name,
         "cudaDeviceGetAttribute");
   if (bytes > static_cast<std::size_t>(limit))
     throw std::runtime_error(std::string(name) + ": needs " + std::to_string(bytes) +
-                             " bytes of shared memory per block, device " +
-                             std::to_string(device) + " allows " + std::to_string(limit));
+                             " bytes of shared memory per block, device " + std::to_string(device) +
+                             " allows " + std::to_string(limit));
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(bytes)),
         name, "cudaFuncSetAttribute");
 }
 
 // The head dims each storage type's kernels are built for (the top of this file).
-template <class T>
-constexpr bool built_for(int head_dim) {
+template <class T> constexpr bool built_for(int head_dim) {
   if constexpr (is_float_v<T>)
-    return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 80 ||
-           head_dim == 96 || head_dim == 128 || head_dim == 256;
+    return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 80 || head_dim == 96 ||
+           head_dim == 128 || head_dim == 256;
   else
     return head_dim == 64 || head_dim == 128;
 }
 
 // Calls f(std::integral_constant<int, D>) for a head dim T's kernels are built for.
-template <class T, class F>
-void dispatch_head_dim(std::int64_t head_dim, F&& f) {
+template <class T, class F> void dispatch_head_dim(std::int64_t head_dim, F&& f) {
   const auto call = [&](auto tag) {
     if constexpr (built_for<T>(decltype(tag)::value)) f(tag);
   };
   switch (head_dim) {
-    case 16: call(std::integral_constant<int, 16>{}); break;
-    case 32: call(std::integral_constant<int, 32>{}); break;
-    case 64: call(std::integral_constant<int, 64>{}); break;
-    case 80: call(std::integral_constant<int, 80>{}); break;
-    case 96: call(std::integral_constant<int, 96>{}); break;
-    case 128: call(std::integral_constant<int, 128>{}); break;
-    case 256: call(std::integral_constant<int, 256>{}); break;
-    default: break;  // rejected by validate()
+  case 16:
+    call(std::integral_constant<int, 16>{});
+    break;
+  case 32:
+    call(std::integral_constant<int, 32>{});
+    break;
+  case 64:
+    call(std::integral_constant<int, 64>{});
+    break;
+  case 80:
+    call(std::integral_constant<int, 80>{});
+    break;
+  case 96:
+    call(std::integral_constant<int, 96>{});
+    break;
+  case 128:
+    call(std::integral_constant<int, 128>{});
+    break;
+  case 256:
+    call(std::integral_constant<int, 256>{});
+    break;
+  default:
+    break;  // rejected by validate()
   }
 }
 
 // "16, 32, 64, 80, 96, 128 or 256" for T's kernels.
-template <class T>
-std::string built_head_dims() {
+template <class T> std::string built_head_dims() {
   std::string list;
   const int all[] = {16, 32, 64, 80, 96, 128, 256};
   int left = 0;
@@ -713,8 +706,7 @@ bool validate(const char* name, std::int64_t batch, std::int64_t seq, std::int64
   if (!(head_dim <= 256 && built_for<T>(static_cast<int>(head_dim))))
     fail("head_dim " + std::to_string(head_dim) + " is not supported" +
          (is_float_v<T> ? "" : " in 16 bits") + " (" + built_head_dims<T>() + ")");
-  if (batch == 0 || seq == 0)
-    return false;
+  if (batch == 0 || seq == 0) return false;
   // Kernel indices: tokens of one sequence in int; the grid's y (query or key tiles of 16 or 32
   // rows) ≤ 65535, its x (B·heads blocks, B·T·heads / kDeltaWarps blocks) ≤ 2³¹ − 1.
   if (seq > 65535 * 16)
@@ -727,10 +719,8 @@ bool validate(const char* name, std::int64_t batch, std::int64_t seq, std::int64
 
 }  // namespace
 
-template <class S>
-bool flash_attention_supports(std::int64_t head_dim) {
-  return head_dim >= 0 && head_dim <= 256 &&
-         built_for<element_t<S>>(static_cast<int>(head_dim));
+template <class S> bool flash_attention_supports(std::int64_t head_dim) {
+  return head_dim >= 0 && head_dim <= 256 && built_for<element_t<S>>(static_cast<int>(head_dim));
 }
 
 template <class S>
@@ -739,8 +729,7 @@ void flash_attention_forward(cudaStream_t stream, S* out, float* lse, const S* q
                              std::int64_t kv_heads, std::int64_t head_dim) {
   using T = element_t<S>;
   constexpr const char* name = "flash_attention_forward";
-  if (!validate<T>(name, batch, seq, heads, kv_heads, head_dim))
-    return;
+  if (!validate<T>(name, batch, seq, heads, kv_heads, head_dim)) return;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   dispatch_head_dim<T>(head_dim, [&](auto tag) {
     constexpr int D = decltype(tag)::value;
@@ -756,14 +745,13 @@ void flash_attention_forward(cudaStream_t stream, S* out, float* lse, const S* q
 }
 
 template <class S>
-void flash_attention_backward(cudaStream_t stream, S* dq, S* dk, S* dv, float* delta,
-                              const S* dout, const S* out, const float* lse, const S* q,
-                              const S* k, const S* v, std::int64_t batch, std::int64_t seq,
-                              std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim) {
+void flash_attention_backward(cudaStream_t stream, S* dq, S* dk, S* dv, float* delta, const S* dout,
+                              const S* out, const float* lse, const S* q, const S* k, const S* v,
+                              std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                              std::int64_t kv_heads, std::int64_t head_dim) {
   using T = element_t<S>;
   constexpr const char* name = "flash_attention_backward";
-  if (!validate<T>(name, batch, seq, heads, kv_heads, head_dim))
-    return;
+  if (!validate<T>(name, batch, seq, heads, kv_heads, head_dim)) return;
   const std::int64_t rows = batch * seq * heads;
   const auto delta_blocks = static_cast<unsigned>((rows + kDeltaWarps - 1) / kDeltaWarps);
   flash_delta_kernel<<<delta_blocks, kDeltaWarps * 32, 0, stream>>>(
@@ -799,15 +787,14 @@ void flash_attention_backward(cudaStream_t stream, S* dq, S* dk, S* dv, float* d
   });
 }
 
-#define SHARDPLAN_FLASH_ATTENTION(S)                                                             \
-  template bool flash_attention_supports<S>(std::int64_t);                                      \
-  template void flash_attention_forward<S>(cudaStream_t, S*, float*, const S*, const S*,        \
-                                           const S*, std::int64_t, std::int64_t, std::int64_t,  \
-                                           std::int64_t, std::int64_t);                         \
-  template void flash_attention_backward<S>(cudaStream_t, S*, S*, S*, float*, const S*,         \
-                                            const S*, const float*, const S*, const S*,         \
-                                            const S*, std::int64_t, std::int64_t, std::int64_t, \
-                                            std::int64_t, std::int64_t);
+#define SHARDPLAN_FLASH_ATTENTION(S)                                                               \
+  template bool flash_attention_supports<S>(std::int64_t);                                         \
+  template void flash_attention_forward<S>(cudaStream_t, S*, float*, const S*, const S*, const S*, \
+                                           std::int64_t, std::int64_t, std::int64_t, std::int64_t, \
+                                           std::int64_t);                                          \
+  template void flash_attention_backward<S>(                                                       \
+      cudaStream_t, S*, S*, S*, float*, const S*, const S*, const float*, const S*, const S*,      \
+      const S*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t);
 
 SHARDPLAN_FLASH_ATTENTION(float)
 SHARDPLAN_FLASH_ATTENTION(executor::bf16)

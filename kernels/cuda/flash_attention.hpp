@@ -43,14 +43,13 @@ void flash_attention_forward(cudaStream_t stream, S* out, float* lse, const S* q
 // D = rowsum(dO ∘ O). out and lse are the forward's. In bf16 and f16 each gradient element is
 // rounded once (dq's sum over the key tiles is kept in fp32 by a kernel of its own).
 template <class S>
-void flash_attention_backward(cudaStream_t stream, S* dq, S* dk, S* dv, float* delta,
-                              const S* dout, const S* out, const float* lse, const S* q,
-                              const S* k, const S* v, std::int64_t batch, std::int64_t seq,
-                              std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim);
+void flash_attention_backward(cudaStream_t stream, S* dq, S* dk, S* dv, float* delta, const S* dout,
+                              const S* out, const float* lse, const S* q, const S* k, const S* v,
+                              std::int64_t batch, std::int64_t seq, std::int64_t heads,
+                              std::int64_t kv_heads, std::int64_t head_dim);
 
 // True for the head dims the kernels are built for: 16, 32, 64, 80, 96, 128 and 256 in fp32; 64
 // and 128 in bf16 and f16. The calls throw for any other.
-template <class S = float>
-bool flash_attention_supports(std::int64_t head_dim);
+template <class S = float> bool flash_attention_supports(std::int64_t head_dim);
 
 }  // namespace shardplan::executor::cuda

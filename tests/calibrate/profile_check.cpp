@@ -45,7 +45,8 @@ int main(int argc, char** argv) {
     if (cal.backend == "mpi" && cal.ranks >= 2 && !cal.gemm.empty()) {
       if (!cal.straggler_wait || cal.straggler_wait->ranks != cal.ranks ||
           !(cal.straggler_wait->fraction >= 0) || !(cal.straggler_wait->segment_s > 0)) {
-        fmt::print(stderr, "{}: expected a straggler wait measured on {} ranks\n", argv[1], cal.ranks);
+        fmt::print(stderr, "{}: expected a straggler wait measured on {} ranks\n", argv[1],
+                   cal.ranks);
         return 1;
       }
       fmt::print("straggler wait on {} ranks: {:.2f}% of a {:.1f} us segment\n", cal.ranks,

@@ -8,7 +8,7 @@ using namespace shardplan;
 using namespace shardplan::calibrate;
 
 TEST_CASE("attention_bench::the model's core: whole sequences of the tokens, its heads") {
-  const auto m = costmodel::load_model("llama-3-8b"); // 32 query heads, 8 key/value, 128 wide
+  const auto m = costmodel::load_model("llama-3-8b");  // 32 query heads, 8 key/value, 128 wide
   const auto a = model_attention_shape(m, 4096, 1024);
   CHECK(a.batch == 4);
   CHECK(a.seq == 1024);
@@ -20,7 +20,7 @@ TEST_CASE("attention_bench::the model's core: whole sequences of the tokens, its
 TEST_CASE("attention_bench::a CPU rank times the host backend's fp32 eager and flash attention") {
   int calls = 0;
   const auto samples = time_cpu_attention({2, 16, 4, 2, 8}, 1e-4, [&] { ++calls; });
-  REQUIRE(samples.size() == 2); // eager, then the host's tiled flash attention
+  REQUIRE(samples.size() == 2);  // eager, then the host's tiled flash attention
   CHECK(samples[1].impl == "flash");
   CHECK(samples[1].forward_s > 0);
   CHECK(samples[1].backward_s > 0);
@@ -36,6 +36,6 @@ TEST_CASE("attention_bench::a CPU rank times the host backend's fp32 eager and f
   CHECK(s.forward_s > 0);
   CHECK(std::isfinite(s.backward_s));
   CHECK(s.backward_s > 0);
-  CHECK(s.backward_s < 1); // 2 × 4 heads of 16 × 16 scores
-  CHECK(calls == 2);       // once before each implementation
+  CHECK(s.backward_s < 1);  // 2 × 4 heads of 16 × 16 scores
+  CHECK(calls == 2);        // once before each implementation
 }

@@ -9,7 +9,7 @@ using namespace shardplan::calibrate;
 using costmodel::ElementwiseKind;
 
 TEST_CASE("elementwise_bench::a step's layers: a block's times its layers, the head's once") {
-  const auto m = costmodel::load_model("gpt2"); // 12 blocks
+  const auto m = costmodel::load_model("gpt2");  // 12 blocks
   const auto ops = model_elementwise_ops(m);
   const auto block = costmodel::passes_per_token(costmodel::block_elementwise_ops(m));
   const auto head = costmodel::passes_per_token(costmodel::head_elementwise_ops(m));
@@ -26,7 +26,7 @@ TEST_CASE("elementwise_bench::every kind runs and gives a finite rate") {
     CAPTURE(costmodel::elementwise_kind_name(kind));
     const double rate = time_cpu_elementwise_rate({{kind, 256, 1}}, 64, 32, 1e-4);
     CHECK(std::isfinite(rate));
-    CHECK(rate > 1e6); // any CPU makes a million passes a second over 16K elements
+    CHECK(rate > 1e6);  // any CPU makes a million passes a second over 16K elements
   }
   // Nothing to time: no rate.
   CHECK(time_cpu_elementwise_rate({}, 64, 32) == 0);

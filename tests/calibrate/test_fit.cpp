@@ -16,8 +16,7 @@ namespace {
 // Sizes 8 B .. 1 GiB by factors of 2 (nccl-tests -b 8 -e 1G -f 2).
 std::vector<double> sweep_sizes() {
   std::vector<double> sizes;
-  for (double s = 8; s <= 1073741824.0; s *= 2)
-    sizes.push_back(s);
+  for (double s = 8; s <= 1073741824.0; s *= 2) sizes.push_back(s);
   return sizes;
 }
 
@@ -36,14 +35,13 @@ std::vector<MeasuredSample> samples_of(const std::vector<Line>& lines, double no
   std::vector<MeasuredSample> out;
   for (double s : sweep_sizes()) {
     double t = 1e300;
-    for (const auto& l : lines)
-      t = std::min(t, l.time(s));
+    for (const auto& l : lines) t = std::min(t, l.time(s));
     out.push_back({s, t * (1.0 + gauss(generator))});
   }
   return out;
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("fit::one noiseless line is recovered exactly by one piece") {
   const Line line{25e-6, 40e9};

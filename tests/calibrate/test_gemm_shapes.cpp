@@ -13,12 +13,11 @@ namespace {
 
 double weighted_flops(const std::vector<GemmShape>& shapes) {
   double f = 0;
-  for (const auto& s : shapes)
-    f += static_cast<double>(s.count) * s.flops();
+  for (const auto& s : shapes) f += static_cast<double>(s.count) * s.flops();
   return f;
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("gemm_shapes::one step's GEMMs are 6 FLOPs per token per matrix parameter") {
   // llama-2-7b (config.json: hidden 4096, intermediate 11008, 32 layers, vocab 32000, untied):
@@ -32,7 +31,7 @@ TEST_CASE("gemm_shapes::one step's GEMMs are 6 FLOPs per token per matrix parame
   CHECK(weighted_flops(shapes) == doctest::Approx(6.0 * tokens * params).epsilon(1e-12));
   CHECK(std::find_if(shapes.begin(), shapes.end(), [](const GemmShape& s) {
           return s.m == 32000 && s.n == 4096 && s.k == tokens && s.count == 1;
-        }) != shapes.end()); // the head's weight gradient
+        }) != shapes.end());  // the head's weight gradient
 }
 
 TEST_CASE("gemm_shapes::a tied head is the embedding matrix") {
@@ -52,7 +51,7 @@ TEST_CASE("gemm_shapes::the model rate weights each shape by its count") {
   std::vector<GemmMeasurement> g = {
       {{1000, 1000, 1000, 1}, costmodel::DType::fp32, 1.0, true},
       {{1000, 1000, 500, 3}, costmodel::DType::fp32, 0.5, true},
-      {{4096, 4096, 4096, 1}, costmodel::DType::fp32, 0.1, false}}; // square: not the model's
+      {{4096, 4096, 4096, 1}, costmodel::DType::fp32, 0.1, false}};  // square: not the model's
   CHECK(model_gemm_rate(g, costmodel::DType::fp32) == doctest::Approx(5e9 / 2.5));
   CHECK(model_gemm_rate(g, costmodel::DType::bf16) == 0);
 }

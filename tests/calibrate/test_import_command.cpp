@@ -9,9 +9,9 @@
 #include <fmt/format.h>
 
 #include "calibrate/import_command.hpp"
-#include "costmodel/hardware.hpp"
 #include "core/input_error.hpp"
 #include "core/json_reader.hpp"
+#include "costmodel/hardware.hpp"
 
 using namespace shardplan;
 using namespace shardplan::calibrate;
@@ -25,7 +25,7 @@ std::string temp_path(const std::string& name) {
           fmt::format("calibrate-import-{}-{}", getpid(), name))
       .string();
 }
-} // namespace
+}  // namespace
 
 TEST_CASE("import::the sample logs merged into a profile meet the fit goals") {
   ImportOptions o;

@@ -40,17 +40,15 @@ private:
   }
 };
 
-} // namespace
+}  // namespace
 
 TEST_CASE("calibrate_mpi::every collective passes its check at odd sizes, on the world and on "
           "shard groups") {
   auto& world = test_world();
   const auto topology = comm::discover_topology(world);
   std::vector<comm::GroupSpec> specs = {{comm::GroupKind::world, 0}};
-  if (world.size() % 2 == 0)
-    specs.push_back({comm::GroupKind::shard, 2});
-  if (world.size() % 2 == 0)
-    specs.push_back({comm::GroupKind::replica, 2});
+  if (world.size() % 2 == 0) specs.push_back({comm::GroupKind::shard, 2});
+  if (world.size() % 2 == 0) specs.push_back({comm::GroupKind::replica, 2});
   for (const auto& spec : specs) {
     auto group = comm::make_group(world, topology, spec);
     for (Collective op : kEveryOp) {
@@ -90,5 +88,5 @@ TEST_CASE("calibrate_mpi::a wrong result is counted in #wrong") {
   const auto points =
       sweep_points(Collective::all_reduce, world.size(), {64, 64, 2}, sizeof(float));
   CollectiveBench bench(Collective::all_reduce, corrupt, world, points.back(), quick());
-  CHECK(bench.run(points.back()).wrong == world.size()); // one element on every rank
+  CHECK(bench.run(points.back()).wrong == world.size());  // one element on every rank
 }

@@ -27,22 +27,19 @@ std::int64_t value(int rank, std::size_t i) {
 
 std::vector<std::int64_t> input(int rank, std::size_t count) {
   std::vector<std::int64_t> v(count);
-  for (std::size_t i = 0; i < count; ++i)
-    v[i] = value(rank, i);
+  for (std::size_t i = 0; i < count; ++i) v[i] = value(rank, i);
   return v;
 }
 
 // The reductions over ranks 0..n-1, computed here element by element.
 std::int64_t sum_over(int n, std::size_t i) {
   std::int64_t s = 0;
-  for (int r = 0; r < n; ++r)
-    s += value(r, i);
+  for (int r = 0; r < n; ++r) s += value(r, i);
   return s;
 }
 std::int64_t max_over(int n, std::size_t i) {
   std::int64_t m = 0;
-  for (int r = 0; r < n; ++r)
-    m = std::max(m, value(r, i));
+  for (int r = 0; r < n; ++r) m = std::max(m, value(r, i));
   return m;
 }
 
@@ -58,13 +55,11 @@ void check_every_collective(comm::Communicator& c, std::size_t count) {
 
   std::vector<std::int64_t> out(count, kUntouched);
   c.all_reduce(mine.data(), out.data(), count, DataType::i64);
-  for (std::size_t i = 0; i < count; ++i)
-    REQUIRE(out[i] == sum_over(n, i));
+  for (std::size_t i = 0; i < count; ++i) REQUIRE(out[i] == sum_over(n, i));
 
   std::vector<std::int64_t> in_place = mine;
   c.all_reduce(in_place.data(), in_place.data(), count, DataType::i64, ReduceOp::max);
-  for (std::size_t i = 0; i < count; ++i)
-    REQUIRE(in_place[i] == max_over(n, i));
+  for (std::size_t i = 0; i < count; ++i) REQUIRE(in_place[i] == max_over(n, i));
 
   const int root = n - 1;
   out.assign(count, kUntouched);
@@ -83,7 +78,7 @@ void check_every_collective(comm::Communicator& c, std::size_t count) {
   c.all_gather(own_block, gathered_in_place.data(), count, DataType::i64);
   CHECK(gathered_in_place == gathered);
 
-  const auto blocks = input(me, count * un); // n blocks of `count`
+  const auto blocks = input(me, count * un);  // n blocks of `count`
   out.assign(count, kUntouched);
   c.reduce_scatter(blocks.data(), out.data(), count, DataType::i64);
   for (std::size_t i = 0; i < count; ++i)
@@ -92,8 +87,7 @@ void check_every_collective(comm::Communicator& c, std::size_t count) {
   std::vector<std::int64_t> shared =
       me == root ? mine : std::vector<std::int64_t>(count, kUntouched);
   c.broadcast(shared.data(), count, DataType::i64, root);
-  for (std::size_t i = 0; i < count; ++i)
-    REQUIRE(shared[i] == value(root, i));
+  for (std::size_t i = 0; i < count; ++i) REQUIRE(shared[i] == value(root, i));
 
   std::vector<std::int64_t> exchanged(count * un, kUntouched);
   c.all_to_all(blocks.data(), exchanged.data(), count, DataType::i64);
@@ -105,7 +99,7 @@ void check_every_collective(comm::Communicator& c, std::size_t count) {
   c.barrier();
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("calibrate_mpi::staged host collectives give every collective's result") {
   auto& world = test_world();
@@ -114,8 +108,7 @@ TEST_CASE("calibrate_mpi::staged host collectives give every collective's result
   CHECK(staged.rank() == world.rank());
   CHECK(staged.size() == world.size());
   // Sizes that grow and shrink: the staging buffers are reallocated, then reused.
-  for (std::size_t count : {1u, 1001u, 3u, 4096u})
-    check_every_collective(staged, count);
+  for (std::size_t count : {1u, 1001u, 3u, 4096u}) check_every_collective(staged, count);
   // Groups split off a staged communicator are staged too: halves of the world.
   auto halves = staged.split(world.rank() % 2, world.rank());
   CHECK(halves->memory_space() == comm::MemorySpace::host);

@@ -42,7 +42,7 @@ std::string error_of(const std::string& text, const std::string& path = "all_red
   return "no error";
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("nccl_tests_log::the sample all_reduce log of one node") {
   const auto log = read_nccl_tests_log(kExamples + "all_reduce_perf-8xA100.log");
@@ -51,7 +51,7 @@ TEST_CASE("nccl_tests_log::the sample all_reduce log of one node") {
   CHECK(log.hosts == std::vector<std::string>{"dgx-a01"});
   CHECK(log.nccl_version == "2.19.3");
   CHECK(log.data_type == "float");
-  REQUIRE(log.samples.size() == 28); // 8 B .. 1 GiB
+  REQUIRE(log.samples.size() == 28);  // 8 B .. 1 GiB
   CHECK(log.samples.front().size_bytes == 8);
   CHECK(log.samples.front().time_s == doctest::Approx(10.97e-6).epsilon(0.05));
   CHECK(log.samples.back().size_bytes == 1073741824.0);
@@ -60,7 +60,7 @@ TEST_CASE("nccl_tests_log::the sample all_reduce log of one node") {
 TEST_CASE("nccl_tests_log::every sample log parses; size-0 rows are skipped") {
   const auto gather = read_nccl_tests_log(kExamples + "all_gather_perf-8xA100.log");
   CHECK(gather.op == Collective::all_gather);
-  CHECK(gather.samples.front().size_bytes == 32); // the rows of size 0 are not samples
+  CHECK(gather.samples.front().size_bytes == 32);  // the rows of size 0 are not samples
   const auto scatter = read_nccl_tests_log(kExamples + "reduce_scatter_perf-8xA100.log");
   CHECK(scatter.op == Collective::reduce_scatter);
   // An older log without the test's name: the file name says all_reduce_perf; two hosts.
@@ -79,7 +79,7 @@ TEST_CASE("nccl_tests_log::the test is found in the header, the command line or 
             .op == Collective::all_to_all);
   CHECK(parse_nccl_tests_log(table, "logs/all_gather_perf-run3.txt").op == Collective::all_gather);
   CHECK_FALSE(parse_nccl_tests_log(table, "x.log").op.has_value());
-  CHECK(collective_named_in("all_reduce_perf") == Collective::all_reduce); // not reduce_perf
+  CHECK(collective_named_in("all_reduce_perf") == Collective::all_reduce);  // not reduce_perf
   CHECK(collective_named_in("reduce_perf.log") == Collective::reduce);
   // NCCL's INFO lines between the rows are ignored.
   const std::string with_info =

@@ -13,8 +13,7 @@ namespace {
 
 CommandLine parse(const std::vector<std::string>& args) {
   std::vector<const char*> argv = {"calibrate"};
-  for (const auto& a : args)
-    argv.push_back(a.c_str());
+  for (const auto& a : args) argv.push_back(a.c_str());
   return parse_command_line(static_cast<int>(argv.size()), argv.data());
 }
 
@@ -28,7 +27,7 @@ std::string rejection(const std::vector<std::string>& args) {
   return "no error";
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("options::defaults of a measuring run") {
   const auto c = parse({});
@@ -48,7 +47,7 @@ TEST_CASE("options::defaults of a measuring run") {
   CHECK(m.gemm);
   CHECK(m.gemm_model == "gpt2");
   CHECK(m.gemm_tokens == 256);
-  CHECK(m.attention_seq == 0); // no attention core timed
+  CHECK(m.attention_seq == 0);  // no attention core timed
 }
 
 TEST_CASE("options::flags of a measuring run") {
@@ -88,7 +87,7 @@ TEST_CASE("options::--attention-seq times the model's core over whole sequences 
   CHECK(m.attention_seq == 128);
   CHECK(parse({"--gemm-model", "gpt2", "--attention-seq", "256"}).measure.attention_seq == 256);
   CHECK(parse({"--backend", "nccl", "--gemm-model", "gpt2", "--attention-seq", "1024"})
-            .measure.attention_seq == 1024); // of nccl's 4096 tokens
+            .measure.attention_seq == 1024);  // of nccl's 4096 tokens
 }
 
 TEST_CASE("options::--attention-seq rejections name the flag and the value") {
@@ -105,7 +104,7 @@ TEST_CASE("options::--attention-seq rejections name the flag and the value") {
         "sequences)");
   CHECK(rejection({"--gemm-model", "gpt2", "--attention-seq", "512"}) ==
         "--attention-seq: 512 does not divide --gemm-tokens 256 (a micro-batch of whole "
-        "sequences)"); // more than the default tokens
+        "sequences)");  // more than the default tokens
 }
 
 TEST_CASE("options::rejections name the flag and the value") {
@@ -120,14 +119,17 @@ TEST_CASE("options::rejections name the flag and the value") {
   CHECK(rejection({"--min-bytes", "12X"}) ==
         "--min-bytes: must be a byte count like 8, 64K, 32M or 1G, got \"12X\"");
   CHECK(rejection({"--max-bytes", "0"}) == "--max-bytes: must be > 0, got 0");
-  CHECK(rejection({"--iters", "0"}) == "--iters: must be an integer between 1 and 1000000, got \"0\"");
-  CHECK(rejection({"--warmup", "-1"}) == "--warmup: must be an integer between 0 and 1000000, got \"-1\"");
+  CHECK(rejection({"--iters", "0"}) ==
+        "--iters: must be an integer between 1 and 1000000, got \"0\"");
+  CHECK(rejection({"--warmup", "-1"}) ==
+        "--warmup: must be an integer between 0 and 1000000, got \"-1\"");
   CHECK(rejection({"--backend", "gloo"}) == "--backend: must be nccl or mpi, got \"gloo\"");
   CHECK(rejection({"--groups", "world,shard:0"}).rfind("--groups: unknown group \"shard:0\"", 0) ==
         0);
-  CHECK(rejection({"--gemm-tokens", "x"}) == "--gemm-tokens: must be an integer between 1 and 1000000000, got \"x\"");
+  CHECK(rejection({"--gemm-tokens", "x"}) ==
+        "--gemm-tokens: must be an integer between 1 and 1000000000, got \"x\"");
   CHECK(rejection({"--bogus"}).rfind("command line: ", 0) == 0);
-  CHECK(rejection({"import-nccl-tests"}).rfind("command line: ", 0) == 0); // no LOG
+  CHECK(rejection({"import-nccl-tests"}).rfind("command line: ", 0) == 0);  // no LOG
   CHECK(rejection({"import", "a.log", "--tier", "rack"}) ==
         "--tier: must be intra_node or inter_node, got \"rack\"");
   CHECK(rejection({"import", "a.log", "--ranks", "0"}) ==
@@ -136,7 +138,8 @@ TEST_CASE("options::rejections name the flag and the value") {
             .rfind("--op: unknown collective \"gather\"", 0) == 0);
 }
 
-TEST_CASE("options::a zero or empty value is refused, not read as the default; integers are decimal") {
+TEST_CASE(
+    "options::a zero or empty value is refused, not read as the default; integers are decimal") {
   CHECK(rejection({"--min-bytes", ""}) ==
         "--min-bytes: must be a byte count like 8, 64K, 32M or 1G, got \"\"");
   CHECK(rejection({"--max-bytes", ""}) ==
@@ -185,8 +188,8 @@ TEST_CASE("options::the import command and help") {
 }
 
 TEST_CASE("options::help names each value's kind, never CLI11's TEXT") {
-  for (const auto& args : {std::vector<std::string>{"--help"},
-                           std::vector<std::string>{"import", "--help"}}) {
+  for (const auto& args :
+       {std::vector<std::string>{"--help"}, std::vector<std::string>{"import", "--help"}}) {
     const std::string help = parse(args).help_text;
     CAPTURE(help);
     CHECK(help.find("TEXT") == std::string::npos);
@@ -242,7 +245,8 @@ TEST_CASE("options::--gpu-memory-GiB sets the new profile's device memory") {
               "\"");
   }
   // The old spelling is refused, naming the new one (planner's name for the same size).
-  CHECK(rejection({"--device-memory-GiB", "1"}) == "--device-memory-GiB: renamed: give --gpu-memory-GiB");
+  CHECK(rejection({"--device-memory-GiB", "1"}) ==
+        "--device-memory-GiB: renamed: give --gpu-memory-GiB");
   CHECK(rejection({"--gpu-memory-GiB", "1", "--into", "p.json"}) ==
         "--gpu-memory-GiB: sets a new profile's memory; --into p.json keeps its own "
         "gpu.memory_GiB");

@@ -10,8 +10,8 @@
 #include <fmt/format.h>
 
 #include "calibrate/overheads_import.hpp"
-#include "costmodel/hardware.hpp"
 #include "core/json_reader.hpp"
+#include "costmodel/hardware.hpp"
 #include "tests/test_support.hpp"
 
 using namespace shardplan;
@@ -23,11 +23,13 @@ using test::error_of;
 namespace {
 const std::string kSource = SHARDPLAN_SOURCE_DIR;
 // validation/measure_overheads.py's output on a 2-core AMD EPYC host with torch 2.15.0 and
-// DeepSpeed 0.19.8: the frameworks' own hooks timed, the corpus the shipped profiles were made from.
+// DeepSpeed 0.19.8: the frameworks' own hooks timed, the corpus the shipped profiles were made
+// from.
 const std::string kCorpus = kSource + "/tests/costmodel/data/oracle_overheads.json";
 
 std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / fmt::format("calibrate-overheads-{}-{}", getpid(), name))
+  return (std::filesystem::temp_directory_path() /
+          fmt::format("calibrate-overheads-{}-{}", getpid(), name))
       .string();
 }
 
@@ -39,17 +41,23 @@ std::string file_text(const std::string& path) {
 }
 }  // namespace
 
-TEST_CASE("overheads_import::the measured corpus gives each flavour's fit and the host optimizer rates") {
+TEST_CASE(
+    "overheads_import::the measured corpus gives each flavour's fit and the host optimizer rates") {
   const json corpus = costmodel::read_json_file(kCorpus);
   const MeasuredOverheads m = overheads_from_measurement(corpus);
   // The numbers as the corpus records them (its flavours' fits, in microseconds).
   CHECK(m.framework["op_dispatch_us"].get<double>() == doctest::Approx(2.133));
-  CHECK(m.framework["flavours"]["fsdp2"]["forward_unit_us"].get<double>() == doctest::Approx(156.223));
-  CHECK(m.framework["flavours"]["fsdp2"]["backward_tensor_us"].get<double>() == doctest::Approx(19.747));
-  CHECK(m.framework["flavours"]["ddp"]["backward_tensor_us"].get<double>() == doctest::Approx(4.438));
+  CHECK(m.framework["flavours"]["fsdp2"]["forward_unit_us"].get<double>() ==
+        doctest::Approx(156.223));
+  CHECK(m.framework["flavours"]["fsdp2"]["backward_tensor_us"].get<double>() ==
+        doctest::Approx(19.747));
+  CHECK(m.framework["flavours"]["ddp"]["backward_tensor_us"].get<double>() ==
+        doctest::Approx(4.438));
   // ZeRO-3 from DeepSpeed's fit with a term per submodule.
-  CHECK(m.framework["flavours"]["deepspeed_zero3"]["forward_submodule_us"].get<double>() == doctest::Approx(134.286));
-  CHECK(m.framework["flavours"]["deepspeed_zero3"]["backward_unit_us"].get<double>() == doctest::Approx(76.732));
+  CHECK(m.framework["flavours"]["deepspeed_zero3"]["forward_submodule_us"].get<double>() ==
+        doctest::Approx(134.286));
+  CHECK(m.framework["flavours"]["deepspeed_zero3"]["backward_unit_us"].get<double>() ==
+        doctest::Approx(76.732));
   REQUIRE(m.host_optimizer_Gparams_per_s.has_value());
   CHECK((*m.host_optimizer_Gparams_per_s)["deepspeed"].get<double>() == doctest::Approx(2.2374));
   CHECK((*m.host_optimizer_Gparams_per_s)["torch"].get<double>() == doctest::Approx(0.3795));
@@ -74,7 +82,8 @@ TEST_CASE("overheads_import::merged into a profile, the cost model reads the mea
 TEST_CASE("overheads_import::a flavour whose run failed keeps the profile's values, and says so") {
   json corpus = costmodel::read_json_file(kCorpus);
   corpus["flavours"]["fsdp1"] = {{"error", "RuntimeError: no backend"}};
-  const json profile = costmodel::read_json_file(kSource + "/hardware_profiles/a100-sxm4-80gb.json");
+  const json profile =
+      costmodel::read_json_file(kSource + "/hardware_profiles/a100-sxm4-80gb.json");
   const json merged = merge_overheads(profile, overheads_from_measurement(corpus));
   CHECK(merged["framework"]["flavours"]["fsdp1"] == profile["framework"]["flavours"]["fsdp1"]);
   CHECK(contains(merged["framework"]["source"].get<std::string>(), "fsdp1 kept from the profile"));
@@ -91,7 +100,8 @@ TEST_CASE("overheads_import::rejections name the field and the value") {
   CHECK(error_of([&] { overheads_from_measurement(bad); }) == "/schema_version: must be 1, got 2");
   bad = corpus;
   bad["flavours"]["fsdp2"]["forward_tensor_us"] = -3.5;  // a fit that noise pushed below zero
-  CHECK(contains(error_of([&] { overheads_from_measurement(bad); }), "/flavours/fsdp2/forward_tensor_us: "));
+  CHECK(contains(error_of([&] { overheads_from_measurement(bad); }),
+                 "/flavours/fsdp2/forward_tensor_us: "));
   CHECK(contains(error_of([&] { overheads_from_measurement(bad); }), "-3.5"));
   bad = corpus;
   bad.erase("op_dispatch_autograd_us");
@@ -100,7 +110,8 @@ TEST_CASE("overheads_import::rejections name the field and the value") {
   bad["host_optimizer"]["torch_adamw_foreach_false"]["Gparams_per_s"] = 0;
   CHECK(contains(error_of([&] { overheads_from_measurement(bad); }),
                  "/host_optimizer/torch_adamw_foreach_false/Gparams_per_s: "));
-  CHECK(contains(error_of([&] { overheads_from_measurement(json::array()); }), "must be a JSON object"));
+  CHECK(contains(error_of([&] { overheads_from_measurement(json::array()); }),
+                 "must be a JSON object"));
 }
 
 TEST_CASE("overheads_import::a bad measurement leaves the profile as it was") {
@@ -109,9 +120,13 @@ TEST_CASE("overheads_import::a bad measurement leaves the profile as it was") {
                              std::filesystem::copy_options::overwrite_existing);
   const std::string before = file_text(into);
   const std::string bad = temp_path("bad.json");
-  std::ofstream(bad) << R"({"generated_by": "validation/measure_overheads.py", "schema_version": 1})";
+  std::ofstream(bad)
+      << R"({"generated_by": "validation/measure_overheads.py", "schema_version": 1})";
   std::ostringstream out;
-  CHECK(contains(error_of([&] { run_import_overheads({bad, into, ""}, out); }), "/op_dispatch_autograd_us"));
+  CHECK(contains(error_of([&] {
+                   run_import_overheads({bad, into, ""}, out);
+                 }),
+                 "/op_dispatch_autograd_us"));
   CHECK(file_text(into) == before);
   std::filesystem::remove(into);
   std::filesystem::remove(bad);

@@ -3,9 +3,9 @@
 #include <string>
 
 #include "calibrate/profile_writer.hpp"
-#include "costmodel/hardware.hpp"
 #include "core/input_error.hpp"
 #include "core/json_reader.hpp"
+#include "costmodel/hardware.hpp"
 
 using namespace shardplan;
 using namespace shardplan::calibrate;
@@ -19,8 +19,7 @@ const std::string kA100 =
 
 FittedCurve curve(Collective op, int ranks, Tier tier, double latency_s, double bandwidth_Bps) {
   std::vector<costmodel::MeasuredSample> samples;
-  for (double s = 8; s <= 1 << 20; s *= 4)
-    samples.push_back({s, latency_s + s / bandwidth_Bps});
+  for (double s = 8; s <= 1 << 20; s *= 4) samples.push_back({s, latency_s + s / bandwidth_Bps});
   return {op, ranks, tier, fit_piecewise(samples)};
 }
 
@@ -58,7 +57,7 @@ MeasuredSystem system() {
   return s;
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("profile_writer::the calibration section reads back through the cost model") {
   auto profile = costmodel::read_json_file(kA100);
@@ -107,7 +106,7 @@ TEST_CASE(
   CHECK(c.collectives[1].op == Collective::all_reduce);
   CHECK(c.collectives[1].segments.back().bandwidth_Bps == doctest::Approx(50e9).epsilon(1e-4));
   CHECK(c.collectives[3].op == Collective::reduce_scatter);
-  CHECK(c.gemm.size() == 1); // kept: the new section has none
+  CHECK(c.gemm.size() == 1);  // kept: the new section has none
   CHECK(c.compute_efficiency == doctest::Approx(0.8));
   CHECK(c.extra.at("note") == "test");
   CHECK(c.extra.at("other") == 1);
@@ -211,13 +210,13 @@ TEST_CASE("profile_writer::a CPU rank's profile is a CPU device without overhead
 
 TEST_CASE("profile_writer::a tier without curves borrows the other's values and says so") {
   auto r = record();
-  r.curves.erase(r.curves.begin()); // no inter-node curve
+  r.curves.erase(r.curves.begin());  // no inter-node curve
   const auto doc = measured_profile(system(), r);
   const auto hw = costmodel::hardware_from_json(doc, "x");
   CHECK(hw.inter_bandwidth_Bps == doctest::Approx(hw.intra_bandwidth_Bps));
   CHECK(doc.at("inter_node").at("source").get<std::string>().find("NOT MEASURED") !=
         std::string::npos);
-  r.curves.clear(); // a one-rank run
+  r.curves.clear();  // a one-rank run
   const auto alone = costmodel::hardware_from_json(measured_profile(system(), r), "y");
   CHECK(alone.intra_bandwidth_Bps == doctest::Approx(10e9));
   const auto link = link_from_curves(record().curves, Tier::intra_node);

@@ -28,7 +28,7 @@ SweepResult two_point_sweep() {
   return sweep;
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("results_table::time column as nccl-tests prints it") {
   CHECK(format_time_us(10.523) == "  10.52");
@@ -54,7 +54,7 @@ TEST_CASE("results_table::each size's row is printed as soon as it is measured")
   const SweepResult sweep = two_point_sweep();
   std::ostringstream streamed;
   SweepTablePrinter printer(streamed, sweep.op, sweep.group);
-  CHECK(streamed.str().empty()); // nothing before the first size is measured
+  CHECK(streamed.str().empty());  // nothing before the first size is measured
   printer.add(sweep.points[0]);
   const std::string after_first = streamed.str();
   // The header and the 64 B row, and neither the 1 MiB row nor the average yet.
@@ -118,5 +118,5 @@ TEST_CASE("results_table::the progress bar draws only when enabled") {
   }
   CHECK(on.str().find("[#######                       ]    1/4    all_reduce world 8 B") !=
         std::string::npos);
-  CHECK(on.str().find("\r\033[K") != std::string::npos); // erased on destruction
+  CHECK(on.str().find("\r\033[K") != std::string::npos);  // erased on destruction
 }

@@ -33,4 +33,4 @@ protected:
   void do_reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp) override {}
 };
 
-} // namespace shardplan::comm::test
+}  // namespace shardplan::comm::test

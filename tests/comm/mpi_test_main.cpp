@@ -11,18 +11,15 @@
 
 namespace {
 std::unique_ptr<shardplan::comm::MpiCommunicator> world;
-} // namespace
+}  // namespace
 
-shardplan::comm::MpiCommunicator& test_world() {
-  return *world;
-}
+shardplan::comm::MpiCommunicator& test_world() { return *world; }
 
 int main(int argc, char** argv) {
   shardplan::comm::MpiEnvironment mpi;
   world = mpi.world();
   doctest::Context context(argc, argv);
-  if (mpi.world_rank() != 0)
-    context.setOption("minimal", true);
+  if (mpi.world_rank() != 0) context.setOption("minimal", true);
   const int failed_here = context.run() != 0 ? 1 : 0;
   int failed_anywhere = 0;
   world->all_reduce(&failed_here, &failed_anywhere, 1, shardplan::comm::DataType::i32,

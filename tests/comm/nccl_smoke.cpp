@@ -29,27 +29,23 @@ float value(int rank, std::size_t i) {
 int check(Communicator& c, const char* what, const std::vector<float>& got, auto expected) {
   int wrong = 0;
   for (std::size_t i = 0; i < got.size(); ++i)
-    if (got[i] != expected(i))
-      ++wrong;
-  if (wrong)
-    fmt::print(stderr, "rank {}: {}: {} wrong of {}\n", c.rank(), what, wrong, got.size());
+    if (got[i] != expected(i)) ++wrong;
+  if (wrong) fmt::print(stderr, "rank {}: {}: {} wrong of {}\n", c.rank(), what, wrong, got.size());
   return wrong;
 }
 
 int run_collectives(Communicator& c) {
   const int n = c.size(), me = c.rank();
-  const std::size_t count = 1001; // odd, and not divisible by the rank count
+  const std::size_t count = 1001;  // odd, and not divisible by the rank count
   const std::size_t total = count * static_cast<std::size_t>(n);
   std::vector<float> host(total);
-  for (std::size_t i = 0; i < total; ++i)
-    host[i] = value(me, i);
+  for (std::size_t i = 0; i < total; ++i) host[i] = value(me, i);
   auto send = c.allocate(total * sizeof(float));
   auto recv = c.allocate(total * sizeof(float));
   send->copy_from_host(host.data(), total * sizeof(float));
   auto sum = [&](std::size_t i) {
     float s = 0;
-    for (int r = 0; r < n; ++r)
-      s += value(r, i);
+    for (int r = 0; r < n; ++r) s += value(r, i);
     return s;
   };
   std::vector<float> out(count);
@@ -118,8 +114,7 @@ int run_under_mpi(bool probe) {
       fmt::print("skipped: no CUDA device on this machine (the NCCL backend needs one per rank)\n");
     return kSkipped;
   }
-  if (probe)
-    return 0;
+  if (probe) return 0;
   try {
     const Topology topology = discover_topology(*world);
     auto nccl = NcclCommunicator::create(*world, topology.local_rank);
@@ -137,8 +132,7 @@ int run_without_mpi(bool probe) {
     fmt::print("skipped: no CUDA device on this machine (the NCCL backend needs one per rank)\n");
     return kSkipped;
   }
-  if (probe)
-    return 0;
+  if (probe) return 0;
   try {
     if (launched_with_torchrun_environment())
       return check_all(*NcclCommunicator::create_from_environment(read_launch_environment()),
@@ -150,7 +144,7 @@ int run_without_mpi(bool probe) {
   }
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char** argv) {
   bool alone = false, probe = false;
@@ -159,8 +153,7 @@ int main(int argc, char** argv) {
     probe = probe || std::string_view(argv[i]) == "--probe";
   }
 #if SHARDPLAN_HAVE_MPI
-  if (!alone && !launched_with_torchrun_environment())
-    return run_under_mpi(probe);
+  if (!alone && !launched_with_torchrun_environment()) return run_under_mpi(probe);
 #endif
   return run_without_mpi(probe);
 }

@@ -15,11 +15,30 @@ TEST_CASE("fault::parses each kind with its rank and step") {
 }
 
 TEST_CASE("fault::rejects anything but KIND@RANK:STEP") {
-  for (const char* text :
-       {"", "x", "crash", "crash@", "crash@1", "crash@1:", "crash@:2", "@1:2", "segv@1:2",
-        "Crash@1:2", "crash@-1:2", "crash@+1:2", "crash@1:+2", "crash@1:0", "crash@1:-3",
-        "crash@1:2 ", " crash@1:2", "crash@1:2:3", "crash@1@2", "crash@1.5:2", "crash@1:2x",
-        "crash@99999999999:2", "crash@1:99999999999999999999", "crash:1@2"}) {
+  for (const char* text : {"",
+                           "x",
+                           "crash",
+                           "crash@",
+                           "crash@1",
+                           "crash@1:",
+                           "crash@:2",
+                           "@1:2",
+                           "segv@1:2",
+                           "Crash@1:2",
+                           "crash@-1:2",
+                           "crash@+1:2",
+                           "crash@1:+2",
+                           "crash@1:0",
+                           "crash@1:-3",
+                           "crash@1:2 ",
+                           " crash@1:2",
+                           "crash@1:2:3",
+                           "crash@1@2",
+                           "crash@1.5:2",
+                           "crash@1:2x",
+                           "crash@99999999999:2",
+                           "crash@1:99999999999999999999",
+                           "crash:1@2"}) {
     CAPTURE(text);
     CHECK_FALSE(parse_fault_injection(text).has_value());
   }

@@ -12,7 +12,7 @@ namespace {
 Topology two_nodes_of_four(int rank) {
   return topology_from_hosts({"n0", "n0", "n0", "n0", "n1", "n1", "n1", "n1"}, rank);
 }
-} // namespace
+}  // namespace
 
 TEST_CASE("groups::names parse and print") {
   for (const char* name : {"world", "intra_node", "inter_node", "shard:4", "replica:2"}) {

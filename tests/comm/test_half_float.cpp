@@ -25,12 +25,12 @@ TEST_CASE("half_float::bf16 keeps the top 16 bits of a float, rounding to neares
 TEST_CASE("half_float::f16 encodes normals, subnormals, overflow and NaN as IEEE binary16") {
   CHECK(float_to_f16(1.0f) == 0x3C00);
   CHECK(float_to_f16(-2.0f) == 0xC000);
-  CHECK(float_to_f16(65504.0f) == 0x7BFF); // the largest finite half
-  CHECK(float_to_f16(65520.0f) == 0x7C00); // rounds up to infinity
+  CHECK(float_to_f16(65504.0f) == 0x7BFF);  // the largest finite half
+  CHECK(float_to_f16(65520.0f) == 0x7C00);  // rounds up to infinity
   CHECK(float_to_f16(65519.0f) == 0x7BFF);
-  CHECK(float_to_f16(std::ldexp(1.0f, -14)) == 0x0400); // smallest normal
-  CHECK(float_to_f16(std::ldexp(1.0f, -24)) == 0x0001); // smallest subnormal
-  CHECK(float_to_f16(std::ldexp(1.0f, -26)) == 0x0000); // a quarter of it rounds to zero
+  CHECK(float_to_f16(std::ldexp(1.0f, -14)) == 0x0400);  // smallest normal
+  CHECK(float_to_f16(std::ldexp(1.0f, -24)) == 0x0001);  // smallest subnormal
+  CHECK(float_to_f16(std::ldexp(1.0f, -26)) == 0x0000);  // a quarter of it rounds to zero
   CHECK(f16_to_float(0x0001) == std::ldexp(1.0f, -24));
   CHECK(f16_to_float(0x3555) == doctest::Approx(0.333251953125));
   // 1 + 2^-11 is halfway between 1.0 and 1 + 2^-10: ties to even (1.0).
@@ -46,10 +46,8 @@ TEST_CASE("half_float::every f16 value survives the round trip through float") {
   for (std::uint32_t bits = 0; bits <= 0xFFFF; ++bits) {
     const auto h = static_cast<std::uint16_t>(bits);
     const float f = f16_to_float(h);
-    if (std::isnan(f))
-      continue;
-    if (float_to_f16(f) != h)
-      ++mismatches;
+    if (std::isnan(f)) continue;
+    if (float_to_f16(f) != h) ++mismatches;
   }
   CHECK(mismatches == 0);
 }

@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "comm/host_stream.hpp"
 #include "comm/host_buffer.hpp"
+#include "comm/host_stream.hpp"
 #include "idle_communicator.hpp"
 
 using namespace shardplan::comm;
@@ -22,15 +22,14 @@ namespace {
 // One rank alone: an all-reduce appends its count to a shared log (after `delay`, or throws when
 // the count is 0), so order and concurrency are visible.
 class LoggingCommunicator final : public test::IdleCommunicator {
- public:
+public:
   LoggingCommunicator(std::vector<int>& log, std::mutex& m, std::chrono::milliseconds delay = {})
       : log_(log), mutex_(m), delay_(delay) {}
 
- private:
+private:
   void do_all_reduce(const void*, void*, std::size_t count, DataType, ReduceOp) override {
     std::this_thread::sleep_for(delay_);
-    if (count == 0)
-      throw std::runtime_error("an all-reduce failed");
+    if (count == 0) throw std::runtime_error("an all-reduce failed");
     std::lock_guard lock(mutex_);
     log_.push_back(static_cast<int>(count));
   }
@@ -88,8 +87,7 @@ TEST_CASE("host_stream::a failed collective reaches every wait and refuses what 
   StreamedCommunicator stream(inner);
   stream.all_reduce(nullptr, nullptr, 0, DataType::f32);  // fails
   CHECK_THROWS_WITH(stream.synchronize(), "an all-reduce failed");
-  CHECK_THROWS_WITH(stream.all_reduce(nullptr, nullptr, 3, DataType::f32),
-                    "an all-reduce failed");
+  CHECK_THROWS_WITH(stream.all_reduce(nullptr, nullptr, 3, DataType::f32), "an all-reduce failed");
   CHECK(snapshot(log, m).empty());
 }
 

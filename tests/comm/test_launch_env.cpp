@@ -51,7 +51,7 @@ std::string error_without(const std::string& name) {
   return error_reading(variables);
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("launch_env::reads what torchrun sets") {
   const auto variables = torchrun_variables();
@@ -65,7 +65,8 @@ TEST_CASE("launch_env::reads what torchrun sets") {
   CHECK(launched_with_torchrun_environment(lookup_in(variables)));
 }
 
-TEST_CASE("launch_env::with torchrun's agent store on MASTER_PORT the exchange takes the next port") {
+TEST_CASE(
+    "launch_env::with torchrun's agent store on MASTER_PORT the exchange takes the next port") {
   auto variables = torchrun_variables();
   variables["TORCHELASTIC_USE_AGENT_STORE"] = "True";
   CHECK(read_launch_environment(lookup_in(variables)).exchange_port() == 29501);

@@ -27,15 +27,13 @@ std::vector<std::byte> buffer(DataType type, std::size_t count) {
 }
 
 void fill(DataType type, std::vector<std::byte>& b, std::size_t count, int rank) {
-  for (std::size_t i = 0; i < count; ++i)
-    store(type, b.data(), i, pattern(rank, i));
+  for (std::size_t i = 0; i < count; ++i) store(type, b.data(), i, pattern(rank, i));
 }
 
 // Sum over ranks 0..n-1 of pattern(rank, i).
 double pattern_sum(int ranks, std::size_t i) {
   double sum = 0;
-  for (int r = 0; r < ranks; ++r)
-    sum += pattern(r, i);
+  for (int r = 0; r < ranks; ++r) sum += pattern(r, i);
   return sum;
 }
 
@@ -45,12 +43,11 @@ int wrong_elements(DataType type, const std::vector<std::byte>& b, std::size_t c
                    Expected expected) {
   int wrong = 0;
   for (std::size_t i = 0; i < count; ++i)
-    if (load(type, b.data(), i) != expected(i))
-      ++wrong;
+    if (load(type, b.data(), i) != expected(i)) ++wrong;
   return wrong;
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("mpi::all_reduce sums every type and odd counts") {
   auto& world = test_world();
@@ -95,8 +92,7 @@ TEST_CASE("mpi::reduce delivers the sum to the root only") {
   const std::size_t count = 101;
   auto send = buffer(type, count), recv = buffer(type, count);
   fill(type, send, count, world.rank());
-  for (std::size_t i = 0; i < count; ++i)
-    store(type, recv.data(), i, -1.0);
+  for (std::size_t i = 0; i < count; ++i) store(type, recv.data(), i, -1.0);
   world.reduce(send.data(), recv.data(), count, type, root);
   if (world.rank() == root)
     CHECK(wrong_elements(type, recv, count, [&](std::size_t i) { return pattern_sum(n, i); }) == 0);
@@ -213,7 +209,7 @@ TEST_CASE("mpi::an error MPI returns becomes a CommError with host, rank and lin
   auto& world = test_world();
   int value = 0;
   try {
-    world.broadcast(&value, 1, DataType::i32, world.size() + 5); // no such root, on every rank
+    world.broadcast(&value, 1, DataType::i32, world.size() + 5);  // no such root, on every rank
     FAIL("no CommError");
   } catch (const CommError& e) {
     const std::string what = e.what();

@@ -31,15 +31,14 @@ std::vector<GroupSpec> every_group(int world_size) {
   std::vector<GroupSpec> specs = {
       {GroupKind::world, 0}, {GroupKind::intra_node, 0}, {GroupKind::inter_node, 0}};
   for (int s = 1; s <= world_size; ++s) {
-    if (world_size % s != 0)
-      continue;
+    if (world_size % s != 0) continue;
     specs.push_back({GroupKind::shard, s});
     specs.push_back({GroupKind::replica, s});
   }
   return specs;
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("mpi::every rank of this job is found on this host") {
   auto& world = test_world();
@@ -67,16 +66,14 @@ TEST_CASE("mpi::group splits on a two-node layout") {
   auto& world = test_world();
   const int n = world.size();
   std::vector<std::string> hosts;
-  for (int r = 0; r < n; ++r)
-    hosts.push_back(r < (n + 1) / 2 ? "node-a" : "node-b");
+  for (int r = 0; r < n; ++r) hosts.push_back(r < (n + 1) / 2 ? "node-a" : "node-b");
   const Topology t = topology_from_hosts(hosts, world.rank());
   for (const GroupSpec& spec : every_group(n)) {
     CAPTURE(group_name(spec));
     auto group = make_group(world, t, spec);
     const auto members = group_members(spec, t, world.rank());
     check_group(*group, members, world.rank());
-    if (spec.kind == GroupKind::intra_node)
-      CHECK(group->size() == t.local_size);
+    if (spec.kind == GroupKind::intra_node) CHECK(group->size() == t.local_size);
     if (spec.kind == GroupKind::inter_node)
       CHECK(group->size() == (n > 1 && t.local_rank < n / 2 ? 2 : 1));
   }

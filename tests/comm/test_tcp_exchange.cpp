@@ -31,9 +31,9 @@ using Clock = std::chrono::steady_clock;
 // Exit statuses of a peer.
 constexpr int kGotTheBlob = 0;
 constexpr int kGotAnotherBlob = 1;
-constexpr int kRefused = 2;  // a CommError naming rank 0's refusal
-constexpr int kFailed = 3;   // any other error
-constexpr int kNoChild = -1; // not reaped in time (then killed)
+constexpr int kRefused = 2;   // a CommError naming rank 0's refusal
+constexpr int kFailed = 3;    // any other error
+constexpr int kNoChild = -1;  // not reaped in time (then killed)
 
 // 128 bytes, as an ncclUniqueId, different for each test.
 std::vector<std::byte> blob_for(int seed) {
@@ -53,11 +53,11 @@ pid_t start_child(const std::function<int()>& body) {
       status = body();
     } catch (const CommError& error) {
       status = std::string(error.what()).find("refused the job") != std::string::npos ? kRefused
-                                                                                       : kFailed;
+                                                                                      : kFailed;
     } catch (...) {
       status = kFailed;
     }
-    ::_exit(status); // no doctest reporting, no destructors of the parent's objects
+    ::_exit(status);  // no doctest reporting, no destructors of the parent's objects
   }
   return pid;
 }
@@ -79,8 +79,7 @@ int wait_for_child(pid_t pid, std::chrono::milliseconds limit = 5000ms) {
   for (;;) {
     int status = 0;
     const pid_t done = ::waitpid(pid, &status, WNOHANG);
-    if (done == pid)
-      return WIFEXITED(status) ? WEXITSTATUS(status) : kNoChild;
+    if (done == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : kNoChild;
     if (done < 0 || Clock::now() > until) {
       ::kill(pid, SIGKILL);
       ::waitpid(pid, &status, 0);
@@ -119,12 +118,12 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("tcp_exchange::one rank needs no socket") {
   const auto blob = blob_for(1);
-  const LaunchEnvironment alone{.rank = 0, .world_size = 1, .local_rank = 0,
-                                .master_addr = "192.0.2.1", .master_port = 1};
+  const LaunchEnvironment alone{
+      .rank = 0, .world_size = 1, .local_rank = 0, .master_addr = "192.0.2.1", .master_port = 1};
   CHECK(tcp_share_blob(alone, blob, 0.1) == blob);
 }
 
@@ -138,8 +137,7 @@ TEST_CASE("tcp_exchange::every peer of 2 and of 4 ranks gets rank 0's exact blob
     for (int rank = 1; rank < world_size; ++rank)
       peers.push_back(start_peer(server.port(), rank, world_size, blob));
     CHECK(serve_error(server, blob, 5) == "");
-    for (const pid_t peer : peers)
-      CHECK(wait_for_child(peer) == kGotTheBlob);
+    for (const pid_t peer : peers) CHECK(wait_for_child(peer) == kGotTheBlob);
   }
 }
 
@@ -150,18 +148,22 @@ TEST_CASE("tcp_exchange::every rank shares through the launch environment, by ho
   std::vector<pid_t> peers;
   for (int rank = 1; rank < world_size; ++rank)
     peers.push_back(start_child([=] {
-      const LaunchEnvironment environment{.rank = rank, .world_size = world_size,
-                                          .local_rank = rank, .master_addr = "localhost",
+      const LaunchEnvironment environment{.rank = rank,
+                                          .world_size = world_size,
+                                          .local_rank = rank,
+                                          .master_addr = "localhost",
                                           .master_port = port};
       // A peer's own blob is ignored: it returns rank 0's.
       return tcp_share_blob(environment, blob_for(100 + rank), 5) == blob ? kGotTheBlob
                                                                           : kGotAnotherBlob;
     }));
-  const LaunchEnvironment rank0{.rank = 0, .world_size = world_size, .local_rank = 0,
-                                .master_addr = "localhost", .master_port = port};
+  const LaunchEnvironment rank0{.rank = 0,
+                                .world_size = world_size,
+                                .local_rank = 0,
+                                .master_addr = "localhost",
+                                .master_port = port};
   CHECK(tcp_share_blob(rank0, blob, 5) == blob);
-  for (const pid_t peer : peers)
-    CHECK(wait_for_child(peer) == kGotTheBlob);
+  for (const pid_t peer : peers) CHECK(wait_for_child(peer) == kGotTheBlob);
 }
 
 TEST_CASE("tcp_exchange::a peer that starts 1 s after rank 0 still gets the blob") {
@@ -191,8 +193,8 @@ TEST_CASE("tcp_exchange::a missing peer ends rank 0 at the deadline, naming what
   const auto start = Clock::now();
   const auto error = serve_error(server, blob, 1);
   const double took = seconds_since(start);
-  CHECK(error.find("rank 0: 1 of 2 peers connected to 127.0.0.1:" +
-                   std::to_string(server.port()) + " within 1 s (missing ranks 2)") == 0);
+  CHECK(error.find("rank 0: 1 of 2 peers connected to 127.0.0.1:" + std::to_string(server.port()) +
+                   " within 1 s (missing ranks 2)") == 0);
   CHECK(took >= 0.9);
   CHECK(took < 1.5);
   // The peer that came is told why, instead of waiting for its own deadline.
@@ -252,7 +254,7 @@ TEST_CASE("tcp_exchange::a peer claiming a rank out of range is refused") {
     if (::send(fd, hello.data(), hello.size(), 0) != static_cast<ssize_t>(hello.size()))
       return kFailed;
     unsigned char status = 0xff;
-    const ssize_t got = ::recv(fd, &status, 1, 0); // blocks at most until rank 0 closes
+    const ssize_t got = ::recv(fd, &status, 1, 0);  // blocks at most until rank 0 closes
     ::close(fd);
     return got == 1 && status == 1 ? kRefused : kFailed;
   });

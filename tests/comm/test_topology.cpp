@@ -29,7 +29,7 @@ TEST_CASE("topology::uniform nodes") {
 
 TEST_CASE("topology::host hash is FNV-1a") {
   CHECK(host_hash("") == 0xcbf29ce484222325ULL);
-  CHECK(host_hash("a") == 0xaf63dc4c8601ec8cULL); // the published FNV-1a 64 test vector
+  CHECK(host_hash("a") == 0xaf63dc4c8601ec8cULL);  // the published FNV-1a 64 test vector
   CHECK(host_hash("node01") != host_hash("node02"));
 }
 

@@ -26,16 +26,18 @@ struct Watched {
   Watchdog watchdog;
 
   explicit Watched(double timeout_s)
-      : watchdog({.program = "test", .rank = 1, .timeout_s = timeout_s,
-                  .report_fd = fileno(lines), .report_crashes = false},
+      : watchdog({.program = "test",
+                  .rank = 1,
+                  .timeout_s = timeout_s,
+                  .report_fd = fileno(lines),
+                  .report_crashes = false},
                  [this](int code) { ended_with = code; }) {}
   ~Watched() { std::fclose(lines); }
 
   std::string text() {
     std::string all;
     std::rewind(lines);
-    for (int c = std::fgetc(lines); c != EOF; c = std::fgetc(lines))
-      all += static_cast<char>(c);
+    for (int c = std::fgetc(lines); c != EOF; c = std::fgetc(lines)) all += static_cast<char>(c);
     return all;
   }
   // Waits up to `limit` for the job to end; the exit code, or -1.
@@ -47,7 +49,7 @@ struct Watched {
   }
 };
 
-} // namespace
+}  // namespace
 
 TEST_CASE("watchdog::no progress ends the job with one line naming the rank and the phase") {
   Watched w(0.2);
@@ -73,7 +75,8 @@ TEST_CASE("watchdog::progress keeps it quiet") {
   CHECK(w.watchdog.phase() == "step 15");
 }
 
-TEST_CASE("watchdog::a rank waiting for the others gives them a short grace to name themselves first") {
+TEST_CASE(
+    "watchdog::a rank waiting for the others gives them a short grace to name themselves first") {
   Watched w(0.2);
   CHECK(w.watchdog.grace_s() == 0.2);
   w.watchdog.set_phase("step 3 backward unit 2");
@@ -84,11 +87,12 @@ TEST_CASE("watchdog::a rank waiting for the others gives them a short grace to n
                       "ranks); aborting the job") != std::string::npos);
 }
 
-TEST_CASE("watchdog::overlapping waits (collective streams) keep the rank waiting until the last ends") {
+TEST_CASE(
+    "watchdog::overlapping waits (collective streams) keep the rank waiting until the last ends") {
   Watched w(60);
   w.watchdog.set_phase("step 1 backward unit 3");
-  w.watchdog.begin_wait("all_gather");      // the all-gathers' stream
-  w.watchdog.begin_wait("reduce_scatter");  // the reductions' stream
+  w.watchdog.begin_wait("all_gather");             // the all-gathers' stream
+  w.watchdog.begin_wait("reduce_scatter");         // the reductions' stream
   w.watchdog.set_phase("step 1 backward unit 2");  // the computing thread goes on
   w.watchdog.end_wait();
   CHECK(w.watchdog.phase() == "step 1 backward unit 2: reduce_scatter");
@@ -104,10 +108,10 @@ TEST_CASE("watchdog::fires near its deadline, waiting or not") {
     const auto start = std::chrono::steady_clock::now();
     Watched w(1.0);
     w.watchdog.set_phase("step 1");
-    if (waiting)
-      w.watchdog.begin_wait("all_gather");
+    if (waiting) w.watchdog.begin_wait("all_gather");
     REQUIRE(w.wait_for_end(4000ms) == kTimeoutExitCode);
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     CHECK(took >= 1.0);
     CHECK(took < 2.0);
   }
@@ -128,9 +132,9 @@ TEST_CASE("watchdog::rejects a timeout that is not > 0 and finite") {
   for (double t : {0.0, -1.0, std::numeric_limits<double>::infinity(),
                    std::numeric_limits<double>::quiet_NaN()}) {
     CAPTURE(t);
-    CHECK_THROWS_AS(Watchdog({.program = "test", .timeout_s = t, .report_crashes = false},
-                             [](int) {}),
-                    std::invalid_argument);
+    CHECK_THROWS_AS(
+        Watchdog({.program = "test", .timeout_s = t, .report_crashes = false}, [](int) {}),
+        std::invalid_argument);
   }
 }
 
@@ -140,12 +144,12 @@ TEST_CASE("fault::an injected throw happens at its rank and step only and names 
   const auto fault = parse_fault_injection("throw@1:2");
   bool oom = false;
   const auto out_of_memory = [&] { oom = true; };
-  inject_due_fault(fault, 0, 2, w.watchdog, out_of_memory); // another rank
-  inject_due_fault(fault, 1, 1, w.watchdog, out_of_memory); // another step
+  inject_due_fault(fault, 0, 2, w.watchdog, out_of_memory);  // another rank
+  inject_due_fault(fault, 1, 1, w.watchdog, out_of_memory);  // another step
   inject_due_fault(std::nullopt, 1, 2, w.watchdog, out_of_memory);
   CHECK(w.watchdog.phase() == "step 2");
-  CHECK_THROWS_WITH_AS(inject_due_fault(fault, 1, 2, w.watchdog, out_of_memory),
-                       "injected failure", std::runtime_error);
+  CHECK_THROWS_WITH_AS(inject_due_fault(fault, 1, 2, w.watchdog, out_of_memory), "injected failure",
+                       std::runtime_error);
   CHECK(w.watchdog.phase() == "step 2 (injected throw)");
   inject_due_fault(parse_fault_injection("oom@1:2"), 1, 2, w.watchdog, out_of_memory);
   CHECK(oom);

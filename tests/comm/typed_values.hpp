@@ -67,4 +67,4 @@ inline double pattern(int rank, std::size_t index) {
   return static_cast<double>((rank + 1) * static_cast<int>(index % 5 + 1));
 }
 
-} // namespace shardplan::comm::testing
+}  // namespace shardplan::comm::testing

@@ -57,4 +57,4 @@ inline std::string read_text(const std::string& path) {
   return text.str();
 }
 
-} // namespace shardplan::io::test
+}  // namespace shardplan::io::test

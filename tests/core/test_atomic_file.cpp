@@ -35,7 +35,7 @@ TEST_CASE("atomic_file::committed, the file holds every write and no temporary s
     CHECK(tmp.filename().string().starts_with(".plan.json.tmp-"));
     file.write("new ");
     file.write("bytes");
-    CHECK(read_text(path) == "old"); // nothing in place before the commit
+    CHECK(read_text(path) == "old");  // nothing in place before the commit
     file.commit();
   }
   CHECK(read_text(path) == "new bytes");
@@ -65,7 +65,7 @@ TEST_CASE("atomic_file::a synced file takes no more writes and commit renames it
   CHECK(error_of([&] { file.write("y"); }) ==
         "--out: cannot write \"" + path + "\": the file was already synced");
   file.commit(false);
-  file.commit(); // a second commit does nothing
+  file.commit();  // a second commit does nothing
   CHECK(read_text(path) == "x");
 }
 

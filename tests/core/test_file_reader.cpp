@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <string>
 
-#include "core/input_error.hpp"
 #include "core/file_reader.hpp"
+#include "core/input_error.hpp"
 #include "scratch.hpp"
 
 using shardplan::costmodel::InputError;
@@ -26,7 +26,7 @@ std::string error_of(const std::string& path, std::int64_t limit = shardplan::io
   return "";
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("file_reader::a regular file is read whole") {
   const Scratch s("whole");

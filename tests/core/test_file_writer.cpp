@@ -12,18 +12,18 @@
 #include <string>
 #include <thread>
 
-#include "core/input_error.hpp"
 #include "core/file_writer.hpp"
+#include "core/input_error.hpp"
 #include "scratch.hpp"
 #include "tests/test_support.hpp"
 
-using shardplan::test::error_of;
 using shardplan::costmodel::InputError;
 using shardplan::io::check_destination;
 using shardplan::io::write_file;
 using shardplan::io::test::read_text;
 using shardplan::io::test::Scratch;
 using shardplan::io::test::write_text;
+using shardplan::test::error_of;
 
 namespace {
 
@@ -49,7 +49,7 @@ template <class F> int in_child(F&& f) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("file_writer::a new or existing regular file is replaced whole, no temporary left") {
   const Scratch s("replace");
@@ -59,7 +59,7 @@ TEST_CASE("file_writer::a new or existing regular file is replaced whole, no tem
   REQUIRE(::chmod(path.c_str(), 0640) == 0);
   write_file(path, "second\n");
   CHECK(read_text(path) == "second\n");
-  CHECK((lmode(path) & 0777) == 0640); // the file's permission bits are kept
+  CHECK((lmode(path) & 0777) == 0640);  // the file's permission bits are kept
   CHECK(s.names() == std::vector<std::string>{"out.json"});
 }
 
@@ -89,7 +89,7 @@ TEST_CASE("file_writer::a FIFO is written through to its reader and stays a FIFO
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   std::string got;
   std::thread reader([&] { got = read_text(fifo); });
-  write_file(fifo, std::string(200'000, 'p')); // more than a pipe holds: the reader drains it
+  write_file(fifo, std::string(200'000, 'p'));  // more than a pipe holds: the reader drains it
   reader.join();
   CHECK(got == std::string(200'000, 'p'));
   CHECK(S_ISFIFO(lmode(fifo)));
@@ -100,8 +100,7 @@ TEST_CASE("file_writer::a symbolic link is followed to a device only, other link
   const Scratch s("symlink");
   write_text(s.path("target.json"), "old");
   std::filesystem::create_symlink(s.path("target.json"), s.path("link.json"));
-  const std::string refused =
-      error_of([&] { write_file(s.path("link.json"), "new", "--out"); });
+  const std::string refused = error_of([&] { write_file(s.path("link.json"), "new", "--out"); });
   CHECK(refused == "--out: cannot write \"" + s.path("link.json") +
                        "\": it is a symbolic link to a regular file; links are followed only to "
                        "a device, FIFO or socket: give the target's own path");
@@ -109,8 +108,9 @@ TEST_CASE("file_writer::a symbolic link is followed to a device only, other link
   CHECK(S_ISLNK(lmode(s.path("link.json"))));
   CHECK(read_text(s.path("target.json")) == "old");
   std::filesystem::create_symlink(s.path("nothing"), s.path("dangling.json"));
-  CHECK(error_of([&] { write_file(s.path("dangling.json"), "new"); })
-            .find("it is a symbolic link to nothing (No such file or directory)") !=
+  CHECK(error_of([&] {
+          write_file(s.path("dangling.json"), "new");
+        }).find("it is a symbolic link to nothing (No such file or directory)") !=
         std::string::npos);
   CHECK_FALSE(std::filesystem::exists(s.path("nothing")));
   std::filesystem::create_symlink("/dev/null", s.path("null"));
@@ -152,7 +152,7 @@ TEST_CASE("file_writer::a read-only folder is refused before and at the write") 
   const Scratch s("read-only");
   std::filesystem::create_directory(s.path("ro"));
   std::filesystem::permissions(s.path("ro"), std::filesystem::perms::owner_read |
-                                                  std::filesystem::perms::owner_exec);
+                                                 std::filesystem::perms::owner_exec);
   CHECK(error_of([&] { check_destination(s.path("ro/run.json"), "--out"); }) ==
         "--out: cannot write \"" + s.path("ro/run.json") + "\": Permission denied");
   CHECK(error_of([&] { write_file(s.path("ro/run.json"), "x", "--out"); }) ==
@@ -204,6 +204,6 @@ TEST_CASE("file_writer::processes writing one path at once each write it whole")
   CHECK(failed == 0);
   const std::string got = read_text(path);
   REQUIRE(got.size() == 64 * 1024);
-  CHECK(got == std::string(got.size(), got.front())); // one writer's bytes, whole
+  CHECK(got == std::string(got.size(), got.front()));  // one writer's bytes, whole
   CHECK(s.names() == std::vector<std::string>{"same.svg"});
 }

@@ -28,5 +28,7 @@ TEST_CASE("json_reader::missing key, wrong type, range") {
 
 TEST_CASE("json_reader::not an object and not JSON") {
   CHECK(error_of([] { ObjectReader r(json::array(), ""); }) == "/: must be an object, got []");
-  CHECK(error_of([] { parse_json_text("{\"a\": ", "job.json"); }).rfind("job.json: not valid JSON", 0) == 0);
+  CHECK(error_of([] {
+          parse_json_text("{\"a\": ", "job.json");
+        }).rfind("job.json: not valid JSON", 0) == 0);
 }

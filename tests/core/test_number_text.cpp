@@ -18,31 +18,37 @@ TEST_CASE("number_text::integers are decimal: 010 is ten, 0x10 and 08 are not sp
   CHECK(int64_from_text("--gpus", "0") == 0);
   CHECK(int64_from_text("--gpus", "-5") == -5);
   CHECK(int_from_text("--gpus", "16") == 16);
-  for (const char* bad : {"0x10", "0X10", "0b11", "0o7", "+5", " 5", "5 ", "1e3", "1.0", "1_000", "", "-", "--5",
-                          "five", "5x"}) {
+  for (const char* bad : {"0x10", "0X10", "0b11", "0o7", "+5", " 5", "5 ", "1e3", "1.0", "1_000",
+                          "", "-", "--5", "five", "5x"}) {
     CAPTURE(bad);
-    CHECK_THROWS_WITH_AS(int64_from_text("--gpus", bad),
-                         ("--gpus: must be a whole decimal number, got \"" + std::string(bad) + "\"").c_str(),
-                         InputError);
+    CHECK_THROWS_WITH_AS(
+        int64_from_text("--gpus", bad),
+        ("--gpus: must be a whole decimal number, got \"" + std::string(bad) + "\"").c_str(),
+        InputError);
   }
 }
 
 TEST_CASE("number_text::out of range is refused, never clamped") {
-  CHECK(uint64_from_text("--seed", "18446744073709551615") == std::numeric_limits<std::uint64_t>::max());
+  CHECK(uint64_from_text("--seed", "18446744073709551615") ==
+        std::numeric_limits<std::uint64_t>::max());
   CHECK(uint64_from_text("--seed", "0") == 0);
   CHECK(int64_from_text("--x", "9223372036854775807") == std::numeric_limits<std::int64_t>::max());
   CHECK(int64_from_text("--x", "-9223372036854775808") == std::numeric_limits<std::int64_t>::min());
-  CHECK_THROWS_WITH_AS(uint64_from_text("--seed", "18446744073709551616"),
-                       "--seed: must be between 0 and 18446744073709551615, got \"18446744073709551616\"",
-                       InputError);
-  CHECK_THROWS_WITH_AS(uint64_from_text("--seed", "99999999999999999999"),
-                       "--seed: must be between 0 and 18446744073709551615, got \"99999999999999999999\"",
-                       InputError);
+  CHECK_THROWS_WITH_AS(
+      uint64_from_text("--seed", "18446744073709551616"),
+      "--seed: must be between 0 and 18446744073709551615, got \"18446744073709551616\"",
+      InputError);
+  CHECK_THROWS_WITH_AS(
+      uint64_from_text("--seed", "99999999999999999999"),
+      "--seed: must be between 0 and 18446744073709551615, got \"99999999999999999999\"",
+      InputError);
   CHECK_THROWS_WITH_AS(uint64_from_text("--seed", "-1"),
-                       "--seed: must be between 0 and 18446744073709551615, got \"-1\"", InputError);
+                       "--seed: must be between 0 and 18446744073709551615, got \"-1\"",
+                       InputError);
   CHECK_THROWS_AS(int64_from_text("--x", "9223372036854775808"), InputError);
   CHECK_THROWS_WITH_AS(int_from_text("--gpus", "5000000000"),
-                       "--gpus: must be between -2147483648 and 2147483647, got \"5000000000\"", InputError);
+                       "--gpus: must be between -2147483648 and 2147483647, got \"5000000000\"",
+                       InputError);
 }
 
 TEST_CASE("number_text::decimal numbers: no hex floats, inf, nan or overflow") {
@@ -52,14 +58,17 @@ TEST_CASE("number_text::decimal numbers: no hex floats, inf, nan or overflow") {
   CHECK(double_from_text("--headroom", ".5") == 0.5);
   CHECK(double_from_text("--x", "-2") == -2);
   CHECK(double_from_text("--x", "010") == 10);
-  for (const char* bad : {"0x1p3", "0x10", "inf", "-inf", "nan", "infinity", "+1", "1e", "", ".", " 1", "1,5"}) {
+  for (const char* bad :
+       {"0x1p3", "0x10", "inf", "-inf", "nan", "infinity", "+1", "1e", "", ".", " 1", "1,5"}) {
     CAPTURE(bad);
-    CHECK_THROWS_WITH_AS(double_from_text("--params", bad),
-                         ("--params: must be a decimal number, got \"" + std::string(bad) + "\"").c_str(),
-                         InputError);
+    CHECK_THROWS_WITH_AS(
+        double_from_text("--params", bad),
+        ("--params: must be a decimal number, got \"" + std::string(bad) + "\"").c_str(),
+        InputError);
   }
   CHECK_THROWS_WITH_AS(double_from_text("--params", "1e400"),
-                       "--params: must be a finite number within double's range, got \"1e400\"", InputError);
+                       "--params: must be a finite number within double's range, got \"1e400\"",
+                       InputError);
 }
 
 TEST_CASE("whole_count::a double becomes an integer only where int64 holds it, never wrapped") {

@@ -41,7 +41,7 @@ Finished finish_in_child(const char* out, const std::string& text, int code, con
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), read_text(err)};
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("standard_output::a full device is exit code 2 and one line with the reason") {
   const Scratch s("full");

@@ -14,7 +14,8 @@ TEST_CASE("text::printable escapes control bytes and bytes that are not UTF-8") 
   CHECK(printable("m\xff\xfe.json") == "m\\xff\\xfe.json");
   CHECK(printable(std::string("g/\0..", 5)) == "g/\\x00..");
   CHECK(printable("a\nb\tc\x7f") == "a\\x0ab\\x09c\\x7f");
-  CHECK(printable("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80") == "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  CHECK(printable("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80") ==
+        "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
   // Overlong forms, surrogates, cut sequences and code points past U+10FFFF are not UTF-8.
   CHECK(printable("\xc0\xaf") == "\\xc0\\xaf");
   CHECK(printable("\xed\xa0\x80") == "\\xed\\xa0\\x80");
@@ -24,7 +25,7 @@ TEST_CASE("text::printable escapes control bytes and bytes that are not UTF-8") 
 
 TEST_CASE("text::json_text writes a name that is not UTF-8 with U+FFFD, never throws") {
   const nlohmann::json doc = {{"path", "m\xff\xfe.json"}, {"n", 1}};
-  CHECK_THROWS(doc.dump()); // what nlohmann does by default (type_error.316)
+  CHECK_THROWS(doc.dump());  // what nlohmann does by default (type_error.316)
   std::string text;
   REQUIRE_NOTHROW(text = json_text(doc));
   CHECK(text == "{\"n\":1,\"path\":\"m\xef\xbf\xbd\xef\xbf\xbd.json\"}");

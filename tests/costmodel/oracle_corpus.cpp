@@ -4,9 +4,9 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "core/json_reader.hpp"
 #include "costmodel/accounting.hpp"
 #include "costmodel/hardware.hpp"
-#include "core/json_reader.hpp"
 #include "costmodel/model.hpp"
 #include "costmodel/simulator.hpp"
 #include "costmodel/traffic.hpp"
@@ -41,7 +41,8 @@ ModelSpec model_of(const nlohmann::json& configs, const nlohmann::json& c) {
 // Why a case says nothing about what a GPU run keeps (empty: it does).
 std::string cpu_only_reason(const ModelSpec& m, const nlohmann::json& c) {
   if (m.attention_dropout && c.at("attention") == "flash")
-    return "dropout in sdpa: the CPU falls back to its math path (CUDA's flash kernel drops out inside)";
+    return "dropout in sdpa: the CPU falls back to its math path (CUDA's flash kernel drops out "
+           "inside)";
   if (c.value("attention_kernel", std::string()).find("math") != std::string::npos)
     return "sdpa ran its math path on CPU";
   return "";
@@ -49,7 +50,11 @@ std::string cpu_only_reason(const ModelSpec& m, const nlohmann::json& c) {
 
 Row row(const nlohmann::json& c, const std::string& quantity, double predicted, double measured,
         const std::string& skipped) {
-  return {c.at("id").get<std::string>(), c.value("recipe", std::string("hf")), quantity, predicted, measured,
+  return {c.at("id").get<std::string>(),
+          c.value("recipe", std::string("hf")),
+          quantity,
+          predicted,
+          measured,
           skipped};
 }
 
@@ -119,7 +124,8 @@ std::vector<Row> unit_rows(const nlohmann::json& corpus) {
     if (j.loss == LossImpl::chunked) {
       const double h = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab);
       const double C = T / static_cast<double>(j.loss_chunks);
-      predicted_head += -e * T * h + (j.micro_batch == 1 ? e * T * h : e * C * h) + 4 * C * V + 8 * C;
+      predicted_head +=
+          -e * T * h + (j.micro_batch == 1 ? e * T * h : e * C * h) + 4 * C * V + 8 * C;
     }
     rows.push_back(row(c, "head", predicted_head, measured_head, skipped));
     predicted_total += predicted_head;
@@ -146,19 +152,26 @@ std::vector<Row> traffic_rows(const nlohmann::json& corpus) {
       if (!u.contains(direction) || !u.at(direction).contains("memory_bound")) return 0.0;
       return u.at(direction).at("memory_bound").at(what).get<double>();
     };
-    auto add = [&](const std::string& unit, const Traffic& t, const Traffic& recompute, const std::string& skip) {
+    auto add = [&](const std::string& unit, const Traffic& t, const Traffic& recompute,
+                   const std::string& skip) {
       rows.push_back(row(c, unit + "/forward", t.forward, measured(unit, "forward", "bytes"), ""));
-      rows.push_back(row(c, unit + "/backward", t.backward + recompute.forward, measured(unit, "backward", "bytes"), skip));
-      rows.push_back(row(c, unit + "/forward ops", t.forward_ops, measured(unit, "forward", "ops"), ""));
+      rows.push_back(row(c, unit + "/backward", t.backward + recompute.forward,
+                         measured(unit, "backward", "bytes"), skip));
+      rows.push_back(
+          row(c, unit + "/forward ops", t.forward_ops, measured(unit, "forward", "ops"), ""));
       rows.push_back(row(c, unit + "/backward ops", t.backward_ops + recompute.forward_ops,
                          measured(unit, "backward", "ops"), skip));
     };
     // GPT-2's position table gets its gradient after the token table's backward began or before
     // it: the hooks cannot tell which unit ran it.
     add("embedding", embedding_traffic(m, j, f), {},
-        m.positions == PositionKind::learned ? "the position table's backward is not attributed" : "");
+        m.positions == PositionKind::learned ? "the position table's backward is not attributed"
+                                             : "");
     const Traffic block = block_traffic(m, j, f);
-    add("block 1", block, j.block_checkpointed(1) || j.checkpointing == Checkpointing::selective_op ? recompute_traffic(m, j, f) : Traffic{},
+    add("block 1", block,
+        j.block_checkpointed(1) || j.checkpointing == Checkpointing::selective_op
+            ? recompute_traffic(m, j, f)
+            : Traffic{},
         "");
     add("head", head_traffic(m, j, f), {}, "");
   }
@@ -199,9 +212,11 @@ Breakdown measured_categories(const nlohmann::json& at_peak) {
 }
 
 ShardingSpec spec_of(const std::string& wrapper, int world) {
-  if (wrapper.rfind("deepspeed-", 0) == 0) return make_spec(wrapper.substr(10), Flavour::deepspeed, world);
+  if (wrapper.rfind("deepspeed-", 0) == 0)
+    return make_spec(wrapper.substr(10), Flavour::deepspeed, world);
   if (wrapper == "fsdp2") {
-    // The harness's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torchtitan's default.
+    // The harness's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torchtitan's
+    // default.
     ShardingSpec s = make_spec("fsdp-full", Flavour::fsdp2, world);
     s.reduce_dtype = DType::fp32;
     return s;
@@ -235,24 +250,27 @@ std::vector<Row> step_rows(const nlohmann::json& corpus) {
     // on CUDA the bf16 gradients are cast to the fp32 reduce dtype during the copy-in; on CPU each
     // is cast first, an extra fp32 copy of the root's gradients at the root's reduce-scatter.
     if (skipped.empty() && c.at("wrapper") == "fsdp2" && j.precision != Precision::fp32 &&
-        c.value("peak_phase", std::string()) == "backward" && c.value("peak_module", std::string()) == "Global")
-      skipped = "CPU: FSDP2 casts each gradient to the reduce dtype before the copy-in (CUDA casts during it)";
-    rows.push_back(row(c, "peak", r.allocated_peak_bytes, c.at("peak_bytes").get<double>(), skipped));
+        c.value("peak_phase", std::string()) == "backward" &&
+        c.value("peak_module", std::string()) == "Global")
+      skipped = "CPU: FSDP2 casts each gradient to the reduce dtype before the copy-in (CUDA casts "
+                "during it)";
+    rows.push_back(
+        row(c, "peak", r.allocated_peak_bytes, c.at("peak_bytes").get<double>(), skipped));
     const Breakdown measured = measured_categories(c.at("at_peak"));
     // Categories describe one moment: where two moments have nearly the same total (the end of
     // the optimizer step and the loss's backward), they are compared only when both peaks fall
     // in the same phase.
     const bool predicted_in_step = r.peak_when.rfind("optimizer", 0) == 0;
     const bool measured_in_step = c.value("peak_phase", std::string()) == "optimizer";
-    const std::string other_moment =
-        predicted_in_step == measured_in_step
-            ? skipped
-            : "the peak falls in another phase: predicted " + r.peak_when + ", measured " +
-                  c.value("peak_phase", std::string());
+    const std::string other_moment = predicted_in_step == measured_in_step
+                                         ? skipped
+                                         : "the peak falls in another phase: predicted " +
+                                               r.peak_when + ", measured " +
+                                               c.value("peak_phase", std::string());
     for (int k = 0; k < kCategories; ++k) {
       if (static_cast<Category>(k) == Category::overhead) continue;
-      rows.push_back(row(c, std::string("peak/") + category_name(static_cast<Category>(k)), r.at_peak[k],
-                         measured[k], skipped.empty() ? other_moment : skipped));
+      rows.push_back(row(c, std::string("peak/") + category_name(static_cast<Category>(k)),
+                         r.at_peak[k], measured[k], skipped.empty() ? other_moment : skipped));
     }
   }
   return rows;

@@ -18,7 +18,9 @@ struct Row {
   double predicted = 0;  // bytes
   double measured = 0;   // bytes
   std::string skipped;   // why this case is not compared (empty: compared)
-  double error() const { return measured == 0 ? (predicted == 0 ? 0 : 1) : (predicted - measured) / measured; }
+  double error() const {
+    return measured == 0 ? (predicted == 0 ? 0 : 1) : (predicted - measured) / measured;
+  }
 };
 
 // tests/costmodel/data/oracle_units.json: per unit, the bytes autograd keeps for backward.

@@ -5,8 +5,8 @@
 #include <doctest/doctest.h>
 
 #include "costmodel/compute_time.hpp"
-#include "costmodel/traffic.hpp"
 #include "costmodel/simulator.hpp"
+#include "costmodel/traffic.hpp"
 
 using namespace shardplan::costmodel;
 
@@ -87,8 +87,10 @@ TEST_CASE("compute_time::flash attention is matmul FLOPs and one exp per scored 
   const double pairs = 8.0 * 1600 * 1601 / 2;
   CHECK(a.scored_pairs() == pairs);
   const double wave = 104.0 / 200.0;
-  CHECK(cm.attention_forward_s(a) == doctest::Approx(pairs * (4 * 128 / 500e12 + 1 / 1.6e12) / wave));
-  CHECK(cm.attention_backward_s(a) == doctest::Approx(pairs * (10 * 128 / 500e12 + 1 / 1.6e12) / wave));
+  CHECK(cm.attention_forward_s(a) ==
+        doctest::Approx(pairs * (4 * 128 / 500e12 + 1 / 1.6e12) / wave));
+  CHECK(cm.attention_backward_s(a) ==
+        doctest::Approx(pairs * (10 * 128 / 500e12 + 1 / 1.6e12) / wave));
   // A narrower head spends a larger share on the exp: per pair 4·64/500e12 = 0.51 ps of matmul
   // against 0.625 ps of exp.
   const AttentionShape narrow{1, 1600, 8, 8, 64};
@@ -129,10 +131,12 @@ TEST_CASE("compute_time::calibrated times are used for their shapes and scaled t
   CHECK(cm.gemm_s({256, 384, 256, 1}) == doctest::Approx(2e-3));
   // Twice the sequences: twice the time; twice the sequence: pairs 1024·1025 against 512·513.
   CHECK(cm.attention_forward_s({4, 512, 4, 2, 64}) == doctest::Approx(4e-3));
-  CHECK(cm.attention_backward_s({2, 1024, 4, 2, 64}) == doctest::Approx(5e-3 * 1024 * 1025 / (512.0 * 513)));
+  CHECK(cm.attention_backward_s({2, 1024, 4, 2, 64}) ==
+        doctest::Approx(5e-3 * 1024 * 1025 / (512.0 * 513)));
 }
 
-TEST_CASE("compute_time::a CPU's fp32 GEMMs and attention cores serve its fp32 jobs, a GPU's do not") {
+TEST_CASE(
+    "compute_time::a CPU's fp32 GEMMs and attention cores serve its fp32 jobs, a GPU's do not") {
   auto hw = round_gpu();
   Calibration c;
   c.backend = "mpi";
@@ -200,14 +204,17 @@ TEST_CASE("compute_time::the host's work hides behind a GPU's kernels, adds to a
       const auto uw = unit_work(ComputeModel(hw, in.job), m, in.job, u, Forward{2, 4, true});
       launches += uw.forward_kernels + uw.backward_kernels;
     }
-    const auto bw = unit_work(ComputeModel(hw, in.job), m, in.job, UnitKind::block, Forward{2, 4, true});
+    const auto bw =
+        unit_work(ComputeModel(hw, in.job), m, in.job, UnitKind::block, Forward{2, 4, true});
     return (launches + 12 * (bw.forward_kernels + bw.backward_kernels)) * 10e-6;
   }();
-  CHECK(r.compute_by_kind_s[static_cast<int>(ComputeKind::host_overhead)] == doctest::Approx(host - device));
+  CHECK(r.compute_by_kind_s[static_cast<int>(ComputeKind::host_overhead)] ==
+        doctest::Approx(host - device));
   // A CPU rank does both in turn.
   hw.is_cpu = true;
   const auto cpu = simulate_step(in);
-  CHECK(cpu.compute_by_kind_s[static_cast<int>(ComputeKind::host_overhead)] == doctest::Approx(host));
+  CHECK(cpu.compute_by_kind_s[static_cast<int>(ComputeKind::host_overhead)] ==
+        doctest::Approx(host));
 }
 
 TEST_CASE("compute_time::the kinds add up to the compute stream's busy time") {
@@ -232,7 +239,8 @@ TEST_CASE("compute_time::the kinds add up to the compute stream's busy time") {
   const Forward f{2, 2, true};
   const auto block = unit_work(cm, m, in.job, UnitKind::block, f);
   // The rerun stops early: transformers' checkpoint does not redo the block's last residual add.
-  const double skipped = cm.traffic_s(block_traffic(m, in.job, f).forward - recompute_traffic(m, in.job, f).forward);
+  const double skipped =
+      cm.traffic_s(block_traffic(m, in.job, f).forward - recompute_traffic(m, in.job, f).forward);
   CHECK(skipped > 0);
   CHECK(r.compute_by_kind_s[static_cast<int>(ComputeKind::recompute)] ==
         doctest::Approx(2 * 32 * (block.forward_s() - skipped)));  // 2 micro-batches of 1 sequence
@@ -258,9 +266,11 @@ TEST_CASE("compute_time::the host optimizer runs at its framework's rate") {
     return r.exposed_s[static_cast<int>(Stream::host)];
   };
   hw.host_optimizer_by_framework = {{"deepspeed", 2e9}, {"torch", 0.5e9}};
-  const double ds_fast = host_s("zero3", Flavour::deepspeed), fsdp_slow = host_s("fsdp-full", Flavour::fsdp2);
+  const double ds_fast = host_s("zero3", Flavour::deepspeed),
+               fsdp_slow = host_s("fsdp-full", Flavour::fsdp2);
   hw.host_optimizer_by_framework = {{"deepspeed", 0.5e9}, {"torch", 2e9}};
-  const double ds_slow = host_s("zero3", Flavour::deepspeed), fsdp_fast = host_s("fsdp-full", Flavour::fsdp2);
+  const double ds_slow = host_s("zero3", Flavour::deepspeed),
+               fsdp_fast = host_s("fsdp-full", Flavour::fsdp2);
   CHECK(ds_fast < ds_slow);
   CHECK(fsdp_fast < fsdp_slow);
   // One rate for both (a profile without the split) is that rate for either.

@@ -52,7 +52,7 @@ TEST_CASE("elementwise::a measured rate times exactly its passes") {
   Calibration c;
   c.backend = "mpi";
   c.ranks = 1;
-  const double rate = 1e9; // passes per second
+  const double rate = 1e9;  // passes per second
   c.elementwise_elems_per_s = rate;
   hw.calibration = c;
   double passes = 0;

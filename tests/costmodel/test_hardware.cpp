@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <string>
 
-#include "costmodel/hardware.hpp"
 #include "core/json_reader.hpp"
+#include "costmodel/hardware.hpp"
 #include "costmodel/model.hpp"
 #include "tests/test_support.hpp"
 
@@ -47,7 +47,7 @@ json calibration_doc() {
   })");
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("hardware::every preset loads") {
   const auto names = preset_hardware_names();
@@ -75,11 +75,11 @@ TEST_CASE("hardware::every preset loads") {
 TEST_CASE("hardware::units are converted at the boundary") {
   const auto p = load_hardware("a100-sxm4-80gb");
   CHECK(p.device == "NVIDIA A100-SXM4-80GB");
-  CHECK(p.memory_bytes == 80.0 * kGiB); // memory_GiB 80
-  CHECK(p.peak(DType::bf16) == 312e12); // peak_TFLOPs.bf16 312
+  CHECK(p.memory_bytes == 80.0 * kGiB);  // memory_GiB 80
+  CHECK(p.peak(DType::bf16) == 312e12);  // peak_TFLOPs.bf16 312
   CHECK(p.peak(DType::fp32) == 19.5e12);
-  CHECK(p.hbm_bandwidth_Bps == 2039e9); // memory_bandwidth_GBps 2039
-  CHECK(p.intra_bandwidth_Bps == 3e11); // bandwidth_GBps 300
+  CHECK(p.hbm_bandwidth_Bps == 2039e9);  // memory_bandwidth_GBps 2039
+  CHECK(p.intra_bandwidth_Bps == 3e11);  // bandwidth_GBps 300
   CHECK(p.intra_latency_s == doctest::Approx(2e-6));
   CHECK(p.inter_bandwidth_Bps == 25e9);
   CHECK(p.inter_latency_s == doctest::Approx(6e-6));
@@ -101,15 +101,15 @@ TEST_CASE("hardware::device memory is what the driver reports") {
 
 TEST_CASE("hardware::datasheet peaks and links") {
   const auto h100 = load_hardware("h100-sxm5-80gb");
-  CHECK(h100.peak(DType::bf16) == 989.5e12); // dense: half the datasheet's sparse 1979
-  CHECK(h100.intra_bandwidth_Bps == 450e9);  // NVLink 4: 900 GB/s bidirectional
-  CHECK(h100.inter_bandwidth_Bps == 50e9);   // 400 Gb/s NDR per GPU
+  CHECK(h100.peak(DType::bf16) == 989.5e12);  // dense: half the datasheet's sparse 1979
+  CHECK(h100.intra_bandwidth_Bps == 450e9);   // NVLink 4: 900 GB/s bidirectional
+  CHECK(h100.inter_bandwidth_Bps == 50e9);    // 400 Gb/s NDR per GPU
   const auto h200 = load_hardware("h200-sxm-141gb");
   CHECK(h200.hbm_bandwidth_Bps == 4.8e12);
   CHECK(h200.peak(DType::bf16) == h100.peak(DType::bf16));
   const auto l40s = load_hardware("l40s-48gb");
-  CHECK(l40s.intra_bandwidth_Bps == l40s.host_link_Bps); // PCIe only, no NVLink
-  CHECK(l40s.inter_bandwidth_Bps == 6.25e9);             // 2 x 200 Gb/s per 8 GPUs
+  CHECK(l40s.intra_bandwidth_Bps == l40s.host_link_Bps);  // PCIe only, no NVLink
+  CHECK(l40s.inter_bandwidth_Bps == 6.25e9);              // 2 x 200 Gb/s per 8 GPUs
   CHECK(l40s.peak(DType::tf32) == 183e12);
 }
 
@@ -243,7 +243,8 @@ TEST_CASE("hardware::unknown profile names the presets") {
 }
 
 TEST_CASE("hardware::a CPU profile's collectives block unless it says they overlap") {
-  json doc = read_json_file(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/executor/data/cpu-test.json");
+  json doc =
+      read_json_file(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/executor/data/cpu-test.json");
   CHECK(hardware_from_json(doc, "x").collectives_block);
   doc["gpu"]["collectives"] = "overlapped";
   CHECK_FALSE(hardware_from_json(doc, "x").collectives_block);
@@ -252,11 +253,14 @@ TEST_CASE("hardware::a CPU profile's collectives block unless it says they overl
   CHECK_FALSE(hardware_from_json(profile_doc("h100-sxm5-80gb"), "x").collectives_block);
 }
 
-TEST_CASE("hardware::a straggler wait is read, checked, and scaled by the expected slowest of n ranks") {
-  json doc = read_json_file(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/executor/data/cpu-test.json");
+TEST_CASE(
+    "hardware::a straggler wait is read, checked, and scaled by the expected slowest of n ranks") {
+  json doc =
+      read_json_file(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/executor/data/cpu-test.json");
   doc["calibration"] = calibration_doc();
   CHECK(hardware_from_json(doc, "x").straggler_wait_fraction(2) == 0);  // not measured
-  doc["calibration"]["straggler_wait"] = {{"fraction", 0.05}, {"ranks", 2}, {"segment_us", 1500}, {"repetitions", 40}};
+  doc["calibration"]["straggler_wait"] = {
+      {"fraction", 0.05}, {"ranks", 2}, {"segment_us", 1500}, {"repetitions", 40}};
   const auto p = hardware_from_json(doc, "x");
   CHECK(p.straggler_wait_fraction(1) == 0);  // one rank waits for nobody
   CHECK(p.straggler_wait_fraction(2) == doctest::Approx(0.05));
@@ -267,17 +271,22 @@ TEST_CASE("hardware::a straggler wait is read, checked, and scaled by the expect
   CHECK(p.straggler_wait_fraction(1000) == doctest::Approx(0.05 * 3.2414 / 0.56419).epsilon(0.01));
   json bad = doc;
   bad["calibration"]["straggler_wait"]["ranks"] = 1;
-  CHECK(error_of([&] { hardware_from_json(bad, "x"); }) == "/calibration/straggler_wait/ranks: must be >= 2, got 1");
+  CHECK(error_of([&] { hardware_from_json(bad, "x"); }) ==
+        "/calibration/straggler_wait/ranks: must be >= 2, got 1");
   bad = doc;
   bad["calibration"]["straggler_wait"]["fraction"] = -0.1;
-  CHECK(error_of([&] { hardware_from_json(bad, "x"); }).rfind("/calibration/straggler_wait/fraction: ", 0) == 0);
+  CHECK(error_of([&] {
+          hardware_from_json(bad, "x");
+        }).rfind("/calibration/straggler_wait/fraction: ", 0) == 0);
   bad = doc;
   bad["calibration"]["straggler_wait"]["spread"] = 1;
-  CHECK(error_of([&] { hardware_from_json(bad, "x"); }) == "/calibration/straggler_wait/spread: unknown key");
+  CHECK(error_of([&] { hardware_from_json(bad, "x"); }) ==
+        "/calibration/straggler_wait/spread: unknown key");
 }
 
 TEST_CASE("hardware::collectives must be blocking or overlapped, and a GPU's never block") {
-  json doc = read_json_file(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/executor/data/cpu-test.json");
+  json doc =
+      read_json_file(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/executor/data/cpu-test.json");
   doc["gpu"]["collectives"] = "async";
   CHECK(error_of([&] { hardware_from_json(doc, "x"); }) ==
         "/gpu/collectives: must be blocking or overlapped, got \"async\"");
@@ -299,7 +308,9 @@ TEST_CASE("hardware::clocks, SMs and memory efficiency are read, and their rejec
         "/gpu/clock_MHz/sustained: must be <= boost 1980 (the peak is at boost), got 2000");
   doc = profile_doc("h100-sxm5-80gb");
   doc["gpu"]["memory_bandwidth_efficiency"] = 1.5;
-  CHECK(error_of([&] { hardware_from_json(doc, "x"); }).rfind("/gpu/memory_bandwidth_efficiency: ", 0) == 0);
+  CHECK(error_of([&] {
+          hardware_from_json(doc, "x");
+        }).rfind("/gpu/memory_bandwidth_efficiency: ", 0) == 0);
   doc = profile_doc("h100-sxm5-80gb");
   doc["gpu"]["sm_count"] = 0;
   CHECK(error_of([&] { hardware_from_json(doc, "x"); }).rfind("/gpu/sm_count: ", 0) == 0);
@@ -307,7 +318,8 @@ TEST_CASE("hardware::clocks, SMs and memory efficiency are read, and their rejec
 
 TEST_CASE("hardware::framework overheads and per-framework optimizer rates, and their rejections") {
   json doc = profile_doc("a100-sxm4-80gb");
-  doc["framework"] = json::parse(R"({"op_dispatch_us": 5, "flavours": {"fsdp2": {"forward_unit_us": 100,
+  doc["framework"] =
+      json::parse(R"({"op_dispatch_us": 5, "flavours": {"fsdp2": {"forward_unit_us": 100,
     "backward_unit_us": 200, "forward_tensor_us": 1, "backward_tensor_us": 2}}, "source": "s"})");
   doc["host"]["optimizer_Gparams_per_s"] = {{"deepspeed", 2}, {"torch", 0.5}};
   auto p = hardware_from_json(doc, "x");
@@ -317,13 +329,17 @@ TEST_CASE("hardware::framework overheads and per-framework optimizer rates, and 
   CHECK(p.host_optimizer_rate("deepspeed") == 2e9);
   CHECK(p.host_optimizer_rate("torch") == 0.5e9);
   doc["framework"]["flavours"]["megatron"] = doc["framework"]["flavours"]["fsdp2"];
-  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) == "/framework/flavours/megatron: unknown key");
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) ==
+        "/framework/flavours/megatron: unknown key");
   doc["framework"]["flavours"].erase("megatron");
   doc["framework"]["flavours"]["fsdp2"]["forward_unit_us"] = -1;
-  CHECK(error_of([&] { hardware_from_json(doc, "x"); }).rfind("/framework/flavours/fsdp2/forward_unit_us: ", 0) == 0);
+  CHECK(error_of([&] {
+          hardware_from_json(doc, "x");
+        }).rfind("/framework/flavours/fsdp2/forward_unit_us: ", 0) == 0);
   doc = profile_doc("a100-sxm4-80gb");
   doc["host"]["optimizer_Gparams_per_s"] = {{"deepspeed", 2}};
-  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) == "/host/optimizer_Gparams_per_s/torch: missing key");
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) ==
+        "/host/optimizer_Gparams_per_s/torch: missing key");
 }
 
 TEST_CASE("hardware::calibrated attention samples, and their rejections") {
@@ -335,21 +351,26 @@ TEST_CASE("hardware::calibrated attention samples, and their rejections") {
   REQUIRE(p.calibration->attention.size() == 1);
   CHECK(p.calibration->attention[0].backward_s == doctest::Approx(250e-6));
   doc["calibration"]["attention"][0]["kv_heads"] = 3;
-  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) == "/calibration/attention/0/kv_heads: must divide heads 4, got 3");
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }) ==
+        "/calibration/attention/0/kv_heads: must divide heads 4, got 3");
   doc["calibration"]["attention"][0]["kv_heads"] = 2;
   doc["calibration"]["attention"][0]["impl"] = "sdpa";
-  CHECK(error_of([&] { hardware_from_json(doc, "x"); }).rfind("/calibration/attention/0/impl: ", 0) == 0);
+  CHECK(error_of([&] {
+          hardware_from_json(doc, "x");
+        }).rfind("/calibration/attention/0/impl: ", 0) == 0);
 }
 
 TEST_CASE("hardware::every profile's framework overheads are the measured corpus's") {
   // tests/costmodel/data/oracle_overheads.json: the frameworks' own code timed by
   // validation/measure_overheads.py. Each shipped profile carries its fits (to 1 ns) and splits its
   // host optimizer rate by the measured torch AdamW / DeepSpeed CPUAdam ratio.
-  const json corpus = read_json_file(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/costmodel/data/oracle_overheads.json");
+  const json corpus = read_json_file(std::string(SHARDPLAN_SOURCE_DIR) +
+                                     "/tests/costmodel/data/oracle_overheads.json");
   const json& f = corpus["flavours"];
   const json& ds = f["deepspeed"]["fit_with_submodules"];
-  const double ratio = corpus["host_optimizer"]["torch_adamw_foreach_false"]["Gparams_per_s"].get<double>() /
-                       corpus["host_optimizer"]["deepspeed_cpu_adam"]["Gparams_per_s"].get<double>();
+  const double ratio =
+      corpus["host_optimizer"]["torch_adamw_foreach_false"]["Gparams_per_s"].get<double>() /
+      corpus["host_optimizer"]["deepspeed_cpu_adam"]["Gparams_per_s"].get<double>();
   auto us = [](const json& v) { return v.get<double>() * 1e-6; };
   for (const auto& name : preset_hardware_names()) {
     CAPTURE(name);
@@ -365,9 +386,13 @@ TEST_CASE("hardware::every profile's framework overheads are the measured corpus
       CHECK(o.backward_tensor_s == doctest::Approx(us(f[fl]["backward_tensor_us"])).epsilon(1e-3));
     }
     const auto& z3 = p.framework.at("deepspeed_zero3");
-    CHECK(z3.forward_unit_s == doctest::Approx(us(ds["forward"]["coefficients_us"]["unit"])).epsilon(1e-3));
-    CHECK(z3.forward_submodule_s == doctest::Approx(us(ds["forward"]["coefficients_us"]["submodule"])).epsilon(1e-3));
-    CHECK(z3.backward_tensor_s == doctest::Approx(us(ds["backward"]["coefficients_us"]["tensor"])).epsilon(1e-3));
-    CHECK(p.host_optimizer_rate("torch") / p.host_optimizer_rate("deepspeed") == doctest::Approx(ratio).epsilon(5e-3));
+    CHECK(z3.forward_unit_s ==
+          doctest::Approx(us(ds["forward"]["coefficients_us"]["unit"])).epsilon(1e-3));
+    CHECK(z3.forward_submodule_s ==
+          doctest::Approx(us(ds["forward"]["coefficients_us"]["submodule"])).epsilon(1e-3));
+    CHECK(z3.backward_tensor_s ==
+          doctest::Approx(us(ds["backward"]["coefficients_us"]["tensor"])).epsilon(1e-3));
+    CHECK(p.host_optimizer_rate("torch") / p.host_optimizer_rate("deepspeed") ==
+          doctest::Approx(ratio).epsilon(5e-3));
   }
 }

@@ -1,7 +1,7 @@
 #include <doctest/doctest.h>
 
-#include "costmodel/job.hpp"
 #include "core/json_reader.hpp"
+#include "costmodel/job.hpp"
 #include "costmodel/sharding.hpp"
 #include "tests/test_support.hpp"
 
@@ -10,7 +10,7 @@ using namespace shardplan::costmodel;
 using nlohmann::json;
 
 namespace {
-const json kJob = {{"schema_version", 1}, {"seq_len", 4096}, {"global_batch", 64},
+const json kJob = {{"schema_version", 1},       {"seq_len", 4096},      {"global_batch", 64},
                    {"precision", "bf16-mixed"}, {"optimizer", "adamw"}, {"checkpointing", "full"}};
 }  // namespace
 
@@ -31,8 +31,10 @@ TEST_CASE("job::rejections name the field and value") {
   };
   CHECK(with("seq_len", 0) == "/seq_len: must be >= 1, got 0");
   CHECK(with("global_batch", -8) == "/global_batch: must be >= 1, got -8");
-  CHECK(with("precision", "fp8") == "/precision: must be one of fp32, bf16-mixed, fp16-mixed, bf16, got \"fp8\"");
-  CHECK(with("optimizer", "lion") == "/optimizer: must be one of adamw, adam, sgd, adafactor, got \"lion\"");
+  CHECK(with("precision", "fp8") ==
+        "/precision: must be one of fp32, bf16-mixed, fp16-mixed, bf16, got \"fp8\"");
+  CHECK(with("optimizer", "lion") ==
+        "/optimizer: must be one of adamw, adam, sgd, adafactor, got \"lion\"");
   CHECK(with("checkpointing", true) == "/checkpointing: must be a string, got true");
   CHECK(with("seq_lenn", 5) == "/seq_lenn: unknown key");
   CHECK(with("schema_version", 2) == "/schema_version: must be 1, got 2");
@@ -57,8 +59,10 @@ TEST_CASE("job::recipe, loss and checkpointing modes: names, defaults and reject
   titan.erase("checkpointing");
   titan["recipe"] = "torchtitan";
   CHECK(job_from_json(titan).checkpointing == Checkpointing::selective_op);
-  CHECK(parsed({{"recipe", "torchtitan"}}).checkpointing == Checkpointing::full);  // kJob names full
-  const auto every = parsed({{"checkpointing", "every:3"}, {"loss", "chunked:8"}, {"recipe", "torchtitan"}});
+  CHECK(parsed({{"recipe", "torchtitan"}}).checkpointing ==
+        Checkpointing::full);  // kJob names full
+  const auto every =
+      parsed({{"checkpointing", "every:3"}, {"loss", "chunked:8"}, {"recipe", "torchtitan"}});
   CHECK(every.checkpointing == Checkpointing::every);
   CHECK(every.checkpoint_every == 3);
   CHECK(every.loss_chunks == 8);
@@ -66,7 +70,8 @@ TEST_CASE("job::recipe, loss and checkpointing modes: names, defaults and reject
   CHECK(job_to_json(every)["loss"] == "chunked:8");
   CHECK(job_from_json(job_to_json(every)).checkpoint_every == 3);
   // "selective" is Megatron's attention-only recompute, under its own name.
-  CHECK(parsed({{"checkpointing", "selective"}}).checkpointing == Checkpointing::selective_attention);
+  CHECK(parsed({{"checkpointing", "selective"}}).checkpointing ==
+        Checkpointing::selective_attention);
   CHECK(parsed({{"checkpointing", "selective-op"}}).checkpointing == Checkpointing::selective_op);
   // Which blocks every:N checkpoints follows the recipe's code: transformers counts from layer 0
   // (layer_index % N == 0), torchtitan 0.2 from its N-th block.
@@ -83,35 +88,46 @@ TEST_CASE("job::recipe, loss and checkpointing modes: names, defaults and reject
     j[key] = v;
     return error_of([&] { job_from_json(j); });
   };
-  CHECK(with("checkpointing", "every") == "/checkpointing: every needs its count, e.g. \"every:2\"");
+  CHECK(with("checkpointing", "every") ==
+        "/checkpointing: every needs its count, e.g. \"every:2\"");
   CHECK(with("checkpointing", "every:0") ==
         "/checkpointing: every:N must be a whole number >= 1 after the colon, got \"every:0\"");
   CHECK(with("checkpointing", "every:x") ==
         "/checkpointing: every:N must be a whole number >= 1 after the colon, got \"every:x\"");
-  CHECK(with("checkpointing", "layer") == "/checkpointing: must be one of none, full, every:N, selective-attention, "
-                                          "selective, selective-op, got \"layer\"");
+  CHECK(with("checkpointing", "layer") ==
+        "/checkpointing: must be one of none, full, every:N, selective-attention, "
+        "selective, selective-op, got \"layer\"");
   CHECK(with("loss", "chunked") == "/loss: chunked needs its count, e.g. \"chunked:8\"");
-  CHECK(with("loss", "chunked:-2") == "/loss: chunked:N must be a whole number >= 1 after the colon, got \"chunked:-2\"");
-  CHECK(with("loss", "liger") ==
-        "/loss: must be one of upcast, fused, chunked:N, fused-linear, fp32-inplace, got \"liger\"");
-  CHECK(with("recipe", "nemo") ==
-        "/recipe: must be one of hf, torchtitan, llm-foundry, megatron, deepspeed, executor, got \"nemo\"");
+  CHECK(with("loss", "chunked:-2") ==
+        "/loss: chunked:N must be a whole number >= 1 after the colon, got \"chunked:-2\"");
+  CHECK(
+      with("loss", "liger") ==
+      "/loss: must be one of upcast, fused, chunked:N, fused-linear, fp32-inplace, got \"liger\"");
+  CHECK(with("recipe", "nemo") == "/recipe: must be one of hf, torchtitan, llm-foundry, megatron, "
+                                  "deepspeed, executor, got \"nemo\"");
   CHECK(with("recipe", 3) == "/recipe: must be a string, got 3");
 }
 
 TEST_CASE("job::cluster and batch say what would work") {
-  CHECK(error_of([] { validate_cluster({12, 8}); }) ==
-        "--gpus: 12 is not a multiple of --gpus-per-node 8; 8 or 16 would be");
-  CHECK(error_of([] { validate_cluster({0, 8}); }) == "--gpus: must be between 1 and 1000000, got 0");
-  CHECK(error_of([] { validate_cluster({2000000, 8}); }) ==
-        "--gpus: must be between 1 and 1000000, got 2000000");
+  CHECK(error_of([] {
+          validate_cluster({12, 8});
+        }) == "--gpus: 12 is not a multiple of --gpus-per-node 8; 8 or 16 would be");
+  CHECK(error_of([] {
+          validate_cluster({0, 8});
+        }) == "--gpus: must be between 1 and 1000000, got 0");
+  CHECK(error_of([] {
+          validate_cluster({2000000, 8});
+        }) == "--gpus: must be between 1 and 1000000, got 2000000");
   TrainingJob j;
   j.global_batch = 20;
-  CHECK(error_of([&] { validate_job(j, {8, 8}); }) ==
-        "--global-batch: 20 sequences do not divide over 8 GPUs; use a multiple of 8");
+  CHECK(error_of([&] {
+          validate_job(j, {8, 8});
+        }) == "--global-batch: 20 sequences do not divide over 8 GPUs; use a multiple of 8");
   j.global_batch = 32;
   j.micro_batch = 3;
-  CHECK(error_of([&] { validate_job(j, {8, 8}); }) ==
+  CHECK(error_of([&] {
+          validate_job(j, {8, 8});
+        }) ==
         "--micro-batch: 3 does not divide the 4 sequences per GPU (global batch 32 / 8 GPUs)");
 }
 
@@ -141,7 +157,8 @@ TEST_CASE("sharding::presets shard what ZeRO's stages and FSDP's strategies shar
 
 TEST_CASE("sharding::rejections") {
   CHECK(error_of([] { make_spec("zero4", std::nullopt, 8); }) ==
-        "--strategy: must be one of ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, hsdp, got \"zero4\"");
+        "--strategy: must be one of ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, hsdp, got "
+        "\"zero4\"");
   CHECK(error_of([] { make_spec("zero3", Flavour::fsdp2, 8); }) ==
         "--flavour: zero3 is not implemented by fsdp2; use deepspeed");
   CHECK(error_of([] { make_spec("zero3", std::nullopt, 8, 4); }) ==
@@ -157,7 +174,8 @@ TEST_CASE("sharding::plan json round trip and rejections") {
   CHECK(spec_to_json(back) == j);
   json bad = j;
   bad["shard_group_size"] = -1;
-  CHECK(error_of([&] { spec_from_json(bad, "/spec"); }) == "/spec/shard_group_size: must be >= 0, got -1");
+  CHECK(error_of([&] { spec_from_json(bad, "/spec"); }) ==
+        "/spec/shard_group_size: must be >= 0, got -1");
   bad = j;
   bad["reduce_dtype"] = "int8";
   CHECK(error_of([&] { spec_from_json(bad, "/spec"); }) ==
@@ -165,5 +183,6 @@ TEST_CASE("sharding::plan json round trip and rejections") {
   bad = spec_to_json(make_spec("ddp", std::nullopt, 8));
   bad["shard_gradients"] = true;
   CHECK(error_of([&] { spec_from_json(bad, "/spec"); }) ==
-        "/spec/shard_gradients: sharding gradients needs sharded optimizer states (no framework does this)");
+        "/spec/shard_gradients: sharding gradients needs sharded optimizer states (no framework "
+        "does this)");
 }

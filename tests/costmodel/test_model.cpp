@@ -29,9 +29,7 @@ json preset_config(const std::string& name) {
   return read_json_file(data_dir() + "/examples/models/" + name + "/config.json");
 }
 
-std::int64_t total_of(const std::string& preset) {
-  return load_model(preset).total_params();
-}
+std::int64_t total_of(const std::string& preset) { return load_model(preset).total_params(); }
 
 // EleutherAI/pythia-160m config.json, as published on the Hugging Face hub.
 constexpr const char* kPythia160m = R"({
@@ -84,7 +82,7 @@ constexpr const char* kQwen2_0_5b = R"({
   "vocab_size": 151936
 })";
 
-} // namespace
+}  // namespace
 
 // ----------------------------------------------------------------------------------------------
 // GPT-2 (openai-community/gpt2*): V = 50257, P = 1024, LayerNorm with bias, tied head.

@@ -11,15 +11,16 @@
 
 using namespace shardplan;
 
-TEST_CASE("oracle_traffic::every unit's memory-bound bytes and kernels are the frameworks' within 8%") {
+TEST_CASE(
+    "oracle_traffic::every unit's memory-bound bytes and kernels are the frameworks' within 8%") {
   const auto rows = oracle::traffic_rows(oracle::read_corpus("oracle_traffic.json"));
   REQUIRE(rows.size() >= 600);
   int compared = 0;
   double worst = 0;
   for (const auto& r : rows) {
     if (!r.skipped.empty()) continue;
-    INFO(fmt::format("{} {}: predicted {:.0f} B, measured {:.0f} B ({:+.1f}%)", r.case_id, r.quantity,
-                     r.predicted, r.measured, 100 * r.error()));
+    INFO(fmt::format("{} {}: predicted {:.0f} B, measured {:.0f} B ({:+.1f}%)", r.case_id,
+                     r.quantity, r.predicted, r.measured, 100 * r.error()));
     CHECK(std::abs(r.error()) <= 0.08);
     ++compared;
     worst = std::max(worst, std::abs(r.error()));

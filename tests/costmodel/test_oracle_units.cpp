@@ -26,7 +26,8 @@ TEST_CASE("oracle::every unit's saved bytes within 1% of autograd's") {
     ++compared;
     recipes.insert(r.recipe);
     worst = std::max(worst, std::abs(r.error()));
-    INFO(r.case_id << " " << r.quantity << ": predicted " << r.predicted << ", measured " << r.measured);
+    INFO(r.case_id << " " << r.quantity << ": predicted " << r.predicted << ", measured "
+                   << r.measured);
     CHECK(std::abs(r.error()) < 0.01);
   }
   MESSAGE("units compared: " << compared << ", worst error " << 100 * worst << "%");

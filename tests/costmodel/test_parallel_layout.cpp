@@ -15,7 +15,8 @@ namespace {
 
 // Whether one of the reasons holds `part`.
 bool says(const std::vector<std::string>& reasons, const std::string& part) {
-  return std::any_of(reasons.begin(), reasons.end(), [&](const std::string& r) { return contains(r, part); });
+  return std::any_of(reasons.begin(), reasons.end(),
+                     [&](const std::string& r) { return contains(r, part); });
 }
 
 TrainingJob job_of(std::int64_t seq, std::int64_t global, std::int64_t micro) {
@@ -42,9 +43,9 @@ TEST_CASE("parallel_layout::data-parallel size and groups in mesh order pp, dp, 
   CHECK(g.tensor.ranks_per_node == 8);  // TP fills the node
   CHECK(g.tensor.tier() == Tier::intra_node);
   CHECK(g.data.ranks == 8);
-  CHECK(g.data.ranks_per_node == 1);    // stride 8 = a node: one DP rank per node
+  CHECK(g.data.ranks_per_node == 1);  // stride 8 = a node: one DP rank per node
   CHECK(g.pipeline.ranks == 4);
-  CHECK(g.pipeline_crosses_nodes);      // neighbours are 8·8 = 64 ranks apart
+  CHECK(g.pipeline_crosses_nodes);  // neighbours are 8·8 = 64 ranks apart
   // t = 2, c = 2 on 8-GPU nodes, d = 2, p = 1: the CP group has stride 2 (2 per node), DP stride 4.
   ParallelLayout l2;
   l2.tensor_parallel = 2;
@@ -79,25 +80,26 @@ TEST_CASE("parallel_layout::impossible combinations are named with their numbers
 
   bad = ok;
   bad.schedule = PipelineSchedule::interleaved_1f1b;
-  bad.virtual_stages = 3;     // 4·3 = 12 does not divide 80
-  bad.micro_batches = 6;      // not a multiple of 4
+  bad.virtual_stages = 3;  // 4·3 = 12 does not divide 80
+  bad.micro_batches = 6;   // not a multiple of 4
   r = layout_problems(bad, m, job_of(8192, 48, 1), c);
   CHECK(says(r, "80 layers do not divide over pipeline 4 x virtual stages 3 = 12"));
   CHECK(says(r, "micro-batches (6) to be a multiple of pipeline parallel (4)"));
 
   bad = ok;
-  bad.virtual_stages = 2;     // 1f1b has no virtual stages
-  CHECK(says(layout_problems(bad, m, job_of(8192, 64, 1), c), "virtual stages 2 need the interleaved-1f1b"));
+  bad.virtual_stages = 2;  // 1f1b has no virtual stages
+  CHECK(says(layout_problems(bad, m, job_of(8192, 64, 1), c),
+             "virtual stages 2 need the interleaved-1f1b"));
 
   bad = ok;
   bad.pipeline_parallel = 1;
-  bad.context_parallel = 4;   // 8190 is not a multiple of 2·4
+  bad.context_parallel = 4;  // 8190 is not a multiple of 2·4
   bad.micro_batches = 1;
   r = layout_problems(bad, m, job_of(8190, 8, 1), c);
   CHECK(says(r, "sequence 8190 does not divide into 2 x context parallel 4 = 8 chunks"));
 
   bad = ok;
-  bad.tensor_parallel = 3;    // 64 heads, 28672 MLP width: not divisible; 3 does not divide the node
+  bad.tensor_parallel = 3;  // 64 heads, 28672 MLP width: not divisible; 3 does not divide the node
   bad.pipeline_parallel = 1;
   r = layout_problems(bad, m, job_of(8192, 64, 1), Cluster{192, 8});
   CHECK(says(r, "64 attention heads do not divide over tensor parallel 3"));
@@ -105,7 +107,8 @@ TEST_CASE("parallel_layout::impossible combinations are named with their numbers
 
   // The batch: 8 replicas x 8 micro-batches x micro-batch 2 = 128 sequences, not 64.
   CHECK(says(layout_problems(ok, m, job_of(8192, 64, 2), c),
-             "data parallel 8 x micro-batches 8 x micro-batch 2 = 128 sequences, not the global batch 64"));
+             "data parallel 8 x micro-batches 8 x micro-batch 2 = 128 sequences, not the global "
+             "batch 64"));
 
   bad = ok;
   bad.tensor_parallel = 1;
@@ -114,8 +117,9 @@ TEST_CASE("parallel_layout::impossible combinations are named with their numbers
   CHECK(says(layout_problems(bad, m, job_of(8192, 2048, 1), c), "it needs tensor parallel > 1"));
 
   bad = ok;
-  bad.tensor_parallel = 0;    // never a division by zero: the degrees are checked first
-  CHECK(says(layout_problems(bad, m, job_of(8192, 64, 1), c), "degrees must be >= 1, got tensor 0"));
+  bad.tensor_parallel = 0;  // never a division by zero: the degrees are checked first
+  CHECK(
+      says(layout_problems(bad, m, job_of(8192, 64, 1), c), "degrees must be >= 1, got tensor 0"));
 }
 
 TEST_CASE("parallel_layout::json round trip and rejections name the field and value") {
@@ -137,18 +141,19 @@ TEST_CASE("parallel_layout::json round trip and rejections name the field and va
   CHECK(back.context_parallel == 2);
   CHECK(layout_from_json(json::object(), "").trivial());
 
-  auto with = [](json patch) {
-    return error_of([&] { layout_from_json(patch, "/parallelism"); });
-  };
+  auto with = [](json patch) { return error_of([&] { layout_from_json(patch, "/parallelism"); }); };
   CHECK(with({{"tensor_parallel", 0}}) == "/parallelism/tensor_parallel: must be >= 1, got 0");
-  CHECK(with({{"pipeline_parallel", 2.5}}) == "/parallelism/pipeline_parallel: must be an integer, got 2.5");
+  CHECK(with({{"pipeline_parallel", 2.5}}) ==
+        "/parallelism/pipeline_parallel: must be an integer, got 2.5");
   CHECK(with({{"schedule", "zero-bubble"}}) ==
         "/parallelism/schedule: must be one of 1f1b, interleaved-1f1b, gpipe, got \"zero-bubble\"");
-  CHECK(with({{"sequence_parallel", "yes"}}) == "/parallelism/sequence_parallel: must be true or false, got \"yes\"");
+  CHECK(with({{"sequence_parallel", "yes"}}) ==
+        "/parallelism/sequence_parallel: must be true or false, got \"yes\"");
   CHECK(with({{"tensor_paralel", 2}}) == "/parallelism/tensor_paralel: unknown key");
-  CHECK(with({{"virtual_stages", 2}}) ==
-        "/parallelism/virtual_stages: 2 virtual stages need \"schedule\": \"interleaved-1f1b\", got \"1f1b\"");
-  CHECK(with({{"sequence_parallel", true}}) == "/parallelism/sequence_parallel: true needs tensor_parallel > 1, got 1");
+  CHECK(with({{"virtual_stages", 2}}) == "/parallelism/virtual_stages: 2 virtual stages need "
+                                         "\"schedule\": \"interleaved-1f1b\", got \"1f1b\"");
+  CHECK(with({{"sequence_parallel", true}}) ==
+        "/parallelism/sequence_parallel: true needs tensor_parallel > 1, got 1");
   CHECK(with({{"async_tensor_parallel", true}}) ==
         "/parallelism/async_tensor_parallel: true needs tensor_parallel > 1, got 1");
   CHECK(error_of([] { layout_from_json(json::array(), "/parallelism"); }) ==

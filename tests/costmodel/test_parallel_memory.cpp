@@ -13,8 +13,12 @@ namespace {
 // GPT-3 175B's shapes (Brown et al. 2020, Table 2.1; Korthikanti et al. 2022, Table 3): h = 12288,
 // a = 96, s = 2048, 96 layers, with GPT-2's block (LayerNorm, 4h GELU MLP, dropout everywhere).
 ModelSpec gpt3() {
-  const json config = {{"architectures", {"GPT2LMHeadModel"}}, {"n_embd", 12288}, {"n_head", 96},
-                       {"n_layer", 96}, {"n_positions", 2048}, {"vocab_size", 51200}};
+  const json config = {{"architectures", {"GPT2LMHeadModel"}},
+                       {"n_embd", 12288},
+                       {"n_head", 96},
+                       {"n_layer", 96},
+                       {"n_positions", 2048},
+                       {"vocab_size", 51200}};
   return model_from_hf_config(config, "gpt3-175b");
 }
 
@@ -77,7 +81,8 @@ TEST_CASE("parallel_memory::SwiGLU and grouped-query attention terms") {
   CHECK(layer_activations(m, j, cp, 2).total() == doctest::Approx(281280512.0 / 4));
 }
 
-TEST_CASE("parallel_memory::per-stage imbalance: the first stage holds the embeddings and p micro-batches") {
+TEST_CASE("parallel_memory::per-stage imbalance: the first stage holds the embeddings and p "
+          "micro-batches") {
   const auto m = load_model("llama-3-70b");
   const auto hw = load_hardware("h100-sxm5-80gb");
   ParallelMemoryInput in;
@@ -90,7 +95,8 @@ TEST_CASE("parallel_memory::per-stage imbalance: the first stage holds the embed
   in.layout = tp(8, true);
   in.layout.pipeline_parallel = 4;
   in.layout.micro_batches = 8;
-  const auto walk = walk_schedule(PipelineSchedule::one_f_one_b, 4, 1, 8, {1, 1, 1, 1}, {2, 2, 2, 2});
+  const auto walk =
+      walk_schedule(PipelineSchedule::one_f_one_b, 4, 1, 8, {1, 1, 1, 1}, {2, 2, 2, 2});
   const auto mem = parallel_memory(in, walk);
   REQUIRE(mem.stages.size() == 4);
   // Elements per rank: a block's matrices 8192·(8192 + 1024 + 1024 + 8192 + 3·28672) =
@@ -99,10 +105,12 @@ TEST_CASE("parallel_memory::per-stage imbalance: the first stage holds the embed
   CHECK(mem.stages[1].local_params == doctest::Approx(20 * 106971136.0));
   CHECK(mem.stages[0].local_params - mem.stages[1].local_params == doctest::Approx(131334144.0));
   // The last stage: the head's projection (split) and the final norm (whole).
-  CHECK(mem.stages[3].local_params - mem.stages[1].local_params == doctest::Approx(131334144.0 + 8192));
+  CHECK(mem.stages[3].local_params - mem.stages[1].local_params ==
+        doctest::Approx(131334144.0 + 8192));
   // DDP under bf16-mixed: fp32 parameters and gradients, two fp32 moments: 16 bytes per element.
   const auto& s0 = mem.stages[0];
-  CHECK(s0.param_bytes + s0.grad_bytes + s0.optimizer_bytes == doctest::Approx(16 * s0.local_params));
+  CHECK(s0.param_bytes + s0.grad_bytes + s0.optimizer_bytes ==
+        doctest::Approx(16 * s0.local_params));
   // Activations on stage 0: 4 micro-batches in flight (1F1B: p), each 20 layers of 281,280,512
   // (the test above) plus the token ids 8·8192: 4·5,625,675,776 = 22,502,703,104, plus one
   // all-gathered sequence-parallel input 2·8192·8192 = 134,217,728.

@@ -53,8 +53,12 @@ TEST_CASE("parallel_step::t = p = c = 1 is the step simulator's result") {
 // four all-reduces (two forward, two backward): 352,321,536. With sequence parallelism each
 // becomes an all-gather and a reduce-scatter sending 7/8 each: the same total.
 TEST_CASE("parallel_step::communication volumes per block, hand-derived") {
-  const nlohmann::json config = {{"architectures", {"GPT2LMHeadModel"}}, {"n_embd", 12288}, {"n_head", 96},
-                                 {"n_layer", 96}, {"n_positions", 2048}, {"vocab_size", 51200}};
+  const nlohmann::json config = {{"architectures", {"GPT2LMHeadModel"}},
+                                 {"n_embd", 12288},
+                                 {"n_head", 96},
+                                 {"n_layer", 96},
+                                 {"n_positions", 2048},
+                                 {"vocab_size", 51200}};
   const auto gpt3 = model_from_hf_config(config, "gpt3");
   TrainingJob j;
   j.seq_len = 2048;
@@ -113,5 +117,6 @@ TEST_CASE("parallel_step::more micro-batches shrink the bubble; impossible layou
   CHECK_FALSE(bad.valid);
   CHECK(contains(bad.reason, "tensor parallel 16 is larger than a node of 8 GPUs"));
   ParallelLayout wrong_batch = layout(8, true, 4, 8);  // 8 replicas x 8 x 1 = 64, not 128
-  CHECK(contains(simulate_parallel_step(s.in, wrong_batch).step.reason, "not the global batch 128"));
+  CHECK(
+      contains(simulate_parallel_step(s.in, wrong_batch).step.reason, "not the global batch 128"));
 }

@@ -18,12 +18,16 @@ PipelineWalk equal_stages(PipelineSchedule s, int p, int v, int m, double tf, do
 // Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
 // Megatron-LM", §2.2.1): with equal stages, the bubble of GPipe and of 1F1B is (p − 1)·(tf + tb)
 // over an ideal m·(tf + tb), i.e. (p − 1)/m; interleaving v chunks per stage divides it by v
-// (§2.2.2). The walk only knows the op lists and their dependencies; the closed forms must come out.
+// (§2.2.2). The walk only knows the op lists and their dependencies; the closed forms must come
+// out.
 TEST_CASE("pipeline_schedule::bubble fractions are the closed forms for equal stages") {
   for (double tb : {1.0, 2.0}) {  // backward = forward, and the usual backward = 2 x forward
-    CHECK(equal_stages(PipelineSchedule::one_f_one_b, 4, 1, 8, 1, tb).bubble_fraction == doctest::Approx(3.0 / 8));
-    CHECK(equal_stages(PipelineSchedule::gpipe, 4, 1, 8, 1, tb).bubble_fraction == doctest::Approx(3.0 / 8));
-    CHECK(equal_stages(PipelineSchedule::one_f_one_b, 8, 1, 32, 1, tb).bubble_fraction == doctest::Approx(7.0 / 32));
+    CHECK(equal_stages(PipelineSchedule::one_f_one_b, 4, 1, 8, 1, tb).bubble_fraction ==
+          doctest::Approx(3.0 / 8));
+    CHECK(equal_stages(PipelineSchedule::gpipe, 4, 1, 8, 1, tb).bubble_fraction ==
+          doctest::Approx(3.0 / 8));
+    CHECK(equal_stages(PipelineSchedule::one_f_one_b, 8, 1, 32, 1, tb).bubble_fraction ==
+          doctest::Approx(7.0 / 32));
     CHECK(equal_stages(PipelineSchedule::interleaved_1f1b, 4, 2, 8, 1, tb).bubble_fraction ==
           doctest::Approx(3.0 / 16));
     CHECK(equal_stages(PipelineSchedule::interleaved_1f1b, 4, 3, 12, 1, tb).bubble_fraction ==
@@ -50,7 +54,8 @@ TEST_CASE("pipeline_schedule::a slow stage sets the pace and a p2p delay adds to
   CHECK(w.busy_s[0] == doctest::Approx(12));
   // A p2p of 0.5 s per crossing: 1F1B with p = 2, m = 1 runs F0, F1, B1, B0 in a chain with two
   // crossings: 1 + 0.5 + 1 + 2 + 0.5 + 2 = 7.
-  CHECK(walk_schedule(PipelineSchedule::one_f_one_b, 2, 1, 1, {1, 1}, {2, 2}, 0.5).span_s == doctest::Approx(7));
+  CHECK(walk_schedule(PipelineSchedule::one_f_one_b, 2, 1, 1, {1, 1}, {2, 2}, 0.5).span_s ==
+        doctest::Approx(7));
 }
 
 TEST_CASE("pipeline_schedule::micro-batches in flight per stage") {
@@ -58,9 +63,11 @@ TEST_CASE("pipeline_schedule::micro-batches in flight per stage") {
   // holds p − s micro-batches (p on the first stage); never more than m.
   const auto f = equal_stages(PipelineSchedule::one_f_one_b, 4, 1, 8, 1, 2);
   CHECK(f.peak_chunks == std::vector<int>{4, 3, 2, 1});
-  CHECK(equal_stages(PipelineSchedule::one_f_one_b, 4, 1, 2, 1, 2).peak_chunks == std::vector<int>{2, 2, 2, 1});
+  CHECK(equal_stages(PipelineSchedule::one_f_one_b, 4, 1, 2, 1, 2).peak_chunks ==
+        std::vector<int>{2, 2, 2, 1});
   // GPipe holds every micro-batch on every stage.
-  CHECK(equal_stages(PipelineSchedule::gpipe, 4, 1, 8, 1, 2).peak_chunks == std::vector<int>{8, 8, 8, 8});
+  CHECK(equal_stages(PipelineSchedule::gpipe, 4, 1, 8, 1, 2).peak_chunks ==
+        std::vector<int>{8, 8, 8, 8});
   // Interleaved, counted by hand from Megatron's warm-up rule: stage s runs
   // 2·(p − s − 1) + (v − 1)·p warm-up forwards of one chunk each, then one more forward before its
   // first backward. p = 4, v = 2: stage 0 holds 6 + 4 + 1 = 11 chunks, stage 3 0 + 4 + 1 = 5.

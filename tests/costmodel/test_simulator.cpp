@@ -36,22 +36,32 @@ TEST_CASE("simulator::zero paper figure 1") {
   const auto m = model_from_param_count(7.5e9);
   const auto hw = load_hardware("a100-sxm4-80gb");
   CHECK(states_GB(run(m, hw, 64, "ddp", Accounting::zero_paper)) == doctest::Approx(120.0));
-  CHECK(states_GB(run(m, hw, 64, "zero1", Accounting::zero_paper)) == doctest::Approx(31.4).epsilon(0.002));
-  CHECK(states_GB(run(m, hw, 64, "zero2", Accounting::zero_paper)) == doctest::Approx(16.6).epsilon(0.003));
-  CHECK(states_GB(run(m, hw, 64, "zero3", Accounting::zero_paper)) == doctest::Approx(1.9).epsilon(0.02));
+  CHECK(states_GB(run(m, hw, 64, "zero1", Accounting::zero_paper)) ==
+        doctest::Approx(31.4).epsilon(0.002));
+  CHECK(states_GB(run(m, hw, 64, "zero2", Accounting::zero_paper)) ==
+        doctest::Approx(16.6).epsilon(0.003));
+  CHECK(states_GB(run(m, hw, 64, "zero3", Accounting::zero_paper)) ==
+        doctest::Approx(1.9).epsilon(0.02));
 }
 
 TEST_CASE("simulator::zero paper table 1") {
   // Rajbhandari et al. 2020, Table 1: per-device model-state memory (GB) for P_os, P_os+g,
   // P_os+g+p at DP degrees 1..1024, models of 7.5B, 128B and 1T parameters.
-  struct Row { double params; int dp; double os, osg, osgp; };
+  struct Row {
+    double params;
+    int dp;
+    double os, osg, osgp;
+  };
   const Row rows[] = {
-      {7.5e9, 1, 120, 120, 120},     {7.5e9, 4, 52.5, 41.3, 30},     {7.5e9, 16, 35.6, 21.6, 7.5},
-      {7.5e9, 64, 31.4, 16.6, 1.88}, {7.5e9, 256, 30.4, 15.4, 0.47}, {7.5e9, 1024, 30.1, 15.1, 0.12},
-      {128e9, 1, 2048, 2048, 2048},  {128e9, 4, 896, 704, 512},      {128e9, 16, 608, 368, 128},
-      {128e9, 64, 536, 284, 32},     {128e9, 256, 518, 263, 8},      {128e9, 1024, 513, 257, 2},
-      {1e12, 1, 16000, 16000, 16000}, {1e12, 4, 7000, 5500, 4000},   {1e12, 16, 4750, 2875, 1000},
-      {1e12, 64, 4187, 2218, 250},   {1e12, 256, 4046, 2054, 62.5},  {1e12, 1024, 4011, 2013, 15.6},
+      {7.5e9, 1, 120, 120, 120},      {7.5e9, 4, 52.5, 41.3, 30},
+      {7.5e9, 16, 35.6, 21.6, 7.5},   {7.5e9, 64, 31.4, 16.6, 1.88},
+      {7.5e9, 256, 30.4, 15.4, 0.47}, {7.5e9, 1024, 30.1, 15.1, 0.12},
+      {128e9, 1, 2048, 2048, 2048},   {128e9, 4, 896, 704, 512},
+      {128e9, 16, 608, 368, 128},     {128e9, 64, 536, 284, 32},
+      {128e9, 256, 518, 263, 8},      {128e9, 1024, 513, 257, 2},
+      {1e12, 1, 16000, 16000, 16000}, {1e12, 4, 7000, 5500, 4000},
+      {1e12, 16, 4750, 2875, 1000},   {1e12, 64, 4187, 2218, 250},
+      {1e12, 256, 4046, 2054, 62.5},  {1e12, 1024, 4011, 2013, 15.6},
   };
   const auto hw = load_hardware("a100-sxm4-80gb");
   for (const auto& row : rows) {
@@ -59,7 +69,9 @@ TEST_CASE("simulator::zero paper table 1") {
     CAPTURE(row.dp);
     const auto m = model_from_param_count(row.params);
     // The table prints 3 significant digits: compare within half a unit of the last digit.
-    auto near = [](double got, double want) { return std::fabs(got - want) <= 0.006 * want + 0.005; };
+    auto near = [](double got, double want) {
+      return std::fabs(got - want) <= 0.006 * want + 0.005;
+    };
     CHECK(near(states_GB(run(m, hw, row.dp, "zero1", Accounting::zero_paper)), row.os));
     CHECK(near(states_GB(run(m, hw, row.dp, "zero2", Accounting::zero_paper)), row.osg));
     CHECK(near(states_GB(run(m, hw, row.dp, "zero3", Accounting::zero_paper)), row.osgp));
@@ -295,7 +307,8 @@ TEST_CASE("simulator::the loss decides the head's peak, and the peak names the l
   CHECK(upcast.peak_when.rfind("backward of the loss", 0) == 0);
   // The head's backward transient differs by 8·T·V − 2·T·V, its saved bytes by 4·T·V − (2·T·V +
   // 4·T): at the loss's backward the two paths differ by (12 − 4)·T·V less the 4·T statistics.
-  CHECK(upcast.allocated_peak_bytes - fused.allocated_peak_bytes == doctest::Approx(8 * TV - 4 * 8192.0).epsilon(0.01));
+  CHECK(upcast.allocated_peak_bytes - fused.allocated_peak_bytes ==
+        doctest::Approx(8 * TV - 4 * 8192.0).epsilon(0.01));
   CHECK(fused.allocated_peak_bytes > chunked.allocated_peak_bytes);
   CHECK(fused.allocated_peak_bytes > liger.allocated_peak_bytes);
   CHECK(liger.peak_when.rfind("backward of the loss", 0) != 0);
@@ -340,14 +353,16 @@ TEST_CASE("simulator::a CPU profile whose collectives overlap hides what compute
     const auto blocking = run(model, hw, 4, strategy, Accounting::framework, 4, 1, 256);
     auto overlapped_hw = hw;
     overlapped_hw.collectives_block = false;
-    const auto overlapped = run(model, overlapped_hw, 4, strategy, Accounting::framework, 4, 1, 256);
+    const auto overlapped =
+        run(model, overlapped_hw, 4, strategy, Accounting::framework, 4, 1, 256);
     CHECK(overlapped.step_s < blocking.step_s);
     CHECK(overlapped.exposed_comm_s < blocking.exposed_comm_s);
     CHECK(overlapped.compute_s == doctest::Approx(blocking.compute_s));
   }
 }
 
-TEST_CASE("simulator::a blocking collective waits the straggler fraction of the compute before it") {
+TEST_CASE(
+    "simulator::a blocking collective waits the straggler fraction of the compute before it") {
   // DDP on a blocking CPU profile: every compute of forward and backward precedes one of the
   // bucket all-reduces (the last at the end of backward); only the optimizer step follows the last.
   // So the waits add up to the fraction times the compute less the optimizer, and the step grows
@@ -378,7 +393,8 @@ TEST_CASE("simulator::a bare parameter count computes as the model of that size 
   // GELU against Llama's RMSNorm, rotary and SwiGLU, and no loss over a vocabulary), so they are
   // not compared.
   const auto preset = load_model("llama-2-7b");
-  const auto bare = model_from_param_count(static_cast<double>(preset.total_params()), preset.layers);
+  const auto bare =
+      model_from_param_count(static_cast<double>(preset.total_params()), preset.layers);
   CHECK(bare.total_params() == preset.total_params());
   CHECK(bare.block.matmul_params() > 0);
   const auto hw = load_hardware("a100-sxm4-80gb");

@@ -18,7 +18,7 @@ namespace shardplan::executor::testing {
 struct EngineRun {
   std::vector<double> losses;
   std::vector<StepReport> reports;
-  std::vector<std::vector<float>> params; // per unit, whole
+  std::vector<std::vector<float>> params;  // per unit, whole
   MemoryBreakdown at_peak;
   MemoryBreakdown category_peaks;
   std::int64_t peak_bytes = 0;
@@ -43,15 +43,13 @@ inline constexpr Strategy kStrategies[] = {{"ddp", costmodel::Flavour::ddp},
 inline costmodel::ShardingSpec test_spec(const std::string& strategy, costmodel::Flavour flavour,
                                          int world, double bucket = 4096) {
   std::optional<int> group;
-  if (strategy == "hsdp")
-    group = world >= 4 && world % 2 == 0 ? 2 : 1;
+  if (strategy == "hsdp") group = world >= 4 && world % 2 == 0 ? 2 : 1;
   auto spec = costmodel::make_spec(strategy, flavour, world, group);
   if (spec.contiguous_grad_bucket) {
     spec.reduce_bucket_bytes = bucket;
     spec.allgather_bucket_bytes = bucket;
   }
-  if (spec.flavour == costmodel::Flavour::ddp)
-    spec.reduce_bucket_bytes = bucket;
+  if (spec.flavour == costmodel::Flavour::ddp) spec.reduce_bucket_bytes = bucket;
   return spec;
 }
 
@@ -65,7 +63,7 @@ inline EngineOptions test_options(const costmodel::ModelSpec& model,
   o.micro_batch = {2, 8};
   o.grad_accumulation = grad_accumulation;
   o.checkpointing = ckpt;
-  o.adamw.lr = 1e-2; // large steps: differences between strategies show
+  o.adamw.lr = 1e-2;  // large steps: differences between strategies show
   o.seed = 77;
   return o;
 }
@@ -86,8 +84,7 @@ inline EngineRun run_engine(const EngineOptions& options, EngineGroups groups, i
   }
   r.at_peak = allocator.breakdown_at_peak();
   r.peak_bytes = allocator.peak_bytes();
-  for (auto c : kMemoryCategories)
-    r.category_peaks[c] = allocator.peak_bytes(c);
+  for (auto c : kMemoryCategories) r.category_peaks[c] = allocator.peak_bytes(c);
   return r;
 }
 
@@ -169,4 +166,4 @@ inline double max_abs_difference(const std::vector<std::vector<float>>& a,
   return worst;
 }
 
-} // namespace shardplan::executor::testing
+}  // namespace shardplan::executor::testing

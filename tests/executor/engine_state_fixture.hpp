@@ -11,8 +11,7 @@ namespace shardplan::executor::testing {
 
 template <class S = float> struct StateFixture {
   StateFixture(EngineOptions options, int rank = 0, int ranks = 1)
-      : world(rank, ranks),
-        shard(rank, ranks),
+      : world(rank, ranks), shard(rank, ranks),
         state(std::move(options), allocator, {&world, &shard, nullptr, true}) {}
 
   StandInCommunicator world, shard;
@@ -22,4 +21,4 @@ template <class S = float> struct StateFixture {
   std::int64_t bytes(MemoryCategory category) const { return allocator.in_use_bytes(category); }
 };
 
-} // namespace shardplan::executor::testing
+}  // namespace shardplan::executor::testing

@@ -18,15 +18,23 @@ namespace shardplan::executor::testing {
 // Llama-like: GQA (4 query heads, 2 key/value heads), explicit head_dim 6 ≠ hidden/heads,
 // SwiGLU, RMSNorm, rotary, untied head.
 inline costmodel::ModelSpec tiny_llama() {
-  return scale_down(costmodel::load_model("llama-3-8b"),
-                    {.layers = 2, .hidden = 16, .heads = 4, .kv_heads = 2, .head_dim = 6,
-                     .intermediate = 24, .vocab = 50, .max_positions = 64});
+  return scale_down(costmodel::load_model("llama-3-8b"), {.layers = 2,
+                                                          .hidden = 16,
+                                                          .heads = 4,
+                                                          .kv_heads = 2,
+                                                          .head_dim = 6,
+                                                          .intermediate = 24,
+                                                          .vocab = 50,
+                                                          .max_positions = 64});
 }
 // GPT-2-like: LayerNorm with biases, learned positions, GELU, biases everywhere, tied head.
 inline costmodel::ModelSpec tiny_gpt2() {
-  return scale_down(costmodel::load_model("gpt2"),
-                    {.layers = 2, .hidden = 16, .heads = 4, .intermediate = 32, .vocab = 50,
-                     .max_positions = 12});
+  return scale_down(costmodel::load_model("gpt2"), {.layers = 2,
+                                                    .hidden = 16,
+                                                    .heads = 4,
+                                                    .intermediate = 32,
+                                                    .vocab = 50,
+                                                    .max_positions = 12});
 }
 // GPT-NeoX-like: parallel residual, fused query_key_value, rotary, LayerNorm, GELU, untied.
 inline costmodel::ModelSpec tiny_neox() {
@@ -54,8 +62,7 @@ TrackedBuffer<S> narrowed(TrackedAllocator& allocator, MemoryCategory category,
 // tied head reading unit 0. Returns the mean cross-entropy.
 template <class S>
 double forward_backward(const GptModel<S>& model, const std::vector<TrackedBuffer<S>>& params,
-                        std::vector<TrackedBuffer<S>>& grads,
-                        std::span<const std::int32_t> tokens,
+                        std::vector<TrackedBuffer<S>>& grads, std::span<const std::int32_t> tokens,
                         std::span<const std::int32_t> targets, BatchShape shape,
                         Checkpointing checkpointing, bool backward) {
   auto p = [&](std::int64_t u) { return params[static_cast<std::size_t>(u)].span(); };
@@ -78,8 +85,7 @@ double forward_backward(const GptModel<S>& model, const std::vector<TrackedBuffe
   return head.loss;
 }
 
-template <class S>
-struct WholeModel {
+template <class S> struct WholeModel {
   GptModel<S> model;
   std::vector<TrackedBuffer<S>> params;  // one flat buffer per unit
   std::vector<TrackedBuffer<S>> grads;
@@ -88,8 +94,7 @@ struct WholeModel {
       : model(spec, allocator) {
     const auto& layout = model.layout();
     for (std::int64_t u = 0; u < layout.unit_count(); ++u) {
-      params.push_back(
-          allocator.allocate<S>(MemoryCategory::parameters, layout.unit_size_of(u)));
+      params.push_back(allocator.allocate<S>(MemoryCategory::parameters, layout.unit_size_of(u)));
       grads.push_back(allocator.allocate<S>(MemoryCategory::gradients, layout.unit_size_of(u)));
       init_unit_params<S>(layout, u, seed, 0, params.back().span());
     }
@@ -116,8 +121,7 @@ struct WholeModel {
   // Mean cross-entropy; with backward, adds the gradients of the loss into grads.
   double run(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
              BatchShape shape, Checkpointing checkpointing, bool backward) {
-    return forward_backward(model, params, grads, tokens, targets, shape, checkpointing,
-                            backward);
+    return forward_backward(model, params, grads, tokens, targets, shape, checkpointing, backward);
   }
 };
 

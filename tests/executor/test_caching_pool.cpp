@@ -66,12 +66,12 @@ TEST_CASE("executor::pool rounds requests up to a multiple of 512 bytes") {
 }
 
 TEST_CASE("executor::pool segment sizes of small and large requests") {
-  CHECK(CachingPool::segment_size(512) == 2 * MiB);             // small
-  CHECK(CachingPool::segment_size(MiB) == 2 * MiB);             // largest small
-  CHECK(CachingPool::segment_size(MiB + 512) == 20 * MiB);      // smallest large
+  CHECK(CachingPool::segment_size(512) == 2 * MiB);              // small
+  CHECK(CachingPool::segment_size(MiB) == 2 * MiB);              // largest small
+  CHECK(CachingPool::segment_size(MiB + 512) == 20 * MiB);       // smallest large
   CHECK(CachingPool::segment_size(10 * MiB - 512) == 20 * MiB);  // below 10 MiB: shared
-  CHECK(CachingPool::segment_size(10 * MiB) == 10 * MiB);       // own, already a multiple of 2 MiB
-  CHECK(CachingPool::segment_size(11 * MiB) == 12 * MiB);       // own, rounded up to 2 MiB
+  CHECK(CachingPool::segment_size(10 * MiB) == 10 * MiB);        // own, already a multiple of 2 MiB
+  CHECK(CachingPool::segment_size(11 * MiB) == 12 * MiB);        // own, rounded up to 2 MiB
   CHECK(CachingPool::segment_size(21 * MiB + 512) == 22 * MiB);
 
   HostSegmentSource source;
@@ -306,7 +306,7 @@ TEST_CASE("executor::pool hands the fences of freed blocks to the next user") {
     CHECK(b.fences[0].event == E1);
     pool.release_fences(b.fences);
     CHECK(pool.take_unused_events().empty());  // the rest [1024, 2 MiB) still holds E1
-    pool.free(b.ptr, {{S2, E2}});               // whole segment again: E1 and E2
+    pool.free(b.ptr, {{S2, E2}});              // whole segment again: E1 and E2
     CHECK(pool.release_cached() == 2 * MiB);
     CHECK(sorted(pool.take_unused_events()) == sorted({E1, E2}));
     CHECK(pool.take_unused_events().empty());  // each once
@@ -316,7 +316,7 @@ TEST_CASE("executor::pool hands the fences of freed blocks to the next user") {
     auto b = pool.allocate(1000, S1);  // [1024, 2048)
     auto c = pool.allocate(1000, S1);  // [2048, 3072): keeps a+b apart from the rest
     pool.free(a.ptr, {{S1, E1}});
-    pool.free(b.ptr, {{S2, E2}});  // merges with a: [0, 2048) carries E1 and E2
+    pool.free(b.ptr, {{S2, E2}});      // merges with a: [0, 2048) carries E1 and E2
     auto d = pool.allocate(2048, S3);  // exact fit (the rest is larger): no split
     CHECK(d.ptr == a.ptr);
     CHECK(events_of(d.fences) == sorted({E1, E2}));

@@ -67,18 +67,14 @@ nlohmann::json read_json(const fs::path& p) {
   std::ifstream in(p);
   return nlohmann::json::parse(in);
 }
-void write_json(const fs::path& p, const nlohmann::json& j) {
-  std::ofstream(p) << j.dump(1);
-}
+void write_json(const fs::path& p, const nlohmann::json& j) { std::ofstream(p) << j.dump(1); }
 // Rewrites DIR/index.json.sha256 for the index as it now is, as whoever edits an index can.
 void sign_index(const fs::path& dir) {
   std::ofstream(dir / "index.json.sha256") << file_sha256(dir / "index.json") << "  index.json\n";
 }
-void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream(p) << text;
-}
+void write_text(const fs::path& p, const std::string& text) { std::ofstream(p) << text; }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("checkpoint::a resume under another strategy continues bit for bit") {
   const Scratch dir("checkpoint-resume");
@@ -185,7 +181,7 @@ TEST_CASE("checkpoint::a damaged or mismatched checkpoint is an error naming the
   }
   SUBCASE("an index edited without its digest") {
     auto j = read_json(index);
-    j["files"][0]["segments"][0]["end"] = 1; // anything: the digest is checked first
+    j["files"][0]["segments"][0]["end"] = 1;  // anything: the digest is checked first
     write_json(index, j);
     CHECK(load_error(model).find(index.string() + ": its sha256 is ") != std::string::npos);
     CHECK(load_error(model).find(", index.json.sha256 says ") != std::string::npos);
@@ -240,8 +236,7 @@ TEST_CASE("checkpoint::a damaged or mismatched checkpoint is an error naming the
   }
   SUBCASE("a segment's digest that is not its range's") {
     edit_index([](auto& j) { j["files"][0]["segments"][2]["sha256"] = std::string(64, 'e'); });
-    CHECK(load_error(model).find(" are not params of unit 2, elements [0, ") !=
-          std::string::npos);
+    CHECK(load_error(model).find(" are not params of unit 2, elements [0, ") != std::string::npos);
   }
   SUBCASE("a segment without a digest") {
     edit_index([](auto& j) { j["files"][0]["segments"][1].erase("sha256"); });
@@ -340,7 +335,7 @@ TEST_CASE("checkpoint::a save removes only the older step folders it wrote") {
   Solo s(model, "zero3", Flavour::deepspeed);
   s.engine.step();
   save_checkpoint(s.engine, s.world, ck.string());
-  CHECK(fs::exists(ck / "step-00000001" / "index.json")); // the step folder's own copy
+  CHECK(fs::exists(ck / "step-00000001" / "index.json"));  // the step folder's own copy
   CHECK(fs::exists(ck / "step-00000001" / "index.json.sha256"));
 
   SUBCASE("a user's file in an older step's folder stays, with the folder") {
@@ -365,7 +360,7 @@ TEST_CASE("checkpoint::a save removes only the older step folders it wrote") {
   }
   SUBCASE("an older step's name linked to a folder elsewhere: neither the link nor its files go") {
     const auto elsewhere = dir.path / "elsewhere";
-    fs::rename(ck / "step-00000001", elsewhere); // a complete step folder of this format
+    fs::rename(ck / "step-00000001", elsewhere);  // a complete step folder of this format
     fs::create_directory_symlink(elsewhere, ck / "step-00000001");
     s.engine.step();
     save_checkpoint(s.engine, s.world, ck.string());
@@ -394,12 +389,14 @@ TEST_CASE("checkpoint::a step folder that is a symbolic link is refused, nothing
   // A run finds it before its first step.
   CheckpointOptions o;
   o.save_dir = ck.string();
-  CHECK(error_of([&] { check_save_destination(o, s.engine, {1, 2}); }) ==
-        (ck / "step-00000001").string() +
-            ": a symbolic link: a checkpoint writes its parts only into folders of its own");
+  CHECK(error_of([&] {
+          check_save_destination(o, s.engine, {1, 2});
+        }) == (ck / "step-00000001").string() +
+                  ": a symbolic link: a checkpoint writes its parts only into folders of its own");
 }
 
-TEST_CASE("checkpoint::a folder holding another run's checkpoint is refused before the first step") {
+TEST_CASE(
+    "checkpoint::a folder holding another run's checkpoint is refused before the first step") {
   const Scratch dir("checkpoint-destination");
   const auto model = tiny_gpt2();
   const auto ck = dir.path / "ck";
@@ -414,15 +411,14 @@ TEST_CASE("checkpoint::a folder holding another run's checkpoint is refused befo
   auto refusal = [&](const ShardingEngine& e, std::vector<std::int64_t> steps) {
     return error_of([&] { check_save_destination(o, e, steps); });
   };
-  const std::string held =
-      fmt::format("--save: \"{}\" holds the checkpoint of model \"{}\" at step 2, ", ck.string(),
-                  model.name);
+  const std::string held = fmt::format(
+      "--save: \"{}\" holds the checkpoint of model \"{}\" at step 2, ", ck.string(), model.name);
   Solo same(model, "zero3", Flavour::deepspeed);
 
   SUBCASE("a later step than the run saves first") {
     CHECK(refusal(same.engine, {1}) ==
           held + "later than step 1, the first this run saves; --overwrite replaces it");
-    CHECK(refusal(same.engine, {2, 3}) == "no error"); // the run saves step 2 again and goes on
+    CHECK(refusal(same.engine, {2, 3}) == "no error");  // the run saves step 2 again and goes on
   }
   SUBCASE("another model") {
     Solo other(tiny_llama(), "zero3", Flavour::deepspeed);
@@ -489,13 +485,13 @@ TEST_CASE("checkpoint::a folder is written by one executor at a time") {
   const Scratch dir("checkpoint-lock");
   const auto ck = dir.path / "a" / "ck";
   {
-    const auto held = CheckpointLock::take(ck.string()); // makes the folders
+    const auto held = CheckpointLock::take(ck.string());  // makes the folders
     // flock belongs to the open file: a second take, in this process too, is refused.
     CHECK(error_of([&] { CheckpointLock::take(ck.string()); }) ==
           fmt::format("--save: \"{}\" is being written by pid {} on host {}", ck.string(),
                       ::getpid(), comm::host_name()));
   }
-  CHECK(error_of([&] { CheckpointLock::take(ck.string()); }) == "no error"); // released with it
+  CHECK(error_of([&] { CheckpointLock::take(ck.string()); }) == "no error");  // released with it
   // A folder that cannot be made: its parent is a file.
   write_text(dir.path / "file", "");
   CHECK(error_of([&] { CheckpointLock::take((dir.path / "file" / "ck").string()); }) ==

@@ -28,7 +28,7 @@ nlohmann::json seed_index() {
   return nlohmann::json::parse(in);
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("checkpoint_index_files::a part path holding a NUL is refused and shown escaped") {
   auto index = seed_index();

@@ -42,8 +42,7 @@ struct SharedScratch {
   ~SharedScratch() {
     world.barrier();
     std::error_code ec;
-    if (world.rank() == 0)
-      fs::remove_all(path, ec);
+    if (world.rank() == 0) fs::remove_all(path, ec);
   }
 };
 
@@ -76,7 +75,7 @@ std::int64_t held_bytes(ShardingEngine& e) {
   return bytes;
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("checkpoint::saved under zero3 on N ranks, resumed on 1 to N under any strategy") {
   auto& world = test_world();
@@ -101,8 +100,7 @@ TEST_CASE("checkpoint::saved under zero3 on N ranks, resumed on 1 to N under any
                             {"fsdp-full", Flavour::fsdp1}, {"hsdp", Flavour::fsdp2}};
     for (int k = 1; k <= n; ++k) {
       auto first_k = world.split(world.rank() < k ? 0 : 1, world.rank());
-      if (world.rank() >= k)
-        continue;
+      if (world.rank() >= k) continue;
       for (const auto& c : kResume) {
         CAPTURE(k);
         CAPTURE(c.strategy);
@@ -111,7 +109,7 @@ TEST_CASE("checkpoint::saved under zero3 on N ranks, resumed on 1 to N under any
         CHECK(report.step == 2);
         CHECK(report.bytes_read == held_bytes(t.engine));
         CHECK(params_sha256(t.engine) == saved);
-        const auto r = t.engine.step(); // and it trains on from there
+        const auto r = t.engine.step();  // and it trains on from there
         CHECK(r.step == 3);
       }
     }
@@ -131,8 +129,7 @@ TEST_CASE("checkpoint::2 steps, save, resume, 2 steps end bit for bit as 4 steps
     std::string uninterrupted;
     {
       Trainer t(world, model, strategy, flavour);
-      for (int k = 0; k < 4; ++k)
-        losses.push_back(t.engine.step().loss);
+      for (int k = 0; k < 4; ++k) losses.push_back(t.engine.step().loss);
       uninterrupted = params_sha256(t.engine);
     }
     {

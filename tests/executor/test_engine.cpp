@@ -6,9 +6,9 @@
 #include <cstring>
 
 #include "engine_fixture.hpp"
-#include "kernels/adamw.hpp"
 #include "executor/shard_layout.hpp"
 #include "executor/synthetic_data.hpp"
+#include "kernels/adamw.hpp"
 
 using namespace shardplan;
 using namespace shardplan::executor;
@@ -39,11 +39,9 @@ TEST_CASE("engine::shard layout pads every unit to the shard group and chunks it
   CHECK(h.replica_rank == 1);
   // ZeRO-3's persistence threshold: units of small tensors stay whole.
   s = costmodel::make_spec("zero3", Flavour::deepspeed, 4);
-  for (const auto& u : make_shard_layout(layout, s, 4, 0).units)
-    CHECK_FALSE(u.params_sharded);
+  for (const auto& u : make_shard_layout(layout, s, 4, 0).units) CHECK_FALSE(u.params_sharded);
   s.persistence_threshold = 0;
-  for (const auto& u : make_shard_layout(layout, s, 4, 0).units)
-    CHECK(u.params_sharded);
+  for (const auto& u : make_shard_layout(layout, s, 4, 0).units) CHECK(u.params_sharded);
   CHECK_THROWS_AS(
       make_shard_layout(layout, costmodel::make_spec("hsdp", Flavour::fsdp2, 4, 3), 4, 0),
       std::invalid_argument);
@@ -94,8 +92,7 @@ TEST_CASE("engine::model states are the cost model's to the byte") {
     for (int world : {1, 2, 4}) {
       const auto hw = cpu_profile(world);
       for (const auto& s : kStrategies) {
-        if (std::string(s.name) == "hsdp" && world == 1)
-          continue;
+        if (std::string(s.name) == "hsdp" && world == 1) continue;
         CAPTURE(world);
         CAPTURE(std::string(s.name));
         CAPTURE(std::string(costmodel::flavour_name(s.flavour)));
@@ -136,10 +133,8 @@ TEST_CASE("engine::peak memory is the cost model's") {
       const auto hw = cpu_profile(world);
       for (auto ckpt : {Checkpointing::none, Checkpointing::full})
         for (const auto& s : kStrategies) {
-          if (std::string(s.name) == "hsdp" && world == 1)
-            continue;
-          auto options =
-              test_options(model, test_spec(s.name, s.flavour, world, 1 << 16), 2, ckpt);
+          if (std::string(s.name) == "hsdp" && world == 1) continue;
+          auto options = test_options(model, test_spec(s.name, s.flavour, world, 1 << 16), 2, ckpt);
           options.precision = precision;
           const auto predicted = predict(options, world, hw);
           const auto run = rehearse_engine(options, 0, world, 2);

@@ -24,7 +24,7 @@ EngineOptions mixed_options(const costmodel::ModelSpec& model, const costmodel::
   return o;
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("engine_mixed::bf16-mixed trains as fp32 within bf16's rounding") {
   // One rank, so nothing but the precision differs. bf16 keeps 8 significant bits (unit roundoff
@@ -34,8 +34,7 @@ TEST_CASE("engine_mixed::bf16-mixed trains as fp32 within bf16's rounding") {
   // weights must differ from fp32's by much less than training moved them (under a quarter;
   // measured on the tiny Llama: 0.008 against 0.16), and by something (it really rounds).
   for (const auto& s : kStrategies) {
-    if (std::string(s.name) == "hsdp")
-      continue;
+    if (std::string(s.name) == "hsdp") continue;
     CAPTURE(std::string(s.name));
     CAPTURE(std::string(costmodel::flavour_name(s.flavour)));
     const auto spec = test_spec(s.name, s.flavour, 1);
@@ -55,7 +54,8 @@ TEST_CASE("engine_mixed::bf16-mixed trains as fp32 within bf16's rounding") {
   }
 }
 
-TEST_CASE("engine_mixed::fp16-mixed skips the steps whose gradients overflow and halves the scale") {
+TEST_CASE(
+    "engine_mixed::fp16-mixed skips the steps whose gradients overflow and halves the scale") {
   // GradScaler's policy: a step whose scaled gradients are not finite changes nothing and halves
   // the scale; a step that is taken keeps it (growth only after 2000). From 2^24 the first steps
   // overflow: the head's logit gradient is scale/N·(p − 1) per token, N = 16 tokens, about 2^20,
@@ -102,8 +102,7 @@ TEST_CASE("engine_mixed::fp16-mixed skips the steps whose gradients overflow and
 TEST_CASE("engine_mixed::what the engine does not run is refused") {
   StandInCommunicator self(0, 1);
   TrackedAllocator allocator;
-  auto o = mixed_options(tiny_llama(), test_spec("fsdp-full", Flavour::fsdp2, 1),
-                         Precision::bf16);
+  auto o = mixed_options(tiny_llama(), test_spec("fsdp-full", Flavour::fsdp2, 1), Precision::bf16);
   CHECK_THROWS_AS(ShardingEngine(o, allocator, {&self, &self, nullptr, false}),
                   std::invalid_argument);
   // FSDP reducing in fp32 gradients computed in bf16: the engine reduces in the compute type.

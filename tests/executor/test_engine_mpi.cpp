@@ -52,15 +52,13 @@ EngineRun run_streamed(const EngineOptions& o) {
   auto owned = make_groups(test_world(), o.spec, true);
   comm::StreamedCommunicator shard(*owned.groups.shard), reduce(*owned.groups.shard_reduce);
   std::optional<comm::StreamedCommunicator> replica;
-  if (owned.groups.replica != nullptr)
-    replica.emplace(*owned.groups.replica);
+  if (owned.groups.replica != nullptr) replica.emplace(*owned.groups.replica);
   StreamOrderedHostMemory memory;
   TrackedAllocator allocator(TrackedAllocator::kUnlimited, &memory);
   EngineRun r;
   {
-    ShardingEngine engine(o, allocator,
-                          {owned.groups.world, &shard, replica ? &*replica : nullptr, false,
-                           &reduce});
+    ShardingEngine engine(
+        o, allocator, {owned.groups.world, &shard, replica ? &*replica : nullptr, false, &reduce});
     for (int k = 0; k < kSteps; ++k) {
       r.reports.push_back(engine.step());
       r.losses.push_back(r.reports.back().loss);
@@ -69,12 +67,11 @@ EngineRun run_streamed(const EngineOptions& o) {
       r.params.push_back(engine.full_parameters(u));
   }
   r.peak_bytes = allocator.peak_bytes();
-  for (auto c : kMemoryCategories)
-    r.category_peaks[c] = allocator.peak_bytes(c);
+  for (auto c : kMemoryCategories) r.category_peaks[c] = allocator.peak_bytes(c);
   return r;
 }
 
-double worst_loss_error = 0, worst_param_difference = 0; // over every comparison, for the log
+double worst_loss_error = 0, worst_param_difference = 0;  // over every comparison, for the log
 
 void check_equal(const EngineRun& a, const EngineRun& ddp) {
   REQUIRE(a.losses.size() == ddp.losses.size());
@@ -87,7 +84,7 @@ void check_equal(const EngineRun& a, const EngineRun& ddp) {
   CHECK(diff < kParamTolerance);
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("engine::sharded strategies train as DDP") {
   const int world = test_world().size();
@@ -128,7 +125,7 @@ TEST_CASE("engine::prefetch as planned changes memory, not results") {
   o.prefetch_as_planned = true;
   const auto ahead = run_on_world(o);
   check_equal(ahead, jit);
-  if (world > 1) // one more gathered block alive while a block runs
+  if (world > 1)  // one more gathered block alive while a block runs
     CHECK(ahead.category_peaks[MemoryCategory::buffers] >
           jit.category_peaks[MemoryCategory::buffers]);
 }

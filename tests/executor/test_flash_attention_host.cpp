@@ -10,11 +10,11 @@
 
 #include "costmodel/accounting.hpp"
 #include "engine_fixture.hpp"
+#include "executor/gpt_model.hpp"
+#include "executor/param_init.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/flash_attention_host.hpp"
-#include "executor/gpt_model.hpp"
 #include "kernels/kernels.hpp"
-#include "executor/param_init.hpp"
 
 using namespace shardplan;
 using namespace shardplan::executor;
@@ -35,21 +35,18 @@ std::vector<double> uniform(std::int64_t n, unsigned seed) {
   std::mt19937 gen(seed);
   std::uniform_real_distribution<double> dist(-2.0, 2.0);
   std::vector<double> v(static_cast<std::size_t>(n));
-  for (auto& x : v)
-    x = dist(gen);
+  for (auto& x : v) x = dist(gen);
   return v;
 }
 
 template <class S> std::vector<S> as(const std::vector<double>& v) {
   std::vector<S> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i)
-    out[i] = narrow<S>(static_cast<accum_t<S>>(v[i]));
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = narrow<S>(static_cast<accum_t<S>>(v[i]));
   return out;
 }
 template <class S> std::vector<double> to_double(const std::vector<S>& v) {
   std::vector<double> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i)
-    out[i] = static_cast<double>(widen(v[i]));
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<double>(widen(v[i]));
   return out;
 }
 
@@ -112,7 +109,7 @@ template <class S> void check_against_eager(const char* type, double tolerance) 
   }
 }
 
-} // namespace
+}  // namespace
 
 // Tolerances (relative L2 norm against the eager kernels in double over the same inputs):
 // - double: the same sums in another order and exp/log at full precision; each result is a sum of
@@ -150,7 +147,7 @@ TEST_CASE("flash_attention_host::the log-sum-exp is each score row's") {
       worst =
           std::max(worst, std::abs(lse[static_cast<std::size_t>(h * s.seq + t)] - std::log(sum)));
     }
-  CHECK(worst < 1e-12); // the same sum in blocks, double (as above)
+  CHECK(worst < 1e-12);  // the same sum in blocks, double (as above)
 }
 
 TEST_CASE("flash_attention_host::a block keeps 4·a·T bytes of log-sum-exp instead of the scores") {

@@ -16,7 +16,7 @@ TEST_CASE("gather scheduler::units kept through the backward are the cost model'
   spec.keep_root_unsharded = false;
   CHECK_FALSE(kept_through_backward(spec, 0, 4));
   CHECK_FALSE(kept_through_backward(spec, 2, 4));
-  CHECK(kept_through_backward(spec, 3, 4)); // the head
+  CHECK(kept_through_backward(spec, 3, 4));  // the head
   spec.keep_root_unsharded = true;
   CHECK(kept_through_backward(spec, 0, 4));
   spec.reshard_after_forward = false;
@@ -32,7 +32,7 @@ TEST_CASE("gather scheduler::prefetch depth follows the plan only when asked") {
   CHECK(prefetch_depth(spec, false, 100).backward == 0);
   CHECK(prefetch_depth(spec, true, 100).forward == 1);
   CHECK(prefetch_depth(spec, true, 100).backward == 2);
-  spec.prefetch_bucket_elems = 350; // DeepSpeed: blocks that fit, at least one
+  spec.prefetch_bucket_elems = 350;  // DeepSpeed: blocks that fit, at least one
   CHECK(prefetch_depth(spec, true, 100).forward == 3);
   CHECK(prefetch_depth(spec, true, 1000).forward == 1);
   auto ddp = test_spec("ddp", Flavour::ddp, 2);
@@ -50,7 +50,7 @@ TEST_CASE("gather scheduler::a partitioned unit is gathered whole while it is in
   gathers.wait_for_gathers(1);
   CHECK(f.bytes(MemoryCategory::buffers) == block.padded * 4);
   CHECK(static_cast<std::int64_t>(gathers.params_for(1).size()) == block.padded);
-  gathers.acquire(1); // already gathered: nothing more
+  gathers.acquire(1);  // already gathered: nothing more
   CHECK(f.bytes(MemoryCategory::buffers) == block.padded * 4);
   gathers.release(1);
   CHECK(f.bytes(MemoryCategory::buffers) == 0);
@@ -58,7 +58,7 @@ TEST_CASE("gather scheduler::a partitioned unit is gathered whole while it is in
 
 TEST_CASE("gather scheduler::a tied head gathers the embedding again") {
   auto spec = test_spec("zero3", Flavour::deepspeed, 2);
-  spec.persistence_threshold = 0; // every unit partitioned, however small
+  spec.persistence_threshold = 0;  // every unit partitioned, however small
   StateFixture<> f(test_options(tiny_gpt2(), spec), 0, 2);
   GatherScheduler<float> gathers(f.state);
   const std::int64_t head = f.state.unit_count() - 1;
@@ -86,15 +86,14 @@ TEST_CASE("gather scheduler::prefetch gathers the next units the limiter allows"
   REQUIRE(gathers.depth().forward == 2);
   auto padded = [&](std::int64_t u) { return f.state.shape(u).padded * 4; };
   gathers.acquire(0);
-  gathers.prefetch_forward(0); // unit 1; unit 2 would make three in flight while unit 0 lives
+  gathers.prefetch_forward(0);  // unit 1; unit 2 would make three in flight while unit 0 lives
   CHECK(f.bytes(MemoryCategory::buffers) == padded(0) + padded(1));
-  gathers.prefetch_forward(1); // still unit 0 alive: nothing
+  gathers.prefetch_forward(1);  // still unit 0 alive: nothing
   CHECK(f.bytes(MemoryCategory::buffers) == padded(0) + padded(1));
   gathers.release(0);
-  gathers.prefetch_forward(1); // unit 2 now; unit 3 would wait for unit 1
+  gathers.prefetch_forward(1);  // unit 2 now; unit 3 would wait for unit 1
   CHECK(f.bytes(MemoryCategory::buffers) == padded(1) + padded(2));
-  for (std::int64_t u = 0; u < f.state.unit_count(); ++u)
-    gathers.release(u);
+  for (std::int64_t u = 0; u < f.state.unit_count(); ++u) gathers.release(u);
   CHECK(f.bytes(MemoryCategory::buffers) == 0);
 }
 
@@ -107,7 +106,7 @@ TEST_CASE("gather scheduler::DDP under autocast computes from 16-bit copies") {
   GatherScheduler<bf16> gathers(f.state);
   const std::int64_t head = f.state.unit_count() - 1;
   CHECK(gathers.needs_copy(0));
-  gathers.acquire(0, true); // the embedding's backward reads no parameters
+  gathers.acquire(0, true);  // the embedding's backward reads no parameters
   CHECK(f.bytes(MemoryCategory::buffers) == 0);
   gathers.acquire(head);
   const std::int64_t whole = f.state.shards.whole_elements(head, f.state.spec()) +

@@ -64,8 +64,8 @@ GradCheckResult gradient_check(const ModelSpec& spec) {
         params[e] = saved;
         const double numeric = (plus - minus) / (2 * eps);
         const double analytic = grads[e];
-        const double rel = std::abs(analytic - numeric) /
-                           std::max({std::abs(analytic), std::abs(numeric), 1e-4});
+        const double rel =
+            std::abs(analytic - numeric) / std::max({std::abs(analytic), std::abs(numeric), 1e-4});
         r.max_rel_error = std::max(r.max_rel_error, rel);
         r.max_abs_error = std::max(r.max_abs_error, std::abs(analytic - numeric));
         ++r.checked;
@@ -88,7 +88,7 @@ TEST_CASE("executor::gradient check llama-like") {
   REQUIRE(spec.head_dim * spec.heads != spec.hidden);
   const auto r = gradient_check(spec);
   MESSAGE("llama-like: max relative error " << r.max_rel_error << ", max absolute error "
-                        << r.max_abs_error << ", over " << r.checked
+                                            << r.max_abs_error << ", over " << r.checked
                                             << " parameters");
   CHECK(r.checked > 300);
   CHECK(r.max_rel_error < kGradTolerance);
@@ -100,7 +100,7 @@ TEST_CASE("executor::gradient check gpt2-like") {
   REQUIRE(spec.tied_embeddings);
   const auto r = gradient_check(spec);
   MESSAGE("gpt2-like: max relative error " << r.max_rel_error << ", max absolute error "
-                        << r.max_abs_error << ", over " << r.checked
+                                           << r.max_abs_error << ", over " << r.checked
                                            << " parameters");
   CHECK(r.checked > 300);
   CHECK(r.max_rel_error < kGradTolerance);
@@ -112,7 +112,7 @@ TEST_CASE("executor::gradient check gpt-neox-like") {
   REQUIRE(spec.parallel_residual);
   const auto r = gradient_check(spec);
   MESSAGE("gpt-neox-like: max relative error " << r.max_rel_error << ", max absolute error "
-                        << r.max_abs_error << ", over " << r.checked
+                                               << r.max_abs_error << ", over " << r.checked
                                                << " parameters");
   CHECK(r.checked > 300);
   CHECK(r.max_rel_error < kGradTolerance);
@@ -162,8 +162,7 @@ namespace {
 
 // forward_block and forward_head grow the tracked activations by what block_saved_bytes and
 // head_saved_bytes say, for elements of type S.
-template <class S>
-void check_saved_bytes(const ModelSpec& spec, const char* type) {
+template <class S> void check_saved_bytes(const ModelSpec& spec, const char* type) {
   CAPTURE(type);
   TrackedAllocator allocator;
   GptModel<S> model(spec, allocator);
@@ -239,7 +238,7 @@ TEST_CASE("executor::bad inputs are refused with a message") {
   CHECK_THROWS_WITH_AS(model.forward_embedding(params.span(), long_tokens, BatchShape{2, 13}),
                        "sequence of 13 tokens is longer than the 12 learned positions",
                        std::invalid_argument);
-  CHECK_THROWS_AS(model.forward_embedding(params.span().first(10), std::vector<std::int32_t>(16, 1),
-                                          kShape),
-                  std::invalid_argument);
+  CHECK_THROWS_AS(
+      model.forward_embedding(params.span().first(10), std::vector<std::int32_t>(16, 1), kShape),
+      std::invalid_argument);
 }

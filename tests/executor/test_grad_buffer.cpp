@@ -48,9 +48,9 @@ TEST_CASE("grad buffers::whole gradients live from their first use to the step's
   CHECK(f.bytes(MemoryCategory::gradients) == whole * 4);
   CHECK(static_cast<std::int64_t>(grads.target(1).size()) == whole);
   std::fill(grads.target(1).begin(), grads.target(1).end(), 2.0f);
-  grads.ensure_target(1); // kept: the next micro-batch adds into it
+  grads.ensure_target(1);  // kept: the next micro-batch adds into it
   CHECK(grads.target(1)[0] == 2.0f);
-  grads.reduce_unit(1); // one rank: the all-reduce leaves the sum as it is
+  grads.reduce_unit(1);  // one rank: the all-reduce leaves the sum as it is
   grads.wait_for_reductions();
   CHECK(grads.target(1)[0] == 2.0f);
   CHECK(f.bytes(MemoryCategory::gradients) == whole * 4);
@@ -59,8 +59,7 @@ TEST_CASE("grad buffers::whole gradients live from their first use to the step's
 }
 
 TEST_CASE("grad buffers::a sharded gradient is reduce-scattered into a kept chunk") {
-  StateFixture<> f(test_options(tiny_llama(), test_spec("fsdp-grad-op", Flavour::fsdp2, 2)), 1,
-                   2);
+  StateFixture<> f(test_options(tiny_llama(), test_spec("fsdp-grad-op", Flavour::fsdp2, 2)), 1, 2);
   REQUIRE(f.state.spec().shard_gradients);
   GradBuffers<float> grads(f.state);
   const auto& shape = f.state.shape(2);
@@ -68,8 +67,7 @@ TEST_CASE("grad buffers::a sharded gradient is reduce-scattered into a kept chun
   CHECK(f.bytes(MemoryCategory::gradients) == shape.padded * 4);
   auto target = grads.target(2);
   REQUIRE(static_cast<std::int64_t>(target.size()) == shape.padded);
-  for (std::size_t i = 0; i < target.size(); ++i)
-    target[i] = static_cast<float>(i);
+  for (std::size_t i = 0; i < target.size(); ++i) target[i] = static_cast<float>(i);
   grads.reduce_unit(2);
   grads.wait_for_reductions();
   // The micro-batch's gradient is gone; this rank's chunk is kept (a stand-in reduce-scatter
@@ -81,8 +79,7 @@ TEST_CASE("grad buffers::a sharded gradient is reduce-scattered into a kept chun
   // The next micro-batch's reduction adds into it.
   grads.ensure_target(2);
   target = grads.target(2);
-  for (std::size_t i = 0; i < target.size(); ++i)
-    target[i] = static_cast<float>(i);
+  for (std::size_t i = 0; i < target.size(); ++i) target[i] = static_cast<float>(i);
   grads.reduce_unit(2);
   grads.wait_for_reductions();
   CHECK(chunk.data()[0] == 2.0f * static_cast<float>(f.state.shards.chunk_begin(2)));

@@ -35,7 +35,7 @@ EngineOptions offload_options(const OffloadCase& c, int world, Offload offload,
                               costmodel::Precision precision = costmodel::Precision::fp32) {
   auto spec = test_spec(c.strategy, c.flavour, world, 1 << 16);
   spec.offload = offload;
-  if (precision != costmodel::Precision::fp32) // the compute type: what the engine reduces in
+  if (precision != costmodel::Precision::fp32)  // the compute type: what the engine reduces in
     spec.reduce_dtype = costmodel::compute_dtype(precision);
   auto options = test_options(small_llama(), spec, grad_accumulation);
   options.precision = precision;
@@ -47,7 +47,7 @@ std::string name_of(const OffloadCase& c) {
          costmodel::offload_name(c.offload);
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("host_offload::offloaded training is the training without offload") {
   // One rank, 3 steps. One micro-batch: bit for bit (the same AdamW on the same fp32 values; the
@@ -98,8 +98,7 @@ TEST_CASE("host_offload::the device holds what the cost model's offload counts")
         CHECK(run.category_peaks[MemoryCategory::optimizer_states] == 0);
         CHECK(static_cast<double>(run.at_peak[MemoryCategory::parameters]) ==
               predicted.model_states[static_cast<int>(costmodel::Category::parameters)]);
-        if (rank == 0)
-          CHECK(run.peak_bytes < plain.peak_bytes);
+        if (rank == 0) CHECK(run.peak_bytes < plain.peak_bytes);
       }
     }
   MESSAGE("offload: worst device peak error " << 100 * worst << "%");

@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "kernels/backend.hpp"
 #include "executor/gpt_model.hpp"
+#include "executor/synthetic_data.hpp"
+#include "kernels/backend.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/scalar.hpp"
-#include "executor/synthetic_data.hpp"
 #include "model_fixture.hpp"
 
 using namespace shardplan::executor;
@@ -31,31 +31,27 @@ using shardplan::costmodel::ModelSpec;
 
 namespace {
 
-template <class S>
-constexpr double kUnitRoundoff = std::is_same_v<S, bf16> ? 0x1p-8 : 0x1p-11;
+template <class S> constexpr double kUnitRoundoff = std::is_same_v<S, bf16> ? 0x1p-8 : 0x1p-11;
 
 // What the fp32 kernels themselves may differ by where the 16-bit code sums in another order
 // (loops against Eigen's GEMMs and vectorised sums): a few fp32 roundings, 2^−16 ≈ 1.5e-5, below
 // f16's u by a factor 32.
 constexpr double kFp32Order = 0x1p-16;
 
-template <class S>
-std::vector<S> to_s(const std::vector<float>& v) {
+template <class S> std::vector<S> to_s(const std::vector<float>& v) {
   std::vector<S> out(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) out[i] = narrow<S>(v[i]);
   return out;
 }
 
-template <class S>
-std::vector<float> to_f(const std::vector<S>& v) {
+template <class S> std::vector<float> to_f(const std::vector<S>& v) {
   std::vector<float> out(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) out[i] = widen(v[i]);
   return out;
 }
 
 // n values uniform in (−a, a), rounded to S: the inputs both kernels read exactly.
-template <class S>
-std::vector<float> rounded(std::mt19937_64& gen, std::int64_t n, double a) {
+template <class S> std::vector<float> rounded(std::mt19937_64& gen, std::int64_t n, double a) {
   std::uniform_real_distribution<float> u(static_cast<float>(-a), static_cast<float>(a));
   std::vector<float> v(static_cast<std::size_t>(n));
   for (auto& x : v) x = widen(narrow<S>(u(gen)));
@@ -78,8 +74,7 @@ double relative_l2(std::span<const float> got, std::span<const float> want) {
 }
 
 // ‖got − want‖₂ / ‖want‖₂ with got widened to fp32.
-template <class S>
-double rel_l2(const std::vector<S>& got, const std::vector<float>& want) {
+template <class S> double rel_l2(const std::vector<S>& got, const std::vector<float>& want) {
   return relative_l2(to_f(got), want);
 }
 
@@ -114,8 +109,8 @@ void check_embedding_forward(const std::string& type, std::mt19937_64& gen,
   std::vector<float> y(N * C);
   std::vector<S> y16(N * C);
   kernels::embedding_forward(y.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
-  kernels::embedding_forward(y16.data(), tokens.data(), to_s<S>(wte).data(),
-                             to_s<S>(wpe).data(), B, T, C);
+  kernels::embedding_forward(y16.data(), tokens.data(), to_s<S>(wte).data(), to_s<S>(wpe).data(), B,
+                             T, C);
   expect_within(type, "embedding_forward", rel_l2(y16, y), one);
 }
 
@@ -132,15 +127,14 @@ void check_embedding_backward(const std::string& type, std::mt19937_64& gen,
   dwpe = start_like<S>(gen, dwpe);
   auto dwte16 = to_s<S>(dwte), dwpe16 = to_s<S>(dwpe);
   kernels::embedding_backward(dwte.data(), dwpe.data(), dy.data(), tokens.data(), B, T, C);
-  kernels::embedding_backward(dwte16.data(), dwpe16.data(), to_s<S>(dy).data(), tokens.data(),
-                              B, T, C);
+  kernels::embedding_backward(dwte16.data(), dwpe16.data(), to_s<S>(dy).data(), tokens.data(), B, T,
+                              C);
   expect_within(type, "embedding_backward dwte", rel_l2(dwte16, dwte), one);
   expect_within(type, "embedding_backward dwpe", rel_l2(dwpe16, dwpe), one);
 }
 
 // linear: y = x·wᵀ + b, then y += x·wᵀ + b; backward into dx, dw, db.
-template <class S>
-void check_linear(const std::string& type, std::mt19937_64& gen) {
+template <class S> void check_linear(const std::string& type, std::mt19937_64& gen) {
   using namespace sizes;
   const double one = kUnitRoundoff<S> + kFp32Order;
   const auto x = rounded<S>(gen, N * C, 1), w = rounded<S>(gen, I * C, 0.5),
@@ -157,14 +151,12 @@ void check_linear(const std::string& type, std::mt19937_64& gen) {
   expect_within(type, "linear_forward accumulate", rel_l2(y16, y), one);
 
   std::vector<float> dx(N * C), dw(I * C), db(I);
-  kernels::linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N,
-                           C, I);
+  kernels::linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, I);
   dx = start_like<S>(gen, dx);
   dw = start_like<S>(gen, dw);
   db = start_like<S>(gen, db);
   auto dx16 = to_s<S>(dx), dw16 = to_s<S>(dw), db16 = to_s<S>(db);
-  kernels::linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N,
-                           C, I);
+  kernels::linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, I);
   kernels::linear_backward(dx16.data(), dw16.data(), db16.data(), dy16.data(), x16.data(),
                            w16.data(), N, C, I);
   expect_within(type, "linear_backward dx", rel_l2(dx16, dx), one);
@@ -173,20 +165,18 @@ void check_linear(const std::string& type, std::mt19937_64& gen) {
 }
 
 // LayerNorm and RMSNorm, forward and backward. x has an offset, so the mean matters.
-template <class S>
-void check_norms(const std::string& type, std::mt19937_64& gen) {
+template <class S> void check_norms(const std::string& type, std::mt19937_64& gen) {
   using namespace sizes;
   const double one = kUnitRoundoff<S> + kFp32Order;
   const double exact = 0x1p-20;
   auto x = rounded<S>(gen, N * C, 1);
   for (auto& v : x) v = widen(narrow<S>(v + 0.5f));
-  const auto w = rounded<S>(gen, C, 1), b = rounded<S>(gen, C, 0.5),
-             dy = rounded<S>(gen, N * C, 1);
+  const auto w = rounded<S>(gen, C, 1), b = rounded<S>(gen, C, 0.5), dy = rounded<S>(gen, N * C, 1);
   const auto x16 = to_s<S>(x), w16 = to_s<S>(w), b16 = to_s<S>(b), dy16 = to_s<S>(dy);
   std::vector<float> y(N * C), mean(N), rstd(N), mean16(N), rstd16(N);
   std::vector<S> y16(N * C);
-  kernels::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
-                             N, C, 1e-5f);
+  kernels::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C,
+                             1e-5f);
   kernels::layernorm_forward(y16.data(), mean16.data(), rstd16.data(), x16.data(), w16.data(),
                              b16.data(), N, C, 1e-5f);
   expect_within(type, "layernorm_forward y", rel_l2(y16, y), one);
@@ -214,14 +204,12 @@ void check_norms(const std::string& type, std::mt19937_64& gen) {
   expect_within(type, "rmsnorm_forward rstd (fp32)", rel_l2(rstd16, rstd), exact);
   std::fill(dx.begin(), dx.end(), 0.0f);
   std::fill(dw.begin(), dw.end(), 0.0f);
-  kernels::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N,
-                            C);
+  kernels::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
   dx = start_like<S>(gen, dx);
   dw = start_like<S>(gen, dw);
   dx16 = to_s<S>(dx);
   dw16 = to_s<S>(dw);
-  kernels::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N,
-                            C);
+  kernels::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
   kernels::rmsnorm_backward(dx16.data(), dw16.data(), dy16.data(), x16.data(), w16.data(),
                             rstd.data(), N, C);
   expect_within(type, "rmsnorm_backward dx", rel_l2(dx16, dx), one);
@@ -229,8 +217,7 @@ void check_norms(const std::string& type, std::mt19937_64& gen) {
 }
 
 // Rotary, forward and backward (in place).
-template <class S>
-void check_rope(const std::string& type, std::mt19937_64& gen) {
+template <class S> void check_rope(const std::string& type, std::mt19937_64& gen) {
   using namespace sizes;
   const double one = kUnitRoundoff<S> + kFp32Order;
   auto x = rounded<S>(gen, N * H * D, 1);
@@ -245,8 +232,7 @@ void check_rope(const std::string& type, std::mt19937_64& gen) {
 }
 
 // Attention with grouped-query heads (4 query heads on 2 key/value heads).
-template <class S>
-void check_attention(const std::string& type, std::mt19937_64& gen) {
+template <class S> void check_attention(const std::string& type, std::mt19937_64& gen) {
   using namespace sizes;
   const double u = kUnitRoundoff<S>;
   const double one = kUnitRoundoff<S> + kFp32Order;
@@ -255,14 +241,14 @@ void check_attention(const std::string& type, std::mt19937_64& gen) {
   const auto q16 = to_s<S>(q), k16 = to_s<S>(k), v16 = to_s<S>(v), dout16 = to_s<S>(dout);
   std::vector<float> out(N * H * D), probs(B * H * T * T), out_abs(N * H * D);
   std::vector<S> out16(N * H * D), probs16(B * H * T * T);
-  kernels::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), B, T, H,
-                             KVH, D);
-  kernels::attention_forward(out16.data(), probs16.data(), q16.data(), k16.data(), v16.data(),
-                             B, T, H, KVH, D);
+  kernels::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), B, T, H, KVH,
+                             D);
+  kernels::attention_forward(out16.data(), probs16.data(), q16.data(), k16.data(), v16.data(), B, T,
+                             H, KVH, D);
   std::vector<float> v_abs(v);
   for (auto& e : v_abs) e = std::abs(e);
-  kernels::attention_forward(out_abs.data(), probs.data(), q.data(), k.data(), v_abs.data(), B,
-                             T, H, KVH, D);
+  kernels::attention_forward(out_abs.data(), probs.data(), q.data(), k.data(), v_abs.data(), B, T,
+                             H, KVH, D);
   const double kappa = norm(out_abs) / norm(out);
   MESSAGE(type << " attention_forward: κ = ‖P·|V|‖/‖P·V‖ = " << kappa);
   expect_within(type, "attention_forward probs", rel_l2(probs16, probs), one);
@@ -281,8 +267,8 @@ void check_attention(const std::string& type, std::mt19937_64& gen) {
   kernels::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(),
                               probs.data(), q.data(), k.data(), v.data(), B, T, H, KVH, D);
   kernels::attention_backward(dq16.data(), dk16.data(), dv16.data(), scratch16.data(),
-                              dout16.data(), probs16.data(), q16.data(), k16.data(), v16.data(),
-                              B, T, H, KVH, D);
+                              dout16.data(), probs16.data(), q16.data(), k16.data(), v16.data(), B,
+                              T, H, KVH, D);
   const double attention_backward = 4 * u + kFp32Order;
   expect_within(type, "attention_backward dq", rel_l2(dq16, dq), attention_backward);
   expect_within(type, "attention_backward dk", rel_l2(dk16, dk), attention_backward);
@@ -290,8 +276,7 @@ void check_attention(const std::string& type, std::mt19937_64& gen) {
 }
 
 // GELU and SwiGLU, forward and backward.
-template <class S>
-void check_activations(const std::string& type, std::mt19937_64& gen) {
+template <class S> void check_activations(const std::string& type, std::mt19937_64& gen) {
   using namespace sizes;
   const double one = kUnitRoundoff<S> + kFp32Order;
   const auto a = rounded<S>(gen, N * I, 3), g = rounded<S>(gen, N * I, 3),
@@ -320,8 +305,7 @@ void check_activations(const std::string& type, std::mt19937_64& gen) {
   din16 = to_s<S>(din);
   auto dup16 = to_s<S>(dup);
   kernels::swiglu_backward(din.data(), dup.data(), dy.data(), a.data(), g.data(), N * I);
-  kernels::swiglu_backward(din16.data(), dup16.data(), dy16.data(), a16.data(), g16.data(),
-                           N * I);
+  kernels::swiglu_backward(din16.data(), dup16.data(), dy16.data(), a16.data(), g16.data(), N * I);
   expect_within(type, "swiglu_backward dgate", rel_l2(din16, din), one);
   expect_within(type, "swiglu_backward dup", rel_l2(dup16, dup), one);
 }
@@ -364,8 +348,7 @@ void check_loss(const std::string& type, std::mt19937_64& gen,
 //     random rows). dQ: its own rounding and dS's, (1 + κ)·u. dK, dV: rounded once per query
 //     head of their group (2 here, each time a partial sum of about the final's size), dK also
 //     dS's: (2 + κ)·u. Tolerance 4u for all three.
-template <class S>
-void kernels_against_fp32(const std::string& type) {
+template <class S> void kernels_against_fp32(const std::string& type) {
   using namespace sizes;
   std::mt19937_64 gen(2024);
   std::vector<std::int32_t> tokens(N);
@@ -413,8 +396,8 @@ ModelResult run_model(const ModelSpec& spec, const std::vector<std::vector<float
   ModelResult r;
   r.loss = forward_backward(model, p, g, batch.inputs.span(), batch.targets.span(), kShape,
                             checkpointing, true);
-  for (const auto& unit : g) r.grads.emplace_back(to_f(std::vector<S>(unit.span().begin(),
-                                                                         unit.span().end())));
+  for (const auto& unit : g)
+    r.grads.emplace_back(to_f(std::vector<S>(unit.span().begin(), unit.span().end())));
   return r;
 }
 
@@ -437,9 +420,9 @@ std::vector<std::vector<float>> rounded_params(const std::vector<std::vector<flo
 }
 
 struct ModelErrors {
-  double loss = 0;                  // |L₁₆ − L₃₂| / L₃₂
-  std::vector<double> grads;        // per unit, ‖g₁₆ − g₃₂‖ / ‖g₃₂‖
-  std::vector<double> compute;      // the same against fp32 on the rounded parameters
+  double loss = 0;              // |L₁₆ − L₃₂| / L₃₂
+  std::vector<double> grads;    // per unit, ‖g₁₆ − g₃₂‖ / ‖g₃₂‖
+  std::vector<double> compute;  // the same against fp32 on the rounded parameters
 };
 
 template <class S>
@@ -449,8 +432,8 @@ ModelErrors model_errors(const ModelSpec& spec, const std::string& type, double 
   TrackedAllocator allocator;
   const auto batch = synthetic_batch(allocator, 33, kShape, spec.vocab);
   const auto fp32 = run_model<float>(spec, params, batch, Checkpointing::none);
-  const auto fp32_rounded = run_model<float>(spec, rounded_params<S>(params), batch,
-                                             Checkpointing::none);
+  const auto fp32_rounded =
+      run_model<float>(spec, rounded_params<S>(params), batch, Checkpointing::none);
   const auto low = run_model<S>(spec, params, batch, Checkpointing::none);
   ModelErrors e;
   e.loss = std::abs(low.loss - fp32.loss) / fp32.loss;

@@ -63,27 +63,29 @@ TEST_CASE("executor::scale_down keeps the architecture and re-derives the tensor
   const auto small = scale_down(source, {.layers = 2, .hidden = 64, .heads = 4, .vocab = 100});
   CHECK(small.architecture == source.architecture);
   CHECK(small.layers == 2);
-  CHECK(small.kv_heads == 1);          // 8 of 32 heads in the source: the same 1:4 ratio
-  CHECK(small.intermediate == 224);    // 64 · 14336 / 4096
+  CHECK(small.kv_heads == 1);        // 8 of 32 heads in the source: the same 1:4 ratio
+  CHECK(small.intermediate == 224);  // 64 · 14336 / 4096
   CHECK(small.head_dim == 16);
   REQUIRE(small.block.tensors.size() == source.block.tensors.size());
   for (std::size_t i = 0; i < small.block.tensors.size(); ++i)
     CHECK(small.block.tensors[i].name == source.block.tensors[i].name);
-  CHECK(small.total_params() == 100 * 64 + 2 * (2 * 64 + 64 * 64 * 2 + 2 * 16 * 64 + 3 * 224 * 64) +
-                                    64 + 100 * 64);
+  CHECK(small.total_params() ==
+        100 * 64 + 2 * (2 * 64 + 64 * 64 * 2 + 2 * 16 * 64 + 3 * 224 * 64) + 64 + 100 * 64);
 
-  const auto gpt2 = scale_down(load_model("gpt2"), {.layers = 1, .hidden = 32, .heads = 2,
-                                                    .vocab = 50, .max_positions = 16});
+  const auto gpt2 =
+      scale_down(load_model("gpt2"),
+                 {.layers = 1, .hidden = 32, .heads = 2, .vocab = 50, .max_positions = 16});
   CHECK(gpt2.tied_embeddings);
   CHECK(gpt2.attention_dropout);
   CHECK(gpt2.intermediate == 128);
   CHECK(gpt2.embedding.params() == 50 * 32 + 16 * 32);
 
-  CHECK_THROWS_WITH_AS(scale_down(load_model("gpt2"), {.layers = 1, .hidden = 32, .heads = 4,
-                                                       .kv_heads = 2, .vocab = 50}),
-                       "--scale: GPT2LMHeadModel has no grouped-query attention (kv_heads 2 != "
-                       "heads 4)",
-                       InputError);
+  CHECK_THROWS_WITH_AS(
+      scale_down(load_model("gpt2"),
+                 {.layers = 1, .hidden = 32, .heads = 4, .kv_heads = 2, .vocab = 50}),
+      "--scale: GPT2LMHeadModel has no grouped-query attention (kv_heads 2 != "
+      "heads 4)",
+      InputError);
   CHECK_THROWS_WITH_AS(scale_down(source, {.layers = 1, .hidden = 30, .heads = 4, .vocab = 50}),
                        "--scale: 4 heads do not divide hidden 30", InputError);
   const auto bare = shardplan::costmodel::model_from_param_count(1e9);

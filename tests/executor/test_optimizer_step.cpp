@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "engine_state_fixture.hpp"
-#include "kernels/adamw.hpp"
 #include "executor/optimizer_step.hpp"
+#include "kernels/adamw.hpp"
 
 using namespace shardplan;
 using namespace shardplan::executor;
@@ -31,8 +31,7 @@ TEST_CASE("loss scaler::an overflow halves the scale and skips the step") {
 
 TEST_CASE("loss scaler::the scale doubles after the growth interval of good steps") {
   LossScaler scaler(8.0);
-  for (std::int64_t k = 1; k < LossScaler::kGrowthInterval; ++k)
-    REQUIRE(scaler.update(true));
+  for (std::int64_t k = 1; k < LossScaler::kGrowthInterval; ++k) REQUIRE(scaler.update(true));
   CHECK(scaler.scale() == 8.0);
   CHECK(scaler.update(true));
   CHECK(scaler.scale() == 16.0);
@@ -54,7 +53,7 @@ std::vector<float> copy_of(const TrackedBuffer<float>& b) {
   return {b.data(), b.data() + b.size()};
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("optimizer step::AdamW updates every unit as adamw_step does") {
   auto spec = test_spec("ddp", Flavour::ddp, 1);
@@ -97,6 +96,6 @@ TEST_CASE("optimizer step::fp16 skips a step whose gradients overflow and unscal
   set_whole_grads(f, 512.0f);
   CHECK(optimizer.run());
   CHECK(optimizer.loss_scaler().scale() == 512.0);
-  CHECK(f.state.units[0].whole_grads.data()[0] == 1.0f); // unscaled in place
+  CHECK(f.state.units[0].whole_grads.data()[0] == 1.0f);  // unscaled in place
   CHECK(copy_of(f.state.units[0].params) != before);
 }

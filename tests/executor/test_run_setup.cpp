@@ -43,7 +43,7 @@ std::string where_of(const nlohmann::json& plan, int world) {
   return "accepted";
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("executor::a plan it cannot run as asked is refused, naming the field") {
   auto plan = plan_document("fsdp-full", 2);
@@ -56,10 +56,10 @@ TEST_CASE("executor::a plan it cannot run as asked is refused, naming the field"
   CHECK(where_of(bad, 2) == "accepted");
   bad["job"]["precision"] = "fp16-mixed";
   CHECK(where_of(bad, 2) == "accepted");
-  bad["sharding"]["reduce_dtype"] = "fp32"; // FSDP's bf16 gradients reduced in fp32
+  bad["sharding"]["reduce_dtype"] = "fp32";  // FSDP's bf16 gradients reduced in fp32
   CHECK(where_of(bad, 2) == "/sharding/reduce_dtype");
   bad = plan;
-  bad["job"]["attention"] = "flash"; // the host's tiled kernel (flash_attention_host.hpp)
+  bad["job"]["attention"] = "flash";  // the host's tiled kernel (flash_attention_host.hpp)
   CHECK(where_of(bad, 2) == "accepted");
   bad = plan;
   bad["job"]["checkpointing"] = "selective";
@@ -76,9 +76,9 @@ TEST_CASE("executor::a plan it cannot run as asked is refused, naming the field"
   bad["job"]["optimizer"] = "sgd";
   CHECK(where_of(bad, 2) == "/job/optimizer");
   bad = plan;
-  bad["sharding"]["offload"] = "params"; // FSDP's CPUOffload, to host buffers (host_offload.hpp)
+  bad["sharding"]["offload"] = "params";  // FSDP's CPUOffload, to host buffers (host_offload.hpp)
   CHECK(where_of(bad, 2) == "accepted");
-  bad["sharding"]["offload"] = "optimizer"; // not what FSDP does
+  bad["sharding"]["offload"] = "optimizer";  // not what FSDP does
   CHECK(where_of(bad, 2) == "/sharding/offload");
   bad = plan;
   bad["sharding"]["shard_group_size"] = 3;
@@ -108,9 +108,10 @@ TEST_CASE("executor::a run too big for the host is refused before allocating, na
   request.scale_seq = std::int64_t{1} << 31;
   const auto long_sequences = make_run_setup(plan, 2, request);
   CHECK(least_rank_bytes(long_sequences) > 2.0 * 2147483648.0 * 64 * 4);
-  CHECK_THROWS_WITH_AS(check_run_size(long_sequences, request, kHost),
-                       doctest::Contains("--seq-len: micro-batches of 2 sequences of 2147483648 tokens"),
-                       InputError);
+  CHECK_THROWS_WITH_AS(
+      check_run_size(long_sequences, request, kHost),
+      doctest::Contains("--seq-len: micro-batches of 2 sequences of 2147483648 tokens"),
+      InputError);
   CHECK_THROWS_WITH_AS(check_run_size(long_sequences, request, kHost),
                        doctest::Contains("more than this host's 64.0 GiB of memory"), InputError);
   CHECK_NOTHROW(check_run_size(long_sequences, request, 0));  // the host's memory unknown
@@ -135,8 +136,7 @@ TEST_CASE("executor::the GPU backend runs flash attention and prefetches as plan
   CHECK(flash.engine.model_options.flash_attention);
   // Collectives on their own streams: the gathers are issued ahead, and no deviation says not.
   CHECK(flash.engine.prefetch_as_planned);
-  for (const auto& d : flash.deviations)
-    CHECK(d.find("not prefetched") == std::string::npos);
+  for (const auto& d : flash.deviations) CHECK(d.find("not prefetched") == std::string::npos);
   plan["job"]["attention"] = "eager";
   CHECK_FALSE(make_run_setup(plan, 2, gpu).engine.model_options.flash_attention);
   // What neither backend runs is refused the same way, naming the backend.

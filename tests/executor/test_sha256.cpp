@@ -10,11 +10,9 @@ using shardplan::executor::Sha256;
 
 namespace {
 
-std::string hex_of(std::string_view text) {
-  return Sha256::hex(Sha256::of(text));
-}
+std::string hex_of(std::string_view text) { return Sha256::hex(Sha256::of(text)); }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("sha256::FIPS 180-4 test vectors") {
   // One block.

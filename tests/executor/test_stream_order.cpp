@@ -22,8 +22,7 @@ namespace {
 
 std::string all(const StreamOrderChecker& c) {
   std::string s;
-  for (const auto& f : c.findings())
-    s += f + "\n";
+  for (const auto& f : c.findings()) s += f + "\n";
   return s;
 }
 
@@ -54,7 +53,7 @@ TEST_CASE("stream_order::a wait orders what follows it, not what precedes it") {
   Streams s;
   s.c.write(&s.compute, s.block, 32, "backward");
   s.c.wait(&s.reduce, &s.compute);
-  s.c.read(&s.reduce, s.block, 32, "all-reduce");   // after the wait: ordered
+  s.c.read(&s.reduce, s.block, 32, "all-reduce");  // after the wait: ordered
   s.c.write(&s.compute, s.block + 32, 32, "backward");
   s.c.read(&s.reduce, s.block + 32, 32, "all-reduce");  // written after the wait: a race
   CHECK(s.c.finding_count() == 1);
@@ -152,8 +151,7 @@ CheckedRun run_checked(EngineOptions o, int rank, int world, bool separate_reduc
     EngineGroups groups{&cw, &cs, world > G ? &cr : nullptr, true,
                         separate_reduce ? &csr : nullptr};
     ShardingEngine engine(o, allocator, groups);
-    for (int k = 0; k < steps; ++k)
-      (void)engine.step();
+    for (int k = 0; k < steps; ++k) (void)engine.step();
   }
   out.findings = all(checker);
   out.count = checker.finding_count();
@@ -164,12 +162,12 @@ CheckedRun run_checked(EngineOptions o, int rank, int world, bool separate_reduc
 CheckedRun run_checked(const EngineOptions& o, int rank, int world, bool separate_reduce,
                        int steps = 2) {
   switch (o.precision) {
-    case Precision::bf16_mixed:
-      return run_checked<bf16>(o, rank, world, separate_reduce, steps);
-    case Precision::fp16_mixed:
-      return run_checked<f16>(o, rank, world, separate_reduce, steps);
-    default:
-      return run_checked<float>(o, rank, world, separate_reduce, steps);
+  case Precision::bf16_mixed:
+    return run_checked<bf16>(o, rank, world, separate_reduce, steps);
+  case Precision::fp16_mixed:
+    return run_checked<f16>(o, rank, world, separate_reduce, steps);
+  default:
+    return run_checked<float>(o, rank, world, separate_reduce, steps);
   }
 }
 
@@ -219,11 +217,11 @@ TEST_CASE("stream_order::every strategy, flavour, rank and option of the engine 
           o.prefetch_as_planned = v.prefetch;
           const auto r = run_checked(o, rank, world, v.separate_reduce);
           ++runs;
-          CHECK_MESSAGE(r.count == 0, fmt::format("{} {} rank {} of {}, {} micro-batches, "
-                                                  "prefetch {}, checkpointing {}:\n{}",
-                                                  st.name, flavour_name(st.flavour), rank, world,
-                                                  v.gas, v.prefetch, v.ckpt == Checkpointing::full,
-                                                  r.findings));
+          CHECK_MESSAGE(r.count == 0,
+                        fmt::format("{} {} rank {} of {}, {} micro-batches, "
+                                    "prefetch {}, checkpointing {}:\n{}",
+                                    st.name, flavour_name(st.flavour), rank, world, v.gas,
+                                    v.prefetch, v.ckpt == Checkpointing::full, r.findings));
         }
     }
   CHECK(runs > 100);
@@ -246,9 +244,9 @@ TEST_CASE("stream_order::deeper prefetch and more gathers in flight are ordered 
         o.prefetch_as_planned = true;
         for (int rank : {0, 3}) {
           const auto r = run_checked(o, rank, 4, true);
-          CHECK_MESSAGE(r.count == 0, fmt::format("{} {} depth {} in flight {} rank {}:\n{}",
-                                                  st.name, flavour_name(st.flavour), depth,
-                                                  inflight, rank, r.findings));
+          CHECK_MESSAGE(r.count == 0,
+                        fmt::format("{} {} depth {} in flight {} rank {}:\n{}", st.name,
+                                    flavour_name(st.flavour), depth, inflight, rank, r.findings));
         }
       }
   }
@@ -258,8 +256,7 @@ TEST_CASE("stream_order::mixed precision and a tied head are ordered too") {
   for (auto precision : {Precision::bf16_mixed, Precision::fp16_mixed})
     for (const auto& st : kStrategies)
       for (int world : {2, 4}) {
-        if (std::string(st.name) == "hsdp" && world < 4)
-          continue;
+        if (std::string(st.name) == "hsdp" && world < 4) continue;
         const auto spec = test_spec(st.name, st.flavour, world);
         for (const auto& model : {small_llama(), tiny_gpt2()}) {
           auto o = test_options(model, spec, 2);
@@ -272,14 +269,13 @@ TEST_CASE("stream_order::mixed precision and a tied head are ordered too") {
           } catch (const std::invalid_argument&) {
             runs = false;  // what the engine does not run (test_engine_mixed.cpp)
           }
-          if (!runs)
-            continue;
+          if (!runs) continue;
           const int rank = world - 1;
           const auto r = run_checked(checked, rank, world, true);
           CHECK_MESSAGE(r.count == 0,
                         fmt::format("{} {} {} {} rank {} of {}:\n{}", st.name,
-                                    flavour_name(st.flavour), precision_name(precision),
-                                    model.name, rank, world, r.findings));
+                                    flavour_name(st.flavour), precision_name(precision), model.name,
+                                    rank, world, r.findings));
         }
       }
 }

@@ -26,8 +26,8 @@ TEST_CASE("executor::allocator records current and peak bytes and the breakdown 
   }  // activations freed: total peak 1800 = 400 parameters + 1400 activations
   CHECK(a.in_use_bytes() == 400);
   CHECK(a.in_use_bytes(MC::activations) == 0);
-  auto grads = a.allocate<float>(MC::gradients, 200);     // 800 B
-  auto buffers = a.allocate<float>(MC::buffers, 100);     // 400 B: total 1600 < 1800
+  auto grads = a.allocate<float>(MC::gradients, 200);  // 800 B
+  auto buffers = a.allocate<float>(MC::buffers, 100);  // 400 B: total 1600 < 1800
   CHECK(a.peak_bytes() == 1800);
   CHECK(a.peak_bytes(MC::activations) == 1400);
   CHECK(a.peak_bytes(MC::gradients) == 800);

@@ -6,8 +6,8 @@
 
 #include <vector>
 
-#include "kernels/adamw.hpp"
 #include "executor/synthetic_data.hpp"
+#include "kernels/adamw.hpp"
 #include "model_fixture.hpp"
 
 using namespace shardplan::executor;

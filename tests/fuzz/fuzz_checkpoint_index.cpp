@@ -10,8 +10,7 @@ SHARDPLAN_FUZZ_JSON_MUTATOR
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto doc = fuzz::json_of(data, size);
-  if (!doc)
-    return 0;
+  if (!doc) return 0;
   fuzz::accept_input_error([&] {
     const auto index = executor::checkpoint_index_from_json(*doc);
     for (const auto& file : index.files)

@@ -28,7 +28,8 @@ namespace shardplan::fuzz {
 // or nothing when they are not JSON: that InputError is the expected outcome, not a finding.
 inline std::optional<nlohmann::json> json_of(const std::uint8_t* data, std::size_t size) {
   try {
-    return costmodel::parse_json_text(std::string(reinterpret_cast<const char*>(data), size), "fuzz.json");
+    return costmodel::parse_json_text(std::string(reinterpret_cast<const char*>(data), size),
+                                      "fuzz.json");
   } catch (const costmodel::InputError&) {
     return std::nullopt;
   }
@@ -36,8 +37,7 @@ inline std::optional<nlohmann::json> json_of(const std::uint8_t* data, std::size
 
 // Runs `f`; an InputError is the expected outcome for bad input, so it is swallowed. Whatever
 // else escapes reaches libFuzzer, which reports it as a crash.
-template <class F>
-void accept_input_error(F&& f) {
+template <class F> void accept_input_error(F&& f) {
   try {
     f();
   } catch (const costmodel::InputError&) {
@@ -52,8 +52,7 @@ inline void require(bool ok, const char* what) {
 }
 
 // Runs `f`, which reads a document this project wrote itself: rejecting it is a finding.
-template <class F>
-auto must_read(F&& f, const char* what) {
+template <class F> auto must_read(F&& f, const char* what) {
   try {
     return f();
   } catch (const costmodel::InputError& e) {
@@ -79,21 +78,61 @@ inline void collect(nlohmann::json& j, std::vector<nlohmann::json*>& nodes, int 
 }
 
 inline nlohmann::json edge_value(std::minstd_rand& rng, const nlohmann::json& old) {
-  static const nlohmann::json edges[] = {
-      0, -1, 1, 2, 3, 7, 0.5, -0.5, 1e-300, 1e300, -1e300, 1e18, 1e19, 1e15, 1e15 + 1, 1e12, 1e9,
-      1e9 + 1, 1e7, 1e7 + 1, 1e6, 1e6 + 1, 1e5, 1e5 + 1, 1023, 1024, 1025, 2147483647, 2147483648.0,
-      9007199254740993, std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::min(),
-      std::numeric_limits<std::uint64_t>::max(), "", "auto", "x", true, false, nullptr,
-      nlohmann::json::object(), nlohmann::json::array()};
+  static const nlohmann::json edges[] = {0,
+                                         -1,
+                                         1,
+                                         2,
+                                         3,
+                                         7,
+                                         0.5,
+                                         -0.5,
+                                         1e-300,
+                                         1e300,
+                                         -1e300,
+                                         1e18,
+                                         1e19,
+                                         1e15,
+                                         1e15 + 1,
+                                         1e12,
+                                         1e9,
+                                         1e9 + 1,
+                                         1e7,
+                                         1e7 + 1,
+                                         1e6,
+                                         1e6 + 1,
+                                         1e5,
+                                         1e5 + 1,
+                                         1023,
+                                         1024,
+                                         1025,
+                                         2147483647,
+                                         2147483648.0,
+                                         9007199254740993,
+                                         std::numeric_limits<std::int64_t>::max(),
+                                         std::numeric_limits<std::int64_t>::min(),
+                                         std::numeric_limits<std::uint64_t>::max(),
+                                         "",
+                                         "auto",
+                                         "x",
+                                         true,
+                                         false,
+                                         nullptr,
+                                         nlohmann::json::object(),
+                                         nlohmann::json::array()};
   constexpr std::size_t kEdges = sizeof(edges) / sizeof(edges[0]);
   if (old.is_number() && rng() % 2 == 0) {
     const double x = old.get<double>();
     switch (rng() % 5) {
-      case 0: return x * std::pow(10.0, 1 + rng() % 6);  // toward the upper bounds
-      case 1: return std::floor(x / 3);
-      case 2: return -x;
-      case 3: return x + 1;
-      default: return x - 1;
+    case 0:
+      return x * std::pow(10.0, 1 + rng() % 6);  // toward the upper bounds
+    case 1:
+      return std::floor(x / 3);
+    case 2:
+      return -x;
+    case 3:
+      return x + 1;
+    default:
+      return x - 1;
     }
   }
   return edges[rng() % kEdges];
@@ -101,7 +140,8 @@ inline nlohmann::json edge_value(std::minstd_rand& rng, const nlohmann::json& ol
 
 }  // namespace detail
 
-inline std::size_t mutate_json(std::uint8_t* data, std::size_t size, std::size_t max_size, unsigned seed) {
+inline std::size_t mutate_json(std::uint8_t* data, std::size_t size, std::size_t max_size,
+                               unsigned seed) {
   std::minstd_rand rng(seed);
   if (rng() % 4 == 0) return LLVMFuzzerMutate(data, size, max_size);
   auto doc = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
@@ -127,8 +167,8 @@ inline std::size_t mutate_json(std::uint8_t* data, std::size_t size, std::size_t
 }  // namespace shardplan::fuzz
 
 // Use the structure-aware mutation in a JSON target.
-#define SHARDPLAN_FUZZ_JSON_MUTATOR                                                                  \
-  extern "C" std::size_t LLVMFuzzerCustomMutator(std::uint8_t* data, std::size_t size,              \
+#define SHARDPLAN_FUZZ_JSON_MUTATOR                                                                \
+  extern "C" std::size_t LLVMFuzzerCustomMutator(std::uint8_t* data, std::size_t size,             \
                                                  std::size_t max_size, unsigned int seed) {        \
-    return shardplan::fuzz::mutate_json(data, size, max_size, seed);                                \
+    return shardplan::fuzz::mutate_json(data, size, max_size, seed);                               \
   }

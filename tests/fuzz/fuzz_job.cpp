@@ -10,8 +10,8 @@ bool same(const costmodel::TrainingJob& a, const costmodel::TrainingJob& b) {
   return a.seq_len == b.seq_len && a.global_batch == b.global_batch &&
          a.micro_batch == b.micro_batch && a.precision == b.precision &&
          a.optimizer == b.optimizer && a.checkpointing == b.checkpointing &&
-         a.checkpoint_every == b.checkpoint_every && a.attention == b.attention && a.loss == b.loss &&
-         a.loss_chunks == b.loss_chunks && a.recipe == b.recipe;
+         a.checkpoint_every == b.checkpoint_every && a.attention == b.attention &&
+         a.loss == b.loss && a.loss_chunks == b.loss_chunks && a.recipe == b.recipe;
 }
 }  // namespace
 
@@ -24,8 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto job = costmodel::job_from_json(*doc);
     const auto again = fuzz::must_read(
         [&] { return costmodel::job_from_json(costmodel::job_to_json(job)); }, "a written job");
-    fuzz::require(same(again, job),
-                  "job_to_json then job_from_json gives the same job");
+    fuzz::require(same(again, job), "job_to_json then job_from_json gives the same job");
     for (costmodel::Cluster c : {costmodel::Cluster{1, 1}, costmodel::Cluster{8, 8},
                                  costmodel::Cluster{1'000'000, 8}, costmodel::Cluster{999'999, 1}})
       fuzz::accept_input_error([&] { costmodel::validate_job(job, c); });

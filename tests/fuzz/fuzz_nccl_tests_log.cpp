@@ -15,7 +15,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto log = calibrate::parse_nccl_tests_log(text, "fuzz/all_reduce_perf.log");
     fuzz::require(!log.samples.empty(), "an accepted log has samples");
     // calibrate writes what it read into a profile (JSON): every string must survive dump().
-    (void)nlohmann::json({{"hosts", log.hosts}, {"type", log.data_type}, {"nccl", log.nccl_version}}).dump();
+    (void)nlohmann::json(
+        {{"hosts", log.hosts}, {"type", log.data_type}, {"nccl", log.nccl_version}})
+        .dump();
     for (const auto& s : log.samples)
       fuzz::require(std::isfinite(s.size_bytes) && s.size_bytes > 0 && std::isfinite(s.time_s) &&
                         s.time_s > 0,

@@ -11,8 +11,8 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/hardware.hpp"
 #include "core/input_error.hpp"
+#include "costmodel/hardware.hpp"
 #include "costmodel/job.hpp"
 #include "costmodel/model.hpp"
 #include "costmodel/plan.hpp"
@@ -40,8 +40,10 @@ TrainingJob write_jobs(const fs::path& out) {
     TrainingJob j = job;
     j.precision = static_cast<Precision>(i);
     j.optimizer = static_cast<Optimizer>(i % optimizer_names().size());
-    set_checkpointing(j, std::vector<std::string>{"none", "every:2", "selective-op", "full"}[i % 4], "seed");
-    set_loss(j, std::vector<std::string>{"upcast", "chunked:8", "fused", "fused-linear"}[i % 4], "seed");
+    set_checkpointing(j, std::vector<std::string>{"none", "every:2", "selective-op", "full"}[i % 4],
+                      "seed");
+    set_loss(j, std::vector<std::string>{"upcast", "chunked:8", "fused", "fused-linear"}[i % 4],
+             "seed");
     j.recipe = static_cast<Recipe>(i % recipe_names().size());
     j.attention = i % 2 ? AttentionImpl::eager : AttentionImpl::flash;
     j.micro_batch = static_cast<std::int64_t>(i);  // 0: no micro_batch key
@@ -76,7 +78,8 @@ void write_plans(const fs::path& out, const TrainingJob& job, const HardwareProf
       in.job = p.job;
       in.spec = p.spec;
       p.prediction = prediction_from(simulate_step(in));
-      const std::string name = fmt::format("{}-{}", m.hf_config.is_null() ? "params" : m.name, strategy);
+      const std::string name =
+          fmt::format("{}-{}", m.hf_config.is_null() ? "params" : m.name, strategy);
       write(out / "plan", name, plan_to_json(p));
     }
 }
@@ -93,30 +96,56 @@ void write_run(const fs::path& out, const TrainingJob& job, const HardwareProfil
   p.spec = make_spec("zero3", std::nullopt, 8);
   const auto plan = plan_to_json(p);
   nlohmann::json at_peak = nlohmann::json::object();
-  for (int c = 0; c < kCategories; ++c) at_peak[category_name(static_cast<Category>(c))] = 1e8 * (c + 1);
-  const nlohmann::json by_kind = {{"all_gather", 0.01}, {"reduce_scatter", 0.02}, {"all_reduce", 0.0}};
+  for (int c = 0; c < kCategories; ++c)
+    at_peak[category_name(static_cast<Category>(c))] = 1e8 * (c + 1);
+  const nlohmann::json by_kind = {
+      {"all_gather", 0.01}, {"reduce_scatter", 0.02}, {"all_reduce", 0.0}};
   nlohmann::json run = {
       {"schema_version", 1},
       {"kind", "shardplan.run"},
-      {"plan", {{"strategy", "zero3"}, {"flavour", "deepspeed"}, {"hardware", hw.name}, {"model", "gpt2"},
-                {"gpus", 2}, {"job", plan["job"]}, {"sharding", plan["sharding"]}}},
+      {"plan",
+       {{"strategy", "zero3"},
+        {"flavour", "deepspeed"},
+        {"hardware", hw.name},
+        {"model", "gpt2"},
+        {"gpus", 2},
+        {"job", plan["job"]},
+        {"sharding", plan["sharding"]}}},
       {"prediction", plan["prediction"]},
-      {"environment", {{"backend", "mpi"}, {"library", "Open MPI"}, {"ranks", 2},
-                       {"hosts", {"node0", "node0"}}, {"rehearsal", false},
-                       {"build", {{"compiler", "c++"}, {"assertions", false}}}}},
-      {"model", {{"name", "gpt2"}, {"params", p.model.total_params()}, {"scaled", false}, {"units", 14},
-                 {"config", p.model.hf_config}}},
-      {"execution", {{"precision", "fp32"}, {"world_size", 2}, {"steps", 3}, {"micro_batch", 2},
-                     {"deviations", {"gradients are reduced in fp32"}}}},
+      {"environment",
+       {{"backend", "mpi"},
+        {"library", "Open MPI"},
+        {"ranks", 2},
+        {"hosts", {"node0", "node0"}},
+        {"rehearsal", false},
+        {"build", {{"compiler", "c++"}, {"assertions", false}}}}},
+      {"model",
+       {{"name", "gpt2"},
+        {"params", p.model.total_params()},
+        {"scaled", false},
+        {"units", 14},
+        {"config", p.model.hf_config}}},
+      {"execution",
+       {{"precision", "fp32"},
+        {"world_size", 2},
+        {"steps", 3},
+        {"micro_batch", 2},
+        {"deviations", {"gradients are reduced in fp32"}}}},
       {"loss", {10.9, 10.8, 10.7}},
       {"initial_params_sha256", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
       {"final_params_sha256", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
       {"ranks", nlohmann::json::array()},
       {"summary",
        {{"memory", {{"peak_bytes", 2.1e9}, {"rank", 0}, {"at_peak", at_peak}}},
-        {"time", {{"rank", 1}, {"step_s", 0.6}, {"compute_s", 0.4}, {"optimizer_s", 0.05},
-                  {"copy_s", 0.01}, {"collectives_s", 0.03}, {"collectives_by_kind_s", by_kind},
-                  {"collective_time_excluded", false}}},
+        {"time",
+         {{"rank", 1},
+          {"step_s", 0.6},
+          {"compute_s", 0.4},
+          {"optimizer_s", 0.05},
+          {"copy_s", 0.01},
+          {"collectives_s", 0.03},
+          {"collectives_by_kind_s", by_kind},
+          {"collective_time_excluded", false}}},
         {"comm_bytes_per_step", 9.5e8}}}};
   write(out / "run", "gpt2-zero3-2-ranks", run);
 }
@@ -125,7 +154,8 @@ void write_run(const fs::path& out, const TrainingJob& job, const HardwareProfil
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s OUT_DIR (writes OUT_DIR/{job,sharding,plan,run}/*.json)\n", argv[0]);
+    std::fprintf(stderr, "usage: %s OUT_DIR (writes OUT_DIR/{job,sharding,plan,run}/*.json)\n",
+                 argv[0]);
     return 2;
   }
   const fs::path out = argv[1];

@@ -49,8 +49,9 @@ TEST_CASE("cli::golden recommend table of the default job") {
 }
 
 TEST_CASE("cli::golden recommend json") {
-  const auto r = planner({"recommend", "--model", "llama-2-7b", "--hardware", "a100-sxm4-40gb", "--gpus", "8",
-                          "--seq-len", "2048", "--global-batch", "32", "--format", "json", "--top", "3"});
+  const auto r =
+      planner({"recommend", "--model", "llama-2-7b", "--hardware", "a100-sxm4-40gb", "--gpus", "8",
+               "--seq-len", "2048", "--global-batch", "32", "--format", "json", "--top", "3"});
   REQUIRE(r.code == 0);
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["recommendation"]["fits"] == true);
@@ -64,9 +65,9 @@ TEST_CASE("cli::golden recommend json") {
 }
 
 TEST_CASE("cli::golden estimate table and json") {
-  const std::vector<std::string> args = {"estimate", "--model",  "gpt2",     "--hardware", "h100-sxm5-80gb",
-                                         "--gpus",   "16",       "--strategy", "zero3",    "--seq-len",
-                                         "1024",     "--global-batch", "64"};
+  const std::vector<std::string> args = {
+      "estimate",   "--model", "gpt2",      "--hardware", "h100-sxm5-80gb", "--gpus", "16",
+      "--strategy", "zero3",   "--seq-len", "1024",       "--global-batch", "64"};
   const auto table = planner(args);
   REQUIRE(table.code == 0);
   check_golden("estimate_gpt2_zero3.txt", table.out);
@@ -76,7 +77,8 @@ TEST_CASE("cli::golden estimate table and json") {
   REQUIRE(json.code == 0);
   const auto j = nlohmann::json::parse(json.out);
   CHECK(j["params"] == 124439808);
-  for (const char* k : {"parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead"})
+  for (const char* k :
+       {"parameters", "gradients", "optimizer_states", "activations", "buffers", "overhead"})
     CHECK(j["memory"]["breakdown"].contains(k));
   CHECK(j["fits"] == true);
   check_golden("estimate_gpt2_zero3.json", json.out);
@@ -91,14 +93,16 @@ TEST_CASE("cli::emitted configs parse and keep the chosen settings") {
   const auto plan = planner({"recommend", "--emit", "plan"});
   REQUIRE(plan.code == 0);
   CHECK(nlohmann::json::parse(plan.out)["kind"] == "shardplan.plan");
-  const auto fsdp = planner({"recommend", "--strategy", "hsdp", "--flavour", "fsdp2", "--gpus", "16", "--emit", "fsdp"});
+  const auto fsdp = planner(
+      {"recommend", "--strategy", "hsdp", "--flavour", "fsdp2", "--gpus", "16", "--emit", "fsdp"});
   REQUIRE(fsdp.code == 0);
   CHECK(fsdp.out.find("fully_shard(") != std::string::npos);
   CHECK(fsdp.out.find("data_parallel_replicate_degree = 2") != std::string::npos);
   // An existing DeepSpeed config is estimated with its assumptions stated.
-  const auto est = planner({"estimate", "--model", "llama-2-7b", "--deepspeed",
-                            std::string(SHARDPLAN_SOURCE_DIR) + "/examples/deepspeed/zero2-offload-bf16.json",
-                            "--format", "json"});
+  const auto est =
+      planner({"estimate", "--model", "llama-2-7b", "--deepspeed",
+               std::string(SHARDPLAN_SOURCE_DIR) + "/examples/deepspeed/zero2-offload-bf16.json",
+               "--format", "json"});
   REQUIRE(est.code == 0);
   const auto e = nlohmann::json::parse(est.out);
   CHECK(e["strategy"] == "zero2");
@@ -117,10 +121,12 @@ TEST_CASE("cli::zero paper figure 1 from the command line") {
   const char* strategies[] = {"ddp", "zero1", "zero2", "zero3"};
   const double want_GB[] = {120.0, 31.4, 16.6, 1.9};
   for (int i = 0; i < 4; ++i) {
-    const auto r = planner({"estimate", "--params", "7.5e9", "--gpus", "64", "--global-batch", "64", "--strategy",
-                            strategies[i], "--accounting", "zero-paper", "--format", "json"});
+    const auto r =
+        planner({"estimate", "--params", "7.5e9", "--gpus", "64", "--global-batch", "64",
+                 "--strategy", strategies[i], "--accounting", "zero-paper", "--format", "json"});
     REQUIRE(r.code == 0);
-    const double got = nlohmann::json::parse(r.out)["memory"]["model_states_bytes"].get<double>() / 1e9;
+    const double got =
+        nlohmann::json::parse(r.out)["memory"]["model_states_bytes"].get<double>() / 1e9;
     CHECK(got == doctest::Approx(want_GB[i]).epsilon(0.02));
   }
 }
@@ -132,7 +138,8 @@ TEST_CASE("cli::bad input is one line and exit code 2") {
   };
   const Case cases[] = {
       {{"estimate", "--strategy", "zero4"},
-       "planner: --strategy: must be one of ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, hsdp, got \"zero4\"\n"},
+       "planner: --strategy: must be one of ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, "
+       "hsdp, got \"zero4\"\n"},
       {{"estimate", "--strategy", "ddp", "--gpus", "12"},
        "planner: --gpus: 12 is not a multiple of --gpus-per-node 8; 8 or 16 would be\n"},
       {{"estimate", "--strategy", "ddp", "--global-batch", "20"},
@@ -140,14 +147,18 @@ TEST_CASE("cli::bad input is one line and exit code 2") {
       {{"estimate", "--strategy", "ddp", "--precision", "fp8"},
        "planner: --precision: must be one of fp32, bf16-mixed, fp16-mixed, bf16, got \"fp8\"\n"},
       {{"estimate", "--strategy", "ddp", "--model", "no-such-model"},
-       "planner: --model: \"no-such-model\" is neither a preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
+       "planner: --model: \"no-such-model\" is neither a preset (gpt2, gpt2-medium, gpt2-large, "
+       "gpt2-xl, "
        "llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, mistral-7b) nor a file\n"},
-      {{"estimate", "--strategy", "ddp", "--seq-len", "-5"}, "planner: --seq-len: must be > 0, got -5\n"},
+      {{"estimate", "--strategy", "ddp", "--seq-len", "-5"},
+       "planner: --seq-len: must be > 0, got -5\n"},
       {{"recommend", "--headroom", "1.5"}, "planner: --headroom: must be in [0, 1), got 1.5\n"},
       {{"recommend", "--format", "xml"}, "planner: --format: must be table or json, got \"xml\"\n"},
-      {{"recommend", "--emit", "megatron"}, "planner: --emit: must be deepspeed, fsdp or plan, got \"megatron\"\n"},
+      {{"recommend", "--emit", "megatron"},
+       "planner: --emit: must be deepspeed, fsdp or plan, got \"megatron\"\n"},
       {{"recommend", "--emit", "deepspeed", "--strategy", "fsdp-full"},
-       "planner: --strategy: --emit deepspeed writes a DeepSpeed config (ddp or zero1-3), got --strategy "
+       "planner: --strategy: --emit deepspeed writes a DeepSpeed config (ddp or zero1-3), got "
+       "--strategy "
        "fsdp-full\n"},
       {{"estimate"}, "planner: --strategy: missing (or give --deepspeed ds_config.json)\n"},
       {{"estimate", "--strategy", "zero3", "--flavour", "fsdp2"},
@@ -175,7 +186,8 @@ TEST_CASE("cli::recommend keeps the job document's micro-batch, checkpointing an
   const auto dir = std::filesystem::temp_directory_path() / "shardplan-cli-job";
   std::filesystem::create_directories(dir);
   const auto job = (dir / "job.json").string();
-  std::ofstream(job) << R"({"schema_version": 1, "seq_len": 4096, "global_batch": 32, "micro_batch": 1,
+  std::ofstream(job)
+      << R"({"schema_version": 1, "seq_len": 4096, "global_batch": 32, "micro_batch": 1,
                             "checkpointing": "every:2", "recipe": "torchtitan", "loss": "chunked:4"})";
   const auto r = planner({"recommend", "--job", job, "--gpus", "8", "--format", "json"});
   REQUIRE(r.code == 0);
@@ -192,9 +204,11 @@ TEST_CASE("cli::recommend keeps the job document's micro-batch, checkpointing an
 TEST_CASE("cli::every:N that checkpoints no block is refused, as the recipe counts") {
   // torchtitan 0.2 checkpoints its N-th, 2N-th ... block: none of llama-2-7b's 32 at N = 40;
   // transformers starts at layer 0, so every:40 there checkpoints layer 0 alone.
-  const auto titan = planner({"estimate", "--strategy", "zero3", "--recipe", "torchtitan", "--checkpointing", "every:40"});
+  const auto titan = planner(
+      {"estimate", "--strategy", "zero3", "--recipe", "torchtitan", "--checkpointing", "every:40"});
   CHECK(titan.code == 2);
-  CHECK(titan.err == "planner: --checkpointing: every:40 checkpoints no block of a 32-layer model under recipe "
-                     "torchtitan\n");
+  CHECK(titan.err ==
+        "planner: --checkpointing: every:40 checkpoints no block of a 32-layer model under recipe "
+        "torchtitan\n");
   CHECK(planner({"estimate", "--strategy", "zero3", "--checkpointing", "every:40"}).code == 0);
 }

@@ -24,7 +24,8 @@ using shardplan::planner::testing::planner;
 using shardplan::planner::testing::Run;
 
 struct Folder {
-  explicit Folder(const std::string& name) : dir(fs::temp_directory_path() / ("shardplan-cli-files-" + name)) {
+  explicit Folder(const std::string& name)
+      : dir(fs::temp_directory_path() / ("shardplan-cli-files-" + name)) {
     fs::remove_all(dir);
     fs::create_directories(dir);
   }
@@ -51,9 +52,10 @@ TEST_CASE("cli_files::a model file whose name is not UTF-8 gives JSON, not an in
     const auto r = planner(args);
     REQUIRE(r.code == 0);
     // A config or plan goes to stdout whole; what was defaulted, to stderr.
-    CHECK(r.err == (args[3] == "--emit" ? "planner: not given, so defaulted: --hardware a100-sxm4-80gb, --gpus 8, "
-                                          "--seq-len 4096, --global-batch 32 (4 per GPU)\n"
-                                        : std::string()));
+    CHECK(r.err == (args[3] == "--emit"
+                        ? "planner: not given, so defaulted: --hardware a100-sxm4-80gb, --gpus 8, "
+                          "--seq-len 4096, --global-batch 32 (4 per GPU)\n"
+                        : std::string()));
     CHECK(r.out.find(shown) != std::string::npos);
     CHECK(nlohmann::json::parse(r.out).is_object());
   }
@@ -82,7 +84,8 @@ TEST_CASE("cli_files::an error in a document names the file and the key") {
   CHECK(r.err.rfind("planner: " + job + ": /", 0) == 0);
 }
 
-TEST_CASE("cli_files::a directory, a device, a FIFO or a huge file as a document is refused at once") {
+TEST_CASE(
+    "cli_files::a directory, a device, a FIFO or a huge file as a document is refused at once") {
   const Folder f("kinds");
   const std::string fifo = f / "pipe", big = f / "big.json";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
@@ -97,7 +100,8 @@ TEST_CASE("cli_files::a directory, a device, a FIFO or a huge file as a document
        f.dir.string() + ": is a directory, not a regular file"},
       {{"estimate", "--strategy", "ddp", "--model", "/dev/zero"},
        "/dev/zero: is a character device, not a regular file"},
-      {{"estimate", "--model", "gpt2", "--deepspeed", fifo}, fifo + ": is a FIFO, not a regular file"},
+      {{"estimate", "--model", "gpt2", "--deepspeed", fifo},
+       fifo + ": is a FIFO, not a regular file"},
       {{"recommend", "--model", big},
        big + ": is 209715200 bytes, more than the 16 MiB (16777216 bytes) this file may have"},
       {{"validate", "--plan", "/dev/zero", "--run", big},
@@ -117,7 +121,8 @@ TEST_CASE("cli_files::--svg and --trace are checked before the work and written 
   auto r = planner({"recommend", "--svg", f / "no/such/m.svg"});
   CHECK(r.code == 2);
   CHECK(r.out.empty());
-  CHECK(r.err == "planner: --svg: cannot write \"" + (f / "no/such/m.svg") + "\": No such file or directory\n");
+  CHECK(r.err == "planner: --svg: cannot write \"" + (f / "no/such/m.svg") +
+                     "\": No such file or directory\n");
   r = planner({"simulate", "--strategy", "zero3", "--trace", f.dir.string()});
   CHECK(r.code == 2);
   CHECK(r.out.empty());

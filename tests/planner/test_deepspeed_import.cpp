@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "costmodel/hardware.hpp"
 #include "core/json_reader.hpp"
+#include "costmodel/hardware.hpp"
 #include "costmodel/model.hpp"
 #include "planner/deepspeed_import.hpp"
 #include "planner/estimate.hpp"
@@ -116,10 +116,9 @@ TEST_CASE("deepspeed_import::zero2 with CPU optimizer offload") {
   CHECK(d.spec.allgather_bucket_bytes == 2e8 * 2);
   CHECK(says(d, "train_batch_size 64 replaces the scenario's global batch 32"));
   // 2e8 elements x 2 bytes = 4e8 B = 381.47 MiB.
-  CHECK(says(
-      d,
-      "/zero_optimization/overlap_comm true at stage 2: DeepSpeed then keeps a second "
-      "reduce bucket that the model does not count (memory under-predicted by 381.47 MiB per GPU)"));
+  CHECK(says(d, "/zero_optimization/overlap_comm true at stage 2: DeepSpeed then keeps a second "
+                "reduce bucket that the model does not count (memory under-predicted by 381.47 MiB "
+                "per GPU)"));
   auto sc = scenario();
   sc.job = d.job;
   const auto e = planner::evaluate(sc, d.spec, d.job);
@@ -299,10 +298,11 @@ TEST_CASE("deepspeed_import::knobs map onto the spec") {
   CHECK(says(disabled, "/sparse_attention ignored: not enabled"));
 }
 
-TEST_CASE("deepspeed_import::the config's micro-batch and optimizer replacing the user's are stated") {
+TEST_CASE(
+    "deepspeed_import::the config's micro-batch and optimizer replacing the user's are stated") {
   // zero2-offload-bf16.json: train_micro_batch_size_per_gpu 2 and an AdamW optimizer section.
   auto sc = scenario();
-  sc.job.micro_batch = 4;  // --micro-batch 4
+  sc.job.micro_batch = 4;             // --micro-batch 4
   sc.job.optimizer = Optimizer::sgd;  // --optimizer sgd
   const auto d = import_example("zero2-offload-bf16.json", sc);
   CHECK(d.job.micro_batch == 2);

@@ -10,16 +10,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "costmodel/hardware.hpp"
 #include "core/json_reader.hpp"
-#include "costmodel/model.hpp"
 #include "core/text.hpp"
+#include "costmodel/hardware.hpp"
+#include "costmodel/model.hpp"
 #include "planner/deepspeed_import.hpp"
 #include "planner/emit_deepspeed.hpp"
 #include "planner/emit_fsdp.hpp"
 #include "planner/estimate.hpp"
-#include "planner/svg_chart.hpp"
 #include "planner/scenario.hpp"
+#include "planner/svg_chart.hpp"
 
 #include "cli_fixture.hpp"
 #include "tests/test_support.hpp"
@@ -217,8 +217,9 @@ TEST_CASE("emit::fsdp settings per strategy") {
   // torchtitan reduces only in float32; this plan reduces in bf16, so the key is a comment.
   CHECK(contains(full, "# mixed_precision_reduce = \"float32\" is torchtitan's only choice"));
 
-  const auto grad_op = planner::fsdp_settings(sc, plan(sc, "fsdp-grad-op", 1, Precision::bf16_mixed,
-                                                       Offload::params, Checkpointing::selective_op));
+  const auto grad_op =
+      planner::fsdp_settings(sc, plan(sc, "fsdp-grad-op", 1, Precision::bf16_mixed, Offload::params,
+                                      Checkpointing::selective_op));
   CHECK(contains(grad_op, "reshard_after_forward=False"));
   CHECK_FALSE(contains(grad_op, "reshard_after_forward=True"));
   CHECK(contains(grad_op, "fsdp_reshard_after_forward = \"never\""));
@@ -292,7 +293,8 @@ TEST_CASE("svg::memory chart is well-formed and marks what does not fit") {
   CHECK(contains(svg, "data-fits=\"false\""));
   CHECK(contains(svg, "does not fit</text>"));
   CHECK(contains(svg, "not runnable"));
-  for (const char* colour : {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#edc948", "#59a14f", "#bab0ac"})
+  for (const char* colour :
+       {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#edc948", "#59a14f", "#bab0ac"})
     CHECK(contains(svg, colour));
   CHECK(contains(svg, "GiB per GPU"));
 
@@ -370,7 +372,8 @@ TEST_CASE("svg::layout keeps every label apart, on the canvas and off the capaci
     CHECK(a.right <= L.width);
     CHECK(a.bottom <= L.height);
     for (double ly : {L.capacity_y, L.usable_y})
-      CHECK_FALSE((a.right > L.plot_left && a.left < L.plot_right && a.top < ly + 1 && a.bottom > ly - 1));
+      CHECK_FALSE(
+          (a.right > L.plot_left && a.left < L.plot_right && a.top < ly + 1 && a.bottom > ly - 1));
     for (std::size_t k = i + 1; k < L.texts.size(); ++k) {
       const auto& b = L.texts[k];
       INFO("and \"" << b.text << "\"");
@@ -386,7 +389,8 @@ TEST_CASE("svg::text widths are estimated on the wide side") {
   CHECK(planner::text_width("", 11, false) == 0);
 }
 
-TEST_CASE("trace::processes and threads named, the CPU optimizer on its own lane, all-gathers flow to compute") {
+TEST_CASE("trace::processes and threads named, the CPU optimizer on its own lane, all-gathers flow "
+          "to compute") {
   const auto sc = scenario();
   auto spec = make_spec("zero3", std::nullopt, sc.cluster.gpus_per_node);
   spec.offload = Offload::optimizer;
@@ -406,9 +410,11 @@ TEST_CASE("trace::processes and threads named, the CPU optimizer on its own lane
   for (const auto& ev : events) {
     if (ev.at("ph") != "M") continue;
     if (ev.at("name") == "process_name") processes[ev.at("pid")] = ev.at("args").at("name");
-    if (ev.at("name") == "thread_name") threads[{ev.at("pid"), ev.at("tid")}] = ev.at("args").at("name");
+    if (ev.at("name") == "thread_name")
+      threads[{ev.at("pid"), ev.at("tid")}] = ev.at("args").at("name");
   }
-  CHECK(processes == std::map<int, std::string>{{1, "GPU (one rank, simulated step)"}, {2, "host CPUs"}});
+  CHECK(processes ==
+        std::map<int, std::string>{{1, "GPU (one rank, simulated step)"}, {2, "host CPUs"}});
   CHECK(threads == std::map<std::pair<int, int>, std::string>{{{1, 0}, "compute"},
                                                               {{1, 1}, "all-gather"},
                                                               {{1, 2}, "reduce-scatter"},
@@ -434,8 +440,10 @@ TEST_CASE("trace::processes and threads named, the CPU optimizer on its own lane
   // The host transfers' lane holds the transfers alone, and the summary's busy time is theirs.
   double transfers_us = 0;
   for (const auto& ev : events)
-    if (ev.at("ph") == "X" && ev.at("pid") == 1 && ev.at("tid") == 4) transfers_us += ev.at("dur").get<double>();
-  const double transfers_s = e.result.busy_s[static_cast<int>(Stream::host)] - e.result.host_optimizer_s;
+    if (ev.at("ph") == "X" && ev.at("pid") == 1 && ev.at("tid") == 4)
+      transfers_us += ev.at("dur").get<double>();
+  const double transfers_s =
+      e.result.busy_s[static_cast<int>(Stream::host)] - e.result.host_optimizer_s;
   CHECK(transfers_us == doctest::Approx(transfers_s * 1e6));
   CHECK(contains(table, "(busy " + planner::seconds(transfers_s) + ")\n"));
 
@@ -467,9 +475,11 @@ TEST_CASE("trace::processes and threads named, the CPU optimizer on its own lane
     CHECK(s.at("pid") == 1);
     CHECK(f.at("pid") == 1);
     const double sts = s.at("ts"), fts = f.at("ts");
-    CHECK(std::any_of(gathers.begin(), gathers.end(), [&](auto g) { return g.first <= sts && sts <= g.second; }));
+    CHECK(std::any_of(gathers.begin(), gathers.end(),
+                      [&](auto g) { return g.first <= sts && sts <= g.second; }));
     // The end is bound to the compute span that starts there, after the gather it leaves from.
-    const auto gather = std::find_if(gathers.begin(), gathers.end(), [&](auto g) { return g.first <= sts && sts <= g.second; });
+    const auto gather = std::find_if(gathers.begin(), gathers.end(),
+                                     [&](auto g) { return g.first <= sts && sts <= g.second; });
     CHECK(fts >= gather->second * (1 - 1e-9));
     CHECK(std::any_of(computes.begin(), computes.end(), [&](auto c) { return c.first == fts; }));
   }
@@ -483,10 +493,13 @@ TEST_CASE("emit::every other block checkpointed, as code and as torchtitan 0.2.x
   const auto hf = planner::fsdp_settings(
       sc, plan(sc, "fsdp-full", 2, Precision::bf16_mixed, Offload::none, Checkpointing::every));
   // transformers counts from layer 0: its own switch, as the plan counted.
-  CHECK(contains(hf, "model.activation_checkpointing_enable(activation_checkpointing_kwargs={\"use_reentrant\": "
-                     "False}, every_n_layers=2)"));
+  CHECK(contains(
+      hf,
+      "model.activation_checkpointing_enable(activation_checkpointing_kwargs={\"use_reentrant\": "
+      "False}, every_n_layers=2)"));
   sc.job.recipe = Recipe::torchtitan;
-  const auto e = plan(sc, "fsdp-full", 2, Precision::bf16_mixed, Offload::none, Checkpointing::every);
+  const auto e =
+      plan(sc, "fsdp-full", 2, Precision::bf16_mixed, Offload::none, Checkpointing::every);
   const auto fsdp = planner::fsdp_settings(sc, e);
   CHECK(contains(fsdp, "    if (int(name) + 1) % 2 == 0:"));
   CHECK(contains(fsdp, "mode = \"selective\"\nselective_ac_option = \"2\""));
@@ -501,14 +514,16 @@ TEST_CASE("emit::the reduce dtype follows the precision, as the frameworks defau
   // (MixedPrecision / MixedPrecisionPolicy): reduce_dtype defaults to param_dtype. torchtitan:
   // mixed_precision_reduce "float32" only.
   using planner::testing::planner;
-  const std::vector<std::string> base = {"recommend", "--model", "gpt2", "--hardware", "a100-sxm4-80gb", "--gpus", "8",
-                                         "--seq-len", "1024", "--global-batch", "16"};
+  const std::vector<std::string> base = {"recommend",      "--model",        "gpt2", "--hardware",
+                                         "a100-sxm4-80gb", "--gpus",         "8",    "--seq-len",
+                                         "1024",           "--global-batch", "16"};
   auto run = [&](std::vector<std::string> more) {
     auto a = base;
     a.insert(a.end(), more.begin(), more.end());
     return planner(a);
   };
-  const std::pair<const char*, const char*> ds_cases[] = {{"fp32", "fp32"}, {"fp16-mixed", "fp16"}, {"bf16-mixed", "bf16"}};
+  const std::pair<const char*, const char*> ds_cases[] = {
+      {"fp32", "fp32"}, {"fp16-mixed", "fp16"}, {"bf16-mixed", "bf16"}};
   for (const auto& ds_case : ds_cases) {
     const char* precision = ds_case.first;  // doctest's CAPTURE cannot capture a structured binding
     const char* want = ds_case.second;
@@ -519,19 +534,25 @@ TEST_CASE("emit::the reduce dtype follows the precision, as the frameworks defau
     CHECK(ds["communication_data_type"] == want);
     // The search was narrowed to DeepSpeed's plans, and stderr says so in one line.
     CHECK(ds["zero_optimization"]["stage"].get<int>() >= 1);
-    CHECK(r.err == "planner: --emit deepspeed: searching DeepSpeed's plans only (ZeRO stages 1-3, as --flavour "
+    CHECK(r.err == "planner: --emit deepspeed: searching DeepSpeed's plans only (ZeRO stages 1-3, "
+                   "as --flavour "
                    "deepspeed)\n");
   }
-  const auto fp32 = run({"--precision", "fp32", "--strategy", "fsdp-full", "--flavour", "fsdp2", "--emit", "fsdp"});
+  const auto fp32 = run(
+      {"--precision", "fp32", "--strategy", "fsdp-full", "--flavour", "fsdp2", "--emit", "fsdp"});
   REQUIRE(fp32.code == 0);
-  CHECK(contains(fp32.out, "MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)"));
+  CHECK(contains(fp32.out,
+                 "MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)"));
   CHECK(contains(fp32.out, "mixed_precision_reduce = \"float32\"\n"));
-  const auto fp16 = run({"--precision", "fp16-mixed", "--strategy", "fsdp-full", "--flavour", "fsdp1", "--emit", "fsdp"});
+  const auto fp16 = run({"--precision", "fp16-mixed", "--strategy", "fsdp-full", "--flavour",
+                         "fsdp1", "--emit", "fsdp"});
   REQUIRE(fp16.code == 0);
-  CHECK(contains(fp16.out, "MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float16)"));
+  CHECK(
+      contains(fp16.out, "MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float16)"));
   const auto titan = run({"--recipe", "torchtitan", "--strategy", "fsdp-full", "--emit", "fsdp"});
   REQUIRE(titan.code == 0);
-  CHECK(contains(titan.out, "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)"));
+  CHECK(contains(titan.out,
+                 "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)"));
   CHECK(contains(titan.out, "--training.mixed_precision_reduce float32 \\\n"));
   // The plan document the executor reads: fp32 reduction for an fp32 job.
   const auto plan = run({"--precision", "fp32", "--strategy", "zero2", "--emit", "plan"});
@@ -554,7 +575,8 @@ TEST_CASE("emit::DeepSpeed buckets hold 5e8 elements of the reduce dtype") {
   CHECK(bf16.reduce_dtype == DType::bf16);
   CHECK(bf16.reduce_bucket_bytes == 1e9);
   // DDP reduces the fp32 parameters' gradients under autocast: unchanged.
-  CHECK(planner::with_job_precision(make_spec("ddp", std::nullopt, 8), job).reduce_dtype == DType::fp32);
+  CHECK(planner::with_job_precision(make_spec("ddp", std::nullopt, 8), job).reduce_dtype ==
+        DType::fp32);
 }
 
 TEST_CASE("emit::torchtitan options for 0.2.x (TOML) and 0.3.0 (command line)") {
@@ -562,18 +584,21 @@ TEST_CASE("emit::torchtitan options for 0.2.x (TOML) and 0.3.0 (command line)") 
   // (torchtitan/config/configs.py; activation checkpointing subcommands in
   // torchtitan/distributed/activation_checkpoint.py).
   const auto sc = scenario(16);
-  const auto hsdp = planner::fsdp_settings(
-      sc, plan(sc, "hsdp", 1, Precision::bf16_mixed, Offload::none, Checkpointing::selective_op, Flavour::fsdp2));
+  const auto hsdp =
+      planner::fsdp_settings(sc, plan(sc, "hsdp", 1, Precision::bf16_mixed, Offload::none,
+                                      Checkpointing::selective_op, Flavour::fsdp2));
   CHECK(contains(hsdp, "# ---- torchtitan 0.2.x (0.2.0-0.2.2) job config"));
   CHECK(contains(hsdp, "# ---- torchtitan 0.3.0 command line"));
-  CHECK(contains(hsdp, "torchrun --nnodes 2 --nproc_per_node 8 -m torchtitan.train --module <model> --config "
-                       "<config> \\\n"));
+  CHECK(contains(
+      hsdp, "torchrun --nnodes 2 --nproc_per_node 8 -m torchtitan.train --module <model> --config "
+            "<config> \\\n"));
   CHECK(contains(hsdp, "  --parallelism.data_parallel_replicate_degree 2 \\\n"));
   CHECK(contains(hsdp, "  --parallelism.data_parallel_shard_degree 8 \\\n"));
   CHECK(contains(hsdp, "  --training.no_enable_cpu_offload \\\n"));
   CHECK(contains(hsdp, "  activation_checkpoint:selective\n"));
-  const auto pure = planner::fsdp_settings(
-      sc, plan(sc, "fsdp-full", 1, Precision::bf16, Offload::params, Checkpointing::none, Flavour::fsdp2));
+  const auto pure =
+      planner::fsdp_settings(sc, plan(sc, "fsdp-full", 1, Precision::bf16, Offload::params,
+                                      Checkpointing::none, Flavour::fsdp2));
   CHECK(contains(pure, "dtype = \"bfloat16\"  # pure bf16"));
   CHECK(contains(pure, "  --training.dtype bfloat16 \\\n"));
   CHECK(contains(pure, "  --training.enable_cpu_offload \\\n"));

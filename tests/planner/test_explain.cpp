@@ -19,9 +19,9 @@
 #include "planner/estimate.hpp"
 #include "tests/test_support.hpp"
 
-using shardplan::test::contains;
 using nlohmann::json;
 using shardplan::planner::testing::planner;
+using shardplan::test::contains;
 
 namespace {
 
@@ -64,23 +64,29 @@ const json& family(const json& d, const std::string& name) {
 const json* candidate(const json& d, const json& plan) {
   for (const auto* list : {&d["best_per_family"], &d["candidates"]})
     for (const auto& c : *list)
-      if (c["time"]["step_s"] == plan["step_s"] && c["micro_batch"] == plan["micro_batch"]) return &c;
+      if (c["time"]["step_s"] == plan["step_s"] && c["micro_batch"] == plan["micro_batch"])
+        return &c;
   return nullptr;
 }
 
 double largest_category(const json& candidate) {
   double m = 0;
-  for (const auto& [k, v] : candidate["memory"]["breakdown"].items()) m = std::max(m, v.get<double>());
+  for (const auto& [k, v] : candidate["memory"]["breakdown"].items())
+    m = std::max(m, v.get<double>());
   return m;
 }
 
 // A step term as the claims name it, read from a candidate's JSON.
 double step_term(const json& c, const std::string& term) {
-  static const std::map<std::string, std::string> kinds = {
-      {"GEMMs", "gemm"},        {"attention core", "attention"}, {"memory-bound ops", "memory_bound"},
-      {"host overhead", "host_overhead"}, {"recompute", "recompute"}, {"optimizer step", "optimizer"}};
+  static const std::map<std::string, std::string> kinds = {{"GEMMs", "gemm"},
+                                                           {"attention core", "attention"},
+                                                           {"memory-bound ops", "memory_bound"},
+                                                           {"host overhead", "host_overhead"},
+                                                           {"recompute", "recompute"},
+                                                           {"optimizer step", "optimizer"}};
   const auto& t = c["time"];
-  if (auto k = kinds.find(term); k != kinds.end()) return t["compute_by_kind_s"][k->second].get<double>();
+  if (auto k = kinds.find(term); k != kinds.end())
+    return t["compute_by_kind_s"][k->second].get<double>();
   if (term.rfind("exposed ", 0) == 0) return t["exposed_by_stream_s"][term.substr(8)].get<double>();
   REQUIRE(term == "other waiting");
   double attributed = 0;
@@ -90,18 +96,21 @@ double step_term(const json& c, const std::string& term) {
 
 std::vector<std::string> step_term_names(const json& c) {
   std::vector<std::string> names = {"GEMMs",         "attention core", "memory-bound ops",
-                                    "host overhead", "recompute",      "optimizer step", "other waiting"};
-  for (const auto& [k, v] : c["time"]["exposed_by_stream_s"].items()) names.push_back("exposed " + k);
+                                    "host overhead", "recompute",      "optimizer step",
+                                    "other waiting"};
+  for (const auto& [k, v] : c["time"]["exposed_by_stream_s"].items())
+    names.push_back("exposed " + k);
   return names;
 }
 
 // The four jobs whose explanations used to be false.
 const std::vector<std::string> k13bOn64 = {"--params", "1.3e9", "--gpus", "64"};
 const std::vector<std::string> k70bOn16 = {"--model", "llama-3-70b", "--gpus", "16"};
-const std::vector<std::string> kLongSeqOn64 = {"--model", "llama-3-8b", "--gpus", "64", "--seq-len", "262144",
-                                               "--global-batch", "64"};
-const std::vector<std::string> k70bOnOneL40s = {"--model", "llama-2-70b", "--hardware", "l40s-48gb", "--gpus", "1",
-                                                "--global-batch", "1", "--offload", "none"};
+const std::vector<std::string> kLongSeqOn64 = {"--model",   "llama-3-8b", "--gpus",         "64",
+                                               "--seq-len", "262144",     "--global-batch", "64"};
+const std::vector<std::string> k70bOnOneL40s = {
+    "--model", "llama-2-70b",    "--hardware", "l40s-48gb", "--gpus",
+    "1",       "--global-batch", "1",          "--offload", "none"};
 
 }  // namespace
 
@@ -119,7 +128,8 @@ TEST_CASE("explain::bytes moved are the ratio of the two plans' bytes, by collec
   CHECK((*claim)["bytes"].get<double>() == bytes);
   CHECK((*claim)["ddp_bytes"].get<double>() == ddp_bytes);
   // Each side's collectives add up to its bytes, as the candidate's JSON lists them.
-  for (const auto& [side, c] : {std::pair{"by_collective", &fsdp}, std::pair{"ddp_by_collective", &ddp}}) {
+  for (const auto& [side, c] :
+       {std::pair{"by_collective", &fsdp}, std::pair{"ddp_by_collective", &ddp}}) {
     double sum = 0;
     for (const auto& t : (*claim)[side]) {
       std::string op = t["name"];
@@ -143,7 +153,8 @@ TEST_CASE("explain::bytes moved are the ratio of the two plans' bytes, by collec
 TEST_CASE("explain::a slower plan is explained by the step term whose difference is largest") {
   // Was: HSDP "keeps parameters gathered and avoids re-gathering them in backward" (that is
   // SHARD_GRAD_OP) for the 1.3B model on 64 GPUs.
-  const std::vector<std::string> tie = {"--model", "gpt2", "--gpus", "8"};  // fsdp-grad-op ties fsdp-full
+  const std::vector<std::string> tie = {"--model", "gpt2", "--gpus",
+                                        "8"};  // fsdp-grad-op ties fsdp-full
   for (const auto& args : {k13bOn64, k70bOn16, std::vector<std::string>{}, tie}) {
     const auto d = run_json(args);
     const auto found = claims_of(d, "loses_by_time");
@@ -176,7 +187,8 @@ TEST_CASE("explain::a slower plan is explained by the step term whose difference
   CHECK_FALSE(contains(run_table(k13bOn64), "re-gathering"));
 }
 
-TEST_CASE("explain::waiting is named by the stream it waits on; an offload plan's by its CPU optimizer step") {
+TEST_CASE("explain::waiting is named by the stream it waits on; an offload plan's by its CPU "
+          "optimizer step") {
   // Was: 35.7 s exposed because "the interconnect is too slow ... ZeRO-2, HSDP win", for a
   // Llama-3-70B plan on 16 GPUs whose waiting is the host stream's CPU optimizer step.
   const auto d = run_json(k70bOn16);
@@ -191,9 +203,11 @@ TEST_CASE("explain::waiting is named by the stream it waits on; an offload plan'
   // The CPU optimizer step is its own term, apart from the host stream's PCIe copies.
   CHECK(w["largest"]["name"] == "exposed CPU optimizer step");
   CHECK(w["largest"]["value"].get<double>() == exposed["CPU optimizer step"].get<double>());
-  CHECK(exposed["CPU optimizer step"].get<double>() == rec["time"]["host_optimizer_s"].get<double>());
+  CHECK(exposed["CPU optimizer step"].get<double>() ==
+        rec["time"]["host_optimizer_s"].get<double>());
   CHECK(exposed["host transfers"].get<double>() < exposed["CPU optimizer step"].get<double>());
-  for (const auto& [stream, s] : exposed.items()) CHECK(s.get<double>() <= w["largest"]["value"].get<double>());
+  for (const auto& [stream, s] : exposed.items())
+    CHECK(s.get<double>() <= w["largest"]["value"].get<double>());
   CHECK(exposed["all-gather"].get<double>() < 0.01 * w["largest"]["value"].get<double>());
   // The CPU optimizer step by hand: the node's CPUs update the local shards of its 8 GPUs,
   // Ψ/16 parameters each, at the profile's DeepSpeed CPUAdam rate.
@@ -225,9 +239,11 @@ TEST_CASE("explain::the bottleneck names its deciding term") {
     REQUIRE(s["kind"] == "capacity_bound");
     const auto& fastest = d["fastest_ignoring_memory"];
     CHECK(s["fastest"]["step_s"] == fastest["time"]["step_s"]);
-    CHECK(s["fastest"]["peak_bytes"].get<double>() == doctest::Approx(fastest["memory"]["peak_bytes"].get<double>()));
+    CHECK(s["fastest"]["peak_bytes"].get<double>() ==
+          doctest::Approx(fastest["memory"]["peak_bytes"].get<double>()));
     CHECK(s["largest"]["value"].get<double>() == doctest::Approx(largest_category(fastest)));
-    CHECK(s["largest"]["value"].get<double>() == doctest::Approx(fastest["memory"]["breakdown"]["activations"].get<double>()));
+    CHECK(s["largest"]["value"].get<double>() ==
+          doctest::Approx(fastest["memory"]["breakdown"]["activations"].get<double>()));
     CHECK(s["recommended"]["step_s"] == d["recommendation"]["time"]["step_s"]);
     CHECK(fastest["fits"] == false);
   }
@@ -239,14 +255,17 @@ TEST_CASE("explain::a plan that does not fit loses by the largest category at it
   REQUIRE(found.size() == 1);
   const auto& c = found.front();
   const auto& ddp = family(d, "ddp");
-  CHECK(c["plan"]["peak_bytes"].get<double>() == doctest::Approx(ddp["memory"]["peak_bytes"].get<double>()));
+  CHECK(c["plan"]["peak_bytes"].get<double>() ==
+        doctest::Approx(ddp["memory"]["peak_bytes"].get<double>()));
   CHECK(c["plan"]["peak_bytes"].get<double>() > c["usable_bytes"].get<double>());
   CHECK(c["largest"]["value"].get<double>() == doctest::Approx(largest_category(ddp)));
-  CHECK(c["largest"]["value"].get<double>() == doctest::Approx(ddp["memory"]["breakdown"]["optimizer_states"].get<double>()));
+  CHECK(c["largest"]["value"].get<double>() ==
+        doctest::Approx(ddp["memory"]["breakdown"]["optimizer_states"].get<double>()));
   CHECK(c["replicated"] == true);  // DDP keeps the whole optimizer state on every GPU
 }
 
-TEST_CASE("explain::offload and checkpointing are needed only if the plan without them does not fit") {
+TEST_CASE(
+    "explain::offload and checkpointing are needed only if the plan without them does not fit") {
   const auto d = run_json(k70bOn16);
   const auto& rec = d["recommendation"];
   const auto found = claims_of(d, "needed");
@@ -261,7 +280,8 @@ TEST_CASE("explain::offload and checkpointing are needed only if the plan withou
   o.model = "llama-3-70b";
   o.gpus = "16";
   const auto sc = shardplan::planner::make_scenario(o);
-  CHECK(shardplan::planner::evaluate(sc, plan.spec, plan.job).result.step_s == rec["time"]["step_s"].get<double>());
+  CHECK(shardplan::planner::evaluate(sc, plan.spec, plan.job).result.step_s ==
+        rec["time"]["step_s"].get<double>());
   for (const auto& c : found) {
     CHECK(c["plan"]["step_s"] == rec["time"]["step_s"]);
     CHECK(c["without"]["fits"] == false);
@@ -270,15 +290,18 @@ TEST_CASE("explain::offload and checkpointing are needed only if the plan withou
     // The recommended plan as `--emit plan` writes it, re-evaluated here without the feature.
     auto spec = plan.spec;
     auto job = plan.job;
-    if (offload) spec.offload = shardplan::costmodel::Offload::none;
-    else job.checkpointing = shardplan::costmodel::Checkpointing::none;
+    if (offload)
+      spec.offload = shardplan::costmodel::Offload::none;
+    else
+      job.checkpointing = shardplan::costmodel::Checkpointing::none;
     const auto e = shardplan::planner::evaluate(sc, spec, job);
     CHECK(c["without"]["peak_bytes"].get<double>() == doctest::Approx(e.result.peak_bytes));
     CHECK(c["without"]["step_s"].get<double>() == doctest::Approx(e.result.step_s));
     if (offload)
-      CHECK(c["cost"]["value"].get<double>() ==
-            doctest::Approx(rec["time"]["exposed_by_stream_s"]["host transfers"].get<double>() +
-                            rec["time"]["exposed_by_stream_s"]["CPU optimizer step"].get<double>()));
+      CHECK(
+          c["cost"]["value"].get<double>() ==
+          doctest::Approx(rec["time"]["exposed_by_stream_s"]["host transfers"].get<double>() +
+                          rec["time"]["exposed_by_stream_s"]["CPU optimizer step"].get<double>()));
     else
       CHECK(c["cost"]["value"] == rec["time"]["recompute_s"]);
   }
@@ -298,18 +321,20 @@ TEST_CASE("explain::advice is given only where replanning with the change makes 
     CHECK(gpus["largest_after"]["name"] == "activations");
     CHECK(contains(gpus["text"], "nothing fits"));
     // Replanned with 4096 GPUs (the same sequence per GPU), nothing fits, at the quoted peak.
-    const auto more = run_json({"--model", "llama-3-8b", "--gpus", "4096", "--seq-len", "262144", "--global-batch",
-                                "4096"});
+    const auto more = run_json({"--model", "llama-3-8b", "--gpus", "4096", "--seq-len", "262144",
+                                "--global-batch", "4096"});
     CHECK(more["recommendation"].is_null());
-    CHECK(more["bottleneck"]["summary"]["smallest"]["peak_bytes"].get<double>() == doctest::Approx(gpus["after"]["peak_bytes"].get<double>()));
+    CHECK(more["bottleneck"]["summary"]["smallest"]["peak_bytes"].get<double>() ==
+          doctest::Approx(gpus["after"]["peak_bytes"].get<double>()));
     // Half the sequence fits, as the planner says when asked.
     const auto& seq = found[1];
     CHECK(seq["helps"] == true);
     CHECK(contains(seq["change"], "131072"));
-    const auto shorter = run_json({"--model", "llama-3-8b", "--gpus", "64", "--seq-len", "131072", "--global-batch",
-                                   "64"});
+    const auto shorter = run_json(
+        {"--model", "llama-3-8b", "--gpus", "64", "--seq-len", "131072", "--global-batch", "64"});
     CHECK(shorter["recommendation"]["time"]["step_s"] == seq["after"]["step_s"]);
-    CHECK(shorter["recommendation"]["memory"]["peak_bytes"].get<double>() == doctest::Approx(seq["after"]["peak_bytes"].get<double>()));
+    CHECK(shorter["recommendation"]["memory"]["peak_bytes"].get<double>() ==
+          doctest::Approx(seq["after"]["peak_bytes"].get<double>()));
     CHECK_FALSE(contains(run_table(kLongSeqOn64), "more GPUs"));
   }
   SUBCASE("more GPUs shard model states") {
@@ -326,7 +351,8 @@ TEST_CASE("explain::advice is given only where replanning with the change makes 
     args[7] = "64";  // --global-batch: one sequence per GPU, as before
     const auto more = run_json(args);
     CHECK(more["recommendation"]["time"]["step_s"] == gpus["after"]["step_s"]);
-    CHECK(more["recommendation"]["memory"]["peak_bytes"].get<double>() == doctest::Approx(gpus["after"]["peak_bytes"].get<double>()));
+    CHECK(more["recommendation"]["memory"]["peak_bytes"].get<double>() ==
+          doctest::Approx(gpus["after"]["peak_bytes"].get<double>()));
     // 32 GPUs are not enough: the advice names the fewest that fit.
     args[5] = "32";
     args[7] = "32";
@@ -381,8 +407,9 @@ TEST_CASE("explain::ZeRO-3 against FSDP is said from the two plans' numbers") {
       }
       const std::string smaller = zp <= fp ? c["zero3"]["plan"] : c["fsdp"]["plan"];
       if (zp != fp) {
-        CHECK(contains(text, smaller + "'s peak is " +
-                                 fmt::format("{:.1f} GiB smaller", std::fabs(zp - fp) / (1 << 30))));
+        CHECK(
+            contains(text, smaller + "'s peak is " +
+                               fmt::format("{:.1f} GiB smaller", std::fabs(zp - fp) / (1 << 30))));
         CHECK(contains(text, "its largest gain in " + c["peak_term"].get<std::string>()));
       }
     }
@@ -394,7 +421,8 @@ TEST_CASE("explain::the table and the JSON say the same sentences") {
   for (const auto& args : {std::vector<std::string>{}, k13bOn64, k70bOn16, kLongSeqOn64}) {
     const auto d = run_json(args);
     const auto table = run_table(args);
-    CHECK(contains(table, fmt::format("bottleneck: {}\n", d["bottleneck"]["summary"]["text"].get<std::string>())));
+    CHECK(contains(table, fmt::format("bottleneck: {}\n",
+                                      d["bottleneck"]["summary"]["text"].get<std::string>())));
     for (const auto& c : d["bottleneck"]["reasons"])
       CHECK(contains(table, fmt::format("  - {}\n", c["text"].get<std::string>())));
   }

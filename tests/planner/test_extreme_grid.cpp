@@ -62,21 +62,24 @@ bool refused(const Run& r) {
 
 }  // namespace
 
-TEST_CASE("extreme_grid::estimate and compare print finite, non-negative, consistent numbers or refuse") {
+TEST_CASE(
+    "extreme_grid::estimate and compare print finite, non-negative, consistent numbers or refuse") {
   const std::vector<std::string> params = {"1", "1e6", "7e9", "1e12", "1e14"};
   const std::vector<long long> gpus = {1, 8, 1000, 1000000};
   const std::vector<std::string> seq = {"1", "4096", "1048576"};
   const std::vector<long long> micro = {1, 64, 1000000};
-  const std::vector<std::string> strategies = {"ddp", "zero1", "zero2", "zero3", "fsdp-full", "hsdp"};
+  const std::vector<std::string> strategies = {"ddp",   "zero1",     "zero2",
+                                               "zero3", "fsdp-full", "hsdp"};
   int runs = 0, answered = 0;
   for (const auto& p : params)
     for (long long g : gpus)
       for (const auto& s : seq)
         for (long long mb : micro)
           for (const std::string& global : {std::to_string(g * mb), std::string("1000000000000")}) {
-            const std::vector<std::string> job = {"--params", p, "--gpus", std::to_string(g), "--seq-len", s,
-                                                  "--micro-batch", std::to_string(mb), "--global-batch", global,
-                                                  "--format", "json"};
+            const std::vector<std::string> job = {
+                "--params",       p,      "--gpus",        std::to_string(g),
+                "--seq-len",      s,      "--micro-batch", std::to_string(mb),
+                "--global-batch", global, "--format",      "json"};
             std::string line;
             for (const auto& a : job) line += a + " ";
             CAPTURE(line);

@@ -31,7 +31,7 @@ std::vector<std::string> with(std::vector<std::string> args, const std::vector<s
   return args;
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("json_outputs::estimate, recommend, describe and validate print schema_version") {
   CHECK(printed(with({"estimate", "--strategy", "zero3", "--format", "json"}, kJob))
@@ -49,11 +49,11 @@ TEST_CASE("json_outputs::estimate, recommend, describe and validate print schema
 }
 
 TEST_CASE("json_outputs::each plan that compare prints carries schema_version") {
-  const auto plans = printed(with({"compare", "--strategy", "ddp,zero3", "--format", "json"}, kJob));
+  const auto plans =
+      printed(with({"compare", "--strategy", "ddp,zero3", "--format", "json"}, kJob));
   REQUIRE(plans.is_array());
   REQUIRE(plans.size() == 2);
-  for (const auto& plan : plans)
-    CHECK(plan.at("schema_version") == 1);
+  for (const auto& plan : plans) CHECK(plan.at("schema_version") == 1);
 }
 
 TEST_CASE("json_outputs::the --trace file carries schema_version") {
@@ -85,6 +85,6 @@ TEST_CASE("json_outputs::--emit plan carries --gpu-memory-GiB to the executor") 
   }
   auto extra = plan;
   extra["capacity"]["gpu_memory_GB"] = 40;
-  CHECK_THROWS_WITH_AS(shardplan::costmodel::plan_from_json(extra), doctest::Contains("gpu_memory_GB"),
-                       shardplan::costmodel::InputError);
+  CHECK_THROWS_WITH_AS(shardplan::costmodel::plan_from_json(extra),
+                       doctest::Contains("gpu_memory_GB"), shardplan::costmodel::InputError);
 }

@@ -14,14 +14,17 @@ namespace {
 using shardplan::planner::testing::planner;
 
 std::vector<std::string> llama70b(std::vector<std::string> more) {
-  std::vector<std::string> a = {"estimate", "--model", "llama-3-70b", "--hardware", "h100-sxm5-80gb",
-                                "--gpus", "256", "--seq-len", "8192", "--global-batch", "64",
-                                "--strategy", "fsdp-full", "--recipe", "megatron"};
+  std::vector<std::string> a = {"estimate",       "--model",        "llama-3-70b", "--hardware",
+                                "h100-sxm5-80gb", "--gpus",         "256",         "--seq-len",
+                                "8192",           "--global-batch", "64",          "--strategy",
+                                "fsdp-full",      "--recipe",       "megatron"};
   a.insert(a.end(), more.begin(), more.end());
   return a;
 }
 
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 void refused(const std::vector<std::string>& more, const std::string& err) {
   const auto r = planner(llama70b(more));
@@ -33,15 +36,19 @@ void refused(const std::vector<std::string>& more, const std::string& err) {
 }  // namespace
 
 TEST_CASE("cli_parallel::estimate reports per stage and names the peak stage") {
-  const auto r = planner(llama70b({"--tensor-parallel", "8", "--sequence-parallel", "--pipeline-parallel", "4"}));
+  const auto r = planner(
+      llama70b({"--tensor-parallel", "8", "--sequence-parallel", "--pipeline-parallel", "4"}));
   CHECK(r.code == 0);
   CHECK(r.err.empty());
   // 256 / (8·4) = 8 replicas; 64 sequences / 8 = 8 micro-batches of 1 through the pipeline.
-  CHECK(has(r.out, "parallelism: tensor 8 with sequence parallel, pipeline 4 (1f1b, 8 micro-batches of 1), "
-                   "context 1, data 8 (fsdp-full)"));
+  CHECK(
+      has(r.out,
+          "parallelism: tensor 8 with sequence parallel, pipeline 4 (1f1b, 8 micro-batches of 1), "
+          "context 1, data 8 (fsdp-full)"));
   CHECK(has(r.out, "on stage 0 of 4 (embeddings, 20 blocks, 4 micro-batches in flight)"));
-  const auto j = planner(llama70b({"--tensor-parallel", "8", "--sequence-parallel", "--pipeline-parallel", "4",
-                                   "--schedule", "interleaved-1f1b", "--virtual-stages", "5", "--format", "json"}));
+  const auto j = planner(
+      llama70b({"--tensor-parallel", "8", "--sequence-parallel", "--pipeline-parallel", "4",
+                "--schedule", "interleaved-1f1b", "--virtual-stages", "5", "--format", "json"}));
   REQUIRE(j.code == 0);
   const auto doc = nlohmann::json::parse(j.out);
   CHECK(doc["stages"].size() == 4);
@@ -56,24 +63,29 @@ TEST_CASE("cli_parallel::refusals name the flags and the numbers") {
   refused({"--tensor-parallel", "0"}, "--tensor-parallel: must be >= 1, got 0");
   refused({"--schedule", "zero-bubble"},
           "--schedule: must be one of 1f1b, interleaved-1f1b, gpipe, got \"zero-bubble\"");
-  refused({"--tensor-parallel", "16"},
-          "--tensor-parallel 16: tensor parallel 16 is larger than a node of 8 GPUs: its all-reduces per layer "
-          "would cross the inter-node links; 8 key/value heads do not divide over tensor parallel 16");
+  refused(
+      {"--tensor-parallel", "16"},
+      "--tensor-parallel 16: tensor parallel 16 is larger than a node of 8 GPUs: its all-reduces "
+      "per layer "
+      "would cross the inter-node links; 8 key/value heads do not divide over tensor parallel 16");
   refused({"--tensor-parallel", "8", "--pipeline-parallel", "3"},
           "--gpus: 256 GPUs are not a multiple of tensor 8 x pipeline 3 x context 1 = 24");
-  refused({"--tensor-parallel", "8", "--micro-batches", "3"}, "--micro-batches: 3 does not divide the 2 sequences per replica");
+  refused({"--tensor-parallel", "8", "--micro-batches", "3"},
+          "--micro-batches: 3 does not divide the 2 sequences per replica");
   refused({"--pipeline-parallel", "4", "--virtual-stages", "2"},
-          "--pipeline-parallel 4 --virtual-stages 2: virtual stages 2 need the interleaved-1f1b schedule, not 1f1b");
+          "--pipeline-parallel 4 --virtual-stages 2: virtual stages 2 need the interleaved-1f1b "
+          "schedule, not 1f1b");
 }
 
 TEST_CASE("cli_parallel::recommend --model-parallel ranks layouts and gives their options") {
-  const auto r = planner({"recommend", "--model", "llama-3-70b", "--hardware", "h100-sxm5-80gb", "--gpus", "256",
-                          "--seq-len", "8192", "--global-batch", "256", "--recipe", "megatron", "--model-parallel",
-                          "--top", "3"});
+  const auto r = planner({"recommend", "--model", "llama-3-70b", "--hardware", "h100-sxm5-80gb",
+                          "--gpus", "256", "--seq-len", "8192", "--global-batch", "256", "--recipe",
+                          "megatron", "--model-parallel", "--top", "3"});
   CHECK(r.code == 0);
   CHECK(has(r.out, "data parallelism alone: best"));
   CHECK(has(r.out, "torchtitan: --parallelism."));
   const auto e = planner({"recommend", "--gpus", "16", "--model-parallel", "--emit", "plan"});
   CHECK(e.code == 2);
-  CHECK(e.err == "planner: --emit: not with --model-parallel: its table gives torchtitan's and Megatron-LM's options\n");
+  CHECK(e.err == "planner: --emit: not with --model-parallel: its table gives torchtitan's and "
+                 "Megatron-LM's options\n");
 }

@@ -24,7 +24,8 @@ Scenario scenario(const ModelSpec& m, int gpus, std::int64_t global) {
 
 }  // namespace
 
-TEST_CASE("parallel_search::Llama-3-70B on 256 GPUs: FSDP alone does not fit, model parallelism does") {
+TEST_CASE(
+    "parallel_search::Llama-3-70B on 256 GPUs: FSDP alone does not fit, model parallelism does") {
   const auto sc = scenario(load_model("llama-3-70b"), 256, 256);
   const auto s = search_layouts(sc);
   REQUIRE(s.best_data_parallel);
@@ -43,17 +44,22 @@ TEST_CASE("parallel_search::Llama-3-70B on 256 GPUs: FSDP alone does not fit, mo
 TEST_CASE("parallel_search::405B on 16,384 GPUs is searched in under a second") {
   // Llama 3.1 405B's shapes (its config.json): h 16384, 126 layers, 128 heads, 8 kv heads, MLP
   // 53248, vocabulary 128256.
-  const nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}}, {"hidden_size", 16384},
-                                 {"intermediate_size", 53248}, {"num_hidden_layers", 126},
-                                 {"num_attention_heads", 128}, {"num_key_value_heads", 8},
-                                 {"vocab_size", 128256}, {"max_position_embeddings", 131072}};
+  const nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
+                                 {"hidden_size", 16384},
+                                 {"intermediate_size", 53248},
+                                 {"num_hidden_layers", 126},
+                                 {"num_attention_heads", 128},
+                                 {"num_key_value_heads", 8},
+                                 {"vocab_size", 128256},
+                                 {"max_position_embeddings", 131072}};
   const auto sc = scenario(model_from_hf_config(config, "llama-3.1-405b"), 16384, 2048);
   const auto s = search_layouts(sc);
   CHECK(s.seconds < 1.0);
   CHECK_FALSE(s.ranked.empty());
   // 2048 sequences cannot spread over 16,384 GPUs by data parallelism alone: the batch limit.
   CHECK_FALSE(s.best_data_parallel);
-  CHECK(contains(layout_search_table(sc, s, 3), "the global batch of 2048 sequences does not divide over 16384 GPUs"));
+  CHECK(contains(layout_search_table(sc, s, 3),
+                 "the global batch of 2048 sequences does not divide over 16384 GPUs"));
 }
 
 TEST_CASE("parallel_search::torchtitan and Megatron-LM options of a candidate") {
@@ -68,11 +74,13 @@ TEST_CASE("parallel_search::torchtitan and Megatron-LM options of a candidate") 
   c.job = sc.job;
   c.job.micro_batch = 1;
   c.spec = make_spec("fsdp-full", Flavour::fsdp2, 8);
-  CHECK(torchtitan_options(sc, c) ==
-        "--parallelism.data_parallel_replicate_degree 1 --parallelism.data_parallel_shard_degree 8 "
-        "--parallelism.tensor_parallel_degree 8 --parallelism.pipeline_parallel_degree 4 "
-        "--parallelism.pipeline_parallel_schedule Interleaved1F1B --parallelism.pipeline_parallel_layers_per_stage 4 "
-        "--parallelism.pipeline_parallel_microbatch_size 1 --parallelism.context_parallel_degree 1");
+  CHECK(
+      torchtitan_options(sc, c) ==
+      "--parallelism.data_parallel_replicate_degree 1 --parallelism.data_parallel_shard_degree 8 "
+      "--parallelism.tensor_parallel_degree 8 --parallelism.pipeline_parallel_degree 4 "
+      "--parallelism.pipeline_parallel_schedule Interleaved1F1B "
+      "--parallelism.pipeline_parallel_layers_per_stage 4 "
+      "--parallelism.pipeline_parallel_microbatch_size 1 --parallelism.context_parallel_degree 1");
   CHECK(megatron_arguments(sc, c).empty());  // Megatron-LM's own FSDP is not emitted
   c.spec = make_spec("zero1", std::nullopt, 8);
   CHECK(torchtitan_options(sc, c).empty());  // torchtitan has no ZeRO-1

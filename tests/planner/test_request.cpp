@@ -26,8 +26,8 @@ nlohmann::json file_json(const std::string& path) {
 }  // namespace
 
 TEST_CASE("request::the program's output for the same arguments") {
-  const std::vector<std::string> args = {"estimate", "--model=llama-2-7b", "--gpus=16", "--strategy=zero3",
-                                         "--format=json"};
+  const std::vector<std::string> args = {"estimate", "--model=llama-2-7b", "--gpus=16",
+                                         "--strategy=zero3", "--format=json"};
   const auto run = planner(args);
   REQUIRE(run.code == 0);
   CHECK(run_request({args, {}, {}, false}).output == run.out);
@@ -44,7 +44,9 @@ TEST_CASE("request::documents in memory plan as their files") {
   Request by_file{{"estimate", "--model=" + dir + "/examples/models/mistral-7b/config.json",
                    "--hardware=" + dir + "/hardware_profiles/l40s-48gb.json", "--gpus=8",
                    "--strategy=fsdp-full", "--format=json"},
-                  {}, {}, false};
+                  {},
+                  {},
+                  false};
   Request by_document{{"estimate", "--gpus=8", "--strategy=fsdp-full", "--format=json"},
                       file_json(dir + "/examples/models/mistral-7b/config.json"),
                       file_json(dir + "/hardware_profiles/l40s-48gb.json"),
@@ -52,7 +54,8 @@ TEST_CASE("request::documents in memory plan as their files") {
   auto a = nlohmann::json::parse(run_request(by_file).output);
   auto b = nlohmann::json::parse(run_request(by_document).output);
   // Only the names differ: a file is named by its path, a document by its own name or "model".
-  for (auto* j : {&a, &b}) (*j)["model"] = (*j)["hardware"] = (*j)["hardware_profile"]["name"] = nullptr;
+  for (auto* j : {&a, &b})
+    (*j)["model"] = (*j)["hardware"] = (*j)["hardware_profile"]["name"] = nullptr;
   CHECK(a == b);  // "defaulted" included: a document given is not --model or --hardware defaulted
   CHECK(b["defaulted"].dump().find("--model") == std::string::npos);
 }
@@ -62,16 +65,20 @@ TEST_CASE("request::bad input throws, naming the flag or the document") {
                        "--gpus: must be >= 1, got 0", InputError);
   CHECK_THROWS_WITH_AS(run_request({{"estimate", "--no-such-flag=1"}, {}, {}, false}),
                        doctest::Contains("arguments: "), InputError);
+  CHECK_THROWS_WITH_AS(run_request({{"estimate", "--strategy=zero3"},
+                                    nlohmann::json{{"architectures", {"Nope"}}},
+                                    {},
+                                    false}),
+                       doctest::Contains("model: /architectures"), InputError);
   CHECK_THROWS_WITH_AS(
-      run_request({{"estimate", "--strategy=zero3"}, nlohmann::json{{"architectures", {"Nope"}}}, {}, false}),
-      doctest::Contains("model: /architectures"), InputError);
-  CHECK_THROWS_WITH_AS(run_request({{"estimate", "--model=gpt2", "--strategy=zero3"},
-                                    nlohmann::json::object(), {}, false}),
-                       "--model: give either a name or a document, not both", InputError);
+      run_request(
+          {{"estimate", "--model=gpt2", "--strategy=zero3"}, nlohmann::json::object(), {}, false}),
+      "--model: give either a name or a document, not both", InputError);
 }
 
 TEST_CASE("request::fsdp settings as data carry the program's text") {
-  const std::vector<std::string> emit = {"recommend", "--model=gpt2", "--gpus=8", "--strategy=fsdp-full",
+  const std::vector<std::string> emit = {"recommend",       "--model=gpt2",
+                                         "--gpus=8",        "--strategy=fsdp-full",
                                          "--flavour=fsdp2", "--emit=fsdp"};
   const auto data = nlohmann::json::parse(run_request({emit, {}, {}, true}).output);
   CHECK(data["text"] == planner(emit).out);

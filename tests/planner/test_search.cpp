@@ -29,9 +29,11 @@ Scenario scenario(const char* model, const char* hardware, int gpus, int per_nod
 
 std::string key(const Candidate& c) {
   const auto& e = c.eval;
-  return fmt::format("{}/{}/{}/{}/{}/{}/{}/{:.9g}", e.spec.strategy, costmodel::flavour_name(e.spec.flavour),
-                     e.spec.shard_group_size, e.job.micro_batch, costmodel::checkpointing_name(e.job.checkpointing),
-                     costmodel::offload_name(e.spec.offload), e.spec.forward_prefetch, e.result.step_s);
+  return fmt::format("{}/{}/{}/{}/{}/{}/{}/{:.9g}", e.spec.strategy,
+                     costmodel::flavour_name(e.spec.flavour), e.spec.shard_group_size,
+                     e.job.micro_batch, costmodel::checkpointing_name(e.job.checkpointing),
+                     costmodel::offload_name(e.spec.offload), e.spec.forward_prefetch,
+                     e.result.step_s);
 }
 
 }  // namespace
@@ -55,7 +57,8 @@ TEST_CASE("search::pruned ranking equals exhaustive search") {
     for (std::size_t i = 0; i < a.ranked.size(); ++i) CHECK(key(a.ranked[i]) == key(b.ranked[i]));
     REQUIRE(a.best_per_family.size() == b.best_per_family.size());
     for (std::size_t i = 0; i < a.best_per_family.size(); ++i)
-      if (a.best_per_family[i].eval.fits) CHECK(key(a.best_per_family[i]) == key(b.best_per_family[i]));
+      if (a.best_per_family[i].eval.fits)
+        CHECK(key(a.best_per_family[i]) == key(b.best_per_family[i]));
     REQUIRE(a.pareto.size() == b.pareto.size());
   }
 }
@@ -64,7 +67,8 @@ TEST_CASE("search::ranked best first, ties to lower memory") {
   const auto sc = scenario("llama-2-7b", "a100-sxm4-80gb", 8, 8, 4096, 32);
   const auto r = search(sc, {});
   REQUIRE(r.ranked.size() > 10);
-  for (std::size_t i = 1; i < r.ranked.size(); ++i) CHECK_FALSE(better(r.ranked[i].eval, r.ranked[i - 1].eval));
+  for (std::size_t i = 1; i < r.ranked.size(); ++i)
+    CHECK_FALSE(better(r.ranked[i].eval, r.ranked[i - 1].eval));
   for (const auto& c : r.ranked) CHECK(c.eval.result.peak_bytes <= sc.usable_bytes());
   // The Pareto front: each point uses less memory than every faster one.
   for (std::size_t i = 1; i < r.pareto.size(); ++i) {
@@ -128,14 +132,16 @@ TEST_CASE("search::what the recipe lets a user set is searched and recorded") {
   pins.exhaustive = true;
   std::set<std::string> seen;
   for (const auto& c : search(sc, pins).ranked)
-    seen.insert(costmodel::checkpointing_label(c.eval.job) + "/" + costmodel::loss_label(c.eval.job));
+    seen.insert(costmodel::checkpointing_label(c.eval.job) + "/" +
+                costmodel::loss_label(c.eval.job));
   CHECK(seen.count("every:2/upcast") == 1);
   CHECK(seen.count("none/fused-linear") == 1);
   CHECK(seen.count("selective-op/upcast") == 0);
   sc.job.recipe = costmodel::Recipe::torchtitan;
   seen.clear();
   for (const auto& c : search(sc, pins).ranked)
-    seen.insert(costmodel::checkpointing_label(c.eval.job) + "/" + costmodel::loss_label(c.eval.job));
+    seen.insert(costmodel::checkpointing_label(c.eval.job) + "/" +
+                costmodel::loss_label(c.eval.job));
   CHECK(seen.count("selective-op/upcast") == 1);
   CHECK(seen.count("selective-op/chunked:8") == 1);
   CHECK(seen.count("none/fused-linear") == 0);
@@ -199,9 +205,11 @@ TEST_CASE("search::the recipe's framework decides how it shards") {
   SearchPins pins;
   pins.exhaustive = true;
   for (const auto& c : search(sc, pins).ranked)
-    CHECK((c.eval.spec.flavour == costmodel::Flavour::fsdp2 || c.eval.spec.flavour == costmodel::Flavour::ddp));
+    CHECK((c.eval.spec.flavour == costmodel::Flavour::fsdp2 ||
+           c.eval.spec.flavour == costmodel::Flavour::ddp));
   sc.job.recipe = costmodel::Recipe::deepspeed;
-  for (const auto& c : search(sc, pins).ranked) CHECK(c.eval.spec.flavour == costmodel::Flavour::deepspeed);
+  for (const auto& c : search(sc, pins).ranked)
+    CHECK(c.eval.spec.flavour == costmodel::Flavour::deepspeed);
   sc.job.recipe = costmodel::Recipe::torchtitan;
   pins.flavour = costmodel::Flavour::deepspeed;
   try {

@@ -88,19 +88,19 @@ json run_document() {
             {"comm_bytes_per_step", 4000}}}};
 }
 
-} // namespace
+}  // namespace
 
 TEST_CASE("validate::predicted against measured with relative errors") {
   const auto v = planner::validate_json(plan_document(), run_document());
   CHECK(v["memory"]["peak_predicted_bytes"] == 1000);
   CHECK(v["memory"]["peak_measured_bytes"] == 1250);
   CHECK(v["memory"]["peak_rel_error"].get<double>() ==
-        doctest::Approx(-0.2)); // (1000 − 1250) / 1250
+        doctest::Approx(-0.2));  // (1000 − 1250) / 1250
   CHECK(v["memory"]["categories"]["parameters"]["rel_error"].get<double>() == 0);
   CHECK(v["memory"]["categories"]["activations"]["rel_error"].get<double>() ==
         doctest::Approx(400.0 / 650 - 1));
   CHECK(v["memory"]["categories"]["buffers"]["rel_error"].get<double>() ==
-        0); // 0 predicted, 0 measured
+        0);  // 0 predicted, 0 measured
   CHECK(v["time"]["step_rel_error"].get<double>() == doctest::Approx(1.2 / 1.5 - 1));
   // Predicted compute includes the optimizer: compared with compute + optimizer measured.
   CHECK(v["time"]["parts"]["compute"]["measured_s"].get<double>() == doctest::Approx(1.0));
@@ -127,8 +127,8 @@ TEST_CASE("validate::says when numbers are not comparable") {
   const auto v = planner::validate_json(plan_document(), run);
   CHECK(v["notes"].size() == 3);
   CHECK_FALSE(v.contains("forced"));
-  CHECK(v["memory"]["categories"]["buffers"]["rel_error"].get<double>() == -1); // none predicted
-  CHECK(v["memory"]["categories"]["activations"]["rel_error"].is_null());       // none measured
+  CHECK(v["memory"]["categories"]["buffers"]["rel_error"].get<double>() == -1);  // none predicted
+  CHECK(v["memory"]["categories"]["activations"]["rel_error"].is_null());        // none measured
 }
 
 TEST_CASE("validate::a GPU run: exposed communication is the compute's wait, MFU and device") {
@@ -140,12 +140,11 @@ TEST_CASE("validate::a GPU run: exposed communication is the compute's wait, MFU
   time["collectives_overlap"] = true;
   run["environment"]["backend"] = "nccl";
   time["model_flops_per_step"] = 3e14;
-  time["achieved_TFLOPs"] = 200.0; // 3e14 / 1.5 s
+  time["achieved_TFLOPs"] = 200.0;  // 3e14 / 1.5 s
   time["peak_TFLOPs"] = 494.5;
   time["mfu"] = 200.0 / 494.5;
-  run["summary"]["memory"]["device"] = {{"reserved_peak_bytes", 1100},
-                                        {"cuda_context_bytes", 100},
-                                        {"nccl_workspace_bytes", 50}};
+  run["summary"]["memory"]["device"] = {
+      {"reserved_peak_bytes", 1100}, {"cuda_context_bytes", 100}, {"nccl_workspace_bytes", 50}};
   run["environment"]["device"] = "NVIDIA H200";
   const auto v = planner::validate_json(plan_document(), run);
   CHECK(v["time"]["parts"]["communication"]["measured_s"].get<double>() == 0.25);
@@ -158,7 +157,7 @@ TEST_CASE("validate::a GPU run: exposed communication is the compute's wait, MFU
   CHECK(v["memory"]["device"]["cuda_context_bytes"] == 100);
   const auto table = planner::validate_table(plan_document(), run);
   CHECK(table.find("MFU") != std::string::npos);
-  CHECK(table.find("40.4%") != std::string::npos); // 200 / 494.5
+  CHECK(table.find("40.4%") != std::string::npos);  // 200 / 494.5
   // A rehearsal on a GPU has no NCCL communicator: validate says its workspace is missing.
   run["environment"]["rehearsal"] = true;
   const auto notes = planner::validate_json(plan_document(), run)["notes"];
@@ -221,8 +220,8 @@ TEST_CASE("validate::a run of another plan is refused naming the field; --force 
   auto run = run_document();
   run["plan"]["model"] = "llama-2-7b";
   run["plan"]["strategy"] = "zero3";
-  CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run), doctest::Contains("/plan/model: "),
-                       costmodel::InputError);
+  CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run),
+                       doctest::Contains("/plan/model: "), costmodel::InputError);
   CHECK(planner::validate_json(plan_document(), run, true)["forced"].size() == 2);
   // A run of this plan is compared with or without --force, and says nothing of it.
   CHECK_FALSE(planner::validate_json(plan_document(), run_document(), true).contains("forced"));
@@ -239,8 +238,9 @@ TEST_CASE("validate::exposed communication is the compute's wait where collectiv
   time["comm_wait_s"] = 0.0;
   time["collectives_overlap"] = false;
   auto measured = [&] {
-    return planner::validate_json(plan_document(), run)["time"]["parts"]["communication"]
-                                 ["measured_s"].get<double>();
+    return planner::validate_json(plan_document(),
+                                  run)["time"]["parts"]["communication"]["measured_s"]
+        .get<double>();
   };
   CHECK(measured() == queued_or_blocking);
   time["comm_wait_s"] = 0.05;
@@ -273,8 +273,9 @@ TEST_CASE("validate::real CPU runs: blocking collectives are the measured commun
   CHECK(comm["measured_s"].get<double>() == doctest::Approx(by_kind));
   CHECK_FALSE(comm["rel_error"].is_null());
   const auto table = planner::validate_table(plan, blocking);
-  const auto line = table.substr(table.find("  communication"), table.find('\n', table.find("  communication")) -
-                                                                    table.find("  communication"));
+  const auto line =
+      table.substr(table.find("  communication"),
+                   table.find('\n', table.find("  communication")) - table.find("  communication"));
   CHECK(line.find("n/a") == std::string::npos);
   CHECK(line.find(" 0.0000 ") == std::string::npos);
 

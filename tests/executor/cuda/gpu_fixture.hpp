@@ -30,9 +30,8 @@ inline void require_cuda(cudaError_t code, const char* call) {
 }
 
 // A device array of `count` T, freed when it goes out of scope.
-template <class T>
-class DeviceArray {
- public:
+template <class T> class DeviceArray {
+public:
   explicit DeviceArray(std::size_t count) : count_(count) {
     require_cuda(cudaMalloc(&data_, std::max<std::size_t>(count, 1) * sizeof(T)), "cudaMalloc");
   }
@@ -60,7 +59,7 @@ class DeviceArray {
     return values;
   }
 
- private:
+private:
   void* data_ = nullptr;
   std::size_t count_;
 };
@@ -68,7 +67,7 @@ class DeviceArray {
 // A stream of its own and a cuBLAS handle bound to it, as the backend sets them up (default math:
 // the fp32 GEMMs in full fp32).
 class Gpu {
- public:
+public:
   Gpu() {
     require_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
     if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS)
@@ -93,7 +92,7 @@ class Gpu {
     require_cuda(cudaGetLastError(), "a queued kernel");
   }
 
- private:
+private:
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   cuda::Launch launch_;

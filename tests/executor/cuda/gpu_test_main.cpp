@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
   constexpr int kSkipped = 77;
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    (void)cudaGetLastError(); // clear the "no driver" error
+    (void)cudaGetLastError();  // clear the "no driver" error
     std::puts("no CUDA device: skipped");
     return kSkipped;
   }

@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "engine_fixture.hpp"
+#include "executor/synthetic_data.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/device_memory.hpp"
-#include "executor/synthetic_data.hpp"
 #if SHARDPLAN_HAVE_NCCL
 #include "comm/nccl_communicator.hpp"
 #endif
@@ -49,19 +49,27 @@ struct Gpu {
 // Models whose head_dim (16) the flash kernels take: Llama-like with GQA and SwiGLU, GPT-2-like
 // with LayerNorm, biases, learned positions and a tied head.
 costmodel::ModelSpec flash_llama() {
-  return scale_down(costmodel::load_model("llama-3-8b"),
-                    {.layers = 2, .hidden = 64, .heads = 4, .kv_heads = 2, .head_dim = 16,
-                     .intermediate = 96, .vocab = 50, .max_positions = 64});
+  return scale_down(costmodel::load_model("llama-3-8b"), {.layers = 2,
+                                                          .hidden = 64,
+                                                          .heads = 4,
+                                                          .kv_heads = 2,
+                                                          .head_dim = 16,
+                                                          .intermediate = 96,
+                                                          .vocab = 50,
+                                                          .max_positions = 64});
 }
 costmodel::ModelSpec flash_gpt2() {
-  return scale_down(costmodel::load_model("gpt2"),
-                    {.layers = 2, .hidden = 64, .heads = 4, .intermediate = 128, .vocab = 50,
-                     .max_positions = 32});
+  return scale_down(costmodel::load_model("gpt2"), {.layers = 2,
+                                                    .hidden = 64,
+                                                    .heads = 4,
+                                                    .intermediate = 128,
+                                                    .vocab = 50,
+                                                    .max_positions = 32});
 }
 
 struct Result {
   double loss = 0;
-  std::vector<std::vector<float>> grads; // per unit
+  std::vector<std::vector<float>> grads;  // per unit
 };
 
 // The CPU model: parameters initialised and perturbed as the gradient check does.
@@ -75,8 +83,7 @@ struct Reference {
     model.perturb(6, 0.1);
     batch = synthetic_batch(allocator, 7, shape, spec.vocab);
     result.loss = model.run(batch.inputs.span(), batch.targets.span(), shape, checkpointing, true);
-    for (auto& g : model.grads)
-      result.grads.emplace_back(g.data(), g.data() + g.size());
+    for (auto& g : model.grads) result.grads.emplace_back(g.data(), g.data() + g.size());
   }
 };
 
@@ -92,25 +99,23 @@ Result run_on_gpu(const Reference& ref, const costmodel::ModelSpec& spec, BatchS
   };
   std::vector<Buffer> p, g;
   for (const auto& host : ref.model.params) {
-    p.push_back(gpu.allocator.allocate_uninitialized<float>(MemoryCategory::parameters,
-                                                            host.size()));
+    p.push_back(
+        gpu.allocator.allocate_uninitialized<float>(MemoryCategory::parameters, host.size()));
     gpu.memory.write(p.back().data(), host.data(), bytes(host.size(), sizeof(float)));
     g.push_back(gpu.allocator.allocate<float>(MemoryCategory::gradients, host.size()));
   }
   auto upload_tokens = [&](const TrackedBuffer<std::int32_t>& host) {
     auto d = gpu.allocator.allocate_uninitialized<std::int32_t>(MemoryCategory::activations,
-                                                                 host.size());
+                                                                host.size());
     gpu.memory.write(d.data(), host.data(), bytes(host.size(), sizeof(std::int32_t)));
     return d;
   };
   const auto tokens = upload_tokens(ref.batch.inputs);
   const auto targets = upload_tokens(ref.batch.targets);
   const std::span<const std::int32_t> in(tokens.data(), static_cast<std::size_t>(tokens.size()));
-  const std::span<const std::int32_t> out(targets.data(),
-                                          static_cast<std::size_t>(targets.size()));
+  const std::span<const std::int32_t> out(targets.data(), static_cast<std::size_t>(targets.size()));
 
-  const double loss =
-      forward_backward(model, p, g, in, out, shape, checkpointing, true);
+  const double loss = forward_backward(model, p, g, in, out, shape, checkpointing, true);
   gpu.backend.synchronize();
 
   Result r;
@@ -152,8 +157,7 @@ template <class S> EngineRun run_engine_on_gpu(EngineOptions options, int steps)
   EngineRun r;
   {
     ShardingEngine engine(options, allocator, {&self, &self, nullptr, true, nullptr});
-    for (int k = 0; k < steps; ++k)
-      r.losses.push_back(engine.step().loss);
+    for (int k = 0; k < steps; ++k) r.losses.push_back(engine.step().loss);
     for (std::int64_t u = 0; u < engine.layout().unit_count(); ++u)
       r.params.push_back(engine.full_parameters(u));
   }
@@ -178,9 +182,9 @@ template <class S> EngineRun run_engine_on_gpu_nccl(EngineOptions options, int s
     options.backend_bf16 = &backend;
   EngineRun r;
   {
-    ShardingEngine engine(options, allocator, {world.get(), shard.get(), nullptr, false, reduce.get()});
-    for (int k = 0; k < steps; ++k)
-      r.losses.push_back(engine.step().loss);
+    ShardingEngine engine(options, allocator,
+                          {world.get(), shard.get(), nullptr, false, reduce.get()});
+    for (int k = 0; k < steps; ++k) r.losses.push_back(engine.step().loss);
     for (std::int64_t u = 0; u < engine.layout().unit_count(); ++u)
       r.params.push_back(engine.full_parameters(u));
   }
@@ -189,7 +193,7 @@ template <class S> EngineRun run_engine_on_gpu_nccl(EngineOptions options, int s
 }
 #endif
 
-} // namespace
+}  // namespace
 
 #if SHARDPLAN_HAVE_NCCL
 TEST_CASE("cuda::every strategy on NCCL's own streams trains as the CPU engine") {
@@ -198,8 +202,7 @@ TEST_CASE("cuda::every strategy on NCCL's own streams trains as the CPU engine")
   for (const auto& model : {tiny_llama(), tiny_gpt2()}) {
     CAPTURE(model.name);
     for (const auto& s : kStrategies) {
-      if (std::string(s.name) == "hsdp")
-        continue; // replicas need more than one GPU
+      if (std::string(s.name) == "hsdp") continue;  // replicas need more than one GPU
       for (std::int64_t gas : {1, 2}) {
         CAPTURE(s.name);
         CAPTURE(costmodel::flavour_name(s.flavour));
@@ -232,7 +235,7 @@ TEST_CASE("cuda::the model's loss and gradients are the CPU backend's (eager att
 }
 
 TEST_CASE("cuda::flash attention gives the eager CPU model's loss and gradients") {
-  const BatchShape shape{2, 19}; // not a multiple of the kernels' tiles
+  const BatchShape shape{2, 19};  // not a multiple of the kernels' tiles
   for (const auto& spec : {flash_llama(), flash_gpt2()}) {
     CAPTURE(spec.name);
     const Reference ref(spec, shape, Checkpointing::none);
@@ -245,8 +248,7 @@ TEST_CASE("cuda::the engine's steps are the CPU engine's under every strategy") 
     CAPTURE(model.name);
     EngineRun gpu_ddp;
     for (const auto& s : kStrategies) {
-      if (std::string(s.name) == "hsdp")
-        continue; // one GPU
+      if (std::string(s.name) == "hsdp") continue;  // one GPU
       CAPTURE(s.name);
       CAPTURE(costmodel::flavour_name(s.flavour));
       auto options = test_options(model, test_spec(s.name, s.flavour, 1));
@@ -287,8 +289,7 @@ TEST_CASE("cuda::bf16-mixed trains as the CPU's bf16-mixed, and sharded as DDP, 
     const auto initial = run_engine(test_options(model, test_spec("ddp", Flavour::ddp, 1)), one, 0);
     EngineRun gpu_ddp;
     for (const auto& s : kStrategies) {
-      if (std::string(s.name) == "hsdp")
-        continue; // one GPU
+      if (std::string(s.name) == "hsdp") continue;  // one GPU
       CAPTURE(std::string(s.name));
       CAPTURE(std::string(costmodel::flavour_name(s.flavour)));
       auto options = test_options(model, test_spec(s.name, s.flavour, 1));

@@ -22,10 +22,10 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include "gpu_fixture.hpp"
 #include "kernels/adamw.hpp"
 #include "kernels/cuda/device_kernels.hpp"
 #include "kernels/kernels.hpp"
-#include "gpu_fixture.hpp"
 
 namespace {
 
@@ -63,8 +63,8 @@ TEST_CASE("executor::cuda embedding forward and backward match the host's") {
   for (const bool positions : {true, false}) {
     CAPTURE(positions);
     Floats want(static_cast<std::size_t>(N * C));
-    host::embedding_forward(want.data(), tokens.data(), wte.data(), positions ? wpe.data() : nullptr,
-                            B, T, C);
+    host::embedding_forward(want.data(), tokens.data(), wte.data(),
+                            positions ? wpe.data() : nullptr, B, T, C);
     DeviceArray<float> out(random_floats(N * C, 4));
     dev::embedding_forward(gpu.launch(), out.get(), d_tokens.get(), d_wte.get(),
                            positions ? d_wpe.get() : nullptr, B, T, C);
@@ -312,8 +312,8 @@ TEST_CASE("executor::cuda attention forward and backward match the host's") {
                                probs.data(), q.data(), k.data(), v.data(), s.batch, s.seq, s.heads,
                                s.kv_heads, s.head_dim);
       dev::attention_backward(gpu.launch(), d_dq.get(), d_dk.get(), d_dv.get(), d_scratch.get(),
-                              d_dout.get(), d_probs.get(), d_q.get(), d_k.get(), d_v.get(),
-                              s.batch, s.seq, s.heads, s.kv_heads, s.head_dim);
+                              d_dout.get(), d_probs.get(), d_q.get(), d_k.get(), d_v.get(), s.batch,
+                              s.seq, s.heads, s.kv_heads, s.head_dim);
       gpu.finish();
       check_close(d_dq.download(), dq, kReduction, after_call("dq", call));
       check_close(d_dk.download(), dk, kReduction, after_call("dk", call));
@@ -406,8 +406,7 @@ TEST_CASE("executor::cuda log_softmax and nll_loss match the host's") {
     Floats dlogits(dlogp.size());
     host::log_softmax_backward(dlogits.data(), dlogp.data(), logp.data(), n, vocab);
     DeviceArray<float> d_dlogits(random_floats(n * vocab, 84, 100.0f, 1000.0f));
-    dev::log_softmax_backward(gpu.launch(), d_dlogits.get(), d_dlogp.get(), d_logp.get(), n,
-                              vocab);
+    dev::log_softmax_backward(gpu.launch(), d_dlogits.get(), d_dlogp.get(), d_logp.get(), n, vocab);
     gpu.finish();
     check_close(d_dlogits.download(), dlogits, kReduction, "dlogits");
   }
@@ -486,8 +485,8 @@ TEST_CASE("executor::cuda kernels queue nothing for empty inputs") {
   CHECK_NOTHROW(dev::rope_forward(l, none, 0, 7, 4, 8, 1e4));
   CHECK_NOTHROW(dev::rope_backward(l, none, 2, 7, 4, 1, 1e4));  // no pair in a head of one
   CHECK_NOTHROW(dev::attention_forward(l, none, none, none, none, none, 2, 0, 4, 2, 8));
-  CHECK_NOTHROW(
-      dev::attention_backward(l, none, none, none, none, none, none, none, none, none, 0, 7, 4, 2, 8));
+  CHECK_NOTHROW(dev::attention_backward(l, none, none, none, none, none, none, none, none, none, 0,
+                                        7, 4, 2, 8));
   CHECK_NOTHROW(dev::gelu_forward(l, none, none, 0));
   CHECK_NOTHROW(dev::gelu_backward(l, none, none, none, 0));
   CHECK_NOTHROW(dev::swiglu_forward(l, none, none, none, 0));
@@ -515,6 +514,6 @@ TEST_CASE("executor::cuda kernels report bad arguments and failed calls in one l
   no_blas.stream = gpu.stream();
   CHECK_THROWS_WITH_AS(
       dev::linear_forward(no_blas, p, p, p, static_cast<const float*>(nullptr), 2, 2, 2, false),
-                       doctest::Contains("linear_forward"), std::runtime_error);
+      doctest::Contains("linear_forward"), std::runtime_error);
   CHECK_NOTHROW(gpu.finish());
 }

@@ -107,7 +107,7 @@ TEST_CASE("executor::cuda device memory: record_use fences the other stream too"
   memory.record_use(p, c.s);
   keep_busy(c.s, big);
   ok(cudaMemsetAsync(p, 1, static_cast<std::size_t>(MiB), c.s));  // c's use, late
-  memory.free(p, MiB);                                             // fenced on a and c
+  memory.free(p, MiB);                                            // fenced on a and c
   void* q = memory.allocate_on(b.s, MiB, false);
   CHECK(q == p);
   ok(cudaMemsetAsync(q, 2, static_cast<std::size_t>(MiB), b.s));
@@ -153,8 +153,8 @@ TEST_CASE("executor::cuda device memory: the limit and what the device holds bes
   CHECK(memory.reserved_bytes() == 2 * MiB);
   CHECK(memory.used_by_others() > 0);  // at least the CUDA context
   void* raw = nullptr;
-  const auto info = DeviceMemory::measure(
-      [&] { ok(cudaMalloc(&raw, static_cast<std::size_t>(64 * MiB))); });
+  const auto info =
+      DeviceMemory::measure([&] { ok(cudaMalloc(&raw, static_cast<std::size_t>(64 * MiB))); });
   CHECK(info.growth() >= 64 * MiB);  // what a step holds shows as growth
   CHECK(info.total >= info.free_before);
   ok(cudaFree(raw));

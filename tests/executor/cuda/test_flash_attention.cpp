@@ -14,9 +14,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include "gpu_fixture.hpp"
 #include "kernels/cuda/flash_attention.hpp"
 #include "kernels/kernels.hpp"
-#include "gpu_fixture.hpp"
 
 namespace {
 
@@ -46,8 +46,7 @@ std::string describe(const Shape& s) {
 // over several tiles at T = 130, and a single token.
 std::vector<Shape> shapes() {
   std::vector<Shape> all;
-  for (int64_t d : {16, 32, 64, 80, 96, 128, 256})
-    all.push_back({2, 37, 4, 2, d});
+  for (int64_t d : {16, 32, 64, 80, 96, 128, 256}) all.push_back({2, 37, 4, 2, d});
   all.push_back({2, 37, 4, 4, 64});
   all.push_back({1, 130, 6, 2, 64});
   all.push_back({1, 130, 3, 1, 256});
@@ -112,7 +111,8 @@ struct Reference {
           }
           const double max = *std::max_element(scores.begin(), scores.begin() + t + 1);
           double sum = 0;
-          for (int64_t j = 0; j <= t; ++j) sum += std::exp(scores[static_cast<std::size_t>(j)] - max);
+          for (int64_t j = 0; j <= t; ++j)
+            sum += std::exp(scores[static_cast<std::size_t>(j)] - max);
           lse[static_cast<std::size_t>((b * s.heads + h) * T + t)] = max + std::log(sum);
         }
   }
@@ -135,8 +135,8 @@ void expect_close(const char* what, const std::vector<float>& got, const std::ve
     }
   }
   INFO(std::string(what) << ": " << wrong << " of " << got.size() << " entries off; worst |error| "
-                        << worst_error << " at " << worst << ": got " << got[worst] << ", want "
-                        << factor * want[worst]);
+                         << worst_error << " at " << worst << ": got " << got[worst] << ", want "
+                         << factor * want[worst]);
   CHECK(wrong == 0);
 }
 
@@ -149,8 +149,8 @@ TEST_CASE("executor::cuda flash attention forward matches the host kernel") {
     const Reference ref(s, in);
     DeviceArray<float> q(in.q), k(in.k), v(in.v), out(in.q.size()),
         lse(static_cast<std::size_t>(s.batch * s.heads * s.seq));
-    cuda::flash_attention_forward(nullptr, out.get(), lse.get(), q.get(), k.get(), v.get(),
-                                  s.batch, s.seq, s.heads, s.kv_heads, s.head_dim);
+    cuda::flash_attention_forward(nullptr, out.get(), lse.get(), q.get(), k.get(), v.get(), s.batch,
+                                  s.seq, s.heads, s.kv_heads, s.head_dim);
     synchronize();
     expect_close("out", out.download(), ref.out);
     expect_close("lse", lse.download(), ref.lse);
@@ -165,16 +165,16 @@ TEST_CASE("executor::cuda flash attention backward matches the host kernel and a
     const auto stats = static_cast<std::size_t>(s.batch * s.heads * s.seq);
     DeviceArray<float> q(in.q), k(in.k), v(in.v), dout(in.dout), out(in.q.size()), lse(stats),
         delta(stats), dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
-    cuda::flash_attention_forward(nullptr, out.get(), lse.get(), q.get(), k.get(), v.get(),
-                                  s.batch, s.seq, s.heads, s.kv_heads, s.head_dim);
+    cuda::flash_attention_forward(nullptr, out.get(), lse.get(), q.get(), k.get(), v.get(), s.batch,
+                                  s.seq, s.heads, s.kv_heads, s.head_dim);
     dq.zero();
     dk.zero();
     dv.zero();
     for (int pass = 1; pass <= 2; ++pass) {  // the second pass adds as much again: twice
       INFO("pass " << pass);
-      cuda::flash_attention_backward(nullptr, dq.get(), dk.get(), dv.get(), delta.get(),
-                                     dout.get(), out.get(), lse.get(), q.get(), k.get(), v.get(),
-                                     s.batch, s.seq, s.heads, s.kv_heads, s.head_dim);
+      cuda::flash_attention_backward(nullptr, dq.get(), dk.get(), dv.get(), delta.get(), dout.get(),
+                                     out.get(), lse.get(), q.get(), k.get(), v.get(), s.batch,
+                                     s.seq, s.heads, s.kv_heads, s.head_dim);
       synchronize();
       expect_close("dq", dq.download(), ref.dq, pass);
       expect_close("dk", dk.download(), ref.dk, pass);

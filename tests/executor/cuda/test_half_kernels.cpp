@@ -37,10 +37,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include "gpu_fixture.hpp"
 #include "kernels/cuda/device_kernels.hpp"
 #include "kernels/cuda/flash_attention.hpp"
 #include "kernels/scalar.hpp"
-#include "gpu_fixture.hpp"
 
 TYPE_TO_STRING_AS("bf16", shardplan::executor::bf16);
 TYPE_TO_STRING_AS("f16", shardplan::executor::f16);
@@ -58,18 +58,15 @@ constexpr double kReordered = 1e-4;       // floor: fp32 sums in another order
 
 template <class S>
 constexpr double kUnitRoundoff = std::is_same_v<S, bf16> ? 1.0 / 256 : 1.0 / 2048;
-template <class S>
-constexpr const char* kName = std::is_same_v<S, bf16> ? "bf16" : "f16";
+template <class S> constexpr const char* kName = std::is_same_v<S, bf16> ? "bf16" : "f16";
 
-template <class S>
-std::vector<S> narrowed(const Floats& x) {
+template <class S> std::vector<S> narrowed(const Floats& x) {
   std::vector<S> out(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) out[i] = shardplan::executor::narrow<S>(x[i]);
   return out;
 }
 
-template <class S>
-Floats widened(const std::vector<S>& x) {
+template <class S> Floats widened(const std::vector<S>& x) {
   Floats out(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) out[i] = shardplan::executor::widen(x[i]);
   return out;
@@ -77,8 +74,7 @@ Floats widened(const std::vector<S>& x) {
 
 // Random values on both sides: `half` for the 16-bit kernel, `full` (the same numbers, exactly) for
 // the fp32 one.
-template <class S>
-struct Input {
+template <class S> struct Input {
   DeviceArray<S> half;
   DeviceArray<float> full;
   Floats values;  // on the host
@@ -195,10 +191,10 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit linear layers are the fp32 ones within
         auto y = random_input<S>(s.n * s.out, 14);
         Doubles magnitude = xw;
         for (std::size_t i = 0; i < magnitude.size(); ++i)
-          magnitude[i] += (accumulate ? std::fabs(static_cast<double>(y.values[i])) : 0.0) +
-                          (bias ? std::fabs(static_cast<double>(
-                                      b.values[i % static_cast<std::size_t>(s.out)]))
-                                : 0.0);
+          magnitude[i] +=
+              (accumulate ? std::fabs(static_cast<double>(y.values[i])) : 0.0) +
+              (bias ? std::fabs(static_cast<double>(b.values[i % static_cast<std::size_t>(s.out)]))
+                    : 0.0);
         dev::linear_forward(gpu.launch(), y.half.get(), x.half.get(), w.half.get(),
                             bias ? b.half.get() : nullptr, s.n, s.in, s.out, accumulate);
         dev::linear_forward(gpu.launch(), y.full.get(), x.full.get(), w.full.get(),
@@ -241,8 +237,8 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit linear layers are the fp32 ones within
   }
 }
 
-TEST_CASE_TEMPLATE("executor::cuda 16-bit layernorm and rmsnorm are the fp32 ones rounded", S,
-                   bf16, f16) {
+TEST_CASE_TEMPLATE("executor::cuda 16-bit layernorm and rmsnorm are the fp32 ones rounded", S, bf16,
+                   f16) {
   Gpu gpu;
   struct Shape {
     std::int64_t n, channels;
@@ -296,10 +292,10 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit layernorm and rmsnorm are the fp32 one
     check_stats("rmsnorm rstd", rstd, rstd_full);
     {
       auto dx = random_input<S>(n * c, 48), dw = random_input<S>(c, 49);
-      dev::rmsnorm_backward(gpu.launch(), dx.half.get(), dw.half.get(), dy.half.get(),
-                            x.half.get(), w.half.get(), rstd_full.get(), n, c);
-      dev::rmsnorm_backward(gpu.launch(), dx.full.get(), dw.full.get(), dy.full.get(),
-                            x.full.get(), w.full.get(), rstd_full.get(), n, c);
+      dev::rmsnorm_backward(gpu.launch(), dx.half.get(), dw.half.get(), dy.half.get(), x.half.get(),
+                            w.half.get(), rstd_full.get(), n, c);
+      dev::rmsnorm_backward(gpu.launch(), dx.full.get(), dw.full.get(), dy.full.get(), x.full.get(),
+                            w.full.get(), rstd_full.get(), n, c);
       gpu.finish();
       check_rounded(dx.half, dx.full, kSameArithmetic, "rmsnorm dx");
       check_rounded(dw.half, dw.full, kReordered, "rmsnorm dw");
@@ -378,10 +374,8 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit logits give the fp32 log_softmax", S, 
     // The backward reads fp32 dlogp and logp and writes dlogits in S (garbage before).
     const DeviceArray<float> dlogp(random_floats(n * vocab, 83));
     auto dlogits = random_input<S>(n * vocab, 84, 100.0f, 1000.0f);
-    dev::log_softmax_backward(gpu.launch(), dlogits.half.get(), dlogp.get(), want.get(), n,
-                              vocab);
-    dev::log_softmax_backward(gpu.launch(), dlogits.full.get(), dlogp.get(), want.get(), n,
-                              vocab);
+    dev::log_softmax_backward(gpu.launch(), dlogits.half.get(), dlogp.get(), want.get(), n, vocab);
+    dev::log_softmax_backward(gpu.launch(), dlogits.full.get(), dlogp.get(), want.get(), n, vocab);
     gpu.finish();
     check_rounded(dlogits.half, dlogits.full, kSameArithmetic, "dlogits");
   }
@@ -547,8 +541,7 @@ AttentionBounds attention_bounds(const AttentionShape& s, const Floats& q, const
 }
 
 // The checks' factor on the first-order bounds above: twice them, in units of u.
-template <class S>
-constexpr double kAttention = 2 * kUnitRoundoff<S>;
+template <class S> constexpr double kAttention = 2 * kUnitRoundoff<S>;
 
 // |got − want| ≤ c_u·bound + floor·max|want| (the bound in place of |want| + m).
 void check_bound(const Floats& got, const Floats& want, double c_u, const Doubles& bound,
@@ -561,8 +554,8 @@ void check_bound(const Floats& got, const Floats& want, double c_u, const Double
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("executor::cuda 16-bit eager attention is the fp32 one within its roundings",
-                   S, bf16, f16) {
+TEST_CASE_TEMPLATE("executor::cuda 16-bit eager attention is the fp32 one within its roundings", S,
+                   bf16, f16) {
   Gpu gpu;
   // Grouped (2 query heads per kv head), multi-query, a sequence longer than a warp, head_dim 16.
   for (const AttentionShape s : {AttentionShape{2, 7, 4, 2, 8}, AttentionShape{2, 7, 4, 1, 8},
@@ -570,8 +563,7 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit eager attention is the fp32 one within
     CAPTURE(s.seq);
     CAPTURE(s.kv_heads);
     CAPTURE(s.head_dim);
-    const std::int64_t n = s.batch * s.seq, qw = s.heads * s.head_dim,
-                       kw = s.kv_heads * s.head_dim;
+    const std::int64_t n = s.batch * s.seq, qw = s.heads * s.head_dim, kw = s.kv_heads * s.head_dim;
     const std::int64_t scores = s.batch * s.heads * s.seq * s.seq;
     auto q = random_input<S>(n * qw, 61), k = random_input<S>(n * kw, 62),
          v = random_input<S>(n * kw, 63), dout = random_input<S>(n * qw, 64);
@@ -590,13 +582,13 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit eager attention is the fp32 one within
     Input<S> p(want_probs);
     auto dq = random_input<S>(n * qw, 68), dk = random_input<S>(n * kw, 69),
          dv = random_input<S>(n * kw, 70);
-    const AttentionBounds bound = attention_bounds(s, q.values, k.values, v.values, dout.values,
-                                                   p.values, want_out, dq.values, dk.values,
-                                                   dv.values);
+    const AttentionBounds bound =
+        attention_bounds(s, q.values, k.values, v.values, dout.values, p.values, want_out,
+                         dq.values, dk.values, dv.values);
     // The forward's bounds from the fp32 probabilities (not those rounded).
-    const AttentionBounds forward = attention_bounds(s, q.values, k.values, v.values,
-                                                     dout.values, want_probs, want_out,
-                                                     dq.values, dk.values, dv.values);
+    const AttentionBounds forward =
+        attention_bounds(s, q.values, k.values, v.values, dout.values, want_probs, want_out,
+                         dq.values, dk.values, dv.values);
     check_bound(widened(probs.download()), want_probs, kAttention<S>, forward.probs, kReordered,
                 std::string(kName<S>) + " probs");
     check_bound(widened(out.download()), want_out, kAttention<S>, forward.out, kReordered,
@@ -622,22 +614,20 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit eager attention is the fp32 one within
   }
 }
 
-TEST_CASE_TEMPLATE("executor::cuda 16-bit flash attention is eager fp32 attention rounded", S,
-                   bf16, f16) {
+TEST_CASE_TEMPLATE("executor::cuda 16-bit flash attention is eager fp32 attention rounded", S, bf16,
+                   f16) {
   Gpu gpu;
   // The head dims built in 16 bits; T = 37 (a partial last tile), groups of 2, 1 and 3, several
   // tiles at T = 130.
-  for (const AttentionShape s :
-       {AttentionShape{2, 37, 4, 2, 64}, AttentionShape{2, 37, 4, 2, 128},
-        AttentionShape{2, 37, 4, 4, 64}, AttentionShape{1, 130, 6, 2, 64},
-        AttentionShape{1, 130, 3, 1, 128}}) {
+  for (const AttentionShape s : {AttentionShape{2, 37, 4, 2, 64}, AttentionShape{2, 37, 4, 2, 128},
+                                 AttentionShape{2, 37, 4, 4, 64}, AttentionShape{1, 130, 6, 2, 64},
+                                 AttentionShape{1, 130, 3, 1, 128}}) {
     CAPTURE(s.seq);
     CAPTURE(s.heads);
     CAPTURE(s.kv_heads);
     CAPTURE(s.head_dim);
     REQUIRE(dev::flash_attention_supports<S>(s.head_dim));
-    const std::int64_t n = s.batch * s.seq, qw = s.heads * s.head_dim,
-                       kw = s.kv_heads * s.head_dim;
+    const std::int64_t n = s.batch * s.seq, qw = s.heads * s.head_dim, kw = s.kv_heads * s.head_dim;
     const std::int64_t scores = s.batch * s.heads * s.seq * s.seq;
     const std::int64_t stats = s.batch * s.heads * s.seq;
     // q, k in [−2, 2]: peaked softmax rows, as test_flash_attention.cpp.
@@ -668,13 +658,13 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit flash attention is eager fp32 attentio
 
     auto dq = random_input<S>(n * qw, 168), dk = random_input<S>(n * kw, 169),
          dv = random_input<S>(n * kw, 170);
-    const AttentionBounds bound = attention_bounds(s, q.values, k.values, v.values, dout.values,
-                                                   want_probs, want_out, dq.values, dk.values,
-                                                   dv.values);
+    const AttentionBounds bound =
+        attention_bounds(s, q.values, k.values, v.values, dout.values, want_probs, want_out,
+                         dq.values, dk.values, dv.values);
     dev::flash_attention_backward(gpu.stream(), dq.half.get(), dk.half.get(), dv.half.get(),
-                                  delta.get(), dout.half.get(), out.get(), lse.get(),
-                                  q.half.get(), k.half.get(), v.half.get(), s.batch, s.seq,
-                                  s.heads, s.kv_heads, s.head_dim);
+                                  delta.get(), dout.half.get(), out.get(), lse.get(), q.half.get(),
+                                  k.half.get(), v.half.get(), s.batch, s.seq, s.heads, s.kv_heads,
+                                  s.head_dim);
     dev::attention_backward(gpu.launch(), dq.full.get(), dk.full.get(), dv.full.get(),
                             scratch_full.get(), dout.full.get(), probs_full.get(), q.full.get(),
                             k.full.get(), v.full.get(), s.batch, s.seq, s.heads, s.kv_heads,
@@ -726,8 +716,8 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit kernels queue nothing for empty inputs
   CHECK_NOTHROW(dev::rmsnorm_backward(l, none, none, none, none, none, no_stats, 0, 33));
   CHECK_NOTHROW(dev::rope_forward(l, none, 0, 7, 4, 8, 1e4));
   CHECK_NOTHROW(dev::attention_forward(l, none, none, none, none, none, 2, 0, 4, 2, 8));
-  CHECK_NOTHROW(dev::attention_backward(l, none, none, none, none, none, none, none, none, none,
-                                        0, 7, 4, 2, 8));
+  CHECK_NOTHROW(dev::attention_backward(l, none, none, none, none, none, none, none, none, none, 0,
+                                        7, 4, 2, 8));
   CHECK_NOTHROW(dev::gelu_forward(l, none, none, 0));
   CHECK_NOTHROW(dev::swiglu_backward(l, none, none, none, none, none, 0));
   CHECK_NOTHROW(dev::log_softmax_forward(l, no_stats, none, 0, 37));
