@@ -1,5 +1,7 @@
 #include "planner/parallel_estimate.hpp"
 
+#include <CLI/CLI.hpp>
+
 #include <fmt/format.h>
 
 #include "core/input_error.hpp"

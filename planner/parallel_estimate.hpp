@@ -5,7 +5,6 @@
 #include <optional>
 #include <string>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "costmodel/parallel_step.hpp"

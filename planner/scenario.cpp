@@ -1,5 +1,7 @@
 #include "planner/scenario.hpp"
 
+#include <CLI/CLI.hpp>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

@@ -7,13 +7,15 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "costmodel/accounting.hpp"
 #include "costmodel/hardware.hpp"
 #include "costmodel/job.hpp"
 #include "costmodel/model.hpp"
 #include "costmodel/sharding.hpp"
+
+namespace CLI {
+class App;  // <CLI/CLI.hpp>, included by the .cpp files that add the options
+}  // namespace CLI
 
 namespace shardplan::planner {
 
