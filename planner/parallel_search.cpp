@@ -143,6 +143,30 @@ LayoutSearch search_layouts(const Scenario& sc) {
   return out;
 }
 
+FsdpLimits fsdp_limits(const Scenario& sc, const LayoutSearch& s) {
+  FsdpLimits f;
+  const auto n = sc.cluster.gpus;
+  f.sequences_per_gpu = static_cast<double>(sc.job.global_batch) / n;
+  f.batch_divides = sc.job.global_batch % n == 0;
+  if (f.batch_divides) {
+    TrainingJob j = sc.job;
+    j.micro_batch = 1;
+    j.checkpointing = Checkpointing::none;
+    const auto spec = with_job_precision(
+        make_spec("fsdp-full", Flavour::fsdp2, sc.cluster.gpus_per_node), sc.job);
+    const auto r = simulate_parallel_step(step_input(sc, spec, j), ParallelLayout{}).step;
+    if (r.valid) {
+      f.no_recompute_peak_bytes = r.peak_bytes;
+      f.no_recompute_activation_bytes = r.at_peak[static_cast<int>(Category::activations)];
+    }
+  }
+  if (s.best_data_parallel && s.best_data_parallel->fits) {
+    f.best_exposed_s = s.best_data_parallel->result.step.exposed_comm_s;
+    f.best_step_s = s.best_data_parallel->result.step.step_s;
+  }
+  return f;
+}
+
 }  // namespace shardplan::planner
 
 namespace shardplan::planner {
@@ -159,6 +183,24 @@ std::string layout_cell(const LayoutCandidate& c, int gpus) {
   return fmt::format("{:>3} {:>3} {:>11} {:>3} {:>5} {:>4} {:>4}", l.tensor_parallel,
                      l.sequence_parallel ? "yes" : "no", pp, l.context_parallel,
                      l.data_parallel(gpus), l.micro_batches, c.job.micro_batch);
+}
+
+std::string limits_line(const Scenario& sc, const FsdpLimits& f) {
+  std::string out =
+      fmt::format("where FSDP alone stops: batch limit {:g} sequences per GPU ({} over "
+                  "{} GPUs{})",
+                  f.sequences_per_gpu, sc.job.global_batch, sc.cluster.gpus,
+                  f.batch_divides ? "" : ", not dividing");
+  if (f.no_recompute_peak_bytes > 0)
+    out += fmt::format("; activation wall: micro-batch 1 without recompute peaks at {} of {} "
+                       "usable, {} of it activations",
+                       gib(f.no_recompute_peak_bytes), gib(sc.usable_bytes()),
+                       gib(f.no_recompute_activation_bytes));
+  if (f.best_step_s > 0)
+    out += fmt::format("; exposed communication {} of its best plan's {} step ({:.1f}%)",
+                       seconds(f.best_exposed_s), seconds(f.best_step_s),
+                       100 * f.best_exposed_s / f.best_step_s);
+  return out + "\n";
 }
 
 }  // namespace
@@ -179,6 +221,7 @@ std::string layout_search_table(const Scenario& sc, const LayoutSearch& s, int t
         "data parallelism alone: the global batch of {} sequences does not divide over {} GPUs\n",
         sc.job.global_batch, sc.cluster.gpus);
   }
+  out += limits_line(sc, fsdp_limits(sc, s));
   if (s.ranked.empty()) return out + "no layout fits\n";
   out += fmt::format(
       "{:>4} {:>3} {:>3} {:>11} {:>3} {:>5} {:>4} {:>4} {:>10} {:>19} {:>11} {:>10} {:>10} "
@@ -225,6 +268,13 @@ nlohmann::json layout_search_json(const Scenario& sc, const LayoutSearch& s, int
                       {"ranked", ranked}};
   j["best_data_parallel"] =
       s.best_data_parallel ? one(*s.best_data_parallel) : nlohmann::json(nullptr);
+  const auto f = fsdp_limits(sc, s);
+  j["fsdp_limits"] = {{"sequences_per_gpu", f.sequences_per_gpu},
+                      {"batch_divides", f.batch_divides},
+                      {"no_recompute_peak_bytes", f.no_recompute_peak_bytes},
+                      {"no_recompute_activation_bytes", f.no_recompute_activation_bytes},
+                      {"best_exposed_comm_s", f.best_exposed_s},
+                      {"best_step_s", f.best_step_s}};
   return j;
 }
 

@@ -41,6 +41,18 @@ struct LayoutSearch {
 // The strategies tried over the replicas: ddp, zero1 (DeepSpeed) and fsdp-full (FSDP2).
 LayoutSearch search_layouts(const Scenario& sc);
 
+// Where FSDP over every GPU stops. The batch limit: a step's sequences per GPU (below one, or not
+// dividing, some GPUs have nothing to run). The activation wall: FSDP (fsdp-full) at micro-batch 1
+// without recompute, its peak and the activations in it. The exposed communication: of the best
+// data-parallel plan the search found, what its collectives leave exposed.
+struct FsdpLimits {
+  double sequences_per_gpu = 0;
+  bool batch_divides = false;
+  double no_recompute_peak_bytes = 0, no_recompute_activation_bytes = 0;  // 0: not evaluated
+  double best_exposed_s = 0, best_step_s = 0;                             // 0: no plan
+};
+FsdpLimits fsdp_limits(const Scenario& sc, const LayoutSearch& s);
+
 }  // namespace shardplan::planner
 
 namespace shardplan::planner {

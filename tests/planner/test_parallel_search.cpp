@@ -95,3 +95,31 @@ TEST_CASE("parallel_search::checkpointing is searched, more recompute only above
   for (const auto& c : search_layouts(pinned).ranked)
     CHECK(c.job.checkpointing == Checkpointing::full);
 }
+
+// Llama-3-70B (h 8192, MLP 28672, 80 blocks) on 256 GPUs, 256 sequences of 8192 tokens: one
+// sequence per GPU is the batch limit. The activation wall, a lower bound by hand: without
+// recompute each block keeps at least its input (bf16, 2·s·h = 134,217,728 bytes) and SwiGLU's gate
+// and up projections for the product's backward (2 x 2·s·i = 939,524,096 bytes): 80 x
+// 1,073,741,824 = 85.9e9 bytes, beyond an 80 GB GPU.
+TEST_CASE("parallel_search::where FSDP alone stops on Llama-3-70B and 256 GPUs") {
+  const auto sc = scenario(load_model("llama-3-70b"), 256, 256);
+  const auto s = search_layouts(sc);
+  const auto f = fsdp_limits(sc, s);
+  CHECK(f.sequences_per_gpu == 1.0);
+  CHECK(f.batch_divides);
+  CHECK(f.no_recompute_activation_bytes >= 80 * 1'073'741'824.0);
+  CHECK(f.no_recompute_peak_bytes > sc.usable_bytes());
+  REQUIRE(s.best_data_parallel);
+  CHECK(f.best_step_s == s.best_data_parallel->result.step.step_s);
+  CHECK(f.best_exposed_s > 0);
+  CHECK(f.best_exposed_s < f.best_step_s);
+  CHECK(contains(layout_search_table(sc, s, 3),
+                 "where FSDP alone stops: batch limit 1 sequences per GPU (256 over 256 GPUs); "
+                 "activation wall: micro-batch 1 without recompute peaks at "));
+  // 2048 sequences over 16,384 GPUs: an eighth of a sequence each.
+  const auto big = scenario(load_model("llama-3-70b"), 16384, 2048);
+  const auto fb = fsdp_limits(big, LayoutSearch{});
+  CHECK(fb.sequences_per_gpu == 0.125);
+  CHECK_FALSE(fb.batch_divides);
+  CHECK(fb.no_recompute_peak_bytes == 0);
+}
