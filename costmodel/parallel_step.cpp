@@ -160,6 +160,28 @@ DataParallelTime data_parallel_time(const StepInput& in, const ParallelLayout& l
   return d;
 }
 
+// Tied word embeddings under a pipeline: the first stage's table and the last stage's copy (the
+// head) each collect a gradient, which Megatron-core sums over the embedding group (the first and
+// last stages' ranks at the same data, context and tensor position) after the data-parallel
+// reduction and before the optimizer step (megatron/core/distributed/finalize_model_grads.py,
+// finalize_model_grads then _allreduce_word_embedding_grads): an all-reduce of 2 ranks over the
+// v·h/t elements of the vocabulary-split table, in the gradients' reduce dtype; nothing runs beside
+// it. Empty when the model does not tie them or there is one stage.
+CollectiveCost tied_embedding_allreduce(const StepInput& in, const ParallelLayout& l) {
+  const auto& m = *in.model;
+  if (!m.tied_embeddings || l.pipeline_parallel < 2) return {};
+  const StateBytes sb = state_bytes(in.job.precision, in.spec, Accounting::framework);
+  const double reduce_b = std::max(dtype_bytes(in.spec.reduce_dtype), sb.compute);
+  const double elements =
+      static_cast<double>(m.vocab) * static_cast<double>(m.hidden) / l.tensor_parallel;
+  // The two ranks are (p − 1)·t·c·d apart in the mesh order (parallel_layout.hpp).
+  const std::int64_t apart = static_cast<std::int64_t>(l.pipeline_parallel - 1) *
+                             l.tensor_parallel * l.context_parallel *
+                             std::max(1, l.data_parallel(in.cluster.gpus));
+  const Group pair{2, apart >= in.cluster.gpus_per_node ? 1 : 2};
+  return CommModel(*in.hardware).cost(Collective::all_reduce, pair, elements * reduce_b);
+}
+
 }  // namespace
 
 double tp_bytes_per_block(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l,
@@ -220,9 +242,17 @@ void evaluate_stages(const StepInput& in, const ParallelLayout& l, ParallelStep&
   double end = 0;
   int worst = 0;
   DataParallelTime worst_dp;
+  const CollectiveCost tied = tied_embedding_allreduce(in, l);
+  out.embedding_allreduce_s = tied.seconds;
+  out.embedding_bytes = tied.bytes_sent;
   for (int s = 0; s < p; ++s) {
-    const DataParallelTime d =
+    DataParallelTime d =
         data_parallel_time(in, l, g, out.memory.stages[static_cast<std::size_t>(s)], st[s]);
+    if (s == 0 || s == p - 1) {
+      d.comm += tied.seconds;
+      d.exposed += tied.seconds;
+      d.bytes += tied.bytes_sent;
+    }
     const double stage_end = out.walk.end_s[static_cast<std::size_t>(s)] + d.exposed + d.optimizer;
     if (stage_end > end) {
       end = stage_end;
@@ -239,7 +269,8 @@ void evaluate_stages(const StepInput& in, const ParallelLayout& l, ParallelStep&
                                    out.walk.busy_s[static_cast<std::size_t>(worst)]);
   out.dp_comm_s = worst_dp.comm;
   out.dp_exposed_s = worst_dp.exposed;
-  const DataParallelTime d0 = data_parallel_time(in, l, g, out.memory.stages[0], st[0]);
+  DataParallelTime d0 = data_parallel_time(in, l, g, out.memory.stages[0], st[0]);
+  d0.bytes += tied.bytes_sent;
   out.tp_bytes = tp_bytes_per_block(m, j, l, e) * static_cast<double>(per_stage) * mb;
   out.cp_bytes = cp_bytes_per_block(m, j, l, e) * static_cast<double>(per_stage) * mb;
   out.pp_bytes =

@@ -52,6 +52,10 @@ struct ParallelStep {
   double bubble_s = 0;   // the walk's idle time of the busiest stage
   double dp_comm_s = 0;  // gradient reduction (+ parameter all-gathers) per step
   double dp_exposed_s = 0;
+  // Tied embeddings under a pipeline: the word-embedding gradient all-reduced between the first
+  // and the last stage after the data-parallel reduction (counted in dp_comm_s and dp_exposed_s of
+  // those stages); bytes one rank sends.
+  double embedding_allreduce_s = 0, embedding_bytes = 0;
   double tp_bytes = 0, cp_bytes = 0, pp_bytes = 0, dp_bytes = 0;  // per step, one rank of stage 0
 };
 

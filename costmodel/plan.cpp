@@ -21,6 +21,46 @@ PlanPrediction prediction_from(const StepResult& r) {
   return p;
 }
 
+nlohmann::json plan_parallel_to_json(const ParallelLayout& l) {
+  return {{"tensor", l.tensor_parallel},
+          {"sequence_parallel", l.sequence_parallel},
+          {"async_tensor_parallel", l.async_tensor_parallel},
+          {"pipeline", l.pipeline_parallel},
+          {"schedule", schedule_name(l.schedule)},
+          {"virtual_stages", l.virtual_stages},
+          {"micro_batches", l.micro_batches},
+          {"context", l.context_parallel}};
+}
+
+ParallelLayout plan_parallel_from_json(const nlohmann::json& j, const std::string& pointer) {
+  ObjectReader r(j, pointer);
+  // A degree is a count of ranks: at most the largest cluster a plan describes (/cluster/gpus).
+  const Range degree{1, 1e6, false};
+  ParallelLayout l;
+  l.tensor_parallel = static_cast<int>(r.integer("tensor", degree));
+  l.sequence_parallel = r.boolean("sequence_parallel");
+  l.async_tensor_parallel = r.boolean("async_tensor_parallel");
+  l.pipeline_parallel = static_cast<int>(r.integer("pipeline", degree));
+  l.schedule = schedule_from_name(r.string("schedule"), r.pointer_of("schedule"));
+  l.virtual_stages = static_cast<int>(r.integer("virtual_stages", degree));
+  l.micro_batches = static_cast<int>(r.integer("micro_batches", degree));
+  l.context_parallel = static_cast<int>(r.integer("context", degree));
+  r.finish();
+  if (l.virtual_stages > 1 && l.schedule != PipelineSchedule::interleaved_1f1b)
+    throw InputError(r.pointer_of("virtual_stages"),
+                     fmt::format("{} needs \"schedule\": \"interleaved-1f1b\", got \"{}\"",
+                                 l.virtual_stages, schedule_name(l.schedule)));
+  if (l.schedule == PipelineSchedule::interleaved_1f1b && l.virtual_stages < 2)
+    throw InputError(
+        r.pointer_of("virtual_stages"),
+        fmt::format("the interleaved-1f1b schedule needs >= 2, got {}", l.virtual_stages));
+  if (l.sequence_parallel && l.tensor_parallel == 1)
+    throw InputError(r.pointer_of("sequence_parallel"), "true needs \"tensor\" > 1, got 1");
+  if (l.async_tensor_parallel && l.tensor_parallel == 1)
+    throw InputError(r.pointer_of("async_tensor_parallel"), "true needs \"tensor\" > 1, got 1");
+  return l;
+}
+
 nlohmann::json plan_to_json(const Plan& p) {
   nlohmann::json model = {{"name", p.model.name}};
   if (p.model.hf_config.is_null()) {
@@ -49,6 +89,7 @@ nlohmann::json plan_to_json(const Plan& p) {
         {"comm_bytes_per_gpu", p.prediction.comm_bytes_per_gpu},
         {"peak_when", p.prediction.peak_when}}}};
   if (p.gpu_memory_GiB) doc["capacity"] = {{"gpu_memory_GiB", *p.gpu_memory_GiB}};
+  if (!p.parallel.trivial()) doc["parallel"] = plan_parallel_to_json(p.parallel);
   return doc;
 }
 
@@ -114,9 +155,19 @@ Plan plan_from_json(const nlohmann::json& doc) {
     p.prediction.peak_when = pr.string("peak_when");
     pr.finish();
   }
+  const auto* parallel = r.optional_object("parallel");
+  if (parallel) p.parallel = plan_parallel_from_json(*parallel, "/parallel");
   r.finish();
   validate_cluster(p.cluster);
-  validate_job(p.job, p.cluster);
+  if (!parallel) {
+    validate_job(p.job, p.cluster);
+    return p;
+  }
+  // The layout against the model, the job's batch and the cluster (heads and layers divide, the
+  // tensor group stays in a node, data x micro-batches x micro-batch = the global batch).
+  if (const auto problems = layout_problems(p.parallel, p.model, p.job, p.cluster);
+      !problems.empty())
+    throw InputError("/parallel", fmt::format("{}", fmt::join(problems, "; ")));
   return p;
 }
 

@@ -16,6 +16,7 @@
 #include "planner/describe.hpp"
 #include "planner/emit_deepspeed.hpp"
 #include "planner/emit_fsdp.hpp"
+#include "planner/emit_parallel.hpp"
 #include "planner/estimate.hpp"
 #include "planner/parallel_estimate.hpp"
 #include "planner/parallel_search.hpp"
@@ -113,7 +114,8 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
   c.recommend->add_option(
       "--emit", o.emit,
       "deepspeed | fsdp | plan: print the chosen plan's config instead of the table "
-      "(deepspeed and fsdp search that framework's plans only)");
+      "(deepspeed and fsdp search that framework's plans only); with --model-parallel: "
+      "torchtitan | megatron | deepspeed | plan");
   c.recommend->add_option("--svg", o.svg_path,
                           "write the best plan of each family as stacked memory bars");
   c.recommend->add_option("--top", o.top, "ranked plans to list (default 10)");
@@ -226,8 +228,23 @@ std::string narrow_to_emitted_framework(const CliOptions& o, const Scenario& sc,
 void check_recommend_flags(const CliOptions& o, const CLI::App& recommend_cmd, int top_plans) {
   if (top_plans < 0) throw InputError("--top", fmt::format("must be >= 0, got {}", top_plans));
   const auto& emit = o.emit;
-  if (emit && emit != "plan" && emit != "deepspeed" && emit != "fsdp")
-    throw InputError("--emit", fmt::format("must be deepspeed, fsdp or plan, got \"{}\"", *emit));
+  if (o.model_parallel && emit && emit != "plan" && emit != "torchtitan" && emit != "megatron" &&
+      emit != "deepspeed")
+    throw InputError("--emit",
+                     fmt::format("with --model-parallel must be torchtitan, megatron, deepspeed or "
+                                 "plan, got \"{}\"{}",
+                                 *emit,
+                                 emit == "fsdp" ? " (torchtitan's options shard with FSDP2)" : ""));
+  if (!o.model_parallel && (emit == "torchtitan" || emit == "megatron"))
+    throw InputError("--emit", fmt::format("{} prints a layout of --model-parallel; give it, or "
+                                           "--emit fsdp for a data-parallel plan",
+                                           *emit));
+  if (emit && emit != "plan" && emit != "deepspeed" && emit != "fsdp" && emit != "torchtitan" &&
+      emit != "megatron")
+    throw InputError("--emit",
+                     fmt::format("must be deepspeed, fsdp or plan (torchtitan or megatron with "
+                                 "--model-parallel), got \"{}\"",
+                                 *emit));
   // --emit prints one plan's config as the framework reads it: the table's flags would be
   // dropped.
   for (const char* flag : {"--format", "--top"})
@@ -268,21 +285,67 @@ std::pair<SearchPins, std::string> search_pins(const CliOptions& o, const Scenar
   return {pins, emit_pin};
 }
 
+// The fastest fitting layout the framework runs as costed; the lines that say why faster ones
+// were passed over go to `notes`. Throws when none is expressible.
+const LayoutCandidate& expressible_layout(ParallelFramework f, const std::string& emit,
+                                          const Scenario& sc, const LayoutSearch& found,
+                                          std::vector<std::string>& notes) {
+  const auto& ranked = found.ranked;
+  const std::string fastest_reason = cannot_express(f, sc, ranked.front());
+  for (std::size_t i = 0; i < ranked.size(); ++i) {
+    if (!cannot_express(f, sc, ranked[i]).empty()) continue;
+    if (i > 0)
+      notes.push_back(fmt::format("--emit {}: the fastest layout is not expressible ({}); "
+                                  "emitting rank {}, the fastest that is",
+                                  emit, fastest_reason, i + 1));
+    return ranked[i];
+  }
+  throw InputError("--emit", fmt::format("{}: none of the {} fitting layouts runs in {} as costed; "
+                                         "the fastest: {}",
+                                         emit, ranked.size(), framework_name(f), fastest_reason));
+}
+
+// recommend --model-parallel: the ranked layouts, or with --emit the fastest as the plan
+// document, or the fastest a framework can express as that framework runs it.
+void run_layout_recommend(const CliOptions& o, int top_plans, std::ostream& out,
+                          std::vector<std::string>& notes) {
+  const Scenario msc = make_scenario(o.so, false);
+  const auto found = search_layouts(msc);
+  if (!o.emit) {
+    out << (o.format == "json"
+                ? json_document(layout_search_json(msc, found, top_plans))
+                : scenario_line(msc) + "\n" + layout_search_table(msc, found, top_plans));
+    return;
+  }
+  const std::string& emit = *o.emit;
+  if (!msc.defaulted.empty()) notes.push_back(defaults_line(msc));
+  if (found.ranked.empty())
+    throw InputError("--emit", "no layout fits, so there is no plan to emit");
+  if (emit == "plan") {
+    out << json_document(layout_plan_document(msc, found.ranked.front()));
+    return;
+  }
+  const auto f = emit == "torchtitan" ? ParallelFramework::torchtitan
+                 : emit == "megatron" ? ParallelFramework::megatron
+                                      : ParallelFramework::deepspeed;
+  const auto& c = expressible_layout(f, emit, msc, found, notes);
+  if (f == ParallelFramework::torchtitan) {
+    out << torchtitan_parallel_settings(msc, c);
+  } else if (f == ParallelFramework::megatron) {
+    out << megatron_parallel_arguments(msc, c);
+  } else {
+    if (const auto note = deepspeed_pipeline_note(msc, c); !note.empty()) notes.push_back(note);
+    out << json_document(deepspeed_parallel_config(msc, c));
+  }
+}
+
 void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostream& out,
                    std::vector<std::string>& notes) {
   check_format(o.format);
   const int top_plans = o.top ? costmodel::int_from_text("--top", *o.top) : 10;
   check_recommend_flags(o, recommend_cmd, top_plans);
   if (o.model_parallel) {
-    if (o.emit)
-      throw InputError(
-          "--emit",
-          "not with --model-parallel: its table gives torchtitan's and Megatron-LM's options");
-    const Scenario msc = make_scenario(o.so, false);
-    const auto found = search_layouts(msc);
-    out << (o.format == "json"
-                ? json_document(layout_search_json(msc, found, top_plans))
-                : scenario_line(msc) + "\n" + layout_search_table(msc, found, top_plans));
+    run_layout_recommend(o, top_plans, out, notes);
     return;
   }
   const Scenario sc = make_scenario(o.so);

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "planner/emit_parallel.hpp"
 #include "planner/estimate.hpp"
 
 namespace shardplan::planner {
@@ -36,23 +37,48 @@ bool faster(const LayoutCandidate& a, const LayoutCandidate& b) {
   return a.result.step.peak_bytes < b.result.step.peak_bytes;
 }
 
+// The activation checkpointing modes tried: the job's when --checkpointing named one; otherwise
+// none, full, and Megatron's selective recompute of the attention core where attention is eager
+// (with flash attention the core saves nothing more than its output: the same as none).
+// Op-level selective checkpointing is not costed with model parallelism (parallel_layout.hpp).
+std::vector<TrainingJob> checkpointing_jobs(const Scenario& sc) {
+  if (sc.checkpointing_named) return {sc.job};
+  std::vector<TrainingJob> out;
+  auto add = [&](Checkpointing mode) {
+    TrainingJob j = sc.job;
+    j.checkpointing = mode;
+    j.checkpoint_every = 0;
+    out.push_back(j);
+  };
+  add(Checkpointing::none);
+  if (sc.job.attention == AttentionImpl::eager) add(Checkpointing::selective_attention);
+  add(Checkpointing::full);
+  return out;
+}
+
 struct Walker {
   const Scenario& sc;
   LayoutSearch& out;
   std::vector<ShardingSpec> specs;
+  std::vector<TrainingJob> jobs;  // one per checkpointing mode, least recompute first
 
-  // Every micro-batch of one layout and strategy, smallest first, until one does not fit.
-  void micro_batches(ParallelLayout l, const ShardingSpec& spec, std::int64_t per_replica) {
+  // Every micro-batch of one layout, strategy and checkpointing mode above `above`, smallest
+  // first, until one does not fit; returns the largest that fits (`above` when none does).
+  // Recompute at a micro-batch that fits without it only adds compute: a mode with more recompute
+  // starts above the micro-batches the previous modes fit.
+  std::int64_t micro_batches(ParallelLayout l, const ShardingSpec& spec, const TrainingJob& job,
+                             std::int64_t per_replica, std::int64_t above) {
     ++out.layouts;
     for (int mb : divisors(per_replica, per_replica)) {
+      if (mb <= above) continue;
       l.micro_batches = static_cast<int>(per_replica / mb);
       if (l.schedule == PipelineSchedule::interleaved_1f1b &&
           l.micro_batches % l.pipeline_parallel != 0)
         continue;
-      LayoutCandidate c{l, spec, sc.job, {}, false};
+      LayoutCandidate c{l, spec, job, {}, false};
       c.job.micro_batch = mb;
       if (!l.trivial() && !layout_problems(l, sc.model, c.job, sc.cluster).empty())
-        return;  // not by the batch
+        return above;  // not by the batch
       ++out.evaluated;
       c.result = simulate_parallel_step(step_input(sc, spec, c.job), l);
       c.fits = c.result.step.valid && c.result.step.peak_bytes <= sc.usable_bytes();
@@ -63,8 +89,17 @@ struct Walker {
             (!c.fits && !best->fits && c.result.step.peak_bytes < best->result.step.peak_bytes);
         if (c.result.step.valid && better_dp) best = c;
       }
-      if (!c.fits) return;
+      if (!c.fits) return above;
+      above = mb;
       out.ranked.push_back(std::move(c));
+    }
+    return above;
+  }
+
+  void strategies(const ParallelLayout& l, std::int64_t per_replica) {
+    for (const auto& spec : specs) {
+      std::int64_t fitted = 0;
+      for (const auto& job : jobs) fitted = micro_batches(l, spec, job, per_replica, fitted);
     }
   }
 
@@ -85,7 +120,7 @@ struct Walker {
             l.schedule = schedule;
             l.virtual_stages = v;
             l.context_parallel = c;
-            for (const auto& spec : specs) micro_batches(l, spec, sc.job.global_batch / d);
+            strategies(l, sc.job.global_batch / d);
           }
         }
       }
@@ -98,7 +133,7 @@ LayoutSearch search_layouts(const Scenario& sc) {
   const auto start = std::chrono::steady_clock::now();
   LayoutSearch out;
   const int G = sc.cluster.gpus_per_node;
-  Walker w{sc, out, {}};
+  Walker w{sc, out, {}, checkpointing_jobs(sc)};
   w.specs = {with_job_precision(make_spec("ddp", std::nullopt, G), sc.job),
              with_job_precision(make_spec("zero1", std::nullopt, G), sc.job),
              with_job_precision(make_spec("fsdp-full", Flavour::fsdp2, G), sc.job)};
@@ -108,6 +143,30 @@ LayoutSearch search_layouts(const Scenario& sc) {
   return out;
 }
 
+FsdpLimits fsdp_limits(const Scenario& sc, const LayoutSearch& s) {
+  FsdpLimits f;
+  const auto n = sc.cluster.gpus;
+  f.sequences_per_gpu = static_cast<double>(sc.job.global_batch) / n;
+  f.batch_divides = sc.job.global_batch % n == 0;
+  if (f.batch_divides) {
+    TrainingJob j = sc.job;
+    j.micro_batch = 1;
+    j.checkpointing = Checkpointing::none;
+    const auto spec = with_job_precision(
+        make_spec("fsdp-full", Flavour::fsdp2, sc.cluster.gpus_per_node), sc.job);
+    const auto r = simulate_parallel_step(step_input(sc, spec, j), ParallelLayout{}).step;
+    if (r.valid) {
+      f.no_recompute_peak_bytes = r.peak_bytes;
+      f.no_recompute_activation_bytes = r.at_peak[static_cast<int>(Category::activations)];
+    }
+  }
+  if (s.best_data_parallel && s.best_data_parallel->fits) {
+    f.best_exposed_s = s.best_data_parallel->result.step.exposed_comm_s;
+    f.best_step_s = s.best_data_parallel->result.step.step_s;
+  }
+  return f;
+}
+
 }  // namespace shardplan::planner
 
 namespace shardplan::planner {
@@ -115,23 +174,6 @@ namespace shardplan::planner {
 using namespace costmodel;
 
 namespace {
-
-int layers_per_chunk(const Scenario& sc, const ParallelLayout& l) {
-  return static_cast<int>(sc.model.layers /
-                          (static_cast<std::int64_t>(l.pipeline_parallel) * l.virtual_stages));
-}
-
-const char* titan_schedule(PipelineSchedule s) {
-  switch (s) {
-  case PipelineSchedule::one_f_one_b:
-    return "1F1B";
-  case PipelineSchedule::interleaved_1f1b:
-    return "Interleaved1F1B";
-  case PipelineSchedule::gpipe:
-    return "GPipe";
-  }
-  return "?";
-}
 
 std::string layout_cell(const LayoutCandidate& c, int gpus) {
   const auto& l = c.layout;
@@ -143,43 +185,25 @@ std::string layout_cell(const LayoutCandidate& c, int gpus) {
                      l.data_parallel(gpus), l.micro_batches, c.job.micro_batch);
 }
 
+std::string limits_line(const Scenario& sc, const FsdpLimits& f) {
+  std::string out =
+      fmt::format("where FSDP alone stops: batch limit {:g} sequences per GPU ({} over "
+                  "{} GPUs{})",
+                  f.sequences_per_gpu, sc.job.global_batch, sc.cluster.gpus,
+                  f.batch_divides ? "" : ", not dividing");
+  if (f.no_recompute_peak_bytes > 0)
+    out += fmt::format("; activation wall: micro-batch 1 without recompute peaks at {} of {} "
+                       "usable, {} of it activations",
+                       gib(f.no_recompute_peak_bytes), gib(sc.usable_bytes()),
+                       gib(f.no_recompute_activation_bytes));
+  if (f.best_step_s > 0)
+    out += fmt::format("; exposed communication {} of its best plan's {} step ({:.1f}%)",
+                       seconds(f.best_exposed_s), seconds(f.best_step_s),
+                       100 * f.best_exposed_s / f.best_step_s);
+  return out + "\n";
+}
+
 }  // namespace
-
-std::string torchtitan_options(const Scenario& sc, const LayoutCandidate& c) {
-  const auto& l = c.layout;
-  const int d = l.data_parallel(sc.cluster.gpus);
-  if (c.spec.flavour != Flavour::ddp && c.spec.flavour != Flavour::fsdp2) return "";
-  const bool shard = c.spec.shard_parameters;
-  std::string s = fmt::format(
-      "--parallelism.data_parallel_replicate_degree {} --parallelism.data_parallel_shard_degree {} "
-      "--parallelism.tensor_parallel_degree {}",
-      shard ? 1 : d, shard ? d : 1, l.tensor_parallel);
-  if (l.async_tensor_parallel) s += " --parallelism.enable_async_tensor_parallel";
-  if (l.pipeline_parallel > 1)
-    s += fmt::format(
-        " --parallelism.pipeline_parallel_degree {} --parallelism.pipeline_parallel_schedule {} "
-        "--parallelism.pipeline_parallel_layers_per_stage {} "
-        "--parallelism.pipeline_parallel_microbatch_size {}",
-        l.pipeline_parallel, titan_schedule(l.schedule), layers_per_chunk(sc, l),
-        c.job.micro_batch);
-  s += fmt::format(" --parallelism.context_parallel_degree {}", l.context_parallel);
-  return s;
-}
-
-std::string megatron_arguments(const Scenario& sc, const LayoutCandidate& c) {
-  const auto& l = c.layout;
-  if (c.spec.shard_parameters) return "";
-  std::string s = fmt::format("--tensor-model-parallel-size {}", l.tensor_parallel);
-  if (l.sequence_parallel) s += " --sequence-parallel";
-  if (l.async_tensor_parallel) s += " --tp-comm-overlap";
-  s += fmt::format(" --pipeline-model-parallel-size {}", l.pipeline_parallel);
-  if (l.virtual_stages > 1)
-    s += fmt::format(" --num-layers-per-virtual-pipeline-stage {}", layers_per_chunk(sc, l));
-  s += fmt::format(" --context-parallel-size {} --micro-batch-size {} --global-batch-size {}",
-                   l.context_parallel, c.job.micro_batch, sc.job.global_batch);
-  if (c.spec.shard_optimizer) s += " --use-distributed-optimizer";
-  return s;
-}
 
 std::string layout_search_table(const Scenario& sc, const LayoutSearch& s, int top) {
   std::string out = fmt::format("{} layouts x strategies considered, {} evaluated, {:.3f} s\n",
@@ -187,25 +211,30 @@ std::string layout_search_table(const Scenario& sc, const LayoutSearch& s, int t
   if (s.best_data_parallel) {
     const auto& b = *s.best_data_parallel;
     out +=
-        fmt::format("data parallelism alone: best {} with micro-batch {}: {} per step, peak {}{}\n",
-                    b.spec.strategy, b.job.micro_batch, seconds(b.result.step.step_s),
-                    gib(b.result.step.peak_bytes),
+        fmt::format("data parallelism alone: best {} with micro-batch {}, checkpointing {}: {} per "
+                    "step, peak {}{}\n",
+                    b.spec.strategy, b.job.micro_batch, checkpointing_label(b.job),
+                    seconds(b.result.step.step_s), gib(b.result.step.peak_bytes),
                     b.fits ? "" : fmt::format(" (does not fit {} usable)", gib(sc.usable_bytes())));
   } else if (sc.job.global_batch % sc.cluster.gpus != 0) {
     out += fmt::format(
         "data parallelism alone: the global batch of {} sequences does not divide over {} GPUs\n",
         sc.job.global_batch, sc.cluster.gpus);
   }
+  out += limits_line(sc, fsdp_limits(sc, s));
   if (s.ranked.empty()) return out + "no layout fits\n";
   out += fmt::format(
-      "{:>4} {:>3} {:>3} {:>11} {:>3} {:>5} {:>4} {:>4} {:>10} {:>11} {:>10} {:>10} {:>6}\n",
-      "rank", "tp", "sp", "pp", "cp", "dp", "m", "mb", "strategy", "step", "peak", "bubble", "MFU");
+      "{:>4} {:>3} {:>3} {:>11} {:>3} {:>5} {:>4} {:>4} {:>10} {:>19} {:>11} {:>10} {:>10} "
+      "{:>6}\n",
+      "rank", "tp", "sp", "pp", "cp", "dp", "m", "mb", "strategy", "checkpointing", "step", "peak",
+      "bubble", "MFU");
   for (int i = 0; i < top && i < static_cast<int>(s.ranked.size()); ++i) {
     const auto& c = s.ranked[static_cast<std::size_t>(i)];
-    out += fmt::format(
-        "{:>4} {} {:>10} {:>11} {:>10} {:>10} {:>5.1f}%\n", i + 1, layout_cell(c, sc.cluster.gpus),
-        c.spec.strategy, seconds(c.result.step.step_s), gib(c.result.step.peak_bytes),
-        seconds(c.layout.trivial() ? 0.0 : c.result.bubble_s), 100 * c.result.step.mfu);
+    out +=
+        fmt::format("{:>4} {} {:>10} {:>19} {:>11} {:>10} {:>10} {:>5.1f}%\n", i + 1,
+                    layout_cell(c, sc.cluster.gpus), c.spec.strategy, checkpointing_label(c.job),
+                    seconds(c.result.step.step_s), gib(c.result.step.peak_bytes),
+                    seconds(c.layout.trivial() ? 0.0 : c.result.bubble_s), 100 * c.result.step.mfu);
   }
   const auto& best = s.ranked.front();
   if (const auto t = torchtitan_options(sc, best); !t.empty()) out += "torchtitan: " + t + "\n";
@@ -219,6 +248,7 @@ nlohmann::json layout_search_json(const Scenario& sc, const LayoutSearch& s, int
                           {"data_parallel", c.layout.data_parallel(sc.cluster.gpus)},
                           {"strategy", c.spec.strategy},
                           {"micro_batch", c.job.micro_batch},
+                          {"checkpointing", checkpointing_label(c.job)},
                           {"step_s", c.result.step.step_s},
                           {"peak_bytes", c.result.step.peak_bytes},
                           {"peak_when", c.result.step.peak_when},
@@ -238,6 +268,13 @@ nlohmann::json layout_search_json(const Scenario& sc, const LayoutSearch& s, int
                       {"ranked", ranked}};
   j["best_data_parallel"] =
       s.best_data_parallel ? one(*s.best_data_parallel) : nlohmann::json(nullptr);
+  const auto f = fsdp_limits(sc, s);
+  j["fsdp_limits"] = {{"sequences_per_gpu", f.sequences_per_gpu},
+                      {"batch_divides", f.batch_divides},
+                      {"no_recompute_peak_bytes", f.no_recompute_peak_bytes},
+                      {"no_recompute_activation_bytes", f.no_recompute_activation_bytes},
+                      {"best_exposed_comm_s", f.best_exposed_s},
+                      {"best_step_s", f.best_step_s}};
   return j;
 }
 

@@ -2,10 +2,13 @@
 // pipeline stages over the divisors of the layers (1F1B, and interleaved with the chunk counts
 // that divide a stage), context parallel over powers of two, with sequence parallelism on
 // whenever t > 1 (the same bytes on the wire, activations split t ways), each with the
-// data-parallel strategies over what is left and every micro-batch that divides a replica's batch.
+// data-parallel strategies over what is left, the activation checkpointing modes (none, selective
+// attention where attention is eager, full; or the job's) and every micro-batch that divides a
+// replica's batch.
 // Pruning: a layout whose model states alone (no activations) exceed the usable memory is skipped
 // with every micro-batch; within a layout, micro-batches grow until one does not fit (activations
-// grow with it, nothing else does).
+// grow with it, nothing else does), and a mode with more recompute starts above the largest
+// micro-batch a mode with less fitted (at the same micro-batch it is only slower).
 #pragma once
 
 #include <optional>
@@ -38,22 +41,24 @@ struct LayoutSearch {
 // The strategies tried over the replicas: ddp, zero1 (DeepSpeed) and fsdp-full (FSDP2).
 LayoutSearch search_layouts(const Scenario& sc);
 
+// Where FSDP over every GPU stops. The batch limit: a step's sequences per GPU (below one, or not
+// dividing, some GPUs have nothing to run). The activation wall: FSDP (fsdp-full) at micro-batch 1
+// without recompute, its peak and the activations in it. The exposed communication: of the best
+// data-parallel plan the search found, what its collectives leave exposed.
+struct FsdpLimits {
+  double sequences_per_gpu = 0;
+  bool batch_divides = false;
+  double no_recompute_peak_bytes = 0, no_recompute_activation_bytes = 0;  // 0: not evaluated
+  double best_exposed_s = 0, best_step_s = 0;                             // 0: no plan
+};
+FsdpLimits fsdp_limits(const Scenario& sc, const LayoutSearch& s);
+
 }  // namespace shardplan::planner
 
 namespace shardplan::planner {
 
-// The launch options for a candidate. torchtitan (its Parallelism section, as command-line
-// options from 0.2 on: torchtitan/config/job_config.py): data-parallel replicate/shard degrees,
-// tensor (torchtitan's TP plan always shards the norms over the sequence), async TP, pipeline
-// degree, schedule ("1F1B", "Interleaved1F1B", "GPipe"), layers per (virtual) stage, micro-batch
-// size, context degree. Empty when the data-parallel strategy is not one torchtitan runs (ZeRO-1).
-std::string torchtitan_options(const Scenario& sc, const LayoutCandidate& c);
-// Megatron-LM's arguments (megatron/training/arguments.py): --tensor-model-parallel-size,
-// --sequence-parallel, --tp-comm-overlap, --pipeline-model-parallel-size,
-// --num-layers-per-virtual-pipeline-stage, --context-parallel-size, --micro-batch-size,
-// --global-batch-size, --use-distributed-optimizer (ZeRO-1). Empty for FSDP.
-std::string megatron_arguments(const Scenario& sc, const LayoutCandidate& c);
-
+// The table, with the best layout's torchtitan 0.3.0 options and Megatron-LM arguments on a line
+// each (emit_parallel.hpp); the JSON has both for every ranked layout.
 std::string layout_search_table(const Scenario& sc, const LayoutSearch& s, int top);
 nlohmann::json layout_search_json(const Scenario& sc, const LayoutSearch& s, int top);
 

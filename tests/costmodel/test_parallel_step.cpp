@@ -120,3 +120,39 @@ TEST_CASE("parallel_step::more micro-batches shrink the bubble; impossible layou
   CHECK(
       contains(simulate_parallel_step(s.in, wrong_batch).step.reason, "not the global batch 128"));
 }
+
+// Tied embeddings under a pipeline (Megatron-core,
+// megatron/core/distributed/finalize_model_grads.py, _allreduce_word_embedding_grads): the first
+// and the last stage all-reduce the word-embedding gradient after the data-parallel reduction.
+// GPT-2 (124M, tied): 50257 x 768 = 38,597,376 elements, reduced in fp32: 154,389,504 bytes. A ring
+// all-reduce of 2 ranks sends 2·(2−1)/2 = 1 buffer per rank. On 16 GPUs of 8 with pipeline 2 and
+// data parallel 8 the two stages' ranks are t·c·d = 8 apart, on different nodes, one rank of the
+// pair per node: 2 inter-node hops of latency plus the bytes at one NIC's bandwidth (capped by the
+// node's links).
+TEST_CASE("parallel_step::tied embeddings: the first and last stage all-reduce the gradient") {
+  ModelSpec gpt2 = load_model("gpt2");
+  REQUIRE(gpt2.tied_embeddings);
+  Setup s(16, 64, 1, "ddp");
+  s.in.model = &gpt2;
+  s.in.job.seq_len = 1024;
+  s.in.spec.reduce_dtype = DType::fp32;
+  const auto r = simulate_parallel_step(s.in, layout(1, false, 2, 8));
+  REQUIRE(r.step.valid);
+  CHECK(r.embedding_bytes == doctest::Approx(154'389'504.0));
+  const auto& hw = s.hw;
+  const double expected = 2 * hw.inter_latency_s +
+                          154'389'504.0 / std::min(hw.intra_bandwidth_Bps, hw.inter_bandwidth_Bps);
+  CHECK(r.embedding_allreduce_s == doctest::Approx(expected));
+  // Exposed after the data-parallel reduction on both stages (nothing runs beside it).
+  CHECK(r.dp_exposed_s >= r.embedding_allreduce_s);
+  // One stage holds both ends: nothing to all-reduce. Llama 3 does not tie: nothing either.
+  Setup one(16, 64, 1, "ddp");
+  one.in.model = &gpt2;
+  one.in.job.seq_len = 1024;
+  one.in.job.micro_batch = 2;  // tensor 2: 8 replicas x 4 x 2 = 64
+  CHECK(simulate_parallel_step(one.in, layout(2, true, 1, 4)).embedding_allreduce_s == 0);
+  Setup llama(256, 64, 1, "ddp");
+  const auto untied = simulate_parallel_step(llama.in, layout(8, true, 4, 8));
+  REQUIRE(untied.step.valid);
+  CHECK(untied.embedding_allreduce_s == 0);
+}

@@ -155,7 +155,11 @@ TEST_CASE("cli::bad input is one line and exit code 2") {
       {{"recommend", "--headroom", "1.5"}, "planner: --headroom: must be in [0, 1), got 1.5\n"},
       {{"recommend", "--format", "xml"}, "planner: --format: must be table or json, got \"xml\"\n"},
       {{"recommend", "--emit", "megatron"},
-       "planner: --emit: must be deepspeed, fsdp or plan, got \"megatron\"\n"},
+       "planner: --emit: megatron prints a layout of --model-parallel; give it, or --emit fsdp for "
+       "a data-parallel plan\n"},
+      {{"recommend", "--emit", "yaml"},
+       "planner: --emit: must be deepspeed, fsdp or plan (torchtitan or megatron with "
+       "--model-parallel), got \"yaml\"\n"},
       {{"recommend", "--emit", "deepspeed", "--strategy", "fsdp-full"},
        "planner: --strategy: --emit deepspeed writes a DeepSpeed config (ddp or zero1-3), got "
        "--strategy "

@@ -83,9 +83,13 @@ TEST_CASE("cli_parallel::recommend --model-parallel ranks layouts and gives thei
                           "megatron", "--model-parallel", "--top", "3"});
   CHECK(r.code == 0);
   CHECK(has(r.out, "data parallelism alone: best"));
-  CHECK(has(r.out, "torchtitan: --parallelism."));
-  const auto e = planner({"recommend", "--gpus", "16", "--model-parallel", "--emit", "plan"});
-  CHECK(e.code == 2);
-  CHECK(e.err == "planner: --emit: not with --model-parallel: its table gives torchtitan's and "
-                 "Megatron-LM's options\n");
+  CHECK(has(r.out, "torchtitan: --training.local_batch_size "));
+  CHECK(has(r.out, "Megatron-LM: --tensor-model-parallel-size "));
+  const auto e = planner({"recommend", "--gpus", "16", "--model-parallel", "--emit", "megatron"});
+  CHECK(e.code == 0);
+  CHECK(has(e.out, "--tensor-model-parallel-size "));
+  const auto bad = planner({"recommend", "--gpus", "16", "--model-parallel", "--emit", "yaml"});
+  CHECK(bad.code == 2);
+  CHECK(bad.err == "planner: --emit: with --model-parallel must be torchtitan, megatron, deepspeed "
+                   "or plan, got \"yaml\"\n");
 }

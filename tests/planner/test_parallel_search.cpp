@@ -1,4 +1,5 @@
-// The model-parallel search: what it ranks, its speed at 16,384 GPUs, and the launch options.
+// The model-parallel search: what it ranks and its speed at 16,384 GPUs (the launch options:
+// test_parallel_emit.cpp).
 #include <doctest/doctest.h>
 
 #include "planner/parallel_search.hpp"
@@ -22,14 +23,25 @@ Scenario scenario(const ModelSpec& m, int gpus, std::int64_t global) {
   return sc;
 }
 
+// The same degrees and schedule (micro-batches follow the micro-batch).
+bool same_shape(const ParallelLayout& a, const ParallelLayout& b) {
+  return a.tensor_parallel == b.tensor_parallel && a.sequence_parallel == b.sequence_parallel &&
+         a.pipeline_parallel == b.pipeline_parallel && a.schedule == b.schedule &&
+         a.virtual_stages == b.virtual_stages && a.context_parallel == b.context_parallel;
+}
+
 }  // namespace
 
-TEST_CASE(
-    "parallel_search::Llama-3-70B on 256 GPUs: FSDP alone does not fit, model parallelism does") {
+TEST_CASE("parallel_search::Llama-3-70B on 256 GPUs: FSDP alone fits only with full recompute, "
+          "model parallelism wins") {
   const auto sc = scenario(load_model("llama-3-70b"), 256, 256);
   const auto s = search_layouts(sc);
   REQUIRE(s.best_data_parallel);
-  CHECK_FALSE(s.best_data_parallel->fits);  // a whole 8192-token sequence's activations per GPU
+  // A whole 8192-token sequence's activations per GPU do not fit; every block's input alone does.
+  CHECK(s.best_data_parallel->fits);
+  CHECK(s.best_data_parallel->job.checkpointing == Checkpointing::full);
+  for (const auto& c : s.ranked)
+    if (c.layout.trivial()) CHECK(c.job.checkpointing == Checkpointing::full);
   REQUIRE_FALSE(s.ranked.empty());
   for (std::size_t i = 0; i < s.ranked.size(); ++i) {
     CHECK(s.ranked[i].fits);
@@ -62,30 +74,52 @@ TEST_CASE("parallel_search::405B on 16,384 GPUs is searched in under a second") 
                  "the global batch of 2048 sequences does not divide over 16384 GPUs"));
 }
 
-TEST_CASE("parallel_search::torchtitan and Megatron-LM options of a candidate") {
-  const auto sc = scenario(load_model("llama-3-70b"), 256, 64);
-  LayoutCandidate c;
-  c.layout.tensor_parallel = 8;
-  c.layout.sequence_parallel = true;
-  c.layout.pipeline_parallel = 4;
-  c.layout.schedule = PipelineSchedule::interleaved_1f1b;
-  c.layout.virtual_stages = 5;  // 80 layers / (4·5) = 4 per chunk
-  c.layout.micro_batches = 8;
-  c.job = sc.job;
-  c.job.micro_batch = 1;
-  c.spec = make_spec("fsdp-full", Flavour::fsdp2, 8);
-  CHECK(
-      torchtitan_options(sc, c) ==
-      "--parallelism.data_parallel_replicate_degree 1 --parallelism.data_parallel_shard_degree 8 "
-      "--parallelism.tensor_parallel_degree 8 --parallelism.pipeline_parallel_degree 4 "
-      "--parallelism.pipeline_parallel_schedule Interleaved1F1B "
-      "--parallelism.pipeline_parallel_layers_per_stage 4 "
-      "--parallelism.pipeline_parallel_microbatch_size 1 --parallelism.context_parallel_degree 1");
-  CHECK(megatron_arguments(sc, c).empty());  // Megatron-LM's own FSDP is not emitted
-  c.spec = make_spec("zero1", std::nullopt, 8);
-  CHECK(torchtitan_options(sc, c).empty());  // torchtitan has no ZeRO-1
-  CHECK(megatron_arguments(sc, c) ==
-        "--tensor-model-parallel-size 8 --sequence-parallel --pipeline-model-parallel-size 4 "
-        "--num-layers-per-virtual-pipeline-stage 4 --context-parallel-size 1 --micro-batch-size 1 "
-        "--global-batch-size 64 --use-distributed-optimizer");
+TEST_CASE("parallel_search::checkpointing is searched, more recompute only above what fitted") {
+  const auto sc = scenario(load_model("llama-3-70b"), 256, 256);
+  const auto s = search_layouts(sc);
+  bool full = false;
+  for (const auto& c : s.ranked) {
+    if (c.job.checkpointing != Checkpointing::full) continue;
+    full = true;
+    // The same layout and strategy without recompute fits no micro-batch this large.
+    for (const auto& o : s.ranked)
+      if (o.job.checkpointing == Checkpointing::none && o.spec.strategy == c.spec.strategy &&
+          same_shape(o.layout, c.layout))
+        CHECK(o.job.micro_batch < c.job.micro_batch);
+  }
+  CHECK(full);
+  // A named mode is the only one tried.
+  auto pinned = sc;
+  pinned.checkpointing_named = true;
+  pinned.job.checkpointing = Checkpointing::full;
+  for (const auto& c : search_layouts(pinned).ranked)
+    CHECK(c.job.checkpointing == Checkpointing::full);
+}
+
+// Llama-3-70B (h 8192, MLP 28672, 80 blocks) on 256 GPUs, 256 sequences of 8192 tokens: one
+// sequence per GPU is the batch limit. The activation wall, a lower bound by hand: without
+// recompute each block keeps at least its input (bf16, 2·s·h = 134,217,728 bytes) and SwiGLU's gate
+// and up projections for the product's backward (2 x 2·s·i = 939,524,096 bytes): 80 x
+// 1,073,741,824 = 85.9e9 bytes, beyond an 80 GB GPU.
+TEST_CASE("parallel_search::where FSDP alone stops on Llama-3-70B and 256 GPUs") {
+  const auto sc = scenario(load_model("llama-3-70b"), 256, 256);
+  const auto s = search_layouts(sc);
+  const auto f = fsdp_limits(sc, s);
+  CHECK(f.sequences_per_gpu == 1.0);
+  CHECK(f.batch_divides);
+  CHECK(f.no_recompute_activation_bytes >= 80 * 1'073'741'824.0);
+  CHECK(f.no_recompute_peak_bytes > sc.usable_bytes());
+  REQUIRE(s.best_data_parallel);
+  CHECK(f.best_step_s == s.best_data_parallel->result.step.step_s);
+  CHECK(f.best_exposed_s > 0);
+  CHECK(f.best_exposed_s < f.best_step_s);
+  CHECK(contains(layout_search_table(sc, s, 3),
+                 "where FSDP alone stops: batch limit 1 sequences per GPU (256 over 256 GPUs); "
+                 "activation wall: micro-batch 1 without recompute peaks at "));
+  // 2048 sequences over 16,384 GPUs: an eighth of a sequence each.
+  const auto big = scenario(load_model("llama-3-70b"), 16384, 2048);
+  const auto fb = fsdp_limits(big, LayoutSearch{});
+  CHECK(fb.sequences_per_gpu == 0.125);
+  CHECK_FALSE(fb.batch_divides);
+  CHECK(fb.no_recompute_peak_bytes == 0);
 }
