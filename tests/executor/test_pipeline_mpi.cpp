@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "core/input_error.hpp"
+#include "costmodel/parallel_memory.hpp"
+#include "costmodel/pipeline_schedule.hpp"
 #include "engine_fixture.hpp"
 #include "executor/pipeline.hpp"
 #include "mpi_test_world.hpp"
@@ -147,6 +149,32 @@ std::vector<Layout> layouts(int world) {
   return out;
 }
 
+// The cost model's per-stage memory (costmodel/parallel_memory.hpp) for the same layout, the job
+// as the executor runs it (its own model code, fp32, eager attention, DDP, a CPU device without
+// per-device overheads).
+double predicted_stage_bytes(const PipelineOptions& o, int world, int stage) {
+  const auto hw = cpu_profile(world);
+  costmodel::ParallelMemoryInput in;
+  in.model = &o.model;
+  in.hardware = &hw;
+  in.cluster = {world, world};
+  in.job.seq_len = o.micro_batch.seq;
+  in.job.micro_batch = o.micro_batch.batch;
+  in.job.global_batch = o.micro_batch.batch * o.micro_batches * (world / o.stages);
+  in.job.precision = costmodel::Precision::fp32;
+  in.job.optimizer = costmodel::Optimizer::adamw;
+  in.job.attention = costmodel::AttentionImpl::eager;
+  in.job.recipe = costmodel::Recipe::executor;
+  in.job.checkpointing = costmodel::Checkpointing::none;
+  in.spec = test_spec("ddp", costmodel::Flavour::ddp, world / o.stages);
+  in.layout.pipeline_parallel = o.stages;
+  in.layout.schedule = o.schedule;
+  in.layout.micro_batches = o.micro_batches;
+  const std::vector<double> f(static_cast<std::size_t>(o.stages), 1.0), b(f.size(), 2.0);
+  const auto walk = costmodel::walk_schedule(o.schedule, o.stages, 1, o.micro_batches, f, b);
+  return costmodel::parallel_memory(in, walk).stages.at(static_cast<std::size_t>(stage)).total();
+}
+
 }  // namespace
 
 TEST_CASE("pipeline::stages of 1F1B and GPipe train as one process with accumulation") {
@@ -179,7 +207,7 @@ TEST_CASE(
     "pipeline::each stage's peak is the walk's in-flight micro-batches times the saved bytes") {
   const int world = test_world().size();
   const std::int64_t layers = world == 3 ? 3 : 4;
-  double worst = 0;
+  double worst = 0, worst_model = 0;
   for (const bool tied : {false, true}) {
     const auto model = tied ? gpt2(layers) : llama(layers);
     for (int p = 1; p <= world; ++p) {
@@ -202,10 +230,16 @@ TEST_CASE(
             std::abs(static_cast<double>(run.peak_bytes) / static_cast<double>(want.total()) - 1);
         CHECK(error <= 0.03);
         worst = std::max(worst, error);
+        const double predicted = predicted_stage_bytes(o, world, stage);
+        CAPTURE(predicted);
+        const double model_error = std::abs(static_cast<double>(run.peak_bytes) / predicted - 1);
+        CHECK(model_error <= 0.03);
+        worst_model = std::max(worst_model, model_error);
       }
     }
   }
-  MESSAGE("rank " << test_world().rank() << ": worst stage peak error " << worst);
+  MESSAGE("rank " << test_world().rank() << ": worst stage peak error " << worst
+                  << " against the count, " << worst_model << " against the cost model");
 }
 
 TEST_CASE("pipeline::stage_units splits the blocks evenly, embedding first, head last") {
