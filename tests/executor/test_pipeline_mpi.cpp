@@ -201,8 +201,10 @@ TEST_CASE("pipeline::stages of 1F1B and GPipe train as one process with accumula
 
 // Each rank's measured peak (the tracked allocator's) against stage_peak's count of what the
 // trainer allocates, for both schedules: the in-flight micro-batches come from the cost model's
-// walk, the bytes per micro-batch from the model's own saved-bytes functions. The target is 3%;
-// measured on 1 to 4 ranks: exact (error 0) for every stage, schedule and model here.
+// walk, the bytes per micro-batch from the model's own saved-bytes functions; and against the cost
+// model's per-stage prediction for the same layout (costmodel::parallel_memory, the executor's
+// recipe). The target is 3%; measured on 1 to 4 ranks: exact (error 0) against both, for every
+// stage, both schedules and both models.
 TEST_CASE(
     "pipeline::each stage's peak is the walk's in-flight micro-batches times the saved bytes") {
   const int world = test_world().size();
