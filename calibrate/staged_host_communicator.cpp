@@ -95,6 +95,35 @@ void StagedHostCommunicator::broadcast(void* buffer, std::size_t count, comm::Da
   if (!is_root) stage.copy_to_host(buffer, bytes);
 }
 
+void StagedHostCommunicator::do_send(const void* buffer, std::size_t count, comm::DataType type,
+                                     int peer) {
+  const std::size_t bytes = bytes_of(count, type);
+  auto& stage = send_stage(bytes);
+  stage.copy_from_host(buffer, bytes);
+  inner_.send(stage.data(), count, type, peer);
+  inner_.synchronize();
+}
+
+void StagedHostCommunicator::do_recv(void* buffer, std::size_t count, comm::DataType type,
+                                     int peer) {
+  const std::size_t bytes = bytes_of(count, type);
+  auto& stage = recv_stage(bytes);
+  inner_.recv(stage.data(), count, type, peer);
+  inner_.synchronize();
+  stage.copy_to_host(buffer, bytes);
+}
+
+void StagedHostCommunicator::do_send_recv(const void* send_buffer, std::size_t send_count,
+                                          void* recv_buffer, std::size_t recv_count,
+                                          comm::DataType type, int peer) {
+  auto& out = send_stage(bytes_of(send_count, type));
+  auto& in = recv_stage(bytes_of(recv_count, type));
+  out.copy_from_host(send_buffer, bytes_of(send_count, type));
+  inner_.send_recv(out.data(), send_count, in.data(), recv_count, type, peer);
+  inner_.synchronize();
+  in.copy_to_host(recv_buffer, bytes_of(recv_count, type));
+}
+
 void StagedHostCommunicator::all_to_all(const void* send, void* recv, std::size_t count,
                                         comm::DataType type) {
   const std::size_t total = bytes_of(count, type) * static_cast<std::size_t>(size());

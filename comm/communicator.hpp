@@ -90,6 +90,27 @@ public:
   // send and recv must not overlap.
   virtual void all_to_all(const void* send, void* recv, std::size_t count, DataType type) = 0;
   virtual void barrier() = 0;
+  // Point-to-point, not collective: `count` elements to or from `peer`, a rank of this group other
+  // than this one; the peer makes the matching call with this rank (messages between two ranks
+  // arrive in the order they were sent). Blocking: send returns once `buffer` may be reused, recv
+  // once it holds the message (on NCCL: once queued on the stream, as every collective; call
+  // synchronize() before reading it on the host). Throws CommError for a bad peer.
+  void send(const void* buffer, std::size_t count, DataType type, int peer) {
+    check_peer(peer, "send");
+    do_send(buffer, count, type, peer);
+  }
+  void recv(void* buffer, std::size_t count, DataType type, int peer) {
+    check_peer(peer, "recv");
+    do_recv(buffer, count, type, peer);
+  }
+  // Both at once with the same peer, which calls send_recv, or send and recv in either order:
+  // the exchange two pipeline stages make when each sends the other a tensor (an activation one
+  // way, a gradient the other), where two blocking sends would wait on each other.
+  void send_recv(const void* send_buffer, std::size_t send_count, void* recv_buffer,
+                 std::size_t recv_count, DataType type, int peer) {
+    check_peer(peer, "send_recv");
+    do_send_recv(send_buffer, send_count, recv_buffer, recv_count, type, peer);
+  }
   // Waits until every collective this rank has issued has completed (NCCL queues them on a
   // stream; MPI's calls are already complete when they return).
   virtual void synchronize() = 0;
@@ -113,6 +134,15 @@ protected:
                          ReduceOp op) = 0;
   virtual void do_reduce_scatter(const void* send, void* recv, std::size_t count, DataType type,
                                  ReduceOp op) = 0;
+  // What send and recv do once the peer is checked.
+  virtual void do_send(const void* buffer, std::size_t count, DataType type, int peer) = 0;
+  virtual void do_recv(void* buffer, std::size_t count, DataType type, int peer) = 0;
+  virtual void do_send_recv(const void* send_buffer, std::size_t send_count, void* recv_buffer,
+                            std::size_t recv_count, DataType type, int peer) = 0;
+
+private:
+  // Throws CommError unless 0 <= peer < size() and peer != rank().
+  void check_peer(int peer, const char* call) const;
 };
 
 }  // namespace shardplan::comm

@@ -54,6 +54,16 @@ protected:
                          ReduceOp op) override {
     inner_.reduce_scatter(send, recv, count, type, op);
   }
+  void do_send(const void* buffer, std::size_t count, DataType type, int peer) override {
+    inner_.send(buffer, count, type, peer);
+  }
+  void do_recv(void* buffer, std::size_t count, DataType type, int peer) override {
+    inner_.recv(buffer, count, type, peer);
+  }
+  void do_send_recv(const void* send_buffer, std::size_t send_count, void* recv_buffer,
+                    std::size_t recv_count, DataType type, int peer) override {
+    inner_.send_recv(send_buffer, send_count, recv_buffer, recv_count, type, peer);
+  }
 
   Communicator& inner_;
 };

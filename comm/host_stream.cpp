@@ -114,6 +114,23 @@ void StreamedCommunicator::all_to_all(const void* send, void* recv, std::size_t 
   enqueue([=, this] { inner_.all_to_all(send, recv, count, type); });
 }
 
+void StreamedCommunicator::do_send(const void* buffer, std::size_t count, DataType type, int peer) {
+  synchronize();
+  inner_.send(buffer, count, type, peer);
+}
+
+void StreamedCommunicator::do_recv(void* buffer, std::size_t count, DataType type, int peer) {
+  synchronize();
+  inner_.recv(buffer, count, type, peer);
+}
+
+void StreamedCommunicator::do_send_recv(const void* send_buffer, std::size_t send_count,
+                                        void* recv_buffer, std::size_t recv_count, DataType type,
+                                        int peer) {
+  synchronize();
+  inner_.send_recv(send_buffer, send_count, recv_buffer, recv_count, type, peer);
+}
+
 void StreamedCommunicator::barrier() {
   synchronize();
   inner_.barrier();

@@ -168,6 +168,41 @@ void MpiCommunicator::all_to_all(const void* send, void* recv, std::size_t count
   SHARDPLAN_MPI_CALL(MPI_Alltoall, send, n, mpi_type(type), recv, n, mpi_type(type), comm_);
 }
 
+// Tag 0 for every message: MPI keeps messages between two ranks on one communicator and tag in
+// order (MPI 4.0 §3.5, "Order"), which is all point-to-point users here rely on.
+void MpiCommunicator::do_send(const void* buffer, std::size_t count, DataType type, int peer) {
+  const int n = checked_count(count, "MPI_Send");
+  SHARDPLAN_MPI_CALL(MPI_Send, buffer, n, mpi_type(type), peer, 0, comm_);
+}
+
+void MpiCommunicator::do_recv(void* buffer, std::size_t count, DataType type, int peer) {
+  const int n = checked_count(count, "MPI_Recv");
+  MPI_Status status{};
+  SHARDPLAN_MPI_CALL(MPI_Recv, buffer, n, mpi_type(type), peer, 0, comm_, &status);
+  int received = 0;
+  SHARDPLAN_MPI_CALL(MPI_Get_count, &status, mpi_type(type), &received);
+  if (received != n)
+    throw CommError(
+        fmt::format("MPI_Recv: {} elements from rank {}, expected {}", received, peer, n), __FILE__,
+        __LINE__);
+}
+
+void MpiCommunicator::do_send_recv(const void* send_buffer, std::size_t send_count,
+                                   void* recv_buffer, std::size_t recv_count, DataType type,
+                                   int peer) {
+  const int s = checked_count(send_count, "MPI_Sendrecv");
+  const int r = checked_count(recv_count, "MPI_Sendrecv");
+  MPI_Status status{};
+  SHARDPLAN_MPI_CALL(MPI_Sendrecv, send_buffer, s, mpi_type(type), peer, 0, recv_buffer, r,
+                     mpi_type(type), peer, 0, comm_, &status);
+  int received = 0;
+  SHARDPLAN_MPI_CALL(MPI_Get_count, &status, mpi_type(type), &received);
+  if (received != r)
+    throw CommError(
+        fmt::format("MPI_Sendrecv: {} elements from rank {}, expected {}", received, peer, r),
+        __FILE__, __LINE__);
+}
+
 void MpiCommunicator::barrier() { SHARDPLAN_MPI_CALL(MPI_Barrier, comm_); }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::split_mpi(int color, int key) {

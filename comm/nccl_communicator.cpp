@@ -276,6 +276,37 @@ void NcclCommunicator::all_to_all(const void* send, void* recv, std::size_t coun
   });
 }
 
+// ncclSend/ncclRecv each in a group of its own, as NCCL's documentation pairs them
+// (docs: "Point-to-point communication"); a lone send waits on the stream for its receiver.
+void NcclCommunicator::do_send(const void* buffer, std::size_t count, DataType type, int peer) {
+  enqueue("ncclGroupEnd (send)", [&] {
+    SHARDPLAN_NCCL_CALL(comm_, ncclGroupStart);
+    SHARDPLAN_NCCL_CALL(comm_, ncclSend, buffer, count, nccl_type(type), peer, comm_, stream_);
+    return ncclGroupEnd();
+  });
+}
+
+void NcclCommunicator::do_recv(void* buffer, std::size_t count, DataType type, int peer) {
+  enqueue("ncclGroupEnd (recv)", [&] {
+    SHARDPLAN_NCCL_CALL(comm_, ncclGroupStart);
+    SHARDPLAN_NCCL_CALL(comm_, ncclRecv, buffer, count, nccl_type(type), peer, comm_, stream_);
+    return ncclGroupEnd();
+  });
+}
+
+void NcclCommunicator::do_send_recv(const void* send_buffer, std::size_t send_count,
+                                    void* recv_buffer, std::size_t recv_count, DataType type,
+                                    int peer) {
+  enqueue("ncclGroupEnd (send_recv)", [&] {
+    SHARDPLAN_NCCL_CALL(comm_, ncclGroupStart);
+    SHARDPLAN_NCCL_CALL(comm_, ncclSend, send_buffer, send_count, nccl_type(type), peer, comm_,
+                        stream_);
+    SHARDPLAN_NCCL_CALL(comm_, ncclRecv, recv_buffer, recv_count, nccl_type(type), peer, comm_,
+                        stream_);
+    return ncclGroupEnd();
+  });
+}
+
 void NcclCommunicator::synchronize() {
   // Polls rather than blocking in cudaStreamSynchronize, as PyTorch's NCCL watchdog does: when a
   // peer fails, the stream never completes and only NCCL's asynchronous error says why; and a

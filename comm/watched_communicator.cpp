@@ -61,6 +61,23 @@ void WatchedCommunicator::all_to_all(const void* send, void* recv, std::size_t c
   inner_.all_to_all(send, recv, count, type);
 }
 
+void WatchedCommunicator::do_send(const void* buffer, std::size_t count, DataType type, int peer) {
+  Waiting w(watchdog_, "send");
+  inner_.send(buffer, count, type, peer);
+}
+
+void WatchedCommunicator::do_recv(void* buffer, std::size_t count, DataType type, int peer) {
+  Waiting w(watchdog_, "recv");
+  inner_.recv(buffer, count, type, peer);
+}
+
+void WatchedCommunicator::do_send_recv(const void* send_buffer, std::size_t send_count,
+                                       void* recv_buffer, std::size_t recv_count, DataType type,
+                                       int peer) {
+  Waiting w(watchdog_, "send_recv");
+  inner_.send_recv(send_buffer, send_count, recv_buffer, recv_count, type, peer);
+}
+
 void WatchedCommunicator::barrier() {
   Waiting w(watchdog_, "barrier");
   inner_.barrier();

@@ -98,7 +98,9 @@ void stage_states(const ParallelMemoryInput& in, const StageShare& share, StageM
       in.layout.pipeline_parallel > 1) {
     UnitTensors word;
     word.tensors.push_back(m.embedding.tensors.front());
-    add(word, true);
+    // The executor's copy is its whole embedding unit, a learned position table too
+    // (executor/pipeline.hpp).
+    add(in.job.recipe == Recipe::executor ? m.embedding : word, true);
   }
   out.local_params = elems;
   out.param_bytes = elems * sb.param / (s.shard_parameters ? S : 1);
@@ -142,6 +144,47 @@ double embedding_saved(const ModelSpec& m, const TrainingJob& j, const ParallelL
   return 8 * T + mask / (l.sequence_parallel ? l.tensor_parallel : 1);
 }
 
+// The executor's own model code (Recipe::executor, executor/gpt_model.hpp) on one rank of a
+// stage (t = c = 1): it has no dropout, keeps each norm's fp32 statistics (rstd, and the mean for
+// LayerNorm) per token, and on the last stage the logits in the compute dtype beside their fp32
+// log-probabilities (not Megatron's in-place softmax) and the targets beside the tokens; a
+// backward holds, beyond what is saved, a block's input and MLP-input gradients [T, h] with d_act,
+// d_pre (and SwiGLU's d_up) [T, I] in place of the freed MLP output, and on the last stage the
+// two [T, V] gradients of the loss (fp32 log-probabilities', the logits' in e).
+struct ExecutorStage {
+  double saved = 0, transient = 0;
+};
+ExecutorStage executor_stage(const ModelSpec& m, const TrainingJob& j, const StageShare& share,
+                             int first_block, double e) {
+  const double T = static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch);
+  const double s = static_cast<double>(j.seq_len), h = static_cast<double>(m.hidden);
+  const double q = static_cast<double>(m.q_width()), kv = static_cast<double>(m.kv_width());
+  const double I = static_cast<double>(m.intermediate), V = static_cast<double>(m.vocab);
+  const double a = static_cast<double>(m.heads);
+  const double stats = (m.norm == NormKind::layernorm ? 2.0 : 1.0) * 4 * T;  // one norm's
+  const double mlp_width = m.mlp == MlpKind::gelu ? 2.0 : 3.0;
+  const double core = j.attention == AttentionImpl::eager ? e * a * s * T : 4 * a * T;
+  const double block = e * T * ((m.parallel_residual ? 3.0 : 4.0) * h + 2 * q + 2 * kv) +
+                       mlp_width * e * T * I + core + 2 * stats;
+  ExecutorStage out;
+  bool any_full = false;
+  for (std::int64_t b = 0; b < static_cast<std::int64_t>(share.blocks); ++b) {
+    const bool cp = j.block_checkpointed(first_block + b);
+    any_full |= cp;
+    out.saved += cp ? e * T * h : block;
+  }
+  if (share.blocks > 0)
+    out.transient = e * T * (2 * h + (mlp_width - 1) * I) + (any_full ? block : 0);
+  if (share.first || share.last) out.saved += 8 * T;  // int32 tokens and targets
+  if (share.last) {
+    out.saved += 2 * e * T * h + stats + (e + 4) * T * V;
+    out.transient = std::max(out.transient, (4 + e) * T * V);
+  } else {
+    out.transient = std::max(out.transient, 2 * e * T * h);  // the output beside the received
+  }
+  return out;
+}
+
 // Saved bytes per micro-batch of the stage's blocks (each checkpointed or not by the job's mode,
 // by its place in the model), the largest transient of one of them, and the stage's extras.
 void stage_activations(const ParallelMemoryInput& in, const StageShare& share, int first_block,
@@ -173,6 +216,11 @@ void stage_activations(const ParallelMemoryInput& in, const StageShare& share, i
     transient += e * T * static_cast<double>(m.hidden);  // the all-gathered input
   if (share.last)
     transient += e * T * static_cast<double>(m.vocab) / l.tensor_parallel;  // the logits
+  if (j.recipe == Recipe::executor && l.tensor_parallel == 1 && l.context_parallel == 1) {
+    const ExecutorStage x = executor_stage(m, j, share, first_block, e);
+    saved = x.saved;
+    transient = x.transient;
+  }
   out.activation_bytes = saved * out.in_flight + transient;
   // Ring attention: the K and V chunk being used and the one arriving (Transformer Engine's
   // AttnFuncWithCPAndKVP2P double-buffers them), each of the local sequence.

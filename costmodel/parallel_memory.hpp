@@ -5,7 +5,8 @@
 // The block is counted as Megatron-core's GPT keeps it (Korthikanti et al. 2022, "Reducing
 // Activation Recomputation in Large Transformer Models", §4 and Table 2), whatever the job's
 // recipe: tensor and sequence parallelism change which tensors are split, and that split is
-// Megatron's (torchtitan's TP plan splits the same linears the same way).
+// Megatron's (torchtitan's TP plan splits the same linears the same way). The executor's recipe
+// with t = c = 1 is counted as its own model code keeps it (executor/gpt_model.hpp).
 #pragma once
 
 #include <string>

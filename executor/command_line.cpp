@@ -270,6 +270,15 @@ void read_checkpoint_and_faults(const CLI::App& app, const RunTexts& t, RunComma
   }
 }
 
+// What a pipeline run does not do, as the flag that asks for it (empty: nothing).
+std::string pipeline_refusal(const CLI::App& app, const RunCommand& r) {
+  if (r.rehearse_rank) return "--rehearse-rank";
+  if (r.backend == ComputeBackend::cuda) return "--backend cuda";
+  for (const char* flag : {"--save", "--resume"})
+    if (app.count(flag)) return flag;
+  return r.request.collective_streams ? "--collective-streams" : "";
+}
+
 }  // namespace
 
 CommandLine parse_command_line(int argc, const char* const* argv) {
@@ -288,6 +297,8 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   RunTexts run_texts;
   ScaleTexts scale_texts;
   add_run_options(app, r, run_texts);
+  PipelineTexts pipeline_texts;
+  add_pipeline_options(app, pipeline_texts);
   auto* scale = add_scale_config(app, cl.scale_config, scale_texts);
   auto* consolidate = add_consolidate(app, cl.consolidate);
 
@@ -322,6 +333,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   read_scale(app, run_texts, r);
   read_rehearsal(app, run_texts, r);
   read_checkpoint_and_faults(app, run_texts, r);
+  r.pipeline = read_pipeline_options(app, pipeline_texts, pipeline_refusal(app, r));
   return cl;
 }
 

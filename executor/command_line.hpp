@@ -10,6 +10,8 @@
 //                         [--inject-fault crash|hang|oom|throw@RANK:STEP]   (tests only)
 //                         [--save DIR [--save-every K] [--overwrite]] [--resume DIR]
 //                          (checkpoint.hpp)
+//                         [--pipeline-parallel P [--schedule 1f1b|gpipe] [--micro-batches M]]
+//                          (pipeline_run.hpp)
 //   executor --plan plan.json --rehearse-rank r --world N --out run.json [...]
 //   executor scale-config --model M --layers L --hidden H --heads A [--kv-heads K] [--head-dim D]
 //                         [--intermediate I] --vocab V [--max-positions P] --out config.json
@@ -22,6 +24,7 @@
 
 #include "comm/fault_injection.hpp"
 #include "executor/checkpoint.hpp"
+#include "executor/pipeline_run.hpp"
 #include "executor/run_setup.hpp"
 #include "executor/scaled_model.hpp"
 
@@ -42,6 +45,7 @@ struct RunCommand {
   double timeout_s = 300;    // a rank without progress for this long ends the job (watchdog)
   std::optional<comm::FaultInjection> fault;  // --inject-fault, for the tests of the above
   CheckpointOptions checkpoint;               // --save, --save-every, --overwrite, --resume
+  PipelineFlags pipeline;  // --pipeline-parallel, --schedule, --micro-batches (pipeline_run.hpp)
 };
 
 struct ScaleConfigCommand {

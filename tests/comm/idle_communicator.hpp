@@ -31,6 +31,9 @@ protected:
   void do_all_reduce(const void*, void*, std::size_t, DataType, ReduceOp) override {}
   void do_reduce(const void*, void*, std::size_t, DataType, int, ReduceOp) override {}
   void do_reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp) override {}
+  void do_send(const void*, std::size_t, DataType, int) override {}
+  void do_recv(void*, std::size_t, DataType, int) override {}
+  void do_send_recv(const void*, std::size_t, void*, std::size_t, DataType, int) override {}
 };
 
 }  // namespace shardplan::comm::test

@@ -1,0 +1,139 @@
+// Pipeline parallelism: the model's units split over p stages, micro-batches flowing through them
+// in the order of a pipeline schedule, activations and their gradients passed between
+// neighbouring stages by point-to-point messages; data parallelism (DDP) over the d = world / p
+// ranks of each stage.
+//
+//   stage s of p holds blocks [s·L/p, (s+1)·L/p); stage 0 the embedding before them, stage p − 1
+//   the final norm, the head and the loss after them (Megatron-LM's GPTModel pre_process /
+//   post_process; torchtitan's pipeline split of a Llama).
+//
+// Each stage runs its list of forward and backward steps from costmodel::schedule_ops (1F1B or
+// GPipe), the same lists the cost model walks for the bubble and the in-flight micro-batches.
+// A forward on stage s > 0 receives its input [N, h] from s − 1; one on s < p − 1 sends its output
+// to s + 1; a backward receives d output from s + 1 and sends d input to s − 1. When a send is
+// followed by a step that receives from the same neighbour, the two are one exchange
+// (Communicator::send_recv), as Megatron's send_forward_recv_backward and
+// send_backward_recv_forward are (megatron/core/pipeline_parallel/p2p_communication.py): two
+// neighbours in the 1F1B steady state send to each other at the same time.
+//
+// Gradients accumulate over the m micro-batches of the step, each micro-batch's loss scaled by
+// 1 / (m·d), and are all-reduced (summed) over the stage's data-parallel group once, after the
+// last backward; AdamW then steps each stage's own parameters. A tied head (GPT-2's lm_head =
+// wte) is a second copy of the embedding unit on the last stage, initialised identically; its
+// gradient and the first stage's embedding gradient are all-reduced between the two stages before
+// the step, so both copies take the same update (Megatron's embedding group,
+// megatron/core/distributed/finalize_model_grads.py _allreduce_word_embedding_grads).
+//
+// Ranks (mesh order pp outermost, costmodel/parallel_layout.hpp): stage s holds world ranks
+// [s·d, (s+1)·d); data-parallel index r = rank mod d. Data: micro-batch k of data-parallel index r
+// in step t holds sequences (t−1)·b·m·d + (k·d + r)·b … + b − 1 of synthetic_sequences, the
+// sequences the sharding engine's micro-batch k·d + r holds on one rank with m·d micro-batches.
+//
+// Memory: parameters, gradients and AdamW's two moments of the stage's units are allocated once
+// (parameters, gradients, optimizer_states); activations are the model's, kept per micro-batch
+// from its forward to its backward; received tensors and the tokens of the in-flight micro-batches
+// (first and last stage) are activations too.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "costmodel/model.hpp"
+#include "costmodel/parallel_layout.hpp"
+#include "executor/gpt_model.hpp"
+#include "executor/tracked_allocator.hpp"
+#include "kernels/adamw.hpp"
+
+namespace shardplan::executor {
+
+struct PipelineOptions {
+  costmodel::ModelSpec model;
+  BatchShape micro_batch;  // b sequences × T tokens
+  int stages = 1;          // p
+  int micro_batches = 1;   // m per pipeline per optimizer step
+  costmodel::PipelineSchedule schedule = costmodel::PipelineSchedule::one_f_one_b;
+  Checkpointing checkpointing = Checkpointing::none;
+  AdamWOptions adamw;
+  std::uint64_t seed = 1234;  // initial parameters and tokens, as the sharding engine's
+  ModelOptions model_options;
+};
+
+// Units [first, last) of stage `stage` (0 the embedding, 1..L the blocks, L + 1 the head).
+struct StageUnits {
+  std::int64_t first = 0, last = 0;
+};
+StageUnits stage_units(std::int64_t layers, int stages, int stage);
+
+// Throws costmodel::InputError naming the flag and the value when the pipeline cannot run:
+// --pipeline-parallel < 1, not dividing the world or the layers; --micro-batches < 1; an
+// interleaved schedule (one model chunk per stage only).
+void check_pipeline(const PipelineOptions& options, int world);
+
+// What one rank of stage `stage` holds at its peak, in bytes, as PipelineTrainer allocates it
+// (fp32), with the in-flight micro-batches of the cost model's walk of the same schedule
+// (costmodel::walk_schedule, equal stage times):
+//   states      parameters, gradients, AdamW's two moments: 16 bytes per element of the stage's
+//               units (and of the embedding's copy on a tied last stage)
+//   saved       per in-flight micro-batch: the blocks' block_saved_bytes, the tokens (inputs and
+//               targets, int32) on the first and last stage, head_saved_bytes on the last
+//   transient   the largest of: a block's backward (its input gradient dy and the MLP's input
+//               gradient [N, h] each, with d_act, d_pre (and SwiGLU's d_up) [N, I] in place of
+//               the freed mlp_act: 2·N·h + N·I, + N·I more for SwiGLU, at swiglu/gelu_backward),
+//               the head's backward (head_backward_bytes, the two [N, V] gradients) on the last
+//               stage, a forward's output beside the received tensor of the exchange after it
+//               (2·N·h) on the others
+struct StagePeak {
+  std::int64_t states = 0, saved = 0, transient = 0;
+  int in_flight = 0;
+  std::int64_t total() const { return states + in_flight * saved + transient; }
+};
+StagePeak stage_peak(const PipelineOptions& options, int stage);
+
+// The groups of a pipeline run, made from the world (collective over it). Owned.
+struct PipelineGroups {
+  std::unique_ptr<comm::Communicator> pipeline;  // the p stages of this data-parallel index;
+                                                 // rank = stage
+  std::unique_ptr<comm::Communicator> data;      // the d ranks of this stage
+  std::unique_ptr<comm::Communicator> tied;  // stages 0 and p − 1 (p > 1), else a group of one
+};
+PipelineGroups make_pipeline_groups(comm::Communicator& world, int stages);
+
+struct PipelineReport {
+  std::int64_t step = 0;  // 1-based
+  double loss = 0;        // mean over the global batch, from the last stage, on every rank
+  double step_s = 0;
+  double forward_s = 0, backward_s = 0;  // compute of this stage's units
+  double p2p_s = 0;                      // sends and receives (waits for the neighbours included)
+  double reduce_s = 0;                   // the data-parallel and tied all-reduces
+  double optimizer_s = 0;
+};
+
+class PipelineTrainer {
+public:
+  // Allocates the stage's parameters, gradients and moments. Throws InputError as
+  // check_pipeline, std::invalid_argument when the groups do not match the options.
+  PipelineTrainer(PipelineOptions options, TrackedAllocator& allocator, PipelineGroups& groups);
+  ~PipelineTrainer();
+  PipelineTrainer(const PipelineTrainer&) = delete;
+  PipelineTrainer& operator=(const PipelineTrainer&) = delete;
+
+  // One optimizer step. Collective over the world.
+  PipelineReport step();
+
+  int stage() const;
+  StageUnits units() const;
+  const GptLayout& layout() const;
+  // Unit u's parameters when this stage holds it (the embedding on the last stage too when the
+  // head is tied); throws std::out_of_range otherwise.
+  std::span<const float> parameters(std::int64_t unit) const;
+
+  struct Impl;
+
+private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardplan::executor

@@ -1,0 +1,237 @@
+#include "executor/pipeline_run.hpp"
+
+#include <algorithm>
+#include <array>
+#include <iostream>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/file_writer.hpp"
+#include "core/input_error.hpp"
+#include "core/number_text.hpp"
+#include "core/text.hpp"
+#include "costmodel/hardware.hpp"
+#include "costmodel/parallel_memory.hpp"
+#include "costmodel/pipeline_schedule.hpp"
+
+namespace shardplan::executor {
+
+using costmodel::InputError;
+
+void add_pipeline_options(CLI::App& app, PipelineTexts& t) {
+  app.add_option("--pipeline-parallel", t.stages,
+                 "run the plan's model on P pipeline stages (DDP over world / P ranks each) "
+                 "[default: 1]");
+  app.add_option("--schedule", t.schedule, "pipeline schedule: 1f1b or gpipe [default: 1f1b]");
+  app.add_option("--micro-batches", t.micro_batches,
+                 "micro-batches per pipeline per step [default: the plan's micro-batch size]");
+}
+
+PipelineFlags read_pipeline_options(const CLI::App& app, const PipelineTexts& t,
+                                    const std::string& refused_with) {
+  PipelineFlags f;
+  if (app.count("--pipeline-parallel")) {
+    f.stages = costmodel::int_from_text("--pipeline-parallel", t.stages);
+    if (f.stages < 1)
+      throw InputError("--pipeline-parallel", fmt::format("must be >= 1, got {}", f.stages));
+  }
+  if (app.count("--schedule")) {
+    f.schedule = costmodel::schedule_from_name(t.schedule, "--schedule");
+    if (f.schedule == costmodel::PipelineSchedule::interleaved_1f1b)
+      throw InputError("--schedule", "interleaved-1f1b is not run by the executor (one model "
+                                     "chunk per stage): give 1f1b or gpipe");
+  }
+  if (app.count("--micro-batches")) {
+    f.micro_batches = costmodel::int_from_text("--micro-batches", t.micro_batches);
+    if (f.micro_batches < 1)
+      throw InputError("--micro-batches", fmt::format("must be >= 1, got {}", f.micro_batches));
+  }
+  for (const char* flag : {"--schedule", "--micro-batches"})
+    if (app.count(flag) && f.stages == 1)
+      throw InputError(flag, "needs --pipeline-parallel P with P > 1");
+  if (f.stages > 1 && !refused_with.empty())
+    throw InputError("--pipeline-parallel",
+                     fmt::format("{} is not run with pipeline stages (cpu backend under mpirun "
+                                 "only, without checkpoints)",
+                                 refused_with));
+  return f;
+}
+
+PipelineOptions pipeline_options(const PipelineFlags& flags, const RunSetup& setup, int world) {
+  const auto& e = setup.engine;
+  PipelineOptions o;
+  o.model = e.model;
+  o.stages = flags.stages;
+  o.schedule = flags.schedule;
+  o.checkpointing = e.checkpointing;
+  o.adamw = e.adamw;
+  o.seed = e.seed;
+  o.model_options = e.model_options;
+  o.micro_batch = e.micro_batch;
+  o.micro_batches = std::max(1, flags.micro_batches);
+  check_pipeline(o, world);
+  if (e.spec.shard_parameters || e.spec.shard_gradients || e.spec.shard_optimizer)
+    throw InputError("--pipeline-parallel",
+                     fmt::format("the plan's strategy {} shards over the data-parallel group; "
+                                 "pipeline stages run DDP only (plan --strategy ddp)",
+                                 e.spec.strategy));
+  if (setup.plan.job.precision != costmodel::Precision::fp32)
+    throw InputError("--pipeline-parallel", "pipeline stages compute in fp32 only (plan "
+                                            "--precision fp32)");
+  const std::int64_t d = world / flags.stages, per_rank = setup.global_batch / d;
+  if (setup.global_batch % d != 0)
+    throw InputError("--pipeline-parallel",
+                     fmt::format("the global batch of {} sequences does not split over the {} "
+                                 "data-parallel ranks (world {} / P {})",
+                                 setup.global_batch, d, world, flags.stages));
+  const std::int64_t m =
+      flags.micro_batches > 0 ? flags.micro_batches : per_rank / e.micro_batch.batch;
+  if (m < 1 || per_rank % m != 0)
+    throw InputError("--micro-batches",
+                     fmt::format("{} does not divide the {} sequences per data-parallel rank "
+                                 "(global batch {} over d = {})",
+                                 m, per_rank, setup.global_batch, d));
+  o.micro_batches = static_cast<int>(m);
+  o.micro_batch.batch = per_rank / m;
+  return o;
+}
+
+namespace {
+
+// What one rank measured: its peak and the categories at the peak.
+constexpr std::size_t kRecord = 1 + kMemoryCategoryCount;
+std::array<std::int64_t, kRecord> rank_record(const TrackedAllocator& a) {
+  std::array<std::int64_t, kRecord> r{};
+  r[0] = a.peak_bytes();
+  const auto at_peak = a.breakdown_at_peak();
+  for (std::size_t c = 0; c < kMemoryCategoryCount; ++c) r[1 + c] = at_peak[kMemoryCategories[c]];
+  return r;
+}
+
+// The cost model's per-stage memory for the run's layout (t = c = 1, the run's micro-batch and
+// micro-batches). The profile adds only its per-device overheads (CUDA context, NCCL workspace,
+// fragmentation); a profile this program cannot find by name (a file the planner was given) is
+// taken to have none, as a CPU rank has none.
+nlohmann::json predicted_stages(const PipelineOptions& o, const RunSetup& setup, int world) {
+  costmodel::HardwareProfile hw;
+  try {
+    hw = costmodel::load_hardware(setup.plan.hardware);
+  } catch (const std::exception&) {
+    hw = costmodel::HardwareProfile{};
+  }
+  costmodel::ParallelMemoryInput in;
+  in.model = &o.model;
+  in.hardware = &hw;
+  in.cluster = {world, std::max(1, setup.plan.cluster.gpus_per_node)};
+  in.job = setup.plan.job;
+  in.job.seq_len = o.micro_batch.seq;
+  in.job.micro_batch = o.micro_batch.batch;
+  in.job.global_batch = setup.global_batch;
+  in.spec = setup.engine.spec;
+  in.layout.pipeline_parallel = o.stages;
+  in.layout.schedule = o.schedule;
+  in.layout.micro_batches = o.micro_batches;
+  // Equal stage times: the in-flight counts depend on the order only.
+  const std::vector<double> forward(static_cast<std::size_t>(o.stages), 1.0);
+  const std::vector<double> backward(static_cast<std::size_t>(o.stages), 2.0);
+  const auto walk =
+      costmodel::walk_schedule(o.schedule, o.stages, 1, o.micro_batches, forward, backward);
+  const auto memory = costmodel::parallel_memory(in, walk);
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& s : memory.stages)
+    out.push_back({{"total_bytes", s.total()},
+                   {"param_bytes", s.param_bytes},
+                   {"grad_bytes", s.grad_bytes},
+                   {"optimizer_bytes", s.optimizer_bytes},
+                   {"buffer_bytes", s.buffer_bytes},
+                   {"activation_bytes", s.activation_bytes},
+                   {"overhead_bytes", s.overhead_bytes},
+                   {"in_flight", s.in_flight}});
+  return out;
+}
+
+// Per stage: what the trainer allocates at its peak (pipeline.hpp, stage_peak).
+nlohmann::json counted_stages(const PipelineOptions& o) {
+  nlohmann::json out = nlohmann::json::array();
+  for (int s = 0; s < o.stages; ++s) {
+    const auto peak = stage_peak(o, s);
+    out.push_back({{"total_bytes", peak.total()},
+                   {"state_bytes", peak.states},
+                   {"saved_bytes_per_micro_batch", peak.saved},
+                   {"in_flight", peak.in_flight},
+                   {"transient_bytes", peak.transient}});
+  }
+  return out;
+}
+
+// Per stage: the largest peak over its ranks, with that rank's categories at the peak.
+nlohmann::json measured_stages(const std::vector<std::int64_t>& records, int stages, int world) {
+  const int d = world / stages;
+  nlohmann::json out = nlohmann::json::array();
+  for (int s = 0; s < stages; ++s) {
+    std::size_t worst = static_cast<std::size_t>(s * d) * kRecord;
+    for (int r = s * d; r < (s + 1) * d; ++r)
+      if (records[static_cast<std::size_t>(r) * kRecord] > records[worst])
+        worst = static_cast<std::size_t>(r) * kRecord;
+    nlohmann::json stage = {{"peak_bytes", records[worst]}};
+    for (std::size_t c = 0; c < kMemoryCategoryCount; ++c)
+      stage[fmt::format("{}_bytes_at_peak", category_name(kMemoryCategories[c]))] =
+          records[worst + 1 + c];
+    out.push_back(stage);
+  }
+  return out;
+}
+
+}  // namespace
+
+void run_pipeline(const PipelineFlags& flags, const RunSetup& setup, comm::Communicator& world,
+                  std::int64_t steps, const std::string& out, std::int64_t capacity_bytes) {
+  const int n = world.size();
+  const PipelineOptions o = pipeline_options(flags, setup, n);
+  auto groups = make_pipeline_groups(world, o.stages);
+  TrackedAllocator allocator(capacity_bytes);
+  nlohmann::json step_docs = nlohmann::json::array();
+  {
+    PipelineTrainer trainer(o, allocator, groups);
+    for (std::int64_t k = 0; k < steps; ++k) {
+      const auto r = trainer.step();
+      if (world.rank() == 0)
+        std::cerr << fmt::format("executor: step {}/{}: loss {:.4f}, {:.3f} s, stage 0 peak {:.1f} "
+                                 "MiB\n",
+                                 r.step, steps, r.loss, r.step_s,
+                                 static_cast<double>(allocator.peak_bytes()) / (1 << 20));
+      step_docs.push_back({{"step", r.step},
+                           {"loss", r.loss},
+                           {"step_s", r.step_s},
+                           {"forward_s", r.forward_s},
+                           {"backward_s", r.backward_s},
+                           {"p2p_s", r.p2p_s},
+                           {"reduce_s", r.reduce_s},
+                           {"optimizer_s", r.optimizer_s}});
+    }
+  }
+  const auto mine = rank_record(allocator);
+  std::vector<std::int64_t> records(static_cast<std::size_t>(n) * kRecord);
+  world.all_gather(mine.data(), records.data(), kRecord, comm::DataType::i64);
+  if (world.rank() != 0) return;
+  const nlohmann::json doc = {{"kind", "executor pipeline run"},
+                              {"model", o.model.name},
+                              {"world", n},
+                              {"pipeline",
+                               {{"pipeline_parallel", o.stages},
+                                {"data_parallel", n / o.stages},
+                                {"schedule", costmodel::schedule_name(o.schedule)},
+                                {"micro_batches", o.micro_batches},
+                                {"micro_batch", o.micro_batch.batch},
+                                {"seq_len", o.micro_batch.seq}}},
+                              {"steps", step_docs},
+                              {"stages_measured", measured_stages(records, o.stages, n)},
+                              {"stages_predicted", predicted_stages(o, setup, n)},
+                              {"stages_counted", counted_stages(o)}};
+  io::write_file(out, io::json_text(doc, 2) + "\n", "--out");
+}
+
+}  // namespace shardplan::executor

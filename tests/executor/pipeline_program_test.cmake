@@ -1,0 +1,84 @@
+# The executor program with pipeline stages under mpirun (ctest label mpi): a DDP plan runs as
+# P = 2 stages on 2 ranks (1F1B and GPipe) and as P = 2 × d = 2 on 4, writing each stage's
+# measured peak beside the cost model's prediction; what a pipeline run cannot do is refused with
+# one line naming the flag and the value, and exit code 2.
+# Arguments: MPIRUN, EXECUTOR, PLANNER, DATA (this folder's data/), WORK (a scratch folder).
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+set(mpirun ${MPIRUN} --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none)
+
+include(${CMAKE_CURRENT_LIST_DIR}/run_expect.cmake)
+
+foreach(gpus 2 4)
+  run_expect(0 COMMAND ${PLANNER} recommend --model ${DATA}/llama-tiny.json
+                       --hardware ${DATA}/cpu-test.json --gpus ${gpus} --seq-len 32
+                       --global-batch 8 --micro-batch 1 --attention eager --checkpointing none
+                       --offload none --recipe executor --precision fp32 --strategy ddp
+                       --flavour ddp --emit plan OUTPUT plan)
+  file(WRITE ${WORK}/plan${gpus}.json "${plan}")
+endforeach()
+run_expect(0 COMMAND ${PLANNER} recommend --model ${DATA}/llama-tiny.json
+                     --hardware ${DATA}/cpu-test.json --gpus 2 --seq-len 32 --global-batch 8
+                     --micro-batch 1 --attention eager --checkpointing none --offload none
+                     --recipe executor --precision fp32 --strategy fsdp-full --flavour fsdp2
+                     --emit plan OUTPUT fsdp_plan)
+file(WRITE ${WORK}/fsdp.json "${fsdp_plan}")
+
+# Runs: the document has one measured and one predicted entry per stage, and the losses.
+foreach(case "2|1f1b|4" "2|gpipe|4" "4|1f1b|2")
+  string(REPLACE "|" ";" parts "${case}")
+  list(GET parts 0 ranks)
+  list(GET parts 1 schedule)
+  list(GET parts 2 m)
+  run_expect(0 COMMAND ${mpirun} -np ${ranks} ${EXECUTOR} --plan plan${ranks}.json --steps 2
+                       --pipeline-parallel 2 --schedule ${schedule} --micro-batches ${m}
+                       --out pp-${ranks}-${schedule}.json)
+  file(READ ${WORK}/pp-${ranks}-${schedule}.json run)
+  string(JSON kind GET "${run}" kind)
+  string(JSON measured LENGTH "${run}" stages_measured)
+  string(JSON predicted LENGTH "${run}" stages_predicted)
+  string(JSON loss GET "${run}" steps 1 loss)
+  if(NOT kind STREQUAL "executor pipeline run" OR NOT measured EQUAL 2 OR NOT predicted EQUAL 2)
+    message(FATAL_ERROR "pp-${ranks}-${schedule}.json: kind ${kind}, ${measured} measured and "
+                        "${predicted} predicted stages")
+  endif()
+  foreach(s 0 1)
+    string(JSON peak GET "${run}" stages_measured ${s} peak_bytes)
+    string(JSON want GET "${run}" stages_predicted ${s} total_bytes)
+    message(STATUS "${ranks} ranks, ${schedule}: stage ${s} peak ${peak} bytes measured, "
+                   "${want} predicted; loss ${loss}")
+  endforeach()
+endforeach()
+
+# Refusals of the command line (before any rank starts: one process), one line each.
+foreach(case
+    "--pipeline-parallel#0|--pipeline-parallel: must be >= 1, got 0"
+    "--pipeline-parallel#x|--pipeline-parallel: must be a whole decimal number, got \"x\""
+    "--pipeline-parallel#2#--schedule#zigzag|--schedule: must be one of 1f1b, interleaved-1f1b, gpipe, got \"zigzag\""
+    "--pipeline-parallel#2#--schedule#interleaved-1f1b|--schedule: interleaved-1f1b is not run by the executor"
+    "--pipeline-parallel#2#--micro-batches#0|--micro-batches: must be >= 1, got 0"
+    "--micro-batches#2|--micro-batches: needs --pipeline-parallel P with P > 1"
+    "--pipeline-parallel#2#--save#ckpt|--pipeline-parallel: --save is not run with pipeline stages"
+    "--pipeline-parallel#2#--rehearse-rank#0#--world#2|--pipeline-parallel: --rehearse-rank is not run with pipeline stages")
+  string(REPLACE "|" ";" parts "${case}")
+  list(GET parts 0 flags)
+  list(GET parts 1 expect)
+  string(REPLACE "#" ";" flags "${flags}")
+  run_expect(2 COMMAND ${EXECUTOR} --plan plan2.json --steps 1 ${flags} --out refused.json
+             EXPECT "executor: ${expect}")
+endforeach()
+
+# Refusals of the run (the world, the model, the batch, the plan's strategy): rank 0 says it.
+foreach(case
+    "plan2.json|--pipeline-parallel#2#--micro-batches#3|--micro-batches: 3 does not divide the 8 sequences per data-parallel rank"
+    "plan2.json|--pipeline-parallel#3|--pipeline-parallel: 3 does not divide the 2 ranks of the job"
+    "plan2.json|--pipeline-parallel#2#--layers#3#--hidden#16#--heads#2#--vocab#64|--pipeline-parallel: 2 does not divide the model's 3 layers"
+    "fsdp.json|--pipeline-parallel#2|--pipeline-parallel: the plan's strategy fsdp-full shards over the data-parallel group")
+  string(REPLACE "|" ";" parts "${case}")
+  list(GET parts 0 plan)
+  list(GET parts 1 flags)
+  list(GET parts 2 expect)
+  string(REPLACE "#" ";" flags "${flags}")
+  run_expect(2 COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan ${plan} --steps 1 ${flags}
+                       --out refused.json EXPECT "executor: ${expect}")
+endforeach()
