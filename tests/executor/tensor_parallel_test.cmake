@@ -19,6 +19,12 @@ foreach(gpus 2 4)
 endforeach()
 set(small --layers 2 --hidden 32 --heads 4 --kv-heads 2 --intermediate 64 --vocab 128)
 
+# Data parallelism alone on the same ranks: the reference the tensor-parallel runs start from.
+run_expect(0 COMMAND ${mpirun} -np 4 ${EXECUTOR} --plan plan-4.json ${small} --steps 2 --out ddp.json)
+file(READ ${WORK}/ddp.json ddp)
+string(JSON ddp_initial GET "${ddp}" initial_params_sha256)
+string(JSON ddp_loss GET "${ddp}" loss 0)
+
 foreach(sp "" "--sequence-parallel")
   run_expect(0 COMMAND ${mpirun} -np 4 ${EXECUTOR} --plan plan-4.json ${small} --steps 2
                        --tensor-parallel 2 ${sp} --out run.json)
@@ -27,10 +33,18 @@ foreach(sp "" "--sequence-parallel")
   string(JSON seq GET "${run}" model tensor_parallel sequence_parallel)
   string(JSON ranks LENGTH "${run}" ranks)
   string(JSON loss GET "${run}" loss 1)
+  string(JSON initial GET "${run}" initial_params_sha256)
+  string(JSON first_loss GET "${run}" loss 0)
+  # Each rank's slice is cut from the same full initialisation as t = 1: the whole model's digest
+  # is the data-parallel run's, bit for bit.
+  if(NOT initial STREQUAL ddp_initial)
+    message(FATAL_ERROR "t=2 ${sp}: initial parameters ${initial}, data parallel ${ddp_initial}")
+  endif()
   if(NOT size EQUAL 2 OR NOT ranks EQUAL 4)
     message(FATAL_ERROR "run.json: tensor_parallel size ${size}, ${ranks} ranks")
   endif()
-  message(STATUS "t=2 ${sp}: sequence_parallel ${seq}, loss of step 2 ${loss}")
+  message(STATUS "t=2 ${sp}: sequence_parallel ${seq}, losses ${first_loss} ${loss} (data "
+                 "parallel: first loss ${ddp_loss})")
 endforeach()
 
 # What t cannot split: the ranks, the key/value heads (2).
