@@ -259,6 +259,7 @@ TrackedBuffer<S> GptModel<S>::backward_block_tp(const S* p, BlockActivations<S>&
     d_attn_out = activation(N * qw);
     be_.linear_backward(d_attn_out.data(), g + L.o.weight, at(g, L.o.bias), d_out,
                         a.attn_out.data(), p + L.o.weight, N, qw, h);
+    if (!options_.flash_attention) a.attn_out.reset();  // flash's backward reads it again
   };
   if (m.parallel_residual) output_projection_backward(dy_all);
   dy_gathered.reset();

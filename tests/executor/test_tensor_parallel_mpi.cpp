@@ -63,12 +63,14 @@ struct TpRun {
 TpRun run_tensor_parallel(const costmodel::ModelSpec& full, int t, bool sequence_parallel,
                           const char* strategy, Flavour flavour, std::int64_t grad_accumulation,
                           costmodel::Precision precision = costmodel::Precision::fp32,
-                          Checkpointing checkpointing = Checkpointing::none) {
+                          Checkpointing checkpointing = Checkpointing::none,
+                          bool flash_attention = false) {
   auto tp_groups = make_tensor_parallel_groups(test_world(), t);
   const int d = test_world().size() / t;
   auto o = test_options(local_spec(full, t), test_spec(strategy, flavour, d), grad_accumulation,
                         checkpointing);
   o.precision = precision;
+  o.model_options.flash_attention = flash_attention;
   o.model_options.tensor_parallel = {tp_groups.tp.get(), sequence_parallel,
                                      std::make_shared<const GptLayout>(full)};
   auto owned = make_groups(*tp_groups.dp, o.spec);
@@ -87,10 +89,12 @@ TpRun run_tensor_parallel(const costmodel::ModelSpec& full, int t, bool sequence
 
 // DDP in one process over the same global batch: d × grad_accumulation micro-batches.
 TpRun run_alone(const costmodel::ModelSpec& full, int d, std::int64_t grad_accumulation,
-                costmodel::Precision precision = costmodel::Precision::fp32) {
+                costmodel::Precision precision = costmodel::Precision::fp32,
+                bool flash_attention = false) {
   auto self = test_world().split(test_world().rank(), 0);
   auto o = test_options(full, test_spec("ddp", Flavour::ddp, 1), grad_accumulation * d);
   o.precision = precision;
+  o.model_options.flash_attention = flash_attention;
   const auto run = run_engine(o, {self.get(), self.get(), nullptr, false}, kSteps);
   return {run.losses, run.params, run.peak_bytes};
 }
@@ -158,6 +162,21 @@ TEST_CASE("tensor_parallel::full recompute runs the block's collectives again, s
       CAPTURE(sp);
       check_equal(run_tensor_parallel(model, 2, sp, "ddp", Flavour::ddp, 2,
                                       costmodel::Precision::fp32, Checkpointing::full),
+                  alone);
+    }
+  }
+}
+
+TEST_CASE("tensor_parallel::flash attention over the local heads") {
+  const int world = test_world().size();
+  if (world % 2 != 0) return;
+  for (const auto& model : {tiny_llama(), tiny_neox()}) {
+    CAPTURE(model.name);
+    const auto alone = run_alone(model, world / 2, 2, costmodel::Precision::fp32, true);
+    for (bool sp : {false, true}) {
+      CAPTURE(sp);
+      check_equal(run_tensor_parallel(model, 2, sp, "ddp", Flavour::ddp, 2,
+                                      costmodel::Precision::fp32, Checkpointing::none, true),
                   alone);
     }
   }
