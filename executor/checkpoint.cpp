@@ -907,8 +907,10 @@ Consolidated consolidate_checkpoint(const std::string& dir, const std::string& o
 
 std::string params_sha256(ShardingEngine& engine) {
   Sha256 hash;
+  // Under tensor parallelism, of the whole model (collective over the tensor-parallel group).
+  const auto& tp = engine.options().model_options.tensor_parallel;
   for (std::int64_t u = 0; u < engine.layout().unit_count(); ++u) {
-    const auto p = engine.full_parameters(u);
+    const auto p = gather_full_unit(tp, engine.layout(), u, engine.full_parameters(u));
     hash.update(p.data(), p.size() * sizeof(float));
   }
   return Sha256::hex(hash.finish());

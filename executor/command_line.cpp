@@ -43,7 +43,7 @@ void check_checkpoint_options(const CLI::App& app, const RunCommand& r, std::int
 // for "not given".
 struct RunTexts {
   std::string layers, hidden, heads, kv_heads, intermediate, vocab, seq, capacity, rehearse, world,
-      steps, seed, lr, timeout, save_every;
+      steps, seed, lr, timeout, save_every, tensor_parallel;
   std::string backend = "cpu";
   std::string fault;
   std::string renamed;  // the value of a renamed flag, refused
@@ -104,6 +104,11 @@ void add_run_options(CLI::App& app, RunCommand& r, RunTexts& t) {
                "cpu backend: run each group's collectives on a thread of its own, overlapping "
                "the compute\n(needs MPI_THREAD_MULTIPLE); the all-gathers are issued ahead as "
                "planned");
+  app.add_option("--tensor-parallel", t.tensor_parallel,
+                 "cpu backend: split each block's linears over this many consecutive ranks "
+                 "(Megatron's\ncolumn/row-parallel), data parallelism over the rest [default: 1]");
+  app.add_flag("--sequence-parallel", r.request.sequence_parallel,
+               "with --tensor-parallel: norms and residuals on 1/t of the tokens");
   app.add_option("--rehearse-rank", t.rehearse, "rehearse this rank of the plan in one process");
   app.add_option("--world", t.world, "ranks of the rehearsed run (with --rehearse-rank)");
   app.add_option("--timeout-s", t.timeout,
@@ -248,6 +253,29 @@ void read_rehearsal(const CLI::App& app, const RunTexts& t, RunCommand& r) {
                          : "a rehearsal's collectives are local copies: not with --rehearse-rank");
 }
 
+// --tensor-parallel and --sequence-parallel: the cpu backend under mpirun, without checkpoints
+// (a checkpoint holds whole units).
+void read_tensor_parallel(const CLI::App& app, const RunTexts& t, RunCommand& r) {
+  if (app.count("--tensor-parallel")) {
+    const auto n = costmodel::int64_from_text("--tensor-parallel", t.tensor_parallel);
+    if (n < 1 || n > 1024)
+      throw InputError("--tensor-parallel", fmt::format("must be between 1 and 1024, got {}", n));
+    r.request.tensor_parallel = static_cast<int>(n);
+  }
+  const int tp = r.request.tensor_parallel;
+  if (r.request.sequence_parallel && tp < 2)
+    throw InputError("--sequence-parallel",
+                     fmt::format("needs --tensor-parallel of 2 or more, got {}", tp));
+  if (tp < 2) return;
+  const char* why = r.backend != ComputeBackend::cpu ? "runs on the cpu backend only"
+                    : r.rehearse_rank                ? "is not rehearsed (--rehearse-rank)"
+                    : !r.checkpoint.save_dir.empty() || !r.checkpoint.resume_dir.empty()
+                        ? "does not write or read checkpoints (--save, --resume)"
+                        : nullptr;
+  if (why != nullptr)
+    throw InputError("--tensor-parallel", fmt::format("{}: tensor parallelism {}", tp, why));
+}
+
 // --save, --save-every, --resume, --timeout-s and --inject-fault.
 void read_checkpoint_and_faults(const CLI::App& app, const RunTexts& t, RunCommand& r) {
   const std::int64_t every =
@@ -276,6 +304,7 @@ std::string pipeline_refusal(const CLI::App& app, const RunCommand& r) {
   if (r.backend == ComputeBackend::cuda) return "--backend cuda";
   for (const char* flag : {"--save", "--resume"})
     if (app.count(flag)) return flag;
+  if (r.request.tensor_parallel > 1) return "--tensor-parallel";  // not yet combined with stages
   return r.request.collective_streams ? "--collective-streams" : "";
 }
 
@@ -333,6 +362,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   read_scale(app, run_texts, r);
   read_rehearsal(app, run_texts, r);
   read_checkpoint_and_faults(app, run_texts, r);
+  read_tensor_parallel(app, run_texts, r);
   r.pipeline = read_pipeline_options(app, pipeline_texts, pipeline_refusal(app, r));
   return cl;
 }

@@ -160,7 +160,11 @@ template <class T>
 void EngineState<S>::write_initial(TrackedBuffer<T>& out, std::int64_t u, std::int64_t first) {
   const std::int64_t n = out.size();
   std::vector<A> values(static_cast<std::size_t>(n));
-  init_unit_params<A>(model.layout(), u, options.seed, first, values);
+  const auto& tp = options.model_options.tensor_parallel;
+  if (tp.active())  // this rank's slice of the full model's initial values
+    init_local_params<A>(tp, model.layout(), u, options.seed, first, values);
+  else
+    init_unit_params<A>(model.layout(), u, options.seed, first, values);
   std::vector<T> typed(values.size());
   for (std::size_t i = 0; i < values.size(); ++i) typed[i] = narrow<T>(values[i]);
   if (allocator.host_accessible())

@@ -75,18 +75,6 @@ GptModel<S>::GptModel(const costmodel::ModelSpec& spec, TrackedAllocator& alloca
 }
 
 template <class S>
-template <class T>
-TrackedBuffer<T> GptModel<S>::activation(std::int64_t elements) const {
-  return allocator_.template allocate<T>(MemoryCategory::activations, elements);
-}
-
-template <class S>
-template <class T>
-TrackedBuffer<T> GptModel<S>::written_activation(std::int64_t elements) const {
-  return allocator_.template allocate_uninitialized<T>(MemoryCategory::activations, elements);
-}
-
-template <class S>
 void GptModel<S>::check_unit(std::span<const S> params, UnitKind kind, const char* what) const {
   const auto need = layout_.unit_size(kind);
   if (static_cast<std::int64_t>(params.size()) < need)
@@ -101,10 +89,10 @@ void GptModel<S>::check_grad(std::span<S> grad, UnitKind kind, const char* what)
 
 // Norm₁, Norm₂ or the final norm forward: allocates and fills out [N, h], mean, rstd [N].
 template <class S>
-void GptModel<S>::norm_forward(BatchShape shape, const S* x, const S* params, NormOffsets norm,
+void GptModel<S>::norm_forward(std::int64_t n, const S* x, const S* params, NormOffsets norm,
                                TrackedBuffer<S>& out, TrackedBuffer<A>& mean,
                                TrackedBuffer<A>& rstd) const {
-  const std::int64_t n = shape.tokens(), h = layout_.spec().hidden;
+  const std::int64_t h = layout_.spec().hidden;
   const A eps = static_cast<A>(options_.norm_eps);
   out = activation(n * h);
   if (is_layernorm(layout_)) mean = activation<A>(n);
@@ -116,17 +104,40 @@ void GptModel<S>::norm_forward(BatchShape shape, const S* x, const S* params, No
     be_.rmsnorm_forward(out.data(), rstd.data(), x, params + norm.weight, n, h, eps);
 }
 
-// Adds the norm's input gradient into dx and its parameter gradients into grad.
+// Adds the norm's input gradient into dx and its parameter gradients into grad. Under sequence
+// parallelism the parameter gradients of this rank's tokens are a partial sum: they are made in
+// a zeroed buffer, all-reduced over the tensor-parallel group and added.
 template <class S>
-void GptModel<S>::norm_backward(BatchShape shape, S* dx, S* grad, const S* dy, const S* x,
+void GptModel<S>::norm_backward(std::int64_t n, S* dx, S* grad, const S* dy, const S* x,
                                 const S* params, NormOffsets norm, const TrackedBuffer<A>& mean,
                                 const TrackedBuffer<A>& rstd) const {
-  const std::int64_t n = shape.tokens(), h = layout_.spec().hidden;
+  const std::int64_t h = layout_.spec().hidden;
+  if (sequence_parallel()) {
+    const bool ln = is_layernorm(layout_);
+    auto partial = activation(ln ? 2 * h : h);  // [h] weight (, [h] bias)
+    NormOffsets at_zero{0, ln ? h : kAbsent};
+    norm_backward_rows(n, dx, partial.data(), dy, x, params, norm, at_zero, mean, rstd);
+    options_.tensor_parallel.group->all_reduce(
+        partial.data(), partial.data(), static_cast<std::size_t>(partial.size()), data_type_v<S>);
+    be_.add(grad + norm.weight, partial.data(), h);
+    if (ln) be_.add(grad + norm.bias, partial.data() + h, h);
+    return;
+  }
+  norm_backward_rows(n, dx, grad, dy, x, params, norm, norm, mean, rstd);
+}
+
+// The kernels of norm_backward: parameter gradients at grad_at's offsets of grad.
+template <class S>
+void GptModel<S>::norm_backward_rows(std::int64_t n, S* dx, S* grad, const S* dy, const S* x,
+                                     const S* params, NormOffsets norm, NormOffsets grad_at,
+                                     const TrackedBuffer<A>& mean,
+                                     const TrackedBuffer<A>& rstd) const {
+  const std::int64_t h = layout_.spec().hidden;
   if (is_layernorm(layout_))
-    be_.layernorm_backward(dx, grad + norm.weight, grad + norm.bias, dy, x, params + norm.weight,
-                           mean.data(), rstd.data(), n, h);
+    be_.layernorm_backward(dx, grad + grad_at.weight, grad + grad_at.bias, dy, x,
+                           params + norm.weight, mean.data(), rstd.data(), n, h);
   else
-    be_.rmsnorm_backward(dx, grad + norm.weight, dy, x, params + norm.weight, rstd.data(), n, h);
+    be_.rmsnorm_backward(dx, grad + grad_at.weight, dy, x, params + norm.weight, rstd.data(), n, h);
 }
 
 template <class S>
@@ -144,11 +155,13 @@ TrackedBuffer<S> GptModel<S>::forward_embedding(std::span<const S> params,
   auto out = activation(shape.tokens() * m.hidden);  // [N, h]
   be_.embedding_forward(out.data(), tokens.data(), params.data() + e.tokens,
                         at(params.data(), e.positions), shape.batch, shape.seq, m.hidden);
+  if (sequence_parallel()) return shard_tokens(out, shape);
   return out;
 }
 
 template <class S>
 void GptModel<S>::run_block(const S* p, BlockActivations<S>& a, TrackedBuffer<S>& y) const {
+  if (options_.tensor_parallel.active()) return run_block_tp(p, a, y);
   const auto& m = layout_.spec();
   const auto& L = layout_.block();
   const std::int64_t B = a.shape.batch, T = a.shape.seq, N = a.shape.tokens();
@@ -156,7 +169,7 @@ void GptModel<S>::run_block(const S* p, BlockActivations<S>& a, TrackedBuffer<S>
   const S* x = a.input.data();
 
   // Attention: Norm₁, projections, rotary, causal softmax(QKᵀ/√d)·V.
-  norm_forward(a.shape, x, p, L.norm1, a.norm1_out, a.norm1_mean, a.norm1_rstd);
+  norm_forward(N, x, p, L.norm1, a.norm1_out, a.norm1_mean, a.norm1_rstd);
   a.q = activation(N * qw);
   a.k = activation(N * kw);
   a.v = activation(N * kw);
@@ -191,7 +204,7 @@ void GptModel<S>::run_block(const S* p, BlockActivations<S>& a, TrackedBuffer<S>
                        true);
     mlp_in = a.mid.data();
   }
-  norm_forward(a.shape, mlp_in, p, L.norm2, a.norm2_out, a.norm2_mean, a.norm2_rstd);
+  norm_forward(N, mlp_in, p, L.norm2, a.norm2_out, a.norm2_mean, a.norm2_rstd);
   a.mlp_pre = activation(N * I);
   a.mlp_act = activation(N * I);
   if (is_swiglu(layout_)) {
@@ -257,6 +270,7 @@ TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockAct
     TrackedBuffer<S> recomputed_output;
     run_block(p, a, recomputed_output);
   }
+  if (options_.tensor_parallel.active()) return backward_block_tp(p, a, std::move(d_output), g);
   const auto& m = layout_.spec();
   const auto& L = layout_.block();
   const std::int64_t B = a.shape.batch, T = a.shape.seq, N = a.shape.tokens();
@@ -302,7 +316,7 @@ TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockAct
   a.mlp_up.reset();
   a.norm2_out.reset();
   const S* mlp_in = is_parallel(layout_) ? a.input.data() : a.mid.data();
-  norm_backward(a.shape, dy.data(), g, d_norm2_out.data(), mlp_in, p, L.norm2, a.norm2_mean,
+  norm_backward(N, dy.data(), g, d_norm2_out.data(), mlp_in, p, L.norm2, a.norm2_mean,
                 a.norm2_rstd);
   d_norm2_out.reset();
   a.mid.reset();
@@ -348,7 +362,7 @@ TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockAct
   a.k.reset();
   a.v.reset();
   a.norm1_out.reset();
-  norm_backward(a.shape, dy.data(), g, d_norm1_out.data(), a.input.data(), p, L.norm1, a.norm1_mean,
+  norm_backward(N, dy.data(), g, d_norm1_out.data(), a.input.data(), p, L.norm1, a.norm1_mean,
                 a.norm1_rstd);
   return dy;
 }
@@ -372,8 +386,10 @@ GptModel<S>::forward_head(std::span<const S> params, std::span<const S> embeddin
   HeadActivations<S>& a = f.saved;
   a.shape = shape;
   a.input = std::move(input);
-  norm_forward(shape, a.input.data(), params.data(), H.norm, a.norm_out, a.norm_mean, a.norm_rstd);
-  a.logits = written_activation(N * m.vocab);  // [N, V]
+  norm_forward(local_tokens(shape), a.input.data(), params.data(), H.norm, a.norm_out, a.norm_mean,
+               a.norm_rstd);
+  if (sequence_parallel()) a.norm_out = gather_tokens(a.norm_out.data(), shape);  // [N, h]
+  a.logits = written_activation(N * m.vocab);                                     // [N, V]
   be_.linear_forward(a.logits.data(), a.norm_out.data(), w_out, static_cast<const S*>(nullptr), N,
                      m.hidden, m.vocab, false);
   a.log_probs = written_activation<A>(N * m.vocab);  // [N, V]
@@ -421,9 +437,13 @@ GptModel<S>::backward_head(std::span<const S> params, std::span<const S> embeddi
                       a.norm_out.data(), w_out, N, m.hidden, m.vocab);
   d_logits.reset();
   a.norm_out.reset();
-  auto dx = activation(N * m.hidden);  // [N, h]
-  norm_backward(a.shape, dx.data(), grad.data(), d_norm_out.data(), a.input.data(), params.data(),
-                H.norm, a.norm_mean, a.norm_rstd);
+  // Sequence parallelism: every rank has the whole d_norm_out; its rows are this rank's.
+  const std::int64_t n = local_tokens(a.shape);
+  const S* dy = d_norm_out.data() +
+                (sequence_parallel() ? options_.tensor_parallel.rank() * n * m.hidden : 0);
+  auto dx = activation(n * m.hidden);  // [N, h], or [N/t, h]
+  norm_backward(n, dx.data(), grad.data(), dy, a.input.data(), params.data(), H.norm, a.norm_mean,
+                a.norm_rstd);
   return dx;
 }
 
@@ -435,6 +455,7 @@ void GptModel<S>::backward_embedding(std::span<const std::int32_t> tokens,
   check_tokens(tokens, shape, "backward_embedding tokens");
   check_hidden(d_output, shape, "backward_embedding d_output");
   const auto& e = layout_.embedding();
+  if (sequence_parallel()) d_output = gather_tokens(d_output.data(), shape);
   be_.embedding_backward(grad.data() + e.tokens, at(grad.data(), e.positions), d_output.data(),
                          tokens.data(), shape.batch, shape.seq, layout_.spec().hidden);
 }
@@ -445,7 +466,7 @@ void GptModel<S>::check_hidden(const TrackedBuffer<S>& x, BatchShape shape,
   if (shape.batch < 1 || shape.seq < 1)
     throw std::invalid_argument(
         fmt::format("{}: batch {} × sequence {} is empty", what, shape.batch, shape.seq));
-  const std::int64_t need = shape.tokens() * layout_.spec().hidden;
+  const std::int64_t need = local_tokens(shape) * layout_.spec().hidden;
   if (x.size() != need)
     throw std::invalid_argument(fmt::format("{}: {} elements, expected {} (B {} × T {} × h {})",
                                             what, x.size(), need, shape.batch, shape.seq,

@@ -40,6 +40,7 @@
 
 #include "costmodel/model.hpp"
 #include "executor/model_layout.hpp"
+#include "executor/tensor_parallel.hpp"
 #include "executor/tracked_allocator.hpp"
 #include "kernels/backend.hpp"
 
@@ -65,6 +66,10 @@ struct ModelOptions {
   // Fused attention (Backend::flash_attention_forward): a block keeps the log-sum-exp of each
   // score row [B, a, T] instead of the probabilities [B, a, T, T] (the cost model's flash option).
   bool flash_attention = false;
+  // Tensor (and sequence) parallelism (tensor_parallel.hpp): the model is then one rank's local
+  // model, its spec local_spec's; with sequence parallelism the hidden states between units are
+  // this rank's 1/t of the N tokens. Not active by default.
+  TensorParallel tensor_parallel;
 };
 
 // What a block's backward needs, with shapes (N = B·T, h = hidden, qw = heads·head_dim,
@@ -182,16 +187,48 @@ public:
 private:
   using A = accum_t<S>;
   // An activation of `elements` elements of T (S, or A for the statistics and log-probabilities).
-  template <class T = S> TrackedBuffer<T> activation(std::int64_t elements) const;
+  template <class T = S> TrackedBuffer<T> activation(std::int64_t elements) const {
+    return allocator_.template allocate<T>(MemoryCategory::activations, elements);
+  }
   // For an activation the next kernel writes completely (no zeroing).
-  template <class T = S> TrackedBuffer<T> written_activation(std::int64_t elements) const;
+  template <class T = S> TrackedBuffer<T> written_activation(std::int64_t elements) const {
+    return allocator_.template allocate_uninitialized<T>(MemoryCategory::activations, elements);
+  }
   // Runs the block's forward from saved.input, filling every saved buffer, into `output`.
   void run_block(const S* params, BlockActivations<S>& saved, TrackedBuffer<S>& output) const;
-  void norm_forward(BatchShape shape, const S* x, const S* params, NormOffsets norm,
+  // n: the rows the norm runs on (N, or N/t under sequence parallelism).
+  void norm_forward(std::int64_t n, const S* x, const S* params, NormOffsets norm,
                     TrackedBuffer<S>& out, TrackedBuffer<A>& mean, TrackedBuffer<A>& rstd) const;
-  void norm_backward(BatchShape shape, S* dx, S* grad, const S* dy, const S* x, const S* params,
+  void norm_backward(std::int64_t n, S* dx, S* grad, const S* dy, const S* x, const S* params,
                      NormOffsets norm, const TrackedBuffer<A>& mean,
                      const TrackedBuffer<A>& rstd) const;
+  void norm_backward_rows(std::int64_t n, S* dx, S* grad, const S* dy, const S* x, const S* params,
+                          NormOffsets norm, NormOffsets grad_at, const TrackedBuffer<A>& mean,
+                          const TrackedBuffer<A>& rstd) const;
+  // Tensor parallelism (tensor_parallel_block.cpp). The tokens of the hidden states between
+  // units: N, or N/t under sequence parallelism.
+  std::int64_t local_tokens(BatchShape shape) const;
+  bool sequence_parallel() const;
+  void run_block_tp(const S* params, BlockActivations<S>& saved, TrackedBuffer<S>& output) const;
+  TrackedBuffer<S> backward_block_tp(const S* params, BlockActivations<S>& saved,
+                                     TrackedBuffer<S> d_output, S* grad) const;
+  void attention_forward_tp(const S* p, BlockActivations<S>& a, const S* x) const;
+  void mlp_forward_tp(const S* p, BlockActivations<S>& a, const S* x) const;
+  TrackedBuffer<S> attention_backward_tp(const S* p, S* g, BlockActivations<S>& a,
+                                         TrackedBuffer<S> d_attn_out) const;
+  TrackedBuffer<S> mlp_backward_tp(const S* p, S* g, BlockActivations<S>& a,
+                                   TrackedBuffer<S> d_act) const;
+  // [N/t, h] shard → [N, h] (sequence parallelism's all-gather).
+  TrackedBuffer<S> gather_tokens(const S* shard, BatchShape shape) const;
+  // The column-parallel input: x itself, or its tokens gathered into `gathered`.
+  const S* column_input(const TrackedBuffer<S>& x, BatchShape shape,
+                        TrackedBuffer<S>& gathered) const;
+  // A row-parallel linear's partial [N, h] summed over the group: all-reduced in place, or
+  // reduce-scattered into this rank's [N/t, h].
+  TrackedBuffer<S> reduce_tokens(TrackedBuffer<S> partial, BatchShape shape) const;
+  // Sequence parallelism: the rows of this rank's shard of a replicated [N, h] / its shard [N/t,
+  // h].
+  TrackedBuffer<S> shard_tokens(const TrackedBuffer<S>& whole, BatchShape shape) const;
   void check_unit(std::span<const S> params, UnitKind kind, const char* what) const;
   void check_grad(std::span<S> grad, UnitKind kind, const char* what) const;
   void check_hidden(const TrackedBuffer<S>& x, BatchShape shape, const char* what) const;

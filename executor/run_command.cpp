@@ -272,7 +272,7 @@ int run_under_mpi(const RunCommand& c) {
     auto world = mpi.world();
     comm::WatchedCommunicator watched(*world, watchdog);  // and every group split off it
     const auto topology = comm::discover_topology(watched);
-    const RunSetup setup = read_setup(c, world->size());
+    RunSetup setup = read_setup(c, world->size());
     check_fault_rank(c, world->size());
     check_checkpoints(c, setup);
     check_out_on_rank_0(watched, c);
@@ -289,7 +289,16 @@ int run_under_mpi(const RunCommand& c) {
       throw std::runtime_error(fmt::format("--collective-streams: {} does not provide "
                                            "MPI_THREAD_MULTIPLE",
                                            world->library_version()));
-    auto owned = make_groups(watched, setup.plan.spec, streams);
+    // Tensor parallelism: TP groups of consecutive ranks, data parallelism over the ranks with
+    // the same TP rank (tensor_parallel.hpp); the world otherwise.
+    TensorParallelGroups tp_groups;
+    comm::Communicator* data_world = &watched;
+    if (c.request.tensor_parallel > 1) {
+      tp_groups = make_tensor_parallel_groups(watched, c.request.tensor_parallel);
+      setup.engine.model_options.tensor_parallel.group = tp_groups.tp.get();
+      data_world = tp_groups.dp.get();
+    }
+    auto owned = make_groups(*data_world, setup.plan.spec, streams);
     std::vector<std::unique_ptr<comm::StreamedCommunicator>> stream_groups;
     if (streams)
       for (auto** g : {&owned.groups.shard, &owned.groups.shard_reduce, &owned.groups.replica})

@@ -369,6 +369,14 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                   {"scaled", setup.scaled},
                   {"units", engine.layout().unit_count()},
                   {"config", eo.model.hf_config}};
+  // Tensor parallelism: the engine's model is one rank's slice (tensor_parallel.hpp); the whole
+  // model's parameters, and the slice's.
+  if (const auto& tp = eo.model_options.tensor_parallel; tp.full != nullptr) {
+    doc["model"]["params"] = tp.full->spec().total_params();
+    doc["model"]["tensor_parallel"] = {{"size", tp.size()},
+                                       {"sequence_parallel", tp.sequence_parallel},
+                                       {"local_params", eo.model.total_params()}};
+  }
   doc["execution"] = execution_json(setup, engine, ranks.front().steps.size(), on_device);
 
   nlohmann::json loss = nlohmann::json::array();

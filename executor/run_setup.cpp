@@ -1,11 +1,14 @@
 #include "executor/run_setup.hpp"
 
+#include <memory>
+
 #include <fmt/format.h>
 
 #include "core/input_error.hpp"
 #include "costmodel/accounting.hpp"
 #include "executor/host_offload.hpp"
 #include "executor/model_layout.hpp"
+#include "executor/tensor_parallel.hpp"
 
 namespace shardplan::executor {
 
@@ -142,6 +145,43 @@ void add_deviations(RunSetup& r) {
         "is for the unscaled model");
 }
 
+// Tensor parallelism: the engine runs this rank's local model, its data parallelism over the
+// d = world / t replicas (the TP group is made by the run, tensor_parallel.hpp).
+void set_tensor_parallel(RunSetup& r, int world, const RunRequest& request) {
+  const int t = request.tensor_parallel;
+  auto& e = r.engine;
+  if (world % t != 0)
+    throw InputError("--tensor-parallel", fmt::format("{} does not divide the {} ranks", t, world));
+  if (request.gpu)
+    throw InputError("--tensor-parallel",
+                     fmt::format("{}: tensor parallelism runs on the cpu backend only", t));
+  try {
+    check_tensor_parallel(e.model, t);
+  } catch (const std::invalid_argument& error) {
+    throw InputError("--tensor-parallel", error.what());
+  }
+  if (request.sequence_parallel && e.micro_batch.tokens() % t != 0)
+    throw InputError("--sequence-parallel",
+                     fmt::format("{} tokens per micro-batch are not divisible by {} ranks",
+                                 e.micro_batch.tokens(), t));
+  const int d = world / t;
+  const auto& job = r.plan.job;
+  if (job.global_batch % (static_cast<std::int64_t>(d) * job.micro_batch) != 0)
+    throw InputError("--tensor-parallel",
+                     fmt::format("{}: the global batch of {} is not a multiple of {} replicas × "
+                                 "micro-batch {}",
+                                 t, job.global_batch, d, job.micro_batch));
+  e.grad_accumulation = job.global_batch / (d * job.micro_batch);
+  e.model_options.tensor_parallel = {nullptr, request.sequence_parallel,
+                                     std::make_shared<const GptLayout>(e.model)};
+  e.model = local_spec(e.model, t);
+  r.deviations.push_back(fmt::format(
+      "tensor parallelism over {} ranks{} beside {} data-parallel replicas: the embeddings and "
+      "the head are replicated over the tensor-parallel group (not vocabulary-parallel); the "
+      "plan's prediction is for data parallelism alone",
+      t, request.sequence_parallel ? " with sequence parallelism" : "", d));
+}
+
 }  // namespace
 
 RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const RunRequest& request) {
@@ -150,6 +190,7 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
   r.world = world;
   check_runnable(r.plan, world, request);
   set_engine_options(r, world, request);
+  if (request.tensor_parallel > 1) set_tensor_parallel(r, world, request);
   add_deviations(r);
   return r;
 }

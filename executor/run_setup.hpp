@@ -39,6 +39,11 @@ struct RunRequest {
   bool collective_streams = false;
   double lr = 1e-3;
   bool gpu = false;  // the CUDA backend (executor --backend cuda)
+  // Tensor parallelism over t consecutive ranks (tensor_parallel.hpp), data parallelism as the
+  // plan's ShardingSpec over the world / t ranks with the same TP rank; sequence parallelism
+  // with it (executor --tensor-parallel T --sequence-parallel, the planner's flags).
+  int tensor_parallel = 1;
+  bool sequence_parallel = false;
 };
 
 struct RunSetup {

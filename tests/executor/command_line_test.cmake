@@ -27,7 +27,10 @@ foreach(case
     "--save-every|0x2|--save-every: must be a whole decimal number, got \"0x2\""
     "--gpu-memory-GiB|inf|--gpu-memory-GiB: must be a decimal number, got \"inf\""
     "--lr|0x1p-3|--lr: must be a decimal number, got \"0x1p-3\""
-    "--timeout-s|nan|--timeout-s: must be a decimal number, got \"nan\"")
+    "--timeout-s|nan|--timeout-s: must be a decimal number, got \"nan\""
+    "--tensor-parallel|0|--tensor-parallel: must be between 1 and 1024, got 0"
+    "--tensor-parallel|0x2|--tensor-parallel: must be a whole decimal number, got \"0x2\""
+    "--tensor-parallel|2|--tensor-parallel: 2: tensor parallelism is not rehearsed (--rehearse-rank)")
 
   string(REPLACE "|" ";" parts "${case}")
   list(GET parts 0 flag)
@@ -44,6 +47,8 @@ foreach(case "--steps|--steps: must be a whole decimal number, got \"\""
   list(GET parts 1 expect)
   run_expect(2 COMMAND sh -c "exec \"$0\" \"$@\" ${flag} ''" ${rehearse} ${small} EXPECT "executor: ${expect}")
 endforeach()
+run_expect(2 COMMAND ${rehearse} ${small} --sequence-parallel
+           EXPECT "executor: --sequence-parallel: needs --tensor-parallel of 2 or more, got 1")
 run_expect(2 COMMAND ${EXECUTOR} --plan plan.json --world 02 --rehearse-rank 0x1 --out run.json
            EXPECT "executor: --rehearse-rank: must be a whole decimal number, got \"0x1\"")
 run_expect(2 COMMAND ${EXECUTOR} scale-config --model gpt2 --layers 2 --hidden 64 --heads 0 --vocab 64

@@ -1,0 +1,56 @@
+# The executor program with --tensor-parallel under mpirun (ctest label mpi): a plan for 4 ranks
+# runs as 2 tensor-parallel ranks × 2 data-parallel replicas, with and without sequence
+# parallelism, and its run document says so; what cannot be split is one line naming the flag and
+# exit code 2.
+# Arguments: MPIRUN, EXECUTOR, PLANNER, DATA (this folder's data/), WORK (a scratch folder).
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+set(mpirun ${MPIRUN} --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none)
+
+include(${CMAKE_CURRENT_LIST_DIR}/run_expect.cmake)
+
+foreach(gpus 2 4)
+  run_expect(0 COMMAND ${PLANNER} recommend --model ${DATA}/llama-tiny.json
+                       --hardware ${DATA}/cpu-test.json --gpus ${gpus} --seq-len 32
+                       --global-batch 8 --micro-batch 2 --attention eager --checkpointing none
+                       --offload none --recipe executor --precision fp32 --strategy ddp
+                       --flavour ddp --emit plan OUTPUT plan)
+  file(WRITE ${WORK}/plan-${gpus}.json "${plan}")
+endforeach()
+set(small --layers 2 --hidden 32 --heads 4 --kv-heads 2 --intermediate 64 --vocab 128)
+
+# Data parallelism alone on the same ranks: the reference the tensor-parallel runs start from.
+run_expect(0 COMMAND ${mpirun} -np 4 ${EXECUTOR} --plan plan-4.json ${small} --steps 2 --out ddp.json)
+file(READ ${WORK}/ddp.json ddp)
+string(JSON ddp_initial GET "${ddp}" initial_params_sha256)
+string(JSON ddp_loss GET "${ddp}" loss 0)
+
+foreach(sp "" "--sequence-parallel")
+  run_expect(0 COMMAND ${mpirun} -np 4 ${EXECUTOR} --plan plan-4.json ${small} --steps 2
+                       --tensor-parallel 2 ${sp} --out run.json)
+  file(READ ${WORK}/run.json run)
+  string(JSON size GET "${run}" model tensor_parallel size)
+  string(JSON seq GET "${run}" model tensor_parallel sequence_parallel)
+  string(JSON ranks LENGTH "${run}" ranks)
+  string(JSON loss GET "${run}" loss 1)
+  string(JSON initial GET "${run}" initial_params_sha256)
+  string(JSON first_loss GET "${run}" loss 0)
+  # Each rank's slice is cut from the same full initialisation as t = 1: the whole model's digest
+  # is the data-parallel run's, bit for bit.
+  if(NOT initial STREQUAL ddp_initial)
+    message(FATAL_ERROR "t=2 ${sp}: initial parameters ${initial}, data parallel ${ddp_initial}")
+  endif()
+  if(NOT size EQUAL 2 OR NOT ranks EQUAL 4)
+    message(FATAL_ERROR "run.json: tensor_parallel size ${size}, ${ranks} ranks")
+  endif()
+  message(STATUS "t=2 ${sp}: sequence_parallel ${seq}, losses ${first_loss} ${loss} (data "
+                 "parallel: first loss ${ddp_loss})")
+endforeach()
+
+# What t cannot split: the ranks, the key/value heads (2).
+run_expect(2 COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan plan-2.json ${small} --tensor-parallel 4
+                     --out bad.json
+           EXPECT "executor: --tensor-parallel: 4 does not divide the 2 ranks")
+run_expect(2 COMMAND ${mpirun} -np 4 ${EXECUTOR} --plan plan-4.json ${small} --tensor-parallel 4
+                     --out bad.json
+           EXPECT "executor: --tensor-parallel: tensor-parallel size 4 does not divide the 2 key/value heads")
