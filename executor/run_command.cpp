@@ -220,6 +220,33 @@ RunRequest request_of(const RunCommand& c) {
   return r;
 }
 
+// A plan made with model parallelism (its /parallel object) runs with that layout or not at all:
+// the flags must ask for the same tensor-parallel size, sequence parallelism, pipeline stages and
+// schedule (and micro-batches, when given). Context parallelism is not run. A data-parallel plan
+// may still be run with --tensor-parallel or --pipeline-parallel (the run document says its
+// prediction is for data parallelism alone).
+void check_plan_layout(const RunCommand& c, const costmodel::ParallelLayout& l) {
+  if (l.trivial()) return;
+  if (l.context_parallel > 1)
+    throw InputError(c.plan, fmt::format("/parallel/context is {}: the executor does not run "
+                                         "context parallelism",
+                                         l.context_parallel));
+  const auto& p = c.pipeline;
+  const bool same =
+      l.tensor_parallel == c.request.tensor_parallel &&
+      l.sequence_parallel == c.request.sequence_parallel && l.pipeline_parallel == p.stages &&
+      (l.pipeline_parallel == 1 ||
+       (l.schedule == p.schedule && (p.micro_batches == 0 || p.micro_batches == l.micro_batches)));
+  if (same) return;
+  std::string flags = fmt::format("--tensor-parallel {}", l.tensor_parallel);
+  if (l.sequence_parallel) flags += " --sequence-parallel";
+  if (l.pipeline_parallel > 1)
+    flags +=
+        fmt::format(" --pipeline-parallel {} --schedule {} --micro-batches {}", l.pipeline_parallel,
+                    costmodel::schedule_name(l.schedule), l.micro_batches);
+  throw InputError(c.plan, fmt::format("the plan's /parallel layout is run with {}", flags));
+}
+
 // The plan's setup for a world of world_size ranks (the plan's errors name its file), refused
 // before anything is allocated when one rank of it cannot fit this host (run_setup.hpp,
 // check_run_size).
@@ -228,6 +255,7 @@ RunSetup read_setup(const RunCommand& c, int world_size) {
   RunSetup setup = costmodel::read_json_document(c.plan, [&](const nlohmann::json& plan) {
     return make_run_setup(plan, world_size, request);
   });
+  check_plan_layout(c, setup.plan.parallel);
   check_run_size(setup, request, comm::host_memory_bytes().value_or(0));
   return setup;
 }

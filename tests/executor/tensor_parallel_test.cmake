@@ -54,3 +54,17 @@ run_expect(2 COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan plan-2.json ${small} --t
 run_expect(2 COMMAND ${mpirun} -np 4 ${EXECUTOR} --plan plan-4.json ${small} --tensor-parallel 4
                      --out bad.json
            EXPECT "executor: --tensor-parallel: tensor-parallel size 4 does not divide the 2 key/value heads")
+
+# A plan made with tensor parallelism (its /parallel object) runs with that layout or not at all:
+# without the flags it names, the run is refused with the flags to give. Its micro-batch count is
+# the plan's: global batch 8 / (2 replicas x micro-batch 2) = 2.
+file(READ ${WORK}/plan-4.json plan4)
+string(JSON plan_tp SET "${plan4}" parallel
+       [=[{"tensor": 2, "sequence_parallel": true, "async_tensor_parallel": false, "pipeline": 1,
+          "schedule": "1f1b", "virtual_stages": 1, "micro_batches": 2, "context": 1}]=])
+file(WRITE ${WORK}/plan-4-tp.json "${plan_tp}")
+run_expect(2 COMMAND ${mpirun} -np 4 ${EXECUTOR} --plan plan-4-tp.json ${small} --steps 1
+                     --out bad.json
+           EXPECT "the plan's /parallel layout is run with --tensor-parallel 2 --sequence-parallel")
+run_expect(0 COMMAND ${mpirun} -np 4 ${EXECUTOR} --plan plan-4-tp.json ${small} --steps 1
+                     --tensor-parallel 2 --sequence-parallel --out run.json)
