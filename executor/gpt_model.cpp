@@ -257,6 +257,38 @@ BlockForward<S> GptModel<S>::forward_block(std::span<const S> params, TrackedBuf
 // Left whole: each step frees what it was the last to read, which sets the tracked peak; split,
 // a dozen buffers and their release order would pass between the parts.
 template <class S>
+typename GptModel<S>::QkvGrads
+GptModel<S>::attention_core_backward(BlockActivations<S>& a, TrackedBuffer<S> d_attn_out) const {
+  const auto& m = layout_.spec();
+  const std::int64_t B = a.shape.batch, T = a.shape.seq, N = a.shape.tokens();
+  const std::int64_t qw = m.q_width(), kw = m.kv_width();
+  auto dq = activation(N * qw);  // [N, qw]
+  auto dk = activation(N * kw);  // [N, kw]
+  auto dv = activation(N * kw);  // [N, kw]
+  if (options_.flash_attention) {
+    auto delta = written_activation<A>(B * m.heads * T);  // [B, a, T] rowsum(dO ∘ O)
+    be_.flash_attention_backward(dq.data(), dk.data(), dv.data(), delta.data(), d_attn_out.data(),
+                                 a.attn_out.data(), a.lse.data(), a.q.data(), a.k.data(),
+                                 a.v.data(), B, T, m.heads, m.kv_heads, m.head_dim);
+  } else {
+    // dP, then dS: one [T, T] on the host, every (sequence, head)'s on a GPU.
+    auto scratch = activation(be_.attention_scratch_elements(B, T, m.heads));
+    be_.attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), d_attn_out.data(),
+                           a.probs.data(), a.q.data(), a.k.data(), a.v.data(), B, T, m.heads,
+                           m.kv_heads, m.head_dim);
+  }
+  d_attn_out.reset();
+  a.attn_out.reset();
+  a.probs.reset();
+  a.lse.reset();
+  if (is_rotary(layout_)) {
+    be_.rope_backward(dq.data(), B, T, m.heads, m.head_dim, options_.rope_theta);
+    be_.rope_backward(dk.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta);
+  }
+  return {std::move(dq), std::move(dk), std::move(dv)};
+}
+
+template <class S>
 TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockActivations<S> saved,
                                              TrackedBuffer<S> d_output, std::span<S> grad) const {
   check_unit(params, UnitKind::block, "backward_block params");
@@ -273,7 +305,7 @@ TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockAct
   if (options_.tensor_parallel.active()) return backward_block_tp(p, a, std::move(d_output), g);
   const auto& m = layout_.spec();
   const auto& L = layout_.block();
-  const std::int64_t B = a.shape.batch, T = a.shape.seq, N = a.shape.tokens();
+  const std::int64_t N = a.shape.tokens();
   const std::int64_t h = m.hidden, qw = m.q_width(), kw = m.kv_width(), I = m.intermediate;
   // dy becomes dx in place: dx = dy + (the norms' input gradients).
   TrackedBuffer<S> dy = std::move(d_output);
@@ -325,29 +357,7 @@ TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockAct
 
   // Attention. Sequential residual: dy now holds d a, the output projection's gradient.
   if (!is_parallel(layout_)) attention_output_backward();
-  auto dq = activation(N * qw);  // [N, qw]
-  auto dk = activation(N * kw);  // [N, kw]
-  auto dv = activation(N * kw);  // [N, kw]
-  if (options_.flash_attention) {
-    auto delta = written_activation<A>(B * m.heads * T);  // [B, a, T] rowsum(dO ∘ O)
-    be_.flash_attention_backward(dq.data(), dk.data(), dv.data(), delta.data(), d_attn_out.data(),
-                                 a.attn_out.data(), a.lse.data(), a.q.data(), a.k.data(),
-                                 a.v.data(), B, T, m.heads, m.kv_heads, m.head_dim);
-  } else {
-    // dP, then dS: one [T, T] on the host, every (sequence, head)'s on a GPU.
-    auto scratch = activation(be_.attention_scratch_elements(B, T, m.heads));
-    be_.attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), d_attn_out.data(),
-                           a.probs.data(), a.q.data(), a.k.data(), a.v.data(), B, T, m.heads,
-                           m.kv_heads, m.head_dim);
-  }
-  d_attn_out.reset();
-  a.attn_out.reset();
-  a.probs.reset();
-  a.lse.reset();
-  if (is_rotary(layout_)) {
-    be_.rope_backward(dq.data(), B, T, m.heads, m.head_dim, options_.rope_theta);
-    be_.rope_backward(dk.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta);
-  }
+  auto [dq, dk, dv] = attention_core_backward(a, std::move(d_attn_out));
   auto d_norm1_out = activation(N * h);  // [N, h]
   be_.linear_backward(d_norm1_out.data(), g + L.q.weight, at(g, L.q.bias), dq.data(),
                       a.norm1_out.data(), p + L.q.weight, N, h, qw);

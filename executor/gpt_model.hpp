@@ -214,6 +214,13 @@ private:
                                      TrackedBuffer<S> d_output, S* grad) const;
   void attention_forward_tp(const S* p, BlockActivations<S>& a, const S* x) const;
   void mlp_forward_tp(const S* p, BlockActivations<S>& a, const S* x) const;
+  // The attention core's backward, shared by the whole and the tensor-parallel block: dq, dk, dv
+  // ([N, qw], [N, kw], [N, kw], rotary undone) from the gradient of the attention output; frees
+  // d_attn_out and the core's saved activations (attn_out, probs, lse).
+  struct QkvGrads {
+    TrackedBuffer<S> dq, dk, dv;
+  };
+  QkvGrads attention_core_backward(BlockActivations<S>& a, TrackedBuffer<S> d_attn_out) const;
   TrackedBuffer<S> attention_backward_tp(const S* p, S* g, BlockActivations<S>& a,
                                          TrackedBuffer<S> d_attn_out) const;
   TrackedBuffer<S> mlp_backward_tp(const S* p, S* g, BlockActivations<S>& a,

@@ -166,28 +166,9 @@ TrackedBuffer<S> GptModel<S>::attention_backward_tp(const S* p, S* g, BlockActiv
                                                     TrackedBuffer<S> d_attn_out) const {
   const auto& m = layout_.spec();
   const auto& L = layout_.block();
-  const std::int64_t B = a.shape.batch, T = a.shape.seq, N = a.shape.tokens();
+  const std::int64_t N = a.shape.tokens();
   const std::int64_t h = m.hidden, qw = m.q_width(), kw = m.kv_width();
-  auto dq = activation(N * qw), dk = activation(N * kw), dv = activation(N * kw);
-  if (options_.flash_attention) {
-    auto delta = written_activation<A>(B * m.heads * T);  // [B, a/t, T]
-    be_.flash_attention_backward(dq.data(), dk.data(), dv.data(), delta.data(), d_attn_out.data(),
-                                 a.attn_out.data(), a.lse.data(), a.q.data(), a.k.data(),
-                                 a.v.data(), B, T, m.heads, m.kv_heads, m.head_dim);
-  } else {
-    auto scratch = activation(be_.attention_scratch_elements(B, T, m.heads));
-    be_.attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), d_attn_out.data(),
-                           a.probs.data(), a.q.data(), a.k.data(), a.v.data(), B, T, m.heads,
-                           m.kv_heads, m.head_dim);
-  }
-  d_attn_out.reset();
-  a.attn_out.reset();
-  a.probs.reset();
-  a.lse.reset();
-  if (m.positions == PositionKind::rotary) {
-    be_.rope_backward(dq.data(), B, T, m.heads, m.head_dim, options_.rope_theta);
-    be_.rope_backward(dk.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta);
-  }
+  auto [dq, dk, dv] = attention_core_backward(a, std::move(d_attn_out));
   TrackedBuffer<S> gathered;
   const S* in = column_input(a.norm1_out, a.shape, gathered);  // gathered again for dW
   auto d_in = activation(N * h);                               // [N, h] partial over the group
