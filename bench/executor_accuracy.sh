@@ -13,8 +13,8 @@
 # those rows are there for memory.
 #
 # Environment: BUILD_DIR (default build/release), WORK_DIR (default a temporary folder), STEPS
-# (default 5; times are medians of steps 2..STEPS), REPEATS (default 3: calibrate, plan and run
-# per row, the median shown), RANKS (default "1 2 4"), CAPACITY_GIB (of the
+# (default 5; times are medians of steps 2..STEPS), REPEATS (default 7: calibrate, plan and run
+# per row, pooled as below), RANKS (default "1 2 4"), MODEL_NAMES (default "llama gpt2"), CAPACITY_GIB (of the
 # classification, default 0.1), SKIP_CLASSIFICATION=1, SKIP_ACCURACY=1.
 set -euo pipefail
 
@@ -22,7 +22,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=$(cd "${BUILD_DIR:-$ROOT/build/release}" && pwd)
 WORK=${WORK_DIR:-$(mktemp -d)}
 STEPS=${STEPS:-5}
-REPEATS=${REPEATS:-3}
+REPEATS=${REPEATS:-7}
 RANK_COUNTS=${RANKS:-"1 2 4"}
 CAPACITY_GIB=${CAPACITY_GIB:-0.1}
 SEQ=128
@@ -46,7 +46,7 @@ echo "# working in $WORK" >&2
   --intermediate 384 --vocab 8192 --out llama.json
 "$EXECUTOR" scale-config --model gpt2 --layers 4 --hidden 128 --heads 4 --vocab 8192 \
   --max-positions $SEQ --out gpt2.json
-MODELS=(llama gpt2)
+read -r -a MODELS <<< "${MODEL_NAMES:-llama gpt2}"
 
 # A CPU profile per (model, ranks): calibrate with that many ranks (the GEMM rate of ranks sharing
 # cores is what each rank gets) on that model's block GEMMs at the tokens of a micro-batch, and its
@@ -95,11 +95,15 @@ if [[ -z ${SKIP_ACCURACY:-} ]]; then
       for pair in "${STRATEGIES[@]}"; do
         read -r strategy flavour <<< "$pair"
         [[ $strategy == hsdp && $ranks -lt 4 ]] && continue  # a shard group of 2 and 2 replicas
-        # This machine's speed drifts (a shared host: GEMM rates 25% apart within half an hour,
-        # and bursts within seconds), so each row is calibrated just before it is planned and run,
-        # and that is repeated REPEATS times: the row shown is the repetition with the median step
-        # error, and "spread" the smallest and largest error of the repetitions.
-        errors=() kept=()
+        # This machine's speed drifts: the same 512^3 GEMM took 7.3 to 10.9 ms in eight calibrations
+        # a few seconds apart, on either core, with no other load (a shared host), and one
+        # executor run's steps sit 30% apart from the next run's. So each row is calibrated just
+        # before it is planned and run, REPEATS times in a row, and the step error shown is the
+        # pooled one, (sum of predicted - sum of measured) / sum of measured over the repetitions:
+        # the calibrations and the runs then sample the same minutes of the machine. "spread" is
+        # the smallest and largest error of a single repetition. Memory is from the repetition
+        # with the median error (it does not drift).
+        errors=() kept=() predicted=() measured=()
         for ((rep = 1; rep <= REPEATS; ++rep)); do
           rm -f "device-$model-$ranks.json"
           plan=$(plan_for "$model" "$ranks" "$strategy" "$flavour" 2 none)
@@ -113,20 +117,25 @@ if [[ -z ${SKIP_ACCURACY:-} ]]; then
           v=${v%.json}-$rep.json
           "$PLANNER" validate --plan "$plan" --run "$run" --format json > "$v"
           errors+=("$(jq .time.step_rel_error "$v")")
+          predicted+=("$(jq .time.step_predicted_s "$v")")
+          measured+=("$(jq .time.step_measured_s "$v")")
           kept+=("$v")
         done
         # The repetition with the median error.
         median=$(for i in "${!errors[@]}"; do echo "${errors[$i]} $i"; done | sort -g | awk -v n="${#errors[@]}" 'NR == int((n + 1) / 2) {print $2}')
         v=${kept[$median]}
         spread=$(printf '%s\n' "${errors[@]}" | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf "%+.0f..%+.0f%%", lo * 100, hi * 100}')
+        pooled=$(paste <(printf '%s\n' "${predicted[@]}") <(printf '%s\n' "${measured[@]}") |
+                 awk '{p += $1; m += $2; n += 1} END {printf "%.4f %.4f %+.1f%%", p / n, m / n, (p - m) / m * 100}')
+        read -r mean_predicted mean_measured pooled_error <<< "$pooled"
         # Model states: parameters and optimizer states at the peak, predicted - measured bytes.
         states=$(jq -r '[.memory.categories.parameters, .memory.categories.optimizer_states]
                         | map(.predicted_bytes - .measured_bytes) | add
                         | if . == 0 then "exact" else "\(if . > 0 then "+" else "" end)\(.) B" end' "$v")
         printf '%-6s %-13s %-9s %5s %11.2f %11.2f %8s %10.4f %10.4f %8s %12s %5s %8s\n' "$model" "$strategy" "$flavour" \
           "$ranks" "$(jq '.memory.peak_predicted_bytes / 1048576' "$v")" "$(jq '.memory.peak_measured_bytes / 1048576' "$v")" \
-          "$(pct .memory.peak_rel_error "$v")" "$(jq .time.step_predicted_s "$v")" "$(jq .time.step_measured_s "$v")" \
-          "$(pct .time.step_rel_error "$v")" "$spread" "$(jq -r '(.time.step_cpu_s / .time.step_measured_s * 100 | round | tostring) + "%"' "$v")" \
+          "$(pct .memory.peak_rel_error "$v")" "$mean_predicted" "$mean_measured" \
+          "$pooled_error" "$spread" "$(jq -r '(.time.step_cpu_s / .time.step_measured_s * 100 | round | tostring) + "%"' "$v")" \
           "$states"
       done
     done
