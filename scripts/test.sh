@@ -4,12 +4,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 full=${SHARDPLAN_FULL_CHECKS:-1}
+# Each phase's wall time on stderr, so a run's log shows where its minutes went.
+phase_start=$SECONDS
+phase_done() { echo "test.sh: $1 took $((SECONDS - phase_start)) s" >&2; phase_start=$SECONDS; }
 python_deps=(python3-venv python3-dev) # the Python package's venv and headers
 if [[ "$full" == 1 ]]; then
   scripts/install-deps.sh clang libclang-rt-14-dev clang-format-14 "${python_deps[@]}" # clang: the sanitizer and fuzz builds' compiler; clang-format-14: style::clang_format
 else
   scripts/install-deps.sh "${python_deps[@]}"
 fi
+phase_done "installing packages"
 # The Python package (python/) builds in the release tree when its venv can be made (nanobind and
 # pytest from PyPI); ctest then runs its pytest suite (tests/python). Without PyPI it is skipped.
 venv=build/pyvenv
@@ -20,13 +24,18 @@ else
   echo "test.sh: skipping the Python package's tests (see the line above)" >&2
   cmake --preset release -DSHARDPLAN_PYTHON=OFF >/dev/null
 fi
+phase_done "the Python package's venv and configuring"
 scripts/build.sh
+phase_done "the release build"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ctest --preset release -j "$(nproc)"
+phase_done "the release tests"
 # Then the suite again under AddressSanitizer and UndefinedBehaviorSanitizer (build/sanitize), and
 # every document parser fuzzed from that same build for FUZZ_SECONDS each. SHARDPLAN_FULL_CHECKS=0
 # skips both (the release suite alone, for a quick check while editing).
 if [[ "$full" == 1 ]]; then
   scripts/sanitize.sh
+  phase_done "the sanitizer build and tests"
   FUZZ_SECONDS="${FUZZ_SECONDS:-10}" scripts/fuzz.sh
+  phase_done "fuzzing"
 fi

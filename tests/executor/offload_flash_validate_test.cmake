@@ -4,7 +4,8 @@
 # `planner validate`: the peak within 3% (as the engine's doctest bound, engine::peak memory is
 # the cost model's: the tracked allocator has no fragmentation, so the walk is the same events)
 # and no optimizer state on the device where the plan offloads it.
-# Arguments: MPIRUN, EXECUTOR, PLANNER, DATA (this folder's data/), WORK (a scratch folder).
+# Arguments: MPIRUN, EXECUTOR, PLANNER, DATA (this folder's data/), WORK (a scratch folder), RANKS
+# (the rank counts, separated by |; default 1|2).
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 set(mpirun ${MPIRUN} --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none)
@@ -14,7 +15,11 @@ include(${CMAKE_CURRENT_LIST_DIR}/run_expect.cmake)
 # strategy, flavour, offload, attention
 set(cases "zero2 deepspeed optimizer flash" "zero3 deepspeed params flash"
           "fsdp-full fsdp2 params flash" "zero1 deepspeed optimizer eager")
-foreach(ranks 1 2)
+if(NOT DEFINED RANKS)
+  set(RANKS 1|2)
+endif()
+string(REPLACE "|" ";" rank_counts "${RANKS}")
+foreach(ranks IN LISTS rank_counts)
   foreach(case IN LISTS cases)
     separate_arguments(c UNIX_COMMAND "${case}")
     list(GET c 0 strategy)
