@@ -4,6 +4,8 @@
 #   tests/costmodel/data/oracle_steps.json  whole-step peaks, PyTorch's MemTracker (validation/measure_steps.py)
 #   tests/costmodel/data/oracle_deepspeed.json  DeepSpeed's ZeRO-1/2/3 steps (validation/measure_deepspeed.py)
 #   tests/costmodel/data/oracle_traffic.json    bytes the memory-bound ATen ops move per unit (validation/measure_traffic.py)
+#   tests/costmodel/data/oracle_tensor_parallel.json  PyTorch's own tensor parallelism (DTensor styles, t = 2) on
+#                                               HF Llama: transformers' plan and torchtitan's SP layout (validation/measure_tensor_parallel.py)
 #   tests/costmodel/data/oracle_overheads.json  host-side step overheads: op dispatch, DDP/FSDP1/FSDP2/ZeRO-3
 #                                               hooks per unit and tensor, CPU optimizers (validation/measure_overheads.py)
 # Usage: validation/regenerate.sh [VENV_DIR]   (default validation/.venv; made on first use from
@@ -24,5 +26,6 @@ extra=()
 "$py" validation/measure_steps.py --out tests/costmodel/data/oracle_steps.json "${extra[@]}"
 "$py" validation/measure_deepspeed.py --out tests/costmodel/data/oracle_deepspeed.json
 "$py" validation/measure_traffic.py --out tests/costmodel/data/oracle_traffic.json
+"$py" validation/measure_tensor_parallel.py --out tests/costmodel/data/oracle_tensor_parallel.json
 "$py" validation/measure_overheads.py --out tests/costmodel/data/oracle_overheads.json
 echo "corpora written; compare with: build/release/bench/memory_corpus --summary"
