@@ -131,6 +131,7 @@ public:
                                         std::int64_t /*begin*/, std::int64_t /*n*/,
                                         std::int64_t /*vocab*/) {
     refuse_vocab_parallel();
+    return 0;
   }
   virtual void vocab_cross_entropy_backward(S* /*dlogits*/, const A* /*logp*/,
                                             const std::int32_t* /*targets*/,
