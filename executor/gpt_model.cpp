@@ -152,8 +152,7 @@ TrackedBuffer<S> GptModel<S>::forward_embedding(std::span<const S> params,
     throw std::invalid_argument(
         fmt::format("sequence of {} tokens is longer than the {} learned positions", shape.seq,
                     m.max_positions));
-  if (options_.tensor_parallel.active())
-    return forward_embedding_tp(params.data(), tokens, shape);
+  if (options_.tensor_parallel.active()) return forward_embedding_tp(params.data(), tokens, shape);
   auto out = activation(shape.tokens() * m.hidden);  // [N, h]
   be_.embedding_forward(out.data(), tokens.data(), params.data() + e.tokens,
                         at(params.data(), e.positions), shape.batch, shape.seq, m.hidden);
@@ -462,8 +461,8 @@ GptModel<S>::backward_head(std::span<const S> params, std::span<const S> embeddi
   if (options_.tensor_parallel.active()) d_norm_out = reduce_tokens(std::move(d_norm_out), a.shape);
   const std::int64_t n = local_tokens(a.shape);
   auto dx = activation(n * m.hidden);  // [N, h], or [N/t, h]
-  norm_backward(n, dx.data(), grad.data(), d_norm_out.data(), a.input.data(), params.data(),
-                H.norm, a.norm_mean, a.norm_rstd);
+  norm_backward(n, dx.data(), grad.data(), d_norm_out.data(), a.input.data(), params.data(), H.norm,
+                a.norm_mean, a.norm_rstd);
   return dx;
 }
 
@@ -477,10 +476,9 @@ void GptModel<S>::backward_embedding(std::span<const std::int32_t> tokens,
   const auto& e = layout_.embedding();
   if (sequence_parallel()) d_output = gather_tokens(d_output.data(), shape);
   if (options_.tensor_parallel.active()) {  // the rows of this rank's vocabulary shard
-    be_.vocab_embedding_backward(grad.data() + e.tokens, at(grad.data(), e.positions),
-                                 d_output.data(), tokens.data(), vocab_begin(),
-                                 layout_.spec().vocab, shape.batch, shape.seq,
-                                 layout_.spec().hidden);
+    be_.vocab_embedding_backward(
+        grad.data() + e.tokens, at(grad.data(), e.positions), d_output.data(), tokens.data(),
+        vocab_begin(), layout_.spec().vocab, shape.batch, shape.seq, layout_.spec().hidden);
     return;
   }
   be_.embedding_backward(grad.data() + e.tokens, at(grad.data(), e.positions), d_output.data(),

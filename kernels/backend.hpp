@@ -102,8 +102,8 @@ public:
 
   // ---- vocabulary parallelism (kernels.hpp's vocab_* kernels, same arguments). Tensor
   // parallelism runs on the host backend only; another backend refuses them.
-  virtual void vocab_embedding_forward(S* /*out*/, const std::int32_t* /*tokens*/,
-                                       const S* /*wte*/, const S* /*wpe*/, std::int64_t /*begin*/,
+  virtual void vocab_embedding_forward(S* /*out*/, const std::int32_t* /*tokens*/, const S* /*wte*/,
+                                       const S* /*wpe*/, std::int64_t /*begin*/,
                                        std::int64_t /*rows*/, std::int64_t /*batch*/,
                                        std::int64_t /*seq*/, std::int64_t /*channels*/) {
     refuse_vocab_parallel();
@@ -134,9 +134,9 @@ public:
     return 0;
   }
   virtual void vocab_cross_entropy_backward(S* /*dlogits*/, const A* /*logp*/,
-                                            const std::int32_t* /*targets*/,
-                                            std::int64_t /*begin*/, std::int64_t /*n*/,
-                                            std::int64_t /*vocab*/, A /*scale*/) {
+                                            const std::int32_t* /*targets*/, std::int64_t /*begin*/,
+                                            std::int64_t /*n*/, std::int64_t /*vocab*/,
+                                            A /*scale*/) {
     refuse_vocab_parallel();
   }
 

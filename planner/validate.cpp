@@ -297,8 +297,7 @@ json validate_json(const json& plan_document, const json& run_document, bool for
     throw InputError(differ.front().first,
                      fmt::format("not a run of this plan: {} (--force compares them anyway)",
                                  differ.front().second));
-  const auto pr =
-      run.tensor_parallel > 1 ? tensor_parallel_prediction(plan, run) : plan.prediction;
+  const auto pr = run.tensor_parallel > 1 ? tensor_parallel_prediction(plan, run) : plan.prediction;
   json out;
   out["plan"] = {
       {"strategy", plan.spec.strategy}, {"flavour", costmodel::flavour_name(plan.spec.flavour)},

@@ -63,8 +63,8 @@ void read_steps(ObjectReader& r, PipelineRun& f) {
   for (std::size_t i = 0; i < steps.size(); ++i) {
     ObjectReader s(steps[i], fmt::format("/steps/{}", i));
     f.step_s.push_back(s.number("step_s", Range::non_negative()));
-    for (const char* k : {"step", "loss", "forward_s", "backward_s", "p2p_s", "reduce_s",
-                          "optimizer_s"})
+    for (const char* k :
+         {"step", "loss", "forward_s", "backward_s", "p2p_s", "reduce_s", "optimizer_s"})
       s.optional_number(k);
     s.finish();
   }
@@ -133,7 +133,8 @@ Prediction predict(const costmodel::Plan& plan, const PipelineRun& run) {
   in.spec.grad_bucket_copy = false;
   in.layout = run.layout;
   const int p = run.layout.pipeline_parallel;
-  const std::vector<double> forward(static_cast<std::size_t>(p), 1.0), backward(forward.size(), 2.0);
+  const std::vector<double> forward(static_cast<std::size_t>(p), 1.0),
+      backward(forward.size(), 2.0);
   const auto walk = costmodel::walk_schedule(run.layout.schedule, p, 1, run.layout.micro_batches,
                                              forward, backward);
   out.memory = costmodel::parallel_memory(in, walk);
@@ -198,8 +199,7 @@ json time_json(const Prediction& pr, const PipelineRun& run) {
 }  // namespace
 
 bool is_pipeline_run(const json& run_document) {
-  return run_document.is_object() && run_document.contains("kind") &&
-         run_document["kind"] == kKind;
+  return run_document.is_object() && run_document.contains("kind") && run_document["kind"] == kKind;
 }
 
 json validate_pipeline_json(const json& plan_document, const json& run_document, bool force) {
@@ -273,7 +273,8 @@ std::string validate_pipeline_table(const json& plan_document, const json& run_d
            s["measured_bytes"].get<double>() / kMiB, percent(s["rel_error"]));
   t.line("  {:<8} {:>10} {:>14} {:>14} {:>9}", "peak", "",
          fmt::format("stage {}", m["peak_stage_predicted"].get<int>()),
-         fmt::format("stage {}", m["peak_stage_measured"].get<int>()), percent(m["peak_rel_error"]));
+         fmt::format("stage {}", m["peak_stage_measured"].get<int>()),
+         percent(m["peak_rel_error"]));
   t.line("");
   const auto& tm = v["time"];
   t.line("{:<25} {:>14} {:>14} {:>9}", "time per step", "predicted s", "measured s", "error");

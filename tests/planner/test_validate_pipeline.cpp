@@ -119,8 +119,8 @@ TEST_CASE("validate::a pipeline run is compared per stage") {
 }
 
 TEST_CASE("validate::a pipeline run without a loadable profile: memory only, said in a note") {
-  const auto v = planner::validate_json(costmodel::plan_to_json(plan("no-such-profile")),
-                                        pipeline_run());
+  const auto v =
+      planner::validate_json(costmodel::plan_to_json(plan("no-such-profile")), pipeline_run());
   CHECK(v["time"]["step_predicted_s"].is_null());
   CHECK(v["time"]["step_rel_error"].is_null());
   REQUIRE(!v["notes"].empty());
@@ -141,8 +141,7 @@ TEST_CASE("validate::a malformed pipeline run is refused naming the field") {
     return r;
   };
   const Case cases[] = {
-      {"one stage measured of two",
-       with([](json& r) { r["stages_measured"].erase(1); }),
+      {"one stage measured of two", with([](json& r) { r["stages_measured"].erase(1); }),
        "/stages_measured: 1 stages, /pipeline/pipeline_parallel says 2"},
       {"ranks not stages × data-parallel",
        with([](json& r) { r["pipeline"]["data_parallel"] = 2; }),
