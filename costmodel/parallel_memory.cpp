@@ -106,6 +106,9 @@ void stage_states(const ParallelMemoryInput& in, const StageShare& share, StageM
   out.param_bytes = elems * sb.param / (s.shard_parameters ? S : 1);
   out.grad_bytes = elems * sb.grad / (s.shard_gradients ? S : 1);
   out.optimizer_bytes = (sb.master * elems + sb.moment * opt) / (s.shard_optimizer ? S : 1);
+  // torch DDP's buckets hold a second copy of the whole gradients (gradient_as_bucket_view=False),
+  // as the simulator counts them (costmodel/simulator.cpp, grad_bucket_copy).
+  if (s.grad_bucket_copy) out.buffer_bytes += elems * sb.grad;
   // Sharded parameters are gathered in the compute dtype. With a pipeline, torchtitan keeps the
   // stage's parameters gathered from forward to backward (its "default" reshard_after_forward
   // policy is False when pipeline parallelism is on:
@@ -144,45 +147,112 @@ double embedding_saved(const ModelSpec& m, const TrainingJob& j, const ParallelL
   return 8 * T + mask / (l.sequence_parallel ? l.tensor_parallel : 1);
 }
 
-// The executor's own model code (Recipe::executor, executor/gpt_model.hpp) on one rank of a
-// stage (t = c = 1): it has no dropout, keeps each norm's fp32 statistics (rstd, and the mean for
-// LayerNorm) per token, and on the last stage the logits in the compute dtype beside their fp32
-// log-probabilities (not Megatron's in-place softmax) and the targets beside the tokens; a
-// backward holds, beyond what is saved, a block's input and MLP-input gradients [T, h] with d_act,
-// d_pre (and SwiGLU's d_up) [T, I] in place of the freed MLP output, and on the last stage the
-// two [T, V] gradients of the loss (fp32 log-probabilities', the logits' in e).
+// The executor's own model code (Recipe::executor, executor/gpt_model.hpp and, with t > 1,
+// executor/tensor_parallel_block.cpp and tensor_parallel_vocab.cpp) on one rank of a stage
+// (c = 1). N = s·b tokens per micro-batch; n = N/t under sequence parallelism, else N (the hidden
+// states between units and the norms run on n tokens). It has no dropout, keeps each norm's fp32
+// statistics (rstd, and the mean for LayerNorm) per token of n, and per block: its input, the
+// norms' outputs and (sequential residual) the attention's residual sum [n, h]; q, k, v and the
+// projection's input [N, (q + 2kv)/t + q/t]; the MLP's [N, I/t] tensors (2, SwiGLU 3); the
+// attention core of its a/t heads. On the last stage the head keeps its input [n, h], its normed
+// input gathered whole [N, h], the logits [N, V/t] in the compute dtype beside their fp32
+// log-probabilities (not Megatron's in-place softmax), and the targets beside the tokens.
+// Transients beyond what is saved:
+//   a block's backward, in its MLP part: the incoming gradient dy [n, h], the MLP input's gradient
+//     [N, h] (and the normed input gathered again [N, h] under sequence parallelism), d_act,
+//     d_pre (and SwiGLU's d_up) [N, I/t] in place of the freed MLP output
+//   the head's backward: t = 1, the two [N, V] gradients of the loss (fp32 log-probabilities',
+//     the logits' in e); t > 1, the vocabulary-parallel cross-entropy's one gradient of the
+//     logits [N, V/t] in e (softmax − one-hot), then the normed input's gradient [N, h] once the
+//     logits and log-probabilities are freed
 struct ExecutorStage {
   double saved = 0, transient = 0;
+  // The parts of `saved` and `transient` the first-use walk needs (executor_first_use_peak).
+  double head_saved = 0, head_transient = 0, block_transient = 0, first_block_saved = 0;
 };
-ExecutorStage executor_stage(const ModelSpec& m, const TrainingJob& j, const StageShare& share,
-                             int first_block, double e) {
+ExecutorStage executor_stage(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l,
+                             const StageShare& share, int first_block, double e) {
+  const double t = l.tensor_parallel;
   const double T = static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch);
+  const double n = T / (l.sequence_parallel ? t : 1.0);
   const double s = static_cast<double>(j.seq_len), h = static_cast<double>(m.hidden);
   const double q = static_cast<double>(m.q_width()), kv = static_cast<double>(m.kv_width());
   const double I = static_cast<double>(m.intermediate), V = static_cast<double>(m.vocab);
   const double a = static_cast<double>(m.heads);
-  const double stats = (m.norm == NormKind::layernorm ? 2.0 : 1.0) * 4 * T;  // one norm's
+  const double stats = (m.norm == NormKind::layernorm ? 2.0 : 1.0) * 4 * n;  // one norm's
   const double mlp_width = m.mlp == MlpKind::gelu ? 2.0 : 3.0;
   const double core = j.attention == AttentionImpl::eager ? e * a * s * T : 4 * a * T;
-  const double block = e * T * ((m.parallel_residual ? 3.0 : 4.0) * h + 2 * q + 2 * kv) +
-                       mlp_width * e * T * I + core + 2 * stats;
+  const double block = e * n * h * (m.parallel_residual ? 3.0 : 4.0) +
+                       e * T * (2 * q + 2 * kv) / t + mlp_width * e * T * I / t + core / t +
+                       2 * stats;
   ExecutorStage out;
   bool any_full = false;
   for (std::int64_t b = 0; b < static_cast<std::int64_t>(share.blocks); ++b) {
     const bool cp = j.block_checkpointed(first_block + b);
     any_full |= cp;
-    out.saved += cp ? e * T * h : block;
+    const double kept = cp ? e * n * h : block;
+    if (b == 0) out.first_block_saved = kept;
+    out.saved += kept;
   }
   if (share.blocks > 0)
-    out.transient = e * T * (2 * h + (mlp_width - 1) * I) + (any_full ? block : 0);
+    out.block_transient = e * n * h + e * T * h * (l.sequence_parallel ? 2.0 : 1.0) +
+                          (mlp_width - 1) * e * T * I / t + (any_full ? block : 0);
+  out.transient = out.block_transient;
   if (share.first || share.last) out.saved += 8 * T;  // int32 tokens and targets
   if (share.last) {
-    out.saved += 2 * e * T * h + stats + (e + 4) * T * V;
-    out.transient = std::max(out.transient, (4 + e) * T * V);
+    out.head_saved = e * (n + T) * h + stats + (e + 4) * T * V / t;
+    out.saved += out.head_saved;
+    out.head_transient =
+        t == 1 ? (4 + e) * T * V : std::max(e * T * V / t, e * T * h - 4 * T * V / t);
+    out.transient = std::max(out.transient, out.head_transient);
   } else {
     out.transient = std::max(out.transient, 2 * e * T * h);  // the output beside the received
   }
   return out;
+}
+
+// Without a pipeline the executor's sharding engine keeps DDP's whole gradients as autograd keeps
+// .grad: each unit's is allocated at its first use in the backward and kept to the step (a tied
+// head's backward is the embedding's first use). The peak is then the largest of the backward's
+// moments, each with the saved activations still alive and the gradients allocated so far:
+//   the head's                all blocks' saved, the head's transient; the head's gradient
+//   the last block's MLP      the head's saved freed (its input's gradient is the block's dy),
+//                             the block's transient; the head's and the last block's gradients
+//   the first block's MLP     only block 0's saved; every block's gradient
+//   the embedding's           its input gradient [n, h] (gathered [N, h] under sequence
+//                             parallelism) and the tokens; every gradient
+// (linear in the blocks between, so the first and last block bound them). Sets the stage's
+// gradient and activation bytes to that moment's.
+void executor_first_use_peak(const ParallelMemoryInput& in, const ExecutorStage& x,
+                             StageMemory& out) {
+  const auto& m = *in.model;
+  const int t = in.layout.tensor_parallel;
+  const double grad_b = out.grad_bytes / std::max(1.0, out.local_params);  // bytes per element
+  const double e = dtype_bytes(compute_dtype(in.job.precision));
+  const double T = static_cast<double>(in.job.seq_len) * static_cast<double>(in.job.micro_batch);
+  const double n = T / (in.layout.sequence_parallel ? t : 1);
+  const double h = static_cast<double>(m.hidden);
+  const double L = static_cast<double>(m.layers);
+  const double head = tp_local_elements(m.head, t, false) +
+                      (m.tied_embeddings ? tp_local_elements(m.embedding, t, true) : 0);
+  const double block = tp_local_elements(m.block, t, false);
+  struct Moment {
+    double activations, grad_elements;
+  };
+  const double rest = x.saved - x.head_saved;  // blocks, tokens and targets
+  const Moment moments[] = {
+      {x.saved + x.head_transient, head},
+      {rest + x.block_transient, head + block},
+      {x.first_block_saved + 8 * T + x.block_transient, head + L * block},
+      {8 * T + e * n * h + (in.layout.sequence_parallel ? e * T * h : 0), out.local_params}};
+  double best = -1;
+  for (const auto& moment : moments) {
+    const double total = moment.activations + moment.grad_elements * grad_b;
+    if (total <= best) continue;
+    best = total;
+    out.activation_bytes = moment.activations;
+    out.grad_bytes = moment.grad_elements * grad_b;
+  }
 }
 
 // Saved bytes per micro-batch of the stage's blocks (each checkpointed or not by the job's mode,
@@ -216,12 +286,17 @@ void stage_activations(const ParallelMemoryInput& in, const StageShare& share, i
     transient += e * T * static_cast<double>(m.hidden);  // the all-gathered input
   if (share.last)
     transient += e * T * static_cast<double>(m.vocab) / l.tensor_parallel;  // the logits
-  if (j.recipe == Recipe::executor && l.tensor_parallel == 1 && l.context_parallel == 1) {
-    const ExecutorStage x = executor_stage(m, j, share, first_block, e);
-    saved = x.saved;
-    transient = x.transient;
-  }
   out.activation_bytes = saved * out.in_flight + transient;
+  if (j.recipe == Recipe::executor && l.context_parallel == 1) {
+    const ExecutorStage x = executor_stage(m, j, l, share, first_block, e);
+    out.activation_bytes = x.saved * out.in_flight + x.transient;
+    // One stage holding the whole model with torch DDP's whole gradients (autograd's .grad,
+    // allocated at first use; the bucket copy beside them). Megatron-core's DDP, whose buckets
+    // are views of a gradient buffer allocated with the model (grad_bucket_copy false), holds
+    // them all from the start, as the executor's pipeline stages do.
+    if (l.pipeline_parallel == 1 && in.spec.grad_bucket_copy && !in.spec.shard_gradients)
+      executor_first_use_peak(in, x, out);
+  }
   // Ring attention: the K and V chunk being used and the one arriving (Transformer Engine's
   // AttnFuncWithCPAndKVP2P double-buffers them), each of the local sequence.
   if (l.context_parallel > 1)

@@ -6,7 +6,12 @@
 // Activation Recomputation in Large Transformer Models", §4 and Table 2), whatever the job's
 // recipe: tensor and sequence parallelism change which tensors are split, and that split is
 // Megatron's (torchtitan's TP plan splits the same linears the same way). The executor's recipe
-// with t = c = 1 is counted as its own model code keeps it (executor/gpt_model.hpp).
+// with c = 1 is counted as its own model code keeps it (executor/gpt_model.hpp, and under tensor
+// parallelism its vocabulary-parallel embedding and head, executor/tensor_parallel.hpp).
+// DDP's bucket copy (ShardingSpec::grad_bucket_copy, torch DDP) is a buffer of the whole
+// gradients; under it, on one stage holding the whole model, the executor's gradients are
+// allocated at first use and the peak is the backward's worst moment (parallel_memory.cpp,
+// executor_first_use_peak).
 #pragma once
 
 #include <string>

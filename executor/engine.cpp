@@ -95,7 +95,8 @@ template <class S> double StepLoop<S>::micro_batch(std::int64_t mb, bool reduce_
   const std::int64_t first =
       (st.step_count - 1) * global_batch + (mb * st.shards.world + st.world_rank()) * b.batch;
   auto tokens =
-      synthetic_sequences(st.allocator, st.options.seed, first, b, st.options.model.vocab);
+      synthetic_sequences(st.allocator, st.options.seed, first, b,
+                          st.options.model_options.tensor_parallel.vocab(st.options.model));
   ForwardResult fwd = forward(mb, tokens);
   const double loss = fwd.head->loss;
   backward(mb, tokens, fwd, reduce_now);

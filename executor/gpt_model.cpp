@@ -152,10 +152,10 @@ TrackedBuffer<S> GptModel<S>::forward_embedding(std::span<const S> params,
     throw std::invalid_argument(
         fmt::format("sequence of {} tokens is longer than the {} learned positions", shape.seq,
                     m.max_positions));
+  if (options_.tensor_parallel.active()) return forward_embedding_tp(params.data(), tokens, shape);
   auto out = activation(shape.tokens() * m.hidden);  // [N, h]
   be_.embedding_forward(out.data(), tokens.data(), params.data() + e.tokens,
                         at(params.data(), e.positions), shape.batch, shape.seq, m.hidden);
-  if (sequence_parallel()) return shard_tokens(out, shape);
   return out;
 }
 
@@ -403,6 +403,10 @@ GptModel<S>::forward_head(std::span<const S> params, std::span<const S> embeddin
   be_.linear_forward(a.logits.data(), a.norm_out.data(), w_out, static_cast<const S*>(nullptr), N,
                      m.hidden, m.vocab, false);
   a.log_probs = written_activation<A>(N * m.vocab);  // [N, V]
+  if (options_.tensor_parallel.active()) {
+    f.loss = vocab_parallel_loss(a, targets) / static_cast<double>(N);
+    return f;
+  }
   be_.log_softmax_forward(a.log_probs.data(), a.logits.data(), N, m.vocab);
   f.loss =
       be_.nll_loss_forward(a.log_probs.data(), targets.data(), N, m.vocab) / static_cast<double>(N);
@@ -432,28 +436,33 @@ GptModel<S>::backward_head(std::span<const S> params, std::span<const S> embeddi
                                      : params.data() + H.output;  // [V, h]
   S* dw_out = m.tied_embeddings ? embedding_grad.data() + tokens_offset : grad.data() + H.output;
 
-  // loss = (1/N) Σ −logp[target]: nll_loss's backward, then log_softmax's; as in PyTorch both
-  // gradients are alive together with the saved logits and log-probabilities.
-  auto d_log_probs = activation<A>(N * m.vocab);  // [N, V]
-  be_.nll_loss_backward(d_log_probs.data(), targets.data(), N, m.vocab,
-                        static_cast<A>(loss_scale / static_cast<double>(N)));
-  auto d_logits = written_activation(N * m.vocab);  // [N, V], log_softmax_backward writes it
-  be_.log_softmax_backward(d_logits.data(), d_log_probs.data(), a.log_probs.data(), N, m.vocab);
-  d_log_probs.reset();
-  a.log_probs.reset();
-  a.logits.reset();
+  const double scale = loss_scale / static_cast<double>(N);
+  TrackedBuffer<S> d_logits;  // [N, V], or [N, V/t] under tensor parallelism
+  if (options_.tensor_parallel.active()) {
+    d_logits = vocab_parallel_loss_backward(a, targets, scale);
+  } else {
+    // loss = (1/N) Σ −logp[target]: nll_loss's backward, then log_softmax's; as in PyTorch both
+    // gradients are alive together with the saved logits and log-probabilities.
+    auto d_log_probs = activation<A>(N * m.vocab);  // [N, V]
+    be_.nll_loss_backward(d_log_probs.data(), targets.data(), N, m.vocab, static_cast<A>(scale));
+    d_logits = written_activation(N * m.vocab);  // log_softmax_backward writes it
+    be_.log_softmax_backward(d_logits.data(), d_log_probs.data(), a.log_probs.data(), N, m.vocab);
+    d_log_probs.reset();
+    a.log_probs.reset();
+    a.logits.reset();
+  }
   auto d_norm_out = activation(N * m.hidden);  // [N, h]
   be_.linear_backward(d_norm_out.data(), dw_out, static_cast<S*>(nullptr), d_logits.data(),
                       a.norm_out.data(), w_out, N, m.hidden, m.vocab);
   d_logits.reset();
   a.norm_out.reset();
-  // Sequence parallelism: every rank has the whole d_norm_out; its rows are this rank's.
+  // Tensor parallelism: a partial sum over the vocabulary shards, summed over the group (the
+  // output layer's column-parallel input gradient): [N, h], or this rank's [N/t, h].
+  if (options_.tensor_parallel.active()) d_norm_out = reduce_tokens(std::move(d_norm_out), a.shape);
   const std::int64_t n = local_tokens(a.shape);
-  const S* dy = d_norm_out.data() +
-                (sequence_parallel() ? options_.tensor_parallel.rank() * n * m.hidden : 0);
   auto dx = activation(n * m.hidden);  // [N, h], or [N/t, h]
-  norm_backward(n, dx.data(), grad.data(), dy, a.input.data(), params.data(), H.norm, a.norm_mean,
-                a.norm_rstd);
+  norm_backward(n, dx.data(), grad.data(), d_norm_out.data(), a.input.data(), params.data(), H.norm,
+                a.norm_mean, a.norm_rstd);
   return dx;
 }
 
@@ -466,6 +475,12 @@ void GptModel<S>::backward_embedding(std::span<const std::int32_t> tokens,
   check_hidden(d_output, shape, "backward_embedding d_output");
   const auto& e = layout_.embedding();
   if (sequence_parallel()) d_output = gather_tokens(d_output.data(), shape);
+  if (options_.tensor_parallel.active()) {  // the rows of this rank's vocabulary shard
+    be_.vocab_embedding_backward(
+        grad.data() + e.tokens, at(grad.data(), e.positions), d_output.data(), tokens.data(),
+        vocab_begin(), layout_.spec().vocab, shape.batch, shape.seq, layout_.spec().hidden);
+    return;
+  }
   be_.embedding_backward(grad.data() + e.tokens, at(grad.data(), e.positions), d_output.data(),
                          tokens.data(), shape.batch, shape.seq, layout_.spec().hidden);
 }
@@ -490,10 +505,11 @@ void GptModel<S>::check_tokens(std::span<const std::int32_t> tokens, BatchShape 
     throw std::invalid_argument(fmt::format("{}: {} tokens, expected B {} × T {}", what,
                                             tokens.size(), shape.batch, shape.seq));
   if (!allocator_.host_accessible()) return;  // on a GPU: drawn in range (synthetic_data.hpp)
+  const std::int64_t vocab = options_.tensor_parallel.vocab(layout_.spec());
   for (auto t : tokens)
-    if (t < 0 || t >= layout_.spec().vocab)
+    if (t < 0 || t >= vocab)
       throw std::invalid_argument(
-          fmt::format("{}: token {} outside the vocabulary of {}", what, t, layout_.spec().vocab));
+          fmt::format("{}: token {} outside the vocabulary of {}", what, t, vocab));
 }
 
 template class GptModel<float>;

@@ -225,6 +225,16 @@ private:
                                          TrackedBuffer<S> d_attn_out) const;
   TrackedBuffer<S> mlp_backward_tp(const S* p, S* g, BlockActivations<S>& a,
                                    TrackedBuffer<S> d_act) const;
+  // Vocabulary parallelism (tensor_parallel_vocab.cpp): the first token of this rank's shard;
+  // the embedding's forward; the cross-entropy's sum over the N tokens from this rank's logits
+  // (fills a.log_probs) and its logits' gradient (frees the logits and log-probabilities).
+  std::int64_t vocab_begin() const;
+  TrackedBuffer<S> forward_embedding_tp(const S* params, std::span<const std::int32_t> tokens,
+                                        BatchShape shape) const;
+  double vocab_parallel_loss(HeadActivations<S>& a, std::span<const std::int32_t> targets) const;
+  TrackedBuffer<S> vocab_parallel_loss_backward(HeadActivations<S>& a,
+                                                std::span<const std::int32_t> targets,
+                                                double scale) const;
   // [N/t, h] shard → [N, h] (sequence parallelism's all-gather).
   TrackedBuffer<S> gather_tokens(const S* shard, BatchShape shape) const;
   // The column-parallel input: x itself, or its tokens gathered into `gathered`.
@@ -233,9 +243,6 @@ private:
   // A row-parallel linear's partial [N, h] summed over the group: all-reduced in place, or
   // reduce-scattered into this rank's [N/t, h].
   TrackedBuffer<S> reduce_tokens(TrackedBuffer<S> partial, BatchShape shape) const;
-  // Sequence parallelism: the rows of this rank's shard of a replicated [N, h] / its shard [N/t,
-  // h].
-  TrackedBuffer<S> shard_tokens(const TrackedBuffer<S>& whole, BatchShape shape) const;
   void check_unit(std::span<const S> params, UnitKind kind, const char* what) const;
   void check_grad(std::span<S> grad, UnitKind kind, const char* what) const;
   void check_hidden(const TrackedBuffer<S>& x, BatchShape shape, const char* what) const;

@@ -131,6 +131,9 @@ nlohmann::json predicted_stages(const PipelineOptions& o, const RunSetup& setup,
   in.job.micro_batch = o.micro_batch.batch;
   in.job.global_batch = setup.global_batch;
   in.spec = setup.engine.spec;
+  // The stages all-reduce their gradients in place, allocated with the model (pipeline.hpp): no
+  // bucket copy, as Megatron-core's DDP, whose buckets are views of its gradient buffer.
+  in.spec.grad_bucket_copy = false;
   in.layout.pipeline_parallel = o.stages;
   in.layout.schedule = o.schedule;
   in.layout.micro_batches = o.micro_batches;

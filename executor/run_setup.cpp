@@ -176,9 +176,8 @@ void set_tensor_parallel(RunSetup& r, int world, const RunRequest& request) {
                                      std::make_shared<const GptLayout>(e.model)};
   e.model = local_spec(e.model, t);
   r.deviations.push_back(fmt::format(
-      "tensor parallelism over {} ranks{} beside {} data-parallel replicas: the embeddings and "
-      "the head are replicated over the tensor-parallel group (not vocabulary-parallel); the "
-      "plan's prediction is for data parallelism alone",
+      "tensor parallelism over {} ranks{} beside {} data-parallel replicas (vocabulary-parallel "
+      "embedding and head); the plan's prediction is for data parallelism alone",
       t, request.sequence_parallel ? " with sequence parallelism" : "", d));
 }
 

@@ -54,6 +54,14 @@ void check_tensor_parallel(const costmodel::ModelSpec& m, int t) {
   check(m.heads, "attention heads");
   check(m.kv_heads, "key/value heads");
   check(m.intermediate, "MLP intermediate columns");
+  // Megatron pads the vocabulary to a multiple of t × make-vocab-size-divisible-by
+  // (megatron/training/tokenizer/tokenizer.py, _vocab_size_with_padding); padded rows would add
+  // logits to the softmax, and the run would no longer be data parallelism's: refused instead.
+  if (m.vocab % t != 0)
+    throw std::invalid_argument(fmt::format(
+        "tensor-parallel size {} does not divide the vocabulary of {} tokens (the embedding and "
+        "the head are vocabulary-parallel: give a vocabulary that is a multiple of {})",
+        t, m.vocab, t));
 }
 
 costmodel::ModelSpec local_spec(const costmodel::ModelSpec& full, int t) {
@@ -63,6 +71,16 @@ costmodel::ModelSpec local_spec(const costmodel::ModelSpec& full, int t) {
   m.heads /= t;
   m.kv_heads /= t;
   m.intermediate /= t;
+  m.vocab /= t;
+  // Vocabulary-parallel: the token table and the untied output matrix [V, h] by rows.
+  auto split_rows = [&](costmodel::UnitTensors& unit, UnitKind kind, std::int64_t offset) {
+    for (const auto& slot : layout.slots(kind))
+      if (offset != kAbsent && slot.offset == offset)
+        for (auto& x : unit.tensors)
+          if (x.name == slot.tensor.name) x.rows /= t;
+  };
+  split_rows(m.embedding, UnitKind::embedding, layout.embedding().tokens);
+  split_rows(m.head, UnitKind::head, layout.head().output);
   for (const auto& slot : layout.slots(UnitKind::block)) {
     const bool is_bias = slot.tensor.rows == 1 && slot.tensor.name.ends_with(".bias");
     const auto it =
@@ -87,7 +105,24 @@ costmodel::ModelSpec local_spec(const costmodel::ModelSpec& full, int t) {
 
 std::vector<Segment> slice_segments(const GptLayout& full, const GptLayout& local, UnitKind kind,
                                     int t, int r) {
-  if (kind != UnitKind::block || t == 1) return {{0, 0, full.unit_size(kind)}};
+  if (t == 1) return {{0, 0, full.unit_size(kind)}};
+  const std::int64_t rows = local.spec().vocab * full.spec().hidden;  // one vocabulary shard
+  if (kind == UnitKind::embedding) {
+    const EmbeddingLayout& F = full.embedding();
+    const EmbeddingLayout& L = local.embedding();
+    std::vector<Segment> s{{F.tokens + r * rows, L.tokens, rows}};
+    if (F.positions != kAbsent)
+      s.push_back({F.positions, L.positions, full.spec().max_positions * full.spec().hidden});
+    return s;
+  }
+  if (kind == UnitKind::head) {
+    const HeadLayout& F = full.head();
+    const HeadLayout& L = local.head();
+    std::vector<Segment> s;
+    add_norm(s, F.norm, L.norm, full.spec().hidden);
+    if (F.output != kAbsent) s.push_back({F.output + r * rows, L.output, rows});
+    return s;
+  }
   const BlockLayout& F = full.block();
   const BlockLayout& L = local.block();
   const std::int64_t h = full.spec().hidden;

@@ -8,9 +8,14 @@
 //   row-parallel     attention output projection, MLP down: rank r holds columns
 //                    [r·in/t, (r+1)·in/t) of the weight [out, in]; the bias [out] is held whole
 //                    on every rank and added once (by TP rank 0, before the reduction)
-//   replicated       the norms, the embedding unit (token and position tables) and the head unit
-//                    (final norm, output matrix): every rank of the group holds them whole and,
-//                    seeing the same inputs and gradients, computes the same gradients
+//   vocabulary-      the token table [V, h] and the untied output matrix [V, h]: rank r holds
+//   parallel         rows [r·V/t, (r+1)·V/t) (megatron/core/tensor_parallel/layers.py,
+//                    VocabParallelEmbedding; the output layer is a column-parallel linear); a tied
+//                    head reads the same shard of the token table. The vocabulary must be a
+//                    multiple of t (check_tensor_parallel).
+//   replicated       the norms (the final one too) and GPT-2's learned position table: every rank
+//                    of the group holds them whole and, seeing the same inputs and gradients,
+//                    computes the same gradients
 //
 // Megatron's conjugate operators (megatron/core/tensor_parallel/mappings.py):
 //   f  before a column-parallel linear: identity forward, all-reduce of the input gradient in the
@@ -28,8 +33,22 @@
 // LinearWithGradAccumulationAndAsyncCommunication does (megatron/core/tensor_parallel/layers.py).
 // The norms' weight gradients are then partial sums over the token shards: they are all-reduced
 // over the group (Megatron's allreduce of sequence-parallel layernorm gradients,
-// megatron/core/distributed/finalize_model_grads.py). The embedding's output is sliced to this
-// rank's tokens; the head gathers its normed input whole and computes the full loss on every rank.
+// megatron/core/distributed/finalize_model_grads.py).
+//
+// The embedding looks up the tokens of its shard (0 for the others) and its output is summed over
+// the group: all-reduced, or reduce-scattered to this rank's tokens under sequence parallelism
+// (VocabParallelEmbedding's reduce_from_tensor_model_parallel_region, or its
+// reduce_scatter_embeddings). A learned position table is added by TP rank 0 before the sum (the
+// other ranks add exact zeros, so the sum is Megatron's word embedding plus positions, added
+// after its all-reduce). Its backward is the identity (all-gather of the tokens under sequence
+// parallelism); each rank adds the rows of its own tokens. The head gathers its normed input
+// (sequence parallelism), computes its logits [N, V/t] and the vocabulary-parallel cross-entropy
+// (megatron/core/tensor_parallel/cross_entropy.py, vocab_parallel_cross_entropy): each row's
+// maximum all-reduced (max) over the group, its Σ exp(z − max) all-reduced (sum), the
+// log-probabilities of this rank's columns from those two, and the loss from the rank owning each
+// target (the per-rank sums all-reduced). Its backward is softmax − one-hot on this rank's
+// columns; the normed input's gradient is a partial sum over the vocabulary shards, all-reduced
+// (reduce-scattered under sequence parallelism) as a column-parallel linear's input gradient.
 //
 // Each rank's model is the local model: the spec with heads, kv_heads and intermediate divided
 // by t (local_spec), its units laid out by GptLayout as usual; slice_segments maps a local block
@@ -55,13 +74,18 @@ struct TensorParallel {
   int size() const { return group != nullptr ? group->size() : 1; }
   int rank() const { return group != nullptr ? group->rank() : 0; }
   bool active() const { return size() > 1; }
+  // The whole model's vocabulary (the local model's is V/t).
+  std::int64_t vocab(const costmodel::ModelSpec& local) const {
+    return full != nullptr ? full->spec().vocab : local.vocab;
+  }
 };
 
-// Throws std::invalid_argument unless t divides the query heads, the key/value heads and the
-// intermediate width (Megatron's divisibility checks, megatron/core/transformer/attention.py).
+// Throws std::invalid_argument unless t divides the query heads, the key/value heads, the
+// intermediate width (Megatron's divisibility checks, megatron/core/transformer/attention.py) and
+// the vocabulary (Megatron pads it instead; the executor does not, see tensor_parallel.cpp).
 void check_tensor_parallel(const costmodel::ModelSpec& full, int t);
-// The model one rank of t holds: heads/t, kv_heads/t, intermediate/t and every block tensor
-// sliced as above (embedding and head units unchanged).
+// The model one rank of t holds: heads/t, kv_heads/t, intermediate/t, vocab/t and every tensor
+// sliced as above.
 costmodel::ModelSpec local_spec(const costmodel::ModelSpec& full, int t);
 
 // A run of `length` elements at `full` in the full unit and `local` in rank r's unit.
@@ -70,8 +94,7 @@ struct Segment {
   std::int64_t local = 0;
   std::int64_t length = 0;
 };
-// Every element of rank r's unit of kind `kind` once, as runs of the full unit (embedding and
-// head: the whole unit).
+// Every element of rank r's unit of kind `kind` once, as runs of the full unit.
 std::vector<Segment> slice_segments(const GptLayout& full, const GptLayout& local, UnitKind kind,
                                     int t, int r);
 

@@ -68,14 +68,6 @@ TrackedBuffer<S> GptModel<S>::reduce_tokens(TrackedBuffer<S> partial, BatchShape
   return mine;
 }
 
-template <class S>
-TrackedBuffer<S> GptModel<S>::shard_tokens(const TrackedBuffer<S>& whole, BatchShape shape) const {
-  const std::int64_t h = layout_.spec().hidden, n = local_tokens(shape);
-  auto mine = written_activation(n * h);
-  be_.copy(mine.data(), whole.data() + options_.tensor_parallel.rank() * n * h, n * h);
-  return mine;
-}
-
 // Norm₁, q/k/v (column-parallel), rotary and attention over this rank's heads.
 template <class S>
 void GptModel<S>::attention_forward_tp(const S* p, BlockActivations<S>& a, const S* x) const {
@@ -267,7 +259,6 @@ TrackedBuffer<S> GptModel<S>::backward_block_tp(const S* p, BlockActivations<S>&
   template std::int64_t GptModel<S>::local_tokens(BatchShape) const;                               \
   template TrackedBuffer<S> GptModel<S>::gather_tokens(const S*, BatchShape) const;                \
   template TrackedBuffer<S> GptModel<S>::reduce_tokens(TrackedBuffer<S>, BatchShape) const;        \
-  template TrackedBuffer<S> GptModel<S>::shard_tokens(const TrackedBuffer<S>&, BatchShape) const;  \
   template void GptModel<S>::run_block_tp(const S*, BlockActivations<S>&, TrackedBuffer<S>&)       \
       const;                                                                                       \
   template TrackedBuffer<S> GptModel<S>::backward_block_tp(const S*, BlockActivations<S>&,         \

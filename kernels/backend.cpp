@@ -136,6 +136,46 @@ void HostBackend<S>::log_softmax_backward(S* dlogits, const A* dlogp, const A* l
                                           std::int64_t vocab) {
   kernels::log_softmax_backward(dlogits, dlogp, logp, n, vocab);
 }
+template <class S>
+void HostBackend<S>::vocab_embedding_forward(S* out, const std::int32_t* tokens, const S* wte,
+                                             const S* wpe, std::int64_t begin, std::int64_t rows,
+                                             std::int64_t batch, std::int64_t seq,
+                                             std::int64_t channels) {
+  kernels::vocab_embedding_forward(out, tokens, wte, wpe, begin, rows, batch, seq, channels);
+}
+template <class S>
+void HostBackend<S>::vocab_embedding_backward(S* dwte, S* dwpe, const S* dout,
+                                              const std::int32_t* tokens, std::int64_t begin,
+                                              std::int64_t rows, std::int64_t batch,
+                                              std::int64_t seq, std::int64_t channels) {
+  kernels::vocab_embedding_backward(dwte, dwpe, dout, tokens, begin, rows, batch, seq, channels);
+}
+template <class S>
+void HostBackend<S>::logits_row_max(A* max, const S* logits, std::int64_t n, std::int64_t vocab) {
+  kernels::logits_row_max(max, logits, n, vocab);
+}
+template <class S>
+void HostBackend<S>::logits_row_sum_exp(A* sum, const S* logits, const A* max, std::int64_t n,
+                                        std::int64_t vocab) {
+  kernels::logits_row_sum_exp(sum, logits, max, n, vocab);
+}
+template <class S>
+void HostBackend<S>::log_softmax_from_stats(A* logp, const S* logits, const A* max, const A* sum,
+                                            std::int64_t n, std::int64_t vocab) {
+  kernels::log_softmax_from_stats(logp, logits, max, sum, n, vocab);
+}
+template <class S>
+double HostBackend<S>::vocab_nll_loss_forward(const A* logp, const std::int32_t* targets,
+                                              std::int64_t begin, std::int64_t n,
+                                              std::int64_t vocab) {
+  return kernels::vocab_nll_loss_forward<S>(logp, targets, begin, n, vocab);
+}
+template <class S>
+void HostBackend<S>::vocab_cross_entropy_backward(S* dlogits, const A* logp,
+                                                  const std::int32_t* targets, std::int64_t begin,
+                                                  std::int64_t n, std::int64_t vocab, A scale) {
+  kernels::vocab_cross_entropy_backward<S>(dlogits, logp, targets, begin, n, vocab, scale);
+}
 template <class S> void HostBackend<S>::copy(S* dst, const S* src, std::int64_t n) {
   std::copy(src, src + n, dst);
 }

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <map>
 #include <span>
+#include <stdexcept>
+#include <string>
 
 #include "comm/communicator.hpp"
 #include "kernels/adamw.hpp"
@@ -98,6 +100,46 @@ public:
   virtual void log_softmax_backward(S* dlogits, const A* dlogp, const A* logp, std::int64_t n,
                                     std::int64_t vocab) = 0;
 
+  // ---- vocabulary parallelism (kernels.hpp's vocab_* kernels, same arguments). Tensor
+  // parallelism runs on the host backend only; another backend refuses them.
+  virtual void vocab_embedding_forward(S* /*out*/, const std::int32_t* /*tokens*/, const S* /*wte*/,
+                                       const S* /*wpe*/, std::int64_t /*begin*/,
+                                       std::int64_t /*rows*/, std::int64_t /*batch*/,
+                                       std::int64_t /*seq*/, std::int64_t /*channels*/) {
+    refuse_vocab_parallel();
+  }
+  virtual void vocab_embedding_backward(S* /*dwte*/, S* /*dwpe*/, const S* /*dout*/,
+                                        const std::int32_t* /*tokens*/, std::int64_t /*begin*/,
+                                        std::int64_t /*rows*/, std::int64_t /*batch*/,
+                                        std::int64_t /*seq*/, std::int64_t /*channels*/) {
+    refuse_vocab_parallel();
+  }
+  virtual void logits_row_max(A* /*max*/, const S* /*logits*/, std::int64_t /*n*/,
+                              std::int64_t /*vocab*/) {
+    refuse_vocab_parallel();
+  }
+  virtual void logits_row_sum_exp(A* /*sum*/, const S* /*logits*/, const A* /*max*/,
+                                  std::int64_t /*n*/, std::int64_t /*vocab*/) {
+    refuse_vocab_parallel();
+  }
+  virtual void log_softmax_from_stats(A* /*logp*/, const S* /*logits*/, const A* /*max*/,
+                                      const A* /*sum*/, std::int64_t /*n*/,
+                                      std::int64_t /*vocab*/) {
+    refuse_vocab_parallel();
+  }
+  virtual double vocab_nll_loss_forward(const A* /*logp*/, const std::int32_t* /*targets*/,
+                                        std::int64_t /*begin*/, std::int64_t /*n*/,
+                                        std::int64_t /*vocab*/) {
+    refuse_vocab_parallel();
+    return 0;
+  }
+  virtual void vocab_cross_entropy_backward(S* /*dlogits*/, const A* /*logp*/,
+                                            const std::int32_t* /*targets*/, std::int64_t /*begin*/,
+                                            std::int64_t /*n*/, std::int64_t /*vocab*/,
+                                            A /*scale*/) {
+    refuse_vocab_parallel();
+  }
+
   // ---- the engine's element-wise work
   virtual void copy(S* dst, const S* src, std::int64_t n) = 0;  // may not overlap
   virtual void add(S* dst, const S* src, std::int64_t n) = 0;   // dst += src
@@ -150,6 +192,12 @@ public:
   virtual void end(Part part) = 0;
   // The seconds since the last call, and starts again. Call after synchronize().
   virtual PartSeconds take_seconds() = 0;
+
+private:
+  [[noreturn]] void refuse_vocab_parallel() const {
+    throw std::logic_error(std::string("vocabulary-parallel kernels are not run on the ") + name() +
+                           " backend (tensor parallelism runs on the cpu backend)");
+  }
 };
 
 class StreamOrderedHostMemory;  // kernels/host_stream_memory.hpp
@@ -217,6 +265,22 @@ public:
                          A scale) override;
   void log_softmax_backward(S* dlogits, const A* dlogp, const A* logp, std::int64_t n,
                             std::int64_t vocab) override;
+  void vocab_embedding_forward(S* out, const std::int32_t* tokens, const S* wte, const S* wpe,
+                               std::int64_t begin, std::int64_t rows, std::int64_t batch,
+                               std::int64_t seq, std::int64_t channels) override;
+  void vocab_embedding_backward(S* dwte, S* dwpe, const S* dout, const std::int32_t* tokens,
+                                std::int64_t begin, std::int64_t rows, std::int64_t batch,
+                                std::int64_t seq, std::int64_t channels) override;
+  void logits_row_max(A* max, const S* logits, std::int64_t n, std::int64_t vocab) override;
+  void logits_row_sum_exp(A* sum, const S* logits, const A* max, std::int64_t n,
+                          std::int64_t vocab) override;
+  void log_softmax_from_stats(A* logp, const S* logits, const A* max, const A* sum, std::int64_t n,
+                              std::int64_t vocab) override;
+  double vocab_nll_loss_forward(const A* logp, const std::int32_t* targets, std::int64_t begin,
+                                std::int64_t n, std::int64_t vocab) override;
+  void vocab_cross_entropy_backward(S* dlogits, const A* logp, const std::int32_t* targets,
+                                    std::int64_t begin, std::int64_t n, std::int64_t vocab,
+                                    A scale) override;
   void copy(S* dst, const S* src, std::int64_t n) override;
   void add(S* dst, const S* src, std::int64_t n) override;
   void adamw_step(A* params, const A* grads, A* exp_avg, A* exp_avg_sq, std::int64_t n,

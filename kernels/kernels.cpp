@@ -605,6 +605,117 @@ void log_softmax_backward(S* dlogits, const accum_t<S>* dlogp, const accum_t<S>*
   }
 }
 
+template <class S>
+void vocab_embedding_forward(S* out, const std::int32_t* tokens, const S* wte, const S* wpe,
+                             std::int64_t begin, std::int64_t rows, std::int64_t batch,
+                             std::int64_t seq, std::int64_t channels) {
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t t = 0; t < seq; ++t) {
+      const std::int64_t n = b * seq + t;
+      S* o = out + n * channels;
+      const std::int64_t row = static_cast<std::int64_t>(tokens[n]) - begin;
+      if (row >= 0 && row < rows)
+        std::copy_n(wte + row * channels, channels, o);
+      else
+        std::fill_n(o, channels, S(0));
+      if (wpe) {
+        const S* p = wpe + t * channels;
+        for (std::int64_t c = 0; c < channels; ++c) o[c] = narrow<S>(widen(o[c]) + widen(p[c]));
+      }
+    }
+}
+
+template <class S>
+void vocab_embedding_backward(S* dwte, S* dwpe, const S* dout, const std::int32_t* tokens,
+                              std::int64_t begin, std::int64_t rows, std::int64_t batch,
+                              std::int64_t seq, std::int64_t channels) {
+  const std::int64_t n_tokens = batch * seq;
+  auto mine = [&](std::int64_t n) {
+    const std::int64_t row = static_cast<std::int64_t>(tokens[n]) - begin;
+    return row >= 0 && row < rows;
+  };
+  for (std::int64_t n = 0; n < n_tokens; ++n) {
+    if (!mine(n)) continue;
+    S* e = dwte + (static_cast<std::int64_t>(tokens[n]) - begin) * channels;
+    if constexpr (is_half_v<S>) {
+      // As embedding_backward: a row's tokens summed in fp32 in token order, rounded once.
+      if (std::find(tokens, tokens + n, tokens[n]) != tokens + n) continue;
+      for (std::int64_t c = 0; c < channels; ++c) {
+        accum_t<S> sum = widen(e[c]);
+        for (std::int64_t m = n; m < n_tokens; ++m)
+          if (tokens[m] == tokens[n]) sum += widen(dout[m * channels + c]);
+        e[c] = narrow<S>(sum);
+      }
+    } else {
+      const S* d = dout + n * channels;
+      for (std::int64_t c = 0; c < channels; ++c) e[c] += d[c];
+    }
+  }
+  if (!dwpe) return;
+  for (std::int64_t t = 0; t < seq; ++t)
+    for (std::int64_t c = 0; c < channels; ++c) {
+      S* p = dwpe + t * channels + c;
+      accum_t<S> sum = widen(*p);
+      for (std::int64_t b = 0; b < batch; ++b) sum += widen(dout[(b * seq + t) * channels + c]);
+      *p = narrow<S>(sum);
+    }
+}
+
+template <class S>
+void logits_row_max(accum_t<S>* max, const S* logits, std::int64_t n, std::int64_t vocab) {
+  for (std::int64_t i = 0; i < n; ++i) max[i] = row_max(logits + i * vocab, vocab);
+}
+
+template <class S>
+void logits_row_sum_exp(accum_t<S>* sum, const S* logits, const accum_t<S>* max, std::int64_t n,
+                        std::int64_t vocab) {
+  using A = accum_t<S>;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const S* zi = logits + i * vocab;
+    A s = 0;
+    for (std::int64_t j = 0; j < vocab; ++j) s += exp_fast(widen(zi[j]) - max[i]);
+    sum[i] = s;
+  }
+}
+
+template <class S>
+void log_softmax_from_stats(accum_t<S>* logp, const S* logits, const accum_t<S>* max,
+                            const accum_t<S>* sum, std::int64_t n, std::int64_t vocab) {
+  using A = accum_t<S>;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const A shift = max[i] + std::log(sum[i]);
+    for (std::int64_t j = 0; j < vocab; ++j)
+      logp[i * vocab + j] = widen(logits[i * vocab + j]) - shift;
+  }
+}
+
+template <class S>
+double vocab_nll_loss_forward(const accum_t<S>* logp, const std::int32_t* targets,
+                              std::int64_t begin, std::int64_t n, std::int64_t vocab) {
+  double sum = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t j = static_cast<std::int64_t>(targets[i]) - begin;
+    if (j >= 0 && j < vocab) sum -= static_cast<double>(logp[i * vocab + j]);
+  }
+  return sum;
+}
+
+template <class S>
+void vocab_cross_entropy_backward(S* dlogits, const accum_t<S>* logp, const std::int32_t* targets,
+                                  std::int64_t begin, std::int64_t n, std::int64_t vocab,
+                                  accum_t<S> scale) {
+  using A = accum_t<S>;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const A* lp = logp + i * vocab;
+    S* out = dlogits + i * vocab;
+    const std::int64_t target = static_cast<std::int64_t>(targets[i]) - begin;
+    for (std::int64_t j = 0; j < vocab; ++j) {
+      const A p = exp_fast(lp[j]) * scale;
+      out[j] = narrow<S>(j == target ? p - scale : p);
+    }
+  }
+}
+
 #define SHARDPLAN_INSTANTIATE_KERNELS(S)                                                           \
   template void embedding_forward<S>(S*, const std::int32_t*, const S*, const S*, std::int64_t,    \
                                      std::int64_t, std::int64_t);                                  \
@@ -641,7 +752,23 @@ void log_softmax_backward(S* dlogits, const accum_t<S>* dlogp, const accum_t<S>*
   template void nll_loss_backward<S>(accum_t<S>*, const std::int32_t*, std::int64_t, std::int64_t, \
                                      accum_t<S>);                                                  \
   template void log_softmax_backward<S>(S*, const accum_t<S>*, const accum_t<S>*, std::int64_t,    \
-                                        std::int64_t);
+                                        std::int64_t);                                             \
+  template void vocab_embedding_forward<S>(S*, const std::int32_t*, const S*, const S*,            \
+                                           std::int64_t, std::int64_t, std::int64_t, std::int64_t, \
+                                           std::int64_t);                                          \
+  template void vocab_embedding_backward<S>(S*, S*, const S*, const std::int32_t*, std::int64_t,   \
+                                            std::int64_t, std::int64_t, std::int64_t,              \
+                                            std::int64_t);                                         \
+  template void logits_row_max<S>(accum_t<S>*, const S*, std::int64_t, std::int64_t);              \
+  template void logits_row_sum_exp<S>(accum_t<S>*, const S*, const accum_t<S>*, std::int64_t,      \
+                                      std::int64_t);                                               \
+  template void log_softmax_from_stats<S>(accum_t<S>*, const S*, const accum_t<S>*,                \
+                                          const accum_t<S>*, std::int64_t, std::int64_t);          \
+  template double vocab_nll_loss_forward<S>(const accum_t<S>*, const std::int32_t*, std::int64_t,  \
+                                            std::int64_t, std::int64_t);                           \
+  template void vocab_cross_entropy_backward<S>(S*, const accum_t<S>*, const std::int32_t*,        \
+                                                std::int64_t, std::int64_t, std::int64_t,          \
+                                                accum_t<S>);
 
 SHARDPLAN_INSTANTIATE_KERNELS(float)
 SHARDPLAN_INSTANTIATE_KERNELS(double)

@@ -111,4 +111,44 @@ template <class S>
 void log_softmax_backward(S* dlogits, const accum_t<S>* dlogp, const accum_t<S>* logp,
                           std::int64_t n, std::int64_t vocab);
 
+// Vocabulary parallelism (Megatron-LM's VocabParallelEmbedding and vocab_parallel_cross_entropy,
+// megatron/core/tensor_parallel/layers.py and cross_entropy.py): this rank holds the rows
+// [begin, begin + rows) of the [V, C] token table and the logits [n, rows] of those rows.
+//
+// out[n, :] = wte[tokens[n] − begin, :] for a token of this range, 0 for any other (+ wpe[t, :]
+// when wpe is given).                                                   wte [rows, C], wpe [P, C]
+template <class S>
+void vocab_embedding_forward(S* out, const std::int32_t* tokens, const S* wte, const S* wpe,
+                             std::int64_t begin, std::int64_t rows, std::int64_t batch,
+                             std::int64_t seq, std::int64_t channels);
+// Adds dout's rows into wte's rows of the tokens of this range (and every row into wpe), summed
+// as embedding_backward sums them.
+template <class S>
+void vocab_embedding_backward(S* dwte, S* dwpe, const S* dout, const std::int32_t* tokens,
+                              std::int64_t begin, std::int64_t rows, std::int64_t batch,
+                              std::int64_t seq, std::int64_t channels);
+// max[i] = maxⱼ logits[i, j] over this rank's columns (before the all-reduce of the maxima).
+template <class S>
+void logits_row_max(accum_t<S>* max, const S* logits, std::int64_t n, std::int64_t vocab);
+// sum[i] = Σⱼ exp(logits[i, j] − max[i]) over this rank's columns, max the group's.
+template <class S>
+void logits_row_sum_exp(accum_t<S>* sum, const S* logits, const accum_t<S>* max, std::int64_t n,
+                        std::int64_t vocab);
+// logp[i, j] = logits[i, j] − (max[i] + log sum[i]): the log-softmax over the whole vocabulary
+// from the group's maximum and sum.
+template <class S>
+void log_softmax_from_stats(accum_t<S>* logp, const S* logits, const accum_t<S>* max,
+                            const accum_t<S>* sum, std::int64_t n, std::int64_t vocab);
+// Σ over the targets in [begin, begin + vocab) of −logp[n, target − begin] (the other ranks hold
+// the rest).
+template <class S>
+double vocab_nll_loss_forward(const accum_t<S>* logp, const std::int32_t* targets,
+                              std::int64_t begin, std::int64_t n, std::int64_t vocab);
+// dlogits = scale · (exp(logp) − onehot(target − begin)): the cross-entropy's gradient of this
+// rank's logits (softmax minus the one-hot of a target it owns). WRITES its output.
+template <class S>
+void vocab_cross_entropy_backward(S* dlogits, const accum_t<S>* logp, const std::int32_t* targets,
+                                  std::int64_t begin, std::int64_t n, std::int64_t vocab,
+                                  accum_t<S> scale);
+
 }  // namespace shardplan::executor::kernels

@@ -6,8 +6,12 @@
 #include <fmt/format.h>
 
 #include "core/json_reader.hpp"
+#include "costmodel/hardware.hpp"
+#include "costmodel/parallel_memory.hpp"
+#include "costmodel/pipeline_schedule.hpp"
 #include "costmodel/plan.hpp"
 #include "planner/text.hpp"
+#include "planner/validate_pipeline.hpp"
 
 namespace shardplan::planner {
 namespace {
@@ -39,6 +43,8 @@ struct RunFacts {
   std::string model, strategy, flavour;  // the plan the run was made from, as it records it
   std::int64_t micro_batch = 0;          // 0: not recorded
   std::vector<std::string> deviations;
+  int tensor_parallel = 1;  // /model/tensor_parallel/size: the run's t (1: none)
+  bool sequence_parallel = false;
 };
 
 void read_summary_memory(ObjectReader& s, RunFacts& f) {
@@ -101,6 +107,13 @@ RunFacts read_run(const json& run) {
     ObjectReader mo(r.object("model"), "/model");
     f.scaled = mo.boolean("scaled");
     for (const char* k : {"name", "params", "units", "config"}) mo.ignore(k);
+    if (const auto* tp = mo.optional_object("tensor_parallel")) {
+      ObjectReader t(*tp, "/model/tensor_parallel");
+      f.tensor_parallel = static_cast<int>(t.integer("size", Range{1, 1e6, false}));
+      f.sequence_parallel = t.boolean("sequence_parallel");
+      t.number("local_params", Range::non_negative());
+      t.finish();
+    }
     mo.finish();
   }
   {
@@ -138,6 +151,38 @@ RunFacts read_run(const json& run) {
   for (const char* k : {"initial_params_sha256", "final_params_sha256"}) r.optional_string(k);
   r.finish();
   return f;
+}
+
+// A run with tensor parallelism: the memory of its one stage as costmodel/parallel_memory counts
+// it for the run's t and sequence parallelism (the plan's own prediction is for its layout, data
+// parallelism alone unless its /parallel says the same t). A profile that cannot be loaded here
+// is taken without per-device overheads, as the executor's pipeline run takes it.
+costmodel::PlanPrediction tensor_parallel_prediction(const costmodel::Plan& plan,
+                                                     const RunFacts& run) {
+  costmodel::HardwareProfile hw;
+  try {
+    hw = costmodel::load_hardware(plan.hardware);
+  } catch (const std::exception&) {
+    hw = costmodel::HardwareProfile{};
+  }
+  costmodel::ParallelMemoryInput in;
+  in.model = &plan.model;
+  in.hardware = &hw;
+  in.cluster = plan.cluster;
+  in.job = plan.job;
+  in.spec = plan.spec;
+  in.layout.tensor_parallel = run.tensor_parallel;
+  in.layout.sequence_parallel = run.sequence_parallel;
+  const auto walk =
+      costmodel::walk_schedule(costmodel::PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
+  const auto stage = costmodel::parallel_memory(in, walk).stages.at(0);
+  costmodel::PlanPrediction pr = plan.prediction;
+  pr.at_peak = {stage.param_bytes,      stage.grad_bytes,   stage.optimizer_bytes,
+                stage.activation_bytes, stage.buffer_bytes, stage.overhead_bytes};
+  pr.peak_bytes = stage.total();
+  pr.peak_when = fmt::format("the one stage with tensor parallelism {}{}", run.tensor_parallel,
+                             run.sequence_parallel ? " and sequence parallelism" : "");
+  return pr;
 }
 
 json rel_error(double predicted, double measured) {
@@ -243,6 +288,8 @@ json notes_json(const RunFacts& run) {
 }  // namespace
 
 json validate_json(const json& plan_document, const json& run_document, bool force) {
+  if (is_pipeline_run(run_document))
+    return validate_pipeline_json(plan_document, run_document, force);
   const auto plan = costmodel::plan_from_json(plan_document);
   const auto run = read_run(run_document);
   const auto differ = differences(plan, run);
@@ -250,7 +297,7 @@ json validate_json(const json& plan_document, const json& run_document, bool for
     throw InputError(differ.front().first,
                      fmt::format("not a run of this plan: {} (--force compares them anyway)",
                                  differ.front().second));
-  const auto& pr = plan.prediction;
+  const auto pr = run.tensor_parallel > 1 ? tensor_parallel_prediction(plan, run) : plan.prediction;
   json out;
   out["plan"] = {
       {"strategy", plan.spec.strategy}, {"flavour", costmodel::flavour_name(plan.spec.flavour)},
@@ -260,8 +307,18 @@ json validate_json(const json& plan_document, const json& run_document, bool for
 
   out["memory"] = memory_json(pr, run);
   out["time"] = time_json(pr, run);
+  if (run.tensor_parallel > 1) {
+    out["memory"]["tensor_parallel"] = {{"size", run.tensor_parallel},
+                                        {"sequence_parallel", run.sequence_parallel},
+                                        {"predicted_by", "costmodel/parallel_memory (one stage)"}};
+  }
   if (run.device) out["memory"]["device"] = *run.device;
   out["notes"] = notes_json(run);
+  if (run.tensor_parallel > 1 && plan.parallel.tensor_parallel != run.tensor_parallel)
+    out["notes"].push_back(fmt::format(
+        "the plan's step time is for tensor parallelism {}, the run's is {}; its memory is "
+        "predicted for the run's",
+        plan.parallel.tensor_parallel, run.tensor_parallel));
   if (!differ.empty()) {
     json forced = json::array();
     for (const auto& [pointer, what] : differ)
@@ -273,6 +330,8 @@ json validate_json(const json& plan_document, const json& run_document, bool for
 }
 
 std::string validate_table(const json& plan_document, const json& run_document, bool force) {
+  if (is_pipeline_run(run_document))
+    return validate_pipeline_table(plan_document, run_document, force);
   const json v = validate_json(plan_document, run_document, force);
   Text t;
   if (v.contains("forced")) {

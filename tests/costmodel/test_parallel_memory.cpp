@@ -128,3 +128,59 @@ TEST_CASE("parallel_memory::per-stage imbalance: the first stage holds the embed
   // each in bf16, 20 blocks x 106,971,136 elements x (2 + 2).
   CHECK(sharded.stages[1].buffer_bytes == doctest::Approx(4 * 20 * 106971136.0));
 }
+
+// The executor's recipe under tensor parallelism (parallel_memory.cpp, executor_stage and
+// executor_first_use_peak), one stage, DDP fp32, t = 2: a Llama of 4 blocks, h = 64, 4 heads of
+// 16 over 2 key/value heads, I = 128, V = 64, s = 32, b = 2 (N = 64), eager attention. The hand
+// derivation of every term is in tests/executor/test_tensor_parallel_mpi.cpp ("measured memory
+// against the cost model's per-stage prediction"), where the executor's measured peak is held to
+// it; here the cost model alone: E = 78,400 elements per rank (vocabulary-parallel embedding and
+// head), 4E of parameters, 8E of AdamW moments, 4E of DDP's bucket copy; at the peak (the last
+// block's MLP backward) the head's and the last block's gradients 4·(2,112 + 18,560) = 82,688
+// and 690,688 bytes of activations (566,784 with sequence parallelism).
+TEST_CASE("parallel_memory::the executor's tensor-parallel stage: first-use gradients, DDP's "
+          "bucket copy") {
+  const json config = {{"architectures", {"LlamaForCausalLM"}},
+                       {"hidden_size", 64},
+                       {"num_hidden_layers", 4},
+                       {"num_attention_heads", 4},
+                       {"num_key_value_heads", 2},
+                       {"head_dim", 16},
+                       {"intermediate_size", 128},
+                       {"vocab_size", 64},
+                       {"max_position_embeddings", 64},
+                       {"tie_word_embeddings", false},
+                       {"hidden_act", "silu"}};
+  const ModelSpec m = model_from_hf_config(config, "llama-small");
+  HardwareProfile hw;
+  ParallelMemoryInput in;
+  in.model = &m;
+  in.hardware = &hw;
+  in.cluster = {2, 2};
+  in.job = job(32, 2, AttentionImpl::eager);
+  in.job.global_batch = 2;
+  in.job.precision = Precision::fp32;
+  in.job.checkpointing = Checkpointing::none;
+  in.job.recipe = Recipe::executor;
+  in.spec = make_spec("ddp", Flavour::ddp, 1);
+  const auto walk = walk_schedule(PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
+  for (bool sp : {false, true}) {
+    CAPTURE(sp);
+    in.layout = tp(2, sp);
+    const auto s = parallel_memory(in, walk).stages.at(0);
+    CHECK(s.local_params == 78400);
+    CHECK(s.param_bytes == 4 * 78400);
+    CHECK(s.optimizer_bytes == 8 * 78400);
+    CHECK(s.buffer_bytes == 4 * 78400);
+    CHECK(s.grad_bytes == 82688);
+    CHECK(s.activation_bytes == (sp ? 566784 : 690688));
+    CHECK(s.total() == (sp ? 1903872 : 2027776));
+  }
+  // Megatron-core's DDP (no bucket copy: its buckets are views of a gradient buffer allocated
+  // with the model) holds every gradient from the start: 4E, and no buffer.
+  in.layout = tp(2, false);
+  in.spec.grad_bucket_copy = false;
+  const auto whole = parallel_memory(in, walk).stages.at(0);
+  CHECK(whole.grad_bytes == 4 * 78400);
+  CHECK(whole.buffer_bytes == 0);
+}

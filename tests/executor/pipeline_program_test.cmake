@@ -50,6 +50,51 @@ foreach(case "2|1f1b|4" "2|gpipe|4" "4|1f1b|2")
   endforeach()
 endforeach()
 
+# planner validate reads a pipeline run (planner/validate_pipeline.hpp): each stage's peak
+# predicted from the plan for the run's layout against the measured one, which stage holds the
+# peak, the step time; as a table and as JSON. The stages' peaks are the cost model's to the byte
+# (tests/executor/test_pipeline_mpi.cpp): within 3% here.
+run_expect(0 COMMAND ${PLANNER} validate --plan plan4.json --run pp-4-1f1b.json OUTPUT table)
+foreach(text "run: 2 pipeline stages × 2 data-parallel ranks, 1f1b, 2 micro-batches of 2 × 32 tokens"
+             "predicted peak: stage 1 of 2 (2 blocks, head and loss" "step (median of 2)"
+             "peak memory error +0.0% (stage 1 predicted, stage 1 measured)")
+  string(FIND "${table}" "${text}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "\"${text}\" not in planner validate's table:\n${table}")
+  endif()
+endforeach()
+message(STATUS "planner validate --plan plan4.json --run pp-4-1f1b.json:\n${table}")
+run_expect(0 COMMAND ${PLANNER} validate --plan plan4.json --run pp-4-1f1b.json --format json
+                     OUTPUT validated)
+string(JSON kind GET "${validated}" kind)
+string(JSON stages LENGTH "${validated}" stages)
+if(NOT kind STREQUAL "pipeline" OR NOT stages EQUAL 2)
+  message(FATAL_ERROR "planner validate --format json: kind ${kind}, ${stages} stages")
+endif()
+foreach(s 0 1)
+  string(JSON error GET "${validated}" stages ${s} rel_error)
+  if(error GREATER 0.03 OR error LESS -0.03)
+    message(FATAL_ERROR "stage ${s}: predicted peak off by ${error}")
+  endif()
+endforeach()
+string(JSON predicted_stage GET "${validated}" memory peak_stage_predicted)
+string(JSON measured_stage GET "${validated}" memory peak_stage_measured)
+if(NOT predicted_stage EQUAL measured_stage)
+  message(FATAL_ERROR "peak on stage ${predicted_stage} predicted, ${measured_stage} measured")
+endif()
+# A malformed pipeline run document: one line naming the field, exit code 2.
+file(READ ${WORK}/pp-4-1f1b.json run)
+string(JSON bad REMOVE "${run}" stages_measured 1)
+file(WRITE ${WORK}/bad-pp.json "${bad}")
+execute_process(COMMAND ${PLANNER} validate --plan plan4.json --run bad-pp.json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err WORKING_DIRECTORY ${WORK})
+string(FIND "${err}" "/stages_measured: 1 stages, /pipeline/pipeline_parallel says 2" at)
+string(REGEX MATCHALL "\n" newlines "${err}")
+list(LENGTH newlines lines)
+if(NOT rc EQUAL 2 OR at EQUAL -1 OR NOT lines EQUAL 1)
+  message(FATAL_ERROR "a pipeline run with one stage of two: exit ${rc}, stderr:\n${err}")
+endif()
+
 # Refusals of the command line (before any rank starts: one process), one line each.
 foreach(case
     "--pipeline-parallel#0|--pipeline-parallel: must be >= 1, got 0"

@@ -47,13 +47,28 @@ foreach(sp "" "--sequence-parallel")
                  "parallel: first loss ${ddp_loss})")
 endforeach()
 
-# What t cannot split: the ranks, the key/value heads (2).
+# planner validate reads the tensor-parallel run (the last one, with sequence parallelism): the
+# memory predicted for its t (costmodel/parallel_memory, one stage).
+run_expect(0 COMMAND ${PLANNER} validate --plan plan-4.json --run run.json --format json
+                     OUTPUT validated)
+string(JSON validated_t GET "${validated}" memory tensor_parallel size)
+string(JSON validated_sp GET "${validated}" memory tensor_parallel sequence_parallel)
+if(NOT validated_t EQUAL 2 OR NOT validated_sp STREQUAL "ON")
+  message(FATAL_ERROR "planner validate of a t=2 run: tensor_parallel ${validated_t}, "
+                      "sequence_parallel ${validated_sp}")
+endif()
+
+# What t cannot split: the ranks, the key/value heads (2), the vocabulary.
 run_expect(2 COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan plan-2.json ${small} --tensor-parallel 4
                      --out bad.json
            EXPECT "executor: --tensor-parallel: 4 does not divide the 2 ranks")
 run_expect(2 COMMAND ${mpirun} -np 4 ${EXECUTOR} --plan plan-4.json ${small} --tensor-parallel 4
                      --out bad.json
            EXPECT "executor: --tensor-parallel: tensor-parallel size 4 does not divide the 2 key/value heads")
+run_expect(2 COMMAND ${mpirun} -np 2 ${EXECUTOR} --plan plan-2.json --layers 2 --hidden 32
+                     --heads 4 --kv-heads 2 --intermediate 64 --vocab 127 --tensor-parallel 2
+                     --out bad.json
+           EXPECT "executor: --tensor-parallel: tensor-parallel size 2 does not divide the vocabulary of 127 tokens")
 
 # A plan made with tensor parallelism (its /parallel object) runs with that layout or not at all:
 # without the flags it names, the run is refused with the flags to give. Its micro-batch count is

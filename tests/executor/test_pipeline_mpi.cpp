@@ -167,6 +167,7 @@ double predicted_stage_bytes(const PipelineOptions& o, int world, int stage) {
   in.job.recipe = costmodel::Recipe::executor;
   in.job.checkpointing = costmodel::Checkpointing::none;
   in.spec = test_spec("ddp", costmodel::Flavour::ddp, world / o.stages);
+  in.spec.grad_bucket_copy = false;  // the stages reduce in place (as pipeline_run.cpp predicts)
   in.layout.pipeline_parallel = o.stages;
   in.layout.schedule = o.schedule;
   in.layout.micro_batches = o.micro_batches;

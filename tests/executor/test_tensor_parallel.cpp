@@ -31,12 +31,24 @@ TEST_CASE("tensor_parallel::local units hold 1/t of every matrix and whole repli
   const auto llama = tiny_llama(), gpt2 = tiny_gpt2();
   const std::int64_t h = 16;
   CHECK(block_size(local_spec(llama, 2)) == (block_size(llama) - 2 * h) / 2 + 2 * h);
+  // t = 4 with a vocabulary of 48 (a multiple of 4: the embedding and head are split by t too).
+  const auto gpt2_48 = scale_down(costmodel::load_model("gpt2"), {.layers = 2,
+                                                                  .hidden = 16,
+                                                                  .heads = 4,
+                                                                  .intermediate = 32,
+                                                                  .vocab = 48,
+                                                                  .max_positions = 12});
   for (int t : {2, 4})
-    CHECK(block_size(local_spec(gpt2, t)) == (block_size(gpt2) - 6 * h) / t + 6 * h);
-  // Embedding and head are replicated.
-  const GptLayout full(gpt2), local(local_spec(gpt2, 4));
-  CHECK(local.unit_size(UnitKind::embedding) == full.unit_size(UnitKind::embedding));
-  CHECK(local.unit_size(UnitKind::head) == full.unit_size(UnitKind::head));
+    CHECK(block_size(local_spec(gpt2_48, t)) == (block_size(gpt2_48) - 6 * h) / t + 6 * h);
+  // Vocabulary-parallel: the token table [V, h] by rows; GPT-2's position table [12, h] and the
+  // final LayerNorm (2h) whole; Llama's untied output matrix [V, h] by rows. V = 50, t = 2.
+  const GptLayout full(gpt2), local(local_spec(gpt2, 2));
+  CHECK(local.spec().vocab == 25);
+  CHECK(local.unit_size(UnitKind::embedding) == 25 * h + 12 * h);
+  CHECK(local.unit_size(UnitKind::head) == 2 * h);  // tied: the norm only
+  const GptLayout llama_local(local_spec(llama, 2));
+  CHECK(llama_local.unit_size(UnitKind::embedding) == 25 * h);
+  CHECK(llama_local.unit_size(UnitKind::head) == h + 25 * h);
 }
 
 TEST_CASE("tensor_parallel::rank r holds Megatron's r-th slice and the slices rebuild the unit") {
@@ -68,6 +80,41 @@ TEST_CASE("tensor_parallel::rank r holds Megatron's r-th slice and the slices re
   }
 }
 
+TEST_CASE("tensor_parallel::rank r holds the r-th vocabulary shard of the embedding and head") {
+  // Llama (untied, V = 50, h = 16): rank 1 holds token rows 25..49 of the embedding and of the
+  // output matrix, the final RMSNorm whole; GPT-2: the position table whole after its shard.
+  for (const auto& model : {tiny_llama(), tiny_gpt2()}) {
+    CAPTURE(model.name);
+    const GptLayout full(model), local(local_spec(model, 2));
+    const std::int64_t h = model.hidden, rows = 25 * h;
+    for (UnitKind kind : {UnitKind::embedding, UnitKind::head}) {
+      const std::int64_t unit = kind == UnitKind::embedding ? 0 : full.unit_count() - 1;
+      const std::int64_t n = full.unit_size(kind), ln = local.unit_size(kind);
+      std::vector<float> values(static_cast<std::size_t>(n));
+      std::iota(values.begin(), values.end(), 0.0f);
+      std::vector<float> gathered(static_cast<std::size_t>(2 * ln));
+      for (int r = 0; r < 2; ++r)
+        slice_unit<float>(values,
+                          std::span(gathered).subspan(static_cast<std::size_t>(r * ln),
+                                                      static_cast<std::size_t>(ln)),
+                          slice_segments(full, local, kind, 2, r));
+      if (kind == UnitKind::embedding) {
+        CHECK(gathered[static_cast<std::size_t>(ln + local.embedding().tokens)] ==
+              float(full.embedding().tokens + rows));
+        if (full.embedding().positions != kAbsent)
+          CHECK(gathered[static_cast<std::size_t>(ln + local.embedding().positions)] ==
+                float(full.embedding().positions));
+      } else if (full.head().output != kAbsent) {
+        CHECK(gathered[static_cast<std::size_t>(ln + local.head().output)] ==
+              float(full.head().output + rows));
+        CHECK(gathered[static_cast<std::size_t>(ln + local.head().norm.weight)] ==
+              float(full.head().norm.weight));
+      }
+      CHECK(assemble_unit(full, local, unit, gathered, 2) == values);
+    }
+  }
+}
+
 TEST_CASE("tensor_parallel::what t does not divide is refused") {
   const auto llama = tiny_llama();  // 4 heads, 2 key/value heads, 24 intermediate
   CHECK_THROWS_WITH_AS(check_tensor_parallel(llama, 3),
@@ -77,6 +124,12 @@ TEST_CASE("tensor_parallel::what t does not divide is refused") {
                        "tensor-parallel size 4 does not divide the 2 key/value heads",
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(check_tensor_parallel(llama, 0), "tensor-parallel size 0 is not >= 1",
+                       std::invalid_argument);
+  // GPT-2's 4 heads and 32 intermediate columns split over 4, its vocabulary of 50 does not.
+  CHECK_THROWS_WITH_AS(check_tensor_parallel(tiny_gpt2(), 4),
+                       "tensor-parallel size 4 does not divide the vocabulary of 50 tokens (the "
+                       "embedding and the head are vocabulary-parallel: give a vocabulary that is "
+                       "a multiple of 4)",
                        std::invalid_argument);
   StandInCommunicator world(0, 3);
   CHECK_THROWS_WITH_AS(make_tensor_parallel_groups(world, 2),

@@ -6,6 +6,8 @@
 
 #include "core/input_error.hpp"
 #include "core/json_reader.hpp"
+#include "costmodel/parallel_memory.hpp"
+#include "costmodel/pipeline_schedule.hpp"
 #include "costmodel/plan.hpp"
 #include "planner/validate.hpp"
 
@@ -285,4 +287,37 @@ TEST_CASE("validate::real CPU runs: blocking collectives are the measured commun
   const auto waited = planner::validate_json(plan, streams)["time"]["parts"]["communication"];
   CHECK(waited["measured_s"] == streams["summary"]["time"]["comm_wait_s"]);
   CHECK(waited["measured_as"] == "summary.time.comm_wait_s");
+}
+
+TEST_CASE("validate::a tensor-parallel run: the memory predicted for the run's t") {
+  // The run document of executor --tensor-parallel 2 names t in /model/tensor_parallel; the
+  // plan's prediction (data parallelism) is replaced by costmodel/parallel_memory's one stage
+  // for t = 2 (its profile "cpu-test" is not loadable here: no per-device overheads).
+  auto run = run_document();
+  run["model"]["tensor_parallel"] = {{"size", 2}, {"sequence_parallel", true}, {"local_params", 1}};
+  const auto plan = costmodel::plan_from_json(plan_document());
+  costmodel::HardwareProfile hw;
+  costmodel::ParallelMemoryInput in;
+  in.model = &plan.model;
+  in.hardware = &hw;
+  in.cluster = plan.cluster;
+  in.job = plan.job;
+  in.spec = plan.spec;
+  in.layout.tensor_parallel = 2;
+  in.layout.sequence_parallel = true;
+  const auto walk =
+      costmodel::walk_schedule(costmodel::PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
+  const double want = costmodel::parallel_memory(in, walk).stages.at(0).total();
+  const auto v = planner::validate_json(plan_document(), run);
+  CHECK(v["memory"]["peak_predicted_bytes"].get<double>() == doctest::Approx(want));
+  CHECK(v["memory"]["peak_rel_error"].get<double>() == doctest::Approx((want - 1250) / 1250));
+  CHECK(v["memory"]["tensor_parallel"]["size"] == 2);
+  bool said = false;
+  for (const auto& n : v["notes"])
+    said |= n.get<std::string>().find("the plan's step time is for tensor parallelism 1") !=
+            std::string::npos;
+  CHECK(said);
+  run["model"]["tensor_parallel"]["size"] = 0;
+  CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run),
+                       "/model/tensor_parallel/size: must be >= 1, got 0", costmodel::InputError);
 }

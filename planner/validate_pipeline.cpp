@@ -1,0 +1,299 @@
+#include "planner/validate_pipeline.hpp"
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/input_error.hpp"
+#include "core/json_reader.hpp"
+#include "costmodel/hardware.hpp"
+#include "costmodel/parallel_memory.hpp"
+#include "costmodel/parallel_step.hpp"
+#include "costmodel/pipeline_schedule.hpp"
+#include "costmodel/plan.hpp"
+#include "planner/text.hpp"
+
+namespace shardplan::planner {
+namespace {
+
+using costmodel::InputError;
+using costmodel::ObjectReader;
+using costmodel::Range;
+using nlohmann::json;
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr char kKind[] = "executor pipeline run";
+
+// What validate reads from a pipeline run document.
+struct PipelineRun {
+  std::string model;
+  int world = 0;
+  costmodel::ParallelLayout layout;  // pipeline_parallel, schedule, micro_batches
+  int data_parallel = 0;
+  std::int64_t micro_batch = 0, seq_len = 0;
+  std::vector<double> step_s;       // rank 0's, per step
+  std::vector<double> stage_peaks;  // per stage, the largest of its ranks'
+};
+
+int count(ObjectReader& r, const char* key) {
+  return static_cast<int>(r.integer(key, Range{1, 1e6, false}));
+}
+
+void read_layout(ObjectReader& r, PipelineRun& f) {
+  ObjectReader p(r.object("pipeline"), "/pipeline");
+  f.layout.pipeline_parallel = count(p, "pipeline_parallel");
+  f.data_parallel = count(p, "data_parallel");
+  f.layout.schedule = costmodel::schedule_from_name(p.string("schedule"), "/pipeline/schedule");
+  f.layout.micro_batches = count(p, "micro_batches");
+  f.micro_batch = count(p, "micro_batch");
+  f.seq_len = count(p, "seq_len");
+  p.finish();
+  if (f.layout.pipeline_parallel * f.data_parallel != f.world)
+    throw InputError("/pipeline/data_parallel",
+                     fmt::format("{} stages × {} data-parallel ranks are not the run's {} ranks "
+                                 "(/world)",
+                                 f.layout.pipeline_parallel, f.data_parallel, f.world));
+}
+
+void read_steps(ObjectReader& r, PipelineRun& f) {
+  const auto& steps = r.array("steps");
+  if (steps.empty()) throw InputError("/steps", "the run has no steps");
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    ObjectReader s(steps[i], fmt::format("/steps/{}", i));
+    f.step_s.push_back(s.number("step_s", Range::non_negative()));
+    for (const char* k :
+         {"step", "loss", "forward_s", "backward_s", "p2p_s", "reduce_s", "optimizer_s"})
+      s.optional_number(k);
+    s.finish();
+  }
+}
+
+void read_stages(ObjectReader& r, PipelineRun& f) {
+  const auto& stages = r.array("stages_measured");
+  if (static_cast<int>(stages.size()) != f.layout.pipeline_parallel)
+    throw InputError("/stages_measured",
+                     fmt::format("{} stages, /pipeline/pipeline_parallel says {}", stages.size(),
+                                 f.layout.pipeline_parallel));
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    ObjectReader s(stages[i], fmt::format("/stages_measured/{}", i));
+    f.stage_peaks.push_back(s.number("peak_bytes", Range::non_negative()));
+    // Each category at the peak ("activations_bytes_at_peak", ...): reported by the run only.
+    s.ignore_if([](const std::string& k) { return k.ends_with("_bytes_at_peak"); });
+    s.finish();
+  }
+}
+
+PipelineRun read_pipeline_run(const json& run) {
+  ObjectReader r(run, "");
+  if (const auto kind = r.string("kind"); kind != kKind)
+    throw InputError("/kind", fmt::format("must be \"{}\", got \"{}\"", kKind, kind));
+  PipelineRun f;
+  f.model = r.string("model");
+  f.world = count(r, "world");
+  read_layout(r, f);
+  read_steps(r, f);
+  read_stages(r, f);
+  // The executor's own prediction and count: validate predicts from the plan itself.
+  r.array("stages_predicted");
+  r.array("stages_counted");
+  r.finish();
+  return f;
+}
+
+// The cost model's prediction for the run's layout, from the plan.
+struct Prediction {
+  costmodel::ParallelMemory memory;
+  std::optional<double> step_s;
+  std::vector<std::string> notes;
+};
+
+Prediction predict(const costmodel::Plan& plan, const PipelineRun& run) {
+  Prediction out;
+  costmodel::HardwareProfile hw;
+  bool loaded = true;
+  try {
+    hw = costmodel::load_hardware(plan.hardware);
+  } catch (const std::exception&) {
+    loaded = false;
+    out.notes.push_back(fmt::format("the plan's hardware profile \"{}\" could not be loaded here: "
+                                    "memory predicted without per-device overheads, no step time",
+                                    plan.hardware));
+  }
+  costmodel::ParallelMemoryInput in;
+  in.model = &plan.model;
+  in.hardware = &hw;
+  in.cluster = {run.world, std::max(1, plan.cluster.gpus_per_node)};
+  in.job = plan.job;
+  in.job.seq_len = run.seq_len;
+  in.job.micro_batch = run.micro_batch;
+  in.spec = plan.spec;
+  // The executor's stages reduce their gradients in place (executor/pipeline.hpp): no bucket copy.
+  in.spec.grad_bucket_copy = false;
+  in.layout = run.layout;
+  const int p = run.layout.pipeline_parallel;
+  const std::vector<double> forward(static_cast<std::size_t>(p), 1.0),
+      backward(forward.size(), 2.0);
+  const auto walk = costmodel::walk_schedule(run.layout.schedule, p, 1, run.layout.micro_batches,
+                                             forward, backward);
+  out.memory = costmodel::parallel_memory(in, walk);
+  if (!loaded) return out;
+  const costmodel::StepInput step_in{&plan.model, &hw, in.cluster, in.job, in.spec};
+  const auto step = costmodel::simulate_parallel_step(step_in, run.layout);
+  if (step.step.valid)
+    out.step_s = step.step.step_s;
+  else
+    out.notes.push_back("no step time predicted: " + step.step.reason);
+  return out;
+}
+
+json rel_error(double predicted, double measured) {
+  if (measured == 0) return predicted == 0 ? json(0.0) : json(nullptr);
+  return (predicted - measured) / measured;
+}
+
+std::string percent(const json& e) {
+  return e.is_null() ? std::string("n/a") : fmt::format("{:+.1f}%", 100 * e.get<double>());
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+json stages_json(const Prediction& pr, const PipelineRun& run) {
+  json stages = json::array();
+  for (std::size_t s = 0; s < run.stage_peaks.size(); ++s) {
+    const auto& st = pr.memory.stages.at(s);
+    stages.push_back({{"stage", s},
+                      {"in_flight", st.in_flight},
+                      {"predicted_bytes", st.total()},
+                      {"measured_bytes", run.stage_peaks[s]},
+                      {"rel_error", rel_error(st.total(), run.stage_peaks[s])}});
+  }
+  return stages;
+}
+
+json memory_json(const Prediction& pr, const PipelineRun& run) {
+  const auto& peaks = run.stage_peaks;
+  const auto measured_stage = std::max_element(peaks.begin(), peaks.end()) - peaks.begin();
+  return {{"peak_stage_predicted", pr.memory.peak_stage},
+          {"peak_stage_measured", measured_stage},
+          {"peak_predicted_name", pr.memory.peak_name},
+          {"peak_predicted_bytes", pr.memory.peak_bytes},
+          {"peak_measured_bytes", peaks[static_cast<std::size_t>(measured_stage)]},
+          {"peak_rel_error",
+           rel_error(pr.memory.peak_bytes, peaks[static_cast<std::size_t>(measured_stage)])}};
+}
+
+json time_json(const Prediction& pr, const PipelineRun& run) {
+  const double measured = median(run.step_s);
+  return {{"step_predicted_s", pr.step_s ? json(*pr.step_s) : json(nullptr)},
+          {"step_measured_s", measured},
+          {"step_rel_error", pr.step_s ? rel_error(*pr.step_s, measured) : json(nullptr)},
+          {"steps", run.step_s.size()}};
+}
+
+}  // namespace
+
+bool is_pipeline_run(const json& run_document) {
+  return run_document.is_object() && run_document.contains("kind") && run_document["kind"] == kKind;
+}
+
+json validate_pipeline_json(const json& plan_document, const json& run_document, bool force) {
+  const auto plan = costmodel::plan_from_json(plan_document);
+  const auto run = read_pipeline_run(run_document);
+  std::vector<std::string> forced;
+  auto differ = [&](const char* pointer, const std::string& of_run, const std::string& of_plan) {
+    if (of_run == of_plan) return;
+    const auto what = fmt::format("the run's {}, the plan's {}", of_run, of_plan);
+    if (!force)
+      throw InputError(pointer, fmt::format("not a run of this plan: {} (--force compares them "
+                                            "anyway)",
+                                            what));
+    forced.push_back(fmt::format("{}: {}", pointer, what));
+  };
+  differ("/model", fmt::format("model \"{}\"", run.model),
+         fmt::format("model \"{}\"", plan.model.name));
+  differ("/world", fmt::format("{} ranks", run.world), fmt::format("{} ranks", plan.cluster.gpus));
+  const auto pr = predict(plan, run);
+  json out;
+  out["kind"] = "pipeline";
+  out["plan"] = {{"strategy", plan.spec.strategy},
+                 {"flavour", costmodel::flavour_name(plan.spec.flavour)},
+                 {"gpus", plan.cluster.gpus},
+                 {"model", plan.model.name},
+                 {"hardware", plan.hardware}};
+  out["pipeline"] = {{"pipeline_parallel", run.layout.pipeline_parallel},
+                     {"data_parallel", run.data_parallel},
+                     {"schedule", costmodel::schedule_name(run.layout.schedule)},
+                     {"micro_batches", run.layout.micro_batches},
+                     {"micro_batch", run.micro_batch},
+                     {"seq_len", run.seq_len}};
+  out["stages"] = stages_json(pr, run);
+  out["memory"] = memory_json(pr, run);
+  out["time"] = time_json(pr, run);
+  out["notes"] = pr.notes;
+  if (plan.parallel.pipeline_parallel != run.layout.pipeline_parallel)
+    out["notes"].push_back(fmt::format(
+        "the plan was made for {} pipeline stage(s) and its own prediction is for that layout; "
+        "the per-stage prediction here is for the run's {}",
+        plan.parallel.pipeline_parallel, run.layout.pipeline_parallel));
+  if (!forced.empty()) out["forced"] = forced;
+  out["schema_version"] = 1;
+  return out;
+}
+
+std::string validate_pipeline_table(const json& plan_document, const json& run_document,
+                                    bool force) {
+  const json v = validate_pipeline_json(plan_document, run_document, force);
+  Text t;
+  if (v.contains("forced"))
+    t.line("forced (--force): not a run of this plan ({})",
+           fmt::join(v["forced"].get<std::vector<std::string>>(), "; "));
+  const auto& pl = v["plan"];
+  const auto& pp = v["pipeline"];
+  t.line("plan: {} ({}) on {} ranks, model {}, hardware {}", pl["strategy"].get<std::string>(),
+         pl["flavour"].get<std::string>(), pl["gpus"].get<int>(), pl["model"].get<std::string>(),
+         pl["hardware"].get<std::string>());
+  t.line("run: {} pipeline stages × {} data-parallel ranks, {}, {} micro-batches of {} × {} tokens",
+         pp["pipeline_parallel"].get<int>(), pp["data_parallel"].get<int>(),
+         pp["schedule"].get<std::string>(), pp["micro_batches"].get<int>(),
+         pp["micro_batch"].get<std::int64_t>(), pp["seq_len"].get<std::int64_t>());
+  const auto& m = v["memory"];
+  t.line("predicted peak: {}", m["peak_predicted_name"].get<std::string>());
+  t.line("");
+  t.line("{:<10} {:>10} {:>14} {:>14} {:>9}", "stage", "in flight", "predicted MiB", "measured MiB",
+         "error");
+  for (const auto& s : v["stages"])
+    t.line("  {:<8} {:>10g} {:>14.3f} {:>14.3f} {:>9}", s["stage"].get<int>(),
+           s["in_flight"].get<double>(), s["predicted_bytes"].get<double>() / kMiB,
+           s["measured_bytes"].get<double>() / kMiB, percent(s["rel_error"]));
+  t.line("  {:<8} {:>10} {:>14} {:>14} {:>9}", "peak", "",
+         fmt::format("stage {}", m["peak_stage_predicted"].get<int>()),
+         fmt::format("stage {}", m["peak_stage_measured"].get<int>()),
+         percent(m["peak_rel_error"]));
+  t.line("");
+  const auto& tm = v["time"];
+  t.line("{:<25} {:>14} {:>14} {:>9}", "time per step", "predicted s", "measured s", "error");
+  t.line("  {:<23} {:>14} {:>14.4f} {:>9}",
+         fmt::format("step (median of {})", tm["steps"].get<int>()),
+         tm["step_predicted_s"].is_null()
+             ? std::string("n/a")
+             : fmt::format("{:.4f}", tm["step_predicted_s"].get<double>()),
+         tm["step_measured_s"].get<double>(), percent(tm["step_rel_error"]));
+  if (!v["notes"].empty()) {
+    t.line("");
+    t.line("notes");
+    for (const auto& n : v["notes"]) t.line("  - {}", n.get<std::string>());
+  }
+  t.line("");
+  t.line("peak memory error {} (stage {} predicted, stage {} measured), step time error {}",
+         percent(m["peak_rel_error"]), m["peak_stage_predicted"].get<int>(),
+         m["peak_stage_measured"].get<int>(), percent(tm["step_rel_error"]));
+  return t.str;
+}
+
+}  // namespace shardplan::planner
