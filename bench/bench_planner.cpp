@@ -20,7 +20,7 @@ planner::Scenario scenario(const char* model, const char* hw, int gpus, std::int
   return sc;
 }
 
-void search(benchmark::State& state, planner::Scenario sc, bool exhaustive) {
+void search(benchmark::State& state, const planner::Scenario& sc, bool exhaustive) {
   planner::SearchPins pins;
   pins.exhaustive = exhaustive;
   long simulated = 0, considered = 0;

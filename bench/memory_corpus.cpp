@@ -28,13 +28,12 @@ int main(int argc, char** argv) {
                  "predicted B", "measured B", "error");
     for (const auto& r : rows) {
       std::string kind = r.quantity.rfind("block", 0) == 0 ? "unit: block" : r.quantity;
-      if (kind == "embedding" || kind == "head" || kind == "total") kind = "unit: " + kind;
+      if (kind == "embedding" || kind == "head" || kind == "total") kind.insert(0, "unit: ");
       const bool category = kind.rfind("peak/", 0) == 0;
       if (peak_of.count(r.case_id))
-        kind = (r.case_id.rfind("fsdp2/", 0) == 0       ? "fsdp2 "
-                : r.case_id.rfind("deepspeed-", 0) == 0 ? "deepspeed "
-                                                        : "bare/ddp ") +
-               kind;
+        kind.insert(0, r.case_id.rfind("fsdp2/", 0) == 0       ? "fsdp2 "
+                       : r.case_id.rfind("deepspeed-", 0) == 0 ? "deepspeed "
+                                                               : "bare/ddp ");
       if (!r.skipped.empty()) {
         ++set_aside[kind];
         continue;

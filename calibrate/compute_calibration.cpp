@@ -28,6 +28,7 @@ constexpr std::size_t kHostLinkBytes = 256u << 20;  // host-to-device copy
 // Every rank's times become the slowest rank's.
 void keep_slowest(comm::Communicator& world, std::vector<GemmMeasurement>& gemms) {
   std::vector<double> times;
+  times.reserve(gemms.size());
   for (const auto& g : gemms) times.push_back(g.time_s);
   world.all_reduce(times.data(), times.data(), times.size(), comm::DataType::f64,
                    comm::ReduceOp::max);

@@ -79,6 +79,7 @@ std::vector<double> time_cpu_gemm_sequence(const std::vector<GemmShape>& shapes,
     Eigen::MatrixXf a, b, c;
   };
   std::vector<Operands> operands;
+  operands.reserve(shapes.size());
   for (const auto& s : shapes)
     operands.push_back({Eigen::MatrixXf::Random(s.m, s.k), Eigen::MatrixXf::Random(s.k, s.n),
                         Eigen::MatrixXf(s.m, s.n)});

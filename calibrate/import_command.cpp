@@ -25,6 +25,7 @@ struct CurveKey {
   costmodel::Collective op;
   int ranks;
   costmodel::Tier tier;
+  // NOLINTNEXTLINE(modernize-use-nullptr): the 0 is the language's own (llvm-project#53961)
   auto operator<=>(const CurveKey&) const = default;
 };
 

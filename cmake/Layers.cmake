@@ -15,6 +15,12 @@
 function(shardplan_expose_folder target folder)
   set(stage ${PROJECT_BINARY_DIR}/include/${folder})
   file(MAKE_DIRECTORY ${stage})
+  if(IS_SYMLINK ${stage}/${folder})
+    file(READ_SYMLINK ${stage}/${folder} linked)
+    if(NOT linked STREQUAL ${PROJECT_SOURCE_DIR}/${folder})  # a build tree copied from elsewhere
+      file(REMOVE ${stage}/${folder})
+    endif()
+  endif()
   if(NOT EXISTS ${stage}/${folder})
     file(CREATE_LINK ${PROJECT_SOURCE_DIR}/${folder} ${stage}/${folder} SYMBOLIC)
   endif()

@@ -10,7 +10,7 @@ namespace {
 // "…/comm/mpi_communicator.cpp" -> "comm/mpi_communicator.cpp": enough to find the line, and no
 // build machine's folders in the message.
 std::string short_source_path(const char* file) {
-  const std::string path(file);
+  std::string path(file);  // not const, so that "return path" moves it
   const auto last = path.find_last_of('/');
   if (last == std::string::npos || last == 0) return path;
   const auto before = path.find_last_of('/', last - 1);

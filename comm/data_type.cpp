@@ -9,7 +9,6 @@ std::size_t element_bytes(DataType type) {
   case DataType::f64:
     return 8;
   case DataType::bf16:
-    return 2;
   case DataType::f16:
     return 2;
   case DataType::i32:

@@ -76,6 +76,7 @@ std::vector<int> group_members(const GroupSpec& spec, const Topology& topology, 
   }
   std::sort(keyed.begin(), keyed.end());
   std::vector<int> members;
+  members.reserve(keyed.size());
   for (const auto& [key, r] : keyed) members.push_back(r);
   return members;
 }

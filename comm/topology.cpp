@@ -80,6 +80,7 @@ Topology discover_topology(Communicator& world) {
     buffer->copy_to_host(all.data(), all.size());
   }
   std::vector<std::string> hosts;
+  hosts.reserve(static_cast<std::size_t>(world.size()));
   for (int r = 0; r < world.size(); ++r)
     hosts.emplace_back(all.data() + kHostNameBytes * static_cast<std::size_t>(r));
   return topology_from_hosts(hosts, world.rank());

@@ -182,7 +182,8 @@ void Watchdog::abort_watched() {
     list = watched_;
   }
   // The most recent first: groups split from a communicator go before it.
-  for (auto it = list.rbegin(); it != list.rend(); ++it) (*it)->abort();
+  std::reverse(list.begin(), list.end());
+  for (Communicator* c : list) c->abort();
 }
 
 void Watchdog::run() {

@@ -32,7 +32,10 @@ struct UnitTensors {
   std::int64_t matmul_params() const;  // weights that take part in a GEMM per token
 };
 
-struct ModelSpec {
+// clang-tidy 14 says its (noexcept) default constructor may throw: it follows nlohmann::json's
+// noexcept default constructor into json_value(value_t), to a throw that null never reaches
+// (llvm/llvm-project#54956: the analysis does not stop at noexcept).
+struct ModelSpec {   // NOLINT(bugprone-exception-escape)
   std::string name;  // preset name or file path or "params:7.5e9"
   Architecture architecture = Architecture::llama;
   std::int64_t hidden = 0;         // h

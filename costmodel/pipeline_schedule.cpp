@@ -21,6 +21,7 @@ std::vector<PipeOp> one_f_one_b(int p, int s, int m) {
 
 std::vector<PipeOp> gpipe(int m) {
   std::vector<PipeOp> ops;
+  ops.reserve(2 * static_cast<std::size_t>(m));  // m forwards, m backwards
   for (int f = 0; f < m; ++f) ops.push_back({PipeOpKind::forward, f, 0});
   for (int b = 0; b < m; ++b) ops.push_back({PipeOpKind::backward, b, 0});
   return ops;
@@ -77,13 +78,18 @@ std::vector<std::vector<PipeOp>> schedule_ops(PipelineSchedule schedule, int p, 
 
 namespace {
 
-// End times of each (micro-batch, virtual stage)'s forward and backward; < 0 until run.
+// End times of each (micro-batch, virtual stage)'s forward and backward; < 0 until run. Entry
+// mb·G + g (mb < m, g < G), computed in size_t so that m·G never overflows an int.
 struct Ends {
   int G;
   std::vector<double> fwd, bwd;
-  Ends(int m, int G_) : G(G_), fwd(static_cast<std::size_t>(m * G_), -1), bwd(fwd) {}
-  double& f(int mb, int g) { return fwd[static_cast<std::size_t>(mb * G + g)]; }
-  double& b(int mb, int g) { return bwd[static_cast<std::size_t>(mb * G + g)]; }
+  Ends(int m, int G_)
+      : G(G_), fwd(static_cast<std::size_t>(m) * static_cast<std::size_t>(G_), -1), bwd(fwd) {}
+  std::size_t at(int mb, int g) const {
+    return static_cast<std::size_t>(mb) * static_cast<std::size_t>(G) + static_cast<std::size_t>(g);
+  }
+  double& f(int mb, int g) { return fwd[at(mb, g)]; }
+  double& b(int mb, int g) { return bwd[at(mb, g)]; }
 };
 
 // When op may start as far as the other stages go (< 0: not yet known).

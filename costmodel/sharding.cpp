@@ -124,6 +124,7 @@ ShardingSpec make_spec(const std::string& strategy, std::optional<Flavour> flavo
   const auto allowed = flavours_for(strategy);
   if (std::find(allowed.begin(), allowed.end(), s.flavour) == allowed.end()) {
     std::vector<std::string> ok;
+    ok.reserve(allowed.size());
     for (auto f : allowed) ok.emplace_back(flavour_name(f));
     throw InputError("--flavour", fmt::format("{} is not implemented by {}; use {}", strategy,
                                               flavour_name(s.flavour), fmt::join(ok, " or ")));

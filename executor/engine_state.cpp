@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>  // clock_gettime, CLOCK_THREAD_CPUTIME_ID (POSIX's <time.h>)
 #include <stdexcept>
 #include <type_traits>
-
-#include <time.h>
 
 #include <fmt/format.h>
 

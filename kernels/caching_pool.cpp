@@ -247,7 +247,7 @@ std::vector<void*> CachingPool::streams_of(void* ptr) const {
   return streams;
 }
 
-void CachingPool::free(void* ptr, std::vector<Fence> fences) {
+void CachingPool::free(void* ptr, const std::vector<Fence>& fences) {
   std::lock_guard lock(mutex_);
   auto found = blocks_.find(static_cast<char*>(ptr));
   if (found == blocks_.end() || !found->second->allocated)

@@ -160,7 +160,7 @@ public:
   // stream must come in the order they were recorded (a later free() call, a later event on that
   // stream): the pool keeps only the last one per stream. Throws std::invalid_argument for a
   // pointer not handed out (or already freed); then nothing changes.
-  void free(void* ptr, std::vector<Fence> fences);
+  void free(void* ptr, const std::vector<Fence>& fences);
 
   // The caller has made its stream wait for these fences (from an Allocation), or skipped them:
   // it holds them no longer. Throws std::invalid_argument for an event the pool does not count.

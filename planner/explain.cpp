@@ -56,10 +56,12 @@ Term largest_category(const StepResult& r) {
 // The step as terms: the compute stream's busy time by kind and the exposed time by stream (plus
 // any exposed time no stream claims), which together add up to the step.
 std::vector<Term> step_terms(const StepResult& r) {
+  const auto exposed = exposed_by_wait(r);
   std::vector<Term> t;
+  t.reserve(static_cast<std::size_t>(kComputeKinds) + exposed.size() + 1);
   for (int k = 0; k < kComputeKinds; ++k) t.push_back({kind_label(k), r.compute_by_kind_s[k]});
   double attributed = 0;
-  for (const auto& [name, s] : exposed_by_wait(r)) {
+  for (const auto& [name, s] : exposed) {
     t.push_back({"exposed " + name, s});
     attributed += s;
   }
@@ -195,7 +197,7 @@ std::vector<Claim> advise(const Scenario& sc, const SearchPins& pins) {
     if (last && last->after.fits) break;
   }
   if (last) out.push_back(*last);
-  auto unpin = [&](const std::string& change, SearchPins freed) {
+  auto unpin = [&](const std::string& change, const SearchPins& freed) {
     auto a = advice(change, sc, freed, usable);
     if (a && a->after.fits) out.push_back(*a);
   };

@@ -64,10 +64,12 @@ TEST_CASE("sweep::points follow nccl-tests' counts per collective") {
 TEST_CASE("sweep::empty and repeated points are dropped") {
   const auto points = sweep_points(Collective::all_gather, 8, {8, 256, 2}, 4);
   std::vector<std::uint64_t> sizes;
+  sizes.reserve(points.size());
   for (const auto& p : points) sizes.push_back(p.size_bytes);
   CHECK(sizes == std::vector<std::uint64_t>{32, 64, 128, 256});
   const auto three = sweep_points(Collective::reduce_scatter, 3, {8, 64, 2}, 4);
   std::vector<std::uint64_t> three_sizes;
+  three_sizes.reserve(three.size());
   for (const auto& p : three) three_sizes.push_back(p.size_bytes);
   CHECK(three_sizes == std::vector<std::uint64_t>{12, 24, 60});
 }

@@ -66,6 +66,7 @@ TEST_CASE("mpi::group splits on a two-node layout") {
   auto& world = test_world();
   const int n = world.size();
   std::vector<std::string> hosts;
+  hosts.reserve(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) hosts.push_back(r < (n + 1) / 2 ? "node-a" : "node-b");
   const Topology t = topology_from_hosts(hosts, world.rank());
   for (const GroupSpec& spec : every_group(n)) {

@@ -4,13 +4,13 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
 #include <chrono>
+#include <csignal>  // ::kill, SIGKILL (POSIX's <signal.h>)
 #include <cstddef>
 #include <cstdint>
 #include <functional>

@@ -1,11 +1,11 @@
 #include <doctest/doctest.h>
 
-#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>  // ::signal, SIGXFSZ (POSIX's <signal.h>)
 #include <filesystem>
 #include <string>
 #include <vector>

@@ -1,11 +1,11 @@
 #include <doctest/doctest.h>
 
-#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>  // ::signal, SIGXFSZ (POSIX's <signal.h>)
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -187,7 +187,7 @@ TEST_CASE("file_writer::processes writing one path at once each write it whole")
       int code = 0;
       try {
         for (int w = 0; w < kWrites; ++w)
-          write_file(path, std::string(64 * 1024, static_cast<char>('a' + p)));
+          write_file(path, std::string(std::size_t{64} * 1024, static_cast<char>('a' + p)));
       } catch (...) {
         code = 1;
       }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "core/json_reader.hpp"
 #include "costmodel/hardware.hpp"
@@ -135,7 +136,7 @@ TEST_CASE("edges::training job: zero, negative, fractional, absurd and non-finit
           "field") {
   auto with = [](const char* key, json v) {
     json j = job_doc();
-    j[key] = v;
+    j[key] = std::move(v);
     return error_of([&] { job_from_json(j); });
   };
   for (const char* key : {"seq_len", "global_batch", "micro_batch"}) {
@@ -173,7 +174,7 @@ TEST_CASE("edges::hardware profile: zero, negative, absurd and non-finite number
   for (const auto& f : fields) {
     const std::string at = std::string("/") + f.section + "/" + f.key;
     CAPTURE(at);
-    auto with = [&](json v) {
+    auto with = [&](const json& v) {
       json doc = hardware_doc();
       doc[f.section][f.key] = v;
       return error_of([&] { hardware_from_json(doc, "h100"); });
@@ -202,7 +203,7 @@ TEST_CASE("edges::model config: zero, negative and absurd dimensions name the fi
                           "num_attention_heads", "vocab_size", "max_position_embeddings"}) {
     CAPTURE(key);
     const std::string at = std::string("/") + key + ": ";
-    auto with = [&](json v) {
+    auto with = [&](const json& v) {
       json doc = llama_doc();
       doc[key] = v;
       return error_of([&] { model_from_hf_config(doc, "llama"); });

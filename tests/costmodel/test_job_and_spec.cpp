@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <utility>
+
 #include "core/json_reader.hpp"
 #include "costmodel/job.hpp"
 #include "costmodel/sharding.hpp"
@@ -26,7 +28,7 @@ TEST_CASE("job::parses and round-trips") {
 TEST_CASE("job::rejections name the field and value") {
   auto with = [](const char* key, json v) {
     json j = kJob;
-    j[key] = v;
+    j[key] = std::move(v);
     return error_of([&] { job_from_json(j); });
   };
   CHECK(with("seq_len", 0) == "/seq_len: must be >= 1, got 0");
@@ -85,7 +87,7 @@ TEST_CASE("job::recipe, loss and checkpointing modes: names, defaults and reject
 
   auto with = [](const char* key, json v) {
     json j = kJob;
-    j[key] = v;
+    j[key] = std::move(v);
     return error_of([&] { job_from_json(j); });
   };
   CHECK(with("checkpointing", "every") ==

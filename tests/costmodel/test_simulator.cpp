@@ -191,7 +191,7 @@ TEST_CASE("simulator::time and memory invariants") {
         CAPTURE(model);
         CAPTURE(s);
         CAPTURE(n);
-        const auto r = run(m, hw, n, s, Accounting::framework, 4 * n, 2);
+        const auto r = run(m, hw, n, s, Accounting::framework, std::int64_t{4} * n, 2);
         REQUIRE(r.valid);
         CHECK(r.step_s >= r.compute_s * (1 - 1e-12));
         CHECK(r.exposed_comm_s >= 0);
@@ -202,7 +202,7 @@ TEST_CASE("simulator::time and memory invariants") {
         CHECK(total(r.at_peak) == doctest::Approx(r.peak_bytes));
         CHECK(r.peak_bytes >= total(r.model_states));
         // Faster links never slow a step.
-        const auto rf = run(m, fast, n, s, Accounting::framework, 4 * n, 2);
+        const auto rf = run(m, fast, n, s, Accounting::framework, std::int64_t{4} * n, 2);
         CHECK(rf.step_s <= r.step_s * (1 + 1e-12));
       }
     }

@@ -20,7 +20,7 @@ using namespace shardplan::executor;
 namespace {
 
 constexpr std::int64_t KiB = 1024;
-constexpr std::int64_t MiB = 1024 * 1024;
+constexpr std::int64_t MiB = std::int64_t{1024} * 1024;
 
 // Streams and events are opaque to the pool: distinct addresses stand for distinct handles.
 int handles[8];
@@ -35,6 +35,7 @@ char* at(void* p) { return static_cast<char*>(p); }
 
 std::vector<void*> events_of(const std::vector<Fence>& fences) {
   std::vector<void*> events;
+  events.reserve(fences.size());
   for (const auto& f : fences) events.push_back(f.event);
   std::sort(events.begin(), events.end());
   return events;
@@ -414,6 +415,7 @@ TEST_CASE("executor::pool allocations and frees from several threads") {
   constexpr int kThreads = 4;
   std::vector<int> wrong(kThreads, 0);
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&pool, &wrong, t] {
       std::uint64_t state = 12345u + static_cast<std::uint64_t>(t);

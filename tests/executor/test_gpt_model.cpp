@@ -234,7 +234,7 @@ TEST_CASE("executor::bad inputs are refused with a message") {
   CHECK_THROWS_WITH_AS(model.forward_embedding(params.span(), tokens, kShape),
                        "forward_embedding tokens: token 50 outside the vocabulary of 50",
                        std::invalid_argument);
-  std::vector<std::int32_t> long_tokens(2 * 13, 1);
+  std::vector<std::int32_t> long_tokens(std::size_t{2} * 13, 1);
   CHECK_THROWS_WITH_AS(model.forward_embedding(params.span(), long_tokens, BatchShape{2, 13}),
                        "sequence of 13 tokens is longer than the 12 learned positions",
                        std::invalid_argument);

@@ -415,6 +415,7 @@ std::vector<std::vector<float>> model_params(const ModelSpec& spec) {
 template <class S>
 std::vector<std::vector<float>> rounded_params(const std::vector<std::vector<float>>& params) {
   std::vector<std::vector<float>> out;
+  out.reserve(params.size());
   for (const auto& unit : params) out.push_back(to_f(to_s<S>(unit)));
   return out;
 }
@@ -453,8 +454,9 @@ ModelErrors model_errors(const ModelSpec& spec, const std::string& type, double 
   const auto recomputed = run_model<S>(spec, params, batch, Checkpointing::full);
   CHECK(recomputed.loss == low.loss);
   for (std::size_t u = 0; u < params.size(); ++u)
-    CHECK(std::memcmp(recomputed.grads[u].data(), low.grads[u].data(),
-                      low.grads[u].size() * sizeof(float)) == 0);
+    CHECK_EQ(std::memcmp(recomputed.grads[u].data(), low.grads[u].data(),
+                         low.grads[u].size() * sizeof(float)),
+             0);
   return e;
 }
 

@@ -24,7 +24,7 @@ nlohmann::json plan_document(const std::string& strategy, int gpus) {
   p.hardware = "test-cpu";
   p.cluster = {gpus, gpus};
   p.job.seq_len = 8;
-  p.job.global_batch = 4 * gpus;
+  p.job.global_batch = std::int64_t{4} * gpus;
   p.job.micro_batch = 2;
   p.job.precision = costmodel::Precision::fp32;
   p.job.attention = costmodel::AttentionImpl::eager;

@@ -18,6 +18,7 @@ struct Run {
 inline Run planner(std::vector<std::string> args) {
   args.insert(args.begin(), "planner");
   std::vector<char*> argv;
+  argv.reserve(args.size());
   for (auto& a : args) argv.push_back(a.data());
   std::ostringstream out, err;
   auto* old_out = std::cout.rdbuf(out.rdbuf());

@@ -40,7 +40,7 @@ Scenario scenario(int gpus = 8) {
   sc.hardware = load_hardware("a100-sxm4-80gb");
   sc.cluster = {gpus, 8};
   sc.job.seq_len = 4096;
-  sc.job.global_batch = 4 * gpus;
+  sc.job.global_batch = std::int64_t{4} * gpus;
   return sc;
 }
 

@@ -28,7 +28,7 @@ using shardplan::planner::testing::Run;
 void check_numbers(const json& j, const std::string& where) {
   if (j.is_structured()) {
     for (const auto& [key, value] : j.items())
-      if (key != "margin_bytes") check_numbers(value, where + "/" + key);
+      if (key != "margin_bytes") check_numbers(value, std::string(where).append("/").append(key));
     return;
   }
   if (!j.is_number()) return;

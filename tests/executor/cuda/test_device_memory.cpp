@@ -22,7 +22,7 @@ using shardplan::executor::CachingPool;
 using shardplan::executor::PoolExhausted;
 using shardplan::executor::cuda::DeviceMemory;
 
-constexpr std::int64_t MiB = 1024 * 1024;
+constexpr std::int64_t MiB = std::int64_t{1024} * 1024;
 
 void ok(cudaError_t code) { REQUIRE_MESSAGE(code == cudaSuccess, cudaGetErrorString(code)); }
 
