@@ -1,7 +1,7 @@
 # The layers, as the build sees them: a target compiles against the folders of the targets it
 # links and no others. Each library exposes only its own folder, through a staging folder in the
 # build tree that holds one link named for it (build/.../include/costmodel/costmodel -> costmodel/),
-# so "costmodel/model.hpp" resolves in a target that links shardplan::costmodel and nowhere else:
+# so "documents/model.hpp" resolves in a target that links shardplan::costmodel and nowhere else:
 # an include across an edge the CMake files do not declare is a build error.
 #
 #   core      <- everything (errors, JSON reading, number text, files)

@@ -8,9 +8,9 @@
 namespace shardplan::executor {
 namespace {
 
-using costmodel::MlpKind;
-using costmodel::NormKind;
-using costmodel::PositionKind;
+using documents::MlpKind;
+using documents::NormKind;
+using documents::PositionKind;
 
 bool is_layernorm(const GptLayout& l) { return l.spec().norm == NormKind::layernorm; }
 bool is_swiglu(const GptLayout& l) { return l.spec().mlp == MlpKind::swiglu; }
@@ -63,7 +63,7 @@ std::int64_t head_backward_bytes(const GptLayout& layout, BatchShape shape,
 }
 
 template <class S>
-GptModel<S>::GptModel(const costmodel::ModelSpec& spec, TrackedAllocator& allocator,
+GptModel<S>::GptModel(const documents::ModelSpec& spec, TrackedAllocator& allocator,
                       ModelOptions options, Backend<S>* backend)
     : layout_(spec), allocator_(allocator), options_(options),
       host_backend_(backend ? nullptr : std::make_unique<HostBackend<S>>()),

@@ -1,5 +1,5 @@
 // A GPT-style decoder with real forward and backward, run unit by unit so a sharding engine can
-// gather a unit's flat parameters, run it, and free them again. Built from a costmodel::ModelSpec:
+// gather a unit's flat parameters, run it, and free them again. Built from a documents::ModelSpec:
 //
 //   x₀ = wte[tokens] (+ wpe[t] for learned positions)                       embedding unit
 //   per block, pre-norm (GPT-2 / Llama):                                    block units
@@ -38,7 +38,8 @@
 #include <memory>
 #include <span>
 
-#include "costmodel/model.hpp"
+#include "documents/model.hpp"
+#include "executor/kernel_names.hpp"
 #include "executor/model_layout.hpp"
 #include "executor/tensor_parallel.hpp"
 #include "executor/tracked_allocator.hpp"
@@ -146,7 +147,7 @@ template <class S> class GptModel {
 public:
   // Throws like GptLayout for a spec it cannot run, std::invalid_argument for flash attention on
   // a backend without it. backend: where the kernels run (not owned; nullptr: the host's).
-  GptModel(const costmodel::ModelSpec& spec, TrackedAllocator& allocator, ModelOptions options = {},
+  GptModel(const documents::ModelSpec& spec, TrackedAllocator& allocator, ModelOptions options = {},
            Backend<S>* backend = nullptr);
 
   const GptLayout& layout() const { return layout_; }

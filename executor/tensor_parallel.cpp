@@ -44,7 +44,7 @@ void add_norm(std::vector<Segment>& s, const NormOffsets& full, const NormOffset
 
 }  // namespace
 
-void check_tensor_parallel(const costmodel::ModelSpec& m, int t) {
+void check_tensor_parallel(const documents::ModelSpec& m, int t) {
   if (t < 1) throw std::invalid_argument(fmt::format("tensor-parallel size {} is not >= 1", t));
   auto check = [&](std::int64_t n, const char* what) {
     if (n % t != 0)
@@ -56,10 +56,10 @@ void check_tensor_parallel(const costmodel::ModelSpec& m, int t) {
   check(m.intermediate, "MLP intermediate columns");
 }
 
-costmodel::ModelSpec local_spec(const costmodel::ModelSpec& full, int t) {
+documents::ModelSpec local_spec(const documents::ModelSpec& full, int t) {
   check_tensor_parallel(full, t);
   const GptLayout layout(full);
-  costmodel::ModelSpec m = full;
+  documents::ModelSpec m = full;
   m.heads /= t;
   m.kv_heads /= t;
   m.intermediate /= t;
@@ -67,7 +67,7 @@ costmodel::ModelSpec local_spec(const costmodel::ModelSpec& full, int t) {
     const bool is_bias = slot.tensor.rows == 1 && slot.tensor.name.ends_with(".bias");
     const auto it =
         std::find_if(m.block.tensors.begin(), m.block.tensors.end(),
-                     [&](const costmodel::Tensor& x) { return x.name == slot.tensor.name; });
+                     [&](const documents::Tensor& x) { return x.name == slot.tensor.name; });
     switch (split_of(layout.block(), slot.offset, is_bias)) {
     case Split::rows:
       if (is_bias)

@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "costmodel/model.hpp"
+#include "documents/model.hpp"
 #include "executor/model_layout.hpp"
 
 namespace shardplan::executor {
@@ -59,10 +59,10 @@ struct TensorParallel {
 
 // Throws std::invalid_argument unless t divides the query heads, the key/value heads and the
 // intermediate width (Megatron's divisibility checks, megatron/core/transformer/attention.py).
-void check_tensor_parallel(const costmodel::ModelSpec& full, int t);
+void check_tensor_parallel(const documents::ModelSpec& full, int t);
 // The model one rank of t holds: heads/t, kv_heads/t, intermediate/t and every block tensor
 // sliced as above (embedding and head units unchanged).
-costmodel::ModelSpec local_spec(const costmodel::ModelSpec& full, int t);
+documents::ModelSpec local_spec(const documents::ModelSpec& full, int t);
 
 // A run of `length` elements at `full` in the full unit and `local` in rank r's unit.
 struct Segment {

@@ -24,7 +24,7 @@
 #include "kernels/memory_source.hpp"
 #include "kernels/scalar.hpp"
 
-namespace shardplan::executor {
+namespace shardplan::kernels {
 
 template <class S> class Backend {
 public:
@@ -244,4 +244,4 @@ extern template class HostBackend<double>;
 extern template class HostBackend<bf16>;
 extern template class HostBackend<f16>;
 
-}  // namespace shardplan::executor
+}  // namespace shardplan::kernels

@@ -13,7 +13,7 @@
 
 #include "kernels/scalar.hpp"
 
-namespace shardplan::executor::kernels {
+namespace shardplan::kernels {
 
 // out[n, :] = wte[tokens[n], :] (+ wpe[t, :] when wpe is given).       wte [V, C], wpe [P, C]
 template <class S>
@@ -111,4 +111,4 @@ template <class S>
 void log_softmax_backward(S* dlogits, const accum_t<S>* dlogp, const accum_t<S>* logp,
                           std::int64_t n, std::int64_t vocab);
 
-}  // namespace shardplan::executor::kernels
+}  // namespace shardplan::kernels

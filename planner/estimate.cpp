@@ -14,6 +14,7 @@
 namespace shardplan::planner {
 
 using namespace costmodel;
+using namespace core;
 
 namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;

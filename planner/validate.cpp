@@ -12,9 +12,9 @@
 namespace shardplan::planner {
 namespace {
 
-using costmodel::InputError;
-using costmodel::ObjectReader;
-using costmodel::Range;
+using core::InputError;
+using core::ObjectReader;
+using core::Range;
 using nlohmann::json;
 
 constexpr double kMiB = 1024.0 * 1024.0;
@@ -90,9 +90,8 @@ void read_summary(ObjectReader& r, RunFacts& f) {
 RunFacts read_run(const json& run) {
   ObjectReader r(run, "");
   if (r.integer("schema_version") != 1)
-    throw InputError(
-        "/schema_version",
-        fmt::format("must be 1, got {}", costmodel::describe_value(run["schema_version"])));
+    throw InputError("/schema_version",
+                     fmt::format("must be 1, got {}", core::describe_value(run["schema_version"])));
   if (const auto kind = r.string("kind"); kind != "shardplan.run")
     throw InputError("/kind", fmt::format("must be \"shardplan.run\", got \"{}\"", kind));
   RunFacts f;
@@ -168,7 +167,7 @@ std::vector<std::pair<std::string, std::string>> differences(const costmodel::Pl
   differ("/environment/ranks", fmt::format("{} ranks", run.world),
          fmt::format("{} ranks", plan.cluster.gpus));
   differ("/plan/strategy", run.strategy, plan.spec.strategy);
-  differ("/plan/flavour", run.flavour, costmodel::flavour_name(plan.spec.flavour));
+  differ("/plan/flavour", run.flavour, documents::flavour_name(plan.spec.flavour));
   if (run.micro_batch != 0)
     differ("/plan/job/micro_batch", fmt::format("micro-batch {}", run.micro_batch),
            fmt::format("micro-batch {}", plan.job.micro_batch));
@@ -253,7 +252,7 @@ json validate_json(const json& plan_document, const json& run_document, bool for
   const auto& pr = plan.prediction;
   json out;
   out["plan"] = {
-      {"strategy", plan.spec.strategy}, {"flavour", costmodel::flavour_name(plan.spec.flavour)},
+      {"strategy", plan.spec.strategy}, {"flavour", documents::flavour_name(plan.spec.flavour)},
       {"gpus", plan.cluster.gpus},      {"micro_batch", plan.job.micro_batch},
       {"model", plan.model.name},       {"hardware", plan.hardware},
       {"peak_when", pr.peak_when}};
