@@ -206,6 +206,15 @@ private:
   void norm_backward_rows(std::int64_t n, S* dx, S* grad, const S* dy, const S* x, const S* params,
                           NormOffsets norm, NormOffsets grad_at, const TrackedBuffer<A>& mean,
                           const TrackedBuffer<A>& rstd) const;
+  // The whole block's backward in parts (backward_block). The MLP's: from the gradient of its
+  // activation to the gradient of norm2's output ([N, h]); frees d_act and the MLP's saved
+  // activations (mlp_pre, mlp_up, norm2_out).
+  TrackedBuffer<S> mlp_backward(const S* p, S* g, BlockActivations<S>& a,
+                                TrackedBuffer<S> d_act) const;
+  struct QkvGrads;
+  // The q, k, v projections': from dq, dk, dv to the gradient of norm1's output ([N, h]); frees
+  // them and the saved q, k, v and norm1_out.
+  TrackedBuffer<S> qkv_backward(const S* p, S* g, BlockActivations<S>& a, QkvGrads grads) const;
   // Tensor parallelism (tensor_parallel_block.cpp). The tokens of the hidden states between
   // units: N, or N/t under sequence parallelism.
   std::int64_t local_tokens(BatchShape shape) const;
