@@ -12,8 +12,8 @@ namespace {
 planner::Scenario scenario(const char* model, const char* hw, int gpus, std::int64_t seq,
                            std::int64_t batch) {
   planner::Scenario sc;
-  sc.model = costmodel::load_model(model);
-  sc.hardware = costmodel::load_hardware(hw);
+  sc.model = documents::load_model(model);
+  sc.hardware = documents::load_hardware(hw);
   sc.cluster = {gpus, 8};
   sc.job.seq_len = seq;
   sc.job.global_batch = batch;

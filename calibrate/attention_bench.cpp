@@ -19,10 +19,10 @@
 
 namespace shardplan::calibrate {
 
-using costmodel::AttentionSample;
 using costmodel::AttentionShape;
+using documents::AttentionSample;
 
-AttentionShape model_attention_shape(const costmodel::ModelSpec& m, std::int64_t tokens,
+AttentionShape model_attention_shape(const documents::ModelSpec& m, std::int64_t tokens,
                                      std::int64_t seq) {
   return {tokens / seq, seq, m.heads, m.kv_heads, m.head_dim};
 }
@@ -33,7 +33,7 @@ namespace {
 // normed activation's typical range, as the executor's q, k and v are) unless `zero`.
 template <class T> class Buffer {
 public:
-  Buffer(executor::MemorySource& memory, std::int64_t count, std::uint32_t seed, bool zero = false)
+  Buffer(kernels::MemorySource& memory, std::int64_t count, std::uint32_t seed, bool zero = false)
       : memory_(memory), bytes_(std::max<std::int64_t>(count, 1) * std::int64_t{sizeof(T)}) {
     data_ = static_cast<T*>(memory.allocate(bytes_, true));
     if (zero) return;
@@ -41,7 +41,7 @@ public:
     std::uint32_t x = seed;
     for (auto& e : host) {
       x = x * 1664525u + 1013904223u;  // Numerical Recipes' LCG, as elementwise_bench fills
-      e = executor::narrow<T>(static_cast<float>(x >> 8) / static_cast<float>(1 << 23) - 1.0f);
+      e = kernels::narrow<T>(static_cast<float>(x >> 8) / static_cast<float>(1 << 23) - 1.0f);
     }
     try {
       memory.write(data_, host.data(), bytes_);
@@ -56,7 +56,7 @@ public:
   T* data() const { return data_; }
 
 private:
-  executor::MemorySource& memory_;
+  kernels::MemorySource& memory_;
   std::int64_t bytes_;
   T* data_ = nullptr;
 };
@@ -68,9 +68,9 @@ struct Seconds {
 // The median forward and backward seconds of forward() then backward(), each bracketed by the
 // backend's part timer.
 template <class S, class Forward, class Backward>
-Seconds median_seconds(executor::Backend<S>& be, Forward forward, Backward backward,
+Seconds median_seconds(kernels::Backend<S>& be, Forward forward, Backward backward,
                        double min_seconds) {
-  using Part = typename executor::Backend<S>::Part;
+  using Part = typename kernels::Backend<S>::Part;
   auto run = [&] {
     be.begin(Part::forward);
     forward();
@@ -105,11 +105,11 @@ Seconds median_seconds(executor::Backend<S>& be, Forward forward, Backward backw
 // scratch; flash's lse and delta [B, heads, T] in the accumulation type. The backward adds into
 // dq, dk and dv (kernels/backend.hpp), as the executor's does into its zeroed gradients.
 template <class S>
-std::vector<AttentionSample> time_attention(executor::Backend<S>& be,
-                                            executor::MemorySource& memory, costmodel::DType dtype,
-                                            const AttentionShape& a, double min_seconds,
+std::vector<AttentionSample> time_attention(kernels::Backend<S>& be, kernels::MemorySource& memory,
+                                            documents::DType dtype, const AttentionShape& a,
+                                            double min_seconds,
                                             const std::function<void()>& before_each) {
-  using A = executor::accum_t<S>;
+  using A = kernels::accum_t<S>;
   const std::int64_t B = a.batch, T = a.seq, N = B * T;
   const std::int64_t qw = a.heads * a.head_dim, kw = a.kv_heads * a.head_dim;
   Buffer<S> q(memory, N * qw, 1), k(memory, N * kw, 2), v(memory, N * kw, 3);
@@ -162,9 +162,9 @@ std::vector<AttentionSample> time_attention(executor::Backend<S>& be,
 
 std::vector<AttentionSample> time_cpu_attention(const AttentionShape& shape, double min_seconds,
                                                 const std::function<void()>& before_each) {
-  executor::HostMemory memory;
-  executor::HostBackend<float> backend;
-  return time_attention(backend, memory, costmodel::DType::fp32, shape, min_seconds, before_each);
+  kernels::HostMemory memory;
+  kernels::HostBackend<float> backend;
+  return time_attention(backend, memory, documents::DType::fp32, shape, min_seconds, before_each);
 }
 
 #if defined(SHARDPLAN_HAVE_NCCL)
@@ -172,15 +172,15 @@ std::vector<AttentionSample> time_cuda_attention(int device, const AttentionShap
                                                  double min_seconds,
                                                  const std::function<void()>& before_each) {
   SHARDPLAN_CUDA_CALL(cudaSetDevice, device);
-  executor::cuda::DeviceMemory memory;
+  kernels::cuda::DeviceMemory memory;
   std::vector<AttentionSample> samples;
   {
     // TF32 as the executor's GPU backends (executor/cuda/device_run.cpp); bf16 GEMMs use the
     // tensor cores whatever it says. Made after the memory, gone before it: its stream is the
     // one the memory allocates on.
-    executor::cuda::CudaBackend<executor::bf16> backend(memory, true);
+    kernels::cuda::CudaBackend<kernels::bf16> backend(memory, true);
     samples =
-        time_attention(backend, memory, costmodel::DType::bf16, shape, min_seconds, before_each);
+        time_attention(backend, memory, documents::DType::bf16, shape, min_seconds, before_each);
   }
   return samples;
 }

@@ -8,7 +8,7 @@
 namespace shardplan::calibrate {
 namespace {
 
-using costmodel::Collective;
+using documents::Collective;
 constexpr comm::DataType kType = comm::DataType::f32;  // nccl-tests' default -d float
 constexpr float kUnwritten = -1.0f;                    // marks receive elements before the check
 
@@ -133,8 +133,8 @@ PointResult CollectiveBench::run(const SweepPoint& p) {
   result.time_s = median(per_call);
 
   const double size = static_cast<double>(p.size_bytes);
-  result.algbw_GBps = costmodel::algbw_GBps(size, result.time_s);
-  result.busbw_GBps = costmodel::busbw_GBps(op_, group_.size(), size, result.time_s);
+  result.algbw_GBps = documents::algbw_GBps(size, result.time_s);
+  result.busbw_GBps = documents::busbw_GBps(op_, group_.size(), size, result.time_s);
   if (settings_.check) {
     const std::int64_t mine = count_wrong(p);
     host_world_.all_reduce(&mine, &result.wrong, 1, comm::DataType::i64);

@@ -14,7 +14,7 @@
 
 #include "calibrate/sweep.hpp"
 #include "comm/communicator.hpp"
-#include "costmodel/collectives.hpp"
+#include "documents/collectives.hpp"
 
 namespace shardplan::calibrate {
 
@@ -40,7 +40,7 @@ struct PointResult {
 class CollectiveBench {
 public:
   // Allocates buffers for the largest point. Not collective.
-  CollectiveBench(costmodel::Collective op, comm::Communicator& group,
+  CollectiveBench(documents::Collective op, comm::Communicator& group,
                   comm::Communicator& host_world, const SweepPoint& largest,
                   const BenchSettings& settings);
   // Collective over host_world: every rank calls it with the same point index.
@@ -53,7 +53,7 @@ private:
   std::int64_t count_wrong(const SweepPoint& point);
   float expected(const SweepPoint& point, std::size_t index) const;
 
-  costmodel::Collective op_;
+  documents::Collective op_;
   comm::Communicator& group_;
   comm::Communicator& host_world_;
   BenchSettings settings_;

@@ -35,7 +35,7 @@ void keep_slowest(comm::Communicator& world, std::vector<GemmMeasurement>& gemms
   for (std::size_t i = 0; i < gemms.size(); ++i) gemms[i].time_s = times[i];
 }
 
-void keep_slowest(comm::Communicator& world, std::vector<costmodel::AttentionSample>& cores) {
+void keep_slowest(comm::Communicator& world, std::vector<documents::AttentionSample>& cores) {
   std::vector<double> times;
   for (const auto& a : cores) {
     times.push_back(a.forward_s);
@@ -60,19 +60,19 @@ std::vector<GemmMeasurement> cpu_gemms(const std::vector<GemmShape>& shapes, boo
   std::vector<GemmMeasurement> out;
   for (const auto& s : shapes) {
     world.barrier();  // every rank computes at once
-    out.push_back({s, costmodel::DType::fp32, time_cpu_gemm(s), model_shapes});
+    out.push_back({s, documents::DType::fp32, time_cpu_gemm(s), model_shapes});
   }
   return out;
 }
 
-// The straggler wait of a blocking collective (costmodel::StragglerWait): one transformer block's
+// The straggler wait of a blocking collective (documents::StragglerWait): one transformer block's
 // GEMMs, forward and backward (the compute between two of FSDP's collectives is a block's forward
 // or backward), run back to back, started together on every rank, as many times as fill
 // kStragglerSeconds (8 to 40); per repetition the slowest rank's time less the ranks' mean is what
 // the ranks wait, on average, at the collective that follows.
 constexpr double kStragglerSeconds = 2.0;
 
-std::optional<costmodel::StragglerWait> measure_straggler_wait(const std::vector<GemmShape>& shapes,
+std::optional<documents::StragglerWait> measure_straggler_wait(const std::vector<GemmShape>& shapes,
                                                                comm::Communicator& world) {
   const int ranks = world.size();
   std::vector<GemmShape> block;
@@ -100,7 +100,7 @@ std::optional<costmodel::StragglerWait> measure_straggler_wait(const std::vector
     means.push_back(mean);
   }
   std::nth_element(means.begin(), means.begin() + means.size() / 2, means.end());
-  return costmodel::StragglerWait{waited / computed, ranks, means[means.size() / 2], repetitions};
+  return documents::StragglerWait{waited / computed, ranks, means[means.size() / 2], repetitions};
 }
 
 }  // namespace
@@ -114,14 +114,14 @@ ComputeCalibration measure_compute(const ComputeSettings& settings, comm::Commun
     c.device = info.name;
     c.cpu_device = false;
     c.device_memory_bytes = info.memory_bytes;
-    c.model_dtype = costmodel::DType::bf16;
+    c.model_dtype = documents::DType::bf16;
     if (settings.gemm) {
       host_world.barrier();
-      c.gemm = measure_cublas_gemms(settings.model_shapes, {costmodel::DType::bf16}, true,
+      c.gemm = measure_cublas_gemms(settings.model_shapes, {documents::DType::bf16}, true,
                                     nccl->stream());
       auto squares = measure_cublas_gemms(square_gemm_shapes(true),
-                                          {costmodel::DType::bf16, costmodel::DType::fp16,
-                                           costmodel::DType::tf32, costmodel::DType::fp32},
+                                          {documents::DType::bf16, documents::DType::fp16,
+                                           documents::DType::tf32, documents::DType::fp32},
                                           false, nccl->stream());
       c.gemm.insert(c.gemm.end(), squares.begin(), squares.end());
       keep_slowest(host_world, c.gemm);

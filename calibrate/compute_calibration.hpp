@@ -13,7 +13,7 @@
 #include "comm/communicator.hpp"
 #include "costmodel/compute_time.hpp"
 #include "costmodel/elementwise.hpp"
-#include "costmodel/hardware.hpp"
+#include "documents/hardware.hpp"
 
 namespace shardplan::calibrate {
 
@@ -34,13 +34,13 @@ struct ComputeCalibration {
   bool cpu_device = true;
   std::optional<double> device_memory_bytes;              // GPU: total device memory
   std::vector<GemmMeasurement> gemm;                      // slowest rank's time per GEMM
-  costmodel::DType model_dtype = costmodel::DType::fp32;  // bf16 on GPUs
+  documents::DType model_dtype = documents::DType::fp32;  // bf16 on GPUs
   std::optional<double> memory_bandwidth_Bps;             // slowest rank's copy bandwidth
   std::optional<double> host_link_Bps;                // GPU: pinned host-to-device, slowest rank
   std::optional<double> optimizer_params_per_s;       // per rank, slowest rank
   std::optional<double> elementwise_elems_per_s;      // CPU: element passes/s, slowest rank
-  std::vector<costmodel::AttentionSample> attention;  // slowest rank's time per core
-  std::optional<costmodel::StragglerWait> straggler_wait;  // CPU ranks, two or more
+  std::vector<documents::AttentionSample> attention;  // slowest rank's time per core
+  std::optional<documents::StragglerWait> straggler_wait;  // CPU ranks, two or more
 };
 
 // Collective over `host_world` (the MPI world). `backend_world` tells CPU from GPU ranks (an NCCL

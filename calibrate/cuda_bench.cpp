@@ -15,7 +15,7 @@
 namespace shardplan::calibrate {
 namespace {
 
-using costmodel::DType;
+using documents::DType;
 
 void check_cublas(cublasStatus_t status, const char* call, const char* file, int line) {
   if (status == CUBLAS_STATUS_SUCCESS) return;

@@ -21,7 +21,7 @@ struct CudaDeviceInfo {
 CudaDeviceInfo cuda_device_info(int device);
 // One measurement per shape and dtype: C = A·B, column-major, fp32 accumulation.
 std::vector<GemmMeasurement> measure_cublas_gemms(const std::vector<GemmShape>& shapes,
-                                                  const std::vector<costmodel::DType>& dtypes,
+                                                  const std::vector<documents::DType>& dtypes,
                                                   bool model_shapes, cudaStream_t stream);
 // Read + write bytes per second of cudaMemcpyAsync device to device (2 × bytes per copy).
 double measure_device_copy_bandwidth(std::size_t bytes, int repetitions, cudaStream_t stream);

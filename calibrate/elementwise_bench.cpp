@@ -11,9 +11,8 @@ namespace shardplan::calibrate {
 
 using costmodel::ElementwiseKind;
 using costmodel::ElementwiseOp;
-namespace kernels = executor::kernels;
 
-std::vector<ElementwiseOp> model_elementwise_ops(const costmodel::ModelSpec& m) {
+std::vector<ElementwiseOp> model_elementwise_ops(const documents::ModelSpec& m) {
   std::vector<ElementwiseOp> ops;
   for (auto op : costmodel::block_elementwise_ops(m)) {
     op.count *= static_cast<double>(m.layers);

@@ -7,13 +7,13 @@
 #include <vector>
 
 #include "costmodel/elementwise.hpp"
-#include "costmodel/model.hpp"
+#include "documents/model.hpp"
 
 namespace shardplan::calibrate {
 
 // The model's element-wise layers, each counted as often as a step runs it: a block's × layers,
 // the head's and the embeddings' once.
-std::vector<costmodel::ElementwiseOp> model_elementwise_ops(const costmodel::ModelSpec& m);
+std::vector<costmodel::ElementwiseOp> model_elementwise_ops(const documents::ModelSpec& m);
 
 // Element passes per second over `tokens` tokens (rows capped so that no buffer exceeds 16 Mi
 // elements: the rate is per element). Each distinct layer is timed alone (the median of at least

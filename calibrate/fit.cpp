@@ -10,8 +10,8 @@
 namespace shardplan::calibrate {
 namespace {
 
-using costmodel::CurveSegment;
-using costmodel::MeasuredSample;
+using documents::CurveSegment;
+using documents::MeasuredSample;
 
 constexpr int kLawsonIterations = 30;
 

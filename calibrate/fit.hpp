@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-#include "costmodel/hardware.hpp"
+#include "documents/hardware.hpp"
 
 namespace shardplan::calibrate {
 
@@ -24,25 +24,25 @@ struct FitOptions {
 };
 
 struct CurveFit {
-  std::vector<costmodel::MeasuredSample> samples;  // sorted by size
-  std::vector<costmodel::CurveSegment> segments;   // ordered by size, contiguous
+  std::vector<documents::MeasuredSample> samples;  // sorted by size
+  std::vector<documents::CurveSegment> segments;   // ordered by size, contiguous
   std::vector<double> relative_errors;             // |fit − measured| / measured, per sample
   double median_rel_error = 0;
   double max_rel_error = 0;
   bool meets(const FitOptions& goals) const;
-  // As costmodel::CollectiveCurve::time_s: the first segment whose max_bytes ≥ size.
+  // As documents::CollectiveCurve::time_s: the first segment whose max_bytes ≥ size.
   double time_s(double size_bytes) const;
 };
 
 // Throws std::invalid_argument when there is no sample or a time is not positive.
-CurveFit fit_piecewise(std::vector<costmodel::MeasuredSample> samples,
+CurveFit fit_piecewise(std::vector<documents::MeasuredSample> samples,
                        const FitOptions& options = {});
 
 // One piece over `samples`: latency + size / bandwidth with latency ≥ 0 and bandwidth > 0 (a flat
 // piece gets a bandwidth whose term is negligible). Least squares of the relative error when its
 // largest relative error is within `error_bound`; otherwise reweighted towards the smallest
 // largest relative error (Lawson's iteration), stopping once within the bound.
-costmodel::CurveSegment fit_segment(std::span<const costmodel::MeasuredSample> samples,
+documents::CurveSegment fit_segment(std::span<const documents::MeasuredSample> samples,
                                     double error_bound = 1e300);
 
 double median(std::vector<double> values);

@@ -4,7 +4,7 @@
 
 namespace shardplan::calibrate {
 
-std::vector<GemmShape> model_gemm_shapes(const costmodel::ModelSpec& model, std::int64_t tokens) {
+std::vector<GemmShape> model_gemm_shapes(const documents::ModelSpec& model, std::int64_t tokens) {
   std::vector<GemmShape> shapes;
   auto add = [&](const GemmShape& s) {
     const auto it = std::find_if(shapes.begin(), shapes.end(),
@@ -39,7 +39,7 @@ std::vector<GemmShape> square_gemm_shapes(bool gpu) {
   return shapes;
 }
 
-double model_gemm_rate(const std::vector<GemmMeasurement>& measurements, costmodel::DType dtype) {
+double model_gemm_rate(const std::vector<GemmMeasurement>& measurements, documents::DType dtype) {
   double flops = 0, seconds = 0;
   for (const auto& g : measurements) {
     if (!g.model_shape || g.dtype != dtype) continue;
@@ -50,7 +50,7 @@ double model_gemm_rate(const std::vector<GemmMeasurement>& measurements, costmod
   return seconds > 0 ? flops / seconds : 0.0;
 }
 
-double best_gemm_rate(const std::vector<GemmMeasurement>& measurements, costmodel::DType dtype) {
+double best_gemm_rate(const std::vector<GemmMeasurement>& measurements, documents::DType dtype) {
   double best = 0;
   for (const auto& g : measurements)
     if (g.dtype == dtype) best = std::max(best, g.flops_per_s());

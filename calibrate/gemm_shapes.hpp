@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "costmodel/hardware.hpp"
-#include "costmodel/model.hpp"
+#include "documents/hardware.hpp"
+#include "documents/model.hpp"
 
 namespace shardplan::calibrate {
 
@@ -25,20 +25,20 @@ struct GemmShape {
 
 struct GemmMeasurement {
   GemmShape shape;
-  costmodel::DType dtype = costmodel::DType::fp32;
+  documents::DType dtype = documents::DType::fp32;
   double time_s = 0;         // per GEMM (the slowest rank's, once combined over ranks)
   bool model_shape = false;  // one of the model's block GEMMs, not a square one
   double flops_per_s() const { return shape.flops() / time_s; }
 };
 
-std::vector<GemmShape> model_gemm_shapes(const costmodel::ModelSpec& model, std::int64_t tokens);
+std::vector<GemmShape> model_gemm_shapes(const documents::ModelSpec& model, std::int64_t tokens);
 // Square sizes: 256 and 512 on a CPU (one core per rank); 4096 and 8192 on a GPU.
 std::vector<GemmShape> square_gemm_shapes(bool gpu);
 
 // FLOP/s of the model-shape GEMMs of `dtype` together (their FLOPs over their time, each shape
 // weighted by its count); 0 if none.
-double model_gemm_rate(const std::vector<GemmMeasurement>& measurements, costmodel::DType dtype);
+double model_gemm_rate(const std::vector<GemmMeasurement>& measurements, documents::DType dtype);
 // Best FLOP/s of any GEMM of `dtype`; 0 if none.
-double best_gemm_rate(const std::vector<GemmMeasurement>& measurements, costmodel::DType dtype);
+double best_gemm_rate(const std::vector<GemmMeasurement>& measurements, documents::DType dtype);
 
 }  // namespace shardplan::calibrate

@@ -29,7 +29,7 @@ GroupPlan plan_groups(const std::vector<comm::GroupSpec>& requested,
       for (int r = 0; r < topology.size; ++r)
         ++size_of_color[comm::split_key(spec, topology, r).color];
     } catch (const std::invalid_argument& e) {
-      throw costmodel::InputError("--groups", e.what());
+      throw core::InputError("--groups", e.what());
     }
     const int ranks = size_of_color.begin()->second;
     const bool equal = std::all_of(size_of_color.begin(), size_of_color.end(),
@@ -44,14 +44,14 @@ GroupPlan plan_groups(const std::vector<comm::GroupSpec>& requested,
       continue;
     }
     PlannedGroup g{spec, name, ranks, static_cast<int>(size_of_color.size()),
-                   comm::max_nodes_spanned(spec, topology) > 1 ? costmodel::Tier::inter_node
-                                                               : costmodel::Tier::intra_node};
+                   comm::max_nodes_spanned(spec, topology) > 1 ? documents::Tier::inter_node
+                                                               : documents::Tier::intra_node};
     const auto same =
         std::find_if(plan.groups.begin(), plan.groups.end(),
                      [&](const PlannedGroup& p) { return p.ranks == g.ranks && p.tier == g.tier; });
     if (same != plan.groups.end()) {
       plan.notes.push_back(fmt::format("{}: not measured: same size ({}) and tier ({}) as {}", name,
-                                       g.ranks, costmodel::tier_name(g.tier), same->name));
+                                       g.ranks, documents::tier_name(g.tier), same->name));
       continue;
     }
     plan.groups.push_back(g);

@@ -9,7 +9,7 @@
 
 #include "comm/groups.hpp"
 #include "comm/topology.hpp"
-#include "costmodel/hardware.hpp"
+#include "documents/hardware.hpp"
 
 namespace shardplan::calibrate {
 
@@ -18,7 +18,7 @@ struct PlannedGroup {
   std::string name;  // "world", "shard:4"
   int ranks = 0;     // in each group
   int groups = 0;    // groups of this split, all measured at once
-  costmodel::Tier tier = costmodel::Tier::intra_node;
+  documents::Tier tier = documents::Tier::intra_node;
 };
 
 struct GroupPlan {
@@ -28,7 +28,7 @@ struct GroupPlan {
 
 // The defaults when none are requested: world, plus intra_node and inter_node on several nodes.
 std::vector<comm::GroupSpec> default_groups(const comm::Topology& topology);
-// Throws costmodel::InputError (--groups) when a shard size does not divide the world size.
+// Throws core::InputError (--groups) when a shard size does not divide the world size.
 GroupPlan plan_groups(const std::vector<comm::GroupSpec>& requested,
                       const comm::Topology& topology);
 

@@ -14,17 +14,17 @@
 #include "core/file_writer.hpp"
 #include "core/input_error.hpp"
 #include "core/text.hpp"
-#include "costmodel/hardware.hpp"
+#include "documents/hardware.hpp"
 
 namespace shardplan::calibrate {
 namespace {
 
-using costmodel::InputError;
+using core::InputError;
 
 struct CurveKey {
-  costmodel::Collective op;
+  documents::Collective op;
   int ranks;
-  costmodel::Tier tier;
+  documents::Tier tier;
   // NOLINTNEXTLINE(modernize-use-nullptr): the 0 is the language's own (llvm-project#53961)
   auto operator<=>(const CurveKey&) const = default;
 };
@@ -33,8 +33,8 @@ CurveKey key_of(const NcclTestsLog& log, const ImportOptions& options) {
   CurveKey key{};
   if (options.op && log.op && *options.op != *log.op)
     throw InputError("--op",
-                     fmt::format("{} but {} is a {} log", costmodel::traits(*options.op).name,
-                                 log.path, costmodel::traits(*log.op).nccl_tests));
+                     fmt::format("{} but {} is a {} log", documents::traits(*options.op).name,
+                                 log.path, documents::traits(*log.op).nccl_tests));
   const auto op = options.op ? options.op : log.op;
   if (!op)
     throw InputError(
@@ -46,13 +46,13 @@ CurveKey key_of(const NcclTestsLog& log, const ImportOptions& options) {
                      fmt::format("{} but {} lists {} ranks", *options.ranks, log.path, log.ranks));
   key.ranks = options.ranks ? *options.ranks : log.ranks;
   if (key.ranks < 1) throw InputError(log.path, "has no \"#  Rank\" lines; give --ranks");
-  const std::optional<costmodel::Tier> found =
+  const std::optional<documents::Tier> found =
       log.hosts.empty() ? std::nullopt
-                        : std::optional(log.hosts.size() > 1 ? costmodel::Tier::inter_node
-                                                             : costmodel::Tier::intra_node);
+                        : std::optional(log.hosts.size() > 1 ? documents::Tier::inter_node
+                                                             : documents::Tier::intra_node);
   if (options.tier && found && *options.tier != *found)
     throw InputError("--tier",
-                     fmt::format("{} but {} ran on {} host{}", costmodel::tier_name(*options.tier),
+                     fmt::format("{} but {} ran on {} host{}", documents::tier_name(*options.tier),
                                  log.path, log.hosts.size(), log.hosts.size() == 1 ? "" : "s"));
   const auto tier = options.tier ? options.tier : found;
   if (!tier) throw InputError(log.path, "has no hosts in \"#  Rank\" lines; give --tier");
@@ -67,15 +67,15 @@ int run_import(const ImportOptions& given, std::ostream& out) {
   if (!options.into.empty())
     options.into = into_profile_path(options.into);  // a profile's name, or a path
   if (!options.out.empty())
-    io::check_destination(options.out, "--out");
+    core::check_destination(options.out, "--out");
   else if (!options.into.empty())
-    io::check_destination(options.into, "--into");
+    core::check_destination(options.into, "--into");
   const nlohmann::json profile =
       options.into.empty() ? nlohmann::json() : read_profile_for_merge(options.into);
   std::vector<NcclTestsLog> logs;
   for (const auto& path : options.logs) logs.push_back(read_nccl_tests_log(path));
 
-  std::map<CurveKey, std::vector<costmodel::MeasuredSample>> samples;
+  std::map<CurveKey, std::vector<documents::MeasuredSample>> samples;
   std::map<CurveKey, std::vector<std::string>> sources;
   std::vector<std::string> hosts, versions, files;
   int ranks = 0;
@@ -102,8 +102,8 @@ int run_import(const ImportOptions& given, std::ostream& out) {
   record.ranks = ranks;
   for (auto& [key, s] : samples) {
     FittedCurve curve{key.op, key.ranks, key.tier, fit_piecewise(s, options.fit)};
-    fmt::print(out, "# {}, {} ranks, {} (from {}):\n", costmodel::traits(key.op).name, key.ranks,
-               costmodel::tier_name(key.tier), fmt::join(sources[key], ", "));
+    fmt::print(out, "# {}, {} ranks, {} (from {}):\n", documents::traits(key.op).name, key.ranks,
+               documents::tier_name(key.tier), fmt::join(sources[key], ", "));
     print_fit(out, curve.fit);
     record.curves.push_back(std::move(curve));
   }
@@ -115,18 +115,19 @@ int run_import(const ImportOptions& given, std::ostream& out) {
   if (options.into.empty()) {
     const nlohmann::json document = {{"schema_version", 1}, {"calibration", section}};
     if (options.out.empty()) {
-      out << io::json_text(document, 2) << '\n';
+      out << core::json_text(document, 2) << '\n';
     } else {
-      io::write_file(options.out, io::json_text(document, 2) + "\n", "--out");
+      core::write_file(options.out, core::json_text(document, 2) + "\n", "--out");
       fmt::print(out, "# wrote the calibration section to {}\n", options.out);
     }
     return 0;
   }
   const nlohmann::json merged = merge_calibration(profile, section);
   const std::string target = options.out.empty() ? options.into : options.out;
-  costmodel::hardware_from_json(merged,
+  documents::hardware_from_json(merged,
                                 std::filesystem::path(target).stem().string());  // validates
-  io::write_file(target, io::json_text(merged, 2) + "\n", options.out.empty() ? "--into" : "--out");
+  core::write_file(target, core::json_text(merged, 2) + "\n",
+                   options.out.empty() ? "--into" : "--out");
   fmt::print(out, "# wrote {} (calibration merged into {})\n", target, options.into);
   return 0;
 }

@@ -8,7 +8,7 @@
 
 namespace shardplan::calibrate {
 
-// Returns the exit code; throws costmodel::InputError for bad logs, flags or files.
+// Returns the exit code; throws core::InputError for bad logs, flags or files.
 int run_import(const ImportOptions& options, std::ostream& out);
 
 }  // namespace shardplan::calibrate

@@ -27,7 +27,7 @@ int launcher_rank() {
   if (comm::launched_with_torchrun_environment()) {
     try {
       return comm::read_launch_environment().rank;
-    } catch (const costmodel::InputError&) {
+    } catch (const core::InputError&) {
       return 0;
     }
   }
@@ -42,7 +42,7 @@ int run(int argc, char** argv) {
     command_line = calibrate::parse_command_line(argc, argv);
     if (command_line.command == calibrate::CommandLine::Command::measure)
       calibrate::require_backend(command_line.measure.backend);
-  } catch (const costmodel::InputError& e) {
+  } catch (const core::InputError& e) {
     if (reports) fmt::print(stderr, "calibrate: {}\n", e.what());
     return 2;
   }
@@ -56,7 +56,7 @@ int run(int argc, char** argv) {
       return command_line.command == calibrate::CommandLine::Command::import_logs
                  ? calibrate::run_import(command_line.import, std::cout)
                  : calibrate::run_import_overheads(command_line.overheads, std::cout);
-    } catch (const costmodel::InputError& e) {
+    } catch (const core::InputError& e) {
       fmt::print(stderr, "calibrate: {}\n", e.what());
       return 2;
     } catch (const std::exception& e) {
@@ -81,5 +81,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return shardplan::io::finish_standard_output("calibrate", run(argc, argv));
+  return shardplan::core::finish_standard_output("calibrate", run(argc, argv));
 }

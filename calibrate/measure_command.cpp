@@ -31,7 +31,7 @@
 #include "core/file_writer.hpp"
 #include "core/input_error.hpp"
 #include "core/text.hpp"
-#include "costmodel/model.hpp"
+#include "documents/model.hpp"
 
 #if defined(SHARDPLAN_HAVE_MPI)
 #include "comm/mpi_environment.hpp"
@@ -44,7 +44,7 @@
 namespace shardplan::calibrate {
 namespace {
 
-using costmodel::InputError;
+using core::InputError;
 using nlohmann::json;
 
 // What rank 0 checks before anything is measured, so that a bad flag or file costs no sweep.
@@ -77,10 +77,10 @@ Preflight preflight(const MeasureOptions& o, const comm::Topology& topology) {
                : !o.into.empty() ? p.into_path
                                  : fmt::format("calibrated-{}.json", topology.hosts.front());
   p.out_flag = o.out.empty() && !o.into.empty() ? "--into" : "--out";
-  io::check_destination(p.out_path, p.out_flag);
+  core::check_destination(p.out_path, p.out_flag);
   if (o.gemm || o.attention_seq > 0) {
     try {
-      const auto model = costmodel::load_model(o.gemm_model);
+      const auto model = documents::load_model(o.gemm_model);
       p.model_shapes = model_gemm_shapes(model, o.gemm_tokens);
       p.elementwise_ops = model_elementwise_ops(model);
       p.head_dim = std::max<std::int64_t>(1, model.head_dim);
@@ -151,7 +151,7 @@ json sweep_extra(const MeasureOptions& o, const GroupPlan& plan) {
     groups.push_back({{"name", g.name},
                       {"ranks", g.ranks},
                       {"groups", g.groups},
-                      {"tier", costmodel::tier_name(g.tier)}});
+                      {"tier", documents::tier_name(g.tier)}});
   return {{"min_bytes", o.range.min_bytes},
           {"max_bytes", o.range.max_bytes},
           {"factor", o.range.factor},
@@ -175,12 +175,12 @@ void add_compute(const MeasureOptions& o, const ComputeCalibration& c, const Pre
   json& extra = record.extra;
   const double model_rate = model_gemm_rate(c.gemm, c.model_dtype);
   json peaks = json::object();
-  for (auto d : {costmodel::DType::fp32, costmodel::DType::tf32, costmodel::DType::bf16,
-                 costmodel::DType::fp16}) {
+  for (auto d : {documents::DType::fp32, documents::DType::tf32, documents::DType::bf16,
+                 documents::DType::fp16}) {
     const double best = best_gemm_rate(c.gemm, d);
     if (best > 0) {
       system.peak_flops[d] = best;
-      peaks[costmodel::dtype_name(d)] = rounded(best / 1e12, 4);
+      peaks[documents::dtype_name(d)] = rounded(best / 1e12, 4);
     }
   }
   if (o.gemm) {
@@ -193,15 +193,15 @@ void add_compute(const MeasureOptions& o, const ComputeCalibration& c, const Pre
     if (pre.into_profile.is_null()) {
       record.compute_efficiency = system.compute_efficiency;
       extra["compute_efficiency_reference"] =
-          fmt::format("best measured {} GEMM rate", costmodel::dtype_name(c.model_dtype));
+          fmt::format("best measured {} GEMM rate", documents::dtype_name(c.model_dtype));
     } else {
       // Against the profile's own peak, which the cost model multiplies it with.
-      const auto profile = costmodel::hardware_from_json(pre.into_profile, "into");
+      const auto profile = documents::hardware_from_json(pre.into_profile, "into");
       const double peak = profile.peak(c.model_dtype);
       const double ratio = peak > 0 ? model_rate / peak : 0;
       record.compute_efficiency = std::min(1.0, ratio);
       extra["compute_efficiency_reference"] = fmt::format(
-          "the profile's {} peak, {} TFLOP/s", costmodel::dtype_name(c.model_dtype), peak / 1e12);
+          "the profile's {} peak, {} TFLOP/s", documents::dtype_name(c.model_dtype), peak / 1e12);
       if (ratio > 1) extra["compute_efficiency_unclamped"] = rounded(ratio, 3);
     }
   }
@@ -285,15 +285,15 @@ struct Sweeps {
 
 // One collective over one group at every size; on the root, each size's row of its table as
 // soon as it is measured (as nccl-tests prints), then the fitted curve.
-void sweep_collective(Sweeps& s, costmodel::Collective op, const PlannedGroup& g,
+void sweep_collective(Sweeps& s, documents::Collective op, const PlannedGroup& g,
                       comm::Communicator& group, CalibrationRecord& record) {
   const auto points = sweep_points(op, g.ranks, s.o.range, sizeof(float));
   if (points.empty()) return;
   CollectiveBench bench(op, group, s.host_world, points.back(), s.settings);
   SweepTablePrinter table(s.out, op, g);
-  std::vector<costmodel::MeasuredSample> samples;
+  std::vector<documents::MeasuredSample> samples;
   for (const auto& p : points) {
-    const auto phase = fmt::format("{} {} {}", costmodel::traits(op).name, g.name,
+    const auto phase = fmt::format("{} {} {}", documents::traits(op).name, g.name,
                                    human_bytes(static_cast<double>(p.size_bytes)));
     s.progress.show(phase);
     // A point is all collectives: every rank waits for the others through it.
@@ -344,7 +344,7 @@ void print_fit_errors(std::ostream& out, const MeasureOptions& o, const Calibrat
              100 * o.fit.median_goal, 100 * o.fit.max_goal);
   for (const auto& c : record.curves)
     fmt::print(out, "#   {:<15} {:>4} ranks  {:<10}  median {:5.1f}%  max {:5.1f}%  {} piece{}{}\n",
-               costmodel::traits(c.op).name, c.ranks, costmodel::tier_name(c.tier),
+               documents::traits(c.op).name, c.ranks, documents::tier_name(c.tier),
                100 * c.fit.median_rel_error, 100 * c.fit.max_rel_error, c.fit.segments.size(),
                c.fit.segments.size() == 1 ? "" : "s", c.fit.meets(o.fit) ? "" : "  (goal missed)");
 }
@@ -365,7 +365,7 @@ int write_profile(const MeasureOptions& o, const Preflight& pre, const GroupPlan
                *compute.memory_bandwidth_Bps / 1e9);
   if (record.compute_efficiency)
     fmt::print(out, "# compute efficiency ({} model-shape GEMMs / {}): {:.3g}\n",
-               costmodel::dtype_name(compute.model_dtype),
+               documents::dtype_name(compute.model_dtype),
                record.extra.value("compute_efficiency_reference", std::string("peak")),
                *record.compute_efficiency);
   print_attention_lines(out, compute.attention);
@@ -381,8 +381,8 @@ int write_profile(const MeasureOptions& o, const Preflight& pre, const GroupPlan
   const json section = calibration_to_json(record);
   const json document = pre.into_profile.is_null() ? measured_profile(system, record)
                                                    : merge_calibration(pre.into_profile, section);
-  costmodel::hardware_from_json(document, system.name);  // what the planner will read
-  io::write_file(pre.out_path, io::json_text(document, 2) + "\n", pre.out_flag);
+  documents::hardware_from_json(document, system.name);  // what the planner will read
+  core::write_file(pre.out_path, core::json_text(document, 2) + "\n", pre.out_flag);
   fmt::print(out, "# wrote {}{}\n", pre.out_path,
              pre.into_profile.is_null()
                  ? ""

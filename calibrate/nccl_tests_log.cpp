@@ -14,7 +14,7 @@
 namespace shardplan::calibrate {
 namespace {
 
-using costmodel::InputError;
+using core::InputError;
 
 // A log has a few hundred lines (one per size); a bound far above that still refuses /dev/zero or
 // a file given by mistake before it fills the memory.
@@ -46,11 +46,11 @@ bool is_unsigned_integer(const std::string& text) {
 }
 
 // The collective run by a binary named on a line ("/opt/nccl-tests/build/all_reduce_perf -b 8").
-std::optional<costmodel::Collective> binary_named_on(const std::vector<std::string>& words) {
+std::optional<documents::Collective> binary_named_on(const std::vector<std::string>& words) {
   for (const auto& w : words) {
     const std::string base =
         w.substr(w.find_last_of('/') == std::string::npos ? 0 : w.find_last_of('/') + 1);
-    for (const auto& t : costmodel::collective_table())
+    for (const auto& t : documents::collective_table())
       if (base == t.nccl_tests) return t.op;
   }
   return std::nullopt;
@@ -71,10 +71,10 @@ std::string nccl_version_in(const std::vector<std::string>& words) {
 
 }  // namespace
 
-std::optional<costmodel::Collective> collective_named_in(const std::string& text) {
-  std::optional<costmodel::Collective> found;
+std::optional<documents::Collective> collective_named_in(const std::string& text) {
+  std::optional<documents::Collective> found;
   std::size_t longest = 0;
-  for (const auto& t : costmodel::collective_table()) {
+  for (const auto& t : documents::collective_table()) {
     for (const std::string_view name : {std::string_view(t.nccl_tests), std::string_view(t.name)}) {
       if (name.size() > longest && text.find(name) != std::string::npos) {
         longest = name.size();
@@ -218,7 +218,7 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& pa
 }
 
 NcclTestsLog read_nccl_tests_log(const std::string& path) {
-  return parse_nccl_tests_log(io::read_file(path, kLogBytes), io::printable(path));
+  return parse_nccl_tests_log(core::read_file(path, kLogBytes), core::printable(path));
 }
 
 }  // namespace shardplan::calibrate

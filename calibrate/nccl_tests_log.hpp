@@ -12,19 +12,19 @@
 #include <string>
 #include <vector>
 
-#include "costmodel/collectives.hpp"
-#include "costmodel/hardware.hpp"
+#include "documents/collectives.hpp"
+#include "documents/hardware.hpp"
 
 namespace shardplan::calibrate {
 
 struct NcclTestsLog {
   std::string path;
-  std::optional<costmodel::Collective> op;  // named in the log or its file name
+  std::optional<documents::Collective> op;  // named in the log or its file name
   int ranks = 0;                            // "#  Rank" lines (0: none)
   std::vector<std::string> hosts;           // distinct hosts of those lines, in order
   std::string nccl_version;                 // "2.19.3" from "nccl-library=21903" ("" if absent)
   std::string data_type;                    // the type column ("float")
-  std::vector<costmodel::MeasuredSample>
+  std::vector<documents::MeasuredSample>
       samples;  // size (nccl-tests' size column), out-of-place time
 };
 
@@ -34,6 +34,6 @@ NcclTestsLog read_nccl_tests_log(const std::string& path);
 
 // The collective whose nccl-tests binary name ("all_reduce_perf") or profile name ("all_reduce")
 // appears in `text`; the longest match wins ("all_reduce_perf" over "reduce_perf").
-std::optional<costmodel::Collective> collective_named_in(const std::string& text);
+std::optional<documents::Collective> collective_named_in(const std::string& text);
 
 }  // namespace shardplan::calibrate

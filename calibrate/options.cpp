@@ -14,19 +14,19 @@
 namespace shardplan::calibrate {
 namespace {
 
-using costmodel::InputError;
+using core::InputError;
 
 std::string known_collectives() {
   std::vector<std::string> names;
-  for (const auto& t : costmodel::collective_table()) names.emplace_back(t.name);
+  for (const auto& t : documents::collective_table()) names.emplace_back(t.name);
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
-std::vector<costmodel::Collective> parse_ops(const std::vector<std::string>& names,
+std::vector<documents::Collective> parse_ops(const std::vector<std::string>& names,
                                              const std::string& flag) {
-  std::vector<costmodel::Collective> ops;
+  std::vector<documents::Collective> ops;
   for (const auto& name : names) {
-    const auto op = costmodel::collective_from_name(name);
+    const auto op = documents::collective_from_name(name);
     if (!op)
       throw InputError(
           flag, fmt::format("unknown collective \"{}\" (known: {})", name, known_collectives()));
@@ -50,7 +50,7 @@ std::int64_t parse_integer_flag(const std::string& flag, const std::string& text
                                 std::int64_t max, const char* what) {
   std::int64_t value = 0;
   try {
-    value = costmodel::int64_from_text(flag, text);
+    value = core::int64_from_text(flag, text);
   } catch (const InputError&) {
     value = min - 1;  // not a decimal integer: said as for one out of range
   }
@@ -65,9 +65,9 @@ const std::string& named(const CLI::App& app, const std::string& flag, const std
   return text;
 }
 
-costmodel::Tier parse_tier(const std::string& text) {
-  if (text == "intra_node") return costmodel::Tier::intra_node;
-  if (text == "inter_node") return costmodel::Tier::inter_node;
+documents::Tier parse_tier(const std::string& text) {
+  if (text == "intra_node") return documents::Tier::intra_node;
+  if (text == "inter_node") return documents::Tier::inter_node;
   throw InputError("--tier", fmt::format("must be intra_node or inter_node, got \"{}\"", text));
 }
 
@@ -325,7 +325,7 @@ void read_compute(const CLI::App& app, const MeasureTexts& t, MeasureOptions& m)
 // A number > 0 from a flag's text; what is not a decimal number is said as for one out of range.
 double positive_number(const std::string& flag, const std::string& text) {
   try {
-    return costmodel::double_from_text(flag, text);
+    return core::double_from_text(flag, text);
   } catch (const InputError&) {
     return 0;
   }

@@ -13,8 +13,8 @@
 #include "calibrate/sweep.hpp"
 #include "comm/fault_injection.hpp"
 #include "comm/groups.hpp"
-#include "costmodel/collectives.hpp"
-#include "costmodel/hardware.hpp"
+#include "documents/collectives.hpp"
+#include "documents/hardware.hpp"
 
 namespace shardplan::calibrate {
 
@@ -23,12 +23,12 @@ const char* backend_name(BackendKind backend);
 // Whether this build can run the backend (mpi needs MPI; nccl needs CUDA and NCCL, and runs under
 // MPI when the build has it, or from torchrun's environment).
 bool backend_available(BackendKind backend);
-// Throws costmodel::InputError (--backend) when this build cannot run the backend.
+// Throws core::InputError (--backend) when this build cannot run the backend.
 void require_backend(BackendKind backend);
 
 struct MeasureOptions {
   BackendKind backend = BackendKind::mpi;
-  std::vector<costmodel::Collective> ops;  // in the order given
+  std::vector<documents::Collective> ops;  // in the order given
   SweepRange range;                        // per-backend defaults unless given
   int warmup = 5;                          // nccl-tests -w
   int iters = 20;                          // nccl-tests -n
@@ -55,8 +55,8 @@ struct MeasureOptions {
 struct ImportOptions {
   std::vector<std::string> logs;
   std::optional<int> ranks;                 // overrides the ranks found in each log's header
-  std::optional<costmodel::Tier> tier;      // overrides the tier found from the log's hosts
-  std::optional<costmodel::Collective> op;  // overrides the test named in the log
+  std::optional<documents::Tier> tier;      // overrides the tier found from the log's hosts
+  std::optional<documents::Collective> op;  // overrides the test named in the log
   std::string out;
   std::string into;
   FitOptions fit;
@@ -71,7 +71,7 @@ struct CommandLine {
   std::string help_text;  // for Command::help
 };
 
-// Throws costmodel::InputError. Whether this build can run the backend is require_backend's.
+// Throws core::InputError. Whether this build can run the backend is require_backend's.
 CommandLine parse_command_line(int argc, const char* const* argv);
 
 }  // namespace shardplan::calibrate

@@ -11,14 +11,14 @@
 #include "core/input_error.hpp"
 #include "core/json_reader.hpp"
 #include "core/text.hpp"
-#include "costmodel/hardware.hpp"
+#include "documents/hardware.hpp"
 
 namespace shardplan::calibrate {
 namespace {
 
-using costmodel::InputError;
-using costmodel::ObjectReader;
-using costmodel::Range;
+using core::InputError;
+using core::ObjectReader;
+using core::Range;
 using nlohmann::json;
 
 // The file measure_overheads.py writes (its GENERATED_BY and SCHEMA_VERSION).
@@ -167,14 +167,15 @@ json merge_overheads(const json& profile, const MeasuredOverheads& measured) {
 int run_import_overheads(const OverheadsImportOptions& options, std::ostream& out) {
   const std::string into = into_profile_path(options.into);  // a profile's name, or a path
   const std::string target = options.out.empty() ? into : options.out;
-  io::check_destination(target, options.out.empty() ? "--into" : "--out");
+  core::check_destination(target, options.out.empty() ? "--into" : "--out");
   const json profile = read_profile_for_merge(into);
   const MeasuredOverheads measured =
-      costmodel::read_json_document(options.measurement, overheads_from_measurement);
+      core::read_json_document(options.measurement, overheads_from_measurement);
   const json merged = merge_overheads(profile, measured);
-  costmodel::hardware_from_json(merged,
+  documents::hardware_from_json(merged,
                                 std::filesystem::path(target).stem().string());  // validates
-  io::write_file(target, io::json_text(merged, 2) + "\n", options.out.empty() ? "--into" : "--out");
+  core::write_file(target, core::json_text(merged, 2) + "\n",
+                   options.out.empty() ? "--into" : "--out");
   const auto& flavours = measured.framework["flavours"];
   fmt::print(out, "# op dispatch {} us; {} flavour(s) measured",
              measured.framework["op_dispatch_us"].get<double>(), flavours.size());

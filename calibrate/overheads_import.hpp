@@ -23,7 +23,7 @@ struct OverheadsImportOptions {
 // ({op_dispatch_us, flavours: {ddp, fsdp1, fsdp2, deepspeed_zero12, deepspeed_zero3}, source}),
 // and the host optimizer's rates per family ({"deepspeed": Gparams/s, "torch": Gparams/s}) with
 // their provenance when the file measured them. A flavour the file does not have (or whose run
-// failed: it then carries "error") is left out. Throws costmodel::InputError naming the JSON
+// failed: it then carries "error") is left out. Throws core::InputError naming the JSON
 // pointer and the value for a file that is not measure_overheads.py's, or a negative fit.
 // clang-tidy 14 says its (noexcept) default constructor may throw: it follows nlohmann::json's
 // noexcept default constructor into json_value(value_t), to a throw that null never reaches
@@ -39,7 +39,7 @@ MeasuredOverheads overheads_from_measurement(const nlohmann::json& measurement);
 // keep the profile's values) and, where measured, its host optimizer rates.
 nlohmann::json merge_overheads(const nlohmann::json& profile, const MeasuredOverheads& measured);
 
-// Returns the exit code; throws costmodel::InputError for a bad file, profile or flag.
+// Returns the exit code; throws core::InputError for a bad file, profile or flag.
 int run_import_overheads(const OverheadsImportOptions& options, std::ostream& out);
 
 }  // namespace shardplan::calibrate

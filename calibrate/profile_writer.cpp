@@ -8,8 +8,8 @@
 
 #include "core/input_error.hpp"
 #include "core/json_reader.hpp"
-#include "costmodel/hardware.hpp"
-#include "costmodel/model.hpp"
+#include "documents/hardware.hpp"
+#include "documents/model.hpp"
 
 namespace shardplan::calibrate {
 namespace {
@@ -28,9 +28,9 @@ json curve_to_json(const FittedCurve& c) {
                         {"bandwidth_GBps", rounded(s.bandwidth_Bps / kGB)}});
   for (const auto& m : c.fit.samples)
     samples.push_back({{"size_bytes", m.size_bytes}, {"time_us", rounded(m.time_s * 1e6, 6)}});
-  return {{"op", costmodel::traits(c.op).name},
+  return {{"op", documents::traits(c.op).name},
           {"ranks", c.ranks},
-          {"tier", costmodel::tier_name(c.tier)},
+          {"tier", documents::tier_name(c.tier)},
           {"segments", segments},
           {"samples", samples},
           {"fit_error",
@@ -72,7 +72,7 @@ json calibration_to_json(const CalibrationRecord& r) {
       gemm.push_back({{"m", g.shape.m},
                       {"n", g.shape.n},
                       {"k", g.shape.k},
-                      {"dtype", costmodel::dtype_name(g.dtype)},
+                      {"dtype", documents::dtype_name(g.dtype)},
                       {"time_us", rounded(g.time_s * 1e6)},
                       {"TFLOPs", rounded(g.flops_per_s() / 1e12, 4)}});
     doc["gemm"] = gemm;
@@ -91,7 +91,7 @@ json calibration_to_json(const CalibrationRecord& r) {
     json attention = json::array();
     for (const auto& a : r.attention)
       attention.push_back({{"impl", a.impl},
-                           {"dtype", costmodel::dtype_name(a.dtype)},
+                           {"dtype", documents::dtype_name(a.dtype)},
                            {"batch", a.batch},
                            {"seq", a.seq},
                            {"heads", a.heads},
@@ -106,24 +106,24 @@ json calibration_to_json(const CalibrationRecord& r) {
 }
 
 std::optional<LinkEstimate> link_from_curves(const std::vector<FittedCurve>& curves,
-                                             costmodel::Tier tier) {
+                                             documents::Tier tier) {
   const FittedCurve* best = nullptr;
   for (const auto& c : curves) {
     if (c.tier != tier || c.ranks < 2 || c.fit.segments.empty()) continue;
     auto rank = [](const FittedCurve& x) {
-      return std::pair(x.op == costmodel::Collective::all_reduce, x.ranks);
+      return std::pair(x.op == documents::Collective::all_reduce, x.ranks);
     };
     if (best == nullptr || rank(c) > rank(*best)) best = &c;
   }
   if (best == nullptr) return std::nullopt;
   const int n = best->ranks;
   const double steps =
-      best->op == costmodel::Collective::all_reduce ? 2.0 * (n - 1) : static_cast<double>(n - 1);
+      best->op == documents::Collective::all_reduce ? 2.0 * (n - 1) : static_cast<double>(n - 1);
   LinkEstimate link;
   link.op = best->op;
   link.ranks = n;
   link.bandwidth_Bps =
-      best->fit.segments.back().bandwidth_Bps * costmodel::traits(best->op).bus_factor(n);
+      best->fit.segments.back().bandwidth_Bps * documents::traits(best->op).bus_factor(n);
   link.latency_s = best->fit.segments.front().latency_s / steps;
   return link;
 }
@@ -132,10 +132,10 @@ namespace {
 
 // A link's section: the fitted curve of its tier, else the other tier's, else half the memory
 // copy bandwidth.
-json link_json(const MeasuredSystem& s, const std::string& measured, costmodel::Tier tier,
+json link_json(const MeasuredSystem& s, const std::string& measured, documents::Tier tier,
                const std::optional<LinkEstimate>& own, const std::optional<LinkEstimate>& other) {
-  const bool intra = tier == costmodel::Tier::intra_node;
-  // A fitted curve's bus bandwidth is each rank's: per GPU (costmodel/hardware.hpp reads the
+  const bool intra = tier == documents::Tier::intra_node;
+  // A fitted curve's bus bandwidth is each rank's: per GPU (documents/hardware.hpp reads the
   // inter-node key with its unit).
   const char* bandwidth_key = intra ? "bandwidth_GBps" : "bandwidth_GBps_per_gpu";
   const std::string link = s.cpu_device
@@ -149,7 +149,7 @@ json link_json(const MeasuredSystem& s, const std::string& measured, costmodel::
         {"source",
          fmt::format("{}: the fitted {} curve on {} ranks: bus bandwidth of its bandwidth-bound "
                      "piece, and its smallest-size latency per ring step",
-                     measured, costmodel::traits(own->op).name, own->ranks)}};
+                     measured, documents::traits(own->op).name, own->ranks)}};
   if (other)
     return {
         {"link", link},
@@ -157,7 +157,7 @@ json link_json(const MeasuredSystem& s, const std::string& measured, costmodel::
         {"latency_us", rounded(other->latency_s * 1e6, 4)},
         {"source",
          fmt::format("{}: NOT MEASURED (no {} group in this run): the {} values stand in", measured,
-                     costmodel::tier_name(tier), intra ? "inter-node" : "intra-node")}};
+                     documents::tier_name(tier), intra ? "inter-node" : "intra-node")}};
   return {{"link", link},
           {bandwidth_key, rounded(s.memory_bandwidth_Bps / 2 / kGB, 4)},
           {"latency_us", 0},
@@ -170,11 +170,11 @@ json link_json(const MeasuredSystem& s, const std::string& measured, costmodel::
 json gpu_json(const MeasuredSystem& s, const std::string& measured) {
   json peak = json::object();
   for (const auto& [dtype, flops] : s.peak_flops)
-    peak[costmodel::dtype_name(dtype)] = rounded(flops / 1e12, 4);
+    peak[documents::dtype_name(dtype)] = rounded(flops / 1e12, 4);
   return {
       {"name", s.device},
       // A CPU rank's collectives block its computing thread: the cost model serialises
-      // them with compute (costmodel/hardware.hpp).
+      // them with compute (documents/hardware.hpp).
       {"kind", s.cpu_device ? "cpu" : "gpu"},
       {"memory_GiB", rounded(s.device_memory_bytes / kGiB, 4)},
       {"peak_TFLOPs", peak},
@@ -184,7 +184,7 @@ json gpu_json(const MeasuredSystem& s, const std::string& measured) {
        fmt::format("{}: memory: {}; peak: the best measured GEMM rate per type; memory bandwidth: "
                    "copy, read + write bytes; compute_efficiency: the model-shape {} GEMM rate / "
                    "that peak",
-                   measured, s.device_memory_note, costmodel::dtype_name(s.efficiency_dtype))}};
+                   measured, s.device_memory_note, documents::dtype_name(s.efficiency_dtype))}};
 }
 
 json host_json(const MeasuredSystem& s, const std::string& measured) {
@@ -215,8 +215,8 @@ json overhead_json(const MeasuredSystem& s) {
 
 json measured_profile(const MeasuredSystem& s, const CalibrationRecord& r) {
   const std::string measured = measured_note(r);
-  const auto intra = link_from_curves(r.curves, costmodel::Tier::intra_node);
-  const auto inter = link_from_curves(r.curves, costmodel::Tier::inter_node);
+  const auto intra = link_from_curves(r.curves, documents::Tier::intra_node);
+  const auto inter = link_from_curves(r.curves, documents::Tier::inter_node);
   const std::string device_kind = s.cpu_device ? "CPU rank" : "GPU";
 
   return {{"schema_version", 1},
@@ -227,8 +227,8 @@ json measured_profile(const MeasuredSystem& s, const CalibrationRecord& r) {
           {"node",
            {{"gpus_per_node", s.ranks_per_node},
             {"source", fmt::format("{}: ranks per node of the run", measured)}}},
-          {"intra_node", link_json(s, measured, costmodel::Tier::intra_node, intra, inter)},
-          {"inter_node", link_json(s, measured, costmodel::Tier::inter_node, inter, intra)},
+          {"intra_node", link_json(s, measured, documents::Tier::intra_node, intra, inter)},
+          {"inter_node", link_json(s, measured, documents::Tier::inter_node, inter, intra)},
           {"host", host_json(s, measured)},
           {"overhead", overhead_json(s)},
           {"calibration", calibration_to_json(r)}};
@@ -270,25 +270,25 @@ std::string into_profile_path(const std::string& name_or_path) {
   const bool bare_name = given.extension() != ".json" && !given.has_parent_path();
   if (fs::exists(given, ec) || !bare_name) return name_or_path;
   const fs::path preset =
-      fs::path(costmodel::data_dir()) / "hardware_profiles" / (name_or_path + ".json");
+      fs::path(documents::data_dir()) / "hardware_profiles" / (name_or_path + ".json");
   if (!fs::is_regular_file(preset, ec))
-    throw costmodel::InputError(
+    throw core::InputError(
         "--into", fmt::format("\"{}\" is neither a file nor a profile in {}/hardware_profiles "
                               "(profiles: {})",
-                              name_or_path, costmodel::data_dir(),
-                              fmt::join(costmodel::preset_hardware_names(), ", ")));
+                              name_or_path, documents::data_dir(),
+                              fmt::join(documents::preset_hardware_names(), ", ")));
   return preset.string();
 }
 
 json read_profile_for_merge(const std::string& path) {
   try {
-    return costmodel::read_json_document(path, [&](const json& profile) {
-      costmodel::hardware_from_json(profile, std::filesystem::path(path).stem().string());
+    return core::read_json_document(path, [&](const json& profile) {
+      documents::hardware_from_json(profile, std::filesystem::path(path).stem().string());
       return profile;
     });
-  } catch (const costmodel::InputError& e) {
+  } catch (const core::InputError& e) {
     // "--into: p.json: cannot open file: ...", or "--into: p.json: /gpu/memory_GiB: must be > 0"
-    throw costmodel::InputError("--into", e.what());
+    throw core::InputError("--into", e.what());
   }
 }
 

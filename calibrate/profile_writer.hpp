@@ -1,8 +1,8 @@
 // Writing what calibrate measured as hardware profile JSON (hardware_profiles/*.json, read by
-// costmodel::hardware_from_json): the "calibration" section (fitted curves with their samples and
+// documents::hardware_from_json): the "calibration" section (fitted curves with their samples and
 // errors, GEMMs, compute efficiency, memory bandwidth, element-wise rate, attention cores,
 // when/where/with what), a complete profile for a system measured from scratch, or the section
-// merged into an existing profile. The commands write them with io::write_file (whole or not at
+// merged into an existing profile. The commands write them with core::write_file (whole or not at
 // all).
 #pragma once
 
@@ -15,14 +15,14 @@
 
 #include "calibrate/fit.hpp"
 #include "calibrate/gemm_shapes.hpp"
-#include "costmodel/hardware.hpp"
+#include "documents/hardware.hpp"
 
 namespace shardplan::calibrate {
 
 struct FittedCurve {
-  costmodel::Collective op = costmodel::Collective::all_reduce;
+  documents::Collective op = documents::Collective::all_reduce;
   int ranks = 0;
-  costmodel::Tier tier = costmodel::Tier::intra_node;
+  documents::Tier tier = documents::Tier::intra_node;
   CurveFit fit;
 };
 
@@ -37,8 +37,8 @@ struct CalibrationRecord {
   std::optional<double> compute_efficiency;           // model-shape GEMM rate / peak
   std::optional<double> memory_bandwidth_Bps;         // device copy bandwidth
   std::optional<double> elementwise_elems_per_s;      // costmodel/elementwise.hpp passes per second
-  std::vector<costmodel::AttentionSample> attention;  // the model's attention cores, as run
-  std::optional<costmodel::StragglerWait> straggler_wait;  // two or more ranks
+  std::vector<documents::AttentionSample> attention;  // the model's attention cores, as run
+  std::optional<documents::StragglerWait> straggler_wait;  // two or more ranks
   nlohmann::json extra = nlohmann::json::object();
 };
 
@@ -51,11 +51,11 @@ nlohmann::json calibration_to_json(const CalibrationRecord& record);
 struct LinkEstimate {
   double bandwidth_Bps = 0;
   double latency_s = 0;
-  costmodel::Collective op = costmodel::Collective::all_reduce;
+  documents::Collective op = documents::Collective::all_reduce;
   int ranks = 0;
 };
 std::optional<LinkEstimate> link_from_curves(const std::vector<FittedCurve>& curves,
-                                             costmodel::Tier tier);
+                                             documents::Tier tier);
 
 // What a profile written from scratch says about the device, node and host.
 struct MeasuredSystem {
@@ -64,8 +64,8 @@ struct MeasuredSystem {
   bool cpu_device = true;  // each rank is a CPU device (MPI backend)
   double device_memory_bytes = 0;
   std::string device_memory_note;                 // how it was found
-  std::map<costmodel::DType, double> peak_flops;  // best measured GEMM rate per dtype
-  costmodel::DType efficiency_dtype = costmodel::DType::fp32;
+  std::map<documents::DType, double> peak_flops;  // best measured GEMM rate per dtype
+  documents::DType efficiency_dtype = documents::DType::fp32;
   double compute_efficiency = 0;
   double memory_bandwidth_Bps = 0;
   int ranks_per_node = 1;

@@ -9,13 +9,13 @@
 namespace shardplan::calibrate {
 namespace {
 
-bool reduces(costmodel::Collective op) {
-  return op == costmodel::Collective::all_reduce || op == costmodel::Collective::reduce_scatter ||
-         op == costmodel::Collective::reduce;
+bool reduces(documents::Collective op) {
+  return op == documents::Collective::all_reduce || op == documents::Collective::reduce_scatter ||
+         op == documents::Collective::reduce;
 }
 
-bool rooted(costmodel::Collective op) {
-  return op == costmodel::Collective::broadcast || op == costmodel::Collective::reduce;
+bool rooted(documents::Collective op) {
+  return op == documents::Collective::broadcast || op == documents::Collective::reduce;
 }
 
 }  // namespace
@@ -43,7 +43,7 @@ void print_sweep_table(std::ostream& out, const SweepResult& sweep) {
   printer.finish();
 }
 
-SweepTablePrinter::SweepTablePrinter(std::ostream& out, costmodel::Collective op,
+SweepTablePrinter::SweepTablePrinter(std::ostream& out, documents::Collective op,
                                      const PlannedGroup& group)
     : out_(out), op_(op), group_(group) {}
 
@@ -51,8 +51,8 @@ void SweepTablePrinter::header() {
   if (header_printed_) return;
   header_printed_ = true;
   const auto& g = group_;
-  fmt::print(out_, "#\n# {} on {}: {} group{} of {} ranks, {}\n", costmodel::traits(op_).name,
-             g.name, g.groups, g.groups == 1 ? "" : "s", g.ranks, costmodel::tier_name(g.tier));
+  fmt::print(out_, "#\n# {} on {}: {} group{} of {} ranks, {}\n", documents::traits(op_).name,
+             g.name, g.groups, g.groups == 1 ? "" : "s", g.ranks, documents::tier_name(g.tier));
   fmt::print(out_, "#\n# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}            out-of-place\n", "", "", "",
              "", "");
   fmt::print(out_, "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}\n", "size",
@@ -95,17 +95,17 @@ void print_gemm_table(std::ostream& out, const std::vector<GemmMeasurement>& gem
              "time(us)", "TFLOP/s", "shape");
   for (const auto& g : gemms)
     fmt::print(out, "  {:>7}  {:>7}  {:>7}  {:>5}  {:>10.1f}  {:>8.3f}  {}\n", g.shape.m, g.shape.n,
-               g.shape.k, costmodel::dtype_name(g.dtype), g.time_s * 1e6, g.flops_per_s() / 1e12,
+               g.shape.k, documents::dtype_name(g.dtype), g.time_s * 1e6, g.flops_per_s() / 1e12,
                g.model_shape ? "model" : "square");
 }
 
 void print_attention_lines(std::ostream& out,
-                           const std::vector<costmodel::AttentionSample>& cores) {
+                           const std::vector<documents::AttentionSample>& cores) {
   for (const auto& a : cores)
     fmt::print(out,
                "# attention {} {} (batch {}, seq {}, heads {}, kv_heads {}, head_dim {}), slowest "
                "rank: forward {:.1f} us, backward {:.1f} us\n",
-               a.impl, costmodel::dtype_name(a.dtype), a.batch, a.seq, a.heads, a.kv_heads,
+               a.impl, documents::dtype_name(a.dtype), a.batch, a.seq, a.heads, a.kv_heads,
                a.head_dim, a.forward_s * 1e6, a.backward_s * 1e6);
 }
 

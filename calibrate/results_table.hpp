@@ -12,12 +12,12 @@
 #include "calibrate/fit.hpp"
 #include "calibrate/gemm_shapes.hpp"
 #include "calibrate/group_plan.hpp"
-#include "costmodel/hardware.hpp"
+#include "documents/hardware.hpp"
 
 namespace shardplan::calibrate {
 
 struct SweepResult {
-  costmodel::Collective op = costmodel::Collective::all_reduce;
+  documents::Collective op = documents::Collective::all_reduce;
   PlannedGroup group;
   std::vector<PointResult> points;
 };
@@ -31,14 +31,14 @@ void print_sweep_table(std::ostream& out, const SweepResult& sweep);
 // equals print_sweep_table's of the points added.
 class SweepTablePrinter {
 public:
-  SweepTablePrinter(std::ostream& out, costmodel::Collective op, const PlannedGroup& group);
+  SweepTablePrinter(std::ostream& out, documents::Collective op, const PlannedGroup& group);
   void add(const PointResult& point);  // prints the header before the first row
   void finish();                       // the average line (and the header when no row came)
 
 private:
   void header();
   std::ostream& out_;
-  costmodel::Collective op_;
+  documents::Collective op_;
   PlannedGroup group_;
   bool header_printed_ = false;
   int rows_ = 0;
@@ -49,7 +49,7 @@ void print_fit(std::ostream& out, const CurveFit& fit);
 void print_gemm_table(std::ostream& out, const std::vector<GemmMeasurement>& gemms);
 // One line per attention core: "# attention eager fp32 (batch 2, seq 128, heads 4, kv_heads 2,
 // head_dim 32), slowest rank: forward 123.4 us, backward 234.5 us".
-void print_attention_lines(std::ostream& out, const std::vector<costmodel::AttentionSample>& cores);
+void print_attention_lines(std::ostream& out, const std::vector<documents::AttentionSample>& cores);
 // Human units for notes: "8 B", "64 KiB", "1.5 MiB".
 std::string human_bytes(double bytes);
 

@@ -15,12 +15,12 @@ std::vector<std::uint64_t> sweep_sizes(const SweepRange& range) {
   return sizes;
 }
 
-SweepPoint sweep_point(costmodel::Collective op, int ranks, std::uint64_t size_bytes,
+SweepPoint sweep_point(documents::Collective op, int ranks, std::uint64_t size_bytes,
                        std::size_t element_bytes) {
   const std::size_t count = size_bytes / element_bytes;
   const auto n = static_cast<std::size_t>(ranks);
   SweepPoint p;
-  if (costmodel::traits(op).size_is_per_rank_buffer) {
+  if (documents::traits(op).size_is_per_rank_buffer) {
     // all_reduce, broadcast, reduce: one buffer of `count` per rank.
     p.count = p.send_count = p.recv_count = count;
     p.size_bytes = count * element_bytes;
@@ -30,11 +30,11 @@ SweepPoint sweep_point(costmodel::Collective op, int ranks, std::uint64_t size_b
   p.count = per_rank;
   p.size_bytes = per_rank * n * element_bytes;
   switch (op) {
-  case costmodel::Collective::all_gather:
+  case documents::Collective::all_gather:
     p.send_count = per_rank;
     p.recv_count = per_rank * n;
     break;
-  case costmodel::Collective::reduce_scatter:
+  case documents::Collective::reduce_scatter:
     p.send_count = per_rank * n;
     p.recv_count = per_rank;
     break;
@@ -45,7 +45,7 @@ SweepPoint sweep_point(costmodel::Collective op, int ranks, std::uint64_t size_b
   return p;
 }
 
-std::vector<SweepPoint> sweep_points(costmodel::Collective op, int ranks, const SweepRange& range,
+std::vector<SweepPoint> sweep_points(documents::Collective op, int ranks, const SweepRange& range,
                                      std::size_t element_bytes) {
   std::vector<SweepPoint> points;
   for (std::uint64_t size : sweep_sizes(range)) {

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "costmodel/collectives.hpp"
+#include "documents/collectives.hpp"
 
 namespace shardplan::calibrate {
 
@@ -31,10 +31,10 @@ struct SweepPoint {
 std::vector<std::uint64_t> sweep_sizes(const SweepRange& range);
 // The point of `op` on `ranks` ranks for a sweep size; count 0 when the size is too small to give
 // every rank one element (nccl-tests would run it empty; calibrate skips it).
-SweepPoint sweep_point(costmodel::Collective op, int ranks, std::uint64_t size_bytes,
+SweepPoint sweep_point(documents::Collective op, int ranks, std::uint64_t size_bytes,
                        std::size_t element_bytes);
 // Every non-empty point of the sweep for `op`, without repeated sizes.
-std::vector<SweepPoint> sweep_points(costmodel::Collective op, int ranks, const SweepRange& range,
+std::vector<SweepPoint> sweep_points(documents::Collective op, int ranks, const SweepRange& range,
                                      std::size_t element_bytes);
 
 }  // namespace shardplan::calibrate

@@ -9,7 +9,7 @@
 namespace shardplan::comm {
 namespace {
 
-using costmodel::InputError;
+using core::InputError;
 
 const char* process_environment(const char* name) { return std::getenv(name); }
 

@@ -32,7 +32,7 @@ using EnvironmentLookup = std::function<const char*(const char*)>;
 bool launched_with_torchrun_environment();
 bool launched_with_torchrun_environment(const EnvironmentLookup& lookup);
 
-// Every variable must be set and well formed; otherwise a costmodel::InputError whose where() is
+// Every variable must be set and well formed; otherwise a core::InputError whose where() is
 // the variable and whose message quotes its value (`WORLD_SIZE: must be an integer >= 1, got
 // "x"`). RANK must be below WORLD_SIZE, MASTER_PORT in 1..65535, MASTER_ADDR not empty.
 LaunchEnvironment read_launch_environment();

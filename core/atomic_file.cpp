@@ -17,7 +17,7 @@
 #include "core/input_error.hpp"
 #include "core/text.hpp"
 
-namespace shardplan::io {
+namespace shardplan::core {
 namespace {
 
 std::string errno_text() { return std::strerror(errno); }
@@ -29,9 +29,8 @@ constexpr std::size_t kNameBytes = 200;
 
 void cannot_write(const std::string& path, const std::string& flag, const std::string& reason) {
   if (flag.empty())
-    throw costmodel::InputError(printable(path), fmt::format("cannot write: {}", reason));
-  throw costmodel::InputError(flag,
-                              fmt::format("cannot write \"{}\": {}", printable(path), reason));
+    throw core::InputError(printable(path), fmt::format("cannot write: {}", reason));
+  throw core::InputError(flag, fmt::format("cannot write \"{}\": {}", printable(path), reason));
 }
 
 std::string temporary_prefix(std::string_view name) {
@@ -107,4 +106,4 @@ void sync_folder(const std::string& folder, const std::string& path, const std::
     cannot_write(path, flag, fmt::format("cannot sync the folder: {}", std::strerror(error)));
 }
 
-}  // namespace shardplan::io
+}  // namespace shardplan::core

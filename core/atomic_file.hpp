@@ -4,7 +4,7 @@
 // fsynced, closed and renamed over NAME, and the folder is fsynced so that the rename reaches the
 // disk. The rename replaces NAME itself, never what a symbolic link NAME points to. Until commit()
 // has renamed it, the temporary is removed when the object goes (an error, an exception).
-// Errors are costmodel::InputError with errno's text: "PATH: cannot write: No space left on
+// Errors are core::InputError with errno's text: "PATH: cannot write: No space left on
 // device", or with a flag given "--out: cannot write \"PATH\": No space left on device".
 #pragma once
 
@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-namespace shardplan::io {
+namespace shardplan::core {
 
 // Throws the InputError of a failed write of `path` (named by `flag` when there is one).
 [[noreturn]] void cannot_write(const std::string& path, const std::string& flag,
@@ -58,4 +58,4 @@ std::string temporary_prefix(std::string_view name);
 // as AtomicFile, naming `path` (the file renamed into it).
 void sync_folder(const std::string& folder, const std::string& path, const std::string& flag = {});
 
-}  // namespace shardplan::io
+}  // namespace shardplan::core

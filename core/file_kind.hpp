@@ -3,7 +3,7 @@
 
 #include <sys/stat.h>
 
-namespace shardplan::io {
+namespace shardplan::core {
 
 inline const char* file_kind(mode_t mode) {
   if (S_ISREG(mode)) return "a regular file";
@@ -16,4 +16,4 @@ inline const char* file_kind(mode_t mode) {
   return "not a file";
 }
 
-}  // namespace shardplan::io
+}  // namespace shardplan::core

@@ -13,10 +13,10 @@
 #include "core/input_error.hpp"
 #include "core/text.hpp"
 
-namespace shardplan::io {
+namespace shardplan::core {
 namespace {
 
-using costmodel::InputError;
+using core::InputError;
 
 class Fd {
 public:
@@ -77,4 +77,4 @@ std::string read_file(const std::string& path, std::int64_t limit_bytes) {
   return text;
 }
 
-}  // namespace shardplan::io
+}  // namespace shardplan::core

@@ -7,14 +7,14 @@
 #include <cstdint>
 #include <string>
 
-namespace shardplan::io {
+namespace shardplan::core {
 
 // The bound of a JSON document (a model, hardware profile, job, plan, run or checkpoint index).
 inline constexpr std::int64_t kDocumentBytes = std::int64_t{16} << 20;  // 16 MiB
 
-// The file's bytes. Throws costmodel::InputError at the path (printable(path)) with the reason:
+// The file's bytes. Throws core::InputError at the path (printable(path)) with the reason:
 // "cannot open file: No such file or directory", "is a directory, not a regular file", "is
 // 209715200 bytes, more than the 16 MiB (16777216 bytes) this file may have", ...
 std::string read_file(const std::string& path, std::int64_t limit_bytes = kDocumentBytes);
 
-}  // namespace shardplan::io
+}  // namespace shardplan::core

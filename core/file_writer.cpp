@@ -16,7 +16,7 @@
 #include "core/input_error.hpp"
 #include "core/text.hpp"
 
-namespace shardplan::io {
+namespace shardplan::core {
 namespace {
 
 [[noreturn]] void fail(const std::string& path, const std::string& flag,
@@ -144,4 +144,4 @@ void check_destination(const std::string& path, const std::string& flag) {
   const AtomicFile probe(path, flag);  // its temporary is removed again at once
 }
 
-}  // namespace shardplan::io
+}  // namespace shardplan::core

@@ -12,7 +12,7 @@
 //                             any failure the temporary is removed;
 //   a directory or a block    refused.
 //   device
-// Every write and the close are checked. Errors are costmodel::InputError with errno's text:
+// Every write and the close are checked. Errors are core::InputError with errno's text:
 // "PATH: cannot write: No space left on device", or with a flag given
 // "--out: cannot write \"PATH\": No such file or directory".
 #pragma once
@@ -20,7 +20,7 @@
 #include <string>
 #include <string_view>
 
-namespace shardplan::io {
+namespace shardplan::core {
 
 void write_file(const std::string& path, std::string_view bytes, const std::string& flag = {});
 
@@ -29,4 +29,4 @@ void write_file(const std::string& path, std::string_view bytes, const std::stri
 // file (one is created and removed there; the final file is not created). Throws as write_file.
 void check_destination(const std::string& path, const std::string& flag = {});
 
-}  // namespace shardplan::io
+}  // namespace shardplan::core

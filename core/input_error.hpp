@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace shardplan::costmodel {
+namespace shardplan::core {
 
 class InputError : public std::runtime_error {
 public:
@@ -19,4 +19,4 @@ private:
   std::string where_;
 };
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::core

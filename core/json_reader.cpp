@@ -6,7 +6,7 @@
 
 #include "core/text.hpp"
 
-namespace shardplan::costmodel {
+namespace shardplan::core {
 
 namespace {
 
@@ -59,16 +59,16 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& sourc
 }
 
 nlohmann::json read_json_file(const std::string& path, std::int64_t limit_bytes) {
-  return parse_json_text(io::read_file(path, limit_bytes), io::printable(path));
+  return parse_json_text(core::read_file(path, limit_bytes), core::printable(path));
 }
 
 InputError error_in_file(const std::string& path, const InputError& error) {
-  if (!error.where().starts_with('/') || error.where() == io::printable(path)) return error;
-  return InputError(io::printable(path), error.what());
+  if (!error.where().starts_with('/') || error.where() == core::printable(path)) return error;
+  return InputError(core::printable(path), error.what());
 }
 
 std::string describe_value(const nlohmann::json& value) {
-  std::string s = io::json_text(value);
+  std::string s = core::json_text(value);
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return s;
 }
@@ -216,4 +216,4 @@ void ObjectReader::finish() const {
     if (!used_.contains(it.key())) throw InputError(pointer_of(it.key()), "unknown key");
 }
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::core

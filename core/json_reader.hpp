@@ -15,14 +15,14 @@
 #include "core/file_reader.hpp"
 #include "core/input_error.hpp"
 
-namespace shardplan::costmodel {
+namespace shardplan::core {
 
 // Parses text as JSON; a syntax error becomes an InputError at `source`.
 nlohmann::json parse_json_text(const std::string& text, const std::string& source);
-// Reads a whole file (io::read_file: a regular file of at most limit_bytes) and parses it; an
+// Reads a whole file (core::read_file: a regular file of at most limit_bytes) and parses it; an
 // unreadable file is an InputError naming the path and the reason.
 nlohmann::json read_json_file(const std::string& path,
-                              std::int64_t limit_bytes = io::kDocumentBytes);
+                              std::int64_t limit_bytes = core::kDocumentBytes);
 // An error of the document read from `path`: one at a JSON pointer gains the file's name in front
 // ("plan.json: /schema_version: missing key"); one at a flag or at the file itself is kept.
 InputError error_in_file(const std::string& path, const InputError& error);
@@ -90,4 +90,4 @@ private:
   std::set<std::string, std::less<>> used_;
 };
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::core

@@ -10,7 +10,7 @@
 
 #include "core/input_error.hpp"
 
-namespace shardplan::costmodel {
+namespace shardplan::core {
 namespace {
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
@@ -63,4 +63,4 @@ double double_from_text(const std::string& field, std::string_view text) {
   return value;
 }
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::core

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-namespace shardplan::costmodel {
+namespace shardplan::core {
 
 std::int64_t int64_from_text(const std::string& field, std::string_view text);
 std::uint64_t uint64_from_text(const std::string& field, std::string_view text);
@@ -17,4 +17,4 @@ std::uint64_t uint64_from_text(const std::string& field, std::string_view text);
 int int_from_text(const std::string& field, std::string_view text);
 double double_from_text(const std::string& field, std::string_view text);
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::core

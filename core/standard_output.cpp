@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-namespace shardplan::io {
+namespace shardplan::core {
 
 int finish_standard_output(std::string_view program, int exit_code) {
   // A write that failed earlier left errno with its reason (nothing since has failed).
@@ -39,4 +39,4 @@ int finish_standard_output(std::string_view program, int exit_code) {
   return 2;
 }
 
-}  // namespace shardplan::io
+}  // namespace shardplan::core

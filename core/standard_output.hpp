@@ -5,7 +5,7 @@
 
 #include <string_view>
 
-namespace shardplan::io {
+namespace shardplan::core {
 
 // Flushes standard output and returns exit_code when every write to it succeeded. Otherwise, when
 // exit_code is 0, says "PROGRAM: standard output: cannot write: REASON" on standard error and
@@ -13,4 +13,4 @@ namespace shardplan::io {
 // Called once, at the end of main().
 int finish_standard_output(std::string_view program, int exit_code);
 
-}  // namespace shardplan::io
+}  // namespace shardplan::core

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-namespace shardplan::io {
+namespace shardplan::core {
 namespace {
 
 // The length of the valid UTF-8 sequence starting at s[i] (RFC 3629: no overlong forms, no
@@ -56,4 +56,4 @@ std::string json_text(const nlohmann::json& document, int indent) {
   return document.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-}  // namespace shardplan::io
+}  // namespace shardplan::core

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace shardplan::io {
+namespace shardplan::core {
 
 // `text` for a one-line message: control bytes (NUL, newline, ...) and bytes that are not part of
 // valid UTF-8 are written as \xNN, so nothing is cut or garbled ("g/\x00..", "m\xff\xfe.json").
@@ -17,4 +17,4 @@ std::string printable(std::string_view text);
 // byte becomes U+FFFD (the replacement character), as SECURITY.md says.
 std::string json_text(const nlohmann::json& document, int indent = -1);
 
-}  // namespace shardplan::io
+}  // namespace shardplan::core

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-namespace shardplan::costmodel {
+namespace shardplan::core {
 
 std::optional<std::int64_t> rounded_count(double x) {
   if (!std::isfinite(x) || std::fabs(x) > kMaxCount) return std::nullopt;
@@ -14,4 +14,4 @@ nlohmann::json count_json(double x) {
   return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr);
 }
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::core

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace shardplan::costmodel {
+namespace shardplan::core {
 
 // The largest count a plan carries (bytes per GPU, elements): 2^62, so that sums and differences
 // of two such counts stay within int64.
@@ -20,4 +20,4 @@ std::optional<std::int64_t> rounded_count(double x);
 // none for it (null when x is not finite). Never a wrapped integer.
 nlohmann::json count_json(double x);
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::core

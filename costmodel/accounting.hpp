@@ -5,9 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "costmodel/job.hpp"
-#include "costmodel/model.hpp"
-#include "costmodel/sharding.hpp"
+#include "costmodel/document_names.hpp"
 
 namespace shardplan::costmodel {
 

@@ -5,8 +5,7 @@
 
 #include <string>
 
-#include "costmodel/collectives.hpp"
-#include "costmodel/hardware.hpp"
+#include "costmodel/document_names.hpp"
 
 namespace shardplan::costmodel {
 

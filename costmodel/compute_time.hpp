@@ -19,9 +19,7 @@
 #include <vector>
 
 #include "costmodel/accounting.hpp"
-#include "costmodel/hardware.hpp"
-#include "costmodel/job.hpp"
-#include "costmodel/model.hpp"
+#include "costmodel/document_names.hpp"
 
 namespace shardplan::costmodel {
 

@@ -9,7 +9,7 @@
 
 #include <vector>
 
-#include "costmodel/model.hpp"
+#include "costmodel/document_names.hpp"
 
 namespace shardplan::costmodel {
 

@@ -7,6 +7,11 @@
 #include "core/json_reader.hpp"
 
 namespace shardplan::costmodel {
+
+using core::InputError;
+using core::ObjectReader;
+using core::Range;
+
 namespace {
 
 constexpr int kMaxDegree = 1'000'000;

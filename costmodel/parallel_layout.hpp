@@ -17,8 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "costmodel/comm_model.hpp"
-#include "costmodel/job.hpp"
-#include "costmodel/model.hpp"
+#include "costmodel/document_names.hpp"
 
 namespace shardplan::costmodel {
 

@@ -18,10 +18,9 @@
 #include <vector>
 
 #include "costmodel/accounting.hpp"
-#include "costmodel/hardware.hpp"
+#include "costmodel/document_names.hpp"
 #include "costmodel/parallel_layout.hpp"
 #include "costmodel/pipeline_schedule.hpp"
-#include "costmodel/sharding.hpp"
 
 namespace shardplan::costmodel {
 

@@ -9,6 +9,11 @@
 
 namespace shardplan::costmodel {
 
+using core::count_json;
+using core::InputError;
+using core::ObjectReader;
+using core::Range;
+
 PlanPrediction prediction_from(const StepResult& r) {
   PlanPrediction p;
   p.peak_bytes = r.peak_bytes;

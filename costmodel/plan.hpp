@@ -8,10 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "costmodel/job.hpp"
-#include "costmodel/model.hpp"
+#include "costmodel/document_names.hpp"
 #include "costmodel/parallel_layout.hpp"
-#include "costmodel/sharding.hpp"
 #include "costmodel/simulator.hpp"
 
 namespace shardplan::costmodel {

@@ -13,10 +13,7 @@
 #include "costmodel/accounting.hpp"
 #include "costmodel/comm_model.hpp"
 #include "costmodel/compute_time.hpp"
-#include "costmodel/hardware.hpp"
-#include "costmodel/job.hpp"
-#include "costmodel/model.hpp"
-#include "costmodel/sharding.hpp"
+#include "costmodel/document_names.hpp"
 
 namespace shardplan::costmodel {
 

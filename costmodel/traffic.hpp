@@ -12,8 +12,7 @@
 #include <optional>
 
 #include "costmodel/accounting.hpp"
-#include "costmodel/job.hpp"
-#include "costmodel/model.hpp"
+#include "costmodel/document_names.hpp"
 
 namespace shardplan::costmodel {
 

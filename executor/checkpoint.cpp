@@ -23,16 +23,16 @@
 #include "core/input_error.hpp"
 #include "core/json_reader.hpp"
 #include "core/text.hpp"
-#include "costmodel/sharding.hpp"
+#include "documents/sharding.hpp"
 #include "executor/sha256.hpp"
 
 namespace shardplan::executor {
 namespace {
 
 namespace fs = std::filesystem;
-using costmodel::InputError;
-using costmodel::ObjectReader;
-using costmodel::Range;
+using core::InputError;
+using core::ObjectReader;
+using core::Range;
 using nlohmann::json;
 
 // Parts hold the host's float bytes as they are; the format (and the parameter hash) is
@@ -121,7 +121,7 @@ std::string read_own_file(int dirfd, const char* name, const std::string& shown,
   if (::fstat(fd.get(), &st) != 0)
     throw InputError(shown, fmt::format("cannot read: {}", errno_text()));
   if (!S_ISREG(st.st_mode))
-    throw InputError(shown, fmt::format("is {}, not a regular file", io::file_kind(st.st_mode)));
+    throw InputError(shown, fmt::format("is {}, not a regular file", core::file_kind(st.st_mode)));
   if (st.st_size > limit)
     throw InputError(shown, fmt::format("{} bytes, past the limit of {} bytes", st.st_size, limit));
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
@@ -129,7 +129,7 @@ std::string read_own_file(int dirfd, const char* name, const std::string& shown,
   return text;
 }
 
-// A file written whole or not at all (io::AtomicFile), its bytes hashed as they are written.
+// A file written whole or not at all (core::AtomicFile), its bytes hashed as they are written.
 class HashedFile {
 public:
   explicit HashedFile(const fs::path& path) : file_(path.string()) {}
@@ -157,7 +157,7 @@ public:
   }
 
 private:
-  io::AtomicFile file_;
+  core::AtomicFile file_;
   Sha256 hash_;
   std::optional<Sha256::Digest> digest_;  // once synced
 };
@@ -370,7 +370,7 @@ CheckpointFile parse_file(const json& doc, const std::string& at,
   if (!is_inside(f.path))
     throw InputError(at + "/path",
                      fmt::format("must be a relative path inside the checkpoint, got \"{}\"",
-                                 io::printable(f.path)));
+                                 core::printable(f.path)));
   f.bytes = fr.integer("bytes", Range::non_negative());
   f.sha256 = fr.string("sha256");
   if (!is_sha256_hex(f.sha256))
@@ -442,7 +442,7 @@ CheckpointIndex read_index_in(int dirfd, const std::string& dir, bool step_copy 
 // DIR's index and its digest (write_index), not an edit.
 bool is_saved_step_copy(int dirfd, const std::string& dir, const std::string& text) {
   try {
-    const auto step = parse_index(costmodel::parse_json_text(text, dir)).step;
+    const auto step = parse_index(core::parse_json_text(text, dir)).step;
     const std::string folder = step_folder(step);
     const Fd fd(::openat(dirfd, folder.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (fd.get() < 0) return false;
@@ -460,7 +460,7 @@ CheckpointIndex read_index_in(int dirfd, const std::string& dir, bool step_copy)
   const std::string path = index_path(dir), digest_path = path + ".sha256";
   const std::string text = read_own_file(dirfd, kIndex, path, kMaxIndexBytes);
   auto parsed = [&] {
-    const json doc = costmodel::parse_json_text(text, path);
+    const json doc = core::parse_json_text(text, path);
     try {
       return parse_index(doc);
     } catch (const InputError& e) {
@@ -478,7 +478,7 @@ CheckpointIndex read_index_in(int dirfd, const std::string& dir, bool step_copy)
     throw InputError(digest_path,
                      fmt::format("must be one line \"<sha256>  {}\" as sha256sum writes it, got "
                                  "{}",
-                                 kIndex, costmodel::describe_value(line)));
+                                 kIndex, core::describe_value(line)));
   if (const auto got = Sha256::hex(Sha256::of(text));
       got != recorded && (step_copy || !is_saved_step_copy(dirfd, dir, text)))
     throw InputError(path, fmt::format("its sha256 is {}, {} says {}: the index was changed "
@@ -528,7 +528,7 @@ void compare_shape(const json& saved, const json& run, const std::string& pointe
   }
   if (saved != run)
     differ(fmt::format("the checkpoint's model has {}, the run's model {}",
-                       costmodel::describe_value(saved), costmodel::describe_value(run)));
+                       core::describe_value(saved), core::describe_value(run)));
 }
 
 std::int64_t read_ranges(ShardingEngine& engine, const std::string& dir,
@@ -643,7 +643,7 @@ void remove_own_file(int dirfd, const std::string& name) {
 }
 
 // The names in `folder` of the temporaries that a save cut short left for the files `own`
-// (io::temporary_prefix).
+// (core::temporary_prefix).
 std::vector<std::string> leftover_temporaries(const fs::path& folder,
                                               const std::vector<std::string>& own) {
   std::vector<std::string> found;
@@ -651,7 +651,7 @@ std::vector<std::string> leftover_temporaries(const fs::path& folder,
   for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string entry = it->path().filename().string();
     for (const auto& name : own)
-      if (entry.starts_with(io::temporary_prefix(name))) {
+      if (entry.starts_with(core::temporary_prefix(name))) {
         found.push_back(entry);
         break;
       }
@@ -823,7 +823,7 @@ void save_checkpoint(ShardingEngine& engine, comm::Communicator& world, const st
           {"dtypes", {{"params", "f32"}, {"exp_avg", "f32"}, {"exp_avg_sq", "f32"}}},
           {"saved_by",
            {{"strategy", o.spec.strategy},
-            {"flavour", costmodel::flavour_name(o.spec.flavour)},
+            {"flavour", documents::flavour_name(o.spec.flavour)},
             {"world_size", sl.world},
             {"shard_group", sl.group},
             {"seed", o.seed},
@@ -900,7 +900,7 @@ Consolidated consolidate_checkpoint(const std::string& dir, const std::string& o
     }
     c.params += index.unit_elements[u];
   }
-  io::write_file(out, bytes_out, "--out");
+  core::write_file(out, bytes_out, "--out");
   c.sha256 = Sha256::hex(hash.finish());
   return c;
 }
@@ -958,7 +958,7 @@ void check_save_destination(const CheckpointOptions& o, const ShardingEngine& en
   }
   const auto& opts = engine.options();
   const json run_plan = {{"strategy", opts.spec.strategy},
-                         {"flavour", costmodel::flavour_name(opts.spec.flavour)},
+                         {"flavour", documents::flavour_name(opts.spec.flavour)},
                          {"world_size", engine.shards().world}};
   for (const char* key : {"strategy", "flavour", "world_size"})
     if (text(there.saved_by, key) != run_plan[key].dump())

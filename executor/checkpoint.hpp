@@ -84,7 +84,7 @@
 namespace shardplan::executor {
 
 // The last step an index may hold: with a job's global batch of at most 1e9 sequences
-// (costmodel/job.cpp) and runs of at most 1e5 steps (command_line.cpp), the engine's sequence
+// (documents/job.cpp) and runs of at most 1e5 steps (command_line.cpp), the engine's sequence
 // numbers, step × global batch, stay below 2^63.
 inline constexpr std::int64_t kMaxCheckpointStep = 1'000'000'000;
 

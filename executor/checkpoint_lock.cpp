@@ -21,7 +21,7 @@ namespace shardplan::executor {
 namespace {
 
 namespace fs = std::filesystem;
-using costmodel::InputError;
+using core::InputError;
 
 constexpr const char* kLockFile = ".lock";
 

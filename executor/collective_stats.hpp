@@ -1,5 +1,5 @@
 // What the engine's collectives cost on this rank: calls, seconds, and bytes per collective kind.
-// Sizes follow nccl-tests (costmodel/collectives.hpp): the per-rank buffer for all-reduce, the
+// Sizes follow nccl-tests (documents/collectives.hpp): the per-rank buffer for all-reduce, the
 // whole gathered or scattered buffer for all-gather and reduce-scatter; bytes sent per rank are
 // size × the ring's bus factor, the same count the cost model's comm_bytes_per_gpu adds up.
 #pragma once
@@ -7,7 +7,7 @@
 #include <array>
 #include <cstdint>
 
-#include "costmodel/collectives.hpp"
+#include "documents/collectives.hpp"
 
 namespace shardplan::executor {
 

@@ -10,7 +10,7 @@
 
 namespace shardplan::executor {
 
-using costmodel::InputError;
+using core::InputError;
 
 namespace {
 
@@ -156,7 +156,7 @@ CLI::App* add_consolidate(CLI::App& app, ConsolidateCommand& c) {
 // A number >= 1 from a given flag's text; 0 (the library's "derive it") when not given.
 std::int64_t positive_count(const CLI::App& a, const char* flag, const std::string& text) {
   if (!a.count(flag)) return 0;
-  const auto v = costmodel::int64_from_text(flag, text);
+  const auto v = core::int64_from_text(flag, text);
   if (v < 1) throw InputError(flag, fmt::format("must be >= 1, got {}", v));
   return v;
 }
@@ -190,19 +190,19 @@ void read_backend_and_files(const CLI::App& app, const RunTexts& t, RunCommand& 
 // --steps, --seed, --lr and --gpu-memory-GiB.
 void read_run_numbers(const CLI::App& app, const RunTexts& t, RunCommand& r) {
   if (app.count("--steps")) {
-    const auto n = costmodel::int64_from_text("--steps", t.steps);
+    const auto n = core::int64_from_text("--steps", t.steps);
     if (n < 1 || n > 100000)
       throw InputError("--steps", fmt::format("must be between 1 and 100000, got {}", n));
     r.request.steps = n;
   }
-  if (app.count("--seed")) r.request.seed = costmodel::uint64_from_text("--seed", t.seed);
+  if (app.count("--seed")) r.request.seed = core::uint64_from_text("--seed", t.seed);
   if (app.count("--lr")) {
-    r.request.lr = costmodel::double_from_text("--lr", t.lr);
+    r.request.lr = core::double_from_text("--lr", t.lr);
     if (!(r.request.lr > 0 && r.request.lr < 1))
       throw InputError("--lr", fmt::format("must be in (0, 1), got {}", r.request.lr));
   }
   if (app.count("--gpu-memory-GiB")) {
-    const double gib = costmodel::double_from_text("--gpu-memory-GiB", t.capacity);
+    const double gib = core::double_from_text("--gpu-memory-GiB", t.capacity);
     if (!(gib > 0 && gib < 1e6))
       throw InputError("--gpu-memory-GiB", fmt::format("must be > 0 and < 1e6, got {}", gib));
     r.capacity_GiB = gib;
@@ -237,10 +237,10 @@ void read_rehearsal(const CLI::App& app, const RunTexts& t, RunCommand& r) {
     throw InputError(has_rank ? "--world" : "--rehearse-rank",
                      "--rehearse-rank and --world go together");
   if (has_rank) {
-    const auto n = costmodel::int64_from_text("--world", t.world);
+    const auto n = core::int64_from_text("--world", t.world);
     if (n < 1 || n > 1'000'000)
       throw InputError("--world", fmt::format("must be between 1 and 1000000, got {}", n));
-    const auto rank = costmodel::int64_from_text("--rehearse-rank", t.rehearse);
+    const auto rank = core::int64_from_text("--rehearse-rank", t.rehearse);
     if (rank < 0 || rank >= n)
       throw InputError("--rehearse-rank", fmt::format("must be in [0, {}), got {}", n, rank));
     r.rehearse_rank = static_cast<int>(rank);
@@ -257,7 +257,7 @@ void read_rehearsal(const CLI::App& app, const RunTexts& t, RunCommand& r) {
 // (a checkpoint holds whole units).
 void read_tensor_parallel(const CLI::App& app, const RunTexts& t, RunCommand& r) {
   if (app.count("--tensor-parallel")) {
-    const auto n = costmodel::int64_from_text("--tensor-parallel", t.tensor_parallel);
+    const auto n = core::int64_from_text("--tensor-parallel", t.tensor_parallel);
     if (n < 1 || n > 1024)
       throw InputError("--tensor-parallel", fmt::format("must be between 1 and 1024, got {}", n));
     r.request.tensor_parallel = static_cast<int>(n);
@@ -279,14 +279,14 @@ void read_tensor_parallel(const CLI::App& app, const RunTexts& t, RunCommand& r)
 // --save, --save-every, --resume, --timeout-s and --inject-fault.
 void read_checkpoint_and_faults(const CLI::App& app, const RunTexts& t, RunCommand& r) {
   const std::int64_t every =
-      app.count("--save-every") ? costmodel::int64_from_text("--save-every", t.save_every) : 0;
+      app.count("--save-every") ? core::int64_from_text("--save-every", t.save_every) : 0;
   check_checkpoint_options(app, r, every);
   if (r.backend == ComputeBackend::cuda && (app.count("--save") || app.count("--resume")))
     throw InputError(app.count("--save") ? "--save" : "--resume",
                      "checkpoints are written and read by the cpu backend only");
   r.checkpoint.save_every = every;
   if (app.count("--timeout-s")) {
-    r.timeout_s = costmodel::double_from_text("--timeout-s", t.timeout);
+    r.timeout_s = core::double_from_text("--timeout-s", t.timeout);
     if (!(r.timeout_s > 0))
       throw InputError("--timeout-s", fmt::format("must be > 0 and finite, got {}", r.timeout_s));
   }

@@ -68,7 +68,7 @@ struct CommandLine {
   std::string help_text;
 };
 
-// Throws costmodel::InputError.
+// Throws core::InputError.
 CommandLine parse_command_line(int argc, const char* const* argv);
 
 }  // namespace shardplan::executor

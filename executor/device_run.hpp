@@ -16,6 +16,7 @@
 #include <string>
 
 #include "executor/engine.hpp"
+#include "executor/kernel_names.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/memory_source.hpp"
 
@@ -41,7 +42,7 @@ public:
   virtual MemorySource& memory() = 0;
   // Points the options' backend of their precision's compute type (EngineOptions::backend,
   // backend_bf16, backend_f16) at this GPU's, made on first use: fp32 with TF32 GEMMs, as the cost
-  // model's fp32 computes (costmodel/job.cpp); bf16 and fp16 with fp32 accumulation.
+  // model's fp32 computes (documents/job.cpp); bf16 and fp16 with fp32 accumulation.
   virtual void attach(EngineOptions& options) = 0;
   // Brackets the making of the NCCL communicators: their growth is nccl_bytes.
   virtual void before_communicators() = 0;
@@ -53,7 +54,7 @@ public:
 
 // Opens GPU `device` (modulo the devices visible) for one rank: makes its context, measures it,
 // and sets up the pool (limit_bytes of segments at most; < 0: no limit) and the backend. Throws
-// costmodel::InputError (--backend) in a build without CUDA or on a host without a GPU.
+// core::InputError (--backend) in a build without CUDA or on a host without a GPU.
 std::unique_ptr<DeviceRun> open_device(int device, std::int64_t limit_bytes);
 
 }  // namespace shardplan::executor

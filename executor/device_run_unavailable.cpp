@@ -6,9 +6,9 @@
 namespace shardplan::executor {
 
 std::unique_ptr<DeviceRun> open_device(int, std::int64_t) {
-  throw costmodel::InputError("--backend",
-                              "cuda: this build has no CUDA backend (the CUDA toolkit was not "
-                              "found when it was configured)");
+  throw core::InputError("--backend",
+                         "cuda: this build has no CUDA backend (the CUDA toolkit was not "
+                         "found when it was configured)");
 }
 
 }  // namespace shardplan::executor

@@ -290,12 +290,12 @@ template <class S> ShardingEngine::UnitState StepLoop<S>::unit_state(std::int64_
 
 std::unique_ptr<ShardingEngine::Impl>
 make_engine(EngineOptions options, TrackedAllocator& allocator, EngineGroups groups) {
-  switch (costmodel::compute_dtype(options.precision)) {
-  case costmodel::DType::bf16:
-    if (options.precision == costmodel::Precision::bf16_mixed)
+  switch (documents::compute_dtype(options.precision)) {
+  case documents::DType::bf16:
+    if (options.precision == documents::Precision::bf16_mixed)
       return std::make_unique<StepLoop<bf16>>(std::move(options), allocator, groups);
     break;
-  case costmodel::DType::fp16:
+  case documents::DType::fp16:
     return std::make_unique<StepLoop<f16>>(std::move(options), allocator, groups);
   default:
     return std::make_unique<StepLoop<float>>(std::move(options), allocator, groups);
@@ -306,8 +306,8 @@ make_engine(EngineOptions options, TrackedAllocator& allocator, EngineGroups gro
 
 }  // namespace
 
-PrecisionPolicy precision_policy(costmodel::Precision p, const costmodel::ShardingSpec& spec) {
-  using costmodel::Precision;
+PrecisionPolicy precision_policy(documents::Precision p, const documents::ShardingSpec& spec) {
+  using documents::Precision;
   PrecisionPolicy policy;
   if (p == Precision::bf16)
     throw std::invalid_argument(
@@ -315,7 +315,7 @@ PrecisionPolicy precision_policy(costmodel::Precision p, const costmodel::Shardi
   if (p == Precision::fp32) return policy;
   const auto b = costmodel::state_bytes(p, spec, costmodel::Accounting::framework);
   policy.low_params = b.param < 4;
-  policy.autocast_copies = spec.flavour == costmodel::Flavour::ddp && b.compute < b.param;
+  policy.autocast_copies = spec.flavour == documents::Flavour::ddp && b.compute < b.param;
   policy.low_whole_grads = b.grad < 4;
   policy.low_kept_chunk = b.grad < 4 && !spec.flat_grad_partition;
   policy.loss_scaling = p == Precision::fp16_mixed;
@@ -324,14 +324,14 @@ PrecisionPolicy precision_policy(costmodel::Precision p, const costmodel::Shardi
   // Reductions run in the type the gradients are in: the compute type for sharded gradients and
   // DeepSpeed's, fp32 for PyTorch's whole gradients. The cost model reduces in
   // max(reduce_dtype, compute dtype).
-  const double reduce_bytes = std::max(costmodel::dtype_bytes(spec.reduce_dtype), b.compute);
+  const double reduce_bytes = std::max(documents::dtype_bytes(spec.reduce_dtype), b.compute);
   const double engine_bytes = spec.shard_gradients || policy.low_whole_grads ? b.compute : 4.0;
   if (reduce_bytes != engine_bytes)
     throw std::invalid_argument(fmt::format(
         "reduce_dtype {} with {}: the executor reduces {} gradients in {}",
-        costmodel::dtype_name(spec.reduce_dtype), costmodel::precision_name(p),
+        documents::dtype_name(spec.reduce_dtype), documents::precision_name(p),
         spec.shard_gradients ? "sharded" : "whole",
-        engine_bytes == 4 ? "fp32" : costmodel::dtype_name(costmodel::compute_dtype(p))));
+        engine_bytes == 4 ? "fp32" : documents::dtype_name(documents::compute_dtype(p))));
   if (spec.grad_bucket_copy && policy.low_whole_grads)
     throw std::invalid_argument("a DDP bucket copy of 16-bit gradients is not run");
   if (spec.contiguous_grad_bucket && !(spec.shard_gradients || policy.low_whole_grads))
@@ -339,7 +339,7 @@ PrecisionPolicy precision_policy(costmodel::Precision p, const costmodel::Shardi
   return policy;
 }
 
-OwnedGroups make_groups(comm::Communicator& world, const costmodel::ShardingSpec& spec,
+OwnedGroups make_groups(comm::Communicator& world, const documents::ShardingSpec& spec,
                         bool separate_reduce_stream) {
   OwnedGroups g;
   const int n = world.size(), r = world.rank(), S = spec.group(n);

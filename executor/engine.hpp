@@ -72,11 +72,12 @@
 #include "comm/communicator.hpp"
 #include "comm/watchdog.hpp"
 #include "costmodel/accounting.hpp"
-#include "costmodel/job.hpp"
-#include "costmodel/model.hpp"
-#include "costmodel/sharding.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/sharding.hpp"
 #include "executor/collective_stats.hpp"
 #include "executor/gpt_model.hpp"
+#include "executor/kernel_names.hpp"
 #include "executor/shard_layout.hpp"
 #include "executor/tracked_allocator.hpp"
 #include "kernels/adamw.hpp"
@@ -85,8 +86,8 @@
 namespace shardplan::executor {
 
 struct EngineOptions {
-  costmodel::ModelSpec model;  // the model that runs
-  costmodel::ShardingSpec spec;
+  documents::ModelSpec model;  // the model that runs
+  documents::ShardingSpec spec;
   BatchShape micro_batch;              // sequences per micro-batch × tokens per sequence
   std::int64_t grad_accumulation = 1;  // micro-batches per optimizer step on each rank
   Checkpointing checkpointing = Checkpointing::none;
@@ -105,9 +106,9 @@ struct EngineOptions {
   bool prefetch_as_planned = false;
   // The model's options (norm ε, rotary θ, flash attention).
   ModelOptions model_options;
-  // The precision policy (costmodel/job.hpp): fp32, bf16-mixed or fp16-mixed; with the spec's
+  // The precision policy (documents/job.hpp): fp32, bf16-mixed or fp16-mixed; with the spec's
   // flavour it says what is kept in which type (see the comment at the top).
-  costmodel::Precision precision = costmodel::Precision::fp32;
+  documents::Precision precision = documents::Precision::fp32;
   // Where the model and the engine compute, the one of the policy's compute type (not owned;
   // nullptr: the host). The allocator the engine is given must hand out that backend's memory.
   // fp16-mixed: the first loss scale (GradScaler's init_scale).
@@ -132,8 +133,8 @@ struct PrecisionPolicy {
 };
 // Throws std::invalid_argument for what the engine does not run: pure bf16 (bf16 optimizer
 // states), a reduce dtype other than the type the gradients are in.
-PrecisionPolicy precision_policy(costmodel::Precision precision,
-                                 const costmodel::ShardingSpec& spec);
+PrecisionPolicy precision_policy(documents::Precision precision,
+                                 const documents::ShardingSpec& spec);
 
 // The groups the engine's collectives run in. Not owned.
 struct EngineGroups {
@@ -155,7 +156,7 @@ struct OwnedGroups {
   EngineGroups groups;
 };
 // With separate_reduce_stream the shard group is split once more into shard_reduce.
-OwnedGroups make_groups(comm::Communicator& world, const costmodel::ShardingSpec& spec,
+OwnedGroups make_groups(comm::Communicator& world, const documents::ShardingSpec& spec,
                         bool separate_reduce_stream = false);
 
 struct StepReport {

@@ -84,10 +84,10 @@ EngineState<S>::EngineState(EngineOptions opts, TrackedAllocator& device, Engine
 }
 
 template <class S> void EngineState<S>::set_policy() {
-  const auto want = costmodel::compute_dtype(options.precision);
-  const bool mixed = options.precision != costmodel::Precision::fp32;
-  if (mixed != kMixed || (std::is_same_v<S, bf16> && want != costmodel::DType::bf16) ||
-      (std::is_same_v<S, f16> && want != costmodel::DType::fp16))
+  const auto want = documents::compute_dtype(options.precision);
+  const bool mixed = options.precision != documents::Precision::fp32;
+  if (mixed != kMixed || (std::is_same_v<S, bf16> && want != documents::DType::bf16) ||
+      (std::is_same_v<S, f16> && want != documents::DType::fp16))
     throw std::logic_error("the engine's compute type is not the precision's");
   policy = precision_policy(options.precision, options.spec);
   if (policy.loss_scaling) {

@@ -104,7 +104,7 @@ template <class S> struct EngineState {
   bool is_head(std::int64_t u) const { return u == unit_count() - 1; }
   int world_rank() const { return shards.replica_rank * shards.group + shards.shard_rank; }
   bool low_whole() const { return policy.low_whole_grads; }
-  const costmodel::ShardingSpec& spec() const { return options.spec; }
+  const documents::ShardingSpec& spec() const { return options.spec; }
   // The allocator offloaded states live in: the host pool under optimizer offload.
   TrackedAllocator& optimizer_allocator() { return offload.optimizer ? host_pool : allocator; }
 

@@ -4,13 +4,13 @@
 
 namespace shardplan::executor {
 
-bool kept_through_backward(const costmodel::ShardingSpec& spec, std::int64_t unit,
+bool kept_through_backward(const documents::ShardingSpec& spec, std::int64_t unit,
                            std::int64_t unit_count) {
   return !spec.reshard_after_forward || unit == unit_count - 1 ||
          (spec.keep_root_unsharded && unit == 0);
 }
 
-PrefetchDepth prefetch_depth(const costmodel::ShardingSpec& spec, bool prefetch_as_planned,
+PrefetchDepth prefetch_depth(const documents::ShardingSpec& spec, bool prefetch_as_planned,
                              std::int64_t block_elements) {
   PrefetchDepth depth;
   if (!prefetch_as_planned || !spec.shard_parameters) return depth;

@@ -17,7 +17,7 @@ namespace shardplan::executor {
 
 // The cost model's kept_through_backward (costmodel/simulator.cpp): without resharding every
 // gathered unit stays for the backward; with it the last unit (the head), and FSDP1's root, stay.
-bool kept_through_backward(const costmodel::ShardingSpec& spec, std::int64_t unit,
+bool kept_through_backward(const documents::ShardingSpec& spec, std::int64_t unit,
                            std::int64_t unit_count);
 
 // How many units ahead the engine issues gathers (EngineOptions::prefetch_as_planned): none
@@ -27,7 +27,7 @@ struct PrefetchDepth {
   int forward = 0;
   int backward = 0;
 };
-PrefetchDepth prefetch_depth(const costmodel::ShardingSpec& spec, bool prefetch_as_planned,
+PrefetchDepth prefetch_depth(const documents::ShardingSpec& spec, bool prefetch_as_planned,
                              std::int64_t block_elements);
 
 template <class S> class GatherScheduler {

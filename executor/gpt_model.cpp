@@ -8,9 +8,9 @@
 namespace shardplan::executor {
 namespace {
 
-using costmodel::MlpKind;
-using costmodel::NormKind;
-using costmodel::PositionKind;
+using documents::MlpKind;
+using documents::NormKind;
+using documents::PositionKind;
 
 bool is_layernorm(const GptLayout& l) { return l.spec().norm == NormKind::layernorm; }
 bool is_swiglu(const GptLayout& l) { return l.spec().mlp == MlpKind::swiglu; }
@@ -63,7 +63,7 @@ std::int64_t head_backward_bytes(const GptLayout& layout, BatchShape shape,
 }
 
 template <class S>
-GptModel<S>::GptModel(const costmodel::ModelSpec& spec, TrackedAllocator& allocator,
+GptModel<S>::GptModel(const documents::ModelSpec& spec, TrackedAllocator& allocator,
                       ModelOptions options, Backend<S>* backend)
     : layout_(spec), allocator_(allocator), options_(options),
       host_backend_(backend ? nullptr : std::make_unique<HostBackend<S>>()),
@@ -289,42 +289,11 @@ GptModel<S>::attention_core_backward(BlockActivations<S>& a, TrackedBuffer<S> d_
 }
 
 template <class S>
-TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockActivations<S> saved,
-                                             TrackedBuffer<S> d_output, std::span<S> grad) const {
-  check_unit(params, UnitKind::block, "backward_block params");
-  check_grad(grad, UnitKind::block, "backward_block grad");
-  check_hidden(saved.input, saved.shape, "backward_block saved input");
-  check_hidden(d_output, saved.shape, "backward_block d_output");
-  const S* p = params.data();
-  S* g = grad.data();
-  BlockActivations<S>& a = saved;
-  if (a.checkpointing == Checkpointing::full) {
-    TrackedBuffer<S> recomputed_output;
-    run_block(p, a, recomputed_output);
-  }
-  if (options_.tensor_parallel.active()) return backward_block_tp(p, a, std::move(d_output), g);
-  const auto& m = layout_.spec();
+TrackedBuffer<S> GptModel<S>::mlp_backward(const S* p, S* g, BlockActivations<S>& a,
+                                           TrackedBuffer<S> d_act) const {
   const auto& L = layout_.block();
-  const std::int64_t N = a.shape.tokens();
-  const std::int64_t h = m.hidden, qw = m.q_width(), kw = m.kv_width(), I = m.intermediate;
-  // dy becomes dx in place: dx = dy + (the norms' input gradients).
-  TrackedBuffer<S> dy = std::move(d_output);
-
-  // Output projections read dy before it is changed. Parallel residual: both read dy.
-  auto d_act = activation(N * I);  // [N, I]
-  be_.linear_backward(d_act.data(), g + L.down.weight, at(g, L.down.bias), dy.data(),
-                      a.mlp_act.data(), p + L.down.weight, N, I, h);
-  a.mlp_act.reset();
-  TrackedBuffer<S> d_attn_out;  // [N, qw]
-  auto attention_output_backward = [&] {
-    d_attn_out = activation(N * qw);
-    be_.linear_backward(d_attn_out.data(), g + L.o.weight, at(g, L.o.bias), dy.data(),
-                        a.attn_out.data(), p + L.o.weight, N, qw, h);
-    if (!options_.flash_attention) a.attn_out.reset();  // flash's backward reads it again
-  };
-  if (is_parallel(layout_)) attention_output_backward();
-
-  // MLP.
+  const std::int64_t N = a.shape.tokens(), h = layout_.spec().hidden,
+                     I = layout_.spec().intermediate;
   auto d_norm2_out = activation(N * h);  // [N, h]
   {
     auto d_pre = activation(N * I);  // [N, I]
@@ -347,6 +316,70 @@ TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockAct
   a.mlp_pre.reset();
   a.mlp_up.reset();
   a.norm2_out.reset();
+  return d_norm2_out;
+}
+
+template <class S>
+TrackedBuffer<S> GptModel<S>::qkv_backward(const S* p, S* g, BlockActivations<S>& a,
+                                           QkvGrads grads) const {
+  const auto& m = layout_.spec();
+  const auto& L = layout_.block();
+  const std::int64_t N = a.shape.tokens(), h = m.hidden, qw = m.q_width(), kw = m.kv_width();
+  auto d_norm1_out = activation(N * h);  // [N, h]
+  be_.linear_backward(d_norm1_out.data(), g + L.q.weight, at(g, L.q.bias), grads.dq.data(),
+                      a.norm1_out.data(), p + L.q.weight, N, h, qw);
+  be_.linear_backward(d_norm1_out.data(), g + L.k.weight, at(g, L.k.bias), grads.dk.data(),
+                      a.norm1_out.data(), p + L.k.weight, N, h, kw);
+  be_.linear_backward(d_norm1_out.data(), g + L.v.weight, at(g, L.v.bias), grads.dv.data(),
+                      a.norm1_out.data(), p + L.v.weight, N, h, kw);
+  grads.dq.reset();
+  grads.dk.reset();
+  grads.dv.reset();
+  a.q.reset();
+  a.k.reset();
+  a.v.reset();
+  a.norm1_out.reset();
+  return d_norm1_out;
+}
+
+template <class S>
+TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockActivations<S> saved,
+                                             TrackedBuffer<S> d_output, std::span<S> grad) const {
+  check_unit(params, UnitKind::block, "backward_block params");
+  check_grad(grad, UnitKind::block, "backward_block grad");
+  check_hidden(saved.input, saved.shape, "backward_block saved input");
+  check_hidden(d_output, saved.shape, "backward_block d_output");
+  const S* p = params.data();
+  S* g = grad.data();
+  BlockActivations<S>& a = saved;
+  if (a.checkpointing == Checkpointing::full) {
+    TrackedBuffer<S> recomputed_output;
+    run_block(p, a, recomputed_output);
+  }
+  if (options_.tensor_parallel.active()) return backward_block_tp(p, a, std::move(d_output), g);
+  const auto& m = layout_.spec();
+  const auto& L = layout_.block();
+  const std::int64_t N = a.shape.tokens();
+  const std::int64_t h = m.hidden, qw = m.q_width(), I = m.intermediate;
+  // dy becomes dx in place: dx = dy + (the norms' input gradients).
+  TrackedBuffer<S> dy = std::move(d_output);
+
+  // Output projections read dy before it is changed. Parallel residual: both read dy.
+  auto d_act = activation(N * I);  // [N, I]
+  be_.linear_backward(d_act.data(), g + L.down.weight, at(g, L.down.bias), dy.data(),
+                      a.mlp_act.data(), p + L.down.weight, N, I, h);
+  a.mlp_act.reset();
+  TrackedBuffer<S> d_attn_out;  // [N, qw]
+  auto attention_output_backward = [&] {
+    d_attn_out = activation(N * qw);
+    be_.linear_backward(d_attn_out.data(), g + L.o.weight, at(g, L.o.bias), dy.data(),
+                        a.attn_out.data(), p + L.o.weight, N, qw, h);
+    if (!options_.flash_attention) a.attn_out.reset();  // flash's backward reads it again
+  };
+  if (is_parallel(layout_)) attention_output_backward();
+
+  // MLP.
+  auto d_norm2_out = mlp_backward(p, g, a, std::move(d_act));
   const S* mlp_in = is_parallel(layout_) ? a.input.data() : a.mid.data();
   norm_backward(N, dy.data(), g, d_norm2_out.data(), mlp_in, p, L.norm2, a.norm2_mean,
                 a.norm2_rstd);
@@ -357,21 +390,7 @@ TrackedBuffer<S> GptModel<S>::backward_block(std::span<const S> params, BlockAct
 
   // Attention. Sequential residual: dy now holds d a, the output projection's gradient.
   if (!is_parallel(layout_)) attention_output_backward();
-  auto [dq, dk, dv] = attention_core_backward(a, std::move(d_attn_out));
-  auto d_norm1_out = activation(N * h);  // [N, h]
-  be_.linear_backward(d_norm1_out.data(), g + L.q.weight, at(g, L.q.bias), dq.data(),
-                      a.norm1_out.data(), p + L.q.weight, N, h, qw);
-  be_.linear_backward(d_norm1_out.data(), g + L.k.weight, at(g, L.k.bias), dk.data(),
-                      a.norm1_out.data(), p + L.k.weight, N, h, kw);
-  be_.linear_backward(d_norm1_out.data(), g + L.v.weight, at(g, L.v.bias), dv.data(),
-                      a.norm1_out.data(), p + L.v.weight, N, h, kw);
-  dq.reset();
-  dk.reset();
-  dv.reset();
-  a.q.reset();
-  a.k.reset();
-  a.v.reset();
-  a.norm1_out.reset();
+  auto d_norm1_out = qkv_backward(p, g, a, attention_core_backward(a, std::move(d_attn_out)));
   norm_backward(N, dy.data(), g, d_norm1_out.data(), a.input.data(), p, L.norm1, a.norm1_mean,
                 a.norm1_rstd);
   return dy;

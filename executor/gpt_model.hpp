@@ -1,5 +1,5 @@
 // A GPT-style decoder with real forward and backward, run unit by unit so a sharding engine can
-// gather a unit's flat parameters, run it, and free them again. Built from a costmodel::ModelSpec:
+// gather a unit's flat parameters, run it, and free them again. Built from a documents::ModelSpec:
 //
 //   x₀ = wte[tokens] (+ wpe[t] for learned positions)                       embedding unit
 //   per block, pre-norm (GPT-2 / Llama):                                    block units
@@ -38,7 +38,8 @@
 #include <memory>
 #include <span>
 
-#include "costmodel/model.hpp"
+#include "documents/model.hpp"
+#include "executor/kernel_names.hpp"
 #include "executor/model_layout.hpp"
 #include "executor/tensor_parallel.hpp"
 #include "executor/tracked_allocator.hpp"
@@ -146,7 +147,7 @@ template <class S> class GptModel {
 public:
   // Throws like GptLayout for a spec it cannot run, std::invalid_argument for flash attention on
   // a backend without it. backend: where the kernels run (not owned; nullptr: the host's).
-  GptModel(const costmodel::ModelSpec& spec, TrackedAllocator& allocator, ModelOptions options = {},
+  GptModel(const documents::ModelSpec& spec, TrackedAllocator& allocator, ModelOptions options = {},
            Backend<S>* backend = nullptr);
 
   const GptLayout& layout() const { return layout_; }
@@ -205,6 +206,15 @@ private:
   void norm_backward_rows(std::int64_t n, S* dx, S* grad, const S* dy, const S* x, const S* params,
                           NormOffsets norm, NormOffsets grad_at, const TrackedBuffer<A>& mean,
                           const TrackedBuffer<A>& rstd) const;
+  // The whole block's backward in parts (backward_block). The MLP's: from the gradient of its
+  // activation to the gradient of norm2's output ([N, h]); frees d_act and the MLP's saved
+  // activations (mlp_pre, mlp_up, norm2_out).
+  TrackedBuffer<S> mlp_backward(const S* p, S* g, BlockActivations<S>& a,
+                                TrackedBuffer<S> d_act) const;
+  struct QkvGrads;
+  // The q, k, v projections': from dq, dk, dv to the gradient of norm1's output ([N, h]); frees
+  // them and the saved q, k, v and norm1_out.
+  TrackedBuffer<S> qkv_backward(const S* p, S* g, BlockActivations<S>& a, QkvGrads grads) const;
   // Tensor parallelism (tensor_parallel_block.cpp). The tokens of the hidden states between
   // units: N, or N/t under sequence parallelism.
   std::int64_t local_tokens(BatchShape shape) const;

@@ -5,15 +5,15 @@
 
 namespace shardplan::executor {
 
-std::int64_t all_reduce_bucket_elements(const costmodel::ShardingSpec& spec,
+std::int64_t all_reduce_bucket_elements(const documents::ShardingSpec& spec,
                                         std::int64_t unit_elements) {
   if (!(spec.reduce_bucket_bytes > 0)) return unit_elements;
-  const double dtype = costmodel::dtype_bytes(spec.reduce_dtype);
+  const double dtype = documents::dtype_bytes(spec.reduce_dtype);
   return std::max<std::int64_t>(1, static_cast<std::int64_t>(spec.reduce_bucket_bytes / dtype));
 }
 
 std::vector<std::int64_t> bucket_copy_offsets(const ShardLayout& shards,
-                                              const costmodel::ShardingSpec& spec) {
+                                              const documents::ShardingSpec& spec) {
   std::vector<std::int64_t> offsets;
   std::int64_t total = 0;
   for (std::int64_t u = 0; u < static_cast<std::int64_t>(shards.units.size()); ++u) {
@@ -348,7 +348,7 @@ void GradBuffers<S>::reduce_into_contiguous_bucket(std::int64_t u, S* source,
     bucket_entries_.push_back({u, bucket_used_});
     bucket_used_ += elements;
     bucket_bytes_ +=
-        static_cast<double>(st.shape(u).size) * costmodel::dtype_bytes(spec.reduce_dtype);
+        static_cast<double>(st.shape(u).size) * documents::dtype_bytes(spec.reduce_dtype);
   }
   release_micro_batch_grads(st.unit(u));
   if (!bucket_entries_.empty() && (bucket_bytes_ >= spec.reduce_bucket_bytes || u == 0))

@@ -28,13 +28,13 @@ namespace shardplan::executor {
 
 // Elements of one DDP all-reduce bucket: reduce_bucket_bytes counted in the reduce dtype (at
 // least one element); the whole unit without buckets.
-std::int64_t all_reduce_bucket_elements(const costmodel::ShardingSpec& spec,
+std::int64_t all_reduce_bucket_elements(const documents::ShardingSpec& spec,
                                         std::int64_t unit_elements);
 
 // Where each unit's region starts in DDP's bucket copy (whole elements, units in order), and
 // the total as the last entry.
 std::vector<std::int64_t> bucket_copy_offsets(const ShardLayout& shards,
-                                              const costmodel::ShardingSpec& spec);
+                                              const documents::ShardingSpec& spec);
 
 template <class S> class GradBuffers {
 public:

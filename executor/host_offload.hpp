@@ -21,7 +21,7 @@
 
 #include <stdexcept>
 
-#include "costmodel/sharding.hpp"
+#include "documents/sharding.hpp"
 
 namespace shardplan::executor {
 
@@ -33,6 +33,6 @@ struct OffloadPolicy {
 // From the plan's spec. Throws std::invalid_argument for what no framework offloads (the cost
 // model's check_plan refuses the same): offload without a sharded optimizer, parameter offload
 // without sharded parameters, optimizer-only offload under FSDP.
-OffloadPolicy offload_policy(const costmodel::ShardingSpec& spec);
+OffloadPolicy offload_policy(const documents::ShardingSpec& spec);
 
 }  // namespace shardplan::executor

@@ -30,11 +30,11 @@ int run(int argc, char** argv) {
       return 0;
     case executor::CommandLine::Command::scale_config: {
       const auto config = executor::scaled_config(cl.scale_config.model, cl.scale_config.size);
-      io::write_file(cl.scale_config.out, io::json_text(config, 2) + "\n", "--out");
+      core::write_file(cl.scale_config.out, core::json_text(config, 2) + "\n", "--out");
       return 0;
     }
     case executor::CommandLine::Command::consolidate: {
-      io::check_destination(cl.consolidate.out, "--out");
+      core::check_destination(cl.consolidate.out, "--out");
       const auto c = executor::consolidate_checkpoint(cl.consolidate.dir, cl.consolidate.out);
       std::cerr << "executor: wrote " << cl.consolidate.out << ": " << c.params
                 << " fp32 parameters of step " << c.step << ", sha256 " << c.sha256 << "\n";
@@ -43,7 +43,7 @@ int run(int argc, char** argv) {
     case executor::CommandLine::Command::run:
       break;
     }
-  } catch (const costmodel::InputError& e) {
+  } catch (const core::InputError& e) {
     // Under mpirun every rank parses the same command line: one of them says so.
     if (comm::launcher_rank_from_environment() == 0) std::cerr << "executor: " << e.what() << "\n";
     return 2;
@@ -53,7 +53,7 @@ int run(int argc, char** argv) {
   }
   try {
     return executor::run(cl.run);
-  } catch (const costmodel::InputError& e) {  // refused before any rank started
+  } catch (const core::InputError& e) {  // refused before any rank started
     if (comm::launcher_rank_from_environment() == 0) std::cerr << "executor: " << e.what() << "\n";
     return 2;
   }
@@ -69,5 +69,5 @@ int main(int argc, char** argv) {
   // heap's free top). The tracked allocator's accounting does not depend on it.
   mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, -1);
-  return shardplan::io::finish_standard_output("executor", run(argc, argv));
+  return shardplan::core::finish_standard_output("executor", run(argc, argv));
 }

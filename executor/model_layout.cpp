@@ -10,11 +10,11 @@
 namespace shardplan::executor {
 namespace {
 
-using costmodel::Architecture;
-using costmodel::ModelSpec;
-using costmodel::UnitTensors;
+using documents::Architecture;
+using documents::ModelSpec;
+using documents::UnitTensors;
 
-// The Hugging Face names of each role (costmodel/model.cpp builds the lists from them).
+// The Hugging Face names of each role (documents/model.cpp builds the lists from them).
 struct BlockNames {
   const char* norm1;
   const char* norm2;
@@ -69,8 +69,8 @@ UnitNames names_of(Architecture a) {
   case Architecture::uniform:
     break;
   }
-  throw costmodel::InputError(
-      "/architectures", "a bare parameter count has no layers to execute; give a model config");
+  throw core::InputError("/architectures",
+                         "a bare parameter count has no layers to execute; give a model config");
 }
 
 // Offsets of one unit's tensors, and which of them a role has claimed.
@@ -103,7 +103,7 @@ public:
   }
 
   NormOffsets norm(const std::string& prefix, const ModelSpec& m) {
-    const bool layernorm = m.norm == costmodel::NormKind::layernorm;
+    const bool layernorm = m.norm == documents::NormKind::layernorm;
     return {take(prefix + ".weight", 1, m.hidden, true),
             take(prefix + ".bias", 1, m.hidden, layernorm)};
   }
@@ -142,15 +142,15 @@ GptLayout::GptLayout(const ModelSpec& spec) : spec_(spec) {
   if (m.heads % m.kv_heads != 0)
     throw std::invalid_argument(
         fmt::format("{} key/value heads do not divide {} query heads", m.kv_heads, m.heads));
-  if (m.positions == costmodel::PositionKind::rotary && m.head_dim % 2 != 0)
+  if (m.positions == documents::PositionKind::rotary && m.head_dim % 2 != 0)
     throw std::invalid_argument(
         fmt::format("rotary positions need an even head_dim, got {}", m.head_dim));
-  const bool swiglu = m.mlp == costmodel::MlpKind::swiglu;
+  const bool swiglu = m.mlp == documents::MlpKind::swiglu;
 
   UnitIndex emb(m.embedding, "embedding");
   embedding_.tokens =
       emb.take(std::string(names.token_embedding) + ".weight", m.vocab, m.hidden, true);
-  if (m.positions == costmodel::PositionKind::learned) {
+  if (m.positions == documents::PositionKind::learned) {
     if (!names.position_embedding)
       throw std::invalid_argument("learned positions without a position table");
     embedding_.positions = emb.take(std::string(names.position_embedding) + ".weight",

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "costmodel/model.hpp"
+#include "documents/model.hpp"
 
 namespace shardplan::executor {
 
@@ -59,17 +59,17 @@ enum class UnitKind { embedding, block, head };
 
 // One tensor of a unit with its offset in the unit's flat buffer.
 struct TensorSlot {
-  costmodel::Tensor tensor;
+  documents::Tensor tensor;
   std::int64_t offset = 0;
 };
 
 class GptLayout {
 public:
-  // Throws costmodel::InputError ("/architectures") for a spec the executor cannot run (a bare
+  // Throws core::InputError ("/architectures") for a spec the executor cannot run (a bare
   // parameter count) and std::invalid_argument when the tensor list and the dimensions disagree.
-  explicit GptLayout(const costmodel::ModelSpec& spec);
+  explicit GptLayout(const documents::ModelSpec& spec);
 
-  const costmodel::ModelSpec& spec() const { return spec_; }
+  const documents::ModelSpec& spec() const { return spec_; }
   const EmbeddingLayout& embedding() const { return embedding_; }
   const BlockLayout& block() const { return block_; }
   const HeadLayout& head() const { return head_; }
@@ -82,7 +82,7 @@ public:
   const std::vector<TensorSlot>& slots(UnitKind kind) const;
 
 private:
-  costmodel::ModelSpec spec_;
+  documents::ModelSpec spec_;
   EmbeddingLayout embedding_;
   BlockLayout block_;
   HeadLayout head_;

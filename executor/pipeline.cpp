@@ -15,7 +15,7 @@
 
 namespace shardplan::executor {
 
-using costmodel::InputError;
+using core::InputError;
 using costmodel::PipeOp;
 using costmodel::PipeOpKind;
 
@@ -61,7 +61,7 @@ StagePeak stage_peak(const PipelineOptions& o, int stage) {
                                           o.model_options.flash_attention, f);
   if (first || last) peak.saved += 2 * N * static_cast<std::int64_t>(sizeof(std::int32_t));
   if (last) peak.saved += head_saved_bytes(layout, o.micro_batch, f);
-  const bool swiglu = o.model.mlp == costmodel::MlpKind::swiglu;
+  const bool swiglu = o.model.mlp == documents::MlpKind::swiglu;
   if (blocks > 0) peak.transient = (2 * N * h + (swiglu ? 2 : 1) * N * I) * f;
   if (last)
     peak.transient = std::max(peak.transient, head_backward_bytes(layout, o.micro_batch, f));

@@ -41,16 +41,17 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "costmodel/model.hpp"
 #include "costmodel/parallel_layout.hpp"
+#include "documents/model.hpp"
 #include "executor/gpt_model.hpp"
+#include "executor/kernel_names.hpp"
 #include "executor/tracked_allocator.hpp"
 #include "kernels/adamw.hpp"
 
 namespace shardplan::executor {
 
 struct PipelineOptions {
-  costmodel::ModelSpec model;
+  documents::ModelSpec model;
   BatchShape micro_batch;  // b sequences × T tokens
   int stages = 1;          // p
   int micro_batches = 1;   // m per pipeline per optimizer step
@@ -67,7 +68,7 @@ struct StageUnits {
 };
 StageUnits stage_units(std::int64_t layers, int stages, int stage);
 
-// Throws costmodel::InputError naming the flag and the value when the pipeline cannot run:
+// Throws core::InputError naming the flag and the value when the pipeline cannot run:
 // --pipeline-parallel < 1, not dividing the world or the layers; --micro-batches < 1; an
 // interleaved schedule (one model chunk per stage only).
 void check_pipeline(const PipelineOptions& options, int world);

@@ -13,13 +13,13 @@
 #include "core/input_error.hpp"
 #include "core/number_text.hpp"
 #include "core/text.hpp"
-#include "costmodel/hardware.hpp"
 #include "costmodel/parallel_memory.hpp"
 #include "costmodel/pipeline_schedule.hpp"
+#include "documents/hardware.hpp"
 
 namespace shardplan::executor {
 
-using costmodel::InputError;
+using core::InputError;
 
 void add_pipeline_options(CLI::App& app, PipelineTexts& t) {
   app.add_option("--pipeline-parallel", t.stages,
@@ -34,7 +34,7 @@ PipelineFlags read_pipeline_options(const CLI::App& app, const PipelineTexts& t,
                                     const std::string& refused_with) {
   PipelineFlags f;
   if (app.count("--pipeline-parallel")) {
-    f.stages = costmodel::int_from_text("--pipeline-parallel", t.stages);
+    f.stages = core::int_from_text("--pipeline-parallel", t.stages);
     if (f.stages < 1)
       throw InputError("--pipeline-parallel", fmt::format("must be >= 1, got {}", f.stages));
   }
@@ -45,7 +45,7 @@ PipelineFlags read_pipeline_options(const CLI::App& app, const PipelineTexts& t,
                                      "chunk per stage): give 1f1b or gpipe");
   }
   if (app.count("--micro-batches")) {
-    f.micro_batches = costmodel::int_from_text("--micro-batches", t.micro_batches);
+    f.micro_batches = core::int_from_text("--micro-batches", t.micro_batches);
     if (f.micro_batches < 1)
       throw InputError("--micro-batches", fmt::format("must be >= 1, got {}", f.micro_batches));
   }
@@ -78,7 +78,7 @@ PipelineOptions pipeline_options(const PipelineFlags& flags, const RunSetup& set
                      fmt::format("the plan's strategy {} shards over the data-parallel group; "
                                  "pipeline stages run DDP only (plan --strategy ddp)",
                                  e.spec.strategy));
-  if (setup.plan.job.precision != costmodel::Precision::fp32)
+  if (setup.plan.job.precision != documents::Precision::fp32)
     throw InputError("--pipeline-parallel", "pipeline stages compute in fp32 only (plan "
                                             "--precision fp32)");
   const std::int64_t d = world / flags.stages, per_rank = setup.global_batch / d;
@@ -116,11 +116,11 @@ std::array<std::int64_t, kRecord> rank_record(const TrackedAllocator& a) {
 // fragmentation); a profile this program cannot find by name (a file the planner was given) is
 // taken to have none, as a CPU rank has none.
 nlohmann::json predicted_stages(const PipelineOptions& o, const RunSetup& setup, int world) {
-  costmodel::HardwareProfile hw;
+  documents::HardwareProfile hw;
   try {
-    hw = costmodel::load_hardware(setup.plan.hardware);
+    hw = documents::load_hardware(setup.plan.hardware);
   } catch (const std::exception&) {
-    hw = costmodel::HardwareProfile{};
+    hw = documents::HardwareProfile{};
   }
   costmodel::ParallelMemoryInput in;
   in.model = &o.model;
@@ -234,7 +234,7 @@ void run_pipeline(const PipelineFlags& flags, const RunSetup& setup, comm::Commu
                               {"stages_measured", measured_stages(records, o.stages, n)},
                               {"stages_predicted", predicted_stages(o, setup, n)},
                               {"stages_counted", counted_stages(o)}};
-  io::write_file(out, io::json_text(doc, 2) + "\n", "--out");
+  core::write_file(out, core::json_text(doc, 2) + "\n", "--out");
 }
 
 }  // namespace shardplan::executor

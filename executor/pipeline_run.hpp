@@ -29,7 +29,7 @@ struct PipelineTexts {
   std::string stages, schedule, micro_batches;
 };
 void add_pipeline_options(CLI::App& app, PipelineTexts& texts);
-// Throws costmodel::InputError naming the flag and the value: P or M not a whole number >= 1, a
+// Throws core::InputError naming the flag and the value: P or M not a whole number >= 1, a
 // schedule that is not one of the planner's names, M or --schedule without P > 1, or P > 1 with
 // what a pipeline run does not do (rehearse_or_gpu names it: "--rehearse-rank", "--backend",
 // "--save", "--resume", "--collective-streams"; empty when none).

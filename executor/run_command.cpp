@@ -24,10 +24,11 @@
 #include "core/json_reader.hpp"
 #include "core/text.hpp"
 #include "core/whole_count.hpp"
-#include "costmodel/hardware.hpp"
+#include "documents/hardware.hpp"
 #include "executor/checkpoint.hpp"
 #include "executor/device_run.hpp"
 #include "executor/engine.hpp"
+#include "executor/kernel_names.hpp"
 #include "executor/run_document.hpp"
 #include "executor/stand_in_communicator.hpp"
 #include "kernels/caching_pool.hpp"
@@ -43,7 +44,7 @@
 namespace shardplan::executor {
 namespace {
 
-using costmodel::InputError;
+using core::InputError;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -56,7 +57,7 @@ std::optional<double> capacity_GiB(const RunCommand& c, const costmodel::Plan& p
 std::int64_t capacity_bytes(const RunCommand& c, const costmodel::Plan& plan) {
   // Both are <= 1e6 GiB (command_line.cpp, costmodel/plan.cpp): the bytes are a count.
   const auto gib = capacity_GiB(c, plan);
-  return gib ? *costmodel::rounded_count(*gib * kGiB) : TrackedAllocator::kUnlimited;
+  return gib ? *core::rounded_count(*gib * kGiB) : TrackedAllocator::kUnlimited;
 }
 
 // Rank 0 writes the run document: its destination is checked before the first step, and every
@@ -65,7 +66,7 @@ std::int64_t capacity_bytes(const RunCommand& c, const costmodel::Plan& plan) {
   std::optional<InputError> error;
   if (world.rank() == 0) {
     try {
-      io::check_destination(c.out, "--out");
+      core::check_destination(c.out, "--out");
     } catch (const InputError& e) {
       error = e;
     }
@@ -86,18 +87,18 @@ std::string oom_line(const char* what, int rank, double predicted_peak, const st
 // Checkpoints hold fp32 parameters and moments (checkpoint.hpp): a mixed-precision run has none.
 void check_checkpoints(const RunCommand& c, const RunSetup& setup) {
   const bool save = !c.checkpoint.save_dir.empty(), resume = !c.checkpoint.resume_dir.empty();
-  if ((save || resume) && setup.engine.precision != costmodel::Precision::fp32)
-    throw costmodel::InputError(
+  if ((save || resume) && setup.engine.precision != documents::Precision::fp32)
+    throw core::InputError(
         save ? "--save" : "--resume",
         fmt::format("checkpoints hold fp32 runs only, the plan's precision is \"{}\"",
-                    costmodel::precision_name(setup.engine.precision)));
+                    documents::precision_name(setup.engine.precision)));
   // An offloaded run's master weights and moments are in the host pool (host_offload.hpp),
   // which checkpoints do not read or restore.
-  if ((save || resume) && setup.engine.spec.offload != costmodel::Offload::none)
-    throw costmodel::InputError(
+  if ((save || resume) && setup.engine.spec.offload != documents::Offload::none)
+    throw core::InputError(
         save ? "--save" : "--resume",
         fmt::format("checkpoints hold runs without offload, the plan offloads \"{}\"",
-                    costmodel::offload_name(setup.engine.spec.offload)));
+                    documents::offload_name(setup.engine.spec.offload)));
 }
 
 void check_fault_rank(const RunCommand& c, int world_size) {
@@ -186,8 +187,8 @@ std::vector<RankRecord> exchange_records(comm::Communicator& world, const RankRe
 // profile the plan names cannot be read from here.
 double peak_flops_of(const RunSetup& setup) {
   try {
-    return costmodel::load_hardware(setup.plan.hardware)
-        .peak(costmodel::compute_dtype(setup.plan.job.precision));
+    return documents::load_hardware(setup.plan.hardware)
+        .peak(documents::compute_dtype(setup.plan.job.precision));
   } catch (const std::exception&) {
     return 0;
   }
@@ -200,7 +201,7 @@ void write_run_document(const RunCommand& c, const RunSetup& setup, const Shardi
   env.peak_flops = peak_flops_of(setup);
   auto doc = run_document(setup, engine, records, env);
   if (checkpoints) checkpoints->report(doc);
-  io::write_file(c.out, io::json_text(doc, 2) + "\n", "--out");
+  core::write_file(c.out, core::json_text(doc, 2) + "\n", "--out");
   const auto& time = doc["summary"]["time"];
   std::cerr << fmt::format(
       "executor: wrote {}: {}peak {:.1f} MiB (predicted {:.1f} MiB), step "
@@ -252,7 +253,7 @@ void check_plan_layout(const RunCommand& c, const costmodel::ParallelLayout& l) 
 // check_run_size).
 RunSetup read_setup(const RunCommand& c, int world_size) {
   const auto request = request_of(c);
-  RunSetup setup = costmodel::read_json_document(c.plan, [&](const nlohmann::json& plan) {
+  RunSetup setup = core::read_json_document(c.plan, [&](const nlohmann::json& plan) {
     return make_run_setup(plan, world_size, request);
   });
   check_plan_layout(c, setup.plan.parallel);
@@ -400,7 +401,7 @@ int run_on_gpus(const RunCommand& c) {
     }
 #endif
     if (!out_checked && rank == 0)  // torchrun ends the other workers when this one ends
-      io::check_destination(c.out, "--out");
+      core::check_destination(c.out, "--out");
     check_fault_rank(c, env.world_size);
     predicted_peak = setup.plan.prediction.peak_bytes;
     watchdog.set_phase("opening the GPU");
@@ -451,7 +452,7 @@ int run_rehearsal(const RunCommand& c) {
   double predicted_peak = 0;
   try {
     const RunSetup setup = read_setup(c, world_size);
-    io::check_destination(c.out, "--out");
+    core::check_destination(c.out, "--out");
     if (c.fault && c.fault->rank != rank)
       throw InputError("--inject-fault",
                        fmt::format("rank {} is not the rehearsed rank {}", c.fault->rank, rank));

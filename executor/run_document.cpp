@@ -98,7 +98,7 @@ RankRecord unpack(const std::vector<double>& v, std::size_t steps) {
   std::size_t i = 0;
   auto next = [&] { return v[i++]; };
   auto as_int = [](double x) {
-    const auto n = costmodel::rounded_count(x);  // packed from int64s: a count past 2^62 is corrupt
+    const auto n = core::rounded_count(x);  // packed from int64s: a count past 2^62 is corrupt
     if (!n) throw std::invalid_argument(fmt::format("rank record holds {}, not a count", x));
     return *n;
   };
@@ -152,7 +152,7 @@ namespace {
 void add_plan(nlohmann::json& doc, const costmodel::Plan& plan) {
   const auto plan_json = costmodel::plan_to_json(plan);
   doc["plan"] = {
-      {"strategy", plan.spec.strategy},   {"flavour", costmodel::flavour_name(plan.spec.flavour)},
+      {"strategy", plan.spec.strategy},   {"flavour", documents::flavour_name(plan.spec.flavour)},
       {"hardware", plan.hardware},        {"model", plan.model.name},
       {"gpus", plan.cluster.gpus},        {"job", plan_json["job"]},
       {"sharding", plan_json["sharding"]}};
@@ -186,10 +186,10 @@ nlohmann::json execution_json(const RunSetup& setup, const ShardingEngine& engin
                               std::size_t steps, bool on_device) {
   const auto& eo = engine.options();
   return {
-      {"precision", costmodel::precision_name(eo.precision)},
-      {"gemm_math", eo.precision != costmodel::Precision::fp32
+      {"precision", documents::precision_name(eo.precision)},
+      {"gemm_math", eo.precision != documents::Precision::fp32
                         ? fmt::format("{}, fp32 accumulation",
-                                      costmodel::dtype_name(costmodel::compute_dtype(eo.precision)))
+                                      documents::dtype_name(documents::compute_dtype(eo.precision)))
                         : std::string(on_device ? "tf32" : "fp32")},
       {"attention", eo.model_options.flash_attention ? "flash" : "eager"},
       {"world_size", setup.world},

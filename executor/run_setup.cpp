@@ -12,7 +12,7 @@
 
 namespace shardplan::executor {
 
-using costmodel::InputError;
+using core::InputError;
 
 namespace {
 
@@ -20,34 +20,34 @@ namespace {
 void check_runnable(const costmodel::Plan& p, int world, const RunRequest& request) {
   const auto& job = p.job;
   const char* executor = request.gpu ? "the GPU executor" : "the CPU executor";
-  if (job.precision == costmodel::Precision::bf16)
+  if (job.precision == documents::Precision::bf16)
     throw InputError(
         "/job/precision",
         fmt::format("{} runs fp32, bf16-mixed and fp16-mixed, got \"bf16\" (bf16 optimizer "
                     "states); plan with --precision bf16-mixed",
                     executor));
-  if (job.optimizer != costmodel::Optimizer::adamw)
+  if (job.optimizer != documents::Optimizer::adamw)
     throw InputError("/job/optimizer", fmt::format("the executor runs adamw only, got \"{}\"",
-                                                   costmodel::optimizer_name(job.optimizer)));
-  if (job.recipe != costmodel::Recipe::executor)
+                                                   documents::optimizer_name(job.optimizer)));
+  if (job.recipe != documents::Recipe::executor)
     throw InputError(
         "/job/recipe",
         fmt::format("the executor runs its own model code, planned as recipe \"executor\", "
                     "got \"{}\"; plan with --recipe executor",
-                    costmodel::recipe_name(job.recipe)));
-  if (job.checkpointing != costmodel::Checkpointing::none &&
-      job.checkpointing != costmodel::Checkpointing::full)
+                    documents::recipe_name(job.recipe)));
+  if (job.checkpointing != documents::Checkpointing::none &&
+      job.checkpointing != documents::Checkpointing::full)
     throw InputError("/job/checkpointing",
                      fmt::format("the executor checkpoints every block or none, got \"{}\"; plan "
                                  "with --checkpointing none or full",
-                                 costmodel::checkpointing_label(job)));
-  if (job.loss != costmodel::LossImpl::upcast)
+                                 documents::checkpointing_label(job)));
+  if (job.loss != documents::LossImpl::upcast)
     throw InputError("/job/loss", fmt::format("the executor's loss is upcast, got \"{}\"",
-                                              costmodel::loss_label(job)));
-  if (p.spec.offload != costmodel::Offload::none && request.gpu)
+                                              documents::loss_label(job)));
+  if (p.spec.offload != documents::Offload::none && request.gpu)
     throw InputError("/sharding/offload",
                      fmt::format("{} does not offload (the CPU executor does), got \"{}\"",
-                                 executor, costmodel::offload_name(p.spec.offload)));
+                                 executor, documents::offload_name(p.spec.offload)));
   try {
     (void)offload_policy(p.spec);
   } catch (const std::invalid_argument& error) {
@@ -63,7 +63,7 @@ void check_runnable(const costmodel::Plan& p, int world, const RunRequest& reque
     throw InputError(
         "/sharding/shard_group_size",
         fmt::format("a shard group of {} ranks does not divide the {} ranks", S, world));
-  if (p.model.architecture == costmodel::Architecture::uniform)
+  if (p.model.architecture == documents::Architecture::uniform)
     throw InputError(
         "/model", fmt::format("\"{}\" is a bare parameter count: there is no architecture to run",
                               p.model.name));
@@ -88,21 +88,21 @@ void set_engine_options(RunSetup& r, int world, const RunRequest& request) {
     e.micro_batch.seq = *request.scale_seq;
     r.scaled = r.scaled || *request.scale_seq != job.seq_len;
   }
-  if (e.model.positions == costmodel::PositionKind::learned &&
+  if (e.model.positions == documents::PositionKind::learned &&
       e.micro_batch.seq > e.model.max_positions)
     throw InputError("/job/seq_len",
                      fmt::format("{} tokens exceed the model's {} learned positions",
                                  e.micro_batch.seq, e.model.max_positions));
   e.grad_accumulation = job.global_batch / (world * job.micro_batch);
   r.global_batch = job.global_batch;
-  e.checkpointing = job.checkpointing == costmodel::Checkpointing::full ? Checkpointing::full
+  e.checkpointing = job.checkpointing == documents::Checkpointing::full ? Checkpointing::full
                                                                         : Checkpointing::none;
   e.adamw.lr = request.lr;
   e.seed = request.seed;
   // On a GPU (and with collective streams on CPUs) the collectives are queued on their own
   // streams: the gathers are issued ahead as the plan says, as the frameworks do.
   e.prefetch_as_planned = request.prefetch_as_planned || request.gpu || request.collective_streams;
-  e.model_options.flash_attention = job.attention == costmodel::AttentionImpl::flash;
+  e.model_options.flash_attention = job.attention == documents::AttentionImpl::flash;
   e.precision = job.precision;
   try {
     (void)precision_policy(job.precision, p.spec);
@@ -119,11 +119,11 @@ void add_deviations(RunSetup& r) {
   // fp32 gradients are reduced in fp32 whatever the plan's reduce dtype (the cost model reduces
   // in max(reduce_dtype, compute dtype) too); mixed precision reduces as the cost model does or
   // is refused by the engine.
-  if (job.precision == costmodel::Precision::fp32 && p.spec.reduce_dtype != costmodel::DType::fp32)
+  if (job.precision == documents::Precision::fp32 && p.spec.reduce_dtype != documents::DType::fp32)
     r.deviations.push_back(
         fmt::format("gradients are reduced in fp32, not {} (/sharding/reduce_dtype): the "
                     "gradients of an fp32 job are fp32",
-                    costmodel::dtype_name(p.spec.reduce_dtype)));
+                    documents::dtype_name(p.spec.reduce_dtype)));
   if (p.model.attention_dropout || p.model.residual_dropout)
     r.deviations.push_back(
         "dropout is not applied (the executor trains deterministically); the prediction "
@@ -196,10 +196,10 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
 
 double least_rank_bytes(const RunSetup& setup) {
   const auto& e = setup.engine;
-  costmodel::TrainingJob job = setup.plan.job;
+  documents::TrainingJob job = setup.plan.job;
   job.seq_len = e.micro_batch.seq;
   job.micro_batch = e.micro_batch.batch;
-  const double bytes = costmodel::dtype_bytes(costmodel::compute_dtype(e.precision));
+  const double bytes = documents::dtype_bytes(documents::compute_dtype(e.precision));
   // CUDA's kernels keep the fewest copies (accounting.hpp, Forward): the least on either backend.
   const costmodel::Forward f{bytes, bytes, true};
   const double params = static_cast<double>(e.model.total_params()) * 4.0 / setup.world;

@@ -55,7 +55,7 @@ struct RunSetup {
   std::vector<std::string> deviations;  // what runs differently from the plan, in words
 };
 
-// Throws costmodel::InputError (bad or unrunnable plan, bad scale).
+// Throws core::InputError (bad or unrunnable plan, bad scale).
 RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const RunRequest& request);
 
 // The fewest bytes one rank of the run must hold at once, as the cost model counts them

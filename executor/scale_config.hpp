@@ -12,7 +12,7 @@
 namespace shardplan::executor {
 
 // The config.json of `source` (a preset or a config.json path) scaled to `size`, dropout 0.
-// Throws costmodel::InputError.
+// Throws core::InputError.
 nlohmann::json scaled_config(const std::string& source, const ScaledSize& size);
 
 }  // namespace shardplan::executor

@@ -10,13 +10,13 @@
 namespace shardplan::executor {
 namespace {
 
-using costmodel::Architecture;
-using costmodel::InputError;
-using costmodel::ModelSpec;
+using core::InputError;
+using documents::Architecture;
+using documents::ModelSpec;
 
-bool has_tensor(const costmodel::UnitTensors& unit, const std::string& name) {
+bool has_tensor(const documents::UnitTensors& unit, const std::string& name) {
   return std::any_of(unit.tensors.begin(), unit.tensors.end(),
-                     [&](const costmodel::Tensor& t) { return t.name == name; });
+                     [&](const documents::Tensor& t) { return t.name == name; });
 }
 
 double dropout(bool on) { return on ? 0.1 : 0.0; }
@@ -49,17 +49,17 @@ ScaledSize complete_size(const ModelSpec& source, const ScaledSize& size) {
   if (!llama_family && s.kv_heads != s.heads)
     throw InputError("--scale", fmt::format("{} has no grouped-query attention (kv_heads {} != "
                                             "heads {})",
-                                            costmodel::architecture_name(source.architecture),
+                                            documents::architecture_name(source.architecture),
                                             s.kv_heads, s.heads));
   if (!llama_family && s.head_dim * s.heads != s.hidden)
     throw InputError("--scale", fmt::format("{} needs head_dim = hidden / heads",
-                                            costmodel::architecture_name(source.architecture)));
+                                            documents::architecture_name(source.architecture)));
   return s;
 }
 
 // The Hugging Face config.json of the scaled model, in the keys of the source's architecture.
 nlohmann::json scaled_config(const ModelSpec& source, const ScaledSize& s) {
-  nlohmann::json config = {{"architectures", {costmodel::architecture_name(source.architecture)}}};
+  nlohmann::json config = {{"architectures", {documents::architecture_name(source.architecture)}}};
   switch (source.architecture) {
   case Architecture::gpt2:
     config.update({{"n_embd", s.hidden},
@@ -114,7 +114,7 @@ ModelSpec scale_down(const ModelSpec& source, const ScaledSize& size) {
   const std::string name =
       fmt::format("{} scaled to L={} h={} a={} kv={} d={} I={} V={}", source.name, s.layers,
                   s.hidden, s.heads, s.kv_heads, s.head_dim, s.intermediate, s.vocab);
-  ModelSpec scaled = costmodel::model_from_hf_config(config, name);
+  ModelSpec scaled = documents::model_from_hf_config(config, name);
   scaled.residual_dropout = source.residual_dropout;
   return scaled;
 }

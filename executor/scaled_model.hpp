@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "costmodel/model.hpp"
+#include "documents/model.hpp"
 
 namespace shardplan::executor {
 
@@ -22,9 +22,9 @@ struct ScaledSize {
   std::int64_t max_positions = 0;  // 0: the source's (size of GPT-2's learned position table)
 };
 
-// Throws costmodel::InputError ("--scale: ...") when the source is a bare parameter count or the
+// Throws core::InputError ("--scale: ...") when the source is a bare parameter count or the
 // new sizes are inconsistent (heads not dividing hidden, kv_heads not dividing heads, a GQA or
 // head_dim the architecture cannot express).
-costmodel::ModelSpec scale_down(const costmodel::ModelSpec& source, const ScaledSize& size);
+documents::ModelSpec scale_down(const documents::ModelSpec& source, const ScaledSize& size);
 
 }  // namespace shardplan::executor

@@ -8,7 +8,7 @@
 namespace shardplan::executor {
 
 std::int64_t ShardLayout::whole_elements(std::int64_t unit,
-                                         const costmodel::ShardingSpec& spec) const {
+                                         const documents::ShardingSpec& spec) const {
   const auto& u = units.at(static_cast<std::size_t>(unit));
   return spec.shard_optimizer ? u.padded : u.size;
 }
@@ -17,7 +17,7 @@ std::int64_t ShardLayout::chunk_begin(std::int64_t unit) const {
   return static_cast<std::int64_t>(shard_rank) * units.at(static_cast<std::size_t>(unit)).chunk;
 }
 
-ShardLayout make_shard_layout(const GptLayout& layout, const costmodel::ShardingSpec& spec,
+ShardLayout make_shard_layout(const GptLayout& layout, const documents::ShardingSpec& spec,
                               int world, int world_rank) {
   ShardLayout s;
   s.world = world;

@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "costmodel/sharding.hpp"
+#include "documents/sharding.hpp"
 #include "executor/model_layout.hpp"
 
 namespace shardplan::executor {
@@ -41,13 +41,13 @@ struct ShardLayout {
 
   // Whole-unit buffers hold `padded` elements where a rank updates only its chunk and the chunks
   // are then all-gathered in place (sharded optimizer); otherwise exactly `size`.
-  std::int64_t whole_elements(std::int64_t unit, const costmodel::ShardingSpec& spec) const;
+  std::int64_t whole_elements(std::int64_t unit, const documents::ShardingSpec& spec) const;
   // First element of this rank's chunk of a unit.
   std::int64_t chunk_begin(std::int64_t unit) const;
 };
 
 // Throws std::invalid_argument when the group does not divide the world or the rank is outside it.
-ShardLayout make_shard_layout(const GptLayout& layout, const costmodel::ShardingSpec& spec,
+ShardLayout make_shard_layout(const GptLayout& layout, const documents::ShardingSpec& spec,
                               int world, int world_rank);
 
 }  // namespace shardplan::executor

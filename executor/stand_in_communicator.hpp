@@ -13,6 +13,7 @@
 #include <string>
 
 #include "comm/communicator.hpp"
+#include "executor/kernel_names.hpp"
 #include "kernels/memory_source.hpp"
 
 namespace shardplan::executor {

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "comm/forwarding_communicator.hpp"
+#include "executor/kernel_names.hpp"
 #include "executor/stream_order.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/memory_source.hpp"

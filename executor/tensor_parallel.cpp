@@ -44,7 +44,7 @@ void add_norm(std::vector<Segment>& s, const NormOffsets& full, const NormOffset
 
 }  // namespace
 
-void check_tensor_parallel(const costmodel::ModelSpec& m, int t) {
+void check_tensor_parallel(const documents::ModelSpec& m, int t) {
   if (t < 1) throw std::invalid_argument(fmt::format("tensor-parallel size {} is not >= 1", t));
   auto check = [&](std::int64_t n, const char* what) {
     if (n % t != 0)
@@ -64,16 +64,16 @@ void check_tensor_parallel(const costmodel::ModelSpec& m, int t) {
         t, m.vocab, t));
 }
 
-costmodel::ModelSpec local_spec(const costmodel::ModelSpec& full, int t) {
+documents::ModelSpec local_spec(const documents::ModelSpec& full, int t) {
   check_tensor_parallel(full, t);
   const GptLayout layout(full);
-  costmodel::ModelSpec m = full;
+  documents::ModelSpec m = full;
   m.heads /= t;
   m.kv_heads /= t;
   m.intermediate /= t;
   m.vocab /= t;
   // Vocabulary-parallel: the token table and the untied output matrix [V, h] by rows.
-  auto split_rows = [&](costmodel::UnitTensors& unit, UnitKind kind, std::int64_t offset) {
+  auto split_rows = [&](documents::UnitTensors& unit, UnitKind kind, std::int64_t offset) {
     for (const auto& slot : layout.slots(kind))
       if (offset != kAbsent && slot.offset == offset)
         for (auto& x : unit.tensors)
@@ -85,7 +85,7 @@ costmodel::ModelSpec local_spec(const costmodel::ModelSpec& full, int t) {
     const bool is_bias = slot.tensor.rows == 1 && slot.tensor.name.ends_with(".bias");
     const auto it =
         std::find_if(m.block.tensors.begin(), m.block.tensors.end(),
-                     [&](const costmodel::Tensor& x) { return x.name == slot.tensor.name; });
+                     [&](const documents::Tensor& x) { return x.name == slot.tensor.name; });
     switch (split_of(layout.block(), slot.offset, is_bias)) {
     case Split::rows:
       if (is_bias)

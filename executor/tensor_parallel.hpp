@@ -62,7 +62,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "costmodel/model.hpp"
+#include "documents/model.hpp"
 #include "executor/model_layout.hpp"
 
 namespace shardplan::executor {
@@ -75,7 +75,7 @@ struct TensorParallel {
   int rank() const { return group != nullptr ? group->rank() : 0; }
   bool active() const { return size() > 1; }
   // The whole model's vocabulary (the local model's is V/t).
-  std::int64_t vocab(const costmodel::ModelSpec& local) const {
+  std::int64_t vocab(const documents::ModelSpec& local) const {
     return full != nullptr ? full->spec().vocab : local.vocab;
   }
 };
@@ -83,10 +83,10 @@ struct TensorParallel {
 // Throws std::invalid_argument unless t divides the query heads, the key/value heads, the
 // intermediate width (Megatron's divisibility checks, megatron/core/transformer/attention.py) and
 // the vocabulary (Megatron pads it instead; the executor does not, see tensor_parallel.cpp).
-void check_tensor_parallel(const costmodel::ModelSpec& full, int t);
+void check_tensor_parallel(const documents::ModelSpec& full, int t);
 // The model one rank of t holds: heads/t, kv_heads/t, intermediate/t, vocab/t and every tensor
 // sliced as above.
-costmodel::ModelSpec local_spec(const costmodel::ModelSpec& full, int t);
+documents::ModelSpec local_spec(const documents::ModelSpec& full, int t);
 
 // A run of `length` elements at `full` in the full unit and `local` in rank r's unit.
 struct Segment {

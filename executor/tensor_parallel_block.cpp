@@ -11,8 +11,8 @@
 namespace shardplan::executor {
 namespace {
 
-using costmodel::MlpKind;
-using costmodel::PositionKind;
+using documents::MlpKind;
+using documents::PositionKind;
 
 template <class S> S* at(S* unit, std::int64_t offset) {
   return offset == kAbsent ? nullptr : unit + offset;

@@ -33,7 +33,7 @@ public:
 
 private:
   template <class F>
-  void timed(CollectiveKind kind, costmodel::Collective op, double size_bytes, F&& call);
+  void timed(CollectiveKind kind, documents::Collective op, double size_bytes, F&& call);
 
   CollectiveStats& stats_;
 };

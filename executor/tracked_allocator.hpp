@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "executor/kernel_names.hpp"
 #include "kernels/memory_source.hpp"
 
 namespace shardplan::executor {

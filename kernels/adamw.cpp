@@ -6,7 +6,7 @@
 #include <Eigen/Core>
 #include <fmt/format.h>
 
-namespace shardplan::executor {
+namespace shardplan::kernels {
 
 template <class S>
 void adamw_step(std::span<S> params, std::span<const S> grads, std::span<S> exp_avg,
@@ -42,4 +42,4 @@ template void adamw_step<float>(std::span<float>, std::span<const float>, std::s
 template void adamw_step<double>(std::span<double>, std::span<const double>, std::span<double>,
                                  std::span<double>, std::int64_t, const AdamWOptions&);
 
-}  // namespace shardplan::executor
+}  // namespace shardplan::kernels

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <span>
 
-namespace shardplan::executor {
+namespace shardplan::kernels {
 
 struct AdamWOptions {
   double lr = 1e-3;  // torch.optim.AdamW defaults
@@ -27,4 +27,4 @@ template <class S>
 void adamw_step(std::span<S> params, std::span<const S> grads, std::span<S> exp_avg,
                 std::span<S> exp_avg_sq, std::int64_t step, const AdamWOptions& options);
 
-}  // namespace shardplan::executor
+}  // namespace shardplan::kernels

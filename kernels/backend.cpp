@@ -10,7 +10,7 @@
 #include "kernels/host_stream_memory.hpp"
 #include "kernels/kernels.hpp"
 
-namespace shardplan::executor {
+namespace shardplan::kernels {
 
 template <class S>
 void HostBackend<S>::embedding_forward(S* out, const std::int32_t* tokens, const S* wte,
@@ -180,17 +180,17 @@ template <class S> void HostBackend<S>::copy(S* dst, const S* src, std::int64_t 
   std::copy(src, src + n, dst);
 }
 template <class S> void HostBackend<S>::add(S* dst, const S* src, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = executor::narrow<S>(widen(dst[i]) + widen(src[i]));
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = kernels::narrow<S>(widen(dst[i]) + widen(src[i]));
 }
 template <class S>
 void HostBackend<S>::adamw_step(A* params, const A* grads, A* exp_avg, A* exp_avg_sq,
                                 std::int64_t n, std::int64_t step, const AdamWOptions& options) {
   const auto count = static_cast<std::size_t>(n);
-  executor::adamw_step<A>({params, count}, {grads, count}, {exp_avg, count}, {exp_avg_sq, count},
-                          step, options);
+  kernels::adamw_step<A>({params, count}, {grads, count}, {exp_avg, count}, {exp_avg_sq, count},
+                         step, options);
 }
 template <class S> void HostBackend<S>::narrow(S* dst, const A* src, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = executor::narrow<S>(src[i]);
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = kernels::narrow<S>(src[i]);
 }
 template <class S> void HostBackend<S>::widen_add(A* dst, const S* src, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] += widen(src[i]);
@@ -278,4 +278,4 @@ template class HostBackend<double>;
 template class HostBackend<bf16>;
 template class HostBackend<f16>;
 
-}  // namespace shardplan::executor
+}  // namespace shardplan::kernels

@@ -26,7 +26,7 @@
 #include "kernels/memory_source.hpp"
 #include "kernels/scalar.hpp"
 
-namespace shardplan::executor {
+namespace shardplan::kernels {
 
 template <class S> class Backend {
 public:
@@ -308,4 +308,4 @@ extern template class HostBackend<double>;
 extern template class HostBackend<bf16>;
 extern template class HostBackend<f16>;
 
-}  // namespace shardplan::executor
+}  // namespace shardplan::kernels

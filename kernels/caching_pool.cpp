@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-namespace shardplan::executor {
+namespace shardplan::kernels {
 namespace {
 
 // Host segments are aligned like the pool's blocks, so that every block is 512 B aligned
@@ -358,4 +358,4 @@ void CachingPool::reset_peaks() {
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
 }
 
-}  // namespace shardplan::executor
+}  // namespace shardplan::kernels

@@ -38,7 +38,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace shardplan::executor {
+namespace shardplan::kernels {
 
 // Raw memory in segments. map throws on failure: std::bad_alloc (or a class derived from it) when
 // the memory is not there, so that the pool releases its cached segments and retries; anything
@@ -203,4 +203,4 @@ private:
   PoolStats stats_;
 };
 
-}  // namespace shardplan::executor
+}  // namespace shardplan::kernels

@@ -8,7 +8,7 @@
 #include <Eigen/Dense>
 #include <fmt/format.h>
 
-namespace shardplan::executor::flash_host {
+namespace shardplan::kernels::flash_host {
 namespace {
 
 template <class A> using Tile = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -196,4 +196,4 @@ SHARDPLAN_FLASH_HOST(bf16)
 SHARDPLAN_FLASH_HOST(f16)
 #undef SHARDPLAN_FLASH_HOST
 
-}  // namespace shardplan::executor::flash_host
+}  // namespace shardplan::kernels::flash_host

@@ -22,7 +22,7 @@
 
 #include "kernels/scalar.hpp"
 
-namespace shardplan::executor::flash_host {
+namespace shardplan::kernels::flash_host {
 
 inline constexpr std::int64_t kQueryBlock = 64;  // B_r, query rows per tile
 inline constexpr std::int64_t kKeyBlock = 64;    // B_c, keys per tile
@@ -40,4 +40,4 @@ void backward(S* dq, S* dk, S* dv, accum_t<S>* delta, const S* dout, const S* ou
               const accum_t<S>* lse, const S* q, const S* k, const S* v, std::int64_t batch,
               std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim);
 
-}  // namespace shardplan::executor::flash_host
+}  // namespace shardplan::kernels::flash_host

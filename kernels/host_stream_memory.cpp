@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace shardplan::executor {
+namespace shardplan::kernels {
 
 StreamOrderedHostMemory::~StreamOrderedHostMemory() {
   for (auto& h : held_) {
@@ -81,4 +81,4 @@ std::size_t StreamOrderedHostMemory::held_back() const {
   return held_.size();
 }
 
-}  // namespace shardplan::executor
+}  // namespace shardplan::kernels

@@ -14,7 +14,7 @@
 #include "comm/host_stream.hpp"
 #include "kernels/memory_source.hpp"
 
-namespace shardplan::executor {
+namespace shardplan::kernels {
 
 class StreamOrderedHostMemory final : public MemorySource {
 public:
@@ -57,4 +57,4 @@ private:
   std::vector<Held> held_;
 };
 
-}  // namespace shardplan::executor
+}  // namespace shardplan::kernels

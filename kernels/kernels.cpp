@@ -9,7 +9,7 @@
 
 #include <Eigen/Core>
 
-namespace shardplan::executor::kernels {
+namespace shardplan::kernels {
 namespace {
 
 template <class S>
@@ -779,4 +779,4 @@ SHARDPLAN_INSTANTIATE_KERNELS(bf16)
 SHARDPLAN_INSTANTIATE_KERNELS(f16)
 #undef SHARDPLAN_INSTANTIATE_KERNELS
 
-}  // namespace shardplan::executor::kernels
+}  // namespace shardplan::kernels

@@ -13,7 +13,7 @@
 
 #include "kernels/scalar.hpp"
 
-namespace shardplan::executor::kernels {
+namespace shardplan::kernels {
 
 // out[n, :] = wte[tokens[n], :] (+ wpe[t, :] when wpe is given).       wte [V, C], wpe [P, C]
 template <class S>
@@ -151,4 +151,4 @@ void vocab_cross_entropy_backward(S* dlogits, const accum_t<S>* logp, const std:
                                   std::int64_t begin, std::int64_t n, std::int64_t vocab,
                                   accum_t<S> scale);
 
-}  // namespace shardplan::executor::kernels
+}  // namespace shardplan::kernels

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <new>
 
-namespace shardplan::executor {
+namespace shardplan::kernels {
 namespace {
 
 constexpr std::align_val_t kAlignment{64};  // HostMemory's (memory_source.hpp)
@@ -30,4 +30,4 @@ void HostMemory::copy(void* dst, const void* src, std::int64_t bytes) {
   if (bytes > 0 && dst != src) std::memmove(dst, src, static_cast<std::size_t>(bytes));
 }
 
-}  // namespace shardplan::executor
+}  // namespace shardplan::kernels

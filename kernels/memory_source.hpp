@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-namespace shardplan::executor {
+namespace shardplan::kernels {
 
 class MemorySource {
 public:
@@ -40,4 +40,4 @@ public:
   void copy(void* dst, const void* src, std::int64_t bytes) override;
 };
 
-}  // namespace shardplan::executor
+}  // namespace shardplan::kernels

@@ -1,5 +1,5 @@
 // The executor's element types. The model computes in a compute type S (the precision policy's,
-// costmodel/job.hpp): float (fp32, TF32 GEMMs on a GPU), bf16 or f16 (bf16-mixed, fp16-mixed);
+// documents/job.hpp): float (fp32, TF32 GEMMs on a GPU), bf16 or f16 (bf16-mixed, fp16-mixed);
 // double serves the gradient check. Whatever S, arithmetic accumulates in accum_t<S> (fp32 for the
 // 16-bit types, as cuBLAS's CUBLAS_COMPUTE_32F and PyTorch's acc_type do), and the values that
 // need its range stay in it: norm statistics, attention's log-sum-exp, the loss's log-probabilities
@@ -17,7 +17,7 @@
 #include "comm/data_type.hpp"
 #include "comm/half_float.hpp"
 
-namespace shardplan::executor {
+namespace shardplan::kernels {
 
 struct bf16 {
   std::uint16_t bits = 0;  // the upper half of an IEEE 754 binary32
@@ -52,4 +52,4 @@ constexpr comm::DataType data_type_v = std::is_same_v<S, bf16>    ? comm::DataTy
                                        : std::is_same_v<S, float> ? comm::DataType::f32
                                                                   : comm::DataType::f64;
 
-}  // namespace shardplan::executor
+}  // namespace shardplan::kernels

@@ -28,7 +28,7 @@
 namespace shardplan::planner {
 namespace {
 
-using costmodel::InputError;
+using core::InputError;
 
 void check_format(const std::string& f) {
   if (f != "table" && f != "json")
@@ -38,7 +38,7 @@ void check_format(const std::string& f) {
 // A JSON document as the planner prints it (core/text.hpp: bytes that are not UTF-8 in a path or
 // name become U+FFFD).
 std::string json_document(const nlohmann::json& document) {
-  return io::json_text(document, 2) + "\n";
+  return core::json_text(document, 2) + "\n";
 }
 
 // Every option of every subcommand; CLI11 writes into these while parsing.
@@ -146,25 +146,25 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
 }
 
 void list_models(std::ostream& out) {
-  for (const auto& n : costmodel::preset_model_names()) {
-    const auto m = costmodel::load_model(n);
+  for (const auto& n : documents::preset_model_names()) {
+    const auto m = documents::load_model(n);
     out << fmt::format("{:<14} {:<20} {:>16L} params\n", n,
-                       costmodel::architecture_name(m.architecture), m.total_params());
+                       documents::architecture_name(m.architecture), m.total_params());
   }
 }
 
 void list_hardware(std::ostream& out) {
-  const auto names = costmodel::preset_hardware_names();
+  const auto names = documents::preset_hardware_names();
   if (names.empty())
     throw InputError(
         "SHARDPLAN_DATA_DIR",
-        fmt::format("no profiles (*.json) in {}/hardware_profiles", costmodel::data_dir()));
+        fmt::format("no profiles (*.json) in {}/hardware_profiles", documents::data_dir()));
   for (const auto& n : names) {
-    const auto h = costmodel::load_hardware(n);
+    const auto h = documents::load_hardware(n);
     out << fmt::format("{:<18} {}\n", n, h.description);
   }
   out << fmt::format("(profiles in {}/hardware_profiles; a profile file's path works too)\n",
-                     costmodel::data_dir());
+                     documents::data_dir());
 }
 
 void run_describe(const CliOptions& o, std::ostream& out) {
@@ -174,10 +174,10 @@ void run_describe(const CliOptions& o, std::ostream& out) {
   if (o.describe_model && o.describe_model->empty())
     throw InputError("--model", "must name a preset or a file, got \"\"");
   const auto m = o.describe_params
-                     ? costmodel::model_from_param_count(
-                           costmodel::double_from_text("--params", *o.describe_params))
-                     : costmodel::load_model(o.describe_model.value_or(kDefaultModel));
-  out << (o.format == "json" ? json_document(costmodel::model_to_json(m)) : describe_table(m));
+                     ? documents::model_from_param_count(
+                           core::double_from_text("--params", *o.describe_params))
+                     : documents::load_model(o.describe_model.value_or(kDefaultModel));
+  out << (o.format == "json" ? json_document(documents::model_to_json(m)) : describe_table(m));
 }
 
 // Asking for a framework's config is asking for that framework's plans: the search is narrowed
@@ -185,15 +185,15 @@ void run_describe(const CliOptions& o, std::ostream& out) {
 std::string narrow_to_emitted_framework(const CliOptions& o, const Scenario& sc, SearchPins& pins) {
   const auto& emit = o.emit;
   const auto& po = o.po;
-  if (emit == "deepspeed" && sc.job.recipe == costmodel::Recipe::torchtitan)
+  if (emit == "deepspeed" && sc.job.recipe == documents::Recipe::torchtitan)
     throw InputError("--emit", "deepspeed: recipe torchtitan shards with FSDP2 or DDP, not "
                                "DeepSpeed; use --emit fsdp");
-  if (emit == "fsdp" && sc.job.recipe == costmodel::Recipe::deepspeed)
+  if (emit == "fsdp" && sc.job.recipe == documents::Recipe::deepspeed)
     throw InputError(
         "--emit", "fsdp: recipe deepspeed runs under the DeepSpeed engine; use --emit deepspeed");
   if (emit == "deepspeed") {
-    if (pins.flavour && *pins.flavour != costmodel::Flavour::deepspeed &&
-        *pins.flavour != costmodel::Flavour::ddp)
+    if (pins.flavour && *pins.flavour != documents::Flavour::deepspeed &&
+        *pins.flavour != documents::Flavour::ddp)
       throw InputError(
           "--flavour",
           fmt::format("--emit deepspeed writes a DeepSpeed config, got --flavour {}", *po.flavour));
@@ -203,12 +203,12 @@ std::string narrow_to_emitted_framework(const CliOptions& o, const Scenario& sc,
                                    "got --strategy {}",
                                    *po.strategy));
     if (!pins.flavour && !po.strategy) {
-      pins.flavour = costmodel::Flavour::deepspeed;
+      pins.flavour = documents::Flavour::deepspeed;
       return "--emit deepspeed: searching DeepSpeed's plans only (ZeRO stages 1-3, as "
              "--flavour deepspeed)";
     }
   } else if (emit == "fsdp") {
-    if (pins.flavour == costmodel::Flavour::deepspeed)
+    if (pins.flavour == documents::Flavour::deepspeed)
       throw InputError("--flavour", "--emit fsdp writes PyTorch settings, got --flavour deepspeed");
     if (po.strategy && po.strategy->rfind("zero", 0) == 0)
       throw InputError("--strategy",
@@ -255,7 +255,7 @@ void check_recommend_flags(const CliOptions& o, const CLI::App& recommend_cmd, i
                             *emit));
   if (recommend_cmd.count("--svg") && o.svg_path.empty())
     throw InputError("--svg", "must name a file, got \"\"");
-  if (!o.svg_path.empty()) io::check_destination(o.svg_path, "--svg");
+  if (!o.svg_path.empty()) core::check_destination(o.svg_path, "--svg");
 }
 
 // The search's pins from the plan flags; the second member is the line saying the search was
@@ -267,15 +267,15 @@ std::pair<SearchPins, std::string> search_pins(const CliOptions& o, const Scenar
   const auto group = shard_group_size(po);
   if (po.strategy) {
     // Refuses an unknown strategy, and a shard group beside one that is not hsdp.
-    costmodel::make_spec(*po.strategy, std::nullopt, sc.cluster.gpus_per_node, group);
+    documents::make_spec(*po.strategy, std::nullopt, sc.cluster.gpus_per_node, group);
     pins.strategy = *po.strategy;
   }
-  if (po.flavour) pins.flavour = costmodel::flavour_from_name(*po.flavour, "--flavour");
+  if (po.flavour) pins.flavour = documents::flavour_from_name(*po.flavour, "--flavour");
   std::string emit_pin = narrow_to_emitted_framework(o, sc, pins);
   if (sc.job.micro_batch > 0) pins.micro_batch = sc.job.micro_batch;  // --micro-batch or the job's
   pins.checkpointing = sc.checkpointing_named;
   pins.loss = sc.loss_named;
-  if (po.offload) pins.offload = costmodel::offload_from_name(*po.offload, "--offload");
+  if (po.offload) pins.offload = documents::offload_from_name(*po.offload, "--offload");
   if (group) {
     if (*group < 2 || sc.cluster.gpus % *group != 0)
       throw InputError("--shard-group-size", fmt::format("must divide {} GPUs and be >= 2, got {}",
@@ -342,7 +342,7 @@ void run_layout_recommend(const CliOptions& o, int top_plans, std::ostream& out,
 void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostream& out,
                    std::vector<std::string>& notes) {
   check_format(o.format);
-  const int top_plans = o.top ? costmodel::int_from_text("--top", *o.top) : 10;
+  const int top_plans = o.top ? core::int_from_text("--top", *o.top) : 10;
   check_recommend_flags(o, recommend_cmd, top_plans);
   if (o.model_parallel) {
     run_layout_recommend(o, top_plans, out, notes);
@@ -361,7 +361,7 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   if (!o.svg_path.empty()) {
     std::vector<Evaluation> bars;
     for (const auto& c : rec.search.best_per_family) bars.push_back(c.eval);
-    io::write_file(o.svg_path, memory_svg(sc, bars), "--svg");
+    core::write_file(o.svg_path, memory_svg(sc, bars), "--svg");
   }
   if (emit == "plan") {
     out << json_document(plan_document(sc, rec.search.ranked.front().eval));
@@ -380,16 +380,16 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
 void run_validate(const CliOptions& o, std::ostream& out) {
   check_format(o.format);
   // The plan's errors name the plan's file; what validate refuses after it, the run's.
-  const auto plan = costmodel::read_json_document(o.plan_path, [](const nlohmann::json& d) {
+  const auto plan = core::read_json_document(o.plan_path, [](const nlohmann::json& d) {
     costmodel::plan_from_json(d);
     return d;
   });
-  const auto run = costmodel::read_json_file(o.run_path);
+  const auto run = core::read_json_file(o.run_path);
   try {
     out << (o.format == "json" ? json_document(validate_json(plan, run, o.force))
                                : validate_table(plan, run, o.force));
   } catch (const InputError& e) {
-    throw costmodel::error_in_file(o.run_path, e);
+    throw core::error_in_file(o.run_path, e);
   }
 }
 
@@ -398,7 +398,7 @@ void compare_table(const Scenario& sc, const std::vector<Evaluation>& evals, std
   out << scenario_line(sc) << "\n" << hardware_line(sc) << "\n";
   // The checkpointing column is as wide as its longest label ("selective-attention").
   std::size_t ckpt = std::string("checkpointing").size();
-  for (const auto& e : evals) ckpt = std::max(ckpt, costmodel::checkpointing_label(e.job).size());
+  for (const auto& e : evals) ckpt = std::max(ckpt, documents::checkpointing_label(e.job).size());
   out << fmt::format("{:<14} {:<10} {:>5} {:<{}} {:>11} {:>11} {:>11} {:>10} {:>11} {:>7}  {}\n",
                      "strategy", "flavour", "mb", "checkpointing", ckpt, "states GiB", "peak GiB",
                      "step s", "exposed s", "tokens/s", "MFU", "verdict");
@@ -406,13 +406,13 @@ void compare_table(const Scenario& sc, const std::vector<Evaluation>& evals, std
     const auto& r = e.result;
     if (!r.valid) {
       out << fmt::format("{:<14} {:<10} not runnable: {}\n", e.spec.strategy,
-                         costmodel::flavour_name(e.spec.flavour), r.reason);
+                         documents::flavour_name(e.spec.flavour), r.reason);
       continue;
     }
     out << fmt::format("{:<14} {:<10} {:>5} {:<{}} {:>11.2f} {:>11.2f} {:>11.3f} {:>10.3f} "
                        "{:>11.0f} {:>6.1f}%  {}\n",
-                       e.spec.strategy, costmodel::flavour_name(e.spec.flavour), e.job.micro_batch,
-                       costmodel::checkpointing_label(e.job), ckpt,
+                       e.spec.strategy, documents::flavour_name(e.spec.flavour), e.job.micro_batch,
+                       documents::checkpointing_label(e.job), ckpt,
                        costmodel::total(r.model_states) / (1 << 30), r.peak_bytes / (1 << 30),
                        r.step_s, r.exposed_comm_s, r.tokens_per_s, 100 * r.mfu,
                        e.fits ? "fits" : "DOES NOT FIT");
@@ -461,7 +461,7 @@ evaluate_deepspeed_config(const CliOptions& o, Scenario& sc, costmodel::Trace* t
     throw InputError("--model",
                      "missing: a DeepSpeed config does not name the model; give --model (a "
                      "preset or a config.json) or --params");
-  const auto imported = costmodel::read_json_document(
+  const auto imported = core::read_json_document(
       *o.deepspeed_path, [&](const nlohmann::json& d) { return import_deepspeed_config(d, sc); });
   sc.job = imported.job;
   auto e = imported.job.micro_batch > 0
@@ -501,7 +501,7 @@ void run_estimate(const CliOptions& o, bool simulate, std::ostream& out) {
     run_parallel_estimate(o, out);
     return;
   }
-  if (simulate) io::check_destination(o.trace_path, "--trace");
+  if (simulate) core::check_destination(o.trace_path, "--trace");
   Scenario sc = make_scenario(o.so);
   costmodel::Trace trace;
   costmodel::Trace* trace_ptr = simulate ? &trace : nullptr;
@@ -516,7 +516,7 @@ void run_estimate(const CliOptions& o, bool simulate, std::ostream& out) {
   }
   check_countable(sc, e);
   if (simulate)
-    io::write_file(o.trace_path, io::json_text(trace_to_chrome_json(trace)) + "\n", "--trace");
+    core::write_file(o.trace_path, core::json_text(trace_to_chrome_json(trace)) + "\n", "--trace");
   if (o.format == "json") {
     auto j = evaluation_to_json(sc, e);
     if (o.deepspeed_path) j["assumptions"] = assumptions;
@@ -615,7 +615,7 @@ int run_cli(int argc, char** argv) {
     std::cout << out.str();
     if (!notes.empty()) {
       // Said once the output is written: a failed write is then the one line on stderr
-      // (io::finish_standard_output).
+      // (core::finish_standard_output).
       std::cout.flush();
       if (std::fflush(stdout) == 0 && !std::cout.fail())
         for (const auto& n : notes) std::cerr << "planner: " << n << "\n";

@@ -24,6 +24,6 @@ struct Response {
   std::string output;              // what the command line prints on stdout
   std::vector<std::string> notes;  // its lines for stderr, without the "planner: " prefix
 };
-// Throws costmodel::InputError for bad input (CLI11's parse errors at "arguments"); never exits.
+// Throws core::InputError for bad input (CLI11's parse errors at "arguments"); never exits.
 Response run_request(const Request& request);
 }  // namespace shardplan::planner

@@ -12,21 +12,21 @@
 
 #include <nlohmann/json.hpp>
 
-#include "costmodel/job.hpp"
-#include "costmodel/sharding.hpp"
+#include "documents/job.hpp"
+#include "documents/sharding.hpp"
 #include "planner/scenario.hpp"
 
 namespace shardplan::planner {
 
 struct DeepSpeedImport {
-  costmodel::ShardingSpec spec;  // zero<stage> (deepspeed flavour) or ddp for stage 0
-  costmodel::TrainingJob job;    // micro_batch 0: "auto" with no --micro-batch, the planner chooses
+  documents::ShardingSpec spec;  // zero<stage> (deepspeed flavour) or ddp for stage 0
+  documents::TrainingJob job;    // micro_batch 0: "auto" with no --micro-batch, the planner chooses
   std::vector<std::string> assumptions;  // one line per key ignored or filled in
 };
 
 // Reads `ds` for the cluster and job of `base` (GPU count, sequence length, attention,
 // checkpointing and, for "auto" values, batch sizes and precision). The batch keys must agree
-// with base.cluster.gpus. Throws costmodel::InputError naming the JSON pointer.
+// with base.cluster.gpus. Throws core::InputError naming the JSON pointer.
 DeepSpeedImport import_deepspeed_config(const nlohmann::json& ds, const Scenario& base);
 
 }  // namespace shardplan::planner

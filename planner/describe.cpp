@@ -6,18 +6,18 @@
 
 namespace shardplan::planner {
 
-std::string describe_table(const costmodel::ModelSpec& m) {
+std::string describe_table(const documents::ModelSpec& m) {
   Text text;
   auto line = [&]<class... A>(fmt::format_string<A...> f, A&&... a) {
     text.line(f, std::forward<A>(a)...);
   };
-  line("{} — {}", m.name, costmodel::architecture_name(m.architecture));
-  if (m.architecture != costmodel::Architecture::uniform)
+  line("{} — {}", m.name, documents::architecture_name(m.architecture));
+  if (m.architecture != documents::Architecture::uniform)
     line("hidden {}, {} blocks, {} heads ({} key/value) x {}, MLP {} ({}), vocab {}, {} embeddings",
          m.hidden, m.layers, m.heads, m.kv_heads, m.head_dim, m.intermediate,
-         m.mlp == costmodel::MlpKind::swiglu ? "SwiGLU" : "GELU", m.vocab,
+         m.mlp == documents::MlpKind::swiglu ? "SwiGLU" : "GELU", m.vocab,
          m.tied_embeddings ? "tied" : "untied");
-  auto unit = [&](const char* title, const costmodel::UnitTensors& u, std::int64_t count) {
+  auto unit = [&](const char* title, const documents::UnitTensors& u, std::int64_t count) {
     line("");
     line("{}{}", title, count > 1 ? fmt::format(" (x {})", count) : "");
     for (const auto& t : u.tensors) {

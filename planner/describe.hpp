@@ -3,8 +3,8 @@
 
 #include <string>
 
-#include "costmodel/model.hpp"
+#include "documents/model.hpp"
 
 namespace shardplan::planner {
-std::string describe_table(const costmodel::ModelSpec& m);
+std::string describe_table(const documents::ModelSpec& m);
 }

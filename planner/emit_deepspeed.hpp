@@ -13,7 +13,7 @@
 namespace shardplan::planner {
 
 // The DeepSpeed config for `e` (ddp → stage 0, zero1/2/3 → stage 1/2/3). Throws
-// costmodel::InputError at "--emit" for a plan DeepSpeed does not implement (fsdp-full,
+// core::InputError at "--emit" for a plan DeepSpeed does not implement (fsdp-full,
 // fsdp-grad-op, hsdp: "use --emit fsdp"), for a plan that is not runnable, and for a setting
 // DeepSpeed has no switch for (pure bf16 without ZeRO). Sizes in the spec are bytes; DeepSpeed's
 // bucket sizes are elements, so they are divided by the bytes of the dtype they hold.

@@ -12,6 +12,7 @@
 namespace shardplan::planner {
 
 using namespace costmodel;
+using namespace core;
 
 namespace {
 

@@ -13,7 +13,7 @@
 
 namespace shardplan::planner {
 
-// Throws costmodel::InputError at "--emit" for ZeRO plans ("use --emit deepspeed"), for a plan
+// Throws core::InputError at "--emit" for ZeRO plans ("use --emit deepspeed"), for a plan
 // that is not runnable, and for an optimizer-only offload (FSDP offloads parameters, gradients
 // and optimizer states together).
 std::string fsdp_settings(const Scenario& sc, const Evaluation& e);

@@ -14,6 +14,7 @@
 namespace shardplan::planner {
 
 using namespace costmodel;
+using namespace core;
 
 namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -206,57 +207,48 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
   return out;
 }
 
-std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
+namespace {
+
+// The table's memory part: the peak by category, against the capacity, and the verdict.
+void memory_lines(Text& text, const Scenario& sc, const Evaluation& e) {
   const auto& r = e.result;
-  Text text;
-  auto line = [&]<class... A>(fmt::format_string<A...> f, A&&... a) {
-    text.line(f, std::forward<A>(a)...);
-  };
-  line("training code: recipe {} ({}), loss {}", recipe_name(e.job.recipe),
-       recipe_description(e.job.recipe), loss_label(e.job));
-  line("plan: {} ({}){}, micro-batch {} x {} accumulation, checkpointing {}, offload {}",
-       e.spec.strategy, flavour_name(e.spec.flavour),
-       e.spec.shard_group_size > 0 ? fmt::format(", shard group {}", e.spec.shard_group_size) : "",
-       e.job.micro_batch, r.grad_accumulation, checkpointing_label(e.job),
-       offload_name(e.spec.offload));
-  if (!r.valid) {
-    line("not runnable: {}", r.reason);
-    return text.str;
-  }
-  line("");
-  line("memory per GPU at the peak");
+  text.line("memory per GPU at the peak");
   const char* labels[kCategories] = {"parameters",
                                      "gradients",
                                      "optimizer states",
                                      "activations",
                                      "buffers (gathered params, buckets)",
                                      "overhead (context, NCCL, fragmentation)"};
-  for (int c = 0; c < kCategories; ++c) line("  {:<42} {:>12}", labels[c], gib(r.at_peak[c]));
-  line("  {:<42} {:>12}   of {} ({} usable with {:.0f}% headroom)", "peak", gib(r.peak_bytes),
-       gib(r.capacity_bytes), gib(sc.usable_bytes()), sc.headroom * 100);
-  line("  {:<42} {}", "peak happens at", r.peak_when);
-  line("  {:<42} {:>12}   (what model-state-only estimators report)", "model states alone",
-       gib(total(r.model_states)));
-  line("  compare with: torch.cuda.max_memory_allocated() {}, max_memory_reserved() {}, nvidia-smi "
-       "{}",
-       gib(r.allocated_peak_bytes), gib(r.allocated_peak_bytes + r.reserve_bytes),
-       gib(r.peak_bytes));
+  for (int c = 0; c < kCategories; ++c) text.line("  {:<42} {:>12}", labels[c], gib(r.at_peak[c]));
+  text.line("  {:<42} {:>12}   of {} ({} usable with {:.0f}% headroom)", "peak", gib(r.peak_bytes),
+            gib(r.capacity_bytes), gib(sc.usable_bytes()), sc.headroom * 100);
+  text.line("  {:<42} {}", "peak happens at", r.peak_when);
+  text.line("  {:<42} {:>12}   (what model-state-only estimators report)", "model states alone",
+            gib(total(r.model_states)));
+  text.line("  compare with: torch.cuda.max_memory_allocated() {}, max_memory_reserved() {}, "
+            "nvidia-smi {}",
+            gib(r.allocated_peak_bytes), gib(r.allocated_peak_bytes + r.reserve_bytes),
+            gib(r.peak_bytes));
   switch (verdict_of(sc, e)) {
   case Verdict::fits:
-    line("  verdict: FITS ({} to spare beyond the {:.0f}% headroom)",
-         gib(sc.usable_bytes() - r.peak_bytes), sc.headroom * 100);
+    text.line("  verdict: FITS ({} to spare beyond the {:.0f}% headroom)",
+              gib(sc.usable_bytes() - r.peak_bytes), sc.headroom * 100);
     break;
   case Verdict::tight:
-    line("  verdict: TIGHT (fits the {} device with {} to spare, inside the {:.0f}% headroom)",
-         gib(r.capacity_bytes), gib(r.capacity_bytes - r.peak_bytes), sc.headroom * 100);
+    text.line("  verdict: TIGHT (fits the {} device with {} to spare, inside the {:.0f}% headroom)",
+              gib(r.capacity_bytes), gib(r.capacity_bytes - r.peak_bytes), sc.headroom * 100);
     break;
   case Verdict::does_not_fit:
-    line("  verdict: DOES NOT FIT (over the device by {})", gib(r.peak_bytes - r.capacity_bytes));
+    text.line("  verdict: DOES NOT FIT (over the device by {})",
+              gib(r.peak_bytes - r.capacity_bytes));
     break;
   }
-  line("");
-  line("time per optimizer step");
-  line("  {:<42} {:>12}", "compute (forward, backward, optimizer)", seconds(r.compute_s));
+}
+
+// The table's time part: compute by kind of op, each stream's exposed time, the step, throughput.
+void time_lines(Text& text, const StepResult& r) {
+  text.line("time per optimizer step");
+  text.line("  {:<42} {:>12}", "compute (forward, backward, optimizer)", seconds(r.compute_s));
   // Where the compute stream's time goes, by kind of op (costmodel/compute_time.hpp).
   const char* kind_labels[kComputeKinds] = {"GEMMs",
                                             "attention core",
@@ -269,27 +261,52 @@ std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
   for (int k = 0; k < kComputeKinds; ++k)
     if (r.compute_by_kind_s[k] > 0 ||
         (k == static_cast<int>(ComputeKind::optimizer) && !host_optimizer))
-      line("  {:<42} {:>12}", fmt::format("  {}", kind_labels[k]), seconds(r.compute_by_kind_s[k]));
+      text.line("  {:<42} {:>12}", fmt::format("  {}", kind_labels[k]),
+                seconds(r.compute_by_kind_s[k]));
   // The simulator runs it on the host stream, the trace on its own lane: the transfers' line
   // counts the transfers alone, the step's line all of its time (the GPU waits for all of it).
   if (host_optimizer)
-    line("  {:<42} {:>12}   (exposed: the GPUs wait for it)", "optimizer step on the host's CPUs",
-         seconds(r.host_optimizer_s));
+    text.line("  {:<42} {:>12}   (exposed: the GPUs wait for it)",
+              "optimizer step on the host's CPUs", seconds(r.host_optimizer_s));
   for (int s = 1; s < kStreams; ++s) {
     const double apart = s == static_cast<int>(Stream::host) ? r.host_optimizer_s : 0.0;
     const double exposed = std::max(0.0, r.exposed_s[s] - apart),
                  busy = std::max(0.0, r.busy_s[s] - apart);
     if (exposed > 0 || busy > 0)
-      line("  {:<42} {:>12}   (busy {})",
-           fmt::format("exposed {}", stream_name(static_cast<Stream>(s))), seconds(exposed),
-           seconds(busy));
+      text.line("  {:<42} {:>12}   (busy {})",
+                fmt::format("exposed {}", stream_name(static_cast<Stream>(s))), seconds(exposed),
+                seconds(busy));
   }
-  line("  {:<42} {:>12}", "step", seconds(r.step_s));
-  line("  throughput {:.0f} tokens/s for the job, MFU {:.1f}%, {:.2f} GB sent per GPU per step{}",
-       r.tokens_per_s, r.mfu * 100, r.comm_bytes_per_gpu / 1e9,
-       r.calibrated_comm ? (r.extrapolated_comm ? " (calibrated curves, extrapolated in group size)"
-                                                : " (calibrated curves)")
-                         : " (datasheet links)");
+  text.line("  {:<42} {:>12}", "step", seconds(r.step_s));
+  text.line(
+      "  throughput {:.0f} tokens/s for the job, MFU {:.1f}%, {:.2f} GB sent per GPU per step{}",
+      r.tokens_per_s, r.mfu * 100, r.comm_bytes_per_gpu / 1e9,
+      r.calibrated_comm ? (r.extrapolated_comm ? " (calibrated curves, extrapolated in group size)"
+                                               : " (calibrated curves)")
+                        : " (datasheet links)");
+}
+
+}  // namespace
+
+std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
+  const auto& r = e.result;
+  Text text;
+  text.line("training code: recipe {} ({}), loss {}", recipe_name(e.job.recipe),
+            recipe_description(e.job.recipe), loss_label(e.job));
+  text.line("plan: {} ({}){}, micro-batch {} x {} accumulation, checkpointing {}, offload {}",
+            e.spec.strategy, flavour_name(e.spec.flavour),
+            e.spec.shard_group_size > 0 ? fmt::format(", shard group {}", e.spec.shard_group_size)
+                                        : "",
+            e.job.micro_batch, r.grad_accumulation, checkpointing_label(e.job),
+            offload_name(e.spec.offload));
+  if (!r.valid) {
+    text.line("not runnable: {}", r.reason);
+    return text.str;
+  }
+  text.line("");
+  memory_lines(text, sc, e);
+  text.line("");
+  time_lines(text, r);
   return text.str;
 }
 

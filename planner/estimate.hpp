@@ -13,8 +13,8 @@
 namespace shardplan::planner {
 
 struct Evaluation {
-  costmodel::ShardingSpec spec;
-  costmodel::TrainingJob job;  // with the micro-batch used
+  documents::ShardingSpec spec;
+  documents::TrainingJob job;  // with the micro-batch used
   costmodel::StepResult result;
   bool fits = false;  // valid and peak <= usable capacity
 };
@@ -25,16 +25,16 @@ enum class Verdict { fits, tight, does_not_fit };
 Verdict verdict_of(const Scenario& sc, const Evaluation& e);
 const char* verdict_name(Verdict v);  // "fits", "tight", "does not fit"
 
-costmodel::StepInput step_input(const Scenario& sc, const costmodel::ShardingSpec& spec,
-                                const costmodel::TrainingJob& job);
-Evaluation evaluate(const Scenario& sc, const costmodel::ShardingSpec& spec,
-                    const costmodel::TrainingJob& job, costmodel::Trace* trace = nullptr);
+costmodel::StepInput step_input(const Scenario& sc, const documents::ShardingSpec& spec,
+                                const documents::TrainingJob& job);
+Evaluation evaluate(const Scenario& sc, const documents::ShardingSpec& spec,
+                    const documents::TrainingJob& job, costmodel::Trace* trace = nullptr);
 // The job's micro-batch if set, otherwise the largest divisor of the per-GPU batch that fits
 // (the smallest if none does, so the answer shows by how much).
-Evaluation evaluate_choosing_micro_batch(const Scenario& sc, const costmodel::ShardingSpec& spec,
+Evaluation evaluate_choosing_micro_batch(const Scenario& sc, const documents::ShardingSpec& spec,
                                          costmodel::Trace* trace = nullptr);
-// Refuses (costmodel::InputError) a plan the user asked for whose bytes per GPU pass
-// costmodel::kMaxCount (2^62, core/whole_count.hpp), naming the input that made them so big:
+// Refuses (core::InputError) a plan the user asked for whose bytes per GPU pass
+// core::kMaxCount (2^62, core/whole_count.hpp), naming the input that made them so big:
 // --params or --model when the model states alone do, else --micro-batch (as given) or --seq-len.
 void check_countable(const Scenario& sc, const Evaluation& e);
 

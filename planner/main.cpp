@@ -2,5 +2,6 @@
 #include "planner/cli.hpp"
 
 int main(int argc, char** argv) {
-  return shardplan::io::finish_standard_output("planner", shardplan::planner::run_cli(argc, argv));
+  return shardplan::core::finish_standard_output("planner",
+                                                 shardplan::planner::run_cli(argc, argv));
 }

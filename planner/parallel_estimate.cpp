@@ -10,7 +10,7 @@
 
 namespace shardplan::planner {
 
-using costmodel::InputError;
+using core::InputError;
 
 void add_parallel_options(CLI::App& app, ParallelOptions& o) {
   app.add_option("--tensor-parallel", o.tensor_parallel,
@@ -31,7 +31,7 @@ namespace {
 
 int degree(const std::optional<std::string>& text, const char* flag) {
   if (!text) return 1;
-  const int v = costmodel::int_from_text(flag, *text);
+  const int v = core::int_from_text(flag, *text);
   if (v < 1) throw InputError(flag, fmt::format("must be >= 1, got {}", v));
   return v;
 }
@@ -109,7 +109,7 @@ costmodel::ParallelLayout layout_from_options(const ParallelOptions& o, Scenario
 namespace {
 
 std::string layout_line(const Scenario& sc, const costmodel::ParallelLayout& l,
-                        const costmodel::ShardingSpec& spec) {
+                        const documents::ShardingSpec& spec) {
   std::string pipe =
       fmt::format("pipeline {} ({}", l.pipeline_parallel, costmodel::schedule_name(l.schedule));
   if (l.virtual_stages > 1) pipe += fmt::format(", {} virtual stages", l.virtual_stages);
@@ -122,7 +122,7 @@ std::string layout_line(const Scenario& sc, const costmodel::ParallelLayout& l,
 }  // namespace
 
 std::string parallel_table(const Scenario& sc, const costmodel::ParallelLayout& l,
-                           const costmodel::ShardingSpec& spec, const costmodel::ParallelStep& r) {
+                           const documents::ShardingSpec& spec, const costmodel::ParallelStep& r) {
   const auto& s = r.step;
   std::string out = layout_line(sc, l, spec) + "\n";
   out += fmt::format(
@@ -146,7 +146,7 @@ std::string parallel_table(const Scenario& sc, const costmodel::ParallelLayout& 
 }
 
 nlohmann::json parallel_to_json(const Scenario& sc, const costmodel::ParallelLayout& l,
-                                const costmodel::ShardingSpec& spec,
+                                const documents::ShardingSpec& spec,
                                 const costmodel::ParallelStep& r) {
   nlohmann::json stages = nlohmann::json::array();
   for (const auto& st : r.memory.stages)

@@ -32,9 +32,9 @@ void add_parallel_options(CLI::App& app, ParallelOptions& o);
 costmodel::ParallelLayout layout_from_options(const ParallelOptions& o, Scenario& sc);
 
 std::string parallel_table(const Scenario& sc, const costmodel::ParallelLayout& l,
-                           const costmodel::ShardingSpec& spec, const costmodel::ParallelStep& r);
+                           const documents::ShardingSpec& spec, const costmodel::ParallelStep& r);
 nlohmann::json parallel_to_json(const Scenario& sc, const costmodel::ParallelLayout& l,
-                                const costmodel::ShardingSpec& spec,
+                                const documents::ShardingSpec& spec,
                                 const costmodel::ParallelStep& r);
 
 }  // namespace shardplan::planner

@@ -24,8 +24,8 @@ namespace shardplan::planner {
 
 struct LayoutCandidate {
   costmodel::ParallelLayout layout;
-  costmodel::ShardingSpec spec;
-  costmodel::TrainingJob job;  // with its micro-batch
+  documents::ShardingSpec spec;
+  documents::TrainingJob job;  // with its micro-batch
   costmodel::ParallelStep result;
   bool fits = false;
 };

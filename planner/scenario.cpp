@@ -10,7 +10,7 @@
 
 namespace shardplan::planner {
 
-using costmodel::InputError;
+using core::InputError;
 
 namespace {
 
@@ -18,7 +18,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // A whole number >= 1 from a flag's text.
 std::int64_t positive_count(const std::string& flag, const std::string& text) {
-  const auto v = costmodel::int64_from_text(flag, text);
+  const auto v = core::int64_from_text(flag, text);
   if (v < 1) throw InputError(flag, fmt::format("must be > 0, got {}", v));
   return v;
 }
@@ -81,7 +81,7 @@ template <class Parse> auto in_document(const char* what, Parse&& parse) {
   try {
     return parse();
   } catch (const InputError& e) {
-    throw costmodel::error_in_file(what, e);
+    throw core::error_in_file(what, e);
   }
 }
 
@@ -96,25 +96,25 @@ void set_model_and_hardware(const ScenarioOptions& o, Scenario& sc) {
   if (o.hardware && o.hardware_document)
     throw InputError("--hardware", "give either a name or a document, not both");
   if (o.params) {
-    const double params = costmodel::double_from_text("--params", *o.params);
+    const double params = core::double_from_text("--params", *o.params);
     const std::int64_t layers = o.layers ? positive_count("--layers", *o.layers) : 0;  // 0: derived
-    sc.model = costmodel::model_from_param_count(params, layers);
+    sc.model = documents::model_from_param_count(params, layers);
   } else if (o.model_document) {
     sc.model = in_document("model", [&] {
-      return costmodel::model_from_hf_config(
+      return documents::model_from_hf_config(
           *o.model_document, document_name(*o.model_document, "_name_or_path", "model"));
     });
   } else {
-    sc.model = costmodel::load_model(o.model ? named("--model", o.model, "a preset or a file")
+    sc.model = documents::load_model(o.model ? named("--model", o.model, "a preset or a file")
                                              : kDefaultModel);
   }
   if (o.hardware_document)
     sc.hardware = in_document("hardware", [&] {
-      return costmodel::hardware_from_json(*o.hardware_document,
+      return documents::hardware_from_json(*o.hardware_document,
                                            document_name(*o.hardware_document, "name", "hardware"));
     });
   else
-    sc.hardware = costmodel::load_hardware(
+    sc.hardware = documents::load_hardware(
         o.hardware ? named("--hardware", o.hardware, "a profile or a file") : kDefaultHardware);
 }
 
@@ -122,7 +122,7 @@ void set_model_and_hardware(const ScenarioOptions& o, Scenario& sc) {
 void set_model_and_cluster(const ScenarioOptions& o, Scenario& sc) {
   set_model_and_hardware(o, sc);
   if (o.gpu_memory_GiB) {
-    const double gib = costmodel::double_from_text("--gpu-memory-GiB", *o.gpu_memory_GiB);
+    const double gib = core::double_from_text("--gpu-memory-GiB", *o.gpu_memory_GiB);
     if (!(gib > 0) || gib > 1e6)  // double_from_text refuses inf and nan
       throw InputError("--gpu-memory-GiB",
                        fmt::format("must be > 0 and <= 1000000, got {}", *o.gpu_memory_GiB));
@@ -130,7 +130,7 @@ void set_model_and_cluster(const ScenarioOptions& o, Scenario& sc) {
     sc.hardware.memory_bytes = gib * kGiB;
   }
   if (o.gpus) {
-    sc.cluster.gpus = costmodel::int_from_text("--gpus", *o.gpus);
+    sc.cluster.gpus = core::int_from_text("--gpus", *o.gpus);
     if (sc.cluster.gpus < 1)
       throw InputError("--gpus", fmt::format("must be >= 1, got {}", sc.cluster.gpus));
   } else {
@@ -142,9 +142,9 @@ void set_model_and_cluster(const ScenarioOptions& o, Scenario& sc) {
     sc.defaulted.push_back(fmt::format("--hardware {}", kDefaultHardware));
   if (!o.gpus) sc.defaulted.push_back(fmt::format("--gpus {}", kDefaultGpus));
   sc.cluster.gpus_per_node = o.gpus_per_node
-                                 ? costmodel::int_from_text("--gpus-per-node", *o.gpus_per_node)
+                                 ? core::int_from_text("--gpus-per-node", *o.gpus_per_node)
                                  : sc.hardware.gpus_per_node;
-  costmodel::validate_cluster(sc.cluster);
+  documents::validate_cluster(sc.cluster);
 }
 
 // The job: the --job file's, or the defaults; which of loss and checkpointing the user named.
@@ -154,11 +154,11 @@ void set_base_job(const ScenarioOptions& o, Scenario& sc) {
   loss_named = o.loss.has_value();
   checkpointing_named = o.checkpointing.has_value();
   if (o.job_file) {
-    const auto doc = costmodel::read_json_document(named("--job", o.job_file, "a file"),
-                                                   [&](const nlohmann::json& d) {
-                                                     sc.job = costmodel::job_from_json(d);
-                                                     return d;
-                                                   });
+    const auto doc = core::read_json_document(named("--job", o.job_file, "a file"),
+                                              [&](const nlohmann::json& d) {
+                                                sc.job = documents::job_from_json(d);
+                                                return d;
+                                              });
     loss_named = loss_named || (doc.is_object() && doc.contains("loss"));
     checkpointing_named = checkpointing_named || (doc.is_object() && doc.contains("checkpointing"));
   } else {
@@ -178,18 +178,18 @@ void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
   if (o.micro_batch) sc.job.micro_batch = positive_count("--micro-batch", *o.micro_batch);
   if (sc.job.seq_len > 100'000'000)
     throw InputError("--seq-len", fmt::format("must be <= 100000000, got {}", sc.job.seq_len));
-  if (o.precision) sc.job.precision = costmodel::precision_from_name(*o.precision, "--precision");
-  if (o.optimizer) sc.job.optimizer = costmodel::optimizer_from_name(*o.optimizer, "--optimizer");
-  if (o.checkpointing) costmodel::set_checkpointing(sc.job, *o.checkpointing, "--checkpointing");
-  if (o.attention) sc.job.attention = costmodel::attention_from_name(*o.attention, "--attention");
+  if (o.precision) sc.job.precision = documents::precision_from_name(*o.precision, "--precision");
+  if (o.optimizer) sc.job.optimizer = documents::optimizer_from_name(*o.optimizer, "--optimizer");
+  if (o.checkpointing) documents::set_checkpointing(sc.job, *o.checkpointing, "--checkpointing");
+  if (o.attention) sc.job.attention = documents::attention_from_name(*o.attention, "--attention");
   if (o.recipe) {  // the recipe's loss and checkpointing unless the user names them
-    sc.job.recipe = costmodel::recipe_from_name(*o.recipe, "--recipe");
-    if (!sc.loss_named) sc.job.loss = costmodel::default_loss(sc.job.recipe);
+    sc.job.recipe = documents::recipe_from_name(*o.recipe, "--recipe");
+    if (!sc.loss_named) sc.job.loss = documents::default_loss(sc.job.recipe);
     if (!sc.checkpointing_named)
-      sc.job.checkpointing = costmodel::default_checkpointing(sc.job.recipe);
+      sc.job.checkpointing = documents::default_checkpointing(sc.job.recipe);
   }
-  if (o.loss) costmodel::set_loss(sc.job, *o.loss, "--loss");
-  if (sc.job.checkpointing == costmodel::Checkpointing::every) {  // as the recipe's code counts
+  if (o.loss) documents::set_loss(sc.job, *o.loss, "--loss");
+  if (sc.job.checkpointing == documents::Checkpointing::every) {  // as the recipe's code counts
     bool any = false;
     for (std::int64_t b = 0; b < sc.model.layers && !any; ++b) any = sc.job.block_checkpointed(b);
     if (!any)
@@ -197,7 +197,7 @@ void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
           "--checkpointing",
           fmt::format("every:{} checkpoints no block of a {}-layer model under recipe {}",
                       sc.job.checkpoint_every, sc.model.layers,
-                      costmodel::recipe_name(sc.job.recipe)));
+                      documents::recipe_name(sc.job.recipe)));
   }
 }
 
@@ -210,9 +210,8 @@ Scenario make_scenario(const ScenarioOptions& o, bool check_batch) {
   set_model_and_cluster(o, sc);
   set_base_job(o, sc);
   apply_job_flags(o, sc);
-  if (check_batch) costmodel::validate_job(sc.job, sc.cluster);
-  const double headroom =
-      o.headroom ? costmodel::double_from_text("--headroom", *o.headroom) : 0.05;
+  if (check_batch) documents::validate_job(sc.job, sc.cluster);
+  const double headroom = o.headroom ? core::double_from_text("--headroom", *o.headroom) : 0.05;
   if (!(headroom >= 0 && headroom < 1))
     throw InputError("--headroom", fmt::format("must be in [0, 1), got {}", headroom));
   sc.headroom = headroom;
@@ -278,32 +277,32 @@ void add_plan_options(CLI::App& app, PlanOptions& o, bool strategy_required) {
 
 std::optional<int> shard_group_size(const PlanOptions& o) {
   if (!o.shard_group_size) return std::nullopt;
-  return costmodel::int_from_text("--shard-group-size", *o.shard_group_size);
+  return core::int_from_text("--shard-group-size", *o.shard_group_size);
 }
 
-costmodel::ShardingSpec with_job_precision(costmodel::ShardingSpec s,
-                                           const costmodel::TrainingJob& job) {
-  using costmodel::DType;
-  if (s.flavour == costmodel::Flavour::ddp) return s;
-  const DType c = costmodel::compute_dtype(job.precision);
+documents::ShardingSpec with_job_precision(documents::ShardingSpec s,
+                                           const documents::TrainingJob& job) {
+  using documents::DType;
+  if (s.flavour == documents::Flavour::ddp) return s;
+  const DType c = documents::compute_dtype(job.precision);
   const DType compute = c == DType::tf32 ? DType::fp32 : c;
-  if (s.flavour == costmodel::Flavour::deepspeed) {
+  if (s.flavour == documents::Flavour::deepspeed) {
     s.reduce_bucket_bytes *=
-        costmodel::dtype_bytes(compute) / costmodel::dtype_bytes(s.reduce_dtype);
-    s.allgather_bucket_bytes *= costmodel::dtype_bytes(compute) / 2;  // preset: 2-byte elements
+        documents::dtype_bytes(compute) / documents::dtype_bytes(s.reduce_dtype);
+    s.allgather_bucket_bytes *= documents::dtype_bytes(compute) / 2;  // preset: 2-byte elements
   }
-  s.reduce_dtype = job.recipe == costmodel::Recipe::torchtitan ? DType::fp32 : compute;
+  s.reduce_dtype = job.recipe == documents::Recipe::torchtitan ? DType::fp32 : compute;
   return s;
 }
 
-costmodel::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& strategy,
+documents::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& strategy,
                                        const Scenario& sc) {
-  std::optional<costmodel::Flavour> flavour;
-  if (o.flavour) flavour = costmodel::flavour_from_name(*o.flavour, "--flavour");
+  std::optional<documents::Flavour> flavour;
+  if (o.flavour) flavour = documents::flavour_from_name(*o.flavour, "--flavour");
   auto spec = with_job_precision(
-      costmodel::make_spec(strategy, flavour, sc.cluster.gpus_per_node, shard_group_size(o)),
+      documents::make_spec(strategy, flavour, sc.cluster.gpus_per_node, shard_group_size(o)),
       sc.job);
-  spec.offload = costmodel::offload_from_name(o.offload.value_or("none"), "--offload");
+  spec.offload = documents::offload_from_name(o.offload.value_or("none"), "--offload");
   if (spec.shard_group_size > 0 && sc.cluster.gpus % spec.shard_group_size != 0)
     throw InputError("--shard-group-size", fmt::format("{} does not divide {} GPUs",
                                                        spec.shard_group_size, sc.cluster.gpus));

@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "costmodel/accounting.hpp"
-#include "costmodel/hardware.hpp"
-#include "costmodel/job.hpp"
-#include "costmodel/model.hpp"
-#include "costmodel/sharding.hpp"
+#include "documents/hardware.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/sharding.hpp"
 
 namespace CLI {
 class App;  // <CLI/CLI.hpp>, included by the .cpp files that add the options
@@ -44,10 +44,10 @@ struct ScenarioOptions {
 // noexcept default constructor into json_value(value_t), to a throw that null never reaches
 // (llvm/llvm-project#54956: the analysis does not stop at noexcept).
 struct Scenario {  // NOLINT(bugprone-exception-escape)
-  costmodel::ModelSpec model;
-  costmodel::HardwareProfile hardware;
-  costmodel::Cluster cluster;
-  costmodel::TrainingJob job;
+  documents::ModelSpec model;
+  documents::HardwareProfile hardware;
+  documents::Cluster cluster;
+  documents::TrainingJob job;
   costmodel::Accounting accounting = costmodel::Accounting::framework;
   double headroom = 0.05;
   bool is_default = false;  // nothing was said: the built-in default job
@@ -69,7 +69,7 @@ inline constexpr std::int64_t kDefaultSeqLen = 4096;
 inline constexpr std::int64_t kDefaultSequencesPerGpu = 4;
 
 void add_scenario_options(CLI::App& app, ScenarioOptions& o);
-// Throws costmodel::InputError. check_batch: the global batch must divide over every GPU (data
+// Throws core::InputError. check_batch: the global batch must divide over every GPU (data
 // parallelism alone); a plan with model parallelism checks it over its replicas instead.
 Scenario make_scenario(const ScenarioOptions& o, bool check_batch = true);
 
@@ -97,9 +97,9 @@ std::optional<int> shard_group_size(const PlanOptions& o);
 // (engine.py, communication_data_type: the fp16/bf16 training dtype, else fp32), whose buckets
 // hold 5e8 elements of their dtype (zero/config.py); DDP reduces the parameters' dtype, fp32
 // under autocast.
-costmodel::ShardingSpec with_job_precision(costmodel::ShardingSpec s,
-                                           const costmodel::TrainingJob& job);
-costmodel::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& strategy,
+documents::ShardingSpec with_job_precision(documents::ShardingSpec s,
+                                           const documents::TrainingJob& job);
+documents::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& strategy,
                                        const Scenario& sc);
 
 }  // namespace shardplan::planner

@@ -11,6 +11,7 @@
 namespace shardplan::planner {
 
 using namespace costmodel;
+using namespace core;
 
 namespace {
 

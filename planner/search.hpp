@@ -17,12 +17,12 @@ namespace shardplan::planner {
 // Knobs the user pinned (unset = searched).
 struct SearchPins {
   std::optional<std::string> strategy;
-  std::optional<costmodel::Flavour> flavour;
+  std::optional<documents::Flavour> flavour;
   bool pytorch_only = false;  // PyTorch's flavours (ddp, fsdp1, fsdp2): what --emit fsdp can write
   std::optional<std::int64_t> micro_batch;
   bool checkpointing = false;  // the scenario's checkpointing mode (and every:N) is the user's
   bool loss = false;           // the scenario's loss is the user's
-  std::optional<costmodel::Offload> offload;
+  std::optional<documents::Offload> offload;
   std::optional<int> shard_group_size;
   bool exhaustive = false;  // simulate everything, no pruning (for tests and benchmarks)
 };
@@ -47,7 +47,7 @@ struct SearchResult {
 
 // The space: strategies × flavours × shard groups × micro-batches × checkpointing × offload ×
 // prefetch depth and bucket size variants.
-std::vector<costmodel::ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& pins);
+std::vector<documents::ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& pins);
 SearchResult search(const Scenario& sc, const SearchPins& pins);
 
 // Ranking order: faster first, ties to lower peak memory.

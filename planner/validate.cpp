@@ -16,9 +16,9 @@
 namespace shardplan::planner {
 namespace {
 
-using costmodel::InputError;
-using costmodel::ObjectReader;
-using costmodel::Range;
+using core::InputError;
+using core::ObjectReader;
+using core::Range;
 using nlohmann::json;
 
 constexpr double kMiB = 1024.0 * 1024.0;
@@ -96,9 +96,8 @@ void read_summary(ObjectReader& r, RunFacts& f) {
 RunFacts read_run(const json& run) {
   ObjectReader r(run, "");
   if (r.integer("schema_version") != 1)
-    throw InputError(
-        "/schema_version",
-        fmt::format("must be 1, got {}", costmodel::describe_value(run["schema_version"])));
+    throw InputError("/schema_version",
+                     fmt::format("must be 1, got {}", core::describe_value(run["schema_version"])));
   if (const auto kind = r.string("kind"); kind != "shardplan.run")
     throw InputError("/kind", fmt::format("must be \"shardplan.run\", got \"{}\"", kind));
   RunFacts f;
@@ -159,11 +158,11 @@ RunFacts read_run(const json& run) {
 // is taken without per-device overheads, as the executor's pipeline run takes it.
 costmodel::PlanPrediction tensor_parallel_prediction(const costmodel::Plan& plan,
                                                      const RunFacts& run) {
-  costmodel::HardwareProfile hw;
+  documents::HardwareProfile hw;
   try {
-    hw = costmodel::load_hardware(plan.hardware);
+    hw = documents::load_hardware(plan.hardware);
   } catch (const std::exception&) {
-    hw = costmodel::HardwareProfile{};
+    hw = documents::HardwareProfile{};
   }
   costmodel::ParallelMemoryInput in;
   in.model = &plan.model;
@@ -213,7 +212,7 @@ std::vector<std::pair<std::string, std::string>> differences(const costmodel::Pl
   differ("/environment/ranks", fmt::format("{} ranks", run.world),
          fmt::format("{} ranks", plan.cluster.gpus));
   differ("/plan/strategy", run.strategy, plan.spec.strategy);
-  differ("/plan/flavour", run.flavour, costmodel::flavour_name(plan.spec.flavour));
+  differ("/plan/flavour", run.flavour, documents::flavour_name(plan.spec.flavour));
   if (run.micro_batch != 0)
     differ("/plan/job/micro_batch", fmt::format("micro-batch {}", run.micro_batch),
            fmt::format("micro-batch {}", plan.job.micro_batch));
@@ -300,7 +299,7 @@ json validate_json(const json& plan_document, const json& run_document, bool for
   const auto pr = run.tensor_parallel > 1 ? tensor_parallel_prediction(plan, run) : plan.prediction;
   json out;
   out["plan"] = {
-      {"strategy", plan.spec.strategy}, {"flavour", costmodel::flavour_name(plan.spec.flavour)},
+      {"strategy", plan.spec.strategy}, {"flavour", documents::flavour_name(plan.spec.flavour)},
       {"gpus", plan.cluster.gpus},      {"micro_batch", plan.job.micro_batch},
       {"model", plan.model.name},       {"hardware", plan.hardware},
       {"peak_when", pr.peak_when}};

@@ -25,7 +25,7 @@ namespace shardplan::planner {
 // plan_document: a plan (planner recommend --emit plan); run_document: executor's run.json, or a
 // pipeline run's document (its /kind "executor pipeline run"), compared per stage as
 // validate_pipeline.hpp says.
-// Throws costmodel::InputError naming the JSON pointer of a missing or malformed field (in the
+// Throws core::InputError naming the JSON pointer of a missing or malformed field (in the
 // plan: as plan_from_json; in the run: "/summary/time/step_s: missing key"), and of the first
 // field that says the run is not of this plan (its /plan/model, /environment/ranks,
 // /plan/strategy, /plan/flavour or /plan/job/micro_batch differs from the plan's), with both

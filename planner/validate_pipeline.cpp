@@ -18,9 +18,9 @@
 namespace shardplan::planner {
 namespace {
 
-using costmodel::InputError;
-using costmodel::ObjectReader;
-using costmodel::Range;
+using core::InputError;
+using core::ObjectReader;
+using core::Range;
 using nlohmann::json;
 
 constexpr double kMiB = 1024.0 * 1024.0;
@@ -111,10 +111,10 @@ struct Prediction {
 
 Prediction predict(const costmodel::Plan& plan, const PipelineRun& run) {
   Prediction out;
-  costmodel::HardwareProfile hw;
+  documents::HardwareProfile hw;
   bool loaded = true;
   try {
-    hw = costmodel::load_hardware(plan.hardware);
+    hw = documents::load_hardware(plan.hardware);
   } catch (const std::exception&) {
     loaded = false;
     out.notes.push_back(fmt::format("the plan's hardware profile \"{}\" could not be loaded here: "
@@ -222,7 +222,7 @@ json validate_pipeline_json(const json& plan_document, const json& run_document,
   json out;
   out["kind"] = "pipeline";
   out["plan"] = {{"strategy", plan.spec.strategy},
-                 {"flavour", costmodel::flavour_name(plan.spec.flavour)},
+                 {"flavour", documents::flavour_name(plan.spec.flavour)},
                  {"gpus", plan.cluster.gpus},
                  {"model", plan.model.name},
                  {"hardware", plan.hardware}};

@@ -24,7 +24,7 @@ namespace shardplan::planner {
 // Whether the run document is a pipeline run's (its /kind).
 bool is_pipeline_run(const nlohmann::json& run_document);
 
-// Throws costmodel::InputError naming the run's JSON pointer of a missing or malformed field (a
+// Throws core::InputError naming the run's JSON pointer of a missing or malformed field (a
 // stage count that is not /pipeline/pipeline_parallel, ranks that are not stages × data-parallel
 // ranks, an unknown schedule, no steps), and of the first field that says the run is not of this
 // plan (/model, /world), with both values; force compares anyway.

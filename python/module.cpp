@@ -18,7 +18,7 @@
 
 namespace nb = nanobind;
 using namespace nb::literals;
-using shardplan::costmodel::InputError;
+using shardplan::core::InputError;
 
 namespace {
 
@@ -26,7 +26,7 @@ namespace {
 // syntax errors name `what` ("model", "hardware").
 std::optional<nlohmann::json> document(const std::optional<std::string>& text, const char* what) {
   if (!text) return std::nullopt;
-  return shardplan::costmodel::parse_json_text(*text, what);
+  return shardplan::core::parse_json_text(*text, what);
 }
 
 // Runs without the GIL: the planner reads only its arguments and the data files, so calls from
@@ -48,7 +48,7 @@ std::pair<std::string, std::vector<std::string>> run(std::vector<std::string> ar
   return {std::move(response.output), std::move(response.notes)};
 }
 
-// costmodel::InputError becomes shardplan.InputError(where, message), a ValueError.
+// core::InputError becomes shardplan.InputError(where, message), a ValueError.
 void translate_input_error(const std::exception_ptr& p, void*) {
   try {
     std::rethrow_exception(p);

@@ -12,7 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOTS = ["bench", "calibrate", "comm", "costmodel", "executor", "io", "planner", "tests", "validation"]
+ROOTS = ["bench", "calibrate", "comm", "core", "costmodel", "documents", "executor", "kernels", "planner",
+         "tests", "validation"]
 
 
 def has_reason(lines, start):

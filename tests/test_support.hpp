@@ -7,12 +7,12 @@
 
 namespace shardplan::test {
 
-// The message of the costmodel::InputError that f() throws ("WHERE: MESSAGE"), or "no error" when
+// The message of the core::InputError that f() throws ("WHERE: MESSAGE"), or "no error" when
 // it throws none. Any other exception goes on to the test case.
 std::string error_of(auto&& f) {
   try {
     f();
-  } catch (const costmodel::InputError& e) {
+  } catch (const core::InputError& e) {
     return e.what();
   }
   return "no error";

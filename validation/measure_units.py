@@ -102,7 +102,7 @@ UNIT_EMBEDDING, UNIT_HEAD = "embedding", "head"
 SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 
 # --------------------------------------------------------------------------------------------------
-# Configs: HF config.json dicts the planner's parser accepts (costmodel/model.cpp).
+# Configs: HF config.json dicts the planner's parser accepts (documents/model.cpp).
 # --------------------------------------------------------------------------------------------------
 
 LLAMA_H128 = {

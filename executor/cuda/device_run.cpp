@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/input_error.hpp"
+#include "executor/kernel_names.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/device_memory.hpp"
 
@@ -16,13 +17,13 @@ public:
   CudaDeviceRun(int device, std::int64_t limit_bytes) {
     if (cudaSetDevice(device) != cudaSuccess)
       throw std::runtime_error(fmt::format("cudaSetDevice({}) failed", device));
-    context_ = cuda::DeviceMemory::context_bytes();
+    context_ = kernels::cuda::DeviceMemory::context_bytes();
     cudaDeviceProp props{};
     if (cudaGetDeviceProperties(&props, device) == cudaSuccess) name_ = props.name;
     std::size_t free = 0, total = 0;
     if (cudaMemGetInfo(&free, &total) == cudaSuccess) total_ = static_cast<std::int64_t>(total);
-    memory_ = std::make_unique<cuda::DeviceMemory>(limit_bytes < 0 ? CachingPool::kUnlimited
-                                                                   : limit_bytes);
+    memory_ = std::make_unique<kernels::cuda::DeviceMemory>(
+        limit_bytes < 0 ? CachingPool::kUnlimited : limit_bytes);
   }
   ~CudaDeviceRun() override {
     fp32_.reset();  // their streams, before the memory's segments
@@ -33,11 +34,11 @@ public:
 
   MemorySource& memory() override { return *memory_; }
   void attach(EngineOptions& options) override {
-    switch (costmodel::compute_dtype(options.precision)) {
-    case costmodel::DType::bf16:
+    switch (documents::compute_dtype(options.precision)) {
+    case documents::DType::bf16:
       options.backend_bf16 = &make(bf16_);
       break;
-    case costmodel::DType::fp16:
+    case documents::DType::fp16:
       options.backend_f16 = &make(fp16_);
       break;
     default:  // the GEMMs in TF32, as the cost model's fp32 precision computes
@@ -69,16 +70,17 @@ private:
 
   std::string name_;
   std::int64_t total_ = 0, context_ = 0, nccl_ = 0, used_before_ = 0;
-  std::unique_ptr<cuda::DeviceMemory> memory_;
+  std::unique_ptr<kernels::cuda::DeviceMemory> memory_;
   // One backend per compute type; the pool queues its allocations on the last one made.
-  template <class S> cuda::CudaBackend<S>& make(std::unique_ptr<cuda::CudaBackend<S>>& b) {
-    if (!b) b = std::make_unique<cuda::CudaBackend<S>>(*memory_, true);
+  template <class S>
+  kernels::cuda::CudaBackend<S>& make(std::unique_ptr<kernels::cuda::CudaBackend<S>>& b) {
+    if (!b) b = std::make_unique<kernels::cuda::CudaBackend<S>>(*memory_, true);
     return *b;
   }
 
-  std::unique_ptr<cuda::CudaBackend<float>> fp32_;
-  std::unique_ptr<cuda::CudaBackend<bf16>> bf16_;
-  std::unique_ptr<cuda::CudaBackend<f16>> fp16_;
+  std::unique_ptr<kernels::cuda::CudaBackend<float>> fp32_;
+  std::unique_ptr<kernels::cuda::CudaBackend<bf16>> bf16_;
+  std::unique_ptr<kernels::cuda::CudaBackend<f16>> fp16_;
 };
 
 }  // namespace
@@ -87,7 +89,7 @@ std::unique_ptr<DeviceRun> open_device(int device, std::int64_t limit_bytes) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     (void)cudaGetLastError();
-    throw costmodel::InputError("--backend", "cuda: this host has no CUDA device");
+    throw core::InputError("--backend", "cuda: this host has no CUDA device");
   }
   return std::make_unique<CudaDeviceRun>(device % count, limit_bytes);
 }

@@ -7,7 +7,7 @@
 
 #include "kernels/cuda/flash_attention.hpp"
 
-namespace shardplan::executor::cuda {
+namespace shardplan::kernels::cuda {
 namespace {
 
 void check(cudaError_t code, const char* call) {
@@ -324,4 +324,4 @@ template class CudaBackend<float>;
 template class CudaBackend<bf16>;
 template class CudaBackend<f16>;
 
-}  // namespace shardplan::executor::cuda
+}  // namespace shardplan::kernels::cuda

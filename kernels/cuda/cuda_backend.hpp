@@ -31,7 +31,7 @@
 #include "kernels/cuda/device_kernels.hpp"
 #include "kernels/cuda/device_memory.hpp"
 
-namespace shardplan::executor::cuda {
+namespace shardplan::kernels::cuda {
 
 template <class S> class CudaBackend final : public Backend<S> {
 public:
@@ -136,4 +136,4 @@ extern template class CudaBackend<float>;
 extern template class CudaBackend<bf16>;
 extern template class CudaBackend<f16>;
 
-}  // namespace shardplan::executor::cuda
+}  // namespace shardplan::kernels::cuda

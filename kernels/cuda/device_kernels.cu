@@ -4,7 +4,7 @@
 // (from_float: __float2bfloat16_rn, __float2half_rn; nothing to do for float). What differs from
 // the host is only the order of the reductions (warp shuffles instead of a loop) and the GEMMs
 // (cuBLAS). The kernels are templates over the CUDA type T of S (float, __nv_bfloat16, __half: the
-// same bits as executor::bf16 and executor::f16); the launchers, templates over S, cast the
+// same bits as kernels::bf16 and kernels::f16); the launchers, templates over S, cast the
 // pointers (dev) and are explicitly instantiated for the three types at the end.
 //
 // Launch shapes: 256 threads per block everywhere. Element-wise kernels loop grid-stride
@@ -29,7 +29,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-namespace shardplan::executor::cuda {
+namespace shardplan::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;                     // threads per block
@@ -48,15 +48,15 @@ constexpr std::int64_t kColumnTargetBlocks = 2048;
 template <class S> struct DeviceType {
   using type = S;  // float
 };
-template <> struct DeviceType<executor::bf16> { using type = __nv_bfloat16; };
-template <> struct DeviceType<executor::f16> { using type = __half; };
+template <> struct DeviceType<kernels::bf16> { using type = __nv_bfloat16; };
+template <> struct DeviceType<kernels::f16> { using type = __half; };
 template <class S> using device_t = typename DeviceType<S>::type;
 
-static_assert(sizeof(executor::bf16) == sizeof(__nv_bfloat16) &&
-                  alignof(executor::bf16) == alignof(__nv_bfloat16),
-              "executor::bf16 has __nv_bfloat16's bits");
-static_assert(sizeof(executor::f16) == sizeof(__half) && alignof(executor::f16) == alignof(__half),
-              "executor::f16 has __half's bits");
+static_assert(sizeof(kernels::bf16) == sizeof(__nv_bfloat16) &&
+                  alignof(kernels::bf16) == alignof(__nv_bfloat16),
+              "kernels::bf16 has __nv_bfloat16's bits");
+static_assert(sizeof(kernels::f16) == sizeof(__half) && alignof(kernels::f16) == alignof(__half),
+              "kernels::f16 has __half's bits");
 
 // A pointer to S as its CUDA type (const kept).
 template <class S> auto dev(S* p) {
@@ -1226,8 +1226,8 @@ void adamw_step(const Launch& launch, float* params, const float* grads, float* 
   template void widen_add<S>(const Launch&, float*, const S*, std::int64_t);
 
 SHARDPLAN_DEVICE_KERNELS(float)
-SHARDPLAN_DEVICE_KERNELS(executor::bf16)
-SHARDPLAN_DEVICE_KERNELS(executor::f16)
+SHARDPLAN_DEVICE_KERNELS(kernels::bf16)
+SHARDPLAN_DEVICE_KERNELS(kernels::f16)
 #undef SHARDPLAN_DEVICE_KERNELS
 
-}  // namespace shardplan::executor::cuda
+}  // namespace shardplan::kernels::cuda

@@ -27,7 +27,7 @@
 
 #include "kernels/scalar.hpp"
 
-namespace shardplan::executor::cuda {
+namespace shardplan::kernels::cuda {
 
 // Where work is queued.
 struct Launch {
@@ -157,4 +157,4 @@ void adamw_step(const Launch& launch, float* params, const float* grads, float* 
                 float* exp_avg_sq, std::int64_t n, std::int64_t step, double lr, double beta1,
                 double beta2, double eps, double weight_decay);
 
-}  // namespace shardplan::executor::cuda
+}  // namespace shardplan::kernels::cuda

@@ -9,7 +9,7 @@
 
 #include "comm/comm_error.hpp"
 
-namespace shardplan::executor::cuda {
+namespace shardplan::kernels::cuda {
 namespace {
 
 void check(cudaError_t code, const char* call, const char* file, int line) {
@@ -303,4 +303,4 @@ void DeviceMemory::throw_deferred_error() {
 
 #undef DEVICE_MEMORY_CALL
 
-}  // namespace shardplan::executor::cuda
+}  // namespace shardplan::kernels::cuda

@@ -34,7 +34,7 @@
 #include "kernels/caching_pool.hpp"
 #include "kernels/memory_source.hpp"
 
-namespace shardplan::executor::cuda {
+namespace shardplan::kernels::cuda {
 
 // cudaMalloc refused (cudaErrorMemoryAllocation): a std::bad_alloc, so that the pool releases its
 // cached segments and tries once more. what() is one line naming the size and the device.
@@ -166,4 +166,4 @@ private:
   std::string deferred_error_;            // the first failure of a free, for the next allocate
 };
 
-}  // namespace shardplan::executor::cuda
+}  // namespace shardplan::kernels::cuda

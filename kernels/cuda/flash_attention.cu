@@ -49,17 +49,17 @@
 #include <string>
 #include <type_traits>
 
-namespace shardplan::executor::cuda {
+namespace shardplan::kernels::cuda {
 
 namespace {
 
 // ---- elements
 
-// A bf16 or f16 element as the kernels see it: its 16 bits (executor::bf16, executor::f16).
+// A bf16 or f16 element as the kernels see it: its 16 bits (kernels::bf16, kernels::f16).
 struct Word16 {
   unsigned short bits;
 };
-static_assert(sizeof(Word16) == sizeof(executor::bf16) && sizeof(Word16) == sizeof(executor::f16),
+static_assert(sizeof(Word16) == sizeof(kernels::bf16) && sizeof(Word16) == sizeof(kernels::f16),
               "a 16-bit element is one word");
 
 // Loads an element as float; stores a float rounded to the element's format (to nearest, ties to
@@ -90,7 +90,7 @@ template <class S> Codec<element_t<S>> codec_of() {
   if constexpr (std::is_same_v<S, float>)
     return {};
   else
-    return {std::is_same_v<S, executor::bf16>};
+    return {std::is_same_v<S, kernels::bf16>};
 }
 
 // A pointer to S as a pointer to its element type (const kept).
@@ -797,8 +797,8 @@ void flash_attention_backward(cudaStream_t stream, S* dq, S* dk, S* dv, float* d
       const S*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t);
 
 SHARDPLAN_FLASH_ATTENTION(float)
-SHARDPLAN_FLASH_ATTENTION(executor::bf16)
-SHARDPLAN_FLASH_ATTENTION(executor::f16)
+SHARDPLAN_FLASH_ATTENTION(kernels::bf16)
+SHARDPLAN_FLASH_ATTENTION(kernels::f16)
 #undef SHARDPLAN_FLASH_ATTENTION
 
-}  // namespace shardplan::executor::cuda
+}  // namespace shardplan::kernels::cuda

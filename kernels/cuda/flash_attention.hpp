@@ -28,7 +28,7 @@
 
 #include "kernels/scalar.hpp"
 
-namespace shardplan::executor::cuda {
+namespace shardplan::kernels::cuda {
 
 // out = softmax(q·kᵀ·scale + causal mask)·v with scale = 1/√d (Vaswani et al. 2017, eq. 1); the
 // scores are never stored. lse[b, h, t] = log Σ_{j ≤ t} exp(scale·q_t·k_j), saved for the backward.
@@ -52,4 +52,4 @@ void flash_attention_backward(cudaStream_t stream, S* dq, S* dk, S* dv, float* d
 // and 128 in bf16 and f16. The calls throw for any other.
 template <class S = float> bool flash_attention_supports(std::int64_t head_dim);
 
-}  // namespace shardplan::executor::cuda
+}  // namespace shardplan::kernels::cuda

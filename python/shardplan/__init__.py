@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 # An installed wheel carries the hardware profiles and model presets in shardplan/data; the C++
-# side reads $SHARDPLAN_DATA_DIR (costmodel::data_dir). From a build tree the source tree's are used.
+# side reads $SHARDPLAN_DATA_DIR (documents::data_dir). From a build tree the source tree's are used.
 _DATA = Path(__file__).resolve().parent / "data"
 if _DATA.is_dir() and "SHARDPLAN_DATA_DIR" not in os.environ:
     os.environ["SHARDPLAN_DATA_DIR"] = str(_DATA)

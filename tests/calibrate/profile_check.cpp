@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/hardware.hpp"
+#include "documents/hardware.hpp"
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    const auto profile = shardplan::costmodel::load_hardware(argv[1]);
+    const auto profile = shardplan::documents::load_hardware(argv[1]);
     const std::size_t min_curves = argc > 2 ? static_cast<std::size_t>(std::atoi(argv[2])) : 1;
     if (!profile.calibration || profile.calibration->collectives.size() < min_curves) {
       fmt::print(stderr, "{}: expected a calibration with at least {} curves\n", argv[1],
@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
     for (const auto& a : attention) {
       fmt::print("attention {} {} batch {} seq {} heads {}/{} head_dim {}: forward {:.1f} us, "
                  "backward {:.1f} us\n",
-                 a.impl, shardplan::costmodel::dtype_name(a.dtype), a.batch, a.seq, a.heads,
+                 a.impl, shardplan::documents::dtype_name(a.dtype), a.batch, a.seq, a.heads,
                  a.kv_heads, a.head_dim, a.forward_s * 1e6, a.backward_s * 1e6);
       if (!(a.forward_s > 0 && a.backward_s > 0)) {
         fmt::print(stderr, "{}: an attention core without positive times\n", argv[1]);
@@ -54,12 +54,12 @@ int main(int argc, char** argv) {
     }
     for (const auto& c : profile.calibration->collectives)
       fmt::print("{} {} ranks {}: {} pieces, median error {:.1f}%, max {:.1f}%\n",
-                 shardplan::costmodel::traits(c.op).name, c.ranks,
-                 shardplan::costmodel::tier_name(c.tier), c.segments.size(),
+                 shardplan::documents::traits(c.op).name, c.ranks,
+                 shardplan::documents::tier_name(c.tier), c.segments.size(),
                  100 * c.median_rel_error, 100 * c.max_rel_error);
     fmt::print("{}: {} ({} per node), peak fp32 {:.3f} TFLOP/s, efficiency {:.2f}\n", argv[1],
                profile.device, profile.gpus_per_node,
-               profile.peak(shardplan::costmodel::DType::fp32) / 1e12, profile.compute_efficiency);
+               profile.peak(shardplan::documents::DType::fp32) / 1e12, profile.compute_efficiency);
   } catch (const std::exception& e) {
     fmt::print(stderr, "{}\n", e.what());
     return 1;

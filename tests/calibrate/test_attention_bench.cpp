@@ -8,7 +8,7 @@ using namespace shardplan;
 using namespace shardplan::calibrate;
 
 TEST_CASE("attention_bench::the model's core: whole sequences of the tokens, its heads") {
-  const auto m = costmodel::load_model("llama-3-8b");  // 32 query heads, 8 key/value, 128 wide
+  const auto m = documents::load_model("llama-3-8b");  // 32 query heads, 8 key/value, 128 wide
   const auto a = model_attention_shape(m, 4096, 1024);
   CHECK(a.batch == 4);
   CHECK(a.seq == 1024);
@@ -26,7 +26,7 @@ TEST_CASE("attention_bench::a CPU rank times the host backend's fp32 eager and f
   CHECK(samples[1].backward_s > 0);
   const auto& s = samples.front();
   CHECK(s.impl == "eager");
-  CHECK(s.dtype == costmodel::DType::fp32);
+  CHECK(s.dtype == documents::DType::fp32);
   CHECK(s.batch == 2);
   CHECK(s.seq == 16);
   CHECK(s.heads == 4);

@@ -7,7 +7,7 @@
 
 using namespace shardplan;
 using namespace shardplan::calibrate;
-using costmodel::Collective;
+using documents::Collective;
 
 TEST_CASE("byte_size::nccl-tests suffixes are binary multiples") {
   CHECK(parse_byte_size("8") == 8u);

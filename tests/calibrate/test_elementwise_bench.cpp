@@ -9,7 +9,7 @@ using namespace shardplan::calibrate;
 using costmodel::ElementwiseKind;
 
 TEST_CASE("elementwise_bench::a step's layers: a block's times its layers, the head's once") {
-  const auto m = costmodel::load_model("gpt2");  // 12 blocks
+  const auto m = documents::load_model("gpt2");  // 12 blocks
   const auto ops = model_elementwise_ops(m);
   const auto block = costmodel::passes_per_token(costmodel::block_elementwise_ops(m));
   const auto head = costmodel::passes_per_token(costmodel::head_elementwise_ops(m));

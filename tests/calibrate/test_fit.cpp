@@ -9,7 +9,7 @@
 using namespace shardplan;
 using calibrate::fit_piecewise;
 using calibrate::fit_segment;
-using costmodel::MeasuredSample;
+using documents::MeasuredSample;
 
 namespace {
 

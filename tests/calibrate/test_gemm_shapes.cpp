@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "calibrate/gemm_shapes.hpp"
-#include "costmodel/model.hpp"
+#include "documents/model.hpp"
 
 using namespace shardplan;
 using namespace shardplan::calibrate;
@@ -24,7 +24,7 @@ TEST_CASE("gemm_shapes::one step's GEMMs are 6 FLOPs per token per matrix parame
   // a block's matrices are q, k, v, o (4 x 4096²) and gate, up, down (3 x 4096 x 11008):
   // 202,375,168 parameters; the head 32000 x 4096 = 131,072,000. Forward 2, backward 4 FLOPs per
   // token per parameter (Kaplan et al. 2020, C = 6N per token).
-  const auto m = costmodel::load_model("llama-2-7b");
+  const auto m = documents::load_model("llama-2-7b");
   const std::int64_t tokens = 4096;
   const auto shapes = model_gemm_shapes(m, tokens);
   const double params = 32.0 * 202'375'168 + 131'072'000;
@@ -36,7 +36,7 @@ TEST_CASE("gemm_shapes::one step's GEMMs are 6 FLOPs per token per matrix parame
 
 TEST_CASE("gemm_shapes::a tied head is the embedding matrix") {
   // GPT-2: wte [50257, 768] is also the head; learned positions [1024, 768] are not a GEMM.
-  const auto m = costmodel::load_model("gpt2");
+  const auto m = documents::load_model("gpt2");
   const auto shapes = model_gemm_shapes(m, 1024);
   CHECK(std::find_if(shapes.begin(), shapes.end(), [](const GemmShape& s) {
           return s.m == 1024 && s.n == 50257 && s.k == 768;
@@ -49,9 +49,9 @@ TEST_CASE("gemm_shapes::a tied head is the embedding matrix") {
 TEST_CASE("gemm_shapes::the model rate weights each shape by its count") {
   // Two shapes: 2 GFLOP once in 1 s, 1 GFLOP three times in 0.5 s each: 5 GFLOP in 2.5 s.
   std::vector<GemmMeasurement> g = {
-      {{1000, 1000, 1000, 1}, costmodel::DType::fp32, 1.0, true},
-      {{1000, 1000, 500, 3}, costmodel::DType::fp32, 0.5, true},
-      {{4096, 4096, 4096, 1}, costmodel::DType::fp32, 0.1, false}};  // square: not the model's
-  CHECK(model_gemm_rate(g, costmodel::DType::fp32) == doctest::Approx(5e9 / 2.5));
-  CHECK(model_gemm_rate(g, costmodel::DType::bf16) == 0);
+      {{1000, 1000, 1000, 1}, documents::DType::fp32, 1.0, true},
+      {{1000, 1000, 500, 3}, documents::DType::fp32, 0.5, true},
+      {{4096, 4096, 4096, 1}, documents::DType::fp32, 0.1, false}};  // square: not the model's
+  CHECK(model_gemm_rate(g, documents::DType::fp32) == doctest::Approx(5e9 / 2.5));
+  CHECK(model_gemm_rate(g, documents::DType::bf16) == 0);
 }

@@ -15,22 +15,22 @@ TEST_CASE("group_plan::one node measures the world only") {
   CHECK(plan.groups[0].name == "world");
   CHECK(plan.groups[0].ranks == 4);
   CHECK(plan.groups[0].groups == 1);
-  CHECK(plan.groups[0].tier == costmodel::Tier::intra_node);
+  CHECK(plan.groups[0].tier == documents::Tier::intra_node);
 }
 
 TEST_CASE("group_plan::two nodes of four: world, intra_node, inter_node") {
   const auto t = comm::topology_from_hosts({"a", "a", "a", "a", "b", "b", "b", "b"}, 0);
   const auto plan = plan_groups({}, t);
   REQUIRE(plan.groups.size() == 3);
-  CHECK(plan.groups[0].tier == costmodel::Tier::inter_node);
+  CHECK(plan.groups[0].tier == documents::Tier::inter_node);
   CHECK(plan.groups[1].name == "intra_node");
   CHECK(plan.groups[1].ranks == 4);
   CHECK(plan.groups[1].groups == 2);
-  CHECK(plan.groups[1].tier == costmodel::Tier::intra_node);
+  CHECK(plan.groups[1].tier == documents::Tier::intra_node);
   CHECK(plan.groups[2].name == "inter_node");
   CHECK(plan.groups[2].ranks == 2);
   CHECK(plan.groups[2].groups == 4);
-  CHECK(plan.groups[2].tier == costmodel::Tier::inter_node);
+  CHECK(plan.groups[2].tier == documents::Tier::inter_node);
 }
 
 TEST_CASE("group_plan::groups that would measure nothing new are noted, not measured") {
@@ -57,5 +57,5 @@ TEST_CASE("group_plan::a shard size that does not divide the world is bad input"
   const auto t = comm::topology_from_hosts({"a", "a", "a", "a"}, 0);
   CHECK_THROWS_WITH_AS(plan_groups({{GroupKind::shard, 3}}, t),
                        "--groups: shard:3: the shard group size must divide the world size 4",
-                       costmodel::InputError);
+                       core::InputError);
 }

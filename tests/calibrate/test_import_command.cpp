@@ -11,7 +11,7 @@
 #include "calibrate/import_command.hpp"
 #include "core/input_error.hpp"
 #include "core/json_reader.hpp"
-#include "costmodel/hardware.hpp"
+#include "documents/hardware.hpp"
 
 using namespace shardplan;
 using namespace shardplan::calibrate;
@@ -36,7 +36,7 @@ TEST_CASE("import::the sample logs merged into a profile meet the fit goals") {
   o.out = temp_path("a100.json");
   std::ostringstream out;
   CHECK(run_import(o, out) == 0);
-  const auto hw = costmodel::load_hardware(o.out);
+  const auto hw = documents::load_hardware(o.out);
   REQUIRE(hw.calibration.has_value());
   const auto& c = *hw.calibration;
   CHECK(c.backend == "nccl");
@@ -45,10 +45,10 @@ TEST_CASE("import::the sample logs merged into a profile meet the fit goals") {
   CHECK(c.ranks == 16);
   REQUIRE(c.collectives.size() == 4);
   for (const auto& curve : c.collectives) {
-    CAPTURE(costmodel::traits(curve.op).name);
+    CAPTURE(documents::traits(curve.op).name);
     CHECK(curve.median_rel_error <= 0.05);
     CHECK(curve.max_rel_error <= 0.10);
-    CHECK(curve.ranks == (curve.tier == costmodel::Tier::inter_node ? 16 : 8));
+    CHECK(curve.ranks == (curve.tier == documents::Tier::inter_node ? 16 : 8));
   }
   CHECK(out.str().find(
             "# all_reduce, 16 ranks, inter_node (from all_reduce_perf-2x8xA100-ib.log):") !=
@@ -63,7 +63,7 @@ TEST_CASE("import::without --into the calibration section is written alone") {
   CHECK(run_import(o, out) == 0);
   const auto json_start = out.str().find('{');
   REQUIRE(json_start != std::string::npos);
-  const auto doc = costmodel::parse_json_text(out.str().substr(json_start), "stdout");
+  const auto doc = core::parse_json_text(out.str().substr(json_start), "stdout");
   CHECK(doc.at("calibration").at("collectives").at(0).at("op") == "all_gather");
   CHECK(doc.at("schema_version") == 1);
 }
@@ -73,17 +73,16 @@ TEST_CASE("import::flags that contradict a log, and missing facts, are bad input
   o.logs = {kExamples + "all_reduce_perf-2x8xA100-ib.log"};
   std::ostringstream out;
   o.ranks = 8;
-  CHECK_THROWS_WITH_AS(run_import(o, out), doctest::Contains("--ranks: 8 but"),
-                       costmodel::InputError);
+  CHECK_THROWS_WITH_AS(run_import(o, out), doctest::Contains("--ranks: 8 but"), core::InputError);
   o.ranks.reset();
-  o.tier = costmodel::Tier::intra_node;
+  o.tier = documents::Tier::intra_node;
   CHECK_THROWS_WITH_AS(run_import(o, out), doctest::Contains("--tier: intra_node but"),
-                       costmodel::InputError);
+                       core::InputError);
   o.tier.reset();
-  o.op = costmodel::Collective::all_gather;
+  o.op = documents::Collective::all_gather;
   CHECK_THROWS_WITH_AS(run_import(o, out), doctest::Contains("--op: all_gather but"),
-                       costmodel::InputError);
+                       core::InputError);
   o.op.reset();
   o.into = temp_path("missing.json");
-  CHECK_THROWS_WITH_AS(run_import(o, out), doctest::Contains("--into:"), costmodel::InputError);
+  CHECK_THROWS_WITH_AS(run_import(o, out), doctest::Contains("--into:"), core::InputError);
 }

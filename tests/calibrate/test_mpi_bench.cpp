@@ -10,7 +10,7 @@
 
 using namespace shardplan;
 using namespace shardplan::calibrate;
-using costmodel::Collective;
+using documents::Collective;
 
 namespace {
 
@@ -53,7 +53,7 @@ TEST_CASE("calibrate_mpi::every collective passes its check at odd sizes, on the
     auto group = comm::make_group(world, topology, spec);
     for (Collective op : kEveryOp) {
       CAPTURE(comm::group_name(spec));
-      CAPTURE(costmodel::traits(op).name);
+      CAPTURE(documents::traits(op).name);
       // 4 B .. 4 KiB by 4: counts 1, 4, 16, ... and, split among 3 ranks, not divisible.
       const auto points = sweep_points(op, group->size(), {4, 4096, 4}, sizeof(float));
       REQUIRE_FALSE(points.empty());
@@ -64,7 +64,7 @@ TEST_CASE("calibrate_mpi::every collective passes its check at odd sizes, on the
         CHECK(r.time_s > 0);
         CHECK(r.algbw_GBps == doctest::Approx(static_cast<double>(p.size_bytes) / r.time_s / 1e9));
         CHECK(r.busbw_GBps ==
-              doctest::Approx(r.algbw_GBps * costmodel::traits(op).bus_factor(group->size())));
+              doctest::Approx(r.algbw_GBps * documents::traits(op).bus_factor(group->size())));
       }
     }
   }

@@ -124,13 +124,13 @@ TEST_CASE("calibrate_mpi::the topology and the harness run on a staged host worl
   CHECK(through_staging.hosts == direct.hosts);
   CHECK(through_staging.local_rank == direct.local_rank);
   // calibrate's host world staged, the measured group the inner world itself.
-  const auto points = calibrate::sweep_points(costmodel::Collective::all_reduce, world.size(),
+  const auto points = calibrate::sweep_points(documents::Collective::all_reduce, world.size(),
                                               {4, 4096, 4}, sizeof(float));
   calibrate::BenchSettings settings;
   settings.warmup = 1;
   settings.iters = 3;
   settings.batches = 2;
-  calibrate::CollectiveBench bench(costmodel::Collective::all_reduce, world, staged, points.back(),
+  calibrate::CollectiveBench bench(documents::Collective::all_reduce, world, staged, points.back(),
                                    settings);
   for (const auto& p : points) {
     const auto r = bench.run(p);

@@ -7,7 +7,7 @@
 
 using namespace shardplan;
 using namespace shardplan::calibrate;
-using costmodel::Collective;
+using documents::Collective;
 
 namespace {
 
@@ -36,7 +36,7 @@ const char* kTrailer = "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 
 std::string error_of(const std::string& text, const std::string& path = "all_reduce_perf.log") {
   try {
     parse_nccl_tests_log(text, path);
-  } catch (const costmodel::InputError& e) {
+  } catch (const core::InputError& e) {
     return e.what();
   }
   return "no error";
@@ -120,5 +120,5 @@ TEST_CASE("nccl_tests_log::malformed and truncated logs name the file and line")
       error_of(header + kRows + kTrailer + kRows).rfind("all_reduce_perf.log:15: a row after", 0) ==
       0);
   CHECK_THROWS_WITH_AS(read_nccl_tests_log(kExamples + "no-such.log"),
-                       doctest::Contains("cannot open file"), costmodel::InputError);
+                       doctest::Contains("cannot open file"), core::InputError);
 }

@@ -21,7 +21,7 @@ CommandLine parse(const std::vector<std::string>& args) {
 std::string rejection(const std::vector<std::string>& args) {
   try {
     parse(args);
-  } catch (const costmodel::InputError& e) {
+  } catch (const core::InputError& e) {
     return e.what();
   }
   return "no error";
@@ -34,9 +34,9 @@ TEST_CASE("options::defaults of a measuring run") {
   REQUIRE(c.command == CommandLine::Command::measure);
   const auto& m = c.measure;
   CHECK(m.backend == BackendKind::mpi);
-  CHECK(m.ops == std::vector<costmodel::Collective>{costmodel::Collective::all_reduce,
-                                                    costmodel::Collective::all_gather,
-                                                    costmodel::Collective::reduce_scatter});
+  CHECK(m.ops == std::vector<documents::Collective>{documents::Collective::all_reduce,
+                                                    documents::Collective::all_gather,
+                                                    documents::Collective::reduce_scatter});
   CHECK(m.range.min_bytes == 8);
   CHECK(m.range.max_bytes == 8u << 20);
   CHECK(m.range.factor == 2);
@@ -62,8 +62,8 @@ TEST_CASE("options::flags of a measuring run") {
                         "--into",      "p.json",
                         "--out",       "q.json"})
                      .measure;
-  CHECK(m.ops == std::vector<costmodel::Collective>{costmodel::Collective::all_to_all,
-                                                    costmodel::Collective::broadcast});
+  CHECK(m.ops == std::vector<documents::Collective>{documents::Collective::all_to_all,
+                                                    documents::Collective::broadcast});
   CHECK(m.range.min_bytes == 1024);
   CHECK(m.range.max_bytes == 4u << 20);
   CHECK(m.range.factor == 4);
@@ -177,8 +177,8 @@ TEST_CASE("options::the import command and help") {
   REQUIRE(c.command == CommandLine::Command::import_logs);
   CHECK(c.import.logs == std::vector<std::string>{"a.log", "b.log"});
   CHECK(c.import.ranks == 16);
-  CHECK(c.import.tier == costmodel::Tier::inter_node);
-  CHECK(c.import.op == costmodel::Collective::all_gather);
+  CHECK(c.import.tier == documents::Tier::inter_node);
+  CHECK(c.import.op == documents::Collective::all_gather);
   CHECK(parse({"import", "x.log"}).command == CommandLine::Command::import_logs);
   const auto help = parse({"--help"});
   CHECK(help.command == CommandLine::Command::help);
@@ -208,8 +208,7 @@ TEST_CASE("options::a backend this build lacks is bad input") {
       CHECK_NOTHROW(require_backend(backend));
     } else {
       CHECK_THROWS_WITH_AS(require_backend(backend),
-                           doctest::Contains("this calibrate was built without"),
-                           costmodel::InputError);
+                           doctest::Contains("this calibrate was built without"), core::InputError);
     }
   }
 }

@@ -11,7 +11,7 @@
 
 #include "calibrate/overheads_import.hpp"
 #include "core/json_reader.hpp"
-#include "costmodel/hardware.hpp"
+#include "documents/hardware.hpp"
 #include "tests/test_support.hpp"
 
 using namespace shardplan;
@@ -43,7 +43,7 @@ std::string file_text(const std::string& path) {
 
 TEST_CASE(
     "overheads_import::the measured corpus gives each flavour's fit and the host optimizer rates") {
-  const json corpus = costmodel::read_json_file(kCorpus);
+  const json corpus = core::read_json_file(kCorpus);
   const MeasuredOverheads m = overheads_from_measurement(corpus);
   // The numbers as the corpus records them (its flavours' fits, in microseconds).
   CHECK(m.framework["op_dispatch_us"].get<double>() == doctest::Approx(2.133));
@@ -69,7 +69,7 @@ TEST_CASE("overheads_import::merged into a profile, the cost model reads the mea
   const std::string out_path = temp_path("a100.json");
   std::ostringstream out;
   CHECK(run_import_overheads({kCorpus, into, out_path}, out) == 0);
-  const auto hw = costmodel::load_hardware(out_path);
+  const auto hw = documents::load_hardware(out_path);
   CHECK(hw.framework.at("fsdp1").forward_unit_s == doctest::Approx(150.632e-6));
   CHECK(hw.framework.at("deepspeed_zero12").backward_tensor_s == doctest::Approx(38.721e-6));
   // Measured on this host, so the rates are the measured ones, not the profile's scaled ones.
@@ -80,17 +80,16 @@ TEST_CASE("overheads_import::merged into a profile, the cost model reads the mea
 }
 
 TEST_CASE("overheads_import::a flavour whose run failed keeps the profile's values, and says so") {
-  json corpus = costmodel::read_json_file(kCorpus);
+  json corpus = core::read_json_file(kCorpus);
   corpus["flavours"]["fsdp1"] = {{"error", "RuntimeError: no backend"}};
-  const json profile =
-      costmodel::read_json_file(kSource + "/hardware_profiles/a100-sxm4-80gb.json");
+  const json profile = core::read_json_file(kSource + "/hardware_profiles/a100-sxm4-80gb.json");
   const json merged = merge_overheads(profile, overheads_from_measurement(corpus));
   CHECK(merged["framework"]["flavours"]["fsdp1"] == profile["framework"]["flavours"]["fsdp1"]);
   CHECK(contains(merged["framework"]["source"].get<std::string>(), "fsdp1 kept from the profile"));
 }
 
 TEST_CASE("overheads_import::rejections name the field and the value") {
-  const json corpus = costmodel::read_json_file(kCorpus);
+  const json corpus = core::read_json_file(kCorpus);
   json bad = corpus;
   bad["generated_by"] = "nccl-tests";
   CHECK(error_of([&] { overheads_from_measurement(bad); }) ==

@@ -13,15 +13,15 @@ namespace {
 
 SweepResult two_point_sweep() {
   SweepResult sweep;
-  sweep.op = costmodel::Collective::all_gather;
-  sweep.group = {{comm::GroupKind::world, 0}, "world", 4, 1, costmodel::Tier::intra_node};
+  sweep.op = documents::Collective::all_gather;
+  sweep.group = {{comm::GroupKind::world, 0}, "world", 4, 1, documents::Tier::intra_node};
   for (std::uint64_t size : {64u, 1u << 20}) {
     PointResult p;
     p.point = sweep_point(sweep.op, 4, size, 4);
     p.time_s = 5e-6 + static_cast<double>(size) / 10e9;
-    p.algbw_GBps = costmodel::algbw_GBps(static_cast<double>(p.point.size_bytes), p.time_s);
+    p.algbw_GBps = documents::algbw_GBps(static_cast<double>(p.point.size_bytes), p.time_s);
     p.busbw_GBps =
-        costmodel::busbw_GBps(sweep.op, 4, static_cast<double>(p.point.size_bytes), p.time_s);
+        documents::busbw_GBps(sweep.op, 4, static_cast<double>(p.point.size_bytes), p.time_s);
     p.wrong = 0;
     sweep.points.push_back(p);
   }
@@ -93,8 +93,8 @@ TEST_CASE("results_table::fit lines and human sizes") {
 TEST_CASE("results_table::one line per attention core: impl, shape, forward and backward") {
   std::ostringstream out;
   print_attention_lines(out,
-                        {{"eager", costmodel::DType::fp32, 2, 128, 4, 2, 32, 812.34e-6, 1534.56e-6},
-                         {"flash", costmodel::DType::bf16, 1, 4096, 32, 8, 128, 1.25e-3, 3.5e-3}});
+                        {{"eager", documents::DType::fp32, 2, 128, 4, 2, 32, 812.34e-6, 1534.56e-6},
+                         {"flash", documents::DType::bf16, 1, 4096, 32, 8, 128, 1.25e-3, 3.5e-3}});
   CHECK(out.str() == "# attention eager fp32 (batch 2, seq 128, heads 4, kv_heads 2, head_dim 32), "
                      "slowest rank: forward 812.3 us, backward 1534.6 us\n"
                      "# attention flash bf16 (batch 1, seq 4096, heads 32, kv_heads 8, head_dim "

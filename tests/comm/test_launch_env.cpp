@@ -7,7 +7,7 @@
 #include "core/input_error.hpp"
 
 using namespace shardplan::comm;
-using shardplan::costmodel::InputError;
+using shardplan::core::InputError;
 
 namespace {
 

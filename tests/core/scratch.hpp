@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-namespace shardplan::io::test {
+namespace shardplan::core::test {
 
 class Scratch {
 public:
@@ -57,4 +57,4 @@ inline std::string read_text(const std::string& path) {
   return text.str();
 }
 
-}  // namespace shardplan::io::test
+}  // namespace shardplan::core::test

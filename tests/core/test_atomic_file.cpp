@@ -14,12 +14,12 @@
 #include "scratch.hpp"
 #include "tests/test_support.hpp"
 
-using shardplan::io::AtomicFile;
-using shardplan::io::sync_folder;
-using shardplan::io::temporary_prefix;
-using shardplan::io::test::read_text;
-using shardplan::io::test::Scratch;
-using shardplan::io::test::write_text;
+using shardplan::core::AtomicFile;
+using shardplan::core::sync_folder;
+using shardplan::core::temporary_prefix;
+using shardplan::core::test::read_text;
+using shardplan::core::test::Scratch;
+using shardplan::core::test::write_text;
 using shardplan::test::error_of;
 
 TEST_CASE("atomic_file::committed, the file holds every write and no temporary stays") {

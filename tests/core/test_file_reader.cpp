@@ -10,14 +10,15 @@
 #include "core/input_error.hpp"
 #include "scratch.hpp"
 
-using shardplan::costmodel::InputError;
-using shardplan::io::read_file;
-using shardplan::io::test::Scratch;
-using shardplan::io::test::write_text;
+using shardplan::core::InputError;
+using shardplan::core::read_file;
+using shardplan::core::test::Scratch;
+using shardplan::core::test::write_text;
 
 namespace {
 
-std::string error_of(const std::string& path, std::int64_t limit = shardplan::io::kDocumentBytes) {
+std::string error_of(const std::string& path,
+                     std::int64_t limit = shardplan::core::kDocumentBytes) {
   try {
     read_file(path, limit);
   } catch (const InputError& e) {

@@ -17,12 +17,12 @@
 #include "scratch.hpp"
 #include "tests/test_support.hpp"
 
-using shardplan::costmodel::InputError;
-using shardplan::io::check_destination;
-using shardplan::io::write_file;
-using shardplan::io::test::read_text;
-using shardplan::io::test::Scratch;
-using shardplan::io::test::write_text;
+using shardplan::core::check_destination;
+using shardplan::core::InputError;
+using shardplan::core::write_file;
+using shardplan::core::test::read_text;
+using shardplan::core::test::Scratch;
+using shardplan::core::test::write_text;
 using shardplan::test::error_of;
 
 namespace {

@@ -4,7 +4,7 @@
 #include "tests/test_support.hpp"
 
 using shardplan::test::error_of;
-using namespace shardplan::costmodel;
+using namespace shardplan::core;
 using nlohmann::json;
 
 TEST_CASE("json_reader::unknown key is named") {

@@ -10,7 +10,7 @@
 #include "core/number_text.hpp"
 #include "core/whole_count.hpp"
 
-using namespace shardplan::costmodel;
+using namespace shardplan::core;
 
 TEST_CASE("number_text::integers are decimal: 010 is ten, 0x10 and 08 are not special") {
   CHECK(int64_from_text("--gpus", "010") == 10);

@@ -11,9 +11,9 @@
 #include "core/standard_output.hpp"
 #include "scratch.hpp"
 
-using shardplan::io::finish_standard_output;
-using shardplan::io::test::read_text;
-using shardplan::io::test::Scratch;
+using shardplan::core::finish_standard_output;
+using shardplan::core::test::read_text;
+using shardplan::core::test::Scratch;
 
 namespace {
 

@@ -6,8 +6,8 @@
 
 #include "core/text.hpp"
 
-using shardplan::io::json_text;
-using shardplan::io::printable;
+using shardplan::core::json_text;
+using shardplan::core::printable;
 
 TEST_CASE("text::printable escapes control bytes and bytes that are not UTF-8") {
   CHECK(printable("plan.json") == "plan.json");

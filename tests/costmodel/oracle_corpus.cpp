@@ -6,14 +6,16 @@
 
 #include "core/json_reader.hpp"
 #include "costmodel/accounting.hpp"
-#include "costmodel/hardware.hpp"
-#include "costmodel/model.hpp"
 #include "costmodel/simulator.hpp"
 #include "costmodel/traffic.hpp"
+#include "documents/hardware.hpp"
+#include "documents/model.hpp"
 
 namespace shardplan::oracle {
 
 using namespace costmodel;
+using namespace core;
+using namespace documents;
 
 namespace {
 

@@ -9,16 +9,18 @@
 #include <utility>
 
 #include "core/json_reader.hpp"
-#include "costmodel/hardware.hpp"
-#include "costmodel/job.hpp"
-#include "costmodel/model.hpp"
 #include "costmodel/plan.hpp"
-#include "costmodel/sharding.hpp"
 #include "costmodel/simulator.hpp"
+#include "documents/hardware.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/sharding.hpp"
 #include "tests/test_support.hpp"
 
 using shardplan::test::error_of;
 using namespace shardplan::costmodel;
+using namespace shardplan::core;
+using namespace shardplan::documents;
 using nlohmann::json;
 
 namespace {

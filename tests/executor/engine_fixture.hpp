@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "costmodel/sharding.hpp"
 #include "costmodel/simulator.hpp"
+#include "documents/sharding.hpp"
 #include "executor/engine.hpp"
 #include "executor/scaled_model.hpp"
 #include "executor/stand_in_communicator.hpp"
@@ -27,34 +27,34 @@ struct EngineRun {
 // Every strategy and flavour the engine runs (HSDP needs 2 ranks or more).
 struct Strategy {
   const char* name;
-  costmodel::Flavour flavour;
+  documents::Flavour flavour;
 };
-inline constexpr Strategy kStrategies[] = {{"ddp", costmodel::Flavour::ddp},
-                                           {"zero1", costmodel::Flavour::deepspeed},
-                                           {"zero2", costmodel::Flavour::deepspeed},
-                                           {"zero3", costmodel::Flavour::deepspeed},
-                                           {"fsdp-full", costmodel::Flavour::fsdp2},
-                                           {"fsdp-full", costmodel::Flavour::fsdp1},
-                                           {"fsdp-grad-op", costmodel::Flavour::fsdp2},
-                                           {"hsdp", costmodel::Flavour::fsdp2}};
+inline constexpr Strategy kStrategies[] = {{"ddp", documents::Flavour::ddp},
+                                           {"zero1", documents::Flavour::deepspeed},
+                                           {"zero2", documents::Flavour::deepspeed},
+                                           {"zero3", documents::Flavour::deepspeed},
+                                           {"fsdp-full", documents::Flavour::fsdp2},
+                                           {"fsdp-full", documents::Flavour::fsdp1},
+                                           {"fsdp-grad-op", documents::Flavour::fsdp2},
+                                           {"hsdp", documents::Flavour::fsdp2}};
 
 // The plan's spec for a strategy, with DeepSpeed's 1 GB buckets made small (`bucket` bytes) so a
 // test exercises buckets that fill up and several reductions per bucket.
-inline costmodel::ShardingSpec test_spec(const std::string& strategy, costmodel::Flavour flavour,
+inline documents::ShardingSpec test_spec(const std::string& strategy, documents::Flavour flavour,
                                          int world, double bucket = 4096) {
   std::optional<int> group;
   if (strategy == "hsdp") group = world >= 4 && world % 2 == 0 ? 2 : 1;
-  auto spec = costmodel::make_spec(strategy, flavour, world, group);
+  auto spec = documents::make_spec(strategy, flavour, world, group);
   if (spec.contiguous_grad_bucket) {
     spec.reduce_bucket_bytes = bucket;
     spec.allgather_bucket_bytes = bucket;
   }
-  if (spec.flavour == costmodel::Flavour::ddp) spec.reduce_bucket_bytes = bucket;
+  if (spec.flavour == documents::Flavour::ddp) spec.reduce_bucket_bytes = bucket;
   return spec;
 }
 
-inline EngineOptions test_options(const costmodel::ModelSpec& model,
-                                  const costmodel::ShardingSpec& spec,
+inline EngineOptions test_options(const documents::ModelSpec& model,
+                                  const documents::ShardingSpec& spec,
                                   std::int64_t grad_accumulation = 2,
                                   Checkpointing ckpt = Checkpointing::none) {
   EngineOptions o;
@@ -97,18 +97,18 @@ inline EngineRun rehearse_engine(const EngineOptions& options, int rank, int wor
 
 // A small model whose head dominates the peak, as a real vocabulary makes it, with every unit a
 // multiple of 4 elements (so shards of 1, 2 and 4 ranks need no padding).
-inline costmodel::ModelSpec small_llama() {
+inline documents::ModelSpec small_llama() {
   return scale_down(
-      costmodel::load_model("llama-3-8b"),
+      documents::load_model("llama-3-8b"),
       {.layers = 3, .hidden = 32, .heads = 4, .kv_heads = 2, .intermediate = 64, .vocab = 512});
 }
 
 // A CPU device for the cost model: nothing but what the memory walk and the compute model need.
-inline costmodel::HardwareProfile cpu_profile(int ranks) {
-  costmodel::HardwareProfile h;
+inline documents::HardwareProfile cpu_profile(int ranks) {
+  documents::HardwareProfile h;
   h.name = "test-cpu";
   h.memory_bytes = 1e12;
-  for (auto d : {costmodel::DType::fp32, costmodel::DType::bf16, costmodel::DType::fp16})
+  for (auto d : {documents::DType::fp32, documents::DType::bf16, documents::DType::fp16})
     h.peak_flops[d] = 1e11;
   h.hbm_bandwidth_Bps = 1e10;
   h.compute_efficiency = 1;
@@ -125,7 +125,7 @@ inline costmodel::HardwareProfile cpu_profile(int ranks) {
 
 // The cost model's prediction for the engine's options on `world` ranks of that device.
 inline costmodel::StepResult predict(const EngineOptions& o, int world,
-                                     const costmodel::HardwareProfile& hw) {
+                                     const documents::HardwareProfile& hw) {
   costmodel::StepInput in;
   in.model = &o.model;
   in.hardware = &hw;
@@ -134,12 +134,12 @@ inline costmodel::StepResult predict(const EngineOptions& o, int world,
   in.job.micro_batch = o.micro_batch.batch;
   in.job.global_batch = o.micro_batch.batch * o.grad_accumulation * world;
   in.job.precision = o.precision;
-  in.job.optimizer = costmodel::Optimizer::adamw;
-  in.job.attention = o.model_options.flash_attention ? costmodel::AttentionImpl::flash
-                                                     : costmodel::AttentionImpl::eager;
-  in.job.recipe = costmodel::Recipe::executor;  // the executor's own model code
-  in.job.checkpointing = o.checkpointing == Checkpointing::full ? costmodel::Checkpointing::full
-                                                                : costmodel::Checkpointing::none;
+  in.job.optimizer = documents::Optimizer::adamw;
+  in.job.attention = o.model_options.flash_attention ? documents::AttentionImpl::flash
+                                                     : documents::AttentionImpl::eager;
+  in.job.recipe = documents::Recipe::executor;  // the executor's own model code
+  in.job.checkpointing = o.checkpointing == Checkpointing::full ? documents::Checkpointing::full
+                                                                : documents::Checkpointing::none;
   in.spec = o.spec;
   return costmodel::simulate_step(in);
 }

@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-#include "costmodel/model.hpp"
+#include "documents/model.hpp"
 #include "executor/gpt_model.hpp"
 #include "executor/param_init.hpp"
 #include "executor/scaled_model.hpp"
@@ -17,8 +17,8 @@ namespace shardplan::executor::testing {
 // Tiny models of the three families (a few thousand parameters each).
 // Llama-like: GQA (4 query heads, 2 key/value heads), explicit head_dim 6 ≠ hidden/heads,
 // SwiGLU, RMSNorm, rotary, untied head.
-inline costmodel::ModelSpec tiny_llama() {
-  return scale_down(costmodel::load_model("llama-3-8b"), {.layers = 2,
+inline documents::ModelSpec tiny_llama() {
+  return scale_down(documents::load_model("llama-3-8b"), {.layers = 2,
                                                           .hidden = 16,
                                                           .heads = 4,
                                                           .kv_heads = 2,
@@ -28,8 +28,8 @@ inline costmodel::ModelSpec tiny_llama() {
                                                           .max_positions = 64});
 }
 // GPT-2-like: LayerNorm with biases, learned positions, GELU, biases everywhere, tied head.
-inline costmodel::ModelSpec tiny_gpt2() {
-  return scale_down(costmodel::load_model("gpt2"), {.layers = 2,
+inline documents::ModelSpec tiny_gpt2() {
+  return scale_down(documents::load_model("gpt2"), {.layers = 2,
                                                     .hidden = 16,
                                                     .heads = 4,
                                                     .intermediate = 32,
@@ -37,7 +37,7 @@ inline costmodel::ModelSpec tiny_gpt2() {
                                                     .max_positions = 12});
 }
 // GPT-NeoX-like: parallel residual, fused query_key_value, rotary, LayerNorm, GELU, untied.
-inline costmodel::ModelSpec tiny_neox() {
+inline documents::ModelSpec tiny_neox() {
   const nlohmann::json config = {{"architectures", {"GPTNeoXForCausalLM"}},
                                  {"hidden_size", 16},
                                  {"intermediate_size", 32},
@@ -45,7 +45,7 @@ inline costmodel::ModelSpec tiny_neox() {
                                  {"num_attention_heads", 4},
                                  {"vocab_size", 50},
                                  {"max_position_embeddings", 64}};
-  return costmodel::model_from_hf_config(config, "tiny-neox");
+  return documents::model_from_hf_config(config, "tiny-neox");
 }
 
 // fp32 values rounded to S (scalar.hpp's narrow): the compute type's copy of fp32 parameters.
@@ -90,7 +90,7 @@ template <class S> struct WholeModel {
   std::vector<TrackedBuffer<S>> params;  // one flat buffer per unit
   std::vector<TrackedBuffer<S>> grads;
 
-  WholeModel(const costmodel::ModelSpec& spec, TrackedAllocator& allocator, std::uint64_t seed)
+  WholeModel(const documents::ModelSpec& spec, TrackedAllocator& allocator, std::uint64_t seed)
       : model(spec, allocator) {
     const auto& layout = model.layout();
     for (std::int64_t u = 0; u < layout.unit_count(); ++u) {

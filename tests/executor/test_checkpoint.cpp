@@ -25,9 +25,10 @@
 using shardplan::test::error_of;
 using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using costmodel::Flavour;
-using costmodel::InputError;
+using core::InputError;
+using documents::Flavour;
 namespace fs = std::filesystem;
 
 namespace {
@@ -51,7 +52,7 @@ struct Solo {
   StandInCommunicator world{0, 1};
   TrackedAllocator allocator;
   ShardingEngine engine;
-  Solo(const costmodel::ModelSpec& model, const char* strategy, Flavour flavour)
+  Solo(const documents::ModelSpec& model, const char* strategy, Flavour flavour)
       : engine(test_options(model, test_spec(strategy, flavour, 1)), allocator,
                {&world, &world, nullptr, false}) {}
 };
@@ -138,7 +139,7 @@ TEST_CASE("checkpoint::a damaged or mismatched checkpoint is an error naming the
     fs::remove_all(bad);
     fs::copy(good, bad, fs::copy_options::recursive);
   };
-  auto load_error = [&](const costmodel::ModelSpec& m) {
+  auto load_error = [&](const documents::ModelSpec& m) {
     Solo s(m, "zero3", Flavour::deepspeed);
     return error_of([&] { load_checkpoint(s.engine, s.world, bad.string()); });
   };
@@ -310,7 +311,7 @@ TEST_CASE("checkpoint::a damaged or mismatched checkpoint is an error naming the
     const auto e = load_error(tiny_llama());
     CHECK(e.find(index.string() + ": /model/") != std::string::npos);
     CHECK(e.find("a checkpoint of another model") != std::string::npos);
-    const auto deeper = scale_down(costmodel::load_model("gpt2"), {.layers = 3,
+    const auto deeper = scale_down(documents::load_model("gpt2"), {.layers = 3,
                                                                    .hidden = 16,
                                                                    .heads = 4,
                                                                    .intermediate = 32,

@@ -19,8 +19,9 @@
 
 using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using costmodel::Flavour;
+using documents::Flavour;
 namespace fs = std::filesystem;
 
 namespace {
@@ -51,7 +52,7 @@ struct Trainer {
   OwnedGroups owned;
   TrackedAllocator allocator;
   ShardingEngine engine;
-  Trainer(comm::Communicator& group, const costmodel::ModelSpec& model, const char* strategy,
+  Trainer(comm::Communicator& group, const documents::ModelSpec& model, const char* strategy,
           Flavour flavour)
       : Trainer(group, test_options(model, test_spec(strategy, flavour, group.size()))) {}
   Trainer(comm::Communicator& group, const EngineOptions& o)
@@ -168,7 +169,7 @@ TEST_CASE("checkpoint::a corrupted part found by one rank is an error on every r
   std::string error;
   try {
     load_checkpoint(t.engine, world, dir.path.string());
-  } catch (const costmodel::InputError& e) {
+  } catch (const core::InputError& e) {
     error = e.what();
   }
   CHECK(error.find(part.string() + ": corrupted: its sha256 is") == 0);

@@ -12,13 +12,14 @@
 
 using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using costmodel::Flavour;
+using documents::Flavour;
 
 TEST_CASE("engine::shard layout pads every unit to the shard group and chunks it") {
   const auto spec = tiny_llama();
   GptLayout layout(spec);
-  auto s = costmodel::make_spec("fsdp-full", Flavour::fsdp2, 3);
+  auto s = documents::make_spec("fsdp-full", Flavour::fsdp2, 3);
   const auto l = make_shard_layout(layout, s, 3, 2);
   REQUIRE(l.units.size() == 4);
   CHECK(l.group == 3);
@@ -31,19 +32,19 @@ TEST_CASE("engine::shard layout pads every unit to the shard group and chunks it
   }
   CHECK(l.chunk_begin(1) == 2 * l.units[1].chunk);
   // HSDP: groups of 2 consecutive ranks; rank 3 is index 1 of group 1.
-  s = costmodel::make_spec("hsdp", Flavour::fsdp2, 4, 2);
+  s = documents::make_spec("hsdp", Flavour::fsdp2, 4, 2);
   const auto h = make_shard_layout(layout, s, 4, 3);
   CHECK(h.group == 2);
   CHECK(h.replicas == 2);
   CHECK(h.shard_rank == 1);
   CHECK(h.replica_rank == 1);
   // ZeRO-3's persistence threshold: units of small tensors stay whole.
-  s = costmodel::make_spec("zero3", Flavour::deepspeed, 4);
+  s = documents::make_spec("zero3", Flavour::deepspeed, 4);
   for (const auto& u : make_shard_layout(layout, s, 4, 0).units) CHECK_FALSE(u.params_sharded);
   s.persistence_threshold = 0;
   for (const auto& u : make_shard_layout(layout, s, 4, 0).units) CHECK(u.params_sharded);
   CHECK_THROWS_AS(
-      make_shard_layout(layout, costmodel::make_spec("hsdp", Flavour::fsdp2, 4, 3), 4, 0),
+      make_shard_layout(layout, documents::make_spec("hsdp", Flavour::fsdp2, 4, 3), 4, 0),
       std::invalid_argument);
 }
 
@@ -87,16 +88,16 @@ TEST_CASE("engine::model states are the cost model's to the byte") {
   // parameters (the master) and moments, under DeepSpeed a 2-byte partition beside an fp32
   // master and moments. The engine allocates exactly those.
   const auto model = small_llama();
-  for (auto precision : {costmodel::Precision::fp32, costmodel::Precision::bf16_mixed,
-                         costmodel::Precision::fp16_mixed})
+  for (auto precision : {documents::Precision::fp32, documents::Precision::bf16_mixed,
+                         documents::Precision::fp16_mixed})
     for (int world : {1, 2, 4}) {
       const auto hw = cpu_profile(world);
       for (const auto& s : kStrategies) {
         if (std::string(s.name) == "hsdp" && world == 1) continue;
         CAPTURE(world);
         CAPTURE(std::string(s.name));
-        CAPTURE(std::string(costmodel::flavour_name(s.flavour)));
-        CAPTURE(std::string(costmodel::precision_name(precision)));
+        CAPTURE(std::string(documents::flavour_name(s.flavour)));
+        CAPTURE(std::string(documents::precision_name(precision)));
         auto options = test_options(model, test_spec(s.name, s.flavour, world, 1 << 16));
         options.precision = precision;
         const auto predicted = predict(options, world, hw);
@@ -121,11 +122,11 @@ TEST_CASE("engine::peak memory is the cost model's") {
   // gradient before its fp32 widening goes the other way, 1%). The worst is printed.
   const auto model = small_llama();
   struct Bound {
-    costmodel::Precision precision;
+    documents::Precision precision;
     double tolerance;
   };
   for (const Bound& bound :
-       {Bound{costmodel::Precision::fp32, 0.03}, Bound{costmodel::Precision::bf16_mixed, 0.05}}) {
+       {Bound{documents::Precision::fp32, 0.03}, Bound{documents::Precision::bf16_mixed, 0.05}}) {
     const auto precision = bound.precision;
     const double tolerance = bound.tolerance;
     double worst = 0;
@@ -141,16 +142,16 @@ TEST_CASE("engine::peak memory is the cost model's") {
           const double error = (predicted.peak_bytes - static_cast<double>(run.peak_bytes)) /
                                static_cast<double>(run.peak_bytes);
           worst = std::max(worst, std::abs(error));
-          INFO(std::string(costmodel::precision_name(precision))
+          INFO(std::string(documents::precision_name(precision))
                << ", " << world << " ranks, " << std::string(s.name) << " ("
-               << std::string(costmodel::flavour_name(s.flavour)) << "), ckpt "
+               << std::string(documents::flavour_name(s.flavour)) << "), ckpt "
                << (ckpt == Checkpointing::full ? "full" : "none") << ": predicted "
                << predicted.peak_bytes << ", measured " << run.peak_bytes << ", error "
                << 100 * error << "% at " << predicted.peak_when);
           CHECK(std::abs(error) < tolerance);
         }
     }
-    MESSAGE(std::string(costmodel::precision_name(precision))
+    MESSAGE(std::string(documents::precision_name(precision))
             << ": worst peak error " << 100 * worst << "%");
   }
 }

@@ -10,13 +10,14 @@
 
 using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using costmodel::Flavour;
-using costmodel::Precision;
+using documents::Flavour;
+using documents::Precision;
 
 namespace {
 
-EngineOptions mixed_options(const costmodel::ModelSpec& model, const costmodel::ShardingSpec& spec,
+EngineOptions mixed_options(const documents::ModelSpec& model, const documents::ShardingSpec& spec,
                             Precision precision, std::int64_t grad_accumulation = 2,
                             Checkpointing ckpt = Checkpointing::none) {
   auto o = test_options(model, spec, grad_accumulation, ckpt);
@@ -36,7 +37,7 @@ TEST_CASE("engine_mixed::bf16-mixed trains as fp32 within bf16's rounding") {
   for (const auto& s : kStrategies) {
     if (std::string(s.name) == "hsdp") continue;
     CAPTURE(std::string(s.name));
-    CAPTURE(std::string(costmodel::flavour_name(s.flavour)));
+    CAPTURE(std::string(documents::flavour_name(s.flavour)));
     const auto spec = test_spec(s.name, s.flavour, 1);
     StandInCommunicator self(0, 1);
     const EngineGroups one{&self, &self, nullptr, false};
@@ -107,7 +108,7 @@ TEST_CASE("engine_mixed::what the engine does not run is refused") {
                   std::invalid_argument);
   // FSDP reducing in fp32 gradients computed in bf16: the engine reduces in the compute type.
   o.precision = Precision::bf16_mixed;
-  o.spec.reduce_dtype = costmodel::DType::fp32;
+  o.spec.reduce_dtype = documents::DType::fp32;
   try {
     ShardingEngine engine(o, allocator, {&self, &self, nullptr, false});
     FAIL("accepted an fp32 reduction of bf16 gradients");

@@ -14,8 +14,9 @@
 
 using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using costmodel::Flavour;
+using documents::Flavour;
 
 namespace {
 
@@ -96,7 +97,7 @@ TEST_CASE("engine::sharded strategies train as DDP") {
       CHECK(loss == doctest::Approx(std::log(double(model.vocab))).epsilon(0.1));
     for (const auto& c : kCases) {
       CAPTURE(c.strategy);
-      CAPTURE(costmodel::flavour_name(c.flavour));
+      CAPTURE(documents::flavour_name(c.flavour));
       check_equal(run_on_world(test_options(model, test_spec(c.strategy, c.flavour, world))), ddp);
     }
     // Buckets smaller than a unit, larger than everything; no accumulation; full recompute.
@@ -178,11 +179,11 @@ TEST_CASE("engine::under bf16-mixed, sharded strategies train as DDP within bf16
   for (const auto& model : {tiny_llama(), tiny_gpt2()}) {
     CAPTURE(model.name);
     auto o = test_options(model, test_spec("ddp", Flavour::ddp, world));
-    o.precision = costmodel::Precision::bf16_mixed;
+    o.precision = documents::Precision::bf16_mixed;
     const auto ddp = run_on_world(o);
     for (const auto& c : kCases) {
       CAPTURE(c.strategy);
-      CAPTURE(costmodel::flavour_name(c.flavour));
+      CAPTURE(documents::flavour_name(c.flavour));
       o.spec = test_spec(c.strategy, c.flavour, world);
       const auto run = run_on_world(o);
       for (std::size_t k = 0; k < run.losses.size(); ++k) {
@@ -207,7 +208,7 @@ TEST_CASE("engine::collectives on their own threads train as blocking ones, in t
   for (const auto& c : cases)
     for (std::int64_t gas : {1, 2}) {
       CAPTURE(c.strategy);
-      CAPTURE(costmodel::flavour_name(c.flavour));
+      CAPTURE(documents::flavour_name(c.flavour));
       CAPTURE(gas);
       auto o = test_options(model, test_spec(c.strategy, c.flavour, world), gas);
       o.prefetch_as_planned = true;  // what overlapping collectives make of the plan's prefetch

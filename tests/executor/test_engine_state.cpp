@@ -6,8 +6,9 @@
 
 using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using costmodel::Flavour;
+using documents::Flavour;
 
 TEST_CASE("engine state::the phase names the step, the micro-batch and the unit") {
   CHECK(phase_text(2, 1, "forward", 3, 0) == "step 2 forward unit 3");
@@ -56,7 +57,7 @@ TEST_CASE("engine state::parameters and optimizer states exist before the first 
 
 TEST_CASE("engine state::optimizer offload keeps the optimizer's states in the host pool") {
   auto spec = test_spec("zero2", Flavour::deepspeed, 1);
-  spec.offload = costmodel::Offload::optimizer;
+  spec.offload = documents::Offload::optimizer;
   StateFixture<> f(test_options(tiny_llama(), spec));
   CHECK(f.state.offload.optimizer);
   CHECK(&f.state.optimizer_allocator() == &f.state.host_pool);

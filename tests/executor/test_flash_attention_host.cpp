@@ -18,6 +18,7 @@
 
 using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 
 namespace {
 
@@ -176,15 +177,15 @@ TEST_CASE("flash_attention_host::a block keeps 4·a·T bytes of log-sum-exp inst
   };
   const std::int64_t eager = saved(false), flash = saved(true);
   CHECK(eager - flash == 4 * a * s * T - 4 * a * T);
-  costmodel::TrainingJob job;
+  documents::TrainingJob job;
   job.seq_len = shape.seq;
   job.micro_batch = shape.batch;
-  job.precision = costmodel::Precision::fp32;
-  job.recipe = costmodel::Recipe::executor;
-  job.attention = costmodel::AttentionImpl::eager;
+  job.precision = documents::Precision::fp32;
+  job.recipe = documents::Recipe::executor;
+  job.attention = documents::AttentionImpl::eager;
   const costmodel::Forward fp32{4, 4, false};
   const double eager_model = costmodel::block_activations(spec, job, fp32, false).saved;
-  job.attention = costmodel::AttentionImpl::flash;
+  job.attention = documents::AttentionImpl::flash;
   const double flash_model = costmodel::block_activations(spec, job, fp32, false).saved;
   CHECK(eager_model - flash_model == static_cast<double>(eager - flash));
 }
@@ -196,7 +197,7 @@ TEST_CASE("flash_attention_host::the engine's peak with flash attention is the c
   for (int world : {1, 2})
     for (const char* strategy : {"ddp", "zero3"}) {
       const auto flavour =
-          std::string(strategy) == "ddp" ? costmodel::Flavour::ddp : costmodel::Flavour::deepspeed;
+          std::string(strategy) == "ddp" ? documents::Flavour::ddp : documents::Flavour::deepspeed;
       auto options =
           testing::test_options(model, testing::test_spec(strategy, flavour, world, 1 << 16));
       options.micro_batch = {2, 96};

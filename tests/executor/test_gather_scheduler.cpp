@@ -7,8 +7,9 @@
 
 using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using costmodel::Flavour;
+using documents::Flavour;
 
 TEST_CASE("gather scheduler::units kept through the backward are the cost model's") {
   auto spec = test_spec("fsdp-full", Flavour::fsdp2, 2);
@@ -99,9 +100,9 @@ TEST_CASE("gather scheduler::prefetch gathers the next units the limiter allows"
 
 TEST_CASE("gather scheduler::DDP under autocast computes from 16-bit copies") {
   auto spec = test_spec("ddp", Flavour::ddp, 1);
-  spec.reduce_dtype = costmodel::DType::fp32;
+  spec.reduce_dtype = documents::DType::fp32;
   auto options = test_options(tiny_gpt2(), spec);
-  options.precision = costmodel::Precision::bf16_mixed;
+  options.precision = documents::Precision::bf16_mixed;
   StateFixture<bf16> f(options);
   GatherScheduler<bf16> gathers(f.state);
   const std::int64_t head = f.state.unit_count() - 1;

@@ -13,8 +13,9 @@
 #include "model_fixture.hpp"
 
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using shardplan::costmodel::ModelSpec;
+using shardplan::documents::ModelSpec;
 
 namespace {
 

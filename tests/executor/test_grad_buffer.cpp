@@ -9,15 +9,16 @@
 
 using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using costmodel::Flavour;
+using documents::Flavour;
 
 TEST_CASE("grad buffers::DDP's all-reduce buckets count reduce_bucket_bytes in the reduce dtype") {
   auto spec = test_spec("ddp", Flavour::ddp, 2);
-  spec.reduce_dtype = costmodel::DType::fp32;
+  spec.reduce_dtype = documents::DType::fp32;
   spec.reduce_bucket_bytes = 4096;
   CHECK(all_reduce_bucket_elements(spec, 10000) == 1024);
-  spec.reduce_dtype = costmodel::DType::bf16;
+  spec.reduce_dtype = documents::DType::bf16;
   CHECK(all_reduce_bucket_elements(spec, 10000) == 2048);
   spec.reduce_bucket_bytes = 1;
   CHECK(all_reduce_bucket_elements(spec, 10000) == 1);

@@ -10,9 +10,10 @@
 
 using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using costmodel::Flavour;
-using costmodel::Offload;
+using documents::Flavour;
+using documents::Offload;
 
 namespace {
 
@@ -32,19 +33,19 @@ constexpr OffloadCase kCases[] = {{"zero1", Flavour::deepspeed, Offload::optimiz
 
 EngineOptions offload_options(const OffloadCase& c, int world, Offload offload,
                               std::int64_t grad_accumulation,
-                              costmodel::Precision precision = costmodel::Precision::fp32) {
+                              documents::Precision precision = documents::Precision::fp32) {
   auto spec = test_spec(c.strategy, c.flavour, world, 1 << 16);
   spec.offload = offload;
-  if (precision != costmodel::Precision::fp32)  // the compute type: what the engine reduces in
-    spec.reduce_dtype = costmodel::compute_dtype(precision);
+  if (precision != documents::Precision::fp32)  // the compute type: what the engine reduces in
+    spec.reduce_dtype = documents::compute_dtype(precision);
   auto options = test_options(small_llama(), spec, grad_accumulation);
   options.precision = precision;
   return options;
 }
 
 std::string name_of(const OffloadCase& c) {
-  return std::string(c.strategy) + " (" + costmodel::flavour_name(c.flavour) + "), offload " +
-         costmodel::offload_name(c.offload);
+  return std::string(c.strategy) + " (" + documents::flavour_name(c.flavour) + "), offload " +
+         documents::offload_name(c.offload);
 }
 
 }  // namespace
@@ -105,13 +106,13 @@ TEST_CASE("host_offload::the device holds what the cost model's offload counts")
 }
 
 TEST_CASE("host_offload::what no framework offloads is refused") {
-  auto spec = costmodel::make_spec("ddp", Flavour::ddp, 2, std::nullopt);
+  auto spec = documents::make_spec("ddp", Flavour::ddp, 2, std::nullopt);
   spec.offload = Offload::optimizer;
   CHECK_THROWS_WITH_AS(offload_policy(spec),
                        "offload optimizer needs sharded optimizer states (ZeRO or FSDP), ddp "
                        "keeps them whole",
                        std::invalid_argument);
-  spec = costmodel::make_spec("zero2", Flavour::deepspeed, 2, std::nullopt);
+  spec = documents::make_spec("zero2", Flavour::deepspeed, 2, std::nullopt);
   spec.offload = Offload::params;
   CHECK_THROWS_WITH_AS(offload_policy(spec),
                        "offload params needs partitioned parameters (zero3, fsdp-full, hsdp), "
@@ -120,7 +121,7 @@ TEST_CASE("host_offload::what no framework offloads is refused") {
   spec.offload = Offload::optimizer;
   CHECK(offload_policy(spec).optimizer);
   CHECK_FALSE(offload_policy(spec).params);
-  spec = costmodel::make_spec("fsdp-full", Flavour::fsdp2, 2, std::nullopt);
+  spec = documents::make_spec("fsdp-full", Flavour::fsdp2, 2, std::nullopt);
   spec.offload = Offload::optimizer;
   CHECK_THROWS_WITH_AS(offload_policy(spec),
                        "FSDP offloads parameters, gradients and optimizer together (CPUOffload); "
@@ -137,7 +138,7 @@ TEST_CASE("host_offload::mixed precision offloads the fp32 master and moments") 
   // small peaks; what remains is within 1%.
   for (const auto& c : kCases) {
     CAPTURE(name_of(c));
-    const auto options = offload_options(c, 2, c.offload, 2, costmodel::Precision::bf16_mixed);
+    const auto options = offload_options(c, 2, c.offload, 2, documents::Precision::bf16_mixed);
     const auto predicted = predict(options, 2, cpu_profile(2));
     REQUIRE(predicted.valid);
     const auto run = rehearse_engine(options, 1, 2, 2);

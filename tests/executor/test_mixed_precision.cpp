@@ -25,9 +25,11 @@
 #include "kernels/scalar.hpp"
 #include "model_fixture.hpp"
 
+using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using shardplan::costmodel::ModelSpec;
+using shardplan::documents::ModelSpec;
 
 namespace {
 

@@ -11,10 +11,11 @@
 #include "model_fixture.hpp"
 
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using shardplan::costmodel::InputError;
-using shardplan::costmodel::load_model;
-using shardplan::costmodel::UnitTensors;
+using shardplan::core::InputError;
+using shardplan::documents::load_model;
+using shardplan::documents::UnitTensors;
 
 namespace {
 std::int64_t offset_of(const UnitTensors& unit, const std::string& name) {
@@ -88,7 +89,7 @@ TEST_CASE("executor::scale_down keeps the architecture and re-derives the tensor
       InputError);
   CHECK_THROWS_WITH_AS(scale_down(source, {.layers = 1, .hidden = 30, .heads = 4, .vocab = 50}),
                        "--scale: 4 heads do not divide hidden 30", InputError);
-  const auto bare = shardplan::costmodel::model_from_param_count(1e9);
+  const auto bare = shardplan::documents::model_from_param_count(1e9);
   CHECK_THROWS_WITH_AS(scale_down(bare, {.layers = 1, .hidden = 8, .heads = 2, .vocab = 8}),
                        "--scale: a bare parameter count has no architecture to scale down",
                        InputError);

@@ -10,8 +10,9 @@
 
 using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using costmodel::Flavour;
+using documents::Flavour;
 
 TEST_CASE("loss scaler::a disabled scaler keeps 1 and never skips") {
   LossScaler scaler;
@@ -80,9 +81,9 @@ TEST_CASE("optimizer step::AdamW updates every unit as adamw_step does") {
 TEST_CASE("optimizer step::fp16 skips a step whose gradients overflow and unscales the others") {
   auto spec = test_spec("ddp", Flavour::ddp, 1);
   spec.grad_bucket_copy = false;
-  spec.reduce_dtype = costmodel::DType::fp32;
+  spec.reduce_dtype = documents::DType::fp32;
   auto options = test_options(tiny_llama(), spec);
-  options.precision = costmodel::Precision::fp16_mixed;
+  options.precision = documents::Precision::fp16_mixed;
   options.initial_loss_scale = 1024.0;
   StateFixture<f16> f(options);
   OptimizerStep<f16> optimizer(f.state);

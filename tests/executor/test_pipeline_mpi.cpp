@@ -18,6 +18,7 @@
 
 using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
 using costmodel::PipelineSchedule;
 
@@ -42,8 +43,8 @@ const BatchShape kMicroBatch{2, 8};
 constexpr double kLr = 1e-2;
 constexpr std::uint64_t kSeed = 77;
 
-costmodel::ModelSpec llama(std::int64_t layers) {
-  return scale_down(costmodel::load_model("llama-3-8b"), {.layers = layers,
+documents::ModelSpec llama(std::int64_t layers) {
+  return scale_down(documents::load_model("llama-3-8b"), {.layers = layers,
                                                           .hidden = 16,
                                                           .heads = 4,
                                                           .kv_heads = 2,
@@ -52,8 +53,8 @@ costmodel::ModelSpec llama(std::int64_t layers) {
                                                           .vocab = 50,
                                                           .max_positions = 64});
 }
-costmodel::ModelSpec gpt2(std::int64_t layers) {
-  return scale_down(costmodel::load_model("gpt2"), {.layers = layers,
+documents::ModelSpec gpt2(std::int64_t layers) {
+  return scale_down(documents::load_model("gpt2"), {.layers = layers,
                                                     .hidden = 16,
                                                     .heads = 4,
                                                     .intermediate = 32,
@@ -62,9 +63,9 @@ costmodel::ModelSpec gpt2(std::int64_t layers) {
 }
 
 // The reference: this rank alone (a group of one) runs DDP with m·d micro-batches per step.
-EngineRun reference(const costmodel::ModelSpec& model, int micro_batches) {
+EngineRun reference(const documents::ModelSpec& model, int micro_batches) {
   auto solo = test_world().split(test_world().rank(), 0);
-  auto o = test_options(model, test_spec("ddp", costmodel::Flavour::ddp, 1), micro_batches);
+  auto o = test_options(model, test_spec("ddp", documents::Flavour::ddp, 1), micro_batches);
   o.micro_batch = kMicroBatch;
   o.adamw.lr = kLr;
   o.seed = kSeed;
@@ -78,7 +79,7 @@ struct PipelineRun {
   std::int64_t peak_bytes = 0;
 };
 
-PipelineOptions pipeline_options(const costmodel::ModelSpec& model, int p, int m,
+PipelineOptions pipeline_options(const documents::ModelSpec& model, int p, int m,
                                  PipelineSchedule schedule) {
   PipelineOptions o;
   o.model = model;
@@ -161,12 +162,12 @@ double predicted_stage_bytes(const PipelineOptions& o, int world, int stage) {
   in.job.seq_len = o.micro_batch.seq;
   in.job.micro_batch = o.micro_batch.batch;
   in.job.global_batch = o.micro_batch.batch * o.micro_batches * (world / o.stages);
-  in.job.precision = costmodel::Precision::fp32;
-  in.job.optimizer = costmodel::Optimizer::adamw;
-  in.job.attention = costmodel::AttentionImpl::eager;
-  in.job.recipe = costmodel::Recipe::executor;
-  in.job.checkpointing = costmodel::Checkpointing::none;
-  in.spec = test_spec("ddp", costmodel::Flavour::ddp, world / o.stages);
+  in.job.precision = documents::Precision::fp32;
+  in.job.optimizer = documents::Optimizer::adamw;
+  in.job.attention = documents::AttentionImpl::eager;
+  in.job.recipe = documents::Recipe::executor;
+  in.job.checkpointing = documents::Checkpointing::none;
+  in.spec = test_spec("ddp", documents::Flavour::ddp, world / o.stages);
   in.spec.grad_bucket_copy = false;  // the stages reduce in place (as pipeline_run.cpp predicts)
   in.layout.pipeline_parallel = o.stages;
   in.layout.schedule = o.schedule;
@@ -261,7 +262,7 @@ TEST_CASE("pipeline::check_pipeline rejects what cannot run, naming the flag and
     try {
       check_pipeline(o, world);
       FAIL("accepted");
-    } catch (const costmodel::InputError& e) {
+    } catch (const core::InputError& e) {
       CHECK(e.where() == flag);
       CHECK(std::string(e.what()).find(text) != std::string::npos);
     }

@@ -11,13 +11,14 @@
 
 using namespace shardplan;
 using namespace shardplan::executor;
-using costmodel::InputError;
+using namespace shardplan::kernels;
+using core::InputError;
 
 namespace {
 
 nlohmann::json plan_document(const std::string& strategy, int gpus) {
   costmodel::Plan p;
-  p.model = costmodel::model_from_hf_config(
+  p.model = documents::model_from_hf_config(
       scaled_config("llama-3-8b",
                     {.layers = 2, .hidden = 16, .heads = 4, .kv_heads = 2, .vocab = 64}),
       "tiny");
@@ -26,10 +27,10 @@ nlohmann::json plan_document(const std::string& strategy, int gpus) {
   p.job.seq_len = 8;
   p.job.global_batch = std::int64_t{4} * gpus;
   p.job.micro_batch = 2;
-  p.job.precision = costmodel::Precision::fp32;
-  p.job.attention = costmodel::AttentionImpl::eager;
-  p.job.recipe = costmodel::Recipe::executor;
-  p.spec = costmodel::make_spec(strategy, std::nullopt, gpus);
+  p.job.precision = documents::Precision::fp32;
+  p.job.attention = documents::AttentionImpl::eager;
+  p.job.recipe = documents::Recipe::executor;
+  p.spec = documents::make_spec(strategy, std::nullopt, gpus);
   p.prediction.peak_bytes = 1e6;
   return costmodel::plan_to_json(p);
 }
@@ -141,7 +142,7 @@ TEST_CASE("executor::the GPU backend runs flash attention and prefetches as plan
   CHECK_FALSE(make_run_setup(plan, 2, gpu).engine.model_options.flash_attention);
   // What neither backend runs is refused the same way, naming the backend.
   plan["job"]["precision"] = "bf16-mixed";
-  CHECK(make_run_setup(plan, 2, gpu).engine.precision == costmodel::Precision::bf16_mixed);
+  CHECK(make_run_setup(plan, 2, gpu).engine.precision == documents::Precision::bf16_mixed);
   plan["job"]["precision"] = "bf16";  // bf16 optimizer states: neither backend
   try {
     make_run_setup(plan, 2, gpu);
@@ -173,7 +174,7 @@ TEST_CASE("executor::scaled configs have no dropout and read back") {
       "gpt2", {.layers = 2, .hidden = 32, .heads = 4, .vocab = 100, .max_positions = 64});
   CHECK(config["attn_pdrop"] == 0.0);
   CHECK(config["resid_pdrop"] == 0.0);
-  const auto m = costmodel::model_from_hf_config(config, "x");
+  const auto m = documents::model_from_hf_config(config, "x");
   CHECK_FALSE(m.attention_dropout);
   CHECK_FALSE(m.residual_dropout);
   CHECK(m.layers == 2);

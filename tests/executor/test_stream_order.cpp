@@ -14,9 +14,10 @@
 #include "executor/stream_order.hpp"
 
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using shardplan::costmodel::Flavour;
-using shardplan::costmodel::Precision;
+using shardplan::documents::Flavour;
+using shardplan::documents::Precision;
 
 namespace {
 

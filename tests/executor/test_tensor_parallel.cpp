@@ -14,11 +14,12 @@
 
 using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
 
 namespace {
 
-std::int64_t block_size(const costmodel::ModelSpec& m) {
+std::int64_t block_size(const documents::ModelSpec& m) {
   return GptLayout(m).unit_size(UnitKind::block);
 }
 
@@ -32,7 +33,7 @@ TEST_CASE("tensor_parallel::local units hold 1/t of every matrix and whole repli
   const std::int64_t h = 16;
   CHECK(block_size(local_spec(llama, 2)) == (block_size(llama) - 2 * h) / 2 + 2 * h);
   // t = 4 with a vocabulary of 48 (a multiple of 4: the embedding and head are split by t too).
-  const auto gpt2_48 = scale_down(costmodel::load_model("gpt2"), {.layers = 2,
+  const auto gpt2_48 = scale_down(documents::load_model("gpt2"), {.layers = 2,
                                                                   .hidden = 16,
                                                                   .heads = 4,
                                                                   .intermediate = 32,
@@ -144,10 +145,10 @@ TEST_CASE("tensor_parallel::a run's --tensor-parallel is checked against the pla
   p.job.seq_len = 8;
   p.job.global_batch = 16;
   p.job.micro_batch = 2;
-  p.job.precision = costmodel::Precision::fp32;
-  p.job.attention = costmodel::AttentionImpl::eager;
-  p.job.recipe = costmodel::Recipe::executor;
-  p.spec = costmodel::make_spec("ddp", std::nullopt, 4);
+  p.job.precision = documents::Precision::fp32;
+  p.job.attention = documents::AttentionImpl::eager;
+  p.job.recipe = documents::Recipe::executor;
+  p.spec = documents::make_spec("ddp", std::nullopt, 4);
   const auto plan = costmodel::plan_to_json(p);
   RunRequest request;
   request.tensor_parallel = 2;
@@ -162,7 +163,7 @@ TEST_CASE("tensor_parallel::a run's --tensor-parallel is checked against the pla
     request.tensor_parallel = t;
     try {
       (void)make_run_setup(document, world, request);
-    } catch (const costmodel::InputError& e) {
+    } catch (const core::InputError& e) {
       return e.where() + " " + e.what();
     }
     return std::string("accepted");
@@ -171,7 +172,7 @@ TEST_CASE("tensor_parallel::a run's --tensor-parallel is checked against the pla
                              "not divide the 2 key/value heads");
   p.cluster = {3, 3};
   p.job.global_batch = 12;
-  p.spec = costmodel::make_spec("ddp", std::nullopt, 3);
+  p.spec = documents::make_spec("ddp", std::nullopt, 3);
   CHECK(where(costmodel::plan_to_json(p), 2, 3) ==
         "--tensor-parallel --tensor-parallel: 2 does not divide the 3 ranks");
 }

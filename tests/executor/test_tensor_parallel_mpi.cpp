@@ -17,8 +17,9 @@
 
 using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using costmodel::Flavour;
+using documents::Flavour;
 
 namespace {
 
@@ -38,8 +39,8 @@ constexpr int kSteps = 2;
 
 // Llama-like with 8 query heads over 4 key/value heads, so that t = 4 keeps GQA (2 query heads
 // per rank over 1 key/value head).
-costmodel::ModelSpec tiny_llama_8_heads() {
-  return scale_down(costmodel::load_model("llama-3-8b"), {.layers = 2,
+documents::ModelSpec tiny_llama_8_heads() {
+  return scale_down(documents::load_model("llama-3-8b"), {.layers = 2,
                                                           .hidden = 16,
                                                           .heads = 8,
                                                           .kv_heads = 4,
@@ -52,15 +53,15 @@ costmodel::ModelSpec tiny_llama_8_heads() {
 // The fixture's GPT-2 and GPT-NeoX with a vocabulary of 48 instead of 50: a multiple of t = 2
 // and 4 (the embedding and the head are vocabulary-parallel; tensor_parallel.hpp); GPT-2 with 32
 // learned positions, for the memory test's sequences of 32.
-costmodel::ModelSpec tiny_gpt2_48() {
-  return scale_down(costmodel::load_model("gpt2"), {.layers = 2,
+documents::ModelSpec tiny_gpt2_48() {
+  return scale_down(documents::load_model("gpt2"), {.layers = 2,
                                                     .hidden = 16,
                                                     .heads = 4,
                                                     .intermediate = 32,
                                                     .vocab = 48,
                                                     .max_positions = 32});
 }
-costmodel::ModelSpec tiny_neox_48() {
+documents::ModelSpec tiny_neox_48() {
   const nlohmann::json config = {{"architectures", {"GPTNeoXForCausalLM"}},
                                  {"hidden_size", 16},
                                  {"intermediate_size", 32},
@@ -68,10 +69,10 @@ costmodel::ModelSpec tiny_neox_48() {
                                  {"num_attention_heads", 4},
                                  {"vocab_size", 48},
                                  {"max_position_embeddings", 64}};
-  return costmodel::model_from_hf_config(config, "tiny-neox");
+  return documents::model_from_hf_config(config, "tiny-neox");
 }
 
-bool divides(const costmodel::ModelSpec& m, int t) {
+bool divides(const documents::ModelSpec& m, int t) {
   return m.heads % t == 0 && m.kv_heads % t == 0 && m.intermediate % t == 0 && m.vocab % t == 0;
 }
 
@@ -82,9 +83,9 @@ struct TpRun {
 };
 
 // t-way tensor parallelism with `strategy` over the d = world / t replicas.
-TpRun run_tensor_parallel(const costmodel::ModelSpec& full, int t, bool sequence_parallel,
+TpRun run_tensor_parallel(const documents::ModelSpec& full, int t, bool sequence_parallel,
                           const char* strategy, Flavour flavour, std::int64_t grad_accumulation,
-                          costmodel::Precision precision = costmodel::Precision::fp32,
+                          documents::Precision precision = documents::Precision::fp32,
                           Checkpointing checkpointing = Checkpointing::none,
                           bool flash_attention = false) {
   auto tp_groups = make_tensor_parallel_groups(test_world(), t);
@@ -110,8 +111,8 @@ TpRun run_tensor_parallel(const costmodel::ModelSpec& full, int t, bool sequence
 }
 
 // DDP in one process over the same global batch: d × grad_accumulation micro-batches.
-TpRun run_alone(const costmodel::ModelSpec& full, int d, std::int64_t grad_accumulation,
-                costmodel::Precision precision = costmodel::Precision::fp32,
+TpRun run_alone(const documents::ModelSpec& full, int d, std::int64_t grad_accumulation,
+                documents::Precision precision = documents::Precision::fp32,
                 bool flash_attention = false) {
   auto self = test_world().split(test_world().rank(), 0);
   auto o = test_options(full, test_spec("ddp", Flavour::ddp, 1), grad_accumulation * d);
@@ -183,7 +184,7 @@ TEST_CASE("tensor_parallel::full recompute runs the block's collectives again, s
     for (bool sp : {false, true}) {
       CAPTURE(sp);
       check_equal(run_tensor_parallel(model, 2, sp, "ddp", Flavour::ddp, 2,
-                                      costmodel::Precision::fp32, Checkpointing::full),
+                                      documents::Precision::fp32, Checkpointing::full),
                   alone);
     }
   }
@@ -194,11 +195,11 @@ TEST_CASE("tensor_parallel::flash attention over the local heads") {
   if (world % 2 != 0) return;
   for (const auto& model : {tiny_llama(), tiny_neox()}) {
     CAPTURE(model.name);
-    const auto alone = run_alone(model, world / 2, 2, costmodel::Precision::fp32, true);
+    const auto alone = run_alone(model, world / 2, 2, documents::Precision::fp32, true);
     for (bool sp : {false, true}) {
       CAPTURE(sp);
       check_equal(run_tensor_parallel(model, 2, sp, "ddp", Flavour::ddp, 2,
-                                      costmodel::Precision::fp32, Checkpointing::none, true),
+                                      documents::Precision::fp32, Checkpointing::none, true),
                   alone);
     }
   }
@@ -210,7 +211,7 @@ TEST_CASE("tensor_parallel::under bf16-mixed, TP trains as DDP within bf16's rou
   // bf16 (Megatron all-reduces the row-parallel outputs in the activation dtype).
   const int world = test_world().size();
   if (world % 2 != 0) return;
-  const auto bf16 = costmodel::Precision::bf16_mixed;
+  const auto bf16 = documents::Precision::bf16_mixed;
   const auto model = tiny_llama();
   const auto alone = run_alone(model, world / 2, 2, bf16);
   for (bool sp : {false, true}) {
@@ -237,11 +238,11 @@ namespace {
 
 // One t = 2 step (DDP over the replicas, one micro-batch, fp32, eager attention): the executor's
 // per-rank memory beside costmodel/parallel_memory's stage prediction for the same layout (p = 1).
-EngineRun run_for_memory(const costmodel::ModelSpec& model, int t, bool sp, int d) {
+EngineRun run_for_memory(const documents::ModelSpec& model, int t, bool sp, int d) {
   auto tp_groups = make_tensor_parallel_groups(test_world(), t);
   EngineOptions o;
   o.model = local_spec(model, t);
-  o.spec = costmodel::make_spec("ddp", costmodel::Flavour::ddp, d);
+  o.spec = documents::make_spec("ddp", documents::Flavour::ddp, d);
   o.micro_batch = {2, 32};
   o.model_options.tensor_parallel = {tp_groups.tp.get(), sp,
                                      std::make_shared<const GptLayout>(model)};
@@ -249,8 +250,8 @@ EngineRun run_for_memory(const costmodel::ModelSpec& model, int t, bool sp, int 
   return run_engine(o, owned.groups, 1, false);
 }
 
-costmodel::StageMemory predict_stage(const costmodel::ModelSpec& model, int t, bool sp, int world,
-                                     const costmodel::HardwareProfile& hw) {
+costmodel::StageMemory predict_stage(const documents::ModelSpec& model, int t, bool sp, int world,
+                                     const documents::HardwareProfile& hw) {
   costmodel::ParallelMemoryInput in;
   in.model = &model;
   in.hardware = &hw;
@@ -258,11 +259,11 @@ costmodel::StageMemory predict_stage(const costmodel::ModelSpec& model, int t, b
   in.job.seq_len = 32;
   in.job.micro_batch = 2;
   in.job.global_batch = 2 * world / t;
-  in.job.precision = costmodel::Precision::fp32;
-  in.job.checkpointing = costmodel::Checkpointing::none;
-  in.job.attention = costmodel::AttentionImpl::eager;
-  in.job.recipe = costmodel::Recipe::executor;
-  in.spec = costmodel::make_spec("ddp", costmodel::Flavour::ddp, world / t);
+  in.job.precision = documents::Precision::fp32;
+  in.job.checkpointing = documents::Checkpointing::none;
+  in.job.attention = documents::AttentionImpl::eager;
+  in.job.recipe = documents::Recipe::executor;
+  in.spec = documents::make_spec("ddp", documents::Flavour::ddp, world / t);
   in.layout.tensor_parallel = t;
   in.layout.sequence_parallel = sp;
   const auto walk =
@@ -301,7 +302,7 @@ TEST_CASE("tensor_parallel::measured memory against the cost model's per-stage p
   const int world = test_world().size();
   if (world % 2 != 0) return;
   const int t = 2, d = world / t;
-  const auto model = scale_down(costmodel::load_model("llama-3-8b"), {.layers = 4,
+  const auto model = scale_down(documents::load_model("llama-3-8b"), {.layers = 4,
                                                                       .hidden = 64,
                                                                       .heads = 4,
                                                                       .kv_heads = 2,

@@ -5,6 +5,7 @@
 #include "executor/tracked_allocator.hpp"
 
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using MC = MemoryCategory;
 
 TEST_CASE("executor::allocator category names are the cost model's breakdown") {

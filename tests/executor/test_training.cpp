@@ -11,6 +11,7 @@
 #include "model_fixture.hpp"
 
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
 
 TEST_CASE("executor::synthetic tokens are reproducible and shifted") {

@@ -1,5 +1,5 @@
 // What every fuzz target shares. The input bytes are one document; a parser may reject them only
-// with costmodel::InputError (the project's bad-input exception, which main() turns into one line
+// with core::InputError (the project's bad-input exception, which main() turns into one line
 // and exit code 2). Anything else — another exception escaping, a crash, a sanitizer report, a
 // leak, or a broken round trip (`require`) — is a finding.
 #pragma once
@@ -24,13 +24,13 @@
 
 namespace shardplan::fuzz {
 
-// The bytes as JSON, read as every document of the project is read (costmodel::parse_json_text),
+// The bytes as JSON, read as every document of the project is read (core::parse_json_text),
 // or nothing when they are not JSON: that InputError is the expected outcome, not a finding.
 inline std::optional<nlohmann::json> json_of(const std::uint8_t* data, std::size_t size) {
   try {
-    return costmodel::parse_json_text(std::string(reinterpret_cast<const char*>(data), size),
-                                      "fuzz.json");
-  } catch (const costmodel::InputError&) {
+    return core::parse_json_text(std::string(reinterpret_cast<const char*>(data), size),
+                                 "fuzz.json");
+  } catch (const core::InputError&) {
     return std::nullopt;
   }
 }
@@ -40,7 +40,7 @@ inline std::optional<nlohmann::json> json_of(const std::uint8_t* data, std::size
 template <class F> void accept_input_error(F&& f) {
   try {
     f();
-  } catch (const costmodel::InputError&) {
+  } catch (const core::InputError&) {
   }
 }
 
@@ -55,7 +55,7 @@ inline void require(bool ok, const char* what) {
 template <class F> auto must_read(F&& f, const char* what) {
   try {
     return f();
-  } catch (const costmodel::InputError& e) {
+  } catch (const core::InputError& e) {
     std::fprintf(stderr, "%s does not read back: %s\n", what, e.what());
     std::abort();
   }

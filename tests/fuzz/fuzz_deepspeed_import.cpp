@@ -1,7 +1,7 @@
 // DeepSpeed config -> planner::import_deepspeed_config, for two scenarios (one node of 8 GPUs; 128
 // nodes of 8). An accepted import gives a job that validates against the scenario's cluster.
-#include "costmodel/hardware.hpp"
-#include "costmodel/model.hpp"
+#include "documents/hardware.hpp"
+#include "documents/model.hpp"
 #include "fuzz_common.hpp"
 #include "planner/deepspeed_import.hpp"
 
@@ -11,8 +11,8 @@ namespace {
 
 planner::Scenario scenario(int gpus, std::int64_t global_batch) {
   planner::Scenario sc;
-  sc.model = costmodel::load_model("llama-2-7b");
-  sc.hardware = costmodel::load_hardware("a100-sxm4-80gb");
+  sc.model = documents::load_model("llama-2-7b");
+  sc.hardware = documents::load_hardware("a100-sxm4-80gb");
   sc.cluster = {gpus, 8};
   sc.job.seq_len = 4096;
   sc.job.global_batch = global_batch;
@@ -31,7 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     fuzz::accept_input_error([&] {
       const auto imported = planner::import_deepspeed_config(*doc, base);
       fuzz::require(imported.job.global_batch > 0, "an imported job has a global batch");
-      fuzz::must_read([&] { costmodel::validate_job(imported.job, base.cluster); },
+      fuzz::must_read([&] { documents::validate_job(imported.job, base.cluster); },
                       "an imported job checked against its cluster");
     });
   }

@@ -1,12 +1,12 @@
-// Training-job document -> costmodel::job_from_json; an accepted job writes back to a document
+// Training-job document -> documents::job_from_json; an accepted job writes back to a document
 // that reads as the same job, and checking it against clusters only ever raises InputError.
-#include "costmodel/job.hpp"
+#include "documents/job.hpp"
 #include "fuzz_common.hpp"
 
 using namespace shardplan;
 
 namespace {
-bool same(const costmodel::TrainingJob& a, const costmodel::TrainingJob& b) {
+bool same(const documents::TrainingJob& a, const documents::TrainingJob& b) {
   return a.seq_len == b.seq_len && a.global_batch == b.global_batch &&
          a.micro_batch == b.micro_batch && a.precision == b.precision &&
          a.optimizer == b.optimizer && a.checkpointing == b.checkpointing &&
@@ -21,13 +21,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto doc = fuzz::json_of(data, size);
   if (!doc) return 0;
   fuzz::accept_input_error([&] {
-    const auto job = costmodel::job_from_json(*doc);
+    const auto job = documents::job_from_json(*doc);
     const auto again = fuzz::must_read(
-        [&] { return costmodel::job_from_json(costmodel::job_to_json(job)); }, "a written job");
+        [&] { return documents::job_from_json(documents::job_to_json(job)); }, "a written job");
     fuzz::require(same(again, job), "job_to_json then job_from_json gives the same job");
-    for (costmodel::Cluster c : {costmodel::Cluster{1, 1}, costmodel::Cluster{8, 8},
-                                 costmodel::Cluster{1'000'000, 8}, costmodel::Cluster{999'999, 1}})
-      fuzz::accept_input_error([&] { costmodel::validate_job(job, c); });
+    for (documents::Cluster c : {documents::Cluster{1, 1}, documents::Cluster{8, 8},
+                                 documents::Cluster{1'000'000, 8}, documents::Cluster{999'999, 1}})
+      fuzz::accept_input_error([&] { documents::validate_job(job, c); });
   });
   return 0;
 }

@@ -2,8 +2,8 @@
 // fixed plan written by plan_to_json. An accepted run renders its comparison table.
 #include <string>
 
-#include "costmodel/model.hpp"
 #include "costmodel/plan.hpp"
+#include "documents/model.hpp"
 #include "fuzz_common.hpp"
 #include "planner/validate.hpp"
 
@@ -13,13 +13,13 @@ namespace {
 
 nlohmann::json plan_document() {
   costmodel::Plan p;
-  p.model = costmodel::load_model("gpt2");
+  p.model = documents::load_model("gpt2");
   p.hardware = "a100-sxm4-80gb";
   p.cluster = {2, 8};
   p.job.seq_len = 256;
   p.job.global_batch = 4;
   p.job.micro_batch = 2;
-  p.spec = costmodel::make_spec("zero3", std::nullopt, 8);
+  p.spec = documents::make_spec("zero3", std::nullopt, 8);
   p.prediction.peak_bytes = 3e9;
   p.prediction.at_peak = {1e9, 1e9, 5e8, 4e8, 1e8, 0};
   p.prediction.step_s = 0.5;

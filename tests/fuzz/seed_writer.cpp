@@ -12,14 +12,16 @@
 #include <fmt/format.h>
 
 #include "core/input_error.hpp"
-#include "costmodel/hardware.hpp"
-#include "costmodel/job.hpp"
-#include "costmodel/model.hpp"
 #include "costmodel/plan.hpp"
-#include "costmodel/sharding.hpp"
 #include "costmodel/simulator.hpp"
+#include "documents/hardware.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/sharding.hpp"
 
 using namespace shardplan::costmodel;
+using namespace shardplan::core;
+using namespace shardplan::documents;
 namespace fs = std::filesystem;
 
 namespace {

@@ -80,7 +80,7 @@ TEST_CASE("cli_input::compare takes --strategy as the other commands do; --strat
 
 TEST_CASE("cli_input::compare shows each row's checkpointing, in the table and in JSON") {
   // --checkpointing full is each row's mode as given; the default job (recipe hf) checkpoints
-  // nothing unless asked (costmodel/job.hpp, default_checkpointing).
+  // nothing unless asked (documents/job.hpp, default_checkpointing).
   const auto json = planner(
       {"compare", "--strategy", "ddp,zero3", "--checkpointing", "full", "--format", "json"});
   REQUIRE(json.code == 0);

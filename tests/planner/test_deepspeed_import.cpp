@@ -5,8 +5,8 @@
 #include <string>
 
 #include "core/json_reader.hpp"
-#include "costmodel/hardware.hpp"
-#include "costmodel/model.hpp"
+#include "documents/hardware.hpp"
+#include "documents/model.hpp"
 #include "planner/deepspeed_import.hpp"
 #include "planner/estimate.hpp"
 #include "tests/test_support.hpp"
@@ -14,6 +14,8 @@
 using shardplan::test::error_of;
 using namespace shardplan;
 using namespace shardplan::costmodel;
+using namespace shardplan::core;
+using namespace shardplan::documents;
 using nlohmann::json;
 using planner::DeepSpeedImport;
 using planner::Scenario;

@@ -12,8 +12,8 @@
 
 #include "core/json_reader.hpp"
 #include "core/text.hpp"
-#include "costmodel/hardware.hpp"
-#include "costmodel/model.hpp"
+#include "documents/hardware.hpp"
+#include "documents/model.hpp"
 #include "planner/deepspeed_import.hpp"
 #include "planner/emit_deepspeed.hpp"
 #include "planner/emit_fsdp.hpp"
@@ -28,6 +28,8 @@ using shardplan::test::contains;
 using shardplan::test::error_of;
 using namespace shardplan;
 using namespace shardplan::costmodel;
+using namespace shardplan::core;
+using namespace shardplan::documents;
 using planner::Evaluation;
 using planner::Scenario;
 
@@ -402,7 +404,7 @@ TEST_CASE("trace::processes and threads named, the CPU optimizer on its own lane
   REQUIRE(e.result.valid);
   REQUIRE(e.result.host_optimizer_s > 0);
   // The trace as the program writes it, read back.
-  const auto doc = nlohmann::json::parse(io::json_text(planner::trace_to_chrome_json(trace)));
+  const auto doc = nlohmann::json::parse(core::json_text(planner::trace_to_chrome_json(trace)));
   const auto& events = doc.at("traceEvents");
 
   std::map<std::pair<int, int>, std::string> threads;

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_fixture.hpp"
-#include "costmodel/hardware.hpp"
 #include "costmodel/plan.hpp"
+#include "documents/hardware.hpp"
 #include "planner/estimate.hpp"
 #include "tests/test_support.hpp"
 
@@ -211,7 +211,7 @@ TEST_CASE("explain::waiting is named by the stream it waits on; an offload plan'
   CHECK(exposed["all-gather"].get<double>() < 0.01 * w["largest"]["value"].get<double>());
   // The CPU optimizer step by hand: the node's CPUs update the local shards of its 8 GPUs,
   // Ψ/16 parameters each, at the profile's DeepSpeed CPUAdam rate.
-  const auto hw = shardplan::costmodel::load_hardware("a100-sxm4-80gb");
+  const auto hw = shardplan::documents::load_hardware("a100-sxm4-80gb");
   const double cpu_s = 70553706496.0 / 16 * 8 / hw.host_optimizer_rate("deepspeed");
   CHECK(w["host_optimizer_s"].get<double>() == doctest::Approx(cpu_s).epsilon(0.01));
   CHECK(w["host_optimizer_s"].get<double>() <= w["largest"]["value"].get<double>());
@@ -291,9 +291,9 @@ TEST_CASE(
     auto spec = plan.spec;
     auto job = plan.job;
     if (offload)
-      spec.offload = shardplan::costmodel::Offload::none;
+      spec.offload = shardplan::documents::Offload::none;
     else
-      job.checkpointing = shardplan::costmodel::Checkpointing::none;
+      job.checkpointing = shardplan::documents::Checkpointing::none;
     const auto e = shardplan::planner::evaluate(sc, spec, job);
     CHECK(c["without"]["peak_bytes"].get<double>() == doctest::Approx(e.result.peak_bytes));
     CHECK(c["without"]["step_s"].get<double>() == doctest::Approx(e.result.step_s));

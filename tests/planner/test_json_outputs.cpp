@@ -60,7 +60,7 @@ TEST_CASE("json_outputs::the --trace file carries schema_version") {
   const auto path = std::filesystem::temp_directory_path() / "json-outputs-trace.json";
   REQUIRE(planner(with({"simulate", "--strategy", "zero3", "--trace", path.string()}, kJob)).code ==
           0);
-  const auto trace = shardplan::costmodel::read_json_file(path.string());
+  const auto trace = shardplan::core::read_json_file(path.string());
   std::filesystem::remove(path);
   CHECK(trace.at("schema_version") == 1);
   CHECK(trace.at("traceEvents").is_array());
@@ -81,10 +81,10 @@ TEST_CASE("json_outputs::--emit plan carries --gpu-memory-GiB to the executor") 
     CAPTURE(bad);
     CHECK_THROWS_WITH_AS(shardplan::costmodel::plan_from_json(doc),
                          doctest::Contains("/capacity/gpu_memory_GiB"),
-                         shardplan::costmodel::InputError);
+                         shardplan::core::InputError);
   }
   auto extra = plan;
   extra["capacity"]["gpu_memory_GB"] = 40;
   CHECK_THROWS_WITH_AS(shardplan::costmodel::plan_from_json(extra),
-                       doctest::Contains("gpu_memory_GB"), shardplan::costmodel::InputError);
+                       doctest::Contains("gpu_memory_GB"), shardplan::core::InputError);
 }

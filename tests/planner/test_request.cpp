@@ -13,7 +13,7 @@
 
 namespace {
 
-using shardplan::costmodel::InputError;
+using shardplan::core::InputError;
 using shardplan::planner::Request;
 using shardplan::planner::run_request;
 using shardplan::planner::testing::planner;

@@ -19,8 +19,8 @@ namespace {
 Scenario scenario(const char* model, const char* hardware, int gpus, int per_node, std::int64_t seq,
                   std::int64_t global_batch) {
   Scenario sc;
-  sc.model = costmodel::load_model(model);
-  sc.hardware = costmodel::load_hardware(hardware);
+  sc.model = documents::load_model(model);
+  sc.hardware = documents::load_hardware(hardware);
   sc.cluster = {gpus, per_node};
   sc.job.seq_len = seq;
   sc.job.global_batch = global_batch;
@@ -30,9 +30,9 @@ Scenario scenario(const char* model, const char* hardware, int gpus, int per_nod
 std::string key(const Candidate& c) {
   const auto& e = c.eval;
   return fmt::format("{}/{}/{}/{}/{}/{}/{}/{:.9g}", e.spec.strategy,
-                     costmodel::flavour_name(e.spec.flavour), e.spec.shard_group_size,
-                     e.job.micro_batch, costmodel::checkpointing_name(e.job.checkpointing),
-                     costmodel::offload_name(e.spec.offload), e.spec.forward_prefetch,
+                     documents::flavour_name(e.spec.flavour), e.spec.shard_group_size,
+                     e.job.micro_batch, documents::checkpointing_name(e.job.checkpointing),
+                     documents::offload_name(e.spec.offload), e.spec.forward_prefetch,
                      e.result.step_s);
 }
 
@@ -107,7 +107,7 @@ TEST_CASE("search::a small model across nodes of a weak network is not fully sha
 
 TEST_CASE("search::pins restrict the space") {
   auto sc = scenario("llama-2-7b", "a100-sxm4-80gb", 8, 8, 4096, 32);
-  sc.job.checkpointing = costmodel::Checkpointing::full;
+  sc.job.checkpointing = documents::Checkpointing::full;
   SearchPins pins;
   pins.strategy = "zero2";
   pins.micro_batch = 1;
@@ -118,8 +118,8 @@ TEST_CASE("search::pins restrict the space") {
   for (const auto& c : r.ranked) {
     CHECK(c.eval.spec.strategy == "zero2");
     CHECK(c.eval.job.micro_batch == 1);
-    CHECK(c.eval.job.checkpointing == costmodel::Checkpointing::full);
-    CHECK(c.eval.job.loss == costmodel::LossImpl::upcast);
+    CHECK(c.eval.job.checkpointing == documents::Checkpointing::full);
+    CHECK(c.eval.job.loss == documents::LossImpl::upcast);
   }
 }
 
@@ -132,16 +132,16 @@ TEST_CASE("search::what the recipe lets a user set is searched and recorded") {
   pins.exhaustive = true;
   std::set<std::string> seen;
   for (const auto& c : search(sc, pins).ranked)
-    seen.insert(costmodel::checkpointing_label(c.eval.job) + "/" +
-                costmodel::loss_label(c.eval.job));
+    seen.insert(documents::checkpointing_label(c.eval.job) + "/" +
+                documents::loss_label(c.eval.job));
   CHECK(seen.count("every:2/upcast") == 1);
   CHECK(seen.count("none/fused-linear") == 1);
   CHECK(seen.count("selective-op/upcast") == 0);
-  sc.job.recipe = costmodel::Recipe::torchtitan;
+  sc.job.recipe = documents::Recipe::torchtitan;
   seen.clear();
   for (const auto& c : search(sc, pins).ranked)
-    seen.insert(costmodel::checkpointing_label(c.eval.job) + "/" +
-                costmodel::loss_label(c.eval.job));
+    seen.insert(documents::checkpointing_label(c.eval.job) + "/" +
+                documents::loss_label(c.eval.job));
   CHECK(seen.count("selective-op/upcast") == 1);
   CHECK(seen.count("selective-op/chunked:8") == 1);
   CHECK(seen.count("none/fused-linear") == 0);
@@ -151,7 +151,7 @@ TEST_CASE("search::nothing fits is an answer, not an error") {
   // 70B parameters on one 48 GB GPU without offload: the bf16 weights alone are 129 GiB.
   const auto sc = scenario("llama-2-70b", "l40s-48gb", 1, 1, 4096, 1);
   SearchPins pins;
-  pins.offload = costmodel::Offload::none;
+  pins.offload = documents::Offload::none;
   const auto rec = recommend(sc, pins);
   CHECK(rec.search.ranked.empty());
   CHECK(rec.explanation.bottleneck == Bottleneck::memory_capacity);
@@ -166,7 +166,7 @@ TEST_CASE("search::emitted plan round-trips") {
   const auto plan = costmodel::plan_from_json(doc);
   CHECK(plan.model.total_params() == 6738415616);
   CHECK(plan.job.micro_batch == e.job.micro_batch);
-  CHECK(costmodel::spec_to_json(plan.spec) == costmodel::spec_to_json(e.spec));
+  CHECK(documents::spec_to_json(plan.spec) == documents::spec_to_json(e.spec));
   CHECK(plan.prediction.step_s == doctest::Approx(e.result.step_s));
   CHECK(costmodel::plan_to_json(plan) == doc);
 }
@@ -177,7 +177,7 @@ TEST_CASE("estimate::three verdicts near the edge") {
   auto sc = scenario("llama-2-7b", "a100-sxm4-80gb", 8, 8, 4096, 32);
   auto job = sc.job;
   job.micro_batch = 2;
-  const auto spec = costmodel::make_spec("fsdp-full", std::nullopt, 8);
+  const auto spec = documents::make_spec("fsdp-full", std::nullopt, 8);
   auto e = evaluate(sc, spec, job);
   const double peak = e.result.peak_bytes, capacity = sc.hardware.memory_bytes;
   REQUIRE(peak < capacity);
@@ -201,21 +201,21 @@ TEST_CASE("search::the recipe's framework decides how it shards") {
   // torchtitan shards with FSDP2 (or replicates with DDP); a model under the DeepSpeed engine
   // uses ZeRO. Pinning another flavour leaves nothing, and the message names the recipe.
   auto sc = scenario("llama-2-7b", "a100-sxm4-80gb", 8, 8, 4096, 32);
-  sc.job.recipe = costmodel::Recipe::torchtitan;
+  sc.job.recipe = documents::Recipe::torchtitan;
   SearchPins pins;
   pins.exhaustive = true;
   for (const auto& c : search(sc, pins).ranked)
-    CHECK((c.eval.spec.flavour == costmodel::Flavour::fsdp2 ||
-           c.eval.spec.flavour == costmodel::Flavour::ddp));
-  sc.job.recipe = costmodel::Recipe::deepspeed;
+    CHECK((c.eval.spec.flavour == documents::Flavour::fsdp2 ||
+           c.eval.spec.flavour == documents::Flavour::ddp));
+  sc.job.recipe = documents::Recipe::deepspeed;
   for (const auto& c : search(sc, pins).ranked)
-    CHECK(c.eval.spec.flavour == costmodel::Flavour::deepspeed);
-  sc.job.recipe = costmodel::Recipe::torchtitan;
-  pins.flavour = costmodel::Flavour::deepspeed;
+    CHECK(c.eval.spec.flavour == documents::Flavour::deepspeed);
+  sc.job.recipe = documents::Recipe::torchtitan;
+  pins.flavour = documents::Flavour::deepspeed;
   try {
     search(sc, pins);
     FAIL("expected an input error");
-  } catch (const costmodel::InputError& e) {
+  } catch (const core::InputError& e) {
     CHECK(std::string(e.what()).find("recipe torchtitan") != std::string::npos);
   }
 }

@@ -18,15 +18,15 @@ namespace {
 
 json plan_document() {
   costmodel::Plan p;
-  p.model = costmodel::load_model("gpt2");
+  p.model = documents::load_model("gpt2");
   p.hardware = "cpu-test";
   p.cluster = {2, 2};
   p.job.seq_len = 128;
   p.job.global_batch = 4;
   p.job.micro_batch = 2;
-  p.job.precision = costmodel::Precision::fp32;
-  p.job.attention = costmodel::AttentionImpl::eager;
-  p.spec = costmodel::make_spec("fsdp-full", costmodel::Flavour::fsdp2, 2);
+  p.job.precision = documents::Precision::fp32;
+  p.job.attention = documents::AttentionImpl::eager;
+  p.spec = documents::make_spec("fsdp-full", documents::Flavour::fsdp2, 2);
   p.prediction.peak_bytes = 1000;
   p.prediction.at_peak = {100, 200, 300, 400, 0, 0};
   p.prediction.step_s = 1.2;
@@ -170,22 +170,22 @@ TEST_CASE("validate::a GPU run: exposed communication is the compute's wait, MFU
   CHECK(said);
   // A negative stall is refused naming the field.
   time["comm_wait_s"] = -1;
-  CHECK_THROWS_AS(planner::validate_json(plan_document(), run), costmodel::InputError);
+  CHECK_THROWS_AS(planner::validate_json(plan_document(), run), core::InputError);
 }
 
 TEST_CASE("validate::a malformed run is refused naming the field") {
   auto run = run_document();
   run["summary"]["time"].erase("step_s");
   CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run),
-                       "/summary/time/step_s: missing key", costmodel::InputError);
+                       "/summary/time/step_s: missing key", core::InputError);
   run = run_document();
   run["kind"] = "shardplan.plan";
-  CHECK_THROWS_AS(planner::validate_json(plan_document(), run), costmodel::InputError);
+  CHECK_THROWS_AS(planner::validate_json(plan_document(), run), core::InputError);
   run = run_document();
   run["surprise"] = 1;
   CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run), "/surprise: unknown key",
-                       costmodel::InputError);
-  CHECK_THROWS_AS(planner::validate_json(run_document(), run_document()), costmodel::InputError);
+                       core::InputError);
+  CHECK_THROWS_AS(planner::validate_json(run_document(), run_document()), core::InputError);
 }
 
 TEST_CASE("validate::a run of another plan is refused naming the field; --force compares anyway") {
@@ -210,8 +210,8 @@ TEST_CASE("validate::a run of another plan is refused naming the field; --force 
                          (std::string(c.pointer) + ": not a run of this plan: " + c.difference +
                           " (--force compares them anyway)")
                              .c_str(),
-                         costmodel::InputError);
-    CHECK_THROWS_AS(planner::validate_table(plan_document(), run), costmodel::InputError);
+                         core::InputError);
+    CHECK_THROWS_AS(planner::validate_table(plan_document(), run), core::InputError);
     const auto forced = planner::validate_json(plan_document(), run, true);
     REQUIRE(forced["forced"].size() == 1);
     CHECK(forced["forced"][0] == named);
@@ -223,7 +223,7 @@ TEST_CASE("validate::a run of another plan is refused naming the field; --force 
   run["plan"]["model"] = "llama-2-7b";
   run["plan"]["strategy"] = "zero3";
   CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run),
-                       doctest::Contains("/plan/model: "), costmodel::InputError);
+                       doctest::Contains("/plan/model: "), core::InputError);
   CHECK(planner::validate_json(plan_document(), run, true)["forced"].size() == 2);
   // A run of this plan is compared with or without --force, and says nothing of it.
   CHECK_FALSE(planner::validate_json(plan_document(), run_document(), true).contains("forced"));
@@ -260,8 +260,8 @@ TEST_CASE("validate::real CPU runs: blocking collectives are the measured commun
   // collectives, streams.json with --collective-streams). A blocking run's compute never waits on
   // another thread, so its comm_wait_s is 0: its exposed communication is all of collectives_s.
   const std::string dir = std::string(SHARDPLAN_SOURCE_DIR) + "/tests/planner/data/cpu_run/";
-  const auto plan = costmodel::read_json_file(dir + "plan.json");
-  const auto blocking = costmodel::read_json_file(dir + "run.json");
+  const auto plan = core::read_json_file(dir + "plan.json");
+  const auto blocking = core::read_json_file(dir + "run.json");
   const auto& t = blocking["summary"]["time"];
   REQUIRE(t["collectives_overlap"] == false);
   REQUIRE(t["comm_wait_s"] == 0.0);
@@ -282,7 +282,7 @@ TEST_CASE("validate::real CPU runs: blocking collectives are the measured commun
   CHECK(line.find(" 0.0000 ") == std::string::npos);
 
   // With collective streams the compute's wait is the exposed part.
-  const auto streams = costmodel::read_json_file(dir + "streams.json");
+  const auto streams = core::read_json_file(dir + "streams.json");
   REQUIRE(streams["summary"]["time"]["collectives_overlap"] == true);
   const auto waited = planner::validate_json(plan, streams)["time"]["parts"]["communication"];
   CHECK(waited["measured_s"] == streams["summary"]["time"]["comm_wait_s"]);
@@ -296,7 +296,7 @@ TEST_CASE("validate::a tensor-parallel run: the memory predicted for the run's t
   auto run = run_document();
   run["model"]["tensor_parallel"] = {{"size", 2}, {"sequence_parallel", true}, {"local_params", 1}};
   const auto plan = costmodel::plan_from_json(plan_document());
-  costmodel::HardwareProfile hw;
+  documents::HardwareProfile hw;
   costmodel::ParallelMemoryInput in;
   in.model = &plan.model;
   in.hardware = &hw;
@@ -319,5 +319,5 @@ TEST_CASE("validate::a tensor-parallel run: the memory predicted for the run's t
   CHECK(said);
   run["model"]["tensor_parallel"]["size"] = 0;
   CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run),
-                       "/model/tensor_parallel/size: must be >= 1, got 0", costmodel::InputError);
+                       "/model/tensor_parallel/size: must be >= 1, got 0", core::InputError);
 }

@@ -19,17 +19,17 @@ namespace {
 
 costmodel::Plan plan(const std::string& hardware) {
   costmodel::Plan p;
-  p.model = costmodel::load_model("gpt2");  // 12 blocks: 6 per stage
+  p.model = documents::load_model("gpt2");  // 12 blocks: 6 per stage
   p.hardware = hardware;
   p.cluster = {2, 2};
   p.job.seq_len = 128;
   p.job.global_batch = 8;
   p.job.micro_batch = 1;
-  p.job.precision = costmodel::Precision::fp32;
-  p.job.attention = costmodel::AttentionImpl::eager;
-  p.job.checkpointing = costmodel::Checkpointing::none;
-  p.job.recipe = costmodel::Recipe::executor;
-  p.spec = costmodel::make_spec("ddp", costmodel::Flavour::ddp, 2);
+  p.job.precision = documents::Precision::fp32;
+  p.job.attention = documents::AttentionImpl::eager;
+  p.job.checkpointing = documents::Checkpointing::none;
+  p.job.recipe = documents::Recipe::executor;
+  p.spec = documents::make_spec("ddp", documents::Flavour::ddp, 2);
   p.prediction.peak_bytes = 1000;
   p.prediction.step_s = 1;
   p.prediction.peak_when = "backward of head";
@@ -69,7 +69,7 @@ json pipeline_run() {
 
 // The cost model's stages for the run's layout, as validate makes them: the plan's job with the
 // run's micro-batch, DDP without a bucket copy (the stages reduce in place).
-costmodel::ParallelMemory stages(const costmodel::Plan& p, const costmodel::HardwareProfile& hw) {
+costmodel::ParallelMemory stages(const costmodel::Plan& p, const documents::HardwareProfile& hw) {
   costmodel::ParallelMemoryInput in;
   in.model = &p.model;
   in.hardware = &hw;
@@ -89,7 +89,7 @@ costmodel::ParallelMemory stages(const costmodel::Plan& p, const costmodel::Hard
 
 TEST_CASE("validate::a pipeline run is compared per stage") {
   const auto p = plan("h100-sxm5-80gb");
-  const auto hw = costmodel::load_hardware("h100-sxm5-80gb");
+  const auto hw = documents::load_hardware("h100-sxm5-80gb");
   const auto want = stages(p, hw);
   const auto v = planner::validate_json(costmodel::plan_to_json(p), pipeline_run());
   CHECK(v["kind"] == "pipeline");
@@ -164,11 +164,11 @@ TEST_CASE("validate::a malformed pipeline run is refused naming the field") {
   };
   for (const auto& c : cases) {
     CAPTURE(c.what);
-    CHECK_THROWS_WITH_AS(planner::validate_json(p, c.run), c.message, costmodel::InputError);
+    CHECK_THROWS_WITH_AS(planner::validate_json(p, c.run), c.message, core::InputError);
   }
   json bad = pipeline_run();
   bad["pipeline"]["schedule"] = "zigzag";
-  CHECK_THROWS_AS(planner::validate_json(p, bad), costmodel::InputError);
+  CHECK_THROWS_AS(planner::validate_json(p, bad), core::InputError);
   // --force compares another model's run anyway and says so.
   bad = pipeline_run();
   bad["world"] = 4;

@@ -83,7 +83,7 @@ public:
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
-  const cuda::Launch& launch() const { return launch_; }
+  const kernels::cuda::Launch& launch() const { return launch_; }
   cublasHandle_t blas() const { return blas_; }
   cudaStream_t stream() const { return stream_; }
   // Waits for the queued work; an asynchronous failure of a kernel surfaces here.
@@ -95,7 +95,7 @@ public:
 private:
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
-  cuda::Launch launch_;
+  kernels::cuda::Launch launch_;
 };
 
 // `count` floats uniform in [low, high), the same for the same seed.

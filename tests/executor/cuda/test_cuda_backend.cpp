@@ -30,8 +30,9 @@
 
 using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using costmodel::Flavour;
+using documents::Flavour;
 
 namespace {
 
@@ -41,15 +42,15 @@ constexpr double kLossAfterSteps = 1e-3;
 
 // One GPU: its memory, the backend on it (full fp32 GEMMs), an allocator over that memory.
 struct Gpu {
-  cuda::DeviceMemory memory;
-  cuda::CudaBackend<float> backend{memory, false};
+  kernels::cuda::DeviceMemory memory;
+  kernels::cuda::CudaBackend<float> backend{memory, false};
   TrackedAllocator allocator{TrackedAllocator::kUnlimited, &memory};
 };
 
 // Models whose head_dim (16) the flash kernels take: Llama-like with GQA and SwiGLU, GPT-2-like
 // with LayerNorm, biases, learned positions and a tied head.
-costmodel::ModelSpec flash_llama() {
-  return scale_down(costmodel::load_model("llama-3-8b"), {.layers = 2,
+documents::ModelSpec flash_llama() {
+  return scale_down(documents::load_model("llama-3-8b"), {.layers = 2,
                                                           .hidden = 64,
                                                           .heads = 4,
                                                           .kv_heads = 2,
@@ -58,8 +59,8 @@ costmodel::ModelSpec flash_llama() {
                                                           .vocab = 50,
                                                           .max_positions = 64});
 }
-costmodel::ModelSpec flash_gpt2() {
-  return scale_down(costmodel::load_model("gpt2"), {.layers = 2,
+documents::ModelSpec flash_gpt2() {
+  return scale_down(documents::load_model("gpt2"), {.layers = 2,
                                                     .hidden = 64,
                                                     .heads = 4,
                                                     .intermediate = 128,
@@ -78,7 +79,7 @@ struct Reference {
   WholeModel<float> model;
   TokenBatch batch;
   Result result;
-  Reference(const costmodel::ModelSpec& spec, BatchShape shape, Checkpointing checkpointing)
+  Reference(const documents::ModelSpec& spec, BatchShape shape, Checkpointing checkpointing)
       : model(spec, allocator, 5) {
     model.perturb(6, 0.1);
     batch = synthetic_batch(allocator, 7, shape, spec.vocab);
@@ -88,7 +89,7 @@ struct Reference {
 };
 
 // The same forward and backward on the GPU from the reference's parameters and tokens.
-Result run_on_gpu(const Reference& ref, const costmodel::ModelSpec& spec, BatchShape shape,
+Result run_on_gpu(const Reference& ref, const documents::ModelSpec& spec, BatchShape shape,
                   Checkpointing checkpointing, bool flash) {
   Gpu gpu;
   ModelOptions options;
@@ -146,8 +147,8 @@ void check_close(const Result& got, const Result& want) {
 // the compute type S of the options' precision: float (full fp32 GEMMs) or bf16 (cublasGemmEx,
 // fp32 accumulation).
 template <class S> EngineRun run_engine_on_gpu(EngineOptions options, int steps) {
-  cuda::DeviceMemory memory;
-  cuda::CudaBackend<S> backend{memory, false};
+  kernels::cuda::DeviceMemory memory;
+  kernels::cuda::CudaBackend<S> backend{memory, false};
   TrackedAllocator allocator{TrackedAllocator::kUnlimited, &memory};
   if constexpr (std::is_same_v<S, float>)
     options.backend = &backend;
@@ -173,8 +174,8 @@ template <class S> EngineRun run_engine_on_gpu_nccl(EngineOptions options, int s
   auto world = comm::NcclCommunicator::create_alone(0);
   auto shard = world->split(0, 0);
   auto reduce = world->split(0, 0);
-  cuda::DeviceMemory memory;
-  cuda::CudaBackend<S> backend{memory, false};
+  kernels::cuda::DeviceMemory memory;
+  kernels::cuda::CudaBackend<S> backend{memory, false};
   TrackedAllocator allocator{TrackedAllocator::kUnlimited, &memory};
   if constexpr (std::is_same_v<S, float>)
     options.backend = &backend;
@@ -205,7 +206,7 @@ TEST_CASE("cuda::every strategy on NCCL's own streams trains as the CPU engine")
       if (std::string(s.name) == "hsdp") continue;  // replicas need more than one GPU
       for (std::int64_t gas : {1, 2}) {
         CAPTURE(s.name);
-        CAPTURE(costmodel::flavour_name(s.flavour));
+        CAPTURE(documents::flavour_name(s.flavour));
         CAPTURE(gas);
         auto options = test_options(model, test_spec(s.name, s.flavour, 1), gas);
         options.adamw.lr = 1e-3;
@@ -250,7 +251,7 @@ TEST_CASE("cuda::the engine's steps are the CPU engine's under every strategy") 
     for (const auto& s : kStrategies) {
       if (std::string(s.name) == "hsdp") continue;  // one GPU
       CAPTURE(s.name);
-      CAPTURE(costmodel::flavour_name(s.flavour));
+      CAPTURE(documents::flavour_name(s.flavour));
       auto options = test_options(model, test_spec(s.name, s.flavour, 1));
       options.adamw.lr = 1e-3;
       StandInCommunicator self(0, 1);
@@ -291,9 +292,9 @@ TEST_CASE("cuda::bf16-mixed trains as the CPU's bf16-mixed, and sharded as DDP, 
     for (const auto& s : kStrategies) {
       if (std::string(s.name) == "hsdp") continue;  // one GPU
       CAPTURE(std::string(s.name));
-      CAPTURE(std::string(costmodel::flavour_name(s.flavour)));
+      CAPTURE(std::string(documents::flavour_name(s.flavour)));
       auto options = test_options(model, test_spec(s.name, s.flavour, 1));
-      options.precision = costmodel::Precision::bf16_mixed;
+      options.precision = documents::Precision::bf16_mixed;
       const auto cpu = run_engine(options, one, 3);
       const auto gpu = run_engine_on_gpu<bf16>(options, 3);
       REQUIRE(gpu.losses.size() == cpu.losses.size());

@@ -29,8 +29,8 @@
 
 namespace {
 
-namespace dev = shardplan::executor::cuda;
-namespace host = shardplan::executor::kernels;
+namespace dev = shardplan::kernels::cuda;
+namespace host = shardplan::kernels;
 using namespace shardplan::executor::testing;
 
 // Relative tolerances (see the top of the file).
@@ -435,7 +435,7 @@ TEST_CASE("executor::cuda copy, add and scale") {
 TEST_CASE("executor::cuda adamw takes the host's steps") {
   Gpu gpu;
   const std::int64_t n = 1001;
-  const shardplan::executor::AdamWOptions o{
+  const shardplan::kernels::AdamWOptions o{
       .lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1};
   Floats params = random_floats(n, 101), exp_avg = random_floats(n, 102, -0.1f, 0.1f),
          exp_avg_sq = random_floats(n, 103, 0.0f, 0.01f);
@@ -443,7 +443,7 @@ TEST_CASE("executor::cuda adamw takes the host's steps") {
   for (std::int64_t step = 1; step <= 3; ++step) {
     CAPTURE(step);
     const Floats grads = random_floats(n, 104 + static_cast<unsigned>(step));
-    shardplan::executor::adamw_step<float>(params, grads, exp_avg, exp_avg_sq, step, o);
+    shardplan::kernels::adamw_step<float>(params, grads, exp_avg, exp_avg_sq, step, o);
     DeviceArray<float> d_grads(grads);
     dev::adamw_step(gpu.launch(), d_params.get(), d_grads.get(), d_exp_avg.get(),
                     d_exp_avg_sq.get(), n, step, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay);

@@ -18,9 +18,9 @@
 
 namespace {
 
-using shardplan::executor::CachingPool;
-using shardplan::executor::PoolExhausted;
-using shardplan::executor::cuda::DeviceMemory;
+using shardplan::kernels::CachingPool;
+using shardplan::kernels::PoolExhausted;
+using shardplan::kernels::cuda::DeviceMemory;
 
 constexpr std::int64_t MiB = std::int64_t{1024} * 1024;
 

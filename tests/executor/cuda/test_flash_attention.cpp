@@ -20,7 +20,9 @@
 
 namespace {
 
+using namespace shardplan;
 using namespace shardplan::executor;
+using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
 using std::int64_t;
 
@@ -149,8 +151,8 @@ TEST_CASE("executor::cuda flash attention forward matches the host kernel") {
     const Reference ref(s, in);
     DeviceArray<float> q(in.q), k(in.k), v(in.v), out(in.q.size()),
         lse(static_cast<std::size_t>(s.batch * s.heads * s.seq));
-    cuda::flash_attention_forward(nullptr, out.get(), lse.get(), q.get(), k.get(), v.get(), s.batch,
-                                  s.seq, s.heads, s.kv_heads, s.head_dim);
+    kernels::cuda::flash_attention_forward(nullptr, out.get(), lse.get(), q.get(), k.get(), v.get(),
+                                           s.batch, s.seq, s.heads, s.kv_heads, s.head_dim);
     synchronize();
     expect_close("out", out.download(), ref.out);
     expect_close("lse", lse.download(), ref.lse);
@@ -165,16 +167,16 @@ TEST_CASE("executor::cuda flash attention backward matches the host kernel and a
     const auto stats = static_cast<std::size_t>(s.batch * s.heads * s.seq);
     DeviceArray<float> q(in.q), k(in.k), v(in.v), dout(in.dout), out(in.q.size()), lse(stats),
         delta(stats), dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
-    cuda::flash_attention_forward(nullptr, out.get(), lse.get(), q.get(), k.get(), v.get(), s.batch,
-                                  s.seq, s.heads, s.kv_heads, s.head_dim);
+    kernels::cuda::flash_attention_forward(nullptr, out.get(), lse.get(), q.get(), k.get(), v.get(),
+                                           s.batch, s.seq, s.heads, s.kv_heads, s.head_dim);
     dq.zero();
     dk.zero();
     dv.zero();
     for (int pass = 1; pass <= 2; ++pass) {  // the second pass adds as much again: twice
       INFO("pass " << pass);
-      cuda::flash_attention_backward(nullptr, dq.get(), dk.get(), dv.get(), delta.get(), dout.get(),
-                                     out.get(), lse.get(), q.get(), k.get(), v.get(), s.batch,
-                                     s.seq, s.heads, s.kv_heads, s.head_dim);
+      kernels::cuda::flash_attention_backward(
+          nullptr, dq.get(), dk.get(), dv.get(), delta.get(), dout.get(), out.get(), lse.get(),
+          q.get(), k.get(), v.get(), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim);
       synchronize();
       expect_close("dq", dq.download(), ref.dq, pass);
       expect_close("dk", dk.download(), ref.dk, pass);
@@ -184,20 +186,21 @@ TEST_CASE("executor::cuda flash attention backward matches the host kernel and a
 }
 
 TEST_CASE("executor::cuda flash attention rejects what it cannot take") {
-  CHECK(cuda::flash_attention_supports(64));
-  CHECK(cuda::flash_attention_supports(256));
-  CHECK_FALSE(cuda::flash_attention_supports(72));
-  CHECK_FALSE(cuda::flash_attention_supports(512));
+  CHECK(kernels::cuda::flash_attention_supports(64));
+  CHECK(kernels::cuda::flash_attention_supports(256));
+  CHECK_FALSE(kernels::cuda::flash_attention_supports(72));
+  CHECK_FALSE(kernels::cuda::flash_attention_supports(512));
   DeviceArray<float> x(4096);
   float* p = x.get();
-  CHECK_THROWS_WITH_AS(cuda::flash_attention_forward(nullptr, p, p, p, p, p, 1, 4, 2, 1, 72),
-                       doctest::Contains("head_dim 72"), std::runtime_error);
   CHECK_THROWS_WITH_AS(
-      cuda::flash_attention_backward(nullptr, p, p, p, p, p, p, p, p, p, p, 1, 4, 6, 4, 16),
-      doctest::Contains("kv_heads 4"), std::runtime_error);
+      kernels::cuda::flash_attention_forward(nullptr, p, p, p, p, p, 1, 4, 2, 1, 72),
+      doctest::Contains("head_dim 72"), std::runtime_error);
+  CHECK_THROWS_WITH_AS(kernels::cuda::flash_attention_backward(nullptr, p, p, p, p, p, p, p, p, p,
+                                                               p, 1, 4, 6, 4, 16),
+                       doctest::Contains("kv_heads 4"), std::runtime_error);
   // Empty batches queue nothing.
-  CHECK_NOTHROW(cuda::flash_attention_forward(nullptr, p, p, p, p, p, 0, 4, 2, 1, 64));
-  CHECK_NOTHROW(
-      cuda::flash_attention_backward(nullptr, p, p, p, p, p, p, p, p, p, p, 2, 0, 2, 1, 64));
+  CHECK_NOTHROW(kernels::cuda::flash_attention_forward(nullptr, p, p, p, p, p, 0, 4, 2, 1, 64));
+  CHECK_NOTHROW(kernels::cuda::flash_attention_backward(nullptr, p, p, p, p, p, p, p, p, p, p, 2, 0,
+                                                        2, 1, 64));
   synchronize();
 }

@@ -42,14 +42,14 @@
 #include "kernels/cuda/flash_attention.hpp"
 #include "kernels/scalar.hpp"
 
-TYPE_TO_STRING_AS("bf16", shardplan::executor::bf16);
-TYPE_TO_STRING_AS("f16", shardplan::executor::f16);
+TYPE_TO_STRING_AS("bf16", shardplan::kernels::bf16);
+TYPE_TO_STRING_AS("f16", shardplan::kernels::f16);
 
 namespace {
 
-using shardplan::executor::bf16;
-using shardplan::executor::f16;
-namespace dev = shardplan::executor::cuda;
+using shardplan::kernels::bf16;
+using shardplan::kernels::f16;
+namespace dev = shardplan::kernels::cuda;
 using namespace shardplan::executor::testing;
 using Doubles = std::vector<double>;
 
@@ -62,13 +62,13 @@ template <class S> constexpr const char* kName = std::is_same_v<S, bf16> ? "bf16
 
 template <class S> std::vector<S> narrowed(const Floats& x) {
   std::vector<S> out(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) out[i] = shardplan::executor::narrow<S>(x[i]);
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = shardplan::kernels::narrow<S>(x[i]);
   return out;
 }
 
 template <class S> Floats widened(const std::vector<S>& x) {
   Floats out(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) out[i] = shardplan::executor::widen(x[i]);
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = shardplan::kernels::widen(x[i]);
   return out;
 }
 
@@ -404,7 +404,7 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit copy, add, narrow and widen_add", S, b
   const Floats sum = d_master.download();
   std::size_t wrong_narrow = 0, wrong_sum = 0;
   for (std::size_t i = 0; i < master.size(); ++i) {
-    wrong_narrow += got[i].bits != shardplan::executor::narrow<S>(master[i]).bits ? 1 : 0;
+    wrong_narrow += got[i].bits != shardplan::kernels::narrow<S>(master[i]).bits ? 1 : 0;
     wrong_sum += sum[i] != master[i] + b.values[i] ? 1 : 0;
   }
   CHECK(wrong_narrow == 0);

@@ -5,7 +5,7 @@
 
 #include "kernels/adamw.hpp"
 
-using namespace shardplan::executor;
+using namespace shardplan::kernels;
 
 // Two elements, two steps, lr 0.1, β 0.9/0.999, ε 1e-8, weight decay 0.1, by hand:
 // step 1, θ = 1, g = 0.5:   θ·(1 − 0.01) = 0.99; m = 0.05; v = 0.001·0.25 = 2.5e-4;
@@ -20,7 +20,7 @@ using namespace shardplan::executor;
 // step 2, g = 0:            θ = −1.861200000297; m = −0.27; v = 0.008991;
 //   denominator √0.008991 / √0.001999 + ε = 2.120787…;
 //   θ = −1.8612000003 + 0.0670058… = −1.7941941752
-TEST_CASE("executor::adamw two steps against a hand computation") {
+TEST_CASE("kernels::adamw two steps against a hand computation") {
   const AdamWOptions o{.lr = 0.1, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1};
   std::vector<double> p = {1.0, -2.0}, m(2, 0.0), v(2, 0.0);
   adamw_step<double>(p, std::vector<double>{0.5, -3.0}, m, v, 1, o);
@@ -40,7 +40,7 @@ TEST_CASE("executor::adamw two steps against a hand computation") {
   CHECK(static_cast<double>(pf[1]) == doctest::Approx(-1.7941941752322936).epsilon(1e-6));
 }
 
-TEST_CASE("executor::adamw on a shard equals adamw on the whole") {
+TEST_CASE("kernels::adamw on a shard equals adamw on the whole") {
   const AdamWOptions o{};
   std::vector<float> whole = {0.1f, -0.2f, 0.3f, 0.4f, -0.5f}, m(5, 0.0f), v(5, 0.0f);
   std::vector<float> grads = {0.01f, 0.02f, -0.03f, 0.5f, 0.0f};
@@ -54,7 +54,7 @@ TEST_CASE("executor::adamw on a shard equals adamw on the whole") {
   CHECK(shard == whole);
 }
 
-TEST_CASE("executor::adamw refuses mismatched spans and step 0") {
+TEST_CASE("kernels::adamw refuses mismatched spans and step 0") {
   std::vector<float> a(3), b(2);
   CHECK_THROWS_AS(adamw_step<float>(a, b, a, a, 1, {}), std::invalid_argument);
   CHECK_THROWS_WITH_AS(adamw_step<float>(a, a, a, a, 0, {}), "adamw_step: step 0 < 1",

@@ -1,4 +1,4 @@
-#include "costmodel/job.hpp"
+#include "documents/job.hpp"
 
 #include <algorithm>
 
@@ -6,7 +6,12 @@
 
 #include "core/json_reader.hpp"
 
-namespace shardplan::costmodel {
+namespace shardplan::documents {
+
+using core::InputError;
+using core::ObjectReader;
+using core::Range;
+
 namespace {
 
 template <class E>
@@ -248,4 +253,4 @@ void validate_job(const TrainingJob& j, const Cluster& c) {
                     j.micro_batch, per_gpu, j.global_batch, c.gpus));
 }
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::documents

@@ -1,6 +1,6 @@
-#include "costmodel/collectives.hpp"
+#include "documents/collectives.hpp"
 
-namespace shardplan::costmodel {
+namespace shardplan::documents {
 namespace {
 double all_reduce_factor(int n) { return n <= 1 ? 0.0 : 2.0 * (n - 1) / n; }
 double gather_factor(int n) { return n <= 1 ? 0.0 : static_cast<double>(n - 1) / n; }
@@ -29,4 +29,4 @@ std::optional<Collective> collective_from_name(std::string_view name) {
   return std::nullopt;
 }
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::documents

@@ -15,11 +15,12 @@
 #include <string>
 
 #include "core/json_reader.hpp"
-#include "costmodel/model.hpp"
+#include "documents/model.hpp"
 #include "tests/test_support.hpp"
 
 using shardplan::test::error_of;
-using namespace shardplan::costmodel;
+using namespace shardplan::core;
+using namespace shardplan::documents;
 using nlohmann::json;
 
 namespace {

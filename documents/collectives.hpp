@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-namespace shardplan::costmodel {
+namespace shardplan::documents {
 
 enum class Collective { all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all };
 constexpr int kCollectives = 6;
@@ -40,4 +40,4 @@ inline double bytes_sent_per_rank(Collective op, int ranks, double size_bytes) {
   return size_bytes * traits(op).bus_factor(ranks);
 }
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::documents

@@ -1,4 +1,4 @@
-#include "costmodel/model.hpp"
+#include "documents/model.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -13,7 +13,14 @@
 #define SHARDPLAN_DEFAULT_DATA_DIR "."
 #endif
 
-namespace shardplan::costmodel {
+namespace shardplan::documents {
+
+using core::describe_value;
+using core::InputError;
+using core::ObjectReader;
+using core::Range;
+using core::read_json_document;
+
 namespace {
 
 // Dimensions beyond these are absurd for any model and would overflow the 64-bit counts
@@ -435,4 +442,4 @@ nlohmann::json model_to_json(const ModelSpec& m) {
           {"params", m.total_params()}};
 }
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::documents

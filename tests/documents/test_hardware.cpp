@@ -7,12 +7,13 @@
 #include <string>
 
 #include "core/json_reader.hpp"
-#include "costmodel/hardware.hpp"
-#include "costmodel/model.hpp"
+#include "documents/hardware.hpp"
+#include "documents/model.hpp"
 #include "tests/test_support.hpp"
 
 using shardplan::test::error_of;
-using namespace shardplan::costmodel;
+using namespace shardplan::core;
+using namespace shardplan::documents;
 using nlohmann::json;
 
 namespace {

@@ -3,12 +3,12 @@
 #include <utility>
 
 #include "core/json_reader.hpp"
-#include "costmodel/job.hpp"
-#include "costmodel/sharding.hpp"
+#include "documents/job.hpp"
+#include "documents/sharding.hpp"
 #include "tests/test_support.hpp"
 
 using shardplan::test::error_of;
-using namespace shardplan::costmodel;
+using namespace shardplan::documents;
 using nlohmann::json;
 
 namespace {

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace shardplan::costmodel {
+namespace shardplan::documents {
 
 enum class Architecture { llama, mistral, qwen2, gpt2, gpt_neox, uniform };
 enum class MlpKind { gelu, swiglu };
@@ -81,4 +81,4 @@ ModelSpec model_from_param_count(double params, std::int64_t layers = 0);
 
 nlohmann::json model_to_json(const ModelSpec& m);  // the per-unit parameter table
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::documents

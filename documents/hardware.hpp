@@ -12,9 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "costmodel/collectives.hpp"
+#include "documents/collectives.hpp"
 
-namespace shardplan::costmodel {
+namespace shardplan::documents {
 
 enum class DType { fp32, tf32, bf16, fp16 };
 const char* dtype_name(DType d);
@@ -187,4 +187,4 @@ HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string&
 nlohmann::json hardware_to_json(const HardwareProfile& p);
 std::vector<std::string> preset_hardware_names();  // the stems in hardware_profiles/
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::documents

@@ -7,9 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "costmodel/hardware.hpp"
+#include "documents/hardware.hpp"
 
-namespace shardplan::costmodel {
+namespace shardplan::documents {
 
 // Precision policies (names as on the command line and in documents):
 //   fp32        everything fp32 (tf32 GEMMs where the GPU has them)
@@ -125,4 +125,4 @@ nlohmann::json job_to_json(const TrainingJob& job);
 void validate_job(const TrainingJob& job, const Cluster& cluster);
 void validate_cluster(const Cluster& cluster);
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::documents

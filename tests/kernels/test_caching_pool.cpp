@@ -15,7 +15,7 @@
 
 #include "kernels/caching_pool.hpp"
 
-using namespace shardplan::executor;
+using namespace shardplan::kernels;
 
 namespace {
 
@@ -48,7 +48,7 @@ std::vector<void*> sorted(std::vector<void*> v) {
 
 }  // namespace
 
-TEST_CASE("executor::pool rounds requests up to a multiple of 512 bytes") {
+TEST_CASE("kernels::pool rounds requests up to a multiple of 512 bytes") {
   CHECK(CachingPool::rounded_size(1) == 512);
   CHECK(CachingPool::rounded_size(512) == 512);
   CHECK(CachingPool::rounded_size(513) == 1024);
@@ -66,7 +66,7 @@ TEST_CASE("executor::pool rounds requests up to a multiple of 512 bytes") {
   CHECK_THROWS_AS(pool.allocate(CachingPool::kMaxRequestBytes + 1, S1), std::invalid_argument);
 }
 
-TEST_CASE("executor::pool segment sizes of small and large requests") {
+TEST_CASE("kernels::pool segment sizes of small and large requests") {
   CHECK(CachingPool::segment_size(512) == 2 * MiB);              // small
   CHECK(CachingPool::segment_size(MiB) == 2 * MiB);              // largest small
   CHECK(CachingPool::segment_size(MiB + 512) == 20 * MiB);       // smallest large
@@ -111,7 +111,7 @@ TEST_CASE("executor::pool segment sizes of small and large requests") {
   CHECK(pool.stats().allocated_bytes == 1024 + 47 * MiB + 512);
 }
 
-TEST_CASE("executor::pool splits blocks and reuses freed ones") {
+TEST_CASE("kernels::pool splits blocks and reuses freed ones") {
   HostSegmentSource source;
   CachingPool pool(source);
   SUBCASE("small pool: a rest of 512 B or more is split off") {
@@ -168,7 +168,7 @@ TEST_CASE("executor::pool splits blocks and reuses freed ones") {
   }
 }
 
-TEST_CASE("executor::pool merges a freed block with its free neighbours") {
+TEST_CASE("kernels::pool merges a freed block with its free neighbours") {
   HostSegmentSource source;
   CachingPool pool(source);
   auto a = pool.allocate(1000, S1);  // [0, 1024)
@@ -190,7 +190,7 @@ TEST_CASE("executor::pool merges a freed block with its free neighbours") {
   CHECK(source.mapped_bytes() == 0);
 }
 
-TEST_CASE("executor::pool best fit: the smallest free block that fits, then the lowest address") {
+TEST_CASE("kernels::pool best fit: the smallest free block that fits, then the lowest address") {
   HostSegmentSource source;
   CachingPool pool(source);
   // One 20 MiB segment (every request below is large and < 10 MiB), carved in MiB:
@@ -230,7 +230,7 @@ TEST_CASE("executor::pool best fit: the smallest free block that fits, then the 
   (void)s2;
 }
 
-TEST_CASE("executor::pool limit: free segments are released and the request retried once") {
+TEST_CASE("kernels::pool limit: free segments are released and the request retried once") {
   HostSegmentSource source;
   CachingPool pool(source, 20 * MiB);
   auto a = pool.allocate(1000, S1);  // 2 MiB segment
@@ -278,7 +278,7 @@ TEST_CASE("executor::pool limit: free segments are released and the request retr
   (void)c;
 }
 
-TEST_CASE("executor::pool a refusing source: free segments are released and the map retried") {
+TEST_CASE("kernels::pool a refusing source: free segments are released and the map retried") {
   HostSegmentSource source(21 * MiB);  // a "device" of 21 MiB
   CachingPool pool(source);
   auto a = pool.allocate(1000, S1);  // 2 MiB mapped
@@ -294,7 +294,7 @@ TEST_CASE("executor::pool a refusing source: free segments are released and the 
   (void)b;
 }
 
-TEST_CASE("executor::pool hands the fences of freed blocks to the next user") {
+TEST_CASE("kernels::pool hands the fences of freed blocks to the next user") {
   HostSegmentSource source;
   CachingPool pool(source);
   SUBCASE("a reused block returns its fence; the split rest keeps a copy") {
@@ -350,7 +350,7 @@ TEST_CASE("executor::pool hands the fences of freed blocks to the next user") {
   }
 }
 
-TEST_CASE("executor::pool record_use adds the streams a free must fence") {
+TEST_CASE("kernels::pool record_use adds the streams a free must fence") {
   HostSegmentSource source;
   CachingPool pool(source);
   auto a = pool.allocate(100, S1);
@@ -370,7 +370,7 @@ TEST_CASE("executor::pool record_use adds the streams a free must fence") {
   CHECK(pool.streams_of(b.ptr) == std::vector<void*>{S3});
 }
 
-TEST_CASE("executor::pool peaks of allocated and reserved bytes") {
+TEST_CASE("kernels::pool peaks of allocated and reserved bytes") {
   HostSegmentSource source;
   CachingPool pool(source);
   auto a = pool.allocate(1000, S1);     // allocated 1024, reserved 2 MiB
@@ -392,7 +392,7 @@ TEST_CASE("executor::pool peaks of allocated and reserved bytes") {
   (void)a;
 }
 
-TEST_CASE("executor::pool blocks are real, disjoint, 512-byte aligned host memory") {
+TEST_CASE("kernels::pool blocks are real, disjoint, 512-byte aligned host memory") {
   HostSegmentSource source;
   CachingPool pool(source);
   const std::vector<std::int64_t> sizes = {1, 700, 4 * KiB, MiB, MiB + 1, 3 * MiB, 12 * MiB};
@@ -409,7 +409,7 @@ TEST_CASE("executor::pool blocks are real, disjoint, 512-byte aligned host memor
   }
 }
 
-TEST_CASE("executor::pool allocations and frees from several threads") {
+TEST_CASE("kernels::pool allocations and frees from several threads") {
   HostSegmentSource source;
   CachingPool pool(source);
   constexpr int kThreads = 4;

@@ -1,4 +1,4 @@
-#include "costmodel/hardware.hpp"
+#include "documents/hardware.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,9 +8,16 @@
 #include <fmt/format.h>
 
 #include "core/json_reader.hpp"
-#include "costmodel/model.hpp"
+#include "documents/model.hpp"
 
-namespace shardplan::costmodel {
+namespace shardplan::documents {
+
+using core::describe_value;
+using core::InputError;
+using core::ObjectReader;
+using core::Range;
+using core::read_json_document;
+
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;  // 2^30
@@ -418,4 +425,4 @@ nlohmann::json hardware_to_json(const HardwareProfile& p) {
           {"calibrated", p.calibration.has_value()}};
 }
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::documents

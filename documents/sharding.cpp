@@ -1,4 +1,4 @@
-#include "costmodel/sharding.hpp"
+#include "documents/sharding.hpp"
 
 #include <algorithm>
 
@@ -6,7 +6,12 @@
 
 #include "core/json_reader.hpp"
 
-namespace shardplan::costmodel {
+namespace shardplan::documents {
+
+using core::InputError;
+using core::ObjectReader;
+using core::Range;
+
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
@@ -230,4 +235,4 @@ ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer)
   return s;
 }
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::documents

@@ -11,9 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "costmodel/hardware.hpp"
+#include "documents/hardware.hpp"
 
-namespace shardplan::costmodel {
+namespace shardplan::documents {
 
 enum class Flavour { ddp, fsdp1, fsdp2, deepspeed };
 enum class Offload { none, optimizer, params };  // params implies optimizer too
@@ -86,4 +86,4 @@ std::vector<Flavour> flavours_for(const std::string& strategy);
 nlohmann::json spec_to_json(const ShardingSpec& s);
 ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer);
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::documents
