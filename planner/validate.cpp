@@ -6,10 +6,10 @@
 #include <fmt/format.h>
 
 #include "core/json_reader.hpp"
-#include "costmodel/hardware.hpp"
 #include "costmodel/parallel_memory.hpp"
 #include "costmodel/pipeline_schedule.hpp"
 #include "costmodel/plan.hpp"
+#include "documents/hardware.hpp"
 #include "planner/text.hpp"
 #include "planner/validate_pipeline.hpp"
 

@@ -8,11 +8,11 @@
 
 #include "core/input_error.hpp"
 #include "core/json_reader.hpp"
-#include "costmodel/hardware.hpp"
 #include "costmodel/parallel_memory.hpp"
 #include "costmodel/parallel_step.hpp"
 #include "costmodel/pipeline_schedule.hpp"
 #include "costmodel/plan.hpp"
+#include "documents/hardware.hpp"
 #include "planner/text.hpp"
 
 namespace shardplan::planner {

@@ -6,10 +6,10 @@
 #include <string>
 
 #include "core/input_error.hpp"
-#include "costmodel/hardware.hpp"
 #include "costmodel/parallel_memory.hpp"
 #include "costmodel/pipeline_schedule.hpp"
 #include "costmodel/plan.hpp"
+#include "documents/hardware.hpp"
 #include "planner/validate.hpp"
 
 using namespace shardplan;
