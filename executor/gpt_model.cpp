@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -65,7 +66,7 @@ std::int64_t head_backward_bytes(const GptLayout& layout, BatchShape shape,
 template <class S>
 GptModel<S>::GptModel(const documents::ModelSpec& spec, TrackedAllocator& allocator,
                       ModelOptions options, Backend<S>* backend)
-    : layout_(spec), allocator_(allocator), options_(options),
+    : layout_(spec), allocator_(allocator), options_(std::move(options)),
       host_backend_(backend ? nullptr : std::make_unique<HostBackend<S>>()),
       be_(backend ? *backend : *host_backend_) {
   if (options_.flash_attention && !be_.supports_flash_attention(spec.head_dim))

@@ -219,6 +219,8 @@ TrackedBuffer<float> PipelineTrainer::Impl::backward(int k, TrackedBuffer<float>
   if (first()) {
     model.backward_embedding(f.tokens->inputs.span(), std::move(dx), state(0).grads.span(),
                              options.micro_batch);
+    in_flight[static_cast<std::size_t>(k)].reset();
+    return {};  // nothing to send back
   }
   in_flight[static_cast<std::size_t>(k)].reset();
   return dx;

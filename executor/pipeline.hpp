@@ -50,7 +50,9 @@
 
 namespace shardplan::executor {
 
-struct PipelineOptions {
+// clang-tidy 14 says its (noexcept) default constructor may throw, through ModelSpec's json
+// (documents/model.hpp says why that is a false positive).
+struct PipelineOptions {  // NOLINT(bugprone-exception-escape)
   documents::ModelSpec model;
   BatchShape micro_batch;  // b sequences × T tokens
   int stages = 1;          // p

@@ -617,7 +617,7 @@ void vocab_embedding_forward(S* out, const std::int32_t* tokens, const S* wte, c
       if (row >= 0 && row < rows)
         std::copy_n(wte + row * channels, channels, o);
       else
-        std::fill_n(o, channels, S(0));
+        std::fill_n(o, channels, S{});
       if (wpe) {
         const S* p = wpe + t * channels;
         for (std::int64_t c = 0; c < channels; ++c) o[c] = narrow<S>(widen(o[c]) + widen(p[c]));

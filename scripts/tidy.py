@@ -5,6 +5,8 @@ or only those a change since the last clean whole run can affect. Run it through
   tidy.py [--jobs N] [--build DIR]            every translation unit of DIR's compile database
   tidy.py --record [--jobs N] [--build DIR]   the same, then writes MANIFEST (below)
   tidy.py --changed [--jobs N] [--build DIR]  only the units of the files that differ from MANIFEST
+  tidy.py --update [--jobs N] [--build DIR]   --changed, then adds what it verified clean to
+                                              MANIFEST (the entries still current are kept)
 
 Prints each finding once ("path:line:col: warning: ... [check]", paths from the repository root)
 and exits 1 when there is any, 0 when there is none.
@@ -230,9 +232,16 @@ def run_all(tidy, db, chosen, jobs):
     return results
 
 
-def record(results, before, filter_re):
-    """Writes MANIFEST: the files the run verified clean that did not change while it ran."""
+def record(results, before, filter_re, kept_from=None):
+    """Writes MANIFEST: the files the run verified clean that did not change while it ran, and
+    (kept_from, a manifest) that manifest's entries whose files are still as it says and that no
+    finding of this run names."""
     verified = {CONFIG}
+    if kept_from:
+        named = {line.split(":", 1)[0] for r in results.values() for line in r[0]}
+        checked = set(results)
+        verified |= {p for p, digest in kept_from.items()
+                     if p in before and before[p] == digest and p not in named | checked}
     for unit, (findings, parsed, ok, _) in results.items():
         if not findings and ok:
             verified.add(unit)
@@ -253,6 +262,7 @@ def main():
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--record", action="store_true")
     mode.add_argument("--changed", action="store_true")
+    mode.add_argument("--update", action="store_true")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--build", default=os.path.join(ROOT, "build", "release"))
     parser.add_argument("--tidy", default=shutil.which("clang-tidy-14") or "clang-tidy-14")
@@ -260,7 +270,7 @@ def main():
     filter_re = header_filter()
     units, db = database(os.path.abspath(args.build))
     manifest = read_manifest()
-    if args.changed:
+    if args.changed or args.update:
         why, unreached = changed_units(units, filter_re, manifest)
         for h in unreached:
             print(f"tidy: {h} differs from {MANIFEST}; no unit of this build includes it",
@@ -277,6 +287,8 @@ def main():
     findings = sorted(set().union(*(r[0] for r in results.values())))
     if args.record:
         record(results, before, filter_re)
+    elif args.update:
+        record(results, before, filter_re, kept_from=manifest)
     print("\n".join(findings + [f"tidy: {len(findings)} findings in "
                                 f"{sum(1 for r in results.values() if r[0])} of {len(results)} units"]))
     return 1 if findings else 0

@@ -5,6 +5,7 @@
 #                                      analysis on top: tens of minutes); exits 1 on any finding
 #   scripts/tidy.sh --record [JOBS]    the same, then writes tests/style/tidy_clean.sha256, the files
 #                                      it verified clean
+#   scripts/tidy.sh --update [JOBS]    --changed, then adds the files it verified clean to that list
 #   scripts/tidy.sh --changed [JOBS]   only the units of files that differ from that list (ctest's
 #                                      style::clang_tidy)
 # JOBS: default the number of CPUs. TIDY_BUILD_DIR: the build tree (default build/release,
@@ -13,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=()
-if [[ "${1:-}" == --record || "${1:-}" == --changed ]]; then
+if [[ "${1:-}" == --record || "${1:-}" == --changed || "${1:-}" == --update ]]; then
   mode=("$1")
   shift
 fi

@@ -72,11 +72,13 @@ TEST_CASE("tensor_parallel::rank r holds Megatron's r-th slice and the slices re
     // the output projection starts at column q_width/2 of the full row 0.
     const auto& F = full.block();
     const auto& L = local.block();
-    const std::int64_t qw = model.q_width(), h = model.hidden;
-    CHECK(gathered[static_cast<std::size_t>(ln + L.q.weight)] == float(F.q.weight + qw / 2 * h));
-    CHECK(gathered[static_cast<std::size_t>(ln + L.o.weight)] == float(F.o.weight + qw / 2));
-    CHECK(gathered[static_cast<std::size_t>(ln + L.down.weight + 1)] ==
-          float(F.down.weight + model.intermediate / 2 + 1));
+    const std::int64_t half_q = model.q_width() / 2, half_i = model.intermediate / 2;
+    const std::int64_t h = model.hidden;
+    const std::int64_t q0 = F.q.weight + half_q * h, o0 = F.o.weight + half_q;
+    const std::int64_t down1 = F.down.weight + half_i + 1;
+    CHECK(gathered[static_cast<std::size_t>(ln + L.q.weight)] == static_cast<float>(q0));
+    CHECK(gathered[static_cast<std::size_t>(ln + L.o.weight)] == static_cast<float>(o0));
+    CHECK(gathered[static_cast<std::size_t>(ln + L.down.weight + 1)] == static_cast<float>(down1));
     CHECK(assemble_unit(full, local, 1, gathered, t) == values);
   }
 }
