@@ -147,3 +147,32 @@ TEST_CASE("parallel_memory::a block's parts add up to its saved bytes") {
         }
   }
 }
+
+// The plans' model states for llama-h256 (h = 256, 8 heads of 32 over 2 key/value heads,
+// I = 704, V = 4096, 4 blocks, untied), t = 2, fp32 AdamW, by hand. A block's matrices:
+// 256·(256 + 64 + 64) + 256·256 + 3·256·704 = 704,512, split 352,256, plus its two norms 512;
+// the embedding and the head 4096·256 = 1,048,576 each; the final norm 256.
+//   hf: 4·(352,256 + 512) + 1,048,576 (replicated) + 524,288 + 256 = 2,984,192 elements, the
+//       gradients as many; the foreach groups: 1,933,312 split (DTensor) elements beside
+//       1,048,576 + 9·256 = 1,050,880 plain ones, the larger's intermediate 4·1,933,312 bytes
+//   sp: 4·(352,256 + 512) + 524,288 + 524,288 + 256 = 2,459,904 elements, the gradients
+//       524,288 more (the row-wise table's whole [V, h]); one group, its intermediate 4·2,459,904
+TEST_CASE("parallel_memory::PyTorch TP plans' model states, hand-derived") {
+  const json corpus = shardplan::oracle::read_corpus("oracle_tensor_parallel.json");
+  int checked = 0;
+  for (const auto& c : corpus.at("cases")) {
+    if (c.at("id") != "tp2-hf/llama-h256/fp32/none/s128-b1" &&
+        c.at("id") != "tp2-sp/llama-h256/fp32/none/s128-b1")
+      continue;
+    const bool sp = c.at("layout") == "sp";
+    const StageMemory s = predict(corpus, c);
+    const double E = sp ? 2459904 : 2984192;
+    CHECK(s.local_params == E);
+    CHECK(s.param_bytes == 4 * E);
+    CHECK(s.grad_bytes == 4 * (sp ? E + 524288 : E));  // at the optimizer step
+    CHECK(s.optimizer_bytes == 8 * E + 4 * (sp ? E : 1933312));
+    CHECK(s.moment == "optimizer step");
+    ++checked;
+  }
+  CHECK(checked == 2);
+}
