@@ -154,21 +154,21 @@ struct Dtypes {
 // pow), the fp32 rsqrt of the mean square per token, the normalized value cast back to the input
 // dtype (kept by the weight multiply; fp32 in torchtitan's nn.RMSNorm, which multiplies before
 // casting), then weight * normalized.
-double rmsnorm(const Shape& x, const Dtypes& d, int consumers, double normalized) {
-  return 4 * x.T * x.h + 4 * x.T + normalized * x.T * x.h +
-         d.gemm_inputs(consumers, std::max(d.p, d.r)) * x.T * x.h;
+NormParts rmsnorm(const Shape& x, const Dtypes& d, int consumers, double normalized) {
+  return {4 * x.T * x.h + 4 * x.T + normalized * x.T * x.h,
+          d.gemm_inputs(consumers, std::max(d.p, d.r)) * x.T * x.h};
 }
 // torchtitan's nn.RMSNorm calls F.rms_norm: on CUDA the fused kernel (aten::_fused_rms_norm)
 // keeps its input and the fp32 rstd per token; elsewhere it runs as ops (an fp32 copy of the
 // input, rstd, the fp32 normalized value).
-double torch_rmsnorm(const Shape& x, const Dtypes& d, int consumers) {
+NormParts torch_rmsnorm(const Shape& x, const Dtypes& d, int consumers) {
   if (!d.cuda) return rmsnorm(x, d, consumers, 4.0);
-  return d.r * x.T * x.h + 4 * x.T + d.gemm_inputs(consumers, std::max(d.p, d.r)) * x.T * x.h;
+  return {d.r * x.T * x.h + 4 * x.T, d.gemm_inputs(consumers, std::max(d.p, d.r)) * x.T * x.h};
 }
 // nn.LayerNorm (GPT-2, GPT-NeoX): its input, fp32 mean and rstd per token, and its consumers'.
-double layernorm(const Shape& x, const Dtypes& d, int consumers, bool keeps_input) {
-  return (keeps_input ? d.r * x.T * x.h : 0) + 8 * x.T +
-         d.gemm_inputs(consumers, std::max(d.p, d.r)) * x.T * x.h;
+NormParts layernorm(const Shape& x, const Dtypes& d, int consumers, bool keeps_input) {
+  return {(keeps_input ? d.r * x.T * x.h : 0) + 8 * x.T,
+          d.gemm_inputs(consumers, std::max(d.p, d.r)) * x.T * x.h};
 }
 
 // Dropout's mask per element: CUDA's native_dropout keeps a bool; on a CPU at::dropout keeps its
@@ -199,12 +199,13 @@ double llama_attention(const ModelSpec& m, const Shape& x, const TrainingJob& j,
 // Llama TransformerBlock (fused wqkv: one GEMM reads the attention norm). LlamaMLP /
 // FeedForward: SiLU keeps its input (gate out), the product keeps both factors, down_proj keeps
 // the product.
-double llama_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
+BlockParts llama_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
   const double mlp_inner = m.mlp == MlpKind::swiglu ? 4 * d.e * x.T * x.I : 2 * d.e * x.T * x.I;
-  if (j.recipe == Recipe::torchtitan)
-    return torch_rmsnorm(x, d, 1) + llama_attention(m, x, j, d) + torch_rmsnorm(x, d, 2) +
-           mlp_inner;
-  return rmsnorm(x, d, 3, d.r) + llama_attention(m, x, j, d) + rmsnorm(x, d, 2, d.r) + mlp_inner;
+  const bool titan = j.recipe == Recipe::torchtitan;
+  const NormParts attention_norm = titan ? torch_rmsnorm(x, d, 1) : rmsnorm(x, d, 3, d.r);
+  const NormParts mlp_norm = titan ? torch_rmsnorm(x, d, 2) : rmsnorm(x, d, 2, d.r);
+  return {attention_norm.state + mlp_norm.state, attention_norm.output + mlp_norm.output,
+          llama_attention(m, x, j, d) + mlp_inner};
 }
 
 // GPT2Block: LayerNorms, one fused c_attn whose output q, k and v are views of (the whole
@@ -213,35 +214,55 @@ double llama_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, con
 // only its random state for dropout). NewGELUActivation (gelu_new) is written out in ops: it
 // keeps c_fc's output, tanh's output, 1 + tanh and 0.5·x; c_proj keeps its result. Residual
 // dropout keeps a mask after attention and after the MLP.
-double gpt2_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
+BlockParts gpt2_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
   const double T = x.T, h = x.h, e = d.e, a = x.a;
-  double attention = layernorm(x, d, 1, true) + 3 * e * T * h;
+  double attention = 3 * e * T * h;
   if (j.attention == AttentionImpl::flash)
     attention += e * T * h + 4 * a * T;
   else
     attention += eager_probabilities(m, x, d) + e * T * h;
   const double residual_mask = m.residual_dropout ? dropout_mask(d, e) * T * h : 0;
-  return attention + residual_mask + layernorm(x, d, 1, true) + 5 * e * T * x.I + residual_mask;
+  const NormParts ln_1 = layernorm(x, d, 1, true), ln_2 = layernorm(x, d, 1, true);
+  return {ln_1.state + ln_2.state + 2 * residual_mask, ln_1.output + ln_2.output,
+          attention + 5 * e * T * x.I};
 }
 
 // GPTNeoXLayer with the parallel residual: both LayerNorms read the block input (kept once). The
 // fused query_key_value output stays whole (v is a view of it); rotary rebuilds q and k (kept by
 // sdpa in the compute dtype); dense reads a contiguous copy of the attention output. The MLP
 // keeps the exact GELU's input and output.
-double neox_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
+BlockParts neox_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
   const double T = x.T, h = x.h, q = x.q, e = d.e, a = x.a;
   // Eager attention's matmul with v reads it as [b·a, s, d]: at b = 1 a view that keeps the whole
   // fused output alive, at b > 1 a copy of v alone.
   const double qkv =
       j.attention == AttentionImpl::eager && j.micro_batch > 1 ? e * T * q : 3 * e * T * q;
-  double attention = layernorm(x, d, 1, true) + qkv + 2 * e * T * q + e * T * h;
+  double attention = qkv + 2 * e * T * q + e * T * h;
   if (j.attention == AttentionImpl::flash)
     attention += e * T * q + 4 * a * T;
   else
     attention += eager_probabilities(m, x, d);
-  const double mlp = layernorm(x, d, 1, !m.parallel_residual) + 2 * e * T * x.I;
+  const NormParts ln_1 = layernorm(x, d, 1, true);
+  const NormParts ln_2 = layernorm(x, d, 1, !m.parallel_residual);
   const double residual_mask = m.residual_dropout ? 2 * dropout_mask(d, e) * T * h : 0;
-  return attention + mlp + residual_mask;
+  return {ln_1.state + ln_2.state + residual_mask, ln_1.output + ln_2.output,
+          attention + 2 * e * T * x.I};
+}
+
+BlockParts architecture_block(const ModelSpec& m, const Shape& x, const TrainingJob& j,
+                              const Dtypes& d) {
+  switch (m.architecture) {
+  case Architecture::gpt2:
+    return gpt2_block(m, x, j, d);
+  case Architecture::gpt_neox:
+    return neox_block(m, x, j, d);
+  case Architecture::llama:
+  case Architecture::mistral:
+  case Architecture::qwen2:
+  case Architecture::uniform:
+    break;
+  }
+  return llama_block(m, x, j, d);
 }
 
 ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, const Forward& f,
@@ -249,21 +270,7 @@ ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, const 
   const Shape x(m, j);
   const Dtypes d{f.e, f.p, f.p, f.cuda};
   const double e = f.e;
-  double full = 0;
-  switch (m.architecture) {
-  case Architecture::gpt2:
-    full = gpt2_block(m, x, j, d);
-    break;
-  case Architecture::gpt_neox:
-    full = neox_block(m, x, j, d);
-    break;
-  case Architecture::llama:
-  case Architecture::mistral:
-  case Architecture::qwen2:
-  case Architecture::uniform:
-    full = llama_block(m, x, j, d);
-    break;
-  }
+  const double full = architecture_block(m, x, j, d).total();
   ActivationBytes out;
   if (checkpointed) {
     out.saved = d.r * x.T * x.h;  // torch.utils.checkpoint keeps the block's input
@@ -284,6 +291,23 @@ ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, const 
 }
 
 }  // namespace
+
+BlockParts framework_block_parts(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+  return architecture_block(m, Shape(m, j), j, Dtypes{f.e, f.p, f.p, f.cuda});
+}
+
+NormParts final_norm_parts(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+  const Shape x(m, j);
+  const Dtypes d{f.e, f.p, f.p, f.cuda};
+  switch (m.architecture) {
+  case Architecture::gpt2:
+  case Architecture::gpt_neox:
+    return layernorm(x, d, 1, true);
+  default:
+    if (j.recipe == Recipe::megatron) return {f.e * x.T * x.h, f.e * x.T * x.h};
+    return j.recipe == Recipe::torchtitan ? torch_rmsnorm(x, d, 1) : rmsnorm(x, d, 1, d.r);
+  }
+}
 
 ActivationBytes block_activations(const ModelSpec& m, const TrainingJob& j, const Forward& f,
                                   bool checkpointed) {
@@ -406,17 +430,7 @@ ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& j, const
     return out;
   }
   // The final norm and what the projection keeps of it.
-  const Dtypes d{e, f.p, f.p, f.cuda};
-  switch (m.architecture) {
-  case Architecture::gpt2:
-  case Architecture::gpt_neox:
-    out.saved = layernorm(x, d, 1, true);
-    break;
-  default:
-    out.saved = j.recipe == Recipe::megatron     ? 2 * e * T * h
-                : j.recipe == Recipe::torchtitan ? torch_rmsnorm(x, d, 1)
-                                                 : rmsnorm(x, d, 1, d.r);
-  }
+  out.saved = final_norm_parts(m, j, f).total();
   add_loss_activations(out, x, j, f);
   return out;
 }

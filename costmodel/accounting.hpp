@@ -75,6 +75,30 @@ struct Forward {
 // checked against the bytes PyTorch's autograd saves (tests/costmodel/data/oracle_units.json).
 ActivationBytes block_activations(const ModelSpec& m, const TrainingJob& job, const Forward& f,
                                   bool checkpointed);
+// One norm's saved bytes: what it keeps on the token stream it runs on (its input, statistics,
+// normalized value) and the output the linears after it keep (per consumer under autocast).
+struct NormParts {
+  double state = 0;
+  double output = 0;
+  double total() const { return state + output; }
+};
+
+// One block's saved bytes (block_activations' unchecked `saved`) by where tensor parallelism
+// puts them: `residual`, what the norms keep on the residual stream and the residual dropout
+// masks; `linear_inputs`, the norm outputs the first linears of attention and MLP keep;
+// `inside`, everything between those linears and the attention output and down projections
+// (q, k, v, the attention core, the MLP's inner tensors), which is split over the heads and the
+// intermediate width.
+struct BlockParts {
+  double residual = 0;
+  double linear_inputs = 0;
+  double inside = 0;
+  double total() const { return residual + linear_inputs + inside; }
+};
+BlockParts framework_block_parts(const ModelSpec& m, const TrainingJob& job, const Forward& f);
+// The head's final norm (Megatron's recipe: its input and the output layer's input).
+NormParts final_norm_parts(const ModelSpec& m, const TrainingJob& job, const Forward& f);
+
 // The embeddings: what their backward needs (the token ids) and what the recipe computes once
 // for all blocks (rotary tables).
 ActivationBytes embedding_activations(const ModelSpec& m, const TrainingJob& job, const Forward& f);

@@ -70,27 +70,86 @@ struct StageShare {
   bool first = false, last = false;
 };
 
-// Model states of one stage on one rank: split by t, sharded over the data-parallel group.
-void stage_states(const ParallelMemoryInput& in, const StageShare& share, StageMemory& out) {
+// PyTorch's own tensor parallelism (the parallel styles of torch/distributed/tensor/parallel/
+// style.py applied by the recipe's plan) rather than Megatron's: Recipe::hf and
+// Recipe::torchtitan with t > 1 and no context parallelism.
+bool pytorch_tp(const ParallelMemoryInput& in) {
+  const Recipe r = in.job.recipe;
+  return (r == Recipe::hf || r == Recipe::torchtitan) && in.layout.tensor_parallel > 1 &&
+         in.layout.context_parallel == 1;
+}
+
+// Elements of a unit on one rank before data-parallel sharding.
+struct UnitElements {
+  double params = 0;
+  double grads = 0;      // the gradient one rank holds (PyTorch's row-wise embedding: whole)
+  double optimizer = 0;  // optimizer-state elements
+  double plain = 0;      // of params: plain tensors beside the plan's DTensors
+};
+
+// A unit under PyTorch's TP plans. Vectors (norms, biases) stay whole, as tp_local_elements
+// counts them.
+//   hf          transformers' tp_plan (LlamaConfig.base_model_tp_plan in
+//               transformers/models/llama/configuration_llama.py, LlamaForCausalLM._tp_plan in
+//               modeling_llama.py): q/k/v and gate/up "colwise", o and down "rowwise", lm_head
+//               "colwise_rep". The embeddings and the norms are in no plan: replicated plain
+//               tensors, their gradients and optimizer states whole on every rank.
+//   torchtitan  its parallelize function (torchtitan/models/llama3/infra/parallelize.py,
+//               apply_tp): tok_embeddings RowwiseParallel (the table split by rows), the norms
+//               SequenceParallel (replicated DTensors; plain tensors without sequence
+//               parallelism), the linears colwise/rowwise, the output ColwiseParallel. The
+//               row-wise table's gradient comes back whole: aten.embedding_dense_backward has no
+//               strategy with a Shard(0) output (torch/distributed/tensor/_ops/
+//               _embedding_ops.py, embedding_dense_backward_strategy: Replicate, colwise or
+//               Partial), so each rank holds a [V, h] gradient.
+UnitElements plan_elements(const UnitTensors& u, Optimizer o, const ParallelLayout& l, Recipe r,
+                           bool embedding) {
+  const double t = l.tensor_parallel;
+  UnitElements out;
+  for (std::size_t i = 0; i < u.tensors.size(); ++i) {
+    const auto& x = u.tensors[i];
+    const double whole = static_cast<double>(x.elements());
+    const bool table = embedding && i == 0;
+    const bool split = x.is_matrix() && (!embedding || (table && r == Recipe::torchtitan));
+    out.params += whole / (split ? t : 1);
+    out.grads += table ? whole : whole / (split ? t : 1);
+    const bool plain = r == Recipe::hf ? !split : !x.is_matrix() && !l.sequence_parallel;
+    if (plain) out.plain += whole;
+  }
+  out.optimizer = static_cast<double>(optimizer_state_elements(u, o)) * out.params /
+                  std::max<double>(1, static_cast<double>(u.params()));
+  return out;
+}
+
+// A unit under Megatron's split (tp_local_elements).
+UnitElements megatron_elements(const UnitTensors& u, Optimizer o, int t, bool embedding) {
+  UnitElements out;
+  out.params = out.grads = tp_local_elements(u, t, embedding);
+  out.optimizer = static_cast<double>(optimizer_state_elements(u, o)) * out.params /
+                  std::max<double>(1, static_cast<double>(u.params()));
+  return out;
+}
+
+// The stage's elements on one rank: its blocks, the embeddings on the first stage, the head on
+// the last.
+UnitElements stage_elements(const ParallelMemoryInput& in, const StageShare& share) {
   const auto& m = *in.model;
-  const auto& s = in.spec;
-  const int t = in.layout.tensor_parallel;
-  const StateBytes sb = state_bytes(in.job.precision, s, Accounting::framework);
-  const int d = std::max(1, in.layout.data_parallel(in.cluster.gpus));
-  const double S = std::min(s.group(d), d);
-  double elems = share.blocks * tp_local_elements(m.block, t, false);
-  double opt = share.blocks *
-               static_cast<double>(optimizer_state_elements(m.block, in.job.optimizer)) *
-               tp_local_elements(m.block, t, false) /
-               std::max<double>(1, static_cast<double>(m.block.params()));
-  auto add = [&](const UnitTensors& u, bool embedding) {
-    const double local = tp_local_elements(u, t, embedding);
-    elems += local;
-    opt += static_cast<double>(optimizer_state_elements(u, in.job.optimizer)) * local /
-           std::max<double>(1, static_cast<double>(u.params()));
+  const Optimizer o = in.job.optimizer;
+  const bool plan = pytorch_tp(in);
+  auto unit = [&](const UnitTensors& u, bool embedding) {
+    return plan ? plan_elements(u, o, in.layout, in.job.recipe, embedding)
+                : megatron_elements(u, o, in.layout.tensor_parallel, embedding);
   };
-  if (share.first) add(m.embedding, true);
-  if (share.last) add(m.head, false);
+  UnitElements out;
+  auto add = [&](const UnitElements& u, double count) {
+    out.params += count * u.params;
+    out.grads += count * u.grads;
+    out.optimizer += count * u.optimizer;
+    out.plain += count * u.plain;
+  };
+  add(unit(m.block, false), share.blocks);
+  if (share.first) add(unit(m.embedding, true), 1);
+  if (share.last) add(unit(m.head, false), 1);
   // Tied embeddings across stages: the last stage keeps its own copy of the word embeddings for
   // the output layer and the two copies' gradients are all-reduced (Megatron-core's
   // LanguageModule.setup_embeddings_and_output_layer, shared_embedding_or_output_weight).
@@ -100,12 +159,26 @@ void stage_states(const ParallelMemoryInput& in, const StageShare& share, StageM
     word.tensors.push_back(m.embedding.tensors.front());
     // The executor's copy is its whole embedding unit, a learned position table too
     // (executor/pipeline.hpp).
-    add(in.job.recipe == Recipe::executor ? m.embedding : word, true);
+    add(unit(in.job.recipe == Recipe::executor ? m.embedding : word, true), 1);
   }
+  return out;
+}
+
+// Model states of one stage on one rank: split by t, sharded over the data-parallel group.
+void stage_states(const ParallelMemoryInput& in, const StageShare& share, StageMemory& out) {
+  const auto& m = *in.model;
+  const auto& s = in.spec;
+  const int t = in.layout.tensor_parallel;
+  const StateBytes sb = state_bytes(in.job.precision, s, Accounting::framework);
+  const int d = std::max(1, in.layout.data_parallel(in.cluster.gpus));
+  const double S = std::min(s.group(d), d);
+  const UnitElements local = stage_elements(in, share);
+  const double elems = local.params;
   out.local_params = elems;
   out.param_bytes = elems * sb.param / (s.shard_parameters ? S : 1);
-  out.grad_bytes = elems * sb.grad / (s.shard_gradients ? S : 1);
-  out.optimizer_bytes = (sb.master * elems + sb.moment * opt) / (s.shard_optimizer ? S : 1);
+  out.grad_bytes = local.grads * sb.grad / (s.shard_gradients ? S : 1);
+  out.optimizer_bytes =
+      (sb.master * elems + sb.moment * local.optimizer) / (s.shard_optimizer ? S : 1);
   // torch DDP's buckets hold a second copy of the whole gradients (gradient_as_bucket_view=False),
   // as the simulator counts them (costmodel/simulator.cpp, grad_bucket_copy).
   if (s.grad_bucket_copy) out.buffer_bytes += elems * sb.grad;
@@ -255,10 +328,179 @@ void executor_first_use_peak(const ParallelMemoryInput& in, const ExecutorStage&
   }
 }
 
+// What one rank of a stage keeps per micro-batch under PyTorch's TP styles, in bytes.
+struct PlanActivations {
+  double saved = 0;          // the stage's blocks, embeddings (first stage) and head (last stage)
+  double head = 0;           // of `saved`, the head's, released by its backward
+  double recompute = 0;      // one checkpointed block rebuilt in backward (0 without checkpoints)
+  double loss_backward = 0;  // the loss's backward transients (last stage)
+};
+
+// The forward's dtypes (accounting.hpp, Forward): e bytes of the compute dtype; p of the
+// parameters the blocks read (fp32 under DDP's autocast, e when FSDP hands them over).
+Forward plan_forward(const ParallelMemoryInput& in) {
+  const double e = dtype_bytes(compute_dtype(in.job.precision));
+  const StateBytes sb = state_bytes(in.job.precision, in.spec, Accounting::framework);
+  return {e, in.spec.shard_parameters ? e : std::max(e, sb.param), !in.hardware->is_cpu};
+}
+
+// One block on one rank, saved and (checkpointed) rebuilt. The column-parallel q/k/v and gate/up
+// and the row-parallel o and down (torch/distributed/tensor/parallel/style.py) split everything
+// between them over the heads and the intermediate width (BlockParts::inside / t): each rank
+// runs the block's own code on a/t heads and I/t columns. The norms run on every token, or under
+// sequence parallelism (SequenceParallel) on the rank's T/t of them (BlockParts::residual / t);
+// their outputs, which the column-parallel linears keep, are whole either way: replicated, or
+// all-gathered by PrepareModuleInput (Shard(1) -> Replicate) before the linears, which keep the
+// gathered tensor (unlike Megatron, which keeps its shard and gathers again in backward).
+// A checkpointed block keeps its input, the rank's share of the residual stream.
+ActivationBytes plan_block(const ParallelMemoryInput& in, const Forward& f, bool checkpointed) {
+  const auto& m = *in.model;
+  const auto& j = in.job;
+  const double t = in.layout.tensor_parallel;
+  const double sp = in.layout.sequence_parallel ? t : 1.0;
+  const BlockParts parts = framework_block_parts(m, j, f);
+  const double full = parts.residual / sp + parts.linear_inputs + parts.inside / t;
+  const double T = static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch);
+  ActivationBytes out;
+  if (checkpointed) {
+    out.saved = f.p * T * static_cast<double>(m.hidden) / sp;
+    out.recompute = full;
+  } else if (j.checkpointing == Checkpointing::selective_op) {
+    // torchtitan's op-level policy on the split block: what the whole block saves and reruns,
+    // scaled by the split block's share of the whole (its save list is of the same tensors).
+    const ActivationBytes whole = block_activations(m, j, f, false);
+    const double share = full / std::max(1.0, parts.total());
+    out.saved = whole.saved * share;
+    out.recompute = whole.recompute * share;
+  } else {
+    out.saved = full;
+  }
+  // Autocast's casts of the rank's weights, kept for backward like the activations.
+  if (f.p > f.e) out.saved += f.e * static_cast<double>(m.block.matmul_params()) / t;
+  return out;
+}
+
+// The head on one rank: the final norm (its state split under sequence parallelism, the
+// projection's input whole), then the loss.
+//   hf          lm_head "colwise_rep" (ColwiseParallel(output_layouts=Replicate())) gathers the
+//               logits, and the model's own loss runs on the whole vocabulary: the unsplit
+//               head's loss terms (head_activations; the upcast loss's backward holds the two
+//               fp32 [T, V] gradients at once).
+//   torchtitan  ColwiseParallel(output_layouts=Shard(-1)) under loss_parallel() (torchtitan's
+//               parallelize applies it unless disable_loss_parallel): the upcast loss on the
+//               rank's V/t columns keeps the fp32 log-probabilities [T, V/t] and the targets; its
+//               backward (torch/distributed/tensor/parallel/loss.py,
+//               _nll_loss_and_log_softmax_backward: (grad_input + exp(x)) * grad_output, with
+//               grad_input = zeros_like(x)) holds three fp32 [T, V/t] tensors at once. Other
+//               losses: their unsplit terms over V/t columns.
+ActivationBytes plan_head(const ParallelMemoryInput& in, const Forward& f) {
+  const auto& j = in.job;
+  const double t = in.layout.tensor_parallel;
+  const double sp = in.layout.sequence_parallel ? t : 1.0;
+  const NormParts norm = final_norm_parts(*in.model, j, f);
+  const double T = static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch);
+  ActivationBytes out;
+  if (j.recipe == Recipe::torchtitan && j.loss == LossImpl::upcast) {
+    const double V = static_cast<double>(in.model->vocab) / t;
+    out.saved = 4 * T * V + 8 * T;
+    out.backward = 3 * 4 * T * V;
+  } else if (j.recipe == Recipe::torchtitan) {
+    ModelSpec columns = *in.model;
+    columns.vocab = static_cast<std::int64_t>(static_cast<double>(columns.vocab) / t);
+    out = head_activations(columns, j, f);
+    out.saved -= norm.total();
+  } else {
+    out = head_activations(*in.model, j, f);
+    out.saved -= norm.total();
+  }
+  out.saved += norm.state / sp + norm.output;
+  // Autocast's cast of the rank's projection columns.
+  if (f.p > f.e) out.saved += f.e * static_cast<double>(in.model->head.matmul_params()) / t;
+  return out;
+}
+
+PlanActivations plan_activations(const ParallelMemoryInput& in, const StageShare& share,
+                                 int first_block) {
+  const Forward f = plan_forward(in);
+  const ActivationBytes plain = plan_block(in, f, false);
+  const ActivationBytes checkpointed = plan_block(in, f, true);
+  PlanActivations out;
+  for (std::int64_t b = 0; b < static_cast<std::int64_t>(share.blocks); ++b) {
+    const bool cp = in.job.block_checkpointed(first_block + b);
+    out.saved += cp ? checkpointed.saved : plain.saved;
+    out.recompute = std::max(out.recompute, cp ? checkpointed.recompute : plain.recompute);
+  }
+  // The token ids the lookup keeps (the masked ids of the row-wise embedding: as many) and
+  // transformers' rotary tables.
+  if (share.first) out.saved += embedding_activations(*in.model, in.job, f).saved;
+  if (share.last) {
+    const ActivationBytes head = plan_head(in, f);
+    out.head = head.saved;
+    out.saved += head.saved;
+    out.loss_backward = head.backward;
+  }
+  return out;
+}
+
+// torch.optim.Adam/AdamW with foreach (torch/optim/adamw.py, _multi_tensor_adamw) writes
+// sqrt(exp_avg_sq) of a parameter group's local tensors into new tensors (the state dtype),
+// freed when the group's update ends. foreach AdamW takes no mix of DTensors and plain tensors
+// in one group, so the parameters a plan leaves out (hf: the embeddings and the norms) are a
+// group of their own: the larger group's intermediate is the step's peak. DeepSpeed's FusedAdam
+// and a CPU optimizer update in place.
+double foreach_temp_bytes(const ParallelMemoryInput& in, const UnitElements& local) {
+  const auto& s = in.spec;
+  const bool adam = in.job.optimizer == Optimizer::adam || in.job.optimizer == Optimizer::adamw;
+  if (!adam || s.flavour == Flavour::deepspeed || s.offload != Offload::none) return 0;
+  const int d = std::max(1, in.layout.data_parallel(in.cluster.gpus));
+  const double S = s.shard_optimizer ? std::min(s.group(d), d) : 1;
+  const StateBytes sb = state_bytes(in.job.precision, s, Accounting::framework);
+  return std::max(local.plain, local.params - local.plain) * sb.moment / S;
+}
+
+// The step's moments on one rank of a stage under PyTorch's TP, each with what is alive then;
+// the stage's memory is the largest (the categories are that moment's):
+//   the loss's backward    every micro-batch in flight's saved tensors, the loss's transients;
+//                          no gradients yet when this is the step's only backward
+//                          (optimizer.zero_grad(set_to_none=True), torch's default, freed them)
+//   a block's backward     the head's saved released, one checkpointed block rebuilt; the
+//                          head's and that block's gradients (all of them when accumulating)
+//   the optimizer step     every gradient, the foreach intermediate (optimizer states)
+void plan_peak(const ParallelMemoryInput& in, const StageShare& share, int first_block,
+               StageMemory& out) {
+  const PlanActivations x = plan_activations(in, share, first_block);
+  const UnitElements local = stage_elements(in, share);
+  const bool fresh = in.layout.pipeline_parallel == 1 && in.layout.micro_batches <= 1;
+  const double all_grads = out.grad_bytes;
+  const double per_grad = all_grads / std::max(1.0, local.grads);  // bytes per element
+  StageShare tail{1, false, share.last};                           // the head and the last block
+  const double tail_grads = std::min(all_grads, stage_elements(in, tail).grads * per_grad);
+  struct Moment {
+    const char* name;
+    double activations, grads, temp;
+  };
+  const Moment moments[] = {{share.last ? "loss backward" : "first backward",
+                             x.saved * out.in_flight + x.loss_backward, fresh ? 0 : all_grads, 0},
+                            {"block backward", x.saved * out.in_flight - x.head + x.recompute,
+                             fresh ? tail_grads : all_grads, 0},
+                            {"optimizer step", 0, all_grads, foreach_temp_bytes(in, local)}};
+  const Moment* best = &moments[0];
+  for (const auto& m : moments)
+    if (m.activations + m.grads + m.temp > best->activations + best->grads + best->temp) best = &m;
+  out.activation_bytes = best->activations;
+  out.grad_bytes = best->grads;
+  out.optimizer_bytes += best->temp;
+  out.moment = best->name;
+}
+
 // Saved bytes per micro-batch of the stage's blocks (each checkpointed or not by the job's mode,
 // by its place in the model), the largest transient of one of them, and the stage's extras.
 void stage_activations(const ParallelMemoryInput& in, const StageShare& share, int first_block,
                        StageMemory& out) {
+  if (pytorch_tp(in)) {
+    plan_peak(in, share, first_block, out);
+    return;
+  }
   const auto& m = *in.model;
   const auto& j = in.job;
   const auto& l = in.layout;
@@ -308,8 +550,9 @@ std::string stage_name(const StageMemory& s, int p, bool first, bool last) {
   if (first) what += "embeddings, ";
   what += fmt::format("{} blocks", s.blocks);
   if (last) what += ", head and loss";
-  return fmt::format("stage {} of {} ({}, {:g} micro-batches in flight)", s.stage, p, what,
-                     s.in_flight);
+  const std::string moment = s.moment.empty() ? "" : ", peak at the " + s.moment;
+  return fmt::format("stage {} of {} ({}, {:g} micro-batches in flight{})", s.stage, p, what,
+                     s.in_flight, moment);
 }
 
 }  // namespace

@@ -2,12 +2,22 @@
 // the stage's model states split by t and sharded over the data-parallel group by the
 // ShardingSpec, and its activations for the micro-batches the schedule keeps in flight.
 //
-// The block is counted as Megatron-core's GPT keeps it (Korthikanti et al. 2022, "Reducing
-// Activation Recomputation in Large Transformer Models", §4 and Table 2), whatever the job's
-// recipe: tensor and sequence parallelism change which tensors are split, and that split is
-// Megatron's (torchtitan's TP plan splits the same linears the same way). The executor's recipe
-// with c = 1 is counted as its own model code keeps it (executor/gpt_model.hpp, and under tensor
-// parallelism its vocabulary-parallel embedding and head, executor/tensor_parallel.hpp).
+// How t splits the model depends on whose tensor parallelism runs it:
+//   megatron, llm-foundry, deepspeed (and hf or torchtitan with context parallelism): Megatron-
+//     core's GPT (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+//     Transformer Models", §4 and Table 2): the vocabulary-parallel embedding and head, the
+//     linears' inputs kept as shards under sequence parallelism, the in-place vocabulary-parallel
+//     cross-entropy. Each category is counted at its own largest (their sum bounds the peak).
+//   hf and torchtitan with t > 1: PyTorch's own parallel styles (torch/distributed/tensor/
+//     parallel/style.py) as each recipe's plan applies them: transformers' tp_plan (the
+//     embeddings and norms replicated, the logits gathered for the model's own loss) and
+//     torchtitan's parallelize function (the row-wise embedding, whose gradient comes back
+//     whole; sequence-parallel norms whose outputs the linears keep all-gathered; loss_parallel).
+//     The step is walked through its moments (the loss's backward, a block's backward, the
+//     optimizer step with foreach AdamW's intermediate) and the stage's memory is the largest;
+//     StageMemory's categories are that moment's (parallel_memory.cpp, plan_peak).
+//   executor: its own model code with c = 1 (executor/gpt_model.hpp, and under tensor
+//     parallelism its vocabulary-parallel embedding and head, executor/tensor_parallel.hpp).
 // DDP's bucket copy (ShardingSpec::grad_bucket_copy, torch DDP) is a buffer of the whole
 // gradients; under it, on one stage holding the whole model, the executor's gradients are
 // allocated at first use and the peak is the backward's worst moment (parallel_memory.cpp,
@@ -52,6 +62,10 @@ struct StageMemory {
   double activation_bytes = 0;  // saved for the in-flight micro-batches plus the transients
   double in_flight = 0;         // micro-batches of the whole stage held at once (the walk's)
   double overhead_bytes = 0;    // CUDA context, NCCL workspace, fragmentation
+  // Under PyTorch's TP (hf, torchtitan) the step's moment these bytes describe ("loss
+  // backward", "block backward", "optimizer step"); empty where the categories are each one's
+  // largest.
+  std::string moment;
   double total() const {
     return param_bytes + grad_bytes + optimizer_bytes + buffer_bytes + activation_bytes +
            overhead_bytes;

@@ -1,0 +1,178 @@
+// parallel_memory under PyTorch's own tensor parallelism against what PyTorch allocates
+// (validation/measure_tensor_parallel.py: tests/costmodel/data/oracle_tensor_parallel.json).
+// torch's DTensor TP styles with t = 2 on gloo CPU ranks, HF's Llama (llama-h256), fp32, foreach
+// AdamW, MemTracker over the second step; both ranks are one TP group (no data parallelism, no
+// DDP). Two layouts: "hf", transformers' tp_plan with the model's own loss (Recipe::hf), and "sp",
+// torchtitan's sequence-parallel layout with loss_parallel (Recipe::torchtitan).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "costmodel/parallel_memory.hpp"
+#include "oracle_corpus.hpp"
+
+using namespace shardplan::costmodel;
+using nlohmann::json;
+
+namespace {
+
+// The job and plan of a corpus case, predicted by parallel_memory for one rank.
+StageMemory predict(const json& corpus, const json& c) {
+  const std::string config = c.at("config").get<std::string>();
+  const ModelSpec m = model_from_hf_config(corpus.at("configs").at(config), config);
+  HardwareProfile hw;  // measured on CPU ranks; the corpus counts tensors only: no context,
+  hw.is_cpu = true;    // NCCL workspace or fragmentation
+  const bool sp = c.at("layout") == "sp";
+  const int t = c.at("tensor_parallel").get<int>();
+  ParallelMemoryInput in;
+  in.model = &m;
+  in.hardware = &hw;
+  in.cluster = {t, t};
+  in.job.seq_len = c.at("seq_len").get<std::int64_t>();
+  in.job.micro_batch = c.at("micro_batch").get<std::int64_t>();
+  in.job.global_batch = in.job.micro_batch;
+  in.job.precision = Precision::fp32;
+  in.job.attention = AttentionImpl::flash;
+  in.job.optimizer = Optimizer::adamw;
+  in.job.recipe = sp ? Recipe::torchtitan : Recipe::hf;
+  in.job.loss = default_loss(in.job.recipe);
+  set_checkpointing(in.job, c.at("checkpointing").get<std::string>(), "checkpointing");
+  in.spec = make_spec("ddp", Flavour::ddp, 1);
+  in.spec.grad_bucket_copy = false;  // the bare model: no DDP buckets
+  in.layout.tensor_parallel = t;
+  in.layout.sequence_parallel = sp;
+  const auto walk = walk_schedule(PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
+  return parallel_memory(in, walk).stages.at(0);
+}
+
+// The harness's own tensor beside the recipe's: its "sp" train_step keeps `logits` (the rank's
+// fp32 [b, s, V/t] shard) alive through loss.backward() and optimizer.step(), where torchtitan's
+// train step deletes pred before the backward. Alive at every moment after the forward, so it
+// adds to each one alike.
+double harness_logits(const json& corpus, const json& c) {
+  if (c.at("layout") != "sp") return 0;
+  const double V = corpus.at("configs").at(c.at("config").get<std::string>()).at("vocab_size");
+  return 4.0 * c.at("seq_len").get<double>() * c.at("micro_batch").get<double>() * V /
+         c.at("tensor_parallel").get<double>();
+}
+
+double at_peak(const json& c, const char* key) { return c.at("at_peak").at(key).get<double>(); }
+
+// Every case of the layout: the peak within 1%, the peak's moment (the loss's backward or the
+// optimizer step) the measured phase, and the categories at it: parameters, gradients and
+// optimizer states (with the foreach intermediate) within 1% of themselves; the activations
+// (with the loss's temporaries and the batch) within 1% of the peak. Returns the worst peak error.
+double check_layout(const std::string& layout) {
+  const json corpus = shardplan::oracle::read_corpus("oracle_tensor_parallel.json");
+  int cases = 0;
+  double worst = 0;
+  for (const auto& c : corpus.at("cases")) {
+    if (c.at("layout") != layout) continue;
+    ++cases;
+    const StageMemory s = predict(corpus, c);
+    const double held = harness_logits(corpus, c);
+    const double predicted = s.total() + held;
+    const double measured = c.at("peak_bytes").get<double>();
+    const double error = (predicted - measured) / measured;
+    worst = std::max(worst, std::abs(error));
+    INFO(c.at("id").get<std::string>()
+         << ": predicted " << predicted << " at " << s.moment << ", measured " << measured << " in "
+         << c.at("peak_phase").get<std::string>());
+    CHECK(std::abs(error) < 0.01);
+    const bool in_step = c.at("peak_phase") == "optimizer";
+    CHECK(s.moment == (in_step ? "optimizer step" : "loss backward"));
+    CHECK(s.param_bytes == doctest::Approx(at_peak(c, "parameters")).epsilon(0.01));
+    CHECK(s.grad_bytes == doctest::Approx(at_peak(c, "gradients")).epsilon(0.01));
+    CHECK(s.optimizer_bytes ==
+          doctest::Approx(at_peak(c, "optimizer_states") + at_peak(c, "optimizer_temp"))
+              .epsilon(0.01));
+    const double activations = at_peak(c, "activations") + at_peak(c, "temp") + at_peak(c, "other");
+    CHECK(std::abs(s.activation_bytes + held - activations) <= 0.01 * measured);
+  }
+  CHECK(cases == 8);
+  return worst;
+}
+
+}  // namespace
+
+// transformers' tp_plan: the embeddings and norms replicated (their gradients and AdamW states
+// whole on each rank, the plain tensors a foreach group of their own), the logits gathered for
+// HF's upcast loss (two fp32 [T, V] gradients at its backward).
+TEST_CASE("parallel_memory::PyTorch TP, transformers' tp_plan (hf): every corpus peak within 1%") {
+  MESSAGE("hf layout: worst peak error " << 100 * check_layout("hf") << "%");
+}
+
+// torchtitan's sequence-parallel layout: the row-wise embedding's whole [V, h] gradient, the
+// linears' all-gathered inputs kept whole, loss_parallel's three fp32 [T, V/t] tensors at the
+// loss's backward, one foreach group of DTensors. The recipe keeps torchtitan's freqs_cis buffer;
+// the harness runs HF's model code, whose rotary cos and sin tables (2·4·s·head_dim bytes, 0.1%
+// of these peaks) are left out.
+TEST_CASE("parallel_memory::PyTorch TP, torchtitan's sequence-parallel layout (sp): every corpus "
+          "peak within 1%") {
+  MESSAGE("sp layout: worst peak error " << 100 * check_layout("sp") << "%");
+}
+
+// The split of a block that tensor parallelism divides (BlockParts) adds up to the block
+// accounting's saved bytes, for every architecture, attention, dtype and recipe whose block the
+// frameworks' code defines.
+TEST_CASE("parallel_memory::a block's parts add up to its saved bytes") {
+  const json neox = {{"architectures", {"GPTNeoXForCausalLM"}},
+                     {"hidden_size", 512},
+                     {"num_attention_heads", 8},
+                     {"num_hidden_layers", 2},
+                     {"intermediate_size", 2048},
+                     {"vocab_size", 1000},
+                     {"max_position_embeddings", 1024}};
+  for (const char* name : {"llama-3-8b", "gpt2", "neox"}) {
+    const ModelSpec m =
+        std::string(name) == "neox" ? model_from_hf_config(neox, name) : load_model(name);
+    for (const Recipe r : {Recipe::hf, Recipe::torchtitan})
+      for (const AttentionImpl a : {AttentionImpl::flash, AttentionImpl::eager})
+        for (const Forward f : {Forward{4, 4, false}, Forward{2, 4, true}, Forward{2, 2, true}}) {
+          CAPTURE(name);
+          TrainingJob j;
+          j.seq_len = 512;
+          j.micro_batch = 2;
+          j.global_batch = 2;
+          j.recipe = r;
+          j.attention = a;
+          j.checkpointing = Checkpointing::none;
+          CHECK(framework_block_parts(m, j, f).total() ==
+                doctest::Approx(block_activations(m, j, f, false).saved));
+          CHECK(final_norm_parts(m, j, f).total() <= head_activations(m, j, f).saved);
+        }
+  }
+}
+
+// The plans' model states for llama-h256 (h = 256, 8 heads of 32 over 2 key/value heads,
+// I = 704, V = 4096, 4 blocks, untied), t = 2, fp32 AdamW, by hand. A block's matrices:
+// 256·(256 + 64 + 64) + 256·256 + 3·256·704 = 704,512, split 352,256, plus its two norms 512;
+// the embedding and the head 4096·256 = 1,048,576 each; the final norm 256.
+//   hf: 4·(352,256 + 512) + 1,048,576 (replicated) + 524,288 + 256 = 2,984,192 elements, the
+//       gradients as many; the foreach groups: 1,933,312 split (DTensor) elements beside
+//       1,048,576 + 9·256 = 1,050,880 plain ones, the larger's intermediate 4·1,933,312 bytes
+//   sp: 4·(352,256 + 512) + 524,288 + 524,288 + 256 = 2,459,904 elements, the gradients
+//       524,288 more (the row-wise table's whole [V, h]); one group, its intermediate 4·2,459,904
+TEST_CASE("parallel_memory::PyTorch TP plans' model states, hand-derived") {
+  const json corpus = shardplan::oracle::read_corpus("oracle_tensor_parallel.json");
+  int checked = 0;
+  for (const auto& c : corpus.at("cases")) {
+    if (c.at("id") != "tp2-hf/llama-h256/fp32/none/s128-b1" &&
+        c.at("id") != "tp2-sp/llama-h256/fp32/none/s128-b1")
+      continue;
+    const bool sp = c.at("layout") == "sp";
+    const StageMemory s = predict(corpus, c);
+    const double E = sp ? 2459904 : 2984192;
+    CHECK(s.local_params == E);
+    CHECK(s.param_bytes == 4 * E);
+    CHECK(s.grad_bytes == 4 * (sp ? E + 524288 : E));  // at the optimizer step
+    CHECK(s.optimizer_bytes == 8 * E + 4 * (sp ? E : 1933312));
+    CHECK(s.moment == "optimizer step");
+    ++checked;
+  }
+  CHECK(checked == 2);
+}
