@@ -258,7 +258,8 @@ TEST_CASE("pipeline::stage_units splits the blocks evenly, embedding first, head
 }
 
 TEST_CASE("pipeline::check_pipeline rejects what cannot run, naming the flag and the value") {
-  auto expect = [](const PipelineOptions& o, int world, const std::string& flag, const std::string& text) {
+  auto expect = [](const PipelineOptions& o, int world, const std::string& flag,
+                   const std::string& text) {
     try {
       check_pipeline(o, world);
       FAIL("accepted");
