@@ -180,8 +180,10 @@ void stage_states(const ParallelMemoryInput& in, const StageShare& share, StageM
   out.optimizer_bytes =
       (sb.master * elems + sb.moment * local.optimizer) / (s.shard_optimizer ? S : 1);
   // torch DDP's buckets hold a second copy of the whole gradients (gradient_as_bucket_view=False),
-  // as the simulator counts them (costmodel/simulator.cpp, grad_bucket_copy).
-  if (s.grad_bucket_copy) out.buffer_bytes += elems * sb.grad;
+  // as the simulator counts them (costmodel/simulator.cpp, grad_bucket_copy). PyTorch's TP
+  // recipes wrap the model in DDP only over a data-parallel group: torchtitan's parallelize calls
+  // apply_ddp only when the replicate degree is above 1, and transformers' tp_plan wraps nothing.
+  if (s.grad_bucket_copy && (d > 1 || !pytorch_tp(in))) out.buffer_bytes += elems * sb.grad;
   // Sharded parameters are gathered in the compute dtype. With a pipeline, torchtitan keeps the
   // stage's parameters gathered from forward to backward (its "default" reshard_after_forward
   // policy is False when pipeline parallelism is on:

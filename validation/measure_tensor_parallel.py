@@ -134,6 +134,9 @@ def train_step(model, optimizer, ids, layout):
         with loss_parallel():
             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
                                                      ids.flatten(0, 1))
+            # torchtitan's train step frees the model's output before the backward ("del pred",
+            # torchtitan/train.py, forward_backward_step); the loss keeps what it needs.
+            del logits
             loss.backward()
     else:
         loss = model(input_ids=ids, labels=ids, position_ids=pos, use_cache=False).loss

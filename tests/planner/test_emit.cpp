@@ -391,6 +391,7 @@ TEST_CASE("svg::text widths are estimated on the wide side") {
   CHECK(planner::text_width("", 11, false) == 0);
 }
 
+// Left whole: one trace read once, then checked lane by lane (names, the host lane, the flows).
 TEST_CASE("trace::processes and threads named, the CPU optimizer on its own lane, all-gathers flow "
           "to compute") {
   const auto sc = scenario();
