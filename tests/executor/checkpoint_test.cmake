@@ -7,11 +7,8 @@
 # another run's checkpoint, cannot be made, or is being written by another executor is refused
 # before the first step.
 # Arguments: MPIRUN, EXECUTOR, PLANNER, DATA (this folder's data/), WORK (a scratch folder).
-file(REMOVE_RECURSE ${WORK})
-file(MAKE_DIRECTORY ${WORK})
-set(mpirun ${MPIRUN} --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none)
-
 include(${CMAKE_CURRENT_LIST_DIR}/run_expect.cmake)
+start_program_test()
 
 function(expect_equal what a b)
   if(NOT "${a}" STREQUAL "${b}")

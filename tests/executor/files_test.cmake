@@ -2,11 +2,8 @@
 # a plan that is not a regular file is refused before it is read, a plan's errors name its file,
 # and a path that is not UTF-8 ends in the run document, not in an internal error.
 # Arguments: MPIRUN, EXECUTOR, PLANNER, DATA (this folder's data/), WORK (a scratch folder).
-file(REMOVE_RECURSE ${WORK})
-file(MAKE_DIRECTORY ${WORK})
-set(mpirun ${MPIRUN} --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none)
-
 include(${CMAKE_CURRENT_LIST_DIR}/run_expect.cmake)
+start_program_test()
 
 set(job --model ${DATA}/llama-tiny.json --hardware ${DATA}/cpu-test.json --gpus 2 --seq-len 64
         --global-batch 4 --micro-batch 2 --attention eager --checkpointing none --offload none

@@ -14,11 +14,11 @@
 
 namespace shardplan::executor::testing {
 
-// Tiny models of the three families (a few thousand parameters each).
+// Tiny models of the three families (a few thousand parameters each; 2 blocks unless told).
 // Llama-like: GQA (4 query heads, 2 key/value heads), explicit head_dim 6 ≠ hidden/heads,
 // SwiGLU, RMSNorm, rotary, untied head.
-inline documents::ModelSpec tiny_llama() {
-  return scale_down(documents::load_model("llama-3-8b"), {.layers = 2,
+inline documents::ModelSpec tiny_llama(std::int64_t layers = 2) {
+  return scale_down(documents::load_model("llama-3-8b"), {.layers = layers,
                                                           .hidden = 16,
                                                           .heads = 4,
                                                           .kv_heads = 2,
@@ -28,8 +28,8 @@ inline documents::ModelSpec tiny_llama() {
                                                           .max_positions = 64});
 }
 // GPT-2-like: LayerNorm with biases, learned positions, GELU, biases everywhere, tied head.
-inline documents::ModelSpec tiny_gpt2() {
-  return scale_down(documents::load_model("gpt2"), {.layers = 2,
+inline documents::ModelSpec tiny_gpt2(std::int64_t layers = 2) {
+  return scale_down(documents::load_model("gpt2"), {.layers = layers,
                                                     .hidden = 16,
                                                     .heads = 4,
                                                     .intermediate = 32,

@@ -6,11 +6,8 @@
 # and no optimizer state on the device where the plan offloads it.
 # Arguments: MPIRUN, EXECUTOR, PLANNER, DATA (this folder's data/), WORK (a scratch folder), RANKS
 # (the rank counts, separated by |; default 1|2).
-file(REMOVE_RECURSE ${WORK})
-file(MAKE_DIRECTORY ${WORK})
-set(mpirun ${MPIRUN} --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none)
-
 include(${CMAKE_CURRENT_LIST_DIR}/run_expect.cmake)
+start_program_test()
 
 # strategy, flavour, offload, attention
 set(cases "zero2 deepspeed optimizer flash" "zero3 deepspeed params flash"

@@ -3,11 +3,8 @@
 # capacity too small for the plan every rank ends with exit code 3 and the out-of-memory line;
 # bad input is one line naming the field and exit code 2.
 # Arguments: MPIRUN, EXECUTOR, PLANNER, DATA (this folder's data/), WORK (a scratch folder).
-file(REMOVE_RECURSE ${WORK})
-file(MAKE_DIRECTORY ${WORK})
-set(mpirun ${MPIRUN} --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none)
-
 include(${CMAKE_CURRENT_LIST_DIR}/run_expect.cmake)
+start_program_test()
 
 set(job --model ${DATA}/llama-tiny.json --hardware ${DATA}/cpu-test.json --gpus 2 --seq-len 64
         --global-batch 4 --micro-batch 2 --attention eager --checkpointing none --offload none

@@ -1,10 +1,8 @@
 # The progress lines of a resumed run go on counting from the checkpoint: 2 steps saved, then 2
 # resumed steps read "step 3/4" and "step 4/4" (not "step 3/2").
 # Arguments: MPIRUN, EXECUTOR, PLANNER, DATA (this folder's data/), WORK (a scratch folder).
-file(REMOVE_RECURSE ${WORK})
-file(MAKE_DIRECTORY ${WORK})
-set(mpirun ${MPIRUN} --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none)
 include(${CMAKE_CURRENT_LIST_DIR}/run_expect.cmake)
+start_program_test()
 
 run_expect(0 COMMAND ${PLANNER} recommend --model ${DATA}/llama-tiny.json --hardware ${DATA}/cpu-test.json
                      --gpus 1 --seq-len 64 --global-batch 2 --micro-batch 1 --attention eager

@@ -1,3 +1,11 @@
+# start_program_test(): an empty scratch folder ${WORK}, and ${mpirun}: MPIRUN with the options
+# every program test runs it with (as root, more ranks than cores, no single-copy transport).
+macro(start_program_test)
+  file(REMOVE_RECURSE ${WORK})
+  file(MAKE_DIRECTORY ${WORK})
+  set(mpirun ${MPIRUN} --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none)
+endmacro()
+
 # run_expect(RC COMMAND ... [EXPECT text ...] [OUTPUT var]): runs a command in ${WORK}, checks its
 # exit code and that each text is on its standard error (bad input, exit code 2: in one line);
 # leaves its standard error in last_stderr.

@@ -3,11 +3,8 @@
 # parallelism, and its run document says so; what cannot be split is one line naming the flag and
 # exit code 2.
 # Arguments: MPIRUN, EXECUTOR, PLANNER, DATA (this folder's data/), WORK (a scratch folder).
-file(REMOVE_RECURSE ${WORK})
-file(MAKE_DIRECTORY ${WORK})
-set(mpirun ${MPIRUN} --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none)
-
 include(${CMAKE_CURRENT_LIST_DIR}/run_expect.cmake)
+start_program_test()
 
 foreach(gpus 2 4)
   run_expect(0 COMMAND ${PLANNER} recommend --model ${DATA}/llama-tiny.json

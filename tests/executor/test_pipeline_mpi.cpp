@@ -43,25 +43,6 @@ const BatchShape kMicroBatch{2, 8};
 constexpr double kLr = 1e-2;
 constexpr std::uint64_t kSeed = 77;
 
-documents::ModelSpec llama(std::int64_t layers) {
-  return scale_down(documents::load_model("llama-3-8b"), {.layers = layers,
-                                                          .hidden = 16,
-                                                          .heads = 4,
-                                                          .kv_heads = 2,
-                                                          .head_dim = 6,
-                                                          .intermediate = 24,
-                                                          .vocab = 50,
-                                                          .max_positions = 64});
-}
-documents::ModelSpec gpt2(std::int64_t layers) {
-  return scale_down(documents::load_model("gpt2"), {.layers = layers,
-                                                    .hidden = 16,
-                                                    .heads = 4,
-                                                    .intermediate = 32,
-                                                    .vocab = 50,
-                                                    .max_positions = 12});
-}
-
 // The reference: this rank alone (a group of one) runs DDP with m·d micro-batches per step.
 EngineRun reference(const documents::ModelSpec& model, int micro_batches) {
   auto solo = test_world().split(test_world().rank(), 0);
@@ -183,7 +164,7 @@ TEST_CASE("pipeline::stages of 1F1B and GPipe train as one process with accumula
   const int world = test_world().size();
   const std::int64_t layers = world <= 2 ? 4 : world;  // divisible by every p of the world
   for (const bool tied : {false, true}) {
-    const auto model = tied ? gpt2(layers) : llama(layers);
+    const auto model = tied ? tiny_gpt2(layers) : tiny_llama(layers);
     for (const auto layout : layouts(world)) {
       const int d = world / layout.p;
       const auto ref = reference(model, layout.m * d);
@@ -213,7 +194,7 @@ TEST_CASE(
   const std::int64_t layers = world <= 2 ? 4 : world;
   double worst = 0, worst_model = 0;
   for (const bool tied : {false, true}) {
-    const auto model = tied ? gpt2(layers) : llama(layers);
+    const auto model = tied ? tiny_gpt2(layers) : tiny_llama(layers);
     for (int p = 1; p <= world; ++p) {
       if (world % p != 0) continue;
       for (auto schedule : {PipelineSchedule::one_f_one_b, PipelineSchedule::gpipe}) {
@@ -268,7 +249,7 @@ TEST_CASE("pipeline::check_pipeline rejects what cannot run, naming the flag and
       CHECK(std::string(e.what()).find(text) != std::string::npos);
     }
   };
-  const auto o = pipeline_options(llama(4), 2, 2, PipelineSchedule::one_f_one_b);
+  const auto o = pipeline_options(tiny_llama(4), 2, 2, PipelineSchedule::one_f_one_b);
   auto bad = o;
   bad.stages = 3;
   expect(bad, 6, "--pipeline-parallel", "3 does not divide the model's 4 layers");
