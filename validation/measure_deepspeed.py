@@ -114,7 +114,7 @@ import time
 from measure_steps import (CATEGORY_NAMES, CONFIGS as STEP_CONFIGS, MICRO_BATCHES,
                            SCHEMA_VERSION, SEQ_LENS, WARMUP_STEPS, _PeakProbe, build_model,
                            command_line, in_category_order, make_batch, make_optimizer, merge_ranks,
-                           optimizer_state_bytes, parameter_count, split_optimizer,
+                           optimizer_state_bytes, parameter_count, report, split_optimizer,
                            versions as steps_versions, write_corpus)
 
 GENERATED_BY = "validation/measure_deepspeed.py"
@@ -643,12 +643,7 @@ def main():
     started = time.time()
     cases, failures, warnings_ = run_all(args.only)
     write_corpus(args.out, cases, failures, command_line(args, GENERATED_BY), GENERATED_BY, versions(), CONFIGS)
-    print(f"{len(cases)} cases, {len(failures)} failures in {time.time() - started:.0f} s -> {args.out}")
-    for k, v in sorted(failures.items()):
-        print(f"FAILED {k}: {v}")
-    for w in warnings_:
-        print(f"WARNING {w}")
-    return 1 if failures else 0
+    return report(args.out, cases, failures, warnings_, started)
 
 
 if __name__ == "__main__":

@@ -651,6 +651,16 @@ def write_corpus(out, cases, failures, command, generated_by=GENERATED_BY, packa
         f.write("\n")
 
 
+def report(out, cases, failures, warnings_, started):
+    """Prints what a run wrote, its failures and warnings; returns the exit status (1 on a failure)."""
+    print(f"{len(cases)} cases, {len(failures)} failures in {time.time() - started:.0f} s -> {out}")
+    for k, v in sorted(failures.items()):
+        print(f"FAILED {k}: {v}")
+    for w in warnings_:
+        print(f"WARNING {w}")
+    return 1 if failures else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/costmodel/data/oracle_steps.json")
@@ -668,15 +678,10 @@ def main():
     cases, failures, warnings_ = run_all(args.only)
     problems = check_planner(args.planner, cases) if args.planner else []
     write_corpus(args.out, cases, failures, command_line(args))
-    print(f"{len(cases)} cases, {len(failures)} failures in {time.time() - started:.0f} s "
-          f"-> {args.out}")
-    for k, v in sorted(failures.items()):
-        print(f"FAILED {k}: {v}")
-    for w in warnings_:
-        print(f"WARNING {w}")
+    status = report(args.out, cases, failures, warnings_, started)
     for p in problems:
         print(f"PROBLEM {p}")
-    return 1 if failures or problems else 0
+    return 1 if status or problems else 0
 
 
 if __name__ == "__main__":

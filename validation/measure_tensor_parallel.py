@@ -251,13 +251,7 @@ def main():
     command = " ".join(["python", GENERATED_BY, "--out", os.path.relpath(args.out)])
     ms.write_corpus(args.out, cases, failures, command, generated_by=GENERATED_BY,
                     configs={CONFIG: ms.CONFIGS[CONFIG]})
-    print(f"{len(cases)} cases, {len(failures)} failures in {time.time() - started:.0f} s "
-          f"-> {args.out}")
-    for k, v in sorted(failures.items()):
-        print(f"FAILED {k}: {v}")
-    for w in warnings_:
-        print(f"WARNING {w}")
-    return 1 if failures else 0
+    return ms.report(args.out, cases, failures, warnings_, started)
 
 
 if __name__ == "__main__":
