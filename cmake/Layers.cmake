@@ -8,7 +8,7 @@
 #   documents <- core (model, hardware, job, sharding spec and their JSON)
 #   costmodel <- documents, core          comm    <- core
 #   kernels   <- comm, core               planner <- costmodel, documents, core
-#   executor  <- kernels, documents, costmodel, comm, core
+#   executor  <- kernels, documents, comm, core
 #   calibrate <- kernels, documents, costmodel, comm, core
 #
 # shardplan_expose_folder(TARGET FOLDER): TARGET's users (and TARGET) see FOLDER's headers as

@@ -16,28 +16,7 @@ StateBytes state_bytes(Precision p, const ShardingSpec& spec, Accounting a) {
     b.compute = 2;
     return b;
   }
-  const bool mixed = p == Precision::bf16_mixed || p == Precision::fp16_mixed;
-  const double low = dtype_bytes(compute_dtype(p));  // 2 for bf16/fp16, 4 for fp32 (tf32)
-  b.compute = low;
-  b.moment = p == Precision::bf16 ? 2 : 4;
-  if (!mixed) {  // fp32 or pure bf16: one copy of everything in one dtype
-    b.param = b.grad = low;
-    return b;
-  }
-  if (spec.separate_fp32_master) {
-    // DeepSpeed: bf16/fp16 parameter partition + fp32 master partition; gradients accumulate in
-    // the low-precision partition and the optimizer step casts a partition to fp32.
-    b.param = low;
-    b.grad = low;
-    b.master = 4;
-    b.step_grad = 4;
-  } else {
-    // PyTorch DDP under autocast and FSDP MixedPrecision: parameters (sharded or not) stay fp32
-    // and are themselves the master copy; gradients end in fp32.
-    b.param = 4;
-    b.grad = 4;
-  }
-  return b;
+  return documents::state_bytes(p, spec);
 }
 
 std::int64_t optimizer_state_elements(const UnitTensors& u, Optimizer o) {
@@ -61,19 +40,6 @@ std::int64_t persistent_elements(const UnitTensors& u, std::int64_t threshold) {
   for (const auto& t : u.tensors)
     if (t.elements() < threshold) n += t.elements();
   return n;
-}
-
-double block_forward_flops_per_token(const ModelSpec& m, std::int64_t seq_len) {
-  return 2.0 * static_cast<double>(m.block.matmul_params()) +
-         attention_core_flops_per_token(m, seq_len);
-}
-
-double attention_core_flops_per_token(const ModelSpec& m, std::int64_t seq_len) {
-  return 4.0 * static_cast<double>(seq_len) * static_cast<double>(m.q_width());
-}
-
-double head_forward_flops_per_token(const ModelSpec& m) {
-  return 2.0 * static_cast<double>(m.hidden) * static_cast<double>(m.vocab);
 }
 
 double selective_op_recompute_flops_per_token(const ModelSpec& m) {

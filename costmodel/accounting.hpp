@@ -14,16 +14,7 @@ namespace shardplan::costmodel {
 // §3, 2 + 2 + K bytes per parameter with K = 12 (fp32 master 4, momentum 4, variance 4).
 enum class Accounting { framework, zero_paper };
 
-// Bytes per parameter element of each model state.
-struct StateBytes {
-  double param = 0;      // parameter storage at rest (the sharded part divided by the shard group)
-  double grad = 0;       // gradient storage kept across micro-batches
-  double master = 0;     // separate fp32 master copy (counted with optimizer states)
-  double moment = 0;     // per optimizer-state element (see optimizer_state_elements)
-  double compute = 0;    // gathered parameters and freshly computed gradients (compute dtype)
-  double step_grad = 0;  // transient gradient copy the optimizer step makes (DeepSpeed fp32 cast)
-};
-
+// Bytes per parameter element of each model state (documents/state_bytes.hpp under `framework`).
 StateBytes state_bytes(Precision p, const ShardingSpec& spec, Accounting a);
 
 // Elements of optimizer state for a unit: Adam/AdamW 2 per parameter; SGD with momentum 1;
@@ -34,14 +25,6 @@ std::int64_t optimizer_state_elements(const UnitTensors& u, Optimizer o);
 // Elements of a unit that never get sharded: tensors below the persistence threshold (ZeRO-3's
 // stage3_param_persistence_threshold).
 std::int64_t persistent_elements(const UnitTensors& u, std::int64_t threshold);
-
-// Forward FLOPs per token. Matmuls: 2 FLOPs per weight element and token; attention:
-// 4·s·(heads·head_dim) per token for QKᵀ and attention×V (Narayanan et al. 2021, §5.1: 24Bsh² +
-// 4Bs²h per layer, the second term over B·s tokens). Backward is 2× forward.
-double block_forward_flops_per_token(const ModelSpec& m, std::int64_t seq_len);
-double head_forward_flops_per_token(const ModelSpec& m);
-// Of the block's forward FLOPs, the attention core that selective checkpointing recomputes.
-double attention_core_flops_per_token(const ModelSpec& m, std::int64_t seq_len);
 
 // Of the block's forward FLOPs, what torchtitan's op-level selective checkpointing reruns: its
 // policy (torchtitan/distributed/activation_checkpoint.py, SelectiveAC) saves the attention

@@ -39,7 +39,7 @@ constexpr double kEagerKernels[2] = {4, 5};
 constexpr const char* kKindNames[kComputeKinds] = {"gemm",          "attention", "memory_bound",
                                                    "host_overhead", "recompute", "optimizer"};
 
-double total(const ComputeTimes& t) {
+double total_s(const ComputeTimes& t) {
   double s = 0;
   for (double x : t) s += x;
   return s;
@@ -101,8 +101,8 @@ AttentionShape attention_shape(const ModelSpec& m, const TrainingJob& j) {
   return {j.micro_batch, j.seq_len, m.heads, m.kv_heads, m.head_dim};
 }
 
-double UnitWork::forward_s() const { return total(forward); }
-double UnitWork::backward_s() const { return total(backward); }
+double UnitWork::forward_s() const { return total_s(forward); }
+double UnitWork::backward_s() const { return total_s(backward); }
 
 ComputeModel::ComputeModel(const HardwareProfile& hw, const TrainingJob& job)
     : hw_(&hw), job_(&job), dtype_(compute_dtype(job.precision)),

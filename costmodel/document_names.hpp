@@ -1,20 +1,29 @@
-// The documents' vocabulary the cost model writes unqualified: the model, hardware, job and
-// sharding spec (documents/), and the collectives' table. The cost model computes over these
-// documents; declaring their names here once keeps `documents::` off every line of the formulas.
+// The documents' vocabulary the cost model writes unqualified: the model, hardware, job, sharding
+// spec, parallel layout and plan (documents/), and the collectives' table. The cost model computes
+// over these documents; declaring their names here once keeps `documents::` off every line of the
+// formulas.
 #pragma once
 
+#include "documents/breakdown.hpp"
 #include "documents/collectives.hpp"
 #include "documents/hardware.hpp"
 #include "documents/job.hpp"
 #include "documents/model.hpp"
+#include "documents/parallel.hpp"
+#include "documents/pipeline_order.hpp"
+#include "documents/plan.hpp"
 #include "documents/sharding.hpp"
+#include "documents/state_bytes.hpp"
 
 namespace shardplan::costmodel {
 
 // documents/model.hpp
 using documents::Architecture;
 using documents::architecture_name;
+using documents::attention_core_flops_per_token;
+using documents::block_forward_flops_per_token;
 using documents::data_dir;
+using documents::head_forward_flops_per_token;
 using documents::load_model;
 using documents::MlpKind;
 using documents::model_from_hf_config;
@@ -107,5 +116,34 @@ using documents::collective_table;
 using documents::CollectiveTraits;
 using documents::kCollectives;
 using documents::traits;
+// documents/breakdown.hpp
+using documents::Breakdown;
+using documents::Category;
+using documents::category_name;
+using documents::kCategories;
+using documents::total;
+// documents/parallel.hpp and pipeline_order.hpp
+using documents::layout_from_json;
+using documents::layout_problems;
+using documents::layout_to_json;
+using documents::ParallelLayout;
+using documents::peak_chunks;
+using documents::PipelineSchedule;
+using documents::PipeOp;
+using documents::PipeOpKind;
+using documents::schedule_from_name;
+using documents::schedule_name;
+using documents::schedule_names;
+using documents::schedule_ops;
+// documents/plan.hpp
+using documents::Plan;
+using documents::plan_from_json;
+using documents::plan_parallel_from_json;
+using documents::plan_parallel_to_json;
+using documents::plan_to_json;
+using documents::PlanPrediction;
+// documents/state_bytes.hpp (costmodel::state_bytes adds the ZeRO paper's accounting)
+using documents::state_bytes;
+using documents::StateBytes;
 
 }  // namespace shardplan::costmodel

@@ -2,19 +2,8 @@
 
 #include <algorithm>
 
-#include <fmt/format.h>
-
-#include "core/json_reader.hpp"
-
 namespace shardplan::costmodel {
-
-using core::InputError;
-using core::ObjectReader;
-using core::Range;
-
 namespace {
-
-constexpr int kMaxDegree = 1'000'000;
 
 // Ranks of a group of n spaced `stride` apart that share one node of G.
 int per_node(int n, int stride, int G) {
@@ -22,119 +11,7 @@ int per_node(int n, int stride, int G) {
   return std::max(1, std::min(n, G / stride));
 }
 
-// Problems of the degrees among themselves and against the cluster.
-void degree_problems(const ParallelLayout& l, const Cluster& c, std::vector<std::string>& out) {
-  const int t = l.tensor_parallel, p = l.pipeline_parallel, cp = l.context_parallel;
-  if (t < 1 || p < 1 || cp < 1 || l.virtual_stages < 1 || l.micro_batches < 1) {
-    out.push_back(
-        fmt::format("degrees must be >= 1, got tensor {} pipeline {} context {} virtual stages {} "
-                    "micro-batches {}",
-                    t, p, cp, l.virtual_stages, l.micro_batches));
-    return;
-  }
-  if (c.gpus_per_node > 0 && t > c.gpus_per_node)
-    out.push_back(fmt::format(
-        "tensor parallel {} is larger than a node of {} GPUs: its all-reduces per layer "
-        "would cross the inter-node links",
-        t, c.gpus_per_node));
-  if (c.gpus_per_node > 0 && t <= c.gpus_per_node && c.gpus_per_node % t != 0)
-    out.push_back(
-        fmt::format("tensor parallel {} does not divide a node of {} GPUs", t, c.gpus_per_node));
-  if (c.gpus % l.model_parallel() != 0)
-    out.push_back(
-        fmt::format("{} GPUs are not a multiple of tensor {} x pipeline {} x context {} = {}",
-                    c.gpus, t, p, cp, l.model_parallel()));
-  if (l.sequence_parallel && t == 1)
-    out.push_back("sequence parallelism splits the tensor-parallel group's norms and dropouts: it "
-                  "needs tensor "
-                  "parallel > 1");
-  if (l.async_tensor_parallel && t == 1)
-    out.push_back("async tensor parallelism needs tensor parallel > 1");
-  if (l.schedule == PipelineSchedule::interleaved_1f1b) {
-    // Megatron-LM (megatron/core/pipeline_parallel/schedules.py,
-    // forward_backward_pipelining_with_interleaving): micro-batches must be a multiple of the
-    // pipeline size, and the schedule needs more than one stage and one chunk.
-    if (p < 2)
-      out.push_back(
-          fmt::format("the interleaved schedule needs pipeline parallel >= 2, got {}", p));
-    if (l.virtual_stages < 2)
-      out.push_back(fmt::format("the interleaved schedule needs virtual stages >= 2, got {}",
-                                l.virtual_stages));
-    if (l.micro_batches % p != 0)
-      out.push_back(fmt::format(
-          "the interleaved schedule needs micro-batches ({}) to be a multiple of pipeline "
-          "parallel ({})",
-          l.micro_batches, p));
-  } else if (l.virtual_stages != 1) {
-    out.push_back(fmt::format("virtual stages {} need the interleaved-1f1b schedule, not {}",
-                              l.virtual_stages, schedule_name(l.schedule)));
-  }
-}
-
-// Problems of the degrees against the model's shapes and the job.
-void shape_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJob& j,
-                    const Cluster& c, std::vector<std::string>& out) {
-  const int t = l.tensor_parallel, p = l.pipeline_parallel, cp = l.context_parallel,
-            v = l.virtual_stages;
-  if (m.heads % t != 0)
-    out.push_back(
-        fmt::format("{} attention heads do not divide over tensor parallel {}", m.heads, t));
-  if (m.kv_heads % t != 0)
-    out.push_back(
-        fmt::format("{} key/value heads do not divide over tensor parallel {}", m.kv_heads, t));
-  if (m.intermediate % t != 0)
-    out.push_back(
-        fmt::format("MLP width {} does not divide over tensor parallel {}", m.intermediate, t));
-  if (m.layers % (static_cast<std::int64_t>(p) * v) != 0)
-    out.push_back(fmt::format("{} layers do not divide over pipeline {} x virtual stages {} = {}",
-                              m.layers, p, v, p * v));
-  // Load-balanced causal context parallelism (Megatron-core / Transformer Engine's
-  // get_batch_on_this_cp_rank): the sequence is cut into 2·c chunks, rank r taking chunks r and
-  // 2c−1−r so that every rank sees the same share of the causal mask.
-  if (cp > 1 && j.seq_len % (2 * static_cast<std::int64_t>(cp)) != 0)
-    out.push_back(
-        fmt::format("sequence {} does not divide into 2 x context parallel {} = {} chunks",
-                    j.seq_len, cp, 2 * cp));
-  if (cp > 1 && j.attention != AttentionImpl::flash)
-    out.push_back("context parallelism runs ring attention on fused (flash) kernels; eager "
-                  "attention materializes "
-                  "the scores");
-  // Sequence parallelism splits the local sequence over the TP ranks (Megatron asserts
-  // seq_length % tensor_model_parallel_size == 0 with --sequence-parallel).
-  if (l.sequence_parallel && t > 1 && (j.seq_len / std::max(cp, 1)) % t != 0)
-    out.push_back(fmt::format(
-        "sequence {} per context rank does not divide over tensor parallel {} for sequence "
-        "parallelism",
-        j.seq_len / std::max(cp, 1), t));
-  if (!l.trivial() && j.checkpointing == Checkpointing::selective_op)
-    out.push_back("op-level selective checkpointing is not modeled with tensor, pipeline or "
-                  "context parallelism");
-  const int d = l.data_parallel(c.gpus);
-  if (d > 0 && j.micro_batch > 0) {
-    const std::int64_t per_step = static_cast<std::int64_t>(d) * l.micro_batches * j.micro_batch;
-    if (per_step != j.global_batch)
-      out.push_back(fmt::format(
-          "data parallel {} x micro-batches {} x micro-batch {} = {} sequences, not the "
-          "global batch {}",
-          d, l.micro_batches, j.micro_batch, per_step, j.global_batch));
-  }
-}
-
 }  // namespace
-
-const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> n = {"1f1b", "interleaved-1f1b", "gpipe"};
-  return n;
-}
-const char* schedule_name(PipelineSchedule s) {
-  return schedule_names()[static_cast<std::size_t>(s)].c_str();
-}
-PipelineSchedule schedule_from_name(const std::string& s, const std::string& where) {
-  const auto& n = schedule_names();
-  for (std::size_t i = 0; i < n.size(); ++i)
-    if (n[i] == s) return static_cast<PipelineSchedule>(i);
-  throw InputError(where, fmt::format("must be one of {}, got \"{}\"", fmt::join(n, ", "), s));
-}
 
 LayoutGroups layout_groups(const ParallelLayout& l, const Cluster& c) {
   const int G = c.gpus_per_node > 0 ? c.gpus_per_node : c.gpus;
@@ -147,59 +24,6 @@ LayoutGroups layout_groups(const ParallelLayout& l, const Cluster& c) {
   g.pipeline = {p, per_node(p, t * cp * d, G)};
   g.pipeline_crosses_nodes = p > 1 && t * cp * d >= G;
   return g;
-}
-
-std::vector<std::string> layout_problems(const ParallelLayout& l, const ModelSpec& m,
-                                         const TrainingJob& j, const Cluster& c) {
-  std::vector<std::string> out;
-  degree_problems(l, c, out);
-  const bool degrees = l.tensor_parallel >= 1 && l.pipeline_parallel >= 1 &&
-                       l.context_parallel >= 1 && l.virtual_stages >= 1 && l.micro_batches >= 1;
-  if (degrees) shape_problems(l, m, j, c, out);  // they divide by the degrees
-  return out;
-}
-
-ParallelLayout layout_from_json(const nlohmann::json& doc, const std::string& pointer) {
-  ObjectReader r(doc, pointer);
-  const Range degree{1, kMaxDegree, false};
-  ParallelLayout l;
-  auto read_int = [&](const char* key, int fallback) {
-    return static_cast<int>(r.optional_integer(key, degree).value_or(fallback));
-  };
-  l.tensor_parallel = read_int("tensor_parallel", 1);
-  l.sequence_parallel = r.optional_boolean("sequence_parallel").value_or(false);
-  l.async_tensor_parallel = r.optional_boolean("async_tensor_parallel").value_or(false);
-  l.pipeline_parallel = read_int("pipeline_parallel", 1);
-  if (auto s = r.optional_string("schedule"))
-    l.schedule = schedule_from_name(*s, r.pointer_of("schedule"));
-  l.virtual_stages = read_int("virtual_stages", 1);
-  l.micro_batches = read_int("micro_batches", 1);
-  l.context_parallel = read_int("context_parallel", 1);
-  r.finish();
-  // What the document alone can get wrong; the rest depends on the model and cluster
-  // (layout_problems).
-  if (l.virtual_stages > 1 && l.schedule != PipelineSchedule::interleaved_1f1b)
-    throw InputError(
-        r.pointer_of("virtual_stages"),
-        fmt::format("{} virtual stages need \"schedule\": \"interleaved-1f1b\", got \"{}\"",
-                    l.virtual_stages, schedule_name(l.schedule)));
-  if (l.sequence_parallel && l.tensor_parallel == 1)
-    throw InputError(r.pointer_of("sequence_parallel"), "true needs tensor_parallel > 1, got 1");
-  if (l.async_tensor_parallel && l.tensor_parallel == 1)
-    throw InputError(r.pointer_of("async_tensor_parallel"),
-                     "true needs tensor_parallel > 1, got 1");
-  return l;
-}
-
-nlohmann::json layout_to_json(const ParallelLayout& l) {
-  return {{"tensor_parallel", l.tensor_parallel},
-          {"sequence_parallel", l.sequence_parallel},
-          {"async_tensor_parallel", l.async_tensor_parallel},
-          {"pipeline_parallel", l.pipeline_parallel},
-          {"schedule", schedule_name(l.schedule)},
-          {"virtual_stages", l.virtual_stages},
-          {"micro_batches", l.micro_batches},
-          {"context_parallel", l.context_parallel}};
 }
 
 }  // namespace shardplan::costmodel

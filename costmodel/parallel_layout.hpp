@@ -1,52 +1,13 @@
-// ParallelLayout: the model-parallel dimensions of a plan beside the data-parallel ShardingSpec.
-// Tensor parallelism t (Megatron's column/row-parallel linears, optionally with sequence
-// parallelism in the norms and dropouts), pipeline parallelism p with its schedule, virtual stages
-// v and micro-batches m, and context parallelism c (ring attention over a load-balanced causal
-// split). Data parallelism (DDP/ZeRO/FSDP/HSDP, the ShardingSpec) spans what is left:
-// d = world / (t·p·c).
-//
-// Mesh order, outermost to innermost: pp, dp, cp, tp (torchtitan's ParallelDims order,
-// torchtitan/distributed/parallel_dims.py; Megatron-LM's default order tp-cp-dp-pp also puts tp
-// innermost and pp outermost). Consecutive ranks share a node, so TP groups never leave a node
-// and pipeline neighbours are t·c·d ranks apart.
+// Where a plan's parallel dimensions (documents/parallel.hpp) put their groups on the cluster's
+// nodes, for the collectives' tiers. Mesh order, outermost to innermost: pp, dp, cp, tp
+// (torchtitan's ParallelDims order, torchtitan/distributed/parallel_dims.py); consecutive ranks
+// share a node, so TP groups never leave a node and pipeline neighbours are t·c·d ranks apart.
 #pragma once
-
-#include <string>
-#include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "costmodel/comm_model.hpp"
 #include "costmodel/document_names.hpp"
 
 namespace shardplan::costmodel {
-
-// 1f1b: PipeDream-flush (Narayanan et al. 2021, §2.2.1); interleaved-1f1b: Megatron's interleaved
-// schedule with v model chunks per stage (§2.2.2); gpipe: all forwards, then all backwards.
-enum class PipelineSchedule { one_f_one_b, interleaved_1f1b, gpipe };
-const char* schedule_name(PipelineSchedule s);  // "1f1b", "interleaved-1f1b", "gpipe"
-PipelineSchedule schedule_from_name(const std::string& s, const std::string& where);
-const std::vector<std::string>& schedule_names();
-
-struct ParallelLayout {
-  int tensor_parallel = 1;             // t: ranks splitting each linear (and the attention heads)
-  bool sequence_parallel = false;      // norms, dropouts and residuals split over the sequence by t
-  bool async_tensor_parallel = false;  // TP's collectives overlapped with the GEMMs beside them
-  int pipeline_parallel = 1;           // p: stages
-  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
-  int virtual_stages = 1;    // v: model chunks per stage (interleaved only)
-  int micro_batches = 1;     // m: micro-batches per pipeline per optimizer step
-  int context_parallel = 1;  // c: ranks splitting each sequence (ring attention)
-
-  int model_parallel() const { return tensor_parallel * pipeline_parallel * context_parallel; }
-  // d = world / (t·p·c); 0 when it does not divide.
-  int data_parallel(int world) const {
-    const int mp = model_parallel();
-    return mp > 0 && world % mp == 0 ? world / mp : 0;
-  }
-  // t = p = c = 1: plain data parallelism, evaluated by the step simulator as before.
-  bool trivial() const { return model_parallel() == 1; }
-};
 
 // The groups of each dimension for the mesh order above, on nodes of `gpus_per_node`: a group of
 // n ranks spaced `stride` apart has min(n, G / stride) of them on a node (1 once the stride
@@ -56,16 +17,5 @@ struct LayoutGroups {
   bool pipeline_crosses_nodes = false;  // neighbouring stages sit on different nodes
 };
 LayoutGroups layout_groups(const ParallelLayout& l, const Cluster& c);
-
-// Why the layout cannot run this model and job on this cluster, one reason per problem, each with
-// the numbers (empty: it can). Never throws.
-std::vector<std::string> layout_problems(const ParallelLayout& l, const ModelSpec& m,
-                                         const TrainingJob& j, const Cluster& c);
-
-// {"tensor_parallel": 2, "sequence_parallel": true, "pipeline_parallel": 4, "schedule": "1f1b",
-//  "virtual_stages": 1, "micro_batches": 8, "context_parallel": 1, "async_tensor_parallel": false};
-// every key optional (defaults above). Throws InputError naming the pointer and the value.
-ParallelLayout layout_from_json(const nlohmann::json& j, const std::string& pointer);
-nlohmann::json layout_to_json(const ParallelLayout& l);
 
 }  // namespace shardplan::costmodel

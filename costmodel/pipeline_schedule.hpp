@@ -1,33 +1,13 @@
-// A pipeline schedule written out and walked: each stage's explicit list of forward and backward
-// ops (micro-batch, model chunk), run in list order with the data dependencies between stages,
-// timed with per-stage forward and backward durations. From the walk: the step's span, the bubble
-// and the most micro-batches whose activations a stage holds at once.
-//
-// The lists follow Megatron-LM's schedules (megatron/core/pipeline_parallel/schedules.py):
-// forward_backward_pipelining_without_interleaving (1F1B: p − s − 1 warm-up forwards on stage s,
-// then one forward one backward, then the cool-down backwards) and
-// forward_backward_pipelining_with_interleaving (v chunks per stage, chunk k of stage s being
-// virtual stage k·p + s; micro-batches go through the chunks in groups of p; warm-up
-// 2·(p − s − 1) + (v − 1)·p forwards, all of them when m = p). GPipe runs all forwards, then all
-// backwards.
+// A pipeline schedule (documents/pipeline_order.hpp) walked: its ops timed with per-stage forward
+// and backward durations and the data dependencies between stages. From the walk: the step's
+// span, the bubble and the most micro-batches whose activations a stage holds at once.
 #pragma once
 
 #include <vector>
 
-#include "costmodel/parallel_layout.hpp"
+#include "costmodel/document_names.hpp"
 
 namespace shardplan::costmodel {
-
-enum class PipeOpKind { forward, backward };
-struct PipeOp {
-  PipeOpKind kind;
-  int micro_batch;  // 0 .. m−1
-  int chunk;        // model chunk on this stage, 0 .. v−1 (virtual stage chunk·p + stage)
-};
-
-// ops[s]: stage s's ops in the order it runs them. p >= 1, v >= 1 (v > 1 for interleaved only),
-// m >= 1; interleaved needs m a multiple of p (layout_problems says so; here it is a logic_error).
-std::vector<std::vector<PipeOp>> schedule_ops(PipelineSchedule schedule, int p, int v, int m);
 
 struct PipelineWalk {
   double span_s = 0;           // first forward's start to last backward's end

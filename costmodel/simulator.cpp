@@ -977,30 +977,6 @@ StepResult Simulation::run() {
 
 }  // namespace
 
-const char* category_name(Category c) {
-  switch (c) {
-  case Category::parameters:
-    return "parameters";
-  case Category::gradients:
-    return "gradients";
-  case Category::optimizer_states:
-    return "optimizer_states";
-  case Category::activations:
-    return "activations";
-  case Category::buffers:
-    return "buffers";
-  case Category::overhead:
-    return "overhead";
-  }
-  return "?";
-}
-
-double total(const Breakdown& b) {
-  double t = 0;
-  for (double x : b) t += x;
-  return t;
-}
-
 const char* stream_name(Stream s) {
   switch (s) {
   case Stream::compute:
@@ -1020,6 +996,18 @@ const char* stream_name(Stream s) {
 StepResult simulate_step(const StepInput& in, Trace* trace) {
   Simulation sim(in, trace);
   return sim.run();
+}
+
+PlanPrediction prediction_from(const StepResult& r) {
+  PlanPrediction p;
+  p.peak_bytes = r.peak_bytes;
+  p.at_peak = r.at_peak;
+  p.step_s = r.step_s;
+  p.compute_s = r.compute_s;
+  p.exposed_comm_s = r.exposed_comm_s;
+  p.comm_bytes_per_gpu = r.comm_bytes_per_gpu;
+  p.peak_when = r.peak_when;
+  return p;
 }
 
 }  // namespace shardplan::costmodel

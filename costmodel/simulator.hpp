@@ -17,13 +17,6 @@
 
 namespace shardplan::costmodel {
 
-enum class Category { parameters, gradients, optimizer_states, activations, buffers, overhead };
-constexpr int kCategories = 6;
-const char* category_name(Category c);
-
-using Breakdown = std::array<double, kCategories>;  // bytes per Category
-double total(const Breakdown& b);
-
 enum class Stream { compute, all_gather, reduce_scatter, all_reduce, host };
 constexpr int kStreams = 5;
 const char* stream_name(Stream s);
@@ -100,5 +93,8 @@ struct StepResult {
 // Runs the simulation. Never throws for a plan that does not fit or cannot run: that is a result.
 // The optional trace receives every span and the memory curve.
 StepResult simulate_step(const StepInput& in, Trace* trace = nullptr);
+
+// The step's prediction as a plan document carries it (documents/plan.hpp).
+PlanPrediction prediction_from(const StepResult& r);
 
 }  // namespace shardplan::costmodel

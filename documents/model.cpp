@@ -442,4 +442,17 @@ nlohmann::json model_to_json(const ModelSpec& m) {
           {"params", m.total_params()}};
 }
 
+double block_forward_flops_per_token(const ModelSpec& m, std::int64_t seq_len) {
+  return 2.0 * static_cast<double>(m.block.matmul_params()) +
+         attention_core_flops_per_token(m, seq_len);
+}
+
+double attention_core_flops_per_token(const ModelSpec& m, std::int64_t seq_len) {
+  return 4.0 * static_cast<double>(seq_len) * static_cast<double>(m.q_width());
+}
+
+double head_forward_flops_per_token(const ModelSpec& m) {
+  return 2.0 * static_cast<double>(m.hidden) * static_cast<double>(m.vocab);
+}
+
 }  // namespace shardplan::documents

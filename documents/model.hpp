@@ -81,4 +81,12 @@ ModelSpec model_from_param_count(double params, std::int64_t layers = 0);
 
 nlohmann::json model_to_json(const ModelSpec& m);  // the per-unit parameter table
 
+// Forward FLOPs per token. Matmuls: 2 FLOPs per weight element and token; attention:
+// 4·s·(heads·head_dim) per token for QKᵀ and attention×V (Narayanan et al. 2021, §5.1: 24Bsh² +
+// 4Bs²h per layer, the second term over B·s tokens). Backward is 2× forward.
+double block_forward_flops_per_token(const ModelSpec& m, std::int64_t seq_len);
+double head_forward_flops_per_token(const ModelSpec& m);
+// Of the block's forward FLOPs, the attention core that selective checkpointing recomputes.
+double attention_core_flops_per_token(const ModelSpec& m, std::int64_t seq_len);
+
 }  // namespace shardplan::documents

@@ -313,7 +313,7 @@ PrecisionPolicy precision_policy(documents::Precision p, const documents::Shardi
     throw std::invalid_argument(
         "pure bf16 (bf16 optimizer states) is not run by the executor; use bf16-mixed");
   if (p == Precision::fp32) return policy;
-  const auto b = costmodel::state_bytes(p, spec, costmodel::Accounting::framework);
+  const auto b = documents::state_bytes(p, spec);
   policy.low_params = b.param < 4;
   policy.autocast_copies = spec.flavour == documents::Flavour::ddp && b.compute < b.param;
   policy.low_whole_grads = b.grad < 4;

@@ -35,7 +35,7 @@
 // embedding's reduction, as in PyTorch and the cost model.
 //
 // Mixed precision (bf16-mixed, fp16-mixed) as the cost model's framework accounting
-// (costmodel/accounting.cpp state_bytes, simulator.cpp): the model computes in the 16-bit type S,
+// (documents/state_bytes.hpp, costmodel/simulator.cpp): the model computes in the 16-bit type S,
 // the optimizer in fp32 on master weights, and what is kept in which type follows the flavour:
 //   PyTorch (ddp, fsdp1, fsdp2)  parameters at rest are fp32 and are the master weights. FSDP
 //                                casts a unit's chunk to S and all-gathers it in S; DDP (autocast)
@@ -71,10 +71,10 @@
 
 #include "comm/communicator.hpp"
 #include "comm/watchdog.hpp"
-#include "costmodel/accounting.hpp"
 #include "documents/job.hpp"
 #include "documents/model.hpp"
 #include "documents/sharding.hpp"
+#include "documents/state_bytes.hpp"
 #include "executor/collective_stats.hpp"
 #include "executor/gpt_model.hpp"
 #include "executor/kernel_names.hpp"
@@ -122,7 +122,7 @@ struct EngineOptions {
 };
 
 // What a precision policy keeps in which type (see the comment at the top), from the cost model's
-// bytes per state (costmodel::state_bytes) so that what the engine keeps is what the cost model
+// bytes per state (documents::state_bytes) so that what the engine keeps is what the cost model
 // counts. All false for fp32.
 struct PrecisionPolicy {
   bool low_params = false;       // parameters at rest in 16 bits, an fp32 master beside (DeepSpeed)

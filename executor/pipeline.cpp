@@ -9,15 +9,15 @@
 #include <fmt/format.h>
 
 #include "core/input_error.hpp"
-#include "costmodel/pipeline_schedule.hpp"
+#include "documents/pipeline_order.hpp"
 #include "executor/param_init.hpp"
 #include "executor/synthetic_data.hpp"
 
 namespace shardplan::executor {
 
 using core::InputError;
-using costmodel::PipeOp;
-using costmodel::PipeOpKind;
+using documents::PipeOp;
+using documents::PipeOpKind;
 
 StageUnits stage_units(std::int64_t layers, int stages, int stage) {
   const std::int64_t per_stage = layers / stages;
@@ -38,7 +38,7 @@ void check_pipeline(const PipelineOptions& o, int world) {
                      fmt::format("{} does not divide the model's {} layers", p, o.model.layers));
   if (o.micro_batches < 1)
     throw InputError("--micro-batches", fmt::format("must be >= 1, got {}", o.micro_batches));
-  if (o.schedule == costmodel::PipelineSchedule::interleaved_1f1b)
+  if (o.schedule == documents::PipelineSchedule::interleaved_1f1b)
     throw InputError("--schedule", "interleaved-1f1b is not run by the executor (one model chunk "
                                    "per stage): give 1f1b or gpipe");
 }
@@ -66,10 +66,9 @@ StagePeak stage_peak(const PipelineOptions& o, int stage) {
   if (last)
     peak.transient = std::max(peak.transient, head_backward_bytes(layout, o.micro_batch, f));
   if (!last) peak.transient = std::max(peak.transient, 2 * N * h * f);
-  const std::vector<double> forward(static_cast<std::size_t>(p), 1.0);
-  const std::vector<double> backward(static_cast<std::size_t>(p), 2.0);
-  const auto walk = costmodel::walk_schedule(o.schedule, p, 1, o.micro_batches, forward, backward);
-  peak.in_flight = static_cast<int>(walk.peak_in_flight.at(static_cast<std::size_t>(stage)));
+  const auto chunks =
+      documents::peak_chunks(documents::schedule_ops(o.schedule, p, 1, o.micro_batches));
+  peak.in_flight = chunks.at(static_cast<std::size_t>(stage));
   return peak;
 }
 
@@ -327,7 +326,7 @@ PipelineReport PipelineTrainer::step() {
   s.in_flight.clear();
   s.in_flight.resize(static_cast<std::size_t>(s.options.micro_batches));
   const auto ops =
-      costmodel::schedule_ops(s.options.schedule, s.stages(), 1,
+      documents::schedule_ops(s.options.schedule, s.stages(), 1,
                               s.options.micro_batches)[static_cast<std::size_t>(s.stage())];
   s.run_ops(ops);
   s.reduce_gradients();

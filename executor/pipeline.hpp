@@ -7,7 +7,7 @@
 //   the final norm, the head and the loss after them (Megatron-LM's GPTModel pre_process /
 //   post_process; torchtitan's pipeline split of a Llama).
 //
-// Each stage runs its list of forward and backward steps from costmodel::schedule_ops (1F1B or
+// Each stage runs its list of forward and backward steps from documents::schedule_ops (1F1B or
 // GPipe), the same lists the cost model walks for the bubble and the in-flight micro-batches.
 // A forward on stage s > 0 receives its input [N, h] from s − 1; one on s < p − 1 sends its output
 // to s + 1; a backward receives d output from s + 1 and sends d input to s − 1. When a send is
@@ -24,7 +24,7 @@
 // the step, so both copies take the same update (Megatron's embedding group,
 // megatron/core/distributed/finalize_model_grads.py _allreduce_word_embedding_grads).
 //
-// Ranks (mesh order pp outermost, costmodel/parallel_layout.hpp): stage s holds world ranks
+// Ranks (mesh order pp outermost, documents/parallel.hpp): stage s holds world ranks
 // [s·d, (s+1)·d); data-parallel index r = rank mod d. Data: micro-batch k of data-parallel index r
 // in step t holds sequences (t−1)·b·m·d + (k·d + r)·b … + b − 1 of synthetic_sequences, the
 // sequences the sharding engine's micro-batch k·d + r holds on one rank with m·d micro-batches.
@@ -41,8 +41,8 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "costmodel/parallel_layout.hpp"
 #include "documents/model.hpp"
+#include "documents/parallel.hpp"
 #include "executor/gpt_model.hpp"
 #include "executor/kernel_names.hpp"
 #include "executor/tracked_allocator.hpp"
@@ -57,7 +57,7 @@ struct PipelineOptions {  // NOLINT(bugprone-exception-escape)
   BatchShape micro_batch;  // b sequences × T tokens
   int stages = 1;          // p
   int micro_batches = 1;   // m per pipeline per optimizer step
-  costmodel::PipelineSchedule schedule = costmodel::PipelineSchedule::one_f_one_b;
+  documents::PipelineSchedule schedule = documents::PipelineSchedule::one_f_one_b;
   Checkpointing checkpointing = Checkpointing::none;
   AdamWOptions adamw;
   std::uint64_t seed = 1234;  // initial parameters and tokens, as the sharding engine's
@@ -76,8 +76,8 @@ StageUnits stage_units(std::int64_t layers, int stages, int stage);
 void check_pipeline(const PipelineOptions& options, int world);
 
 // What one rank of stage `stage` holds at its peak, in bytes, as PipelineTrainer allocates it
-// (fp32), with the in-flight micro-batches of the cost model's walk of the same schedule
-// (costmodel::walk_schedule, equal stage times):
+// (fp32), with the most micro-batches in flight on the stage in the schedule's order
+// (documents::peak_chunks):
 //   states      parameters, gradients, AdamW's two moments: 16 bytes per element of the stage's
 //               units (and of the embedding's copy on a tied last stage)
 //   saved       per in-flight micro-batch: the blocks' block_saved_bytes, the tokens (inputs and

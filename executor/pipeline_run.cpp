@@ -13,9 +13,7 @@
 #include "core/input_error.hpp"
 #include "core/number_text.hpp"
 #include "core/text.hpp"
-#include "costmodel/parallel_memory.hpp"
-#include "costmodel/pipeline_schedule.hpp"
-#include "documents/hardware.hpp"
+#include "documents/parallel.hpp"
 
 namespace shardplan::executor {
 
@@ -39,8 +37,8 @@ PipelineFlags read_pipeline_options(const CLI::App& app, const PipelineTexts& t,
       throw InputError("--pipeline-parallel", fmt::format("must be >= 1, got {}", f.stages));
   }
   if (app.count("--schedule")) {
-    f.schedule = costmodel::schedule_from_name(t.schedule, "--schedule");
-    if (f.schedule == costmodel::PipelineSchedule::interleaved_1f1b)
+    f.schedule = documents::schedule_from_name(t.schedule, "--schedule");
+    if (f.schedule == documents::PipelineSchedule::interleaved_1f1b)
       throw InputError("--schedule", "interleaved-1f1b is not run by the executor (one model "
                                      "chunk per stage): give 1f1b or gpipe");
   }
@@ -109,51 +107,6 @@ std::array<std::int64_t, kRecord> rank_record(const TrackedAllocator& a) {
   const auto at_peak = a.breakdown_at_peak();
   for (std::size_t c = 0; c < kMemoryCategoryCount; ++c) r[1 + c] = at_peak[kMemoryCategories[c]];
   return r;
-}
-
-// The cost model's per-stage memory for the run's layout (t = c = 1, the run's micro-batch and
-// micro-batches). The profile adds only its per-device overheads (CUDA context, NCCL workspace,
-// fragmentation); a profile this program cannot find by name (a file the planner was given) is
-// taken to have none, as a CPU rank has none.
-nlohmann::json predicted_stages(const PipelineOptions& o, const RunSetup& setup, int world) {
-  documents::HardwareProfile hw;
-  try {
-    hw = documents::load_hardware(setup.plan.hardware);
-  } catch (const std::exception&) {
-    hw = documents::HardwareProfile{};
-  }
-  costmodel::ParallelMemoryInput in;
-  in.model = &o.model;
-  in.hardware = &hw;
-  in.cluster = {world, std::max(1, setup.plan.cluster.gpus_per_node)};
-  in.job = setup.plan.job;
-  in.job.seq_len = o.micro_batch.seq;
-  in.job.micro_batch = o.micro_batch.batch;
-  in.job.global_batch = setup.global_batch;
-  in.spec = setup.engine.spec;
-  // The stages all-reduce their gradients in place, allocated with the model (pipeline.hpp): no
-  // bucket copy, as Megatron-core's DDP, whose buckets are views of its gradient buffer.
-  in.spec.grad_bucket_copy = false;
-  in.layout.pipeline_parallel = o.stages;
-  in.layout.schedule = o.schedule;
-  in.layout.micro_batches = o.micro_batches;
-  // Equal stage times: the in-flight counts depend on the order only.
-  const std::vector<double> forward(static_cast<std::size_t>(o.stages), 1.0);
-  const std::vector<double> backward(static_cast<std::size_t>(o.stages), 2.0);
-  const auto walk =
-      costmodel::walk_schedule(o.schedule, o.stages, 1, o.micro_batches, forward, backward);
-  const auto memory = costmodel::parallel_memory(in, walk);
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& s : memory.stages)
-    out.push_back({{"total_bytes", s.total()},
-                   {"param_bytes", s.param_bytes},
-                   {"grad_bytes", s.grad_bytes},
-                   {"optimizer_bytes", s.optimizer_bytes},
-                   {"buffer_bytes", s.buffer_bytes},
-                   {"activation_bytes", s.activation_bytes},
-                   {"overhead_bytes", s.overhead_bytes},
-                   {"in_flight", s.in_flight}});
-  return out;
 }
 
 // Per stage: what the trainer allocates at its peak (pipeline.hpp, stage_peak).
@@ -226,13 +179,12 @@ void run_pipeline(const PipelineFlags& flags, const RunSetup& setup, comm::Commu
                               {"pipeline",
                                {{"pipeline_parallel", o.stages},
                                 {"data_parallel", n / o.stages},
-                                {"schedule", costmodel::schedule_name(o.schedule)},
+                                {"schedule", documents::schedule_name(o.schedule)},
                                 {"micro_batches", o.micro_batches},
                                 {"micro_batch", o.micro_batch.batch},
                                 {"seq_len", o.micro_batch.seq}}},
                               {"steps", step_docs},
                               {"stages_measured", measured_stages(records, o.stages, n)},
-                              {"stages_predicted", predicted_stages(o, setup, n)},
                               {"stages_counted", counted_stages(o)}};
   core::write_file(out, core::json_text(doc, 2) + "\n", "--out");
 }

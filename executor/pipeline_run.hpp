@@ -1,14 +1,15 @@
 // The executor's pipeline-parallel run (executor/pipeline.hpp) under mpirun: its flags
 // (--pipeline-parallel P, --schedule 1f1b|gpipe, --micro-batches M, the planner's names), the
 // options it makes from the plan, the steps, and the run document with each stage's measured peak
-// beside the cost model's prediction for the same layout (costmodel/parallel_memory.hpp).
+// beside the trainer's own count of it (pipeline.hpp, stage_peak); `planner validate` predicts
+// the same stages from the plan.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "comm/communicator.hpp"
-#include "costmodel/parallel_layout.hpp"
+#include "documents/parallel.hpp"
 #include "executor/pipeline.hpp"
 #include "executor/run_setup.hpp"
 
@@ -20,7 +21,7 @@ namespace shardplan::executor {
 
 struct PipelineFlags {
   int stages = 1;  // p; 1: no pipeline (the sharding engine runs the plan)
-  costmodel::PipelineSchedule schedule = costmodel::PipelineSchedule::one_f_one_b;
+  documents::PipelineSchedule schedule = documents::PipelineSchedule::one_f_one_b;
   int micro_batches = 0;  // m per pipeline per step; 0: the plan's micro-batch size decides
 };
 

@@ -50,12 +50,12 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // The device size the run behaves like: --gpu-memory-GiB, else the size the plan was made for
 // (planner --gpu-memory-GiB, the plan's /capacity/gpu_memory_GiB), else no limit.
-std::optional<double> capacity_GiB(const RunCommand& c, const costmodel::Plan& plan) {
+std::optional<double> capacity_GiB(const RunCommand& c, const documents::Plan& plan) {
   return c.capacity_GiB ? c.capacity_GiB : plan.gpu_memory_GiB;
 }
 
-std::int64_t capacity_bytes(const RunCommand& c, const costmodel::Plan& plan) {
-  // Both are <= 1e6 GiB (command_line.cpp, costmodel/plan.cpp): the bytes are a count.
+std::int64_t capacity_bytes(const RunCommand& c, const documents::Plan& plan) {
+  // Both are <= 1e6 GiB (command_line.cpp, documents/plan.cpp): the bytes are a count.
   const auto gib = capacity_GiB(c, plan);
   return gib ? *core::rounded_count(*gib * kGiB) : TrackedAllocator::kUnlimited;
 }
@@ -226,7 +226,7 @@ RunRequest request_of(const RunCommand& c) {
 // schedule (and micro-batches, when given). Context parallelism is not run. A data-parallel plan
 // may still be run with --tensor-parallel or --pipeline-parallel (the run document says its
 // prediction is for data parallelism alone).
-void check_plan_layout(const RunCommand& c, const costmodel::ParallelLayout& l) {
+void check_plan_layout(const RunCommand& c, const documents::ParallelLayout& l) {
   if (l.trivial()) return;
   if (l.context_parallel > 1)
     throw InputError(c.plan, fmt::format("/parallel/context is {}: the executor does not run "
@@ -244,7 +244,7 @@ void check_plan_layout(const RunCommand& c, const costmodel::ParallelLayout& l) 
   if (l.pipeline_parallel > 1)
     flags +=
         fmt::format(" --pipeline-parallel {} --schedule {} --micro-batches {}", l.pipeline_parallel,
-                    costmodel::schedule_name(l.schedule), l.micro_batches);
+                    documents::schedule_name(l.schedule), l.micro_batches);
   throw InputError(c.plan, fmt::format("the plan's /parallel layout is run with {}", flags));
 }
 

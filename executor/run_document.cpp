@@ -7,8 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/whole_count.hpp"
-#include "costmodel/accounting.hpp"
-#include "costmodel/plan.hpp"
+#include "documents/plan.hpp"
 
 namespace shardplan::executor {
 namespace {
@@ -48,14 +47,14 @@ nlohmann::json collectives_json(const CollectiveStats& s) {
 }
 
 // The model FLOPs of one optimizer step on one rank: 3 × the forward's (forward, and a backward of
-// twice its FLOPs), counted as the cost model counts them (costmodel/accounting.hpp), without the
+// twice its FLOPs), counted as documents/model.hpp counts them, without the
 // recompute of checkpointing (PaLM's model FLOPs, Chowdhery et al. 2022, appendix B).
 double model_flops_per_step(const EngineOptions& o) {
   const auto& m = o.model;
   const double forward_per_token =
       static_cast<double>(m.layers) *
-          costmodel::block_forward_flops_per_token(m, o.micro_batch.seq) +
-      costmodel::head_forward_flops_per_token(m);
+          documents::block_forward_flops_per_token(m, o.micro_batch.seq) +
+      documents::head_forward_flops_per_token(m);
   const double tokens =
       static_cast<double>(o.micro_batch.tokens()) * static_cast<double>(o.grad_accumulation);
   return 3.0 * forward_per_token * tokens;
@@ -149,8 +148,8 @@ double steady_median(const std::vector<StepReport>& steps, double StepReport::*f
 namespace {
 
 // The plan and its prediction, copied so the run document stands alone.
-void add_plan(nlohmann::json& doc, const costmodel::Plan& plan) {
-  const auto plan_json = costmodel::plan_to_json(plan);
+void add_plan(nlohmann::json& doc, const documents::Plan& plan) {
+  const auto plan_json = documents::plan_to_json(plan);
   doc["plan"] = {
       {"strategy", plan.spec.strategy},   {"flavour", documents::flavour_name(plan.spec.flavour)},
       {"hardware", plan.hardware},        {"model", plan.model.name},

@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include "core/input_error.hpp"
-#include "costmodel/accounting.hpp"
 #include "executor/host_offload.hpp"
 #include "executor/model_layout.hpp"
 #include "executor/tensor_parallel.hpp"
@@ -17,7 +16,7 @@ using core::InputError;
 namespace {
 
 // Refuses a plan this executor cannot run as planned.
-void check_runnable(const costmodel::Plan& p, int world, const RunRequest& request) {
+void check_runnable(const documents::Plan& p, int world, const RunRequest& request) {
   const auto& job = p.job;
   const char* executor = request.gpu ? "the GPU executor" : "the CPU executor";
   if (job.precision == documents::Precision::bf16)
@@ -185,7 +184,7 @@ void set_tensor_parallel(RunSetup& r, int world, const RunRequest& request) {
 
 RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const RunRequest& request) {
   RunSetup r;
-  r.plan = costmodel::plan_from_json(plan_document);
+  r.plan = documents::plan_from_json(plan_document);
   r.world = world;
   check_runnable(r.plan, world, request);
   set_engine_options(r, world, request);
@@ -196,15 +195,16 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
 
 double least_rank_bytes(const RunSetup& setup) {
   const auto& e = setup.engine;
-  documents::TrainingJob job = setup.plan.job;
-  job.seq_len = e.micro_batch.seq;
-  job.micro_batch = e.micro_batch.batch;
-  const double bytes = documents::dtype_bytes(documents::compute_dtype(e.precision));
-  // CUDA's kernels keep the fewest copies (accounting.hpp, Forward): the least on either backend.
-  const costmodel::Forward f{bytes, bytes, true};
+  const double element = documents::dtype_bytes(documents::compute_dtype(e.precision));
+  const double accumulate = 4;  // accum_t<S> of float, bf16 and f16 (gpt_model.hpp)
+  const double tokens =
+      static_cast<double>(e.micro_batch.seq) * static_cast<double>(e.micro_batch.batch);
   const double params = static_cast<double>(e.model.total_params()) * 4.0 / setup.world;
-  return params + costmodel::block_activations(e.model, job, f, false).saved +
-         costmodel::head_activations(e.model, job, f).saved;
+  // head_saved_bytes' logits in S and log-probabilities in accum_t<S>, [N, V] each.
+  const double head = tokens * static_cast<double>(e.model.vocab) * (element + accumulate);
+  // A block's input and output [N, h] in S, the least block_saved_bytes keeps (full checkpointing).
+  const double block = 2.0 * tokens * static_cast<double>(e.model.hidden) * element;
+  return params + block + head;
 }
 
 void check_run_size(const RunSetup& setup, const RunRequest& request, double host_memory_bytes) {

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "costmodel/plan.hpp"
+#include "documents/plan.hpp"
 #include "executor/engine.hpp"
 #include "executor/scaled_model.hpp"
 
@@ -47,7 +47,7 @@ struct RunRequest {
 };
 
 struct RunSetup {
-  costmodel::Plan plan;
+  documents::Plan plan;
   EngineOptions engine;
   int world = 1;
   std::int64_t global_batch = 0;        // sequences per step in the run
@@ -58,9 +58,9 @@ struct RunSetup {
 // Throws core::InputError (bad or unrunnable plan, bad scale).
 RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const RunRequest& request);
 
-// The fewest bytes one rank of the run must hold at once, as the cost model counts them
-// (costmodel/accounting.hpp): its share of the fp32 parameters, one block's activations for
-// backward and the head's (the logits) for one micro-batch. Computed in doubles: no size of a
+// The fewest bytes one rank of the run must hold at once, as the executor allocates them
+// (gpt_model.hpp): its share of the fp32 parameters, a block's input and output and the head's
+// logits and log-probabilities for one micro-batch. Computed in doubles: no size of a
 // scaled run (--seq-len 2147483648) wraps.
 double least_rank_bytes(const RunSetup& setup);
 // Refuses, before anything is allocated, a run whose least_rank_bytes exceed the host's memory

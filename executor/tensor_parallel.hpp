@@ -120,7 +120,7 @@ std::vector<float> gather_full_unit(const TensorParallel& tp, const GptLayout& l
                                     std::int64_t unit, std::span<const float> mine);
 
 // The tensor-parallel group of t consecutive ranks (the innermost dimension of the mesh,
-// costmodel/parallel_layout.hpp) and the data-parallel group of the ranks with the same TP rank.
+// documents/parallel.hpp) and the data-parallel group of the ranks with the same TP rank.
 // Collective over world; throws std::invalid_argument unless t divides the world.
 struct TensorParallelGroups {
   std::unique_ptr<comm::Communicator> tp, dp;

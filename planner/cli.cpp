@@ -11,7 +11,7 @@
 #include "core/json_reader.hpp"
 #include "core/number_text.hpp"
 #include "core/text.hpp"
-#include "costmodel/plan.hpp"
+#include "documents/plan.hpp"
 #include "planner/deepspeed_import.hpp"
 #include "planner/describe.hpp"
 #include "planner/emit_deepspeed.hpp"
@@ -381,7 +381,7 @@ void run_validate(const CliOptions& o, std::ostream& out) {
   check_format(o.format);
   // The plan's errors name the plan's file; what validate refuses after it, the run's.
   const auto plan = core::read_json_document(o.plan_path, [](const nlohmann::json& d) {
-    costmodel::plan_from_json(d);
+    documents::plan_from_json(d);
     return d;
   });
   const auto run = core::read_json_file(o.run_path);
@@ -413,7 +413,7 @@ void compare_table(const Scenario& sc, const std::vector<Evaluation>& evals, std
                        "{:>11.0f} {:>6.1f}%  {}\n",
                        e.spec.strategy, documents::flavour_name(e.spec.flavour), e.job.micro_batch,
                        documents::checkpointing_label(e.job), ckpt,
-                       costmodel::total(r.model_states) / (1 << 30), r.peak_bytes / (1 << 30),
+                       documents::total(r.model_states) / (1 << 30), r.peak_bytes / (1 << 30),
                        r.step_s, r.exposed_comm_s, r.tokens_per_s, 100 * r.mfu,
                        e.fits ? "fits" : "DOES NOT FIT");
   }

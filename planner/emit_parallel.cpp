@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/input_error.hpp"
-#include "costmodel/plan.hpp"
+#include "documents/plan.hpp"
 #include "planner/estimate.hpp"
 #include "planner/text.hpp"
 

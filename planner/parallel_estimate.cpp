@@ -37,7 +37,7 @@ int degree(const std::optional<std::string>& text, const char* flag) {
 }
 
 // The micro-batch and the micro-batches from the global batch over d replicas.
-void set_micro_batches(const ParallelOptions& o, Scenario& sc, costmodel::ParallelLayout& l,
+void set_micro_batches(const ParallelOptions& o, Scenario& sc, documents::ParallelLayout& l,
                        int d) {
   auto& j = sc.job;
   if (j.global_batch % d != 0)
@@ -82,8 +82,8 @@ std::string flags_given(const ParallelOptions& o) {
 
 }  // namespace
 
-costmodel::ParallelLayout layout_from_options(const ParallelOptions& o, Scenario& sc) {
-  costmodel::ParallelLayout l;
+documents::ParallelLayout layout_from_options(const ParallelOptions& o, Scenario& sc) {
+  documents::ParallelLayout l;
   l.tensor_parallel = degree(o.tensor_parallel, "--tensor-parallel");
   l.pipeline_parallel = degree(o.pipeline_parallel, "--pipeline-parallel");
   l.virtual_stages = degree(o.virtual_stages, "--virtual-stages");
@@ -91,7 +91,7 @@ costmodel::ParallelLayout layout_from_options(const ParallelOptions& o, Scenario
   l.context_parallel = degree(o.context_parallel, "--context-parallel");
   l.sequence_parallel = o.sequence_parallel;
   l.async_tensor_parallel = o.async_tensor_parallel;
-  if (o.schedule) l.schedule = costmodel::schedule_from_name(*o.schedule, "--schedule");
+  if (o.schedule) l.schedule = documents::schedule_from_name(*o.schedule, "--schedule");
   const int d = l.data_parallel(sc.cluster.gpus);
   if (d == 0)
     throw InputError(
@@ -100,7 +100,7 @@ costmodel::ParallelLayout layout_from_options(const ParallelOptions& o, Scenario
                     sc.cluster.gpus, l.tensor_parallel, l.pipeline_parallel, l.context_parallel,
                     l.model_parallel()));
   set_micro_batches(o, sc, l, d);
-  const auto problems = costmodel::layout_problems(l, sc.model, sc.job, sc.cluster);
+  const auto problems = documents::layout_problems(l, sc.model, sc.job, sc.cluster);
   if (!problems.empty())
     throw InputError(flags_given(o), fmt::format("{}", fmt::join(problems, "; ")));
   return l;
@@ -108,10 +108,10 @@ costmodel::ParallelLayout layout_from_options(const ParallelOptions& o, Scenario
 
 namespace {
 
-std::string layout_line(const Scenario& sc, const costmodel::ParallelLayout& l,
+std::string layout_line(const Scenario& sc, const documents::ParallelLayout& l,
                         const documents::ShardingSpec& spec) {
   std::string pipe =
-      fmt::format("pipeline {} ({}", l.pipeline_parallel, costmodel::schedule_name(l.schedule));
+      fmt::format("pipeline {} ({}", l.pipeline_parallel, documents::schedule_name(l.schedule));
   if (l.virtual_stages > 1) pipe += fmt::format(", {} virtual stages", l.virtual_stages);
   pipe += fmt::format(", {} micro-batches of {})", l.micro_batches, sc.job.micro_batch);
   return fmt::format("parallelism: tensor {}{}, {}, context {}, data {} ({})", l.tensor_parallel,
@@ -121,7 +121,7 @@ std::string layout_line(const Scenario& sc, const costmodel::ParallelLayout& l,
 
 }  // namespace
 
-std::string parallel_table(const Scenario& sc, const costmodel::ParallelLayout& l,
+std::string parallel_table(const Scenario& sc, const documents::ParallelLayout& l,
                            const documents::ShardingSpec& spec, const costmodel::ParallelStep& r) {
   const auto& s = r.step;
   std::string out = layout_line(sc, l, spec) + "\n";
@@ -145,7 +145,7 @@ std::string parallel_table(const Scenario& sc, const costmodel::ParallelLayout& 
   return out;
 }
 
-nlohmann::json parallel_to_json(const Scenario& sc, const costmodel::ParallelLayout& l,
+nlohmann::json parallel_to_json(const Scenario& sc, const documents::ParallelLayout& l,
                                 const documents::ShardingSpec& spec,
                                 const costmodel::ParallelStep& r) {
   nlohmann::json stages = nlohmann::json::array();
@@ -164,7 +164,7 @@ nlohmann::json parallel_to_json(const Scenario& sc, const costmodel::ParallelLay
                       {"backward_s", r.stage_backward_s[static_cast<std::size_t>(st.stage)]}});
   const auto& s = r.step;
   return {{"schema_version", 1},
-          {"parallelism", costmodel::layout_to_json(l)},
+          {"parallelism", documents::layout_to_json(l)},
           {"data_parallel", l.data_parallel(sc.cluster.gpus)},
           {"strategy", spec.strategy},
           {"micro_batch", sc.job.micro_batch},

@@ -29,11 +29,11 @@ void add_parallel_options(CLI::App& app, ParallelOptions& o);
 // global batch over the data-parallel ranks (one given: the other follows; neither: micro-batch
 // 1), checked against the model and cluster. Sets sc.job.micro_batch. Throws InputError naming
 // the flags and the reasons.
-costmodel::ParallelLayout layout_from_options(const ParallelOptions& o, Scenario& sc);
+documents::ParallelLayout layout_from_options(const ParallelOptions& o, Scenario& sc);
 
-std::string parallel_table(const Scenario& sc, const costmodel::ParallelLayout& l,
+std::string parallel_table(const Scenario& sc, const documents::ParallelLayout& l,
                            const documents::ShardingSpec& spec, const costmodel::ParallelStep& r);
-nlohmann::json parallel_to_json(const Scenario& sc, const costmodel::ParallelLayout& l,
+nlohmann::json parallel_to_json(const Scenario& sc, const documents::ParallelLayout& l,
                                 const documents::ShardingSpec& spec,
                                 const costmodel::ParallelStep& r);
 

@@ -23,7 +23,7 @@
 namespace shardplan::planner {
 
 struct LayoutCandidate {
-  costmodel::ParallelLayout layout;
+  documents::ParallelLayout layout;
   documents::ShardingSpec spec;
   documents::TrainingJob job;  // with its micro-batch
   costmodel::ParallelStep result;

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/plan.hpp"
+#include "documents/plan.hpp"
 #include "planner/text.hpp"
 
 namespace shardplan::planner {

@@ -8,8 +8,8 @@
 #include "core/json_reader.hpp"
 #include "costmodel/parallel_memory.hpp"
 #include "costmodel/pipeline_schedule.hpp"
-#include "costmodel/plan.hpp"
 #include "documents/hardware.hpp"
+#include "documents/plan.hpp"
 #include "planner/text.hpp"
 #include "planner/validate_pipeline.hpp"
 
@@ -26,7 +26,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 // What validate reads from a run document: its summary, and what says how comparable it is.
 struct RunFacts {
   double peak_bytes = 0;
-  std::array<double, costmodel::kCategories> at_peak{};
+  std::array<double, documents::kCategories> at_peak{};
   double step_s = 0, compute_s = 0, optimizer_s = 0, copy_s = 0, collectives_s = 0;
   std::optional<double> step_cpu_s, compute_cpu_s;  // CPU time of the computing thread
   // A GPU run: the time the compute stalled on collectives (the exposed communication), the
@@ -52,9 +52,9 @@ void read_summary_memory(ObjectReader& s, RunFacts& f) {
   f.peak_bytes = m.number("peak_bytes", Range::non_negative());
   m.integer("rank", Range::non_negative());
   ObjectReader b(m.object("at_peak"), "/summary/memory/at_peak");
-  for (int c = 0; c < costmodel::kCategories; ++c)
+  for (int c = 0; c < documents::kCategories; ++c)
     f.at_peak[static_cast<std::size_t>(c)] = b.number(
-        costmodel::category_name(static_cast<costmodel::Category>(c)), Range::non_negative());
+        documents::category_name(static_cast<documents::Category>(c)), Range::non_negative());
   b.finish();
   if (const auto* d = m.optional_object("device")) f.device = *d;
   m.finish();
@@ -156,7 +156,7 @@ RunFacts read_run(const json& run) {
 // it for the run's t and sequence parallelism (the plan's own prediction is for its layout, data
 // parallelism alone unless its /parallel says the same t). A profile that cannot be loaded here
 // is taken without per-device overheads, as the executor's pipeline run takes it.
-costmodel::PlanPrediction tensor_parallel_prediction(const costmodel::Plan& plan,
+documents::PlanPrediction tensor_parallel_prediction(const documents::Plan& plan,
                                                      const RunFacts& run) {
   documents::HardwareProfile hw;
   try {
@@ -173,9 +173,9 @@ costmodel::PlanPrediction tensor_parallel_prediction(const costmodel::Plan& plan
   in.layout.tensor_parallel = run.tensor_parallel;
   in.layout.sequence_parallel = run.sequence_parallel;
   const auto walk =
-      costmodel::walk_schedule(costmodel::PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
+      costmodel::walk_schedule(documents::PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
   const auto stage = costmodel::parallel_memory(in, walk).stages.at(0);
-  costmodel::PlanPrediction pr = plan.prediction;
+  documents::PlanPrediction pr = plan.prediction;
   pr.at_peak = {stage.param_bytes,      stage.grad_bytes,   stage.optimizer_bytes,
                 stage.activation_bytes, stage.buffer_bytes, stage.overhead_bytes};
   pr.peak_bytes = stage.total();
@@ -200,7 +200,7 @@ std::string percent(const json& e) {
 }
 
 // Where the run is not of the plan: "<run's JSON pointer>: the run's X, the plan's Y", one each.
-std::vector<std::pair<std::string, std::string>> differences(const costmodel::Plan& plan,
+std::vector<std::pair<std::string, std::string>> differences(const documents::Plan& plan,
                                                              const RunFacts& run) {
   std::vector<std::pair<std::string, std::string>> d;
   auto differ = [&d](const char* pointer, const std::string& of_run, const std::string& of_plan) {
@@ -219,10 +219,10 @@ std::vector<std::pair<std::string, std::string>> differences(const costmodel::Pl
   return d;
 }
 
-json memory_json(const costmodel::PlanPrediction& pr, const RunFacts& run) {
+json memory_json(const documents::PlanPrediction& pr, const RunFacts& run) {
   json categories = json::object();
-  for (int c = 0; c < costmodel::kCategories; ++c) {
-    const auto name = costmodel::category_name(static_cast<costmodel::Category>(c));
+  for (int c = 0; c < documents::kCategories; ++c) {
+    const auto name = documents::category_name(static_cast<documents::Category>(c));
     categories[name] = compare(pr.at_peak[static_cast<std::size_t>(c)],
                                run.at_peak[static_cast<std::size_t>(c)], "bytes");
   }
@@ -233,7 +233,7 @@ json memory_json(const costmodel::PlanPrediction& pr, const RunFacts& run) {
 }
 
 // The step's time, predicted and measured, in parts.
-json time_json(const costmodel::PlanPrediction& pr, const RunFacts& run) {
+json time_json(const documents::PlanPrediction& pr, const RunFacts& run) {
   const double measured_compute = run.compute_s + run.optimizer_s;
   // Collectives that ran beside the compute (a GPU's streams, a CPU run's collective streams) are
   // queued, not waited for: the communication that did not overlap is the time the compute
@@ -289,7 +289,7 @@ json notes_json(const RunFacts& run) {
 json validate_json(const json& plan_document, const json& run_document, bool force) {
   if (is_pipeline_run(run_document))
     return validate_pipeline_json(plan_document, run_document, force);
-  const auto plan = costmodel::plan_from_json(plan_document);
+  const auto plan = documents::plan_from_json(plan_document);
   const auto run = read_run(run_document);
   const auto differ = differences(plan, run);
   if (!differ.empty() && !force)

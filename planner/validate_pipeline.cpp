@@ -11,8 +11,8 @@
 #include "costmodel/parallel_memory.hpp"
 #include "costmodel/parallel_step.hpp"
 #include "costmodel/pipeline_schedule.hpp"
-#include "costmodel/plan.hpp"
 #include "documents/hardware.hpp"
+#include "documents/plan.hpp"
 #include "planner/text.hpp"
 
 namespace shardplan::planner {
@@ -30,7 +30,7 @@ constexpr char kKind[] = "executor pipeline run";
 struct PipelineRun {
   std::string model;
   int world = 0;
-  costmodel::ParallelLayout layout;  // pipeline_parallel, schedule, micro_batches
+  documents::ParallelLayout layout;  // pipeline_parallel, schedule, micro_batches
   int data_parallel = 0;
   std::int64_t micro_batch = 0, seq_len = 0;
   std::vector<double> step_s;       // rank 0's, per step
@@ -45,7 +45,7 @@ void read_layout(ObjectReader& r, PipelineRun& f) {
   ObjectReader p(r.object("pipeline"), "/pipeline");
   f.layout.pipeline_parallel = count(p, "pipeline_parallel");
   f.data_parallel = count(p, "data_parallel");
-  f.layout.schedule = costmodel::schedule_from_name(p.string("schedule"), "/pipeline/schedule");
+  f.layout.schedule = documents::schedule_from_name(p.string("schedule"), "/pipeline/schedule");
   f.layout.micro_batches = count(p, "micro_batches");
   f.micro_batch = count(p, "micro_batch");
   f.seq_len = count(p, "seq_len");
@@ -95,9 +95,10 @@ PipelineRun read_pipeline_run(const json& run) {
   read_layout(r, f);
   read_steps(r, f);
   read_stages(r, f);
-  // The executor's own prediction and count: validate predicts from the plan itself.
-  r.array("stages_predicted");
+  // The trainer's own count of its stages' peaks (and, in documents of earlier versions, a
+  // prediction): validate predicts from the plan itself.
   r.array("stages_counted");
+  r.ignore_if([](const std::string& k) { return k == "stages_predicted"; });
   r.finish();
   return f;
 }
@@ -109,7 +110,7 @@ struct Prediction {
   std::vector<std::string> notes;
 };
 
-Prediction predict(const costmodel::Plan& plan, const PipelineRun& run) {
+Prediction predict(const documents::Plan& plan, const PipelineRun& run) {
   Prediction out;
   documents::HardwareProfile hw;
   bool loaded = true;
@@ -203,7 +204,7 @@ bool is_pipeline_run(const json& run_document) {
 }
 
 json validate_pipeline_json(const json& plan_document, const json& run_document, bool force) {
-  const auto plan = costmodel::plan_from_json(plan_document);
+  const auto plan = documents::plan_from_json(plan_document);
   const auto run = read_pipeline_run(run_document);
   std::vector<std::string> forced;
   auto differ = [&](const char* pointer, const std::string& of_run, const std::string& of_plan) {
@@ -228,7 +229,7 @@ json validate_pipeline_json(const json& plan_document, const json& run_document,
                  {"hardware", plan.hardware}};
   out["pipeline"] = {{"pipeline_parallel", run.layout.pipeline_parallel},
                      {"data_parallel", run.data_parallel},
-                     {"schedule", costmodel::schedule_name(run.layout.schedule)},
+                     {"schedule", documents::schedule_name(run.layout.schedule)},
                      {"micro_batches", run.layout.micro_batches},
                      {"micro_batch", run.micro_batch},
                      {"seq_len", run.seq_len}};

@@ -9,11 +9,11 @@
 #include <utility>
 
 #include "core/json_reader.hpp"
-#include "costmodel/plan.hpp"
 #include "costmodel/simulator.hpp"
 #include "documents/hardware.hpp"
 #include "documents/job.hpp"
 #include "documents/model.hpp"
+#include "documents/plan.hpp"
 #include "documents/sharding.hpp"
 #include "tests/test_support.hpp"
 

@@ -21,7 +21,8 @@ run_expect(0 COMMAND ${PLANNER} recommend --model ${DATA}/llama-tiny.json
                      --emit plan OUTPUT fsdp_plan)
 file(WRITE ${WORK}/fsdp.json "${fsdp_plan}")
 
-# Runs: the document has one measured and one predicted entry per stage, and the losses.
+# Runs: the document has one measured entry per stage and the trainer's count of it, and the
+# losses.
 foreach(case "2|1f1b|4" "2|gpipe|4" "4|1f1b|2")
   string(REPLACE "|" ";" parts "${case}")
   list(GET parts 0 ranks)
@@ -33,17 +34,17 @@ foreach(case "2|1f1b|4" "2|gpipe|4" "4|1f1b|2")
   file(READ ${WORK}/pp-${ranks}-${schedule}.json run)
   string(JSON kind GET "${run}" kind)
   string(JSON measured LENGTH "${run}" stages_measured)
-  string(JSON predicted LENGTH "${run}" stages_predicted)
+  string(JSON counted LENGTH "${run}" stages_counted)
   string(JSON loss GET "${run}" steps 1 loss)
-  if(NOT kind STREQUAL "executor pipeline run" OR NOT measured EQUAL 2 OR NOT predicted EQUAL 2)
+  if(NOT kind STREQUAL "executor pipeline run" OR NOT measured EQUAL 2 OR NOT counted EQUAL 2)
     message(FATAL_ERROR "pp-${ranks}-${schedule}.json: kind ${kind}, ${measured} measured and "
-                        "${predicted} predicted stages")
+                        "${counted} counted stages")
   endif()
   foreach(s 0 1)
     string(JSON peak GET "${run}" stages_measured ${s} peak_bytes)
-    string(JSON want GET "${run}" stages_predicted ${s} total_bytes)
+    string(JSON want GET "${run}" stages_counted ${s} total_bytes)
     message(STATUS "${ranks} ranks, ${schedule}: stage ${s} peak ${peak} bytes measured, "
-                   "${want} predicted; loss ${loss}")
+                   "${want} counted; loss ${loss}")
   endforeach()
 endforeach()
 

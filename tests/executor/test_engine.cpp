@@ -105,9 +105,9 @@ TEST_CASE("engine::model states are the cost model's to the byte") {
         for (int rank = 0; rank < world; ++rank) {
           const auto run = rehearse_engine(options, rank, world, 1);
           CHECK(static_cast<double>(run.at_peak[MemoryCategory::parameters]) ==
-                predicted.model_states[static_cast<int>(costmodel::Category::parameters)]);
+                predicted.model_states[static_cast<int>(documents::Category::parameters)]);
           CHECK(static_cast<double>(run.at_peak[MemoryCategory::optimizer_states]) ==
-                predicted.model_states[static_cast<int>(costmodel::Category::optimizer_states)]);
+                predicted.model_states[static_cast<int>(documents::Category::optimizer_states)]);
         }
       }
     }

@@ -98,7 +98,7 @@ TEST_CASE("host_offload::the device holds what the cost model's offload counts")
         CHECK(std::abs(error) < 0.03);
         CHECK(run.category_peaks[MemoryCategory::optimizer_states] == 0);
         CHECK(static_cast<double>(run.at_peak[MemoryCategory::parameters]) ==
-              predicted.model_states[static_cast<int>(costmodel::Category::parameters)]);
+              predicted.model_states[static_cast<int>(documents::Category::parameters)]);
         if (rank == 0) CHECK(run.peak_bytes < plain.peak_bytes);
       }
     }
@@ -148,6 +148,6 @@ TEST_CASE("host_offload::mixed precision offloads the fp32 master and moments") 
     CHECK(std::abs(predicted.peak_bytes - upcast - measured) / measured < 0.01);
     CHECK(run.category_peaks[MemoryCategory::optimizer_states] == 0);
     CHECK(static_cast<double>(run.at_peak[MemoryCategory::parameters]) ==
-          predicted.model_states[static_cast<int>(costmodel::Category::parameters)]);
+          predicted.model_states[static_cast<int>(documents::Category::parameters)]);
   }
 }

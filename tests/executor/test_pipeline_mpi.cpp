@@ -20,7 +20,7 @@ using namespace shardplan;
 using namespace shardplan::executor;
 using namespace shardplan::kernels;
 using namespace shardplan::executor::testing;
-using costmodel::PipelineSchedule;
+using documents::PipelineSchedule;
 
 namespace {
 
@@ -172,7 +172,7 @@ TEST_CASE("pipeline::stages of 1F1B and GPipe train as one process with accumula
         CAPTURE(tied);
         CAPTURE(layout.p);
         CAPTURE(layout.m);
-        CAPTURE(costmodel::schedule_name(schedule));
+        CAPTURE(documents::schedule_name(schedule));
         check_against(run_pipeline(pipeline_options(model, layout.p, layout.m, schedule)), ref);
       }
     }
@@ -205,7 +205,7 @@ TEST_CASE(
         CAPTURE(tied);
         CAPTURE(p);
         CAPTURE(stage);
-        CAPTURE(costmodel::schedule_name(schedule));
+        CAPTURE(documents::schedule_name(schedule));
         CAPTURE(want.states);
         CAPTURE(want.saved);
         CAPTURE(want.in_flight);

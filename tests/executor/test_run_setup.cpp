@@ -3,7 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "core/input_error.hpp"
-#include "costmodel/plan.hpp"
+#include "documents/plan.hpp"
 #include "executor/run_document.hpp"
 #include "executor/run_setup.hpp"
 #include "executor/scale_config.hpp"
@@ -17,7 +17,7 @@ using core::InputError;
 namespace {
 
 nlohmann::json plan_document(const std::string& strategy, int gpus) {
-  costmodel::Plan p;
+  documents::Plan p;
   p.model = documents::model_from_hf_config(
       scaled_config("llama-3-8b",
                     {.layers = 2, .hidden = 16, .heads = 4, .kv_heads = 2, .vocab = 64}),
@@ -32,7 +32,7 @@ nlohmann::json plan_document(const std::string& strategy, int gpus) {
   p.job.recipe = documents::Recipe::executor;
   p.spec = documents::make_spec(strategy, std::nullopt, gpus);
   p.prediction.peak_bytes = 1e6;
-  return costmodel::plan_to_json(p);
+  return documents::plan_to_json(p);
 }
 
 std::string where_of(const nlohmann::json& plan, int world) {

@@ -6,7 +6,7 @@
 #include <numeric>
 
 #include "core/input_error.hpp"
-#include "costmodel/plan.hpp"
+#include "documents/plan.hpp"
 #include "executor/run_setup.hpp"
 #include "executor/stand_in_communicator.hpp"
 #include "executor/tensor_parallel.hpp"
@@ -140,7 +140,7 @@ TEST_CASE("tensor_parallel::what t does not divide is refused") {
 }
 
 TEST_CASE("tensor_parallel::a run's --tensor-parallel is checked against the plan") {
-  costmodel::Plan p;
+  documents::Plan p;
   p.model = tiny_llama();
   p.hardware = "test-cpu";
   p.cluster = {4, 4};
@@ -151,7 +151,7 @@ TEST_CASE("tensor_parallel::a run's --tensor-parallel is checked against the pla
   p.job.attention = documents::AttentionImpl::eager;
   p.job.recipe = documents::Recipe::executor;
   p.spec = documents::make_spec("ddp", std::nullopt, 4);
-  const auto plan = costmodel::plan_to_json(p);
+  const auto plan = documents::plan_to_json(p);
   RunRequest request;
   request.tensor_parallel = 2;
   request.sequence_parallel = true;
@@ -175,6 +175,6 @@ TEST_CASE("tensor_parallel::a run's --tensor-parallel is checked against the pla
   p.cluster = {3, 3};
   p.job.global_batch = 12;
   p.spec = documents::make_spec("ddp", std::nullopt, 3);
-  CHECK(where(costmodel::plan_to_json(p), 2, 3) ==
+  CHECK(where(documents::plan_to_json(p), 2, 3) ==
         "--tensor-parallel --tensor-parallel: 2 does not divide the 3 ranks");
 }

@@ -267,7 +267,7 @@ costmodel::StageMemory predict_stage(const documents::ModelSpec& model, int t, b
   in.layout.tensor_parallel = t;
   in.layout.sequence_parallel = sp;
   const auto walk =
-      costmodel::walk_schedule(costmodel::PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
+      costmodel::walk_schedule(documents::PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
   return costmodel::parallel_memory(in, walk).stages.at(0);
 }
 

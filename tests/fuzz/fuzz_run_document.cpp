@@ -2,8 +2,8 @@
 // fixed plan written by plan_to_json. An accepted run renders its comparison table.
 #include <string>
 
-#include "costmodel/plan.hpp"
 #include "documents/model.hpp"
+#include "documents/plan.hpp"
 #include "fuzz_common.hpp"
 #include "planner/validate.hpp"
 
@@ -12,7 +12,7 @@ using namespace shardplan;
 namespace {
 
 nlohmann::json plan_document() {
-  costmodel::Plan p;
+  documents::Plan p;
   p.model = documents::load_model("gpt2");
   p.hardware = "a100-sxm4-80gb";
   p.cluster = {2, 8};
@@ -27,7 +27,7 @@ nlohmann::json plan_document() {
   p.prediction.exposed_comm_s = 0.1;
   p.prediction.comm_bytes_per_gpu = 1e9;
   p.prediction.peak_when = "backward of block 0";
-  return costmodel::plan_to_json(p);
+  return documents::plan_to_json(p);
 }
 
 }  // namespace

@@ -12,11 +12,11 @@
 #include <fmt/format.h>
 
 #include "core/input_error.hpp"
-#include "costmodel/plan.hpp"
 #include "costmodel/simulator.hpp"
 #include "documents/hardware.hpp"
 #include "documents/job.hpp"
 #include "documents/model.hpp"
+#include "documents/plan.hpp"
 #include "documents/sharding.hpp"
 
 using namespace shardplan::costmodel;

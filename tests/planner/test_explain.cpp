@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_fixture.hpp"
-#include "costmodel/plan.hpp"
 #include "documents/hardware.hpp"
+#include "documents/plan.hpp"
 #include "planner/estimate.hpp"
 #include "tests/test_support.hpp"
 
@@ -275,7 +275,7 @@ TEST_CASE(
   args.insert(args.end(), {"--emit", "plan"});
   const auto emitted = planner(args);
   REQUIRE(emitted.code == 0);
-  const auto plan = shardplan::costmodel::plan_from_json(json::parse(emitted.out));
+  const auto plan = shardplan::documents::plan_from_json(json::parse(emitted.out));
   shardplan::planner::ScenarioOptions o;
   o.model = "llama-3-70b";
   o.gpus = "16";

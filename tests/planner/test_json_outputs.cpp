@@ -11,7 +11,7 @@
 #include "cli_fixture.hpp"
 #include "core/input_error.hpp"
 #include "core/json_reader.hpp"
-#include "costmodel/plan.hpp"
+#include "documents/plan.hpp"
 
 using shardplan::planner::testing::planner;
 
@@ -70,21 +70,21 @@ TEST_CASE("json_outputs::--emit plan carries --gpu-memory-GiB to the executor") 
   // The size the plan was made to fit is the plan's capacity; the profile's size is not written.
   const auto plan = printed(with({"recommend", "--emit", "plan", "--gpu-memory-GiB", "40"}, kJob));
   CHECK(plan.at("capacity").at("gpu_memory_GiB") == 40.0);
-  CHECK(shardplan::costmodel::plan_from_json(plan).gpu_memory_GiB == 40.0);
+  CHECK(shardplan::documents::plan_from_json(plan).gpu_memory_GiB == 40.0);
   const auto plain = printed(with({"recommend", "--emit", "plan"}, kJob));
   CHECK_FALSE(plain.contains("capacity"));
-  CHECK_FALSE(shardplan::costmodel::plan_from_json(plain).gpu_memory_GiB.has_value());
+  CHECK_FALSE(shardplan::documents::plan_from_json(plain).gpu_memory_GiB.has_value());
   // What the executor would refuse to behave like: no size, or one past a million GiB.
   for (const double bad : {0.0, -2.0, 2e6}) {
     auto doc = plan;
     doc["capacity"]["gpu_memory_GiB"] = bad;
     CAPTURE(bad);
-    CHECK_THROWS_WITH_AS(shardplan::costmodel::plan_from_json(doc),
+    CHECK_THROWS_WITH_AS(shardplan::documents::plan_from_json(doc),
                          doctest::Contains("/capacity/gpu_memory_GiB"),
                          shardplan::core::InputError);
   }
   auto extra = plan;
   extra["capacity"]["gpu_memory_GB"] = 40;
-  CHECK_THROWS_WITH_AS(shardplan::costmodel::plan_from_json(extra),
+  CHECK_THROWS_WITH_AS(shardplan::documents::plan_from_json(extra),
                        doctest::Contains("gpu_memory_GB"), shardplan::core::InputError);
 }

@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_fixture.hpp"
-#include "costmodel/plan.hpp"
+#include "documents/plan.hpp"
 #include "planner/emit_parallel.hpp"
 #include "planner/estimate.hpp"
 #include "tests/test_support.hpp"

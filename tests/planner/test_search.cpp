@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/input_error.hpp"
-#include "costmodel/plan.hpp"
+#include "documents/plan.hpp"
 #include "planner/estimate.hpp"
 #include "planner/recommend.hpp"
 
@@ -163,12 +163,12 @@ TEST_CASE("search::emitted plan round-trips") {
   const auto rec = recommend(sc, {});
   const auto& e = rec.search.ranked.front().eval;
   const auto doc = plan_document(sc, e);
-  const auto plan = costmodel::plan_from_json(doc);
+  const auto plan = documents::plan_from_json(doc);
   CHECK(plan.model.total_params() == 6738415616);
   CHECK(plan.job.micro_batch == e.job.micro_batch);
   CHECK(documents::spec_to_json(plan.spec) == documents::spec_to_json(e.spec));
   CHECK(plan.prediction.step_s == doctest::Approx(e.result.step_s));
-  CHECK(costmodel::plan_to_json(plan) == doc);
+  CHECK(documents::plan_to_json(plan) == doc);
 }
 
 TEST_CASE("estimate::three verdicts near the edge") {

@@ -8,7 +8,7 @@
 #include "core/json_reader.hpp"
 #include "costmodel/parallel_memory.hpp"
 #include "costmodel/pipeline_schedule.hpp"
-#include "costmodel/plan.hpp"
+#include "documents/plan.hpp"
 #include "planner/validate.hpp"
 
 using namespace shardplan;
@@ -17,7 +17,7 @@ using nlohmann::json;
 namespace {
 
 json plan_document() {
-  costmodel::Plan p;
+  documents::Plan p;
   p.model = documents::load_model("gpt2");
   p.hardware = "cpu-test";
   p.cluster = {2, 2};
@@ -34,7 +34,7 @@ json plan_document() {
   p.prediction.exposed_comm_s = 0.2;
   p.prediction.comm_bytes_per_gpu = 5000;
   p.prediction.peak_when = "backward of head";
-  return costmodel::plan_to_json(p);
+  return documents::plan_to_json(p);
 }
 
 // A run document as the executor writes it, reduced to what validate reads plus the rest of the
@@ -295,7 +295,7 @@ TEST_CASE("validate::a tensor-parallel run: the memory predicted for the run's t
   // for t = 2 (its profile "cpu-test" is not loadable here: no per-device overheads).
   auto run = run_document();
   run["model"]["tensor_parallel"] = {{"size", 2}, {"sequence_parallel", true}, {"local_params", 1}};
-  const auto plan = costmodel::plan_from_json(plan_document());
+  const auto plan = documents::plan_from_json(plan_document());
   documents::HardwareProfile hw;
   costmodel::ParallelMemoryInput in;
   in.model = &plan.model;
@@ -306,7 +306,7 @@ TEST_CASE("validate::a tensor-parallel run: the memory predicted for the run's t
   in.layout.tensor_parallel = 2;
   in.layout.sequence_parallel = true;
   const auto walk =
-      costmodel::walk_schedule(costmodel::PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
+      costmodel::walk_schedule(documents::PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
   const double want = costmodel::parallel_memory(in, walk).stages.at(0).total();
   const auto v = planner::validate_json(plan_document(), run);
   CHECK(v["memory"]["peak_predicted_bytes"].get<double>() == doctest::Approx(want));

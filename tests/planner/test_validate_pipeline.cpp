@@ -8,8 +8,8 @@
 #include "core/input_error.hpp"
 #include "costmodel/parallel_memory.hpp"
 #include "costmodel/pipeline_schedule.hpp"
-#include "costmodel/plan.hpp"
 #include "documents/hardware.hpp"
+#include "documents/plan.hpp"
 #include "planner/validate.hpp"
 
 using namespace shardplan;
@@ -17,8 +17,8 @@ using nlohmann::json;
 
 namespace {
 
-costmodel::Plan plan(const std::string& hardware) {
-  costmodel::Plan p;
+documents::Plan plan(const std::string& hardware) {
+  documents::Plan p;
   p.model = documents::load_model("gpt2");  // 12 blocks: 6 per stage
   p.hardware = hardware;
   p.cluster = {2, 2};
@@ -63,13 +63,12 @@ json pipeline_run() {
           {"stages_measured",
            {{{"peak_bytes", 2.0e9}, {"activations_bytes_at_peak", 1.0e9}},
             {{"peak_bytes", 2.5e9}, {"activations_bytes_at_peak", 1.5e9}}}},
-          {"stages_predicted", json::array()},
           {"stages_counted", json::array()}};
 }
 
 // The cost model's stages for the run's layout, as validate makes them: the plan's job with the
 // run's micro-batch, DDP without a bucket copy (the stages reduce in place).
-costmodel::ParallelMemory stages(const costmodel::Plan& p, const documents::HardwareProfile& hw) {
+costmodel::ParallelMemory stages(const documents::Plan& p, const documents::HardwareProfile& hw) {
   costmodel::ParallelMemoryInput in;
   in.model = &p.model;
   in.hardware = &hw;
@@ -80,7 +79,7 @@ costmodel::ParallelMemory stages(const costmodel::Plan& p, const documents::Hard
   in.spec.grad_bucket_copy = false;
   in.layout.pipeline_parallel = 2;
   in.layout.micro_batches = 4;
-  const auto walk = costmodel::walk_schedule(costmodel::PipelineSchedule::one_f_one_b, 2, 1, 4,
+  const auto walk = costmodel::walk_schedule(documents::PipelineSchedule::one_f_one_b, 2, 1, 4,
                                              {1.0, 1.0}, {2.0, 2.0});
   return costmodel::parallel_memory(in, walk);
 }
@@ -91,7 +90,7 @@ TEST_CASE("validate::a pipeline run is compared per stage") {
   const auto p = plan("h100-sxm5-80gb");
   const auto hw = documents::load_hardware("h100-sxm5-80gb");
   const auto want = stages(p, hw);
-  const auto v = planner::validate_json(costmodel::plan_to_json(p), pipeline_run());
+  const auto v = planner::validate_json(documents::plan_to_json(p), pipeline_run());
   CHECK(v["kind"] == "pipeline");
   REQUIRE(v["stages"].size() == 2);
   for (std::size_t s = 0; s < 2; ++s) {
@@ -111,7 +110,7 @@ TEST_CASE("validate::a pipeline run is compared per stage") {
   // The median of the three steps 0.5, 0.3, 0.4; a predicted step time from the loaded profile.
   CHECK(v["time"]["step_measured_s"].get<double>() == doctest::Approx(0.4));
   CHECK(v["time"]["step_predicted_s"].get<double>() > 0);
-  const auto table = planner::validate_table(costmodel::plan_to_json(p), pipeline_run());
+  const auto table = planner::validate_table(documents::plan_to_json(p), pipeline_run());
   CHECK(table.find("run: 2 pipeline stages × 1 data-parallel ranks, 1f1b, 4 micro-batches of 2 × "
                    "128 tokens") != std::string::npos);
   CHECK(table.find("step (median of 3)") != std::string::npos);
@@ -120,7 +119,7 @@ TEST_CASE("validate::a pipeline run is compared per stage") {
 
 TEST_CASE("validate::a pipeline run without a loadable profile: memory only, said in a note") {
   const auto v =
-      planner::validate_json(costmodel::plan_to_json(plan("no-such-profile")), pipeline_run());
+      planner::validate_json(documents::plan_to_json(plan("no-such-profile")), pipeline_run());
   CHECK(v["time"]["step_predicted_s"].is_null());
   CHECK(v["time"]["step_rel_error"].is_null());
   REQUIRE(!v["notes"].empty());
@@ -129,7 +128,7 @@ TEST_CASE("validate::a pipeline run without a loadable profile: memory only, sai
 }
 
 TEST_CASE("validate::a malformed pipeline run is refused naming the field") {
-  const auto p = costmodel::plan_to_json(plan("h100-sxm5-80gb"));
+  const auto p = documents::plan_to_json(plan("h100-sxm5-80gb"));
   struct Case {
     const char* what;
     json run;

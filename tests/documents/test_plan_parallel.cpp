@@ -2,11 +2,11 @@
 // every rejection of the reader (the key's pointer and the value).
 #include <doctest/doctest.h>
 
-#include "costmodel/plan.hpp"
+#include "documents/plan.hpp"
 #include "tests/test_support.hpp"
 
 using shardplan::test::error_of;
-using namespace shardplan::costmodel;
+using namespace shardplan::documents;
 using nlohmann::json;
 
 namespace {

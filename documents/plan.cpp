@@ -1,4 +1,4 @@
-#include "costmodel/plan.hpp"
+#include "documents/plan.hpp"
 
 #include <cmath>
 
@@ -7,24 +7,12 @@
 #include "core/json_reader.hpp"
 #include "core/whole_count.hpp"
 
-namespace shardplan::costmodel {
+namespace shardplan::documents {
 
 using core::count_json;
 using core::InputError;
 using core::ObjectReader;
 using core::Range;
-
-PlanPrediction prediction_from(const StepResult& r) {
-  PlanPrediction p;
-  p.peak_bytes = r.peak_bytes;
-  p.at_peak = r.at_peak;
-  p.step_s = r.step_s;
-  p.compute_s = r.compute_s;
-  p.exposed_comm_s = r.exposed_comm_s;
-  p.comm_bytes_per_gpu = r.comm_bytes_per_gpu;
-  p.peak_when = r.peak_when;
-  return p;
-}
 
 nlohmann::json plan_parallel_to_json(const ParallelLayout& l) {
   return {{"tensor", l.tensor_parallel},
@@ -176,4 +164,4 @@ Plan plan_from_json(const nlohmann::json& doc) {
   return p;
 }
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::documents

@@ -8,12 +8,15 @@
 
 #include <nlohmann/json.hpp>
 
-#include "costmodel/document_names.hpp"
-#include "costmodel/parallel_layout.hpp"
-#include "costmodel/simulator.hpp"
+#include "documents/breakdown.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/parallel.hpp"
+#include "documents/sharding.hpp"
 
-namespace shardplan::costmodel {
+namespace shardplan::documents {
 
+// What the planner predicted for the plan (the simulator's step: costmodel::prediction_from).
 struct PlanPrediction {
   double peak_bytes = 0;
   Breakdown at_peak{};
@@ -53,6 +56,5 @@ ParallelLayout plan_parallel_from_json(const nlohmann::json& j, const std::strin
 
 nlohmann::json plan_to_json(const Plan& p);
 Plan plan_from_json(const nlohmann::json& doc);  // throws InputError naming the JSON pointer
-PlanPrediction prediction_from(const StepResult& r);
 
-}  // namespace shardplan::costmodel
+}  // namespace shardplan::documents

@@ -1,0 +1,31 @@
+#include "documents/state_bytes.hpp"
+
+namespace shardplan::documents {
+
+StateBytes state_bytes(Precision p, const ShardingSpec& spec) {
+  StateBytes b;
+  const bool mixed = p == Precision::bf16_mixed || p == Precision::fp16_mixed;
+  const double low = dtype_bytes(compute_dtype(p));  // 2 for bf16/fp16, 4 for fp32 (tf32)
+  b.compute = low;
+  b.moment = p == Precision::bf16 ? 2 : 4;
+  if (!mixed) {  // fp32 or pure bf16: one copy of everything in one dtype
+    b.param = b.grad = low;
+    return b;
+  }
+  if (spec.separate_fp32_master) {
+    // DeepSpeed: bf16/fp16 parameter partition + fp32 master partition; gradients accumulate in
+    // the low-precision partition and the optimizer step casts a partition to fp32.
+    b.param = low;
+    b.grad = low;
+    b.master = 4;
+    b.step_grad = 4;
+  } else {
+    // PyTorch DDP under autocast and FSDP MixedPrecision: parameters (sharded or not) stay fp32
+    // and are themselves the master copy; gradients end in fp32.
+    b.param = 4;
+    b.grad = 4;
+  }
+  return b;
+}
+
+}  // namespace shardplan::documents
