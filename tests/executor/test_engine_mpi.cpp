@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -195,7 +196,7 @@ TEST_CASE("engine::the update comparison fails a wrong result") {
   // The smallest ‖Δa − Δb‖/‖Δb‖ over the tensors with a gradient: every one must be beyond the
   // bound.
   auto smallest_difference = [&](const UnitParams& p, const char* what) {
-    double smallest = INFINITY;
+    double smallest = std::numeric_limits<double>::infinity();
     for (const auto& d : compare_updates(layout, initial, p, ddp.params))
       if (!d.zero_gradient) smallest = std::min(smallest, d.relative);
     if (test_world().rank() == 0)
