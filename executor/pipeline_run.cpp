@@ -173,7 +173,8 @@ void run_pipeline(const PipelineFlags& flags, const RunSetup& setup, comm::Commu
   std::vector<std::int64_t> records(static_cast<std::size_t>(n) * kRecord);
   world.all_gather(mine.data(), records.data(), kRecord, comm::DataType::i64);
   if (world.rank() != 0) return;
-  const nlohmann::json doc = {{"kind", "executor pipeline run"},
+  const nlohmann::json doc = {{"schema_version", 1},
+                              {"kind", "executor pipeline run"},
                               {"model", o.model.name},
                               {"world", n},
                               {"pipeline",

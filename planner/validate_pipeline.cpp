@@ -87,6 +87,9 @@ void read_stages(ObjectReader& r, PipelineRun& f) {
 
 PipelineRun read_pipeline_run(const json& run) {
   ObjectReader r(run, "");
+  // Written since the documents carry a version; absent in earlier pipeline runs.
+  if (const auto version = r.optional_integer("schema_version"); version && *version != 1)
+    throw InputError("/schema_version", fmt::format("must be 1, got {}", *version));
   if (const auto kind = r.string("kind"); kind != kKind)
     throw InputError("/kind", fmt::format("must be \"{}\", got \"{}\"", kKind, kind));
   PipelineRun f;

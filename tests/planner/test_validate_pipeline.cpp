@@ -49,7 +49,8 @@ json pipeline_run() {
                      {"p2p_s", 0.01},
                      {"reduce_s", 0.0},
                      {"optimizer_s", 0.05}});
-  return {{"kind", "executor pipeline run"},
+  return {{"schema_version", 1},
+          {"kind", "executor pipeline run"},
           {"model", "gpt2"},
           {"world", 2},
           {"pipeline",
@@ -155,6 +156,8 @@ TEST_CASE("validate::a malformed pipeline run is refused naming the field") {
        "/steps/0/step_s: must be >= 0, got -1"},
       {"zero micro-batches", with([](json& r) { r["pipeline"]["micro_batches"] = 0; }),
        "/pipeline/micro_batches: must be >= 1, got 0"},
+      {"a later version", with([](json& r) { r["schema_version"] = 2; }),
+       "/schema_version: must be 1, got 2"},
       {"an unknown key", with([](json& r) { r["stages_measured"][0]["bogus"] = 1; }),
        "/stages_measured/0/bogus: unknown key"},
       {"another model", with([](json& r) { r["model"] = "llama-2-7b"; }),
