@@ -970,32 +970,36 @@ void check_save_destination(const CheckpointOptions& o, const ShardingEngine& en
 
 RunCheckpoints::RunCheckpoints(CheckpointOptions options, comm::Communicator& world,
                                std::int64_t steps)
-    : o_(std::move(options)), world_(world), steps_(steps) {}
+    : options_(std::move(options)), world_(world), steps_(steps) {}
 
 void RunCheckpoints::start(ShardingEngine& engine) {
   // DIR locked for the run by the rank that writes its index, before anything is loaded.
-  const bool save = !o_.save_dir.empty(), writer = world_.rank() == 0;
+  const bool save = !options_.save_dir.empty(), writer = world_.rank() == 0;
   std::optional<InputError> failure;
-  if (save && writer) capture(failure, [&] { lock_ = CheckpointLock::take(o_.save_dir); });
+  if (save && writer) capture(failure, [&] { lock_ = CheckpointLock::take(options_.save_dir); });
   agree(world_, failure);
-  if (!o_.resume_dir.empty()) resumed_step_ = load_checkpoint(engine, world_, o_.resume_dir).step;
+  if (!options_.resume_dir.empty())
+    resumed_step_ = load_checkpoint(engine, world_, options_.resume_dir).step;
   // The same on every rank: no agreement needed.
   const std::int64_t first = engine.steps_done();
   if (first > kMaxCheckpointStep - steps_)
-    throw InputError("--resume", fmt::format("\"{}\" holds step {}: {} more steps pass step {}, "
-                                             "the last a checkpoint may hold",
-                                             o_.resume_dir, first, steps_, kMaxCheckpointStep));
+    throw InputError("--resume",
+                     fmt::format("\"{}\" holds step {}: {} more steps pass step {}, "
+                                 "the last a checkpoint may hold",
+                                 options_.resume_dir, first, steps_, kMaxCheckpointStep));
   if (save && writer)
-    capture(failure,
-            [&] { check_save_destination(o_, engine, saved_steps(first, steps_, o_.save_every)); });
+    capture(failure, [&] {
+      check_save_destination(options_, engine, saved_steps(first, steps_, options_.save_every));
+    });
   agree(world_, failure);
   initial_sha256_ = params_sha256(engine);
 }
 
 void RunCheckpoints::after_step(ShardingEngine& engine, bool last) {
   const std::int64_t step = engine.steps_done();
-  if (!o_.save_dir.empty() && (last || (o_.save_every > 0 && step % o_.save_every == 0))) {
-    save_checkpoint(engine, world_, o_.save_dir);
+  if (!options_.save_dir.empty() &&
+      (last || (options_.save_every > 0 && step % options_.save_every == 0))) {
+    save_checkpoint(engine, world_, options_.save_dir);
     saved_steps_.push_back(step);
   }
   if (last) final_sha256_ = params_sha256(engine);
@@ -1005,9 +1009,9 @@ void RunCheckpoints::report(json& doc) const {
   doc["initial_params_sha256"] = initial_sha256_;
   doc["final_params_sha256"] = final_sha256_;
   if (resumed_step_)
-    doc["execution"]["resumed_from"] = {{"dir", o_.resume_dir}, {"step", *resumed_step_}};
+    doc["execution"]["resumed_from"] = {{"dir", options_.resume_dir}, {"step", *resumed_step_}};
   if (!saved_steps_.empty())
-    doc["execution"]["saved"] = {{"dir", o_.save_dir}, {"steps", saved_steps_}};
+    doc["execution"]["saved"] = {{"dir", options_.save_dir}, {"steps", saved_steps_}};
 }
 
 }  // namespace shardplan::executor

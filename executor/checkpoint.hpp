@@ -192,10 +192,10 @@ public:
   void report(nlohmann::json& run_document) const;
 
 private:
-  CheckpointOptions o_;
+  CheckpointOptions options_;
   comm::Communicator& world_;
   std::int64_t steps_ = 0;
-  CheckpointLock lock_;  // of o_.save_dir, on rank 0, for the whole run
+  CheckpointLock lock_;  // of options_.save_dir, on rank 0, for the whole run
   std::string initial_sha256_, final_sha256_;
   std::optional<std::int64_t> resumed_step_;
   std::vector<std::int64_t> saved_steps_;
