@@ -1,8 +1,11 @@
-// planner recommend's search over the whole plan space (issue goal: >= 250,000 plans evaluated per
-// second on one core; the 70B/1024-GPU recommendation well under a second).
+// planner recommend's search over the whole plan space (goal: >= 250,000 plans evaluated per
+// second on one core; the 70B/1024-GPU recommendation well under a second), and the
+// model-parallel search (tensor x pipeline x context x data) for a 405B model on 16,384 GPUs
+// (goal: under a second).
 // Run: build/release/bench/bench_planner
 #include <benchmark/benchmark.h>
 
+#include "planner/parallel_search.hpp"
 #include "planner/search.hpp"
 
 using namespace shardplan;
@@ -36,8 +39,47 @@ void search(benchmark::State& state, const planner::Scenario& sc, bool exhaustiv
       benchmark::Counter(static_cast<double>(considered), benchmark::Counter::kIsRate);
 }
 
+// Llama 3.1 405B's shapes (its config.json): h 16384, 126 layers, 128 heads, 8 kv heads, MLP
+// 53248, vocabulary 128256; 16,384 H100s in nodes of 8, 2048 sequences of 8192 tokens, Megatron's
+// recipe (as tests/planner/test_parallel_search.cpp's case).
+planner::Scenario llama405b_16384_gpus() {
+  const nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
+                                 {"hidden_size", 16384},
+                                 {"intermediate_size", 53248},
+                                 {"num_hidden_layers", 126},
+                                 {"num_attention_heads", 128},
+                                 {"num_key_value_heads", 8},
+                                 {"vocab_size", 128256},
+                                 {"max_position_embeddings", 131072}};
+  planner::Scenario sc;
+  sc.model = documents::model_from_hf_config(config, "llama-3.1-405b");
+  sc.hardware = documents::load_hardware("h100-sxm5-80gb");
+  sc.cluster = {16384, 8};
+  sc.job.seq_len = 8192;
+  sc.job.global_batch = 2048;
+  sc.job.recipe = documents::Recipe::megatron;
+  sc.job.loss = documents::LossImpl::fp32_inplace;
+  return sc;
+}
+
+void parallel_search(benchmark::State& state, const planner::Scenario& sc) {
+  long evaluated = 0, layouts = 0;
+  for (auto _ : state) {
+    auto s = planner::search_layouts(sc);
+    evaluated += s.evaluated;
+    layouts += s.layouts;
+    benchmark::DoNotOptimize(s.ranked.data());
+  }
+  state.counters["evaluations/s"] =
+      benchmark::Counter(static_cast<double>(evaluated), benchmark::Counter::kIsRate);
+  state.counters["layouts/run"] =
+      benchmark::Counter(static_cast<double>(layouts), benchmark::Counter::kAvgIterations);
+}
+
 }  // namespace
 
+BENCHMARK_CAPTURE(parallel_search, llama405b_h100_16384gpus, llama405b_16384_gpus())
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(search, llama70b_h100_1024gpus,
                   scenario("llama-2-70b", "h100-sxm5-80gb", 1024, 4096, 1024), false)
     ->Unit(benchmark::kMillisecond);

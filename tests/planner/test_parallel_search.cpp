@@ -1,5 +1,5 @@
-// The model-parallel search: what it ranks and its speed at 16,384 GPUs (the launch options:
-// test_parallel_emit.cpp).
+// The model-parallel search: what it ranks at up to 16,384 GPUs (its speed:
+// bench/bench_planner.cpp; the launch options: test_parallel_emit.cpp).
 #include <doctest/doctest.h>
 
 #include "planner/parallel_search.hpp"
@@ -53,7 +53,9 @@ TEST_CASE("parallel_search::Llama-3-70B on 256 GPUs: FSDP alone fits only with f
   CHECK(s.evaluated <= s.layouts * 256);
 }
 
-TEST_CASE("parallel_search::405B on 16,384 GPUs is searched in under a second") {
+TEST_CASE(
+    "parallel_search::405B on 16,384 GPUs: the batch limit named, model-parallel plans found") {
+  // Its speed (under a second) is bench/bench_planner.cpp's parallel_search case.
   // Llama 3.1 405B's shapes (its config.json): h 16384, 126 layers, 128 heads, 8 kv heads, MLP
   // 53248, vocabulary 128256.
   const nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
@@ -66,7 +68,6 @@ TEST_CASE("parallel_search::405B on 16,384 GPUs is searched in under a second") 
                                  {"max_position_embeddings", 131072}};
   const auto sc = scenario(model_from_hf_config(config, "llama-3.1-405b"), 16384, 2048);
   const auto s = search_layouts(sc);
-  CHECK(s.seconds < 1.0);
   CHECK_FALSE(s.ranked.empty());
   // 2048 sequences cannot spread over 16,384 GPUs by data parallelism alone: the batch limit.
   CHECK_FALSE(s.best_data_parallel);
