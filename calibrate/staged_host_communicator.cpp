@@ -114,12 +114,12 @@ void StagedHostCommunicator::do_recv(void* buffer, std::size_t count, comm::Data
 }
 
 void StagedHostCommunicator::do_send_recv(const void* send_buffer, std::size_t send_count,
-                                          void* recv_buffer, std::size_t recv_count,
-                                          comm::DataType type, int peer) {
+                                          int send_peer, void* recv_buffer, std::size_t recv_count,
+                                          int recv_peer, comm::DataType type) {
   auto& out = send_stage(bytes_of(send_count, type));
   auto& in = recv_stage(bytes_of(recv_count, type));
   out.copy_from_host(send_buffer, bytes_of(send_count, type));
-  inner_.send_recv(out.data(), send_count, in.data(), recv_count, type, peer);
+  inner_.send_recv(out.data(), send_count, send_peer, in.data(), recv_count, recv_peer, type);
   inner_.synchronize();
   in.copy_to_host(recv_buffer, bytes_of(recv_count, type));
 }

@@ -41,8 +41,9 @@ public:
   // Every call has completed when it returns.
   void do_send(const void* buffer, std::size_t count, comm::DataType type, int peer) override;
   void do_recv(void* buffer, std::size_t count, comm::DataType type, int peer) override;
-  void do_send_recv(const void* send_buffer, std::size_t send_count, void* recv_buffer,
-                    std::size_t recv_count, comm::DataType type, int peer) override;
+  void do_send_recv(const void* send_buffer, std::size_t send_count, int send_peer,
+                    void* recv_buffer, std::size_t recv_count, int recv_peer,
+                    comm::DataType type) override;
   void synchronize() override {}
   std::unique_ptr<comm::Communicator> split(int color, int key) override;
 

@@ -109,7 +109,17 @@ public:
   void send_recv(const void* send_buffer, std::size_t send_count, void* recv_buffer,
                  std::size_t recv_count, DataType type, int peer) {
     check_peer(peer, "send_recv");
-    do_send_recv(send_buffer, send_count, recv_buffer, recv_count, type, peer);
+    do_send_recv(send_buffer, send_count, peer, recv_buffer, recv_count, peer, type);
+  }
+  // Both at once with two peers: to `send_peer` and from `recv_peer` (MPI_Sendrecv; NCCL's
+  // grouped send and recv). Stages in a ring (an interleaved pipeline's last stage feeding the
+  // first stage's next model chunk) each send on while receiving, where blocking sends around
+  // the ring would wait on each other.
+  void send_recv(const void* send_buffer, std::size_t send_count, int send_peer, void* recv_buffer,
+                 std::size_t recv_count, int recv_peer, DataType type) {
+    check_peer(send_peer, "send_recv");
+    check_peer(recv_peer, "send_recv");
+    do_send_recv(send_buffer, send_count, send_peer, recv_buffer, recv_count, recv_peer, type);
   }
   // Waits until every collective this rank has issued has completed (NCCL queues them on a
   // stream; MPI's calls are already complete when they return).
@@ -137,8 +147,9 @@ protected:
   // What send and recv do once the peer is checked.
   virtual void do_send(const void* buffer, std::size_t count, DataType type, int peer) = 0;
   virtual void do_recv(void* buffer, std::size_t count, DataType type, int peer) = 0;
-  virtual void do_send_recv(const void* send_buffer, std::size_t send_count, void* recv_buffer,
-                            std::size_t recv_count, DataType type, int peer) = 0;
+  virtual void do_send_recv(const void* send_buffer, std::size_t send_count, int send_peer,
+                            void* recv_buffer, std::size_t recv_count, int recv_peer,
+                            DataType type) = 0;
 
 private:
   // Throws CommError unless 0 <= peer < size() and peer != rank().

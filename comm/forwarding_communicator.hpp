@@ -60,9 +60,10 @@ protected:
   void do_recv(void* buffer, std::size_t count, DataType type, int peer) override {
     inner_.recv(buffer, count, type, peer);
   }
-  void do_send_recv(const void* send_buffer, std::size_t send_count, void* recv_buffer,
-                    std::size_t recv_count, DataType type, int peer) override {
-    inner_.send_recv(send_buffer, send_count, recv_buffer, recv_count, type, peer);
+  void do_send_recv(const void* send_buffer, std::size_t send_count, int send_peer,
+                    void* recv_buffer, std::size_t recv_count, int recv_peer,
+                    DataType type) override {
+    inner_.send_recv(send_buffer, send_count, send_peer, recv_buffer, recv_count, recv_peer, type);
   }
 
   Communicator& inner_;

@@ -125,10 +125,10 @@ void StreamedCommunicator::do_recv(void* buffer, std::size_t count, DataType typ
 }
 
 void StreamedCommunicator::do_send_recv(const void* send_buffer, std::size_t send_count,
-                                        void* recv_buffer, std::size_t recv_count, DataType type,
-                                        int peer) {
+                                        int send_peer, void* recv_buffer, std::size_t recv_count,
+                                        int recv_peer, DataType type) {
   synchronize();
-  inner_.send_recv(send_buffer, send_count, recv_buffer, recv_count, type, peer);
+  inner_.send_recv(send_buffer, send_count, send_peer, recv_buffer, recv_count, recv_peer, type);
 }
 
 void StreamedCommunicator::barrier() {

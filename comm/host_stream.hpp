@@ -60,8 +60,9 @@ public:
   // After everything queued is done, on the calling thread (blocking, as the interface says).
   void do_send(const void* buffer, std::size_t count, DataType type, int peer) override;
   void do_recv(void* buffer, std::size_t count, DataType type, int peer) override;
-  void do_send_recv(const void* send_buffer, std::size_t send_count, void* recv_buffer,
-                    std::size_t recv_count, DataType type, int peer) override;
+  void do_send_recv(const void* send_buffer, std::size_t send_count, int send_peer,
+                    void* recv_buffer, std::size_t recv_count, int recv_peer,
+                    DataType type) override;
   // After everything queued is done.
   void barrier() override;
   void synchronize() override { wait_for(queued()); }

@@ -187,19 +187,19 @@ void MpiCommunicator::do_recv(void* buffer, std::size_t count, DataType type, in
         __LINE__);
 }
 
-void MpiCommunicator::do_send_recv(const void* send_buffer, std::size_t send_count,
-                                   void* recv_buffer, std::size_t recv_count, DataType type,
-                                   int peer) {
+void MpiCommunicator::do_send_recv(const void* send_buffer, std::size_t send_count, int send_peer,
+                                   void* recv_buffer, std::size_t recv_count, int recv_peer,
+                                   DataType type) {
   const int s = checked_count(send_count, "MPI_Sendrecv");
   const int r = checked_count(recv_count, "MPI_Sendrecv");
   MPI_Status status{};
-  SHARDPLAN_MPI_CALL(MPI_Sendrecv, send_buffer, s, mpi_type(type), peer, 0, recv_buffer, r,
-                     mpi_type(type), peer, 0, comm_, &status);
+  SHARDPLAN_MPI_CALL(MPI_Sendrecv, send_buffer, s, mpi_type(type), send_peer, 0, recv_buffer, r,
+                     mpi_type(type), recv_peer, 0, comm_, &status);
   int received = 0;
   SHARDPLAN_MPI_CALL(MPI_Get_count, &status, mpi_type(type), &received);
   if (received != r)
     throw CommError(
-        fmt::format("MPI_Sendrecv: {} elements from rank {}, expected {}", received, peer, r),
+        fmt::format("MPI_Sendrecv: {} elements from rank {}, expected {}", received, recv_peer, r),
         __FILE__, __LINE__);
 }
 

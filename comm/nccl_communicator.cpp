@@ -294,14 +294,14 @@ void NcclCommunicator::do_recv(void* buffer, std::size_t count, DataType type, i
   });
 }
 
-void NcclCommunicator::do_send_recv(const void* send_buffer, std::size_t send_count,
-                                    void* recv_buffer, std::size_t recv_count, DataType type,
-                                    int peer) {
+void NcclCommunicator::do_send_recv(const void* send_buffer, std::size_t send_count, int send_peer,
+                                    void* recv_buffer, std::size_t recv_count, int recv_peer,
+                                    DataType type) {
   enqueue("ncclGroupEnd (send_recv)", [&] {
     SHARDPLAN_NCCL_CALL(comm_, ncclGroupStart);
-    SHARDPLAN_NCCL_CALL(comm_, ncclSend, send_buffer, send_count, nccl_type(type), peer, comm_,
+    SHARDPLAN_NCCL_CALL(comm_, ncclSend, send_buffer, send_count, nccl_type(type), send_peer, comm_,
                         stream_);
-    SHARDPLAN_NCCL_CALL(comm_, ncclRecv, recv_buffer, recv_count, nccl_type(type), peer, comm_,
+    SHARDPLAN_NCCL_CALL(comm_, ncclRecv, recv_buffer, recv_count, nccl_type(type), recv_peer, comm_,
                         stream_);
     return ncclGroupEnd();
   });

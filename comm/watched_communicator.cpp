@@ -72,10 +72,10 @@ void WatchedCommunicator::do_recv(void* buffer, std::size_t count, DataType type
 }
 
 void WatchedCommunicator::do_send_recv(const void* send_buffer, std::size_t send_count,
-                                       void* recv_buffer, std::size_t recv_count, DataType type,
-                                       int peer) {
+                                       int send_peer, void* recv_buffer, std::size_t recv_count,
+                                       int recv_peer, DataType type) {
   Waiting w(watchdog_, "send_recv");
-  inner_.send_recv(send_buffer, send_count, recv_buffer, recv_count, type, peer);
+  inner_.send_recv(send_buffer, send_count, send_peer, recv_buffer, recv_count, recv_peer, type);
 }
 
 void WatchedCommunicator::barrier() {

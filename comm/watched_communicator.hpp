@@ -30,8 +30,9 @@ public:
   void all_to_all(const void* send, void* recv, std::size_t count, DataType type) override;
   void do_send(const void* buffer, std::size_t count, DataType type, int peer) override;
   void do_recv(void* buffer, std::size_t count, DataType type, int peer) override;
-  void do_send_recv(const void* send_buffer, std::size_t send_count, void* recv_buffer,
-                    std::size_t recv_count, DataType type, int peer) override;
+  void do_send_recv(const void* send_buffer, std::size_t send_count, int send_peer,
+                    void* recv_buffer, std::size_t recv_count, int recv_peer,
+                    DataType type) override;
   void barrier() override;
   void synchronize() override;
   std::unique_ptr<Communicator> split(int color, int key) override;

@@ -46,7 +46,8 @@ public:
   // allocated by the caller, so the rank's footprint is the real run's).
   void do_send(const void*, std::size_t, comm::DataType, int) override {}
   void do_recv(void*, std::size_t, comm::DataType, int) override {}
-  void do_send_recv(const void*, std::size_t, void*, std::size_t, comm::DataType, int) override {}
+  void do_send_recv(const void*, std::size_t, int, void*, std::size_t, int,
+                    comm::DataType) override {}
   void barrier() override {}
   void synchronize() override {}
   // A group of one: with one process the other members are unknown, so a rehearsal builds its

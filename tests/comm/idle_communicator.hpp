@@ -33,7 +33,7 @@ protected:
   void do_reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp) override {}
   void do_send(const void*, std::size_t, DataType, int) override {}
   void do_recv(void*, std::size_t, DataType, int) override {}
-  void do_send_recv(const void*, std::size_t, void*, std::size_t, DataType, int) override {}
+  void do_send_recv(const void*, std::size_t, int, void*, std::size_t, int, DataType) override {}
 };
 
 }  // namespace shardplan::comm::test

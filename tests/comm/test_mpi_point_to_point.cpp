@@ -131,3 +131,24 @@ TEST_CASE("mpi::send_recv exchanges with a peer that sends at the same time") {
     CHECK(in[count / 2] == static_cast<float>(peer));
   }
 }
+
+// Every rank sends to its right neighbour while it receives from its left one, all at once: the
+// ring of an interleaved pipeline's forwards. Blocking sends past the eager limit would each wait
+// for a receive that the next rank only posts after its own send; the two-peer send_recv posts
+// both. Any number of ranks, odd rings included.
+TEST_CASE("mpi::send_recv with two peers turns a ring at once") {
+  auto& world = test_world();
+  const int n = world.size(), r = world.rank();
+  if (n < 2) return;
+  const std::size_t count = 100000;  // 400 kB: past any eager limit
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  std::vector<float> out(count, static_cast<float>(r)), in(count, -1.0f);
+  world.send_recv(out.data(), count, right, in.data(), count, left, DataType::f32);
+  CHECK(in.front() == static_cast<float>(left));
+  CHECK(in.back() == static_cast<float>(left));
+  // And back the other way, with counts that differ by direction.
+  world.send_recv(out.data(), 7, left, in.data(), 7, right, DataType::f32);
+  CHECK(in[6] == static_cast<float>(right));
+  // A bad peer is the caller's error, named before anything is sent.
+  CHECK_THROWS_AS(world.send_recv(out.data(), 1, n, in.data(), 1, left, DataType::f32), CommError);
+}
