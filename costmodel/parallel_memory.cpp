@@ -68,7 +68,29 @@ namespace {
 struct StageShare {
   double blocks = 0;
   bool first = false, last = false;
+  int stage = 0;
 };
+
+// The saved activations a stage holds at once. With one model chunk per stage: `in_flight`
+// micro-batches of everything the stage keeps (blocks, plus the embedding's part on the first
+// stage and the head's on the last). With v chunks (the interleaved schedule) the chunks differ:
+// chunk 0 of the first stage has the embedding's part, chunk v − 1 of the last stage the head's,
+// each chunk 1/v of the blocks; walked in the stage's own order, a forward keeping its chunk's
+// bytes until the backward of the same micro-batch and chunk.
+double held_bytes(const ParallelLayout& l, const StageShare& share, double blocks,
+                  double first_extra, double last_extra, double in_flight) {
+  const double first = share.first ? first_extra : 0, last = share.last ? last_extra : 0;
+  const int v = l.virtual_stages;
+  if (v == 1) return (blocks + first + last) * in_flight;
+  const auto ops = schedule_ops(l.schedule, l.pipeline_parallel, v, l.micro_batches);
+  double alive = 0, most = 0;
+  for (const PipeOp& op : ops.at(static_cast<std::size_t>(share.stage))) {
+    const double chunk = blocks / v + (op.chunk == 0 ? first : 0) + (op.chunk == v - 1 ? last : 0);
+    alive += op.kind == PipeOpKind::forward ? chunk : -chunk;
+    most = std::max(most, alive);
+  }
+  return most;
+}
 
 // PyTorch's own tensor parallelism (the parallel styles of torch/distributed/tensor/parallel/
 // style.py applied by the recipe's plan) rather than Megatron's: Recipe::hf and
@@ -242,6 +264,8 @@ double embedding_saved(const ModelSpec& m, const TrainingJob& j, const ParallelL
 //     logits and log-probabilities are freed
 struct ExecutorStage {
   double saved = 0, transient = 0;
+  // Of `saved`, what only the first stage's first chunk or the last stage's last chunk keeps.
+  double first_extra = 0, last_extra = 0;
   // The parts of `saved` and `transient` the first-use walk needs (executor_first_use_peak).
   double head_saved = 0, head_transient = 0, block_transient = 0, first_block_saved = 0;
 };
@@ -274,15 +298,18 @@ ExecutorStage executor_stage(const ModelSpec& m, const TrainingJob& j, const Par
                           (mlp_width - 1) * e * T * I / t + (any_full ? block : 0);
   out.transient = out.block_transient;
   if (share.first || share.last) out.saved += 8 * T;  // int32 tokens and targets
+  if (share.first) out.first_extra = 8 * T;
   if (share.last) {
     out.head_saved = e * (n + T) * h + stats + (e + 4) * T * V / t;
     out.saved += out.head_saved;
+    out.last_extra = 8 * T + out.head_saved;
     out.head_transient =
         t == 1 ? (4 + e) * T * V : std::max(e * T * V / t, e * T * h - 4 * T * V / t);
     out.transient = std::max(out.transient, out.head_transient);
-  } else {
-    out.transient = std::max(out.transient, 2 * e * T * h);  // the output beside the received
   }
+  // A stage that sends a forward on (every stage but the last; with chunks, each): its output
+  // beside the tensor received for the next step.
+  if (!share.last || l.virtual_stages > 1) out.transient = std::max(out.transient, 2 * e * T * h);
   return out;
 }
 
@@ -523,17 +550,21 @@ void stage_activations(const ParallelMemoryInput& in, const StageShare& share, i
     any_checkpointed |= cp;
     saved += cp ? input : layer.total() - (selective ? layer.core : 0);
   }
-  if (share.first) saved += embedding_saved(m, j, l);
-  if (share.last) saved += head_saved(m, j, l, e);
+
   double transient = any_checkpointed ? layer.total() : 0;  // one block rebuilt at a time
   if (l.sequence_parallel)
     transient += e * T * static_cast<double>(m.hidden);  // the all-gathered input
   if (share.last)
     transient += e * T * static_cast<double>(m.vocab) / l.tensor_parallel;  // the logits
-  out.activation_bytes = saved * out.in_flight + transient;
+  out.activation_bytes =
+      held_bytes(l, share, saved, embedding_saved(m, j, l), head_saved(m, j, l, e), out.in_flight) +
+      transient;
   if (j.recipe == Recipe::executor && l.context_parallel == 1) {
     const ExecutorStage x = executor_stage(m, j, l, share, first_block, e);
-    out.activation_bytes = x.saved * out.in_flight + x.transient;
+    const double blocks =
+        x.saved - (share.first ? x.first_extra : 0) - (share.last ? x.last_extra : 0);
+    out.activation_bytes =
+        held_bytes(l, share, blocks, x.first_extra, x.last_extra, out.in_flight) + x.transient;
     // One stage holding the whole model with torch DDP's whole gradients (autograd's .grad,
     // allocated at first use; the bucket copy beside them). Megatron-core's DDP, whose buckets
     // are views of a gradient buffer allocated with the model (grad_bucket_copy false), holds
@@ -566,7 +597,7 @@ ParallelMemory parallel_memory(const ParallelMemoryInput& in, const PipelineWalk
   const double per_stage = static_cast<double>(in.model->layers) / p;
   ParallelMemory out;
   for (int s = 0; s < p; ++s) {
-    StageShare share{per_stage, s == 0, s == p - 1};
+    StageShare share{per_stage, s == 0, s == p - 1, s};
     StageMemory st;
     st.stage = s;
     st.blocks = per_stage;

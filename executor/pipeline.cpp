@@ -19,12 +19,18 @@ using core::InputError;
 using documents::PipeOp;
 using documents::PipeOpKind;
 
-StageUnits stage_units(std::int64_t layers, int stages, int stage) {
-  const std::int64_t per_stage = layers / stages;
+StageUnits chunk_units(std::int64_t layers, int stages, int virtual_stages, int stage, int chunk) {
+  const std::int64_t count = static_cast<std::int64_t>(stages) * virtual_stages;
+  const std::int64_t per_chunk = layers / count;
+  const std::int64_t g = static_cast<std::int64_t>(chunk) * stages + stage;  // virtual stage
   StageUnits u;
-  u.first = stage == 0 ? 0 : 1 + stage * per_stage;
-  u.last = stage == stages - 1 ? layers + 2 : 1 + (stage + 1) * per_stage;
+  u.first = g == 0 ? 0 : 1 + g * per_chunk;
+  u.last = g == count - 1 ? layers + 2 : 1 + (g + 1) * per_chunk;
   return u;
+}
+
+StageUnits stage_units(std::int64_t layers, int stages, int stage) {
+  return chunk_units(layers, stages, 1, stage, 0);
 }
 
 void check_pipeline(const PipelineOptions& o, int world) {
@@ -38,37 +44,75 @@ void check_pipeline(const PipelineOptions& o, int world) {
                      fmt::format("{} does not divide the model's {} layers", p, o.model.layers));
   if (o.micro_batches < 1)
     throw InputError("--micro-batches", fmt::format("must be >= 1, got {}", o.micro_batches));
-  if (o.schedule == documents::PipelineSchedule::interleaved_1f1b)
-    throw InputError("--schedule", "interleaved-1f1b is not run by the executor (one model chunk "
-                                   "per stage): give 1f1b or gpipe");
+  const int v = o.virtual_stages;
+  if (o.schedule != documents::PipelineSchedule::interleaved_1f1b) {
+    if (v != 1)
+      throw InputError("--virtual-stages",
+                       fmt::format("{} needs --schedule interleaved-1f1b, got {}", v,
+                                   documents::schedule_name(o.schedule)));
+    return;
+  }
+  // Megatron-LM's interleaved schedule: v >= 2 chunks per stage, m a multiple of p
+  // (forward_backward_pipelining_with_interleaving). With two stages both neighbours are one rank,
+  // and a stage's activations and gradients would share one ordered channel in an order neither
+  // list fixes; Megatron-LM long required more than two stages too.
+  if (v < 2)
+    throw InputError("--virtual-stages",
+                     fmt::format("the interleaved-1f1b schedule needs >= 2, got {}", v));
+  if (p < 3)
+    throw InputError("--pipeline-parallel",
+                     fmt::format("the interleaved-1f1b schedule runs on >= 3 stages, got {}", p));
+  if (o.model.layers % (static_cast<std::int64_t>(p) * v) != 0)
+    throw InputError("--virtual-stages",
+                     fmt::format("{} stages x {} chunks do not divide the model's {} layers", p, v,
+                                 o.model.layers));
+  if (o.micro_batches % p != 0)
+    throw InputError("--micro-batches",
+                     fmt::format("the interleaved-1f1b schedule needs a multiple of the {} stages, "
+                                 "got {}",
+                                 p, o.micro_batches));
 }
 
 StagePeak stage_peak(const PipelineOptions& o, int stage) {
   const GptLayout layout(o.model);
-  const int p = o.stages;
-  const StageUnits u = stage_units(o.model.layers, p, stage);
+  const int p = o.stages, v = o.virtual_stages;
   const bool first = stage == 0, last = stage == p - 1;
   const bool tied = layout.head().output == kAbsent;
   const std::int64_t f = sizeof(float), N = o.micro_batch.tokens(), h = o.model.hidden;
   const std::int64_t I = o.model.intermediate;
-  const std::int64_t blocks = o.model.layers / p;
+  const std::int64_t blocks = o.model.layers / (static_cast<std::int64_t>(p) * v);  // per chunk
+  const std::int64_t block =
+      block_saved_bytes(layout, o.micro_batch, o.checkpointing, o.model_options.flash_attention, f);
   StagePeak peak;
   std::int64_t elements = 0;
-  for (std::int64_t unit = u.first; unit < u.last; ++unit) elements += layout.unit_size_of(unit);
+  std::vector<std::int64_t> saved(static_cast<std::size_t>(v));  // per chunk and micro-batch
+  for (int c = 0; c < v; ++c) {
+    const StageUnits u = chunk_units(o.model.layers, p, v, stage, c);
+    for (std::int64_t unit = u.first; unit < u.last; ++unit) elements += layout.unit_size_of(unit);
+    const bool first_chunk = first && c == 0, last_chunk = last && c == v - 1;
+    auto& bytes = saved[static_cast<std::size_t>(c)];
+    bytes = blocks * block;
+    if (first_chunk || last_chunk) bytes += 2 * N * static_cast<std::int64_t>(sizeof(std::int32_t));
+    if (last_chunk) bytes += head_saved_bytes(layout, o.micro_batch, f);
+  }
   if (tied && last && !first) elements += layout.unit_size_of(0);
   peak.states = 4 * f * elements;
-  peak.saved = blocks * block_saved_bytes(layout, o.micro_batch, o.checkpointing,
-                                          o.model_options.flash_attention, f);
-  if (first || last) peak.saved += 2 * N * static_cast<std::int64_t>(sizeof(std::int32_t));
-  if (last) peak.saved += head_saved_bytes(layout, o.micro_batch, f);
+  peak.saved = *std::max_element(saved.begin(), saved.end());
   const bool swiglu = o.model.mlp == documents::MlpKind::swiglu;
   if (blocks > 0) peak.transient = (2 * N * h + (swiglu ? 2 : 1) * N * I) * f;
   if (last)
     peak.transient = std::max(peak.transient, head_backward_bytes(layout, o.micro_batch, f));
-  if (!last) peak.transient = std::max(peak.transient, 2 * N * h * f);
-  const auto chunks =
-      documents::peak_chunks(documents::schedule_ops(o.schedule, p, 1, o.micro_batches));
-  peak.in_flight = chunks.at(static_cast<std::size_t>(stage));
+  if (!last || v > 1) peak.transient = std::max(peak.transient, 2 * N * h * f);
+  // The chunks alive at once, in the stage's own order: a forward keeps its chunk's bytes until
+  // the backward of the same micro-batch and chunk.
+  const auto ops = documents::schedule_ops(o.schedule, p, v, o.micro_batches);
+  std::int64_t alive = 0;
+  for (const PipeOp& op : ops.at(static_cast<std::size_t>(stage))) {
+    const auto bytes = saved[static_cast<std::size_t>(op.chunk)];
+    alive += op.kind == PipeOpKind::forward ? bytes : -bytes;
+    peak.held = std::max(peak.held, alive);
+  }
+  peak.in_flight = documents::peak_chunks(ops).at(static_cast<std::size_t>(stage));
   return peak;
 }
 
@@ -111,11 +155,11 @@ struct PipelineTrainer::Impl {
   comm::Communicator& data;
   comm::Communicator& tied;
   GptModel<float> model;
-  StageUnits units;
+  std::vector<StageUnits> chunks;  // [v]: the units of each model chunk on this stage
   bool tied_head = false;
   std::vector<UnitState> states;  // this stage's units; the embedding too on a tied last stage
   std::int64_t steps_done = 0;
-  std::vector<std::optional<InFlight>> in_flight;  // [m]
+  std::vector<std::optional<InFlight>> in_flight;  // [m · v], micro-batch k's chunk c at k·v + c
   TrackedBuffer<float> received;  // an input received ahead by an exchange, for the next step
   double loss_sum = 0;
   PipelineReport report;
@@ -126,8 +170,20 @@ struct PipelineTrainer::Impl {
 
   int stage() const { return pipeline.rank(); }
   int stages() const { return pipeline.size(); }
+  int chunk_count() const { return options.virtual_stages; }
   bool first() const { return stage() == 0; }
   bool last() const { return stage() == stages() - 1; }
+  // Chunk c is the model's first (the embedding's) or last (the head's) virtual stage.
+  bool first_chunk(int c) const { return first() && c == 0; }
+  bool last_chunk(int c) const { return last() && c == chunk_count() - 1; }
+  InFlight& held(int k, int c) {
+    return *in_flight[static_cast<std::size_t>(k) * static_cast<std::size_t>(chunk_count()) +
+                      static_cast<std::size_t>(c)];
+  }
+  std::optional<InFlight>& slot(int k, int c) {
+    return in_flight[static_cast<std::size_t>(k) * static_cast<std::size_t>(chunk_count()) +
+                     static_cast<std::size_t>(c)];
+  }
   std::int64_t head_unit() const { return options.model.layers + 1; }
   std::int64_t hidden_elements() const {
     return options.micro_batch.tokens() * options.model.hidden;
@@ -141,8 +197,8 @@ struct PipelineTrainer::Impl {
   std::span<const float> params(std::int64_t unit) { return state(unit).params.span(); }
 
   void allocate_states();
-  TrackedBuffer<float> forward(int k, TrackedBuffer<float> input);
-  TrackedBuffer<float> backward(int k, TrackedBuffer<float> d_output);
+  TrackedBuffer<float> forward(int k, int c, TrackedBuffer<float> input);
+  TrackedBuffer<float> backward(int k, int c, TrackedBuffer<float> d_output);
   void run_ops(const std::vector<PipeOp>& ops);
   int recv_peer(const PipeOp& op) const;
   int send_peer(const PipeOp& op) const;
@@ -153,7 +209,8 @@ struct PipelineTrainer::Impl {
 void PipelineTrainer::Impl::allocate_states() {
   const auto& layout = model.layout();
   std::vector<std::int64_t> held;
-  for (std::int64_t u = units.first; u < units.last; ++u) held.push_back(u);
+  for (const auto& chunk : chunks)
+    for (std::int64_t u = chunk.first; u < chunk.last; ++u) held.push_back(u);
   if (tied_head && last() && !first()) held.push_back(0);  // the head's copy of wte
   for (std::int64_t u : held) {
     UnitState s;
@@ -168,25 +225,27 @@ void PipelineTrainer::Impl::allocate_states() {
   }
 }
 
-// Micro-batch k's forward through this stage's units; returns the output to send on (empty on
-// the last stage, which keeps the loss).
-TrackedBuffer<float> PipelineTrainer::Impl::forward(int k, TrackedBuffer<float> input) {
+// Micro-batch k's forward through chunk c's units; returns the output to send on (empty on the
+// last chunk, which keeps the loss).
+TrackedBuffer<float> PipelineTrainer::Impl::forward(int k, int c, TrackedBuffer<float> input) {
   const auto& b = options.micro_batch;
-  auto& f = in_flight[static_cast<std::size_t>(k)].emplace();
-  if (first() || last()) {
+  const StageUnits& units = chunks[static_cast<std::size_t>(c)];
+  auto& f = slot(k, c).emplace();
+  if (first_chunk(c) || last_chunk(c)) {
     const std::int64_t d = data.size(), m = options.micro_batches;
     const std::int64_t sequence = steps_done * b.batch * m * d + (k * d + data.rank()) * b.batch;
     f.tokens = synthetic_sequences(allocator, options.seed, sequence, b, options.model.vocab);
   }
-  TrackedBuffer<float> x =
-      first() ? model.forward_embedding(params(0), f.tokens->inputs.span(), b) : std::move(input);
+  TrackedBuffer<float> x = first_chunk(c)
+                               ? model.forward_embedding(params(0), f.tokens->inputs.span(), b)
+                               : std::move(input);
   for (std::int64_t u = std::max<std::int64_t>(units.first, 1); u < units.last; ++u) {
     if (u == head_unit()) break;
     auto block = model.forward_block(params(u), std::move(x), b, options.checkpointing);
     x = std::move(block.output);
     f.saved.push_back(std::move(block.saved));
   }
-  if (!last()) return x;
+  if (!last_chunk(c)) return x;
   const auto embedding = tied_head ? params(0) : std::span<const float>{};
   auto head =
       model.forward_head(params(head_unit()), embedding, std::move(x), f.tokens->targets.span(), b);
@@ -195,13 +254,14 @@ TrackedBuffer<float> PipelineTrainer::Impl::forward(int k, TrackedBuffer<float> 
   return {};
 }
 
-// Micro-batch k's backward through this stage's units; returns d input to send back (empty on
-// the first stage).
-TrackedBuffer<float> PipelineTrainer::Impl::backward(int k, TrackedBuffer<float> d_output) {
-  auto& f = *in_flight[static_cast<std::size_t>(k)];
+// Micro-batch k's backward through chunk c's units; returns d input to send back (empty on the
+// first chunk).
+TrackedBuffer<float> PipelineTrainer::Impl::backward(int k, int c, TrackedBuffer<float> d_output) {
+  auto& f = held(k, c);
+  const StageUnits& units = chunks[static_cast<std::size_t>(c)];
   const double scale = 1.0 / (static_cast<double>(options.micro_batches) * data.size());
   TrackedBuffer<float> dx = std::move(d_output);
-  if (last()) {
+  if (last_chunk(c)) {
     auto& head = state(head_unit());
     const auto embedding = tied_head ? params(0) : std::span<const float>{};
     const auto embedding_grad = tied_head ? state(0).grads.span() : std::span<float>{};
@@ -215,24 +275,29 @@ TrackedBuffer<float> PipelineTrainer::Impl::backward(int k, TrackedBuffer<float>
                               s.grads.span());
     f.saved.pop_back();
   }
-  if (first()) {
+  if (first_chunk(c)) {
     model.backward_embedding(f.tokens->inputs.span(), std::move(dx), state(0).grads.span(),
                              options.micro_batch);
-    in_flight[static_cast<std::size_t>(k)].reset();
+    slot(k, c).reset();
     return {};  // nothing to send back
   }
-  in_flight[static_cast<std::size_t>(k)].reset();
+  slot(k, c).reset();
   return dx;
 }
 
+// A forward receives from the stage before it in the ring of virtual stages (chunk c of stage s
+// follows chunk c − 1 of stage p − 1 when s = 0) and sends to the one after it; a backward the
+// other way round.
 int PipelineTrainer::Impl::recv_peer(const PipeOp& op) const {
-  if (op.kind == PipeOpKind::forward) return first() ? -1 : stage() - 1;
-  return last() ? -1 : stage() + 1;
+  const int p = stages();
+  if (op.kind == PipeOpKind::forward) return first_chunk(op.chunk) ? -1 : (stage() + p - 1) % p;
+  return last_chunk(op.chunk) ? -1 : (stage() + 1) % p;
 }
 
 int PipelineTrainer::Impl::send_peer(const PipeOp& op) const {
-  if (op.kind == PipeOpKind::forward) return last() ? -1 : stage() + 1;
-  return first() ? -1 : stage() - 1;
+  const int p = stages();
+  if (op.kind == PipeOpKind::forward) return last_chunk(op.chunk) ? -1 : (stage() + 1) % p;
+  return first_chunk(op.chunk) ? -1 : (stage() + p - 1) % p;
 }
 
 // The stage's ops in schedule order. A send followed by an op that receives from the same
@@ -255,16 +320,19 @@ void PipelineTrainer::Impl::run_ops(const std::vector<PipeOp>& ops) {
     }
     auto start = Clock::now();
     const bool forward_op = op.kind == PipeOpKind::forward;
-    TrackedBuffer<float> output = forward_op ? forward(op.micro_batch, std::move(input))
-                                             : backward(op.micro_batch, std::move(input));
+    TrackedBuffer<float> output = forward_op ? forward(op.micro_batch, op.chunk, std::move(input))
+                                             : backward(op.micro_batch, op.chunk, std::move(input));
     (forward_op ? report.forward_s : report.backward_s) += seconds_since(start);
     const int to = send_peer(op);
     if (to < 0) continue;
     start = Clock::now();
-    if (i + 1 < ops.size() && recv_peer(ops[i + 1]) == to) {
+    // With model chunks the stages form a ring: a send on to one neighbour and the next step's
+    // receive from the other are one exchange too, as Megatron's send_forward_recv_forward.
+    const int from = i + 1 < ops.size() ? recv_peer(ops[i + 1]) : -1;
+    if (from >= 0 && (from == to || chunk_count() > 1)) {
       received =
           allocator.allocate_uninitialized<float>(MemoryCategory::activations, hidden_elements());
-      pipeline.send_recv(output.data(), n, received.data(), n, comm::DataType::f32, to);
+      pipeline.send_recv(output.data(), n, to, received.data(), n, from, comm::DataType::f32);
     } else {
       pipeline.send(output.data(), n, comm::DataType::f32, to);
     }
@@ -309,7 +377,8 @@ PipelineTrainer::PipelineTrainer(PipelineOptions options, TrackedAllocator& allo
   check_pipeline(options, world);
   impl_ = std::make_unique<Impl>(std::move(options), allocator, groups);
   auto& s = *impl_;
-  s.units = stage_units(s.options.model.layers, p, s.stage());
+  for (int c = 0; c < s.chunk_count(); ++c)
+    s.chunks.push_back(chunk_units(s.options.model.layers, p, s.chunk_count(), s.stage(), c));
   s.tied_head = s.model.layout().head().output == kAbsent;
   s.allocate_states();
 }
@@ -324,9 +393,10 @@ PipelineReport PipelineTrainer::step() {
   s.loss_sum = 0;
   for (auto& u : s.states) std::fill(u.grads.span().begin(), u.grads.span().end(), 0.0f);
   s.in_flight.clear();
-  s.in_flight.resize(static_cast<std::size_t>(s.options.micro_batches));
+  s.in_flight.resize(static_cast<std::size_t>(s.options.micro_batches) *
+                     static_cast<std::size_t>(s.chunk_count()));
   const auto ops =
-      documents::schedule_ops(s.options.schedule, s.stages(), 1,
+      documents::schedule_ops(s.options.schedule, s.stages(), s.chunk_count(),
                               s.options.micro_batches)[static_cast<std::size_t>(s.stage())];
   s.run_ops(ops);
   s.reduce_gradients();
@@ -342,7 +412,7 @@ PipelineReport PipelineTrainer::step() {
 }
 
 int PipelineTrainer::stage() const { return impl_->stage(); }
-StageUnits PipelineTrainer::units() const { return impl_->units; }
+std::vector<StageUnits> PipelineTrainer::units() const { return impl_->chunks; }
 const GptLayout& PipelineTrainer::layout() const { return impl_->model.layout(); }
 std::span<const float> PipelineTrainer::parameters(std::int64_t unit) const {
   return impl_->state(unit).params.span();

@@ -7,14 +7,19 @@
 //   the final norm, the head and the loss after them (Megatron-LM's GPTModel pre_process /
 //   post_process; torchtitan's pipeline split of a Llama).
 //
-// Each stage runs its list of forward and backward steps from documents::schedule_ops (1F1B or
-// GPipe), the same lists the cost model walks for the bubble and the in-flight micro-batches.
-// A forward on stage s > 0 receives its input [N, h] from s − 1; one on s < p − 1 sends its output
-// to s + 1; a backward receives d output from s + 1 and sends d input to s − 1. When a send is
-// followed by a step that receives from the same neighbour, the two are one exchange
-// (Communicator::send_recv), as Megatron's send_forward_recv_backward and
-// send_backward_recv_forward are (megatron/core/pipeline_parallel/p2p_communication.py): two
-// neighbours in the 1F1B steady state send to each other at the same time.
+// Each stage runs its list of forward and backward steps from documents::schedule_ops (1F1B,
+// GPipe, or interleaved 1F1B with v model chunks per stage), the same lists the cost model walks
+// for the bubble and the in-flight micro-batches. With chunks, chunk c of stage s is virtual
+// stage g = c·p + s (chunk_units): the virtual stages form a ring, chunk c of stage 0 following
+// chunk c − 1 of stage p − 1. A forward of virtual stage g > 0 receives its input [N, h] from the
+// stage of g − 1; one of g < p·v − 1 sends its output to the stage of g + 1; a backward receives
+// d output from g + 1 and sends d input to g − 1. When a send is followed by a step that receives
+// from the same neighbour, the two are one exchange (Communicator::send_recv), as Megatron's
+// send_forward_recv_backward and send_backward_recv_forward are
+// (megatron/core/pipeline_parallel/p2p_communication.py): two neighbours in the 1F1B steady state
+// send to each other at the same time. With chunks a send and the next step's receive from the
+// other neighbour are one exchange too (send_forward_recv_forward): around the ring every stage
+// sends while it waits to receive.
 //
 // Gradients accumulate over the m micro-batches of the step, each micro-batch's loss scaled by
 // 1 / (m·d), and are all-reduced (summed) over the stage's data-parallel group once, after the
@@ -58,6 +63,7 @@ struct PipelineOptions {  // NOLINT(bugprone-exception-escape)
   int stages = 1;          // p
   int micro_batches = 1;   // m per pipeline per optimizer step
   documents::PipelineSchedule schedule = documents::PipelineSchedule::one_f_one_b;
+  int virtual_stages = 1;  // v: model chunks per stage (interleaved-1f1b only)
   Checkpointing checkpointing = Checkpointing::none;
   AdamWOptions adamw;
   std::uint64_t seed = 1234;  // initial parameters and tokens, as the sharding engine's
@@ -69,6 +75,10 @@ struct StageUnits {
   std::int64_t first = 0, last = 0;
 };
 StageUnits stage_units(std::int64_t layers, int stages, int stage);
+// Of model chunk `chunk` of stage `stage` under the interleaved schedule: virtual stage
+// g = chunk·p + stage holds blocks [g·L/(p·v), (g+1)·L/(p·v)), the embedding before virtual
+// stage 0 and the head after the last (Megatron-LM's model chunks).
+StageUnits chunk_units(std::int64_t layers, int stages, int virtual_stages, int stage, int chunk);
 
 // Throws core::InputError naming the flag and the value when the pipeline cannot run:
 // --pipeline-parallel < 1, not dividing the world or the layers; --micro-batches < 1; an
@@ -89,9 +99,10 @@ void check_pipeline(const PipelineOptions& options, int world);
 //               stage, a forward's output beside the received tensor of the exchange after it
 //               (2·N·h) on the others
 struct StagePeak {
-  std::int64_t states = 0, saved = 0, transient = 0;
-  int in_flight = 0;
-  std::int64_t total() const { return states + in_flight * saved + transient; }
+  std::int64_t states = 0, saved = 0, transient = 0;  // saved: the largest chunk's
+  int in_flight = 0;                                  // chunks alive at once, at the most
+  std::int64_t held = 0;  // their saved bytes at the most (in_flight · saved with one chunk)
+  std::int64_t total() const { return states + held + transient; }
 };
 StagePeak stage_peak(const PipelineOptions& options, int stage);
 
@@ -127,7 +138,7 @@ public:
   PipelineReport step();
 
   int stage() const;
-  StageUnits units() const;
+  std::vector<StageUnits> units() const;  // one range per model chunk
   const GptLayout& layout() const;
   // Unit u's parameters when this stage holds it (the embedding on the last stage too when the
   // head is tied); throws std::out_of_range otherwise.

@@ -23,7 +23,10 @@ void add_pipeline_options(CLI::App& app, PipelineTexts& t) {
   app.add_option("--pipeline-parallel", t.stages,
                  "run the plan's model on P pipeline stages (DDP over world / P ranks each) "
                  "[default: 1]");
-  app.add_option("--schedule", t.schedule, "pipeline schedule: 1f1b or gpipe [default: 1f1b]");
+  app.add_option("--schedule", t.schedule,
+                 "pipeline schedule: 1f1b, interleaved-1f1b or gpipe [default: 1f1b]");
+  app.add_option("--virtual-stages", t.virtual_stages,
+                 "model chunks per stage, with --schedule interleaved-1f1b [default: 1]");
   app.add_option("--micro-batches", t.micro_batches,
                  "micro-batches per pipeline per step [default: the plan's micro-batch size]");
 }
@@ -36,18 +39,18 @@ PipelineFlags read_pipeline_options(const CLI::App& app, const PipelineTexts& t,
     if (f.stages < 1)
       throw InputError("--pipeline-parallel", fmt::format("must be >= 1, got {}", f.stages));
   }
-  if (app.count("--schedule")) {
-    f.schedule = documents::schedule_from_name(t.schedule, "--schedule");
-    if (f.schedule == documents::PipelineSchedule::interleaved_1f1b)
-      throw InputError("--schedule", "interleaved-1f1b is not run by the executor (one model "
-                                     "chunk per stage): give 1f1b or gpipe");
+  if (app.count("--schedule")) f.schedule = documents::schedule_from_name(t.schedule, "--schedule");
+  if (app.count("--virtual-stages")) {
+    f.virtual_stages = core::int_from_text("--virtual-stages", t.virtual_stages);
+    if (f.virtual_stages < 1)
+      throw InputError("--virtual-stages", fmt::format("must be >= 1, got {}", f.virtual_stages));
   }
   if (app.count("--micro-batches")) {
     f.micro_batches = core::int_from_text("--micro-batches", t.micro_batches);
     if (f.micro_batches < 1)
       throw InputError("--micro-batches", fmt::format("must be >= 1, got {}", f.micro_batches));
   }
-  for (const char* flag : {"--schedule", "--micro-batches"})
+  for (const char* flag : {"--schedule", "--micro-batches", "--virtual-stages"})
     if (app.count(flag) && f.stages == 1)
       throw InputError(flag, "needs --pipeline-parallel P with P > 1");
   if (f.stages > 1 && !refused_with.empty())
@@ -64,12 +67,15 @@ PipelineOptions pipeline_options(const PipelineFlags& flags, const RunSetup& set
   o.model = e.model;
   o.stages = flags.stages;
   o.schedule = flags.schedule;
+  o.virtual_stages = flags.virtual_stages;
   o.checkpointing = e.checkpointing;
   o.adamw = e.adamw;
   o.seed = e.seed;
   o.model_options = e.model_options;
   o.micro_batch = e.micro_batch;
-  o.micro_batches = std::max(1, flags.micro_batches);
+  // The stages against the world and the model first; m, when the plan decides it, is checked
+  // with the rest once known (below).
+  o.micro_batches = flags.micro_batches > 0 ? flags.micro_batches : o.stages;
   check_pipeline(o, world);
   if (e.spec.shard_parameters || e.spec.shard_gradients || e.spec.shard_optimizer)
     throw InputError("--pipeline-parallel",
@@ -94,6 +100,7 @@ PipelineOptions pipeline_options(const PipelineFlags& flags, const RunSetup& set
                                  m, per_rank, setup.global_batch, d));
   o.micro_batches = static_cast<int>(m);
   o.micro_batch.batch = per_rank / m;
+  check_pipeline(o, world);
   return o;
 }
 
@@ -181,6 +188,7 @@ void run_pipeline(const PipelineFlags& flags, const RunSetup& setup, comm::Commu
                                {{"pipeline_parallel", o.stages},
                                 {"data_parallel", n / o.stages},
                                 {"schedule", documents::schedule_name(o.schedule)},
+                                {"virtual_stages", o.virtual_stages},
                                 {"micro_batches", o.micro_batches},
                                 {"micro_batch", o.micro_batch.batch},
                                 {"seq_len", o.micro_batch.seq}}},

@@ -22,12 +22,13 @@ namespace shardplan::executor {
 struct PipelineFlags {
   int stages = 1;  // p; 1: no pipeline (the sharding engine runs the plan)
   documents::PipelineSchedule schedule = documents::PipelineSchedule::one_f_one_b;
-  int micro_batches = 0;  // m per pipeline per step; 0: the plan's micro-batch size decides
+  int micro_batches = 0;   // m per pipeline per step; 0: the plan's micro-batch size decides
+  int virtual_stages = 1;  // v: model chunks per stage (interleaved-1f1b)
 };
 
 // The flags as given, as text (converted after parsing, as the other numbers are).
 struct PipelineTexts {
-  std::string stages, schedule, micro_batches;
+  std::string stages, schedule, micro_batches, virtual_stages;
 };
 void add_pipeline_options(CLI::App& app, PipelineTexts& texts);
 // Throws core::InputError naming the flag and the value: P or M not a whole number >= 1, a

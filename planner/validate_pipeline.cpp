@@ -47,9 +47,27 @@ void read_layout(ObjectReader& r, PipelineRun& f) {
   f.data_parallel = count(p, "data_parallel");
   f.layout.schedule = documents::schedule_from_name(p.string("schedule"), "/pipeline/schedule");
   f.layout.micro_batches = count(p, "micro_batches");
+  // Written since the executor runs the interleaved schedule; one chunk per stage before.
+  f.layout.virtual_stages =
+      static_cast<int>(p.optional_integer("virtual_stages", Range{1, 1e6, false}).value_or(1));
   f.micro_batch = count(p, "micro_batch");
   f.seq_len = count(p, "seq_len");
   p.finish();
+  const auto& l = f.layout;
+  const bool interleaved = l.schedule == documents::PipelineSchedule::interleaved_1f1b;
+  if (!interleaved && l.virtual_stages != 1)
+    throw InputError("/pipeline/virtual_stages",
+                     fmt::format("{} needs the interleaved-1f1b schedule, got {}", l.virtual_stages,
+                                 documents::schedule_name(l.schedule)));
+  if (interleaved && l.virtual_stages < 2)
+    throw InputError(
+        "/pipeline/virtual_stages",
+        fmt::format("the interleaved-1f1b schedule needs >= 2, got {}", l.virtual_stages));
+  if (interleaved && l.micro_batches % l.pipeline_parallel != 0)
+    throw InputError("/pipeline/micro_batches",
+                     fmt::format("the interleaved-1f1b schedule needs a multiple of the {} stages, "
+                                 "got {}",
+                                 l.pipeline_parallel, l.micro_batches));
   if (f.layout.pipeline_parallel * f.data_parallel != f.world)
     throw InputError("/pipeline/data_parallel",
                      fmt::format("{} stages × {} data-parallel ranks are not the run's {} ranks "
@@ -139,8 +157,8 @@ Prediction predict(const documents::Plan& plan, const PipelineRun& run) {
   const int p = run.layout.pipeline_parallel;
   const std::vector<double> forward(static_cast<std::size_t>(p), 1.0),
       backward(forward.size(), 2.0);
-  const auto walk = costmodel::walk_schedule(run.layout.schedule, p, 1, run.layout.micro_batches,
-                                             forward, backward);
+  const auto walk = costmodel::walk_schedule(run.layout.schedule, p, run.layout.virtual_stages,
+                                             run.layout.micro_batches, forward, backward);
   out.memory = costmodel::parallel_memory(in, walk);
   if (!loaded) return out;
   const costmodel::StepInput step_in{&plan.model, &hw, in.cluster, in.job, in.spec};

@@ -1,6 +1,6 @@
 # The executor program with pipeline stages under mpirun (ctest label mpi): a DDP plan runs as
-# P = 2 stages on 2 ranks (1F1B and GPipe) and as P = 2 × d = 2 on 4, writing each stage's
-# measured peak beside the cost model's prediction; what a pipeline run cannot do is refused with
+# P = 2 stages on 2 ranks (1F1B and GPipe), as P = 2 × d = 2 on 4 and as 3 interleaved stages on
+# 3, writing each stage's measured peak, which planner validate compares with the prediction; what a pipeline run cannot do is refused with
 # one line naming the flag and the value, and exit code 2.
 # Arguments: MPIRUN, EXECUTOR, PLANNER, DATA (this folder's data/), WORK (a scratch folder).
 include(${CMAKE_CURRENT_LIST_DIR}/run_expect.cmake)
@@ -80,6 +80,32 @@ string(JSON measured_stage GET "${validated}" memory peak_stage_measured)
 if(NOT predicted_stage EQUAL measured_stage)
   message(FATAL_ERROR "peak on stage ${predicted_stage} predicted, ${measured_stage} measured")
 endif()
+# The interleaved schedule: 3 stages of 2 model chunks each over a 6-layer copy of the model, 3
+# micro-batches of 2 × 32 tokens (messages of 32 KiB, past the eager limit: every send meets its
+# receive), validated per stage within 3%.
+file(READ ${DATA}/llama-tiny.json config)
+string(JSON config SET "${config}" num_hidden_layers 6)
+file(WRITE ${WORK}/llama-6.json "${config}")
+run_expect(0 COMMAND ${PLANNER} recommend --model llama-6.json --hardware ${DATA}/cpu-test.json
+                     --gpus 3 --seq-len 32 --global-batch 6 --micro-batch 1 --attention eager
+                     --checkpointing none --offload none --recipe executor --precision fp32
+                     --strategy ddp --flavour ddp --emit plan OUTPUT plan)
+file(WRITE ${WORK}/plan3.json "${plan}")
+run_expect(0 COMMAND ${mpirun} -np 3 ${EXECUTOR} --plan plan3.json --steps 2 --pipeline-parallel 3
+                     --schedule interleaved-1f1b --virtual-stages 2 --micro-batches 3
+                     --out pp-3-interleaved.json)
+run_expect(0 COMMAND ${PLANNER} validate --plan plan3.json --run pp-3-interleaved.json
+                     --format json OUTPUT validated)
+foreach(s 0 1 2)
+  string(JSON error GET "${validated}" stages ${s} rel_error)
+  if(error GREATER 0.03 OR error LESS -0.03)
+    message(FATAL_ERROR "interleaved, stage ${s}: predicted peak off by ${error}")
+  endif()
+endforeach()
+run_expect(0 COMMAND ${PLANNER} validate --plan plan3.json --run pp-3-interleaved.json
+                     OUTPUT table)
+message(STATUS "planner validate --plan plan3.json --run pp-3-interleaved.json:\n${table}")
+
 # A malformed pipeline run document: one line naming the field, exit code 2.
 file(READ ${WORK}/pp-4-1f1b.json run)
 string(JSON bad REMOVE "${run}" stages_measured 1)
@@ -98,7 +124,8 @@ foreach(case
     "--pipeline-parallel#0|--pipeline-parallel: must be >= 1, got 0"
     "--pipeline-parallel#x|--pipeline-parallel: must be a whole decimal number, got \"x\""
     "--pipeline-parallel#2#--schedule#zigzag|--schedule: must be one of 1f1b, interleaved-1f1b, gpipe, got \"zigzag\""
-    "--pipeline-parallel#2#--schedule#interleaved-1f1b|--schedule: interleaved-1f1b is not run by the executor"
+    "--pipeline-parallel#2#--virtual-stages#0|--virtual-stages: must be >= 1, got 0"
+    "--virtual-stages#2|--virtual-stages: needs --pipeline-parallel P with P > 1"
     "--pipeline-parallel#2#--micro-batches#0|--micro-batches: must be >= 1, got 0"
     "--micro-batches#2|--micro-batches: needs --pipeline-parallel P with P > 1"
     "--pipeline-parallel#2#--save#ckpt|--pipeline-parallel: --save is not run with pipeline stages"
@@ -115,6 +142,8 @@ endforeach()
 foreach(case
     "plan2.json|--pipeline-parallel#2#--micro-batches#3|--micro-batches: 3 does not divide the 8 sequences per data-parallel rank"
     "plan2.json|--pipeline-parallel#3|--pipeline-parallel: 3 does not divide the 2 ranks of the job"
+    "plan2.json|--pipeline-parallel#2#--schedule#interleaved-1f1b#--virtual-stages#2|--pipeline-parallel: the interleaved-1f1b schedule runs on >= 3 stages, got 2"
+    "plan2.json|--pipeline-parallel#2#--virtual-stages#2|--virtual-stages: 2 needs --schedule interleaved-1f1b, got 1f1b"
     "plan2.json|--pipeline-parallel#2#--layers#3#--hidden#16#--heads#2#--vocab#64|--pipeline-parallel: 2 does not divide the model's 3 layers"
     "fsdp.json|--pipeline-parallel#2|--pipeline-parallel: the plan's strategy fsdp-full shards over the data-parallel group")
   string(REPLACE "|" ";" parts "${case}")

@@ -154,6 +154,19 @@ TEST_CASE("validate::a malformed pipeline run is refused naming the field") {
        "/steps: the run has no steps"},
       {"a negative step time", with([](json& r) { r["steps"][0]["step_s"] = -1; }),
        "/steps/0/step_s: must be >= 0, got -1"},
+      {"chunks without the interleaved schedule",
+       with([](json& r) { r["pipeline"]["virtual_stages"] = 2; }),
+       "/pipeline/virtual_stages: 2 needs the interleaved-1f1b schedule, got 1f1b"},
+      {"the interleaved schedule with one chunk",
+       with([](json& r) { r["pipeline"]["schedule"] = "interleaved-1f1b"; }),
+       "/pipeline/virtual_stages: the interleaved-1f1b schedule needs >= 2, got 1"},
+      {"interleaved micro-batches not a multiple of the stages", with([](json& r) {
+         r["pipeline"]["schedule"] = "interleaved-1f1b";
+         r["pipeline"]["virtual_stages"] = 2;
+         r["pipeline"]["micro_batches"] = 3;
+       }),
+       "/pipeline/micro_batches: the interleaved-1f1b schedule needs a multiple of the 2 stages, "
+       "got 3"},
       {"zero micro-batches", with([](json& r) { r["pipeline"]["micro_batches"] = 0; }),
        "/pipeline/micro_batches: must be >= 1, got 0"},
       {"a later version", with([](json& r) { r["schema_version"] = 2; }),
