@@ -197,7 +197,7 @@ TEST_CASE("pipeline::the interleaved schedule trains as one process, its peaks a
     if (world % p != 0) continue;
     const int d = world / p, v = 2;
     for (const bool tied : {false, true}) {
-      const auto model = tied ? tiny_gpt2(p * v) : tiny_llama(p * v);
+      const auto model = tied ? tiny_gpt2(std::int64_t{p} * v) : tiny_llama(std::int64_t{p} * v);
       for (const int m : {p, 2 * p}) {
         const auto o = pipeline_options(model, p, m, PipelineSchedule::interleaved_1f1b, v);
         const auto run = run_pipeline(o);
