@@ -52,11 +52,30 @@ LayerActivations layer_activations(const ModelSpec& m, const TrainingJob& j,
   return out;
 }
 
+namespace {
+
+// A column-parallel linear's bias, by the Hugging Face module names of the linears Megatron makes
+// ColumnParallelLinear (their output features split, and with them the bias:
+// megatron/core/tensor_parallel/layers.py, ColumnParallelLinear, bias of
+// output_size_per_partition): the query, key and value projections, fused or not, and the MLP's
+// up and gate projections.
+bool column_parallel_bias(const std::string& name) {
+  if (!name.ends_with(".bias")) return false;
+  for (const char* module :
+       {"q_proj.", "k_proj.", "v_proj.", "c_attn.", "query_key_value.", "qkv_proj.", "W_pack.",
+        "gate_proj.", "up_proj.", "gate_up_proj.", "c_fc.", "dense_h_to_4h.", "fc1."})
+    if (name.find(module) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
 double tp_local_elements(const UnitTensors& u, int t, bool embedding) {
   double n = 0;
   for (std::size_t i = 0; i < u.tensors.size(); ++i) {
     const auto& x = u.tensors[i];
-    const bool split = x.is_matrix() && !(embedding && i > 0);  // the token table only
+    const bool split = x.is_matrix() ? !(embedding && i > 0)  // of the embeddings, the token table
+                                     : column_parallel_bias(x.name);
     n += static_cast<double>(x.elements()) / (split ? t : 1);
   }
   return n;
@@ -305,7 +324,11 @@ ExecutorStage executor_stage(const ModelSpec& m, const TrainingJob& j, const Par
     out.last_extra = 8 * T + out.head_saved;
     out.head_transient =
         t == 1 ? (4 + e) * T * V : std::max(e * T * V / t, e * T * h - 4 * T * V / t);
-    out.transient = std::max(out.transient, out.head_transient);
+    // The blocks' backward runs after the head's has freed what the head kept (this micro-batch's
+    // head_saved; with one chunk per stage every block of the stage comes after the head).
+    const double block_after_head =
+        l.virtual_stages == 1 ? out.block_transient - out.head_saved : out.block_transient;
+    out.transient = std::max(block_after_head, out.head_transient);
   }
   // A stage that sends a forward on (every stage but the last; with chunks, each): its output
   // beside the tensor received for the next step.

@@ -47,10 +47,9 @@ LayerActivations layer_activations(const ModelSpec& m, const TrainingJob& j,
                                    const ParallelLayout& l, double e);
 
 // Elements one rank holds of a unit under tensor parallelism: matrices split by t (column- and
-// row-parallel linears, the vocabulary-parallel embedding and head), vectors (norms, biases)
-// whole — a column-parallel linear's bias is really split too, counted whole here (at most
-// (1 − 1/t) of a few vectors per block). GPT-2's learned position table stays whole (Megatron
-// keeps position embeddings replicated).
+// row-parallel linears, the vocabulary-parallel embedding and head) and the column-parallel
+// linears' biases with them; other vectors (norms, row-parallel biases) whole. GPT-2's learned
+// position table stays whole (Megatron keeps position embeddings replicated).
 double tp_local_elements(const UnitTensors& u, int t, bool embedding);
 
 struct StageMemory {

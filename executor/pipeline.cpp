@@ -12,6 +12,7 @@
 #include "documents/pipeline_order.hpp"
 #include "executor/param_init.hpp"
 #include "executor/synthetic_data.hpp"
+#include "executor/tensor_parallel.hpp"
 
 namespace shardplan::executor {
 
@@ -44,6 +45,25 @@ void check_pipeline(const PipelineOptions& o, int world) {
                      fmt::format("{} does not divide the model's {} layers", p, o.model.layers));
   if (o.micro_batches < 1)
     throw InputError("--micro-batches", fmt::format("must be >= 1, got {}", o.micro_batches));
+  const int t = o.tensor_parallel;
+  if (t < 1) throw InputError("--tensor-parallel", fmt::format("must be >= 1, got {}", t));
+  if (world % (static_cast<std::int64_t>(p) * t) != 0)
+    throw InputError("--tensor-parallel",
+                     fmt::format("{} stages x {} tensor-parallel ranks do not divide the {} ranks "
+                                 "of the job",
+                                 p, t, world));
+  if (t > 1) {
+    try {
+      check_tensor_parallel(o.model, t);
+    } catch (const std::invalid_argument& e) {
+      throw InputError("--tensor-parallel", e.what());
+    }
+  }
+  if (o.sequence_parallel && (t == 1 || o.micro_batch.tokens() % t != 0))
+    throw InputError("--sequence-parallel",
+                     fmt::format("{} tokens per micro-batch do not split over {} tensor-parallel "
+                                 "ranks (> 1)",
+                                 o.micro_batch.tokens(), t));
   const int v = o.virtual_stages;
   if (o.schedule != documents::PipelineSchedule::interleaved_1f1b) {
     if (v != 1)
@@ -74,6 +94,8 @@ void check_pipeline(const PipelineOptions& o, int world) {
 }
 
 StagePeak stage_peak(const PipelineOptions& o, int stage) {
+  if (o.tensor_parallel > 1)
+    throw std::invalid_argument("stage_peak counts stages without tensor parallelism");
   const GptLayout layout(o.model);
   const int p = o.stages, v = o.virtual_stages;
   const bool first = stage == 0, last = stage == p - 1;
@@ -116,14 +138,16 @@ StagePeak stage_peak(const PipelineOptions& o, int stage) {
   return peak;
 }
 
-PipelineGroups make_pipeline_groups(comm::Communicator& world, int stages) {
-  const int d = world.size() / stages, rank = world.rank();
-  const int stage = rank / d, index = rank % d;
+PipelineGroups make_pipeline_groups(comm::Communicator& world, int stages, int tensor_parallel) {
+  const int t = tensor_parallel, d = world.size() / (stages * t), rank = world.rank();
+  const int stage = rank / (d * t), within = rank % (d * t);  // within: index·t + TP rank
+  const int index = within / t, tp = within % t;
   PipelineGroups g;
-  g.pipeline = world.split(index, stage);
-  g.data = world.split(stage, index);
+  g.pipeline = world.split(within, stage);
+  g.data = world.split(stage * t + tp, index);
+  g.tensor = world.split(stage * d + index, tp);
   const bool end = stage == 0 || stage == stages - 1;
-  g.tied = world.split(end ? index : d + rank, stage);
+  g.tied = world.split(end ? within : d * t + rank, stage);
   return g;
 }
 
@@ -185,8 +209,12 @@ struct PipelineTrainer::Impl {
                      static_cast<std::size_t>(c)];
   }
   std::int64_t head_unit() const { return options.model.layers + 1; }
+  // The hidden states between units: [N, h], or this rank's N/t tokens under sequence
+  // parallelism.
   std::int64_t hidden_elements() const {
-    return options.micro_batch.tokens() * options.model.hidden;
+    const auto& tp = options.model_options.tensor_parallel;
+    const std::int64_t tokens = options.micro_batch.tokens();
+    return (tp.sequence_parallel ? tokens / tp.size() : tokens) * options.model.hidden;
   }
 
   UnitState& state(std::int64_t unit) {
@@ -217,7 +245,11 @@ void PipelineTrainer::Impl::allocate_states() {
     s.unit = u;
     const std::int64_t n = layout.unit_size_of(u);
     s.params = allocator.allocate_uninitialized<float>(MemoryCategory::parameters, n);
-    init_unit_params<float>(layout, u, options.seed, 0, s.params.span());
+    const auto& tp = options.model_options.tensor_parallel;
+    if (tp.active())  // this rank's slice of the whole model's initial values
+      init_local_params<float>(tp, layout, u, options.seed, 0, s.params.span());
+    else
+      init_unit_params<float>(layout, u, options.seed, 0, s.params.span());
     s.grads = allocator.allocate<float>(MemoryCategory::gradients, n);
     s.exp_avg = allocator.allocate<float>(MemoryCategory::optimizer_states, n);
     s.exp_avg_sq = allocator.allocate<float>(MemoryCategory::optimizer_states, n);
@@ -234,7 +266,8 @@ TrackedBuffer<float> PipelineTrainer::Impl::forward(int k, int c, TrackedBuffer<
   if (first_chunk(c) || last_chunk(c)) {
     const std::int64_t d = data.size(), m = options.micro_batches;
     const std::int64_t sequence = steps_done * b.batch * m * d + (k * d + data.rank()) * b.batch;
-    f.tokens = synthetic_sequences(allocator, options.seed, sequence, b, options.model.vocab);
+    f.tokens = synthetic_sequences(allocator, options.seed, sequence, b,
+                                   options.model_options.tensor_parallel.vocab(options.model));
   }
   TrackedBuffer<float> x = first_chunk(c)
                                ? model.forward_embedding(params(0), f.tokens->inputs.span(), b)
@@ -368,13 +401,20 @@ double PipelineTrainer::Impl::reported_loss() {
 
 PipelineTrainer::PipelineTrainer(PipelineOptions options, TrackedAllocator& allocator,
                                  PipelineGroups& groups) {
-  if (!groups.pipeline || !groups.data || !groups.tied)
+  if (!groups.pipeline || !groups.data || !groups.tied || !groups.tensor)
     throw std::invalid_argument("pipeline: every group is needed");
-  const int p = groups.pipeline->size(), world = p * groups.data->size();
-  if (p != options.stages)
+  const int p = groups.pipeline->size(), t = groups.tensor->size();
+  const int world = p * groups.data->size() * t;
+  if (p != options.stages || t != options.tensor_parallel)
     throw std::invalid_argument(
-        fmt::format("pipeline: a group of {} stages for {} stages", p, options.stages));
+        fmt::format("pipeline: groups of {} stages and {} tensor-parallel ranks for {} and {}", p,
+                    t, options.stages, options.tensor_parallel));
   check_pipeline(options, world);
+  if (t > 1) {  // the stage runs this rank's local model (tensor_parallel.hpp)
+    options.model_options.tensor_parallel = {groups.tensor.get(), options.sequence_parallel,
+                                             std::make_shared<const GptLayout>(options.model)};
+    options.model = local_spec(options.model, t);
+  }
   impl_ = std::make_unique<Impl>(std::move(options), allocator, groups);
   auto& s = *impl_;
   for (int c = 0; c < s.chunk_count(); ++c)

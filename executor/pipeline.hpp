@@ -64,6 +64,10 @@ struct PipelineOptions {  // NOLINT(bugprone-exception-escape)
   int micro_batches = 1;   // m per pipeline per optimizer step
   documents::PipelineSchedule schedule = documents::PipelineSchedule::one_f_one_b;
   int virtual_stages = 1;  // v: model chunks per stage (interleaved-1f1b only)
+  // Tensor parallelism within each stage (tensor_parallel.hpp) over t consecutive ranks, with
+  // sequence parallelism or not; `model` is the whole model.
+  int tensor_parallel = 1;
+  bool sequence_parallel = false;
   Checkpointing checkpointing = Checkpointing::none;
   AdamWOptions adamw;
   std::uint64_t seed = 1234;  // initial parameters and tokens, as the sharding engine's
@@ -104,6 +108,7 @@ struct StagePeak {
   std::int64_t held = 0;  // their saved bytes at the most (in_flight · saved with one chunk)
   std::int64_t total() const { return states + held + transient; }
 };
+// Without tensor parallelism (options.tensor_parallel = 1; std::invalid_argument otherwise).
 StagePeak stage_peak(const PipelineOptions& options, int stage);
 
 // The groups of a pipeline run, made from the world (collective over it). Owned.
@@ -111,9 +116,12 @@ struct PipelineGroups {
   std::unique_ptr<comm::Communicator> pipeline;  // the p stages of this data-parallel index;
                                                  // rank = stage
   std::unique_ptr<comm::Communicator> data;      // the d ranks of this stage
-  std::unique_ptr<comm::Communicator> tied;  // stages 0 and p − 1 (p > 1), else a group of one
+  std::unique_ptr<comm::Communicator> tied;    // stages 0 and p − 1 (p > 1), else a group of one
+  std::unique_ptr<comm::Communicator> tensor;  // the t ranks splitting this stage's linears
 };
-PipelineGroups make_pipeline_groups(comm::Communicator& world, int stages);
+// Mesh order pp, dp, tp (outermost first): stage s holds world ranks [s·d·t, (s+1)·d·t), of which
+// rank s·d·t + i·t + r is data-parallel index i and tensor-parallel rank r.
+PipelineGroups make_pipeline_groups(comm::Communicator& world, int stages, int tensor_parallel = 1);
 
 struct PipelineReport {
   std::int64_t step = 0;  // 1-based
