@@ -304,7 +304,6 @@ std::string pipeline_refusal(const CLI::App& app, const RunCommand& r) {
   if (r.backend == ComputeBackend::cuda) return "--backend cuda";
   for (const char* flag : {"--save", "--resume"})
     if (app.count(flag)) return flag;
-  if (r.request.tensor_parallel > 1) return "--tensor-parallel";  // not yet combined with stages
   return r.request.collective_streams ? "--collective-streams" : "";
 }
 

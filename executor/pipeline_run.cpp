@@ -64,7 +64,12 @@ PipelineFlags read_pipeline_options(const CLI::App& app, const PipelineTexts& t,
 PipelineOptions pipeline_options(const PipelineFlags& flags, const RunSetup& setup, int world) {
   const auto& e = setup.engine;
   PipelineOptions o;
-  o.model = e.model;
+  // Under tensor parallelism the setup's model is one rank's (run_setup.cpp): the stages take the
+  // whole model and split it themselves.
+  const auto& full = e.model_options.tensor_parallel.full;
+  o.model = full != nullptr ? full->spec() : e.model;
+  o.tensor_parallel = flags.tensor_parallel;
+  o.sequence_parallel = flags.sequence_parallel;
   o.stages = flags.stages;
   o.schedule = flags.schedule;
   o.virtual_stages = flags.virtual_stages;
@@ -72,6 +77,7 @@ PipelineOptions pipeline_options(const PipelineFlags& flags, const RunSetup& set
   o.adamw = e.adamw;
   o.seed = e.seed;
   o.model_options = e.model_options;
+  o.model_options.tensor_parallel = {};  // the trainer's, over its own groups
   o.micro_batch = e.micro_batch;
   // The stages against the world and the model first; m, when the plan decides it, is checked
   // with the rest once known (below).
@@ -85,12 +91,14 @@ PipelineOptions pipeline_options(const PipelineFlags& flags, const RunSetup& set
   if (setup.plan.job.precision != documents::Precision::fp32)
     throw InputError("--pipeline-parallel", "pipeline stages compute in fp32 only (plan "
                                             "--precision fp32)");
-  const std::int64_t d = world / flags.stages, per_rank = setup.global_batch / d;
+  const std::int64_t d = world / (flags.stages * flags.tensor_parallel);
+  const std::int64_t per_rank = setup.global_batch / d;
   if (setup.global_batch % d != 0)
     throw InputError("--pipeline-parallel",
                      fmt::format("the global batch of {} sequences does not split over the {} "
-                                 "data-parallel ranks (world {} / P {})",
-                                 setup.global_batch, d, world, flags.stages));
+                                 "data-parallel ranks (world {} / P {} / T {})",
+                                 setup.global_batch, d, world, flags.stages,
+                                 flags.tensor_parallel));
   const std::int64_t m =
       flags.micro_batches > 0 ? flags.micro_batches : per_rank / e.micro_batch.batch;
   if (m < 1 || per_rank % m != 0)
@@ -116,10 +124,11 @@ std::array<std::int64_t, kRecord> rank_record(const TrackedAllocator& a) {
   return r;
 }
 
-// Per stage: what the trainer allocates at its peak (pipeline.hpp, stage_peak).
+// Per stage: what the trainer allocates at its peak (pipeline.hpp, stage_peak); none with tensor
+// parallelism, which stage_peak does not count.
 nlohmann::json counted_stages(const PipelineOptions& o) {
   nlohmann::json out = nlohmann::json::array();
-  for (int s = 0; s < o.stages; ++s) {
+  for (int s = 0; s < o.stages && o.tensor_parallel == 1; ++s) {
     const auto peak = stage_peak(o, s);
     out.push_back({{"total_bytes", peak.total()},
                    {"state_bytes", peak.states},
@@ -154,7 +163,7 @@ void run_pipeline(const PipelineFlags& flags, const RunSetup& setup, comm::Commu
                   std::int64_t steps, const std::string& out, std::int64_t capacity_bytes) {
   const int n = world.size();
   const PipelineOptions o = pipeline_options(flags, setup, n);
-  auto groups = make_pipeline_groups(world, o.stages);
+  auto groups = make_pipeline_groups(world, o.stages, o.tensor_parallel);
   TrackedAllocator allocator(capacity_bytes);
   nlohmann::json step_docs = nlohmann::json::array();
   {
@@ -186,9 +195,11 @@ void run_pipeline(const PipelineFlags& flags, const RunSetup& setup, comm::Commu
                               {"world", n},
                               {"pipeline",
                                {{"pipeline_parallel", o.stages},
-                                {"data_parallel", n / o.stages},
+                                {"data_parallel", n / (o.stages * o.tensor_parallel)},
                                 {"schedule", documents::schedule_name(o.schedule)},
                                 {"virtual_stages", o.virtual_stages},
+                                {"tensor_parallel", o.tensor_parallel},
+                                {"sequence_parallel", o.sequence_parallel},
                                 {"micro_batches", o.micro_batches},
                                 {"micro_batch", o.micro_batch.batch},
                                 {"seq_len", o.micro_batch.seq}}},

@@ -24,6 +24,9 @@ struct PipelineFlags {
   documents::PipelineSchedule schedule = documents::PipelineSchedule::one_f_one_b;
   int micro_batches = 0;   // m per pipeline per step; 0: the plan's micro-batch size decides
   int virtual_stages = 1;  // v: model chunks per stage (interleaved-1f1b)
+  // --tensor-parallel and --sequence-parallel (the run's request): TP inside each stage.
+  int tensor_parallel = 1;
+  bool sequence_parallel = false;
 };
 
 // The flags as given, as text (converted after parsing, as the other numbers are).

@@ -306,9 +306,11 @@ int run_under_mpi(const RunCommand& c) {
     check_checkpoints(c, setup);
     check_out_on_rank_0(watched, c);
     predicted_peak = setup.plan.prediction.peak_bytes;
-    if (c.pipeline.stages > 1) {  // executor/pipeline_run.hpp
-      run_pipeline(c.pipeline, setup, watched, c.request.steps, c.out,
-                   capacity_bytes(c, setup.plan));
+    if (c.pipeline.stages > 1) {  // executor/pipeline_run.hpp, with TP inside the stages
+      PipelineFlags flags = c.pipeline;
+      flags.tensor_parallel = c.request.tensor_parallel;
+      flags.sequence_parallel = c.request.sequence_parallel;
+      run_pipeline(flags, setup, watched, c.request.steps, c.out, capacity_bytes(c, setup.plan));
       return 0;
     }
     // With collective streams the reductions get a communicator of their own (a stream beside

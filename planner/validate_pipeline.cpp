@@ -47,9 +47,13 @@ void read_layout(ObjectReader& r, PipelineRun& f) {
   f.data_parallel = count(p, "data_parallel");
   f.layout.schedule = documents::schedule_from_name(p.string("schedule"), "/pipeline/schedule");
   f.layout.micro_batches = count(p, "micro_batches");
-  // Written since the executor runs the interleaved schedule; one chunk per stage before.
+  // Written since the executor runs the interleaved schedule and TP inside the stages; one
+  // chunk per stage and no TP before.
   f.layout.virtual_stages =
       static_cast<int>(p.optional_integer("virtual_stages", Range{1, 1e6, false}).value_or(1));
+  f.layout.tensor_parallel =
+      static_cast<int>(p.optional_integer("tensor_parallel", Range{1, 1e6, false}).value_or(1));
+  f.layout.sequence_parallel = p.optional_boolean("sequence_parallel").value_or(false);
   f.micro_batch = count(p, "micro_batch");
   f.seq_len = count(p, "seq_len");
   p.finish();
@@ -68,11 +72,14 @@ void read_layout(ObjectReader& r, PipelineRun& f) {
                      fmt::format("the interleaved-1f1b schedule needs a multiple of the {} stages, "
                                  "got {}",
                                  l.pipeline_parallel, l.micro_batches));
-  if (f.layout.pipeline_parallel * f.data_parallel != f.world)
+  if (l.sequence_parallel && l.tensor_parallel == 1)
+    throw InputError("/pipeline/sequence_parallel", "true needs \"tensor_parallel\" > 1, got 1");
+  if (f.layout.pipeline_parallel * f.data_parallel * l.tensor_parallel != f.world)
     throw InputError("/pipeline/data_parallel",
-                     fmt::format("{} stages × {} data-parallel ranks are not the run's {} ranks "
-                                 "(/world)",
-                                 f.layout.pipeline_parallel, f.data_parallel, f.world));
+                     fmt::format("{} stages × {} data-parallel ranks × {} tensor-parallel ranks "
+                                 "are not the run's {} ranks (/world)",
+                                 f.layout.pipeline_parallel, f.data_parallel, l.tensor_parallel,
+                                 f.world));
 }
 
 void read_steps(ObjectReader& r, PipelineRun& f) {
@@ -250,7 +257,10 @@ json validate_pipeline_json(const json& plan_document, const json& run_document,
                  {"hardware", plan.hardware}};
   out["pipeline"] = {{"pipeline_parallel", run.layout.pipeline_parallel},
                      {"data_parallel", run.data_parallel},
+                     {"tensor_parallel", run.layout.tensor_parallel},
+                     {"sequence_parallel", run.layout.sequence_parallel},
                      {"schedule", documents::schedule_name(run.layout.schedule)},
+                     {"virtual_stages", run.layout.virtual_stages},
                      {"micro_batches", run.layout.micro_batches},
                      {"micro_batch", run.micro_batch},
                      {"seq_len", run.seq_len}};
@@ -280,10 +290,19 @@ std::string validate_pipeline_table(const json& plan_document, const json& run_d
   t.line("plan: {} ({}) on {} ranks, model {}, hardware {}", pl["strategy"].get<std::string>(),
          pl["flavour"].get<std::string>(), pl["gpus"].get<int>(), pl["model"].get<std::string>(),
          pl["hardware"].get<std::string>());
-  t.line("run: {} pipeline stages × {} data-parallel ranks, {}, {} micro-batches of {} × {} tokens",
-         pp["pipeline_parallel"].get<int>(), pp["data_parallel"].get<int>(),
-         pp["schedule"].get<std::string>(), pp["micro_batches"].get<int>(),
-         pp["micro_batch"].get<std::int64_t>(), pp["seq_len"].get<std::int64_t>());
+  const int tp = pp["tensor_parallel"].get<int>(), chunks = pp["virtual_stages"].get<int>();
+  const std::string inside =
+      tp == 1 ? ""
+              : fmt::format(" × {} tensor-parallel ranks{}", tp,
+                            pp["sequence_parallel"].get<bool>() ? " (sequence parallel)" : "");
+  const std::string schedule = chunks == 1 ? pp["schedule"].get<std::string>()
+                                           : fmt::format("{} with {} chunks per stage",
+                                                         pp["schedule"].get<std::string>(), chunks);
+  t.line("run: {} pipeline stages × {} data-parallel ranks{}, {}, {} micro-batches of {} × {} "
+         "tokens",
+         pp["pipeline_parallel"].get<int>(), pp["data_parallel"].get<int>(), inside, schedule,
+         pp["micro_batches"].get<int>(), pp["micro_batch"].get<std::int64_t>(),
+         pp["seq_len"].get<std::int64_t>());
   const auto& m = v["memory"];
   t.line("predicted peak: {}", m["peak_predicted_name"].get<std::string>());
   t.line("");

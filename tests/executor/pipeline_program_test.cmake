@@ -1,6 +1,7 @@
 # The executor program with pipeline stages under mpirun (ctest label mpi): a DDP plan runs as
-# P = 2 stages on 2 ranks (1F1B and GPipe), as P = 2 × d = 2 on 4 and as 3 interleaved stages on
-# 3, writing each stage's measured peak, which planner validate compares with the prediction; what a pipeline run cannot do is refused with
+# P = 2 stages on 2 ranks (1F1B and GPipe), as P = 2 × d = 2 on 4, as 2 stages × 2 TP ranks on 4
+# and as 3 interleaved stages on 3, writing each stage's measured peak, which planner validate
+# compares with the prediction; what a pipeline run cannot do is refused with
 # one line naming the flag and the value, and exit code 2.
 # Arguments: MPIRUN, EXECUTOR, PLANNER, DATA (this folder's data/), WORK (a scratch folder).
 include(${CMAKE_CURRENT_LIST_DIR}/run_expect.cmake)
@@ -105,6 +106,26 @@ endforeach()
 run_expect(0 COMMAND ${PLANNER} validate --plan plan3.json --run pp-3-interleaved.json
                      OUTPUT table)
 message(STATUS "planner validate --plan plan3.json --run pp-3-interleaved.json:\n${table}")
+
+# Tensor parallelism inside the stages: 2 stages × 2 TP ranks with sequence parallelism on 4
+# ranks, validated per stage within 3%.
+run_expect(0 COMMAND ${mpirun} -np 4 ${EXECUTOR} --plan plan4.json --steps 2 --pipeline-parallel 2
+                     --tensor-parallel 2 --sequence-parallel --micro-batches 2
+                     --out pp-4-tp.json)
+run_expect(0 COMMAND ${PLANNER} validate --plan plan4.json --run pp-4-tp.json --format json
+                     OUTPUT validated)
+foreach(s 0 1)
+  string(JSON error GET "${validated}" stages ${s} rel_error)
+  if(error GREATER 0.03 OR error LESS -0.03)
+    message(FATAL_ERROR "TP inside stages, stage ${s}: predicted peak off by ${error}")
+  endif()
+endforeach()
+run_expect(0 COMMAND ${PLANNER} validate --plan plan4.json --run pp-4-tp.json OUTPUT table)
+string(FIND "${table}" "run: 2 pipeline stages × 1 data-parallel ranks × 2 tensor-parallel ranks (sequence parallel), 1f1b" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "planner validate's table for TP inside stages:\n${table}")
+endif()
+message(STATUS "planner validate --plan plan4.json --run pp-4-tp.json:\n${table}")
 
 # A malformed pipeline run document: one line naming the field, exit code 2.
 file(READ ${WORK}/pp-4-1f1b.json run)

@@ -145,7 +145,8 @@ TEST_CASE("validate::a malformed pipeline run is refused naming the field") {
        "/stages_measured: 1 stages, /pipeline/pipeline_parallel says 2"},
       {"ranks not stages × data-parallel",
        with([](json& r) { r["pipeline"]["data_parallel"] = 2; }),
-       "/pipeline/data_parallel: 2 stages × 2 data-parallel ranks are not the run's 2 ranks "
+       "/pipeline/data_parallel: 2 stages × 2 data-parallel ranks × 1 tensor-parallel ranks are "
+       "not the run's 2 ranks "
        "(/world)"},
       {"a stage without its peak",
        with([](json& r) { r["stages_measured"][1].erase("peak_bytes"); }),
