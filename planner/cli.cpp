@@ -57,6 +57,7 @@ struct CliOptions {
   bool model_parallel = false;  // recommend: search tensor, pipeline and context parallelism too
   std::string strategies = "ddp,zero1,zero2,zero3,fsdp-full,fsdp-grad-op,hsdp";
   std::string plan_path, run_path;
+  std::optional<std::string> validate_hardware;  // validate --hardware
   bool force = false;
   bool fsdp_as_data = false;  // Request::fsdp_as_data
   std::string retired;        // the value of a renamed flag, which is refused
@@ -140,6 +141,9 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
       ->required();
   c.validate->add_option("--run", o.run_path, "run document written by executor --out")->required();
   c.validate->add_option("--format", o.format, "table | json");
+  c.validate->add_option("--hardware", o.validate_hardware,
+                         "a pipeline run: the hardware profile (preset or file) to predict its "
+                         "stages with [default: the plan's, by name]");
   c.validate->add_flag("--force", o.force,
                        "compare a run of another plan anyway (said in the first line)");
   return c;
@@ -385,9 +389,16 @@ void run_validate(const CliOptions& o, std::ostream& out) {
     return d;
   });
   const auto run = core::read_json_file(o.run_path);
+  std::optional<documents::HardwareProfile> hardware;
+  if (o.validate_hardware) {
+    if (o.validate_hardware->empty())
+      throw InputError("--hardware", "must be a profile or a file, got \"\"");
+    hardware = documents::load_hardware(*o.validate_hardware);
+  }
+  const documents::HardwareProfile* hw = hardware ? &*hardware : nullptr;
   try {
-    out << (o.format == "json" ? json_document(validate_json(plan, run, o.force))
-                               : validate_table(plan, run, o.force));
+    out << (o.format == "json" ? json_document(validate_json(plan, run, o.force, hw))
+                               : validate_table(plan, run, o.force, hw));
   } catch (const InputError& e) {
     throw core::error_in_file(o.run_path, e);
   }

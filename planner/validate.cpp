@@ -286,9 +286,13 @@ json notes_json(const RunFacts& run) {
 
 }  // namespace
 
-json validate_json(const json& plan_document, const json& run_document, bool force) {
+json validate_json(const json& plan_document, const json& run_document, bool force,
+                   const documents::HardwareProfile* hardware) {
   if (is_pipeline_run(run_document))
-    return validate_pipeline_json(plan_document, run_document, force);
+    return validate_pipeline_json(plan_document, run_document, force, hardware);
+  if (hardware != nullptr)
+    throw InputError("--hardware", "only a pipeline run's stages are predicted again; this run is "
+                                   "compared with the plan's own prediction");
   const auto plan = documents::plan_from_json(plan_document);
   const auto run = read_run(run_document);
   const auto differ = differences(plan, run);
@@ -328,10 +332,11 @@ json validate_json(const json& plan_document, const json& run_document, bool for
   return out;
 }
 
-std::string validate_table(const json& plan_document, const json& run_document, bool force) {
+std::string validate_table(const json& plan_document, const json& run_document, bool force,
+                           const documents::HardwareProfile* hardware) {
   if (is_pipeline_run(run_document))
-    return validate_pipeline_table(plan_document, run_document, force);
-  const json v = validate_json(plan_document, run_document, force);
+    return validate_pipeline_table(plan_document, run_document, force, hardware);
+  const json v = validate_json(plan_document, run_document, force, hardware);
   Text t;
   if (v.contains("forced")) {
     std::vector<std::string> what;

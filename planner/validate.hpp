@@ -20,6 +20,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "documents/hardware.hpp"
+
 namespace shardplan::planner {
 
 // plan_document: a plan (planner recommend --emit plan); run_document: executor's run.json, or a
@@ -31,9 +33,14 @@ namespace shardplan::planner {
 // /plan/strategy, /plan/flavour or /plan/job/micro_batch differs from the plan's), with both
 // values. force: compare anyway; the JSON then has "forced" (every difference), and the table
 // says so in its first line.
+// hardware: a pipeline run's stages are predicted again from the plan, with this profile
+// (validate_pipeline.hpp); other runs are compared with the plan's own prediction and refuse it
+// (InputError naming --hardware).
 nlohmann::json validate_json(const nlohmann::json& plan_document,
-                             const nlohmann::json& run_document, bool force = false);
+                             const nlohmann::json& run_document, bool force = false,
+                             const documents::HardwareProfile* hardware = nullptr);
 std::string validate_table(const nlohmann::json& plan_document, const nlohmann::json& run_document,
-                           bool force = false);
+                           bool force = false,
+                           const documents::HardwareProfile* hardware = nullptr);
 
 }  // namespace shardplan::planner

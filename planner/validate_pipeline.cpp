@@ -138,17 +138,23 @@ struct Prediction {
   std::vector<std::string> notes;
 };
 
-Prediction predict(const documents::Plan& plan, const PipelineRun& run) {
+Prediction predict(const documents::Plan& plan, const PipelineRun& run,
+                   const documents::HardwareProfile* hardware) {
   Prediction out;
   documents::HardwareProfile hw;
   bool loaded = true;
-  try {
-    hw = documents::load_hardware(plan.hardware);
-  } catch (const std::exception&) {
-    loaded = false;
-    out.notes.push_back(fmt::format("the plan's hardware profile \"{}\" could not be loaded here: "
-                                    "memory predicted without per-device overheads, no step time",
-                                    plan.hardware));
+  if (hardware != nullptr) {
+    hw = *hardware;
+  } else {
+    try {
+      hw = documents::load_hardware(plan.hardware);
+    } catch (const std::exception&) {
+      loaded = false;
+      out.notes.push_back(fmt::format(
+          "the plan's hardware profile \"{}\" could not be loaded here: memory predicted without "
+          "per-device overheads, no step time (--hardware names its file)",
+          plan.hardware));
+    }
   }
   costmodel::ParallelMemoryInput in;
   in.model = &plan.model;
@@ -231,7 +237,8 @@ bool is_pipeline_run(const json& run_document) {
   return run_document.is_object() && run_document.contains("kind") && run_document["kind"] == kKind;
 }
 
-json validate_pipeline_json(const json& plan_document, const json& run_document, bool force) {
+json validate_pipeline_json(const json& plan_document, const json& run_document, bool force,
+                            const documents::HardwareProfile* hardware) {
   const auto plan = documents::plan_from_json(plan_document);
   const auto run = read_pipeline_run(run_document);
   std::vector<std::string> forced;
@@ -247,7 +254,7 @@ json validate_pipeline_json(const json& plan_document, const json& run_document,
   differ("/model", fmt::format("model \"{}\"", run.model),
          fmt::format("model \"{}\"", plan.model.name));
   differ("/world", fmt::format("{} ranks", run.world), fmt::format("{} ranks", plan.cluster.gpus));
-  const auto pr = predict(plan, run);
+  const auto pr = predict(plan, run, hardware);
   json out;
   out["kind"] = "pipeline";
   out["plan"] = {{"strategy", plan.spec.strategy},
@@ -278,9 +285,9 @@ json validate_pipeline_json(const json& plan_document, const json& run_document,
   return out;
 }
 
-std::string validate_pipeline_table(const json& plan_document, const json& run_document,
-                                    bool force) {
-  const json v = validate_pipeline_json(plan_document, run_document, force);
+std::string validate_pipeline_table(const json& plan_document, const json& run_document, bool force,
+                                    const documents::HardwareProfile* hardware) {
+  const json v = validate_pipeline_json(plan_document, run_document, force, hardware);
   Text t;
   if (v.contains("forced"))
     t.line("forced (--force): not a run of this plan ({})",

@@ -19,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "documents/hardware.hpp"
+
 namespace shardplan::planner {
 
 // Whether the run document is a pipeline run's (its /kind).
@@ -27,10 +29,15 @@ bool is_pipeline_run(const nlohmann::json& run_document);
 // Throws core::InputError naming the run's JSON pointer of a missing or malformed field (a
 // stage count that is not /pipeline/pipeline_parallel, ranks that are not stages × data-parallel
 // ranks, an unknown schedule, no steps), and of the first field that says the run is not of this
-// plan (/model, /world), with both values; force compares anyway.
+// plan (/model, /world), with both values; force compares anyway. hardware: the profile to
+// predict the stages with (planner validate --hardware); nullptr: the plan's /hardware preset,
+// or none when it is not one here (memory without per-device overheads, no step time; a note
+// says so).
 nlohmann::json validate_pipeline_json(const nlohmann::json& plan_document,
-                                      const nlohmann::json& run_document, bool force = false);
+                                      const nlohmann::json& run_document, bool force = false,
+                                      const documents::HardwareProfile* hardware = nullptr);
 std::string validate_pipeline_table(const nlohmann::json& plan_document,
-                                    const nlohmann::json& run_document, bool force = false);
+                                    const nlohmann::json& run_document, bool force = false,
+                                    const documents::HardwareProfile* hardware = nullptr);
 
 }  // namespace shardplan::planner

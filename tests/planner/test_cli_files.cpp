@@ -79,6 +79,13 @@ TEST_CASE("cli_files::an error in a document names the file and the key") {
   r = planner({"validate", "--plan", plan, "--run", run});
   CHECK(r.code == 2);
   CHECK(r.err == "planner: " + run + ": /schema_version: missing key\n");
+  // validate --hardware: empty, or neither a profile nor a file, before the run is read.
+  r = planner({"validate", "--plan", plan, "--run", run, "--hardware", ""});
+  CHECK(r.code == 2);
+  CHECK(r.err == "planner: --hardware: must be a profile or a file, got \"\"\n");
+  r = planner({"validate", "--plan", plan, "--run", run, "--hardware", "no-such-profile"});
+  CHECK(r.code == 2);
+  CHECK(r.err.rfind("planner: --hardware: \"no-such-profile\" is neither a profile", 0) == 0);
   r = planner({"estimate", "--model", (f / "job.json"), "--strategy", "ddp"});
   CHECK(r.code == 2);
   CHECK(r.err.rfind("planner: " + job + ": /", 0) == 0);

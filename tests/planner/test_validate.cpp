@@ -173,6 +173,16 @@ TEST_CASE("validate::a GPU run: exposed communication is the compute's wait, MFU
   CHECK_THROWS_AS(planner::validate_json(plan_document(), run), core::InputError);
 }
 
+TEST_CASE("validate::--hardware is refused for a run compared with the plan's own prediction") {
+  const auto hw = documents::load_hardware("h100-sxm5-80gb");
+  try {
+    planner::validate_json(plan_document(), run_document(), false, &hw);
+    FAIL("accepted --hardware for a data-parallel run");
+  } catch (const core::InputError& e) {
+    CHECK(e.where() == "--hardware");
+  }
+}
+
 TEST_CASE("validate::a malformed run is refused naming the field") {
   auto run = run_document();
   run["summary"]["time"].erase("step_s");

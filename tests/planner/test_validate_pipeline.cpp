@@ -126,6 +126,16 @@ TEST_CASE("validate::a pipeline run without a loadable profile: memory only, sai
   REQUIRE(!v["notes"].empty());
   CHECK(v["notes"][0].get<std::string>().find("\"no-such-profile\" could not be loaded") !=
         std::string::npos);
+  // planner validate --hardware: the profile given predicts the stages and the step, as the
+  // plan's own would have (the same numbers as a plan naming that preset).
+  const auto hw = documents::load_hardware("h100-sxm5-80gb");
+  const auto given = planner::validate_json(documents::plan_to_json(plan("no-such-profile")),
+                                            pipeline_run(), false, &hw);
+  const auto named =
+      planner::validate_json(documents::plan_to_json(plan("h100-sxm5-80gb")), pipeline_run());
+  REQUIRE(given["time"]["step_predicted_s"].is_number());
+  CHECK(given["time"]["step_predicted_s"] == named["time"]["step_predicted_s"]);
+  CHECK(given["stages"] == named["stages"]);
 }
 
 TEST_CASE("validate::a malformed pipeline run is refused naming the field") {
