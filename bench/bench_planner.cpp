@@ -39,20 +39,11 @@ void search(benchmark::State& state, const planner::Scenario& sc, bool exhaustiv
       benchmark::Counter(static_cast<double>(considered), benchmark::Counter::kIsRate);
 }
 
-// Llama 3.1 405B's shapes (its config.json): h 16384, 126 layers, 128 heads, 8 kv heads, MLP
-// 53248, vocabulary 128256; 16,384 H100s in nodes of 8, 2048 sequences of 8192 tokens, Megatron's
-// recipe (as tests/planner/test_parallel_search.cpp's case).
+// Llama 3.1 405B (the preset) on 16,384 H100s in nodes of 8, 2048 sequences of 8192 tokens,
+// Megatron's recipe (as tests/planner/test_parallel_search.cpp's case).
 planner::Scenario llama405b_16384_gpus() {
-  const nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
-                                 {"hidden_size", 16384},
-                                 {"intermediate_size", 53248},
-                                 {"num_hidden_layers", 126},
-                                 {"num_attention_heads", 128},
-                                 {"num_key_value_heads", 8},
-                                 {"vocab_size", 128256},
-                                 {"max_position_embeddings", 131072}};
   planner::Scenario sc;
-  sc.model = documents::model_from_hf_config(config, "llama-3.1-405b");
+  sc.model = documents::load_model("llama-3.1-405b");
   sc.hardware = documents::load_hardware("h100-sxm5-80gb");
   sc.cluster = {16384, 8};
   sc.job.seq_len = 8192;

@@ -259,8 +259,9 @@ std::int64_t ModelSpec::total_params() const {
 }
 
 std::vector<std::string> preset_model_names() {
-  return {"gpt2",        "gpt2-medium", "gpt2-large", "gpt2-xl",     "llama-2-7b",
-          "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "mistral-7b"};
+  return {"gpt2",        "gpt2-medium",    "gpt2-large",  "gpt2-xl",
+          "llama-2-7b",  "llama-2-13b",    "llama-2-70b", "llama-3-8b",
+          "llama-3-70b", "llama-3.1-405b", "mistral-7b"};
 }
 
 namespace {

@@ -207,6 +207,17 @@ TEST_CASE("model::llama-3-70b parameter count") {
   CHECK(m.total_params() == 70'553'706'496);
 }
 
+TEST_CASE("model::llama-3.1-405b parameter count") {
+  // Published: 405,853,388,800 = the hub's safetensors "total" of meta-llama/Llama-3.1-405B.
+  // Block (h = 16384, 128 heads of 128, k = 8 kv heads, I = 53248): q and o 2·16384² =
+  // 536,870,912; k and v 2·16384·1024 = 33,554,432; MLP 3·16384·53248 = 2,617,245,696; norms
+  // 2·16384 = 32,768; block = 3,187,703,808; 126 blocks = 401,650,679,808; embed + lm_head
+  // 2·128256·16384 = 4,202,692,608; norm 16,384; total = 405,853,388,800.
+  const auto m = load_model("llama-3.1-405b");
+  CHECK(m.block.params() == 3'187'703'808);
+  CHECK(m.total_params() == 405'853'388'800);
+}
+
 TEST_CASE("model::mistral-7b parameter count") {
   // Published: 7,241,732,096 = general.parameter_count of Mistral-7B GGUF conversions (llama.cpp)
   // and the hub's "7.24B params" for mistralai/Mistral-7B-v0.1.

@@ -94,30 +94,20 @@ UnitParams initial_parameters(const documents::ModelSpec& model) {
 }
 
 // Over every comparison, for the log.
-double worst_loss_error = 0, worst_update_difference = 0, worst_param_difference = 0;
-std::string worst_update_tensor, worst_param_tensor;
+WorstSeen worst_seen;  // over the comparisons since the last report
 
 void check_equal(const documents::ModelSpec& model, const EngineRun& a, const EngineRun& ddp) {
   REQUIRE(a.losses.size() == ddp.losses.size());
   for (std::size_t k = 0; k < a.losses.size(); ++k)
     CHECK(a.losses[k] == doctest::Approx(ddp.losses[k]).epsilon(kLossTolerance));
   for (std::size_t k = 0; k < a.losses.size(); ++k)
-    worst_loss_error = std::max(worst_loss_error, std::abs(a.losses[k] / ddp.losses[k] - 1));
+    worst_seen.loss = std::max(worst_seen.loss, std::abs(a.losses[k] / ddp.losses[k] - 1));
   REQUIRE(a.params.size() == ddp.params.size());
   for (std::size_t u = 0; u < a.params.size(); ++u)
     REQUIRE(a.params[u].size() == ddp.params[u].size());
   const auto diffs =
       compare_updates(GptLayout(model), initial_parameters(model), a.params, ddp.params);
-  for (const auto& d : diffs) {
-    if (!d.zero_gradient && d.relative > worst_update_difference) {
-      worst_update_difference = d.relative;
-      worst_update_tensor = d.tensor;
-    }
-    if (!d.zero_gradient && d.max_abs > worst_param_difference) {
-      worst_param_difference = d.max_abs;
-      worst_param_tensor = d.tensor;
-    }
-  }
+  worst_seen.add(diffs);
   const auto worst = worst_of(diffs);
   INFO(worst.describe());
   CHECK(worst.agrees());
@@ -125,15 +115,8 @@ void check_equal(const documents::ModelSpec& model, const EngineRun& a, const En
 
 void report(const std::string& what) {
   if (test_world().rank() == 0)
-    MESSAGE(test_world().size() << " ranks, " << what << ": worst relative loss difference "
-                                << worst_loss_error << ", worst relative update difference "
-                                << worst_update_difference << " (" << worst_update_tensor
-                                << "; bound " << kUpdateTolerance
-                                << "), worst absolute parameter difference "
-                                << worst_param_difference << " (" << worst_param_tensor << ")");
-  worst_loss_error = worst_update_difference = worst_param_difference = 0;
-  worst_update_tensor.clear();
-  worst_param_tensor.clear();
+    MESSAGE(test_world().size() << " ranks, " << what << ": " << worst_seen.text());
+  worst_seen = {};
 }
 
 }  // namespace

@@ -138,8 +138,7 @@ TpRun run_alone(const documents::ModelSpec& full, int d, std::int64_t grad_accum
 }
 
 // Over every comparison, for the log.
-double worst_loss = 0, worst_update = 0, worst_param = 0;
-std::string worst_update_tensor, worst_param_tensor;
+WorstSeen worst_seen;  // over the comparisons since the last report
 
 // `full`: the model both runs train, whole (run_alone's).
 void check_equal(const documents::ModelSpec& full, const TpRun& a, const TpRun& alone) {
@@ -147,21 +146,12 @@ void check_equal(const documents::ModelSpec& full, const TpRun& a, const TpRun& 
   REQUIRE(a.params.size() == alone.params.size());
   for (std::size_t k = 0; k < a.losses.size(); ++k) {
     CHECK(a.losses[k] == doctest::Approx(alone.losses[k]).epsilon(kLossTolerance));
-    worst_loss = std::max(worst_loss, std::abs(a.losses[k] / alone.losses[k] - 1));
+    worst_seen.loss = std::max(worst_seen.loss, std::abs(a.losses[k] / alone.losses[k] - 1));
   }
   for (std::size_t u = 0; u < a.params.size(); ++u)
     REQUIRE(a.params[u].size() == alone.params[u].size());
   const auto diffs = compare_updates(GptLayout(full), alone.initial, a.params, alone.params);
-  for (const auto& d : diffs) {
-    if (!d.zero_gradient && d.relative > worst_update) {
-      worst_update = d.relative;
-      worst_update_tensor = d.tensor;
-    }
-    if (!d.zero_gradient && d.max_abs > worst_param) {
-      worst_param = d.max_abs;
-      worst_param_tensor = d.tensor;
-    }
-  }
+  worst_seen.add(diffs);
   const auto worst = worst_of(diffs);
   INFO(worst.describe());
   CHECK(worst.agrees());
@@ -169,14 +159,8 @@ void check_equal(const documents::ModelSpec& full, const TpRun& a, const TpRun& 
 
 void report(const std::string& what) {
   if (test_world().rank() == 0)
-    MESSAGE(test_world().size() << " ranks, " << what << ": worst relative loss difference "
-                                << worst_loss << ", worst relative update difference "
-                                << worst_update << " (" << worst_update_tensor << "; bound "
-                                << kUpdateTolerance << "), worst absolute parameter difference "
-                                << worst_param << " (" << worst_param_tensor << ")");
-  worst_loss = worst_update = worst_param = 0;
-  worst_update_tensor.clear();
-  worst_param_tensor.clear();
+    MESSAGE(test_world().size() << " ranks, " << what << ": " << worst_seen.text());
+  worst_seen = {};
 }
 
 }  // namespace

@@ -189,4 +189,29 @@ inline TensorDifference worst_of(const std::vector<TensorDifference>& diffs) {
   return worst;
 }
 
+// The largest differences over a run's comparisons, for its log line: the losses' relative, and
+// of the tensors with a gradient the relative update difference and the absolute parameter one.
+struct WorstSeen {
+  double loss = 0, update = 0, param = 0;
+  std::string update_tensor, param_tensor;
+  void add(const std::vector<TensorDifference>& diffs) {
+    for (const auto& d : diffs) {
+      if (d.zero_gradient) continue;
+      if (d.relative > update) {
+        update = d.relative;
+        update_tensor = d.tensor;
+      }
+      if (d.max_abs > param) {
+        param = d.max_abs;
+        param_tensor = d.tensor;
+      }
+    }
+  }
+  std::string text() const {
+    return fmt::format("worst relative loss difference {:.3g}, worst relative update difference "
+                       "{:.3g} ({}; bound {}), worst absolute parameter difference {:.3g} ({})",
+                       loss, update, update_tensor, kUpdateTolerance, param, param_tensor);
+  }
+};
+
 }  // namespace shardplan::executor::testing

@@ -56,17 +56,7 @@ TEST_CASE("parallel_search::Llama-3-70B on 256 GPUs: FSDP alone fits only with f
 TEST_CASE(
     "parallel_search::405B on 16,384 GPUs: the batch limit named, model-parallel plans found") {
   // Its speed (under a second) is bench/bench_planner.cpp's parallel_search case.
-  // Llama 3.1 405B's shapes (its config.json): h 16384, 126 layers, 128 heads, 8 kv heads, MLP
-  // 53248, vocabulary 128256.
-  const nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
-                                 {"hidden_size", 16384},
-                                 {"intermediate_size", 53248},
-                                 {"num_hidden_layers", 126},
-                                 {"num_attention_heads", 128},
-                                 {"num_key_value_heads", 8},
-                                 {"vocab_size", 128256},
-                                 {"max_position_embeddings", 131072}};
-  const auto sc = scenario(model_from_hf_config(config, "llama-3.1-405b"), 16384, 2048);
+  const auto sc = scenario(load_model("llama-3.1-405b"), 16384, 2048);
   const auto s = search_layouts(sc);
   CHECK_FALSE(s.ranked.empty());
   // 2048 sequences cannot spread over 16,384 GPUs by data parallelism alone: the batch limit.
