@@ -58,7 +58,17 @@ double at_peak(const json& s, const char* key) { return s.at("at_peak").at(key).
 
 }  // namespace
 
-TEST_CASE("parallel_memory::PyTorch pipelining (torchtitan's split): every stage's peak") {
+// Every stage of every case: the peak within 1%, at the measured phase (the optimizer step or a
+// backward), and the categories at it: parameters exactly, gradients (none at the first
+// micro-batch's loss backward, the head's and a down projection's at its MLP backward, all of
+// them later) and optimizer states with foreach AdamW's intermediate (one group of plain tensors:
+// t = 1) within 1% of themselves, activations (with the temporaries, the batch and the rotary
+// buffer) within 1% of the peak. The largest error left, about 0.4%, is HF's rotary cos and sin
+// tables (2·4·s·head_dim bytes per micro-batch in flight), which the harness's model code
+// computes in each stage's forward and torchtitan's keeps as one freqs_cis buffer (the recipe
+// counts that).
+TEST_CASE("parallel_memory::PyTorch pipelining (torchtitan's split, GPipe and 1F1B): every "
+          "stage's peak within 1%") {
   const json corpus = shardplan::oracle::read_corpus("oracle_pipeline.json");
   int stages = 0;
   double worst = 0;
@@ -69,20 +79,53 @@ TEST_CASE("parallel_memory::PyTorch pipelining (torchtitan's split): every stage
       const double measured = ms.at("peak_bytes").get<double>();
       const double error = (s.total() - measured) / measured;
       worst = std::max(worst, std::abs(error));
-      MESSAGE(c.at("id").get<std::string>()
-              << " stage " << s.stage << ": measured " << measured << " predicted " << s.total()
-              << " (" << 100 * error << "%) at " << s.moment << " / " << ms.at("peak_phase")
-              << " params " << s.param_bytes << "/" << at_peak(ms, "parameters") << " grads "
-              << s.grad_bytes << "/" << at_peak(ms, "gradients") << " opt " << s.optimizer_bytes
-              << "/" << at_peak(ms, "optimizer_states") + at_peak(ms, "optimizer_temp") << " act "
-              << s.activation_bytes << "/"
-              << at_peak(ms, "activations") + at_peak(ms, "temp") + at_peak(ms, "other") +
-                     at_peak(ms, "buffers")
-              << " in_flight " << s.in_flight);
+      INFO(c.at("id").get<std::string>()
+           << " stage " << s.stage << ": predicted " << s.total() << " at the " << s.moment
+           << ", measured " << measured << " in " << ms.at("peak_phase").get<std::string>());
+      CHECK(std::abs(error) < 0.01);
+      const bool in_step = ms.at("peak_phase") == "optimizer";
+      CHECK((s.moment == "optimizer step") == in_step);
       CHECK(s.param_bytes == at_peak(ms, "parameters"));
+      CHECK(s.grad_bytes == doctest::Approx(at_peak(ms, "gradients")).epsilon(0.01));
+      CHECK(s.optimizer_bytes ==
+            doctest::Approx(at_peak(ms, "optimizer_states") + at_peak(ms, "optimizer_temp"))
+                .epsilon(0.01));
+      const double activations = at_peak(ms, "activations") + at_peak(ms, "temp") +
+                                 at_peak(ms, "other") + at_peak(ms, "buffers");
+      CHECK(std::abs(s.activation_bytes - activations) <= 0.01 * measured);
       ++stages;
     }
+    // PyTorch's pipeline computes what one process computes with gradient accumulation.
+    CHECK(c.at("losses_agree").get<bool>());
   }
   CHECK(stages == 32);
-  MESSAGE("worst " << 100 * worst << "%");
+  MESSAGE("worst stage peak error " << 100 * worst << "%");
+}
+
+// The stages' model states by hand (llama-h256: h = 256, a block's matrices 704,512 elements and
+// its two norms 512, the embedding and the head 4096·256 = 1,048,576 each, the final norm 256;
+// fp32 AdamW): stage 0 2·705,024 + 1,048,576 = 2,458,624 elements, stage 1 2·705,024 + 256 +
+// 1,048,576 = 2,458,880; at the optimizer step every gradient, the two moments and the foreach
+// intermediate of the stage's one group (4 + 4 + 4 bytes per element).
+TEST_CASE("parallel_memory::PyTorch pipelining: the stages' model states, hand-derived") {
+  const json corpus = shardplan::oracle::read_corpus("oracle_pipeline.json");
+  for (const auto& c : corpus.at("cases")) {
+    if (c.at("id") != "pp2-gpipe-m2/llama-h256/fp32/none/s128-b1") continue;
+    const ParallelMemory pm = predict(corpus, c);
+    const double elements[] = {2458624, 2458880};
+    for (int stage = 0; stage < 2; ++stage) {
+      const StageMemory& s = pm.stages.at(static_cast<std::size_t>(stage));
+      const double E = elements[stage];
+      CAPTURE(stage);
+      CHECK(s.local_params == E);
+      CHECK(s.param_bytes == 4 * E);
+      CHECK(c.at("stages").at(static_cast<std::size_t>(stage)).at("stage_params") == E);
+      if (s.moment == "optimizer step") {
+        CHECK(s.grad_bytes == 4 * E);
+        CHECK(s.optimizer_bytes == 12 * E);
+      }
+    }
+    return;
+  }
+  FAIL("the corpus has no pp2-gpipe-m2/llama-h256/fp32/none/s128-b1 case");
 }
