@@ -537,9 +537,10 @@ struct Moment {
 //   the received input [T, h] of each micro-batch whose backward has ended, on the last stage:
 //     the received buffer is a leaf of the micro-batch's graph, whose AccumulateGrad node keeps
 //     it, and the schedule keeps each micro-batch's loss (and with it that graph) in
-//     _internal_losses to the step's end and hands them to the caller's losses list, which
-//     torchtitan's train step keeps past the optimizer step (its logged loss); m − min(F, m − 1)
-//     of them in a later backward, all m at the optimizer step
+//     _internal_losses to the step's end and hands them to the caller's losses list, whose sum
+//     torchtitan's train step (torchtitan/train.py, train_step: loss = forward_backward_step(...))
+//     holds until after optimizers.step(); m − min(F, m − 1) of them in a later backward, all m
+//     at the optimizer step
 std::vector<Moment> pipeline_moments(const ParallelMemoryInput& in, const StageShare& share,
                                      const PlanActivations& x, double in_flight, double all_grads,
                                      double head_grads, double block_grads, double per_grad,

@@ -25,11 +25,17 @@ How it measures
     As validation/measure_steps.py, on each rank: ``MemTracker`` over the second step (the
     schedule's step, then the optimizer step), after one warm-up step, with the stage module, the
     optimizer and the batch registered; storage bytes per category, the categories at the peak,
-    each one's own peak, and the module and phase where the peak fell. Every record also has the
-    step's loss (the mean over the micro-batches, from the last stage) of both steps, and the
-    losses of the same model and micro-batches in one process without a pipeline (gradient
-    accumulation: each micro-batch's loss backward, the summed gradients divided by m, one
-    optimizer step): they must agree.
+    each one's own peak, and the module and phase where the peak fell. MemTracker takes a root
+    module's second forward for the next iteration and refuses it; the schedule runs the stage's
+    module once per micro-batch, so a small subclass handles those calls as MemTracker handles a
+    submodule called twice in one iteration (no byte count changes). The losses stay referenced
+    through the optimizer step, as torchtitan's train step keeps its loss (torchtitan/train.py,
+    train_step: the loss that forward_backward_step returns lives until after
+    optimizers.step()); with them the graph's leaves, the last stage's received inputs. Every
+    record also has the step's loss (the mean over the micro-batches, from the last stage) of
+    both steps, and the losses of the same model and micro-batches in one process without a
+    pipeline (gradient accumulation: each micro-batch's loss backward, the summed gradients
+    divided by m, one optimizer step): they must agree.
 
 Usage
     python validation/measure_pipeline.py --out tests/costmodel/data/oracle_pipeline.json
@@ -78,15 +84,16 @@ def stage_module(model, stage, stages):
     """The stage's module: a copy of the whole model less what other stages hold (torchtitan's
     pipeline_module_split deletes the other stages' blocks, the embedding off the first stage,
     the final norm and the head off the last)."""
-    import torch
-
     layers = len(model.model.layers)
     per_stage = layers // stages
     keep = range(stage * per_stage, (stage + 1) * per_stage)
-    return LlamaStage(copy.deepcopy(model), keep, stage == 0, stage == stages - 1, torch)
+    return llama_stage(copy.deepcopy(model), keep, stage == 0, stage == stages - 1)
 
 
-def LlamaStage(model, keep, first, last, torch):  # noqa: N802  (a class built on first use)
+def llama_stage(model, keep, first, last):
+    """The blocks `keep` of an HF Llama, with its embedding (first) and its norm and head (last)."""
+    import torch
+
     class _LlamaStage(torch.nn.Module):
         """Embedding (first stage), the kept blocks, final norm and head (last stage). The forward
         is LlamaModel.forward's: rotary embeddings from the position ids, each block called with
@@ -152,7 +159,7 @@ def reference_losses(case, ids, steps):
     import torch
 
     model = ms.build_model(case["config"], "none")
-    whole = LlamaStage(model, range(len(model.model.layers)), True, True, torch)
+    whole = llama_stage(model, range(len(model.model.layers)), True, True)
     optimizer = ms.make_optimizer(whole)
     m = case["micro_batches"]
     out = []
@@ -171,7 +178,7 @@ def reference_losses(case, ids, steps):
     return out
 
 
-def _tracker_class():
+def make_tracker():
     """MemTracker that takes the stage module's forward once per micro-batch.
 
     MemTracker refuses a second forward of a root module (it takes it for the next iteration:
@@ -196,11 +203,7 @@ def _tracker_class():
             mod_stats.snapshots.setdefault(_ModState.PRE_FW, []).append(copy.deepcopy(snapshot))
             return None
 
-    return MicroBatchMemTracker
-
-
-def _MicroBatchMemTracker():  # noqa: N802
-    return _tracker_class()()
+    return MicroBatchMemTracker()
 
 
 def measure_case(rank, case):
@@ -220,7 +223,7 @@ def measure_case(rank, case):
     first_loss = pipeline_step(schedule, stage, optimizer, ids)
     gc.collect()
 
-    tracker = _MicroBatchMemTracker()
+    tracker = make_tracker()
     tracker.track_external(module, optimizer, ids)
     tracker._probe_init()
     with tracker:
