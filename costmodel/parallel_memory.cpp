@@ -111,13 +111,15 @@ double held_bytes(const ParallelLayout& l, const StageShare& share, double block
   return most;
 }
 
-// PyTorch's own tensor parallelism (the parallel styles of torch/distributed/tensor/parallel/
-// style.py applied by the recipe's plan) rather than Megatron's: Recipe::hf and
-// Recipe::torchtitan with t > 1 and no context parallelism.
+// PyTorch's own parallelism rather than Megatron's, without context parallelism: Recipe::hf and
+// Recipe::torchtitan with t > 1 (the parallel styles of torch/distributed/tensor/parallel/style.py
+// applied by the recipe's plan), and Recipe::torchtitan with a pipeline (torchtitan's stages run
+// by torch.distributed.pipelining, whatever t).
 bool pytorch_tp(const ParallelMemoryInput& in) {
   const Recipe r = in.job.recipe;
-  return (r == Recipe::hf || r == Recipe::torchtitan) && in.layout.tensor_parallel > 1 &&
-         in.layout.context_parallel == 1;
+  const bool plan = (r == Recipe::hf || r == Recipe::torchtitan) && in.layout.tensor_parallel > 1;
+  const bool piped = r == Recipe::torchtitan && in.layout.pipeline_parallel > 1;
+  return (plan || piped) && in.layout.context_parallel == 1;
 }
 
 // Elements of a unit on one rank before data-parallel sharding.
@@ -154,7 +156,9 @@ UnitElements plan_elements(const UnitTensors& u, Optimizer o, const ParallelLayo
     const bool split = x.is_matrix() && (!embedding || (table && r == Recipe::torchtitan));
     out.params += whole / (split ? t : 1);
     out.grads += table ? whole : whole / (split ? t : 1);
-    const bool plain = r == Recipe::hf ? !split : !x.is_matrix() && !l.sequence_parallel;
+    // t = 1: no DTensor at all, every parameter a plain tensor of one foreach group.
+    const bool plain =
+        t == 1 || (r == Recipe::hf ? !split : !x.is_matrix() && !l.sequence_parallel);
     if (plain) out.plain += whole;
   }
   out.optimizer = static_cast<double>(optimizer_state_elements(u, o)) * out.params /
@@ -380,12 +384,28 @@ void executor_first_use_peak(const ParallelMemoryInput& in, const ExecutorStage&
   }
 }
 
+// torchtitan's pipeline: its stages run by torch.distributed.pipelining's schedules
+// (torchtitan/distributed/pipeline_parallel.py builds PipelineStage and the schedule).
+bool piped_stage(const ParallelMemoryInput& in) {
+  return in.job.recipe == Recipe::torchtitan && in.layout.pipeline_parallel > 1;
+}
+
 // What one rank of a stage keeps per micro-batch under PyTorch's TP styles, in bytes.
 struct PlanActivations {
   double saved = 0;          // the stage's blocks, embeddings (first stage) and head (last stage)
   double head = 0;           // of `saved`, the head's, released by its backward
   double recompute = 0;      // one checkpointed block rebuilt in backward (0 without checkpoints)
   double loss_backward = 0;  // the loss's backward transients (last stage)
+  double loss_released = 0;  // of `head`, what the loss's backward releases (its log-probabilities)
+  double embedding = 0;      // of `saved`, the embedding's (first stage): the ids it keeps
+  double later_blocks = 0;   // of `saved`, the blocks' after the stage's first
+  // Under a pipeline (PyTorch's pipelining), of `saved`: the last stage's output, the logits,
+  // which the stage keeps until the micro-batch's backward ends (torch/distributed/pipelining/
+  // stage.py: _output_slot_is_releasable refuses the last stage's output, forward_one_chunk keeps
+  // it in _forward_chunk_states, backward_one_chunk detaches it after the backward).
+  double kept_output = 0;
+  double head_backward = 0;   // the projection's backward: the logits' gradient and its input's
+  double block_backward = 0;  // a block's MLP backward: its gradients less what it releases
 };
 
 // The forward's dtypes (accounting.hpp, Forward): e bytes of the compute dtype; p of the
@@ -455,7 +475,11 @@ ActivationBytes plan_head(const ParallelMemoryInput& in, const Forward& f) {
   if (j.recipe == Recipe::torchtitan && j.loss == LossImpl::upcast) {
     const double V = static_cast<double>(in.model->vocab) / t;
     out.saved = 4 * T * V + 8 * T;
-    out.backward = 3 * 4 * T * V;
+    // t = 1 (under a pipeline): no loss_parallel, aten's own ops: nll_loss_backward's gradient
+    // (zeros, the targets' entries scattered) and _log_softmax_backward_data's result, two fp32
+    // [T, V] at once beside the saved log-probabilities.
+    out.backward = (t > 1 ? 3 : 2) * 4 * T * V;
+    out.loss = 4 * T * V;
   } else if (j.recipe == Recipe::torchtitan) {
     ModelSpec columns = *in.model;
     columns.vocab = static_cast<std::int64_t>(static_cast<double>(columns.vocab) / t);
@@ -480,17 +504,38 @@ PlanActivations plan_activations(const ParallelMemoryInput& in, const StageShare
   for (std::int64_t b = 0; b < static_cast<std::int64_t>(share.blocks); ++b) {
     const bool cp = in.job.block_checkpointed(first_block + b);
     out.saved += cp ? checkpointed.saved : plain.saved;
+    if (b > 0) out.later_blocks += cp ? checkpointed.saved : plain.saved;
     out.recompute = std::max(out.recompute, cp ? checkpointed.recompute : plain.recompute);
   }
   // The token ids the lookup keeps (the masked ids of the row-wise embedding: as many) and
   // transformers' rotary tables.
-  if (share.first) out.saved += embedding_activations(*in.model, in.job, f).saved;
+  if (share.first) {
+    out.embedding = embedding_activations(*in.model, in.job, f).saved;
+    out.saved += out.embedding;
+  }
   if (share.last) {
     const ActivationBytes head = plan_head(in, f);
     out.head = head.saved;
     out.saved += head.saved;
     out.loss_backward = head.backward;
+    out.loss_released = head.loss;
   }
+  const auto& m = *in.model;
+  const double t = in.layout.tensor_parallel;
+  const double T = static_cast<double>(in.job.seq_len) * static_cast<double>(in.job.micro_batch);
+  const double h = static_cast<double>(m.hidden);
+  if (share.last && piped_stage(in)) {
+    out.kept_output = f.e * T * static_cast<double>(m.vocab) / t;
+    out.saved += out.kept_output;
+  }
+  // The projection's backward: the logits' gradient [T, V/t] in the compute dtype and its
+  // input's gradient [T, h]; the loss's fp32 log-probabilities have been released.
+  out.head_backward = f.e * T * static_cast<double>(m.vocab) / t + f.e * T * h;
+  // The MLP's backward (its element-wise part): the incoming gradient of the down projection's
+  // input and the gradients of its factors, [T, I/t] each (SwiGLU's three, GELU's two), once the
+  // down projection's saved input has been released (as executor_stage counts its block_transient).
+  const double mlp_width = m.mlp == MlpKind::gelu ? 2.0 : 3.0;
+  out.block_backward = (mlp_width - 1) * f.e * T * static_cast<double>(m.intermediate) / t;
   return out;
 }
 
@@ -510,6 +555,102 @@ double foreach_temp_bytes(const ParallelMemoryInput& in, const UnitElements& loc
   return std::max(local.plain, local.params - local.plain) * sb.moment / S;
 }
 
+// A moment of the step on one rank of a stage and what is alive then (plan_peak).
+struct Moment {
+  const char* name;
+  double activations, grads, temp;
+};
+
+// The backward's moments of one stage of torchtitan's pipeline, run by torch.distributed.
+// pipelining's schedules (GPipe, 1F1B; PipelineScheduleSingle.step, then the optimizer). Each
+// micro-batch's backward (backward_one_chunk) runs autograd over that micro-batch only; the
+// stage's gradients accumulate in .grad over the micro-batches and are divided by m in place
+// after the last (scale_grads: p.grad.div_). So the step's moments are those of two backwards:
+//   the first micro-batch's   the walk's in-flight micro-batches F, no gradients yet
+//                             (zero_grad(set_to_none=True) freed them); its own gradients are
+//                             autograd's new tensors, kept as .grad
+//   a later micro-batch's     (m > 1) min(F, m − 1) in flight: the first's backward has already
+//                             released its own (GPipe runs every forward, then the backwards;
+//                             1F1B's steady state re-fills to F, its last backward runs alone);
+//                             every gradient exists, and each new one is a tensor of the
+//                             parameter's size added into .grad (AccumulateGrad,
+//                             torch/csrc/autograd/functions/accumulate_grad.h: variable_grad +=
+//                             new_grad): the head's, a block's down projection's or the
+//                             embedding table's beside the op that produced it
+// In each: the loss's backward (last stage), the projection's (last stage), a block's MLP
+// backward (the first micro-batch's: the head's gradients and the down projection's exist), and
+// the embedding's backward (first stage: the other micro-batches in flight, its ids, its output's
+// gradient). Two tensors of a stage that is not the first live past a micro-batch's backward:
+//   the input's gradient [T, h] sent to the previous stage, held until its send is waited on
+//     (1F1B before the next backward's send, GPipe after the last backward): one, in a later
+//     micro-batch's backward
+//   the received input [T, h] of each micro-batch whose backward has ended, on the last stage:
+//     the received buffer is a leaf of the micro-batch's graph, whose AccumulateGrad node keeps
+//     it, and the schedule keeps each micro-batch's loss (and with it that graph) in
+//     _internal_losses to the step's end and hands them to the caller's losses list, whose sum
+//     torchtitan's train step (torchtitan/train.py, train_step: loss = forward_backward_step(...))
+//     holds until after optimizers.step(); m − min(F, m − 1) of them in a later backward, all m
+//     at the optimizer step
+std::vector<Moment> pipeline_moments(const ParallelMemoryInput& in, const StageShare& share,
+                                     const PlanActivations& x, double in_flight, double all_grads,
+                                     double head_grads, double block_grads, double per_grad,
+                                     double optimizer_temp) {
+  const auto& m = *in.model;
+  const double t = in.layout.tensor_parallel;
+  const double e = dtype_bytes(compute_dtype(in.job.precision));
+  const double T = static_cast<double>(in.job.seq_len) * static_cast<double>(in.job.micro_batch);
+  const double h = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab);
+  const double I = static_cast<double>(m.intermediate);
+  const double micro_batches = in.layout.micro_batches;
+  // New gradients as AccumulateGrad receives them: the head's [V/t, h], the embedding table's
+  // (whole: plan_elements), a block's down projection's [h, I/t].
+  const double head_table = per_grad * V * h / t;
+  const double table = per_grad * V * h;
+  const double down = per_grad * I * h / t;
+  const double embedding = e * T * h;  // the embedding's output gradient
+  const double sp = in.layout.sequence_parallel ? t : 1.0;
+  const double received = share.first ? 0 : e * T * h / sp;  // a micro-batch's input
+  // The output's gradient received from the next stage (a buffer per backward, stage.py
+  // get_bwd_recv_ops), held by backward_one_chunk through the micro-batch's backward.
+  const double incoming = share.last ? 0 : e * T * h / sp;
+  std::vector<Moment> out;
+  // n micro-batches in flight; later: every gradient exists and each new one is added into it.
+  auto add = [&](double n, bool later) {
+    // A later micro-batch's backward: the previous one's input gradient pending, and on the last
+    // stage the received inputs of the finished ones.
+    const double kept = later ? received * (1 + (share.last ? micro_batches - n : 0)) : 0;
+    const double saved = x.saved * n + kept + incoming;
+    if (share.last) {
+      out.push_back({"loss backward", saved + x.loss_backward, later ? all_grads : 0, 0});
+      out.push_back({"head backward",
+                     saved - x.loss_released + x.head_backward + (later ? head_table : 0),
+                     later ? all_grads : head_grads, 0});
+    }
+    // The MLP's backward: the first micro-batch's in the stage's last block, with the head's and
+    // the down projection's gradients made, and in its first, the later blocks' saved released
+    // and their gradients made (the two ends: between them both change by a block at a time); a
+    // later micro-batch's in the last block, at the down projection (its input's gradient
+    // [T, I/t] and the new weight gradient) or at the element-wise part.
+    const double block =
+        later ? std::max(x.block_backward, e * T * I / t + down) : x.block_backward;
+    if (share.blocks > 0)
+      out.push_back({"block backward", saved - x.head + x.recompute + block,
+                     later ? all_grads : head_grads + down, 0});
+    if (share.blocks > 1 && !later)
+      out.push_back({"block backward", saved - x.head - x.later_blocks + x.recompute + block,
+                     head_grads + (share.blocks - 1) * block_grads + down, 0});
+    if (share.first)
+      out.push_back({"embedding backward",
+                     saved - x.saved + x.embedding + embedding + (later ? table : 0), all_grads,
+                     0});
+  };
+  add(in_flight, false);
+  if (micro_batches > 1) add(std::min(in_flight, micro_batches - 1), true);
+  out.push_back(
+      {"optimizer step", share.last ? received * micro_batches : 0, all_grads, optimizer_temp});
+  return out;
+}
+
 // The step's moments on one rank of a stage under PyTorch's TP, each with what is alive then;
 // the stage's memory is the largest (the categories are that moment's):
 //   the loss's backward    every micro-batch in flight's saved tensors, the loss's transients;
@@ -527,15 +668,21 @@ void plan_peak(const ParallelMemoryInput& in, const StageShare& share, int first
   const double per_grad = all_grads / std::max(1.0, local.grads);  // bytes per element
   StageShare tail{1, false, share.last};                           // the head and the last block
   const double tail_grads = std::min(all_grads, stage_elements(in, tail).grads * per_grad);
-  struct Moment {
-    const char* name;
-    double activations, grads, temp;
-  };
-  const Moment moments[] = {{share.last ? "loss backward" : "first backward",
-                             x.saved * out.in_flight + x.loss_backward, fresh ? 0 : all_grads, 0},
-                            {"block backward", x.saved * out.in_flight - x.head + x.recompute,
-                             fresh ? tail_grads : all_grads, 0},
-                            {"optimizer step", 0, all_grads, foreach_temp_bytes(in, local)}};
+  std::vector<Moment> moments = {{share.last ? "loss backward" : "first backward",
+                                  x.saved * out.in_flight + x.loss_backward, fresh ? 0 : all_grads,
+                                  0},
+                                 {"block backward", x.saved * out.in_flight - x.head + x.recompute,
+                                  fresh ? tail_grads : all_grads, 0}};
+  const double optimizer_temp = foreach_temp_bytes(in, local);
+  if (piped_stage(in)) {
+    const double head_grads =
+        share.last ? stage_elements(in, StageShare{0, false, true}).grads * per_grad : 0;
+    const double block_grads = stage_elements(in, StageShare{1, false, false}).grads * per_grad;
+    moments = pipeline_moments(in, share, x, out.in_flight, all_grads, head_grads, block_grads,
+                               per_grad, optimizer_temp);
+  } else {
+    moments.push_back({"optimizer step", 0, all_grads, optimizer_temp});
+  }
   const Moment* best = &moments[0];
   for (const auto& m : moments)
     if (m.activations + m.grads + m.temp > best->activations + best->grads + best->temp) best = &m;

@@ -16,6 +16,12 @@
 //     The step is walked through its moments (the loss's backward, a block's backward, the
 //     optimizer step with foreach AdamW's intermediate) and the stage's memory is the largest;
 //     StageMemory's categories are that moment's (parallel_memory.cpp, plan_peak).
+//   torchtitan with a pipeline (any t): the same per-rank terms, its stages run by
+//     torch.distributed.pipelining (PipelineStage under GPipe or 1F1B): the last stage keeps each
+//     in-flight micro-batch's logits until its backward, and the moments are the first
+//     micro-batch's backward (the walk's in-flight micro-batches, no gradients yet) and a later
+//     one's (one fewer at most, every gradient, each new one added into it) (parallel_memory.cpp,
+//     pipeline_moments; checked against tests/costmodel/data/oracle_pipeline.json).
 //   executor: its own model code with c = 1 (executor/gpt_model.hpp, and under tensor
 //     parallelism its vocabulary-parallel embedding and head, executor/tensor_parallel.hpp).
 // DDP's bucket copy (ShardingSpec::grad_bucket_copy, torch DDP) is a buffer of the whole
@@ -61,9 +67,9 @@ struct StageMemory {
   double activation_bytes = 0;  // saved for the in-flight micro-batches plus the transients
   double in_flight = 0;         // micro-batches of the whole stage held at once (the walk's)
   double overhead_bytes = 0;    // CUDA context, NCCL workspace, fragmentation
-  // Under PyTorch's TP (hf, torchtitan) the step's moment these bytes describe ("loss
-  // backward", "block backward", "optimizer step"); empty where the categories are each one's
-  // largest.
+  // Under PyTorch's TP (hf, torchtitan) and torchtitan's pipeline the step's moment these bytes
+  // describe ("loss backward", "head backward", "block backward", "embedding backward",
+  // "optimizer step"); empty where the categories are each one's largest.
   std::string moment;
   double total() const {
     return param_bytes + grad_bytes + optimizer_bytes + buffer_bytes + activation_bytes +

@@ -6,6 +6,8 @@
 #   tests/costmodel/data/oracle_traffic.json    bytes the memory-bound ATen ops move per unit (validation/measure_traffic.py)
 #   tests/costmodel/data/oracle_tensor_parallel.json  PyTorch's own tensor parallelism (DTensor styles, t = 2) on
 #                                               HF Llama: transformers' plan and torchtitan's SP layout (validation/measure_tensor_parallel.py)
+#   tests/costmodel/data/oracle_pipeline.json   PyTorch's own pipelining (PipelineStage, GPipe and 1F1B, p = 2) on
+#                                               HF Llama split as torchtitan splits it, per stage (validation/measure_pipeline.py)
 #   tests/costmodel/data/oracle_overheads.json  host-side step overheads: op dispatch, DDP/FSDP1/FSDP2/ZeRO-3
 #                                               hooks per unit and tensor, CPU optimizers (validation/measure_overheads.py)
 # Usage: validation/regenerate.sh [VENV_DIR]   (default validation/.venv; made on first use from
@@ -27,5 +29,6 @@ extra=()
 "$py" validation/measure_deepspeed.py --out tests/costmodel/data/oracle_deepspeed.json
 "$py" validation/measure_traffic.py --out tests/costmodel/data/oracle_traffic.json
 "$py" validation/measure_tensor_parallel.py --out tests/costmodel/data/oracle_tensor_parallel.json
+"$py" validation/measure_pipeline.py --out tests/costmodel/data/oracle_pipeline.json
 "$py" validation/measure_overheads.py --out tests/costmodel/data/oracle_overheads.json
 echo "corpora written; compare with: build/release/bench/memory_corpus --summary"

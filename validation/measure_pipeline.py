@@ -1,0 +1,340 @@
+#!/usr/bin/env python3
+"""Measure the per-stage memory of pipeline-parallel training steps with PyTorch's own pipelining.
+
+What it measures
+    ``transformers.LlamaForCausalLM`` (the llama-h256 config of validation/measure_steps.py: 4
+    blocks, float32, dropout 0, sdpa attention) split into p = 2 stages on 2 ranks (gloo, CPU) the
+    way torchtitan's manual split does it (torchtitan/distributed/pipeline_parallel.py,
+    pipeline_module_split: each stage a copy of the whole model with the other stages' parts
+    deleted): stage 0 the token embedding and blocks 0-1, stage 1 blocks 2-3, the final norm and
+    the head. Each stage is a ``torch.distributed.pipelining.PipelineStage`` run by
+    ``ScheduleGPipe`` or ``Schedule1F1B`` with torchtitan's loss, ``cross_entropy(pred.flatten(0,
+    1).float(), labels.flatten(0, 1))`` (torchtitan/components/loss.py), the schedule's default
+    ``scale_grads=True`` (the accumulated gradients divided by the number of micro-batches), and
+    ``return_outputs=False`` as torchtitan's train step passes it (the last stage keeps no merged
+    output). Each rank steps its stage's parameters with ``torch.optim.AdamW(lr=1e-3,
+    foreach=True)`` and ``zero_grad(set_to_none=True)``; no data parallelism (no DDP, no FSDP).
+
+    The grid: schedule gpipe/1f1b x micro-batches m 2/4 x seq 128/256 x checkpointing none/full
+    (HF's non-reentrant gradient checkpointing of every block), micro-batch size 1 (the step's
+    batch is m sequences, split by the schedule). The stage modules' forward is the HF model's
+    own code path: the blocks called with the rotary position embeddings, no attention mask
+    (sdpa's causal kernel), as ``LlamaModel.forward`` calls them.
+
+How it measures
+    As validation/measure_steps.py, on each rank: ``MemTracker`` over the second step (the
+    schedule's step, then the optimizer step), after one warm-up step, with the stage module, the
+    optimizer and the batch registered; storage bytes per category, the categories at the peak,
+    each one's own peak, and the module and phase where the peak fell. MemTracker takes a root
+    module's second forward for the next iteration and refuses it; the schedule runs the stage's
+    module once per micro-batch, so a small subclass handles those calls as MemTracker handles a
+    submodule called twice in one iteration (no byte count changes). The losses stay referenced
+    through the optimizer step, as torchtitan's train step keeps its loss (torchtitan/train.py,
+    train_step: the loss that forward_backward_step returns lives until after
+    optimizers.step()); with them the graph's leaves, the last stage's received inputs. Every
+    record also has the step's loss (the mean over the micro-batches, from the last stage) of
+    both steps, and the losses of the same model and micro-batches in one process without a
+    pipeline (gradient accumulation: each micro-batch's loss backward, the summed gradients
+    divided by m, one optimizer step): they must agree.
+
+Usage
+    python validation/measure_pipeline.py --out tests/costmodel/data/oracle_pipeline.json
+"""
+
+import argparse
+import copy
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import measure_steps as ms  # noqa: E402  (the shared model, batch, tracker and corpus code)
+
+GENERATED_BY = "validation/measure_pipeline.py"
+CONFIG = "llama-h256"
+PP = 2
+SCHEDULES = ("gpipe", "1f1b")
+MICRO_BATCH_COUNTS = (2, 4)
+SEQ_LENS = (128, 256)
+MICRO_BATCH = 1
+CHECKPOINTING = ("none", "full")
+LOSS_TOLERANCE = 1e-4  # relative, pipeline against gradient accumulation
+
+
+def case_grid():
+    for checkpointing in CHECKPOINTING:
+        for schedule in SCHEDULES:
+            for m in MICRO_BATCH_COUNTS:
+                for seq_len in SEQ_LENS:
+                    yield {"schedule": schedule, "config": CONFIG, "micro_batches": m,
+                           "seq_len": seq_len, "micro_batch": MICRO_BATCH, "precision": "fp32",
+                           "checkpointing": checkpointing}
+
+
+def case_id(case):
+    return (f"pp{PP}-{case['schedule']}-m{case['micro_batches']}/{case['config']}/fp32/"
+            f"{case['checkpointing']}/s{case['seq_len']}-b{case['micro_batch']}")
+
+
+def stage_module(model, stage, stages):
+    """The stage's module: a copy of the whole model less what other stages hold (torchtitan's
+    pipeline_module_split deletes the other stages' blocks, the embedding off the first stage,
+    the final norm and the head off the last)."""
+    layers = len(model.model.layers)
+    per_stage = layers // stages
+    keep = range(stage * per_stage, (stage + 1) * per_stage)
+    return llama_stage(copy.deepcopy(model), keep, stage == 0, stage == stages - 1)
+
+
+def llama_stage(model, keep, first, last):
+    """The blocks `keep` of an HF Llama, with its embedding (first) and its norm and head (last)."""
+    import torch
+
+    class _LlamaStage(torch.nn.Module):
+        """Embedding (first stage), the kept blocks, final norm and head (last stage). The forward
+        is LlamaModel.forward's: rotary embeddings from the position ids, each block called with
+        them and no mask; the head's logits are the stage's output."""
+
+        def __init__(self):
+            super().__init__()
+            base = model.model
+            self.embed_tokens = base.embed_tokens if first else None
+            self.layers = torch.nn.ModuleList(base.layers[i] for i in keep)
+            self.rotary_emb = base.rotary_emb
+            self.norm = base.norm if last else None
+            self.lm_head = model.lm_head if last else None
+
+        def forward(self, x):
+            h = self.embed_tokens(x) if self.embed_tokens is not None else x
+            pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+            pe = self.rotary_emb(h, pos)
+            for layer in self.layers:
+                h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
+            if self.lm_head is not None:
+                h = self.lm_head(self.norm(h))
+            return h
+
+    return _LlamaStage()
+
+
+def loss_fn(pred, labels):
+    """torchtitan's cross-entropy (torchtitan/components/loss.py): the logits upcast to fp32."""
+    import torch
+
+    return torch.nn.functional.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+def make_schedule(name, stage, m):
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+
+    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
+    return cls(stage, n_microbatches=m, loss_fn=loss_fn, scale_grads=True)
+
+
+def pipeline_step(schedule, stage, optimizer, ids):
+    """One training step: the schedule's forward/backward over the micro-batches (torchtitan's
+    train step arguments), the optimizer step, zero_grad. Returns the mean loss (last stage) or
+    None."""
+    import torch
+
+    losses = [] if stage.is_last else None
+    if stage.is_first:
+        schedule.step(ids, target=ids if stage.is_last else None, losses=losses,
+                      return_outputs=False)
+    else:
+        schedule.step(target=ids if stage.is_last else None, losses=losses, return_outputs=False)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(torch.stack([x.detach() for x in losses]).mean()) if losses else None
+
+
+def reference_losses(case, ids, steps):
+    """The whole model in one process over the same micro-batches: each micro-batch's loss
+    backward (gradients summed), the gradients divided by m (the schedule's scale_grads), one
+    AdamW step; the mean loss of each step."""
+    import torch
+
+    model = ms.build_model(case["config"], "none")
+    whole = llama_stage(model, range(len(model.model.layers)), True, True)
+    optimizer = ms.make_optimizer(whole)
+    m = case["micro_batches"]
+    out = []
+    for _ in range(steps):
+        losses = []
+        for mb in ids.tensor_split(m, dim=0):
+            loss = loss_fn(whole(mb), mb)
+            loss.backward()
+            losses.append(float(loss.detach()))
+        for p in whole.parameters():
+            if p.grad is not None:
+                p.grad.div_(m)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        out.append(sum(losses) / m)
+    return out
+
+
+def make_tracker():
+    """MemTracker that takes the stage module's forward once per micro-batch.
+
+    MemTracker refuses a second forward of a root module (it takes it for the next iteration:
+    mem_tracker.py, _pre_fw_hook, "multiple iterative calls"); the schedule calls the stage's
+    module once per micro-batch in one step. Such a call is handled as MemTracker handles a
+    submodule called again in one iteration (its case 3: the same stats, the new inputs, a new
+    forward peak snapshot); storages are tracked as before, so no byte count changes."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _ModState
+
+    class MicroBatchMemTracker(ms._PeakProbe, MemTracker):
+        def _pre_fw_hook(self, module, inputs):
+            name = self._mod_tracker.get_known_fqn(module)
+            again = (module in self.memory_tracking and not self._mod_tracker.is_bw and
+                     set(self._mod_tracker.parents) - {name} == {"Global"})
+            if not again:
+                return super()._pre_fw_hook(module, inputs)
+            mod_stats = self.memory_tracking[module]
+            mod_stats.input_mem = self._track_inputs_or_outputs(inputs)
+            snapshot = self.get_tracker_snapshot()
+            mod_stats.local_peak = {dev: snap["Total"] for dev, snap in snapshot.items()}
+            mod_stats.snapshots.setdefault(_ModState.PEAK_FW, []).append(snapshot)
+            mod_stats.snapshots.setdefault(_ModState.PRE_FW, []).append(copy.deepcopy(snapshot))
+            return None
+
+    return MicroBatchMemTracker()
+
+
+def measure_case(rank, case):
+    import torch
+    from torch.distributed.pipelining import PipelineStage
+
+    model = ms.build_model(case["config"], case["checkpointing"])
+    params = ms.parameter_count(model)
+    module = stage_module(model, rank, PP)
+    del model
+    stage_params = sum(p.numel() for p in module.parameters())
+    stage = PipelineStage(module, rank, PP, torch.device("cpu"))
+    schedule = make_schedule(case["schedule"], stage, case["micro_batches"])
+    optimizer = ms.make_optimizer(module)
+    ids = ms.make_batch(case["config"], case["seq_len"], case["micro_batch"] *
+                        case["micro_batches"], 0)  # one pipeline: every rank the same batch
+    first_loss = pipeline_step(schedule, stage, optimizer, ids)
+    gc.collect()
+
+    tracker = make_tracker()
+    tracker.track_external(module, optimizer, ids)
+    tracker._probe_init()
+    with tracker:
+        second_loss = pipeline_step(schedule, stage, optimizer, ids)
+    record = {
+        "stage": rank,
+        "blocks": len(module.layers),
+        "first": stage.is_first,
+        "last": stage.is_last,
+        "params": params,
+        "stage_params": stage_params,
+        **ms.read_tracker(tracker, ms.optimizer_state_bytes(optimizer)),
+    }
+    if stage.is_last:
+        ref = reference_losses(case, ids, 2)
+        record["step_losses"] = [round(first_loss, 5), round(second_loss, 5)]
+        record["reference_losses"] = [round(x, 5) for x in ref]
+        record["losses_agree"] = all(
+            abs(a - b) <= LOSS_TOLERANCE * abs(b) for a, b in zip((first_loss, second_loss), ref))
+    del tracker, optimizer, schedule, stage, module
+    gc.collect()
+    return record
+
+
+def worker_main(out_path):
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo")
+    rank = torch.distributed.get_rank()
+    records, errors = [], []
+    for case in case_grid():
+        t0 = time.time()
+        try:
+            records.append(dict(measure_case(rank, case), id=case_id(case)))
+        except Exception as e:  # record it and go on
+            errors.append({"id": case_id(case), "error": f"{type(e).__name__}: {e}"[:500]})
+            if len(errors) == 1:
+                import traceback
+                traceback.print_exc()
+        torch.distributed.barrier()
+        print(f"rank {rank} {case_id(case)}: {time.time() - t0:.1f} s", flush=True)
+    with open(out_path, "w") as f:
+        json.dump({"rank": rank, "records": records, "errors": errors}, f)
+    torch.distributed.destroy_process_group()
+
+
+def merge_stages(files):
+    """One case per grid point, its stages' records in stage order; a case any rank failed, or
+    whose losses disagree with gradient accumulation, is a failure."""
+    results = []
+    for path in files:
+        with open(path) as f:
+            results.append(json.load(f))
+    by_rank = [{r["id"]: r for r in res["records"]} for res in results]
+    failures = {e["id"]: e["error"] for res in results for e in res["errors"]}
+    cases = []
+    for case in case_grid():
+        cid = case_id(case)
+        if cid in failures:
+            continue
+        stages = [ranks[cid] for ranks in by_rank]
+        for s in stages:
+            s.pop("id")
+        last = stages[-1]
+        record = {"id": cid, "pipeline_parallel": PP, "world_size": PP, **case,
+                  "optimizer": "adamw", "params": last.pop("params"),
+                  "step_losses": last.pop("step_losses"),
+                  "reference_losses": last.pop("reference_losses"),
+                  "losses_agree": last.pop("losses_agree")}
+        for s in stages:
+            s.pop("params", None)
+        record["stages"] = stages
+        if not record["losses_agree"]:
+            failures[cid] = (f"pipeline losses {record['step_losses']} differ from gradient "
+                             f"accumulation's {record['reference_losses']}")
+        cases.append(record)
+    return cases, failures
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="tests/costmodel/data/oracle_pipeline.json")
+    ap.add_argument("--worker-out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker_out:
+        worker_main(args.worker_out.format(rank=os.environ.get("RANK", "0")))
+        return 0
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmpdir:
+        stem = os.path.join(tmpdir, "pp")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={PP}", os.path.abspath(__file__),
+               "--worker-out", stem + "-r{rank}.json"]
+        with open(stem + ".log", "w") as log:
+            rc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=log,
+                                stderr=subprocess.STDOUT).returncode
+        files = [stem + f"-r{r}.json" for r in range(PP)]
+        if rc != 0 or not all(os.path.exists(p) for p in files):
+            print(open(stem + ".log").read()[-4000:])
+            return 1
+        cases, failures = merge_stages(files)
+    out = os.path.relpath(args.out)
+    command = " ".join(["python", GENERATED_BY, "--out",
+                        out if not out.startswith("..") else os.path.basename(out)])
+    ms.write_corpus(args.out, cases, failures, command, generated_by=GENERATED_BY,
+                    configs={CONFIG: ms.CONFIGS[CONFIG]})
+    return ms.report(args.out, cases, failures, [], started)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
