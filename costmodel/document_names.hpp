@@ -128,6 +128,7 @@ using documents::layout_problems;
 using documents::layout_to_json;
 using documents::ParallelLayout;
 using documents::peak_chunks;
+using documents::peak_held;
 using documents::PipelineSchedule;
 using documents::PipeOp;
 using documents::PipeOpKind;

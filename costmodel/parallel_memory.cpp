@@ -101,14 +101,11 @@ double held_bytes(const ParallelLayout& l, const StageShare& share, double block
   const double first = share.first ? first_extra : 0, last = share.last ? last_extra : 0;
   const int v = l.virtual_stages;
   if (v == 1) return (blocks + first + last) * in_flight;
+  std::vector<double> chunk(static_cast<std::size_t>(v), blocks / v);
+  chunk.front() += first;
+  chunk.back() += last;
   const auto ops = schedule_ops(l.schedule, l.pipeline_parallel, v, l.micro_batches);
-  double alive = 0, most = 0;
-  for (const PipeOp& op : ops.at(static_cast<std::size_t>(share.stage))) {
-    const double chunk = blocks / v + (op.chunk == 0 ? first : 0) + (op.chunk == v - 1 ? last : 0);
-    alive += op.kind == PipeOpKind::forward ? chunk : -chunk;
-    most = std::max(most, alive);
-  }
-  return most;
+  return peak_held(ops.at(static_cast<std::size_t>(share.stage)), chunk);
 }
 
 // PyTorch's own parallelism rather than Megatron's, without context parallelism: Recipe::hf and

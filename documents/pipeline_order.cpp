@@ -76,18 +76,24 @@ std::vector<std::vector<PipeOp>> schedule_ops(PipelineSchedule schedule, int p, 
   return ops;
 }
 
+double peak_held(const std::vector<PipeOp>& stage_ops, const std::vector<double>& bytes) {
+  double alive = 0, most = 0;
+  for (const PipeOp& op : stage_ops) {
+    const double b = bytes.at(static_cast<std::size_t>(op.chunk));
+    alive += op.kind == PipeOpKind::forward ? b : -b;
+    most = std::max(most, alive);
+  }
+  return most;
+}
+
 std::vector<int> peak_chunks(const std::vector<std::vector<PipeOp>>& ops) {
-  // A chunk's forward allocates its activations, its backward frees them; a stage's ops run one
-  // at a time in list order, so the list order is the order of its allocations and frees.
   std::vector<int> peaks;
   peaks.reserve(ops.size());
   for (const auto& stage : ops) {
-    int alive = 0, peak = 0;
-    for (const PipeOp& op : stage) {
-      alive += op.kind == PipeOpKind::forward ? 1 : -1;
-      peak = std::max(peak, alive);
-    }
-    peaks.push_back(peak);
+    int chunks = 0;
+    for (const PipeOp& op : stage) chunks = std::max(chunks, op.chunk + 1);
+    peaks.push_back(static_cast<int>(
+        peak_held(stage, std::vector<double>(static_cast<std::size_t>(chunks), 1.0))));
   }
   return peaks;
 }

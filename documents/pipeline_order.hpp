@@ -29,8 +29,12 @@ struct PipeOp {
 // m >= 1; interleaved needs m a multiple of p (layout_problems says so; here it is a logic_error).
 std::vector<std::vector<PipeOp>> schedule_ops(PipelineSchedule schedule, int p, int v, int m);
 
-// Per stage: the most chunks whose activations it holds at once (a forward allocates them, the
-// chunk's backward frees them). It depends on the order only, not on the ops' durations.
+// The most bytes one stage holds at once when each forward keeps its chunk's bytes[chunk] until
+// the backward of the same micro-batch and chunk frees them; the stage's ops run one at a time in
+// list order, so the list is the order of its allocations and frees. It depends on the order
+// only, not on the ops' durations.
+double peak_held(const std::vector<PipeOp>& stage_ops, const std::vector<double>& bytes);
+// Per stage: the most chunks alive at once (peak_held with one unit per chunk).
 std::vector<int> peak_chunks(const std::vector<std::vector<PipeOp>>& ops);
 
 }  // namespace shardplan::documents

@@ -116,24 +116,20 @@ StagePeak stage_peak(const PipelineOptions& o, int stage) {
     bytes = blocks * block;
     if (first_chunk || last_chunk) bytes += 2 * N * static_cast<std::int64_t>(sizeof(std::int32_t));
     if (last_chunk) bytes += head_saved_bytes(layout, o.micro_batch, f);
+    peak.saved = std::max(peak.saved, bytes);
   }
   if (tied && last && !first) elements += layout.unit_size_of(0);
   peak.states = 4 * f * elements;
-  peak.saved = *std::max_element(saved.begin(), saved.end());
   const bool swiglu = o.model.mlp == documents::MlpKind::swiglu;
   if (blocks > 0) peak.transient = (2 * N * h + (swiglu ? 2 : 1) * N * I) * f;
   if (last)
     peak.transient = std::max(peak.transient, head_backward_bytes(layout, o.micro_batch, f));
   if (!last || v > 1) peak.transient = std::max(peak.transient, 2 * N * h * f);
-  // The chunks alive at once, in the stage's own order: a forward keeps its chunk's bytes until
-  // the backward of the same micro-batch and chunk.
+  // The chunks alive at once, in the stage's own order (byte counts far below 2^53: exact in
+  // doubles).
   const auto ops = documents::schedule_ops(o.schedule, p, v, o.micro_batches);
-  std::int64_t alive = 0;
-  for (const PipeOp& op : ops.at(static_cast<std::size_t>(stage))) {
-    const auto bytes = saved[static_cast<std::size_t>(op.chunk)];
-    alive += op.kind == PipeOpKind::forward ? bytes : -bytes;
-    peak.held = std::max(peak.held, alive);
-  }
+  peak.held = static_cast<std::int64_t>(documents::peak_held(
+      ops.at(static_cast<std::size_t>(stage)), std::vector<double>(saved.begin(), saved.end())));
   peak.in_flight = documents::peak_chunks(ops).at(static_cast<std::size_t>(stage));
   return peak;
 }
