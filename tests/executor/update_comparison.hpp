@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <doctest/doctest.h>
 #include <fmt/format.h>
 
 #include "executor/model_layout.hpp"
@@ -206,6 +207,13 @@ struct WorstSeen {
         param_tensor = d.tensor;
       }
     }
+  }
+  // Records the comparison and checks that every tensor is within its bound, naming the worst.
+  void check(const std::vector<TensorDifference>& diffs) {
+    add(diffs);
+    const auto worst = worst_of(diffs);
+    INFO(worst.describe());
+    CHECK(worst.agrees());
   }
   std::string text() const {
     return fmt::format("worst relative loss difference {:.3g}, worst relative update difference "
