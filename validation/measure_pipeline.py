@@ -46,7 +46,6 @@ import copy
 import gc
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -316,16 +315,10 @@ def main():
         return 0
     started = time.time()
     with tempfile.TemporaryDirectory() as tmpdir:
-        stem = os.path.join(tmpdir, "pp")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={PP}", os.path.abspath(__file__),
-               "--worker-out", stem + "-r{rank}.json"]
-        with open(stem + ".log", "w") as log:
-            rc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=log,
-                                stderr=subprocess.STDOUT).returncode
-        files = [stem + f"-r{r}.json" for r in range(PP)]
+        rc, files, log = ms.run_workers(os.path.abspath(__file__), PP,
+                                        os.path.join(tmpdir, "pp"))
         if rc != 0 or not all(os.path.exists(p) for p in files):
-            print(open(stem + ".log").read()[-4000:])
+            print(open(log).read()[-4000:])
             return 1
         cases, failures = merge_stages(files)
     out = os.path.relpath(args.out)

@@ -525,22 +525,28 @@ def worker_main(wrapper, out_path):
 # Launcher
 
 
+def run_workers(script, nproc, stem, args=(), distributed=True):
+    """Runs `script` with `args` on nproc local ranks (torch.distributed.run; one plain process
+    when not distributed), each writing stem-r{rank}.json, one thread each; returns (exit status,
+    [per-rank result files], log file)."""
+    out = ["--worker-out", stem + "-r{rank}.json"]
+    if distributed:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", script, *args, *out]
+    else:
+        cmd = [sys.executable, script, *args, *out]
+    with open(stem + ".log", "w") as log:
+        rc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=log,
+                            stderr=subprocess.STDOUT).returncode
+    return rc, [stem + f"-r{r}.json" for r in range(nproc)], stem + ".log"
+
+
 def launch(wrapper, world_size, tmpdir):
     """Runs the worker processes of one run to the end; returns (exit status, [per-rank result
     files], log file)."""
-    script = os.path.abspath(__file__)
-    stem = os.path.join(tmpdir, f"{wrapper}-w{world_size}")
-    if wrapper == "none":
-        cmd = [sys.executable, script, "--worker", wrapper, "--worker-out", stem + "-r{rank}.json"]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={world_size}", script, "--worker", wrapper,
-               "--worker-out", stem + "-r{rank}.json"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    log = open(stem + ".log", "w")
-    proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    return proc.returncode, [stem + f"-r{r}.json" for r in range(world_size)], stem + ".log"
+    return run_workers(os.path.abspath(__file__), world_size,
+                       os.path.join(tmpdir, f"{wrapper}-w{world_size}"), ["--worker", wrapper],
+                       distributed=wrapper != "none")
 
 
 def merge_ranks(files):

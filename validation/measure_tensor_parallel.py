@@ -43,7 +43,6 @@ Usage
 import argparse
 import gc
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -236,16 +235,10 @@ def main():
         return 0
     started = time.time()
     with tempfile.TemporaryDirectory() as tmpdir:
-        stem = os.path.join(tmpdir, "tp")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={TP}", os.path.abspath(__file__),
-               "--worker-out", stem + "-r{rank}.json"]
-        with open(stem + ".log", "w") as log:
-            rc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=log,
-                                stderr=subprocess.STDOUT).returncode
-        files = [stem + f"-r{r}.json" for r in range(TP)]
+        rc, files, log = ms.run_workers(os.path.abspath(__file__), TP,
+                                        os.path.join(tmpdir, "tp"))
         if rc != 0 or not all(os.path.exists(p) for p in files):
-            print(open(stem + ".log").read()[-4000:])
+            print(open(log).read()[-4000:])
             return 1
         cases, failures, warnings_ = ms.merge_ranks(files)
     command = " ".join(["python", GENERATED_BY, "--out", os.path.relpath(args.out)])
