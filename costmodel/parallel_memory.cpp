@@ -87,7 +87,7 @@ namespace {
 struct StageShare {
   double blocks = 0;
   bool first = false, last = false;
-  int stage = 0;
+  const std::vector<PipeOp>* ops = nullptr;  // the stage's op order, with model chunks (v > 1)
 };
 
 // The saved activations a stage holds at once. With one model chunk per stage: `in_flight`
@@ -99,13 +99,12 @@ struct StageShare {
 double held_bytes(const ParallelLayout& l, const StageShare& share, double blocks,
                   double first_extra, double last_extra, double in_flight) {
   const double first = share.first ? first_extra : 0, last = share.last ? last_extra : 0;
+  if (share.ops == nullptr) return (blocks + first + last) * in_flight;  // one chunk per stage
   const int v = l.virtual_stages;
-  if (v == 1) return (blocks + first + last) * in_flight;
   std::vector<double> chunk(static_cast<std::size_t>(v), blocks / v);
   chunk.front() += first;
   chunk.back() += last;
-  const auto ops = schedule_ops(l.schedule, l.pipeline_parallel, v, l.micro_batches);
-  return peak_held(ops.at(static_cast<std::size_t>(share.stage)), chunk);
+  return peak_held(*share.ops, chunk);
 }
 
 // PyTorch's own parallelism rather than Megatron's, without context parallelism: Recipe::hf and
@@ -763,8 +762,13 @@ ParallelMemory parallel_memory(const ParallelMemoryInput& in, const PipelineWalk
   const int p = l.pipeline_parallel;
   const double per_stage = static_cast<double>(in.model->layers) / p;
   ParallelMemory out;
+  // The stages' op lists, once, where model chunks make their held bytes depend on the order.
+  const auto ops = l.virtual_stages > 1
+                       ? schedule_ops(l.schedule, p, l.virtual_stages, l.micro_batches)
+                       : std::vector<std::vector<PipeOp>>{};
   for (int s = 0; s < p; ++s) {
-    StageShare share{per_stage, s == 0, s == p - 1, s};
+    const auto* stage_ops = ops.empty() ? nullptr : &ops[static_cast<std::size_t>(s)];
+    StageShare share{per_stage, s == 0, s == p - 1, stage_ops};
     StageMemory st;
     st.stage = s;
     st.blocks = per_stage;
