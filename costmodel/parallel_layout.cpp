@@ -21,6 +21,7 @@ LayoutGroups layout_groups(const ParallelLayout& l, const Cluster& c) {
   g.tensor = {t, per_node(t, 1, G)};
   g.context = {cp, per_node(cp, t, G)};
   g.data = {d, per_node(d, t * cp, G)};
+  g.data_context = {d * cp, per_node(d * cp, t, G)};
   g.pipeline = {p, per_node(p, t * cp * d, G)};
   g.pipeline_crosses_nodes = p > 1 && t * cp * d >= G;
   return g;

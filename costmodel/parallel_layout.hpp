@@ -14,6 +14,10 @@ namespace shardplan::costmodel {
 // reaches a node).
 struct LayoutGroups {
   Group tensor, context, data, pipeline;
+  // The d·c ranks at one tensor-parallel position that average the gradients and shard the
+  // states: data and context parallelism together (Megatron-core's dp-cp group,
+  // megatron/core/parallel_state.py; torchtitan's dp_shard_cp mesh that FSDP shards over).
+  Group data_context;
   bool pipeline_crosses_nodes = false;  // neighbouring stages sit on different nodes
 };
 LayoutGroups layout_groups(const ParallelLayout& l, const Cluster& c);

@@ -205,14 +205,24 @@ UnitElements stage_elements(const ParallelMemoryInput& in, const StageShare& sha
   return out;
 }
 
-// Model states of one stage on one rank: split by t, sharded over the data-parallel group.
+// The ranks a sharded state is split over: the spec's group within the d·c data- and
+// context-parallel ranks at one tensor-parallel position (LayoutGroups::data_context;
+// Megatron-core's distributed optimizer shards over its dp-cp group, torchtitan's FSDP over
+// dp_shard_cp).
+double shard_ranks(const ParallelMemoryInput& in) {
+  const int dc = std::max(1, in.layout.data_parallel(in.cluster.gpus)) * in.layout.context_parallel;
+  return std::min(in.spec.group(dc), dc);
+}
+
+// Model states of one stage on one rank: split by t, sharded over the data- and context-parallel
+// ranks.
 void stage_states(const ParallelMemoryInput& in, const StageShare& share, StageMemory& out) {
   const auto& m = *in.model;
   const auto& s = in.spec;
   const int t = in.layout.tensor_parallel;
   const StateBytes sb = state_bytes(in.job.precision, s, Accounting::framework);
   const int d = std::max(1, in.layout.data_parallel(in.cluster.gpus));
-  const double S = std::min(s.group(d), d);
+  const double S = shard_ranks(in);
   const UnitElements local = stage_elements(in, share);
   const double elems = local.params;
   out.local_params = elems;
@@ -264,8 +274,9 @@ double embedding_saved(const ModelSpec& m, const TrainingJob& j, const ParallelL
 }
 
 // The executor's own model code (Recipe::executor, executor/gpt_model.hpp and, with t > 1,
-// executor/tensor_parallel_block.cpp and tensor_parallel_vocab.cpp) on one rank of a stage
-// (c = 1). N = s·b tokens per micro-batch; n = N/t under sequence parallelism, else N (the hidden
+// executor/tensor_parallel_block.cpp and tensor_parallel_vocab.cpp, and with c > 1
+// executor/context_parallel_block.cpp) on one rank of a stage. N = s·b/c tokens per micro-batch
+// (the rank's share of its sequences); n = N/t under sequence parallelism, else N (the hidden
 // states between units and the norms run on n tokens). It has no dropout, keeps each norm's fp32
 // statistics (rstd, and the mean for LayerNorm) per token of n, and per block: its input, the
 // norms' outputs and (sequential residual) the attention's residual sum [n, h]; q, k, v and the
@@ -281,6 +292,13 @@ double embedding_saved(const ModelSpec& m, const TrainingJob& j, const ParallelL
 //     the logits' in e); t > 1, the vocabulary-parallel cross-entropy's one gradient of the
 //     logits [N, V/t] in e (softmax − one-hot), then the normed input's gradient [N, h] once the
 //     logits and log-probabilities are freed
+//   with context parallelism, the attention core's backward in ring attention: the block's MLP
+//     tensors and norm2's output (and the residual sum) are freed by then; alive beside the rest
+//     of the block's saved tensors: dy [n, h], the projection input's gradient [N, q/t], dq, dk,
+//     dv [N, (q + 2kv)/t], delta (fp32 per head and token) and the ring's keys and values
+//     received, the dK and dV arriving [N, kv/t] ×3 (executor/context_parallel_block.cpp). The
+//     forward's ring (an fp32 output [N, q/t] and up to three [N, kv/t]) stays below the
+//     backward's moments: the block's MLP tensors are not yet allocated then.
 struct ExecutorStage {
   double saved = 0, transient = 0;
   // Of `saved`, what only the first stage's first chunk or the last stage's last chunk keeps.
@@ -291,7 +309,8 @@ struct ExecutorStage {
 ExecutorStage executor_stage(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l,
                              const StageShare& share, int first_block, double e) {
   const double t = l.tensor_parallel;
-  const double T = static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch);
+  const double T =
+      static_cast<double>(j.seq_len) / l.context_parallel * static_cast<double>(j.micro_batch);
   const double n = T / (l.sequence_parallel ? t : 1.0);
   const double s = static_cast<double>(j.seq_len), h = static_cast<double>(m.hidden);
   const double q = static_cast<double>(m.q_width()), kv = static_cast<double>(m.kv_width());
@@ -312,9 +331,17 @@ ExecutorStage executor_stage(const ModelSpec& m, const TrainingJob& j, const Par
     if (b == 0) out.first_block_saved = kept;
     out.saved += kept;
   }
-  if (share.blocks > 0)
-    out.block_transient = e * n * h + e * T * h * (l.sequence_parallel ? 2.0 : 1.0) +
-                          (mlp_width - 1) * e * T * I / t + (any_full ? block : 0);
+  if (share.blocks > 0) {
+    out.block_transient =
+        e * n * h + e * T * h * (l.sequence_parallel ? 2.0 : 1.0) + (mlp_width - 1) * e * T * I / t;
+    if (l.context_parallel > 1) {
+      const double ring =
+          e * n * h + e * T * (2 * q + 5 * kv) / t + 4 * a * T / t -
+          (mlp_width * e * T * I / t + e * n * h * (m.parallel_residual ? 1 : 2) + stats);
+      out.block_transient = std::max(out.block_transient, ring);
+    }
+    if (any_full) out.block_transient += block;
+  }
   out.transient = out.block_transient;
   if (share.first || share.last) out.saved += 8 * T;  // int32 tokens and targets
   if (share.first) out.first_extra = 8 * T;
@@ -354,7 +381,8 @@ void executor_first_use_peak(const ParallelMemoryInput& in, const ExecutorStage&
   const int t = in.layout.tensor_parallel;
   const double grad_b = out.grad_bytes / std::max(1.0, out.local_params);  // bytes per element
   const double e = dtype_bytes(compute_dtype(in.job.precision));
-  const double T = static_cast<double>(in.job.seq_len) * static_cast<double>(in.job.micro_batch);
+  const double T = static_cast<double>(in.job.seq_len) / in.layout.context_parallel *
+                   static_cast<double>(in.job.micro_batch);
   const double n = T / (in.layout.sequence_parallel ? t : 1);
   const double h = static_cast<double>(m.hidden);
   const double L = static_cast<double>(m.layers);
@@ -545,8 +573,7 @@ double foreach_temp_bytes(const ParallelMemoryInput& in, const UnitElements& loc
   const auto& s = in.spec;
   const bool adam = in.job.optimizer == Optimizer::adam || in.job.optimizer == Optimizer::adamw;
   if (!adam || s.flavour == Flavour::deepspeed || s.offload != Offload::none) return 0;
-  const int d = std::max(1, in.layout.data_parallel(in.cluster.gpus));
-  const double S = s.shard_optimizer ? std::min(s.group(d), d) : 1;
+  const double S = s.shard_optimizer ? shard_ranks(in) : 1;
   const StateBytes sb = state_bytes(in.job.precision, s, Accounting::framework);
   return std::max(local.plain, local.params - local.plain) * sb.moment / S;
 }
@@ -725,7 +752,7 @@ void stage_activations(const ParallelMemoryInput& in, const StageShare& share, i
   out.activation_bytes =
       held_bytes(l, share, saved, embedding_saved(m, j, l), head_saved(m, j, l, e), out.in_flight) +
       transient;
-  if (j.recipe == Recipe::executor && l.context_parallel == 1) {
+  if (j.recipe == Recipe::executor) {
     const ExecutorStage x = executor_stage(m, j, l, share, first_block, e);
     const double blocks =
         x.saved - (share.first ? x.first_extra : 0) - (share.last ? x.last_extra : 0);
@@ -739,8 +766,9 @@ void stage_activations(const ParallelMemoryInput& in, const StageShare& share, i
       executor_first_use_peak(in, x, out);
   }
   // Ring attention: the K and V chunk being used and the one arriving (Transformer Engine's
-  // AttnFuncWithCPAndKVP2P double-buffers them), each of the local sequence.
-  if (l.context_parallel > 1)
+  // AttnFuncWithCPAndKVP2P double-buffers them), each of the local sequence. The executor's ring
+  // is counted with its block's backward above.
+  if (l.context_parallel > 1 && j.recipe != Recipe::executor)
     out.buffer_bytes += 2 * 2 * e * T * static_cast<double>(m.kv_width()) / l.tensor_parallel;
 }
 

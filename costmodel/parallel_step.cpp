@@ -104,10 +104,10 @@ StageTime stage_time(const StepInput& in, const ParallelLayout& l, const BlockTi
   return s;
 }
 
-// The data-parallel side of a stage: gradient reduction over the DP group after the stage's last
-// backward (overlapped with that backward), ZeRO-1/2's parameter all-gather after the optimizer
-// step, FSDP's parameter all-gathers; then the optimizer step, bandwidth-bound over the local
-// shard. Returns the seconds from the stage's last backward to the end of its optimizer step.
+// The data-parallel side of a stage: gradient reduction over the DP (and CP) group after the
+// stage's last backward (overlapped with that backward), ZeRO-1/2's parameter all-gather after the
+// optimizer step, FSDP's parameter all-gathers; then the optimizer step, bandwidth-bound over the
+// local shard. Returns the seconds from the stage's last backward to the end of its optimizer step.
 struct DataParallelTime {
   double comm = 0, exposed = 0, bytes = 0, optimizer = 0;
 };
@@ -122,7 +122,7 @@ DataParallelTime data_parallel_time(const StepInput& in, const ParallelLayout& l
   const double reduce_b = std::max(dtype_bytes(s.reduce_dtype), sb.compute);
   DataParallelTime d;
   auto run = [&](Collective op, double size) {
-    const auto c = comm.cost(op, g.data, size);
+    const auto c = comm.cost(op, g.data_context, size);
     d.bytes += c.bytes_sent;
     return c.seconds;
   };
@@ -143,7 +143,7 @@ DataParallelTime data_parallel_time(const StepInput& in, const ParallelLayout& l
     // overlapped with the compute but for the first unit of each pass.
     const bool pipeline = l.pipeline_parallel > 1;
     const double times = pipeline ? 1.0 : 2.0 * l.micro_batches;
-    const auto c = comm.cost(Collective::all_gather, g.data, params);
+    const auto c = comm.cost(Collective::all_gather, g.data_context, params);
     d.bytes += c.bytes_sent * times;
     d.comm += c.seconds * times;
     const double first_unit = c.seconds / std::max(1.0, static_cast<double>(in.model->layers));

@@ -91,12 +91,16 @@ private:
 template <class S> double StepLoop<S>::micro_batch(std::int64_t mb, bool reduce_now) {
   auto& st = state_;
   const auto& b = st.options.micro_batch;
-  const std::int64_t global_batch = b.batch * st.options.grad_accumulation * st.shards.world;
+  // Under context parallelism the engine's ranks are d data-parallel replicas × c ranks sharing
+  // their sequences, rank dp·c + cp (context_parallel.hpp).
+  const auto& cp = st.options.model_options.context_parallel;
+  const int replicas = st.shards.world / cp.size(), replica = st.world_rank() / cp.size();
+  const std::int64_t global_batch = b.batch * st.options.grad_accumulation * replicas;
   const std::int64_t first =
-      (st.step_count - 1) * global_batch + (mb * st.shards.world + st.world_rank()) * b.batch;
-  auto tokens =
-      synthetic_sequences(st.allocator, st.options.seed, first, b,
-                          st.options.model_options.tensor_parallel.vocab(st.options.model));
+      (st.step_count - 1) * global_batch + (mb * replicas + replica) * b.batch;
+  auto tokens = synthetic_sequences(
+      st.allocator, st.options.seed, first, b,
+      st.options.model_options.tensor_parallel.vocab(st.options.model), {cp.size(), cp.rank()});
   ForwardResult fwd = forward(mb, tokens);
   const double loss = fwd.head->loss;
   backward(mb, tokens, fwd, reduce_now);

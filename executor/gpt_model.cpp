@@ -73,6 +73,12 @@ GptModel<S>::GptModel(const documents::ModelSpec& spec, TrackedAllocator& alloca
     throw std::invalid_argument(
         fmt::format("flash attention with head_dim {} is not available on the {} backend",
                     spec.head_dim, be_.name()));
+  if (options_.context_parallel.active() && !(options_.flash_attention && is_rotary(layout_)))
+    throw std::invalid_argument(fmt::format(
+        "context parallelism runs ring attention on flash attention with rotary positions; {} "
+        "has {} attention and {} positions",
+        spec.name, options_.flash_attention ? "flash" : "eager",
+        is_rotary(layout_) ? "rotary" : "learned"));
 }
 
 template <class S>
@@ -160,12 +166,33 @@ TrackedBuffer<S> GptModel<S>::forward_embedding(std::span<const S> params,
   return out;
 }
 
+template <class S> void GptModel<S>::attention_core_forward(BlockActivations<S>& a) const {
+  if (options_.context_parallel.active()) return ring_attention_forward(a);
+  const auto& m = layout_.spec();
+  const std::int64_t B = a.shape.batch, T = a.shape.seq, N = a.shape.tokens();
+  if (is_rotary(layout_)) {
+    be_.rope_forward(a.q.data(), B, T, m.heads, m.head_dim, options_.rope_theta);
+    be_.rope_forward(a.k.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta);
+  }
+  if (options_.flash_attention) {
+    a.lse = written_activation<A>(B * m.heads * T);
+    a.attn_out = written_activation(N * m.q_width());
+    be_.flash_attention_forward(a.attn_out.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(),
+                                B, T, m.heads, m.kv_heads, m.head_dim);
+  } else {
+    a.probs = written_activation(B * m.heads * T * T);
+    a.attn_out = written_activation(N * m.q_width());
+    be_.attention_forward(a.attn_out.data(), a.probs.data(), a.q.data(), a.k.data(), a.v.data(), B,
+                          T, m.heads, m.kv_heads, m.head_dim);
+  }
+}
+
 template <class S>
 void GptModel<S>::run_block(const S* p, BlockActivations<S>& a, TrackedBuffer<S>& y) const {
   if (options_.tensor_parallel.active()) return run_block_tp(p, a, y);
   const auto& m = layout_.spec();
   const auto& L = layout_.block();
-  const std::int64_t B = a.shape.batch, T = a.shape.seq, N = a.shape.tokens();
+  const std::int64_t N = a.shape.tokens();
   const std::int64_t h = m.hidden, qw = m.q_width(), kw = m.kv_width(), I = m.intermediate;
   const S* x = a.input.data();
 
@@ -180,21 +207,7 @@ void GptModel<S>::run_block(const S* p, BlockActivations<S>& a, TrackedBuffer<S>
                      false);
   be_.linear_forward(a.v.data(), a.norm1_out.data(), p + L.v.weight, at(p, L.v.bias), N, h, kw,
                      false);
-  if (is_rotary(layout_)) {
-    be_.rope_forward(a.q.data(), B, T, m.heads, m.head_dim, options_.rope_theta);
-    be_.rope_forward(a.k.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta);
-  }
-  if (options_.flash_attention) {
-    a.lse = written_activation<A>(B * m.heads * T);
-    a.attn_out = written_activation(N * qw);
-    be_.flash_attention_forward(a.attn_out.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(),
-                                B, T, m.heads, m.kv_heads, m.head_dim);
-  } else {
-    a.probs = written_activation(B * m.heads * T * T);
-    a.attn_out = written_activation(N * qw);
-    be_.attention_forward(a.attn_out.data(), a.probs.data(), a.q.data(), a.k.data(), a.v.data(), B,
-                          T, m.heads, m.kv_heads, m.head_dim);
-  }
+  attention_core_forward(a);
 
   // Sequential residual: a = x + o(attn); the MLP reads Norm₂(a). Parallel: it reads Norm₂(x).
   const S* mlp_in = x;
@@ -266,7 +279,9 @@ GptModel<S>::attention_core_backward(BlockActivations<S>& a, TrackedBuffer<S> d_
   auto dq = activation(N * qw);  // [N, qw]
   auto dk = activation(N * kw);  // [N, kw]
   auto dv = activation(N * kw);  // [N, kw]
-  if (options_.flash_attention) {
+  if (options_.context_parallel.active()) {
+    ring_attention_backward(a, d_attn_out.data(), dq, dk, dv);
+  } else if (options_.flash_attention) {
     auto delta = written_activation<A>(B * m.heads * T);  // [B, a, T] rowsum(dO ∘ O)
     be_.flash_attention_backward(dq.data(), dk.data(), dv.data(), delta.data(), d_attn_out.data(),
                                  a.attn_out.data(), a.lse.data(), a.q.data(), a.k.data(),
@@ -282,7 +297,12 @@ GptModel<S>::attention_core_backward(BlockActivations<S>& a, TrackedBuffer<S> d_
   a.attn_out.reset();
   a.probs.reset();
   a.lse.reset();
-  if (is_rotary(layout_)) {
+  if (options_.context_parallel.active()) {
+    const auto& cp = options_.context_parallel;
+    const auto mine = context_positions(T * cp.size(), cp.size(), cp.rank());
+    be_.rope_at(dq.data(), mine.data(), B, T, m.heads, m.head_dim, options_.rope_theta, true);
+    be_.rope_at(dk.data(), mine.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta, true);
+  } else if (is_rotary(layout_)) {
     be_.rope_backward(dq.data(), B, T, m.heads, m.head_dim, options_.rope_theta);
     be_.rope_backward(dk.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta);
   }

@@ -39,6 +39,7 @@
 #include <span>
 
 #include "documents/model.hpp"
+#include "executor/context_parallel.hpp"
 #include "executor/kernel_names.hpp"
 #include "executor/model_layout.hpp"
 #include "executor/tensor_parallel.hpp"
@@ -71,6 +72,11 @@ struct ModelOptions {
   // model, its spec local_spec's; with sequence parallelism the hidden states between units are
   // this rank's 1/t of the N tokens. Not active by default.
   TensorParallel tensor_parallel;
+  // Context parallelism (context_parallel.hpp): a batch's sequences are this rank's share of
+  // them (BatchShape::seq = S/c tokens each, at context_positions in the sequence); attention is
+  // ring attention over the group. Needs flash attention and rotary positions. Not active by
+  // default.
+  ContextParallel context_parallel;
 };
 
 // What a block's backward needs, with shapes (N = B·T, h = hidden, qw = heads·head_dim,
@@ -195,6 +201,15 @@ private:
   template <class T = S> TrackedBuffer<T> written_activation(std::int64_t elements) const {
     return allocator_.template allocate_uninitialized<T>(MemoryCategory::activations, elements);
   }
+  // Rotary positions, then causal attention: a.attn_out (and a.lse or a.probs) from a.q, a.k, a.v.
+  void attention_core_forward(BlockActivations<S>& a) const;
+  // Context parallelism (context_parallel_block.cpp): ring attention's forward, and its
+  // backward adding into dq, dk, dv (which it replaces by this rank's own dK, dV at the end).
+  void ring_attention_forward(BlockActivations<S>& a) const;
+  void ring_attention_backward(BlockActivations<S>& a, const S* d_attn_out, TrackedBuffer<S>& dq,
+                               TrackedBuffer<S>& dk, TrackedBuffer<S>& dv) const;
+  // n elements to the next rank of the ring, the previous rank's n into a new buffer.
+  TrackedBuffer<S> ring_pass(const S* send, std::int64_t n) const;
   // Runs the block's forward from saved.input, filling every saved buffer, into `output`.
   void run_block(const S* params, BlockActivations<S>& saved, TrackedBuffer<S>& output) const;
   // n: the rows the norm runs on (N, or N/t under sequence parallelism).

@@ -27,7 +27,13 @@ TokenBatch synthetic_batch(TrackedAllocator& allocator, std::uint64_t seed, Batc
 // drawn as above from its own generator, seeded with splitmix64(seed ^ splitmix64(i)), so any
 // rank can make exactly the sequences of its micro-batch, and the same global batch split over any
 // number of ranks and micro-batches holds the same sequences. Allocated as `activations`.
+// share: under context parallelism (context_parallel.hpp), rank `rank` of `ranks` gets its share
+// of each sequence: shape.seq is then the share's length, the sequences drawn ranks × as long.
+struct ContextShare {
+  int ranks = 1, rank = 0;
+};
 TokenBatch synthetic_sequences(TrackedAllocator& allocator, std::uint64_t seed,
-                               std::int64_t first_sequence, BatchShape shape, std::int64_t vocab);
+                               std::int64_t first_sequence, BatchShape shape, std::int64_t vocab,
+                               ContextShare share = {});
 
 }  // namespace shardplan::executor

@@ -73,7 +73,7 @@ template <class S>
 void GptModel<S>::attention_forward_tp(const S* p, BlockActivations<S>& a, const S* x) const {
   const auto& m = layout_.spec();
   const auto& L = layout_.block();
-  const std::int64_t B = a.shape.batch, T = a.shape.seq, N = a.shape.tokens();
+  const std::int64_t N = a.shape.tokens();
   const std::int64_t h = m.hidden, qw = m.q_width(), kw = m.kv_width();
   norm_forward(local_tokens(a.shape), x, p, L.norm1, a.norm1_out, a.norm1_mean, a.norm1_rstd);
   TrackedBuffer<S> gathered;
@@ -85,20 +85,7 @@ void GptModel<S>::attention_forward_tp(const S* p, BlockActivations<S>& a, const
   be_.linear_forward(a.k.data(), in, p + L.k.weight, at(p, L.k.bias), N, h, kw, false);
   be_.linear_forward(a.v.data(), in, p + L.v.weight, at(p, L.v.bias), N, h, kw, false);
   gathered.reset();
-  if (m.positions == PositionKind::rotary) {
-    be_.rope_forward(a.q.data(), B, T, m.heads, m.head_dim, options_.rope_theta);
-    be_.rope_forward(a.k.data(), B, T, m.kv_heads, m.head_dim, options_.rope_theta);
-  }
-  a.attn_out = written_activation(N * qw);
-  if (options_.flash_attention) {
-    a.lse = written_activation<A>(B * m.heads * T);
-    be_.flash_attention_forward(a.attn_out.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(),
-                                B, T, m.heads, m.kv_heads, m.head_dim);
-  } else {
-    a.probs = written_activation(B * m.heads * T * T);
-    be_.attention_forward(a.attn_out.data(), a.probs.data(), a.q.data(), a.k.data(), a.v.data(), B,
-                          T, m.heads, m.kv_heads, m.head_dim);
-  }
+  attention_core_forward(a);
 }
 
 // Norm₂ and the MLP's column-parallel up (and gate) over this rank's intermediate columns.

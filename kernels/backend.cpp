@@ -100,6 +100,31 @@ void HostBackend<S>::flash_attention_backward(S* dq, S* dk, S* dv, A* delta, con
   flash_host::backward(dq, dk, dv, delta, dout, out, lse, q, k, v, batch, seq, heads, kv_heads,
                        head_dim);
 }
+template <class S>
+void HostBackend<S>::rope_at(S* x, const std::int32_t* positions, std::int64_t batch,
+                             std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
+                             double theta, bool backward) {
+  if (backward)
+    kernels::rope_backward(x, batch, seq, heads, head_dim, theta, positions);
+  else
+    kernels::rope_forward(x, batch, seq, heads, head_dim, theta, positions);
+}
+template <class S>
+void HostBackend<S>::flash_attention_forward_at(A* out_acc, A* lse, const S* q, const S* k,
+                                                const S* v, flash_host::Positions at, bool first,
+                                                std::int64_t batch, std::int64_t heads,
+                                                std::int64_t kv_heads, std::int64_t head_dim) {
+  flash_host::forward_at(out_acc, lse, q, k, v, at, first, batch, heads, kv_heads, head_dim);
+}
+template <class S>
+void HostBackend<S>::flash_attention_backward_at(S* dq, S* dk, S* dv, A* delta, const S* dout,
+                                                 const S* out, const A* lse, const S* q, const S* k,
+                                                 const S* v, flash_host::Positions at,
+                                                 std::int64_t batch, std::int64_t heads,
+                                                 std::int64_t kv_heads, std::int64_t head_dim) {
+  flash_host::backward_at(dq, dk, dv, delta, dout, out, lse, q, k, v, at, batch, heads, kv_heads,
+                          head_dim);
+}
 template <class S> void HostBackend<S>::gelu_forward(S* out, const S* in, std::int64_t n) {
   kernels::gelu_forward(out, in, n);
 }

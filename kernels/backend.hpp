@@ -23,6 +23,7 @@
 
 #include "comm/communicator.hpp"
 #include "kernels/adamw.hpp"
+#include "kernels/flash_attention_host.hpp"
 #include "kernels/memory_source.hpp"
 #include "kernels/scalar.hpp"
 
@@ -140,6 +141,31 @@ public:
     refuse_vocab_parallel();
   }
 
+  // ---- context parallelism: a rank's share of each sequence, its tokens at their places in it
+  // (rotary at positions, kernels.hpp; ring attention's blocks, flash_attention_host.hpp's
+  // forward_at and backward_at, same arguments). Context parallelism runs on the host backend
+  // only; another backend refuses them.
+  virtual void rope_at(S* /*x*/, const std::int32_t* /*positions*/, std::int64_t /*batch*/,
+                       std::int64_t /*seq*/, std::int64_t /*heads*/, std::int64_t /*head_dim*/,
+                       double /*theta*/, bool /*backward*/) {
+    refuse_context_parallel();
+  }
+  virtual void flash_attention_forward_at(A* /*out_acc*/, A* /*lse*/, const S* /*q*/,
+                                          const S* /*k*/, const S* /*v*/,
+                                          flash_host::Positions /*at*/, bool /*first*/,
+                                          std::int64_t /*batch*/, std::int64_t /*heads*/,
+                                          std::int64_t /*kv_heads*/, std::int64_t /*head_dim*/) {
+    refuse_context_parallel();
+  }
+  virtual void flash_attention_backward_at(S* /*dq*/, S* /*dk*/, S* /*dv*/, A* /*delta*/,
+                                           const S* /*dout*/, const S* /*out*/, const A* /*lse*/,
+                                           const S* /*q*/, const S* /*k*/, const S* /*v*/,
+                                           flash_host::Positions /*at*/, std::int64_t /*batch*/,
+                                           std::int64_t /*heads*/, std::int64_t /*kv_heads*/,
+                                           std::int64_t /*head_dim*/) {
+    refuse_context_parallel();
+  }
+
   // ---- the engine's element-wise work
   virtual void copy(S* dst, const S* src, std::int64_t n) = 0;  // may not overlap
   virtual void add(S* dst, const S* src, std::int64_t n) = 0;   // dst += src
@@ -197,6 +223,10 @@ private:
   [[noreturn]] void refuse_vocab_parallel() const {
     throw std::logic_error(std::string("vocabulary-parallel kernels are not run on the ") + name() +
                            " backend (tensor parallelism runs on the cpu backend)");
+  }
+  [[noreturn]] void refuse_context_parallel() const {
+    throw std::logic_error(std::string("ring attention's kernels are not run on the ") + name() +
+                           " backend (context parallelism runs on the cpu backend)");
   }
 };
 
@@ -281,6 +311,16 @@ public:
   void vocab_cross_entropy_backward(S* dlogits, const A* logp, const std::int32_t* targets,
                                     std::int64_t begin, std::int64_t n, std::int64_t vocab,
                                     A scale) override;
+  void rope_at(S* x, const std::int32_t* positions, std::int64_t batch, std::int64_t seq,
+               std::int64_t heads, std::int64_t head_dim, double theta, bool backward) override;
+  void flash_attention_forward_at(A* out_acc, A* lse, const S* q, const S* k, const S* v,
+                                  flash_host::Positions at, bool first, std::int64_t batch,
+                                  std::int64_t heads, std::int64_t kv_heads,
+                                  std::int64_t head_dim) override;
+  void flash_attention_backward_at(S* dq, S* dk, S* dv, A* delta, const S* dout, const S* out,
+                                   const A* lse, const S* q, const S* k, const S* v,
+                                   flash_host::Positions at, std::int64_t batch, std::int64_t heads,
+                                   std::int64_t kv_heads, std::int64_t head_dim) override;
   void copy(S* dst, const S* src, std::int64_t n) override;
   void add(S* dst, const S* src, std::int64_t n) override;
   void adamw_step(A* params, const A* grads, A* exp_avg, A* exp_avg_sq, std::int64_t n,

@@ -40,4 +40,36 @@ void backward(S* dq, S* dk, S* dv, accum_t<S>* delta, const S* dout, const S* ou
               const accum_t<S>* lse, const S* q, const S* k, const S* v, std::int64_t batch,
               std::int64_t seq, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim);
 
+// Context parallelism's pieces of the same attention (ring attention: Liu et al. 2023, "Ring
+// Attention with Blockwise Transformers"; Brandon et al. 2023, "Striped Attention"): the
+// queries of one rank's tokens against the keys of one rank's tokens, each token at its position
+// in the whole sequence, key j visible to query i when key_pos[j] ≤ query_pos[i].
+//   q, out_acc, dq, dout, out   [B, queries, heads, d]
+//   k, v, dk, dv                [B, keys, kv_heads, d]
+//   lse, delta                  [B, heads, queries]   accum_t<S>
+struct Positions {
+  const std::int32_t* query = nullptr;  // [queries] each query row's place in the sequence
+  std::int64_t queries = 0;
+  const std::int32_t* key = nullptr;  // [keys]
+  std::int64_t keys = 0;
+};
+
+// One more block of keys into a running softmax: out_acc and lse hold the output (normalised,
+// accum_t<S>) and log-sum-exp over the keys seen so far, and after the call over these too — the
+// online softmax of FlashAttention-2 Algorithm 1 started from (m = lse, ℓ = 1, acc = out_acc).
+// first: no keys seen yet (out_acc and lse are only written). A row that has seen no visible key
+// keeps out 0 and lse −∞.
+template <class S>
+void forward_at(accum_t<S>* out_acc, accum_t<S>* lse, const S* q, const S* k, const S* v,
+                Positions at, bool first, std::int64_t batch, std::int64_t heads,
+                std::int64_t kv_heads, std::int64_t head_dim);
+
+// backward's formulas over one block of keys, with the output and log-sum-exp of the whole
+// attention (over every key block): ADDS into dq [queries] and dk, dv [keys]; writes delta.
+template <class S>
+void backward_at(S* dq, S* dk, S* dv, accum_t<S>* delta, const S* dout, const S* out,
+                 const accum_t<S>* lse, const S* q, const S* k, const S* v, Positions at,
+                 std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
+                 std::int64_t head_dim);
+
 }  // namespace shardplan::kernels::flash_host

@@ -308,7 +308,8 @@ namespace {
 // Rotates every (i, i + d/2) channel pair of every head by ±angle(t, i).
 template <class S>
 void rotate_pairs(S* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-                  std::int64_t head_dim, double theta, double direction) {
+                  std::int64_t head_dim, double theta, double direction,
+                  const std::int32_t* positions) {
   using A = accum_t<S>;
   const std::int64_t half = head_dim / 2;
   for (std::int64_t t = 0; t < seq; ++t)
@@ -316,7 +317,7 @@ void rotate_pairs(S* x, std::int64_t batch, std::int64_t seq, std::int64_t heads
       // inv_freq_i = θ^(−2i/d) (HF LlamaRotaryEmbedding), angle in double for every scalar type.
       const double inv_freq =
           std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-      const double angle = static_cast<double>(t) * inv_freq;
+      const double angle = static_cast<double>(positions ? positions[t] : t) * inv_freq;
       const A c = static_cast<A>(std::cos(angle));
       const A s = static_cast<A>(direction * std::sin(angle));
       for (std::int64_t b = 0; b < batch; ++b)
@@ -333,15 +334,15 @@ void rotate_pairs(S* x, std::int64_t batch, std::int64_t seq, std::int64_t heads
 
 template <class S>
 void rope_forward(S* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-                  std::int64_t head_dim, double theta) {
-  rotate_pairs(x, batch, seq, heads, head_dim, theta, 1.0);
+                  std::int64_t head_dim, double theta, const std::int32_t* positions) {
+  rotate_pairs(x, batch, seq, heads, head_dim, theta, 1.0, positions);
 }
 
 // The rotation is orthogonal, so the gradient w.r.t. its input is Rᵀ·dy = R(−angle)·dy.
 template <class S>
 void rope_backward(S* dx, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-                   std::int64_t head_dim, double theta) {
-  rotate_pairs(dx, batch, seq, heads, head_dim, theta, -1.0);
+                   std::int64_t head_dim, double theta, const std::int32_t* positions) {
+  rotate_pairs(dx, batch, seq, heads, head_dim, theta, -1.0, positions);
 }
 
 namespace {
@@ -736,9 +737,9 @@ void vocab_cross_entropy_backward(S* dlogits, const accum_t<S>* logp, const std:
   template void rmsnorm_backward<S>(S*, S*, const S*, const S*, const S*, const accum_t<S>*,       \
                                     std::int64_t, std::int64_t);                                   \
   template void rope_forward<S>(S*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,        \
-                                double);                                                           \
+                                double, const std::int32_t*);                                      \
   template void rope_backward<S>(S*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,       \
-                                 double);                                                          \
+                                 double, const std::int32_t*);                                     \
   template void attention_forward<S>(S*, S*, const S*, const S*, const S*, std::int64_t,           \
                                      std::int64_t, std::int64_t, std::int64_t, std::int64_t);      \
   template void attention_backward<S>(S*, S*, S*, S*, const S*, const S*, const S*, const S*,      \

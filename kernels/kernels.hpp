@@ -56,13 +56,14 @@ void rmsnorm_backward(S* dx, S* dw, const S* dy, const S* x, const S* w, const a
 // Rotary positions (Su et al. 2021, RoFormer eq. 34) in the "rotate half" pairing of HF
 // modeling_llama.py apply_rotary_pos_emb: channel i pairs with i + d/2, angle = t·θ^(−2i/d),
 // over the whole head. In place on x [N, heads·d]. The backward applies the inverse rotation to
-// the gradient, in place.
+// the gradient, in place. positions [seq]: token t's place in the sequence (context parallelism's
+// share of it); nullptr: t itself.
 template <class S>
 void rope_forward(S* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-                  std::int64_t head_dim, double theta);
+                  std::int64_t head_dim, double theta, const std::int32_t* positions = nullptr);
 template <class S>
 void rope_backward(S* dx, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-                   std::int64_t head_dim, double theta);
+                   std::int64_t head_dim, double theta, const std::int32_t* positions = nullptr);
 
 // Causal scaled dot-product attention (Vaswani et al. 2017, eq. 1) with grouped-query heads
 // (Ainslie et al. 2023; HF repeat_kv: query head h reads key/value head h / (heads / kv_heads)).

@@ -4,12 +4,14 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "costmodel/accounting.hpp"
 #include "engine_fixture.hpp"
+#include "executor/context_parallel.hpp"
 #include "executor/gpt_model.hpp"
 #include "executor/param_init.hpp"
 #include "kernels/backend.hpp"
@@ -212,4 +214,142 @@ TEST_CASE("flash_attention_host::the engine's peak with flash attention is the c
                     << 100 * error << "%");
       CHECK(std::abs(error) < 0.03);
     }
+}
+
+namespace {
+
+// Rows `positions` of a [B, seq, heads·d] array (each sequence's), as rank r holds them.
+std::vector<double> rows_at(const std::vector<double>& whole, std::int64_t batch, std::int64_t seq,
+                            std::int64_t width, const std::vector<std::int32_t>& positions) {
+  std::vector<double> out;
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (const auto t : positions) {
+      const auto* row = whole.data() + (b * seq + t) * width;
+      out.insert(out.end(), row, row + width);
+    }
+  return out;
+}
+
+// Rank r's rows of `share` put back at their places of the whole [B, seq, width] array.
+void put_rows(std::vector<double>& whole, const std::vector<double>& share, std::int64_t batch,
+              std::int64_t seq, std::int64_t width, const std::vector<std::int32_t>& positions) {
+  const auto local = static_cast<std::int64_t>(positions.size());
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t i = 0; i < local; ++i)
+      std::copy_n(share.data() + (b * local + i) * width, width,
+                  whole.data() + (b * seq + positions[static_cast<std::size_t>(i)]) * width);
+}
+
+}  // namespace
+
+TEST_CASE("flash_attention_host::ring attention's blocks make the whole sequence's attention") {
+  // Context parallelism over c = 3 ranks (context_parallel.hpp's load-balanced split: 6 chunks of
+  // 24 tokens, rank r holding chunks r and 5 − r): each rank folds the keys of every rank into
+  // its running softmax (forward_at, in the ring's order r, r − 1, r − 2) and adds each block's
+  // gradients (backward_at with the whole attention's output and lse). Put back in place, the
+  // outputs, lse and gradients are the whole sequence's flash attention, in double within the
+  // bound derived above for reordered sums (1e-12).
+  const Shape s{2, 144, 4, 2, 16};
+  const int c = 3;
+  const auto q = uniform(s.q(), 11), k = uniform(s.kv(), 12), v = uniform(s.kv(), 13);
+  const auto dout = uniform(s.q(), 14);
+  const std::int64_t qw = s.heads * s.d, kw = s.kv_heads * s.d, T = s.seq / c;
+  std::vector<double> out(q.size()), lse(static_cast<std::size_t>(s.rows())), delta(lse.size());
+  std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
+  flash_host::forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s.batch, s.seq, s.heads,
+                      s.kv_heads, s.d);
+  flash_host::backward(dq.data(), dk.data(), dv.data(), delta.data(), dout.data(), out.data(),
+                       lse.data(), q.data(), k.data(), v.data(), s.batch, s.seq, s.heads,
+                       s.kv_heads, s.d);
+
+  std::vector<double> ring_out(q.size()), ring_dq(q.size()), ring_dk(k.size()), ring_dv(v.size());
+  double lse_error = 0;
+  for (int r = 0; r < c; ++r) {
+    const auto mine = context_positions(s.seq, c, r);
+    const auto q_r = rows_at(q, s.batch, s.seq, qw, mine);
+    const auto dout_r = rows_at(dout, s.batch, s.seq, qw, mine);
+    std::vector<double> out_r(q_r.size()), lse_r(static_cast<std::size_t>(s.batch * s.heads * T));
+    for (int i = 0; i < c; ++i) {
+      const auto theirs = context_positions(s.seq, c, (r - i + c) % c);
+      const auto k_i = rows_at(k, s.batch, s.seq, kw, theirs);
+      const auto v_i = rows_at(v, s.batch, s.seq, kw, theirs);
+      flash_host::forward_at(out_r.data(), lse_r.data(), q_r.data(), k_i.data(), v_i.data(),
+                             {mine.data(), T, theirs.data(), T}, i == 0, s.batch, s.heads,
+                             s.kv_heads, s.d);
+    }
+    put_rows(ring_out, out_r, s.batch, s.seq, qw, mine);
+    for (std::int64_t row = 0; row < s.batch * s.heads; ++row)
+      for (std::int64_t i = 0; i < T; ++i)
+        lse_error = std::max(
+            lse_error,
+            std::abs(
+                lse_r[static_cast<std::size_t>(row * T + i)] -
+                lse[static_cast<std::size_t>(row * s.seq + mine[static_cast<std::size_t>(i)])]));
+    std::vector<double> dq_r(q_r.size()), delta_r(lse_r.size());
+    for (int i = 0; i < c; ++i) {
+      const int src = (r - i + c) % c;
+      const auto theirs = context_positions(s.seq, c, src);
+      const auto k_i = rows_at(k, s.batch, s.seq, kw, theirs);
+      const auto v_i = rows_at(v, s.batch, s.seq, kw, theirs);
+      std::vector<double> dk_i(k_i.size()), dv_i(v_i.size());
+      flash_host::backward_at(dq_r.data(), dk_i.data(), dv_i.data(), delta_r.data(), dout_r.data(),
+                              out_r.data(), lse_r.data(), q_r.data(), k_i.data(), v_i.data(),
+                              {mine.data(), T, theirs.data(), T}, s.batch, s.heads, s.kv_heads,
+                              s.d);
+      // dK, dV of rank src's keys: the sum over the ranks whose queries see them.
+      auto whole_dk = rows_at(ring_dk, s.batch, s.seq, kw, theirs);
+      auto whole_dv = rows_at(ring_dv, s.batch, s.seq, kw, theirs);
+      for (std::size_t e = 0; e < dk_i.size(); ++e) {
+        whole_dk[e] += dk_i[e];
+        whole_dv[e] += dv_i[e];
+      }
+      put_rows(ring_dk, whole_dk, s.batch, s.seq, kw, theirs);
+      put_rows(ring_dv, whole_dv, s.batch, s.seq, kw, theirs);
+    }
+    put_rows(ring_dq, dq_r, s.batch, s.seq, qw, mine);
+  }
+  CHECK(lse_error < 1e-12);
+  CHECK(rel_l2(ring_out, out) < 1e-12);
+  CHECK(rel_l2(ring_dq, dq) < 1e-12);
+  CHECK(rel_l2(ring_dk, dk) < 1e-12);
+  CHECK(rel_l2(ring_dv, dv) < 1e-12);
+}
+
+TEST_CASE("flash_attention_host::a query block that sees no key keeps out 0 and lse -inf") {
+  // Rank 0 of c = 2 first meets rank 1's keys (chunks 1 and 2) on the ring: its chunk-0 queries
+  // (positions 0..15) see none of them.
+  const Shape s{1, 64, 2, 1, 8};
+  const auto mine = context_positions(s.seq, 2, 0), theirs = context_positions(s.seq, 2, 1);
+  const std::int64_t T = 32;
+  const auto q = uniform(T * s.heads * s.d, 21), k = uniform(T * s.kv_heads * s.d, 22);
+  const auto v = uniform(T * s.kv_heads * s.d, 23);
+  std::vector<double> out(q.size(), 7.0), lse(static_cast<std::size_t>(s.heads * T));
+  flash_host::forward_at(out.data(), lse.data(), q.data(), k.data(), v.data(),
+                         {mine.data(), T, theirs.data(), T}, true, 1, s.heads, s.kv_heads, s.d);
+  for (std::int64_t h = 0; h < s.heads; ++h)
+    for (std::int64_t i = 0; i < T; ++i) {
+      const double l = lse[static_cast<std::size_t>(h * T + i)];
+      if (i < 16)
+        CHECK(l == -std::numeric_limits<double>::infinity());
+      else
+        CHECK(std::isfinite(l));  // chunk 3 (positions 48..63) sees chunks 1 and 2
+    }
+  for (std::int64_t i = 0; i < 16; ++i)
+    CHECK(out[static_cast<std::size_t>(i * s.heads * s.d)] == 0.0);
+}
+
+TEST_CASE("context_parallel::rank r holds chunks r and 2c-1-r; what does not split is refused") {
+  // Megatron-core's load-balanced split (context_parallel.hpp): 16 tokens over c = 2.
+  CHECK(context_positions(16, 2, 0) == std::vector<std::int32_t>{0, 1, 2, 3, 12, 13, 14, 15});
+  CHECK(context_positions(16, 2, 1) == std::vector<std::int32_t>{4, 5, 6, 7, 8, 9, 10, 11});
+  CHECK(context_positions(8, 1, 0) == std::vector<std::int32_t>{0, 1, 2, 3, 4, 5, 6, 7});
+  CHECK_THROWS_AS(context_positions(18, 2, 0), std::invalid_argument);  // 18 % 4 != 0
+  CHECK_THROWS_AS(context_positions(16, 2, 2), std::invalid_argument);  // no rank 2 of 2
+  CHECK_THROWS_AS(context_positions(16, 0, 0), std::invalid_argument);
+  // The shares of every rank cover each sequence once.
+  const std::vector<std::int32_t> whole = {10, 11, 12, 13, 14, 15, 16, 17,
+                                           20, 21, 22, 23, 24, 25, 26, 27};
+  std::vector<std::int32_t> share(8);
+  take_context_share(whole.data(), share.data(), 2, 8, 2, 1);
+  CHECK(share == std::vector<std::int32_t>{12, 13, 14, 15, 22, 23, 24, 25});
 }

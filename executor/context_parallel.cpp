@@ -1,0 +1,44 @@
+#include "executor/context_parallel.hpp"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace shardplan::executor {
+
+std::vector<std::int32_t> context_positions(std::int64_t sequence, int c, int r) {
+  if (c < 1 || r < 0 || r >= c || sequence < 2 * c || sequence % (2 * c) != 0)
+    throw std::invalid_argument(fmt::format(
+        "a sequence of {} tokens does not split into 2 x {} chunks for rank {}", sequence, c, r));
+  const std::int64_t chunk = sequence / (2 * c);
+  std::vector<std::int32_t> out;
+  out.reserve(static_cast<std::size_t>(2 * chunk));
+  for (const std::int64_t which : {static_cast<std::int64_t>(r), 2 * c - 1 - std::int64_t{r}})
+    for (std::int64_t i = 0; i < chunk; ++i)
+      out.push_back(static_cast<std::int32_t>(which * chunk + i));
+  return out;
+}
+
+void take_context_share(const std::int32_t* whole, std::int32_t* share, std::int64_t batch,
+                        std::int64_t sequence, int c, int r) {
+  const auto positions = context_positions(sequence, c, r);
+  const auto local = static_cast<std::int64_t>(positions.size());
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t i = 0; i < local; ++i)
+      share[b * local + i] = whole[b * sequence + positions[static_cast<std::size_t>(i)]];
+}
+
+ContextParallelGroups make_context_parallel_groups(comm::Communicator& world, int c, int t) {
+  const int n = world.size(), w = world.rank();
+  if (c < 1 || t < 1 || n % (c * t) != 0)
+    throw std::invalid_argument(fmt::format(
+        "context-parallel size {} × tensor-parallel size {} does not divide the {} ranks", c, t,
+        n));
+  const int tp = w % t, cp = w / t % c, dp = w / (t * c);
+  ContextParallelGroups g;
+  g.context = world.split(dp * t + tp, cp);
+  g.data = world.split(tp, w);
+  return g;
+}
+
+}  // namespace shardplan::executor
