@@ -204,3 +204,113 @@ TEST_CASE("context_parallel::learned positions and eager attention are refused")
   options.flash_attention = false;
   CHECK_THROWS_AS(GptModel<float>(tiny_llama(), allocator, options), std::invalid_argument);
 }
+
+namespace {
+
+// Llama-like, as test_tensor_parallel_mpi.cpp's memory test: 4 blocks, h = 64, q = 64 (4 heads of
+// 16), kv = 32, I = 128 (SwiGLU), V = 64, untied.
+documents::ModelSpec memory_llama() {
+  return scale_down(documents::load_model("llama-3-8b"), {.layers = 4,
+                                                          .hidden = 64,
+                                                          .heads = 4,
+                                                          .kv_heads = 2,
+                                                          .head_dim = 16,
+                                                          .intermediate = 128,
+                                                          .vocab = 64,
+                                                          .max_positions = 128});
+}
+
+// Full multi-head attention (kv = q = 64) over a narrow MLP (I = 16) and a vocabulary of 16: the
+// ring's moment in a block's backward is the stage's largest (derived in the test below).
+documents::ModelSpec ring_heavy_llama() {
+  return scale_down(documents::load_model("llama-3-8b"), {.layers = 4,
+                                                          .hidden = 64,
+                                                          .heads = 4,
+                                                          .kv_heads = 4,
+                                                          .head_dim = 16,
+                                                          .intermediate = 16,
+                                                          .vocab = 16,
+                                                          .max_positions = 128});
+}
+
+// One step of c-way context parallelism (DDP over the d·c ranks, micro-batch 2 × 64 tokens,
+// fp32, flash attention) beside costmodel/parallel_memory's prediction for the layout.
+costmodel::StageMemory predict_stage(const documents::ModelSpec& model, int c, int world,
+                                     const documents::HardwareProfile& hw) {
+  costmodel::ParallelMemoryInput in;
+  in.model = &model;
+  in.hardware = &hw;
+  in.cluster = {world, world};
+  in.job.seq_len = 64;
+  in.job.micro_batch = 2;
+  in.job.global_batch = 2 * world / c;
+  in.job.precision = documents::Precision::fp32;
+  in.job.checkpointing = documents::Checkpointing::none;
+  in.job.attention = documents::AttentionImpl::flash;
+  in.job.recipe = documents::Recipe::executor;
+  in.spec = documents::make_spec("ddp", documents::Flavour::ddp, world);
+  in.layout.context_parallel = c;
+  const auto walk =
+      costmodel::walk_schedule(documents::PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
+  return costmodel::parallel_memory(in, walk).stages.at(0);
+}
+
+}  // namespace
+
+TEST_CASE("context_parallel::measured memory against the cost model's prediction") {
+  // Hand derivation for c = 2 (N = 2 × 64 / 2 = 64 tokens per rank, 4 bytes per element), what
+  // executor/gpt_model.cpp and context_parallel_block.cpp allocate and parallel_memory predicts:
+  //   elements E: embedding V·h = 4,096; per block 2h + qh + 2·kv·h + qh + 3·I·h = 36,992, ×4 =
+  //     147,968; head h + V·h = 4,160; E = 156,224. Parameters 4E, AdamW 8E, DDP's bucket copy 4E.
+  //   saved per block: input, norm1, mid, norm2 4·4Nh = 65,536; q, k, v, attn_out 4N(2q + 2kv) =
+  //     49,152; gate, up, act 3·4N·I = 98,304; lse 4·a·N = 1,024; two rstd 2·4N = 512: 214,528
+  //   the ring's moment in a block's backward (dy 4Nh + d_attn_out, dq 2·4Nq + dk, dv and three
+  //     ring buffers 5·4N·kv + delta 4aN − the MLP's 3·4NI − mid, norm2 2·4Nh − rstd 4N) is
+  //     16,384 + 32,768 + 40,960 + 1,024 − 98,304 − 32,768 − 256 < 0: the MLP's moment (dy, d_in
+  //     2·4Nh + d_pre, d_up 2·4NI = 98,304) stays the block's largest, as without CP; the ring
+  //     shows in the peak only through N = s·b/c.
+  // So the stage's accounting is the TP test's with N halved and t = 1.
+  // ring_heavy_llama (q = kv = h = 64, I = 16, V = 16): E = V·h 1,024 + 4 × (2h + 2qh + 2·kv·h
+  //   + 3·I·h = 19,584) + h + V·h 1,088 = 80,448. Per token (4 bytes per element): the ring's
+  //   moment adds dy 4h + d_attn_out, dq 8q + dk, dv and the ring's three 20·kv + delta 4a
+  //   − the MLP's 12·I − mid, norm2 8h − rstd 4 = 256 + 512 + 1,280 + 16 − 192 − 512 − 4 =
+  //   1,356 bytes beyond the saved tensors, the MLP's moment 8h + 8I = 640, the head's (its
+  //   logits' two gradients 8·V = 128 beside what it keeps, 8h + 4 + 8V = 644) 772: the ring's
+  //   is the peak, and the prediction must count it to match.
+  // The test holds the measured peak and its categories to the prediction exactly.
+  const int world = test_world().size();
+  const auto hw = cpu_profile(world);
+  struct Case {
+    documents::ModelSpec model;
+    double elements;  // E, derived above
+  };
+  for (const auto& k : {Case{memory_llama(), 156224}, Case{ring_heavy_llama(), 80448}})
+    for (int c : {2, 4}) {
+      if (world % c != 0) continue;
+      const auto& model = k.model;
+      const double E = k.elements;
+      CAPTURE(c);
+      CAPTURE(model.name);
+      auto o = cp_options(model, c, 1, "ddp", Flavour::ddp, 1, documents::Precision::fp32,
+                          Checkpointing::none);
+      o.micro_batch = {2, 64 / c};
+      auto groups = make_context_parallel_groups(test_world(), c, 1);
+      o.model_options.context_parallel = {groups.context.get()};
+      auto owned = make_groups(*groups.data, o.spec);
+      const auto run = run_engine(o, owned.groups, 1, false);
+      const auto stage = predict_stage(model, c, world, hw);
+      CHECK(stage.local_params == E);
+      CHECK(run.at_peak[MemoryCategory::parameters] == 4 * E);
+      CHECK(run.at_peak[MemoryCategory::optimizer_states] == stage.optimizer_bytes);
+      CHECK(run.at_peak[MemoryCategory::buffers] == stage.buffer_bytes);
+      CHECK(run.at_peak[MemoryCategory::gradients] == stage.grad_bytes);
+      CHECK(run.at_peak[MemoryCategory::activations] == stage.activation_bytes);
+      const double error = static_cast<double>(run.peak_bytes) / stage.total() - 1;
+      CHECK(std::abs(error) <= 0.03);
+      if (test_world().rank() == 0)
+        MESSAGE("c=" << c << ": measured peak " << run.peak_bytes << " B, predicted "
+                     << stage.total() << " B (error " << error << "); activations "
+                     << run.at_peak[MemoryCategory::activations] << " (predicted "
+                     << stage.activation_bytes << ")");
+    }
+}
