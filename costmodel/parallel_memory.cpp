@@ -373,8 +373,9 @@ ExecutorStage executor_stage(const ModelSpec& m, const TrainingJob& j, const Par
 //   the first block's MLP     only block 0's saved; every block's gradient
 //   the embedding's           its input gradient [n, h] (gathered [N, h] under sequence
 //                             parallelism) and the tokens; every gradient
-// (linear in the blocks between, so the first and last block bound them). Sets the stage's
-// gradient and activation bytes to that moment's.
+// (linear in the blocks between, so the first and last block bound them). With gradient
+// accumulation the later micro-batches' backward runs the same moments beside every gradient,
+// allocated by the first. Sets the stage's gradient and activation bytes to the largest moment's.
 void executor_first_use_peak(const ParallelMemoryInput& in, const ExecutorStage& x,
                              StageMemory& out) {
   const auto& m = *in.model;
@@ -398,8 +399,12 @@ void executor_first_use_peak(const ParallelMemoryInput& in, const ExecutorStage&
       {rest + x.block_transient, head + block},
       {x.first_block_saved + 8 * T + x.block_transient, head + L * block},
       {8 * T + e * n * h + (in.layout.sequence_parallel ? e * T * h : 0), out.local_params}};
+  const double replicas = std::max(1, in.layout.data_parallel(in.cluster.gpus));
+  const bool accumulates =
+      static_cast<double>(in.job.global_batch) > replicas * static_cast<double>(in.job.micro_batch);
   double best = -1;
-  for (const auto& moment : moments) {
+  for (auto moment : moments) {
+    if (accumulates) moment.grad_elements = out.local_params;
     const double total = moment.activations + moment.grad_elements * grad_b;
     if (total <= best) continue;
     best = total;

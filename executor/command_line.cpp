@@ -43,7 +43,7 @@ void check_checkpoint_options(const CLI::App& app, const RunCommand& r, std::int
 // for "not given".
 struct RunTexts {
   std::string layers, hidden, heads, kv_heads, intermediate, vocab, seq, capacity, rehearse, world,
-      steps, seed, lr, timeout, save_every, tensor_parallel;
+      steps, seed, lr, timeout, save_every, tensor_parallel, context_parallel;
   std::string backend = "cpu";
   std::string fault;
   std::string renamed;  // the value of a renamed flag, refused
@@ -109,6 +109,9 @@ void add_run_options(CLI::App& app, RunCommand& r, RunTexts& t) {
                  "(Megatron's\ncolumn/row-parallel), data parallelism over the rest [default: 1]");
   app.add_flag("--sequence-parallel", r.request.sequence_parallel,
                "with --tensor-parallel: norms and residuals on 1/t of the tokens");
+  app.add_option("--context-parallel", t.context_parallel,
+                 "cpu backend: share each sequence over this many ranks (ring attention over\n"
+                 "the load-balanced split; flash attention, rotary models) [default: 1]");
   app.add_option("--rehearse-rank", t.rehearse, "rehearse this rank of the plan in one process");
   app.add_option("--world", t.world, "ranks of the rehearsed run (with --rehearse-rank)");
   app.add_option("--timeout-s", t.timeout,
@@ -276,6 +279,24 @@ void read_tensor_parallel(const CLI::App& app, const RunTexts& t, RunCommand& r)
     throw InputError("--tensor-parallel", fmt::format("{}: tensor parallelism {}", tp, why));
 }
 
+// --context-parallel: as --tensor-parallel, and not with a pipeline.
+void read_context_parallel(const CLI::App& app, const RunTexts& t, RunCommand& r) {
+  if (!app.count("--context-parallel")) return;
+  const auto n = core::int64_from_text("--context-parallel", t.context_parallel);
+  if (n < 1 || n > 1024)
+    throw InputError("--context-parallel", fmt::format("must be between 1 and 1024, got {}", n));
+  r.request.context_parallel = static_cast<int>(n);
+  if (n < 2) return;
+  const char* why = r.backend != ComputeBackend::cpu ? "runs on the cpu backend only"
+                    : r.rehearse_rank                ? "is not rehearsed (--rehearse-rank)"
+                    : !r.checkpoint.save_dir.empty() || !r.checkpoint.resume_dir.empty()
+                        ? "does not write or read checkpoints (--save, --resume)"
+                    : app.count("--pipeline-parallel") ? "is not run with --pipeline-parallel"
+                                                       : nullptr;
+  if (why != nullptr)
+    throw InputError("--context-parallel", fmt::format("{}: context parallelism {}", n, why));
+}
+
 // --save, --save-every, --resume, --timeout-s and --inject-fault.
 void read_checkpoint_and_faults(const CLI::App& app, const RunTexts& t, RunCommand& r) {
   const std::int64_t every =
@@ -362,6 +383,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   read_rehearsal(app, run_texts, r);
   read_checkpoint_and_faults(app, run_texts, r);
   read_tensor_parallel(app, run_texts, r);
+  read_context_parallel(app, run_texts, r);
   r.pipeline = read_pipeline_options(app, pipeline_texts, pipeline_refusal(app, r));
   return cl;
 }

@@ -26,6 +26,7 @@
 #include "core/whole_count.hpp"
 #include "documents/hardware.hpp"
 #include "executor/checkpoint.hpp"
+#include "executor/context_parallel.hpp"
 #include "executor/device_run.hpp"
 #include "executor/engine.hpp"
 #include "executor/kernel_names.hpp"
@@ -223,24 +224,22 @@ RunRequest request_of(const RunCommand& c) {
 
 // A plan made with model parallelism (its /parallel object) runs with that layout or not at all:
 // the flags must ask for the same tensor-parallel size, sequence parallelism, pipeline stages and
-// schedule (and micro-batches, when given). Context parallelism is not run. A data-parallel plan
-// may still be run with --tensor-parallel or --pipeline-parallel (the run document says its
-// prediction is for data parallelism alone).
+// schedule (and micro-batches, when given), and context-parallel size. A data-parallel plan
+// may still be run with --tensor-parallel, --context-parallel or --pipeline-parallel (the run
+// document says its prediction is for data parallelism alone).
 void check_plan_layout(const RunCommand& c, const documents::ParallelLayout& l) {
   if (l.trivial()) return;
-  if (l.context_parallel > 1)
-    throw InputError(c.plan, fmt::format("/parallel/context is {}: the executor does not run "
-                                         "context parallelism",
-                                         l.context_parallel));
   const auto& p = c.pipeline;
   const bool same =
       l.tensor_parallel == c.request.tensor_parallel &&
+      l.context_parallel == c.request.context_parallel &&
       l.sequence_parallel == c.request.sequence_parallel && l.pipeline_parallel == p.stages &&
       (l.pipeline_parallel == 1 ||
        (l.schedule == p.schedule && (p.micro_batches == 0 || p.micro_batches == l.micro_batches)));
   if (same) return;
   std::string flags = fmt::format("--tensor-parallel {}", l.tensor_parallel);
   if (l.sequence_parallel) flags += " --sequence-parallel";
+  if (l.context_parallel > 1) flags += fmt::format(" --context-parallel {}", l.context_parallel);
   if (l.pipeline_parallel > 1)
     flags +=
         fmt::format(" --pipeline-parallel {} --schedule {} --micro-batches {}", l.pipeline_parallel,
@@ -328,6 +327,15 @@ int run_under_mpi(const RunCommand& c) {
       tp_groups = make_tensor_parallel_groups(watched, c.request.tensor_parallel);
       setup.engine.model_options.tensor_parallel.group = tp_groups.tp.get();
       data_world = tp_groups.dp.get();
+    }
+    // Context parallelism: the c ranks sharing each sequence, and the d·c ranks with the same TP
+    // rank the gradients are averaged over (context_parallel.hpp).
+    ContextParallelGroups cp_groups;
+    if (c.request.context_parallel > 1) {
+      cp_groups = make_context_parallel_groups(watched, c.request.context_parallel,
+                                               c.request.tensor_parallel);
+      setup.engine.model_options.context_parallel.group = cp_groups.context.get();
+      data_world = cp_groups.data.get();
     }
     auto owned = make_groups(*data_world, setup.plan.spec, streams);
     std::vector<std::unique_ptr<comm::StreamedCommunicator>> stream_groups;

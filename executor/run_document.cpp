@@ -376,6 +376,9 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
                                        {"sequence_parallel", tp.sequence_parallel},
                                        {"local_params", eo.model.total_params()}};
   }
+  if (const auto& cp = eo.model_options.context_parallel; cp.active())
+    doc["model"]["context_parallel"] = {{"size", cp.size()},
+                                        {"sequence_share", eo.micro_batch.seq}};
   doc["execution"] = execution_json(setup, engine, ranks.front().steps.size(), on_device);
 
   nlohmann::json loss = nlohmann::json::array();

@@ -180,6 +180,45 @@ void set_tensor_parallel(RunSetup& r, int world, const RunRequest& request) {
       t, request.sequence_parallel ? " with sequence parallelism" : "", d));
 }
 
+// Context parallelism: c ranks share each sequence (context_parallel.hpp), the engine's data
+// parallelism over the d·c ranks with the same TP rank, d = world / (c·t) replicas each reading
+// whole micro-batches; the groups are made by the run.
+void set_context_parallel(RunSetup& r, int world, const RunRequest& request) {
+  const int c = request.context_parallel, t = request.tensor_parallel;
+  auto& e = r.engine;
+  const auto& job = r.plan.job;
+  if (world % (c * t) != 0)
+    throw InputError(
+        "--context-parallel",
+        fmt::format("{} × tensor-parallel {} does not divide the {} ranks", c, t, world));
+  if (e.model.positions != documents::PositionKind::rotary)
+    throw InputError("--context-parallel",
+                     fmt::format("{}: ring attention runs rotary models; {} has learned positions",
+                                 c, e.model.name));
+  if (!e.model_options.flash_attention)
+    throw InputError("/job/attention", fmt::format("context parallelism {} runs ring attention on "
+                                                   "flash attention, got \"eager\"",
+                                                   c));
+  if (e.micro_batch.seq % (2 * c) != 0)
+    throw InputError(request.scale_seq ? "--seq-len" : "/job/seq_len",
+                     fmt::format("a sequence of {} tokens does not split into 2 × {} chunks "
+                                 "(context parallelism's load-balanced split)",
+                                 e.micro_batch.seq, c));
+  const int d = world / (c * t);
+  if (job.global_batch % (static_cast<std::int64_t>(d) * job.micro_batch) != 0)
+    throw InputError("--context-parallel",
+                     fmt::format("{}: the global batch of {} is not a multiple of {} replicas × "
+                                 "micro-batch {}",
+                                 c, job.global_batch, d, job.micro_batch));
+  e.grad_accumulation = job.global_batch / (d * job.micro_batch);
+  e.micro_batch.seq /= c;  // the rank's share of each sequence
+  if (r.plan.parallel.context_parallel != c)
+    r.deviations.push_back(fmt::format(
+        "context parallelism over {} ranks beside {} data-parallel replicas; the plan's "
+        "prediction is for context parallelism {}",
+        c, d, r.plan.parallel.context_parallel));
+}
+
 }  // namespace
 
 RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const RunRequest& request) {
@@ -189,6 +228,7 @@ RunSetup make_run_setup(const nlohmann::json& plan_document, int world, const Ru
   check_runnable(r.plan, world, request);
   set_engine_options(r, world, request);
   if (request.tensor_parallel > 1) set_tensor_parallel(r, world, request);
+  if (request.context_parallel > 1) set_context_parallel(r, world, request);
   add_deviations(r);
   return r;
 }

@@ -44,6 +44,10 @@ struct RunRequest {
   // with it (executor --tensor-parallel T --sequence-parallel, the planner's flags).
   int tensor_parallel = 1;
   bool sequence_parallel = false;
+  // Context parallelism (context_parallel.hpp): c ranks share each sequence; the mesh is
+  // (dp, cp, tp) and the plan's ShardingSpec runs over the world / t ranks with the same TP rank
+  // (executor --context-parallel C).
+  int context_parallel = 1;
 };
 
 struct RunSetup {

@@ -45,6 +45,8 @@ struct RunFacts {
   std::vector<std::string> deviations;
   int tensor_parallel = 1;  // /model/tensor_parallel/size: the run's t (1: none)
   bool sequence_parallel = false;
+  int context_parallel = 1;  // /model/context_parallel/size: the run's c (1: none)
+  bool model_parallel() const { return tensor_parallel > 1 || context_parallel > 1; }
 };
 
 void read_summary_memory(ObjectReader& s, RunFacts& f) {
@@ -113,6 +115,12 @@ RunFacts read_run(const json& run) {
       t.number("local_params", Range::non_negative());
       t.finish();
     }
+    if (const auto* cp = mo.optional_object("context_parallel")) {
+      ObjectReader c(*cp, "/model/context_parallel");
+      f.context_parallel = static_cast<int>(c.integer("size", Range{1, 1e6, false}));
+      c.integer("sequence_share", Range{1, 1e12, false});
+      c.finish();
+    }
     mo.finish();
   }
   {
@@ -152,12 +160,13 @@ RunFacts read_run(const json& run) {
   return f;
 }
 
-// A run with tensor parallelism: the memory of its one stage as costmodel/parallel_memory counts
-// it for the run's t and sequence parallelism (the plan's own prediction is for its layout, data
-// parallelism alone unless its /parallel says the same t). A profile that cannot be loaded here
-// is taken without per-device overheads, as the executor's pipeline run takes it.
-documents::PlanPrediction tensor_parallel_prediction(const documents::Plan& plan,
-                                                     const RunFacts& run) {
+// A run with tensor or context parallelism: the memory of its one stage as
+// costmodel/parallel_memory counts it for the run's t, sequence parallelism and c (the plan's own
+// prediction is for its layout, data parallelism alone unless its /parallel says the same). A
+// profile that cannot be loaded here is taken without per-device overheads, as the executor's
+// pipeline run takes it.
+documents::PlanPrediction model_parallel_prediction(const documents::Plan& plan,
+                                                    const RunFacts& run) {
   documents::HardwareProfile hw;
   try {
     hw = documents::load_hardware(plan.hardware);
@@ -172,6 +181,7 @@ documents::PlanPrediction tensor_parallel_prediction(const documents::Plan& plan
   in.spec = plan.spec;
   in.layout.tensor_parallel = run.tensor_parallel;
   in.layout.sequence_parallel = run.sequence_parallel;
+  in.layout.context_parallel = run.context_parallel;
   const auto walk =
       costmodel::walk_schedule(documents::PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
   const auto stage = costmodel::parallel_memory(in, walk).stages.at(0);
@@ -179,8 +189,14 @@ documents::PlanPrediction tensor_parallel_prediction(const documents::Plan& plan
   pr.at_peak = {stage.param_bytes,      stage.grad_bytes,   stage.optimizer_bytes,
                 stage.activation_bytes, stage.buffer_bytes, stage.overhead_bytes};
   pr.peak_bytes = stage.total();
-  pr.peak_when = fmt::format("the one stage with tensor parallelism {}{}", run.tensor_parallel,
-                             run.sequence_parallel ? " and sequence parallelism" : "");
+  std::string layout;
+  if (run.tensor_parallel > 1)
+    layout = fmt::format("tensor parallelism {}{}", run.tensor_parallel,
+                         run.sequence_parallel ? " and sequence parallelism" : "");
+  if (run.context_parallel > 1)
+    layout +=
+        fmt::format("{}context parallelism {}", layout.empty() ? "" : ", ", run.context_parallel);
+  pr.peak_when = "the one stage with " + layout;
   return pr;
 }
 
@@ -300,7 +316,7 @@ json validate_json(const json& plan_document, const json& run_document, bool for
     throw InputError(differ.front().first,
                      fmt::format("not a run of this plan: {} (--force compares them anyway)",
                                  differ.front().second));
-  const auto pr = run.tensor_parallel > 1 ? tensor_parallel_prediction(plan, run) : plan.prediction;
+  const auto pr = run.model_parallel() ? model_parallel_prediction(plan, run) : plan.prediction;
   json out;
   out["plan"] = {
       {"strategy", plan.spec.strategy}, {"flavour", documents::flavour_name(plan.spec.flavour)},
@@ -315,13 +331,18 @@ json validate_json(const json& plan_document, const json& run_document, bool for
                                         {"sequence_parallel", run.sequence_parallel},
                                         {"predicted_by", "costmodel/parallel_memory (one stage)"}};
   }
+  if (run.context_parallel > 1)
+    out["memory"]["context_parallel"] = {{"size", run.context_parallel},
+                                         {"predicted_by", "costmodel/parallel_memory (one stage)"}};
   if (run.device) out["memory"]["device"] = *run.device;
   out["notes"] = notes_json(run);
-  if (run.tensor_parallel > 1 && plan.parallel.tensor_parallel != run.tensor_parallel)
+  if (run.model_parallel() && (plan.parallel.tensor_parallel != run.tensor_parallel ||
+                               plan.parallel.context_parallel != run.context_parallel))
     out["notes"].push_back(fmt::format(
-        "the plan's step time is for tensor parallelism {}, the run's is {}; its memory is "
-        "predicted for the run's",
-        plan.parallel.tensor_parallel, run.tensor_parallel));
+        "the plan's step time is for tensor parallelism {} and context parallelism {}, the "
+        "run's are {} and {}; its memory is predicted for the run's",
+        plan.parallel.tensor_parallel, plan.parallel.context_parallel, run.tensor_parallel,
+        run.context_parallel));
   if (!differ.empty()) {
     json forced = json::array();
     for (const auto& [pointer, what] : differ)

@@ -61,13 +61,14 @@ CpRun run_context_parallel(const documents::ModelSpec& model, int c, int t,
                            const char* strategy = "ddp", Flavour flavour = Flavour::ddp,
                            std::int64_t grad_accumulation = 2,
                            documents::Precision precision = documents::Precision::fp32,
-                           Checkpointing checkpointing = Checkpointing::none) {
+                           Checkpointing checkpointing = Checkpointing::none,
+                           bool sequence_parallel = false) {
   auto o = cp_options(model, c, t, strategy, flavour, grad_accumulation, precision, checkpointing);
   auto cp_groups = make_context_parallel_groups(test_world(), c, t);
   TensorParallelGroups tp_groups;
   if (t > 1) {
     tp_groups = make_tensor_parallel_groups(test_world(), t);
-    o.model_options.tensor_parallel = {tp_groups.tp.get(), false,
+    o.model_options.tensor_parallel = {tp_groups.tp.get(), sequence_parallel,
                                        std::make_shared<const GptLayout>(model)};
   }
   o.model_options.context_parallel = {cp_groups.context.get()};
@@ -157,7 +158,13 @@ TEST_CASE("context_parallel::CP with tensor parallelism inside and sharded data 
   if (world % 4 != 0) return;  // c = 2 × t = 2
   const auto model = llama_8_heads();
   const auto alone = run_alone(model, world / 4, 2);
-  check_equal(model, run_context_parallel(model, 2, 2), alone);
+  for (bool sp : {false, true}) {
+    CAPTURE(sp);
+    check_equal(model,
+                run_context_parallel(model, 2, 2, "ddp", Flavour::ddp, 2,
+                                     documents::Precision::fp32, Checkpointing::none, sp),
+                alone);
+  }
   for (const auto& s :
        {Strategy{"zero2", Flavour::deepspeed}, Strategy{"fsdp-full", Flavour::fsdp2}}) {
     CAPTURE(s.name);
