@@ -4,6 +4,7 @@
 #include <chrono>
 #include <optional>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
@@ -106,11 +107,16 @@ StagePeak stage_peak(const PipelineOptions& o, int stage) {
   const std::int64_t block =
       block_saved_bytes(layout, o.micro_batch, o.checkpointing, o.model_options.flash_attention, f);
   StagePeak peak;
-  std::int64_t elements = 0;
+  std::int64_t elements = 0, moments = 0;  // of the stage's units; of rank 0's ranges of them
+  auto add_unit = [&](std::int64_t unit) {
+    const std::int64_t n = layout.unit_size_of(unit);
+    elements += n;
+    moments += (n + o.optimizer_shards - 1) / o.optimizer_shards;
+  };
   std::vector<std::int64_t> saved(static_cast<std::size_t>(v));  // per chunk and micro-batch
   for (int c = 0; c < v; ++c) {
     const StageUnits u = chunk_units(o.model.layers, p, v, stage, c);
-    for (std::int64_t unit = u.first; unit < u.last; ++unit) elements += layout.unit_size_of(unit);
+    for (std::int64_t unit = u.first; unit < u.last; ++unit) add_unit(unit);
     const bool first_chunk = first && c == 0, last_chunk = last && c == v - 1;
     auto& bytes = saved[static_cast<std::size_t>(c)];
     bytes = blocks * block;
@@ -118,8 +124,8 @@ StagePeak stage_peak(const PipelineOptions& o, int stage) {
     if (last_chunk) bytes += head_saved_bytes(layout, o.micro_batch, f);
     peak.saved = std::max(peak.saved, bytes);
   }
-  if (tied && last && !first) elements += layout.unit_size_of(0);
-  peak.states = 4 * f * elements;
+  if (tied && last && !first) add_unit(0);
+  peak.states = 2 * f * (elements + moments);
   const bool swiglu = o.model.mlp == documents::MlpKind::swiglu;
   if (blocks > 0) peak.transient = (2 * N * h + (swiglu ? 2 : 1) * N * I) * f;
   if (last)
@@ -156,8 +162,17 @@ double seconds_since(Clock::time_point start) {
 
 struct UnitState {
   std::int64_t unit = 0;
-  TrackedBuffer<float> params, grads, exp_avg, exp_avg_sq;  // [unit size] each
+  TrackedBuffer<float> params, grads;        // [unit size] each
+  TrackedBuffer<float> exp_avg, exp_avg_sq;  // [length]: the moments of this rank's range
+  std::int64_t begin = 0, length = 0;  // the range this rank steps (the whole unit without shards)
 };
+
+// Data-parallel rank i's range of a unit of n elements split over `shards` (pipeline.hpp).
+std::pair<std::int64_t, std::int64_t> shard_range(std::int64_t n, int shards, int i) {
+  const std::int64_t chunk = (n + shards - 1) / shards;
+  const std::int64_t begin = std::min(n, i * chunk);
+  return {begin, std::min(n, begin + chunk) - begin};
+}
 
 // What one micro-batch keeps from its forward to its backward on this stage.
 struct InFlight {
@@ -227,6 +242,7 @@ struct PipelineTrainer::Impl {
   int recv_peer(const PipeOp& op) const;
   int send_peer(const PipeOp& op) const;
   void reduce_gradients();
+  void gather_parameters();
   double reported_loss();
 };
 
@@ -247,8 +263,9 @@ void PipelineTrainer::Impl::allocate_states() {
     else
       init_unit_params<float>(layout, u, options.seed, 0, s.params.span());
     s.grads = allocator.allocate<float>(MemoryCategory::gradients, n);
-    s.exp_avg = allocator.allocate<float>(MemoryCategory::optimizer_states, n);
-    s.exp_avg_sq = allocator.allocate<float>(MemoryCategory::optimizer_states, n);
+    std::tie(s.begin, s.length) = shard_range(n, options.optimizer_shards, data.rank());
+    s.exp_avg = allocator.allocate<float>(MemoryCategory::optimizer_states, s.length);
+    s.exp_avg_sq = allocator.allocate<float>(MemoryCategory::optimizer_states, s.length);
     states.push_back(std::move(s));
   }
 }
@@ -384,6 +401,22 @@ void PipelineTrainer::Impl::reduce_gradients() {
   report.reduce_s += seconds_since(start);
 }
 
+// With the distributed optimizer: each data-parallel rank's updated range, to the others.
+void PipelineTrainer::Impl::gather_parameters() {
+  if (options.optimizer_shards == 1) return;
+  const auto start = Clock::now();
+  for (auto& u : states) {
+    const std::int64_t n = u.params.size();
+    for (int i = 0; i < options.optimizer_shards; ++i) {
+      const auto [begin, length] = shard_range(n, options.optimizer_shards, i);
+      if (length > 0)
+        data.broadcast(u.params.data() + begin, static_cast<std::size_t>(length),
+                       comm::DataType::f32, i);
+    }
+  }
+  report.reduce_s += seconds_since(start);
+}
+
 // The mean of the micro-batch losses over the last stage's data-parallel group, on every rank.
 double PipelineTrainer::Impl::reported_loss() {
   double loss = last() ? loss_sum / options.micro_batches : 0.0;
@@ -406,6 +439,10 @@ PipelineTrainer::PipelineTrainer(PipelineOptions options, TrackedAllocator& allo
         fmt::format("pipeline: groups of {} stages and {} tensor-parallel ranks for {} and {}", p,
                     t, options.stages, options.tensor_parallel));
   check_pipeline(options, world);
+  if (options.optimizer_shards != 1 && options.optimizer_shards != groups.data->size())
+    throw std::invalid_argument(
+        fmt::format("pipeline: optimizer moments split over {} ranks, the stage has {}",
+                    options.optimizer_shards, groups.data->size()));
   if (t > 1) {  // the stage runs this rank's local model (tensor_parallel.hpp)
     options.model_options.tensor_parallel = {groups.tensor.get(), options.sequence_parallel,
                                              std::make_shared<const GptLayout>(options.model)};
@@ -439,9 +476,13 @@ PipelineReport PipelineTrainer::step() {
   const auto optimizer_start = Clock::now();
   ++s.steps_done;
   for (auto& u : s.states)
-    adamw_step<float>(u.params.span(), u.grads.span(), u.exp_avg.span(), u.exp_avg_sq.span(),
-                      s.steps_done, s.options.adamw);
+    adamw_step<float>(u.params.span().subspan(static_cast<std::size_t>(u.begin),
+                                              static_cast<std::size_t>(u.length)),
+                      u.grads.span().subspan(static_cast<std::size_t>(u.begin),
+                                             static_cast<std::size_t>(u.length)),
+                      u.exp_avg.span(), u.exp_avg_sq.span(), s.steps_done, s.options.adamw);
   s.report.optimizer_s = seconds_since(optimizer_start);
+  s.gather_parameters();
   s.report.loss = s.reported_loss();
   s.report.step_s = seconds_since(start);
   return s.report;

@@ -68,6 +68,14 @@ struct PipelineOptions {  // NOLINT(bugprone-exception-escape)
   // sequence parallelism or not; `model` is the whole model.
   int tensor_parallel = 1;
   bool sequence_parallel = false;
+  // Megatron-core's distributed optimizer (ZeRO-1) over the stage's d data-parallel ranks
+  // (optimizer_shards = d; 1: DDP, every rank holds the moments whole). AdamW's moments of a unit
+  // of n elements are split in ranges of ⌈n/d⌉: data-parallel rank i holds and steps elements
+  // [i·⌈n/d⌉, min(n, (i+1)·⌈n/d⌉)). The gradients are all-reduced whole as under DDP (the same
+  // sums as Megatron's reduce-scatter, beside its whole gradient buffer); each rank then steps its
+  // range and the ranges are broadcast from their owners (the all-gather of the updated
+  // parameters: megatron/core/optimizer/distrib_optimizer.py).
+  int optimizer_shards = 1;
   Checkpointing checkpointing = Checkpointing::none;
   AdamWOptions adamw;
   std::uint64_t seed = 1234;  // initial parameters and tokens, as the sharding engine's
@@ -93,7 +101,8 @@ void check_pipeline(const PipelineOptions& options, int world);
 // (fp32), with the most micro-batches in flight on the stage in the schedule's order
 // (documents::peak_chunks):
 //   states      parameters, gradients, AdamW's two moments: 16 bytes per element of the stage's
-//               units (and of the embedding's copy on a tied last stage)
+//               units (and of the embedding's copy on a tied last stage); with the distributed
+//               optimizer the moments of data-parallel rank 0's ranges (the largest, ⌈n/d⌉)
 //   saved       per in-flight micro-batch: the blocks' block_saved_bytes, the tokens (inputs and
 //               targets, int32) on the first and last stage, head_saved_bytes on the last
 //   transient   the largest of: a block's backward (its input gradient dy and the MLP's input

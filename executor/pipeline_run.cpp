@@ -83,15 +83,24 @@ PipelineOptions pipeline_options(const PipelineFlags& flags, const RunSetup& set
   // with the rest once known (below).
   o.micro_batches = flags.micro_batches > 0 ? flags.micro_batches : o.stages;
   check_pipeline(o, world);
-  if (e.spec.shard_parameters || e.spec.shard_gradients || e.spec.shard_optimizer)
+  const std::int64_t d = world / (flags.stages * flags.tensor_parallel);
+  // DDP, or ZeRO-1's sharded optimizer states over the whole stage (Megatron-core's distributed
+  // optimizer); gradients and parameters stay whole.
+  if (e.spec.shard_parameters || e.spec.shard_gradients ||
+      (e.spec.shard_optimizer && e.spec.group(static_cast<int>(d)) != d))
     throw InputError("--pipeline-parallel",
-                     fmt::format("the plan's strategy {} shards over the data-parallel group; "
-                                 "pipeline stages run DDP only (plan --strategy ddp)",
-                                 e.spec.strategy));
+                     fmt::format("the plan's strategy {} shards {} over the data-parallel "
+                                 "group; pipeline stages run DDP or ZeRO-1 over their {} ranks "
+                                 "(plan --strategy ddp or zero1)",
+                                 e.spec.strategy,
+                                 e.spec.shard_parameters  ? "parameters"
+                                 : e.spec.shard_gradients ? "gradients"
+                                                          : "optimizer states in smaller groups",
+                                 d));
+  if (e.spec.shard_optimizer) o.optimizer_shards = static_cast<int>(d);
   if (setup.plan.job.precision != documents::Precision::fp32)
     throw InputError("--pipeline-parallel", "pipeline stages compute in fp32 only (plan "
                                             "--precision fp32)");
-  const std::int64_t d = world / (flags.stages * flags.tensor_parallel);
   const std::int64_t per_rank = setup.global_batch / d;
   if (setup.global_batch % d != 0)
     throw InputError("--pipeline-parallel",

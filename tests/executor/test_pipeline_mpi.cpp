@@ -137,7 +137,8 @@ std::vector<Layout> layouts(int world) {
 // The cost model's per-stage memory (costmodel/parallel_memory.hpp) for the same layout, the job
 // as the executor runs it (its own model code, fp32, eager attention, DDP, a CPU device without
 // per-device overheads).
-double predicted_stage_bytes(const PipelineOptions& o, int world, int stage) {
+double predicted_stage_bytes(const PipelineOptions& o, int world, int stage,
+                             const Strategy& strategy = {"ddp", documents::Flavour::ddp}) {
   const auto hw = cpu_profile(world);
   costmodel::ParallelMemoryInput in;
   in.model = &o.model;
@@ -152,7 +153,7 @@ double predicted_stage_bytes(const PipelineOptions& o, int world, int stage) {
   in.job.attention = documents::AttentionImpl::eager;
   in.job.recipe = documents::Recipe::executor;
   in.job.checkpointing = documents::Checkpointing::none;
-  in.spec = test_spec("ddp", documents::Flavour::ddp, d);
+  in.spec = test_spec(strategy.name, strategy.flavour, d);
   in.spec.grad_bucket_copy = false;  // the stages reduce in place (as pipeline_run.cpp predicts)
   in.layout.pipeline_parallel = o.stages;
   in.layout.schedule = o.schedule;
@@ -340,6 +341,45 @@ TEST_CASE(
   }
   MESSAGE("rank " << test_world().rank() << ": worst stage peak error " << worst
                   << " against the count, " << worst_model << " against the cost model");
+}
+
+// ZeRO-1 within the stages (Megatron-core's distributed optimizer over each stage's d ranks,
+// pipeline.hpp): the same training as one process (the moments' ranges step the same elements),
+// and each rank's peak against stage_peak's count (data-parallel rank 0's ranges, the largest)
+// and the cost model's prediction for the layout with ZeRO-1's spec (moments / d), both 3%.
+TEST_CASE("pipeline::ZeRO-1 over each stage's ranks trains as one process, its peaks as counted") {
+  const int world = test_world().size();
+  const std::int64_t layers = world <= 2 ? 4 : world;
+  double worst = 0, worst_model = 0;
+  for (const bool tied : {false, true}) {
+    const auto model = tied ? tiny_gpt2(layers) : tiny_llama(layers);
+    for (int p = 1; p <= world; ++p) {
+      const int d = world / p;
+      if (world % p != 0 || d < 2) continue;
+      auto o = pipeline_options(model, p, p, PipelineSchedule::one_f_one_b);
+      o.optimizer_shards = d;
+      CAPTURE(tied);
+      CAPTURE(p);
+      const auto run = run_pipeline(o);
+      check_against(run, reference(model, p * d));
+      const int stage = test_world().rank() / d;
+      CAPTURE(stage);
+      const double counted = static_cast<double>(stage_peak(o, stage).total());
+      const double error = std::abs(static_cast<double>(run.peak_bytes) / counted - 1);
+      CHECK(error <= 0.03);
+      worst = std::max(worst, error);
+      const double predicted =
+          predicted_stage_bytes(o, world, stage, {"zero1", documents::Flavour::deepspeed});
+      CAPTURE(predicted);
+      CAPTURE(run.peak_bytes);
+      const double model_error = std::abs(static_cast<double>(run.peak_bytes) / predicted - 1);
+      CHECK(model_error <= 0.03);
+      worst_model = std::max(worst_model, model_error);
+    }
+  }
+  if (world > 1)
+    MESSAGE("rank " << test_world().rank() << ", ZeRO-1 stages: worst peak error " << worst
+                    << " against the count, " << worst_model << " against the cost model");
 }
 
 TEST_CASE("pipeline::stage_units splits the blocks evenly, embedding first, head last") {
