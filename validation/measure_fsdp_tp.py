@@ -9,6 +9,12 @@ What it measures
     builds the mesh with tp last). Each rank is one TP rank of a TP pair and one FSDP rank of a
     data-parallel pair; the two data-parallel groups see different batches.
 
+    The model's RMSNorms are torch.nn.RMSNorm, the norm torchtitan's Llama uses
+    (torchtitan/models/llama3/model/model.py), with HF's weights: transformers' LlamaRMSNorm casts
+    the normalized value back to the input dtype before the weight multiply, so under bf16
+    parameters it keeps a bf16 copy where torchtitan's keeps an fp32 one (in fp32 the two keep the
+    same tensors). The attention, MLP, embedding and head are HF's code.
+
     First the TP "sp" layout of validation/measure_tensor_parallel.py (torchtitan's sequence-
     parallel plan, imported from there) on the "tp" sub-mesh, then FSDP2 on the "dp_shard" sub-mesh
     as torchtitan's apply_fsdp does it (torchtitan/models/llama3/infra/parallelize.py):
@@ -83,6 +89,23 @@ def case_id(case):
             f"{case['checkpointing']}/s{case['seq_len']}-b{case['micro_batch']}")
 
 
+def use_torch_rmsnorm(model):
+    """Every LlamaRMSNorm replaced by torch.nn.RMSNorm (torchtitan's norm), same weight and eps."""
+    import torch
+
+    def swap(norm):
+        new = torch.nn.RMSNorm(norm.weight.shape[0], eps=norm.variance_epsilon)
+        with torch.no_grad():
+            new.weight.copy_(norm.weight)
+        return new
+
+    for layer in model.model.layers:
+        layer.input_layernorm = swap(layer.input_layernorm)
+        layer.post_attention_layernorm = swap(layer.post_attention_layernorm)
+    model.model.norm = swap(model.model.norm)
+    return model
+
+
 def apply_fsdp(model, mesh, precision):
     """fully_shard as torchtitan's apply_fsdp calls it without pipeline parallelism (see the
     module docstring): the embedding, each block, [final norm, head], the root."""
@@ -106,6 +129,7 @@ def measure_case(mesh, case):
 
     model = ms.build_model(case["config"], case["checkpointing"])
     params = ms.parameter_count(model)
+    use_torch_rmsnorm(model)
     mtp.apply_tp(model, mesh["tp"], case["layout"])
     apply_fsdp(model, mesh["dp_shard"], case["precision"])
     optimizer = mtp.make_optimizer(model)
