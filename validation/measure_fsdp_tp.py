@@ -47,7 +47,7 @@ How it measures
 
 Usage
     python validation/measure_fsdp_tp.py --out tests/costmodel/data/oracle_fsdp_tp.json
-    (about 4 minutes on two cores)
+    (4 to 10 minutes on two cores, as busy as they are)
 """
 
 import argparse
