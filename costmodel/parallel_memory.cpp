@@ -671,8 +671,8 @@ std::vector<Moment> pipeline_moments(const ParallelMemoryInput& in, const StageS
 // Groups (TP-local elements): the embedding E, each block B, the final norm with the head H; the
 // sharded state of each is 1/S of it on each of the S ranks of its data-parallel group (fully_
 // shard pads each tensor's dim 0 to a multiple of S, torch/distributed/fsdp/_fully_shard/
-// _fsdp_param.py, padded_sharded_param_size: no padding where S divides the TP-local rows, as it
-// does for every shape here but a few vectors' last rows). What FSDP2 allocates beside the
+// _fsdp_param.py, padded_sharded_param_size: at most S - 1 rows of each tensor, left out here;
+// none where S divides the TP-local rows). What FSDP2 allocates beside the
 // sharded states (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py):
 //   gathered parameters   unshard() all-gathers a group in the compute dtype (c bytes) before its
 //                         forward and backward; reshard_after_forward frees the embedding's and
@@ -688,8 +688,9 @@ std::vector<Moment> pipeline_moments(const ParallelMemoryInput& in, const StageS
 //                         (torch/distributed/tensor/placement_types.py, _replicate_to_shard:
 //                         clone=True) of E elements
 //   reduce-scatter input  foreach_reduce (_fsdp_collectives.py) copies the group's gradients into
-//                         one flat input in the reduce dtype (r bytes; on the CPU a gradient of
-//                         another dtype is cast first, chunk_cat_mixed_dtype), sized S times the
+//                         one flat input in the reduce dtype (r bytes; the CUDA copy-in kernel
+//                         casts as it copies, elsewhere a gradient of another dtype is cast first:
+//                         foreach_reduce_scatter_copy_in, chunk_cat_mixed_dtype), sized S times the
 //                         padded shard; it is kept in reduce_scatter_states until the next
 //                         group's post_backward (reduce_scatter_max_input_buffers = 1), so each
 //                         group's backward runs beside the previous group's input
@@ -737,10 +738,11 @@ std::vector<Moment> fsdp_plan_moments(const ParallelMemoryInput& in, const Stage
     out.push_back({"block backward", block - x.later_blocks, made(H + (L - 1) * B), 0,
                    (B + E + B) * c + B * r});
   const double shard_copy = whole > E ? E * c : 0;
+  const bool cast = r != c && in.hardware->is_cpu;  // the gradient's copy in the reduce dtype
   out.push_back({"embedding backward", x.embedding, made(all - E), 0,
                  E * c + whole * c + shard_copy + B * r});
   out.push_back({"embedding reduce", x.embedding, made(all - E), 0,
-                 whole * c + shard_copy + (r != c ? E * r : 0) + E * r});
+                 whole * c + shard_copy + (cast ? E * r : 0) + E * r});
   out.push_back({"optimizer step", 0, all * g, optimizer_temp});
   return out;
 }
