@@ -118,6 +118,17 @@ bool pytorch_tp(const ParallelMemoryInput& in) {
   return (plan || piped) && in.layout.context_parallel == 1;
 }
 
+// FSDP2 (fully_shard) over PyTorch's TP plan without a pipeline, as torchtitan's apply_fsdp
+// wraps the model (torchtitan/models/llama3/infra/parallelize.py): the token embedding, each
+// block, the final norm with the head, each its own parameter group, on the data-parallel mesh
+// dimension, each TP-local tensor sharded over it on dim 0. (transformers' and accelerate's
+// wrapping, whose root unit holds the embeddings with the head, keeps the per-unit accounting of
+// stage_states.)
+bool fsdp_plan(const ParallelMemoryInput& in) {
+  return pytorch_tp(in) && in.job.recipe == Recipe::torchtitan && in.spec.shard_parameters &&
+         in.layout.pipeline_parallel == 1;
+}
+
 // Elements of a unit on one rank before data-parallel sharding.
 struct UnitElements {
   double params = 0;
@@ -227,7 +238,12 @@ void stage_states(const ParallelMemoryInput& in, const StageShare& share, StageM
   const double elems = local.params;
   out.local_params = elems;
   out.param_bytes = elems * sb.param / (s.shard_parameters ? S : 1);
-  out.grad_bytes = local.grads * sb.grad / (s.shard_gradients ? S : 1);
+  // FSDP2 over a TP plan keeps each gradient as a shard of its parameter's TP-local tensor (the
+  // reduce-scatter output is sized by the parameter's padded sharded size:
+  // torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce); the row-wise
+  // table's whole gradient only passes through (fsdp_plan_moments).
+  const double kept_grads = fsdp_plan(in) ? elems : local.grads;
+  out.grad_bytes = kept_grads * sb.grad / (s.shard_gradients ? S : 1);
   out.optimizer_bytes =
       (sb.master * elems + sb.moment * local.optimizer) / (s.shard_optimizer ? S : 1);
   // torch DDP's buckets hold a second copy of the whole gradients (gradient_as_bucket_view=False),
@@ -240,6 +256,9 @@ void stage_states(const ParallelMemoryInput& in, const StageShare& share, StageM
   // policy is False when pipeline parallelism is on:
   // torchtitan/models/llama3/infra/parallelize.py); without one, FSDP holds the unit in use and the
   // prefetched one.
+  // FSDP2 over a TP plan without a pipeline: the gathered parameters and the gradients on their
+  // way to the reduce-scatter are the step's moments' own (fsdp_plan_moments).
+  if (fsdp_plan(in)) return;
   const double block_local = tp_local_elements(m.block, t, false);
   if (s.shard_parameters)
     out.buffer_bytes +=
@@ -587,6 +606,7 @@ double foreach_temp_bytes(const ParallelMemoryInput& in, const UnitElements& loc
 struct Moment {
   const char* name;
   double activations, grads, temp;
+  double buffers = 0;  // FSDP2's gathered parameters and gradients on their way to the reduction
 };
 
 // The backward's moments of one stage of torchtitan's pipeline, run by torch.distributed.
@@ -679,6 +699,86 @@ std::vector<Moment> pipeline_moments(const ParallelMemoryInput& in, const StageS
   return out;
 }
 
+// The backward's moments on one rank under FSDP2 over PyTorch's TP plan (fsdp_plan), in bytes.
+// Groups (TP-local elements): the embedding E, each block B, the final norm with the head H; the
+// sharded state of each is 1/S of it on each of the S ranks of its data-parallel group (fully_
+// shard pads each tensor's dim 0 to a multiple of S, torch/distributed/fsdp/_fully_shard/
+// _fsdp_param.py, padded_sharded_param_size: at most S - 1 rows of each tensor, left out here;
+// none where S divides the TP-local rows). What FSDP2 allocates beside the
+// sharded states (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py):
+//   gathered parameters   unshard() all-gathers a group in the compute dtype (c bytes) before its
+//                         forward and backward; reshard_after_forward frees the embedding's and
+//                         the blocks' after their forward, while torchtitan's [norm, output]
+//                         group keeps its own (reshard_after_forward=False for it: the backward
+//                         needs it first); pre_backward prefetches the next group in backward
+//                         order (_backward_prefetch), so a block's backward runs beside the next
+//                         block's (the first block's beside the embedding's) gathered parameters
+//   unsharded gradients   autograd's, in the compute dtype, kept as .grad until the group's
+//                         post_backward takes them (_take_unsharded_grads_to_reduce); the row-
+//                         wise table's comes back whole [V, h] (plan_elements), and taking it
+//                         redistributes it to the parameter's Shard(0) placement, a copy
+//                         (torch/distributed/tensor/placement_types.py, _replicate_to_shard:
+//                         clone=True) of E elements
+//   reduce-scatter input  foreach_reduce (_fsdp_collectives.py) copies the group's gradients into
+//                         one flat input in the reduce dtype (r bytes; the CUDA copy-in kernel
+//                         casts as it copies, elsewhere a gradient of another dtype is cast first:
+//                         foreach_reduce_scatter_copy_in, chunk_cat_mixed_dtype), sized S times the
+//                         padded shard; it is kept in reduce_scatter_states until the next
+//                         group's post_backward (reduce_scatter_max_input_buffers = 1), so each
+//                         group's backward runs beside the previous group's input
+// So the moments: the loss's backward (the head group gathered since the forward); the head's
+// (the last block prefetched, the head's gradients made); the last block's MLP backward and the
+// first's (two blocks gathered, one block's gradients, the previous group's reduce-scatter
+// input, the later groups' sharded gradients); and the embedding's two: taking its gradient (the
+// table gathered, the whole gradient and its shard copy, block 0's pending input) and reducing it
+// (the table resharded and block 0's input released: the new input, the cast, the whole
+// gradient still alive, as the measured categories show it through the copy-in). Then the
+// optimizer step with every sharded gradient.
+std::vector<Moment> fsdp_plan_moments(const ParallelMemoryInput& in, const StageShare& share,
+                                      const PlanActivations& x, double in_flight, bool fresh,
+                                      double optimizer_temp) {
+  const auto& s = in.spec;
+  const StateBytes sb = state_bytes(in.job.precision, s, Accounting::framework);
+  const int d = std::max(1, in.layout.data_parallel(in.cluster.gpus));
+  const double S = std::min(s.group(d), d);
+  const double c = sb.compute;                                         // gathered, autograd's
+  const double r = std::max(dtype_bytes(s.reduce_dtype), sb.compute);  // reduce-scatter input
+  const double g = sb.grad / S;  // a sharded gradient's bytes per TP-local element
+  const UnitElements table = stage_elements(in, StageShare{0, true, false});
+  const double E = table.params, whole = table.grads;  // the table's gradient as autograd makes it
+  const double B = stage_elements(in, StageShare{1, false, false}).params;
+  const double H = stage_elements(in, StageShare{0, false, true}).params;
+  const double all = stage_elements(in, share).params;
+  const double L = share.blocks;
+  // Gathered parameters at the loss's backward: the head group, and every group when none
+  // reshards after forward.
+  const double kept = s.reshard_after_forward ? H : all;
+  // Sharded gradients made before a moment (none before the loss's when the step is fresh).
+  auto made = [&](double elements) { return (fresh ? elements : all) * g; };
+  const double saved = x.saved * in_flight;
+  std::vector<Moment> out;
+  out.push_back({"loss backward", saved + x.loss_backward, made(0), 0, kept * c});
+  out.push_back({"head backward", saved - x.loss_released + x.head_backward, made(0), 0,
+                 (kept + (s.reshard_after_forward ? B : 0)) * c + H * c});
+  // A block's MLP backward: it and the next group gathered (the first block: the embedding,
+  // gathered by the prefetch or kept since the forward), its gradients (at most the block's), the
+  // previous group's reduce-scatter input.
+  const double block = saved - x.head + x.recompute + x.block_backward;
+  const double gathered = s.reshard_after_forward ? 2 * B : all - H;
+  out.push_back({"block backward", block, made(H), 0, (gathered + B) * c + H * r});
+  if (L > 1)
+    out.push_back({"block backward", block - x.later_blocks, made(H + (L - 1) * B), 0,
+                   (B + E + B) * c + B * r});
+  const double shard_copy = whole > E ? E * c : 0;
+  const bool cast = r != c && in.hardware->is_cpu;  // the gradient's copy in the reduce dtype
+  out.push_back({"embedding backward", x.embedding, made(all - E), 0,
+                 E * c + whole * c + shard_copy + B * r});
+  out.push_back({"embedding reduce", x.embedding, made(all - E), 0,
+                 whole * c + shard_copy + (cast ? E * r : 0) + E * r});
+  out.push_back({"optimizer step", 0, all * g, optimizer_temp});
+  return out;
+}
+
 // The step's moments on one rank of a stage under PyTorch's TP, each with what is alive then;
 // the stage's memory is the largest (the categories are that moment's):
 //   the loss's backward    every micro-batch in flight's saved tensors, the loss's transients;
@@ -708,15 +808,19 @@ void plan_peak(const ParallelMemoryInput& in, const StageShare& share, int first
     const double block_grads = stage_elements(in, StageShare{1, false, false}).grads * per_grad;
     moments = pipeline_moments(in, share, x, out.in_flight, all_grads, head_grads, block_grads,
                                per_grad, optimizer_temp);
+  } else if (fsdp_plan(in)) {
+    moments = fsdp_plan_moments(in, share, x, out.in_flight, fresh, optimizer_temp);
   } else {
     moments.push_back({"optimizer step", 0, all_grads, optimizer_temp});
   }
+  auto bytes = [](const Moment& m) { return m.activations + m.grads + m.temp + m.buffers; };
   const Moment* best = &moments[0];
   for (const auto& m : moments)
-    if (m.activations + m.grads + m.temp > best->activations + best->grads + best->temp) best = &m;
+    if (bytes(m) > bytes(*best)) best = &m;
   out.activation_bytes = best->activations;
   out.grad_bytes = best->grads;
   out.optimizer_bytes += best->temp;
+  out.buffer_bytes += best->buffers;
   out.moment = best->name;
 }
 

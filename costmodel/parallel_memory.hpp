@@ -16,6 +16,13 @@
 //     The step is walked through its moments (the loss's backward, a block's backward, the
 //     optimizer step with foreach AdamW's intermediate) and the stage's memory is the largest;
 //     StageMemory's categories are that moment's (parallel_memory.cpp, plan_peak).
+//   torchtitan with t > 1 under FSDP2 (fully_shard over the data-parallel group, no
+//     pipeline): torchtitan's apply_fsdp groups (the embedding, each block, the final norm with
+//     the head) sharded over the group; the moments add what FSDP2 holds at each (the gathered
+//     groups, the gradients on their way to the reduce-scatter and the pending reduce-scatter
+//     input, the row-wise table's whole gradient at the embedding's) as StageMemory's buffers
+//     (parallel_memory.cpp, fsdp_plan_moments; checked against
+//     tests/costmodel/data/oracle_fsdp_tp.json).
 //   torchtitan with a pipeline (any t): the same per-rank terms, its stages run by
 //     torch.distributed.pipelining (PipelineStage under GPipe or 1F1B): the last stage keeps each
 //     in-flight micro-batch's logits until its backward, and the moments are the first
@@ -69,7 +76,8 @@ struct StageMemory {
   double overhead_bytes = 0;    // CUDA context, NCCL workspace, fragmentation
   // Under PyTorch's TP (hf, torchtitan) and torchtitan's pipeline the step's moment these bytes
   // describe ("loss backward", "head backward", "block backward", "embedding backward",
-  // "optimizer step"); empty where the categories are each one's largest.
+  // "embedding reduce" (FSDP2), "optimizer step"); empty where the categories are each one's
+  // largest.
   std::string moment;
   double total() const {
     return param_bytes + grad_bytes + optimizer_bytes + buffer_bytes + activation_bytes +

@@ -8,10 +8,12 @@
 #                                               HF Llama: transformers' plan and torchtitan's SP layout (validation/measure_tensor_parallel.py)
 #   tests/costmodel/data/oracle_pipeline.json   PyTorch's own pipelining (PipelineStage, GPipe and 1F1B, p = 2) on
 #                                               HF Llama split as torchtitan splits it, per stage (validation/measure_pipeline.py)
+#   tests/costmodel/data/oracle_fsdp_tp.json    FSDP2 over PyTorch's TP (torchtitan's 2-D layout, dp_shard 2 x tp 2) on
+#                                               HF Llama (validation/measure_fsdp_tp.py)
 #   tests/costmodel/data/oracle_overheads.json  host-side step overheads: op dispatch, DDP/FSDP1/FSDP2/ZeRO-3
 #                                               hooks per unit and tensor, CPU optimizers (validation/measure_overheads.py)
 # Usage: validation/regenerate.sh [VENV_DIR]   (default validation/.venv; made on first use from
-# validation/requirements.txt, PyPI's torch, transformers, torchtitan and deepspeed). CPU only, about 25 minutes
+# validation/requirements.txt, PyPI's torch, transformers, torchtitan and deepspeed). CPU only, about 30 minutes
 # on two cores. Not part of the test command: the corpora are checked in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,5 +32,6 @@ extra=()
 "$py" validation/measure_traffic.py --out tests/costmodel/data/oracle_traffic.json
 "$py" validation/measure_tensor_parallel.py --out tests/costmodel/data/oracle_tensor_parallel.json
 "$py" validation/measure_pipeline.py --out tests/costmodel/data/oracle_pipeline.json
+"$py" validation/measure_fsdp_tp.py --out tests/costmodel/data/oracle_fsdp_tp.json
 "$py" validation/measure_overheads.py --out tests/costmodel/data/oracle_overheads.json
 echo "corpora written; compare with: build/release/bench/memory_corpus --summary"
