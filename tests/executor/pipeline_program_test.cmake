@@ -163,7 +163,7 @@ foreach(case
     "plan2.json|--pipeline-parallel#2#--schedule#interleaved-1f1b#--virtual-stages#2|--pipeline-parallel: the interleaved-1f1b schedule runs on >= 3 stages, got 2"
     "plan2.json|--pipeline-parallel#2#--virtual-stages#2|--virtual-stages: 2 needs --schedule interleaved-1f1b, got 1f1b"
     "plan2.json|--pipeline-parallel#2#--layers#3#--hidden#16#--heads#2#--vocab#64|--pipeline-parallel: 2 does not divide the model's 3 layers"
-    "fsdp.json|--pipeline-parallel#2|--pipeline-parallel: the plan's strategy fsdp-full shards over the data-parallel group")
+    "fsdp.json|--pipeline-parallel#2|--pipeline-parallel: the plan's strategy fsdp-full shards parameters over the data-parallel group")
   string(REPLACE "|" ";" parts "${case}")
   list(GET parts 0 plan)
   list(GET parts 1 flags)
