@@ -739,8 +739,7 @@ std::vector<Moment> fsdp_plan_moments(const ParallelMemoryInput& in, const Stage
                                       double optimizer_temp) {
   const auto& s = in.spec;
   const StateBytes sb = state_bytes(in.job.precision, s, Accounting::framework);
-  const int d = std::max(1, in.layout.data_parallel(in.cluster.gpus));
-  const double S = std::min(s.group(d), d);
+  const double S = shard_ranks(in);
   const double c = sb.compute;                                         // gathered, autograd's
   const double r = std::max(dtype_bytes(s.reduce_dtype), sb.compute);  // reduce-scatter input
   const double g = sb.grad / S;  // a sharded gradient's bytes per TP-local element

@@ -63,6 +63,9 @@ BlockTime block_time(const StepInput& in, const ParallelLayout& l, const LayoutG
     const double step = p2p_time(*in.hardware, g.context.tier(), chunk);
     b.cp_fwd = (l.context_parallel - 1) * step;
     b.cp_bwd = (l.context_parallel - 1) * p2p_time(*in.hardware, g.context.tier(), 2 * chunk);
+    // The executor's dK, dV take one more hop home after the last block (context_parallel.hpp).
+    if (in.job.recipe == Recipe::executor)
+      b.cp_bwd += p2p_time(*in.hardware, g.context.tier(), chunk);
   }
   return b;
 }
@@ -83,8 +86,12 @@ StageTime stage_time(const StepInput& in, const ParallelLayout& l, const BlockTi
   StageTime s;
   const double tp_f = exposed(b.tp_fwd, b.fwd - b.core_fwd, async);
   const double tp_b = exposed(b.tp_bwd, b.bwd - 2 * b.core_fwd, async);
-  const double cp_f = std::max(0.0, b.cp_fwd - b.core_fwd);
-  const double cp_b = std::max(0.0, b.cp_bwd - 2 * b.core_fwd);
+  // Ring attention overlaps each exchange with the attention of the block in hand (Transformer
+  // Engine's, torch's context_parallel); the executor's ring waits for each exchange
+  // (executor/context_parallel.hpp).
+  const bool ring_overlapped = j.recipe != Recipe::executor;
+  const double cp_f = exposed(b.cp_fwd, b.core_fwd, ring_overlapped);
+  const double cp_b = exposed(b.cp_bwd, 2 * b.core_fwd, ring_overlapped);
   double checkpointed = 0;
   for (std::int64_t k = 0; k < static_cast<std::int64_t>(blocks); ++k)
     checkpointed += j.block_checkpointed(first_block + k) ? 1 : 0;
