@@ -316,8 +316,10 @@ double embedding_saved(const ModelSpec& m, const TrainingJob& j, const ParallelL
 //     of the block's saved tensors: dy [n, h], the projection input's gradient [N, q/t], dq, dk,
 //     dv [N, (q + 2kv)/t], delta (fp32 per head and token) and the ring's keys and values
 //     received, the dK and dV arriving [N, kv/t] ×3 (executor/context_parallel_block.cpp). The
-//     forward's ring (an fp32 output [N, q/t] and up to three [N, kv/t]) stays below the
-//     backward's moments: the block's MLP tensors are not yet allocated then.
+//     forward's ring (an fp32 output [N, q/t] and up to three [N, kv/t]) is not counted: per
+//     token it is 4q/t + 3e·kv/t, below what the block's MLP backward holds beyond the forward's
+//     moment (the rest of the block's saved tensors, e·(q/t + 2h + 3I/t), and its transient
+//     2e·h) when q, kv ≤ h ≤ I; the tests' model with I < h peaks at the backward's ring
 struct ExecutorStage {
   double saved = 0, transient = 0;
   // Of `saved`, what only the first stage's first chunk or the last stage's last chunk keeps.
