@@ -331,3 +331,47 @@ TEST_CASE("validate::a tensor-parallel run: the memory predicted for the run's t
   CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run),
                        "/model/tensor_parallel/size: must be >= 1, got 0", core::InputError);
 }
+
+TEST_CASE("validate::a context-parallel run: the memory predicted for the run's c") {
+  // executor --context-parallel 2 names c in /model/context_parallel: the prediction is
+  // parallel_memory's one stage for c = 2, and the plan's own (c = 1) is said to differ.
+  auto run = run_document();
+  run["model"]["context_parallel"] = {{"size", 2}, {"sequence_share", 8}};
+  const auto plan = documents::plan_from_json(plan_document());
+  documents::HardwareProfile hw;
+  costmodel::ParallelMemoryInput in;
+  in.model = &plan.model;
+  in.hardware = &hw;
+  in.cluster = plan.cluster;
+  in.job = plan.job;
+  in.spec = plan.spec;
+  in.layout.context_parallel = 2;
+  const auto walk =
+      costmodel::walk_schedule(documents::PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
+  const double want = costmodel::parallel_memory(in, walk).stages.at(0).total();
+  const auto v = planner::validate_json(plan_document(), run);
+  CHECK(v["memory"]["peak_predicted_bytes"].get<double>() == doctest::Approx(want));
+  CHECK(v["memory"]["context_parallel"]["size"] == 2);
+  CHECK(v["plan"]["peak_when"] == "the one stage with context parallelism 2");
+  bool said = false;
+  for (const auto& n : v["notes"])
+    said |= n.get<std::string>().find("context parallelism 1, the run's are 1 and 2") !=
+            std::string::npos;
+  CHECK(said);
+  struct Bad {
+    const char* field;
+    nlohmann::json value;
+    const char* message;
+  };
+  for (const auto& b :
+       {Bad{"size", 0, "/model/context_parallel/size: must be >= 1, got 0"},
+        Bad{"sequence_share", 0, "/model/context_parallel/sequence_share: must be >= 1, got 0"},
+        Bad{"size", "2", "/model/context_parallel/size: must be an integer, got \"2\""}}) {
+    auto bad = run;
+    bad["model"]["context_parallel"][b.field] = b.value;
+    CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), bad), b.message, core::InputError);
+  }
+  auto extra = run;
+  extra["model"]["context_parallel"]["rank"] = 1;
+  CHECK_THROWS_AS(planner::validate_json(plan_document(), extra), core::InputError);
+}
