@@ -7,13 +7,14 @@
 namespace shardplan::executor {
 
 std::vector<std::int32_t> context_positions(std::int64_t sequence, int c, int r) {
-  if (c < 1 || r < 0 || r >= c || sequence < 2 * c || sequence % (2 * c) != 0)
+  const std::int64_t chunks = 2 * std::int64_t{c};
+  if (c < 1 || r < 0 || r >= c || sequence < chunks || sequence % chunks != 0)
     throw std::invalid_argument(fmt::format(
         "a sequence of {} tokens does not split into 2 x {} chunks for rank {}", sequence, c, r));
-  const std::int64_t chunk = sequence / (2 * c);
+  const std::int64_t chunk = sequence / chunks;
   std::vector<std::int32_t> out;
   out.reserve(static_cast<std::size_t>(2 * chunk));
-  for (const std::int64_t which : {static_cast<std::int64_t>(r), 2 * c - 1 - std::int64_t{r}})
+  for (const std::int64_t which : {std::int64_t{r}, chunks - 1 - r})
     for (std::int64_t i = 0; i < chunk; ++i)
       out.push_back(static_cast<std::int32_t>(which * chunk + i));
   return out;

@@ -263,7 +263,9 @@ void PipelineTrainer::Impl::allocate_states() {
     else
       init_unit_params<float>(layout, u, options.seed, 0, s.params.span());
     s.grads = allocator.allocate<float>(MemoryCategory::gradients, n);
-    std::tie(s.begin, s.length) = shard_range(n, options.optimizer_shards, data.rank());
+    // Without shards (DDP) every rank steps the whole unit.
+    const int owner = options.optimizer_shards > 1 ? data.rank() : 0;
+    std::tie(s.begin, s.length) = shard_range(n, options.optimizer_shards, owner);
     s.exp_avg = allocator.allocate<float>(MemoryCategory::optimizer_states, s.length);
     s.exp_avg_sq = allocator.allocate<float>(MemoryCategory::optimizer_states, s.length);
     states.push_back(std::move(s));

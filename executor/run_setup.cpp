@@ -199,7 +199,7 @@ void set_context_parallel(RunSetup& r, int world, const RunRequest& request) {
     throw InputError("/job/attention", fmt::format("context parallelism {} runs ring attention on "
                                                    "flash attention, got \"eager\"",
                                                    c));
-  if (e.micro_batch.seq % (2 * c) != 0)
+  if (e.micro_batch.seq % (2 * std::int64_t{c}) != 0)
     throw InputError(request.scale_seq ? "--seq-len" : "/job/seq_len",
                      fmt::format("a sequence of {} tokens does not split into 2 × {} chunks "
                                  "(context parallelism's load-balanced split)",
