@@ -736,8 +736,12 @@ namespace {
 //     chunk's backward of that micro-batch, so it lives as long as the chunk's saved tensors;
 //     a non-first chunk's input gradient [T, h] (get_bwd_send_ops) is waited on at the schedule's
 //     end, so every one sent so far is alive in a later backward
-//   the last virtual stage's received inputs stay referenced by the kept losses
-//     (pipeline_moments), one per finished micro-batch, to the optimizer step
+//   a non-first chunk's received inputs [T, h] outlive its backward of them, one per finished
+//     micro-batch, to the optimizer step: on the last virtual stage the kept losses' graphs hold
+//     them (pipeline_moments); the corpus shows the same on a chunk that is neither first nor
+//     last, whose graph is freed (rank 0 keeps virtual stage 2's m inputs, m·T·h·4 bytes, at the
+//     optimizer step: oracle_pipeline.json, pp2-interleaved-1f1b-v2-m2 and -m4 full/s128, stage
+//     0); what holds those is not identified in torch's source
 //   the optimizer step: torchtitan's OptimizersContainer (torchtitan/components/optimizer.py)
 //     builds one optimizer per model part and steps them in turn, so the foreach intermediate is
 //     the largest chunk's, not the stage's
@@ -778,7 +782,7 @@ std::vector<Moment> chunk_moments(const ParallelMemoryInput& in, const StageShar
   std::vector<Moment> out;
   std::vector<int> done(static_cast<std::size_t>(v), 0);  // backwards run per chunk
   double held = 0;       // saved bytes of the forwards whose backward has not run
-  double kept_last = 0;  // received inputs of the last virtual stage's finished micro-batches
+  double kept = 0;       // received inputs of the finished micro-batches of non-first chunks
   double sent = 0;       // input gradients sent by earlier backwards, waited on at the end
   for (const PipeOp& op : *share.ops) {
     const auto k = static_cast<std::size_t>(op.chunk);
@@ -795,7 +799,7 @@ std::vector<Moment> chunk_moments(const ParallelMemoryInput& in, const StageShar
       if (j != k && done[j] > 0) others += chunks[j].grads;
     const double own = later ? c.grads : 0;
     const double incoming = c.share.last ? 0 : tensor;  // the output's gradient received
-    const double saved = held + kept_last + sent + incoming;
+    const double saved = held + kept + sent + incoming;
     if (c.share.last) {
       out.push_back({"loss backward", saved + x.loss_backward, others + own, 0});
       out.push_back({"head backward",
@@ -816,12 +820,14 @@ std::vector<Moment> chunk_moments(const ParallelMemoryInput& in, const StageShar
                      others + c.grads, 0});
     held -= x.saved + output;
     ++done[k];
-    if (c.share.last) kept_last += tensor;
-    if (!c.share.first) sent += tensor;
+    if (!c.share.first) {
+      kept += tensor;
+      sent += tensor;
+    }
   }
   double temp = 0;
   for (const Chunk& c : chunks) temp = std::max(temp, c.temp);
-  out.push_back({"optimizer step", kept_last, all_grads, temp});
+  out.push_back({"optimizer step", kept, all_grads, temp});
   return out;
 }
 
