@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -158,9 +159,10 @@ TEST_CASE("parallel_memory::PyTorch pipelining, interleaved 1F1B with two chunks
       const double error = (s.total() - measured) / measured;
       worst = std::max(worst, std::abs(error));
       MESSAGE(c.at("id").get<std::string>()
-              << " stage " << s.stage << ": measured " << measured << " in "
-              << ms.at("peak_phase").get<std::string>() << ", predicted " << s.total() << " at the "
-              << s.moment << " (" << 100 * error << "%)");
+              << " stage " << s.stage << ": measured " << static_cast<std::int64_t>(measured)
+              << " B in " << ms.at("peak_phase").get<std::string>() << ", predicted "
+              << static_cast<std::int64_t>(std::llround(s.total())) << " B"
+              << " at the " << s.moment << " (" << 100 * error << "%)");
       CHECK(std::abs(error) < 0.01);
       CHECK((s.moment == "optimizer step") == (ms.at("peak_phase") == "optimizer"));
       CHECK(s.param_bytes == at_peak(ms, "parameters"));
