@@ -781,9 +781,9 @@ std::vector<Moment> chunk_moments(const ParallelMemoryInput& in, const StageShar
   }
   std::vector<Moment> out;
   std::vector<int> done(static_cast<std::size_t>(v), 0);  // backwards run per chunk
-  double held = 0;       // saved bytes of the forwards whose backward has not run
-  double kept = 0;       // received inputs of the finished micro-batches of non-first chunks
-  double sent = 0;       // input gradients sent by earlier backwards, waited on at the end
+  double held = 0;  // saved bytes of the forwards whose backward has not run
+  double kept = 0;  // received inputs of the finished micro-batches of non-first chunks
+  double sent = 0;  // input gradients sent by earlier backwards, waited on at the end
   for (const PipeOp& op : *share.ops) {
     const auto k = static_cast<std::size_t>(op.chunk);
     const Chunk& c = chunks[k];
