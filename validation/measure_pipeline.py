@@ -46,8 +46,13 @@ How it measures
     pipeline (gradient accumulation: each micro-batch's loss backward, the summed gradients
     divided by m, one optimizer step): they must agree.
 
+    For the interleaved cases each stage's record also has the rank's compute order as torch's
+    schedule built it (op_order: "2B1" is virtual stage 2's backward of micro-batch 1), the
+    virtual stages it holds and each chunk's parameter count.
+
 Usage
     python validation/measure_pipeline.py --out tests/costmodel/data/oracle_pipeline.json
+    (24 cases, 48 stage records: about 7 to 8 minutes on two CPU cores)
 """
 
 import argparse
