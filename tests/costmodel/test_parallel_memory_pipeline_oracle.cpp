@@ -180,6 +180,7 @@ namespace {
 // An op as torch prints a pipelining action: virtual stage, F or B, micro-batch ("2B1").
 std::vector<std::string> printed(const std::vector<PipeOp>& ops, int p, int s) {
   std::vector<std::string> out;
+  out.reserve(ops.size());
   for (const PipeOp& op : ops)
     out.push_back(std::to_string(op.chunk * p + s) + (op.kind == PipeOpKind::forward ? "F" : "B") +
                   std::to_string(op.micro_batch));
