@@ -88,6 +88,7 @@ struct StageShare {
   double blocks = 0;
   bool first = false, last = false;
   const std::vector<PipeOp>* ops = nullptr;  // the stage's op order, with model chunks (v > 1)
+  int index = 0;                             // the stage's place in the pipeline, 0 .. p − 1
 };
 
 // The saved activations a stage holds at once. With one model chunk per stage: `in_flight`
@@ -780,6 +781,157 @@ std::vector<Moment> fsdp_plan_moments(const ParallelMemoryInput& in, const Stage
   return out;
 }
 
+}  // namespace
+
+// torch.distributed.pipelining's op order for ScheduleInterleaved1F1B on stage (rank) s of p with
+// v chunks and m micro-batches (torch/distributed/pipelining/schedules.py,
+// ScheduleInterleaved1F1B._calculate_single_rank_operations with _get_warmup_ops and
+// _get_1f1b_rank_ops): rounds r = max(1, m / p) of m / r micro-batches each; warm-up
+// min((v − 1)·m/r + 2·(p − 1 − s), m·v) forwards, then one forward one backward, then the
+// backwards. The k-th forward runs local chunk (k / (m/r)) mod v, the k-th backward (counted from
+// the first forward after the warm-up) chunk v − 1 − (k / (m/r)) mod v; each chunk takes its
+// micro-batches in order. With m = p this differs from Megatron's order (schedule_ops), which
+// runs every forward first when m = p; with m a multiple of p above p they agree.
+std::vector<PipeOp> torch_interleaved_ops(int p, int s, int v, int m) {
+  const int rounds = std::max(1, m / p);
+  const int per_round = m / rounds;
+  const int total = m * v;
+  const int warmup = std::min((v - 1) * per_round + 2 * (p - 1 - s), total);
+  std::vector<int> next_forward(static_cast<std::size_t>(v), 0);
+  std::vector<int> next_backward(static_cast<std::size_t>(v), 0);
+  std::vector<PipeOp> ops;
+  auto forward = [&](int k) {
+    const int chunk = (k / per_round) % v;
+    ops.push_back({PipeOpKind::forward, next_forward[static_cast<std::size_t>(chunk)]++, chunk});
+  };
+  auto backward = [&](int k) {
+    const int chunk = v - 1 - ((k - warmup) / per_round) % v;
+    ops.push_back({PipeOpKind::backward, next_backward[static_cast<std::size_t>(chunk)]++, chunk});
+  };
+  for (int k = 0; k < warmup; ++k) forward(k);
+  for (int k = warmup; k < total; ++k) {
+    forward(k);
+    backward(k);
+  }
+  for (int k = total; k < total + warmup; ++k) backward(k);
+  return ops;
+}
+
+namespace {
+
+// The step's moments of one stage of torchtitan's pipeline with v > 1 model chunks per stage
+// (ScheduleInterleaved1F1B, a PipelineScheduleMulti over the stage's PipelineStages; torchtitan's
+// "loop" style gives chunk k of stage s virtual stage k·p + s). The stage's ops (share.ops, torch's
+// order) are walked one at a time; each chunk is pipeline_moments' stage in small:
+//   a forward keeps its chunk's saved tensors for that micro-batch until the same chunk's
+//     backward of it (stage.py: forward_one_chunk keeps the chunk's inputs and outputs in
+//     _forward_chunk_states, backward_one_chunk pops them); only virtual stage 0 has the
+//     embedding, only virtual stage p·v − 1 the head, the logits and the loss
+//   a backward has the moments of pipeline_moments' micro-batch backward for its chunk: the
+//     chunk's first backward finds no gradient of its own (each chunk is its own module with its
+//     own .grad), a later one adds into them; the other chunks' gradients exist once their
+//     first backward has run
+//   the runtime's sends (ScheduleInterleaved1F1B is a _PipelineScheduleRuntime: explicit SEND_F,
+//     SEND_B and their waits, _add_wait_send): a non-last chunk's forward output [T, h] is sent
+//     (get_fwd_send_ops keeps the tensor in the pending send) and its wait follows the same
+//     chunk's backward of that micro-batch, so it lives as long as the chunk's saved tensors;
+//     a non-first chunk's input gradient [T, h] (get_bwd_send_ops) is waited on at the schedule's
+//     end, so every one sent so far is alive in a later backward
+//   a non-first chunk's received inputs [T, h] outlive its backward of them, one per finished
+//     micro-batch, to the optimizer step: on the last virtual stage the kept losses' graphs hold
+//     them (pipeline_moments); the corpus shows the same on a chunk that is neither first nor
+//     last, whose graph is freed (rank 0 keeps virtual stage 2's m inputs, m·T·h·4 bytes, at the
+//     optimizer step: oracle_pipeline.json, pp2-interleaved-1f1b-v2-m2 and -m4 full/s128, stage
+//     0); what holds those is not identified in torch's source
+//   the optimizer step: torchtitan's OptimizersContainer (torchtitan/components/optimizer.py)
+//     builds one optimizer per model part and steps them in turn, so the foreach intermediate is
+//     the largest chunk's, not the stage's
+std::vector<Moment> chunk_moments(const ParallelMemoryInput& in, const StageShare& share,
+                                  double all_grads, double per_grad) {
+  const auto& m = *in.model;
+  const auto& l = in.layout;
+  const int p = l.pipeline_parallel, v = l.virtual_stages;
+  const double t = l.tensor_parallel;
+  const double e = dtype_bytes(compute_dtype(in.job.precision));
+  const double T = static_cast<double>(in.job.seq_len) * static_cast<double>(in.job.micro_batch);
+  const double h = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab);
+  const double I = static_cast<double>(m.intermediate);
+  const double sp = l.sequence_parallel ? t : 1.0;
+  const double tensor = e * T * h / sp;  // a received input or an input's gradient [T, h]
+  const double head_table = per_grad * V * h / t, table = per_grad * V * h;
+  const double down = per_grad * I * h / t;
+  struct Chunk {
+    StageShare share;
+    PlanActivations x;
+    double grads = 0, head_grads = 0;
+    double temp = 0;  // its optimizer's foreach intermediate
+  };
+  std::vector<Chunk> chunks;
+  const double blocks = share.blocks / v;
+  const double block_grads = stage_elements(in, StageShare{1, false, false}).grads * per_grad;
+  for (int k = 0; k < v; ++k) {
+    const int virtual_stage = k * p + share.index;
+    Chunk c;
+    c.share = StageShare{blocks, virtual_stage == 0, virtual_stage == p * v - 1};
+    c.x = plan_activations(in, c.share, static_cast<int>(blocks) * virtual_stage);
+    c.grads = stage_elements(in, c.share).grads * per_grad;
+    c.head_grads =
+        c.share.last ? stage_elements(in, StageShare{0, false, true}).grads * per_grad : 0;
+    c.temp = foreach_temp_bytes(in, stage_elements(in, c.share));
+    chunks.push_back(c);
+  }
+  std::vector<Moment> out;
+  std::vector<int> done(static_cast<std::size_t>(v), 0);  // backwards run per chunk
+  double held = 0;  // saved bytes of the forwards whose backward has not run
+  double kept = 0;  // received inputs of the finished micro-batches of non-first chunks
+  double sent = 0;  // input gradients sent by earlier backwards, waited on at the end
+  for (const PipeOp& op : *share.ops) {
+    const auto k = static_cast<std::size_t>(op.chunk);
+    const Chunk& c = chunks[k];
+    const PlanActivations& x = c.x;
+    const double output = c.share.last ? 0 : tensor;  // the forward's output, sent on
+    if (op.kind == PipeOpKind::forward) {
+      held += x.saved + output;
+      continue;
+    }
+    const bool later = done[k] > 0;
+    double others = 0;  // the other chunks' gradients made so far
+    for (std::size_t j = 0; j < chunks.size(); ++j)
+      if (j != k && done[j] > 0) others += chunks[j].grads;
+    const double own = later ? c.grads : 0;
+    const double incoming = c.share.last ? 0 : tensor;  // the output's gradient received
+    const double saved = held + kept + sent + incoming;
+    if (c.share.last) {
+      out.push_back({"loss backward", saved + x.loss_backward, others + own, 0});
+      out.push_back({"head backward",
+                     saved - x.loss_released + x.head_backward + (later ? head_table : 0),
+                     others + (later ? c.grads : c.head_grads), 0});
+    }
+    const double block =
+        later ? std::max(x.block_backward, e * T * I / t + down) : x.block_backward;
+    if (c.share.blocks > 0)
+      out.push_back({"block backward", saved - x.head + x.recompute + block,
+                     others + (later ? c.grads : c.head_grads + down), 0});
+    if (c.share.blocks > 1 && !later)
+      out.push_back({"block backward", saved - x.head - x.later_blocks + x.recompute + block,
+                     others + c.head_grads + (c.share.blocks - 1) * block_grads + down, 0});
+    if (c.share.first)
+      out.push_back({"embedding backward",
+                     saved - x.saved + x.embedding + e * T * h + (later ? table : 0),
+                     others + c.grads, 0});
+    held -= x.saved + output;
+    ++done[k];
+    if (!c.share.first) {
+      kept += tensor;
+      sent += tensor;
+    }
+  }
+  double temp = 0;
+  for (const Chunk& c : chunks) temp = std::max(temp, c.temp);
+  out.push_back({"optimizer step", kept, all_grads, temp});
+  return out;
+}
+
 // The step's moments on one rank of a stage under PyTorch's TP, each with what is alive then;
 // the stage's memory is the largest (the categories are that moment's):
 //   the loss's backward    every micro-batch in flight's saved tensors, the loss's transients;
@@ -807,8 +959,10 @@ void plan_peak(const ParallelMemoryInput& in, const StageShare& share, int first
     const double head_grads =
         share.last ? stage_elements(in, StageShare{0, false, true}).grads * per_grad : 0;
     const double block_grads = stage_elements(in, StageShare{1, false, false}).grads * per_grad;
-    moments = pipeline_moments(in, share, x, out.in_flight, all_grads, head_grads, block_grads,
-                               per_grad, optimizer_temp);
+    moments = share.ops != nullptr
+                  ? chunk_moments(in, share, all_grads, per_grad)
+                  : pipeline_moments(in, share, x, out.in_flight, all_grads, head_grads,
+                                     block_grads, per_grad, optimizer_temp);
   } else if (fsdp_plan(in)) {
     moments = fsdp_plan_moments(in, share, x, out.in_flight, fresh, optimizer_temp);
   } else {
@@ -901,12 +1055,17 @@ ParallelMemory parallel_memory(const ParallelMemoryInput& in, const PipelineWalk
   const double per_stage = static_cast<double>(in.model->layers) / p;
   ParallelMemory out;
   // The stages' op lists, once, where model chunks make their held bytes depend on the order.
-  const auto ops = l.virtual_stages > 1
-                       ? schedule_ops(l.schedule, p, l.virtual_stages, l.micro_batches)
-                       : std::vector<std::vector<PipeOp>>{};
+  // torchtitan's pipeline runs torch's own order (torch_interleaved_ops), the others Megatron's.
+  std::vector<std::vector<PipeOp>> ops;
+  if (l.virtual_stages > 1 && piped_stage(in) && pytorch_tp(in)) {
+    for (int s = 0; s < p; ++s)
+      ops.push_back(torch_interleaved_ops(p, s, l.virtual_stages, l.micro_batches));
+  } else if (l.virtual_stages > 1) {
+    ops = schedule_ops(l.schedule, p, l.virtual_stages, l.micro_batches);
+  }
   for (int s = 0; s < p; ++s) {
     const auto* stage_ops = ops.empty() ? nullptr : &ops[static_cast<std::size_t>(s)];
-    StageShare share{per_stage, s == 0, s == p - 1, stage_ops};
+    StageShare share{per_stage, s == 0, s == p - 1, stage_ops, s};
     StageMemory st;
     st.stage = s;
     st.blocks = per_stage;

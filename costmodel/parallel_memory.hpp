@@ -104,4 +104,9 @@ struct ParallelMemoryInput {
 // Per stage, from the walk's in-flight micro-batches (walk.peak_in_flight per stage).
 ParallelMemory parallel_memory(const ParallelMemoryInput& in, const PipelineWalk& walk);
 
+// Stage s's compute order under torch.distributed.pipelining's ScheduleInterleaved1F1B with p
+// stages, v chunks each and m micro-batches (what torchtitan's pipeline runs with v > 1; the
+// model's chunk k of stage s is virtual stage k·p + s). Megatron's order is schedule_ops'.
+std::vector<PipeOp> torch_interleaved_ops(int p, int s, int v, int m);
+
 }  // namespace shardplan::costmodel

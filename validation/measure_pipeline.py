@@ -15,7 +15,16 @@ What it measures
     output). Each rank steps its stage's parameters with ``torch.optim.AdamW(lr=1e-3,
     foreach=True)`` and ``zero_grad(set_to_none=True)``; no data parallelism (no DDP, no FSDP).
 
-    The grid: schedule gpipe/1f1b x micro-batches m 2/4 x seq 128/256 x checkpointing none/full
+    With ScheduleInterleaved1F1B the model is split into p·v = 4 virtual stages of one block each
+    (v = 2 model chunks per rank, as torchtitan's pipeline_module_split makes one module per
+    virtual stage): rank r holds virtual stages r and r + 2 (torchtitan's "loop" style,
+    stage_ids_this_rank), the first chunk of rank 0 with the embedding, the last of rank 1 with the
+    final norm and the head; one optimizer per chunk (torchtitan's OptimizersContainer). torch
+    requires m to be a multiple of its rounds, max(1, m // p) (schedules.py,
+    ScheduleInterleaved1F1B.__init__): m = 2 and 4 both qualify.
+
+    The grid: schedule gpipe/1f1b/interleaved-1f1b x micro-batches m 2/4 x seq 128/256 x
+    checkpointing none/full
     (HF's non-reentrant gradient checkpointing of every block), micro-batch size 1 (the step's
     batch is m sequences, split by the schedule). The stage modules' forward is the HF model's
     own code path: the blocks called with the rotary position embeddings, no attention mask
@@ -37,8 +46,13 @@ How it measures
     pipeline (gradient accumulation: each micro-batch's loss backward, the summed gradients
     divided by m, one optimizer step): they must agree.
 
+    For the interleaved cases each stage's record also has the rank's compute order as torch's
+    schedule built it (op_order: "2B1" is virtual stage 2's backward of micro-batch 1), the
+    virtual stages it holds and each chunk's parameter count.
+
 Usage
     python validation/measure_pipeline.py --out tests/costmodel/data/oracle_pipeline.json
+    (24 cases, 48 stage records: about 7 to 8 minutes on two CPU cores)
 """
 
 import argparse
@@ -56,7 +70,10 @@ import measure_steps as ms  # noqa: E402  (the shared model, batch, tracker and 
 GENERATED_BY = "validation/measure_pipeline.py"
 CONFIG = "llama-h256"
 PP = 2
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+# Model chunks per rank: ScheduleInterleaved1F1B runs v = 2 (4 virtual stages of one block each);
+# the others one chunk per rank.
+VIRTUAL_STAGES = {"gpipe": 1, "1f1b": 1, "interleaved-1f1b": 2}
 MICRO_BATCH_COUNTS = (2, 4)
 SEQ_LENS = (128, 256)
 MICRO_BATCH = 1
@@ -69,14 +86,25 @@ def case_grid():
         for schedule in SCHEDULES:
             for m in MICRO_BATCH_COUNTS:
                 for seq_len in SEQ_LENS:
-                    yield {"schedule": schedule, "config": CONFIG, "micro_batches": m,
-                           "seq_len": seq_len, "micro_batch": MICRO_BATCH, "precision": "fp32",
-                           "checkpointing": checkpointing}
+                    case = {"schedule": schedule, "config": CONFIG, "micro_batches": m,
+                            "seq_len": seq_len, "micro_batch": MICRO_BATCH, "precision": "fp32",
+                            "checkpointing": checkpointing}
+                    if VIRTUAL_STAGES[schedule] > 1:
+                        case["virtual_stages"] = VIRTUAL_STAGES[schedule]
+                    yield case
 
 
 def case_id(case):
-    return (f"pp{PP}-{case['schedule']}-m{case['micro_batches']}/{case['config']}/fp32/"
+    v = case.get("virtual_stages", 1)
+    chunks = f"-v{v}" if v > 1 else ""
+    return (f"pp{PP}-{case['schedule']}{chunks}-m{case['micro_batches']}/{case['config']}/fp32/"
             f"{case['checkpointing']}/s{case['seq_len']}-b{case['micro_batch']}")
+
+
+def rank_stages(rank, v):
+    """The virtual stages rank `rank` holds: torchtitan's "loop" style
+    (torchtitan/distributed/pipeline_parallel.py, stage_ids_this_rank: rank + k·p, k < v)."""
+    return [rank + k * PP for k in range(v)]
 
 
 def stage_module(model, stage, stages):
@@ -127,27 +155,39 @@ def loss_fn(pred, labels):
     return torch.nn.functional.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
 
 
-def make_schedule(name, stage, m):
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+def make_schedule(name, stages, m):
+    """The schedule over the rank's stages: one for GPipe and 1F1B (PipelineScheduleSingle), the
+    list of its chunks for ScheduleInterleaved1F1B (PipelineScheduleMulti), as torchtitan's
+    build_pipeline_schedule passes them."""
+    from torch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B)
 
+    if name == "interleaved-1f1b":
+        return ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn,
+                                       scale_grads=True)
     cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
+    (stage,) = stages
     return cls(stage, n_microbatches=m, loss_fn=loss_fn, scale_grads=True)
 
 
-def pipeline_step(schedule, stage, optimizer, ids):
+def pipeline_step(schedule, stages, optimizers, ids):
     """One training step: the schedule's forward/backward over the micro-batches (torchtitan's
-    train step arguments), the optimizer step, zero_grad. Returns the mean loss (last stage) or
-    None."""
+    train step arguments), each chunk's optimizer step and zero_grad in chunk order (torchtitan's
+    OptimizersContainer: one optimizer per model part). Returns the mean loss (the rank holding
+    the last stage) or None."""
     import torch
 
-    losses = [] if stage.is_last else None
-    if stage.is_first:
-        schedule.step(ids, target=ids if stage.is_last else None, losses=losses,
-                      return_outputs=False)
+    first = any(s.is_first for s in stages)
+    last = any(s.is_last for s in stages)
+    losses = [] if last else None
+    if first:
+        schedule.step(ids, target=ids if last else None, losses=losses, return_outputs=False)
     else:
-        schedule.step(target=ids if stage.is_last else None, losses=losses, return_outputs=False)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+        schedule.step(target=ids if last else None, losses=losses, return_outputs=False)
+    for optimizer in optimizers:
+        optimizer.step()
+    for optimizer in optimizers:
+        optimizer.zero_grad(set_to_none=True)
     return float(torch.stack([x.detach() for x in losses]).mean()) if losses else None
 
 
@@ -209,40 +249,52 @@ def measure_case(rank, case):
     import torch
     from torch.distributed.pipelining import PipelineStage
 
+    v = case.get("virtual_stages", 1)
     model = ms.build_model(case["config"], case["checkpointing"])
     params = ms.parameter_count(model)
-    module = stage_module(model, rank, PP)
+    held = rank_stages(rank, v)
+    modules = [stage_module(model, k, PP * v) for k in held]
     del model
-    stage_params = sum(p.numel() for p in module.parameters())
-    stage = PipelineStage(module, rank, PP, torch.device("cpu"))
-    schedule = make_schedule(case["schedule"], stage, case["micro_batches"])
-    optimizer = ms.make_optimizer(module)
+    stage_params = sum(p.numel() for module in modules for p in module.parameters())
+    stages = [PipelineStage(module, k, PP * v, torch.device("cpu"))
+              for module, k in zip(modules, held)]
+    schedule = make_schedule(case["schedule"], stages, case["micro_batches"])
+    optimizers = [ms.make_optimizer(module) for module in modules]
     ids = ms.make_batch(case["config"], case["seq_len"], case["micro_batch"] *
                         case["micro_batches"], 0)  # one pipeline: every rank the same batch
-    first_loss = pipeline_step(schedule, stage, optimizer, ids)
+    first_loss = pipeline_step(schedule, stages, optimizers, ids)
     gc.collect()
 
     tracker = make_tracker()
-    tracker.track_external(module, optimizer, ids)
+    tracker.track_external(*modules, *optimizers, ids)
     tracker._probe_init()
     with tracker:
-        second_loss = pipeline_step(schedule, stage, optimizer, ids)
+        second_loss = pipeline_step(schedule, stages, optimizers, ids)
+    last = any(s.is_last for s in stages)
     record = {
         "stage": rank,
-        "blocks": len(module.layers),
-        "first": stage.is_first,
-        "last": stage.is_last,
+        "blocks": sum(len(module.layers) for module in modules),
+        "first": any(s.is_first for s in stages),
+        "last": last,
         "params": params,
         "stage_params": stage_params,
-        **ms.read_tracker(tracker, ms.optimizer_state_bytes(optimizer)),
+        **ms.read_tracker(tracker, sum(ms.optimizer_state_bytes(o) for o in optimizers)),
     }
-    if stage.is_last:
+    if v > 1:
+        # torch's compute order for this rank (schedules.py: pipeline_order, before the
+        # communication actions are added), each action as torch prints it: virtual stage, F or B,
+        # micro-batch ("2B1").
+        record["op_order"] = [str(a) for a in schedule.pipeline_order[rank] if a is not None]
+        record["virtual_stages_held"] = held
+        record["chunk_params"] = [sum(p.numel() for p in module.parameters())
+                                  for module in modules]
+    if last:
         ref = reference_losses(case, ids, 2)
         record["step_losses"] = [round(first_loss, 5), round(second_loss, 5)]
         record["reference_losses"] = [round(x, 5) for x in ref]
         record["losses_agree"] = all(
             abs(a - b) <= LOSS_TOLERANCE * abs(b) for a, b in zip((first_loss, second_loss), ref))
-    del tracker, optimizer, schedule, stage, module
+    del tracker, optimizers, schedule, stages, modules
     gc.collect()
     return record
 

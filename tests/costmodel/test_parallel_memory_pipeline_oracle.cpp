@@ -5,11 +5,15 @@
 // (embedding and blocks 0-1; blocks 2-3, final norm and head), torch.distributed.pipelining's
 // PipelineStage under ScheduleGPipe or Schedule1F1B with torchtitan's upcast cross-entropy, fp32,
 // foreach AdamW per stage, no data parallelism; MemTracker over the second step on each rank.
+// And ScheduleInterleaved1F1B over 4 virtual stages of one block, two per rank (torchtitan's
+// "loop" style: rank r holds virtual stages r and r + 2), one AdamW per chunk.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -46,11 +50,15 @@ ParallelMemory predict(const json& corpus, const json& c) {
   in.spec.grad_bucket_copy = false;  // no data-parallel group: no DDP
   in.layout.pipeline_parallel = p;
   in.layout.micro_batches = mb;
-  in.layout.schedule =
-      c.at("schedule") == "gpipe" ? PipelineSchedule::gpipe : PipelineSchedule::one_f_one_b;
+  const std::string schedule = c.at("schedule").get<std::string>();
+  in.layout.schedule = schedule == "gpipe"  ? PipelineSchedule::gpipe
+                       : schedule == "1f1b" ? PipelineSchedule::one_f_one_b
+                                            : PipelineSchedule::interleaved_1f1b;
+  in.layout.virtual_stages = c.value("virtual_stages", 1);
   const std::vector<double> forward(static_cast<std::size_t>(p), 1.0);
   const std::vector<double> backward(static_cast<std::size_t>(p), 2.0);
-  const auto walk = walk_schedule(in.layout.schedule, p, 1, mb, forward, backward);
+  const auto walk =
+      walk_schedule(in.layout.schedule, p, in.layout.virtual_stages, mb, forward, backward);
   return parallel_memory(in, walk);
 }
 
@@ -73,6 +81,7 @@ TEST_CASE("parallel_memory::PyTorch pipelining (torchtitan's split, GPipe and 1F
   int stages = 0;
   double worst = 0;
   for (const auto& c : corpus.at("cases")) {
+    if (c.value("virtual_stages", 1) > 1) continue;  // the interleaved cases: below
     const ParallelMemory pm = predict(corpus, c);
     for (const auto& ms : c.at("stages")) {
       const auto s = pm.stages.at(ms.at("stage").get<std::size_t>());
@@ -128,4 +137,83 @@ TEST_CASE("parallel_memory::PyTorch pipelining: the stages' model states, hand-d
     return;
   }
   FAIL("the corpus has no pp2-gpipe-m2/llama-h256/fp32/none/s128-b1 case");
+}
+
+// ScheduleInterleaved1F1B with v = 2 chunks per rank (virtual stages r and r + 2 on rank r, one
+// block each: rank 0 the embedding with block 0 and block 2, rank 1 block 1 and block 3 with the
+// final norm and the head), m = 2 and 4, seq 128 and 256, checkpointing none and full: the
+// cost model walks each rank's chunks in torch's op order (parallel_memory.cpp, chunk_moments),
+// every number compared below from tests/costmodel/data/oracle_pipeline.json's
+// pp2-interleaved-1f1b-v2-* cases.
+TEST_CASE("parallel_memory::PyTorch pipelining, interleaved 1F1B with two chunks per rank: every "
+          "stage's peak within 1%") {
+  const json corpus = shardplan::oracle::read_corpus("oracle_pipeline.json");
+  int stages = 0;
+  double worst = 0;
+  for (const auto& c : corpus.at("cases")) {
+    if (c.value("virtual_stages", 1) == 1) continue;
+    const ParallelMemory pm = predict(corpus, c);
+    for (const auto& ms : c.at("stages")) {
+      const auto s = pm.stages.at(ms.at("stage").get<std::size_t>());
+      const double measured = ms.at("peak_bytes").get<double>();
+      const double error = (s.total() - measured) / measured;
+      worst = std::max(worst, std::abs(error));
+      MESSAGE(c.at("id").get<std::string>()
+              << " stage " << s.stage << ": measured " << static_cast<std::int64_t>(measured)
+              << " B in " << ms.at("peak_phase").get<std::string>() << ", predicted "
+              << static_cast<std::int64_t>(std::llround(s.total())) << " B"
+              << " at the " << s.moment << " (" << 100 * error << "%)");
+      CHECK(std::abs(error) < 0.01);
+      CHECK((s.moment == "optimizer step") == (ms.at("peak_phase") == "optimizer"));
+      CHECK(s.param_bytes == at_peak(ms, "parameters"));
+      CHECK(s.local_params == ms.at("stage_params").get<double>());
+      ++stages;
+    }
+    CHECK(c.at("losses_agree").get<bool>());
+  }
+  CHECK(stages == 16);
+  MESSAGE("worst interleaved stage peak error " << 100 * worst << "%");
+}
+
+namespace {
+
+// An op as torch prints a pipelining action: virtual stage, F or B, micro-batch ("2B1").
+std::vector<std::string> printed(const std::vector<PipeOp>& ops, int p, int s) {
+  std::vector<std::string> out;
+  out.reserve(ops.size());
+  for (const PipeOp& op : ops)
+    out.push_back(std::to_string(op.chunk * p + s) + (op.kind == PipeOpKind::forward ? "F" : "B") +
+                  std::to_string(op.micro_batch));
+  return out;
+}
+
+}  // namespace
+
+// The order the cost model walks is the order torch ran: each rank's compute actions as
+// ScheduleInterleaved1F1B built them (the corpus' op_order, read from schedule.pipeline_order).
+// Megatron's order (schedule_ops) is the same for m = 4 but not for m = p = 2, where Megatron runs
+// every forward before the first backward and torch's rank 1 runs 1F0 1F1 3F0 3B0 3F1 3B1 1B0 1B1.
+TEST_CASE("parallel_memory::torch_interleaved_ops is the order PyTorch's ScheduleInterleaved1F1B "
+          "ran") {
+  const json corpus = shardplan::oracle::read_corpus("oracle_pipeline.json");
+  int compared = 0;
+  for (const auto& c : corpus.at("cases")) {
+    const int v = c.value("virtual_stages", 1);
+    if (v == 1) continue;
+    const int p = c.at("pipeline_parallel").get<int>();
+    const int m = c.at("micro_batches").get<int>();
+    const auto megatron = schedule_ops(PipelineSchedule::interleaved_1f1b, p, v, m);
+    bool same = true;
+    for (const auto& ms : c.at("stages")) {
+      const int s = ms.at("stage").get<int>();
+      const auto ran = ms.at("op_order").get<std::vector<std::string>>();
+      CAPTURE(c.at("id").get<std::string>());
+      CAPTURE(s);
+      CHECK(printed(torch_interleaved_ops(p, s, v, m), p, s) == ran);
+      same = same && printed(megatron.at(static_cast<std::size_t>(s)), p, s) == ran;
+      ++compared;
+    }
+    CHECK(same == (m > p));
+  }
+  CHECK(compared == 16);
 }
