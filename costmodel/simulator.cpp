@@ -127,10 +127,39 @@ private:
   const UnitInfo& info(int u) const {
     if (u == 0) return units_[0];
     if (u == n_units_ - 1) return units_[2];
-    return in_.job.block_checkpointed(u - 1) ? units_[3] : units_[1];
+    return checkpointed(u) ? units_[3] : units_[1];
   }
-  std::string fail(std::string reason) {
+  // DeepSpeed 0.19.8's buffers as its engines allocate them (frameworks only; the executor keeps
+  // its own): stage 3's flat gradient partition lives from initialize to the end
+  // (deepspeed/runtime/zero/stage3.py, grad_partitions_flat_buffer); stages 1/2 take their reduce
+  // bucket at a backward's first gradient and release it at its end (stage_1_and_2.py,
+  // setup_buckets and _release_ipg_buffers), stage 3 keeps its bucket from initialize.
+  bool persistent_flat_partition() const {
+    return frameworks_ && spec_.flat_grad_partition && spec_.offload == Offload::none;
+  }
+  bool backward_bucket() const {
+    return frameworks_ && spec_.contiguous_grad_bucket && !spec_.flat_grad_partition;
+  }
+  // DeepSpeed ZeRO-1 (frameworks): reduces once the backward is done, in buckets, keeping each
+  // rank's partition (stage_1_and_2.py, reduce_gradients at the accumulation boundary).
+  bool reduces_after_backward() const {
+    return frameworks_ && spec_.flavour == Flavour::deepspeed && spec_.shard_optimizer &&
+           !spec_.shard_gradients && spec_.offload == Offload::none;
+  }
+  // DeepSpeed stages 1/2 (frameworks): the rank's gradient partition is one buffer, allocated
+  // whole by the first reduced bucket of a step (stage_1_and_2.py, copy_grads_in_partition) and
+  // kept to the step.
+  bool whole_partition_buffer() const {
+    return frameworks_ && spec_.flavour == Flavour::deepspeed && spec_.shard_optimizer &&
+           !spec_.flat_grad_partition && spec_.contiguous_grad_bucket &&
+           spec_.offload == Offload::none;
+  }
+  bool checkpointed(int u) const {
+    return u > 0 && u < n_units_ - 1 && in_.job.block_checkpointed(u - 1);
+  }
+  std::string fail(std::string reason, std::string input) {
     result_.valid = false;
+    result_.reason_input = std::move(input);
     result_.reason = std::move(reason);
     return result_.reason;
   }
@@ -213,6 +242,9 @@ private:
   std::size_t cache_next_ = 0;
   double pending_reduce_bytes_ = 0;
   std::vector<int> pending_units_;
+  double reduce_input_done_ = 0;  // FSDP2: when the last reduce-scatter input may be released
+  bool partition_placed_ = false;  // DeepSpeed stages 1/2: the step's gradient partition exists
+  double total_params_ = 0;        // the model's parameters (elements)
   double kept_grad_bytes_ = 0;  // gradients kept until zero_grad at the end of the step
   // Blocking collectives: the straggler wait's fraction for the world's ranks, and the compute
   // issued since the last collective.
@@ -284,31 +316,36 @@ bool Simulation::check_plan() {
   shard_ = s.group(world_);
   hsdp_ = shard_ < world_;
   if (shard_ > world_ || world_ % shard_ != 0) {
-    fail(fmt::format("shard group of {} does not divide {} GPUs", shard_, world_));
+    fail(fmt::format("shard group of {} does not divide {} GPUs", shard_, world_),
+         "--shard-group-size");
     return false;
   }
   if (j.micro_batch <= 0 || j.global_batch % world_ != 0 ||
       (j.global_batch / world_) % j.micro_batch != 0) {
     fail(fmt::format(
         "micro-batch {} does not divide the per-GPU batch of global batch {} on {} GPUs",
-        j.micro_batch, j.global_batch, world_));
+        j.micro_batch, j.global_batch, world_),
+         "--micro-batch");
     return false;
   }
   if (s.offload != Offload::none && !s.shard_optimizer) {
     fail(fmt::format("{} cannot offload: offload needs sharded optimizer states (ZeRO or FSDP)",
-                     s.strategy));
+                     s.strategy),
+         "--offload");
     return false;
   }
   if (s.offload == Offload::params && !s.shard_parameters) {
     fail(fmt::format(
         "{} cannot offload parameters: they are not sharded (zero3, fsdp-full, hsdp can)",
-        s.strategy));
+        s.strategy),
+         "--offload");
     return false;
   }
   if (s.offload == Offload::optimizer &&
       (s.flavour == Flavour::fsdp1 || s.flavour == Flavour::fsdp2)) {
     fail("FSDP offloads parameters, gradients and optimizer together (CPUOffload); use offload "
-         "params");
+         "params",
+         "--offload");
     return false;
   }
   return true;
@@ -500,13 +537,25 @@ void Simulation::forward(int mb) {
   const bool autocast_copies = this->autocast_copies();
   // The last unit is used again at once by backward: FSDP2's root and FSDP1's root keep it, and
   // DeepSpeed's trace-based prefetch finds it still gathered.
+  // DeepSpeed ZeRO-3 does not release a module's parameters when the parameters its trace uses
+  // before their next use number fewer than stage3_max_reuse_distance
+  // (deepspeed/runtime/zero/partitioned_param_coordinator.py, __params_to_release). For unit u
+  // after its forward, that is the forward and the backward of every later unit and of the part
+  // of u after the parameter: about 2·(after_u + P_u − prefix) elements for a parameter whose
+  // unit's preceding parameters number `prefix`, so the first R/2 − after_u elements of u stay.
+  // DeepSpeed decides parameter by parameter; the walk keeps a unit whole when most of it stays.
+  std::vector<double> after(static_cast<std::size_t>(U) + 1, 0.0);
+  for (int u = U - 1; u >= 0; --u) after[u] = after[u + 1] + info(u).params;
+  const double R = frameworks_ ? s.reuse_distance_elems : 0;
   auto kept_through_backward = [&](int u) {
     if (!s.reshard_after_forward) return true;
     if (in_.accounting == Accounting::zero_paper) return false;
     if (u == U - 1) return true;
+    if (R > 0 && R / 2 - after[u + 1] >= info(u).params / 2) return true;
     return (s.keep_root_unsharded || s.root_unit) && u == 0;
   };
 
+  double cached_casts = 0;  // bytes of checkpointed blocks' weight casts in autocast's cache
   for (int u = 0; u < U; ++u) {
     const auto& ui = info(u);
     double ready = 0;
@@ -527,15 +576,22 @@ void Simulation::forward(int mb) {
     fwd_end_[u] = st + ui.fwd_s;
     mem(st, ui.act.saved + ui.act.forward, Category::activations, Phase::forward, u, mb);
     mem(fwd_end_[u], -ui.act.forward, Category::activations, Phase::forward, u, mb);
-    // autocast's casts of the weights are tensors autograd keeps, like the activations.
-    if (autocast_copies)
+    // autocast's casts of the weights are tensors autograd keeps, like the activations; a
+    // checkpointed block keeps none, and its casts live in autocast's cache until the forward's
+    // autocast region ends with the loss (torch/csrc/autograd/autocast_mode.cpp, cached_cast and
+    // clear_cache on leaving the outermost region).
+    if (autocast_copies) {
       mem(st, ui.matmul * compute_b_, Category::activations, Phase::forward, u, mb);
+      cached_casts += checkpointed(u) ? ui.matmul * compute_b_ : 0;
+    }
     if (s.shard_parameters && gathered_alive_[u] && !kept_through_backward(u)) {
       mem(fwd_end_[u], -ui.gather_bytes, Category::buffers, Phase::forward, u, mb, -1);
       gathered_alive_[u] = 0;
       gathered_free_[u] = fwd_end_[u];
     }
   }
+  if (cached_casts > 0)
+    mem(fwd_end_[U - 1], -cached_casts, Category::activations, Phase::forward, U - 1, mb);
 }
 
 void Simulation::backward(int mb, bool first, bool reduce) {
@@ -561,6 +617,10 @@ void Simulation::backward(int mb, bool first, bool reduce) {
     if (ui.recompute_s > 0) {
       st = issue(Stream::compute, ready, cause, ui.recompute_s, "recompute", u);
       mem(st, ui.act.recompute, Category::activations, Phase::recompute, u, mb);
+      // The recompute runs under the forward's autocast state again (torch/utils/checkpoint.py
+      // restores it), and the GEMMs keep their weight casts for the backward.
+      if (autocast_copies)
+        mem(st, ui.matmul * compute_b_, Category::activations, Phase::recompute, u, mb);
       ready = 0;
     }
     st = issue(Stream::compute, ready, cause, ui.bwd_s, "backward", u);
@@ -604,8 +664,13 @@ void Simulation::backward(int mb, bool first, bool reduce) {
     }
     if (s.contiguous_grad_bucket && fresh > 0)
       mem(end, -fresh, Category::gradients, Phase::backward, u, mb);
+    if (backward_bucket() && u == U - 1)
+      mem(end, s.reduce_bucket_bytes, Category::buffers, Phase::backward, u, mb);
     if (reduce) queue_reduction(u, end, mb, first);
   }
+  // The bucket goes when the backward's reductions are done (reduce_pending), or at its end.
+  if (backward_bucket() && !reduce)
+    mem(bwd_end_[0], -s.reduce_bucket_bytes, Category::buffers, Phase::backward, 0, mb);
 }
 
 // Reduction: per unit, or when the framework's bucket has filled.
@@ -622,6 +687,7 @@ void Simulation::queue_reduction(int u, double end, int mb, bool first) {
   const bool per_unit_buckets =
       !s.contiguous_grad_bucket;  // DDP caps buckets; FSDP reduces per unit
   if (!per_unit_buckets && pending_reduce_bytes_ < s.reduce_bucket_bytes && u > 0) return;
+  if (reduces_after_backward() && u > 0) return;
   reduce_pending(u, end, mb, first);
 }
 
@@ -639,12 +705,21 @@ void Simulation::reduce_pending(int u, double end, int mb, bool first) {
       op == Collective::reduce_scatter ? Stream::reduce_scatter : Stream::all_reduce;
   const double dur = per_unit_buckets ? bucketed(op, shard_group_, pending_reduce_bytes_, bucket)
                                       : coll(op, shard_group_, pending_reduce_bytes_);
+  const bool copy_in = s.reduce_copy_in && s.shard_gradients;
+  if (copy_in) {
+    // FSDP2 keeps at most reduce_scatter_max_input_buffers (default 1) reduce-scatter inputs: the
+    // compute stream waits for the previous reduce-scatter before the next copy-in
+    // (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, post_backward: the oldest
+    // reduce_scatter_states entry's event).
+    end = issue(Stream::compute, reduce_input_done_, rs_stream, 0.0, "wait for reduce-scatter", u);
+  }
   const double rs = issue(rs_stream, end, Stream::compute, dur,
                           op == Collective::reduce_scatter ? "reduce-scatter" : "all-reduce", u);
   double done = rs + dur;  // when this bucket's gradients are fully reduced
-  const bool copy_in = s.reduce_copy_in && s.shard_gradients;
-  if (copy_in) {  // the unsharded gradients move into the flat reduce-scatter input; the
-                  // output shard, in the reduce dtype, is then added into the kept gradient
+  if (copy_in) {
+    // The unsharded gradients move into the flat reduce-scatter input; the output shard, in the
+    // reduce dtype, is then added into the kept gradient.
+    reduce_input_done_ = rs + dur;
     mem(end, pending_reduce_bytes_, Category::buffers, Phase::reduce, u, mb);
     mem(rs, pending_reduce_bytes_ / S, Category::buffers, Phase::reduce, u, mb);
     mem(rs + dur, -pending_reduce_bytes_ * (1 + 1 / S), Category::buffers, Phase::reduce, u, mb);
@@ -658,17 +733,32 @@ void Simulation::reduce_pending(int u, double end, int mb, bool first) {
     const double d2h = pending_reduce_bytes_ / S / in_.hardware->host_link_Bps;
     done = issue(Stream::host, done, Stream::reduce_scatter, d2h, "gradients to host", u) + d2h;
   }
+  if (whole_partition_buffer() && first && !partition_placed_) {
+    const double partition = total_params_ / S * sb_.grad;
+    mem(rs, partition, Category::gradients, Phase::reduce, u, mb);
+    kept_grad_bytes_ += partition;
+    partition_placed_ = true;
+  }
   for (int pu : pending_units_) {
     const auto& pi = info(pu);
+    // ZeRO-1's whole gradients are removed as their bucket is reduced.
+    if (reduces_after_backward()) {
+      mem(rs + dur, -pi.params * sb_.grad, Category::gradients, Phase::reduce, pu, mb);
+      kept_grad_bytes_ -= pi.params * sb_.grad;
+    }
     if (s.shard_gradients && !s.contiguous_grad_bucket)
       mem(copy_in ? end : rs + dur, -pi.params * compute_b_, Category::gradients, Phase::reduce, pu,
           mb);
-    if (s.shard_gradients && first && !offload_opt) {
+    if (s.shard_gradients && first && !offload_opt && !persistent_flat_partition() &&
+        !whole_partition_buffer()) {
       const double shard = pi.params / S * (s.flat_grad_partition ? flat_grad_b_ : sb_.grad);
       mem(rs + dur, shard, Category::gradients, Phase::reduce, pu, mb);
       kept_grad_bytes_ += shard;
     }
   }
+  // The backward's last reduction done, its bucket is released (_release_ipg_buffers).
+  if (backward_bucket() && u == 0)
+    mem(rs + dur, -s.reduce_bucket_bytes, Category::buffers, Phase::reduce, u, mb);
   pending_reduce_bytes_ = 0;
   pending_units_.clear();
 }
@@ -741,6 +831,7 @@ std::optional<Simulation::States> Simulation::place_states() {
     st.total_params += count * u.params;
     st.local_opt_params += count * u.params / opt_div;
   }
+  total_params_ = st.total_params;
   if (s.offload != Offload::none) {
     // Host memory: the node's CPUs hold every local GPU's offloaded optimizer states (fp32
     // master and moments), its fp32 gradient partition, and with parameter offload the sharded
@@ -756,7 +847,8 @@ std::optional<Simulation::States> Simulation::place_states() {
           "states, gradients{}), the node has {:.1f} GiB",
           result_.host_bytes_per_node / 1073741824.0, gpus_on_node, host_per_gpu / 1073741824.0,
           s.offload == Offload::params ? " and parameters" : "",
-          hw.host_memory_bytes / 1073741824.0));
+          hw.host_memory_bytes / 1073741824.0),
+          "--offload");
       return std::nullopt;
     }
     st.opt_bytes = 0;
@@ -765,15 +857,16 @@ std::optional<Simulation::States> Simulation::place_states() {
   mem(0, st.opt_bytes, Category::optimizer_states, Phase::setup, -1, 0);
   if (s.grad_bucket_copy && in_.accounting == Accounting::framework)
     mem(0, st.total_params * sb_.grad, Category::buffers, Phase::setup, -1, 0);
-  if (s.contiguous_grad_bucket && in_.accounting == Accounting::framework) {
-    // DeepSpeed sizes its reduce bucket in elements (reduce_bucket_size; the spec holds them at 2
-    // bytes each) of the gradients' dtype: an fp32 job's bucket is twice as wide
-    // (deepspeed/runtime/zero/stage_1_and_2.py, ipg_buckets), and 0.19.8 keeps one bucket per
-    // dtype in every stage (measured: tests/costmodel/data/oracle_deepspeed.json); the executor
-    // double-buffers stage 3's.
-    const double width = frameworks_ ? reduce_b_ / 2.0 : 1.0;
+  if (persistent_flat_partition())
+    mem(0, st.total_params / shard_ * flat_grad_b_, Category::gradients, Phase::setup, -1, 0);
+  if (s.contiguous_grad_bucket && in_.accounting == Accounting::framework && !backward_bucket()) {
+    // The spec's bucket is in bytes: DeepSpeed's reduce_bucket_size elements of the reduce
+    // dtype, sized where the plan is made (planner's with_job_precision, the DeepSpeed import;
+    // deepspeed/runtime/zero/stage_1_and_2.py, ipg_buckets). DeepSpeed 0.19.8 keeps one bucket
+    // per dtype in every stage (measured: tests/costmodel/data/oracle_deepspeed.json); the
+    // executor double-buffers stage 3's.
     const double buckets = !frameworks_ && s.flat_grad_partition ? 2.0 : 1.0;
-    mem(0, s.reduce_bucket_bytes * width * buckets, Category::buffers, Phase::setup, -1, 0);
+    mem(0, s.reduce_bucket_bytes * buckets, Category::buffers, Phase::setup, -1, 0);
   }
   return st;
 }
@@ -784,6 +877,12 @@ Simulation::FirstMicroBatch Simulation::run_micro_batches(std::int64_t gas) {
   FirstMicroBatch first;
   if (gas > 1) {
     micro_batch(0, true, spec_.shard_gradients);
+    // A micro-batch that reduces ends when its reductions do: FSDP's finalize_backward and
+    // DeepSpeed's gradient epilogue wait for them before the next forward
+    // (torch/distributed/fsdp/_fully_shard/_fsdp_state.py, _root_post_backward_final_callback;
+    // deepspeed/runtime/zero/stage_1_and_2.py, independent_gradient_partition_epilogue), so the
+    // wait is the compute stream's, and exposed.
+    if (spec_.shard_gradients) wait_for_reductions();
     first.seconds = *std::max_element(free_at_.begin(), free_at_.end());
     first.busy = result_.busy_s;
     first.exposed = result_.exposed_s;
@@ -825,16 +924,25 @@ double Simulation::optimizer_step(double t, const States& states) {
     opt_elems_local += (k == 1 ? static_cast<double>(m.layers) : 1.0) * units_[k].opt_elems /
                        (s.shard_optimizer ? S : 1.0);
   if (s.offload == Offload::none) {
+    // DeepSpeed stages 1/2 flatten the partition's gradients into a new tensor of their dtype and
+    // cast that to fp32 (stage_1_and_2.py, step: flatten(averaged_gradients).to(fp32)), so in a
+    // mixed-precision job both copies are alive at once; stage 3 casts its flat partition as it
+    // is.
+    const double flatten_b = frameworks_ && s.separate_fp32_master && !s.flat_grad_partition &&
+                                     sb_.grad < sb_.step_grad
+                                 ? sb_.grad
+                                 : 0.0;
+    const double step_copies = sb_.step_grad + flatten_b;
     const double bytes =
-        local_opt_params * (sb_.grad + sb_.step_grad + 2 * sb_.master + sb_.param) +
+        local_opt_params * (sb_.grad + sb_.step_grad + 2 * flatten_b + 2 * sb_.master + sb_.param) +
         2 * opt_elems_local * sb_.moment;
     const double bw = hw.calibration && hw.calibration->memory_bandwidth_Bps
                           ? *hw.calibration->memory_bandwidth_Bps
                           : hw.hbm_bandwidth_Bps;
     const double dur = bytes / bw;
     const double st = issue(Stream::compute, t, Stream::compute, dur, "optimizer step", -1);
-    mem(st, local_opt_params * sb_.step_grad, Category::gradients, Phase::optimizer, -1, 1);
-    mem(st + dur, -local_opt_params * sb_.step_grad, Category::gradients, Phase::optimizer, -1, 1);
+    mem(st, local_opt_params * step_copies, Category::gradients, Phase::optimizer, -1, 1);
+    mem(st + dur, -local_opt_params * step_copies, Category::gradients, Phase::optimizer, -1, 1);
     // torch.optim.Adam/AdamW with foreach (the default on GPUs; torch/optim/adam.py,
     // _multi_tensor_adam) first writes sqrt(exp_avg_sq) of every local parameter into new
     // tensors: one intermediate of the local shard in the state dtype. DeepSpeed's FusedAdam

@@ -50,6 +50,7 @@ struct StepInput {
 struct StepResult {
   bool valid = true;  // false: the plan is not runnable as asked (reason says why)
   std::string reason;
+  std::string reason_input;  // the option that makes it so ("--offload", "--micro-batch", ...)
   std::int64_t params = 0;
   std::int64_t micro_batch = 0;
   std::int64_t grad_accumulation = 0;  // micro-batches per optimizer step

@@ -78,6 +78,7 @@ void apply_deepspeed(ShardingSpec& s) {
   s.forward_prefetch = s.backward_prefetch = 1;
   s.max_inflight_allgathers = stage3 ? 2 : 1;
   s.persistence_threshold = stage3 ? 100000 : 0;
+  s.reuse_distance_elems = stage3 ? 1e9 : 0;  // stage3_max_reuse_distance
   s.separate_fp32_master = true;
   s.contiguous_grad_bucket = true;
   s.flat_grad_partition = stage3;
@@ -90,6 +91,10 @@ const std::vector<std::string>& strategy_names() {
   static const std::vector<std::string> n = {"ddp",       "zero1",        "zero2", "zero3",
                                              "fsdp-full", "fsdp-grad-op", "hsdp"};
   return n;
+}
+bool is_strategy(const std::string& s) {
+  const auto& n = strategy_names();
+  return s == kNoWrapper || std::find(n.begin(), n.end(), s) != n.end();
 }
 const std::vector<std::string>& flavour_names() {
   static const std::vector<std::string> n = {"ddp", "fsdp1", "fsdp2", "deepspeed"};
@@ -110,7 +115,7 @@ Offload offload_from_name(const std::string& s, const std::string& where) {
 }
 
 std::vector<Flavour> flavours_for(const std::string& strategy) {
-  if (strategy == "ddp") return {Flavour::ddp};
+  if (strategy == "ddp" || strategy == kNoWrapper) return {Flavour::ddp};
   if (strategy.rfind("zero", 0) == 0) return {Flavour::deepspeed};
   return {Flavour::fsdp2, Flavour::fsdp1};
 }
@@ -119,10 +124,10 @@ Flavour default_flavour(const std::string& strategy) { return flavours_for(strat
 
 ShardingSpec make_spec(const std::string& strategy, std::optional<Flavour> flavour,
                        int gpus_per_node, std::optional<int> shard_group_size) {
-  const auto& names = strategy_names();
-  if (std::find(names.begin(), names.end(), strategy) == names.end())
-    throw InputError("--strategy", fmt::format("must be one of {}, got \"{}\"",
-                                               fmt::join(names, ", "), strategy));
+  if (!is_strategy(strategy))
+    throw InputError("--strategy", fmt::format("must be one of {}, {}, got \"{}\"",
+                                               fmt::join(strategy_names(), ", "), kNoWrapper,
+                                               strategy));
   ShardingSpec s;
   s.strategy = strategy;
   s.flavour = flavour.value_or(default_flavour(strategy));
@@ -158,6 +163,12 @@ ShardingSpec make_spec(const std::string& strategy, std::optional<Flavour> flavo
   switch (s.flavour) {
   case Flavour::ddp:
     apply_ddp(s);
+    // One process with no data-parallel wrapper (a plain loop; transformers' Trainer and
+    // accelerate on one GPU): the gradients stay where autograd put them, no buckets.
+    if (strategy == kNoWrapper) {
+      s.grad_bucket_copy = false;
+      s.reduce_bucket_bytes = 0;
+    }
     break;
   case Flavour::fsdp1:
     apply_fsdp1(s);
@@ -227,6 +238,7 @@ ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer)
   s.flat_grad_partition = r.boolean("flat_grad_partition");
   s.grad_bucket_copy = r.boolean("grad_bucket_copy");
   r.finish();
+  if (s.flavour == Flavour::deepspeed && s.shard_parameters) s.reuse_distance_elems = 1e9;
   if (s.shard_gradients && !s.shard_optimizer)
     throw InputError(r.pointer_of("shard_gradients"),
                      "sharding gradients needs sharded optimizer states (no framework does this)");

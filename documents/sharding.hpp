@@ -24,6 +24,10 @@ const char* offload_name(Offload o);
 Offload offload_from_name(const std::string& s, const std::string& where);
 const std::vector<std::string>&
 strategy_names();  // ddp zero1 zero2 zero3 fsdp-full fsdp-grad-op hsdp
+// "none": one GPU without a data-parallel wrapper. Not searched nor written into plans (the
+// strategies above are); estimate and compare take it for a job that runs on one GPU.
+inline constexpr const char* kNoWrapper = "none";
+bool is_strategy(const std::string& s);  // one of strategy_names() or kNoWrapper
 const std::vector<std::string>& flavour_names();
 const std::vector<std::string>& offload_names();
 
@@ -60,6 +64,10 @@ struct ShardingSpec {
   double allgather_bucket_bytes = 0;  // post-step parameter all-gather bucket (ZeRO-1/2)
   DType reduce_dtype = DType::bf16;   // dtype gradients are reduced in
   std::int64_t persistence_threshold = 0;  // tensors with fewer elements stay unsharded (ZeRO-3)
+  // DeepSpeed ZeRO-3's stage3_max_reuse_distance: a gathered unit is not released when the
+  // parameters used before its next use number fewer elements than this (0: always released).
+  // Follows from the flavour (or the imported config); not part of the plan document.
+  double reuse_distance_elems = 0;
   Offload offload = Offload::none;
 
   // Flavour details the memory accounting needs.

@@ -49,6 +49,7 @@ struct CliOptions {
   PlanOptions po;
   ParallelOptions pa;  // estimate's tensor, pipeline and context parallelism
   std::optional<std::string> deepspeed_path;
+  std::optional<nlohmann::json> deepspeed_document;  // Request::deepspeed
   std::string trace_path;
   std::optional<std::string> emit;
   std::string svg_path;
@@ -269,6 +270,10 @@ std::pair<SearchPins, std::string> search_pins(const CliOptions& o, const Scenar
   SearchPins pins;
   pins.exhaustive = o.exhaustive;
   const auto group = shard_group_size(po);
+  if (po.strategy && *po.strategy == documents::kNoWrapper)
+    throw InputError("--strategy", "none (one GPU, no wrapper) is not searched; estimate it with "
+                                   "planner estimate --strategy none --gpus 1");
+  pins.reduce_dtype = po.reduce_dtype;
   if (po.strategy) {
     // Refuses an unknown strategy, and a shard group beside one that is not hsdp.
     documents::make_spec(*po.strategy, std::nullopt, sc.cluster.gpus_per_node, group);
@@ -313,6 +318,10 @@ const LayoutCandidate& expressible_layout(ParallelFramework f, const std::string
 // document, or the fastest a framework can express as that framework runs it.
 void run_layout_recommend(const CliOptions& o, int top_plans, std::ostream& out,
                           std::vector<std::string>& notes) {
+  if (o.po.reduce_dtype)
+    throw InputError("--reduce-dtype", fmt::format("{}: the layout search keeps each framework's "
+                                                   "own reduce dtype; estimate the layout with it",
+                                                   *o.po.reduce_dtype));
   const Scenario msc = make_scenario(o.so, false);
   const auto found = search_layouts(msc);
   if (!o.emit) {
@@ -461,6 +470,7 @@ evaluate_deepspeed_config(const CliOptions& o, Scenario& sc, costmodel::Trace* t
   for (const auto& [flag, given] :
        {std::pair{"--flavour", po.flavour.has_value()},
         std::pair{"--offload", po.offload.has_value()},
+        std::pair{"--reduce-dtype", po.reduce_dtype.has_value()},
         std::pair{"--shard-group-size", po.shard_group_size.has_value()}})
     if (given)
       throw InputError(flag,
@@ -472,8 +482,12 @@ evaluate_deepspeed_config(const CliOptions& o, Scenario& sc, costmodel::Trace* t
     throw InputError("--model",
                      "missing: a DeepSpeed config does not name the model; give --model (a "
                      "preset or a config.json) or --params");
-  const auto imported = core::read_json_document(
-      *o.deepspeed_path, [&](const nlohmann::json& d) { return import_deepspeed_config(d, sc); });
+  const auto imported =
+      o.deepspeed_document
+          ? import_deepspeed_config(*o.deepspeed_document, sc)
+          : core::read_json_document(*o.deepspeed_path, [&](const nlohmann::json& d) {
+              return import_deepspeed_config(d, sc);
+            });
   sc.job = imported.job;
   auto e = imported.job.micro_batch > 0
                ? evaluate(sc, imported.spec, imported.job, trace_ptr)
@@ -484,7 +498,7 @@ evaluate_deepspeed_config(const CliOptions& o, Scenario& sc, costmodel::Trace* t
 // estimate with tensor, pipeline or context parallelism: the data-parallel strategy over what
 // is left, evaluated per pipeline stage.
 void run_parallel_estimate(const CliOptions& o, std::ostream& out) {
-  if (o.deepspeed_path)
+  if (o.deepspeed_path || o.deepspeed_document)
     throw InputError("--deepspeed", "give either a DeepSpeed config or model-parallel flags");
   if (!o.po.strategy)
     throw InputError("--strategy", "missing: the data-parallel strategy over the replicas");
@@ -508,7 +522,7 @@ void run_parallel_estimate(const CliOptions& o, std::ostream& out) {
 // estimate, and simulate (estimate that also writes the step's timeline).
 void run_estimate(const CliOptions& o, bool simulate, std::ostream& out) {
   check_format(o.format);
-  if (!simulate && o.pa.given()) {
+  if (!simulate && o.pa.given() && !o.pa.one_dimensional()) {
     run_parallel_estimate(o, out);
     return;
   }
@@ -518,19 +532,25 @@ void run_estimate(const CliOptions& o, bool simulate, std::ostream& out) {
   costmodel::Trace* trace_ptr = simulate ? &trace : nullptr;
   Evaluation e;
   std::vector<std::string> assumptions;
-  if (o.deepspeed_path) {
+  if (o.deepspeed_path || o.deepspeed_document) {
     std::tie(e, assumptions) = evaluate_deepspeed_config(o, sc, trace_ptr);
   } else {
     if (!o.po.strategy)
       throw InputError("--strategy", "missing (or give --deepspeed ds_config.json)");
     e = evaluate_choosing_micro_batch(sc, make_plan_spec(o.po, *o.po.strategy, sc), trace_ptr);
   }
+  // The plan the user asked for cannot run as asked: bad input, never a report of zeros.
+  if (!e.result.valid)
+    throw InputError(o.deepspeed_path || o.deepspeed_document ? std::string("--deepspeed")
+                     : e.result.reason_input.empty()          ? std::string("--strategy")
+                                                              : e.result.reason_input,
+                     e.result.reason);
   check_countable(sc, e);
   if (simulate)
     core::write_file(o.trace_path, core::json_text(trace_to_chrome_json(trace)) + "\n", "--trace");
   if (o.format == "json") {
     auto j = evaluation_to_json(sc, e);
-    if (o.deepspeed_path) j["assumptions"] = assumptions;
+    if (o.deepspeed_path || o.deepspeed_document) j["assumptions"] = assumptions;
     j["hardware_profile"] = hardware_json(sc);
     if (!sc.defaulted.empty()) j["defaulted"] = sc.defaulted;
     out << json_document(j);
@@ -592,6 +612,13 @@ Response run_request(const Request& request) {
   }
   p.options.so.model_document = request.model;
   p.options.so.hardware_document = request.hardware;
+  if (request.deepspeed) {
+    if (p.options.deepspeed_path)
+      throw InputError("--deepspeed", "give either the file or the document, not both");
+    if (!p.subcommands.estimate->parsed())
+      throw InputError("deepspeed", "a DeepSpeed config is read by estimate only");
+    p.options.deepspeed_document = request.deepspeed;
+  }
   p.options.fsdp_as_data = request.fsdp_as_data;
   std::ostringstream out;
   Response r;

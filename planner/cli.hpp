@@ -18,6 +18,8 @@ struct Request {
   // Documents given in place of the --model config.json and the --hardware profile file (read
   // as those files are; nothing is written to disk).
   std::optional<nlohmann::json> model, hardware;
+  // A DeepSpeed config in place of estimate's --deepspeed file (read as that file is).
+  std::optional<nlohmann::json> deepspeed;
   bool fsdp_as_data = false;  // --emit fsdp: the settings as one JSON object (fsdp_settings_json)
 };
 struct Response {

@@ -342,6 +342,8 @@ private:
         sized(z, zo, "stage3_param_persistence_threshold", "param_persistence_threshold", 10 * h);
     const auto max_live =
         sized(z, zo, "stage3_max_live_parameters", "max_live_parameters", std::nullopt);
+    const auto reuse =
+        sized(z, zo, "stage3_max_reuse_distance", "max_reuse_distance", std::nullopt);
     const auto contiguous = z.optional_boolean("contiguous_gradients");
     const auto overlap = z.optional_boolean("overlap_comm");
     const auto reduce_scatter = z.optional_boolean("reduce_scatter");
@@ -372,6 +374,7 @@ private:
     if (stage == 3) {
       if (prefetch) s.prefetch_bucket_elems = std::floor(*prefetch);
       if (persistence) s.persistence_threshold = *rounded_count(*persistence);  // <= 1e15: read so
+      if (reuse) s.reuse_distance_elems = *reuse;
       if (max_live) {
         // A limit below two blocks' parameters allows one gathered block at a time.
         const double block = static_cast<double>(base_.model.block.params());
@@ -395,8 +398,6 @@ private:
     };
     static const Ignored ignored[] = {
         {"sub_group_size", "the optimizer-step tile size is not modelled (whole partitions)"},
-        {"stage3_max_reuse_distance", "gathered parameters are modelled as released after use"},
-        {"max_reuse_distance", "gathered parameters are modelled as released after use"},
         {"stage3_model_persistence_threshold", "bounds only what the persistence threshold keeps"},
         {"model_persistence_threshold", "bounds only what the persistence threshold keeps"},
         {"stage3_gather_16bit_weights_on_model_save", "concerns checkpoint saving"},

@@ -27,6 +27,20 @@ void add_parallel_options(CLI::App& app, ParallelOptions& o) {
                  "context-parallel size c (ring attention)");
 }
 
+bool ParallelOptions::one_dimensional() const {
+  if (schedule || virtual_stages || micro_batches || sequence_parallel || async_tensor_parallel)
+    return false;
+  for (const auto* v : {&tensor_parallel, &pipeline_parallel, &context_parallel}) {
+    if (!*v) continue;
+    try {
+      if (core::int_from_text("degree", **v) != 1) return false;
+    } catch (const InputError&) {
+      return false;  // the layout's parser names the flag
+    }
+  }
+  return true;
+}
+
 namespace {
 
 int degree(const std::optional<std::string>& text, const char* flag) {

@@ -22,6 +22,8 @@ struct ParallelOptions {
     return tensor_parallel || pipeline_parallel || schedule || virtual_stages || micro_batches ||
            context_parallel || sequence_parallel || async_tensor_parallel;
   }
+  // Only t, p or c given, each as 1: the one-dimensional layout, estimated as if not given.
+  bool one_dimensional() const;
 };
 void add_parallel_options(CLI::App& app, ParallelOptions& o);
 

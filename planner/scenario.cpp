@@ -267,12 +267,16 @@ nlohmann::json hardware_json(const Scenario& sc) {
 
 void add_plan_options(CLI::App& app, PlanOptions& o, bool strategy_required) {
   auto* s = app.add_option("--strategy", o.strategy,
-                           "ddp | zero1 | zero2 | zero3 | fsdp-full | fsdp-grad-op | hsdp");
+                           "ddp | zero1 | zero2 | zero3 | fsdp-full | fsdp-grad-op | hsdp | none "
+                           "(one GPU, no data-parallel wrapper)");
   if (strategy_required) s->required();
   app.add_option("--flavour", o.flavour, "ddp | fsdp1 | fsdp2 | deepspeed (default by strategy)");
   app.add_option("--shard-group-size", o.shard_group_size,
                  "HSDP shard group (default: GPUs per node)");
   app.add_option("--offload", o.offload, "none | optimizer | params");
+  app.add_option("--reduce-dtype", o.reduce_dtype,
+                 "fp32 | bf16 | fp16: the dtype gradients are reduced in (FSDP's reduce_dtype, "
+                 "DeepSpeed's communication_data_type; default: the framework's)");
 }
 
 std::optional<int> shard_group_size(const PlanOptions& o) {
@@ -295,6 +299,33 @@ documents::ShardingSpec with_job_precision(documents::ShardingSpec s,
   return s;
 }
 
+documents::ShardingSpec with_reduce_dtype(documents::ShardingSpec s, const std::string& name,
+                                          const documents::TrainingJob& job) {
+  using documents::DType;
+  // torchtitan's mixed_precision_reduce takes "float32" only (torchtitan/config/job_config.py).
+  if (job.recipe == documents::Recipe::torchtitan && name != "fp32")
+    throw InputError("--reduce-dtype",
+                     fmt::format("{}: torchtitan reduces gradients in fp32 only", name));
+  if (s.flavour == documents::Flavour::ddp)
+    throw InputError("--reduce-dtype",
+                     fmt::format("{}: {} reduces the gradients in their own dtype (a compression "
+                                 "hook is not modelled); leave --reduce-dtype out",
+                                 name, s.strategy == documents::kNoWrapper ? "one GPU" : "DDP"));
+  const DType d = name == "fp32"   ? DType::fp32
+                  : name == "bf16" ? DType::bf16
+                  : name == "fp16" ? DType::fp16
+                                   : throw InputError("--reduce-dtype",
+                                                      fmt::format("must be fp32, bf16 or fp16, "
+                                                                  "got \"{}\"",
+                                                                  name));
+  // DeepSpeed's bucket holds reduce_bucket_size elements of the communication dtype
+  // (deepspeed/runtime/zero/stage_1_and_2.py, the ipg buffers).
+  if (s.flavour == documents::Flavour::deepspeed)
+    s.reduce_bucket_bytes *= documents::dtype_bytes(d) / documents::dtype_bytes(s.reduce_dtype);
+  s.reduce_dtype = d;
+  return s;
+}
+
 documents::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& strategy,
                                        const Scenario& sc) {
   std::optional<documents::Flavour> flavour;
@@ -302,7 +333,12 @@ documents::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& 
   auto spec = with_job_precision(
       documents::make_spec(strategy, flavour, sc.cluster.gpus_per_node, shard_group_size(o)),
       sc.job);
+  if (o.reduce_dtype) spec = with_reduce_dtype(spec, *o.reduce_dtype, sc.job);
   spec.offload = documents::offload_from_name(o.offload.value_or("none"), "--offload");
+  if (strategy == documents::kNoWrapper && sc.cluster.gpus != 1)
+    throw InputError("--strategy", fmt::format("none runs one GPU without a data-parallel "
+                                               "wrapper; got --gpus {}",
+                                               sc.cluster.gpus));
   if (spec.shard_group_size > 0 && sc.cluster.gpus % spec.shard_group_size != 0)
     throw InputError("--shard-group-size", fmt::format("{} does not divide {} GPUs",
                                                        spec.shard_group_size, sc.cluster.gpus));

@@ -86,6 +86,7 @@ struct PlanOptions {
   std::optional<std::string> flavour;
   std::optional<std::string> shard_group_size;  // not given: the GPUs per node
   std::optional<std::string> offload;           // not given: none
+  std::optional<std::string> reduce_dtype;      // not given: the framework's default
 };
 void add_plan_options(CLI::App& app, PlanOptions& o, bool strategy_required);
 // --shard-group-size as a number (make_spec checks its range), or nullopt when not given.
@@ -96,9 +97,16 @@ std::optional<int> shard_group_size(const PlanOptions& o);
 // only: torchtitan/config/job_config.py 0.2.x, configs.py 0.3.0) — and under DeepSpeed
 // (engine.py, communication_data_type: the fp16/bf16 training dtype, else fp32), whose buckets
 // hold 5e8 elements of their dtype (zero/config.py); DDP reduces the parameters' dtype, fp32
-// under autocast.
+// under autocast. The spec's reduce bucket is in bytes from here on: the simulator and the
+// executor take it as it is.
 documents::ShardingSpec with_job_precision(documents::ShardingSpec s,
                                            const documents::TrainingJob& job);
+// --reduce-dtype: the gradients' reduction dtype the user set (FSDP's MixedPrecision
+// reduce_dtype, DeepSpeed's communication_data_type), a DeepSpeed bucket resized to hold as many
+// elements of it. Refused for DDP and the unwrapped run, which have no such setting, and for
+// another dtype than fp32 under torchtitan.
+documents::ShardingSpec with_reduce_dtype(documents::ShardingSpec s, const std::string& name,
+                                          const documents::TrainingJob& job);
 documents::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& strategy,
                                        const Scenario& sc);
 

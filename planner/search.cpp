@@ -63,6 +63,7 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
       // model under the DeepSpeed engine with ZeRO.
       if (sc.job.recipe == Recipe::torchtitan && f != Flavour::fsdp2 && f != Flavour::ddp) continue;
       if (sc.job.recipe == Recipe::deepspeed && f != Flavour::deepspeed) continue;
+      if (pins.reduce_dtype && f == Flavour::ddp) continue;
       std::vector<std::optional<int>> groups = {std::nullopt};
       if (strategy == "hsdp") {
         groups.clear();
@@ -72,7 +73,8 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
           for (int g : hsdp_groups(sc.cluster)) groups.push_back(g);
       }
       for (const auto& g : groups) {
-        const ShardingSpec base = with_job_precision(make_spec(strategy, f, G, g), sc.job);
+        ShardingSpec base = with_job_precision(make_spec(strategy, f, G, g), sc.job);
+        if (pins.reduce_dtype) base = with_reduce_dtype(base, *pins.reduce_dtype, sc.job);
         for (Offload o : offloads_for(base)) {
           if (pins.offload && *pins.offload != o) continue;
           ShardingSpec s = base;

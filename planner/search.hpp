@@ -24,6 +24,8 @@ struct SearchPins {
   bool loss = false;           // the scenario's loss is the user's
   std::optional<documents::Offload> offload;
   std::optional<int> shard_group_size;
+  // --reduce-dtype: every candidate reduces in it; DDP, which has no such setting, is left out.
+  std::optional<std::string> reduce_dtype;
   bool exhaustive = false;  // simulate everything, no pruning (for tests and benchmarks)
 };
 

@@ -151,7 +151,28 @@ ORDER = ("parameters", "sharded_parameters", "unsharded_parameters", "master_par
 # The grid
 
 
-def case_grid(only=None):
+# The ZeRO bucket sizes (--buckets): "default", DeepSpeed's own (reduce_bucket_size 5e8 elements,
+# which dominates these small models' peaks); "hf-auto", the values transformers' Trainer writes
+# over a config's "auto" (transformers/integrations/deepspeed.py, HfTrainerDeepSpeedConfig
+# trainer_config_finalize: reduce_bucket_size h*h, and at stage 3 stage3_prefetch_bucket_size
+# 0.9*h*h and stage3_param_persistence_threshold 10*h), as users of small models run them.
+BUCKETS = ("default", "hf-auto")
+
+
+def bucket_keys(buckets, config_name, stage):
+    """The zero_optimization keys a bucket choice sets (none for DeepSpeed's defaults); the
+    stage-3 keys at stage 3 only, as transformers fills them."""
+    if buckets == "default":
+        return {}
+    h = CONFIGS[config_name]["hidden_size"]
+    keys = {"reduce_bucket_size": h * h}
+    if stage == 3:
+        keys.update(stage3_prefetch_bucket_size=int(0.9 * h * h),
+                    stage3_param_persistence_threshold=10 * h)
+    return keys
+
+
+def case_grid(only=None, buckets="default"):
     """Every (stage, precision, seq_len, micro_batch), in corpus order (stages in `only` if given)."""
     for stage in STAGES:
         if only and wrapper_name(stage) not in only:
@@ -161,7 +182,7 @@ def case_grid(only=None):
                 for micro_batch in MICRO_BATCHES:
                     yield {"stage": stage, "config": CONFIG, "seq_len": seq_len,
                            "micro_batch": micro_batch, "precision": precision,
-                           "checkpointing": "none"}
+                           "checkpointing": "none", "buckets": buckets}
 
 
 def wrapper_name(stage):
@@ -169,16 +190,18 @@ def wrapper_name(stage):
 
 
 def case_id(case):
+    suffix = "" if case["buckets"] == "default" else "/" + case["buckets"]
     return (f"{wrapper_name(case['stage'])}/{case['config']}/{case['precision']}/"
-            f"{case['checkpointing']}/s{case['seq_len']}-b{case['micro_batch']}/w{WORLD_SIZE}")
+            f"{case['checkpointing']}/s{case['seq_len']}-b{case['micro_batch']}/w{WORLD_SIZE}"
+            f"{suffix}")
 
 
-def deepspeed_config(stage, precision, micro_batch):
+def deepspeed_config(stage, precision, micro_batch, buckets="default", config_name=CONFIG):
     """The config passed to deepspeed.initialize: DeepSpeed's defaults but for these keys."""
     config = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": 1,
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": {"stage": stage, **bucket_keys(buckets, config_name, stage)},
         # ZeRO accepts a client torch.optim.AdamW only with this (is_zero_supported_optimizer).
         "zero_allow_untested_optimizer": True,
     }
@@ -508,7 +531,8 @@ def measure_case(rank, case):
     model = build_model(case["config"], case["checkpointing"])
     params = parameter_count(model)
     client_optimizer = make_optimizer(model)
-    config = deepspeed_config(stage, case["precision"], case["micro_batch"])
+    config = deepspeed_config(stage, case["precision"], case["micro_batch"], case["buckets"],
+                              case["config"])
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client_optimizer,
                                                    config=json.loads(json.dumps(config)))
     if engine.optimizer is not optimizer or optimizer.optimizer is not client_optimizer:
@@ -558,7 +582,7 @@ def measure_case(rank, case):
     return record
 
 
-def worker_main(out_path, only):
+def worker_main(out_path, only, buckets):
     """Runs every case on this rank and writes the records (format of measure_steps.py's)."""
     import logging
 
@@ -575,7 +599,7 @@ def worker_main(out_path, only):
     deepspeed.init_distributed(dist_backend="gloo")
     linear = torch.nn.functional.linear
     records, errors = [], []
-    for case in case_grid(only):
+    for case in case_grid(only, buckets):
         try:
             samples = [measure_case(rank, case) for _ in range(REPEATS)]
             records.append(dict(samples[0], peak_bytes_samples=[r["peak_bytes"] for r in samples]))
@@ -597,12 +621,12 @@ def worker_main(out_path, only):
 # Launcher
 
 
-def launch(tmpdir, only):
+def launch(tmpdir, only, buckets):
     """Runs both ranks to the end; returns (exit status, [per-rank result files], log file)."""
     stem = os.path.join(tmpdir, f"deepspeed-w{WORLD_SIZE}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={WORLD_SIZE}", os.path.abspath(__file__), "--worker",
-           "--worker-out", stem + "-r{rank}.json"]
+           "--worker-out", stem + "-r{rank}.json", "--buckets", buckets]
     for name in only or []:
         cmd += ["--only", name]
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
@@ -611,9 +635,9 @@ def launch(tmpdir, only):
     return proc.returncode, [stem + f"-r{r}.json" for r in range(WORLD_SIZE)], stem + ".log"
 
 
-def run_all(only):
+def run_all(only, buckets):
     with tempfile.TemporaryDirectory() as tmpdir:
-        rc, files, log = launch(tmpdir, only)
+        rc, files, log = launch(tmpdir, only, buckets)
         if rc != 0 or not all(os.path.exists(p) for p in files):
             with open(log) as f:
                 lines = [ln for ln in f.read().splitlines() if ln.strip()]
@@ -633,16 +657,23 @@ def main():
     ap.add_argument("--out", default="tests/costmodel/data/oracle_deepspeed.json")
     ap.add_argument("--only", action="append", choices=[wrapper_name(s) for s in STAGES],
                     help="run only these stages (repeatable)")
+    ap.add_argument("--buckets", choices=BUCKETS, default="default",
+                    help="ZeRO bucket sizes: DeepSpeed's defaults (oracle_deepspeed.json) or "
+                         "transformers' auto values (oracle_deepspeed_hf_auto.json)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker_main(args.worker_out.format(rank=os.environ.get("RANK", "0")), args.only)
+        worker_main(args.worker_out.format(rank=os.environ.get("RANK", "0")), args.only,
+                    args.buckets)
         return 0
 
     started = time.time()
-    cases, failures, warnings_ = run_all(args.only)
-    write_corpus(args.out, cases, failures, command_line(args, GENERATED_BY), GENERATED_BY, versions(), CONFIGS)
+    cases, failures, warnings_ = run_all(args.only, args.buckets)
+    command = command_line(args, GENERATED_BY)
+    if args.buckets != "default":
+        command += f" --buckets {args.buckets}"
+    write_corpus(args.out, cases, failures, command, GENERATED_BY, versions(), CONFIGS)
     return report(args.out, cases, failures, warnings_, started)
 
 

@@ -126,10 +126,35 @@ CONFIGS = {
         "use_cache": False,
     },
 }
-SEQ_LENS = (128, 256)
-MICRO_BATCHES = (1, 2)
-PRECISIONS = ("fp32", "bf16-mixed")
-CHECKPOINTING = ("none", "full")
+# The stress grid's models (--grid stress): multi-query attention with a small vocabulary, exact
+# GELU, and a sliding window shorter than the sequence.
+STRESS_CONFIGS = {
+    "llama-h256-mqa-v512": dict(CONFIGS["llama-h256"], num_key_value_heads=1, vocab_size=512),
+    "gpt2-h256-gelu": dict(CONFIGS["gpt2-h256"], activation_function="gelu"),
+    "mistral-h256-sw256": dict(
+        CONFIGS["llama-h256"], architectures=["MistralForCausalLM"], model_type="mistral",
+        sliding_window=256),
+}
+for _name, _config in STRESS_CONFIGS.items():
+    if _config["model_type"] == "mistral":
+        for _key in ("attention_bias", "mlp_bias"):  # MistralConfig has neither
+            _config.pop(_key)
+CONFIGS.update(STRESS_CONFIGS)
+
+# The grids (--grid): "base", the two small models over short sequences, whose peaks fall in the
+# optimizer step or the loss's backward; "stress", sequences of 1024 under bf16 autocast, with and
+# without checkpointing, where the backward holds the peak, over the models above.
+GRIDS = {
+    "base": {"configs": ("llama-h256", "gpt2-h256"), "precisions": ("fp32", "bf16-mixed"),
+             "checkpointing": ("none", "full"), "seq_lens": (128, 256), "micro_batches": (1, 2)},
+    "stress": {"configs": ("llama-h256", "llama-h256-mqa-v512", "gpt2-h256-gelu",
+                           "mistral-h256-sw256"),
+               "precisions": ("bf16-mixed",), "checkpointing": ("none", "full"),
+               "seq_lens": (1024,), "micro_batches": (1, 2)},
+}
+# The base grid's shapes, shared with measure_deepspeed.py.
+SEQ_LENS = GRIDS["base"]["seq_lens"]
+MICRO_BATCHES = GRIDS["base"]["micro_batches"]
 # (wrapper, world size), in the order of the corpus.
 RUNS = (("none", 1), ("ddp", 1), ("ddp", 2), ("fsdp2", 2))
 WARMUP_STEPS = 1  # steps before the measured one
@@ -168,13 +193,14 @@ CATEGORY_ORDER = ("parameters", "sharded_parameters", "unsharded_parameters", "b
 # The grid
 
 
-def case_grid():
-    """Every (config, seq_len, micro_batch, precision, checkpointing), in corpus order."""
-    for config in CONFIGS:
-        for precision in PRECISIONS:
-            for checkpointing in CHECKPOINTING:
-                for seq_len in SEQ_LENS:
-                    for micro_batch in MICRO_BATCHES:
+def case_grid(grid="base"):
+    """Every (config, seq_len, micro_batch, precision, checkpointing) of a grid, in corpus order."""
+    g = GRIDS[grid]
+    for config in g["configs"]:
+        for precision in g["precisions"]:
+            for checkpointing in g["checkpointing"]:
+                for seq_len in g["seq_lens"]:
+                    for micro_batch in g["micro_batches"]:
                         yield {
                             "config": config,
                             "seq_len": seq_len,
@@ -201,6 +227,7 @@ def build_model(config_name, checkpointing):
     cfg = dict(CONFIGS[config_name])
     arch = cfg.pop("architectures")[0]
     config_class = {"LlamaForCausalLM": transformers.LlamaConfig,
+                    "MistralForCausalLM": transformers.MistralConfig,
                     "GPT2LMHeadModel": transformers.GPT2Config}[arch]
     cfg.pop("model_type")
     config = config_class(**cfg)
@@ -490,7 +517,7 @@ def measure_case(wrapper, world_size, rank, case):
     return record
 
 
-def worker_main(wrapper, out_path):
+def worker_main(wrapper, out_path, grid):
     """Runs every case of the grid for one wrapper on this rank and writes the records."""
     import torch
     import transformers
@@ -502,7 +529,7 @@ def worker_main(wrapper, out_path):
     if wrapper != "none":
         torch.distributed.init_process_group("gloo")
     records, errors = [], []
-    for case in case_grid():
+    for case in case_grid(grid):
         try:
             samples = [measure_case(wrapper, world_size, rank, case)
                        for _ in range(REPEATS[wrapper])]
@@ -541,12 +568,12 @@ def run_workers(script, nproc, stem, args=(), distributed=True):
     return rc, [stem + f"-r{r}.json" for r in range(nproc)], stem + ".log"
 
 
-def launch(wrapper, world_size, tmpdir):
+def launch(wrapper, world_size, tmpdir, grid):
     """Runs the worker processes of one run to the end; returns (exit status, [per-rank result
     files], log file)."""
     return run_workers(os.path.abspath(__file__), world_size,
-                       os.path.join(tmpdir, f"{wrapper}-w{world_size}"), ["--worker", wrapper],
-                       distributed=wrapper != "none")
+                       os.path.join(tmpdir, f"{wrapper}-w{world_size}"),
+                       ["--worker", wrapper, "--grid", grid], distributed=wrapper != "none")
 
 
 def merge_ranks(files):
@@ -575,7 +602,7 @@ def merge_ranks(files):
     return merged, errors, warnings_
 
 
-def run_all(only):
+def run_all(only, grid="base"):
     """Launches each (wrapper, world size) run in turn; returns cases, failures, warnings."""
     cases, failures, warnings_ = [], {}, []
     with tempfile.TemporaryDirectory() as tmpdir:
@@ -584,7 +611,7 @@ def run_all(only):
             if only and name not in only:
                 continue
             t0 = time.time()
-            rc, files, log = launch(wrapper, world_size, tmpdir)
+            rc, files, log = launch(wrapper, world_size, tmpdir, grid)
             if rc != 0 or not all(os.path.exists(p) for p in files):
                 with open(log) as f:
                     lines = [ln for ln in f.read().splitlines() if ln.strip()]
@@ -600,12 +627,12 @@ def run_all(only):
     return cases, failures, warnings_
 
 
-def check_planner(planner, cases):
+def check_planner(planner, cases, configs):
     """`planner describe --model` on each config: it must parse and count the same parameters."""
     problems = []
     params = {c["config"]: c["params"] for c in cases}
     with tempfile.TemporaryDirectory() as tmpdir:
-        for name, config in CONFIGS.items():
+        for name, config in configs.items():
             path = os.path.join(tmpdir, f"{name}.json")
             with open(path, "w") as f:
                 json.dump(config, f)
@@ -635,6 +662,8 @@ def command_line(args, generated_by=GENERATED_BY):
     if out.startswith(".."):
         out = os.path.basename(out)
     parts = ["python", generated_by, "--out", out]
+    if getattr(args, "grid", "base") != "base":
+        parts += ["--grid", args.grid]
     for name in args.only or []:
         parts += ["--only", name]
     return " ".join(parts)
@@ -673,17 +702,22 @@ def main():
     ap.add_argument("--only", action="append", choices=[f"{w}-w{n}" for w, n in RUNS],
                     help="run only these wrapper-world runs (repeatable)")
     ap.add_argument("--planner", help="planner executable: check that it parses each config")
+    ap.add_argument("--grid", choices=sorted(GRIDS), default="base",
+                    help="the cases to measure (base: oracle_steps.json; stress: "
+                         "oracle_steps_stress.json)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker_main(args.worker, args.worker_out.format(rank=os.environ.get("RANK", "0")))
+        worker_main(args.worker, args.worker_out.format(rank=os.environ.get("RANK", "0")),
+                    args.grid)
         return 0
 
     started = time.time()
-    cases, failures, warnings_ = run_all(args.only)
-    problems = check_planner(args.planner, cases) if args.planner else []
-    write_corpus(args.out, cases, failures, command_line(args))
+    cases, failures, warnings_ = run_all(args.only, args.grid)
+    configs = {name: CONFIGS[name] for name in GRIDS[args.grid]["configs"]}
+    problems = check_planner(args.planner, cases, configs) if args.planner else []
+    write_corpus(args.out, cases, failures, command_line(args), configs=configs)
     status = report(args.out, cases, failures, warnings_, started)
     for p in problems:
         print(f"PROBLEM {p}")

@@ -2,7 +2,11 @@
 # Regenerates the memory corpora the cost model is tested against, with the frameworks' own code:
 #   tests/costmodel/data/oracle_units.json  bytes autograd keeps per unit (validation/measure_units.py)
 #   tests/costmodel/data/oracle_steps.json  whole-step peaks, PyTorch's MemTracker (validation/measure_steps.py)
+#   tests/costmodel/data/oracle_steps_stress.json  whole steps of sequence 1024 under bf16 autocast: MQA, exact GELU,
+#                                               a sliding window (validation/measure_steps.py --grid stress)
 #   tests/costmodel/data/oracle_deepspeed.json  DeepSpeed's ZeRO-1/2/3 steps (validation/measure_deepspeed.py)
+#   tests/costmodel/data/oracle_deepspeed_hf_auto.json  the same with transformers' "auto" bucket sizes
+#                                               (validation/measure_deepspeed.py --buckets hf-auto)
 #   tests/costmodel/data/oracle_traffic.json    bytes the memory-bound ATen ops move per unit (validation/measure_traffic.py)
 #   tests/costmodel/data/oracle_tensor_parallel.json  PyTorch's own tensor parallelism (DTensor styles, t = 2) on
 #                                               HF Llama: transformers' plan and torchtitan's SP layout (validation/measure_tensor_parallel.py)
@@ -28,7 +32,9 @@ planner=build/release/planner/planner
 extra=()
 [[ -x $planner ]] && extra=(--planner "$planner")
 "$py" validation/measure_steps.py --out tests/costmodel/data/oracle_steps.json "${extra[@]}"
+"$py" validation/measure_steps.py --grid stress --out tests/costmodel/data/oracle_steps_stress.json "${extra[@]}"
 "$py" validation/measure_deepspeed.py --out tests/costmodel/data/oracle_deepspeed.json
+"$py" validation/measure_deepspeed.py --buckets hf-auto --out tests/costmodel/data/oracle_deepspeed_hf_auto.json
 "$py" validation/measure_traffic.py --out tests/costmodel/data/oracle_traffic.json
 "$py" validation/measure_tensor_parallel.py --out tests/costmodel/data/oracle_tensor_parallel.json
 "$py" validation/measure_pipeline.py --out tests/costmodel/data/oracle_pipeline.json

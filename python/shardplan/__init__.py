@@ -165,6 +165,7 @@ def estimate(
     flavour: Optional[str] = None,
     shard_group_size: Optional[Number] = None,
     offload: Optional[str] = None,
+    reduce_dtype: Optional[str] = None,
     deepspeed: Optional[Union[str, "os.PathLike[str]"]] = None,
     tensor_parallel: Optional[Number] = None,
     sequence_parallel: bool = False,
@@ -205,6 +206,7 @@ def simulate(
     flavour: Optional[str] = None,
     shard_group_size: Optional[Number] = None,
     offload: Optional[str] = None,
+    reduce_dtype: Optional[str] = None,
 ) -> Dict[str, Any]:
     """``estimate``, and the step's Chrome trace written to ``trace`` (opens in Perfetto):
     ``planner simulate --trace PATH --format json``."""
@@ -236,6 +238,7 @@ def recommend(
     flavour: Optional[str] = None,
     shard_group_size: Optional[Number] = None,
     offload: Optional[str] = None,
+    reduce_dtype: Optional[str] = None,
     top: Optional[Number] = None,
     exhaustive: bool = False,
     svg: Optional[Union[str, "os.PathLike[str]"]] = None,
@@ -306,6 +309,7 @@ def _plan_options(
     flavour: Optional[str] = None,
     shard_group_size: Optional[Number] = None,
     offload: Optional[str] = None,
+    reduce_dtype: Optional[str] = None,
     exhaustive: bool = False,
 ) -> Dict[str, Any]:
     return dict(locals())

@@ -39,10 +39,11 @@ class ScenarioOptions(TypedDict, total=False):
     accounting: str  # framework | zero-paper
 
 class PlanOptions(ScenarioOptions, total=False):
-    strategy: str  # ddp | zero1 | zero2 | zero3 | fsdp-full | fsdp-grad-op | hsdp
+    strategy: str  # ddp | zero1 | zero2 | zero3 | fsdp-full | fsdp-grad-op | hsdp | none
     flavour: str  # ddp | fsdp1 | fsdp2 | deepspeed
     shard_group_size: Number
     offload: str  # none | optimizer | params
+    reduce_dtype: str  # fp32 | bf16 | fp16 (FSDP's reduce_dtype, DeepSpeed's communication dtype)
 
 class EstimateOptions(PlanOptions, total=False):
     deepspeed: _Path  # an existing ds_config.json instead of strategy

@@ -6,7 +6,6 @@
 
 #include "core/json_reader.hpp"
 #include "costmodel/accounting.hpp"
-#include "costmodel/simulator.hpp"
 #include "costmodel/traffic.hpp"
 #include "documents/hardware.hpp"
 #include "documents/model.hpp"
@@ -66,6 +65,8 @@ nlohmann::json read_corpus(const std::string& file_name) {
   const std::string path = std::string(SHARDPLAN_SOURCE_DIR) + "/tests/costmodel/data/" + file_name;
   return read_json_file(path);
 }
+
+nlohmann::json read_corpus_file(const std::string& path) { return read_json_file(path); }
 
 std::vector<Row> unit_rows(const nlohmann::json& corpus) {
   std::vector<Row> rows;
@@ -176,104 +177,6 @@ std::vector<Row> traffic_rows(const nlohmann::json& corpus) {
             : Traffic{},
         "");
     add("head", head_traffic(m, j, f), {}, "");
-  }
-  return rows;
-}
-
-namespace {
-
-// The corpus's categories (MemTracker's, with FSDPMemTracker's split of parameters, gradients
-// and communication buffers) summed into the cost model's.
-Breakdown measured_categories(const nlohmann::json& at_peak) {
-  Breakdown b{};
-  auto add = [&](Category c, const char* key) {
-    if (at_peak.contains(key)) b[static_cast<int>(c)] += at_peak.at(key).get<double>();
-  };
-  add(Category::parameters, "parameters");
-  add(Category::parameters, "sharded_parameters");
-  add(Category::parameters, "buffers");  // the model's own buffers (rotary inv_freq)
-  add(Category::gradients, "gradients");
-  add(Category::gradients, "sharded_gradients");
-  add(Category::gradients, "unsharded_gradients");
-  add(Category::optimizer_states, "optimizer_states");
-  add(Category::optimizer_states, "optimizer_temp");
-  add(Category::activations, "activations");
-  add(Category::activations, "temp");
-  add(Category::activations, "inputs");
-  add(Category::activations, "other");
-  add(Category::buffers, "ddp_gradient_buckets");
-  add(Category::buffers, "unsharded_parameters");
-  add(Category::buffers, "all_gather");
-  add(Category::buffers, "reduce_scatter");
-  // DeepSpeed's own buffers, as validation/measure_deepspeed.py labels them.
-  add(Category::optimizer_states, "master_parameters");
-  add(Category::gradients, "master_gradients");
-  add(Category::gradients, "step_temp");
-  add(Category::buffers, "gradient_buckets");
-  return b;
-}
-
-ShardingSpec spec_of(const std::string& wrapper, int world) {
-  if (wrapper.rfind("deepspeed-", 0) == 0)
-    return make_spec(wrapper.substr(10), Flavour::deepspeed, world);
-  if (wrapper == "fsdp2") {
-    // The harness's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torchtitan's
-    // default.
-    ShardingSpec s = make_spec("fsdp-full", Flavour::fsdp2, world);
-    s.reduce_dtype = DType::fp32;
-    return s;
-  }
-  ShardingSpec s = make_spec("ddp", Flavour::ddp, world);
-  if (wrapper == "none") s.grad_bucket_copy = false;  // the bare model: no DDP buckets
-  return s;
-}
-
-}  // namespace
-
-std::vector<Row> step_rows(const nlohmann::json& corpus) {
-  std::vector<Row> rows;
-  const auto& configs = corpus.at("configs");
-  const auto hw = load_hardware("a100-sxm4-80gb");
-  for (const auto& c : corpus.at("cases")) {
-    const ModelSpec m = model_of(configs, c);
-    TrainingJob j = job_of(c);
-    j.optimizer = optimizer_from_name(c.at("optimizer").get<std::string>(), "optimizer");
-    const int world = c.at("world_size").get<int>();
-    j.global_batch = j.micro_batch * world;
-    StepInput in;
-    in.model = &m;
-    in.hardware = &hw;
-    in.cluster = {world, world};
-    in.job = j;
-    in.spec = spec_of(c.at("wrapper").get<std::string>(), world);
-    const StepResult r = simulate_step(in);
-    std::string skipped = cpu_only_reason(m, c);
-    // torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce_scatter_copy_in:
-    // on CUDA the bf16 gradients are cast to the fp32 reduce dtype during the copy-in; on CPU each
-    // is cast first, an extra fp32 copy of the root's gradients at the root's reduce-scatter.
-    if (skipped.empty() && c.at("wrapper") == "fsdp2" && j.precision != Precision::fp32 &&
-        c.value("peak_phase", std::string()) == "backward" &&
-        c.value("peak_module", std::string()) == "Global")
-      skipped = "CPU: FSDP2 casts each gradient to the reduce dtype before the copy-in (CUDA casts "
-                "during it)";
-    rows.push_back(
-        row(c, "peak", r.allocated_peak_bytes, c.at("peak_bytes").get<double>(), skipped));
-    const Breakdown measured = measured_categories(c.at("at_peak"));
-    // Categories describe one moment: where two moments have nearly the same total (the end of
-    // the optimizer step and the loss's backward), they are compared only when both peaks fall
-    // in the same phase.
-    const bool predicted_in_step = r.peak_when.rfind("optimizer", 0) == 0;
-    const bool measured_in_step = c.value("peak_phase", std::string()) == "optimizer";
-    const std::string other_moment = predicted_in_step == measured_in_step
-                                         ? skipped
-                                         : "the peak falls in another phase: predicted " +
-                                               r.peak_when + ", measured " +
-                                               c.value("peak_phase", std::string());
-    for (int k = 0; k < kCategories; ++k) {
-      if (static_cast<Category>(k) == Category::overhead) continue;
-      rows.push_back(row(c, std::string("peak/") + category_name(static_cast<Category>(k)),
-                         r.at_peak[k], measured[k], skipped.empty() ? other_moment : skipped));
-    }
   }
   return rows;
 }

@@ -159,8 +159,10 @@ TEST_CASE("sharding::presets shard what ZeRO's stages and FSDP's strategies shar
 
 TEST_CASE("sharding::rejections") {
   CHECK(error_of([] { make_spec("zero4", std::nullopt, 8); }) ==
-        "--strategy: must be one of ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, hsdp, got "
-        "\"zero4\"");
+        "--strategy: must be one of ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, hsdp, "
+        "none, got \"zero4\"");
+  CHECK(error_of([] { make_spec("none", Flavour::fsdp2, 1); }) ==
+        "--flavour: none is not implemented by fsdp2; use ddp");
   CHECK(error_of([] { make_spec("zero3", Flavour::fsdp2, 8); }) ==
         "--flavour: zero3 is not implemented by fsdp2; use deepspeed");
   CHECK(error_of([] { make_spec("zero3", std::nullopt, 8, 4); }) ==

@@ -139,7 +139,7 @@ TEST_CASE("cli::bad input is one line and exit code 2") {
   const Case cases[] = {
       {{"estimate", "--strategy", "zero4"},
        "planner: --strategy: must be one of ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, "
-       "hsdp, got \"zero4\"\n"},
+       "hsdp, none, got \"zero4\"\n"},
       {{"estimate", "--strategy", "ddp", "--gpus", "12"},
        "planner: --gpus: 12 is not a multiple of --gpus-per-node 8; 8 or 16 would be\n"},
       {{"estimate", "--strategy", "ddp", "--global-batch", "20"},

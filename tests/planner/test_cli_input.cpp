@@ -49,8 +49,9 @@ TEST_CASE("cli_input::a zero or empty value is refused, not read as the default"
                 "--precision: must be one of fp32, bf16-mixed, fp16-mixed, bf16, got \"\"");
   check_refused({"estimate", "--strategy", "hsdp", "--shard-group-size", "0"},
                 "--shard-group-size: must be >= 1, got 0");
-  check_refused({"estimate", "--strategy", ""}, "--strategy: must be one of ddp, zero1, zero2, "
-                                                "zero3, fsdp-full, fsdp-grad-op, hsdp, got \"\"");
+  check_refused({"estimate", "--strategy", ""},
+                "--strategy: must be one of ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, "
+                "hsdp, none, got \"\"");
   check_refused({"recommend", "--emit", ""},
                 "--emit: must be deepspeed, fsdp or plan (torchtitan or megatron with "
                 "--model-parallel), got \"\"");
@@ -268,4 +269,98 @@ TEST_CASE("cli_input::recommend refuses flags it would drop") {
   check_refused(
       {"recommend", "--emit", "fsdp", "--recipe", "deepspeed"},
       "--emit: fsdp: recipe deepspeed runs under the DeepSpeed engine; use --emit deepspeed");
+}
+
+TEST_CASE("cli_input::--strategy none is one GPU without a wrapper; --reduce-dtype is the user's") {
+  const std::vector<std::string> job = {"--model", "llama-2-7b", "--seq-len", "1024",
+                                        "--global-batch", "1", "--micro-batch", "1",
+                                        "--format", "json"};
+  auto estimate = [&](std::vector<std::string> more, int gpus = 1) {
+    std::vector<std::string> a = {"estimate", "--gpus", std::to_string(gpus)};
+    a.insert(a.end(), job.begin(), job.end());
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  check_refused(estimate({"--strategy", "none"}, 8),
+                "--strategy: none runs one GPU without a data-parallel wrapper; got --gpus 8");
+  check_refused(estimate({"--strategy", "ddp", "--reduce-dtype", "bf16"}),
+                "--reduce-dtype: bf16: DDP reduces the gradients in their own dtype (a "
+                "compression hook is not modelled); leave --reduce-dtype out");
+  check_refused(estimate({"--strategy", "none", "--reduce-dtype", "fp32"}),
+                "--reduce-dtype: fp32: one GPU reduces the gradients in their own dtype (a "
+                "compression hook is not modelled); leave --reduce-dtype out");
+  check_refused(estimate({"--strategy", "fsdp-full", "--recipe", "torchtitan", "--reduce-dtype",
+                          "bf16"},
+                         8),
+                "--reduce-dtype: bf16: torchtitan reduces gradients in fp32 only");
+  check_refused(estimate({"--strategy", "fsdp-full", "--reduce-dtype", "fp8"}, 8),
+                "--reduce-dtype: must be fp32, bf16 or fp16, got \"fp8\"");
+  check_refused({"recommend", "--strategy", "none", "--gpus", "1"},
+                "--strategy: none (one GPU, no wrapper) is not searched; estimate it with "
+                "planner estimate --strategy none --gpus 1");
+  check_refused({"recommend", "--model-parallel", "--reduce-dtype", "fp32"},
+                "--reduce-dtype: fp32: the layout search keeps each framework's own reduce "
+                "dtype; estimate the layout with it");
+
+  // Without a wrapper the gradients are not copied into DDP's buckets (torch DDP's
+  // gradient_as_bucket_view=False keeps a second fp32 copy of every gradient): the buffers at
+  // the peak differ by exactly that copy, 4 bytes per parameter of llama-2-7b (6,738,415,616
+  // parameters, its exact count).
+  const auto none = planner(estimate({"--strategy", "none"}));
+  const auto ddp = planner(estimate({"--strategy", "ddp"}));
+  REQUIRE(none.code == 0);
+  REQUIRE(ddp.code == 0);
+  const auto n = nlohmann::json::parse(none.out), d = nlohmann::json::parse(ddp.out);
+  CHECK(n.at("strategy") == "none");
+  CHECK(n.at("memory").at("breakdown").at("buffers").get<double>() == 0);
+  CHECK(d.at("memory").at("breakdown").at("buffers").get<double>() == 4.0 * 6738415616);
+
+  // FSDP's reduce dtype as given: fp32 reductions move twice the bytes of bf16 ones.
+  const auto bf16 = planner(estimate({"--strategy", "fsdp-full", "--reduce-dtype", "bf16"}, 8));
+  const auto fp32 = planner(estimate({"--strategy", "fsdp-full", "--reduce-dtype", "fp32"}, 8));
+  REQUIRE(bf16.code == 0);
+  REQUIRE(fp32.code == 0);
+  auto rs = [](const Run& r) {
+    return nlohmann::json::parse(r.out).at("comm").at("bytes_by_collective").at("reduce_scatter")
+        .get<double>();
+  };
+  CHECK(rs(fp32) == doctest::Approx(2 * rs(bf16)));
+}
+
+TEST_CASE("cli_input::a DeepSpeed config's reduce bucket is counted once in its dtype's bytes") {
+  // DeepSpeed sizes reduce_bucket_size in elements of the communication dtype (fp32 when the
+  // config has no bf16/fp16 section: engine.py communication_data_type; zero/config.py default
+  // 5e8): --strategy zero1 --precision fp32 and the same job as a DeepSpeed config hold the same
+  // 5e8 x 4 bytes of bucket, never 5e8 x 4 x 2.
+  const std::vector<std::string> job = {"--model", "gpt2", "--gpus", "2", "--seq-len", "128",
+                                        "--global-batch", "2", "--format", "json"};
+  std::vector<std::string> flags = {"estimate", "--strategy", "zero1", "--precision", "fp32",
+                                    "--micro-batch", "1"};
+  flags.insert(flags.end(), job.begin(), job.end());
+  const auto by_flags = planner(flags);
+  REQUIRE(by_flags.code == 0);
+  shardplan::planner::Request request;
+  request.args = {"estimate"};
+  request.args.insert(request.args.end(), job.begin(), job.end());
+  request.deepspeed = nlohmann::json{{"train_micro_batch_size_per_gpu", 1},
+                                     {"gradient_accumulation_steps", 1},
+                                     {"zero_optimization", {{"stage", 1}}}};
+  const auto by_config = nlohmann::json::parse(shardplan::planner::run_request(request).output);
+  for (const auto& e : {nlohmann::json::parse(by_flags.out), by_config}) {
+    CHECK(e.at("precision") == "fp32");
+    CHECK(e.at("memory").at("breakdown").at("buffers").get<double>() == 5e8 * 4);
+  }
+}
+
+TEST_CASE("cli_input::a plan that cannot run as asked is refused with its reason, never zeros") {
+  // DDP shards nothing, so it has no optimizer partition to offload: exit 2 naming --offload,
+  // nothing on standard output (it printed valid: false with a zero peak and step before).
+  check_refused({"estimate", "--model", "gpt2", "--gpus", "8", "--strategy", "ddp", "--offload",
+                 "optimizer", "--format", "json"},
+                "--offload: ddp cannot offload: offload needs sharded optimizer states (ZeRO or "
+                "FSDP)");
+  check_refused({"estimate", "--model", "gpt2", "--gpus", "8", "--strategy", "zero1", "--offload",
+                 "params"},
+                "--offload: zero1 cannot offload parameters: they are not sharded (zero3, "
+                "fsdp-full, hsdp can)");
 }

@@ -93,3 +93,26 @@ TEST_CASE("cli_parallel::recommend --model-parallel ranks layouts and gives thei
   CHECK(bad.err == "planner: --emit: with --model-parallel must be torchtitan, megatron, deepspeed "
                    "or plan, got \"yaml\"\n");
 }
+
+TEST_CASE("cli_parallel::a degree of 1 given explicitly is the same estimate as none given") {
+  // The one-dimensional walk either way: t = 1, p = 1 or c = 1 names the layout the flags leave
+  // out, so the document is the same, byte for byte.
+  const std::vector<std::string> job = {
+      "estimate", "--model",      "llama-2-7b", "--gpus",     "8",        "--seq-len",
+      "4096",     "--global-batch", "16",       "--strategy", "fsdp-full", "--format",
+      "json"};
+  const auto plain = planner(job);
+  REQUIRE(plain.code == 0);
+  for (const char* flag : {"--tensor-parallel", "--pipeline-parallel", "--context-parallel"}) {
+    CAPTURE(flag);
+    auto with = job;
+    with.insert(with.end(), {flag, "1"});
+    const auto r = planner(with);
+    CHECK(r.code == 0);
+    CHECK(r.out == plain.out);
+  }
+  auto all = job;
+  all.insert(all.end(), {"--tensor-parallel", "1", "--pipeline-parallel", "1",
+                         "--context-parallel", "1"});
+  CHECK(planner(all).out == plain.out);
+}

@@ -1,0 +1,147 @@
+#include "oracle_step_rows.hpp"
+
+#include <fmt/format.h>
+
+#include "documents/breakdown.hpp"
+#include "documents/model.hpp"
+#include "planner/cli.hpp"
+
+namespace shardplan::oracle {
+
+namespace {
+
+using documents::Breakdown;
+using documents::Category;
+
+// The corpus's categories (MemTracker's, with FSDPMemTracker's split of parameters, gradients
+// and communication buffers) summed into the cost model's.
+Breakdown measured_categories(const nlohmann::json& at_peak) {
+  Breakdown b{};
+  auto add = [&](Category c, const char* key) {
+    if (at_peak.contains(key)) b[static_cast<int>(c)] += at_peak.at(key).get<double>();
+  };
+  add(Category::parameters, "parameters");
+  add(Category::parameters, "sharded_parameters");
+  add(Category::parameters, "buffers");  // the model's own buffers (rotary inv_freq)
+  add(Category::gradients, "gradients");
+  add(Category::gradients, "sharded_gradients");
+  add(Category::gradients, "unsharded_gradients");
+  add(Category::optimizer_states, "optimizer_states");
+  add(Category::optimizer_states, "optimizer_temp");
+  add(Category::activations, "activations");
+  add(Category::activations, "temp");
+  add(Category::activations, "inputs");
+  add(Category::activations, "other");
+  add(Category::buffers, "ddp_gradient_buckets");
+  add(Category::buffers, "unsharded_parameters");
+  add(Category::buffers, "all_gather");
+  add(Category::buffers, "reduce_scatter");
+  // DeepSpeed's own buffers, as validation/measure_deepspeed.py labels them.
+  add(Category::optimizer_states, "master_parameters");
+  add(Category::gradients, "master_gradients");
+  add(Category::gradients, "step_temp");
+  add(Category::buffers, "gradient_buckets");
+  return b;
+}
+
+std::string text(const nlohmann::json& c, const char* key) { return c.at(key).get<std::string>(); }
+
+// Why a case says nothing about what a GPU run keeps (empty: it does).
+std::string cpu_only_reason(const nlohmann::json& configs, const nlohmann::json& c) {
+  const auto m = documents::model_from_hf_config(configs.at(text(c, "config")), text(c, "config"));
+  if (m.attention_dropout && c.at("attention") == "flash")
+    return "dropout in sdpa: the CPU falls back to its math path (CUDA's flash kernel drops out "
+           "inside)";
+  if (c.value("sdpa_kernel", std::string()).find("math") != std::string::npos)
+    return "sdpa ran its math path on CPU";
+  return "";
+}
+
+}  // namespace
+
+std::vector<std::string> estimate_args(const nlohmann::json& c) {
+  const int world = c.at("world_size").get<int>();
+  const auto micro = c.at("micro_batch").get<std::int64_t>();
+  std::vector<std::string> a = {"estimate",
+                                "--format=json",
+                                // The profile whose CUDA context and fragmentation reserve the
+                                // allocated peak leaves out: any would do.
+                                "--hardware=a100-sxm4-80gb",
+                                fmt::format("--gpus={}", world),
+                                fmt::format("--gpus-per-node={}", world),
+                                fmt::format("--seq-len={}", c.at("seq_len").get<std::int64_t>()),
+                                fmt::format("--micro-batch={}", micro),
+                                fmt::format("--global-batch={}", micro * world),
+                                "--precision=" + text(c, "precision"),
+                                "--attention=" + text(c, "attention"),
+                                "--loss=" + text(c, "loss"),
+                                "--checkpointing=" + text(c, "checkpointing"),
+                                "--optimizer=" + text(c, "optimizer"),
+                                "--recipe=" + c.value("recipe", std::string("hf"))};
+  const std::string wrapper = text(c, "wrapper");
+  if (wrapper.rfind("deepspeed-", 0) == 0) {
+    // The config the engine ran says the stage, the buckets and the dtypes (--deepspeed); the
+    // batch and the precision come from it too, so those flags would be refused beside it.
+    std::erase_if(a, [](const std::string& s) {
+      return s.rfind("--micro-batch=", 0) == 0 || s.rfind("--precision=", 0) == 0;
+    });
+    return a;
+  }
+  if (wrapper == "none") {
+    a.emplace_back("--strategy=none");
+  } else if (wrapper == "ddp") {
+    a.emplace_back("--strategy=ddp");
+  } else if (wrapper == "fsdp2") {
+    // The harness's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32).
+    a.insert(a.end(), {"--strategy=fsdp-full", "--flavour=fsdp2", "--reduce-dtype=fp32"});
+  } else {
+    throw std::runtime_error("corpus case " + text(c, "id") + ": unknown wrapper " + wrapper);
+  }
+  return a;
+}
+
+std::vector<Row> step_rows(const nlohmann::json& corpus) {
+  std::vector<Row> rows;
+  const auto& configs = corpus.at("configs");
+  for (const auto& c : corpus.at("cases")) {
+    planner::Request request;
+    request.args = estimate_args(c);
+    request.model = configs.at(text(c, "config"));
+    if (c.contains("deepspeed_config")) request.deepspeed = c.at("deepspeed_config");
+    const auto e = nlohmann::json::parse(planner::run_request(request).output);
+    const auto& memory = e.at("memory");
+    const std::string id = text(c, "id"), recipe = c.value("recipe", std::string("hf"));
+    const std::string skipped = cpu_only_reason(configs, c);
+    Row peak{id, recipe, "peak", memory.at("allocated_peak_bytes").get<double>(),
+             c.at("peak_bytes").get<double>(), skipped};
+    if (c.contains("peak_bytes_range")) {
+      peak.measured_low = c.at("peak_bytes_range").at(0).get<double>();
+      peak.measured_high = c.at("peak_bytes_range").at(1).get<double>();
+    }
+    rows.push_back(peak);
+    const Breakdown measured = measured_categories(c.at("at_peak"));
+    // Categories describe one moment: where two moments have nearly the same total (the end of
+    // the optimizer step and the loss's backward), they are compared only when both peaks fall
+    // in the same phase.
+    const std::string when = memory.at("peak_when").get<std::string>();
+    const bool predicted_in_step = when.rfind("optimizer", 0) == 0;
+    // measure_steps.py names the optimizer's phase "optimizer", measure_deepspeed.py "step".
+    const std::string phase = c.value("peak_phase", std::string());
+    const bool measured_in_step = phase == "optimizer" || phase == "step";
+    const std::string other_moment = predicted_in_step == measured_in_step
+                                         ? skipped
+                                         : "the peak falls in another phase: predicted " + when +
+                                               ", measured " + phase;
+    for (int k = 0; k < documents::kCategories; ++k) {
+      const auto category = static_cast<Category>(k);
+      if (category == Category::overhead) continue;
+      const std::string name = documents::category_name(category);
+      rows.push_back({id, recipe, "peak/" + name,
+                      memory.at("breakdown").at(name).get<double>(), measured[k],
+                      skipped.empty() ? other_moment : skipped});
+    }
+  }
+  return rows;
+}
+
+}  // namespace shardplan::oracle

@@ -1,0 +1,23 @@
+// Whole training steps of the frameworks' corpora (oracle_steps.json, oracle_deepspeed.json)
+// predicted by the command a user types: `planner estimate` with the case's flags (or its
+// DeepSpeed config as --deepspeed), through planner::run_request, the function the command line
+// and the Python module call. Used by the step corpus tests and bench/memory_corpus.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "oracle_corpus.hpp"
+
+namespace shardplan::oracle {
+
+// The estimate's arguments for one corpus case ({"estimate", "--format=json", ...}); a
+// DeepSpeed case's config goes beside them as the request's deepspeed document.
+std::vector<std::string> estimate_args(const nlohmann::json& corpus_case);
+
+// One row per case for the peak, and one per category at the peak ("peak/gradients", ...).
+std::vector<Row> step_rows(const nlohmann::json& corpus);
+
+}  // namespace shardplan::oracle
