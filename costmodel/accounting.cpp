@@ -193,12 +193,12 @@ double eager_probabilities(const ModelSpec& m, const Shape& x, const Dtypes& d) 
 // memory-efficient kernel (_scaled_dot_product_efficient_attention): its logsumexp is padded to
 // a multiple of 32 queries, plus a philox seed and offset of 8 bytes each. The CPU kernel
 // (_scaled_dot_product_flash_attention_for_cpu) keeps the logsumexp alone; with dropout the CPU
-// takes sdpa's math path instead (set aside by the corpus comparison, not modelled).
+// takes sdpa's math path instead (set aside by the corpus comparison, not modelled). The random
+// state's 16 to 24 bytes per block are left out.
 double sdpa_kernel_state(const Shape& x, const Dtypes& d) {
-  if (!d.cuda) return 4 * x.a * x.T;
-  if (d.e < 4) return 4 * x.a * x.T + 16 + 8;
+  if (!d.cuda || d.e < 4) return 4 * x.a * x.T;
   const double b = x.T / x.s;
-  return 4 * x.a * b * std::ceil(x.s / 32) * 32 + 8 + 8;
+  return 4 * x.a * b * std::ceil(x.s / 32) * 32;
 }
 
 // Whether transformers hands sdpa an explicit mask: masking_utils._ignore_causal_mask_sdpa keeps
