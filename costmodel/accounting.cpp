@@ -141,6 +141,39 @@ NormParts layernorm(const Shape& x, const Dtypes& d, int consumers, bool keeps_i
 // scaled noise in the dropped tensor's dtype.
 double dropout_mask(const Dtypes& d, double dtype) { return d.cuda ? 1.0 : dtype; }
 
+// Tensors of the MLP's inner width (T·I elements of the compute dtype) that its activation and
+// the down projection reading the activation's output keep, from the ops each activation runs
+// (transformers/activations.py) and what their backward formulas save (torch's
+// tools/autograd/derivatives.yaml): a product of two tensors keeps both, a product with or a sum
+// of a Python number keeps nothing, tanh and sigmoid keep their result, pow, erf, gelu, silu
+// and clamp their input, relu its result.
+double mlp_inner_tensors(Activation a) {
+  switch (a) {
+  case Activation::silu:       // F.silu: its input; the down projection: the output
+  case Activation::gelu:       // F.gelu: its input; the output
+  case Activation::gelu_tanh:  // F.gelu(approximate="tanh"): the same two
+    return 2;
+  case Activation::gelu_new:
+    // 0.5·x · (1 + tanh(c·(x + 0.044715·pow(x, 3)))): pow keeps x, tanh its result, the last
+    // product 0.5·x and 1 + tanh; the output.
+    return 5;
+  case Activation::gelu_fast:
+    // 0.5·x · (1 + tanh(x·0.797 · (1 + 0.044715·x · x))): (0.044715·x)·x keeps both factors,
+    // (x·0.797)·(1 + ...) both, tanh its result, the last product 0.5·x and 1 + tanh; the output.
+    return 8;
+  case Activation::gelu_erf:
+    // x·0.5 · (1 + erf(x / √2)): erf keeps x / √2, the product x·0.5 and 1 + erf; the output.
+    return 4;
+  case Activation::gelu_10:     // clip(gelu(x)): gelu keeps x, clamp the GELU; the output
+  case Activation::quick_gelu:  // x · sigmoid(1.702·x): x and the sigmoid; the output
+    return 3;
+  case Activation::relu:      // its result, which the down projection reads as well
+  case Activation::identity:  // the up projection's output, read by the down projection
+    return 1;
+  }
+  return 0;
+}
+
 // Eager attention's probabilities: softmax runs in fp32 and keeps its output; the matmul with v
 // keeps its cast to the compute dtype (when narrower) or, with attention dropout, the dropped
 // probabilities and dropout its mask (the cast itself is then kept by nothing).
@@ -150,15 +183,66 @@ double eager_probabilities(const ModelSpec& m, const Shape& x, const Dtypes& d) 
   return (4 + (d.e < 4 ? d.e : 0)) * scores;
 }
 
+// What sdpa's fused kernel keeps for backward besides q, k, v and its output, when it runs with
+// is_causal and no mask (torch's tools/autograd/derivatives.yaml names what each kernel's backward
+// reads; torch/_meta_registrations.py gives the shapes). On CUDA a 16-bit sdpa runs the flash
+// kernel (_scaled_dot_product_flash_attention), with or without dropout: it keeps the fp32
+// logsumexp [b, a, s], its philox rng_state (two 8-byte words) and an 8-byte unused word, and
+// draws the dropout inside the kernel from that state in backward again, so no mask and no
+// probabilities are kept (GPT-2's default attn_pdrop = 0.1 included). An fp32 sdpa runs the
+// memory-efficient kernel (_scaled_dot_product_efficient_attention): its logsumexp is padded to
+// a multiple of 32 queries, plus a philox seed and offset of 8 bytes each. The CPU kernel
+// (_scaled_dot_product_flash_attention_for_cpu) keeps the logsumexp alone; with dropout the CPU
+// takes sdpa's math path instead (set aside by the corpus comparison, not modelled). The random
+// state's 16 to 24 bytes per block are left out.
+double sdpa_kernel_state(const Shape& x, const Dtypes& d) {
+  if (!d.cuda || d.e < 4) return 4 * x.a * x.T;
+  const double b = x.T / x.s;
+  return 4 * x.a * b * std::ceil(x.s / 32) * 32;
+}
+
+// Whether transformers hands sdpa an explicit mask: masking_utils._ignore_causal_mask_sdpa keeps
+// the mask of a sliding window once the keys reach the window's length (kv_length >= window);
+// otherwise sdpa runs with is_causal and no mask.
+bool sdpa_gets_mask(const ModelSpec& m, const TrainingJob& j) {
+  return j.recipe == Recipe::hf && j.attention == AttentionImpl::flash && m.sliding_window > 0 &&
+         j.seq_len >= m.sliding_window;
+}
+
 // The attention between the projections, for models whose projections are separate (Llama):
-// sdpa with is_causal and enable_gqa keeps q, k, v (k and v at the kv width), its output (read in
-// place by o_proj) and an fp32 logsumexp per head and token. Eager (eager_attention_forward):
-// repeat_kv widens k and v to every head; the matmul keeps q and kᵀ, then the probabilities,
-// and o_proj keeps the contiguous transposed output.
+// sdpa keeps q, k, v, its output (read in place by o_proj) and an fp32 logsumexp per head and
+// token. Eager (eager_attention_forward): the matmul keeps q and kᵀ, then the probabilities, the
+// matmul with v keeps v, and o_proj keeps the contiguous transposed output.
+//
+// k and v reach the attention at the kv width or widened to every head. sdpa_attention_forward
+// (transformers/integrations/sdpa_attention.py) leaves the grouping to sdpa (enable_gqa) when
+// use_gqa_in_sdpa holds: no mask and head_dim <= 256. Otherwise, and always in eager, repeat_kv
+// expands them to every head and reshapes: with one kv head the reshape merges a size-1 dim and
+// stays a stride-0 view of the kv-width tensor; with more it copies. A view stays kv-wide unless
+// its consumer copies it: autocast casting it to the compute dtype (k, rotated against the
+// residual-dtype cos and sin, has the wider of the two dtypes; v comes out of v_proj in the
+// compute dtype), or eager's torch.matmul folding [b, a] into one batch dim, a view only at b = 1.
+//
+// (These are transformers' paths; torchtitan's sdpa keeps the grouping with no mask.)
+// With a sliding window sdpa also gets the mask: transformers' boolean [b, 1, s, s]; aten's
+// scaled_dot_product_attention turns it into an additive mask of the query's (compute) dtype in
+// every call (convert_boolean_attn_mask), and that is what the CPU kernel keeps for backward.
 double llama_attention(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
   const double T = x.T, q = x.q, kv = x.kv, a = x.a, e = d.e;
-  if (j.attention == AttentionImpl::flash) return e * T * (2 * q + 2 * kv) + 4 * a * T;
-  return 4 * e * T * q + eager_probabilities(m, x, d);
+  const bool flash = j.attention == AttentionImpl::flash;
+  const bool mask = sdpa_gets_mask(m, j);
+  const bool repeated = !flash || mask || (j.recipe == Recipe::hf && m.head_dim > 256);
+  // Widths of the k and v the attention keeps.
+  double k_width = kv, v_width = kv;
+  if (repeated && kv < q) {
+    const bool view = m.kv_heads == 1 && (flash || j.micro_batch == 1);
+    k_width = view && !d.autocast() ? kv : q;
+    v_width = view ? kv : q;
+  }
+  const double kv_kept = e * T * (k_width + v_width);
+  if (flash)
+    return e * T * 2 * q + kv_kept + (mask ? 4 * a * T + e * x.T * x.s : sdpa_kernel_state(x, d));
+  return 2 * e * T * q + kv_kept + eager_probabilities(m, x, d);
 }
 
 // LlamaDecoderLayer (Mistral and Qwen2 share its code; biases keep nothing more) and torchtitan's
@@ -175,44 +259,44 @@ BlockParts llama_block(const ModelSpec& m, const Shape& x, const TrainingJob& j,
 }
 
 // GPT2Block: LayerNorms, one fused c_attn whose output q, k and v are views of (the whole
-// storage stays); sdpa keeps them, its output (c_proj reads it in place) and the logsumexp;
-// eager keeps the qkv storage, the probabilities and the merged heads c_proj reads (flash keeps
-// only its random state for dropout). NewGELUActivation (gelu_new) is written out in ops: it
-// keeps c_fc's output, tanh's output, 1 + tanh and 0.5·x; c_proj keeps its result. Residual
-// dropout keeps a mask after attention and after the MLP.
+// storage stays); sdpa keeps them, its output (c_proj reads it in place) and its kernel's state
+// (sdpa_kernel_state: on CUDA the random state its dropout is drawn from again in backward, not a
+// mask); eager keeps the qkv storage, the probabilities and the merged heads c_proj reads. The MLP
+// keeps what its activation_function keeps (mlp_inner_tensors). Residual dropout keeps a mask after
+// attention and after the MLP.
 BlockParts gpt2_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
-  const double T = x.T, h = x.h, e = d.e, a = x.a;
+  const double T = x.T, h = x.h, e = d.e;
   double attention = 3 * e * T * h;
   if (j.attention == AttentionImpl::flash)
-    attention += e * T * h + 4 * a * T;
+    attention += e * T * h + sdpa_kernel_state(x, d);
   else
     attention += eager_probabilities(m, x, d) + e * T * h;
   const double residual_mask = m.residual_dropout ? dropout_mask(d, e) * T * h : 0;
   const NormParts ln_1 = layernorm(x, d, 1, true), ln_2 = layernorm(x, d, 1, true);
   return {ln_1.state + ln_2.state + 2 * residual_mask, ln_1.output + ln_2.output,
-          attention + 5 * e * T * x.I};
+          attention + mlp_inner_tensors(m.activation) * e * T * x.I};
 }
 
 // GPTNeoXLayer with the parallel residual: both LayerNorms read the block input (kept once). The
 // fused query_key_value output stays whole (v is a view of it); rotary rebuilds q and k (kept by
 // sdpa in the compute dtype); dense reads a contiguous copy of the attention output. The MLP
-// keeps the exact GELU's input and output.
+// keeps what its hidden_act keeps (mlp_inner_tensors).
 BlockParts neox_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
-  const double T = x.T, h = x.h, q = x.q, e = d.e, a = x.a;
+  const double T = x.T, h = x.h, q = x.q, e = d.e;
   // Eager attention's matmul with v reads it as [b·a, s, d]: at b = 1 a view that keeps the whole
   // fused output alive, at b > 1 a copy of v alone.
   const double qkv =
       j.attention == AttentionImpl::eager && j.micro_batch > 1 ? e * T * q : 3 * e * T * q;
   double attention = qkv + 2 * e * T * q + e * T * h;
   if (j.attention == AttentionImpl::flash)
-    attention += e * T * q + 4 * a * T;
+    attention += e * T * q + sdpa_kernel_state(x, d);
   else
     attention += eager_probabilities(m, x, d);
   const NormParts ln_1 = layernorm(x, d, 1, true);
   const NormParts ln_2 = layernorm(x, d, 1, !m.parallel_residual);
   const double residual_mask = m.residual_dropout ? 2 * dropout_mask(d, e) * T * h : 0;
   return {ln_1.state + ln_2.state + residual_mask, ln_1.output + ln_2.output,
-          attention + 2 * e * T * x.I};
+          attention + mlp_inner_tensors(m.activation) * e * T * x.I};
 }
 
 BlockParts architecture_block(const ModelSpec& m, const Shape& x, const TrainingJob& j,

@@ -18,6 +18,7 @@
 namespace shardplan::costmodel {
 
 // documents/model.hpp
+using documents::Activation;
 using documents::Architecture;
 using documents::architecture_name;
 using documents::attention_core_flops_per_token;

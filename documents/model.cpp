@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -34,19 +36,22 @@ const std::vector<std::string> kSupported = {"LlamaForCausalLM", "MistralForCaus
                                              "Qwen2ForCausalLM", "GPT2LMHeadModel",
                                              "GPTNeoXForCausalLM"};
 
-// Keys of an HF config.json that say nothing about shapes (tokens, inits, dtypes, generation,
-// dropout rates we read separately, rope variants that change no parameter count).
+// Keys of an HF config.json that change neither the shapes nor the code a training step runs
+// (transformers 5.23): tokens, inits, dtypes of the stored weights (the job sets the training
+// precision), generation settings, numerical epsilons, rope frequencies (rope_theta; the rope
+// types of rope_scaling/rope_parameters rescale the cos and sin tables, whose shapes stay those
+// of the rotated width, read separately), Llama's pretraining_tp (no module of modeling_llama.py
+// reads it), GPT-NeoX's rotary_emb_base (a frequency), classification heads' dropout, and
+// output_hidden_states (the hidden states it returns are the blocks' inputs, kept anyway).
+// Keys that choose a code path are read by each architecture's reader instead.
 bool is_metadata_key(const std::string& k) {
   static const std::vector<std::string> exact = {
       "_name_or_path", "architectures", "model_type", "torch_dtype", "transformers_version",
       "use_cache", "initializer_range", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
-      "rope_theta", "rope_scaling", "pretraining_tp", "sliding_window", "use_sliding_window",
-      "max_window_layers", "rotary_emb_base", "rotary_emb_fraction", "classifier_dropout", "n_ctx",
-      "scale_attn_weights", "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx",
-      "task_specific_params", "id2label", "label2id", "is_decoder", "use_return_dict",
-      "output_attentions", "output_hidden_states", "dtype", "quantization_config", "auto_map",
-      "embedding_dropout", "max_length", "do_sample", "temperature", "top_p",
-      "gradient_checkpointing",
+      "rope_theta", "pretraining_tp", "rotary_emb_base", "rotary_emb_fraction",
+      "classifier_dropout", "n_ctx", "task_specific_params", "id2label", "label2id", "is_decoder",
+      "use_return_dict", "output_hidden_states", "dtype", "embedding_dropout", "max_length",
+      "do_sample", "temperature", "top_p",
       // Leftovers of the OpenAI GPT config class in GPT-2 checkpoints (gpt2-medium: n_special,
       // predict_special_tokens; gpt2-xl: output_past); GPT2Config accepts and ignores them.
       "n_special", "predict_special_tokens", "output_past",
@@ -58,8 +63,97 @@ bool is_metadata_key(const std::string& k) {
     return k.size() >= s.size() && k.compare(k.size() - s.size(), s.size(), s) == 0;
   };
   auto starts_with = [&](std::string_view s) { return k.rfind(s, 0) == 0; };
+  // Keys starting with "_" are bookkeeping (_name_or_path, _commit_hash), except the attention
+  // implementation, read in read_common_switches.
   return ends_with("_token_id") || ends_with("_token_ids") || starts_with("summary_") ||
-         starts_with("_");
+         (starts_with("_") && k != "_attn_implementation");
+}
+
+// An object-valued key that may also be null (null: as if absent).
+const nlohmann::json* object_or_null(ObjectReader& r, const nlohmann::json& config,
+                                     const char* key) {
+  if (!r.has(key)) return nullptr;
+  if (config.at(key).is_null()) {
+    r.ignore(key);
+    return nullptr;
+  }
+  return &r.object(key);
+}
+
+// Keys any PreTrainedConfig reads (transformers/configuration_utils.py, modeling_utils.py) that
+// switch the code a training step runs: accepted at their "off" value, refused otherwise.
+void read_common_switches(ObjectReader& r, const nlohmann::json& config) {
+  // PreTrainedConfig's output_attentions setter dispatches the eager attention (and refuses sdpa):
+  // the job's attention setting chooses the implementation here.
+  if (r.optional_boolean("output_attentions").value_or(false))
+    throw InputError(r.pointer_of("output_attentions"),
+                     "true forces eager attention; remove it and choose the attention in the job, "
+                     "got true");
+  // A legacy key PreTrainedModel._backward_compatibility_gradient_checkpointing consumes: true
+  // turns activation checkpointing on at load, whatever the job says.
+  if (r.optional_boolean("gradient_checkpointing").value_or(false))
+    throw InputError(r.pointer_of("gradient_checkpointing"),
+                     "true checkpoints every layer at load; remove it and choose the "
+                     "checkpointing in the job, got true");
+  for (const char* key : {"attn_implementation", "_attn_implementation"})
+    if (const auto impl = r.optional_string(key))
+      throw InputError(r.pointer_of(key),
+                       fmt::format("the attention implementation is the job's setting; remove "
+                                   "it, got \"{}\"",
+                                   *impl));
+  // A quantized checkpoint (GPTQ, AWQ, bitsandbytes ...) replaces the linear layers and their
+  // storage; custom code (auto_map, loaded with trust_remote_code) replaces the model class.
+  for (const char* key : {"quantization_config", "auto_map"})
+    if (const auto* v = object_or_null(r, config, key))
+      throw InputError(
+          r.pointer_of(key),
+          fmt::format("{} models are not supported, got {}",
+                      std::string_view(key) == "auto_map" ? "custom-code" : "quantized",
+                      describe_value(*v)));
+}
+
+// The MLP activation by its transformers name (transformers/activations.py, ACT2CLS); names of
+// activations whose saved tensors are not modelled are refused.
+Activation read_activation(ObjectReader& r, std::string_view key, const std::string& fallback) {
+  static const std::vector<std::pair<std::string, Activation>> known = {
+      {"gelu", Activation::gelu},
+      {"gelu_new", Activation::gelu_new},
+      {"gelu_pytorch_tanh", Activation::gelu_tanh},
+      {"gelu_python_tanh", Activation::gelu_new},
+      {"gelu_accurate", Activation::gelu_new},
+      {"gelu_fast", Activation::gelu_fast},
+      {"gelu_python", Activation::gelu_erf},
+      {"gelu_10", Activation::gelu_10},
+      {"quick_gelu", Activation::quick_gelu},
+      {"relu", Activation::relu},
+      {"silu", Activation::silu},
+      {"swish", Activation::silu},
+      {"linear", Activation::identity}};
+  const std::string name = r.optional_string(key).value_or(fallback);
+  for (const auto& [n, a] : known)
+    if (n == name) return a;
+  std::vector<std::string> names;
+  for (const auto& [n, a] : known) names.push_back(n);
+  throw InputError(r.pointer_of(key), fmt::format("unsupported activation; supported: {}; got "
+                                                  "\"{}\"",
+                                                  fmt::join(names, ", "), name));
+}
+
+// The rotated fraction of each head as transformers 5.23 resolves it
+// (modeling_rope_utils.py, convert_rope_params_to_dict): a partial_rotary_factor inside
+// rope_parameters (or the legacy rope_scaling it replaces) wins over the top-level one.
+std::optional<double> nested_rotary_factor(ObjectReader& r, const nlohmann::json& config,
+                                           std::string& pointer) {
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    const auto* rope = object_or_null(r, config, key);
+    if (rope == nullptr || !rope->contains("partial_rotary_factor")) continue;
+    pointer = r.pointer_of(key) + "/partial_rotary_factor";
+    const auto& v = rope->at("partial_rotary_factor");
+    if (!v.is_number() || v.get<double>() <= 0 || v.get<double>() > 1)
+      throw InputError(pointer, "must be a number in (0, 1], got " + describe_value(v));
+    return v.get<double>();
+  }
+  return std::nullopt;
 }
 
 std::int64_t dim(ObjectReader& r, std::string_view key, double max = kMaxDimension) {
@@ -93,9 +187,38 @@ void check_heads(const ModelSpec& m, ObjectReader& r, std::string_view heads_key
         fmt::format("{} key/value heads do not divide {} query heads", m.kv_heads, m.heads));
 }
 
+// The sliding window of Mistral and Qwen2 (transformers 5.23). MistralModel builds its mask with
+// create_sliding_window_causal_mask whenever config.sliding_window is set (MistralConfig's
+// default: 4096; null: none), the same for every layer. Qwen2Config keeps sliding_window only
+// when use_sliding_window is true, and then only the layers from max_window_layers on get it
+// (layer_types): blocks that differ are refused. LlamaConfig has no window; modeling_llama.py
+// never reads these keys.
+void read_sliding_window(ObjectReader& r, const nlohmann::json& config, ModelSpec& m) {
+  const auto window = r.optional_integer("sliding_window", Range{1, 1e12, false});
+  if (m.architecture == Architecture::mistral) {
+    m.sliding_window = r.has("sliding_window") ? window.value_or(0) : 4096;
+    r.ignore("use_sliding_window");  // Qwen2's keys; MistralModel never reads them
+    r.ignore("max_window_layers");
+    return;
+  }
+  if (m.architecture == Architecture::qwen2) {
+    const bool use = r.optional_boolean("use_sliding_window").value_or(false);
+    const auto first = r.optional_integer("max_window_layers", Range{0, kMaxLayers, false});
+    const bool windowed = config.contains("sliding_window") ? window.has_value() : true;
+    if (use && windowed && first.value_or(28) < m.layers)
+      throw InputError(r.pointer_of("use_sliding_window"),
+                       fmt::format("true gives layers {} to {} a sliding window and the others "
+                                   "none; blocks that differ are not supported, got true",
+                                   first.value_or(28), m.layers - 1));
+    return;
+  }
+  r.ignore("use_sliding_window");
+  r.ignore("max_window_layers");
+}
+
 // Llama, Mistral and Qwen2 share one layout (HF modeling_llama.py, modeling_mistral.py,
 // modeling_qwen2.py): RMSNorm, rotary positions, SwiGLU MLP (gate, up, down), GQA.
-void read_llama_family(ObjectReader& r, ModelSpec& m) {
+void read_llama_family(ObjectReader& r, const nlohmann::json& config, ModelSpec& m) {
   m.hidden = dim(r, "hidden_size");
   m.intermediate = dim(r, "intermediate_size");
   m.layers = dim(r, "num_hidden_layers", kMaxLayers);
@@ -111,18 +234,30 @@ void read_llama_family(ObjectReader& r, ModelSpec& m) {
   if (act != "silu" && act != "swish")
     throw InputError(r.pointer_of("hidden_act"),
                      fmt::format("must be \"silu\" for a SwiGLU MLP, got \"{}\"", act));
+  m.activation = Activation::silu;
   m.attention_dropout =
       r.optional_number("attention_dropout", Range::between(0, 1)).value_or(0) > 0;
   check_heads(m, r, "num_attention_heads", "hidden_size", head_dim.has_value());
   m.mlp = MlpKind::swiglu;
   m.norm = NormKind::rmsnorm;
   m.positions = PositionKind::rotary;
-  // partial_rotary_factor (default 1): the rotated fraction of each head (the rotary tables'
-  // width).
-  m.rotary_dim = static_cast<std::int64_t>(
-      static_cast<double>(m.head_dim) *
-      r.optional_number("partial_rotary_factor", Range{0, 1, true}).value_or(1.0));
+  // The rotary tables span the whole head: the default rope of LlamaRotaryEmbedding (and
+  // Mistral's, Qwen2's) ignores partial_rotary_factor, and the scaled rope types that honour it
+  // (modeling_rope_utils.py) would build tables narrower than the heads apply_rotary_pos_emb
+  // multiplies. A factor below 1 is refused rather than read as a narrower table.
+  std::string factor_pointer = r.pointer_of("partial_rotary_factor");
+  const auto top_factor = r.optional_number("partial_rotary_factor", Range{0, 1, true});
+  const auto factor =
+      nested_rotary_factor(r, config, factor_pointer).value_or(top_factor.value_or(1.0));
+  if (factor != 1.0)
+    throw InputError(factor_pointer,
+                     fmt::format("{} rotates whole heads; only 1 is supported, got {}",
+                                 architecture_name(m.architecture), factor));
+  m.rotary_dim = m.head_dim;
+  // Never read by LlamaDecoderLayer, MistralDecoderLayer or Qwen2DecoderLayer (no dropout on
+  // the residual branches).
   r.ignore("hidden_dropout");
+  read_sliding_window(r, config, m);
 
   bool qkv_bias = false, out_bias = false, mlp_bias = false;
   if (m.architecture == Architecture::llama) {
@@ -150,7 +285,7 @@ void read_llama_family(ObjectReader& r, ModelSpec& m) {
 
 // GPT-2 (HF modeling_gpt2.py): LayerNorm with bias, learned positions, Conv1D layers with bias,
 // GELU MLP of width n_inner (default 4h), dropout everywhere, head tied to wte.
-void read_gpt2(ObjectReader& r, ModelSpec& m) {
+void read_gpt2(ObjectReader& r, const nlohmann::json& /*config*/, ModelSpec& m) {
   m.hidden = dim(r, "n_embd");
   m.layers = dim(r, "n_layer", kMaxLayers);
   m.heads = dim(r, "n_head");
@@ -160,7 +295,21 @@ void read_gpt2(ObjectReader& r, ModelSpec& m) {
   m.intermediate =
       r.optional_integer("n_inner", Range{1, kMaxDimension, false}).value_or(4 * m.hidden);
   m.tied_embeddings = r.optional_boolean("tie_word_embeddings").value_or(true);
-  r.ignore("activation_function");
+  // GPT2MLP: ACT2FN[activation_function] (GPT2Config's default "gelu_new").
+  m.activation = read_activation(r, "activation_function", "gelu_new");
+  // GPT2Attention folds both into one Python float (self.scaling) that multiplies the scores or
+  // goes to sdpa as its scale: nothing more is saved either way.
+  r.optional_boolean("scale_attn_weights");
+  r.optional_boolean("scale_attn_by_inverse_layer_idx");
+  // With eager attention, true runs _upcast_and_reordered_attn (fp32 baddbmm with autocast off):
+  // other tensors are saved, and that path is not modelled.
+  if (r.optional_boolean("reorder_and_upcast_attn").value_or(false))
+    throw InputError(r.pointer_of("reorder_and_upcast_attn"),
+                     "the upcast, reordered attention is not supported, got true");
+  // GPT2Block: true adds a cross-attention and its LayerNorm to every block.
+  if (r.optional_boolean("add_cross_attention").value_or(false))
+    throw InputError(r.pointer_of("add_cross_attention"),
+                     "cross-attention blocks are not supported, got true");
   m.attention_dropout = r.optional_number("attn_pdrop", Range::between(0, 1)).value_or(0.1) > 0;
   m.residual_dropout = r.optional_number("resid_pdrop", Range::between(0, 1)).value_or(0.1) > 0;
   m.embedding_dropout = r.optional_number("embd_pdrop", Range::between(0, 1)).value_or(0.1) > 0;
@@ -184,7 +333,7 @@ void read_gpt2(ObjectReader& r, ModelSpec& m) {
 
 // GPT-NeoX (HF modeling_gpt_neox.py): LayerNorm with bias, rotary on a fraction of each head,
 // fused query_key_value, GELU MLP, parallel residual by default, untied embed_out by default.
-void read_gpt_neox(ObjectReader& r, ModelSpec& m) {
+void read_gpt_neox(ObjectReader& r, const nlohmann::json& config, ModelSpec& m) {
   m.hidden = dim(r, "hidden_size");
   m.intermediate = dim(r, "intermediate_size");
   m.layers = dim(r, "num_hidden_layers", kMaxLayers);
@@ -195,20 +344,26 @@ void read_gpt_neox(ObjectReader& r, ModelSpec& m) {
   m.tied_embeddings = r.optional_boolean("tie_word_embeddings").value_or(false);
   m.parallel_residual = r.optional_boolean("use_parallel_residual").value_or(true);
   const bool bias = r.optional_boolean("attention_bias").value_or(true);
-  r.ignore("hidden_act");
+  // GPTNeoXMLP: ACT2FN[hidden_act] (GPTNeoXConfig's default "gelu").
+  m.activation = read_activation(r, "hidden_act", "gelu");
   m.attention_dropout =
       r.optional_number("attention_dropout", Range::between(0, 1)).value_or(0) > 0;
-  // GPTNeoXLayer drops out the attention and MLP outputs with hidden_dropout (default 0).
+  // GPTNeoXLayer drops out the attention and MLP outputs with hidden_dropout (default 0), and
+  // GPTNeoXModel's emb_dropout the embeddings with the same rate.
   m.residual_dropout = r.optional_number("hidden_dropout", Range::between(0, 1)).value_or(0) > 0;
+  m.embedding_dropout = m.residual_dropout;
   check_heads(m, r, "num_attention_heads", "hidden_size", false);
   m.head_dim = m.hidden / m.heads;
   m.mlp = MlpKind::gelu;
   m.norm = NormKind::layernorm;
   m.positions = PositionKind::rotary;
-  // GPTNeoXConfig.rotary_pct (default 0.25): rotary on that fraction of each head.
-  m.rotary_dim =
-      static_cast<std::int64_t>(static_cast<double>(m.head_dim) *
-                                r.optional_number("rotary_pct", Range{0, 1, true}).value_or(0.25));
+  // GPTNeoXConfig.rotary_pct (default 0.25): rotary on that fraction of each head; a
+  // partial_rotary_factor in rope_parameters takes precedence (convert_rope_params_to_dict).
+  std::string factor_pointer;
+  const auto pct = r.optional_number("rotary_pct", Range{0, 1, true});
+  const double factor =
+      nested_rotary_factor(r, config, factor_pointer).value_or(pct.value_or(0.25));
+  m.rotary_dim = static_cast<std::int64_t>(static_cast<double>(m.head_dim) * factor);
 
   m.embedding.tensors.push_back(matrix("embed_in.weight", m.vocab, m.hidden));
   add_norm(m.block, "input_layernorm", m);
@@ -321,17 +476,22 @@ ModelSpec model_from_hf_config(const nlohmann::json& config, const std::string& 
     throw InputError("/architectures/0",
                      fmt::format("unsupported architecture \"{}\"; supported: {}", arch,
                                  fmt::join(kSupported, ", ")));
+  read_common_switches(r, config);
   switch (m.architecture) {
   case Architecture::gpt2:
-    read_gpt2(r, m);
+    read_gpt2(r, config, m);
     break;
   case Architecture::gpt_neox:
-    read_gpt_neox(r, m);
+    read_gpt_neox(r, config, m);
     break;
   default:
-    read_llama_family(r, m);
+    read_llama_family(r, config, m);
     break;
   }
+  // The rope variants (rope_type and its factors) rescale the tables, not their shapes; the
+  // rotated fraction inside them was read above.
+  object_or_null(r, config, "rope_scaling");
+  object_or_null(r, config, "rope_parameters");
   // Each dimension is bounded, but their products are not: count in double before anything
   // multiplies them in 64-bit integers (h·q_width alone can reach 1e21).
   auto elements = [](const UnitTensors& u) {

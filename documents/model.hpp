@@ -14,6 +14,20 @@ enum class Architecture { llama, mistral, qwen2, gpt2, gpt_neox, uniform };
 enum class MlpKind { gelu, swiglu };
 enum class NormKind { layernorm, rmsnorm };
 enum class PositionKind { learned, rotary };
+// The MLP's activation as transformers runs it (transformers/activations.py, ACT2CLS): names that
+// run the same ops share a value, since what autograd saves follows the ops, not the name.
+enum class Activation {
+  silu,        // "silu", "swish": F.silu
+  gelu,        // "gelu": F.gelu (exact, erf)
+  gelu_tanh,   // "gelu_pytorch_tanh": F.gelu(approximate="tanh")
+  gelu_new,    // "gelu_new", "gelu_python_tanh", "gelu_accurate": the tanh formula in ops
+  gelu_fast,   // "gelu_fast": the tanh formula with x·x instead of pow
+  gelu_erf,    // "gelu_python": the erf formula in ops
+  gelu_10,     // "gelu_10": F.gelu then clip to [-10, 10]
+  quick_gelu,  // "quick_gelu": x·sigmoid(1.702·x)
+  relu,        // "relu": nn.ReLU
+  identity     // "linear"
+};
 
 const char* architecture_name(Architecture a);  // the HF class name ("LlamaForCausalLM")
 
@@ -47,14 +61,16 @@ struct ModelSpec {   // NOLINT(bugprone-exception-escape)
   std::int64_t vocab = 0;          // V
   std::int64_t max_positions = 0;  // context length the positions table (or rope) was built for
   MlpKind mlp = MlpKind::swiglu;
+  Activation activation = Activation::silu;  // of the MLP (SwiGLU: of its gate)
   NormKind norm = NormKind::rmsnorm;
   PositionKind positions = PositionKind::rotary;
-  bool tied_embeddings = false;    // the head reuses the token embedding matrix
-  bool parallel_residual = false;  // GPT-NeoX: attention and MLP read the same input
-  bool attention_dropout = false;  // dropout on the attention probabilities (mask kept)
-  bool residual_dropout = false;   // dropout after attention and MLP outputs (mask kept)
-  bool embedding_dropout = false;  // dropout on the embeddings' output (GPT-2's embd_pdrop)
-  std::int64_t rotary_dim = 0;     // rotated width of each head (GPT-NeoX: rotary_pct of it)
+  bool tied_embeddings = false;     // the head reuses the token embedding matrix
+  bool parallel_residual = false;   // GPT-NeoX: attention and MLP read the same input
+  bool attention_dropout = false;   // dropout on the attention probabilities (mask kept)
+  bool residual_dropout = false;    // dropout after attention and MLP outputs (mask kept)
+  bool embedding_dropout = false;   // dropout on the embeddings' output (GPT-2's embd_pdrop)
+  std::int64_t rotary_dim = 0;      // rotated width of each head (GPT-NeoX: rotary_pct of it)
+  std::int64_t sliding_window = 0;  // Mistral: tokens each query attends to (0: whole prefix)
 
   UnitTensors embedding;     // token (and position) embeddings
   UnitTensors block;         // one transformer block; all blocks are identical

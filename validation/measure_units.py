@@ -68,6 +68,14 @@ Framework paths measured (cite these when reading the corpus)
   outside the chunks plus the largest chunk; ``head_chunk_activation_bytes`` lists every chunk.
   transformers 5.23 ships no chunked cross-entropy.
 
+Config variants (CONFIGS, after the base models): multi-query attention (one key/value head), a
+Mistral sliding window shorter than the longer sequences, a head wider than 256, GPT-NeoX's
+hidden_dropout, and the MLP activations transformers offers for GPT-2's ``activation_function``
+and GPT-NeoX's ``hidden_act``. The MQA, window and exact-GELU variants run the full grid; the
+others (HF_SWEEP) run sdpa without checkpointing at both precisions, since what they change lies
+inside the block and checkpointing keeps only the block's input. All of them come after the base
+cases, which keep their order and bytes.
+
 CPU measurement, GPU questions (read before deriving formulas)
 ------------------------------------------------------------
 * Dropout: on CPU ``at::dropout`` takes its unfused path and saves the scaled noise tensor in the
@@ -172,6 +180,43 @@ CONFIGS = {
     # torchtitan's Llama 3 with the shapes of llama-h128 (fused wqkv holds q, k and v: same count).
     "torchtitan-llama3-h128": dict(LLAMA_H128),
 }
+
+
+def variant(base, **changes):
+    out = dict(CONFIGS[base])
+    out.update(changes)
+    return out
+
+
+# Variants that change what the blocks save (each keyed to the config key or shape it stresses).
+CONFIGS.update({
+    # Multi-query attention (one key/value head): eager's repeat_kv can stay a stride-0 view.
+    "llama-h128-mqa": variant("llama-h128", num_key_value_heads=1),
+    # A sliding window shorter than the longer sequences (48 < 64, 128; not < 32): sdpa gets an
+    # explicit mask and no GQA.
+    "mistral-h128-window": variant("mistral-h128", sliding_window=48),
+    "mistral-h128-mqa-window": variant("mistral-h128", sliding_window=48, num_key_value_heads=1),
+    # GPT-2's activation_function and GPT-NeoX's hidden_act (transformers.activations.ACT2CLS).
+    "gpt2-h128-gelu": variant("gpt2-h128-nodrop", activation_function="gelu"),
+    "gpt2-h128-gelu_pytorch_tanh": variant("gpt2-h128-nodrop", activation_function="gelu_pytorch_tanh"),
+    "gpt2-h128-gelu_fast": variant("gpt2-h128-nodrop", activation_function="gelu_fast"),
+    "gpt2-h128-gelu_python": variant("gpt2-h128-nodrop", activation_function="gelu_python"),
+    "gpt2-h128-gelu_python_tanh": variant("gpt2-h128-nodrop", activation_function="gelu_python_tanh"),
+    "gpt2-h128-gelu_accurate": variant("gpt2-h128-nodrop", activation_function="gelu_accurate"),
+    "gpt2-h128-gelu_10": variant("gpt2-h128-nodrop", activation_function="gelu_10"),
+    "gpt2-h128-quick_gelu": variant("gpt2-h128-nodrop", activation_function="quick_gelu"),
+    "gpt2-h128-relu": variant("gpt2-h128-nodrop", activation_function="relu"),
+    "gpt2-h128-silu": variant("gpt2-h128-nodrop", activation_function="silu"),
+    "gpt2-h128-swish": variant("gpt2-h128-nodrop", activation_function="swish"),
+    "gpt2-h128-linear": variant("gpt2-h128-nodrop", activation_function="linear"),
+    "gpt-neox-h128-gelu_new": variant("gpt-neox-h128", hidden_act="gelu_new"),
+    "gpt-neox-h128-gelu_fast": variant("gpt-neox-h128", hidden_act="gelu_fast"),
+    "gpt-neox-h128-relu": variant("gpt-neox-h128", hidden_act="relu"),
+    # GPT-NeoX's hidden_dropout: the residual branches' dropout and the embeddings' (emb_dropout).
+    "gpt-neox-h128-dropout": variant("gpt-neox-h128", hidden_dropout=0.1),
+    # A head wider than 256: sdpa_attention_forward widens k and v itself (no enable_gqa).
+    "llama-h128-hd320": variant("llama-h128", head_dim=320),
+})
 TORCHTITAN_ARGS = {
     "torchtitan-llama3-h128": {
         "model": "torchtitan.models.llama3.Llama3Model",
@@ -205,18 +250,50 @@ HF_MODELS = [  # (config name, HF class)
     ("gpt2-h128-nodrop", "GPT2LMHeadModel"),
     ("gpt-neox-h128", "GPTNeoXForCausalLM"),
 ]
+# Variants on the same full grid, run after every case above (so the earlier cases keep their
+# order in the output).
+HF_VARIANTS = [
+    ("llama-h128-mqa", "LlamaForCausalLM"),
+    ("mistral-h128-window", "MistralForCausalLM"),
+    ("gpt2-h128-gelu", "GPT2LMHeadModel"),
+]
+# Variants whose difference lies in one module (the MLP's activation; the mask of sdpa): measured
+# without checkpointing (which keeps only the block's input, whatever the module saves), with
+# sdpa, at both precisions and every shape.
+HF_SWEEP = [
+    ("mistral-h128-mqa-window", "MistralForCausalLM"),
+    ("gpt2-h128-gelu_pytorch_tanh", "GPT2LMHeadModel"),
+    ("gpt2-h128-gelu_fast", "GPT2LMHeadModel"),
+    ("gpt2-h128-gelu_python", "GPT2LMHeadModel"),
+    ("gpt2-h128-gelu_python_tanh", "GPT2LMHeadModel"),
+    ("gpt2-h128-gelu_accurate", "GPT2LMHeadModel"),
+    ("gpt2-h128-gelu_10", "GPT2LMHeadModel"),
+    ("gpt2-h128-quick_gelu", "GPT2LMHeadModel"),
+    ("gpt2-h128-relu", "GPT2LMHeadModel"),
+    ("gpt2-h128-silu", "GPT2LMHeadModel"),
+    ("gpt2-h128-swish", "GPT2LMHeadModel"),
+    ("gpt2-h128-linear", "GPT2LMHeadModel"),
+    ("gpt-neox-h128-gelu_new", "GPTNeoXForCausalLM"),
+    ("gpt-neox-h128-gelu_fast", "GPTNeoXForCausalLM"),
+    ("gpt-neox-h128-relu", "GPTNeoXForCausalLM"),
+    ("gpt-neox-h128-dropout", "GPTNeoXForCausalLM"),
+    ("llama-h128-hd320", "LlamaForCausalLM"),
+]
 
 
 def case_plan():
     """The fixed, ordered list of case groups; each group runs at every shape in SHAPES."""
     groups = []
-    for config, cls in HF_MODELS:
-        for precision in ("fp32", "bf16-mixed"):
-            for attention in ("flash", "eager"):
-                for ckpt in ("none", "full"):
-                    groups.append(dict(recipe="hf", config=config, model_class=cls,
-                                       precision=precision, attention=attention,
-                                       checkpointing=ckpt, loss="upcast"))
+
+    def full_grid(models):
+        for config, cls in models:
+            for precision in ("fp32", "bf16-mixed"):
+                for attention in ("flash", "eager"):
+                    for ckpt in ("none", "full"):
+                        groups.append(dict(recipe="hf", config=config, model_class=cls,
+                                           precision=precision, attention=attention,
+                                           checkpointing=ckpt, loss="upcast"))
+    full_grid(HF_MODELS)
     groups.append(dict(recipe="hf", config="llama-h128", model_class="LlamaForCausalLM",
                        precision="bf16-mixed", attention="flash", checkpointing="every:2",
                        loss="upcast"))
@@ -234,6 +311,11 @@ def case_plan():
                            model_class="torchtitan.models.llama3.Llama3Model",
                            precision="bf16-mixed", attention="flash", checkpointing="none",
                            loss=loss))
+    full_grid(HF_VARIANTS)
+    for config, cls in HF_SWEEP:
+        for precision in ("fp32", "bf16-mixed"):
+            groups.append(dict(recipe="hf", config=config, model_class=cls, precision=precision,
+                               attention="flash", checkpointing="none", loss="upcast"))
     return groups
 
 
@@ -734,7 +816,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--only", default=None,
-                        help="debugging: run only the case groups whose id contains this text")
+                        help="debugging: run only the case groups whose id contains one of these "
+                             "comma-separated texts")
     args = parser.parse_args()
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -751,7 +834,7 @@ def main():
     for group in case_plan():
         if group["recipe"] == "torchtitan" and not have_titan:
             continue
-        if args.only and args.only not in case_id(group, 0, 0):
+        if args.only and not any(t in case_id(group, 0, 0) for t in args.only.split(",")):
             continue
         t0 = time.time()
         try:

@@ -13,6 +13,8 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/json_reader.hpp"
 #include "documents/model.hpp"
@@ -418,4 +420,171 @@ TEST_CASE("model::missing key") {
 TEST_CASE("model::unknown preset or file") {
   const auto e = error_of([] { load_model("llama-9-1b"); });
   CHECK(e.rfind("--model: \"llama-9-1b\" is neither a preset (gpt2, ", 0) == 0);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Keys that choose the code a training step runs (transformers 5.23): modelled, or refused by
+// name with their value.
+
+TEST_CASE("model::mlp activation by name") {
+  // GPT2Config's default activation_function is "gelu_new", GPTNeoXConfig's hidden_act "gelu";
+  // names running the same ops (transformers/activations.py ACT2CLS) share a value.
+  CHECK(load_model("gpt2").activation == Activation::gelu_new);
+  json g = preset_config("gpt2");
+  g.erase("activation_function");
+  CHECK(model_from_hf_config(g, "gpt2").activation == Activation::gelu_new);
+  const std::vector<std::pair<std::string, Activation>> names = {
+      {"gelu", Activation::gelu},
+      {"gelu_pytorch_tanh", Activation::gelu_tanh},
+      {"gelu_fast", Activation::gelu_fast},
+      {"gelu_accurate", Activation::gelu_new},
+      {"gelu_python", Activation::gelu_erf},
+      {"quick_gelu", Activation::quick_gelu},
+      {"swish", Activation::silu},
+      {"linear", Activation::identity}};
+  for (const auto& [name, activation] : names) {
+    CAPTURE(name);
+    g["activation_function"] = name;
+    CHECK(model_from_hf_config(g, "gpt2").activation == activation);
+  }
+  json n = parse_json_text(kPythia160m, "pythia");
+  CHECK(model_from_hf_config(n, "pythia").activation == Activation::gelu);
+  n.erase("hidden_act");
+  CHECK(model_from_hf_config(n, "pythia").activation == Activation::gelu);
+  CHECK(load_model("llama-2-7b").activation == Activation::silu);
+}
+
+TEST_CASE("model::unmodelled activations are refused") {
+  const std::string supported =
+      "unsupported activation; supported: gelu, gelu_new, gelu_pytorch_tanh, gelu_python_tanh, "
+      "gelu_accurate, gelu_fast, gelu_python, gelu_10, quick_gelu, relu, silu, swish, linear; ";
+  json g = preset_config("gpt2");
+  g["activation_function"] = "mish";
+  CHECK(error_of([&] { model_from_hf_config(g, "gpt2"); }) ==
+        "/activation_function: " + supported + "got \"mish\"");
+  json n = parse_json_text(kPythia160m, "pythia");
+  n["hidden_act"] = "xielu";  // XIELUActivation adds parameters of its own
+  CHECK(error_of([&] { model_from_hf_config(n, "pythia"); }) ==
+        "/hidden_act: " + supported + "got \"xielu\"");
+  json l = preset_config("llama-2-7b");
+  l["hidden_act"] = "gelu";
+  CHECK(error_of([&] { model_from_hf_config(l, "llama"); }) ==
+        "/hidden_act: must be \"silu\" for a SwiGLU MLP, got \"gelu\"");
+}
+
+TEST_CASE("model::gpt2 attention switches") {
+  json g = preset_config("gpt2");
+  // Both only change the Python float GPT2Attention scales the scores by.
+  g["scale_attn_weights"] = false;
+  g["scale_attn_by_inverse_layer_idx"] = true;
+  CHECK(model_from_hf_config(g, "gpt2").total_params() == 124'439'808);
+  g["reorder_and_upcast_attn"] = false;
+  g["add_cross_attention"] = false;
+  CHECK(model_from_hf_config(g, "gpt2").total_params() == 124'439'808);
+  g["reorder_and_upcast_attn"] = true;
+  CHECK(error_of([&] { model_from_hf_config(g, "gpt2"); }) ==
+        "/reorder_and_upcast_attn: the upcast, reordered attention is not supported, got true");
+  g["reorder_and_upcast_attn"] = false;
+  g["add_cross_attention"] = true;
+  CHECK(error_of([&] { model_from_hf_config(g, "gpt2"); }) ==
+        "/add_cross_attention: cross-attention blocks are not supported, got true");
+}
+
+TEST_CASE("model::mistral sliding window") {
+  // MistralConfig: sliding_window defaults to 4096; null means none.
+  CHECK(load_model("mistral-7b").sliding_window == 4096);
+  json c = preset_config("mistral-7b");
+  c.erase("sliding_window");
+  CHECK(model_from_hf_config(c, "mistral").sliding_window == 4096);
+  c["sliding_window"] = nullptr;
+  CHECK(model_from_hf_config(c, "mistral").sliding_window == 0);
+  c["sliding_window"] = 48;
+  CHECK(model_from_hf_config(c, "mistral").sliding_window == 48);
+  c["sliding_window"] = 0;
+  CHECK(error_of([&] { model_from_hf_config(c, "mistral"); }) ==
+        "/sliding_window: must be >= 1, got 0");
+  // Llama has no window: the key is never read by modeling_llama.py.
+  json l = preset_config("llama-2-7b");
+  l["sliding_window"] = 4096;
+  CHECK(model_from_hf_config(l, "llama").sliding_window == 0);
+}
+
+TEST_CASE("model::qwen2 sliding window only in some layers is refused") {
+  json q = parse_json_text(kQwen2_0_5b, "qwen2");
+  CHECK(model_from_hf_config(q, "qwen2").sliding_window == 0);  // use_sliding_window false
+  q["use_sliding_window"] = true;                               // max_window_layers 24 = layers
+  CHECK(model_from_hf_config(q, "qwen2").sliding_window == 0);
+  q["max_window_layers"] = 20;
+  CHECK(error_of([&] { model_from_hf_config(q, "qwen2"); }) ==
+        "/use_sliding_window: true gives layers 20 to 23 a sliding window and the others none; "
+        "blocks that differ are not supported, got true");
+  q["sliding_window"] = nullptr;  // no window: every layer is full attention
+  CHECK(model_from_hf_config(q, "qwen2").sliding_window == 0);
+}
+
+TEST_CASE("model::rotary fraction") {
+  // Llama's rope tables span the whole head: a factor below 1 is refused, wherever it is given.
+  json l = preset_config("llama-3-8b");
+  l["partial_rotary_factor"] = 1.0;
+  CHECK(model_from_hf_config(l, "llama").rotary_dim == 128);
+  l["partial_rotary_factor"] = 0.5;
+  CHECK(error_of([&] { model_from_hf_config(l, "llama"); }) ==
+        "/partial_rotary_factor: LlamaForCausalLM rotates whole heads; only 1 is supported, got "
+        "0.5");
+  l.erase("partial_rotary_factor");
+  l["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.25}};
+  CHECK(error_of([&] { model_from_hf_config(l, "llama"); }) ==
+        "/rope_parameters/partial_rotary_factor: LlamaForCausalLM rotates whole heads; only 1 is "
+        "supported, got 0.25");
+  l["rope_parameters"] = nullptr;
+  CHECK(model_from_hf_config(l, "llama").rotary_dim == 128);
+  // GPT-NeoX: rotary_pct (default 0.25), overridden by rope_parameters' partial_rotary_factor.
+  json n = parse_json_text(kPythia160m, "pythia");
+  CHECK(model_from_hf_config(n, "pythia").rotary_dim == 16);  // 0.25 of 64
+  n["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}};
+  CHECK(model_from_hf_config(n, "pythia").rotary_dim == 32);
+  n["rope_parameters"]["partial_rotary_factor"] = 2;
+  CHECK(error_of([&] { model_from_hf_config(n, "pythia"); }) ==
+        "/rope_parameters/partial_rotary_factor: must be a number in (0, 1], got 2");
+}
+
+TEST_CASE("model::gpt-neox hidden_dropout also drops the embeddings") {
+  json n = parse_json_text(kPythia160m, "pythia");
+  CHECK_FALSE(model_from_hf_config(n, "pythia").embedding_dropout);
+  n["hidden_dropout"] = 0.1;
+  const auto m = model_from_hf_config(n, "pythia");
+  CHECK(m.embedding_dropout);
+  CHECK(m.residual_dropout);
+}
+
+TEST_CASE("model::common switches are refused when on") {
+  json c = preset_config("llama-2-7b");
+  c["output_attentions"] = false;
+  c["gradient_checkpointing"] = false;
+  c["quantization_config"] = nullptr;
+  c["_attn_implementation"] = nullptr;
+  CHECK(model_from_hf_config(c, "llama").layers == 32);
+  auto refused = [&](const char* key, const json& value) {
+    json bad = preset_config("llama-2-7b");
+    bad[key] = value;
+    return error_of([&] { model_from_hf_config(bad, "llama"); });
+  };
+  CHECK(refused("output_attentions", true) ==
+        "/output_attentions: true forces eager attention; remove it and choose the attention in "
+        "the job, got true");
+  CHECK(refused("gradient_checkpointing", true) ==
+        "/gradient_checkpointing: true checkpoints every layer at load; remove it and choose the "
+        "checkpointing in the job, got true");
+  CHECK(refused("_attn_implementation", "eager") ==
+        "/_attn_implementation: the attention implementation is the job's setting; remove it, "
+        "got \"eager\"");
+  CHECK(refused("attn_implementation", "flash_attention_2") ==
+        "/attn_implementation: the attention implementation is the job's setting; remove it, got "
+        "\"flash_attention_2\"");
+  CHECK(
+      refused("quantization_config", {{"quant_method", "gptq"}}) ==
+      "/quantization_config: quantized models are not supported, got {\"quant_method\":\"gptq\"}");
+  CHECK(refused("auto_map", {{"AutoModelForCausalLM", "modeling.MyModel"}}) ==
+        "/auto_map: custom-code models are not supported, got "
+        "{\"AutoModelForCausalLM\":\"modeling.MyModel\"}");
 }
