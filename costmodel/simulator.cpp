@@ -242,10 +242,10 @@ private:
   std::size_t cache_next_ = 0;
   double pending_reduce_bytes_ = 0;
   std::vector<int> pending_units_;
-  double reduce_input_done_ = 0;  // FSDP2: when the last reduce-scatter input may be released
+  double reduce_input_done_ = 0;   // FSDP2: when the last reduce-scatter input may be released
   bool partition_placed_ = false;  // DeepSpeed stages 1/2: the step's gradient partition exists
   double total_params_ = 0;        // the model's parameters (elements)
-  double kept_grad_bytes_ = 0;  // gradients kept until zero_grad at the end of the step
+  double kept_grad_bytes_ = 0;     // gradients kept until zero_grad at the end of the step
   // Blocking collectives: the straggler wait's fraction for the world's ranks, and the compute
   // issued since the last collective.
   double straggler_fraction_ = 0;
@@ -323,8 +323,8 @@ bool Simulation::check_plan() {
   if (j.micro_batch <= 0 || j.global_batch % world_ != 0 ||
       (j.global_batch / world_) % j.micro_batch != 0) {
     fail(fmt::format(
-        "micro-batch {} does not divide the per-GPU batch of global batch {} on {} GPUs",
-        j.micro_batch, j.global_batch, world_),
+             "micro-batch {} does not divide the per-GPU batch of global batch {} on {} GPUs",
+             j.micro_batch, j.global_batch, world_),
          "--micro-batch");
     return false;
   }
@@ -336,8 +336,8 @@ bool Simulation::check_plan() {
   }
   if (s.offload == Offload::params && !s.shard_parameters) {
     fail(fmt::format(
-        "{} cannot offload parameters: they are not sharded (zero3, fsdp-full, hsdp can)",
-        s.strategy),
+             "{} cannot offload parameters: they are not sharded (zero3, fsdp-full, hsdp can)",
+             s.strategy),
          "--offload");
     return false;
   }
@@ -842,12 +842,13 @@ std::optional<Simulation::States> Simulation::place_states() {
     const int gpus_on_node = std::min(in_.cluster.gpus, in_.cluster.gpus_per_node);
     result_.host_bytes_per_node = host_per_gpu * gpus_on_node;
     if (result_.host_bytes_per_node > hw.host_memory_bytes) {
-      fail(fmt::format(
-          "offload needs {:.1f} GiB of host memory per node ({} GPUs x {:.1f} GiB of optimizer "
-          "states, gradients{}), the node has {:.1f} GiB",
-          result_.host_bytes_per_node / 1073741824.0, gpus_on_node, host_per_gpu / 1073741824.0,
-          s.offload == Offload::params ? " and parameters" : "",
-          hw.host_memory_bytes / 1073741824.0),
+      fail(
+          fmt::format(
+              "offload needs {:.1f} GiB of host memory per node ({} GPUs x {:.1f} GiB of optimizer "
+              "states, gradients{}), the node has {:.1f} GiB",
+              result_.host_bytes_per_node / 1073741824.0, gpus_on_node, host_per_gpu / 1073741824.0,
+              s.offload == Offload::params ? " and parameters" : "",
+              hw.host_memory_bytes / 1073741824.0),
           "--offload");
       return std::nullopt;
     }
@@ -928,10 +929,10 @@ double Simulation::optimizer_step(double t, const States& states) {
     // cast that to fp32 (stage_1_and_2.py, step: flatten(averaged_gradients).to(fp32)), so in a
     // mixed-precision job both copies are alive at once; stage 3 casts its flat partition as it
     // is.
-    const double flatten_b = frameworks_ && s.separate_fp32_master && !s.flat_grad_partition &&
-                                     sb_.grad < sb_.step_grad
-                                 ? sb_.grad
-                                 : 0.0;
+    const double flatten_b =
+        frameworks_ && s.separate_fp32_master && !s.flat_grad_partition && sb_.grad < sb_.step_grad
+            ? sb_.grad
+            : 0.0;
     const double step_copies = sb_.step_grad + flatten_b;
     const double bytes =
         local_opt_params * (sb_.grad + sb_.step_grad + 2 * flatten_b + 2 * sb_.master + sb_.param) +

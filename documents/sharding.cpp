@@ -125,9 +125,9 @@ Flavour default_flavour(const std::string& strategy) { return flavours_for(strat
 ShardingSpec make_spec(const std::string& strategy, std::optional<Flavour> flavour,
                        int gpus_per_node, std::optional<int> shard_group_size) {
   if (!is_strategy(strategy))
-    throw InputError("--strategy", fmt::format("must be one of {}, {}, got \"{}\"",
-                                               fmt::join(strategy_names(), ", "), kNoWrapper,
-                                               strategy));
+    throw InputError("--strategy",
+                     fmt::format("must be one of {}, {}, got \"{}\"",
+                                 fmt::join(strategy_names(), ", "), kNoWrapper, strategy));
   ShardingSpec s;
   s.strategy = strategy;
   s.flavour = flavour.value_or(default_flavour(strategy));

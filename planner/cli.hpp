@@ -18,9 +18,9 @@ struct Request {
   // Documents given in place of the --model config.json and the --hardware profile file (read
   // as those files are; nothing is written to disk).
   std::optional<nlohmann::json> model, hardware;
+  bool fsdp_as_data = false;  // --emit fsdp: the settings as one JSON object (fsdp_settings_json)
   // A DeepSpeed config in place of estimate's --deepspeed file (read as that file is).
   std::optional<nlohmann::json> deepspeed;
-  bool fsdp_as_data = false;  // --emit fsdp: the settings as one JSON object (fsdp_settings_json)
 };
 struct Response {
   std::string output;              // what the command line prints on stdout

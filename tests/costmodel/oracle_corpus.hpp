@@ -44,6 +44,6 @@ std::vector<Row> unit_rows(const nlohmann::json& corpus);
 std::vector<Row> traffic_rows(const nlohmann::json& corpus);
 
 nlohmann::json read_corpus(const std::string& file_name);  // from tests/costmodel/data/
-nlohmann::json read_corpus_file(const std::string& path);   // any corpus file
+nlohmann::json read_corpus_file(const std::string& path);  // any corpus file
 
 }  // namespace shardplan::oracle

@@ -62,22 +62,17 @@ std::string cpu_only_reason(const nlohmann::json& configs, const nlohmann::json&
 std::vector<std::string> estimate_args(const nlohmann::json& c) {
   const int world = c.at("world_size").get<int>();
   const auto micro = c.at("micro_batch").get<std::int64_t>();
-  std::vector<std::string> a = {"estimate",
-                                "--format=json",
-                                // The profile whose CUDA context and fragmentation reserve the
-                                // allocated peak leaves out: any would do.
-                                "--hardware=a100-sxm4-80gb",
-                                fmt::format("--gpus={}", world),
-                                fmt::format("--gpus-per-node={}", world),
-                                fmt::format("--seq-len={}", c.at("seq_len").get<std::int64_t>()),
-                                fmt::format("--micro-batch={}", micro),
-                                fmt::format("--global-batch={}", micro * world),
-                                "--precision=" + text(c, "precision"),
-                                "--attention=" + text(c, "attention"),
-                                "--loss=" + text(c, "loss"),
-                                "--checkpointing=" + text(c, "checkpointing"),
-                                "--optimizer=" + text(c, "optimizer"),
-                                "--recipe=" + c.value("recipe", std::string("hf"))};
+  std::vector<std::string> a = {
+      "estimate", "--format=json",
+      // The profile whose CUDA context and fragmentation reserve the
+      // allocated peak leaves out: any would do.
+      "--hardware=a100-sxm4-80gb", fmt::format("--gpus={}", world),
+      fmt::format("--gpus-per-node={}", world),
+      fmt::format("--seq-len={}", c.at("seq_len").get<std::int64_t>()),
+      fmt::format("--micro-batch={}", micro), fmt::format("--global-batch={}", micro * world),
+      "--precision=" + text(c, "precision"), "--attention=" + text(c, "attention"),
+      "--loss=" + text(c, "loss"), "--checkpointing=" + text(c, "checkpointing"),
+      "--optimizer=" + text(c, "optimizer"), "--recipe=" + c.value("recipe", std::string("hf"))};
   const std::string wrapper = text(c, "wrapper");
   if (wrapper.rfind("deepspeed-", 0) == 0) {
     // The config the engine ran says the stage, the buckets and the dtypes (--deepspeed); the
@@ -112,8 +107,12 @@ std::vector<Row> step_rows(const nlohmann::json& corpus) {
     const auto& memory = e.at("memory");
     const std::string id = text(c, "id"), recipe = c.value("recipe", std::string("hf"));
     const std::string skipped = cpu_only_reason(configs, c);
-    Row peak{id, recipe, "peak", memory.at("allocated_peak_bytes").get<double>(),
-             c.at("peak_bytes").get<double>(), skipped};
+    Row peak{id,
+             recipe,
+             "peak",
+             memory.at("allocated_peak_bytes").get<double>(),
+             c.at("peak_bytes").get<double>(),
+             skipped};
     if (c.contains("peak_bytes_range")) {
       peak.measured_low = c.at("peak_bytes_range").at(0).get<double>();
       peak.measured_high = c.at("peak_bytes_range").at(1).get<double>();
@@ -128,17 +127,16 @@ std::vector<Row> step_rows(const nlohmann::json& corpus) {
     // measure_steps.py names the optimizer's phase "optimizer", measure_deepspeed.py "step".
     const std::string phase = c.value("peak_phase", std::string());
     const bool measured_in_step = phase == "optimizer" || phase == "step";
-    const std::string other_moment = predicted_in_step == measured_in_step
-                                         ? skipped
-                                         : "the peak falls in another phase: predicted " + when +
-                                               ", measured " + phase;
+    const std::string other_moment =
+        predicted_in_step == measured_in_step
+            ? skipped
+            : "the peak falls in another phase: predicted " + when + ", measured " + phase;
     for (int k = 0; k < documents::kCategories; ++k) {
       const auto category = static_cast<Category>(k);
       if (category == Category::overhead) continue;
       const std::string name = documents::category_name(category);
-      rows.push_back({id, recipe, "peak/" + name,
-                      memory.at("breakdown").at(name).get<double>(), measured[k],
-                      skipped.empty() ? other_moment : skipped});
+      rows.push_back({id, recipe, "peak/" + name, memory.at("breakdown").at(name).get<double>(),
+                      measured[k], skipped.empty() ? other_moment : skipped});
     }
   }
   return rows;

@@ -272,9 +272,9 @@ TEST_CASE("cli_input::recommend refuses flags it would drop") {
 }
 
 TEST_CASE("cli_input::--strategy none is one GPU without a wrapper; --reduce-dtype is the user's") {
-  const std::vector<std::string> job = {"--model", "llama-2-7b", "--seq-len", "1024",
-                                        "--global-batch", "1", "--micro-batch", "1",
-                                        "--format", "json"};
+  const std::vector<std::string> job = {"--model",        "llama-2-7b", "--seq-len",     "1024",
+                                        "--global-batch", "1",          "--micro-batch", "1",
+                                        "--format",       "json"};
   auto estimate = [&](std::vector<std::string> more, int gpus = 1) {
     std::vector<std::string> a = {"estimate", "--gpus", std::to_string(gpus)};
     a.insert(a.end(), job.begin(), job.end());
@@ -289,10 +289,9 @@ TEST_CASE("cli_input::--strategy none is one GPU without a wrapper; --reduce-dty
   check_refused(estimate({"--strategy", "none", "--reduce-dtype", "fp32"}),
                 "--reduce-dtype: fp32: one GPU reduces the gradients in their own dtype (a "
                 "compression hook is not modelled); leave --reduce-dtype out");
-  check_refused(estimate({"--strategy", "fsdp-full", "--recipe", "torchtitan", "--reduce-dtype",
-                          "bf16"},
-                         8),
-                "--reduce-dtype: bf16: torchtitan reduces gradients in fp32 only");
+  check_refused(
+      estimate({"--strategy", "fsdp-full", "--recipe", "torchtitan", "--reduce-dtype", "bf16"}, 8),
+      "--reduce-dtype: bf16: torchtitan reduces gradients in fp32 only");
   check_refused(estimate({"--strategy", "fsdp-full", "--reduce-dtype", "fp8"}, 8),
                 "--reduce-dtype: must be fp32, bf16 or fp16, got \"fp8\"");
   check_refused({"recommend", "--strategy", "none", "--gpus", "1"},
@@ -321,7 +320,10 @@ TEST_CASE("cli_input::--strategy none is one GPU without a wrapper; --reduce-dty
   REQUIRE(bf16.code == 0);
   REQUIRE(fp32.code == 0);
   auto rs = [](const Run& r) {
-    return nlohmann::json::parse(r.out).at("comm").at("bytes_by_collective").at("reduce_scatter")
+    return nlohmann::json::parse(r.out)
+        .at("comm")
+        .at("bytes_by_collective")
+        .at("reduce_scatter")
         .get<double>();
   };
   CHECK(rs(fp32) == doctest::Approx(2 * rs(bf16)));
@@ -332,10 +334,11 @@ TEST_CASE("cli_input::a DeepSpeed config's reduce bucket is counted once in its 
   // config has no bf16/fp16 section: engine.py communication_data_type; zero/config.py default
   // 5e8): --strategy zero1 --precision fp32 and the same job as a DeepSpeed config hold the same
   // 5e8 x 4 bytes of bucket, never 5e8 x 4 x 2.
-  const std::vector<std::string> job = {"--model", "gpt2", "--gpus", "2", "--seq-len", "128",
-                                        "--global-batch", "2", "--format", "json"};
-  std::vector<std::string> flags = {"estimate", "--strategy", "zero1", "--precision", "fp32",
-                                    "--micro-batch", "1"};
+  const std::vector<std::string> job = {"--model",   "gpt2", "--gpus",         "2",
+                                        "--seq-len", "128",  "--global-batch", "2",
+                                        "--format",  "json"};
+  std::vector<std::string> flags = {"estimate", "--strategy",    "zero1", "--precision",
+                                    "fp32",     "--micro-batch", "1"};
   flags.insert(flags.end(), job.begin(), job.end());
   const auto by_flags = planner(flags);
   REQUIRE(by_flags.code == 0);
@@ -359,8 +362,8 @@ TEST_CASE("cli_input::a plan that cannot run as asked is refused with its reason
                  "optimizer", "--format", "json"},
                 "--offload: ddp cannot offload: offload needs sharded optimizer states (ZeRO or "
                 "FSDP)");
-  check_refused({"estimate", "--model", "gpt2", "--gpus", "8", "--strategy", "zero1", "--offload",
-                 "params"},
-                "--offload: zero1 cannot offload parameters: they are not sharded (zero3, "
-                "fsdp-full, hsdp can)");
+  check_refused(
+      {"estimate", "--model", "gpt2", "--gpus", "8", "--strategy", "zero1", "--offload", "params"},
+      "--offload: zero1 cannot offload parameters: they are not sharded (zero3, "
+      "fsdp-full, hsdp can)");
 }

@@ -119,17 +119,21 @@ TEST_CASE("explain::bytes moved are the ratio of the two plans' bytes, by collec
   const auto d = run_json(k13bOn64);
   const auto& fsdp = family(d, "fsdp-full");
   const auto& ddp = family(d, "ddp");
+  // The claim is made for the recommended plan (ZeRO-3 here: DeepSpeed keeps the last blocks
+  // gathered into the backward, under its reuse distance, and moves fewer bytes than FSDP).
+  const auto& best = d["recommendation"];
   const json* claim = nullptr;
   const auto ratios = claims_of(d, "bytes_ratio");
   for (const auto& c : ratios)
-    if (c["plan"]["step_s"] == fsdp["time"]["step_s"]) claim = &c;
+    if (c["plan"]["step_s"] == best["time"]["step_s"]) claim = &c;
   REQUIRE(claim);
-  const double bytes = fsdp["comm"]["bytes_per_gpu"], ddp_bytes = ddp["comm"]["bytes_per_gpu"];
-  CHECK((*claim)["bytes"].get<double>() == bytes);
+  const double ddp_bytes = ddp["comm"]["bytes_per_gpu"];
+  const double claimed = best["comm"]["bytes_per_gpu"];
+  CHECK((*claim)["bytes"].get<double>() == claimed);
   CHECK((*claim)["ddp_bytes"].get<double>() == ddp_bytes);
   // Each side's collectives add up to its bytes, as the candidate's JSON lists them.
   for (const auto& [side, c] :
-       {std::pair{"by_collective", &fsdp}, std::pair{"ddp_by_collective", &ddp}}) {
+       {std::pair{"by_collective", &best}, std::pair{"ddp_by_collective", &ddp}}) {
     double sum = 0;
     for (const auto& t : (*claim)[side]) {
       std::string op = t["name"];
@@ -142,9 +146,10 @@ TEST_CASE("explain::bytes moved are the ratio of the two plans' bytes, by collec
   // By hand, Ψ = 1.3e9 on a ring of 64 (bytes sent = size × 63/64), one micro-batch per step:
   // FSDP gathers bf16 parameters twice and reduce-scatters bf16 gradients, 3 × 2Ψ; DDP all-reduces
   // the fp32 gradients of autocast's fp32 parameters, 2 × 4Ψ: 6/8 = 0.75, not 1.5.
+  const double bytes = fsdp["comm"]["bytes_per_gpu"];
   CHECK(bytes / ddp_bytes == doctest::Approx(0.75).epsilon(0.002));
   const std::string text = (*claim)["text"];
-  CHECK(contains(text, fmt::format("{:.2f}x", bytes / ddp_bytes)));
+  CHECK(contains(text, fmt::format("{:.2f}x", claimed / ddp_bytes)));
   CHECK(contains(text, "all-gather"));
   CHECK(contains(text, "all-reduce"));
   CHECK_FALSE(contains(run_table(k13bOn64), "1.5x"));

@@ -21,10 +21,12 @@ namespace {
 bool is_fsdp2(const oracle::Row& r) { return r.case_id.rfind("fsdp2/", 0) == 0; }
 
 // FSDP2 cases the walk misses by more than 3% with no run-to-run spread: model errors, counted
-// as misses until reconciled, never hidden by a wider bound. Each peaks at a reduce-scatter of
-// the root group or of a checkpointed block on gloo, where the trackers see temporaries beside
-// the reduce-scatter input that the walk does not hold (on CPU: gloo's reduce_scatter_tensor and
-// the mixed-dtype copy-in casts; not yet traced to the byte).
+// as misses until reconciled, never hidden by a wider bound. Each peaks at a reduce-scatter (the
+// root group's at the end of the backward, or a checkpointed block's) where the tracker sees
+// temporaries of 6 bytes per element of the group beside the reduce-scatter input (12,584,448 B
+// for the root's 2,097,408 elements of llama-h256), which would fit a copy of the input in the
+// fp32 reduce dtype plus the output shard, as gloo's reduce_scatter_tensor may make on CPU; not
+// traced to the code yet, so neither modelled nor set aside.
 const std::set<std::string> kKnownFsdp2Misses = {
     "fsdp2/llama-h256/fp32/full/s128-b1/w2",       "fsdp2/llama-h256/fp32/full/s128-b2/w2",
     "fsdp2/llama-h256/fp32/full/s256-b1/w2",       "fsdp2/llama-h256/bf16-mixed/none/s128-b1/w2",
@@ -85,11 +87,10 @@ TEST_CASE("oracle::whole-step peaks within 3%, categories within 5%") {
   // FSDP2 on gloo CPU ranks: gloo's threads free collective buffers at varying moments, so the
   // harness measures each FSDP2 case three times on each rank and records the range.
   const auto c = compare_steps(oracle::step_rows(oracle::read_corpus("oracle_steps.json")));
-  MESSAGE("whole steps compared: " << c.peaks << " (" << c.skipped
-                                   << " set aside), worst peak error " << 100 * c.worst
-                                   << "% (bare and DDP), " << 100 * c.worst_fsdp2 << "% (FSDP2); "
-                                   << c.misses << " FSDP2 misses, worst " << 100 * c.worst_miss
-                                   << "%");
+  MESSAGE("whole steps compared: "
+          << c.peaks << " (" << c.skipped << " set aside), worst peak error " << 100 * c.worst
+          << "% (bare and DDP), " << 100 * c.worst_fsdp2 << "% (FSDP2); " << c.misses
+          << " FSDP2 misses, worst " << 100 * c.worst_miss << "%");
   CHECK(c.peaks == 128);
   CHECK(c.misses == static_cast<int>(kKnownFsdp2Misses.size()));
 }

@@ -98,9 +98,8 @@ TEST_CASE("cli_parallel::a degree of 1 given explicitly is the same estimate as 
   // The one-dimensional walk either way: t = 1, p = 1 or c = 1 names the layout the flags leave
   // out, so the document is the same, byte for byte.
   const std::vector<std::string> job = {
-      "estimate", "--model",      "llama-2-7b", "--gpus",     "8",        "--seq-len",
-      "4096",     "--global-batch", "16",       "--strategy", "fsdp-full", "--format",
-      "json"};
+      "estimate",       "--model", "llama-2-7b", "--gpus",    "8",        "--seq-len", "4096",
+      "--global-batch", "16",      "--strategy", "fsdp-full", "--format", "json"};
   const auto plain = planner(job);
   REQUIRE(plain.code == 0);
   for (const char* flag : {"--tensor-parallel", "--pipeline-parallel", "--context-parallel"}) {
@@ -112,7 +111,7 @@ TEST_CASE("cli_parallel::a degree of 1 given explicitly is the same estimate as 
     CHECK(r.out == plain.out);
   }
   auto all = job;
-  all.insert(all.end(), {"--tensor-parallel", "1", "--pipeline-parallel", "1",
-                         "--context-parallel", "1"});
+  all.insert(all.end(),
+             {"--tensor-parallel", "1", "--pipeline-parallel", "1", "--context-parallel", "1"});
   CHECK(planner(all).out == plain.out);
 }

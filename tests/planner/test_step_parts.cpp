@@ -37,10 +37,10 @@ double unnamed_time(const nlohmann::json& e) {
 TEST_CASE("step_parts::the step is its compute plus the waits the report names") {
   // The job that showed the gap: 16 micro-batches of ZeRO-2, whose reduce-scatters outlast each
   // micro-batch's compute (step 9.322 s against 3.186 s of named parts before).
-  const auto gap = estimate({"--model", "mistral-7b", "--gpus", "8", "--seq-len", "2",
-                             "--micro-batch", "64", "--global-batch", "8192", "--strategy",
-                             "zero2", "--optimizer", "adam", "--checkpointing", "selective-op",
-                             "--hardware", "l40s-48gb"});
+  const auto gap =
+      estimate({"--model", "mistral-7b", "--gpus", "8", "--seq-len", "2", "--micro-batch", "64",
+                "--global-batch", "8192", "--strategy", "zero2", "--optimizer", "adam",
+                "--checkpointing", "selective-op", "--hardware", "l40s-48gb"});
   CHECK(std::abs(unnamed_time(gap)) <= 1e-9 * gap.at("time").at("step_s").get<double>());
   CHECK(gap.at("time").at("exposed_comm_s").get<double>() ==
         doctest::Approx(gap.at("time").at("step_s").get<double>() -
@@ -54,10 +54,10 @@ TEST_CASE("step_parts::the step is its compute plus the waits the report names")
           CAPTURE(accumulation);
           CAPTURE(seq);
           CAPTURE(hw);
-          const auto e = estimate({"--model", "llama-2-7b", "--gpus", "16", "--gpus-per-node",
-                                   "8", "--seq-len", seq, "--micro-batch", "1", "--global-batch",
-                                   std::string(accumulation) == "8" ? "16" : "128",
-                                   "--strategy", strategy, "--hardware", hw});
+          const auto e = estimate({"--model", "llama-2-7b", "--gpus", "16", "--gpus-per-node", "8",
+                                   "--seq-len", seq, "--micro-batch", "1", "--global-batch",
+                                   std::string(accumulation) == "8" ? "16" : "128", "--strategy",
+                                   strategy, "--hardware", hw});
           CHECK(std::abs(unnamed_time(e)) <= 1e-9 * e.at("time").at("step_s").get<double>());
           ++jobs;
         }
@@ -73,9 +73,8 @@ TEST_CASE("step_parts::FSDP2 holds one reduce-scatter input at a time, so memory
   // (4·4096² + 3·4096·11008 + 2·4096 parameters), the root's (2·32000·4096 + 4096) × 4 B =
   // 0.98 GiB.
   auto buffers_at = [](const char* seq) {
-    return estimate({"--model", "llama-2-7b", "--gpus", "8", "--seq-len", seq, "--micro-batch",
-                     "1", "--global-batch", "8", "--strategy", "fsdp-full", "--recipe",
-                     "torchtitan"})
+    return estimate({"--model", "llama-2-7b", "--gpus", "8", "--seq-len", seq, "--micro-batch", "1",
+                     "--global-batch", "8", "--strategy", "fsdp-full", "--recipe", "torchtitan"})
         .at("memory")
         .at("breakdown")
         .at("buffers")
@@ -87,13 +86,13 @@ TEST_CASE("step_parts::FSDP2 holds one reduce-scatter input at a time, so memory
   double last = 0;
   for (const char* seq : {"128", "256", "512", "1024"}) {
     CAPTURE(seq);
-    const double peak = estimate({"--model", "llama-3.1-405b", "--gpus", "64", "--seq-len", seq,
-                                  "--micro-batch", "1", "--global-batch", "64", "--strategy",
-                                  "fsdp-full", "--recipe", "torchtitan", "--hardware",
-                                  "h100-sxm5-80gb"})
-                            .at("memory")
-                            .at("peak_bytes")
-                            .get<double>();
+    const double peak =
+        estimate({"--model", "llama-3.1-405b", "--gpus", "64", "--seq-len", seq, "--micro-batch",
+                  "1", "--global-batch", "64", "--strategy", "fsdp-full", "--recipe", "torchtitan",
+                  "--hardware", "h100-sxm5-80gb"})
+            .at("memory")
+            .at("peak_bytes")
+            .get<double>();
     CHECK(peak >= last);
     last = peak;
   }
