@@ -43,6 +43,10 @@ std::vector<Row> unit_rows(const nlohmann::json& corpus);
 // ops read and write ("block 1/forward", "head/backward", ...), against costmodel/traffic.hpp.
 std::vector<Row> traffic_rows(const nlohmann::json& corpus);
 
+// Why a case says nothing about what a GPU run keeps (empty: it does): dropout inside sdpa,
+// sdpa's math path on CPU.
+std::string cpu_only_reason(const nlohmann::json& configs, const nlohmann::json& corpus_case);
+
 nlohmann::json read_corpus(const std::string& file_name);  // from tests/costmodel/data/
 nlohmann::json read_corpus_file(const std::string& path);  // any corpus file
 

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include "documents/breakdown.hpp"
-#include "documents/model.hpp"
 #include "planner/cli.hpp"
 
 namespace shardplan::oracle {
@@ -45,17 +44,6 @@ Breakdown measured_categories(const nlohmann::json& at_peak) {
 }
 
 std::string text(const nlohmann::json& c, const char* key) { return c.at(key).get<std::string>(); }
-
-// Why a case says nothing about what a GPU run keeps (empty: it does).
-std::string cpu_only_reason(const nlohmann::json& configs, const nlohmann::json& c) {
-  const auto m = documents::model_from_hf_config(configs.at(text(c, "config")), text(c, "config"));
-  if (m.attention_dropout && c.at("attention") == "flash")
-    return "dropout in sdpa: the CPU falls back to its math path (CUDA's flash kernel drops out "
-           "inside)";
-  if (c.value("sdpa_kernel", std::string()).find("math") != std::string::npos)
-    return "sdpa ran its math path on CPU";
-  return "";
-}
 
 }  // namespace
 

@@ -20,13 +20,16 @@ namespace {
 
 bool is_fsdp2(const oracle::Row& r) { return r.case_id.rfind("fsdp2/", 0) == 0; }
 
-// FSDP2 cases the walk misses by more than 3% with no run-to-run spread: model errors, counted
-// as misses until reconciled, never hidden by a wider bound. Each peaks at a reduce-scatter (the
-// root group's at the end of the backward, or a checkpointed block's) where the tracker sees
-// temporaries of 6 bytes per element of the group beside the reduce-scatter input (12,584,448 B
-// for the root's 2,097,408 elements of llama-h256), which would fit a copy of the input in the
-// fp32 reduce dtype plus the output shard, as gloo's reduce_scatter_tensor may make on CPU; not
-// traced to the code yet, so neither modelled nor set aside.
+// Cases the walk misses with no run-to-run spread: model errors, counted as misses until
+// reconciled, never hidden by a wider bound. Each must still miss (a peak beyond 3% or a category
+// beyond 5%); one that is reconciled fails the test until it is taken off its list.
+//
+// FSDP2 (oracle_steps.json): each peaks at a reduce-scatter (the root group's at the end of the
+// backward, or a checkpointed block's) where the tracker sees temporaries of 6 bytes per element
+// of the group beside the reduce-scatter input (12,584,448 B for the root's 2,097,408 elements of
+// llama-h256), which would fit a copy of the input in the fp32 reduce dtype plus the output shard,
+// as gloo's reduce_scatter_tensor may make on CPU; not traced to the code yet, so neither
+// modelled nor set aside.
 const std::set<std::string> kKnownFsdp2Misses = {
     "fsdp2/llama-h256/fp32/full/s128-b1/w2",       "fsdp2/llama-h256/fp32/full/s128-b2/w2",
     "fsdp2/llama-h256/fp32/full/s256-b1/w2",       "fsdp2/llama-h256/bf16-mixed/none/s128-b1/w2",
@@ -34,18 +37,45 @@ const std::set<std::string> kKnownFsdp2Misses = {
     "fsdp2/llama-h256/bf16-mixed/full/s256-b1/w2", "fsdp2/gpt2-h256/fp32/full/s128-b2/w2",
     "fsdp2/gpt2-h256/fp32/full/s256-b1/w2",        "fsdp2/gpt2-h256/fp32/full/s256-b2/w2",
     "fsdp2/gpt2-h256/bf16-mixed/full/s128-b1/w2"};
+// Multi-query attention under full checkpointing and bf16 autocast (oracle_steps_stress.json): at
+// the backward's peak the tracker holds 2.5 MB (b = 1) to 5.4 MB (b = 2) more activations than the
+// walk's recomputed block (the same block without checkpointing is exact in oracle_units.json);
+// not traced yet.
+const std::set<std::string> kKnownMqaMisses = {
+    "none/llama-h256-mqa-v512/bf16-mixed/full/s1024-b1/w1",
+    "none/llama-h256-mqa-v512/bf16-mixed/full/s1024-b2/w1",
+    "ddp/llama-h256-mqa-v512/bf16-mixed/full/s1024-b1/w1",
+    "ddp/llama-h256-mqa-v512/bf16-mixed/full/s1024-b2/w1",
+    "ddp/llama-h256-mqa-v512/bf16-mixed/full/s1024-b1/w2",
+    "ddp/llama-h256-mqa-v512/bf16-mixed/full/s1024-b2/w2",
+    "fsdp2/llama-h256-mqa-v512/bf16-mixed/full/s1024-b1/w2",
+    "fsdp2/llama-h256-mqa-v512/bf16-mixed/full/s1024-b2/w2"};
+
+bool known_miss(const std::string& id) {
+  return kKnownFsdp2Misses.count(id) > 0 || kKnownMqaMisses.count(id) > 0;
+}
 
 struct Compared {
   int peaks = 0, skipped = 0, misses = 0;
   double worst = 0, worst_fsdp2 = 0, worst_miss = 0;
 };
 
-// Peaks within 3% of what was measured (of the nearest end of the range where the case was
-// measured on several ranks or more than once); the known misses above still miss, and are
-// counted. Bare, DDP and DeepSpeed categories within 5% of themselves, or, when under 2% of the
-// peak (the batch's token ids, the loss scalar), within 1% of the peak.
+// Whether a row is within its target: a peak within 3% of what was measured (of the nearest end
+// of the range where the case was measured on several ranks or more than once); a bare, DDP or
+// DeepSpeed category within 5% of itself, or, when under 2% of the peak (the batch's token ids,
+// the loss scalar), within 1% of the peak. FSDP2's categories are not compared (FSDPMemTracker
+// files the reduce-scatter's temporaries apart from the walk's buffers).
+bool within(const oracle::Row& r, double peak) {
+  if (r.quantity == "peak") return std::abs(r.range_error()) < 0.03;
+  if (is_fsdp2(r)) return true;
+  const double diff = std::abs(r.predicted - r.measured);
+  if (std::max(r.predicted, r.measured) >= 0.02 * peak) return diff <= 0.05 * r.measured;
+  return diff <= 0.01 * peak;
+}
+
 Compared compare_steps(const std::vector<oracle::Row>& rows) {
   std::map<std::string, double> peak_of;
+  std::map<std::string, bool> missed;  // a known miss: some row off its target
   for (const auto& r : rows)
     if (r.quantity == "peak") peak_of[r.case_id] = r.measured;
   Compared c;
@@ -55,28 +85,26 @@ Compared compare_steps(const std::vector<oracle::Row>& rows) {
       continue;
     }
     INFO(r.case_id << " " << r.quantity << ": predicted " << r.predicted << ", measured "
-                   << r.measured);
+                   << r.measured << " (over ranks and repeats: " << r.measured_low << " .. "
+                   << r.measured_high << ")");
+    const bool ok = within(r, peak_of.at(r.case_id));
+    const double error = std::abs(r.range_error());
+    if (r.quantity == "peak") ++c.peaks;
+    if (known_miss(r.case_id)) {
+      missed[r.case_id] = missed[r.case_id] || !ok;
+      if (r.quantity == "peak") c.worst_miss = std::max(c.worst_miss, error);
+      continue;
+    }
     if (r.quantity == "peak") {
-      ++c.peaks;
-      INFO("measured over ranks and repeats: " << r.measured_low << " .. " << r.measured_high);
-      const double error = std::abs(r.range_error());
-      if (kKnownFsdp2Misses.count(r.case_id)) {
-        ++c.misses;
-        c.worst_miss = std::max(c.worst_miss, error);
-        CHECK(error >= 0.03);  // reconciled: take it off the list
-        continue;
-      }
       double& worst = is_fsdp2(r) ? c.worst_fsdp2 : c.worst;
       worst = std::max(worst, error);
-      CHECK(error < 0.03);
-    } else if (!is_fsdp2(r)) {
-      const double peak = peak_of.at(r.case_id);
-      const double diff = std::abs(r.predicted - r.measured);
-      if (std::max(r.predicted, r.measured) >= 0.02 * peak)
-        CHECK(diff <= 0.05 * r.measured);
-      else
-        CHECK(diff <= 0.01 * peak);
     }
+    CHECK(ok);
+  }
+  for (const auto& [id, off] : missed) {
+    INFO(id << " is within its targets now: take it off the known misses");
+    CHECK(off);
+    ++c.misses;
   }
   return c;
 }
@@ -137,12 +165,20 @@ TEST_CASE("oracle::stress steps: sequence 1024 under bf16 autocast, peaks in the
   const auto corpus = oracle::read_corpus("oracle_steps_stress.json");
   const auto c = compare_steps(oracle::step_rows(corpus));
   std::map<std::string, int> phases;
-  for (const auto& k : corpus.at("cases")) ++phases[k.at("peak_phase").get<std::string>()];
+  int checkpointed_in_backward = 0;
+  for (const auto& k : corpus.at("cases")) {
+    const std::string phase = k.at("peak_phase").get<std::string>();
+    ++phases[phase];
+    checkpointed_in_backward += k.at("wrapper") != "fsdp2" && k.at("checkpointing") == "full" &&
+                                phase.rfind("backward", 0) == 0;
+  }
   std::string where;
   for (const auto& [phase, n] : phases) where += " " + phase + ": " + std::to_string(n);
-  MESSAGE("stress steps compared: " << c.peaks << " (" << c.skipped << " set aside), worst peak "
-                                    << 100 * c.worst << "% (bare and DDP), " << 100 * c.worst_fsdp2
-                                    << "% (FSDP2); measured peaks by phase:" << where);
-  CHECK(phases["backward"] + phases["backward-recompute"] >= 24);
-  CHECK(c.peaks >= 40);
+  MESSAGE("stress steps compared: "
+          << c.peaks << " (" << c.skipped << " set aside), worst peak " << 100 * c.worst
+          << "% (bare and DDP), " << 100 * c.worst_fsdp2 << "% (FSDP2); " << c.misses
+          << " misses, worst " << 100 * c.worst_miss << "%; measured peaks by phase:" << where);
+  CHECK(checkpointed_in_backward == 24);  // every checkpointed bare/DDP case of the grid
+  CHECK(c.peaks == 64);
+  CHECK(c.misses == static_cast<int>(kKnownMqaMisses.size()));
 }
