@@ -442,10 +442,11 @@ TEST_CASE("model::mlp activation by name") {
       {"quick_gelu", Activation::quick_gelu},
       {"swish", Activation::silu},
       {"linear", Activation::identity}};
-  for (const auto& [name, activation] : names) {
+  for (const auto& entry : names) {
+    const std::string& name = entry.first;  // a plain reference: CAPTURE's lambda takes it
     CAPTURE(name);
     g["activation_function"] = name;
-    CHECK(model_from_hf_config(g, "gpt2").activation == activation);
+    CHECK(model_from_hf_config(g, "gpt2").activation == entry.second);
   }
   json n = parse_json_text(kPythia160m, "pythia");
   CHECK(model_from_hf_config(n, "pythia").activation == Activation::gelu);

@@ -118,7 +118,8 @@ std::vector<Row> step_rows(const nlohmann::json& corpus) {
     const std::string other_moment =
         predicted_in_step == measured_in_step
             ? skipped
-            : "the peak falls in another phase: predicted " + when + ", measured " + phase;
+            : fmt::format("the peak falls in another phase: predicted {}, measured {}", when,
+                          phase);
     for (int k = 0; k < documents::kCategories; ++k) {
       const auto category = static_cast<Category>(k);
       if (category == Category::overhead) continue;

@@ -101,9 +101,10 @@ Compared compare_steps(const std::vector<oracle::Row>& rows) {
     }
     CHECK(ok);
   }
-  for (const auto& [id, off] : missed) {
+  for (const auto& entry : missed) {
+    const std::string& id = entry.first;  // a plain reference: INFO's lambda takes it
     INFO(id << " is within its targets now: take it off the known misses");
-    CHECK(off);
+    CHECK(entry.second);
     ++c.misses;
   }
   return c;
