@@ -316,8 +316,9 @@ const LayoutCandidate& expressible_layout(ParallelFramework f, const std::string
 
 // recommend --model-parallel: the ranked layouts, or with --emit the fastest as the plan
 // document, or the fastest a framework can express as that framework runs it.
+// `why`: not empty when the search widened itself to model parallelism (said first).
 void run_layout_recommend(const CliOptions& o, int top_plans, std::ostream& out,
-                          std::vector<std::string>& notes) {
+                          std::vector<std::string>& notes, const std::string& why = "") {
   if (o.po.reduce_dtype)
     throw InputError("--reduce-dtype", fmt::format("{}: the layout search keeps each framework's "
                                                    "own reduce dtype; estimate the layout with it",
@@ -325,9 +326,14 @@ void run_layout_recommend(const CliOptions& o, int top_plans, std::ostream& out,
   const Scenario msc = make_scenario(o.so, false);
   const auto found = search_layouts(msc);
   if (!o.emit) {
-    out << (o.format == "json"
-                ? json_document(layout_search_json(msc, found, top_plans))
-                : scenario_line(msc) + "\n" + layout_search_table(msc, found, top_plans));
+    if (o.format == "json") {
+      auto j = layout_search_json(msc, found, top_plans);
+      if (!why.empty()) j["model_parallel_because"] = why;
+      out << json_document(j);
+    } else {
+      out << (why.empty() ? "" : why + "\n") << scenario_line(msc) << "\n"
+          << layout_search_table(msc, found, top_plans);
+    }
     return;
   }
   const std::string& emit = *o.emit;
@@ -360,6 +366,24 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   if (o.model_parallel) {
     run_layout_recommend(o, top_plans, out, notes);
     return;
+  }
+  // Data parallelism alone cannot run a global batch that does not divide over the GPUs: with no
+  // data-parallel knob pinned and no config to emit, the search widens to tensor, pipeline and
+  // context parallelism and says so first.
+  const auto& po = o.po;
+  if (!o.emit && !po.strategy && !po.flavour && !po.offload && !po.shard_group_size &&
+      !po.reduce_dtype) {
+    const Scenario probe = make_scenario(o.so, false);
+    const auto gpus = static_cast<std::int64_t>(probe.cluster.gpus);
+    if (probe.job.global_batch % gpus != 0) {
+      run_layout_recommend(
+          o, top_plans, out, notes,
+          fmt::format("data parallelism alone cannot run this job ({} sequences do not divide "
+                      "over {} GPUs): searching tensor, pipeline and context parallelism too, as "
+                      "--model-parallel does",
+                      probe.job.global_batch, gpus));
+      return;
+    }
   }
   const Scenario sc = make_scenario(o.so);
   const auto [pins, emit_pin] = search_pins(o, sc);

@@ -115,3 +115,29 @@ TEST_CASE("cli_parallel::a degree of 1 given explicitly is the same estimate as 
              {"--tensor-parallel", "1", "--pipeline-parallel", "1", "--context-parallel", "1"});
   CHECK(planner(all).out == plain.out);
 }
+
+TEST_CASE("cli_parallel::recommend widens to model parallelism when data parallelism cannot run "
+          "the job, and says so first") {
+  // 512 sequences over 2048 GPUs: no data-parallel plan exists, so the layouts are searched
+  // (it answered "512 sequences do not divide over 2048 GPUs" unless --model-parallel was given).
+  const std::vector<std::string> job = {"recommend",  "--model",        "llama-3-70b",
+                                        "--hardware", "h100-sxm5-80gb", "--gpus",
+                                        "2048",       "--global-batch", "512"};
+  const auto text = planner(job);
+  REQUIRE(text.code == 0);
+  CHECK(text.out.rfind("data parallelism alone cannot run this job (512 sequences do not divide "
+                       "over 2048 GPUs): searching tensor, pipeline and context parallelism too",
+                       0) == 0);
+  auto json_job = job;
+  json_job.insert(json_job.end(), {"--format", "json"});
+  const auto j = planner(json_job);
+  REQUIRE(j.code == 0);
+  const auto d = nlohmann::json::parse(j.out);
+  CHECK(d.contains("model_parallel_because"));
+  // A data-parallel knob pinned keeps the search one-dimensional: the batch is refused as before.
+  auto pinned = job;
+  pinned.insert(pinned.end(), {"--strategy", "zero3"});
+  const auto r = planner(pinned);
+  CHECK(r.code == 2);
+  CHECK(has(r.err, "--global-batch"));
+}
