@@ -37,11 +37,13 @@ const std::set<std::string> kKnownFsdp2Misses = {
     "fsdp2/llama-h256/bf16-mixed/full/s256-b1/w2", "fsdp2/gpt2-h256/fp32/full/s128-b2/w2",
     "fsdp2/gpt2-h256/fp32/full/s256-b1/w2",        "fsdp2/gpt2-h256/fp32/full/s256-b2/w2",
     "fsdp2/gpt2-h256/bf16-mixed/full/s128-b1/w2"};
-// Multi-query attention under full checkpointing and bf16 autocast (oracle_steps_stress.json): at
-// the backward's peak the tracker holds 2.5 MB (b = 1) to 5.4 MB (b = 2) more activations than the
-// walk's recomputed block (the same block without checkpointing is exact in oracle_units.json);
-// not traced yet.
-const std::set<std::string> kKnownMqaMisses = {
+// Llama with a 512-token vocabulary under full checkpointing and bf16 autocast
+// (oracle_steps_stress.json): with so small a loss the peak falls inside block 0's backward, in
+// its MLP, where the tracker holds 2.5 MB (b = 1) to 5.4 MB (b = 2) more activations and
+// temporaries and 2.0 MB fewer gradients than the walk, which allocates a unit's gradients when
+// its backward starts and counts one backward transient per unit; the moment inside the block is
+// not walked yet.
+const std::set<std::string> kKnownBlockBackwardMisses = {
     "none/llama-h256-mqa-v512/bf16-mixed/full/s1024-b1/w1",
     "none/llama-h256-mqa-v512/bf16-mixed/full/s1024-b2/w1",
     "ddp/llama-h256-mqa-v512/bf16-mixed/full/s1024-b1/w1",
@@ -52,7 +54,7 @@ const std::set<std::string> kKnownMqaMisses = {
     "fsdp2/llama-h256-mqa-v512/bf16-mixed/full/s1024-b2/w2"};
 
 bool known_miss(const std::string& id) {
-  return kKnownFsdp2Misses.count(id) > 0 || kKnownMqaMisses.count(id) > 0;
+  return kKnownFsdp2Misses.count(id) > 0 || kKnownBlockBackwardMisses.count(id) > 0;
 }
 
 struct Compared {
@@ -181,5 +183,5 @@ TEST_CASE("oracle::stress steps: sequence 1024 under bf16 autocast, peaks in the
           << " misses, worst " << 100 * c.worst_miss << "%; measured peaks by phase:" << where);
   CHECK(checkpointed_in_backward == 24);  // every checkpointed bare/DDP case of the grid
   CHECK(c.peaks == 64);
-  CHECK(c.misses == static_cast<int>(kKnownMqaMisses.size()));
+  CHECK(c.misses == static_cast<int>(kKnownBlockBackwardMisses.size()));
 }
