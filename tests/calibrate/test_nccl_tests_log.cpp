@@ -57,7 +57,7 @@ TEST_CASE("nccl_tests_log::the sample all_reduce log of one node") {
   CHECK(log.samples.back().size_bytes == 1073741824.0);
 }
 
-TEST_CASE("nccl_tests_log::every sample log parses; size-0 rows are skipped") {
+TEST_CASE("nccl_tests_log::every sample log parses, size-0 rows are skipped") {
   const auto gather = read_nccl_tests_log(kExamples + "all_gather_perf-8xA100.log");
   CHECK(gather.op == Collective::all_gather);
   CHECK(gather.samples.front().size_bytes == 32);  // the rows of size 0 are not samples

@@ -139,7 +139,7 @@ TEST_CASE("options::rejections name the flag and the value") {
 }
 
 TEST_CASE(
-    "options::a zero or empty value is refused, not read as the default; integers are decimal") {
+    "options::a zero or empty value is refused, not read as the default, integers are decimal") {
   CHECK(rejection({"--min-bytes", ""}) ==
         "--min-bytes: must be a byte count like 8, 64K, 32M or 1G, got \"\"");
   CHECK(rejection({"--max-bytes", ""}) ==

@@ -107,7 +107,7 @@ TEST_CASE("parallel_step::Llama-3-70B on 256 GPUs with TP 8 and PP 4") {
   CHECK(r.step.mfu < 1.0);
 }
 
-TEST_CASE("parallel_step::more micro-batches shrink the bubble; impossible layouts say why") {
+TEST_CASE("parallel_step::more micro-batches shrink the bubble, impossible layouts say why") {
   Setup s(256, 128, 1, "fsdp-full");
   const auto m16 = simulate_parallel_step(s.in, layout(8, true, 4, 16));
   Setup s8(256, 64, 1, "fsdp-full");

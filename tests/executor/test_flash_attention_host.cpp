@@ -338,7 +338,7 @@ TEST_CASE("flash_attention_host::a query block that sees no key keeps out 0 and 
     CHECK(out[static_cast<std::size_t>(i * s.heads * s.d)] == 0.0);
 }
 
-TEST_CASE("context_parallel::rank r holds chunks r and 2c-1-r; what does not split is refused") {
+TEST_CASE("context_parallel::rank r holds chunks r and 2c-1-r, what does not split is refused") {
   // Megatron-core's load-balanced split (context_parallel.hpp): 16 tokens over c = 2.
   CHECK(context_positions(16, 2, 0) == std::vector<std::int32_t>{0, 1, 2, 3, 12, 13, 14, 15});
   CHECK(context_positions(16, 2, 1) == std::vector<std::int32_t>{4, 5, 6, 7, 8, 9, 10, 11});

@@ -17,7 +17,8 @@ using shardplan::planner::testing::planner;
 using shardplan::planner::testing::Run;
 
 void check_refused(std::vector<std::string> args, const std::string& err) {
-  CAPTURE(args.back());
+  const std::string last = args.back();  // CAPTURE reads it when a check fails, after the move
+  CAPTURE(last);
   const auto r = planner(std::move(args));
   CHECK(r.code == 2);
   CHECK(r.out.empty());
@@ -68,7 +69,7 @@ TEST_CASE("cli_input::a zero or empty value is refused, not read as the default"
             0) == 0);
 }
 
-TEST_CASE("cli_input::compare takes --strategy as the other commands do; --strategies is refused") {
+TEST_CASE("cli_input::compare takes --strategy as the other commands do, --strategies is refused") {
   check_refused({"compare", "--strategies", "ddp,zero3"},
                 "--strategies: renamed: give --strategy (a comma list, as before)");
   const auto r = planner({"compare", "--strategy", "ddp,zero3", "--format", "json"});
@@ -271,12 +272,12 @@ TEST_CASE("cli_input::recommend refuses flags it would drop") {
       "--emit: fsdp: recipe deepspeed runs under the DeepSpeed engine; use --emit deepspeed");
 }
 
-TEST_CASE("cli_input::--strategy none is one GPU without a wrapper; --reduce-dtype is the user's") {
-  const std::vector<std::string> job = {"--model",        "llama-2-7b", "--seq-len",     "1024",
-                                        "--global-batch", "1",          "--micro-batch", "1",
-                                        "--format",       "json"};
+TEST_CASE("cli_input::--strategy none is one GPU without a wrapper, --reduce-dtype is the user's") {
+  const std::vector<std::string> job = {"--model",       "llama-2-7b", "--seq-len", "1024",
+                                        "--micro-batch", "1",          "--format",  "json"};
   auto estimate = [&](std::vector<std::string> more, int gpus = 1) {
-    std::vector<std::string> a = {"estimate", "--gpus", std::to_string(gpus)};
+    std::vector<std::string> a = {"estimate", "--gpus", std::to_string(gpus), "--global-batch",
+                                  std::to_string(gpus)};
     a.insert(a.end(), job.begin(), job.end());
     a.insert(a.end(), more.begin(), more.end());
     return a;

@@ -192,7 +192,7 @@ TEST_CASE("explain::a slower plan is explained by the step term whose difference
   CHECK_FALSE(contains(run_table(k13bOn64), "re-gathering"));
 }
 
-TEST_CASE("explain::waiting is named by the stream it waits on; an offload plan's by its CPU "
+TEST_CASE("explain::waiting is named by the stream it waits on, an offload plan's by its CPU "
           "optimizer step") {
   // Was: 35.7 s exposed because "the interconnect is too slow ... ZeRO-2, HSDP win", for a
   // Llama-3-70B plan on 16 GPUs whose waiting is the host stream's CPU optimizer step.

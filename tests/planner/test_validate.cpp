@@ -198,7 +198,7 @@ TEST_CASE("validate::a malformed run is refused naming the field") {
   CHECK_THROWS_AS(planner::validate_json(run_document(), run_document()), core::InputError);
 }
 
-TEST_CASE("validate::a run of another plan is refused naming the field; --force compares anyway") {
+TEST_CASE("validate::a run of another plan is refused naming the field, --force compares anyway") {
   struct Case {
     const char* pointer;
     json value;
