@@ -733,7 +733,8 @@ void Simulation::reduce_pending(int u, double end, int mb, bool first) {
     const double d2h = pending_reduce_bytes_ / S / in_.hardware->host_link_Bps;
     done = issue(Stream::host, done, Stream::reduce_scatter, d2h, "gradients to host", u) + d2h;
   }
-  if (whole_partition_buffer() && first && !partition_placed_) {
+  // (ZeRO-1 under accumulation reduces in the last micro-batch only, not the first.)
+  if (whole_partition_buffer() && !partition_placed_) {
     const double partition = total_params_ / S * sb_.grad;
     mem(rs, partition, Category::gradients, Phase::reduce, u, mb);
     kept_grad_bytes_ += partition;
