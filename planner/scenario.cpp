@@ -302,15 +302,6 @@ documents::ShardingSpec with_job_precision(documents::ShardingSpec s,
 documents::ShardingSpec with_reduce_dtype(documents::ShardingSpec s, const std::string& name,
                                           const documents::TrainingJob& job) {
   using documents::DType;
-  // torchtitan's mixed_precision_reduce takes "float32" only (torchtitan/config/job_config.py).
-  if (job.recipe == documents::Recipe::torchtitan && name != "fp32")
-    throw InputError("--reduce-dtype",
-                     fmt::format("{}: torchtitan reduces gradients in fp32 only", name));
-  if (s.flavour == documents::Flavour::ddp)
-    throw InputError("--reduce-dtype",
-                     fmt::format("{}: {} reduces the gradients in their own dtype (a compression "
-                                 "hook is not modelled); leave --reduce-dtype out",
-                                 name, s.strategy == documents::kNoWrapper ? "one GPU" : "DDP"));
   const DType d = name == "fp32"   ? DType::fp32
                   : name == "bf16" ? DType::bf16
                   : name == "fp16" ? DType::fp16
@@ -318,6 +309,20 @@ documents::ShardingSpec with_reduce_dtype(documents::ShardingSpec s, const std::
                                                       fmt::format("must be fp32, bf16 or fp16, "
                                                                   "got \"{}\"",
                                                                   name));
+  // torchtitan's mixed_precision_reduce takes "float32" only (torchtitan/config/job_config.py).
+  if (job.recipe == documents::Recipe::torchtitan && d != DType::fp32)
+    throw InputError("--reduce-dtype",
+                     fmt::format("{}: torchtitan reduces gradients in fp32 only", name));
+  if (s.strategy == documents::kNoWrapper)
+    throw InputError("--reduce-dtype",
+                     fmt::format("{}: one GPU without a wrapper reduces no gradients; leave "
+                                 "--reduce-dtype out",
+                                 name));
+  if (s.flavour == documents::Flavour::ddp)
+    throw InputError("--reduce-dtype",
+                     fmt::format("{}: DDP reduces the gradients in their own dtype (a compression "
+                                 "hook is not modelled); leave --reduce-dtype out",
+                                 name));
   // DeepSpeed's bucket holds reduce_bucket_size elements of the communication dtype
   // (deepspeed/runtime/zero/stage_1_and_2.py, the ipg buffers).
   if (s.flavour == documents::Flavour::deepspeed)

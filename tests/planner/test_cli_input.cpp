@@ -288,8 +288,8 @@ TEST_CASE("cli_input::--strategy none is one GPU without a wrapper, --reduce-dty
                 "--reduce-dtype: bf16: DDP reduces the gradients in their own dtype (a "
                 "compression hook is not modelled); leave --reduce-dtype out");
   check_refused(estimate({"--strategy", "none", "--reduce-dtype", "fp32"}),
-                "--reduce-dtype: fp32: one GPU reduces the gradients in their own dtype (a "
-                "compression hook is not modelled); leave --reduce-dtype out");
+                "--reduce-dtype: fp32: one GPU without a wrapper reduces no gradients; leave "
+                "--reduce-dtype out");
   check_refused(
       estimate({"--strategy", "fsdp-full", "--recipe", "torchtitan", "--reduce-dtype", "bf16"}, 8),
       "--reduce-dtype: bf16: torchtitan reduces gradients in fp32 only");
