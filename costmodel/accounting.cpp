@@ -42,6 +42,12 @@ std::int64_t persistent_elements(const UnitTensors& u, std::int64_t threshold) {
   return n;
 }
 
+std::int64_t persistent_unit_elements(const UnitTensors& u, std::int64_t threshold) {
+  for (const auto& t : u.tensors)
+    if (t.elements() >= threshold) return 0;
+  return u.params();
+}
+
 double selective_op_recompute_flops_per_token(const ModelSpec& m) {
   // Of a Llama block's five matmuls (wqkv, wo, w1, w3, w2) the 2nd and 4th are recomputed.
   return 2.0 * (static_cast<double>(m.q_width() * m.hidden) +

@@ -25,6 +25,9 @@ std::int64_t optimizer_state_elements(const UnitTensors& u, Optimizer o);
 // Elements of a unit that never get sharded: tensors below the persistence threshold (ZeRO-3's
 // stage3_param_persistence_threshold).
 std::int64_t persistent_elements(const UnitTensors& u, std::int64_t threshold);
+// The executor's rule (executor/shard_layout.hpp): a unit stays whole only when every tensor of
+// it is below the threshold; then all its elements, else none.
+std::int64_t persistent_unit_elements(const UnitTensors& u, std::int64_t threshold);
 
 // Of the block's forward FLOPs, what torchtitan's op-level selective checkpointing reruns: its
 // policy (torchtitan/distributed/activation_checkpoint.py, SelectiveAC) saves the attention

@@ -75,8 +75,10 @@ public:
       : in_(in), spec_(in.spec), trace_(trace), comm_(*in.hardware),
         frameworks_(in.accounting == Accounting::framework && in.job.recipe != Recipe::executor) {
     if (in.accounting == Accounting::zero_paper) {
-      // The paper's model states only: no framework buffers or partition quirks.
+      // The paper's model states and algorithm only: no framework buffers or partition quirks,
+      // ZeRO-1/2 reduce-scatter (§7).
       spec_.persistence_threshold = 0;
+      spec_.all_reduce_partitions = false;
       spec_.flat_grad_partition = spec_.contiguous_grad_bucket = spec_.grad_bucket_copy = false;
       spec_.keep_root_unsharded = false;
       spec_.root_unit = false;
@@ -134,6 +136,16 @@ private:
   // (deepspeed/runtime/zero/stage3.py, grad_partitions_flat_buffer); stages 1/2 take their reduce
   // bucket at a backward's first gradient and release it at its end (stage_1_and_2.py,
   // setup_buckets and _release_ipg_buffers), stage 3 keeps its bucket from initialize.
+  // Parameters every rank keeps whole although parameters are sharded (ZeRO-3's persistent
+  // tensors), all units together.
+  double persistent_params() const {
+    if (!spec_.shard_parameters) return 0;
+    double n = 0;
+    for (int k = 0; k < 3; ++k)
+      n += (k == 1 ? static_cast<double>(in_.model->layers) : 1.0) *
+           (units_[k].params - units_[k].shardable);
+    return n;
+  }
   bool persistent_flat_partition() const {
     return frameworks_ && spec_.flat_grad_partition && spec_.offload == Offload::none;
   }
@@ -395,15 +407,21 @@ void Simulation::prepare_unit_sizes() {
     auto& u = units_[k];
     const auto& t = *tensors[k];
     u.params = static_cast<double>(t.params());
-    u.shardable = s.shard_parameters
-                      ? u.params - static_cast<double>(persistent_elements(t, threshold))
-                      : u.params;
+    // The frameworks keep each small tensor whole; the executor a unit whose tensors are all
+    // small (executor/shard_layout.hpp).
+    const std::int64_t persistent =
+        frameworks_ ? persistent_elements(t, threshold) : persistent_unit_elements(t, threshold);
+    u.shardable = s.shard_parameters ? u.params - static_cast<double>(persistent) : u.params;
     u.gather = s.shard_parameters ? u.shardable : 0;
     u.matmul = static_cast<double>(t.matmul_params());
     u.opt_elems = static_cast<double>(optimizer_state_elements(t, j.optimizer));
   }
-  if (m.tied_embeddings && s.shard_parameters)  // the head re-gathers the shared embedding matrix
-    units_[2].gather += static_cast<double>(m.embedding.tensors.front().elements());
+  // The head re-gathers the shared embedding matrix, unless that stays whole (persistent).
+  const double tied =
+      m.tied_embeddings ? static_cast<double>(m.embedding.tensors.front().elements()) : 0.0;
+  const bool tied_sharded =
+      frameworks_ ? tied >= static_cast<double>(threshold) : units_[0].shardable > 0;
+  if (s.shard_parameters && tied > 0 && tied_sharded) units_[2].gather += tied;
   if (m.tied_embeddings)
     units_[2].matmul += static_cast<double>(m.embedding.tensors.front().elements());
   units_[0].matmul = 0;                     // an embedding lookup is a gather, not a GEMM
@@ -700,7 +718,9 @@ void Simulation::reduce_pending(int u, double end, int mb, bool first) {
   const bool offload_opt = s.offload != Offload::none;
   const double bucket = s.reduce_bucket_bytes;
   const bool per_unit_buckets = !s.contiguous_grad_bucket;
-  const Collective op = s.shard_optimizer ? Collective::reduce_scatter : Collective::all_reduce;
+  // DeepSpeed's stages 1/2 all-reduce the bucket and keep their partition of it.
+  const Collective op = s.shard_optimizer && !s.all_reduce_partitions ? Collective::reduce_scatter
+                                                                      : Collective::all_reduce;
   const Stream rs_stream =
       op == Collective::reduce_scatter ? Stream::reduce_scatter : Stream::all_reduce;
   const double dur = per_unit_buckets ? bucketed(op, shard_group_, pending_reduce_bytes_, bucket)
@@ -865,10 +885,9 @@ std::optional<Simulation::States> Simulation::place_states() {
     // The spec's bucket is in bytes: DeepSpeed's reduce_bucket_size elements of the reduce
     // dtype, sized where the plan is made (planner's with_job_precision, the DeepSpeed import;
     // deepspeed/runtime/zero/stage_1_and_2.py, ipg_buckets). DeepSpeed 0.19.8 keeps one bucket
-    // per dtype in every stage (measured: tests/costmodel/data/oracle_deepspeed.json); the
-    // executor double-buffers stage 3's.
-    const double buckets = !frameworks_ && s.flat_grad_partition ? 2.0 : 1.0;
-    mem(0, s.reduce_bucket_bytes * buckets, Category::buffers, Phase::setup, -1, 0);
+    // per dtype in every stage (measured: tests/costmodel/data/oracle_deepspeed.json), and so
+    // does the executor.
+    mem(0, s.reduce_bucket_bytes, Category::buffers, Phase::setup, -1, 0);
   }
   return st;
 }
@@ -973,6 +992,18 @@ double Simulation::optimizer_step(double t, const States& states) {
     if (!hw.collectives_block) result_.exposed_s[static_cast<int>(Stream::host)] += cpu + h2d;
     free_at_[0] = st + cpu + h2d;
     t = free_at_[0];
+  }
+  // ZeRO-3: the persistent parameters (kept whole, below stage3_param_persistence_threshold)
+  // are all-gathered from their updated partitions once the step is done (stage3.py, _post_step:
+  // persistent_parameters[0].all_gather), one call per tensor, outside the backward's overlap.
+  const double persistent = persistent_params();
+  if (s.shard_parameters && persistent > 0) {
+    const double dur = coll(Collective::all_gather, shard_group_, persistent * compute_b_);
+    const double st =
+        issue(Stream::all_gather, t, Stream::compute, dur, "persistent parameter all-gather", -1);
+    if (!hw.collectives_block) result_.exposed_s[static_cast<int>(Stream::all_gather)] += dur;
+    free_at_[0] = st + dur;
+    t = st + dur;
   }
   // ZeRO-1/2: every rank all-gathers the updated parameters it does not own.
   if (s.shard_optimizer && !s.shard_parameters) {

@@ -79,6 +79,9 @@ void apply_deepspeed(ShardingSpec& s) {
   s.max_inflight_allgathers = stage3 ? 2 : 1;
   s.persistence_threshold = stage3 ? 100000 : 0;
   s.reuse_distance_elems = stage3 ? 1e9 : 0;  // stage3_max_reuse_distance
+  // Stages 1/2 all-reduce each bucket (stage_1_and_2.py, average_tensor:
+  // use_multi_rank_bucket_allreduce); stage 3 reduce-scatters (stage3.py, __avg_scatter_grads).
+  s.all_reduce_partitions = !stage3 && s.shard_optimizer;
   s.separate_fp32_master = true;
   s.contiguous_grad_bucket = true;
   s.flat_grad_partition = stage3;
@@ -198,6 +201,7 @@ nlohmann::json spec_to_json(const ShardingSpec& s) {
           {"prefetch_bucket_elems", s.prefetch_bucket_elems},
           {"reduce_bucket_bytes", s.reduce_bucket_bytes},
           {"allgather_bucket_bytes", s.allgather_bucket_bytes},
+          {"all_reduce_partitions", s.all_reduce_partitions},
           {"reduce_dtype", dtype_name(s.reduce_dtype)},
           {"persistence_threshold", s.persistence_threshold},
           {"offload", offload_name(s.offload)},
@@ -228,6 +232,10 @@ ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer)
   s.prefetch_bucket_elems = r.number("prefetch_bucket_elems", Range::non_negative());
   s.reduce_bucket_bytes = r.number("reduce_bucket_bytes", Range::non_negative());
   s.allgather_bucket_bytes = r.number("allgather_bucket_bytes", Range::non_negative());
+  // Optional: plans written before it existed leave it to the flavour (DeepSpeed's stages 1/2).
+  s.all_reduce_partitions =
+      r.optional_boolean("all_reduce_partitions")
+          .value_or(s.flavour == Flavour::deepspeed && s.shard_optimizer && !s.shard_parameters);
   const auto rd = r.choice("reduce_dtype", {"fp32", "bf16", "fp16"});
   s.reduce_dtype = rd == "fp32" ? DType::fp32 : rd == "bf16" ? DType::bf16 : DType::fp16;
   s.persistence_threshold = r.integer("persistence_threshold", Range{0, 1e12, false});
@@ -244,6 +252,9 @@ ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer)
                      "sharding gradients needs sharded optimizer states (no framework does this)");
   if (s.reshard_after_forward && !s.shard_parameters)
     throw InputError(r.pointer_of("reshard_after_forward"), "needs shard_parameters");
+  if (s.all_reduce_partitions && (!s.shard_optimizer || s.shard_parameters))
+    throw InputError(r.pointer_of("all_reduce_partitions"),
+                     "applies to ZeRO-1/2 (shard_optimizer without shard_parameters)");
   return s;
 }
 

@@ -55,14 +55,18 @@ struct ShardingSpec {
   bool reduce_copy_in = false;
 
   // Scheduling knobs (units are one transformer block; embeddings and head are units too).
-  int forward_prefetch = 1;           // units whose all-gather is issued ahead of their forward
-  int backward_prefetch = 1;          // same in backward
-  int max_inflight_allgathers = 2;    // gathered units issued ahead of use at once (rate limiter)
-  double prefetch_bucket_elems = 0;   // DeepSpeed: prefetch ahead up to this many elements
-                                      // (at least one unit); 0 = forward_prefetch units
-  double reduce_bucket_bytes = 0;     // gradient bucket; 0 = one bucket per unit
-  double allgather_bucket_bytes = 0;  // post-step parameter all-gather bucket (ZeRO-1/2)
-  DType reduce_dtype = DType::bf16;   // dtype gradients are reduced in
+  int forward_prefetch = 1;          // units whose all-gather is issued ahead of their forward
+  int backward_prefetch = 1;         // same in backward
+  int max_inflight_allgathers = 2;   // gathered units issued ahead of use at once (rate limiter)
+  double prefetch_bucket_elems = 0;  // DeepSpeed: prefetch ahead up to this many elements
+                                     // (at least one unit); 0 = forward_prefetch units
+  double reduce_bucket_bytes = 0;    // gradient bucket; 0 = one bucket per unit
+  // ZeRO-1/2 as DeepSpeed runs them: each gradient bucket is all-reduced whole and every rank
+  // keeps its partition of the sum (use_multi_rank_bucket_allreduce, default true, and
+  // reduce_scatter false), where false reduce-scatters it. DeepSpeed's stages 1/2 by default.
+  bool all_reduce_partitions = false;
+  double allgather_bucket_bytes = 0;       // post-step parameter all-gather bucket (ZeRO-1/2)
+  DType reduce_dtype = DType::bf16;        // dtype gradients are reduced in
   std::int64_t persistence_threshold = 0;  // tensors with fewer elements stay unsharded (ZeRO-3)
   // DeepSpeed ZeRO-3's stage3_max_reuse_distance: a gathered unit is not released when the
   // parameters used before its next use number fewer elements than this (0: always released).

@@ -9,12 +9,14 @@
 //                           reduce-scattered into a kept chunk after every micro-batch
 //   shard_optimizer         AdamW state is a chunk; gradients are reduce-scattered (all-reduced
 //                           otherwise); unpartitioned parameters are all-gathered after the step
+//   all_reduce_partitions   ZeRO-1/2 as DeepSpeed: the unit's gradient is all-reduced whole and
+//                           the rank keeps its chunk of the sum
 //   shard_group_size        HSDP: the above within S consecutive ranks, then an all-reduce of the
 //                           reduced chunk across the world / S replicas
 //   reduce_bucket_bytes     DDP: gradients all-reduced in buckets of this size; with
 //   grad_bucket_copy          a second gradient copy the buckets live in (torch DDP's buckets)
-//   contiguous_grad_bucket  DeepSpeed: a preallocated bucket (two with flat_grad_partition) the
-//                           gradients are copied into; reduced when it fills
+//   contiguous_grad_bucket  DeepSpeed: one preallocated bucket the gradients are copied into;
+//                           reduced when it fills
 //   forward/backward_prefetch, max_inflight_allgathers   see EngineOptions::prefetch_as_planned
 //   persistence_threshold   units whose tensors are all smaller stay whole (shard_layout.hpp)
 //   offload                 optimizer / params: master, moments, reduced gradients (and the

@@ -32,10 +32,11 @@ template <class S> GradBuffers<S>::GradBuffers(EngineState<S>& state) : state_(s
         state.allocator.template allocate<A>(MemoryCategory::buffers, bucket_copy_offsets_.back());
   }
   if (spec.contiguous_grad_bucket) {
+    // One bucket in every stage, as DeepSpeed 0.19.8 keeps one per dtype (stage 3 included:
+    // measured, tests/costmodel/data/oracle_deepspeed_executor.json); it is refilled once its
+    // last reduction is done.
     const auto elements = static_cast<std::int64_t>(spec.reduce_bucket_bytes / sizeof(S));
-    buckets_[0] = state.allocator.template allocate<S>(MemoryCategory::buffers, elements);
-    if (spec.flat_grad_partition)
-      buckets_[1] = state.allocator.template allocate<S>(MemoryCategory::buffers, elements);
+    bucket_ = state.allocator.template allocate<S>(MemoryCategory::buffers, elements);
   }
 }
 
@@ -167,13 +168,11 @@ template <class S> template <class T> void GradBuffers<S>::reduce_from(std::int6
   }
 }
 
-// Sharded gradients: reduce-scattered into the kept chunk, accumulated over micro-batches.
+// Sharded gradients: reduced into the kept chunk, accumulated over micro-batches.
 template <class S> void GradBuffers<S>::reduce_scatter_sharded(std::int64_t u, S* input) {
   auto& st = state_;
   const auto& us = st.shape(u);
   auto& buffers = st.unit(u);
-  auto* reduce = st.streams.reduce.get();
-  const auto chunk = static_cast<std::size_t>(us.chunk);
   if ((kMixed && !st.policy.low_kept_chunk) || st.offload.optimizer) {
     // S reduce-scatter, added into the fp32 chunk (FSDP's sharded gradient; DeepSpeed stage 3's
     // fp32 partition).
@@ -181,9 +180,7 @@ template <class S> void GradBuffers<S>::reduce_scatter_sharded(std::int64_t u, S
       buffers.grad_chunk =
           st.optimizer_allocator().template allocate<A>(MemoryCategory::gradients, us.chunk);
     auto out = reduce_output<S>(MemoryCategory::gradients, us.chunk);
-    ready_for_reduce();
-    reduce->reduce_scatter(input, out.data(), chunk, data_type_v<S>);
-    replica_all_reduce(out.data(), chunk);
+    reduce_into_chunk(u, input, out.data());
     pending_widens_.push_back({u, std::move(out)});
     if (st.offload.optimizer)
       widen_reduced();  // device → host now: the device keeps no chunk (the cost model's)
@@ -199,9 +196,30 @@ template <class S> void GradBuffers<S>::reduce_scatter_sharded(std::int64_t u, S
     kept = reduce_output<S>(MemoryCategory::gradients, us.chunk);
   else
     accumulate_into_input(u, input, kept.data());
+  reduce_into_chunk(u, input, kept.data());
+}
+
+// This rank's chunk of the sum of unit u's gradients, into `out`: a reduce-scatter (then HSDP's
+// replica all-reduce), or, as DeepSpeed runs ZeRO-1/2 (all_reduce_partitions), an all-reduce of
+// the whole padded unit in place in `input`, of which the rank keeps its chunk: copied into `out`
+// once the compute stream has waited for the reduction (DeepSpeed copies on its reduction stream).
+template <class S>
+template <class T>
+void GradBuffers<S>::reduce_into_chunk(std::int64_t u, T* input, T* out) {
+  auto& st = state_;
+  const auto& us = st.shape(u);
+  const auto chunk = static_cast<std::size_t>(us.chunk);
   ready_for_reduce();
-  reduce->reduce_scatter(input, kept.data(), chunk, data_type_v<S>);
-  replica_all_reduce(kept.data(), chunk);
+  if (!st.spec().all_reduce_partitions) {
+    st.streams.reduce->reduce_scatter(input, out, chunk, data_type_v<T>);
+    replica_all_reduce(out, chunk);
+    return;
+  }
+  st.streams.reduce->all_reduce(input, input, static_cast<std::size_t>(us.padded), data_type_v<T>);
+  const T* sum = input + st.shards.chunk_begin(u);
+  if (sum == out) return;
+  st.backend.wait(nullptr, st.streams.reduce.get());
+  st.timed(Part::copy, [&] { copy_elements(out, sum, us.chunk); });
 }
 
 // Whole gradients, sharded optimizer (ZeRO-1): this rank's chunk of the whole buffer gets the
@@ -215,11 +233,10 @@ void GradBuffers<S>::reduce_scatter_whole(std::int64_t u, T* input) {
   const auto chunk = static_cast<std::size_t>(us.chunk);
   T* whole = whole_grad_data<T>(u);
   T* mine = whole + st.shards.chunk_begin(u);
-  ready_for_reduce();
-  if (input != whole) {
-    reduce->reduce_scatter(input, mine, chunk, data_type_v<T>);
-    replica_all_reduce(mine, chunk);
+  if (input != whole || st.spec().all_reduce_partitions) {
+    reduce_into_chunk(u, input, mine);
   } else {
+    ready_for_reduce();
     auto out = reduce_output<T>(MemoryCategory::buffers, us.chunk);
     reduce->reduce_scatter(input, out.data(), chunk, data_type_v<T>);
     replica_all_reduce(out.data(), chunk);
@@ -267,31 +284,29 @@ void GradBuffers<S>::copy_elements(T* dst, const T* src, std::int64_t n) {
     state_.backend.copy_wide(dst, src, n);
 }
 
-// Waits until the last reductions that read bucket i are done, before it is filled again.
-template <class S> void GradBuffers<S>::wait_for_bucket(std::size_t i) {
-  if (!bucket_in_flight_[i]) return;
+// Waits until the last reductions that read the bucket are done, before it is filled again.
+template <class S> void GradBuffers<S>::wait_for_bucket() {
+  if (!bucket_in_flight_) return;
   state_.backend.wait(nullptr, state_.streams.reduce.get());
   if (state_.streams.replica) state_.backend.wait(nullptr, state_.streams.replica.get());
-  bucket_in_flight_[i] = false;
+  bucket_in_flight_ = false;
 }
 
 template <class S> void GradBuffers<S>::flush_bucket() {
-  const auto i = static_cast<std::size_t>(bucket_index_);
   for (const auto& entry : bucket_entries_)
-    reduce_from<S>(entry.unit, buckets_[i].data() + entry.offset);
-  bucket_in_flight_[i] = true;
+    reduce_from<S>(entry.unit, bucket_.data() + entry.offset);
+  if (!bucket_entries_.empty()) bucket_in_flight_ = true;  // an empty flush leaves it as it was
   if (!state_.spec().shard_optimizer) {  // all-reduced in the bucket: copy the sums back
-    wait_for_bucket(i);
+    wait_for_bucket();
     for (const auto& entry : bucket_entries_)
       state_.timed(Part::copy, [&] {
-        state_.backend.copy(whole_grad_data<S>(entry.unit), buckets_[i].data() + entry.offset,
+        state_.backend.copy(whole_grad_data<S>(entry.unit), bucket_.data() + entry.offset,
                             state_.shape(entry.unit).size);
       });
   }
   bucket_entries_.clear();
   bucket_used_ = 0;
   bucket_bytes_ = 0;
-  if (!buckets_[1].empty()) bucket_index_ ^= 1;
 }
 
 template <class S> void GradBuffers<S>::reduce_unit(std::int64_t u) {
@@ -336,15 +351,14 @@ void GradBuffers<S>::reduce_into_contiguous_bucket(std::int64_t u, S* source,
                                                    std::int64_t elements) {
   auto& st = state_;
   const auto& spec = st.spec();
-  const std::int64_t capacity = buckets_[0].size();
+  const std::int64_t capacity = bucket_.size();
   if (elements > capacity) {
     flush_bucket();
     reduce_from<S>(u, source);
   } else {
     if (bucket_used_ + elements > capacity) flush_bucket();
-    wait_for_bucket(static_cast<std::size_t>(bucket_index_));
-    auto& bucket = buckets_[static_cast<std::size_t>(bucket_index_)];
-    st.timed(Part::copy, [&] { st.backend.copy(bucket.data() + bucket_used_, source, elements); });
+    wait_for_bucket();
+    st.timed(Part::copy, [&] { st.backend.copy(bucket_.data() + bucket_used_, source, elements); });
     bucket_entries_.push_back({u, bucket_used_});
     bucket_used_ += elements;
     bucket_bytes_ +=

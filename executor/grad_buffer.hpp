@@ -86,10 +86,11 @@ private:
   void release_micro_batch_grads(UnitBuffers<S>& buffers);
   void accumulate_into_input(std::int64_t u, S* input, const S* kept_chunk);
   void ready_for_reduce();
-  void wait_for_bucket(std::size_t i);
+  void wait_for_bucket();
   void flush_bucket();
   template <class T> void reduce_from(std::int64_t u, T* input);
   void reduce_scatter_sharded(std::int64_t u, S* input);
+  template <class T> void reduce_into_chunk(std::int64_t u, T* input, T* out);
   template <class T> void reduce_scatter_whole(std::int64_t u, T* input);
   template <class T> void all_reduce_in_buckets(std::int64_t u, T* input);
   template <class T> TrackedBuffer<T> reduce_output(MemoryCategory category, std::int64_t elements);
@@ -100,11 +101,10 @@ private:
   EngineState<S>& state_;
   TrackedBuffer<A> bucket_copy_;  // grad_bucket_copy: every unit's gradient, concatenated
   std::vector<std::int64_t> bucket_copy_offsets_;  // per unit, elements into bucket_copy_
-  std::array<TrackedBuffer<S>, 2> buckets_;  // contiguous_grad_bucket [reduce_bucket_bytes / S]
-  std::array<bool, 2> bucket_in_flight_{};   // reduced from and not waited for since
-  int bucket_index_ = 0;                     // the bucket being filled
-  std::int64_t bucket_used_ = 0;             // elements of it
-  double bucket_bytes_ = 0;  // the cost model's count: elements × reduce dtype bytes
+  TrackedBuffer<S> bucket_;        // contiguous_grad_bucket [reduce_bucket_bytes / S]
+  bool bucket_in_flight_ = false;  // reduced from and not waited for since
+  std::int64_t bucket_used_ = 0;   // elements of it
+  double bucket_bytes_ = 0;        // the cost model's count: elements × reduce dtype bytes
   std::vector<BucketEntry> bucket_entries_;
   std::vector<PendingWiden> pending_widens_;
 };

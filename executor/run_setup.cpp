@@ -134,10 +134,6 @@ void add_deviations(RunSetup& r) {
         "block the computing thread, as the cost model's CPU profile assumes "
         "(--prefetch-as-planned issues them ahead; --collective-streams also runs them beside "
         "the compute)");
-  if (p.spec.persistence_threshold > 0 && p.spec.shard_parameters)
-    r.deviations.push_back(
-        "units with a tensor at or above the persistence threshold are partitioned whole, "
-        "their small tensors too (shard_layout.hpp)");
   if (r.scaled)
     r.deviations.push_back(
         "the model or sequence was scaled down on the command line: the plan's prediction "

@@ -11,9 +11,10 @@
 // the threshold is never partitioned: every rank keeps it whole and it is never gathered (the cost
 // model's persistent elements). A unit with at least one tensor at or above the threshold is
 // partitioned as a whole, its small tensors included (one flat buffer cannot hold a gathered part
-// and a persistent part); the cost model keeps those small tensors whole instead, so for such a
-// mixed unit the executor's parameters are smaller by persistent·(1 − 1/S)·4 bytes and its
-// gathered buffer larger by persistent·4 bytes than predicted.
+// and a persistent part). DeepSpeed keeps each small tensor whole instead; the cost model follows
+// DeepSpeed for the frameworks' recipes and this rule for the executor's
+// (costmodel/accounting.hpp, persistent_unit_elements). Persistent units are all-gathered from
+// their updated chunks after the optimizer step, as DeepSpeed gathers its persistent tensors.
 #pragma once
 
 #include <cstdint>

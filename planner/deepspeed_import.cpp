@@ -350,9 +350,13 @@ private:
     const auto allgather_partitions = z.optional_boolean("allgather_partitions");
 
     if (stage == 0) {
-      for (const char* k : {"reduce_bucket_size", "allgather_bucket_size", "contiguous_gradients",
-                            "overlap_comm", "reduce_scatter", "allgather_partitions"})
-        if (z.has(k)) note(fmt::format("/zero_optimization/{} ignored: not used at stage 0", k));
+      for (const char* k :
+           {"reduce_bucket_size", "allgather_bucket_size", "contiguous_gradients", "overlap_comm",
+            "reduce_scatter", "allgather_partitions", "use_multi_rank_bucket_allreduce"})
+        if (z.has(k)) {
+          z.ignore(k);
+          note(fmt::format("/zero_optimization/{} ignored: not used at stage 0", k));
+        }
     } else {
       // Elements to bytes: the reduce bucket holds gradients in the communication dtype (set
       // later, when communication_data_type is known), the all-gather bucket parameters in the
@@ -364,9 +368,24 @@ private:
         s.allgather_bucket_bytes = 5e8 * dtype_bytes(compute_dtype(out_.job.precision));
       if (contiguous) s.contiguous_grad_bucket = *contiguous;
       if (overlap && *overlap != (stage == 3)) overlap_ = overlap;
-      if (reduce_scatter == false)
-        note("/zero_optimization/reduce_scatter false: gradients are all-reduced by DeepSpeed; "
-             "modelled as reduce-scatter (half the gradient traffic)");
+      // Stages 1/2 all-reduce each bucket and keep their partition (stage_1_and_2.py,
+      // average_tensor) unless use_multi_rank_bucket_allreduce is false, when they reduce each
+      // rank's partition to it; reduce_scatter false all-reduces too. Stage 3 reduce-scatters
+      // whatever these say (stage3.py, __avg_scatter_grads).
+      const auto multi_rank = z.optional_boolean("use_multi_rank_bucket_allreduce");
+      if (stage < 3) {
+        s.all_reduce_partitions = reduce_scatter == false || multi_rank.value_or(true);
+        if (!s.all_reduce_partitions)
+          note("/zero_optimization/use_multi_rank_bucket_allreduce false: one reduce per rank's "
+               "partition, modelled as a reduce-scatter");
+      } else {
+        if (reduce_scatter == false)
+          note("/zero_optimization/reduce_scatter false: stage 3 reduce-scatters the gradients "
+               "regardless");
+        if (multi_rank)
+          note("/zero_optimization/use_multi_rank_bucket_allreduce ignored: stage 3 "
+               "reduce-scatters the gradients");
+      }
       if (allgather_partitions == false)
         note("/zero_optimization/allgather_partitions false: DeepSpeed broadcasts partitions; "
              "modelled as all-gather");
@@ -410,7 +429,6 @@ private:
         {"enable_sanity_checks", "a correctness check"},
         {"log_trace_cache_warnings", "logging"},
         {"round_robin_gradients", "an offload copy ordering, not modelled"},
-        {"use_multi_rank_bucket_allreduce", "a bucketing detail, not modelled"},
         {"stage3_module_granularity_threshold", "a fetch-grouping detail, not modelled"},
         {"module_granularity_threshold", "a fetch-grouping detail, not modelled"},
         {"stage3_use_all_reduce_for_fetch_params", "modelled as all-gather"},

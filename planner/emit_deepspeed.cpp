@@ -56,10 +56,13 @@ nlohmann::json zero_section(const Scenario& sc, const Evaluation& e, int stage) 
   nlohmann::json z = {{"stage", stage}};
   if (stage == 0) return z;
   z["contiguous_gradients"] = s.contiguous_grad_bucket;
-  // DeepSpeed's default, which is what the plan's buffers assume: one reduce bucket at stages
-  // 1/2, two (one filling, one in flight) at stage 3 (zero/config.py, overlap_comm_valid).
+  // DeepSpeed's default, which is what the plan's timeline assumes: the reduction overlaps the
+  // backward at stage 3 only (zero/config.py, overlap_comm_valid); one reduce bucket either way.
   z["overlap_comm"] = stage == 3;
   z["reduce_scatter"] = true;
+  // Stages 1/2: how the plan's gradient traffic was counted (an all-reduce of each bucket, or one
+  // reduce per rank's partition).
+  if (stage < 3) z["use_multi_rank_bucket_allreduce"] = s.all_reduce_partitions;
   z["reduce_bucket_size"] = elements(s.reduce_bucket_bytes, s.reduce_dtype);
   if (stage < 3) {
     z["allgather_partitions"] = true;

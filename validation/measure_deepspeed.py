@@ -94,10 +94,17 @@ Output
     one record per case with wrapper "deepspeed-zero1/2/3", world_size 2, peak_bytes, at_peak,
     category_peaks, peak_module, peak_phase, plus deepspeed_config, deepspeed_optimizer (the class
     DeepSpeed wrapped the client optimizer in), deepspeed_buffers, deepspeed_buffers_in_step,
-    deepspeed_buffer_aliases and optimizer_states_on_master.
+    deepspeed_buffer_aliases and optimizer_states_on_master, and collectives: per collective,
+    the calls, nccl-tests size (bytes) and bytes one rank sends (size x the ring's bus factor, 2
+    ranks) of what the measured step asked deepspeed.comm for (CollectiveCounter: the request,
+    whichever way gloo carries it out).
 
 Usage
     python validation/measure_deepspeed.py --out tests/costmodel/data/oracle_deepspeed.json
+    python validation/measure_deepspeed.py --buckets hf-auto \\
+        --out tests/costmodel/data/oracle_deepspeed_hf_auto.json
+    python validation/measure_deepspeed.py --buckets executor \\
+        --out tests/costmodel/data/oracle_deepspeed_executor.json
 """
 
 import argparse
@@ -119,6 +126,15 @@ from measure_steps import (CATEGORY_NAMES, CONFIGS as STEP_CONFIGS, MICRO_BATCHE
 
 GENERATED_BY = "validation/measure_deepspeed.py"
 CONFIG = "llama-h256"
+# The executor's case (--buckets executor): GPT-2 scaled to 64 wide, 3 blocks, 4 heads, a 257-token
+# vocabulary (`executor scale-config --model gpt2 --layers 3 --hidden 64 --heads 4 --vocab 257`),
+# fp32, sequence 32, micro-batch 2, with the bucket `planner recommend --recipe executor` plans
+# for it on the CPU test profile (reduce_bucket_bytes 2e8 = 5e7 fp32 elements). Every tensor is
+# below stage3_param_persistence_threshold, so stage 3 keeps all of them whole.
+EXECUTOR_CONFIG = "gpt2-e64-l3-v257"
+STEP_CONFIGS[EXECUTOR_CONFIG] = dict(
+    STEP_CONFIGS["gpt2-h256"], n_embd=64, n_layer=3, n_head=4, n_inner=256, vocab_size=257)
+EXECUTOR_REDUCE_BUCKET = 50_000_000  # elements
 CONFIGS = {CONFIG: STEP_CONFIGS[CONFIG]}
 STAGES = (1, 2, 3)
 PRECISIONS = ("fp32", "bf16-mixed")
@@ -156,7 +172,7 @@ ORDER = ("parameters", "sharded_parameters", "unsharded_parameters", "master_par
 # over a config's "auto" (transformers/integrations/deepspeed.py, HfTrainerDeepSpeedConfig
 # trainer_config_finalize: reduce_bucket_size h*h, and at stage 3 stage3_prefetch_bucket_size
 # 0.9*h*h and stage3_param_persistence_threshold 10*h), as users of small models run them.
-BUCKETS = ("default", "hf-auto")
+BUCKETS = ("default", "hf-auto", "executor")
 
 
 def bucket_keys(buckets, config_name, stage):
@@ -164,6 +180,8 @@ def bucket_keys(buckets, config_name, stage):
     stage-3 keys at stage 3 only, as transformers fills them."""
     if buckets == "default":
         return {}
+    if buckets == "executor":
+        return {"reduce_bucket_size": EXECUTOR_REDUCE_BUCKET}
     h = CONFIGS[config_name]["hidden_size"]
     keys = {"reduce_bucket_size": h * h}
     if stage == 3:
@@ -176,6 +194,10 @@ def case_grid(only=None, buckets="default"):
     """Every (stage, precision, seq_len, micro_batch), in corpus order (stages in `only` if given)."""
     for stage in STAGES:
         if only and wrapper_name(stage) not in only:
+            continue
+        if buckets == "executor":
+            yield {"stage": stage, "config": EXECUTOR_CONFIG, "seq_len": 32, "micro_batch": 2,
+                   "precision": "fp32", "checkpointing": "none", "buckets": buckets}
             continue
         for precision in PRECISIONS:
             for seq_len in SEQ_LENS:
@@ -512,6 +534,98 @@ def read_tracker(tracker, state_bytes):
 
 
 # ----------------------------------------------------------------------------------------------
+# DeepSpeed's collectives
+
+
+# nccl-tests' traits (src/*.cu, doc/PERFORMANCE.md), as documents/collectives.hpp has them: which
+# tensor is a call's "size" (the per-rank buffer, or the whole gathered / scattered buffer) and
+# the bus factor that turns a size into the bytes one rank sends on a ring of n ranks.
+def _bus_all_reduce(n):
+    return 2 * (n - 1) / n
+
+
+def _bus_ring(n):
+    return (n - 1) / n
+
+
+def _bus_one(_n):
+    return 1.0
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+def _list_bytes(ts):
+    return sum(_nbytes(t) for t in ts)
+
+
+# deepspeed.comm function -> (the corpus's collective name, size of the call from its arguments,
+# bus factor). The functions DeepSpeed's ZeRO calls through deepspeed.comm (reduce_scatter_fn and
+# allgather_fn end in reduce_scatter_tensor / all_gather_into_tensor or their list forms).
+COLLECTIVES = {
+    "all_reduce": ("all_reduce", lambda a, k: _nbytes(k.get("tensor", a[0] if a else None)),
+                   _bus_all_reduce),
+    "all_reduce_coalesced": ("all_reduce", lambda a, k: _list_bytes(k.get("tensors", a[0] if a else [])),
+                             _bus_all_reduce),
+    "reduce": ("reduce", lambda a, k: _nbytes(k.get("tensor", a[0] if a else None)), _bus_one),
+    "broadcast": ("broadcast", lambda a, k: _nbytes(k.get("tensor", a[0] if a else None)), _bus_one),
+    "all_gather_into_tensor": ("all_gather",
+                               lambda a, k: _nbytes(k.get("output_tensor", a[0] if a else None)),
+                               _bus_ring),
+    "all_gather": ("all_gather", lambda a, k: _list_bytes(k.get("tensor_list", a[0] if a else [])),
+                   _bus_ring),
+    "all_gather_coalesced": ("all_gather",
+                             lambda a, k: _list_bytes(k.get("output_tensors", a[0] if a else [])),
+                             _bus_ring),
+    "reduce_scatter_tensor": ("reduce_scatter",
+                              lambda a, k: _nbytes(k.get("tensor", a[1] if len(a) > 1 else None)),
+                              _bus_ring),
+    "reduce_scatter": ("reduce_scatter",
+                       lambda a, k: _list_bytes(k.get("input_list", a[1] if len(a) > 1 else [])),
+                       _bus_ring),
+}
+
+
+class CollectiveCounter:
+    """Counts the collectives DeepSpeed asks deepspeed.comm for while active: calls, nccl-tests
+    size and bytes sent per rank, by collective. It counts what the engine requests, not how the
+    process group carries it out (gloo here, NCCL on GPUs): the same request on either."""
+
+    def __init__(self, world_size):
+        self.world_size = world_size
+        self.active = False
+        self.counts = {}
+        self.patches = _Patches()
+        # The functions live in deepspeed.comm.comm; the package re-exports them, and ZeRO calls
+        # them through the package ("from deepspeed import comm as dist"): both names are
+        # wrapped. A call reaches one wrapper: the package's name holds the original function,
+        # whose own calls go through the module's names (reduce_scatter_fn ->
+        # reduce_scatter_tensor).
+        import deepspeed.comm as ds_package
+        from deepspeed.comm import comm as ds_module
+        for owner in (ds_module, ds_package):
+            for fn, (name, size_of, bus) in COLLECTIVES.items():
+                if hasattr(owner, fn):
+                    self.patches.wrap(owner, fn, functools.partial(self._counted, name, size_of, bus))
+
+    def _counted(self, name, size_of, bus, original):
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            if self.active:
+                size = size_of(args, kwargs)
+                c = self.counts.setdefault(name, {"calls": 0, "size_bytes": 0, "bytes_sent": 0.0})
+                c["calls"] += 1
+                c["size_bytes"] += size
+                c["bytes_sent"] += size * bus(self.world_size)
+            return original(*args, **kwargs)
+        return wrapper
+
+    def record(self):
+        return {k: dict(v, bytes_sent=round(v["bytes_sent"])) for k, v in sorted(self.counts.items())}
+
+
+# ----------------------------------------------------------------------------------------------
 # One case, one rank
 
 
@@ -546,11 +660,15 @@ def measure_case(rank, case):
     register_buffers(tracker, optimizer, stage)
     tracker.ds_lazy.update(buffer_sizes(optimizer, stage, client_optimizer)[0])
     patches = classify_deepspeed(tracker, engine, stage)
+    counter = CollectiveCounter(WORLD_SIZE)
     try:
         with tracker:
+            counter.active = True
             loss = train_step(engine, ids)
+            counter.active = False
     finally:
         patches.restore()
+        counter.patches.restore()
     for name, nbytes in buffer_sizes(optimizer, stage, client_optimizer)[0].items():
         tracker.ds_lazy[name] = max(nbytes, tracker.ds_lazy.get(name, 0))
     record = {
@@ -558,7 +676,7 @@ def measure_case(rank, case):
         "wrapper": wrapper_name(stage),
         "world_size": WORLD_SIZE,
         "config": case["config"],
-        "model_class": CONFIGS[case["config"]]["architectures"][0],
+        "model_class": STEP_CONFIGS[case["config"]]["architectures"][0],
         "params": params,
         "seq_len": case["seq_len"],
         "micro_batch": case["micro_batch"],
@@ -576,6 +694,7 @@ def measure_case(rank, case):
         "deepspeed_buffers_in_step": dict(sorted(tracker.ds_lazy.items())),
         "deepspeed_buffer_aliases": aliases,
         "optimizer_states_on_master": states_on_master(optimizer, stage, client_optimizer),
+        "collectives": counter.record(),
     }
     del tracker, patches, engine, optimizer, client_optimizer, model
     gc.collect()
@@ -658,8 +777,10 @@ def main():
     ap.add_argument("--only", action="append", choices=[wrapper_name(s) for s in STAGES],
                     help="run only these stages (repeatable)")
     ap.add_argument("--buckets", choices=BUCKETS, default="default",
-                    help="ZeRO bucket sizes: DeepSpeed's defaults (oracle_deepspeed.json) or "
-                         "transformers' auto values (oracle_deepspeed_hf_auto.json)")
+                    help="ZeRO bucket sizes: DeepSpeed's defaults (oracle_deepspeed.json), "
+                         "transformers' auto values (oracle_deepspeed_hf_auto.json), or the "
+                         "executor's tiny GPT-2 with its planned bucket "
+                         "(oracle_deepspeed_executor.json)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -673,7 +794,9 @@ def main():
     command = command_line(args, GENERATED_BY)
     if args.buckets != "default":
         command += f" --buckets {args.buckets}"
-    write_corpus(args.out, cases, failures, command, GENERATED_BY, versions(), CONFIGS)
+    configs = ({EXECUTOR_CONFIG: STEP_CONFIGS[EXECUTOR_CONFIG]} if args.buckets == "executor"
+               else CONFIGS)
+    write_corpus(args.out, cases, failures, command, GENERATED_BY, versions(), configs)
     return report(args.out, cases, failures, warnings_, started)
 
 

@@ -7,6 +7,8 @@
 #   tests/costmodel/data/oracle_deepspeed.json  DeepSpeed's ZeRO-1/2/3 steps (validation/measure_deepspeed.py)
 #   tests/costmodel/data/oracle_deepspeed_hf_auto.json  the same with transformers' "auto" bucket sizes
 #                                               (validation/measure_deepspeed.py --buckets hf-auto)
+#   tests/costmodel/data/oracle_deepspeed_executor.json  the executor's tiny GPT-2 with its planned bucket
+#                                               (validation/measure_deepspeed.py --buckets executor)
 #   tests/costmodel/data/oracle_traffic.json    bytes the memory-bound ATen ops move per unit (validation/measure_traffic.py)
 #   tests/costmodel/data/oracle_tensor_parallel.json  PyTorch's own tensor parallelism (DTensor styles, t = 2) on
 #                                               HF Llama: transformers' plan and torchtitan's SP layout (validation/measure_tensor_parallel.py)
@@ -35,6 +37,7 @@ extra=()
 "$py" validation/measure_steps.py --grid stress --out tests/costmodel/data/oracle_steps_stress.json "${extra[@]}"
 "$py" validation/measure_deepspeed.py --out tests/costmodel/data/oracle_deepspeed.json
 "$py" validation/measure_deepspeed.py --buckets hf-auto --out tests/costmodel/data/oracle_deepspeed_hf_auto.json
+"$py" validation/measure_deepspeed.py --buckets executor --out tests/costmodel/data/oracle_deepspeed_executor.json
 "$py" validation/measure_traffic.py --out tests/costmodel/data/oracle_traffic.json
 "$py" validation/measure_tensor_parallel.py --out tests/costmodel/data/oracle_tensor_parallel.json
 "$py" validation/measure_pipeline.py --out tests/costmodel/data/oracle_pipeline.json

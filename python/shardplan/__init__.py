@@ -61,6 +61,8 @@ def _input_error(field: str, message: str) -> InputError:
 
 from . import _shardplan  # noqa: E402  (after InputError: the module raises it by name)
 
+__version__: str = _shardplan.__version__  # the project's version (CMakeLists.txt)
+
 Model = Union[str, "os.PathLike[str]", Mapping[str, Any], Any]
 Hardware = Union[str, "os.PathLike[str]", Mapping[str, Any]]
 Number = Union[int, float, str]

@@ -12,6 +12,8 @@ Model = Union[_Path, Mapping[str, Any], Any]
 Hardware = Union[_Path, Mapping[str, Any]]
 Number = Union[int, float, str]
 
+__version__: str  # the project's version, as `planner --version` prints it
+
 class InputError(ValueError):
     field: str  # the keyword argument ("global_batch") or the place in a document
     message: str

@@ -189,4 +189,20 @@ TEST_CASE("sharding::plan json round trip and rejections") {
   CHECK(error_of([&] { spec_from_json(bad, "/spec"); }) ==
         "/spec/shard_gradients: sharding gradients needs sharded optimizer states (no framework "
         "does this)");
+  // DeepSpeed's stages 1/2 all-reduce their buckets; a plan written before the key existed gets
+  // the flavour's rule; the key on a strategy that does not keep partitions is refused.
+  CHECK(make_spec("zero2", std::nullopt, 8).all_reduce_partitions);
+  CHECK_FALSE(make_spec("zero3", std::nullopt, 8).all_reduce_partitions);
+  CHECK_FALSE(make_spec("fsdp-grad-op", Flavour::fsdp2, 8).all_reduce_partitions);
+  json old = spec_to_json(make_spec("zero1", std::nullopt, 8));
+  old.erase("all_reduce_partitions");
+  CHECK(spec_from_json(old, "/spec").all_reduce_partitions);
+  bad = spec_to_json(make_spec("zero3", std::nullopt, 8));
+  bad["all_reduce_partitions"] = true;
+  CHECK(error_of([&] { spec_from_json(bad, "/spec"); }) ==
+        "/spec/all_reduce_partitions: applies to ZeRO-1/2 (shard_optimizer without "
+        "shard_parameters)");
+  bad["all_reduce_partitions"] = "yes";
+  CHECK(error_of([&] { spec_from_json(bad, "/spec"); }).rfind("/spec/all_reduce_partitions: ", 0) ==
+        0);
 }

@@ -127,8 +127,8 @@ TEST_CASE("engine::sharded strategies train as DDP") {
     for (double loss : ddp.losses)
       CHECK(loss == doctest::Approx(std::log(double(model.vocab))).epsilon(0.1));
     for (const auto& c : kCases) {
-      CAPTURE(c.strategy);
-      CAPTURE(documents::flavour_name(c.flavour));
+      CAPTURE(std::string(c.strategy));  // the text, not the pointer
+      CAPTURE(std::string(documents::flavour_name(c.flavour)));
       check_equal(model, run_on_world(test_options(model, test_spec(c.strategy, c.flavour, world))),
                   ddp);
     }
@@ -248,7 +248,7 @@ TEST_CASE("engine::a rehearsal of rank r allocates what rank r allocates") {
   const int rank = test_world().rank();
   const auto model = tiny_llama();
   for (const auto& c : kCases) {
-    CAPTURE(c.strategy);
+    CAPTURE(std::string(c.strategy));  // the text, not the pointer
     const auto options = test_options(model, test_spec(c.strategy, c.flavour, world));
     const auto real = run_on_world(options);
     const auto rehearsal = rehearse_engine(options, rank, world, kSteps);
@@ -279,8 +279,8 @@ TEST_CASE("engine::under bf16-mixed, sharded strategies train as DDP within bf16
     o.precision = documents::Precision::bf16_mixed;
     const auto ddp = run_on_world(o);
     for (const auto& c : kCases) {
-      CAPTURE(c.strategy);
-      CAPTURE(documents::flavour_name(c.flavour));
+      CAPTURE(std::string(c.strategy));  // the text, not the pointer
+      CAPTURE(std::string(documents::flavour_name(c.flavour)));
       o.spec = test_spec(c.strategy, c.flavour, world);
       const auto run = run_on_world(o);
       for (std::size_t k = 0; k < run.losses.size(); ++k) {
@@ -304,8 +304,8 @@ TEST_CASE("engine::collectives on their own threads train as blocking ones, in t
   cases.push_back({"ddp", Flavour::ddp});
   for (const auto& c : cases)
     for (std::int64_t gas : {1, 2}) {
-      CAPTURE(c.strategy);
-      CAPTURE(documents::flavour_name(c.flavour));
+      CAPTURE(std::string(c.strategy));  // the text, not the pointer
+      CAPTURE(std::string(documents::flavour_name(c.flavour)));
       CAPTURE(gas);
       auto o = test_options(model, test_spec(c.strategy, c.flavour, world), gas);
       o.prefetch_as_planned = true;  // what overlapping collectives make of the plan's prefetch

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "documents/breakdown.hpp"
+#include "documents/collectives.hpp"
 #include "planner/cli.hpp"
 
 namespace shardplan::oracle {
@@ -83,15 +84,48 @@ std::vector<std::string> estimate_args(const nlohmann::json& c) {
   return a;
 }
 
+namespace {
+
+// The estimate a user gets for the case, as JSON.
+nlohmann::json estimate(const nlohmann::json& corpus, const nlohmann::json& c) {
+  planner::Request request;
+  request.args = estimate_args(c);
+  request.model = corpus.at("configs").at(text(c, "config"));
+  if (c.contains("deepspeed_config")) request.deepspeed = c.at("deepspeed_config");
+  return nlohmann::json::parse(planner::run_request(request).output);
+}
+
+}  // namespace
+
+std::vector<Row> comm_rows(const nlohmann::json& corpus) {
+  std::vector<Row> rows;
+  for (const auto& c : corpus.at("cases")) {
+    if (!c.contains("collectives")) continue;
+    const auto e = estimate(corpus, c);
+    const auto& predicted = e.at("comm").at("bytes_by_collective");
+    const auto& measured = c.at("collectives");
+    const std::string id = text(c, "id"), recipe = c.value("recipe", std::string("hf"));
+    double predicted_total = 0, measured_total = 0;
+    for (const auto& traits : documents::collective_table()) {
+      const double p = predicted.value(traits.name, 0.0);
+      const double m = measured.contains(traits.name)
+                           ? measured.at(traits.name).at("bytes_sent").get<double>()
+                           : 0.0;
+      predicted_total += p;
+      measured_total += m;
+      if (p > 0 || m > 0)
+        rows.push_back({id, recipe, fmt::format("bytes/{}", traits.name), p, m, ""});
+    }
+    rows.push_back({id, recipe, "bytes/total", predicted_total, measured_total, ""});
+  }
+  return rows;
+}
+
 std::vector<Row> step_rows(const nlohmann::json& corpus) {
   std::vector<Row> rows;
   const auto& configs = corpus.at("configs");
   for (const auto& c : corpus.at("cases")) {
-    planner::Request request;
-    request.args = estimate_args(c);
-    request.model = configs.at(text(c, "config"));
-    if (c.contains("deepspeed_config")) request.deepspeed = c.at("deepspeed_config");
-    const auto e = nlohmann::json::parse(planner::run_request(request).output);
+    const auto e = estimate(corpus, c);
     const auto& memory = e.at("memory");
     const std::string id = text(c, "id"), recipe = c.value("recipe", std::string("hf"));
     const std::string skipped = cpu_only_reason(configs, c);

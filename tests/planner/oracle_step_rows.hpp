@@ -20,4 +20,10 @@ std::vector<std::string> estimate_args(const nlohmann::json& corpus_case);
 // One row per case for the peak, and one per category at the peak ("peak/gradients", ...).
 std::vector<Row> step_rows(const nlohmann::json& corpus);
 
+// The bytes one rank sends in the step, by collective ("bytes/all_gather", ...) and in all
+// ("bytes/total"), for the cases that recorded their collectives (measure_deepspeed.py): the
+// estimate's comm.bytes_by_collective against what the engine asked deepspeed.comm for. Both
+// count nccl-tests sizes times the ring's bus factor (documents/collectives.hpp).
+std::vector<Row> comm_rows(const nlohmann::json& corpus);
+
 }  // namespace shardplan::oracle

@@ -303,6 +303,32 @@ TEST_CASE("deepspeed_import::knobs map onto the spec") {
   CHECK(says(disabled, "/sparse_attention ignored: not enabled"));
 }
 
+TEST_CASE("deepspeed_import::how stages 1/2 reduce their gradients") {
+  // DeepSpeed 0.19.8's stage_1_and_2.py, average_tensor: each bucket is all-reduced and every
+  // rank keeps its partition (use_multi_rank_bucket_allreduce, default true; reduce_scatter
+  // false all-reduces as well); with use_multi_rank_bucket_allreduce false, one reduce per rank's
+  // partition. Stage 3 reduce-scatters whatever the keys say (stage3.py, __avg_scatter_grads).
+  using P = json::json_pointer;
+  CHECK(import(kZero2).spec.all_reduce_partitions);
+  const auto per_rank =
+      import(with(kZero2, P("/zero_optimization/use_multi_rank_bucket_allreduce"), false));
+  CHECK_FALSE(per_rank.spec.all_reduce_partitions);
+  CHECK(says(per_rank, "use_multi_rank_bucket_allreduce false: one reduce per rank's partition"));
+  auto no_rs = with(kZero2, P("/zero_optimization/use_multi_rank_bucket_allreduce"), false);
+  no_rs["zero_optimization"]["reduce_scatter"] = false;
+  CHECK(import(no_rs).spec.all_reduce_partitions);
+  auto z3 = with(kZero2, P("/zero_optimization/stage"), 3);
+  z3["zero_optimization"]["reduce_scatter"] = false;
+  z3["zero_optimization"]["use_multi_rank_bucket_allreduce"] = true;
+  const auto stage3 = import(z3);
+  CHECK_FALSE(stage3.spec.all_reduce_partitions);
+  CHECK(says(stage3, "reduce_scatter false: stage 3 reduce-scatters the gradients regardless"));
+  CHECK(says(stage3, "use_multi_rank_bucket_allreduce ignored: stage 3"));
+  // The emitted config says what the plan counted.
+  CHECK(import(kZero2).spec.all_reduce_partitions ==
+        documents::make_spec("zero2", Flavour::deepspeed, 8).all_reduce_partitions);
+}
+
 TEST_CASE(
     "deepspeed_import::the config's micro-batch and optimizer replacing the user's are stated") {
   // zero2-offload-bf16.json: train_micro_batch_size_per_gpu 2 and an AdamW optimizer section.
