@@ -18,9 +18,9 @@
 #include "core/text.hpp"
 
 namespace shardplan::core {
-namespace {
-
 std::string errno_text() { return std::strerror(errno); }
+
+namespace {
 
 // Room for ".tmp-PID-RANDOM" within a file name's 255 bytes.
 constexpr std::size_t kNameBytes = 200;

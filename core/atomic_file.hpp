@@ -15,6 +15,8 @@
 namespace shardplan::core {
 
 // Throws the InputError of a failed write of `path` (named by `flag` when there is one).
+// strerror(errno): why the last system call on a file failed, for the lines above.
+std::string errno_text();
 [[noreturn]] void cannot_write(const std::string& path, const std::string& flag,
                                const std::string& reason);
 

@@ -24,8 +24,6 @@ namespace {
   cannot_write(path, flag, reason);
 }
 
-std::string errno_text() { return std::strerror(errno); }
-
 // How a path is written (the file's comment).
 enum class Way { standard_output, through, replace };
 

@@ -10,10 +10,10 @@ namespace {
 // Widths of one micro-batch as doubles, and the dtypes the recipe computes in: e bytes of the
 // compute dtype, r bytes of the residual stream (the parameters' dtype: fp32 under autocast, the
 // compute dtype where FSDP or DeepSpeed hand 16-bit parameters), 4 for fp32 intermediates.
-struct Shape {
+struct TrafficShape {
   double T, s, h, q, kv, I, V, hd, e, r;
   bool autocast, cuda;
-  Shape(const ModelSpec& m, const TrainingJob& j, const Forward& f)
+  TrafficShape(const ModelSpec& m, const TrainingJob& j, const Forward& f)
       : T(static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch)),
         s(static_cast<double>(j.seq_len)), h(static_cast<double>(m.hidden)),
         q(static_cast<double>(m.q_width())), kv(static_cast<double>(m.kv_width())),
@@ -26,7 +26,7 @@ struct Shape {
 };
 
 // Bytes per token and the ops (kernels) that move them, per micro-batch.
-Traffic per_token(const Shape& x, double forward, double backward, double forward_ops,
+Traffic per_token(const TrafficShape& x, double forward, double backward, double forward_ops,
                   double backward_ops) {
   return {x.T * forward, x.T * backward, forward_ops, backward_ops};
 }
@@ -36,7 +36,7 @@ Traffic per_token(const Shape& x, double forward, double backward, double forwar
 // when r < 4), pow(2) 8, mean 4, x·rsqrt 8, .to(r), weight·y 2r. Its backward, op by op: 92
 // bytes per element in fp32 (the traced sequence: mul 8, mul 12, sum 4, mul 12, mul 8, sum 4,
 // div 4, pow 8, mul 8, mul 12, add 12), plus the two casts when r < 4.
-Traffic hf_rmsnorm(const Shape& x) {
+Traffic hf_rmsnorm(const TrafficShape& x) {
   const double casts = x.r < 4 ? 2 * (4 + x.r) : 0, cast_ops = x.r < 4 ? 2 : 0;
   return per_token(x, (20 + 2 * x.r + casts) * x.h, (92 + casts) * x.h, 6 + cast_ops,
                    14 + cast_ops);
@@ -44,7 +44,7 @@ Traffic hf_rmsnorm(const Shape& x) {
 // torch's nn.RMSNorm (torchtitan) calls F.rms_norm: on CUDA the fused kernel reads x and writes
 // y (and an fp32 rstd per token) and its backward reads dy and x and writes dx; elsewhere it runs
 // as the ops above with the weight multiply in fp32 (28 and 92 bytes, plus the casts).
-Traffic torch_rmsnorm(const Shape& x) {
+Traffic torch_rmsnorm(const TrafficShape& x) {
   if (x.cuda) return per_token(x, 2 * x.r * x.h + 4, 3 * x.r * x.h + 4, 1, 1);
   // With r < 4 the forward casts x up and y down, the backward casts twice up and once down.
   const double casts = x.r < 4 ? 2 * (4 + x.r) : 0;
@@ -52,11 +52,11 @@ Traffic torch_rmsnorm(const Shape& x) {
 }
 // nn.LayerNorm is one kernel on both devices (native_layer_norm): reads x, writes y, mean and
 // rstd; backward reads dy, x, mean and rstd and writes dx and the affine gradients.
-Traffic layernorm(const Shape& x) {
+Traffic layernorm(const TrafficShape& x) {
   return per_token(x, 2 * x.r * x.h + 8, 3 * x.r * x.h + 8, 1, 1);
 }
 
-Traffic norm(const ModelSpec& m, const TrainingJob& j, const Shape& x) {
+Traffic norm(const ModelSpec& m, const TrainingJob& j, const TrafficShape& x) {
   if (m.norm == NormKind::layernorm) return layernorm(x);
   return j.recipe == Recipe::torchtitan ? torch_rmsnorm(x) : hf_rmsnorm(x);
 }
@@ -66,7 +66,7 @@ Traffic norm(const ModelSpec& m, const TrainingJob& j, const Shape& x) {
 // their fp32 sum, cast back (GPT-NeoX casts after joining the unrotated part): 5e + 20 per
 // element, and the fp32 cos and sin rows read. Backward: the two products 16, the negation, two
 // slice gradients and two adds 10e, three casts.
-Traffic rotate_half(const Shape& x, double width, bool cast_back) {
+Traffic rotate_half(const TrafficShape& x, double width, bool cast_back) {
   const double table = 2 * 4 * x.hd;  // cos and sin per token, read once per product
   const double casts = x.e < 4 ? 1 : 0, back = cast_back ? casts : 0;
   return per_token(x, (5 * x.e + 20 + back * (4 + x.e)) * width + table,
@@ -74,7 +74,7 @@ Traffic rotate_half(const Shape& x, double width, bool cast_back) {
 }
 // torchtitan's ComplexRoPE: the fp32 view of q or k (a cast when e < 4), one complex product
 // with freqs_cis, cast back; the backward is the conjugate product.
-Traffic complex_rope(const Shape& x, double width) {
+Traffic complex_rope(const TrafficShape& x, double width) {
   const double table = 4 * x.hd;         // one complex64 row of hd/2 per token
   const double casts = x.e < 4 ? 2 : 0;  // per tensor: to fp32 and back
   return per_token(x, (8 + 2 * x.fp32_cast()) * width + table,
@@ -116,7 +116,7 @@ bool written_out_gelu(const ModelSpec& m) {
   return it == c.end() || (it->is_string() && it->get<std::string>() == "gelu_new");
 }
 
-Traffic activation(const ModelSpec& m, const Shape& x) {
+Traffic activation(const ModelSpec& m, const TrafficShape& x) {
   if (m.mlp == MlpKind::swiglu)  // silu(gate) 2e, ·up 3e; backward: two products and silu's 9e
     return per_token(x, 5 * x.e * x.I, 9 * x.e * x.I, 2, 3);
   if (written_out_gelu(m)) return per_token(x, 18 * x.e * x.I, 28 * x.e * x.I, 8, 11);
@@ -124,7 +124,7 @@ Traffic activation(const ModelSpec& m, const Shape& x) {
 }
 
 // The rotary embedding, the copies the attention's inputs and gradients take.
-Traffic attention_copies(const ModelSpec& m, const TrainingJob& j, const Shape& x) {
+Traffic attention_copies(const ModelSpec& m, const TrainingJob& j, const TrafficShape& x) {
   Traffic t;
   switch (m.architecture) {
   case Architecture::gpt2:
@@ -167,7 +167,7 @@ Traffic attention_copies(const ModelSpec& m, const TrainingJob& j, const Shape& 
 
 // Σ elements of the unit's matrices: autocast casts each weight to the compute dtype in forward
 // and each weight gradient back in backward.
-double weight_casts(const Shape& x, double matrix_elements) {
+double weight_casts(const TrafficShape& x, double matrix_elements) {
   return x.autocast ? x.cast() * matrix_elements : 0;
 }
 
@@ -205,7 +205,7 @@ bool counts_recipe_traffic(const TrainingJob& j) {
 }
 
 Traffic block_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
-  const Shape x(m, j, f);
+  const TrafficShape x(m, j, f);
   Traffic t = times(2, norm(m, j, x));
   t += attention_copies(m, j, x);
   t += activation(m, x);
@@ -234,7 +234,7 @@ Traffic block_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f
 }
 
 Traffic recompute_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
-  const Shape x(m, j, f);
+  const TrafficShape x(m, j, f);
   const Traffic block = block_traffic(m, j, f);
   Traffic rerun{block.forward, 0, block.forward_ops, 0};
   // torch.utils.checkpoint stops the rerun once the last tensor backward needs is rebuilt
@@ -250,7 +250,7 @@ Traffic recompute_traffic(const ModelSpec& m, const TrainingJob& j, const Forwar
 }
 
 Traffic head_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
-  const Shape x(m, j, f);
+  const TrafficShape x(m, j, f);
   Traffic t = norm(m, j, x);
   if (x.autocast) {  // the projection's input, its gradient, its weight and weight gradient
     t += per_token(x, x.cast() * x.h, x.cast() * x.h, 2, 2);
@@ -281,7 +281,7 @@ Traffic head_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f)
 }
 
 Traffic embedding_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
-  const Shape x(m, j, f);
+  const TrafficShape x(m, j, f);
   if (m.embedding.tensors.empty()) return {};
   // A lookup reads its rows and writes them (and the ids); its dense backward reads the rows'
   // gradient and writes the whole table's gradient (embedding_dense_backward), in the parameter

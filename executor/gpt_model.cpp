@@ -18,11 +18,6 @@ bool is_swiglu(const GptLayout& l) { return l.spec().mlp == MlpKind::swiglu; }
 bool is_parallel(const GptLayout& l) { return l.spec().parallel_residual; }
 bool is_rotary(const GptLayout& l) { return l.spec().positions == PositionKind::rotary; }
 
-// Pointer to an optional tensor (a bias) of a flat unit buffer, or nullptr.
-template <class S> S* at(S* unit, std::int64_t offset) {
-  return offset == kAbsent ? nullptr : unit + offset;
-}
-
 // sizeof(accum_t<S>) for sizeof(S) (scalar.hpp): fp32 for the 16-bit types and float.
 std::int64_t accum_bytes(std::int64_t element_bytes) { return element_bytes == 8 ? 8 : 4; }
 

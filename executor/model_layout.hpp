@@ -19,6 +19,10 @@
 namespace shardplan::executor {
 
 inline constexpr std::int64_t kAbsent = -1;  // offset of a tensor the model does not have
+// Pointer to an optional tensor (a bias) of a flat unit buffer, or nullptr.
+template <class S> S* at(S* unit, std::int64_t offset) {
+  return offset == kAbsent ? nullptr : unit + offset;
+}
 
 struct LinearOffsets {
   std::int64_t weight = kAbsent;  // [out, in]

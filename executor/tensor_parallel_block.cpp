@@ -14,10 +14,6 @@ namespace {
 using documents::MlpKind;
 using documents::PositionKind;
 
-template <class S> S* at(S* unit, std::int64_t offset) {
-  return offset == kAbsent ? nullptr : unit + offset;
-}
-
 }  // namespace
 
 template <class S> bool GptModel<S>::sequence_parallel() const {

@@ -8,13 +8,7 @@
 #include "executor/gpt_model.hpp"
 
 namespace shardplan::executor {
-namespace {
-
-template <class S> S* at(S* unit, std::int64_t offset) {
-  return offset == kAbsent ? nullptr : unit + offset;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 template <class S> std::int64_t GptModel<S>::vocab_begin() const {
   return options_.tensor_parallel.rank() * layout_.spec().vocab;

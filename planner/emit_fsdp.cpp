@@ -16,8 +16,6 @@ using namespace core;
 
 namespace {
 
-constexpr double kMiB = 1024.0 * 1024.0;
-
 const char* torch_dtype(DType d) {
   switch (d) {
   case DType::bf16:

@@ -16,9 +16,7 @@ namespace shardplan::planner {
 using namespace costmodel;
 using namespace core;
 
-namespace {
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-}
+namespace {}
 
 // Bytes in the largest binary unit that keeps a digit before the point: 0.00 GiB says nothing
 // about a 3 MiB buffer (the CPU profiles' and tiny models' sizes).

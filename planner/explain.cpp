@@ -8,6 +8,7 @@
 
 #include "core/input_error.hpp"
 #include "planner/estimate.hpp"
+#include "planner/text.hpp"
 
 namespace shardplan::planner {
 
@@ -16,7 +17,6 @@ using namespace core;
 
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // Exposed time above this share of the step makes waiting (communication or offload) the
 // bottleneck.
 constexpr double kWaitBound = 0.15;

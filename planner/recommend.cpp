@@ -11,8 +11,6 @@ using namespace costmodel;
 
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 nlohmann::json candidate_json(const Scenario& sc, const Candidate& c) {
   auto j = evaluation_to_json(sc, c.eval);
   j.erase("schema_version");  // the recommendation document's own

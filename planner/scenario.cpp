@@ -7,14 +7,13 @@
 
 #include "core/json_reader.hpp"
 #include "core/number_text.hpp"
+#include "planner/text.hpp"
 
 namespace shardplan::planner {
 
 using core::InputError;
 
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // A whole number >= 1 from a flag's text.
 std::int64_t positive_count(const std::string& flag, const std::string& text) {

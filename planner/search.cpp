@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/input_error.hpp"
+#include "planner/text.hpp"
 
 namespace shardplan::planner {
 
@@ -14,8 +15,6 @@ using namespace costmodel;
 using namespace core;
 
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 std::string family_of(const ShardingSpec& s) {
   return s.strategy == "hsdp" ? fmt::format("hsdp/{}", s.shard_group_size) : s.strategy;

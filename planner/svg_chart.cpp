@@ -1,4 +1,5 @@
 #include "planner/svg_chart.hpp"
+#include "planner/text.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +13,6 @@ using namespace costmodel;
 
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr const char* kFont = "font-family=\"Helvetica, Arial, sans-serif\"";
 constexpr int kHead = 4;  // chart category of the head's activations
 

@@ -8,6 +8,9 @@
 
 namespace shardplan::planner {
 
+inline constexpr double kMiB = 1024.0 * 1024.0;  // bytes, for the renderers' MiB and GiB
+inline constexpr double kGiB = 1024.0 * kMiB;
+
 struct Text {
   std::string str;
   template <class... A> void line(fmt::format_string<A...> f, A&&... a) {

@@ -14,14 +14,22 @@
 #include "planner/validate_pipeline.hpp"
 
 namespace shardplan::planner {
+
+nlohmann::json rel_error(double predicted, double measured) {
+  if (measured == 0) return predicted == 0 ? nlohmann::json(0.0) : nlohmann::json(nullptr);
+  return (predicted - measured) / measured;
+}
+
+std::string percent(const nlohmann::json& e) {
+  return e.is_null() ? std::string("n/a") : fmt::format("{:+.1f}%", 100 * e.get<double>());
+}
+
 namespace {
 
 using core::InputError;
 using core::ObjectReader;
 using core::Range;
 using nlohmann::json;
-
-constexpr double kMiB = 1024.0 * 1024.0;
 
 // What validate reads from a run document: its summary, and what says how comparable it is.
 struct RunFacts {
@@ -200,19 +208,10 @@ documents::PlanPrediction model_parallel_prediction(const documents::Plan& plan,
   return pr;
 }
 
-json rel_error(double predicted, double measured) {
-  if (measured == 0) return predicted == 0 ? json(0.0) : json(nullptr);
-  return (predicted - measured) / measured;
-}
-
 json compare(double predicted, double measured, const char* unit) {
   return {{fmt::format("predicted_{}", unit), predicted},
           {fmt::format("measured_{}", unit), measured},
           {"rel_error", rel_error(predicted, measured)}};
-}
-
-std::string percent(const json& e) {
-  return e.is_null() ? std::string("n/a") : fmt::format("{:+.1f}%", 100 * e.get<double>());
 }
 
 // Where the run is not of the plan: "<run's JSON pointer>: the run's X, the plan's Y", one each.

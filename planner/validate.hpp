@@ -43,4 +43,9 @@ std::string validate_table(const nlohmann::json& plan_document, const nlohmann::
                            bool force = false,
                            const documents::HardwareProfile* hardware = nullptr);
 
+// The comparisons' two helpers, shared with validate_pipeline.cpp: (predicted − measured) /
+// measured, null where nothing was measured (0 when neither is); and that as "+5.0%" or "n/a".
+nlohmann::json rel_error(double predicted, double measured);
+std::string percent(const nlohmann::json& rel_error);
+
 }  // namespace shardplan::planner

@@ -14,6 +14,7 @@
 #include "documents/hardware.hpp"
 #include "documents/plan.hpp"
 #include "planner/text.hpp"
+#include "planner/validate.hpp"
 
 namespace shardplan::planner {
 namespace {
@@ -23,7 +24,6 @@ using core::ObjectReader;
 using core::Range;
 using nlohmann::json;
 
-constexpr double kMiB = 1024.0 * 1024.0;
 constexpr char kKind[] = "executor pipeline run";
 
 // What validate reads from a pipeline run document.
@@ -181,15 +181,6 @@ Prediction predict(const documents::Plan& plan, const PipelineRun& run,
   else
     out.notes.push_back("no step time predicted: " + step.step.reason);
   return out;
-}
-
-json rel_error(double predicted, double measured) {
-  if (measured == 0) return predicted == 0 ? json(0.0) : json(nullptr);
-  return (predicted - measured) / measured;
-}
-
-std::string percent(const json& e) {
-  return e.is_null() ? std::string("n/a") : fmt::format("{:+.1f}%", 100 * e.get<double>());
 }
 
 double median(std::vector<double> v) {
