@@ -77,7 +77,7 @@ struct ShardingSpec {
   // Flavour details the memory accounting needs.
   bool fp32_sharded_params = false;     // FSDP: the sharded parameter is fp32, cast at all-gather
   bool separate_fp32_master = false;    // DeepSpeed: bf16 partition plus an fp32 master partition
-  bool contiguous_grad_bucket = false;  // DeepSpeed: a preallocated reduce bucket (x2 overlapping)
+  bool contiguous_grad_bucket = false;  // DeepSpeed: one preallocated reduce bucket
   bool flat_grad_partition = false;     // DeepSpeed ZeRO-3: a flat fp32 gradient partition buffer
   bool grad_bucket_copy = false;        // torch DDP without gradient_as_bucket_view: grads copied
                                         // into all-reduce buckets (a second gradient copy)
