@@ -90,6 +90,17 @@ public:
   StepResult run();
 
 private:
+  // Parameters every rank keeps whole although parameters are sharded (ZeRO-3's persistent
+  // tensors), all units together.
+  double persistent_params() const {
+    if (!spec_.shard_parameters) return 0;
+    double n = 0;
+    for (int k = 0; k < 3; ++k)
+      n += (k == 1 ? static_cast<double>(in_.model->layers) : 1.0) *
+           (units_[k].params - units_[k].shardable);
+    return n;
+  }
+
   // Schedules an op on a stream once `ready`; returns its start. `cause` is the stream whose
   // completion made it ready (for attributing compute idle time).
   double issue(Stream s, double ready, Stream cause, double dur, const char* what, int unit);
@@ -136,16 +147,6 @@ private:
   // (deepspeed/runtime/zero/stage3.py, grad_partitions_flat_buffer); stages 1/2 take their reduce
   // bucket at a backward's first gradient and release it at its end (stage_1_and_2.py,
   // setup_buckets and _release_ipg_buffers), stage 3 keeps its bucket from initialize.
-  // Parameters every rank keeps whole although parameters are sharded (ZeRO-3's persistent
-  // tensors), all units together.
-  double persistent_params() const {
-    if (!spec_.shard_parameters) return 0;
-    double n = 0;
-    for (int k = 0; k < 3; ++k)
-      n += (k == 1 ? static_cast<double>(in_.model->layers) : 1.0) *
-           (units_[k].params - units_[k].shardable);
-    return n;
-  }
   bool persistent_flat_partition() const {
     return frameworks_ && spec_.flat_grad_partition && spec_.offload == Offload::none;
   }
@@ -995,9 +996,10 @@ double Simulation::optimizer_step(double t, const States& states) {
   }
   // ZeRO-3: the persistent parameters (kept whole, below stage3_param_persistence_threshold)
   // are all-gathered from their updated partitions once the step is done (stage3.py, _post_step:
-  // persistent_parameters[0].all_gather), one call per tensor, outside the backward's overlap.
+  // persistent_parameters[0].all_gather: one call per tensor, costed as one of their total),
+  // outside the backward's overlap.
   const double persistent = persistent_params();
-  if (s.shard_parameters && persistent > 0) {
+  if (persistent > 0) {
     const double dur = coll(Collective::all_gather, shard_group_, persistent * compute_b_);
     const double st =
         issue(Stream::all_gather, t, Stream::compute, dur, "persistent parameter all-gather", -1);
