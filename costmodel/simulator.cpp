@@ -1055,6 +1055,8 @@ void Simulation::account_compute(std::int64_t gas, const FirstMicroBatch& first)
   for (int u = 0; u < n_units_; ++u) {
     const auto& ui = info(u);
     compute_per_mb += ui.fwd_s + ui.bwd_s + ui.recompute_s;
+    result_.forward_per_mb_s += ui.fwd_s;
+    result_.backward_per_mb_s += ui.bwd_s + ui.recompute_s;
   }
   result_.compute_s = compute_per_mb * static_cast<double>(gas) + result_.optimizer_s;
   double recompute_per_mb = 0;

@@ -74,6 +74,8 @@ struct StepResult {
   double compute_s = 0;  // busy time of the compute stream (incl. recompute, optimizer)
   double recompute_s = 0;
   double optimizer_s = 0;
+  double forward_per_mb_s = 0;   // one micro-batch's forward on the compute stream
+  double backward_per_mb_s = 0;  // one micro-batch's backward, recompute included
   // The compute stream's busy time by kind (compute_time.hpp); sums to compute_s.
   ComputeTimes compute_by_kind_s{};
   double exposed_comm_s = 0;  // compute stream idle, waiting on communication or transfers

@@ -529,18 +529,18 @@ void run_parallel_estimate(const CliOptions& o, std::ostream& out) {
   Scenario sc = make_scenario(o.so, false);
   const auto layout = layout_from_options(o.pa, sc);
   const auto spec = make_plan_spec(o.po, *o.po.strategy, sc);
-  const auto r = costmodel::simulate_parallel_step(step_input(sc, spec, sc.job), layout);
-  if (!r.step.valid) throw InputError("--strategy", r.step.reason);
+  const Evaluation e = evaluate_layout(sc, spec, sc.job, layout);
+  if (!e.result.valid) throw InputError("--strategy", e.result.reason);
+  check_countable(sc, e);
   if (o.format == "json") {
-    auto j = parallel_to_json(sc, layout, spec, r);
+    auto j = evaluation_to_json(sc, e);
     j["hardware_profile"] = hardware_json(sc);
+    if (!sc.defaulted.empty()) j["defaulted"] = sc.defaulted;
     out << json_document(j);
     return;
   }
   if (!sc.defaulted.empty()) out << defaults_line(sc) << "\n";
-  out << scenario_line(sc) << "\n"
-      << hardware_line(sc) << "\n"
-      << parallel_table(sc, layout, spec, r);
+  out << scenario_line(sc) << "\n" << hardware_line(sc) << "\n" << evaluation_table(sc, e);
 }
 
 // estimate, and simulate (estimate that also writes the step's timeline).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -63,6 +64,25 @@ StepInput step_input(const Scenario& sc, const ShardingSpec& spec, const Trainin
   return in;
 }
 
+namespace {
+
+// A data-parallel plan's one stage: the whole model, its peak, its compute per micro-batch.
+void report_one_stage(const Scenario& sc, Evaluation& e) {
+  const auto& r = e.result;
+  StageReport st;
+  st.blocks = static_cast<double>(sc.model.layers);
+  st.at_peak = r.at_peak;
+  st.forward_s = r.forward_per_mb_s;
+  st.backward_s = r.backward_per_mb_s;
+  e.stages = {st};
+  e.exposed_s = {};
+  e.exposed_s.data = r.exposed_comm_s;
+  e.bytes = {};
+  e.bytes.data = r.comm_bytes_per_gpu;
+}
+
+}  // namespace
+
 Evaluation evaluate(const Scenario& sc, const ShardingSpec& spec, const TrainingJob& job,
                     Trace* trace) {
   Evaluation e;
@@ -70,7 +90,46 @@ Evaluation evaluate(const Scenario& sc, const ShardingSpec& spec, const Training
   e.job = job;
   e.result = simulate_step(step_input(sc, spec, job), trace);
   e.fits = e.result.valid && e.result.peak_bytes <= sc.usable_bytes();
+  report_one_stage(sc, e);
   return e;
+}
+
+Evaluation layout_evaluation(const Scenario& sc, const ShardingSpec& spec, const TrainingJob& job,
+                             const ParallelLayout& layout, const ParallelStep& step) {
+  Evaluation e;
+  e.spec = spec;
+  e.job = job;
+  e.result = step.step;
+  e.fits = e.result.valid && e.result.peak_bytes <= sc.usable_bytes();
+  e.layout = layout;
+  if (layout.trivial()) {
+    report_one_stage(sc, e);
+    return e;
+  }
+  for (const auto& m : step.memory.stages) {
+    const auto i = static_cast<std::size_t>(m.stage);
+    StageReport st;
+    st.stage = m.stage;
+    st.blocks = m.blocks;
+    st.in_flight = m.in_flight;
+    st.at_peak = {m.param_bytes,      m.grad_bytes,   m.optimizer_bytes,
+                  m.activation_bytes, m.buffer_bytes, m.overhead_bytes};
+    st.forward_s = i < step.stage_forward_s.size() ? step.stage_forward_s[i] : 0.0;
+    st.backward_s = i < step.stage_backward_s.size() ? step.stage_backward_s[i] : 0.0;
+    e.stages.push_back(st);
+  }
+  e.bubble_s = step.bubble_s;
+  e.bubble_fraction = step.walk.bubble_fraction;
+  e.exposed_s = {step.tp_exposed_s, step.cp_exposed_s, 0.0, step.dp_exposed_s};
+  e.bytes = {step.tp_bytes, step.cp_bytes, step.pp_bytes, step.dp_bytes};
+  return e;
+}
+
+Evaluation evaluate_layout(const Scenario& sc, const ShardingSpec& spec, const TrainingJob& job,
+                           const ParallelLayout& layout) {
+  if (layout.trivial()) return evaluate(sc, spec, job);
+  return layout_evaluation(sc, spec, job, layout,
+                           simulate_parallel_step(step_input(sc, spec, job), layout));
 }
 
 Evaluation evaluate_choosing_micro_batch(const Scenario& sc, const ShardingSpec& spec,
@@ -152,13 +211,35 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
   nlohmann::json by_kind = nlohmann::json::object();
   for (int k = 0; k < kComputeKinds; ++k)
     by_kind[compute_kind_name(static_cast<ComputeKind>(k))] = r.compute_by_kind_s[k];
+  const auto& l = e.layout;
+  const int d = l.data_parallel(sc.cluster.gpus);
+  auto parallelism = documents::layout_to_json(l);
+  parallelism["data_parallel"] = d;
+  parallelism["micro_batches"] = r.grad_accumulation;  // per replica and step, whatever the layout
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& st : e.stages) {
+    nlohmann::json bytes = nlohmann::json::object();
+    for (int c = 0; c < kCategories; ++c)
+      bytes[category_name(static_cast<Category>(c))] = count_json(st.at_peak[c]);
+    stages.push_back({{"stage", st.stage},
+                      {"blocks", st.blocks},
+                      {"in_flight_micro_batches", st.in_flight},
+                      {"peak_bytes", count_json(total(st.at_peak))},
+                      {"breakdown", bytes},
+                      {"forward_s", st.forward_s},
+                      {"backward_s", st.backward_s}});
+  }
+  auto dimensions = [](const ByDimension& v) {
+    return nlohmann::json{
+        {"tensor", v.tensor}, {"context", v.context}, {"pipeline", v.pipeline}, {"data", v.data}};
+  };
   nlohmann::json out = {{"model", sc.model.name},
                         {"hardware", sc.hardware.name},
                         {"gpus", sc.cluster.gpus},
                         {"gpus_per_node", sc.cluster.gpus_per_node},
                         {"strategy", e.spec.strategy},
                         {"flavour", flavour_name(e.spec.flavour)},
-                        {"shard_group_size", e.spec.group(sc.cluster.gpus)},
+                        {"shard_group_size", e.spec.group(std::max(1, d) * l.context_parallel)},
                         {"offload", offload_name(e.spec.offload)},
                         {"micro_batch", e.job.micro_batch},
                         {"grad_accumulation", r.grad_accumulation},
@@ -189,23 +270,43 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
                           {"recompute_s", r.recompute_s},
                           {"optimizer_s", r.optimizer_s},
                           {"compute_by_kind_s", by_kind},
+                          {"bubble_s", e.bubble_s},
+                          {"bubble_fraction", e.bubble_fraction},
                           {"exposed_comm_s", r.exposed_comm_s},
                           {"straggler_wait_s", r.straggler_wait_s},
+                          {"exposed_by_dimension_s", dimensions(e.exposed_s)},
                           {"exposed_by_stream_s", exposed}}},
                         {"comm",
                          {{"bytes_per_gpu", r.comm_bytes_per_gpu},
+                          {"bytes_by_dimension", dimensions(e.bytes)},
                           {"bytes_by_collective", bytes_by_op},
                           {"calibrated", r.calibrated_comm},
                           {"extrapolated", r.extrapolated_comm}}},
                         {"throughput", {{"tokens_per_s", r.tokens_per_s}}},
-                        {"mfu", r.mfu}};
+                        {"mfu", r.mfu},
+                        {"parallelism", parallelism},
+                        {"stages", stages}};
   if (r.host_optimizer_s > 0) out["time"]["host_optimizer_s"] = r.host_optimizer_s;
   if (!r.valid) out["reason"] = r.reason;
-  out["schema_version"] = 1;
+  out["schema_version"] = kEstimateSchemaVersion;
   return out;
 }
 
 namespace {
+
+// "parallelism: tensor 8 with sequence parallel, pipeline 4 (interleaved-1f1b, 5 virtual stages,
+// 8 micro-batches of 1), context 1, data 8 (fsdp-full)"
+std::string layout_line(const Scenario& sc, const Evaluation& e) {
+  const auto& l = e.layout;
+  std::string pipe =
+      fmt::format("pipeline {} ({}", l.pipeline_parallel, documents::schedule_name(l.schedule));
+  if (l.virtual_stages > 1) pipe += fmt::format(", {} virtual stages", l.virtual_stages);
+  pipe += fmt::format(", {} micro-batches of {})", l.micro_batches, e.job.micro_batch);
+  return fmt::format("parallelism: tensor {}{}{}, {}, context {}, data {} ({})", l.tensor_parallel,
+                     l.sequence_parallel ? " with sequence parallel" : "",
+                     l.async_tensor_parallel ? " (async)" : "", pipe, l.context_parallel,
+                     l.data_parallel(sc.cluster.gpus), e.spec.strategy);
+}
 
 // The table's memory part: the peak by category, against the capacity, and the verdict.
 void memory_lines(Text& text, const Scenario& sc, const Evaluation& e) {
@@ -243,8 +344,10 @@ void memory_lines(Text& text, const Scenario& sc, const Evaluation& e) {
   }
 }
 
-// The table's time part: compute by kind of op, each stream's exposed time, the step, throughput.
-void time_lines(Text& text, const StepResult& r) {
+// The table's time part: compute by kind of op, the pipeline's bubble, each stream's (or with
+// model parallelism each dimension's) exposed time, the step, throughput.
+void time_lines(Text& text, const Evaluation& e) {
+  const auto& r = e.result;
   text.line("time per optimizer step");
   text.line("  {:<42} {:>12}", "compute (forward, backward, optimizer)", seconds(r.compute_s));
   // Where the compute stream's time goes, by kind of op (costmodel/compute_time.hpp).
@@ -256,7 +359,8 @@ void time_lines(Text& text, const StepResult& r) {
                                             "optimizer step"};
   // An offloaded optimizer step runs on the host's CPUs, not the compute stream: its own line.
   const bool host_optimizer = r.host_optimizer_s > 0;
-  for (int k = 0; k < kComputeKinds; ++k)
+  // (Known where the step simulator walks the ops: t = p = c = 1.)
+  for (int k = 0; k < kComputeKinds && e.layout.trivial(); ++k)
     if (r.compute_by_kind_s[k] > 0 ||
         (k == static_cast<int>(ComputeKind::optimizer) && !host_optimizer))
       text.line("  {:<42} {:>12}", fmt::format("  {}", kind_labels[k]),
@@ -266,7 +370,19 @@ void time_lines(Text& text, const StepResult& r) {
   if (host_optimizer)
     text.line("  {:<42} {:>12}   (exposed: the GPUs wait for it)",
               "optimizer step on the host's CPUs", seconds(r.host_optimizer_s));
-  for (int s = 1; s < kStreams; ++s) {
+  if (!e.layout.trivial()) {
+    const auto& l = e.layout;
+    if (l.pipeline_parallel > 1)
+      text.line("  {:<42} {:>12}", "pipeline bubble (with the stages' sends)", seconds(e.bubble_s));
+    const std::tuple<const char*, double, bool> waits[] = {
+        {"tensor parallel", e.exposed_s.tensor, l.tensor_parallel > 1},
+        {"context parallel", e.exposed_s.context, l.context_parallel > 1},
+        {"pipeline sends", e.exposed_s.pipeline, e.exposed_s.pipeline > 0},
+        {"data parallel", e.exposed_s.data, true}};
+    for (const auto& [what, t, shown] : waits)
+      if (shown) text.line("  {:<42} {:>12}", fmt::format("exposed {}", what), seconds(t));
+  }
+  for (int s = 1; s < kStreams && e.layout.trivial(); ++s) {
     const double apart = s == static_cast<int>(Stream::host) ? r.host_optimizer_s : 0.0;
     const double exposed = std::max(0.0, r.exposed_s[s] - apart),
                  busy = std::max(0.0, r.busy_s[s] - apart);
@@ -284,6 +400,20 @@ void time_lines(Text& text, const StepResult& r) {
                         : " (datasheet links)");
 }
 
+// Per pipeline stage: its blocks, the micro-batches it holds, its peak by category, its compute.
+void stage_lines(Text& text, const Evaluation& e) {
+  text.line("{:>5} {:>6} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}", "stage",
+            "blocks", "in flight", "parameters", "gradients", "optimizer", "buffers", "activations",
+            "peak", "forward/mb", "backward/mb");
+  for (const auto& st : e.stages) {
+    const auto c = [&](Category k) { return gib(st.at_peak[static_cast<int>(k)]); };
+    text.line("{:>5} {:>6g} {:>9g} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
+              st.stage, st.blocks, st.in_flight, c(Category::parameters), c(Category::gradients),
+              c(Category::optimizer_states), c(Category::buffers), c(Category::activations),
+              gib(total(st.at_peak)), seconds(st.forward_s), seconds(st.backward_s));
+  }
+}
+
 }  // namespace
 
 std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
@@ -291,6 +421,7 @@ std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
   Text text;
   text.line("training code: recipe {} ({}), loss {}", recipe_name(e.job.recipe),
             recipe_description(e.job.recipe), loss_label(e.job));
+  if (!e.layout.trivial()) text.line("{}", layout_line(sc, e));
   text.line("plan: {} ({}){}, micro-batch {} x {} accumulation, checkpointing {}, offload {}",
             e.spec.strategy, flavour_name(e.spec.flavour),
             e.spec.shard_group_size > 0 ? fmt::format(", shard group {}", e.spec.shard_group_size)
@@ -304,7 +435,11 @@ std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
   text.line("");
   memory_lines(text, sc, e);
   text.line("");
-  time_lines(text, r);
+  time_lines(text, e);
+  if (e.stages.size() > 1) {
+    text.line("");
+    stage_lines(text, e);
+  }
   return text.str;
 }
 

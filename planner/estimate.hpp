@@ -7,16 +7,42 @@
 
 #include <nlohmann/json.hpp>
 
+#include "costmodel/parallel_step.hpp"
 #include "costmodel/simulator.hpp"
 #include "planner/scenario.hpp"
 
 namespace shardplan::planner {
 
+// A step's seconds or bytes split over the layout's dimensions: tensor, context and pipeline
+// parallelism's, and data parallelism's (all of a one-dimensional plan's).
+struct ByDimension {
+  double tensor = 0, context = 0, pipeline = 0, data = 0;
+  double sum() const { return tensor + context + pipeline + data; }
+};
+
+// One pipeline stage (the whole model when p = 1): its memory at its own peak and its compute
+// stream's time per micro-batch.
+struct StageReport {
+  int stage = 0;
+  double blocks = 0;               // transformer blocks on the stage
+  double in_flight = 1;            // micro-batches whose activations it holds at once
+  costmodel::Breakdown at_peak{};  // bytes by category at the stage's peak (sums to it)
+  double forward_s = 0;            // per micro-batch, recompute apart, exposed TP/CP waits in
+  double backward_s = 0;           // per micro-batch, recompute included
+};
+
+// Every plan, whatever its layout, is reported as one of these (evaluation_to_json).
 struct Evaluation {
   documents::ShardingSpec spec;
   documents::TrainingJob job;  // with the micro-batch used
   costmodel::StepResult result;
-  bool fits = false;  // valid and peak <= usable capacity
+  bool fits = false;                 // valid and peak <= usable capacity
+  documents::ParallelLayout layout;  // t = p = c = 1 for a data-parallel plan
+  std::vector<StageReport> stages;   // one per pipeline stage
+  double bubble_s = 0;               // the busiest stage's pipeline idle time
+  double bubble_fraction = 0;        // the schedule's idle share of the busiest stage's work
+  ByDimension exposed_s;             // the compute stream's waits: sum to result.exposed_comm_s
+  ByDimension bytes;                 // bytes one GPU sends: sum to result.comm_bytes_per_gpu
 };
 
 // Near the edge, three verdicts: fits (the peak is within the usable capacity, headroom kept),
@@ -29,6 +55,16 @@ costmodel::StepInput step_input(const Scenario& sc, const documents::ShardingSpe
                                 const documents::TrainingJob& job);
 Evaluation evaluate(const Scenario& sc, const documents::ShardingSpec& spec,
                     const documents::TrainingJob& job, costmodel::Trace* trace = nullptr);
+// A plan with tensor, pipeline or context parallelism (job.micro_batch set, the layout's
+// micro-batches agreeing with it); a trivial layout is evaluate()'s plan.
+Evaluation evaluate_layout(const Scenario& sc, const documents::ShardingSpec& spec,
+                           const documents::TrainingJob& job,
+                           const documents::ParallelLayout& layout);
+// The report of a layout already simulated (the layout search's candidates).
+Evaluation layout_evaluation(const Scenario& sc, const documents::ShardingSpec& spec,
+                             const documents::TrainingJob& job,
+                             const documents::ParallelLayout& layout,
+                             const costmodel::ParallelStep& step);
 // The job's micro-batch if set, otherwise the largest divisor of the per-GPU batch that fits
 // (the smallest if none does, so the answer shows by how much).
 Evaluation evaluate_choosing_micro_batch(const Scenario& sc, const documents::ShardingSpec& spec,
@@ -44,6 +80,11 @@ void check_countable(const Scenario& sc, const Evaluation& e);
 std::vector<std::pair<std::string, double>> exposed_by_wait(const costmodel::StepResult& r);
 inline constexpr const char* kCpuOptimizerWait = "CPU optimizer step";
 
+// The one document of a plan, whatever its layout: the scenario, memory (the peak stage's),
+// time (step = compute + bubble + exposed communication, each split by what it is), comm,
+// throughput, fits and verdict, parallelism (t, p, c, d, the schedule) and stages[].
+// Version 2: parallelism and stages added, and one shape for every layout.
+inline constexpr int kEstimateSchemaVersion = 2;
 nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e);
 std::string scenario_line(const Scenario& sc);
 std::string evaluation_table(const Scenario& sc, const Evaluation& e);

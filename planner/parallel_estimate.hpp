@@ -1,5 +1,5 @@
 // `planner estimate` with tensor, pipeline and context parallelism: the flags, the layout they
-// make with the scenario's batch, and the per-stage report (costmodel/parallel_step.hpp).
+// make with the scenario's batch; the report is estimate.hpp's, one document for every layout.
 #pragma once
 
 #include <optional>
@@ -32,11 +32,5 @@ void add_parallel_options(CLI::App& app, ParallelOptions& o);
 // 1), checked against the model and cluster. Sets sc.job.micro_batch. Throws InputError naming
 // the flags and the reasons.
 documents::ParallelLayout layout_from_options(const ParallelOptions& o, Scenario& sc);
-
-std::string parallel_table(const Scenario& sc, const documents::ParallelLayout& l,
-                           const documents::ShardingSpec& spec, const costmodel::ParallelStep& r);
-nlohmann::json parallel_to_json(const Scenario& sc, const documents::ParallelLayout& l,
-                                const documents::ShardingSpec& spec,
-                                const costmodel::ParallelStep& r);
 
 }  // namespace shardplan::planner

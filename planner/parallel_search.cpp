@@ -243,25 +243,18 @@ std::string layout_search_table(const Scenario& sc, const LayoutSearch& s, int t
 }
 
 nlohmann::json layout_search_json(const Scenario& sc, const LayoutSearch& s, int top) {
+  // Each candidate is the document estimate prints for its layout, with the flags that run it.
   auto one = [&](const LayoutCandidate& c) {
-    return nlohmann::json{{"parallelism", layout_to_json(c.layout)},
-                          {"data_parallel", c.layout.data_parallel(sc.cluster.gpus)},
-                          {"strategy", c.spec.strategy},
-                          {"micro_batch", c.job.micro_batch},
-                          {"checkpointing", checkpointing_label(c.job)},
-                          {"step_s", c.result.step.step_s},
-                          {"peak_bytes", c.result.step.peak_bytes},
-                          {"peak_when", c.result.step.peak_when},
-                          {"bubble_s", c.result.bubble_s},
-                          {"mfu", c.result.step.mfu},
-                          {"fits", c.fits},
-                          {"torchtitan", torchtitan_options(sc, c)},
-                          {"megatron", megatron_arguments(sc, c)}};
+    auto j = evaluation_to_json(sc, layout_evaluation(sc, c.spec, c.job, c.layout, c.result));
+    j.erase("schema_version");  // the search document's own
+    j["torchtitan"] = torchtitan_options(sc, c);
+    j["megatron"] = megatron_arguments(sc, c);
+    return j;
   };
   nlohmann::json ranked = nlohmann::json::array();
   for (int i = 0; i < top && i < static_cast<int>(s.ranked.size()); ++i)
     ranked.push_back(one(s.ranked[static_cast<std::size_t>(i)]));
-  nlohmann::json j = {{"schema_version", 1},
+  nlohmann::json j = {{"schema_version", kEstimateSchemaVersion},
                       {"layouts_considered", s.layouts},
                       {"evaluated", s.evaluated},
                       {"search_s", s.seconds},

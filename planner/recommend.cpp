@@ -106,7 +106,7 @@ std::string recommendation_table(const Scenario& sc, const Recommendation& r, in
 nlohmann::json recommendation_json(const Scenario& sc, const Recommendation& r, int top) {
   const auto& s = r.search;
   nlohmann::json out;
-  out["schema_version"] = 1;
+  out["schema_version"] = kEstimateSchemaVersion;  // its candidates are estimate's documents
   out["default_job"] = sc.is_default;
   out["scenario"] = scenario_line(sc);
   out["hardware_profile"] = hardware_json(sc);

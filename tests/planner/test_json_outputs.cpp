@@ -34,10 +34,11 @@ std::vector<std::string> with(std::vector<std::string> args, const std::vector<s
 }  // namespace
 
 TEST_CASE("json_outputs::estimate, recommend, describe and validate print schema_version") {
+  // Version 2 of the estimate: one document for every layout (parallelism and stages[]).
   CHECK(printed(with({"estimate", "--strategy", "zero3", "--format", "json"}, kJob))
-            .at("schema_version") == 1);
+            .at("schema_version") == 2);
   const auto recommendation = printed(with({"recommend", "--format", "json"}, kJob));
-  CHECK(recommendation.at("schema_version") == 1);
+  CHECK(recommendation.at("schema_version") == 2);
   // The candidates inside it are the recommendation document's, not documents of their own.
   CHECK_FALSE(recommendation.at("recommendation").contains("schema_version"));
   CHECK(printed(with({"recommend", "--emit", "plan"}, kJob)).at("schema_version") == 1);
@@ -53,7 +54,7 @@ TEST_CASE("json_outputs::each plan that compare prints carries schema_version") 
       printed(with({"compare", "--strategy", "ddp,zero3", "--format", "json"}, kJob));
   REQUIRE(plans.is_array());
   REQUIRE(plans.size() == 2);
-  for (const auto& plan : plans) CHECK(plan.at("schema_version") == 1);
+  for (const auto& plan : plans) CHECK(plan.at("schema_version") == 2);
 }
 
 TEST_CASE("json_outputs::the --trace file carries schema_version") {

@@ -45,7 +45,11 @@ TEST_CASE("cli_parallel::estimate reports per stage and names the peak stage") {
       has(r.out,
           "parallelism: tensor 8 with sequence parallel, pipeline 4 (1f1b, 8 micro-batches of 1), "
           "context 1, data 8 (fsdp-full)"));
-  CHECK(has(r.out, "on stage 0 of 4 (embeddings, 20 blocks, 4 micro-batches in flight)"));
+  CHECK(has(r.out,
+            "peak happens at                            stage 0 of 4 (embeddings, 20 blocks, "
+            "4 micro-batches in flight)"));
+  // More than one stage: the stage table, each stage's peak and compute per micro-batch.
+  CHECK(has(r.out, "stage blocks in flight"));
   const auto j = planner(
       llama70b({"--tensor-parallel", "8", "--sequence-parallel", "--pipeline-parallel", "4",
                 "--schedule", "interleaved-1f1b", "--virtual-stages", "5", "--format", "json"}));
@@ -54,7 +58,7 @@ TEST_CASE("cli_parallel::estimate reports per stage and names the peak stage") {
   CHECK(doc["stages"].size() == 4);
   CHECK(doc["parallelism"]["virtual_stages"] == 5);
   // Interleaving 5 chunks: the walk's bubble below 1F1B's (p − 1)/m = 3/8.
-  CHECK(doc["bubble_fraction"].get<double>() < 3.0 / 8);
+  CHECK(doc["time"]["bubble_fraction"].get<double>() < 3.0 / 8);
   // p·(1 + (p − 1)/(p·v)) = 4·(1 + 3/20) = 4.6 micro-batches in flight on the first stage.
   CHECK(doc["stages"][0]["in_flight_micro_batches"].get<double>() == doctest::Approx(4.6));
 }

@@ -3,6 +3,7 @@
 // as users run it.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -96,4 +97,98 @@ TEST_CASE("step_parts::FSDP2 holds one reduce-scatter input at a time, so memory
     CHECK(peak >= last);
     last = peak;
   }
+}
+
+namespace {
+
+// The keys of an object, and of each object inside it whose keys are the document's (not names
+// of categories, streams or collectives, which may differ with the plan).
+std::vector<std::string> shape(const nlohmann::json& j, const std::string& at = "") {
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : j.items()) {
+    const std::string path = std::string(at).append("/").append(k);
+    keys.push_back(path);
+    if (v.is_object() && k != "exposed_by_stream_s" && k != "bytes_by_collective") {
+      const auto inner = shape(v, path);
+      keys.insert(keys.end(), inner.begin(), inner.end());
+    }
+    if (k == "stages" && !v.empty()) {
+      const auto inner = shape(v.at(0), at + "/stages/0");
+      keys.insert(keys.end(), inner.begin(), inner.end());
+    }
+  }
+  return keys;
+}
+
+const std::vector<std::string> kLlama70b = {"--model",         "llama-3-70b",
+                                            "--hardware",      "h100-sxm5-80gb",
+                                            "--gpus",          "256",
+                                            "--gpus-per-node", "8",
+                                            "--seq-len",       "8192",
+                                            "--global-batch",  "256",
+                                            "--micro-batch",   "1"};
+
+nlohmann::json estimate_70b(const std::string& strategy, std::vector<std::string> layout) {
+  auto a = kLlama70b;
+  a.insert(a.end(), {"--strategy", strategy});
+  a.insert(a.end(), layout.begin(), layout.end());
+  return estimate(a);
+}
+
+}  // namespace
+
+TEST_CASE("step_parts::every layout is reported in one document") {
+  // The data-parallel estimate and a 3D one have the same keys, down to a stage's; t = p = c = 1
+  // given explicitly is the estimate without them, byte for byte.
+  const auto one = estimate_70b("fsdp-full", {});
+  const auto three = estimate_70b(
+      "fsdp-full", {"--tensor-parallel", "8", "--sequence-parallel", "--pipeline-parallel", "4"});
+  CHECK(shape(one) == shape(three));
+  CHECK(one.at("schema_version") == 2);
+  CHECK(one.at("stages").size() == 1);
+  CHECK(three.at("stages").size() == 4);
+  CHECK(one.at("parallelism").at("data_parallel") == 256);
+  CHECK(three.at("parallelism").at("data_parallel") == 8);
+  CHECK(three.at("fits").is_boolean());
+  CHECK(three.at("verdict").is_string());
+  CHECK(estimate_70b("fsdp-full", {"--tensor-parallel", "1", "--pipeline-parallel", "1",
+                                   "--context-parallel", "1"}) == one);
+  // The one stage of a data-parallel plan holds the plan's peak.
+  CHECK(one.at("stages").at(0).at("peak_bytes") == one.at("memory").at("peak_bytes"));
+}
+
+TEST_CASE("step_parts::with model parallelism the step is compute, bubble and each dimension's "
+          "waits") {
+  // A grid of layouts: step = compute + pipeline bubble + exposed communication, and the exposed
+  // communication is the sum of the dimensions' (tensor, context, pipeline, data); the bytes
+  // sent are the sum of the dimensions' too. The peak is the largest stage's.
+  int layouts = 0;
+  for (const char* strategy : {"ddp", "zero1", "fsdp-full"})
+    for (const char* t : {"1", "8"})
+      for (const char* p : {"1", "4"})
+        for (const char* c : {"1", "2"}) {
+          std::vector<std::string> l = {"--tensor-parallel",  t, "--pipeline-parallel", p,
+                                        "--context-parallel", c};
+          if (std::string(t) != "1") l.emplace_back("--sequence-parallel");
+          INFO(strategy << " t " << t << " p " << p << " c " << c);
+          const auto e = estimate_70b(strategy, l);
+          const auto& time = e.at("time");
+          const double step = time.at("step_s").get<double>();
+          double waits = 0;
+          for (const auto& [dim, s] : time.at("exposed_by_dimension_s").items())
+            waits += s.get<double>();
+          CHECK(waits == doctest::Approx(time.at("exposed_comm_s").get<double>()).epsilon(1e-9));
+          CHECK(time.at("compute_s").get<double>() + time.at("bubble_s").get<double>() + waits ==
+                doctest::Approx(step).epsilon(1e-9));
+          double bytes = 0;
+          for (const auto& [dim, b] : e.at("comm").at("bytes_by_dimension").items())
+            bytes += b.get<double>();
+          CHECK(bytes == doctest::Approx(e.at("comm").at("bytes_per_gpu").get<double>()));
+          double largest = 0;
+          for (const auto& st : e.at("stages"))
+            largest = std::max(largest, st.at("peak_bytes").get<double>());
+          CHECK(largest == doctest::Approx(e.at("memory").at("peak_bytes").get<double>()));
+          ++layouts;
+        }
+  CHECK(layouts == 24);
 }
