@@ -93,12 +93,13 @@ std::array<Gemm, 2> backward_gemms(const Gemm& f) {
 }
 
 double AttentionShape::scored_pairs() const {
-  const auto s = static_cast<double>(seq);
-  return static_cast<double>(batch) * static_cast<double>(heads) * s * (s + 1) / 2;
+  const auto s = static_cast<double>(seq) * static_cast<double>(context);
+  return static_cast<double>(batch) * static_cast<double>(heads) * s * (s + 1) / 2 /
+         static_cast<double>(context);
 }
 
-AttentionShape attention_shape(const ModelSpec& m, const TrainingJob& j) {
-  return {j.micro_batch, j.seq_len, m.heads, m.kv_heads, m.head_dim};
+AttentionShape attention_shape(const ModelSpec& m, const TrainingJob& j, int context) {
+  return {j.micro_batch, j.seq_len, m.heads, m.kv_heads, m.head_dim, context};
 }
 
 double UnitWork::forward_s() const { return total_s(forward); }
@@ -210,7 +211,7 @@ double ComputeModel::traffic_s(double bytes) const {
 }
 
 UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j, UnitKind unit,
-                   const Forward& f) {
+                   const Forward& f, int context) {
   const auto tokens = j.seq_len * j.micro_batch;
   UnitWork w;
   const auto gemm = static_cast<int>(ComputeKind::gemm);
@@ -223,7 +224,7 @@ UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob
     w.backward_kernels += 2;
   }
   if (unit == UnitKind::block && m.heads > 0) {
-    const auto a = attention_shape(m, j);
+    const auto a = attention_shape(m, j, context);
     w.forward[attention] = cm.attention_forward_s(a);
     w.backward[attention] = cm.attention_backward_s(a);
     const bool flash = j.attention == AttentionImpl::flash;

@@ -48,10 +48,14 @@ std::array<Gemm, 2> backward_gemms(const Gemm& forward);
 // The causal attention core of one micro-batch.
 struct AttentionShape {
   std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
-  // Query-key pairs scored: the causal triangle with its diagonal, b·a·s·(s+1)/2.
+  // Ranks sharing each sequence (ring attention): this rank's seq queries meet all S = seq·context
+  // keys, and load-balanced chunks give every rank the same share of the causal triangle.
+  std::int64_t context = 1;
+  // Query-key pairs scored: the causal triangle with its diagonal, b·a·S·(S+1)/2, over the
+  // context ranks.
   double scored_pairs() const;
 };
-AttentionShape attention_shape(const ModelSpec& m, const TrainingJob& j);
+AttentionShape attention_shape(const ModelSpec& m, const TrainingJob& j, int context = 1);
 
 // One unit's work on the device, per micro-batch, by kind (gemm, attention, memory_bound), and the
 // kernels it launches.
@@ -102,8 +106,9 @@ private:
 // Per micro-batch work of each unit kind; the block's is one block's. `f`: the dtypes the
 // forward reads (accounting.hpp); a framework's recipe moves the bytes of costmodel/traffic.hpp
 // in its memory-bound ops, the executor and Megatron the passes of elementwise.hpp.
+// `context`: the ranks sharing each sequence (j holds this rank's share of it).
 UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j, UnitKind unit,
-                   const Forward& f);
+                   const Forward& f, int context = 1);
 // One block's rerun in backward under the job's checkpointing mode, by kind (0 for none).
 ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j,
                              const Forward& f);

@@ -317,12 +317,55 @@ void summarize(const StepInput& in, const ParallelLayout& l, ParallelStep& out) 
 
 }  // namespace
 
+namespace {
+
+// Context parallelism alone (t = p = 1): the step simulator's walk of one rank of the ring, its
+// report as the one stage of the layout.
+ParallelStep walk_context_parallel(const StepInput& in, const ParallelLayout& l) {
+  ParallelStep out;
+  StepInput rank = in;
+  rank.context_parallel = l.context_parallel;
+  auto& r = out.step = simulate_step(rank);
+  if (!r.valid) return out;
+  const auto ring = static_cast<int>(Stream::context);
+  StageMemory st;
+  st.blocks = static_cast<double>(in.model->layers);
+  st.in_flight = 1;
+  st.param_bytes = r.at_peak[static_cast<int>(Category::parameters)];
+  st.grad_bytes = r.at_peak[static_cast<int>(Category::gradients)];
+  st.optimizer_bytes = r.at_peak[static_cast<int>(Category::optimizer_states)];
+  st.activation_bytes = r.at_peak[static_cast<int>(Category::activations)];
+  st.buffer_bytes = r.at_peak[static_cast<int>(Category::buffers)];
+  st.overhead_bytes = r.at_peak[static_cast<int>(Category::overhead)];
+  out.memory.stages = {st};
+  out.memory.peak_bytes = r.peak_bytes;
+  out.memory.peak_name = r.peak_when;
+  out.stage_forward_s = {r.forward_per_mb_s};
+  out.stage_backward_s = {r.backward_per_mb_s};
+  out.compute_per_mb_s = r.forward_per_mb_s + r.backward_per_mb_s;
+  out.cp_exposed_s = r.exposed_s[ring];
+  out.dp_exposed_s = r.exposed_comm_s - out.cp_exposed_s;
+  out.dp_comm_s = 0;
+  for (int s = 1; s < kStreams; ++s)
+    if (s != ring) out.dp_comm_s += r.busy_s[s];
+  out.cp_bytes = r.context_bytes_per_gpu;
+  out.dp_bytes = r.comm_bytes_per_gpu - r.context_bytes_per_gpu;
+  return out;
+}
+
+}  // namespace
+
 ParallelStep simulate_parallel_step(const StepInput& in, const ParallelLayout& l) {
   ParallelStep out;
   if (l.trivial()) {
     out.step = simulate_step(in);
     return out;
   }
+  // One walk: context parallelism without tensor or pipeline parallelism is the step
+  // simulator's (the executor's own ring block is the parallel model's, below).
+  if (l.tensor_parallel == 1 && l.pipeline_parallel == 1 && in.job.recipe != Recipe::executor &&
+      layout_problems(l, *in.model, in.job, in.cluster).empty() && in.job.micro_batch > 0)
+    return walk_context_parallel(in, l);
   auto& r = out.step;
   r.params = in.model->total_params();
   r.micro_batch = in.job.micro_batch;

@@ -1,6 +1,7 @@
 // One optimizer step of a plan with tensor (+ sequence), pipeline and context parallelism beside
-// the data-parallel ShardingSpec. With t = p = c = 1 it is the step simulator's result, unchanged
-// (simulator.hpp). Otherwise each pipeline stage's forward and backward per micro-batch are timed
+// the data-parallel ShardingSpec. With t = p = 1 it is the step simulator's walk (simulator.hpp;
+// with c > 1 one rank of the ring, StepInput::context_parallel), but for the executor's own
+// ring attention. Otherwise each pipeline stage's forward and backward per micro-batch are timed
 // from its GEMM FLOPs split by t, with tensor parallelism's collectives (exposed unless async),
 // the ring exchanges of context parallelism (exposed beyond the attention they overlap), and the
 // schedule is walked (pipeline_schedule.hpp) with the point-to-point sends between stages. The

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "costmodel/compute_time.hpp"
+#include "costmodel/context_ring.hpp"
 #include "costmodel/elementwise.hpp"
 #include "costmodel/traffic.hpp"
 
@@ -85,6 +86,7 @@ public:
     }
     if (!frameworks_) spec_.root_unit = spec_.reduce_copy_in = false;
     straggler_fraction_ = in.hardware->straggler_wait_fraction(in.cluster.gpus);
+    context_ = std::max(1, in.context_parallel);
   }
 
   StepResult run();
@@ -198,6 +200,11 @@ private:
   double gather(int u, double issue_t, Phase phase, int mb);
   // Unit u's gradients join the pending reduction, reduced once the framework's bucket is full.
   void queue_reduction(int u, double end, int mb, bool first);
+  // A block's ring exchange beside its attention (from `start`, the attention's `attention_s`
+  // at the end of the unit's `unit_s`): its buffers for the unit's span, its bytes, and the
+  // compute stream's wait for it. Returns when the unit may go on.
+  void ring_exchange(int u, double start, double unit_s, double attention_s, bool backward,
+                     Phase phase, int mb);
   void reduce_pending(int u, double end, int mb, bool first);
   void walk_memory();
 
@@ -259,6 +266,11 @@ private:
   bool partition_placed_ = false;  // DeepSpeed stages 1/2: the step's gradient partition exists
   double total_params_ = 0;        // the model's parameters (elements)
   double kept_grad_bytes_ = 0;     // gradients kept until zero_grad at the end of the step
+  // Context parallelism: the ranks sharing each sequence, their group, and what a block's ring
+  // attention holds and sends (context_ring.hpp).
+  int context_ = 1;
+  Group context_group_;
+  RingAttention ring_;
   // Blocking collectives: the straggler wait's fraction for the world's ranks, and the compute
   // issued since the last collective.
   double straggler_fraction_ = 0;
@@ -442,7 +454,8 @@ void Simulation::prepare_unit_times() {
   const auto& hw = *in_.hardware;
   const double tokens = static_cast<double>(j.seq_len * j.micro_batch);
   const UnitTensors* tensors[3] = {&m.embedding, &m.block, &m.head};
-  units_[1].fwd_flops = block_forward_flops_per_token(m, j.seq_len) * tokens;
+  // The attention's FLOPs per token grow with the keys it meets: the whole sequence.
+  units_[1].fwd_flops = block_forward_flops_per_token(m, j.seq_len * context_) * tokens;
   units_[2].fwd_flops = head_forward_flops_per_token(m) * tokens;
   // Each unit's kernels by kind (costmodel/compute_time.hpp), and the host's work to issue them:
   // a GPU runs a unit at the slower of the two (kernels queue behind the host), a CPU rank does
@@ -458,7 +471,7 @@ void Simulation::prepare_unit_times() {
                                                               : "deepspeed_zero12";
   for (int k = 0; k < 3; ++k) {
     auto& u = units_[k];
-    const UnitWork w = unit_work(cm, m, j, unit_kinds[k], f);
+    const UnitWork w = unit_work(cm, m, j, unit_kinds[k], f, k == 1 ? context_ : 1);
     HostWork h;
     if (frameworks_) {
       const auto& t = tensors[k]->tensors;
@@ -496,6 +509,9 @@ void Simulation::prepare_unit_times() {
   units_[1].act = block_activations(m, j, f, false);
   units_[3].act = block_activations(m, j, f, true);
   units_[2].act = head_activations(m, j, f);
+  ring_ = ring_attention(m, j, context_);
+  // Mesh order dp, cp (tensor parallelism 1): the ring's ranks are neighbours.
+  context_group_ = {context_, std::min(context_, in_.cluster.gpus_per_node)};
 }
 
 // The shard and replica groups, the forward prefetch, each unit kind's all-gather, and the
@@ -593,6 +609,9 @@ void Simulation::forward(int mb) {
     const double st = issue(Stream::compute, ready, cause, ui.fwd_s, "forward", u);
     fwd_start_[u] = st;
     fwd_end_[u] = st + ui.fwd_s;
+    if (context_ > 1 && u > 0 && u < U - 1)
+      ring_exchange(u, st, ui.fwd_s, ui.fwd_kinds[static_cast<int>(ComputeKind::attention)], false,
+                    Phase::forward, mb);
     mem(st, ui.act.saved + ui.act.forward, Category::activations, Phase::forward, u, mb);
     mem(fwd_end_[u], -ui.act.forward, Category::activations, Phase::forward, u, mb);
     // autocast's casts of the weights are tensors autograd keeps, like the activations; a
@@ -636,6 +655,9 @@ void Simulation::backward(int mb, bool first, bool reduce) {
     if (ui.recompute_s > 0) {
       st = issue(Stream::compute, ready, cause, ui.recompute_s, "recompute", u);
       mem(st, ui.act.recompute, Category::activations, Phase::recompute, u, mb);
+      if (context_ > 1 && checkpointed(u))  // the rerun forward runs the ring again
+        ring_exchange(u, st, ui.recompute_s, ui.fwd_kinds[static_cast<int>(ComputeKind::attention)],
+                      false, Phase::recompute, mb);
       // The recompute runs under the forward's autocast state again (torch/utils/checkpoint.py
       // restores it), and the GEMMs keep their weight casts for the backward.
       if (autocast_copies)
@@ -646,6 +668,11 @@ void Simulation::backward(int mb, bool first, bool reduce) {
     bwd_start_[u] = st;
     const double end = st + ui.bwd_s;
     bwd_end_[u] = end;
+    if (context_ > 1 && u > 0 && u < U - 1)
+      ring_exchange(u, st, ui.bwd_s,
+                    ui.kinds[static_cast<int>(ComputeKind::attention)] -
+                        ui.fwd_kinds[static_cast<int>(ComputeKind::attention)],
+                    true, Phase::backward, mb);
     // The unit's backward kernels run after its pre-backward hooks, which issue the next unit's
     // all-gather (FSDP's backward prefetch, recorded at `st`): a moment later.
     const double kernels = st + 1e-3 * ui.bwd_s;
@@ -783,6 +810,25 @@ void Simulation::reduce_pending(int u, double end, int mb, bool first) {
     mem(rs + dur, -s.reduce_bucket_bytes, Category::buffers, Phase::reduce, u, mb);
   pending_reduce_bytes_ = 0;
   pending_units_.clear();
+}
+
+void Simulation::ring_exchange(int u, double start, double unit_s, double attention_s,
+                               bool backward, Phase phase, int mb) {
+  const double held = backward ? ring_.backward_bytes : ring_.forward_bytes;
+  const double keys = backward ? ring_.backward_gathered_sent : ring_.forward_gathered_sent;
+  const double grads = (backward ? ring_.backward_sent : ring_.forward_sent) - keys;
+  // Costed as the collectives that send the same bytes per rank: the keys' and values' gather
+  // (a ring all-gather is c − 1 steps of the chunk) and the gradients' passes (all-to-all).
+  const double per_size = static_cast<double>(context_) / (context_ - 1);
+  double dur = coll(Collective::all_gather, context_group_, keys * per_size);
+  if (grads > 0) dur += coll(Collective::all_to_all, context_group_, grads * per_size);
+  // The exchange runs beside the attention, which needs what it brings: the unit waits for it
+  // past the attention's end (the attention taken last in the unit).
+  const double at = issue(Stream::context, start + unit_s - attention_s, Stream::compute, dur,
+                          "ring exchange", u);
+  issue(Stream::compute, at + dur, Stream::context, 0.0, "wait for the ring", u);
+  mem(start, held, Category::buffers, phase, u, mb);
+  mem(start + unit_s, -held, Category::buffers, phase, u, mb);
 }
 
 void Simulation::walk_memory() {
@@ -1108,6 +1154,12 @@ StepResult Simulation::run() {
   account_states(*states);
   add_overheads();
   account_compute(gas, first);
+  if (context_ > 1) {
+    double per_mb = 0;
+    for (std::int64_t b = 0; b < m.layers; ++b)
+      per_mb += ring_.forward_sent * (j.block_checkpointed(b) ? 2 : 1) + ring_.backward_sent;
+    result_.context_bytes_per_gpu = per_mb * static_cast<double>(gas);
+  }
   result_.exposed_comm_s = std::max(0.0, result_.step_s - result_.compute_s);
   const double tokens_step = static_cast<double>(j.global_batch * j.seq_len);
   result_.tokens_per_s = tokens_step / result_.step_s;
@@ -1134,12 +1186,31 @@ const char* stream_name(Stream s) {
     return "all-reduce";
   case Stream::host:
     return "host transfers";
+  case Stream::context:
+    return "context ring";
   }
   return "?";
 }
 
 StepResult simulate_step(const StepInput& in, Trace* trace) {
-  Simulation sim(in, trace);
+  const int c = in.context_parallel;
+  if (c <= 1) {
+    Simulation sim(in, trace);
+    return sim.run();
+  }
+  // One rank of the ring: its share of each sequence, c times as many such shares per step.
+  StepInput rank = in;
+  rank.job.seq_len = in.job.seq_len / c;
+  rank.job.global_batch = in.job.global_batch * c;
+  if (in.job.seq_len % c != 0 || rank.job.seq_len == 0) {
+    StepResult r;
+    r.valid = false;
+    r.reason_input = "--context-parallel";
+    r.reason =
+        fmt::format("sequence {} does not divide over context parallel {}", in.job.seq_len, c);
+    return r;
+  }
+  Simulation sim(rank, trace);
   return sim.run();
 }
 

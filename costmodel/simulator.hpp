@@ -17,8 +17,9 @@
 
 namespace shardplan::costmodel {
 
-enum class Stream { compute, all_gather, reduce_scatter, all_reduce, host };
-constexpr int kStreams = 5;
+// context: ring attention's exchanges of keys and values (context parallelism).
+enum class Stream { compute, all_gather, reduce_scatter, all_reduce, host, context };
+constexpr int kStreams = 6;
 const char* stream_name(Stream s);
 
 struct TraceSpan {
@@ -45,6 +46,11 @@ struct StepInput {
   TrainingJob job;  // micro_batch must be set (> 0)
   ShardingSpec spec;
   Accounting accounting = Accounting::framework;
+  // c: ranks sharing each sequence (ring attention). The walk is one rank's: it runs seq_len / c
+  // tokens of each sequence, the states sharded and the gradients averaged over all the GPUs
+  // (data and context ranks together), each block's attention scoring its queries against the
+  // whole sequence's keys, with the ring's buffers and exchanges (context_ring.hpp).
+  int context_parallel = 1;
 };
 
 struct StepResult {
@@ -79,9 +85,10 @@ struct StepResult {
   // The compute stream's busy time by kind (compute_time.hpp); sums to compute_s.
   ComputeTimes compute_by_kind_s{};
   double exposed_comm_s = 0;  // compute stream idle, waiting on communication or transfers
-  std::array<double, kStreams> busy_s{};                // per stream
-  std::array<double, kStreams> exposed_s{};             // compute idle attributed to each stream
-  double comm_bytes_per_gpu = 0;                        // bytes each GPU sends per step
+  std::array<double, kStreams> busy_s{};     // per stream
+  std::array<double, kStreams> exposed_s{};  // compute idle attributed to each stream
+  double comm_bytes_per_gpu = 0;             // bytes each GPU sends per step
+  double context_bytes_per_gpu = 0;          // of them, the ring attention's (context parallelism)
   std::array<double, kCollectives> comm_bytes_by_op{};  // the same bytes by collective (sums to it)
   double host_optimizer_s = 0;  // an offload plan's CPU optimizer step (on the host stream)
   // Blocking collectives (a CPU profile): the time they wait for the slowest rank, in exposed_s.

@@ -100,9 +100,11 @@ void shape_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJ
         "sequence {} per context rank does not divide over tensor parallel {} for sequence "
         "parallelism",
         j.seq_len / std::max(cp, 1), t));
-  if (!l.trivial() && j.checkpointing == Checkpointing::selective_op)
-    out.push_back("op-level selective checkpointing is not modeled with tensor, pipeline or "
-                  "context parallelism");
+  // (Context parallelism alone is walked op by op, as the data-parallel step.)
+  if ((t > 1 || p > 1 || (cp > 1 && j.recipe == Recipe::executor)) &&
+      j.checkpointing == Checkpointing::selective_op)
+    out.push_back("op-level selective checkpointing is not modeled with tensor or pipeline "
+                  "parallelism");
   const int d = l.data_parallel(c.gpus);
   if (d > 0 && j.micro_batch > 0) {
     const std::int64_t per_step = static_cast<std::int64_t>(d) * l.micro_batches * j.micro_batch;

@@ -301,7 +301,8 @@ std::string layout_line(const Scenario& sc, const Evaluation& e) {
   std::string pipe =
       fmt::format("pipeline {} ({}", l.pipeline_parallel, documents::schedule_name(l.schedule));
   if (l.virtual_stages > 1) pipe += fmt::format(", {} virtual stages", l.virtual_stages);
-  pipe += fmt::format(", {} micro-batches of {})", l.micro_batches, e.job.micro_batch);
+  pipe += fmt::format(", {} micro-batch{} of {})", l.micro_batches,
+                      l.micro_batches == 1 ? "" : "es", e.job.micro_batch);
   return fmt::format("parallelism: tensor {}{}{}, {}, context {}, data {} ({})", l.tensor_parallel,
                      l.sequence_parallel ? " with sequence parallel" : "",
                      l.async_tensor_parallel ? " (async)" : "", pipe, l.context_parallel,
@@ -359,8 +360,9 @@ void time_lines(Text& text, const Evaluation& e) {
                                             "optimizer step"};
   // An offloaded optimizer step runs on the host's CPUs, not the compute stream: its own line.
   const bool host_optimizer = r.host_optimizer_s > 0;
-  // (Known where the step simulator walks the ops: t = p = c = 1.)
-  for (int k = 0; k < kComputeKinds && e.layout.trivial(); ++k)
+  // (Known where the step simulator walks the ops: no tensor or pipeline parallelism.)
+  const bool kinds_known = e.layout.tensor_parallel == 1 && e.layout.pipeline_parallel == 1;
+  for (int k = 0; k < kComputeKinds && kinds_known; ++k)
     if (r.compute_by_kind_s[k] > 0 ||
         (k == static_cast<int>(ComputeKind::optimizer) && !host_optimizer))
       text.line("  {:<42} {:>12}", fmt::format("  {}", kind_labels[k]),
@@ -456,8 +458,12 @@ nlohmann::json trace_to_chrome_json(const Trace& t) {
   const bool host_cpu =
       std::any_of(t.spans.begin(), t.spans.end(), [](const TraceSpan& s) { return s.host_cpu; });
   meta("process_name", kGpu, -1, "GPU (one rank, simulated step)");
+  // Every stream up to the host's; the context ring's where the step has one.
   for (int s = 0; s < kStreams; ++s)
-    meta("thread_name", kGpu, s, stream_name(static_cast<Stream>(s)));
+    if (s <= static_cast<int>(Stream::host) ||
+        std::any_of(t.spans.begin(), t.spans.end(),
+                    [&](const TraceSpan& sp) { return static_cast<int>(sp.stream) == s; }))
+      meta("thread_name", kGpu, s, stream_name(static_cast<Stream>(s)));
   if (host_cpu) {
     meta("process_name", kHost, -1, "host CPUs");
     meta("thread_name", kHost, kCpuOptimizer, "CPU optimizer");

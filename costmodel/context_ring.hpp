@@ -1,0 +1,39 @@
+// Ring attention on one context-parallel rank: what a block's attention holds beside the saved
+// activations while it runs, and what it sends, as each framework's implementation does it.
+// T = s·b/c tokens of the rank, e bytes of the compute dtype, kv = kv_heads·head_dim,
+// q = heads·head_dim, a = heads, c ranks in the ring.
+//
+//   torch (hf, torchtitan): torch.distributed.tensor.experimental context parallelism, which
+//     torchtitan 0.3.0 applies to SDPA (distributed/context_parallel/api.py) with torch 2.15's
+//     defaults (_context_parallel/_attention.py: rotate_method ALL_GATHER, convert_to_f32,
+//     load balance). Forward: the local K and V concatenated (2·e·T·kv) and all-gathered once
+//     (c·2·e·T·kv), the merged output and log-sum-exp accumulated in fp32 (4·T·(q + a)).
+//     Backward: the same gather, fp32 accumulators for dQ, dK, dV (4·T·(q + 2·kv)), and dK, dV
+//     passed around the ring in fp32 with all-to-all (the one sent and the one arriving,
+//     2·8·T·kv). Sent: (c − 1)·2·e·T·kv per gather; c passes of 8·T·kv in the backward.
+//   Transformer Engine's p2p ring (megatron, deepspeed, llm-foundry; AttnFuncWithCPAndKVP2P):
+//     the K and V chunk in use and the one arriving (2·2·e·T·kv) in the forward; in the backward
+//     those and dK, dV in use and arriving (another 2·2·e·T·kv). Sent: (c − 1)·2·e·T·kv in the
+//     forward, twice that in the backward.
+// Derived from the sources named; not measured (torch's ring attention needs CUDA's fused
+// kernels, which a CPU rank has not).
+#pragma once
+
+#include "costmodel/document_names.hpp"
+
+namespace shardplan::costmodel {
+
+struct RingAttention {
+  double forward_bytes = 0;   // held while a block's forward attention runs
+  double backward_bytes = 0;  // held while its backward runs
+  double forward_sent = 0;    // bytes one rank sends in a block's forward (and each recompute)
+  double backward_sent = 0;   // in its backward
+  double forward_gathered_sent = 0;   // of forward_sent, the keys' and values' exchange
+  double backward_gathered_sent = 0;  // of backward_sent, the keys' and values' exchange (the
+                                      // rest passes their gradients)
+};
+
+// rank_job: this rank's share of each sequence (seq_len / c). Zero for c = 1.
+RingAttention ring_attention(const ModelSpec& m, const TrainingJob& rank_job, int c);
+
+}  // namespace shardplan::costmodel
