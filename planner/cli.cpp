@@ -56,6 +56,7 @@ struct CliOptions {
   std::optional<std::string> top;
   bool exhaustive = false;
   bool model_parallel = false;  // recommend: search tensor, pipeline and context parallelism too
+  bool data_parallel_only = false;  // recommend: never widen to model parallelism
   std::string strategies = "ddp,zero1,zero2,zero3,fsdp-full,fsdp-grad-op,hsdp";
   std::string plan_path, run_path;
   std::optional<std::string> validate_hardware;  // validate --hardware
@@ -126,6 +127,9 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
       "--model-parallel", o.model_parallel,
       "search tensor (with sequence), pipeline and context parallelism with DDP, ZeRO-1 and "
       "FSDP over the replicas");
+  c.recommend->add_flag("--data-parallel-only", o.data_parallel_only,
+                        "search data-parallel plans only, even where none can run or fit (the "
+                        "search otherwise widens to model parallelism, saying so)");
 
   c.compare = app.add_subcommand("compare", "evaluate strategies side by side for one job");
   add_scenario_options(*c.compare, o.so);
@@ -232,6 +236,8 @@ std::string narrow_to_emitted_framework(const CliOptions& o, const Scenario& sc,
 // drop one.
 void check_recommend_flags(const CliOptions& o, const CLI::App& recommend_cmd, int top_plans) {
   if (top_plans < 0) throw InputError("--top", fmt::format("must be >= 0, got {}", top_plans));
+  if (o.model_parallel && o.data_parallel_only)
+    throw InputError("--data-parallel-only", "give either it or --model-parallel, not both");
   const auto& emit = o.emit;
   if (o.model_parallel && emit && emit != "plan" && emit != "torchtitan" && emit != "megatron" &&
       emit != "deepspeed")
@@ -371,8 +377,9 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   // data-parallel knob pinned and no config to emit, the search widens to tensor, pipeline and
   // context parallelism and says so first.
   const auto& po = o.po;
-  if (!o.emit && !po.strategy && !po.flavour && !po.offload && !po.shard_group_size &&
-      !po.reduce_dtype) {
+  const bool unpinned = !o.emit && !po.strategy && !po.flavour && !po.offload &&
+                        !po.shard_group_size && !po.reduce_dtype && !o.data_parallel_only;
+  if (unpinned) {
     const Scenario probe = make_scenario(o.so, false);
     const auto gpus = static_cast<std::int64_t>(probe.cluster.gpus);
     if (probe.job.global_batch % gpus != 0) {
@@ -388,6 +395,26 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   const Scenario sc = make_scenario(o.so);
   const auto [pins, emit_pin] = search_pins(o, sc);
   const auto rec = recommend(sc, pins);
+  // No data-parallel plan fits: the search widens to tensor, pipeline and context parallelism
+  // and says so first where a layout fits; where none does either, the data-parallel answer
+  // (why nothing fits, what would) says that too.
+  std::optional<LayoutSearch> widened;
+  if (unpinned && rec.search.ranked.empty()) {
+    widened = search_layouts(make_scenario(o.so, false));
+    if (!widened->ranked.empty()) {
+      const auto& smallest = rec.search.best_per_family;
+      double least = 0;
+      for (const auto& c : smallest)
+        if (least == 0 || c.eval.result.peak_bytes < least) least = c.eval.result.peak_bytes;
+      run_layout_recommend(
+          o, top_plans, out, notes,
+          fmt::format("no data-parallel plan fits (the smallest peak is {} against {} usable): "
+                      "searching tensor, pipeline and context parallelism too, as "
+                      "--model-parallel does",
+                      gib(least), gib(sc.usable_bytes())));
+      return;
+    }
+  }
   const auto& emit = o.emit;
   if (emit) {  // the config is stdout; what it was planned from goes to stderr
     if (!sc.defaulted.empty()) notes.push_back(defaults_line(sc));
@@ -408,9 +435,18 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
     const auto& best = rec.search.ranked.front().eval;
     out << (o.fsdp_as_data ? json_document(fsdp_settings_json(sc, best)) : fsdp_settings(sc, best));
   } else if (o.format == "json") {
-    out << json_document(recommendation_json(sc, rec, top_plans));
+    auto j = recommendation_json(sc, rec, top_plans);
+    if (widened)
+      j["model_parallel_searched"] = {{"layouts_considered", widened->layouts},
+                                      {"evaluated", widened->evaluated},
+                                      {"fitting", 0}};
+    out << json_document(j);
   } else {
     out << recommendation_table(sc, rec, top_plans);
+    if (widened)
+      out << fmt::format("tensor, pipeline and context parallelism searched too ({} layouts x "
+                         "strategies, {} evaluated): none fits either\n",
+                         widened->layouts, widened->evaluated);
   }
 }
 

@@ -76,7 +76,8 @@ def _field_name(where: str) -> str:
 
 
 # The flags that take no value.
-_SWITCHES = ("exhaustive", "sequence_parallel", "async_tensor_parallel", "model_parallel")
+_SWITCHES = ("exhaustive", "sequence_parallel", "async_tensor_parallel", "model_parallel",
+             "data_parallel_only")
 
 
 def _flag(name: str) -> str:
@@ -245,6 +246,7 @@ def recommend(
     exhaustive: bool = False,
     svg: Optional[Union[str, "os.PathLike[str]"]] = None,
     model_parallel: bool = False,
+    data_parallel_only: bool = False,
 ) -> Dict[str, Any]:
     """Searches the plan space: ``planner recommend --format json`` (recommendation, candidates,
     rejected, bottleneck, search)."""

@@ -65,6 +65,7 @@ class RecommendOptions(EmitOptions, total=False):
     top: Number
     svg: _Path
     model_parallel: bool  # search tensor, pipeline and context parallelism too
+    data_parallel_only: bool  # never widen the search to model parallelism
 
 class CompareOptions(ScenarioOptions, total=False):
     strategy: Union[str, Sequence[str]]  # one or a list

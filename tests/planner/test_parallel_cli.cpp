@@ -145,3 +145,51 @@ TEST_CASE("cli_parallel::recommend widens to model parallelism when data paralle
   CHECK(r.code == 2);
   CHECK(has(r.err, "--global-batch"));
 }
+
+TEST_CASE("cli_parallel::recommend widens to model parallelism when no data-parallel plan fits") {
+  // llama-3-70b at 131,072 tokens per sequence on 32 H100s: every data-parallel plan's peak is
+  // above the usable 75.67 GiB (activations of a whole sequence per GPU), so the layouts are
+  // searched and the answer says why first.
+  const std::vector<std::string> job = {
+      "recommend", "--model", "llama-3-70b",    "--hardware", "h100-sxm5-80gb", "--gpus", "32",
+      "--seq-len", "131072",  "--global-batch", "32"};
+  const auto text = planner(job);
+  REQUIRE(text.code == 0);
+  CHECK(text.out.rfind("no data-parallel plan fits (the smallest peak is ", 0) == 0);
+  CHECK(has(text.out, "searching tensor, pipeline and context parallelism too"));
+  auto json_job = job;
+  json_job.insert(json_job.end(), {"--format", "json"});
+  const auto d = nlohmann::json::parse(planner(json_job).out);
+  REQUIRE(d.contains("model_parallel_because"));
+  REQUIRE(!d.at("ranked").empty());
+  // Each candidate is estimate's document of its layout, fitting.
+  const auto& best = d.at("ranked").at(0);
+  CHECK(best.at("fits") == true);
+  CHECK(best.at("memory").at("peak_bytes").get<double>() <=
+        best.at("memory").at("usable_bytes").get<double>());
+  const auto& l = best.at("parallelism");
+  CHECK(l.at("tensor_parallel").get<int>() * l.at("pipeline_parallel").get<int>() *
+            l.at("context_parallel").get<int>() >
+        1);
+  // Where no layout fits either (70B's states on 8 A100s of 40 GB), the data-parallel answer
+  // (why nothing fits, what would) stands and says the layouts were searched too.
+  const auto none = planner({"recommend", "--model", "llama-3-70b", "--hardware", "a100-sxm4-40gb",
+                             "--gpus", "8", "--seq-len", "8192", "--global-batch", "8"});
+  REQUIRE(none.code == 0);
+  CHECK(has(none.out, "NO PLAN FITS"));
+  CHECK(has(none.out, "tensor, pipeline and context parallelism searched too ("));
+  CHECK(has(none.out, "): none fits either\n"));
+  // --data-parallel-only keeps the search one-dimensional: the data-parallel answer, nothing
+  // searched beside it; with --model-parallel it is refused.
+  auto only = job;
+  only.emplace_back("--data-parallel-only");
+  const auto dp = planner(only);
+  REQUIRE(dp.code == 0);
+  CHECK(has(dp.out, "NO PLAN FITS"));
+  CHECK_FALSE(has(dp.out, "searched too"));
+  only.emplace_back("--model-parallel");
+  const auto both = planner(only);
+  CHECK(both.code == 2);
+  CHECK(both.err ==
+        "planner: --data-parallel-only: give either it or --model-parallel, not both\n");
+}
