@@ -124,12 +124,14 @@ using documents::category_name;
 using documents::kCategories;
 using documents::total;
 // documents/parallel.hpp and pipeline_order.hpp
+using documents::apply_recipe_split;
 using documents::layout_from_json;
 using documents::layout_problems;
 using documents::layout_to_json;
 using documents::ParallelLayout;
 using documents::peak_chunks;
 using documents::peak_held;
+using documents::pipeline_parts;
 using documents::PipelineSchedule;
 using documents::PipeOp;
 using documents::PipeOpKind;
@@ -137,6 +139,8 @@ using documents::schedule_from_name;
 using documents::schedule_name;
 using documents::schedule_names;
 using documents::schedule_ops;
+using documents::stage_blocks;
+using documents::stage_first_block;
 // documents/plan.hpp
 using documents::Plan;
 using documents::plan_from_json;

@@ -89,20 +89,25 @@ struct StageShare {
   bool first = false, last = false;
   const std::vector<PipeOp>* ops = nullptr;  // the stage's op order, with model chunks (v > 1)
   int index = 0;                             // the stage's place in the pipeline, 0 .. p − 1
+  std::vector<double> chunks{};  // blocks of each of its v chunks (documents::pipeline_parts)
 };
 
 // The saved activations a stage holds at once. With one model chunk per stage: `in_flight`
 // micro-batches of everything the stage keeps (blocks, plus the embedding's part on the first
 // stage and the head's on the last). With v chunks (the interleaved schedule) the chunks differ:
 // chunk 0 of the first stage has the embedding's part, chunk v − 1 of the last stage the head's,
-// each chunk 1/v of the blocks; walked in the stage's own order, a forward keeping its chunk's
+// each chunk its part of the blocks; walked in the stage's own order, a forward keeping its chunk's
 // bytes until the backward of the same micro-batch and chunk.
 double held_bytes(const ParallelLayout& l, const StageShare& share, double blocks,
                   double first_extra, double last_extra, double in_flight) {
   const double first = share.first ? first_extra : 0, last = share.last ? last_extra : 0;
   if (share.ops == nullptr) return (blocks + first + last) * in_flight;  // one chunk per stage
   const int v = l.virtual_stages;
+  // `blocks`: the bytes of the stage's blocks, shared out as its chunks' blocks are.
   std::vector<double> chunk(static_cast<std::size_t>(v), blocks / v);
+  if (share.chunks.size() == chunk.size() && share.blocks > 0)
+    for (std::size_t k = 0; k < chunk.size(); ++k)
+      chunk[k] = blocks * share.chunks[k] / share.blocks;
   chunk.front() += first;
   chunk.back() += last;
   return peak_held(*share.ops, chunk);
@@ -867,13 +872,17 @@ std::vector<Moment> chunk_moments(const ParallelMemoryInput& in, const StageShar
     double temp = 0;  // its optimizer's foreach intermediate
   };
   std::vector<Chunk> chunks;
-  const double blocks = share.blocks / v;
+  const auto parts = pipeline_parts(l, m.layers);
   const double block_grads = stage_elements(in, StageShare{1, false, false}).grads * per_grad;
   for (int k = 0; k < v; ++k) {
     const int virtual_stage = k * p + share.index;
+    const auto part = static_cast<std::size_t>(virtual_stage);
+    std::int64_t first_block = 0;
+    for (std::size_t i = 0; i < part; ++i) first_block += parts[i];
     Chunk c;
-    c.share = StageShare{blocks, virtual_stage == 0, virtual_stage == p * v - 1};
-    c.x = plan_activations(in, c.share, static_cast<int>(blocks) * virtual_stage);
+    c.share = StageShare{static_cast<double>(parts[part]), virtual_stage == 0,
+                         virtual_stage == p * v - 1};
+    c.x = plan_activations(in, c.share, static_cast<int>(first_block));
     c.grads = stage_elements(in, c.share).grads * per_grad;
     c.head_grads =
         c.share.last ? stage_elements(in, StageShare{0, false, true}).grads * per_grad : 0;
@@ -1052,7 +1061,6 @@ ParallelMemory parallel_memory(const ParallelMemoryInput& in, const PipelineWalk
   const auto& l = in.layout;
   const auto& hw = *in.hardware;
   const int p = l.pipeline_parallel;
-  const double per_stage = static_cast<double>(in.model->layers) / p;
   ParallelMemory out;
   // The stages' op lists, once, where model chunks make their held bytes depend on the order.
   // torchtitan's pipeline runs torch's own order (torch_interleaved_ops), the others Megatron's.
@@ -1065,15 +1073,20 @@ ParallelMemory parallel_memory(const ParallelMemoryInput& in, const PipelineWalk
   }
   for (int s = 0; s < p; ++s) {
     const auto* stage_ops = ops.empty() ? nullptr : &ops[static_cast<std::size_t>(s)];
-    StageShare share{per_stage, s == 0, s == p - 1, stage_ops, s};
+    const auto blocks = static_cast<double>(stage_blocks(l, in.model->layers, s));
+    StageShare share{blocks, s == 0, s == p - 1, stage_ops, s, {}};
+    const auto parts = pipeline_parts(l, in.model->layers);
+    for (std::size_t k = static_cast<std::size_t>(s); k < parts.size();
+         k += static_cast<std::size_t>(p))
+      share.chunks.push_back(static_cast<double>(parts[k]));
     StageMemory st;
     st.stage = s;
-    st.blocks = per_stage;
+    st.blocks = blocks;
     st.in_flight = walk.peak_in_flight.at(static_cast<std::size_t>(s));
     stage_states(in, share, st);
     // Block indices of the stage (its first chunk's, for the interleaved schedule: every:N
     // spreads evenly, so the count per stage is the same).
-    stage_activations(in, share, static_cast<int>(per_stage / l.virtual_stages) * s, st);
+    stage_activations(in, share, static_cast<int>(stage_first_block(l, in.model->layers, s)), st);
     const double allocated = st.total();
     st.overhead_bytes =
         hw.cuda_context_bytes + hw.nccl_workspace_bytes + hw.fragmentation * allocated;

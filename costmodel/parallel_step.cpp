@@ -75,12 +75,15 @@ double exposed(double comm, double overlap_with, bool overlapped) {
   return overlapped ? std::max(0.0, comm - overlap_with) : comm;
 }
 
-// first_block: the stage's first block in the model (which of its blocks every:N checkpoints).
-StageTime stage_time(const StepInput& in, const ParallelLayout& l, const BlockTime& b,
-                     std::int64_t first_block, bool last, const ComputeModel& cm) {
+// Stage s's compute per micro-batch: its blocks (documents::stage_blocks; the first one's index
+// says which of them every:N checkpoints) and, on the last, the head.
+StageTime stage_time(const StepInput& in, const ParallelLayout& l, const BlockTime& b, int stage,
+                     const ComputeModel& cm) {
   const auto& m = *in.model;
   const auto& j = in.job;
-  const double blocks = static_cast<double>(m.layers) / l.pipeline_parallel;
+  const double blocks = static_cast<double>(stage_blocks(l, m.layers, stage));
+  const std::int64_t first_block = stage_first_block(l, m.layers, stage);
+  const bool last = stage == l.pipeline_parallel - 1;
   const double T = local_tokens(j, l);
   const bool async = l.async_tensor_parallel;
   StageTime s;
@@ -232,10 +235,9 @@ void evaluate_stages(const StepInput& in, const ParallelLayout& l, ParallelStep&
   const LayoutGroups g = layout_groups(l, in.cluster);
   const ComputeModel cm(hw, j);
   const BlockTime b = block_time(in, l, g, cm);
-  const auto per_stage = m.layers / p;
   std::vector<StageTime> st;
   for (int s = 0; s < p; ++s) {
-    st.push_back(stage_time(in, l, b, per_stage / l.virtual_stages * s, s == p - 1, cm));
+    st.push_back(stage_time(in, l, b, s, cm));
     out.stage_forward_s.push_back(st.back().forward);
     out.stage_backward_s.push_back(st.back().backward);
   }
@@ -278,8 +280,9 @@ void evaluate_stages(const StepInput& in, const ParallelLayout& l, ParallelStep&
   out.dp_exposed_s = worst_dp.exposed;
   DataParallelTime d0 = data_parallel_time(in, l, g, out.memory.stages[0], st[0]);
   d0.bytes += tied.bytes_sent;
-  out.tp_bytes = tp_bytes_per_block(m, j, l, e) * static_cast<double>(per_stage) * mb;
-  out.cp_bytes = cp_bytes_per_block(m, j, l, e) * static_cast<double>(per_stage) * mb;
+  const auto first_stage = static_cast<double>(stage_blocks(l, m.layers, 0));
+  out.tp_bytes = tp_bytes_per_block(m, j, l, e) * first_stage * mb;
+  out.cp_bytes = cp_bytes_per_block(m, j, l, e) * first_stage * mb;
   out.pp_bytes =
       p > 1 ? p2p_bytes(m, j, l, e) * mb : 0;  // stage 0 sends activations, receives gradients
   out.dp_bytes = d0.bytes;

@@ -65,11 +65,46 @@ void degree_problems(const ParallelLayout& l, const Cluster& c, std::vector<std:
   }
 }
 
+// Problems of the blocks' split over the model parts.
+void split_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJob& j,
+                    std::vector<std::string>& out) {
+  const std::int64_t parts = static_cast<std::int64_t>(l.pipeline_parallel) * l.virtual_stages;
+  const int f = l.first_stage_less_layers, e = l.last_stage_less_layers;
+  if (f < 0 || e < 0) {
+    out.push_back(
+        fmt::format("first and last stage less layers must be >= 0, got {} and {}", f, e));
+    return;
+  }
+  if (l.pipeline_parallel == 1 && (f > 0 || e > 0)) {
+    out.push_back(fmt::format("first and last stage less layers ({} and {}) need pipeline "
+                              "parallel > 1",
+                              f, e));
+    return;
+  }
+  const std::int64_t effective = m.layers + f + e;
+  const std::int64_t base = effective / parts;
+  if (base == 0 || f > base || e > base) {
+    out.push_back(fmt::format("{} layers (+ {} for the embeddings, + {} for the head) leave a "
+                              "model part of pipeline {} x virtual stages {} = {} without blocks",
+                              m.layers, f, e, l.pipeline_parallel, l.virtual_stages, parts));
+    return;
+  }
+  // Megatron-LM splits evenly: --num-layers (with --account-for-embedding/loss-in-pipeline-split
+  // one more each) must divide over the parts (megatron/core/transformer/transformer_block.py,
+  // get_num_layers_to_build).
+  if (j.recipe == Recipe::megatron && effective % parts != 0)
+    out.push_back(fmt::format(
+        "Megatron-LM splits {} layers{} evenly over pipeline {} x virtual stages {} = {}: they do "
+        "not divide",
+        m.layers,
+        f + e > 0 ? fmt::format(" (+ {} for the embeddings, + {} for the loss)", f, e) : "",
+        l.pipeline_parallel, l.virtual_stages, parts));
+}
+
 // Problems of the degrees against the model's shapes and the job.
 void shape_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJob& j,
                     const Cluster& c, std::vector<std::string>& out) {
-  const int t = l.tensor_parallel, p = l.pipeline_parallel, cp = l.context_parallel,
-            v = l.virtual_stages;
+  const int t = l.tensor_parallel, p = l.pipeline_parallel, cp = l.context_parallel;
   if (m.heads % t != 0)
     out.push_back(
         fmt::format("{} attention heads do not divide over tensor parallel {}", m.heads, t));
@@ -79,9 +114,7 @@ void shape_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJ
   if (m.intermediate % t != 0)
     out.push_back(
         fmt::format("MLP width {} does not divide over tensor parallel {}", m.intermediate, t));
-  if (m.layers % (static_cast<std::int64_t>(p) * v) != 0)
-    out.push_back(fmt::format("{} layers do not divide over pipeline {} x virtual stages {} = {}",
-                              m.layers, p, v, p * v));
+  split_problems(l, m, j, out);
   // Load-balanced causal context parallelism (Megatron-core / Transformer Engine's
   // get_batch_on_this_cp_rank): the sequence is cut into 2·c chunks, rank r taking chunks r and
   // 2c−1−r so that every rank sees the same share of the causal mask.
@@ -132,6 +165,38 @@ PipelineSchedule schedule_from_name(const std::string& s, const std::string& whe
   throw InputError(where, fmt::format("must be one of {}, got \"{}\"", fmt::join(n, ", "), s));
 }
 
+std::vector<std::int64_t> pipeline_parts(const ParallelLayout& l, std::int64_t layers) {
+  const std::int64_t parts = static_cast<std::int64_t>(l.pipeline_parallel) * l.virtual_stages;
+  const std::int64_t effective = layers + l.first_stage_less_layers + l.last_stage_less_layers;
+  std::vector<std::int64_t> out(static_cast<std::size_t>(parts), effective / parts);
+  for (std::int64_t k = 0; k < effective % parts; ++k) ++out[static_cast<std::size_t>(k)];
+  out.front() -= l.first_stage_less_layers;
+  out.back() -= l.last_stage_less_layers;
+  return out;
+}
+
+void apply_recipe_split(ParallelLayout& l, Recipe r) {
+  const int less = l.pipeline_parallel > 1 && r == Recipe::torchtitan ? 1 : 0;
+  l.first_stage_less_layers = less;
+  l.last_stage_less_layers = less;
+}
+
+std::int64_t stage_blocks(const ParallelLayout& l, std::int64_t layers, int s) {
+  const auto parts = pipeline_parts(l, layers);
+  std::int64_t n = 0;
+  for (std::size_t k = static_cast<std::size_t>(s); k < parts.size();
+       k += static_cast<std::size_t>(l.pipeline_parallel))
+    n += parts[k];
+  return n;
+}
+
+std::int64_t stage_first_block(const ParallelLayout& l, std::int64_t layers, int s) {
+  const auto parts = pipeline_parts(l, layers);
+  std::int64_t n = 0;
+  for (std::size_t k = 0; k < static_cast<std::size_t>(s); ++k) n += parts[k];
+  return n;
+}
+
 std::vector<std::string> layout_problems(const ParallelLayout& l, const ModelSpec& m,
                                          const TrainingJob& j, const Cluster& c) {
   std::vector<std::string> out;
@@ -158,6 +223,11 @@ ParallelLayout layout_from_json(const nlohmann::json& doc, const std::string& po
   l.virtual_stages = read_int("virtual_stages", 1);
   l.micro_batches = read_int("micro_batches", 1);
   l.context_parallel = read_int("context_parallel", 1);
+  const Range less{0, kMaxDegree, false};
+  l.first_stage_less_layers =
+      static_cast<int>(r.optional_integer("first_stage_less_layers", less).value_or(0));
+  l.last_stage_less_layers =
+      static_cast<int>(r.optional_integer("last_stage_less_layers", less).value_or(0));
   r.finish();
   // What the document alone can get wrong; the rest depends on the model and cluster
   // (layout_problems).
@@ -182,7 +252,9 @@ nlohmann::json layout_to_json(const ParallelLayout& l) {
           {"schedule", schedule_name(l.schedule)},
           {"virtual_stages", l.virtual_stages},
           {"micro_batches", l.micro_batches},
-          {"context_parallel", l.context_parallel}};
+          {"context_parallel", l.context_parallel},
+          {"first_stage_less_layers", l.first_stage_less_layers},
+          {"last_stage_less_layers", l.last_stage_less_layers}};
 }
 
 }  // namespace shardplan::documents

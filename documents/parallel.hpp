@@ -37,6 +37,12 @@ struct ParallelLayout {
   int virtual_stages = 1;    // v: model chunks per stage (interleaved only)
   int micro_batches = 1;     // m: micro-batches per pipeline per optimizer step
   int context_parallel = 1;  // c: ranks splitting each sequence (ring attention)
+  // The embeddings and the head counted as this many blocks when the blocks are split over the
+  // p·v model parts (torchtitan's pipeline_parallel_first/last_stage_less_layers, 1 by default
+  // there; Megatron's --account-for-embedding/loss-in-pipeline-split count each as 1). 0, 0
+  // with layers dividing p·v: the even split.
+  int first_stage_less_layers = 0;
+  int last_stage_less_layers = 0;
 
   int model_parallel() const { return tensor_parallel * pipeline_parallel * context_parallel; }
   // d = world / (t·p·c); 0 when it does not divide.
@@ -47,6 +53,21 @@ struct ParallelLayout {
   // t = p = c = 1: plain data parallelism, evaluated by the step simulator as before.
   bool trivial() const { return model_parallel() == 1; }
 };
+
+// Blocks of each of the p·v model parts, in model order (part k runs on stage k mod p as its
+// chunk k / p), as torchtitan splits them (distributed/pipeline_parallel.py,
+// _generate_llm_fqn_per_model_part): L + first + last "effective layers" over the parts, the
+// first (L + first + last) mod (p·v) parts one more, then the first part gives up `first` of its
+// share to the embeddings and the last `last` to the head. Assumes layout_problems found none.
+std::vector<std::int64_t> pipeline_parts(const ParallelLayout& l, std::int64_t layers);
+// The split a recipe makes where the job does not say (p > 1): torchtitan counts the embeddings
+// and the head as one block each (config/configs.py, pipeline_parallel_first/last_stage_less_layers
+// default 1); Megatron-LM and the others split the blocks alone.
+void apply_recipe_split(ParallelLayout& l, Recipe r);
+
+// Stage s's blocks (all its chunks), and the model index of its first chunk's first block.
+std::int64_t stage_blocks(const ParallelLayout& l, std::int64_t layers, int s);
+std::int64_t stage_first_block(const ParallelLayout& l, std::int64_t layers, int s);
 
 // Why the layout cannot run this model and job on this cluster, one reason per problem, each with
 // the numbers (empty: it can). Never throws.

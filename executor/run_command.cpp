@@ -229,6 +229,13 @@ RunRequest request_of(const RunCommand& c) {
 // document says its prediction is for data parallelism alone).
 void check_plan_layout(const RunCommand& c, const documents::ParallelLayout& l) {
   if (l.trivial()) return;
+  // The executor's stages hold layers / p blocks each (pipeline.hpp).
+  if (l.first_stage_less_layers > 0 || l.last_stage_less_layers > 0)
+    throw InputError(c.plan,
+                     fmt::format("the plan's /parallel split counts the embeddings and the head "
+                                 "as {} and {} blocks; the executor splits the blocks alone, "
+                                 "evenly",
+                                 l.first_stage_less_layers, l.last_stage_less_layers));
   const auto& p = c.pipeline;
   const bool same =
       l.tensor_parallel == c.request.tensor_parallel &&

@@ -17,9 +17,31 @@ using namespace core;
 
 namespace {
 
+std::int64_t model_parts(const ParallelLayout& l) {
+  return static_cast<std::int64_t>(l.pipeline_parallel) * l.virtual_stages;
+}
+
+// The blocks plus the embeddings and the head counted as blocks (the layout's split).
+std::int64_t effective_layers(const Scenario& sc, const ParallelLayout& l) {
+  return sc.model.layers + l.first_stage_less_layers + l.last_stage_less_layers;
+}
+
+// Blocks per model part where they split evenly (Megatron's and DeepSpeed's numbers).
 int layers_per_chunk(const Scenario& sc, const ParallelLayout& l) {
-  return static_cast<int>(sc.model.layers /
-                          (static_cast<std::int64_t>(l.pipeline_parallel) * l.virtual_stages));
+  return static_cast<int>(effective_layers(sc, l) / model_parts(l));
+}
+
+// torchtitan's pipeline_parallel_layers_per_stage for the layout's p·v parts: it makes
+// ceil((L + first + last) / layers_per_stage) parts (distributed/pipeline_parallel.py).
+std::int64_t titan_layers_per_stage(const Scenario& sc, const ParallelLayout& l) {
+  const auto eff = effective_layers(sc, l), parts = model_parts(l);
+  return (eff + parts - 1) / parts;
+}
+
+// The split is the blocks alone, evenly.
+bool even_blocks(const Scenario& sc, const ParallelLayout& l) {
+  return l.first_stage_less_layers == 0 && l.last_stage_less_layers == 0 &&
+         sc.model.layers % model_parts(l) == 0;
 }
 
 bool fsdp(const LayoutCandidate& c) { return c.spec.shard_parameters; }
@@ -39,7 +61,16 @@ const char* titan_schedule(PipelineSchedule s) {
 // torchtitan (configs.py ParallelismConfig, job_config.py Parallelism): data parallelism is DDP
 // (replicate), FSDP2 (shard) or HSDP; mixed precision is bf16 parameters or fp32; activation
 // checkpointing none, full or per-op selective.
-std::string titan_cannot(const Scenario&, const LayoutCandidate& c) {
+std::string titan_cannot(const Scenario& sc, const LayoutCandidate& c) {
+  const auto& l = c.layout;
+  if (l.pipeline_parallel > 1) {
+    const auto eff = effective_layers(sc, l), lps = titan_layers_per_stage(sc, l);
+    if ((eff + lps - 1) / lps != model_parts(l))
+      return fmt::format("torchtitan's pipeline_parallel_layers_per_stage cannot make {} model "
+                         "parts of {} layers (+ {} and {} for the embeddings and the head)",
+                         model_parts(l), sc.model.layers, l.first_stage_less_layers,
+                         l.last_stage_less_layers);
+  }
   if (c.spec.flavour != Flavour::ddp && c.spec.flavour != Flavour::fsdp2)
     return fmt::format("torchtitan has no {} (optimizer-only sharding): its data parallelism is "
                        "DDP, FSDP2 or HSDP",
@@ -71,6 +102,15 @@ std::string megatron_cannot(const Scenario& sc, const LayoutCandidate& c) {
     return "Megatron-LM keeps fp32 main weights; this plan is pure bf16";
   if (c.job.checkpointing == Checkpointing::every)
     return "Megatron-LM's recompute methods (uniform, block) do not checkpoint every n-th block";
+  const auto& l = c.layout;
+  if (l.pipeline_parallel > 1 && (l.first_stage_less_layers > 1 || l.last_stage_less_layers > 1 ||
+                                  effective_layers(sc, l) % model_parts(l) != 0))
+    return fmt::format("Megatron-LM splits the layers evenly over the {} model parts, counting "
+                       "the embeddings and the loss as one layer each at most "
+                       "(--account-for-embedding/loss-in-pipeline-split); this split has {} "
+                       "layers (+ {} and {})",
+                       model_parts(l), sc.model.layers, l.first_stage_less_layers,
+                       l.last_stage_less_layers);
   return "";
 }
 
@@ -79,8 +119,13 @@ std::string megatron_cannot(const Scenario& sc, const LayoutCandidate& c) {
 // ("tensor_parallel": {"autotp_size"}, deepspeed/runtime/tensor_parallel/config.py) splits the
 // linears without sequence parallelism; its sequence parallelism is Ulysses (all-to-all over
 // heads), not ring attention.
-std::string deepspeed_cannot(const Scenario&, const LayoutCandidate& c) {
+std::string deepspeed_cannot(const Scenario& sc, const LayoutCandidate& c) {
   const auto& l = c.layout;
+  if (l.pipeline_parallel > 1 && !even_blocks(sc, l))
+    return fmt::format("DeepSpeed's PipelineModule partitions the {} blocks evenly "
+                       "(partition_method \"type:\"); this split counts the embeddings and the "
+                       "head as blocks, or does not divide",
+                       sc.model.layers);
   if (fsdp(c))
     return "this layout was costed with FSDP2 over the replicas; DeepSpeed's ZeRO-3 is another "
            "engine (and its pipeline engine refuses ZeRO-2 and ZeRO-3)";
@@ -113,9 +158,9 @@ struct TitanOption {
 // The options both torchtitan versions share. local_batch_size is a replica's batch per
 // optimizer step: with a pipeline its m micro-batches of pipeline_parallel_microbatch_size; without
 // one, a micro-batch, accumulated global / (local x data parallel) times. The less_layers options
-// at 0 make layers_per_stage give exactly p·v stages of L/(p·v) blocks, the embedding on the
-// first and the head on the last (torchtitan/distributed/pipeline_parallel.py: stages =
-// ceil((L + first_less + last_less) / layers_per_stage)).
+// are the layout's split (the embeddings and the head counted as blocks) and layers_per_stage
+// gives exactly its p·v parts (torchtitan/distributed/pipeline_parallel.py: parts =
+// ceil((L + first_less + last_less) / layers_per_stage), split as documents::pipeline_parts).
 std::vector<TitanOption> titan_options(const Scenario& sc, const LayoutCandidate& c) {
   const auto& l = c.layout;
   const int d = l.data_parallel(sc.cluster.gpus);
@@ -143,9 +188,11 @@ std::vector<TitanOption> titan_options(const Scenario& sc, const LayoutCandidate
     add("parallelism", "pipeline_parallel_schedule",
         fmt::format("\"{}\"", titan_schedule(l.schedule)));
     add("parallelism", "pipeline_parallel_layers_per_stage",
-        std::to_string(layers_per_chunk(sc, l)));
-    add("parallelism", "pipeline_parallel_first_stage_less_layers", "0");
-    add("parallelism", "pipeline_parallel_last_stage_less_layers", "0");
+        std::to_string(titan_layers_per_stage(sc, l)));
+    add("parallelism", "pipeline_parallel_first_stage_less_layers",
+        std::to_string(l.first_stage_less_layers));
+    add("parallelism", "pipeline_parallel_last_stage_less_layers",
+        std::to_string(l.last_stage_less_layers));
     add("parallelism", "pipeline_parallel_microbatch_size", std::to_string(c.job.micro_batch));
   }
   add("parallelism", "context_parallel_degree", std::to_string(l.context_parallel));
@@ -240,6 +287,8 @@ std::vector<std::string> megatron_args(const Scenario& sc, const LayoutCandidate
   if (l.sequence_parallel) a.push_back("--sequence-parallel");
   if (l.async_tensor_parallel) a.push_back("--tp-comm-overlap");
   a.push_back(fmt::format("--pipeline-model-parallel-size {}", l.pipeline_parallel));
+  if (l.first_stage_less_layers > 0) a.push_back("--account-for-embedding-in-pipeline-split");
+  if (l.last_stage_less_layers > 0) a.push_back("--account-for-loss-in-pipeline-split");
   if (l.virtual_stages > 1)
     a.push_back(fmt::format("--num-layers-per-virtual-pipeline-stage {}", layers_per_chunk(sc, l)));
   a.push_back(fmt::format("--context-parallel-size {}", l.context_parallel));

@@ -25,10 +25,17 @@ void add_parallel_options(CLI::App& app, ParallelOptions& o) {
   app.add_option("--micro-batches", o.micro_batches, "micro-batches per step through the pipeline");
   app.add_option("--context-parallel", o.context_parallel,
                  "context-parallel size c (ring attention)");
+  app.add_option("--first-stage-less-layers", o.first_stage_less_layers,
+                 "blocks the first pipeline stage gives up for the embeddings (torchtitan's "
+                 "default 1, the others' 0)");
+  app.add_option("--last-stage-less-layers", o.last_stage_less_layers,
+                 "blocks the last pipeline stage gives up for the head (torchtitan's default 1, "
+                 "the others' 0)");
 }
 
 bool ParallelOptions::one_dimensional() const {
-  if (schedule || virtual_stages || micro_batches || sequence_parallel || async_tensor_parallel)
+  if (schedule || virtual_stages || micro_batches || sequence_parallel || async_tensor_parallel ||
+      first_stage_less_layers || last_stage_less_layers)
     return false;
   for (const auto* v : {&tensor_parallel, &pipeline_parallel, &context_parallel}) {
     if (!*v) continue;
@@ -90,6 +97,8 @@ std::string flags_given(const ParallelOptions& o) {
   add("--virtual-stages", o.virtual_stages);
   add("--micro-batches", o.micro_batches);
   add("--context-parallel", o.context_parallel);
+  add("--first-stage-less-layers", o.first_stage_less_layers);
+  add("--last-stage-less-layers", o.last_stage_less_layers);
   if (o.sequence_parallel) s += s.empty() ? "--sequence-parallel" : " --sequence-parallel";
   return s;
 }
@@ -105,6 +114,17 @@ documents::ParallelLayout layout_from_options(const ParallelOptions& o, Scenario
   l.context_parallel = degree(o.context_parallel, "--context-parallel");
   l.sequence_parallel = o.sequence_parallel;
   l.async_tensor_parallel = o.async_tensor_parallel;
+  documents::apply_recipe_split(l, sc.job.recipe);
+  auto less = [](const std::optional<std::string>& text, const char* flag, int fallback) {
+    if (!text) return fallback;
+    const int v = core::int_from_text(flag, *text);
+    if (v < 0) throw InputError(flag, fmt::format("must be >= 0, got {}", v));
+    return v;
+  };
+  l.first_stage_less_layers =
+      less(o.first_stage_less_layers, "--first-stage-less-layers", l.first_stage_less_layers);
+  l.last_stage_less_layers =
+      less(o.last_stage_less_layers, "--last-stage-less-layers", l.last_stage_less_layers);
   if (o.schedule) l.schedule = documents::schedule_from_name(*o.schedule, "--schedule");
   const int d = l.data_parallel(sc.cluster.gpus);
   if (d == 0)

@@ -15,12 +15,13 @@ namespace shardplan::planner {
 // As given on the command line (nullopt / false: not given).
 struct ParallelOptions {
   std::optional<std::string> tensor_parallel, pipeline_parallel, schedule, virtual_stages,
-      micro_batches, context_parallel;
+      micro_batches, context_parallel, first_stage_less_layers, last_stage_less_layers;
   bool sequence_parallel = false;
   bool async_tensor_parallel = false;
   bool given() const {
     return tensor_parallel || pipeline_parallel || schedule || virtual_stages || micro_batches ||
-           context_parallel || sequence_parallel || async_tensor_parallel;
+           context_parallel || sequence_parallel || async_tensor_parallel ||
+           first_stage_less_layers || last_stage_less_layers;
   }
   // Only t, p or c given, each as 1: the one-dimensional layout, estimated as if not given.
   bool one_dimensional() const;

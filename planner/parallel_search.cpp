@@ -106,8 +106,14 @@ struct Walker {
   void layouts() {
     const int G = sc.cluster.gpus_per_node, N = sc.cluster.gpus;
     const auto L = sc.model.layers;
+    // The stage counts that split the blocks evenly, and with torchtitan those that split them
+    // evenly with the embeddings and the head counted as blocks (its default).
+    std::vector<int> stages = divisors(L, L);
+    if (sc.job.recipe == Recipe::torchtitan)
+      for (int p : divisors(L + 2, L))
+        if (std::find(stages.begin(), stages.end(), p) == stages.end()) stages.push_back(p);
     for (int t : divisors(G, G))
-      for (int p : divisors(L, L)) {
+      for (int p : stages) {
         if (N % (t * p) != 0) continue;
         for (int c = 1; c <= 64 && N % (t * p * c) == 0; c *= 2) {
           const int d = N / (t * p * c);
@@ -120,6 +126,7 @@ struct Walker {
             l.schedule = schedule;
             l.virtual_stages = v;
             l.context_parallel = c;
+            documents::apply_recipe_split(l, sc.job.recipe);
             strategies(l, sc.job.global_batch / d);
           }
         }

@@ -178,6 +178,8 @@ def estimate(
     virtual_stages: Optional[Number] = None,
     micro_batches: Optional[Number] = None,
     context_parallel: Optional[Number] = None,
+    first_stage_less_layers: Optional[Number] = None,
+    last_stage_less_layers: Optional[Number] = None,
 ) -> Dict[str, Any]:
     """Memory and step time of one plan: ``planner estimate --format json``."""
     return _json("estimate", dict(locals(), format="json"))

@@ -57,6 +57,8 @@ class EstimateOptions(PlanOptions, total=False):
     virtual_stages: Number  # model chunks per stage (interleaved-1f1b)
     micro_batches: Number  # per step through the pipeline
     context_parallel: Number  # c (ring attention)
+    first_stage_less_layers: Number  # blocks the first stage gives up for the embeddings
+    last_stage_less_layers: Number  # blocks the last stage gives up for the head
 
 class EmitOptions(PlanOptions, total=False):
     exhaustive: bool

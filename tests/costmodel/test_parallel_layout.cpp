@@ -74,8 +74,11 @@ TEST_CASE("parallel_layout::impossible combinations are named with their numbers
 
   bad = ok;
   bad.pipeline_parallel = 3;  // 80 layers; 256 GPUs not a multiple of 24
-  r = layout_problems(bad, m, job_of(8192, 64, 1), c);
-  CHECK(says(r, "80 layers do not divide over pipeline 3 x virtual stages 1 = 3"));
+  auto megatron = job_of(8192, 64, 1);
+  megatron.recipe = Recipe::megatron;  // splits evenly; torchtitan's split makes 27, 27, 26
+  r = layout_problems(bad, m, megatron, c);
+  CHECK(says(r, "Megatron-LM splits 80 layers evenly over pipeline 3 x virtual stages 1 = 3: "
+                "they do not divide"));
   CHECK(says(r, "256 GPUs are not a multiple of tensor 8 x pipeline 3 x context 1 = 24"));
 
   bad = ok;
@@ -83,7 +86,6 @@ TEST_CASE("parallel_layout::impossible combinations are named with their numbers
   bad.virtual_stages = 3;  // 4·3 = 12 does not divide 80
   bad.micro_batches = 6;   // not a multiple of 4
   r = layout_problems(bad, m, job_of(8192, 48, 1), c);
-  CHECK(says(r, "80 layers do not divide over pipeline 4 x virtual stages 3 = 12"));
   CHECK(says(r, "micro-batches (6) to be a multiple of pipeline parallel (4)"));
 
   bad = ok;
@@ -158,4 +160,66 @@ TEST_CASE("parallel_layout::json round trip and rejections name the field and va
         "/parallelism/async_tensor_parallel: true needs tensor_parallel > 1, got 1");
   CHECK(error_of([] { layout_from_json(json::array(), "/parallelism"); }) ==
         "/parallelism: must be an object, got []");
+}
+
+TEST_CASE("parallel_layout::uneven pipeline splits as torchtitan makes them") {
+  // torchtitan 0.3.0 (distributed/pipeline_parallel.py, _generate_llm_fqn_per_model_part): the
+  // L blocks plus first + last "effective layers" over the p·v parts, the first
+  // (L + first + last) mod (p·v) parts one more, the first part giving up `first` blocks to the
+  // embeddings and the last `last` to the head. Worked by hand:
+  ParallelLayout l;
+  l.pipeline_parallel = 8;
+  l.first_stage_less_layers = l.last_stage_less_layers = 1;
+  // Llama-3.1-405B's 126 blocks: 128 effective layers, 16 a part: 15, 16 x 6, 15.
+  CHECK(pipeline_parts(l, 126) == std::vector<std::int64_t>{15, 16, 16, 16, 16, 16, 16, 15});
+  // 80 blocks over 4 stages: 82 = 20·4 + 2, parts 21, 21, 20, 20 less the ends: 20, 21, 20, 19.
+  l.pipeline_parallel = 4;
+  CHECK(pipeline_parts(l, 80) == std::vector<std::int64_t>{20, 21, 20, 19});
+  // Interleaved, 2 chunks a stage: 82 over 8 parts, 10 each and 2 more: 10, 11, 10, ..., 9;
+  // stage s holds parts s and s + 4.
+  l.schedule = PipelineSchedule::interleaved_1f1b;
+  l.virtual_stages = 2;
+  CHECK(pipeline_parts(l, 80) == std::vector<std::int64_t>{10, 11, 10, 10, 10, 10, 10, 9});
+  CHECK(stage_blocks(l, 80, 0) == 20);
+  CHECK(stage_blocks(l, 80, 1) == 21);
+  CHECK(stage_blocks(l, 80, 3) == 19);
+  CHECK(stage_first_block(l, 80, 2) == 21);  // after parts 0 and 1
+  // Without the ends counted, an even split is the old one.
+  ParallelLayout even;
+  even.pipeline_parallel = 4;
+  CHECK(pipeline_parts(even, 80) == std::vector<std::int64_t>{20, 20, 20, 20});
+  // torchtitan's default for its own recipe only.
+  ParallelLayout titan = even;
+  apply_recipe_split(titan, Recipe::torchtitan);
+  CHECK(titan.first_stage_less_layers == 1);
+  ParallelLayout mega = even;
+  apply_recipe_split(mega, Recipe::megatron);
+  CHECK(mega.last_stage_less_layers == 0);
+}
+
+TEST_CASE("parallel_layout::an impossible split is named") {
+  const auto m = load_model("llama-3-70b");  // 80 layers
+  const Cluster c{256, 8};
+  ParallelLayout l;
+  l.tensor_parallel = 8;
+  l.pipeline_parallel = 4;
+  l.micro_batches = 8;
+  l.first_stage_less_layers = 30;  // more than a part's 20 (+ 2) blocks
+  CHECK(says(layout_problems(l, m, job_of(8192, 64, 1), c),
+             "80 layers (+ 30 for the embeddings, + 0 for the head) leave a model part of "
+             "pipeline 4 x virtual stages 1 = 4 without blocks"));
+  l.first_stage_less_layers = 1;
+  l.pipeline_parallel = 1;
+  l.micro_batches = 1;
+  CHECK(says(layout_problems(l, m, job_of(8192, 32, 1), c),
+             "first and last stage less layers (1 and 0) need pipeline parallel > 1"));
+  // Megatron-LM with the embeddings and the loss counted: 82 does not divide over 4.
+  l.pipeline_parallel = 4;
+  l.micro_batches = 8;
+  l.last_stage_less_layers = 1;
+  auto j = job_of(8192, 64, 1);
+  j.recipe = Recipe::megatron;
+  CHECK(says(layout_problems(l, m, j, c),
+             "Megatron-LM splits 80 layers (+ 1 for the embeddings, + 1 for the loss) evenly over "
+             "pipeline 4 x virtual stages 1 = 4: they do not divide"));
 }

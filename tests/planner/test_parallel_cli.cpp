@@ -193,3 +193,62 @@ TEST_CASE("cli_parallel::recommend widens to model parallelism when no data-para
   CHECK(both.err ==
         "planner: --data-parallel-only: give either it or --model-parallel, not both\n");
 }
+
+TEST_CASE("cli_parallel::uneven pipeline splits: torchtitan's default, Megatron's flags") {
+  // Llama-3.1-405B's 126 blocks over 8 stages (refused before: "126 layers do not divide over
+  // pipeline 8"). torchtitan counts the embeddings and the head as a block each: 15, 16 x 6, 15.
+  const std::vector<std::string> job = {"estimate",
+                                        "--model",
+                                        "llama-3.1-405b",
+                                        "--hardware",
+                                        "h100-sxm5-80gb",
+                                        "--gpus",
+                                        "512",
+                                        "--seq-len",
+                                        "8192",
+                                        "--global-batch",
+                                        "64",
+                                        "--strategy",
+                                        "fsdp-full",
+                                        "--checkpointing",
+                                        "full",
+                                        "--micro-batch",
+                                        "1",
+                                        "--tensor-parallel",
+                                        "8",
+                                        "--sequence-parallel",
+                                        "--pipeline-parallel",
+                                        "8",
+                                        "--format",
+                                        "json"};
+  auto titan = job;
+  titan.insert(titan.end(), {"--recipe", "torchtitan"});
+  const auto t = planner(titan);
+  REQUIRE(t.code == 0);
+  const auto d = nlohmann::json::parse(t.out);
+  std::vector<double> blocks;
+  for (const auto& st : d.at("stages")) blocks.push_back(st.at("blocks").get<double>());
+  CHECK(blocks == std::vector<double>{15, 16, 16, 16, 16, 16, 16, 15});
+  CHECK(d.at("parallelism").at("first_stage_less_layers") == 1);
+  CHECK(d.at("parallelism").at("last_stage_less_layers") == 1);
+  // Megatron-LM splits evenly: refused as it refuses, accepted with the embeddings and the loss
+  // counted (--account-for-embedding/loss-in-pipeline-split: 128 over 8).
+  auto megatron = job;
+  megatron.insert(megatron.end(), {"--recipe", "megatron"});
+  const auto refused_split = planner(megatron);
+  CHECK(refused_split.code == 2);
+  CHECK(has(refused_split.err,
+            "Megatron-LM splits 126 layers evenly over pipeline 8 x virtual stages 1 = 8: they "
+            "do not divide"));
+  megatron.insert(megatron.end(),
+                  {"--first-stage-less-layers", "1", "--last-stage-less-layers", "1"});
+  const auto m = planner(megatron);
+  REQUIRE(m.code == 0);
+  CHECK(nlohmann::json::parse(m.out).at("stages").at(0).at("blocks") == 15);
+  // The flags' own refusals.
+  refused({"--pipeline-parallel", "4", "--first-stage-less-layers", "-1"},
+          "--first-stage-less-layers: must be >= 0, got -1");
+  refused({"--tensor-parallel", "8", "--last-stage-less-layers", "1"},
+          "--tensor-parallel 8 --last-stage-less-layers 1: first and last stage less layers (0 "
+          "and 1) need pipeline parallel > 1");
+}

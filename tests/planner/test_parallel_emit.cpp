@@ -100,6 +100,39 @@ TEST_CASE("parallel_emit::torchtitan options of an FSDP2 + TP + interleaved PP l
   CHECK(contains(a, "  --compile.enable \\\n  --compile.enable_async_tensor_parallel \\\n"));
 }
 
+TEST_CASE("parallel_emit::an uneven pipeline split as each framework writes it, or refuses") {
+  // torchtitan's own split of 80 blocks over 4 x 5 parts with the embeddings and the head counted
+  // as a block each: 82 effective layers, ceil(82 / 20) = 5 a part, ceil(82 / 5) = 17 parts: not
+  // 20, so layers_per_stage cannot say it. Over 4 x 2 parts: ceil(82 / 8) = 11 a part,
+  // ceil(82 / 11) = 8 parts: torchtitan makes them (its split is documents::pipeline_parts').
+  const auto sc = llama70b(256, 64);
+  auto c = interleaved(sc, "fsdp-full");
+  c.layout.first_stage_less_layers = c.layout.last_stage_less_layers = 1;
+  CHECK(error_of([&] { torchtitan_parallel_settings(sc, c); }) ==
+        "--emit: torchtitan's pipeline_parallel_layers_per_stage cannot make 20 model parts of 80 "
+        "layers (+ 1 and 1 for the embeddings and the head)");
+  c.layout.virtual_stages = 2;
+  const auto options = torchtitan_options(sc, c);
+  CHECK(contains(options, "--parallelism.pipeline_parallel_layers_per_stage 11 "
+                          "--parallelism.pipeline_parallel_first_stage_less_layers 1 "
+                          "--parallelism.pipeline_parallel_last_stage_less_layers 1 "));
+  // Megatron-LM (with DDP: it refuses FSDP2 under a pipeline): 82 does not divide over 8 parts.
+  auto ddp = c;
+  ddp.spec = make_spec("ddp", std::nullopt, 8);
+  CHECK(contains(error_of([&] { megatron_parallel_arguments(sc, ddp); }),
+                 "Megatron-LM splits the layers evenly over the 8 model parts"));
+  // 1F1B over 2 stages: 82 over 2 = 41 a part: --account-for-embedding/loss-in-pipeline-split.
+  auto two = c;
+  two.layout.schedule = PipelineSchedule::one_f_one_b;
+  two.layout.virtual_stages = 1;
+  two.layout.pipeline_parallel = 2;
+  two.spec = make_spec("ddp", std::nullopt, 8);
+  const auto args = megatron_parallel_arguments(sc, two);
+  CHECK(contains(args, "--pipeline-model-parallel-size 2 \\\n"
+                       "  --account-for-embedding-in-pipeline-split \\\n"
+                       "  --account-for-loss-in-pipeline-split \\\n"));
+}
+
 TEST_CASE("parallel_emit::what torchtitan cannot run is said, not emitted") {
   const auto sc = llama70b(256, 64);
   const auto zero1 = interleaved(sc, "zero1");
