@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "cli_fixture.hpp"
@@ -107,4 +109,59 @@ TEST_CASE(
           }
   MESSAGE(runs << " runs, " << answered << " answered with numbers");
   CHECK(answered > runs / 4);  // the grid is not all refusals
+}
+
+TEST_CASE("extreme_grid::every layout is a report with numbers or one refusal, never zeros") {
+  // Tensor, pipeline and context parallelism over degrees that fit and that do not (heads,
+  // layers, nodes, GPUs, sequences, batches), with each schedule: exit 0 with a valid document
+  // whose peak and step are positive and whose stages hold the model's blocks, or exit 2 with
+  // one line naming a flag.
+  int runs = 0, answered = 0;
+  for (const char* t : {"1", "3", "8", "16"})
+    for (const char* p : {"1", "3", "4", "7"})
+      for (const char* c : {"1", "2", "3"})
+        for (const char* schedule : {"1f1b", "interleaved-1f1b", "gpipe"})
+          for (const char* seq : {"4095", "8192"}) {
+            std::vector<std::string> a = {"estimate",
+                                          "--model",
+                                          "llama-3-70b",
+                                          "--gpus",
+                                          "192",
+                                          "--seq-len",
+                                          seq,
+                                          "--global-batch",
+                                          "96",
+                                          "--strategy",
+                                          "zero1",
+                                          "--tensor-parallel",
+                                          t,
+                                          "--pipeline-parallel",
+                                          p,
+                                          "--context-parallel",
+                                          c,
+                                          "--schedule",
+                                          schedule,
+                                          "--format",
+                                          "json"};
+            if (std::string(schedule) == "interleaved-1f1b")
+              a.insert(a.end(), {"--virtual-stages", "2"});
+            const std::string line = fmt::format("{}", fmt::join(a, " "));
+            CAPTURE(line);
+            const auto r = planner(a);
+            ++runs;
+            if (refused(r)) continue;
+            REQUIRE(r.code == 0);
+            ++answered;
+            const auto e = json::parse(r.out);
+            check_evaluation(e);
+            CHECK(e.at("valid") == true);
+            CHECK(e.at("memory").at("peak_bytes").get<double>() > 0);
+            CHECK(e.at("time").at("step_s").get<double>() > 0);
+            double blocks = 0;
+            for (const auto& st : e.at("stages")) blocks += st.at("blocks").get<double>();
+            CHECK(blocks == 80);
+          }
+  MESSAGE(runs << " layouts, " << answered << " answered with numbers");
+  CHECK(answered > 0);
+  CHECK(answered < runs);  // and some refused
 }
