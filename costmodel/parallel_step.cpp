@@ -33,6 +33,10 @@ struct BlockTime {
   double core_fwd = 0;      // the attention core of the forward (what ring attention overlaps)
   double tp_fwd = 0, tp_bwd = 0;  // TP collectives' seconds
   double cp_fwd = 0, cp_bwd = 0;  // ring exchanges' seconds
+  // torchtitan's op-level selective checkpointing reruns every second matmul of its save list,
+  // the attention output projection (wo) and the MLP's up projection (w3), before the backward
+  // (the FLOPs of accounting's block_recompute for selective_op, at the GEMM rate).
+  double selective = 0;
 };
 
 BlockTime block_time(const StepInput& in, const ParallelLayout& l, const LayoutGroups& g,
@@ -48,6 +52,11 @@ BlockTime block_time(const StepInput& in, const ParallelLayout& l, const LayoutG
   b.fwd = block_forward_flops_per_token(m, j.seq_len) * T / t / cm.gemm_rate();
   b.bwd = 2 * b.fwd;  // backward = 2 x forward (accounting.hpp)
   b.core_fwd = attention_core_flops_per_token(m, j.seq_len) * T / t / cm.gemm_rate();
+  if (j.checkpointing == Checkpointing::selective_op)
+    b.selective = 2 * T *
+                  (static_cast<double>(m.q_width()) * static_cast<double>(m.hidden) +
+                   static_cast<double>(m.hidden) * static_cast<double>(m.intermediate)) /
+                  t / cm.gemm_rate();
   const CommModel comm(*in.hardware);
   const double buffer = e * T * static_cast<double>(m.hidden);
   auto tp_phase = [&]() {
@@ -100,8 +109,8 @@ StageTime stage_time(const StepInput& in, const ParallelLayout& l, const BlockTi
     checkpointed += j.block_checkpointed(first_block + k) ? 1 : 0;
   // A checkpointed block reruns its forward, its collectives included, before its backward.
   s.forward = blocks * (b.fwd + tp_f + cp_f);
-  s.backward = blocks * (b.bwd + tp_b + cp_b) + checkpointed * (b.fwd + tp_f + cp_f);
-  s.compute = blocks * (b.fwd + b.bwd) + checkpointed * b.fwd;
+  s.backward = blocks * (b.bwd + tp_b + cp_b + b.selective) + checkpointed * (b.fwd + tp_f + cp_f);
+  s.compute = blocks * (b.fwd + b.bwd + b.selective) + checkpointed * b.fwd;
   s.tp_exposed = blocks * (tp_f + tp_b) + checkpointed * tp_f;
   s.cp_exposed = blocks * (cp_f + cp_b) + checkpointed * cp_f;
   if (last) {  // the head's GEMM, split over the vocabulary

@@ -133,11 +133,17 @@ void shape_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJ
         "sequence {} per context rank does not divide over tensor parallel {} for sequence "
         "parallelism",
         j.seq_len / std::max(cp, 1), t));
-  // (Context parallelism alone is walked op by op, as the data-parallel step.)
-  if ((t > 1 || p > 1 || (cp > 1 && j.recipe == Recipe::executor)) &&
-      j.checkpointing == Checkpointing::selective_op)
-    out.push_back("op-level selective checkpointing is not modeled with tensor or pipeline "
-                  "parallelism");
+  // torchtitan's op-level save list: context parallelism alone is walked op by op, as the
+  // data-parallel step; a pipeline stage of PyTorch's own model code (hf, torchtitan) keeps a
+  // whole block's list per block. Over tensor parallelism's DTensor ops it is not derived.
+  const bool pytorch_blocks = j.recipe == Recipe::hf || j.recipe == Recipe::torchtitan;
+  if (j.checkpointing == Checkpointing::selective_op &&
+      (t > 1 || (p > 1 && !pytorch_blocks) || (cp > 1 && j.recipe == Recipe::executor)))
+    out.push_back(t > 1 ? "op-level selective checkpointing is not modeled with tensor "
+                          "parallelism"
+                        : fmt::format("op-level selective checkpointing is torchtitan's, not the "
+                                      "{} recipe's, under a pipeline or context parallelism",
+                                      recipe_name(j.recipe)));
   const int d = l.data_parallel(c.gpus);
   if (d > 0 && j.micro_batch > 0) {
     const std::int64_t per_step = static_cast<std::int64_t>(d) * l.micro_batches * j.micro_batch;

@@ -200,6 +200,7 @@ std::vector<TitanOption> titan_options(const Scenario& sc, const LayoutCandidate
 }
 
 const char* titan_checkpointing(const TrainingJob& j) {
+  if (j.checkpointing == Checkpointing::selective_op) return "selective";  // its save list, "op"
   return j.checkpointing == Checkpointing::full ? "full" : "none";
 }
 
@@ -237,6 +238,7 @@ void titan_toml(Text& t, const Scenario& sc, const LayoutCandidate& c) {
   t.line("");
   t.line("[activation_checkpoint]");
   t.line("mode = \"{}\"", titan_checkpointing(c.job));
+  if (c.job.checkpointing == Checkpointing::selective_op) t.line("selective_ac_option = \"op\"");
   if (c.layout.async_tensor_parallel) {
     t.line("");
     t.line("[compile]");
@@ -329,8 +331,8 @@ const char* framework_name(ParallelFramework f) {
 }
 
 std::string cannot_express(ParallelFramework f, const Scenario& sc, const LayoutCandidate& c) {
-  if (c.job.checkpointing == Checkpointing::selective_op && !c.layout.trivial())
-    return "op-level selective checkpointing is not costed with model parallelism";
+  if (c.job.checkpointing == Checkpointing::selective_op && c.layout.tensor_parallel > 1)
+    return "op-level selective checkpointing is not costed with tensor parallelism";
   switch (f) {
   case ParallelFramework::torchtitan:
     return titan_cannot(sc, c);

@@ -169,5 +169,5 @@ TEST_CASE("context_parallel::torchtitan's default checkpointing runs with contex
   tensor.more = {"--tensor-parallel=2"};
   CHECK_THROWS_WITH(estimate(tensor),
                     doctest::Contains("op-level selective checkpointing is not modeled with "
-                                      "tensor or pipeline parallelism"));
+                                      "tensor parallelism"));
 }

@@ -214,8 +214,7 @@ TEST_CASE("step_parts::with model parallelism memory never falls as a rank's tok
         for (const char* seq : {"1024", "2048", "4096", "8192"}) {
           auto a = kLlama70b;
           a[9] = seq;  // --seq-len
-          // (torchtitan's own default, selective-op, is refused with tensor or pipeline
-          // parallelism.)
+          // (torchtitan's own default, selective-op, is refused with tensor parallelism.)
           a.insert(a.end(),
                    {"--strategy", strategy, "--recipe", recipe, "--checkpointing", "full"});
           a.insert(a.end(), layout.begin(), layout.end());
