@@ -15,8 +15,9 @@
 //     the K and V chunk in use and the one arriving (2·2·e·T·kv) in the forward; in the backward
 //     those and dK, dV in use and arriving (another 2·2·e·T·kv). Sent: (c − 1)·2·e·T·kv in the
 //     forward, twice that in the backward.
-// Derived from the sources named; not measured (torch's ring attention needs CUDA's fused
-// kernels, which a CPU rank has not).
+// Derived from the sources named; not measured: torch's context parallelism maps only the
+// flash, efficient and cuDNN SDPA ops to its ring (_attention.py's handler table), and a CPU rank's
+// SDPA runs _scaled_dot_product_flash_attention_for_cpu, so its ring does not run on CPU ranks.
 #pragma once
 
 #include "costmodel/document_names.hpp"
