@@ -1057,20 +1057,27 @@ std::string stage_name(const StageMemory& s, int p, bool first, bool last) {
 
 }  // namespace
 
+std::vector<std::vector<PipeOp>> stage_orders(const ParallelMemoryInput& in) {
+  const auto& l = in.layout;
+  const int p = l.pipeline_parallel;
+  if (l.virtual_stages > 1 && piped_stage(in) && pytorch_tp(in)) {
+    std::vector<std::vector<PipeOp>> ops(static_cast<std::size_t>(p));
+    for (int s = 0; s < p; ++s)
+      ops[static_cast<std::size_t>(s)] =
+          torch_interleaved_ops(p, s, l.virtual_stages, l.micro_batches);
+    return ops;
+  }
+  return schedule_ops(l.schedule, p, l.virtual_stages, l.micro_batches);
+}
+
 ParallelMemory parallel_memory(const ParallelMemoryInput& in, const PipelineWalk& walk) {
   const auto& l = in.layout;
   const auto& hw = *in.hardware;
   const int p = l.pipeline_parallel;
   ParallelMemory out;
   // The stages' op lists, once, where model chunks make their held bytes depend on the order.
-  // torchtitan's pipeline runs torch's own order (torch_interleaved_ops), the others Megatron's.
   std::vector<std::vector<PipeOp>> ops;
-  if (l.virtual_stages > 1 && piped_stage(in) && pytorch_tp(in)) {
-    for (int s = 0; s < p; ++s)
-      ops.push_back(torch_interleaved_ops(p, s, l.virtual_stages, l.micro_batches));
-  } else if (l.virtual_stages > 1) {
-    ops = schedule_ops(l.schedule, p, l.virtual_stages, l.micro_batches);
-  }
+  if (l.virtual_stages > 1) ops = stage_orders(in);
   for (int s = 0; s < p; ++s) {
     const auto* stage_ops = ops.empty() ? nullptr : &ops[static_cast<std::size_t>(s)];
     const auto blocks = static_cast<double>(stage_blocks(l, in.model->layers, s));

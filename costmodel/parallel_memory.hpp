@@ -104,6 +104,11 @@ struct ParallelMemoryInput {
 // Per stage, from the walk's in-flight micro-batches (walk.peak_in_flight per stage).
 ParallelMemory parallel_memory(const ParallelMemoryInput& in, const PipelineWalk& walk);
 
+// Each stage's op order as the recipe's pipeline runs it: torch.distributed.pipelining's
+// (torch_interleaved_ops) for torchtitan's interleaved stages, Megatron's (schedule_ops)
+// otherwise. The step's time walk and its memory follow this one order.
+std::vector<std::vector<PipeOp>> stage_orders(const ParallelMemoryInput& in);
+
 // Stage s's compute order under torch.distributed.pipelining's ScheduleInterleaved1F1B with p
 // stages, v chunks each and m micro-batches (what torchtitan's pipeline runs with v > 1; the
 // model's chunk k of stage s is virtual stage k·p + s). Megatron's order is schedule_ops'.

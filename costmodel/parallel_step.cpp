@@ -252,9 +252,10 @@ void evaluate_stages(const StepInput& in, const ParallelLayout& l, ParallelStep&
   }
   out.p2p_s = p2p_time(hw, g.pipeline_crosses_nodes ? Tier::inter_node : Tier::intra_node,
                        p2p_bytes(m, j, l, e));
-  out.walk = walk_schedule(l.schedule, p, l.virtual_stages, l.micro_batches, out.stage_forward_s,
-                           out.stage_backward_s, p > 1 ? out.p2p_s : 0);
   ParallelMemoryInput mi{&m, &hw, in.cluster, j, in.spec, l};
+  // Time and memory walk the one order the recipe's pipeline runs (stage_orders).
+  out.walk = walk_ops(stage_orders(mi), p, l.virtual_stages, l.micro_batches, out.stage_forward_s,
+                      out.stage_backward_s, p > 1 ? out.p2p_s : 0);
   out.memory = parallel_memory(mi, out.walk);
   // The step ends when the last stage to finish its optimizer step does.
   double end = 0;

@@ -39,7 +39,13 @@ double dependency_ready(Ends& e, const PipeOp& op, int g, int p, double p2p_s) {
 PipelineWalk walk_schedule(PipelineSchedule schedule, int p, int v, int m,
                            const std::vector<double>& forward_s,
                            const std::vector<double>& backward_s, double p2p_s) {
-  const auto ops = schedule_ops(schedule, p, v, m);
+  return walk_ops(schedule_ops(schedule, p, v, m), p, v, m, forward_s, backward_s, p2p_s);
+}
+
+PipelineWalk walk_ops(const std::vector<std::vector<PipeOp>>& ops, int p, int v, int m,
+                      const std::vector<double>& forward_s, const std::vector<double>& backward_s,
+                      double p2p_s) {
+  if (static_cast<int>(ops.size()) != p) throw std::logic_error("walk_ops: one op list per stage");
   if (static_cast<int>(forward_s.size()) != p || static_cast<int>(backward_s.size()) != p)
     throw std::logic_error("walk_schedule: one forward and one backward time per stage");
   Ends ends(m, p * v);

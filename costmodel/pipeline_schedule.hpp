@@ -25,5 +25,10 @@ struct PipelineWalk {
 PipelineWalk walk_schedule(PipelineSchedule schedule, int p, int v, int m,
                            const std::vector<double>& forward_s,
                            const std::vector<double>& backward_s, double p2p_s = 0);
+// The same walk of each stage's own op list (ops[s]: Megatron's schedule_ops, or torch's
+// torch_interleaved_ops for torchtitan's pipeline).
+PipelineWalk walk_ops(const std::vector<std::vector<PipeOp>>& ops, int p, int v, int m,
+                      const std::vector<double>& forward_s, const std::vector<double>& backward_s,
+                      double p2p_s = 0);
 
 }  // namespace shardplan::costmodel

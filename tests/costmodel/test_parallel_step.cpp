@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "costmodel/parallel_step.hpp"
 #include "tests/test_support.hpp"
 
@@ -155,4 +157,34 @@ TEST_CASE("parallel_step::tied embeddings: the first and last stage all-reduce t
   const auto untied = simulate_parallel_step(llama.in, layout(8, true, 4, 8));
   REQUIRE(untied.step.valid);
   CHECK(untied.embedding_allreduce_s == 0);
+}
+
+TEST_CASE(
+    "parallel_step::torchtitan's interleaved pipeline is timed in the order its memory walks") {
+  // torch.distributed.pipelining's Interleaved1F1B orders a stage's chunks otherwise than
+  // Megatron-LM with m = p (torch_interleaved_ops); the step's time walk and the stages' memory
+  // both follow the recipe's order (stage_orders), not one each.
+  Setup s(128, 16, 1, "ddp");  // d = 128 / 32 = 4: 4 x 4 micro-batches x 1 = 16 sequences
+  s.in.job.recipe = Recipe::torchtitan;
+  s.in.job.checkpointing = Checkpointing::full;
+  ParallelLayout l = layout(8, true, 4, 4);
+  l.schedule = PipelineSchedule::interleaved_1f1b;
+  l.virtual_stages = 2;
+  const auto r = simulate_parallel_step(s.in, l);
+  REQUIRE(r.step.valid);
+  ParallelMemoryInput mi{s.in.model, s.in.hardware, s.in.cluster, s.in.job, s.in.spec, l};
+  const auto torch = stage_orders(mi);
+  const auto megatron = schedule_ops(l.schedule, 4, 2, 4);
+  auto same_order = [](const std::vector<PipeOp>& a, const std::vector<PipeOp>& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const PipeOp& x, const PipeOp& y) {
+      return x.kind == y.kind && x.micro_batch == y.micro_batch && x.chunk == y.chunk;
+    });
+  };
+  bool differ = false;
+  for (std::size_t st = 0; st < torch.size(); ++st) differ |= !same_order(torch[st], megatron[st]);
+  CHECK(differ);
+  const auto walked = walk_ops(torch, 4, 2, 4, r.stage_forward_s, r.stage_backward_s, r.p2p_s);
+  CHECK(r.walk.span_s == walked.span_s);
+  CHECK(r.walk.peak_chunks == walked.peak_chunks);
+  CHECK(r.walk.peak_chunks == peak_chunks(torch));
 }
