@@ -301,8 +301,13 @@ std::string layout_line(const Scenario& sc, const Evaluation& e) {
   std::string pipe =
       fmt::format("pipeline {} ({}", l.pipeline_parallel, documents::schedule_name(l.schedule));
   if (l.virtual_stages > 1) pipe += fmt::format(", {} virtual stages", l.virtual_stages);
-  pipe += fmt::format(", {} micro-batch{} of {})", l.micro_batches,
-                      l.micro_batches == 1 ? "" : "es", e.job.micro_batch);
+  pipe += fmt::format(", {} micro-batch{} of {}", l.micro_batches, l.micro_batches == 1 ? "" : "es",
+                      e.job.micro_batch);
+  // The split, where the embeddings and the head count as blocks (the recipe's or the flags').
+  if (l.first_stage_less_layers > 0 || l.last_stage_less_layers > 0)
+    pipe += fmt::format(", the embeddings and the head counted as {} and {} blocks",
+                        l.first_stage_less_layers, l.last_stage_less_layers);
+  pipe += ")";
   return fmt::format("parallelism: tensor {}{}{}, {}, context {}, data {} ({})", l.tensor_parallel,
                      l.sequence_parallel ? " with sequence parallel" : "",
                      l.async_tensor_parallel ? " (async)" : "", pipe, l.context_parallel,

@@ -2,6 +2,7 @@
 // the per-stage report.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -231,6 +232,12 @@ TEST_CASE("cli_parallel::uneven pipeline splits: torchtitan's default, Megatron'
   CHECK(blocks == std::vector<double>{15, 16, 16, 16, 16, 16, 16, 15});
   CHECK(d.at("parallelism").at("first_stage_less_layers") == 1);
   CHECK(d.at("parallelism").at("last_stage_less_layers") == 1);
+  // The text says the recipe's split, which no flag asked for.
+  auto text = titan;
+  text.erase(std::find(text.begin(), text.end(), "--format"),
+             std::find(text.begin(), text.end(), "--format") + 2);
+  CHECK(has(planner(text).out, "pipeline 8 (1f1b, 8 micro-batches of 1, the embeddings and the "
+                               "head counted as 1 and 1 blocks)"));
   // Megatron-LM splits evenly: refused as it refuses, accepted with the embeddings and the loss
   // counted (--account-for-embedding/loss-in-pipeline-split: 128 over 8).
   auto megatron = job;
