@@ -358,9 +358,9 @@ ParallelStep walk_context_parallel(const StepInput& in, const ParallelLayout& l)
   out.compute_per_mb_s = r.forward_per_mb_s + r.backward_per_mb_s;
   out.cp_exposed_s = r.exposed_s[ring];
   out.dp_exposed_s = r.exposed_comm_s - out.cp_exposed_s;
-  out.dp_comm_s = 0;
-  for (int s = 1; s < kStreams; ++s)
-    if (s != ring) out.dp_comm_s += r.busy_s[s];
+  out.dp_comm_s = 0;  // the data-parallel collectives' streams (not the ring's, not the host's)
+  for (const Stream s : {Stream::all_gather, Stream::reduce_scatter, Stream::all_reduce})
+    out.dp_comm_s += r.busy_s[static_cast<int>(s)];
   out.cp_bytes = r.context_bytes_per_gpu;
   out.dp_bytes = r.comm_bytes_per_gpu - r.context_bytes_per_gpu;
   return out;

@@ -202,7 +202,7 @@ private:
   void queue_reduction(int u, double end, int mb, bool first);
   // A block's ring exchange beside its attention (from `start`, the attention's `attention_s`
   // at the end of the unit's `unit_s`): its buffers for the unit's span, its bytes, and the
-  // compute stream's wait for it. Returns when the unit may go on.
+  // compute stream's wait for it.
   void ring_exchange(int u, double start, double unit_s, double attention_s, bool backward,
                      Phase phase, int mb);
   void reduce_pending(int u, double end, int mb, bool first);

@@ -402,16 +402,17 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   if (unpinned && rec.search.ranked.empty()) {
     widened = search_layouts(make_scenario(o.so, false));
     if (!widened->ranked.empty()) {
-      const auto& smallest = rec.search.best_per_family;
-      double least = 0;
-      for (const auto& c : smallest)
-        if (least == 0 || c.eval.result.peak_bytes < least) least = c.eval.result.peak_bytes;
+      std::optional<double> least;  // of the data-parallel plans that can run
+      for (const auto& c : rec.search.best_per_family)
+        if (c.eval.result.valid && (!least || c.eval.result.peak_bytes < *least))
+          least = c.eval.result.peak_bytes;
       run_layout_recommend(
           o, top_plans, out, notes,
-          fmt::format("no data-parallel plan fits (the smallest peak is {} against {} usable): "
-                      "searching tensor, pipeline and context parallelism too, as "
-                      "--model-parallel does",
-                      gib(least), gib(sc.usable_bytes())));
+          fmt::format("no data-parallel plan fits{}: searching tensor, pipeline and context "
+                      "parallelism too, as --model-parallel does",
+                      least ? fmt::format(" (the smallest peak is {} against {} usable)",
+                                          gib(*least), gib(sc.usable_bytes()))
+                            : ""));
       return;
     }
   }

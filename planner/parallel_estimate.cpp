@@ -50,10 +50,12 @@ bool ParallelOptions::one_dimensional() const {
 
 namespace {
 
-int degree(const std::optional<std::string>& text, const char* flag) {
-  if (!text) return 1;
+// A whole-number flag: `fallback` when not given, refused below `least`.
+int degree(const std::optional<std::string>& text, const char* flag, int fallback = 1,
+           int least = 1) {
+  if (!text) return fallback;
   const int v = core::int_from_text(flag, *text);
-  if (v < 1) throw InputError(flag, fmt::format("must be >= 1, got {}", v));
+  if (v < least) throw InputError(flag, fmt::format("must be >= {}, got {}", least, v));
   return v;
 }
 
@@ -114,17 +116,11 @@ documents::ParallelLayout layout_from_options(const ParallelOptions& o, Scenario
   l.context_parallel = degree(o.context_parallel, "--context-parallel");
   l.sequence_parallel = o.sequence_parallel;
   l.async_tensor_parallel = o.async_tensor_parallel;
-  documents::apply_recipe_split(l, sc.job.recipe);
-  auto less = [](const std::optional<std::string>& text, const char* flag, int fallback) {
-    if (!text) return fallback;
-    const int v = core::int_from_text(flag, *text);
-    if (v < 0) throw InputError(flag, fmt::format("must be >= 0, got {}", v));
-    return v;
-  };
+  documents::apply_recipe_split(l, sc.job.recipe);  // the recipe's split unless the flags say
   l.first_stage_less_layers =
-      less(o.first_stage_less_layers, "--first-stage-less-layers", l.first_stage_less_layers);
+      degree(o.first_stage_less_layers, "--first-stage-less-layers", l.first_stage_less_layers, 0);
   l.last_stage_less_layers =
-      less(o.last_stage_less_layers, "--last-stage-less-layers", l.last_stage_less_layers);
+      degree(o.last_stage_less_layers, "--last-stage-less-layers", l.last_stage_less_layers, 0);
   if (o.schedule) l.schedule = documents::schedule_from_name(*o.schedule, "--schedule");
   const int d = l.data_parallel(sc.cluster.gpus);
   if (d == 0)
