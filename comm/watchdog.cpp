@@ -186,11 +186,21 @@ void Watchdog::abort_watched() {
   for (Communicator* c : list) c->abort();
 }
 
+double Watchdog::limit_locked() const {
+  const bool waiting = waits_ > 0 || phase_waits_;
+  return options_.timeout_s + (waiting ? grace_s_ : 0.0);
+}
+
+double Watchdog::limit_s() const {
+  std::lock_guard lock(mutex_);
+  return limit_locked();
+}
+
 void Watchdog::run() {
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     const bool waiting = waits_ > 0 || phase_waits_;
-    const double limit = options_.timeout_s + (waiting ? grace_s_ : 0.0);
+    const double limit = limit_locked();
     const double idle = std::chrono::duration<double>(Clock::now() - last_progress_).count();
     if (idle < limit) {
       // Progress does not wake the thread (it stays cheap): the thread wakes at the deadline of

@@ -81,6 +81,9 @@ public:
   std::string phase() const;
   double timeout_s() const { return options_.timeout_s; }
   double grace_s() const { return grace_s_; }
+  // How long after the last progress the watchdog fires now: timeout_s, plus grace_s while the
+  // rank waits for the others (its thread computes its deadline from this).
+  double limit_s() const;
 
   // Communicators to abort (Communicator::abort) before the job ends, while the returned object
   // lives. Their abort must be callable from the watchdog's thread.
@@ -115,6 +118,7 @@ private:
   void abort_watched();
   void write_line(std::string_view text) const;
   std::string phase_locked() const;
+  double limit_locked() const;
 
   Options options_;
   EndJob end_job_;

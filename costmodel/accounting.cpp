@@ -211,8 +211,8 @@ double sdpa_kernel_state(const Shape& x, const Dtypes& d) {
 // the mask of a sliding window once the keys reach the window's length (kv_length >= window);
 // otherwise sdpa runs with is_causal and no mask.
 bool sdpa_gets_mask(const ModelSpec& m, const TrainingJob& j) {
-  return j.recipe == Recipe::hf && j.attention == AttentionImpl::flash && m.sliding_window > 0 &&
-         j.seq_len >= m.sliding_window;
+  return recipe_traits(j.recipe).transformers_code && j.attention == AttentionImpl::flash &&
+         m.sliding_window > 0 && j.seq_len >= m.sliding_window;
 }
 
 // The attention between the projections, for models whose projections are separate (Llama):
@@ -237,7 +237,8 @@ double llama_attention(const ModelSpec& m, const Shape& x, const TrainingJob& j,
   const double T = x.T, q = x.q, kv = x.kv, a = x.a, e = d.e;
   const bool flash = j.attention == AttentionImpl::flash;
   const bool mask = sdpa_gets_mask(m, j);
-  const bool repeated = !flash || mask || (j.recipe == Recipe::hf && m.head_dim > 256);
+  const bool repeated =
+      !flash || mask || (recipe_traits(j.recipe).transformers_code && m.head_dim > 256);
   // Widths of the k and v the attention keeps.
   double k_width = kv, v_width = kv;
   if (repeated && kv < q) {
@@ -257,9 +258,9 @@ double llama_attention(const ModelSpec& m, const Shape& x, const TrainingJob& j,
 // the product.
 BlockParts llama_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
   const double mlp_inner = m.mlp == MlpKind::swiglu ? 4 * d.e * x.T * x.I : 2 * d.e * x.T * x.I;
-  const bool titan = j.recipe == Recipe::torchtitan;
-  const NormParts attention_norm = titan ? torch_rmsnorm(x, d, 1) : rmsnorm(x, d, 3, d.r);
-  const NormParts mlp_norm = titan ? torch_rmsnorm(x, d, 2) : rmsnorm(x, d, 2, d.r);
+  const bool torch_norm = recipe_traits(j.recipe).rmsnorm == RmsNormCode::torch;
+  const NormParts attention_norm = torch_norm ? torch_rmsnorm(x, d, 1) : rmsnorm(x, d, 3, d.r);
+  const NormParts mlp_norm = torch_norm ? torch_rmsnorm(x, d, 2) : rmsnorm(x, d, 2, d.r);
   return {attention_norm.state + mlp_norm.state, attention_norm.output + mlp_norm.output,
           llama_attention(m, x, j, d) + mlp_inner};
 }
@@ -360,22 +361,30 @@ NormParts final_norm_parts(const ModelSpec& m, const TrainingJob& j, const Forwa
   case Architecture::gpt_neox:
     return layernorm(x, d, 1, true);
   default:
-    if (j.recipe == Recipe::megatron) return {f.e * x.T * x.h, f.e * x.T * x.h};
-    return j.recipe == Recipe::torchtitan ? torch_rmsnorm(x, d, 1) : rmsnorm(x, d, 1, d.r);
+    break;
   }
+  switch (recipe_traits(j.recipe).rmsnorm) {
+  case RmsNormCode::fused:
+    return {f.e * x.T * x.h, f.e * x.T * x.h};
+  case RmsNormCode::torch:
+    return torch_rmsnorm(x, d, 1);
+  case RmsNormCode::upcast:
+    break;
+  }
+  return rmsnorm(x, d, 1, d.r);
 }
 
 ActivationBytes block_activations(const ModelSpec& m, const TrainingJob& j, const Forward& f,
                                   bool checkpointed) {
-  if (j.recipe == Recipe::megatron || j.recipe == Recipe::executor)
+  if (recipe_traits(j.recipe).saved == SavedTensors::korthikanti)
     return megatron_block(m, j, f.e, checkpointed);
   return framework_block(m, j, f, checkpointed);
 }
 
 double rotary_table_bytes(const ModelSpec& m, const TrainingJob& j, double p) {
-  if (m.positions != PositionKind::rotary || j.recipe == Recipe::torchtitan ||
-      j.recipe == Recipe::megatron || j.recipe == Recipe::executor)
-    return 0;  // torchtitan keeps freqs_cis as a module buffer; the executor keeps no table
+  // torchtitan keeps freqs_cis as a module buffer; Megatron's formula and the executor count
+  // no table.
+  if (m.positions != PositionKind::rotary || !recipe_traits(j.recipe).transformers_code) return 0;
   // transformers' rotary embedding: cos and sin per position over the rotary width (GPT-NeoX:
   // rotary_pct of the head), in the residual dtype, computed once and read by every block.
   return 2 * p * static_cast<double>(j.seq_len) * static_cast<double>(m.rotary_dim);
@@ -387,7 +396,7 @@ double checkpointed_mask_bytes(const ModelSpec& m, const TrainingJob& j, double 
   bool any = false;
   for (std::int64_t b = 0; b < m.layers && !any; ++b) any = j.block_checkpointed(b);
   if (m.architecture != Architecture::gpt2 || j.attention != AttentionImpl::eager || !any) return 0;
-  if (j.recipe == Recipe::megatron || j.recipe == Recipe::executor) return 0;
+  if (!recipe_traits(j.recipe).transformers_code) return 0;
   return p * static_cast<double>(j.micro_batch) * static_cast<double>(j.seq_len) *
          static_cast<double>(j.seq_len);
 }
@@ -395,7 +404,7 @@ double checkpointed_mask_bytes(const ModelSpec& m, const TrainingJob& j, double 
 ActivationBytes embedding_activations(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
   const double p = f.p;
   ActivationBytes out;
-  if (j.recipe == Recipe::executor || j.recipe == Recipe::megatron) return out;
+  if (recipe_traits(j.recipe).saved == SavedTensors::korthikanti) return out;
   const Shape x(m, j);
   // nn.Embedding's backward needs the int64 token ids (GPT-2 also its int64 position ids);
   // embedding dropout keeps a mask (1-byte on CUDA, the embeddings' dtype on a CPU).
@@ -478,7 +487,7 @@ ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& j, const
   const Shape x(m, j);
   const double T = x.T, h = x.h, V = x.V;
   ActivationBytes out;
-  if (j.recipe == Recipe::executor) {
+  if (!recipe_traits(j.recipe).framework) {
     // The executor's head: final-norm and projection inputs, logits in the compute dtype, their
     // fp32 upcast and the log-softmax the loss keeps; the fp32 logits gradient in backward.
     out.saved = 2 * e * T * h + (e + 4 + 4) * T * V;

@@ -1,25 +1,6 @@
 #include "costmodel/context_ring.hpp"
 
-#include <array>
-
 namespace shardplan::costmodel {
-
-namespace {
-
-enum class Ring { torch_all_gather, te_p2p };
-
-// Whose ring attention each recipe runs (indexed by Recipe; the executor's own ring is walked by
-// the parallel model, executor/context_parallel_block.cpp).
-constexpr std::array<Ring, 6> kRingOf = {
-    Ring::torch_all_gather,  // hf: torch's context_parallel over transformers' SDPA
-    Ring::torch_all_gather,  // torchtitan
-    Ring::te_p2p,            // llm-foundry
-    Ring::te_p2p,            // megatron
-    Ring::te_p2p,            // deepspeed
-    Ring::te_p2p,            // executor
-};
-
-}  // namespace
 
 RingAttention ring_attention(const ModelSpec& m, const TrainingJob& j, int c) {
   RingAttention r;
@@ -30,8 +11,10 @@ RingAttention ring_attention(const ModelSpec& m, const TrainingJob& j, int c) {
   const double a = static_cast<double>(m.heads);
   const double chunk = 2 * e * T * kv;  // this rank's keys and values
   const double others = (c - 1) * chunk;
-  switch (kRingOf[static_cast<std::size_t>(j.recipe)]) {
-  case Ring::torch_all_gather: {
+  // Whose ring the recipe runs (RecipeTraits::ring; the executor's own ring is walked by the
+  // parallel model, executor/context_parallel_block.cpp).
+  switch (recipe_traits(j.recipe).ring) {
+  case RingCode::torch_all_gather: {
     const double gather = chunk + c * chunk;  // the concatenated input and the gathered output
     r.forward_bytes = gather + 4 * T * (q + a);
     r.backward_bytes = gather + 4 * T * (q + 2 * kv) + 2 * 8 * T * kv;
@@ -40,7 +23,7 @@ RingAttention ring_attention(const ModelSpec& m, const TrainingJob& j, int c) {
     r.backward_sent = others + c * 8 * T * kv;
     break;
   }
-  case Ring::te_p2p:
+  case RingCode::te_p2p:
     r.forward_bytes = 2 * chunk;
     r.backward_bytes = 4 * chunk;
     r.forward_sent = r.forward_gathered_sent = others;

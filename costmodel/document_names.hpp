@@ -12,6 +12,7 @@
 #include "documents/parallel.hpp"
 #include "documents/pipeline_order.hpp"
 #include "documents/plan.hpp"
+#include "documents/recipe.hpp"
 #include "documents/sharding.hpp"
 #include "documents/state_bytes.hpp"
 
@@ -65,8 +66,6 @@ using documents::checkpointing_name;
 using documents::checkpointing_names;
 using documents::Cluster;
 using documents::compute_dtype;
-using documents::default_checkpointing;
-using documents::default_loss;
 using documents::job_from_json;
 using documents::job_to_json;
 using documents::loss_label;
@@ -82,7 +81,6 @@ using documents::precision_from_name;
 using documents::precision_name;
 using documents::precision_names;
 using documents::Recipe;
-using documents::recipe_description;
 using documents::recipe_from_name;
 using documents::recipe_name;
 using documents::recipe_names;
@@ -91,6 +89,16 @@ using documents::set_loss;
 using documents::TrainingJob;
 using documents::validate_cluster;
 using documents::validate_job;
+// documents/recipe.hpp
+using documents::PipelineRunner;
+using documents::recipe_traits;
+using documents::RecipeTraits;
+using documents::RingCode;
+using documents::RmsNormCode;
+using documents::SavedTensors;
+using documents::TensorParallelCode;
+using documents::TpEmbedding;
+using documents::TpLoss;
 // documents/sharding.hpp
 using documents::default_flavour;
 using documents::Flavour;

@@ -113,14 +113,16 @@ double held_bytes(const ParallelLayout& l, const StageShare& share, double block
   return peak_held(*share.ops, chunk);
 }
 
-// PyTorch's own parallelism rather than Megatron's, without context parallelism: Recipe::hf and
-// Recipe::torchtitan with t > 1 (the parallel styles of torch/distributed/tensor/parallel/style.py
-// applied by the recipe's plan), and Recipe::torchtitan with a pipeline (torchtitan's stages run
-// by torch.distributed.pipelining, whatever t).
+// PyTorch's own parallelism rather than Megatron's, without context parallelism: a recipe whose
+// TP is torch's styles (RecipeTraits::tensor_parallel: the parallel styles of
+// torch/distributed/tensor/parallel/style.py applied by the recipe's plan) with t > 1, and one
+// whose stages torch.distributed.pipelining runs, with a pipeline (whatever t).
 bool pytorch_tp(const ParallelMemoryInput& in) {
-  const Recipe r = in.job.recipe;
-  const bool plan = (r == Recipe::hf || r == Recipe::torchtitan) && in.layout.tensor_parallel > 1;
-  const bool piped = r == Recipe::torchtitan && in.layout.pipeline_parallel > 1;
+  const RecipeTraits& r = recipe_traits(in.job.recipe);
+  const bool plan =
+      r.tensor_parallel == TensorParallelCode::torch_styles && in.layout.tensor_parallel > 1;
+  const bool piped =
+      r.pipeline == PipelineRunner::torch_pipelining && in.layout.pipeline_parallel > 1;
   return (plan || piped) && in.layout.context_parallel == 1;
 }
 
@@ -131,8 +133,8 @@ bool pytorch_tp(const ParallelMemoryInput& in) {
 // wrapping, whose root unit holds the embeddings with the head, keeps the per-unit accounting of
 // stage_states.)
 bool fsdp_plan(const ParallelMemoryInput& in) {
-  return pytorch_tp(in) && in.job.recipe == Recipe::torchtitan && in.spec.shard_parameters &&
-         in.layout.pipeline_parallel == 1;
+  return pytorch_tp(in) && recipe_traits(in.job.recipe).fsdp_groups_per_block &&
+         in.spec.shard_parameters && in.layout.pipeline_parallel == 1;
 }
 
 // Elements of a unit on one rank before data-parallel sharding.
@@ -158,20 +160,21 @@ struct UnitElements {
 //               strategy with a Shard(0) output (torch/distributed/tensor/_ops/
 //               _embedding_ops.py, embedding_dense_backward_strategy: Replicate, colwise or
 //               Partial), so each rank holds a [V, h] gradient.
-UnitElements plan_elements(const UnitTensors& u, Optimizer o, const ParallelLayout& l, Recipe r,
-                           bool embedding) {
+UnitElements plan_elements(const UnitTensors& u, Optimizer o, const ParallelLayout& l,
+                           TpEmbedding style, bool embedding) {
   const double t = l.tensor_parallel;
   UnitElements out;
   for (std::size_t i = 0; i < u.tensors.size(); ++i) {
     const auto& x = u.tensors[i];
     const double whole = static_cast<double>(x.elements());
     const bool table = embedding && i == 0;
-    const bool split = x.is_matrix() && (!embedding || (table && r == Recipe::torchtitan));
+    const bool split = x.is_matrix() && (!embedding || (table && style == TpEmbedding::rowwise));
     out.params += whole / (split ? t : 1);
     out.grads += table ? whole : whole / (split ? t : 1);
     // t = 1: no DTensor at all, every parameter a plain tensor of one foreach group.
     const bool plain =
-        t == 1 || (r == Recipe::hf ? !split : !x.is_matrix() && !l.sequence_parallel);
+        t == 1 ||
+        (style == TpEmbedding::unplanned ? !split : !x.is_matrix() && !l.sequence_parallel);
     if (plain) out.plain += whole;
   }
   out.optimizer = static_cast<double>(optimizer_state_elements(u, o)) * out.params /
@@ -195,7 +198,8 @@ UnitElements stage_elements(const ParallelMemoryInput& in, const StageShare& sha
   const Optimizer o = in.job.optimizer;
   const bool plan = pytorch_tp(in);
   auto unit = [&](const UnitTensors& u, bool embedding) {
-    return plan ? plan_elements(u, o, in.layout, in.job.recipe, embedding)
+    return plan ? plan_elements(u, o, in.layout, recipe_traits(in.job.recipe).tp_embedding,
+                                embedding)
                 : megatron_elements(u, o, in.layout.tensor_parallel, embedding);
   };
   UnitElements out;
@@ -217,7 +221,7 @@ UnitElements stage_elements(const ParallelMemoryInput& in, const StageShare& sha
     word.tensors.push_back(m.embedding.tensors.front());
     // The executor's copy is its whole embedding unit, a learned position table too
     // (executor/pipeline.hpp).
-    add(unit(in.job.recipe == Recipe::executor ? m.embedding : word, true), 1);
+    add(unit(recipe_traits(in.job.recipe).framework ? word : m.embedding, true), 1);
   }
   return out;
 }
@@ -443,7 +447,8 @@ void executor_first_use_peak(const ParallelMemoryInput& in, const ExecutorStage&
 // torchtitan's pipeline: its stages run by torch.distributed.pipelining's schedules
 // (torchtitan/distributed/pipeline_parallel.py builds PipelineStage and the schedule).
 bool piped_stage(const ParallelMemoryInput& in) {
-  return in.job.recipe == Recipe::torchtitan && in.layout.pipeline_parallel > 1;
+  return recipe_traits(in.job.recipe).pipeline == PipelineRunner::torch_pipelining &&
+         in.layout.pipeline_parallel > 1;
 }
 
 // What one rank of a stage keeps per micro-batch under PyTorch's TP styles, in bytes.
@@ -528,7 +533,8 @@ ActivationBytes plan_head(const ParallelMemoryInput& in, const Forward& f) {
   const NormParts norm = final_norm_parts(*in.model, j, f);
   const double T = static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch);
   ActivationBytes out;
-  if (j.recipe == Recipe::torchtitan && j.loss == LossImpl::upcast) {
+  const bool loss_parallel = recipe_traits(j.recipe).tp_loss == TpLoss::loss_parallel;
+  if (loss_parallel && j.loss == LossImpl::upcast) {
     const double V = static_cast<double>(in.model->vocab) / t;
     out.saved = 4 * T * V + 8 * T;
     // t = 1 (under a pipeline): no loss_parallel, aten's own ops: nll_loss_backward's gradient
@@ -536,7 +542,7 @@ ActivationBytes plan_head(const ParallelMemoryInput& in, const Forward& f) {
     // [T, V] at once beside the saved log-probabilities.
     out.backward = (t > 1 ? 3 : 2) * 4 * T * V;
     out.loss = 4 * T * V;
-  } else if (j.recipe == Recipe::torchtitan) {
+  } else if (loss_parallel) {
     ModelSpec columns = *in.model;
     columns.vocab = static_cast<std::int64_t>(static_cast<double>(columns.vocab) / t);
     out = head_activations(columns, j, f);
@@ -824,6 +830,40 @@ std::vector<PipeOp> torch_interleaved_ops(int p, int s, int v, int m) {
 
 namespace {
 
+// One model chunk of a stage (its virtual stage's blocks, the embeddings or the head with it):
+// what it keeps per micro-batch, its gradients' bytes and its optimizer's foreach intermediate.
+struct Chunk {
+  StageShare share;
+  PlanActivations x;
+  double grads = 0, head_grads = 0;
+  double temp = 0;  // its optimizer's foreach intermediate
+};
+
+// The stage's v chunks: chunk k is virtual stage k·p + s.
+std::vector<Chunk> stage_chunks(const ParallelMemoryInput& in, const StageShare& share,
+                                double per_grad) {
+  const auto& l = in.layout;
+  const int p = l.pipeline_parallel, v = l.virtual_stages;
+  std::vector<Chunk> chunks;
+  const auto parts = pipeline_parts(l, in.model->layers);
+  for (int k = 0; k < v; ++k) {
+    const int virtual_stage = k * p + share.index;
+    const auto part = static_cast<std::size_t>(virtual_stage);
+    std::int64_t first_block = 0;
+    for (std::size_t i = 0; i < part; ++i) first_block += parts[i];
+    Chunk c;
+    c.share = StageShare{static_cast<double>(parts[part]), virtual_stage == 0,
+                         virtual_stage == p * v - 1};
+    c.x = plan_activations(in, c.share, static_cast<int>(first_block));
+    c.grads = stage_elements(in, c.share).grads * per_grad;
+    c.head_grads =
+        c.share.last ? stage_elements(in, StageShare{0, false, true}).grads * per_grad : 0;
+    c.temp = foreach_temp_bytes(in, stage_elements(in, c.share));
+    chunks.push_back(c);
+  }
+  return chunks;
+}
+
 // The step's moments of one stage of torchtitan's pipeline with v > 1 model chunks per stage
 // (ScheduleInterleaved1F1B, a PipelineScheduleMulti over the stage's PipelineStages; torchtitan's
 // "loop" style gives chunk k of stage s virtual stage k·p + s). The stage's ops (share.ops, torch's
@@ -855,7 +895,6 @@ std::vector<Moment> chunk_moments(const ParallelMemoryInput& in, const StageShar
                                   double all_grads, double per_grad) {
   const auto& m = *in.model;
   const auto& l = in.layout;
-  const int p = l.pipeline_parallel, v = l.virtual_stages;
   const double t = l.tensor_parallel;
   const double e = dtype_bytes(compute_dtype(in.job.precision));
   const double T = static_cast<double>(in.job.seq_len) * static_cast<double>(in.job.micro_batch);
@@ -865,30 +904,9 @@ std::vector<Moment> chunk_moments(const ParallelMemoryInput& in, const StageShar
   const double tensor = e * T * h / sp;  // a received input or an input's gradient [T, h]
   const double head_table = per_grad * V * h / t, table = per_grad * V * h;
   const double down = per_grad * I * h / t;
-  struct Chunk {
-    StageShare share;
-    PlanActivations x;
-    double grads = 0, head_grads = 0;
-    double temp = 0;  // its optimizer's foreach intermediate
-  };
-  std::vector<Chunk> chunks;
-  const auto parts = pipeline_parts(l, m.layers);
+  const std::vector<Chunk> chunks = stage_chunks(in, share, per_grad);
   const double block_grads = stage_elements(in, StageShare{1, false, false}).grads * per_grad;
-  for (int k = 0; k < v; ++k) {
-    const int virtual_stage = k * p + share.index;
-    const auto part = static_cast<std::size_t>(virtual_stage);
-    std::int64_t first_block = 0;
-    for (std::size_t i = 0; i < part; ++i) first_block += parts[i];
-    Chunk c;
-    c.share = StageShare{static_cast<double>(parts[part]), virtual_stage == 0,
-                         virtual_stage == p * v - 1};
-    c.x = plan_activations(in, c.share, static_cast<int>(first_block));
-    c.grads = stage_elements(in, c.share).grads * per_grad;
-    c.head_grads =
-        c.share.last ? stage_elements(in, StageShare{0, false, true}).grads * per_grad : 0;
-    c.temp = foreach_temp_bytes(in, stage_elements(in, c.share));
-    chunks.push_back(c);
-  }
+  const int v = l.virtual_stages;
   std::vector<Moment> out;
   std::vector<int> done(static_cast<std::size_t>(v), 0);  // backwards run per chunk
   double held = 0;  // saved bytes of the forwards whose backward has not run
@@ -1025,7 +1043,7 @@ void stage_activations(const ParallelMemoryInput& in, const StageShare& share, i
   out.activation_bytes =
       held_bytes(l, share, saved, embedding_saved(m, j, l), head_saved(m, j, l, e), out.in_flight) +
       transient;
-  if (j.recipe == Recipe::executor) {
+  if (!recipe_traits(j.recipe).framework) {
     const ExecutorStage x = executor_stage(m, j, l, share, first_block, e);
     const double blocks =
         x.saved - (share.first ? x.first_extra : 0) - (share.last ? x.last_extra : 0);
@@ -1041,7 +1059,7 @@ void stage_activations(const ParallelMemoryInput& in, const StageShare& share, i
   // Ring attention: the K and V chunk being used and the one arriving (Transformer Engine's
   // AttnFuncWithCPAndKVP2P double-buffers them), each of the local sequence. The executor's ring
   // is counted with its block's backward above.
-  if (l.context_parallel > 1 && j.recipe != Recipe::executor)
+  if (l.context_parallel > 1 && recipe_traits(j.recipe).framework)
     out.buffer_bytes += 2 * 2 * e * T * static_cast<double>(m.kv_width()) / l.tensor_parallel;
 }
 

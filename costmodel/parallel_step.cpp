@@ -73,7 +73,7 @@ BlockTime block_time(const StepInput& in, const ParallelLayout& l, const LayoutG
     b.cp_fwd = (l.context_parallel - 1) * step;
     b.cp_bwd = (l.context_parallel - 1) * p2p_time(*in.hardware, g.context.tier(), 2 * chunk);
     // The executor's dK, dV take one more hop home after the last block (context_parallel.hpp).
-    if (in.job.recipe == Recipe::executor)
+    if (!recipe_traits(in.job.recipe).framework)
       b.cp_bwd += p2p_time(*in.hardware, g.context.tier(), chunk);
   }
   return b;
@@ -101,7 +101,7 @@ StageTime stage_time(const StepInput& in, const ParallelLayout& l, const BlockTi
   // Ring attention overlaps each exchange with the attention of the block in hand (Transformer
   // Engine's, torch's context_parallel); the executor's ring waits for each exchange
   // (executor/context_parallel.hpp).
-  const bool ring_overlapped = j.recipe != Recipe::executor;
+  const bool ring_overlapped = recipe_traits(j.recipe).framework;
   const double cp_f = exposed(b.cp_fwd, b.core_fwd, ring_overlapped);
   const double cp_b = exposed(b.cp_bwd, 2 * b.core_fwd, ring_overlapped);
   double checkpointed = 0;
@@ -376,7 +376,8 @@ ParallelStep simulate_parallel_step(const StepInput& in, const ParallelLayout& l
   }
   // One walk: context parallelism without tensor or pipeline parallelism is the step
   // simulator's (the executor's own ring block is the parallel model's, below).
-  if (l.tensor_parallel == 1 && l.pipeline_parallel == 1 && in.job.recipe != Recipe::executor &&
+  if (l.tensor_parallel == 1 && l.pipeline_parallel == 1 &&
+      recipe_traits(in.job.recipe).framework &&
       layout_problems(l, *in.model, in.job, in.cluster).empty() && in.job.micro_batch > 0)
     return walk_context_parallel(in, l);
   auto& r = out.step;

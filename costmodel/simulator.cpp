@@ -74,7 +74,8 @@ class Simulation {
 public:
   Simulation(const StepInput& in, Trace* trace)
       : in_(in), spec_(in.spec), trace_(trace), comm_(*in.hardware),
-        frameworks_(in.accounting == Accounting::framework && in.job.recipe != Recipe::executor) {
+        frameworks_(in.accounting == Accounting::framework &&
+                    recipe_traits(in.job.recipe).framework) {
     if (in.accounting == Accounting::zero_paper) {
       // The paper's model states and algorithm only: no framework buffers or partition quirks,
       // ZeRO-1/2 reduce-scatter (§7).
@@ -198,6 +199,12 @@ private:
   void backward(int mb, bool first, bool reduce);
   // All-gathers unit u's parameters once `issue_t`; returns when they are ready.
   double gather(int u, double issue_t, Phase phase, int mb);
+  // A checkpointed unit's forward again before its backward (from `ready`, waiting on `cause`).
+  void rerun_forward(int u, double ready, Stream cause, int mb);
+  // Unit g's gradients appear at t: kept whole (DDP, ZeRO-1) they are allocated by the step's
+  // first micro-batch and kept to the step; sharded, the unit's full gradient is a transient
+  // until it is reduced.
+  void gradients_used(int g, double t, int mb, bool first);
   // Unit u's gradients join the pending reduction, reduced once the framework's bucket is full.
   void queue_reduction(int u, double end, int mb, bool first);
   // A block's ring exchange beside its attention (from `start`, the attention's `attention_s`
@@ -225,6 +232,10 @@ private:
   void wait_for_reductions();
   // The optimizer step from t, and the parameter all-gather after it; returns its end.
   double optimizer_step(double t, const States& st);
+  double device_optimizer(double t, const States& st);  // on the GPU's memory bandwidth
+  double host_optimizer(double t, const States& st);    // on the host's CPUs (offload)
+  // ZeRO-3's persistent parameters and ZeRO-1/2's partitions all-gathered once updated.
+  double gather_updated_parameters(double t, const States& st);
   void account_states(const States& st);
   void add_overheads();
   void account_compute(std::int64_t gas, const FirstMicroBatch& first);
@@ -651,20 +662,11 @@ void Simulation::backward(int mb, bool first, bool reduce) {
       ready = gather(u, issue_t, Phase::backward, mb);
       cause = Stream::all_gather;
     }
-    double st = 0;
     if (ui.recompute_s > 0) {
-      st = issue(Stream::compute, ready, cause, ui.recompute_s, "recompute", u);
-      mem(st, ui.act.recompute, Category::activations, Phase::recompute, u, mb);
-      if (context_ > 1 && checkpointed(u))  // the rerun forward runs the ring again
-        ring_exchange(u, st, ui.recompute_s, ui.fwd_kinds[static_cast<int>(ComputeKind::attention)],
-                      false, Phase::recompute, mb);
-      // The recompute runs under the forward's autocast state again (torch/utils/checkpoint.py
-      // restores it), and the GEMMs keep their weight casts for the backward.
-      if (autocast_copies)
-        mem(st, ui.matmul * compute_b_, Category::activations, Phase::recompute, u, mb);
+      rerun_forward(u, ready, cause, mb);
       ready = 0;
     }
-    st = issue(Stream::compute, ready, cause, ui.bwd_s, "backward", u);
+    const double st = issue(Stream::compute, ready, cause, ui.bwd_s, "backward", u);
     bwd_start_[u] = st;
     const double end = st + ui.bwd_s;
     bwd_end_[u] = end;
@@ -687,18 +689,9 @@ void Simulation::backward(int mb, bool first, bool reduce) {
     // there, not at the embedding's own backward (autograd accumulates into the shared weight's
     // .grad from its first use; a flat parameter holds one gradient for the whole unit).
     const double fresh = s.shard_gradients ? ui.params * compute_b_ : 0;
-    auto first_use = [&](int g) {
-      const double elems = info(g).params;
-      if (!s.shard_gradients && first) {
-        mem(kernels, elems * sb_.grad, Category::gradients, Phase::backward, g, mb);
-        kept_grad_bytes_ += elems * sb_.grad;
-      }
-      if (s.shard_gradients)
-        mem(kernels, elems * compute_b_, Category::gradients, Phase::backward, g, mb);
-    };
     const bool tied = in_.model->tied_embeddings;
-    if (!(tied && u == 0)) first_use(u);
-    if (tied && u == U - 1) first_use(0);
+    if (!(tied && u == 0)) gradients_used(u, kernels, mb, first);
+    if (tied && u == U - 1) gradients_used(0, kernels, mb, first);
     const double released =
         ui.act.loss > 0 ? ui.act.saved - ui.act.loss : ui.act.saved + ui.act.backward;
     mem(end, -(released + ui.act.recompute), Category::activations, Phase::backward, u, mb);
@@ -717,6 +710,29 @@ void Simulation::backward(int mb, bool first, bool reduce) {
   // The bucket goes when the backward's reductions are done (reduce_pending), or at its end.
   if (backward_bucket() && !reduce)
     mem(bwd_end_[0], -s.reduce_bucket_bytes, Category::buffers, Phase::backward, 0, mb);
+}
+
+void Simulation::rerun_forward(int u, double ready, Stream cause, int mb) {
+  const auto& ui = info(u);
+  const double st = issue(Stream::compute, ready, cause, ui.recompute_s, "recompute", u);
+  mem(st, ui.act.recompute, Category::activations, Phase::recompute, u, mb);
+  if (context_ > 1 && checkpointed(u))  // the rerun forward runs the ring again
+    ring_exchange(u, st, ui.recompute_s, ui.fwd_kinds[static_cast<int>(ComputeKind::attention)],
+                  false, Phase::recompute, mb);
+  // The recompute runs under the forward's autocast state again (torch/utils/checkpoint.py
+  // restores it), and the GEMMs keep their weight casts for the backward.
+  if (autocast_copies())
+    mem(st, ui.matmul * compute_b_, Category::activations, Phase::recompute, u, mb);
+}
+
+void Simulation::gradients_used(int g, double t, int mb, bool first) {
+  const auto& s = spec_;
+  const double elems = info(g).params;
+  if (!s.shard_gradients && first) {
+    mem(t, elems * sb_.grad, Category::gradients, Phase::backward, g, mb);
+    kept_grad_bytes_ += elems * sb_.grad;
+  }
+  if (s.shard_gradients) mem(t, elems * compute_b_, Category::gradients, Phase::backward, g, mb);
 }
 
 // Reduction: per unit, or when the framework's bucket has filled.
@@ -981,6 +997,11 @@ void Simulation::wait_for_reductions() {
 // Bandwidth-bound over the local shard (read gradient, read and write master and moments, write
 // parameters), or on the host when offloaded.
 double Simulation::optimizer_step(double t, const States& states) {
+  t = spec_.offload == Offload::none ? device_optimizer(t, states) : host_optimizer(t, states);
+  return gather_updated_parameters(t, states);
+}
+
+double Simulation::device_optimizer(double t, const States& states) {
   const auto& m = *in_.model;
   const auto& hw = *in_.hardware;
   const auto& j = in_.job;
@@ -991,55 +1012,63 @@ double Simulation::optimizer_step(double t, const States& states) {
   for (int k = 0; k < 3; ++k)
     opt_elems_local += (k == 1 ? static_cast<double>(m.layers) : 1.0) * units_[k].opt_elems /
                        (s.shard_optimizer ? S : 1.0);
-  if (s.offload == Offload::none) {
-    // DeepSpeed stages 1/2 flatten the partition's gradients into a new tensor of their dtype and
-    // cast that to fp32 (stage_1_and_2.py, step: flatten(averaged_gradients).to(fp32)), so in a
-    // mixed-precision job both copies are alive at once; stage 3 casts its flat partition as it
-    // is.
-    const double flatten_b =
-        frameworks_ && s.separate_fp32_master && !s.flat_grad_partition && sb_.grad < sb_.step_grad
-            ? sb_.grad
-            : 0.0;
-    const double step_copies = sb_.step_grad + flatten_b;
-    const double bytes =
-        local_opt_params * (sb_.grad + sb_.step_grad + 2 * flatten_b + 2 * sb_.master + sb_.param) +
-        2 * opt_elems_local * sb_.moment;
-    const double bw = hw.calibration && hw.calibration->memory_bandwidth_Bps
-                          ? *hw.calibration->memory_bandwidth_Bps
-                          : hw.hbm_bandwidth_Bps;
-    const double dur = bytes / bw;
-    const double st = issue(Stream::compute, t, Stream::compute, dur, "optimizer step", -1);
-    mem(st, local_opt_params * step_copies, Category::gradients, Phase::optimizer, -1, 1);
-    mem(st + dur, -local_opt_params * step_copies, Category::gradients, Phase::optimizer, -1, 1);
-    // torch.optim.Adam/AdamW with foreach (the default on GPUs; torch/optim/adam.py,
-    // _multi_tensor_adam) first writes sqrt(exp_avg_sq) of every local parameter into new
-    // tensors: one intermediate of the local shard in the state dtype. DeepSpeed's FusedAdam
-    // updates in place.
-    const bool foreach_adam = frameworks_ && s.flavour != Flavour::deepspeed &&
-                              (j.optimizer == Optimizer::adam || j.optimizer == Optimizer::adamw);
-    if (foreach_adam) {
-      mem(st, local_opt_params * sb_.moment, Category::optimizer_states, Phase::optimizer, -1, 1);
-      mem(st + dur, -local_opt_params * sb_.moment, Category::optimizer_states, Phase::optimizer,
-          -1, 1);
-    }
-    result_.optimizer_s = dur;
-    t = st + dur;
-  } else {
-    // CPU optimizer (DeepSpeed's CPUAdam; torch.optim.AdamW on CPU tensors under FSDP's
-    // CPUOffload): the node's CPUs update every local shard of its GPUs, then the updated
-    // parameters return over the host link.
-    const double rate =
-        hw.host_optimizer_rate(s.flavour == Flavour::deepspeed ? "deepspeed" : "torch");
-    const double cpu = local_opt_params * in_.cluster.gpus_per_node / rate;
-    const double h2d = local_opt_params * sb_.compute / hw.host_link_Bps;
-    const double st = issue(Stream::host, t, Stream::compute, cpu, "CPU optimizer step", -1);
-    if (trace_ && cpu > 0) trace_->spans.back().host_cpu = true;
-    issue(Stream::host, st + cpu, Stream::compute, h2d, "parameters to device", -1);
-    result_.host_optimizer_s = cpu;
-    if (!hw.collectives_block) result_.exposed_s[static_cast<int>(Stream::host)] += cpu + h2d;
-    free_at_[0] = st + cpu + h2d;
-    t = free_at_[0];
+  // DeepSpeed stages 1/2 flatten the partition's gradients into a new tensor of their dtype and
+  // cast that to fp32 (stage_1_and_2.py, step: flatten(averaged_gradients).to(fp32)), so in a
+  // mixed-precision job both copies are alive at once; stage 3 casts its flat partition as it
+  // is.
+  const double flatten_b =
+      frameworks_ && s.separate_fp32_master && !s.flat_grad_partition && sb_.grad < sb_.step_grad
+          ? sb_.grad
+          : 0.0;
+  const double step_copies = sb_.step_grad + flatten_b;
+  const double bytes =
+      local_opt_params * (sb_.grad + sb_.step_grad + 2 * flatten_b + 2 * sb_.master + sb_.param) +
+      2 * opt_elems_local * sb_.moment;
+  const double bw = hw.calibration && hw.calibration->memory_bandwidth_Bps
+                        ? *hw.calibration->memory_bandwidth_Bps
+                        : hw.hbm_bandwidth_Bps;
+  const double dur = bytes / bw;
+  const double st = issue(Stream::compute, t, Stream::compute, dur, "optimizer step", -1);
+  mem(st, local_opt_params * step_copies, Category::gradients, Phase::optimizer, -1, 1);
+  mem(st + dur, -local_opt_params * step_copies, Category::gradients, Phase::optimizer, -1, 1);
+  // torch.optim.Adam/AdamW with foreach (the default on GPUs; torch/optim/adam.py,
+  // _multi_tensor_adam) first writes sqrt(exp_avg_sq) of every local parameter into new
+  // tensors: one intermediate of the local shard in the state dtype. DeepSpeed's FusedAdam
+  // updates in place.
+  const bool foreach_adam = frameworks_ && s.flavour != Flavour::deepspeed &&
+                            (j.optimizer == Optimizer::adam || j.optimizer == Optimizer::adamw);
+  if (foreach_adam) {
+    mem(st, local_opt_params * sb_.moment, Category::optimizer_states, Phase::optimizer, -1, 1);
+    mem(st + dur, -local_opt_params * sb_.moment, Category::optimizer_states, Phase::optimizer, -1,
+        1);
   }
+  result_.optimizer_s = dur;
+  return st + dur;
+}
+
+double Simulation::host_optimizer(double t, const States& states) {
+  const auto& hw = *in_.hardware;
+  const auto& s = spec_;
+  const double local_opt_params = states.local_opt_params;
+  // CPU optimizer (DeepSpeed's CPUAdam; torch.optim.AdamW on CPU tensors under FSDP's
+  // CPUOffload): the node's CPUs update every local shard of its GPUs, then the updated
+  // parameters return over the host link.
+  const double rate =
+      hw.host_optimizer_rate(s.flavour == Flavour::deepspeed ? "deepspeed" : "torch");
+  const double cpu = local_opt_params * in_.cluster.gpus_per_node / rate;
+  const double h2d = local_opt_params * sb_.compute / hw.host_link_Bps;
+  const double st = issue(Stream::host, t, Stream::compute, cpu, "CPU optimizer step", -1);
+  if (trace_ && cpu > 0) trace_->spans.back().host_cpu = true;
+  issue(Stream::host, st + cpu, Stream::compute, h2d, "parameters to device", -1);
+  result_.host_optimizer_s = cpu;
+  if (!hw.collectives_block) result_.exposed_s[static_cast<int>(Stream::host)] += cpu + h2d;
+  free_at_[0] = st + cpu + h2d;
+  return free_at_[0];
+}
+
+double Simulation::gather_updated_parameters(double t, const States& states) {
+  const auto& hw = *in_.hardware;
+  const auto& s = spec_;
   // ZeRO-3: the persistent parameters (kept whole, below stage3_param_persistence_threshold)
   // are all-gathered from their updated partitions once the step is done (stage3.py, _post_step:
   // persistent_parameters[0].all_gather: one call per tensor, costed as one of their total),

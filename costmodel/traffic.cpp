@@ -58,7 +58,7 @@ Traffic layernorm(const TrafficShape& x) {
 
 Traffic norm(const ModelSpec& m, const TrainingJob& j, const TrafficShape& x) {
   if (m.norm == NormKind::layernorm) return layernorm(x);
-  return j.recipe == Recipe::torchtitan ? torch_rmsnorm(x) : hf_rmsnorm(x);
+  return recipe_traits(j.recipe).rmsnorm == RmsNormCode::torch ? torch_rmsnorm(x) : hf_rmsnorm(x);
 }
 
 // transformers' rotate_half rotary embedding on one tensor of `width` elements per token:
@@ -103,7 +103,8 @@ Consumers consumers(const ModelSpec& m, const TrainingJob& j) {
   case Architecture::gpt_neox:
     return {1, 1};  // fused c_attn / query_key_value, one fc
   default:          // q, k, v apart (torchtitan fuses wqkv); gate and up for SwiGLU
-    return {j.recipe == Recipe::torchtitan ? 1 : 3, m.mlp == MlpKind::swiglu ? 2 : 1};
+    return {recipe_traits(j.recipe).fused_qkv_complex_rope ? 1 : 3,
+            m.mlp == MlpKind::swiglu ? 2 : 1};
   }
 }
 
@@ -150,7 +151,7 @@ Traffic attention_copies(const ModelSpec& m, const TrainingJob& j, const Traffic
     break;
   }
   default:
-    if (j.recipe == Recipe::torchtitan) {
+    if (recipe_traits(j.recipe).fused_qkv_complex_rope) {
       // wqkv's output split into contiguous q, k, v; their gradients concatenated back.
       t.forward = t.backward = x.T * 2 * x.e * (x.q + 2 * x.kv);
       t.forward_ops = 3;  // three copies; one concatenation back
@@ -201,7 +202,7 @@ double matrices(const UnitTensors& u) {
 }  // namespace
 
 bool counts_recipe_traffic(const TrainingJob& j) {
-  return j.recipe != Recipe::executor && j.recipe != Recipe::megatron;
+  return recipe_traits(j.recipe).saved == SavedTensors::per_op;
 }
 
 Traffic block_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
@@ -241,7 +242,7 @@ Traffic recompute_traffic(const ModelSpec& m, const TrainingJob& j, const Forwar
   // (early stop, its default): the block's closing residual adds (one, or GPT-NeoX's two of the
   // parallel residual) are not rerun. torchtitan wraps its blocks with early_stop=False
   // (torchtitan/distributed/activation_checkpoint.py).
-  if (j.recipe != Recipe::torchtitan) {
+  if (recipe_traits(j.recipe).checkpoint_early_stop) {
     const double skipped = m.parallel_residual ? 2 : 1;
     rerun.forward -= x.T * skipped * (2 * x.r + x.e) * x.h;
     rerun.forward_ops -= skipped;
@@ -267,7 +268,7 @@ Traffic head_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f)
     // backward, the division's, the cast back.
     // transformers' shifted labels are a copy when the micro-batch has more than one sequence.
     const double upcast = x.e < 4 ? 1 : 0;
-    const double titan = j.recipe == Recipe::torchtitan ? 1 : 0;
+    const double titan = recipe_traits(j.recipe).transformers_code ? 0 : 1;
     const double shift_copy = !titan && j.micro_batch > 1 ? 1 : 0;
     t += per_token(x, (x.fp32_cast() + 8) * x.V, (16 + x.fp32_cast()) * x.V,
                    upcast + 3 + shift_copy, 3 + titan + upcast);
@@ -297,7 +298,7 @@ Traffic embedding_traffic(const ModelSpec& m, const TrainingJob& j, const Forwar
     t.forward_ops += 2;  // the position lookup and the sum
     t.backward_ops += 1;
   }
-  if (j.recipe != Recipe::torchtitan) {
+  if (recipe_traits(j.recipe).transformers_code) {
     // transformers' model forward: position ids and the causal mask's int64 ops (arange, add,
     // cat, sub, ne, cumsum: about 80 bytes per position) and, with rotary positions, the fp32
     // cos and sin rows (inv_freq·position, cat, cos, sin and their scaling: six passes read and

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/json_reader.hpp"
+#include "documents/recipe.hpp"
 
 namespace shardplan::documents {
 
@@ -49,8 +50,12 @@ const std::vector<std::string>& loss_names() {
   return n;
 }
 const std::vector<std::string>& recipe_names() {
-  static const std::vector<std::string> n = {"hf",       "torchtitan", "llm-foundry",
-                                             "megatron", "deepspeed",  "executor"};
+  static const std::vector<std::string> n = [] {
+    std::vector<std::string> names;
+    for (int r = 0; r <= static_cast<int>(Recipe::executor); ++r)
+      names.emplace_back(recipe_traits(static_cast<Recipe>(r)).name);
+    return names;
+  }();
   return n;
 }
 
@@ -79,41 +84,11 @@ Recipe recipe_from_name(const std::string& s, const std::string& where) {
   return from_name<Recipe>(recipe_names(), s, where);
 }
 
-LossImpl default_loss(Recipe r) {
-  switch (r) {
-  case Recipe::hf:
-  case Recipe::deepspeed:
-  case Recipe::executor:
-  case Recipe::torchtitan:
-    return LossImpl::upcast;  // ForCausalLMLoss; torchtitan cross_entropy_loss
-  case Recipe::llm_foundry:
-    return LossImpl::fused;  // loss_fn: fused_crossentropy (flash-attn)
-  case Recipe::megatron:
-    return LossImpl::fp32_inplace;
-  }
-  return LossImpl::upcast;
-}
-
-Checkpointing default_checkpointing(Recipe r) {
-  return r == Recipe::torchtitan ? Checkpointing::selective_op : Checkpointing::none;
-}
-
-const char* recipe_description(Recipe r) {
-  switch (r) {
-  case Recipe::hf:
-    return "transformers' model code";
-  case Recipe::torchtitan:
-    return "torchtitan's Llama";
-  case Recipe::llm_foundry:
-    return "a transformers-style block, flash-attn's cross-entropy by default";
-  case Recipe::megatron:
-    return "Megatron-core's GPT, Korthikanti et al.'s tensors";
-  case Recipe::deepspeed:
-    return "a transformers model under the DeepSpeed engine";
-  case Recipe::executor:
-    return "this project's executor";
-  }
-  return "?";
+bool TrainingJob::block_checkpointed(std::int64_t b) const {
+  if (checkpointing == Checkpointing::full) return true;
+  if (checkpointing != Checkpointing::every) return false;
+  return recipe_traits(recipe).every_n_from_one ? (b + 1) % checkpoint_every == 0
+                                                : b % checkpoint_every == 0;
 }
 
 namespace {
@@ -199,10 +174,10 @@ TrainingJob job_from_json(const nlohmann::json& doc) {
   if (auto p = r.optional_string("precision")) j.precision = precision_from_name(*p, "/precision");
   if (auto o = r.optional_string("optimizer")) j.optimizer = optimizer_from_name(*o, "/optimizer");
   if (auto rc = r.optional_string("recipe")) j.recipe = recipe_from_name(*rc, "/recipe");
-  j.checkpointing = default_checkpointing(j.recipe);
+  j.checkpointing = recipe_traits(j.recipe).checkpointing;
   if (auto c = r.optional_string("checkpointing")) set_checkpointing(j, *c, "/checkpointing");
   if (auto a = r.optional_string("attention")) j.attention = attention_from_name(*a, "/attention");
-  j.loss = default_loss(j.recipe);
+  j.loss = recipe_traits(j.recipe).loss;
   if (auto l = r.optional_string("loss")) set_loss(j, *l, "/loss");
   r.finish();
   return j;

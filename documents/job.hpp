@@ -44,7 +44,8 @@ enum class AttentionImpl { flash, eager };  // fused (no s×s scores kept) or ma
 //                 in place and saved; the backward writes the gradient over it
 enum class LossImpl { upcast, fused, chunked, fused_linear, fp32_inplace };
 // The training code the job runs: its model code decides what autograd keeps per block and at the
-// head (costmodel/accounting.cpp), and its loss is the job's unless the job names another.
+// head (costmodel/accounting.cpp), and its loss is the job's unless the job names another. What
+// each one's code does is one row of documents/recipe.hpp.
 //   hf           transformers *ForCausalLM with its own loss (Trainer, accelerate, TRL)
 //   torchtitan   torchtitan's Llama with its cross_entropy_loss
 //   llm-foundry  an HF-style block with flash-attn's fused cross-entropy (llm-foundry's default)
@@ -55,11 +56,6 @@ enum class Recipe { hf, torchtitan, llm_foundry, megatron, deepspeed, executor }
 const char* recipe_name(Recipe r);
 Recipe recipe_from_name(const std::string& s, const std::string& where);
 const std::vector<std::string>& recipe_names();
-LossImpl default_loss(Recipe r);
-// The recipe's checkpointing unless the job names one: torchtitan 0.3.0's Trainer defaults to its
-// op-level SelectiveAC (torchtitan/trainer.py); the others run without.
-Checkpointing default_checkpointing(Recipe r);
-const char* recipe_description(Recipe r);  // the reference code it counts, in a few words
 
 const char* precision_name(Precision p);
 const char* optimizer_name(Optimizer o);
@@ -94,13 +90,9 @@ struct TrainingJob {
   // Whether block b (0-based) keeps only its input and reruns its forward in backward. every:N
   // counts as the recipe's code does: transformers' activation_checkpointing_enable(every_n_layers)
   // checkpoints layers 0, N, 2N, ... (modeling_utils.py, _set_gradient_checkpointing);
-  // torchtitan 0.2's selective_ac_option = "N" the N-th, 2N-th, ... (a counter from 1).
-  bool block_checkpointed(std::int64_t b) const {
-    if (checkpointing == Checkpointing::full) return true;
-    if (checkpointing != Checkpointing::every) return false;
-    return recipe == Recipe::torchtitan ? (b + 1) % checkpoint_every == 0
-                                        : b % checkpoint_every == 0;
-  }
+  // torchtitan 0.2's selective_ac_option = "N" the N-th, 2N-th, ... (a counter from 1;
+  // RecipeTraits::every_n_from_one).
+  bool block_checkpointed(std::int64_t b) const;
 };
 
 // "every:2", "chunked:4096": the option as written on the command line.

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/json_reader.hpp"
+#include "documents/recipe.hpp"
 
 namespace shardplan::documents {
 
@@ -92,7 +93,7 @@ void split_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJ
   // Megatron-LM splits evenly: --num-layers (with --account-for-embedding/loss-in-pipeline-split
   // one more each) must divide over the parts (megatron/core/transformer/transformer_block.py,
   // get_num_layers_to_build).
-  if (j.recipe == Recipe::megatron && effective % parts != 0)
+  if (recipe_traits(j.recipe).pipeline_even_split && effective % parts != 0)
     out.push_back(fmt::format(
         "Megatron-LM splits {} layers{} evenly over pipeline {} x virtual stages {} = {}: they do "
         "not divide",
@@ -136,9 +137,10 @@ void shape_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJ
   // torchtitan's op-level save list: context parallelism alone is walked op by op, as the
   // data-parallel step; a pipeline stage of PyTorch's own model code (hf, torchtitan) keeps a
   // whole block's list per block. Over tensor parallelism's DTensor ops it is not derived.
-  const bool pytorch_blocks = j.recipe == Recipe::hf || j.recipe == Recipe::torchtitan;
+  const RecipeTraits& r = recipe_traits(j.recipe);
+  const bool pytorch_blocks = r.tensor_parallel == TensorParallelCode::torch_styles;
   if (j.checkpointing == Checkpointing::selective_op &&
-      (t > 1 || (p > 1 && !pytorch_blocks) || (cp > 1 && j.recipe == Recipe::executor)))
+      (t > 1 || (p > 1 && !pytorch_blocks) || (cp > 1 && !r.framework)))
     out.push_back(t > 1 ? "op-level selective checkpointing is not modeled with tensor "
                           "parallelism"
                         : fmt::format("op-level selective checkpointing is torchtitan's, not the "
@@ -182,7 +184,7 @@ std::vector<std::int64_t> pipeline_parts(const ParallelLayout& l, std::int64_t l
 }
 
 void apply_recipe_split(ParallelLayout& l, Recipe r) {
-  const int less = l.pipeline_parallel > 1 && r == Recipe::torchtitan ? 1 : 0;
+  const int less = l.pipeline_parallel > 1 ? recipe_traits(r).pipeline_less_layers : 0;
   l.first_stage_less_layers = less;
   l.last_stage_less_layers = less;
 }

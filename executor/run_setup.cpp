@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/input_error.hpp"
+#include "documents/recipe.hpp"
 #include "executor/host_offload.hpp"
 #include "executor/model_layout.hpp"
 #include "executor/tensor_parallel.hpp"
@@ -28,7 +29,7 @@ void check_runnable(const documents::Plan& p, int world, const RunRequest& reque
   if (job.optimizer != documents::Optimizer::adamw)
     throw InputError("/job/optimizer", fmt::format("the executor runs adamw only, got \"{}\"",
                                                    documents::optimizer_name(job.optimizer)));
-  if (job.recipe != documents::Recipe::executor)
+  if (documents::recipe_traits(job.recipe).framework)
     throw InputError(
         "/job/recipe",
         fmt::format("the executor runs its own model code, planned as recipe \"executor\", "

@@ -12,6 +12,7 @@
 #include "core/number_text.hpp"
 #include "core/text.hpp"
 #include "documents/plan.hpp"
+#include "documents/recipe.hpp"
 #include "planner/deepspeed_import.hpp"
 #include "planner/describe.hpp"
 #include "planner/emit_deepspeed.hpp"
@@ -189,17 +190,29 @@ void run_describe(const CliOptions& o, std::ostream& out) {
   out << (o.format == "json" ? json_document(documents::model_to_json(m)) : describe_table(m));
 }
 
+// The data-parallel engines a recipe runs under, "fsdp2 or ddp".
+std::string flavour_list(const documents::RecipeTraits& r) {
+  std::vector<std::string> names;
+  for (auto f : r.flavours) names.emplace_back(documents::flavour_name(f));
+  return fmt::format("{}", fmt::join(names, " or "));
+}
+
 // Asking for a framework's config is asking for that framework's plans: the search is narrowed
 // to them. Returns the line that says so on stderr ("" when nothing was narrowed).
 std::string narrow_to_emitted_framework(const CliOptions& o, const Scenario& sc, SearchPins& pins) {
   const auto& emit = o.emit;
   const auto& po = o.po;
-  if (emit == "deepspeed" && sc.job.recipe == documents::Recipe::torchtitan)
-    throw InputError("--emit", "deepspeed: recipe torchtitan shards with FSDP2 or DDP, not "
-                               "DeepSpeed; use --emit fsdp");
-  if (emit == "fsdp" && sc.job.recipe == documents::Recipe::deepspeed)
-    throw InputError(
-        "--emit", "fsdp: recipe deepspeed runs under the DeepSpeed engine; use --emit deepspeed");
+  const documents::RecipeTraits& r = documents::recipe_traits(sc.job.recipe);
+  if (emit == "deepspeed" && !r.runs_under(documents::Flavour::deepspeed))
+    throw InputError("--emit",
+                     fmt::format("deepspeed: recipe {} shards with {}, not DeepSpeed; use "
+                                 "--emit fsdp",
+                                 r.name, flavour_list(r)));
+  if (emit == "fsdp" && !r.runs_under(documents::Flavour::fsdp1) &&
+      !r.runs_under(documents::Flavour::fsdp2) && !r.runs_under(documents::Flavour::ddp))
+    throw InputError("--emit", fmt::format("fsdp: recipe {} runs under the DeepSpeed engine; use "
+                                           "--emit deepspeed",
+                                           r.name));
   if (emit == "deepspeed") {
     if (pins.flavour && *pins.flavour != documents::Flavour::deepspeed &&
         *pins.flavour != documents::Flavour::ddp)
@@ -364,6 +377,47 @@ void run_layout_recommend(const CliOptions& o, int top_plans, std::ostream& out,
   }
 }
 
+// The recommendation as asked: a config to paste (what it was planned from on stderr), the JSON
+// or the table, and the memory chart. `widened`: the layouts searched when no data-parallel plan
+// fit and none of them did either.
+void write_recommendation(const CliOptions& o, const Scenario& sc, const Recommendation& rec,
+                          const std::string& emit_pin, const std::optional<LayoutSearch>& widened,
+                          int top_plans, std::ostream& out, std::vector<std::string>& notes) {
+  const auto& emit = o.emit;
+  if (emit) {  // the config is stdout; what it was planned from goes to stderr
+    if (!sc.defaulted.empty()) notes.push_back(defaults_line(sc));
+    if (!emit_pin.empty()) notes.push_back(emit_pin);
+  }
+  if (emit && rec.search.ranked.empty())
+    throw InputError("--emit", "no plan fits, so there is no plan to emit");
+  if (!o.svg_path.empty()) {
+    std::vector<Evaluation> bars;
+    for (const auto& c : rec.search.best_per_family) bars.push_back(c.eval);
+    core::write_file(o.svg_path, memory_svg(sc, bars), "--svg");
+  }
+  if (emit == "plan") {
+    out << json_document(plan_document(sc, rec.search.ranked.front().eval));
+  } else if (emit == "deepspeed") {
+    out << json_document(deepspeed_config(sc, rec.search.ranked.front().eval));
+  } else if (emit == "fsdp") {
+    const auto& best = rec.search.ranked.front().eval;
+    out << (o.fsdp_as_data ? json_document(fsdp_settings_json(sc, best)) : fsdp_settings(sc, best));
+  } else if (o.format == "json") {
+    auto j = recommendation_json(sc, rec, top_plans);
+    if (widened)
+      j["model_parallel_searched"] = {{"layouts_considered", widened->layouts},
+                                      {"evaluated", widened->evaluated},
+                                      {"fitting", 0}};
+    out << json_document(j);
+  } else {
+    out << recommendation_table(sc, rec, top_plans);
+    if (widened)
+      out << fmt::format("tensor, pipeline and context parallelism searched too ({} layouts x "
+                         "strategies, {} evaluated): none fits either\n",
+                         widened->layouts, widened->evaluated);
+  }
+}
+
 void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostream& out,
                    std::vector<std::string>& notes) {
   check_format(o.format);
@@ -416,39 +470,7 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
       return;
     }
   }
-  const auto& emit = o.emit;
-  if (emit) {  // the config is stdout; what it was planned from goes to stderr
-    if (!sc.defaulted.empty()) notes.push_back(defaults_line(sc));
-    if (!emit_pin.empty()) notes.push_back(emit_pin);
-  }
-  if (emit && rec.search.ranked.empty())
-    throw InputError("--emit", "no plan fits, so there is no plan to emit");
-  if (!o.svg_path.empty()) {
-    std::vector<Evaluation> bars;
-    for (const auto& c : rec.search.best_per_family) bars.push_back(c.eval);
-    core::write_file(o.svg_path, memory_svg(sc, bars), "--svg");
-  }
-  if (emit == "plan") {
-    out << json_document(plan_document(sc, rec.search.ranked.front().eval));
-  } else if (emit == "deepspeed") {
-    out << json_document(deepspeed_config(sc, rec.search.ranked.front().eval));
-  } else if (emit == "fsdp") {
-    const auto& best = rec.search.ranked.front().eval;
-    out << (o.fsdp_as_data ? json_document(fsdp_settings_json(sc, best)) : fsdp_settings(sc, best));
-  } else if (o.format == "json") {
-    auto j = recommendation_json(sc, rec, top_plans);
-    if (widened)
-      j["model_parallel_searched"] = {{"layouts_considered", widened->layouts},
-                                      {"evaluated", widened->evaluated},
-                                      {"fitting", 0}};
-    out << json_document(j);
-  } else {
-    out << recommendation_table(sc, rec, top_plans);
-    if (widened)
-      out << fmt::format("tensor, pipeline and context parallelism searched too ({} layouts x "
-                         "strategies, {} evaluated): none fits either\n",
-                         widened->layouts, widened->evaluated);
-  }
+  write_recommendation(o, sc, rec, emit_pin, widened, top_plans, out, notes);
 }
 
 void run_validate(const CliOptions& o, std::ostream& out) {

@@ -95,7 +95,7 @@ void checkpointing_lines(Text& t, const TrainingJob& j) {
     return;
   case Checkpointing::full:
   case Checkpointing::every:
-    if (j.recipe != Recipe::torchtitan && j.recipe != Recipe::executor) {
+    if (recipe_traits(j.recipe).transformers_code) {
       // transformers 5.23 (modeling_utils.py): layers 0, N, 2N, ... as the plan counted them.
       t.line("model.activation_checkpointing_enable(activation_checkpointing_kwargs={{\"use_"
              "reentrant\": False}}, "

@@ -17,8 +17,6 @@ namespace shardplan::planner {
 using namespace costmodel;
 using namespace core;
 
-namespace {}
-
 // Bytes in the largest binary unit that keeps a digit before the point: 0.00 GiB says nothing
 // about a 3 MiB buffer (the CPU profiles' and tiny models' sizes).
 std::string gib(double bytes) {
@@ -193,8 +191,9 @@ std::vector<std::pair<std::string, double>> exposed_by_wait(const StepResult& r)
   return out;
 }
 
-nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
-  const auto& r = e.result;
+namespace {
+
+nlohmann::json memory_json(const Scenario& sc, const StepResult& r) {
   nlohmann::json breakdown = nlohmann::json::object();
   nlohmann::json states = nlohmann::json::object();
   for (int c = 0; c < kCategories; ++c) {
@@ -202,20 +201,59 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
     if (c <= static_cast<int>(Category::optimizer_states))
       states[category_name(static_cast<Category>(c))] = count_json(r.model_states[c]);
   }
+  return {{"peak_bytes", count_json(r.peak_bytes)},
+          {"allocated_peak_bytes", count_json(r.allocated_peak_bytes)},
+          {"reserve_bytes", count_json(r.reserve_bytes)},
+          {"device_bytes", count_json(r.device_bytes)},
+          {"margin_bytes", count_json(sc.usable_bytes() - r.peak_bytes)},
+          {"capacity_bytes", count_json(r.capacity_bytes)},
+          {"usable_bytes", count_json(sc.usable_bytes())},
+          {"breakdown", breakdown},
+          {"model_states", states},
+          {"model_states_bytes", count_json(total(r.model_states))},
+          {"peak_when", r.peak_when}};
+}
+
+nlohmann::json dimensions_json(const ByDimension& v) {
+  return {{"tensor", v.tensor}, {"context", v.context}, {"pipeline", v.pipeline}, {"data", v.data}};
+}
+
+nlohmann::json time_json(const Evaluation& e) {
+  const auto& r = e.result;
   nlohmann::json exposed = nlohmann::json::object();
   for (const auto& [name, s] : exposed_by_wait(r)) exposed[name] = s;
+  nlohmann::json by_kind = nlohmann::json::object();
+  for (int k = 0; k < kComputeKinds; ++k)
+    by_kind[compute_kind_name(static_cast<ComputeKind>(k))] = r.compute_by_kind_s[k];
+  nlohmann::json out = {{"step_s", r.step_s},
+                        {"compute_s", r.compute_s},
+                        {"recompute_s", r.recompute_s},
+                        {"optimizer_s", r.optimizer_s},
+                        {"compute_by_kind_s", by_kind},
+                        {"bubble_s", e.bubble_s},
+                        {"bubble_fraction", e.bubble_fraction},
+                        {"exposed_comm_s", r.exposed_comm_s},
+                        {"straggler_wait_s", r.straggler_wait_s},
+                        {"exposed_by_dimension_s", dimensions_json(e.exposed_s)},
+                        {"exposed_by_stream_s", exposed}};
+  if (r.host_optimizer_s > 0) out["host_optimizer_s"] = r.host_optimizer_s;
+  return out;
+}
+
+nlohmann::json comm_json(const Evaluation& e) {
+  const auto& r = e.result;
   nlohmann::json bytes_by_op = nlohmann::json::object();
   for (int op = 0; op < kCollectives; ++op)
     if (r.comm_bytes_by_op[op] > 0)
       bytes_by_op[traits(static_cast<Collective>(op)).name] = r.comm_bytes_by_op[op];
-  nlohmann::json by_kind = nlohmann::json::object();
-  for (int k = 0; k < kComputeKinds; ++k)
-    by_kind[compute_kind_name(static_cast<ComputeKind>(k))] = r.compute_by_kind_s[k];
-  const auto& l = e.layout;
-  const int d = l.data_parallel(sc.cluster.gpus);
-  auto parallelism = documents::layout_to_json(l);
-  parallelism["data_parallel"] = d;
-  parallelism["micro_batches"] = r.grad_accumulation;  // per replica and step, whatever the layout
+  return {{"bytes_per_gpu", r.comm_bytes_per_gpu},
+          {"bytes_by_dimension", dimensions_json(e.bytes)},
+          {"bytes_by_collective", bytes_by_op},
+          {"calibrated", r.calibrated_comm},
+          {"extrapolated", r.extrapolated_comm}};
+}
+
+nlohmann::json stages_json(const Evaluation& e) {
   nlohmann::json stages = nlohmann::json::array();
   for (const auto& st : e.stages) {
     nlohmann::json bytes = nlohmann::json::object();
@@ -229,10 +267,18 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
                       {"forward_s", st.forward_s},
                       {"backward_s", st.backward_s}});
   }
-  auto dimensions = [](const ByDimension& v) {
-    return nlohmann::json{
-        {"tensor", v.tensor}, {"context", v.context}, {"pipeline", v.pipeline}, {"data", v.data}};
-  };
+  return stages;
+}
+
+}  // namespace
+
+nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
+  const auto& r = e.result;
+  const auto& l = e.layout;
+  const int d = l.data_parallel(sc.cluster.gpus);
+  auto parallelism = documents::layout_to_json(l);
+  parallelism["data_parallel"] = d;
+  parallelism["micro_batches"] = r.grad_accumulation;  // per replica and step, whatever the layout
   nlohmann::json out = {{"model", sc.model.name},
                         {"hardware", sc.hardware.name},
                         {"gpus", sc.cluster.gpus},
@@ -252,41 +298,13 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
                         {"verdict", verdict_name(verdict_of(sc, e))},
                         {"recipe", recipe_name(e.job.recipe)},
                         {"loss", loss_label(e.job)},
-                        {"memory",
-                         {{"peak_bytes", count_json(r.peak_bytes)},
-                          {"allocated_peak_bytes", count_json(r.allocated_peak_bytes)},
-                          {"reserve_bytes", count_json(r.reserve_bytes)},
-                          {"device_bytes", count_json(r.device_bytes)},
-                          {"margin_bytes", count_json(sc.usable_bytes() - r.peak_bytes)},
-                          {"capacity_bytes", count_json(r.capacity_bytes)},
-                          {"usable_bytes", count_json(sc.usable_bytes())},
-                          {"breakdown", breakdown},
-                          {"model_states", states},
-                          {"model_states_bytes", count_json(total(r.model_states))},
-                          {"peak_when", r.peak_when}}},
-                        {"time",
-                         {{"step_s", r.step_s},
-                          {"compute_s", r.compute_s},
-                          {"recompute_s", r.recompute_s},
-                          {"optimizer_s", r.optimizer_s},
-                          {"compute_by_kind_s", by_kind},
-                          {"bubble_s", e.bubble_s},
-                          {"bubble_fraction", e.bubble_fraction},
-                          {"exposed_comm_s", r.exposed_comm_s},
-                          {"straggler_wait_s", r.straggler_wait_s},
-                          {"exposed_by_dimension_s", dimensions(e.exposed_s)},
-                          {"exposed_by_stream_s", exposed}}},
-                        {"comm",
-                         {{"bytes_per_gpu", r.comm_bytes_per_gpu},
-                          {"bytes_by_dimension", dimensions(e.bytes)},
-                          {"bytes_by_collective", bytes_by_op},
-                          {"calibrated", r.calibrated_comm},
-                          {"extrapolated", r.extrapolated_comm}}},
+                        {"memory", memory_json(sc, r)},
+                        {"time", time_json(e)},
+                        {"comm", comm_json(e)},
                         {"throughput", {{"tokens_per_s", r.tokens_per_s}}},
                         {"mfu", r.mfu},
                         {"parallelism", parallelism},
-                        {"stages", stages}};
-  if (r.host_optimizer_s > 0) out["time"]["host_optimizer_s"] = r.host_optimizer_s;
+                        {"stages", stages_json(e)}};
   if (!r.valid) out["reason"] = r.reason;
   out["schema_version"] = kEstimateSchemaVersion;
   return out;
@@ -427,7 +445,7 @@ std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
   const auto& r = e.result;
   Text text;
   text.line("training code: recipe {} ({}), loss {}", recipe_name(e.job.recipe),
-            recipe_description(e.job.recipe), loss_label(e.job));
+            recipe_traits(e.job.recipe).description, loss_label(e.job));
   if (!e.layout.trivial()) text.line("{}", layout_line(sc, e));
   text.line("plan: {} ({}){}, micro-batch {} x {} accumulation, checkpointing {}, offload {}",
             e.spec.strategy, flavour_name(e.spec.flavour),

@@ -118,8 +118,13 @@ CloseFrameworks close_frameworks(const Evaluation& zero3, const Evaluation& fsdp
   const auto& z = zero3.result;
   const auto& f = fsdp.result;
   const int buffers = static_cast<int>(Category::buffers);
-  CloseFrameworks c{plan_numbers(zero3), plan_numbers(fsdp),    total(z.model_states),
-                    z.at_peak[buffers],  total(f.model_states), f.at_peak[buffers]};
+  CloseFrameworks c;
+  c.zero3 = plan_numbers(zero3);
+  c.fsdp = plan_numbers(fsdp);
+  c.zero3_states = total(z.model_states);
+  c.zero3_buffers = z.at_peak[buffers];
+  c.fsdp_states = total(f.model_states);
+  c.fsdp_buffers = f.at_peak[buffers];
   const auto zt = step_terms(z), ft = step_terms(f);
   const double toward_zero3 = z.step_s <= f.step_s ? 1.0 : -1.0;  // gain = slower's term - faster's
   std::size_t term = 0;

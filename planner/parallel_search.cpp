@@ -106,11 +106,12 @@ struct Walker {
   void layouts() {
     const int G = sc.cluster.gpus_per_node, N = sc.cluster.gpus;
     const auto L = sc.model.layers;
-    // The stage counts that split the blocks evenly, and with torchtitan those that split them
-    // evenly with the embeddings and the head counted as blocks (its default).
+    // The stage counts that split the blocks evenly, and where the recipe counts the embeddings
+    // and the head as blocks by default (torchtitan), those that split them evenly so.
     std::vector<int> stages = divisors(L, L);
-    if (sc.job.recipe == Recipe::torchtitan)
-      for (int p : divisors(L + 2, L))
+    const int less = recipe_traits(sc.job.recipe).pipeline_less_layers;
+    if (less > 0)
+      for (int p : divisors(L + 2 * static_cast<std::int64_t>(less), L))
         if (std::find(stages.begin(), stages.end(), p) == stages.end()) stages.push_back(p);
     for (int t : divisors(G, G))
       for (int p : stages) {

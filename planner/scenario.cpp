@@ -7,6 +7,7 @@
 
 #include "core/json_reader.hpp"
 #include "core/number_text.hpp"
+#include "documents/recipe.hpp"
 #include "planner/text.hpp"
 
 namespace shardplan::planner {
@@ -53,10 +54,10 @@ void add_scenario_options(CLI::App& app, ScenarioOptions& o) {
   app.add_option("--checkpointing", o.checkpointing,
                  "none | full | every:N | selective-attention (alias selective) | selective-op");
   app.add_option("--attention", o.attention, "flash | eager");
-  app.add_option(
-      "--recipe", o.recipe,
-      "the training code: hf | torchtitan | llm-foundry | megatron | deepspeed | executor "
-      "(default hf: transformers' own model and loss)");
+  app.add_option("--recipe", o.recipe,
+                 fmt::format("the training code: {} (default hf: transformers' own model and "
+                             "loss)",
+                             fmt::join(documents::recipe_names(), " | ")));
   app.add_option(
       "--loss", o.loss,
       "upcast | fused | chunked:N | fused-linear | fp32-inplace (default: the recipe's)");
@@ -183,9 +184,9 @@ void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
   if (o.attention) sc.job.attention = documents::attention_from_name(*o.attention, "--attention");
   if (o.recipe) {  // the recipe's loss and checkpointing unless the user names them
     sc.job.recipe = documents::recipe_from_name(*o.recipe, "--recipe");
-    if (!sc.loss_named) sc.job.loss = documents::default_loss(sc.job.recipe);
-    if (!sc.checkpointing_named)
-      sc.job.checkpointing = documents::default_checkpointing(sc.job.recipe);
+    const documents::RecipeTraits& r = documents::recipe_traits(sc.job.recipe);
+    if (!sc.loss_named) sc.job.loss = r.loss;
+    if (!sc.checkpointing_named) sc.job.checkpointing = r.checkpointing;
   }
   if (o.loss) documents::set_loss(sc.job, *o.loss, "--loss");
   if (sc.job.checkpointing == documents::Checkpointing::every) {  // as the recipe's code counts
@@ -294,7 +295,8 @@ documents::ShardingSpec with_job_precision(documents::ShardingSpec s,
         documents::dtype_bytes(compute) / documents::dtype_bytes(s.reduce_dtype);
     s.allgather_bucket_bytes *= documents::dtype_bytes(compute) / 2;  // preset: 2-byte elements
   }
-  s.reduce_dtype = job.recipe == documents::Recipe::torchtitan ? DType::fp32 : compute;
+  s.reduce_dtype =
+      documents::recipe_traits(job.recipe).reduces_in_fp32_only ? DType::fp32 : compute;
   return s;
 }
 
@@ -309,9 +311,9 @@ documents::ShardingSpec with_reduce_dtype(documents::ShardingSpec s, const std::
                                                                   "got \"{}\"",
                                                                   name));
   // torchtitan's mixed_precision_reduce takes "float32" only (torchtitan/config/job_config.py).
-  if (job.recipe == documents::Recipe::torchtitan && d != DType::fp32)
-    throw InputError("--reduce-dtype",
-                     fmt::format("{}: torchtitan reduces gradients in fp32 only", name));
+  if (documents::recipe_traits(job.recipe).reduces_in_fp32_only && d != DType::fp32)
+    throw InputError("--reduce-dtype", fmt::format("{}: {} reduces gradients in fp32 only", name,
+                                                   documents::recipe_name(job.recipe)));
   if (s.strategy == documents::kNoWrapper)
     throw InputError("--reduce-dtype",
                      fmt::format("{}: one GPU without a wrapper reduces no gradients; leave "

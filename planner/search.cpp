@@ -43,8 +43,8 @@ std::vector<Offload> offloads_for(const ShardingSpec& s) {
 bool better(const Evaluation& a, const Evaluation& b) {
   if (a.result.step_s != b.result.step_s) return a.result.step_s < b.result.step_s;
   // At equal time, the loss the recipe's code already runs: another one is a change to make.
-  const bool a_own = a.job.loss == default_loss(a.job.recipe),
-             b_own = b.job.loss == default_loss(b.job.recipe);
+  const bool a_own = a.job.loss == recipe_traits(a.job.recipe).loss,
+             b_own = b.job.loss == recipe_traits(b.job.recipe).loss;
   if (a_own != b_own) return a_own;
   return a.result.peak_bytes < b.result.peak_bytes;
 }
@@ -60,8 +60,7 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
       if (pins.pytorch_only && f == Flavour::deepspeed) continue;
       // The recipe's code shards the way its framework does: torchtitan with FSDP2 (or DDP), a
       // model under the DeepSpeed engine with ZeRO.
-      if (sc.job.recipe == Recipe::torchtitan && f != Flavour::fsdp2 && f != Flavour::ddp) continue;
-      if (sc.job.recipe == Recipe::deepspeed && f != Flavour::deepspeed) continue;
+      if (!recipe_traits(sc.job.recipe).runs_under(f)) continue;
       if (pins.reduce_dtype && f == Flavour::ddp) continue;
       std::vector<std::optional<int>> groups = {std::nullopt};
       if (strategy == "hsdp") {
@@ -137,12 +136,11 @@ std::vector<Ckpt> checkpointing_to_search(const Scenario& sc, const SearchPins& 
   if (pins.checkpointing) {
     ckpts.push_back({sc.job.checkpointing, sc.job.checkpoint_every});
   } else {
+    const RecipeTraits& r = recipe_traits(sc.job.recipe);
     ckpts = {{Checkpointing::none, 0}, {Checkpointing::full, 0}};
-    if (sc.model.layers >= 2 && sc.job.recipe != Recipe::megatron &&
-        sc.job.recipe != Recipe::executor)
-      ckpts.push_back({Checkpointing::every, 2});
-    if (sc.job.recipe == Recipe::torchtitan) ckpts.push_back({Checkpointing::selective_op, 0});
-    if (sc.job.attention == AttentionImpl::eager && sc.job.recipe != Recipe::executor)
+    if (sc.model.layers >= 2 && r.offers_every_n) ckpts.push_back({Checkpointing::every, 2});
+    if (r.offers_selective_op) ckpts.push_back({Checkpointing::selective_op, 0});
+    if (sc.job.attention == AttentionImpl::eager && r.offers_selective_attention)
       ckpts.push_back({Checkpointing::selective_attention, 0});
   }
   return ckpts;
@@ -155,12 +153,9 @@ struct Loss {
 
 std::vector<Loss> losses_to_search(const Scenario& sc, const SearchPins& pins) {
   std::vector<Loss> losses = {{sc.job.loss, sc.job.loss_chunks}};
-  if (!pins.loss) {
-    if (sc.job.recipe == Recipe::hf && sc.job.loss != LossImpl::fused_linear)
-      losses.push_back({LossImpl::fused_linear, 0});
-    if (sc.job.recipe == Recipe::torchtitan && sc.job.loss != LossImpl::chunked)
-      losses.push_back({LossImpl::chunked, 8});
-  }
+  const RecipeTraits& r = recipe_traits(sc.job.recipe);
+  if (!pins.loss && r.alternative_loss && sc.job.loss != *r.alternative_loss)
+    losses.push_back({*r.alternative_loss, r.alternative_loss_chunks});
   return losses;
 }
 

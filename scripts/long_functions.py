@@ -3,14 +3,21 @@
 
 Usage: scripts/long_functions.py [LIMIT]   (from the repository root; needs universal-ctags)
 
+The files are the tracked C++ and CUDA sources under the project's folders (git ls-files), so a
+virtual environment or a build tree inside the checkout is not read. Exits 77 (ctest's "skipped")
+without ctags or outside a git checkout.
+
 A function left long on purpose carries a comment starting "Left whole:" in the lines just above
 it; those are listed with "(reason given)". The exit status is 1 when a long function has none.
 """
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+SUFFIXES = (".cpp", ".hpp", ".h", ".cu", ".cuh")
 
 ROOTS = ["bench", "calibrate", "comm", "core", "costmodel", "documents", "executor", "kernels", "planner",
          "tests", "validation"]
@@ -27,10 +34,18 @@ def has_reason(lines, start):
     return False
 
 
-def functions(roots):
-    out = subprocess.run(["ctags", "-R", "--languages=C++", "--langmap=C++:+.cu.cuh", "--kinds-C++=f",
-                          "--fields=+ne", "--output-format=json", "-f", "-"] + roots,
-                         capture_output=True, text=True, check=True).stdout
+def tracked_sources():
+    """The tracked C++ and CUDA files under ROOTS, or None outside a git checkout."""
+    listed = subprocess.run(["git", "ls-files", "--"] + ROOTS, capture_output=True, text=True)
+    if listed.returncode != 0:
+        return None
+    return [f for f in listed.stdout.splitlines() if f.endswith(SUFFIXES) and Path(f).is_file()]
+
+
+def functions(files):
+    out = subprocess.run(["ctags", "--languages=C++", "--langmap=C++:+.cu.cuh", "--kinds-C++=f",
+                          "--fields=+ne", "--output-format=json", "-L", "-", "-f", "-"],
+                         input="\n".join(files), capture_output=True, text=True, check=True).stdout
     for line in out.splitlines():
         tag = json.loads(line)
         if "end" in tag:
@@ -38,9 +53,10 @@ def functions(roots):
             yield tag["path"], tag["line"], tag["end"], name
 
 
-def test_cases(roots):
-    for root in roots:
-        for path in Path(root).rglob("*.cpp"):
+def test_cases(files):
+    for name in files:
+        if name.endswith(".cpp"):
+            path = Path(name)
             lines = path.read_text(errors="replace").split("\n")
             for i, line in enumerate(lines):
                 if not re.match(r"\s*TEST_CASE\(", line):
@@ -56,9 +72,12 @@ def test_cases(roots):
 
 def main():
     limit = int(sys.argv[1]) if len(sys.argv) > 1 else 80
-    roots = [r for r in ROOTS if Path(r).is_dir()]
+    files = tracked_sources()
+    if files is None or shutil.which("ctags") is None:
+        print("long_functions.py: needs universal-ctags and a git checkout", file=sys.stderr)
+        return 77
     rows = []
-    for path, start, end, name in list(functions(roots)) + list(test_cases(roots)):
+    for path, start, end, name in list(functions(files)) + list(test_cases(files)):
         if end - start + 1 > limit:
             lines = Path(path).read_text(errors="replace").split("\n")
             rows.append((end - start + 1, path, start, name, has_reason(lines, start)))

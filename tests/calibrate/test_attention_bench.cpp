@@ -36,6 +36,5 @@ TEST_CASE("attention_bench::a CPU rank times the host backend's fp32 eager and f
   CHECK(s.forward_s > 0);
   CHECK(std::isfinite(s.backward_s));
   CHECK(s.backward_s > 0);
-  CHECK(s.backward_s < 1);  // 2 × 4 heads of 16 × 16 scores
-  CHECK(calls == 2);        // once before each implementation
+  CHECK(calls == 2);  // once before each implementation
 }

@@ -100,20 +100,22 @@ TEST_CASE(
   CHECK(w.watchdog.phase() == "step 1 backward unit 2");
 }
 
-TEST_CASE("watchdog::fires near its deadline, waiting or not") {
-  // A 1 s timeout ends the job well before 2 s (it took 3 s for a waiting rank, whose grace was
-  // 2 s): the bound is generous for a loaded machine and still fails a grace of a second.
+TEST_CASE("watchdog::fires at its deadline, waiting or not") {
+  // A 1 s timeout fires 1 s after the last progress, or 1.2 s while the rank waits for the
+  // others: the limit the watchdog's thread waits for (a grace of 2 s once made --timeout-s 10
+  // end the job after 12 s). How late a loaded machine wakes the thread is not the watchdog's:
+  // the time taken is bounded below only.
   for (bool waiting : {false, true}) {
     CAPTURE(waiting);
     const auto start = std::chrono::steady_clock::now();
     Watched w(1.0);
     w.watchdog.set_phase("step 1");
     if (waiting) w.watchdog.begin_wait("all_gather");
-    REQUIRE(w.wait_for_end(4000ms) == kTimeoutExitCode);
+    CHECK(w.watchdog.limit_s() == doctest::Approx(waiting ? 1.2 : 1.0));
+    REQUIRE(w.wait_for_end(30000ms) == kTimeoutExitCode);
     const double took =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     CHECK(took >= 1.0);
-    CHECK(took < 2.0);
   }
 }
 

@@ -27,7 +27,7 @@ TrainingJob job_of(const nlohmann::json& c) {
   j.precision = precision_from_name(c.at("precision").get<std::string>(), "precision");
   j.attention = attention_from_name(c.at("attention").get<std::string>(), "attention");
   j.recipe = recipe_from_name(c.value("recipe", std::string("hf")), "recipe");
-  j.loss = default_loss(j.recipe);
+  j.loss = recipe_traits(j.recipe).loss;
   set_loss(j, c.at("loss").get<std::string>(), "loss");
   set_checkpointing(j, c.at("checkpointing").get<std::string>(), "checkpointing");
   return j;

@@ -44,7 +44,7 @@ StageMemory predict(const json& corpus, const json& c) {
   in.job.attention = AttentionImpl::flash;
   in.job.optimizer = Optimizer::adamw;
   in.job.recipe = Recipe::torchtitan;
-  in.job.loss = default_loss(in.job.recipe);
+  in.job.loss = recipe_traits(in.job.recipe).loss;
   set_checkpointing(in.job, c.at("checkpointing").get<std::string>(), "checkpointing");
   in.spec = make_spec("fsdp-full", Flavour::fsdp2, world);
   // torchtitan's MixedPrecisionPolicy reduces in fp32 (mixed_precision_reduce); fp32 runs reduce

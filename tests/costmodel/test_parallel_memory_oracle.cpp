@@ -39,7 +39,7 @@ StageMemory predict(const json& corpus, const json& c) {
   in.job.attention = AttentionImpl::flash;
   in.job.optimizer = Optimizer::adamw;
   in.job.recipe = sp ? Recipe::torchtitan : Recipe::hf;
-  in.job.loss = default_loss(in.job.recipe);
+  in.job.loss = recipe_traits(in.job.recipe).loss;
   set_checkpointing(in.job, c.at("checkpointing").get<std::string>(), "checkpointing");
   in.spec = make_spec("ddp", Flavour::ddp, 1);
   in.spec.grad_bucket_copy = false;  // the bare model: no DDP buckets
@@ -187,7 +187,7 @@ TEST_CASE("parallel_memory::PyTorch TP plans: DDP's bucket copy only over a data
     in.job.precision = Precision::fp32;
     in.job.optimizer = Optimizer::adamw;
     in.job.recipe = Recipe::hf;
-    in.job.loss = default_loss(in.job.recipe);
+    in.job.loss = recipe_traits(in.job.recipe).loss;
     in.spec = make_spec("ddp", Flavour::ddp, 1);
     REQUIRE(in.spec.grad_bucket_copy);
     in.layout.tensor_parallel = 2;

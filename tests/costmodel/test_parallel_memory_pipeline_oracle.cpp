@@ -44,7 +44,7 @@ ParallelMemory predict(const json& corpus, const json& c) {
   in.job.attention = AttentionImpl::flash;
   in.job.optimizer = Optimizer::adamw;
   in.job.recipe = Recipe::torchtitan;
-  in.job.loss = default_loss(in.job.recipe);
+  in.job.loss = recipe_traits(in.job.recipe).loss;
   set_checkpointing(in.job, c.at("checkpointing").get<std::string>(), "checkpointing");
   in.spec = make_spec("ddp", Flavour::ddp, 1);
   in.spec.grad_bucket_copy = false;  // no data-parallel group: no DDP

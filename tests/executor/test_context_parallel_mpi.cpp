@@ -153,9 +153,10 @@ TEST_CASE("context_parallel::CP trains as one process with DDP") {
   report("context parallelism");
 }
 
-TEST_CASE("context_parallel::CP with tensor parallelism inside and sharded data parallelism") {
+TEST_CASE("context_parallel::CP with tensor parallelism inside and sharded data parallelism" *
+          doctest::test_suite("a multiple of four ranks")) {
   const int world = test_world().size();
-  if (world % 4 != 0) return;  // c = 2 × t = 2
+  REQUIRE_MESSAGE(world % 4 == 0, "c = 2 x t = 2: its suite runs on 4 and 8 ranks");
   const auto model = llama_8_heads();
   const auto alone = run_alone(model, world / 4, 2);
   for (bool sp : {false, true}) {
@@ -174,9 +175,10 @@ TEST_CASE("context_parallel::CP with tensor parallelism inside and sharded data 
   report("context parallelism with TP or sharded data parallelism");
 }
 
-TEST_CASE("context_parallel::full recompute runs the ring again, same results") {
+TEST_CASE("context_parallel::full recompute runs the ring again, same results" *
+          doctest::test_suite("an even number of ranks")) {
   const int world = test_world().size();
-  if (world % 2 != 0) return;
+  REQUIRE_MESSAGE(world % 2 == 0, "t or c = 2: its suite runs on even rank counts");
   const auto model = tiny_llama();
   check_equal(model,
               run_context_parallel(model, 2, 1, "ddp", Flavour::ddp, 2, documents::Precision::fp32,
@@ -185,12 +187,13 @@ TEST_CASE("context_parallel::full recompute runs the ring again, same results") 
   report("context parallelism with full recompute");
 }
 
-TEST_CASE("context_parallel::under bf16-mixed, CP trains as DDP within bf16's rounding") {
+TEST_CASE("context_parallel::under bf16-mixed, CP trains as DDP within bf16's rounding" *
+          doctest::test_suite("an even number of ranks")) {
   // test_engine_mpi.cpp's bf16-mixed bounds (derived there): losses within 1e-2 relative,
   // parameters within 2e-2 relative L2. The running output is kept in fp32 between the ring's
   // blocks; dK and dV are rounded to bf16 once per block as they travel.
   const int world = test_world().size();
-  if (world % 2 != 0) return;
+  REQUIRE_MESSAGE(world % 2 == 0, "t or c = 2: its suite runs on even rank counts");
   const auto bf16 = documents::Precision::bf16_mixed;
   const auto model = tiny_llama();
   const auto alone = run_alone(model, world / 2, 2, bf16);
@@ -200,8 +203,9 @@ TEST_CASE("context_parallel::under bf16-mixed, CP trains as DDP within bf16's ro
   CHECK(relative_l2(run.params, alone.params) < 2e-2);
 }
 
-TEST_CASE("context_parallel::learned positions and eager attention are refused") {
-  if (test_world().size() % 2 != 0) return;
+TEST_CASE("context_parallel::learned positions and eager attention are refused" *
+          doctest::test_suite("an even number of ranks")) {
+  REQUIRE_MESSAGE(test_world().size() % 2 == 0, "t or c = 2: its suite runs on even rank counts");
   auto groups = make_context_parallel_groups(test_world(), 2, 1);
   TrackedAllocator allocator;
   ModelOptions options;

@@ -180,9 +180,11 @@ TEST_CASE("tensor_parallel::TP and TP+SP train as one process with DDP") {
   report("TP and TP+SP");
 }
 
-TEST_CASE("tensor_parallel::TP with sharded data parallelism over the replicas") {
+TEST_CASE("tensor_parallel::TP with sharded data parallelism over the replicas" *
+          doctest::test_suite("an even number of ranks from four")) {
   const int world = test_world().size();
-  if (world < 4 || world % 2 != 0) return;  // d >= 2 replicas of t = 2
+  REQUIRE_MESSAGE((world >= 4 && world % 2 == 0),
+                  "d >= 2 replicas of t = 2: its suite runs on 4, 6 and 8 ranks");
   const auto model = tiny_llama();
   const auto alone = run_alone(model, world / 2, 2);
   for (const auto& s :
@@ -196,9 +198,10 @@ TEST_CASE("tensor_parallel::TP with sharded data parallelism over the replicas")
   report("TP with sharded data parallelism");
 }
 
-TEST_CASE("tensor_parallel::full recompute runs the block's collectives again, same results") {
+TEST_CASE("tensor_parallel::full recompute runs the block's collectives again, same results" *
+          doctest::test_suite("an even number of ranks")) {
   const int world = test_world().size();
-  if (world % 2 != 0) return;
+  REQUIRE_MESSAGE(world % 2 == 0, "t or c = 2: its suite runs on even rank counts");
   for (const auto& model : {tiny_llama(), tiny_gpt2()}) {
     CAPTURE(model.name);
     const auto alone = run_alone(model, world / 2, 2);
@@ -213,9 +216,10 @@ TEST_CASE("tensor_parallel::full recompute runs the block's collectives again, s
   report("TP with full recompute");
 }
 
-TEST_CASE("tensor_parallel::flash attention over the local heads") {
+TEST_CASE("tensor_parallel::flash attention over the local heads" *
+          doctest::test_suite("an even number of ranks")) {
   const int world = test_world().size();
-  if (world % 2 != 0) return;
+  REQUIRE_MESSAGE(world % 2 == 0, "t or c = 2: its suite runs on even rank counts");
   for (const auto& model : {tiny_llama(), tiny_neox()}) {
     CAPTURE(model.name);
     const auto alone = run_alone(model, world / 2, 2, documents::Precision::fp32, true);
@@ -230,12 +234,13 @@ TEST_CASE("tensor_parallel::flash attention over the local heads") {
   report("TP with flash attention");
 }
 
-TEST_CASE("tensor_parallel::under bf16-mixed, TP trains as DDP within bf16's rounding") {
+TEST_CASE("tensor_parallel::under bf16-mixed, TP trains as DDP within bf16's rounding" *
+          doctest::test_suite("an even number of ranks")) {
   // The bounds of test_engine_mpi.cpp's bf16-mixed case (derived there): losses within 1e-2
   // relative, parameters within 2e-2 relative L2; TP's partial sums are bf16 tensors reduced in
   // bf16 (Megatron all-reduces the row-parallel outputs in the activation dtype).
   const int world = test_world().size();
-  if (world % 2 != 0) return;
+  REQUIRE_MESSAGE(world % 2 == 0, "t or c = 2: its suite runs on even rank counts");
   const auto bf16 = documents::Precision::bf16_mixed;
   const auto model = tiny_llama();
   const auto alone = run_alone(model, world / 2, 2, bf16);
@@ -248,9 +253,10 @@ TEST_CASE("tensor_parallel::under bf16-mixed, TP trains as DDP within bf16's rou
   }
 }
 
-TEST_CASE("tensor_parallel::sequence parallelism keeps less per rank") {
+TEST_CASE("tensor_parallel::sequence parallelism keeps less per rank" *
+          doctest::test_suite("an even number of ranks")) {
   const int world = test_world().size();
-  if (world % 2 != 0) return;
+  REQUIRE_MESSAGE(world % 2 == 0, "t or c = 2: its suite runs on even rank counts");
   // The same model and batch: SP shards the residual stream, the norms' outputs and the saved
   // block inputs over t, so the peak is lower than TP's alone.
   const auto model = tiny_llama();
@@ -298,7 +304,8 @@ costmodel::StageMemory predict_stage(const documents::ModelSpec& model, int t, b
 
 }  // namespace
 
-TEST_CASE("tensor_parallel::measured memory against the cost model's per-stage prediction") {
+TEST_CASE("tensor_parallel::measured memory against the cost model's per-stage prediction" *
+          doctest::test_suite("an even number of ranks")) {
   // One step at t = 2, DDP over d = world/2 replicas, fp32, eager attention, Llama-like: 4 blocks,
   // h = 64, q = 64 (4 heads of 16), kv = 32 (2 heads), I = 128 (SwiGLU), V = 64 (untied), RMSNorm,
   // no biases; micro-batch B = 2 × T = 32, N = 64 tokens. Hand derivation of what one rank holds
@@ -325,7 +332,7 @@ TEST_CASE("tensor_parallel::measured memory against the cost model's per-stage p
   // Before the vocabulary-parallel embedding and head (both replicated, E = 82,496) the measured
   // peak was 2,101,504 B against a prediction of 1,926,656 (+9.1%).
   const int world = test_world().size();
-  if (world % 2 != 0) return;
+  REQUIRE_MESSAGE(world % 2 == 0, "t or c = 2: its suite runs on even rank counts");
   const int t = 2, d = world / t;
   const auto model = scale_down(documents::load_model("llama-3-8b"), {.layers = 4,
                                                                       .hidden = 64,
@@ -364,7 +371,8 @@ TEST_CASE("tensor_parallel::measured memory against the cost model's per-stage p
   }
 }
 
-TEST_CASE("tensor_parallel::the other families' measured peaks against the prediction") {
+TEST_CASE("tensor_parallel::the other families' measured peaks against the prediction" *
+          doctest::test_suite("an even number of ranks")) {
   // The accounting derived above for the Llama, on GPT-2 (LayerNorm with biases, GELU, learned
   // positions, tied head: the head's backward is the embedding gradient's first use), GPT-NeoX
   // (parallel residual, fused query_key_value with biases) and a Llama with 8 heads over 4, t = 2,
@@ -372,7 +380,7 @@ TEST_CASE("tensor_parallel::the other families' measured peaks against the predi
   // to the byte, the column-parallel biases split as the executor and Megatron split them
   // (tp_local_elements; counted whole before, GPT-2 was over-predicted by 1,280 B of 183,680).
   const int world = test_world().size();
-  if (world % 2 != 0) return;
+  REQUIRE_MESSAGE(world % 2 == 0, "t or c = 2: its suite runs on even rank counts");
   const auto hw = cpu_profile(world);
   for (const auto& model : {tiny_gpt2_48(), tiny_neox_48(), tiny_llama_8_heads()}) {
     for (bool sp : {false, true}) {

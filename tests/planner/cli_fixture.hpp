@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
 #include "planner/cli.hpp"
 
 namespace shardplan::planner::testing {
@@ -27,6 +30,16 @@ inline Run planner(std::vector<std::string> args) {
   std::cout.rdbuf(old_out);
   std::cerr.rdbuf(old_err);
   return {code, out.str(), err.str()};
+}
+
+// `planner estimate ARGS --format json`, which must succeed (its stderr shown where it does not).
+inline nlohmann::json estimate(std::vector<std::string> args) {
+  args.insert(args.begin(), "estimate");
+  args.insert(args.end(), {"--format", "json"});
+  const auto r = planner(args);
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  return nlohmann::json::parse(r.out);
 }
 
 }  // namespace shardplan::planner::testing

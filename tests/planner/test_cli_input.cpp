@@ -82,7 +82,7 @@ TEST_CASE("cli_input::compare takes --strategy as the other commands do, --strat
 
 TEST_CASE("cli_input::compare shows each row's checkpointing, in the table and in JSON") {
   // --checkpointing full is each row's mode as given; the default job (recipe hf) checkpoints
-  // nothing unless asked (documents/job.hpp, default_checkpointing).
+  // nothing unless asked (documents/recipe.hpp, RecipeTraits::checkpointing).
   const auto json = planner(
       {"compare", "--strategy", "ddp,zero3", "--checkpointing", "full", "--format", "json"});
   REQUIRE(json.code == 0);
@@ -265,7 +265,7 @@ TEST_CASE("cli_input::recommend refuses flags it would drop") {
   check_refused({"recommend", "--emit", "fsdp", "--flavour", "deepspeed"},
                 "--flavour: --emit fsdp writes PyTorch settings, got --flavour deepspeed");
   check_refused({"recommend", "--emit", "deepspeed", "--recipe", "torchtitan"},
-                "--emit: deepspeed: recipe torchtitan shards with FSDP2 or DDP, not DeepSpeed; use "
+                "--emit: deepspeed: recipe torchtitan shards with fsdp2 or ddp, not DeepSpeed; use "
                 "--emit fsdp");
   check_refused(
       {"recommend", "--emit", "fsdp", "--recipe", "deepspeed"},

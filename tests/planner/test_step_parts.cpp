@@ -14,16 +14,7 @@
 
 namespace {
 
-using shardplan::planner::testing::planner;
-
-nlohmann::json estimate(std::vector<std::string> args) {
-  args.insert(args.begin(), "estimate");
-  args.insert(args.end(), {"--format", "json"});
-  const auto r = planner(args);
-  INFO(r.err);
-  REQUIRE(r.code == 0);
-  return nlohmann::json::parse(r.out);
-}
+using shardplan::planner::testing::estimate;
 
 // compute_s + the exposed waits by stream, against step_s.
 double unnamed_time(const nlohmann::json& e) {

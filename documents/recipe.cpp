@@ -1,0 +1,206 @@
+#include "documents/recipe.hpp"
+
+#include <algorithm>
+#include <array>
+
+namespace shardplan::documents {
+
+namespace {
+
+using enum Flavour;
+
+const std::vector<Flavour> kAllFlavours = {ddp, fsdp1, fsdp2, deepspeed};
+
+// One row per Recipe, in its order. Each value is what the named code does (the cost model's
+// comments cite the source line by line).
+// Left whole: one table, a row per recipe; splitting it would scatter the rows.
+const std::array<RecipeTraits, 6>& recipes() {
+  static const std::array<RecipeTraits, 6> rows = {{
+      {
+          .recipe = Recipe::hf,
+          .name = "hf",
+          .description = "transformers' model code",
+          .loss = LossImpl::upcast,  // ForCausalLMLoss
+          .checkpointing = Checkpointing::none,
+          .framework = true,
+          .saved = SavedTensors::per_op,
+          .rmsnorm = RmsNormCode::upcast,
+          .transformers_code = true,
+          .fused_qkv_complex_rope = false,
+          .checkpoint_early_stop = true,
+          .every_n_from_one = false,
+          .tensor_parallel = TensorParallelCode::torch_styles,  // the model's tp_plan
+          .tp_embedding = TpEmbedding::unplanned,
+          .tp_loss = TpLoss::gathered,  // lm_head "colwise_rep"
+          .pipeline = PipelineRunner::megatron,
+          .pipeline_less_layers = 0,
+          .pipeline_even_split = false,
+          .fsdp_groups_per_block = false,
+          .ring = RingCode::torch_all_gather,  // torch's context_parallel over sdpa
+          .flavours = kAllFlavours,
+          .offers_every_n = true,
+          .offers_selective_op = false,
+          .offers_selective_attention = true,
+          .alternative_loss = LossImpl::fused_linear,  // Liger
+          .alternative_loss_chunks = 0,
+          .reduces_in_fp32_only = false,
+      },
+      {
+          .recipe = Recipe::torchtitan,
+          .name = "torchtitan",
+          .description = "torchtitan's Llama",
+          .loss = LossImpl::upcast,  // cross_entropy_loss
+          // torchtitan 0.3.0's Trainer defaults to its op-level SelectiveAC (torchtitan/trainer.py)
+          .checkpointing = Checkpointing::selective_op,
+          .framework = true,
+          .saved = SavedTensors::per_op,
+          .rmsnorm = RmsNormCode::torch,
+          .transformers_code = false,
+          .fused_qkv_complex_rope = true,
+          .checkpoint_early_stop = false,
+          .every_n_from_one = true,
+          .tensor_parallel = TensorParallelCode::torch_styles,  // its parallelize's apply_tp
+          .tp_embedding = TpEmbedding::rowwise,
+          .tp_loss = TpLoss::loss_parallel,
+          .pipeline = PipelineRunner::torch_pipelining,
+          .pipeline_less_layers = 1,
+          .pipeline_even_split = false,
+          .fsdp_groups_per_block = true,
+          .ring = RingCode::torch_all_gather,
+          .flavours = {fsdp2, ddp},
+          .offers_every_n = true,
+          .offers_selective_op = true,
+          .offers_selective_attention = true,
+          .alternative_loss = LossImpl::chunked,  // ChunkedLossWrapper
+          .alternative_loss_chunks = 8,
+          .reduces_in_fp32_only = true,
+      },
+      {
+          .recipe = Recipe::llm_foundry,
+          .name = "llm-foundry",
+          .description = "a transformers-style block, flash-attn's cross-entropy by default",
+          .loss = LossImpl::fused,  // loss_fn: fused_crossentropy (flash-attn)
+          .checkpointing = Checkpointing::none,
+          .framework = true,
+          .saved = SavedTensors::per_op,
+          .rmsnorm = RmsNormCode::upcast,
+          .transformers_code = true,  // its hf_causal_lm wraps transformers' model
+          .fused_qkv_complex_rope = false,
+          .checkpoint_early_stop = true,
+          .every_n_from_one = false,
+          .tensor_parallel = TensorParallelCode::megatron_core,
+          .tp_embedding = TpEmbedding::unplanned,
+          .tp_loss = TpLoss::gathered,
+          .pipeline = PipelineRunner::megatron,
+          .pipeline_less_layers = 0,
+          .pipeline_even_split = false,
+          .fsdp_groups_per_block = false,
+          .ring = RingCode::te_p2p,
+          .flavours = kAllFlavours,
+          .offers_every_n = true,
+          .offers_selective_op = false,
+          .offers_selective_attention = true,
+          .alternative_loss = std::nullopt,
+          .alternative_loss_chunks = 0,
+          .reduces_in_fp32_only = false,
+      },
+      {
+          .recipe = Recipe::megatron,
+          .name = "megatron",
+          .description = "Megatron-core's GPT, Korthikanti et al.'s tensors",
+          .loss = LossImpl::fp32_inplace,
+          .checkpointing = Checkpointing::none,
+          .framework = true,
+          .saved = SavedTensors::korthikanti,
+          .rmsnorm = RmsNormCode::fused,
+          .transformers_code = false,
+          .fused_qkv_complex_rope = false,
+          .checkpoint_early_stop = true,
+          .every_n_from_one = false,
+          .tensor_parallel = TensorParallelCode::megatron_core,
+          .tp_embedding = TpEmbedding::unplanned,
+          .tp_loss = TpLoss::gathered,
+          .pipeline = PipelineRunner::megatron,
+          .pipeline_less_layers = 0,
+          .pipeline_even_split = true,  // get_num_layers_to_build
+          .fsdp_groups_per_block = false,
+          .ring = RingCode::te_p2p,
+          .flavours = kAllFlavours,
+          .offers_every_n = false,  // --recompute-granularity full or selective
+          .offers_selective_op = false,
+          .offers_selective_attention = true,
+          .alternative_loss = std::nullopt,
+          .alternative_loss_chunks = 0,
+          .reduces_in_fp32_only = false,
+      },
+      {
+          .recipe = Recipe::deepspeed,
+          .name = "deepspeed",
+          .description = "a transformers model under the DeepSpeed engine",
+          .loss = LossImpl::upcast,
+          .checkpointing = Checkpointing::none,
+          .framework = true,
+          .saved = SavedTensors::per_op,
+          .rmsnorm = RmsNormCode::upcast,
+          .transformers_code = true,
+          .fused_qkv_complex_rope = false,
+          .checkpoint_early_stop = true,
+          .every_n_from_one = false,
+          .tensor_parallel = TensorParallelCode::megatron_core,
+          .tp_embedding = TpEmbedding::unplanned,
+          .tp_loss = TpLoss::gathered,
+          .pipeline = PipelineRunner::megatron,
+          .pipeline_less_layers = 0,
+          .pipeline_even_split = false,
+          .fsdp_groups_per_block = false,
+          .ring = RingCode::te_p2p,
+          .flavours = {deepspeed},
+          .offers_every_n = true,
+          .offers_selective_op = false,
+          .offers_selective_attention = true,
+          .alternative_loss = std::nullopt,
+          .alternative_loss_chunks = 0,
+          .reduces_in_fp32_only = false,
+      },
+      {
+          .recipe = Recipe::executor,
+          .name = "executor",
+          .description = "this project's executor",
+          .loss = LossImpl::upcast,
+          .checkpointing = Checkpointing::none,
+          .framework = false,
+          .saved = SavedTensors::korthikanti,
+          .rmsnorm = RmsNormCode::upcast,
+          .transformers_code = false,
+          .fused_qkv_complex_rope = false,
+          .checkpoint_early_stop = true,
+          .every_n_from_one = false,
+          .tensor_parallel = TensorParallelCode::megatron_core,
+          .tp_embedding = TpEmbedding::unplanned,
+          .tp_loss = TpLoss::gathered,
+          .pipeline = PipelineRunner::megatron,
+          .pipeline_less_layers = 0,
+          .pipeline_even_split = false,
+          .fsdp_groups_per_block = false,
+          .ring = RingCode::te_p2p,
+          .flavours = kAllFlavours,
+          .offers_every_n = false,  // it checkpoints every block or none
+          .offers_selective_op = false,
+          .offers_selective_attention = false,
+          .alternative_loss = std::nullopt,
+          .alternative_loss_chunks = 0,
+          .reduces_in_fp32_only = false,
+      },
+  }};
+  return rows;
+}
+
+}  // namespace
+
+bool RecipeTraits::runs_under(Flavour f) const {
+  return std::find(flavours.begin(), flavours.end(), f) != flavours.end();
+}
+
+const RecipeTraits& recipe_traits(Recipe r) { return recipes()[static_cast<std::size_t>(r)]; }
+
+}  // namespace shardplan::documents

@@ -1,0 +1,110 @@
+// What each recipe's training code does, as data: one row per framework (recipe.cpp, kRecipes).
+// The cost model, the search, the emitters and the checks read these fields; none of them asks
+// which recipe runs. Adding a framework is a row here (and its corpus cases); a row that needs a
+// behaviour no field describes adds the field, and the one place that reads it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "documents/job.hpp"
+#include "documents/sharding.hpp"
+
+namespace shardplan::documents {
+
+// How a block's saved activations are counted (costmodel/accounting.cpp):
+//   per_op     from the framework's own model code, tensor by tensor, as autograd saves them
+//              (checked against tests/costmodel/data/oracle_units.json)
+//   korthikanti  Korthikanti et al. 2022's per-layer formula as Megatron-core's GPT keeps it (the
+//              executor's model keeps the same tensors: executor/gpt_model.hpp)
+enum class SavedTensors { per_op, korthikanti };
+
+// The RMSNorm a Llama-family block runs:
+//   upcast  transformers' LlamaRMSNorm: the input cast to fp32, its statistics and the normalized
+//           value kept (costmodel/accounting.cpp, rmsnorm)
+//   torch   torch's F.rms_norm / _fused_rms_norm (torchtitan's nn.RMSNorm)
+//   fused   Megatron-core's fused norm: its input and output
+enum class RmsNormCode { upcast, torch, fused };
+
+// Whose tensor parallelism splits the block, the embeddings and the head:
+//   megatron_core  Megatron-core's column/row-parallel linears, vocabulary-parallel embedding and
+//                  cross-entropy (Korthikanti et al. 2022, §4)
+//   torch_styles   PyTorch's parallel styles (torch/distributed/tensor/parallel/style.py) as the
+//                  recipe's plan applies them (the embedding and loss fields below)
+enum class TensorParallelCode { megatron_core, torch_styles };
+// The embeddings and norms under torch's styles: in no plan (transformers' tp_plan: replicated
+// plain tensors), or planned (torchtitan: the table RowwiseParallel, whose gradient comes back
+// whole, the norms SequenceParallel DTensors).
+enum class TpEmbedding { unplanned, rowwise };
+// The loss under torch's styles: on logits gathered whole (transformers' lm_head "colwise_rep")
+// or on the rank's vocabulary columns (torchtitan's loss_parallel).
+enum class TpLoss { gathered, loss_parallel };
+
+// Who runs a pipeline's stages, and so their op order (costmodel/parallel_memory.hpp,
+// stage_orders): Megatron-LM's schedules, or torch.distributed.pipelining's (torchtitan).
+enum class PipelineRunner { megatron, torch_pipelining };
+
+// Whose ring attention context parallelism runs (costmodel/context_ring.hpp): torch's
+// context_parallel (all-gather rotation), or Transformer Engine's p2p ring.
+enum class RingCode { torch_all_gather, te_p2p };
+
+struct RecipeTraits {
+  Recipe recipe;
+  const char* name;             // as on the command line and in documents
+  const char* description;      // the reference code it counts, in a few words
+  LossImpl loss;                // its loss unless the job names one
+  Checkpointing checkpointing;  // its checkpointing unless the job names one
+
+  // The model code.
+  bool framework;  // a framework's own code and engine (false: this project's executor, whose
+                   // engine gathers, reduces and steps its own way: costmodel/simulator.cpp)
+  SavedTensors saved;
+  RmsNormCode rmsnorm;
+  // transformers' PreTrainedModel code: the model's forward builds position ids and the causal
+  // mask and computes rotary cos/sin tables once per forward that every block reads; sdpa gets an
+  // explicit mask for a sliding window and repeat_kv'd keys beyond head_dim 256
+  // (integrations/sdpa_attention.py); ForCausalLMLoss shifts the labels; a checkpointed GPT-2 keeps
+  // the eager mask it is handed; activation_checkpointing_enable is its checkpointing call.
+  bool transformers_code;
+  // torchtitan's Llama: one fused wqkv GEMM split into q, k, v, and complex-number rotary
+  // embeddings from a module buffer (freqs_cis).
+  bool fused_qkv_complex_rope;
+  // torch.utils.checkpoint's early stop (its default): the rerun ends at the last tensor backward
+  // needs. torchtitan wraps its blocks with early_stop=False.
+  bool checkpoint_early_stop;
+  // every:N counts blocks from 1 (torchtitan 0.2's selective_ac_option = "N": blocks N−1, 2N−1,
+  // ...) rather than from 0 (transformers' every_n_layers: blocks 0, N, 2N, ...).
+  bool every_n_from_one;
+
+  // Under model parallelism.
+  TensorParallelCode tensor_parallel;
+  TpEmbedding tp_embedding;  // under torch_styles
+  TpLoss tp_loss;            // under torch_styles
+  PipelineRunner pipeline;
+  // The embeddings and the head counted as blocks of the first and last stage by default
+  // (torchtitan's pipeline_parallel_first/last_stage_less_layers = 1).
+  int pipeline_less_layers;
+  bool pipeline_even_split;  // the blocks must divide evenly over the parts (Megatron-LM)
+  // FSDP2 over a TP plan groups the parameters as torchtitan's apply_fsdp does: the embedding,
+  // each block, the final norm with the head.
+  bool fsdp_groups_per_block;
+  RingCode ring;
+
+  // What its configs offer (the search's alternatives, the emitters).
+  std::vector<Flavour> flavours;    // the data-parallel engines it runs under
+  bool offers_every_n;              // every:N checkpointing
+  bool offers_selective_op;         // torchtitan's op-level save list
+  bool offers_selective_attention;  // Megatron's selective recompute, where attention is eager
+  // A loss its users switch to for memory, searched beside the job's: transformers' Liger fused
+  // linear cross-entropy, torchtitan's chunked loss (with its chunk count).
+  std::optional<LossImpl> alternative_loss;
+  std::int64_t alternative_loss_chunks;
+  bool reduces_in_fp32_only;  // torchtitan's mixed_precision_reduce takes "float32" only
+
+  bool runs_under(Flavour f) const;
+};
+
+const RecipeTraits& recipe_traits(Recipe r);
+
+}  // namespace shardplan::documents
