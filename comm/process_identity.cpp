@@ -9,7 +9,7 @@
 
 namespace shardplan::comm {
 namespace {
-std::atomic<int> world_rank{-1};
+std::atomic<int> this_process_rank{-1};
 }  // namespace
 
 std::string host_name() {
@@ -18,8 +18,8 @@ std::string host_name() {
   return std::string(name.data());
 }
 
-int process_rank() { return world_rank.load(); }
-void set_process_rank(int rank) { world_rank.store(rank); }
+int process_rank() { return this_process_rank.load(); }
+void set_process_rank(int rank) { this_process_rank.store(rank); }
 
 int launcher_rank_from_environment() {
   for (const char* variable : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {

@@ -1,3 +1,7 @@
+// Over 800 lines: the analytic memory model of tensor- and pipeline-parallel stages, one part per
+// tensor-parallel implementation (Megatron-core's, PyTorch's styles, the executor's) and torch's
+// pipeline moments. The step's event walk (simulator.cpp), which already runs context
+// parallelism, is to take these layouts over; until then the model stays whole in one place.
 #include "costmodel/parallel_memory.hpp"
 
 #include <algorithm>

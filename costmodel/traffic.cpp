@@ -268,10 +268,11 @@ Traffic head_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f)
     // backward, the division's, the cast back.
     // transformers' shifted labels are a copy when the micro-batch has more than one sequence.
     const double upcast = x.e < 4 ? 1 : 0;
-    const double titan = recipe_traits(j.recipe).transformers_code ? 0 : 1;
-    const double shift_copy = !titan && j.micro_batch > 1 ? 1 : 0;
+    const bool transformers = recipe_traits(j.recipe).transformers_code;
+    const double shift_copy = transformers && j.micro_batch > 1 ? 1 : 0;
+    const double divide = transformers ? 0 : 1;
     t += per_token(x, (x.fp32_cast() + 8) * x.V, (16 + x.fp32_cast()) * x.V,
-                   upcast + 3 + shift_copy, 3 + titan + upcast);
+                   upcast + 3 + shift_copy, 3 + divide + upcast);
   } else {
     // A fused loss (flash-attn's or a compiled cross-entropy, Liger's fused linear one, Megatron's
     // in place) reads the logits for the log-sum-exp, then reads them again and writes their

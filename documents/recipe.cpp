@@ -14,8 +14,8 @@ const std::vector<Flavour> kAllFlavours = {ddp, fsdp1, fsdp2, deepspeed};
 // One row per Recipe, in its order. Each value is what the named code does (the cost model's
 // comments cite the source line by line).
 // Left whole: one table, a row per recipe; splitting it would scatter the rows.
-const std::array<RecipeTraits, 6>& recipes() {
-  static const std::array<RecipeTraits, 6> rows = {{
+const std::array<RecipeTraits, kRecipes>& recipes() {
+  static const std::array<RecipeTraits, kRecipes> rows = {{
       {
           .recipe = Recipe::hf,
           .name = "hf",

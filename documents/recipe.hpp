@@ -105,6 +105,7 @@ struct RecipeTraits {
   bool runs_under(Flavour f) const;
 };
 
+inline constexpr int kRecipes = 6;  // the rows, one per Recipe
 const RecipeTraits& recipe_traits(Recipe r);
 
 }  // namespace shardplan::documents

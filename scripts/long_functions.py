@@ -8,7 +8,9 @@ virtual environment or a build tree inside the checkout is not read. Exits 77 (c
 without ctags or outside a git checkout.
 
 A function left long on purpose carries a comment starting "Left whole:" in the lines just above
-it; those are listed with "(reason given)". The exit status is 1 when a long function has none.
+it; those are listed with "(reason given)". A source file outside tests/ over FILE_LIMIT (800)
+lines says why in its first lines, a comment starting "Over 800 lines:". The exit status is 1
+when a long function or file has no reason.
 """
 import json
 import re
@@ -18,6 +20,8 @@ import sys
 from pathlib import Path
 
 SUFFIXES = (".cpp", ".hpp", ".h", ".cu", ".cuh")
+FILE_LIMIT = 800
+FILE_REASON = re.compile(r"^\s*(//|#) Over 800 lines:")
 
 ROOTS = ["bench", "calibrate", "comm", "core", "costmodel", "documents", "executor", "kernels", "planner",
          "tests", "validation"]
@@ -85,7 +89,21 @@ def main():
     for n, path, start, name, reason in sorted(rows, reverse=True):
         print(f"{n:5d}  {path}:{start}  {name}{'  (reason given)' if reason else ''}")
         unexplained += not reason
+    for n, path, reason in long_files(files):
+        print(f"{n:5d}  {path}  (the file){'  (reason given)' if reason else ''}")
+        unexplained += not reason
     return 1 if unexplained else 0
+
+
+def long_files(files):
+    """The sources outside tests/ over FILE_LIMIT lines, with whether their first lines say why."""
+    python = subprocess.run(["git", "ls-files", "--", "*.py"], capture_output=True, text=True)
+    for name in sorted(set(files) | set(python.stdout.splitlines())):
+        if name.startswith("tests/") or not Path(name).is_file():
+            continue
+        lines = Path(name).read_text(errors="replace").split("\n")
+        if len(lines) - (lines[-1] == "") > FILE_LIMIT:
+            yield len(lines) - 1, name, any(FILE_REASON.match(line) for line in lines[:20])
 
 
 if __name__ == "__main__":

@@ -1,3 +1,6 @@
+// Over 800 lines: the backend's layer kernels, their launchers and the explicit instantiations
+// for the three storage types are one nvcc unit; split, each part would compile the shared device
+// helpers again.
 // The layer kernels of the GPU backend (device_kernels.hpp), for storage S = float, bf16 or f16.
 // The arithmetic of each kernel is that of kernels/kernels.cpp, element by element, in fp32
 // whatever S: every load is converted to float (to_float), every store rounded to S once

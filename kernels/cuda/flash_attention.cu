@@ -1,3 +1,5 @@
+// Over 800 lines: the forward and backward kernels of one algorithm share its tiles, its codecs
+// and its launch helpers.
 // Causal attention without materialized scores, on CUDA cores (no tensor cores), for storage
 // S = float, bf16 or f16: q, k, v, out and the gradients in S, converted to float as they are
 // loaded into the shared tiles (which are fp32 in every precision), all arithmetic in fp32, each

@@ -32,7 +32,7 @@ TEST_CASE("recipe::each row describes its own recipe") {
     // Only a framework's own code is counted per op; the executor's engine is this project's.
     if (!t.framework) CHECK(t.saved == SavedTensors::korthikanti);
   }
-  CHECK(names.size() == 6);
+  CHECK(names.size() == static_cast<std::size_t>(kRecipes));
 }
 
 TEST_CASE("recipe::every:N counts blocks as the recipe's code does") {

@@ -158,7 +158,8 @@ inline std::vector<TensorDifference> compare_updates(const GptLayout& layout,
       double num = 0, den = 0;
       for (std::int64_t k = t.offset; k < t.offset + t.length; ++k) {
         const auto i = static_cast<std::size_t>(k);
-        const double p0 = initial[u][i], pa = a[u][i], pb = b[u][i];
+        const auto p0 = static_cast<double>(initial[u][i]);
+        const auto pa = static_cast<double>(a[u][i]), pb = static_cast<double>(b[u][i]);
         const double diff = (pa - p0) - (pb - p0);
         num += diff * diff;
         den += (pb - p0) * (pb - p0);

@@ -95,7 +95,7 @@ TEST_CASE("context_parallel::c ranks of T tokens each are one rank of T tokens p
       for (const char* model : {"llama-3-8b", ""})
         for (std::int64_t tokens : {1024, 4096})
           for (int c : {2, 4}) {
-            Job one{model, strategy, checkpointing, tokens, 1};
+            Job one{model, strategy, checkpointing, tokens, 1, 8, {}};
             Job ring = one;
             ring.context = c;
             INFO(std::string(strategy)
@@ -137,7 +137,7 @@ TEST_CASE("context_parallel::the issue's command: the same tokens per rank, the 
   // sequences, and seq 65536 with 4 sequences over context parallel 2 (32,768 tokens per rank,
   // states over the same 8 ranks). The loss's fp32 logits path on the rank's own tokens is the
   // peak of both (75.75 GiB; the analytic model said 58.55 GiB for the second).
-  Job one{"llama-3-8b", "--strategy=fsdp-full --flavour=fsdp2", "full", 32768, 1};
+  Job one{"llama-3-8b", "--strategy=fsdp-full --flavour=fsdp2", "full", 32768, 1, 8, {}};
   Job ring = one;
   ring.context = 2;
   const json a = estimate(one), b = estimate(ring);
@@ -163,9 +163,9 @@ TEST_CASE("context_parallel::the issue's command: the same tokens per rank, the 
 TEST_CASE("context_parallel::torchtitan's default checkpointing runs with context parallelism") {
   // selective-op, torchtitan's default, was refused with any model parallelism; with context
   // parallelism alone the walk runs it. With tensor or pipeline parallelism it is still refused.
-  Job ring{"llama-3-8b", "--strategy=fsdp-full --flavour=fsdp2", "selective-op", 8192, 2};
+  Job ring{"llama-3-8b", "--strategy=fsdp-full --flavour=fsdp2", "selective-op", 8192, 2, 8, {}};
   CHECK(estimate(ring).at("valid") == true);
-  Job tensor{"llama-3-8b", "--strategy=fsdp-full", "selective-op", 8192, 1};
+  Job tensor{"llama-3-8b", "--strategy=fsdp-full", "selective-op", 8192, 1, 8, {}};
   tensor.more = {"--tensor-parallel=2"};
   CHECK_THROWS_WITH(estimate(tensor),
                     doctest::Contains("op-level selective checkpointing is not modeled with "

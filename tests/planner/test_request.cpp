@@ -30,11 +30,11 @@ TEST_CASE("request::the program's output for the same arguments") {
                                          "--strategy=zero3", "--format=json"};
   const auto run = planner(args);
   REQUIRE(run.code == 0);
-  CHECK(run_request({args, {}, {}, false}).output == run.out);
+  CHECK(run_request({args, {}, {}, false, {}}).output == run.out);
   const std::vector<std::string> emit = {"recommend", "--model=gpt2", "--gpus=8", "--emit=fsdp"};
   const auto text = planner(emit);
   REQUIRE(text.code == 0);
-  const auto response = run_request({emit, {}, {}, false});
+  const auto response = run_request({emit, {}, {}, false, {}});
   CHECK(response.output == text.out);
   CHECK(!response.notes.empty());  // "--emit fsdp: searching PyTorch's plans only", as on stderr
 }
@@ -46,11 +46,13 @@ TEST_CASE("request::documents in memory plan as their files") {
                    "--strategy=fsdp-full", "--format=json"},
                   {},
                   {},
-                  false};
+                  false,
+                  {}};
   Request by_document{{"estimate", "--gpus=8", "--strategy=fsdp-full", "--format=json"},
                       file_json(dir + "/examples/models/mistral-7b/config.json"),
                       file_json(dir + "/hardware_profiles/l40s-48gb.json"),
-                      false};
+                      false,
+                      {}};
   auto a = nlohmann::json::parse(run_request(by_file).output);
   auto b = nlohmann::json::parse(run_request(by_document).output);
   // Only the names differ: a file is named by its path, a document by its own name or "model".
@@ -61,26 +63,30 @@ TEST_CASE("request::documents in memory plan as their files") {
 }
 
 TEST_CASE("request::bad input throws, naming the flag or the document") {
-  CHECK_THROWS_WITH_AS(run_request({{"estimate", "--gpus=0", "--strategy=zero3"}, {}, {}, false}),
-                       "--gpus: must be >= 1, got 0", InputError);
-  CHECK_THROWS_WITH_AS(run_request({{"estimate", "--no-such-flag=1"}, {}, {}, false}),
+  CHECK_THROWS_WITH_AS(
+      run_request({{"estimate", "--gpus=0", "--strategy=zero3"}, {}, {}, false, {}}),
+      "--gpus: must be >= 1, got 0", InputError);
+  CHECK_THROWS_WITH_AS(run_request({{"estimate", "--no-such-flag=1"}, {}, {}, false, {}}),
                        doctest::Contains("arguments: "), InputError);
   CHECK_THROWS_WITH_AS(run_request({{"estimate", "--strategy=zero3"},
                                     nlohmann::json{{"architectures", {"Nope"}}},
                                     {},
-                                    false}),
+                                    false,
+                                    {}}),
                        doctest::Contains("model: /architectures"), InputError);
-  CHECK_THROWS_WITH_AS(
-      run_request(
-          {{"estimate", "--model=gpt2", "--strategy=zero3"}, nlohmann::json::object(), {}, false}),
-      "--model: give either a name or a document, not both", InputError);
+  CHECK_THROWS_WITH_AS(run_request({{"estimate", "--model=gpt2", "--strategy=zero3"},
+                                    nlohmann::json::object(),
+                                    {},
+                                    false,
+                                    {}}),
+                       "--model: give either a name or a document, not both", InputError);
 }
 
 TEST_CASE("request::fsdp settings as data carry the program's text") {
   const std::vector<std::string> emit = {"recommend",       "--model=gpt2",
                                          "--gpus=8",        "--strategy=fsdp-full",
                                          "--flavour=fsdp2", "--emit=fsdp"};
-  const auto data = nlohmann::json::parse(run_request({emit, {}, {}, true}).output);
+  const auto data = nlohmann::json::parse(run_request({emit, {}, {}, true, {}}).output);
   CHECK(data["text"] == planner(emit).out);
   CHECK(data["fully_shard"]["reshard_after_forward"] == true);  // FULL_SHARD
   CHECK(data["torchtitan"]["parallelism"]["data_parallel_shard_degree"] == 8);

@@ -1,0 +1,272 @@
+// The step simulator's walk (simulator.hpp), in parts: its state and the ops it records, shared by
+// simulator.cpp (the micro-batches' forward and backward, the reductions, the memory timeline)
+// and simulator_setup.cpp (the plan's check, the units' sizes and times, the model states, the
+// optimizer step, the accounting). Not part of the cost model's interface.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "costmodel/context_ring.hpp"
+#include "costmodel/simulator.hpp"
+
+namespace shardplan::costmodel::step_walk {
+
+enum class Phase : std::uint8_t { setup, forward, backward, recompute, reduce, optimizer, gather };
+
+const char* phase_name(Phase p);
+
+struct MemEvent {
+  double t;
+  double bytes;  // + allocation, − free
+  Category cat;
+  Phase phase;
+  std::int8_t gathered;  // +1/−1 when a gathered unit appears/disappears
+  int unit;
+  int micro_batch;
+};
+
+// Per-unit quantities (embeddings, one block, head): elements, seconds and bytes per micro-batch.
+struct UnitInfo {
+  double params = 0;     // elements
+  double shardable = 0;  // elements that get partitioned (the rest stays whole)
+  double gather = 0;     // elements all-gathered before use (tied head: + the embedding matrix)
+  double matmul = 0;     // elements of GEMM weights (autocast copies)
+  double opt_elems = 0;  // optimizer-state elements
+  double fwd_s = 0, bwd_s = 0, recompute_s = 0;
+  ComputeTimes fwd_kinds{};  // the forward's seconds by kind (host_overhead: the host's excess)
+  ComputeTimes kinds{};      // forward and backward's seconds by kind
+  double fwd_flops = 0;      // per micro-batch
+  double gather_bytes = 0;   // the all-gathered unit in the compute dtype
+  double gather_s = 0;       // its all-gather (plus the host upload of offloaded shards)
+  double gather_sent = 0;    // bytes one rank sends for it
+  ActivationBytes act;
+};
+
+// "embeddings", "block 3", "head".
+std::string unit_label(int u, int units);
+
+class Simulation {
+public:
+  Simulation(const StepInput& in, Trace* trace)
+      : in_(in), spec_(in.spec), trace_(trace), comm_(*in.hardware),
+        frameworks_(in.accounting == Accounting::framework &&
+                    recipe_traits(in.job.recipe).framework) {
+    if (in.accounting == Accounting::zero_paper) {
+      // The paper's model states and algorithm only: no framework buffers or partition quirks,
+      // ZeRO-1/2 reduce-scatter (§7).
+      spec_.persistence_threshold = 0;
+      spec_.all_reduce_partitions = false;
+      spec_.flat_grad_partition = spec_.contiguous_grad_bucket = spec_.grad_bucket_copy = false;
+      spec_.keep_root_unsharded = false;
+      spec_.root_unit = false;
+    }
+    if (!frameworks_) spec_.root_unit = spec_.reduce_copy_in = false;
+    straggler_fraction_ = in.hardware->straggler_wait_fraction(in.cluster.gpus);
+    context_ = std::max(1, in.context_parallel);
+  }
+
+  StepResult run();
+
+private:
+  // Parameters every rank keeps whole although parameters are sharded (ZeRO-3's persistent
+  // tensors), all units together.
+  double persistent_params() const {
+    if (!spec_.shard_parameters) return 0;
+    double n = 0;
+    for (int k = 0; k < 3; ++k)
+      n += (k == 1 ? static_cast<double>(in_.model->layers) : 1.0) *
+           (units_[k].params - units_[k].shardable);
+    return n;
+  }
+
+  // Schedules an op on a stream once `ready`; returns its start. `cause` is the stream whose
+  // completion made it ready (for attributing compute idle time).
+  double issue(Stream s, double ready, Stream cause, double dur, const char* what, int unit);
+  // Records an allocation (bytes > 0) or a free at time t, keeping the timeline in time order
+  // (stable: equal times keep the order they were recorded in). Ops are recorded nearly in time
+  // order, so the insertion moves an event back by a few places at most.
+  void mem(double t, double bytes, Category c, Phase p, int unit, int mb, int gathered = 0) {
+    if (bytes == 0 && gathered == 0) return;
+    events_.push_back({t, bytes, c, p, static_cast<std::int8_t>(gathered), unit, mb});
+    for (std::size_t i = events_.size() - 1; i > 0 && events_[i - 1].t > t; --i)
+      std::swap(events_[i - 1], events_[i]);
+  }
+  double coll(Collective op, const Group& g, double size) {
+    // Units repeat: most calls ask for a size already costed.
+    CollectiveCost c;
+    bool hit = false;
+    for (const auto& e : cost_cache_)
+      if (e.size == size && e.op == op && e.ranks == g.ranks && e.per_node == g.ranks_per_node) {
+        c = e.cost;
+        hit = true;
+        break;
+      }
+    if (!hit) {
+      c = comm_.cost(op, g, size);
+      cost_cache_[cache_next_++ % cost_cache_.size()] = {op, g.ranks, g.ranks_per_node, size, c};
+    }
+    result_.comm_bytes_per_gpu += c.bytes_sent;
+    result_.comm_bytes_by_op[static_cast<int>(op)] += c.bytes_sent;
+    result_.calibrated_comm |= c.calibrated;
+    result_.extrapolated_comm |= c.extrapolated;
+    return c.seconds;
+  }
+  // Time of a reduction of `bytes` split into buckets of the spec's size.
+  double bucketed(Collective op, const Group& g, double bytes, double bucket);
+  // Unit u of the step: 0 the embeddings, the last the head, the others blocks (a checkpointed
+  // block keeps only its input and reruns its forward).
+  const UnitInfo& info(int u) const {
+    if (u == 0) return units_[0];
+    if (u == n_units_ - 1) return units_[2];
+    return checkpointed(u) ? units_[3] : units_[1];
+  }
+  // DeepSpeed 0.19.8's buffers as its engines allocate them (frameworks only; the executor keeps
+  // its own): stage 3's flat gradient partition lives from initialize to the end
+  // (deepspeed/runtime/zero/stage3.py, grad_partitions_flat_buffer); stages 1/2 take their reduce
+  // bucket at a backward's first gradient and release it at its end (stage_1_and_2.py,
+  // setup_buckets and _release_ipg_buffers), stage 3 keeps its bucket from initialize.
+  bool persistent_flat_partition() const {
+    return frameworks_ && spec_.flat_grad_partition && spec_.offload == Offload::none;
+  }
+  bool backward_bucket() const {
+    return frameworks_ && spec_.contiguous_grad_bucket && !spec_.flat_grad_partition;
+  }
+  // DeepSpeed ZeRO-1 (frameworks): reduces once the backward is done, in buckets, keeping each
+  // rank's partition (stage_1_and_2.py, reduce_gradients at the accumulation boundary).
+  bool reduces_after_backward() const {
+    return frameworks_ && spec_.flavour == Flavour::deepspeed && spec_.shard_optimizer &&
+           !spec_.shard_gradients && spec_.offload == Offload::none;
+  }
+  // DeepSpeed stages 1/2 (frameworks): the rank's gradient partition is one buffer, allocated
+  // whole by the first reduced bucket of a step (stage_1_and_2.py, copy_grads_in_partition) and
+  // kept to the step.
+  bool whole_partition_buffer() const {
+    return frameworks_ && spec_.flavour == Flavour::deepspeed && spec_.shard_optimizer &&
+           !spec_.flat_grad_partition && spec_.contiguous_grad_bucket &&
+           spec_.offload == Offload::none;
+  }
+  bool checkpointed(int u) const {
+    return u > 0 && u < n_units_ - 1 && in_.job.block_checkpointed(u - 1);
+  }
+  std::string fail(std::string reason, std::string input) {
+    result_.valid = false;
+    result_.reason_input = std::move(input);
+    result_.reason = std::move(reason);
+    return result_.reason;
+  }
+  bool check_plan();
+  // PyTorch DDP's mixed precision is autocast over fp32 parameters: each GEMM casts its weight
+  // (kept for backward) and its input.
+  bool autocast_copies() const {
+    return spec_.flavour == Flavour::ddp && sb_.compute < sb_.param &&
+           in_.accounting == Accounting::framework;
+  }
+  // The step's per-unit sizes and times, the groups, and the cleared timeline.
+  void prepare();
+  void prepare_bytes();
+  void prepare_unit_sizes();
+  void prepare_unit_times();
+  void prepare_gathers();
+  // One micro-batch's forward and backward; `first`: the first of the step (gradients are
+  // allocated), `reduce`: its gradients are reduced.
+  void micro_batch(int mb, bool first, bool reduce);
+  void forward(int mb);
+  void backward(int mb, bool first, bool reduce);
+  // All-gathers unit u's parameters once `issue_t`; returns when they are ready.
+  double gather(int u, double issue_t, Phase phase, int mb);
+  // A checkpointed unit's forward again before its backward (from `ready`, waiting on `cause`).
+  void rerun_forward(int u, double ready, Stream cause, int mb);
+  // Unit g's gradients appear at t: kept whole (DDP, ZeRO-1) they are allocated by the step's
+  // first micro-batch and kept to the step; sharded, the unit's full gradient is a transient
+  // until it is reduced.
+  void gradients_used(int g, double t, int mb, bool first);
+  // Unit u's gradients join the pending reduction, reduced once the framework's bucket is full.
+  void queue_reduction(int u, double end, int mb, bool first);
+  // A block's ring exchange beside its attention (from `start`, the attention's `attention_s`
+  // at the end of the unit's `unit_s`): its buffers for the unit's span, its bytes, and the
+  // compute stream's wait for it.
+  void ring_exchange(int u, double start, double unit_s, double attention_s, bool backward,
+                     Phase phase, int mb);
+  void reduce_pending(int u, double end, int mb, bool first);
+  void walk_memory();
+
+  // The model states before the step starts, on the device and in total.
+  struct States {
+    double param_bytes = 0, opt_bytes = 0, total_params = 0, local_opt_params = 0;
+  };
+  // Empty, after fail(), when offloaded states do not fit the host.
+  std::optional<States> place_states();
+  // What the first of several micro-batches did, to count it gas − 1 times.
+  struct FirstMicroBatch {
+    double seconds = 0;
+    std::array<double, kStreams> busy{}, exposed{};
+    double bytes = 0;
+    std::array<double, kCollectives> bytes_by_op{};
+  };
+  FirstMicroBatch run_micro_batches(std::int64_t gas);
+  void wait_for_reductions();
+  // The optimizer step from t, and the parameter all-gather after it; returns its end.
+  double optimizer_step(double t, const States& st);
+  double device_optimizer(double t, const States& st);  // on the GPU's memory bandwidth
+  double host_optimizer(double t, const States& st);    // on the host's CPUs (offload)
+  // ZeRO-3's persistent parameters and ZeRO-1/2's partitions all-gathered once updated.
+  double gather_updated_parameters(double t, const States& st);
+  void account_states(const States& st);
+  void add_overheads();
+  void account_compute(std::int64_t gas, const FirstMicroBatch& first);
+
+  const StepInput& in_;
+  ShardingSpec spec_;  // the plan, normalized for the accounting mode
+  Trace* trace_;
+  CommModel comm_;
+  // The frameworks' own code runs (as measured: tests/costmodel/data/oracle_*.json), not the ZeRO
+  // paper's model states alone nor this project's executor (executor/engine.cpp), whose engine
+  // gathers the embeddings and head apart, reduces in place, steps AdamW in place, keeps
+  // DeepSpeed's stage-3 gradient partition in fp32 and sizes its reduce buckets in bytes.
+  const bool frameworks_;
+  StepResult result_;
+  StateBytes sb_;
+  std::array<UnitInfo, 4> units_;  // embeddings, block, head, checkpointed block
+  int n_units_ = 0;
+  int world_ = 1, shard_ = 1;  // ranks; shard group size
+  Group shard_group_, replica_group_;
+  bool hsdp_ = false;
+  int fwd_prefetch_ = 1;
+  double reduce_b_ = 2, compute_b_ = 2;
+  double flat_grad_b_ = 4;  // bytes per element of DeepSpeed ZeRO-3's flat gradient partition
+  std::array<double, kStreams> free_at_{};  // when each stream is next free
+  std::vector<double> fwd_start_, fwd_end_, bwd_start_, bwd_end_, gathered_free_;
+  std::vector<char> gathered_alive_;
+  std::vector<MemEvent> events_;  // the memory timeline, in time order
+  struct CachedCost {
+    Collective op;
+    int ranks, per_node;
+    double size;
+    CollectiveCost cost;
+  };
+  std::array<CachedCost, 8> cost_cache_{};
+  std::size_t cache_next_ = 0;
+  double pending_reduce_bytes_ = 0;
+  std::vector<int> pending_units_;
+  double reduce_input_done_ = 0;   // FSDP2: when the last reduce-scatter input may be released
+  bool partition_placed_ = false;  // DeepSpeed stages 1/2: the step's gradient partition exists
+  double total_params_ = 0;        // the model's parameters (elements)
+  double kept_grad_bytes_ = 0;     // gradients kept until zero_grad at the end of the step
+  // Context parallelism: the ranks sharing each sequence, their group, and what a block's ring
+  // attention holds and sends (context_ring.hpp).
+  int context_ = 1;
+  Group context_group_;
+  RingAttention ring_;
+  // Blocking collectives: the straggler wait's fraction for the world's ranks, and the compute
+  // issued since the last collective.
+  double straggler_fraction_ = 0;
+  double compute_since_collective_ = 0;
+};
+
+}  // namespace shardplan::costmodel::step_walk

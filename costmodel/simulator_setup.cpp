@@ -1,0 +1,453 @@
+// The step simulator's setup and accounting (simulation.hpp): the plan's check, each unit's
+// sizes, times and activations, the model states' placement, the optimizer step and what the
+// result reports of them.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "costmodel/compute_time.hpp"
+#include "costmodel/context_ring.hpp"
+#include "costmodel/elementwise.hpp"
+#include "costmodel/simulation.hpp"
+#include "costmodel/traffic.hpp"
+
+namespace shardplan::costmodel::step_walk {
+
+bool Simulation::check_plan() {
+  const auto& c = in_.cluster;
+  const auto& s = spec_;
+  const auto& j = in_.job;
+  world_ = c.gpus;
+  shard_ = s.group(world_);
+  hsdp_ = shard_ < world_;
+  if (shard_ > world_ || world_ % shard_ != 0) {
+    fail(fmt::format("shard group of {} does not divide {} GPUs", shard_, world_),
+         "--shard-group-size");
+    return false;
+  }
+  if (j.micro_batch <= 0 || j.global_batch % world_ != 0 ||
+      (j.global_batch / world_) % j.micro_batch != 0) {
+    fail(fmt::format(
+             "micro-batch {} does not divide the per-GPU batch of global batch {} on {} GPUs",
+             j.micro_batch, j.global_batch, world_),
+         "--micro-batch");
+    return false;
+  }
+  if (s.offload != Offload::none && !s.shard_optimizer) {
+    fail(fmt::format("{} cannot offload: offload needs sharded optimizer states (ZeRO or FSDP)",
+                     s.strategy),
+         "--offload");
+    return false;
+  }
+  if (s.offload == Offload::params && !s.shard_parameters) {
+    fail(fmt::format(
+             "{} cannot offload parameters: they are not sharded (zero3, fsdp-full, hsdp can)",
+             s.strategy),
+         "--offload");
+    return false;
+  }
+  if (s.offload == Offload::optimizer &&
+      (s.flavour == Flavour::fsdp1 || s.flavour == Flavour::fsdp2)) {
+    fail("FSDP offloads parameters, gradients and optimizer together (CPUOffload); use offload "
+         "params",
+         "--offload");
+    return false;
+  }
+  return true;
+}
+
+void Simulation::prepare() {
+  prepare_bytes();
+  prepare_unit_sizes();
+  prepare_unit_times();
+  prepare_gathers();
+}
+
+// Bytes per element of the states, the compute dtype and the reduction.
+void Simulation::prepare_bytes() {
+  const auto& j = in_.job;
+  const auto& s = spec_;
+  const bool paper = in_.accounting == Accounting::zero_paper;
+  sb_ = state_bytes(j.precision, s, in_.accounting);
+  // DeepSpeed 0.19.8's stage-3 gradient partition (grad_partitions_flat_buffer) is in the
+  // gradients' dtype, not fp32.
+  flat_grad_b_ = frameworks_ ? sb_.grad : 4.0;
+  if (frameworks_ && s.separate_fp32_master && sb_.master == 0 && j.precision == Precision::fp32) {
+    // DeepSpeed clones each rank's share into an fp32 master partition in fp32 jobs too
+    // (single_partition_of_fp32_groups, fp32_partitioned_groups_flat) and steps on an fp32 copy
+    // of the gradient partition.
+    sb_.master = 4;
+    sb_.step_grad = 4;
+  }
+  compute_b_ = sb_.compute;
+  // Gradients are reduced in the spec's dtype, but never below the dtype they are computed in
+  // (an fp32 job's FSDP/DeepSpeed defaults of bf16 reduction do not apply: its param dtype is
+  // fp32).
+  reduce_b_ = paper ? 2.0 : std::max(dtype_bytes(s.reduce_dtype), sb_.compute);
+  n_units_ = static_cast<int>(in_.model->layers) + 2;
+}
+
+// Elements of each unit kind: parameters, the shardable and gathered ones, GEMM weights and
+// optimizer states.
+void Simulation::prepare_unit_sizes() {
+  const auto& m = *in_.model;
+  const auto& j = in_.job;
+  const auto& s = spec_;
+  const std::int64_t threshold =
+      in_.accounting == Accounting::zero_paper ? 0 : s.persistence_threshold;
+  const UnitTensors* tensors[3] = {&m.embedding, &m.block, &m.head};
+  for (int k = 0; k < 3; ++k) {
+    auto& u = units_[k];
+    const auto& t = *tensors[k];
+    u.params = static_cast<double>(t.params());
+    // The frameworks keep each small tensor whole; the executor a unit whose tensors are all
+    // small (executor/shard_layout.hpp).
+    const std::int64_t persistent =
+        frameworks_ ? persistent_elements(t, threshold) : persistent_unit_elements(t, threshold);
+    u.shardable = s.shard_parameters ? u.params - static_cast<double>(persistent) : u.params;
+    u.gather = s.shard_parameters ? u.shardable : 0;
+    u.matmul = static_cast<double>(t.matmul_params());
+    u.opt_elems = static_cast<double>(optimizer_state_elements(t, j.optimizer));
+  }
+  // The head re-gathers the shared embedding matrix, unless that stays whole (persistent).
+  const double tied =
+      m.tied_embeddings ? static_cast<double>(m.embedding.tensors.front().elements()) : 0.0;
+  const bool tied_sharded =
+      frameworks_ ? tied >= static_cast<double>(threshold) : units_[0].shardable > 0;
+  if (s.shard_parameters && tied > 0 && tied_sharded) units_[2].gather += tied;
+  if (m.tied_embeddings)
+    units_[2].matmul += static_cast<double>(m.embedding.tensors.front().elements());
+  units_[0].matmul = 0;                     // an embedding lookup is a gather, not a GEMM
+  if (s.root_unit && s.shard_parameters) {  // the root gathers the head's parameters with its own
+    units_[0].gather +=
+        units_[2].gather -
+        (m.tied_embeddings ? static_cast<double>(m.embedding.tensors.front().elements()) : 0.0);
+    units_[2].gather = 0;
+  }
+}
+
+// Each unit kind's FLOPs, compute times by kind, recompute and activations.
+void Simulation::prepare_unit_times() {
+  const auto& m = *in_.model;
+  const auto& j = in_.job;
+  const auto& s = spec_;
+  const auto& hw = *in_.hardware;
+  const double tokens = static_cast<double>(j.seq_len * j.micro_batch);
+  const UnitTensors* tensors[3] = {&m.embedding, &m.block, &m.head};
+  // The attention's FLOPs per token grow with the keys it meets: the whole sequence.
+  units_[1].fwd_flops = block_forward_flops_per_token(m, j.seq_len * context_) * tokens;
+  units_[2].fwd_flops = head_forward_flops_per_token(m) * tokens;
+  // Each unit's kernels by kind (costmodel/compute_time.hpp), and the host's work to issue them:
+  // a GPU runs a unit at the slower of the two (kernels queue behind the host), a CPU rank does
+  // both in turn. The executor's own engine has no framework hooks or eager dispatch.
+  // The parameters the forward reads: fp32 under DDP's autocast, the gathered or kept 16-bit
+  // copies under FSDP and DeepSpeed (and the compute dtype when there is one dtype).
+  const Forward f{compute_b_, autocast_copies() ? sb_.param : compute_b_, !hw.is_cpu};
+  const ComputeModel cm(hw, j);
+  const UnitKind unit_kinds[3] = {UnitKind::embedding, UnitKind::block, UnitKind::head};
+  // DeepSpeed hooks every submodule only at stage 3 (it gathers parameters there).
+  const char* framework_key = s.flavour != Flavour::deepspeed ? flavour_name(s.flavour)
+                              : s.shard_parameters            ? "deepspeed_zero3"
+                                                              : "deepspeed_zero12";
+  for (int k = 0; k < 3; ++k) {
+    auto& u = units_[k];
+    const UnitWork w = unit_work(cm, m, j, unit_kinds[k], f, k == 1 ? context_ : 1);
+    HostWork h;
+    if (frameworks_) {
+      const auto& t = tensors[k]->tensors;
+      const auto linears =
+          std::count_if(t.begin(), t.end(), [](const Tensor& x) { return x.is_matrix(); });
+      h = unit_host_work(hw, framework_key, w, static_cast<double>(t.size()),
+                         static_cast<double>(linears));
+    }
+    auto run = [&](const ComputeTimes& device, double host, ComputeTimes& kinds) {
+      const double dev = std::accumulate(device.begin(), device.end(), 0.0);
+      const double t = hw.is_cpu ? dev + host : std::max(dev, host);
+      for (int c = 0; c < kComputeKinds; ++c) kinds[c] += device[c];
+      kinds[static_cast<int>(ComputeKind::host_overhead)] += t - dev;
+      return t;
+    };
+    u.kinds = {};
+    u.fwd_kinds = {};
+    u.fwd_s = run(w.forward, h.forward_s, u.fwd_kinds);
+    u.bwd_s = run(w.backward, h.backward_s, u.kinds);
+    for (int c = 0; c < kComputeKinds; ++c) u.kinds[c] += u.fwd_kinds[c];
+  }
+  // Recompute: a checkpointed block reruns its forward; Megatron's selective recompute reruns the
+  // eager attention core; torchtitan's op-level policy reruns what its save list drops.
+  units_[3] = units_[1];
+  units_[3].recompute_s = units_[1].fwd_s;
+  if (counts_recipe_traffic(j)) {
+    // A recipe's rerun skips what its checkpoint's early stop leaves out (traffic.hpp).
+    const double skipped = block_traffic(m, j, f).forward - recompute_traffic(m, j, f).forward;
+    units_[3].recompute_s -= std::min(
+        cm.traffic_s(skipped), units_[1].fwd_kinds[static_cast<int>(ComputeKind::memory_bound)]);
+  }
+  const ComputeTimes selective = block_recompute(cm, m, j, f);
+  units_[1].recompute_s = std::accumulate(selective.begin(), selective.end(), 0.0);
+  units_[0].act = embedding_activations(m, j, f);
+  units_[1].act = block_activations(m, j, f, false);
+  units_[3].act = block_activations(m, j, f, true);
+  units_[2].act = head_activations(m, j, f);
+  ring_ = ring_attention(m, j, context_);
+  // Mesh order dp, cp (tensor parallelism 1): the ring's ranks are neighbours.
+  context_group_ = {context_, std::min(context_, in_.cluster.gpus_per_node)};
+}
+
+// The shard and replica groups, the forward prefetch, each unit kind's all-gather, and the
+// cleared timeline.
+void Simulation::prepare_gathers() {
+  const auto& s = spec_;
+  const auto& hw = *in_.hardware;
+  const int G = in_.cluster.gpus_per_node;
+  shard_group_ = {shard_, std::min(shard_, G)};
+  replica_group_ = {world_ / shard_, std::max(1, G / shard_)};
+  fwd_prefetch_ = s.forward_prefetch;
+  if (s.prefetch_bucket_elems > 0 && units_[1].gather > 0)
+    fwd_prefetch_ = std::max(1, static_cast<int>(s.prefetch_bucket_elems / units_[1].gather));
+
+  // Every unit of a kind gathers the same bytes: cost the all-gather once per kind.
+  for (auto& u : units_) {
+    u.gather_bytes = u.gather * compute_b_;
+    if (u.gather_bytes <= 0) continue;
+    const auto c = comm_.cost(Collective::all_gather, shard_group_, u.gather_bytes);
+    u.gather_s = c.seconds;
+    u.gather_sent = c.bytes_sent;
+    result_.calibrated_comm |= c.calibrated;
+    result_.extrapolated_comm |= c.extrapolated;
+    if (s.offload == Offload::params)
+      u.gather_s += u.shardable / shard_ * compute_b_ / hw.host_link_Bps;
+  }
+  const auto n = static_cast<std::size_t>(n_units_);
+  fwd_start_.assign(n, 0);
+  fwd_end_.assign(n, 0);
+  bwd_start_.assign(n, 0);
+  bwd_end_.assign(n, 0);
+  gathered_free_.assign(n, 0);
+  gathered_alive_.assign(n, 0);
+  events_.clear();
+  events_.reserve(n * 12);
+  for (auto& e : cost_cache_) e.size = -1;
+}
+
+std::optional<Simulation::States> Simulation::place_states() {
+  const auto& m = *in_.model;
+  const auto& hw = *in_.hardware;
+  const auto& s = spec_;
+  const double S = shard_;
+  States st;
+  for (int k = 0; k < 3; ++k) {
+    const double count = k == 1 ? static_cast<double>(m.layers) : 1.0;
+    const auto& u = units_[k];
+    const double whole = u.params - (s.shard_parameters ? u.shardable : 0);
+    const double sharded = s.shard_parameters ? u.shardable / S : 0;
+    st.param_bytes += count * sb_.param * (whole + (s.offload == Offload::params ? 0 : sharded));
+    const double opt_div = s.shard_optimizer ? S : 1.0;
+    st.opt_bytes += count * (sb_.master * u.params + sb_.moment * u.opt_elems) / opt_div;
+    st.total_params += count * u.params;
+    st.local_opt_params += count * u.params / opt_div;
+  }
+  total_params_ = st.total_params;
+  if (s.offload != Offload::none) {
+    // Host memory: the node's CPUs hold every local GPU's offloaded optimizer states (fp32
+    // master and moments), its fp32 gradient partition, and with parameter offload the sharded
+    // parameters, all pinned (DeepSpeed's offload_optimizer/offload_param with pin_memory; FSDP's
+    // CPUOffloadPolicy(pin_memory=True)).
+    double host_per_gpu = st.opt_bytes + st.local_opt_params * 4.0;
+    if (s.offload == Offload::params) host_per_gpu += st.local_opt_params * sb_.param;
+    const int gpus_on_node = std::min(in_.cluster.gpus, in_.cluster.gpus_per_node);
+    result_.host_bytes_per_node = host_per_gpu * gpus_on_node;
+    if (result_.host_bytes_per_node > hw.host_memory_bytes) {
+      fail(
+          fmt::format(
+              "offload needs {:.1f} GiB of host memory per node ({} GPUs x {:.1f} GiB of optimizer "
+              "states, gradients{}), the node has {:.1f} GiB",
+              result_.host_bytes_per_node / 1073741824.0, gpus_on_node, host_per_gpu / 1073741824.0,
+              s.offload == Offload::params ? " and parameters" : "",
+              hw.host_memory_bytes / 1073741824.0),
+          "--offload");
+      return std::nullopt;
+    }
+    st.opt_bytes = 0;
+  }
+  mem(0, st.param_bytes, Category::parameters, Phase::setup, -1, 0);
+  mem(0, st.opt_bytes, Category::optimizer_states, Phase::setup, -1, 0);
+  if (s.grad_bucket_copy && in_.accounting == Accounting::framework)
+    mem(0, st.total_params * sb_.grad, Category::buffers, Phase::setup, -1, 0);
+  if (persistent_flat_partition())
+    mem(0, st.total_params / shard_ * flat_grad_b_, Category::gradients, Phase::setup, -1, 0);
+  if (s.contiguous_grad_bucket && in_.accounting == Accounting::framework && !backward_bucket()) {
+    // The spec's bucket is in bytes: DeepSpeed's reduce_bucket_size elements of the reduce
+    // dtype, sized where the plan is made (planner's with_job_precision, the DeepSpeed import;
+    // deepspeed/runtime/zero/stage_1_and_2.py, ipg_buckets). DeepSpeed 0.19.8 keeps one bucket
+    // per dtype in every stage (measured: tests/costmodel/data/oracle_deepspeed.json), and so
+    // does the executor.
+    mem(0, s.reduce_bucket_bytes, Category::buffers, Phase::setup, -1, 0);
+  }
+  return st;
+}
+
+// Bandwidth-bound over the local shard (read gradient, read and write master and moments, write
+// parameters), or on the host when offloaded.
+double Simulation::optimizer_step(double t, const States& states) {
+  t = spec_.offload == Offload::none ? device_optimizer(t, states) : host_optimizer(t, states);
+  return gather_updated_parameters(t, states);
+}
+
+double Simulation::device_optimizer(double t, const States& states) {
+  const auto& m = *in_.model;
+  const auto& hw = *in_.hardware;
+  const auto& j = in_.job;
+  const auto& s = spec_;
+  const double S = shard_;
+  const double local_opt_params = states.local_opt_params;
+  double opt_elems_local = 0;
+  for (int k = 0; k < 3; ++k)
+    opt_elems_local += (k == 1 ? static_cast<double>(m.layers) : 1.0) * units_[k].opt_elems /
+                       (s.shard_optimizer ? S : 1.0);
+  // DeepSpeed stages 1/2 flatten the partition's gradients into a new tensor of their dtype and
+  // cast that to fp32 (stage_1_and_2.py, step: flatten(averaged_gradients).to(fp32)), so in a
+  // mixed-precision job both copies are alive at once; stage 3 casts its flat partition as it
+  // is.
+  const double flatten_b =
+      frameworks_ && s.separate_fp32_master && !s.flat_grad_partition && sb_.grad < sb_.step_grad
+          ? sb_.grad
+          : 0.0;
+  const double step_copies = sb_.step_grad + flatten_b;
+  const double bytes =
+      local_opt_params * (sb_.grad + sb_.step_grad + 2 * flatten_b + 2 * sb_.master + sb_.param) +
+      2 * opt_elems_local * sb_.moment;
+  const double bw = hw.calibration && hw.calibration->memory_bandwidth_Bps
+                        ? *hw.calibration->memory_bandwidth_Bps
+                        : hw.hbm_bandwidth_Bps;
+  const double dur = bytes / bw;
+  const double st = issue(Stream::compute, t, Stream::compute, dur, "optimizer step", -1);
+  mem(st, local_opt_params * step_copies, Category::gradients, Phase::optimizer, -1, 1);
+  mem(st + dur, -local_opt_params * step_copies, Category::gradients, Phase::optimizer, -1, 1);
+  // torch.optim.Adam/AdamW with foreach (the default on GPUs; torch/optim/adam.py,
+  // _multi_tensor_adam) first writes sqrt(exp_avg_sq) of every local parameter into new
+  // tensors: one intermediate of the local shard in the state dtype. DeepSpeed's FusedAdam
+  // updates in place.
+  const bool foreach_adam = frameworks_ && s.flavour != Flavour::deepspeed &&
+                            (j.optimizer == Optimizer::adam || j.optimizer == Optimizer::adamw);
+  if (foreach_adam) {
+    mem(st, local_opt_params * sb_.moment, Category::optimizer_states, Phase::optimizer, -1, 1);
+    mem(st + dur, -local_opt_params * sb_.moment, Category::optimizer_states, Phase::optimizer, -1,
+        1);
+  }
+  result_.optimizer_s = dur;
+  return st + dur;
+}
+
+double Simulation::host_optimizer(double t, const States& states) {
+  const auto& hw = *in_.hardware;
+  const auto& s = spec_;
+  const double local_opt_params = states.local_opt_params;
+  // CPU optimizer (DeepSpeed's CPUAdam; torch.optim.AdamW on CPU tensors under FSDP's
+  // CPUOffload): the node's CPUs update every local shard of its GPUs, then the updated
+  // parameters return over the host link.
+  const double rate =
+      hw.host_optimizer_rate(s.flavour == Flavour::deepspeed ? "deepspeed" : "torch");
+  const double cpu = local_opt_params * in_.cluster.gpus_per_node / rate;
+  const double h2d = local_opt_params * sb_.compute / hw.host_link_Bps;
+  const double st = issue(Stream::host, t, Stream::compute, cpu, "CPU optimizer step", -1);
+  if (trace_ && cpu > 0) trace_->spans.back().host_cpu = true;
+  issue(Stream::host, st + cpu, Stream::compute, h2d, "parameters to device", -1);
+  result_.host_optimizer_s = cpu;
+  if (!hw.collectives_block) result_.exposed_s[static_cast<int>(Stream::host)] += cpu + h2d;
+  free_at_[0] = st + cpu + h2d;
+  return free_at_[0];
+}
+
+double Simulation::gather_updated_parameters(double t, const States& states) {
+  const auto& hw = *in_.hardware;
+  const auto& s = spec_;
+  // ZeRO-3: the persistent parameters (kept whole, below stage3_param_persistence_threshold)
+  // are all-gathered from their updated partitions once the step is done (stage3.py, _post_step:
+  // persistent_parameters[0].all_gather: one call per tensor, costed as one of their total),
+  // outside the backward's overlap.
+  const double persistent = persistent_params();
+  if (persistent > 0) {
+    const double dur = coll(Collective::all_gather, shard_group_, persistent * compute_b_);
+    const double st =
+        issue(Stream::all_gather, t, Stream::compute, dur, "persistent parameter all-gather", -1);
+    if (!hw.collectives_block) result_.exposed_s[static_cast<int>(Stream::all_gather)] += dur;
+    free_at_[0] = st + dur;
+    t = st + dur;
+  }
+  // ZeRO-1/2: every rank all-gathers the updated parameters it does not own.
+  if (s.shard_optimizer && !s.shard_parameters) {
+    const double dur = bucketed(Collective::all_gather, shard_group_,
+                                states.total_params * sb_.compute, s.allgather_bucket_bytes);
+    const double st =
+        issue(Stream::all_gather, t, Stream::compute, dur, "parameter all-gather", -1);
+    if (!hw.collectives_block) result_.exposed_s[static_cast<int>(Stream::all_gather)] += dur;
+    free_at_[0] = st + dur;
+    t = st + dur;
+  }
+  return t;
+}
+
+void Simulation::account_states(const States& states) {
+  const auto& m = *in_.model;
+  const auto& s = spec_;
+  const double S = shard_;
+  result_.model_states[static_cast<int>(Category::parameters)] = states.param_bytes;
+  result_.model_states[static_cast<int>(Category::optimizer_states)] = states.opt_bytes;
+  double grads = 0;
+  for (int k = 0; k < 3; ++k) {
+    const double count = k == 1 ? static_cast<double>(m.layers) : 1.0;
+    const double g = s.shard_gradients
+                         ? units_[k].params / S * (s.flat_grad_partition ? flat_grad_b_ : sb_.grad)
+                         : units_[k].params * sb_.grad;
+    grads += count * g;
+  }
+  if (s.offload != Offload::none && s.shard_gradients) grads = 0;
+  result_.model_states[static_cast<int>(Category::gradients)] = grads;
+}
+
+// Overheads outside the allocator's view: CUDA context, NCCL workspace, fragmentation reserve.
+void Simulation::add_overheads() {
+  const auto& hw = *in_.hardware;
+  const double frag = hw.fragmentation * result_.allocated_peak_bytes;
+  const double overhead = hw.cuda_context_bytes + hw.nccl_workspace_bytes + frag;
+  result_.reserve_bytes = frag;
+  result_.device_bytes = hw.cuda_context_bytes + hw.nccl_workspace_bytes;
+  result_.at_peak[static_cast<int>(Category::overhead)] += overhead;
+  result_.peak_bytes = result_.allocated_peak_bytes + overhead;
+}
+
+// Time of the step: all micro-batches. compute busy time scales the same way.
+void Simulation::account_compute(std::int64_t gas, const FirstMicroBatch& first) {
+  double compute_per_mb = 0;
+  for (int u = 0; u < n_units_; ++u) {
+    const auto& ui = info(u);
+    compute_per_mb += ui.fwd_s + ui.bwd_s + ui.recompute_s;
+    result_.forward_per_mb_s += ui.fwd_s;
+    result_.backward_per_mb_s += ui.bwd_s + ui.recompute_s;
+  }
+  result_.compute_s = compute_per_mb * static_cast<double>(gas) + result_.optimizer_s;
+  double recompute_per_mb = 0;
+  for (int u = 0; u < n_units_; ++u) recompute_per_mb += info(u).recompute_s;
+  result_.recompute_s = recompute_per_mb * static_cast<double>(gas);
+  for (int u = 0; u < n_units_; ++u)
+    for (int c = 0; c < kComputeKinds; ++c)
+      result_.compute_by_kind_s[c] += info(u).kinds[c] * static_cast<double>(gas);
+  result_.compute_by_kind_s[static_cast<int>(ComputeKind::recompute)] = result_.recompute_s;
+  result_.compute_by_kind_s[static_cast<int>(ComputeKind::optimizer)] = result_.optimizer_s;
+  if (gas > 1) {  // the first simulated micro-batch stands for gas − 1 of them
+    const double extra = static_cast<double>(gas - 2);
+    for (int k = 0; k < kStreams; ++k) {
+      result_.busy_s[k] += extra * first.busy[k];
+      result_.exposed_s[k] += extra * first.exposed[k];
+    }
+    result_.comm_bytes_per_gpu += extra * first.bytes;
+    for (int k = 0; k < kCollectives; ++k)
+      result_.comm_bytes_by_op[k] += extra * first.bytes_by_op[k];
+  }
+}
+
+}  // namespace shardplan::costmodel::step_walk
