@@ -1,7 +1,8 @@
 // What each recipe's training code does, as data: one row per framework (recipe.cpp, kRecipes).
 // The cost model, the search, the emitters and the checks read these fields; none of them asks
-// which recipe runs. Adding a framework is a row here (and its corpus cases); a row that needs a
-// behaviour no field describes adds the field, and the one place that reads it.
+// which recipe runs. Adding a framework is its Recipe value (documents/job.hpp), its row here and
+// its corpus cases; a row that needs a behaviour no field describes adds the field, and the one
+// place that reads it.
 #pragma once
 
 #include <cstdint>

@@ -101,9 +101,9 @@ def long_files(files):
     for name in sorted(set(files) | set(python.stdout.splitlines())):
         if name.startswith("tests/") or not Path(name).is_file():
             continue
-        lines = Path(name).read_text(errors="replace").split("\n")
-        if len(lines) - (lines[-1] == "") > FILE_LIMIT:
-            yield len(lines) - 1, name, any(FILE_REASON.match(line) for line in lines[:20])
+        lines = Path(name).read_text(errors="replace").splitlines()
+        if len(lines) > FILE_LIMIT:
+            yield len(lines), name, any(FILE_REASON.match(line) for line in lines[:20])
 
 
 if __name__ == "__main__":
