@@ -1,5 +1,6 @@
 #include "comm/nccl_communicator.hpp"
 
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -106,8 +107,10 @@ ncclConfig_t nonblocking_config() {
 void wait_until_created(ncclComm_t comm, const char* call) {
   for (;;) {
     ncclResult_t state = ncclSuccess;
-    check_nccl(ncclCommGetAsyncError(comm, &state), "ncclCommGetAsyncError", comm, __FILE__,
-               __LINE__);
+    // A creation that failed on its way may leave no communicator to poll; NCCL then answers the
+    // poll itself with the error, which is the creation's.
+    const ncclResult_t polled = ncclCommGetAsyncError(comm, &state);
+    if (polled != ncclSuccess) check_nccl(polled, call, nullptr, __FILE__, __LINE__);
     if (state != ncclInProgress) {
       check_nccl(state, call, comm, __FILE__, __LINE__);
       return;
@@ -132,10 +135,10 @@ ncclComm_t init_rank(int ranks, const ncclUniqueId& id, int rank) {
 void check_nccl(ncclResult_t code, const char* call, ncclComm_t comm, const char* file, int line) {
   if (code == ncclSuccess) return;
   std::string message = fmt::format("{} failed: {}", call, ncclGetErrorString(code));
-  if (comm != nullptr) {
-    const char* last = ncclGetLastError(comm);
-    if (last != nullptr && *last != '\0') message += fmt::format(" ({})", last);
-  }
+  // NCCL's last warning of this thread (its comm argument is unused: nccl.h), also where the call
+  // failed before a communicator existed.
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') message += fmt::format(" ({})", last);
   throw CommError(message, file, line);
 }
 
@@ -386,6 +389,20 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
   ncclComm_t part = nullptr;
   // A null config: the new communicator inherits this one's (non-blocking).
   enqueue("ncclCommSplit", [&] { return ncclCommSplit(comm_, color, key, &part, nullptr); });
+  // Non-blocking, NCCL's creation job writes the new communicator into `part` when it ends, with
+  // or without success (NCCL 2.28's init.cc, ncclCommInitRankFunc: an atomic store), not when
+  // ncclCommSplit returns: until then `part` is null, and this one's errors are the split's.
+  const std::atomic_ref<ncclComm_t> created(part);
+  while (created.load(std::memory_order_acquire) == nullptr) {
+    {
+      std::lock_guard lock(abort_mutex_);
+      throw_if_aborted();
+      ncclResult_t state = ncclSuccess;
+      SHARDPLAN_NCCL_CALL(comm_, ncclCommGetAsyncError, comm_, &state);
+      if (state != ncclInProgress) check_nccl(state, "ncclCommSplit", comm_, __FILE__, __LINE__);
+    }
+    std::this_thread::yield();
+  }
   wait_until_created(part, "ncclCommSplit");
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
       part, device_, host_group_ != nullptr ? host_group_->split(color, key) : nullptr));

@@ -24,8 +24,10 @@
 # It ends with one table (also LOGDIR/table.txt): per strategy the predicted and measured peak
 # memory and step time, the prediction's error ((predicted - measured) / measured, as `planner
 # validate` reports it) and the MFU of the measured step. Every command's output is in LOGDIR;
-# a failing step ends the script with one line naming it and its log. Sized to finish within 8
-# minutes on one H200 (the build is most of it): few sweep sizes and iterations, short runs.
+# a failing step ends the script with one line naming it and its log. Few sweep sizes and
+# iterations, short runs; on one H200 (16 cores) the parts took: configure and build 57-74 s, the
+# GPU tests 46 s (CTEST_PARALLEL_LEVEL=6), calibration 3 s, a real one-GPU run 46 s (ddp) and
+# 103 s (zero2), most of it the executor's start, a rehearsal 6-48 s: about 8 minutes in all.
 #
 # Environment: BUILD_DIR (default build/gpu-check), STEPS (executor steps, default 8; the times
 # are medians of steps 2..STEPS), PRECISION (default bf16-mixed; fp32, fp16-mixed),
