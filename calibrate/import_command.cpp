@@ -60,20 +60,40 @@ CurveKey key_of(const NcclTestsLog& log, const ImportOptions& options) {
   return key;
 }
 
+// A log's curves describe the GPUs its rank lines name: merged into a profile of another GPU they
+// would be that GPU's curves. Refused unless --force, which the notes then say.
+void check_same_gpu(const std::vector<NcclTestsLog>& logs, const nlohmann::json& profile,
+                    const ImportOptions& options, std::ostream& notes) {
+  const std::string gpu = profile.value("gpu", nlohmann::json::object()).value("name", "");
+  for (const auto& log : logs)
+    for (const auto& device : log.devices) {
+      if (device == gpu) continue;
+      const std::string what = fmt::format("{} ran on {}, {} describes {}", log.path, device,
+                                           options.into, gpu.empty() ? "no named GPU" : gpu);
+      if (!options.force)
+        throw core::InputError("--into", what + "; give --force to merge it anyway");
+      fmt::print(notes, "# --force: {}; merged anyway\n", what);
+    }
+}
+
 }  // namespace
 
-int run_import(const ImportOptions& given, std::ostream& out) {
+int run_import(const ImportOptions& given, std::ostream& out, std::ostream& notes) {
   ImportOptions options = given;
+  // `-o -`: the document on standard output, as without --out and --into.
+  const bool to_stdout = options.out == "-";
+  if (to_stdout) options.out.clear();
   if (!options.into.empty())
     options.into = into_profile_path(options.into);  // a profile's name, or a path
   if (!options.out.empty())
     core::check_destination(options.out, "--out");
-  else if (!options.into.empty())
-    core::check_destination(options.into, "--into");
+  else if (!options.into.empty() && !to_stdout)
+    core::check_destination(merge_destination(options.into, ""), "--into");
   const nlohmann::json profile =
       options.into.empty() ? nlohmann::json() : read_profile_for_merge(options.into);
   std::vector<NcclTestsLog> logs;
   for (const auto& path : options.logs) logs.push_back(read_nccl_tests_log(path));
+  if (!options.into.empty()) check_same_gpu(logs, profile, options, notes);
 
   std::map<CurveKey, std::vector<documents::MeasuredSample>> samples;
   std::map<CurveKey, std::vector<std::string>> sources;
@@ -102,9 +122,9 @@ int run_import(const ImportOptions& given, std::ostream& out) {
   record.ranks = ranks;
   for (auto& [key, s] : samples) {
     FittedCurve curve{key.op, key.ranks, key.tier, fit_piecewise(s, options.fit)};
-    fmt::print(out, "# {}, {} ranks, {} (from {}):\n", documents::traits(key.op).name, key.ranks,
+    fmt::print(notes, "# {}, {} ranks, {} (from {}):\n", documents::traits(key.op).name, key.ranks,
                documents::tier_name(key.tier), fmt::join(sources[key], ", "));
-    print_fit(out, curve.fit);
+    print_fit(notes, curve.fit);
     record.curves.push_back(std::move(curve));
   }
   record.extra = {
@@ -118,17 +138,22 @@ int run_import(const ImportOptions& given, std::ostream& out) {
       out << core::json_text(document, 2) << '\n';
     } else {
       core::write_file(options.out, core::json_text(document, 2) + "\n", "--out");
-      fmt::print(out, "# wrote the calibration section to {}\n", options.out);
+      fmt::print(notes, "# wrote the calibration section to {}\n", options.out);
     }
     return 0;
   }
   const nlohmann::json merged = merge_calibration(profile, section);
-  const std::string target = options.out.empty() ? options.into : options.out;
+  if (to_stdout) {
+    documents::hardware_from_json(merged, std::filesystem::path(options.into).stem().string());
+    out << core::json_text(merged, 2) << '\n';
+    return 0;
+  }
+  const std::string target = merge_destination(options.into, options.out);
   documents::hardware_from_json(merged,
                                 std::filesystem::path(target).stem().string());  // validates
   core::write_file(target, core::json_text(merged, 2) + "\n",
                    options.out.empty() ? "--into" : "--out");
-  fmt::print(out, "# wrote {} (calibration merged into {})\n", target, options.into);
+  fmt::print(notes, "# wrote {} (calibration merged into {})\n", target, options.into);
   return 0;
 }
 

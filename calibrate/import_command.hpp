@@ -8,7 +8,9 @@
 
 namespace shardplan::calibrate {
 
-// Returns the exit code; throws core::InputError for bad logs, flags or files.
-int run_import(const ImportOptions& options, std::ostream& out);
+// Returns the exit code; throws core::InputError for bad logs, flags or files. `out` receives the
+// document when it goes to standard output (no --out and no --into, or `-o -`) and nothing else;
+// the fits and what was written go to `notes`, so that `out` parses as JSON.
+int run_import(const ImportOptions& options, std::ostream& out, std::ostream& notes);
 
 }  // namespace shardplan::calibrate

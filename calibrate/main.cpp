@@ -54,7 +54,7 @@ int run(int argc, char** argv) {
   case calibrate::CommandLine::Command::import_overheads:
     try {
       return command_line.command == calibrate::CommandLine::Command::import_logs
-                 ? calibrate::run_import(command_line.import, std::cout)
+                 ? calibrate::run_import(command_line.import, std::cout, std::cerr)
                  : calibrate::run_import_overheads(command_line.overheads, std::cout);
     } catch (const core::InputError& e) {
       fmt::print(stderr, "calibrate: {}\n", e.what());

@@ -73,9 +73,9 @@ Preflight preflight(const MeasureOptions& o, const comm::Topology& topology) {
                      "and bandwidth); "
                      "skip them only with --into PROFILE");
   }
-  p.out_path = !o.out.empty()    ? o.out
-               : !o.into.empty() ? p.into_path
-                                 : fmt::format("calibrated-{}.json", topology.hosts.front());
+  p.out_path = !o.into.empty()  ? merge_destination(p.into_path, o.out)
+               : !o.out.empty() ? o.out
+                                : fmt::format("calibrated-{}.json", topology.hosts.front());
   p.out_flag = o.out.empty() && !o.into.empty() ? "--into" : "--out";
   core::check_destination(p.out_path, p.out_flag);
   if (o.gemm || o.attention_seq > 0) {

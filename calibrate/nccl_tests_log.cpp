@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 
@@ -90,8 +91,42 @@ namespace {
 // Where the columns of the table are, from its header line.
 struct TableColumns {
   std::size_t time = 0;  // index of the out-of-place time among a row's words
-  std::optional<std::size_t> type, wrong;
+  std::optional<std::size_t> count, type, wrong;
 };
+
+// Bytes of an element of nccl-tests' type names (src/common.cu, test_typenames); 0: unknown.
+double type_bytes(const std::string& type) {
+  static const std::pair<const char*, double> kTypes[] = {
+      {"int8", 1},   {"uint8", 1},  {"int32", 4},    {"uint32", 4},  {"int64", 8},
+      {"uint64", 8}, {"half", 2},   {"float", 4},    {"double", 8},  {"bfloat16", 2},
+      {"f8e4m3", 1}, {"f8e5m2", 1}, {"fp8_e4m3", 1}, {"fp8_e5m2", 1}};
+  for (const auto& [name, bytes] : kTypes)
+    if (type == name) return bytes;
+  return 0;
+}
+
+// The rows a run can have measured: a finite time of at most kMaxRowTimeUs; a size that is the
+// count times the type's bytes, once (all_reduce, broadcast, ...) or once per rank (all_gather
+// and reduce_scatter count every rank's part; the log's rank lines say how many, else up to
+// 2^20); an algorithm bandwidth of at most kMaxAlgorithmBandwidth.
+std::string impossible_row(double size, double time_us, std::optional<double> count,
+                           double element_bytes, int ranks) {
+  if (!std::isfinite(time_us) || time_us > kMaxRowTimeUs)
+    return fmt::format("a time of {} us is not a measurement (at most {} us, an hour)", time_us,
+                       kMaxRowTimeUs);
+  if (count && element_bytes > 0 && size > 0) {
+    const double ratio = size / (*count * element_bytes);
+    const bool whole = ratio >= 1 && ratio == std::floor(ratio);
+    if (!whole || (ranks > 0 ? ratio != 1 && ratio != ranks : ratio > 1048576))
+      return fmt::format("size {} is not the count {} times {} bytes{}", size, *count,
+                         element_bytes,
+                         ranks > 0 ? fmt::format(" (times 1 or {} ranks)", ranks) : "");
+  }
+  if (size / (time_us * 1e-6) > kMaxAlgorithmBandwidth)
+    return fmt::format("{} bytes in {} us is {:.4g} GB/s, beyond any link ({} GB/s at most)", size,
+                       time_us, size / (time_us * 1e-6) / 1e9, kMaxAlgorithmBandwidth / 1e9);
+  return "";
+}
 
 // A comment line before the table: a rank line ("#  Rank  3 Group  0 Pid  1234 on node01
 // device  3 [0x..] NVIDIA ...") or the column headers. Returns the columns at the header line.
@@ -110,6 +145,19 @@ std::optional<TableColumns> read_comment_before_table(const std::vector<std::str
     if (on != columns.end() && on + 1 != columns.end() &&
         std::find(log.hosts.begin(), log.hosts.end(), *(on + 1)) == log.hosts.end())
       log.hosts.push_back(*(on + 1));
+    // "... device  3 [0x47] NVIDIA A100-SXM4-80GB": the name is the rest of the line.
+    const auto bus = std::find_if(columns.begin(), columns.end(),
+                                  [](const std::string& w) { return w.rfind("[0x", 0) == 0; });
+    if (bus != columns.end() && bus + 1 != columns.end()) {
+      std::string device;
+      for (auto w = bus + 1; w != columns.end(); ++w) {
+        if (!is_printable_ascii(*w))
+          throw InputError(where, "the device name after the bus id is not printable ASCII");
+        device += (device.empty() ? "" : " ") + *w;
+      }
+      if (std::find(log.devices.begin(), log.devices.end(), device) == log.devices.end())
+        log.devices.push_back(device);
+    }
     return std::nullopt;
   }
   const auto time = std::find(columns.begin(), columns.end(), "time");
@@ -120,6 +168,9 @@ std::optional<TableColumns> read_comment_before_table(const std::vector<std::str
   const auto type = std::find(columns.begin(), columns.end(), "type");
   if (type != columns.end() && type < time)
     table.type = static_cast<std::size_t>(type - columns.begin());
+  const auto count = std::find(columns.begin(), columns.end(), "count");
+  if (count != columns.end() && count < time)
+    table.count = static_cast<std::size_t>(count - columns.begin());
   // time, algbw, busbw, then "#wrong" (or "error" in older versions)
   if (table.time + 3 < columns.size()) table.wrong = table.time + 3;
   return table;
@@ -157,6 +208,12 @@ void read_row(const std::string& line, const std::vector<std::string>& words,
       throw InputError(where, fmt::format("the log mixes types {} and {}; give one type per log",
                                           log.data_type, type));
   }
+  std::optional<double> count;
+  if (table.count && words.size() > *table.count && is_unsigned_integer(words[*table.count]))
+    count = to_number(words[*table.count]);
+  const std::string impossible =
+      impossible_row(size, time_us, count, type_bytes(log.data_type), log.ranks);
+  if (!impossible.empty()) throw InputError(where, impossible);
   if (size == 0) return;
   log.samples.push_back({size, time_us * 1e-6});
 }

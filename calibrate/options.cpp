@@ -207,12 +207,16 @@ CLI::App* add_import_command(CLI::App& app, ImportOptions& imp, ImportTexts& t) 
       ->add_option("--op", t.op,
                    "collective measured [default: from each log's header or file name]")
       ->type_name("NAME");
-  import_command->add_option("--out,-o", imp.out, "file to write")->type_name("FILE");
+  import_command->add_option("--out,-o", imp.out, "file to write (-: standard output)")
+      ->type_name("FILE");
   import_command
       ->add_option("--into", imp.into,
                    "existing profile to merge the calibration into: a file, or a name "
-                   "under\nhardware_profiles/ as planner --hardware takes it")
+                   "under\nhardware_profiles/ as planner --hardware takes it (a shipped profile "
+                   "is read-only:\nthe merged one goes to --out)")
       ->type_name("PROFILE");
+  import_command->add_flag("--force", imp.force,
+                           "merge logs whose rank lines name another GPU than the profile's");
   return import_command;
 }
 

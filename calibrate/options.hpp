@@ -59,6 +59,7 @@ struct ImportOptions {
   std::optional<documents::Collective> op;  // overrides the test named in the log
   std::string out;
   std::string into;
+  bool force = false;  // merge logs of another GPU than the profile's (said on the notes)
   FitOptions fit;
 };
 

@@ -35,17 +35,20 @@ bool measured(const json& flavours, const char* name) {
   return flavours.contains(name) && flavours[name].is_object() && !flavours[name].contains("error");
 }
 
-json unit_tensor_fit(const json& flavour, const std::string& pointer) {
+// What a measured time can be: from 0 up to the measuring run's own duration (`limit_us`).
+Range measured_time(double limit_us) { return Range::between(0.0, limit_us); }
+
+json unit_tensor_fit(const json& flavour, const std::string& pointer, double limit_us) {
   ObjectReader r(flavour, pointer);
   json out = json::object();
-  for (const char* key : kTimes) out[key] = r.number(key, Range::non_negative());
+  for (const char* key : kTimes) out[key] = r.number(key, measured_time(limit_us));
   return out;
 }
 
 // DeepSpeed ZeRO-3 hooks every submodule: its fit with a term per Linear submodule
 // (measure_overheads.py's fit_with_submodules: extra = step + unit*units + submodule*submodules
 // + tensor*tensors), whose per-step constant the profile leaves out as for the other flavours.
-json zero3_fit(const json& deepspeed, const std::string& pointer) {
+json zero3_fit(const json& deepspeed, const std::string& pointer, double limit_us) {
   ObjectReader r(deepspeed, pointer);
   ObjectReader fit(r.object("fit_with_submodules"), pointer + "/fit_with_submodules");
   json out = json::object();
@@ -54,7 +57,7 @@ json zero3_fit(const json& deepspeed, const std::string& pointer) {
     ObjectReader d(fit.object(direction), at);
     ObjectReader c(d.object("coefficients_us"), at + "/coefficients_us");
     for (const char* term : {"unit", "submodule", "tensor"})
-      out[fmt::format("{}_{}_us", direction, term)] = c.number(term, Range::non_negative());
+      out[fmt::format("{}_{}_us", direction, term)] = c.number(term, measured_time(limit_us));
   }
   return out;
 }
@@ -88,7 +91,9 @@ void read_host_optimizer(const json& m, MeasuredOverheads& out) {
   for (const auto& [family, key] : families) {
     const std::string at = o.pointer_of(key);
     ObjectReader k(o.object(key), at);
-    const double rate = k.number("Gparams_per_s", Range::positive());
+    // AdamW reads 16 and writes 12 bytes per parameter: 500 Gparams/s would move 14 TB/s, ten
+    // times the memory bandwidth of a two-socket host.
+    const double rate = k.number("Gparams_per_s", Range{0.0, 500.0, true});
     const auto threads = k.optional_integer("threads", Range::positive());
     rates[family] = rate;
     said.push_back(fmt::format("{} {} Gparams/s{}", key, rate,
@@ -110,22 +115,28 @@ MeasuredOverheads overheads_from_measurement(const json& m) {
   if (const auto v = r.integer("schema_version"); v != 1)
     throw InputError("/schema_version", fmt::format("must be 1, got {}", v));
 
+  // Every time is bounded by the run that measured it (its elapsed_s), or by an hour where the
+  // file does not say.
+  const double limit_us =
+      1e6 * r.optional_number("elapsed_s", Range{0.0, 2.6e6, true}).value_or(3600.0);
   MeasuredOverheads out;
   json flavours_out = json::object();
   std::vector<std::string> names;
   if (const json* flavours = r.optional_object("flavours")) {
     for (const char* name : kUnitTensorFlavours) {
       if (!measured(*flavours, name)) continue;
-      flavours_out[name] = unit_tensor_fit((*flavours)[name], fmt::format("/flavours/{}", name));
+      flavours_out[name] =
+          unit_tensor_fit((*flavours)[name], fmt::format("/flavours/{}", name), limit_us);
       names.push_back(name);
     }
     if (measured(*flavours, "deepspeed")) {
-      flavours_out["deepspeed_zero3"] = zero3_fit((*flavours)["deepspeed"], "/flavours/deepspeed");
+      flavours_out["deepspeed_zero3"] =
+          zero3_fit((*flavours)["deepspeed"], "/flavours/deepspeed", limit_us);
       names.push_back("deepspeed_zero3 (from deepspeed's fit_with_submodules)");
     }
   }
   out.framework = {
-      {"op_dispatch_us", r.number("op_dispatch_autograd_us", Range::non_negative())},
+      {"op_dispatch_us", r.number("op_dispatch_autograd_us", measured_time(limit_us))},
       {"flavours", flavours_out},
       {"source",
        fmt::format("measured with the frameworks' own code by {} ({}): op_dispatch_us is its "
@@ -166,14 +177,18 @@ json merge_overheads(const json& profile, const MeasuredOverheads& measured) {
 
 int run_import_overheads(const OverheadsImportOptions& options, std::ostream& out) {
   const std::string into = into_profile_path(options.into);  // a profile's name, or a path
-  const std::string target = options.out.empty() ? into : options.out;
+  const std::string target = merge_destination(into, options.out);
   core::check_destination(target, options.out.empty() ? "--into" : "--out");
   const json profile = read_profile_for_merge(into);
   const MeasuredOverheads measured =
       core::read_json_document(options.measurement, overheads_from_measurement);
   const json merged = merge_overheads(profile, measured);
-  documents::hardware_from_json(merged,
-                                std::filesystem::path(target).stem().string());  // validates
+  try {  // what the profile's reader refuses came from the measurement: its file is named
+    documents::hardware_from_json(merged, std::filesystem::path(target).stem().string());
+  } catch (const core::InputError& e) {
+    throw core::InputError(core::printable(options.measurement),
+                           fmt::format("merged into {}: {}", into, e.what()));
+  }
   core::write_file(target, core::json_text(merged, 2) + "\n",
                    options.out.empty() ? "--into" : "--out");
   const auto& flavours = measured.framework["flavours"];

@@ -280,6 +280,26 @@ std::string into_profile_path(const std::string& name_or_path) {
   return preset.string();
 }
 
+bool is_shipped_profile(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path shipped =
+      fs::weakly_canonical(fs::path(documents::data_dir()) / "hardware_profiles", ec);
+  if (ec) return false;
+  const fs::path file = fs::weakly_canonical(path, ec);
+  return !ec && file.parent_path() == shipped;
+}
+
+std::string merge_destination(const std::string& into_path, const std::string& out) {
+  if (!out.empty()) return out;
+  if (is_shipped_profile(into_path))
+    throw core::InputError(
+        "--into", fmt::format("{} is a profile shipped with the program, read-only: write the "
+                              "merged profile to a file of yours with --out FILE",
+                              into_path));
+  return into_path;
+}
+
 json read_profile_for_merge(const std::string& path) {
   try {
     return core::read_json_document(path, [&](const json& profile) {

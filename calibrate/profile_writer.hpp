@@ -91,6 +91,13 @@ nlohmann::json merge_calibration(const nlohmann::json& profile, const nlohmann::
 // that reading it says what is wrong with it.
 std::string into_profile_path(const std::string& name_or_path);
 
+// Whether `path` is one of the profiles shipped with the program (a file of the data dir's
+// hardware_profiles/, by any path that leads there): those are read-only.
+bool is_shipped_profile(const std::string& path);
+// Where a merge into `into_path` is written: `out` when given, else the profile in place, which a
+// shipped profile refuses (InputError on --into, naming it and asking for --out).
+std::string merge_destination(const std::string& into_path, const std::string& out);
+
 // Reads the profile named by --into and checks it with the cost model's parser; errors name the
 // flag and the file.
 nlohmann::json read_profile_for_merge(const std::string& path);

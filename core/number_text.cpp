@@ -47,6 +47,20 @@ int int_from_text(const std::string& field, std::string_view text) {
   return whole_number<int>(field, text);
 }
 
+int bounded_int_from_text(const std::string& field, std::string_view text, int lo, int hi) {
+  const bool integer = text.find_first_not_of("0123456789", text.starts_with('-') ? 1 : 0) ==
+                           std::string_view::npos &&
+                       text.size() > (text.starts_with('-') ? 1u : 0u);
+  const auto out_of_range = [&] {
+    return InputError(field, fmt::format("must be between {} and {}, got \"{}\"", lo, hi, text));
+  };
+  if (!integer) whole_number<std::int64_t>(field, text);  // throws, naming the text
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || value < lo || value > hi) throw out_of_range();
+  return static_cast<int>(value);
+}
+
 double double_from_text(const std::string& field, std::string_view text) {
   // Digits, '.', an exponent and signs only: std::from_chars would also read "inf" and "nan".
   bool plain = !text.empty() && text.front() != '+';

@@ -15,6 +15,8 @@ std::int64_t int64_from_text(const std::string& field, std::string_view text);
 std::uint64_t uint64_from_text(const std::string& field, std::string_view text);
 // An int64_from_text that also fits an int ("--gpus").
 int int_from_text(const std::string& field, std::string_view text);
+// A whole number in [lo, hi]: any other, however many digits it has, is refused with that range.
+int bounded_int_from_text(const std::string& field, std::string_view text, int lo, int hi);
 double double_from_text(const std::string& field, std::string_view text);
 
 }  // namespace shardplan::core

@@ -148,22 +148,23 @@ Calibration read_calibration(const nlohmann::json& j, const std::string& ptr) {
 
 // /framework: eager PyTorch's cost per kernel launch and each flavour's hooks (hardware.hpp).
 void read_framework(const nlohmann::json& j, HardwareProfile& p) {
+  // A host cost per kernel launch, unit, tensor or submodule is microseconds; a second of it
+  // would be a host that does nothing else (calibrate bounds what it imports by its run).
+  const Range host_us = Range::between(0.0, 1e6);
   ObjectReader r(j, "/framework");
-  p.op_dispatch_s = r.number("op_dispatch_us", Range::non_negative()) * 1e-6;
+  p.op_dispatch_s = r.number("op_dispatch_us", host_us) * 1e-6;
   ObjectReader flavours(r.object("flavours"), "/framework/flavours");
   for (const char* name : {"ddp", "fsdp1", "fsdp2", "deepspeed_zero12", "deepspeed_zero3"}) {
     const auto* f = flavours.optional_object(name);
     if (f == nullptr) continue;
     ObjectReader o(*f, flavours.pointer_of(name));
     FrameworkOverheads x;
-    x.forward_unit_s = o.number("forward_unit_us", Range::non_negative()) * 1e-6;
-    x.backward_unit_s = o.number("backward_unit_us", Range::non_negative()) * 1e-6;
-    x.forward_tensor_s = o.number("forward_tensor_us", Range::non_negative()) * 1e-6;
-    x.backward_tensor_s = o.number("backward_tensor_us", Range::non_negative()) * 1e-6;
-    x.forward_submodule_s =
-        o.optional_number("forward_submodule_us", Range::non_negative()).value_or(0) * 1e-6;
-    x.backward_submodule_s =
-        o.optional_number("backward_submodule_us", Range::non_negative()).value_or(0) * 1e-6;
+    x.forward_unit_s = o.number("forward_unit_us", host_us) * 1e-6;
+    x.backward_unit_s = o.number("backward_unit_us", host_us) * 1e-6;
+    x.forward_tensor_s = o.number("forward_tensor_us", host_us) * 1e-6;
+    x.backward_tensor_s = o.number("backward_tensor_us", host_us) * 1e-6;
+    x.forward_submodule_s = o.optional_number("forward_submodule_us", host_us).value_or(0) * 1e-6;
+    x.backward_submodule_s = o.optional_number("backward_submodule_us", host_us).value_or(0) * 1e-6;
     o.finish();
     p.framework[name] = x;
   }
@@ -396,10 +397,18 @@ std::vector<std::string> preset_hardware_names() {
 
 HardwareProfile load_hardware(const std::string& name_or_path) {
   std::filesystem::path path(name_or_path);
-  if (path.extension() != ".json" || !std::filesystem::exists(path)) {
+  std::error_code ec;
+  if (path.extension() != ".json" || !std::filesystem::exists(path, ec)) {
     const auto preset =
         std::filesystem::path(data_dir()) / "hardware_profiles" / (name_or_path + ".json");
-    if (!std::filesystem::exists(preset))
+    // Not a profile's name but something on disk (/dev/zero, a FIFO, a file named without .json):
+    // read as a file, which says what it is.
+    if (!std::filesystem::exists(preset, ec) &&
+        std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
+      return read_json_document(path.string(), [&](const nlohmann::json& doc) {
+        return hardware_from_json(doc, path.stem().string());
+      });
+    if (!std::filesystem::exists(preset, ec))
       throw InputError("--hardware",
                        fmt::format("\"{}\" is neither a profile ({}) nor a file", name_or_path,
                                    fmt::join(preset_hardware_names(), ", ")));

@@ -164,6 +164,11 @@ DType compute_dtype(Precision p) {
 }
 
 TrainingJob job_from_json(const nlohmann::json& doc) {
+  // A key is given or left out: null would be read as left out, so it is refused.
+  if (doc.is_object())
+    for (const auto& [key, value] : doc.items())
+      if (value.is_null())
+        throw InputError("/" + key, "must not be null (leave the key out for its default)");
   ObjectReader r(doc, "");
   const auto version = r.integer("schema_version");
   if (version != 1) throw InputError("/schema_version", fmt::format("must be 1, got {}", version));
@@ -215,15 +220,16 @@ void validate_cluster(const Cluster& c) {
   }
 }
 
-void validate_job(const TrainingJob& j, const Cluster& c) {
+void validate_job(const TrainingJob& j, const Cluster& c, const std::string& global_batch_field,
+                  const std::string& micro_batch_field) {
   if (j.global_batch % c.gpus != 0)
-    throw InputError("--global-batch",
+    throw InputError(global_batch_field,
                      fmt::format("{} sequences do not divide over {} GPUs; use a multiple of {}",
                                  j.global_batch, c.gpus, c.gpus));
   const auto per_gpu = j.global_batch / c.gpus;
   if (j.micro_batch > 0 && per_gpu % j.micro_batch != 0)
     throw InputError(
-        "--micro-batch",
+        micro_batch_field,
         fmt::format("{} does not divide the {} sequences per GPU (global batch {} / {} GPUs)",
                     j.micro_batch, per_gpu, j.global_batch, c.gpus));
 }

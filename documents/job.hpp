@@ -114,7 +114,11 @@ struct Cluster {
 TrainingJob job_from_json(const nlohmann::json& doc);
 nlohmann::json job_to_json(const TrainingJob& job);
 // Checks the numbers against each other and the cluster; the message says what would work.
-void validate_job(const TrainingJob& job, const Cluster& cluster);
+// `global_batch_field`, `micro_batch_field`: what a message names for each (the flag, or the job
+// document's key where the value came from there).
+void validate_job(const TrainingJob& job, const Cluster& cluster,
+                  const std::string& global_batch_field = "--global-batch",
+                  const std::string& micro_batch_field = "--micro-batch");
 void validate_cluster(const Cluster& cluster);
 
 }  // namespace shardplan::documents

@@ -56,6 +56,11 @@ CheckpointLock CheckpointLock::take(const std::string& dir) {
     throw InputError("--save", fmt::format("cannot make the folder \"{}\": {}", dir, ec.message()));
   const std::string path = (fs::path(dir) / kLockFile).string();
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  // O_NOFOLLOW answers a link with ELOOP ("Too many levels of symbolic links"): said as what it is.
+  if (fd < 0 && errno == ELOOP)
+    throw InputError("--save", fmt::format("\"{}\" is a symbolic link; the lock file is never "
+                                           "followed through one (remove it)",
+                                           path));
   if (fd < 0)
     throw InputError("--save",
                      fmt::format("cannot write in \"{}\": {}", dir, std::strerror(errno)));

@@ -201,6 +201,7 @@ void run_pipeline(const PipelineFlags& flags, const RunSetup& setup, comm::Commu
   const nlohmann::json doc = {{"schema_version", 1},
                               {"kind", "executor pipeline run"},
                               {"model", o.model.name},
+                              {"strategy", setup.engine.spec.strategy},
                               {"world", n},
                               {"pipeline",
                                {{"pipeline_parallel", o.stages},

@@ -114,9 +114,33 @@ ModelSpec scale_down(const ModelSpec& source, const ScaledSize& size) {
   const std::string name =
       fmt::format("{} scaled to L={} h={} a={} kv={} d={} I={} V={}", source.name, s.layers,
                   s.hidden, s.heads, s.kv_heads, s.head_dim, s.intermediate, s.vocab);
-  ModelSpec scaled = documents::model_from_hf_config(config, name);
-  scaled.residual_dropout = source.residual_dropout;
-  return scaled;
+  try {
+    ModelSpec scaled = documents::model_from_hf_config(config, name);
+    scaled.residual_dropout = source.residual_dropout;
+    return scaled;
+  } catch (const InputError& e) {
+    // The config's key came from a flag: the message names the flag the user typed.
+    static const std::pair<const char*, const char*> kFlagOf[] = {
+        {"/n_layer", "--layers"},
+        {"/num_hidden_layers", "--layers"},
+        {"/n_embd", "--hidden"},
+        {"/hidden_size", "--hidden"},
+        {"/n_head", "--heads"},
+        {"/num_attention_heads", "--heads"},
+        {"/num_key_value_heads", "--kv-heads"},
+        {"/head_dim", "--head-dim"},
+        {"/n_inner", "--intermediate"},
+        {"/intermediate_size", "--intermediate"},
+        {"/vocab_size", "--vocab"},
+        {"/n_positions", "--max-positions"},
+        {"/max_position_embeddings", "--max-positions"}};
+    for (const auto& [key, flag] : kFlagOf)
+      if (e.where() == key) {
+        const std::string what = e.what();
+        throw InputError(flag, what.substr(std::min(what.size(), e.where().size() + 2)));
+      }
+    throw;
+  }
 }
 
 }  // namespace shardplan::executor

@@ -102,6 +102,11 @@ std::string megatron_cannot(const Scenario& sc, const LayoutCandidate& c) {
     return "Megatron-LM keeps fp32 main weights; this plan is pure bf16";
   if (c.job.checkpointing == Checkpointing::every)
     return "Megatron-LM's recompute methods (uniform, block) do not checkpoint every n-th block";
+  // transformer_config.py: recompute_granularity "selective" reruns the modules of
+  // --recompute-modules (core_attn by default), never a per-op save list.
+  if (c.job.checkpointing == Checkpointing::selective_op)
+    return "Megatron-LM's selective recompute reruns whole modules (--recompute-modules, "
+           "core_attn by default), not torchtitan's per-op save list (selective-op)";
   const auto& l = c.layout;
   if (l.pipeline_parallel > 1 && (l.first_stage_less_layers > 1 || l.last_stage_less_layers > 1 ||
                                   effective_layers(sc, l) % model_parts(l) != 0))

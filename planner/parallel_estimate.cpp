@@ -1,5 +1,7 @@
 #include "planner/parallel_estimate.hpp"
 
+#include <limits>
+
 #include <CLI/CLI.hpp>
 
 #include <fmt/format.h>
@@ -54,9 +56,7 @@ namespace {
 int degree(const std::optional<std::string>& text, const char* flag, int fallback = 1,
            int least = 1) {
   if (!text) return fallback;
-  const int v = core::int_from_text(flag, *text);
-  if (v < least) throw InputError(flag, fmt::format("must be >= {}, got {}", least, v));
-  return v;
+  return core::bounded_int_from_text(flag, *text, least, std::numeric_limits<int>::max());
 }
 
 // The micro-batch and the micro-batches from the global batch over d replicas.
@@ -102,6 +102,8 @@ std::string flags_given(const ParallelOptions& o) {
   add("--first-stage-less-layers", o.first_stage_less_layers);
   add("--last-stage-less-layers", o.last_stage_less_layers);
   if (o.sequence_parallel) s += s.empty() ? "--sequence-parallel" : " --sequence-parallel";
+  if (o.async_tensor_parallel)
+    s += s.empty() ? "--async-tensor-parallel" : " --async-tensor-parallel";
   return s;
 }
 

@@ -7,6 +7,7 @@
 
 #include "core/json_reader.hpp"
 #include "core/number_text.hpp"
+#include "core/text.hpp"
 #include "documents/recipe.hpp"
 #include "planner/text.hpp"
 
@@ -147,6 +148,14 @@ void set_model_and_cluster(const ScenarioOptions& o, Scenario& sc) {
   documents::validate_cluster(sc.cluster);
 }
 
+// Where a value of the job came from, as a message names it: the flag when given, else the --job
+// document's key when there is one.
+std::string job_field(const ScenarioOptions& o, bool flag_given, const char* flag,
+                      const char* key) {
+  if (flag_given || !o.job_file) return flag;
+  return fmt::format("{}: {}", core::printable(*o.job_file), key);
+}
+
 // The job: the --job file's, or the defaults; which of loss and checkpointing the user named.
 void set_base_job(const ScenarioOptions& o, Scenario& sc) {
   bool& loss_named = sc.loss_named;
@@ -189,16 +198,19 @@ void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
     if (!sc.checkpointing_named) sc.job.checkpointing = r.checkpointing;
   }
   if (o.loss) documents::set_loss(sc.job, *o.loss, "--loss");
-  if (sc.job.checkpointing == documents::Checkpointing::every) {  // as the recipe's code counts
-    bool any = false;
-    for (std::int64_t b = 0; b < sc.model.layers && !any; ++b) any = sc.job.block_checkpointed(b);
-    if (!any)
-      throw InputError(
-          "--checkpointing",
-          fmt::format("every:{} checkpoints no block of a {}-layer model under recipe {}",
-                      sc.job.checkpoint_every, sc.model.layers,
-                      documents::recipe_name(sc.job.recipe)));
-  }
+  // torchtitan's ChunkedLossWrapper splits each sequence into the chunks: no more than its tokens.
+  if (sc.job.loss == documents::LossImpl::chunked && sc.job.loss_chunks > sc.job.seq_len)
+    throw InputError(job_field(o, o.loss.has_value(), "--loss", "/loss"),
+                     fmt::format("chunked:{} splits each sequence into {} pieces, more "
+                                 "than its {} tokens",
+                                 sc.job.loss_chunks, sc.job.loss_chunks, sc.job.seq_len));
+  // every:N past the layers would checkpoint no block (torchtitan counts its N-th, 2N-th, ...) or
+  // block 0 alone (transformers counts from 0): a count that says nothing of the model.
+  if (sc.job.checkpointing == documents::Checkpointing::every &&
+      sc.job.checkpoint_every > sc.model.layers)
+    throw InputError(job_field(o, o.checkpointing.has_value(), "--checkpointing", "/checkpointing"),
+                     fmt::format("every:{} counts past the model's {} layers (every:{} at most)",
+                                 sc.job.checkpoint_every, sc.model.layers, sc.model.layers));
 }
 
 }  // namespace
@@ -210,7 +222,11 @@ Scenario make_scenario(const ScenarioOptions& o, bool check_batch) {
   set_model_and_cluster(o, sc);
   set_base_job(o, sc);
   apply_job_flags(o, sc);
-  if (check_batch) documents::validate_job(sc.job, sc.cluster);
+  if (check_batch)
+    documents::validate_job(
+        sc.job, sc.cluster,
+        job_field(o, o.global_batch.has_value(), "--global-batch", "/global_batch"),
+        job_field(o, o.micro_batch.has_value(), "--micro-batch", "/micro_batch"));
   const double headroom = o.headroom ? core::double_from_text("--headroom", *o.headroom) : 0.05;
   if (!(headroom >= 0 && headroom < 1))
     throw InputError("--headroom", fmt::format("must be in [0, 1), got {}", headroom));

@@ -50,6 +50,10 @@ struct RunFacts {
   int world = 0;
   std::string model, strategy, flavour;  // the plan the run was made from, as it records it
   std::int64_t micro_batch = 0;          // 0: not recorded
+  // What the run executed (/execution; absent from older documents), and the ranks whose memory
+  // and time /summary reports.
+  std::optional<std::int64_t> executed_world, executed_seq_len, executed_micro_batch;
+  std::int64_t memory_rank = 0, time_rank = 0;
   std::vector<std::string> deviations;
   int tensor_parallel = 1;  // /model/tensor_parallel/size: the run's t (1: none)
   bool sequence_parallel = false;
@@ -60,19 +64,31 @@ struct RunFacts {
 void read_summary_memory(ObjectReader& s, RunFacts& f) {
   ObjectReader m(s.object("memory"), "/summary/memory");
   f.peak_bytes = m.number("peak_bytes", Range::non_negative());
-  m.integer("rank", Range::non_negative());
+  if (f.peak_bytes != std::floor(f.peak_bytes))
+    throw InputError("/summary/memory/peak_bytes",
+                     fmt::format("must be a whole number of bytes, got {}", f.peak_bytes));
+  f.memory_rank = m.integer("rank", Range::non_negative());
   ObjectReader b(m.object("at_peak"), "/summary/memory/at_peak");
-  for (int c = 0; c < documents::kCategories; ++c)
+  double sum = 0;
+  for (int c = 0; c < documents::kCategories; ++c) {
     f.at_peak[static_cast<std::size_t>(c)] = b.number(
         documents::category_name(static_cast<documents::Category>(c)), Range::non_negative());
+    sum += f.at_peak[static_cast<std::size_t>(c)];
+  }
   b.finish();
+  // The executor's peak is its categories at that moment (executor/run_document.cpp): a peak
+  // beside other categories was edited or written by something else.
+  if (std::abs(sum - f.peak_bytes) > 1e-9 * f.peak_bytes + 1)
+    throw InputError(
+        "/summary/memory/peak_bytes",
+        fmt::format("{} is not the sum of the categories at the peak ({})", f.peak_bytes, sum));
   if (const auto* d = m.optional_object("device")) f.device = *d;
   m.finish();
 }
 
 void read_summary_time(ObjectReader& s, RunFacts& f) {
   ObjectReader t(s.object("time"), "/summary/time");
-  t.integer("rank", Range::non_negative());
+  f.time_rank = t.integer("rank", Range::non_negative());
   f.step_s = t.number("step_s", Range::non_negative());
   f.compute_s = t.number("compute_s", Range::non_negative());
   f.optimizer_s = t.number("optimizer_s", Range::non_negative());
@@ -141,6 +157,11 @@ RunFacts read_run(const json& run) {
       e.ignore(k);
     e.finish();
   }
+  for (const auto& [pointer, rank] :
+       {std::pair{"/summary/memory/rank", f.memory_rank}, {"/summary/time/rank", f.time_rank}})
+    if (rank >= f.world)
+      throw InputError(pointer, fmt::format("{} is not a rank of the run's {} (/environment/ranks)",
+                                            rank, f.world));
   {
     ObjectReader p(r.object("plan"), "/plan");
     f.strategy = p.string("strategy");
@@ -154,6 +175,9 @@ RunFacts read_run(const json& run) {
   }
   {
     ObjectReader x(r.object("execution"), "/execution");
+    f.executed_world = x.optional_integer("world_size", Range{1, 1e6, false});
+    f.executed_seq_len = x.optional_integer("seq_len", Range{1, 1e12, false});
+    f.executed_micro_batch = x.optional_integer("micro_batch", Range{1, 1e12, false});
     if (const auto* d = x.optional_array("deviations"))
       for (const auto& v : *d)
         if (v.is_string()) f.deviations.push_back(v.get<std::string>());
@@ -230,6 +254,19 @@ std::vector<std::pair<std::string, std::string>> differences(const documents::Pl
   differ("/plan/flavour", run.flavour, documents::flavour_name(plan.spec.flavour));
   if (run.micro_batch != 0)
     differ("/plan/job/micro_batch", fmt::format("micro-batch {}", run.micro_batch),
+           fmt::format("micro-batch {}", plan.job.micro_batch));
+  // What the executor ran, beside the plan it records.
+  if (run.executed_world)
+    differ("/execution/world_size", fmt::format("{} ranks", *run.executed_world),
+           fmt::format("{} ranks", plan.cluster.gpus));
+  // A scaled run (executor --seq-len, --layers, ...) says so in /model/scaled and runs another
+  // length by design; under context parallelism a rank runs its share of each sequence.
+  if (run.executed_seq_len && !run.scaled)
+    differ("/execution/seq_len",
+           fmt::format("sequence length {}", *run.executed_seq_len * run.context_parallel),
+           fmt::format("sequence length {}", plan.job.seq_len));
+  if (run.executed_micro_batch)
+    differ("/execution/micro_batch", fmt::format("micro-batch {}", *run.executed_micro_batch),
            fmt::format("micro-batch {}", plan.job.micro_batch));
   return d;
 }

@@ -29,6 +29,7 @@ constexpr char kKind[] = "executor pipeline run";
 // What validate reads from a pipeline run document.
 struct PipelineRun {
   std::string model;
+  std::string strategy;  // the plan's the stages ran ("" in documents before it was written)
   int world = 0;
   documents::ParallelLayout layout;  // pipeline_parallel, schedule, micro_batches
   int data_parallel = 0;
@@ -119,6 +120,7 @@ PipelineRun read_pipeline_run(const json& run) {
     throw InputError("/kind", fmt::format("must be \"{}\", got \"{}\"", kKind, kind));
   PipelineRun f;
   f.model = r.string("model");
+  f.strategy = r.optional_string("strategy").value_or("");
   f.world = count(r, "world");
   read_layout(r, f);
   read_steps(r, f);
@@ -245,6 +247,9 @@ json validate_pipeline_json(const json& plan_document, const json& run_document,
   differ("/model", fmt::format("model \"{}\"", run.model),
          fmt::format("model \"{}\"", plan.model.name));
   differ("/world", fmt::format("{} ranks", run.world), fmt::format("{} ranks", plan.cluster.gpus));
+  if (!run.strategy.empty()) differ("/strategy", run.strategy, plan.spec.strategy);
+  differ("/pipeline/seq_len", fmt::format("sequence length {}", run.seq_len),
+         fmt::format("sequence length {}", plan.job.seq_len));
   const auto pr = predict(plan, run, hardware);
   json out;
   out["kind"] = "pipeline";

@@ -34,8 +34,8 @@ TEST_CASE("import::the sample logs merged into a profile meet the fit goals") {
             kExamples + "all_reduce_perf-2x8xA100-ib.log"};
   o.into = kSource + "/hardware_profiles/a100-sxm4-80gb.json";
   o.out = temp_path("a100.json");
-  std::ostringstream out;
-  CHECK(run_import(o, out) == 0);
+  std::ostringstream out, notes;
+  CHECK(run_import(o, out, notes) == 0);
   const auto hw = documents::load_hardware(o.out);
   REQUIRE(hw.calibration.has_value());
   const auto& c = *hw.calibration;
@@ -50,39 +50,61 @@ TEST_CASE("import::the sample logs merged into a profile meet the fit goals") {
     CHECK(curve.max_rel_error <= 0.10);
     CHECK(curve.ranks == (curve.tier == documents::Tier::inter_node ? 16 : 8));
   }
-  CHECK(out.str().find(
+  CHECK(notes.str().find(
             "# all_reduce, 16 ranks, inter_node (from all_reduce_perf-2x8xA100-ib.log):") !=
         std::string::npos);
+  CHECK(out.str().empty());  // the profile went to --out
   std::filesystem::remove(o.out);
 }
 
 TEST_CASE("import::without --into the calibration section is written alone") {
   ImportOptions o;
   o.logs = {kExamples + "all_gather_perf-8xA100.log"};
-  std::ostringstream out;
-  CHECK(run_import(o, out) == 0);
-  const auto json_start = out.str().find('{');
-  REQUIRE(json_start != std::string::npos);
-  const auto doc = core::parse_json_text(out.str().substr(json_start), "stdout");
+  std::ostringstream out, notes;
+  CHECK(run_import(o, out, notes) == 0);
+  // Standard output is the document alone (it pipes into a JSON reader); the fit goes to notes.
+  const auto doc = core::parse_json_text(out.str(), "stdout");
   CHECK(doc.at("calibration").at("collectives").at(0).at("op") == "all_gather");
   CHECK(doc.at("schema_version") == 1);
+  CHECK(notes.str().rfind("# all_gather, 8 ranks, intra_node", 0) == 0);
+}
+
+TEST_CASE("import::-o - writes the document to standard output, merged or alone") {
+  ImportOptions o;
+  o.logs = {kExamples + "all_gather_perf-8xA100.log"};
+  o.out = "-";
+  std::ostringstream out, notes;
+  CHECK(run_import(o, out, notes) == 0);
+  CHECK(core::parse_json_text(out.str(), "stdout").at("schema_version") == 1);
+  CHECK_FALSE(std::filesystem::exists("-"));
+  // With --into the merged profile goes to standard output; the profile is not touched.
+  const std::string preset = kSource + "/hardware_profiles/a100-sxm4-80gb.json";
+  const auto before = std::filesystem::last_write_time(preset);
+  o.into = preset;
+  std::ostringstream merged, merged_notes;
+  CHECK(run_import(o, merged, merged_notes) == 0);
+  const auto doc = core::parse_json_text(merged.str(), "stdout");
+  CHECK(doc.at("calibration").at("collectives").at(0).at("op") == "all_gather");
+  CHECK(doc.contains("gpu"));
+  CHECK(std::filesystem::last_write_time(preset) == before);
 }
 
 TEST_CASE("import::flags that contradict a log, and missing facts, are bad input") {
   ImportOptions o;
   o.logs = {kExamples + "all_reduce_perf-2x8xA100-ib.log"};
-  std::ostringstream out;
+  std::ostringstream out, notes;
   o.ranks = 8;
-  CHECK_THROWS_WITH_AS(run_import(o, out), doctest::Contains("--ranks: 8 but"), core::InputError);
+  CHECK_THROWS_WITH_AS(run_import(o, out, notes), doctest::Contains("--ranks: 8 but"),
+                       core::InputError);
   o.ranks.reset();
   o.tier = documents::Tier::intra_node;
-  CHECK_THROWS_WITH_AS(run_import(o, out), doctest::Contains("--tier: intra_node but"),
+  CHECK_THROWS_WITH_AS(run_import(o, out, notes), doctest::Contains("--tier: intra_node but"),
                        core::InputError);
   o.tier.reset();
   o.op = documents::Collective::all_gather;
-  CHECK_THROWS_WITH_AS(run_import(o, out), doctest::Contains("--op: all_gather but"),
+  CHECK_THROWS_WITH_AS(run_import(o, out, notes), doctest::Contains("--op: all_gather but"),
                        core::InputError);
   o.op.reset();
   o.into = temp_path("missing.json");
-  CHECK_THROWS_WITH_AS(run_import(o, out), doctest::Contains("--into:"), core::InputError);
+  CHECK_THROWS_WITH_AS(run_import(o, out, notes), doctest::Contains("--into:"), core::InputError);
 }

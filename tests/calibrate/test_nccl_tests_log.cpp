@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include <fmt/format.h>
+
 #include "calibrate/nccl_tests_log.hpp"
 #include "core/input_error.hpp"
 
@@ -85,6 +87,34 @@ TEST_CASE("nccl_tests_log::the test is found in the header, the command line or 
   const std::string with_info =
       std::string(kHeader) + "node-a:11:11 [0] NCCL INFO Channel 00/02 : 0 1\n" + kRows + kTrailer;
   CHECK(parse_nccl_tests_log(with_info, "all_reduce_perf.log").samples.size() == 2);
+}
+
+TEST_CASE("nccl_tests_log::rows no run can have measured are refused with the file and line") {
+  const std::string header(kHeader);  // two ranks of float; the first row is line 10
+  const auto row = [&](const char* size, const char* count, const char* time) {
+    return header +
+           fmt::format("{:>12}  {:>12}     float     sum      -1  {:>7}    0.00    0.00 "
+                       "     0    10.33    0.00    0.00      0\n",
+                       size, count, time) +
+           kTrailer;
+  };
+  CHECK(error_of(row("8", "2", "inf")) ==
+        "all_reduce_perf.log:10: a time of inf us is not a measurement (at most 3600000000 us, "
+        "an hour)");
+  CHECK(error_of(row("8", "2", "1e300")).rfind("all_reduce_perf.log:10: a time of 1e+300 us", 0) ==
+        0);
+  // The size is the count times 4 bytes, once or (all_gather, reduce_scatter) once per rank.
+  CHECK(error_of(row("99999999999999999999999", "262144", "31.22")) ==
+        "all_reduce_perf.log:10: size 1e+23 is not the count 262144 times 4 bytes (times 1 or 2 "
+        "ranks)");
+  CHECK(error_of(row("12", "2", "10.5")).rfind("all_reduce_perf.log:10: size 12 is not", 0) == 0);
+  CHECK(error_of(row("16", "2", "10.5")) == "no error");  // 2 ranks x 2 x 4 bytes
+  // 1 GiB in 1 us is 1,074 TB/s.
+  CHECK(error_of(row("1073741824", "268435456", "1.0")) ==
+        "all_reduce_perf.log:10: 1073741824 bytes in 1 us is 1.074e+06 GB/s, beyond any link "
+        "(18000 GB/s at most)");
+  const auto log = parse_nccl_tests_log(header + kRows + kTrailer, "all_reduce_perf.log");
+  CHECK(log.devices == std::vector<std::string>{"NVIDIA A100-SXM4-80GB"});
 }
 
 TEST_CASE("nccl_tests_log::malformed and truncated logs name the file and line") {

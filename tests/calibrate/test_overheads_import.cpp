@@ -111,6 +111,38 @@ TEST_CASE("overheads_import::rejections name the field and the value") {
                  "/host_optimizer/torch_adamw_foreach_false/Gparams_per_s: "));
   CHECK(contains(error_of([&] { overheads_from_measurement(json::array()); }),
                  "must be a JSON object"));
+  // No time beyond the run that measured it (elapsed_s, 459 s here), no host optimizer faster
+  // than a host's memory can feed.
+  bad = corpus;
+  bad["flavours"]["ddp"]["backward_unit_us"] = 1e300;
+  CHECK(contains(error_of([&] { overheads_from_measurement(bad); }),
+                 "/flavours/ddp/backward_unit_us: "));
+  bad["flavours"]["ddp"]["backward_unit_us"] = 460e6;  // 460 s
+  CHECK(contains(error_of([&] { overheads_from_measurement(bad); }),
+                 "/flavours/ddp/backward_unit_us: "));
+  bad = corpus;
+  bad["host_optimizer"]["deepspeed_cpu_adam"]["Gparams_per_s"] = 1e9;
+  CHECK(contains(error_of([&] { overheads_from_measurement(bad); }),
+                 "/host_optimizer/deepspeed_cpu_adam/Gparams_per_s: "));
+}
+
+TEST_CASE("overheads_import::what the profile refuses is blamed on the measurement") {
+  // 2 s per DDP unit is within the measuring run's 459 s but not a host cost a profile takes
+  // (documents/hardware.cpp: a second at most): the message names the measurement's file.
+  json corpus = core::read_json_file(kCorpus);
+  corpus["flavours"]["ddp"]["backward_unit_us"] = 2e6;
+  const std::string measurement = temp_path("slow-unit.json");
+  std::ofstream(measurement) << corpus.dump();
+  const std::string out_path = temp_path("merged.json");
+  std::ostringstream out;
+  const std::string e = error_of([&] {
+    run_import_overheads(
+        {measurement, kSource + "/hardware_profiles/a100-sxm4-80gb.json", out_path}, out);
+  });
+  CHECK(e.rfind(measurement + ": merged into ", 0) == 0);
+  CHECK(contains(e, "/framework/flavours/ddp/backward_unit_us: "));
+  CHECK_FALSE(std::filesystem::exists(out_path));
+  std::filesystem::remove(measurement);
 }
 
 TEST_CASE("overheads_import::a bad measurement leaves the profile as it was") {

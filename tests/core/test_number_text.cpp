@@ -51,6 +51,29 @@ TEST_CASE("number_text::out of range is refused, never clamped") {
                        InputError);
 }
 
+TEST_CASE("number_text::a bounded integer says its range for every number outside it") {
+  CHECK(bounded_int_from_text("--tensor-parallel", "8", 1, 64) == 8);
+  CHECK(bounded_int_from_text("--tensor-parallel", "-3", -5, 5) == -3);
+  // 0, a number past int, and one past int64 get the same message.
+  for (const char* outside :
+       {"0", "65", "-1", "2147483648", "9223372036854775808", "99999999999999999999999"}) {
+    CAPTURE(outside);
+    CHECK_THROWS_WITH_AS(
+        bounded_int_from_text("--tensor-parallel", outside, 1, 64),
+        ("--tensor-parallel: must be between 1 and 64, got \"" + std::string(outside) + "\"")
+            .c_str(),
+        InputError);
+  }
+  for (const char* bad : {"", "-", "0x8", "8.0", "eight"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(
+        bounded_int_from_text("--tensor-parallel", bad, 1, 64),
+        ("--tensor-parallel: must be a whole decimal number, got \"" + std::string(bad) + "\"")
+            .c_str(),
+        InputError);
+  }
+}
+
 TEST_CASE("number_text::decimal numbers: no hex floats, inf, nan or overflow") {
   CHECK(double_from_text("--params", "7.5e9") == 7.5e9);
   CHECK(double_from_text("--params", "7.5E+9") == 7.5e9);

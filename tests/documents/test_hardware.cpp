@@ -238,9 +238,24 @@ TEST_CASE("hardware::bad calibration entry") {
         "/calibration/collectives/0/tier: must be intra_node or inter_node, got \"rack\"");
 }
 
+TEST_CASE("hardware::host costs beyond a second are refused") {
+  json doc = profile_doc("a100-sxm4-80gb");
+  doc["framework"]["op_dispatch_us"] = 1e300;
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }).rfind("/framework/op_dispatch_us: ", 0) ==
+        0);
+  doc = profile_doc("a100-sxm4-80gb");
+  doc["framework"]["flavours"]["ddp"]["backward_unit_us"] = 2e6;
+  CHECK(error_of([&] {
+          hardware_from_json(doc, "x");
+        }).rfind("/framework/flavours/ddp/backward_unit_us: ", 0) == 0);
+}
+
 TEST_CASE("hardware::unknown profile names the presets") {
   const auto e = error_of([] { load_hardware("tpu-v5"); });
   CHECK(e.rfind("--hardware: \"tpu-v5\" is neither a profile (a100-pcie-40gb, ", 0) == 0);
+  // Something on disk that is not a profile's name is read as a file, which says what it is.
+  CHECK(error_of([] { load_hardware("/dev/zero"); }) ==
+        "/dev/zero: is a character device, not a regular file");
 }
 
 TEST_CASE("hardware::a CPU profile's collectives block unless it says they overlap") {

@@ -40,6 +40,10 @@ TEST_CASE("job::rejections name the field and value") {
   CHECK(with("checkpointing", true) == "/checkpointing: must be a string, got true");
   CHECK(with("seq_lenn", 5) == "/seq_lenn: unknown key");
   CHECK(with("schema_version", 2) == "/schema_version: must be 1, got 2");
+  // null is neither a value nor a key left out.
+  CHECK(with("recipe", nullptr) == "/recipe: must not be null (leave the key out for its default)");
+  CHECK(with("micro_batch", nullptr) ==
+        "/micro_batch: must not be null (leave the key out for its default)");
   json missing = kJob;
   missing.erase("seq_len");
   CHECK(error_of([&] { job_from_json(missing); }) == "/seq_len: missing key");

@@ -493,6 +493,14 @@ TEST_CASE("checkpoint::a folder is written by one executor at a time") {
                       ::getpid(), comm::host_name()));
   }
   CHECK(error_of([&] { CheckpointLock::take(ck.string()); }) == "no error");  // released with it
+  // A lock file that is a link (to anything) is named as one, not as errno's ELOOP.
+  const auto linked = dir.path / "linked";
+  std::filesystem::create_directories(linked);
+  std::filesystem::create_symlink(dir.path / "elsewhere", linked / ".lock");
+  CHECK(error_of([&] { CheckpointLock::take(linked.string()); }) ==
+        fmt::format("--save: \"{}\" is a symbolic link; the lock file is never followed through "
+                    "one (remove it)",
+                    (linked / ".lock").string()));
   // A folder that cannot be made: its parent is a file.
   write_text(dir.path / "file", "");
   CHECK(error_of([&] { CheckpointLock::take((dir.path / "file" / "ck").string()); }) ==

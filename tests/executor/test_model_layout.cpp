@@ -89,6 +89,13 @@ TEST_CASE("executor::scale_down keeps the architecture and re-derives the tensor
       InputError);
   CHECK_THROWS_WITH_AS(scale_down(source, {.layers = 1, .hidden = 30, .heads = 4, .vocab = 50}),
                        "--scale: 4 heads do not divide hidden 30", InputError);
+  // A size the model's reader refuses is refused as the flag that gave it.
+  CHECK_THROWS_WITH_AS(
+      scale_down(load_model("gpt2"), {.layers = 1000000, .hidden = 64, .heads = 2, .vocab = 257}),
+      "--layers: must be <= 100000, got 1000000", InputError);
+  CHECK_THROWS_WITH_AS(
+      scale_down(source, {.layers = 1000000, .hidden = 64, .heads = 4, .vocab = 100}),
+      "--layers: must be <= 100000, got 1000000", InputError);
   const auto bare = shardplan::documents::model_from_param_count(1e9);
   CHECK_THROWS_WITH_AS(scale_down(bare, {.layers = 1, .hidden = 8, .heads = 2, .vocab = 8}),
                        "--scale: a bare parameter count has no architecture to scale down",

@@ -206,14 +206,53 @@ TEST_CASE("cli::recommend keeps the job document's micro-batch, checkpointing an
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("cli::every:N that checkpoints no block is refused, as the recipe counts") {
-  // torchtitan 0.2 checkpoints its N-th, 2N-th ... block: none of llama-2-7b's 32 at N = 40;
-  // transformers starts at layer 0, so every:40 there checkpoints layer 0 alone.
-  const auto titan = planner(
-      {"estimate", "--strategy", "zero3", "--recipe", "torchtitan", "--checkpointing", "every:40"});
-  CHECK(titan.code == 2);
-  CHECK(titan.err ==
-        "planner: --checkpointing: every:40 checkpoints no block of a 32-layer model under recipe "
-        "torchtitan\n");
-  CHECK(planner({"estimate", "--strategy", "zero3", "--checkpointing", "every:40"}).code == 0);
+TEST_CASE("cli::a --job document's value is named by its file and key, a flag's by the flag") {
+  const auto dir = std::filesystem::temp_directory_path() / "shardplan-cli-job-field";
+  std::filesystem::create_directories(dir);
+  const auto job = (dir / "job.json").string();
+  std::ofstream(job) << R"({"schema_version": 1, "seq_len": 1024, "global_batch": 8,
+                            "micro_batch": 3, "checkpointing": "every:33"})";
+  const auto file = planner({"estimate", "--strategy", "zero3", "--gpus", "8", "--job", job});
+  CHECK(file.code == 2);
+  CHECK(file.err == "planner: " + job +
+                        ": /checkpointing: every:33 counts past the model's 32 layers (every:32 "
+                        "at most)\n");
+  const auto batch = planner(
+      {"estimate", "--strategy", "zero3", "--gpus", "8", "--job", job, "--checkpointing", "full"});
+  CHECK(batch.err == "planner: " + job +
+                         ": /micro_batch: 3 does not divide the 1 sequences per GPU (global batch "
+                         "8 / 8 GPUs)\n");
+  const auto flag = planner({"estimate", "--strategy", "zero3", "--gpus", "8", "--job", job,
+                             "--checkpointing", "full", "--micro-batch", "3"});
+  CHECK(flag.err ==
+        "planner: --micro-batch: 3 does not divide the 1 sequences per GPU (global batch 8 / 8 "
+        "GPUs)\n");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("cli::every:N past the layers is refused, whichever way the recipe counts") {
+  // torchtitan 0.2 checkpoints its N-th, 2N-th ... block: none of llama-2-7b's 32 at N = 33;
+  // transformers starts at layer 0, so every:33 there would checkpoint layer 0 alone. Up to
+  // N = 32 each checkpoints at least one block.
+  for (const char* recipe : {"torchtitan", "hf"}) {
+    CAPTURE(recipe);
+    const auto r = planner(
+        {"estimate", "--strategy", "zero3", "--recipe", recipe, "--checkpointing", "every:33"});
+    CHECK(r.code == 2);
+    CHECK(r.err == "planner: --checkpointing: every:33 counts past the model's 32 layers "
+                   "(every:32 at most)\n");
+    CHECK(planner({"estimate", "--strategy", "zero3", "--recipe", recipe, "--checkpointing",
+                   "every:32"})
+              .code == 0);
+  }
+}
+
+TEST_CASE("cli::a chunked loss of more chunks than a sequence's tokens is refused") {
+  const auto r = planner(
+      {"estimate", "--strategy", "zero3", "--seq-len", "4096", "--loss", "chunked:99999999999"});
+  CHECK(r.code == 2);
+  CHECK(r.err == "planner: --loss: chunked:99999999999 splits each sequence into 99999999999 "
+                 "pieces, more than its 4096 tokens\n");
+  CHECK(planner({"estimate", "--strategy", "zero3", "--seq-len", "4096", "--loss", "chunked:4096"})
+            .code == 0);
 }

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -164,4 +166,107 @@ TEST_CASE("extreme_grid::every layout is a report with numbers or one refusal, n
   MESSAGE(runs << " layouts, " << answered << " answered with numbers");
   CHECK(answered > 0);
   CHECK(answered < runs);  // and some refused
+}
+
+// Random valid jobs, through the command line as users run it: besides the numbers above, the
+// step is the sum of the parts the report names, a larger micro-batch never lowers the peak or
+// the activations at it, more GPUs under ZeRO-3 never raise the model states per GPU, and the
+// recommendation fits and is never slower than a candidate that fits.
+namespace {
+
+struct RandomJob {
+  std::string model, hardware, strategy, checkpointing;
+  long long gpus = 0, seq = 0, micro = 0;
+  long long global() const { return gpus * micro * 4; }  // 2 x micro divides it too
+  std::vector<std::string> args(long long n, long long mb, const std::string& s) const {
+    return {"--model",         model,
+            "--hardware",      hardware,
+            "--gpus",          std::to_string(n),
+            "--seq-len",       std::to_string(seq),
+            "--micro-batch",   std::to_string(mb),
+            "--global-batch",  std::to_string(n * micro * 4),
+            "--checkpointing", checkpointing,
+            "--strategy",      s};
+  }
+};
+
+std::optional<json> estimate_json(std::vector<std::string> args) {
+  args.insert(args.begin(), "estimate");
+  args.insert(args.end(), {"--format", "json"});
+  const auto r = planner(args);
+  if (r.code != 0) return std::nullopt;
+  return json::parse(r.out);
+}
+
+double at(const json& e, const char* part, const char* key) {
+  return e.at(part).at(key).get<double>();
+}
+
+void check_job_properties(const RandomJob& j) {
+  const auto base = estimate_json(j.args(j.gpus, j.micro, j.strategy));
+  REQUIRE(base.has_value());  // every job of this grid is valid
+  check_evaluation(*base);
+  CHECK(at(*base, "time", "step_s") ==
+        doctest::Approx(at(*base, "time", "compute_s") + at(*base, "time", "bubble_s") +
+                        at(*base, "time", "exposed_comm_s"))
+            .epsilon(1e-9));
+  const auto twice = estimate_json(j.args(j.gpus, 2 * j.micro, j.strategy));
+  REQUIRE(twice.has_value());
+  CHECK(at(*twice, "memory", "peak_bytes") >= at(*base, "memory", "peak_bytes"));
+  CHECK(twice->at("memory").at("breakdown").at("activations").get<double>() >=
+        base->at("memory").at("breakdown").at("activations").get<double>());
+  const auto zero3 = estimate_json(j.args(j.gpus, j.micro, "zero3"));
+  const auto zero3_more = estimate_json(j.args(2 * j.gpus, j.micro, "zero3"));
+  REQUIRE((zero3.has_value() && zero3_more.has_value()));
+  CHECK(at(*zero3_more, "memory", "model_states_bytes") <=
+        at(*zero3, "memory", "model_states_bytes"));
+}
+
+// The same job with the strategy, micro-batch and checkpointing left to the search. Returns
+// whether it recommended a plan (nothing may fit: that is said, not recommended).
+bool check_recommendation(const RandomJob& j) {
+  const auto r = planner({"recommend", "--model", j.model, "--hardware", j.hardware, "--gpus",
+                          std::to_string(j.gpus), "--seq-len", std::to_string(j.seq),
+                          "--global-batch", std::to_string(j.global()), "--format", "json"});
+  REQUIRE(r.code == 0);
+  const auto doc = json::parse(r.out);
+  if (doc.at("recommendation").is_null()) return false;
+  const auto& best = doc.at("recommendation");
+  CHECK(best.at("fits").get<bool>());
+  for (const auto& c : doc.at("candidates"))
+    if (c.at("fits").get<bool>())
+      CHECK(at(best, "time", "step_s") <= at(c, "time", "step_s") * (1 + 1e-12));
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("extreme_grid::random valid jobs keep the properties a plan must have") {
+  std::mt19937 rng(20261204);  // fixed: the same jobs on every run
+  const auto pick = [&](const auto& v) {
+    return v[std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng)];
+  };
+  const std::vector<std::string> models = {"gpt2", "llama-2-7b", "mistral-7b", "llama-3-8b"};
+  const std::vector<std::string> hardware = {"a100-sxm4-80gb", "h100-sxm5-80gb", "l40s-48gb",
+                                             "a100-sxm4-40gb"};
+  const std::vector<std::string> strategies = {"ddp", "zero1", "zero2", "zero3", "fsdp-full"};
+  const std::vector<std::string> modes = {"none", "full"};
+  const std::vector<long long> gpus = {8, 16, 64}, seqs = {512, 2048, 4096}, micros = {1, 2, 4};
+  int jobs = 0, recommended = 0;
+  for (int i = 0; i < 40; ++i) {
+    RandomJob j;
+    j.model = pick(models);
+    j.hardware = pick(hardware);
+    j.strategy = pick(strategies);
+    j.checkpointing = pick(modes);
+    j.gpus = pick(gpus);
+    j.seq = pick(seqs);
+    j.micro = pick(micros);
+    CAPTURE(fmt::format("{}", fmt::join(j.args(j.gpus, j.micro, j.strategy), " ")));
+    check_job_properties(j);
+    ++jobs;
+    if (i % 5 == 0 && check_recommendation(j)) ++recommended;  // a search: every fifth job
+  }
+  MESSAGE(jobs << " random jobs, " << recommended << " searches with a recommendation");
+  CHECK(recommended > 0);
 }

@@ -65,7 +65,18 @@ TEST_CASE("cli_parallel::estimate reports per stage and names the peak stage") {
 }
 
 TEST_CASE("cli_parallel::refusals name the flags and the numbers") {
-  refused({"--tensor-parallel", "0"}, "--tensor-parallel: must be >= 1, got 0");
+  refused({"--tensor-parallel", "0"},
+          "--tensor-parallel: must be between 1 and 2147483647, got \"0\"");
+  // Beyond an int: the same range, not the int's own.
+  refused({"--tensor-parallel", "9223372036854775807"},
+          "--tensor-parallel: must be between 1 and 2147483647, got \"9223372036854775807\"");
+  refused({"--tensor-parallel", "9223372036854775808"},
+          "--tensor-parallel: must be between 1 and 2147483647, got \"9223372036854775808\"");
+  refused({"--tensor-parallel", "two"},
+          "--tensor-parallel: must be a whole decimal number, got \"two\"");
+  refused({"--pipeline-parallel", "8", "--async-tensor-parallel"},
+          "--pipeline-parallel 8 --async-tensor-parallel: async tensor parallelism needs tensor "
+          "parallel > 1");
   refused({"--schedule", "zero-bubble"},
           "--schedule: must be one of 1f1b, interleaved-1f1b, gpipe, got \"zero-bubble\"");
   refused(
@@ -254,7 +265,7 @@ TEST_CASE("cli_parallel::uneven pipeline splits: torchtitan's default, Megatron'
   CHECK(nlohmann::json::parse(m.out).at("stages").at(0).at("blocks") == 15);
   // The flags' own refusals.
   refused({"--pipeline-parallel", "4", "--first-stage-less-layers", "-1"},
-          "--first-stage-less-layers: must be >= 0, got -1");
+          "--first-stage-less-layers: must be between 0 and 2147483647, got \"-1\"");
   refused({"--tensor-parallel", "8", "--last-stage-less-layers", "1"},
           "--tensor-parallel 8 --last-stage-less-layers 1: first and last stage less layers (0 "
           "and 1) need pipeline parallel > 1");

@@ -176,6 +176,28 @@ TEST_CASE("parallel_emit::Megatron-LM arguments, and FSDP2 under a pipeline refu
   CHECK(contains(text, "  --recompute-granularity full \\\n  --recompute-method uniform \\\n"
                        "  --recompute-num-layers 1\n"));
   CHECK(contains(text, "# ---- Megatron-LM core_v0.19.0"));
+  // Per-op selective checkpointing has no Megatron-LM argument: said, never emitted without it
+  // (the plan's peak assumes it; run without, the blocks keep everything).
+  auto op = one;  // on one GPU's model: TP 1 (selective-op is not costed beside TP)
+  op.layout.tensor_parallel = 1;
+  op.layout.sequence_parallel = false;
+  op.job.checkpointing = Checkpointing::selective_op;
+  CHECK(megatron_arguments(sc, op).empty());
+  CHECK(error_of([&] { megatron_parallel_arguments(sc, op); }) ==
+        "--emit: Megatron-LM's selective recompute reruns whole modules (--recompute-modules, "
+        "core_attn by default), not torchtitan's per-op save list (selective-op)");
+}
+
+TEST_CASE("parallel_emit::a search held to selective-op has nothing Megatron-LM can run") {
+  // Every candidate keeps torchtitan's per-op save list, so none is emitted as Megatron-LM's
+  // arguments: exit 2 and the reason, not arguments without recompute.
+  using shardplan::planner::testing::planner;
+  const auto r = planner({"recommend", "--model", "llama-2-7b", "--gpus", "8", "--model-parallel",
+                          "--checkpointing", "selective-op", "--emit", "megatron"});
+  CHECK(r.code == 2);
+  CHECK_FALSE(contains(r.out, "pretrain_gpt.py"));
+  CHECK(contains(r.err, "planner: --emit: megatron: none of the "));
+  CHECK(contains(r.err, "fitting layouts runs in Megatron-LM as costed"));
 }
 
 TEST_CASE("parallel_emit::DeepSpeed runs a 1F1B pipeline with ZeRO-1 and says what it cannot") {

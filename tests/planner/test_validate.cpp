@@ -64,7 +64,12 @@ json run_document() {
             {"scaled", false},
             {"units", 14},
             {"config", json::object()}}},
-          {"execution", {{"deviations", {"gradients are reduced in fp32"}}, {"steps", 3}}},
+          {"execution",
+           {{"deviations", {"gradients are reduced in fp32"}},
+            {"steps", 3},
+            {"world_size", 2},
+            {"seq_len", 128},
+            {"micro_batch", 2}}},
           {"loss", {4.0, 3.9, 3.8}},
           {"ranks", json::array()},
           {"summary",
@@ -126,6 +131,7 @@ TEST_CASE("validate::says when numbers are not comparable") {
   run["summary"]["time"]["collective_time_excluded"] = true;
   run["summary"]["memory"]["at_peak"]["buffers"] = 10;
   run["summary"]["memory"]["at_peak"]["activations"] = 0;
+  run["summary"]["memory"]["peak_bytes"] = 610;  // the categories' sum, as a run reports it
   const auto v = planner::validate_json(plan_document(), run);
   CHECK(v["notes"].size() == 3);
   CHECK_FALSE(v.contains("forced"));
@@ -196,6 +202,28 @@ TEST_CASE("validate::a malformed run is refused naming the field") {
   CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run), "/surprise: unknown key",
                        core::InputError);
   CHECK_THROWS_AS(planner::validate_json(run_document(), run_document()), core::InputError);
+  // Numbers no run reports: a rank the run does not have, a fraction of a byte, a peak that is
+  // not its categories at the peak.
+  run = run_document();
+  run["summary"]["memory"]["rank"] = 99;
+  CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run),
+                       "/summary/memory/rank: 99 is not a rank of the run's 2 (/environment/ranks)",
+                       core::InputError);
+  run = run_document();
+  run["summary"]["time"]["rank"] = 2;
+  CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run),
+                       "/summary/time/rank: 2 is not a rank of the run's 2 (/environment/ranks)",
+                       core::InputError);
+  run = run_document();
+  run["summary"]["memory"]["peak_bytes"] = 5.5;
+  CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run),
+                       "/summary/memory/peak_bytes: must be a whole number of bytes, got 5.5",
+                       core::InputError);
+  run["summary"]["memory"]["peak_bytes"] = 5;
+  CHECK_THROWS_WITH_AS(planner::validate_json(plan_document(), run),
+                       "/summary/memory/peak_bytes: 5 is not the sum of the categories at the "
+                       "peak (1250)",
+                       core::InputError);
 }
 
 TEST_CASE("validate::a run of another plan is refused naming the field, --force compares anyway") {
@@ -210,6 +238,11 @@ TEST_CASE("validate::a run of another plan is refused naming the field, --force 
       {"/plan/strategy", "ddp", "the run's ddp, the plan's fsdp-full"},
       {"/plan/flavour", "fsdp1", "the run's fsdp1, the plan's fsdp2"},
       {"/plan/job/micro_batch", 1, "the run's micro-batch 1, the plan's micro-batch 2"},
+      // What the executor ran, edited apart from the plan it records.
+      {"/execution/world_size", 1024, "the run's 1024 ranks, the plan's 2 ranks"},
+      {"/execution/seq_len", 4096,
+       "the run's sequence length 4096, the plan's sequence length 128"},
+      {"/execution/micro_batch", 8, "the run's micro-batch 8, the plan's micro-batch 2"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.pointer);
@@ -337,6 +370,7 @@ TEST_CASE("validate::a context-parallel run: the memory predicted for the run's 
   // parallel_memory's one stage for c = 2, and the plan's own (c = 1) is said to differ.
   auto run = run_document();
   run["model"]["context_parallel"] = {{"size", 2}, {"sequence_share", 8}};
+  run["execution"]["seq_len"] = 64;  // the rank's half of each sequence, as the executor says it
   const auto plan = documents::plan_from_json(plan_document());
   documents::HardwareProfile hw;
   costmodel::ParallelMemoryInput in;

@@ -52,6 +52,7 @@ json pipeline_run() {
   return {{"schema_version", 1},
           {"kind", "executor pipeline run"},
           {"model", "gpt2"},
+          {"strategy", "ddp"},
           {"world", 2},
           {"pipeline",
            {{"pipeline_parallel", 2},
@@ -116,6 +117,26 @@ TEST_CASE("validate::a pipeline run is compared per stage") {
                    "128 tokens") != std::string::npos);
   CHECK(table.find("step (median of 3)") != std::string::npos);
   CHECK(table.find("measured)") != std::string::npos);
+}
+
+TEST_CASE("validate::a pipeline run of another plan is refused naming the field") {
+  // The stages ran DDP over 128 tokens; a ZeRO-3 plan, or one of 4,096 tokens, is another job.
+  auto zero3 = plan("h100-sxm5-80gb");
+  zero3.spec = documents::make_spec("zero3", std::nullopt, 2);
+  CHECK_THROWS_WITH_AS(
+      planner::validate_json(documents::plan_to_json(zero3), pipeline_run()),
+      "/strategy: not a run of this plan: the run's ddp, the plan's zero3 (--force compares them "
+      "anyway)",
+      core::InputError);
+  auto longer = plan("h100-sxm5-80gb");
+  longer.job.seq_len = 4096;
+  CHECK_THROWS_WITH_AS(
+      planner::validate_json(documents::plan_to_json(longer), pipeline_run()),
+      "/pipeline/seq_len: not a run of this plan: the run's sequence length 128, the plan's "
+      "sequence length 4096 (--force compares them anyway)",
+      core::InputError);
+  const auto forced = planner::validate_json(documents::plan_to_json(zero3), pipeline_run(), true);
+  CHECK(forced.contains("stages"));
 }
 
 TEST_CASE("validate::a pipeline run without a loadable profile: memory only, said in a note") {
