@@ -1,5 +1,7 @@
 #include "core/text.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace shardplan::core {
@@ -54,6 +56,37 @@ std::string printable(std::string_view text) {
 
 std::string json_text(const nlohmann::json& document, int indent) {
   return document.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+namespace {
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);  // distances from a's first i letters to b's first j
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::optional<std::string> closest_name(std::string_view given,
+                                        const std::vector<std::string>& names, std::size_t within) {
+  std::optional<std::string> nearest;
+  std::size_t best = within + 1;
+  for (const auto& n : names)
+    if (const std::size_t d = edit_distance(given, n); d < best) {
+      best = d;
+      nearest = n;
+    }
+  return nearest;
 }
 
 }  // namespace shardplan::core

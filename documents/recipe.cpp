@@ -41,8 +41,6 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_every_n = true,
           .offers_selective_op = false,
           .offers_selective_attention = true,
-          .alternative_loss = LossImpl::fused_linear,  // Liger
-          .alternative_loss_chunks = 0,
           .reduces_in_fp32_only = false,
       },
       {
@@ -71,8 +69,6 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_every_n = true,
           .offers_selective_op = true,
           .offers_selective_attention = true,
-          .alternative_loss = LossImpl::chunked,  // ChunkedLossWrapper
-          .alternative_loss_chunks = 8,
           .reduces_in_fp32_only = true,
       },
       {
@@ -100,8 +96,6 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_every_n = true,
           .offers_selective_op = false,
           .offers_selective_attention = true,
-          .alternative_loss = std::nullopt,
-          .alternative_loss_chunks = 0,
           .reduces_in_fp32_only = false,
       },
       {
@@ -129,8 +123,6 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_every_n = false,  // --recompute-granularity full or selective
           .offers_selective_op = false,
           .offers_selective_attention = true,
-          .alternative_loss = std::nullopt,
-          .alternative_loss_chunks = 0,
           .reduces_in_fp32_only = false,
       },
       {
@@ -158,8 +150,6 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_every_n = true,
           .offers_selective_op = false,
           .offers_selective_attention = true,
-          .alternative_loss = std::nullopt,
-          .alternative_loss_chunks = 0,
           .reduces_in_fp32_only = false,
       },
       {
@@ -187,8 +177,6 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_every_n = false,  // it checkpoints every block or none
           .offers_selective_op = false,
           .offers_selective_attention = false,
-          .alternative_loss = std::nullopt,
-          .alternative_loss_chunks = 0,
           .reduces_in_fp32_only = false,
       },
   }};

@@ -97,11 +97,7 @@ struct RecipeTraits {
   bool offers_every_n;              // every:N checkpointing
   bool offers_selective_op;         // torchtitan's op-level save list
   bool offers_selective_attention;  // Megatron's selective recompute, where attention is eager
-  // A loss its users switch to for memory, searched beside the job's: transformers' Liger fused
-  // linear cross-entropy, torchtitan's chunked loss (with its chunk count).
-  std::optional<LossImpl> alternative_loss;
-  std::int64_t alternative_loss_chunks;
-  bool reduces_in_fp32_only;  // torchtitan's mixed_precision_reduce takes "float32" only
+  bool reduces_in_fp32_only;        // torchtitan's mixed_precision_reduce takes "float32" only
 
   bool runs_under(Flavour f) const;
 };

@@ -1,11 +1,15 @@
 #include "planner/cli.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/file_writer.hpp"
 #include "core/json_reader.hpp"
@@ -19,6 +23,7 @@
 #include "planner/emit_fsdp.hpp"
 #include "planner/emit_parallel.hpp"
 #include "planner/estimate.hpp"
+#include "planner/loss_requirement.hpp"
 #include "planner/parallel_estimate.hpp"
 #include "planner/parallel_search.hpp"
 #include "planner/recommend.hpp"
@@ -55,6 +60,7 @@ struct CliOptions {
   std::optional<std::string> emit;
   std::string svg_path;
   std::optional<std::string> top;
+  std::optional<std::string> losses;  // recommend --losses: other losses the search may choose
   bool exhaustive = false;
   bool model_parallel = false;  // recommend: search tensor, pipeline and context parallelism too
   bool data_parallel_only = false;  // recommend: never widen to model parallelism
@@ -86,6 +92,14 @@ struct Subcommands {
   CLI::App* validate;
 };
 
+// The device memory's flag as other programs and earlier versions spelled it: refused, naming
+// --gpu-memory-GiB (executor and calibrate say the same).
+void add_renamed_memory_flags(CLI::App& sub, Subcommands& c, CliOptions& o) {
+  for (const char* old_name : {"--device-memory-GiB", "--capacity-GiB"})
+    c.renamed.push_back(
+        {sub.add_option(old_name, o.retired)->group(""), old_name, "--gpu-memory-GiB", ""});
+}
+
 Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
   Subcommands c{};
   c.models = app.add_subcommand("models", "list the model presets");
@@ -98,6 +112,7 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
 
   c.estimate = app.add_subcommand("estimate", "memory and step time of one plan");
   add_scenario_options(*c.estimate, o.so);
+  add_renamed_memory_flags(*c.estimate, c, o);
   add_plan_options(*c.estimate, o.po, false);
   c.estimate->add_option("--format", o.format, "table | json");
   c.estimate->add_option("--deepspeed", o.deepspeed_path,
@@ -106,6 +121,7 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
 
   c.simulate = app.add_subcommand("simulate", "estimate, and write the step's timeline");
   add_scenario_options(*c.simulate, o.so);
+  add_renamed_memory_flags(*c.simulate, c, o);
   add_plan_options(*c.simulate, o.po, true);
   c.simulate->add_option("--trace", o.trace_path, "Chrome-trace JSON to write (opens in Perfetto)")
       ->required();
@@ -113,6 +129,7 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
 
   c.recommend = app.add_subcommand("recommend", "search the plan space and recommend a plan");
   add_scenario_options(*c.recommend, o.so);
+  add_renamed_memory_flags(*c.recommend, c, o);
   add_plan_options(*c.recommend, o.po, false);
   c.recommend->add_option("--format", o.format, "table | json");
   c.recommend->add_option(
@@ -123,6 +140,10 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
   c.recommend->add_option("--svg", o.svg_path,
                           "write the best plan of each family as stacked memory bars");
   c.recommend->add_option("--top", o.top, "ranked plans to list (default 10)");
+  c.recommend->add_option(
+      "--losses", o.losses,
+      "comma list of losses the search may choose besides the recipe's own (fused-linear: "
+      "Liger's; chunked:N; fused; upcast; fp32-inplace); a plan that needs one says so first");
   c.recommend->add_flag("--exhaustive", o.exhaustive, "simulate every plan (no pruning)");
   c.recommend->add_flag(
       "--model-parallel", o.model_parallel,
@@ -134,6 +155,7 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
 
   c.compare = app.add_subcommand("compare", "evaluate strategies side by side for one job");
   add_scenario_options(*c.compare, o.so);
+  add_renamed_memory_flags(*c.compare, c, o);
   c.compare->add_option("--strategy", o.strategies,
                         "comma list of strategies (ddp | zero1 | zero2 | zero3 | fsdp-full | "
                         "fsdp-grad-op | hsdp) [default: all]");
@@ -153,28 +175,6 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
   c.validate->add_flag("--force", o.force,
                        "compare a run of another plan anyway (said in the first line)");
   return c;
-}
-
-void list_models(std::ostream& out) {
-  for (const auto& n : documents::preset_model_names()) {
-    const auto m = documents::load_model(n);
-    out << fmt::format("{:<14} {:<20} {:>16L} params\n", n,
-                       documents::architecture_name(m.architecture), m.total_params());
-  }
-}
-
-void list_hardware(std::ostream& out) {
-  const auto names = documents::preset_hardware_names();
-  if (names.empty())
-    throw InputError(
-        "SHARDPLAN_DATA_DIR",
-        fmt::format("no profiles (*.json) in {}/hardware_profiles", documents::data_dir()));
-  for (const auto& n : names) {
-    const auto h = documents::load_hardware(n);
-    out << fmt::format("{:<18} {}\n", n, h.description);
-  }
-  out << fmt::format("(profiles in {}/hardware_profiles; a profile file's path works too)\n",
-                     documents::data_dir());
 }
 
 void run_describe(const CliOptions& o, std::ostream& out) {
@@ -303,6 +303,16 @@ std::pair<SearchPins, std::string> search_pins(const CliOptions& o, const Scenar
   if (sc.job.micro_batch > 0) pins.micro_batch = sc.job.micro_batch;  // --micro-batch or the job's
   pins.checkpointing = sc.checkpointing_named;
   pins.loss = sc.loss_named;
+  if (o.losses) {
+    if (o.so.loss)
+      throw InputError("--losses", "--loss pins the loss; give one of --loss and --losses");
+    std::stringstream list(*o.losses);
+    for (std::string name; std::getline(list, name, ',');) {
+      documents::TrainingJob j = sc.job;
+      documents::set_loss(j, name, "--losses");
+      pins.other_losses.emplace_back(j.loss, j.loss_chunks);
+    }
+  }
   if (po.offload) pins.offload = documents::offload_from_name(*po.offload, "--offload");
   if (group) {
     if (*group < 2 || sc.cluster.gpus % *group != 0)
@@ -385,6 +395,9 @@ void write_recommendation(const CliOptions& o, const Scenario& sc, const Recomme
                           int top_plans, std::ostream& out, std::vector<std::string>& notes) {
   const auto& emit = o.emit;
   if (emit) {  // the config is stdout; what it was planned from goes to stderr
+    if (!rec.search.ranked.empty())
+      if (const auto needs = loss_requirement(rec.search.ranked.front().eval.job); !needs.empty())
+        notes.push_back("NOTE: " + needs);
     if (!sc.defaulted.empty()) notes.push_back(defaults_line(sc));
     if (!emit_pin.empty()) notes.push_back(emit_pin);
   }
@@ -421,6 +434,8 @@ void write_recommendation(const CliOptions& o, const Scenario& sc, const Recomme
 void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostream& out,
                    std::vector<std::string>& notes) {
   check_format(o.format);
+  if (o.losses && o.model_parallel)
+    throw InputError("--losses", "the model-parallel search keeps the recipe's loss (or --loss)");
   const int top_plans = o.top ? core::int_from_text("--top", *o.top) : 10;
   check_recommend_flags(o, recommend_cmd, top_plans);
   if (o.model_parallel) {
@@ -493,32 +508,6 @@ void run_validate(const CliOptions& o, std::ostream& out) {
                                : validate_table(plan, run, o.force, hw));
   } catch (const InputError& e) {
     throw core::error_in_file(o.run_path, e);
-  }
-}
-
-void compare_table(const Scenario& sc, const std::vector<Evaluation>& evals, std::ostream& out) {
-  if (!sc.defaulted.empty()) out << defaults_line(sc) << "\n";
-  out << scenario_line(sc) << "\n" << hardware_line(sc) << "\n";
-  // The checkpointing column is as wide as its longest label ("selective-attention").
-  std::size_t ckpt = std::string("checkpointing").size();
-  for (const auto& e : evals) ckpt = std::max(ckpt, documents::checkpointing_label(e.job).size());
-  out << fmt::format("{:<14} {:<10} {:>5} {:<{}} {:>11} {:>11} {:>11} {:>10} {:>11} {:>7}  {}\n",
-                     "strategy", "flavour", "mb", "checkpointing", ckpt, "states GiB", "peak GiB",
-                     "step s", "exposed s", "tokens/s", "MFU", "verdict");
-  for (const auto& e : evals) {
-    const auto& r = e.result;
-    if (!r.valid) {
-      out << fmt::format("{:<14} {:<10} not runnable: {}\n", e.spec.strategy,
-                         documents::flavour_name(e.spec.flavour), r.reason);
-      continue;
-    }
-    out << fmt::format("{:<14} {:<10} {:>5} {:<{}} {:>11.2f} {:>11.2f} {:>11.3f} {:>10.3f} "
-                       "{:>11.0f} {:>6.1f}%  {}\n",
-                       e.spec.strategy, documents::flavour_name(e.spec.flavour), e.job.micro_batch,
-                       documents::checkpointing_label(e.job), ckpt,
-                       documents::total(r.model_states) / (1 << 30), r.peak_bytes / (1 << 30),
-                       r.step_s, r.exposed_comm_s, r.tokens_per_s, 100 * r.mfu,
-                       e.fits ? "fits" : "DOES NOT FIT");
   }
 }
 
@@ -683,10 +672,26 @@ struct Parser {
   Parser& operator=(const Parser&) = delete;
 };
 
+// "" when `first` is a flag or a command; else the one line that says so, with the command it
+// most likely meant (within two letters).
+std::string unknown_command(const CLI::App& app, const std::string& first) {
+  if (first.empty() || first.front() == '-') return "";
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+  if (std::find(names.begin(), names.end(), first) != names.end()) return "";
+  const auto nearest = core::closest_name(first, names);
+  return fmt::format("unknown command \"{}\"{}; the commands are {}", core::printable(first),
+                     nearest ? fmt::format(" (did you mean {}?)", *nearest) : "",
+                     fmt::join(names, ", "));
+}
+
 }  // namespace
 
 Response run_request(const Request& request) {
   Parser p;
+  if (!request.args.empty())
+    if (const auto unknown = unknown_command(p.app, request.args.front()); !unknown.empty())
+      throw InputError("command line", unknown);
   std::vector<std::string> args(request.args.rbegin(), request.args.rend());  // CLI11 pops the back
   try {
     p.app.parse(args);
@@ -713,6 +718,13 @@ Response run_request(const Request& request) {
 int run_cli(int argc, char** argv) {
   Parser p;
   CLI::App& app = p.app;
+  if (argc > 1) {
+    const std::string unknown = unknown_command(app, argv[1]);
+    if (!unknown.empty()) {
+      std::cerr << "planner: command line: " << unknown << "\n";
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

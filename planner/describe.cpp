@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include "core/input_error.hpp"
+#include "documents/hardware.hpp"
+
 #include "planner/text.hpp"
 
 namespace shardplan::planner {
@@ -33,6 +36,28 @@ std::string describe_table(const documents::ModelSpec& m) {
   line("");
   line("{:<36} {:>16} {:>16L}", "total parameters", "", m.total_params());
   return text.str;
+}
+
+void list_models(std::ostream& out) {
+  for (const auto& n : documents::preset_model_names()) {
+    const auto m = documents::load_model(n);
+    out << fmt::format("{:<14} {:<20} {:>16L} params\n", n,
+                       documents::architecture_name(m.architecture), m.total_params());
+  }
+}
+
+void list_hardware(std::ostream& out) {
+  const auto names = documents::preset_hardware_names();
+  if (names.empty())
+    throw core::InputError(
+        "SHARDPLAN_DATA_DIR",
+        fmt::format("no profiles (*.json) in {}/hardware_profiles", documents::data_dir()));
+  for (const auto& n : names) {
+    const auto h = documents::load_hardware(n);
+    out << fmt::format("{:<18} {}\n", n, h.description);
+  }
+  out << fmt::format("(profiles in {}/hardware_profiles; a profile file's path works too)\n",
+                     documents::data_dir());
 }
 
 }  // namespace shardplan::planner

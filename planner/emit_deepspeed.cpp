@@ -8,6 +8,7 @@
 
 #include "core/input_error.hpp"
 #include "core/whole_count.hpp"
+#include "planner/loss_requirement.hpp"
 
 namespace shardplan::planner {
 
@@ -87,7 +88,10 @@ nlohmann::json zero_section(const Scenario& sc, const Evaluation& e, int stage) 
 
 std::string comment_for(const Scenario& sc, const Evaluation& e) {
   const auto& r = e.result;
-  std::string c = fmt::format(
+  // What the plan asks of the training code comes first.
+  const std::string needs = loss_requirement(e.job);
+  std::string c = needs.empty() ? "" : "NOTE: " + needs + ". ";
+  c += fmt::format(
       "shardplan plan for {}: {} ({}), micro-batch {}, checkpointing {}, offload {}; predicted "
       "peak "
       "{} of {} usable per GPU{}, step {}.",

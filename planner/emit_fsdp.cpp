@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/input_error.hpp"
+#include "planner/loss_requirement.hpp"
 #include "planner/text.hpp"
 
 namespace shardplan::planner {
@@ -464,6 +465,7 @@ std::string fsdp_settings(const Scenario& sc, const Evaluation& e) {
   const auto& s = e.spec;
   const auto& r = e.result;
   Text t;
+  if (const auto needs = loss_requirement(e.job); !needs.empty()) t.line("# NOTE: {}", needs);
   t.line("# shardplan: {} ({}) for {}", s.strategy, flavour_name(s.flavour), scenario_line(sc));
   t.line(
       "# micro-batch {}, checkpointing {}, offload {}; predicted peak {} of {} usable per GPU{}, "

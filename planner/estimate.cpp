@@ -539,4 +539,30 @@ nlohmann::json trace_to_chrome_json(const Trace& t) {
   return {{"schema_version", 1}, {"traceEvents", events}, {"displayTimeUnit", "ms"}};
 }
 
+void compare_table(const Scenario& sc, const std::vector<Evaluation>& evals, std::ostream& out) {
+  if (!sc.defaulted.empty()) out << defaults_line(sc) << "\n";
+  out << scenario_line(sc) << "\n" << hardware_line(sc) << "\n";
+  // The checkpointing column is as wide as its longest label ("selective-attention").
+  std::size_t ckpt = std::string("checkpointing").size();
+  for (const auto& e : evals) ckpt = std::max(ckpt, documents::checkpointing_label(e.job).size());
+  out << fmt::format("{:<14} {:<10} {:>5} {:<{}} {:>11} {:>11} {:>11} {:>10} {:>11} {:>7}  {}\n",
+                     "strategy", "flavour", "mb", "checkpointing", ckpt, "states GiB", "peak GiB",
+                     "step s", "exposed s", "tokens/s", "MFU", "verdict");
+  for (const auto& e : evals) {
+    const auto& r = e.result;
+    if (!r.valid) {
+      out << fmt::format("{:<14} {:<10} not runnable: {}\n", e.spec.strategy,
+                         documents::flavour_name(e.spec.flavour), r.reason);
+      continue;
+    }
+    out << fmt::format("{:<14} {:<10} {:>5} {:<{}} {:>11.2f} {:>11.2f} {:>11.3f} {:>10.3f} "
+                       "{:>11.0f} {:>6.1f}%  {}\n",
+                       e.spec.strategy, documents::flavour_name(e.spec.flavour), e.job.micro_batch,
+                       documents::checkpointing_label(e.job), ckpt,
+                       documents::total(r.model_states) / (1 << 30), r.peak_bytes / (1 << 30),
+                       r.step_s, r.exposed_comm_s, r.tokens_per_s, 100 * r.mfu,
+                       e.fits ? "fits" : "DOES NOT FIT");
+  }
+}
+
 }  // namespace shardplan::planner

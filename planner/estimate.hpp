@@ -1,6 +1,7 @@
 // One plan evaluated for a scenario: the simulator's result plus the choices made for it.
 #pragma once
 
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -88,6 +89,9 @@ inline constexpr int kEstimateSchemaVersion = 2;
 nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e);
 std::string scenario_line(const Scenario& sc);
 std::string evaluation_table(const Scenario& sc, const Evaluation& e);
+// `planner compare`'s table: one row per evaluation (strategy, flavour, micro-batch,
+// checkpointing, model states, peak, step, exposed communication, throughput, MFU, verdict).
+void compare_table(const Scenario& sc, const std::vector<Evaluation>& evals, std::ostream& out);
 // Chrome trace-event JSON (loads in Perfetto): one track per stream, a memory counter track.
 nlohmann::json trace_to_chrome_json(const costmodel::Trace& t);
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "documents/plan.hpp"
+#include "planner/loss_requirement.hpp"
 #include "planner/text.hpp"
 
 namespace shardplan::planner {
@@ -50,6 +51,10 @@ std::string default_job_line(const Scenario& sc) {
 std::string recommendation_table(const Scenario& sc, const Recommendation& r, int top) {
   Text t;
   const auto& s = r.search;
+  // What the recommended plan asks of the training code, before anything else.
+  if (!s.ranked.empty())
+    if (const auto needs = loss_requirement(s.ranked.front().eval.job); !needs.empty())
+      t.line("NOTE: {}", needs);
   if (sc.is_default)
     t.line("{}", default_job_line(sc));
   else if (!sc.defaulted.empty())
@@ -113,6 +118,9 @@ nlohmann::json recommendation_json(const Scenario& sc, const Recommendation& r, 
   if (!sc.defaulted.empty()) out["defaulted"] = sc.defaulted;
   out["recommendation"] =
       s.ranked.empty() ? nlohmann::json(nullptr) : candidate_json(sc, s.ranked.front());
+  if (!s.ranked.empty())
+    if (const auto needs = loss_requirement(s.ranked.front().eval.job); !needs.empty())
+      out["requires"] = nlohmann::json::array({needs});
   nlohmann::json candidates = nlohmann::json::array();
   for (std::size_t i = 0; i < s.ranked.size() && i < static_cast<std::size_t>(top); ++i)
     candidates.push_back(candidate_json(sc, s.ranked[i]));

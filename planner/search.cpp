@@ -124,8 +124,8 @@ std::vector<std::int64_t> micro_batches_to_search(const Scenario& sc, const Sear
 
 // What the user can set in the recipe's code: the checkpointing modes (every other block, and
 // torchtitan's op-level policy, beside none and full; Megatron's attention-only recompute only
-// changes anything for materialized scores) and the losses the recipe offers (transformers
-// with Liger's fused linear cross-entropy; torchtitan's ChunkedLossWrapper, 8 chunks by default).
+// changes anything for materialized scores), and the losses the user allows with --losses
+// beside the recipe's own.
 struct Ckpt {
   Checkpointing mode;
   std::int64_t every;
@@ -153,9 +153,11 @@ struct Loss {
 
 std::vector<Loss> losses_to_search(const Scenario& sc, const SearchPins& pins) {
   std::vector<Loss> losses = {{sc.job.loss, sc.job.loss_chunks}};
-  const RecipeTraits& r = recipe_traits(sc.job.recipe);
-  if (!pins.loss && r.alternative_loss && sc.job.loss != *r.alternative_loss)
-    losses.push_back({*r.alternative_loss, r.alternative_loss_chunks});
+  for (const auto& other : pins.other_losses)
+    if (std::none_of(losses.begin(), losses.end(), [&](const Loss& l) {
+          return l.impl == other.first && l.chunks == other.second;
+        }))
+      losses.push_back({other.first, other.second});
   return losses;
 }
 

@@ -5,8 +5,10 @@
 // exhaustive one; tests check it.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "planner/estimate.hpp"
@@ -22,6 +24,9 @@ struct SearchPins {
   std::optional<std::int64_t> micro_batch;
   bool checkpointing = false;  // the scenario's checkpointing mode (and every:N) is the user's
   bool loss = false;           // the scenario's loss is the user's
+  // --losses: losses the search may choose besides the recipe's own, each as a job names it
+  // (LossImpl, chunks). None by default: another loss is a change to the user's training code.
+  std::vector<std::pair<documents::LossImpl, std::int64_t>> other_losses;
   std::optional<documents::Offload> offload;
   std::optional<int> shard_group_size;
   // --reduce-dtype: every candidate reduces in it; DDP, which has no such setting, is left out.

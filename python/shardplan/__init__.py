@@ -246,6 +246,7 @@ def recommend(
     reduce_dtype: Optional[str] = None,
     top: Optional[Number] = None,
     exhaustive: bool = False,
+    losses: Optional[str] = None,
     svg: Optional[Union[str, "os.PathLike[str]"]] = None,
     model_parallel: bool = False,
     data_parallel_only: bool = False,
@@ -317,6 +318,7 @@ def _plan_options(
     offload: Optional[str] = None,
     reduce_dtype: Optional[str] = None,
     exhaustive: bool = False,
+    losses: Optional[str] = None,
 ) -> Dict[str, Any]:
     return dict(locals())
 

@@ -62,6 +62,7 @@ class EstimateOptions(PlanOptions, total=False):
 
 class EmitOptions(PlanOptions, total=False):
     exhaustive: bool
+    losses: str  # comma list the search may choose besides the recipe's own loss (fused-linear, chunked:N)
 
 class RecommendOptions(EmitOptions, total=False):
     top: Number

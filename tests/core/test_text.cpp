@@ -1,11 +1,14 @@
 #include <doctest/doctest.h>
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "core/text.hpp"
 
+using shardplan::core::closest_name;
 using shardplan::core::json_text;
 using shardplan::core::printable;
 
@@ -31,4 +34,15 @@ TEST_CASE("text::json_text writes a name that is not UTF-8 with U+FFFD, never th
   CHECK(text == "{\"n\":1,\"path\":\"m\xef\xbf\xbd\xef\xbf\xbd.json\"}");
   CHECK(nlohmann::json::parse(text).at("path") == "m\xef\xbf\xbd\xef\xbf\xbd.json");
   CHECK(json_text(doc, 2).find("\n  \"n\": 1,\n") != std::string::npos);
+}
+
+TEST_CASE("text::the closest name is the nearest within the distance, or none") {
+  const std::vector<std::string> commands = {"models",   "hardware",  "describe", "estimate",
+                                             "simulate", "recommend", "compare",  "validate"};
+  CHECK(closest_name("recomend", commands) == "recommend");  // one letter left out
+  CHECK(closest_name("estimte", commands) == "estimate");
+  CHECK(closest_name("compair", commands) == "compare");  // two letters changed
+  CHECK(closest_name("plan", commands) == std::nullopt);  // nothing within two letters
+  CHECK(closest_name("", commands) == std::nullopt);
+  CHECK(closest_name("validate", commands, 0) == "validate");
 }

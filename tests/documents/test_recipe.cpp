@@ -22,11 +22,6 @@ TEST_CASE("recipe::each row describes its own recipe") {
     // What it does unless told is among what the search offers of it.
     if (t.checkpointing == Checkpointing::selective_op) CHECK(t.offers_selective_op);
     if (t.checkpointing == Checkpointing::every) CHECK(t.offers_every_n);
-    // The alternative loss is another loss than its own, with a count where it takes one.
-    if (t.alternative_loss) {
-      CHECK(*t.alternative_loss != t.loss);
-      CHECK((*t.alternative_loss == LossImpl::chunked) == (t.alternative_loss_chunks > 0));
-    }
     // Counting the embeddings and the head as blocks is a split, which an even split refuses.
     if (t.pipeline_even_split) CHECK(t.pipeline_less_layers == 0);
     // Only a framework's own code is counted per op; the executor's engine is this project's.

@@ -256,3 +256,55 @@ TEST_CASE("cli::a chunked loss of more chunks than a sequence's tokens is refuse
   CHECK(planner({"estimate", "--strategy", "zero3", "--seq-len", "4096", "--loss", "chunked:4096"})
             .code == 0);
 }
+
+TEST_CASE(
+    "cli::another loss is searched only when allowed, and a plan that needs it says so first") {
+  // llama-3-8b at 8,192 tokens on 8 x A100-40GB: with transformers' own loss the best plan is
+  // ZeRO-3 at micro-batch 1; allowed Liger's fused linear cross-entropy, micro-batch 4, whose
+  // peak holds only with that loss in the training code.
+  const std::vector<std::string> job = {
+      "recommend", "--model", "llama-3-8b",     "--hardware", "a100-sxm4-40gb", "--gpus", "8",
+      "--seq-len", "8192",    "--global-batch", "32"};
+  auto with = [&](std::vector<std::string> more) {
+    auto a = job;
+    a.insert(a.end(), more.begin(), more.end());
+    return planner(a);
+  };
+  const auto own = with({"--format", "json"});
+  REQUIRE(own.code == 0);
+  const auto own_doc = nlohmann::json::parse(own.out);
+  CHECK(own_doc["recommendation"]["loss"] == "upcast");
+  CHECK_FALSE(own_doc.contains("requires"));
+  for (const auto& c : own_doc["candidates"]) CHECK(c["loss"] == "upcast");
+
+  const std::string note = "this plan needs the loss fused-linear: Liger's fused linear "
+                           "cross-entropy (pip install liger-kernel; call "
+                           "liger_kernel.transformers.apply_liger_kernel_to_llama(), or the "
+                           "function for the model's architecture, before the model is built), "
+                           "not recipe hf's own (upcast); its peak assumes it";
+  const auto liger = with({"--losses", "fused-linear", "--format", "json"});
+  REQUIRE(liger.code == 0);
+  const auto liger_doc = nlohmann::json::parse(liger.out);
+  CHECK(liger_doc["recommendation"]["loss"] == "fused-linear");
+  CHECK(liger_doc["requires"] == nlohmann::json::array({note}));
+  const auto table = with({"--losses", "fused-linear"});
+  CHECK(table.out.rfind("NOTE: " + note + "\n", 0) == 0);
+  const auto ds = with({"--losses", "fused-linear", "--emit", "deepspeed"});
+  REQUIRE(ds.code == 0);
+  CHECK(nlohmann::json::parse(ds.out)["comment"].get<std::string>().rfind("NOTE: " + note, 0) == 0);
+  CHECK(ds.err.rfind("planner: NOTE: " + note + "\n", 0) == 0);
+  const auto fsdp = with({"--losses", "fused-linear", "--emit", "fsdp"});
+  REQUIRE(fsdp.code == 0);
+  CHECK(fsdp.out.rfind("# NOTE: " + note + "\n", 0) == 0);
+
+  const auto both = with({"--losses", "fused-linear", "--loss", "upcast"});
+  CHECK(both.code == 2);
+  CHECK(both.err == "planner: --losses: --loss pins the loss; give one of --loss and --losses\n");
+  const auto bad = with({"--losses", "liger"});
+  CHECK(bad.code == 2);
+  CHECK(bad.err.rfind("planner: --losses: must be one of ", 0) == 0);
+  const auto layouts = with({"--losses", "fused-linear", "--model-parallel"});
+  CHECK(layouts.code == 2);
+  CHECK(layouts.err ==
+        "planner: --losses: the model-parallel search keeps the recipe's loss (or --loss)\n");
+}

@@ -69,6 +69,24 @@ TEST_CASE("cli_input::a zero or empty value is refused, not read as the default"
             0) == 0);
 }
 
+TEST_CASE("cli_input::an unknown command says the one it most likely meant") {
+  check_refused({"recomend", "--gpus", "8"},
+                "command line: unknown command \"recomend\" (did you mean recommend?); the "
+                "commands are models, hardware, describe, estimate, simulate, recommend, compare, "
+                "validate");
+  check_refused({"plan"}, "command line: unknown command \"plan\"; the commands are models, "
+                          "hardware, describe, estimate, simulate, recommend, compare, validate");
+}
+
+TEST_CASE("cli_input::the device memory's other spellings name --gpu-memory-GiB") {
+  for (const char* command : {"estimate", "recommend", "compare"})
+    for (const char* old_name : {"--device-memory-GiB", "--capacity-GiB"}) {
+      CAPTURE(command);
+      check_refused({command, old_name, "40"},
+                    std::string(old_name) + ": renamed: give --gpu-memory-GiB");
+    }
+}
+
 TEST_CASE("cli_input::compare takes --strategy as the other commands do, --strategies is refused") {
   check_refused({"compare", "--strategies", "ddp,zero3"},
                 "--strategies: renamed: give --strategy (a comma list, as before)");

@@ -125,24 +125,34 @@ TEST_CASE("search::pins restrict the space") {
 
 TEST_CASE("search::what the recipe lets a user set is searched and recorded") {
   // transformers: checkpointing none, full or every other layer (activation_checkpointing_enable
-  // (every_n_layers=2)), the model's own loss or Liger's fused linear cross-entropy; torchtitan:
-  // its op-level selective checkpointing and its ChunkedLossWrapper (8 chunks).
+  // (every_n_layers=2)), the model's own loss, and a loss the user allows (--losses: Liger's
+  // fused linear cross-entropy); torchtitan: its op-level selective checkpointing, and its
+  // ChunkedLossWrapper (8 chunks) when allowed. Another loss is searched only when allowed: it is
+  // a change to the training code.
   auto sc = scenario("llama-3-8b", "a100-sxm4-80gb", 8, 8, 8192, 64);
   SearchPins pins;
   pins.exhaustive = true;
-  std::set<std::string> seen;
-  for (const auto& c : search(sc, pins).ranked)
-    seen.insert(documents::checkpointing_label(c.eval.job) + "/" +
-                documents::loss_label(c.eval.job));
+  const auto seen_in = [&] {
+    std::set<std::string> seen;
+    for (const auto& c : search(sc, pins).ranked)
+      seen.insert(documents::checkpointing_label(c.eval.job) + "/" +
+                  documents::loss_label(c.eval.job));
+    return seen;
+  };
+  auto seen = seen_in();
   CHECK(seen.count("every:2/upcast") == 1);
-  CHECK(seen.count("none/fused-linear") == 1);
+  CHECK(seen.count("none/fused-linear") == 0);
   CHECK(seen.count("selective-op/upcast") == 0);
+  pins.other_losses = {{documents::LossImpl::fused_linear, 0}};
+  seen = seen_in();
+  CHECK(seen.count("none/fused-linear") == 1);
   sc.job.recipe = documents::Recipe::torchtitan;
-  seen.clear();
-  for (const auto& c : search(sc, pins).ranked)
-    seen.insert(documents::checkpointing_label(c.eval.job) + "/" +
-                documents::loss_label(c.eval.job));
+  pins.other_losses.clear();
+  seen = seen_in();
   CHECK(seen.count("selective-op/upcast") == 1);
+  CHECK(seen.count("selective-op/chunked:8") == 0);
+  pins.other_losses = {{documents::LossImpl::chunked, 8}};
+  seen = seen_in();
   CHECK(seen.count("selective-op/chunked:8") == 1);
   CHECK(seen.count("none/fused-linear") == 0);
 }
