@@ -220,17 +220,19 @@ gpu_architectures() {
 # One row per strategy from the validate and run documents, and the calibrated profile; the table
 # on standard output.
 print_table() {
-  python3 - "$LOG" "$ROOT/hardware_profiles" "${STRATEGIES[@]}" <<'EOF'
+  python3 - "$LOG" "$ROOT/hardware_profiles" "$PRECISION" "${STRATEGIES[@]}" <<'EOF'
 import glob, json, os, sys
-log, profiles, strategies = sys.argv[1], sys.argv[2], sys.argv[3:]
+log, profiles, precision, strategies = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+# The GEMMs' type under the run's precision: bf16 or fp16 autocast, TF32 for fp32.
+dtype = {"bf16-mixed": "bf16", "bf16": "bf16", "fp16-mixed": "fp16"}.get(precision, "tf32")
 
-# The datasheet's dense TF32 peak of the device the runs name (the built-in profile whose
-# gpu.name is the CUDA device's name), for MFU against the datasheet as the goals state it.
-def datasheet_tf32(device):
+# The datasheet's dense peak of the GEMMs' type on the device the runs name (the built-in profile
+# whose gpu.name is the CUDA device's name), for MFU against the datasheet as the goals state it.
+def datasheet_peak(device):
     for path in glob.glob(os.path.join(profiles, "*.json")):
         gpu = json.load(open(path)).get("gpu", {})
         if gpu.get("name") == device:
-            return gpu.get("peak_TFLOPs", {}).get("tf32"), os.path.basename(path)
+            return gpu.get("peak_TFLOPs", {}).get(dtype), os.path.basename(path)
     return None, None
 
 def load(name):
@@ -241,7 +243,7 @@ def pct(x):
     return "n/a" if x is None else f"{100 * x:+.1f}%"
 
 profile = load("calibrated.json") or {}
-tf32_peak = profile.get("gpu", {}).get("peak_TFLOPs", {}).get("tf32")
+measured_peak = profile.get("gpu", {}).get("peak_TFLOPs", {}).get(dtype)
 rows = [f"{'strategy':<10} {'pred peak':>10} {'meas peak':>10} {'error':>8} {'pred step':>10} "
         f"{'meas step':>10} {'error':>8} {'MFU':>7} {'TFLOP/s':>8}",
         f"{'':<10} {'GiB':>10} {'GiB':>10} {'':>8} {'ms':>10} {'ms':>10} {'':>8} {'':>7} {'':>8}"]
@@ -254,17 +256,17 @@ for s in strategies:
     m, t = v["memory"], v["time"]
     time = run.get("summary", {}).get("time", {})
     achieved, mfu = time.get("achieved_TFLOPs"), None
-    datasheet, profile_name = datasheet_tf32(run.get("environment", {}).get("device"))
+    datasheet, profile_name = datasheet_peak(run.get("environment", {}).get("device"))
     if achieved is not None and datasheet:
         mfu = achieved / datasheet
-        sources.add(f"MFU: model FLOPs per step / step time / the datasheet's dense TF32 peak "
-                    f"({datasheet} TFLOP/s, hardware_profiles/{profile_name})")
-    elif achieved is not None and tf32_peak:
+        sources.add(f"MFU: model FLOPs per step / step time / the datasheet's dense {dtype} "
+                    f"peak ({datasheet} TFLOP/s, hardware_profiles/{profile_name})")
+    elif achieved is not None and measured_peak:
         # MFU = model FLOPs per step / (step time x peak) per GPU (costmodel/simulator.cpp),
-        # against the calibrated profile's TF32 peak: its best measured TF32 GEMM rate.
-        mfu = achieved / tf32_peak
-        sources.add(f"MFU: achieved TFLOP/s / the profile's TF32 peak ({tf32_peak:.1f} TFLOP/s, "
-                    "the best measured TF32 GEMM)")
+        # against the calibrated profile's peak: its best measured GEMM rate of that type.
+        mfu = achieved / measured_peak
+        sources.add(f"MFU: achieved TFLOP/s / the profile's {dtype} peak ({measured_peak:.1f} "
+                    f"TFLOP/s, the best measured {dtype} GEMM)")
     rows.append(f"{s:<10} {m['peak_predicted_bytes'] / 2**30:>10.2f} {m['peak_measured_bytes'] / 2**30:>10.2f} "
                 f"{pct(m['peak_rel_error']):>8} {1e3 * t['step_predicted_s']:>10.1f} "
                 f"{1e3 * t['step_measured_s']:>10.1f} {pct(t['step_rel_error']):>8} "
