@@ -326,19 +326,13 @@ ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, const 
                                 bool checkpointed) {
   const Shape x(m, j);
   const Dtypes d{f.e, f.p, f.p, f.cuda};
-  const double e = f.e;
   const double full = architecture_block(m, x, j, d).total();
   ActivationBytes out;
   if (checkpointed) {
     out.saved = d.r * x.T * x.h;  // torch.utils.checkpoint keeps the block's input
     out.recompute = full;
   } else if (j.checkpointing == Checkpointing::selective_op) {
-    // torchtitan's SelectiveAC (torchtitan/distributed/activation_checkpoint.py): inside each
-    // block the outputs of attention and of the odd-numbered matmuls are saved (wqkv, w1, w2 of
-    // wqkv, wo, w1, w3, w2), everything else is recomputed; the block's input is kept.
-    const double qkv = x.q + 2 * x.kv;
-    out.saved = d.r * x.T * x.h + e * x.T * qkv + e * x.T * x.q + 4 * x.a * x.T + e * x.T * x.I +
-                e * x.T * x.h;
+    out.saved = selective_op_saved(m, j, f, 1, 1);
     // In backward the rest is rebuilt beside what was kept: the block's full set at once.
     out.recompute = std::max(0.0, full - out.saved);
   } else {
@@ -348,6 +342,23 @@ ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, const 
 }
 
 }  // namespace
+
+// torchtitan's SelectiveAC (torchtitan/distributed/activation_checkpoint.py, torchtitan 0.3.0):
+// inside each block the outputs of attention and of the odd-numbered matmuls are saved (wqkv, w1,
+// w2 of wqkv, wo, w1, w3, w2), everything else is recomputed; the block's input is kept. Under
+// torchtitan's tensor parallelism its policy sees each rank's local ops, so each saved tensor is
+// the rank's: the column-parallel wqkv and w1 outputs and the attention's a/t heads split by t,
+// the row-parallel w2's output whole ([T, h], its partial sum before the all-reduce or the
+// reduce-scatter, which the policy does not save), the block's input split by sp under sequence
+// parallelism (measured: tests/costmodel/data/oracle_tp_units.json).
+double selective_op_saved(const ModelSpec& m, const TrainingJob& j, const Forward& f, double t,
+                          double sp) {
+  const Shape x(m, j);
+  const Dtypes d{f.e, f.p, f.p, f.cuda};
+  const double e = f.e;
+  const double qkv = x.q + 2 * x.kv;
+  return d.r * x.T * x.h / sp + (e * x.T * (qkv + x.q + x.I) + 4 * x.a * x.T) / t + e * x.T * x.h;
+}
 
 BlockParts framework_block_parts(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
   return architecture_block(m, Shape(m, j), j, Dtypes{f.e, f.p, f.p, f.cuda});

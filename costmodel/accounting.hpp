@@ -61,6 +61,10 @@ struct Forward {
 // checked against the bytes PyTorch's autograd saves (tests/costmodel/data/oracle_units.json).
 ActivationBytes block_activations(const ModelSpec& m, const TrainingJob& job, const Forward& f,
                                   bool checkpointed);
+// What torchtitan's op-level selective checkpointing keeps of one block on one rank of t
+// tensor-parallel ranks (t = 1: the whole block); sp: t under sequence parallelism, else 1.
+double selective_op_saved(const ModelSpec& m, const TrainingJob& job, const Forward& f, double t,
+                          double sp);
 // One norm's saved bytes: what it keeps on the token stream it runs on (its input, statistics,
 // normalized value) and the output the linears after it keep (per consumer under autocast).
 struct NormParts {

@@ -503,12 +503,10 @@ ActivationBytes plan_block(const ParallelMemoryInput& in, const Forward& f, bool
     out.saved = f.p * T * static_cast<double>(m.hidden) / sp;
     out.recompute = full;
   } else if (j.checkpointing == Checkpointing::selective_op) {
-    // torchtitan's op-level policy on the split block: what the whole block saves and reruns,
-    // scaled by the split block's share of the whole (its save list is of the same tensors).
-    const ActivationBytes whole = block_activations(m, j, f, false);
-    const double share = full / std::max(1.0, parts.total());
-    out.saved = whole.saved * share;
-    out.recompute = whole.recompute * share;
+    // torchtitan's op-level save list on the rank's local tensors (selective_op_saved); the rest
+    // of the rank's block is rebuilt beside it in backward.
+    out.saved = selective_op_saved(m, j, f, t, sp);
+    out.recompute = std::max(0.0, full - out.saved);
   } else {
     out.saved = full;
   }
@@ -516,6 +514,14 @@ ActivationBytes plan_block(const ParallelMemoryInput& in, const Forward& f, bool
   if (f.p > f.e) out.saved += f.e * static_cast<double>(m.block.matmul_params()) / t;
   return out;
 }
+
+}  // namespace
+
+ActivationBytes torch_tp_block(const ParallelMemoryInput& in, bool checkpointed) {
+  return plan_block(in, plan_forward(in), checkpointed);
+}
+
+namespace {
 
 // The head on one rank: the final norm (its state split under sequence parallelism, the
 // projection's input whole), then the loss.

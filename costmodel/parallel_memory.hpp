@@ -65,6 +65,12 @@ LayerActivations layer_activations(const ModelSpec& m, const TrainingJob& j,
 // position table stays whole (Megatron keeps position embeddings replicated).
 double tp_local_elements(const UnitTensors& u, int t, bool embedding);
 
+// What one block keeps per micro-batch on one rank under PyTorch's tensor-parallel styles as hf's
+// and torchtitan's plans apply them (the parts between the column- and row-parallel linears split
+// by t, the norms' by sequence parallelism, torchtitan's op-level save list on the local tensors),
+// as parallel_memory counts every block of a stage; `checkpointed`: under full checkpointing.
+ActivationBytes torch_tp_block(const struct ParallelMemoryInput& in, bool checkpointed);
+
 struct StageMemory {
   int stage = 0;
   double blocks = 0;        // transformer blocks on the stage (all its chunks)

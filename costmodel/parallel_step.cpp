@@ -37,6 +37,11 @@ struct BlockTime {
   // the attention output projection (wo) and the MLP's up projection (w3), before the backward
   // (the FLOPs of accounting's block_recompute for selective_op, at the GEMM rate).
   double selective = 0;
+  // Its rerun under tensor parallelism reruns the forward's collectives up to the MLP's last
+  // input (non-reentrant checkpointing stops once the tensors backward needs exist): both
+  // all-gathers and the attention's reduce-scatter under sequence parallelism, the attention's
+  // all-reduce without; the policy saves no output of them.
+  double tp_selective = 0;
 };
 
 BlockTime block_time(const StepInput& in, const ParallelLayout& l, const LayoutGroups& g,
@@ -67,6 +72,11 @@ BlockTime block_time(const StepInput& in, const ParallelLayout& l, const LayoutG
                 comm.cost(Collective::reduce_scatter, g.tensor, buffer).seconds);
   };
   b.tp_fwd = b.tp_bwd = tp_phase();
+  if (j.checkpointing == Checkpointing::selective_op && l.tensor_parallel > 1)
+    b.tp_selective = l.sequence_parallel
+                         ? 2 * comm.cost(Collective::all_gather, g.tensor, buffer).seconds +
+                               comm.cost(Collective::reduce_scatter, g.tensor, buffer).seconds
+                         : comm.cost(Collective::all_reduce, g.tensor, buffer).seconds;
   if (l.context_parallel > 1) {
     const double chunk = 2 * e * T * static_cast<double>(m.kv_width()) / t;  // K and V
     const double step = p2p_time(*in.hardware, g.context.tier(), chunk);
@@ -97,7 +107,8 @@ StageTime stage_time(const StepInput& in, const ParallelLayout& l, const BlockTi
   const bool async = l.async_tensor_parallel;
   StageTime s;
   const double tp_f = exposed(b.tp_fwd, b.fwd - b.core_fwd, async);
-  const double tp_b = exposed(b.tp_bwd, b.bwd - 2 * b.core_fwd, async);
+  const double tp_b = exposed(b.tp_bwd, b.bwd - 2 * b.core_fwd, async) +
+                      exposed(b.tp_selective, b.selective, async);
   // Ring attention overlaps each exchange with the attention of the block in hand (Transformer
   // Engine's, torch's context_parallel); the executor's ring waits for each exchange
   // (executor/context_parallel.hpp).

@@ -135,17 +135,16 @@ void shape_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJ
         "parallelism",
         j.seq_len / std::max(cp, 1), t));
   // torchtitan's op-level save list: context parallelism alone is walked op by op, as the
-  // data-parallel step; a pipeline stage of PyTorch's own model code (hf, torchtitan) keeps a
-  // whole block's list per block. Over tensor parallelism's DTensor ops it is not derived.
+  // data-parallel step; a block of PyTorch's own model code (hf, torchtitan) keeps its list per
+  // block under a pipeline and on its local tensors under tensor parallelism (measured:
+  // tests/costmodel/data/oracle_tp_units.json). Other recipes' blocks are not torchtitan's.
   const RecipeTraits& r = recipe_traits(j.recipe);
   const bool pytorch_blocks = r.tensor_parallel == TensorParallelCode::torch_styles;
   if (j.checkpointing == Checkpointing::selective_op &&
-      (t > 1 || (p > 1 && !pytorch_blocks) || (cp > 1 && !r.framework)))
-    out.push_back(t > 1 ? "op-level selective checkpointing is not modeled with tensor "
-                          "parallelism"
-                        : fmt::format("op-level selective checkpointing is torchtitan's, not the "
-                                      "{} recipe's, under a pipeline or context parallelism",
-                                      recipe_name(j.recipe)));
+      (((p > 1 || t > 1) && !pytorch_blocks) || (cp > 1 && !r.framework)))
+    out.push_back(fmt::format("op-level selective checkpointing is torchtitan's, not the {} "
+                              "recipe's, under tensor, pipeline or context parallelism",
+                              recipe_name(j.recipe)));
   const int d = l.data_parallel(c.gpus);
   if (d > 0 && j.micro_batch > 0) {
     const std::int64_t per_step = static_cast<std::int64_t>(d) * l.micro_batches * j.micro_batch;

@@ -336,8 +336,6 @@ const char* framework_name(ParallelFramework f) {
 }
 
 std::string cannot_express(ParallelFramework f, const Scenario& sc, const LayoutCandidate& c) {
-  if (c.job.checkpointing == Checkpointing::selective_op && c.layout.tensor_parallel > 1)
-    return "op-level selective checkpointing is not costed with tensor parallelism";
   switch (f) {
   case ParallelFramework::torchtitan:
     return titan_cannot(sc, c);

@@ -37,10 +37,10 @@ bool faster(const LayoutCandidate& a, const LayoutCandidate& b) {
   return a.result.step.peak_bytes < b.result.step.peak_bytes;
 }
 
-// The activation checkpointing modes tried: the job's when --checkpointing named one; otherwise
-// none, full, and Megatron's selective recompute of the attention core where attention is eager
-// (with flash attention the core saves nothing more than its output: the same as none).
-// Op-level selective checkpointing is not costed with model parallelism (parallel_layout.hpp).
+// The activation checkpointing modes tried, least recompute first: the job's when
+// --checkpointing named one; otherwise none, Megatron's selective recompute of the attention core
+// where attention is eager (with flash attention the core saves nothing more than its output: the
+// same as none), torchtitan's op-level save list where the recipe offers it, and full.
 std::vector<TrainingJob> checkpointing_jobs(const Scenario& sc) {
   if (sc.checkpointing_named) return {sc.job};
   std::vector<TrainingJob> out;
@@ -51,7 +51,10 @@ std::vector<TrainingJob> checkpointing_jobs(const Scenario& sc) {
     out.push_back(j);
   };
   add(Checkpointing::none);
-  if (sc.job.attention == AttentionImpl::eager) add(Checkpointing::selective_attention);
+  const RecipeTraits& r = recipe_traits(sc.job.recipe);
+  if (sc.job.attention == AttentionImpl::eager && r.offers_selective_attention)
+    add(Checkpointing::selective_attention);
+  if (r.offers_selective_op) add(Checkpointing::selective_op);
   add(Checkpointing::full);
   return out;
 }

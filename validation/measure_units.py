@@ -617,12 +617,35 @@ def init_single_rank_gloo():
     return init_device_mesh("cpu", (1,), mesh_dim_names=("fsdp",))
 
 
+def apply_torchtitan_ac(model, ckpt):
+    """torchtitan's activation checkpointing policy on a Llama3Model's blocks: none, FullAC, or
+    SelectiveAC (its per-op save list), as its trainer applies it."""
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    if ckpt == "full":
+        FullAC.Config().build().apply(model)
+    elif ckpt == "selective-op":
+        sac = SelectiveAC.Config().build()
+        # On CUDA the flash SDPA op (aten._scaled_dot_product_flash_attention) is in torchtitan's save
+        # list; its CPU twin is not, so add it to measure what a GPU run keeps.
+        default_ops = sac.get_save_ops()
+        sac.get_save_ops = lambda: default_ops | {
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+        sac.apply(model)
+    elif ckpt != "none":
+        raise ValueError(ckpt)
+    if ckpt == "selective-op":
+        # SAC caches the ops it saves outside autograd's SavedVariables; torch>=2.15 routes them
+        # through the surrounding saved_tensors_hooks when checkpoint() is told to (no other change).
+        for block in model.layers.values():
+            block.checkpoint_fn = functools.partial(block.checkpoint_fn,
+                                                    respect_saved_tensors_hooks=True)
+
+
 def build_torchtitan_model(group, seq_len):
     """Llama3Model as torchtitan builds it, then AC and FSDP2 in parallelize_llama's order."""
     import torchtitan.models.llama3 as llama3
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
     from torchtitan.models.common.attention import ScaledDotProductAttention
-    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
 
     a = TORCHTITAN_ARGS[group["config"]]
@@ -648,25 +671,7 @@ def build_torchtitan_model(group, seq_len):
     model.init_states(buffer_device=torch.device("cpu"))
     model.train()
 
-    ckpt = group["checkpointing"]
-    if ckpt == "full":
-        FullAC.Config().build().apply(model)
-    elif ckpt == "selective-op":
-        sac = SelectiveAC.Config().build()
-        # On CUDA the flash SDPA op (aten._scaled_dot_product_flash_attention) is in torchtitan's save
-        # list; its CPU twin is not, so add it to measure what a GPU run keeps.
-        default_ops = sac.get_save_ops()
-        sac.get_save_ops = lambda: default_ops | {
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
-        sac.apply(model)
-    elif ckpt != "none":
-        raise ValueError(ckpt)
-    if ckpt == "selective-op":
-        # SAC caches the ops it saves outside autograd's SavedVariables; torch>=2.15 routes them
-        # through the surrounding saved_tensors_hooks when checkpoint() is told to (no other change).
-        for block in model.layers.values():
-            block.checkpoint_fn = functools.partial(block.checkpoint_fn,
-                                                    respect_saved_tensors_hooks=True)
+    apply_torchtitan_ac(model, group["checkpointing"])
 
     mesh = init_single_rank_gloo()
     param_dtype = torch.bfloat16 if group["precision"] == "bf16-mixed" else torch.float32

@@ -16,6 +16,9 @@
 #                                               HF Llama split as torchtitan splits it, per stage (validation/measure_pipeline.py)
 #   tests/costmodel/data/oracle_fsdp_tp.json    FSDP2 over PyTorch's TP (torchtitan's 2-D layout, dp_shard 2 x tp 2) on
 #                                               HF Llama (validation/measure_fsdp_tp.py)
+#   tests/costmodel/data/oracle_tp_units.json   bytes torchtitan's own Llama keeps per unit under its own tensor
+#                                               parallelism (t = 2, sequence parallel; none, selective-op, full)
+#                                               (validation/measure_tp_units.py)
 #   tests/costmodel/data/oracle_overheads.json  host-side step overheads: op dispatch, DDP/FSDP1/FSDP2/ZeRO-3
 #                                               hooks per unit and tensor, CPU optimizers (validation/measure_overheads.py)
 # Usage: validation/regenerate.sh [VENV_DIR]   (default validation/.venv; made on first use from
@@ -42,5 +45,6 @@ extra=()
 "$py" validation/measure_tensor_parallel.py --out tests/costmodel/data/oracle_tensor_parallel.json
 "$py" validation/measure_pipeline.py --out tests/costmodel/data/oracle_pipeline.json
 "$py" validation/measure_fsdp_tp.py --out tests/costmodel/data/oracle_fsdp_tp.json
+"$py" validation/measure_tp_units.py --out tests/costmodel/data/oracle_tp_units.json
 "$py" validation/measure_overheads.py --out tests/costmodel/data/oracle_overheads.json
 echo "corpora written; compare with: build/release/bench/memory_corpus --summary"

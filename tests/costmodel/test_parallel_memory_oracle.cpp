@@ -201,3 +201,53 @@ TEST_CASE("parallel_memory::PyTorch TP plans: DDP's bucket copy only over a data
   }
   FAIL("the corpus has no tp2-hf/llama-h256/fp32/none/s128-b1 case");
 }
+
+// torchtitan's own Llama under its own tensor parallelism (validation/measure_tp_units.py:
+// tests/costmodel/data/oracle_tp_units.json; torchtitan 0.3.0, t = 2 with sequence parallelism,
+// fp32 on CPU ranks): what a block keeps for backward with no checkpointing, full checkpointing
+// and torchtitan's op-level save list, against the block parallel_memory counts for every block of
+// a stage. Hand check of the save list at s128-b1 (T = 128 tokens, h = 128, q = 128, kv = 32,
+// I = 352, 8 heads, 4 bytes): the input [T/2, h] 32,768 + wqkv's output [T, (q + 2kv)/2] 49,152 +
+// the attention's output [T, q/2] 32,768 and log-sum-exp [4 heads, T] 2,048 + w1's output
+// [T, I/2] 90,112 + w2's output, its partial sum whole, [T, h] 65,536 = 272,384 bytes.
+TEST_CASE(
+    "parallel_memory::torchtitan's own TP: each block keeps what its code saves, selective-op "
+    "included") {
+  const json corpus = shardplan::oracle::read_corpus("oracle_tp_units.json");
+  int cases = 0;
+  double worst = 0;
+  for (const auto& c : corpus.at("cases")) {
+    const std::string config = c.at("config").get<std::string>();
+    const ModelSpec m = model_from_hf_config(corpus.at("configs").at(config), config);
+    HardwareProfile hw;
+    hw.is_cpu = true;
+    ParallelMemoryInput in;
+    in.model = &m;
+    in.hardware = &hw;
+    const int t = c.at("tensor_parallel").get<int>();
+    in.cluster = {t, t};
+    in.job.seq_len = c.at("seq_len").get<std::int64_t>();
+    in.job.micro_batch = c.at("micro_batch").get<std::int64_t>();
+    in.job.global_batch = in.job.micro_batch;
+    in.job.precision = Precision::fp32;
+    in.job.attention = AttentionImpl::flash;
+    in.job.optimizer = Optimizer::adamw;
+    in.job.recipe = Recipe::torchtitan;
+    in.job.loss = recipe_traits(in.job.recipe).loss;
+    const std::string mode = c.at("checkpointing").get<std::string>();
+    set_checkpointing(in.job, mode, "checkpointing");
+    in.spec = make_spec("fsdp-full", Flavour::fsdp2, 1);
+    in.layout.tensor_parallel = t;
+    in.layout.sequence_parallel = c.at("sequence_parallel").get<bool>();
+    const double predicted = torch_tp_block(in, mode == "full").saved;
+    const double measured = c.at("units").at("block 1").at("activation_bytes").get<double>();
+    INFO(c.at("id").get<std::string>() << ": predicted " << predicted << ", measured " << measured);
+    CHECK(predicted == doctest::Approx(measured).epsilon(0.01));
+    worst = std::max(worst, std::abs(predicted - measured) / measured);
+    if (c.at("id") == "tp2-sp/torchtitan-llama3-h128/fp32/selective-op/s128-b1")
+      CHECK(measured == 272384);
+    ++cases;
+  }
+  CHECK(cases == 12);
+  MESSAGE("torchtitan's TP blocks: worst error " << 100 * worst << "%");
+}

@@ -271,6 +271,51 @@ TEST_CASE("cli_parallel::uneven pipeline splits: torchtitan's default, Megatron'
           "and 1) need pipeline parallel > 1");
 }
 
+// torchtitan's default checkpointing under its default tensor parallelism (refused before): the
+// save list on each rank's local tensors (tests/costmodel/data/oracle_tp_units.json), between no
+// recompute and full recompute in memory and time; the rerun's collectives are in the step.
+TEST_CASE("cli_parallel::torchtitan's op-level selective checkpointing under tensor parallelism") {
+  auto at = [](const char* checkpointing, bool sequence_parallel) {
+    std::vector<std::string> a = {"estimate",
+                                  "--model",
+                                  "llama-3-70b",
+                                  "--hardware",
+                                  "h100-sxm5-80gb",
+                                  "--gpus",
+                                  "64",
+                                  "--seq-len",
+                                  "8192",
+                                  "--global-batch",
+                                  "16",
+                                  "--micro-batch",
+                                  "1",
+                                  "--strategy",
+                                  "fsdp-full",
+                                  "--recipe",
+                                  "torchtitan",
+                                  "--tensor-parallel",
+                                  "8",
+                                  "--checkpointing",
+                                  checkpointing,
+                                  "--format",
+                                  "json"};
+    if (sequence_parallel) a.emplace_back("--sequence-parallel");
+    const auto r = planner(a);
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    return nlohmann::json::parse(r.out);
+  };
+  auto peak = [](const nlohmann::json& d) { return d.at("memory").at("peak_bytes").get<double>(); };
+  auto step = [](const nlohmann::json& d) { return d.at("time").at("step_s").get<double>(); };
+  for (const bool sp : {true, false}) {
+    CAPTURE(sp);
+    const auto none = at("none", sp), op = at("selective-op", sp), full = at("full", sp);
+    CHECK(peak(full) < peak(op));
+    CHECK(peak(op) < peak(none));
+    CHECK(step(none) < step(op));
+    CHECK(step(op) < step(full));
+  }
+}
+
 TEST_CASE("cli_parallel::torchtitan's op-level selective checkpointing under a pipeline") {
   // torchtitan's default checkpointing, refused with any model parallelism before. A pipeline
   // stage of its blocks keeps each block's save list (the data-parallel walk's block) and reruns
@@ -309,15 +354,11 @@ TEST_CASE("cli_parallel::torchtitan's op-level selective checkpointing under a p
   CHECK(peak(op) < peak(none));
   CHECK(step(none) < step(op));
   CHECK(step(op) < step(full));
-  // Over tensor parallelism's DTensor ops the save list is not derived: refused, saying so.
-  const auto tp = planner(llama70b(
-      {"--tensor-parallel", "8", "--sequence-parallel", "--checkpointing", "selective-op"}));
-  CHECK(tp.code == 2);
-  CHECK(has(tp.err, "op-level selective checkpointing is not modeled with tensor parallelism"));
-  // Megatron-LM has no such mode.
-  const auto mega =
-      planner(llama70b({"--pipeline-parallel", "4", "--checkpointing", "selective-op"}));
-  CHECK(mega.code == 2);
-  CHECK(has(mega.err, "op-level selective checkpointing is torchtitan's, not the megatron "
-                      "recipe's, under a pipeline or context parallelism"));
+  // Megatron-LM has no such mode, with a pipeline or with tensor parallelism.
+  for (const char* flag : {"--pipeline-parallel", "--tensor-parallel"}) {
+    const auto mega = planner(llama70b({flag, "4", "--checkpointing", "selective-op"}));
+    CHECK(mega.code == 2);
+    CHECK(has(mega.err, "op-level selective checkpointing is torchtitan's, not the megatron "
+                        "recipe's, under tensor, pipeline or context parallelism"));
+  }
 }
