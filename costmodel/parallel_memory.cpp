@@ -567,6 +567,14 @@ ActivationBytes plan_head(const ParallelMemoryInput& in, const Forward& f) {
   return out;
 }
 
+}  // namespace
+
+ActivationBytes torch_tp_head(const ParallelMemoryInput& in) {
+  return plan_head(in, plan_forward(in));
+}
+
+namespace {
+
 PlanActivations plan_activations(const ParallelMemoryInput& in, const StageShare& share,
                                  int first_block) {
   const Forward f = plan_forward(in);

@@ -70,6 +70,9 @@ double tp_local_elements(const UnitTensors& u, int t, bool embedding);
 // by t, the norms' by sequence parallelism, torchtitan's op-level save list on the local tensors),
 // as parallel_memory counts every block of a stage; `checkpointed`: under full checkpointing.
 ActivationBytes torch_tp_block(const struct ParallelMemoryInput& in, bool checkpointed);
+// The head's on one rank under those plans: the final norm, the projection's input and the loss
+// (torchtitan's vocabulary-parallel cross-entropy keeps its fp32 log-probabilities [T, V/t]).
+ActivationBytes torch_tp_head(const struct ParallelMemoryInput& in);
 
 struct StageMemory {
   int stage = 0;

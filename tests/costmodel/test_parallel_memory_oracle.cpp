@@ -206,10 +206,13 @@ TEST_CASE("parallel_memory::PyTorch TP plans: DDP's bucket copy only over a data
 // tests/costmodel/data/oracle_tp_units.json; torchtitan 0.3.0, t = 2 with sequence parallelism,
 // fp32 on CPU ranks): what a block keeps for backward with no checkpointing, full checkpointing
 // and torchtitan's op-level save list, against the block parallel_memory counts for every block of
-// a stage. Hand check of the save list at s128-b1 (T = 128 tokens, h = 128, q = 128, kv = 32,
-// I = 352, 8 heads, 4 bytes): the input [T/2, h] 32,768 + wqkv's output [T, (q + 2kv)/2] 49,152 +
-// the attention's output [T, q/2] 32,768 and log-sum-exp [4 heads, T] 2,048 + w1's output
-// [T, I/2] 90,112 + w2's output, its partial sum whole, [T, h] 65,536 = 272,384 bytes.
+// a stage, and what the head keeps (its vocabulary-parallel loss's fp32 log-probabilities
+// [T, V/2], the targets, the final norm's state on T/2 tokens and the projection's gathered input;
+// the corpus also counts the loss's 8-byte scalar). Hand check of the save list at s128-b1 (T = 128
+// tokens, h = 128, q = 128, kv = 32, I = 352, 8 heads, 4 bytes): the input [T/2, h] 32,768 + wqkv's
+// output [T, (q + 2kv)/2] 49,152 + the attention's output [T, q/2] 32,768 and log-sum-exp [4 heads,
+// T] 2,048 + w1's output [T, I/2] 90,112 + w2's output, its partial sum whole, [T, h] 65,536 =
+// 272,384 bytes.
 TEST_CASE(
     "parallel_memory::torchtitan's own TP: each block keeps what its code saves, selective-op "
     "included") {
@@ -239,15 +242,21 @@ TEST_CASE(
     in.spec = make_spec("fsdp-full", Flavour::fsdp2, 1);
     in.layout.tensor_parallel = t;
     in.layout.sequence_parallel = c.at("sequence_parallel").get<bool>();
-    const double predicted = torch_tp_block(in, mode == "full").saved;
-    const double measured = c.at("units").at("block 1").at("activation_bytes").get<double>();
-    INFO(c.at("id").get<std::string>() << ": predicted " << predicted << ", measured " << measured);
-    CHECK(predicted == doctest::Approx(measured).epsilon(0.01));
-    worst = std::max(worst, std::abs(predicted - measured) / measured);
+    const auto& units = c.at("units");
+    for (const char* unit : {"block 1", "head"}) {
+      const double predicted = std::string(unit) == "head"
+                                   ? torch_tp_head(in).saved
+                                   : torch_tp_block(in, mode == "full").saved;
+      const double measured = units.at(unit).at("activation_bytes").get<double>();
+      INFO(c.at("id").get<std::string>()
+           << " " << unit << ": predicted " << predicted << ", measured " << measured);
+      CHECK(predicted == doctest::Approx(measured).epsilon(0.01));
+      worst = std::max(worst, std::abs(predicted - measured) / measured);
+    }
     if (c.at("id") == "tp2-sp/torchtitan-llama3-h128/fp32/selective-op/s128-b1")
-      CHECK(measured == 272384);
+      CHECK(units.at("block 1").at("activation_bytes") == 272384);
     ++cases;
   }
   CHECK(cases == 12);
-  MESSAGE("torchtitan's TP blocks: worst error " << 100 * worst << "%");
+  MESSAGE("torchtitan's TP blocks and heads: worst error " << 100 * worst << "%");
 }
