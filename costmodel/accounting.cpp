@@ -322,6 +322,19 @@ BlockParts architecture_block(const ModelSpec& m, const Shape& x, const Training
   return llama_block(m, x, j, d);
 }
 
+// A gated MLP's backward (transformers' LlamaMLP and its kin, torchtitan's FeedForward:
+// down(act(gate(x)) * up(x))), op by op as autograd runs it, each node's saved tensors released
+// once it has run: the down projection's backward makes the product's gradient [T, I] and its
+// weight's gradient, and releases its saved input, the product (net 0); the product's backward
+// (MulBackward0) then makes the gradients of both factors [T, I] each while the product's
+// gradient and the factors it saved are alive: 2·e·T·I beyond the block's saved tensors, the
+// block's largest moment of its MLP (measured: the stress corpus's MQA Llama under full
+// checkpointing peaks there, tests/costmodel/data/oracle_steps_stress.json). A GELU MLP's chain is
+// not derived here (0).
+double mlp_backward_transient(const ModelSpec& m, const Shape& x, double e) {
+  return m.mlp == MlpKind::swiglu ? 2 * e * x.T * x.I : 0;
+}
+
 ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, const Forward& f,
                                 bool checkpointed) {
   const Shape x(m, j);
@@ -338,6 +351,7 @@ ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, const 
   } else {
     out.saved = full;
   }
+  out.mlp_backward = mlp_backward_transient(m, x, f.e);
   return out;
 }
 

@@ -42,6 +42,9 @@ struct ActivationBytes {
   double backward = 0;   // transient during the unit's backward (e.g. the logits gradient)
   double loss = 0;       // of `saved`, what the loss's own backward releases (head only), before
                          // the projection's gradients exist
+  // Blocks: what the MLP's backward holds beyond the block's saved tensors at its largest, when
+  // of the block's weights only the down projection has its gradient (mlp_backward_transient).
+  double mlp_backward = 0;
 };
 
 // How the forward keeps its tensors: e bytes of the compute dtype; p bytes of the parameters it

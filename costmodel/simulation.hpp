@@ -33,11 +33,13 @@ struct MemEvent {
 
 // Per-unit quantities (embeddings, one block, head): elements, seconds and bytes per micro-batch.
 struct UnitInfo {
-  double params = 0;     // elements
-  double shardable = 0;  // elements that get partitioned (the rest stays whole)
-  double gather = 0;     // elements all-gathered before use (tied head: + the embedding matrix)
-  double matmul = 0;     // elements of GEMM weights (autocast copies)
-  double opt_elems = 0;  // optimizer-state elements
+  double params = 0;       // elements
+  double shardable = 0;    // elements that get partitioned (the rest stays whole)
+  double gather = 0;       // elements all-gathered before use (tied head: + the embedding matrix)
+  double matmul = 0;       // elements of GEMM weights (autocast copies)
+  double opt_elems = 0;    // optimizer-state elements
+  double first_grads = 0;  // blocks: elements whose gradients come first, the MLP's down projection
+  double first_matmul = 0;  // of `matmul`, its weight (whose autocast copy its backward releases)
   double fwd_s = 0, bwd_s = 0, recompute_s = 0;
   ComputeTimes fwd_kinds{};  // the forward's seconds by kind (host_overhead: the host's excess)
   ComputeTimes kinds{};      // forward and backward's seconds by kind
@@ -185,7 +187,13 @@ private:
   // Unit g's gradients appear at t: kept whole (DDP, ZeRO-1) they are allocated by the step's
   // first micro-batch and kept to the step; sharded, the unit's full gradient is a transient
   // until it is reduced.
-  void gradients_used(int g, double t, int mb, bool first);
+  void gradients_used(int g, double t, int mb, bool first) {
+    gradients_used(g, t, mb, first, info(g).params);
+  }
+  void gradients_used(int g, double t, int mb, bool first, double elems);
+  // Block u's backward with a gated MLP (act.mlp_backward > 0): the down projection's gradient and
+  // the MLP's transient first, then the transient gone and the rest of the block's gradients.
+  void mlp_backward(int u, double t, int mb, bool first);
   // Unit u's gradients join the pending reduction, reduced once the framework's bucket is full.
   void queue_reduction(int u, double end, int mb, bool first);
   // A block's ring exchange beside its attention (from `start`, the attention's `attention_s`

@@ -225,13 +225,18 @@ void Simulation::backward(int mb, bool first, bool reduce) {
     // .grad from its first use; a flat parameter holds one gradient for the whole unit).
     const double fresh = s.shard_gradients ? ui.params * compute_b_ : 0;
     const bool tied = in_.model->tied_embeddings;
-    if (!(tied && u == 0)) gradients_used(u, kernels, mb, first);
+    const bool gated = ui.act.mlp_backward > 0 && ui.first_grads > 0;
+    if (gated)
+      mlp_backward(u, kernels, mb, first);
+    else if (!(tied && u == 0))
+      gradients_used(u, kernels, mb, first);
     if (tied && u == U - 1) gradients_used(0, kernels, mb, first);
     const double released =
         ui.act.loss > 0 ? ui.act.saved - ui.act.loss : ui.act.saved + ui.act.backward;
     mem(end, -(released + ui.act.recompute), Category::activations, Phase::backward, u, mb);
     if (autocast_copies)
-      mem(end, -ui.matmul * compute_b_, Category::activations, Phase::backward, u, mb);
+      mem(end, -(ui.matmul - (gated ? ui.first_matmul : 0)) * compute_b_, Category::activations,
+          Phase::backward, u, mb);
     if (shard_params && gathered_alive_[u]) {
       mem(end, -ui.gather_bytes, Category::buffers, Phase::backward, u, mb, -1);
       gathered_alive_[u] = 0;
@@ -260,9 +265,20 @@ void Simulation::rerun_forward(int u, double ready, Stream cause, int mb) {
     mem(st, ui.matmul * compute_b_, Category::activations, Phase::recompute, u, mb);
 }
 
-void Simulation::gradients_used(int g, double t, int mb, bool first) {
+void Simulation::mlp_backward(int u, double t, int mb, bool first) {
+  const auto& ui = info(u);
+  // The moment after t: the MLP's transient released, the rest of the gradients made.
+  const double next = t + 1e-3 * ui.bwd_s;
+  if (autocast_copies())  // the down projection's saved weight copy goes with its backward
+    mem(t, -ui.first_matmul * compute_b_, Category::activations, Phase::backward, u, mb);
+  mem(t, ui.act.mlp_backward, Category::activations, Phase::backward, u, mb);
+  gradients_used(u, t, mb, first, ui.first_grads);
+  mem(next, -ui.act.mlp_backward, Category::activations, Phase::backward, u, mb);
+  gradients_used(u, next, mb, first, ui.params - ui.first_grads);
+}
+
+void Simulation::gradients_used(int g, double t, int mb, bool first, double elems) {
   const auto& s = spec_;
-  const double elems = info(g).params;
   if (!s.shard_gradients && first) {
     mem(t, elems * sb_.grad, Category::gradients, Phase::backward, g, mb);
     kept_grad_bytes_ += elems * sb_.grad;

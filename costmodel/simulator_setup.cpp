@@ -112,6 +112,13 @@ void Simulation::prepare_unit_sizes() {
     u.matmul = static_cast<double>(t.matmul_params());
     u.opt_elems = static_cast<double>(optimizer_state_elements(t, j.optimizer));
   }
+  // A block's MLP down projection (the last linear of the MLP), whose gradient the block's
+  // backward makes first (accounting.hpp, ActivationBytes::mlp_backward).
+  for (const auto& t : m.block.tensors)
+    if (t.name.rfind("mlp.down_proj.", 0) == 0) {
+      units_[1].first_grads += static_cast<double>(t.elements());
+      if (t.is_matrix()) units_[1].first_matmul += static_cast<double>(t.elements());
+    }
   // The head re-gathers the shared embedding matrix, unless that stays whole (persistent).
   const double tied =
       m.tied_embeddings ? static_cast<double>(m.embedding.tensors.front().elements()) : 0.0;
