@@ -70,6 +70,7 @@ void report_one_stage(const Scenario& sc, Evaluation& e) {
   StageReport st;
   st.blocks = static_cast<double>(sc.model.layers);
   st.at_peak = r.at_peak;
+  st.peak_when = r.peak_when;
   st.forward_s = r.forward_per_mb_s;
   st.backward_s = r.backward_per_mb_s;
   e.stages = {st};
@@ -112,6 +113,9 @@ Evaluation layout_evaluation(const Scenario& sc, const ShardingSpec& spec, const
     st.in_flight = m.in_flight;
     st.at_peak = {m.param_bytes,      m.grad_bytes,   m.optimizer_bytes,
                   m.activation_bytes, m.buffer_bytes, m.overhead_bytes};
+    // A context-parallel rank's walk names its moment in the summary; the stages' model theirs.
+    st.peak_when =
+        m.moment.empty() && step.memory.stages.size() == 1 ? step.step.peak_when : m.moment;
     st.forward_s = i < step.stage_forward_s.size() ? step.stage_forward_s[i] : 0.0;
     st.backward_s = i < step.stage_backward_s.size() ? step.stage_backward_s[i] : 0.0;
     e.stages.push_back(st);
@@ -263,6 +267,7 @@ nlohmann::json stages_json(const Evaluation& e) {
                       {"blocks", st.blocks},
                       {"in_flight_micro_batches", st.in_flight},
                       {"peak_bytes", count_json(total(st.at_peak))},
+                      {"peak_when", st.peak_when},
                       {"breakdown", bytes},
                       {"forward_s", st.forward_s},
                       {"backward_s", st.backward_s}});

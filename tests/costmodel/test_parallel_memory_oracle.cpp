@@ -1,5 +1,6 @@
-// parallel_memory under PyTorch's own tensor parallelism against what PyTorch allocates
-// (validation/measure_tensor_parallel.py: tests/costmodel/data/oracle_tensor_parallel.json).
+// parallel_memory's parts under PyTorch's own tensor parallelism (the whole steps of
+// tests/costmodel/data/oracle_tensor_parallel.json, validation/measure_tensor_parallel.py, run
+// through the planner's command: tests/planner/test_oracle_parallel.cpp).
 // torch's DTensor TP styles with t = 2 on gloo CPU ranks, HF's Llama (llama-h256), fp32, foreach
 // AdamW, MemTracker over the second step; both ranks are one TP group (no data parallelism, no
 // DDP). Two layouts: "hf", transformers' tp_plan with the model's own loss (Recipe::hf), and "sp",
@@ -49,60 +50,7 @@ StageMemory predict(const json& corpus, const json& c) {
   return parallel_memory(in, walk).stages.at(0);
 }
 
-double at_peak(const json& c, const char* key) { return c.at("at_peak").at(key).get<double>(); }
-
-// Every case of the layout: the peak within 1%, the peak's moment (the loss's backward or the
-// optimizer step) the measured phase, and the categories at it: parameters, gradients and
-// optimizer states (with the foreach intermediate) within 1% of themselves; the activations
-// (with the loss's temporaries and the batch) within 1% of the peak. Returns the worst peak error.
-double check_layout(const std::string& layout) {
-  const json corpus = shardplan::oracle::read_corpus("oracle_tensor_parallel.json");
-  int cases = 0;
-  double worst = 0;
-  for (const auto& c : corpus.at("cases")) {
-    if (c.at("layout") != layout) continue;
-    ++cases;
-    const StageMemory s = predict(corpus, c);
-    const double predicted = s.total();
-    const double measured = c.at("peak_bytes").get<double>();
-    const double error = (predicted - measured) / measured;
-    worst = std::max(worst, std::abs(error));
-    INFO(c.at("id").get<std::string>()
-         << ": predicted " << predicted << " at " << s.moment << ", measured " << measured << " in "
-         << c.at("peak_phase").get<std::string>());
-    CHECK(std::abs(error) < 0.01);
-    const bool in_step = c.at("peak_phase") == "optimizer";
-    CHECK(s.moment == (in_step ? "optimizer step" : "loss backward"));
-    CHECK(s.param_bytes == doctest::Approx(at_peak(c, "parameters")).epsilon(0.01));
-    CHECK(s.grad_bytes == doctest::Approx(at_peak(c, "gradients")).epsilon(0.01));
-    CHECK(s.optimizer_bytes ==
-          doctest::Approx(at_peak(c, "optimizer_states") + at_peak(c, "optimizer_temp"))
-              .epsilon(0.01));
-    const double activations = at_peak(c, "activations") + at_peak(c, "temp") + at_peak(c, "other");
-    CHECK(std::abs(s.activation_bytes - activations) <= 0.01 * measured);
-  }
-  CHECK(cases == 8);
-  return worst;
-}
-
 }  // namespace
-
-// transformers' tp_plan: the embeddings and norms replicated (their gradients and AdamW states
-// whole on each rank, the plain tensors a foreach group of their own), the logits gathered for
-// HF's upcast loss (two fp32 [T, V] gradients at its backward).
-TEST_CASE("parallel_memory::PyTorch TP, transformers' tp_plan (hf): every corpus peak within 1%") {
-  MESSAGE("hf layout: worst peak error " << 100 * check_layout("hf") << "%");
-}
-
-// torchtitan's sequence-parallel layout: the row-wise embedding's whole [V, h] gradient, the
-// linears' all-gathered inputs kept whole, loss_parallel's three fp32 [T, V/t] tensors at the
-// loss's backward, one foreach group of DTensors. The recipe keeps torchtitan's freqs_cis buffer;
-// the harness runs HF's model code, whose rotary cos and sin tables (2·4·s·head_dim bytes, 0.1%
-// of these peaks) are left out.
-TEST_CASE("parallel_memory::PyTorch TP, torchtitan's sequence-parallel layout (sp): every corpus "
-          "peak within 1%") {
-  MESSAGE("sp layout: worst peak error " << 100 * check_layout("sp") << "%");
-}
 
 // The split of a block that tensor parallelism divides (BlockParts) adds up to the block
 // accounting's saved bytes, for every architecture, attention, dtype and recipe whose block the
