@@ -160,13 +160,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-struct UnitState {
-  std::int64_t unit = 0;
-  TrackedBuffer<float> params, grads;        // [unit size] each
-  TrackedBuffer<float> exp_avg, exp_avg_sq;  // [length]: the moments of this rank's range
-  std::int64_t begin = 0, length = 0;  // the range this rank steps (the whole unit without shards)
-};
-
 // Data-parallel rank i's range of a unit of n elements split over `shards` (pipeline.hpp).
 std::pair<std::int64_t, std::int64_t> shard_range(std::int64_t n, int shards, int i) {
   const std::int64_t chunk = (n + shards - 1) / shards;
@@ -174,16 +167,26 @@ std::pair<std::int64_t, std::int64_t> shard_range(std::int64_t n, int shards, in
   return {begin, std::min(n, begin + chunk) - begin};
 }
 
-// What one micro-batch keeps from its forward to its backward on this stage.
-struct InFlight {
-  std::optional<TokenBatch> tokens;  // first and last stage: inputs, targets
-  std::vector<BlockActivations<float>> saved;
-  std::optional<HeadActivations<float>> head;
-};
-
 }  // namespace
 
+// The Impl's own types are its members' (not in the anonymous namespace: a member of a type with
+// linkage may not have a type without it, which GCC checks when this file is one of a unity
+// build's includes).
 struct PipelineTrainer::Impl {
+  struct UnitState {
+    std::int64_t unit = 0;
+    TrackedBuffer<float> params, grads;        // [unit size] each
+    TrackedBuffer<float> exp_avg, exp_avg_sq;  // [length]: the moments of this rank's range
+    std::int64_t begin = 0,
+                 length = 0;  // the range this rank steps (the whole unit without shards)
+  };
+  // What one micro-batch keeps from its forward to its backward on this stage.
+  struct InFlight {
+    std::optional<TokenBatch> tokens;  // first and last stage: inputs, targets
+    std::vector<BlockActivations<float>> saved;
+    std::optional<HeadActivations<float>> head;
+  };
+
   PipelineOptions options;
   TrackedAllocator& allocator;
   comm::Communicator& pipeline;
