@@ -88,10 +88,32 @@ def without_pch(args):
     return out
 
 
+UNITY_SOURCE = re.compile(r'^#include "([^"]+\.cpp)"$', re.M)
+
+
+def split_unity(entries):
+    """The database's entries with each unity chunk (CMAKE_UNITY_BUILD: Unity/unity_N_cxx.cxx,
+    a file of #include lines) replaced by one entry per source it includes, compiled with the
+    chunk's command: clang-tidy checks each file as its own unit either way."""
+    out = []
+    for e in entries:
+        path = os.path.normpath(os.path.join(e["directory"], e["file"]))
+        if "/Unity/unity_" not in path:
+            out.append(e)
+            continue
+        with open(path, encoding="utf-8") as f:
+            sources = UNITY_SOURCE.findall(f.read())
+        args = e["arguments"] if "arguments" in e else shlex.split(e["command"])
+        for source in sources:
+            out.append({"directory": e["directory"], "file": source,
+                        "arguments": [source if a == e["file"] or a == path else a for a in args]})
+    return out
+
+
 def database(build):
     """{repository path: absolute path} of the units, and the folder of the PCH-free database."""
     with open(os.path.join(build, "compile_commands.json"), encoding="utf-8") as f:
-        entries = json.load(f)
+        entries = split_unity(json.load(f))
     units, kept = {}, []
     for e in entries:
         path = os.path.normpath(os.path.join(e["directory"], e["file"]))
