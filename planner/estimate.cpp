@@ -430,17 +430,19 @@ void time_lines(Text& text, const Evaluation& e) {
                         : " (datasheet links)");
 }
 
-// Per pipeline stage: its blocks, the micro-batches it holds, its peak by category, its compute.
+// Per pipeline stage: its blocks, the micro-batches it holds, its peak by category (the overhead
+// too: the columns add up to the peak), its compute.
 void stage_lines(Text& text, const Evaluation& e) {
-  text.line("{:>5} {:>6} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}", "stage",
-            "blocks", "in flight", "parameters", "gradients", "optimizer", "buffers", "activations",
-            "peak", "forward/mb", "backward/mb");
+  text.line("{:>5} {:>6} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
+            "stage", "blocks", "in flight", "parameters", "gradients", "optimizer", "buffers",
+            "activations", "overhead", "peak", "forward/mb", "backward/mb");
   for (const auto& st : e.stages) {
     const auto c = [&](Category k) { return gib(st.at_peak[static_cast<int>(k)]); };
-    text.line("{:>5} {:>6g} {:>9g} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
+    text.line("{:>5} {:>6g} {:>9g} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
               st.stage, st.blocks, st.in_flight, c(Category::parameters), c(Category::gradients),
               c(Category::optimizer_states), c(Category::buffers), c(Category::activations),
-              gib(total(st.at_peak)), seconds(st.forward_s), seconds(st.backward_s));
+              c(Category::overhead), gib(total(st.at_peak)), seconds(st.forward_s),
+              seconds(st.backward_s));
   }
 }
 

@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -361,4 +363,50 @@ TEST_CASE("cli_parallel::torchtitan's op-level selective checkpointing under a p
     CHECK(has(mega.err, "op-level selective checkpointing is torchtitan's, not the megatron "
                         "recipe's, under tensor, pipeline or context parallelism"));
   }
+}
+
+namespace {
+
+// Bytes from one of the table's cells ("1.06 GiB", "12.50 MiB", "3.00 KiB", "12 B").
+double cell_bytes(const std::string& number, const std::string& unit) {
+  const double v = std::stod(number);
+  if (unit == "GiB") return v * 1024 * 1024 * 1024;
+  if (unit == "MiB") return v * 1024 * 1024;
+  if (unit == "KiB") return v * 1024;
+  return v;
+}
+
+}  // namespace
+
+// The stage table's memory columns add up to each stage's peak (the overhead has its column: the
+// CUDA context, NCCL's workspace and the allocator's reserve), within the cells' rounding.
+TEST_CASE("cli_parallel::each stage's row adds up to its peak") {
+  const auto r = planner(llama70b({"--tensor-parallel", "8", "--sequence-parallel",
+                                   "--pipeline-parallel", "4", "--micro-batch", "1"}));
+  REQUIRE(r.code == 0);
+  std::istringstream lines(r.out);
+  std::string line;
+  int rows = 0;
+  bool in_table = false;
+  while (std::getline(lines, line)) {
+    if (line.find("overhead") != std::string::npos && line.find("stage") != std::string::npos) {
+      in_table = true;
+      continue;
+    }
+    if (!in_table) continue;
+    if (line.empty()) break;  // the table ends
+    std::istringstream row(line);
+    std::string stage, blocks, in_flight;
+    row >> stage >> blocks >> in_flight;
+    std::vector<double> cells;  // parameters, gradients, optimizer, buffers, activations, overhead,
+    std::string number, unit;   // peak
+    for (int k = 0; k < 7 && row >> number >> unit; ++k) cells.push_back(cell_bytes(number, unit));
+    REQUIRE(cells.size() == 7);
+    double sum = 0;
+    for (int k = 0; k < 6; ++k) sum += cells[static_cast<std::size_t>(k)];
+    CAPTURE(line);
+    CHECK(std::abs(sum - cells[6]) <= 7 * 0.005 * 1024 * 1024 * 1024);  // 7 cells of 0.01 GiB
+    ++rows;
+  }
+  CHECK(rows == 4);
 }

@@ -53,7 +53,7 @@ void keep_busy(cudaStream_t stream, void* big) {
 
 }  // namespace
 
-TEST_CASE("executor::cuda device memory: segments, zeroing and same-stream reuse") {
+TEST_CASE("kernels::cuda device memory: segments, zeroing and same-stream reuse") {
   Stream s;
   DeviceMemory memory;
   memory.set_stream(s.s);
@@ -78,7 +78,7 @@ TEST_CASE("executor::cuda device memory: segments, zeroing and same-stream reuse
   CHECK(memory.reserved_bytes() == 0);
 }
 
-TEST_CASE("executor::cuda device memory: a block freed on one stream waits for it on another") {
+TEST_CASE("kernels::cuda device memory: a block freed on one stream waits for it on another") {
   Stream a, b;
   DeviceMemory memory;
   void* big = memory.allocate_on(a.s, 1024 * MiB, false);
@@ -99,7 +99,7 @@ TEST_CASE("executor::cuda device memory: a block freed on one stream waits for i
   memory.free(big, 1024 * MiB);
 }
 
-TEST_CASE("executor::cuda device memory: record_use fences the other stream too") {
+TEST_CASE("kernels::cuda device memory: record_use fences the other stream too") {
   Stream a, b, c;
   DeviceMemory memory;
   void* big = memory.allocate_on(c.s, 1024 * MiB, false);
@@ -119,7 +119,7 @@ TEST_CASE("executor::cuda device memory: record_use fences the other stream too"
   CHECK_THROWS_AS(memory.record_use(&elsewhere, a.s), std::invalid_argument);
 }
 
-TEST_CASE("executor::cuda device memory: an overlapping copy is a memmove") {
+TEST_CASE("kernels::cuda device memory: an overlapping copy is a memmove") {
   Stream s;
   DeviceMemory memory;
   memory.set_stream(s.s);
@@ -145,7 +145,7 @@ TEST_CASE("executor::cuda device memory: an overlapping copy is a memmove") {
   memory.free(d, kBytes);
 }
 
-TEST_CASE("executor::cuda device memory: the limit and what the device holds besides") {
+TEST_CASE("kernels::cuda device memory: the limit and what the device holds besides") {
   DeviceMemory memory(4 * MiB);
   void* p = memory.allocate(1000, false);  // 2 MiB segment: within 4 MiB
   // 3 MiB needs a 20 MiB segment: 2 + 20 > 4, and p's segment cannot be released.

@@ -144,7 +144,7 @@ void expect_close(const char* what, const std::vector<float>& got, const std::ve
 
 }  // namespace
 
-TEST_CASE("executor::cuda flash attention forward matches the host kernel") {
+TEST_CASE("kernels::cuda flash attention forward matches the host kernel") {
   for (const Shape& s : shapes()) {
     INFO(describe(s));
     const Inputs in(s);
@@ -159,7 +159,7 @@ TEST_CASE("executor::cuda flash attention forward matches the host kernel") {
   }
 }
 
-TEST_CASE("executor::cuda flash attention backward matches the host kernel and adds") {
+TEST_CASE("kernels::cuda flash attention backward matches the host kernel and adds") {
   for (const Shape& s : shapes()) {
     INFO(describe(s));
     const Inputs in(s);
@@ -185,7 +185,7 @@ TEST_CASE("executor::cuda flash attention backward matches the host kernel and a
   }
 }
 
-TEST_CASE("executor::cuda flash attention rejects what it cannot take") {
+TEST_CASE("kernels::cuda flash attention rejects what it cannot take") {
   CHECK(kernels::cuda::flash_attention_supports(64));
   CHECK(kernels::cuda::flash_attention_supports(256));
   CHECK_FALSE(kernels::cuda::flash_attention_supports(72));

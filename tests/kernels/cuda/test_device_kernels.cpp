@@ -52,7 +52,7 @@ std::string after_call(const char* name, int call) {
 
 }  // namespace
 
-TEST_CASE("executor::cuda embedding forward and backward match the host's") {
+TEST_CASE("kernels::cuda embedding forward and backward match the host's") {
   Gpu gpu;
   const std::int64_t B = 2, T = 7, C = 33, V = 37, P = T + 3, N = B * T;
   // Five distinct tokens in 14 places: rows of dwte receive several tokens' gradients at once.
@@ -86,7 +86,7 @@ TEST_CASE("executor::cuda embedding forward and backward match the host's") {
   }
 }
 
-TEST_CASE("executor::cuda linear forward matches the host's") {
+TEST_CASE("kernels::cuda linear forward matches the host's") {
   Gpu gpu;
   const std::int64_t n = 14, in = 33, out = 37;
   const Floats x = random_floats(n * in, 11), w = random_floats(out * in, 12),
@@ -107,7 +107,7 @@ TEST_CASE("executor::cuda linear forward matches the host's") {
     }
 }
 
-TEST_CASE("executor::cuda linear backward adds the host's gradients") {
+TEST_CASE("kernels::cuda linear backward adds the host's gradients") {
   Gpu gpu;
   struct Shape {
     std::int64_t n, in, out;
@@ -145,7 +145,7 @@ TEST_CASE("executor::cuda linear backward adds the host's gradients") {
 // (truncation; 2⁻¹¹ rounding to nearest); a product of two rounded inputs is off by at most
 // (2·2⁻¹⁰ + 2⁻²⁰)·|x·w|, and the fp32 accumulation of k = 64 of them adds ≤ 64·2⁻²⁴·Σ|x·w|. So
 // |y − y_fp32| ≤ 2.0e-3·Σₖ|x||w|, which the host's GEMM of |x| and |w| gives.
-TEST_CASE("executor::cuda linear forward under TF32 is within TF32's rounding of the host's") {
+TEST_CASE("kernels::cuda linear forward under TF32 is within TF32's rounding of the host's") {
   Gpu gpu;
   const std::int64_t n = 14, in = 64, out = 37;
   const Floats x = random_floats(n * in, 31), w = random_floats(out * in, 32),
@@ -179,7 +179,7 @@ TEST_CASE("executor::cuda linear forward under TF32 is within TF32's rounding of
   CHECK(mode == CUBLAS_DEFAULT_MATH);
 }
 
-TEST_CASE("executor::cuda layernorm and rmsnorm match the host's") {
+TEST_CASE("kernels::cuda layernorm and rmsnorm match the host's") {
   Gpu gpu;
   struct Shape {
     std::int64_t n, channels;
@@ -245,7 +245,7 @@ TEST_CASE("executor::cuda layernorm and rmsnorm match the host's") {
   }
 }
 
-TEST_CASE("executor::cuda rotary positions match the host's") {
+TEST_CASE("kernels::cuda rotary positions match the host's") {
   Gpu gpu;
   struct Shape {
     std::int64_t batch, seq, heads, head_dim;
@@ -271,7 +271,7 @@ TEST_CASE("executor::cuda rotary positions match the host's") {
   }
 }
 
-TEST_CASE("executor::cuda attention forward and backward match the host's") {
+TEST_CASE("kernels::cuda attention forward and backward match the host's") {
   Gpu gpu;
   struct Shape {
     std::int64_t batch, seq, heads, kv_heads, head_dim;
@@ -322,7 +322,7 @@ TEST_CASE("executor::cuda attention forward and backward match the host's") {
   }
 }
 
-TEST_CASE("executor::cuda gelu and swiglu match the host's") {
+TEST_CASE("kernels::cuda gelu and swiglu match the host's") {
   Gpu gpu;
   const std::int64_t n = 1001;
   const Floats a = random_floats(n, 71, -5.0f, 5.0f), b = random_floats(n, 72, -5.0f, 5.0f),
@@ -364,7 +364,7 @@ TEST_CASE("executor::cuda gelu and swiglu match the host's") {
   }
 }
 
-TEST_CASE("executor::cuda log_softmax and nll_loss match the host's") {
+TEST_CASE("kernels::cuda log_softmax and nll_loss match the host's") {
   Gpu gpu;
   const std::int64_t n = 14;
   // 37: fewer entries than a block's threads; 1000: four per thread, not a multiple of 32.
@@ -412,7 +412,7 @@ TEST_CASE("executor::cuda log_softmax and nll_loss match the host's") {
   }
 }
 
-TEST_CASE("executor::cuda copy, add and scale") {
+TEST_CASE("kernels::cuda copy, add and scale") {
   Gpu gpu;
   const std::int64_t n = 1001;
   const Floats a = random_floats(n, 91), b = random_floats(n, 92);
@@ -432,7 +432,7 @@ TEST_CASE("executor::cuda copy, add and scale") {
   CHECK(d_scaled.download() == scaled);
 }
 
-TEST_CASE("executor::cuda adamw takes the host's steps") {
+TEST_CASE("kernels::cuda adamw takes the host's steps") {
   Gpu gpu;
   const std::int64_t n = 1001;
   const shardplan::kernels::AdamWOptions o{
@@ -474,7 +474,7 @@ TEST_CASE("executor::cuda adamw takes the host's steps") {
                   std::invalid_argument);
 }
 
-TEST_CASE("executor::cuda kernels queue nothing for empty inputs") {
+TEST_CASE("kernels::cuda kernels queue nothing for empty inputs") {
   Gpu gpu;
   const auto& l = gpu.launch();
   float* none = nullptr;
@@ -507,7 +507,7 @@ TEST_CASE("executor::cuda kernels queue nothing for empty inputs") {
   CHECK_NOTHROW(gpu.finish());
 }
 
-TEST_CASE("executor::cuda kernels report bad arguments and failed calls in one line") {
+TEST_CASE("kernels::cuda kernels report bad arguments and failed calls in one line") {
   Gpu gpu;
   DeviceArray<float> buffer(64);
   float* p = buffer.get();

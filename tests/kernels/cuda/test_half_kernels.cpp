@@ -134,7 +134,7 @@ Floats transposed(const Floats& x, std::int64_t rows, std::int64_t cols) {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("executor::cuda 16-bit embedding is the fp32 one rounded", S, bf16, f16) {
+TEST_CASE_TEMPLATE("kernels::cuda 16-bit embedding is the fp32 one rounded", S, bf16, f16) {
   Gpu gpu;
   struct Shape {
     std::int64_t batch, seq, channels;
@@ -171,7 +171,7 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit embedding is the fp32 one rounded", S,
   }
 }
 
-TEST_CASE_TEMPLATE("executor::cuda 16-bit linear layers are the fp32 ones within the GEMM's "
+TEST_CASE_TEMPLATE("kernels::cuda 16-bit linear layers are the fp32 ones within the GEMM's "
                    "roundings",
                    S, bf16, f16) {
   Gpu gpu;
@@ -237,7 +237,7 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit linear layers are the fp32 ones within
   }
 }
 
-TEST_CASE_TEMPLATE("executor::cuda 16-bit layernorm and rmsnorm are the fp32 ones rounded", S, bf16,
+TEST_CASE_TEMPLATE("kernels::cuda 16-bit layernorm and rmsnorm are the fp32 ones rounded", S, bf16,
                    f16) {
   Gpu gpu;
   struct Shape {
@@ -303,7 +303,7 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit layernorm and rmsnorm are the fp32 one
   }
 }
 
-TEST_CASE_TEMPLATE("executor::cuda 16-bit rotary positions are the fp32 ones rounded", S, bf16,
+TEST_CASE_TEMPLATE("kernels::cuda 16-bit rotary positions are the fp32 ones rounded", S, bf16,
                    f16) {
   Gpu gpu;
   const std::int64_t batch = 2, seq = 300, heads = 3, head_dim = 8;
@@ -319,8 +319,7 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit rotary positions are the fp32 ones rou
   check_rounded(dx.half, dx.full, kSameArithmetic, "rope backward");
 }
 
-TEST_CASE_TEMPLATE("executor::cuda 16-bit gelu and swiglu are the fp32 ones rounded", S, bf16,
-                   f16) {
+TEST_CASE_TEMPLATE("kernels::cuda 16-bit gelu and swiglu are the fp32 ones rounded", S, bf16, f16) {
   Gpu gpu;
   const std::int64_t n = 1001;
   auto a = random_input<S>(n, 71, -5.0f, 5.0f), b = random_input<S>(n, 72, -5.0f, 5.0f),
@@ -356,7 +355,7 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit gelu and swiglu are the fp32 ones roun
   }
 }
 
-TEST_CASE_TEMPLATE("executor::cuda 16-bit logits give the fp32 log_softmax", S, bf16, f16) {
+TEST_CASE_TEMPLATE("kernels::cuda 16-bit logits give the fp32 log_softmax", S, bf16, f16) {
   Gpu gpu;
   const std::int64_t n = 14;
   for (const std::int64_t vocab : {37, 1000}) {
@@ -381,7 +380,7 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit logits give the fp32 log_softmax", S, 
   }
 }
 
-TEST_CASE_TEMPLATE("executor::cuda 16-bit copy, add, narrow and widen_add", S, bf16, f16) {
+TEST_CASE_TEMPLATE("kernels::cuda 16-bit copy, add, narrow and widen_add", S, bf16, f16) {
   Gpu gpu;
   const std::int64_t n = 1001;
   auto a = random_input<S>(n, 91), b = random_input<S>(n, 92);
@@ -554,7 +553,7 @@ void check_bound(const Floats& got, const Floats& want, double c_u, const Double
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("executor::cuda 16-bit eager attention is the fp32 one within its roundings", S,
+TEST_CASE_TEMPLATE("kernels::cuda 16-bit eager attention is the fp32 one within its roundings", S,
                    bf16, f16) {
   Gpu gpu;
   // Grouped (2 query heads per kv head), multi-query, a sequence longer than a warp, head_dim 16.
@@ -614,7 +613,7 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit eager attention is the fp32 one within
   }
 }
 
-TEST_CASE_TEMPLATE("executor::cuda 16-bit flash attention is eager fp32 attention rounded", S, bf16,
+TEST_CASE_TEMPLATE("kernels::cuda 16-bit flash attention is eager fp32 attention rounded", S, bf16,
                    f16) {
   Gpu gpu;
   // The head dims built in 16 bits; T = 37 (a partial last tile), groups of 2, 1 and 3, several
@@ -680,7 +679,7 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit flash attention is eager fp32 attentio
   }
 }
 
-TEST_CASE_TEMPLATE("executor::cuda 16-bit flash attention takes head dims 64 and 128", S, bf16,
+TEST_CASE_TEMPLATE("kernels::cuda 16-bit flash attention takes head dims 64 and 128", S, bf16,
                    f16) {
   CHECK(dev::flash_attention_supports<S>(64));
   CHECK(dev::flash_attention_supports<S>(128));
@@ -698,7 +697,7 @@ TEST_CASE_TEMPLATE("executor::cuda 16-bit flash attention takes head dims 64 and
   require_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
-TEST_CASE_TEMPLATE("executor::cuda 16-bit kernels queue nothing for empty inputs", S, bf16, f16) {
+TEST_CASE_TEMPLATE("kernels::cuda 16-bit kernels queue nothing for empty inputs", S, bf16, f16) {
   Gpu gpu;
   const auto& l = gpu.launch();
   S* none = nullptr;
