@@ -42,6 +42,8 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .reduces_in_fp32_only = false,
+          .blocks_at = "",
+          .block_class = "",
       },
       {
           .recipe = Recipe::torchtitan,
@@ -70,6 +72,10 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = true,
           .offers_selective_attention = true,
           .reduces_in_fp32_only = true,
+          // torchtitan 0.3.0: Decoder.layers, a ModuleDict of Llama3TransformerBlock
+          // (torchtitan/models/common/decoder.py, torchtitan/models/llama3/model.py)
+          .blocks_at = "model.layers",
+          .block_class = "torchtitan.models.llama3.model:Llama3TransformerBlock",
       },
       {
           .recipe = Recipe::llm_foundry,
@@ -97,6 +103,8 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .reduces_in_fp32_only = false,
+          .blocks_at = "",
+          .block_class = "",
       },
       {
           .recipe = Recipe::megatron,
@@ -124,6 +132,8 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .reduces_in_fp32_only = false,
+          .blocks_at = "",
+          .block_class = "",
       },
       {
           .recipe = Recipe::deepspeed,
@@ -151,6 +161,8 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .reduces_in_fp32_only = false,
+          .blocks_at = "",
+          .block_class = "",
       },
       {
           .recipe = Recipe::executor,
@@ -178,6 +190,8 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = false,
           .reduces_in_fp32_only = false,
+          .blocks_at = "",
+          .block_class = "",
       },
   }};
   return rows;

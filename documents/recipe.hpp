@@ -98,6 +98,11 @@ struct RecipeTraits {
   bool offers_selective_op;         // torchtitan's op-level save list
   bool offers_selective_attention;  // Megatron's selective recompute, where attention is eager
   bool reduces_in_fp32_only;        // torchtitan's mixed_precision_reduce takes "float32" only
+  // Where its PyTorch model keeps the transformer blocks (a Python expression on `model`) and their
+  // class ("module:Class"), for the emitted FSDP wrapping; empty where the recipe's model code is
+  // transformers' (per architecture: planner/emit_fsdp.cpp) or no PyTorch module the user wraps.
+  const char* blocks_at;
+  const char* block_class;
 
   bool runs_under(Flavour f) const;
 };

@@ -70,12 +70,56 @@ void batch_lines(Text& t, const Scenario& sc, const Evaluation& e, bool sync_eac
   }
 }
 
-// Activation checkpointing applied to model.layers before the wrapper, one form per mode: full and
+// The job's transformer blocks as its model code holds them, for the wrapping: transformers 5.23's
+// ForCausalLM classes per architecture (LlamaForCausalLM keeps LlamaDecoderLayer blocks in
+// model.model.layers, GPT2LMHeadModel GPT2Block in transformer.h, GPTNeoXForCausalLM GPTNeoXLayer
+// in gpt_neox.layers: transformers/models/*/modeling_*.py), or the recipe's own (RecipeTraits::
+// blocks_at, block_class). Unknown (a model given by its parameter count, or model code that is
+// not a PyTorch module of the user's) when neither names them: the snippet then says what to fill.
+struct Blocks {
+  std::string at;      // a Python expression on `model`: "model.model.layers"
+  std::string module;  // where the class is: "transformers.models.llama.modeling_llama"
+  std::string cls;     // "LlamaDecoderLayer"
+  bool known() const { return !at.empty(); }
+};
+
+Blocks blocks_of(const Scenario& sc, const TrainingJob& j) {
+  const RecipeTraits& r = recipe_traits(j.recipe);
+  if (r.transformers_code) {
+    switch (sc.model.architecture) {
+    case Architecture::llama:
+      return {"model.model.layers", "transformers.models.llama.modeling_llama",
+              "LlamaDecoderLayer"};
+    case Architecture::mistral:
+      return {"model.model.layers", "transformers.models.mistral.modeling_mistral",
+              "MistralDecoderLayer"};
+    case Architecture::qwen2:
+      return {"model.model.layers", "transformers.models.qwen2.modeling_qwen2",
+              "Qwen2DecoderLayer"};
+    case Architecture::gpt2:
+      return {"model.transformer.h", "transformers.models.gpt2.modeling_gpt2", "GPT2Block"};
+    case Architecture::gpt_neox:
+      return {"model.gpt_neox.layers", "transformers.models.gpt_neox.modeling_gpt_neox",
+              "GPTNeoXLayer"};
+    case Architecture::uniform:
+      return {};
+    }
+  }
+  const std::string cls = r.block_class;
+  const auto colon = cls.find(':');
+  if (*r.blocks_at == '\0' || colon == std::string::npos) return {};
+  return {r.blocks_at, cls.substr(0, colon), cls.substr(colon + 1)};
+}
+
+// The blocks' container in the snippet: the known one, or a name to replace.
+std::string blocks_expression(const Blocks& b) { return b.known() ? b.at : "model.layers"; }
+
+// Activation checkpointing applied to the blocks before the wrapper, one form per mode: full and
 // every:N wrap blocks with torch's checkpoint_wrapper (what torchtitan's FullAC and 0.2.x's
 // selective_ac_option = "N" do); selective-op applies torchtitan 0.3.0's SelectiveAC
 // (torchtitan/distributed/activation_checkpoint.py: keeps the outputs of attention and of every
 // second matmul, recomputes the rest).
-void checkpointing_lines(Text& t, const TrainingJob& j) {
+void checkpointing_lines(Text& t, const TrainingJob& j, const Blocks& blocks) {
   switch (j.checkpointing) {
   case Checkpointing::none:
     return;
@@ -107,15 +151,16 @@ void checkpointing_lines(Text& t, const TrainingJob& j) {
     }
     t.line("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import "
            "checkpoint_wrapper");
-    t.line("for name, block in list(model.layers.named_children()):");
+    const std::string at = blocks_expression(blocks);
+    if (!blocks.known()) t.line("# model.layers: where your model keeps its transformer blocks");
+    t.line("for name, block in list({}.named_children()):", at);
     if (j.checkpointing == Checkpointing::every) {
       t.line(
           "    if (int(name) + 1) % {} == 0:  # every:{}: one block in {} recomputes its forward",
           j.checkpoint_every, j.checkpoint_every, j.checkpoint_every);
-      t.line("        model.layers.register_module(name, checkpoint_wrapper(block))");
+      t.line("        {}.register_module(name, checkpoint_wrapper(block))", at);
     } else {
-      t.line(
-          "    model.layers.register_module(name, checkpoint_wrapper(block))  # full: every block");
+      t.line("    {}.register_module(name, checkpoint_wrapper(block))  # full: every block", at);
     }
     return;
   }
@@ -136,7 +181,8 @@ void fsdp2_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   t.line("from torch.distributed.fsdp import {}, MixedPrecisionPolicy, fully_shard",
          offload ? "CPUOffloadPolicy" : "OffloadPolicy");
   t.line("");
-  checkpointing_lines(t, e.job);
+  const Blocks blocks = blocks_of(sc, e.job);
+  checkpointing_lines(t, e.job, blocks);
   t.line("{}", mesh_line(l));
   if (p == Precision::bf16)
     t.line(
@@ -149,7 +195,9 @@ void fsdp2_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   const std::string args = fmt::format(
       "mesh=mesh, reshard_after_forward={}, mp_policy=mp_policy, offload_policy=offload_policy",
       py_bool(s.reshard_after_forward));
-  t.line("for block in model.layers.children():  # one unit per transformer block");
+  if (!blocks.known()) t.line("# model.layers: where your model keeps its transformer blocks");
+  t.line("for block in {}.children():  # one unit per transformer block",
+         blocks_expression(blocks));
   t.line("    fully_shard(block, {})", args);
   t.line("fully_shard(model, {})  # root: embeddings and head", args);
   if (offload) t.line("# the optimizer then steps on the host: build it after fully_shard");
@@ -172,8 +220,10 @@ void fsdp1_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
          "ShardingStrategy");
   t.line("from torch.distributed.fsdp import FullyShardedDataParallel as FSDP");
   t.line("from torch.distributed.fsdp.wrap import ModuleWrapPolicy");
+  const Blocks blocks = blocks_of(sc, e.job);
+  if (blocks.known()) t.line("from {} import {}", blocks.module, blocks.cls);
   t.line("");
-  checkpointing_lines(t, e.job);
+  checkpointing_lines(t, e.job, blocks);
   t.line("{}", mesh_line(l));
   if (e.job.precision == Precision::bf16)
     t.line(
@@ -183,7 +233,12 @@ void fsdp1_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   t.line("    device_mesh=mesh,");
   t.line("    sharding_strategy=ShardingStrategy.{},  # reshard_after_forward={}", strategy,
          py_bool(s.reshard_after_forward));
-  t.line("    auto_wrap_policy=ModuleWrapPolicy({{TransformerBlock}}),  # the model's block class");
+  if (blocks.known())
+    t.line("    auto_wrap_policy=ModuleWrapPolicy({{{}}}),  # one unit per transformer block",
+           blocks.cls);
+  else
+    t.line("    auto_wrap_policy=ModuleWrapPolicy({{TransformerBlock}}),  # TransformerBlock: your "
+           "model's block class");
   t.line("    mixed_precision=MixedPrecision(param_dtype={}, reduce_dtype={}),",
          torch_dtype(compute_dtype(e.job.precision)), torch_dtype(s.reduce_dtype));
   t.line("    cpu_offload=CPUOffload(offload_params={}),", py_bool(offload));
@@ -202,7 +257,7 @@ void ddp_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   t.line("import torch");
   t.line("from torch.nn.parallel import DistributedDataParallel as DDP");
   t.line("");
-  checkpointing_lines(t, e.job);
+  checkpointing_lines(t, e.job, blocks_of(sc, e.job));
   if (p == Precision::bf16)
     t.line(
         "model.to(torch.bfloat16)  # pure bf16: weights, gradients and optimizer states in bf16");

@@ -607,3 +607,50 @@ TEST_CASE("emit::torchtitan options for 0.2.x (TOML) and 0.3.0 (command line)") 
   CHECK(contains(pure, "  --training.enable_cpu_offload \\\n"));
   CHECK(contains(pure, "  activation_checkpoint:none\n"));
 }
+
+// The FSDP snippets wrap the blocks where the recipe's model code keeps them (transformers 5.23:
+// LlamaForCausalLM.model.layers of LlamaDecoderLayer, GPT2LMHeadModel.transformer.h of GPT2Block;
+// torchtitan 0.3.0: model.layers of Llama3TransformerBlock), and a model given by its parameter
+// count says what to fill in. (tests/planner/fsdp_snippet_run.py runs them on the models.)
+TEST_CASE("emit::fsdp wraps the blocks where the model code keeps them") {
+  using planner::testing::planner;
+  auto run = [](const std::string& model, std::vector<std::string> more) {
+    const bool params = model.rfind("params:", 0) == 0;  // a bare parameter count
+    std::vector<std::string> a = {"recommend",
+                                  params ? "--params" : "--model",
+                                  params ? model.substr(7) : model,
+                                  "--hardware",
+                                  "a100-sxm4-80gb",
+                                  "--gpus",
+                                  "8",
+                                  "--seq-len",
+                                  "1024",
+                                  "--global-batch",
+                                  "16",
+                                  "--strategy",
+                                  "fsdp-full",
+                                  "--emit",
+                                  "fsdp"};
+    a.insert(a.end(), more.begin(), more.end());
+    const auto r = planner(a);
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    return r.out;
+  };
+  const auto llama2 = run("llama-3-8b", {"--flavour", "fsdp2", "--recipe", "hf"});
+  CHECK(contains(llama2, "for block in model.model.layers.children():"));
+  const auto llama1 = run("llama-3-8b", {"--flavour", "fsdp1", "--recipe", "hf"});
+  CHECK(
+      contains(llama1, "from transformers.models.llama.modeling_llama import LlamaDecoderLayer\n"));
+  CHECK(contains(llama1, "auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}),"));
+  CHECK(!contains(llama1, "TransformerBlock"));
+  const auto gpt2 = run("gpt2", {"--flavour", "fsdp1", "--recipe", "hf"});
+  CHECK(contains(gpt2, "from transformers.models.gpt2.modeling_gpt2 import GPT2Block\n"));
+  CHECK(contains(run("gpt2", {"--flavour", "fsdp2"}),
+                 "for block in model.transformer.h.children():"));
+  const auto titan = run("llama-3-8b", {"--recipe", "torchtitan", "--checkpointing", "full"});
+  CHECK(contains(titan, "for name, block in list(model.layers.named_children()):"));
+  CHECK(contains(titan, "for block in model.layers.children():"));
+  const auto params = run("params:7e9", {"--flavour", "fsdp1"});
+  CHECK(contains(params, "ModuleWrapPolicy({TransformerBlock}),  # TransformerBlock: your model's "
+                         "block class"));
+}
