@@ -125,6 +125,8 @@ CloseFrameworks close_frameworks(const Evaluation& zero3, const Evaluation& fsdp
   c.zero3_buffers = z.at_peak[buffers];
   c.fsdp_states = total(f.model_states);
   c.fsdp_buffers = f.at_peak[buffers];
+  c.zero3_bytes = state_bytes(zero3.job.precision, zero3.spec, Accounting::framework);
+  c.fsdp_bytes = state_bytes(fsdp.job.precision, fsdp.spec, Accounting::framework);
   const auto zt = step_terms(z), ft = step_terms(f);
   const double toward_zero3 = z.step_s <= f.step_s ? 1.0 : -1.0;  // gain = slower's term - faster's
   std::size_t term = 0;
@@ -262,6 +264,17 @@ std::string percent_slower(double slow, double fast) {
   return p < 1 ? fmt::format("{:.2f}%", p) : fmt::format("{:.1f}%", p);
 }
 
+// "zero3 (deepspeed) keeps 2 B of parameters, 2 B of gradients, a 4 B master copy and 4 B per
+// optimizer moment per parameter": the plan's own bytes per element (sharded ones before sharding).
+std::string keeps(const std::string& name, const costmodel::StateBytes& b) {
+  return fmt::format("{} keeps {:g} B of parameters, {:g} B of gradients, {} and {:g} B per "
+                     "optimizer moment per parameter",
+                     name, b.param, b.grad,
+                     b.master > 0 ? fmt::format("a {:g} B master copy", b.master)
+                                  : std::string("no separate master copy"),
+                     b.moment);
+}
+
 // The one place claims become sentences.
 struct Render {
   std::string operator()(const ComputeBound& c) const {
@@ -366,18 +379,22 @@ struct Render {
                           (zero3_smaller ? c.zero3 : c.fsdp).name, gib1(peak_gap), c.peak_term,
                           gib1(zero3_smaller ? c.zero3_peak_term : c.fsdp_peak_term),
                           gib1(zero3_smaller ? c.fsdp_peak_term : c.zero3_peak_term));
-    return fmt::format("ZeRO-3 and FSDP are within {:.1f}% of each other. In numbers: DeepSpeed "
-                       "keeps a bf16 partition plus "
-                       "an fp32 master and a flat fp32 gradient partition ({} of states, {} of "
-                       "buffers with its reduce buckets "
-                       "at the peak); FSDP keeps fp32 sharded parameters cast to bf16 at "
-                       "all-gather ({} of states, {} of "
-                       "buffers); peaks {} vs {}. Here {}; {}.",
-                       100 * std::fabs(c.zero3.step_s / c.fsdp.step_s - 1), gib1(c.zero3_states),
-                       gib1(c.zero3_buffers), gib1(c.fsdp_states), gib1(c.fsdp_buffers),
+    return fmt::format("ZeRO-3 and FSDP are within {} of each other's step. In numbers: {} ({} "
+                       "of states, {} of buffers at the peak); {} ({} of states, {} of buffers); "
+                       "peaks {} vs {}. Here {}; {}.",
+                       percent_slower(slow.step_s, fast.step_s), keeps(c.zero3.name, c.zero3_bytes),
+                       gib1(c.zero3_states), gib1(c.zero3_buffers),
+                       keeps(c.fsdp.name, c.fsdp_bytes), gib1(c.fsdp_states), gib1(c.fsdp_buffers),
                        gib1(c.zero3.peak_bytes), gib1(c.fsdp.peak_bytes), time, memory);
   }
 };
+
+nlohmann::json state_bytes_json(const costmodel::StateBytes& b) {
+  return {{"parameters", b.param},
+          {"gradients", b.grad},
+          {"master", b.master},
+          {"per_moment", b.moment}};
+}
 
 struct ToJson {
   nlohmann::json operator()(const ComputeBound& c) const {
@@ -453,6 +470,8 @@ struct ToJson {
             {"zero3_buffers_bytes", c.zero3_buffers},
             {"fsdp_states_bytes", c.fsdp_states},
             {"fsdp_buffers_bytes", c.fsdp_buffers},
+            {"zero3_bytes_per_parameter", state_bytes_json(c.zero3_bytes)},
+            {"fsdp_bytes_per_parameter", state_bytes_json(c.fsdp_bytes)},
             {"step_term", c.step_term},
             {"zero3_term_s", c.zero3_term_s},
             {"fsdp_term_s", c.fsdp_term_s},

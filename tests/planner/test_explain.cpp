@@ -423,6 +423,22 @@ TEST_CASE("explain::ZeRO-3 against FSDP is said from the two plans' numbers") {
                                fmt::format("{:.1f} GiB smaller", std::fabs(zp - fp) / (1 << 30))));
         CHECK(contains(text, "its largest gain in " + c["peak_term"].get<std::string>()));
       }
+      // What each keeps per parameter is its own plan's (DeepSpeed 0.19.8 keeps the gradients in
+      // the model's dtype: 2 B under bf16; the sentence once said "a flat fp32 gradient
+      // partition" for every job), and the gap it quotes is the steps' own.
+      for (const char* which : {"zero3", "fsdp"}) {
+        const auto& b = c[std::string(which) + "_bytes_per_parameter"];
+        CHECK(contains(text,
+                       fmt::format("{} keeps {:g} B of parameters, {:g} B of gradients",
+                                   c[which]["plan"].get<std::string>(),
+                                   b["parameters"].get<double>(), b["gradients"].get<double>())));
+      }
+      if (c["zero3"]["plan"] == "zero3 (deepspeed)" && (*z)["precision"] == "bf16-mixed")
+        CHECK(c["zero3_bytes_per_parameter"]["gradients"] == 2);
+      const double gap = 100 * (std::max(zs, fs) / std::min(zs, fs) - 1);
+      CHECK(contains(
+          text, fmt::format("within {} of each other's step",
+                            gap < 1 ? fmt::format("{:.2f}%", gap) : fmt::format("{:.1f}%", gap))));
     }
   }
   CHECK(seen > 0);
