@@ -55,7 +55,7 @@ Term largest_category(const StepResult& r) {
 }
 
 // The step as terms: the compute stream's busy time by kind and the exposed time by stream (plus
-// any exposed time no stream claims), which together add up to the step.
+// any exposed time no stream claims, last), which together add up to the step.
 std::vector<Term> step_terms(const StepResult& r) {
   const auto exposed = exposed_by_wait(r);
   std::vector<Term> t;
@@ -104,8 +104,20 @@ WaitBound wait_bound(const Evaluation& e) {
           host ? r.host_optimizer_s : 0};
 }
 
+// The two plans' terms by the same names; exposed time no stream claims ("other waiting", which
+// the estimate's table does not print and the walk leaves at 0) only where there is some.
+void drop_unclaimed_waits(std::vector<Term>& a, const StepResult& ra, std::vector<Term>& b,
+                          const StepResult& rb) {
+  if (std::abs(a.back().value) <= 1e-9 * ra.step_s &&
+      std::abs(b.back().value) <= 1e-9 * rb.step_s) {
+    a.pop_back();
+    b.pop_back();
+  }
+}
+
 LosesByTime loses_by_time(const Evaluation& winner, const Evaluation& loser) {
-  const auto w = step_terms(winner.result), l = step_terms(loser.result);
+  auto w = step_terms(winner.result), l = step_terms(loser.result);
+  drop_unclaimed_waits(w, winner.result, l, loser.result);
   std::size_t worst = 0;
   for (std::size_t i = 1; i < w.size(); ++i)
     if (l[i].value - w[i].value > l[worst].value - w[worst].value) worst = i;
@@ -127,7 +139,8 @@ CloseFrameworks close_frameworks(const Evaluation& zero3, const Evaluation& fsdp
   c.fsdp_buffers = f.at_peak[buffers];
   c.zero3_bytes = state_bytes(zero3.job.precision, zero3.spec, Accounting::framework);
   c.fsdp_bytes = state_bytes(fsdp.job.precision, fsdp.spec, Accounting::framework);
-  const auto zt = step_terms(z), ft = step_terms(f);
+  auto zt = step_terms(z), ft = step_terms(f);
+  drop_unclaimed_waits(zt, z, ft, f);
   const double toward_zero3 = z.step_s <= f.step_s ? 1.0 : -1.0;  // gain = slower's term - faster's
   std::size_t term = 0;
   for (std::size_t i = 1; i < zt.size(); ++i)
