@@ -445,23 +445,27 @@ nlohmann::json fully_shard_json(const Scenario& sc, const Evaluation& e) {
 // torchtitan 0.3.0: `torchrun ... -m torchtitan.train --module <model> --config <registry entry>`
 // then overrides as --section.key value (run_train.sh); booleans are flags (--training.
 // enable_cpu_offload / --training.no_enable_cpu_offload), activation checkpointing a subcommand.
-void torchtitan_command_line(Text& t, const Scenario& sc, const Evaluation& e) {
-  t.line("# ---- torchtitan 0.3.0 command line: tyro options of torchtitan/config/configs.py and "
-         "trainer.py ----");
-  t.line(
-      "# --module and --config pick your model's config_registry entry; these options override it");
-  std::vector<std::string> args;
+// torchtitan 0.3.0's command line for the plan: its options (each as the argv words torchrun
+// passes) and the comments about what it cannot say.
+struct TitanCommandLine {
+  std::vector<std::vector<std::string>> args;  // {"--training.local_batch_size", "1"}, ...
+  std::vector<std::string> notes;
+};
+
+TitanCommandLine titan_command_line(const Scenario& sc, const Evaluation& e) {
+  TitanCommandLine out;
   for (const auto& x : titan_entries(sc, e)) {
     if (x.key.empty()) {
-      t.line("# {}", x.comment);
+      out.notes.push_back(x.comment);
       continue;
     }
     std::string value = x.value;
     if (value.size() >= 2 && value.front() == '"') value = value.substr(1, value.size() - 2);
     if (x.boolean)
-      args.push_back(fmt::format("--{}.{}{}", x.section, value == "true" ? "" : "no_", x.key));
+      out.args.push_back(
+          {fmt::format("--{}.{}{}", x.section, value == "true" ? "" : "no_", x.key)});
     else
-      args.push_back(fmt::format("--{}.{} {}", x.section, x.key, value));
+      out.args.push_back({fmt::format("--{}.{}", x.section, x.key), value});
   }
   const char* ac = "none";
   switch (e.job.checkpointing) {
@@ -475,23 +479,44 @@ void torchtitan_command_line(Text& t, const Scenario& sc, const Evaluation& e) {
     break;
   case Checkpointing::every:
     ac = "full";
-    t.line("# every:{}: 0.3.0 has no every-n-th-block option; full checkpoints every block (less "
-           "memory, "
-           "more recompute than costed)",
-           e.job.checkpoint_every);
+    out.notes.push_back(
+        fmt::format("every:{}: 0.3.0 has no every-n-th-block option; full checkpoints every block "
+                    "(less memory, more recompute than costed)",
+                    e.job.checkpoint_every));
     break;
   case Checkpointing::selective_attention:
-    t.line("# torchtitan has no attention-only recompute; {}",
-           e.job.attention == AttentionImpl::flash ? "with flash attention it equals none"
-                                                   : "this plan's eager scores are kept");
+    out.notes.push_back(fmt::format("torchtitan has no attention-only recompute; {}",
+                                    e.job.attention == AttentionImpl::flash
+                                        ? "with flash attention it equals none"
+                                        : "this plan's eager scores are kept"));
     break;
   }
-  args.push_back(fmt::format("activation_checkpoint:{}", ac));
+  out.args.push_back({fmt::format("activation_checkpoint:{}", ac)});
+  return out;
+}
+
+void torchtitan_command_line(Text& t, const Scenario& sc, const Evaluation& e) {
+  t.line("# ---- torchtitan 0.3.0 command line: tyro options of torchtitan/config/configs.py and "
+         "trainer.py ----");
+  t.line(
+      "# --module and --config pick your model's config_registry entry; these options override it");
+  const auto cli = titan_command_line(sc, e);
+  for (const auto& n : cli.notes) t.line("# {}", n);
   t.line("torchrun --nnodes {} --nproc_per_node {} -m torchtitan.train --module <model> --config "
          "<config> \\",
          sc.cluster.nodes(), std::min(sc.cluster.gpus, sc.cluster.gpus_per_node));
-  for (std::size_t i = 0; i < args.size(); ++i)
-    t.line("  {}{}", args[i], i + 1 < args.size() ? " \\" : "");
+  for (std::size_t i = 0; i < cli.args.size(); ++i)
+    t.line("  {}{}", fmt::format("{}", fmt::join(cli.args[i], " ")),
+           i + 1 < cli.args.size() ? " \\" : "");
+}
+
+// The same as data: {"args": [argv words], "notes": [...]}.
+nlohmann::json torchtitan_command_line_json(const Scenario& sc, const Evaluation& e) {
+  const auto cli = titan_command_line(sc, e);
+  nlohmann::json args = nlohmann::json::array();
+  for (const auto& words : cli.args)
+    for (const auto& w : words) args.push_back(w);
+  return {{"args", args}, {"notes", cli.notes}};
 }
 
 }  // namespace
@@ -553,6 +578,7 @@ nlohmann::json fsdp_settings_json(const Scenario& sc, const Evaluation& e) {
   nlohmann::json out = {{"strategy", e.spec.strategy},
                         {"flavour", flavour_name(e.spec.flavour)},
                         {"torchtitan", torchtitan_json(sc, e)},
+                        {"torchtitan_command_line", torchtitan_command_line_json(sc, e)},
                         {"text", fsdp_settings(sc, e)}};
   if (e.spec.flavour == Flavour::fsdp2) out["fully_shard"] = fully_shard_json(sc, e);
   return out;

@@ -352,7 +352,14 @@ def fsdp2_args(**options: Any) -> Dict[str, Any]:
     return fsdp_settings(**options)["fully_shard"]
 
 
-def torchtitan_options(**options: Any) -> Dict[str, Any]:
-    """torchtitan's job-config sections for the best PyTorch plan: {"training": {...},
-    "parallelism": {...}, "activation_checkpoint": {...}, "notes": [...]}."""
-    return fsdp_settings(**options)["torchtitan"]
+def torchtitan_options(version: str = "0.3.0", **options: Any) -> Dict[str, Any]:
+    """torchtitan's options for the best PyTorch plan. version "0.3.0" (the default): its command
+    line, {"args": the words after ``-m torchtitan.train --module M --config C`` (tyro options and
+    the activation_checkpoint subcommand), "notes": [...]}. version "0.2": the job-config TOML's
+    sections, {"training": {...}, "parallelism": {...}, "activation_checkpoint": {...},
+    "notes": [...]}."""
+    if version == "0.3.0":
+        return fsdp_settings(**options)["torchtitan_command_line"]
+    if version == "0.2":
+        return fsdp_settings(**options)["torchtitan"]
+    raise InputError("version", f'must be "0.3.0" or "0.2", got {version!r}')

@@ -60,9 +60,25 @@ def test_pure_bf16_casts_the_model():
     assert shardplan.fsdp2_args(**JOB, strategy="fsdp-full", precision="bf16")["model_dtype"] == "bfloat16"
 
 
+def test_torchtitan_0_3_options_are_its_command_line():
+    options = dict(JOB, strategy="fsdp-full", micro_batch=2, checkpointing="full")
+    titan = shardplan.torchtitan_options(**options)  # torchtitan 0.3.0's, by default
+    args = titan["args"]
+    assert args[args.index("--training.local_batch_size") + 1] == "2"
+    assert args[args.index("--parallelism.data_parallel_shard_degree") + 1] == "16"
+    assert args[-1] == "activation_checkpoint:full"
+    # The words are the command line's, in its order.
+    text = cli_text("recommend", *flags(**options), "--emit", "fsdp")
+    line = text[text.index("-m torchtitan.train"):]
+    assert " ".join(args) in " ".join(line.replace("\\\n", " ").split())
+    with pytest.raises(shardplan.InputError) as e:
+        shardplan.torchtitan_options(version="0.1", **options)
+    assert e.value.field == "version"
+
+
 def test_torchtitan_options_match_the_plan():
     options = dict(JOB, strategy="fsdp-full", micro_batch=2, checkpointing="full")
-    titan = shardplan.torchtitan_options(**options)
+    titan = shardplan.torchtitan_options(version="0.2", **options)
     # local batch = the micro-batch; the whole batch and sequence as given; 16 GPUs all sharding.
     assert titan["training"]["local_batch_size"] == 2
     assert titan["training"]["global_batch_size"] == 64
@@ -77,7 +93,8 @@ def test_torchtitan_options_match_the_plan():
 
 
 def test_every_nth_block_is_selective_ac_option_text():
-    titan = shardplan.torchtitan_options(**JOB, strategy="fsdp-full", checkpointing="every:2")
+    titan = shardplan.torchtitan_options(version="0.2", **JOB, strategy="fsdp-full",
+                                         checkpointing="every:2")
     assert titan["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "2"}
 
 
