@@ -121,12 +121,14 @@ int run_import(const ImportOptions& given, std::ostream& out, std::ostream& note
                                     : fmt::format("NCCL {}", fmt::join(versions, ", "));
   record.ranks = ranks;
   for (auto& [key, s] : samples) {
-    FittedCurve curve{key.op, key.ranks, key.tier, fit_piecewise(s, options.fit)};
+    FittedCurve curve{key.op, key.ranks, key.tier, fit_piecewise(s, options.fit), options.fit};
     fmt::print(notes, "# {}, {} ranks, {} (from {}):\n", documents::traits(key.op).name, key.ranks,
                documents::tier_name(key.tier), fmt::join(sources[key], ", "));
     print_fit(notes, curve.fit);
     record.curves.push_back(std::move(curve));
   }
+  if (!allow_poor_fits(record, options.accept_poor_fit, notes)) return 1;
+
   record.extra = {
       {"imported_from", files},
       {"import_note", "nccl-tests logs, out-of-place time column; date is the import's"}};

@@ -311,7 +311,7 @@ void sweep_collective(Sweeps& s, documents::Collective op, const PlannedGroup& g
   if (!s.root) return;
   s.progress.clear();
   table.finish();
-  FittedCurve curve{op, g.ranks, g.tier, fit_piecewise(samples, s.o.fit)};
+  FittedCurve curve{op, g.ranks, g.tier, fit_piecewise(samples, s.o.fit), s.o.fit};
   print_fit(s.out, curve.fit);
   record.curves.push_back(std::move(curve));
   s.out.flush();
@@ -370,6 +370,7 @@ int write_profile(const MeasureOptions& o, const Preflight& pre, const GroupPlan
                *record.compute_efficiency);
   print_attention_lines(out, compute.attention);
   print_fit_errors(out, o, record);
+  if (!allow_poor_fits(record, o.accept_poor_fit, err)) return 1;
   if (wrong_total > 0) {
     fmt::print(err,
                "calibrate: {} wrong elements in the checked results (see #wrong); the profile is "

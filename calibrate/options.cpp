@@ -149,6 +149,9 @@ void add_measure_options(CLI::App& app, MeasureOptions& m, MeasureTexts& t) {
       ->type_name("LIST");
   app.add_flag("--no-check", t.no_check,
                "skip the correctness check of each size (nccl-tests -c 0)");
+  app.add_flag("--accept-poor-fit", m.accept_poor_fit,
+               "write the profile though a collective's fit misses its error goal (the planner "
+               "then says so)");
   app.add_flag("--no-gemm", t.no_gemm, "skip the GEMM throughput measurement");
   app.add_flag("--no-memory", t.no_memory, "skip the memory bandwidth measurement");
   app.add_option("--gemm-model", m.gemm_model,
@@ -217,6 +220,9 @@ CLI::App* add_import_command(CLI::App& app, ImportOptions& imp, ImportTexts& t) 
       ->type_name("PROFILE");
   import_command->add_flag("--force", imp.force,
                            "merge logs whose rank lines name another GPU than the profile's");
+  import_command->add_flag("--accept-poor-fit", imp.accept_poor_fit,
+                           "write the calibration though a collective's fit misses its error "
+                           "goal (the planner then says so)");
   return import_command;
 }
 

@@ -48,7 +48,8 @@ struct MeasureOptions {
   std::string out;   // profile to write ("" = default name, or in place)
   std::string into;  // existing profile to merge the calibration into
   FitOptions fit;
-  double timeout_s = 300;  // a rank without progress for this long ends the job (watchdog)
+  bool accept_poor_fit = false;  // write the profile though a fit misses its goal
+  double timeout_s = 300;        // a rank without progress for this long ends the job (watchdog)
   std::optional<comm::FaultInjection> fault;  // --inject-fault (STEP: the sweep point, from 1)
 };
 
@@ -61,6 +62,7 @@ struct ImportOptions {
   std::string into;
   bool force = false;  // merge logs of another GPU than the profile's (said on the notes)
   FitOptions fit;
+  bool accept_poor_fit = false;  // write the calibration though a fit misses its goal
 };
 
 struct CommandLine {

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <fmt/ostream.h>
 
 #include "core/input_error.hpp"
 #include "core/json_reader.hpp"
@@ -35,7 +36,9 @@ json curve_to_json(const FittedCurve& c) {
           {"samples", samples},
           {"fit_error",
            {{"median_rel", rounded(c.fit.median_rel_error, 3)},
-            {"max_rel", rounded(c.fit.max_rel_error, 3)}}}};
+            {"max_rel", rounded(c.fit.max_rel_error, 3)},
+            {"goal_median_rel", c.goal.median_goal},
+            {"goal_max_rel", c.goal.max_goal}}}};
 }
 
 bool same_curve(const json& a, const json& b) {
@@ -49,6 +52,32 @@ std::string measured_note(const CalibrationRecord& r) {
 }
 
 }  // namespace
+
+std::string poor_fits(const CalibrationRecord& r) {
+  std::vector<std::string> missed;
+  for (const auto& c : r.curves)
+    if (!c.fit.meets(c.goal))
+      missed.push_back(fmt::format(
+          "{} over {} ranks ({}): median {:.1f}%, max {:.1f}% against {:.0f}% and {:.0f}%",
+          documents::traits(c.op).name, c.ranks, documents::tier_name(c.tier),
+          100 * c.fit.median_rel_error, 100 * c.fit.max_rel_error, 100 * c.goal.median_goal,
+          100 * c.goal.max_goal));
+  return missed.empty() ? "" : fmt::format("{}", fmt::join(missed, "; "));
+}
+
+bool allow_poor_fits(const CalibrationRecord& r, bool accept, std::ostream& notes) {
+  const auto poor = poor_fits(r);
+  if (poor.empty()) return true;
+  if (accept)
+    fmt::print(notes, "calibrate: --accept-poor-fit: writing fits that miss their goal ({})\n",
+               poor);
+  else
+    fmt::print(notes,
+               "calibrate: fits miss their goal ({}): nothing is written (measure on an idle host "
+               "or with more --iters, or give --accept-poor-fit to write them)\n",
+               poor);
+  return accept;
+}
 
 double rounded(double x, int digits) {
   if (x == 0 || !std::isfinite(x)) return x;

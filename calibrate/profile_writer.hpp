@@ -8,6 +8,7 @@
 
 #include <map>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@ struct FittedCurve {
   int ranks = 0;
   documents::Tier tier = documents::Tier::intra_node;
   CurveFit fit;
+  FitOptions goal;  // the errors the fit was asked to reach (written beside its errors)
 };
 
 struct CalibrationRecord {
@@ -103,6 +105,13 @@ std::string merge_destination(const std::string& into_path, const std::string& o
 nlohmann::json read_profile_for_merge(const std::string& path);
 
 // x rounded to `digits` significant digits, for readable documents.
+// The curves whose fit misses the errors it was asked to reach (a loaded host, too few repeats),
+// named with their errors and goals in one line; "" when every fit meets its goal. calibrate
+// writes no profile with such a curve unless --accept-poor-fit (and the planner then says so).
+std::string poor_fits(const CalibrationRecord& r);
+// Says on `notes` which fits miss their goal; false (write nothing) unless `accept`.
+bool allow_poor_fits(const CalibrationRecord& r, bool accept, std::ostream& notes);
+
 double rounded(double x, int digits = 5);
 
 }  // namespace shardplan::calibrate

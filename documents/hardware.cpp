@@ -75,6 +75,8 @@ CollectiveCurve read_curve(const nlohmann::json& j, const std::string& ptr) {
     ObjectReader e(*err, r.pointer_of("fit_error"));
     c.median_rel_error = e.number("median_rel", Range::non_negative());
     c.max_rel_error = e.number("max_rel", Range::non_negative());
+    c.goal_median_rel_error = e.optional_number("goal_median_rel", Range::positive());
+    c.goal_max_rel_error = e.optional_number("goal_max_rel", Range::positive());
     e.finish();
   }
   r.finish();

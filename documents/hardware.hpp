@@ -47,6 +47,13 @@ struct CollectiveCurve {
   std::vector<MeasuredSample> samples;
   double median_rel_error = 0;  // of the fit at the measured points
   double max_rel_error = 0;
+  // The errors calibrate asked the fit to reach (absent in older profiles: none known).
+  std::optional<double> goal_median_rel_error, goal_max_rel_error;
+  // Whether the fit's errors exceed the goal it was made for (false where none is known).
+  bool misses_goal() const {
+    return (goal_median_rel_error && median_rel_error > *goal_median_rel_error) ||
+           (goal_max_rel_error && max_rel_error > *goal_max_rel_error);
+  }
   // Time of a collective of nccl-tests size `size_bytes` from the fit; beyond the measured
   // range the nearest segment's line is extended.
   double time_s(double size_bytes) const;

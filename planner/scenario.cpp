@@ -252,6 +252,26 @@ namespace {
 std::string gbps(double bytes_per_s) { return fmt::format("{:.4g} GB/s", bytes_per_s / 1e9); }
 }  // namespace
 
+namespace {
+
+// The calibrated curves whose fit misses the goal calibrate set for it (written with
+// --accept-poor-fit): each with its errors, the times the cost model reads from it that uncertain.
+std::vector<std::string> poor_fits(const documents::HardwareProfile& h) {
+  std::vector<std::string> out;
+  if (!h.calibration) return out;
+  for (const auto& c : h.calibration->collectives)
+    if (c.misses_goal())
+      out.push_back(fmt::format("{} over {} ranks ({}) fits its measurements within median "
+                                "{:.1f}%, max {:.1f}% (goal {:.0f}% and {:.0f}%)",
+                                documents::traits(c.op).name, c.ranks, documents::tier_name(c.tier),
+                                100 * c.median_rel_error, 100 * c.max_rel_error,
+                                100 * c.goal_median_rel_error.value_or(0),
+                                100 * c.goal_max_rel_error.value_or(0)));
+  return out;
+}
+
+}  // namespace
+
 std::string hardware_line(const Scenario& sc) {
   const auto& h = sc.hardware;
   const std::string memory =
@@ -259,12 +279,19 @@ std::string hardware_line(const Scenario& sc) {
           ? fmt::format("{:.4g} GiB per GPU (--gpu-memory-GiB; the profile's {:.4g} GiB)",
                         h.memory_bytes / kGiB, *sc.profile_memory_bytes / kGiB)
           : fmt::format("{:.4g} GiB per GPU", h.memory_bytes / kGiB);
-  return fmt::format("hardware {}: {}; inter-node {} per GPU = {} per node of {} GPU{} (profile's "
-                     "bandwidth_GBps_per_{})",
-                     h.name, memory, gbps(h.inter_bandwidth_Bps),
-                     gbps(h.inter_bandwidth_Bps * h.gpus_per_node), h.gpus_per_node,
-                     h.gpus_per_node == 1 ? "" : "s",
-                     h.inter_bandwidth_per_node_key ? "node" : "gpu");
+  std::string line =
+      fmt::format("hardware {}: {}; inter-node {} per GPU = {} per node of {} GPU{} (profile's "
+                  "bandwidth_GBps_per_{})",
+                  h.name, memory, gbps(h.inter_bandwidth_Bps),
+                  gbps(h.inter_bandwidth_Bps * h.gpus_per_node), h.gpus_per_node,
+                  h.gpus_per_node == 1 ? "" : "s", h.inter_bandwidth_per_node_key ? "node" : "gpu");
+  const auto poor = poor_fits(h);
+  if (!poor.empty())
+    line += fmt::format("\nNOTE: the profile's calibration misses its fit goals: {}; it was "
+                        "written with --accept-poor-fit, and the communication times below are as "
+                        "uncertain",
+                        fmt::join(poor, "; "));
+  return line;
 }
 
 nlohmann::json hardware_json(const Scenario& sc) {
@@ -278,6 +305,7 @@ nlohmann::json hardware_json(const Scenario& sc) {
                                              ? "bandwidth_GBps_per_node"
                                              : "bandwidth_GBps_per_gpu"}};
   if (sc.profile_memory_bytes) j["profile_gpu_memory_GiB"] = *sc.profile_memory_bytes / kGiB;
+  if (const auto poor = poor_fits(h); !poor.empty()) j["calibration_fits_missing_goal"] = poor;
   return j;
 }
 

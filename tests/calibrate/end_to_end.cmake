@@ -1,5 +1,6 @@
-# End to end: a small measuring run of calibrate under mpirun, then the profile it wrote loaded
-# through the cost model (profile_check, with at least MIN_CURVES curves and MIN_ATTENTION
+# End to end: a small measuring run of calibrate under mpirun (4 timed runs per size on ranks that
+# share two cores: its fits may miss their goal, so --accept-poor-fit), then the profile it wrote
+# loaded through the cost model (profile_check, with at least MIN_CURVES curves and MIN_ATTENTION
 # attention cores). EXPECT: more texts its output must contain.
 #   cmake -DMPIRUN=... -DRANKS=2 -DCALIBRATE=... -DPROFILE_CHECK=... -DWORK_DIR=... [-DEXTRA=a|b]
 #         [-DMIN_CURVES=n] [-DMIN_ATTENTION=n] [-DEXPECT=text|text] -P end_to_end.cmake
@@ -17,7 +18,7 @@ set(profile "${WORK_DIR}/calibrated.json")
 execute_process(
   COMMAND "${MPIRUN}" --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none
           -np ${RANKS} "${CALIBRATE}" --backend mpi --min-bytes 8 --max-bytes 64K --factor 4 --warmup 1
-          --iters 4 --gemm-tokens 32 --out "${profile}" ${extra}
+          --iters 4 --gemm-tokens 32 --out "${profile}" --accept-poor-fit ${extra}
   RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err WORKING_DIRECTORY "${WORK_DIR}")
 message("${out}${err}")
 if(NOT code EQUAL 0)

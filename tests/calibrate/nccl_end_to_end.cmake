@@ -18,7 +18,7 @@ set(ENV{MASTER_PORT} 29511) # a world of one opens no socket
 set(profile "${WORK_DIR}/calibrated.json")
 execute_process(
   COMMAND "${CALIBRATE}" --backend nccl --max-bytes 1M --warmup 1 --iters 4 --gemm-model gpt2
-          --gemm-tokens 256 --attention-seq 128 --timeout-s 120 --out "${profile}"
+          --gemm-tokens 256 --attention-seq 128 --timeout-s 120 --out "${profile}" --accept-poor-fit
   RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err WORKING_DIRECTORY "${WORK_DIR}")
 if(NOT code EQUAL 0 AND err MATCHES "no CUDA device")
   message("no CUDA device: skipped")

@@ -20,7 +20,7 @@ const std::string kA100 =
 FittedCurve curve(Collective op, int ranks, Tier tier, double latency_s, double bandwidth_Bps) {
   std::vector<documents::MeasuredSample> samples;
   for (double s = 8; s <= 1 << 20; s *= 4) samples.push_back({s, latency_s + s / bandwidth_Bps});
-  return {op, ranks, tier, fit_piecewise(samples)};
+  return {op, ranks, tier, fit_piecewise(samples), FitOptions{}};
 }
 
 CalibrationRecord record() {

@@ -412,3 +412,28 @@ TEST_CASE("hardware::every profile's framework overheads are the measured corpus
           doctest::Approx(ratio).epsilon(5e-3));
   }
 }
+
+// A curve's fit carries the goal calibrate set for it: one beyond its goal is said to miss it
+// (the planner's note), one within it or without a goal is not; a goal that is not a positive
+// number is refused, named by its pointer.
+TEST_CASE("hardware::a fit's goal is read and judged") {
+  json doc = profile_doc("a100-sxm4-80gb");
+  doc["calibration"] = calibration_doc();
+  auto& fit = doc["calibration"]["collectives"][0]["fit_error"];
+  CHECK_FALSE(hardware_from_json(doc, "p").calibration->collectives[0].misses_goal());  // no goal
+  fit["goal_median_rel"] = 0.05;
+  fit["goal_max_rel"] = 0.1;
+  CHECK_FALSE(hardware_from_json(doc, "p").calibration->collectives[0].misses_goal());
+  fit["max_rel"] = 0.3;
+  const auto poor = hardware_from_json(doc, "p");
+  CHECK(poor.calibration->collectives[0].misses_goal());
+  CHECK(*poor.calibration->collectives[0].goal_max_rel_error == 0.1);
+  fit["goal_max_rel"] = 0;
+  CHECK(shardplan::test::error_of([&] {
+          hardware_from_json(doc, "p");
+        }).starts_with("/calibration/collectives/0/fit_error/goal_max_rel: "));
+  fit["goal_max_rel"] = "0.1";
+  CHECK(shardplan::test::error_of([&] {
+          hardware_from_json(doc, "p");
+        }).starts_with("/calibration/collectives/0/fit_error/goal_max_rel: "));
+}
