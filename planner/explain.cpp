@@ -323,10 +323,15 @@ struct Render {
         gib1(c.usable_bytes));
   }
   std::string operator()(const LosesByMemory& c) const {
+    const std::string kept =
+        c.kept_bytes > 0 && c.largest.value > c.kept_bytes
+            ? fmt::format(", {} of them kept between steps and {} the step's temporaries",
+                          gib1(c.kept_bytes), gib1(c.largest.value - c.kept_bytes))
+            : "";
     return fmt::format(
-        "{} does not fit: its smallest peak is {} against {} usable, the largest part {}{} ({})",
+        "{} does not fit: its smallest peak is {} against {} usable, the largest part {}{} ({}{})",
         c.plan.name, gib1(c.plan.peak_bytes), gib1(c.usable_bytes),
-        c.replicated ? "replicated " : "", c.largest.name, gib1(c.largest.value));
+        c.replicated ? "replicated " : "", c.largest.name, gib1(c.largest.value), kept);
   }
   std::string operator()(const LosesByTime& c) const {
     if (c.loser.step_s - c.winner.step_s < kTie * c.winner.step_s)
@@ -437,11 +442,9 @@ struct ToJson {
             {"usable_bytes", c.usable_bytes}};
   }
   nlohmann::json operator()(const LosesByMemory& c) const {
-    return {{"kind", "loses_by_memory"},
-            {"plan", plan_json(c.plan)},
-            {"largest", term_json(c.largest)},
-            {"replicated", c.replicated},
-            {"usable_bytes", c.usable_bytes}};
+    return {{"kind", "loses_by_memory"},       {"plan", plan_json(c.plan)},
+            {"largest", term_json(c.largest)}, {"replicated", c.replicated},
+            {"usable_bytes", c.usable_bytes},  {"kept_bytes", c.kept_bytes}};
   }
   nlohmann::json operator()(const LosesByTime& c) const {
     return {{"kind", "loses_by_time"},          {"winner", plan_json(c.winner)},
@@ -628,7 +631,10 @@ void add_alternatives(Explanation& x, const SearchResult& r, double usable) {
          !s.shard_gradients) ||
         (largest.name == category_label(static_cast<int>(Category::optimizer_states)) &&
          !s.shard_optimizer);
-    x.reasons.push_back(LosesByMemory{plan_numbers(ddp->eval), largest, replicated, usable});
+    double kept = 0;
+    for (int k = 0; k <= static_cast<int>(Category::optimizer_states); ++k)
+      if (largest.name == category_label(k)) kept = ddp->eval.result.model_states[k];
+    x.reasons.push_back(LosesByMemory{plan_numbers(ddp->eval), largest, replicated, usable, kept});
   }
   std::vector<std::string> compared = {r.ranked.front().family};
   for (const Candidate* c : {runner_up, full, ddp}) {
@@ -638,9 +644,13 @@ void add_alternatives(Explanation& x, const SearchResult& r, double usable) {
     compared.push_back(c->family);
     x.reasons.push_back(loses_by_time(rec, c->eval));
   }
-  if (ddp && ddp->eval.result.valid && ddp->eval.result.comm_bytes_per_gpu > 0) {
+  // Traffic against DDP, where DDP runs the job: the recommendation's (what its sharding costs or
+  // saves on the wire), and the fully sharded plan's where it loses and sends more.
+  if (ddp && ddp->eval.fits && ddp->eval.result.comm_bytes_per_gpu > 0) {
+    const double ddp_bytes = ddp->eval.result.comm_bytes_per_gpu;
     if (rec.spec.strategy != "ddp") x.reasons.push_back(bytes_ratio(rec, ddp->eval));
-    if (full && full->family != r.ranked.front().family && full->eval.result.valid)
+    if (full && full->family != r.ranked.front().family && full->eval.result.valid &&
+        full->eval.result.comm_bytes_per_gpu > ddp_bytes)
       x.reasons.push_back(bytes_ratio(full->eval, ddp->eval));
   }
 

@@ -72,6 +72,9 @@ struct LosesByMemory {
   Term largest;
   bool replicated = false;
   double usable_bytes = 0;
+  // The same category between steps (model states; 0 for the others): the optimizer states at the
+  // peak may hold the step's temporaries beside them.
+  double kept_bytes = 0;
 };
 // A fitting plan is slower than the winner; the term whose difference is largest decides (the
 // step is the compute stream's busy time by kind plus the exposed time by stream).

@@ -178,9 +178,11 @@ std::string rejection_reason(const Scenario& sc, const Candidate& c) {
                                                               : !c.eval.spec.shard_parameters;
     std::string what = category_name(static_cast<Category>(worst));
     std::replace(what.begin(), what.end(), '_', ' ');
-    return fmt::format("{}{} alone need {:.1f} GiB of {:.1f} GiB; all model states {:.1f} GiB",
-                       replicated ? "replicated " : "", what, r.model_states[worst] / kGiB,
-                       sc.hardware.memory_bytes / kGiB, states / kGiB);
+    return fmt::format("the model states, {:.1f} GiB, and the device's own {:.1f} GiB (CUDA "
+                       "context, NCCL) exceed {:.1f} GiB usable; the largest of them: {}{}, "
+                       "{:.1f} GiB",
+                       states / kGiB, overhead / kGiB, usable / kGiB,
+                       replicated ? "replicated " : "", what, r.model_states[worst] / kGiB);
   }
   return fmt::format(
       "smallest peak {:.1f} GiB (micro-batch {}, {} checkpointing, offload {}) exceeds {:.1f} GiB "

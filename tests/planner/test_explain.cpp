@@ -457,3 +457,19 @@ TEST_CASE("explain::the table and the JSON say the same sentences") {
       CHECK(contains(table, fmt::format("  - {}\n", c["text"].get<std::string>())));
   }
 }
+
+// Where DDP does not fit, no plan is compared with DDP's traffic (it runs nothing), and its
+// optimizer states at its peak are said with the part kept between steps: llama-2-7b on 8 x
+// A100-40GB, DDP's AdamW moments 8 × 6,738,415,616 B = 50.2 GiB kept, beside the step's foreach
+// intermediate at its peak.
+TEST_CASE("explain::DDP that does not fit is no yardstick, and its states at the peak are split") {
+  const auto d = run_json({"--model", "llama-2-7b", "--hardware", "a100-sxm4-40gb", "--gpus", "8",
+                           "--seq-len", "4096", "--global-batch", "32"});
+  CHECK(claims_of(d, "bytes_ratio").empty());
+  const auto memory = claims_of(d, "loses_by_memory");
+  REQUIRE(memory.size() == 1);
+  const auto& c = memory.front();
+  CHECK(c["kept_bytes"].get<double>() == 8.0 * 6738415616);
+  CHECK(c["largest"]["value"].get<double>() > c["kept_bytes"].get<double>());
+  CHECK(contains(c["text"], "50.2 GiB of them kept between steps"));
+}
