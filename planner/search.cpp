@@ -214,6 +214,8 @@ SearchResult search(const Scenario& sc, const SearchPins& pins) {
   const auto losses = losses_to_search(sc, pins);
 
   std::map<std::string, Candidate> best_fit, smallest;
+  // Per family, why its offloaded plans could not run (the host's memory), said with its rejection.
+  std::map<std::string, std::string> offload_refused;
   for (const auto& spec : specs) {
     const std::string family = family_of(spec);
     for (const auto& ckpt : ckpts)
@@ -230,7 +232,11 @@ SearchResult search(const Scenario& sc, const SearchPins& pins) {
           job.loss_chunks = loss.chunks;
           Evaluation e = evaluate(sc, spec, job);
           ++res.plans_simulated;
-          if (!e.result.valid) continue;
+          if (!e.result.valid) {
+            if (e.result.reason_input == "--offload")
+              offload_refused.emplace(family, e.result.reason);
+            continue;
+          }
           Candidate c{e, family};
           if (!res.fastest_ignoring_memory || better(e, res.fastest_ignoring_memory->eval))
             res.fastest_ignoring_memory = c;
@@ -253,8 +259,17 @@ SearchResult search(const Scenario& sc, const SearchPins& pins) {
   for (const auto& [family, c] : smallest) {
     auto bf = best_fit.find(family);
     res.best_per_family.push_back(bf != best_fit.end() ? bf->second : c);
-    if (bf == best_fit.end()) res.rejected.emplace_back(family, rejection_reason(sc, c));
+    if (bf == best_fit.end()) {
+      const auto refused = offload_refused.find(family);
+      res.rejected.emplace_back(
+          family, rejection_reason(sc, c) +
+                      (refused == offload_refused.end() ? "" : "; offloaded, " + refused->second));
+    }
   }
+  // A family none of whose plans could run: only its offloaded ones were tried, and the host
+  // refused.
+  for (const auto& [family, reason] : offload_refused)
+    if (!smallest.count(family)) res.rejected.emplace_back(family, "offloaded, " + reason);
   std::stable_sort(res.best_per_family.begin(), res.best_per_family.end(),
                    [](const Candidate& a, const Candidate& b) {
                      if (a.eval.fits != b.eval.fits) return a.eval.fits;

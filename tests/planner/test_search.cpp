@@ -233,3 +233,23 @@ TEST_CASE("search::the recipe's framework decides how it shards") {
     CHECK(std::string(e.what()).find("recipe torchtitan") != std::string::npos);
   }
 }
+
+// A family whose offloaded plans the host cannot hold says so: llama-3-70b (70,553,706,496
+// parameters) on 8 x A100-40GB with the optimizer offloaded keeps 12 B of fp32 master and moments
+// and 4 B of fp32 gradient per parameter on the host, 70,553,706,496 / 8 x 16 B = 131.4 GiB per
+// GPU, 1051.3 GiB per node of 8 against the profile's 1024 GiB of host memory. Before, the
+// ZeRO families, none of whose plans could run, were absent from the rejected without a word.
+TEST_CASE("search::a family refused for host memory under offload says so") {
+  const auto sc = scenario("llama-3-70b", "a100-sxm4-40gb", 8, 8, 4096, 8);
+  SearchPins pins;
+  pins.offload = documents::Offload::optimizer;
+  const auto rec = recommend(sc, pins);
+  for (const char* family : {"zero1", "zero2", "zero3"}) {
+    CAPTURE(family);
+    const auto it = std::find_if(rec.search.rejected.begin(), rec.search.rejected.end(),
+                                 [&](const auto& r) { return r.first == family; });
+    REQUIRE(it != rec.search.rejected.end());
+    CHECK(it->second == "offloaded, offload needs 1051.3 GiB of host memory per node (8 GPUs x "
+                        "131.4 GiB of optimizer states, gradients), the node has 1024.0 GiB");
+  }
+}
