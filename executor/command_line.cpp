@@ -7,6 +7,7 @@
 
 #include "core/input_error.hpp"
 #include "core/number_text.hpp"
+#include "core/option_types.hpp"
 
 namespace shardplan::executor {
 
@@ -328,6 +329,45 @@ std::string pipeline_refusal(const CLI::App& app, const RunCommand& r) {
   return r.request.collective_streams ? "--collective-streams" : "";
 }
 
+// What each option's value is, as --help shows it (the options read text and check it themselves,
+// so CLI11 would call every value TEXT).
+void name_value_types(CLI::App& app) {
+  static const core::OptionType kTypes[] = {
+      {"plan", "FILE"},
+      {"backend", "NAME"},
+      {"steps", "INT"},
+      {"out", "FILE"},
+      {"gpu-memory-GiB", "GiB"},
+      {"layers", "INT"},
+      {"hidden", "INT"},
+      {"heads", "INT"},
+      {"kv-heads", "INT"},
+      {"head-dim", "INT"},
+      {"intermediate", "INT"},
+      {"vocab", "INT"},
+      {"max-positions", "INT"},
+      {"seq-len", "TOKENS"},
+      {"seed", "INT"},
+      {"lr", "NUMBER"},
+      {"tensor-parallel", "INT"},
+      {"context-parallel", "INT"},
+      {"rehearse-rank", "INT"},
+      {"world", "INT"},
+      {"timeout-s", "SECONDS"},
+      {"inject-fault", "FAULT"},
+      {"save", "DIR"},
+      {"save-every", "INT"},
+      {"resume", "DIR"},
+      {"pipeline-parallel", "INT"},
+      {"schedule", "NAME"},
+      {"virtual-stages", "INT"},
+      {"micro-batches", "INT"},
+      {"model", "NAME|FILE"},
+      {"dir", "DIR"},
+  };
+  core::name_option_types(app, std::span<const core::OptionType>(kTypes));
+}
+
 }  // namespace
 
 CommandLine parse_command_line(int argc, const char* const* argv) {
@@ -350,6 +390,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   add_pipeline_options(app, pipeline_texts);
   auto* scale = add_scale_config(app, cl.scale_config, scale_texts);
   auto* consolidate = add_consolidate(app, cl.consolidate);
+  name_value_types(app);
 
   try {
     app.parse(argc, argv);

@@ -667,6 +667,7 @@ struct Parser {
                          "print the program's name and version and exit");
     app.require_subcommand(1);
     subcommands = add_subcommands(app, options);
+    name_option_types(app);
   }
   Parser(const Parser&) = delete;  // app holds pointers into options
   Parser& operator=(const Parser&) = delete;

@@ -7,6 +7,7 @@
 
 #include "core/json_reader.hpp"
 #include "core/number_text.hpp"
+#include "core/option_types.hpp"
 #include "core/text.hpp"
 #include "documents/recipe.hpp"
 #include "planner/text.hpp"
@@ -393,6 +394,56 @@ documents::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& 
     throw InputError("--shard-group-size", fmt::format("{} does not divide {} GPUs",
                                                        spec.shard_group_size, sc.cluster.gpus));
   return spec;
+}
+
+// What each option's value is, as --help shows it (the options read text and check it themselves,
+// so CLI11 would call every value TEXT): counts, sizes in their unit, names, files, lists.
+void name_option_types(CLI::App& app) {
+  static const core::OptionType kTypes[] = {
+      {"gpus", "INT"},
+      {"gpus-per-node", "INT"},
+      {"seq-len", "TOKENS"},
+      {"global-batch", "SEQUENCES"},
+      {"micro-batch", "SEQUENCES"},
+      {"micro-batches", "INT"},
+      {"layers", "INT"},
+      {"params", "COUNT"},
+      {"shard-group-size", "INT"},
+      {"tensor-parallel", "INT"},
+      {"pipeline-parallel", "INT"},
+      {"virtual-stages", "INT"},
+      {"context-parallel", "INT"},
+      {"first-stage-less-layers", "INT"},
+      {"last-stage-less-layers", "INT"},
+      {"top", "INT"},
+      {"gpu-memory-GiB", "GiB"},
+      {"headroom", "FRACTION"},
+      {"model", "NAME|FILE"},
+      {"hardware", "NAME|FILE"},
+      {"job", "FILE"},
+      {"deepspeed", "FILE"},
+      {"plan", "FILE"},
+      {"run", "FILE"},
+      {"svg", "FILE"},
+      {"trace", "FILE"},
+      {"strategies", "LIST"},
+      {"losses", "LIST"},
+      {"emit", "NAME"},
+      {"precision", "NAME"},
+      {"optimizer", "NAME"},
+      {"checkpointing", "MODE"},
+      {"attention", "NAME"},
+      {"recipe", "NAME"},
+      {"loss", "NAME"},
+      {"accounting", "NAME"},
+      {"strategy", "NAME"},
+      {"flavour", "NAME"},
+      {"offload", "NAME"},
+      {"reduce-dtype", "NAME"},
+      {"format", "NAME"},
+      {"schedule", "NAME"},
+  };
+  core::name_option_types(app, std::span<const core::OptionType>(kTypes));
 }
 
 }  // namespace shardplan::planner

@@ -89,6 +89,8 @@ struct PlanOptions {
   std::optional<std::string> reduce_dtype;      // not given: the framework's default
 };
 void add_plan_options(CLI::App& app, PlanOptions& o, bool strategy_required);
+// What each option's value is, as --help shows it (core/option_types.hpp): the planner's table.
+void name_option_types(CLI::App& app);
 // --shard-group-size as a number (make_spec checks its range), or nullopt when not given.
 std::optional<int> shard_group_size(const PlanOptions& o);
 // The spec's dtypes as the framework sets them for the job when the user does not: gradients

@@ -107,3 +107,12 @@ run_expect(3 COMMAND ${EXECUTOR} --plan small-device-plan.json --rehearse-rank 0
                      --steps 1 EXPECT "out of memory: allocating")
 run_expect(0 COMMAND ${EXECUTOR} --plan small-device-plan.json --rehearse-rank 0 --world 2 --out run.json
                      --steps 1 --gpu-memory-GiB 64)
+
+# --help says what each option's value is (a count, a size in its unit, a file, a name), not TEXT
+# for every one (the options read text and check it themselves).
+foreach(sub "" "scale-config" "consolidate")
+  execute_process(COMMAND ${EXECUTOR} ${sub} --help RESULT_VARIABLE code OUTPUT_VARIABLE help)
+  if(NOT code EQUAL 0 OR help MATCHES " TEXT")
+    message(FATAL_ERROR "executor ${sub} --help (exit ${code}) shows TEXT:\n${help}")
+  endif()
+endforeach()

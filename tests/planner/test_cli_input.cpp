@@ -386,3 +386,18 @@ TEST_CASE("cli_input::a plan that cannot run as asked is refused with its reason
       "--offload: zero1 cannot offload parameters: they are not sharded (zero3, "
       "fsdp-full, hsdp can)");
 }
+
+// --help says what each option's value is (a count, a size in its unit, a name, a file, a list),
+// not TEXT for every one (the options read text and check it themselves).
+TEST_CASE("cli_input::help names each value's kind and unit") {
+  for (const char* command : {"estimate", "recommend", "compare", "simulate", "validate"}) {
+    CAPTURE(command);
+    const auto r = planner({command, "--help"});
+    CHECK(r.code == 0);
+    CHECK(r.out.find(" TEXT") == std::string::npos);
+  }
+  const auto r = planner({"estimate", "--help"});
+  for (const char* shown : {"--gpus INT", "--seq-len TOKENS", "--global-batch SEQUENCES",
+                            "--gpu-memory-GiB GiB", "--model NAME|FILE", "--headroom FRACTION"})
+    CHECK(r.out.find(shown) != std::string::npos);
+}
