@@ -46,8 +46,9 @@ const std::set<std::string> kKnownFsdp2Misses = {
 // small a loss the peak falls inside a block's backward, in its MLP, where the product's backward
 // holds its gradient and its factors' beside the block's saved tensors and only the down
 // projection has its gradient (accounting.hpp, ActivationBytes::mlp_backward; bare and DDP now
-// within 8.5 KB). Under FSDP2 the tracker holds, beside that, the reduce-scatter temporaries of
-// gloo's clone (above) at block 1's MLP: still 6.5% to 7.6% low.
+// within 8.5 KB). Under FSDP2 the peak is block 1's MLP, where the tracker holds more temporaries
+// beside the reduce-scatter buffers than the walk (gloo's clone, above, is one candidate; not
+// traced): still 6.5% to 7.6% low.
 const std::set<std::string> kKnownBlockBackwardMisses = {
     "fsdp2/llama-h256-mqa-v512/bf16-mixed/full/s1024-b1/w2",
     "fsdp2/llama-h256-mqa-v512/bf16-mixed/full/s1024-b2/w2"};
