@@ -74,29 +74,10 @@ def build_model(case, tp):
     """Llama3Model as torchtitan's trainer parallelizes it (see the module docstring); tp = 1 is
     the one-process reference."""
     import torch
-    import torchtitan.models.llama3 as llama3
     from torchtitan.distributed import ParallelDims
-    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
-    from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 
-    a = mu.TORCHTITAN_ARGS[case["config"]]
-    dim, n_heads, V = a["dim"], a["n_heads"], a["vocab_size"]
-    layers = llama3._build_llama3_layers(
-        n_layers=a["n_layers"], dim=dim, n_heads=n_heads, n_kv_heads=a["n_kv_heads"],
-        hidden_dim=a["hidden_dim"], fuse_qkv=a["fuse_qkv"], attn_backend="flex",
-        rope=ComplexRoPE.Config(dim=dim // n_heads, max_seq_len=case["seq_len"], theta=500000,
-                                scaling="llama"))
-    for layer in layers:  # causal SDPA instead of flex (flex needs torch.compile)
-        layer.attention.inner_attention = ScaledDotProductAttention.Config()
-    config = llama3.Llama3Model.Config(
-        dim=dim, vocab_size=V, enable_weight_tying=a["enable_weight_tying"],
-        tok_embeddings=Embedding.Config(num_embeddings=V, embedding_dim=dim,
-                                        param_init=llama3._EMBEDDING_INIT),
-        norm=RMSNorm.Config(normalized_shape=dim, param_init=llama3._NORM_INIT),
-        lm_head=Linear.Config(in_features=dim, out_features=V,
-                              param_init=llama3._output_linear_init(dim)),
-        layers=layers)
+    config = mu.torchtitan_model_config(case["config"], case["seq_len"])
     set_llama3_sharding_config(config, enable_sp=True)
     torch.manual_seed(0)
     model = config.build()

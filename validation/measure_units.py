@@ -641,14 +641,13 @@ def apply_torchtitan_ac(model, ckpt):
                                                     respect_saved_tensors_hooks=True)
 
 
-def build_torchtitan_model(group, seq_len):
-    """Llama3Model as torchtitan builds it, then AC and FSDP2 in parallelize_llama's order."""
+def torchtitan_model_config(name, seq_len):
+    """torchtitan 0.3.0's Llama3Model.Config for TORCHTITAN_ARGS[name], causal SDPA attention."""
     import torchtitan.models.llama3 as llama3
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
     from torchtitan.models.common.attention import ScaledDotProductAttention
-    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
 
-    a = TORCHTITAN_ARGS[group["config"]]
+    a = TORCHTITAN_ARGS[name]
     dim, n_heads = a["dim"], a["n_heads"]
     layers = llama3._build_llama3_layers(
         n_layers=a["n_layers"], dim=dim, n_heads=n_heads, n_kv_heads=a["n_kv_heads"],
@@ -658,7 +657,7 @@ def build_torchtitan_model(group, seq_len):
     for layer in layers:  # causal SDPA instead of flex (flex needs torch.compile; see the docstring)
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
     V = a["vocab_size"]
-    config = llama3.Llama3Model.Config(
+    return llama3.Llama3Model.Config(
         dim=dim, vocab_size=V, enable_weight_tying=a["enable_weight_tying"],
         tok_embeddings=Embedding.Config(num_embeddings=V, embedding_dim=dim,
                                         param_init=llama3._EMBEDDING_INIT),
@@ -666,6 +665,13 @@ def build_torchtitan_model(group, seq_len):
         lm_head=Linear.Config(in_features=dim, out_features=V,
                               param_init=llama3._output_linear_init(dim)),
         layers=layers)
+
+
+def build_torchtitan_model(group, seq_len):
+    """Llama3Model as torchtitan builds it, then AC and FSDP2 in parallelize_llama's order."""
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+
+    config = torchtitan_model_config(group["config"], seq_len)
     torch.manual_seed(0)
     model = config.build()
     model.init_states(buffer_device=torch.device("cpu"))
