@@ -21,33 +21,46 @@ using nlohmann::json;
 
 namespace {
 
+// A corpus case on one CPU rank of a TP group (the corpora count tensors only: no context, NCCL
+// workspace or fragmentation): its model, and its job under `recipe` with the case's shape,
+// checkpointing and split, fp32, flash attention, AdamW. Holds the model and the hardware the
+// input points at.
+struct CpuCase {
+  ModelSpec model;
+  HardwareProfile hardware;
+  ParallelMemoryInput in;
+  CpuCase(const json& corpus, const json& c, Recipe recipe, bool sequence_parallel) {
+    const std::string config = c.at("config").get<std::string>();
+    model = model_from_hf_config(corpus.at("configs").at(config), config);
+    hardware.is_cpu = true;
+    const int t = c.at("tensor_parallel").get<int>();
+    in.model = &model;
+    in.hardware = &hardware;
+    in.cluster = {t, t};
+    in.job.seq_len = c.at("seq_len").get<std::int64_t>();
+    in.job.micro_batch = c.at("micro_batch").get<std::int64_t>();
+    in.job.global_batch = in.job.micro_batch;
+    in.job.precision = Precision::fp32;
+    in.job.attention = AttentionImpl::flash;
+    in.job.optimizer = Optimizer::adamw;
+    in.job.recipe = recipe;
+    in.job.loss = recipe_traits(recipe).loss;
+    set_checkpointing(in.job, c.at("checkpointing").get<std::string>(), "checkpointing");
+    in.layout.tensor_parallel = t;
+    in.layout.sequence_parallel = sequence_parallel;
+  }
+  CpuCase(const CpuCase&) = delete;  // `in` points into it
+  CpuCase& operator=(const CpuCase&) = delete;
+};
+
 // The job and plan of a corpus case, predicted by parallel_memory for one rank.
 StageMemory predict(const json& corpus, const json& c) {
-  const std::string config = c.at("config").get<std::string>();
-  const ModelSpec m = model_from_hf_config(corpus.at("configs").at(config), config);
-  HardwareProfile hw;  // measured on CPU ranks; the corpus counts tensors only: no context,
-  hw.is_cpu = true;    // NCCL workspace or fragmentation
   const bool sp = c.at("layout") == "sp";
-  const int t = c.at("tensor_parallel").get<int>();
-  ParallelMemoryInput in;
-  in.model = &m;
-  in.hardware = &hw;
-  in.cluster = {t, t};
-  in.job.seq_len = c.at("seq_len").get<std::int64_t>();
-  in.job.micro_batch = c.at("micro_batch").get<std::int64_t>();
-  in.job.global_batch = in.job.micro_batch;
-  in.job.precision = Precision::fp32;
-  in.job.attention = AttentionImpl::flash;
-  in.job.optimizer = Optimizer::adamw;
-  in.job.recipe = sp ? Recipe::torchtitan : Recipe::hf;
-  in.job.loss = recipe_traits(in.job.recipe).loss;
-  set_checkpointing(in.job, c.at("checkpointing").get<std::string>(), "checkpointing");
-  in.spec = make_spec("ddp", Flavour::ddp, 1);
-  in.spec.grad_bucket_copy = false;  // the bare model: no DDP buckets
-  in.layout.tensor_parallel = t;
-  in.layout.sequence_parallel = sp;
+  CpuCase k(corpus, c, sp ? Recipe::torchtitan : Recipe::hf, sp);
+  k.in.spec = make_spec("ddp", Flavour::ddp, 1);
+  k.in.spec.grad_bucket_copy = false;  // the bare model: no DDP buckets
   const auto walk = walk_schedule(PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
-  return parallel_memory(in, walk).stages.at(0);
+  return parallel_memory(k.in, walk).stages.at(0);
 }
 
 }  // namespace
@@ -168,33 +181,14 @@ TEST_CASE(
   int cases = 0;
   double worst = 0;
   for (const auto& c : corpus.at("cases")) {
-    const std::string config = c.at("config").get<std::string>();
-    const ModelSpec m = model_from_hf_config(corpus.at("configs").at(config), config);
-    HardwareProfile hw;
-    hw.is_cpu = true;
-    ParallelMemoryInput in;
-    in.model = &m;
-    in.hardware = &hw;
-    const int t = c.at("tensor_parallel").get<int>();
-    in.cluster = {t, t};
-    in.job.seq_len = c.at("seq_len").get<std::int64_t>();
-    in.job.micro_batch = c.at("micro_batch").get<std::int64_t>();
-    in.job.global_batch = in.job.micro_batch;
-    in.job.precision = Precision::fp32;
-    in.job.attention = AttentionImpl::flash;
-    in.job.optimizer = Optimizer::adamw;
-    in.job.recipe = Recipe::torchtitan;
-    in.job.loss = recipe_traits(in.job.recipe).loss;
-    const std::string mode = c.at("checkpointing").get<std::string>();
-    set_checkpointing(in.job, mode, "checkpointing");
-    in.spec = make_spec("fsdp-full", Flavour::fsdp2, 1);
-    in.layout.tensor_parallel = t;
-    in.layout.sequence_parallel = c.at("sequence_parallel").get<bool>();
+    CpuCase k(corpus, c, Recipe::torchtitan, c.at("sequence_parallel").get<bool>());
+    k.in.spec = make_spec("fsdp-full", Flavour::fsdp2, 1);  // torchtitan's engine (fp32: no cast)
+    const auto& in = k.in;
+    const bool full = c.at("checkpointing") == "full";
     const auto& units = c.at("units");
     for (const char* unit : {"block 1", "head"}) {
-      const double predicted = std::string(unit) == "head"
-                                   ? torch_tp_head(in).saved
-                                   : torch_tp_block(in, mode == "full").saved;
+      const double predicted =
+          std::string(unit) == "head" ? torch_tp_head(in).saved : torch_tp_block(in, full).saved;
       const double measured = units.at(unit).at("activation_bytes").get<double>();
       INFO(c.at("id").get<std::string>()
            << " " << unit << ": predicted " << predicted << ", measured " << measured);
