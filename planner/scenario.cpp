@@ -288,10 +288,11 @@ std::string hardware_line(const Scenario& sc) {
                   h.gpus_per_node == 1 ? "" : "s", h.inter_bandwidth_per_node_key ? "node" : "gpu");
   const auto poor = poor_fits(h);
   if (!poor.empty())
-    line += fmt::format("\nNOTE: the profile's calibration misses its fit goals: {}; it was "
-                        "written with --accept-poor-fit, and the communication times below are as "
-                        "uncertain",
-                        fmt::join(poor, "; "));
+    line +=
+        fmt::format("\nNOTE: the profile's calibration misses its fit goals: {}; it was "
+                    "written with --accept-poor-fit, and the communication times below come from "
+                    "those fits",
+                    fmt::join(poor, "; "));
   return line;
 }
 
