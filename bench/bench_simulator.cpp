@@ -6,6 +6,7 @@
 #include "costmodel/simulator.hpp"
 
 using namespace shardplan::costmodel;
+using namespace shardplan::documents;
 
 namespace {
 

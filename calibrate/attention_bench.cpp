@@ -19,8 +19,8 @@
 
 namespace shardplan::calibrate {
 
-using costmodel::AttentionShape;
 using documents::AttentionSample;
+using documents::AttentionShape;
 
 AttentionShape model_attention_shape(const documents::ModelSpec& m, std::int64_t tokens,
                                      std::int64_t seq) {

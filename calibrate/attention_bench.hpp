@@ -5,23 +5,23 @@
 // (attention_forward and attention_backward, probs [B, heads, T, T] and one [T, T] of scratch); a
 // GPU rank the CUDA backend's bf16 eager attention and, where the backend supports the head
 // dimension, its flash attention. What the cost model reads back as the profile's attention
-// samples (documents/hardware.hpp AttentionSample, costmodel/compute_time.hpp).
+// samples (documents/hardware.hpp AttentionSample, documents/workload.hpp).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <vector>
 
-#include "costmodel/compute_time.hpp"
 #include "documents/hardware.hpp"
 #include "documents/model.hpp"
+#include "documents/workload.hpp"
 
 namespace shardplan::calibrate {
 
 // The core of `m` over a micro-batch of `tokens` tokens in sequences of `seq`: batch = tokens /
 // seq (whole sequences; the caller checks that seq divides tokens), the model's query heads,
 // key/value heads and head dimension.
-costmodel::AttentionShape model_attention_shape(const documents::ModelSpec& m, std::int64_t tokens,
+documents::AttentionShape model_attention_shape(const documents::ModelSpec& m, std::int64_t tokens,
                                                 std::int64_t seq);
 
 // Forward and backward seconds of each implementation the backend runs, eager first. Each time
@@ -32,14 +32,14 @@ costmodel::AttentionShape model_attention_shape(const documents::ModelSpec& m, s
 //
 // The host backend's fp32 kernels ("eager", dtype fp32).
 std::vector<documents::AttentionSample>
-time_cpu_attention(const costmodel::AttentionShape& shape, double min_seconds = 0.02,
+time_cpu_attention(const documents::AttentionShape& shape, double min_seconds = 0.02,
                    const std::function<void()>& before_each = {});
 
 #if defined(SHARDPLAN_HAVE_NCCL)
 // The CUDA backend's bf16 kernels on `device` ("eager", and "flash" where supported; dtype bf16),
 // in device memory of their own, on the backend's own compute stream.
 std::vector<documents::AttentionSample>
-time_cuda_attention(int device, const costmodel::AttentionShape& shape, double min_seconds = 0.02,
+time_cuda_attention(int device, const documents::AttentionShape& shape, double min_seconds = 0.02,
                     const std::function<void()>& before_each = {});
 #endif
 

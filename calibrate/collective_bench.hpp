@@ -2,9 +2,10 @@
 // warm-up runs, a barrier of every rank (all groups of the split run at once, as they do in
 // training), `iters` timed runs, then one checked run on freshly marked buffers. The time of a
 // size is the slowest rank's average per call (nccl-tests' -a 3; its default -a 1 averages the
-// ranks instead); algbw and busbw follow nccl-tests through costmodel's traits table. Unlike
-// nccl-tests, the timed runs are split into a few batches, each started by a barrier, and the
-// median batch is kept: on a shared machine one preempted run would otherwise decide the time.
+// ranks instead); algbw and busbw follow nccl-tests through the collectives' traits table
+// (documents/collectives.hpp). Unlike nccl-tests, the timed runs are split into a few batches, each
+// started by a barrier, and the median batch is kept: on a shared machine one preempted run would
+// otherwise decide the time.
 #pragma once
 
 #include <array>

@@ -11,9 +11,8 @@
 
 #include "calibrate/gemm_shapes.hpp"
 #include "comm/communicator.hpp"
-#include "costmodel/compute_time.hpp"
-#include "costmodel/elementwise.hpp"
 #include "documents/hardware.hpp"
+#include "documents/workload.hpp"
 
 namespace shardplan::calibrate {
 
@@ -22,11 +21,11 @@ struct ComputeSettings {
   bool memory = true;
   std::vector<GemmShape> model_shapes;
   // The model's layers that are not GEMMs (CPU ranks: timed with the executor's kernels).
-  std::vector<costmodel::ElementwiseOp> elementwise_ops;
+  std::vector<documents::ElementwiseOp> elementwise_ops;
   std::int64_t tokens = 1;  // of a micro-batch, as for the GEMMs
   std::int64_t head_dim = 1;
   // The model's attention core (a micro-batch of whole sequences); none: not timed.
-  std::optional<costmodel::AttentionShape> attention;
+  std::optional<documents::AttentionShape> attention;
 };
 
 struct ComputeCalibration {

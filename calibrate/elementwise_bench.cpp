@@ -9,17 +9,17 @@
 
 namespace shardplan::calibrate {
 
-using costmodel::ElementwiseKind;
-using costmodel::ElementwiseOp;
+using documents::ElementwiseKind;
+using documents::ElementwiseOp;
 
 std::vector<ElementwiseOp> model_elementwise_ops(const documents::ModelSpec& m) {
   std::vector<ElementwiseOp> ops;
-  for (auto op : costmodel::block_elementwise_ops(m)) {
+  for (auto op : documents::block_elementwise_ops(m)) {
     op.count *= static_cast<double>(m.layers);
     ops.push_back(op);
   }
-  for (const auto& op : costmodel::head_elementwise_ops(m)) ops.push_back(op);
-  for (const auto& op : costmodel::embedding_elementwise_ops(m)) ops.push_back(op);
+  for (const auto& op : documents::head_elementwise_ops(m)) ops.push_back(op);
+  for (const auto& op : documents::embedding_elementwise_ops(m)) ops.push_back(op);
   return ops;
 }
 
@@ -132,7 +132,7 @@ double time_cpu_elementwise_rate(const std::vector<ElementwiseOp>& ops, std::int
     const std::int64_t rows = std::clamp<std::int64_t>(kMaxElements / width, 1, tokens);
     Layer layer(op.kind, rows, width, hd);
     const double t = seconds_of(layer, min_seconds);
-    const auto p = costmodel::passes_of(op.kind);
+    const auto p = documents::passes_of(op.kind);
     passes += op.count * static_cast<double>(rows * width) * (p.forward + p.backward);
     seconds += op.count * t;
   }

@@ -6,7 +6,8 @@ namespace shardplan::calibrate {
 
 std::vector<GemmShape> model_gemm_shapes(const documents::ModelSpec& model, std::int64_t tokens) {
   std::vector<GemmShape> shapes;
-  auto add = [&](const GemmShape& s) {
+  auto add = [&](const documents::Gemm& g, std::int64_t count, bool head) {
+    const GemmShape s{g.m, g.n, g.k, count, head};
     const auto it = std::find_if(shapes.begin(), shapes.end(),
                                  [&](const GemmShape& o) { return o.same_dims(s); });
     if (it == shapes.end())
@@ -14,20 +15,16 @@ std::vector<GemmShape> model_gemm_shapes(const documents::ModelSpec& model, std:
     else
       it->count += s.count;
   };
-  auto linear = [&](std::int64_t out, std::int64_t in, std::int64_t count, bool head) {
-    add({tokens, out, in, count, head});  // y = x·Wᵀ
-    add({tokens, in, out, count, head});  // dx = dy·W
-    add({out, in, tokens, count, head});  // dW = dyᵀ·x
-  };
-  for (const auto& t : model.block.tensors)
-    if (t.is_matrix()) linear(t.rows, t.cols, model.layers, false);
-  // The head's projection: its own matrix, or the embedding matrix it is tied to.
-  const auto& head = model.tied_embeddings ? model.embedding.tensors : model.head.tensors;
-  for (const auto& t : head)
-    if (t.is_matrix()) {
-      linear(t.rows, t.cols, 1, true);
-      break;
+  // Each forward GEMM of the step's workload, then its two backward ones: a block's once per
+  // block, the head's projection once.
+  for (const auto unit : {documents::UnitKind::block, documents::UnitKind::head}) {
+    const bool head = unit == documents::UnitKind::head;
+    const std::int64_t count = head ? 1 : model.layers;
+    for (const auto& f : documents::forward_gemms(model, unit, tokens)) {
+      add(f, count, head);
+      for (const auto& b : documents::backward_gemms(f)) add(b, count, head);
     }
+  }
   return shapes;
 }
 

@@ -1,8 +1,7 @@
-// The GEMMs whose throughput the compute model needs: those of one training step of the model,
-// and square ones that show the device's best rate. A linear layer y = x·Wᵀ (x [T, in], W [out,
-// in]) runs three GEMMs: the forward (m = T, n = out, k = in), the input gradient dx = dy·W
-// (m = T, n = in, k = out) and the weight gradient dW = dyᵀ·x (m = out, n = in, k = T); each is
-// counted as often as a step runs it (once per block for a block's matrices, once for the head).
+// The GEMMs whose throughput the compute model needs: those of one training step of the model
+// (its workload's, documents/workload.hpp: each linear layer's forward and two backward GEMMs,
+// counted as often as a step runs them, once per block for a block's matrices, once for the
+// head), and square ones that show the device's best rate.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +9,7 @@
 
 #include "documents/hardware.hpp"
 #include "documents/model.hpp"
+#include "documents/workload.hpp"
 
 namespace shardplan::calibrate {
 

@@ -14,6 +14,7 @@
 #include "core/file_writer.hpp"
 #include "core/input_error.hpp"
 #include "core/text.hpp"
+#include "core/version.hpp"
 #include "documents/hardware.hpp"
 
 namespace shardplan::calibrate {
@@ -78,6 +79,14 @@ void check_same_gpu(const std::vector<NcclTestsLog>& logs, const nlohmann::json&
 
 }  // namespace
 
+namespace {
+
+void add_once(std::vector<std::string>& list, const std::string& item) {
+  if (std::find(list.begin(), list.end(), item) == list.end()) list.push_back(item);
+}
+
+}  // namespace
+
 int run_import(const ImportOptions& given, std::ostream& out, std::ostream& notes) {
   ImportOptions options = given;
   // `-o -`: the document on standard output, as without --out and --into.
@@ -105,11 +114,8 @@ int run_import(const ImportOptions& given, std::ostream& out, std::ostream& note
     s.insert(s.end(), log.samples.begin(), log.samples.end());
     sources[key].push_back(std::filesystem::path(log.path).filename().string());
     files.push_back(std::filesystem::path(log.path).filename().string());
-    for (const auto& h : log.hosts)
-      if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
-    if (!log.nccl_version.empty() &&
-        std::find(versions.begin(), versions.end(), log.nccl_version) == versions.end())
-      versions.push_back(log.nccl_version);
+    for (const auto& h : log.hosts) add_once(hosts, h);
+    if (!log.nccl_version.empty()) add_once(versions, log.nccl_version);
     ranks = std::max(ranks, key.ranks);
   }
 
@@ -135,11 +141,12 @@ int run_import(const ImportOptions& given, std::ostream& out, std::ostream& note
   const nlohmann::json section = calibration_to_json(record);
 
   if (options.into.empty()) {
-    const nlohmann::json document = {{"schema_version", 1}, {"calibration", section}};
+    const std::string document = core::json_text(
+        {{"schema_version", 1}, {"generator", core::generator()}, {"calibration", section}}, 2);
     if (options.out.empty()) {
-      out << core::json_text(document, 2) << '\n';
+      out << document << '\n';
     } else {
-      core::write_file(options.out, core::json_text(document, 2) + "\n", "--out");
+      core::write_file(options.out, document + "\n", "--out");
       fmt::print(notes, "# wrote the calibration section to {}\n", options.out);
     }
     return 0;

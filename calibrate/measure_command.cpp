@@ -57,9 +57,9 @@ struct Preflight {  // NOLINT(bugprone-exception-escape)
   std::string into_path;  // --into's file (a profile's name resolved through the data dir)
   json into_profile;
   std::vector<GemmShape> model_shapes;
-  std::vector<costmodel::ElementwiseOp> elementwise_ops;  // the model's, with their counts
+  std::vector<documents::ElementwiseOp> elementwise_ops;  // the model's, with their counts
   std::int64_t head_dim = 1;
-  costmodel::AttentionShape attention;  // --attention-seq's core; batch 0: none
+  documents::AttentionShape attention;  // --attention-seq's core; batch 0: none
 };
 
 Preflight preflight(const MeasureOptions& o, const comm::Topology& topology) {
@@ -135,7 +135,7 @@ bool share_preflight(comm::Communicator& world, const std::optional<std::string>
   pre.elementwise_ops.clear();
   for (std::size_t i = 0; i < ops.size(); i += 3)
     pre.elementwise_ops.push_back(
-        {static_cast<costmodel::ElementwiseKind>(static_cast<int>(ops[i])), ops[i + 1],
+        {static_cast<documents::ElementwiseKind>(static_cast<int>(ops[i])), ops[i + 1],
          ops[i + 2]});
   pre.head_dim = sizes[2];
   return true;
@@ -328,7 +328,7 @@ ComputeCalibration measure_compute_phase(const MeasureOptions& o, const Prefligh
                                                 : "GEMM and memory bandwidth";
     if (host_world.rank() == 0) progress.show(phase);
     watchdog.set_phase(phase);
-    std::optional<costmodel::AttentionShape> attention;
+    std::optional<documents::AttentionShape> attention;
     if (pre.attention.batch > 0) attention = pre.attention;
     compute = measure_compute({o.gemm, o.memory, pre.model_shapes, pre.elementwise_ops,
                                o.gemm_tokens, pre.head_dim, attention},

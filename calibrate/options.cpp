@@ -10,6 +10,7 @@
 #include "calibrate/byte_size.hpp"
 #include "core/input_error.hpp"
 #include "core/number_text.hpp"
+#include "core/version.hpp"
 
 namespace shardplan::calibrate {
 namespace {
@@ -383,7 +384,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
                "without MPI: under torchrun --no-python, one process per GPU, or as one plain "
                "process (one GPU).",
                "calibrate"};
-  app.set_version_flag("--version", "calibrate " SHARDPLAN_VERSION,
+  app.set_version_flag("--version", std::string("calibrate ") + core::version(),
                        "print the program's name and version and exit");
   MeasureOptions m;
   MeasureTexts measure_texts;

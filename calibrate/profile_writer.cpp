@@ -9,6 +9,7 @@
 
 #include "core/input_error.hpp"
 #include "core/json_reader.hpp"
+#include "core/version.hpp"
 #include "documents/hardware.hpp"
 #include "documents/model.hpp"
 
@@ -249,6 +250,7 @@ json measured_profile(const MeasuredSystem& s, const CalibrationRecord& r) {
   const std::string device_kind = s.cpu_device ? "CPU rank" : "GPU";
 
   return {{"schema_version", 1},
+          {"generator", core::generator()},
           {"name", s.name},
           {"description", fmt::format("{} ({} per rank, {} per node), {}", s.device, device_kind,
                                       s.ranks_per_node, measured)},
@@ -265,6 +267,7 @@ json measured_profile(const MeasuredSystem& s, const CalibrationRecord& r) {
 
 json merge_calibration(const json& profile, const json& calibration) {
   json merged = profile;
+  merged["generator"] = core::generator();  // the profile as calibrate writes it now
   if (!merged.contains("calibration") || !merged["calibration"].is_object()) {
     merged["calibration"] = calibration;
     return merged;

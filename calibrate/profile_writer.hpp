@@ -38,7 +38,7 @@ struct CalibrationRecord {
   std::vector<GemmMeasurement> gemm;
   std::optional<double> compute_efficiency;           // model-shape GEMM rate / peak
   std::optional<double> memory_bandwidth_Bps;         // device copy bandwidth
-  std::optional<double> elementwise_elems_per_s;      // costmodel/elementwise.hpp passes per second
+  std::optional<double> elementwise_elems_per_s;      // documents/workload.hpp passes per second
   std::vector<documents::AttentionSample> attention;  // the model's attention cores, as run
   std::optional<documents::StragglerWait> straggler_wait;  // two or more ranks
   nlohmann::json extra = nlohmann::json::object();

@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 
 #include "comm/comm_error.hpp"
-#include "comm/half_float.hpp"
 #include "comm/host_buffer.hpp"
+#include "core/half_float.hpp"
 
 namespace shardplan::comm {
 namespace {
@@ -46,12 +46,12 @@ void reduce_half_words(void* in, void* inout, int* length, MPI_Datatype* /*type*
   const auto* a = static_cast<const std::uint16_t*>(in);
   auto* b = static_cast<std::uint16_t*>(inout);
   for (int i = 0; i < *length; ++i) {
-    const float x = is_bf16 ? bf16_to_float(a[i]) : f16_to_float(a[i]);
-    const float y = is_bf16 ? bf16_to_float(b[i]) : f16_to_float(b[i]);
+    const float x = is_bf16 ? core::bf16_to_float(a[i]) : core::f16_to_float(a[i]);
+    const float y = is_bf16 ? core::bf16_to_float(b[i]) : core::f16_to_float(b[i]);
     float r = x + y;
     if constexpr (op == ReduceOp::max) r = x > y ? x : y;
     if constexpr (op == ReduceOp::min) r = x < y ? x : y;
-    b[i] = is_bf16 ? float_to_bf16(r) : float_to_f16(r);
+    b[i] = is_bf16 ? core::float_to_bf16(r) : core::float_to_f16(r);
   }
 }
 

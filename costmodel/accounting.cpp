@@ -1,9 +1,33 @@
 #include "costmodel/accounting.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/recipe.hpp"
+#include "documents/sharding.hpp"
+#include "documents/state_bytes.hpp"
 
 #include <algorithm>
 #include <cmath>
 
 namespace shardplan::costmodel {
+
+using documents::Activation;
+using documents::Architecture;
+using documents::AttentionImpl;
+using documents::Checkpointing;
+using documents::LossImpl;
+using documents::MlpKind;
+using documents::ModelSpec;
+using documents::Optimizer;
+using documents::PositionKind;
+using documents::Precision;
+using documents::recipe_traits;
+using documents::RmsNormCode;
+using documents::SavedTensors;
+using documents::ShardingSpec;
+using documents::state_bytes;
+using documents::StateBytes;
+using documents::TrainingJob;
+using documents::UnitTensors;
 
 StateBytes state_bytes(Precision p, const ShardingSpec& spec, Accounting a) {
   StateBytes b;

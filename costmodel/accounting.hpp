@@ -5,7 +5,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "costmodel/document_names.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/sharding.hpp"
+#include "documents/state_bytes.hpp"
 
 namespace shardplan::costmodel {
 
@@ -15,25 +18,26 @@ namespace shardplan::costmodel {
 enum class Accounting { framework, zero_paper };
 
 // Bytes per parameter element of each model state (documents/state_bytes.hpp under `framework`).
-StateBytes state_bytes(Precision p, const ShardingSpec& spec, Accounting a);
+documents::StateBytes state_bytes(documents::Precision p, const documents::ShardingSpec& spec,
+                                  Accounting a);
 
 // Elements of optimizer state for a unit: Adam/AdamW 2 per parameter; SGD with momentum 1;
 // Adafactor (Shazeer & Stern 2018, default beta1=None) a row and a column vector per matrix and
 // one element per vector parameter.
-std::int64_t optimizer_state_elements(const UnitTensors& u, Optimizer o);
+std::int64_t optimizer_state_elements(const documents::UnitTensors& u, documents::Optimizer o);
 
 // Elements of a unit that never get sharded: tensors below the persistence threshold (ZeRO-3's
 // stage3_param_persistence_threshold).
-std::int64_t persistent_elements(const UnitTensors& u, std::int64_t threshold);
+std::int64_t persistent_elements(const documents::UnitTensors& u, std::int64_t threshold);
 // The executor's rule (executor/shard_layout.hpp): a unit stays whole only when every tensor of
 // it is below the threshold; then all its elements, else none.
-std::int64_t persistent_unit_elements(const UnitTensors& u, std::int64_t threshold);
+std::int64_t persistent_unit_elements(const documents::UnitTensors& u, std::int64_t threshold);
 
 // Of the block's forward FLOPs, what torchtitan's op-level selective checkpointing reruns: its
 // policy (torchtitan/distributed/activation_checkpoint.py, SelectiveAC) saves the attention
 // output and every other matmul's, so the output projection and the MLP's up projection run again
 // (the element-wise ops' time is not counted here).
-double selective_op_recompute_flops_per_token(const ModelSpec& m);
+double selective_op_recompute_flops_per_token(const documents::ModelSpec& m);
 
 struct ActivationBytes {
   double saved = 0;      // kept from forward to backward, per unit
@@ -62,12 +66,12 @@ struct Forward {
 // `checkpointed`: this block runs under full checkpointing (full, or its turn under every:N).
 // Each recipe's terms are derived per saved tensor from its model code, cited beside them, and
 // checked against the bytes PyTorch's autograd saves (tests/costmodel/data/oracle_units.json).
-ActivationBytes block_activations(const ModelSpec& m, const TrainingJob& job, const Forward& f,
-                                  bool checkpointed);
+ActivationBytes block_activations(const documents::ModelSpec& m, const documents::TrainingJob& job,
+                                  const Forward& f, bool checkpointed);
 // What torchtitan's op-level selective checkpointing keeps of one block on one rank of t
 // tensor-parallel ranks (t = 1: the whole block); sp: t under sequence parallelism, else 1.
-double selective_op_saved(const ModelSpec& m, const TrainingJob& job, const Forward& f, double t,
-                          double sp);
+double selective_op_saved(const documents::ModelSpec& m, const documents::TrainingJob& job,
+                          const Forward& f, double t, double sp);
 // One norm's saved bytes: what it keeps on the token stream it runs on (its input, statistics,
 // normalized value) and the output the linears after it keep (per consumer under autocast).
 struct NormParts {
@@ -88,19 +92,25 @@ struct BlockParts {
   double inside = 0;
   double total() const { return residual + linear_inputs + inside; }
 };
-BlockParts framework_block_parts(const ModelSpec& m, const TrainingJob& job, const Forward& f);
+BlockParts framework_block_parts(const documents::ModelSpec& m, const documents::TrainingJob& job,
+                                 const Forward& f);
 // The head's final norm (Megatron's recipe: its input and the output layer's input).
-NormParts final_norm_parts(const ModelSpec& m, const TrainingJob& job, const Forward& f);
+NormParts final_norm_parts(const documents::ModelSpec& m, const documents::TrainingJob& job,
+                           const Forward& f);
 
 // The embeddings: what their backward needs (the token ids) and what the recipe computes once
 // for all blocks (rotary tables).
-ActivationBytes embedding_activations(const ModelSpec& m, const TrainingJob& job, const Forward& f);
+ActivationBytes embedding_activations(const documents::ModelSpec& m,
+                                      const documents::TrainingJob& job, const Forward& f);
 // transformers' rotary cos and sin tables, computed once per forward and read by every block
 // (zero for recipes that keep them as a module buffer or have none).
-double rotary_table_bytes(const ModelSpec& m, const TrainingJob& job, double p);
+double rotary_table_bytes(const documents::ModelSpec& m, const documents::TrainingJob& job,
+                          double p);
 // An attention mask built once and kept by checkpointed blocks (GPT-2's eager path).
-double checkpointed_mask_bytes(const ModelSpec& m, const TrainingJob& job, double p);
+double checkpointed_mask_bytes(const documents::ModelSpec& m, const documents::TrainingJob& job,
+                               double p);
 // The head: the final norm, the projection to the vocabulary and the loss, by the job's loss.
-ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& job, const Forward& f);
+ActivationBytes head_activations(const documents::ModelSpec& m, const documents::TrainingJob& job,
+                                 const Forward& f);
 
 }  // namespace shardplan::costmodel

@@ -1,9 +1,15 @@
 #include "costmodel/comm_model.hpp"
+#include "documents/collectives.hpp"
+#include "documents/hardware.hpp"
 
 #include <algorithm>
 #include <cmath>
 
 namespace shardplan::costmodel {
+
+using documents::Collective;
+using documents::CollectiveCurve;
+using documents::traits;
 namespace {
 
 double ceil_log2(int n) { return n <= 1 ? 0.0 : std::ceil(std::log2(static_cast<double>(n))); }

@@ -5,7 +5,8 @@
 
 #include <string>
 
-#include "costmodel/document_names.hpp"
+#include "documents/collectives.hpp"
+#include "documents/hardware.hpp"
 
 namespace shardplan::costmodel {
 
@@ -14,7 +15,9 @@ struct Group {
   int ranks = 1;
   int ranks_per_node = 1;
   int nodes() const { return (ranks + ranks_per_node - 1) / ranks_per_node; }
-  Tier tier() const { return nodes() > 1 ? Tier::inter_node : Tier::intra_node; }
+  documents::Tier tier() const {
+    return nodes() > 1 ? documents::Tier::inter_node : documents::Tier::intra_node;
+  }
 };
 
 struct CollectiveCost {
@@ -26,15 +29,15 @@ struct CollectiveCost {
 
 class CommModel {
 public:
-  explicit CommModel(const HardwareProfile& hw) : hw_(&hw) {}
+  explicit CommModel(const documents::HardwareProfile& hw) : hw_(&hw) {}
   // size_bytes in nccl-tests' sense (collectives.hpp): the per-rank buffer for all-reduce, the
   // whole gathered/scattered buffer for all-gather and reduce-scatter.
-  CollectiveCost cost(Collective op, const Group& g, double size_bytes) const;
+  CollectiveCost cost(documents::Collective op, const Group& g, double size_bytes) const;
   // Datasheet-only cost (what cost() falls back to), exposed for tests and comparisons.
-  CollectiveCost datasheet_cost(Collective op, const Group& g, double size_bytes) const;
+  CollectiveCost datasheet_cost(documents::Collective op, const Group& g, double size_bytes) const;
 
 private:
-  const HardwareProfile* hw_;
+  const documents::HardwareProfile* hw_;
 };
 
 }  // namespace shardplan::costmodel

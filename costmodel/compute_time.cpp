@@ -3,10 +3,35 @@
 #include <algorithm>
 #include <cmath>
 
-#include "costmodel/elementwise.hpp"
 #include "costmodel/traffic.hpp"
+#include "documents/hardware.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/workload.hpp"
 
 namespace shardplan::costmodel {
+
+using documents::attention_shape;
+using documents::AttentionImpl;
+using documents::AttentionSample;
+using documents::AttentionShape;
+using documents::backward_gemms;
+using documents::block_elementwise_ops;
+using documents::Calibration;
+using documents::Checkpointing;
+using documents::compute_dtype;
+using documents::DType;
+using documents::dtype_bytes;
+using documents::embedding_elementwise_ops;
+using documents::forward_gemms;
+using documents::Gemm;
+using documents::HardwareProfile;
+using documents::head_elementwise_ops;
+using documents::ModelSpec;
+using documents::Passes;
+using documents::passes_per_token;
+using documents::TrainingJob;
+using documents::UnitKind;
 namespace {
 
 // cuBLAS and CUTLASS split a GEMM's output into thread-block tiles and run one tile per SM at a
@@ -70,37 +95,6 @@ std::optional<double> calibrated_gemm_s(const Calibration& c, const Gemm& g, DTy
 }  // namespace
 
 const char* compute_kind_name(ComputeKind k) { return kKindNames[static_cast<int>(k)]; }
-
-std::vector<Gemm> forward_gemms(const ModelSpec& m, UnitKind unit, std::int64_t tokens) {
-  std::vector<Gemm> gemms;
-  if (unit == UnitKind::block) {
-    for (const auto& t : m.block.tensors)
-      if (t.is_matrix()) gemms.push_back({tokens, t.rows, t.cols, 1});
-  } else if (unit == UnitKind::head) {
-    // The head's projection: its own matrix, or the embedding matrix it is tied to.
-    for (const auto& t : m.tied_embeddings ? m.embedding.tensors : m.head.tensors)
-      if (t.is_matrix()) {
-        gemms.push_back({tokens, t.rows, t.cols, 1});
-        break;
-      }
-  }
-  return gemms;
-}
-
-std::array<Gemm, 2> backward_gemms(const Gemm& f) {
-  // y[T, out] = x[T, in]·Wᵀ: dx[T, in] = dy·W (k = out); dW[out, in] = dyᵀ·x (k = T).
-  return {Gemm{f.m, f.k, f.n, f.count}, Gemm{f.n, f.k, f.m, f.count}};
-}
-
-double AttentionShape::scored_pairs() const {
-  const auto s = static_cast<double>(seq) * static_cast<double>(context);
-  return static_cast<double>(batch) * static_cast<double>(heads) * s * (s + 1) / 2 /
-         static_cast<double>(context);
-}
-
-AttentionShape attention_shape(const ModelSpec& m, const TrainingJob& j, int context) {
-  return {j.micro_batch, j.seq_len, m.heads, m.kv_heads, m.head_dim, context};
-}
 
 double UnitWork::forward_s() const { return total_s(forward); }
 double UnitWork::backward_s() const { return total_s(backward); }

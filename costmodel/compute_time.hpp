@@ -2,13 +2,9 @@
 // attention core at its own rate, the layers that are not GEMMs as bytes over memory bandwidth,
 // and the host's work (kernel launches, the framework's hooks) where it outlasts the device's.
 //
-// A unit (the embeddings, one block, the head) runs per micro-batch:
-//   forward:  its linear layers' GEMMs y = x·Wᵀ (m = tokens, n = out, k = in), the attention core,
-//             and its element-wise layers (the recipe's ops, costmodel/traffic.hpp, or the
-//             executor's kernels, costmodel/elementwise.hpp);
-//   backward: each GEMM's two transposes, dx = dy·W (m = tokens, n = in, k = out) and
-//             dW = dyᵀ·x (m = out, n = in, k = tokens), the attention core's backward, and the
-//             element-wise layers' backward passes.
+// A unit's work (its GEMMs, attention core and element-wise layers) is the model's workload
+// (documents/workload.hpp); its element-wise layers move the bytes of the recipe's ops
+// (costmodel/traffic.hpp) or the executor's kernels' passes (documents/workload.hpp).
 // Recompute reruns what the checkpointing mode drops (block_recompute). The optimizer step is
 // the simulator's (bytes over memory bandwidth, or the host's rate when offloaded).
 #pragma once
@@ -19,7 +15,10 @@
 #include <vector>
 
 #include "costmodel/accounting.hpp"
-#include "costmodel/document_names.hpp"
+#include "documents/hardware.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/workload.hpp"
 
 namespace shardplan::costmodel {
 
@@ -28,34 +27,6 @@ enum class ComputeKind { gemm, attention, memory_bound, host_overhead, recompute
 constexpr int kComputeKinds = 6;
 const char* compute_kind_name(ComputeKind k);
 using ComputeTimes = std::array<double, kComputeKinds>;  // seconds per ComputeKind
-
-// C[m, n] = A[m, k]·B[k, n], `count` times.
-struct Gemm {
-  std::int64_t m = 0, n = 0, k = 0;
-  double count = 1;
-  double flops() const {
-    return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * count;
-  }
-};
-
-// The forward GEMMs of a unit's linear layers over `tokens` tokens: a block's matrices, the
-// head's projection (or the embedding matrix it is tied to); none for the embeddings (a lookup).
-enum class UnitKind { embedding, block, head };
-std::vector<Gemm> forward_gemms(const ModelSpec& m, UnitKind unit, std::int64_t tokens);
-// A forward GEMM's two backward GEMMs (input and weight gradients).
-std::array<Gemm, 2> backward_gemms(const Gemm& forward);
-
-// The causal attention core of one micro-batch.
-struct AttentionShape {
-  std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
-  // Ranks sharing each sequence (ring attention): this rank's seq queries meet all S = seq·context
-  // keys, and load-balanced chunks give every rank the same share of the causal triangle.
-  std::int64_t context = 1;
-  // Query-key pairs scored: the causal triangle with its diagonal, b·a·S·(S+1)/2, over the
-  // context ranks.
-  double scored_pairs() const;
-};
-AttentionShape attention_shape(const ModelSpec& m, const TrainingJob& j, int context = 1);
 
 // One unit's work on the device, per micro-batch, by kind (gemm, attention, memory_bound), and the
 // kernels it launches.
@@ -69,15 +40,15 @@ struct UnitWork {
 // The rates of one device for one job's compute dtype.
 class ComputeModel {
 public:
-  ComputeModel(const HardwareProfile& hw, const TrainingJob& job);
+  ComputeModel(const documents::HardwareProfile& hw, const documents::TrainingJob& job);
 
   // A GEMM's time: the calibrated time of the same shape where calibrate measured it; otherwise
   // the larger of its FLOPs (its tiles rounded up to whole tiles and waves) at the GEMM rate and
   // its operands' bytes at the memory rate (a roofline).
-  double gemm_s(const Gemm& g) const;
+  double gemm_s(const documents::Gemm& g) const;
   // The attention core's forward and backward (flash or eager, by the job).
-  double attention_forward_s(const AttentionShape& a) const;
-  double attention_backward_s(const AttentionShape& a) const;
+  double attention_forward_s(const documents::AttentionShape& a) const;
+  double attention_backward_s(const documents::AttentionShape& a) const;
   // Bytes read and written by a memory-bound kernel.
   double memory_s(double bytes) const;
   // `elements` element passes (elementwise.hpp) of `bytes_per_element` each: the calibrated
@@ -92,26 +63,28 @@ public:
   double special_rate() const { return special_rate_; }  // exp/s of the SFUs (0: not a GPU's)
 
 private:
-  const HardwareProfile* hw_;
-  const TrainingJob* job_;
-  DType dtype_;
-  DType measured_dtype_;  // the dtype of the calibrated samples that stand for dtype_
+  const documents::HardwareProfile* hw_;
+  const documents::TrainingJob* job_;
+  documents::DType dtype_;
+  documents::DType measured_dtype_;  // the dtype of the calibrated samples that stand for dtype_
   double gemm_rate_ = 0, memory_rate_ = 0, special_rate_ = 0;
   double wave_factor(double tiles) const;
-  const AttentionSample* attention_sample(const AttentionShape& a) const;
-  double attention_scale(const AttentionShape& a, const AttentionSample& s) const;
-  double attention_s(const AttentionShape& a, bool backward) const;
+  const documents::AttentionSample* attention_sample(const documents::AttentionShape& a) const;
+  double attention_scale(const documents::AttentionShape& a,
+                         const documents::AttentionSample& s) const;
+  double attention_s(const documents::AttentionShape& a, bool backward) const;
 };
 
 // Per micro-batch work of each unit kind; the block's is one block's. `f`: the dtypes the
 // forward reads (accounting.hpp); a framework's recipe moves the bytes of costmodel/traffic.hpp
 // in its memory-bound ops, the executor and Megatron the passes of elementwise.hpp.
 // `context`: the ranks sharing each sequence (j holds this rank's share of it).
-UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j, UnitKind unit,
-                   const Forward& f, int context = 1);
+UnitWork unit_work(const ComputeModel& cm, const documents::ModelSpec& m,
+                   const documents::TrainingJob& j, documents::UnitKind unit, const Forward& f,
+                   int context = 1);
 // One block's rerun in backward under the job's checkpointing mode, by kind (0 for none).
-ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j,
-                             const Forward& f);
+ComputeTimes block_recompute(const ComputeModel& cm, const documents::ModelSpec& m,
+                             const documents::TrainingJob& j, const Forward& f);
 
 // The host's time to issue a unit's forward or backward: its kernel launches and the framework's
 // hooks per unit, linear submodule and parameter tensor (hardware.hpp's FrameworkOverheads, by
@@ -120,7 +93,7 @@ struct HostWork {
   double forward_s = 0, backward_s = 0;
 };
 // `tensors`: the unit's parameter tensors; `submodules`: its linear layers (matrices).
-HostWork unit_host_work(const HardwareProfile& hw, const std::string& flavour, const UnitWork& work,
-                        double tensors, double submodules);
+HostWork unit_host_work(const documents::HardwareProfile& hw, const std::string& flavour,
+                        const UnitWork& work, double tensors, double submodules);
 
 }  // namespace shardplan::costmodel

@@ -1,6 +1,17 @@
 #include "costmodel/context_ring.hpp"
+#include "documents/hardware.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/recipe.hpp"
 
 namespace shardplan::costmodel {
+
+using documents::compute_dtype;
+using documents::dtype_bytes;
+using documents::ModelSpec;
+using documents::recipe_traits;
+using documents::RingCode;
+using documents::TrainingJob;
 
 RingAttention ring_attention(const ModelSpec& m, const TrainingJob& j, int c) {
   RingAttention r;

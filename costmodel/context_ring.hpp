@@ -20,7 +20,8 @@
 // SDPA runs _scaled_dot_product_flash_attention_for_cpu, so its ring does not run on CPU ranks.
 #pragma once
 
-#include "costmodel/document_names.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
 
 namespace shardplan::costmodel {
 
@@ -35,6 +36,7 @@ struct RingAttention {
 };
 
 // rank_job: this rank's share of each sequence (seq_len / c). Zero for c = 1.
-RingAttention ring_attention(const ModelSpec& m, const TrainingJob& rank_job, int c);
+RingAttention ring_attention(const documents::ModelSpec& m, const documents::TrainingJob& rank_job,
+                             int c);
 
 }  // namespace shardplan::costmodel

@@ -1,8 +1,13 @@
 #include "costmodel/parallel_layout.hpp"
+#include "documents/job.hpp"
+#include "documents/parallel.hpp"
 
 #include <algorithm>
 
 namespace shardplan::costmodel {
+
+using documents::Cluster;
+using documents::ParallelLayout;
 namespace {
 
 // Ranks of a group of n spaced `stride` apart that share one node of G.

@@ -5,7 +5,8 @@
 #pragma once
 
 #include "costmodel/comm_model.hpp"
-#include "costmodel/document_names.hpp"
+#include "documents/job.hpp"
+#include "documents/parallel.hpp"
 
 namespace shardplan::costmodel {
 
@@ -20,6 +21,6 @@ struct LayoutGroups {
   Group data_context;
   bool pipeline_crosses_nodes = false;  // neighbouring stages sit on different nodes
 };
-LayoutGroups layout_groups(const ParallelLayout& l, const Cluster& c);
+LayoutGroups layout_groups(const documents::ParallelLayout& l, const documents::Cluster& c);
 
 }  // namespace shardplan::costmodel

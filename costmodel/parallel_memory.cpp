@@ -3,12 +3,50 @@
 // pipeline moments. The step's event walk (simulator.cpp), which already runs context
 // parallelism, is to take these layouts over; until then the model stays whole in one place.
 #include "costmodel/parallel_memory.hpp"
+#include "documents/hardware.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/parallel.hpp"
+#include "documents/pipeline_order.hpp"
+#include "documents/recipe.hpp"
+#include "documents/sharding.hpp"
+#include "documents/state_bytes.hpp"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
 namespace shardplan::costmodel {
+
+using documents::AttentionImpl;
+using documents::Checkpointing;
+using documents::compute_dtype;
+using documents::dtype_bytes;
+using documents::Flavour;
+using documents::LossImpl;
+using documents::MlpKind;
+using documents::ModelSpec;
+using documents::NormKind;
+using documents::Offload;
+using documents::Optimizer;
+using documents::ParallelLayout;
+using documents::peak_held;
+using documents::pipeline_parts;
+using documents::PipelineRunner;
+using documents::PipeOp;
+using documents::PipeOpKind;
+using documents::recipe_traits;
+using documents::RecipeTraits;
+using documents::schedule_ops;
+using documents::stage_blocks;
+using documents::stage_first_block;
+using documents::state_bytes;
+using documents::StateBytes;
+using documents::TensorParallelCode;
+using documents::TpEmbedding;
+using documents::TpLoss;
+using documents::TrainingJob;
+using documents::UnitTensors;
 
 // Korthikanti et al. 2022, §4.1, count per layer with s·b tokens (Table 2 sums them):
 //   attention: the QKV input 2sbh; Q and K for QKᵀ 4sbh; softmax output 2as²b, its dropout mask

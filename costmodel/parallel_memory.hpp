@@ -41,9 +41,14 @@
 #include <vector>
 
 #include "costmodel/accounting.hpp"
-#include "costmodel/document_names.hpp"
 #include "costmodel/parallel_layout.hpp"
 #include "costmodel/pipeline_schedule.hpp"
+#include "documents/hardware.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/parallel.hpp"
+#include "documents/pipeline_order.hpp"
+#include "documents/sharding.hpp"
 
 namespace shardplan::costmodel {
 
@@ -56,14 +61,14 @@ struct LayerActivations {
   double core = 0;     // of `inside`, the attention core (what selective recompute drops)
   double total() const { return outside + inside; }
 };
-LayerActivations layer_activations(const ModelSpec& m, const TrainingJob& j,
-                                   const ParallelLayout& l, double e);
+LayerActivations layer_activations(const documents::ModelSpec& m, const documents::TrainingJob& j,
+                                   const documents::ParallelLayout& l, double e);
 
 // Elements one rank holds of a unit under tensor parallelism: matrices split by t (column- and
 // row-parallel linears, the vocabulary-parallel embedding and head) and the column-parallel
 // linears' biases with them; other vectors (norms, row-parallel biases) whole. GPT-2's learned
 // position table stays whole (Megatron keeps position embeddings replicated).
-double tp_local_elements(const UnitTensors& u, int t, bool embedding);
+double tp_local_elements(const documents::UnitTensors& u, int t, bool embedding);
 
 // What one block keeps per micro-batch on one rank under PyTorch's tensor-parallel styles as hf's
 // and torchtitan's plans apply them (the parts between the column- and row-parallel linears split
@@ -102,12 +107,12 @@ struct ParallelMemory {
 };
 
 struct ParallelMemoryInput {
-  const ModelSpec* model = nullptr;
-  const HardwareProfile* hardware = nullptr;
-  Cluster cluster;
-  TrainingJob job;  // micro_batch > 0
-  ShardingSpec spec;
-  ParallelLayout layout;
+  const documents::ModelSpec* model = nullptr;
+  const documents::HardwareProfile* hardware = nullptr;
+  documents::Cluster cluster;
+  documents::TrainingJob job;  // micro_batch > 0
+  documents::ShardingSpec spec;
+  documents::ParallelLayout layout;
 };
 
 // Per stage, from the walk's in-flight micro-batches (walk.peak_in_flight per stage).
@@ -116,11 +121,11 @@ ParallelMemory parallel_memory(const ParallelMemoryInput& in, const PipelineWalk
 // Each stage's op order as the recipe's pipeline runs it: torch.distributed.pipelining's
 // (torch_interleaved_ops) for torchtitan's interleaved stages, Megatron's (schedule_ops)
 // otherwise. The step's time walk and its memory follow this one order.
-std::vector<std::vector<PipeOp>> stage_orders(const ParallelMemoryInput& in);
+std::vector<std::vector<documents::PipeOp>> stage_orders(const ParallelMemoryInput& in);
 
 // Stage s's compute order under torch.distributed.pipelining's ScheduleInterleaved1F1B with p
 // stages, v chunks each and m micro-batches (what torchtitan's pipeline runs with v > 1; the
 // model's chunk k of stage s is virtual stage k·p + s). Megatron's order is schedule_ops'.
-std::vector<PipeOp> torch_interleaved_ops(int p, int s, int v, int m);
+std::vector<documents::PipeOp> torch_interleaved_ops(int p, int s, int v, int m);
 
 }  // namespace shardplan::costmodel

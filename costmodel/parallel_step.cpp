@@ -5,8 +5,39 @@
 #include <fmt/format.h>
 
 #include "costmodel/compute_time.hpp"
+#include "documents/breakdown.hpp"
+#include "documents/collectives.hpp"
+#include "documents/hardware.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/parallel.hpp"
+#include "documents/recipe.hpp"
+#include "documents/sharding.hpp"
+#include "documents/state_bytes.hpp"
 
 namespace shardplan::costmodel {
+
+using documents::attention_core_flops_per_token;
+using documents::block_forward_flops_per_token;
+using documents::bytes_sent_per_rank;
+using documents::Category;
+using documents::Checkpointing;
+using documents::Collective;
+using documents::compute_dtype;
+using documents::dtype_bytes;
+using documents::HardwareProfile;
+using documents::head_forward_flops_per_token;
+using documents::layout_problems;
+using documents::ModelSpec;
+using documents::Offload;
+using documents::ParallelLayout;
+using documents::recipe_traits;
+using documents::stage_blocks;
+using documents::stage_first_block;
+using documents::state_bytes;
+using documents::StateBytes;
+using documents::Tier;
+using documents::TrainingJob;
 namespace {
 
 double local_tokens(const TrainingJob& j, const ParallelLayout& l) {

@@ -20,6 +20,9 @@
 #include "costmodel/parallel_memory.hpp"
 #include "costmodel/pipeline_schedule.hpp"
 #include "costmodel/simulator.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/parallel.hpp"
 
 namespace shardplan::costmodel {
 
@@ -30,16 +33,17 @@ namespace shardplan::costmodel {
 // gradients); a ring all-reduce sends 2(t−1)/t of its buffer. With sequence parallelism
 // (Korthikanti et al. 2022, §4.2.2) each all-reduce becomes an all-gather and a reduce-scatter of
 // the same buffer, (t−1)/t each: the same bytes.
-double tp_bytes_per_block(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l,
-                          double e);
+double tp_bytes_per_block(const documents::ModelSpec& m, const documents::TrainingJob& j,
+                          const documents::ParallelLayout& l, double e);
 // Bytes one rank sends for ring attention per block and micro-batch, forward and backward: c − 1
 // steps of its K and V chunk (e·(s/c)·b·kv/t each) in the forward; the backward passes K, V and
 // their gradients: twice that.
-double cp_bytes_per_block(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l,
-                          double e);
+double cp_bytes_per_block(const documents::ModelSpec& m, const documents::TrainingJob& j,
+                          const documents::ParallelLayout& l, double e);
 // The activations sent between two stages per micro-batch, one direction: s/c·b·h elements, split
 // by t under sequence parallelism (Megatron sends the sequence-parallel shard).
-double p2p_bytes(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l, double e);
+double p2p_bytes(const documents::ModelSpec& m, const documents::TrainingJob& j,
+                 const documents::ParallelLayout& l, double e);
 
 struct ParallelStep {
   StepResult step;        // the summary (peak, step time, exposed communication, MFU)
@@ -61,6 +65,6 @@ struct ParallelStep {
 };
 
 // Never throws for a plan that cannot run or fit: step.valid and step.reason say why.
-ParallelStep simulate_parallel_step(const StepInput& in, const ParallelLayout& layout);
+ParallelStep simulate_parallel_step(const StepInput& in, const documents::ParallelLayout& layout);
 
 }  // namespace shardplan::costmodel

@@ -1,9 +1,17 @@
 #include "costmodel/pipeline_schedule.hpp"
+#include "documents/parallel.hpp"
+#include "documents/pipeline_order.hpp"
 
 #include <algorithm>
 #include <stdexcept>
 
 namespace shardplan::costmodel {
+
+using documents::peak_chunks;
+using documents::PipelineSchedule;
+using documents::PipeOp;
+using documents::PipeOpKind;
+using documents::schedule_ops;
 
 namespace {
 

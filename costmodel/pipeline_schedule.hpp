@@ -5,7 +5,8 @@
 
 #include <vector>
 
-#include "costmodel/document_names.hpp"
+#include "documents/parallel.hpp"
+#include "documents/pipeline_order.hpp"
 
 namespace shardplan::costmodel {
 
@@ -22,12 +23,12 @@ struct PipelineWalk {
 
 // forward_s[s], backward_s[s]: one micro-batch through all of stage s's layers (a chunk takes 1/v
 // of it). p2p_s: the send/receive between two stages, added to a dependency that crosses stages.
-PipelineWalk walk_schedule(PipelineSchedule schedule, int p, int v, int m,
+PipelineWalk walk_schedule(documents::PipelineSchedule schedule, int p, int v, int m,
                            const std::vector<double>& forward_s,
                            const std::vector<double>& backward_s, double p2p_s = 0);
 // The same walk of each stage's own op list (ops[s]: Megatron's schedule_ops, or torch's
 // torch_interleaved_ops for torchtitan's pipeline).
-PipelineWalk walk_ops(const std::vector<std::vector<PipeOp>>& ops, int p, int v, int m,
+PipelineWalk walk_ops(const std::vector<std::vector<documents::PipeOp>>& ops, int p, int v, int m,
                       const std::vector<double>& forward_s, const std::vector<double>& backward_s,
                       double p2p_s = 0);
 

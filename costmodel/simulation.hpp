@@ -14,6 +14,11 @@
 
 #include "costmodel/context_ring.hpp"
 #include "costmodel/simulator.hpp"
+#include "documents/breakdown.hpp"
+#include "documents/collectives.hpp"
+#include "documents/recipe.hpp"
+#include "documents/sharding.hpp"
+#include "documents/state_bytes.hpp"
 
 namespace shardplan::costmodel::step_walk {
 
@@ -24,7 +29,7 @@ const char* phase_name(Phase p);
 struct MemEvent {
   double t;
   double bytes;  // + allocation, − free
-  Category cat;
+  documents::Category cat;
   Phase phase;
   std::int8_t gathered;  // +1/−1 when a gathered unit appears/disappears
   int unit;
@@ -58,7 +63,7 @@ public:
   Simulation(const StepInput& in, Trace* trace)
       : in_(in), spec_(in.spec), trace_(trace), comm_(*in.hardware),
         frameworks_(in.accounting == Accounting::framework &&
-                    recipe_traits(in.job.recipe).framework) {
+                    documents::recipe_traits(in.job.recipe).framework) {
     if (in.accounting == Accounting::zero_paper) {
       // The paper's model states and algorithm only: no framework buffers or partition quirks,
       // ZeRO-1/2 reduce-scatter (§7).
@@ -93,13 +98,14 @@ private:
   // Records an allocation (bytes > 0) or a free at time t, keeping the timeline in time order
   // (stable: equal times keep the order they were recorded in). Ops are recorded nearly in time
   // order, so the insertion moves an event back by a few places at most.
-  void mem(double t, double bytes, Category c, Phase p, int unit, int mb, int gathered = 0) {
+  void mem(double t, double bytes, documents::Category c, Phase p, int unit, int mb,
+           int gathered = 0) {
     if (bytes == 0 && gathered == 0) return;
     events_.push_back({t, bytes, c, p, static_cast<std::int8_t>(gathered), unit, mb});
     for (std::size_t i = events_.size() - 1; i > 0 && events_[i - 1].t > t; --i)
       std::swap(events_[i - 1], events_[i]);
   }
-  double coll(Collective op, const Group& g, double size) {
+  double coll(documents::Collective op, const Group& g, double size) {
     // Units repeat: most calls ask for a size already costed.
     CollectiveCost c;
     bool hit = false;
@@ -120,7 +126,7 @@ private:
     return c.seconds;
   }
   // Time of a reduction of `bytes` split into buckets of the spec's size.
-  double bucketed(Collective op, const Group& g, double bytes, double bucket);
+  double bucketed(documents::Collective op, const Group& g, double bytes, double bucket);
   // Unit u of the step: 0 the embeddings, the last the head, the others blocks (a checkpointed
   // block keeps only its input and reruns its forward).
   const UnitInfo& info(int u) const {
@@ -134,7 +140,7 @@ private:
   // bucket at a backward's first gradient and release it at its end (stage_1_and_2.py,
   // setup_buckets and _release_ipg_buffers), stage 3 keeps its bucket from initialize.
   bool persistent_flat_partition() const {
-    return frameworks_ && spec_.flat_grad_partition && spec_.offload == Offload::none;
+    return frameworks_ && spec_.flat_grad_partition && spec_.offload == documents::Offload::none;
   }
   bool backward_bucket() const {
     return frameworks_ && spec_.contiguous_grad_bucket && !spec_.flat_grad_partition;
@@ -142,16 +148,16 @@ private:
   // DeepSpeed ZeRO-1 (frameworks): reduces once the backward is done, in buckets, keeping each
   // rank's partition (stage_1_and_2.py, reduce_gradients at the accumulation boundary).
   bool reduces_after_backward() const {
-    return frameworks_ && spec_.flavour == Flavour::deepspeed && spec_.shard_optimizer &&
-           !spec_.shard_gradients && spec_.offload == Offload::none;
+    return frameworks_ && spec_.flavour == documents::Flavour::deepspeed && spec_.shard_optimizer &&
+           !spec_.shard_gradients && spec_.offload == documents::Offload::none;
   }
   // DeepSpeed stages 1/2 (frameworks): the rank's gradient partition is one buffer, allocated
   // whole by the first reduced bucket of a step (stage_1_and_2.py, copy_grads_in_partition) and
   // kept to the step.
   bool whole_partition_buffer() const {
-    return frameworks_ && spec_.flavour == Flavour::deepspeed && spec_.shard_optimizer &&
+    return frameworks_ && spec_.flavour == documents::Flavour::deepspeed && spec_.shard_optimizer &&
            !spec_.flat_grad_partition && spec_.contiguous_grad_bucket &&
-           spec_.offload == Offload::none;
+           spec_.offload == documents::Offload::none;
   }
   bool checkpointed(int u) const {
     return u > 0 && u < n_units_ - 1 && in_.job.block_checkpointed(u - 1);
@@ -166,7 +172,7 @@ private:
   // PyTorch DDP's mixed precision is autocast over fp32 parameters: each GEMM casts its weight
   // (kept for backward) and its input.
   bool autocast_copies() const {
-    return spec_.flavour == Flavour::ddp && sb_.compute < sb_.param &&
+    return spec_.flavour == documents::Flavour::ddp && sb_.compute < sb_.param &&
            in_.accounting == Accounting::framework;
   }
   // The step's per-unit sizes and times, the groups, and the cleared timeline.
@@ -215,7 +221,7 @@ private:
     double seconds = 0;
     std::array<double, kStreams> busy{}, exposed{};
     double bytes = 0;
-    std::array<double, kCollectives> bytes_by_op{};
+    std::array<double, documents::kCollectives> bytes_by_op{};
   };
   FirstMicroBatch run_micro_batches(std::int64_t gas);
   void wait_for_reductions();
@@ -230,7 +236,7 @@ private:
   void account_compute(std::int64_t gas, const FirstMicroBatch& first);
 
   const StepInput& in_;
-  ShardingSpec spec_;  // the plan, normalized for the accounting mode
+  documents::ShardingSpec spec_;  // the plan, normalized for the accounting mode
   Trace* trace_;
   CommModel comm_;
   // The frameworks' own code runs (as measured: tests/costmodel/data/oracle_*.json), not the ZeRO
@@ -239,7 +245,7 @@ private:
   // DeepSpeed's stage-3 gradient partition in fp32 and sizes its reduce buckets in bytes.
   const bool frameworks_;
   StepResult result_;
-  StateBytes sb_;
+  documents::StateBytes sb_;
   std::array<UnitInfo, 4> units_;  // embeddings, block, head, checkpointed block
   int n_units_ = 0;
   int world_ = 1, shard_ = 1;  // ranks; shard group size
@@ -253,7 +259,7 @@ private:
   std::vector<char> gathered_alive_;
   std::vector<MemEvent> events_;  // the memory timeline, in time order
   struct CachedCost {
-    Collective op;
+    documents::Collective op;
     int ranks, per_node;
     double size;
     CollectiveCost cost;

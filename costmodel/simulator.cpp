@@ -10,8 +10,20 @@
 #include "costmodel/compute_time.hpp"
 #include "costmodel/context_ring.hpp"
 #include "costmodel/simulation.hpp"
+#include "documents/breakdown.hpp"
+#include "documents/collectives.hpp"
+#include "documents/job.hpp"
+#include "documents/plan.hpp"
+#include "documents/sharding.hpp"
 
 namespace shardplan::costmodel {
+
+using documents::Breakdown;
+using documents::Category;
+using documents::Collective;
+using documents::compute_dtype;
+using documents::Offload;
+using documents::PlanPrediction;
 namespace step_walk {
 
 const char* phase_name(Phase p) {

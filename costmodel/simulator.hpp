@@ -13,7 +13,13 @@
 #include "costmodel/accounting.hpp"
 #include "costmodel/comm_model.hpp"
 #include "costmodel/compute_time.hpp"
-#include "costmodel/document_names.hpp"
+#include "documents/breakdown.hpp"
+#include "documents/collectives.hpp"
+#include "documents/hardware.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/plan.hpp"
+#include "documents/sharding.hpp"
 
 namespace shardplan::costmodel {
 
@@ -40,11 +46,11 @@ struct Trace {
 };
 
 struct StepInput {
-  const ModelSpec* model = nullptr;
-  const HardwareProfile* hardware = nullptr;
-  Cluster cluster;
-  TrainingJob job;  // micro_batch must be set (> 0)
-  ShardingSpec spec;
+  const documents::ModelSpec* model = nullptr;
+  const documents::HardwareProfile* hardware = nullptr;
+  documents::Cluster cluster;
+  documents::TrainingJob job;  // micro_batch must be set (> 0)
+  documents::ShardingSpec spec;
   Accounting accounting = Accounting::framework;
   // c: ranks sharing each sequence (ring attention). The walk is one rank's: it runs seq_len / c
   // tokens of each sequence, the states sharded and the gradients averaged over all the GPUs
@@ -70,10 +76,10 @@ struct StepResult {
       0;  // pinned host memory an offload plan needs on each node      // CUDA context + NCCL
           // workspace: what nvidia-smi adds to the reserved
   double capacity_bytes = 0;
-  Breakdown at_peak{};                  // sums to peak_bytes
+  documents::Breakdown at_peak{};       // sums to peak_bytes
   double head_activations_at_peak = 0;  // of at_peak's activations, the head's: the final norm,
                                         // the logits and the loss's tensors
-  Breakdown model_states{};             // persistent parameters, gradients, optimizer states
+  documents::Breakdown model_states{};  // persistent parameters, gradients, optimizer states
   std::string peak_when;                // "backward of block 0, 2 gathered units alive"
   // time, seconds for one optimizer step (all micro-batches)
   double step_s = 0;
@@ -89,7 +95,8 @@ struct StepResult {
   std::array<double, kStreams> exposed_s{};  // compute idle attributed to each stream
   double comm_bytes_per_gpu = 0;             // bytes each GPU sends per step
   double context_bytes_per_gpu = 0;          // of them, the ring attention's (context parallelism)
-  std::array<double, kCollectives> comm_bytes_by_op{};  // the same bytes by collective (sums to it)
+  std::array<double, documents::kCollectives>
+      comm_bytes_by_op{};       // the same bytes by collective (sums to it)
   double host_optimizer_s = 0;  // an offload plan's CPU optimizer step (on the host stream)
   // Blocking collectives (a CPU profile): the time they wait for the slowest rank, in exposed_s.
   double straggler_wait_s = 0;
@@ -105,6 +112,6 @@ struct StepResult {
 StepResult simulate_step(const StepInput& in, Trace* trace = nullptr);
 
 // The step's prediction as a plan document carries it (documents/plan.hpp).
-PlanPrediction prediction_from(const StepResult& r);
+documents::PlanPrediction prediction_from(const StepResult& r);
 
 }  // namespace shardplan::costmodel

@@ -10,11 +10,34 @@
 
 #include "costmodel/compute_time.hpp"
 #include "costmodel/context_ring.hpp"
-#include "costmodel/elementwise.hpp"
 #include "costmodel/simulation.hpp"
 #include "costmodel/traffic.hpp"
+#include "documents/breakdown.hpp"
+#include "documents/collectives.hpp"
+#include "documents/hardware.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/sharding.hpp"
+#include "documents/state_bytes.hpp"
+#include "documents/workload.hpp"
 
 namespace shardplan::costmodel::step_walk {
+
+using documents::block_forward_flops_per_token;
+using documents::Category;
+using documents::Collective;
+using documents::dtype_bytes;
+using documents::Flavour;
+using documents::flavour_name;
+using documents::head_forward_flops_per_token;
+using documents::kCollectives;
+using documents::Offload;
+using documents::Optimizer;
+using documents::Precision;
+using documents::state_bytes;
+using documents::Tensor;
+using documents::UnitKind;
+using documents::UnitTensors;
 
 bool Simulation::check_plan() {
   const auto& c = in_.cluster;

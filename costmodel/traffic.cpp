@@ -1,9 +1,25 @@
 #include "costmodel/traffic.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
+#include "documents/recipe.hpp"
 
 #include <algorithm>
 #include <string>
 
 namespace shardplan::costmodel {
+
+using documents::Architecture;
+using documents::LossImpl;
+using documents::MlpKind;
+using documents::ModelSpec;
+using documents::NormKind;
+using documents::PositionKind;
+using documents::recipe_traits;
+using documents::RmsNormCode;
+using documents::SavedTensors;
+using documents::Tensor;
+using documents::TrainingJob;
+using documents::UnitTensors;
 
 namespace {
 

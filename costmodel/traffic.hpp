@@ -12,7 +12,8 @@
 #include <optional>
 
 #include "costmodel/accounting.hpp"
-#include "costmodel/document_names.hpp"
+#include "documents/job.hpp"
+#include "documents/model.hpp"
 
 namespace shardplan::costmodel {
 
@@ -26,13 +27,17 @@ struct Traffic {
 // The recipes whose model code is counted here: hf, deepspeed, llm-foundry (transformers' model
 // code), torchtitan. The executor and Megatron-core run fused kernels whose passes are counted in
 // elementwise.hpp; for those this returns nothing.
-bool counts_recipe_traffic(const TrainingJob& j);
+bool counts_recipe_traffic(const documents::TrainingJob& j);
 
 // One block, the head (final norm, projection's casts, loss), the embeddings.
-Traffic block_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f);
+Traffic block_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
+                      const Forward& f);
 // What a checkpointed block's backward reruns of its forward (forward and forward_ops).
-Traffic recompute_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f);
-Traffic head_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f);
-Traffic embedding_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f);
+Traffic recompute_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
+                          const Forward& f);
+Traffic head_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
+                     const Forward& f);
+Traffic embedding_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
+                          const Forward& f);
 
 }  // namespace shardplan::costmodel

@@ -359,6 +359,7 @@ HardwareProfile hardware_from_json(const nlohmann::json& doc, const std::string&
   ObjectReader r(doc, "");
   const auto version = r.integer("schema_version");
   if (version != 1) throw InputError("/schema_version", fmt::format("must be 1, got {}", version));
+  r.optional_string("generator");  // calibrate's version, in a measured profile
   HardwareProfile p;
   p.name = name;
   p.description = r.string("description");

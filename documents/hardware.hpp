@@ -113,7 +113,7 @@ struct Calibration {    // NOLINT(bugprone-exception-escape)
   std::vector<GemmSample> gemm;
   std::optional<double> compute_efficiency;    // achieved / peak for the model's GEMM shapes
   std::optional<double> memory_bandwidth_Bps;  // measured device copy bandwidth
-  // Element passes per second of the layers that are not GEMMs (costmodel/elementwise.hpp). With
+  // Element passes per second of the layers that are not GEMMs (documents/workload.hpp). With
   // it, the GEMM rate above is the GEMMs' alone and the cost model adds these layers' time;
   // without it (a datasheet profile) compute_efficiency stands for the whole step.
   std::optional<double> elementwise_elems_per_s;

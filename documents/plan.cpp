@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/json_reader.hpp"
+#include "core/version.hpp"
 #include "core/whole_count.hpp"
 
 namespace shardplan::documents {
@@ -67,6 +68,7 @@ nlohmann::json plan_to_json(const Plan& p) {
     breakdown[category_name(static_cast<Category>(c))] = count_json(p.prediction.at_peak[c]);
   nlohmann::json doc = {
       {"schema_version", 1},
+      {"generator", core::generator()},
       {"kind", "shardplan.plan"},
       {"model", model},
       {"hardware", p.hardware},
@@ -90,6 +92,7 @@ Plan plan_from_json(const nlohmann::json& doc) {
   ObjectReader r(doc, "");
   const auto version = r.integer("schema_version");
   if (version != 1) throw InputError("/schema_version", fmt::format("must be 1, got {}", version));
+  r.optional_string("generator");  // the program and version that wrote it
   const auto kind = r.string("kind");
   if (kind != "shardplan.plan")
     throw InputError("/kind", fmt::format("must be \"shardplan.plan\", got \"{}\"", kind));

@@ -8,6 +8,7 @@
 #include "core/input_error.hpp"
 #include "core/number_text.hpp"
 #include "core/option_types.hpp"
+#include "core/version.hpp"
 
 namespace shardplan::executor {
 
@@ -378,7 +379,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
       "collectives, the loss. Run it under mpirun, one rank per device; or rehearse one rank\n"
       "of an N-rank plan in one process with --rehearse-rank and --world.",
       "executor"};
-  app.set_version_flag("--version", "executor " SHARDPLAN_VERSION,
+  app.set_version_flag("--version", std::string("executor ") + core::version(),
                        "print the program's name and version and exit");
   app.require_subcommand(0, 1);
   CommandLine cl;

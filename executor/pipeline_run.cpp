@@ -13,6 +13,7 @@
 #include "core/input_error.hpp"
 #include "core/number_text.hpp"
 #include "core/text.hpp"
+#include "core/version.hpp"
 #include "documents/parallel.hpp"
 
 namespace shardplan::executor {
@@ -199,6 +200,7 @@ void run_pipeline(const PipelineFlags& flags, const RunSetup& setup, comm::Commu
   world.all_gather(mine.data(), records.data(), kRecord, comm::DataType::i64);
   if (world.rank() != 0) return;
   const nlohmann::json doc = {{"schema_version", 1},
+                              {"generator", core::generator()},
                               {"kind", "executor pipeline run"},
                               {"model", o.model.name},
                               {"strategy", setup.engine.spec.strategy},

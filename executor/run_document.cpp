@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/version.hpp"
 #include "core/whole_count.hpp"
 #include "documents/plan.hpp"
 
@@ -360,6 +361,7 @@ nlohmann::json run_document(const RunSetup& setup, const ShardingEngine& engine,
   const bool on_device = !env.device.empty();
   nlohmann::json doc;
   doc["schema_version"] = 1;
+  doc["generator"] = core::generator();
   doc["kind"] = "shardplan.run";
   add_plan(doc, setup.plan);
   doc["environment"] = environment_json(setup, env);

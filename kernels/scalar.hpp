@@ -7,7 +7,7 @@
 // optimizer states.
 //
 // bf16 and f16 are storage only: 16 bits laid out as CUDA's __nv_bfloat16 and __half, converted
-// with comm/half_float.hpp's rounding (to nearest, ties to even). Arithmetic on them is explicit:
+// with core/half_float.hpp's rounding (to nearest, ties to even). Arithmetic on them is explicit:
 // widen(x) to accum_t, narrow<S>(a) back.
 #pragma once
 
@@ -15,7 +15,7 @@
 #include <type_traits>
 
 #include "comm/data_type.hpp"
-#include "comm/half_float.hpp"
+#include "core/half_float.hpp"
 
 namespace shardplan::kernels {
 
@@ -31,16 +31,16 @@ inline constexpr bool is_half_v = std::is_same_v<S, bf16> || std::is_same_v<S, f
 
 template <class S> using accum_t = std::conditional_t<is_half_v<S>, float, S>;
 
-inline float widen(bf16 x) { return comm::bf16_to_float(x.bits); }
-inline float widen(f16 x) { return comm::f16_to_float(x.bits); }
+inline float widen(bf16 x) { return core::bf16_to_float(x.bits); }
+inline float widen(f16 x) { return core::f16_to_float(x.bits); }
 inline float widen(float x) { return x; }
 inline double widen(double x) { return x; }
 
 template <class S> inline S narrow(accum_t<S> a) {
   if constexpr (std::is_same_v<S, bf16>)
-    return bf16{comm::float_to_bf16(a)};
+    return bf16{core::float_to_bf16(a)};
   else if constexpr (std::is_same_v<S, f16>)
-    return f16{comm::float_to_f16(a)};
+    return f16{core::float_to_f16(a)};
   else
     return a;
 }

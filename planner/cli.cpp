@@ -15,6 +15,7 @@
 #include "core/json_reader.hpp"
 #include "core/number_text.hpp"
 #include "core/text.hpp"
+#include "core/version.hpp"
 #include "documents/plan.hpp"
 #include "documents/recipe.hpp"
 #include "planner/deepspeed_import.hpp"
@@ -663,7 +664,7 @@ struct Parser {
   CliOptions options;
   Subcommands subcommands;
   Parser() {
-    app.set_version_flag("--version", "planner " SHARDPLAN_VERSION,
+    app.set_version_flag("--version", std::string("planner ") + core::version(),
                          "print the program's name and version and exit");
     app.require_subcommand(1);
     subcommands = add_subcommands(app, options);

@@ -16,6 +16,7 @@
 namespace shardplan::planner {
 
 using namespace costmodel;
+using namespace documents;
 using namespace core;
 using nlohmann::json;
 

@@ -7,12 +7,14 @@
 #include <fmt/format.h>
 
 #include "core/input_error.hpp"
+#include "documents/recipe.hpp"
 #include "planner/loss_requirement.hpp"
 #include "planner/text.hpp"
 
 namespace shardplan::planner {
 
 using namespace costmodel;
+using namespace documents;
 using namespace core;
 
 namespace {

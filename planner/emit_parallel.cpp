@@ -13,6 +13,7 @@
 namespace shardplan::planner {
 
 using namespace costmodel;
+using namespace documents;
 using namespace core;
 
 namespace {

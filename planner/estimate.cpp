@@ -10,11 +10,13 @@
 
 #include "core/input_error.hpp"
 #include "core/whole_count.hpp"
+#include "documents/recipe.hpp"
 #include "planner/text.hpp"
 
 namespace shardplan::planner {
 
 using namespace costmodel;
+using namespace documents;
 using namespace core;
 
 // Bytes in the largest binary unit that keeps a digit before the point: 0.00 GiB says nothing

@@ -27,7 +27,7 @@ struct StageReport {
   int stage = 0;
   double blocks = 0;               // transformer blocks on the stage
   double in_flight = 1;            // micro-batches whose activations it holds at once
-  costmodel::Breakdown at_peak{};  // bytes by category at the stage's peak (sums to it)
+  documents::Breakdown at_peak{};  // bytes by category at the stage's peak (sums to it)
   std::string peak_when;           // the step's moment of that peak ("loss backward", ...)
   double forward_s = 0;            // per micro-batch, recompute apart, exposed TP/CP waits in
   double backward_s = 0;           // per micro-batch, recompute included

@@ -13,6 +13,7 @@
 namespace shardplan::planner {
 
 using namespace costmodel;
+using namespace documents;
 using namespace core;
 
 namespace {
@@ -279,7 +280,7 @@ std::string percent_slower(double slow, double fast) {
 
 // "zero3 (deepspeed) keeps 2 B of parameters, 2 B of gradients, a 4 B master copy and 4 B per
 // optimizer moment per parameter": the plan's own bytes per element (sharded ones before sharding).
-std::string keeps(const std::string& name, const costmodel::StateBytes& b) {
+std::string keeps(const std::string& name, const documents::StateBytes& b) {
   return fmt::format("{} keeps {:g} B of parameters, {:g} B of gradients, {} and {:g} B per "
                      "optimizer moment per parameter",
                      name, b.param, b.grad,
@@ -407,7 +408,7 @@ struct Render {
   }
 };
 
-nlohmann::json state_bytes_json(const costmodel::StateBytes& b) {
+nlohmann::json state_bytes_json(const documents::StateBytes& b) {
   return {{"parameters", b.param},
           {"gradients", b.grad},
           {"master", b.master},

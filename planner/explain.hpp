@@ -111,7 +111,7 @@ struct CloseFrameworks {
   PlanNumbers zero3, fsdp;
   double zero3_states = 0, zero3_buffers = 0, fsdp_states = 0, fsdp_buffers = 0;
   // What each keeps per parameter element (documents/state_bytes.hpp, its flavour and precision).
-  costmodel::StateBytes zero3_bytes{}, fsdp_bytes{};
+  documents::StateBytes zero3_bytes{}, fsdp_bytes{};
   // The step term in which the faster plan gains most over the other (seconds of each), and the
   // category at the peak in which the smaller plan gains most (bytes of each).
   std::string step_term;

@@ -5,12 +5,14 @@
 
 #include <fmt/format.h>
 
+#include "documents/recipe.hpp"
 #include "planner/emit_parallel.hpp"
 #include "planner/estimate.hpp"
 
 namespace shardplan::planner {
 
 using namespace costmodel;
+using namespace documents;
 
 namespace {
 
@@ -183,6 +185,7 @@ FsdpLimits fsdp_limits(const Scenario& sc, const LayoutSearch& s) {
 namespace shardplan::planner {
 
 using namespace costmodel;
+using namespace documents;
 
 namespace {
 

@@ -9,6 +9,7 @@
 namespace shardplan::planner {
 
 using namespace costmodel;
+using namespace documents;
 
 namespace {
 

@@ -10,11 +10,11 @@
 namespace shardplan::planner {
 
 using namespace costmodel;
+using namespace documents;
 
 namespace {
 
 constexpr const char* kFont = "font-family=\"Helvetica, Arial, sans-serif\"";
-constexpr int kHead = 4;  // chart category of the head's activations
 
 // Geometry, in SVG user units.
 constexpr double kLeft = 70, kPlotTop = 112, kPlotHeight = 320, kMargin = 16;

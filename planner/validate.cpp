@@ -124,6 +124,7 @@ RunFacts read_run(const json& run) {
   if (r.integer("schema_version") != 1)
     throw InputError("/schema_version",
                      fmt::format("must be 1, got {}", core::describe_value(run["schema_version"])));
+  r.optional_string("generator");  // the executor's version
   if (const auto kind = r.string("kind"); kind != "shardplan.run")
     throw InputError("/kind", fmt::format("must be \"shardplan.run\", got \"{}\"", kind));
   RunFacts f;

@@ -116,6 +116,7 @@ PipelineRun read_pipeline_run(const json& run) {
   // Written since the documents carry a version; absent in earlier pipeline runs.
   if (const auto version = r.optional_integer("schema_version"); version && *version != 1)
     throw InputError("/schema_version", fmt::format("must be 1, got {}", *version));
+  r.optional_string("generator");  // the executor's version
   if (const auto kind = r.string("kind"); kind != kKind)
     throw InputError("/kind", fmt::format("must be \"{}\", got \"{}\"", kKind, kind));
   PipelineRun f;

@@ -14,6 +14,7 @@
 
 #include "core/input_error.hpp"
 #include "core/json_reader.hpp"
+#include "core/version.hpp"
 #include "planner/cli.hpp"
 
 namespace nb = nanobind;
@@ -65,7 +66,7 @@ void translate_input_error(const std::exception_ptr& p, void*) {
 
 NB_MODULE(_shardplan, m) {
   m.doc() = "shardplan's planner, called as its command line is (planner/cli.hpp: run_request)";
-  m.attr("__version__") = SHARDPLAN_VERSION;  // the CMake project's, as `planner --version`
+  m.attr("__version__") = shardplan::core::version();  // the CMake project's (core/version.hpp)
   m.def("run", &run, "args"_a, "model_json"_a = nb::none(), "hardware_json"_a = nb::none(),
         "fsdp_as_data"_a = false,
         "Runs one planner subcommand ([name, '--flag=value', ...]); returns (stdout text, notes). "

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "comm/data_type.hpp"
-#include "comm/half_float.hpp"
+#include "core/half_float.hpp"
 
 namespace shardplan::comm::testing {
 
@@ -20,10 +20,10 @@ inline void store(DataType type, void* base, std::size_t index, double value) {
     put(value);
     break;
   case DataType::bf16:
-    put(float_to_bf16(static_cast<float>(value)));
+    put(core::float_to_bf16(static_cast<float>(value)));
     break;
   case DataType::f16:
-    put(float_to_f16(static_cast<float>(value)));
+    put(core::float_to_f16(static_cast<float>(value)));
     break;
   case DataType::i32:
     put(static_cast<std::int32_t>(value));
@@ -49,9 +49,9 @@ inline double load(DataType type, const void* base, std::size_t index) {
   case DataType::f64:
     return get(0.0);
   case DataType::bf16:
-    return static_cast<double>(bf16_to_float(get(std::uint16_t{0})));
+    return static_cast<double>(core::bf16_to_float(get(std::uint16_t{0})));
   case DataType::f16:
-    return static_cast<double>(f16_to_float(get(std::uint16_t{0})));
+    return static_cast<double>(core::f16_to_float(get(std::uint16_t{0})));
   case DataType::i32:
     return static_cast<double>(get(std::int32_t{0}));
   case DataType::i64:

@@ -9,6 +9,7 @@
 #include "costmodel/traffic.hpp"
 #include "documents/hardware.hpp"
 #include "documents/model.hpp"
+#include "documents/recipe.hpp"
 
 namespace shardplan::oracle {
 

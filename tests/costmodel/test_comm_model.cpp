@@ -3,6 +3,7 @@
 #include "costmodel/comm_model.hpp"
 
 using namespace shardplan::costmodel;
+using namespace shardplan::documents;
 
 TEST_CASE("comm_model::nccl-tests bus bandwidth factors") {
   // nccl-tests doc/PERFORMANCE.md: busbw = algbw × 2(n−1)/n for all-reduce, (n−1)/n for

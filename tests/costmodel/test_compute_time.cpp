@@ -9,6 +9,7 @@
 #include "costmodel/traffic.hpp"
 
 using namespace shardplan::costmodel;
+using namespace shardplan::documents;
 
 namespace {
 
@@ -277,4 +278,38 @@ TEST_CASE("compute_time::the host optimizer runs at its framework's rate") {
   hw.host_optimizer_by_framework.clear();
   hw.host_optimizer_params_per_s = 0.5e9;
   CHECK(host_s("zero3", Flavour::deepspeed) == doctest::Approx(ds_slow));
+}
+
+TEST_CASE("compute_time::a measured rate times exactly its passes") {
+  // The layers that are not GEMMs (documents/workload.hpp) on a profile that measured their rate.
+  // One rank, DDP, one micro-batch of 2 x 128 tokens of the executor's model: the compute stream's
+  // memory-bound time is every unit's passes (forward and backward) x tokens / rate, by the
+  // definition of the rate (calibrate times the executor's kernels).
+  const auto m = load_model("gpt2");
+  auto hw = load_hardware("a100-sxm4-80gb");
+  StepInput in;
+  in.model = &m;
+  in.hardware = &hw;
+  in.cluster = {1, 1};
+  in.job.seq_len = 128;
+  in.job.global_batch = 2;
+  in.job.micro_batch = 2;
+  in.job.recipe = Recipe::executor;
+  in.spec = make_spec("ddp", std::nullopt, 1);
+  Calibration c;
+  c.backend = "mpi";
+  c.ranks = 1;
+  const double rate = 1e9;  // passes per second
+  c.elementwise_elems_per_s = rate;
+  hw.calibration = c;
+  double passes = 0;
+  for (const auto& ops : {embedding_elementwise_ops(m), head_elementwise_ops(m)}) {
+    const Passes p = passes_per_token(ops);
+    passes += p.forward + p.backward;
+  }
+  const Passes b = passes_per_token(block_elementwise_ops(m));
+  passes += 12 * (b.forward + b.backward);
+  const auto r = simulate_step(in);
+  CHECK(r.compute_by_kind_s[static_cast<int>(ComputeKind::memory_bound)] ==
+        doctest::Approx(256 * passes / rate).epsilon(1e-9));
 }

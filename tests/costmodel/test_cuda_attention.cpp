@@ -12,6 +12,7 @@
 
 using namespace shardplan;
 using namespace shardplan::costmodel;
+using namespace shardplan::documents;
 
 namespace {
 

@@ -9,6 +9,7 @@
 using shardplan::test::contains;
 using shardplan::test::error_of;
 using namespace shardplan::costmodel;
+using namespace shardplan::documents;
 using nlohmann::json;
 
 namespace {

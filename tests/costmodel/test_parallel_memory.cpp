@@ -6,6 +6,7 @@
 
 using shardplan::test::contains;
 using namespace shardplan::costmodel;
+using namespace shardplan::documents;
 using nlohmann::json;
 
 namespace {

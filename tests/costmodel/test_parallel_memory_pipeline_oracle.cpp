@@ -20,9 +20,11 @@
 #include <nlohmann/json.hpp>
 
 #include "costmodel/parallel_memory.hpp"
+#include "documents/recipe.hpp"
 #include "oracle_corpus.hpp"
 
 using namespace shardplan::costmodel;
+using namespace shardplan::documents;
 using nlohmann::json;
 
 namespace {

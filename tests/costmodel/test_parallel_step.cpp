@@ -7,6 +7,7 @@
 
 using shardplan::test::contains;
 using namespace shardplan::costmodel;
+using namespace shardplan::documents;
 
 namespace {
 

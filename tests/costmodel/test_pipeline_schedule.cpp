@@ -5,6 +5,7 @@
 #include "costmodel/pipeline_schedule.hpp"
 
 using namespace shardplan::costmodel;
+using namespace shardplan::documents;
 
 namespace {
 

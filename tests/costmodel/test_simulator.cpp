@@ -8,6 +8,7 @@
 #include "costmodel/simulator.hpp"
 
 using namespace shardplan::costmodel;
+using namespace shardplan::documents;
 
 namespace {
 

@@ -29,6 +29,7 @@ using shardplan::test::contains;
 using shardplan::test::error_of;
 using namespace shardplan::planner;
 using namespace shardplan::costmodel;
+using namespace shardplan::documents;
 
 namespace {
 

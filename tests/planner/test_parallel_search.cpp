@@ -8,6 +8,7 @@
 using shardplan::test::contains;
 using namespace shardplan::planner;
 using namespace shardplan::costmodel;
+using namespace shardplan::documents;
 
 namespace {
 

@@ -1,9 +1,9 @@
-#include "comm/half_float.hpp"
+#include "core/half_float.hpp"
 
 #include <bit>
 #include <cmath>
 
-namespace shardplan::comm {
+namespace shardplan::core {
 
 float f16_to_float(std::uint16_t bits) {
   const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
@@ -39,4 +39,4 @@ std::uint16_t float_to_f16(float value) {
   return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(rounded));
 }
 
-}  // namespace shardplan::comm
+}  // namespace shardplan::core

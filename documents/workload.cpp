@@ -1,6 +1,6 @@
-#include "costmodel/elementwise.hpp"
+#include "documents/workload.hpp"
 
-namespace shardplan::costmodel {
+namespace shardplan::documents {
 
 namespace {
 
@@ -62,4 +62,35 @@ Passes passes_per_token(const std::vector<ElementwiseOp>& ops) {
   return total;
 }
 
-}  // namespace shardplan::costmodel
+std::vector<Gemm> forward_gemms(const ModelSpec& m, UnitKind unit, std::int64_t tokens) {
+  std::vector<Gemm> gemms;
+  if (unit == UnitKind::block) {
+    for (const auto& t : m.block.tensors)
+      if (t.is_matrix()) gemms.push_back({tokens, t.rows, t.cols, 1});
+  } else if (unit == UnitKind::head) {
+    // The head's projection: its own matrix, or the embedding matrix it is tied to.
+    for (const auto& t : m.tied_embeddings ? m.embedding.tensors : m.head.tensors)
+      if (t.is_matrix()) {
+        gemms.push_back({tokens, t.rows, t.cols, 1});
+        break;
+      }
+  }
+  return gemms;
+}
+
+std::array<Gemm, 2> backward_gemms(const Gemm& f) {
+  // y[T, out] = x[T, in]·Wᵀ: dx[T, in] = dy·W (k = out); dW[out, in] = dyᵀ·x (k = T).
+  return {Gemm{f.m, f.k, f.n, f.count}, Gemm{f.n, f.k, f.m, f.count}};
+}
+
+double AttentionShape::scored_pairs() const {
+  const auto s = static_cast<double>(seq) * static_cast<double>(context);
+  return static_cast<double>(batch) * static_cast<double>(heads) * s * (s + 1) / 2 /
+         static_cast<double>(context);
+}
+
+AttentionShape attention_shape(const ModelSpec& m, const TrainingJob& j, int context) {
+  return {j.micro_batch, j.seq_len, m.heads, m.kv_heads, m.head_dim, context};
+}
+
+}  // namespace shardplan::documents

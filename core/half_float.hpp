@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace shardplan::comm {
+namespace shardplan::core {
 
 // bf16 is the upper half of an fp32: inline, as the CPU's 16-bit kernels call them per element.
 // (memcpy, not std::bit_cast: CUDA sources include this as C++17.)
@@ -29,4 +29,4 @@ inline std::uint16_t float_to_bf16(float value) {
 float f16_to_float(std::uint16_t bits);
 std::uint16_t float_to_f16(float value);
 
-}  // namespace shardplan::comm
+}  // namespace shardplan::core

@@ -4,9 +4,9 @@
 #include <cstdint>
 #include <limits>
 
-#include "comm/half_float.hpp"
+#include "core/half_float.hpp"
 
-using namespace shardplan::comm;
+using namespace shardplan::core;
 
 TEST_CASE("half_float::bf16 keeps the top 16 bits of a float, rounding to nearest even") {
   CHECK(float_to_bf16(1.0f) == 0x3F80);
