@@ -6,9 +6,10 @@ Usage: scripts/include_graph.py [--files] [FOLDER ...]
   including file too. Folders: the top-level ones, tests/ split by its subfolders, and cuda/
   subfolders on their own.
        scripts/include_graph.py --check
-  exits 1, naming the file and the include, when a folder includes a header of a folder that
-  ALLOWED below does not list for it (ctest runs this as layers::includes_follow_links). The build
-  enforces the same edges (cmake/Layers.cmake); this check also holds the policy itself still.
+  exits 1, naming the file and the include, when a folder includes a header of a folder that the
+  layers table (cmake/layers.txt) does not list for it (ctest runs this as
+  layers::includes_follow_links). The build enforces the same edges (cmake/Layers.cmake), and
+  configure checks each target's links against the same table.
 """
 import collections
 import os
@@ -54,48 +55,49 @@ def include_edges():
     return edges
 
 
-# The layers: which folders each folder's sources may include besides its own. The cost model and
-# the planner never see comm, kernels or the executor; the kernels never see the cost model.
-ALLOWED = {
-    "core": set(),
-    "documents": {"core"},
-    "costmodel": {"documents", "core"},
-    "comm": {"core"},
-    "kernels": {"comm", "core"},
-    "kernels/cuda": {"kernels", "comm", "core"},
-    "planner": {"costmodel", "documents", "core"},
-    "python": {"planner", "costmodel", "documents", "core"},
-    "executor": {"kernels", "documents", "comm", "core"},
-    "executor/cuda": {"executor", "kernels/cuda", "kernels", "documents", "comm", "core"},
-    "calibrate": {"kernels/cuda", "kernels", "documents", "costmodel", "comm", "core"},
-    "bench": {"planner", "costmodel", "documents", "core", "tests"},
-    "tests": {"core"},
-    # The executor's tests hold what it allocates and measures against the cost model's prediction.
-    "tests/executor": {"tests", "executor", "executor/cuda", "kernels", "kernels/cuda", "documents",
-                       "costmodel", "comm", "core"},
-    # The parsers' fuzz targets reach each document's reader where it lives.
-    "tests/fuzz": {"tests", "calibrate", "executor", "planner", "costmodel", "documents", "core"},
-}
+# The layers table: which folders each folder's sources may use besides its own. configure checks
+# the CMake links against the same file (cmake/Layers.cmake).
+LAYERS = os.path.join(ROOT, "cmake", "layers.txt")
 
 
-def allowed_from(here):
+def read_layers(path=LAYERS):
+    """{folder: {folders it may use}} from the table's "folder: folder folder ..." lines."""
+    layers = {}
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            here, colon, uses = line.partition(":")
+            here = here.strip()
+            if not colon or len(here.split()) != 1 or here in layers:
+                where = f"{os.path.relpath(path, ROOT)}:{number}"
+                if here in layers:
+                    raise SystemExit(f"{where}: a second row for {here}")
+                raise SystemExit(f'{where}: not "folder: folder folder ..."')
+            layers[here] = set(uses.split())
+    return layers
+
+
+def allowed_from(layers, here):
     """The folders `here` may include: a test folder, its library's and the library itself."""
-    if here in ALLOWED:
-        return ALLOWED[here]
+    if here in layers:
+        return layers[here]
     if here.startswith("tests/"):
         lib = here.split("/", 1)[1]
-        if lib in ALLOWED:
-            cuda = {lib + "/cuda"} | ALLOWED.get(lib + "/cuda", set())
-            return {"tests", lib} | ALLOWED[lib] | cuda
+        if lib in layers:
+            cuda = {lib + "/cuda"} | layers.get(lib + "/cuda", set())
+            return {"tests", lib} | layers[lib] | cuda
     return None
 
 
 def check():
+    layers = read_layers()
     bad = 0
     for (here, there), files in sorted(include_edges().items()):
-        allowed = allowed_from(here)
+        allowed = allowed_from(layers, here)
         if allowed is None:
-            print(f"include_graph.py: {here}/ is not in the layers table (ALLOWED)")
+            print(f"include_graph.py: {here}/ is not in the layers table (cmake/layers.txt)")
             bad += 1
         elif there not in allowed:
             for f in sorted(set(files)):
