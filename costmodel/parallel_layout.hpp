@@ -1,7 +1,7 @@
 // Where a plan's parallel dimensions (documents/parallel.hpp) put their groups on the cluster's
-// nodes, for the collectives' tiers. Mesh order, outermost to innermost: pp, dp, cp, tp
-// (torchtitan's ParallelDims order, torchtitan/distributed/parallel_dims.py); consecutive ranks
-// share a node, so TP groups never leave a node and pipeline neighbours are t·c·d ranks apart.
+// nodes, for the collectives' tiers, by the device mesh the executor splits its ranks with
+// (documents/mesh.hpp: pp, dp, cp, tp from the outermost; consecutive ranks share a node, so TP
+// groups never leave a node and pipeline neighbours are t·c·d ranks apart).
 #pragma once
 
 #include "costmodel/comm_model.hpp"
@@ -10,9 +10,7 @@
 
 namespace shardplan::costmodel {
 
-// The groups of each dimension for the mesh order above, on nodes of `gpus_per_node`: a group of
-// n ranks spaced `stride` apart has min(n, G / stride) of them on a node (1 once the stride
-// reaches a node).
+// The groups of each dimension, on nodes of `gpus_per_node` (Mesh::ranks_per_node).
 struct LayoutGroups {
   Group tensor, context, data, pipeline;
   // The d·c ranks at one tensor-parallel position that average the gradients and shard the

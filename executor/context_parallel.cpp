@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "documents/mesh.hpp"
+
 namespace shardplan::executor {
 
 std::vector<std::int32_t> context_positions(std::int64_t sequence, int c, int r) {
@@ -35,10 +37,15 @@ ContextParallelGroups make_context_parallel_groups(comm::Communicator& world, in
     throw std::invalid_argument(fmt::format(
         "context-parallel size {} × tensor-parallel size {} does not divide the {} ranks", c, t,
         n));
-  const int tp = w % t, cp = w / t % c, dp = w / (t * c);
+  // The ring: the c ranks at one data-parallel and tensor position; the gradients' group: the d·c
+  // ranks at one tensor position (documents/mesh.hpp).
+  const documents::Mesh m(1, 1, n / (c * t), c, t);
+  using documents::Dim;
+  const auto ring = m.split(w, {Dim::context});
+  const auto data = m.split(w, {Dim::replicate, Dim::shard, Dim::context});
   ContextParallelGroups g;
-  g.context = world.split(dp * t + tp, cp);
-  g.data = world.split(tp, w);
+  g.context = world.split(ring.color, ring.key);
+  g.data = world.split(data.color, data.key);
   return g;
 }
 

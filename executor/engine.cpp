@@ -3,6 +3,7 @@
 // targets and reductions after each unit's backward (grad_buffer.hpp), the optimizer step and the
 // parameter all-gather (optimizer_step.hpp) — and the step's report.
 #include "executor/engine.hpp"
+#include "documents/mesh.hpp"
 
 #include <chrono>
 #include <optional>
@@ -350,9 +351,13 @@ OwnedGroups make_groups(comm::Communicator& world, const documents::ShardingSpec
   if (S < 1 || S > n || n % S != 0)
     throw std::invalid_argument(
         fmt::format("a shard group of {} ranks does not divide {} ranks", S, n));
-  if (S < n) {
-    g.shard = world.split(r / S, r % S);
-    g.replica = world.split(r % S, r / S);
+  if (S < n) {  // HSDP: shards of S consecutive ranks, replicated over n / S (documents/mesh.hpp)
+    using documents::Dim;
+    const documents::Mesh m(1, n / S, S, 1, 1);
+    const auto shard = m.split(r, {Dim::shard});
+    const auto replica = m.split(r, {Dim::replicate});
+    g.shard = world.split(shard.color, shard.key);
+    g.replica = world.split(replica.color, replica.key);
   }
   g.groups = {&world, g.shard ? g.shard.get() : &world, g.replica.get(), false, nullptr};
   if (separate_reduce_stream) {

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/input_error.hpp"
+#include "documents/mesh.hpp"
 #include "documents/pipeline_order.hpp"
 #include "executor/param_init.hpp"
 #include "executor/synthetic_data.hpp"
@@ -141,15 +142,22 @@ StagePeak stage_peak(const PipelineOptions& o, int stage) {
 }
 
 PipelineGroups make_pipeline_groups(comm::Communicator& world, int stages, int tensor_parallel) {
+  using documents::Dim;
   const int t = tensor_parallel, d = world.size() / (stages * t), rank = world.rank();
-  const int stage = rank / (d * t), within = rank % (d * t);  // within: index·t + TP rank
-  const int index = within / t, tp = within % t;
+  const documents::Mesh m(stages, 1, d, 1, t);  // documents/mesh.hpp
+  auto split = [&](std::initializer_list<Dim> dims) {
+    const auto s = m.split(rank, dims);
+    return world.split(s.color, s.key);
+  };
   PipelineGroups g;
-  g.pipeline = world.split(within, stage);
-  g.data = world.split(stage * t + tp, index);
-  g.tensor = world.split(stage * d + index, tp);
+  g.pipeline = split({Dim::pipeline});
+  g.data = split({Dim::shard});
+  g.tensor = split({Dim::tensor});
+  // The first and the last stage's ranks at one data and tensor position; every other rank alone.
+  const auto pair = m.split(rank, {Dim::pipeline});
+  const int stage = pair.key;
   const bool end = stage == 0 || stage == stages - 1;
-  g.tied = world.split(end ? within : d * t + rank, stage);
+  g.tied = world.split(end ? pair.color : d * t + rank, stage);
   return g;
 }
 

@@ -1,5 +1,6 @@
 #include "executor/tensor_parallel.hpp"
 
+#include "documents/mesh.hpp"
 #include "executor/param_init.hpp"
 
 #include <algorithm>
@@ -203,9 +204,13 @@ TensorParallelGroups make_tensor_parallel_groups(comm::Communicator& world, int 
   if (t < 1 || n % t != 0)
     throw std::invalid_argument(
         fmt::format("tensor-parallel size {} does not divide the {} ranks", t, n));
+  using documents::Dim;
+  const documents::Mesh m(1, 1, n / t, 1, t);  // documents/mesh.hpp
+  const auto tp = m.split(r, {Dim::tensor});
+  const auto dp = m.split(r, {Dim::shard});
   TensorParallelGroups g;
-  g.tp = world.split(r / t, r % t);
-  g.dp = world.split(r % t, r / t);
+  g.tp = world.split(tp.color, tp.key);
+  g.dp = world.split(dp.color, dp.key);
   return g;
 }
 
