@@ -16,8 +16,11 @@
 #include "documents/sharding.hpp"
 #include "executor/checkpoint_format.hpp"
 #include "executor/sha256.hpp"
+#include "kernels/adamw.hpp"
 
 namespace shardplan::executor {
+
+using kernels::adamw_step;
 
 using namespace checkpoint_format;
 

@@ -16,8 +16,11 @@
 
 #include "core/json_reader.hpp"
 #include "core/text.hpp"
+#include "kernels/adamw.hpp"
 
 namespace shardplan::executor::checkpoint_format {
+
+using kernels::adamw_step;
 
 using core::ObjectReader;
 using core::Range;

@@ -7,8 +7,13 @@
 //             place of the rank's own, which come home at the end), one more [N, kv] arriving
 #include "executor/context_parallel.hpp"
 #include "executor/gpt_model.hpp"
+#include "kernels/scalar.hpp"
 
 namespace shardplan::executor {
+
+using kernels::bf16;
+using kernels::data_type_v;
+using kernels::f16;
 
 template <class S> TrackedBuffer<S> GptModel<S>::ring_pass(const S* send, std::int64_t n) const {
   auto& g = *options_.context_parallel.group;

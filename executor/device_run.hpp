@@ -16,7 +16,6 @@
 #include <string>
 
 #include "executor/engine.hpp"
-#include "executor/kernel_names.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/memory_source.hpp"
 
@@ -39,7 +38,7 @@ public:
   DeviceRun& operator=(const DeviceRun&) = delete;
   virtual ~DeviceRun() = default;
 
-  virtual MemorySource& memory() = 0;
+  virtual kernels::MemorySource& memory() = 0;
   // Points the options' backend of their precision's compute type (EngineOptions::backend,
   // backend_bf16, backend_f16) at this GPU's, made on first use: fp32 with TF32 GEMMs, as the cost
   // model's fp32 computes (documents/job.cpp); bf16 and fp16 with fp32 accumulation.

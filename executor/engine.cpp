@@ -16,8 +16,12 @@
 #include "executor/grad_buffer.hpp"
 #include "executor/optimizer_step.hpp"
 #include "executor/synthetic_data.hpp"
+#include "kernels/scalar.hpp"
 
 namespace shardplan::executor {
+
+using kernels::bf16;
+using kernels::f16;
 namespace {
 
 using Clock = std::chrono::steady_clock;

@@ -79,11 +79,11 @@
 #include "documents/state_bytes.hpp"
 #include "executor/collective_stats.hpp"
 #include "executor/gpt_model.hpp"
-#include "executor/kernel_names.hpp"
 #include "executor/shard_layout.hpp"
 #include "executor/tracked_allocator.hpp"
 #include "kernels/adamw.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/scalar.hpp"
 
 namespace shardplan::executor {
 
@@ -93,7 +93,7 @@ struct EngineOptions {
   BatchShape micro_batch;              // sequences per micro-batch × tokens per sequence
   std::int64_t grad_accumulation = 1;  // micro-batches per optimizer step on each rank
   Checkpointing checkpointing = Checkpointing::none;
-  AdamWOptions adamw;
+  kernels::AdamWOptions adamw;
   std::uint64_t seed = 1234;  // initial parameters and tokens
   // Prefetch. The plan's forward/backward_prefetch and max_inflight_allgathers say how far ahead
   // a GPU framework issues all-gathers so that they overlap compute (on CPUs too with collective
@@ -115,9 +115,9 @@ struct EngineOptions {
   // nullptr: the host). The allocator the engine is given must hand out that backend's memory.
   // fp16-mixed: the first loss scale (GradScaler's init_scale).
   double initial_loss_scale = 65536.0;
-  Backend<float>* backend = nullptr;
-  Backend<bf16>* backend_bf16 = nullptr;
-  Backend<f16>* backend_f16 = nullptr;
+  kernels::Backend<float>* backend = nullptr;
+  kernels::Backend<kernels::bf16>* backend_bf16 = nullptr;
+  kernels::Backend<kernels::f16>* backend_f16 = nullptr;
   // Told what the step does ("step 2 forward unit 3") as it goes, so that a rank that stops is
   // named with its phase (comm/watchdog.hpp). Not owned; nullptr: nobody watches.
   comm::Watchdog* watchdog = nullptr;

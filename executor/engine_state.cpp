@@ -9,8 +9,16 @@
 #include <fmt/format.h>
 
 #include "executor/param_init.hpp"
+#include "kernels/backend.hpp"
+#include "kernels/scalar.hpp"
 
 namespace shardplan::executor {
+
+using kernels::Backend;
+using kernels::bf16;
+using kernels::f16;
+using kernels::HostBackend;
+using kernels::narrow;
 namespace {
 
 void check_group(const comm::Communicator* c, int size, int rank, const char* name) {

@@ -19,6 +19,8 @@
 #include "executor/engine.hpp"
 #include "executor/host_offload.hpp"
 #include "executor/timed_communicator.hpp"
+#include "kernels/backend.hpp"
+#include "kernels/scalar.hpp"
 
 namespace shardplan::executor {
 
@@ -37,7 +39,7 @@ std::string phase_text(std::int64_t step, std::int64_t grad_accumulation, const 
 // One unit's buffers. Sizes in elements: `whole` is the unit's size (or whole_elements), `chunk`
 // and `padded` are its shard layout's (shard_layout.hpp).
 template <class S> struct UnitBuffers {
-  using A = accum_t<S>;
+  using A = kernels::accum_t<S>;
   TrackedBuffer<A> params;      // fp32 parameters at rest [chunk or whole]; DeepSpeed: the master
   TrackedBuffer<S> low_params;  // DeepSpeed's S parameters at rest [chunk or whole]
   TrackedBuffer<A> exp_avg;     // AdamW's first moment [chunk (sharded optimizer) or whole]
@@ -66,11 +68,11 @@ struct EngineStreams {
 };
 
 template <class S> struct EngineState {
-  using A = accum_t<S>;
-  using Part = typename Backend<S>::Part;
+  using A = kernels::accum_t<S>;
+  using Part = typename kernels::Backend<S>::Part;
   static constexpr bool kMixed = !std::is_same_v<S, A>;
-  static constexpr comm::DataType kS = data_type_v<S>;
-  static constexpr comm::DataType kA = data_type_v<A>;
+  static constexpr comm::DataType kS = kernels::data_type_v<S>;
+  static constexpr comm::DataType kA = kernels::data_type_v<A>;
 
   // Checks the options and groups and allocates the state present before the first step:
   // parameters and optimizer states (the buffers of the parts are theirs).
@@ -79,8 +81,8 @@ template <class S> struct EngineState {
   EngineOptions options;
   TrackedAllocator& allocator;  // the device's
   EngineGroups groups;
-  std::unique_ptr<Backend<S>> host_backend;  // when the options name none
-  Backend<S>& backend;
+  std::unique_ptr<kernels::Backend<S>> host_backend;  // when the options name none
+  kernels::Backend<S>& backend;
   GptModel<S> model;
   PrecisionPolicy policy;
   ShardLayout shards;
@@ -139,7 +141,7 @@ private:
 };
 
 extern template struct EngineState<float>;
-extern template struct EngineState<bf16>;
-extern template struct EngineState<f16>;
+extern template struct EngineState<kernels::bf16>;
+extern template struct EngineState<kernels::f16>;
 
 }  // namespace shardplan::executor

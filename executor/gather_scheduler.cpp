@@ -1,8 +1,12 @@
 #include "executor/gather_scheduler.hpp"
+#include "kernels/scalar.hpp"
 
 #include <algorithm>
 
 namespace shardplan::executor {
+
+using kernels::bf16;
+using kernels::f16;
 
 bool kept_through_backward(const documents::ShardingSpec& spec, std::int64_t unit,
                            std::int64_t unit_count) {

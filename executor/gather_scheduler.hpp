@@ -12,6 +12,7 @@
 #include <span>
 
 #include "executor/engine_state.hpp"
+#include "kernels/scalar.hpp"
 
 namespace shardplan::executor {
 
@@ -80,7 +81,7 @@ private:
 };
 
 extern template class GatherScheduler<float>;
-extern template class GatherScheduler<bf16>;
-extern template class GatherScheduler<f16>;
+extern template class GatherScheduler<kernels::bf16>;
+extern template class GatherScheduler<kernels::f16>;
 
 }  // namespace shardplan::executor

@@ -1,4 +1,6 @@
 #include "executor/gpt_model.hpp"
+#include "kernels/backend.hpp"
+#include "kernels/scalar.hpp"
 
 #include <algorithm>
 #include <stdexcept>
@@ -7,6 +9,12 @@
 #include <fmt/format.h>
 
 namespace shardplan::executor {
+
+using kernels::Backend;
+using kernels::bf16;
+using kernels::data_type_v;
+using kernels::f16;
+using kernels::HostBackend;
 namespace {
 
 using documents::MlpKind;

@@ -40,11 +40,11 @@
 
 #include "documents/model.hpp"
 #include "executor/context_parallel.hpp"
-#include "executor/kernel_names.hpp"
 #include "executor/model_layout.hpp"
 #include "executor/tensor_parallel.hpp"
 #include "executor/tracked_allocator.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/scalar.hpp"
 
 namespace shardplan::executor {
 
@@ -84,7 +84,7 @@ struct ModelOptions {
 // is kept. `mean` buffers exist for LayerNorm only; `mid` for the sequential residual only;
 // `mlp_up` for SwiGLU only. The norm statistics and lse are accum_t<S>, the rest S.
 template <class S> struct BlockActivations {
-  using A = accum_t<S>;
+  using A = kernels::accum_t<S>;
   BatchShape shape;
   Checkpointing checkpointing = Checkpointing::none;
   TrackedBuffer<S> input;                   // [N, h]   x
@@ -116,7 +116,7 @@ template <class S> struct BlockForward {
 // (log_softmax), so the head's peak is 2 × N·V values in S and 2 × N·V in accum_t<S> (log_softmax
 // here reads the S logits directly, without .float()'s transient fp32 copy).
 template <class S> struct HeadActivations {
-  using A = accum_t<S>;
+  using A = kernels::accum_t<S>;
   BatchShape shape;
   TrackedBuffer<S> input;                 // [N, h]
   TrackedBuffer<S> norm_out;              // [N, h]
@@ -154,7 +154,7 @@ public:
   // Throws like GptLayout for a spec it cannot run, std::invalid_argument for flash attention on
   // a backend without it. backend: where the kernels run (not owned; nullptr: the host's).
   GptModel(const documents::ModelSpec& spec, TrackedAllocator& allocator, ModelOptions options = {},
-           Backend<S>* backend = nullptr);
+           kernels::Backend<S>* backend = nullptr);
 
   const GptLayout& layout() const { return layout_; }
   const ModelOptions& options() const { return options_; }
@@ -192,7 +192,7 @@ public:
                           std::span<S> grad, BatchShape shape) const;
 
 private:
-  using A = accum_t<S>;
+  using A = kernels::accum_t<S>;
   // An activation of `elements` elements of T (S, or A for the statistics and log-probabilities).
   template <class T = S> TrackedBuffer<T> activation(std::int64_t elements) const {
     return allocator_.template allocate<T>(MemoryCategory::activations, elements);
@@ -276,13 +276,13 @@ private:
   GptLayout layout_;
   TrackedAllocator& allocator_;
   ModelOptions options_;
-  std::unique_ptr<Backend<S>> host_backend_;  // when none is given
-  Backend<S>& be_;
+  std::unique_ptr<kernels::Backend<S>> host_backend_;  // when none is given
+  kernels::Backend<S>& be_;
 };
 
 extern template class GptModel<float>;
 extern template class GptModel<double>;
-extern template class GptModel<bf16>;
-extern template class GptModel<f16>;
+extern template class GptModel<kernels::bf16>;
+extern template class GptModel<kernels::f16>;
 
 }  // namespace shardplan::executor

@@ -1,9 +1,14 @@
 #include "executor/grad_buffer.hpp"
+#include "kernels/scalar.hpp"
 
 #include <algorithm>
 #include <stdexcept>
 
 namespace shardplan::executor {
+
+using kernels::bf16;
+using kernels::data_type_v;
+using kernels::f16;
 
 std::int64_t all_reduce_bucket_elements(const documents::ShardingSpec& spec,
                                         std::int64_t unit_elements) {

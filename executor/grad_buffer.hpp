@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "executor/engine_state.hpp"
+#include "kernels/scalar.hpp"
 
 namespace shardplan::executor {
 
@@ -110,7 +111,7 @@ private:
 };
 
 extern template class GradBuffers<float>;
-extern template class GradBuffers<bf16>;
-extern template class GradBuffers<f16>;
+extern template class GradBuffers<kernels::bf16>;
+extern template class GradBuffers<kernels::f16>;
 
 }  // namespace shardplan::executor

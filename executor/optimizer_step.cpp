@@ -1,10 +1,14 @@
 #include "executor/optimizer_step.hpp"
+#include "kernels/scalar.hpp"
 
 #include <stdexcept>
 
 #include <fmt/format.h>
 
 namespace shardplan::executor {
+
+using kernels::bf16;
+using kernels::f16;
 
 template <class S>
 OptimizerStep<S>::OptimizerStep(EngineState<S>& state)

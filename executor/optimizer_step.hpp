@@ -10,6 +10,7 @@
 
 #include "executor/engine_state.hpp"
 #include "executor/loss_scaler.hpp"
+#include "kernels/scalar.hpp"
 
 namespace shardplan::executor {
 
@@ -51,7 +52,7 @@ private:
 };
 
 extern template class OptimizerStep<float>;
-extern template class OptimizerStep<bf16>;
-extern template class OptimizerStep<f16>;
+extern template class OptimizerStep<kernels::bf16>;
+extern template class OptimizerStep<kernels::f16>;
 
 }  // namespace shardplan::executor

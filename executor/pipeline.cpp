@@ -15,8 +15,11 @@
 #include "executor/param_init.hpp"
 #include "executor/synthetic_data.hpp"
 #include "executor/tensor_parallel.hpp"
+#include "kernels/adamw.hpp"
 
 namespace shardplan::executor {
+
+using kernels::adamw_step;
 
 using core::InputError;
 using documents::PipeOp;

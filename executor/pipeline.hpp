@@ -49,7 +49,6 @@
 #include "documents/model.hpp"
 #include "documents/parallel.hpp"
 #include "executor/gpt_model.hpp"
-#include "executor/kernel_names.hpp"
 #include "executor/tracked_allocator.hpp"
 #include "kernels/adamw.hpp"
 
@@ -77,7 +76,7 @@ struct PipelineOptions {  // NOLINT(bugprone-exception-escape)
   // parameters: megatron/core/optimizer/distrib_optimizer.py).
   int optimizer_shards = 1;
   Checkpointing checkpointing = Checkpointing::none;
-  AdamWOptions adamw;
+  kernels::AdamWOptions adamw;
   std::uint64_t seed = 1234;  // initial parameters and tokens, as the sharding engine's
   ModelOptions model_options;
 };

@@ -29,11 +29,11 @@
 #include "executor/context_parallel.hpp"
 #include "executor/device_run.hpp"
 #include "executor/engine.hpp"
-#include "executor/kernel_names.hpp"
 #include "executor/run_document.hpp"
 #include "executor/stand_in_communicator.hpp"
 #include "kernels/caching_pool.hpp"
 #include "kernels/host_stream_memory.hpp"
+#include "kernels/memory_source.hpp"
 
 #if defined(SHARDPLAN_HAVE_MPI)
 #include "comm/mpi_environment.hpp"
@@ -43,6 +43,10 @@
 #endif
 
 namespace shardplan::executor {
+
+using kernels::MemorySource;
+using kernels::PoolExhausted;
+using kernels::StreamOrderedHostMemory;
 namespace {
 
 using core::InputError;

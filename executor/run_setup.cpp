@@ -9,8 +9,11 @@
 #include "executor/host_offload.hpp"
 #include "executor/model_layout.hpp"
 #include "executor/tensor_parallel.hpp"
+#include "kernels/scalar.hpp"
 
 namespace shardplan::executor {
+
+using kernels::bf16;
 
 using core::InputError;
 

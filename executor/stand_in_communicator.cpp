@@ -1,10 +1,13 @@
 #include "executor/stand_in_communicator.hpp"
+#include "kernels/memory_source.hpp"
 
 #include <stdexcept>
 
 #include <fmt/format.h>
 
 namespace shardplan::executor {
+
+using kernels::MemorySource;
 namespace {
 
 // A buffer in the rehearsal's memory (for the loss's all-reduce and full_parameters).

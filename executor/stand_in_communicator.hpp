@@ -13,7 +13,6 @@
 #include <string>
 
 #include "comm/communicator.hpp"
-#include "executor/kernel_names.hpp"
 #include "kernels/memory_source.hpp"
 
 namespace shardplan::executor {
@@ -22,7 +21,7 @@ class StandInCommunicator final : public comm::Communicator {
 public:
   // Throws std::invalid_argument unless 0 <= rank < size. memory: where the buffers it copies
   // live (not owned; nullptr: the host's heap).
-  StandInCommunicator(int rank, int size, MemorySource* memory = nullptr);
+  StandInCommunicator(int rank, int size, kernels::MemorySource* memory = nullptr);
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -59,8 +58,8 @@ private:
 
   int rank_;
   int size_;
-  HostMemory heap_;
-  MemorySource* memory_;
+  kernels::HostMemory heap_;
+  kernels::MemorySource* memory_;
 };
 
 }  // namespace shardplan::executor

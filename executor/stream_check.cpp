@@ -1,8 +1,16 @@
 #include "executor/stream_check.hpp"
+#include "kernels/adamw.hpp"
+#include "kernels/backend.hpp"
+#include "kernels/scalar.hpp"
 
 #include <fmt/format.h>
 
 namespace shardplan::executor {
+
+using kernels::AdamWOptions;
+using kernels::Backend;
+using kernels::bf16;
+using kernels::f16;
 
 // ---- CheckedMemory
 

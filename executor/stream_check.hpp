@@ -26,14 +26,15 @@
 #include <vector>
 
 #include "comm/forwarding_communicator.hpp"
-#include "executor/kernel_names.hpp"
 #include "executor/stream_order.hpp"
+#include "kernels/adamw.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/memory_source.hpp"
+#include "kernels/scalar.hpp"
 
 namespace shardplan::executor {
 
-class CheckedMemory final : public MemorySource {
+class CheckedMemory final : public kernels::MemorySource {
 public:
   explicit CheckedMemory(StreamOrderChecker& checker) : checker_(checker) {}
   ~CheckedMemory() override;
@@ -53,7 +54,7 @@ public:
 private:
   StreamOrderChecker& checker_;
   StreamOrderChecker::Stream stream_ = nullptr;
-  HostMemory heap_;
+  kernels::HostMemory heap_;
   std::vector<std::pair<void*, std::int64_t>> quarantine_;  // freed, given back at destruction
   std::int64_t count_ = 0;
 };
@@ -82,12 +83,12 @@ private:
   StreamOrderChecker& checker_;
 };
 
-template <class S> class CheckedBackend final : public Backend<S> {
+template <class S> class CheckedBackend final : public kernels::Backend<S> {
 public:
-  using A = accum_t<S>;
-  using Part = typename Backend<S>::Part;
+  using A = kernels::accum_t<S>;
+  using Part = typename kernels::Backend<S>::Part;
   // None is owned.
-  CheckedBackend(Backend<S>& inner, StreamOrderChecker& checker, CheckedMemory& memory);
+  CheckedBackend(kernels::Backend<S>& inner, StreamOrderChecker& checker, CheckedMemory& memory);
 
   const char* name() const override { return inner_.name(); }
   void embedding_forward(S* out, const std::int32_t* tokens, const S* wte, const S* wpe,
@@ -146,7 +147,7 @@ public:
   void copy(S* dst, const S* src, std::int64_t n) override;
   void add(S* dst, const S* src, std::int64_t n) override;
   void adamw_step(A* params, const A* grads, A* exp_avg, A* exp_avg_sq, std::int64_t n,
-                  std::int64_t step, const AdamWOptions& options) override;
+                  std::int64_t step, const kernels::AdamWOptions& options) override;
   void narrow(S* dst, const A* src, std::int64_t n) override;
   void widen_add(A* dst, const S* src, std::int64_t n) override;
   void copy_wide(A* dst, const A* src, std::int64_t n) override;
@@ -159,7 +160,9 @@ public:
   void synchronize() override;
   void begin(Part part) override { inner_.begin(part); }
   void end(Part part) override { inner_.end(part); }
-  typename Backend<S>::PartSeconds take_seconds() override { return inner_.take_seconds(); }
+  typename kernels::Backend<S>::PartSeconds take_seconds() override {
+    return inner_.take_seconds();
+  }
 
 private:
   // The checker's stream of a group: its own under CheckedCommunicator; the compute stream for a
@@ -175,13 +178,13 @@ private:
   }
   StreamOrderChecker::Stream compute() const { return this; }
 
-  Backend<S>& inner_;
+  kernels::Backend<S>& inner_;
   StreamOrderChecker& checker_;
   CheckedMemory& memory_;
 };
 
 extern template class CheckedBackend<float>;
-extern template class CheckedBackend<bf16>;
-extern template class CheckedBackend<f16>;
+extern template class CheckedBackend<kernels::bf16>;
+extern template class CheckedBackend<kernels::f16>;
 
 }  // namespace shardplan::executor

@@ -7,8 +7,13 @@
 #include <fmt/format.h>
 
 #include "executor/gpt_model.hpp"
+#include "kernels/scalar.hpp"
 
 namespace shardplan::executor {
+
+using kernels::bf16;
+using kernels::data_type_v;
+using kernels::f16;
 namespace {
 
 using documents::MlpKind;

@@ -6,8 +6,13 @@
 //   embedding output   [N, h] partial (this rank's tokens' rows) → summed: [n, h]
 //   logits [N, Vt] (S), log_probs [N, Vt] (accum_t<S>), row statistics max, sum [N] (accum_t<S>)
 #include "executor/gpt_model.hpp"
+#include "kernels/scalar.hpp"
 
 namespace shardplan::executor {
+
+using kernels::bf16;
+using kernels::data_type_v;
+using kernels::f16;
 namespace {}  // namespace
 
 template <class S> std::int64_t GptModel<S>::vocab_begin() const {

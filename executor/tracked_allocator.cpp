@@ -1,4 +1,5 @@
 #include "executor/tracked_allocator.hpp"
+#include "kernels/memory_source.hpp"
 
 #include <algorithm>
 #include <string>
@@ -6,6 +7,8 @@
 #include <fmt/format.h>
 
 namespace shardplan::executor {
+
+using kernels::MemorySource;
 namespace {
 
 std::string describe_bytes(std::int64_t bytes) {

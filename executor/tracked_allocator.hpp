@@ -25,7 +25,6 @@
 #include <type_traits>
 #include <utility>
 
-#include "executor/kernel_names.hpp"
 #include "kernels/memory_source.hpp"
 
 namespace shardplan::executor {
@@ -137,7 +136,7 @@ public:
   // capacity_bytes: the most bytes that may be in use at once (kUnlimited: no limit). source: where
   // the bytes come from (not owned; nullptr: the heap).
   explicit TrackedAllocator(std::int64_t capacity_bytes = kUnlimited,
-                            MemorySource* source = nullptr);
+                            kernels::MemorySource* source = nullptr);
   TrackedAllocator(const TrackedAllocator&) = delete;
   TrackedAllocator& operator=(const TrackedAllocator&) = delete;
 
@@ -165,7 +164,7 @@ public:
   }
 
   std::int64_t capacity_bytes() const;
-  MemorySource& source() const { return *source_; }
+  kernels::MemorySource& source() const { return *source_; }
   // Whether the host may touch the buffers' elements (false on a GPU).
   bool host_accessible() const { return source_->host_accessible(); }
   // From now on at most this many bytes may be in use (a fault injection takes the free capacity
@@ -188,8 +187,8 @@ private:
   void release(void* data, MemoryCategory category, std::int64_t bytes) noexcept;
   [[noreturn]] static void throw_bad_count(std::int64_t count, std::size_t element_size);
 
-  HostMemory heap_;
-  MemorySource* source_;
+  kernels::HostMemory heap_;
+  kernels::MemorySource* source_;
   mutable std::mutex mutex_;  // buffers may be freed from a communication thread
   std::int64_t capacity_;
   MemoryBreakdown in_use_;

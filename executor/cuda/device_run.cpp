@@ -5,11 +5,18 @@
 #include <fmt/format.h>
 
 #include "core/input_error.hpp"
-#include "executor/kernel_names.hpp"
+#include "kernels/caching_pool.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/device_memory.hpp"
+#include "kernels/memory_source.hpp"
+#include "kernels/scalar.hpp"
 
 namespace shardplan::executor {
+
+using kernels::bf16;
+using kernels::CachingPool;
+using kernels::f16;
+using kernels::MemorySource;
 namespace {
 
 class CudaDeviceRun final : public DeviceRun {

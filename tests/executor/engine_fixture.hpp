@@ -15,6 +15,8 @@
 
 namespace shardplan::executor::testing {
 
+using namespace shardplan::kernels;
+
 struct EngineRun {
   std::vector<double> losses;
   std::vector<StepReport> reports;

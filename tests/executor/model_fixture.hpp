@@ -14,6 +14,8 @@
 
 namespace shardplan::executor::testing {
 
+using namespace shardplan::kernels;
+
 // Tiny models of the three families (a few thousand parameters each; 2 blocks unless told).
 // Llama-like: GQA (4 query heads, 2 key/value heads), explicit head_dim 6 ≠ hidden/heads,
 // SwiGLU, RMSNorm, rotary, untied head.
