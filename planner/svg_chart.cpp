@@ -185,8 +185,10 @@ namespace {
 
 using Anchor = ChartText::Anchor;
 
-// The height of `g` GiB on the chart's axis.
-double y_of(const ChartLayout& L, double g) { return L.base - g / L.axis_top_gib * kPlotHeight; }
+// The height of `g` GiB on a row's axis.
+double y_of(const ChartLayout& L, const ChartRow& row, double g) {
+  return row.base - g / L.axis_top_gib * kPlotHeight;
+}
 
 ChartText* add_text(ChartLayout& L, ChartText t) {
   L.texts.push_back(std::move(t));
@@ -203,26 +205,51 @@ void set_axis(ChartLayout& L, double capacity, const std::vector<Evaluation>& be
   L.axis_top_gib = std::ceil(relevant * 1.08 / L.step_gib) * L.step_gib;
 }
 
+// A broken bar's categories that reach above the axis's top (cut by the break, or hidden above
+// it), each with its whole size, as lines under the plan's: what the bar cannot show.
+std::vector<std::string> cut_lines(const ChartLayout& L, const Evaluation& e) {
+  std::vector<std::string> lines;
+  if (!e.result.valid || e.result.peak_bytes / kGiB <= L.axis_top_gib) return lines;
+  const auto bytes = chart_bytes(e.result);
+  const auto& cats = chart_categories();
+  double level = 0;
+  for (std::size_t c = 0; c < bytes.size(); ++c) {
+    const double g = bytes[c] / kGiB;
+    level += std::max(g, 0.0);
+    if (g <= 0 || level <= L.axis_top_gib) continue;
+    if (lines.empty()) lines.emplace_back("above the axis:");
+    const std::string label = cats[c].label;
+    lines.push_back(fmt::format("{} {}", label.substr(0, label.find(" (")), gib_text(g)));
+  }
+  return lines;
+}
+
 // The width of a bar's slot: wide enough for every label under or above a bar.
-double label_slot(const Scenario& sc, const std::vector<Evaluation>& best) {
+double label_slot(const ChartLayout& L, const Scenario& sc, const std::vector<Evaluation>& best) {
   double slot = 100;
   for (const auto& e : best) {
     const auto lines = plan_lines(sc, e);
     for (std::size_t k = 0; k < lines.size(); ++k)
       slot = std::max(slot, text_width(lines[k], 11, k == 0) + 14);
+    for (const auto& line : cut_lines(L, e))
+      slot = std::max(slot, text_width(line, 11, false) + 14);
     slot = std::max(slot, text_width(gib_text(e.result.peak_bytes / kGiB), 11, true) + 14);
   }
   return slot;
 }
 
-// Title, the scenario, the axis's tick labels and its title.
+// The title and the scenario.
 void add_titles(ChartLayout& L, const Scenario& sc) {
   add_text(L, make_text("Memory per GPU at the peak: best plan of each family", kLeft, 26, 16,
                         Anchor::start, true));
   add_text(L, make_text(scenario_line(sc), kLeft, 48, 12, Anchor::start, false, "#333333"));
+}
+
+// A row's tick labels and its axis title.
+void add_axis_labels(ChartLayout& L, const ChartRow& row) {
   for (double g = 0; g <= L.axis_top_gib + L.step_gib / 2; g += L.step_gib)
-    add_text(L, make_text(fmt::format("{:g}", g), kLeft - 6, y_of(L, g) + 4, 11, Anchor::end));
-  const double cy = L.plot_top + kPlotHeight / 2;
+    add_text(L, make_text(fmt::format("{:g}", g), kLeft - 6, y_of(L, row, g) + 4, 11, Anchor::end));
+  const double cy = row.plot_top + kPlotHeight / 2;
   ChartText t = make_text("GiB per GPU", 20, cy, 12, Anchor::middle);
   t.vertical = true;
   const double w = t.right - t.left;  // rotated: the width runs up the page
@@ -234,7 +261,7 @@ void add_titles(ChartLayout& L, const Scenario& sc) {
 }
 
 // The bar's segments in chart categories, bottom to top, cut at the broken bar's ceiling.
-void stack_segments(const ChartLayout& L, const StepResult& r, ChartBar& b) {
+void stack_segments(const ChartLayout& L, const ChartRow& row, const StepResult& r, ChartBar& b) {
   const double ceiling = L.axis_top_gib + kBreak / kPlotHeight * L.axis_top_gib;
   b.broken = b.peak_gib > L.axis_top_gib;
   const auto bytes = chart_bytes(r);
@@ -245,40 +272,48 @@ void stack_segments(const ChartLayout& L, const StepResult& r, ChartBar& b) {
     const double lo = std::min(level, ceiling), hi = std::min(level + g, ceiling);
     level += g;
     if (hi <= lo) continue;
-    b.segments.push_back({static_cast<int>(c), g, y_of(L, hi), y_of(L, lo)});
+    b.segments.push_back({static_cast<int>(c), g, y_of(L, row, hi), y_of(L, row, lo)});
   }
-  b.y_top = y_of(L, std::min(b.peak_gib, ceiling));
+  b.y_top = y_of(L, row, std::min(b.peak_gib, ceiling));
 }
 
-// One plan's bar centred at cx, its plan's lines under the axis (returns the lowest text's bottom)
-// and its total above it, clear of the capacity and usable lines.
-double add_bar(ChartLayout& L, const Scenario& sc, const Evaluation& e, double cx,
+// One plan's bar in row `r` centred at cx, its plan's lines (and a broken bar's hidden
+// categories) under the axis (returns the lowest text's bottom) and its total above it, clear of
+// the capacity and usable lines.
+double add_bar(ChartLayout& L, int r, const Scenario& sc, const Evaluation& e, double cx,
                double bar_width) {
-  const auto& r = e.result;
+  const ChartRow row = L.rows[static_cast<std::size_t>(r)];
+  const auto& result = e.result;
   ChartBar b;
-  b.valid = r.valid;
+  b.row = r;
+  b.valid = result.valid;
   b.fits = e.fits;
   b.width = bar_width;
   b.x = cx - bar_width / 2;
   const auto lines = plan_lines(sc, e);
   b.family = lines[0];
-  double lowest = L.base;
-  for (std::size_t k = 0; k < lines.size(); ++k) {
-    auto* t = add_text(L, make_text(lines[k], cx, L.base + 20 + 14 * static_cast<double>(k), 11,
-                                    Anchor::middle, k == 0));
-    lowest = std::max(lowest, t->bottom);
+  double lowest = row.base;
+  double y = row.base + 20;
+  for (std::size_t k = 0; k < lines.size(); ++k, y += 14)
+    lowest = std::max(lowest,
+                      add_text(L, make_text(lines[k], cx, y, 11, Anchor::middle, k == 0))->bottom);
+  for (const auto& line : cut_lines(L, e)) {
+    lowest = std::max(
+        lowest, add_text(L, make_text(line, cx, y, 11, Anchor::middle, false, "#b00020"))->bottom);
+    y += 14;
   }
-  if (!r.valid) {
-    add_text(L, make_text("not runnable", cx, L.base - 8, 11, Anchor::middle, false, "#b00020"));
+  if (!result.valid) {
+    add_text(L, make_text("not runnable", cx, row.base - 8, 11, Anchor::middle, false, "#b00020"));
     L.bars.push_back(std::move(b));
     return lowest;
   }
-  b.peak_gib = r.peak_bytes / kGiB;
-  stack_segments(L, r, b);
+  b.peak_gib = result.peak_bytes / kGiB;
+  stack_segments(L, row, result, b);
   // The total, and "does not fit" above it, clear of the capacity and usable lines.
   const bool two = !e.fits;
   double baseline = b.y_top - 6;
-  for (double ly : {std::max(L.usable_y, L.capacity_y), std::min(L.usable_y, L.capacity_y)}) {
+  for (double ly :
+       {std::max(row.usable_y, row.capacity_y), std::min(row.usable_y, row.capacity_y)}) {
     const double top = baseline - 9 - (two ? 13 : 0), bottom = baseline + 3;
     if (ly >= top - 2 && ly <= bottom + 2) baseline = ly - 6;
   }
@@ -290,30 +325,31 @@ double add_bar(ChartLayout& L, const Scenario& sc, const Evaluation& e, double c
   return lowest;
 }
 
-// The capacity and usable lines' labels, right of the plot, one under the other; returns their
-// right edge.
-double add_capacity_labels(ChartLayout& L, const Scenario& sc, double capacity, double usable) {
-  const double x = L.plot_right + 8;
+// A row's capacity and usable lines' labels, right of its plot, one under the other (the first
+// row's with ids); returns their right edge.
+double add_capacity_labels(ChartLayout& L, const ChartRow& row, bool first, const Scenario& sc,
+                           double capacity, double usable) {
+  const double x = row.plot_right + 8;
   auto* cap = add_text(L, make_text(fmt::format("capacity {:.2f} GiB", capacity), x,
-                                    L.capacity_y + 4, 11, Anchor::start));
-  cap->id = "capacity-label";
+                                    row.capacity_y + 4, 11, Anchor::start));
+  if (first) cap->id = "capacity-label";
   double right = cap->right;
-  double uy = L.usable_y + 4;
-  if (uy - (L.capacity_y + 4) < 13) uy = L.capacity_y + 4 + 13;
+  double uy = row.usable_y + 4;
+  if (uy - (row.capacity_y + 4) < 13) uy = row.capacity_y + 4 + 13;
   auto* use = add_text(L, make_text(fmt::format("usable {:.2f} GiB", usable), x, uy, 11,
                                     Anchor::start, false, "#555555"));
-  use->id = "usable-label";
+  if (first) use->id = "usable-label";
   right = std::max(right, use->right);
   auto* head = add_text(L, make_text(fmt::format("({:g}% headroom)", sc.headroom * 100), x, uy + 13,
                                      11, Anchor::start, false, "#555555"));
   return std::max(right, head->right);
 }
 
-// The legend from lx: the categories top to bottom as stacked, then the marks. Returns its right
-// edge and its bottom.
+// The legend from lx beside the first row: the categories top to bottom as stacked, then the
+// marks. Returns its right edge and its bottom.
 std::pair<double, double> add_legend(ChartLayout& L, double lx) {
   double legend_right = lx;
-  double ly = L.plot_top;
+  double ly = L.rows.front().plot_top;
   auto legend_text = [&](const std::string& s) {
     auto* t = add_text(L, make_text(s, lx + 18, ly + 10, 11, Anchor::start));
     legend_right = std::max(legend_right, t->right);
@@ -333,6 +369,19 @@ std::pair<double, double> add_legend(ChartLayout& L, double lx) {
   return {legend_right, ly};
 }
 
+// A row whose plot starts at `top`, its lines at the capacities.
+ChartRow make_row(const ChartLayout& L, double top, double plot_width, double capacity,
+                  double usable) {
+  ChartRow row;
+  row.plot_left = kLeft;
+  row.plot_right = kLeft + plot_width;
+  row.plot_top = top;
+  row.base = top + kPlotHeight;
+  row.capacity_y = y_of(L, row, capacity);
+  row.usable_y = y_of(L, row, usable);
+  return row;
+}
+
 }  // namespace
 
 ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best) {
@@ -341,29 +390,43 @@ ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best
   const double usable = sc.usable_bytes() / kGiB;
   set_axis(L, capacity, best);
 
-  const auto n = static_cast<double>(std::max<std::size_t>(best.size(), 1));
-  const double plot_width = std::max(360.0, label_slot(sc, best) * n);
-  const double slot = plot_width / n;
-  const double bar_width = std::min(70.0, slot * 0.5);
-  L.plot_left = kLeft;
-  L.plot_right = kLeft + plot_width;
-  L.plot_top = kPlotTop;
-  L.base = kPlotTop + kPlotHeight;
-  L.capacity_y = y_of(L, capacity);
-  L.usable_y = y_of(L, usable);
+  // Rows of at most kChartBarsPerRow bars, as even as they come; every row's slots as wide.
+  const std::size_t n = best.size();
+  const std::size_t rows = std::max<std::size_t>(1, (n + kChartBarsPerRow - 1) / kChartBarsPerRow);
+  const std::size_t per_row = std::max<std::size_t>(1, (n + rows - 1) / rows);
+  const double slot = label_slot(L, sc, best);
+  const double plot_width = std::max(360.0, slot * static_cast<double>(per_row));
+  const double pitch = plot_width / static_cast<double>(per_row);
+  const double bar_width = std::min(70.0, pitch * 0.5);
 
   add_titles(L, sc);
-  double lowest = L.base;
-  for (std::size_t i = 0; i < best.size(); ++i) {
-    const double cx = kLeft + slot * (static_cast<double>(i) + 0.5);
-    lowest = std::max(lowest, add_bar(L, sc, best[i], cx, bar_width));
+  double lowest = 0, label_right = 0;
+  for (std::size_t r = 0; r < rows; ++r) {
+    // A later row starts below the one before, with room for a broken bar's total and "does not
+    // fit" above its plot.
+    L.rows.push_back(make_row(L, r == 0 ? kPlotTop : lowest + 64, plot_width, capacity, usable));
+    const ChartRow& row = L.rows.back();
+    add_axis_labels(L, row);
+    lowest = row.base;
+    for (std::size_t i = r * per_row; i < std::min(n, (r + 1) * per_row); ++i) {
+      const double cx = kLeft + pitch * (static_cast<double>(i - r * per_row) + 0.5);
+      lowest = std::max(lowest, add_bar(L, static_cast<int>(r), sc, best[i], cx, bar_width));
+    }
+    label_right =
+        std::max(label_right, add_capacity_labels(L, L.rows.back(), r == 0, sc, capacity, usable));
   }
+  const ChartRow& first = L.rows.front();
   if (best.empty())
-    add_text(L, make_text("no plans", kLeft + plot_width / 2, L.plot_top + kPlotHeight / 2, 13,
+    add_text(L, make_text("no plans", kLeft + plot_width / 2, first.plot_top + kPlotHeight / 2, 13,
                           Anchor::middle));
-  const double label_right = add_capacity_labels(L, sc, capacity, usable);
   const auto [legend_right, legend_bottom] = add_legend(L, label_right + 24);
 
+  L.plot_left = first.plot_left;
+  L.plot_right = first.plot_right;
+  L.plot_top = first.plot_top;
+  L.base = first.base;
+  L.capacity_y = first.capacity_y;
+  L.usable_y = first.usable_y;
   L.width = std::ceil(std::max(legend_right + kMargin, L.texts[1].right + kMargin));
   L.width = std::max(L.width, std::ceil(L.texts[0].right + kMargin));
   L.height = std::ceil(std::max(lowest, legend_bottom) + kMargin);
@@ -372,23 +435,24 @@ ChartLayout chart_layout(const Scenario& sc, const std::vector<Evaluation>& best
 
 namespace {
 
-// Grid and axes.
-void write_axis(Svg& s, const ChartLayout& L) {
-  s.add("<g id=\"axis\">");
+// A row's grid and axes.
+void write_axis(Svg& s, const ChartLayout& L, const ChartRow& row) {
+  s.add("<g class=\"axis\">");
   for (double g = 0; g <= L.axis_top_gib + L.step_gib / 2; g += L.step_gib) {
-    const double gy = L.base - g / L.axis_top_gib * (L.base - L.plot_top);
+    const double gy = row.base - g / L.axis_top_gib * (row.base - row.plot_top);
     s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#e6e6e6\"/>",
-          L.plot_left, gy, L.plot_right, gy);
+          row.plot_left, gy, row.plot_right, gy);
   }
   s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#000000\"/>",
-        L.plot_left, L.plot_top, L.plot_left, L.base);
+        row.plot_left, row.plot_top, row.plot_left, row.base);
   s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#000000\"/>",
-        L.plot_left, L.base, L.plot_right, L.base);
+        row.plot_left, row.base, row.plot_right, row.base);
   s.add("</g>");
 }
 
 void write_bar(Svg& s, const ChartLayout& L, const ChartBar& b) {
   const auto& cats = chart_categories();
+  const ChartRow& row = L.rows[static_cast<std::size_t>(b.row)];
   s.add("<g class=\"bar\" data-fits=\"{}\" data-broken=\"{}\">", b.fits ? "true" : "false",
         b.broken ? "true" : "false");
   for (const auto& seg : b.segments)
@@ -402,26 +466,25 @@ void write_bar(Svg& s, const ChartLayout& L, const ChartBar& b) {
     for (double d : {0.0, 6.0})
       s.add("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#ffffff\" "
             "stroke-width=\"3\"/>",
-            b.x - 3, L.plot_top + 8 + d, b.x + b.width + 3, L.plot_top + d);
+            b.x - 3, row.plot_top + 8 + d, b.x + b.width + 3, row.plot_top + d);
   }
   if (b.valid && !b.fits)
     s.add("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" "
           "stroke=\"#b00020\" "
           "stroke-width=\"2.5\" stroke-dasharray=\"5 3\"/>",
-          b.x - 2, b.y_top - 2, b.width + 4, L.base - b.y_top + 2);
+          b.x - 2, b.y_top - 2, b.width + 4, row.base - b.y_top + 2);
   s.add("</g>");
 }
 
-// Capacity (solid) and usable capacity (dashed), over the bars.
-void write_capacity_lines(Svg& s, const ChartLayout& L) {
-  s.add("<line id=\"capacity\" x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" "
-        "stroke=\"#000000\" "
+// A row's capacity (solid) and usable capacity (dashed), over the bars; the first row's with ids.
+void write_capacity_lines(Svg& s, const ChartRow& row, bool first) {
+  s.add("<line {}x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#000000\" "
         "stroke-width=\"1.5\"/>",
-        L.plot_left, L.capacity_y, L.plot_right, L.capacity_y);
-  s.add("<line id=\"usable\" x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" "
-        "stroke=\"#555555\" "
+        first ? "id=\"capacity\" " : "", row.plot_left, row.capacity_y, row.plot_right,
+        row.capacity_y);
+  s.add("<line {}x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#555555\" "
         "stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>",
-        L.plot_left, L.usable_y, L.plot_right, L.usable_y);
+        first ? "id=\"usable\" " : "", row.plot_left, row.usable_y, row.plot_right, row.usable_y);
 }
 
 // Legend marks, beside the legend's texts (the texts place them): the categories' colours, then
@@ -476,14 +539,15 @@ void write_text(Svg& s, const ChartText& t) {
 std::string memory_svg(const Scenario& sc, const std::vector<Evaluation>& best) {
   const ChartLayout L = chart_layout(sc, best);
   Svg s;
-  s.add("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 "
-        "0 {:.0f} {:.0f}\" {}>",
-        L.width, L.height, L.width, L.height, kFont);
+  // As wide as the window, up to its own size; the height follows the viewBox's proportions.
+  s.add("<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {:.0f} {:.0f}\" width=\"100%\" "
+        "style=\"max-width: {:.0f}px; height: auto\" {}>",
+        L.width, L.height, L.width, kFont);
   s.add("<rect x=\"0\" y=\"0\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"#ffffff\"/>", L.width,
         L.height);
-  write_axis(s, L);
+  for (const auto& row : L.rows) write_axis(s, L, row);
   for (const auto& b : L.bars) write_bar(s, L, b);
-  write_capacity_lines(s, L);
+  for (std::size_t r = 0; r < L.rows.size(); ++r) write_capacity_lines(s, L.rows[r], r == 0);
   write_legend_marks(s, L);
   s.add("<g id=\"labels\">");
   for (const auto& t : L.texts) write_text(s, t);

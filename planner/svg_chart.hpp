@@ -3,10 +3,13 @@
 // A self-contained SVG document (no scripts, no external styles), every text XML-escaped.
 //
 // The axis is scaled to what decides a plan: the capacity and the bars near it. A bar taller than
-// the axis is broken at its top (two white slashes) with its total written above it. Each bar is
-// labelled under the axis with its plan (strategy, flavour, how it shards, HSDP's group size,
-// micro-batch, checkpointing, offload); the capacity and usable lines are labelled to the right
-// of the plot, clear of the bars; a legend names every colour.
+// the axis is broken at its top (two white slashes) with its total written above it, and the
+// categories the break hides are named under it. Each bar is labelled under the axis with its plan
+// (strategy, flavour, how it shards, HSDP's group size, micro-batch, checkpointing, offload); the
+// capacity and usable lines are labelled to the right of the plot, clear of the bars; a legend
+// names every colour. More than kChartBarsPerRow families wrap into rows of bars, each row with
+// its own axis on the same scale; the document scales to the width of its window (viewBox, width
+// 100%) up to its own size.
 #pragma once
 
 #include <string>
@@ -37,7 +40,17 @@ struct ChartSegment {
   double y_top = 0, y_bottom = 0;
 };
 
+// Most bars in one row of the chart.
+constexpr int kChartBarsPerRow = 6;
+
+// One row of bars: its plot and its capacity and usable lines (y down).
+struct ChartRow {
+  double plot_left = 0, plot_right = 0, plot_top = 0, base = 0;
+  double capacity_y = 0, usable_y = 0;
+};
+
 struct ChartBar {
+  int row = 0;  // index into ChartLayout::rows
   bool valid = true;
   bool fits = true;
   bool broken = false;  // taller than the axis: drawn to above its top and broken there
@@ -50,9 +63,11 @@ struct ChartBar {
 
 struct ChartLayout {
   double width = 0, height = 0;
+  // The first row's plot and lines (rows[0]'s).
   double plot_left = 0, plot_right = 0, plot_top = 0, base = 0;
   double axis_top_gib = 0, step_gib = 0;
   double capacity_y = 0, usable_y = 0;
+  std::vector<ChartRow> rows;
   std::vector<ChartBar> bars;
   std::vector<ChartText> texts;
 };

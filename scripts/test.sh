@@ -9,7 +9,7 @@ phase_start=$SECONDS
 phase_done() { echo "test.sh: $1 took $((SECONDS - phase_start)) s" >&2; phase_start=$SECONDS; }
 python_deps=(python3-venv python3-dev) # the Python package's venv and headers
 if [[ "$full" == 1 ]]; then
-  scripts/install-deps.sh clang libclang-rt-14-dev clang-format-14 clang-tidy-14 universal-ctags "${python_deps[@]}" # clang: the sanitizer and fuzz builds' compiler; clang-format-14, clang-tidy-14, universal-ctags: style::clang_format, style::clang_tidy, style::long functions say why
+  scripts/install-deps.sh clang libclang-rt-14-dev clang-format-14 clang-tidy-14 universal-ctags chromium "${python_deps[@]}" # clang: the sanitizer and fuzz builds' compiler; clang-format-14, clang-tidy-14, universal-ctags: style::clang_format, style::clang_tidy, style::long functions say why; chromium: the memory chart rendered in a browser
 else
   scripts/install-deps.sh "${python_deps[@]}"
 fi

@@ -28,7 +28,8 @@ for chart in default:"" gpus64:"--gpus 64"; do
   name=${chart%%:*}
   # shellcheck disable=SC2086
   "$planner" recommend ${chart#*:} --svg "$work/$name.svg" >"$work/$name.txt"
-  size=$(sed -n 's/^<svg [^>]*width="\([0-9]*\)" height="\([0-9]*\)".*/\1,\2/p' "$work/$name.svg")
+  # The window the chart's own size (its viewBox; the document scales to its window up to it).
+  size=$(sed -n 's/^<svg [^>]*viewBox="0 0 \([0-9]*\) \([0-9]*\)".*/\1,\2/p' "$work/$name.svg")
   run_browser --window-size="$size" --screenshot="$work/$name.png" "file://$work/$name.svg" >/dev/null
   [[ -s "$work/$name.png" ]] || { echo "$name: no screenshot"; status=1; }
   {

@@ -306,6 +306,28 @@ TEST_CASE("svg::memory chart is well-formed and marks what does not fit") {
   CHECK(planner::xml_escape("a<b>&'\"") == "a&lt;b&gt;&amp;&apos;&quot;");
 }
 
+// Every label of a layout on its canvas, no two overlapping, none across a row's capacity or
+// usable line.
+void check_labels_apart(const planner::ChartLayout& L) {
+  for (std::size_t i = 0; i < L.texts.size(); ++i) {
+    const auto& a = L.texts[i];
+    INFO("label \"" << a.text << "\"");
+    CHECK(a.left >= 0);
+    CHECK(a.top >= 0);
+    CHECK(a.right <= L.width);
+    CHECK(a.bottom <= L.height);
+    for (const auto& row : L.rows)
+      for (double ly : {row.capacity_y, row.usable_y})
+        CHECK_FALSE((a.right > row.plot_left && a.left < row.plot_right && a.top < ly + 1 &&
+                     a.bottom > ly - 1));
+    for (std::size_t k = i + 1; k < L.texts.size(); ++k) {
+      const auto& b = L.texts[k];
+      INFO("and \"" << b.text << "\"");
+      CHECK_FALSE((a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom));
+    }
+  }
+}
+
 TEST_CASE("svg::layout keeps every label apart, on the canvas and off the capacity lines") {
   // 16 GPUs: HSDP's default shard group is a node of 8, so 2 replicas.
   const auto sc = scenario(16);
@@ -365,23 +387,56 @@ TEST_CASE("svg::layout keeps every label apart, on the canvas and off the capaci
     CHECK(head == (r.head_activations_at_peak > 0));
   }
 
-  // Every label on the canvas, no two overlapping, none across the capacity or usable line.
-  for (std::size_t i = 0; i < L.texts.size(); ++i) {
-    const auto& a = L.texts[i];
-    INFO("label \"" << a.text << "\"");
-    CHECK(a.left >= 0);
-    CHECK(a.top >= 0);
-    CHECK(a.right <= L.width);
-    CHECK(a.bottom <= L.height);
-    for (double ly : {L.capacity_y, L.usable_y})
-      CHECK_FALSE(
-          (a.right > L.plot_left && a.left < L.plot_right && a.top < ly + 1 && a.bottom > ly - 1));
-    for (std::size_t k = i + 1; k < L.texts.size(); ++k) {
-      const auto& b = L.texts[k];
-      INFO("and \"" << b.text << "\"");
-      CHECK_FALSE((a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom));
+  check_labels_apart(L);
+}
+
+TEST_CASE("svg::many families wrap into rows on one scale, and a broken bar names what it hides") {
+  // 9 and 13 families (the same plans again: the chart does not care): rows of at most 6, as
+  // even as they come (5 + 4; 5 + 4 + 4), each row with its own axis and capacity lines.
+  const auto sc = scenario();
+  const std::vector<Evaluation> some = {
+      plan(sc, "ddp", 1, Precision::bf16_mixed, Offload::none, Checkpointing::none),
+      plan(sc, "zero2", 1), plan(sc, "zero3", 2), plan(sc, "fsdp-full", 2), plan(sc, "zero1", 1)};
+  REQUIRE_FALSE(some[0].fits);
+  for (const std::size_t n : {std::size_t{9}, std::size_t{13}}) {
+    std::vector<Evaluation> best;
+    for (std::size_t i = 0; i < n; ++i) best.push_back(some[i % some.size()]);
+    const auto L = planner::chart_layout(sc, best);
+    const std::size_t rows = n == 9 ? 2 : 3;
+    REQUIRE(L.rows.size() == rows);
+    CHECK(L.bars[0].row == 0);
+    CHECK(L.bars[4].row == 0);
+    CHECK(L.bars[5].row == 1);
+    CHECK(L.bars.back().row == static_cast<int>(rows) - 1);
+    for (std::size_t r = 1; r < rows; ++r) {
+      CHECK(L.rows[r].plot_top > L.rows[r - 1].base);
+      CHECK(L.rows[r].plot_right == L.rows[0].plot_right);  // the same slots in every row
     }
+    // No wider than one row of five slots and the legend beside it, whatever n.
+    CHECK(L.width == planner::chart_layout(sc, some).width);
+    check_labels_apart(L);
   }
+
+  // DDP's bar is broken: the categories above the axis's top are named under it with their
+  // whole size (the optimizer states and what lies on them).
+  const auto L = planner::chart_layout(sc, some);
+  REQUIRE(L.bars[0].broken);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const auto& r = some[0].result;
+  const double below_optimizer = (r.at_peak[0] + r.at_peak[1]) / gib;
+  REQUIRE(below_optimizer < L.axis_top_gib);  // the optimizer states reach above the axis
+  char optimizer[64];
+  const double g = r.at_peak[2] / gib;
+  std::snprintf(optimizer, sizeof optimizer,
+                g >= 100 ? "optimizer states %.0f GiB" : "optimizer states %.1f GiB", g);
+  auto has_text = [&](const std::string& t) {
+    return std::any_of(L.texts.begin(), L.texts.end(), [&](const auto& x) { return x.text == t; });
+  };
+  CHECK(has_text("above the axis:"));
+  CHECK(has_text(optimizer));
+  const auto svg = planner::memory_svg(sc, some);
+  CHECK(svg.find("width=\"100%\"") != std::string::npos);
+  CHECK(svg.find("viewBox=\"0 0 ") != std::string::npos);
 }
 
 TEST_CASE("svg::text widths are estimated on the wide side") {
