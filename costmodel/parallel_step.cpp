@@ -323,6 +323,7 @@ void evaluate_stages(const StepInput& in, const ParallelLayout& l, ParallelStep&
   }
   const StageTime& w = st[static_cast<std::size_t>(worst)];
   const double mb = l.micro_batches;
+  out.step_stage = worst;
   out.compute_per_mb_s = w.compute;
   out.tp_exposed_s = w.tp_exposed * mb;
   out.cp_exposed_s = w.cp_exposed * mb;

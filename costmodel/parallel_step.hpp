@@ -50,7 +50,9 @@ struct ParallelStep {
   ParallelMemory memory;  // per stage
   PipelineWalk walk;      // with the stages' real durations
   std::vector<double> stage_forward_s, stage_backward_s;  // per micro-batch, comm included
-  double compute_per_mb_s = 0;  // the busiest stage's compute per micro-batch (no comm)
+  // The stage whose optimizer step ends last: the step's compute, bubble and waits are its.
+  int step_stage = 0;
+  double compute_per_mb_s = 0;  // that stage's compute per micro-batch (no comm)
   double tp_exposed_s = 0;      // per step on the busiest stage
   double cp_exposed_s = 0;
   double p2p_s = 0;      // one send between stages

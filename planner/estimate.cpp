@@ -122,6 +122,7 @@ Evaluation layout_evaluation(const Scenario& sc, const ShardingSpec& spec, const
     st.backward_s = i < step.stage_backward_s.size() ? step.stage_backward_s[i] : 0.0;
     e.stages.push_back(st);
   }
+  e.step_stage = step.step_stage;
   e.bubble_s = step.bubble_s;
   e.bubble_fraction = step.walk.bubble_fraction;
   e.exposed_s = {step.tp_exposed_s, step.cp_exposed_s, 0.0, step.dp_exposed_s};
@@ -236,6 +237,7 @@ nlohmann::json time_json(const Evaluation& e) {
                         {"recompute_s", r.recompute_s},
                         {"optimizer_s", r.optimizer_s},
                         {"compute_by_kind_s", by_kind},
+                        {"step_stage", e.step_stage},
                         {"bubble_s", e.bubble_s},
                         {"bubble_fraction", e.bubble_fraction},
                         {"exposed_comm_s", r.exposed_comm_s},
@@ -375,6 +377,17 @@ void memory_lines(Text& text, const Scenario& sc, const Evaluation& e) {
   }
 }
 
+// A pipeline's compute is its step stage's, the last to finish its optimizer step: its micro-
+// batches' forward and backward (the stage table's, whose exposed waits are the lines below),
+// and its optimizer step.
+void step_stage_line(Text& text, const Evaluation& e) {
+  const auto& st = e.stages.at(static_cast<std::size_t>(e.step_stage));
+  text.line("    of stage {}, the last to finish: {} x ({} + {}) per micro-batch, less the "
+            "exposed tensor and context parallel waits in them, and the optimizer step {}",
+            st.stage, e.result.grad_accumulation, seconds(st.forward_s), seconds(st.backward_s),
+            seconds(e.result.optimizer_s));
+}
+
 // The table's time part: compute by kind of op, the pipeline's bubble, each stream's (or with
 // model parallelism each dimension's) exposed time, the step, throughput.
 void time_lines(Text& text, const Evaluation& e) {
@@ -399,6 +412,7 @@ void time_lines(Text& text, const Evaluation& e) {
                 seconds(r.compute_by_kind_s[k]));
   // The simulator runs it on the host stream, the trace on its own lane: the transfers' line
   // counts the transfers alone, the step's line all of its time (the GPU waits for all of it).
+  if (e.stages.size() > 1) step_stage_line(text, e);
   if (host_optimizer)
     text.line("  {:<42} {:>12}   (exposed: the GPUs wait for it)",
               "optimizer step on the host's CPUs", seconds(r.host_optimizer_s));

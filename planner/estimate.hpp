@@ -41,6 +41,7 @@ struct Evaluation {
   bool fits = false;                 // valid and peak <= usable capacity
   documents::ParallelLayout layout;  // t = p = c = 1 for a data-parallel plan
   std::vector<StageReport> stages;   // one per pipeline stage
+  int step_stage = 0;                // the stage whose optimizer step ends last (its time parts)
   double bubble_s = 0;               // the busiest stage's pipeline idle time
   double bubble_fraction = 0;        // the schedule's idle share of the busiest stage's work
   ByDimension exposed_s;             // the compute stream's waits: sum to result.exposed_comm_s

@@ -410,3 +410,42 @@ TEST_CASE("cli_parallel::each stage's row adds up to its peak") {
   }
   CHECK(rows == 4);
 }
+
+// A pipeline's compute is its step stage's (the last to finish its optimizer step): its micro-
+// batches' forward and backward from the stage table, less the exposed tensor and context parallel
+// waits they include, plus its optimizer step; and the step is that compute, the bubble and the
+// exposed waits. Both from the JSON, and the text says which stage.
+TEST_CASE("cli_parallel::the step's compute is the step stage's micro-batches and optimizer step") {
+  for (const char* schedule : {"1f1b", "interleaved-1f1b", "gpipe"}) {
+    std::vector<std::string> flags = {"--tensor-parallel",
+                                      "8",
+                                      "--sequence-parallel",
+                                      "--pipeline-parallel",
+                                      "4",
+                                      "--micro-batch",
+                                      "1",
+                                      "--schedule",
+                                      schedule};
+    if (std::string(schedule) == "interleaved-1f1b")
+      flags.insert(flags.end(), {"--virtual-stages", "2"});
+    auto json_flags = flags;
+    json_flags.emplace_back("--format=json");
+    const auto r = planner(llama70b(json_flags));
+    REQUIRE(r.code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    const auto& t = j.at("time");
+    const int s = t.at("step_stage").get<int>();
+    const auto& stage = j.at("stages").at(static_cast<std::size_t>(s));
+    const double m = j.at("parallelism").at("micro_batches").get<double>();
+    const auto& waits = t.at("exposed_by_dimension_s");
+    const double compute =
+        m * (stage.at("forward_s").get<double>() + stage.at("backward_s").get<double>()) -
+        waits.at("tensor").get<double>() - waits.at("context").get<double>() +
+        t.at("optimizer_s").get<double>();
+    CAPTURE(schedule);
+    CHECK(t.at("compute_s").get<double>() == doctest::Approx(compute).epsilon(1e-9));
+    const auto text = planner(llama70b(flags));
+    REQUIRE(text.code == 0);
+    CHECK(has(text.out, "    of stage " + std::to_string(s) + ", the last to finish: "));
+  }
+}
