@@ -17,6 +17,7 @@ using documents::Checkpointing;
 using documents::LossImpl;
 using documents::MlpKind;
 using documents::ModelSpec;
+using documents::NormKind;
 using documents::Optimizer;
 using documents::PositionKind;
 using documents::Precision;
@@ -129,6 +130,29 @@ ActivationBytes megatron_block(const ModelSpec& m, const TrainingJob& j, double 
   } else {
     out.saved = full;
   }
+  return out;
+}
+
+// One norm's fp32 statistics in the executor's model (executor/gpt_model.hpp): rstd per token, and
+// the mean for LayerNorm.
+double executor_norm_stats(const ModelSpec& m, double T) {
+  return (m.norm == NormKind::layernorm ? 2.0 : 1.0) * 4 * T;
+}
+
+// The executor's block (executor/gpt_model.hpp, one rank without tensor or context parallelism):
+// Korthikanti et al.'s tensors (it has no dropout) and its two norms' fp32 statistics; in its
+// backward, the MLP part holds the incoming gradient dy [T, h], the MLP input's gradient [T, h]
+// and the activation's gradients [T, I] (d_act and d_pre, SwiGLU's d_up too) in place of the
+// MLP output it releases. The same tensors as the pipeline stages' (parallel_memory.cpp,
+// executor_stage), measured there to the byte.
+ActivationBytes executor_block(const ModelSpec& m, const TrainingJob& j, double e,
+                               bool checkpointed) {
+  const Shape x(m, j);
+  ActivationBytes out = megatron_block(m, j, e, checkpointed);
+  const double stats = 2 * executor_norm_stats(m, x.T);
+  (checkpointed ? out.recompute : out.saved) += stats;
+  const double mlp_width = m.mlp == MlpKind::gelu ? 2.0 : 3.0;
+  out.backward = 2 * e * x.T * x.h + (mlp_width - 1) * e * x.T * x.I;
   return out;
 }
 
@@ -425,6 +449,7 @@ NormParts final_norm_parts(const ModelSpec& m, const TrainingJob& j, const Forwa
 
 ActivationBytes block_activations(const ModelSpec& m, const TrainingJob& j, const Forward& f,
                                   bool checkpointed) {
+  if (!recipe_traits(j.recipe).framework) return executor_block(m, j, f.e, checkpointed);
   if (recipe_traits(j.recipe).saved == SavedTensors::korthikanti)
     return megatron_block(m, j, f.e, checkpointed);
   return framework_block(m, j, f, checkpointed);
@@ -453,8 +478,10 @@ double checkpointed_mask_bytes(const ModelSpec& m, const TrainingJob& j, double 
 ActivationBytes embedding_activations(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
   const double p = f.p;
   ActivationBytes out;
-  if (recipe_traits(j.recipe).saved == SavedTensors::korthikanti) return out;
   const Shape x(m, j);
+  // The executor's int32 tokens and targets, kept for the step (executor/synthetic_data.hpp).
+  if (!recipe_traits(j.recipe).framework) out.saved = 8 * x.T;
+  if (recipe_traits(j.recipe).saved == SavedTensors::korthikanti) return out;
   // nn.Embedding's backward needs the int64 token ids (GPT-2 also its int64 position ids);
   // embedding dropout keeps a mask (1-byte on CUDA, the embeddings' dtype on a CPU).
   out.saved = 8 * x.T + rotary_table_bytes(m, j, p) + checkpointed_mask_bytes(m, j, p);
@@ -537,10 +564,12 @@ ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& j, const
   const double T = x.T, h = x.h, V = x.V;
   ActivationBytes out;
   if (!recipe_traits(j.recipe).framework) {
-    // The executor's head: final-norm and projection inputs, logits in the compute dtype, their
-    // fp32 upcast and the log-softmax the loss keeps; the fp32 logits gradient in backward.
-    out.saved = 2 * e * T * h + (e + 4 + 4) * T * V;
-    out.backward = 4 * T * V;
+    // The executor's head: final-norm and projection inputs, the norm's fp32 statistics, the
+    // logits in the compute dtype and the fp32 log-probabilities its log-softmax writes from them;
+    // in backward the log-probabilities' fp32 gradient and the logits' in the compute dtype (as
+    // parallel_memory.cpp's executor_stage).
+    out.saved = 2 * e * T * h + executor_norm_stats(m, T) + (e + 4) * T * V;
+    out.backward = (4 + e) * T * V;
     return out;
   }
   // The final norm and what the projection keeps of it.

@@ -114,22 +114,16 @@ TEST_CASE("engine::model states are the cost model's to the byte") {
 }
 
 TEST_CASE("engine::peak memory is the cost model's") {
-  // fp32: within 3%. bf16-mixed: within 5%; the one difference the memory walk has at these
-  // head-dominated peaks is the head's: the cost model counts an fp32 upcast of the logits beside
-  // the bf16 logits (HF's logits.float() before the loss, costmodel/accounting.cpp
-  // head_activations), while the executor's log-softmax reads the bf16 logits and writes fp32
-  // log-probabilities: 2·N·V bytes less, 16 KiB here, 1–4% of the peak (DDP's per-unit bf16
-  // gradient before its fp32 widening goes the other way, 1%). The worst is printed.
+  // The walk counts the executor's own tensors (costmodel/accounting.cpp, executor_block and its
+  // head): every plan's peak and its categories within 0.01%, but DDP's under bf16-mixed. There the
+  // executor casts each unit's fp32 parameters into a 16-bit copy (a buffer, gather_scheduler.hpp
+  // copy_into) as it runs the unit and writes each unit's 16-bit gradient before widening it into
+  // the fp32 one (grad_buffer.hpp), while the walk keeps autocast's per-GEMM weight casts from the
+  // forward to the backward, as PyTorch does: within 6% (5.7% at these small, head-dominated
+  // peaks). The worst of each is printed.
   const auto model = small_llama();
-  struct Bound {
-    documents::Precision precision;
-    double tolerance;
-  };
-  for (const Bound& bound :
-       {Bound{documents::Precision::fp32, 0.03}, Bound{documents::Precision::bf16_mixed, 0.05}}) {
-    const auto precision = bound.precision;
-    const double tolerance = bound.tolerance;
-    double worst = 0;
+  for (const auto precision : {documents::Precision::fp32, documents::Precision::bf16_mixed}) {
+    double worst = 0, worst_ddp = 0;
     for (int world : {1, 2, 4}) {
       const auto hw = cpu_profile(world);
       for (auto ckpt : {Checkpointing::none, Checkpointing::full})
@@ -141,17 +135,33 @@ TEST_CASE("engine::peak memory is the cost model's") {
           const auto run = rehearse_engine(options, 0, world, 2);
           const double error = (predicted.peak_bytes - static_cast<double>(run.peak_bytes)) /
                                static_cast<double>(run.peak_bytes);
-          worst = std::max(worst, std::abs(error));
+          const bool autocast_ddp =
+              std::string(s.name) == "ddp" && precision == documents::Precision::bf16_mixed;
+          (autocast_ddp ? worst_ddp : worst) =
+              std::max(autocast_ddp ? worst_ddp : worst, std::abs(error));
           INFO(std::string(documents::precision_name(precision))
                << ", " << world << " ranks, " << std::string(s.name) << " ("
                << std::string(documents::flavour_name(s.flavour)) << "), ckpt "
                << (ckpt == Checkpointing::full ? "full" : "none") << ": predicted "
                << predicted.peak_bytes << ", measured " << run.peak_bytes << ", error "
                << 100 * error << "% at " << predicted.peak_when);
-          CHECK(std::abs(error) < tolerance);
+          CHECK(std::abs(error) < (autocast_ddp ? 0.06 : 1e-4));
+          if (autocast_ddp) continue;
+          // And what is alive at the peak, category by category.
+          const std::pair<MemoryCategory, documents::Category> categories[] = {
+              {MemoryCategory::parameters, documents::Category::parameters},
+              {MemoryCategory::gradients, documents::Category::gradients},
+              {MemoryCategory::optimizer_states, documents::Category::optimizer_states},
+              {MemoryCategory::activations, documents::Category::activations},
+              {MemoryCategory::buffers, documents::Category::buffers}};
+          for (const auto& [measured, walked] : categories)
+            CHECK(std::abs(static_cast<double>(run.at_peak[measured]) -
+                           predicted.at_peak[static_cast<int>(walked)]) <=
+                  1e-4 * static_cast<double>(run.peak_bytes));
         }
     }
     MESSAGE(std::string(documents::precision_name(precision))
-            << ": worst peak error " << 100 * worst << "%");
+            << ": worst peak error " << 100 * worst << "%, DDP under autocast " << 100 * worst_ddp
+            << "%");
   }
 }
