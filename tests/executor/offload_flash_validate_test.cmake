@@ -1,7 +1,7 @@
 # What the planner plans for a CPU device runs on the CPU executor and its device memory is the
 # prediction (ctest label mpi): flash attention (the host's tiled kernel) and optimizer or
 # parameter offload (the host pool), on 1 and 2 ranks under mpirun, each checked with
-# `planner validate`: the peak within 3% (as the engine's doctest bound, engine::peak memory is
+# `planner validate`: the peak within 0.01% (as the engine's doctest bound, engine::peak memory is
 # the cost model's: the tracked allocator has no fragmentation, so the walk is the same events)
 # and no optimizer state on the device where the plan offloads it.
 # Arguments: MPIRUN, EXECUTOR, PLANNER, DATA (this folder's data/), WORK (a scratch folder), RANKS
@@ -39,8 +39,8 @@ foreach(ranks IN LISTS rank_counts)
     string(JSON measured GET "${validated}" memory peak_measured_bytes)
     string(JSON opt GET "${validated}" memory categories optimizer_states measured_bytes)
     message(STATUS "${name}: peak predicted ${predicted} B, measured ${measured} B, error ${error}")
-    if(error GREATER 0.03 OR error LESS -0.03)
-      message(FATAL_ERROR "${name}: peak error ${error} beyond 3%")
+    if(error GREATER 0.0001 OR error LESS -0.0001)
+      message(FATAL_ERROR "${name}: peak error ${error} beyond 0.01%")
     endif()
     if(NOT opt EQUAL 0)
       message(FATAL_ERROR "${name}: ${opt} bytes of optimizer states on the device")
