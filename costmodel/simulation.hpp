@@ -172,8 +172,23 @@ private:
   // PyTorch DDP's mixed precision is autocast over fp32 parameters: each GEMM casts its weight
   // (kept for backward) and its input.
   bool autocast_copies() const {
-    return spec_.flavour == documents::Flavour::ddp && sb_.compute < sb_.param &&
+    return frameworks_ && spec_.flavour == documents::Flavour::ddp && sb_.compute < sb_.param &&
            in_.accounting == Accounting::framework;
+  }
+  // The executor's DDP under mixed precision (executor/gather_scheduler.hpp, copy_into): each
+  // unit's fp32 parameters cast whole into a 16-bit buffer as the unit's forward starts, kept to
+  // its backward's end (the embeddings' for their forward only; a tied head's copy of the
+  // embedding matrix beside its own); and each unit's backward writes a 16-bit gradient widened
+  // into the fp32 one after it (executor/grad_buffer.hpp, widen_whole; a tied head's share of the
+  // embedding's until the embeddings' backward).
+  bool executor_casts() const {
+    return !frameworks_ && spec_.flavour == documents::Flavour::ddp && sb_.compute < sb_.param &&
+           in_.accounting == Accounting::framework;
+  }
+  double tied_matrix() const {
+    return in_.model->tied_embeddings
+               ? static_cast<double>(in_.model->embedding.tensors.front().elements())
+               : 0.0;
   }
   // The step's per-unit sizes and times, the groups, and the cleared timeline.
   void prepare();
@@ -200,6 +215,9 @@ private:
   // Block u's backward with a gated MLP (act.mlp_backward > 0): the down projection's gradient and
   // the MLP's transient first, then the transient gone and the rest of the block's gradients.
   void mlp_backward(int u, double t, int mb, bool first);
+  // executor_casts(): unit u's 16-bit copy released at the end of its backward, and its 16-bit
+  // gradient from its kernels to the end.
+  void executor_backward_casts(int u, double kernels, double end, int mb);
   // Unit u's gradients join the pending reduction, reduced once the framework's bucket is full.
   void queue_reduction(int u, double end, int mb, bool first);
   // A block's ring exchange beside its attention (from `start`, the attention's `attention_s`

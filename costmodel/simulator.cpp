@@ -180,6 +180,12 @@ void Simulation::forward(int mb) {
       mem(st, ui.matmul * compute_b_, Category::activations, Phase::forward, u, mb);
       cached_casts += checkpointed(u) ? ui.matmul * compute_b_ : 0;
     }
+    if (executor_casts()) {
+      mem(st, (ui.params + (u == U - 1 ? tied_matrix() : 0)) * compute_b_, Category::buffers,
+          Phase::forward, u, mb);
+      if (u == 0)
+        mem(fwd_end_[u], -ui.params * compute_b_, Category::buffers, Phase::forward, u, mb);
+    }
     if (s.shard_parameters && gathered_alive_[u] && !kept_through_backward(u)) {
       mem(fwd_end_[u], -ui.gather_bytes, Category::buffers, Phase::forward, u, mb, -1);
       gathered_alive_[u] = 0;
@@ -246,6 +252,7 @@ void Simulation::backward(int mb, bool first, bool reduce) {
     const double released =
         ui.act.loss > 0 ? ui.act.saved - ui.act.loss : ui.act.saved + ui.act.backward;
     mem(end, -(released + ui.act.recompute), Category::activations, Phase::backward, u, mb);
+    if (executor_casts()) executor_backward_casts(u, kernels, end, mb);
     if (autocast_copies)
       mem(end, -(ui.matmul - (gated ? ui.first_matmul : 0)) * compute_b_, Category::activations,
           Phase::backward, u, mb);
@@ -275,6 +282,21 @@ void Simulation::rerun_forward(int u, double ready, Stream cause, int mb) {
   // restores it), and the GEMMs keep their weight casts for the backward.
   if (autocast_copies())
     mem(st, ui.matmul * compute_b_, Category::activations, Phase::recompute, u, mb);
+}
+
+void Simulation::executor_backward_casts(int u, double kernels, double end, int mb) {
+  const auto& ui = info(u);
+  const int U = n_units_;
+  const double tied = u == U - 1 ? tied_matrix() : 0;
+  if (u > 0)  // the copy kept since the forward
+    mem(end, -(ui.params + tied) * compute_b_, Category::buffers, Phase::backward, u, mb);
+  if (spec_.shard_gradients || sb_.grad < 4) return;  // the gradients are written where they stay
+  // The 16-bit gradient widened after the backward; the embeddings' opened by a tied head.
+  if (!(u == 0 && tied_matrix() > 0))
+    mem(kernels, ui.params * compute_b_, Category::gradients, Phase::backward, u, mb);
+  if (tied > 0)
+    mem(kernels, info(0).params * compute_b_, Category::gradients, Phase::backward, 0, mb);
+  mem(end, -ui.params * compute_b_, Category::gradients, Phase::backward, u, mb);
 }
 
 void Simulation::mlp_backward(int u, double t, int mb, bool first) {

@@ -175,7 +175,8 @@ void Simulation::prepare_unit_times() {
   // both in turn. The executor's own engine has no framework hooks or eager dispatch.
   // The parameters the forward reads: fp32 under DDP's autocast, the gathered or kept 16-bit
   // copies under FSDP and DeepSpeed (and the compute dtype when there is one dtype).
-  const Forward f{compute_b_, autocast_copies() ? sb_.param : compute_b_, !hw.is_cpu};
+  const Forward f{compute_b_, autocast_copies() || executor_casts() ? sb_.param : compute_b_,
+                  !hw.is_cpu};
   const ComputeModel cm(hw, j);
   const UnitKind unit_kinds[3] = {UnitKind::embedding, UnitKind::block, UnitKind::head};
   // DeepSpeed hooks every submodule only at stage 3 (it gathers parameters there).
