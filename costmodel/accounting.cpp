@@ -133,26 +133,24 @@ ActivationBytes megatron_block(const ModelSpec& m, const TrainingJob& j, double 
   return out;
 }
 
-// One norm's fp32 statistics in the executor's model (executor/gpt_model.hpp): rstd per token, and
-// the mean for LayerNorm.
-double executor_norm_stats(const ModelSpec& m, double T) {
-  return (m.norm == NormKind::layernorm ? 2.0 : 1.0) * 4 * T;
-}
-
-// The executor's block (executor/gpt_model.hpp, one rank without tensor or context parallelism):
-// Korthikanti et al.'s tensors (it has no dropout) and its two norms' fp32 statistics; in its
-// backward, the MLP part holds the incoming gradient dy [T, h], the MLP input's gradient [T, h]
-// and the activation's gradients [T, I] (d_act and d_pre, SwiGLU's d_up too) in place of the
-// MLP output it releases. The same tensors as the pipeline stages' (parallel_memory.cpp,
-// executor_stage), measured there to the byte.
+// The executor's block on one rank without tensor or context parallelism (executor_tensors);
+// full checkpointing keeps the block's input and rebuilds the rest, selective recompute drops the
+// eager core.
 ActivationBytes executor_block(const ModelSpec& m, const TrainingJob& j, double e,
                                bool checkpointed) {
   const Shape x(m, j);
-  ActivationBytes out = megatron_block(m, j, e, checkpointed);
-  const double stats = 2 * executor_norm_stats(m, x.T);
-  (checkpointed ? out.recompute : out.saved) += stats;
-  const double mlp_width = m.mlp == MlpKind::gelu ? 2.0 : 3.0;
-  out.backward = 2 * e * x.T * x.h + (mlp_width - 1) * e * x.T * x.I;
+  const ExecutorTensors t = executor_tensors(m, j, e, x.T, 1, false);
+  ActivationBytes out;
+  out.backward = t.block_transient;
+  if (checkpointed) {
+    out.saved = e * x.T * x.h;
+    out.recompute = t.block;
+  } else if (j.checkpointing == Checkpointing::selective_attention &&
+             j.attention == AttentionImpl::eager) {
+    out.saved = t.block - e * x.a * x.s * x.T;
+  } else {
+    out.saved = t.block;
+  }
   return out;
 }
 
@@ -558,18 +556,35 @@ void add_loss_activations(ActivationBytes& out, const Shape& x, const TrainingJo
 
 }  // namespace
 
+ExecutorTensors executor_tensors(const ModelSpec& m, const TrainingJob& j, double e, double T,
+                                 double t, bool sequence_parallel) {
+  const double n = T / (sequence_parallel ? t : 1.0);
+  const double s = static_cast<double>(j.seq_len), h = static_cast<double>(m.hidden);
+  const double q = static_cast<double>(m.q_width()), kv = static_cast<double>(m.kv_width());
+  const double I = static_cast<double>(m.intermediate), V = static_cast<double>(m.vocab);
+  const double a = static_cast<double>(m.heads);
+  const double mlp_width = m.mlp == MlpKind::gelu ? 2.0 : 3.0;
+  const double core = j.attention == AttentionImpl::eager ? e * a * s * T : 4 * a * T;
+  ExecutorTensors out;
+  out.norm_stats = (m.norm == NormKind::layernorm ? 2.0 : 1.0) * 4 * n;
+  out.block = e * n * h * (m.parallel_residual ? 3.0 : 4.0) + e * T * (2 * q + 2 * kv) / t +
+              mlp_width * e * T * I / t + core / t + 2 * out.norm_stats;
+  out.block_transient =
+      e * n * h + e * T * h * (sequence_parallel ? 2.0 : 1.0) + (mlp_width - 1) * e * T * I / t;
+  out.head = e * (n + T) * h + out.norm_stats + (e + 4) * T * V / t;
+  out.head_transient =
+      t == 1 ? (4 + e) * T * V : std::max(e * T * V / t, e * T * h - 4 * T * V / t);
+  return out;
+}
+
 ActivationBytes head_activations(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
-  const double e = f.e;
   const Shape x(m, j);
-  const double T = x.T, h = x.h, V = x.V;
   ActivationBytes out;
   if (!recipe_traits(j.recipe).framework) {
-    // The executor's head: final-norm and projection inputs, the norm's fp32 statistics, the
-    // logits in the compute dtype and the fp32 log-probabilities its log-softmax writes from them;
-    // in backward the log-probabilities' fp32 gradient and the logits' in the compute dtype (as
-    // parallel_memory.cpp's executor_stage).
-    out.saved = 2 * e * T * h + executor_norm_stats(m, T) + (e + 4) * T * V;
-    out.backward = (4 + e) * T * V;
+    // The executor's head (executor_tensors).
+    const ExecutorTensors t = executor_tensors(m, j, f.e, x.T, 1, false);
+    out.saved = t.head;
+    out.backward = t.head_transient;
     return out;
   }
   // The final norm and what the projection keeps of it.

@@ -98,6 +98,20 @@ BlockParts framework_block_parts(const documents::ModelSpec& m, const documents:
 NormParts final_norm_parts(const documents::ModelSpec& m, const documents::TrainingJob& job,
                            const Forward& f);
 
+// The executor's own model code on one rank (executor/gpt_model.hpp; with t > 1 its tensor-
+// parallel block and vocabulary; parallel_memory.cpp's executor_stage says what each tensor is):
+// T tokens of the rank's sequences per micro-batch, t tensor-parallel ranks, n = T/t under
+// sequence parallelism, else T. Bytes per micro-batch, e of the compute dtype. It has no dropout.
+struct ExecutorTensors {
+  double norm_stats = 0;       // one norm's fp32 statistics: rstd, and the mean for LayerNorm
+  double block = 0;            // what a block keeps from its forward to its backward
+  double block_transient = 0;  // what its backward's MLP part holds beyond that
+  double head = 0;             // what the head keeps, its norm's statistics with it
+  double head_transient = 0;   // what the head's backward holds beyond that
+};
+ExecutorTensors executor_tensors(const documents::ModelSpec& m, const documents::TrainingJob& job,
+                                 double e, double T, double t, bool sequence_parallel);
+
 // The embeddings: what their backward needs (the token ids) and what the recipe computes once
 // for all blocks (rotary tables).
 ActivationBytes embedding_activations(const documents::ModelSpec& m,

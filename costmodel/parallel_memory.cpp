@@ -385,16 +385,12 @@ ExecutorStage executor_stage(const ModelSpec& m, const TrainingJob& j, const Par
   const double T =
       static_cast<double>(j.seq_len) / l.context_parallel * static_cast<double>(j.micro_batch);
   const double n = T / (l.sequence_parallel ? t : 1.0);
-  const double s = static_cast<double>(j.seq_len), h = static_cast<double>(m.hidden);
+  const double h = static_cast<double>(m.hidden);
   const double q = static_cast<double>(m.q_width()), kv = static_cast<double>(m.kv_width());
-  const double I = static_cast<double>(m.intermediate), V = static_cast<double>(m.vocab);
-  const double a = static_cast<double>(m.heads);
-  const double stats = (m.norm == NormKind::layernorm ? 2.0 : 1.0) * 4 * n;  // one norm's
+  const double I = static_cast<double>(m.intermediate), a = static_cast<double>(m.heads);
+  const ExecutorTensors x = executor_tensors(m, j, e, T, t, l.sequence_parallel);
+  const double stats = x.norm_stats, block = x.block;
   const double mlp_width = m.mlp == MlpKind::gelu ? 2.0 : 3.0;
-  const double core = j.attention == AttentionImpl::eager ? e * a * s * T : 4 * a * T;
-  const double block = e * n * h * (m.parallel_residual ? 3.0 : 4.0) +
-                       e * T * (2 * q + 2 * kv) / t + mlp_width * e * T * I / t + core / t +
-                       2 * stats;
   ExecutorStage out;
   bool any_full = false;
   for (std::int64_t b = 0; b < static_cast<std::int64_t>(share.blocks); ++b) {
@@ -405,8 +401,7 @@ ExecutorStage executor_stage(const ModelSpec& m, const TrainingJob& j, const Par
     out.saved += kept;
   }
   if (share.blocks > 0) {
-    out.block_transient =
-        e * n * h + e * T * h * (l.sequence_parallel ? 2.0 : 1.0) + (mlp_width - 1) * e * T * I / t;
+    out.block_transient = x.block_transient;
     if (l.context_parallel > 1) {
       const double ring =
           e * n * h + e * T * (2 * q + 5 * kv) / t + 4 * a * T / t -
@@ -419,11 +414,10 @@ ExecutorStage executor_stage(const ModelSpec& m, const TrainingJob& j, const Par
   if (share.first || share.last) out.saved += 8 * T;  // int32 tokens and targets
   if (share.first) out.first_extra = 8 * T;
   if (share.last) {
-    out.head_saved = e * (n + T) * h + stats + (e + 4) * T * V / t;
+    out.head_saved = x.head;
     out.saved += out.head_saved;
     out.last_extra = 8 * T + out.head_saved;
-    out.head_transient =
-        t == 1 ? (4 + e) * T * V : std::max(e * T * V / t, e * T * h - 4 * T * V / t);
+    out.head_transient = x.head_transient;
     // The blocks' backward runs after the head's has freed what the head kept (this micro-batch's
     // head_saved; with one chunk per stage every block of the stage comes after the head).
     const double block_after_head =
