@@ -429,24 +429,27 @@ bool holds_data(const std::filesystem::path& dir) {
 
 }  // namespace
 
-std::string data_dir() {
+std::string data_dir() { return find_data_dir().path; }
+
+DataDir find_data_dir() {
   // The user's folder, checked: a wrong one is an error, not an empty list.
   if (const char* env = std::getenv("SHARDPLAN_DATA_DIR"); env && *env) {
     if (!holds_data(env))
       throw InputError(
           "SHARDPLAN_DATA_DIR",
           fmt::format("\"{}\" has no hardware_profiles/ and examples/models/ folders", env));
-    return env;
+    return {env, DataDirOrigin::environment};
   }
   // Installed: <prefix>/bin/<program> finds <prefix>/share/shardplan (cmake --install).
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) {
     const auto installed = exe.parent_path().parent_path() / "share" / "shardplan";
-    if (holds_data(installed)) return installed.string();
+    if (holds_data(installed)) return {installed.string(), DataDirOrigin::installed};
   }
   // A build tree: the sources it was built from.
-  if (holds_data(SHARDPLAN_DEFAULT_DATA_DIR)) return SHARDPLAN_DEFAULT_DATA_DIR;
+  if (holds_data(SHARDPLAN_DEFAULT_DATA_DIR))
+    return {SHARDPLAN_DEFAULT_DATA_DIR, DataDirOrigin::source_tree};
   throw InputError(
       "SHARDPLAN_DATA_DIR",
       "is not set and neither an installed share/shardplan folder nor the source tree was "

@@ -84,8 +84,16 @@ struct ModelSpec {   // NOLINT(bugprone-exception-escape)
 
 // Names of the presets shipped under examples/models/ (each a folder with a config.json).
 std::vector<std::string> preset_model_names();
-// Folder holding examples/ and hardware_profiles/: $SHARDPLAN_DATA_DIR or the source tree.
-std::string data_dir();
+// Folder holding examples/ and hardware_profiles/ and where it was found: $SHARDPLAN_DATA_DIR, the
+// installed <prefix>/share/shardplan beside the program, or the source tree a build tree was
+// configured from.
+enum class DataDirOrigin { environment, installed, source_tree };
+struct DataDir {
+  std::string path;
+  DataDirOrigin origin = DataDirOrigin::source_tree;
+};
+DataDir find_data_dir();
+std::string data_dir();  // find_data_dir().path
 
 // A preset name or a path to a config.json. Throws InputError.
 ModelSpec load_model(const std::string& name_or_path);

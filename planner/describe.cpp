@@ -56,8 +56,16 @@ void list_hardware(std::ostream& out) {
     const auto h = documents::load_hardware(n);
     out << fmt::format("{:<18} {}\n", n, h.description);
   }
-  out << fmt::format("(profiles in {}/hardware_profiles; a profile file's path works too)\n",
-                     documents::data_dir());
+  // Where the list came from, so that a build tree's source folder is not taken for an install.
+  const auto dir = documents::find_data_dir();
+  const char* origin =
+      dir.origin == documents::DataDirOrigin::environment ? "the folder SHARDPLAN_DATA_DIR names"
+      : dir.origin == documents::DataDirOrigin::installed
+          ? "installed beside the program"
+          : "the source tree this build was configured from; an installed planner reads its "
+            "share/shardplan, SHARDPLAN_DATA_DIR another folder";
+  out << fmt::format("(profiles in {}/hardware_profiles: {}; a profile file's path works too)\n",
+                     dir.path, origin);
 }
 
 }  // namespace shardplan::planner

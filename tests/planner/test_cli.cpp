@@ -308,3 +308,22 @@ TEST_CASE(
   CHECK(layouts.err ==
         "planner: --losses: the model-parallel search keeps the recipe's loss (or --loss)\n");
 }
+
+// `planner hardware` says where its profiles come from: the folder SHARDPLAN_DATA_DIR names, or,
+// without it, the source tree a build tree was configured from (the test binary's folder holds no
+// share/shardplan), not as if that were an installed copy.
+TEST_CASE("cli::the hardware list names where its profiles come from") {
+  const char* before = std::getenv("SHARDPLAN_DATA_DIR");
+  const std::string saved = before ? before : "";
+  ::setenv("SHARDPLAN_DATA_DIR", SHARDPLAN_SOURCE_DIR, 1);
+  const auto named = planner({"hardware"});
+  CHECK(named.code == 0);
+  CHECK(named.out.find(std::string("(profiles in ") + SHARDPLAN_SOURCE_DIR +
+                       "/hardware_profiles: the folder SHARDPLAN_DATA_DIR names;") !=
+        std::string::npos);
+  ::unsetenv("SHARDPLAN_DATA_DIR");
+  const auto built = planner({"hardware"});
+  CHECK(built.code == 0);
+  CHECK(built.out.find("the source tree this build was configured from") != std::string::npos);
+  if (before) ::setenv("SHARDPLAN_DATA_DIR", saved.c_str(), 1);
+}
