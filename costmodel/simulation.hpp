@@ -171,10 +171,7 @@ private:
   bool check_plan();
   // PyTorch DDP's mixed precision is autocast over fp32 parameters: each GEMM casts its weight
   // (kept for backward) and its input.
-  bool autocast_copies() const {
-    return frameworks_ && spec_.flavour == documents::Flavour::ddp && sb_.compute < sb_.param &&
-           in_.accounting == Accounting::framework;
-  }
+  bool autocast_copies() const { return frameworks_ && ddp_mixed(); }
   // The executor's DDP under mixed precision (executor/gather_scheduler.hpp, copy_into): each
   // unit's fp32 parameters cast whole into a 16-bit buffer as the unit's forward starts, kept to
   // its backward's end (the embeddings' for their forward only; a tied head's copy of the
@@ -182,9 +179,13 @@ private:
   // into the fp32 one after it (executor/grad_buffer.hpp, widen_whole; a tied head's share of the
   // embedding's until the embeddings' backward).
   bool executor_casts() const {
-    return !frameworks_ && spec_.flavour == documents::Flavour::ddp && sb_.compute < sb_.param &&
-           in_.accounting == Accounting::framework;
+    return !frameworks_ && in_.accounting == Accounting::framework && ddp_mixed();
   }
+  // DDP over fp32 parameters computing in a 16-bit dtype.
+  bool ddp_mixed() const {
+    return spec_.flavour == documents::Flavour::ddp && sb_.compute < sb_.param;
+  }
+  // Elements of the embedding matrix a tied head projects with (0 when the head has its own).
   double tied_matrix() const {
     return in_.model->tied_embeddings
                ? static_cast<double>(in_.model->embedding.tensors.front().elements())

@@ -143,18 +143,14 @@ void Simulation::prepare_unit_sizes() {
       if (t.is_matrix()) units_[1].first_matmul += static_cast<double>(t.elements());
     }
   // The head re-gathers the shared embedding matrix, unless that stays whole (persistent).
-  const double tied =
-      m.tied_embeddings ? static_cast<double>(m.embedding.tensors.front().elements()) : 0.0;
+  const double tied = tied_matrix();
   const bool tied_sharded =
       frameworks_ ? tied >= static_cast<double>(threshold) : units_[0].shardable > 0;
   if (s.shard_parameters && tied > 0 && tied_sharded) units_[2].gather += tied;
-  if (m.tied_embeddings)
-    units_[2].matmul += static_cast<double>(m.embedding.tensors.front().elements());
+  units_[2].matmul += tied;
   units_[0].matmul = 0;                     // an embedding lookup is a gather, not a GEMM
   if (s.root_unit && s.shard_parameters) {  // the root gathers the head's parameters with its own
-    units_[0].gather +=
-        units_[2].gather -
-        (m.tied_embeddings ? static_cast<double>(m.embedding.tensors.front().elements()) : 0.0);
+    units_[0].gather += units_[2].gather - tied;
     units_[2].gather = 0;
   }
 }
