@@ -308,7 +308,7 @@ BlockParts llama_block(const ModelSpec& m, const Shape& x, const TrainingJob& j,
   const NormParts attention_norm = torch_norm ? torch_rmsnorm(x, d, 1) : rmsnorm(x, d, 3, d.r);
   const NormParts mlp_norm = torch_norm ? torch_rmsnorm(x, d, 2) : rmsnorm(x, d, 2, d.r);
   return {attention_norm.state + mlp_norm.state, attention_norm.output + mlp_norm.output,
-          llama_attention(m, x, j, d) + mlp_inner};
+          llama_attention(m, x, j, d) + mlp_inner, mlp_inner + mlp_norm.state + mlp_norm.output};
 }
 
 // GPT2Block: LayerNorms, one fused c_attn whose output q, k and v are views of (the whole
@@ -326,8 +326,9 @@ BlockParts gpt2_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, 
     attention += eager_probabilities(m, x, d) + e * T * h;
   const double residual_mask = m.residual_dropout ? dropout_mask(d, e) * T * h : 0;
   const NormParts ln_1 = layernorm(x, d, 1, true), ln_2 = layernorm(x, d, 1, true);
-  return {ln_1.state + ln_2.state + 2 * residual_mask, ln_1.output + ln_2.output,
-          attention + mlp_inner_tensors(m.activation) * e * T * x.I};
+  const double mlp = mlp_inner_tensors(m.activation) * e * T * x.I;
+  return {ln_1.state + ln_2.state + 2 * residual_mask, ln_1.output + ln_2.output, attention + mlp,
+          mlp + ln_2.state + ln_2.output};
 }
 
 // GPTNeoXLayer with the parallel residual: both LayerNorms read the block input (kept once). The
@@ -348,8 +349,9 @@ BlockParts neox_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, 
   const NormParts ln_1 = layernorm(x, d, 1, true);
   const NormParts ln_2 = layernorm(x, d, 1, !m.parallel_residual);
   const double residual_mask = m.residual_dropout ? 2 * dropout_mask(d, e) * T * h : 0;
-  return {ln_1.state + ln_2.state + residual_mask, ln_1.output + ln_2.output,
-          attention + mlp_inner_tensors(m.activation) * e * T * x.I};
+  const double mlp = mlp_inner_tensors(m.activation) * e * T * x.I;
+  return {ln_1.state + ln_2.state + residual_mask, ln_1.output + ln_2.output, attention + mlp,
+          m.parallel_residual ? 0 : mlp + ln_2.state + ln_2.output};
 }
 
 BlockParts architecture_block(const ModelSpec& m, const Shape& x, const TrainingJob& j,
@@ -368,34 +370,55 @@ BlockParts architecture_block(const ModelSpec& m, const Shape& x, const Training
   return llama_block(m, x, j, d);
 }
 
-// A gated MLP's backward (transformers' LlamaMLP and its kin, torchtitan's FeedForward:
-// down(act(gate(x)) * up(x))), op by op as autograd runs it, each node's saved tensors released
-// once it has run: the down projection's backward makes the product's gradient [T, I] and its
-// weight's gradient, and releases its saved input, the product (net 0); the product's backward
-// (MulBackward0) then makes the gradients of both factors [T, I] each while the product's
-// gradient and the factors it saved are alive: 2·e·T·I beyond the block's saved tensors, the
-// block's largest moment of its MLP (measured: the stress corpus's MQA Llama under full
-// checkpointing peaks there, tests/costmodel/data/oracle_steps_stress.json). A GELU MLP's chain is
-// not derived here (0).
+// An MLP's backward, op by op as autograd runs it, each node's saved tensors released once it has
+// run, at its largest moment, when of the block's weights only the down projection has its
+// gradient. The down projection's backward makes the gradient of its input [T, I] and of its
+// weight, and releases its saved input, the activation's output:
+// - gated (transformers' LlamaMLP and its kin, torchtitan's FeedForward: down(act(gate(x)) *
+//   up(x))): the product's backward (MulBackward0) makes the gradients of both factors [T, I]
+//   while the product's gradient and the factors it saved are alive: 2·e·T·I beyond the block's
+//   saved tensors (the down projection's input released: net 0). Measured: the stress corpus's
+//   MQA Llama under full checkpointing peaks there (tests/costmodel/data/oracle_steps_stress.json).
+// - gelu_new (GPT-2's default, 0.5·x · (1 + tanh(...)), mlp_inner_tensors): the last product's
+//   backward makes the gradients of 0.5·x and of 1 + tanh beside the incoming gradient: three
+//   [T, I] where the down projection's input was, 2·e·T·I beyond the saved tensors.
+// - F.gelu, exact or tanh (one op keeping its input): the down projection's backward holds its
+//   input's gradient beside the saved input and output, and GeluBackward its result beside the
+//   input and the incoming gradient: e·T·I.
+// Measured: GPT-2's FSDP2 steps peak inside the MLP's activation backward
+// (tests/costmodel/data/oracle_steps.json, oracle_steps_stress.json's gpt2-h256-gelu). The other
+// activations' chains are not derived here (0).
 double mlp_backward_transient(const ModelSpec& m, const Shape& x, double e) {
-  return m.mlp == MlpKind::swiglu ? 2 * e * x.T * x.I : 0;
+  if (m.mlp == MlpKind::swiglu) return 2 * e * x.T * x.I;
+  switch (m.activation) {
+  case Activation::gelu_new:
+    return 2 * e * x.T * x.I;
+  case Activation::gelu:
+  case Activation::gelu_tanh:
+    return e * x.T * x.I;
+  default:
+    return 0;
+  }
 }
 
 ActivationBytes framework_block(const ModelSpec& m, const TrainingJob& j, const Forward& f,
                                 bool checkpointed) {
   const Shape x(m, j);
   const Dtypes d{f.e, f.p, f.p, f.cuda};
-  const double full = architecture_block(m, x, j, d).total();
+  const BlockParts parts = architecture_block(m, x, j, d);
+  const double full = parts.total();
   ActivationBytes out;
   if (checkpointed) {
     out.saved = d.r * x.T * x.h;  // torch.utils.checkpoint keeps the block's input
     out.recompute = full;
+    out.mlp_released = parts.mlp;
   } else if (j.checkpointing == Checkpointing::selective_op) {
     out.saved = selective_op_saved(m, j, f, 1, 1);
     // In backward the rest is rebuilt beside what was kept: the block's full set at once.
     out.recompute = std::max(0.0, full - out.saved);
   } else {
     out.saved = full;
+    out.mlp_released = parts.mlp;
   }
   out.mlp_backward = mlp_backward_transient(m, x, f.e);
   return out;
@@ -463,14 +486,18 @@ double rotary_table_bytes(const ModelSpec& m, const TrainingJob& j, double p) {
 }
 
 double checkpointed_mask_bytes(const ModelSpec& m, const TrainingJob& j, double p) {
-  // GPT2Model's eager path builds a [b, 1, s, s] additive mask and hands it to each block as a
-  // positional argument, which torch.utils.checkpoint keeps for the recompute.
+  // A mask the model builds once and hands to each block as an argument, which
+  // torch.utils.checkpoint keeps for the recompute: GPT2Model's eager path, a [b, 1, s, s]
+  // additive mask; transformers' sliding-window mask for sdpa (sdpa_gets_mask), a boolean
+  // [1, 1, s, s] expanded over the batch (masking_utils.sdpa_mask: the mask function of the
+  // positions alone, then expand), one byte per query and key of one sequence.
   bool any = false;
   for (std::int64_t b = 0; b < m.layers && !any; ++b) any = j.block_checkpointed(b);
-  if (m.architecture != Architecture::gpt2 || j.attention != AttentionImpl::eager || !any) return 0;
-  if (!recipe_traits(j.recipe).transformers_code) return 0;
-  return p * static_cast<double>(j.micro_batch) * static_cast<double>(j.seq_len) *
-         static_cast<double>(j.seq_len);
+  if (!any || !recipe_traits(j.recipe).transformers_code) return 0;
+  const auto s = static_cast<double>(j.seq_len);
+  if (m.architecture == Architecture::gpt2 && j.attention == AttentionImpl::eager)
+    return p * static_cast<double>(j.micro_batch) * s * s;
+  return sdpa_gets_mask(m, j) ? s * s : 0;
 }
 
 ActivationBytes embedding_activations(const ModelSpec& m, const TrainingJob& j, const Forward& f) {

@@ -49,6 +49,10 @@ struct ActivationBytes {
   // Blocks: what the MLP's backward holds beyond the block's saved tensors at its largest, when
   // of the block's weights only the down projection has its gradient (mlp_backward_transient).
   double mlp_backward = 0;
+  // Blocks: of what the backward holds from the forward (saved, or rebuilt by the recompute),
+  // what the MLP and the norm before it keep; released once their backward has run, before the
+  // attention's weights have their gradients (0: not known to run first).
+  double mlp_released = 0;
 };
 
 // How the forward keeps its tensors: e bytes of the compute dtype; p bytes of the parameters it
@@ -90,6 +94,9 @@ struct BlockParts {
   double residual = 0;
   double linear_inputs = 0;
   double inside = 0;
+  // Of the total, what the MLP and the norm before it keep, where their backward runs before
+  // the attention's (0 for a parallel residual, whose two branches autograd orders by itself).
+  double mlp = 0;
   double total() const { return residual + linear_inputs + inside; }
 };
 BlockParts framework_block_parts(const documents::ModelSpec& m, const documents::TrainingJob& job,
@@ -120,7 +127,8 @@ ActivationBytes embedding_activations(const documents::ModelSpec& m,
 // (zero for recipes that keep them as a module buffer or have none).
 double rotary_table_bytes(const documents::ModelSpec& m, const documents::TrainingJob& job,
                           double p);
-// An attention mask built once and kept by checkpointed blocks (GPT-2's eager path).
+// An attention mask built once and kept by checkpointed blocks (GPT-2's eager path, transformers'
+// sliding-window mask for sdpa).
 double checkpointed_mask_bytes(const documents::ModelSpec& m, const documents::TrainingJob& job,
                                double p);
 // The head: the final norm, the projection to the vocabulary and the loss, by the job's loss.

@@ -795,8 +795,8 @@ std::vector<Moment> pipeline_moments(const ParallelMemoryInput& in, const StageS
 // first's (two blocks gathered, one block's gradients, the previous group's reduce-scatter
 // input, the later groups' sharded gradients); and the embedding's two: taking its gradient (the
 // table gathered, the whole gradient and its shard copy, block 0's pending input) and reducing it
-// (the table resharded and block 0's input released: the new input, the cast, the whole
-// gradient still alive, as the measured categories show it through the copy-in). Then the
+// (the table resharded, the whole gradient dropped with its .grad and block 0's input released:
+// the gradient taken, E elements, its cast and the new input through the copy-in). Then the
 // optimizer step with every sharded gradient.
 std::vector<Moment> fsdp_plan_moments(const ParallelMemoryInput& in, const StageShare& share,
                                       const PlanActivations& x, double in_flight, bool fresh,
@@ -836,8 +836,8 @@ std::vector<Moment> fsdp_plan_moments(const ParallelMemoryInput& in, const Stage
   const bool cast = r != c && in.hardware->is_cpu;  // the gradient's copy in the reduce dtype
   out.push_back({"embedding backward", x.embedding, made(all - E), 0,
                  E * c + whole * c + shard_copy + B * r});
-  out.push_back({"embedding reduce", x.embedding, made(all - E), 0,
-                 whole * c + shard_copy + (cast ? E * r : 0) + E * r});
+  out.push_back(
+      {"embedding reduce", x.embedding, made(all - E), 0, E * c + (cast ? E * r : 0) + E * r});
   out.push_back({"optimizer step", 0, all * g, optimizer_temp});
   return out;
 }

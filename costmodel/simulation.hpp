@@ -45,6 +45,8 @@ struct UnitInfo {
   double opt_elems = 0;    // optimizer-state elements
   double first_grads = 0;  // blocks: elements whose gradients come first, the MLP's down projection
   double first_matmul = 0;  // of `matmul`, its weight (whose autocast copy its backward releases)
+  double mlp_grads = 0;     // blocks: elements of the MLP and the norm before it (first_grads too)
+  double mlp_matmul = 0;    // of `matmul`, the MLP's weights
   double fwd_s = 0, bwd_s = 0, recompute_s = 0;
   ComputeTimes fwd_kinds{};  // the forward's seconds by kind (host_overhead: the host's excess)
   ComputeTimes kinds{};      // forward and backward's seconds by kind
@@ -53,6 +55,11 @@ struct UnitInfo {
   double gather_s = 0;       // its all-gather (plus the host upload of offloaded shards)
   double gather_sent = 0;    // bytes one rank sends for it
   ActivationBytes act;
+  // A block whose backward makes the down projection's gradient beside the activation's
+  // transient first (act.mlp_backward), and one whose MLP releases what it kept before the
+  // attention's gradients (act.mlp_released).
+  bool down_first() const { return act.mlp_backward > 0 && first_grads > 0; }
+  bool mlp_first() const { return act.mlp_released > 0 && mlp_grads > 0; }
 };
 
 // "embeddings", "block 3", "head".
@@ -213,9 +220,14 @@ private:
     gradients_used(g, t, mb, first, info(g).params);
   }
   void gradients_used(int g, double t, int mb, bool first, double elems);
-  // Block u's backward with a gated MLP (act.mlp_backward > 0): the down projection's gradient and
-  // the MLP's transient first, then the transient gone and the rest of the block's gradients.
-  void mlp_backward(int u, double t, int mb, bool first);
+  // Block u's backward from t, its MLP first, as autograd runs it: the down projection's gradient
+  // beside the activation's transient (act.mlp_backward > 0), then the transient gone; the MLP's
+  // other gradients; then, with what the MLP kept released (act.mlp_released, and its autocast
+  // weight copies), the attention's gradients.
+  void block_backward(int u, double t, int mb, bool first);
+  // Unit u's gradients as its backward kernels run from `kernels` (simulator.cpp says when each
+  // is made).
+  void unit_gradients(int u, double kernels, int mb, bool first);
   // executor_casts(): unit u's 16-bit copy released at the end of its backward, and its 16-bit
   // gradient from its kernels to the end.
   void executor_backward_casts(int u, double kernels, double end, int mb);
@@ -288,6 +300,7 @@ private:
   double pending_reduce_bytes_ = 0;
   std::vector<int> pending_units_;
   double reduce_input_done_ = 0;   // FSDP2: when the last reduce-scatter input may be released
+  double reduce_input_held_ = 0;   // FSDP2: bytes of that input, kept until the next copy-in
   bool partition_placed_ = false;  // DeepSpeed stages 1/2: the step's gradient partition exists
   double total_params_ = 0;        // the model's parameters (elements)
   double kept_grad_bytes_ = 0;     // gradients kept until zero_grad at the end of the step

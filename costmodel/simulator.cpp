@@ -236,26 +236,18 @@ void Simulation::backward(int mb, bool first, bool reduce) {
     // projection's gradients come after.
     if (ui.act.loss > 0)
       mem(kernels, -(ui.act.backward + ui.act.loss), Category::activations, Phase::backward, u, mb);
-    // Gradients: kept whole (DDP, ZeRO-1) they are allocated on first use and kept to the step;
-    // sharded, the unit's full gradient is a transient until it is reduced. A tied head's backward
-    // adds into the embedding matrix's gradient, so the embedding unit's gradient is first used
-    // there, not at the embedding's own backward (autograd accumulates into the shared weight's
-    // .grad from its first use; a flat parameter holds one gradient for the whole unit).
+    unit_gradients(u, kernels, mb, first);
     const double fresh = s.shard_gradients ? ui.params * compute_b_ : 0;
-    const bool tied = in_.model->tied_embeddings;
-    const bool gated = ui.act.mlp_backward > 0 && ui.first_grads > 0;
-    if (gated)
-      mlp_backward(u, kernels, mb, first);
-    else if (!(tied && u == 0))
-      gradients_used(u, kernels, mb, first);
-    if (tied && u == U - 1) gradients_used(0, kernels, mb, first);
+    const bool down_first = ui.down_first(), mlp_first = ui.mlp_first();
     const double released =
         ui.act.loss > 0 ? ui.act.saved - ui.act.loss : ui.act.saved + ui.act.backward;
-    mem(end, -(released + ui.act.recompute), Category::activations, Phase::backward, u, mb);
+    mem(end, -(released + ui.act.recompute - (mlp_first ? ui.act.mlp_released : 0)),
+        Category::activations, Phase::backward, u, mb);
     if (executor_casts()) executor_backward_casts(u, kernels, end, mb);
-    if (autocast_copies)
-      mem(end, -(ui.matmul - (gated ? ui.first_matmul : 0)) * compute_b_, Category::activations,
-          Phase::backward, u, mb);
+    if (autocast_copies) {
+      const double gone = mlp_first ? ui.mlp_matmul : down_first ? ui.first_matmul : 0;
+      mem(end, -(ui.matmul - gone) * compute_b_, Category::activations, Phase::backward, u, mb);
+    }
     if (shard_params && gathered_alive_[u]) {
       mem(end, -ui.gather_bytes, Category::buffers, Phase::backward, u, mb, -1);
       gathered_alive_[u] = 0;
@@ -269,6 +261,36 @@ void Simulation::backward(int mb, bool first, bool reduce) {
   // The bucket goes when the backward's reductions are done (reduce_pending), or at its end.
   if (backward_bucket() && !reduce)
     mem(bwd_end_[0], -s.reduce_bucket_bytes, Category::buffers, Phase::backward, 0, mb);
+}
+
+// Unit u's gradients from its backward kernels' start: kept whole (DDP, ZeRO-1) they are
+// allocated on first use and kept to the step; sharded, the unit's full gradient is a transient
+// until it is reduced. A tied head's backward adds into the embedding matrix's gradient, so that
+// gradient is first used there, not at the embedding's own backward (autograd accumulates into
+// the shared weight's .grad from its first use); the embeddings' other tensors (learned
+// positions) get theirs in their own backward, unless the unit's gradient is one flat tensor
+// (FSDP1's flat parameter, the executor's unit buffer), opened whole by the head.
+void Simulation::unit_gradients(int u, double kernels, int mb, bool first) {
+  const auto& s = spec_;
+  const auto& ui = info(u);
+  const int U = n_units_;
+  const bool flat_unit = !frameworks_ || s.flavour == documents::Flavour::fsdp1;
+  const double opened = flat_unit ? info(0).params : tied_matrix();  // by a tied head
+  const bool tied = in_.model->tied_embeddings;
+  if (ui.down_first() || ui.mlp_first())
+    block_backward(u, kernels, mb, first);
+  else
+    gradients_used(u, kernels, mb, first, ui.params - (tied && u == 0 ? opened : 0));
+  if (tied && u == U - 1) gradients_used(0, kernels, mb, first, opened);
+  if (tied && u == 0 && !flat_unit) {
+    // The tied matrix reaches autograd's input buffer twice: the embeddings' gradient is added
+    // to the head's out of place (torch's autograd InputBuffer::add), so both and their sum are
+    // alive at once before the sum goes on to the parameter (measured: tests/costmodel/data/
+    // oracle_steps.json, GPT-2's FSDP2 steps peak there).
+    const double both = 2 * tied_matrix() * (s.shard_gradients ? compute_b_ : sb_.grad);
+    mem(kernels, both, Category::gradients, Phase::backward, u, mb);
+    mem(kernels + 1e-3 * ui.bwd_s, -both, Category::gradients, Phase::backward, u, mb);
+  }
 }
 
 void Simulation::rerun_forward(int u, double ready, Stream cause, int mb) {
@@ -299,16 +321,32 @@ void Simulation::executor_backward_casts(int u, double kernels, double end, int 
   mem(end, -ui.params * compute_b_, Category::gradients, Phase::backward, u, mb);
 }
 
-void Simulation::mlp_backward(int u, double t, int mb, bool first) {
+void Simulation::block_backward(int u, double t, int mb, bool first) {
   const auto& ui = info(u);
-  // The moment after t: the MLP's transient released, the rest of the gradients made.
-  const double next = t + 1e-3 * ui.bwd_s;
-  if (autocast_copies())  // the down projection's saved weight copy goes with its backward
-    mem(t, -ui.first_matmul * compute_b_, Category::activations, Phase::backward, u, mb);
-  mem(t, ui.act.mlp_backward, Category::activations, Phase::backward, u, mb);
-  gradients_used(u, t, mb, first, ui.first_grads);
-  mem(next, -ui.act.mlp_backward, Category::activations, Phase::backward, u, mb);
-  gradients_used(u, next, mb, first, ui.params - ui.first_grads);
+  const double step = 1e-3 * ui.bwd_s;  // from one of its moments to the next
+  const bool down_first = ui.down_first();
+  double made = 0;  // elements whose gradients exist
+  if (down_first) {
+    if (autocast_copies())  // the down projection's saved weight copy goes with its backward
+      mem(t, -ui.first_matmul * compute_b_, Category::activations, Phase::backward, u, mb);
+    mem(t, ui.act.mlp_backward, Category::activations, Phase::backward, u, mb);
+    gradients_used(u, t, mb, first, ui.first_grads);
+    made = ui.first_grads;
+    t += step;
+    mem(t, -ui.act.mlp_backward, Category::activations, Phase::backward, u, mb);
+  }
+  if (ui.mlp_first()) {
+    // Each node of the MLP's backward releases what it saved as it makes its weight's gradient:
+    // with the MLP's gradients made, what it kept is gone.
+    mem(t, -ui.act.mlp_released, Category::activations, Phase::backward, u, mb);
+    if (autocast_copies())
+      mem(t, -(ui.mlp_matmul - (down_first ? ui.first_matmul : 0)) * compute_b_,
+          Category::activations, Phase::backward, u, mb);
+    gradients_used(u, t, mb, first, ui.mlp_grads - made);
+    made = ui.mlp_grads;
+    t += step;
+  }
+  gradients_used(u, t, mb, first, ui.params - made);
 }
 
 void Simulation::gradients_used(int g, double t, int mb, bool first, double elems) {
@@ -356,22 +394,32 @@ void Simulation::reduce_pending(int u, double end, int mb, bool first) {
                                       : coll(op, shard_group_, pending_reduce_bytes_);
   const bool copy_in = s.reduce_copy_in && s.shard_gradients;
   if (copy_in) {
-    // FSDP2 keeps at most reduce_scatter_max_input_buffers (default 1) reduce-scatter inputs: the
-    // compute stream waits for the previous reduce-scatter before the next copy-in
-    // (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, post_backward: the oldest
-    // reduce_scatter_states entry's event).
+    // FSDP2 keeps at most reduce_scatter_max_input_buffers (default 1) reduce-scatter inputs in
+    // reduce_scatter_states: the next group's post_backward (FSDPParamGroup.post_backward) waits
+    // for the previous reduce-scatter and drops its input before its own copy-in.
     end = issue(Stream::compute, reduce_input_done_, rs_stream, 0.0, "wait for reduce-scatter", u);
+    mem(end, -reduce_input_held_, Category::buffers, Phase::reduce, u, mb);
   }
   const double rs = issue(rs_stream, end, Stream::compute, dur,
                           op == Collective::reduce_scatter ? "reduce-scatter" : "all-reduce", u);
   double done = rs + dur;  // when this bucket's gradients are fully reduced
   if (copy_in) {
-    // The unsharded gradients move into the flat reduce-scatter input; the output shard, in the
-    // reduce dtype, is then added into the kept gradient.
+    // FSDP2's foreach_reduce copies the unsharded gradients into the flat input in the reduce
+    // dtype and clears them, then allocates the output shard on the reduce-scatter stream; the
+    // output becomes (or is added into) the kept sharded gradient. The input stays until the next
+    // group's copy-in, the last one until the backward's end (FSDPState._end_backward_iteration),
+    // after its reduce-scatter.
     reduce_input_done_ = rs + dur;
+    reduce_input_held_ = pending_reduce_bytes_;
     mem(end, pending_reduce_bytes_, Category::buffers, Phase::reduce, u, mb);
+    for (int pu : pending_units_)
+      mem(end, -info(pu).params * compute_b_, Category::gradients, Phase::reduce, pu, mb);
     mem(rs, pending_reduce_bytes_ / S, Category::buffers, Phase::reduce, u, mb);
-    mem(rs + dur, -pending_reduce_bytes_ * (1 + 1 / S), Category::buffers, Phase::reduce, u, mb);
+    mem(rs + dur, -pending_reduce_bytes_ / S, Category::buffers, Phase::reduce, u, mb);
+    if (u == 0) {
+      mem(rs + dur, -reduce_input_held_, Category::buffers, Phase::reduce, u, mb);
+      reduce_input_held_ = 0;
+    }
   }
   if (hsdp_ && s.shard_gradients) {  // HYBRID_SHARD: all-reduce the shard across replicas
     const double ar = coll(Collective::all_reduce, replica_group_, pending_reduce_bytes_ / S);
@@ -396,9 +444,8 @@ void Simulation::reduce_pending(int u, double end, int mb, bool first) {
       mem(rs + dur, -pi.params * sb_.grad, Category::gradients, Phase::reduce, pu, mb);
       kept_grad_bytes_ -= pi.params * sb_.grad;
     }
-    if (s.shard_gradients && !s.contiguous_grad_bucket)
-      mem(copy_in ? end : rs + dur, -pi.params * compute_b_, Category::gradients, Phase::reduce, pu,
-          mb);
+    if (s.shard_gradients && !s.contiguous_grad_bucket && !copy_in)
+      mem(rs + dur, -pi.params * compute_b_, Category::gradients, Phase::reduce, pu, mb);
     if (s.shard_gradients && first && !offload_opt && !persistent_flat_partition() &&
         !whole_partition_buffer()) {
       const double shard = pi.params / S * (s.flat_grad_partition ? flat_grad_b_ : sb_.grad);

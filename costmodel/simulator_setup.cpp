@@ -135,13 +135,24 @@ void Simulation::prepare_unit_sizes() {
     u.matmul = static_cast<double>(t.matmul_params());
     u.opt_elems = static_cast<double>(optimizer_state_elements(t, j.optimizer));
   }
-  // A block's MLP down projection (the last linear of the MLP), whose gradient the block's
-  // backward makes first (accounting.hpp, ActivationBytes::mlp_backward).
-  for (const auto& t : m.block.tensors)
-    if (t.name.rfind("mlp.down_proj.", 0) == 0) {
-      units_[1].first_grads += static_cast<double>(t.elements());
-      if (t.is_matrix()) units_[1].first_matmul += static_cast<double>(t.elements());
+  // A block's MLP down projection (the last linear of the MLP: Llama's down_proj, GPT-2's c_proj,
+  // GPT-NeoX's dense_4h_to_h), whose gradient the block's backward makes first (accounting.hpp,
+  // ActivationBytes::mlp_backward).
+  // Its MLP and the norm before it, whose backward ends before the attention's
+  // (ActivationBytes::mlp_released).
+  for (const auto& t : m.block.tensors) {
+    const auto elements = static_cast<double>(t.elements());
+    if (t.name.rfind("mlp.down_proj.", 0) == 0 || t.name.rfind("mlp.c_proj.", 0) == 0 ||
+        t.name.rfind("mlp.dense_4h_to_h.", 0) == 0) {
+      units_[1].first_grads += elements;
+      if (t.is_matrix()) units_[1].first_matmul += elements;
     }
+    if (t.name.rfind("mlp.", 0) == 0 || t.name.rfind("post_attention_layernorm.", 0) == 0 ||
+        t.name.rfind("ln_2.", 0) == 0) {
+      units_[1].mlp_grads += elements;
+      if (t.is_matrix()) units_[1].mlp_matmul += elements;
+    }
+  }
   // The head re-gathers the shared embedding matrix, unless that stays whole (persistent).
   const double tied = tied_matrix();
   const bool tied_sharded =

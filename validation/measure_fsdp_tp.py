@@ -36,10 +36,12 @@ What it measures
     checkpointing of every block) x seq 128/256 x micro-batch 1/2.
 
 How it measures
-    As validation/measure_steps.py measures its "fsdp2" runs: ``FSDPMemTracker`` over the second
-    step, after one warm-up step, with the model, optimizer and batch registered; storage bytes
-    per category (DTensors by their local shards), the categories at the peak, each category's
-    own peak, the module and phase of the peak. FSDP2's peaks at the end of the backward vary
+    As validation/measure_steps.py measures its "fsdp2" runs: ``FSDPMemTracker`` (without its
+    post-backward reference to a gradient, and with gloo's reduce-scatter copies counted apart:
+    fsdp2_on_gloo.py says why) over the second step, after one warm-up step, with the model,
+    optimizer and batch registered; storage bytes per category (DTensors by their local
+    shards), the categories at the peak, each category's own peak, the module and phase of the
+    peak. FSDP2's peaks at the end of the backward vary
     with when gloo's threads release collective buffers, so each case is measured REPEATS times
     per rank; peak_bytes_range is [min, max] over ranks and repeats. Each record has the first
     step's loss of rank 0 (data-parallel rank 0's batch) and the loss of the same model and batch
@@ -59,6 +61,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure_steps as ms  # noqa: E402  (the shared model, batch, tracker and corpus code)
+from fsdp2_on_gloo import gloo_copies_counted  # noqa: E402
 import measure_tensor_parallel as mtp  # noqa: E402  (the TP "sp" layout, its step and loss)
 
 GENERATED_BY = "validation/measure_fsdp_tp.py"
@@ -138,7 +141,7 @@ def measure_case(mesh, case):
     first_loss = mtp.train_step(model, optimizer, ids, case["layout"])
     gc.collect()
     tracker = ms.make_tracker("fsdp2", model, optimizer, ids)
-    with tracker:
+    with tracker, gloo_copies_counted(tracker):
         mtp.train_step(model, optimizer, ids, case["layout"])
     local = sum(p.to_local().numel() for p in model.parameters())
     record = {

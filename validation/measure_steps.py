@@ -46,6 +46,18 @@ How it measures
       states exist before the measured step and are updated in place, so optimizer_states is
       split into the states' own bytes and optimizer_temp (the foreach intermediates).
 
+    Two corrections for FSDP2 on CPU ranks, so that what is measured is what FSDP2 holds on an
+    accelerator with NCCL:
+    - FSDPMemTracker's post-backward wrapper (torch 2.15) keeps the group's last unsharded
+      gradient alive through FSDP2's reduce-scatter by its loop variable; an untracked run frees
+      it at the copy-in. The harness wraps post_backward itself, labelling and snapshotting as
+      the tracker does, without the reference (fsdp2_on_gloo.FSDPPostBackwardProbe).
+    - gloo's reduce-scatter clones its whole input and keeps the clone until the work is waited
+      on; NCCL reduces in place. Storages first seen inside FSDP2's reduce-scatter call are that
+      clone (fsdp2_on_gloo.gloo_copies_counted): peak_bytes and at_peak are the peak of the
+      total less them, and the record keeps their own largest size, gloo_copies_peak_bytes
+      (when gloo lets the clone go varies from run to run, and so would the total's peak).
+
     Storages created before the measured step and first touched inside it are counted from the
     first op that returns them (the trackers only see op outputs and registered objects).
 
@@ -84,6 +96,10 @@ import sys
 import tempfile
 import time
 import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fsdp2_on_gloo import (GLOO_COPY, FSDPPostBackwardProbe, filed_as,  # noqa: E402
+                           gloo_copies_counted)
 
 SCHEMA_VERSION = 1
 GENERATED_BY = "validation/measure_steps.py"
@@ -313,14 +329,17 @@ class _PeakProbe:
     """Mixin over MemTracker / FSDPMemTracker: each category's own peak, and where the total peaked.
 
     The trackers update their peak after every op (``_update_peak_stats``); this hooks the same
-    point, so the category peaks are sampled exactly where the total is.
+    point, so the category peaks are sampled exactly where the total is. The peak it keeps is
+    that of the total less gloo's reduce-scatter copies (GLOO_COPY, see gloo_copies_counted);
+    without FSDP2 there are none, and it is the trackers' own peak.
     """
 
     def _probe_init(self):
-        self._override_reftype = None  # set by classify_ddp_buckets
+        self._override_reftype = None  # set by classify_ddp_buckets and gloo_copies_counted
         self.category_peaks = {}
         self.peak_where = ("", "")
         self.sdpa_kernels = set()
+        self.held_peak = {}  # device -> (total less gloo's copies, the categories then)
 
     def _phase(self):
         if self._in_opt:
@@ -330,14 +349,15 @@ class _PeakProbe:
         return "forward"
 
     def _update_peak_stats(self, peak_state):
-        before = dict(self._peak_mem)
         super()._update_peak_stats(peak_state)
         for dev, snap in self._curr_mem_snap.items():
             peaks = self.category_peaks.setdefault(dev, {})
             for k, v in snap.items():
                 if v > peaks.get(k, 0):
                     peaks[k] = v
-            if self._peak_mem.get(dev, 0) > before.get(dev, 0):
+            held = snap["Total"] - snap.get(GLOO_COPY, 0)
+            if held > self.held_peak.get(dev, (-1, None))[0]:
+                self.held_peak[dev] = (held, dict(snap))
                 self.peak_where = (deepest_module(self._mod_tracker.parents), self._phase())
 
     def _track(self, reftype, t):
@@ -376,20 +396,12 @@ def classify_ddp_buckets(tracker, ddp_model):
     original_sync_buffers = ddp_model._sync_buffers
 
     def pre_forward(*args, **kwargs):
-        for dev_snap in tracker._curr_mem_snap.values():
-            dev_snap.setdefault(_DDPRefType.BUCKETS, 0)
-        tracker._override_reftype = _DDPRefType.BUCKETS
-        try:
+        with filed_as(tracker, _DDPRefType.BUCKETS):
             return original_pre_forward(*args, **kwargs)
-        finally:
-            tracker._override_reftype = None
 
     def sync_buffers(*args, **kwargs):
-        saved, tracker._override_reftype = tracker._override_reftype, None
-        try:
+        with filed_as(tracker, None):
             return original_sync_buffers(*args, **kwargs)
-        finally:
-            tracker._override_reftype = saved
 
     ddp_model._pre_forward = pre_forward
     ddp_model._sync_buffers = sync_buffers
@@ -400,7 +412,7 @@ def make_tracker(wrapper, model, optimizer, ids):
     from torch.distributed._tools.mem_tracker import MemTracker
 
     if wrapper == "fsdp2":
-        class ProbedFSDPMemTracker(_PeakProbe, FSDPMemTracker):
+        class ProbedFSDPMemTracker(_PeakProbe, FSDPPostBackwardProbe, FSDPMemTracker):
             pass
 
         tracker = ProbedFSDPMemTracker(model, optimizer)
@@ -461,15 +473,19 @@ def in_category_order(categories, keys, order=CATEGORY_ORDER):
 
 def read_tracker(tracker, state_bytes):
     """peak_bytes, at_peak, category_peaks, peak_module, peak_phase from the one CPU device."""
-    peak = tracker.get_tracker_snapshot("peak")
-    if len(peak) != 1:
-        raise RuntimeError(f"expected one device, the tracker saw {list(peak)}")
-    (dev, snap), = peak.items()
+    if len(tracker.held_peak) != 1:
+        raise RuntimeError(f"expected one device, the tracker saw {list(tracker.held_peak)}")
+    (dev, (held, snap)), = tracker.held_peak.items()
     at_peak = split_optimizer(category_dict(snap), state_bytes)
     own_peaks = split_optimizer(category_dict(tracker.category_peaks[dev]), state_bytes)
+    for categories in (at_peak, own_peaks):
+        categories.pop(GLOO_COPY, None)
     keys = set(at_peak) | set(own_peaks)
+    gloo_copies = tracker.category_peaks[dev].get(GLOO_COPY, 0)
+    gloo = {"gloo_copies_peak_bytes": int(gloo_copies)} if gloo_copies > 0 else {}
     return {
-        "peak_bytes": int(snap["Total"]),
+        "peak_bytes": int(held),
+        **gloo,
         "at_peak": in_category_order(at_peak, keys),
         "category_peaks": in_category_order(own_peaks, keys),
         "peak_module": tracker.peak_where[0],
@@ -493,7 +509,8 @@ def measure_case(wrapper, world_size, rank, case):
         train_step(model, optimizer, ids, case["precision"], wrapper)
     gc.collect()
     tracker = make_tracker(wrapper, model, optimizer, ids)
-    with tracker:
+    gloo = gloo_copies_counted(tracker) if wrapper == "fsdp2" else contextlib.nullcontext()
+    with tracker, gloo:
         loss = train_step(model, optimizer, ids, case["precision"], wrapper)
     record = {
         "id": case_id(wrapper, world_size, case),
