@@ -74,6 +74,9 @@ TEST_CASE("oracle::whole-step peaks within 3%, categories within 5%") {
                                    << "error " << 100 * c.worst << "% (bare and DDP), "
                                    << 100 * c.worst_fsdp2 << "% (FSDP2)");
   CHECK(c.peaks == 128);
+  // Each FSDP2 peak is within 0.22% here; bound at the unit corpus's 1%, so that a moment the
+  // walk loses (a released tensor, a transient) shows before it reaches the step target.
+  CHECK(c.worst_fsdp2 < 0.01);
 }
 
 TEST_CASE("oracle::deepspeed ZeRO-1/2/3 whole-step peaks within 3%, as planner estimate "
