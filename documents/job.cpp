@@ -52,6 +52,7 @@ const std::vector<std::string>& loss_names() {
 const std::vector<std::string>& recipe_names() {
   static const std::vector<std::string> n = [] {
     std::vector<std::string> names;
+    names.reserve(kRecipes);
     for (int r = 0; r < kRecipes; ++r)
       names.emplace_back(recipe_traits(static_cast<Recipe>(r)).name);
     return names;

@@ -133,6 +133,7 @@ Activation read_activation(ObjectReader& r, std::string_view key, const std::str
   for (const auto& [n, a] : known)
     if (n == name) return a;
   std::vector<std::string> names;
+  names.reserve(known.size());
   for (const auto& [n, a] : known) names.push_back(n);
   throw InputError(r.pointer_of(key), fmt::format("unsupported activation; supported: {}; got "
                                                   "\"{}\"",

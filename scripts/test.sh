@@ -9,7 +9,7 @@ phase_start=$SECONDS
 phase_done() { echo "test.sh: $1 took $((SECONDS - phase_start)) s" >&2; phase_start=$SECONDS; }
 python_deps=(python3-venv python3-dev) # the Python package's venv and headers
 if [[ "$full" == 1 ]]; then
-  scripts/install-deps.sh clang libclang-rt-14-dev clang-format-14 clang-tidy-14 universal-ctags chromium "${python_deps[@]}" # clang: the sanitizer and fuzz builds' compiler; clang-format-14, clang-tidy-14, universal-ctags: style::clang_format, style::clang_tidy, style::long functions say why; chromium: the memory chart rendered in a browser
+  scripts/install-deps.sh clang libclang-rt-14-dev clang-format-14 clang-tidy-14 universal-ctags chromium "${python_deps[@]}" # clang: the sanitizer and fuzz builds' compiler; clang-format-14, universal-ctags: style::clang_format, style::long functions say why; clang-tidy-14: the clang-tidy phase; chromium: the memory chart rendered in a browser
 else
   scripts/install-deps.sh "${python_deps[@]}"
 fi
@@ -30,6 +30,11 @@ phase_done "the release build"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ctest --preset release -j "$(nproc)"
 phase_done "the release tests"
+# clang-tidy 14 over every translation unit of the release tree (any finding fails the run).
+if [[ "$full" == 1 ]]; then
+  scripts/tidy.sh "$(nproc)"
+  phase_done "clang-tidy"
+fi
 # Then the suite again under AddressSanitizer and UndefinedBehaviorSanitizer (build/sanitize), and
 # every document parser fuzzed from that same build for FUZZ_SECONDS each. SHARDPLAN_FULL_CHECKS=0
 # skips both (the release suite alone, for a quick check while editing).

@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # clang-tidy 14 (the checks of .clang-tidy) over the C++ sources of a build's compile database
 # (scripts/tidy.py does the work; its comment says how):
-#   scripts/tidy.sh [JOBS]             every translation unit (a full compile's worth of parsing with
-#                                      analysis on top: tens of minutes); exits 1 on any finding
-#   scripts/tidy.sh --record [JOBS]    the same, then writes tests/style/tidy_clean.sha256, the files
-#                                      it verified clean
-#   scripts/tidy.sh --update [JOBS]    --changed, then adds the files it verified clean to that list
-#   scripts/tidy.sh --changed [JOBS]   only the units of files that differ from that list (ctest's
-#                                      style::clang_tidy)
+#   scripts/tidy.sh [JOBS]              every translation unit (what CI runs: about 11 minutes on
+#                                       two cores); exits 1 on any finding
+#   scripts/tidy.sh --since REV [JOBS]  only the units whose text or included project headers
+#                                       changed since the merge base with REV (e.g. origin/main),
+#                                       uncommitted changes included: the check while editing
 # JOBS: default the number of CPUs. TIDY_BUILD_DIR: the build tree (default build/release,
-# configured when it has no compile_commands.json). Exits 77 (ctest's "skipped") without
-# clang-tidy-14: another major version finds other things.
+# configured when it has no compile_commands.json). Exits 77 without clang-tidy-14: another major
+# version finds other things.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=()
-if [[ "${1:-}" == --record || "${1:-}" == --changed || "${1:-}" == --update ]]; then
-  mode=("$1")
-  shift
+if [[ "${1:-}" == --since ]]; then
+  if [[ $# -lt 2 ]]; then
+    echo "tidy.sh: --since needs a git revision (e.g. origin/main)" >&2
+    exit 2
+  fi
+  mode=(--since "$2")
+  shift 2
 fi
 jobs=${1:-$(nproc)}
 build=${TIDY_BUILD_DIR:-build/release}
