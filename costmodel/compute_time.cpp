@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "costmodel/traffic.hpp"
 #include "documents/hardware.hpp"
@@ -23,6 +24,8 @@ using documents::compute_dtype;
 using documents::DType;
 using documents::dtype_bytes;
 using documents::embedding_elementwise_ops;
+using documents::Flavour;
+using documents::flavour_name;
 using documents::forward_gemms;
 using documents::Gemm;
 using documents::HardwareProfile;
@@ -30,6 +33,7 @@ using documents::head_elementwise_ops;
 using documents::ModelSpec;
 using documents::Passes;
 using documents::passes_per_token;
+using documents::ShardingSpec;
 using documents::TrainingJob;
 using documents::UnitKind;
 namespace {
@@ -204,21 +208,64 @@ double ComputeModel::traffic_s(double bytes) const {
   return passes_s(bytes / e, e);
 }
 
+namespace {
+
+std::int64_t split_up(std::int64_t n, int t) { return (n + t - 1) / t; }
+
+// A unit's forward GEMM on one of t ranks (TensorSplit).
+Gemm split_gemm(Gemm g, const ModelSpec& m, UnitKind unit, int t) {
+  if (t == 1) return g;
+  if (unit == UnitKind::block && g.n == m.hidden)
+    g.k = split_up(g.k, t);  // row-parallel: writes the residual width
+  else
+    g.n = split_up(g.n, t);  // column-parallel, and the head's vocabulary
+  return g;
+}
+
+// The share of a unit's element-wise bytes on one rank: `whole` of them on the residual width
+// (split by t only under sequence parallelism), the rest split by t.
+double split_bytes(double all, double whole, const TensorSplit& s) {
+  if (s.t == 1) return all;
+  return s.sequence_parallel ? all / s.t : whole + (all - whole) / s.t;
+}
+
+// The element-wise ops' passes on one rank: the residual width's ops (norms, residual adds) as
+// split_bytes says, the others' widths split by t; the head's log-softmax only when the loss runs
+// on the rank's vocabulary.
+Passes split_passes(std::vector<documents::ElementwiseOp> ops, const TensorSplit& s) {
+  using documents::ElementwiseKind;
+  for (auto& op : ops) {
+    const bool residual_width =
+        op.kind == ElementwiseKind::layernorm || op.kind == ElementwiseKind::rmsnorm ||
+        op.kind == ElementwiseKind::residual || op.kind == ElementwiseKind::embedding;
+    const bool whole = residual_width
+                           ? !s.sequence_parallel
+                           : op.kind == ElementwiseKind::log_softmax && !s.vocabulary_parallel_loss;
+    if (!whole) op.width /= s.t;
+  }
+  return passes_per_token(ops);
+}
+
+}  // namespace
+
 UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j, UnitKind unit,
-                   const Forward& f, int context) {
+                   const Forward& f, int context, const TensorSplit& split) {
   const auto tokens = j.seq_len * j.micro_batch;
   UnitWork w;
   const auto gemm = static_cast<int>(ComputeKind::gemm);
   const auto attention = static_cast<int>(ComputeKind::attention);
   const auto memory = static_cast<int>(ComputeKind::memory_bound);
-  for (const auto& g : forward_gemms(m, unit, tokens)) {
+  for (const auto& whole : forward_gemms(m, unit, tokens)) {
+    const Gemm g = split_gemm(whole, m, unit, split.t);
     w.forward[gemm] += cm.gemm_s(g);
     for (const auto& b : backward_gemms(g)) w.backward[gemm] += cm.gemm_s(b);
     w.forward_kernels += 1;
     w.backward_kernels += 2;
   }
   if (unit == UnitKind::block && m.heads > 0) {
-    const auto a = attention_shape(m, j, context);
+    auto a = attention_shape(m, j, context);
+    a.heads = split_up(a.heads, split.t);
+    a.kv_heads = split_up(a.kv_heads, split.t);
     w.forward[attention] = cm.attention_forward_s(a);
     w.backward[attention] = cm.attention_backward_s(a);
     const bool flash = j.attention == AttentionImpl::flash;
@@ -229,15 +276,22 @@ UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob
     const Traffic t = unit == UnitKind::block  ? block_traffic(m, j, f)
                       : unit == UnitKind::head ? head_traffic(m, j, f)
                                                : embedding_traffic(m, j, f);
-    w.forward[memory] = cm.traffic_s(t.forward);
-    w.backward[memory] = cm.traffic_s(t.backward);
+    // The residual width's share: the block's norms and residual adds; the embeddings' lookup;
+    // the head's loss (its norm is a small part) unless the loss is vocabulary-parallel.
+    Traffic whole = t;
+    if (unit == UnitKind::block)
+      whole = block_residual_traffic(m, j, f);
+    else if (unit == UnitKind::head && split.vocabulary_parallel_loss)
+      whole = Traffic{};
+    w.forward[memory] = cm.traffic_s(split_bytes(t.forward, whole.forward, split));
+    w.backward[memory] = cm.traffic_s(split_bytes(t.backward, whole.backward, split));
     w.forward_kernels += t.forward_ops;
     w.backward_kernels += t.backward_ops;
   } else {  // the executor's (and Megatron's) kernels
     const auto ops = unit == UnitKind::block  ? block_elementwise_ops(m)
                      : unit == UnitKind::head ? head_elementwise_ops(m)
                                               : embedding_elementwise_ops(m);
-    const Passes p = passes_per_token(ops);
+    const Passes p = split.t == 1 ? passes_per_token(ops) : split_passes(ops, split);
     const double bytes = dtype_bytes(compute_dtype(j.precision));
     const double t = static_cast<double>(tokens);
     w.forward[memory] = cm.passes_s(t * p.forward, bytes);
@@ -252,26 +306,46 @@ UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob
 }
 
 ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const TrainingJob& j,
-                             const Forward& f) {
+                             const Forward& f, const TensorSplit& split) {
   ComputeTimes r{};
   const auto tokens = j.seq_len * j.micro_batch;
   if (j.checkpointing == Checkpointing::selective_attention &&
       j.attention == AttentionImpl::eager) {
     // Megatron's selective recompute reruns the eager attention core.
-    r[static_cast<int>(ComputeKind::attention)] = cm.attention_forward_s(attention_shape(m, j));
+    auto a = attention_shape(m, j);
+    a.heads = split_up(a.heads, split.t);
+    a.kv_heads = split_up(a.kv_heads, split.t);
+    r[static_cast<int>(ComputeKind::attention)] = cm.attention_forward_s(a);
   } else if (j.checkpointing == Checkpointing::selective_op) {
     // torchtitan's op-level policy keeps every second matmul's output (of wqkv, wo, w1, w3, w2 the
     // 2nd and 4th are rerun: wo and w3) and reruns the element-wise ops its save list omits.
-    r[static_cast<int>(ComputeKind::gemm)] = cm.gemm_s({tokens, m.hidden, m.q_width(), 1}) +
-                                             cm.gemm_s({tokens, m.intermediate, m.hidden, 1});
+    const UnitKind block = UnitKind::block;
+    r[static_cast<int>(ComputeKind::gemm)] =
+        cm.gemm_s(split_gemm({tokens, m.hidden, m.q_width(), 1}, m, block, split.t)) +
+        cm.gemm_s(split_gemm({tokens, m.intermediate, m.hidden, 1}, m, block, split.t));
     r[static_cast<int>(ComputeKind::memory_bound)] =
         counts_recipe_traffic(j)
-            ? cm.traffic_s(recompute_traffic(m, j, f).forward)
+            ? cm.traffic_s(split_bytes(recompute_traffic(m, j, f).forward,
+                                       block_residual_traffic(m, j, f).forward, split))
             : cm.passes_s(static_cast<double>(tokens) *
-                              passes_per_token(block_elementwise_ops(m)).forward,
+                              split_passes(block_elementwise_ops(m), split).forward,
                           dtype_bytes(compute_dtype(j.precision)));
   }
   return r;
+}
+
+std::string framework_key(const ShardingSpec& s) {
+  if (s.flavour != Flavour::deepspeed) return flavour_name(s.flavour);
+  return s.shard_parameters ? "deepspeed_zero3" : "deepspeed_zero12";
+}
+
+double unit_seconds(const HardwareProfile& hw, const ComputeTimes& device, double host,
+                    ComputeTimes& kinds) {
+  const double dev = std::accumulate(device.begin(), device.end(), 0.0);
+  const double t = hw.is_cpu ? dev + host : std::max(dev, host);
+  for (int c = 0; c < kComputeKinds; ++c) kinds[c] += device[c];
+  kinds[static_cast<int>(ComputeKind::host_overhead)] += t - dev;
+  return t;
 }
 
 HostWork unit_host_work(const HardwareProfile& hw, const std::string& flavour, const UnitWork& work,

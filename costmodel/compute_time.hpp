@@ -18,6 +18,7 @@
 #include "documents/hardware.hpp"
 #include "documents/job.hpp"
 #include "documents/model.hpp"
+#include "documents/sharding.hpp"
 #include "documents/workload.hpp"
 
 namespace shardplan::costmodel {
@@ -75,16 +76,31 @@ private:
   double attention_s(const documents::AttentionShape& a, bool backward) const;
 };
 
-// Per micro-batch work of each unit kind; the block's is one block's. `f`: the dtypes the
-// forward reads (accounting.hpp); a framework's recipe moves the bytes of costmodel/traffic.hpp
+// How tensor parallelism splits a unit's work over its t ranks (Megatron-LM's and PyTorch's
+// column- and row-parallel linears, Shoeybi et al. 2019, §3): a linear writing the residual width
+// (the attention's output and the MLP's down projection) splits its input features, every other
+// linear its output features, the head's projection the vocabulary; the attention splits its
+// heads; the element-wise ops of the heads' and the MLP's width split by t, those of the residual
+// width (norms, residual adds) only under sequence parallelism, which splits them along the
+// sequence; the head's loss where it runs on the rank's vocabulary. Each rank still launches every
+// kernel. t = 1: the whole unit.
+struct TensorSplit {
+  int t = 1;
+  bool sequence_parallel = false;
+  bool vocabulary_parallel_loss = true;
+};
+
+// Per micro-batch work of each unit kind on one rank; the block's is one block's. `f`: the dtypes
+// the forward reads (accounting.hpp); a framework's recipe moves the bytes of costmodel/traffic.hpp
 // in its memory-bound ops, the executor and Megatron the passes of elementwise.hpp.
 // `context`: the ranks sharing each sequence (j holds this rank's share of it).
 UnitWork unit_work(const ComputeModel& cm, const documents::ModelSpec& m,
                    const documents::TrainingJob& j, documents::UnitKind unit, const Forward& f,
-                   int context = 1);
+                   int context = 1, const TensorSplit& split = {});
 // One block's rerun in backward under the job's checkpointing mode, by kind (0 for none).
 ComputeTimes block_recompute(const ComputeModel& cm, const documents::ModelSpec& m,
-                             const documents::TrainingJob& j, const Forward& f);
+                             const documents::TrainingJob& j, const Forward& f,
+                             const TensorSplit& split = {});
 
 // The host's time to issue a unit's forward or backward: its kernel launches and the framework's
 // hooks per unit, linear submodule and parameter tensor (hardware.hpp's FrameworkOverheads, by
@@ -95,5 +111,13 @@ struct HostWork {
 // `tensors`: the unit's parameter tensors; `submodules`: its linear layers (matrices).
 HostWork unit_host_work(const documents::HardwareProfile& hw, const std::string& flavour,
                         const UnitWork& work, double tensors, double submodules);
+// The framework key of a data-parallel engine's hooks (HardwareProfile::framework): the flavour's
+// name, DeepSpeed's by stage (it hooks every submodule only at stage 3, where it gathers).
+std::string framework_key(const documents::ShardingSpec& s);
+// A unit's forward or backward on the compute stream: a GPU runs it at the slower of its kernels
+// and the host's issuing of them (the kernels queue behind the host), a CPU rank does both in
+// turn. Adds the device's seconds by kind, and the host's excess, to `kinds`; returns the total.
+double unit_seconds(const documents::HardwareProfile& hw, const ComputeTimes& device, double host,
+                    ComputeTimes& kinds);
 
 }  // namespace shardplan::costmodel

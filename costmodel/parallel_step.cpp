@@ -1,6 +1,7 @@
 #include "costmodel/parallel_step.hpp"
 
 #include <algorithm>
+#include <numeric>
 
 #include <fmt/format.h>
 
@@ -14,10 +15,10 @@
 #include "documents/recipe.hpp"
 #include "documents/sharding.hpp"
 #include "documents/state_bytes.hpp"
+#include "documents/workload.hpp"
 
 namespace shardplan::costmodel {
 
-using documents::attention_core_flops_per_token;
 using documents::block_forward_flops_per_token;
 using documents::bytes_sent_per_rank;
 using documents::Category;
@@ -25,6 +26,7 @@ using documents::Checkpointing;
 using documents::Collective;
 using documents::compute_dtype;
 using documents::dtype_bytes;
+using documents::Flavour;
 using documents::HardwareProfile;
 using documents::head_forward_flops_per_token;
 using documents::layout_problems;
@@ -36,8 +38,12 @@ using documents::stage_blocks;
 using documents::stage_first_block;
 using documents::state_bytes;
 using documents::StateBytes;
+using documents::Tensor;
+using documents::TensorParallelCode;
 using documents::Tier;
+using documents::TpLoss;
 using documents::TrainingJob;
+using documents::UnitKind;
 namespace {
 
 double local_tokens(const TrainingJob& j, const ParallelLayout& l) {
@@ -54,19 +60,21 @@ double p2p_time(const HardwareProfile& hw, Tier tier, double bytes) {
 // One stage's seconds per micro-batch: compute alone, and forward/backward with what is exposed.
 struct StageTime {
   double compute = 0;                // forward + backward + recompute kernels
+  ComputeTimes kinds{};              // the same by kind (compute_time.hpp)
   double forward = 0, backward = 0;  // with exposed TP and CP communication
   double tp_exposed = 0, cp_exposed = 0;
 };
 
 // Per-block times and communication, shared by every block of the stage.
 struct BlockTime {
-  double fwd = 0, bwd = 0;  // GEMMs and attention
+  double fwd = 0, bwd = 0;  // the block's kernels on the rank and the host's issuing (rank_unit)
+  ComputeTimes kinds{};     // fwd + bwd by kind
   double core_fwd = 0;      // the attention core of the forward (what ring attention overlaps)
   double tp_fwd = 0, tp_bwd = 0;  // TP collectives' seconds
   double cp_fwd = 0, cp_bwd = 0;  // ring exchanges' seconds
   // torchtitan's op-level selective checkpointing reruns every second matmul of its save list,
-  // the attention output projection (wo) and the MLP's up projection (w3), before the backward
-  // (the FLOPs of accounting's block_recompute for selective_op, at the GEMM rate).
+  // the attention output projection (wo) and the MLP's up projection (w3), and the element-wise
+  // ops its save list omits, before the backward (block_recompute on the rank).
   double selective = 0;
   // Its rerun under tensor parallelism reruns the forward's collectives up to the MLP's last
   // input (non-reentrant checkpointing stops once the tensors backward needs exist): both
@@ -74,6 +82,55 @@ struct BlockTime {
   // all-reduce without; the policy saves no output of them.
   double tp_selective = 0;
 };
+
+// One unit's seconds per micro-batch on a rank of the layout, as the step walk times a unit
+// (simulator_setup.cpp, compute_time.hpp): its GEMMs, attention and element-wise ops on the rank's
+// T = s/c·b tokens, split over the t tensor-parallel ranks (TensorSplit), and the host's issuing
+// of their kernels with the engine's hooks.
+struct RankUnit {
+  double forward = 0, backward = 0;
+  ComputeTimes kinds{};          // forward + backward by kind
+  double attention_forward = 0;  // of forward, the attention core
+  double recompute = 0;          // a block's rerun under selective checkpointing
+};
+
+RankUnit rank_unit(const StepInput& in, const ParallelLayout& l, const ComputeModel& cm,
+                   UnitKind unit) {
+  const auto& m = *in.model;
+  const auto& hw = *in.hardware;
+  TrainingJob rank_job = in.job;
+  rank_job.seq_len = in.job.seq_len / l.context_parallel;
+  const auto& traits = recipe_traits(rank_job.recipe);
+  const StateBytes sb = state_bytes(in.job.precision, in.spec, in.accounting);
+  // DDP over fp32 parameters computing in a 16-bit dtype reads them in fp32 (autocast's casts,
+  // the executor's copies); every other engine hands the forward 16-bit parameters.
+  const bool ddp_mixed = in.spec.flavour == Flavour::ddp && sb.compute < sb.param;
+  const Forward f{sb.compute, ddp_mixed ? sb.param : sb.compute, !hw.is_cpu};
+  const TensorSplit split{l.tensor_parallel, l.sequence_parallel,
+                          traits.tensor_parallel != TensorParallelCode::torch_styles ||
+                              traits.tp_loss == TpLoss::loss_parallel};
+  const int context = unit == UnitKind::block ? l.context_parallel : 1;
+  const UnitWork w = unit_work(cm, m, rank_job, unit, f, context, split);
+  HostWork h;
+  if (traits.framework) {
+    const auto& t = unit == UnitKind::block  ? m.block.tensors
+                    : unit == UnitKind::head ? m.head.tensors
+                                             : m.embedding.tensors;
+    const auto linears =
+        std::count_if(t.begin(), t.end(), [](const Tensor& x) { return x.is_matrix(); });
+    h = unit_host_work(hw, framework_key(in.spec), w, static_cast<double>(t.size()),
+                       static_cast<double>(linears));
+  }
+  RankUnit r;
+  r.forward = unit_seconds(hw, w.forward, h.forward_s, r.kinds);
+  r.backward = unit_seconds(hw, w.backward, h.backward_s, r.kinds);
+  r.attention_forward = w.forward[static_cast<int>(ComputeKind::attention)];
+  if (unit == UnitKind::block) {
+    const ComputeTimes rerun = block_recompute(cm, m, rank_job, f, split);
+    r.recompute = std::accumulate(rerun.begin(), rerun.end(), 0.0);
+  }
+  return r;
+}
 
 BlockTime block_time(const StepInput& in, const ParallelLayout& l, const LayoutGroups& g,
                      const ComputeModel& cm) {
@@ -83,16 +140,14 @@ BlockTime block_time(const StepInput& in, const ParallelLayout& l, const LayoutG
   const double T = local_tokens(j, l);
   const double t = l.tensor_parallel;
   BlockTime b;
-  // Each rank computes 1/t of every GEMM and of the heads; its T local tokens attend over the
+  // Each rank runs its share of every GEMM and of the heads; its T local tokens attend over the
   // whole sequence (ring attention visits every K/V chunk).
-  b.fwd = block_forward_flops_per_token(m, j.seq_len) * T / t / cm.gemm_rate();
-  b.bwd = 2 * b.fwd;  // backward = 2 x forward (accounting.hpp)
-  b.core_fwd = attention_core_flops_per_token(m, j.seq_len) * T / t / cm.gemm_rate();
-  if (j.checkpointing == Checkpointing::selective_op)
-    b.selective = 2 * T *
-                  (static_cast<double>(m.q_width()) * static_cast<double>(m.hidden) +
-                   static_cast<double>(m.hidden) * static_cast<double>(m.intermediate)) /
-                  t / cm.gemm_rate();
+  const RankUnit block = rank_unit(in, l, cm, UnitKind::block);
+  b.fwd = block.forward;
+  b.bwd = block.backward;
+  b.kinds = block.kinds;
+  b.core_fwd = block.attention_forward;
+  if (j.checkpointing == Checkpointing::selective_op) b.selective = block.recompute;
   const CommModel comm(*in.hardware);
   const double buffer = e * T * static_cast<double>(m.hidden);
   auto tp_phase = [&]() {
@@ -134,7 +189,6 @@ StageTime stage_time(const StepInput& in, const ParallelLayout& l, const BlockTi
   const double blocks = static_cast<double>(stage_blocks(l, m.layers, stage));
   const std::int64_t first_block = stage_first_block(l, m.layers, stage);
   const bool last = stage == l.pipeline_parallel - 1;
-  const double T = local_tokens(j, l);
   const bool async = l.async_tensor_parallel;
   StageTime s;
   const double tp_f = exposed(b.tp_fwd, b.fwd - b.core_fwd, async);
@@ -155,13 +209,17 @@ StageTime stage_time(const StepInput& in, const ParallelLayout& l, const BlockTi
   s.compute = blocks * (b.fwd + b.bwd + b.selective) + checkpointed * b.fwd;
   s.tp_exposed = blocks * (tp_f + tp_b) + checkpointed * tp_f;
   s.cp_exposed = blocks * (cp_f + cp_b) + checkpointed * cp_f;
-  if (last) {  // the head's GEMM, split over the vocabulary
-    const double head = head_forward_flops_per_token(m) * T / l.tensor_parallel / cm.gemm_rate();
-    s.forward += head;
-    s.backward += 2 * head;
-    s.compute += 3 * head;
+  for (int k = 0; k < kComputeKinds; ++k) s.kinds[k] = blocks * b.kinds[k];
+  s.kinds[static_cast<int>(ComputeKind::recompute)] += blocks * b.selective + checkpointed * b.fwd;
+  // The head on the last stage, the embeddings on the first, as the step walk times them.
+  for (const UnitKind unit : {UnitKind::embedding, UnitKind::head}) {
+    if (unit == UnitKind::embedding ? stage != 0 : !last) continue;
+    const RankUnit u = rank_unit(in, l, cm, unit);
+    s.forward += u.forward;
+    s.backward += u.backward;
+    s.compute += u.forward + u.backward;
+    for (int k = 0; k < kComputeKinds; ++k) s.kinds[k] += u.kinds[k];
   }
-  // The embedding lookup is memory-bound: not timed on this path.
   return s;
 }
 
@@ -343,6 +401,8 @@ void evaluate_stages(const StepInput& in, const ParallelLayout& l, ParallelStep&
   r.step_s = end;
   r.optimizer_s = worst_dp.optimizer;
   r.compute_s = w.compute * mb + worst_dp.optimizer;
+  for (int k = 0; k < kComputeKinds; ++k) r.compute_by_kind_s[k] = w.kinds[k] * mb;
+  r.compute_by_kind_s[static_cast<int>(ComputeKind::optimizer)] += worst_dp.optimizer;
   r.exposed_comm_s = std::max(0.0, r.step_s - r.compute_s - out.bubble_s);
 }
 

@@ -8,9 +8,10 @@
 // data-parallel gradient reduction over world/(t·p·c) ranks and the optimizer step follow each
 // stage's last backward. Memory per stage: parallel_memory.hpp.
 //
-// What this analytic path leaves out that the single-stage simulator counts: memory-bound
-// kernels and the host's dispatch (compute is GEMM and attention FLOPs at the profile's GEMM
-// rate), the per-unit prefetch of FSDP's all-gathers (one gather per step under a pipeline; per
+// A unit's compute on a rank is the step walk's (compute_time.hpp: GEMMs by shape, the attention
+// core, the memory-bound ops, the host's issuing of the kernels), split over the tensor-parallel
+// ranks (TensorSplit). What this analytic path leaves out that the single-stage simulator counts:
+// the per-unit prefetch of FSDP's all-gathers (one gather per step under a pipeline; per
 // micro-batch otherwise, overlapped with compute but for the first), bucketing, offload.
 #pragma once
 

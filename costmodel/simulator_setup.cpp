@@ -186,10 +186,7 @@ void Simulation::prepare_unit_times() {
                   !hw.is_cpu};
   const ComputeModel cm(hw, j);
   const UnitKind unit_kinds[3] = {UnitKind::embedding, UnitKind::block, UnitKind::head};
-  // DeepSpeed hooks every submodule only at stage 3 (it gathers parameters there).
-  const char* framework_key = s.flavour != Flavour::deepspeed ? flavour_name(s.flavour)
-                              : s.shard_parameters            ? "deepspeed_zero3"
-                                                              : "deepspeed_zero12";
+  const std::string hooks = framework_key(s);
   for (int k = 0; k < 3; ++k) {
     auto& u = units_[k];
     const UnitWork w = unit_work(cm, m, j, unit_kinds[k], f, k == 1 ? context_ : 1);
@@ -198,20 +195,12 @@ void Simulation::prepare_unit_times() {
       const auto& t = tensors[k]->tensors;
       const auto linears =
           std::count_if(t.begin(), t.end(), [](const Tensor& x) { return x.is_matrix(); });
-      h = unit_host_work(hw, framework_key, w, static_cast<double>(t.size()),
-                         static_cast<double>(linears));
+      h = unit_host_work(hw, hooks, w, static_cast<double>(t.size()), static_cast<double>(linears));
     }
-    auto run = [&](const ComputeTimes& device, double host, ComputeTimes& kinds) {
-      const double dev = std::accumulate(device.begin(), device.end(), 0.0);
-      const double t = hw.is_cpu ? dev + host : std::max(dev, host);
-      for (int c = 0; c < kComputeKinds; ++c) kinds[c] += device[c];
-      kinds[static_cast<int>(ComputeKind::host_overhead)] += t - dev;
-      return t;
-    };
     u.kinds = {};
     u.fwd_kinds = {};
-    u.fwd_s = run(w.forward, h.forward_s, u.fwd_kinds);
-    u.bwd_s = run(w.backward, h.backward_s, u.kinds);
+    u.fwd_s = unit_seconds(hw, w.forward, h.forward_s, u.fwd_kinds);
+    u.bwd_s = unit_seconds(hw, w.backward, h.backward_s, u.kinds);
     for (int c = 0; c < kComputeKinds; ++c) u.kinds[c] += u.fwd_kinds[c];
   }
   // Recompute: a checkpointed block reruns its forward; Megatron's selective recompute reruns the

@@ -250,6 +250,13 @@ Traffic block_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f
   return t;
 }
 
+Traffic block_residual_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+  const TrafficShape x(m, j, f);
+  Traffic t = times(2, norm(m, j, x));
+  t += times(2, per_token(x, (2 * x.r + x.e) * x.h, 3 * x.r * x.h, 1, 1));
+  return t;
+}
+
 Traffic recompute_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
   const TrafficShape x(m, j, f);
   const Traffic block = block_traffic(m, j, f);

@@ -39,5 +39,10 @@ Traffic head_traffic(const documents::ModelSpec& m, const documents::TrainingJob
                      const Forward& f);
 Traffic embedding_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
                           const Forward& f);
+// Of block_traffic, the ops on the residual stream's width (the two norms and the residual adds),
+// which tensor parallelism leaves whole on every rank unless sequence parallelism splits them along
+// the sequence; the rest runs on a rank's heads and intermediate width.
+Traffic block_residual_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
+                               const Forward& f);
 
 }  // namespace shardplan::costmodel

@@ -189,3 +189,36 @@ TEST_CASE(
   CHECK(r.walk.peak_chunks == walked.peak_chunks);
   CHECK(r.walk.peak_chunks == peak_chunks(torch));
 }
+
+// A stage runs the step walk's units (compute_time.hpp's GEMMs by shape, attention, memory-bound
+// ops and the host's dispatch): split over two pipeline stages without tensor parallelism, the
+// stages' forward and backward per micro-batch add up to the walk's for the whole model (stage 0
+// the embeddings and 40 blocks, stage 1 40 blocks and the head). Tensor parallelism splits the
+// GEMMs and the heads but each rank launches every kernel and, without sequence parallelism,
+// keeps the residual width's element-wise ops whole: t = 2 takes more than half of t = 1's
+// compute, and sequence parallelism (which splits those ops along the sequence) less than t = 2
+// without it.
+TEST_CASE("parallel_step::the stages run the step walk's units, split over the tensor ranks") {
+  Setup s(16, 16, 1, "ddp");  // d = 8 replicas x 2 micro-batches of 1
+  const auto whole = simulate_step(s.in);
+  const auto piped = simulate_parallel_step(s.in, layout(1, false, 2, 2));
+  REQUIRE(whole.valid);
+  REQUIRE(piped.step.valid);
+  CHECK(piped.stage_forward_s[0] + piped.stage_forward_s[1] ==
+        doctest::Approx(whole.forward_per_mb_s).epsilon(1e-9));
+  CHECK(piped.stage_backward_s[0] + piped.stage_backward_s[1] ==
+        doctest::Approx(whole.backward_per_mb_s).epsilon(1e-9));
+  // The step's compute by kind (GEMMs, attention, memory-bound, host, optimizer) sums to it.
+  double by_kind = 0;
+  for (const double k : piped.step.compute_by_kind_s) by_kind += k;
+  CHECK(by_kind == doctest::Approx(piped.step.compute_s).epsilon(1e-12));
+  CHECK(piped.step.compute_by_kind_s[static_cast<int>(ComputeKind::gemm)] > 0);
+
+  const double one = whole.forward_per_mb_s + whole.backward_per_mb_s;
+  Setup tp(16, 8, 1, "ddp");  // 8 replicas of t = 2, one micro-batch of 1 each
+  const double two = simulate_parallel_step(tp.in, layout(2, false, 1, 1)).compute_per_mb_s;
+  const double two_sp = simulate_parallel_step(tp.in, layout(2, true, 1, 1)).compute_per_mb_s;
+  CHECK(two < one);
+  CHECK(two > one / 2);
+  CHECK(two_sp < two);
+}
