@@ -6,9 +6,13 @@ allocates:
 
 - FSDPMemTracker's post-backward wrapper keeps a gradient alive (FSDPPostBackwardProbe);
 - gloo's reduce-scatter clones its whole input (gloo_copies_counted, GLOO_COPY).
+
+filed_as, the category a storage gets when the tracker first sees it, serves measure_steps.py's
+DDP buckets too.
 """
 
 import contextlib
+
 
 @contextlib.contextmanager
 def filed_as(tracker, reftype):
