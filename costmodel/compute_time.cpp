@@ -36,6 +36,7 @@ using documents::passes_per_token;
 using documents::ShardingSpec;
 using documents::TrainingJob;
 using documents::UnitKind;
+using documents::UnitTensors;
 namespace {
 
 // cuBLAS and CUTLASS split a GEMM's output into thread-block tiles and run one tile per SM at a
@@ -349,7 +350,9 @@ double unit_seconds(const HardwareProfile& hw, const ComputeTimes& device, doubl
 }
 
 HostWork unit_host_work(const HardwareProfile& hw, const std::string& flavour, const UnitWork& work,
-                        double tensors, double submodules) {
+                        const UnitTensors& unit) {
+  const auto tensors = static_cast<double>(unit.tensors.size());
+  const auto submodules = static_cast<double>(unit.matrices());
   HostWork h{work.forward_kernels * hw.op_dispatch_s, work.backward_kernels * hw.op_dispatch_s};
   const auto it = hw.framework.find(flavour);
   if (it != hw.framework.end()) {

@@ -108,9 +108,9 @@ ComputeTimes block_recompute(const ComputeModel& cm, const documents::ModelSpec&
 struct HostWork {
   double forward_s = 0, backward_s = 0;
 };
-// `tensors`: the unit's parameter tensors; `submodules`: its linear layers (matrices).
+// `unit`: its parameter tensors, hooked each, and its linear layers (matrices), each a submodule.
 HostWork unit_host_work(const documents::HardwareProfile& hw, const std::string& flavour,
-                        const UnitWork& work, double tensors, double submodules);
+                        const UnitWork& work, const documents::UnitTensors& unit);
 // The framework key of a data-parallel engine's hooks (HardwareProfile::framework): the flavour's
 // name, DeepSpeed's by stage (it hooks every submodule only at stage 3, where it gathers).
 std::string framework_key(const documents::ShardingSpec& s);

@@ -38,7 +38,6 @@ using documents::stage_blocks;
 using documents::stage_first_block;
 using documents::state_bytes;
 using documents::StateBytes;
-using documents::Tensor;
 using documents::TensorParallelCode;
 using documents::Tier;
 using documents::TpLoss;
@@ -113,13 +112,10 @@ RankUnit rank_unit(const StepInput& in, const ParallelLayout& l, const ComputeMo
   const UnitWork w = unit_work(cm, m, rank_job, unit, f, context, split);
   HostWork h;
   if (traits.framework) {
-    const auto& t = unit == UnitKind::block  ? m.block.tensors
-                    : unit == UnitKind::head ? m.head.tensors
-                                             : m.embedding.tensors;
-    const auto linears =
-        std::count_if(t.begin(), t.end(), [](const Tensor& x) { return x.is_matrix(); });
-    h = unit_host_work(hw, framework_key(in.spec), w, static_cast<double>(t.size()),
-                       static_cast<double>(linears));
+    const auto& tensors = unit == UnitKind::block  ? m.block
+                          : unit == UnitKind::head ? m.head
+                                                   : m.embedding;
+    h = unit_host_work(hw, framework_key(in.spec), w, tensors);
   }
   RankUnit r;
   r.forward = unit_seconds(hw, w.forward, h.forward_s, r.kinds);

@@ -35,7 +35,6 @@ using documents::Offload;
 using documents::Optimizer;
 using documents::Precision;
 using documents::state_bytes;
-using documents::Tensor;
 using documents::UnitKind;
 using documents::UnitTensors;
 
@@ -191,12 +190,7 @@ void Simulation::prepare_unit_times() {
     auto& u = units_[k];
     const UnitWork w = unit_work(cm, m, j, unit_kinds[k], f, k == 1 ? context_ : 1);
     HostWork h;
-    if (frameworks_) {
-      const auto& t = tensors[k]->tensors;
-      const auto linears =
-          std::count_if(t.begin(), t.end(), [](const Tensor& x) { return x.is_matrix(); });
-      h = unit_host_work(hw, hooks, w, static_cast<double>(t.size()), static_cast<double>(linears));
-    }
+    if (frameworks_) h = unit_host_work(hw, hooks, w, *tensors[k]);
     u.kinds = {};
     u.fwd_kinds = {};
     u.fwd_s = unit_seconds(hw, w.forward, h.forward_s, u.fwd_kinds);

@@ -210,10 +210,6 @@ Biases biases(const UnitTensors& u) {
   }
   return b;
 }
-double matrices(const UnitTensors& u) {
-  return static_cast<double>(std::count_if(u.tensors.begin(), u.tensors.end(),
-                                           [](const Tensor& t) { return t.is_matrix(); }));
-}
 
 }  // namespace
 
@@ -235,7 +231,7 @@ Traffic block_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f
     // Each reader casts the fp32 norm output; its input gradient is cast back; the branch
     // outputs' gradients are cast to the compute dtype for o_proj and down_proj. Each weight
     // and bias is cast in forward and its gradient cast back.
-    const double params = matrices(m.block) + b.tensors;
+    const double params = static_cast<double>(m.block.matrices()) + b.tensors;
     t += per_token(x, readers * x.cast() * x.h, (readers + 2) * x.cast() * x.h, readers + params,
                    readers + 2 + params);
   }

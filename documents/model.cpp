@@ -410,6 +410,12 @@ std::int64_t UnitTensors::matmul_params() const {
   return n;
 }
 
+std::int64_t UnitTensors::matrices() const {
+  std::int64_t n = 0;
+  for (const auto& t : tensors) n += t.is_matrix() ? 1 : 0;
+  return n;
+}
+
 std::int64_t ModelSpec::total_params() const {
   return embedding.params() + layers * block.params() + head.params();
 }

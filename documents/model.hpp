@@ -44,6 +44,7 @@ struct UnitTensors {
   std::vector<Tensor> tensors;
   std::int64_t params() const;
   std::int64_t matmul_params() const;  // weights that take part in a GEMM per token
+  std::int64_t matrices() const;       // its linear layers' weights (tensors of two dimensions)
 };
 
 // clang-tidy 14 says its (noexcept) default constructor may throw: it follows nlohmann::json's

@@ -1,6 +1,7 @@
 // The compute model by op kind (costmodel/compute_time.hpp): every expected time here is derived
 // by hand from the profile's numbers and the formula's stated source, not read off the code.
 #include <cmath>
+#include <string>
 
 #include <doctest/doctest.h>
 
@@ -174,14 +175,20 @@ TEST_CASE("compute_time::the host's work hides behind a GPU's kernels, adds to a
   UnitWork w;
   w.forward_kernels = 20;
   w.backward_kernels = 30;
+  // A unit of 9 parameter tensors, 7 of them linear layers' weights.
+  UnitTensors unit;
+  for (int i = 0; i < 9; ++i)
+    unit.tensors.push_back(i < 7 ? Tensor{"w" + std::to_string(i), 4, 4}
+                                 : Tensor{"b" + std::to_string(i), 4, 1});
+  REQUIRE(unit.matrices() == 7);
   // 20 launches of 10 us + 100 us + 9 tensors x 1 us; 30 x 10 + 200 + 9 x 2.
-  const auto h = unit_host_work(hw, "fsdp2", w, 9, 7);
+  const auto h = unit_host_work(hw, "fsdp2", w, unit);
   CHECK(h.forward_s == doctest::Approx(309e-6));
   CHECK(h.backward_s == doctest::Approx(518e-6));
-  CHECK(unit_host_work(hw, "ddp", w, 9, 7).forward_s == doctest::Approx(200e-6));
+  CHECK(unit_host_work(hw, "ddp", w, unit).forward_s == doctest::Approx(200e-6));
   // DeepSpeed's hooks on each of the 7 linear submodules: + 7 x 30 us, + 7 x 40 us.
-  CHECK(unit_host_work(hw, "deepspeed_zero3", w, 9, 7).forward_s == doctest::Approx(519e-6));
-  CHECK(unit_host_work(hw, "deepspeed_zero3", w, 9, 7).backward_s == doctest::Approx(798e-6));
+  CHECK(unit_host_work(hw, "deepspeed_zero3", w, unit).forward_s == doctest::Approx(519e-6));
+  CHECK(unit_host_work(hw, "deepspeed_zero3", w, unit).backward_s == doctest::Approx(798e-6));
 
   // In a step: GPT-2 on one GPU, DDP; a per-unit hook far longer than any unit's kernels makes
   // each unit's forward and backward take the host's time, and the excess is host overhead.
