@@ -23,6 +23,7 @@ using documents::Checkpointing;
 using documents::compute_dtype;
 using documents::dtype_bytes;
 using documents::Flavour;
+using documents::fused_adam;
 using documents::LossImpl;
 using documents::MlpKind;
 using documents::ModelSpec;
@@ -655,12 +656,12 @@ PlanActivations plan_activations(const ParallelMemoryInput& in, const StageShare
 // sqrt(exp_avg_sq) of a parameter group's local tensors into new tensors (the state dtype),
 // freed when the group's update ends. foreach AdamW takes no mix of DTensors and plain tensors
 // in one group, so the parameters a plan leaves out (hf: the embeddings and the norms) are a
-// group of their own: the larger group's intermediate is the step's peak. DeepSpeed's FusedAdam
-// and a CPU optimizer update in place.
+// group of their own: the larger group's intermediate is the step's peak. DeepSpeed's and
+// Megatron's FusedAdam and a CPU optimizer update in place.
 double foreach_temp_bytes(const ParallelMemoryInput& in, const UnitElements& local) {
   const auto& s = in.spec;
   const bool adam = in.job.optimizer == Optimizer::adam || in.job.optimizer == Optimizer::adamw;
-  if (!adam || s.flavour == Flavour::deepspeed || s.offload != Offload::none) return 0;
+  if (!adam || fused_adam(s.flavour) || s.offload != Offload::none) return 0;
   const double S = s.shard_optimizer ? shard_ranks(in) : 1;
   const StateBytes sb = state_bytes(in.job.precision, s, Accounting::framework);
   return std::max(local.plain, local.params - local.plain) * sb.moment / S;

@@ -34,6 +34,7 @@ using documents::ModelSpec;
 using documents::Offload;
 using documents::ParallelLayout;
 using documents::recipe_traits;
+using documents::reduces_after_backward;
 using documents::stage_blocks;
 using documents::stage_first_block;
 using documents::state_bytes;
@@ -245,7 +246,8 @@ DataParallelTime data_parallel_time(const StepInput& in, const ParallelLayout& l
   const double reduce =
       run(s.shard_optimizer ? Collective::reduce_scatter : Collective::all_reduce, grads);
   d.comm += reduce;
-  d.exposed += std::max(0.0, reduce - st.backward);
+  // Beside the last micro-batch's backward, or after it (documents::reduces_after_backward).
+  d.exposed += reduces_after_backward(s) ? reduce : std::max(0.0, reduce - st.backward);
   const double params = mem.local_params * sb.compute;
   if (s.shard_optimizer && !s.shard_parameters) {  // ZeRO-1/2: gather the updated parameters
     const double ag = run(Collective::all_gather, params);

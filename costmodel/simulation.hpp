@@ -152,12 +152,15 @@ private:
   bool backward_bucket() const {
     return frameworks_ && spec_.contiguous_grad_bucket && !spec_.flat_grad_partition;
   }
-  // DeepSpeed ZeRO-1 (frameworks): reduces once the backward is done, in buckets, keeping each
-  // rank's partition (stage_1_and_2.py, reduce_gradients at the accumulation boundary).
+  // The frameworks' reduction once the backward is done (documents::reduces_after_backward):
+  // DeepSpeed's ZeRO-1 in buckets, keeping each rank's partition and dropping the whole gradients;
+  // Megatron-core's DDP its whole main-gradient buffer in place.
   bool reduces_after_backward() const {
-    return frameworks_ && spec_.flavour == documents::Flavour::deepspeed && spec_.shard_optimizer &&
-           !spec_.shard_gradients && spec_.offload == documents::Offload::none;
+    return frameworks_ && documents::reduces_after_backward(spec_);
   }
+  // Megatron-core's DDP (frameworks): the gradients are its main-gradient buffer, present from the
+  // start and kept.
+  bool main_grad_buffer() const { return frameworks_ && spec_.main_grad_buffer; }
   // DeepSpeed stages 1/2 (frameworks): the rank's gradient partition is one buffer, allocated
   // whole by the first reduced bucket of a step (stage_1_and_2.py, copy_grads_in_partition) and
   // kept to the step.

@@ -351,6 +351,7 @@ void Simulation::block_backward(int u, double t, int mb, bool first) {
 
 void Simulation::gradients_used(int g, double t, int mb, bool first, double elems) {
   const auto& s = spec_;
+  if (main_grad_buffer()) return;  // added into the buffer that holds them all
   if (!s.shard_gradients && first) {
     mem(t, elems * sb_.grad, Category::gradients, Phase::backward, g, mb);
     kept_grad_bytes_ += elems * sb_.grad;
@@ -439,8 +440,8 @@ void Simulation::reduce_pending(int u, double end, int mb, bool first) {
   }
   for (int pu : pending_units_) {
     const auto& pi = info(pu);
-    // ZeRO-1's whole gradients are removed as their bucket is reduced.
-    if (reduces_after_backward()) {
+    // ZeRO-1's whole gradients go as their bucket is reduced (Megatron's buffer stays).
+    if (reduces_after_backward() && !main_grad_buffer()) {
       mem(rs + dur, -pi.params * sb_.grad, Category::gradients, Phase::reduce, pu, mb);
       kept_grad_bytes_ -= pi.params * sb_.grad;
     }

@@ -71,6 +71,10 @@ bool Simulation::check_plan() {
          "--offload");
     return false;
   }
+  if (s.offload != Offload::none && s.main_grad_buffer) {
+    fail("Megatron-core's optimizer offload (--optimizer-cpu-offload) is not modeled", "--offload");
+    return false;
+  }
   if (s.offload == Offload::optimizer &&
       (s.flavour == Flavour::fsdp1 || s.flavour == Flavour::fsdp2)) {
     fail("FSDP offloads parameters, gradients and optimizer together (CPUOffload); use offload "
@@ -97,7 +101,8 @@ void Simulation::prepare_bytes() {
   // DeepSpeed 0.19.8's stage-3 gradient partition (grad_partitions_flat_buffer) is in the
   // gradients' dtype, not fp32.
   flat_grad_b_ = frameworks_ ? sb_.grad : 4.0;
-  if (frameworks_ && s.separate_fp32_master && sb_.master == 0 && j.precision == Precision::fp32) {
+  if (frameworks_ && s.flavour == Flavour::deepspeed && sb_.master == 0 &&
+      j.precision == Precision::fp32) {
     // DeepSpeed clones each rank's share into an fp32 master partition in fp32 jobs too
     // (single_partition_of_fp32_groups, fp32_partitioned_groups_flat) and steps on an fp32 copy
     // of the gradient partition.
@@ -298,6 +303,9 @@ std::optional<Simulation::States> Simulation::place_states() {
   mem(0, st.opt_bytes, Category::optimizer_states, Phase::setup, -1, 0);
   if (s.grad_bucket_copy && in_.accounting == Accounting::framework)
     mem(0, st.total_params * sb_.grad, Category::buffers, Phase::setup, -1, 0);
+  // Megatron-core's main-gradient buffer, allocated with the model (its DDP wrapper).
+  if (s.main_grad_buffer && frameworks_)
+    mem(0, st.total_params * sb_.grad, Category::gradients, Phase::setup, -1, 0);
   if (persistent_flat_partition())
     mem(0, st.total_params / shard_ * flat_grad_b_, Category::gradients, Phase::setup, -1, 0);
   if (s.contiguous_grad_bucket && in_.accounting == Accounting::framework && !backward_bucket()) {
@@ -350,9 +358,9 @@ double Simulation::device_optimizer(double t, const States& states) {
   mem(st + dur, -local_opt_params * step_copies, Category::gradients, Phase::optimizer, -1, 1);
   // torch.optim.Adam/AdamW with foreach (the default on GPUs; torch/optim/adam.py,
   // _multi_tensor_adam) first writes sqrt(exp_avg_sq) of every local parameter into new
-  // tensors: one intermediate of the local shard in the state dtype. DeepSpeed's FusedAdam
-  // updates in place.
-  const bool foreach_adam = frameworks_ && s.flavour != Flavour::deepspeed &&
+  // tensors: one intermediate of the local shard in the state dtype. DeepSpeed's and Megatron's
+  // FusedAdam update in place.
+  const bool foreach_adam = frameworks_ && !documents::fused_adam(s.flavour) &&
                             (j.optimizer == Optimizer::adam || j.optimizer == Optimizer::adamw);
   if (foreach_adam) {
     mem(st, local_opt_params * sb_.moment, Category::optimizer_states, Phase::optimizer, -1, 1);

@@ -3,13 +3,16 @@
 #include <algorithm>
 #include <array>
 
+#include <fmt/format.h>
+
 namespace shardplan::documents {
 
 namespace {
 
 using enum Flavour;
 
-const std::vector<Flavour> kAllFlavours = {ddp, fsdp1, fsdp2, deepspeed};
+// In the order a strategy picks its engine when none is named (RecipeTraits::flavour_for).
+const std::vector<Flavour> kAllFlavours = {ddp, fsdp2, fsdp1, deepspeed};
 
 // One row per Recipe, in its order. Each value is what the named code does (the cost model's
 // comments cite the source line by line).
@@ -127,8 +130,9 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .pipeline_even_split = true,  // get_num_layers_to_build
           .fsdp_groups_per_block = false,
           .ring = RingCode::te_p2p,
-          .flavours = kAllFlavours,
-          .offers_every_n = false,  // --recompute-granularity full or selective
+          .flavours = {megatron, fsdp2, deepspeed},  // its DDP and distributed optimizer first;
+                                                     // --use-torch-fsdp2; Megatron-DeepSpeed's ZeRO
+          .offers_every_n = false,                   // --recompute-granularity full or selective
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .reduces_in_fp32_only = false,
@@ -201,6 +205,21 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
 
 bool RecipeTraits::runs_under(Flavour f) const {
   return std::find(flavours.begin(), flavours.end(), f) != flavours.end();
+}
+
+Flavour RecipeTraits::flavour_for(const std::string& strategy) const {
+  for (Flavour f : flavours) {
+    const auto implements = flavours_for(strategy);
+    if (std::find(implements.begin(), implements.end(), f) != implements.end()) return f;
+  }
+  return default_flavour(strategy);
+}
+
+std::string RecipeTraits::flavour_list() const {
+  std::vector<std::string> names;
+  names.reserve(flavours.size());
+  for (auto f : flavours) names.emplace_back(flavour_name(f));
+  return fmt::format("{}", fmt::join(names, " or "));
 }
 
 const RecipeTraits& recipe_traits(Recipe r) { return recipes()[static_cast<std::size_t>(r)]; }

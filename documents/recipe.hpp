@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "documents/job.hpp"
@@ -105,6 +106,11 @@ struct RecipeTraits {
   const char* block_class;
 
   bool runs_under(Flavour f) const;
+  // The engine a strategy runs under when no flavour is named: the first of `flavours` that
+  // implements it (Megatron's DDP and distributed optimizer for its recipe), else the strategy's
+  // default (documents::default_flavour).
+  Flavour flavour_for(const std::string& strategy) const;
+  std::string flavour_list() const;  // "fsdp2 or ddp"
 };
 
 inline constexpr int kRecipes = 6;  // the rows, one per Recipe

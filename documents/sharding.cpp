@@ -88,6 +88,24 @@ void apply_deepspeed(ShardingSpec& s) {
   s.reduce_dtype = DType::bf16;
 }
 
+// Megatron-core as Megatron-LM runs it (megatron/core/distributed/distributed_data_parallel.py,
+// param_and_grad_buffer.py, optimizer/distrib_optimizer.py; megatron/training/arguments.py):
+// DDP keeps the 16-bit parameters, an fp32 main parameter per parameter and the optimizer's
+// moments (Float16OptimizerWithFloat16Params), the distributed optimizer (ZeRO-1) shards the fp32
+// main parameters and moments over the data- and context-parallel ranks; the main gradients are
+// one fp32 buffer (--bf16 sets accumulate_allreduce_grads_in_fp32, so the buffer and its
+// reduction are fp32). overlap_grad_reduce is False by default, which sets bucket_size to None:
+// the whole buffer is one bucket, reduced once after the last micro-batch's backward
+// (finish_grad_sync), all-reduced by DDP and reduce-scattered by the distributed optimizer, whose
+// updated parameters are all-gathered after its step (overlap_param_gather False).
+void apply_megatron(ShardingSpec& s) {
+  s.main_grad_buffer = true;
+  s.separate_fp32_master = true;
+  s.reduce_dtype = DType::fp32;
+  s.reduce_bucket_bytes = 0;
+  s.forward_prefetch = s.backward_prefetch = 0;
+}
+
 }  // namespace
 
 const std::vector<std::string>& strategy_names() {
@@ -100,7 +118,7 @@ bool is_strategy(const std::string& s) {
   return s == kNoWrapper || std::find(n.begin(), n.end(), s) != n.end();
 }
 const std::vector<std::string>& flavour_names() {
-  static const std::vector<std::string> n = {"ddp", "fsdp1", "fsdp2", "deepspeed"};
+  static const std::vector<std::string> n = {"ddp", "fsdp1", "fsdp2", "deepspeed", "megatron"};
   return n;
 }
 const std::vector<std::string>& offload_names() {
@@ -118,7 +136,9 @@ Offload offload_from_name(const std::string& s, const std::string& where) {
 }
 
 std::vector<Flavour> flavours_for(const std::string& strategy) {
-  if (strategy == "ddp" || strategy == kNoWrapper) return {Flavour::ddp};
+  if (strategy == kNoWrapper) return {Flavour::ddp};
+  if (strategy == "ddp") return {Flavour::ddp, Flavour::megatron};
+  if (strategy == "zero1") return {Flavour::deepspeed, Flavour::megatron};
   if (strategy.rfind("zero", 0) == 0) return {Flavour::deepspeed};
   return {Flavour::fsdp2, Flavour::fsdp1};
 }
@@ -182,8 +202,19 @@ ShardingSpec make_spec(const std::string& strategy, std::optional<Flavour> flavo
   case Flavour::deepspeed:
     apply_deepspeed(s);
     break;
+  case Flavour::megatron:
+    apply_megatron(s);
+    break;
   }
   return s;
+}
+
+bool fused_adam(Flavour f) { return f == Flavour::deepspeed || f == Flavour::megatron; }
+
+bool reduces_after_backward(const ShardingSpec& s) {
+  const bool zero1 = s.flavour == Flavour::deepspeed && s.shard_optimizer && !s.shard_gradients &&
+                     s.offload == Offload::none;
+  return zero1 || s.main_grad_buffer;
 }
 
 nlohmann::json spec_to_json(const ShardingSpec& s) {
@@ -219,6 +250,7 @@ ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer)
   s.flavour = flavour_from_name(r.string("flavour"), r.pointer_of("flavour"));
   s.root_unit = s.flavour == Flavour::fsdp1 || s.flavour == Flavour::fsdp2;
   s.reduce_copy_in = s.flavour == Flavour::fsdp2;
+  s.main_grad_buffer = s.flavour == Flavour::megatron;
   s.shard_optimizer = r.boolean("shard_optimizer");
   s.shard_gradients = r.boolean("shard_gradients");
   s.shard_parameters = r.boolean("shard_parameters");

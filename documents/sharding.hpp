@@ -15,7 +15,7 @@
 
 namespace shardplan::documents {
 
-enum class Flavour { ddp, fsdp1, fsdp2, deepspeed };
+enum class Flavour { ddp, fsdp1, fsdp2, deepspeed, megatron };
 enum class Offload { none, optimizer, params };  // params implies optimizer too
 
 const char* flavour_name(Flavour f);
@@ -81,6 +81,12 @@ struct ShardingSpec {
   bool flat_grad_partition = false;     // DeepSpeed ZeRO-3: a flat fp32 gradient partition buffer
   bool grad_bucket_copy = false;        // torch DDP without gradient_as_bucket_view: grads copied
                                         // into all-reduce buckets (a second gradient copy)
+  // Megatron-core's DistributedDataParallel (megatron/core/distributed/param_and_grad_buffer.py):
+  // every parameter's main gradient is a view of one contiguous buffer of the reduce dtype,
+  // allocated with the model and kept (zeroed between steps, never freed); the backward adds into
+  // it and the buffer is all-reduced (DDP) or reduce-scattered (the distributed optimizer) in
+  // place. Follows from the flavour; not part of the plan document.
+  bool main_grad_buffer = false;
 
   // Shard count for a group of n ranks.
   int group(int world) const { return shard_group_size > 0 ? shard_group_size : world; }
@@ -92,8 +98,19 @@ struct ShardingSpec {
 ShardingSpec make_spec(const std::string& strategy, std::optional<Flavour> flavour,
                        int gpus_per_node, std::optional<int> shard_group_size = std::nullopt);
 Flavour default_flavour(const std::string& strategy);
-// Flavours that implement a strategy (ddp: ddp; zero*: deepspeed; fsdp-*/hsdp: fsdp1, fsdp2).
+// Flavours that implement a strategy (ddp: ddp, megatron; zero1: deepspeed, megatron; zero2/3:
+// deepspeed; fsdp-*/hsdp: fsdp2, fsdp1).
 std::vector<Flavour> flavours_for(const std::string& strategy);
+
+// The flavour's Adam updates every tensor in place: DeepSpeed's FusedAdam, and Megatron-core's
+// (Transformer Engine's or Apex's FusedAdam, megatron/core/optimizer/__init__.py); torch.optim's
+// foreach Adam writes an intermediate per tensor (costmodel's optimizer step).
+bool fused_adam(Flavour f);
+
+// The gradients are reduced once the (last micro-batch's) backward is done, not bucket by bucket
+// beside it: DeepSpeed's ZeRO-1 (stage_1_and_2.py, reduce_gradients at the accumulation boundary)
+// and Megatron-core's DDP without overlap_grad_reduce (finish_grad_sync).
+bool reduces_after_backward(const ShardingSpec& s);
 
 nlohmann::json spec_to_json(const ShardingSpec& s);
 ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer);

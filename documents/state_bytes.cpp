@@ -12,7 +12,15 @@ StateBytes state_bytes(Precision p, const ShardingSpec& spec) {
     b.param = b.grad = low;
     return b;
   }
-  if (spec.separate_fp32_master) {
+  if (spec.main_grad_buffer) {
+    // Megatron-core: 16-bit parameters, the main gradients in the reduce dtype's buffer (fp32
+    // unless --grad-reduce-in-bf16), an fp32 main parameter the optimizer steps, whose gradient
+    // is the buffer's own view (no cast): 2 + 4 + 12 bytes per parameter with Adam, the
+    // distributed optimizer sharding the 12 (megatron/training/theoretical_memory_usage.py).
+    b.param = low;
+    b.grad = dtype_bytes(spec.reduce_dtype);
+    b.master = 4;
+  } else if (spec.separate_fp32_master) {
     // DeepSpeed: bf16/fp16 parameter partition + fp32 master partition; gradients accumulate in
     // the low-precision partition and the optimizer step casts a partition to fp32.
     b.param = low;

@@ -38,6 +38,11 @@ void check_runnable(const documents::Plan& p, int world, const RunRequest& reque
         fmt::format("the executor runs its own model code, planned as recipe \"executor\", "
                     "got \"{}\"; plan with --recipe executor",
                     documents::recipe_name(job.recipe)));
+  if (!documents::recipe_traits(job.recipe).runs_under(p.spec.flavour))
+    throw InputError("/sharding/flavour",
+                     fmt::format("the executor's engine runs {}, got \"{}\"",
+                                 documents::recipe_traits(job.recipe).flavour_list(),
+                                 documents::flavour_name(p.spec.flavour)));
   if (job.checkpointing != documents::Checkpointing::none &&
       job.checkpointing != documents::Checkpointing::full)
     throw InputError("/job/checkpointing",

@@ -191,13 +191,6 @@ void run_describe(const CliOptions& o, std::ostream& out) {
   out << (o.format == "json" ? json_document(documents::model_to_json(m)) : describe_table(m));
 }
 
-// The data-parallel engines a recipe runs under, "fsdp2 or ddp".
-std::string flavour_list(const documents::RecipeTraits& r) {
-  std::vector<std::string> names;
-  for (auto f : r.flavours) names.emplace_back(documents::flavour_name(f));
-  return fmt::format("{}", fmt::join(names, " or "));
-}
-
 // Asking for a framework's config is asking for that framework's plans: the search is narrowed
 // to them. Returns the line that says so on stderr ("" when nothing was narrowed).
 std::string narrow_to_emitted_framework(const CliOptions& o, const Scenario& sc, SearchPins& pins) {
@@ -208,7 +201,7 @@ std::string narrow_to_emitted_framework(const CliOptions& o, const Scenario& sc,
     throw InputError("--emit",
                      fmt::format("deepspeed: recipe {} shards with {}, not DeepSpeed; use "
                                  "--emit fsdp",
-                                 r.name, flavour_list(r)));
+                                 r.name, r.flavour_list()));
   if (emit == "fsdp" && !r.runs_under(documents::Flavour::fsdp1) &&
       !r.runs_under(documents::Flavour::fsdp2) && !r.runs_under(documents::Flavour::ddp))
     throw InputError("--emit", fmt::format("fsdp: recipe {} runs under the DeepSpeed engine; use "
@@ -231,8 +224,11 @@ std::string narrow_to_emitted_framework(const CliOptions& o, const Scenario& sc,
              "--flavour deepspeed)";
     }
   } else if (emit == "fsdp") {
-    if (pins.flavour == documents::Flavour::deepspeed)
-      throw InputError("--flavour", "--emit fsdp writes PyTorch settings, got --flavour deepspeed");
+    if (pins.flavour == documents::Flavour::deepspeed ||
+        pins.flavour == documents::Flavour::megatron)
+      throw InputError(
+          "--flavour",
+          fmt::format("--emit fsdp writes PyTorch settings, got --flavour {}", *po.flavour));
     if (po.strategy && po.strategy->rfind("zero", 0) == 0)
       throw InputError("--strategy",
                        fmt::format("--emit fsdp writes PyTorch settings (ddp, fsdp-full, "

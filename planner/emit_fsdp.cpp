@@ -531,6 +531,10 @@ void check_fsdp_plan(const Scenario& sc, const Evaluation& e) {
   if (s.flavour == Flavour::deepspeed || s.strategy.rfind("zero", 0) == 0)
     throw InputError("--emit",
                      fmt::format("{} is a DeepSpeed plan; use --emit deepspeed", s.strategy));
+  if (s.flavour == Flavour::megatron)
+    throw InputError("--emit", fmt::format("{} (megatron) is Megatron-core's engine; use --emit "
+                                           "megatron",
+                                           s.strategy));
   if (!e.result.valid)
     throw InputError("--emit",
                      fmt::format("the {} plan is not runnable: {}", s.strategy, e.result.reason));
@@ -566,6 +570,7 @@ std::string fsdp_settings(const Scenario& sc, const Evaluation& e) {
     ddp_snippet(t, sc, e);
     break;
   case Flavour::deepspeed:
+  case Flavour::megatron:
     break;  // rejected above
   }
   t.line("");

@@ -93,6 +93,10 @@ std::string megatron_cannot(const Scenario& sc, const LayoutCandidate& c) {
   if (fsdp(c) && c.spec.flavour != Flavour::fsdp2)
     return fmt::format("Megatron-LM shards parameters with torch FSDP2 (--use-torch-fsdp2), not {}",
                        flavour_name(c.spec.flavour));
+  if (!fsdp(c) && c.spec.flavour != Flavour::megatron)
+    return fmt::format("this layout was costed with {}'s {}; Megatron-LM runs its own DDP and "
+                       "distributed optimizer (--recipe megatron plans with them)",
+                       flavour_name(c.spec.flavour), c.spec.strategy);
   if (fsdp(c) && c.layout.pipeline_parallel > 1)
     return "Megatron-LM refuses --use-torch-fsdp2 with pipeline parallelism "
            "(megatron/training/arguments.py)";
@@ -135,6 +139,10 @@ std::string deepspeed_cannot(const Scenario& sc, const LayoutCandidate& c) {
   if (fsdp(c))
     return "this layout was costed with FSDP2 over the replicas; DeepSpeed's ZeRO-3 is another "
            "engine (and its pipeline engine refuses ZeRO-2 and ZeRO-3)";
+  if (c.spec.flavour == Flavour::megatron)
+    return fmt::format("this layout was costed with Megatron-core's {} (fp32 main gradients); "
+                       "DeepSpeed's engine keeps other buffers",
+                       c.spec.shard_optimizer ? "distributed optimizer" : "DDP");
   if (l.context_parallel > 1)
     return "DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads), not ring "
            "attention over a context-parallel group";
@@ -304,6 +312,9 @@ std::vector<std::string> megatron_args(const Scenario& sc, const LayoutCandidate
   a.push_back(fmt::format("--global-batch-size {}", c.job.global_batch));
   a.push_back(fmt::format("--seq-length {}", c.job.seq_len));
   if (c.spec.shard_optimizer && !fsdp(c)) a.push_back("--use-distributed-optimizer");
+  // The main gradients and their reduction in bf16 rather than --bf16's fp32 (arguments.py).
+  if (c.spec.main_grad_buffer && c.spec.reduce_dtype == DType::bf16)
+    a.push_back("--grad-reduce-in-bf16");
   if (fsdp(c)) {
     // arguments.py asserts --use-torch-fsdp2 without gradient accumulation fusion.
     a.push_back("--use-torch-fsdp2");

@@ -147,9 +147,13 @@ LayoutSearch search_layouts(const Scenario& sc) {
   LayoutSearch out;
   const int G = sc.cluster.gpus_per_node;
   Walker w{sc, out, {}, checkpointing_jobs(sc)};
-  w.specs = {with_job_precision(make_spec("ddp", std::nullopt, G), sc.job),
-             with_job_precision(make_spec("zero1", std::nullopt, G), sc.job),
-             with_job_precision(make_spec("fsdp-full", Flavour::fsdp2, G), sc.job)};
+  // Each strategy under the engine the recipe runs it with (Megatron's own DDP and distributed
+  // optimizer for its recipe).
+  const auto& recipe = recipe_traits(sc.job.recipe);
+  for (const char* strategy : {"ddp", "zero1"})
+    w.specs.push_back(
+        with_job_precision(make_spec(strategy, recipe.flavour_for(strategy), G), sc.job));
+  w.specs.push_back(with_job_precision(make_spec("fsdp-full", Flavour::fsdp2, G), sc.job));
   w.layouts();
   std::stable_sort(out.ranked.begin(), out.ranked.end(), faster);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -333,7 +333,9 @@ std::optional<int> shard_group_size(const PlanOptions& o) {
 documents::ShardingSpec with_job_precision(documents::ShardingSpec s,
                                            const documents::TrainingJob& job) {
   using documents::DType;
-  if (s.flavour == documents::Flavour::ddp) return s;
+  // DDP reduces in the gradients' own dtype; Megatron-LM's --bf16 reduces its fp32 main
+  // gradients (accumulate_allreduce_grads_in_fp32).
+  if (s.flavour == documents::Flavour::ddp || s.flavour == documents::Flavour::megatron) return s;
   const DType c = documents::compute_dtype(job.precision);
   const DType compute = c == DType::tf32 ? DType::fp32 : c;
   if (s.flavour == documents::Flavour::deepspeed) {
@@ -380,8 +382,14 @@ documents::ShardingSpec with_reduce_dtype(documents::ShardingSpec s, const std::
 
 documents::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& strategy,
                                        const Scenario& sc) {
-  std::optional<documents::Flavour> flavour;
-  if (o.flavour) flavour = documents::flavour_from_name(*o.flavour, "--flavour");
+  const documents::RecipeTraits& recipe = documents::recipe_traits(sc.job.recipe);
+  documents::Flavour flavour = recipe.flavour_for(strategy);
+  if (o.flavour) {
+    flavour = documents::flavour_from_name(*o.flavour, "--flavour");
+    if (!recipe.runs_under(flavour))
+      throw InputError("--flavour", fmt::format("{}: recipe {} runs under {}", *o.flavour,
+                                                recipe.name, recipe.flavour_list()));
+  }
   auto spec = with_job_precision(
       documents::make_spec(strategy, flavour, sc.cluster.gpus_per_node, shard_group_size(o)),
       sc.job);

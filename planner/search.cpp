@@ -59,7 +59,7 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
     if (strategy == "hsdp" && sc.cluster.gpus < 2) continue;
     for (Flavour f : flavours_for(strategy)) {
       if (pins.flavour && *pins.flavour != f) continue;
-      if (pins.pytorch_only && f == Flavour::deepspeed) continue;
+      if (pins.pytorch_only && (f == Flavour::deepspeed || f == Flavour::megatron)) continue;
       // The recipe's code shards the way its framework does: torchtitan with FSDP2 (or DDP), a
       // model under the DeepSpeed engine with ZeRO.
       if (!recipe_traits(sc.job.recipe).runs_under(f)) continue;

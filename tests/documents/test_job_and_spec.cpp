@@ -171,8 +171,8 @@ TEST_CASE("sharding::rejections") {
         "--flavour: zero3 is not implemented by fsdp2; use deepspeed");
   CHECK(error_of([] { make_spec("zero3", std::nullopt, 8, 4); }) ==
         "--shard-group-size: applies to hsdp only, not zero3");
-  CHECK(error_of([] { flavour_from_name("megatron", "--flavour"); }) ==
-        "--flavour: must be one of ddp, fsdp1, fsdp2, deepspeed, got \"megatron\"");
+  CHECK(error_of([] { flavour_from_name("colossalai", "--flavour"); }) ==
+        "--flavour: must be one of ddp, fsdp1, fsdp2, deepspeed, megatron, got \"colossalai\"");
 }
 
 TEST_CASE("sharding::plan json round trip and rejections") {

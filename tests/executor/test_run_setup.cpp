@@ -71,6 +71,9 @@ TEST_CASE("executor::a plan it cannot run as asked is refused, naming the field"
   bad["job"]["recipe"] = "hf";  // another framework's model code: not what the executor runs
   CHECK(where_of(bad, 2) == "/job/recipe");
   bad = plan;
+  bad["sharding"]["flavour"] = "megatron";  // Megatron-core's buffers, not the executor's engine
+  CHECK(where_of(bad, 2) == "/sharding/flavour");
+  bad = plan;
   bad["job"]["loss"] = "fused";
   CHECK(where_of(bad, 2) == "/job/loss");
   bad = plan;

@@ -21,6 +21,7 @@
 
 #include "cli_fixture.hpp"
 #include "documents/plan.hpp"
+#include "documents/recipe.hpp"
 #include "planner/emit_parallel.hpp"
 #include "planner/estimate.hpp"
 #include "tests/test_support.hpp"
@@ -47,7 +48,10 @@ Scenario llama70b(int gpus, std::int64_t global) {
 
 // Tensor 8 with sequence parallel, pipeline 4 interleaved x5 (80 layers / 20 chunks = 4 blocks a
 // chunk), 8 micro-batches of 1: 256 / 32 = 8 replicas, 8 x 8 x 1 = 64 sequences.
-LayoutCandidate interleaved(const Scenario& sc, const char* strategy) {
+// The strategy under the recipe's engine (Megatron's DDP and distributed optimizer, FSDP2) unless
+// a flavour is named.
+LayoutCandidate interleaved(const Scenario& sc, const char* strategy,
+                            std::optional<Flavour> flavour = std::nullopt) {
   LayoutCandidate c;
   c.layout.tensor_parallel = 8;
   c.layout.sequence_parallel = true;
@@ -57,10 +61,8 @@ LayoutCandidate interleaved(const Scenario& sc, const char* strategy) {
   c.layout.micro_batches = 8;
   c.job = sc.job;
   c.job.micro_batch = 1;
-  c.spec = make_spec(strategy,
-                     std::string(strategy) == "fsdp-full" ? std::optional<Flavour>(Flavour::fsdp2)
-                                                          : std::nullopt,
-                     8);
+  c.spec =
+      make_spec(strategy, flavour.value_or(recipe_traits(sc.job.recipe).flavour_for(strategy)), 8);
   c.result = simulate_parallel_step(step_input(sc, c.spec, c.job), c.layout);
   return c;
 }
@@ -119,7 +121,7 @@ TEST_CASE("parallel_emit::an uneven pipeline split as each framework writes it, 
                           "--parallelism.pipeline_parallel_last_stage_less_layers 1 "));
   // Megatron-LM (with DDP: it refuses FSDP2 under a pipeline): 82 does not divide over 8 parts.
   auto ddp = c;
-  ddp.spec = make_spec("ddp", std::nullopt, 8);
+  ddp.spec = make_spec("ddp", Flavour::megatron, 8);
   CHECK(contains(error_of([&] { megatron_parallel_arguments(sc, ddp); }),
                  "Megatron-LM splits the layers evenly over the 8 model parts"));
   // 1F1B over 2 stages: 82 over 2 = 41 a part: --account-for-embedding/loss-in-pipeline-split.
@@ -127,7 +129,7 @@ TEST_CASE("parallel_emit::an uneven pipeline split as each framework writes it, 
   two.layout.schedule = PipelineSchedule::one_f_one_b;
   two.layout.virtual_stages = 1;
   two.layout.pipeline_parallel = 2;
-  two.spec = make_spec("ddp", std::nullopt, 8);
+  two.spec = make_spec("ddp", Flavour::megatron, 8);
   const auto args = megatron_parallel_arguments(sc, two);
   CHECK(contains(args, "--pipeline-model-parallel-size 2 \\\n"
                        "  --account-for-embedding-in-pipeline-split \\\n"
@@ -143,7 +145,7 @@ TEST_CASE("parallel_emit::what torchtitan cannot run is said, not emitted") {
         "FSDP2 or HSDP");
   // DDP beside TP and PP: 0.2.2's llama3 parallelize.py raises "DDP has not supported > 1D
   // parallelism"; 0.3.0 runs it as replicate degree 8, shard degree 1.
-  const auto ddp = interleaved(sc, "ddp");
+  const auto ddp = interleaved(sc, "ddp", Flavour::ddp);
   const auto text = torchtitan_parallel_settings(sc, ddp);
   CHECK(contains(text, "# not expressible in torchtitan 0.2.x: 0.2.x runs DDP only as the one "
                        "parallelism"));
@@ -160,6 +162,21 @@ TEST_CASE("parallel_emit::Megatron-LM arguments, and FSDP2 under a pipeline refu
         "--num-layers-per-virtual-pipeline-stage 4 --context-parallel-size 1 --micro-batch-size 1 "
         "--global-batch-size 64 --seq-length 8192 --use-distributed-optimizer "
         "--untie-embeddings-and-output-weights --bf16");
+  // --grad-reduce-in-bf16: the main gradients and their reduction in bf16, as the plan counts.
+  auto bf16_grads = interleaved(sc, "zero1");
+  bf16_grads.spec.reduce_dtype = DType::bf16;
+  CHECK(contains(megatron_arguments(sc, bf16_grads),
+                 "--use-distributed-optimizer --grad-reduce-in-bf16 "));
+  // A plan costed with DeepSpeed's ZeRO-1 (bf16 gradients) or torch's DDP (a bucket copy) is not
+  // Megatron's: refused, naming the engine; and Megatron's plan is not DeepSpeed's.
+  CHECK(error_of([&] {
+          megatron_parallel_arguments(sc, interleaved(sc, "zero1", Flavour::deepspeed));
+        }) ==
+        "--emit: this layout was costed with deepspeed's zero1; Megatron-LM runs its own DDP and "
+        "distributed optimizer (--recipe megatron plans with them)");
+  CHECK(cannot_express(ParallelFramework::deepspeed, sc, interleaved(sc, "ddp")) ==
+        "this layout was costed with Megatron-core's DDP (fp32 main gradients); DeepSpeed's engine "
+        "keeps other buffers");
   const auto fsdp = interleaved(sc, "fsdp-full");
   CHECK(megatron_arguments(sc, fsdp).empty());
   CHECK(error_of([&] { megatron_parallel_arguments(sc, fsdp); }) ==
@@ -220,7 +237,8 @@ TEST_CASE("parallel_emit::DeepSpeed runs a 1F1B pipeline with ZeRO-1 and says wh
   CHECK(contains(deepspeed_pipeline_note(sc, c), "num_stages=4"));
   CHECK(contains(deepspeed_pipeline_note(sc, c), "holds 20 blocks"));
   const auto sc64 = llama70b(256, 64);
-  CHECK(cannot_express(ParallelFramework::deepspeed, sc64, interleaved(sc64, "zero1")) ==
+  CHECK(cannot_express(ParallelFramework::deepspeed, sc64,
+                       interleaved(sc64, "zero1", Flavour::deepspeed)) ==
         "DeepSpeed's AutoTP (tensor_parallel.autotp_size) has no sequence parallelism over the "
         "norms and dropouts");
   CHECK(cannot_express(ParallelFramework::deepspeed, sc64, interleaved(sc64, "fsdp-full")) ==

@@ -61,3 +61,68 @@ TEST_CASE("recipes::the recipes that run transformers' model code keep the same 
   CHECK(with("hf", "8192") - windowless.at("breakdown").at("activations").get<double>() ==
         32 * per_block);
 }
+
+TEST_CASE(
+    "recipes::Megatron's DDP and distributed optimizer keep 18 and 6 + 12/d bytes a parameter") {
+  // Megatron-LM's own count (megatron/training/theoretical_memory_usage.py): under --bf16 a
+  // parameter keeps its bf16 weight (2), its fp32 main gradient (4) and the optimizer's fp32 main
+  // weight and Adam moments (12), 18 bytes; the distributed optimizer shards the 12 over the d
+  // data-parallel ranks. Llama-3-8B has 8,030,261,248 parameters (the hub's count).
+  const double P = 8030261248.0;
+  auto run = [](const char* strategy, const char* t) {
+    return estimate({"--model", "llama-3-8b", "--gpus", "8", "--seq-len", "4096", "--global-batch",
+                     "64", "--micro-batch", "1", "--recipe", "megatron", "--strategy", strategy,
+                     "--tensor-parallel", t, "--hardware", "h100-sxm5-80gb"});
+  };
+  const auto ddp = run("ddp", "1"), zero1 = run("zero1", "1");
+  // The recipe's own engine when no flavour is named.
+  CHECK(ddp.at("flavour") == "megatron");
+  CHECK(zero1.at("flavour") == "megatron");
+  const auto& a = ddp.at("memory").at("model_states");
+  CHECK(a.at("parameters").get<double>() == 2 * P);
+  CHECK(a.at("gradients").get<double>() == 4 * P);
+  CHECK(a.at("optimizer_states").get<double>() == 12 * P);
+  const auto& b = zero1.at("memory").at("model_states");
+  CHECK(b.at("parameters").get<double>() == 2 * P);
+  CHECK(b.at("gradients").get<double>() == 4 * P);
+  CHECK(b.at("optimizer_states").get<double>() == doctest::Approx(12 * P / 8).epsilon(1e-12));
+  // The main-gradient buffer exists from the start: it is at the peak whole, in the forward too.
+  CHECK(ddp.at("memory").at("breakdown").at("gradients").get<double>() == 4 * P);
+  // Without overlap_grad_reduce the buffer is all-reduced once after the backward, in fp32: a
+  // ring all-reduce sends 2 (n - 1) / n of it, all of it exposed.
+  CHECK(ddp.at("comm").at("bytes_per_gpu").get<double>() ==
+        doctest::Approx(2.0 * 7 / 8 * 4 * P).epsilon(1e-12));
+  const auto& time = ddp.at("time");
+  CHECK(time.at("exposed_by_stream_s").at("all-reduce").get<double>() ==
+        doctest::Approx(time.at("step_s").get<double>() - time.at("compute_s").get<double>()));
+  // Over two tensor-parallel ranks (the model-parallel stage's count): per rank the same 2 + 4
+  // bytes of its local parameters, 12 sharded over the d = 4 replicas.
+  const auto tp = run("zero1", "2").at("memory").at("model_states");
+  const double local = tp.at("parameters").get<double>() / 2;
+  CHECK(tp.at("gradients").get<double>() == 4 * local);
+  CHECK(tp.at("optimizer_states").get<double>() == doctest::Approx(12 * local / 4).epsilon(1e-12));
+}
+
+TEST_CASE("recipes::an engine the recipe does not run is refused, naming the flag") {
+  using shardplan::planner::testing::planner;
+  const std::vector<std::string> job = {"estimate",  "--model", "llama-3-8b",     "--gpus", "8",
+                                        "--seq-len", "4096",    "--global-batch", "64"};
+  auto with = [&](std::vector<std::string> more) {
+    auto args = job;
+    args.insert(args.end(), more.begin(), more.end());
+    return planner(args);
+  };
+  const auto hf = with({"--recipe", "hf", "--strategy", "ddp", "--flavour", "megatron"});
+  CHECK(hf.code == 2);
+  CHECK(hf.err == "planner: --flavour: megatron: recipe hf runs under ddp or fsdp2 or fsdp1 or "
+                  "deepspeed\n");
+  const auto zero2 = with({"--recipe", "megatron", "--strategy", "zero2", "--flavour", "megatron"});
+  CHECK(zero2.code == 2);
+  CHECK(zero2.err == "planner: --flavour: zero2 is not implemented by megatron; use deepspeed\n");
+  const auto offload =
+      with({"--recipe", "megatron", "--strategy", "zero1", "--offload", "optimizer"});
+  CHECK(offload.code == 2);
+  CHECK(offload.err ==
+        "planner: --offload: Megatron-core's optimizer offload (--optimizer-cpu-offload) is not "
+        "modeled\n");
+}
