@@ -14,19 +14,35 @@ else
   scripts/install-deps.sh "${python_deps[@]}"
 fi
 phase_done "installing packages"
+# The frameworks that check what the planner emits (torch, transformers, torchtitan, DeepSpeed from
+# PyPI; scripts/frameworks-env.sh), installed beside the build; the full checks need them, so a
+# venv that cannot be made fails the run. Their tests run with its interpreter.
+frameworks=build/frameworks
+framework_python=()
+if [[ "$full" == 1 ]]; then
+  scripts/frameworks-env.sh "$frameworks" &
+  frameworks_pid=$!
+  for v in SHARDPLAN_TORCH_PYTHON SHARDPLAN_TORCHTITAN_PYTHON SHARDPLAN_DEEPSPEED_PYTHON; do
+    framework_python+=("-D$v=$PWD/$frameworks/bin/python")
+  done
+fi
 # The Python package (python/) builds in the release tree when its venv can be made (nanobind and
 # pytest from PyPI); ctest then runs its pytest suite (tests/python). Without PyPI it is skipped.
 venv=build/pyvenv
 if scripts/python-env.sh "$venv"; then
   cmake --preset release -DSHARDPLAN_PYTHON=ON -DPython_EXECUTABLE="$PWD/$venv/bin/python" \
-    -Dnanobind_DIR="$("$venv/bin/python" -m nanobind --cmake_dir)" >/dev/null
+    -Dnanobind_DIR="$("$venv/bin/python" -m nanobind --cmake_dir)" "${framework_python[@]}" >/dev/null
 else
   echo "test.sh: skipping the Python package's tests (see the line above)" >&2
-  cmake --preset release -DSHARDPLAN_PYTHON=OFF >/dev/null
+  cmake --preset release -DSHARDPLAN_PYTHON=OFF "${framework_python[@]}" >/dev/null
 fi
 phase_done "the Python package's venv and configuring"
 scripts/build.sh
 phase_done "the release build"
+if [[ "$full" == 1 ]]; then
+  wait "$frameworks_pid" || { echo "test.sh: the frameworks' venv is needed by the full checks" >&2; exit 1; }
+  phase_done "the frameworks' venv (beside the build)"
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ctest --preset release -j "$(nproc)"
 phase_done "the release tests"
