@@ -18,6 +18,7 @@
 
 namespace shardplan::costmodel {
 
+using documents::AsyncTp;
 using documents::AttentionImpl;
 using documents::Checkpointing;
 using documents::compute_dtype;
@@ -1114,6 +1115,37 @@ void stage_activations(const ParallelMemoryInput& in, const StageShare& share, i
     out.buffer_bytes += 2 * 2 * e * T * static_cast<double>(m.kv_width()) / l.tensor_parallel;
 }
 
+// Async tensor parallelism's buffers on one rank, T = s·b/c tokens per micro-batch, e bytes of
+// the compute dtype; allocated at the first overlapped GEMM and kept (outside torch's caching
+// allocator: device memory nvidia-smi sees, max_memory_allocated does not):
+//   symmetric_memory  torch 2.15 (torch/distributed/_symmetric_memory/__init__.py):
+//                     get_symm_mem_workspace keeps one workspace per group, grown to the largest
+//                     request; fused_all_gather_matmul asks for the rank's shard [T/t, h],
+//                     fused_matmul_reduce_scatter for two output chunks [T/t, h]
+//                     (_pipelined_produce_and_all2all double-buffers them): 2·e·T·h/t
+//   userbuffers       Transformer Engine 2.x (transformer_engine/pytorch/module/base.py,
+//                     initialize_ub) with Megatron-LM's shape [s·b/c, h]: a communicator per
+//                     overlapped GEMM (qkv, proj, fc1, fc2: 4 ring-exchange, 2 pipelined, 4 bulk
+//                     and 2 external by default), each with a buffer of that shape in the compute
+//                     dtype: 12·e·T·h (the three cuBLAS workspaces it keeps left out)
+double async_tp_bytes(const ParallelMemoryInput& in) {
+  const auto& l = in.layout;
+  if (!l.async_tensor_parallel) return 0;
+  const double e = dtype_bytes(compute_dtype(in.job.precision));
+  const double T = static_cast<double>(in.job.seq_len) / l.context_parallel *
+                   static_cast<double>(in.job.micro_batch);
+  const double h = static_cast<double>(in.model->hidden);
+  switch (recipe_traits(in.job.recipe).async_tp) {
+  case AsyncTp::symmetric_memory:
+    return 2 * e * T * h / l.tensor_parallel;
+  case AsyncTp::userbuffers:
+    return 12 * e * T * h;
+  case AsyncTp::none:
+    break;
+  }
+  return 0;
+}
+
 std::string stage_name(const StageMemory& s, int p, bool first, bool last) {
   std::string what;
   if (first) what += "embeddings, ";
@@ -1163,6 +1195,7 @@ ParallelMemory parallel_memory(const ParallelMemoryInput& in, const PipelineWalk
     // Block indices of the stage (its first chunk's, for the interleaved schedule: every:N
     // spreads evenly, so the count per stage is the same).
     stage_activations(in, share, static_cast<int>(stage_first_block(l, in.model->layers, s)), st);
+    st.buffer_bytes += async_tp_bytes(in);
     const double allocated = st.total();
     st.overhead_bytes =
         hw.cuda_context_bytes + hw.nccl_workspace_bytes + hw.fragmentation * allocated;

@@ -31,6 +31,8 @@
 //     pipeline_moments; checked against tests/costmodel/data/oracle_pipeline.json).
 //   executor: its own model code with c = 1 (executor/gpt_model.hpp, and under tensor
 //     parallelism its vocabulary-parallel embedding and head, executor/tensor_parallel.hpp).
+// Async tensor parallelism adds its framework's communication buffers to every stage
+// (parallel_memory.cpp, async_tp_bytes).
 // DDP's bucket copy (ShardingSpec::grad_bucket_copy, torch DDP) is a buffer of the whole
 // gradients; under it, on one stage holding the whole model, the executor's gradients are
 // allocated at first use and the peak is the backward's worst moment (parallel_memory.cpp,

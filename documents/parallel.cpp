@@ -145,6 +145,15 @@ void shape_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJ
     out.push_back(fmt::format("op-level selective checkpointing is torchtitan's, not the {} "
                               "recipe's, under tensor, pipeline or context parallelism",
                               recipe_name(j.recipe)));
+  // Async TP splits the sequence-parallel all-gathers and reduce-scatters (torch's micro-pipeline
+  // pass matches all_gather -> mm and mm -> reduce_scatter; Megatron-LM's arguments.py asserts
+  // --sequence-parallel under --tp-comm-overlap), in the frameworks that have it.
+  if (l.async_tensor_parallel && t > 1 && !l.sequence_parallel)
+    out.push_back("async tensor parallelism overlaps sequence parallelism's all-gathers and "
+                  "reduce-scatters: it needs --sequence-parallel");
+  if (l.async_tensor_parallel && r.async_tp == AsyncTp::none)
+    out.push_back(
+        fmt::format("the {} recipe's tensor parallelism has no async mode", recipe_name(j.recipe)));
   const int d = l.data_parallel(c.gpus);
   if (d > 0 && j.micro_batch > 0) {
     const std::int64_t per_step = static_cast<std::int64_t>(d) * l.micro_batches * j.micro_batch;

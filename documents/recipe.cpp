@@ -35,6 +35,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .tensor_parallel = TensorParallelCode::torch_styles,  // the model's tp_plan
           .tp_embedding = TpEmbedding::unplanned,
           .tp_loss = TpLoss::gathered,  // lm_head "colwise_rep"
+          .async_tp = AsyncTp::none,    // transformers' tp_plan runs eager DTensor collectives
           .pipeline = PipelineRunner::megatron,
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
@@ -65,6 +66,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .tensor_parallel = TensorParallelCode::torch_styles,  // its parallelize's apply_tp
           .tp_embedding = TpEmbedding::rowwise,
           .tp_loss = TpLoss::loss_parallel,
+          .async_tp = AsyncTp::symmetric_memory,
           .pipeline = PipelineRunner::torch_pipelining,
           .pipeline_less_layers = 1,
           .pipeline_even_split = false,
@@ -96,6 +98,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .tensor_parallel = TensorParallelCode::megatron_core,
           .tp_embedding = TpEmbedding::unplanned,
           .tp_loss = TpLoss::gathered,
+          .async_tp = AsyncTp::none,
           .pipeline = PipelineRunner::megatron,
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
@@ -125,6 +128,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .tensor_parallel = TensorParallelCode::megatron_core,
           .tp_embedding = TpEmbedding::unplanned,
           .tp_loss = TpLoss::gathered,
+          .async_tp = AsyncTp::userbuffers,  // --tp-comm-overlap
           .pipeline = PipelineRunner::megatron,
           .pipeline_less_layers = 0,
           .pipeline_even_split = true,  // get_num_layers_to_build
@@ -155,6 +159,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .tensor_parallel = TensorParallelCode::megatron_core,
           .tp_embedding = TpEmbedding::unplanned,
           .tp_loss = TpLoss::gathered,
+          .async_tp = AsyncTp::none,  // AutoTP
           .pipeline = PipelineRunner::megatron,
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
@@ -184,6 +189,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .tensor_parallel = TensorParallelCode::megatron_core,
           .tp_embedding = TpEmbedding::unplanned,
           .tp_loss = TpLoss::gathered,
+          .async_tp = AsyncTp::none,
           .pipeline = PipelineRunner::megatron,
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,

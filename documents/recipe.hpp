@@ -42,6 +42,17 @@ enum class TpEmbedding { unplanned, rowwise };
 // The loss under torch's styles: on logits gathered whole (transformers' lm_head "colwise_rep")
 // or on the rank's vocabulary columns (torchtitan's loss_parallel).
 enum class TpLoss { gathered, loss_parallel };
+// Async tensor parallelism (the sequence-parallel all-gathers and reduce-scatters run in pieces
+// beside the GEMMs that use them) as the recipe's framework runs it, and what it keeps:
+//   none              its tensor parallelism has no such mode (transformers' tp_plan, DeepSpeed's
+//                     AutoTP, the executor)
+//   symmetric_memory  torch's micro-pipeline TP (Inductor's _micro_pipeline_tp pass under
+//                     torch.compile; torchtitan's compile.enable_async_tensor_parallel): fused
+//                     all-gather-matmul and matmul-reduce-scatter ops exchanging through one
+//                     symmetric-memory workspace per TP group
+//   userbuffers       Transformer Engine's comm-GEMM overlap (Megatron-LM's --tp-comm-overlap):
+//                     a registered communication buffer per overlapped GEMM
+enum class AsyncTp { none, symmetric_memory, userbuffers };
 
 // Who runs a pipeline's stages, and so their op order (costmodel/parallel_memory.hpp,
 // stage_orders): Megatron-LM's schedules, or torch.distributed.pipelining's (torchtitan).
@@ -83,6 +94,7 @@ struct RecipeTraits {
   TensorParallelCode tensor_parallel;
   TpEmbedding tp_embedding;  // under torch_styles
   TpLoss tp_loss;            // under torch_styles
+  AsyncTp async_tp;
   PipelineRunner pipeline;
   // The embeddings and the head counted as blocks of the first and last stage by default
   // (torchtitan's pipeline_parallel_first/last_stage_less_layers = 1).

@@ -79,6 +79,9 @@ TEST_CASE("cli_parallel::refusals name the flags and the numbers") {
   refused({"--pipeline-parallel", "8", "--async-tensor-parallel"},
           "--pipeline-parallel 8 --async-tensor-parallel: async tensor parallelism needs tensor "
           "parallel > 1");
+  refused({"--tensor-parallel", "8", "--async-tensor-parallel"},
+          "--tensor-parallel 8 --async-tensor-parallel: async tensor parallelism overlaps sequence "
+          "parallelism's all-gathers and reduce-scatters: it needs --sequence-parallel");
   refused({"--schedule", "zero-bubble"},
           "--schedule: must be one of 1f1b, interleaved-1f1b, gpipe, got \"zero-bubble\"");
   refused(
@@ -448,4 +451,51 @@ TEST_CASE("cli_parallel::the step's compute is the step stage's micro-batches an
     REQUIRE(text.code == 0);
     CHECK(has(text.out, "    of stage " + std::to_string(s) + ", the last to finish: "));
   }
+}
+
+TEST_CASE("cli_parallel::async tensor parallelism keeps its framework's communication buffers") {
+  // Llama-3-8B (h 4096), 4,096 tokens a micro-batch, bf16 (e = 2), t = 2 with sequence
+  // parallelism. Derived from the sources (costmodel/parallel_memory.cpp, async_tp_bytes):
+  // torch's micro-pipeline TP (torchtitan) keeps one symmetric-memory workspace of two output
+  // chunks [T/t, h]: 2 * 2 * 4096 * 4096 / 2 = 33,554,432 bytes; Transformer Engine's userbuffers
+  // (Megatron-LM's --tp-comm-overlap) 12 buffers [T, h]: 12 * 2 * 4096 * 4096 = 402,653,184.
+  auto buffers = [](const char* recipe, bool async) {
+    std::vector<std::string> args = {"estimate",
+                                     "--model",
+                                     "llama-3-8b",
+                                     "--hardware",
+                                     "h100-sxm5-80gb",
+                                     "--gpus",
+                                     "8",
+                                     "--seq-len",
+                                     "4096",
+                                     "--global-batch",
+                                     "4",
+                                     "--micro-batch",
+                                     "1",
+                                     "--strategy",
+                                     "fsdp-full",
+                                     "--recipe",
+                                     recipe,
+                                     "--tensor-parallel",
+                                     "2",
+                                     "--sequence-parallel",
+                                     "--format",
+                                     "json"};
+    if (async) args.emplace_back("--async-tensor-parallel");
+    const auto r = planner(args);
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    return nlohmann::json::parse(r.out).at("memory").at("breakdown").at("buffers").get<double>();
+  };
+  CHECK(buffers("torchtitan", true) - buffers("torchtitan", false) == 33554432.0);
+  // transformers' tp_plan has no async mode: refused, naming the flags.
+  const auto hf = planner({"estimate", "--model", "llama-3-8b", "--gpus", "8", "--global-batch",
+                           "8", "--strategy", "ddp", "--recipe", "hf", "--tensor-parallel", "2",
+                           "--sequence-parallel", "--async-tensor-parallel"});
+  CHECK(hf.code == 2);
+  CHECK(hf.err ==
+        "planner: --tensor-parallel 2 --sequence-parallel --async-tensor-parallel: the hf "
+        "recipe's tensor parallelism has no async mode\n");
+  CHECK(buffers("megatron", true) - buffers("megatron", false) == 402653184.0);
 }
