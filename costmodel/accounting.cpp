@@ -6,7 +6,10 @@
 #include "documents/state_bytes.hpp"
 
 #include <algorithm>
+
 #include <cmath>
+#include <fmt/format.h>
+#include <string_view>
 
 namespace shardplan::costmodel {
 
@@ -331,6 +334,65 @@ BlockParts gpt2_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, 
           mlp + ln_2.state + ln_2.output};
 }
 
+// llm-foundry's low_precision_layernorm (models/layers/norm.py, LPLayerNorm): under CUDA's
+// autocast it casts its input, weight and bias to the compute dtype and runs layer_norm with
+// autocast off, keeping the cast input, fp32 mean and rstd per token and the cast weight and bias;
+// its output, in the compute dtype, is what the next linear keeps. Its cast helper asks
+// torch.is_autocast_enabled(), which is CUDA's autocast: on a CPU it runs as nn.LayerNorm on the
+// residual stream's dtype, keeping its input and the statistics in that dtype, and the linear
+// keeps autocast's cast of its output, one per linear reading it (measured:
+// tests/costmodel/data/oracle_mpt_units.json).
+// Elements of a unit's tensors whose names start with `prefix`.
+double elements_named(const UnitTensors& u, std::string_view prefix) {
+  double n = 0;
+  for (const auto& t : u.tensors)
+    if (t.name.rfind(prefix, 0) == 0) n += static_cast<double>(t.elements());
+  return n;
+}
+
+NormParts lp_layernorm(const Shape& x, const Dtypes& d, double weights, int consumers) {
+  const bool casts = d.cuda && d.e < std::max(d.p, d.r);
+  if (casts) return {d.e * x.T * x.h + 8 * x.T + d.e * weights, d.e * x.T * x.h};
+  const double stats = d.cuda ? 8 * x.T : 2 * d.r * x.T;
+  return {d.r * x.T * x.h + stats, d.gemm_inputs(consumers, d.r) * x.T * x.h};
+}
+
+// llm-foundry's MPTBlock (models/layers/blocks.py, attention.py, ffn.py; 0.22.0): x + attn(
+// norm_1(x)), then + ffn(norm_2(.)). The attention (GroupedQueryAttention with kv_n_heads = heads):
+//   attn_impl torch (scaled_multihead_dot_product_attention): q·kᵀ keeps the fused Wqkv output
+//     (q, k and v are views of it), masked_fill keeps a boolean causal mask [s, s] made in each
+//     call, softmax its output and the matmul with v that output or its cast: in the compute
+//     dtype on a CPU, in fp32 with the cast beside it under CUDA's autocast (softmax is in its
+//     fp32 list) and wherever ALiBi's fp32 bias promotes the scores; out_proj keeps the
+//     rearranged heads, a copy.
+//   attn_impl flash (flash_attn_fn with flash-attn 2, derived from the source: not on a CPU):
+//     bert_padding's index_first_axis copies q, k and v out of the fused output (which nothing
+//     keeps), flash_attn_varlen_func keeps them, its output and the fp32 logsumexp per head and
+//     token, and out_proj keeps pad_input's copy of the output.
+// The FFN: mptmlp keeps what its activation keeps (mlp_inner_tensors), mptglu also the up
+// projection's output and the product (down(act(gate(x)) · up(x))).
+BlockParts mpt_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
+  const double T = x.T, q = x.q, kv = x.kv, e = d.e;
+  const double norm_weights =
+      elements_named(m.block, "norm_1.");  // weight, and bias unless no_bias
+  // The linears reading each norm: Wqkv (or Wq, Wk, Wv apart); up_proj (and mptglu's gate_proj).
+  const bool fused = elements_named(m.block, "attn.Wqkv.") > 0;
+  const NormParts norm_1 = lp_layernorm(x, d, norm_weights, fused ? 1 : 3);
+  const NormParts norm_2 = lp_layernorm(x, d, norm_weights, m.mlp == MlpKind::swiglu ? 2 : 1);
+  double attention = 0;
+  if (j.attention == AttentionImpl::flash) {
+    attention = e * T * (q + 2 * kv) + 2 * e * T * q + 4 * x.a * T;
+  } else {
+    const double scores = x.a * x.s * T;
+    const bool fp32_scores = e < 4 && (d.cuda || m.positions == PositionKind::alibi);
+    attention = e * T * (q + 2 * kv) + x.s * x.s + (fp32_scores ? 4 + e : e) * scores + e * T * q;
+  }
+  const double inner = mlp_inner_tensors(m.activation) + (m.mlp == MlpKind::swiglu ? 2 : 0);
+  const double mlp = inner * e * T * x.I;
+  return {norm_1.state + norm_2.state, norm_1.output + norm_2.output, attention + mlp,
+          mlp + norm_2.state + norm_2.output};
+}
+
 // GPTNeoXLayer with the parallel residual: both LayerNorms read the block input (kept once). The
 // fused query_key_value output stays whole (v is a view of it); rotary rebuilds q and k (kept by
 // sdpa in the compute dtype); dense reads a contiguous copy of the attention output. The MLP
@@ -361,6 +423,8 @@ BlockParts architecture_block(const ModelSpec& m, const Shape& x, const Training
     return gpt2_block(m, x, j, d);
   case Architecture::gpt_neox:
     return neox_block(m, x, j, d);
+  case Architecture::mpt:
+    return mpt_block(m, x, j, d);
   case Architecture::llama:
   case Architecture::mistral:
   case Architecture::qwen2:
@@ -443,6 +507,38 @@ double selective_op_saved(const ModelSpec& m, const TrainingJob& j, const Forwar
   return d.r * x.T * x.h / sp + (e * x.T * (qkv + x.q + x.I) + 4 * x.a * x.T) / t + e * x.T * x.h;
 }
 
+std::string mpt_unmodeled(const ModelSpec& m, const TrainingJob& j) {
+  if (m.architecture != Architecture::mpt) return "";
+  if (j.recipe != documents::Recipe::llm_foundry)
+    return fmt::format("MPT's model code is llm-foundry's: plan it with --recipe llm-foundry, not "
+                       "{}",
+                       documents::recipe_name(j.recipe));
+  const auto& c = m.hf_config;
+  const auto attn = c.contains("attn_config") && c.at("attn_config").is_object()
+                        ? c.at("attn_config")
+                        : nlohmann::json::object();
+  auto on = [](const nlohmann::json& o, const char* key) {
+    if (!o.contains(key) || o.at(key).is_null()) return false;
+    const auto& v = o.at(key);
+    return v.is_boolean() ? v.get<bool>() : !v.is_number() || v.get<double>() != 0;
+  };
+  // What these keep is not measured (tests/costmodel/data/oracle_mpt_units.json has none of them).
+  for (const char* key : {"qk_ln", "qk_gn", "clip_qkv", "rope", "attn_pdrop"})
+    if (on(attn, key)) return fmt::format("MPT's attn_config.{} is not modeled yet", key);
+  if (m.sliding_window > 0) return "MPT's attn_config.sliding_window_size is not modeled yet";
+  for (const char* key : {"resid_pdrop", "emb_pdrop"})
+    if (on(c, key)) return fmt::format("MPT's {} (dropout) is not modeled yet", key);
+  if (c.value("norm_type", std::string("low_precision_layernorm")) != "low_precision_layernorm")
+    return fmt::format("MPT's norm_type {} is not modeled yet (low_precision_layernorm is)",
+                       c.at("norm_type").get<std::string>());
+  if (c.contains("use_pad_tok_in_ffn") && c.at("use_pad_tok_in_ffn") == false)
+    return "MPT's use_pad_tok_in_ffn false (an unpadded FFN) is not modeled yet";
+  if (m.kv_heads < m.heads && j.attention == AttentionImpl::eager)
+    return "MPT's grouped or multi-query attention under attn_impl torch (its repeated keys and "
+           "values) is not modeled yet";
+  return "";
+}
+
 BlockParts framework_block_parts(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
   return architecture_block(m, Shape(m, j), j, Dtypes{f.e, f.p, f.p, f.cuda});
 }
@@ -454,6 +550,8 @@ NormParts final_norm_parts(const ModelSpec& m, const TrainingJob& j, const Forwa
   case Architecture::gpt2:
   case Architecture::gpt_neox:
     return layernorm(x, d, 1, true);
+  case Architecture::mpt:  // norm_f; the tied unembedding or lm_head keeps its output
+    return lp_layernorm(x, d, elements_named(m.head, "norm_f."), 1);
   default:
     break;
   }

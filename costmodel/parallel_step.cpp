@@ -485,7 +485,8 @@ ParallelStep simulate_parallel_step(const StepInput& in, const ParallelLayout& l
   r.params = in.model->total_params();
   r.micro_batch = in.job.micro_batch;
   r.capacity_bytes = in.hardware->memory_bytes;
-  const auto problems = layout_problems(l, *in.model, in.job, in.cluster);
+  auto problems = layout_problems(l, *in.model, in.job, in.cluster);
+  if (const auto why = mpt_unmodeled(*in.model, in.job); !why.empty()) problems.push_back(why);
   if (!problems.empty() || in.job.micro_batch <= 0) {
     r.valid = false;
     r.reason = problems.empty() ? "the micro-batch must be set"

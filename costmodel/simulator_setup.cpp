@@ -42,6 +42,11 @@ bool Simulation::check_plan() {
   const auto& c = in_.cluster;
   const auto& s = spec_;
   const auto& j = in_.job;
+  // llm-foundry's MPT: its block as the llm-foundry recipe runs it, in the variants measured.
+  if (const auto why = mpt_unmodeled(*in_.model, j); !why.empty()) {
+    fail(why, "--model");
+    return false;
+  }
   world_ = c.gpus;
   shard_ = s.group(world_);
   hsdp_ = shard_ < world_;
@@ -140,19 +145,19 @@ void Simulation::prepare_unit_sizes() {
     u.opt_elems = static_cast<double>(optimizer_state_elements(t, j.optimizer));
   }
   // A block's MLP down projection (the last linear of the MLP: Llama's down_proj, GPT-2's c_proj,
-  // GPT-NeoX's dense_4h_to_h), whose gradient the block's backward makes first (accounting.hpp,
-  // ActivationBytes::mlp_backward).
-  // Its MLP and the norm before it, whose backward ends before the attention's
-  // (ActivationBytes::mlp_released).
+  // GPT-NeoX's dense_4h_to_h, MPT's ffn.down_proj), whose gradient the block's backward makes first
+  // (accounting.hpp, ActivationBytes::mlp_backward). Its MLP and the norm before it, whose backward
+  // ends before the attention's (ActivationBytes::mlp_released).
   for (const auto& t : m.block.tensors) {
     const auto elements = static_cast<double>(t.elements());
     if (t.name.rfind("mlp.down_proj.", 0) == 0 || t.name.rfind("mlp.c_proj.", 0) == 0 ||
-        t.name.rfind("mlp.dense_4h_to_h.", 0) == 0) {
+        t.name.rfind("mlp.dense_4h_to_h.", 0) == 0 || t.name.rfind("ffn.down_proj.", 0) == 0) {
       units_[1].first_grads += elements;
       if (t.is_matrix()) units_[1].first_matmul += elements;
     }
     if (t.name.rfind("mlp.", 0) == 0 || t.name.rfind("post_attention_layernorm.", 0) == 0 ||
-        t.name.rfind("ln_2.", 0) == 0) {
+        t.name.rfind("ln_2.", 0) == 0 || t.name.rfind("ffn.", 0) == 0 ||
+        t.name.rfind("norm_2.", 0) == 0) {
       units_[1].mlp_grads += elements;
       if (t.is_matrix()) units_[1].mlp_matmul += elements;
     }

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/json_reader.hpp"
+#include "documents/model_readers.hpp"
 
 #ifndef SHARDPLAN_DEFAULT_DATA_DIR
 #define SHARDPLAN_DEFAULT_DATA_DIR "."
@@ -23,18 +24,42 @@ using core::ObjectReader;
 using core::Range;
 using core::read_json_document;
 
+namespace model_detail {
+
+const nlohmann::json* object_or_null(ObjectReader& r, const nlohmann::json& config,
+                                     const char* key) {
+  if (!r.has(key)) return nullptr;
+  if (config.at(key).is_null()) {
+    r.ignore(key);
+    return nullptr;
+  }
+  return &r.object(key);
+}
+
+std::int64_t dim(ObjectReader& r, std::string_view key, double max) {
+  return r.integer(key, Range{1, max, false});
+}
+
+Tensor matrix(std::string name, std::int64_t out, std::int64_t in) {
+  return {std::move(name), out, in};
+}
+Tensor vec(std::string name, std::int64_t n) { return {std::move(name), 1, n}; }
+
+void add_linear(UnitTensors& u, const std::string& prefix, std::int64_t out, std::int64_t in,
+                bool bias) {
+  u.tensors.push_back(matrix(prefix + ".weight", out, in));
+  if (bias) u.tensors.push_back(vec(prefix + ".bias", out));
+}
+
+}  // namespace model_detail
+
+using namespace model_detail;
+
 namespace {
 
-// Dimensions beyond these are absurd for any model and would overflow the 64-bit counts
-// (h·V, h·I ≤ 1e7·1e7 = 1e14 per tensor; a 100T-parameter model still fits in int64 many times).
-constexpr double kMaxDimension = 1e7;
-constexpr double kMaxLayers = 1e5;
-// The largest model, as for a bare parameter count (model_from_param_count).
-constexpr double kMaxParams = 1e15;
-
-const std::vector<std::string> kSupported = {"LlamaForCausalLM", "MistralForCausalLM",
-                                             "Qwen2ForCausalLM", "GPT2LMHeadModel",
-                                             "GPTNeoXForCausalLM"};
+const std::vector<std::string> kSupported = {"LlamaForCausalLM",   "MistralForCausalLM",
+                                             "Qwen2ForCausalLM",   "GPT2LMHeadModel",
+                                             "GPTNeoXForCausalLM", "MPTForCausalLM"};
 
 // Keys of an HF config.json that change neither the shapes nor the code a training step runs
 // (transformers 5.23): tokens, inits, dtypes of the stored weights (the job sets the training
@@ -69,20 +94,10 @@ bool is_metadata_key(const std::string& k) {
          (starts_with("_") && k != "_attn_implementation");
 }
 
-// An object-valued key that may also be null (null: as if absent).
-const nlohmann::json* object_or_null(ObjectReader& r, const nlohmann::json& config,
-                                     const char* key) {
-  if (!r.has(key)) return nullptr;
-  if (config.at(key).is_null()) {
-    r.ignore(key);
-    return nullptr;
-  }
-  return &r.object(key);
-}
-
 // Keys any PreTrainedConfig reads (transformers/configuration_utils.py, modeling_utils.py) that
 // switch the code a training step runs: accepted at their "off" value, refused otherwise.
-void read_common_switches(ObjectReader& r, const nlohmann::json& config) {
+// `modeled_remote_code`: the auto_map's code is the architecture's own, the one modeled here.
+void read_common_switches(ObjectReader& r, const nlohmann::json& config, bool modeled_remote_code) {
   // PreTrainedConfig's output_attentions setter dispatches the eager attention (and refuses sdpa):
   // the job's attention setting chooses the implementation here.
   if (r.optional_boolean("output_attentions").value_or(false))
@@ -103,13 +118,18 @@ void read_common_switches(ObjectReader& r, const nlohmann::json& config) {
                                    *impl));
   // A quantized checkpoint (GPTQ, AWQ, bitsandbytes ...) replaces the linear layers and their
   // storage; custom code (auto_map, loaded with trust_remote_code) replaces the model class.
-  for (const char* key : {"quantization_config", "auto_map"})
+  for (const char* key : {"quantization_config", "auto_map"}) {
+    if (modeled_remote_code && std::string_view(key) == "auto_map") {
+      r.ignore(key);
+      continue;
+    }
     if (const auto* v = object_or_null(r, config, key))
       throw InputError(
           r.pointer_of(key),
           fmt::format("{} models are not supported, got {}",
                       std::string_view(key) == "auto_map" ? "custom-code" : "quantized",
                       describe_value(*v)));
+  }
 }
 
 // The MLP activation by its transformers name (transformers/activations.py, ACT2CLS); names of
@@ -157,24 +177,9 @@ std::optional<double> nested_rotary_factor(ObjectReader& r, const nlohmann::json
   return std::nullopt;
 }
 
-std::int64_t dim(ObjectReader& r, std::string_view key, double max = kMaxDimension) {
-  return r.integer(key, Range{1, max, false});
-}
-
-Tensor matrix(std::string name, std::int64_t out, std::int64_t in) {
-  return {std::move(name), out, in};
-}
-Tensor vec(std::string name, std::int64_t n) { return {std::move(name), 1, n}; }
-
 void add_norm(UnitTensors& u, const std::string& prefix, const ModelSpec& m) {
   u.tensors.push_back(vec(prefix + ".weight", m.hidden));
   if (m.norm == NormKind::layernorm) u.tensors.push_back(vec(prefix + ".bias", m.hidden));
-}
-
-void add_linear(UnitTensors& u, const std::string& prefix, std::int64_t out, std::int64_t in,
-                bool bias) {
-  u.tensors.push_back(matrix(prefix + ".weight", out, in));
-  if (bias) u.tensors.push_back(vec(prefix + ".bias", out));
 }
 
 void check_heads(const ModelSpec& m, ObjectReader& r, std::string_view heads_key,
@@ -391,6 +396,8 @@ const char* architecture_name(Architecture a) {
     return "GPT2LMHeadModel";
   case Architecture::gpt_neox:
     return "GPTNeoXForCausalLM";
+  case Architecture::mpt:
+    return "MPTForCausalLM";
   case Architecture::uniform:
     return "uniform";
   }
@@ -482,17 +489,24 @@ ModelSpec model_from_hf_config(const nlohmann::json& config, const std::string& 
     m.architecture = Architecture::gpt2;
   else if (arch == "GPTNeoXForCausalLM")
     m.architecture = Architecture::gpt_neox;
+  else if (arch == "MPTForCausalLM")
+    m.architecture = Architecture::mpt;
   else
     throw InputError("/architectures/0",
                      fmt::format("unsupported architecture \"{}\"; supported: {}", arch,
                                  fmt::join(kSupported, ", ")));
-  read_common_switches(r, config);
+  // An MPT checkpoint's auto_map names llm-foundry's own MPT code (trust_remote_code), the code
+  // read_mpt models.
+  read_common_switches(r, config, m.architecture == Architecture::mpt);
   switch (m.architecture) {
   case Architecture::gpt2:
     read_gpt2(r, config, m);
     break;
   case Architecture::gpt_neox:
     read_gpt_neox(r, config, m);
+    break;
+  case Architecture::mpt:
+    read_mpt(r, config, m);
     break;
   default:
     read_llama_family(r, config, m);

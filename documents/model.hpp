@@ -10,10 +10,12 @@
 
 namespace shardplan::documents {
 
-enum class Architecture { llama, mistral, qwen2, gpt2, gpt_neox, uniform };
+enum class Architecture { llama, mistral, qwen2, gpt2, gpt_neox, mpt, uniform };
 enum class MlpKind { gelu, swiglu };
 enum class NormKind { layernorm, rmsnorm };
-enum class PositionKind { learned, rotary };
+// learned: a positions table; rotary: q and k rotated; alibi: a per-head bias on the scores (MPT);
+// none: no position signal beyond the causal mask (MPT without learned_pos_emb, ALiBi or rope).
+enum class PositionKind { learned, rotary, alibi, none };
 // The MLP's activation as transformers runs it (transformers/activations.py, ACT2CLS): names that
 // run the same ops share a value, since what autograd saves follows the ops, not the name.
 enum class Activation {

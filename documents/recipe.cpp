@@ -85,7 +85,8 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
       {
           .recipe = Recipe::llm_foundry,
           .name = "llm-foundry",
-          .description = "a transformers-style block, flash-attn's cross-entropy by default",
+          .description = "its MPT (an MPT config.json) or transformers' block (hf_causal_lm), "
+                         "flash-attn's cross-entropy by default",
           .loss = LossImpl::fused,  // loss_fn: fused_crossentropy (flash-attn)
           .checkpointing = Checkpointing::none,
           .framework = true,

@@ -66,6 +66,10 @@ UnitNames names_of(Architecture a) {
              "mlp.dense_4h_to_h"},
             "final_layer_norm",
             "embed_out"};
+  case Architecture::mpt:
+    throw core::InputError("/architectures",
+                           "the executor runs GPT-2's, the Llama family's and GPT-NeoX's blocks, "
+                           "not MPT's (its ALiBi and low-precision norms)");
   case Architecture::uniform:
     break;
   }

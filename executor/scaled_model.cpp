@@ -61,6 +61,10 @@ ScaledSize complete_size(const ModelSpec& source, const ScaledSize& size) {
 nlohmann::json scaled_config(const ModelSpec& source, const ScaledSize& s) {
   nlohmann::json config = {{"architectures", {documents::architecture_name(source.architecture)}}};
   switch (source.architecture) {
+  case Architecture::mpt:
+    throw core::InputError("/architectures",
+                           "the executor runs GPT-2's, the Llama family's and GPT-NeoX's blocks, "
+                           "not MPT's (its ALiBi and low-precision norms)");
   case Architecture::gpt2:
     config.update({{"n_embd", s.hidden},
                    {"n_layer", s.layers},

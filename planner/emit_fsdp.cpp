@@ -103,6 +103,8 @@ Blocks blocks_of(const Scenario& sc, const TrainingJob& j) {
     case Architecture::gpt_neox:
       return {"model.gpt_neox.layers", "transformers.models.gpt_neox.modeling_gpt_neox",
               "GPTNeoXLayer"};
+    case Architecture::mpt:  // llm-foundry 0.22.0: MPTModel.blocks, a ModuleList of MPTBlock
+      return {"model.transformer.blocks", "llmfoundry.models.layers.blocks", "MPTBlock"};
     case Architecture::uniform:
       return {};
     }

@@ -21,6 +21,10 @@
 #                                               (validation/measure_tp_units.py)
 #   tests/costmodel/data/oracle_overheads.json  host-side step overheads: op dispatch, DDP/FSDP1/FSDP2/ZeRO-3
 #                                               hooks per unit and tensor, CPU optimizers (validation/measure_overheads.py)
+#   tests/documents/data/mpt_params.json        llm-foundry's own MPT's parameters per unit (validation/measure_mpt_params.py)
+#   tests/costmodel/data/oracle_mpt_units.json  bytes llm-foundry's own MPT block keeps per unit
+#                                               (validation/measure_mpt_units.py); both in a second venv,
+#                                               validation/.venv-llm-foundry (validation/requirements-llm-foundry.txt)
 # Usage: validation/regenerate.sh [VENV_DIR]   (default validation/.venv; made on first use from
 # validation/requirements.txt, PyPI's torch, transformers, torchtitan and deepspeed). CPU only, about 30 minutes
 # on two cores. Not part of the test command: the corpora are checked in.
@@ -47,4 +51,11 @@ extra=()
 "$py" validation/measure_fsdp_tp.py --out tests/costmodel/data/oracle_fsdp_tp.json
 "$py" validation/measure_tp_units.py --out tests/costmodel/data/oracle_tp_units.json
 "$py" validation/measure_overheads.py --out tests/costmodel/data/oracle_overheads.json
+foundry=validation/.venv-llm-foundry
+if [[ ! -x "$foundry/bin/python" ]]; then
+  python3 -m venv "$foundry"
+  "$foundry/bin/pip" install --quiet -r validation/requirements-llm-foundry.txt
+fi
+"$foundry/bin/python" validation/measure_mpt_params.py --out tests/documents/data/mpt_params.json
+"$foundry/bin/python" validation/measure_mpt_units.py --out tests/costmodel/data/oracle_mpt_units.json
 echo "corpora written; compare with: build/release/bench/memory_corpus --summary"

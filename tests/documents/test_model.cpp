@@ -355,7 +355,7 @@ TEST_CASE("model::unsupported architecture names the supported ones") {
   CHECK(error_of([&] { model_from_hf_config(c, "bert"); }) ==
         "/architectures/0: unsupported architecture \"BertForMaskedLM\"; supported: "
         "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, "
-        "GPTNeoXForCausalLM");
+        "GPTNeoXForCausalLM, MPTForCausalLM");
 }
 
 TEST_CASE("model::heads must divide the hidden size") {

@@ -91,3 +91,35 @@ TEST_CASE("request::fsdp settings as data carry the program's text") {
   CHECK(data["fully_shard"]["reshard_after_forward"] == true);  // FULL_SHARD
   CHECK(data["torchtitan"]["parallelism"]["data_parallel_shard_degree"] == 8);
 }
+
+TEST_CASE(
+    "request::an MPT model plans under llm-foundry's recipe, and what is not modeled is said") {
+  // llm-foundry's MPT (documents/model_mpt.cpp; its block: costmodel/accounting.cpp, mpt_block).
+  nlohmann::json mpt = {{"architectures", {"MPTForCausalLM"}},
+                        {"model_type", "mpt"},
+                        {"d_model", 64},
+                        {"n_heads", 4},
+                        {"n_layers", 2},
+                        {"max_seq_len", 32},
+                        {"vocab_size", 128},
+                        {"_name_or_path", "tiny-mpt"}};
+  const std::vector<std::string> job = {"estimate",     "--strategy=fsdp-full",
+                                        "--gpus=2",     "--global-batch=4",
+                                        "--seq-len=32", "--format=json"};
+  auto with = [&](const char* recipe) {
+    auto args = job;
+    args.emplace_back(recipe);
+    return args;
+  };
+  const auto planned =
+      nlohmann::json::parse(run_request({with("--recipe=llm-foundry"), mpt, {}, false, {}}).output);
+  CHECK(planned.at("valid") == true);
+  CHECK(planned.at("params") == 110336);  // llm-foundry's own count (mpt_params.json, mpt-default)
+  CHECK_THROWS_WITH_AS(run_request({with("--recipe=hf"), mpt, {}, false, {}}),
+                       "--model: MPT's model code is llm-foundry's: plan it with --recipe "
+                       "llm-foundry, not hf",
+                       InputError);
+  mpt["attn_config"] = {{"qk_ln", true}};
+  CHECK_THROWS_WITH_AS(run_request({with("--recipe=llm-foundry"), mpt, {}, false, {}}),
+                       "--model: MPT's attn_config.qk_ln is not modeled yet", InputError);
+}
