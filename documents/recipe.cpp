@@ -46,6 +46,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .reduces_in_fp32_only = false,
+          .fsdp_reduces_in_fp32 = false,
           .blocks_at = "",
           .block_class = "",
       },
@@ -77,6 +78,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = true,
           .offers_selective_attention = true,
           .reduces_in_fp32_only = true,
+          .fsdp_reduces_in_fp32 = false,
           // torchtitan 0.3.0: Decoder.layers, a ModuleDict of Llama3TransformerBlock
           // (torchtitan/models/common/decoder.py, torchtitan/models/llama3/model.py)
           .blocks_at = "model.layers",
@@ -110,6 +112,8 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .reduces_in_fp32_only = false,
+          .fsdp_reduces_in_fp32 =
+              true,  // composer/distributed/mosaic_parallelism.py, get_mixed_precision
           .blocks_at = "",
           .block_class = "",
       },
@@ -141,6 +145,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .reduces_in_fp32_only = false,
+          .fsdp_reduces_in_fp32 = false,
           .blocks_at = "",
           .block_class = "",
       },
@@ -171,6 +176,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .reduces_in_fp32_only = false,
+          .fsdp_reduces_in_fp32 = false,
           .blocks_at = "",
           .block_class = "",
       },
@@ -201,6 +207,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = false,
           .reduces_in_fp32_only = false,
+          .fsdp_reduces_in_fp32 = false,
           .blocks_at = "",
           .block_class = "",
       },

@@ -343,8 +343,11 @@ documents::ShardingSpec with_job_precision(documents::ShardingSpec s,
         documents::dtype_bytes(compute) / documents::dtype_bytes(s.reduce_dtype);
     s.allgather_bucket_bytes *= documents::dtype_bytes(compute) / 2;  // preset: 2-byte elements
   }
+  const auto& recipe = documents::recipe_traits(job.recipe);
+  const bool fsdp =
+      s.flavour == documents::Flavour::fsdp1 || s.flavour == documents::Flavour::fsdp2;
   s.reduce_dtype =
-      documents::recipe_traits(job.recipe).reduces_in_fp32_only ? DType::fp32 : compute;
+      recipe.reduces_in_fp32_only || (fsdp && recipe.fsdp_reduces_in_fp32) ? DType::fp32 : compute;
   return s;
 }
 

@@ -126,3 +126,30 @@ TEST_CASE("recipes::an engine the recipe does not run is refused, naming the fla
         "planner: --offload: Megatron-core's optimizer offload (--optimizer-cpu-offload) is not "
         "modeled\n");
 }
+
+TEST_CASE("recipes::llm-foundry's FSDP reduces in fp32 unless told otherwise") {
+  // Composer's default mixed precision for FSDP, "DEFAULT" (composer/distributed/
+  // mosaic_parallelism.py, get_mixed_precision): param_dtype the autocast dtype, reduce_dtype fp32;
+  // "PURE" reduces in bf16 (--reduce-dtype bf16). transformers' Trainer and accelerate reduce in
+  // the parameters' dtype.
+  using shardplan::planner::testing::planner;
+  auto emitted = [](const char* recipe, const char* reduce) {
+    std::vector<std::string> args = {"recommend", "--model", "llama-2-7b", "--gpus",    "8",
+                                     "--recipe",  recipe,    "--strategy", "fsdp-full", "--flavour",
+                                     "fsdp1",     "--emit",  "fsdp"};
+    if (*reduce != '\0') args.insert(args.end(), {"--reduce-dtype", reduce});
+    const auto r = planner(args);
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    return r.out;
+  };
+  const auto has = [](const std::string& text, const char* part) {
+    return text.find(part) != std::string::npos;
+  };
+  CHECK(has(emitted("llm-foundry", ""),
+            "MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)"));
+  CHECK(has(emitted("llm-foundry", "bf16"),
+            "MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)"));
+  CHECK(has(emitted("hf", ""),
+            "MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)"));
+}
