@@ -214,7 +214,15 @@ bool fused_adam(Flavour f) { return f == Flavour::deepspeed || f == Flavour::meg
 bool reduces_after_backward(const ShardingSpec& s) {
   const bool zero1 = s.flavour == Flavour::deepspeed && s.shard_optimizer && !s.shard_gradients &&
                      s.offload == Offload::none;
-  return zero1 || s.main_grad_buffer;
+  return zero1 || (s.main_grad_buffer && s.reduce_bucket_bytes == 0);
+}
+
+ShardingSpec with_overlap_grad_reduce(ShardingSpec s, int data_ranks) {
+  // distributed_data_parallel.py: bucket_size = max(40000000, 1000000 * dp_cp size) elements
+  // (of the main-gradient buffer's dtype) when overlap_grad_reduce is on.
+  const double elements = std::max(40e6, 1e6 * data_ranks);
+  s.reduce_bucket_bytes = elements * dtype_bytes(s.reduce_dtype);
+  return s;
 }
 
 nlohmann::json spec_to_json(const ShardingSpec& s) {

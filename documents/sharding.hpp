@@ -85,7 +85,9 @@ struct ShardingSpec {
   // every parameter's main gradient is a view of one contiguous buffer of the reduce dtype,
   // allocated with the model and kept (zeroed between steps, never freed); the backward adds into
   // it and the buffer is all-reduced (DDP) or reduce-scattered (the distributed optimizer) in
-  // place. Follows from the flavour; not part of the plan document.
+  // place, once after the backward (reduce_bucket_bytes 0, Megatron-LM's default) or bucket by
+  // bucket beside it (--overlap-grad-reduce). Follows from the flavour; not part of the plan
+  // document.
   bool main_grad_buffer = false;
 
   // Shard count for a group of n ranks.
@@ -111,6 +113,10 @@ bool fused_adam(Flavour f);
 // beside it: DeepSpeed's ZeRO-1 (stage_1_and_2.py, reduce_gradients at the accumulation boundary)
 // and Megatron-core's DDP without overlap_grad_reduce (finish_grad_sync).
 bool reduces_after_backward(const ShardingSpec& s);
+// Megatron-core's DDP with --overlap-grad-reduce over `data_ranks` data- and context-parallel
+// ranks: the main-gradient buffer reduced bucket by bucket beside the backward, each bucket its
+// default size. A Megatron plan with reduce_bucket_bytes > 0 is one with the overlap.
+ShardingSpec with_overlap_grad_reduce(ShardingSpec s, int data_ranks);
 
 nlohmann::json spec_to_json(const ShardingSpec& s);
 ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer);

@@ -315,6 +315,9 @@ std::vector<std::string> megatron_args(const Scenario& sc, const LayoutCandidate
   // The main gradients and their reduction in bf16 rather than --bf16's fp32 (arguments.py).
   if (c.spec.main_grad_buffer && c.spec.reduce_dtype == DType::bf16)
     a.push_back("--grad-reduce-in-bf16");
+  // A plan that reduces bucket by bucket beside the backward (with_overlap_grad_reduce).
+  if (c.spec.main_grad_buffer && c.spec.reduce_bucket_bytes > 0)
+    a.push_back("--overlap-grad-reduce");
   if (fsdp(c)) {
     // arguments.py asserts --use-torch-fsdp2 without gradient accumulation fusion.
     a.push_back("--use-torch-fsdp2");

@@ -91,6 +91,10 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
             if (deep.prefetch_bucket_elems > 0) deep.prefetch_bucket_elems *= 4;
             out.push_back(deep);
           }
+          // Megatron-LM's --overlap-grad-reduce: its buffer reduced in buckets beside the
+          // backward instead of once after it.
+          if (s.main_grad_buffer && s.reduce_bucket_bytes == 0)
+            out.push_back(with_overlap_grad_reduce(s, sc.cluster.gpus));
           if (s.contiguous_grad_bucket || s.flavour == Flavour::ddp) {
             ShardingSpec small = s;
             small.reduce_bucket_bytes = s.reduce_bucket_bytes / 10;

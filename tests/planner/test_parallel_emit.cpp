@@ -167,6 +167,11 @@ TEST_CASE("parallel_emit::Megatron-LM arguments, and FSDP2 under a pipeline refu
   bf16_grads.spec.reduce_dtype = DType::bf16;
   CHECK(contains(megatron_arguments(sc, bf16_grads),
                  "--use-distributed-optimizer --grad-reduce-in-bf16 "));
+  // A plan that reduces its buffer in buckets beside the backward says so.
+  auto overlap = interleaved(sc, "zero1");
+  overlap.spec = with_overlap_grad_reduce(overlap.spec, 8);
+  CHECK(contains(megatron_arguments(sc, overlap),
+                 "--use-distributed-optimizer --overlap-grad-reduce "));
   // A plan costed with DeepSpeed's ZeRO-1 (bf16 gradients) or torch's DDP (a bucket copy) is not
   // Megatron's: refused, naming the engine; and Megatron's plan is not DeepSpeed's.
   CHECK(error_of([&] {

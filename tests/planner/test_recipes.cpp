@@ -153,3 +153,39 @@ TEST_CASE("recipes::llm-foundry's FSDP reduces in fp32 unless told otherwise") {
   CHECK(has(emitted("hf", ""),
             "MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)"));
 }
+
+TEST_CASE("recipes::Megatron's --overlap-grad-reduce is searched: buckets beside the backward") {
+  // Megatron-core reduces its main-gradient buffer once after the backward unless
+  // --overlap-grad-reduce, which reduces buckets of max(40e6, 1e6 x 16) = 40e6 fp32 elements
+  // (152.6 MiB) beside it (distributed_data_parallel.py). The search offers both; with 16 ranks the
+  // overlapped plan hides most of the reduce-scatter and wins.
+  using shardplan::planner::testing::planner;
+  const std::vector<std::string> job = {
+      "--model",    "llama-3-8b",      "--gpus",     "16",       "--seq-len",
+      "4096",       "--global-batch",  "64",         "--recipe", "megatron",
+      "--hardware", "h100-sxm5-80gb",  "--strategy", "zero1",    "--micro-batch",
+      "4",          "--checkpointing", "full"};
+  auto args = [&](const char* command) {
+    std::vector<std::string> a = {command};
+    a.insert(a.end(), job.begin(), job.end());
+    a.insert(a.end(), {"--format", "json"});
+    return a;
+  };
+  const auto rec = planner(args("recommend"));
+  REQUIRE(rec.code == 0);
+  const auto best = nlohmann::json::parse(rec.out).at("recommendation");
+  const auto once = estimate(std::vector<std::string>(job.begin(), job.end()));
+  CHECK(best.at("flavour") == "megatron");
+  const double overlapped = best.at("time").at("exposed_by_stream_s").at("reduce-scatter");
+  const double after = once.at("time").at("exposed_by_stream_s").at("reduce-scatter");
+  CHECK(overlapped < after);
+  CHECK(best.at("time").at("step_s").get<double>() < once.at("time").at("step_s").get<double>());
+  // The memory is the same buffer either way.
+  CHECK(best.at("memory").at("breakdown") == once.at("memory").at("breakdown"));
+  const auto text =
+      planner({"recommend", "--model", "llama-3-8b", "--gpus", "16", "--seq-len", "4096",
+               "--global-batch", "64", "--recipe", "megatron", "--hardware", "h100-sxm5-80gb",
+               "--strategy", "zero1", "--micro-batch", "4", "--checkpointing", "full"});
+  CHECK(text.out.find("zero1 (megatron), mb 4x1, ckpt full, loss fp32-inplace, bucket 153 MiB") !=
+        std::string::npos);
+}
