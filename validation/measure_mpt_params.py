@@ -12,8 +12,9 @@ handed with its defaults (and copies fc_type into ffn_config), as its save_pretr
 into an exported config.json; a case that hands it none records none.
 
 Usage (llm-foundry 0.22.0 from PyPI pins torch 2.7.0 and transformers 4.51.3, so it gets a venv of its
-own): python3 -m venv /tmp/lf && /tmp/lf/bin/pip install llm-foundry==0.22.0 &&
-/tmp/lf/bin/python validation/measure_mpt_params.py --out tests/documents/data/mpt_params.json
+own): python3 -m venv validation/.venv-llm-foundry &&
+validation/.venv-llm-foundry/bin/pip install -r validation/requirements-llm-foundry.txt &&
+validation/.venv-llm-foundry/bin/python validation/measure_mpt_params.py --out tests/documents/data/mpt_params.json
 (a few seconds on CPU).
 """
 import argparse

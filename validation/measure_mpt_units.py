@@ -26,8 +26,9 @@ The attention runs ``attn_impl: torch`` (llm-foundry's scaled_multihead_dot_prod
 its eager scores); ``flash`` needs flash-attn's CUDA kernels.
 
 Usage (llm-foundry 0.22.0 from PyPI pins torch 2.7.0 and transformers 4.51.3, so it gets a venv of
-its own): python3 -m venv /tmp/lf && /tmp/lf/bin/pip install llm-foundry==0.22.0 &&
-/tmp/lf/bin/python validation/measure_mpt_units.py --out tests/costmodel/data/oracle_mpt_units.json
+its own): python3 -m venv validation/.venv-llm-foundry &&
+validation/.venv-llm-foundry/bin/pip install -r validation/requirements-llm-foundry.txt &&
+validation/.venv-llm-foundry/bin/python validation/measure_mpt_units.py --out tests/costmodel/data/oracle_mpt_units.json
 (under a minute on CPU).
 """
 import json
