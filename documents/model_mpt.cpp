@@ -45,8 +45,8 @@ MptAttention read_mpt_attention(ObjectReader& r, const nlohmann::json& config, M
     m.kv_heads = *kv;
   }
   m.attention_dropout = a.optional_number("attn_pdrop", Range::between(0, 1)).value_or(0) > 0;
-  // "flash" (the default) or "torch" (its eager scores): the job's --attention is the kernel the
-  // step is planned with.
+  // "flash" (the default) or "torch" (its eager scores): the job runs that kernel (the planner's
+  // scenario follows it and refuses a job that names the other).
   if (a.has("attn_impl")) a.choice("attn_impl", {"flash", "torch"});
   const bool qk_ln = a.optional_boolean("qk_ln").value_or(false);
   const bool qk_gn = a.optional_boolean("qk_gn").value_or(false);

@@ -163,6 +163,7 @@ void set_base_job(const ScenarioOptions& o, Scenario& sc) {
   bool& checkpointing_named = sc.checkpointing_named;
   loss_named = o.loss.has_value();
   checkpointing_named = o.checkpointing.has_value();
+  sc.attention_named = o.attention.has_value();
   if (o.job_file) {
     const auto doc = core::read_json_document(named("--job", o.job_file, "a file"),
                                               [&](const nlohmann::json& d) {
@@ -171,6 +172,7 @@ void set_base_job(const ScenarioOptions& o, Scenario& sc) {
                                               });
     loss_named = loss_named || (doc.is_object() && doc.contains("loss"));
     checkpointing_named = checkpointing_named || (doc.is_object() && doc.contains("checkpointing"));
+    sc.attention_named = sc.attention_named || (doc.is_object() && doc.contains("attention"));
   } else {
     sc.job.seq_len = kDefaultSeqLen;
     sc.job.global_batch = kDefaultSequencesPerGpu * sc.cluster.gpus;
@@ -179,6 +181,25 @@ void set_base_job(const ScenarioOptions& o, Scenario& sc) {
       sc.defaulted.push_back(fmt::format("--global-batch {} ({} per GPU)", sc.job.global_batch,
                                          kDefaultSequencesPerGpu));
   }
+}
+
+// An MPT config chooses its attention kernel (attn_config.attn_impl: "flash", llm-foundry's
+// default, or "torch", its eager scores): the job runs that one unless it names the same.
+void follow_mpt_attention(const ScenarioOptions& o, Scenario& sc) {
+  if (sc.model.architecture != documents::Architecture::mpt) return;
+  const auto& c = sc.model.hf_config;
+  std::string impl = "flash";
+  if (c.contains("attn_config") && c.at("attn_config").is_object())
+    impl = c.at("attn_config").value("attn_impl", impl);
+  const auto kernel =
+      impl == "torch" ? documents::AttentionImpl::eager : documents::AttentionImpl::flash;
+  if (sc.attention_named && sc.job.attention != kernel)
+    throw InputError(job_field(o, o.attention.has_value(), "--attention", "/attention"),
+                     fmt::format("{}: the MPT config's attn_config.attn_impl \"{}\" runs {} "
+                                 "attention",
+                                 documents::attention_name(sc.job.attention), impl,
+                                 documents::attention_name(kernel)));
+  sc.job.attention = kernel;
 }
 
 // The job flags over the base job.
@@ -192,6 +213,7 @@ void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
   if (o.optimizer) sc.job.optimizer = documents::optimizer_from_name(*o.optimizer, "--optimizer");
   if (o.checkpointing) documents::set_checkpointing(sc.job, *o.checkpointing, "--checkpointing");
   if (o.attention) sc.job.attention = documents::attention_from_name(*o.attention, "--attention");
+  follow_mpt_attention(o, sc);
   if (o.recipe) {  // the recipe's loss and checkpointing unless the user names them
     sc.job.recipe = documents::recipe_from_name(*o.recipe, "--recipe");
     const documents::RecipeTraits& r = documents::recipe_traits(sc.job.recipe);

@@ -52,7 +52,7 @@ struct Scenario {  // NOLINT(bugprone-exception-escape)
   double headroom = 0.05;
   bool is_default = false;  // nothing was said: the built-in default job
   // What the user named (by flag or in the job document): the search keeps these as given.
-  bool checkpointing_named = false, loss_named = false;
+  bool checkpointing_named = false, loss_named = false, attention_named = false;
   // The profile's GPU memory when --gpu-memory-GiB replaced it (hardware.memory_bytes is the
   // override).
   std::optional<double> profile_memory_bytes;

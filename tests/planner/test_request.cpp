@@ -119,6 +119,19 @@ TEST_CASE(
                        "--model: MPT's model code is llm-foundry's: plan it with --recipe "
                        "llm-foundry, not hf",
                        InputError);
+  // Its attn_impl is the kernel the job runs: "torch" plans eager attention unless the job names
+  // flash, which is refused.
+  mpt["attn_config"] = {{"attn_impl", "torch"}};
+  const auto eager =
+      nlohmann::json::parse(run_request({with("--recipe=llm-foundry"), mpt, {}, false, {}}).output);
+  CHECK(eager.at("memory").at("peak_bytes").get<double>() >
+        planned.at("memory").at("peak_bytes").get<double>());  // the scores and the mask
+  auto flash = with("--recipe=llm-foundry");
+  flash.emplace_back("--attention=flash");
+  CHECK_THROWS_WITH_AS(run_request({flash, mpt, {}, false, {}}),
+                       "--attention: flash: the MPT config's attn_config.attn_impl \"torch\" runs "
+                       "eager attention",
+                       InputError);
   mpt["attn_config"] = {{"qk_ln", true}};
   CHECK_THROWS_WITH_AS(run_request({with("--recipe=llm-foundry"), mpt, {}, false, {}}),
                        "--model: MPT's attn_config.qk_ln is not modeled yet", InputError);
