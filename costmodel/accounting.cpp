@@ -509,30 +509,12 @@ double selective_op_saved(const ModelSpec& m, const TrainingJob& j, const Forwar
 
 std::string mpt_unmodeled(const ModelSpec& m, const TrainingJob& j) {
   if (m.architecture != Architecture::mpt) return "";
-  if (j.recipe != documents::Recipe::llm_foundry)
+  if (!recipe_traits(j.recipe).runs_mpt)
     return fmt::format("MPT's model code is llm-foundry's: plan it with --recipe llm-foundry, not "
                        "{}",
                        documents::recipe_name(j.recipe));
-  const auto& c = m.hf_config;
-  const auto attn = c.contains("attn_config") && c.at("attn_config").is_object()
-                        ? c.at("attn_config")
-                        : nlohmann::json::object();
-  auto on = [](const nlohmann::json& o, const char* key) {
-    if (!o.contains(key) || o.at(key).is_null()) return false;
-    const auto& v = o.at(key);
-    return v.is_boolean() ? v.get<bool>() : !v.is_number() || v.get<double>() != 0;
-  };
   // What these keep is not measured (tests/costmodel/data/oracle_mpt_units.json has none of them).
-  for (const char* key : {"qk_ln", "qk_gn", "clip_qkv", "rope", "attn_pdrop"})
-    if (on(attn, key)) return fmt::format("MPT's attn_config.{} is not modeled yet", key);
-  if (m.sliding_window > 0) return "MPT's attn_config.sliding_window_size is not modeled yet";
-  for (const char* key : {"resid_pdrop", "emb_pdrop"})
-    if (on(c, key)) return fmt::format("MPT's {} (dropout) is not modeled yet", key);
-  if (c.value("norm_type", std::string("low_precision_layernorm")) != "low_precision_layernorm")
-    return fmt::format("MPT's norm_type {} is not modeled yet (low_precision_layernorm is)",
-                       c.at("norm_type").get<std::string>());
-  if (c.contains("use_pad_tok_in_ffn") && c.at("use_pad_tok_in_ffn") == false)
-    return "MPT's use_pad_tok_in_ffn false (an unpadded FFN) is not modeled yet";
+  if (!m.unmeasured.empty()) return fmt::format("MPT's {} is not modeled yet", m.unmeasured);
   if (m.kv_heads < m.heads && j.attention == AttentionImpl::eager)
     return "MPT's grouped or multi-query attention under attn_impl torch (its repeated keys and "
            "values) is not modeled yet";

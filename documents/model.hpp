@@ -74,6 +74,13 @@ struct ModelSpec {   // NOLINT(bugprone-exception-escape)
   bool embedding_dropout = false;   // dropout on the embeddings' output (GPT-2's embd_pdrop)
   std::int64_t rotary_dim = 0;      // rotated width of each head (GPT-NeoX: rotary_pct of it)
   std::int64_t sliding_window = 0;  // Mistral: tokens each query attends to (0: whole prefix)
+  // The model's own attention kernel where its config chooses it (MPT's attn_config.attn_impl:
+  // "flash" or "torch"); empty where the job chooses.
+  std::string config_attention;
+  // A switch of the config the cost model has not measured what its code keeps for, as
+  // "attn_config.qk_ln" (llm-foundry's MPT; the other readers refuse such keys outright); empty
+  // when none.
+  std::string unmeasured;
 
   UnitTensors embedding;     // token (and position) embeddings
   UnitTensors block;         // one transformer block; all blocks are identical

@@ -1,5 +1,6 @@
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -47,12 +48,12 @@ MptAttention read_mpt_attention(ObjectReader& r, const nlohmann::json& config, M
   m.attention_dropout = a.optional_number("attn_pdrop", Range::between(0, 1)).value_or(0) > 0;
   // "flash" (the default) or "torch" (its eager scores): the job runs that kernel (the planner's
   // scenario follows it and refuses a job that names the other).
-  if (a.has("attn_impl")) a.choice("attn_impl", {"flash", "torch"});
+  m.config_attention = a.has("attn_impl") ? a.choice("attn_impl", {"flash", "torch"}) : "flash";
   const bool qk_ln = a.optional_boolean("qk_ln").value_or(false);
   const bool qk_gn = a.optional_boolean("qk_gn").value_or(false);
   out.qk_norm = qk_ln ? 1 : qk_gn ? 2 : 0;
   out.fused = a.optional_boolean("fused_qkv").value_or(true);
-  a.optional_number("clip_qkv", Range::positive());       // a clamp of q, k and v
+  const bool clip = a.optional_number("clip_qkv", Range::positive()).has_value();  // a clamp
   a.optional_number("softmax_scale", Range::positive());  // the scores' scale
   a.optional_boolean("attn_uses_sequence_id");            // a mask within packed sequences
   const auto window = a.optional_integer("sliding_window_size", Range{-1, 1e12, false});
@@ -82,6 +83,16 @@ MptAttention read_mpt_attention(ObjectReader& r, const nlohmann::json& config, M
     throw InputError(a.pointer_of("attn_temperature_tuning"),
                      "attention temperature tuning is not supported; attn_scale must be 0");
   a.finish();
+  // What the cost model has not measured MPT's code keeping (the first such switch that is on).
+  const std::pair<bool, const char*> unmeasured[] = {
+      {qk_ln, "attn_config.qk_ln"},
+      {qk_gn, "attn_config.qk_gn"},
+      {clip, "attn_config.clip_qkv"},
+      {out.rope, "attn_config.rope"},
+      {m.attention_dropout, "attn_config.attn_pdrop"},
+      {m.sliding_window > 0, "attn_config.sliding_window_size"}};
+  for (const auto& [on, key] : unmeasured)
+    if (on && m.unmeasured.empty()) m.unmeasured = key;
   return out;
 }
 
@@ -137,6 +148,37 @@ void read_mpt_ffn(ObjectReader& r, const nlohmann::json& config, ModelSpec& m) {
   f.finish();
 }
 
+// MPT's tensors per unit, from what read_mpt read.
+void add_mpt_tensors(ModelSpec& m, const MptAttention& attn, bool no_bias, bool qkv_bias) {
+  auto add_mpt_norm = [&](UnitTensors& u, const std::string& prefix, std::int64_t n) {
+    u.tensors.push_back(vec(prefix + ".weight", n));
+    if (m.norm == NormKind::layernorm && !no_bias) u.tensors.push_back(vec(prefix + ".bias", n));
+  };
+  m.embedding.tensors.push_back(matrix("wte.weight", m.vocab, m.hidden));
+  if (m.positions == PositionKind::learned)
+    m.embedding.tensors.push_back(matrix("wpe.weight", m.max_positions, m.hidden));
+  add_mpt_norm(m.block, "norm_1", m.hidden);
+  if (attn.fused) {
+    add_linear(m.block, "attn.Wqkv", m.q_width() + 2 * m.kv_width(), m.hidden, qkv_bias);
+  } else {
+    add_linear(m.block, "attn.Wq", m.q_width(), m.hidden, qkv_bias);
+    add_linear(m.block, "attn.Wk", m.kv_width(), m.hidden, qkv_bias);
+    add_linear(m.block, "attn.Wv", m.kv_width(), m.hidden, qkv_bias);
+  }
+  if (attn.qk_norm > 0) {
+    add_mpt_norm(m.block, "attn.q_ln", attn.qk_norm == 1 ? m.q_width() : m.head_dim);
+    add_mpt_norm(m.block, "attn.k_ln", attn.qk_norm == 1 ? m.kv_width() : m.head_dim);
+  }
+  add_linear(m.block, "attn.out_proj", m.hidden, m.q_width(), !no_bias);
+  add_mpt_norm(m.block, "norm_2", m.hidden);
+  if (m.mlp == MlpKind::swiglu)
+    add_linear(m.block, "ffn.gate_proj", m.intermediate, m.hidden, !no_bias);
+  add_linear(m.block, "ffn.up_proj", m.intermediate, m.hidden, !no_bias);
+  add_linear(m.block, "ffn.down_proj", m.hidden, m.intermediate, !no_bias);
+  add_mpt_norm(m.head, "norm_f", m.hidden);
+  if (!m.tied_embeddings) m.head.tensors.push_back(matrix("lm_head.weight", m.vocab, m.hidden));
+}
+
 }  // namespace
 
 void read_mpt(ObjectReader& r, const nlohmann::json& config, ModelSpec& m) {
@@ -179,7 +221,14 @@ void read_mpt(ObjectReader& r, const nlohmann::json& config, ModelSpec& m) {
   else
     r.optional_number("logit_scale", Range::positive());
   r.optional_number("embedding_fraction", Range{0, 1, true});
-  r.optional_boolean("use_pad_tok_in_ffn");
+  const bool padded_ffn = r.optional_boolean("use_pad_tok_in_ffn").value_or(true);
+  const std::pair<bool, const char*> unmeasured[] = {
+      {m.residual_dropout, "resid_pdrop"},
+      {m.embedding_dropout, "emb_pdrop"},
+      {norm != "low_precision_layernorm", "norm_type"},
+      {!padded_ffn, "use_pad_tok_in_ffn"}};
+  for (const auto& [on, key] : unmeasured)
+    if (on && m.unmeasured.empty()) m.unmeasured = key;
   for (const char* key : {"block_overrides", "final_logit_softcapping"})
     if (r.has(key) && !config.at(key).is_null())
       throw InputError(r.pointer_of(key), "is not supported; leave it null");
@@ -188,33 +237,7 @@ void read_mpt(ObjectReader& r, const nlohmann::json& config, ModelSpec& m) {
   for (const char* key : {"init_device", "init_config", "norm_eps", "name", "verbose"})
     r.ignore(key);  // initialization, an epsilon, logging
 
-  auto add_mpt_norm = [&](UnitTensors& u, const std::string& prefix, std::int64_t n) {
-    u.tensors.push_back(vec(prefix + ".weight", n));
-    if (m.norm == NormKind::layernorm && !no_bias) u.tensors.push_back(vec(prefix + ".bias", n));
-  };
-  m.embedding.tensors.push_back(matrix("wte.weight", m.vocab, m.hidden));
-  if (m.positions == PositionKind::learned)
-    m.embedding.tensors.push_back(matrix("wpe.weight", m.max_positions, m.hidden));
-  add_mpt_norm(m.block, "norm_1", m.hidden);
-  if (attn.fused) {
-    add_linear(m.block, "attn.Wqkv", m.q_width() + 2 * m.kv_width(), m.hidden, qkv_bias);
-  } else {
-    add_linear(m.block, "attn.Wq", m.q_width(), m.hidden, qkv_bias);
-    add_linear(m.block, "attn.Wk", m.kv_width(), m.hidden, qkv_bias);
-    add_linear(m.block, "attn.Wv", m.kv_width(), m.hidden, qkv_bias);
-  }
-  if (attn.qk_norm > 0) {
-    add_mpt_norm(m.block, "attn.q_ln", attn.qk_norm == 1 ? m.q_width() : m.head_dim);
-    add_mpt_norm(m.block, "attn.k_ln", attn.qk_norm == 1 ? m.kv_width() : m.head_dim);
-  }
-  add_linear(m.block, "attn.out_proj", m.hidden, m.q_width(), !no_bias);
-  add_mpt_norm(m.block, "norm_2", m.hidden);
-  if (m.mlp == MlpKind::swiglu)
-    add_linear(m.block, "ffn.gate_proj", m.intermediate, m.hidden, !no_bias);
-  add_linear(m.block, "ffn.up_proj", m.intermediate, m.hidden, !no_bias);
-  add_linear(m.block, "ffn.down_proj", m.hidden, m.intermediate, !no_bias);
-  add_mpt_norm(m.head, "norm_f", m.hidden);
-  if (!m.tied_embeddings) m.head.tensors.push_back(matrix("lm_head.weight", m.vocab, m.hidden));
+  add_mpt_tensors(m, attn, no_bias, qkv_bias);
 }
 
 }  // namespace shardplan::documents::model_detail

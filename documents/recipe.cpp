@@ -40,6 +40,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
           .fsdp_groups_per_block = false,
+          .runs_mpt = false,
           .ring = RingCode::torch_all_gather,  // torch's context_parallel over sdpa
           .flavours = kAllFlavours,
           .offers_every_n = true,
@@ -72,6 +73,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .pipeline_less_layers = 1,
           .pipeline_even_split = false,
           .fsdp_groups_per_block = true,
+          .runs_mpt = false,
           .ring = RingCode::torch_all_gather,
           .flavours = {fsdp2, ddp},
           .offers_every_n = true,
@@ -106,6 +108,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
           .fsdp_groups_per_block = false,
+          .runs_mpt = true,
           .ring = RingCode::te_p2p,
           .flavours = kAllFlavours,
           .offers_every_n = true,
@@ -138,6 +141,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .pipeline_less_layers = 0,
           .pipeline_even_split = true,  // get_num_layers_to_build
           .fsdp_groups_per_block = false,
+          .runs_mpt = false,
           .ring = RingCode::te_p2p,
           .flavours = {megatron, fsdp2, deepspeed},  // its DDP and distributed optimizer first;
                                                      // --use-torch-fsdp2; Megatron-DeepSpeed's ZeRO
@@ -170,6 +174,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
           .fsdp_groups_per_block = false,
+          .runs_mpt = false,
           .ring = RingCode::te_p2p,
           .flavours = {deepspeed},
           .offers_every_n = true,
@@ -201,6 +206,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
           .fsdp_groups_per_block = false,
+          .runs_mpt = false,
           .ring = RingCode::te_p2p,
           .flavours = kAllFlavours,
           .offers_every_n = false,  // it checkpoints every block or none

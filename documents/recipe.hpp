@@ -103,6 +103,9 @@ struct RecipeTraits {
   // FSDP2 over a TP plan groups the parameters as torchtitan's apply_fsdp does: the embedding,
   // each block, the final norm with the head.
   bool fsdp_groups_per_block;
+  // An MPT config.json runs llm-foundry's own MPT (llmfoundry/models/mpt): the recipe's code has
+  // it (documents/model_mpt.cpp reads the config, costmodel's mpt_block counts its block).
+  bool runs_mpt;
   RingCode ring;
 
   // What its configs offer (the search's alternatives, the emitters).

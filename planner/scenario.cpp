@@ -183,14 +183,12 @@ void set_base_job(const ScenarioOptions& o, Scenario& sc) {
   }
 }
 
-// An MPT config chooses its attention kernel (attn_config.attn_impl: "flash", llm-foundry's
-// default, or "torch", its eager scores): the job runs that one unless it names the same.
+// A config that chooses its attention kernel (MPT's attn_config.attn_impl: "flash", llm-foundry's
+// default, or "torch", its eager scores; ModelSpec::config_attention): the job runs that one, and
+// a job that names the other is refused.
 void follow_mpt_attention(const ScenarioOptions& o, Scenario& sc) {
-  if (sc.model.architecture != documents::Architecture::mpt) return;
-  const auto& c = sc.model.hf_config;
-  std::string impl = "flash";
-  if (c.contains("attn_config") && c.at("attn_config").is_object())
-    impl = c.at("attn_config").value("attn_impl", impl);
+  const std::string& impl = sc.model.config_attention;
+  if (impl.empty()) return;
   const auto kernel =
       impl == "torch" ? documents::AttentionImpl::eager : documents::AttentionImpl::flash;
   if (sc.attention_named && sc.job.attention != kernel)
