@@ -62,6 +62,7 @@ int main(int argc, char** argv) try {
       const bool category = kind.rfind("peak/", 0) == 0;
       if (peak_of.count(r.case_id))
         kind.insert(0, r.case_id.rfind("fsdp2/", 0) == 0       ? "fsdp2 "
+                       : r.case_id.rfind("fsdp1/", 0) == 0     ? "fsdp1 "
                        : r.case_id.rfind("deepspeed-", 0) == 0 ? "deepspeed "
                                                                : "bare/ddp ");
       if (!r.skipped.empty()) {
@@ -76,7 +77,8 @@ int main(int argc, char** argv) try {
     }
   };
   if (files.empty()) {
-    for (const char* name : {"oracle_units.json", "oracle_steps.json", "oracle_deepspeed.json"})
+    for (const char* name : {"oracle_units.json", "oracle_steps.json", "oracle_fsdp1_steps.json",
+                             "oracle_deepspeed.json"})
       report(name, rows_of(oracle::read_corpus(name), name));
   } else {
     for (const auto& f : files) report(f, rows_of(oracle::read_corpus_file(f), f));

@@ -508,11 +508,13 @@ struct PlanActivations {
 };
 
 // The forward's dtypes (accounting.hpp, Forward): e bytes of the compute dtype; p of the
-// parameters the blocks read (fp32 under DDP's autocast, e when FSDP hands them over).
+// parameters the blocks read (fp32 under DDP's autocast and FSDP's fp32_gathered, e when FSDP
+// hands them over in the compute dtype).
 Forward plan_forward(const ParallelMemoryInput& in) {
   const double e = dtype_bytes(compute_dtype(in.job.precision));
   const StateBytes sb = state_bytes(in.job.precision, in.spec, Accounting::framework);
-  return {e, in.spec.shard_parameters ? e : std::max(e, sb.param), !in.hardware->is_cpu};
+  const bool gathered_16 = in.spec.shard_parameters && !in.spec.fp32_gathered;
+  return {e, gathered_16 ? e : std::max(e, sb.param), !in.hardware->is_cpu};
 }
 
 // One block on one rank, saved and (checkpointed) rebuilt. The column-parallel q/k/v and gate/up

@@ -169,6 +169,11 @@ private:
            !spec_.flat_grad_partition && spec_.contiguous_grad_bucket &&
            spec_.offload == documents::Offload::none;
   }
+  // FSDP1 (frameworks): the module holds plain views of each unit's flat parameter
+  // (torch/distributed/fsdp/_flat_param.py, _use_unsharded_views), so autograd gives each view
+  // its own gradient and makes the flat one from them (the views' split backward) once the unit's
+  // last view has its gradient.
+  bool split_views() const { return frameworks_ && spec_.flavour == documents::Flavour::fsdp1; }
   bool checkpointed(int u) const {
     return u > 0 && u < n_units_ - 1 && in_.job.block_checkpointed(u - 1);
   }
@@ -180,8 +185,9 @@ private:
   }
   bool check_plan();
   // PyTorch DDP's mixed precision is autocast over fp32 parameters: each GEMM casts its weight
-  // (kept for backward) and its input.
-  bool autocast_copies() const { return frameworks_ && ddp_mixed(); }
+  // (kept for backward) and its input. So is FSDP's without a param_dtype (ShardingSpec::
+  // fp32_gathered) over the fp32 parameters it gathers.
+  bool autocast_copies() const { return frameworks_ && (ddp_mixed() || act_b_ < compute_b_); }
   // The executor's DDP under mixed precision (executor/gather_scheduler.hpp, copy_into): each
   // unit's fp32 parameters cast whole into a 16-bit buffer as the unit's forward starts, kept to
   // its backward's end (the embeddings' for their forward only; a tied head's copy of the
@@ -223,6 +229,11 @@ private:
     gradients_used(g, t, mb, first, info(g).params);
   }
   void gradients_used(int g, double t, int mb, bool first, double elems);
+  // A framework on a rank whose collectives block the computing thread (gloo on a CPU): the
+  // all-gathers unit u's pre-backward hook issues for the next units (FSDP's BACKWARD_PRE
+  // prefetch, at most max_inflight_allgathers gathered), run in the thread's order, before u's
+  // backward. (The executor's CPU engine gathers a unit when it is about to run.)
+  void blocking_backward_prefetch(int u, int mb);
   // Block u's backward from t, its MLP first, as autograd runs it: the down projection's gradient
   // beside the activation's transient (act.mlp_backward > 0), then the transient gone; the MLP's
   // other gradients; then, with what the MLP kept released (act.mlp_released, and its autocast
@@ -234,6 +245,11 @@ private:
   // executor_casts(): unit u's 16-bit copy released at the end of its backward, and its 16-bit
   // gradient from its kernels to the end.
   void executor_backward_casts(int u, double kernels, double end, int mb);
+  // FSDP2's reduce-scatter input and output for the pending reduction (simulator.cpp).
+  void fsdp2_copy_in_buffers(int u, double end, double rs, double done, int mb);
+  // FSDP1's buffers beside the pending reduction: its cast to the reduce dtype from `end`, its
+  // output shard from the reduce-scatter's start `rs`, both until it is `done`.
+  void fsdp1_reduce_buffers(int u, double end, double rs, double done, int mb);
   // Unit u's gradients join the pending reduction, reduced once the framework's bucket is full.
   void queue_reduction(int u, double end, int mb, bool first);
   // A block's ring exchange beside its attention (from `start`, the attention's `attention_s`
@@ -286,7 +302,9 @@ private:
   Group shard_group_, replica_group_;
   bool hsdp_ = false;
   int fwd_prefetch_ = 1;
-  double reduce_b_ = 2, compute_b_ = 2;
+  // Bytes of an element reduced, gathered (and of a fresh gradient), and of the dtype the
+  // forward computes and keeps its activations in (autocast's under fp32_gathered).
+  double reduce_b_ = 2, compute_b_ = 2, act_b_ = 2;
   double flat_grad_b_ = 4;  // bytes per element of DeepSpeed ZeRO-3's flat gradient partition
   std::array<double, kStreams> free_at_{};  // when each stream is next free
   std::vector<double> fwd_start_, fwd_end_, bwd_start_, bwd_end_, gathered_free_;

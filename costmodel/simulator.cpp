@@ -177,8 +177,8 @@ void Simulation::forward(int mb) {
     // autocast region ends with the loss (torch/csrc/autograd/autocast_mode.cpp, cached_cast and
     // clear_cache on leaving the outermost region).
     if (autocast_copies) {
-      mem(st, ui.matmul * compute_b_, Category::activations, Phase::forward, u, mb);
-      cached_casts += checkpointed(u) ? ui.matmul * compute_b_ : 0;
+      mem(st, ui.matmul * act_b_, Category::activations, Phase::forward, u, mb);
+      cached_casts += checkpointed(u) ? ui.matmul * act_b_ : 0;
     }
     if (executor_casts()) {
       mem(st, (ui.params + (u == U - 1 ? tied_matrix() : 0)) * compute_b_, Category::buffers,
@@ -215,6 +215,8 @@ void Simulation::backward(int mb, bool first, bool reduce) {
       ready = gather(u, issue_t, Phase::backward, mb);
       cause = Stream::all_gather;
     }
+    if (frameworks_ && shard_params && in_.hardware->collectives_block)
+      blocking_backward_prefetch(u, mb);
     if (ui.recompute_s > 0) {
       rerun_forward(u, ready, cause, mb);
       ready = 0;
@@ -246,7 +248,14 @@ void Simulation::backward(int mb, bool first, bool reduce) {
     if (executor_casts()) executor_backward_casts(u, kernels, end, mb);
     if (autocast_copies) {
       const double gone = mlp_first ? ui.mlp_matmul : down_first ? ui.first_matmul : 0;
-      mem(end, -(ui.matmul - gone) * compute_b_, Category::activations, Phase::backward, u, mb);
+      mem(end, -(ui.matmul - gone) * act_b_, Category::activations, Phase::backward, u, mb);
+    }
+    if (split_views() && u < U - 1) {
+      // The unit's flat gradient out of its views' (the root's at the embeddings', the last of
+      // its views to get one), both alive at once, then the views' gone.
+      const double flat = (u == 0 && s.root_unit ? ui.params + info(U - 1).params : ui.params);
+      mem(end, flat * compute_b_, Category::gradients, Phase::backward, u, mb);
+      mem(end, -flat * compute_b_, Category::gradients, Phase::backward, u, mb);
     }
     if (shard_params && gathered_alive_[u]) {
       mem(end, -ui.gather_bytes, Category::buffers, Phase::backward, u, mb, -1);
@@ -263,18 +272,30 @@ void Simulation::backward(int mb, bool first, bool reduce) {
     mem(bwd_end_[0], -s.reduce_bucket_bytes, Category::buffers, Phase::backward, 0, mb);
 }
 
+void Simulation::blocking_backward_prefetch(int u, int mb) {
+  const auto& s = spec_;
+  for (int ahead = 1; ahead <= s.backward_prefetch; ++ahead) {
+    const int next = u - ahead;
+    if (next < 0) break;
+    if (info(next).gather <= 0 || gathered_alive_[next]) continue;
+    if (next + s.max_inflight_allgathers <= u) break;  // that unit's backward has not ended
+    gather(next, 0, Phase::backward, mb);
+  }
+}
+
 // Unit u's gradients from its backward kernels' start: kept whole (DDP, ZeRO-1) they are
 // allocated on first use and kept to the step; sharded, the unit's full gradient is a transient
 // until it is reduced. A tied head's backward adds into the embedding matrix's gradient, so that
 // gradient is first used there, not at the embedding's own backward (autograd accumulates into
 // the shared weight's .grad from its first use); the embeddings' other tensors (learned
 // positions) get theirs in their own backward, unless the unit's gradient is one flat tensor
-// (FSDP1's flat parameter, the executor's unit buffer), opened whole by the head.
+// (the executor's unit buffer), opened whole by the head. FSDP1's module holds views of its flat
+// parameter, each with a gradient of its own until the flat one is made (split_views).
 void Simulation::unit_gradients(int u, double kernels, int mb, bool first) {
   const auto& s = spec_;
   const auto& ui = info(u);
   const int U = n_units_;
-  const bool flat_unit = !frameworks_ || s.flavour == documents::Flavour::fsdp1;
+  const bool flat_unit = !frameworks_;
   const double opened = flat_unit ? info(0).params : tied_matrix();  // by a tied head
   const bool tied = in_.model->tied_embeddings;
   if (ui.down_first() || ui.mlp_first())
@@ -282,11 +303,12 @@ void Simulation::unit_gradients(int u, double kernels, int mb, bool first) {
   else
     gradients_used(u, kernels, mb, first, ui.params - (tied && u == 0 ? opened : 0));
   if (tied && u == U - 1) gradients_used(0, kernels, mb, first, opened);
-  if (tied && u == 0 && !flat_unit) {
+  if (tied && u == 0 && !flat_unit && !split_views()) {
     // The tied matrix reaches autograd's input buffer twice: the embeddings' gradient is added
     // to the head's out of place (torch's autograd InputBuffer::add), so both and their sum are
     // alive at once before the sum goes on to the parameter (measured: tests/costmodel/data/
-    // oracle_steps.json, GPT-2's FSDP2 steps peak there).
+    // oracle_steps.json, GPT-2's FSDP2 steps peak there). Into FSDP1's view of the matrix it is
+    // added in place: GPT-2's FSDP1 steps hold no such moment (oracle_fsdp1_steps.json).
     const double both = 2 * tied_matrix() * (s.shard_gradients ? compute_b_ : sb_.grad);
     mem(kernels, both, Category::gradients, Phase::backward, u, mb);
     mem(kernels + 1e-3 * ui.bwd_s, -both, Category::gradients, Phase::backward, u, mb);
@@ -303,7 +325,7 @@ void Simulation::rerun_forward(int u, double ready, Stream cause, int mb) {
   // The recompute runs under the forward's autocast state again (torch/utils/checkpoint.py
   // restores it), and the GEMMs keep their weight casts for the backward.
   if (autocast_copies())
-    mem(st, ui.matmul * compute_b_, Category::activations, Phase::recompute, u, mb);
+    mem(st, ui.matmul * act_b_, Category::activations, Phase::recompute, u, mb);
 }
 
 void Simulation::executor_backward_casts(int u, double kernels, double end, int mb) {
@@ -328,7 +350,7 @@ void Simulation::block_backward(int u, double t, int mb, bool first) {
   double made = 0;  // elements whose gradients exist
   if (down_first) {
     if (autocast_copies())  // the down projection's saved weight copy goes with its backward
-      mem(t, -ui.first_matmul * compute_b_, Category::activations, Phase::backward, u, mb);
+      mem(t, -ui.first_matmul * act_b_, Category::activations, Phase::backward, u, mb);
     mem(t, ui.act.mlp_backward, Category::activations, Phase::backward, u, mb);
     gradients_used(u, t, mb, first, ui.first_grads);
     made = ui.first_grads;
@@ -340,8 +362,8 @@ void Simulation::block_backward(int u, double t, int mb, bool first) {
     // with the MLP's gradients made, what it kept is gone.
     mem(t, -ui.act.mlp_released, Category::activations, Phase::backward, u, mb);
     if (autocast_copies())
-      mem(t, -(ui.mlp_matmul - (down_first ? ui.first_matmul : 0)) * compute_b_,
-          Category::activations, Phase::backward, u, mb);
+      mem(t, -(ui.mlp_matmul - (down_first ? ui.first_matmul : 0)) * act_b_, Category::activations,
+          Phase::backward, u, mb);
     gradients_used(u, t, mb, first, ui.mlp_grads - made);
     made = ui.mlp_grads;
     t += step;
@@ -377,6 +399,37 @@ void Simulation::queue_reduction(int u, double end, int mb, bool first) {
   reduce_pending(u, end, mb, first);
 }
 
+// FSDP2's foreach_reduce copies the unsharded gradients into the flat input in the reduce dtype
+// and clears them, then allocates the output shard on the reduce-scatter stream; the output
+// becomes (or is added into) the kept sharded gradient. The input stays until the next group's
+// copy-in, the last one until the backward's end (FSDPState._end_backward_iteration), after its
+// reduce-scatter.
+void Simulation::fsdp2_copy_in_buffers(int u, double end, double rs, double done, int mb) {
+  reduce_input_done_ = done;
+  reduce_input_held_ = pending_reduce_bytes_;
+  mem(end, pending_reduce_bytes_, Category::buffers, Phase::reduce, u, mb);
+  for (int pu : pending_units_)
+    mem(end, -info(pu).params * compute_b_, Category::gradients, Phase::reduce, pu, mb);
+  mem(rs, pending_reduce_bytes_ / shard_, Category::buffers, Phase::reduce, u, mb);
+  mem(done, -pending_reduce_bytes_ / shard_, Category::buffers, Phase::reduce, u, mb);
+  if (u == 0) {
+    mem(done, -reduce_input_held_, Category::buffers, Phase::reduce, u, mb);
+    reduce_input_held_ = 0;
+  }
+}
+
+// FSDP1's post-backward (torch/distributed/fsdp/_runtime_utils.py, _post_backward_hook and
+// _reduce_grad): the flat gradient cast to the reduce dtype where it is another, beside the
+// autograd one until the reduce-scatter is done; the output shard, in the reduce dtype, made
+// before it (cast to the parameters' dtype after: reduce_pending's kept shard).
+void Simulation::fsdp1_reduce_buffers(int u, double end, double rs, double done, int mb) {
+  const double cast = reduce_b_ != compute_b_ ? pending_reduce_bytes_ : 0;
+  mem(end, cast, Category::buffers, Phase::reduce, u, mb);
+  mem(done, -cast, Category::buffers, Phase::reduce, u, mb);
+  mem(rs, pending_reduce_bytes_ / shard_, Category::buffers, Phase::reduce, u, mb);
+  mem(done, -pending_reduce_bytes_ / shard_, Category::buffers, Phase::reduce, u, mb);
+}
+
 // Reduces the pending gradients once unit u's backward ends: reduce-scatter or all-reduce, then
 // HSDP's replica all-reduce and the offload's copy to the host; frees the unsharded gradients and
 // keeps the shards.
@@ -384,15 +437,15 @@ void Simulation::reduce_pending(int u, double end, int mb, bool first) {
   const auto& s = spec_;
   const double S = shard_;
   const bool offload_opt = s.offload != Offload::none;
-  const double bucket = s.reduce_bucket_bytes;
   const bool per_unit_buckets = !s.contiguous_grad_bucket;
   // DeepSpeed's stages 1/2 all-reduce the bucket and keep their partition of it.
   const Collective op = s.shard_optimizer && !s.all_reduce_partitions ? Collective::reduce_scatter
                                                                       : Collective::all_reduce;
   const Stream rs_stream =
       op == Collective::reduce_scatter ? Stream::reduce_scatter : Stream::all_reduce;
-  const double dur = per_unit_buckets ? bucketed(op, shard_group_, pending_reduce_bytes_, bucket)
-                                      : coll(op, shard_group_, pending_reduce_bytes_);
+  const double dur = per_unit_buckets
+                         ? bucketed(op, shard_group_, pending_reduce_bytes_, s.reduce_bucket_bytes)
+                         : coll(op, shard_group_, pending_reduce_bytes_);
   const bool copy_in = s.reduce_copy_in && s.shard_gradients;
   if (copy_in) {
     // FSDP2 keeps at most reduce_scatter_max_input_buffers (default 1) reduce-scatter inputs in
@@ -404,24 +457,8 @@ void Simulation::reduce_pending(int u, double end, int mb, bool first) {
   const double rs = issue(rs_stream, end, Stream::compute, dur,
                           op == Collective::reduce_scatter ? "reduce-scatter" : "all-reduce", u);
   double done = rs + dur;  // when this bucket's gradients are fully reduced
-  if (copy_in) {
-    // FSDP2's foreach_reduce copies the unsharded gradients into the flat input in the reduce
-    // dtype and clears them, then allocates the output shard on the reduce-scatter stream; the
-    // output becomes (or is added into) the kept sharded gradient. The input stays until the next
-    // group's copy-in, the last one until the backward's end (FSDPState._end_backward_iteration),
-    // after its reduce-scatter.
-    reduce_input_done_ = rs + dur;
-    reduce_input_held_ = pending_reduce_bytes_;
-    mem(end, pending_reduce_bytes_, Category::buffers, Phase::reduce, u, mb);
-    for (int pu : pending_units_)
-      mem(end, -info(pu).params * compute_b_, Category::gradients, Phase::reduce, pu, mb);
-    mem(rs, pending_reduce_bytes_ / S, Category::buffers, Phase::reduce, u, mb);
-    mem(rs + dur, -pending_reduce_bytes_ / S, Category::buffers, Phase::reduce, u, mb);
-    if (u == 0) {
-      mem(rs + dur, -reduce_input_held_, Category::buffers, Phase::reduce, u, mb);
-      reduce_input_held_ = 0;
-    }
-  }
+  if (split_views() && s.shard_gradients) fsdp1_reduce_buffers(u, end, rs, rs + dur, mb);
+  if (copy_in) fsdp2_copy_in_buffers(u, end, rs, rs + dur, mb);
   if (hsdp_ && s.shard_gradients) {  // HYBRID_SHARD: all-reduce the shard across replicas
     const double ar = coll(Collective::all_reduce, replica_group_, pending_reduce_bytes_ / S);
     done =

@@ -115,6 +115,7 @@ void Simulation::prepare_bytes() {
     sb_.step_grad = 4;
   }
   compute_b_ = sb_.compute;
+  act_b_ = std::min(compute_b_, dtype_bytes(documents::compute_dtype(j.precision)));
   // Gradients are reduced in the spec's dtype, but never below the dtype they are computed in
   // (an fp32 job's FSDP/DeepSpeed defaults of bf16 reduction do not apply: its param dtype is
   // fp32).
@@ -191,8 +192,9 @@ void Simulation::prepare_unit_times() {
   // both in turn. The executor's own engine has no framework hooks or eager dispatch.
   // The parameters the forward reads: fp32 under DDP's autocast, the gathered or kept 16-bit
   // copies under FSDP and DeepSpeed (and the compute dtype when there is one dtype).
-  const Forward f{compute_b_, autocast_copies() || executor_casts() ? sb_.param : compute_b_,
-                  !hw.is_cpu};
+  const Forward f{
+      act_b_, autocast_copies() || executor_casts() ? std::max(sb_.param, compute_b_) : compute_b_,
+      !hw.is_cpu};
   const ComputeModel cm(hw, j);
   const UnitKind unit_kinds[3] = {UnitKind::embedding, UnitKind::block, UnitKind::head};
   const std::string hooks = framework_key(s);

@@ -85,6 +85,21 @@ Recipe recipe_from_name(const std::string& s, const std::string& where) {
   return from_name<Recipe>(recipe_names(), s, where);
 }
 
+const std::vector<std::string>& fsdp_mixed_precision_names() {
+  static const std::vector<std::string> n = {"default", "pure", "full"};
+  return n;
+}
+FsdpMixedPrecision fsdp_mixed_precision_from_name(const std::string& s, const std::string& where) {
+  return from_name<FsdpMixedPrecision>(fsdp_mixed_precision_names(), s, where);
+}
+const char* fsdp_mixed_precision_name(FsdpMixedPrecision m) {
+  return fsdp_mixed_precision_names()[static_cast<std::size_t>(m)].c_str();
+}
+const char* fsdp_mixed_precision_label(FsdpMixedPrecision m) {
+  static const char* const labels[] = {"DEFAULT", "PURE", "FULL"};
+  return labels[static_cast<std::size_t>(m)];
+}
+
 bool TrainingJob::block_checkpointed(std::int64_t b) const {
   if (checkpointing == Checkpointing::full) return true;
   if (checkpointing != Checkpointing::every) return false;
@@ -185,6 +200,8 @@ TrainingJob job_from_json(const nlohmann::json& doc) {
   if (auto a = r.optional_string("attention")) j.attention = attention_from_name(*a, "/attention");
   j.loss = recipe_traits(j.recipe).loss;
   if (auto l = r.optional_string("loss")) set_loss(j, *l, "/loss");
+  if (auto m = r.optional_string("fsdp_mixed_precision"))
+    j.fsdp_mixed_precision = fsdp_mixed_precision_from_name(*m, "/fsdp_mixed_precision");
   r.finish();
   return j;
 }
@@ -200,6 +217,8 @@ nlohmann::json job_to_json(const TrainingJob& j) {
                         {"recipe", recipe_name(j.recipe)},
                         {"loss", loss_label(j)}};
   if (j.micro_batch > 0) out["micro_batch"] = j.micro_batch;
+  if (j.fsdp_mixed_precision)
+    out["fsdp_mixed_precision"] = fsdp_mixed_precision_name(*j.fsdp_mixed_precision);
   return out;
 }
 

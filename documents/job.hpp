@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,18 @@ const std::vector<std::string>& loss_names();
 // The dtype GEMMs run in, and its element size, for a policy.
 DType compute_dtype(Precision p);
 
+// FSDP's mixed precision (MixedPrecision, MixedPrecisionPolicy) by the names Composer gives its
+// settings (composer/distributed/mosaic_parallelism.py, get_mixed_precision), for a job whose
+// compute dtype is 16-bit:
+//   default  param_dtype the compute dtype, reduce_dtype fp32
+//   pure     param_dtype and reduce_dtype the compute dtype
+//   full     neither set: gathered and reduced in the parameters' fp32, autocast computing
+enum class FsdpMixedPrecision { default_mode, pure, full };
+const std::vector<std::string>& fsdp_mixed_precision_names();  // default pure full
+FsdpMixedPrecision fsdp_mixed_precision_from_name(const std::string& s, const std::string& where);
+const char* fsdp_mixed_precision_name(FsdpMixedPrecision m);
+const char* fsdp_mixed_precision_label(FsdpMixedPrecision m);  // Composer's: DEFAULT PURE FULL
+
 struct TrainingJob {
   std::int64_t seq_len = 4096;    // tokens per sequence
   std::int64_t global_batch = 0;  // sequences per optimizer step, whole job
@@ -86,6 +99,8 @@ struct TrainingJob {
   LossImpl loss = LossImpl::upcast;
   std::int64_t loss_chunks = 0;  // N of chunked:N: chunks the sequence is split into
   Recipe recipe = Recipe::hf;
+  // FSDP's mixed precision as the job names it (nullopt: the recipe's; RecipeTraits).
+  std::optional<FsdpMixedPrecision> fsdp_mixed_precision;
 
   // Whether block b (0-based) keeps only its input and reruns its forward in backward. every:N
   // counts as the recipe's code does: transformers' activation_checkpointing_enable(every_n_layers)

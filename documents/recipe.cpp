@@ -47,7 +47,11 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .reduces_in_fp32_only = false,
-          .fsdp_reduces_in_fp32 = false,
+          // accelerate's FullyShardedDataParallelPlugin.set_mixed_precision (1.x): param_dtype and
+          // reduce_dtype the mixed precision's dtype; Accelerator.prepare_model wraps the forward
+          // in autocast (native_amp), and a mixed_precision_policy of "fp32" or a dict sets FULL.
+          .fsdp_mixed_precision = FsdpMixedPrecision::pure,
+          .autocast_with_fsdp = true,
           .blocks_at = "",
           .block_class = "",
       },
@@ -80,8 +84,11 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = true,
           .offers_selective_attention = true,
           .reduces_in_fp32_only = true,
-          .fsdp_reduces_in_fp32 = false,
-          // torchtitan 0.3.0: Decoder.layers, a ModuleDict of Llama3TransformerBlock
+          // MixedPrecisionPolicy(mixed_precision_param, mixed_precision_reduce): bfloat16 and
+          // float32 by default, float32 the only reduction; autocast only without FSDP, under DDP
+          // or on one device (0.3.0's torchtitan/config/configs.py, mixed_precision_param).
+          .fsdp_mixed_precision = FsdpMixedPrecision::default_mode,
+          .autocast_with_fsdp = false,
           // (torchtitan/models/common/decoder.py, torchtitan/models/llama3/model.py)
           .blocks_at = "model.layers",
           .block_class = "torchtitan.models.llama3.model:Llama3TransformerBlock",
@@ -115,8 +122,11 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .reduces_in_fp32_only = false,
-          .fsdp_reduces_in_fp32 =
-              true,  // composer/distributed/mosaic_parallelism.py, get_mixed_precision
+          // Composer's fsdp_config.mixed_precision, DEFAULT unless set
+          // (composer/distributed/mosaic_parallelism.py, get_mixed_precision), under Composer's
+          // autocast for amp_bf16 / amp_fp16 (composer/core/precision.py, get_precision_context).
+          .fsdp_mixed_precision = FsdpMixedPrecision::default_mode,
+          .autocast_with_fsdp = true,
           .blocks_at = "",
           .block_class = "",
       },
@@ -149,7 +159,9 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .reduces_in_fp32_only = false,
-          .fsdp_reduces_in_fp32 = false,
+          // --use-torch-fsdp2: its MixedPrecisionPolicy of the training dtype, no autocast.
+          .fsdp_mixed_precision = FsdpMixedPrecision::pure,
+          .autocast_with_fsdp = false,
           .blocks_at = "",
           .block_class = "",
       },
@@ -181,7 +193,8 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .reduces_in_fp32_only = false,
-          .fsdp_reduces_in_fp32 = false,
+          .fsdp_mixed_precision = FsdpMixedPrecision::pure,
+          .autocast_with_fsdp = false,
           .blocks_at = "",
           .block_class = "",
       },
@@ -213,7 +226,8 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = false,
           .reduces_in_fp32_only = false,
-          .fsdp_reduces_in_fp32 = false,
+          .fsdp_mixed_precision = FsdpMixedPrecision::pure,  // its own engine gathers 16-bit
+          .autocast_with_fsdp = false,
           .blocks_at = "",
           .block_class = "",
       },

@@ -114,9 +114,11 @@ struct RecipeTraits {
   bool offers_selective_op;         // torchtitan's op-level save list
   bool offers_selective_attention;  // Megatron's selective recompute, where attention is eager
   bool reduces_in_fp32_only;        // torchtitan's mixed_precision_reduce takes "float32" only
-  // FSDP reduces gradients in fp32 unless told otherwise: Composer's default mixed precision
-  // ("DEFAULT": param_dtype the autocast dtype, reduce_dtype fp32), which llm-foundry trains with.
-  bool fsdp_reduces_in_fp32;
+  // FSDP's mixed precision when the job names none (documents/sharding.hpp, FsdpMixedPrecision).
+  FsdpMixedPrecision fsdp_mixed_precision;
+  // Its training loop runs the forward under autocast beside FSDP, which is what computes in 16
+  // bits when FSDP gathers fp32 parameters (FsdpMixedPrecision::full).
+  bool autocast_with_fsdp;
   // Where its PyTorch model keeps the transformer blocks (a Python expression on `model`) and their
   // class ("module:Class"), for the emitted FSDP wrapping; empty where the recipe's model code is
   // transformers' (per architecture: planner/emit_fsdp.cpp) or no PyTorch module the user wraps.

@@ -135,6 +135,16 @@ Offload offload_from_name(const std::string& s, const std::string& where) {
   return from_names<Offload>(offload_names(), s, where);
 }
 
+std::optional<FsdpMixedPrecision> fsdp_mixed_precision(const ShardingSpec& s, DType compute) {
+  const bool fsdp = s.flavour == Flavour::fsdp1 || s.flavour == Flavour::fsdp2;
+  if (!fsdp || dtype_bytes(compute) >= 4) return std::nullopt;
+  if (s.fp32_gathered)
+    return s.reduce_dtype == DType::fp32 ? std::optional(FsdpMixedPrecision::full) : std::nullopt;
+  if (s.reduce_dtype == DType::fp32) return FsdpMixedPrecision::default_mode;
+  if (s.reduce_dtype == compute) return FsdpMixedPrecision::pure;
+  return std::nullopt;  // a dtype of neither: MixedPrecision's dtypes set one by one
+}
+
 std::vector<Flavour> flavours_for(const std::string& strategy) {
   if (strategy == kNoWrapper) return {Flavour::ddp};
   if (strategy == "ddp") return {Flavour::ddp, Flavour::megatron};
@@ -248,7 +258,8 @@ nlohmann::json spec_to_json(const ShardingSpec& s) {
           {"separate_fp32_master", s.separate_fp32_master},
           {"contiguous_grad_bucket", s.contiguous_grad_bucket},
           {"flat_grad_partition", s.flat_grad_partition},
-          {"grad_bucket_copy", s.grad_bucket_copy}};
+          {"grad_bucket_copy", s.grad_bucket_copy},
+          {"fp32_gathered", s.fp32_gathered}};
 }
 
 ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer) {
@@ -285,6 +296,8 @@ ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer)
   s.contiguous_grad_bucket = r.boolean("contiguous_grad_bucket");
   s.flat_grad_partition = r.boolean("flat_grad_partition");
   s.grad_bucket_copy = r.boolean("grad_bucket_copy");
+  // Optional: plans written before it existed gather in the compute dtype.
+  s.fp32_gathered = r.optional_boolean("fp32_gathered").value_or(false);
   r.finish();
   if (s.flavour == Flavour::deepspeed && s.shard_parameters) s.reuse_distance_elems = 1e9;
   if (s.shard_gradients && !s.shard_optimizer)
@@ -292,6 +305,10 @@ ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer)
                      "sharding gradients needs sharded optimizer states (no framework does this)");
   if (s.reshard_after_forward && !s.shard_parameters)
     throw InputError(r.pointer_of("reshard_after_forward"), "needs shard_parameters");
+  if (s.fp32_gathered && s.flavour != Flavour::fsdp1 && s.flavour != Flavour::fsdp2)
+    throw InputError(
+        r.pointer_of("fp32_gathered"),
+        fmt::format("applies to FSDP (fsdp1, fsdp2), not {}", flavour_name(s.flavour)));
   if (s.all_reduce_partitions && (!s.shard_optimizer || s.shard_parameters))
     throw InputError(r.pointer_of("all_reduce_partitions"),
                      "applies to ZeRO-1/2 (shard_optimizer without shard_parameters)");

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "documents/hardware.hpp"
+#include "documents/job.hpp"
 
 namespace shardplan::documents {
 
@@ -81,6 +82,10 @@ struct ShardingSpec {
   bool flat_grad_partition = false;     // DeepSpeed ZeRO-3: a flat fp32 gradient partition buffer
   bool grad_bucket_copy = false;        // torch DDP without gradient_as_bucket_view: grads copied
                                         // into all-reduce buckets (a second gradient copy)
+  // FSDP under a 16-bit job with MixedPrecision's param_dtype left unset (Composer's FULL): the
+  // units are gathered, and their gradients computed, in the fp32 of the sharded parameters, and
+  // autocast casts each weight at its op (the cast kept for backward, as under DDP's autocast).
+  bool fp32_gathered = false;
   // Megatron-core's DistributedDataParallel (megatron/core/distributed/param_and_grad_buffer.py):
   // every parameter's main gradient is a view of one contiguous buffer of the reduce dtype,
   // allocated with the model and kept (zeroed between steps, never freed); the backward adds into
@@ -117,6 +122,10 @@ bool reduces_after_backward(const ShardingSpec& s);
 // ranks: the main-gradient buffer reduced bucket by bucket beside the backward, each bucket its
 // default size. A Megatron plan with reduce_bucket_bytes > 0 is one with the overlap.
 ShardingSpec with_overlap_grad_reduce(ShardingSpec s, int data_ranks);
+
+// The mode a spec runs under, or nullopt: not FSDP, not a 16-bit compute dtype, or dtypes that
+// are none of the three (MixedPrecision's fields set one by one).
+std::optional<FsdpMixedPrecision> fsdp_mixed_precision(const ShardingSpec& s, DType compute);
 
 nlohmann::json spec_to_json(const ShardingSpec& s);
 ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer);

@@ -32,6 +32,9 @@ StateBytes state_bytes(Precision p, const ShardingSpec& spec) {
     // and are themselves the master copy; gradients end in fp32.
     b.param = 4;
     b.grad = 4;
+    // FSDP without a param_dtype (Composer's FULL) gathers the fp32 parameters, and autograd
+    // makes their gradients in fp32.
+    if (spec.fp32_gathered) b.compute = 4;
   }
   return b;
 }

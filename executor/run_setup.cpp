@@ -43,6 +43,10 @@ void check_runnable(const documents::Plan& p, int world, const RunRequest& reque
                      fmt::format("the executor's engine runs {}, got \"{}\"",
                                  documents::recipe_traits(job.recipe).flavour_list(),
                                  documents::flavour_name(p.spec.flavour)));
+  if (p.spec.fp32_gathered)
+    throw InputError("/sharding/fp32_gathered",
+                     "the executor gathers parameters in the compute dtype (its engine has no "
+                     "autocast), got true");
   if (job.checkpointing != documents::Checkpointing::none &&
       job.checkpointing != documents::Checkpointing::full)
     throw InputError("/job/checkpointing",

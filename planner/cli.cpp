@@ -392,9 +392,11 @@ void write_recommendation(const CliOptions& o, const Scenario& sc, const Recomme
                           int top_plans, std::ostream& out, std::vector<std::string>& notes) {
   const auto& emit = o.emit;
   if (emit) {  // the config is stdout; what it was planned from goes to stderr
-    if (!rec.search.ranked.empty())
-      if (const auto needs = loss_requirement(rec.search.ranked.front().eval.job); !needs.empty())
+    if (!rec.search.ranked.empty()) {
+      const auto& best = rec.search.ranked.front().eval;
+      for (const auto& needs : plan_requirements(best.spec, best.job))
         notes.push_back("NOTE: " + needs);
+    }
     if (!sc.defaulted.empty()) notes.push_back(defaults_line(sc));
     if (!emit_pin.empty()) notes.push_back(emit_pin);
   }

@@ -170,6 +170,18 @@ void checkpointing_lines(Text& t, const TrainingJob& j, const Blocks& blocks) {
   }
 }
 
+// The dtype FSDP gathers the parameters in: the compute dtype, or under Composer's FULL mode
+// (ShardingSpec::fp32_gathered) the parameters' fp32, autocast computing in 16 bits.
+std::string param_dtype(const Evaluation& e) {
+  return e.spec.fp32_gathered ? "torch.float32" : torch_dtype(compute_dtype(e.job.precision));
+}
+void autocast_line(Text& t, const Evaluation& e) {
+  if (e.spec.fp32_gathered)
+    t.line("# forward and loss under torch.autocast(\"cuda\", dtype={}): FSDP gathers fp32 "
+           "parameters (Composer's FULL)",
+           torch_dtype(compute_dtype(e.job.precision)));
+}
+
 // FSDP2 (torch/distributed/fsdp/_fully_shard/_fully_shard.py): fully_shard(module, mesh=...,
 // reshard_after_forward=..., mp_policy=MixedPrecisionPolicy(param_dtype, reduce_dtype),
 // offload_policy=OffloadPolicy() | CPUOffloadPolicy(pin_memory=True)); a 2-D mesh is HSDP with
@@ -191,8 +203,9 @@ void fsdp2_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   if (p == Precision::bf16)
     t.line(
         "model.to(torch.bfloat16)  # pure bf16: weights, gradients and optimizer states in bf16");
-  t.line("mp_policy = MixedPrecisionPolicy(param_dtype={}, reduce_dtype={})",
-         torch_dtype(compute_dtype(p)), torch_dtype(s.reduce_dtype));
+  t.line("mp_policy = MixedPrecisionPolicy(param_dtype={}, reduce_dtype={})", param_dtype(e),
+         torch_dtype(s.reduce_dtype));
+  autocast_line(t, e);
   t.line("offload_policy = {}", offload ? "CPUOffloadPolicy(pin_memory=True)  # params, grads and "
                                           "optimizer step on the host"
                                         : "OffloadPolicy()  # no offload");
@@ -243,12 +256,13 @@ void fsdp1_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   else
     t.line("    auto_wrap_policy=ModuleWrapPolicy({{TransformerBlock}}),  # TransformerBlock: your "
            "model's block class");
-  t.line("    mixed_precision=MixedPrecision(param_dtype={}, reduce_dtype={}),",
-         torch_dtype(compute_dtype(e.job.precision)), torch_dtype(s.reduce_dtype));
+  t.line("    mixed_precision=MixedPrecision(param_dtype={}, reduce_dtype={}),", param_dtype(e),
+         torch_dtype(s.reduce_dtype));
   t.line("    cpu_offload=CPUOffload(offload_params={}),", py_bool(offload));
   t.line("    backward_prefetch=BackwardPrefetch.BACKWARD_PRE,");
   t.line("    limit_all_gathers=True,");
   t.line(")");
+  autocast_line(t, e);
   batch_lines(t, sc, e, true);
 }
 
@@ -553,7 +567,7 @@ std::string fsdp_settings(const Scenario& sc, const Evaluation& e) {
   const auto& s = e.spec;
   const auto& r = e.result;
   Text t;
-  if (const auto needs = loss_requirement(e.job); !needs.empty()) t.line("# NOTE: {}", needs);
+  for (const auto& needs : plan_requirements(s, e.job)) t.line("# NOTE: {}", needs);
   t.line("# shardplan: {} ({}) for {}", s.strategy, flavour_name(s.flavour), scenario_line(sc));
   t.line(
       "# micro-batch {}, checkpointing {}, offload {}; predicted peak {} of {} usable per GPU{}, "

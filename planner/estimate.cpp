@@ -314,6 +314,10 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
                         {"mfu", r.mfu},
                         {"parallelism", parallelism},
                         {"stages", stages_json(e)}};
+  if (const auto mp = fsdp_mixed_precision(e.spec, compute_dtype(e.job.precision))) {
+    out["fsdp_mixed_precision"] = fsdp_mixed_precision_name(*mp);
+    out["reduce_dtype"] = dtype_name(e.spec.reduce_dtype);
+  }
   if (!r.valid) out["reason"] = r.reason;
   out["schema_version"] = kEstimateSchemaVersion;
   return out;

@@ -43,4 +43,28 @@ std::string loss_requirement(const documents::TrainingJob& job) {
                      documents::recipe_name(job.recipe), documents::loss_label(own));
 }
 
+std::string mixed_precision_requirement(const documents::ShardingSpec& spec,
+                                        const documents::TrainingJob& job) {
+  const auto compute = documents::compute_dtype(job.precision);
+  const auto mode = documents::fsdp_mixed_precision(spec, compute);
+  const auto& recipe = documents::recipe_traits(job.recipe);
+  if (!mode || job.fsdp_mixed_precision || *mode == recipe.fsdp_mixed_precision) return "";
+  return fmt::format("this plan runs FSDP's mixed precision {} (--fsdp-mixed-precision {}: "
+                     "parameters gathered in {}, gradients reduced in {}), not recipe {}'s {}; "
+                     "its step assumes it",
+                     documents::fsdp_mixed_precision_label(*mode),
+                     documents::fsdp_mixed_precision_name(*mode),
+                     documents::dtype_name(spec.fp32_gathered ? documents::DType::fp32 : compute),
+                     documents::dtype_name(spec.reduce_dtype), recipe.name,
+                     documents::fsdp_mixed_precision_label(recipe.fsdp_mixed_precision));
+}
+
+std::vector<std::string> plan_requirements(const documents::ShardingSpec& spec,
+                                           const documents::TrainingJob& job) {
+  std::vector<std::string> out;
+  for (std::string s : {loss_requirement(job), mixed_precision_requirement(spec, job)})
+    if (!s.empty()) out.push_back(std::move(s));
+  return out;
+}
+
 }  // namespace shardplan::planner

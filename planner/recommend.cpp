@@ -28,6 +28,8 @@ std::string knobs(const Evaluation& e) {
   if (e.spec.offload != Offload::none)
     s += fmt::format(", offload {}", offload_name(e.spec.offload));
   if (e.spec.shard_parameters) s += fmt::format(", prefetch {}", e.spec.forward_prefetch);
+  if (const auto mp = fsdp_mixed_precision(e.spec, compute_dtype(e.job.precision)))
+    s += fmt::format(", mixed precision {}", fsdp_mixed_precision_name(*mp));
   if (e.spec.reduce_bucket_bytes > 0)
     s += fmt::format(", bucket {:.0f} MiB", e.spec.reduce_bucket_bytes / 1048576.0);
   return s;
@@ -54,7 +56,8 @@ std::string recommendation_table(const Scenario& sc, const Recommendation& r, in
   const auto& s = r.search;
   // What the recommended plan asks of the training code, before anything else.
   if (!s.ranked.empty())
-    if (const auto needs = loss_requirement(s.ranked.front().eval.job); !needs.empty())
+    for (const auto& needs :
+         plan_requirements(s.ranked.front().eval.spec, s.ranked.front().eval.job))
       t.line("NOTE: {}", needs);
   if (sc.is_default)
     t.line("{}", default_job_line(sc));
@@ -120,8 +123,9 @@ nlohmann::json recommendation_json(const Scenario& sc, const Recommendation& r, 
   out["recommendation"] =
       s.ranked.empty() ? nlohmann::json(nullptr) : candidate_json(sc, s.ranked.front());
   if (!s.ranked.empty())
-    if (const auto needs = loss_requirement(s.ranked.front().eval.job); !needs.empty())
-      out["requires"] = nlohmann::json::array({needs});
+    if (const auto needs = plan_requirements(s.ranked.front().eval.spec, s.ranked.front().eval.job);
+        !needs.empty())
+      out["requires"] = needs;
   nlohmann::json candidates = nlohmann::json::array();
   for (std::size_t i = 0; i < s.ranked.size() && i < static_cast<std::size_t>(top); ++i)
     candidates.push_back(candidate_json(sc, s.ranked[i]));

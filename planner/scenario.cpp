@@ -63,6 +63,11 @@ void add_scenario_options(CLI::App& app, ScenarioOptions& o) {
   app.add_option(
       "--loss", o.loss,
       "upcast | fused | chunked:N | fused-linear | fp32-inplace (default: the recipe's)");
+  app.add_option("--fsdp-mixed-precision", o.fsdp_mixed_precision,
+                 "default | pure | full: FSDP's MixedPrecision as Composer names it (default: "
+                 "param_dtype 16-bit, reduce_dtype fp32; pure: both 16-bit; full: fp32 "
+                 "parameters under autocast); not given: the recipe's. --reduce-dtype then sets "
+                 "the reduction alone");
   app.add_option("--headroom", o.headroom, "fraction of GPU memory kept free (default 0.05)");
   app.add_option("--accounting", o.accounting, "framework | zero-paper (2+2+12 bytes/param)");
 }
@@ -234,6 +239,32 @@ void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
                                  sc.job.checkpoint_every, sc.model.layers, sc.model.layers));
 }
 
+// --fsdp-mixed-precision (or the job's fsdp_mixed_precision): a mode of a 16-bit mixed job that
+// the recipe's training code can set (documents::FsdpMixedPrecision).
+void apply_fsdp_mixed_precision(const ScenarioOptions& o, Scenario& sc) {
+  if (o.fsdp_mixed_precision)
+    sc.job.fsdp_mixed_precision = documents::fsdp_mixed_precision_from_name(
+        *o.fsdp_mixed_precision, "--fsdp-mixed-precision");
+  if (!sc.job.fsdp_mixed_precision) return;
+  const auto mode = *sc.job.fsdp_mixed_precision;
+  const std::string where = job_field(o, o.fsdp_mixed_precision.has_value(),
+                                      "--fsdp-mixed-precision", "/fsdp_mixed_precision");
+  sc.fsdp_mixed_precision_field = where;
+  const char* name = documents::fsdp_mixed_precision_name(mode);
+  const auto p = sc.job.precision;
+  if (p != documents::Precision::bf16_mixed && p != documents::Precision::fp16_mixed)
+    throw InputError(where, fmt::format("{}: FSDP's mixed precision modes are of a bf16-mixed or "
+                                        "fp16-mixed job; this one is {}",
+                                        name, documents::precision_name(p)));
+  const documents::RecipeTraits& r = documents::recipe_traits(sc.job.recipe);
+  if (mode == documents::FsdpMixedPrecision::full && !r.autocast_with_fsdp)
+    throw InputError(where, fmt::format("full: recipe {} runs no autocast under FSDP, so fp32 "
+                                        "parameters compute in fp32 (state --precision fp32)",
+                                        r.name));
+  if (mode == documents::FsdpMixedPrecision::pure && r.reduces_in_fp32_only)
+    throw InputError(where, fmt::format("pure: {} reduces gradients in fp32 only", r.name));
+}
+
 }  // namespace
 
 Scenario make_scenario(const ScenarioOptions& o, bool check_batch) {
@@ -243,6 +274,7 @@ Scenario make_scenario(const ScenarioOptions& o, bool check_batch) {
   set_model_and_cluster(o, sc);
   set_base_job(o, sc);
   apply_job_flags(o, sc);
+  apply_fsdp_mixed_precision(o, sc);
   if (check_batch)
     documents::validate_job(
         sc.job, sc.cluster,
@@ -353,6 +385,7 @@ std::optional<int> shard_group_size(const PlanOptions& o) {
 documents::ShardingSpec with_job_precision(documents::ShardingSpec s,
                                            const documents::TrainingJob& job) {
   using documents::DType;
+  using documents::FsdpMixedPrecision;
   // DDP reduces in the gradients' own dtype; Megatron-LM's --bf16 reduces its fp32 main
   // gradients (accumulate_allreduce_grads_in_fp32).
   if (s.flavour == documents::Flavour::ddp || s.flavour == documents::Flavour::megatron) return s;
@@ -366,8 +399,11 @@ documents::ShardingSpec with_job_precision(documents::ShardingSpec s,
   const auto& recipe = documents::recipe_traits(job.recipe);
   const bool fsdp =
       s.flavour == documents::Flavour::fsdp1 || s.flavour == documents::Flavour::fsdp2;
-  s.reduce_dtype =
-      recipe.reduces_in_fp32_only || (fsdp && recipe.fsdp_reduces_in_fp32) ? DType::fp32 : compute;
+  const auto mode = job.fsdp_mixed_precision.value_or(recipe.fsdp_mixed_precision);
+  s.reduce_dtype = recipe.reduces_in_fp32_only || (fsdp && mode != FsdpMixedPrecision::pure)
+                       ? DType::fp32
+                       : compute;
+  s.fp32_gathered = fsdp && mode == FsdpMixedPrecision::full;
   return s;
 }
 
@@ -413,6 +449,12 @@ documents::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& 
       throw InputError("--flavour", fmt::format("{}: recipe {} runs under {}", *o.flavour,
                                                 recipe.name, recipe.flavour_list()));
   }
+  if (sc.job.fsdp_mixed_precision && flavour != documents::Flavour::fsdp1 &&
+      flavour != documents::Flavour::fsdp2)
+    throw InputError(sc.fsdp_mixed_precision_field,
+                     fmt::format("{}: {} runs under {}, not FSDP",
+                                 documents::fsdp_mixed_precision_name(*sc.job.fsdp_mixed_precision),
+                                 strategy, documents::flavour_name(flavour)));
   auto spec = with_job_precision(
       documents::make_spec(strategy, flavour, sc.cluster.gpus_per_node, shard_group_size(o)),
       sc.job);
@@ -472,6 +514,7 @@ void name_option_types(CLI::App& app) {
       {"flavour", "NAME"},
       {"offload", "NAME"},
       {"reduce-dtype", "NAME"},
+      {"fsdp-mixed-precision", "NAME"},
       {"format", "NAME"},
       {"schedule", "NAME"},
   };

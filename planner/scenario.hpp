@@ -33,8 +33,9 @@ struct ScenarioOptions {
   std::optional<std::string> gpus_per_node;  // not given: the profile's
   std::optional<std::string> seq_len, global_batch, micro_batch;
   std::optional<std::string> precision, optimizer, checkpointing, attention, loss, recipe;
-  std::optional<std::string> headroom;    // fraction of capacity kept free (default 0.05)
-  std::optional<std::string> accounting;  // default framework
+  std::optional<std::string> fsdp_mixed_precision;  // default | pure | full
+  std::optional<std::string> headroom;              // fraction of capacity kept free (default 0.05)
+  std::optional<std::string> accounting;            // default framework
   // A config.json and a hardware profile already in memory, in place of --model and --hardware
   // (the Python module's dicts); refused beside the flag they replace.
   std::optional<nlohmann::json> model_document, hardware_document;
@@ -53,6 +54,9 @@ struct Scenario {  // NOLINT(bugprone-exception-escape)
   bool is_default = false;  // nothing was said: the built-in default job
   // What the user named (by flag or in the job document): the search keeps these as given.
   bool checkpointing_named = false, loss_named = false, attention_named = false;
+  // Where the job's FSDP mixed precision was named ("--fsdp-mixed-precision" or the job file's
+  // key), for the plans that cannot take it; empty when it was not.
+  std::string fsdp_mixed_precision_field;
   // The profile's GPU memory when --gpu-memory-GiB replaced it (hardware.memory_bytes is the
   // override).
   std::optional<double> profile_memory_bytes;
@@ -93,10 +97,11 @@ void add_plan_options(CLI::App& app, PlanOptions& o, bool strategy_required);
 void name_option_types(CLI::App& app);
 // --shard-group-size as a number (make_spec checks its range), or nullopt when not given.
 std::optional<int> shard_group_size(const PlanOptions& o);
-// The spec's dtypes as the framework sets them for the job when the user does not: gradients
-// reduced in the compute dtype under FSDP (MixedPrecision/MixedPrecisionPolicy: reduce_dtype
-// defaults to param_dtype) — but in fp32 under torchtitan (mixed_precision_reduce, "float32"
-// only: torchtitan/config/job_config.py 0.2.x, configs.py 0.3.0) — and under DeepSpeed
+// The spec's dtypes as the framework sets them for the job when the user does not: under FSDP,
+// the job's mixed precision mode or the recipe's (documents::FsdpMixedPrecision: the reduction
+// in fp32 or the compute dtype, the parameters gathered in the compute dtype or, full, in fp32),
+// fp32 reductions only under torchtitan (mixed_precision_reduce, "float32" only:
+// torchtitan/config/job_config.py 0.2.x, configs.py 0.3.0); under DeepSpeed
 // (engine.py, communication_data_type: the fp16/bf16 training dtype, else fp32), whose buckets
 // hold 5e8 elements of their dtype (zero/config.py); DDP reduces the parameters' dtype, fp32
 // under autocast. The spec's reduce bucket is in bytes from here on: the simulator and the

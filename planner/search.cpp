@@ -64,6 +64,9 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
       // model under the DeepSpeed engine with ZeRO.
       if (!recipe_traits(sc.job.recipe).runs_under(f)) continue;
       if (pins.reduce_dtype && f == Flavour::ddp) continue;
+      // A job that names FSDP's mixed precision runs FSDP.
+      const bool fsdp = f == Flavour::fsdp1 || f == Flavour::fsdp2;
+      if (sc.job.fsdp_mixed_precision && !fsdp) continue;
       std::vector<std::optional<int>> groups = {std::nullopt};
       if (strategy == "hsdp") {
         groups.clear();
@@ -80,6 +83,16 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
           ShardingSpec s = base;
           s.offload = o;
           out.push_back(s);
+          // Composer's PURE beside the DEFAULT the recipe trains with (documents::
+          // FsdpMixedPrecision): the gradients reduced in the 16-bit compute dtype, half the bytes.
+          const DType compute = compute_dtype(sc.job.precision);
+          if (!pins.reduce_dtype && !sc.job.fsdp_mixed_precision &&
+              !recipe_traits(sc.job.recipe).reduces_in_fp32_only &&
+              fsdp_mixed_precision(s, compute) == FsdpMixedPrecision::default_mode) {
+            ShardingSpec pure = s;
+            pure.reduce_dtype = compute;
+            out.push_back(pure);
+          }
           // Scheduling variants the frameworks expose: a deeper forward prefetch for sharded
           // parameters (FSDP forward_prefetch / DeepSpeed stage3_prefetch_bucket_size ×4), and
           // smaller gradient buckets (earlier overlap, more collectives).

@@ -4,6 +4,8 @@
 #   tests/costmodel/data/oracle_steps.json  whole-step peaks, PyTorch's MemTracker (validation/measure_steps.py)
 #   tests/costmodel/data/oracle_steps_stress.json  whole steps of sequence 1024 under bf16 autocast: MQA, exact GELU,
 #                                               a sliding window (validation/measure_steps.py --grid stress)
+#   tests/costmodel/data/oracle_fsdp1_steps.json  FSDP1's whole steps in fp32 and under Composer's mixed precision
+#                                               modes DEFAULT, PURE, FULL (validation/measure_fsdp1_steps.py)
 #   tests/costmodel/data/oracle_deepspeed.json  DeepSpeed's ZeRO-1/2/3 steps (validation/measure_deepspeed.py)
 #   tests/costmodel/data/oracle_deepspeed_hf_auto.json  the same with transformers' "auto" bucket sizes
 #                                               (validation/measure_deepspeed.py --buckets hf-auto)
@@ -42,6 +44,7 @@ extra=()
 [[ -x $planner ]] && extra=(--planner "$planner")
 "$py" validation/measure_steps.py --out tests/costmodel/data/oracle_steps.json "${extra[@]}"
 "$py" validation/measure_steps.py --grid stress --out tests/costmodel/data/oracle_steps_stress.json "${extra[@]}"
+"$py" validation/measure_fsdp1_steps.py --out tests/costmodel/data/oracle_fsdp1_steps.json
 "$py" validation/measure_deepspeed.py --out tests/costmodel/data/oracle_deepspeed.json
 "$py" validation/measure_deepspeed.py --buckets hf-auto --out tests/costmodel/data/oracle_deepspeed_hf_auto.json
 "$py" validation/measure_deepspeed.py --buckets executor --out tests/costmodel/data/oracle_deepspeed_executor.json

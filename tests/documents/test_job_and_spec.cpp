@@ -210,3 +210,41 @@ TEST_CASE("sharding::plan json round trip and rejections") {
   CHECK(error_of([&] { spec_from_json(bad, "/spec"); }).rfind("/spec/all_reduce_partitions: ", 0) ==
         0);
 }
+
+// FSDP's mixed precision: the job names a mode by Composer's names (documents/job.hpp), the spec
+// records the one setting the dtypes do not, fp32 gathering (Composer's FULL); a plan written
+// before the key gathers in the compute dtype, and the key on another engine is refused.
+TEST_CASE("sharding::FSDP mixed precision in the job and the plan") {
+  json doc = kJob;
+  doc["fsdp_mixed_precision"] = "full";
+  const auto j = job_from_json(doc);
+  REQUIRE(j.fsdp_mixed_precision);
+  CHECK(*j.fsdp_mixed_precision == FsdpMixedPrecision::full);
+  CHECK(job_to_json(j).at("fsdp_mixed_precision") == "full");
+  CHECK_FALSE(job_to_json(job_from_json(kJob)).contains("fsdp_mixed_precision"));
+  doc["fsdp_mixed_precision"] = "FULL";
+  CHECK(error_of([&] { job_from_json(doc); }) ==
+        "/fsdp_mixed_precision: must be one of default, pure, full, got \"FULL\"");
+  doc["fsdp_mixed_precision"] = 1;
+  CHECK(error_of([&] { job_from_json(doc); }) == "/fsdp_mixed_precision: must be a string, got 1");
+
+  auto spec = make_spec("fsdp-full", Flavour::fsdp1, 8);
+  spec.reduce_dtype = DType::fp32;
+  CHECK(fsdp_mixed_precision(spec, DType::bf16) == FsdpMixedPrecision::default_mode);
+  CHECK_FALSE(fsdp_mixed_precision(spec, DType::fp32));  // one dtype: no mode
+  spec.fp32_gathered = true;
+  CHECK(fsdp_mixed_precision(spec, DType::bf16) == FsdpMixedPrecision::full);
+  CHECK(spec_from_json(spec_to_json(spec), "/spec").fp32_gathered);
+  spec.fp32_gathered = false;
+  spec.reduce_dtype = DType::bf16;
+  CHECK(fsdp_mixed_precision(spec, DType::bf16) == FsdpMixedPrecision::pure);
+  spec.reduce_dtype = DType::fp16;  // dtypes set one by one: none of the three
+  CHECK_FALSE(fsdp_mixed_precision(spec, DType::bf16));
+  json old = spec_to_json(spec);
+  old.erase("fp32_gathered");
+  CHECK_FALSE(spec_from_json(old, "/spec").fp32_gathered);
+  json bad = spec_to_json(make_spec("zero3", std::nullopt, 8));
+  bad["fp32_gathered"] = true;
+  CHECK(error_of([&] { spec_from_json(bad, "/spec"); }) ==
+        "/spec/fp32_gathered: applies to FSDP (fsdp1, fsdp2), not deepspeed");
+}

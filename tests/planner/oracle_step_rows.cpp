@@ -78,6 +78,12 @@ std::vector<std::string> estimate_args(const nlohmann::json& c) {
   } else if (wrapper == "fsdp2") {
     // The harness's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32).
     a.insert(a.end(), {"--strategy=fsdp-full", "--flavour=fsdp2", "--reduce-dtype=fp32"});
+  } else if (wrapper == "fsdp1") {
+    // FSDP1 under Composer's mixed precision modes (validation/measure_fsdp1_steps.py): the
+    // case's mode, none for fp32.
+    a.insert(a.end(), {"--strategy=fsdp-full", "--flavour=fsdp1"});
+    if (c.contains("fsdp_mixed_precision") && !c.at("fsdp_mixed_precision").is_null())
+      a.push_back("--fsdp-mixed-precision=" + text(c, "fsdp_mixed_precision"));
   } else {
     throw std::runtime_error("corpus case " + text(c, "id") + ": unknown wrapper " + wrapper);
   }
@@ -86,10 +92,25 @@ std::vector<std::string> estimate_args(const nlohmann::json& c) {
 
 namespace {
 
+// gloo on a CPU runs each collective FSDP1 issues to its end inside the hook that issues it (no
+// communication stream: the next unit's backward, and its prefetch, wait for it), so FSDP1's
+// cases are predicted on the profile as a CPU rank, whose collectives block
+// (HardwareProfile::collectives_block). (FSDP2's next group waits for the previous
+// reduce-scatter on a GPU too: its cases keep the GPU's profile.)
+nlohmann::json as_cpu_rank(nlohmann::json profile) {
+  profile["gpu"]["kind"] = "cpu";
+  return profile;
+}
+
 // The estimate a user gets for the case, as JSON.
 nlohmann::json estimate(const nlohmann::json& corpus, const nlohmann::json& c) {
   planner::Request request;
   request.args = estimate_args(c);
+  if (text(c, "wrapper") == "fsdp1") {
+    std::erase(request.args, std::string("--hardware=a100-sxm4-80gb"));
+    request.hardware = as_cpu_rank(read_corpus_file(std::string(SHARDPLAN_SOURCE_DIR) +
+                                                    "/hardware_profiles/a100-sxm4-80gb.json"));
+  }
   request.model = corpus.at("configs").at(text(c, "config"));
   if (c.contains("deepspeed_config")) request.deepspeed = c.at("deepspeed_config");
   return nlohmann::json::parse(planner::run_request(request).output);

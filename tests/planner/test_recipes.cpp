@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -127,17 +128,18 @@ TEST_CASE("recipes::an engine the recipe does not run is refused, naming the fla
         "modeled\n");
 }
 
-TEST_CASE("recipes::llm-foundry's FSDP reduces in fp32 unless told otherwise") {
-  // Composer's default mixed precision for FSDP, "DEFAULT" (composer/distributed/
-  // mosaic_parallelism.py, get_mixed_precision): param_dtype the autocast dtype, reduce_dtype fp32;
-  // "PURE" reduces in bf16 (--reduce-dtype bf16). transformers' Trainer and accelerate reduce in
-  // the parameters' dtype.
+TEST_CASE("recipes::FSDP's mixed precision: each recipe's default and the modes Composer names") {
+  // Composer's fsdp_config.mixed_precision (composer/distributed/mosaic_parallelism.py,
+  // get_mixed_precision), llm-foundry's: DEFAULT (its default) param_dtype the autocast dtype and
+  // reduce_dtype fp32; PURE both 16-bit; FULL neither (fp32 parameters gathered, autocast
+  // computing). accelerate's FSDP plugin (utils/dataclasses.py, set_mixed_precision) sets
+  // param_dtype and reduce_dtype to the mixed precision's dtype: PURE.
   using shardplan::planner::testing::planner;
-  auto emitted = [](const char* recipe, const char* reduce) {
+  auto emitted = [](const char* recipe, const char* mode) {
     std::vector<std::string> args = {"recommend", "--model", "llama-2-7b", "--gpus",    "8",
                                      "--recipe",  recipe,    "--strategy", "fsdp-full", "--flavour",
                                      "fsdp1",     "--emit",  "fsdp"};
-    if (*reduce != '\0') args.insert(args.end(), {"--reduce-dtype", reduce});
+    if (*mode != '\0') args.insert(args.end(), {"--fsdp-mixed-precision", mode});
     const auto r = planner(args);
     INFO(r.err);
     REQUIRE(r.code == 0);
@@ -146,12 +148,131 @@ TEST_CASE("recipes::llm-foundry's FSDP reduces in fp32 unless told otherwise") {
   const auto has = [](const std::string& text, const char* part) {
     return text.find(part) != std::string::npos;
   };
-  CHECK(has(emitted("llm-foundry", ""),
+  CHECK(has(emitted("llm-foundry", "default"),
             "MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)"));
-  CHECK(has(emitted("llm-foundry", "bf16"),
+  CHECK(has(emitted("llm-foundry", "pure"),
             "MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)"));
+  const std::string full = emitted("llm-foundry", "full");
+  CHECK(has(full, "MixedPrecision(param_dtype=torch.float32, reduce_dtype=torch.float32)"));
+  CHECK(has(full, "# forward and loss under torch.autocast(\"cuda\", dtype=torch.bfloat16)"));
   CHECK(has(emitted("hf", ""),
             "MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)"));
+  // --reduce-dtype sets the reduction alone, as Composer's dict form does.
+  const auto r = planner({"recommend", "--model", "llama-2-7b", "--gpus", "8", "--recipe",
+                          "llm-foundry", "--strategy", "fsdp-full", "--flavour", "fsdp1", "--emit",
+                          "fsdp", "--fsdp-mixed-precision", "full", "--reduce-dtype", "bf16"});
+  CHECK(has(r.out, "MixedPrecision(param_dtype=torch.float32, reduce_dtype=torch.bfloat16)"));
+}
+
+TEST_CASE("recipes::FSDP's mixed precision modes move and keep what their dtypes say") {
+  // llama-2-7b, 8 GPUs, FSDP1 full shard under llm-foundry. The collectives move the same
+  // elements in every mode, 4 bytes each in fp32 and 2 in bf16: FULL gathers twice DEFAULT's
+  // bytes and reduces as many; PURE reduces half. The sharded states (fp32 parameter, its fp32
+  // gradient, AdamW's two fp32 moments) are the same in every mode.
+  const std::vector<std::string> job = {"--model",        "llama-2-7b",
+                                        "--gpus",         "8",
+                                        "--seq-len",      "2048",
+                                        "--micro-batch",  "2",
+                                        "--global-batch", "64",
+                                        "--strategy",     "fsdp-full",
+                                        "--flavour",      "fsdp1",
+                                        "--recipe",       "llm-foundry",
+                                        "--hardware",     "h100-sxm5-80gb"};
+  auto run = [&](const char* mode) {
+    auto args = job;
+    args.insert(args.end(), {"--fsdp-mixed-precision", mode});
+    return estimate(args);
+  };
+  const auto def = run("default"), pure = run("pure"), full = run("full");
+  CHECK(def.at("fsdp_mixed_precision") == "default");
+  CHECK(full.at("fsdp_mixed_precision") == "full");
+  CHECK(pure.at("reduce_dtype") == "bf16");
+  auto bytes = [](const nlohmann::json& e, const char* c) {
+    return e.at("comm").at("bytes_by_collective").at(c).get<double>();
+  };
+  CHECK(bytes(full, "all_gather") == 2 * bytes(def, "all_gather"));
+  CHECK(bytes(pure, "all_gather") == bytes(def, "all_gather"));
+  CHECK(bytes(full, "reduce_scatter") == bytes(def, "reduce_scatter"));
+  CHECK(bytes(def, "reduce_scatter") == 2 * bytes(pure, "reduce_scatter"));
+  CHECK(full.at("memory").at("model_states") == def.at("memory").at("model_states"));
+  CHECK(pure.at("memory").at("model_states") == def.at("memory").at("model_states"));
+  // FULL keeps autocast's 16-bit copy of every weight from its forward to its backward (as DDP's
+  // autocast does) and gathers 4-byte units: its peak is above DEFAULT's.
+  CHECK(full.at("memory").at("peak_bytes").get<double>() >
+        def.at("memory").at("peak_bytes").get<double>());
+  CHECK(pure.at("time").at("step_s").get<double>() <= def.at("time").at("step_s").get<double>());
+}
+
+TEST_CASE("recipes::FSDP's mixed precision is refused where the job cannot run it") {
+  using shardplan::planner::testing::planner;
+  const std::vector<std::string> job = {"estimate",  "--model", "llama-2-7b",     "--gpus", "8",
+                                        "--seq-len", "2048",    "--global-batch", "64"};
+  auto err = [&](std::vector<std::string> more) {
+    auto args = job;
+    args.insert(args.end(), more.begin(), more.end());
+    const auto r = planner(args);
+    CHECK(r.code == 2);
+    return r.err;
+  };
+  CHECK(err({"--strategy", "fsdp-full", "--fsdp-mixed-precision", "half"}) ==
+        "planner: --fsdp-mixed-precision: must be one of default, pure, full, got \"half\"\n");
+  CHECK(err({"--strategy", "fsdp-full", "--precision", "fp32", "--fsdp-mixed-precision", "full"}) ==
+        "planner: --fsdp-mixed-precision: full: FSDP's mixed precision modes are "
+        "of a bf16-mixed or fp16-mixed job; this one is fp32\n");
+  CHECK(err({"--strategy", "fsdp-full", "--recipe", "torchtitan", "--fsdp-mixed-precision",
+             "full"}) == "planner: --fsdp-mixed-precision: full: recipe torchtitan runs no "
+                         "autocast under FSDP, so fp32 parameters compute in fp32 (state "
+                         "--precision fp32)\n");
+  CHECK(err({"--strategy", "fsdp-full", "--recipe", "torchtitan", "--fsdp-mixed-precision",
+             "pure"}) ==
+        "planner: --fsdp-mixed-precision: pure: torchtitan reduces gradients in fp32 only\n");
+  CHECK(err({"--strategy", "zero3", "--recipe", "llm-foundry", "--fsdp-mixed-precision", "pure"}) ==
+        "planner: --fsdp-mixed-precision: pure: zero3 runs under deepspeed, not FSDP\n");
+  // From a job file, the message names the file's key.
+  const auto dir = fs::temp_directory_path() / "shardplan_fsdp_mp_job";
+  fs::create_directories(dir);
+  const auto path = (dir / "job.json").string();
+  std::ofstream(path) << R"({"schema_version": 1, "seq_len": 2048, "global_batch": 64,
+                           "precision": "fp32", "fsdp_mixed_precision": "pure"})";
+  const auto r = planner({"estimate", "--model", "llama-2-7b", "--gpus", "8", "--strategy",
+                          "fsdp-full", "--job", path});
+  CHECK(r.code == 2);
+  CHECK(r.err.find(": /fsdp_mixed_precision: pure: FSDP's mixed precision modes are of a "
+                   "bf16-mixed or fp16-mixed job; this one is fp32") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("recipes::recommend tries Composer's PURE beside llm-foundry's DEFAULT and says so") {
+  using shardplan::planner::testing::planner;
+  const std::vector<std::string> job = {
+      "recommend",   "--model",    "llama-2-7b",     "--gpus",   "8",
+      "--seq-len",   "2048",       "--global-batch", "64",       "--recipe",
+      "llm-foundry", "--hardware", "h100-sxm5-80gb", "--format", "json"};
+  const auto r = planner(job);
+  REQUIRE(r.code == 0);
+  const auto doc = nlohmann::json::parse(r.out);
+  std::set<std::string> modes;
+  for (const auto& c : doc.at("candidates"))
+    if (c.contains("fsdp_mixed_precision")) modes.insert(c.at("fsdp_mixed_precision"));
+  for (const auto& c : doc.at("pareto"))
+    if (c.contains("fsdp_mixed_precision")) modes.insert(c.at("fsdp_mixed_precision"));
+  CHECK(modes.count("pure") == 1);
+  const auto& best = doc.at("recommendation");
+  REQUIRE(best.contains("fsdp_mixed_precision"));
+  // A plan in another mode than the recipe's says so first; one in the recipe's says nothing.
+  const bool other = best.at("fsdp_mixed_precision") != "default";
+  CHECK(doc.contains("requires") == other);
+  if (other)
+    CHECK(doc.at("requires").dump().find("not recipe llm-foundry's DEFAULT") != std::string::npos);
+  // Named, the mode pins the search: FSDP plans only, every one in that mode.
+  auto pinned = job;
+  pinned.insert(pinned.end(), {"--fsdp-mixed-precision", "default"});
+  const auto p = nlohmann::json::parse(planner(pinned).out);
+  for (const auto& c : p.at("candidates")) {
+    CHECK(c.at("fsdp_mixed_precision") == "default");
+    CHECK((c.at("flavour") == "fsdp1" || c.at("flavour") == "fsdp2"));
+  }
+  CHECK_FALSE(p.contains("requires"));
 }
 
 TEST_CASE("recipes::Megatron's --overlap-grad-reduce is searched: buckets beside the backward") {
