@@ -105,6 +105,13 @@ struct Walker {
     for (const auto& spec : specs) {
       std::int64_t fitted = 0;
       for (const auto& job : jobs) fitted = micro_batches(l, spec, job, per_replica, fitted);
+      // Megatron-LM's --overlap-grad-reduce beside its default reduction after the backward,
+      // its buckets sized for the layout's data- and context-parallel ranks.
+      if (!spec.main_grad_buffer || spec.reduce_bucket_bytes > 0) continue;
+      const ShardingSpec overlapped =
+          with_overlap_grad_reduce(spec, l.data_parallel(sc.cluster.gpus) * l.context_parallel);
+      fitted = 0;
+      for (const auto& job : jobs) fitted = micro_batches(l, overlapped, job, per_replica, fitted);
     }
   }
 

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -309,4 +310,42 @@ TEST_CASE("recipes::Megatron's --overlap-grad-reduce is searched: buckets beside
                "--strategy", "zero1", "--micro-batch", "4", "--checkpointing", "full"});
   CHECK(text.out.find("zero1 (megatron), mb 4x1, ckpt full, loss fp32-inplace, bucket 153 MiB") !=
         std::string::npos);
+}
+
+TEST_CASE("recipes::Megatron's --overlap-grad-reduce is searched in every layout") {
+  // The layout search tries each Megatron plan (its DDP, its distributed optimizer) reduced once
+  // after the backward (Megatron-LM's default) and in buckets beside it, sized for the layout's
+  // data- and context-parallel ranks (with_overlap_grad_reduce). Every overlapped plan has its
+  // twin reduced after the backward, with the same layout, micro-batch and checkpointing.
+  using shardplan::planner::testing::planner;
+  const auto r =
+      planner({"recommend", "--model", "llama-3-8b", "--gpus", "16", "--seq-len", "4096",
+               "--global-batch", "64", "--recipe", "megatron", "--hardware", "h100-sxm5-80gb",
+               "--model-parallel", "--top", "5000", "--format", "json"});
+  REQUIRE(r.code == 0);
+  const auto doc = nlohmann::json::parse(r.out);
+  auto key = [](const nlohmann::json& c) {
+    return c.at("strategy").dump() + c.at("parallelism").dump() + c.at("micro_batch").dump() +
+           c.at("checkpointing").dump();
+  };
+  std::map<std::string, double> after_backward;
+  int overlapped = 0;
+  for (const auto& c : doc.at("ranked"))
+    if (c.at("flavour") == "megatron" &&
+        c.at("megatron").get<std::string>().find("--overlap-grad-reduce") == std::string::npos)
+      after_backward[key(c)] = c.at("time").at("step_s").get<double>();
+  for (const auto& c : doc.at("ranked")) {
+    if (c.at("flavour") != "megatron" ||
+        c.at("megatron").get<std::string>().find("--overlap-grad-reduce") == std::string::npos)
+      continue;
+    ++overlapped;
+    CHECK(after_backward.count(key(c)) == 1);
+  }
+  CHECK(overlapped > 0);
+  // Here the overlap hides the reduction: the fastest Megatron plan is an overlapped one.
+  for (const auto& c : doc.at("ranked"))
+    if (c.at("flavour") == "megatron") {
+      CHECK(c.at("megatron").get<std::string>().find("--overlap-grad-reduce") != std::string::npos);
+      break;
+    }
 }
