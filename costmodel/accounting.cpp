@@ -357,6 +357,28 @@ NormParts lp_layernorm(const Shape& x, const Dtypes& d, double weights, int cons
   return {d.r * x.T * x.h + stats, d.gemm_inputs(consumers, d.r) * x.T * x.h};
 }
 
+// llm-foundry's LPRMSNorm (low_precision_rmsnorm, models/layers/norm.py): the same cast helper,
+// then F.rms_norm(x, weight) and the result cast back to x's dtype. torch 2.7 (llm-foundry
+// 0.22.0's pin) runs F.rms_norm as ops on every device: the input upcast to fp32 (or the fp32
+// input itself), kept by the square and the normalizing product, the fp32 rsqrt per token, the
+// fp32 normalized value the weight multiply keeps (measured on a CPU:
+// tests/costmodel/data/oracle_mpt_units.json). Under CUDA's autocast (derived, not measured) the
+// weight's cast is kept beside them, and the result's cast back to the fp32 residual is what
+// each linear casts again and keeps.
+NormParts lp_rmsnorm(const Shape& x, const Dtypes& d, double weights, int consumers) {
+  const double state = 8 * x.T * x.h + 4 * x.T;
+  if (d.cuda && d.e < std::max(d.p, d.r))
+    return {state + d.e * weights, consumers * d.e * x.T * x.h};
+  return {state, d.gemm_inputs(consumers, d.r) * x.T * x.h};
+}
+
+// MPT's norm_type, as modeled (mpt_unmodeled refuses the others).
+NormParts mpt_norm(const ModelSpec& m, const Shape& x, const Dtypes& d, double weights,
+                   int consumers) {
+  return m.norm == NormKind::rmsnorm ? lp_rmsnorm(x, d, weights, consumers)
+                                     : lp_layernorm(x, d, weights, consumers);
+}
+
 // llm-foundry's MPTBlock (models/layers/blocks.py, attention.py, ffn.py; 0.22.0): x + attn(
 // norm_1(x)), then + ffn(norm_2(.)). The attention (GroupedQueryAttention with kv_n_heads = heads):
 //   attn_impl torch (scaled_multihead_dot_product_attention): q·kᵀ keeps the fused Wqkv output
@@ -377,8 +399,8 @@ BlockParts mpt_block(const ModelSpec& m, const Shape& x, const TrainingJob& j, c
       elements_named(m.block, "norm_1.");  // weight, and bias unless no_bias
   // The linears reading each norm: Wqkv (or Wq, Wk, Wv apart); up_proj (and mptglu's gate_proj).
   const bool fused = elements_named(m.block, "attn.Wqkv.") > 0;
-  const NormParts norm_1 = lp_layernorm(x, d, norm_weights, fused ? 1 : 3);
-  const NormParts norm_2 = lp_layernorm(x, d, norm_weights, m.mlp == MlpKind::swiglu ? 2 : 1);
+  const NormParts norm_1 = mpt_norm(m, x, d, norm_weights, fused ? 1 : 3);
+  const NormParts norm_2 = mpt_norm(m, x, d, norm_weights, m.mlp == MlpKind::swiglu ? 2 : 1);
   double attention = 0;
   if (j.attention == AttentionImpl::flash) {
     attention = e * T * (q + 2 * kv) + 2 * e * T * q + 4 * x.a * T;
@@ -533,7 +555,7 @@ NormParts final_norm_parts(const ModelSpec& m, const TrainingJob& j, const Forwa
   case Architecture::gpt_neox:
     return layernorm(x, d, 1, true);
   case Architecture::mpt:  // norm_f; the tied unembedding or lm_head keeps its output
-    return lp_layernorm(x, d, elements_named(m.head, "norm_f."), 1);
+    return mpt_norm(m, x, d, elements_named(m.head, "norm_f."), 1);
   default:
     break;
   }

@@ -87,8 +87,9 @@ struct NormParts {
 
 // Why an MPT model (llm-foundry's MPTForCausalLM) cannot be planned with this job, or "": its code
 // runs under the llm-foundry recipe, and the block is modeled (mpt_block, accounting.cpp) for
-// low_precision_layernorm, either FFN, multi-head attention (or grouped heads under flash), learned
-// positions, ALiBi or none, without dropout, qk norms, clip_qkv, rope or a sliding window.
+// low_precision_layernorm or low_precision_rmsnorm, either FFN, multi-head attention (or grouped
+// heads under flash), learned positions, ALiBi or none, without dropout, qk norms, clip_qkv, rope
+// or a sliding window.
 std::string mpt_unmodeled(const documents::ModelSpec& m, const documents::TrainingJob& job);
 
 // One block's saved bytes (block_activations' unchecked `saved`) by where tensor parallelism

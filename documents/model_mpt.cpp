@@ -225,7 +225,7 @@ void read_mpt(ObjectReader& r, const nlohmann::json& config, ModelSpec& m) {
   const std::pair<bool, const char*> unmeasured[] = {
       {m.residual_dropout, "resid_pdrop"},
       {m.embedding_dropout, "emb_pdrop"},
-      {norm != "low_precision_layernorm", "norm_type"},
+      {norm != "low_precision_layernorm" && norm != "low_precision_rmsnorm", "norm_type"},
       {!padded_ffn, "use_pad_tok_in_ffn"}};
   for (const auto& [on, key] : unmeasured)
     if (on && m.unmeasured.empty()) m.unmeasured = key;

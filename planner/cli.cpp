@@ -22,6 +22,7 @@
 #include "planner/describe.hpp"
 #include "planner/emit_deepspeed.hpp"
 #include "planner/emit_fsdp.hpp"
+#include "planner/emit_llm_foundry.hpp"
 #include "planner/emit_parallel.hpp"
 #include "planner/estimate.hpp"
 #include "planner/loss_requirement.hpp"
@@ -135,9 +136,9 @@ Subcommands add_subcommands(CLI::App& app, CliOptions& o) {
   c.recommend->add_option("--format", o.format, "table | json");
   c.recommend->add_option(
       "--emit", o.emit,
-      "deepspeed | fsdp | plan: print the chosen plan's config instead of the table "
-      "(deepspeed and fsdp search that framework's plans only); with --model-parallel: "
-      "torchtitan | megatron | deepspeed | plan");
+      "deepspeed | fsdp | llm-foundry | plan: print the chosen plan's config instead of the "
+      "table (deepspeed, fsdp and llm-foundry search that framework's plans only); with "
+      "--model-parallel: torchtitan | megatron | deepspeed | plan");
   c.recommend->add_option("--svg", o.svg_path,
                           "write the best plan of each family as stacked memory bars");
   c.recommend->add_option("--top", o.top, "ranked plans to list (default 10)");
@@ -191,6 +192,30 @@ void run_describe(const CliOptions& o, std::ostream& out) {
   out << (o.format == "json" ? json_document(documents::model_to_json(m)) : describe_table(m));
 }
 
+// --emit llm-foundry: Composer's FSDP1 plans with FSDP1's own prefetch, what its fsdp_config
+// writes (planner/emit_llm_foundry.hpp).
+std::string narrow_to_composer_fsdp(const CliOptions& o, const documents::RecipeTraits& r,
+                                    SearchPins& pins) {
+  const auto& po = o.po;
+  if (!r.runs_mpt)
+    throw InputError("--emit", fmt::format("llm-foundry: recipe {} is not llm-foundry's code; plan "
+                                           "with --recipe llm-foundry",
+                                           r.name));
+  if (pins.flavour && *pins.flavour != documents::Flavour::fsdp1)
+    throw InputError("--flavour", fmt::format("--emit llm-foundry writes Composer's fsdp_config "
+                                              "(FSDP1), got --flavour {}",
+                                              *po.flavour));
+  if (po.strategy && *po.strategy != "fsdp-full" && *po.strategy != "fsdp-grad-op" &&
+      *po.strategy != "hsdp")
+    throw InputError("--strategy", fmt::format("--emit llm-foundry writes Composer's fsdp_config "
+                                               "(fsdp-full, fsdp-grad-op, hsdp), got --strategy {}",
+                                               *po.strategy));
+  pins.flavour = documents::Flavour::fsdp1;
+  pins.default_prefetch = true;
+  return "--emit llm-foundry: searching Composer's FSDP plans only (FSDP1 with its own prefetch, "
+         "as fsdp_config runs it)";
+}
+
 // Asking for a framework's config is asking for that framework's plans: the search is narrowed
 // to them. Returns the line that says so on stderr ("" when nothing was narrowed).
 std::string narrow_to_emitted_framework(const CliOptions& o, const Scenario& sc, SearchPins& pins) {
@@ -207,6 +232,7 @@ std::string narrow_to_emitted_framework(const CliOptions& o, const Scenario& sc,
     throw InputError("--emit", fmt::format("fsdp: recipe {} runs under the DeepSpeed engine; use "
                                            "--emit deepspeed",
                                            r.name));
+  if (emit == "llm-foundry") return narrow_to_composer_fsdp(o, r, pins);
   if (emit == "deepspeed") {
     if (pins.flavour && *pins.flavour != documents::Flavour::deepspeed &&
         *pins.flavour != documents::Flavour::ddp)
@@ -260,11 +286,11 @@ void check_recommend_flags(const CliOptions& o, const CLI::App& recommend_cmd, i
     throw InputError("--emit", fmt::format("{} prints a layout of --model-parallel; give it, or "
                                            "--emit fsdp for a data-parallel plan",
                                            *emit));
-  if (emit && emit != "plan" && emit != "deepspeed" && emit != "fsdp" && emit != "torchtitan" &&
-      emit != "megatron")
+  if (emit && emit != "plan" && emit != "deepspeed" && emit != "fsdp" && emit != "llm-foundry" &&
+      emit != "torchtitan" && emit != "megatron")
     throw InputError("--emit",
-                     fmt::format("must be deepspeed, fsdp or plan (torchtitan or megatron with "
-                                 "--model-parallel), got \"{}\"",
+                     fmt::format("must be deepspeed, fsdp, llm-foundry or plan (torchtitan or "
+                                 "megatron with --model-parallel), got \"{}\"",
                                  *emit));
   // --emit prints one plan's config as the framework reads it: the table's flags would be
   // dropped.
@@ -414,6 +440,8 @@ void write_recommendation(const CliOptions& o, const Scenario& sc, const Recomme
   } else if (emit == "fsdp") {
     const auto& best = rec.search.ranked.front().eval;
     out << (o.fsdp_as_data ? json_document(fsdp_settings_json(sc, best)) : fsdp_settings(sc, best));
+  } else if (emit == "llm-foundry") {
+    out << llm_foundry_yaml(sc, rec.search.ranked.front().eval);
   } else if (o.format == "json") {
     auto j = recommendation_json(sc, rec, top_plans);
     if (widened)

@@ -96,7 +96,7 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
           // Scheduling variants the frameworks expose: a deeper forward prefetch for sharded
           // parameters (FSDP forward_prefetch / DeepSpeed stage3_prefetch_bucket_size ×4), and
           // smaller gradient buckets (earlier overlap, more collectives).
-          if (s.shard_parameters) {
+          if (s.shard_parameters && !pins.default_prefetch) {
             ShardingSpec deep = s;
             deep.forward_prefetch = s.forward_prefetch + 1;
             deep.backward_prefetch = s.backward_prefetch + 1;

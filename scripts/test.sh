@@ -15,16 +15,20 @@ else
 fi
 phase_done "installing packages"
 # The frameworks that check what the planner emits (torch, transformers, torchtitan, DeepSpeed from
-# PyPI; scripts/frameworks-env.sh), installed beside the build; the full checks need them, so a
-# venv that cannot be made fails the run. Their tests run with its interpreter.
+# PyPI; then llm-foundry in a venv of its own, its pins being its own; scripts/frameworks-env.sh),
+# installed one after the other beside the build; the full checks need them, so a venv that
+# cannot be made fails the run. Their tests run with the venvs' interpreters.
 frameworks=build/frameworks
+foundry=build/llm-foundry
 framework_python=()
 if [[ "$full" == 1 ]]; then
-  scripts/frameworks-env.sh "$frameworks" &
+  (scripts/frameworks-env.sh "$frameworks" &&
+    scripts/frameworks-env.sh "$foundry" validation/requirements-llm-foundry.txt "llmfoundry, composer") &
   frameworks_pid=$!
   for v in SHARDPLAN_TORCH_PYTHON SHARDPLAN_TORCHTITAN_PYTHON SHARDPLAN_DEEPSPEED_PYTHON; do
     framework_python+=("-D$v=$PWD/$frameworks/bin/python")
   done
+  framework_python+=("-DSHARDPLAN_LLM_FOUNDRY_PYTHON=$PWD/$foundry/bin/python")
 fi
 # The Python package (python/) builds in the release tree when its venv can be made (nanobind and
 # pytest from PyPI); ctest then runs its pytest suite (tests/python). Without PyPI it is skipped.
@@ -40,8 +44,8 @@ phase_done "the Python package's venv and configuring"
 scripts/build.sh
 phase_done "the release build"
 if [[ "$full" == 1 ]]; then
-  wait "$frameworks_pid" || { echo "test.sh: the frameworks' venv is needed by the full checks" >&2; exit 1; }
-  phase_done "the frameworks' venv (beside the build)"
+  wait "$frameworks_pid" || { echo "test.sh: the frameworks' venvs are needed by the full checks" >&2; exit 1; }
+  phase_done "the frameworks' venvs (beside the build)"
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ctest --preset release -j "$(nproc)"

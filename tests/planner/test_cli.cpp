@@ -159,8 +159,8 @@ TEST_CASE("cli::bad input is one line and exit code 2") {
        "planner: --emit: megatron prints a layout of --model-parallel; give it, or --emit fsdp for "
        "a data-parallel plan\n"},
       {{"recommend", "--emit", "yaml"},
-       "planner: --emit: must be deepspeed, fsdp or plan (torchtitan or megatron with "
-       "--model-parallel), got \"yaml\"\n"},
+       "planner: --emit: must be deepspeed, fsdp, llm-foundry or plan (torchtitan or megatron "
+       "with --model-parallel), got \"yaml\"\n"},
       {{"recommend", "--emit", "deepspeed", "--strategy", "fsdp-full"},
        "planner: --strategy: --emit deepspeed writes a DeepSpeed config (ddp or zero1-3), got "
        "--strategy "

@@ -54,8 +54,8 @@ TEST_CASE("cli_input::a zero or empty value is refused, not read as the default"
                 "--strategy: must be one of ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, "
                 "hsdp, none, got \"\"");
   check_refused({"recommend", "--emit", ""},
-                "--emit: must be deepspeed, fsdp or plan (torchtitan or megatron with "
-                "--model-parallel), got \"\"");
+                "--emit: must be deepspeed, fsdp, llm-foundry or plan (torchtitan or megatron "
+                "with --model-parallel), got \"\"");
   check_refused({"describe", "--model", ""}, "--model: must name a preset or a file, got \"\"");
   check_refused({"describe", "--params", "0"}, "--params: must be between 1e3 and 1e15, got 0");
   check_refused({"compare", "--strategy", ""}, "--strategy: names no strategy, got \"\"");
