@@ -33,6 +33,7 @@ __all__ = [
     "torchtitan_options",
     "fsdp_settings",
     "plan_document",
+    "llm_foundry_yaml",
 ]
 
 # An installed wheel carries the hardware profiles and model presets in shardplan/data; the C++
@@ -162,6 +163,7 @@ def estimate(
     attention: Optional[str] = None,
     recipe: Optional[str] = None,
     loss: Optional[str] = None,
+    fsdp_mixed_precision: Optional[str] = None,
     headroom: Optional[Number] = None,
     accounting: Optional[str] = None,
     strategy: Optional[str] = None,
@@ -205,6 +207,7 @@ def simulate(
     attention: Optional[str] = None,
     recipe: Optional[str] = None,
     loss: Optional[str] = None,
+    fsdp_mixed_precision: Optional[str] = None,
     headroom: Optional[Number] = None,
     accounting: Optional[str] = None,
     strategy: Optional[str] = None,
@@ -237,6 +240,7 @@ def recommend(
     attention: Optional[str] = None,
     recipe: Optional[str] = None,
     loss: Optional[str] = None,
+    fsdp_mixed_precision: Optional[str] = None,
     headroom: Optional[Number] = None,
     accounting: Optional[str] = None,
     strategy: Optional[str] = None,
@@ -276,6 +280,7 @@ def compare(
     attention: Optional[str] = None,
     recipe: Optional[str] = None,
     loss: Optional[str] = None,
+    fsdp_mixed_precision: Optional[str] = None,
     headroom: Optional[Number] = None,
     accounting: Optional[str] = None,
     offload: Optional[str] = None,
@@ -310,6 +315,7 @@ def _plan_options(
     attention: Optional[str] = None,
     recipe: Optional[str] = None,
     loss: Optional[str] = None,
+    fsdp_mixed_precision: Optional[str] = None,
     headroom: Optional[Number] = None,
     accounting: Optional[str] = None,
     strategy: Optional[str] = None,
@@ -339,6 +345,14 @@ def fsdp_settings(**options: Any) -> Dict[str, Any]:
     flavour, torchtitan (sections of the 0.2.x TOML, and notes), fully_shard (FSDP2 plans only)
     and text (what the command line prints)."""
     return _emit("fsdp", _plan_options(**options), fsdp_as_data=True)
+
+
+def llm_foundry_yaml(**options: Any) -> str:
+    """The keys of llm-foundry's train YAML for the best of Composer's FSDP plans (``planner
+    recommend --emit llm-foundry``; the recipe must be llm-foundry): the batch, max_seq_len,
+    precision, fsdp_config and, for an MPT config, its model section, after comment lines that
+    say what the plan assumes. Takes ``recommend``'s options but top and svg."""
+    return _run("recommend", dict(_plan_options(**options), emit="llm-foundry"))[0]
 
 
 def fsdp2_args(**options: Any) -> Dict[str, Any]:

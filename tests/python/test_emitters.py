@@ -23,6 +23,13 @@ def test_fsdp_settings_text_is_the_cli_text():
     assert settings["flavour"] in ("ddp", "fsdp1", "fsdp2")
 
 
+def test_llm_foundry_yaml_is_the_cli_text():
+    options = dict(JOB, recipe="llm-foundry", fsdp_mixed_precision="full")
+    text = shardplan.llm_foundry_yaml(**options)
+    assert text == cli_text("recommend", *flags(**options), "--emit", "llm-foundry")
+    assert '  mixed_precision: "FULL"' in text
+
+
 def test_fsdp2_full_shard_in_bf16_mixed():
     # FSDP2's MixedPrecisionPolicy (torch/distributed/fsdp/_fully_shard/_fsdp_api.py): bf16-mixed
     # computes in bf16; reduce_dtype left unset reduces in param_dtype, so the hf recipe's plan
