@@ -325,7 +325,11 @@ std::vector<TitanEntry> titan_entries(const Scenario& sc, const Evaluation& e) {
   add("training", "local_batch_size", std::to_string(e.job.micro_batch));
   add("training", "global_batch_size", std::to_string(e.job.global_batch));
   add("training", "seq_len", std::to_string(e.job.seq_len));
-  if (p == Precision::bf16_mixed) {
+  if (s.fp32_gathered) {
+    note("training", "mixed_precision_param: torchtitan runs no autocast under FSDP; this plan "
+                     "gathers fp32 parameters under autocast (Composer's FULL): use the snippet "
+                     "above");
+  } else if (p == Precision::bf16_mixed) {
     add("training", "mixed_precision_param", "\"bfloat16\"");
   } else if (p == Precision::fp32) {
     add("training", "mixed_precision_param", "\"float32\"");

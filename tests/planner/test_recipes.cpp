@@ -156,6 +156,8 @@ TEST_CASE("recipes::FSDP's mixed precision: each recipe's default and the modes 
   const std::string full = emitted("llm-foundry", "full");
   CHECK(has(full, "MixedPrecision(param_dtype=torch.float32, reduce_dtype=torch.float32)"));
   CHECK(has(full, "# forward and loss under torch.autocast(\"cuda\", dtype=torch.bfloat16)"));
+  // torchtitan's options cannot say it: no autocast under its FSDP.
+  CHECK(has(full, "mixed_precision_param: torchtitan runs no autocast under FSDP"));
   CHECK(has(emitted("hf", ""),
             "MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)"));
   // --reduce-dtype sets the reduction alone, as Composer's dict form does.
