@@ -20,9 +20,7 @@ if ! python3 -m venv "$venv" >/dev/null 2>&1; then
   echo "frameworks-env.sh: cannot make a venv at $venv (python3 -m venv failed; is python3-venv installed?)" >&2
   exit 1
 fi
-# --no-compile: the venvs are installed beside the build, and byte-compiling every module of two
-# torch installs takes CPU time from it; the tests compile what they import.
-if ! "$venv/bin/pip" install -q --disable-pip-version-check --no-compile --retries 2 --timeout 60 \
+if ! "$venv/bin/pip" install -q --disable-pip-version-check --retries 2 --timeout 60 \
   -r "$requirements" >"$venv/install.log" 2>&1; then
   echo "frameworks-env.sh: cannot install $requirements from PyPI into $venv (see $venv/install.log)" >&2
   exit 1
