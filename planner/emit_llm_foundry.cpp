@@ -151,7 +151,7 @@ ordered_json llm_foundry_settings(const Scenario& sc, const Evaluation& e) {
 }
 
 std::string llm_foundry_yaml(const Scenario& sc, const Evaluation& e) {
-  check_plan(sc, e);
+  const ordered_json settings = llm_foundry_settings(sc, e);  // refuses what it cannot write
   const auto& r = e.result;
   Text t;
   for (const auto& needs : plan_requirements(e.spec, e.job)) t.line("# NOTE: {}", needs);
@@ -166,7 +166,7 @@ std::string llm_foundry_yaml(const Scenario& sc, const Evaluation& e) {
   if (!runs_mpt(sc))
     t.line("# model: your hf_causal_lm section for {} (transformers' code, as planned)",
            sc.model.name);
-  yaml(t, llm_foundry_settings(sc, e), 0);
+  yaml(t, settings, 0);
   return t.str;
 }
 
