@@ -54,6 +54,9 @@ struct ActivationBytes {
   // what the MLP and the norm before it keep; released once their backward has run, before the
   // attention's weights have their gradients (0: not known to run first).
   double mlp_released = 0;
+  // Head under PyTorch's TP plans: the projection's backward once the loss's has released its
+  // tensors (the logits' gradient and the input's), beside the head's gradients.
+  double projection = 0;
 };
 
 // How the forward keeps its tensors: e bytes of the compute dtype; p bytes of the parameters it

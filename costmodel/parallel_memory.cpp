@@ -170,24 +170,7 @@ bool pytorch_tp(const ParallelMemoryInput& in) {
   return (plan || piped) && in.layout.context_parallel == 1;
 }
 
-// FSDP2 (fully_shard) over PyTorch's TP plan without a pipeline, as torchtitan's apply_fsdp
-// wraps the model (torchtitan/models/llama3/infra/parallelize.py): the token embedding, each
-// block, the final norm with the head, each its own parameter group, on the data-parallel mesh
-// dimension, each TP-local tensor sharded over it on dim 0. (transformers' and accelerate's
-// wrapping, whose root unit holds the embeddings with the head, keeps the per-unit accounting of
-// stage_states.)
-bool fsdp_plan(const ParallelMemoryInput& in) {
-  return pytorch_tp(in) && recipe_traits(in.job.recipe).fsdp_groups_per_block &&
-         in.spec.shard_parameters && in.layout.pipeline_parallel == 1;
-}
-
-// Elements of a unit on one rank before data-parallel sharding.
-struct UnitElements {
-  double params = 0;
-  double grads = 0;      // the gradient one rank holds (PyTorch's row-wise embedding: whole)
-  double optimizer = 0;  // optimizer-state elements
-  double plain = 0;      // of params: plain tensors beside the plan's DTensors
-};
+}  // namespace
 
 // A unit under PyTorch's TP plans. Vectors (norms, biases) stay whole, as tp_local_elements
 // counts them.
@@ -204,8 +187,9 @@ struct UnitElements {
 //               strategy with a Shard(0) output (torch/distributed/tensor/_ops/
 //               _embedding_ops.py, embedding_dense_backward_strategy: Replicate, colwise or
 //               Partial), so each rank holds a [V, h] gradient.
-UnitElements plan_elements(const UnitTensors& u, Optimizer o, const ParallelLayout& l,
-                           TpEmbedding style, bool embedding) {
+
+UnitElements torch_tp_elements(const UnitTensors& u, Optimizer o, const ParallelLayout& l,
+                               TpEmbedding style, bool embedding) {
   const double t = l.tensor_parallel;
   UnitElements out;
   for (std::size_t i = 0; i < u.tensors.size(); ++i) {
@@ -226,6 +210,8 @@ UnitElements plan_elements(const UnitTensors& u, Optimizer o, const ParallelLayo
   return out;
 }
 
+namespace {
+
 // A unit under Megatron's split (tp_local_elements).
 UnitElements megatron_elements(const UnitTensors& u, Optimizer o, int t, bool embedding) {
   UnitElements out;
@@ -242,8 +228,8 @@ UnitElements stage_elements(const ParallelMemoryInput& in, const StageShare& sha
   const Optimizer o = in.job.optimizer;
   const bool plan = pytorch_tp(in);
   auto unit = [&](const UnitTensors& u, bool embedding) {
-    return plan ? plan_elements(u, o, in.layout, recipe_traits(in.job.recipe).tp_embedding,
-                                embedding)
+    return plan ? torch_tp_elements(u, o, in.layout, recipe_traits(in.job.recipe).tp_embedding,
+                                    embedding)
                 : megatron_elements(u, o, in.layout.tensor_parallel, embedding);
   };
   UnitElements out;
@@ -292,12 +278,7 @@ void stage_states(const ParallelMemoryInput& in, const StageShare& share, StageM
   const double elems = local.params;
   out.local_params = elems;
   out.param_bytes = elems * sb.param / (s.shard_parameters ? S : 1);
-  // FSDP2 over a TP plan keeps each gradient as a shard of its parameter's TP-local tensor (the
-  // reduce-scatter output is sized by the parameter's padded sharded size:
-  // torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce); the row-wise
-  // table's whole gradient only passes through (fsdp_plan_moments).
-  const double kept_grads = fsdp_plan(in) ? elems : local.grads;
-  out.grad_bytes = kept_grads * sb.grad / (s.shard_gradients ? S : 1);
+  out.grad_bytes = local.grads * sb.grad / (s.shard_gradients ? S : 1);
   out.optimizer_bytes =
       (sb.master * elems + sb.moment * local.optimizer) / (s.shard_optimizer ? S : 1);
   // torch DDP's buckets hold a second copy of the whole gradients (gradient_as_bucket_view=False),
@@ -310,9 +291,6 @@ void stage_states(const ParallelMemoryInput& in, const StageShare& share, StageM
   // policy is False when pipeline parallelism is on:
   // torchtitan/models/llama3/infra/parallelize.py); without one, FSDP holds the unit in use and the
   // prefetched one.
-  // FSDP2 over a TP plan without a pipeline: the gathered parameters and the gradients on their
-  // way to the reduce-scatter are the step's moments' own (fsdp_plan_moments).
-  if (fsdp_plan(in)) return;
   const double block_local = tp_local_elements(m.block, t, false);
   if (s.shard_parameters)
     out.buffer_bytes +=
@@ -609,6 +587,26 @@ ActivationBytes torch_tp_head(const ParallelMemoryInput& in) {
   return plan_head(in, plan_forward(in));
 }
 
+// The projection's backward: the logits' gradient [T, V/t] in the compute dtype and its input's
+// gradient [T, h]; the loss's fp32 log-probabilities have been released.
+double torch_tp_projection_backward(const ParallelMemoryInput& in) {
+  const double e = plan_forward(in).e;
+  const double T = static_cast<double>(in.job.seq_len) * static_cast<double>(in.job.micro_batch);
+  return e * T * static_cast<double>(in.model->vocab) / in.layout.tensor_parallel +
+         e * T * static_cast<double>(in.model->hidden);
+}
+
+// The MLP's backward (its element-wise part): the incoming gradient of the down projection's
+// input and the gradients of its factors, [T, I/t] each (SwiGLU's three, GELU's two), once the
+// down projection's saved input has been released (as executor_stage counts its block_transient).
+double torch_tp_mlp_backward(const ParallelMemoryInput& in) {
+  const double e = plan_forward(in).e;
+  const double T = static_cast<double>(in.job.seq_len) * static_cast<double>(in.job.micro_batch);
+  const double mlp_width = in.model->mlp == MlpKind::gelu ? 2.0 : 3.0;
+  return (mlp_width - 1) * e * T * static_cast<double>(in.model->intermediate) /
+         in.layout.tensor_parallel;
+}
+
 namespace {
 
 PlanActivations plan_activations(const ParallelMemoryInput& in, const StageShare& share,
@@ -639,19 +637,12 @@ PlanActivations plan_activations(const ParallelMemoryInput& in, const StageShare
   const auto& m = *in.model;
   const double t = in.layout.tensor_parallel;
   const double T = static_cast<double>(in.job.seq_len) * static_cast<double>(in.job.micro_batch);
-  const double h = static_cast<double>(m.hidden);
   if (share.last && piped_stage(in)) {
     out.kept_output = f.e * T * static_cast<double>(m.vocab) / t;
     out.saved += out.kept_output;
   }
-  // The projection's backward: the logits' gradient [T, V/t] in the compute dtype and its
-  // input's gradient [T, h]; the loss's fp32 log-probabilities have been released.
-  out.head_backward = f.e * T * static_cast<double>(m.vocab) / t + f.e * T * h;
-  // The MLP's backward (its element-wise part): the incoming gradient of the down projection's
-  // input and the gradients of its factors, [T, I/t] each (SwiGLU's three, GELU's two), once the
-  // down projection's saved input has been released (as executor_stage counts its block_transient).
-  const double mlp_width = m.mlp == MlpKind::gelu ? 2.0 : 3.0;
-  out.block_backward = (mlp_width - 1) * f.e * T * static_cast<double>(m.intermediate) / t;
+  out.head_backward = torch_tp_projection_backward(in);
+  out.block_backward = torch_tp_mlp_backward(in);
   return out;
 }
 
@@ -764,85 +755,6 @@ std::vector<Moment> pipeline_moments(const ParallelMemoryInput& in, const StageS
   if (micro_batches > 1) add(std::min(in_flight, micro_batches - 1), true);
   out.push_back(
       {"optimizer step", share.last ? received * micro_batches : 0, all_grads, optimizer_temp});
-  return out;
-}
-
-// The backward's moments on one rank under FSDP2 over PyTorch's TP plan (fsdp_plan), in bytes.
-// Groups (TP-local elements): the embedding E, each block B, the final norm with the head H; the
-// sharded state of each is 1/S of it on each of the S ranks of its data-parallel group (fully_
-// shard pads each tensor's dim 0 to a multiple of S, torch/distributed/fsdp/_fully_shard/
-// _fsdp_param.py, padded_sharded_param_size: at most S - 1 rows of each tensor, left out here;
-// none where S divides the TP-local rows). What FSDP2 allocates beside the
-// sharded states (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py):
-//   gathered parameters   unshard() all-gathers a group in the compute dtype (c bytes) before its
-//                         forward and backward; reshard_after_forward frees the embedding's and
-//                         the blocks' after their forward, while torchtitan's [norm, output]
-//                         group keeps its own (reshard_after_forward=False for it: the backward
-//                         needs it first); pre_backward prefetches the next group in backward
-//                         order (_backward_prefetch), so a block's backward runs beside the next
-//                         block's (the first block's beside the embedding's) gathered parameters
-//   unsharded gradients   autograd's, in the compute dtype, kept as .grad until the group's
-//                         post_backward takes them (_take_unsharded_grads_to_reduce); the row-
-//                         wise table's comes back whole [V, h] (plan_elements), and taking it
-//                         redistributes it to the parameter's Shard(0) placement, a copy
-//                         (torch/distributed/tensor/placement_types.py, _replicate_to_shard:
-//                         clone=True) of E elements
-//   reduce-scatter input  foreach_reduce (_fsdp_collectives.py) copies the group's gradients into
-//                         one flat input in the reduce dtype (r bytes; the CUDA copy-in kernel
-//                         casts as it copies, elsewhere a gradient of another dtype is cast first:
-//                         foreach_reduce_scatter_copy_in, chunk_cat_mixed_dtype), sized S times the
-//                         padded shard; it is kept in reduce_scatter_states until the next
-//                         group's post_backward (reduce_scatter_max_input_buffers = 1), so each
-//                         group's backward runs beside the previous group's input
-// So the moments: the loss's backward (the head group gathered since the forward); the head's
-// (the last block prefetched, the head's gradients made); the last block's MLP backward and the
-// first's (two blocks gathered, one block's gradients, the previous group's reduce-scatter
-// input, the later groups' sharded gradients); and the embedding's two: taking its gradient (the
-// table gathered, the whole gradient and its shard copy, block 0's pending input) and reducing it
-// (the table resharded, the whole gradient dropped with its .grad and block 0's input released:
-// the gradient taken, E elements, its cast and the new input through the copy-in). Then the
-// optimizer step with every sharded gradient.
-std::vector<Moment> fsdp_plan_moments(const ParallelMemoryInput& in, const StageShare& share,
-                                      const PlanActivations& x, double in_flight, bool fresh,
-                                      double optimizer_temp) {
-  const auto& s = in.spec;
-  const StateBytes sb = state_bytes(in.job.precision, s, Accounting::framework);
-  const double S = shard_ranks(in);
-  const double c = sb.compute;                                         // gathered, autograd's
-  const double r = std::max(dtype_bytes(s.reduce_dtype), sb.compute);  // reduce-scatter input
-  const double g = sb.grad / S;  // a sharded gradient's bytes per TP-local element
-  const UnitElements table = stage_elements(in, StageShare{0, true, false});
-  const double E = table.params, whole = table.grads;  // the table's gradient as autograd makes it
-  const double B = stage_elements(in, StageShare{1, false, false}).params;
-  const double H = stage_elements(in, StageShare{0, false, true}).params;
-  const double all = stage_elements(in, share).params;
-  const double L = share.blocks;
-  // Gathered parameters at the loss's backward: the head group, and every group when none
-  // reshards after forward.
-  const double kept = s.reshard_after_forward ? H : all;
-  // Sharded gradients made before a moment (none before the loss's when the step is fresh).
-  auto made = [&](double elements) { return (fresh ? elements : all) * g; };
-  const double saved = x.saved * in_flight;
-  std::vector<Moment> out;
-  out.push_back({"loss backward", saved + x.loss_backward, made(0), 0, kept * c});
-  out.push_back({"head backward", saved - x.loss_released + x.head_backward, made(0), 0,
-                 (kept + (s.reshard_after_forward ? B : 0)) * c + H * c});
-  // A block's MLP backward: it and the next group gathered (the first block: the embedding,
-  // gathered by the prefetch or kept since the forward), its gradients (at most the block's), the
-  // previous group's reduce-scatter input.
-  const double block = saved - x.head + x.recompute + x.block_backward;
-  const double gathered = s.reshard_after_forward ? 2 * B : all - H;
-  out.push_back({"block backward", block, made(H), 0, (gathered + B) * c + H * r});
-  if (L > 1)
-    out.push_back({"block backward", block - x.later_blocks, made(H + (L - 1) * B), 0,
-                   (B + E + B) * c + B * r});
-  const double shard_copy = whole > E ? E * c : 0;
-  const bool cast = r != c && in.hardware->is_cpu;  // the gradient's copy in the reduce dtype
-  out.push_back({"embedding backward", x.embedding, made(all - E), 0,
-                 E * c + whole * c + shard_copy + B * r});
-  out.push_back(
-      {"embedding reduce", x.embedding, made(all - E), 0, E * c + (cast ? E * r : 0) + E * r});
-  out.push_back({"optimizer step", 0, all * g, optimizer_temp});
   return out;
 }
 
@@ -1044,8 +956,6 @@ void plan_peak(const ParallelMemoryInput& in, const StageShare& share, int first
                   ? chunk_moments(in, share, all_grads, per_grad)
                   : pipeline_moments(in, share, x, out.in_flight, all_grads, head_grads,
                                      block_grads, per_grad, optimizer_temp);
-  } else if (fsdp_plan(in)) {
-    moments = fsdp_plan_moments(in, share, x, out.in_flight, fresh, optimizer_temp);
   } else {
     moments.push_back({"optimizer step", 0, all_grads, optimizer_temp});
   }
@@ -1117,6 +1027,8 @@ void stage_activations(const ParallelMemoryInput& in, const StageShare& share, i
     out.buffer_bytes += 2 * 2 * e * T * static_cast<double>(m.kv_width()) / l.tensor_parallel;
 }
 
+}  // namespace
+
 // Async tensor parallelism's buffers on one rank, T = s·b/c tokens per micro-batch, e bytes of
 // the compute dtype; allocated at the first overlapped GEMM and kept (outside torch's caching
 // allocator: device memory nvidia-smi sees, max_memory_allocated does not):
@@ -1147,6 +1059,8 @@ double async_tp_bytes(const ParallelMemoryInput& in) {
   }
   return 0;
 }
+
+namespace {
 
 std::string stage_name(const StageMemory& s, int p, bool first, bool last) {
   std::string what;
@@ -1197,10 +1111,9 @@ ParallelMemory parallel_memory(const ParallelMemoryInput& in, const PipelineWalk
     // Block indices of the stage (its first chunk's, for the interleaved schedule: every:N
     // spreads evenly, so the count per stage is the same).
     stage_activations(in, share, static_cast<int>(stage_first_block(l, in.model->layers, s)), st);
-    st.buffer_bytes += async_tp_bytes(in);
     const double allocated = st.total();
-    st.overhead_bytes =
-        hw.cuda_context_bytes + hw.nccl_workspace_bytes + hw.fragmentation * allocated;
+    st.overhead_bytes = hw.cuda_context_bytes + hw.nccl_workspace_bytes +
+                        hw.fragmentation * allocated + async_tp_bytes(in);
     if (st.total() > out.peak_bytes) {
       out.peak_bytes = st.total();
       out.peak_stage = s;

@@ -1,6 +1,8 @@
-// Memory per pipeline stage of a plan with tensor (+ sequence), pipeline and context parallelism:
-// the stage's model states split by t and sharded over the data-parallel group by the
-// ShardingSpec, and its activations for the micro-batches the schedule keeps in flight.
+// Memory per pipeline stage of a plan with tensor (+ sequence), pipeline and context parallelism
+// that the step walk (simulator.hpp) does not take yet: the stage's model states split by t and
+// sharded over the data-parallel group by the ShardingSpec, and its activations for the
+// micro-batches the schedule keeps in flight. (One stage with context parallelism, or with
+// PyTorch's TP plans without it, is the walk's: parallel_step.cpp, walked.)
 //
 // How t splits the model depends on whose tensor parallelism runs it:
 //   megatron, llm-foundry, deepspeed (and hf or torchtitan with context parallelism): Megatron-
@@ -8,21 +10,16 @@
 //     Transformer Models", §4 and Table 2): the vocabulary-parallel embedding and head, the
 //     linears' inputs kept as shards under sequence parallelism, the in-place vocabulary-parallel
 //     cross-entropy. Each category is counted at its own largest (their sum bounds the peak).
-//   hf and torchtitan with t > 1: PyTorch's own parallel styles (torch/distributed/tensor/
-//     parallel/style.py) as each recipe's plan applies them: transformers' tp_plan (the
-//     embeddings and norms replicated, the logits gathered for the model's own loss) and
-//     torchtitan's parallelize function (the row-wise embedding, whose gradient comes back
-//     whole; sequence-parallel norms whose outputs the linears keep all-gathered; loss_parallel).
-//     The step is walked through its moments (the loss's backward, a block's backward, the
-//     optimizer step with foreach AdamW's intermediate) and the stage's memory is the largest;
-//     StageMemory's categories are that moment's (parallel_memory.cpp, plan_peak).
-//   torchtitan with t > 1 under FSDP2 (fully_shard over the data-parallel group, no
-//     pipeline): torchtitan's apply_fsdp groups (the embedding, each block, the final norm with
-//     the head) sharded over the group; the moments add what FSDP2 holds at each (the gathered
-//     groups, the gradients on their way to the reduce-scatter and the pending reduce-scatter
-//     input, the row-wise table's whole gradient at the embedding's) as StageMemory's buffers
-//     (parallel_memory.cpp, fsdp_plan_moments; checked against
-//     tests/costmodel/data/oracle_fsdp_tp.json).
+//   hf and torchtitan with t > 1 under a pipeline: PyTorch's own parallel styles
+//     (torch/distributed/tensor/parallel/style.py) as each recipe's plan applies them:
+//     transformers' tp_plan (the embeddings and norms replicated, the logits gathered for the
+//     model's own loss) and torchtitan's parallelize function (the row-wise embedding, whose
+//     gradient comes back whole; sequence-parallel norms whose outputs the linears keep
+//     all-gathered; loss_parallel). The step is walked through its moments (the loss's backward,
+//     a block's backward, the optimizer step with foreach AdamW's intermediate) and the stage's
+//     memory is the largest; StageMemory's categories are that moment's (parallel_memory.cpp,
+//     plan_peak). The walk takes the same plans' units without a pipeline (torch_tp_elements,
+//     torch_tp_block, torch_tp_head and the transients below).
 //   torchtitan with a pipeline (any t): the same per-rank terms, its stages run by
 //     torch.distributed.pipelining (PipelineStage under GPipe or 1F1B): the last stage keeps each
 //     in-flight micro-batch's logits until its backward, and the moments are the first
@@ -31,8 +28,8 @@
 //     pipeline_moments; checked against tests/costmodel/data/oracle_pipeline.json).
 //   executor: its own model code with c = 1 (executor/gpt_model.hpp, and under tensor
 //     parallelism its vocabulary-parallel embedding and head, executor/tensor_parallel.hpp).
-// Async tensor parallelism adds its framework's communication buffers to every stage
-// (parallel_memory.cpp, async_tp_bytes).
+// Async tensor parallelism's framework buffers (async_tp_bytes) are outside the caching
+// allocator: every stage's overhead.
 // DDP's bucket copy (ShardingSpec::grad_bucket_copy, torch DDP) is a buffer of the whole
 // gradients; under it, on one stage holding the whole model, the executor's gradients are
 // allocated at first use and the peak is the backward's worst moment (parallel_memory.cpp,
@@ -50,6 +47,7 @@
 #include "documents/model.hpp"
 #include "documents/parallel.hpp"
 #include "documents/pipeline_order.hpp"
+#include "documents/recipe.hpp"
 #include "documents/sharding.hpp"
 
 namespace shardplan::costmodel {
@@ -80,6 +78,26 @@ ActivationBytes torch_tp_block(const struct ParallelMemoryInput& in, bool checkp
 // The head's on one rank under those plans: the final norm, the projection's input and the loss
 // (torchtitan's vocabulary-parallel cross-entropy keeps its fp32 log-probabilities [T, V/t]).
 ActivationBytes torch_tp_head(const struct ParallelMemoryInput& in);
+
+// Elements of a unit on one rank before data-parallel sharding.
+struct UnitElements {
+  double params = 0;
+  double grads = 0;      // the gradient one rank holds (PyTorch's row-wise embedding: whole)
+  double optimizer = 0;  // optimizer-state elements
+  double plain = 0;      // of params: plain tensors beside the plan's DTensors
+};
+// A unit on one rank under PyTorch's TP plans as the recipe's row applies them (`style`: how the
+// plan treats the token embedding; `embedding`: the unit is the embeddings).
+UnitElements torch_tp_elements(const documents::UnitTensors& u, documents::Optimizer o,
+                               const documents::ParallelLayout& l, documents::TpEmbedding style,
+                               bool embedding);
+// Transients of one rank's backward under those plans beyond what the units keep: a block's MLP
+// backward (its element-wise part, once the down projection's input is released) and the head's
+// projection backward (the logits' gradient and its input's, the loss's own tensors released).
+double torch_tp_mlp_backward(const struct ParallelMemoryInput& in);
+double torch_tp_projection_backward(const struct ParallelMemoryInput& in);
+// Async tensor parallelism's communication buffers on one rank (its framework's).
+double async_tp_bytes(const struct ParallelMemoryInput& in);
 
 struct StageMemory {
   int stage = 0;

@@ -413,7 +413,8 @@ void summarize(const StepInput& in, const ParallelLayout& l, ParallelStep& out) 
   r.peak_bytes = out.memory.peak_bytes;
   r.allocated_peak_bytes = peak.total() - peak.overhead_bytes;
   r.reserve_bytes = hw.fragmentation * r.allocated_peak_bytes;
-  r.device_bytes = hw.cuda_context_bytes + hw.nccl_workspace_bytes;
+  r.device_bytes = hw.cuda_context_bytes + hw.nccl_workspace_bytes +
+                   async_tp_bytes({&m, &hw, in.cluster, j, in.spec, l});
   r.at_peak = {peak.param_bytes,      peak.grad_bytes,   peak.optimizer_bytes,
                peak.activation_bytes, peak.buffer_bytes, peak.overhead_bytes};
   r.model_states = {peak.param_bytes, peak.grad_bytes, peak.optimizer_bytes, 0, 0, 0};
@@ -433,15 +434,34 @@ void summarize(const StepInput& in, const ParallelLayout& l, ParallelStep& out) 
 
 namespace {
 
-// Context parallelism alone (t = p = 1): the step simulator's walk of one rank of the ring, its
-// report as the one stage of the layout.
-ParallelStep walk_context_parallel(const StepInput& in, const ParallelLayout& l) {
+// The layouts the step simulator walks (one walk: simulator.hpp): one pipeline stage of a
+// framework's recipe, with context parallelism, or with PyTorch's tensor-parallel styles (hf's
+// tp_plan, torchtitan's apply_tp) without context parallelism or offload.
+// (Megatron-core's TP, the executor's model code and torch's pipelining are the analytic model's
+// below until the walk takes them.)
+bool walked(const StepInput& in, const ParallelLayout& l) {
+  const auto& r = recipe_traits(in.job.recipe);
+  if (!r.framework || l.pipeline_parallel != 1 || in.job.micro_batch <= 0 ||
+      !layout_problems(l, *in.model, in.job, in.cluster).empty())
+    return false;
+  if (l.tensor_parallel == 1) return true;
+  return r.tensor_parallel == TensorParallelCode::torch_styles && l.context_parallel == 1 &&
+         in.spec.offload == Offload::none;
+}
+
+// One stage walked by the step simulator (one rank of the ring and of the TP group), its report as
+// the one stage of the layout.
+ParallelStep walk_one_stage(const StepInput& in, const ParallelLayout& l) {
   ParallelStep out;
   StepInput rank = in;
   rank.context_parallel = l.context_parallel;
+  rank.tensor_parallel = l.tensor_parallel;
+  rank.sequence_parallel = l.sequence_parallel;
+  rank.async_tensor_parallel = l.async_tensor_parallel;
   auto& r = out.step = simulate_step(rank);
   if (!r.valid) return out;
   const auto ring = static_cast<int>(Stream::context);
+  const auto tensor = static_cast<int>(Stream::tensor);
   StageMemory st;
   st.blocks = static_cast<double>(in.model->layers);
   st.in_flight = 1;
@@ -458,12 +478,14 @@ ParallelStep walk_context_parallel(const StepInput& in, const ParallelLayout& l)
   out.stage_backward_s = {r.backward_per_mb_s};
   out.compute_per_mb_s = r.forward_per_mb_s + r.backward_per_mb_s;
   out.cp_exposed_s = r.exposed_s[ring];
-  out.dp_exposed_s = r.exposed_comm_s - out.cp_exposed_s;
+  out.tp_exposed_s = r.exposed_s[tensor];
+  out.dp_exposed_s = std::max(0.0, r.exposed_comm_s - out.cp_exposed_s - out.tp_exposed_s);
   out.dp_comm_s = 0;  // the data-parallel collectives' streams (not the ring's, not the host's)
   for (const Stream s : {Stream::all_gather, Stream::reduce_scatter, Stream::all_reduce})
     out.dp_comm_s += r.busy_s[static_cast<int>(s)];
   out.cp_bytes = r.context_bytes_per_gpu;
-  out.dp_bytes = r.comm_bytes_per_gpu - r.context_bytes_per_gpu;
+  out.tp_bytes = r.tensor_bytes_per_gpu;
+  out.dp_bytes = r.comm_bytes_per_gpu - r.context_bytes_per_gpu - r.tensor_bytes_per_gpu;
   return out;
 }
 
@@ -475,12 +497,7 @@ ParallelStep simulate_parallel_step(const StepInput& in, const ParallelLayout& l
     out.step = simulate_step(in);
     return out;
   }
-  // One walk: context parallelism without tensor or pipeline parallelism is the step
-  // simulator's (the executor's own ring block is the parallel model's, below).
-  if (l.tensor_parallel == 1 && l.pipeline_parallel == 1 &&
-      recipe_traits(in.job.recipe).framework &&
-      layout_problems(l, *in.model, in.job, in.cluster).empty() && in.job.micro_batch > 0)
-    return walk_context_parallel(in, l);
+  if (walked(in, l)) return walk_one_stage(in, l);
   auto& r = out.step;
   r.params = in.model->total_params();
   r.micro_batch = in.job.micro_batch;

@@ -1,18 +1,21 @@
 // One optimizer step of a plan with tensor (+ sequence), pipeline and context parallelism beside
-// the data-parallel ShardingSpec. With t = p = 1 it is the step simulator's walk (simulator.hpp;
-// with c > 1 one rank of the ring, StepInput::context_parallel), but for the executor's own
-// ring attention. Otherwise each pipeline stage's forward and backward per micro-batch are timed
-// from its GEMM FLOPs split by t, with tensor parallelism's collectives (exposed unless async),
-// the ring exchanges of context parallelism (exposed beyond the attention they overlap), and the
-// schedule is walked (pipeline_schedule.hpp) with the point-to-point sends between stages. The
-// data-parallel gradient reduction over world/(t·p·c) ranks and the optimizer step follow each
-// stage's last backward. Memory per stage: parallel_memory.hpp.
+// the data-parallel ShardingSpec. One stage of a framework's recipe with context parallelism, or
+// with PyTorch's TP plans (hf's tp_plan, torchtitan's apply_tp) without it, is the step
+// simulator's walk of one rank (simulator.hpp: StepInput::context_parallel, tensor_parallel): its
+// units split, its TP collectives on their own stream, the ring beside the attention. Otherwise
+// (Megatron-core's TP, pipelines, the executor's own model) each pipeline stage's forward and
+// backward per micro-batch are timed from its GEMM FLOPs split by t, with tensor parallelism's
+// collectives (exposed unless async), the ring exchanges of context parallelism (exposed beyond
+// the attention they overlap), and the schedule is walked (pipeline_schedule.hpp) with the
+// point-to-point sends between stages. The data-parallel gradient reduction over world/(t·p·c)
+// ranks and the optimizer step follow each stage's last backward. Memory per stage:
+// parallel_memory.hpp.
 //
 // A unit's compute on a rank is the step walk's (compute_time.hpp: GEMMs by shape, the attention
 // core, the memory-bound ops, the host's issuing of the kernels), split over the tensor-parallel
-// ranks (TensorSplit). What this analytic path leaves out that the single-stage simulator counts:
-// the per-unit prefetch of FSDP's all-gathers (one gather per step under a pipeline; per
-// micro-batch otherwise, overlapped with compute but for the first), bucketing, offload.
+// ranks (TensorSplit). What this analytic path leaves out that the walk counts: the per-unit
+// prefetch of FSDP's all-gathers (one gather per step under a pipeline; per micro-batch
+// otherwise, overlapped with compute but for the first), bucketing, offload.
 #pragma once
 
 #include <vector>

@@ -16,6 +16,7 @@
 #include "costmodel/simulator.hpp"
 #include "documents/breakdown.hpp"
 #include "documents/collectives.hpp"
+#include "documents/parallel.hpp"
 #include "documents/recipe.hpp"
 #include "documents/sharding.hpp"
 #include "documents/state_bytes.hpp"
@@ -38,11 +39,13 @@ struct MemEvent {
 
 // Per-unit quantities (embeddings, one block, head): elements, seconds and bytes per micro-batch.
 struct UnitInfo {
-  double params = 0;       // elements
-  double shardable = 0;    // elements that get partitioned (the rest stays whole)
-  double gather = 0;       // elements all-gathered before use (tied head: + the embedding matrix)
-  double matmul = 0;       // elements of GEMM weights (autocast copies)
-  double opt_elems = 0;    // optimizer-state elements
+  double params = 0;     // elements
+  double grads = 0;      // elements of the gradient autograd makes (torch's row-wise table: whole)
+  double plain = 0;      // of params, plain tensors beside a TP plan's DTensors (foreach groups)
+  double shardable = 0;  // elements that get partitioned (the rest stays whole)
+  double gather = 0;     // elements all-gathered before use (tied head: + the embedding matrix)
+  double matmul = 0;     // elements of GEMM weights (autocast copies)
+  double opt_elems = 0;  // optimizer-state elements
   double first_grads = 0;  // blocks: elements whose gradients come first, the MLP's down projection
   double first_matmul = 0;  // of `matmul`, its weight (whose autocast copy its backward releases)
   double mlp_grads = 0;     // blocks: elements of the MLP and the norm before it (first_grads too)
@@ -83,6 +86,14 @@ public:
     if (!frameworks_) spec_.root_unit = spec_.reduce_copy_in = false;
     straggler_fraction_ = in.hardware->straggler_wait_fraction(in.cluster.gpus);
     context_ = std::max(1, in.context_parallel);
+    tensor_ = std::max(1, in.tensor_parallel);
+    sequence_parallel_ = tensor_ > 1 && in.sequence_parallel;
+    async_tp_ = tensor_ > 1 && in.async_tensor_parallel;
+    // torchtitan's apply_fsdp groups: the embedding, each block, the final norm with the head
+    // (kept gathered from its forward to its backward), no root group holding the embeddings with
+    // the head.
+    if (documents::recipe_traits(in.job.recipe).fsdp_groups_per_block)
+      spec_.root_unit = spec_.keep_root_unsharded = false;
   }
 
   StepResult run();
@@ -158,6 +169,10 @@ private:
   bool reduces_after_backward() const {
     return frameworks_ && documents::reduces_after_backward(spec_);
   }
+  // torch DDP wraps the model only where there is a data-parallel group: PyTorch's TP recipes
+  // apply it over the replicas (torchtitan's parallelize calls apply_ddp only for a replicate
+  // degree above 1; transformers' tp_plan wraps nothing).
+  bool ddp_wrapped() const { return tensor_ == 1 || world_ > 1; }
   // Megatron-core's DDP (frameworks): the gradients are its main-gradient buffer, present from the
   // start and kept.
   bool main_grad_buffer() const { return frameworks_ && spec_.main_grad_buffer; }
@@ -211,6 +226,11 @@ private:
   void prepare();
   void prepare_bytes();
   void prepare_unit_sizes();
+  // Tensor parallelism: each unit's elements on the rank (torch_tp_elements).
+  void split_unit_sizes();
+  documents::ParallelLayout tensor_layout() const;  // t, sequence parallel, async; the rest 1
+  // Tensor parallelism: each unit's activations on the rank (torch_tp_block, torch_tp_head).
+  void split_unit_activations(const Forward& f);
   void prepare_unit_times();
   void prepare_gathers();
   // One micro-batch's forward and backward; `first`: the first of the step (gradients are
@@ -234,6 +254,14 @@ private:
   // prefetch, at most max_inflight_allgathers gathered), run in the thread's order, before u's
   // backward. (The executor's CPU engine gathers a unit when it is about to run.)
   void blocking_backward_prefetch(int u, int mb);
+  // The copies unit u's gradients pass through at its backward's end: FSDP1's flat gradient out
+  // of its views', FSDP2's redistribution of a gradient placed otherwise than its parameter.
+  void gradient_copies(int u, double end, int mb);
+  // Block u's exchanges beside its forward or backward from `st`: the ring's (context
+  // parallelism) and tensor parallelism's collectives.
+  void block_exchanges(int u, double st, bool backward, int mb);
+  // Unit u's transient of the loss's backward at t (the head's; every unit's own transient).
+  void loss_backward(int u, double t, int mb);
   // Block u's backward from t, its MLP first, as autograd runs it: the down projection's gradient
   // beside the activation's transient (act.mlp_backward > 0), then the transient gone; the MLP's
   // other gradients; then, with what the MLP kept released (act.mlp_released, and its autocast
@@ -258,6 +286,15 @@ private:
   void ring_exchange(int u, double start, double unit_s, double attention_s, bool backward,
                      Phase phase, int mb);
   void reduce_pending(int u, double end, int mb, bool first);
+  // A block's tensor-parallel collectives of its activations (`pass`: the forward, the backward,
+  // or a rerun forward under `what` checkpointing) at the end of its compute from `start` for
+  // `unit_s`; async tensor parallelism runs them beside the unit's `gemm_s` of GEMMs. The compute
+  // stream waits for them.
+  enum class TpPass : std::uint8_t { forward, backward, selective_rerun };
+  void tensor_exchange(int u, double start, double unit_s, double gemm_s, TpPass pass);
+  // Bytes one rank sends for them, and the collectives (each on the [T, h] activation) they are.
+  double tensor_sent(TpPass pass);
+  std::vector<std::pair<documents::Collective, int>> tensor_collectives(TpPass pass) const;
   void walk_memory();
 
   // The model states before the step starts, on the device and in total.
@@ -325,6 +362,13 @@ private:
   bool partition_placed_ = false;  // DeepSpeed stages 1/2: the step's gradient partition exists
   double total_params_ = 0;        // the model's parameters (elements)
   double kept_grad_bytes_ = 0;     // gradients kept until zero_grad at the end of the step
+  // Tensor parallelism: the ranks splitting each unit, their group, whether the norms run on the
+  // rank's share of the tokens (sequence parallelism) and whether the collectives overlap the
+  // GEMMs (async); the [T, h] activation they move.
+  int tensor_ = 1;
+  bool sequence_parallel_ = false, async_tp_ = false;
+  Group tensor_group_;
+  double tp_buffer_bytes_ = 0;
   // Context parallelism: the ranks sharing each sequence, their group, and what a block's ring
   // attention holds and sends (context_ring.hpp).
   int context_ = 1;

@@ -167,9 +167,7 @@ void Simulation::forward(int mb) {
     const double st = issue(Stream::compute, ready, cause, ui.fwd_s, "forward", u);
     fwd_start_[u] = st;
     fwd_end_[u] = st + ui.fwd_s;
-    if (context_ > 1 && u > 0 && u < U - 1)
-      ring_exchange(u, st, ui.fwd_s, ui.fwd_kinds[static_cast<int>(ComputeKind::attention)], false,
-                    Phase::forward, mb);
+    block_exchanges(u, st, false, mb);
     mem(st, ui.act.saved + ui.act.forward, Category::activations, Phase::forward, u, mb);
     mem(fwd_end_[u], -ui.act.forward, Category::activations, Phase::forward, u, mb);
     // autocast's casts of the weights are tensors autograd keeps, like the activations; a
@@ -215,6 +213,11 @@ void Simulation::backward(int mb, bool first, bool reduce) {
       ready = gather(u, issue_t, Phase::backward, mb);
       cause = Stream::all_gather;
     }
+    // The loss's backward outside every FSDP group (no root group whose output is the loss:
+    // torchtitan's groups) runs before the head group's pre-backward hook and the prefetch it
+    // issues.
+    const bool loss_first = shard_params && !s.root_unit && u == U - 1;
+    if (loss_first) loss_backward(u, std::max(ready, free_at_[0]), mb);
     if (frameworks_ && shard_params && in_.hardware->collectives_block)
       blocking_backward_prefetch(u, mb);
     if (ui.recompute_s > 0) {
@@ -225,20 +228,14 @@ void Simulation::backward(int mb, bool first, bool reduce) {
     bwd_start_[u] = st;
     const double end = st + ui.bwd_s;
     bwd_end_[u] = end;
-    if (context_ > 1 && u > 0 && u < U - 1)
-      ring_exchange(u, st, ui.bwd_s,
-                    ui.kinds[static_cast<int>(ComputeKind::attention)] -
-                        ui.fwd_kinds[static_cast<int>(ComputeKind::attention)],
-                    true, Phase::backward, mb);
+    block_exchanges(u, st, true, mb);
     // The unit's backward kernels run after its pre-backward hooks, which issue the next unit's
     // all-gather (FSDP's backward prefetch, recorded at `st`): a moment later.
     const double kernels = st + 1e-3 * ui.bwd_s;
-    mem(kernels, ui.act.backward, Category::activations, Phase::backward, u, mb);
-    // The loss's backward runs first and releases its transient and what it kept; the
-    // projection's gradients come after.
-    if (ui.act.loss > 0)
-      mem(kernels, -(ui.act.backward + ui.act.loss), Category::activations, Phase::backward, u, mb);
+    if (!loss_first) loss_backward(u, kernels, mb);
+    mem(kernels, ui.act.projection, Category::activations, Phase::backward, u, mb);
     unit_gradients(u, kernels, mb, first);
+    mem(end, -ui.act.projection, Category::activations, Phase::backward, u, mb);
     const double fresh = s.shard_gradients ? ui.params * compute_b_ : 0;
     const bool down_first = ui.down_first(), mlp_first = ui.mlp_first();
     const double released =
@@ -250,13 +247,7 @@ void Simulation::backward(int mb, bool first, bool reduce) {
       const double gone = mlp_first ? ui.mlp_matmul : down_first ? ui.first_matmul : 0;
       mem(end, -(ui.matmul - gone) * act_b_, Category::activations, Phase::backward, u, mb);
     }
-    if (split_views() && u < U - 1) {
-      // The unit's flat gradient out of its views' (the root's at the embeddings', the last of
-      // its views to get one), both alive at once, then the views' gone.
-      const double flat = (u == 0 && s.root_unit ? ui.params + info(U - 1).params : ui.params);
-      mem(end, flat * compute_b_, Category::gradients, Phase::backward, u, mb);
-      mem(end, -flat * compute_b_, Category::gradients, Phase::backward, u, mb);
-    }
+    gradient_copies(u, end, mb);
     if (shard_params && gathered_alive_[u]) {
       mem(end, -ui.gather_bytes, Category::buffers, Phase::backward, u, mb, -1);
       gathered_alive_[u] = 0;
@@ -270,6 +261,53 @@ void Simulation::backward(int mb, bool first, bool reduce) {
   // The bucket goes when the backward's reductions are done (reduce_pending), or at its end.
   if (backward_bucket() && !reduce)
     mem(bwd_end_[0], -s.reduce_bucket_bytes, Category::buffers, Phase::backward, 0, mb);
+}
+
+void Simulation::block_exchanges(int u, double st, bool backward, int mb) {
+  if (u == 0 || u == n_units_ - 1) return;
+  const auto& ui = info(u);
+  // The pass's seconds of a kind (the backward's: the unit's less its forward's).
+  auto seconds = [&](ComputeKind k) {
+    const auto i = static_cast<int>(k);
+    return backward ? ui.kinds[i] - ui.fwd_kinds[i] : ui.fwd_kinds[i];
+  };
+  const double dur = backward ? ui.bwd_s : ui.fwd_s;
+  if (context_ > 1)
+    ring_exchange(u, st, dur, seconds(ComputeKind::attention), backward,
+                  backward ? Phase::backward : Phase::forward, mb);
+  if (tensor_ > 1)
+    tensor_exchange(u, st, dur, seconds(ComputeKind::gemm),
+                    backward ? TpPass::backward : TpPass::forward);
+}
+
+void Simulation::gradient_copies(int u, double end, int mb) {
+  const auto& s = spec_;
+  const auto& ui = info(u);
+  const int U = n_units_;
+  if (split_views() && u < U - 1) {
+    // The unit's flat gradient out of its views' (the root's at the embeddings', the last of
+    // its views to get one), both alive at once, then the views' gone.
+    const double flat = (u == 0 && s.root_unit ? ui.params + info(U - 1).params : ui.params);
+    mem(end, flat * compute_b_, Category::gradients, Phase::backward, u, mb);
+    mem(end, -flat * compute_b_, Category::gradients, Phase::backward, u, mb);
+  }
+  if (s.shard_gradients && ui.grads > ui.params) {
+    // FSDP2 takes a gradient placed otherwise than its parameter (torch's row-wise table's,
+    // whole) by redistributing it to the parameter's placement: a copy of the rank's share
+    // (torch/distributed/tensor/placement_types.py, _replicate_to_shard: clone=True), beside the
+    // whole one until .grad drops it.
+    mem(end, ui.params * compute_b_, Category::gradients, Phase::backward, u, mb);
+    mem(end, -ui.grads * compute_b_, Category::gradients, Phase::backward, u, mb);
+  }
+}
+
+void Simulation::loss_backward(int u, double t, int mb) {
+  const auto& ui = info(u);
+  // The loss's backward runs first and releases its transient and what it kept; the
+  // projection's gradients come after.
+  mem(t, ui.act.backward, Category::activations, Phase::backward, u, mb);
+  if (ui.act.loss > 0)
+    mem(t, -(ui.act.backward + ui.act.loss), Category::activations, Phase::backward, u, mb);
 }
 
 void Simulation::blocking_backward_prefetch(int u, int mb) {
@@ -301,7 +339,7 @@ void Simulation::unit_gradients(int u, double kernels, int mb, bool first) {
   if (ui.down_first() || ui.mlp_first())
     block_backward(u, kernels, mb, first);
   else
-    gradients_used(u, kernels, mb, first, ui.params - (tied && u == 0 ? opened : 0));
+    gradients_used(u, kernels, mb, first, ui.grads - (tied && u == 0 ? opened : 0));
   if (tied && u == U - 1) gradients_used(0, kernels, mb, first, opened);
   if (tied && u == 0 && !flat_unit && !split_views()) {
     // The tied matrix reaches autograd's input buffer twice: the embeddings' gradient is added
@@ -322,6 +360,15 @@ void Simulation::rerun_forward(int u, double ready, Stream cause, int mb) {
   if (context_ > 1 && checkpointed(u))  // the rerun forward runs the ring again
     ring_exchange(u, st, ui.recompute_s, ui.fwd_kinds[static_cast<int>(ComputeKind::attention)],
                   false, Phase::recompute, mb);
+  // The rerun reruns the forward's collectives: all of them under full checkpointing, those up to
+  // the MLP's last input under torchtitan's op-level policy (non-reentrant checkpointing stops
+  // once the tensors the backward needs exist).
+  // Async, they overlap the rerun's GEMMs (the selective rerun is its save list's matmuls).
+  if (tensor_ > 1)
+    tensor_exchange(u, st, ui.recompute_s,
+                    checkpointed(u) ? ui.fwd_kinds[static_cast<int>(ComputeKind::gemm)]
+                                    : ui.recompute_s,
+                    checkpointed(u) ? TpPass::forward : TpPass::selective_rerun);
   // The recompute runs under the forward's autocast state again (torch/utils/checkpoint.py
   // restores it), and the GEMMs keep their weight casts for the backward.
   if (autocast_copies())
@@ -517,6 +564,38 @@ void Simulation::ring_exchange(int u, double start, double unit_s, double attent
   mem(start + unit_s, -held, Category::buffers, phase, u, mb);
 }
 
+// Megatron-LM's pattern as torch's parallel styles run it (Shoeybi et al. 2019, §3): two
+// all-reduces of the [T, h] activation per block in the forward (after the attention's and the
+// MLP's row-parallel linears) and two in the backward (the column-parallel linears' input
+// gradients); under sequence parallelism (Korthikanti et al. 2022, §4.2.2) each is an all-gather
+// and a reduce-scatter of the same buffer. The head's and embedding's collectives are left out.
+double Simulation::tensor_sent(TpPass pass) {
+  double sent = 0;
+  for (const auto& [op, count] : tensor_collectives(pass))
+    sent += count * comm_.cost(op, tensor_group_, tp_buffer_bytes_).bytes_sent;
+  return sent;
+}
+
+std::vector<std::pair<Collective, int>> Simulation::tensor_collectives(TpPass pass) const {
+  // A selective rerun stops after the MLP's first linear: both all-gathers and the attention's
+  // reduce-scatter, or the attention's all-reduce.
+  const bool rerun = pass == TpPass::selective_rerun;
+  if (sequence_parallel_)
+    return {{Collective::all_gather, 2}, {Collective::reduce_scatter, rerun ? 1 : 2}};
+  return {{Collective::all_reduce, rerun ? 1 : 2}};
+}
+
+void Simulation::tensor_exchange(int u, double start, double unit_s, double gemm_s, TpPass pass) {
+  double dur = 0;
+  for (const auto& [op, count] : tensor_collectives(pass))
+    for (int k = 0; k < count; ++k) dur += coll(op, tensor_group_, tp_buffer_bytes_);
+  // Blocking: after the unit's kernels, the compute stream waiting. Async: beside its GEMMs.
+  const double overlap = async_tp_ ? std::min(dur, gemm_s) : 0.0;
+  const double at = issue(Stream::tensor, start + unit_s - overlap, Stream::compute, dur,
+                          "tensor-parallel collectives", u);
+  issue(Stream::compute, at + dur, Stream::tensor, 0.0, "wait for tensor parallel", u);
+}
+
 void Simulation::walk_memory() {
   Breakdown cur{};
   double cur_total = 0;
@@ -641,6 +720,15 @@ StepResult Simulation::run() {
       per_mb += ring_.forward_sent * (j.block_checkpointed(b) ? 2 : 1) + ring_.backward_sent;
     result_.context_bytes_per_gpu = per_mb * static_cast<double>(gas);
   }
+  if (tensor_ > 1) {
+    double per_mb = 0;
+    for (int u = 1; u < n_units_ - 1; ++u)
+      per_mb += tensor_sent(TpPass::forward) + tensor_sent(TpPass::backward) +
+                (checkpointed(u)           ? tensor_sent(TpPass::forward)
+                 : info(u).recompute_s > 0 ? tensor_sent(TpPass::selective_rerun)
+                                           : 0.0);
+    result_.tensor_bytes_per_gpu = per_mb * static_cast<double>(gas);
+  }
   result_.exposed_comm_s = std::max(0.0, result_.step_s - result_.compute_s);
   const double tokens_step = static_cast<double>(j.global_batch * j.seq_len);
   result_.tokens_per_s = tokens_step / result_.step_s;
@@ -648,8 +736,8 @@ StepResult Simulation::run() {
   double fwd_flops_mb = 0;
   for (int u = 0; u < n_units_; ++u) fwd_flops_mb += info(u).fwd_flops;
   result_.model_flops = 3.0 * fwd_flops_mb * static_cast<double>(gas) * world_;
-  result_.mfu =
-      result_.model_flops / (result_.step_s * world_ * hw.peak(compute_dtype(j.precision)));
+  result_.mfu = result_.model_flops /
+                (result_.step_s * world_ * tensor_ * hw.peak(compute_dtype(j.precision)));
   return result_;
 }
 
@@ -669,6 +757,8 @@ const char* stream_name(Stream s) {
     return "host transfers";
   case Stream::context:
     return "context ring";
+  case Stream::tensor:
+    return "tensor parallel";
   }
   return "?";
 }

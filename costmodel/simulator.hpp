@@ -24,8 +24,10 @@
 namespace shardplan::costmodel {
 
 // context: ring attention's exchanges of keys and values (context parallelism).
-enum class Stream { compute, all_gather, reduce_scatter, all_reduce, host, context };
-constexpr int kStreams = 6;
+// tensor: tensor parallelism's collectives of the activations (blocking the compute stream unless
+// async tensor parallelism overlaps them with the GEMMs).
+enum class Stream { compute, all_gather, reduce_scatter, all_reduce, host, context, tensor };
+constexpr int kStreams = 7;
 const char* stream_name(Stream s);
 
 struct TraceSpan {
@@ -57,6 +59,14 @@ struct StepInput {
   // (data and context ranks together), each block's attention scoring its queries against the
   // whole sequence's keys, with the ring's buffers and exchanges (context_ring.hpp).
   int context_parallel = 1;
+  // t: ranks splitting each block's heads and MLP width and the head's vocabulary, as PyTorch's
+  // parallel styles split them under the recipe's plan (RecipeTraits::tensor_parallel =
+  // torch_styles: hf's tp_plan, torchtitan's apply_tp). The walk is one rank's: its share of each
+  // unit's parameters and activations, its share of the GEMMs, and the block's collectives of
+  // the activations on the tensor stream; the data-parallel ranks are the cluster's GPUs / t.
+  int tensor_parallel = 1;
+  bool sequence_parallel = false;      // the norms on T/t tokens, all-gather + reduce-scatter
+  bool async_tensor_parallel = false;  // the collectives overlapped with the GEMMs beside them
 };
 
 struct StepResult {
@@ -95,6 +105,7 @@ struct StepResult {
   std::array<double, kStreams> exposed_s{};  // compute idle attributed to each stream
   double comm_bytes_per_gpu = 0;             // bytes each GPU sends per step
   double context_bytes_per_gpu = 0;          // of them, the ring attention's (context parallelism)
+  double tensor_bytes_per_gpu = 0;           // of them, tensor parallelism's
   std::array<double, documents::kCollectives>
       comm_bytes_by_op{};       // the same bytes by collective (sums to it)
   double host_optimizer_s = 0;  // an offload plan's CPU optimizer step (on the host stream)

@@ -10,6 +10,7 @@
 
 #include "costmodel/compute_time.hpp"
 #include "costmodel/context_ring.hpp"
+#include "costmodel/parallel_memory.hpp"
 #include "costmodel/simulation.hpp"
 #include "costmodel/traffic.hpp"
 #include "documents/breakdown.hpp"
@@ -47,7 +48,15 @@ bool Simulation::check_plan() {
     fail(why, "--model");
     return false;
   }
-  world_ = c.gpus;
+  // The data-parallel ranks: each tensor-parallel group is one replica.
+  world_ = c.gpus / tensor_;
+  // A tied table under a TP plan is one parameter the embedding and the head would place
+  // differently (transformers' unplanned embedding and colwise_rep head; torchtitan's row-wise
+  // embedding, whose gradient comes back whole, and colwise output).
+  if (tensor_ > 1 && in_.model->tied_embeddings) {
+    fail("tied embeddings under PyTorch's tensor parallelism are not modeled", "--tensor-parallel");
+    return false;
+  }
   shard_ = s.group(world_);
   hsdp_ = shard_ < world_;
   if (shard_ > world_ || world_ % shard_ != 0) {
@@ -136,6 +145,7 @@ void Simulation::prepare_unit_sizes() {
     auto& u = units_[k];
     const auto& t = *tensors[k];
     u.params = static_cast<double>(t.params());
+    u.grads = u.plain = u.params;
     // The frameworks keep each small tensor whole; the executor a unit whose tensors are all
     // small (executor/shard_layout.hpp).
     const std::int64_t persistent =
@@ -150,7 +160,8 @@ void Simulation::prepare_unit_sizes() {
   // (accounting.hpp, ActivationBytes::mlp_backward). Its MLP and the norm before it, whose backward
   // ends before the attention's (ActivationBytes::mlp_released).
   for (const auto& t : m.block.tensors) {
-    const auto elements = static_cast<double>(t.elements());
+    // Tensor parallelism splits the block's matrices (torch_tp_elements).
+    const auto elements = static_cast<double>(t.elements()) / (t.is_matrix() ? tensor_ : 1);
     if (t.name.rfind("mlp.down_proj.", 0) == 0 || t.name.rfind("mlp.c_proj.", 0) == 0 ||
         t.name.rfind("mlp.dense_4h_to_h.", 0) == 0 || t.name.rfind("ffn.down_proj.", 0) == 0) {
       units_[1].first_grads += elements;
@@ -163,6 +174,7 @@ void Simulation::prepare_unit_sizes() {
       if (t.is_matrix()) units_[1].mlp_matmul += elements;
     }
   }
+  if (tensor_ > 1) split_unit_sizes();
   // The head re-gathers the shared embedding matrix, unless that stays whole (persistent).
   const double tied = tied_matrix();
   const bool tied_sharded =
@@ -174,6 +186,35 @@ void Simulation::prepare_unit_sizes() {
     units_[0].gather += units_[2].gather - tied;
     units_[2].gather = 0;
   }
+}
+
+void Simulation::split_unit_sizes() {
+  const auto& m = *in_.model;
+  const documents::ParallelLayout l = tensor_layout();
+  const auto style = documents::recipe_traits(in_.job.recipe).tp_embedding;
+  const UnitTensors* tensors[3] = {&m.embedding, &m.block, &m.head};
+  for (int k = 0; k < 3; ++k) {
+    auto& u = units_[k];
+    const UnitElements e = torch_tp_elements(*tensors[k], in_.job.optimizer, l, style, k == 0);
+    u.params = e.params;
+    u.grads = e.grads;
+    u.plain = e.plain;
+    u.opt_elems = e.optimizer;
+    // FSDP2 (the one sharding engine the walk runs under a TP plan) shards every local tensor.
+    u.shardable = u.params;
+    u.gather = spec_.shard_parameters ? u.params : 0;
+    u.matmul = 0;
+    for (const auto& t : tensors[k]->tensors)
+      if (t.is_matrix()) u.matmul += static_cast<double>(t.elements()) / tensor_;
+  }
+}
+
+documents::ParallelLayout Simulation::tensor_layout() const {
+  documents::ParallelLayout l;
+  l.tensor_parallel = tensor_;
+  l.sequence_parallel = sequence_parallel_;
+  l.async_tensor_parallel = async_tp_;
+  return l;
 }
 
 // Each unit kind's FLOPs, compute times by kind, recompute and activations.
@@ -196,11 +237,16 @@ void Simulation::prepare_unit_times() {
       act_b_, autocast_copies() || executor_casts() ? std::max(sb_.param, compute_b_) : compute_b_,
       !hw.is_cpu};
   const ComputeModel cm(hw, j);
+  // The rank's share of the GEMMs under tensor parallelism: torchtitan's loss_parallel keeps the
+  // loss on the rank's vocabulary columns; transformers' colwise_rep head gathers the logits.
+  const auto& traits = documents::recipe_traits(j.recipe);
+  const TensorSplit split{tensor_, sequence_parallel_,
+                          tensor_ == 1 || traits.tp_loss == documents::TpLoss::loss_parallel};
   const UnitKind unit_kinds[3] = {UnitKind::embedding, UnitKind::block, UnitKind::head};
   const std::string hooks = framework_key(s);
   for (int k = 0; k < 3; ++k) {
     auto& u = units_[k];
-    const UnitWork w = unit_work(cm, m, j, unit_kinds[k], f, k == 1 ? context_ : 1);
+    const UnitWork w = unit_work(cm, m, j, unit_kinds[k], f, k == 1 ? context_ : 1, split);
     HostWork h;
     if (frameworks_) h = unit_host_work(hw, hooks, w, *tensors[k]);
     u.kinds = {};
@@ -219,15 +265,38 @@ void Simulation::prepare_unit_times() {
     units_[3].recompute_s -= std::min(
         cm.traffic_s(skipped), units_[1].fwd_kinds[static_cast<int>(ComputeKind::memory_bound)]);
   }
-  const ComputeTimes selective = block_recompute(cm, m, j, f);
+  const ComputeTimes selective = block_recompute(cm, m, j, f, split);
   units_[1].recompute_s = std::accumulate(selective.begin(), selective.end(), 0.0);
   units_[0].act = embedding_activations(m, j, f);
   units_[1].act = block_activations(m, j, f, false);
   units_[3].act = block_activations(m, j, f, true);
   units_[2].act = head_activations(m, j, f);
+  if (tensor_ > 1) split_unit_activations(f);
   ring_ = ring_attention(m, j, context_);
   // Mesh order dp, cp (tensor parallelism 1): the ring's ranks are neighbours.
   context_group_ = {context_, std::min(context_, in_.cluster.gpus_per_node)};
+  // Mesh order dp, tp (context 1): the tensor-parallel ranks are neighbours in a node.
+  tensor_group_ = {tensor_, std::min(tensor_, in_.cluster.gpus_per_node)};
+  tp_buffer_bytes_ = act_b_ * tokens * static_cast<double>(m.hidden);
+}
+
+// The units' activations on one rank of a TP plan (parallel_memory.hpp). The walk keeps
+// autocast's weight casts itself (forward: ui.matmul), so they are taken out of what the plan's
+// block and head count.
+void Simulation::split_unit_activations(const Forward& f) {
+  const ParallelMemoryInput pin{in_.model, in_.hardware, in_.cluster,
+                                in_.job,   spec_,        tensor_layout()};
+  const double casts = f.p > f.e ? f.e : 0.0;
+  for (const bool checkpointed : {false, true}) {
+    auto& a = units_[checkpointed ? 3 : 1].act;
+    a = torch_tp_block(pin, checkpointed);
+    a.saved -= casts * units_[1].matmul;
+    a.mlp_backward = torch_tp_mlp_backward(pin);
+  }
+  auto& head = units_[2].act;
+  head = torch_tp_head(pin);
+  head.saved -= casts * units_[2].matmul;
+  head.projection = torch_tp_projection_backward(pin);
 }
 
 // The shard and replica groups, the forward prefetch, each unit kind's all-gather, and the
@@ -235,7 +304,8 @@ void Simulation::prepare_unit_times() {
 void Simulation::prepare_gathers() {
   const auto& s = spec_;
   const auto& hw = *in_.hardware;
-  const int G = in_.cluster.gpus_per_node;
+  // The data-parallel ranks on a node: one per tensor-parallel group.
+  const int G = std::max(1, in_.cluster.gpus_per_node / tensor_);
   shard_group_ = {shard_, std::min(shard_, G)};
   replica_group_ = {world_ / shard_, std::max(1, G / shard_)};
   fwd_prefetch_ = s.forward_prefetch;
@@ -308,7 +378,7 @@ std::optional<Simulation::States> Simulation::place_states() {
   }
   mem(0, st.param_bytes, Category::parameters, Phase::setup, -1, 0);
   mem(0, st.opt_bytes, Category::optimizer_states, Phase::setup, -1, 0);
-  if (s.grad_bucket_copy && in_.accounting == Accounting::framework)
+  if (s.grad_bucket_copy && in_.accounting == Accounting::framework && ddp_wrapped())
     mem(0, st.total_params * sb_.grad, Category::buffers, Phase::setup, -1, 0);
   // Megatron-core's main-gradient buffer, allocated with the model (its DDP wrapper).
   if (s.main_grad_buffer && frameworks_)
@@ -370,9 +440,19 @@ double Simulation::device_optimizer(double t, const States& states) {
   const bool foreach_adam = frameworks_ && !documents::fused_adam(s.flavour) &&
                             (j.optimizer == Optimizer::adam || j.optimizer == Optimizer::adamw);
   if (foreach_adam) {
-    mem(st, local_opt_params * sb_.moment, Category::optimizer_states, Phase::optimizer, -1, 1);
-    mem(st + dur, -local_opt_params * sb_.moment, Category::optimizer_states, Phase::optimizer, -1,
-        1);
+    // foreach takes no mix of DTensors and plain tensors in one group: under a TP plan the plain
+    // ones (hf: the embeddings and norms) are a group of their own, and the larger group's
+    // intermediate is the step's.
+    double foreach_elems = local_opt_params;
+    if (tensor_ > 1) {
+      double plain = 0;
+      for (int k = 0; k < 3; ++k)
+        plain += (k == 1 ? static_cast<double>(m.layers) : 1.0) * units_[k].plain;
+      plain /= s.shard_optimizer ? S : 1.0;
+      foreach_elems = std::max(plain, local_opt_params - plain);
+    }
+    mem(st, foreach_elems * sb_.moment, Category::optimizer_states, Phase::optimizer, -1, 1);
+    mem(st + dur, -foreach_elems * sb_.moment, Category::optimizer_states, Phase::optimizer, -1, 1);
   }
   result_.optimizer_s = dur;
   return st + dur;
@@ -438,7 +518,7 @@ void Simulation::account_states(const States& states) {
     const double count = k == 1 ? static_cast<double>(m.layers) : 1.0;
     const double g = s.shard_gradients
                          ? units_[k].params / S * (s.flat_grad_partition ? flat_grad_b_ : sb_.grad)
-                         : units_[k].params * sb_.grad;
+                         : units_[k].grads * sb_.grad;
     grads += count * g;
   }
   if (s.offload != Offload::none && s.shard_gradients) grads = 0;
@@ -449,9 +529,14 @@ void Simulation::account_states(const States& states) {
 void Simulation::add_overheads() {
   const auto& hw = *in_.hardware;
   const double frag = hw.fragmentation * result_.allocated_peak_bytes;
-  const double overhead = hw.cuda_context_bytes + hw.nccl_workspace_bytes + frag;
+  // Async tensor parallelism's communication buffers, outside the caching allocator.
+  const double async_tp =
+      async_tp_
+          ? async_tp_bytes({in_.model, in_.hardware, in_.cluster, in_.job, spec_, tensor_layout()})
+          : 0.0;
+  const double overhead = hw.cuda_context_bytes + hw.nccl_workspace_bytes + frag + async_tp;
   result_.reserve_bytes = frag;
-  result_.device_bytes = hw.cuda_context_bytes + hw.nccl_workspace_bytes;
+  result_.device_bytes = hw.cuda_context_bytes + hw.nccl_workspace_bytes + async_tp;
   result_.at_peak[static_cast<int>(Category::overhead)] += overhead;
   result_.peak_bytes = result_.allocated_peak_bytes + overhead;
 }

@@ -1,4 +1,5 @@
-// parallel_memory's parts under PyTorch's own tensor parallelism (the whole steps of
+// The parts of a block and a head under PyTorch's own tensor parallelism that the step walk counts
+// (parallel_memory.hpp, torch_tp_block and torch_tp_head; the whole steps of
 // tests/costmodel/data/oracle_tensor_parallel.json, validation/measure_tensor_parallel.py, run
 // through the planner's command: tests/planner/test_oracle_parallel.cpp).
 // torch's DTensor TP styles with t = 2 on gloo CPU ranks, HF's Llama (llama-h256), fp32, foreach
@@ -55,16 +56,6 @@ struct CpuCase {
   CpuCase& operator=(const CpuCase&) = delete;
 };
 
-// The job and plan of a corpus case, predicted by parallel_memory for one rank.
-StageMemory predict(const json& corpus, const json& c) {
-  const bool sp = c.at("layout") == "sp";
-  CpuCase k(corpus, c, sp ? Recipe::torchtitan : Recipe::hf, sp);
-  k.in.spec = make_spec("ddp", Flavour::ddp, 1);
-  k.in.spec.grad_bucket_copy = false;  // the bare model: no DDP buckets
-  const auto walk = walk_schedule(PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
-  return parallel_memory(k.in, walk).stages.at(0);
-}
-
 }  // namespace
 
 // The split of a block that tensor parallelism divides (BlockParts) adds up to the block
@@ -97,72 +88,6 @@ TEST_CASE("parallel_memory::a block's parts add up to its saved bytes") {
           CHECK(final_norm_parts(m, j, f).total() <= head_activations(m, j, f).saved);
         }
   }
-}
-
-// The plans' model states for llama-h256 (h = 256, 8 heads of 32 over 2 key/value heads,
-// I = 704, V = 4096, 4 blocks, untied), t = 2, fp32 AdamW, by hand. A block's matrices:
-// 256·(256 + 64 + 64) + 256·256 + 3·256·704 = 704,512, split 352,256, plus its two norms 512;
-// the embedding and the head 4096·256 = 1,048,576 each; the final norm 256.
-//   hf: 4·(352,256 + 512) + 1,048,576 (replicated) + 524,288 + 256 = 2,984,192 elements, the
-//       gradients as many; the foreach groups: 1,933,312 split (DTensor) elements beside
-//       1,048,576 + 9·256 = 1,050,880 plain ones, the larger's intermediate 4·1,933,312 bytes
-//   sp: 4·(352,256 + 512) + 524,288 + 524,288 + 256 = 2,459,904 elements, the gradients
-//       524,288 more (the row-wise table's whole [V, h]); one group, its intermediate 4·2,459,904
-TEST_CASE("parallel_memory::PyTorch TP plans' model states, hand-derived") {
-  const json corpus = shardplan::oracle::read_corpus("oracle_tensor_parallel.json");
-  int checked = 0;
-  for (const auto& c : corpus.at("cases")) {
-    if (c.at("id") != "tp2-hf/llama-h256/fp32/none/s128-b1" &&
-        c.at("id") != "tp2-sp/llama-h256/fp32/none/s128-b1")
-      continue;
-    const bool sp = c.at("layout") == "sp";
-    const StageMemory s = predict(corpus, c);
-    const double E = sp ? 2459904 : 2984192;
-    CHECK(s.local_params == E);
-    CHECK(s.param_bytes == 4 * E);
-    CHECK(s.grad_bytes == 4 * (sp ? E + 524288 : E));  // at the optimizer step
-    CHECK(s.optimizer_bytes == 8 * E + 4 * (sp ? E : 1933312));
-    CHECK(s.moment == "optimizer step");
-    ++checked;
-  }
-  CHECK(checked == 2);
-}
-
-// DDP's bucket copy of the gradients (ShardingSpec::grad_bucket_copy) is counted under PyTorch's
-// TP recipes only when there is a data-parallel group for DDP to wrap: with world = t no DDP
-// (torchtitan's parallelize applies it only for a replicate degree above 1; transformers' tp_plan
-// wraps nothing); with world = 2t the copy of the rank's whole gradients, 4 · 2,984,192 bytes
-// (the hf plan's elements per rank, derived above).
-TEST_CASE("parallel_memory::PyTorch TP plans: DDP's bucket copy only over a data-parallel group") {
-  const json corpus = shardplan::oracle::read_corpus("oracle_tensor_parallel.json");
-  for (const auto& c : corpus.at("cases")) {
-    if (c.at("id") != "tp2-hf/llama-h256/fp32/none/s128-b1") continue;
-    const std::string config = c.at("config").get<std::string>();
-    const ModelSpec m = model_from_hf_config(corpus.at("configs").at(config), config);
-    HardwareProfile hw;
-    hw.is_cpu = true;
-    ParallelMemoryInput in;
-    in.model = &m;
-    in.hardware = &hw;
-    in.job.seq_len = 128;
-    in.job.micro_batch = 1;
-    in.job.global_batch = 1;
-    in.job.precision = Precision::fp32;
-    in.job.optimizer = Optimizer::adamw;
-    in.job.recipe = Recipe::hf;
-    in.job.loss = recipe_traits(in.job.recipe).loss;
-    in.spec = make_spec("ddp", Flavour::ddp, 1);
-    REQUIRE(in.spec.grad_bucket_copy);
-    in.layout.tensor_parallel = 2;
-    const auto walk = walk_schedule(PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
-    in.cluster = {2, 2};
-    CHECK(parallel_memory(in, walk).stages.at(0).buffer_bytes == 0);
-    in.cluster = {4, 4};
-    in.job.global_batch = 2;
-    CHECK(parallel_memory(in, walk).stages.at(0).buffer_bytes == 4.0 * 2984192);
-    return;
-  }
-  FAIL("the corpus has no tp2-hf/llama-h256/fp32/none/s128-b1 case");
 }
 
 // torchtitan's own Llama under its own tensor parallelism (validation/measure_tp_units.py:

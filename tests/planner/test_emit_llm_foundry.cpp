@@ -2,6 +2,8 @@
 // line. llm-foundry's own config code reads them in llm_foundry_config_parse.py (CMakeLists.txt).
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -17,7 +19,9 @@ namespace fs = std::filesystem;
 // An MPT-7B-shaped config.json (ALiBi, no biases, flash attention), written where the planner
 // reads it.
 struct MptFile {
-  fs::path dir = fs::temp_directory_path() / "shardplan_emit_llm_foundry";
+  // One directory per process: ctest runs this file's cases side by side.
+  fs::path dir =
+      fs::temp_directory_path() / ("shardplan_emit_llm_foundry_" + std::to_string(::getpid()));
   std::string path = (dir / "mpt.json").string();
   MptFile() {
     fs::create_directories(dir);

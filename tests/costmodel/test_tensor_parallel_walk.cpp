@@ -1,0 +1,183 @@
+// The step walk under PyTorch's tensor-parallel plans (simulator.hpp, StepInput::tensor_parallel),
+// through simulate_parallel_step as `planner estimate` calls it: the model states of the corpora's
+// layouts by hand, DDP's bucket copy, and the collectives' bytes. The corpora's whole steps run
+// through the planner's command (tests/planner/test_oracle_parallel.cpp):
+//   oracle_tensor_parallel.json  t = 2 on gloo CPU ranks, HF's Llama (llama-h256), fp32, foreach
+//                                AdamW, no data parallelism: transformers' tp_plan (hf) and
+//                                torchtitan's sequence-parallel layout (sp)
+//                                (validation/measure_tensor_parallel.py)
+//   oracle_fsdp_tp.json          FSDP2 over torchtitan's sequence-parallel TP, dp_shard 2 x tp 2
+//                                (validation/measure_fsdp_tp.py)
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "costmodel/parallel_step.hpp"
+#include "documents/recipe.hpp"
+#include "oracle_corpus.hpp"
+#include "tests/test_support.hpp"
+
+using namespace shardplan::costmodel;
+using namespace shardplan::documents;
+using nlohmann::json;
+
+namespace {
+
+// A corpus case's job on `world` CPU ranks (the corpora count tensors only: no context, NCCL
+// workspace or fragmentation) under `recipe`, fp32, flash attention, AdamW, its model's config.
+struct CpuCase {
+  ModelSpec model;
+  HardwareProfile hardware;
+  StepInput in;
+  ParallelLayout layout;
+  CpuCase(const json& corpus, const json& c, Recipe recipe, const std::string& strategy,
+          int world) {
+    const std::string config = c.at("config").get<std::string>();
+    model = model_from_hf_config(corpus.at("configs").at(config), config);
+    hardware.is_cpu = true;
+    layout.tensor_parallel = c.at("tensor_parallel").get<int>();
+    layout.sequence_parallel = c.value("sequence_parallel", c.value("layout", "") == "sp");
+    in.model = &model;
+    in.hardware = &hardware;
+    in.cluster = {world, world};
+    in.job.seq_len = c.at("seq_len").get<std::int64_t>();
+    in.job.micro_batch = c.at("micro_batch").get<std::int64_t>();
+    in.job.global_batch = in.job.micro_batch * (world / layout.tensor_parallel);
+    in.job.precision = Precision::fp32;
+    in.job.attention = AttentionImpl::flash;
+    in.job.optimizer = Optimizer::adamw;
+    in.job.recipe = recipe;
+    in.job.loss = recipe_traits(recipe).loss;
+    set_checkpointing(in.job, c.at("checkpointing").get<std::string>(), "checkpointing");
+    in.spec = make_spec(strategy, std::nullopt, world);
+    in.spec.reduce_dtype = DType::fp32;  // torchtitan's MixedPrecisionPolicy: fp32 reduction
+  }
+  CpuCase(const CpuCase&) = delete;  // `in` points into it
+  CpuCase& operator=(const CpuCase&) = delete;
+  StepResult run() const { return simulate_parallel_step(in, layout).step; }
+};
+
+const json* find_case(const json& corpus, const std::string& id) {
+  for (const auto& c : corpus.at("cases"))
+    if (c.at("id") == id) return &c;
+  return nullptr;
+}
+
+double category(const Breakdown& b, Category c) { return b[static_cast<int>(c)]; }
+
+}  // namespace
+
+// The plans' model states for llama-h256 (h = 256, 8 heads of 32 over 2 key/value heads,
+// I = 704, V = 4096, 4 blocks, untied), t = 2, fp32 AdamW, by hand. A block's matrices:
+// 256·(256 + 64 + 64) + 256·256 + 3·256·704 = 704,512, split 352,256, plus its two norms 512;
+// the embedding and the head 4096·256 = 1,048,576 each; the final norm 256.
+//   hf: 4·(352,256 + 512) + 1,048,576 (replicated) + 524,288 + 256 = 2,984,192 elements, the
+//       gradients as many; the foreach groups: 1,933,312 split (DTensor) elements beside
+//       1,048,576 + 9·256 = 1,050,880 plain ones, the larger's intermediate 4·1,933,312 bytes
+//   sp: 4·(352,256 + 512) + 524,288 + 524,288 + 256 = 2,459,904 elements, the gradients
+//       524,288 more (the row-wise table's whole [V, h]); one group, its intermediate 4·2,459,904
+// Both ranks are one TP group: no data-parallel group for DDP to wrap, no bucket copy.
+TEST_CASE("tp_walk::PyTorch TP plans' model states, hand-derived") {
+  const json corpus = shardplan::oracle::read_corpus("oracle_tensor_parallel.json");
+  for (const bool sp : {false, true}) {
+    const json* c = find_case(corpus, sp ? "tp2-sp/llama-h256/fp32/none/s128-b1"
+                                         : "tp2-hf/llama-h256/fp32/none/s128-b1");
+    REQUIRE(c != nullptr);
+    const CpuCase k(corpus, *c, sp ? Recipe::torchtitan : Recipe::hf, "ddp", 2);
+    const StepResult r = k.run();
+    REQUIRE(r.valid);
+    const double E = sp ? 2459904 : 2984192;
+    CHECK(category(r.model_states, Category::parameters) == 4 * E);
+    CHECK(category(r.model_states, Category::gradients) == 4 * (sp ? E + 524288 : E));
+    CHECK(category(r.model_states, Category::optimizer_states) == 8 * E);
+    CHECK(category(r.at_peak, Category::buffers) == 0);
+    if (r.peak_when == "optimizer step")
+      CHECK(category(r.at_peak, Category::optimizer_states) == 8 * E + 4 * (sp ? E : 1933312));
+  }
+}
+
+// DDP's bucket copy of the gradients (ShardingSpec::grad_bucket_copy) only where there is a
+// data-parallel group for DDP to wrap: with world = 2t the copy of the rank's whole gradients,
+// 4 · 2,984,192 bytes (the hf plan's elements per rank, derived above).
+TEST_CASE("tp_walk::DDP's bucket copy only over a data-parallel group") {
+  const json corpus = shardplan::oracle::read_corpus("oracle_tensor_parallel.json");
+  const json* c = find_case(corpus, "tp2-hf/llama-h256/fp32/none/s128-b1");
+  REQUIRE(c != nullptr);
+  const CpuCase alone(corpus, *c, Recipe::hf, "ddp", 2);
+  const CpuCase replicated(corpus, *c, Recipe::hf, "ddp", 4);
+  REQUIRE(replicated.in.spec.grad_bucket_copy);
+  const StepResult a = alone.run(), b = replicated.run();
+  REQUIRE(a.valid);
+  REQUIRE(b.valid);
+  CHECK(b.allocated_peak_bytes - a.allocated_peak_bytes == 4.0 * 2984192);
+}
+
+// torchtitan's 2-D layout by hand for llama-h256 under t = 2 and FSDP over 2: per TP rank the
+// row-wise embedding 524,288, each block 352,256 + 512 (its two norms whole), the head 524,288
+// and the final norm 256: 2,459,904 elements, 1,229,952 per rank after FSDP, the corpus's
+// local_params. fp32 AdamW: 4 bytes of parameter and 8 of moments per element. The peak is the
+// embedding's backward (measured there too): every group's sharded gradient but the embedding's
+// (1024 x 256 per rank) made, the table's whole [V, h] gradient (4 · 1,048,576) and FSDP2's copy
+// of the rank's rows taken from it (4 · 524,288), the table gathered (4 · 524,288) and block 0's
+// reduce-scatter input kept (4 · 352,768).
+TEST_CASE("tp_walk::FSDP2 over TP: the sharded model states and the embedding's moment, "
+          "hand-derived") {
+  const json corpus = shardplan::oracle::read_corpus("oracle_fsdp_tp.json");
+  const json* c = find_case(corpus, "fsdp2-tp2-sp/llama-h256/fp32/none/s128-b1");
+  REQUIRE(c != nullptr);
+  const double E = 1229952;
+  CHECK(c->at("local_params").get<double>() == E);
+  CpuCase k(corpus, *c, Recipe::torchtitan, "fsdp-full", 4);
+  k.in.spec = make_spec("fsdp-full", Flavour::fsdp2, 4);
+  k.in.spec.reduce_dtype = DType::fp32;
+  const StepResult r = k.run();
+  REQUIRE(r.valid);
+  CHECK(category(r.model_states, Category::parameters) == 4 * E);
+  CHECK(category(r.model_states, Category::gradients) == 4 * E);
+  CHECK(category(r.at_peak, Category::optimizer_states) == 8 * E);
+  CHECK(shardplan::test::contains(r.peak_when, "backward of embeddings"));
+  CHECK(category(r.at_peak, Category::gradients) ==
+        4 * (E - 262144) + 4 * 1048576.0 + 4 * 524288.0);
+  CHECK(category(r.at_peak, Category::buffers) == 4 * 524288.0 + 4 * 352768.0);
+}
+
+// The collectives of one block per micro-batch, by hand (Megatron-LM's pattern as torch's styles
+// run it: Shoeybi et al. 2019, §3; Korthikanti et al. 2022, §4.2.2): Llama-3-8B, s = 8192, b = 1,
+// bf16, so the [T, h] activation is 2 · 8192 · 4096 = 67,108,864 bytes; t = 2, a ring collective
+// sends (t − 1)/t of it: 33,554,432. Sequence parallel: forward 2 all-gathers + 2 reduce-scatters,
+// backward the same, torchtitan's op-level rerun 2 all-gathers + 1 reduce-scatter: 11 sends,
+// 369,098,752 bytes a block, 32 blocks: 11,811,160,064 bytes. Without sequence parallelism: 2
+// all-reduces each way (2(t − 1)/t each: 67,108,864) and 1 in the rerun: 5 · 67,108,864 a block,
+// 10,737,418,240 for 32.
+TEST_CASE("tp_walk::tensor parallelism's bytes per step, hand-derived") {
+  const ModelSpec m = load_model("llama-3-8b");
+  const HardwareProfile hw = load_hardware("h100-sxm5-80gb");
+  for (const bool sp : {true, false}) {
+    StepInput in;
+    in.model = &m;
+    in.hardware = &hw;
+    in.cluster = {8, 8};
+    in.job.seq_len = 8192;
+    in.job.micro_batch = 1;
+    in.job.global_batch = 4;
+    in.job.recipe = Recipe::torchtitan;
+    in.job.loss = recipe_traits(in.job.recipe).loss;
+    in.job.checkpointing = Checkpointing::selective_op;
+    in.spec = make_spec("fsdp-full", Flavour::fsdp2, 8);
+    ParallelLayout l;
+    l.tensor_parallel = 2;
+    l.sequence_parallel = sp;
+    const ParallelStep r = simulate_parallel_step(in, l);
+    REQUIRE(r.step.valid);
+    CHECK(r.tp_bytes == doctest::Approx(sp ? 11811160064.0 : 10737418240.0));
+    CHECK(r.step.comm_bytes_per_gpu == doctest::Approx(r.tp_bytes + r.dp_bytes));
+    // The blocking collectives are exposed in full; async TP overlaps them with the GEMMs.
+    l.async_tensor_parallel = sp;
+    if (!sp) continue;
+    const ParallelStep async = simulate_parallel_step(in, l);
+    CHECK(async.tp_exposed_s < r.tp_exposed_s);
+    CHECK(async.step.step_s < r.step.step_s);
+  }
+}
