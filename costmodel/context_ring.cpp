@@ -13,13 +13,14 @@ using documents::recipe_traits;
 using documents::RingCode;
 using documents::TrainingJob;
 
-RingAttention ring_attention(const ModelSpec& m, const TrainingJob& j, int c) {
+RingAttention ring_attention(const ModelSpec& m, const TrainingJob& j, int c, int t) {
   RingAttention r;
   if (c <= 1) return r;
   const double e = dtype_bytes(compute_dtype(j.precision));
   const double T = static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch);
-  const double kv = static_cast<double>(m.kv_width()), q = static_cast<double>(m.q_width());
-  const double a = static_cast<double>(m.heads);
+  const double kv = static_cast<double>(m.kv_width()) / t;
+  const double q = static_cast<double>(m.q_width()) / t;
+  const double a = static_cast<double>(m.heads) / t;
   const double chunk = 2 * e * T * kv;  // this rank's keys and values
   const double others = (c - 1) * chunk;
   // Whose ring the recipe runs (RecipeTraits::ring; the executor's own ring is walked by the

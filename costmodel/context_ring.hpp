@@ -35,8 +35,9 @@ struct RingAttention {
                                       // rest passes their gradients)
 };
 
-// rank_job: this rank's share of each sequence (seq_len / c). Zero for c = 1.
+// rank_job: this rank's share of each sequence (seq_len / c). Zero for c = 1. t: tensor-parallel
+// ranks, each running the ring over its a/t heads (every term above scales with the heads).
 RingAttention ring_attention(const documents::ModelSpec& m, const documents::TrainingJob& rank_job,
-                             int c);
+                             int c, int t = 1);
 
 }  // namespace shardplan::costmodel

@@ -436,7 +436,7 @@ namespace {
 
 // The layouts the step simulator walks (one walk: simulator.hpp): one pipeline stage of a
 // framework's recipe, with context parallelism, or with PyTorch's tensor-parallel styles (hf's
-// tp_plan, torchtitan's apply_tp) without context parallelism or offload.
+// tp_plan, torchtitan's apply_tp) without offload.
 // (Megatron-core's TP, the executor's model code and torch's pipelining are the analytic model's
 // below until the walk takes them.)
 bool walked(const StepInput& in, const ParallelLayout& l) {
@@ -445,8 +445,7 @@ bool walked(const StepInput& in, const ParallelLayout& l) {
       !layout_problems(l, *in.model, in.job, in.cluster).empty())
     return false;
   if (l.tensor_parallel == 1) return true;
-  return r.tensor_parallel == TensorParallelCode::torch_styles && l.context_parallel == 1 &&
-         in.spec.offload == Offload::none;
+  return r.tensor_parallel == TensorParallelCode::torch_styles && in.spec.offload == Offload::none;
 }
 
 // One stage walked by the step simulator (one rank of the ring and of the TP group), its report as

@@ -272,11 +272,12 @@ void Simulation::prepare_unit_times() {
   units_[3].act = block_activations(m, j, f, true);
   units_[2].act = head_activations(m, j, f);
   if (tensor_ > 1) split_unit_activations(f);
-  ring_ = ring_attention(m, j, context_);
-  // Mesh order dp, cp (tensor parallelism 1): the ring's ranks are neighbours.
-  context_group_ = {context_, std::min(context_, in_.cluster.gpus_per_node)};
-  // Mesh order dp, tp (context 1): the tensor-parallel ranks are neighbours in a node.
-  tensor_group_ = {tensor_, std::min(tensor_, in_.cluster.gpus_per_node)};
+  ring_ = ring_attention(m, j, context_, tensor_);
+  // Mesh order dp, cp, tp (torchtitan's and Megatron's, tp innermost): the tensor-parallel ranks
+  // are neighbours in a node, the ring's ranks t apart.
+  const int G = in_.cluster.gpus_per_node;
+  tensor_group_ = {tensor_, std::min(tensor_, G)};
+  context_group_ = {context_, std::min(context_, std::max(1, G / tensor_))};
   tp_buffer_bytes_ = act_b_ * tokens * static_cast<double>(m.hidden);
 }
 

@@ -132,11 +132,50 @@ TEST_CASE("context_parallel::c ranks of T tokens each are one rank of T tokens p
   CHECK(same_moment >= 68);   // all but selective-op's small-vocabulary jobs at 4096 tokens
 }
 
+TEST_CASE("context_parallel::under PyTorch's TP too: c ranks of T tokens are one rank of T tokens "
+          "plus the ring of its heads") {
+  // t = 2 with sequence parallelism on 8 GPUs: the states sharded over the same 4 data- and
+  // context-parallel ranks; each TP rank runs the ring over its a/t heads, so every term of the
+  // ring is half the one-rank ring's (torch_ring / t).
+  int cases = 0, same_moment = 0;
+  for (const char* strategy : {"--strategy=ddp", "--strategy=fsdp-full --flavour=fsdp2"})
+    for (const char* checkpointing : {"none", "full", "selective-op"})
+      for (std::int64_t tokens : {1024, 4096})
+        for (int c : {2, 4}) {
+          Job one{"llama-3-8b", strategy, checkpointing, tokens, 1, 8, {}};
+          one.more = {"--tensor-parallel=2", "--sequence-parallel"};
+          Job ring = one;
+          ring.context = c;
+          INFO(std::string(strategy)
+               << " " << std::string(checkpointing) << " T " << tokens << " c " << c);
+          const json a = estimate(one), b = estimate(ring);
+          REQUIRE(b.at("valid") == true);
+          CHECK(b.at("memory").at("model_states") == a.at("memory").at("model_states"));
+          const Ring r = torch_ring(static_cast<double>(tokens), 1024, 4096, 32, c);
+          const double more = allocated(b) - allocated(a);
+          INFO("more " << more << ", ring forward " << r.forward / 2 << ", backward "
+                       << r.backward / 2);
+          CHECK(more >= 0);
+          CHECK(more <= r.backward / 2);
+          if (b.at("memory").at("peak_when") == a.at("memory").at("peak_when")) {
+            CHECK((more == 0 || more == r.forward / 2 || more == r.backward / 2));
+            ++same_moment;
+          }
+          // Two micro-batches a step: 8/c sequences over 8/(t·c) replicas.
+          const double reruns = std::string(checkpointing) == "full" ? 2 : 1;
+          CHECK(b.at("comm").at("bytes_by_dimension").at("context").get<double>() ==
+                doctest::Approx(2 * 32 * (reruns * r.forward_sent + r.backward_sent) / 2));
+          ++cases;
+        }
+  CHECK(cases == 24);
+  CHECK(same_moment >= 20);
+}
+
 TEST_CASE("context_parallel::the issue's command: the same tokens per rank, the same peak") {
   // llama-3-8b under torchtitan's FSDP2 on 8 GPUs, full checkpointing: seq 32768 with 8
   // sequences, and seq 65536 with 4 sequences over context parallel 2 (32,768 tokens per rank,
   // states over the same 8 ranks). The loss's fp32 logits path on the rank's own tokens is the
-  // peak of both (75.75 GiB; the analytic model said 58.55 GiB for the second).
+  // peak of both (74.30 GiB; the analytic model said 58.55 GiB for the second).
   Job one{"llama-3-8b", "--strategy=fsdp-full --flavour=fsdp2", "full", 32768, 1, 8, {}};
   Job ring = one;
   ring.context = 2;
