@@ -435,17 +435,14 @@ void summarize(const StepInput& in, const ParallelLayout& l, ParallelStep& out) 
 namespace {
 
 // The layouts the step simulator walks (one walk: simulator.hpp): one pipeline stage of a
-// framework's recipe, with context parallelism, or with PyTorch's tensor-parallel styles (hf's
-// tp_plan, torchtitan's apply_tp) without offload.
-// (Megatron-core's TP, the executor's model code and torch's pipelining are the analytic model's
-// below until the walk takes them.)
+// framework's recipe, with any tensor and context parallelism (PyTorch's TP plans or
+// Megatron-core's, whichever the recipe's code runs); with t > 1, without offload. (Pipelines and
+// the executor's own model code are the analytic model's below until the walk takes them.)
 bool walked(const StepInput& in, const ParallelLayout& l) {
-  const auto& r = recipe_traits(in.job.recipe);
-  if (!r.framework || l.pipeline_parallel != 1 || in.job.micro_batch <= 0 ||
-      !layout_problems(l, *in.model, in.job, in.cluster).empty())
+  if (!recipe_traits(in.job.recipe).framework || l.pipeline_parallel != 1 ||
+      in.job.micro_batch <= 0 || !layout_problems(l, *in.model, in.job, in.cluster).empty())
     return false;
-  if (l.tensor_parallel == 1) return true;
-  return r.tensor_parallel == TensorParallelCode::torch_styles && in.spec.offload == Offload::none;
+  return l.tensor_parallel == 1 || in.spec.offload == Offload::none;
 }
 
 // One stage walked by the step simulator (one rank of the ring and of the TP group), its report as

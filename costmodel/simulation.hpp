@@ -1,6 +1,7 @@
 // The step simulator's walk (simulator.hpp), in parts: its state and the ops it records, shared by
-// simulator.cpp (the micro-batches' forward and backward, the reductions, the memory timeline)
-// and simulator_setup.cpp (the plan's check, the units' sizes and times, the model states, the
+// simulator.cpp (the micro-batches' forward and backward, the reductions, the memory timeline),
+// simulator_exchanges.cpp (tensor parallelism's collectives and the ring beside a block) and
+// simulator_setup.cpp (the plan's check, the units' sizes and times, the model states, the
 // optimizer step, the accounting). Not part of the cost model's interface.
 #pragma once
 
@@ -217,10 +218,17 @@ private:
     return spec_.flavour == documents::Flavour::ddp && sb_.compute < sb_.param;
   }
   // Elements of the embedding matrix a tied head projects with (0 when the head has its own).
+  // Megatron-core's vocabulary-parallel embedding and head share the rank's [V/t, h] rows.
   double tied_matrix() const {
     return in_.model->tied_embeddings
-               ? static_cast<double>(in_.model->embedding.tensors.front().elements())
+               ? static_cast<double>(in_.model->embedding.tensors.front().elements()) / tensor_
                : 0.0;
+  }
+  // Whose tensor parallelism splits the units: PyTorch's parallel styles as the recipe's plan
+  // applies them, or Megatron-core's layers.
+  bool torch_styles() const {
+    return documents::recipe_traits(in_.job.recipe).tensor_parallel ==
+           documents::TensorParallelCode::torch_styles;
   }
   // The step's per-unit sizes and times, the groups, and the cleared timeline.
   void prepare();
@@ -231,6 +239,7 @@ private:
   documents::ParallelLayout tensor_layout() const;  // t, sequence parallel, async; the rest 1
   // Tensor parallelism: each unit's activations on the rank (torch_tp_block, torch_tp_head).
   void split_unit_activations(const Forward& f);
+  void megatron_unit_activations(const Forward& f);
   void prepare_unit_times();
   void prepare_gathers();
   // One micro-batch's forward and backward; `first`: the first of the step (gradients are

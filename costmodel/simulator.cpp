@@ -263,44 +263,6 @@ void Simulation::backward(int mb, bool first, bool reduce) {
     mem(bwd_end_[0], -s.reduce_bucket_bytes, Category::buffers, Phase::backward, 0, mb);
 }
 
-void Simulation::block_exchanges(int u, double st, bool backward, int mb) {
-  if (u == 0 || u == n_units_ - 1) return;
-  const auto& ui = info(u);
-  // The pass's seconds of a kind (the backward's: the unit's less its forward's).
-  auto seconds = [&](ComputeKind k) {
-    const auto i = static_cast<int>(k);
-    return backward ? ui.kinds[i] - ui.fwd_kinds[i] : ui.fwd_kinds[i];
-  };
-  const double dur = backward ? ui.bwd_s : ui.fwd_s;
-  if (context_ > 1)
-    ring_exchange(u, st, dur, seconds(ComputeKind::attention), backward,
-                  backward ? Phase::backward : Phase::forward, mb);
-  if (tensor_ > 1)
-    tensor_exchange(u, st, dur, seconds(ComputeKind::gemm),
-                    backward ? TpPass::backward : TpPass::forward);
-}
-
-void Simulation::gradient_copies(int u, double end, int mb) {
-  const auto& s = spec_;
-  const auto& ui = info(u);
-  const int U = n_units_;
-  if (split_views() && u < U - 1) {
-    // The unit's flat gradient out of its views' (the root's at the embeddings', the last of
-    // its views to get one), both alive at once, then the views' gone.
-    const double flat = (u == 0 && s.root_unit ? ui.params + info(U - 1).params : ui.params);
-    mem(end, flat * compute_b_, Category::gradients, Phase::backward, u, mb);
-    mem(end, -flat * compute_b_, Category::gradients, Phase::backward, u, mb);
-  }
-  if (s.shard_gradients && ui.grads > ui.params) {
-    // FSDP2 takes a gradient placed otherwise than its parameter (torch's row-wise table's,
-    // whole) by redistributing it to the parameter's placement: a copy of the rank's share
-    // (torch/distributed/tensor/placement_types.py, _replicate_to_shard: clone=True), beside the
-    // whole one until .grad drops it.
-    mem(end, ui.params * compute_b_, Category::gradients, Phase::backward, u, mb);
-    mem(end, -ui.grads * compute_b_, Category::gradients, Phase::backward, u, mb);
-  }
-}
-
 void Simulation::loss_backward(int u, double t, int mb) {
   const auto& ui = info(u);
   // The loss's backward runs first and releases its transient and what it kept; the
@@ -364,7 +326,9 @@ void Simulation::rerun_forward(int u, double ready, Stream cause, int mb) {
   // the MLP's last input under torchtitan's op-level policy (non-reentrant checkpointing stops
   // once the tensors the backward needs exist).
   // Async, they overlap the rerun's GEMMs (the selective rerun is its save list's matmuls).
-  if (tensor_ > 1)
+  // (Megatron's selective recompute reruns the attention core alone: no collectives.)
+  const bool op_level = in_.job.checkpointing == documents::Checkpointing::selective_op;
+  if (tensor_ > 1 && (checkpointed(u) || op_level))
     tensor_exchange(u, st, ui.recompute_s,
                     checkpointed(u) ? ui.fwd_kinds[static_cast<int>(ComputeKind::gemm)]
                                     : ui.recompute_s,
@@ -545,57 +509,6 @@ void Simulation::reduce_pending(int u, double end, int mb, bool first) {
   pending_units_.clear();
 }
 
-void Simulation::ring_exchange(int u, double start, double unit_s, double attention_s,
-                               bool backward, Phase phase, int mb) {
-  const double held = backward ? ring_.backward_bytes : ring_.forward_bytes;
-  const double keys = backward ? ring_.backward_gathered_sent : ring_.forward_gathered_sent;
-  const double grads = (backward ? ring_.backward_sent : ring_.forward_sent) - keys;
-  // Costed as the collectives that send the same bytes per rank: the keys' and values' gather
-  // (a ring all-gather is c − 1 steps of the chunk) and the gradients' passes (all-to-all).
-  const double per_size = static_cast<double>(context_) / (context_ - 1);
-  double dur = coll(Collective::all_gather, context_group_, keys * per_size);
-  if (grads > 0) dur += coll(Collective::all_to_all, context_group_, grads * per_size);
-  // The exchange runs beside the attention, which needs what it brings: the unit waits for it
-  // past the attention's end (the attention taken last in the unit).
-  const double at = issue(Stream::context, start + unit_s - attention_s, Stream::compute, dur,
-                          "ring exchange", u);
-  issue(Stream::compute, at + dur, Stream::context, 0.0, "wait for the ring", u);
-  mem(start, held, Category::buffers, phase, u, mb);
-  mem(start + unit_s, -held, Category::buffers, phase, u, mb);
-}
-
-// Megatron-LM's pattern as torch's parallel styles run it (Shoeybi et al. 2019, §3): two
-// all-reduces of the [T, h] activation per block in the forward (after the attention's and the
-// MLP's row-parallel linears) and two in the backward (the column-parallel linears' input
-// gradients); under sequence parallelism (Korthikanti et al. 2022, §4.2.2) each is an all-gather
-// and a reduce-scatter of the same buffer. The head's and embedding's collectives are left out.
-double Simulation::tensor_sent(TpPass pass) {
-  double sent = 0;
-  for (const auto& [op, count] : tensor_collectives(pass))
-    sent += count * comm_.cost(op, tensor_group_, tp_buffer_bytes_).bytes_sent;
-  return sent;
-}
-
-std::vector<std::pair<Collective, int>> Simulation::tensor_collectives(TpPass pass) const {
-  // A selective rerun stops after the MLP's first linear: both all-gathers and the attention's
-  // reduce-scatter, or the attention's all-reduce.
-  const bool rerun = pass == TpPass::selective_rerun;
-  if (sequence_parallel_)
-    return {{Collective::all_gather, 2}, {Collective::reduce_scatter, rerun ? 1 : 2}};
-  return {{Collective::all_reduce, rerun ? 1 : 2}};
-}
-
-void Simulation::tensor_exchange(int u, double start, double unit_s, double gemm_s, TpPass pass) {
-  double dur = 0;
-  for (const auto& [op, count] : tensor_collectives(pass))
-    for (int k = 0; k < count; ++k) dur += coll(op, tensor_group_, tp_buffer_bytes_);
-  // Blocking: after the unit's kernels, the compute stream waiting. Async: beside its GEMMs.
-  const double overlap = async_tp_ ? std::min(dur, gemm_s) : 0.0;
-  const double at = issue(Stream::tensor, start + unit_s - overlap, Stream::compute, dur,
-                          "tensor-parallel collectives", u);
-  issue(Stream::compute, at + dur, Stream::tensor, 0.0, "wait for tensor parallel", u);
-}
-
 void Simulation::walk_memory() {
   Breakdown cur{};
   double cur_total = 0;
@@ -724,9 +637,10 @@ StepResult Simulation::run() {
     double per_mb = 0;
     for (int u = 1; u < n_units_ - 1; ++u)
       per_mb += tensor_sent(TpPass::forward) + tensor_sent(TpPass::backward) +
-                (checkpointed(u)           ? tensor_sent(TpPass::forward)
-                 : info(u).recompute_s > 0 ? tensor_sent(TpPass::selective_rerun)
-                                           : 0.0);
+                (checkpointed(u) ? tensor_sent(TpPass::forward)
+                 : j.checkpointing == documents::Checkpointing::selective_op
+                     ? tensor_sent(TpPass::selective_rerun)
+                     : 0.0);
     result_.tensor_bytes_per_gpu = per_mb * static_cast<double>(gas);
   }
   result_.exposed_comm_s = std::max(0.0, result_.step_s - result_.compute_s);

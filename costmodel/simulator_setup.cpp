@@ -53,7 +53,7 @@ bool Simulation::check_plan() {
   // A tied table under a TP plan is one parameter the embedding and the head would place
   // differently (transformers' unplanned embedding and colwise_rep head; torchtitan's row-wise
   // embedding, whose gradient comes back whole, and colwise output).
-  if (tensor_ > 1 && in_.model->tied_embeddings) {
+  if (tensor_ > 1 && in_.model->tied_embeddings && torch_styles()) {
     fail("tied embeddings under PyTorch's tensor parallelism are not modeled", "--tensor-parallel");
     return false;
   }
@@ -195,12 +195,20 @@ void Simulation::split_unit_sizes() {
   const UnitTensors* tensors[3] = {&m.embedding, &m.block, &m.head};
   for (int k = 0; k < 3; ++k) {
     auto& u = units_[k];
-    const UnitElements e = torch_tp_elements(*tensors[k], in_.job.optimizer, l, style, k == 0);
-    u.params = e.params;
-    u.grads = e.grads;
-    u.plain = e.plain;
-    u.opt_elems = e.optimizer;
-    // FSDP2 (the one sharding engine the walk runs under a TP plan) shards every local tensor.
+    if (torch_styles()) {
+      const UnitElements e = torch_tp_elements(*tensors[k], in_.job.optimizer, l, style, k == 0);
+      u.params = e.params;
+      u.grads = e.grads;
+      u.plain = e.plain;
+    } else {
+      // Megatron-core's split (tp_local_elements): plain tensors, one foreach group.
+      const double whole = u.params;
+      u.params = u.grads = u.plain = tp_local_elements(*tensors[k], tensor_, k == 0);
+      u.opt_elems *= u.params / std::max(1.0, whole);
+    }
+    if (torch_styles())
+      u.opt_elems = torch_tp_elements(*tensors[k], in_.job.optimizer, l, style, k == 0).optimizer;
+    // The sharding engines shard each rank's local tensors as they would the whole ones.
     u.shardable = u.params;
     u.gather = spec_.shard_parameters ? u.params : 0;
     u.matmul = 0;
@@ -287,6 +295,10 @@ void Simulation::prepare_unit_times() {
 void Simulation::split_unit_activations(const Forward& f) {
   const ParallelMemoryInput pin{in_.model, in_.hardware, in_.cluster,
                                 in_.job,   spec_,        tensor_layout()};
+  if (!torch_styles()) {
+    megatron_unit_activations(f);
+    return;
+  }
   const double casts = f.p > f.e ? f.e : 0.0;
   for (const bool checkpointed : {false, true}) {
     auto& a = units_[checkpointed ? 3 : 1].act;
@@ -298,6 +310,48 @@ void Simulation::split_unit_activations(const Forward& f) {
   head = torch_tp_head(pin);
   head.saved -= casts * units_[2].matmul;
   head.projection = torch_tp_projection_backward(pin);
+}
+
+// Megatron-core's TP (Korthikanti et al. 2022, §4): what lies between the column- and row-parallel
+// linears split by t; the norms' inputs and outputs and the linears' inputs whole, or split by t
+// under sequence parallelism (Megatron keeps the shard and gathers it again in backward). The
+// recipe's own block at t = 1 split so: Megatron's GPT by the paper's terms (layer_activations,
+// megatron_block at t = 1), the others' code by its parts (framework_block_parts). The head's
+// vocabulary-parallel loss keeps the recipe's loss terms on the rank's V/t columns; its final
+// norm's state and output as the norms'.
+void Simulation::megatron_unit_activations(const Forward& f) {
+  const auto& m = *in_.model;
+  const auto& j = in_.job;
+  const double t = tensor_, sp = sequence_parallel_ ? t : 1.0;
+  const double T = static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch);
+  double full = 0, core = 0;
+  if (documents::recipe_traits(j.recipe).saved == documents::SavedTensors::korthikanti) {
+    const LayerActivations la = layer_activations(m, j, tensor_layout(), f.e);
+    full = la.total();
+    core = la.core;
+  } else {
+    const BlockParts parts = framework_block_parts(m, j, f);
+    full = (parts.residual + parts.linear_inputs) / sp + parts.inside / t;
+  }
+  for (const bool checkpointed : {false, true}) {
+    ActivationBytes a;
+    if (checkpointed) {
+      a.saved = f.e * T * static_cast<double>(m.hidden) / sp;  // the block's input
+      a.recompute = full;
+    } else if (j.checkpointing == documents::Checkpointing::selective_attention &&
+               j.attention == documents::AttentionImpl::eager) {
+      a.saved = full - core;
+    } else {
+      a.saved = full;
+    }
+    units_[checkpointed ? 3 : 1].act = a;
+  }
+  documents::ModelSpec columns = m;
+  columns.vocab = static_cast<std::int64_t>(static_cast<double>(m.vocab) / t);
+  auto& head = units_[2].act;
+  head = head_activations(columns, j, f);
+  const NormParts norm = final_norm_parts(m, j, f);
+  head.saved += (norm.state + norm.output) / sp - norm.total();
 }
 
 // The shard and replica groups, the forward prefetch, each unit kind's all-gather, and the

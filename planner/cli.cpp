@@ -605,7 +605,10 @@ void run_parallel_estimate(const CliOptions& o, std::ostream& out) {
   const auto layout = layout_from_options(o.pa, sc);
   const auto spec = make_plan_spec(o.po, *o.po.strategy, sc);
   const Evaluation e = evaluate_layout(sc, spec, sc.job, layout);
-  if (!e.result.valid) throw InputError("--strategy", e.result.reason);
+  if (!e.result.valid)
+    throw InputError(e.result.reason_input.empty() ? std::string("--strategy")
+                                                   : e.result.reason_input,
+                     e.result.reason);
   check_countable(sc, e);
   if (o.format == "json") {
     auto j = evaluation_to_json(sc, e);

@@ -407,8 +407,8 @@ void time_lines(Text& text, const Evaluation& e) {
                                             "optimizer step"};
   // An offloaded optimizer step runs on the host's CPUs, not the compute stream: its own line.
   const bool host_optimizer = r.host_optimizer_s > 0;
-  // (Known where the step simulator walks the ops: no tensor or pipeline parallelism.)
-  const bool kinds_known = e.layout.tensor_parallel == 1 && e.layout.pipeline_parallel == 1;
+  // (Shown for one stage: under a pipeline the stage line says whose compute the step's is.)
+  const bool kinds_known = e.layout.pipeline_parallel == 1;
   for (int k = 0; k < kComputeKinds && kinds_known; ++k)
     if (r.compute_by_kind_s[k] > 0 ||
         (k == static_cast<int>(ComputeKind::optimizer) && !host_optimizer))

@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "costmodel/accounting.hpp"
+#include "costmodel/parallel_memory.hpp"
 #include "costmodel/parallel_step.hpp"
 #include "documents/recipe.hpp"
 #include "oracle_corpus.hpp"
@@ -179,5 +181,84 @@ TEST_CASE("tp_walk::tensor parallelism's bytes per step, hand-derived") {
     const ParallelStep async = simulate_parallel_step(in, l);
     CHECK(async.tp_exposed_s < r.tp_exposed_s);
     CHECK(async.step.step_s < r.step.step_s);
+  }
+}
+
+// Megatron-core's TP in the walk: the same collectives per block (Megatron-LM's own pattern),
+// none in the rerun of its selective recompute (the attention core alone), the forward's again
+// in a fully checkpointed block's. Llama-3-8B as above, t = 2 with sequence parallelism: 8 sends
+// of 33,554,432 bytes a block, 12 under full checkpointing; 32 blocks.
+TEST_CASE("tp_walk::Megatron-core's TP: its collectives' bytes, hand-derived") {
+  const ModelSpec m = load_model("llama-3-8b");
+  const HardwareProfile hw = load_hardware("h100-sxm5-80gb");
+  for (const Checkpointing mode : {Checkpointing::selective_attention, Checkpointing::full}) {
+    StepInput in;
+    in.model = &m;
+    in.hardware = &hw;
+    in.cluster = {8, 8};
+    in.job.seq_len = 8192;
+    in.job.micro_batch = 1;
+    in.job.global_batch = 4;
+    in.job.recipe = Recipe::megatron;
+    in.job.loss = recipe_traits(in.job.recipe).loss;
+    in.job.checkpointing = mode;
+    in.spec = make_spec("zero1", Flavour::megatron, 8);
+    ParallelLayout l;
+    l.tensor_parallel = 2;
+    l.sequence_parallel = true;
+    const ParallelStep r = simulate_parallel_step(in, l);
+    REQUIRE(r.step.valid);
+    const double sends = mode == Checkpointing::full ? 12 : 8;
+    CHECK(r.tp_bytes == doctest::Approx(32 * sends * 33554432.0));
+  }
+}
+
+// The terms Megatron-core's TP splits (layer_activations: Korthikanti et al. 2022, Table 2) add
+// up at t = 1 to the block the 1D walk keeps under the megatron recipe (block_activations), for
+// each architecture, attention and dtype: one block, split or not.
+TEST_CASE("tp_walk::Megatron-core's split terms at t = 1 are the 1D walk's block") {
+  for (const char* name : {"llama-3-8b", "gpt2", "mistral-7b"})
+    for (const AttentionImpl a : {AttentionImpl::flash, AttentionImpl::eager})
+      for (const double e : {2.0, 4.0}) {
+        CAPTURE(name);
+        const ModelSpec m = load_model(name);
+        TrainingJob j;
+        j.seq_len = 1024;
+        j.micro_batch = 2;
+        j.global_batch = 2;
+        j.recipe = Recipe::megatron;
+        j.attention = a;
+        j.checkpointing = Checkpointing::none;
+        const ParallelLayout one;
+        CHECK(layer_activations(m, j, one, e).total() ==
+              doctest::Approx(block_activations(m, j, Forward{e, e, true}, false).saved));
+      }
+}
+
+// A tied table under PyTorch's TP plans is one parameter the embedding and the head would place
+// differently: refused, naming the flag. Megatron-core's vocabulary-parallel embedding and head
+// share the rank's rows: walked.
+TEST_CASE("tp_walk::tied embeddings: refused under PyTorch's plans, walked under Megatron's") {
+  const ModelSpec m = load_model("gpt2");
+  const HardwareProfile hw = load_hardware("a100-sxm4-80gb");
+  StepInput in;
+  in.model = &m;
+  in.hardware = &hw;
+  in.cluster = {8, 8};
+  in.job.seq_len = 1024;
+  in.job.micro_batch = 1;
+  in.job.global_batch = 4;
+  ParallelLayout l;
+  l.tensor_parallel = 2;
+  for (const Recipe r : {Recipe::hf, Recipe::megatron}) {
+    in.job.recipe = r;
+    in.job.loss = recipe_traits(r).loss;
+    in.spec = make_spec("ddp", r == Recipe::hf ? Flavour::ddp : Flavour::megatron, 8);
+    const StepResult s = simulate_parallel_step(in, l).step;
+    CHECK(s.valid == (r == Recipe::megatron));
+    if (r == Recipe::hf) {
+      CHECK(s.reason_input == "--tensor-parallel");
+      CHECK(shardplan::test::contains(s.reason, "tied embeddings"));
+    }
   }
 }
