@@ -171,9 +171,9 @@ private:
     return frameworks_ && documents::reduces_after_backward(spec_);
   }
   // torch DDP wraps the model only where there is a data-parallel group: PyTorch's TP recipes
-  // apply it over the replicas (torchtitan's parallelize calls apply_ddp only for a replicate
-  // degree above 1; transformers' tp_plan wraps nothing).
-  bool ddp_wrapped() const { return tensor_ == 1 || world_ > 1; }
+  // (the others' engines wrap it whatever d) apply it over the replicas (torchtitan's parallelize
+  // calls apply_ddp only for a replicate degree above 1; transformers' tp_plan wraps nothing).
+  bool ddp_wrapped() const { return tensor_ == 1 || world_ > 1 || !torch_styles(); }
   // Megatron-core's DDP (frameworks): the gradients are its main-gradient buffer, present from the
   // start and kept.
   bool main_grad_buffer() const { return frameworks_ && spec_.main_grad_buffer; }

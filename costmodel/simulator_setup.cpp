@@ -324,6 +324,30 @@ void Simulation::megatron_unit_activations(const Forward& f) {
   const auto& j = in_.job;
   const double t = tensor_, sp = sequence_parallel_ ? t : 1.0;
   const double T = static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch);
+  if (!frameworks_) {
+    // The executor's own TP block and vocabulary-parallel head (executor_tensors with t and
+    // sequence parallelism: executor/tensor_parallel_block.cpp, tensor_parallel_vocab.cpp).
+    const ExecutorTensors x = executor_tensors(m, j, f.e, T, t, sequence_parallel_);
+    for (const bool checkpointed : {false, true}) {
+      ActivationBytes a;
+      a.backward = x.block_transient;
+      if (checkpointed) {
+        a.saved = f.e * T / sp * static_cast<double>(m.hidden);  // the block's input
+        a.recompute = x.block;
+      } else if (j.checkpointing == documents::Checkpointing::selective_attention &&
+                 j.attention == documents::AttentionImpl::eager) {
+        a.saved =
+            x.block - f.e * static_cast<double>(m.heads) / t * static_cast<double>(j.seq_len) * T;
+      } else {
+        a.saved = x.block;
+      }
+      units_[checkpointed ? 3 : 1].act = a;
+    }
+    units_[2].act = {};
+    units_[2].act.saved = x.head;
+    units_[2].act.backward = x.head_transient;
+    return;
+  }
   double full = 0, core = 0;
   if (documents::recipe_traits(j.recipe).saved == documents::SavedTensors::korthikanti) {
     const LayerActivations la = layer_activations(m, j, tensor_layout(), f.e);

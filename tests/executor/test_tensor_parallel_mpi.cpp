@@ -10,8 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "costmodel/parallel_memory.hpp"
-#include "costmodel/pipeline_schedule.hpp"
+#include "costmodel/parallel_step.hpp"
 #include "engine_fixture.hpp"
 #include "executor/tensor_parallel.hpp"
 #include "mpi_test_world.hpp"
@@ -268,7 +267,7 @@ TEST_CASE("tensor_parallel::sequence parallelism keeps less per rank" *
 namespace {
 
 // One t = 2 step (DDP over the replicas, one micro-batch, fp32, eager attention): the executor's
-// per-rank memory beside costmodel/parallel_memory's stage prediction for the same layout (p = 1).
+// per-rank memory beside the step walk's prediction for the same layout (p = 1).
 EngineRun run_for_memory(const documents::ModelSpec& model, int t, bool sp, int d) {
   auto tp_groups = make_tensor_parallel_groups(test_world(), t);
   EngineOptions o;
@@ -281,9 +280,10 @@ EngineRun run_for_memory(const documents::ModelSpec& model, int t, bool sp, int 
   return run_engine(o, owned.groups, 1, false);
 }
 
-costmodel::StageMemory predict_stage(const documents::ModelSpec& model, int t, bool sp, int world,
-                                     const documents::HardwareProfile& hw) {
-  costmodel::ParallelMemoryInput in;
+// The step walk's prediction for the same layout, as `planner validate` asks for it.
+costmodel::StepResult predict_step(const documents::ModelSpec& model, int t, bool sp, int world,
+                                   const documents::HardwareProfile& hw) {
+  costmodel::StepInput in;
   in.model = &model;
   in.hardware = &hw;
   in.cluster = {world, world};
@@ -295,11 +295,10 @@ costmodel::StageMemory predict_stage(const documents::ModelSpec& model, int t, b
   in.job.attention = documents::AttentionImpl::eager;
   in.job.recipe = documents::Recipe::executor;
   in.spec = documents::make_spec("ddp", documents::Flavour::ddp, world / t);
-  in.layout.tensor_parallel = t;
-  in.layout.sequence_parallel = sp;
-  const auto walk =
-      costmodel::walk_schedule(documents::PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
-  return costmodel::parallel_memory(in, walk).stages.at(0);
+  documents::ParallelLayout layout;
+  layout.tensor_parallel = t;
+  layout.sequence_parallel = sp;
+  return costmodel::simulate_parallel_step(in, layout).step;
 }
 
 }  // namespace
@@ -346,27 +345,28 @@ TEST_CASE("tensor_parallel::measured memory against the cost model's per-stage p
   for (bool sp : {false, true}) {
     CAPTURE(sp);
     const auto run = run_for_memory(model, t, sp, d);
-    const auto stage = predict_stage(model, t, sp, world, hw);
+    const auto step = predict_step(model, t, sp, world, hw);
+    REQUIRE(step.valid);
+    const auto predicted = [&](documents::Category c) { return step.at_peak[static_cast<int>(c)]; };
     const double E = 78400;
-    CHECK(stage.local_params == E);
-    CHECK(stage.param_bytes == 4 * E);
-    CHECK(stage.optimizer_bytes == 8 * E);
-    CHECK(stage.buffer_bytes == 4 * E);
-    CHECK(stage.grad_bytes == 82688);
-    CHECK(stage.activation_bytes == (sp ? 566784 : 690688));
-    CHECK(stage.total() == (sp ? 1903872 : 2027776));
+    CHECK(predicted(documents::Category::parameters) == 4 * E);
+    CHECK(predicted(documents::Category::optimizer_states) == 8 * E);
+    CHECK(predicted(documents::Category::buffers) == 4 * E);
+    CHECK(predicted(documents::Category::gradients) == 82688);
+    CHECK(predicted(documents::Category::activations) == (sp ? 566784 : 690688));
+    CHECK(step.allocated_peak_bytes == (sp ? 1903872 : 2027776));
     const auto at_peak = [&](MemoryCategory c) { return static_cast<double>(run.at_peak[c]); };
     CHECK(at_peak(MemoryCategory::parameters) == 4 * E);
     CHECK(at_peak(MemoryCategory::optimizer_states) == 8 * E);
     CHECK(at_peak(MemoryCategory::buffers) == 4 * E);
-    CHECK(at_peak(MemoryCategory::gradients) == stage.grad_bytes);
-    const double error = static_cast<double>(run.peak_bytes) / stage.total() - 1;
+    CHECK(at_peak(MemoryCategory::gradients) == predicted(documents::Category::gradients));
+    const double error = static_cast<double>(run.peak_bytes) / step.peak_bytes - 1;
     CHECK(std::abs(error) <= 0.03);
     MESSAGE("rank " << test_world().rank() << std::string(sp ? " t=2+SP" : " t=2") << " d=" << d
-                    << ": measured peak " << run.peak_bytes << " B, predicted " << stage.total()
+                    << ": measured peak " << run.peak_bytes << " B, predicted " << step.peak_bytes
                     << " B (error " << error << "); at the peak: activations "
                     << at_peak(MemoryCategory::activations) << " (predicted "
-                    << stage.activation_bytes << "), gradients "
+                    << predicted(documents::Category::activations) << "), gradients "
                     << at_peak(MemoryCategory::gradients));
   }
 }
@@ -387,14 +387,17 @@ TEST_CASE("tensor_parallel::the other families' measured peaks against the predi
       CAPTURE(model.name);
       CAPTURE(sp);
       const auto run = run_for_memory(model, 2, sp, world / 2);
-      const auto stage = predict_stage(model, 2, sp, world, hw);
-      CHECK(run.at_peak[MemoryCategory::gradients] == stage.grad_bytes);
-      CHECK(run.at_peak[MemoryCategory::activations] == stage.activation_bytes);
-      const double error = static_cast<double>(run.peak_bytes) / stage.total() - 1;
+      const auto step = predict_step(model, 2, sp, world, hw);
+      REQUIRE(step.valid);
+      CHECK(run.at_peak[MemoryCategory::gradients] ==
+            step.at_peak[static_cast<int>(documents::Category::gradients)]);
+      CHECK(run.at_peak[MemoryCategory::activations] ==
+            step.at_peak[static_cast<int>(documents::Category::activations)]);
+      const double error = static_cast<double>(run.peak_bytes) / step.peak_bytes - 1;
       CHECK(std::abs(error) <= 0.03);
       if (test_world().rank() == 0)
         MESSAGE(model.name << std::string(sp ? ", t=2+SP" : ", t=2") << ": measured peak "
-                           << run.peak_bytes << " B, predicted " << stage.total() << " B (error "
+                           << run.peak_bytes << " B, predicted " << step.peak_bytes << " B (error "
                            << error << ")");
     }
   }
