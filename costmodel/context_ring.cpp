@@ -23,8 +23,7 @@ RingAttention ring_attention(const ModelSpec& m, const TrainingJob& j, int c, in
   const double a = static_cast<double>(m.heads) / t;
   const double chunk = 2 * e * T * kv;  // this rank's keys and values
   const double others = (c - 1) * chunk;
-  // Whose ring the recipe runs (RecipeTraits::ring; the executor's own ring is walked by the
-  // parallel model, executor/context_parallel_block.cpp).
+  // Whose ring the recipe runs (RecipeTraits::ring).
   switch (recipe_traits(j.recipe).ring) {
   case RingCode::torch_all_gather: {
     const double gather = chunk + c * chunk;  // the concatenated input and the gathered output
@@ -35,6 +34,12 @@ RingAttention ring_attention(const ModelSpec& m, const TrainingJob& j, int c, in
     r.backward_sent = others + c * 8 * T * kv;
     break;
   }
+  case RingCode::executor:
+    r.forward_sent = r.forward_gathered_sent = others;
+    r.backward_gathered_sent = others;
+    r.backward_sent = 2 * others + chunk;
+    r.overlapped = false;
+    break;
   case RingCode::te_p2p:
     r.forward_bytes = 2 * chunk;
     r.backward_bytes = 4 * chunk;

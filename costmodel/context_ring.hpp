@@ -15,6 +15,11 @@
 //     the K and V chunk in use and the one arriving (2·2·e·T·kv) in the forward; in the backward
 //     those and dK, dV in use and arriving (another 2·2·e·T·kv). Sent: (c − 1)·2·e·T·kv in the
 //     forward, twice that in the backward.
+//   executor (executor/context_parallel.hpp, context_parallel_block.cpp): its K and V chunk
+//     passed hop by hop, each exchange waited for (not overlapped); the backward passes K, V and
+//     their gradients, and dK, dV take one more hop home after the last block. What it holds is
+//     counted in its block's backward transient (costmodel's executor accounting), none here.
+//     Sent: (c − 1)·2·e·T·kv in the forward, (2·(c − 1) + 1)·2·e·T·kv in the backward.
 // Derived from the sources named; not measured: torch's context parallelism maps only the
 // flash, efficient and cuDNN SDPA ops to its ring (_attention.py's handler table), and a CPU rank's
 // SDPA runs _scaled_dot_product_flash_attention_for_cpu, so its ring does not run on CPU ranks.
@@ -33,6 +38,7 @@ struct RingAttention {
   double forward_gathered_sent = 0;   // of forward_sent, the keys' and values' exchange
   double backward_gathered_sent = 0;  // of backward_sent, the keys' and values' exchange (the
                                       // rest passes their gradients)
+  bool overlapped = true;             // beside the attention that needs it (else waited for)
 };
 
 // rank_job: this rank's share of each sequence (seq_len / c). Zero for c = 1. t: tensor-parallel

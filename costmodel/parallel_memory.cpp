@@ -356,8 +356,8 @@ struct ExecutorStage {
   double saved = 0, transient = 0;
   // Of `saved`, what only the first stage's first chunk or the last stage's last chunk keeps.
   double first_extra = 0, last_extra = 0;
-  // The parts of `saved` and `transient` the first-use walk needs (executor_first_use_peak).
-  double head_saved = 0, head_transient = 0, block_transient = 0, first_block_saved = 0;
+  // The parts of `saved` and `transient` the head's and the blocks' moments are made of.
+  double head_saved = 0, head_transient = 0, block_transient = 0;
 };
 ExecutorStage executor_stage(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l,
                              const StageShare& share, int first_block, double e) {
@@ -377,7 +377,6 @@ ExecutorStage executor_stage(const ModelSpec& m, const TrainingJob& j, const Par
     const bool cp = j.block_checkpointed(first_block + b);
     any_full |= cp;
     const double kept = cp ? e * n * h : block;
-    if (b == 0) out.first_block_saved = kept;
     out.saved += kept;
   }
   if (share.blocks > 0) {
@@ -408,56 +407,6 @@ ExecutorStage executor_stage(const ModelSpec& m, const TrainingJob& j, const Par
   // beside the tensor received for the next step.
   if (!share.last || l.virtual_stages > 1) out.transient = std::max(out.transient, 2 * e * T * h);
   return out;
-}
-
-// Without a pipeline the executor's sharding engine keeps DDP's whole gradients as autograd keeps
-// .grad: each unit's is allocated at its first use in the backward and kept to the step (a tied
-// head's backward is the embedding's first use). The peak is then the largest of the backward's
-// moments, each with the saved activations still alive and the gradients allocated so far:
-//   the head's                all blocks' saved, the head's transient; the head's gradient
-//   the last block's MLP      the head's saved freed (its input's gradient is the block's dy),
-//                             the block's transient; the head's and the last block's gradients
-//   the first block's MLP     only block 0's saved; every block's gradient
-//   the embedding's           its input gradient [n, h] (gathered [N, h] under sequence
-//                             parallelism) and the tokens; every gradient
-// (linear in the blocks between, so the first and last block bound them). With gradient
-// accumulation the later micro-batches' backward runs the same moments beside every gradient,
-// allocated by the first. Sets the stage's gradient and activation bytes to the largest moment's.
-void executor_first_use_peak(const ParallelMemoryInput& in, const ExecutorStage& x,
-                             StageMemory& out) {
-  const auto& m = *in.model;
-  const int t = in.layout.tensor_parallel;
-  const double grad_b = out.grad_bytes / std::max(1.0, out.local_params);  // bytes per element
-  const double e = dtype_bytes(compute_dtype(in.job.precision));
-  const double T = static_cast<double>(in.job.seq_len) / in.layout.context_parallel *
-                   static_cast<double>(in.job.micro_batch);
-  const double n = T / (in.layout.sequence_parallel ? t : 1);
-  const double h = static_cast<double>(m.hidden);
-  const double L = static_cast<double>(m.layers);
-  const double head = tp_local_elements(m.head, t, false) +
-                      (m.tied_embeddings ? tp_local_elements(m.embedding, t, true) : 0);
-  const double block = tp_local_elements(m.block, t, false);
-  struct Moment {
-    double activations, grad_elements;
-  };
-  const double rest = x.saved - x.head_saved;  // blocks, tokens and targets
-  const Moment moments[] = {
-      {x.saved + x.head_transient, head},
-      {rest + x.block_transient, head + block},
-      {x.first_block_saved + 8 * T + x.block_transient, head + L * block},
-      {8 * T + e * n * h + (in.layout.sequence_parallel ? e * T * h : 0), out.local_params}};
-  const double replicas = std::max(1, in.layout.data_parallel(in.cluster.gpus));
-  const bool accumulates =
-      static_cast<double>(in.job.global_batch) > replicas * static_cast<double>(in.job.micro_batch);
-  double best = -1;
-  for (auto moment : moments) {
-    if (accumulates) moment.grad_elements = out.local_params;
-    const double total = moment.activations + moment.grad_elements * grad_b;
-    if (total <= best) continue;
-    best = total;
-    out.activation_bytes = moment.activations;
-    out.grad_bytes = moment.grad_elements * grad_b;
-  }
 }
 
 // torchtitan's pipeline: its stages run by torch.distributed.pipelining's schedules
@@ -1013,12 +962,6 @@ void stage_activations(const ParallelMemoryInput& in, const StageShare& share, i
         x.saved - (share.first ? x.first_extra : 0) - (share.last ? x.last_extra : 0);
     out.activation_bytes =
         held_bytes(l, share, blocks, x.first_extra, x.last_extra, out.in_flight) + x.transient;
-    // One stage holding the whole model with torch DDP's whole gradients (autograd's .grad,
-    // allocated at first use; the bucket copy beside them). Megatron-core's DDP, whose buckets
-    // are views of a gradient buffer allocated with the model (grad_bucket_copy false), holds
-    // them all from the start, as the executor's pipeline stages do.
-    if (l.pipeline_parallel == 1 && in.spec.grad_bucket_copy && !in.spec.shard_gradients)
-      executor_first_use_peak(in, x, out);
   }
   // Ring attention: the K and V chunk being used and the one arriving (Transformer Engine's
   // AttnFuncWithCPAndKVP2P double-buffers them), each of the local sequence. The executor's ring

@@ -26,14 +26,12 @@
 //     micro-batch's backward (the walk's in-flight micro-batches, no gradients yet) and a later
 //     one's (one fewer at most, every gradient, each new one added into it) (parallel_memory.cpp,
 //     pipeline_moments; checked against tests/costmodel/data/oracle_pipeline.json).
-//   executor: its own model code with c = 1 (executor/gpt_model.hpp, and under tensor
+//   executor under a pipeline: its own model code (executor/gpt_model.hpp, and under tensor
 //     parallelism its vocabulary-parallel embedding and head, executor/tensor_parallel.hpp).
 // Async tensor parallelism's framework buffers (async_tp_bytes) are outside the caching
 // allocator: every stage's overhead.
 // DDP's bucket copy (ShardingSpec::grad_bucket_copy, torch DDP) is a buffer of the whole
-// gradients; under it, on one stage holding the whole model, the executor's gradients are
-// allocated at first use and the peak is the backward's worst moment (parallel_memory.cpp,
-// executor_first_use_peak).
+// gradients.
 #pragma once
 
 #include <string>

@@ -436,14 +436,12 @@ namespace {
 
 // The layouts the step simulator walks (one walk: simulator.hpp): one pipeline stage, with any
 // tensor and context parallelism (PyTorch's TP plans or Megatron-core's, whichever the recipe's
-// code runs; the executor's own TP); with t > 1, without offload. (Pipelines and the executor's
-// ring are the analytic model's below until the walk takes them.)
+// code runs; the executor's own TP and ring); with t > 1, without offload. (Pipelines are the
+// analytic model's below until the walk takes them.)
 bool walked(const StepInput& in, const ParallelLayout& l) {
   if (l.pipeline_parallel != 1 || in.job.micro_batch <= 0 ||
       !layout_problems(l, *in.model, in.job, in.cluster).empty())
     return false;
-  // The executor's own ring (executor/context_parallel_block.cpp) is the analytic model's.
-  if (!recipe_traits(in.job.recipe).framework && l.context_parallel > 1) return false;
   return l.tensor_parallel == 1 || in.spec.offload == Offload::none;
 }
 

@@ -240,6 +240,7 @@ private:
   // Tensor parallelism: each unit's activations on the rank (torch_tp_block, torch_tp_head).
   void split_unit_activations(const Forward& f);
   void megatron_unit_activations(const Forward& f);
+  void executor_unit_activations(const Forward& f);
   void prepare_unit_times();
   void prepare_gathers();
   // One micro-batch's forward and backward; `first`: the first of the step (gradients are

@@ -64,8 +64,9 @@ void Simulation::ring_exchange(int u, double start, double unit_s, double attent
   if (grads > 0) dur += coll(Collective::all_to_all, context_group_, grads * per_size);
   // The exchange runs beside the attention, which needs what it brings: the unit waits for it
   // past the attention's end (the attention taken last in the unit).
-  const double at = issue(Stream::context, start + unit_s - attention_s, Stream::compute, dur,
-                          "ring exchange", u);
+  const double overlap = ring_.overlapped ? attention_s : 0.0;
+  const double at =
+      issue(Stream::context, start + unit_s - overlap, Stream::compute, dur, "ring exchange", u);
   issue(Stream::compute, at + dur, Stream::context, 0.0, "wait for the ring", u);
   mem(start, held, Category::buffers, phase, u, mb);
   mem(start + unit_s, -held, Category::buffers, phase, u, mb);

@@ -279,7 +279,10 @@ void Simulation::prepare_unit_times() {
   units_[1].act = block_activations(m, j, f, false);
   units_[3].act = block_activations(m, j, f, true);
   units_[2].act = head_activations(m, j, f);
-  if (tensor_ > 1) split_unit_activations(f);
+  if (tensor_ > 1)
+    split_unit_activations(f);
+  else if (context_ > 1 && !frameworks_)
+    executor_unit_activations(f);
   ring_ = ring_attention(m, j, context_, tensor_);
   // Mesh order dp, cp, tp (torchtitan's and Megatron's, tp innermost): the tensor-parallel ranks
   // are neighbours in a node, the ring's ranks t apart.
@@ -325,27 +328,7 @@ void Simulation::megatron_unit_activations(const Forward& f) {
   const double t = tensor_, sp = sequence_parallel_ ? t : 1.0;
   const double T = static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch);
   if (!frameworks_) {
-    // The executor's own TP block and vocabulary-parallel head (executor_tensors with t and
-    // sequence parallelism: executor/tensor_parallel_block.cpp, tensor_parallel_vocab.cpp).
-    const ExecutorTensors x = executor_tensors(m, j, f.e, T, t, sequence_parallel_);
-    for (const bool checkpointed : {false, true}) {
-      ActivationBytes a;
-      a.backward = x.block_transient;
-      if (checkpointed) {
-        a.saved = f.e * T / sp * static_cast<double>(m.hidden);  // the block's input
-        a.recompute = x.block;
-      } else if (j.checkpointing == documents::Checkpointing::selective_attention &&
-                 j.attention == documents::AttentionImpl::eager) {
-        a.saved =
-            x.block - f.e * static_cast<double>(m.heads) / t * static_cast<double>(j.seq_len) * T;
-      } else {
-        a.saved = x.block;
-      }
-      units_[checkpointed ? 3 : 1].act = a;
-    }
-    units_[2].act = {};
-    units_[2].act.saved = x.head;
-    units_[2].act.backward = x.head_transient;
+    executor_unit_activations(f);
     return;
   }
   double full = 0, core = 0;
@@ -376,6 +359,51 @@ void Simulation::megatron_unit_activations(const Forward& f) {
   head = head_activations(columns, j, f);
   const NormParts norm = final_norm_parts(m, j, f);
   head.saved += (norm.state + norm.output) / sp - norm.total();
+}
+
+// The executor's own units on a rank (executor_tensors with t, sequence parallelism and the
+// rank's T = s·b/c tokens: executor/tensor_parallel_block.cpp, tensor_parallel_vocab.cpp,
+// context_parallel_block.cpp). Under its ring a block's backward holds, once the MLP's tensors,
+// mid and norm2 and an rstd are freed, the incoming gradient [n, h], the projection input's
+// [T, q/t], dq, dk, dv [T, (q + 2kv)/t], delta (fp32 per head and token) and the ring's three
+// [T, kv/t] buffers: the block's backward transient is the larger of that and its MLP's. (The
+// forward's ring, an fp32 output [T, q/t] and up to three [T, kv/t], stays below the MLP's
+// backward moment when q, kv ≤ h ≤ I.)
+void Simulation::executor_unit_activations(const Forward& f) {
+  const auto& m = *in_.model;
+  documents::TrainingJob whole = in_.job;  // the sequence the attention scores against
+  whole.seq_len *= context_;
+  const double t = tensor_, sp = sequence_parallel_ ? t : 1.0;
+  const double T = static_cast<double>(in_.job.seq_len) * static_cast<double>(in_.job.micro_batch);
+  const double n = T / sp, h = static_cast<double>(m.hidden);
+  const double q = static_cast<double>(m.q_width()), kv = static_cast<double>(m.kv_width());
+  const double I = static_cast<double>(m.intermediate), a = static_cast<double>(m.heads);
+  const ExecutorTensors x = executor_tensors(m, whole, f.e, T, t, sequence_parallel_);
+  double transient = x.block_transient;
+  if (context_ > 1) {
+    const double mlp_width = m.mlp == documents::MlpKind::gelu ? 2.0 : 3.0;
+    const double ring =
+        f.e * n * h + f.e * T * (2 * q + 5 * kv) / t + 4 * a * T / t -
+        (mlp_width * f.e * T * I / t + f.e * n * h * (m.parallel_residual ? 1 : 2) + x.norm_stats);
+    transient = std::max(transient, ring);
+  }
+  for (const bool checkpointed : {false, true}) {
+    ActivationBytes act;
+    act.backward = transient;
+    if (checkpointed) {
+      act.saved = f.e * n * h;  // the block's input
+      act.recompute = x.block;
+    } else if (in_.job.checkpointing == documents::Checkpointing::selective_attention &&
+               in_.job.attention == documents::AttentionImpl::eager) {
+      act.saved = x.block - f.e * a / t * static_cast<double>(whole.seq_len) * T;
+    } else {
+      act.saved = x.block;
+    }
+    units_[checkpointed ? 3 : 1].act = act;
+  }
+  units_[2].act = {};
+  units_[2].act.saved = x.head;
+  units_[2].act.backward = x.head_transient;
 }
 
 // The shard and replica groups, the forward prefetch, each unit kind's all-gather, and the

@@ -220,7 +220,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .pipeline_even_split = false,
           .fsdp_groups_per_block = false,
           .runs_mpt = false,
-          .ring = RingCode::te_p2p,
+          .ring = RingCode::executor,
           .flavours = kAllFlavours,
           .offers_every_n = false,  // it checkpoints every block or none
           .offers_selective_op = false,

@@ -60,7 +60,8 @@ enum class PipelineRunner { megatron, torch_pipelining };
 
 // Whose ring attention context parallelism runs (costmodel/context_ring.hpp): torch's
 // context_parallel (all-gather rotation), or Transformer Engine's p2p ring.
-enum class RingCode { torch_all_gather, te_p2p };
+// executor: this project's own ring (executor/context_parallel.hpp), each exchange waited for.
+enum class RingCode { torch_all_gather, te_p2p, executor };
 
 struct RecipeTraits {
   Recipe recipe;

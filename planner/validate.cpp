@@ -1,15 +1,16 @@
 #include "planner/validate.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
 #include <fmt/format.h>
 
 #include "core/json_reader.hpp"
-#include "costmodel/parallel_memory.hpp"
-#include "costmodel/pipeline_schedule.hpp"
+#include "costmodel/parallel_step.hpp"
 #include "documents/hardware.hpp"
 #include "documents/plan.hpp"
+#include "documents/recipe.hpp"
 #include "planner/text.hpp"
 #include "planner/validate_pipeline.hpp"
 
@@ -193,8 +194,8 @@ RunFacts read_run(const json& run) {
   return f;
 }
 
-// A run with tensor or context parallelism: the memory of its one stage as
-// costmodel/parallel_memory counts it for the run's t, sequence parallelism and c (the plan's own
+// A run with tensor or context parallelism: the memory of its one stage as the step walk counts
+// it for the run's t, sequence parallelism and c (simulate_parallel_step; the plan's own
 // prediction is for its layout, data parallelism alone unless its /parallel says the same). A
 // profile that cannot be loaded here is taken without per-device overheads, as the executor's
 // pipeline run takes it.
@@ -206,22 +207,31 @@ documents::PlanPrediction model_parallel_prediction(const documents::Plan& plan,
   } catch (const std::exception&) {
     hw = documents::HardwareProfile{};
   }
-  costmodel::ParallelMemoryInput in;
+  costmodel::StepInput in;
   in.model = &plan.model;
   in.hardware = &hw;
   in.cluster = plan.cluster;
   in.job = plan.job;
+  // What ran is the executor's own model code, whatever recipe the plan was costed for.
+  in.job.recipe = documents::Recipe::executor;
+  in.job.loss = documents::recipe_traits(in.job.recipe).loss;
   in.spec = plan.spec;
-  in.layout.tensor_parallel = run.tensor_parallel;
-  in.layout.sequence_parallel = run.sequence_parallel;
-  in.layout.context_parallel = run.context_parallel;
-  const auto walk =
-      costmodel::walk_schedule(documents::PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
-  const auto stage = costmodel::parallel_memory(in, walk).stages.at(0);
+  documents::ParallelLayout layout_of_run;
+  layout_of_run.tensor_parallel = run.tensor_parallel;
+  layout_of_run.sequence_parallel = run.sequence_parallel;
+  layout_of_run.context_parallel = run.context_parallel;
+  // The plan's micro-batches over the run's replicas.
+  const int replicas = std::max(1, layout_of_run.data_parallel(plan.cluster.gpus));
+  layout_of_run.micro_batches = static_cast<int>(
+      std::max<std::int64_t>(1, plan.job.global_batch / (replicas * plan.job.micro_batch)));
+  const auto step = costmodel::simulate_parallel_step(in, layout_of_run).step;
+  if (!step.valid)
+    throw core::InputError(run.tensor_parallel > 1 ? "/model/tensor_parallel/size"
+                                                   : "/model/context_parallel/size",
+                           fmt::format("the plan cannot run this way: {}", step.reason));
   documents::PlanPrediction pr = plan.prediction;
-  pr.at_peak = {stage.param_bytes,      stage.grad_bytes,   stage.optimizer_bytes,
-                stage.activation_bytes, stage.buffer_bytes, stage.overhead_bytes};
-  pr.peak_bytes = stage.total();
+  pr.at_peak = step.at_peak;
+  pr.peak_bytes = step.peak_bytes;
   std::string layout;
   if (run.tensor_parallel > 1)
     layout = fmt::format("tensor parallelism {}{}", run.tensor_parallel,

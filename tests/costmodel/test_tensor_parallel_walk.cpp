@@ -262,3 +262,56 @@ TEST_CASE("tp_walk::tied embeddings: refused under PyTorch's plans, walked under
     }
   }
 }
+
+// The executor's recipe under tensor parallelism (executor_tensors with t), one stage, DDP fp32,
+// t = 2: a Llama of 4 blocks, h = 64, 4 heads of 16 over 2 key/value heads, I = 128, V = 64,
+// s = 32, b = 2 (N = 64), eager attention. The hand derivation of every term is in
+// tests/executor/test_tensor_parallel_mpi.cpp ("measured memory against the cost model's
+// per-stage prediction"), where the executor's measured peak is held to it; here the cost model
+// alone: E = 78,400 elements per rank (vocabulary-parallel embedding and head), 4E of parameters,
+// 8E of AdamW moments, 4E of DDP's bucket copy; at the peak (the last block's MLP backward) the
+// head's and the last block's gradients 4·(2,112 + 18,560) = 82,688 (allocated at first use) and
+// 690,688 bytes of activations (566,784 with sequence parallelism).
+TEST_CASE("tp_walk::the executor's tensor-parallel stage: first-use gradients, DDP's bucket "
+          "copy") {
+  const json config = {{"architectures", {"LlamaForCausalLM"}},
+                       {"hidden_size", 64},
+                       {"num_hidden_layers", 4},
+                       {"num_attention_heads", 4},
+                       {"num_key_value_heads", 2},
+                       {"head_dim", 16},
+                       {"intermediate_size", 128},
+                       {"vocab_size", 64},
+                       {"max_position_embeddings", 64},
+                       {"tie_word_embeddings", false},
+                       {"hidden_act", "silu"}};
+  const ModelSpec m = model_from_hf_config(config, "llama-small");
+  HardwareProfile hw;
+  hw.is_cpu = true;
+  StepInput in;
+  in.model = &m;
+  in.hardware = &hw;
+  in.cluster = {2, 2};
+  in.job.seq_len = 32;
+  in.job.micro_batch = 2;
+  in.job.global_batch = 2;
+  in.job.attention = AttentionImpl::eager;
+  in.job.precision = Precision::fp32;
+  in.job.checkpointing = Checkpointing::none;
+  in.job.recipe = Recipe::executor;
+  in.spec = make_spec("ddp", Flavour::ddp, 1);
+  for (const bool sp : {false, true}) {
+    CAPTURE(sp);
+    ParallelLayout l;
+    l.tensor_parallel = 2;
+    l.sequence_parallel = sp;
+    const StepResult r = simulate_parallel_step(in, l).step;
+    REQUIRE(r.valid);
+    CHECK(category(r.at_peak, Category::parameters) == 4 * 78400);
+    CHECK(category(r.at_peak, Category::optimizer_states) == 8 * 78400);
+    CHECK(category(r.at_peak, Category::buffers) == 4 * 78400);
+    CHECK(category(r.at_peak, Category::gradients) == 82688);
+    CHECK(category(r.at_peak, Category::activations) == (sp ? 566784 : 690688));
+    CHECK(r.allocated_peak_bytes == (sp ? 1903872 : 2027776));
+  }
+}

@@ -9,8 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "costmodel/parallel_memory.hpp"
-#include "costmodel/pipeline_schedule.hpp"
+#include "costmodel/parallel_step.hpp"
 #include "engine_fixture.hpp"
 #include "executor/context_parallel.hpp"
 #include "executor/tensor_parallel.hpp"
@@ -245,10 +244,11 @@ documents::ModelSpec ring_heavy_llama() {
 }
 
 // One step of c-way context parallelism (DDP over the d·c ranks, micro-batch 2 × 64 tokens,
-// fp32, flash attention) beside costmodel/parallel_memory's prediction for the layout.
-costmodel::StageMemory predict_stage(const documents::ModelSpec& model, int c, int world,
-                                     const documents::HardwareProfile& hw) {
-  costmodel::ParallelMemoryInput in;
+// fp32, flash attention) beside the step walk's prediction for the layout, as `planner validate`
+// asks for it.
+costmodel::StepResult predict_step(const documents::ModelSpec& model, int c, int world,
+                                   const documents::HardwareProfile& hw) {
+  costmodel::StepInput in;
   in.model = &model;
   in.hardware = &hw;
   in.cluster = {world, world};
@@ -260,17 +260,16 @@ costmodel::StageMemory predict_stage(const documents::ModelSpec& model, int c, i
   in.job.attention = documents::AttentionImpl::flash;
   in.job.recipe = documents::Recipe::executor;
   in.spec = documents::make_spec("ddp", documents::Flavour::ddp, world);
-  in.layout.context_parallel = c;
-  const auto walk =
-      costmodel::walk_schedule(documents::PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
-  return costmodel::parallel_memory(in, walk).stages.at(0);
+  documents::ParallelLayout layout;
+  layout.context_parallel = c;
+  return costmodel::simulate_parallel_step(in, layout).step;
 }
 
 }  // namespace
 
 TEST_CASE("context_parallel::measured memory against the cost model's prediction") {
   // Hand derivation for c = 2 (N = 2 × 64 / 2 = 64 tokens per rank, 4 bytes per element), what
-  // executor/gpt_model.cpp and context_parallel_block.cpp allocate and parallel_memory predicts:
+  // executor/gpt_model.cpp and context_parallel_block.cpp allocate and the step walk predicts:
   //   elements E: embedding V·h = 4,096; per block 2h + qh + 2·kv·h + qh + 3·I·h = 36,992, ×4 =
   //     147,968; head h + V·h = 4,160; E = 156,224. Parameters 4E, AdamW 8E, DDP's bucket copy 4E.
   //   saved per block: input, norm1, mid, norm2 4·4Nh = 65,536; q, k, v, attn_out 4N(2q + 2kv) =
@@ -309,19 +308,25 @@ TEST_CASE("context_parallel::measured memory against the cost model's prediction
       o.model_options.context_parallel = {groups.context.get()};
       auto owned = make_groups(*groups.data, o.spec);
       const auto run = run_engine(o, owned.groups, 1, false);
-      const auto stage = predict_stage(model, c, world, hw);
-      CHECK(stage.local_params == E);
+      const auto step = predict_step(model, c, world, hw);
+      REQUIRE(step.valid);
+      const auto predicted = [&](documents::Category category) {
+        return step.at_peak[static_cast<int>(category)];
+      };
       CHECK(run.at_peak[MemoryCategory::parameters] == 4 * E);
-      CHECK(run.at_peak[MemoryCategory::optimizer_states] == stage.optimizer_bytes);
-      CHECK(run.at_peak[MemoryCategory::buffers] == stage.buffer_bytes);
-      CHECK(run.at_peak[MemoryCategory::gradients] == stage.grad_bytes);
-      CHECK(run.at_peak[MemoryCategory::activations] == stage.activation_bytes);
-      const double error = static_cast<double>(run.peak_bytes) / stage.total() - 1;
+      CHECK(predicted(documents::Category::parameters) == 4 * E);
+      CHECK(run.at_peak[MemoryCategory::optimizer_states] ==
+            predicted(documents::Category::optimizer_states));
+      CHECK(run.at_peak[MemoryCategory::buffers] == predicted(documents::Category::buffers));
+      CHECK(run.at_peak[MemoryCategory::gradients] == predicted(documents::Category::gradients));
+      CHECK(run.at_peak[MemoryCategory::activations] ==
+            predicted(documents::Category::activations));
+      const double error = static_cast<double>(run.peak_bytes) / step.peak_bytes - 1;
       CHECK(std::abs(error) <= 0.03);
       if (test_world().rank() == 0)
         MESSAGE("c=" << c << ": measured peak " << run.peak_bytes << " B, predicted "
-                     << stage.total() << " B (error " << error << "); activations "
+                     << step.peak_bytes << " B (error " << error << "); activations "
                      << run.at_peak[MemoryCategory::activations] << " (predicted "
-                     << stage.activation_bytes << ")");
+                     << predicted(documents::Category::activations) << ")");
     }
 }

@@ -6,9 +6,10 @@
 
 #include "core/input_error.hpp"
 #include "core/json_reader.hpp"
-#include "costmodel/parallel_memory.hpp"
+#include "costmodel/parallel_step.hpp"
 #include "costmodel/pipeline_schedule.hpp"
 #include "documents/plan.hpp"
+#include "documents/recipe.hpp"
 #include "planner/validate.hpp"
 
 using namespace shardplan;
@@ -334,23 +335,25 @@ TEST_CASE("validate::real CPU runs: blocking collectives are the measured commun
 
 TEST_CASE("validate::a tensor-parallel run: the memory predicted for the run's t") {
   // The run document of executor --tensor-parallel 2 names t in /model/tensor_parallel; the
-  // plan's prediction (data parallelism) is replaced by costmodel/parallel_memory's one stage
-  // for t = 2 (its profile "cpu-test" is not loadable here: no per-device overheads).
+  // plan's prediction (data parallelism) is replaced by the step walk's one stage for t = 2 (its
+  // profile "cpu-test" is not loadable here: no per-device overheads).
   auto run = run_document();
   run["model"]["tensor_parallel"] = {{"size", 2}, {"sequence_parallel", true}, {"local_params", 1}};
   const auto plan = documents::plan_from_json(plan_document());
   documents::HardwareProfile hw;
-  costmodel::ParallelMemoryInput in;
+  costmodel::StepInput in;
   in.model = &plan.model;
   in.hardware = &hw;
   in.cluster = plan.cluster;
   in.job = plan.job;
   in.spec = plan.spec;
-  in.layout.tensor_parallel = 2;
-  in.layout.sequence_parallel = true;
-  const auto walk =
-      costmodel::walk_schedule(documents::PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
-  const double want = costmodel::parallel_memory(in, walk).stages.at(0).total();
+  documents::ParallelLayout layout;
+  layout.tensor_parallel = 2;
+  layout.sequence_parallel = true;
+  layout.micro_batches = 2;                     // 4 sequences over 1 replica, 2 at a time
+  in.job.recipe = documents::Recipe::executor;  // what the run ran
+  in.job.loss = documents::recipe_traits(in.job.recipe).loss;
+  const double want = costmodel::simulate_parallel_step(in, layout).step.peak_bytes;
   const auto v = planner::validate_json(plan_document(), run);
   CHECK(v["memory"]["peak_predicted_bytes"].get<double>() == doctest::Approx(want));
   CHECK(v["memory"]["peak_rel_error"].get<double>() == doctest::Approx((want - 1250) / 1250));
@@ -367,23 +370,28 @@ TEST_CASE("validate::a tensor-parallel run: the memory predicted for the run's t
 
 TEST_CASE("validate::a context-parallel run: the memory predicted for the run's c") {
   // executor --context-parallel 2 names c in /model/context_parallel: the prediction is
-  // parallel_memory's one stage for c = 2, and the plan's own (c = 1) is said to differ.
+  // the step walk's one stage for c = 2, and the plan's own (c = 1) is said to differ.
   auto run = run_document();
   run["model"]["context_parallel"] = {{"size", 2}, {"sequence_share", 8}};
   run["execution"]["seq_len"] = 64;  // the rank's half of each sequence, as the executor says it
-  const auto plan = documents::plan_from_json(plan_document());
+  // The executor's ring runs flash attention only (executor/run_setup.cpp).
+  json flash = plan_document();
+  flash["job"]["attention"] = "flash";
+  const auto plan = documents::plan_from_json(flash);
   documents::HardwareProfile hw;
-  costmodel::ParallelMemoryInput in;
+  costmodel::StepInput in;
   in.model = &plan.model;
   in.hardware = &hw;
   in.cluster = plan.cluster;
   in.job = plan.job;
   in.spec = plan.spec;
-  in.layout.context_parallel = 2;
-  const auto walk =
-      costmodel::walk_schedule(documents::PipelineSchedule::one_f_one_b, 1, 1, 1, {1.0}, {2.0});
-  const double want = costmodel::parallel_memory(in, walk).stages.at(0).total();
-  const auto v = planner::validate_json(plan_document(), run);
+  documents::ParallelLayout layout;
+  layout.context_parallel = 2;
+  layout.micro_batches = 2;                     // 4 sequences over 1 replica, 2 at a time
+  in.job.recipe = documents::Recipe::executor;  // what the run ran
+  in.job.loss = documents::recipe_traits(in.job.recipe).loss;
+  const double want = costmodel::simulate_parallel_step(in, layout).step.peak_bytes;
+  const auto v = planner::validate_json(flash, run);
   CHECK(v["memory"]["peak_predicted_bytes"].get<double>() == doctest::Approx(want));
   CHECK(v["memory"]["context_parallel"]["size"] == 2);
   CHECK(v["plan"]["peak_when"] == "the one stage with context parallelism 2");
