@@ -13,7 +13,8 @@ using documents::recipe_traits;
 using documents::RingCode;
 using documents::TrainingJob;
 
-RingAttention ring_attention(const ModelSpec& m, const TrainingJob& j, int c, int t) {
+RingAttention ring_attention(const ModelSpec& m, const TrainingJob& j, int c, int t,
+                             documents::CpRotate rotate) {
   RingAttention r;
   if (c <= 1) return r;
   const double e = dtype_bytes(compute_dtype(j.precision));
@@ -26,7 +27,11 @@ RingAttention ring_attention(const ModelSpec& m, const TrainingJob& j, int c, in
   // Whose ring the recipe runs (RecipeTraits::ring).
   switch (recipe_traits(j.recipe).ring) {
   case RingCode::torch_all_gather: {
-    const double gather = chunk + c * chunk;  // the concatenated input and the gathered output
+    // The concatenated input and the gathered output; rotated, the chunk in use, its copy sent
+    // and the one arriving (the last step sends none).
+    const bool rotated = rotate == documents::CpRotate::all_to_all;
+    const double gather = rotated ? (c > 2 ? 3 : 2) * chunk : chunk + c * chunk;
+    r.keys_passed = rotated;
     r.forward_bytes = gather + 4 * T * (q + a);
     r.backward_bytes = gather + 4 * T * (q + 2 * kv) + 2 * 8 * T * kv;
     r.forward_sent = r.forward_gathered_sent = others;

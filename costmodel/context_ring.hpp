@@ -11,6 +11,10 @@
 //     Backward: the same gather, fp32 accumulators for dQ, dK, dV (4·T·(q + 2·kv)), and dK, dV
 //     passed around the ring in fp32 with all-to-all (the one sent and the one arriving,
 //     2·8·T·kv). Sent: (c − 1)·2·e·T·kv per gather; c passes of 8·T·kv in the backward.
+//     With rotate_method ALL_TO_ALL (_AllToAllRotater) the keys and values go to the next rank at
+//     each of the c steps instead (permute_tensor): the chunk in use, its concatenated copy being
+//     sent and the one arriving, 3·2·e·T·kv at most (2 with c = 2), in the forward and beside the
+//     backward's accumulators; the same bytes sent, as c − 1 passes.
 //   Transformer Engine's p2p ring (megatron, deepspeed, llm-foundry; AttnFuncWithCPAndKVP2P):
 //     the K and V chunk in use and the one arriving (2·2·e·T·kv) in the forward; in the backward
 //     those and dK, dV in use and arriving (another 2·2·e·T·kv). Sent: (c − 1)·2·e·T·kv in the
@@ -27,6 +31,7 @@
 
 #include "documents/job.hpp"
 #include "documents/model.hpp"
+#include "documents/parallel.hpp"
 
 namespace shardplan::costmodel {
 
@@ -38,12 +43,15 @@ struct RingAttention {
   double forward_gathered_sent = 0;   // of forward_sent, the keys' and values' exchange
   double backward_gathered_sent = 0;  // of backward_sent, the keys' and values' exchange (the
                                       // rest passes their gradients)
+  bool keys_passed = false;           // the keys' exchange is passes, not one all-gather
   bool overlapped = true;             // beside the attention that needs it (else waited for)
 };
 
 // rank_job: this rank's share of each sequence (seq_len / c). Zero for c = 1. t: tensor-parallel
 // ranks, each running the ring over its a/t heads (every term above scales with the heads).
+// rotate: torch's way round (its all-to-all rotation below).
 RingAttention ring_attention(const documents::ModelSpec& m, const documents::TrainingJob& rank_job,
-                             int c, int t = 1);
+                             int c, int t = 1,
+                             documents::CpRotate rotate = documents::CpRotate::all_gather);
 
 }  // namespace shardplan::costmodel

@@ -454,6 +454,7 @@ ParallelStep walk_one_stage(const StepInput& in, const ParallelLayout& l) {
   rank.tensor_parallel = l.tensor_parallel;
   rank.sequence_parallel = l.sequence_parallel;
   rank.async_tensor_parallel = l.async_tensor_parallel;
+  rank.cp_rotate = l.cp_rotate;
   auto& r = out.step = simulate_step(rank);
   if (!r.valid) return out;
   const auto ring = static_cast<int>(Stream::context);

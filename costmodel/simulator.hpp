@@ -18,6 +18,7 @@
 #include "documents/hardware.hpp"
 #include "documents/job.hpp"
 #include "documents/model.hpp"
+#include "documents/parallel.hpp"
 #include "documents/plan.hpp"
 #include "documents/sharding.hpp"
 
@@ -67,6 +68,7 @@ struct StepInput {
   int tensor_parallel = 1;
   bool sequence_parallel = false;      // the norms on T/t tokens, all-gather + reduce-scatter
   bool async_tensor_parallel = false;  // the collectives overlapped with the GEMMs beside them
+  documents::CpRotate cp_rotate = documents::CpRotate::all_gather;  // torch's ring's keys
 };
 
 struct StepResult {

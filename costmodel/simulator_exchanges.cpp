@@ -58,9 +58,11 @@ void Simulation::ring_exchange(int u, double start, double unit_s, double attent
   const double keys = backward ? ring_.backward_gathered_sent : ring_.forward_gathered_sent;
   const double grads = (backward ? ring_.backward_sent : ring_.forward_sent) - keys;
   // Costed as the collectives that send the same bytes per rank: the keys' and values' gather
-  // (a ring all-gather is c − 1 steps of the chunk) and the gradients' passes (all-to-all).
+  // (a ring all-gather is c − 1 steps of the chunk), or their passes, and the gradients' passes
+  // (all-to-all).
   const double per_size = static_cast<double>(context_) / (context_ - 1);
-  double dur = coll(Collective::all_gather, context_group_, keys * per_size);
+  double dur = coll(ring_.keys_passed ? Collective::all_to_all : Collective::all_gather,
+                    context_group_, keys * per_size);
   if (grads > 0) dur += coll(Collective::all_to_all, context_group_, grads * per_size);
   // The exchange runs beside the attention, which needs what it brings: the unit waits for it
   // past the attention's end (the attention taken last in the unit).

@@ -283,7 +283,7 @@ void Simulation::prepare_unit_times() {
     split_unit_activations(f);
   else if (context_ > 1 && !frameworks_)
     executor_unit_activations(f);
-  ring_ = ring_attention(m, j, context_, tensor_);
+  ring_ = ring_attention(m, j, context_, tensor_, in_.cp_rotate);
   // Mesh order dp, cp, tp (torchtitan's and Megatron's, tp innermost): the tensor-parallel ranks
   // are neighbours in a node, the ring's ranks t apart.
   const int G = in_.cluster.gpus_per_node;

@@ -123,6 +123,13 @@ void shape_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJ
     out.push_back(
         fmt::format("sequence {} does not divide into 2 x context parallel {} = {} chunks",
                     j.seq_len, cp, 2 * cp));
+  if (l.cp_rotate != CpRotate::all_gather && cp == 1)
+    out.push_back("a rotate method needs context parallelism");
+  if (l.cp_rotate != CpRotate::all_gather &&
+      recipe_traits(j.recipe).ring != RingCode::torch_all_gather)
+    out.push_back(fmt::format("the {} recipe's ring passes the keys and values hop by hop: it has "
+                              "no rotate method",
+                              recipe_name(j.recipe)));
   if (cp > 1 && j.attention != AttentionImpl::flash)
     out.push_back("context parallelism runs ring attention on fused (flash) kernels; eager "
                   "attention materializes "
@@ -179,6 +186,16 @@ PipelineSchedule schedule_from_name(const std::string& s, const std::string& whe
   for (std::size_t i = 0; i < n.size(); ++i)
     if (n[i] == s) return static_cast<PipelineSchedule>(i);
   throw InputError(where, fmt::format("must be one of {}, got \"{}\"", fmt::join(n, ", "), s));
+}
+
+const char* cp_rotate_name(CpRotate r) {
+  return r == CpRotate::all_to_all ? "alltoall" : "allgather";
+}
+
+CpRotate cp_rotate_from_name(const std::string& s, const std::string& where) {
+  if (s == "allgather") return CpRotate::all_gather;
+  if (s == "alltoall") return CpRotate::all_to_all;
+  throw InputError(where, fmt::format("must be one of allgather, alltoall, got \"{}\"", s));
 }
 
 std::vector<std::int64_t> pipeline_parts(const ParallelLayout& l, std::int64_t layers) {
@@ -239,6 +256,8 @@ ParallelLayout layout_from_json(const nlohmann::json& doc, const std::string& po
   l.virtual_stages = read_int("virtual_stages", 1);
   l.micro_batches = read_int("micro_batches", 1);
   l.context_parallel = read_int("context_parallel", 1);
+  if (auto m = r.optional_string("cp_rotate_method"))
+    l.cp_rotate = cp_rotate_from_name(*m, r.pointer_of("cp_rotate_method"));
   const Range less{0, kMaxDegree, false};
   l.first_stage_less_layers =
       static_cast<int>(r.optional_integer("first_stage_less_layers", less).value_or(0));
@@ -269,6 +288,7 @@ nlohmann::json layout_to_json(const ParallelLayout& l) {
           {"virtual_stages", l.virtual_stages},
           {"micro_batches", l.micro_batches},
           {"context_parallel", l.context_parallel},
+          {"cp_rotate_method", cp_rotate_name(l.cp_rotate)},
           {"first_stage_less_layers", l.first_stage_less_layers},
           {"last_stage_less_layers", l.last_stage_less_layers}};
 }

@@ -27,6 +27,13 @@ enum class PipelineSchedule { one_f_one_b, interleaved_1f1b, gpipe };
 const char* schedule_name(PipelineSchedule s);  // "1f1b", "interleaved-1f1b", "gpipe"
 PipelineSchedule schedule_from_name(const std::string& s, const std::string& where);
 const std::vector<std::string>& schedule_names();
+// How torch's ring attention passes the keys and values round the context-parallel ranks
+// (torch/distributed/tensor/experimental/_context_parallel/_attention.py, _RotateMethod;
+// torchtitan's parallelism.context_parallel_rotate_method): all-gathered once (the default), or
+// passed to the next rank at each of the c steps (all-to-all permutes).
+enum class CpRotate { all_gather, all_to_all };
+const char* cp_rotate_name(CpRotate r);  // "allgather", "alltoall" (torchtitan's spelling)
+CpRotate cp_rotate_from_name(const std::string& s, const std::string& where);
 
 struct ParallelLayout {
   int tensor_parallel = 1;             // t: ranks splitting each linear (and the attention heads)
@@ -34,9 +41,10 @@ struct ParallelLayout {
   bool async_tensor_parallel = false;  // TP's collectives overlapped with the GEMMs beside them
   int pipeline_parallel = 1;           // p: stages
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
-  int virtual_stages = 1;    // v: model chunks per stage (interleaved only)
-  int micro_batches = 1;     // m: micro-batches per pipeline per optimizer step
-  int context_parallel = 1;  // c: ranks splitting each sequence (ring attention)
+  int virtual_stages = 1;                     // v: model chunks per stage (interleaved only)
+  int micro_batches = 1;                      // m: micro-batches per pipeline per optimizer step
+  int context_parallel = 1;                   // c: ranks splitting each sequence (ring attention)
+  CpRotate cp_rotate = CpRotate::all_gather;  // torch's ring (hf, torchtitan) only
   // The embeddings and the head counted as this many blocks when the blocks are split over the
   // p·v model parts (torchtitan's pipeline_parallel_first/last_stage_less_layers, 1 by default
   // there; Megatron's --account-for-embedding/loss-in-pipeline-split count each as 1). 0, 0

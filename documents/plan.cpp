@@ -23,7 +23,8 @@ nlohmann::json plan_parallel_to_json(const ParallelLayout& l) {
           {"schedule", schedule_name(l.schedule)},
           {"virtual_stages", l.virtual_stages},
           {"micro_batches", l.micro_batches},
-          {"context", l.context_parallel}};
+          {"context", l.context_parallel},
+          {"cp_rotate_method", cp_rotate_name(l.cp_rotate)}};
 }
 
 ParallelLayout plan_parallel_from_json(const nlohmann::json& j, const std::string& pointer) {
@@ -39,6 +40,8 @@ ParallelLayout plan_parallel_from_json(const nlohmann::json& j, const std::strin
   l.virtual_stages = static_cast<int>(r.integer("virtual_stages", degree));
   l.micro_batches = static_cast<int>(r.integer("micro_batches", degree));
   l.context_parallel = static_cast<int>(r.integer("context", degree));
+  if (auto m = r.optional_string("cp_rotate_method"))  // optional: older plans have none
+    l.cp_rotate = cp_rotate_from_name(*m, r.pointer_of("cp_rotate_method"));
   r.finish();
   if (l.virtual_stages > 1 && l.schedule != PipelineSchedule::interleaved_1f1b)
     throw InputError(r.pointer_of("virtual_stages"),

@@ -339,9 +339,11 @@ std::string layout_line(const Scenario& sc, const Evaluation& e) {
     pipe += fmt::format(", the embeddings and the head counted as {} and {} blocks",
                         l.first_stage_less_layers, l.last_stage_less_layers);
   pipe += ")";
-  return fmt::format("parallelism: tensor {}{}{}, {}, context {}, data {} ({})", l.tensor_parallel,
-                     l.sequence_parallel ? " with sequence parallel" : "",
-                     l.async_tensor_parallel ? " (async)" : "", pipe, l.context_parallel,
+  // torch's ring passing its keys and values rank to rank (--cp-rotate-method alltoall).
+  const std::string ring = l.cp_rotate == documents::CpRotate::all_to_all ? " (keys rotated)" : "";
+  return fmt::format("parallelism: tensor {}{}{}, {}, context {}{}, data {} ({})",
+                     l.tensor_parallel, l.sequence_parallel ? " with sequence parallel" : "",
+                     l.async_tensor_parallel ? " (async)" : "", pipe, l.context_parallel, ring,
                      l.data_parallel(sc.cluster.gpus), e.spec.strategy);
 }
 

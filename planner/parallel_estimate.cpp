@@ -27,6 +27,9 @@ void add_parallel_options(CLI::App& app, ParallelOptions& o) {
   app.add_option("--micro-batches", o.micro_batches, "micro-batches per step through the pipeline");
   app.add_option("--context-parallel", o.context_parallel,
                  "context-parallel size c (ring attention)");
+  app.add_option("--cp-rotate-method", o.cp_rotate_method,
+                 "allgather | alltoall: how torch's ring attention passes the keys and values "
+                 "(torchtitan's context_parallel_rotate_method; default allgather)");
   app.add_option("--first-stage-less-layers", o.first_stage_less_layers,
                  "blocks the first pipeline stage gives up for the embeddings (torchtitan's "
                  "default 1, the others' 0)");
@@ -37,7 +40,7 @@ void add_parallel_options(CLI::App& app, ParallelOptions& o) {
 
 bool ParallelOptions::one_dimensional() const {
   if (schedule || virtual_stages || micro_batches || sequence_parallel || async_tensor_parallel ||
-      first_stage_less_layers || last_stage_less_layers)
+      first_stage_less_layers || last_stage_less_layers || cp_rotate_method)
     return false;
   for (const auto* v : {&tensor_parallel, &pipeline_parallel, &context_parallel}) {
     if (!*v) continue;
@@ -101,6 +104,7 @@ std::string flags_given(const ParallelOptions& o) {
   add("--context-parallel", o.context_parallel);
   add("--first-stage-less-layers", o.first_stage_less_layers);
   add("--last-stage-less-layers", o.last_stage_less_layers);
+  add("--cp-rotate-method", o.cp_rotate_method);
   if (o.sequence_parallel) s += s.empty() ? "--sequence-parallel" : " --sequence-parallel";
   if (o.async_tensor_parallel)
     s += s.empty() ? "--async-tensor-parallel" : " --async-tensor-parallel";
@@ -124,6 +128,8 @@ documents::ParallelLayout layout_from_options(const ParallelOptions& o, Scenario
   l.last_stage_less_layers =
       degree(o.last_stage_less_layers, "--last-stage-less-layers", l.last_stage_less_layers, 0);
   if (o.schedule) l.schedule = documents::schedule_from_name(*o.schedule, "--schedule");
+  if (o.cp_rotate_method)
+    l.cp_rotate = documents::cp_rotate_from_name(*o.cp_rotate_method, "--cp-rotate-method");
   const int d = l.data_parallel(sc.cluster.gpus);
   if (d == 0)
     throw InputError(

@@ -15,13 +15,14 @@ namespace shardplan::planner {
 // As given on the command line (nullopt / false: not given).
 struct ParallelOptions {
   std::optional<std::string> tensor_parallel, pipeline_parallel, schedule, virtual_stages,
-      micro_batches, context_parallel, first_stage_less_layers, last_stage_less_layers;
+      micro_batches, context_parallel, first_stage_less_layers, last_stage_less_layers,
+      cp_rotate_method;
   bool sequence_parallel = false;
   bool async_tensor_parallel = false;
   bool given() const {
     return tensor_parallel || pipeline_parallel || schedule || virtual_stages || micro_batches ||
            context_parallel || sequence_parallel || async_tensor_parallel ||
-           first_stage_less_layers || last_stage_less_layers;
+           first_stage_less_layers || last_stage_less_layers || cp_rotate_method;
   }
   // Only t, p or c given, each as 1: the one-dimensional layout, estimated as if not given.
   bool one_dimensional() const;

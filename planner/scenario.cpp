@@ -517,6 +517,7 @@ void name_option_types(CLI::App& app) {
       {"fsdp-mixed-precision", "NAME"},
       {"format", "NAME"},
       {"schedule", "NAME"},
+      {"cp-rotate-method", "NAME"},
   };
   core::name_option_types(app, std::span<const core::OptionType>(kTypes));
 }

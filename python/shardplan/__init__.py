@@ -182,6 +182,7 @@ def estimate(
     context_parallel: Optional[Number] = None,
     first_stage_less_layers: Optional[Number] = None,
     last_stage_less_layers: Optional[Number] = None,
+    cp_rotate_method: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Memory and step time of one plan: ``planner estimate --format json``."""
     return _json("estimate", dict(locals(), format="json"))

@@ -60,6 +60,7 @@ class EstimateOptions(PlanOptions, total=False):
     context_parallel: Number  # c (ring attention)
     first_stage_less_layers: Number  # blocks the first stage gives up for the embeddings
     last_stage_less_layers: Number  # blocks the last stage gives up for the head
+    cp_rotate_method: str  # allgather | alltoall (torch's ring: how keys and values go round)
 
 class EmitOptions(PlanOptions, total=False):
     exhaustive: bool

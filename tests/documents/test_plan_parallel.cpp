@@ -54,7 +54,8 @@ TEST_CASE("plan_parallel::a model-parallel plan carries its layout and reads bac
                                     {"schedule", "1f1b"},
                                     {"virtual_stages", 1},
                                     {"micro_batches", 8},
-                                    {"context", 1}});
+                                    {"context", 1},
+                                    {"cp_rotate_method", "allgather"}});
   const Plan back = plan_from_json(written);
   CHECK(back.parallel.tensor_parallel == 8);
   CHECK(back.parallel.sequence_parallel);
@@ -68,9 +69,19 @@ TEST_CASE("plan_parallel::a model-parallel plan carries its layout and reads bac
   inter.parallel.virtual_stages = 5;
   inter.parallel.context_parallel = 2;  // 8192 / (2·2) chunks; data parallel 4, micro-batches 16
   inter.parallel.micro_batches = 16;
+  inter.parallel.cp_rotate = CpRotate::all_to_all;
   const json w2 = plan_to_json(inter);
   CHECK(w2["parallel"]["schedule"] == "interleaved-1f1b");
+  CHECK(w2["parallel"]["cp_rotate_method"] == "alltoall");
   CHECK(plan_to_json(plan_from_json(w2)) == w2);
+  // A plan written before the key reads as torch's default; a wrong name is refused.
+  json older = written;
+  older["parallel"].erase("cp_rotate_method");
+  CHECK(plan_from_json(older).parallel.cp_rotate == CpRotate::all_gather);
+  json wrong = written;
+  wrong["parallel"]["cp_rotate_method"] = "ring";
+  CHECK(error_of([&] { plan_from_json(wrong); }) ==
+        "/parallel/cp_rotate_method: must be one of allgather, alltoall, got \"ring\"");
 }
 
 TEST_CASE("plan_parallel::a data-parallel plan has no parallel object, and all ones read back") {

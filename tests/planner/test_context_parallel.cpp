@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/input_error.hpp"
 #include "planner/cli.hpp"
 
 namespace {
@@ -169,6 +170,57 @@ TEST_CASE("context_parallel::under PyTorch's TP too: c ranks of T tokens are one
         }
   CHECK(cases == 24);
   CHECK(same_moment >= 20);
+}
+
+TEST_CASE("context_parallel::torch's all-to-all rotation holds three chunks, not c + 1") {
+  // --cp-rotate-method alltoall (torchtitan's context_parallel_rotate_method; torch 2.15's
+  // _AllToAllRotater): at each step the keys and values in use, their concatenated copy being sent
+  // and the next rank's arriving, 3 · 2·e·T·kv (2 chunks with c = 2), where the all-gather holds
+  // the concatenated input and the c gathered chunks. The small-vocabulary Llama's peak is a
+  // block's backward (above): its rise over the one-rank job is the ring's backward bytes, with
+  // the keys and values term swapped; the bytes sent are the same.
+  int cases = 0;
+  for (int c : {2, 4})
+    for (std::int64_t tokens : {1024, 4096}) {
+      Job one{"", "--strategy=ddp", "full", tokens, 1, 8, {}};
+      Job gathered = one, rotated = one;
+      gathered.context = rotated.context = c;
+      rotated.more = {"--cp-rotate-method=alltoall"};
+      const json a = estimate(one), g = estimate(gathered), r = estimate(rotated);
+      REQUIRE(r.at("valid") == true);
+      INFO("c " << c << " T " << tokens);
+      const double chunk = 2 * 2 * static_cast<double>(tokens) * 32;  // kv = 32, bf16
+      const Ring ring = torch_ring(static_cast<double>(tokens), 32, 256, 8, c);
+      const double swapped = ring.backward - (1 + c) * chunk + (c > 2 ? 3 : 2) * chunk;
+      CHECK(allocated(g) - allocated(a) == ring.backward);
+      CHECK(allocated(r) - allocated(a) == swapped);
+      CHECK(r.at("comm").at("bytes_by_dimension").at("context") ==
+            g.at("comm").at("bytes_by_dimension").at("context"));
+      CHECK(r.at("parallelism").at("cp_rotate_method") == "alltoall");
+      ++cases;
+    }
+  CHECK(cases == 4);
+  // Transformer Engine's ring has no such method: refused, naming the flags.
+  shardplan::planner::Request bad;
+  bad.args = {"estimate",
+              "--recipe=megatron",
+              "--hardware=h100-sxm5-80gb",
+              "--gpus=8",
+              "--micro-batch=1",
+              "--seq-len=2048",
+              "--global-batch=4",
+              "--context-parallel=2",
+              "--strategy=zero1",
+              "--model=llama-3-8b",
+              "--cp-rotate-method=alltoall"};
+  std::string refused = "no error";
+  try {
+    shardplan::planner::run_request(bad);
+  } catch (const shardplan::core::InputError& e) {
+    refused = e.what();
+  }
+  CHECK(refused.find("--cp-rotate-method alltoall") != std::string::npos);
+  CHECK(refused.find("no rotate method") != std::string::npos);
 }
 
 TEST_CASE("context_parallel::the issue's command: the same tokens per rank, the same peak") {
