@@ -267,7 +267,7 @@ private:
   // The copies unit u's gradients pass through at its backward's end: FSDP1's flat gradient out
   // of its views', FSDP2's redistribution of a gradient placed otherwise than its parameter.
   void gradient_copies(int u, double end, int mb);
-  // Block u's exchanges beside its forward or backward from `st`: the ring's (context
+  // Unit u's exchanges beside its forward or backward from `st`: a block's ring (context
   // parallelism) and tensor parallelism's collectives.
   void block_exchanges(int u, double st, bool backward, int mb);
   // Unit u's transient of the loss's backward at t (the head's; every unit's own transient).
@@ -296,15 +296,21 @@ private:
   void ring_exchange(int u, double start, double unit_s, double attention_s, bool backward,
                      Phase phase, int mb);
   void reduce_pending(int u, double end, int mb, bool first);
-  // A block's tensor-parallel collectives of its activations (`pass`: the forward, the backward,
-  // or a rerun forward under `what` checkpointing) at the end of its compute from `start` for
-  // `unit_s`; async tensor parallelism runs them beside the unit's `gemm_s` of GEMMs. The compute
-  // stream waits for them.
+  // A unit's tensor-parallel collectives of its activations (`pass`: the forward, the backward,
+  // or a block's rerun forward) at the end of its compute from `start` for `unit_s`; async
+  // tensor parallelism runs them beside the unit's `gemm_s` of GEMMs. The compute stream waits
+  // for them.
   enum class TpPass : std::uint8_t { forward, backward, selective_rerun };
   void tensor_exchange(int u, double start, double unit_s, double gemm_s, TpPass pass);
-  // Bytes one rank sends for them, and the collectives (each on the [T, h] activation) they are.
-  double tensor_sent(TpPass pass);
-  std::vector<std::pair<documents::Collective, int>> tensor_collectives(TpPass pass) const;
+  // Unit u's collectives of a pass (`count` of each, on `bytes`), and the bytes one rank sends
+  // for them.
+  struct TpCollective {
+    documents::Collective op;
+    double bytes;
+    int count;
+  };
+  std::vector<TpCollective> tensor_collectives(int u, TpPass pass) const;
+  double tensor_sent(int u, TpPass pass);
   void walk_memory();
 
   // The model states before the step starts, on the device and in total.

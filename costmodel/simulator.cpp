@@ -635,12 +635,13 @@ StepResult Simulation::run() {
   }
   if (tensor_ > 1) {
     double per_mb = 0;
-    for (int u = 1; u < n_units_ - 1; ++u)
-      per_mb += tensor_sent(TpPass::forward) + tensor_sent(TpPass::backward) +
-                (checkpointed(u) ? tensor_sent(TpPass::forward)
-                 : j.checkpointing == documents::Checkpointing::selective_op
-                     ? tensor_sent(TpPass::selective_rerun)
-                     : 0.0);
+    for (int u = 0; u < n_units_; ++u)
+      per_mb +=
+          tensor_sent(u, TpPass::forward) + tensor_sent(u, TpPass::backward) +
+          (checkpointed(u) ? tensor_sent(u, TpPass::forward)
+           : j.checkpointing == documents::Checkpointing::selective_op && u > 0 && u < n_units_ - 1
+               ? tensor_sent(u, TpPass::selective_rerun)
+               : 0.0);
     result_.tensor_bytes_per_gpu = per_mb * static_cast<double>(gas);
   }
   result_.exposed_comm_s = std::max(0.0, result_.step_s - result_.compute_s);

@@ -15,7 +15,7 @@ using documents::Category;
 using documents::Collective;
 
 void Simulation::block_exchanges(int u, double st, bool backward, int mb) {
-  if (u == 0 || u == n_units_ - 1) return;
+  const bool block = u > 0 && u < n_units_ - 1;
   const auto& ui = info(u);
   // The pass's seconds of a kind (the backward's: the unit's less its forward's).
   auto seconds = [&](ComputeKind k) {
@@ -23,7 +23,7 @@ void Simulation::block_exchanges(int u, double st, bool backward, int mb) {
     return backward ? ui.kinds[i] - ui.fwd_kinds[i] : ui.fwd_kinds[i];
   };
   const double dur = backward ? ui.bwd_s : ui.fwd_s;
-  if (context_ > 1)
+  if (context_ > 1 && block)
     ring_exchange(u, st, dur, seconds(ComputeKind::attention), backward,
                   backward ? Phase::backward : Phase::forward, mb);
   if (tensor_ > 1)
@@ -74,31 +74,62 @@ void Simulation::ring_exchange(int u, double start, double unit_s, double attent
   mem(start + unit_s, -held, Category::buffers, phase, u, mb);
 }
 
-// Megatron-LM's pattern as torch's parallel styles run it (Shoeybi et al. 2019, §3): two
-// all-reduces of the [T, h] activation per block in the forward (after the attention's and the
-// MLP's row-parallel linears) and two in the backward (the column-parallel linears' input
-// gradients); under sequence parallelism (Korthikanti et al. 2022, §4.2.2) each is an all-gather
-// and a reduce-scatter of the same buffer. The head's and embedding's collectives are left out.
-double Simulation::tensor_sent(TpPass pass) {
-  double sent = 0;
-  for (const auto& [op, count] : tensor_collectives(pass))
-    sent += count * comm_.cost(op, tensor_group_, tp_buffer_bytes_).bytes_sent;
-  return sent;
+// Megatron-LM's pattern (Shoeybi et al. 2019, §3), as Megatron-core's layers and torch's
+// parallel styles run it, on the [T, h] activation unless said:
+//   a block     two all-reduces in the forward (after the attention's and the MLP's row-parallel
+//               linears) and two in the backward (the column-parallel linears' input gradients);
+//               under sequence parallelism (Korthikanti et al. 2022, §4.2.2) each an all-gather
+//               and a reduce-scatter. A selective rerun stops after the MLP's first linear: both
+//               all-gathers and the attention's reduce-scatter, or the attention's all-reduce.
+//   embeddings  a vocabulary-parallel (row-wise) table's partial output reduced: all-reduced, or
+//               reduce-scattered over the sequence, whose gradient is all-gathered back; none for
+//               transformers' unplanned, replicated table
+//   head        the column-parallel projection's input all-gathered under sequence parallelism,
+//               its gradient all-reduced (reduce-scattered) back; transformers' colwise_rep also
+//               all-gathers the logits [T, V] for the model's own loss. (The vocabulary-parallel
+//               losses' all-reduces of per-token scalars are left out.)
+std::vector<Simulation::TpCollective> Simulation::tensor_collectives(int u, TpPass pass) const {
+  const double x = tp_buffer_bytes_;
+  const bool sp = sequence_parallel_;
+  const bool backward = pass == TpPass::backward;
+  std::vector<TpCollective> out;
+  if (u == 0) {
+    const bool planned = !torch_styles() || documents::recipe_traits(in_.job.recipe).tp_embedding !=
+                                                documents::TpEmbedding::unplanned;
+    if (planned && !backward)
+      out.push_back({sp ? Collective::reduce_scatter : Collective::all_reduce, x, 1});
+    if (planned && backward && sp) out.push_back({Collective::all_gather, x, 1});
+    return out;
+  }
+  if (u == n_units_ - 1) {
+    const bool gathered_logits =
+        torch_styles() &&
+        documents::recipe_traits(in_.job.recipe).tp_loss == documents::TpLoss::gathered;
+    if (!backward && sp) out.push_back({Collective::all_gather, x, 1});
+    if (!backward && gathered_logits)
+      out.push_back(
+          {Collective::all_gather,
+           x / static_cast<double>(in_.model->hidden) * static_cast<double>(in_.model->vocab), 1});
+    if (backward) out.push_back({sp ? Collective::reduce_scatter : Collective::all_reduce, x, 1});
+    return out;
+  }
+  const bool rerun = pass == TpPass::selective_rerun;
+  if (sp) return {{Collective::all_gather, x, 2}, {Collective::reduce_scatter, x, rerun ? 1 : 2}};
+  return {{Collective::all_reduce, x, rerun ? 1 : 2}};
 }
 
-std::vector<std::pair<Collective, int>> Simulation::tensor_collectives(TpPass pass) const {
-  // A selective rerun stops after the MLP's first linear: both all-gathers and the attention's
-  // reduce-scatter, or the attention's all-reduce.
-  const bool rerun = pass == TpPass::selective_rerun;
-  if (sequence_parallel_)
-    return {{Collective::all_gather, 2}, {Collective::reduce_scatter, rerun ? 1 : 2}};
-  return {{Collective::all_reduce, rerun ? 1 : 2}};
+double Simulation::tensor_sent(int u, TpPass pass) {
+  double sent = 0;
+  for (const auto& c : tensor_collectives(u, pass))
+    sent += c.count * comm_.cost(c.op, tensor_group_, c.bytes).bytes_sent;
+  return sent;
 }
 
 void Simulation::tensor_exchange(int u, double start, double unit_s, double gemm_s, TpPass pass) {
   double dur = 0;
-  for (const auto& [op, count] : tensor_collectives(pass))
-    for (int k = 0; k < count; ++k) dur += coll(op, tensor_group_, tp_buffer_bytes_);
+  for (const auto& c : tensor_collectives(u, pass))
+    for (int k = 0; k < c.count; ++k) dur += coll(c.op, tensor_group_, c.bytes);
+  if (dur <= 0) return;
   // Blocking: after the unit's kernels, the compute stream waiting. Async: beside its GEMMs.
   const double overlap = async_tp_ ? std::min(dur, gemm_s) : 0.0;
   const double at = issue(Stream::tensor, start + unit_s - overlap, Stream::compute, dur,

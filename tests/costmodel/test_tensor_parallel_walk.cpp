@@ -145,14 +145,16 @@ TEST_CASE("tp_walk::FSDP2 over TP: the sharded model states and the embedding's 
   CHECK(category(r.at_peak, Category::buffers) == 4 * 524288.0 + 4 * 352768.0);
 }
 
-// The collectives of one block per micro-batch, by hand (Megatron-LM's pattern as torch's styles
-// run it: Shoeybi et al. 2019, §3; Korthikanti et al. 2022, §4.2.2): Llama-3-8B, s = 8192, b = 1,
-// bf16, so the [T, h] activation is 2 · 8192 · 4096 = 67,108,864 bytes; t = 2, a ring collective
-// sends (t − 1)/t of it: 33,554,432. Sequence parallel: forward 2 all-gathers + 2 reduce-scatters,
-// backward the same, torchtitan's op-level rerun 2 all-gathers + 1 reduce-scatter: 11 sends,
-// 369,098,752 bytes a block, 32 blocks: 11,811,160,064 bytes. Without sequence parallelism: 2
-// all-reduces each way (2(t − 1)/t each: 67,108,864) and 1 in the rerun: 5 · 67,108,864 a block,
-// 10,737,418,240 for 32.
+// The collectives of one micro-batch, by hand (Megatron-LM's pattern as torch's styles run it:
+// Shoeybi et al. 2019, §3; Korthikanti et al. 2022, §4.2.2): Llama-3-8B, s = 8192, b = 1, bf16, so
+// the [T, h] activation is 2 · 8192 · 4096 = 67,108,864 bytes; t = 2, a ring collective sends
+// (t − 1)/t of it: 33,554,432. Sequence parallel: a block's forward 2 all-gathers + 2
+// reduce-scatters, its backward the same, torchtitan's op-level rerun 2 all-gathers + 1
+// reduce-scatter: 11 sends a block, 32 blocks; the row-wise table's output reduce-scattered and
+// its gradient all-gathered, the head's input all-gathered and its gradient reduce-scattered: 4
+// more. 356 sends, 11,945,377,792 bytes. Without sequence parallelism: 2 all-reduces each way
+// (2(t − 1)/t each: 67,108,864) and 1 in the rerun, 5 a block, and the table's output and the
+// head's input gradient all-reduced: 162 · 67,108,864 = 10,871,635,968.
 TEST_CASE("tp_walk::tensor parallelism's bytes per step, hand-derived") {
   const ModelSpec m = load_model("llama-3-8b");
   const HardwareProfile hw = load_hardware("h100-sxm5-80gb");
@@ -173,7 +175,7 @@ TEST_CASE("tp_walk::tensor parallelism's bytes per step, hand-derived") {
     l.sequence_parallel = sp;
     const ParallelStep r = simulate_parallel_step(in, l);
     REQUIRE(r.step.valid);
-    CHECK(r.tp_bytes == doctest::Approx(sp ? 11811160064.0 : 10737418240.0));
+    CHECK(r.tp_bytes == doctest::Approx(sp ? 11945377792.0 : 10871635968.0));
     CHECK(r.step.comm_bytes_per_gpu == doctest::Approx(r.tp_bytes + r.dp_bytes));
     // The blocking collectives are exposed in full; async TP overlaps them with the GEMMs.
     l.async_tensor_parallel = sp;
@@ -186,8 +188,9 @@ TEST_CASE("tp_walk::tensor parallelism's bytes per step, hand-derived") {
 
 // Megatron-core's TP in the walk: the same collectives per block (Megatron-LM's own pattern),
 // none in the rerun of its selective recompute (the attention core alone), the forward's again
-// in a fully checkpointed block's. Llama-3-8B as above, t = 2 with sequence parallelism: 8 sends
-// of 33,554,432 bytes a block, 12 under full checkpointing; 32 blocks.
+// in a fully checkpointed block's; its vocabulary-parallel embedding and head as torchtitan's.
+// Llama-3-8B as above, t = 2 with sequence parallelism: 8 sends of 33,554,432 bytes a block, 12
+// under full checkpointing; 32 blocks; 4 for the embedding and the head.
 TEST_CASE("tp_walk::Megatron-core's TP: its collectives' bytes, hand-derived") {
   const ModelSpec m = load_model("llama-3-8b");
   const HardwareProfile hw = load_hardware("h100-sxm5-80gb");
@@ -209,7 +212,7 @@ TEST_CASE("tp_walk::Megatron-core's TP: its collectives' bytes, hand-derived") {
     const ParallelStep r = simulate_parallel_step(in, l);
     REQUIRE(r.step.valid);
     const double sends = mode == Checkpointing::full ? 12 : 8;
-    CHECK(r.tp_bytes == doctest::Approx(32 * sends * 33554432.0));
+    CHECK(r.tp_bytes == doctest::Approx((32 * sends + 4) * 33554432.0));
   }
 }
 
@@ -314,4 +317,36 @@ TEST_CASE("tp_walk::the executor's tensor-parallel stage: first-use gradients, D
     CHECK(category(r.at_peak, Category::activations) == (sp ? 566784 : 690688));
     CHECK(r.allocated_peak_bytes == (sp ? 1903872 : 2027776));
   }
+}
+
+// transformers' lm_head "colwise_rep" all-gathers the logits for the model's own loss: Llama-3-8B,
+// t = 2, no sequence parallelism, s = 8192, bf16: the logits [T, V] are 2 · 8192 · 128,256 =
+// 2,101,346,304 bytes, of which a rank sends half, 1,050,673,152, beside the head's input
+// gradient all-reduced (67,108,864); no embedding collective (its table is replicated). With
+// torchtitan's loss_parallel the logits stay split: the difference is the gather alone.
+TEST_CASE("tp_walk::transformers' colwise_rep head gathers the logits") {
+  const ModelSpec m = load_model("llama-3-8b");
+  const HardwareProfile hw = load_hardware("h100-sxm5-80gb");
+  auto tp_bytes = [&](Recipe r) {
+    StepInput in;
+    in.model = &m;
+    in.hardware = &hw;
+    in.cluster = {8, 8};
+    in.job.seq_len = 8192;
+    in.job.micro_batch = 1;
+    in.job.global_batch = 4;
+    in.job.recipe = r;
+    in.job.loss = recipe_traits(r).loss;
+    in.job.checkpointing = Checkpointing::none;
+    in.spec = make_spec("ddp", Flavour::ddp, 8);
+    ParallelLayout l;
+    l.tensor_parallel = 2;
+    const ParallelStep s = simulate_parallel_step(in, l);
+    REQUIRE(s.step.valid);
+    return s.tp_bytes;
+  };
+  // Blocks: 4 all-reduces each of 67,108,864 sent, 32 blocks.
+  const double blocks = 32 * 4 * 67108864.0;
+  CHECK(tp_bytes(Recipe::hf) == doctest::Approx(blocks + 1050673152.0 + 67108864.0));
+  CHECK(tp_bytes(Recipe::torchtitan) == doctest::Approx(blocks + 2 * 67108864.0));
 }
