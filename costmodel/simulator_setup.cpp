@@ -49,6 +49,11 @@ bool Simulation::check_plan() {
     return false;
   }
   // The data-parallel ranks: each tensor-parallel group is one replica.
+  if (c.gpus % tensor_ != 0) {
+    fail(fmt::format("{} GPUs are not a multiple of tensor parallel {}", c.gpus, tensor_),
+         "--tensor-parallel");
+    return false;
+  }
   world_ = c.gpus / tensor_;
   // A tied table under a TP plan is one parameter the embedding and the head would place
   // differently (transformers' unplanned embedding and colwise_rep head; torchtitan's row-wise
