@@ -205,14 +205,13 @@ void Simulation::split_unit_sizes() {
       u.params = e.params;
       u.grads = e.grads;
       u.plain = e.plain;
+      u.opt_elems = e.optimizer;
     } else {
       // Megatron-core's split (tp_local_elements): plain tensors, one foreach group.
       const double whole = u.params;
       u.params = u.grads = u.plain = tp_local_elements(*tensors[k], tensor_, k == 0);
       u.opt_elems *= u.params / std::max(1.0, whole);
     }
-    if (torch_styles())
-      u.opt_elems = torch_tp_elements(*tensors[k], in_.job.optimizer, l, style, k == 0).optimizer;
     // The sharding engines shard each rank's local tensors as they would the whole ones.
     u.shardable = u.params;
     u.gather = spec_.shard_parameters ? u.params : 0;
