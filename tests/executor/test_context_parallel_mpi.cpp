@@ -1,7 +1,7 @@
 // Context parallelism (executor/context_parallel.hpp) under mpirun: c ranks sharing every
 // sequence (ring attention), times d = world / (c·t) data-parallel replicas, with and without
 // tensor parallelism inside (t), train as one process does with DDP on the same global batch;
-// and each rank's measured peak against costmodel/parallel_memory's prediction for the layout.
+// and each rank's measured peak against the step walk's prediction for the layout.
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -309,7 +309,7 @@ TEST_CASE("tensor_parallel::measured memory against the cost model's per-stage p
   // h = 64, q = 64 (4 heads of 16), kv = 32 (2 heads), I = 128 (SwiGLU), V = 64 (untied), RMSNorm,
   // no biases; micro-batch B = 2 × T = 32, N = 64 tokens. Hand derivation of what one rank holds
   // (executor/gpt_model.cpp, tensor_parallel_block.cpp, tensor_parallel_vocab.cpp, grad_buffer.cpp)
-  // and what costmodel/parallel_memory must predict, in bytes (4 per element):
+  // and what the step walk must predict, in bytes (4 per element):
   //   elements E: embedding V/t·h = 2,048; per block 2h norms + (qh + 2kv·h + qh + 3Ih)/t =
   //     128 + 18,432 = 18,560, ×4 = 74,240; head h + V/t·h = 2,112; E = 78,400
   //   parameters 4E = 313,600; AdamW's moments 8E = 627,200; DDP's bucket copy 4E = 313,600
