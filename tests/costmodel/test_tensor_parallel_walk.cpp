@@ -69,6 +69,35 @@ const json* find_case(const json& corpus, const std::string& id) {
 
 double category(const Breakdown& b, Category c) { return b[static_cast<int>(c)]; }
 
+// Llama-3-8B on 8 H100s, s = 8192, b = 1, global batch 4, under `recipe` with its loss, the
+// job's checkpointing and the plan's strategy: the job of the bytes-per-step derivations below.
+struct Llama8b {
+  ModelSpec model = load_model("llama-3-8b");
+  HardwareProfile hardware = load_hardware("h100-sxm5-80gb");
+  StepInput in;
+  Llama8b(Recipe recipe, Checkpointing mode, const std::string& strategy, Flavour flavour) {
+    in.model = &model;
+    in.hardware = &hardware;
+    in.cluster = {8, 8};
+    in.job.seq_len = 8192;
+    in.job.micro_batch = 1;
+    in.job.global_batch = 4;
+    in.job.recipe = recipe;
+    in.job.loss = recipe_traits(recipe).loss;
+    in.job.checkpointing = mode;
+    in.spec = make_spec(strategy, flavour, 8);
+  }
+  Llama8b(const Llama8b&) = delete;  // `in` points into it
+  Llama8b& operator=(const Llama8b&) = delete;
+  ParallelStep run(int t, bool sp, bool async = false) const {
+    ParallelLayout l;
+    l.tensor_parallel = t;
+    l.sequence_parallel = sp;
+    l.async_tensor_parallel = async;
+    return simulate_parallel_step(in, l);
+  }
+};
+
 }  // namespace
 
 // The plans' model states for llama-h256 (h = 256, 8 heads of 32 over 2 key/value heads,
@@ -156,31 +185,15 @@ TEST_CASE("tp_walk::FSDP2 over TP: the sharded model states and the embedding's 
 // (2(t − 1)/t each: 67,108,864) and 1 in the rerun, 5 a block, and the table's output and the
 // head's input gradient all-reduced: 162 · 67,108,864 = 10,871,635,968.
 TEST_CASE("tp_walk::tensor parallelism's bytes per step, hand-derived") {
-  const ModelSpec m = load_model("llama-3-8b");
-  const HardwareProfile hw = load_hardware("h100-sxm5-80gb");
+  const Llama8b k(Recipe::torchtitan, Checkpointing::selective_op, "fsdp-full", Flavour::fsdp2);
   for (const bool sp : {true, false}) {
-    StepInput in;
-    in.model = &m;
-    in.hardware = &hw;
-    in.cluster = {8, 8};
-    in.job.seq_len = 8192;
-    in.job.micro_batch = 1;
-    in.job.global_batch = 4;
-    in.job.recipe = Recipe::torchtitan;
-    in.job.loss = recipe_traits(in.job.recipe).loss;
-    in.job.checkpointing = Checkpointing::selective_op;
-    in.spec = make_spec("fsdp-full", Flavour::fsdp2, 8);
-    ParallelLayout l;
-    l.tensor_parallel = 2;
-    l.sequence_parallel = sp;
-    const ParallelStep r = simulate_parallel_step(in, l);
+    const ParallelStep r = k.run(2, sp);
     REQUIRE(r.step.valid);
     CHECK(r.tp_bytes == doctest::Approx(sp ? 11945377792.0 : 10871635968.0));
     CHECK(r.step.comm_bytes_per_gpu == doctest::Approx(r.tp_bytes + r.dp_bytes));
-    // The blocking collectives are exposed in full; async TP overlaps them with the GEMMs.
-    l.async_tensor_parallel = sp;
     if (!sp) continue;
-    const ParallelStep async = simulate_parallel_step(in, l);
+    // The blocking collectives are exposed in full; async TP overlaps them with the GEMMs.
+    const ParallelStep async = k.run(2, true, true);
     CHECK(async.tp_exposed_s < r.tp_exposed_s);
     CHECK(async.step.step_s < r.step.step_s);
   }
@@ -192,24 +205,8 @@ TEST_CASE("tp_walk::tensor parallelism's bytes per step, hand-derived") {
 // Llama-3-8B as above, t = 2 with sequence parallelism: 8 sends of 33,554,432 bytes a block, 12
 // under full checkpointing; 32 blocks; 4 for the embedding and the head.
 TEST_CASE("tp_walk::Megatron-core's TP: its collectives' bytes, hand-derived") {
-  const ModelSpec m = load_model("llama-3-8b");
-  const HardwareProfile hw = load_hardware("h100-sxm5-80gb");
   for (const Checkpointing mode : {Checkpointing::selective_attention, Checkpointing::full}) {
-    StepInput in;
-    in.model = &m;
-    in.hardware = &hw;
-    in.cluster = {8, 8};
-    in.job.seq_len = 8192;
-    in.job.micro_batch = 1;
-    in.job.global_batch = 4;
-    in.job.recipe = Recipe::megatron;
-    in.job.loss = recipe_traits(in.job.recipe).loss;
-    in.job.checkpointing = mode;
-    in.spec = make_spec("zero1", Flavour::megatron, 8);
-    ParallelLayout l;
-    l.tensor_parallel = 2;
-    l.sequence_parallel = true;
-    const ParallelStep r = simulate_parallel_step(in, l);
+    const ParallelStep r = Llama8b(Recipe::megatron, mode, "zero1", Flavour::megatron).run(2, true);
     REQUIRE(r.step.valid);
     const double sends = mode == Checkpointing::full ? 12 : 8;
     CHECK(r.tp_bytes == doctest::Approx((32 * sends + 4) * 33554432.0));
@@ -325,23 +322,8 @@ TEST_CASE("tp_walk::the executor's tensor-parallel stage: first-use gradients, D
 // gradient all-reduced (67,108,864); no embedding collective (its table is replicated). With
 // torchtitan's loss_parallel the logits stay split: the difference is the gather alone.
 TEST_CASE("tp_walk::transformers' colwise_rep head gathers the logits") {
-  const ModelSpec m = load_model("llama-3-8b");
-  const HardwareProfile hw = load_hardware("h100-sxm5-80gb");
-  auto tp_bytes = [&](Recipe r) {
-    StepInput in;
-    in.model = &m;
-    in.hardware = &hw;
-    in.cluster = {8, 8};
-    in.job.seq_len = 8192;
-    in.job.micro_batch = 1;
-    in.job.global_batch = 4;
-    in.job.recipe = r;
-    in.job.loss = recipe_traits(r).loss;
-    in.job.checkpointing = Checkpointing::none;
-    in.spec = make_spec("ddp", Flavour::ddp, 8);
-    ParallelLayout l;
-    l.tensor_parallel = 2;
-    const ParallelStep s = simulate_parallel_step(in, l);
+  auto tp_bytes = [](Recipe r) {
+    const ParallelStep s = Llama8b(r, Checkpointing::none, "ddp", Flavour::ddp).run(2, false);
     REQUIRE(s.step.valid);
     return s.tp_bytes;
   };
