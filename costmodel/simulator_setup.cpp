@@ -249,11 +249,12 @@ void Simulation::prepare_unit_times() {
       act_b_, autocast_copies() || executor_casts() ? std::max(sb_.param, compute_b_) : compute_b_,
       !hw.is_cpu};
   const ComputeModel cm(hw, j);
-  // The rank's share of the GEMMs under tensor parallelism: torchtitan's loss_parallel keeps the
-  // loss on the rank's vocabulary columns; transformers' colwise_rep head gathers the logits.
-  const auto& traits = documents::recipe_traits(j.recipe);
+  // The rank's share of the GEMMs under tensor parallelism: Megatron-core's vocabulary-parallel
+  // cross-entropy and torchtitan's loss_parallel keep the loss on the rank's vocabulary columns;
+  // transformers' colwise_rep head gathers the logits.
   const TensorSplit split{tensor_, sequence_parallel_,
-                          tensor_ == 1 || traits.tp_loss == documents::TpLoss::loss_parallel};
+                          !torch_styles() || documents::recipe_traits(j.recipe).tp_loss ==
+                                                 documents::TpLoss::loss_parallel};
   const UnitKind unit_kinds[3] = {UnitKind::embedding, UnitKind::block, UnitKind::head};
   const std::string hooks = framework_key(s);
   for (int k = 0; k < 3; ++k) {

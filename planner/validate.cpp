@@ -194,6 +194,9 @@ RunFacts read_run(const json& run) {
   return f;
 }
 
+// What predicts a tensor- or context-parallel run's memory (the JSON's predicted_by).
+constexpr const char* kModelParallelPredictor = "the step walk (simulate_parallel_step), one stage";
+
 // A run with tensor or context parallelism: the memory of its one stage as the step walk counts
 // it for the run's t, sequence parallelism and c (simulate_parallel_step; the plan's own
 // prediction is for its layout, data parallelism alone unless its /parallel says the same). A
@@ -376,11 +379,11 @@ json validate_json(const json& plan_document, const json& run_document, bool for
   if (run.tensor_parallel > 1) {
     out["memory"]["tensor_parallel"] = {{"size", run.tensor_parallel},
                                         {"sequence_parallel", run.sequence_parallel},
-                                        {"predicted_by", "costmodel/parallel_memory (one stage)"}};
+                                        {"predicted_by", kModelParallelPredictor}};
   }
   if (run.context_parallel > 1)
     out["memory"]["context_parallel"] = {{"size", run.context_parallel},
-                                         {"predicted_by", "costmodel/parallel_memory (one stage)"}};
+                                         {"predicted_by", kModelParallelPredictor}};
   if (run.device) out["memory"]["device"] = *run.device;
   out["notes"] = notes_json(run);
   if (run.model_parallel() && (plan.parallel.tensor_parallel != run.tensor_parallel ||
@@ -390,6 +393,13 @@ json validate_json(const json& plan_document, const json& run_document, bool for
         "run's are {} and {}; its memory is predicted for the run's",
         plan.parallel.tensor_parallel, plan.parallel.context_parallel, run.tensor_parallel,
         run.context_parallel));
+  // The run ran the executor's own model code: its memory is predicted for that code, whatever
+  // recipe the plan was costed for (model_parallel_prediction).
+  if (run.model_parallel() && plan.job.recipe != documents::Recipe::executor)
+    out["notes"].push_back(fmt::format(
+        "the plan was costed for the {} recipe's code; the run's memory is predicted for the "
+        "executor's, which ran",
+        documents::recipe_name(plan.job.recipe)));
   if (!differ.empty()) {
     json forced = json::array();
     for (const auto& [pointer, what] : differ)

@@ -358,6 +358,14 @@ TEST_CASE("validate::a tensor-parallel run: the memory predicted for the run's t
   CHECK(v["memory"]["peak_predicted_bytes"].get<double>() == doctest::Approx(want));
   CHECK(v["memory"]["peak_rel_error"].get<double>() == doctest::Approx((want - 1250) / 1250));
   CHECK(v["memory"]["tensor_parallel"]["size"] == 2);
+  CHECK(v["memory"]["tensor_parallel"]["predicted_by"] ==
+        "the step walk (simulate_parallel_step), one stage");
+  bool executor_said = false;  // the plan's recipe (hf) is not the code that ran
+  for (const auto& n : v["notes"])
+    executor_said |= n.get<std::string>() ==
+                     "the plan was costed for the hf recipe's code; the run's memory is predicted "
+                     "for the executor's, which ran";
+  CHECK(executor_said);
   bool said = false;
   for (const auto& n : v["notes"])
     said |= n.get<std::string>().find("the plan's step time is for tensor parallelism 1") !=
