@@ -56,7 +56,7 @@ planner::Scenario llama405b_16384_gpus() {
 void parallel_search(benchmark::State& state, const planner::Scenario& sc) {
   long evaluated = 0, layouts = 0;
   for (auto _ : state) {
-    auto s = planner::search_layouts(sc);
+    auto s = planner::search_layouts(sc, 10);
     evaluated += s.evaluated;
     layouts += s.layouts;
     benchmark::DoNotOptimize(s.ranked.data());

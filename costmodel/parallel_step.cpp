@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "costmodel/compute_time.hpp"
+#include "costmodel/pipeline_walk.hpp"
 #include "documents/breakdown.hpp"
 #include "documents/collectives.hpp"
 #include "documents/hardware.hpp"
@@ -277,6 +278,8 @@ DataParallelTime data_parallel_time(const StepInput& in, const ParallelLayout& l
   return d;
 }
 
+}  // namespace
+
 // Tied word embeddings under a pipeline: the first stage's table and the last stage's copy (the
 // head) each collect a gradient, which Megatron-core sums over the embedding group (the first and
 // last stages' ranks at the same data, context and tensor position) after the data-parallel
@@ -298,8 +301,6 @@ CollectiveCost tied_embedding_allreduce(const StepInput& in, const ParallelLayou
   const Group pair{2, apart >= in.cluster.gpus_per_node ? 1 : 2};
   return CommModel(*in.hardware).cost(Collective::all_reduce, pair, elements * reduce_b);
 }
-
-}  // namespace
 
 double tp_bytes_per_block(const ModelSpec& m, const TrainingJob& j, const ParallelLayout& l,
                           double e) {
@@ -445,37 +446,37 @@ bool walked(const StepInput& in, const ParallelLayout& l) {
   return l.tensor_parallel == 1 || in.spec.offload == Offload::none;
 }
 
-// One stage walked by the step simulator (one rank of the ring and of the TP group), its report as
-// the one stage of the layout.
-ParallelStep walk_one_stage(const StepInput& in, const ParallelLayout& l) {
-  ParallelStep out;
+// The job as one rank of the layout runs it: its share of the ring and of the TP group.
+StepInput rank_input(const StepInput& in, const ParallelLayout& l) {
   StepInput rank = in;
   rank.context_parallel = l.context_parallel;
   rank.tensor_parallel = l.tensor_parallel;
   rank.sequence_parallel = l.sequence_parallel;
   rank.async_tensor_parallel = l.async_tensor_parallel;
   rank.cp_rotate = l.cp_rotate;
-  auto& r = out.step = simulate_step(rank);
-  if (!r.valid) return out;
-  const auto ring = static_cast<int>(Stream::context);
-  const auto tensor = static_cast<int>(Stream::tensor);
+  return rank;
+}
+
+// A walked stage's memory at its peak.
+StageMemory stage_memory(const StepResult& r, int stage, double blocks, double in_flight) {
   StageMemory st;
-  st.blocks = static_cast<double>(in.model->layers);
-  st.in_flight = 1;
+  st.stage = stage;
+  st.blocks = blocks;
+  st.in_flight = in_flight;
   st.param_bytes = r.at_peak[static_cast<int>(Category::parameters)];
   st.grad_bytes = r.at_peak[static_cast<int>(Category::gradients)];
   st.optimizer_bytes = r.at_peak[static_cast<int>(Category::optimizer_states)];
   st.activation_bytes = r.at_peak[static_cast<int>(Category::activations)];
   st.buffer_bytes = r.at_peak[static_cast<int>(Category::buffers)];
   st.overhead_bytes = r.at_peak[static_cast<int>(Category::overhead)];
-  out.memory.stages = {st};
-  out.memory.peak_bytes = r.peak_bytes;
-  out.memory.peak_name = r.peak_when;
-  out.stage_forward_s = {r.forward_per_mb_s};
-  out.stage_backward_s = {r.backward_per_mb_s};
-  out.compute_per_mb_s = r.forward_per_mb_s + r.backward_per_mb_s;
-  out.cp_exposed_s = r.exposed_s[ring];
-  out.tp_exposed_s = r.exposed_s[tensor];
+  st.moment = r.peak_when;
+  return st;
+}
+
+// The exposed time and the bytes of a walked stage's rank, by dimension.
+void stage_comm(const StepResult& r, ParallelStep& out) {
+  out.cp_exposed_s = r.exposed_s[static_cast<int>(Stream::context)];
+  out.tp_exposed_s = r.exposed_s[static_cast<int>(Stream::tensor)];
   out.dp_exposed_s = std::max(0.0, r.exposed_comm_s - out.cp_exposed_s - out.tp_exposed_s);
   out.dp_comm_s = 0;  // the data-parallel collectives' streams (not the ring's, not the host's)
   for (const Stream s : {Stream::all_gather, Stream::reduce_scatter, Stream::all_reduce})
@@ -483,10 +484,90 @@ ParallelStep walk_one_stage(const StepInput& in, const ParallelLayout& l) {
   out.cp_bytes = r.context_bytes_per_gpu;
   out.tp_bytes = r.tensor_bytes_per_gpu;
   out.dp_bytes = r.comm_bytes_per_gpu - r.context_bytes_per_gpu - r.tensor_bytes_per_gpu;
+}
+
+// One stage walked by the step simulator (one rank of the ring and of the TP group), its report as
+// the one stage of the layout.
+ParallelStep walk_one_stage(const StepInput& in, const ParallelLayout& l) {
+  ParallelStep out;
+  auto& r = out.step = simulate_step(rank_input(in, l));
+  if (!r.valid) return out;
+  StageMemory st = stage_memory(r, 0, static_cast<double>(in.model->layers), 1);
+  st.moment.clear();  // the summary names it
+  out.memory.stages = {st};
+  out.memory.peak_bytes = r.peak_bytes;
+  out.memory.peak_name = r.peak_when;
+  out.stage_forward_s = {r.forward_per_mb_s};
+  out.stage_backward_s = {r.backward_per_mb_s};
+  out.compute_per_mb_s = r.forward_per_mb_s + r.backward_per_mb_s;
+  stage_comm(r, out);
+  return out;
+}
+
+// Every stage walked (pipeline_walk.hpp); the step is the stage that ends last.
+ParallelStep walk_stages(const StepInput& in, const ParallelLayout& l) {
+  ParallelStep out;
+  const PipelineStages w = walk_pipeline(rank_input(in, l), l);
+  auto& r = out.step;
+  if (!w.valid) {
+    r = w.stages.empty() ? StepResult{} : w.stages.back();
+    r.valid = false;
+    r.reason = w.reason;
+    r.reason_input = w.reason_input;
+    return out;
+  }
+  const int p = l.pipeline_parallel;
+  out.walk = w.walk;
+  out.p2p_s = w.p2p_s;
+  out.embedding_allreduce_s = w.embedding_allreduce_s;
+  double model_flops = 0;
+  for (int s = 0; s < p; ++s) {
+    const StepResult& sr = w.stages[static_cast<std::size_t>(s)];
+    StageMemory st = stage_memory(sr, s, static_cast<double>(stage_blocks(l, in.model->layers, s)),
+                                  w.walk.peak_in_flight[static_cast<std::size_t>(s)]);
+    if (sr.peak_bytes > out.memory.peak_bytes) {
+      out.memory.peak_bytes = sr.peak_bytes;
+      out.memory.peak_stage = s;
+      out.memory.peak_name = fmt::format("stage {} of {}, at the {}", s, p, sr.peak_when);
+      r = sr;
+    }
+    if (s == 0 || sr.step_s > w.stages[static_cast<std::size_t>(out.step_stage)].step_s)
+      out.step_stage = s;
+    out.memory.stages.push_back(st);
+    out.stage_forward_s.push_back(sr.forward_per_mb_s);
+    out.stage_backward_s.push_back(sr.backward_per_mb_s);
+    model_flops += sr.model_flops;
+  }
+  // The step's time is the stage that ends last's; its memory the peak stage's.
+  const StepResult& last = w.stages[static_cast<std::size_t>(out.step_stage)];
+  const StepResult peak = r;
+  r = last;
+  r.peak_bytes = peak.peak_bytes;
+  r.allocated_peak_bytes = peak.allocated_peak_bytes;
+  r.reserve_bytes = peak.reserve_bytes;
+  r.at_peak = peak.at_peak;
+  r.model_states = peak.model_states;
+  r.head_activations_at_peak = peak.head_activations_at_peak;
+  r.peak_when = out.memory.peak_name;
+  r.model_flops = model_flops;
+  r.mfu = model_flops / (r.step_s * in.cluster.gpus *
+                         in.hardware->peak(documents::compute_dtype(in.job.precision)));
+  out.compute_per_mb_s = last.forward_per_mb_s + last.backward_per_mb_s;
+  out.bubble_s = last.bubble_s;
+  stage_comm(last, out);
+  out.pp_bytes = w.p2p_bytes * l.micro_batches;  // stage 0's activations sent
+  r.comm_bytes_per_gpu += out.pp_bytes;
   return out;
 }
 
 }  // namespace
+
+double parallel_step_bound(const StepInput& in, const ParallelLayout& l) {
+  if (!pipeline_walked(in, l) || in.job.micro_batch <= 0 ||
+      !layout_problems(l, *in.model, in.job, in.cluster).empty())
+    return 0;
+  return pipeline_step_bound(rank_input(in, l), l);
+}
 
 ParallelStep simulate_parallel_step(const StepInput& in, const ParallelLayout& l) {
   ParallelStep out;
@@ -495,6 +576,9 @@ ParallelStep simulate_parallel_step(const StepInput& in, const ParallelLayout& l
     return out;
   }
   if (walked(in, l)) return walk_one_stage(in, l);
+  if (pipeline_walked(in, l) && layout_problems(l, *in.model, in.job, in.cluster).empty() &&
+      in.job.micro_batch > 0)
+    return walk_stages(in, l);
   auto& r = out.step;
   r.params = in.model->total_params();
   r.micro_batch = in.job.micro_batch;

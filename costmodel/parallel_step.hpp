@@ -49,6 +49,10 @@ double cp_bytes_per_block(const documents::ModelSpec& m, const documents::Traini
 double p2p_bytes(const documents::ModelSpec& m, const documents::TrainingJob& j,
                  const documents::ParallelLayout& l, double e);
 
+// Tied word embeddings under a pipeline: the all-reduce of the table's gradient between the first
+// and the last stage (parallel_step.cpp says whose); empty when the model ties none or p = 1.
+CollectiveCost tied_embedding_allreduce(const StepInput& in, const documents::ParallelLayout& l);
+
 struct ParallelStep {
   StepResult step;        // the summary (peak, step time, exposed communication, MFU)
   ParallelMemory memory;  // per stage
@@ -72,5 +76,9 @@ struct ParallelStep {
 
 // Never throws for a plan that cannot run or fit: step.valid and step.reason say why.
 ParallelStep simulate_parallel_step(const StepInput& in, const documents::ParallelLayout& layout);
+
+// A bound below simulate_parallel_step's step time that costs no walk of the micro-batches
+// (pipeline_step_bound), for the layouts whose pipeline is walked; 0 (no bound) for the others.
+double parallel_step_bound(const StepInput& in, const documents::ParallelLayout& layout);
 
 }  // namespace shardplan::costmodel

@@ -18,6 +18,7 @@
 #include "documents/breakdown.hpp"
 #include "documents/collectives.hpp"
 #include "documents/parallel.hpp"
+#include "documents/pipeline_order.hpp"
 #include "documents/recipe.hpp"
 #include "documents/sharding.hpp"
 #include "documents/state_bytes.hpp"
@@ -51,6 +52,9 @@ struct UnitInfo {
   double first_matmul = 0;  // of `matmul`, its weight (whose autocast copy its backward releases)
   double mlp_grads = 0;     // blocks: elements of the MLP and the norm before it (first_grads too)
   double mlp_matmul = 0;    // of `matmul`, the MLP's weights
+  // Elements of the largest tensor among the MLP's (mlp_grads) and among the others: the largest
+  // new gradient a later micro-batch's backward makes before adding it into .grad.
+  double largest_mlp = 0, largest_rest = 0;
   double fwd_s = 0, bwd_s = 0, recompute_s = 0;
   ComputeTimes fwd_kinds{};  // the forward's seconds by kind (host_overhead: the host's excess)
   ComputeTimes kinds{};      // forward and backward's seconds by kind
@@ -69,12 +73,27 @@ struct UnitInfo {
 // "embeddings", "block 3", "head".
 std::string unit_label(int u, int units);
 
+// The units one rank walks, by their index in the model (0 the embeddings, 1 .. L the blocks,
+// L + 1 the head): the whole model, or a pipeline stage's model chunks (pipeline_walk.cpp), each
+// a run of consecutive units the schedule's ops take forward or backward as one.
+struct Chunk {
+  int first = 0, last = 0;  // units, inclusive
+};
+struct StageUnits {
+  std::vector<Chunk> chunks;  // empty: the whole model, one chunk
+  int stages = 1;             // p: the data-parallel ranks are the GPUs / (t·p)
+  // torch.distributed.pipelining's stage (RecipeTraits::pipeline): the buffers its PipelineStage
+  // keeps around a micro-batch's forward and backward (Simulation::stage_op).
+  bool torch_pipelining = false;
+};
+
 class Simulation {
 public:
-  Simulation(const StepInput& in, Trace* trace)
+  Simulation(const StepInput& in, Trace* trace, StageUnits stage = {})
       : in_(in), spec_(in.spec), trace_(trace), comm_(*in.hardware),
         frameworks_(in.accounting == Accounting::framework &&
-                    documents::recipe_traits(in.job.recipe).framework) {
+                    documents::recipe_traits(in.job.recipe).framework),
+        stage_(std::move(stage)) {
     if (in.accounting == Accounting::zero_paper) {
       // The paper's model states and algorithm only: no framework buffers or partition quirks,
       // ZeRO-1/2 reduce-scatter (§7).
@@ -95,9 +114,28 @@ public:
     // the head.
     if (documents::recipe_traits(in.job.recipe).fsdp_groups_per_block)
       spec_.root_unit = spec_.keep_root_unsharded = false;
+    if (keep_gathered()) spec_.reshard_after_forward = false;
   }
 
   StepResult run();
+
+  // A pipeline stage's step, op by op in its schedule's order (pipeline_walk.cpp): begin() checks
+  // the plan and places the states (false: result() says why), stage_op() runs one micro-batch's
+  // forward or backward through one model chunk once its input is `ready` and returns when its
+  // compute ends, finish() waits for the reductions, adds `after_reduce` seconds of a collective
+  // before the optimizer step (the tied embedding's all-reduce) and steps.
+  bool begin();
+  double stage_op(const documents::PipeOp& op, double ready, bool first, bool last);
+  StepResult finish(double after_reduce, double after_reduce_bytes);
+  const StepResult& result() const { return result_; }
+  // After begin(): the compute of one micro-batch through chunk `c`'s units, forward or backward
+  // (recompute included), alone on the stream.
+  double chunk_seconds(std::size_t c, bool backward) const {
+    double sum = 0;
+    for (int u = stage_.chunks.at(c).first; u <= stage_.chunks.at(c).last; ++u)
+      sum += backward ? info(u).bwd_s + info(u).recompute_s : info(u).fwd_s;
+    return sum;
+  }
 
 private:
   // Parameters every rank keeps whole although parameters are sharded (ZeRO-3's persistent
@@ -105,12 +143,12 @@ private:
   double persistent_params() const {
     if (!spec_.shard_parameters) return 0;
     double n = 0;
-    for (int k = 0; k < 3; ++k)
-      n += (k == 1 ? static_cast<double>(in_.model->layers) : 1.0) *
-           (units_[k].params - units_[k].shardable);
+    for (int k = 0; k < 3; ++k) n += unit_count(k) * (units_[k].params - units_[k].shardable);
     return n;
   }
 
+  // How many units of each kind (0 the embeddings, 1 the blocks, 2 the head) the rank walks.
+  double unit_count(int k) const { return counts_[static_cast<std::size_t>(k)]; }
   // Schedules an op on a stream once `ready`; returns its start. `cause` is the stream whose
   // completion made it ready (for attributing compute idle time).
   double issue(Stream s, double ready, Stream cause, double dur, const char* what, int unit);
@@ -173,7 +211,10 @@ private:
   // torch DDP wraps the model only where there is a data-parallel group: PyTorch's TP recipes
   // (the others' engines wrap it whatever d) apply it over the replicas (torchtitan's parallelize
   // calls apply_ddp only for a replicate degree above 1; transformers' tp_plan wraps nothing).
-  bool ddp_wrapped() const { return tensor_ == 1 || world_ > 1 || !torch_styles(); }
+  // (Nor does it under a pipeline: apply_ddp too needs a replicate degree above 1.)
+  bool ddp_wrapped() const {
+    return world_ > 1 || !torch_styles() || (tensor_ == 1 && stage_.stages == 1);
+  }
   // Megatron-core's DDP (frameworks): the gradients are its main-gradient buffer, present from the
   // start and kept.
   bool main_grad_buffer() const { return frameworks_ && spec_.main_grad_buffer; }
@@ -190,6 +231,19 @@ private:
   // its own gradient and makes the flat one from them (the views' split backward) once the unit's
   // last view has its gradient.
   bool split_views() const { return frameworks_ && spec_.flavour == documents::Flavour::fsdp1; }
+  // A later micro-batch's gradients into .grad without DDP (torch.distributed.pipelining's stages
+  // of a rank with no replica): autograd's AccumulateGrad makes each new gradient, a tensor of its
+  // parameter's size, and adds it in place (torch/csrc/autograd/functions/accumulate_grad.h,
+  // variable_grad += new_grad).
+  // FSDP under torch.distributed.pipelining: torchtitan's "default" reshard_after_forward is
+  // False when pipeline parallelism is on (torchtitan/models/llama3/infra/parallelize.py), and
+  // the stage's backwards run without gradient sync and without resharding until the last
+  // (torch/distributed/pipelining/stage.py, backward_maybe_with_nosync): each unit is gathered
+  // once, kept to the step's last backward, its unsharded gradient accumulated to then.
+  bool keep_gathered() const { return stage_.torch_pipelining && stage_.stages > 1; }
+  bool accumulated_gradients() const {
+    return frameworks_ && stage_.torch_pipelining && !ddp_wrapped() && !spec_.shard_gradients;
+  }
   bool checkpointed(int u) const {
     return u > 0 && u < n_units_ - 1 && in_.job.block_checkpointed(u - 1);
   }
@@ -246,8 +300,9 @@ private:
   // One micro-batch's forward and backward; `first`: the first of the step (gradients are
   // allocated), `reduce`: its gradients are reduced.
   void micro_batch(int mb, bool first, bool reduce);
-  void forward(int mb);
-  void backward(int mb, bool first, bool reduce);
+  // One micro-batch's forward or backward through the units of chunk `c`.
+  void forward(int mb, const Chunk& c);
+  void backward(int mb, bool first, bool reduce, const Chunk& c);
   // All-gathers unit u's parameters once `issue_t`; returns when they are ready.
   double gather(int u, double issue_t, Phase phase, int mb);
   // A checkpointed unit's forward again before its backward (from `ready`, waiting on `cause`).
@@ -256,9 +311,10 @@ private:
   // first micro-batch and kept to the step; sharded, the unit's full gradient is a transient
   // until it is reduced.
   void gradients_used(int g, double t, int mb, bool first) {
-    gradients_used(g, t, mb, first, info(g).params);
+    gradients_used(g, t, mb, first, info(g).params, info(g).largest_rest);
   }
-  void gradients_used(int g, double t, int mb, bool first, double elems);
+  // `largest`: elements of the largest of those tensors (accumulated_gradients()).
+  void gradients_used(int g, double t, int mb, bool first, double elems, double largest);
   // A framework on a rank whose collectives block the computing thread (gloo on a CPU): the
   // all-gathers unit u's pre-backward hook issues for the next units (FSDP's BACKWARD_PRE
   // prefetch, at most max_inflight_allgathers gathered), run in the thread's order, before u's
@@ -289,13 +345,13 @@ private:
   // output shard from the reduce-scatter's start `rs`, both until it is `done`.
   void fsdp1_reduce_buffers(int u, double end, double rs, double done, int mb);
   // Unit u's gradients join the pending reduction, reduced once the framework's bucket is full.
-  void queue_reduction(int u, double end, int mb, bool first);
+  void queue_reduction(int u, double end, int mb);
   // A block's ring exchange beside its attention (from `start`, the attention's `attention_s`
   // at the end of the unit's `unit_s`): its buffers for the unit's span, its bytes, and the
   // compute stream's wait for it.
   void ring_exchange(int u, double start, double unit_s, double attention_s, bool backward,
                      Phase phase, int mb);
-  void reduce_pending(int u, double end, int mb, bool first);
+  void reduce_pending(int u, double end, int mb);
   // A unit's tensor-parallel collectives of its activations (`pass`: the forward, the backward,
   // or a block's rerun forward) at the end of its compute from `start` for `unit_s`; async
   // tensor parallelism runs them beside the unit's `gemm_s` of GEMMs. The compute stream waits
@@ -336,7 +392,10 @@ private:
   double gather_updated_parameters(double t, const States& st);
   void account_states(const States& st);
   void add_overheads();
-  void account_compute(std::int64_t gas, const FirstMicroBatch& first);
+  // `first`: the walked micro-batch that stands for the ones not walked (none: all walked).
+  void account_compute(std::int64_t gas, const FirstMicroBatch* first);
+  // The result's totals once the step is walked (its step_s set).
+  void summarize(const FirstMicroBatch* first);
 
   const StepInput& in_;
   documents::ShardingSpec spec_;  // the plan, normalized for the accounting mode
@@ -347,6 +406,13 @@ private:
   // gathers the embeddings and head apart, reduces in place, steps AdamW in place, keeps
   // DeepSpeed's stage-3 gradient partition in fp32 and sizes its reduce buckets in bytes.
   const bool frameworks_;
+  StageUnits stage_;                // the units walked, in chunks (the whole model: one)
+  std::array<double, 3> counts_{};  // of them, embeddings, blocks, head
+  std::optional<States> states_;    // begin()'s, for finish()
+  Chunk walking_;                   // the chunk whose forward or backward is being walked
+  // torch.distributed.pipelining's buffers (stage_op): the input gradient whose send is not yet
+  // waited on, and the bytes kept to the step's end.
+  double pending_send_ = 0, held_to_end_ = 0;
   StepResult result_;
   documents::StateBytes sb_;
   std::array<UnitInfo, 4> units_;  // embeddings, block, head, checkpointed block
@@ -362,6 +428,7 @@ private:
   std::array<double, kStreams> free_at_{};  // when each stream is next free
   std::vector<double> fwd_start_, fwd_end_, bwd_start_, bwd_end_, gathered_free_;
   std::vector<char> gathered_alive_;
+  std::vector<char> reduced_;     // a unit's gradients reduced once: its shard exists
   std::vector<MemEvent> events_;  // the memory timeline, in time order
   struct CachedCost {
     documents::Collective op;

@@ -109,8 +109,9 @@ double Simulation::bucketed(Collective op, const Group& g, double bytes, double 
 }
 
 void Simulation::micro_batch(int mb, bool first, bool reduce) {
-  forward(mb);
-  backward(mb, first, reduce);
+  const Chunk all{0, n_units_ - 1};
+  forward(mb, all);
+  backward(mb, first, reduce, all);
 }
 
 double Simulation::gather(int u, double issue_t, Phase phase, int mb) {
@@ -124,9 +125,11 @@ double Simulation::gather(int u, double issue_t, Phase phase, int mb) {
   return st + dur;
 }
 
-void Simulation::forward(int mb) {
+void Simulation::forward(int mb, const Chunk& c) {
   const auto& s = spec_;
   const int U = n_units_;
+  const int lo = c.first, hi = c.last;
+  walking_ = c;
   const bool autocast_copies = this->autocast_copies();
   // The last unit is used again at once by backward: FSDP2's root and FSDP1's root keep it, and
   // DeepSpeed's trace-based prefetch finds it still gathered.
@@ -138,18 +141,18 @@ void Simulation::forward(int mb) {
   // unit's preceding parameters number `prefix`, so the first R/2 − after_u elements of u stay.
   // DeepSpeed decides parameter by parameter; the walk keeps a unit whole when most of it stays.
   std::vector<double> after(static_cast<std::size_t>(U) + 1, 0.0);
-  for (int u = U - 1; u >= 0; --u) after[u] = after[u + 1] + info(u).params;
+  for (int u = hi; u >= lo; --u) after[u] = after[u + 1] + info(u).params;
   const double R = frameworks_ ? s.reuse_distance_elems : 0;
   auto kept_through_backward = [&](int u) {
     if (!s.reshard_after_forward) return true;
     if (in_.accounting == Accounting::zero_paper) return false;
-    if (u == U - 1) return true;
+    if (u == hi) return true;
     if (R > 0 && R / 2 - after[u + 1] >= info(u).params / 2) return true;
     return (s.keep_root_unsharded || s.root_unit) && u == 0;
   };
 
   double cached_casts = 0;  // bytes of checkpointed blocks' weight casts in autocast's cache
-  for (int u = 0; u < U; ++u) {
+  for (int u = lo; u <= hi; ++u) {
     const auto& ui = info(u);
     double ready = 0;
     Stream cause = Stream::compute;
@@ -157,9 +160,9 @@ void Simulation::forward(int mb) {
       // Issue: when the CPU reaches this unit's pre-forward, `prefetch` units ahead of the GPU;
       // rate limit: the gathered unit `limit` positions back must be freed.
       const int fp = fwd_prefetch_;
-      double issue_t = u - fp >= 0 ? (fp == 0 ? fwd_end_[u - 1] : fwd_start_[u - fp]) : 0;
-      if (fp == 0 && u == 0) issue_t = free_at_[0];
-      if (s.reshard_after_forward && u - s.max_inflight_allgathers >= 0)
+      double issue_t = u - fp >= lo ? (fp == 0 ? fwd_end_[u - 1] : fwd_start_[u - fp]) : 0;
+      if (fp == 0 && u == lo) issue_t = free_at_[0];
+      if (s.reshard_after_forward && u - s.max_inflight_allgathers >= lo)
         issue_t = std::max(issue_t, gathered_free_[u - s.max_inflight_allgathers]);
       ready = gather(u, issue_t, Phase::forward, mb);
       cause = Stream::all_gather;
@@ -191,24 +194,26 @@ void Simulation::forward(int mb) {
     }
   }
   if (cached_casts > 0)
-    mem(fwd_end_[U - 1], -cached_casts, Category::activations, Phase::forward, U - 1, mb);
+    mem(fwd_end_[hi], -cached_casts, Category::activations, Phase::forward, hi, mb);
 }
 
-void Simulation::backward(int mb, bool first, bool reduce) {
+void Simulation::backward(int mb, bool first, bool reduce, const Chunk& c) {
   const auto& s = spec_;
   const int U = n_units_;
+  const int lo = c.first, hi = c.last;
+  walking_ = c;
   const bool shard_params = s.shard_parameters;
   const bool autocast_copies = this->autocast_copies();
   pending_reduce_bytes_ = 0;
   pending_units_.clear();
-  for (int u = U - 1; u >= 0; --u) {
+  for (int u = hi; u >= lo; --u) {
     const auto& ui = info(u);
     double ready = 0;
     Stream cause = Stream::compute;
     if (shard_params && ui.gather > 0 && !gathered_alive_[u]) {
       const int bp = s.backward_prefetch;
-      double issue_t = u + bp <= U - 1 ? (bp == 0 ? bwd_end_[u + 1] : bwd_start_[u + bp]) : 0;
-      if (u + s.max_inflight_allgathers <= U - 1)
+      double issue_t = u + bp <= hi ? (bp == 0 ? bwd_end_[u + 1] : bwd_start_[u + bp]) : 0;
+      if (u + s.max_inflight_allgathers <= hi)
         issue_t = std::max(issue_t, bwd_end_[u + s.max_inflight_allgathers]);
       ready = gather(u, issue_t, Phase::backward, mb);
       cause = Stream::all_gather;
@@ -248,19 +253,19 @@ void Simulation::backward(int mb, bool first, bool reduce) {
       mem(end, -(ui.matmul - gone) * act_b_, Category::activations, Phase::backward, u, mb);
     }
     gradient_copies(u, end, mb);
-    if (shard_params && gathered_alive_[u]) {
+    if (shard_params && gathered_alive_[u] && (reduce || !keep_gathered())) {
       mem(end, -ui.gather_bytes, Category::buffers, Phase::backward, u, mb, -1);
       gathered_alive_[u] = 0;
     }
     if (s.contiguous_grad_bucket && fresh > 0)
       mem(end, -fresh, Category::gradients, Phase::backward, u, mb);
-    if (backward_bucket() && u == U - 1)
+    if (backward_bucket() && u == hi)
       mem(end, s.reduce_bucket_bytes, Category::buffers, Phase::backward, u, mb);
-    if (reduce) queue_reduction(u, end, mb, first);
+    if (reduce) queue_reduction(u, end, mb);
   }
   // The bucket goes when the backward's reductions are done (reduce_pending), or at its end.
   if (backward_bucket() && !reduce)
-    mem(bwd_end_[0], -s.reduce_bucket_bytes, Category::buffers, Phase::backward, 0, mb);
+    mem(bwd_end_[lo], -s.reduce_bucket_bytes, Category::buffers, Phase::backward, lo, mb);
 }
 
 void Simulation::loss_backward(int u, double t, int mb) {
@@ -301,8 +306,9 @@ void Simulation::unit_gradients(int u, double kernels, int mb, bool first) {
   if (ui.down_first() || ui.mlp_first())
     block_backward(u, kernels, mb, first);
   else
-    gradients_used(u, kernels, mb, first, ui.grads - (tied && u == 0 ? opened : 0));
-  if (tied && u == U - 1) gradients_used(0, kernels, mb, first, opened);
+    gradients_used(u, kernels, mb, first, ui.grads - (tied && u == 0 ? opened : 0),
+                   ui.largest_rest);
+  if (tied && u == U - 1) gradients_used(0, kernels, mb, first, opened, opened);
   if (tied && u == 0 && !flat_unit && !split_views()) {
     // The tied matrix reaches autograd's input buffer twice: the embeddings' gradient is added
     // to the head's out of place (torch's autograd InputBuffer::add), so both and their sum are
@@ -362,8 +368,18 @@ void Simulation::block_backward(int u, double t, int mb, bool first) {
   if (down_first) {
     if (autocast_copies())  // the down projection's saved weight copy goes with its backward
       mem(t, -ui.first_matmul * act_b_, Category::activations, Phase::backward, u, mb);
+    if (!first && accumulated_gradients()) {
+      // The down projection's backward: its input's gradient [T, I/t] and the weight's new
+      // gradient, added into .grad before the element-wise part's gradients are made.
+      const double input_grad = act_b_ * static_cast<double>(in_.job.seq_len) / context_ *
+                                static_cast<double>(in_.job.micro_batch) *
+                                static_cast<double>(in_.model->intermediate) / tensor_;
+      const double made_now = input_grad + ui.first_grads * sb_.grad;
+      mem(t, made_now, Category::activations, Phase::backward, u, mb);
+      mem(t, -made_now, Category::activations, Phase::backward, u, mb);
+    }
     mem(t, ui.act.mlp_backward, Category::activations, Phase::backward, u, mb);
-    gradients_used(u, t, mb, first, ui.first_grads);
+    gradients_used(u, t, mb, first, ui.first_grads, 0);
     made = ui.first_grads;
     t += step;
     mem(t, -ui.act.mlp_backward, Category::activations, Phase::backward, u, mb);
@@ -375,25 +391,35 @@ void Simulation::block_backward(int u, double t, int mb, bool first) {
     if (autocast_copies())
       mem(t, -(ui.mlp_matmul - (down_first ? ui.first_matmul : 0)) * act_b_, Category::activations,
           Phase::backward, u, mb);
-    gradients_used(u, t, mb, first, ui.mlp_grads - made);
+    gradients_used(u, t, mb, first, ui.mlp_grads - made, ui.largest_mlp);
     made = ui.mlp_grads;
     t += step;
   }
-  gradients_used(u, t, mb, first, ui.params - made);
+  gradients_used(u, t, mb, first, ui.params - made,
+                 ui.mlp_first() || ui.down_first() ? ui.largest_rest
+                                                   : std::max(ui.largest_rest, ui.largest_mlp));
 }
 
-void Simulation::gradients_used(int g, double t, int mb, bool first, double elems) {
+void Simulation::gradients_used(int g, double t, int mb, bool first, double elems, double largest) {
   const auto& s = spec_;
   if (main_grad_buffer()) return;  // added into the buffer that holds them all
+  // (A temporary of the backward, not yet a gradient: torch's MemTracker files it so.)
+  if (!first && accumulated_gradients() && largest > 0) {
+    mem(t, largest * sb_.grad, Category::activations, Phase::backward, g, mb);
+    mem(t, -largest * sb_.grad, Category::activations, Phase::backward, g, mb);
+  }
   if (!s.shard_gradients && first) {
     mem(t, elems * sb_.grad, Category::gradients, Phase::backward, g, mb);
     kept_grad_bytes_ += elems * sb_.grad;
   }
-  if (s.shard_gradients) mem(t, elems * compute_b_, Category::gradients, Phase::backward, g, mb);
+  // Unsynchronized micro-batches of a pipeline stage accumulate into the unsharded gradient the
+  // first one made.
+  if (s.shard_gradients && (first || !keep_gathered()))
+    mem(t, elems * compute_b_, Category::gradients, Phase::backward, g, mb);
 }
 
 // Reduction: per unit, or when the framework's bucket has filled.
-void Simulation::queue_reduction(int u, double end, int mb, bool first) {
+void Simulation::queue_reduction(int u, double end, int mb) {
   const auto& s = spec_;
   const int U = n_units_;
   if (s.root_unit && s.shard_gradients && u == U - 1) return;  // reduced with the root, below
@@ -404,10 +430,11 @@ void Simulation::queue_reduction(int u, double end, int mb, bool first) {
     pending_units_.push_back(U - 1);
   }
   const bool per_unit_buckets =
-      !s.contiguous_grad_bucket;  // DDP caps buckets; FSDP reduces per unit
-  if (!per_unit_buckets && pending_reduce_bytes_ < s.reduce_bucket_bytes && u > 0) return;
-  if (reduces_after_backward() && u > 0) return;
-  reduce_pending(u, end, mb, first);
+      !s.contiguous_grad_bucket;          // DDP caps buckets; FSDP reduces per unit
+  const bool last = u == walking_.first;  // the backward's last unit
+  if (!per_unit_buckets && pending_reduce_bytes_ < s.reduce_bucket_bytes && !last) return;
+  if (reduces_after_backward() && !last) return;
+  reduce_pending(u, end, mb);
 }
 
 // FSDP2's foreach_reduce copies the unsharded gradients into the flat input in the reduce dtype
@@ -423,7 +450,7 @@ void Simulation::fsdp2_copy_in_buffers(int u, double end, double rs, double done
     mem(end, -info(pu).params * compute_b_, Category::gradients, Phase::reduce, pu, mb);
   mem(rs, pending_reduce_bytes_ / shard_, Category::buffers, Phase::reduce, u, mb);
   mem(done, -pending_reduce_bytes_ / shard_, Category::buffers, Phase::reduce, u, mb);
-  if (u == 0) {
+  if (u == walking_.first) {
     mem(done, -reduce_input_held_, Category::buffers, Phase::reduce, u, mb);
     reduce_input_held_ = 0;
   }
@@ -444,7 +471,7 @@ void Simulation::fsdp1_reduce_buffers(int u, double end, double rs, double done,
 // Reduces the pending gradients once unit u's backward ends: reduce-scatter or all-reduce, then
 // HSDP's replica all-reduce and the offload's copy to the host; frees the unsharded gradients and
 // keeps the shards.
-void Simulation::reduce_pending(int u, double end, int mb, bool first) {
+void Simulation::reduce_pending(int u, double end, int mb) {
   const auto& s = spec_;
   const double S = shard_;
   const bool offload_opt = s.offload != Offload::none;
@@ -495,15 +522,16 @@ void Simulation::reduce_pending(int u, double end, int mb, bool first) {
     }
     if (s.shard_gradients && !s.contiguous_grad_bucket && !copy_in)
       mem(rs + dur, -pi.params * compute_b_, Category::gradients, Phase::reduce, pu, mb);
-    if (s.shard_gradients && first && !offload_opt && !persistent_flat_partition() &&
+    if (s.shard_gradients && !reduced_[pu] && !offload_opt && !persistent_flat_partition() &&
         !whole_partition_buffer()) {
       const double shard = pi.params / S * (s.flat_grad_partition ? flat_grad_b_ : sb_.grad);
       mem(rs + dur, shard, Category::gradients, Phase::reduce, pu, mb);
       kept_grad_bytes_ += shard;
     }
+    reduced_[pu] = 1;
   }
   // The backward's last reduction done, its bucket is released (_release_ipg_buffers).
-  if (backward_bucket() && u == 0)
+  if (backward_bucket() && u == walking_.first)
     mem(rs + dur, -s.reduce_bucket_bytes, Category::buffers, Phase::reduce, u, mb);
   pending_reduce_bytes_ = 0;
   pending_units_.clear();
@@ -598,62 +626,65 @@ void Simulation::wait_for_reductions() {
   }
 }
 
-StepResult Simulation::run() {
-  const auto& m = *in_.model;
-  const auto& hw = *in_.hardware;
+bool Simulation::begin() {
   const auto& j = in_.job;
-  result_.params = m.total_params();
+  result_.params = in_.model->total_params();
   result_.micro_batch = j.micro_batch;
-  result_.capacity_bytes = hw.memory_bytes;
-  if (!check_plan()) return result_;
+  result_.capacity_bytes = in_.hardware->memory_bytes;
+  if (!check_plan()) return false;
   prepare();
-  const std::int64_t per_gpu = j.global_batch / world_;
-  const std::int64_t gas = per_gpu / j.micro_batch;
-  result_.grad_accumulation = gas;
+  result_.grad_accumulation = j.global_batch / world_ / j.micro_batch;
+  states_ = place_states();  // present before the step starts
+  return states_.has_value();
+}
 
-  const auto states = place_states();  // present before the step starts
-  if (!states) return result_;
+StepResult Simulation::run() {
+  if (!begin()) return result_;
+  const std::int64_t gas = result_.grad_accumulation;
   const FirstMicroBatch first = run_micro_batches(gas);
   double t = *std::max_element(free_at_.begin(), free_at_.end());
   wait_for_reductions();
-  t = optimizer_step(t, *states);
+  t = optimizer_step(t, *states_);
   // zero_grad(set_to_none=True): the gradients kept across micro-batches are released.
   mem(t, -kept_grad_bytes_, Category::gradients, Phase::optimizer, -1, 1);
-
-  // ---- totals
   const double mb_tail = t - first.seconds;
   result_.step_s = gas > 1 ? first.seconds * static_cast<double>(gas - 1) + mb_tail : t;
+  summarize(&first);
+  return result_;
+}
+
+void Simulation::summarize(const FirstMicroBatch* first) {
+  const auto& hw = *in_.hardware;
+  const auto& j = in_.job;
+  const std::int64_t gas = result_.grad_accumulation;
   walk_memory();
-  account_states(*states);
+  account_states(*states_);
   add_overheads();
   account_compute(gas, first);
-  if (context_ > 1) {
-    double per_mb = 0;
-    for (std::int64_t b = 0; b < m.layers; ++b)
-      per_mb += ring_.forward_sent * (j.block_checkpointed(b) ? 2 : 1) + ring_.backward_sent;
-    result_.context_bytes_per_gpu = per_mb * static_cast<double>(gas);
-  }
-  if (tensor_ > 1) {
-    double per_mb = 0;
-    for (int u = 0; u < n_units_; ++u)
-      per_mb +=
-          tensor_sent(u, TpPass::forward) + tensor_sent(u, TpPass::backward) +
-          (checkpointed(u) ? tensor_sent(u, TpPass::forward)
-           : j.checkpointing == documents::Checkpointing::selective_op && u > 0 && u < n_units_ - 1
-               ? tensor_sent(u, TpPass::selective_rerun)
-               : 0.0);
-    result_.tensor_bytes_per_gpu = per_mb * static_cast<double>(gas);
-  }
-  result_.exposed_comm_s = std::max(0.0, result_.step_s - result_.compute_s);
+  double ring_per_mb = 0, tensor_per_mb = 0, fwd_flops_mb = 0;
+  for (const Chunk& c : stage_.chunks)
+    for (int u = c.first; u <= c.last; ++u) {
+      const bool block = u > 0 && u < n_units_ - 1;
+      if (context_ > 1 && block)
+        ring_per_mb += ring_.forward_sent * (checkpointed(u) ? 2 : 1) + ring_.backward_sent;
+      if (tensor_ > 1)
+        tensor_per_mb += tensor_sent(u, TpPass::forward) + tensor_sent(u, TpPass::backward) +
+                         (checkpointed(u) ? tensor_sent(u, TpPass::forward)
+                          : j.checkpointing == documents::Checkpointing::selective_op && block
+                              ? tensor_sent(u, TpPass::selective_rerun)
+                              : 0.0);
+      fwd_flops_mb += info(u).fwd_flops;
+    }
+  result_.context_bytes_per_gpu = ring_per_mb * static_cast<double>(gas);
+  result_.tensor_bytes_per_gpu = tensor_per_mb * static_cast<double>(gas);
+  result_.exposed_comm_s = std::max(0.0, result_.step_s - result_.compute_s - result_.bubble_s);
   const double tokens_step = static_cast<double>(j.global_batch * j.seq_len);
   result_.tokens_per_s = tokens_step / result_.step_s;
-  // Model FLOPs: forward + backward (3× forward) without recompute, whole job.
-  double fwd_flops_mb = 0;
-  for (int u = 0; u < n_units_; ++u) fwd_flops_mb += info(u).fwd_flops;
+  // Model FLOPs: forward + backward (3× forward) without recompute, whole job (a stage's: its
+  // share of the model on every replica).
   result_.model_flops = 3.0 * fwd_flops_mb * static_cast<double>(gas) * world_;
-  result_.mfu = result_.model_flops /
-                (result_.step_s * world_ * tensor_ * hw.peak(compute_dtype(j.precision)));
-  return result_;
+  result_.mfu = result_.model_flops / (result_.step_s * world_ * tensor_ * stage_.stages *
+                                       hw.peak(compute_dtype(j.precision)));
 }
 
 }  // namespace step_walk

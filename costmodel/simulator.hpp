@@ -103,6 +103,7 @@ struct StepResult {
   // The compute stream's busy time by kind (compute_time.hpp); sums to compute_s.
   ComputeTimes compute_by_kind_s{};
   double exposed_comm_s = 0;  // compute stream idle, waiting on communication or transfers
+  double bubble_s = 0;        // compute stream idle, waiting on another pipeline stage
   std::array<double, kStreams> busy_s{};     // per stream
   std::array<double, kStreams> exposed_s{};  // compute idle attributed to each stream
   double comm_bytes_per_gpu = 0;             // bytes each GPU sends per step

@@ -54,7 +54,14 @@ bool Simulation::check_plan() {
          "--tensor-parallel");
     return false;
   }
-  world_ = c.gpus / tensor_;
+  const int model_ranks = tensor_ * stage_.stages;  // one replica: its TP group's stages
+  if (c.gpus % model_ranks != 0) {
+    fail(fmt::format("{} GPUs are not a multiple of tensor parallel {} x pipeline parallel {}",
+                     c.gpus, tensor_, stage_.stages),
+         "--pipeline-parallel");
+    return false;
+  }
+  world_ = c.gpus / model_ranks;
   // A tied table under a TP plan is one parameter the embedding and the head would place
   // differently (transformers' unplanned embedding and colwise_rep head; torchtitan's row-wise
   // embedding, whose gradient comes back whole, and colwise output).
@@ -135,6 +142,10 @@ void Simulation::prepare_bytes() {
   // fp32).
   reduce_b_ = paper ? 2.0 : std::max(dtype_bytes(s.reduce_dtype), sb_.compute);
   n_units_ = static_cast<int>(in_.model->layers) + 2;
+  if (stage_.chunks.empty()) stage_.chunks = {Chunk{0, n_units_ - 1}};
+  counts_ = {};
+  for (const Chunk& c : stage_.chunks)
+    for (int u = c.first; u <= c.last; ++u) counts_[u == 0 ? 0 : u == n_units_ - 1 ? 2 : 1] += 1;
 }
 
 // Elements of each unit kind: parameters, the shardable and gathered ones, GEMM weights and
@@ -164,6 +175,15 @@ void Simulation::prepare_unit_sizes() {
   // GPT-NeoX's dense_4h_to_h, MPT's ffn.down_proj), whose gradient the block's backward makes first
   // (accounting.hpp, ActivationBytes::mlp_backward). Its MLP and the norm before it, whose backward
   // ends before the attention's (ActivationBytes::mlp_released).
+  // The largest tensor of each unit on the rank: matrices split by t, but for torch's row-wise
+  // table, whose gradient is whole (torch_tp_elements).
+  for (int k = 0; k < 3; ++k)
+    for (const auto& t : tensors[k]->tensors) {
+      const bool whole = !t.is_matrix() || (k == 0 && torch_styles());
+      units_[k].largest_rest = std::max(units_[k].largest_rest,
+                                        static_cast<double>(t.elements()) / (whole ? 1 : tensor_));
+    }
+  units_[1].largest_rest = 0;
   for (const auto& t : m.block.tensors) {
     // Tensor parallelism splits the block's matrices (torch_tp_elements).
     const auto elements = static_cast<double>(t.elements()) / (t.is_matrix() ? tensor_ : 1);
@@ -177,6 +197,9 @@ void Simulation::prepare_unit_sizes() {
         t.name.rfind("norm_2.", 0) == 0) {
       units_[1].mlp_grads += elements;
       if (t.is_matrix()) units_[1].mlp_matmul += elements;
+      units_[1].largest_mlp = std::max(units_[1].largest_mlp, elements);
+    } else {
+      units_[1].largest_rest = std::max(units_[1].largest_rest, elements);
     }
   }
   if (tensor_ > 1) split_unit_sizes();
@@ -443,19 +466,19 @@ void Simulation::prepare_gathers() {
   bwd_end_.assign(n, 0);
   gathered_free_.assign(n, 0);
   gathered_alive_.assign(n, 0);
+  reduced_.assign(n, 0);
   events_.clear();
   events_.reserve(n * 12);
   for (auto& e : cost_cache_) e.size = -1;
 }
 
 std::optional<Simulation::States> Simulation::place_states() {
-  const auto& m = *in_.model;
   const auto& hw = *in_.hardware;
   const auto& s = spec_;
   const double S = shard_;
   States st;
   for (int k = 0; k < 3; ++k) {
-    const double count = k == 1 ? static_cast<double>(m.layers) : 1.0;
+    const double count = unit_count(k);
     const auto& u = units_[k];
     const double whole = u.params - (s.shard_parameters ? u.shardable : 0);
     const double sharded = s.shard_parameters ? u.shardable / S : 0;
@@ -516,7 +539,6 @@ double Simulation::optimizer_step(double t, const States& states) {
 }
 
 double Simulation::device_optimizer(double t, const States& states) {
-  const auto& m = *in_.model;
   const auto& hw = *in_.hardware;
   const auto& j = in_.job;
   const auto& s = spec_;
@@ -524,8 +546,7 @@ double Simulation::device_optimizer(double t, const States& states) {
   const double local_opt_params = states.local_opt_params;
   double opt_elems_local = 0;
   for (int k = 0; k < 3; ++k)
-    opt_elems_local += (k == 1 ? static_cast<double>(m.layers) : 1.0) * units_[k].opt_elems /
-                       (s.shard_optimizer ? S : 1.0);
+    opt_elems_local += unit_count(k) * units_[k].opt_elems / (s.shard_optimizer ? S : 1.0);
   // DeepSpeed stages 1/2 flatten the partition's gradients into a new tensor of their dtype and
   // cast that to fp32 (stage_1_and_2.py, step: flatten(averaged_gradients).to(fp32)), so in a
   // mixed-precision job both copies are alive at once; stage 3 casts its flat partition as it
@@ -556,10 +577,19 @@ double Simulation::device_optimizer(double t, const States& states) {
     // ones (hf: the embeddings and norms) are a group of their own, and the larger group's
     // intermediate is the step's.
     double foreach_elems = local_opt_params;
+    // torchtitan builds one optimizer per model chunk of a pipeline stage and steps them in turn
+    // (torchtitan/components/optimizer.py, OptimizersContainer): the largest chunk's.
+    if (stage_.torch_pipelining && stage_.chunks.size() > 1) {
+      foreach_elems = 0;
+      for (const Chunk& c : stage_.chunks) {
+        double n = 0;
+        for (int u = c.first; u <= c.last; ++u) n += info(u).params;
+        foreach_elems = std::max(foreach_elems, n / (s.shard_optimizer ? S : 1.0));
+      }
+    }
     if (tensor_ > 1) {
       double plain = 0;
-      for (int k = 0; k < 3; ++k)
-        plain += (k == 1 ? static_cast<double>(m.layers) : 1.0) * units_[k].plain;
+      for (int k = 0; k < 3; ++k) plain += unit_count(k) * units_[k].plain;
       plain /= s.shard_optimizer ? S : 1.0;
       foreach_elems = std::max(plain, local_opt_params - plain);
     }
@@ -620,14 +650,13 @@ double Simulation::gather_updated_parameters(double t, const States& states) {
 }
 
 void Simulation::account_states(const States& states) {
-  const auto& m = *in_.model;
   const auto& s = spec_;
   const double S = shard_;
   result_.model_states[static_cast<int>(Category::parameters)] = states.param_bytes;
   result_.model_states[static_cast<int>(Category::optimizer_states)] = states.opt_bytes;
   double grads = 0;
   for (int k = 0; k < 3; ++k) {
-    const double count = k == 1 ? static_cast<double>(m.layers) : 1.0;
+    const double count = unit_count(k);
     const double g = s.shard_gradients
                          ? units_[k].params / S * (s.flat_grad_partition ? flat_grad_b_ : sb_.grad)
                          : units_[k].grads * sb_.grad;
@@ -654,32 +683,31 @@ void Simulation::add_overheads() {
 }
 
 // Time of the step: all micro-batches. compute busy time scales the same way.
-void Simulation::account_compute(std::int64_t gas, const FirstMicroBatch& first) {
-  double compute_per_mb = 0;
-  for (int u = 0; u < n_units_; ++u) {
-    const auto& ui = info(u);
-    compute_per_mb += ui.fwd_s + ui.bwd_s + ui.recompute_s;
-    result_.forward_per_mb_s += ui.fwd_s;
-    result_.backward_per_mb_s += ui.bwd_s + ui.recompute_s;
-  }
+void Simulation::account_compute(std::int64_t gas, const FirstMicroBatch* first) {
+  double compute_per_mb = 0, recompute_per_mb = 0;
+  for (const Chunk& chunk : stage_.chunks)
+    for (int u = chunk.first; u <= chunk.last; ++u) {
+      const auto& ui = info(u);
+      compute_per_mb += ui.fwd_s + ui.bwd_s + ui.recompute_s;
+      recompute_per_mb += ui.recompute_s;
+      result_.forward_per_mb_s += ui.fwd_s;
+      result_.backward_per_mb_s += ui.bwd_s + ui.recompute_s;
+      for (int c = 0; c < kComputeKinds; ++c)
+        result_.compute_by_kind_s[c] += ui.kinds[c] * static_cast<double>(gas);
+    }
   result_.compute_s = compute_per_mb * static_cast<double>(gas) + result_.optimizer_s;
-  double recompute_per_mb = 0;
-  for (int u = 0; u < n_units_; ++u) recompute_per_mb += info(u).recompute_s;
   result_.recompute_s = recompute_per_mb * static_cast<double>(gas);
-  for (int u = 0; u < n_units_; ++u)
-    for (int c = 0; c < kComputeKinds; ++c)
-      result_.compute_by_kind_s[c] += info(u).kinds[c] * static_cast<double>(gas);
   result_.compute_by_kind_s[static_cast<int>(ComputeKind::recompute)] = result_.recompute_s;
   result_.compute_by_kind_s[static_cast<int>(ComputeKind::optimizer)] = result_.optimizer_s;
-  if (gas > 1) {  // the first simulated micro-batch stands for gas − 1 of them
+  if (first && gas > 1) {  // the first simulated micro-batch stands for gas − 1 of them
     const double extra = static_cast<double>(gas - 2);
     for (int k = 0; k < kStreams; ++k) {
-      result_.busy_s[k] += extra * first.busy[k];
-      result_.exposed_s[k] += extra * first.exposed[k];
+      result_.busy_s[k] += extra * first->busy[k];
+      result_.exposed_s[k] += extra * first->exposed[k];
     }
-    result_.comm_bytes_per_gpu += extra * first.bytes;
+    result_.comm_bytes_per_gpu += extra * first->bytes;
     for (int k = 0; k < kCollectives; ++k)
-      result_.comm_bytes_by_op[k] += extra * first.bytes_by_op[k];
+      result_.comm_bytes_by_op[k] += extra * first->bytes_by_op[k];
   }
 }
 

@@ -376,7 +376,9 @@ void run_layout_recommend(const CliOptions& o, int top_plans, std::ostream& out,
                                                    "own reduce dtype; estimate the layout with it",
                                                    *o.po.reduce_dtype));
   const Scenario msc = make_scenario(o.so, false);
-  const auto found = search_layouts(msc);
+  // Every fitting layout ranked exactly where a framework's emitter may pass over the fastest.
+  const bool all = o.emit && *o.emit != "plan";
+  const auto found = search_layouts(msc, all ? 0 : o.emit ? 1 : top_plans);
   if (!o.emit) {
     if (o.format == "json") {
       auto j = layout_search_json(msc, found, top_plans);
@@ -496,7 +498,7 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   // (why nothing fits, what would) says that too.
   std::optional<LayoutSearch> widened;
   if (unpinned && rec.search.ranked.empty()) {
-    widened = search_layouts(make_scenario(o.so, false));
+    widened = search_layouts(make_scenario(o.so, false), 1);
     if (!widened->ranked.empty()) {
       std::optional<double> least;  // of the data-parallel plans that can run
       for (const auto& c : rec.search.best_per_family)

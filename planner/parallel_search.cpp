@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -66,6 +67,22 @@ struct Walker {
   LayoutSearch& out;
   std::vector<ShardingSpec> specs;
   std::vector<TrainingJob> jobs;  // one per checkpointing mode, least recompute first
+  std::vector<double> fastest;    // the keep fastest fitting steps so far, ascending
+
+  // A step a plan must beat to rank among the `keep` fastest.
+  double to_beat() const {
+    return out.keep > 0 && fastest.size() == static_cast<std::size_t>(out.keep)
+               ? fastest.back()
+               : std::numeric_limits<double>::infinity();
+  }
+  void ranked(LayoutCandidate c) {
+    if (out.keep > 0) {
+      fastest.insert(std::upper_bound(fastest.begin(), fastest.end(), c.result.step.step_s),
+                     c.result.step.step_s);
+      if (fastest.size() > static_cast<std::size_t>(out.keep)) fastest.pop_back();
+    }
+    out.ranked.push_back(std::move(c));
+  }
 
   // Every micro-batch of one layout, strategy and checkpointing mode above `above`, smallest
   // first, until one does not fit; returns the largest that fits (`above` when none does).
@@ -84,8 +101,13 @@ struct Walker {
       c.job.micro_batch = mb;
       if (!l.trivial() && !layout_problems(l, sc.model, c.job, sc.cluster).empty())
         return above;  // not by the batch
+      const StepInput in = step_input(sc, spec, c.job);
+      if (l.pipeline_parallel > 1 && parallel_step_bound(in, l) > to_beat()) {
+        ++out.outranked;  // its fit unknown: the next micro-batch is tried
+        continue;
+      }
       ++out.evaluated;
-      c.result = simulate_parallel_step(step_input(sc, spec, c.job), l);
+      c.result = simulate_parallel_step(in, l);
       c.fits = c.result.step.valid && c.result.step.peak_bytes <= sc.usable_bytes();
       if (l.trivial()) {
         auto& best = out.best_data_parallel;
@@ -96,7 +118,7 @@ struct Walker {
       }
       if (!c.fits) return above;
       above = mb;
-      out.ranked.push_back(std::move(c));
+      ranked(std::move(c));
     }
     return above;
   }
@@ -149,11 +171,12 @@ struct Walker {
 
 }  // namespace
 
-LayoutSearch search_layouts(const Scenario& sc) {
+LayoutSearch search_layouts(const Scenario& sc, int keep) {
   const auto start = std::chrono::steady_clock::now();
   LayoutSearch out;
+  out.keep = std::max(0, keep);
   const int G = sc.cluster.gpus_per_node;
-  Walker w{sc, out, {}, checkpointing_jobs(sc)};
+  Walker w{sc, out, {}, checkpointing_jobs(sc), {}};
   // Each strategy under the engine the recipe runs it with (Megatron's own DDP and distributed
   // optimizer for its recipe).
   const auto& recipe = recipe_traits(sc.job.recipe);
@@ -233,6 +256,12 @@ std::string limits_line(const Scenario& sc, const FsdpLimits& f) {
 std::string layout_search_table(const Scenario& sc, const LayoutSearch& s, int top) {
   std::string out = fmt::format("{} layouts x strategies considered, {} evaluated, {:.3f} s\n",
                                 s.layouts, s.evaluated, s.seconds);
+  if (s.outranked > 0)
+    out += fmt::format(
+        "{} pipelined candidates not walked: a bound on their step is above {}, "
+        "the slowest of the {} fastest plans\n",
+        s.outranked, seconds(s.ranked.at(static_cast<std::size_t>(s.keep) - 1).result.step.step_s),
+        s.keep);
   if (s.best_data_parallel) {
     const auto& b = *s.best_data_parallel;
     out +=
@@ -282,6 +311,7 @@ nlohmann::json layout_search_json(const Scenario& sc, const LayoutSearch& s, int
   nlohmann::json j = {{"schema_version", kEstimateSchemaVersion},
                       {"layouts_considered", s.layouts},
                       {"evaluated", s.evaluated},
+                      {"outranked", s.outranked},
                       {"search_s", s.seconds},
                       {"ranked", ranked}};
   j["best_data_parallel"] =

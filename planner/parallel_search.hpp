@@ -8,7 +8,9 @@
 // Pruning: a layout whose model states alone (no activations) exceed the usable memory is skipped
 // with every micro-batch; within a layout, micro-batches grow until one does not fit (activations
 // grow with it, nothing else does), and a mode with more recompute starts above the largest
-// micro-batch a mode with less fitted (at the same micro-batch it is only slower).
+// micro-batch a mode with less fitted (at the same micro-batch it is only slower). A walked
+// pipeline whose step cannot be shorter than the `keep`-th fastest fitting plan found so far
+// (costmodel::parallel_step_bound above it) is not walked: it cannot rank among them.
 #pragma once
 
 #include <optional>
@@ -35,11 +37,15 @@ struct LayoutSearch {
   std::optional<LayoutCandidate> best_data_parallel;  // t = p = c = 1, fitting or the smallest peak
   long layouts = 0;                                   // layouts x strategies considered
   long evaluated = 0;                                 // evaluations run after pruning
+  long outranked = 0;  // pipelines not walked: their bound above the keep-th fastest step
+  int keep = 0;        // the fitting plans ranked exactly (0: all)
   double seconds = 0;
 };
 
-// The strategies tried over the replicas: ddp, zero1 (DeepSpeed) and fsdp-full (FSDP2).
-LayoutSearch search_layouts(const Scenario& sc);
+// The strategies tried over the replicas: ddp, zero1 (DeepSpeed) and fsdp-full (FSDP2). `keep`:
+// how many of the fastest fitting plans the caller uses (0: every one that fits, none passed
+// over).
+LayoutSearch search_layouts(const Scenario& sc, int keep);
 
 // Where FSDP over every GPU stops. The batch limit: a step's sequences per GPU (below one, or not
 // dividing, some GPUs have nothing to run). The activation wall: FSDP (fsdp-full) at micro-batch 1

@@ -163,8 +163,9 @@ TEST_CASE("parallel_step::tied embeddings: the first and last stage all-reduce t
 TEST_CASE(
     "parallel_step::torchtitan's interleaved pipeline is timed in the order its memory walks") {
   // torch.distributed.pipelining's Interleaved1F1B orders a stage's chunks otherwise than
-  // Megatron-LM with m = p (torch_interleaved_ops); the step's time walk and the stages' memory
-  // both follow the recipe's order (stage_orders), not one each.
+  // Megatron-LM with m = p (torch_interleaved_ops): Megatron runs all m·v = 8 forwards of stage 0
+  // before its first backward, torch fewer. The step is one walk of the recipe's order
+  // (stage_orders): the chunks it holds at once are torch's, and its time follows the same ops.
   Setup s(128, 16, 1, "ddp");  // d = 128 / 32 = 4: 4 x 4 micro-batches x 1 = 16 sequences
   s.in.job.recipe = Recipe::torchtitan;
   s.in.job.checkpointing = Checkpointing::full;
@@ -176,18 +177,12 @@ TEST_CASE(
   ParallelMemoryInput mi{s.in.model, s.in.hardware, s.in.cluster, s.in.job, s.in.spec, l};
   const auto torch = stage_orders(mi);
   const auto megatron = schedule_ops(l.schedule, 4, 2, 4);
-  auto same_order = [](const std::vector<PipeOp>& a, const std::vector<PipeOp>& b) {
-    return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const PipeOp& x, const PipeOp& y) {
-      return x.kind == y.kind && x.micro_batch == y.micro_batch && x.chunk == y.chunk;
-    });
-  };
-  bool differ = false;
-  for (std::size_t st = 0; st < torch.size(); ++st) differ |= !same_order(torch[st], megatron[st]);
-  CHECK(differ);
-  const auto walked = walk_ops(torch, 4, 2, 4, r.stage_forward_s, r.stage_backward_s, r.p2p_s);
-  CHECK(r.walk.span_s == walked.span_s);
-  CHECK(r.walk.peak_chunks == walked.peak_chunks);
+  CHECK(peak_chunks(megatron).front() == 8);
+  CHECK(peak_chunks(torch) != peak_chunks(megatron));
   CHECK(r.walk.peak_chunks == peak_chunks(torch));
+  // Every stage is busy for its own ops only; the step waits for the last stage to end.
+  for (std::size_t st = 0; st < 4; ++st) CHECK(r.walk.busy_s[st] < r.walk.end_s[st]);
+  CHECK(r.walk.span_s == *std::max_element(r.walk.end_s.begin(), r.walk.end_s.end()));
 }
 
 // A stage runs the step walk's units (compute_time.hpp's GEMMs by shape, attention, memory-bound

@@ -36,7 +36,7 @@ bool same_shape(const ParallelLayout& a, const ParallelLayout& b) {
 TEST_CASE("parallel_search::Llama-3-70B on 256 GPUs: FSDP alone fits only with full recompute, "
           "model parallelism wins") {
   const auto sc = scenario(load_model("llama-3-70b"), 256, 256);
-  const auto s = search_layouts(sc);
+  const auto s = search_layouts(sc, 0);
   REQUIRE(s.best_data_parallel);
   // A whole 8192-token sequence's activations per GPU do not fit; every block's input alone does.
   CHECK(s.best_data_parallel->fits);
@@ -58,7 +58,7 @@ TEST_CASE(
     "parallel_search::405B on 16,384 GPUs: the batch limit named, model-parallel plans found") {
   // Its speed (under a second) is bench/bench_planner.cpp's parallel_search case.
   const auto sc = scenario(load_model("llama-3.1-405b"), 16384, 2048);
-  const auto s = search_layouts(sc);
+  const auto s = search_layouts(sc, 0);
   CHECK_FALSE(s.ranked.empty());
   // 2048 sequences cannot spread over 16,384 GPUs by data parallelism alone: the batch limit.
   CHECK_FALSE(s.best_data_parallel);
@@ -68,7 +68,7 @@ TEST_CASE(
 
 TEST_CASE("parallel_search::checkpointing is searched, more recompute only above what fitted") {
   const auto sc = scenario(load_model("llama-3-70b"), 256, 256);
-  const auto s = search_layouts(sc);
+  const auto s = search_layouts(sc, 0);
   bool full = false;
   for (const auto& c : s.ranked) {
     if (c.job.checkpointing != Checkpointing::full) continue;
@@ -84,7 +84,7 @@ TEST_CASE("parallel_search::checkpointing is searched, more recompute only above
   auto pinned = sc;
   pinned.checkpointing_named = true;
   pinned.job.checkpointing = Checkpointing::full;
-  for (const auto& c : search_layouts(pinned).ranked)
+  for (const auto& c : search_layouts(pinned, 0).ranked)
     CHECK(c.job.checkpointing == Checkpointing::full);
 }
 
@@ -95,7 +95,7 @@ TEST_CASE("parallel_search::checkpointing is searched, more recompute only above
 // 1,073,741,824 = 85.9e9 bytes, beyond an 80 GB GPU.
 TEST_CASE("parallel_search::where FSDP alone stops on Llama-3-70B and 256 GPUs") {
   const auto sc = scenario(load_model("llama-3-70b"), 256, 256);
-  const auto s = search_layouts(sc);
+  const auto s = search_layouts(sc, 0);
   const auto f = fsdp_limits(sc, s);
   CHECK(f.sequences_per_gpu == 1.0);
   CHECK(f.batch_divides);
@@ -114,4 +114,27 @@ TEST_CASE("parallel_search::where FSDP alone stops on Llama-3-70B and 256 GPUs")
   CHECK(fb.sequences_per_gpu == 0.125);
   CHECK_FALSE(fb.batch_divides);
   CHECK(fb.no_recompute_peak_bytes == 0);
+}
+
+// torchtitan's pipelines are walked stage by stage; the search walks only those whose bound
+// (parallel_step_bound) can still beat the plans it keeps: the kept plans are the full search's.
+TEST_CASE("parallel_search::the plans kept are those of the search that walks every layout") {
+  auto sc = scenario(load_model("llama-3-8b"), 64, 64);
+  sc.job.recipe = Recipe::torchtitan;
+  sc.job.loss = recipe_traits(Recipe::torchtitan).loss;
+  const auto all = search_layouts(sc, 0);
+  const auto kept = search_layouts(sc, 5);
+  CHECK(all.outranked == 0);
+  CHECK(kept.outranked > 0);
+  CHECK(kept.evaluated < all.evaluated);
+  REQUIRE(all.ranked.size() >= 5);
+  REQUIRE(kept.ranked.size() >= 5);
+  for (std::size_t i = 0; i < 5; ++i) {
+    CAPTURE(i);
+    CHECK(same_shape(kept.ranked[i].layout, all.ranked[i].layout));
+    CHECK(kept.ranked[i].job.micro_batch == all.ranked[i].job.micro_batch);
+    CHECK(kept.ranked[i].spec.strategy == all.ranked[i].spec.strategy);
+    CHECK(kept.ranked[i].result.step.step_s == all.ranked[i].result.step.step_s);
+  }
+  CHECK(contains(layout_search_table(sc, kept, 5), "pipelined candidates not walked"));
 }

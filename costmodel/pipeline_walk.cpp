@@ -1,0 +1,277 @@
+#include "costmodel/pipeline_walk.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "costmodel/parallel_memory.hpp"
+#include "costmodel/parallel_step.hpp"
+#include "costmodel/simulation.hpp"
+#include "documents/breakdown.hpp"
+#include "documents/collectives.hpp"
+#include "documents/hardware.hpp"
+#include "documents/parallel.hpp"
+#include "documents/recipe.hpp"
+
+namespace shardplan::costmodel {
+
+using documents::Category;
+using documents::Collective;
+using documents::ParallelLayout;
+using documents::PipeOp;
+using documents::PipeOpKind;
+
+namespace step_walk {
+
+// One op of the stage's schedule. Around the units' own forward and backward, a stage that
+// torch.distributed.pipelining runs (torch/distributed/pipelining/stage.py, schedules.py) keeps:
+//   the last virtual stage's output, the logits [T, V/t]: forward_one_chunk keeps it in
+//     _forward_chunk_states until backward_one_chunk has run the micro-batch's backward
+//     (_output_slot_is_releasable refuses the last stage's output)
+//   a chunk's output [T, h] sent on, with model chunks (v > 1): the runtime's SEND_F keeps it in
+//     the pending send, waited on after the same chunk's backward of that micro-batch
+//   the gradient of its output received from the next virtual stage (get_bwd_recv_ops), through
+//     the micro-batch's backward
+//   its input's gradient [T, h] sent back (get_bwd_send_ops): with one chunk, until the send is
+//     waited on before the next backward's; with chunks, to the schedule's end
+//   its received input [T, h], a leaf of the micro-batch's graph, past the backward to the
+//     step's end on the last virtual stage (the schedule keeps each micro-batch's loss, and with
+//     it the graph, in _internal_losses, and torchtitan's train step holds their sum until after
+//     the optimizer step) and, with chunks, on every virtual stage but the first (measured:
+//     tests/costmodel/data/oracle_pipeline.json, rank 0 keeps virtual stage 2's inputs to the
+//     optimizer step)
+// T = s/c·b tokens, split by t under sequence parallelism for the [T, h] tensors, in the dtype
+// the activations are kept in.
+double Simulation::stage_op(const PipeOp& op, double ready, bool first, bool last) {
+  const Chunk& c = stage_.chunks.at(static_cast<std::size_t>(op.chunk));
+  const bool has_embeddings = c.first == 0, has_head = c.last == n_units_ - 1;
+  const bool chunks = stage_.chunks.size() > 1;
+  const int mb = op.micro_batch;
+  if (ready > free_at_[0]) {
+    result_.bubble_s += ready - free_at_[0];
+    free_at_[0] = ready;
+  }
+  const double start = free_at_[0];
+  const auto& m = *in_.model;
+  const double T =
+      static_cast<double>(in_.job.seq_len) / context_ * static_cast<double>(in_.job.micro_batch);
+  const double between =
+      act_b_ * T * static_cast<double>(m.hidden) / (sequence_parallel_ ? tensor_ : 1);
+  const double logits = act_b_ * T * static_cast<double>(m.vocab) / tensor_;
+  const bool torch = stage_.torch_pipelining;
+  if (op.kind == PipeOpKind::forward) {
+    forward(mb, c);
+    const double end = free_at_[0];
+    if (torch && has_head) mem(end, logits, Category::activations, Phase::forward, c.last, mb);
+    if (torch && chunks && !has_head)
+      mem(end, between, Category::activations, Phase::forward, c.last, mb);
+    return end;
+  }
+  if (torch && !has_head) mem(start, between, Category::activations, Phase::backward, c.last, mb);
+  backward(mb, first, last, c);
+  const double end = free_at_[0];
+  if (!torch) return end;
+  if (has_head) mem(end, -logits, Category::activations, Phase::backward, c.last, mb);
+  if (!has_head)
+    mem(end, -between * (chunks ? 2 : 1), Category::activations, Phase::backward, c.last, mb);
+  if (!has_embeddings) {
+    // The input's gradient sent back; with one chunk the previous one's send is waited on now,
+    // with chunks every send at the schedule's end.
+    if (!chunks) {
+      mem(end, -pending_send_, Category::activations, Phase::backward, c.first, mb);
+      pending_send_ = 0;
+    }
+    mem(end, between, Category::activations, Phase::backward, c.first, mb);
+    pending_send_ += between;
+    if (has_head || chunks) {
+      mem(end, between, Category::activations, Phase::backward, c.first, mb);
+      held_to_end_ += between;
+    }
+  }
+  return end;
+}
+
+StepResult Simulation::finish(double after_reduce, double after_reduce_bytes) {
+  double t = *std::max_element(free_at_.begin(), free_at_.end());
+  wait_for_reductions();
+  mem(t, -pending_send_, Category::activations, Phase::backward, -1, 1);
+  if (after_reduce > 0) {
+    const double st = issue(Stream::all_reduce, t, Stream::compute, after_reduce,
+                            "tied embedding all-reduce", -1);
+    result_.comm_bytes_per_gpu += after_reduce_bytes;
+    result_.comm_bytes_by_op[static_cast<int>(Collective::all_reduce)] += after_reduce_bytes;
+    if (!in_.hardware->collectives_block)
+      result_.exposed_s[static_cast<int>(Stream::all_reduce)] += after_reduce;
+    free_at_[0] = t = st + after_reduce;
+  }
+  t = optimizer_step(t, *states_);
+  mem(t, -kept_grad_bytes_, Category::gradients, Phase::optimizer, -1, 1);
+  mem(t, -held_to_end_, Category::activations, Phase::optimizer, -1, 1);
+  result_.step_s = t;
+  summarize(nullptr);
+  return result_;
+}
+
+}  // namespace step_walk
+
+bool pipeline_walked(const StepInput& in, const ParallelLayout& l) {
+  return l.pipeline_parallel > 1 && in.spec.offload == documents::Offload::none &&
+         documents::recipe_traits(in.job.recipe).pipeline ==
+             documents::PipelineRunner::torch_pipelining;
+}
+
+namespace {
+
+// The units of stage s: chunk k is virtual stage k·p + s, its blocks pipeline_parts' share.
+step_walk::StageUnits stage_units(const StepInput& in, const ParallelLayout& l, int s) {
+  const int p = l.pipeline_parallel;
+  const auto parts = documents::pipeline_parts(l, in.model->layers);
+  const int last_unit = static_cast<int>(in.model->layers) + 1;
+  step_walk::StageUnits out;
+  out.stages = p;
+  out.torch_pipelining = documents::recipe_traits(in.job.recipe).pipeline ==
+                         documents::PipelineRunner::torch_pipelining;
+  for (int k = 0; k < l.virtual_stages; ++k) {
+    const auto vs = static_cast<std::size_t>(k * p + s);
+    std::int64_t first_block = 0;
+    for (std::size_t i = 0; i < vs; ++i) first_block += parts[i];
+    step_walk::Chunk c{static_cast<int>(first_block) + 1,
+                       static_cast<int>(first_block + parts[vs])};
+    if (vs == 0) c.first = 0;
+    if (vs + 1 == parts.size()) c.last = last_unit;
+    out.chunks.push_back(c);
+  }
+  return out;
+}
+
+// A point-to-point send of `bytes` between two stages: one hop's latency and the link's bandwidth.
+double p2p_seconds(const documents::HardwareProfile& hw, bool inter_node, double bytes) {
+  if (bytes <= 0) return 0;
+  return inter_node ? hw.inter_latency_s + bytes / hw.inter_bandwidth_Bps
+                    : hw.intra_latency_s + bytes / hw.intra_bandwidth_Bps;
+}
+
+// Runs every stage's ops, each once what it waits for has ended: the previous virtual stage's
+// forward of the micro-batch or the next one's backward, a send away, or (the last virtual
+// stage's backward) its own forward. Records the chunks each stage holds at once. False when a
+// stage waits for an op no stage runs.
+bool run_ops(std::vector<std::unique_ptr<step_walk::Simulation>>& sims,
+             const std::vector<std::vector<PipeOp>>& ops, const ParallelLayout& l,
+             PipelineStages& out) {
+  const int p = l.pipeline_parallel, v = l.virtual_stages, m = l.micro_batches;
+  const int virtual_stages = p * v;
+  // When each virtual stage's forward and backward of each micro-batch end (−1: not yet run).
+  std::vector<double> fwd_end(static_cast<std::size_t>(virtual_stages * m), -1.0);
+  std::vector<double> bwd_end = fwd_end;
+  auto at = [&](int vs, int mb) { return static_cast<std::size_t>(vs * m + mb); };
+  std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
+  std::vector<int> backwards(static_cast<std::size_t>(virtual_stages), 0);  // run so far
+  std::vector<int> alive(static_cast<std::size_t>(p), 0);
+  out.walk.peak_chunks.assign(static_cast<std::size_t>(p), 0);
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (int s = 0; s < p; ++s) {
+      const auto si = static_cast<std::size_t>(s);
+      for (; next[si] < ops[si].size(); ++next[si]) {
+        const PipeOp& op = ops[si][next[si]];
+        const int vs = op.chunk * p + s;
+        const bool fwd = op.kind == PipeOpKind::forward;
+        const bool crosses = fwd ? vs > 0 : vs + 1 < virtual_stages;
+        const double ready = !crosses ? (fwd ? 0 : fwd_end[at(vs, op.micro_batch)])
+                             : fwd    ? fwd_end[at(vs - 1, op.micro_batch)]
+                                      : bwd_end[at(vs + 1, op.micro_batch)];
+        if (ready < 0) break;
+        int& done = backwards[static_cast<std::size_t>(vs)];
+        const double end = sims[si]->stage_op(op, ready + (crosses ? out.p2p_s : 0), done == 0,
+                                              !fwd && done == m - 1);
+        (fwd ? fwd_end : bwd_end)[at(vs, op.micro_batch)] = end;
+        if (!fwd) ++done;
+        alive[si] += fwd ? 1 : -1;
+        out.walk.peak_chunks[si] = std::max(out.walk.peak_chunks[si], alive[si]);
+        progressed = true;
+      }
+    }
+  }
+  for (int s = 0; s < p; ++s)
+    if (next[static_cast<std::size_t>(s)] < ops[static_cast<std::size_t>(s)].size()) return false;
+  return true;
+}
+
+}  // namespace
+
+double pipeline_step_bound(const StepInput& rank, const ParallelLayout& l) {
+  const int p = l.pipeline_parallel, v = l.virtual_stages;
+  const double e = documents::dtype_bytes(documents::compute_dtype(rank.job.precision));
+  const double p2p =
+      p2p_seconds(*rank.hardware, layout_groups(l, rank.cluster).pipeline_crosses_nodes,
+                  p2p_bytes(*rank.model, rank.job, l, e));
+  // Stage s runs all its ops, each no shorter than its compute alone, after the first
+  // micro-batch's forward has reached it through chunk 0 of every stage before it, and its last
+  // op (a backward of chunk 0's virtual stage or one after it) is followed by that micro-batch's
+  // backward through the stages before it, a send between each two.
+  double bound = 0, before = 0;  // the smallest forward and backward of the stages before s
+  for (int s = 0; s < p; ++s) {
+    step_walk::Simulation sim(rank, nullptr, stage_units(rank, l, s));
+    if (!sim.begin()) return 0;
+    double busy = 0, smallest = std::numeric_limits<double>::infinity();
+    for (std::size_t k = 0; k < static_cast<std::size_t>(v); ++k) {
+      const double f = sim.chunk_seconds(k, false), b = sim.chunk_seconds(k, true);
+      busy += l.micro_batches * (f + b);
+      smallest = std::min(smallest, f + b);
+    }
+    bound = std::max(bound, before + 2 * s * p2p + busy);
+    before += smallest;
+  }
+  return bound;
+}
+
+PipelineStages walk_pipeline(const StepInput& rank, const ParallelLayout& l) {
+  PipelineStages out;
+  const int p = l.pipeline_parallel, v = l.virtual_stages;
+  const auto& hw = *rank.hardware;
+  std::vector<std::unique_ptr<step_walk::Simulation>> sims;
+  for (int s = 0; s < p; ++s) {
+    sims.push_back(std::make_unique<step_walk::Simulation>(rank, nullptr, stage_units(rank, l, s)));
+    if (!sims.back()->begin()) {
+      const StepResult& r = sims.back()->result();
+      out.valid = false;
+      out.reason = r.reason;
+      out.reason_input = r.reason_input;
+      out.stages.push_back(r);
+      return out;
+    }
+  }
+  const ParallelMemoryInput mi{rank.model, rank.hardware, rank.cluster, rank.job, rank.spec, l};
+  const auto ops = stage_orders(mi);
+  const double e = documents::dtype_bytes(documents::compute_dtype(rank.job.precision));
+  out.p2p_bytes = p2p_bytes(*rank.model, rank.job, l, e);
+  out.p2p_s = p2p_seconds(hw, layout_groups(l, rank.cluster).pipeline_crosses_nodes, out.p2p_bytes);
+  if (!run_ops(sims, ops, l, out)) {
+    out.valid = false;
+    out.reason = "a stage's schedule waits for an op no stage runs";
+    out.reason_input = "--schedule";
+    return out;
+  }
+  // A tied table's gradient summed between the first and the last stage (Megatron-core's
+  // _allreduce_word_embedding_grads; torchtitan ties none under a pipeline).
+  const auto tied = tied_embedding_allreduce(rank, l);
+  out.embedding_allreduce_s = tied.seconds;
+  for (int s = 0; s < p; ++s) {
+    const auto si = static_cast<std::size_t>(s);
+    const bool ends = s == 0 || s == p - 1;
+    const StepResult r = sims[si]->finish(ends ? tied.seconds : 0, ends ? tied.bytes_sent : 0);
+    out.walk.end_s.push_back(r.step_s - r.optimizer_s);
+    out.walk.busy_s.push_back(r.compute_s - r.optimizer_s);
+    out.walk.peak_in_flight.push_back(static_cast<double>(out.walk.peak_chunks[si]) / v);
+    out.stages.push_back(r);
+  }
+  out.walk.span_s = *std::max_element(out.walk.end_s.begin(), out.walk.end_s.end());
+  const double busiest = *std::max_element(out.walk.busy_s.begin(), out.walk.busy_s.end());
+  out.walk.bubble_fraction = busiest > 0 ? (out.walk.span_s - busiest) / busiest : 0;
+  return out;
+}
+
+}  // namespace shardplan::costmodel

@@ -1,0 +1,42 @@
+// A pipeline's step walked: every stage's rank is the step simulator's walk (simulator.hpp) of
+// its own units (its model chunks' blocks, the embeddings on the first, the head on the last),
+// running its schedule's ops (the order the recipe's pipeline runs: parallel_memory.hpp,
+// stage_orders) one at a time, each once its input has arrived: a forward once the previous
+// virtual stage's forward of that micro-batch has ended and its activations have been sent, a
+// backward once the next one's backward has sent its gradient. Time and memory follow that one
+// order. After its last backward each stage reduces over its data-parallel group, all-reduces a
+// tied embedding's gradient between the first and the last stage, and steps.
+#pragma once
+
+#include <vector>
+
+#include "costmodel/pipeline_schedule.hpp"
+#include "costmodel/simulator.hpp"
+#include "documents/parallel.hpp"
+
+namespace shardplan::costmodel {
+
+struct PipelineStages {
+  std::vector<StepResult> stages;  // each stage's rank, its step_s when its optimizer step ends
+  PipelineWalk walk;               // span, per-stage busy and end, in-flight micro-batches
+  double p2p_s = 0;                // one send between stages
+  double p2p_bytes = 0;            // bytes stage 0 sends per step
+  double embedding_allreduce_s = 0;
+  bool valid = true;
+  std::string reason, reason_input;
+};
+
+// `rank`: the job as one rank runs it (its t, c, sequence parallelism set). Only layouts
+// pipeline_walked() takes.
+PipelineStages walk_pipeline(const StepInput& rank, const documents::ParallelLayout& l);
+
+// A bound below walk_pipeline's step time from the stages' compute alone, without walking the
+// micro-batches (pipeline_walk.cpp says how); 0 where the plan cannot run (the walk says why).
+double pipeline_step_bound(const StepInput& rank, const documents::ParallelLayout& l);
+
+// Whether the walk takes this pipeline: stages run by torch.distributed.pipelining (torchtitan's
+// recipe), without offload. Megatron's schedules and the executor's stages are the analytic
+// model's (parallel_memory.hpp) until they are walked too.
+bool pipeline_walked(const StepInput& in, const documents::ParallelLayout& l);
+
+}  // namespace shardplan::costmodel
