@@ -520,6 +520,7 @@ ParallelStep walk_stages(const StepInput& in, const ParallelLayout& l) {
   out.walk = w.walk;
   out.p2p_s = w.p2p_s;
   out.embedding_allreduce_s = w.embedding_allreduce_s;
+  out.embedding_bytes = w.embedding_bytes;
   double model_flops = 0;
   for (int s = 0; s < p; ++s) {
     const StepResult& sr = w.stages[static_cast<std::size_t>(s)];
@@ -528,7 +529,10 @@ ParallelStep walk_stages(const StepInput& in, const ParallelLayout& l) {
     if (sr.peak_bytes > out.memory.peak_bytes) {
       out.memory.peak_bytes = sr.peak_bytes;
       out.memory.peak_stage = s;
-      out.memory.peak_name = fmt::format("stage {} of {}, at the {}", s, p, sr.peak_when);
+      out.memory.peak_name = fmt::format(
+          "stage {} of {} ({}{:g} blocks{}, {:g} micro-batches in flight), peak at the {}", s, p,
+          s == 0 ? "embeddings, " : "", st.blocks, s == p - 1 ? ", head and loss" : "",
+          st.in_flight, sr.peak_when);
       r = sr;
     }
     if (s == 0 || sr.step_s > w.stages[static_cast<std::size_t>(out.step_stage)].step_s)

@@ -57,7 +57,7 @@ struct ParallelStep {
   StepResult step;        // the summary (peak, step time, exposed communication, MFU)
   ParallelMemory memory;  // per stage
   PipelineWalk walk;      // with the stages' real durations
-  std::vector<double> stage_forward_s, stage_backward_s;  // per micro-batch, comm included
+  std::vector<double> stage_forward_s, stage_backward_s;  // per micro-batch, compute alone
   // The stage whose optimizer step ends last: the step's compute, bubble and waits are its.
   int step_stage = 0;
   double compute_per_mb_s = 0;  // that stage's compute per micro-batch (no comm)

@@ -65,15 +65,26 @@ double Simulation::stage_op(const PipeOp& op, double ready, bool first, bool las
   if (op.kind == PipeOpKind::forward) {
     forward(mb, c);
     const double end = free_at_[0];
+    // The executor's stage sends its output [T, h] while the next micro-batch's input arrives
+    // into a buffer of its own (executor/pipeline_run.cpp).
+    if (!frameworks_ && !has_head) {
+      const double both = 2 * act_b_ * T * static_cast<double>(m.hidden);
+      mem(end, both, Category::activations, Phase::forward, c.last, mb);
+      mem(end, -both, Category::activations, Phase::forward, c.last, mb);
+    }
     if (torch && has_head) mem(end, logits, Category::activations, Phase::forward, c.last, mb);
     if (torch && chunks && !has_head)
       mem(end, between, Category::activations, Phase::forward, c.last, mb);
     return end;
   }
-  if (torch && !has_head) mem(start, between, Category::activations, Phase::backward, c.last, mb);
+  // The gradient of the stage's output, received from the next one, through the backward.
+  if (!has_head) mem(start, between, Category::activations, Phase::backward, c.last, mb);
   backward(mb, first, last, c);
   const double end = free_at_[0];
-  if (!torch) return end;
+  if (!torch) {
+    if (!has_head) mem(end, -between, Category::activations, Phase::backward, c.last, mb);
+    return end;
+  }
   if (has_head) mem(end, -logits, Category::activations, Phase::backward, c.last, mb);
   if (!has_head)
     mem(end, -between * (chunks ? 2 : 1), Category::activations, Phase::backward, c.last, mb);
@@ -118,9 +129,7 @@ StepResult Simulation::finish(double after_reduce, double after_reduce_bytes) {
 }  // namespace step_walk
 
 bool pipeline_walked(const StepInput& in, const ParallelLayout& l) {
-  return l.pipeline_parallel > 1 && in.spec.offload == documents::Offload::none &&
-         documents::recipe_traits(in.job.recipe).pipeline ==
-             documents::PipelineRunner::torch_pipelining;
+  return l.pipeline_parallel > 1 && in.spec.offload == documents::Offload::none;
 }
 
 namespace {
@@ -259,12 +268,13 @@ PipelineStages walk_pipeline(const StepInput& rank, const ParallelLayout& l) {
   // _allreduce_word_embedding_grads; torchtitan ties none under a pipeline).
   const auto tied = tied_embedding_allreduce(rank, l);
   out.embedding_allreduce_s = tied.seconds;
+  out.embedding_bytes = tied.bytes_sent;
   for (int s = 0; s < p; ++s) {
     const auto si = static_cast<std::size_t>(s);
     const bool ends = s == 0 || s == p - 1;
     const StepResult r = sims[si]->finish(ends ? tied.seconds : 0, ends ? tied.bytes_sent : 0);
     out.walk.end_s.push_back(r.step_s - r.optimizer_s);
-    out.walk.busy_s.push_back(r.compute_s - r.optimizer_s);
+    out.walk.busy_s.push_back(out.walk.end_s.back() - r.bubble_s);  // its ops, their waits
     out.walk.peak_in_flight.push_back(static_cast<double>(out.walk.peak_chunks[si]) / v);
     out.stages.push_back(r);
   }

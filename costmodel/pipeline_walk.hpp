@@ -18,10 +18,12 @@ namespace shardplan::costmodel {
 
 struct PipelineStages {
   std::vector<StepResult> stages;  // each stage's rank, its step_s when its optimizer step ends
-  PipelineWalk walk;               // span, per-stage busy and end, in-flight micro-batches
-  double p2p_s = 0;                // one send between stages
-  double p2p_bytes = 0;            // bytes stage 0 sends per step
-  double embedding_allreduce_s = 0;
+  // span, per stage: its end, its busy time (its ops with the waits inside them: the end less
+  // the bubble) and the chunks in flight
+  PipelineWalk walk;
+  double p2p_s = 0;                                       // one send between stages
+  double p2p_bytes = 0;                                   // bytes stage 0 sends per step
+  double embedding_allreduce_s = 0, embedding_bytes = 0;  // a tied table's, first and last stage
   bool valid = true;
   std::string reason, reason_input;
 };

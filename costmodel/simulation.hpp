@@ -217,7 +217,14 @@ private:
   }
   // Megatron-core's DDP (frameworks): the gradients are its main-gradient buffer, present from the
   // start and kept.
-  bool main_grad_buffer() const { return frameworks_ && spec_.main_grad_buffer; }
+  // So are the executor's pipeline stages' gradients, a buffer per unit allocated with the stage
+  // (executor/pipeline.cpp, PipelineTrainer).
+  bool main_grad_buffer() const {
+    return (frameworks_ && spec_.main_grad_buffer) || (executor_stages() && !spec_.shard_gradients);
+  }
+  // The executor's pipeline trainer (executor/pipeline.cpp), not its engine: the stage's
+  // gradients reduced in place once its backwards are done, no bucket.
+  bool executor_stages() const { return !frameworks_ && stage_.stages > 1; }
   // DeepSpeed stages 1/2 (frameworks): the rank's gradient partition is one buffer, allocated
   // whole by the first reduced bucket of a step (stage_1_and_2.py, copy_grads_in_partition) and
   // kept to the step.

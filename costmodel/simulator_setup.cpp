@@ -209,6 +209,16 @@ void Simulation::prepare_unit_sizes() {
       frameworks_ ? tied >= static_cast<double>(threshold) : units_[0].shardable > 0;
   if (s.shard_parameters && tied > 0 && tied_sharded) units_[2].gather += tied;
   units_[2].matmul += tied;
+  // A pipeline's last stage without the embeddings keeps a copy of a tied table of its own, with
+  // its gradient and optimizer states, summed with the first stage's (Megatron-core's shared word
+  // embeddings; the executor's copy of the whole embedding unit, executor/pipeline.cpp).
+  if (tied > 0 && unit_count(0) == 0 && unit_count(2) > 0) {
+    const double copy = frameworks_ ? tied : units_[0].params;
+    units_[2].params += copy;
+    units_[2].grads += copy;
+    units_[2].shardable += copy;
+    units_[2].opt_elems += units_[0].opt_elems * copy / units_[0].params;
+  }
   units_[0].matmul = 0;                     // an embedding lookup is a gather, not a GEMM
   if (s.root_unit && s.shard_parameters) {  // the root gathers the head's parameters with its own
     units_[0].gather += units_[2].gather - tied;
@@ -516,11 +526,12 @@ std::optional<Simulation::States> Simulation::place_states() {
   if (s.grad_bucket_copy && in_.accounting == Accounting::framework && ddp_wrapped())
     mem(0, st.total_params * sb_.grad, Category::buffers, Phase::setup, -1, 0);
   // Megatron-core's main-gradient buffer, allocated with the model (its DDP wrapper).
-  if (s.main_grad_buffer && frameworks_)
+  if (main_grad_buffer())
     mem(0, st.total_params * sb_.grad, Category::gradients, Phase::setup, -1, 0);
   if (persistent_flat_partition())
     mem(0, st.total_params / shard_ * flat_grad_b_, Category::gradients, Phase::setup, -1, 0);
-  if (s.contiguous_grad_bucket && in_.accounting == Accounting::framework && !backward_bucket()) {
+  if (s.contiguous_grad_bucket && in_.accounting == Accounting::framework && !backward_bucket() &&
+      !executor_stages()) {
     // The spec's bucket is in bytes: DeepSpeed's reduce_bucket_size elements of the reduce
     // dtype, sized where the plan is made (planner's with_job_precision, the DeepSpeed import;
     // deepspeed/runtime/zero/stage_1_and_2.py, ipg_buckets). DeepSpeed 0.19.8 keeps one bucket

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/input_error.hpp"
-#include "costmodel/parallel_memory.hpp"
+#include "costmodel/parallel_step.hpp"
 #include "costmodel/pipeline_schedule.hpp"
 #include "engine_fixture.hpp"
 #include "executor/pipeline.hpp"
@@ -134,13 +134,16 @@ std::vector<Layout> layouts(int world) {
   return out;
 }
 
-// The cost model's per-stage memory (costmodel/parallel_memory.hpp) for the same layout, the job
-// as the executor runs it (its own model code, fp32, eager attention, DDP, a CPU device without
-// per-device overheads).
+// The cost model's per-stage memory for the same layout as `planner estimate` walks it
+// (costmodel::simulate_parallel_step), the job as the executor runs it (its own model code, fp32,
+// eager attention, DDP, a CPU device without per-device overheads). Pipelines of two or more
+// stages: the executor's program runs one stage with its engine, one micro-batch at a time
+// (executor/run_command.cpp), as the cost model's one-stage walk does, not with the pipeline
+// trainer these tests also run at p = 1 (whose GPipe keeps every micro-batch in flight).
 double predicted_stage_bytes(const PipelineOptions& o, int world, int stage,
                              const Strategy& strategy = {"ddp", documents::Flavour::ddp}) {
   const auto hw = cpu_profile(world);
-  costmodel::ParallelMemoryInput in;
+  costmodel::StepInput in;
   in.model = &o.model;
   in.hardware = &hw;
   in.cluster = {world, world};
@@ -155,16 +158,17 @@ double predicted_stage_bytes(const PipelineOptions& o, int world, int stage,
   in.job.checkpointing = documents::Checkpointing::none;
   in.spec = test_spec(strategy.name, strategy.flavour, d);
   in.spec.grad_bucket_copy = false;  // the stages reduce in place (as pipeline_run.cpp predicts)
-  in.layout.pipeline_parallel = o.stages;
-  in.layout.schedule = o.schedule;
-  in.layout.micro_batches = o.micro_batches;
-  in.layout.virtual_stages = o.virtual_stages;
-  in.layout.tensor_parallel = o.tensor_parallel;
-  in.layout.sequence_parallel = o.sequence_parallel;
-  const std::vector<double> f(static_cast<std::size_t>(o.stages), 1.0), b(f.size(), 2.0);
-  const auto walk =
-      costmodel::walk_schedule(o.schedule, o.stages, o.virtual_stages, o.micro_batches, f, b);
-  return costmodel::parallel_memory(in, walk).stages.at(static_cast<std::size_t>(stage)).total();
+  documents::ParallelLayout l;
+  l.pipeline_parallel = o.stages;
+  l.schedule = o.schedule;
+  l.micro_batches = o.micro_batches;
+  l.virtual_stages = o.virtual_stages;
+  l.tensor_parallel = o.tensor_parallel;
+  l.sequence_parallel = o.sequence_parallel;
+  const auto r = costmodel::simulate_parallel_step(in, l);
+  REQUIRE_MESSAGE(r.step.valid, r.step.reason);
+  if (l.trivial()) return r.step.peak_bytes;  // one stage: the 1D walk's
+  return r.memory.stages.at(static_cast<std::size_t>(stage)).total();
 }
 
 }  // namespace
@@ -301,9 +305,8 @@ TEST_CASE("pipeline::tensor parallelism within the stages trains as one process"
 // Each rank's measured peak (the tracked allocator's) against stage_peak's count of what the
 // trainer allocates, for both schedules: the in-flight micro-batches come from the cost model's
 // walk, the bytes per micro-batch from the model's own saved-bytes functions; and against the cost
-// model's per-stage prediction for the same layout (costmodel::parallel_memory, the executor's
-// recipe). The target is 3%; measured on 1 to 4 ranks: exact (error 0) against both, for every
-// stage, both schedules and both models.
+// model's per-stage prediction for the same layout (predicted_stage_bytes, the executor's recipe,
+// p >= 2). The target is 3%: see the messages.
 TEST_CASE(
     "pipeline::each stage's peak is the walk's in-flight micro-batches times the saved bytes") {
   const int world = test_world().size();
@@ -331,6 +334,7 @@ TEST_CASE(
             std::abs(static_cast<double>(run.peak_bytes) / static_cast<double>(want.total()) - 1);
         CHECK(error <= 0.03);
         worst = std::max(worst, error);
+        if (p == 1) continue;  // one stage: see predicted_stage_bytes
         const double predicted = predicted_stage_bytes(o, world, stage);
         CAPTURE(predicted);
         const double model_error = std::abs(static_cast<double>(run.peak_bytes) / predicted - 1);
@@ -368,6 +372,7 @@ TEST_CASE("pipeline::ZeRO-1 over each stage's ranks trains as one process, its p
       const double error = std::abs(static_cast<double>(run.peak_bytes) / counted - 1);
       CHECK(error <= 0.03);
       worst = std::max(worst, error);
+      if (p == 1) continue;  // one stage: see predicted_stage_bytes
       const double predicted =
           predicted_stage_bytes(o, world, stage, {"zero1", documents::Flavour::deepspeed});
       CAPTURE(predicted);
