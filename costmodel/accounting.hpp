@@ -116,10 +116,35 @@ BlockParts framework_block_parts(const documents::ModelSpec& m, const documents:
 NormParts final_norm_parts(const documents::ModelSpec& m, const documents::TrainingJob& job,
                            const Forward& f);
 
-// The executor's own model code on one rank (executor/gpt_model.hpp; with t > 1 its tensor-
-// parallel block and vocabulary; parallel_memory.cpp's executor_stage says what each tensor is):
-// T tokens of the rank's sequences per micro-batch, t tensor-parallel ranks, n = T/t under
-// sequence parallelism, else T. Bytes per micro-batch, e of the compute dtype. It has no dropout.
+// The executor's own model code (Recipe::executor, executor/gpt_model.hpp and, with t > 1,
+// executor/tensor_parallel_block.cpp and tensor_parallel_vocab.cpp, and with c > 1
+// executor/context_parallel_block.cpp) on one rank of a stage. N = s·b/c tokens per micro-batch
+// (the rank's share of its sequences); n = N/t under sequence parallelism, else N (the hidden
+// states between units and the norms run on n tokens). It has no dropout, keeps each norm's fp32
+// statistics (rstd, and the mean for LayerNorm) per token of n, and per block: its input, the
+// norms' outputs and (sequential residual) the attention's residual sum [n, h]; q, k, v and the
+// projection's input [N, (q + 2kv)/t + q/t]; the MLP's [N, I/t] tensors (2, SwiGLU 3); the
+// attention core of its a/t heads. On the last stage the head keeps its input [n, h], its normed
+// input gathered whole [N, h], the logits [N, V/t] in the compute dtype beside their fp32
+// log-probabilities (not Megatron's in-place softmax), and the targets beside the tokens.
+// Transients beyond what is saved:
+//   a block's backward, in its MLP part: the incoming gradient dy [n, h], the MLP input's gradient
+//     [N, h] (and the normed input gathered again [N, h] under sequence parallelism), d_act,
+//     d_pre (and SwiGLU's d_up) [N, I/t] in place of the freed MLP output
+//   the head's backward: t = 1, the two [N, V] gradients of the loss (fp32 log-probabilities',
+//     the logits' in e); t > 1, the vocabulary-parallel cross-entropy's one gradient of the
+//     logits [N, V/t] in e (softmax − one-hot), then the normed input's gradient [N, h] once the
+//     logits and log-probabilities are freed
+//   with context parallelism, the attention core's backward in ring attention: the block's MLP
+//     tensors and norm2's output (and the residual sum) are freed by then; alive beside the rest
+//     of the block's saved tensors: dy [n, h], the projection input's gradient [N, q/t], dq, dk,
+//     dv [N, (q + 2kv)/t], delta (fp32 per head and token) and the ring's keys and values
+//     received, the dK and dV arriving [N, kv/t] ×3 (executor/context_parallel_block.cpp). The
+//     forward's ring (an fp32 output [N, q/t] and up to three [N, kv/t]) is not counted: per
+//     token it is 4q/t + 3e·kv/t, below what the block's MLP backward holds beyond the forward's
+//     moment (the rest of the block's saved tensors, e·(q/t + 2h + 3I/t), and its transient
+//     2e·h) when q, kv ≤ h ≤ I; the tests' model with I < h peaks at the backward's ring
+// Bytes per micro-batch, e of the compute dtype.
 struct ExecutorTensors {
   double norm_stats = 0;       // one norm's fp32 statistics: rstd, and the mean for LayerNorm
   double block = 0;            // what a block keeps from its forward to its backward

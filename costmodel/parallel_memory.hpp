@@ -1,37 +1,19 @@
-// Memory per pipeline stage of a plan with tensor (+ sequence), pipeline and context parallelism
-// that the step walk (simulator.hpp) does not take yet: the stage's model states split by t and
-// sharded over the data-parallel group by the ShardingSpec, and its activations for the
-// micro-batches the schedule keeps in flight. (One stage with context parallelism, or with
-// PyTorch's TP plans without it, is the walk's: parallel_step.cpp, walked.)
-//
-// How t splits the model depends on whose tensor parallelism runs it:
-//   megatron, llm-foundry, deepspeed (and hf or torchtitan with context parallelism): Megatron-
-//     core's GPT (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-//     Transformer Models", §4 and Table 2): the vocabulary-parallel embedding and head, the
-//     linears' inputs kept as shards under sequence parallelism, the in-place vocabulary-parallel
-//     cross-entropy. Each category is counted at its own largest (their sum bounds the peak).
-//   hf and torchtitan with t > 1 under a pipeline: PyTorch's own parallel styles
-//     (torch/distributed/tensor/parallel/style.py) as each recipe's plan applies them:
-//     transformers' tp_plan (the embeddings and norms replicated, the logits gathered for the
-//     model's own loss) and torchtitan's parallelize function (the row-wise embedding, whose
-//     gradient comes back whole; sequence-parallel norms whose outputs the linears keep
-//     all-gathered; loss_parallel). The step is walked through its moments (the loss's backward,
-//     a block's backward, the optimizer step with foreach AdamW's intermediate) and the stage's
-//     memory is the largest; StageMemory's categories are that moment's (parallel_memory.cpp,
-//     plan_peak). The walk takes the same plans' units without a pipeline (torch_tp_elements,
-//     torch_tp_block, torch_tp_head and the transients below).
-//   torchtitan with a pipeline (any t): the same per-rank terms, its stages run by
-//     torch.distributed.pipelining (PipelineStage under GPipe or 1F1B): the last stage keeps each
-//     in-flight micro-batch's logits until its backward, and the moments are the first
-//     micro-batch's backward (the walk's in-flight micro-batches, no gradients yet) and a later
-//     one's (one fewer at most, every gradient, each new one added into it) (parallel_memory.cpp,
-//     pipeline_moments; checked against tests/costmodel/data/oracle_pipeline.json).
-//   executor under a pipeline: its own model code (executor/gpt_model.hpp, and under tensor
-//     parallelism its vocabulary-parallel embedding and head, executor/tensor_parallel.hpp).
+// What one rank of a tensor-parallel group holds, as the step walk (simulation.hpp) splits each
+// unit, by whose tensor parallelism the recipe runs:
+//   megatron, llm-foundry, deepspeed: Megatron-core's GPT (Korthikanti et al. 2022, "Reducing
+//     Activation Recomputation in Large Transformer Models", §4 and Table 2): the vocabulary-
+//     parallel embedding and head, the linears' inputs kept as shards under sequence
+//     parallelism, the in-place vocabulary-parallel cross-entropy (layer_activations,
+//     tp_local_elements).
+//   hf and torchtitan: PyTorch's own parallel styles (torch/distributed/tensor/parallel/style.py)
+//     as each recipe's plan applies them: transformers' tp_plan (the embeddings and norms
+//     replicated, the logits gathered for the model's own loss) and torchtitan's parallelize
+//     function (the row-wise embedding, whose gradient comes back whole; sequence-parallel norms
+//     whose outputs the linears keep all-gathered; loss_parallel) (torch_tp_elements,
+//     torch_tp_block, torch_tp_head and the backward transients).
 // Async tensor parallelism's framework buffers (async_tp_bytes) are outside the caching
-// allocator: every stage's overhead.
-// DDP's bucket copy (ShardingSpec::grad_bucket_copy, torch DDP) is a buffer of the whole
-// gradients.
+// allocator. And the order each recipe's pipeline runs its ops in (stage_orders), which the
+// walk of a pipeline's stages follows (pipeline_walk.hpp); StageMemory is a walked stage's peak.
 #pragma once
 
 #include <string>
@@ -106,10 +88,8 @@ struct StageMemory {
   double activation_bytes = 0;  // saved for the in-flight micro-batches plus the transients
   double in_flight = 0;         // micro-batches of the whole stage held at once (the walk's)
   double overhead_bytes = 0;    // CUDA context, NCCL workspace, fragmentation
-  // Under PyTorch's TP (hf, torchtitan) and torchtitan's pipeline the step's moment these bytes
-  // describe ("loss backward", "head backward", "block backward", "embedding backward",
-  // "embedding reduce" (FSDP2), "optimizer step"); empty where the categories are each one's
-  // largest.
+  // The walk's moment of the stage's peak ("optimizer step", "backward of block 3 (last
+  // micro-batch)"); empty for a one-stage layout, whose summary names it.
   std::string moment;
   double total() const {
     return param_bytes + grad_bytes + optimizer_bytes + buffer_bytes + activation_bytes +
@@ -132,9 +112,6 @@ struct ParallelMemoryInput {
   documents::ShardingSpec spec;
   documents::ParallelLayout layout;
 };
-
-// Per stage, from the walk's in-flight micro-batches (walk.peak_in_flight per stage).
-ParallelMemory parallel_memory(const ParallelMemoryInput& in, const PipelineWalk& walk);
 
 // Each stage's op order as the recipe's pipeline runs it: torch.distributed.pipelining's
 // (torch_interleaved_ops) for torchtitan's interleaved stages, Megatron's (schedule_ops)

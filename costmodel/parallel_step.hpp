@@ -1,21 +1,8 @@
 // One optimizer step of a plan with tensor (+ sequence), pipeline and context parallelism beside
-// the data-parallel ShardingSpec. One stage of a framework's recipe with context parallelism, or
-// with PyTorch's TP plans (hf's tp_plan, torchtitan's apply_tp) without it, is the step
-// simulator's walk of one rank (simulator.hpp: StepInput::context_parallel, tensor_parallel): its
-// units split, its TP collectives on their own stream, the ring beside the attention. Otherwise
-// (Megatron-core's TP, pipelines, the executor's own model) each pipeline stage's forward and
-// backward per micro-batch are timed from its GEMM FLOPs split by t, with tensor parallelism's
-// collectives (exposed unless async), the ring exchanges of context parallelism (exposed beyond
-// the attention they overlap), and the schedule is walked (pipeline_schedule.hpp) with the
-// point-to-point sends between stages. The data-parallel gradient reduction over world/(t·p·c)
-// ranks and the optimizer step follow each stage's last backward. Memory per stage:
-// parallel_memory.hpp.
-//
-// A unit's compute on a rank is the step walk's (compute_time.hpp: GEMMs by shape, the attention
-// core, the memory-bound ops, the host's issuing of the kernels), split over the tensor-parallel
-// ranks (TensorSplit). What this analytic path leaves out that the walk counts: the per-unit
-// prefetch of FSDP's all-gathers (one gather per step under a pipeline; per micro-batch
-// otherwise, overlapped with compute but for the first), bucketing, offload.
+// the data-parallel ShardingSpec, as the step simulator walks it (simulator.hpp): one stage is the
+// walk of one rank (its units split over the tensor ranks, its TP collectives on their own stream,
+// the ring beside the attention); a pipeline is every stage's rank walked through its schedule's
+// ops (pipeline_walk.hpp). What it reports per stage, and the summary of the stage that ends last.
 #pragma once
 
 #include <vector>
@@ -30,20 +17,6 @@
 
 namespace shardplan::costmodel {
 
-// Bytes one rank sends for tensor parallelism per transformer block and micro-batch, forward and
-// backward (without recompute). Megatron-LM (Shoeybi et al. 2019, §3; Narayanan et al. 2021,
-// §3.2): two all-reduces of the s·b·h activations in the forward (after the attention's and the
-// MLP's row-parallel linears) and two in the backward (the column-parallel linears' input
-// gradients); a ring all-reduce sends 2(t−1)/t of its buffer. With sequence parallelism
-// (Korthikanti et al. 2022, §4.2.2) each all-reduce becomes an all-gather and a reduce-scatter of
-// the same buffer, (t−1)/t each: the same bytes.
-double tp_bytes_per_block(const documents::ModelSpec& m, const documents::TrainingJob& j,
-                          const documents::ParallelLayout& l, double e);
-// Bytes one rank sends for ring attention per block and micro-batch, forward and backward: c − 1
-// steps of its K and V chunk (e·(s/c)·b·kv/t each) in the forward; the backward passes K, V and
-// their gradients: twice that.
-double cp_bytes_per_block(const documents::ModelSpec& m, const documents::TrainingJob& j,
-                          const documents::ParallelLayout& l, double e);
 // The activations sent between two stages per micro-batch, one direction: s/c·b·h elements, split
 // by t under sequence parallelism (Megatron sends the sequence-parallel shard).
 double p2p_bytes(const documents::ModelSpec& m, const documents::TrainingJob& j,

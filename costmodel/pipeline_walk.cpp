@@ -128,10 +128,6 @@ StepResult Simulation::finish(double after_reduce, double after_reduce_bytes) {
 
 }  // namespace step_walk
 
-bool pipeline_walked(const StepInput& in, const ParallelLayout& l) {
-  return l.pipeline_parallel > 1 && in.spec.offload == documents::Offload::none;
-}
-
 namespace {
 
 // The units of stage s: chunk k is virtual stage k·p + s, its blocks pipeline_parts' share.

@@ -28,17 +28,11 @@ struct PipelineStages {
   std::string reason, reason_input;
 };
 
-// `rank`: the job as one rank runs it (its t, c, sequence parallelism set). Only layouts
-// pipeline_walked() takes.
+// `rank`: the job as one rank runs it (its t, c, sequence parallelism set); p >= 2, no offload.
 PipelineStages walk_pipeline(const StepInput& rank, const documents::ParallelLayout& l);
 
 // A bound below walk_pipeline's step time from the stages' compute alone, without walking the
 // micro-batches (pipeline_walk.cpp says how); 0 where the plan cannot run (the walk says why).
 double pipeline_step_bound(const StepInput& rank, const documents::ParallelLayout& l);
-
-// Whether the walk takes this pipeline: stages run by torch.distributed.pipelining (torchtitan's
-// recipe), without offload. Megatron's schedules and the executor's stages are the analytic
-// model's (parallel_memory.hpp) until they are walked too.
-bool pipeline_walked(const StepInput& in, const documents::ParallelLayout& l);
 
 }  // namespace shardplan::costmodel

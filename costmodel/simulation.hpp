@@ -285,6 +285,11 @@ private:
                ? static_cast<double>(in_.model->embedding.tensors.front().elements()) / tensor_
                : 0.0;
   }
+  // A tied table the rank's embeddings and head share (not a pipeline's first and last stage,
+  // each with its own copy: prepare_unit_sizes).
+  bool shared_table() const {
+    return in_.model->tied_embeddings && unit_count(0) > 0 && unit_count(2) > 0;
+  }
   // Whose tensor parallelism splits the units: PyTorch's parallel styles as the recipe's plan
   // applies them, or Megatron-core's layers.
   bool torch_styles() const {

@@ -182,8 +182,8 @@ void Simulation::forward(int mb, const Chunk& c) {
       cached_casts += checkpointed(u) ? ui.matmul * act_b_ : 0;
     }
     if (executor_casts()) {
-      mem(st, (ui.params + (u == U - 1 ? tied_matrix() : 0)) * compute_b_, Category::buffers,
-          Phase::forward, u, mb);
+      mem(st, (ui.params + (u == U - 1 && shared_table() ? tied_matrix() : 0)) * compute_b_,
+          Category::buffers, Phase::forward, u, mb);
       if (u == 0)
         mem(fwd_end_[u], -ui.params * compute_b_, Category::buffers, Phase::forward, u, mb);
     }
@@ -302,7 +302,7 @@ void Simulation::unit_gradients(int u, double kernels, int mb, bool first) {
   const int U = n_units_;
   const bool flat_unit = !frameworks_;
   const double opened = flat_unit ? info(0).params : tied_matrix();  // by a tied head
-  const bool tied = in_.model->tied_embeddings;
+  const bool tied = shared_table();
   if (ui.down_first() || ui.mlp_first())
     block_backward(u, kernels, mb, first);
   else
@@ -348,14 +348,14 @@ void Simulation::rerun_forward(int u, double ready, Stream cause, int mb) {
 void Simulation::executor_backward_casts(int u, double kernels, double end, int mb) {
   const auto& ui = info(u);
   const int U = n_units_;
-  const double tied = u == U - 1 ? tied_matrix() : 0;
+  const double tied = u == U - 1 && shared_table() ? tied_matrix() : 0;
   if (u > 0)  // the copy kept since the forward
     mem(end, -(ui.params + tied) * compute_b_, Category::buffers, Phase::backward, u, mb);
   if (spec_.shard_gradients || sb_.grad < 4) return;  // the gradients are written where they stay
   // The 16-bit gradient widened after the backward; the embeddings' opened by a tied head.
-  if (!(u == 0 && tied_matrix() > 0))
+  if (!(u == 0 && shared_table()))
     mem(kernels, ui.params * compute_b_, Category::gradients, Phase::backward, u, mb);
-  if (tied > 0)
+  if (tied > 0 && shared_table())
     mem(kernels, info(0).params * compute_b_, Category::gradients, Phase::backward, 0, mb);
   mem(end, -ui.params * compute_b_, Category::gradients, Phase::backward, u, mb);
 }
@@ -635,6 +635,7 @@ bool Simulation::begin() {
   prepare();
   result_.grad_accumulation = j.global_batch / world_ / j.micro_batch;
   states_ = place_states();  // present before the step starts
+  if (states_) result_.rank_params = states_->total_params;
   return states_.has_value();
 }
 

@@ -76,6 +76,9 @@ struct StepResult {
   std::string reason;
   std::string reason_input;  // the option that makes it so ("--offload", "--micro-batch", ...)
   std::int64_t params = 0;
+  // Elements of the units this rank runs before data-parallel sharding: its share of its
+  // tensor-parallel group's split of its pipeline stage (the model, without either).
+  double rank_params = 0;
   std::int64_t micro_batch = 0;
   std::int64_t grad_accumulation = 0;  // micro-batches per optimizer step
   // memory, bytes per GPU

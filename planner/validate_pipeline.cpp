@@ -134,7 +134,10 @@ PipelineRun read_pipeline_run(const json& run) {
   return f;
 }
 
-// The cost model's prediction for the run's layout, from the plan.
+// A profile whose speeds order the walk's events when the plan's cannot be loaded.
+constexpr const char* kStandInProfile = "a100-sxm4-80gb";
+
+// The cost model's prediction for the run's layout, from the plan (simulate_parallel_step).
 struct Prediction {
   costmodel::ParallelMemory memory;
   std::optional<double> step_s;
@@ -153,36 +156,33 @@ Prediction predict(const documents::Plan& plan, const PipelineRun& run,
       hw = documents::load_hardware(plan.hardware);
     } catch (const std::exception&) {
       loaded = false;
+      // The walk orders the stages' ops by time: on a profile's speeds, without its per-device
+      // overheads; no step time is reported from it.
+      hw = documents::load_hardware(kStandInProfile);
+      hw.cuda_context_bytes = hw.nccl_workspace_bytes = 0;
+      hw.fragmentation = 0;
       out.notes.push_back(fmt::format(
           "the plan's hardware profile \"{}\" could not be loaded here: memory predicted without "
-          "per-device overheads, no step time (--hardware names its file)",
-          plan.hardware));
+          "per-device overheads, its events ordered on {}'s speeds; no step time (--hardware "
+          "names its file)",
+          plan.hardware, kStandInProfile));
     }
   }
-  costmodel::ParallelMemoryInput in;
-  in.model = &plan.model;
-  in.hardware = &hw;
-  in.cluster = {run.world, std::max(1, plan.cluster.gpus_per_node)};
-  in.job = plan.job;
-  in.job.seq_len = run.seq_len;
-  in.job.micro_batch = run.micro_batch;
-  in.spec = plan.spec;
+  const documents::Cluster cluster{run.world, std::max(1, plan.cluster.gpus_per_node)};
+  documents::TrainingJob job = plan.job;
+  job.seq_len = run.seq_len;
+  job.micro_batch = run.micro_batch;
+  job.global_batch = static_cast<std::int64_t>(run.layout.data_parallel(run.world)) *
+                     run.layout.micro_batches * run.micro_batch;  // the run's
   // The executor's stages reduce their gradients in place (executor/pipeline.hpp): no bucket copy.
-  in.spec.grad_bucket_copy = false;
-  in.layout = run.layout;
-  const int p = run.layout.pipeline_parallel;
-  const std::vector<double> forward(static_cast<std::size_t>(p), 1.0),
-      backward(forward.size(), 2.0);
-  const auto walk = costmodel::walk_schedule(run.layout.schedule, p, run.layout.virtual_stages,
-                                             run.layout.micro_batches, forward, backward);
-  out.memory = costmodel::parallel_memory(in, walk);
-  if (!loaded) return out;
-  const costmodel::StepInput step_in{&plan.model, &hw, in.cluster, in.job, in.spec};
+  documents::ShardingSpec spec = plan.spec;
+  spec.grad_bucket_copy = false;
+  const costmodel::StepInput step_in{&plan.model, &hw, cluster, job, spec};
   const auto step = costmodel::simulate_parallel_step(step_in, run.layout);
-  if (step.step.valid)
-    out.step_s = step.step.step_s;
-  else
-    out.notes.push_back("no step time predicted: " + step.step.reason);
+  if (!step.step.valid)
+    throw InputError("/pipeline", "the cost model does not predict this run: " + step.step.reason);
+  out.memory = step.memory;
+  if (loaded) out.step_s = step.step.step_s;
   return out;
 }
 

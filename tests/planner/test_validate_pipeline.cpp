@@ -6,7 +6,7 @@
 #include <string>
 
 #include "core/input_error.hpp"
-#include "costmodel/parallel_memory.hpp"
+#include "costmodel/parallel_step.hpp"
 #include "costmodel/pipeline_schedule.hpp"
 #include "documents/hardware.hpp"
 #include "documents/plan.hpp"
@@ -69,9 +69,10 @@ json pipeline_run() {
 }
 
 // The cost model's stages for the run's layout, as validate makes them: the plan's job with the
-// run's micro-batch, DDP without a bucket copy (the stages reduce in place).
+// run's micro-batch, DDP without a bucket copy (the stages reduce in place), walked by
+// simulate_parallel_step.
 costmodel::ParallelMemory stages(const documents::Plan& p, const documents::HardwareProfile& hw) {
-  costmodel::ParallelMemoryInput in;
+  costmodel::StepInput in;
   in.model = &p.model;
   in.hardware = &hw;
   in.cluster = {2, 2};
@@ -79,11 +80,12 @@ costmodel::ParallelMemory stages(const documents::Plan& p, const documents::Hard
   in.job.micro_batch = 2;
   in.spec = p.spec;
   in.spec.grad_bucket_copy = false;
-  in.layout.pipeline_parallel = 2;
-  in.layout.micro_batches = 4;
-  const auto walk = costmodel::walk_schedule(documents::PipelineSchedule::one_f_one_b, 2, 1, 4,
-                                             {1.0, 1.0}, {2.0, 2.0});
-  return costmodel::parallel_memory(in, walk);
+  documents::ParallelLayout l;
+  l.pipeline_parallel = 2;
+  l.micro_batches = 4;
+  const auto r = costmodel::simulate_parallel_step(in, l);
+  REQUIRE_MESSAGE(r.step.valid, r.step.reason);
+  return r.memory;
 }
 
 }  // namespace
