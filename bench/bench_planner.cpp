@@ -53,6 +53,14 @@ planner::Scenario llama405b_16384_gpus() {
   return sc;
 }
 
+// The same job under torchtitan's recipe: its pipelines walked stage by stage (pipeline_walk.hpp).
+planner::Scenario llama405b_16384_gpus_torchtitan() {
+  planner::Scenario sc = llama405b_16384_gpus();
+  sc.job.recipe = documents::Recipe::torchtitan;
+  sc.job.loss = documents::recipe_traits(documents::Recipe::torchtitan).loss;
+  return sc;
+}
+
 void parallel_search(benchmark::State& state, const planner::Scenario& sc) {
   long evaluated = 0, layouts = 0;
   for (auto _ : state) {
@@ -70,6 +78,9 @@ void parallel_search(benchmark::State& state, const planner::Scenario& sc) {
 }  // namespace
 
 BENCHMARK_CAPTURE(parallel_search, llama405b_h100_16384gpus, llama405b_16384_gpus())
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(parallel_search, llama405b_h100_16384gpus_torchtitan,
+                  llama405b_16384_gpus_torchtitan())
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(search, llama70b_h100_1024gpus,
                   scenario("llama-2-70b", "h100-sxm5-80gb", 1024, 4096, 1024), false)

@@ -24,11 +24,13 @@ using documents::Category;
 using documents::Collective;
 using documents::dtype_bytes;
 using documents::layout_problems;
+using documents::ModelSpec;
 using documents::Offload;
 using documents::ParallelLayout;
 using documents::stage_blocks;
 using documents::state_bytes;
 using documents::StateBytes;
+using documents::TrainingJob;
 
 // Tied word embeddings under a pipeline: the first stage's table and the last stage's copy (the
 // head) each collect a gradient, which Megatron-core sums over the embedding group (the first and

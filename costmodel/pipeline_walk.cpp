@@ -62,7 +62,11 @@ double Simulation::stage_op(const PipeOp& op, double ready, bool first, bool las
       act_b_ * T * static_cast<double>(m.hidden) / (sequence_parallel_ ? tensor_ : 1);
   const double logits = act_b_ * T * static_cast<double>(m.vocab) / tensor_;
   const bool torch = stage_.torch_pipelining;
+  // The executor's last stage keeps each micro-batch's int32 tokens and targets too (the first
+  // stage's are its embeddings': embedding_activations).
+  const double batch = !frameworks_ && has_head && !has_embeddings ? 8 * T : 0;
   if (op.kind == PipeOpKind::forward) {
+    mem(start, batch, Category::activations, Phase::forward, c.last, mb);
     forward(mb, c);
     const double end = free_at_[0];
     // The executor's stage sends its output [T, h] while the next micro-batch's input arrives
@@ -77,12 +81,15 @@ double Simulation::stage_op(const PipeOp& op, double ready, bool first, bool las
       mem(end, between, Category::activations, Phase::forward, c.last, mb);
     return end;
   }
-  // The gradient of the stage's output, received from the next one, through the backward.
-  if (!has_head) mem(start, between, Category::activations, Phase::backward, c.last, mb);
+  // The gradient of the stage's output, received from the next one, through the backward (the
+  // executor's block counts it in its backward: executor_tensors' dy).
+  const double incoming = has_head || !frameworks_ ? 0 : between;
+  mem(start, incoming, Category::activations, Phase::backward, c.last, mb);
   backward(mb, first, last, c);
   const double end = free_at_[0];
+  mem(end, -batch, Category::activations, Phase::backward, c.last, mb);
   if (!torch) {
-    if (!has_head) mem(end, -between, Category::activations, Phase::backward, c.last, mb);
+    mem(end, -incoming, Category::activations, Phase::backward, c.last, mb);
     return end;
   }
   if (has_head) mem(end, -logits, Category::activations, Phase::backward, c.last, mb);
@@ -140,7 +147,8 @@ step_walk::StageUnits stage_units(const StepInput& in, const ParallelLayout& l, 
   out.torch_pipelining = documents::recipe_traits(in.job.recipe).pipeline ==
                          documents::PipelineRunner::torch_pipelining;
   for (int k = 0; k < l.virtual_stages; ++k) {
-    const auto vs = static_cast<std::size_t>(k * p + s);
+    const auto vs =
+        static_cast<std::size_t>(k) * static_cast<std::size_t>(p) + static_cast<std::size_t>(s);
     std::int64_t first_block = 0;
     for (std::size_t i = 0; i < vs; ++i) first_block += parts[i];
     step_walk::Chunk c{static_cast<int>(first_block) + 1,
@@ -169,9 +177,13 @@ bool run_ops(std::vector<std::unique_ptr<step_walk::Simulation>>& sims,
   const int p = l.pipeline_parallel, v = l.virtual_stages, m = l.micro_batches;
   const int virtual_stages = p * v;
   // When each virtual stage's forward and backward of each micro-batch end (−1: not yet run).
-  std::vector<double> fwd_end(static_cast<std::size_t>(virtual_stages * m), -1.0);
+  std::vector<double> fwd_end(
+      static_cast<std::size_t>(virtual_stages) * static_cast<std::size_t>(m), -1.0);
   std::vector<double> bwd_end = fwd_end;
-  auto at = [&](int vs, int mb) { return static_cast<std::size_t>(vs * m + mb); };
+  auto at = [&](int vs, int mb) {
+    return static_cast<std::size_t>(vs) * static_cast<std::size_t>(m) +
+           static_cast<std::size_t>(mb);
+  };
   std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
   std::vector<int> backwards(static_cast<std::size_t>(virtual_stages), 0);  // run so far
   std::vector<int> alive(static_cast<std::size_t>(p), 0);

@@ -384,12 +384,12 @@ void memory_lines(Text& text, const Scenario& sc, const Evaluation& e) {
 }
 
 // A pipeline's compute is its step stage's, the last to finish its optimizer step: its micro-
-// batches' forward and backward (the stage table's, whose exposed waits are the lines below),
-// and its optimizer step.
+// batches' forward and backward (the stage table's compute; the waits are the lines below), and
+// its optimizer step.
 void step_stage_line(Text& text, const Evaluation& e) {
   const auto& st = e.stages.at(static_cast<std::size_t>(e.step_stage));
-  text.line("    of stage {}, the last to finish: {} x ({} + {}) per micro-batch, less the "
-            "exposed tensor and context parallel waits in them, and the optimizer step {}",
+  text.line("    of stage {}, the last to finish: {} x ({} + {}) per micro-batch and the optimizer "
+            "step {}",
             st.stage, e.result.grad_accumulation, seconds(st.forward_s), seconds(st.backward_s),
             seconds(e.result.optimizer_s));
 }

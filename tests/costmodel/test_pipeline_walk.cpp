@@ -55,11 +55,12 @@ TEST_CASE("pipeline_walk::the search's bound is below every walked step") {
   for (const char* strategy : {"ddp", "zero1", "fsdp-full"})
     for (const Checkpointing ckpt :
          {Checkpointing::none, Checkpointing::selective_op, Checkpointing::full})
-      for (const auto& [t, p, v] :
+      for (const auto& tpv :
            {std::array{1, 2, 1}, std::array{2, 4, 1}, std::array{1, 4, 2}, std::array{2, 2, 3}})
         for (const int m : {4, 8}) {
+          const int t = tpv[0], p = tpv[1], v = tpv[2];
           const int gpus = t * p * 2;  // two replicas
-          Job j(gpus, 2 * m, strategy, ckpt);
+          Job j(gpus, 2 * std::int64_t{m}, strategy, ckpt);
           const ParallelLayout l = pipeline(t, p, v, m);
           const auto walked = simulate_parallel_step(j.in, l);
           REQUIRE(walked.step.valid);
