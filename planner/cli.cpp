@@ -376,9 +376,17 @@ void run_layout_recommend(const CliOptions& o, int top_plans, std::ostream& out,
                                                    "own reduce dtype; estimate the layout with it",
                                                    *o.po.reduce_dtype));
   const Scenario msc = make_scenario(o.so, false);
-  // Every fitting layout ranked exactly where a framework's emitter may pass over the fastest.
-  const bool all = o.emit && *o.emit != "plan";
-  const auto found = search_layouts(msc, all ? 0 : o.emit ? 1 : top_plans);
+  // With --emit for a framework, the fastest plan it can run is the one kept.
+  std::optional<ParallelFramework> framework;
+  if (o.emit && *o.emit != "plan")
+    framework = *o.emit == "torchtitan" ? ParallelFramework::torchtitan
+                : *o.emit == "megatron" ? ParallelFramework::megatron
+                                        : ParallelFramework::deepspeed;
+  const auto found = framework ? search_layouts(msc, 1,
+                                                [&](const LayoutCandidate& c) {
+                                                  return cannot_express(*framework, msc, c).empty();
+                                                })
+                               : search_layouts(msc, o.emit ? 1 : top_plans);
   if (!o.emit) {
     if (o.format == "json") {
       auto j = layout_search_json(msc, found, top_plans);
@@ -398,9 +406,7 @@ void run_layout_recommend(const CliOptions& o, int top_plans, std::ostream& out,
     out << json_document(layout_plan_document(msc, found.ranked.front()));
     return;
   }
-  const auto f = emit == "torchtitan" ? ParallelFramework::torchtitan
-                 : emit == "megatron" ? ParallelFramework::megatron
-                                      : ParallelFramework::deepspeed;
+  const auto f = *framework;
   const auto& c = expressible_layout(f, emit, msc, found, notes);
   if (f == ParallelFramework::torchtitan) {
     out << torchtitan_parallel_settings(msc, c);

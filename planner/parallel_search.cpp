@@ -68,6 +68,7 @@ struct Walker {
   std::vector<ShardingSpec> specs;
   std::vector<TrainingJob> jobs;  // one per checkpointing mode, least recompute first
   std::vector<double> fastest;    // the keep fastest fitting steps so far, ascending
+  std::function<bool(const LayoutCandidate&)> counts;  // which plans count (empty: all)
 
   // A step a plan must beat to rank among the `keep` fastest.
   double to_beat() const {
@@ -76,7 +77,7 @@ struct Walker {
                : std::numeric_limits<double>::infinity();
   }
   void ranked(LayoutCandidate c) {
-    if (out.keep > 0) {
+    if (out.keep > 0 && (!counts || counts(c))) {
       fastest.insert(std::upper_bound(fastest.begin(), fastest.end(), c.result.step.step_s),
                      c.result.step.step_s);
       if (fastest.size() > static_cast<std::size_t>(out.keep)) fastest.pop_back();
@@ -171,12 +172,13 @@ struct Walker {
 
 }  // namespace
 
-LayoutSearch search_layouts(const Scenario& sc, int keep) {
+LayoutSearch search_layouts(const Scenario& sc, int keep,
+                            const std::function<bool(const LayoutCandidate&)>& counts) {
   const auto start = std::chrono::steady_clock::now();
   LayoutSearch out;
   out.keep = std::max(0, keep);
   const int G = sc.cluster.gpus_per_node;
-  Walker w{sc, out, {}, checkpointing_jobs(sc), {}};
+  Walker w{sc, out, {}, checkpointing_jobs(sc), {}, counts};
   // Each strategy under the engine the recipe runs it with (Megatron's own DDP and distributed
   // optimizer for its recipe).
   const auto& recipe = recipe_traits(sc.job.recipe);

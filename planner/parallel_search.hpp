@@ -13,6 +13,7 @@
 // (costmodel::parallel_step_bound above it) is not walked: it cannot rank among them.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,8 +45,9 @@ struct LayoutSearch {
 
 // The strategies tried over the replicas: ddp, zero1 (DeepSpeed) and fsdp-full (FSDP2). `keep`:
 // how many of the fastest fitting plans the caller uses (0: every one that fits, none passed
-// over).
-LayoutSearch search_layouts(const Scenario& sc, int keep);
+// over); `counts`, where given: which plans count among them (the ones a framework can run).
+LayoutSearch search_layouts(const Scenario& sc, int keep,
+                            const std::function<bool(const LayoutCandidate&)>& counts = {});
 
 // Where FSDP over every GPU stops. The batch limit: a step's sequences per GPU (below one, or not
 // dividing, some GPUs have nothing to run). The activation wall: FSDP (fsdp-full) at micro-batch 1

@@ -36,7 +36,7 @@ bool same_shape(const ParallelLayout& a, const ParallelLayout& b) {
 TEST_CASE("parallel_search::Llama-3-70B on 256 GPUs: FSDP alone fits only with full recompute, "
           "model parallelism wins") {
   const auto sc = scenario(load_model("llama-3-70b"), 256, 256);
-  const auto s = search_layouts(sc, 0);
+  const auto s = search_layouts(sc, 10);
   REQUIRE(s.best_data_parallel);
   // A whole 8192-token sequence's activations per GPU do not fit; every block's input alone does.
   CHECK(s.best_data_parallel->fits);
@@ -68,7 +68,7 @@ TEST_CASE(
 
 TEST_CASE("parallel_search::checkpointing is searched, more recompute only above what fitted") {
   const auto sc = scenario(load_model("llama-3-70b"), 256, 256);
-  const auto s = search_layouts(sc, 0);
+  const auto s = search_layouts(sc, 10);
   bool full = false;
   for (const auto& c : s.ranked) {
     if (c.job.checkpointing != Checkpointing::full) continue;
@@ -84,7 +84,7 @@ TEST_CASE("parallel_search::checkpointing is searched, more recompute only above
   auto pinned = sc;
   pinned.checkpointing_named = true;
   pinned.job.checkpointing = Checkpointing::full;
-  for (const auto& c : search_layouts(pinned, 0).ranked)
+  for (const auto& c : search_layouts(pinned, 10).ranked)
     CHECK(c.job.checkpointing == Checkpointing::full);
 }
 
@@ -95,7 +95,7 @@ TEST_CASE("parallel_search::checkpointing is searched, more recompute only above
 // 1,073,741,824 = 85.9e9 bytes, beyond an 80 GB GPU.
 TEST_CASE("parallel_search::where FSDP alone stops on Llama-3-70B and 256 GPUs") {
   const auto sc = scenario(load_model("llama-3-70b"), 256, 256);
-  const auto s = search_layouts(sc, 0);
+  const auto s = search_layouts(sc, 10);
   const auto f = fsdp_limits(sc, s);
   CHECK(f.sequences_per_gpu == 1.0);
   CHECK(f.batch_divides);
