@@ -346,26 +346,6 @@ std::pair<SearchPins, std::string> search_pins(const CliOptions& o, const Scenar
   return {pins, emit_pin};
 }
 
-// The fastest fitting layout the framework runs as costed; the lines that say why faster ones
-// were passed over go to `notes`. Throws when none is expressible.
-const LayoutCandidate& expressible_layout(ParallelFramework f, const std::string& emit,
-                                          const Scenario& sc, const LayoutSearch& found,
-                                          std::vector<std::string>& notes) {
-  const auto& ranked = found.ranked;
-  const std::string fastest_reason = cannot_express(f, sc, ranked.front());
-  for (std::size_t i = 0; i < ranked.size(); ++i) {
-    if (!cannot_express(f, sc, ranked[i]).empty()) continue;
-    if (i > 0)
-      notes.push_back(fmt::format("--emit {}: the fastest layout is not expressible ({}); "
-                                  "emitting rank {}, the fastest that is",
-                                  emit, fastest_reason, i + 1));
-    return ranked[i];
-  }
-  throw InputError("--emit", fmt::format("{}: none of the {} fitting layouts runs in {} as costed; "
-                                         "the fastest: {}",
-                                         emit, ranked.size(), framework_name(f), fastest_reason));
-}
-
 // recommend --model-parallel: the ranked layouts, or with --emit the fastest as the plan
 // document, or the fastest a framework can express as that framework runs it.
 // `why`: not empty when the search widened itself to model parallelism (said first).
@@ -377,16 +357,12 @@ void run_layout_recommend(const CliOptions& o, int top_plans, std::ostream& out,
                                                    *o.po.reduce_dtype));
   const Scenario msc = make_scenario(o.so, false);
   // With --emit for a framework, the fastest plan it can run is the one kept.
-  std::optional<ParallelFramework> framework;
-  if (o.emit && *o.emit != "plan")
-    framework = *o.emit == "torchtitan" ? ParallelFramework::torchtitan
-                : *o.emit == "megatron" ? ParallelFramework::megatron
-                                        : ParallelFramework::deepspeed;
-  const auto found = framework ? search_layouts(msc, 1,
-                                                [&](const LayoutCandidate& c) {
-                                                  return cannot_express(*framework, msc, c).empty();
-                                                })
-                               : search_layouts(msc, o.emit ? 1 : top_plans);
+  const auto framework = o.emit ? emitted_framework(*o.emit) : std::nullopt;
+  const auto runs = [&](const LayoutCandidate& c) {
+    return cannot_express(*framework, msc, c).empty();
+  };
+  const auto found =
+      framework ? search_layouts(msc, 1, runs) : search_layouts(msc, o.emit ? 1 : top_plans);
   if (!o.emit) {
     if (o.format == "json") {
       auto j = layout_search_json(msc, found, top_plans);

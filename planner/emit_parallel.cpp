@@ -350,6 +350,13 @@ const char* framework_name(ParallelFramework f) {
   return "?";
 }
 
+std::optional<ParallelFramework> emitted_framework(const std::string& emit) {
+  if (emit == "torchtitan") return ParallelFramework::torchtitan;
+  if (emit == "megatron") return ParallelFramework::megatron;
+  if (emit == "deepspeed") return ParallelFramework::deepspeed;
+  return std::nullopt;
+}
+
 std::string cannot_express(ParallelFramework f, const Scenario& sc, const LayoutCandidate& c) {
   switch (f) {
   case ParallelFramework::torchtitan:
@@ -455,6 +462,26 @@ nlohmann::json deepspeed_parallel_config(const Scenario& sc, const LayoutCandida
     j["pipeline"] = {
         {"activation_checkpoint_interval", c.job.checkpointing == Checkpointing::full ? 1 : 0}};
   return j;
+}
+
+// The fastest fitting layout the framework runs as costed; the lines that say why faster ones
+// were passed over go to `notes`. Throws when none is expressible.
+const LayoutCandidate& expressible_layout(ParallelFramework f, const std::string& emit,
+                                          const Scenario& sc, const LayoutSearch& found,
+                                          std::vector<std::string>& notes) {
+  const auto& ranked = found.ranked;
+  const std::string fastest_reason = cannot_express(f, sc, ranked.front());
+  for (std::size_t i = 0; i < ranked.size(); ++i) {
+    if (!cannot_express(f, sc, ranked[i]).empty()) continue;
+    if (i > 0)
+      notes.push_back(fmt::format("--emit {}: the fastest layout is not expressible ({}); "
+                                  "emitting rank {}, the fastest that is",
+                                  emit, fastest_reason, i + 1));
+    return ranked[i];
+  }
+  throw InputError("--emit", fmt::format("{}: none of the {} fitting layouts runs in {} as costed; "
+                                         "the fastest: {}",
+                                         emit, ranked.size(), framework_name(f), fastest_reason));
 }
 
 }  // namespace shardplan::planner

@@ -12,7 +12,9 @@
 // A layout a framework cannot run is refused with the reason, never emitted wrong.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -23,9 +25,16 @@ namespace shardplan::planner {
 
 enum class ParallelFramework { torchtitan, megatron, deepspeed };
 const char* framework_name(ParallelFramework f);  // "torchtitan", "Megatron-LM", "DeepSpeed"
+// The framework an --emit value names: "torchtitan", "megatron", "deepspeed"; none for "plan".
+std::optional<ParallelFramework> emitted_framework(const std::string& emit);
 
 // Why the framework cannot run the candidate as it was costed, one line ("" when it can).
 std::string cannot_express(ParallelFramework f, const Scenario& sc, const LayoutCandidate& c);
+// The fastest fitting layout the framework runs as costed; the lines that say why faster ones
+// were passed over go to `notes`. Throws an InputError naming --emit when none is expressible.
+const LayoutCandidate& expressible_layout(ParallelFramework f, const std::string& emit,
+                                          const Scenario& sc, const LayoutSearch& found,
+                                          std::vector<std::string>& notes);
 
 // The plan document (costmodel/plan.hpp) with its /parallel object.
 nlohmann::json layout_plan_document(const Scenario& sc, const LayoutCandidate& c);
