@@ -26,29 +26,67 @@ using documents::PipeOpKind;
 
 namespace step_walk {
 
-// One op of the stage's schedule. Around the units' own forward and backward, a stage that
-// torch.distributed.pipelining runs (torch/distributed/pipelining/stage.py, schedules.py) keeps:
-//   the last virtual stage's output, the logits [T, V/t]: forward_one_chunk keeps it in
-//     _forward_chunk_states until backward_one_chunk has run the micro-batch's backward
-//     (_output_slot_is_releasable refuses the last stage's output)
-//   a chunk's output [T, h] sent on, with model chunks (v > 1): the runtime's SEND_F keeps it in
-//     the pending send, waited on after the same chunk's backward of that micro-batch
-//   the gradient of its output received from the next virtual stage (get_bwd_recv_ops), through
-//     the micro-batch's backward
-//   its input's gradient [T, h] sent back (get_bwd_send_ops): with one chunk, until the send is
-//     waited on before the next backward's; with chunks, to the schedule's end
-//   its received input [T, h], a leaf of the micro-batch's graph, past the backward to the
-//     step's end on the last virtual stage (the schedule keeps each micro-batch's loss, and with
-//     it the graph, in _internal_losses, and torchtitan's train step holds their sum until after
-//     the optimizer step) and, with chunks, on every virtual stage but the first (measured:
+namespace {
+
+// What the code that runs a pipeline's stages keeps around one micro-batch's forward and backward
+// through a chunk, beyond what its units keep; [T, h] tensors split by t under sequence
+// parallelism, in the dtype the activations are kept in.
+struct StageBuffers {
+  bool logits = false;          // the output [T, V/t], from the forward to the backward's end
+  bool chunk_output = false;    // the output [T, h] in its pending send, the same
+  bool incoming = false;        // the output's gradient [T, h] received, through the backward
+  bool input_gradient = false;  // the input's gradient [T, h] sent back, until waited on:
+  bool sends_at_end = false;    //   at the schedule's end, else before the next backward's send
+  bool input_held = false;      // the received input [T, h] past the backward, to the step's end
+  bool exchange = false;        // the output sent beside the next input received, at its end
+  bool batch = false;           // the micro-batch's int32 tokens and targets, forward to backward
+};
+
+// torch.distributed.pipelining (torch/distributed/pipelining/stage.py, schedules.py):
+//   the last virtual stage's logits: forward_one_chunk keeps its output in _forward_chunk_states
+//     until backward_one_chunk has run (_output_slot_is_releasable refuses the last stage's)
+//   with model chunks, a chunk's output: the runtime's SEND_F keeps it in the pending send,
+//     waited on after the same chunk's backward of that micro-batch
+//   the output's gradient from the next virtual stage (get_bwd_recv_ops)
+//   the input's gradient sent back (get_bwd_send_ops): with one chunk waited on before the next
+//     backward's send, with chunks at the schedule's end
+//   the received input, a leaf of the micro-batch's graph, to the step's end on the last virtual
+//     stage (the schedule keeps each micro-batch's loss, and with it the graph, in
+//     _internal_losses, and torchtitan's train step holds their sum until after the optimizer
+//     step) and, with chunks, on every virtual stage but the first (measured:
 //     tests/costmodel/data/oracle_pipeline.json, rank 0 keeps virtual stage 2's inputs to the
 //     optimizer step)
-// T = s/c·b tokens, split by t under sequence parallelism for the [T, h] tensors, in the dtype
-// the activations are kept in.
+// Megatron's schedules (megatron/core/pipeline_parallel/schedules.py): the output's gradient
+//   received (recv_backward) through the backward; the output itself is released once sent
+//   (deallocate_output_tensor) and the input is the first block's own.
+// The executor's trainer (executor/pipeline.cpp): its output sent while the next micro-batch's
+//   input arrives into a buffer of its own; the last stage keeps the micro-batch's int32 tokens
+//   and targets (the first stage's are its embeddings': embedding_activations); its blocks count
+//   the incoming gradient in their own backward (executor_tensors' dy).
+StageBuffers stage_buffers(bool torch, bool framework, const Chunk& c, int units, bool chunks) {
+  const bool first = c.first == 0, last = c.last == units - 1;
+  StageBuffers b;
+  if (!framework) {
+    b.exchange = !last;
+    b.batch = last && !first;
+    return b;
+  }
+  b.incoming = !last;
+  if (!torch) return b;
+  b.logits = last;
+  b.chunk_output = chunks && !last;
+  b.input_gradient = !first;
+  b.sends_at_end = chunks;
+  b.input_held = !first && (last || chunks);
+  return b;
+}
+
+}  // namespace
+
 double Simulation::stage_op(const PipeOp& op, double ready, bool first, bool last) {
   const Chunk& c = stage_.chunks.at(static_cast<std::size_t>(op.chunk));
-  const bool has_embeddings = c.first == 0, has_head = c.last == n_units_ - 1;
-  const bool chunks = stage_.chunks.size() > 1;
+  const StageBuffers b =
+      stage_buffers(stage_.torch_pipelining, frameworks_, c, n_units_, stage_.chunks.size() > 1);
   const int mb = op.micro_batch;
   if (ready > free_at_[0]) {
     result_.bubble_s += ready - free_at_[0];
@@ -58,56 +96,39 @@ double Simulation::stage_op(const PipeOp& op, double ready, bool first, bool las
   const auto& m = *in_.model;
   const double T =
       static_cast<double>(in_.job.seq_len) / context_ * static_cast<double>(in_.job.micro_batch);
-  const double between =
-      act_b_ * T * static_cast<double>(m.hidden) / (sequence_parallel_ ? tensor_ : 1);
-  const double logits = act_b_ * T * static_cast<double>(m.vocab) / tensor_;
-  const bool torch = stage_.torch_pipelining;
-  // The executor's last stage keeps each micro-batch's int32 tokens and targets too (the first
-  // stage's are its embeddings': embedding_activations).
-  const double batch = !frameworks_ && has_head && !has_embeddings ? 8 * T : 0;
+  const double x = act_b_ * T * static_cast<double>(m.hidden) / (sequence_parallel_ ? tensor_ : 1);
+  // Kept to the end of the backward: from the forward's start, and from its end.
+  const double batch = b.batch ? 8 * T : 0;
+  const double output = (b.logits ? act_b_ * T * static_cast<double>(m.vocab) / tensor_ : 0) +
+                        (b.chunk_output ? x : 0);
   if (op.kind == PipeOpKind::forward) {
     mem(start, batch, Category::activations, Phase::forward, c.last, mb);
     forward(mb, c);
     const double end = free_at_[0];
-    // The executor's stage sends its output [T, h] while the next micro-batch's input arrives
-    // into a buffer of its own (executor/pipeline_run.cpp).
-    if (!frameworks_ && !has_head) {
+    mem(end, output, Category::activations, Phase::forward, c.last, mb);
+    if (b.exchange) {
       const double both = 2 * act_b_ * T * static_cast<double>(m.hidden);
       mem(end, both, Category::activations, Phase::forward, c.last, mb);
       mem(end, -both, Category::activations, Phase::forward, c.last, mb);
     }
-    if (torch && has_head) mem(end, logits, Category::activations, Phase::forward, c.last, mb);
-    if (torch && chunks && !has_head)
-      mem(end, between, Category::activations, Phase::forward, c.last, mb);
     return end;
   }
-  // The gradient of the stage's output, received from the next one, through the backward (the
-  // executor's block counts it in its backward: executor_tensors' dy).
-  const double incoming = has_head || !frameworks_ ? 0 : between;
-  mem(start, incoming, Category::activations, Phase::backward, c.last, mb);
+  mem(start, b.incoming ? x : 0, Category::activations, Phase::backward, c.last, mb);
   backward(mb, first, last, c);
   const double end = free_at_[0];
-  mem(end, -batch, Category::activations, Phase::backward, c.last, mb);
-  if (!torch) {
-    mem(end, -incoming, Category::activations, Phase::backward, c.last, mb);
-    return end;
-  }
-  if (has_head) mem(end, -logits, Category::activations, Phase::backward, c.last, mb);
-  if (!has_head)
-    mem(end, -between * (chunks ? 2 : 1), Category::activations, Phase::backward, c.last, mb);
-  if (!has_embeddings) {
-    // The input's gradient sent back; with one chunk the previous one's send is waited on now,
-    // with chunks every send at the schedule's end.
-    if (!chunks) {
+  mem(end, -(batch + output + (b.incoming ? x : 0)), Category::activations, Phase::backward, c.last,
+      mb);
+  if (b.input_gradient) {
+    if (!b.sends_at_end) {  // the previous one's send is waited on now
       mem(end, -pending_send_, Category::activations, Phase::backward, c.first, mb);
       pending_send_ = 0;
     }
-    mem(end, between, Category::activations, Phase::backward, c.first, mb);
-    pending_send_ += between;
-    if (has_head || chunks) {
-      mem(end, between, Category::activations, Phase::backward, c.first, mb);
-      held_to_end_ += between;
-    }
+    mem(end, x, Category::activations, Phase::backward, c.first, mb);
+    pending_send_ += x;
+  }
+  if (b.input_held) {
+    mem(end, x, Category::activations, Phase::backward, c.first, mb);
+    held_to_end_ += x;
   }
   return end;
 }
