@@ -2,6 +2,11 @@
 // bench/bench_planner.cpp; the launch options: test_parallel_emit.cpp).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "planner/emit_parallel.hpp"
 #include "planner/parallel_search.hpp"
 #include "tests/test_support.hpp"
 
@@ -137,4 +142,27 @@ TEST_CASE("parallel_search::the plans kept are those of the search that walks ev
     CHECK(kept.ranked[i].result.step.step_s == all.ranked[i].result.step.step_s);
   }
   CHECK(contains(layout_search_table(sc, kept, 5), "pipelined candidates not walked"));
+}
+
+// Under --emit for a framework the plans that count are those it can run: the one kept is the
+// full search's fastest that torchtitan expresses (emit_parallel.hpp, cannot_express).
+TEST_CASE("parallel_search::under --emit the fastest plan the framework runs is the one kept") {
+  auto sc = scenario(load_model("llama-3-8b"), 64, 64);
+  sc.job.recipe = Recipe::torchtitan;
+  sc.job.loss = recipe_traits(Recipe::torchtitan).loss;
+  const auto runs = [&](const LayoutCandidate& c) {
+    return cannot_express(ParallelFramework::torchtitan, sc, c).empty();
+  };
+  const auto all = search_layouts(sc, 0);
+  const auto kept = search_layouts(sc, 1, runs);
+  CHECK(kept.outranked > 0);
+  const auto first = std::find_if(all.ranked.begin(), all.ranked.end(), runs);
+  REQUIRE(first != all.ranked.end());
+  std::vector<std::string> notes;
+  const auto& chosen =
+      expressible_layout(ParallelFramework::torchtitan, "torchtitan", sc, kept, notes);
+  CHECK(same_shape(chosen.layout, first->layout));
+  CHECK(chosen.spec.strategy == first->spec.strategy);
+  CHECK(chosen.job.micro_batch == first->job.micro_batch);
+  CHECK(chosen.result.step.step_s == first->result.step.step_s);
 }
