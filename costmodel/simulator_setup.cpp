@@ -175,15 +175,14 @@ void Simulation::prepare_unit_sizes() {
   // GPT-NeoX's dense_4h_to_h, MPT's ffn.down_proj), whose gradient the block's backward makes first
   // (accounting.hpp, ActivationBytes::mlp_backward). Its MLP and the norm before it, whose backward
   // ends before the attention's (ActivationBytes::mlp_released).
-  // The largest tensor of each unit on the rank: matrices split by t, but for torch's row-wise
-  // table, whose gradient is whole (torch_tp_elements).
-  for (int k = 0; k < 3; ++k)
+  // The largest tensor of the embeddings and the head on the rank: matrices split by t, but for
+  // torch's row-wise table, whose gradient is whole (torch_tp_elements); a block's, below.
+  for (const int k : {0, 2})
     for (const auto& t : tensors[k]->tensors) {
       const bool whole = !t.is_matrix() || (k == 0 && torch_styles());
       units_[k].largest_rest = std::max(units_[k].largest_rest,
                                         static_cast<double>(t.elements()) / (whole ? 1 : tensor_));
     }
-  units_[1].largest_rest = 0;
   for (const auto& t : m.block.tensors) {
     // Tensor parallelism splits the block's matrices (torch_tp_elements).
     const auto elements = static_cast<double>(t.elements()) / (t.is_matrix() ? tensor_ : 1);

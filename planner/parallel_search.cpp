@@ -103,7 +103,10 @@ struct Walker {
       if (!l.trivial() && !layout_problems(l, sc.model, c.job, sc.cluster).empty())
         return above;  // not by the batch
       const StepInput in = step_input(sc, spec, c.job);
-      if (l.pipeline_parallel > 1 && parallel_step_bound(in, l) > to_beat()) {
+      // (No bound to compute until `keep` plans are there to beat.)
+      if (const double beat = to_beat(); l.pipeline_parallel > 1 &&
+                                         beat < std::numeric_limits<double>::infinity() &&
+                                         parallel_step_bound(in, l) > beat) {
         ++out.outranked;  // its fit unknown: the next micro-batch is tried
         continue;
       }
