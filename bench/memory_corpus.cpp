@@ -30,6 +30,7 @@ std::vector<oracle::Row> rows_of(const nlohmann::json& corpus, const std::string
   if (by.find("measure_units") != std::string::npos) return oracle::unit_rows(corpus);
   if (by.find("measure_traffic") != std::string::npos) return oracle::traffic_rows(corpus);
   if (by.find("measure_steps") != std::string::npos ||
+      by.find("measure_fsdp1_steps") != std::string::npos ||
       by.find("measure_deepspeed") != std::string::npos)
     return oracle::step_rows(corpus);
   throw std::runtime_error(name + ": /generated_by names no harness this compares (\"" + by +

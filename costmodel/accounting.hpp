@@ -72,49 +72,18 @@ struct Forward {
 // What one transformer block keeps for backward under the job's recipe (its model code),
 // precision (e: bytes of the compute dtype), attention and checkpointing mode, per micro-batch.
 // `checkpointed`: this block runs under full checkpointing (full, or its turn under every:N).
-// Each recipe's terms are derived per saved tensor from its model code, cited beside them, and
-// checked against the bytes PyTorch's autograd saves (tests/costmodel/data/oracle_units.json).
+// The recipe's block table (block_table.hpp) at t = 1: each row derived per saved tensor from its
+// model code, cited beside it, and checked against the bytes PyTorch's autograd saves
+// (tests/costmodel/data/oracle_units.json).
 ActivationBytes block_activations(const documents::ModelSpec& m, const documents::TrainingJob& job,
                                   const Forward& f, bool checkpointed);
-// What torchtitan's op-level selective checkpointing keeps of one block on one rank of t
-// tensor-parallel ranks (t = 1: the whole block); sp: t under sequence parallelism, else 1.
-double selective_op_saved(const documents::ModelSpec& m, const documents::TrainingJob& job,
-                          const Forward& f, double t, double sp);
-// One norm's saved bytes: what it keeps on the token stream it runs on (its input, statistics,
-// normalized value) and the output the linears after it keep (per consumer under autocast).
-struct NormParts {
-  double state = 0;
-  double output = 0;
-  double total() const { return state + output; }
-};
-
 // Why an MPT model (llm-foundry's MPTForCausalLM) cannot be planned with this job, or "": its code
-// runs under the llm-foundry recipe, and the block is modeled (mpt_block, accounting.cpp) for
-// low_precision_layernorm or low_precision_rmsnorm, either FFN, multi-head attention (or grouped
-// heads under flash), learned positions, ALiBi or none, without dropout, qk norms, clip_qkv, rope
-// or a sliding window.
+// runs under the llm-foundry recipe, and the block is modeled (block_table.cpp, mpt_rows) for
+// low_precision_layernorm or low_precision_rmsnorm, either FFN, multi-head, grouped or
+// multi-query attention, qk_ln and qk_gn (under the LayerNorm), clip_qkv, learned positions,
+// ALiBi, rope_impl hf or none, without dropout or a sliding window (documents/model_mpt.cpp,
+// ModelSpec::unmeasured).
 std::string mpt_unmodeled(const documents::ModelSpec& m, const documents::TrainingJob& job);
-
-// One block's saved bytes (block_activations' unchecked `saved`) by where tensor parallelism
-// puts them: `residual`, what the norms keep on the residual stream and the residual dropout
-// masks; `linear_inputs`, the norm outputs the first linears of attention and MLP keep;
-// `inside`, everything between those linears and the attention output and down projections
-// (q, k, v, the attention core, the MLP's inner tensors), which is split over the heads and the
-// intermediate width.
-struct BlockParts {
-  double residual = 0;
-  double linear_inputs = 0;
-  double inside = 0;
-  // Of the total, what the MLP and the norm before it keep, where their backward runs before
-  // the attention's (0 for a parallel residual, whose two branches autograd orders by itself).
-  double mlp = 0;
-  double total() const { return residual + linear_inputs + inside; }
-};
-BlockParts framework_block_parts(const documents::ModelSpec& m, const documents::TrainingJob& job,
-                                 const Forward& f);
-// The head's final norm (Megatron's recipe: its input and the output layer's input).
-NormParts final_norm_parts(const documents::ModelSpec& m, const documents::TrainingJob& job,
-                           const Forward& f);
 
 // The executor's own model code (Recipe::executor, executor/gpt_model.hpp and, with t > 1,
 // executor/tensor_parallel_block.cpp and tensor_parallel_vocab.cpp, and with c > 1
@@ -144,16 +113,16 @@ NormParts final_norm_parts(const documents::ModelSpec& m, const documents::Train
 //     token it is 4q/t + 3e·kv/t, below what the block's MLP backward holds beyond the forward's
 //     moment (the rest of the block's saved tensors, e·(q/t + 2h + 3I/t), and its transient
 //     2e·h) when q, kv ≤ h ≤ I; the tests' model with I < h peaks at the backward's ring
-// Bytes per micro-batch, e of the compute dtype.
+// Bytes per micro-batch, e of the compute dtype. (What a block keeps is its table:
+// block_table.hpp.)
 struct ExecutorTensors {
   double norm_stats = 0;       // one norm's fp32 statistics: rstd, and the mean for LayerNorm
-  double block = 0;            // what a block keeps from its forward to its backward
-  double block_transient = 0;  // what its backward's MLP part holds beyond that
+  double block_transient = 0;  // what a block's backward's MLP part holds beyond its saved tensors
   double head = 0;             // what the head keeps, its norm's statistics with it
   double head_transient = 0;   // what the head's backward holds beyond that
 };
-ExecutorTensors executor_tensors(const documents::ModelSpec& m, const documents::TrainingJob& job,
-                                 double e, double T, double t, bool sequence_parallel);
+ExecutorTensors executor_tensors(const documents::ModelSpec& m, double e, double T, double t,
+                                 bool sequence_parallel);
 
 // The embeddings: what their backward needs (the token ids) and what the recipe computes once
 // for all blocks (rotary tables).

@@ -4,6 +4,7 @@
 // (torch_tp_elements, torch_tp_block, torch_tp_head and their backward transients), async TP's
 // buffers; and the op order each recipe's pipeline runs (stage_orders).
 #include "costmodel/parallel_memory.hpp"
+#include "costmodel/block_table.hpp"
 #include "documents/hardware.hpp"
 #include "documents/job.hpp"
 #include "documents/model.hpp"
@@ -51,49 +52,23 @@ using documents::TpLoss;
 using documents::TrainingJob;
 using documents::UnitTensors;
 
-// Korthikanti et al. 2022, §4.1, count per layer with s·b tokens (Table 2 sums them):
-//   attention: the QKV input 2sbh; Q and K for QKᵀ 4sbh; softmax output 2as²b, its dropout mask
-//   as²b and the dropped probabilities 2as²b; V 2sbh; the output projection's input 2sbh; the
-//   residual dropout mask sbh                                          = 11sbh + 5as²b
-//   MLP: the first linear's input 2sbh, GELU's input 8sbh, the second linear's input 8sbh, the
-//   dropout mask sbh                                                   = 19sbh
-//   two LayerNorm inputs                                               = 4sbh
-// Tensor parallelism splits what lies between the column- and row-parallel linears (Q, K, V, the
-// core, the projection input, GELU's input and output: 24sbh + 5as²b) and leaves the rest whole on
-// every rank (the norm inputs, the linears' inputs, the masks: 10sbh): sbh·(10 + 24/t + 5as/(ht)).
-// Sequence parallelism splits the 10sbh over the sequence too: sbh/t·(34 + 5as/h).
-// The same tensors for any shapes, with e bytes per element and T = s·b/c local tokens (context
-// parallelism splits the sequence):
-//   outside: norm inputs 2·e·T·h (one with GPT-NeoX's parallel residual), the QKV and MLP
-//            inputs 2·e·T·h, residual dropout masks 2·T·h (1 byte each, when the model has them)
-//   inside:  Q, K, V e·T·(q + 2·kv) — grouped-query attention keeps kv = kv_heads·head_dim wide K
-//            and V; the projection input e·T·q; the MLP: GELU 2·e·T·I (its input and output),
-//            SwiGLU 3·e·T·I (the fused swiglu's input, gate and up side by side, 2·e·T·I, and the
-//            down projection's input e·T·I: megatron/core/fusions/fused_bias_swiglu.py)
-//   core:    eager e·a·s·T for the softmax output, plus (1 + e)·a·s·T with attention dropout;
-//            flash attention keeps one fp32 log-sum-exp per head and token, 4·a·T
-// With GPT-3's shapes (q = kv = h, I = 4h, dropout, eager) this is the paper's formula exactly.
+// Megatron-core's split of its block (block_table.cpp, korthikanti_rows: Korthikanti et al. 2022,
+// §4.1 and Table 2): what lies between the column- and row-parallel linears split by t, the rest
+// (the norm inputs, the linears' inputs, the masks) whole on every rank, or split along the
+// sequence under sequence parallelism. Context parallelism gives each rank T = s·b/c tokens.
 LayerActivations layer_activations(const ModelSpec& m, const TrainingJob& j,
                                    const ParallelLayout& l, double e) {
+  TrainingJob local = j;
+  local.seq_len = j.seq_len / l.context_parallel;
+  const BlockTable b = block_table(m, local, Forward{e, e, true});
   const double t = l.tensor_parallel;
-  const double c = l.context_parallel;
-  const double T = static_cast<double>(j.seq_len) / c * static_cast<double>(j.micro_batch);
-  const double s = static_cast<double>(j.seq_len);
-  const double h = static_cast<double>(m.hidden), q = static_cast<double>(m.q_width());
-  const double kv = static_cast<double>(m.kv_width()), a = static_cast<double>(m.heads);
-  const double I = static_cast<double>(m.intermediate);
+  const RankSplit split{t, l.sequence_parallel ? t : 1.0, false};
   LayerActivations out;
-  out.outside = (m.parallel_residual ? 1.0 : 2.0) * e * T * h + 2 * e * T * h;
-  if (m.residual_dropout) out.outside += 2 * T * h;
-  if (l.sequence_parallel) out.outside /= t;
-  double core = 4 * a * T;
-  if (j.attention == AttentionImpl::eager) {
-    core = e * a * s * T;
-    if (m.attention_dropout) core += (1 + e) * a * s * T;
-  }
-  const double mlp = (m.mlp == MlpKind::gelu ? 2.0 : 3.0) * e * T * I;
-  out.core = core / t;
-  out.inside = (e * T * (q + 2 * kv) + e * T * q + mlp) / t + out.core;
+  out.outside =
+      (placement_bytes(b, Placement::residual) + placement_bytes(b, Placement::linear_input)) /
+      split.sp;
+  out.inside = placement_bytes(b, Placement::heads) / t;
+  out.core = rank_core_bytes(b, split);
   return out;
 }
 
@@ -160,44 +135,18 @@ Forward plan_forward(const ParallelMemoryInput& in) {
   return {e, gathered_16 ? e : std::max(e, sb.param), !in.hardware->is_cpu};
 }
 
-// One block on one rank, saved and (checkpointed) rebuilt. The column-parallel q/k/v and gate/up
-// and the row-parallel o and down (torch/distributed/tensor/parallel/style.py) split everything
-// between them over the heads and the intermediate width (BlockParts::inside / t): each rank
-// runs the block's own code on a/t heads and I/t columns. The norms run on every token, or under
-// sequence parallelism (SequenceParallel) on the rank's T/t of them (BlockParts::residual / t);
-// their outputs, which the column-parallel linears keep, are whole either way: replicated, or
-// all-gathered by PrepareModuleInput (Shard(1) -> Replicate) before the linears, which keep the
-// gathered tensor (unlike Megatron, which keeps its shard and gathers again in backward).
-// A checkpointed block keeps its input, the rank's share of the residual stream.
-ActivationBytes plan_block(const ParallelMemoryInput& in, const Forward& f, bool checkpointed) {
-  const auto& m = *in.model;
-  const auto& j = in.job;
-  const double t = in.layout.tensor_parallel;
-  const double sp = in.layout.sequence_parallel ? t : 1.0;
-  const BlockParts parts = framework_block_parts(m, j, f);
-  const double full = parts.residual / sp + parts.linear_inputs + parts.inside / t;
-  const double T = static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch);
-  ActivationBytes out;
-  if (checkpointed) {
-    out.saved = f.p * T * static_cast<double>(m.hidden) / sp;
-    out.recompute = full;
-  } else if (j.checkpointing == Checkpointing::selective_op) {
-    // torchtitan's op-level save list on the rank's local tensors (selective_op_saved); the rest
-    // of the rank's block is rebuilt beside it in backward.
-    out.saved = selective_op_saved(m, j, f, t, sp);
-    out.recompute = std::max(0.0, full - out.saved);
-  } else {
-    out.saved = full;
-  }
-  // Autocast's casts of the rank's weights, kept for backward like the activations.
-  if (f.p > f.e) out.saved += f.e * static_cast<double>(m.block.matmul_params()) / t;
-  return out;
-}
-
 }  // namespace
 
+// The block's table (block_table.hpp) split as PyTorch's styles split it (the norms' outputs kept
+// gathered), plus autocast's casts of the rank's weights, kept for backward like the activations.
 ActivationBytes torch_tp_block(const ParallelMemoryInput& in, bool checkpointed) {
-  return plan_block(in, plan_forward(in), checkpointed);
+  const auto& m = *in.model;
+  const Forward f = plan_forward(in);
+  const double t = in.layout.tensor_parallel;
+  const RankSplit split{t, in.layout.sequence_parallel ? t : 1.0, true};
+  ActivationBytes out = rank_block(block_table(m, in.job, f), m, in.job, f, split, checkpointed);
+  if (f.p > f.e) out.saved += f.e * static_cast<double>(m.block.matmul_params()) / t;
+  return out;
 }
 
 namespace {
@@ -259,18 +208,6 @@ double torch_tp_projection_backward(const ParallelMemoryInput& in) {
   const double T = static_cast<double>(in.job.seq_len) * static_cast<double>(in.job.micro_batch);
   return e * T * static_cast<double>(in.model->vocab) / in.layout.tensor_parallel +
          e * T * static_cast<double>(in.model->hidden);
-}
-
-// The MLP's backward (its element-wise part): the incoming gradient of the down projection's
-// input and the gradients of its factors, [T, I/t] each (SwiGLU's three, GELU's two), once the
-// down projection's saved input has been released (as executor_tensors counts its
-// block_transient).
-double torch_tp_mlp_backward(const ParallelMemoryInput& in) {
-  const double e = plan_forward(in).e;
-  const double T = static_cast<double>(in.job.seq_len) * static_cast<double>(in.job.micro_batch);
-  const double mlp_width = in.model->mlp == MlpKind::gelu ? 2.0 : 3.0;
-  return (mlp_width - 1) * e * T * static_cast<double>(in.model->intermediate) /
-         in.layout.tensor_parallel;
 }
 
 // torch.distributed.pipelining's op order for ScheduleInterleaved1F1B on stage (rank) s of p with

@@ -71,10 +71,8 @@ struct UnitElements {
 UnitElements torch_tp_elements(const documents::UnitTensors& u, documents::Optimizer o,
                                const documents::ParallelLayout& l, documents::TpEmbedding style,
                                bool embedding);
-// Transients of one rank's backward under those plans beyond what the units keep: a block's MLP
-// backward (its element-wise part, once the down projection's input is released) and the head's
-// projection backward (the logits' gradient and its input's, the loss's own tensors released).
-double torch_tp_mlp_backward(const struct ParallelMemoryInput& in);
+// The head's projection backward on one rank under those plans, beyond what the units keep: the
+// logits' gradient and its input's, the loss's own tensors released.
 double torch_tp_projection_backward(const struct ParallelMemoryInput& in);
 // Async tensor parallelism's communication buffers on one rank (its framework's).
 double async_tp_bytes(const struct ParallelMemoryInput& in);

@@ -303,9 +303,11 @@ private:
   // Tensor parallelism: each unit's elements on the rank (torch_tp_elements).
   void split_unit_sizes();
   documents::ParallelLayout tensor_layout() const;  // t, sequence parallel, async; the rest 1
-  // Tensor parallelism: each unit's activations on the rank (torch_tp_block, torch_tp_head).
-  void split_unit_activations(const Forward& f);
-  void megatron_unit_activations(const Forward& f);
+  // Each unit's activations on the rank: a block's from its table (block_table.hpp), split by
+  // whose tensor parallelism the recipe runs; a framework's head under TP; the executor's
+  // transients and head (executor_tensors).
+  void block_unit_activations(const Forward& f);
+  void split_head_activations(const Forward& f);
   void executor_unit_activations(const Forward& f);
   void prepare_unit_times();
   void prepare_gathers();

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "costmodel/block_table.hpp"
 #include "costmodel/compute_time.hpp"
 #include "costmodel/context_ring.hpp"
 #include "costmodel/parallel_memory.hpp"
@@ -313,13 +314,10 @@ void Simulation::prepare_unit_times() {
   const ComputeTimes selective = block_recompute(cm, m, j, f, split);
   units_[1].recompute_s = std::accumulate(selective.begin(), selective.end(), 0.0);
   units_[0].act = embedding_activations(m, j, f);
-  units_[1].act = block_activations(m, j, f, false);
-  units_[3].act = block_activations(m, j, f, true);
+  block_unit_activations(f);
   units_[2].act = head_activations(m, j, f);
-  if (tensor_ > 1)
-    split_unit_activations(f);
-  else if (context_ > 1 && !frameworks_)
-    executor_unit_activations(f);
+  if (tensor_ > 1 && frameworks_) split_head_activations(f);
+  if (!frameworks_) executor_unit_activations(f);
   ring_ = ring_attention(m, j, context_, tensor_, in_.cp_rotate);
   // Mesh order dp, cp, tp (torchtitan's and Megatron's, tp innermost): the tensor-parallel ranks
   // are neighbours in a node, the ring's ranks t apart.
@@ -329,70 +327,44 @@ void Simulation::prepare_unit_times() {
   tp_buffer_bytes_ = act_b_ * tokens * static_cast<double>(m.hidden);
 }
 
-// The units' activations on one rank of a TP plan (parallel_memory.hpp). The walk keeps
-// autocast's weight casts itself (forward: ui.matmul), so they are taken out of what the plan's
-// block and head count.
-void Simulation::split_unit_activations(const Forward& f) {
-  const ParallelMemoryInput pin{in_.model, in_.hardware, in_.cluster,
-                                in_.job,   spec_,        tensor_layout()};
-  if (!torch_styles()) {
-    megatron_unit_activations(f);
-    return;
-  }
-  const double casts = f.p > f.e ? f.e : 0.0;
-  for (const bool checkpointed : {false, true}) {
-    auto& a = units_[checkpointed ? 3 : 1].act;
-    a = torch_tp_block(pin, checkpointed);
-    a.saved -= casts * units_[1].matmul;
-    a.mlp_backward = torch_tp_mlp_backward(pin);
-  }
-  auto& head = units_[2].act;
-  head = torch_tp_head(pin);
-  head.saved -= casts * units_[2].matmul;
-  head.projection = torch_tp_projection_backward(pin);
+// A block on one rank, saved and (checkpointed) rebuilt: the recipe's block table
+// (block_table.hpp) split over the tensor-parallel ranks by whose TP the recipe runs. The
+// column-parallel q/k/v and gate/up and the row-parallel o and down split everything between them
+// over the heads and the intermediate width; the norms run on every token, or under sequence
+// parallelism on the rank's T/t of them; the norms' outputs the column-parallel linears keep are
+// whole under PyTorch's styles (PrepareModuleInput all-gathers them, the linears keep the gathered
+// tensor) and the rank's shard under Megatron-core's (gathered again in backward). t = 1: the
+// whole block.
+void Simulation::block_unit_activations(const Forward& f) {
+  const auto& m = *in_.model;
+  const auto& j = in_.job;
+  const double t = tensor_;
+  const RankSplit split{t, sequence_parallel_ ? t : 1.0, torch_styles()};
+  const BlockTable table = block_table(m, j, f);
+  for (const bool checkpointed : {false, true})
+    units_[checkpointed ? 3 : 1].act = rank_block(table, m, j, f, split, checkpointed);
 }
 
-// Megatron-core's TP (Korthikanti et al. 2022, §4): what lies between the column- and row-parallel
-// linears split by t; the norms' inputs and outputs and the linears' inputs whole, or split by t
-// under sequence parallelism (Megatron keeps the shard and gathers it again in backward). The
-// recipe's own block at t = 1 split so: Megatron's GPT by the paper's terms (layer_activations,
-// megatron_block at t = 1), the others' code by its parts (framework_block_parts). The head's
-// vocabulary-parallel loss keeps the recipe's loss terms on the rank's V/t columns; its final
-// norm's state and output as the norms'.
-void Simulation::megatron_unit_activations(const Forward& f) {
+// The head on one rank of a framework's TP. PyTorch's plans: torch_tp_head (parallel_memory.hpp),
+// without autocast's cast of the rank's columns, which the walk keeps itself (forward:
+// ui.matmul). Megatron-core's vocabulary-parallel loss keeps the recipe's loss terms on the
+// rank's V/t columns, its final norm's state and output as the norms' (split along the sequence
+// under sequence parallelism).
+void Simulation::split_head_activations(const Forward& f) {
   const auto& m = *in_.model;
   const auto& j = in_.job;
   const double t = tensor_, sp = sequence_parallel_ ? t : 1.0;
-  const double T = static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch);
-  if (!frameworks_) {
-    executor_unit_activations(f);
+  auto& head = units_[2].act;
+  if (torch_styles()) {
+    const ParallelMemoryInput pin{in_.model, in_.hardware, in_.cluster,
+                                  in_.job,   spec_,        tensor_layout()};
+    head = torch_tp_head(pin);
+    head.saved -= (f.p > f.e ? f.e : 0.0) * units_[2].matmul;
+    head.projection = torch_tp_projection_backward(pin);
     return;
-  }
-  double full = 0, core = 0;
-  if (documents::recipe_traits(j.recipe).saved == documents::SavedTensors::korthikanti) {
-    const LayerActivations la = layer_activations(m, j, tensor_layout(), f.e);
-    full = la.total();
-    core = la.core;
-  } else {
-    const BlockParts parts = framework_block_parts(m, j, f);
-    full = (parts.residual + parts.linear_inputs) / sp + parts.inside / t;
-  }
-  for (const bool checkpointed : {false, true}) {
-    ActivationBytes a;
-    if (checkpointed) {
-      a.saved = f.e * T * static_cast<double>(m.hidden) / sp;  // the block's input
-      a.recompute = full;
-    } else if (j.checkpointing == documents::Checkpointing::selective_attention &&
-               j.attention == documents::AttentionImpl::eager) {
-      a.saved = full - core;
-    } else {
-      a.saved = full;
-    }
-    units_[checkpointed ? 3 : 1].act = a;
   }
   documents::ModelSpec columns = m;
   columns.vocab = static_cast<std::int64_t>(static_cast<double>(m.vocab) / t);
-  auto& head = units_[2].act;
   head = head_activations(columns, j, f);
   const NormParts norm = final_norm_parts(m, j, f);
   head.saved += (norm.state + norm.output) / sp - norm.total();
@@ -408,14 +380,12 @@ void Simulation::megatron_unit_activations(const Forward& f) {
 // backward moment when q, kv ≤ h ≤ I.)
 void Simulation::executor_unit_activations(const Forward& f) {
   const auto& m = *in_.model;
-  documents::TrainingJob whole = in_.job;  // the sequence the attention scores against
-  whole.seq_len *= context_;
   const double t = tensor_, sp = sequence_parallel_ ? t : 1.0;
   const double T = static_cast<double>(in_.job.seq_len) * static_cast<double>(in_.job.micro_batch);
   const double n = T / sp, h = static_cast<double>(m.hidden);
   const double q = static_cast<double>(m.q_width()), kv = static_cast<double>(m.kv_width());
   const double I = static_cast<double>(m.intermediate), a = static_cast<double>(m.heads);
-  const ExecutorTensors x = executor_tensors(m, whole, f.e, T, t, sequence_parallel_);
+  const ExecutorTensors x = executor_tensors(m, f.e, T, t, sequence_parallel_);
   double transient = x.block_transient;
   if (context_ > 1) {
     const double mlp_width = m.mlp == documents::MlpKind::gelu ? 2.0 : 3.0;
@@ -424,20 +394,8 @@ void Simulation::executor_unit_activations(const Forward& f) {
         (mlp_width * f.e * T * I / t + f.e * n * h * (m.parallel_residual ? 1 : 2) + x.norm_stats);
     transient = std::max(transient, ring);
   }
-  for (const bool checkpointed : {false, true}) {
-    ActivationBytes act;
-    act.backward = transient;
-    if (checkpointed) {
-      act.saved = f.e * n * h;  // the block's input
-      act.recompute = x.block;
-    } else if (in_.job.checkpointing == documents::Checkpointing::selective_attention &&
-               in_.job.attention == documents::AttentionImpl::eager) {
-      act.saved = x.block - f.e * a / t * static_cast<double>(whole.seq_len) * T;
-    } else {
-      act.saved = x.block;
-    }
-    units_[checkpointed ? 3 : 1].act = act;
-  }
+  units_[1].act.backward = transient;
+  units_[3].act.backward = transient;
   units_[2].act = {};
   units_[2].act.saved = x.head;
   units_[2].act.backward = x.head_transient;

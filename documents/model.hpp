@@ -16,6 +16,9 @@ enum class NormKind { layernorm, rmsnorm };
 // learned: a positions table; rotary: q and k rotated; alibi: a per-head bias on the scores (MPT);
 // none: no position signal beyond the causal mask (MPT without learned_pos_emb, ALiBi or rope).
 enum class PositionKind { learned, rotary, alibi, none };
+// Norms on q and k inside the attention: over their whole widths (MPT's attn_config.qk_ln) or per
+// head (qk_gn).
+enum class QkNorm { none, width, head };
 // The MLP's activation as transformers runs it (transformers/activations.py, ACT2CLS): names that
 // run the same ops share a value, since what autograd saves follows the ops, not the name.
 enum class Activation {
@@ -74,6 +77,8 @@ struct ModelSpec {   // NOLINT(bugprone-exception-escape)
   bool embedding_dropout = false;   // dropout on the embeddings' output (GPT-2's embd_pdrop)
   std::int64_t rotary_dim = 0;      // rotated width of each head (GPT-NeoX: rotary_pct of it)
   std::int64_t sliding_window = 0;  // Mistral: tokens each query attends to (0: whole prefix)
+  QkNorm qk_norm = QkNorm::none;    // norms on q and k (MPT's qk_ln, qk_gn)
+  bool clip_qkv = false;            // q, k and v clamped before use (MPT's clip_qkv)
   // The model's own attention kernel where its config chooses it (MPT's attn_config.attn_impl:
   // "flash" or "torch"); empty where the job chooses.
   std::string config_attention;

@@ -26,7 +26,6 @@ namespace {
 // tests/documents/data/mpt_params.json.
 struct MptAttention {
   bool fused = true;
-  int qk_norm = 0;  // 1: qk_ln (over the q and kv widths), 2: qk_gn (over a head)
   bool alibi = false, rope = false;
 };
 
@@ -51,11 +50,11 @@ MptAttention read_mpt_attention(ObjectReader& r, const nlohmann::json& config, M
   m.config_attention = a.has("attn_impl") ? a.choice("attn_impl", {"flash", "torch"}) : "flash";
   const bool qk_ln = a.optional_boolean("qk_ln").value_or(false);
   const bool qk_gn = a.optional_boolean("qk_gn").value_or(false);
-  out.qk_norm = qk_ln ? 1 : qk_gn ? 2 : 0;
+  m.qk_norm = qk_ln ? QkNorm::width : qk_gn ? QkNorm::head : QkNorm::none;
   out.fused = a.optional_boolean("fused_qkv").value_or(true);
-  const bool clip = a.optional_number("clip_qkv", Range::positive()).has_value();  // a clamp
-  a.optional_number("softmax_scale", Range::positive());  // the scores' scale
-  a.optional_boolean("attn_uses_sequence_id");            // a mask within packed sequences
+  m.clip_qkv = a.optional_number("clip_qkv", Range::positive()).has_value();  // a clamp
+  a.optional_number("softmax_scale", Range::positive());                      // the scores' scale
+  a.optional_boolean("attn_uses_sequence_id");  // a mask within packed sequences
   const auto window = a.optional_integer("sliding_window_size", Range{-1, 1e12, false});
   if (window.value_or(-1) == 0)
     throw InputError(a.pointer_of("sliding_window_size"), "must be -1 (none) or a window, got 0");
@@ -64,7 +63,9 @@ MptAttention read_mpt_attention(ObjectReader& r, const nlohmann::json& config, M
   a.optional_number("alibi_bias_max", Range::positive());
   out.rope = a.optional_boolean("rope").value_or(false);
   a.optional_number("rope_theta", Range::positive());
-  if (a.has("rope_impl")) a.choice("rope_impl", {"dail", "hf"});
+  // llm-foundry's default rope_impl is "dail" (models/utils/config_defaults.py): flash-attn's
+  // RotaryEmbedding, a CUDA kernel that rotates in place; "hf" is transformers' rotate_half.
+  const std::string rope_impl = a.has("rope_impl") ? a.choice("rope_impl", {"dail", "hf"}) : "dail";
   a.optional_object("rope_dail_config");  // the rotation's variant and dtype, not its shapes
   a.optional_object("rope_hf_config");    // scaling beyond the training length
   for (const char* key : {"nope", "prefix_lm"})
@@ -84,11 +85,9 @@ MptAttention read_mpt_attention(ObjectReader& r, const nlohmann::json& config, M
                      "attention temperature tuning is not supported; attn_scale must be 0");
   a.finish();
   // What the cost model has not measured MPT's code keeping (the first such switch that is on).
+  // (qk_ln and qk_gn build their norms with the model's norm_type: measured for the LayerNorm.)
   const std::pair<bool, const char*> unmeasured[] = {
-      {qk_ln, "attn_config.qk_ln"},
-      {qk_gn, "attn_config.qk_gn"},
-      {clip, "attn_config.clip_qkv"},
-      {out.rope, "attn_config.rope"},
+      {out.rope && rope_impl == "dail", "attn_config.rope_impl dail (flash-attn's rotary kernel)"},
       {m.attention_dropout, "attn_config.attn_pdrop"},
       {m.sliding_window > 0, "attn_config.sliding_window_size"}};
   for (const auto& [on, key] : unmeasured)
@@ -165,9 +164,10 @@ void add_mpt_tensors(ModelSpec& m, const MptAttention& attn, bool no_bias, bool 
     add_linear(m.block, "attn.Wk", m.kv_width(), m.hidden, qkv_bias);
     add_linear(m.block, "attn.Wv", m.kv_width(), m.hidden, qkv_bias);
   }
-  if (attn.qk_norm > 0) {
-    add_mpt_norm(m.block, "attn.q_ln", attn.qk_norm == 1 ? m.q_width() : m.head_dim);
-    add_mpt_norm(m.block, "attn.k_ln", attn.qk_norm == 1 ? m.kv_width() : m.head_dim);
+  if (m.qk_norm != QkNorm::none) {
+    const bool width = m.qk_norm == QkNorm::width;
+    add_mpt_norm(m.block, "attn.q_ln", width ? m.q_width() : m.head_dim);
+    add_mpt_norm(m.block, "attn.k_ln", width ? m.kv_width() : m.head_dim);
   }
   add_linear(m.block, "attn.out_proj", m.hidden, m.q_width(), !no_bias);
   add_mpt_norm(m.block, "norm_2", m.hidden);
@@ -226,7 +226,9 @@ void read_mpt(ObjectReader& r, const nlohmann::json& config, ModelSpec& m) {
       {m.residual_dropout, "resid_pdrop"},
       {m.embedding_dropout, "emb_pdrop"},
       {norm != "low_precision_layernorm" && norm != "low_precision_rmsnorm", "norm_type"},
-      {!padded_ffn, "use_pad_tok_in_ffn"}};
+      {!padded_ffn, "use_pad_tok_in_ffn"},
+      {m.qk_norm != QkNorm::none && m.norm == NormKind::rmsnorm,
+       "attn_config.qk_ln or qk_gn under low_precision_rmsnorm"}};
   for (const auto& [on, key] : unmeasured)
     if (on && m.unmeasured.empty()) m.unmeasured = key;
   for (const char* key : {"block_overrides", "final_logit_softcapping"})

@@ -15,7 +15,7 @@
 
 namespace shardplan::documents {
 
-// How a block's saved activations are counted (costmodel/accounting.cpp):
+// How a block's saved activations are counted (costmodel/block_table.cpp):
 //   per_op     from the framework's own model code, tensor by tensor, as autograd saves them
 //              (checked against tests/costmodel/data/oracle_units.json)
 //   korthikanti  Korthikanti et al. 2022's per-layer formula as Megatron-core's GPT keeps it (the
@@ -24,7 +24,7 @@ enum class SavedTensors { per_op, korthikanti };
 
 // The RMSNorm a Llama-family block runs:
 //   upcast  transformers' LlamaRMSNorm: the input cast to fp32, its statistics and the normalized
-//           value kept (costmodel/accounting.cpp, rmsnorm)
+//           value kept (costmodel/block_table.cpp, rmsnorm)
 //   torch   torch's F.rms_norm / _fused_rms_norm (torchtitan's nn.RMSNorm)
 //   fused   Megatron-core's fused norm: its input and output
 enum class RmsNormCode { upcast, torch, fused };
@@ -105,7 +105,7 @@ struct RecipeTraits {
   // each block, the final norm with the head.
   bool fsdp_groups_per_block;
   // An MPT config.json runs llm-foundry's own MPT (llmfoundry/models/mpt): the recipe's code has
-  // it (documents/model_mpt.cpp reads the config, costmodel's mpt_block counts its block).
+  // it (documents/model_mpt.cpp reads the config, costmodel's block_table counts its block).
   bool runs_mpt;
   RingCode ring;
 

@@ -3,7 +3,7 @@
 // kQueryBlock query rows and kKeyBlock keys. The forward keeps one log-sum-exp per head and token
 // (accum_t<S>: fp32 for every storage type but the gradient check's double) instead of the
 // probabilities: the saved statistics the cost model counts for AttentionImpl::flash
-// (costmodel/accounting.cpp, 4·a·T bytes per sequence). The backward recomputes the probabilities
+// (costmodel/block_table.cpp, 4·a·T bytes per sequence). The backward recomputes the probabilities
 // of each tile from it. Same semantics as kernels::attention_forward / attention_backward
 // (kernels.hpp) and the CUDA backend's kernels/cuda/flash_attention.hpp.
 //

@@ -237,6 +237,18 @@ void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
     throw InputError(job_field(o, o.checkpointing.has_value(), "--checkpointing", "/checkpointing"),
                      fmt::format("every:{} counts past the model's {} layers (every:{} at most)",
                                  sc.job.checkpoint_every, sc.model.layers, sc.model.layers));
+  // torchtitan's op-level save list is a policy over a PyTorch model's ops (costmodel's
+  // selective_op_saved counts it on the per-op block): Megatron-core's GPT and the executor
+  // checkpoint their own way.
+  const documents::RecipeTraits& r = documents::recipe_traits(sc.job.recipe);
+  if (sc.job.checkpointing == documents::Checkpointing::selective_op &&
+      r.saved != documents::SavedTensors::per_op)
+    throw InputError(
+        job_field(o, o.checkpointing.has_value(), "--checkpointing", "/checkpointing"),
+        fmt::format("selective-op: recipe {} does not run torchtitan's per-op save list; it "
+                    "checkpoints none | full{}{}",
+                    r.name, r.offers_every_n ? " | every:N" : "",
+                    r.offers_selective_attention ? " | selective-attention" : ""));
 }
 
 // --fsdp-mixed-precision (or the job's fsdp_mixed_precision): a mode of a 16-bit mixed job that

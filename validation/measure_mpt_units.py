@@ -13,8 +13,10 @@ parameter's own storage), ``weight_copy`` (a cast of one: autocast's weight cast
 On a CPU two things differ from CUDA, both in llm-foundry's and torch's own code: MPT's
 low-precision norms downcast only under CUDA's autocast (norm.py, _cast_if_autocast_enabled asks
 torch.is_autocast_enabled(), which is CUDA's), and CPU autocast leaves softmax in the compute
-dtype where CUDA's runs it in fp32; a layer_norm of a bf16 input keeps bf16 statistics on a CPU,
-fp32 on CUDA. The cost model counts both devices (costmodel/accounting.cpp, mpt_block).
+dtype where CUDA's runs it in fp32; a layer_norm of a bf16 input keeps bf16 statistics on a CPU
+when its weights are bf16 (fp32 ones with fp32 weights: qk_ln's under bf16-full), fp32 on CUDA.
+rope_impl "dail" needs flash-attn (CUDA), so the rotary configs run "hf". The cost model counts
+both devices (costmodel/block_table.cpp, mpt_rows).
 
 Precisions, as Composer runs llm-foundry (composer/distributed/mosaic_parallelism.py,
 get_mixed_precision; composer/core/precision.py):
@@ -61,6 +63,24 @@ CONFIGS = {
     "mpt-h64-alibi": config(attn_config={"alibi": True}),
     "mpt-h64-mqa": config(attn_config={"attn_type": "multiquery_attention"}),
     "mpt-h64-dropout": config(resid_pdrop=0.1, emb_pdrop=0.1, attn_config={"attn_pdrop": 0.1}),
+    # grouped_query_attention with one KV head: the multi-query path through GroupedQueryAttention
+    # (MultiQueryAttention above is the same class with kv_n_heads 1).
+    "mpt-h64-gqa-kv1": config(attn_config={"attn_type": "grouped_query_attention",
+                                           "kv_n_heads": 1}),
+    # Rotary embeddings replace the learned positions (MPTConfig._validate_config sets
+    # learned_pos_emb false under rope; written out here as the model runs). rope_impl "dail" is
+    # refused without flash-attn >= 2.0.1 (CUDA), so only "hf" (transformers' LlamaRotaryEmbedding,
+    # rope_theta 10000, rope_hf_config no_scaling) is measured.
+    "mpt-h64-rope-hf": config(learned_pos_emb=False, attn_config={"rope": True, "rope_impl": "hf"}),
+    "mpt-h64-qkln": config(attn_config={"qk_ln": True}),
+    "mpt-h64-qkgn": config(attn_config={"qk_gn": True}),
+    "mpt-h64-clip": config(attn_config={"clip_qkv": 8.0}),
+    # Llama-like: GQA, rotary (hf, as above), SwiGLU, RMSNorm, no biases.
+    "mpt-h64-gqa-rope-hf": config(
+        learned_pos_emb=False, no_bias=True, norm_type="low_precision_rmsnorm",
+        ffn_config={"ffn_type": "mptglu", "ffn_act_fn": {"name": "silu"}},
+        attn_config={"attn_type": "grouped_query_attention", "kv_n_heads": 2, "rope": True,
+                     "rope_impl": "hf"}),
 }
 PRECISIONS = ["fp32", "bf16-full", "bf16-default"]
 SHAPES = [(32, 1), (64, 2)]

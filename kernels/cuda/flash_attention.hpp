@@ -2,7 +2,7 @@
 // softmax of FlashAttention (Dao et al. 2022, Algorithm 1) with the work split and the backward of
 // FlashAttention-2 (Dao 2023, Algorithms 1 and 2). The forward keeps one fp32 log-sum-exp per head
 // and token instead of the probabilities, the saved statistics the cost model counts for
-// AttentionImpl::flash (costmodel/accounting.cpp). Same semantics as the host kernels
+// AttentionImpl::flash (costmodel/block_table.cpp). Same semantics as the host kernels
 // attention_forward / attention_backward of kernels/kernels.hpp.
 //
 // Storage S (kernels/scalar.hpp): float, bf16 or f16 for q, k, v, out and their gradients, each

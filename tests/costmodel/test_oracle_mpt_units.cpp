@@ -1,4 +1,4 @@
-// llm-foundry's own MPT block against the cost model's (costmodel/accounting.cpp, mpt_block,
+// llm-foundry's own MPT block against the cost model's (costmodel/block_table.cpp, mpt_rows,
 // lp_layernorm and lp_rmsnorm): what autograd saves per unit in llm-foundry 0.22.0's MPTForCausalLM
 // on CPU, measured with saved_tensors_hooks by validation/measure_mpt_units.py
 // (tests/costmodel/data/oracle_mpt_units.json), under Composer's precisions: fp32, bf16 autocast
@@ -12,6 +12,7 @@
 #include <string>
 
 #include "costmodel/accounting.hpp"
+#include "costmodel/block_table.hpp"
 #include "documents/model.hpp"
 #include "oracle_corpus.hpp"
 
@@ -65,9 +66,11 @@ TEST_CASE("oracle_mpt::every MPT unit's saved bytes are llm-foundry's own") {
     ++compared;
   }
   MESSAGE("MPT cases compared: " << compared << "; refused variants: " << refused.size());
-  // MHA with either FFN, biases or not, ALiBi, the low-precision RMSNorm: 5 configs at three
-  // precisions and two shapes; refused: grouped and multi-query heads under attn_impl torch (one
-  // reason), dropout.
-  CHECK(compared == 30);
-  CHECK(refused.size() == 2);
+  // MHA with either FFN, biases or not, ALiBi, the low-precision RMSNorm, grouped and
+  // multi-query heads (kv_n_heads 2 and 1, and multiquery_attention), qk_ln, qk_gn, clip_qkv,
+  // rope_impl hf, and GQA with rope, mptglu and the RMSNorm: 13 configs at three precisions and
+  // two shapes (b = 1, where the attention's operands are views, and b = 2, where they are
+  // copies); refused: dropout.
+  CHECK(compared == 78);
+  CHECK(refused.size() == 1);
 }

@@ -2,7 +2,7 @@
 // model code (transformers 5.23 Llama, Mistral, Qwen2, GPT-2, GPT-NeoX; torchtitan 0.3 Llama),
 // measured on CPU with torch.autograd.graph.saved_tensors_hooks by validation/measure_units.py:
 // tests/costmodel/data/oracle_units.json. The formulas are derived per tensor from the model code
-// (costmodel/accounting.cpp), not fitted to these numbers.
+// (costmodel/block_table.cpp), not fitted to these numbers.
 #include <doctest/doctest.h>
 
 #include <algorithm>

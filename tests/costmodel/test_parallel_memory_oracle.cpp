@@ -58,38 +58,6 @@ struct CpuCase {
 
 }  // namespace
 
-// The split of a block that tensor parallelism divides (BlockParts) adds up to the block
-// accounting's saved bytes, for every architecture, attention, dtype and recipe whose block the
-// frameworks' code defines.
-TEST_CASE("parallel_memory::a block's parts add up to its saved bytes") {
-  const json neox = {{"architectures", {"GPTNeoXForCausalLM"}},
-                     {"hidden_size", 512},
-                     {"num_attention_heads", 8},
-                     {"num_hidden_layers", 2},
-                     {"intermediate_size", 2048},
-                     {"vocab_size", 1000},
-                     {"max_position_embeddings", 1024}};
-  for (const char* name : {"llama-3-8b", "gpt2", "neox"}) {
-    const ModelSpec m =
-        std::string(name) == "neox" ? model_from_hf_config(neox, name) : load_model(name);
-    for (const Recipe r : {Recipe::hf, Recipe::torchtitan})
-      for (const AttentionImpl a : {AttentionImpl::flash, AttentionImpl::eager})
-        for (const Forward f : {Forward{4, 4, false}, Forward{2, 4, true}, Forward{2, 2, true}}) {
-          CAPTURE(name);
-          TrainingJob j;
-          j.seq_len = 512;
-          j.micro_batch = 2;
-          j.global_batch = 2;
-          j.recipe = r;
-          j.attention = a;
-          j.checkpointing = Checkpointing::none;
-          CHECK(framework_block_parts(m, j, f).total() ==
-                doctest::Approx(block_activations(m, j, f, false).saved));
-          CHECK(final_norm_parts(m, j, f).total() <= head_activations(m, j, f).saved);
-        }
-  }
-}
-
 // torchtitan's own Llama under its own tensor parallelism (validation/measure_tp_units.py:
 // tests/costmodel/data/oracle_tp_units.json; torchtitan 0.3.0, t = 2 with sequence parallelism,
 // fp32 on CPU ranks): what a block keeps for backward with no checkpointing, full checkpointing

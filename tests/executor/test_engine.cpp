@@ -114,8 +114,9 @@ TEST_CASE("engine::model states are the cost model's to the byte") {
 }
 
 TEST_CASE("engine::peak memory is the cost model's") {
-  // The walk counts the executor's own tensors and buffers (costmodel/accounting.cpp,
-  // executor_block and its head; simulation.hpp, executor_casts for DDP's 16-bit copies): every
+  // The walk counts the executor's own tensors and buffers (costmodel/block_table.cpp,
+  // executor_rows; accounting.cpp, its head; simulation.hpp, executor_casts for DDP's 16-bit
+  // copies): every
   // plan's peak and what is alive at it, category by category, within 0.01%. The worst is printed.
   const auto model = small_llama();
   for (const auto precision : {documents::Precision::fp32, documents::Precision::bf16_mixed}) {

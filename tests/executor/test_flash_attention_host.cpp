@@ -154,7 +154,7 @@ TEST_CASE("flash_attention_host::the log-sum-exp is each score row's") {
 }
 
 TEST_CASE("flash_attention_host::a block keeps 4·a·T bytes of log-sum-exp instead of the scores") {
-  // The cost model's flash attention (costmodel/accounting.cpp megatron_block): the core keeps
+  // The cost model's flash attention (costmodel/block_table.cpp, korthikanti_rows): the core keeps
   // 4·a·T bytes (fp32 logsumexp per head and token) instead of e·a·s·T (the probabilities). The
   // model on the host backend allocates exactly that difference.
   const auto spec = testing::tiny_llama();

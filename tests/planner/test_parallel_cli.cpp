@@ -359,13 +359,22 @@ TEST_CASE("cli_parallel::torchtitan's op-level selective checkpointing under a p
   CHECK(peak(op) < peak(none));
   CHECK(step(none) < step(op));
   CHECK(step(op) < step(full));
-  // Megatron-LM has no such mode, with a pipeline or with tensor parallelism.
-  for (const char* flag : {"--pipeline-parallel", "--tensor-parallel"}) {
+  // Megatron-LM has no such mode, in any layout (its GPT is not PyTorch modules the policy
+  // wraps).
+  for (const char* flag : {"--pipeline-parallel", "--tensor-parallel", "--context-parallel"}) {
     const auto mega = planner(llama70b({flag, "4", "--checkpointing", "selective-op"}));
     CHECK(mega.code == 2);
-    CHECK(has(mega.err, "op-level selective checkpointing is torchtitan's, not the megatron "
-                        "recipe's, under tensor, pipeline or context parallelism"));
+    CHECK(has(mega.err, "--checkpointing: selective-op: recipe megatron does not run "
+                        "torchtitan's per-op save list; it checkpoints none | full | "
+                        "selective-attention"));
   }
+  // Nor does the executor, without model parallelism either.
+  const auto executor =
+      planner({"estimate", "--model", "gpt2", "--gpus", "2", "--seq-len", "128", "--global-batch",
+               "2", "--recipe", "executor", "--checkpointing", "selective-op"});
+  CHECK(executor.code == 2);
+  CHECK(has(executor.err, "--checkpointing: selective-op: recipe executor does not run "
+                          "torchtitan's per-op save list; it checkpoints none | full\n"));
 }
 
 namespace {

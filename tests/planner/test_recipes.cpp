@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 
 TEST_CASE("recipes::the recipes that run transformers' model code keep the same activations") {
   // Mistral-7B's 4,096-token sliding window at 8,192 tokens: transformers' masking_utils hands
-  // sdpa an explicit mask, which it keeps (costmodel/accounting.cpp, sdpa_gets_mask). A model
+  // sdpa an explicit mask, which it keeps (costmodel/block_table.cpp, sdpa_gets_mask). A model
   // under the DeepSpeed engine and llm-foundry's hf_causal_lm run the same transformers code, so
   // each keeps what hf keeps, the mask included, under the same engine and loss.
   const std::vector<std::string> job = {

@@ -94,7 +94,7 @@ TEST_CASE("request::fsdp settings as data carry the program's text") {
 
 TEST_CASE(
     "request::an MPT model plans under llm-foundry's recipe, and what is not modeled is said") {
-  // llm-foundry's MPT (documents/model_mpt.cpp; its block: costmodel/accounting.cpp, mpt_block).
+  // llm-foundry's MPT (documents/model_mpt.cpp; its block: costmodel/block_table.cpp, mpt_rows).
   nlohmann::json mpt = {{"architectures", {"MPTForCausalLM"}},
                         {"model_type", "mpt"},
                         {"d_model", 64},
@@ -132,7 +132,11 @@ TEST_CASE(
                        "--attention: flash: the MPT config's attn_config.attn_impl \"torch\" runs "
                        "eager attention",
                        InputError);
-  mpt["attn_config"] = {{"qk_ln", true}};
+  // rope under llm-foundry's default rope_impl, flash-attn's in-place CUDA kernel: not measured.
+  mpt["attn_config"] = {{"rope", true}};
+  mpt["learned_pos_emb"] = false;
   CHECK_THROWS_WITH_AS(run_request({with("--recipe=llm-foundry"), mpt, {}, false, {}}),
-                       "--model: MPT's attn_config.qk_ln is not modeled yet", InputError);
+                       "--model: MPT's attn_config.rope_impl dail (flash-attn's rotary kernel) is "
+                       "not modeled yet",
+                       InputError);
 }

@@ -1,0 +1,83 @@
+// The blocks as tables (costmodel/block_table.hpp): where each recipe's rows sit under tensor
+// parallelism, and the one checkpointing rule applied to every table.
+#include <doctest/doctest.h>
+
+#include "costmodel/accounting.hpp"
+#include "costmodel/block_table.hpp"
+#include "documents/recipe.hpp"
+#include "tests/test_support.hpp"
+
+using namespace shardplan::costmodel;
+using namespace shardplan::documents;
+using nlohmann::json;
+
+namespace {
+
+TrainingJob job(Recipe r, std::int64_t seq, AttentionImpl a, Checkpointing c) {
+  TrainingJob j;
+  j.seq_len = seq;
+  j.micro_batch = 1;
+  j.global_batch = 1;
+  j.recipe = r;
+  j.attention = a;
+  j.checkpointing = c;
+  return j;
+}
+
+}  // namespace
+
+// Korthikanti et al. 2022, §4.1 and Table 2, GPT-3 175B's shapes (h = 12288, a = 96, s = 2048,
+// b = 1, 2-byte activations, dropout): sbh = 25,165,824. Outside the column- and row-parallel
+// linears 10·sbh = 251,658,240 (two norm inputs, the QKV and MLP inputs, two dropout masks);
+// between them 24·sbh + 5·a·s²·b = 603,979,776 + 2,013,265,920 = 2,617,245,696, of which the
+// core 5·a·s²·b.
+TEST_CASE("block_table::Korthikanti's rows place Table 2's terms") {
+  const json config = {{"architectures", {"GPT2LMHeadModel"}},
+                       {"n_embd", 12288},
+                       {"n_head", 96},
+                       {"n_layer", 96},
+                       {"n_positions", 2048},
+                       {"vocab_size", 51200}};
+  const ModelSpec m = model_from_hf_config(config, "gpt3-175b");
+  const TrainingJob j = job(Recipe::megatron, 2048, AttentionImpl::eager, Checkpointing::none);
+  const BlockTable b = block_table(m, j, Forward{2, 2, true});
+  CHECK(placement_bytes(b, Placement::residual) + placement_bytes(b, Placement::linear_input) ==
+        251658240.0);
+  CHECK(placement_bytes(b, Placement::heads) == 2617245696.0);
+  CHECK(rank_core_bytes(b, RankSplit{}) == 2013265920.0);
+  for (const auto& row : b.saved) {
+    CAPTURE(row.op);
+    CHECK(row.bytes > 0);
+    CHECK(std::string(row.tensor).size() > 0);
+  }
+}
+
+// Megatron's selective recompute reruns the eager scores in any recipe's block, as the time
+// side charges their rerun (compute_time.cpp, block_recompute). transformers' Llama-3-8B eager
+// at s = 512, b = 1, bf16 on CUDA: softmax keeps its fp32 output and the matmul with v its bf16
+// cast, 4 + 2 bytes per score; a·s·T = 32·512·512 = 8,388,608 scores: 50,331,648 bytes dropped.
+TEST_CASE("block_table::selective recompute drops the eager scores of a framework's block") {
+  const ModelSpec m = load_model("llama-3-8b");
+  const Forward f{2, 2, true};
+  const TrainingJob none = job(Recipe::hf, 512, AttentionImpl::eager, Checkpointing::none);
+  const TrainingJob sel =
+      job(Recipe::hf, 512, AttentionImpl::eager, Checkpointing::selective_attention);
+  CHECK(block_activations(m, none, f, false).saved - block_activations(m, sel, f, false).saved ==
+        50331648.0);
+}
+
+// The one split rule: PyTorch's styles keep the norms' outputs all-gathered, Megatron-core keeps
+// the rank's sequence shard. transformers' Llama-3-8B, flash, s = 1024, b = 1, bf16 parameters
+// (no autocast): each norm's output is kept once, 2·T·h = 8,388,608 bytes, two norms
+// 16,777,216; at t = 4 with sequence parallelism the gathered copy holds 3/4 more of them:
+// 12,582,912 bytes.
+TEST_CASE("block_table::the norms' outputs gathered under PyTorch's styles, sharded by Megatron") {
+  const ModelSpec m = load_model("llama-3-8b");
+  const TrainingJob j = job(Recipe::hf, 1024, AttentionImpl::flash, Checkpointing::none);
+  const BlockTable b = block_table(m, j, Forward{2, 2, true});
+  CHECK(placement_bytes(b, Placement::linear_input) == 16777216.0);
+  const RankSplit torch{4, 4, true}, megatron{4, 4, false};
+  CHECK(rank_bytes(b, torch) - rank_bytes(b, megatron) == 12582912.0);
+  // t = 1: either rule is the whole block.
+  CHECK(rank_bytes(b, RankSplit{1, 1, true}) == rank_bytes(b, RankSplit{}));
+}
