@@ -595,6 +595,7 @@ bool sdpa_gets_mask(const ModelSpec& m, const TrainingJob& j) {
 BlockTable block_table(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
   const Shape x(m, j);
   BlockTable b;
+  b.saved.reserve(32);  // the longest table's rows: one allocation per block
   Rows rows{b.saved};
   const auto& recipe = recipe_traits(j.recipe);
   if (!recipe.framework) {
@@ -683,6 +684,7 @@ NormParts final_norm_parts(const ModelSpec& m, const TrainingJob& j, const Forwa
   const Shape x(m, j);
   const Dtypes d(f);
   BlockTable b;
+  b.saved.reserve(8);
   Rows rows{b.saved};
   switch (m.architecture) {
   case Architecture::gpt2:
