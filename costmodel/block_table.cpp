@@ -379,17 +379,17 @@ void mpt_norm(Rows& r, const char* op, const ModelSpec& m, const Shape& x, const
 //   qk_ln / qk_gn: q_ln and k_ln (LPLayerNorm over the widths, or per head) keep their inputs
 //     (views of the q and k storages) and their statistics; q and k become the norms' outputs
 //     (`.to(dtype)`: the compute dtype)
-//   rope (rope_impl hf, transformers' apply_rotary_pos_emb): the products keep cos and sin
+//   rope_impl hf (transformers' apply_rotary_pos_emb): the products keep cos and sin
 //     [s, hd] in the compute dtype (LlamaRotaryEmbedding casts them to v's dtype), made again in
-//     every block; q and k become q_embed and k_embed
+//     every block; q and k become q_embed and k_embed. rope_impl dail rotates in place (below).
 //   scaled_multihead_dot_product_attention: with 1 < kv_n_heads < n_heads, repeat_kv_for_gqa's
 //     reshape copies k and v out to every head [T, q] (its expand is a view); the matmuls then
 //     read q, kᵀ and v through torch.matmul's reshape to [b·a, ...]: at b = 1 a view of what they
 //     came from (a repeated copy, a norm's output, q_embed or the projections' output), at b > 1
 //     a copy [T, q] each (a single kv head broadcast to every head included).
 // Measured on a CPU (tests/costmodel/data/oracle_mpt_units.json: MHA, GQA, MQA, qk_ln, qk_gn,
-// clip_qkv, rope hf); under flash (not on a CPU) the same steps before flash_attn_fn's copies,
-// derived.
+// clip_qkv, rope hf); rope dail and, under flash, the same steps before flash_attn_fn's copies,
+// derived from the sources (CUDA only).
 void mpt_qkv(Rows& r, const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d,
              bool fused) {
   const double e = d.e, T = x.T;
@@ -435,7 +435,14 @@ void mpt_qkv(Rows& r, const ModelSpec& m, const Shape& x, const TrainingJob& j, 
     q = storage("q_ln's output", x.q);
     k = storage("k_ln's output", x.kv);
   }
-  if (m.positions == PositionKind::rotary) {
+  if (m.positions == PositionKind::rotary && m.rope_in_place) {
+    // rope_impl dail (derived from flash-attn 2's flash_attn/layers/rotary.py, not measured: its
+    // kernel needs CUDA): torch.stack([k, v], 2) makes one [T, 2kv] tensor (StackBackward0 keeps
+    // nothing); ApplyRotaryEmb rotates q in place in its storage and ApplyRotaryEmbKV_ k in
+    // place in the stack, both keeping only the module's cos and sin cache [S, hd/2] (one per
+    // model, shared by every block: left out); unbind gives k and v as views of the stack.
+    k = v = storage("the stacked k and v", 2 * x.kv);
+  } else if (m.positions == PositionKind::rotary) {
     r.add("apply_rotary_pos_emb", "cos and sin", 2 * e * x.s * x.hd, heads);
     q = storage("q_embed", x.q);
     k = storage("k_embed", x.kv);

@@ -79,6 +79,9 @@ struct ModelSpec {   // NOLINT(bugprone-exception-escape)
   std::int64_t sliding_window = 0;  // Mistral: tokens each query attends to (0: whole prefix)
   QkNorm qk_norm = QkNorm::none;    // norms on q and k (MPT's qk_ln, qk_gn)
   bool clip_qkv = false;            // q, k and v clamped before use (MPT's clip_qkv)
+  // q and k rotated in place by flash-attn's rotary kernel, k beside v in one stacked tensor
+  // (MPT's rope_impl dail); otherwise by ops that make new tensors (rope_impl hf, transformers').
+  bool rope_in_place = false;
   // The model's own attention kernel where its config chooses it (MPT's attn_config.attn_impl:
   // "flash" or "torch"); empty where the job chooses.
   std::string config_attention;

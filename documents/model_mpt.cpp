@@ -66,6 +66,7 @@ MptAttention read_mpt_attention(ObjectReader& r, const nlohmann::json& config, M
   // llm-foundry's default rope_impl is "dail" (models/utils/config_defaults.py): flash-attn's
   // RotaryEmbedding, a CUDA kernel that rotates in place; "hf" is transformers' rotate_half.
   const std::string rope_impl = a.has("rope_impl") ? a.choice("rope_impl", {"dail", "hf"}) : "dail";
+  m.rope_in_place = out.rope && rope_impl == "dail";
   a.optional_object("rope_dail_config");  // the rotation's variant and dtype, not its shapes
   a.optional_object("rope_hf_config");    // scaling beyond the training length
   for (const char* key : {"nope", "prefix_lm"})
@@ -87,7 +88,6 @@ MptAttention read_mpt_attention(ObjectReader& r, const nlohmann::json& config, M
   // What the cost model has not measured MPT's code keeping (the first such switch that is on).
   // (qk_ln and qk_gn build their norms with the model's norm_type: measured for the LayerNorm.)
   const std::pair<bool, const char*> unmeasured[] = {
-      {out.rope && rope_impl == "dail", "attn_config.rope_impl dail (flash-attn's rotary kernel)"},
       {m.attention_dropout, "attn_config.attn_pdrop"},
       {m.sliding_window > 0, "attn_config.sliding_window_size"}};
   for (const auto& [on, key] : unmeasured)

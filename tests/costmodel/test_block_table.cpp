@@ -81,3 +81,35 @@ TEST_CASE("block_table::the norms' outputs gathered under PyTorch's styles, shar
   // t = 1: either rule is the whole block.
   CHECK(rank_bytes(b, RankSplit{1, 1, true}) == rank_bytes(b, RankSplit{}));
 }
+
+// llm-foundry's MPT with rope_impl dail (its default), attn_impl torch, derived from flash-attn 2's
+// rotary.py (its kernel needs CUDA, so no corpus case): q rotates in place in the Wqkv output and
+// k in place in torch.stack([k, v]), a new [T, 2kv] tensor whose views k and v are. At b = 1 the
+// attention's operands are views, so the stack is kept beside the Wqkv output: 2·T·kv·e more than
+// the same model with learned positions, 2·64·64·4 = 32,768 bytes at s = 64 in fp32; at b = 2
+// they are copies and the stack is kept by nothing.
+TEST_CASE("block_table::MPT's rope dail keeps the stacked k and v where the attention views them") {
+  json config = {{"architectures", {"MPTForCausalLM"}},
+                 {"model_type", "mpt"},
+                 {"d_model", 64},
+                 {"n_heads", 4},
+                 {"n_layers", 2},
+                 {"expansion_ratio", 4},
+                 {"max_seq_len", 128},
+                 {"vocab_size", 128},
+                 {"attn_config", {{"attn_impl", "torch"}}}};
+  const ModelSpec learned = model_from_hf_config(config, "mpt");
+  config["learned_pos_emb"] = false;
+  config["attn_config"]["rope"] = true;
+  const ModelSpec dail = model_from_hf_config(config, "mpt-rope");
+  CHECK(dail.rope_in_place);
+  const Forward f{4, 4, false};
+  for (const std::int64_t b : {1, 2}) {
+    TrainingJob j = job(Recipe::llm_foundry, 64, AttentionImpl::eager, Checkpointing::none);
+    j.micro_batch = b;
+    j.global_batch = b;
+    CHECK(block_activations(dail, j, f, false).saved -
+              block_activations(learned, j, f, false).saved ==
+          (b == 1 ? 32768.0 : 0.0));
+  }
+}

@@ -132,11 +132,7 @@ TEST_CASE(
                        "--attention: flash: the MPT config's attn_config.attn_impl \"torch\" runs "
                        "eager attention",
                        InputError);
-  // rope under llm-foundry's default rope_impl, flash-attn's in-place CUDA kernel: not measured.
-  mpt["attn_config"] = {{"rope", true}};
-  mpt["learned_pos_emb"] = false;
+  mpt["attn_config"] = {{"attn_pdrop", 0.1}};
   CHECK_THROWS_WITH_AS(run_request({with("--recipe=llm-foundry"), mpt, {}, false, {}}),
-                       "--model: MPT's attn_config.rope_impl dail (flash-attn's rotary kernel) is "
-                       "not modeled yet",
-                       InputError);
+                       "--model: MPT's attn_config.attn_pdrop is not modeled yet", InputError);
 }
