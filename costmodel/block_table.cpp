@@ -258,12 +258,39 @@ void llama_attention(Rows& r, const ModelSpec& m, const Shape& x, const Training
   r.add("o_proj", "input", e * T * x.q, heads);
 }
 
+// torchtitan's TransformerBlock compiled as its apply_compile does it (torchtitan 0.3.0,
+// torchtitan/distributed/compile.py: each block on its own, backend inductor, fullgraph):
+// AOTAutograd's min-cut partitioner keeps what backward needs that is costly to recompute and
+// recomputes the pointwise rest. Measured per tensor with saved_tensors_hooks around the compiled
+// block on a CPU (tests/costmodel/data/oracle_compile_units.json; the partition is made before
+// Inductor lowers the graph to C++ or Triton kernels): the block's input and the residual after
+// the attention (the norms' inputs) with each norm's fp32 rstd and output (the linears' input);
+// q, k and v as the attention reads them (rotated), its output and fp32 logsumexp; the outputs of
+// w1 and w3 and their product (w2's input). Not kept: the fp32 copies inside the norms, the wqkv
+// output before rotation, wo's input (a view of the attention output, rebuilt), SiLU's output.
+void compiled_llama_rows(Rows& r, const ModelSpec& m, const Shape& x, const Dtypes& d) {
+  const double T = x.T, h = x.h, e = d.e;
+  r.add("attention_norm", "input (the block's)", d.r * T * h, residual);
+  r.add("attention_norm", "fp32 rstd", 4 * T, residual);
+  r.add("attention_norm", "output (wqkv's input)", e * T * h, linear_input);
+  r.add("sdpa", "rotated q, k and v", e * T * (x.q + 2 * x.kv), heads);
+  r.add("sdpa", "output", e * T * x.q, heads);
+  r.add("sdpa", "kernel state", sdpa_kernel_state(x, d), heads);
+  r.mlp = true;
+  r.add("ffn_norm", "input (the residual after attention)", d.r * T * h, residual);
+  r.add("ffn_norm", "fp32 rstd", 4 * T, residual);
+  r.add("ffn_norm", "output (w1's and w3's input)", e * T * h, linear_input);
+  r.add("feed_forward", "w1's and w3's outputs and their product",
+        (m.mlp == MlpKind::swiglu ? 3.0 : 2.0) * e * T * x.I, heads);
+}
+
 // LlamaDecoderLayer (Mistral and Qwen2 share its code; biases keep nothing more) and torchtitan's
 // Llama TransformerBlock (fused wqkv: one GEMM reads the attention norm). LlamaMLP /
 // FeedForward: SiLU keeps its input (gate out), the product keeps both factors, down_proj keeps
 // the product.
 void llama_rows(Rows& r, const ModelSpec& m, const Shape& x, const TrainingJob& j,
                 const Dtypes& d) {
+  if (j.compile) return compiled_llama_rows(r, m, x, d);
   const bool torch_norm = recipe_traits(j.recipe).rmsnorm == RmsNormCode::torch;
   if (torch_norm)
     torch_rmsnorm(r, "attention_norm", x, d, 1);

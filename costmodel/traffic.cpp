@@ -217,6 +217,35 @@ bool counts_recipe_traffic(const TrainingJob& j) {
   return recipe_traits(j.recipe).saved == SavedTensors::per_op;
 }
 
+namespace {
+
+// torchtitan's block compiled (j.compile: its apply_compile; costmodel/block_table.cpp,
+// compiled_llama_rows). Forward: the bytes of Inductor's fused kernels as its scheduler counts
+// them (tests/costmodel/data/oracle_compile_units.json, generated kernels per token, over two
+// head groupings and two dtypes): reads e·(6h + q + 2kv + 2I) and the norms' weights, writes
+// e·(3h + q + 2kv + I) and the two fp32 rstd, in 7 kernels (the norms with their multiplies, the q
+// and k splits into RoPE's layout, v's copy, the residual adds, SiLU with the product), and with a
+// 16-bit compute dtype RoPE's round trip through fp32, 4·(q + kv) each way; plus ComplexRoPE's
+// complex products, which Inductor leaves to ATen (it generates no complex code), 8 bytes per
+// complex64 element of q and k each way and freqs_cis's row (4·hd bytes) per position and product.
+// Backward: the eager block's (the compiled backward graph's kernels are not derived; this leaves
+// the step's time an upper bound).
+Traffic compiled_block_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f,
+                               Traffic eager) {
+  const TrafficShape x(m, j, f);
+  const double rope_fp32 = x.e < 4 ? 4 * (x.q + x.kv) : 0;
+  const double generated = x.e * (6 * x.h + x.q + 2 * x.kv + 2 * x.I) + rope_fp32 +
+                           x.e * (3 * x.h + x.q + 2 * x.kv + x.I) + 8 + rope_fp32;
+  const double rope = 2 * 4 * (x.q + x.kv);
+  const double rope_table = 2 * 4 * x.hd * x.s;  // each product's rows, one per position
+  const double norm_weights = 2 * x.r * x.h;     // read once per call
+  eager.forward = x.T * (generated + rope) + rope_table + norm_weights;
+  eager.forward_ops = 7 + 2;
+  return eager;
+}
+
+}  // namespace
+
 Traffic block_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
   const TrafficShape x(m, j, f);
   Traffic t = times(2, norm(m, j, x));
@@ -243,7 +272,7 @@ Traffic block_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f
   const double w = weight_casts(x, static_cast<double>(m.block.matmul_params()));
   t.forward += w;
   t.backward += w;
-  return t;
+  return j.compile ? compiled_block_traffic(m, j, f, t) : t;
 }
 
 Traffic block_residual_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {

@@ -202,6 +202,7 @@ TrainingJob job_from_json(const nlohmann::json& doc) {
   if (auto l = r.optional_string("loss")) set_loss(j, *l, "/loss");
   if (auto m = r.optional_string("fsdp_mixed_precision"))
     j.fsdp_mixed_precision = fsdp_mixed_precision_from_name(*m, "/fsdp_mixed_precision");
+  j.compile = r.optional_boolean("compile").value_or(false);
   r.finish();
   return j;
 }
@@ -219,6 +220,7 @@ nlohmann::json job_to_json(const TrainingJob& j) {
   if (j.micro_batch > 0) out["micro_batch"] = j.micro_batch;
   if (j.fsdp_mixed_precision)
     out["fsdp_mixed_precision"] = fsdp_mixed_precision_name(*j.fsdp_mixed_precision);
+  if (j.compile) out["compile"] = true;
   return out;
 }
 

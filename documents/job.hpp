@@ -101,6 +101,9 @@ struct TrainingJob {
   Recipe recipe = Recipe::hf;
   // FSDP's mixed precision as the job names it (nullopt: the recipe's; RecipeTraits).
   std::optional<FsdpMixedPrecision> fsdp_mixed_precision;
+  // torch.compile as the recipe applies it (torchtitan's --compile.enable: each block compiled,
+  // and the loss; RecipeTraits::compiles_blocks).
+  bool compile = false;
 
   // Whether block b (0-based) keeps only its input and reruns its forward in backward. every:N
   // counts as the recipe's code does: transformers' activation_checkpointing_enable(every_n_layers)

@@ -114,7 +114,10 @@ struct RecipeTraits {
   bool offers_every_n;              // every:N checkpointing
   bool offers_selective_op;         // torchtitan's op-level save list
   bool offers_selective_attention;  // Megatron's selective recompute, where attention is eager
-  bool reduces_in_fp32_only;        // torchtitan's mixed_precision_reduce takes "float32" only
+  // torch.compile of each block and of the loss, as its trainer applies it and as measured
+  // (costmodel/block_table.cpp: the compiled block's saved tensors); false where not measured.
+  bool compiles_blocks;
+  bool reduces_in_fp32_only;  // torchtitan's mixed_precision_reduce takes "float32" only
   // FSDP's mixed precision when the job names none (documents/sharding.hpp, FsdpMixedPrecision).
   FsdpMixedPrecision fsdp_mixed_precision;
   // Its training loop runs the forward under autocast beside FSDP, which is what computes in 16

@@ -170,6 +170,17 @@ void checkpointing_lines(Text& t, const TrainingJob& j, const Blocks& blocks) {
   }
 }
 
+// --compile, as torchtitan's apply_compile runs it (torchtitan/distributed/compile.py): after the
+// checkpoint wrappers, each block compiled on its own, whole-graph; the loss compiled too.
+void compile_lines(Text& t, const TrainingJob& j, const Blocks& blocks) {
+  if (!j.compile) return;
+  t.line("for block in {}.children():  # --compile: each block, as torchtitan's apply_compile",
+         blocks_expression(blocks));
+  t.line("    block.compile(backend=\"inductor\", fullgraph=True)");
+  t.line("# and the loss: loss_fn = torch.compile(loss_fn) (CompileConfig's components: model, "
+         "loss; the plan costed the compiled loss)");
+}
+
 // The dtype FSDP gathers the parameters in: the compute dtype, or under Composer's FULL mode
 // (ShardingSpec::fp32_gathered) the parameters' fp32, autocast computing in 16 bits.
 std::string param_dtype(const Evaluation& e) {
@@ -199,6 +210,7 @@ void fsdp2_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   t.line("");
   const Blocks blocks = blocks_of(sc, e.job);
   checkpointing_lines(t, e.job, blocks);
+  compile_lines(t, e.job, blocks);
   t.line("{}", mesh_line(l));
   if (p == Precision::bf16)
     t.line(
@@ -241,6 +253,7 @@ void fsdp1_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   if (blocks.known()) t.line("from {} import {}", blocks.module, blocks.cls);
   t.line("");
   checkpointing_lines(t, e.job, blocks);
+  compile_lines(t, e.job, blocks);
   t.line("{}", mesh_line(l));
   if (e.job.precision == Precision::bf16)
     t.line(
@@ -276,6 +289,7 @@ void ddp_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   t.line("from torch.nn.parallel import DistributedDataParallel as DDP");
   t.line("");
   checkpointing_lines(t, e.job, blocks_of(sc, e.job));
+  compile_lines(t, e.job, blocks_of(sc, e.job));
   if (p == Precision::bf16)
     t.line(
         "model.to(torch.bfloat16)  # pure bf16: weights, gradients and optimizer states in bf16");
@@ -362,6 +376,8 @@ std::vector<TitanEntry> titan_entries(const Scenario& sc, const Evaluation& e) {
     // which is what FSDP2 does for the root; "never" is SHARD_GRAD_OP.
     add("parallelism", "fsdp_reshard_after_forward",
         s.reshard_after_forward ? "\"default\"" : "\"never\"");
+  // --compile: CompileConfig's default components compile each block and the loss.
+  if (e.job.compile) out.push_back({"compile", "enable", "true", "", true});
   return out;
 }
 

@@ -253,7 +253,8 @@ void titan_toml(Text& t, const Scenario& sc, const LayoutCandidate& c) {
   t.line("[activation_checkpoint]");
   t.line("mode = \"{}\"", titan_checkpointing(c.job));
   if (c.job.checkpointing == Checkpointing::selective_op) t.line("selective_ac_option = \"op\"");
-  if (c.layout.async_tensor_parallel) {
+  // The plan's torch.compile (--compile: each block and the loss), or async TP's.
+  if (c.layout.async_tensor_parallel || c.job.compile) {
     t.line("");
     t.line("[compile]");
     t.line("enable = true");
@@ -271,10 +272,8 @@ std::vector<std::string> titan_030_args(const Scenario& sc, const LayoutCandidat
   }
   if (c.layout.tensor_parallel > 1 && !c.layout.sequence_parallel)
     args.push_back("--parallelism.no_enable_sequence_parallel");
-  if (c.layout.async_tensor_parallel) {
-    args.push_back("--compile.enable");
-    args.push_back("--compile.enable_async_tensor_parallel");
-  }
+  if (c.layout.async_tensor_parallel || c.job.compile) args.push_back("--compile.enable");
+  if (c.layout.async_tensor_parallel) args.push_back("--compile.enable_async_tensor_parallel");
   return args;
 }
 

@@ -307,6 +307,7 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
                         {"verdict", verdict_name(verdict_of(sc, e))},
                         {"recipe", recipe_name(e.job.recipe)},
                         {"loss", loss_label(e.job)},
+                        {"compile", e.job.compile},
                         {"memory", memory_json(sc, r)},
                         {"time", time_json(e)},
                         {"comm", comm_json(e)},
@@ -473,8 +474,9 @@ void stage_lines(Text& text, const Evaluation& e) {
 std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
   const auto& r = e.result;
   Text text;
-  text.line("training code: recipe {} ({}), loss {}", recipe_name(e.job.recipe),
-            recipe_traits(e.job.recipe).description, loss_label(e.job));
+  text.line("training code: recipe {} ({}), loss {}{}", recipe_name(e.job.recipe),
+            recipe_traits(e.job.recipe).description, loss_label(e.job),
+            e.job.compile ? ", blocks and loss compiled (torch.compile)" : "");
   if (!e.layout.trivial()) text.line("{}", layout_line(sc, e));
   text.line("plan: {} ({}){}, micro-batch {} x {} accumulation, checkpointing {}, offload {}",
             e.spec.strategy, flavour_name(e.spec.flavour),

@@ -34,7 +34,8 @@ std::string how_to_run(const documents::TrainingJob& j) {
 
 std::string loss_requirement(const documents::TrainingJob& job) {
   documents::TrainingJob own = job;
-  own.loss = documents::recipe_traits(job.recipe).loss;
+  // Under --compile the recipe's trainer compiles its loss too: the fused loss is its own.
+  own.loss = job.compile ? documents::LossImpl::fused : documents::recipe_traits(job.recipe).loss;
   own.loss_chunks = job.loss_chunks;
   if (own.loss == job.loss) return "";
   return fmt::format("this plan needs the loss {}: {}, not recipe {}'s own ({}); its peak "

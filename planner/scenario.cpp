@@ -68,6 +68,9 @@ void add_scenario_options(CLI::App& app, ScenarioOptions& o) {
                  "param_dtype 16-bit, reduce_dtype fp32; pure: both 16-bit; full: fp32 "
                  "parameters under autocast); not given: the recipe's. --reduce-dtype then sets "
                  "the reduction alone");
+  app.add_flag("--compile", o.compile,
+               "torch.compile as the recipe's trainer applies it (torchtitan's --compile.enable: "
+               "each block and the loss compiled)");
   app.add_option("--headroom", o.headroom, "fraction of GPU memory kept free (default 0.05)");
   app.add_option("--accounting", o.accounting, "framework | zero-paper (2+2+12 bytes/param)");
 }
@@ -205,6 +208,28 @@ void follow_mpt_attention(const ScenarioOptions& o, Scenario& sc) {
   sc.job.attention = kernel;
 }
 
+// --compile (or the job's compile): the recipe's trainer compiles each block and the loss
+// (torchtitan's CompileConfig components "model" and "loss"), so its loss is the compiled one
+// (LossImpl::fused) unless the job names another. Recipes whose compiled block is not measured
+// refuse it.
+void apply_compile(const ScenarioOptions& o, Scenario& sc) {
+  if (o.compile) sc.job.compile = true;
+  if (!sc.job.compile) return;
+  const documents::RecipeTraits& r = documents::recipe_traits(sc.job.recipe);
+  if (!r.compiles_blocks)
+    throw InputError(job_field(o, o.compile, "--compile", "/compile"),
+                     fmt::format("what torch.compile makes recipe {}'s block keep is not measured; "
+                                 "torchtitan's is (--recipe torchtitan)",
+                                 r.name));
+  if (!sc.loss_named) sc.job.loss = documents::LossImpl::fused;
+  // torchtitan's op-level save list under compile is a policy inside the compiled graph: not
+  // measured (its default checkpointing, so the job must name another).
+  if (sc.job.checkpointing == documents::Checkpointing::selective_op)
+    throw InputError(job_field(o, o.checkpointing.has_value(), "--checkpointing", "/checkpointing"),
+                     "selective-op under --compile is not measured (what the compiled block keeps "
+                     "is, with checkpointing none or full): name --checkpointing none or full");
+}
+
 // The job flags over the base job.
 void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
   if (o.seq_len) sc.job.seq_len = positive_count("--seq-len", *o.seq_len);
@@ -230,6 +255,7 @@ void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
                      fmt::format("chunked:{} splits each sequence into {} pieces, more "
                                  "than its {} tokens",
                                  sc.job.loss_chunks, sc.job.loss_chunks, sc.job.seq_len));
+  apply_compile(o, sc);
   // every:N past the layers would checkpoint no block (torchtitan counts its N-th, 2N-th, ...) or
   // block 0 alone (transformers counts from 0): a count that says nothing of the model.
   if (sc.job.checkpointing == documents::Checkpointing::every &&

@@ -21,6 +21,11 @@
 #   tests/costmodel/data/oracle_tp_units.json   bytes torchtitan's own Llama keeps per unit under its own tensor
 #                                               parallelism (t = 2, sequence parallel; none, selective-op, full)
 #                                               (validation/measure_tp_units.py)
+#   tests/costmodel/data/oracle_compile_units.json  what torchtitan's compiled block keeps and its kernels move
+#                                               (validation/measure_compile_units.py)
+#   tests/costmodel/data/oracle_accelerate_steps.json  whole steps under accelerate's own FSDP1/FSDP2 preparation
+#                                               (validation/measure_accelerate_steps.py, in validation/.venv-accelerate:
+#                                               validation/requirements-accelerate.txt)
 #   tests/costmodel/data/oracle_overheads.json  host-side step overheads: op dispatch, DDP/FSDP1/FSDP2/ZeRO-3
 #                                               hooks per unit and tensor, CPU optimizers (validation/measure_overheads.py)
 #   tests/documents/data/mpt_params.json        llm-foundry's own MPT's parameters per unit (validation/measure_mpt_params.py)
@@ -53,7 +58,14 @@ extra=()
 "$py" validation/measure_pipeline.py --out tests/costmodel/data/oracle_pipeline.json
 "$py" validation/measure_fsdp_tp.py --out tests/costmodel/data/oracle_fsdp_tp.json
 "$py" validation/measure_tp_units.py --out tests/costmodel/data/oracle_tp_units.json
+"$py" validation/measure_compile_units.py --out tests/costmodel/data/oracle_compile_units.json
 "$py" validation/measure_overheads.py --out tests/costmodel/data/oracle_overheads.json
+accelerate=validation/.venv-accelerate
+if [[ ! -x "$accelerate/bin/python" ]]; then
+  python3 -m venv "$accelerate"
+  "$accelerate/bin/pip" install --quiet -r validation/requirements-accelerate.txt
+fi
+"$accelerate/bin/python" validation/measure_accelerate_steps.py --out tests/costmodel/data/oracle_accelerate_steps.json
 foundry=validation/.venv-llm-foundry
 if [[ ! -x "$foundry/bin/python" ]]; then
   python3 -m venv "$foundry"

@@ -78,7 +78,7 @@ def _field_name(where: str) -> str:
 
 # The flags that take no value.
 _SWITCHES = ("exhaustive", "sequence_parallel", "async_tensor_parallel", "model_parallel",
-             "data_parallel_only")
+             "data_parallel_only", "compile")
 
 
 def _flag(name: str) -> str:
@@ -164,6 +164,7 @@ def estimate(
     recipe: Optional[str] = None,
     loss: Optional[str] = None,
     fsdp_mixed_precision: Optional[str] = None,
+    compile: bool = False,
     headroom: Optional[Number] = None,
     accounting: Optional[str] = None,
     strategy: Optional[str] = None,
@@ -209,6 +210,7 @@ def simulate(
     recipe: Optional[str] = None,
     loss: Optional[str] = None,
     fsdp_mixed_precision: Optional[str] = None,
+    compile: bool = False,
     headroom: Optional[Number] = None,
     accounting: Optional[str] = None,
     strategy: Optional[str] = None,
@@ -242,6 +244,7 @@ def recommend(
     recipe: Optional[str] = None,
     loss: Optional[str] = None,
     fsdp_mixed_precision: Optional[str] = None,
+    compile: bool = False,
     headroom: Optional[Number] = None,
     accounting: Optional[str] = None,
     strategy: Optional[str] = None,
@@ -282,6 +285,7 @@ def compare(
     recipe: Optional[str] = None,
     loss: Optional[str] = None,
     fsdp_mixed_precision: Optional[str] = None,
+    compile: bool = False,
     headroom: Optional[Number] = None,
     accounting: Optional[str] = None,
     offload: Optional[str] = None,
@@ -317,6 +321,7 @@ def _plan_options(
     recipe: Optional[str] = None,
     loss: Optional[str] = None,
     fsdp_mixed_precision: Optional[str] = None,
+    compile: bool = False,
     headroom: Optional[Number] = None,
     accounting: Optional[str] = None,
     strategy: Optional[str] = None,

@@ -38,6 +38,7 @@ class ScenarioOptions(TypedDict, total=False):
     recipe: str  # hf | torchtitan | llm-foundry | megatron | deepspeed | executor
     loss: str  # upcast | fused | chunked:N | fused-linear | fp32-inplace
     fsdp_mixed_precision: str  # default | pure | full (Composer's names for FSDP's MixedPrecision)
+    compile: bool  # torch.compile as the recipe runs it (torchtitan: each block and the loss)
     headroom: Number  # fraction of GPU memory kept free
     accounting: str  # framework | zero-paper
 

@@ -1,0 +1,103 @@
+// --compile: torch.compile as the recipe's trainer applies it (torchtitan's apply_compile), what
+// the walk counts for it, what it refuses, and what the emitters write.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_fixture.hpp"
+#include "documents/job.hpp"
+#include "tests/test_support.hpp"
+
+using namespace shardplan::documents;
+using shardplan::planner::testing::planner;
+
+namespace {
+
+std::vector<std::string> titan(std::vector<std::string> more) {
+  std::vector<std::string> a = {"estimate",
+                                "--model",
+                                "llama-3-8b",
+                                "--hardware",
+                                "h100-sxm5-80gb",
+                                "--gpus",
+                                "8",
+                                "--seq-len",
+                                "4096",
+                                "--global-batch",
+                                "16",
+                                "--micro-batch",
+                                "1",
+                                "--strategy",
+                                "fsdp-full",
+                                "--recipe",
+                                "torchtitan",
+                                "--format",
+                                "json"};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+// The compiled block keeps fewer tensors (tests/costmodel/test_oracle_compile.cpp checks them
+// against the corpus) and the compiled loss no fp32 logits: a lower peak, and fused kernels move
+// fewer bytes in the forward: a shorter step.
+TEST_CASE("compile::the compiled block and loss: lower peak and step, loss fused") {
+  for (const char* ckpt : {"none", "full"}) {
+    CAPTURE(ckpt);
+    const auto eager = planner(titan({"--checkpointing", ckpt}));
+    const auto compiled = planner(titan({"--checkpointing", ckpt, "--compile"}));
+    REQUIRE(eager.code == 0);
+    REQUIRE(compiled.code == 0);
+    const auto e = nlohmann::json::parse(eager.out), c = nlohmann::json::parse(compiled.out);
+    CHECK(c.at("loss") == "fused");
+    CHECK(c.at("compile") == true);
+    CHECK(e.at("compile") == false);
+    CHECK(c.at("memory").at("peak_bytes").get<double>() <
+          e.at("memory").at("peak_bytes").get<double>());
+    CHECK(c.at("time").at("step_s").get<double>() < e.at("time").at("step_s").get<double>());
+  }
+}
+
+TEST_CASE("compile::refused where what it keeps is not measured") {
+  const auto hf = planner({"estimate", "--model", "llama-3-8b", "--gpus", "8", "--seq-len", "4096",
+                           "--global-batch", "16", "--recipe", "hf", "--compile"});
+  CHECK(hf.code == 2);
+  CHECK(has(hf.err, "--compile: what torch.compile makes recipe hf's block keep is not "
+                    "measured; torchtitan's is (--recipe torchtitan)"));
+  // torchtitan's default checkpointing, its op-level save list, inside a compiled graph.
+  const auto op = planner(titan({"--compile"}));
+  CHECK(op.code == 2);
+  CHECK(has(op.err, "--checkpointing: selective-op under --compile is not measured"));
+  const auto tp =
+      planner(titan({"--compile", "--checkpointing", "none", "--tensor-parallel", "2"}));
+  CHECK(tp.code == 2);
+  CHECK(has(tp.err, "--compile: what a compiled block keeps under tensor or context "
+                    "parallelism is not measured"));
+}
+
+TEST_CASE("compile::the job document carries it, the emitted configs enable it") {
+  nlohmann::json doc = {{"schema_version", 1},
+                        {"seq_len", 128},
+                        {"global_batch", 8},
+                        {"recipe", "torchtitan"},
+                        {"compile", true}};
+  const TrainingJob j = job_from_json(doc);
+  CHECK(j.compile);
+  CHECK(job_to_json(j).at("compile") == true);
+  doc["compile"] = "yes";
+  CHECK_THROWS_AS(job_from_json(doc), shardplan::core::InputError);
+  const auto emitted =
+      planner({"recommend", "--model", "llama-3-8b", "--gpus", "8", "--seq-len", "4096",
+               "--global-batch", "16", "--recipe", "torchtitan", "--compile", "--checkpointing",
+               "full", "--hardware", "h100-sxm5-80gb", "--emit", "fsdp"});
+  REQUIRE(emitted.code == 0);
+  CHECK(has(emitted.out, "block.compile(backend=\"inductor\", fullgraph=True)"));
+  CHECK(has(emitted.out, "[compile]\nenable = true"));
+  CHECK(has(emitted.out, "--compile.enable"));
+  CHECK(!has(emitted.err, "needs the loss fused"));
+}
