@@ -79,7 +79,7 @@ int main(int argc, char** argv) try {
   };
   if (files.empty()) {
     for (const char* name : {"oracle_units.json", "oracle_steps.json", "oracle_fsdp1_steps.json",
-                             "oracle_deepspeed.json"})
+                             "oracle_accelerate_steps.json", "oracle_deepspeed.json"})
       report(name, rows_of(oracle::read_corpus(name), name));
   } else {
     for (const auto& f : files) report(f, rows_of(oracle::read_corpus_file(f), f));

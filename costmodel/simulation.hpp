@@ -109,10 +109,12 @@ public:
     tensor_ = std::max(1, in.tensor_parallel);
     sequence_parallel_ = tensor_ > 1 && in.sequence_parallel;
     async_tp_ = tensor_ > 1 && in.async_tensor_parallel;
-    // torchtitan's apply_fsdp groups: the embedding, each block, the final norm with the head
-    // (kept gathered from its forward to its backward), no root group holding the embeddings with
-    // the head.
-    if (documents::recipe_traits(in.job.recipe).fsdp_groups_per_block)
+    // FSDP2's groups (documents::Fsdp2Groups): under "ends" the embedding, each block, the final
+    // norm with the head (kept gathered from its forward to its backward); no root group holding
+    // the embeddings with the head.
+    if (spec_.flavour == documents::Flavour::fsdp2 &&
+        in.job.fsdp2_groups.value_or(documents::recipe_traits(in.job.recipe).fsdp2_groups) ==
+            documents::Fsdp2Groups::ends)
       spec_.root_unit = spec_.keep_root_unsharded = false;
     if (keep_gathered()) spec_.reshard_after_forward = false;
   }

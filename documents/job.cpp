@@ -100,6 +100,17 @@ const char* fsdp_mixed_precision_label(FsdpMixedPrecision m) {
   return labels[static_cast<std::size_t>(m)];
 }
 
+const std::vector<std::string>& fsdp2_groups_names() {
+  static const std::vector<std::string> n = {"root", "ends"};
+  return n;
+}
+Fsdp2Groups fsdp2_groups_from_name(const std::string& s, const std::string& where) {
+  return from_name<Fsdp2Groups>(fsdp2_groups_names(), s, where);
+}
+const char* fsdp2_groups_name(Fsdp2Groups g) {
+  return fsdp2_groups_names()[static_cast<std::size_t>(g)].c_str();
+}
+
 bool TrainingJob::block_checkpointed(std::int64_t b) const {
   if (checkpointing == Checkpointing::full) return true;
   if (checkpointing != Checkpointing::every) return false;
@@ -203,6 +214,8 @@ TrainingJob job_from_json(const nlohmann::json& doc) {
   if (auto m = r.optional_string("fsdp_mixed_precision"))
     j.fsdp_mixed_precision = fsdp_mixed_precision_from_name(*m, "/fsdp_mixed_precision");
   j.compile = r.optional_boolean("compile").value_or(false);
+  if (auto g = r.optional_string("fsdp2_groups"))
+    j.fsdp2_groups = fsdp2_groups_from_name(*g, "/fsdp2_groups");
   r.finish();
   return j;
 }
@@ -221,6 +234,7 @@ nlohmann::json job_to_json(const TrainingJob& j) {
   if (j.fsdp_mixed_precision)
     out["fsdp_mixed_precision"] = fsdp_mixed_precision_name(*j.fsdp_mixed_precision);
   if (j.compile) out["compile"] = true;
+  if (j.fsdp2_groups) out["fsdp2_groups"] = fsdp2_groups_name(*j.fsdp2_groups);
   return out;
 }
 

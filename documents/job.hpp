@@ -86,6 +86,18 @@ FsdpMixedPrecision fsdp_mixed_precision_from_name(const std::string& s, const st
 const char* fsdp_mixed_precision_name(FsdpMixedPrecision m);
 const char* fsdp_mixed_precision_label(FsdpMixedPrecision m);  // Composer's: DEFAULT PURE FULL
 
+// How FSDP2 groups the model's parameters (one fully_shard call per group):
+//   root  each block, then the root holding the embeddings, the final norm and the head
+//         (fully_shard(block) for each, then fully_shard(model): torch's FSDP2 example)
+//   ends  the embedding its own group, each block, the final norm with the head one group kept
+//         gathered from its forward to its backward, the root holding what is left
+//         (torchtitan's apply_fsdp; accelerate's fsdp2_prepare_model, which transformers'
+//         Trainer runs)
+enum class Fsdp2Groups { root, ends };
+const std::vector<std::string>& fsdp2_groups_names();  // root ends
+Fsdp2Groups fsdp2_groups_from_name(const std::string& s, const std::string& where);
+const char* fsdp2_groups_name(Fsdp2Groups g);
+
 struct TrainingJob {
   std::int64_t seq_len = 4096;    // tokens per sequence
   std::int64_t global_batch = 0;  // sequences per optimizer step, whole job
@@ -104,6 +116,8 @@ struct TrainingJob {
   // torch.compile as the recipe applies it (torchtitan's --compile.enable: each block compiled,
   // and the loss; RecipeTraits::compiles_blocks).
   bool compile = false;
+  // FSDP2's groups as the job names them (nullopt: the recipe's; RecipeTraits::fsdp2_groups).
+  std::optional<Fsdp2Groups> fsdp2_groups;
 
   // Whether block b (0-based) keeps only its input and reruns its forward in backward. every:N
   // counts as the recipe's code does: transformers' activation_checkpointing_enable(every_n_layers)

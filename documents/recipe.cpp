@@ -39,7 +39,8 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .pipeline = PipelineRunner::megatron,
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
-          .fsdp_groups_per_block = false,
+          .fsdp2_groups =
+              Fsdp2Groups::ends,  // accelerate 1.16 fsdp2_prepare_model (utils/fsdp_utils.py)
           .runs_mpt = false,
           .ring = RingCode::torch_all_gather,  // torch's context_parallel over sdpa
           .flavours = kAllFlavours,
@@ -77,7 +78,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .pipeline = PipelineRunner::torch_pipelining,
           .pipeline_less_layers = 1,
           .pipeline_even_split = false,
-          .fsdp_groups_per_block = true,
+          .fsdp2_groups = Fsdp2Groups::ends,  // torchtitan/distributed/fsdp.py, apply_fsdp
           .runs_mpt = false,
           .ring = RingCode::torch_all_gather,
           .flavours = {fsdp2, ddp},
@@ -116,7 +117,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .pipeline = PipelineRunner::megatron,
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
-          .fsdp_groups_per_block = false,
+          .fsdp2_groups = Fsdp2Groups::root,
           .runs_mpt = true,
           .ring = RingCode::te_p2p,
           .flavours = kAllFlavours,
@@ -153,7 +154,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .pipeline = PipelineRunner::megatron,
           .pipeline_less_layers = 0,
           .pipeline_even_split = true,  // get_num_layers_to_build
-          .fsdp_groups_per_block = false,
+          .fsdp2_groups = Fsdp2Groups::root,
           .runs_mpt = false,
           .ring = RingCode::te_p2p,
           .flavours = {megatron, fsdp2, deepspeed},  // its DDP and distributed optimizer first;
@@ -189,7 +190,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .pipeline = PipelineRunner::megatron,
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
-          .fsdp_groups_per_block = false,
+          .fsdp2_groups = Fsdp2Groups::root,
           .runs_mpt = false,
           .ring = RingCode::te_p2p,
           .flavours = {deepspeed},
@@ -223,7 +224,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .pipeline = PipelineRunner::megatron,
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
-          .fsdp_groups_per_block = false,
+          .fsdp2_groups = Fsdp2Groups::root,
           .runs_mpt = false,
           .ring = RingCode::executor,
           .flavours = kAllFlavours,

@@ -101,9 +101,8 @@ struct RecipeTraits {
   // (torchtitan's pipeline_parallel_first/last_stage_less_layers = 1).
   int pipeline_less_layers;
   bool pipeline_even_split;  // the blocks must divide evenly over the parts (Megatron-LM)
-  // FSDP2 over a TP plan groups the parameters as torchtitan's apply_fsdp does: the embedding,
-  // each block, the final norm with the head.
-  bool fsdp_groups_per_block;
+  // How its FSDP2 groups the parameters unless the job names it (documents/job.hpp, Fsdp2Groups).
+  Fsdp2Groups fsdp2_groups;
   // An MPT config.json runs llm-foundry's own MPT (llmfoundry/models/mpt): the recipe's code has
   // it (documents/model_mpt.cpp reads the config, costmodel's block_table counts its block).
   bool runs_mpt;

@@ -85,6 +85,42 @@ struct Blocks {
   bool known() const { return !at.empty(); }
 };
 
+// The modules FSDP2's "ends" groups hold (documents::Fsdp2Groups): the token embedding, and the
+// final norm with the head, as accelerate's fsdp2_prepare_model and torchtitan's apply_fsdp find
+// them; a tied table goes with the head (accelerate groups [wte, ln_f, lm_head]). Empty: unknown.
+struct Ends {
+  std::string embedding;          // "model.model.embed_tokens" ("" when tied: it is in `tail`)
+  std::vector<std::string> tail;  // {"model.model.norm", "model.lm_head"}
+  bool known() const { return !tail.empty(); }
+};
+
+Ends ends_of(const Scenario& sc, const TrainingJob& j) {
+  const bool tied = sc.model.tied_embeddings;
+  auto ends = [&](std::string embedding, std::string norm, std::string head) {
+    if (tied) return Ends{"", {embedding, norm, head}};
+    return Ends{embedding, {norm, head}};
+  };
+  if (!recipe_traits(j.recipe).transformers_code)
+    return *recipe_traits(j.recipe).blocks_at == '\0'
+               ? Ends{}
+               : ends("model.tok_embeddings", "model.norm", "model.output");  // torchtitan
+  switch (sc.model.architecture) {
+  case Architecture::llama:
+  case Architecture::mistral:
+  case Architecture::qwen2:
+    return ends("model.model.embed_tokens", "model.model.norm", "model.lm_head");
+  case Architecture::gpt2:
+    return ends("model.transformer.wte", "model.transformer.ln_f", "model.lm_head");
+  case Architecture::gpt_neox:
+    return ends("model.gpt_neox.embed_in", "model.gpt_neox.final_layer_norm", "model.embed_out");
+  case Architecture::mpt:
+    return ends("model.transformer.wte", "model.transformer.norm_f", "model.lm_head");
+  case Architecture::uniform:
+    break;
+  }
+  return {};
+}
+
 Blocks blocks_of(const Scenario& sc, const TrainingJob& j) {
   const RecipeTraits& r = recipe_traits(j.recipe);
   if (r.transformers_code) {
@@ -228,7 +264,23 @@ void fsdp2_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   t.line("for block in {}.children():  # one unit per transformer block",
          blocks_expression(blocks));
   t.line("    fully_shard(block, {})", args);
-  t.line("fully_shard(model, {})  # root: embeddings and head", args);
+  const auto groups = e.job.fsdp2_groups.value_or(recipe_traits(e.job.recipe).fsdp2_groups);
+  if (groups == Fsdp2Groups::ends) {
+    Ends ends = ends_of(sc, e.job);
+    if (!ends.known()) {
+      t.line("# the token embedding and the final norm with the head: where your model keeps them");
+      ends = {"model.tok_embeddings", {"model.norm", "model.output"}};
+    }
+    if (!ends.embedding.empty())
+      t.line("fully_shard({}, {})  # the embedding, a group of its own", ends.embedding, args);
+    t.line("fully_shard([{}], mesh=mesh, reshard_after_forward=False, mp_policy=mp_policy, "
+           "offload_policy=offload_policy)  # the final norm with the head, gathered until "
+           "backward",
+           fmt::join(ends.tail, ", "));
+    t.line("fully_shard(model, {})  # root: what is left (--fsdp2-groups ends)", args);
+  } else {
+    t.line("fully_shard(model, {})  # root: embeddings and head (--fsdp2-groups root)", args);
+  }
   if (offload) t.line("# the optimizer then steps on the host: build it after fully_shard");
   batch_lines(t, sc, e, true);
 }

@@ -68,6 +68,11 @@ void add_scenario_options(CLI::App& app, ScenarioOptions& o) {
                  "param_dtype 16-bit, reduce_dtype fp32; pure: both 16-bit; full: fp32 "
                  "parameters under autocast); not given: the recipe's. --reduce-dtype then sets "
                  "the reduction alone");
+  app.add_option("--fsdp2-groups", o.fsdp2_groups,
+                 "root | ends: FSDP2's parameter groups (root: each block, then the root with the "
+                 "embeddings and the head; ends: the embedding and the norm with the head groups "
+                 "of their own, as torchtitan and accelerate group them); not given: the "
+                 "recipe's");
   app.add_flag("--compile", o.compile,
                "torch.compile as the recipe's trainer applies it (torchtitan's --compile.enable: "
                "each block and the loss compiled)");
@@ -208,11 +213,14 @@ void follow_mpt_attention(const ScenarioOptions& o, Scenario& sc) {
   sc.job.attention = kernel;
 }
 
-// --compile (or the job's compile): the recipe's trainer compiles each block and the loss
+// --fsdp2-groups (or the job's fsdp2_groups), then --compile (or the job's compile): the recipe's
+// trainer compiles each block and the loss
 // (torchtitan's CompileConfig components "model" and "loss"), so its loss is the compiled one
 // (LossImpl::fused) unless the job names another. Recipes whose compiled block is not measured
 // refuse it.
-void apply_compile(const ScenarioOptions& o, Scenario& sc) {
+void apply_code_options(const ScenarioOptions& o, Scenario& sc) {
+  if (o.fsdp2_groups)
+    sc.job.fsdp2_groups = documents::fsdp2_groups_from_name(*o.fsdp2_groups, "--fsdp2-groups");
   if (o.compile) sc.job.compile = true;
   if (!sc.job.compile) return;
   const documents::RecipeTraits& r = documents::recipe_traits(sc.job.recipe);
@@ -255,7 +263,7 @@ void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
                      fmt::format("chunked:{} splits each sequence into {} pieces, more "
                                  "than its {} tokens",
                                  sc.job.loss_chunks, sc.job.loss_chunks, sc.job.seq_len));
-  apply_compile(o, sc);
+  apply_code_options(o, sc);
   // every:N past the layers would checkpoint no block (torchtitan counts its N-th, 2N-th, ...) or
   // block 0 alone (transformers counts from 0): a count that says nothing of the model.
   if (sc.job.checkpointing == documents::Checkpointing::every &&
@@ -553,6 +561,7 @@ void name_option_types(CLI::App& app) {
       {"offload", "NAME"},
       {"reduce-dtype", "NAME"},
       {"fsdp-mixed-precision", "NAME"},
+      {"fsdp2-groups", "NAME"},
       {"format", "NAME"},
       {"schedule", "NAME"},
       {"cp-rotate-method", "NAME"},

@@ -34,9 +34,10 @@ struct ScenarioOptions {
   std::optional<std::string> seq_len, global_batch, micro_batch;
   std::optional<std::string> precision, optimizer, checkpointing, attention, loss, recipe;
   std::optional<std::string> fsdp_mixed_precision;  // default | pure | full
-  bool compile = false;                   // --compile: torch.compile as the recipe runs it
-  std::optional<std::string> headroom;    // fraction of capacity kept free (default 0.05)
-  std::optional<std::string> accounting;  // default framework
+  bool compile = false;                     // --compile: torch.compile as the recipe runs it
+  std::optional<std::string> fsdp2_groups;  // root | ends (not given: the recipe's)
+  std::optional<std::string> headroom;      // fraction of capacity kept free (default 0.05)
+  std::optional<std::string> accounting;    // default framework
   // A config.json and a hardware profile already in memory, in place of --model and --hardware
   // (the Python module's dicts); refused beside the flag they replace.
   std::optional<nlohmann::json> model_document, hardware_document;

@@ -39,6 +39,7 @@ class ScenarioOptions(TypedDict, total=False):
     loss: str  # upcast | fused | chunked:N | fused-linear | fp32-inplace
     fsdp_mixed_precision: str  # default | pure | full (Composer's names for FSDP's MixedPrecision)
     compile: bool  # torch.compile as the recipe runs it (torchtitan: each block and the loss)
+    fsdp2_groups: str  # root | ends (FSDP2's parameter groups; not given: the recipe's)
     headroom: Number  # fraction of GPU memory kept free
     accounting: str  # framework | zero-paper
 

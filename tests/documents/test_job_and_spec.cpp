@@ -248,3 +248,20 @@ TEST_CASE("sharding::FSDP mixed precision in the job and the plan") {
   CHECK(error_of([&] { spec_from_json(bad, "/spec"); }) ==
         "/spec/fp32_gathered: applies to FSDP (fsdp1, fsdp2), not deepspeed");
 }
+
+// FSDP2's groups: the job names them (documents/job.hpp, Fsdp2Groups), or leaves the recipe's.
+TEST_CASE("job::FSDP2 groups in the job, and their rejections") {
+  json doc = kJob;
+  CHECK_FALSE(job_from_json(doc).fsdp2_groups);
+  CHECK_FALSE(job_to_json(job_from_json(doc)).contains("fsdp2_groups"));
+  doc["fsdp2_groups"] = "root";
+  const auto j = job_from_json(doc);
+  REQUIRE(j.fsdp2_groups);
+  CHECK(*j.fsdp2_groups == Fsdp2Groups::root);
+  CHECK(job_to_json(j).at("fsdp2_groups") == "root");
+  doc["fsdp2_groups"] = "blocks";
+  CHECK(error_of([&] { job_from_json(doc); }) ==
+        "/fsdp2_groups: must be one of root, ends, got \"blocks\"");
+  doc["fsdp2_groups"] = true;
+  CHECK(error_of([&] { job_from_json(doc); }) == "/fsdp2_groups: must be a string, got true");
+}

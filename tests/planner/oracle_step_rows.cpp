@@ -75,9 +75,18 @@ std::vector<std::string> estimate_args(const nlohmann::json& c) {
     a.emplace_back("--strategy=none");
   } else if (wrapper == "ddp") {
     a.emplace_back("--strategy=ddp");
+  } else if (wrapper == "fsdp2" && c.value("framework", std::string()) == "accelerate") {
+    // accelerate's own FSDP2 preparation (validation/measure_accelerate_steps.py): the hf
+    // recipe's groups (accelerate's), and the mixed precision it set (PURE under bf16, none in
+    // fp32).
+    a.insert(a.end(), {"--strategy=fsdp-full", "--flavour=fsdp2"});
+    if (c.contains("fsdp_mixed_precision") && !c.at("fsdp_mixed_precision").is_null())
+      a.push_back("--fsdp-mixed-precision=" + text(c, "fsdp_mixed_precision"));
   } else if (wrapper == "fsdp2") {
-    // The harness's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32).
-    a.insert(a.end(), {"--strategy=fsdp-full", "--flavour=fsdp2", "--reduce-dtype=fp32"});
+    // The harness's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), fully_shard on
+    // each decoder layer, then on the model (validation/fsdp2_on_gloo.py).
+    a.insert(a.end(), {"--strategy=fsdp-full", "--flavour=fsdp2", "--reduce-dtype=fp32",
+                       "--fsdp2-groups=root"});
   } else if (wrapper == "fsdp1") {
     // FSDP1 under Composer's mixed precision modes (validation/measure_fsdp1_steps.py): the
     // case's mode, none for fp32.

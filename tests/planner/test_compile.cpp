@@ -101,3 +101,41 @@ TEST_CASE("compile::the job document carries it, the emitted configs enable it")
   CHECK(has(emitted.out, "--compile.enable"));
   CHECK(!has(emitted.err, "needs the loss fused"));
 }
+
+TEST_CASE("compile::--fsdp2-groups takes root or ends") {
+  const auto bad = planner({"estimate", "--model", "gpt2", "--gpus", "2", "--seq-len", "128",
+                            "--global-batch", "2", "--fsdp2-groups", "blocks"});
+  CHECK(bad.code == 2);
+  CHECK(bad.err == "planner: --fsdp2-groups: must be one of root, ends, got \"blocks\"\n");
+  auto hf = [](std::vector<std::string> more) {
+    std::vector<std::string> a = {"estimate",
+                                  "--model",
+                                  "llama-3-8b",
+                                  "--hardware",
+                                  "h100-sxm5-80gb",
+                                  "--gpus",
+                                  "8",
+                                  "--seq-len",
+                                  "4096",
+                                  "--global-batch",
+                                  "16",
+                                  "--micro-batch",
+                                  "1",
+                                  "--strategy",
+                                  "fsdp-full",
+                                  "--flavour",
+                                  "fsdp2",
+                                  "--format",
+                                  "json"};
+    a.insert(a.end(), more.begin(), more.end());
+    return planner(a);
+  };
+  const auto root = hf({"--fsdp2-groups", "root"});
+  const auto ends = hf({});
+  REQUIRE(root.code == 0);
+  REQUIRE(ends.code == 0);
+  // hf's own (accelerate's) groups gather fewer parameters at once than a root holding the
+  // embeddings with the head.
+  CHECK(nlohmann::json::parse(ends.out).at("memory").at("peak_bytes").get<double>() <
+        nlohmann::json::parse(root.out).at("memory").at("peak_bytes").get<double>());
+}

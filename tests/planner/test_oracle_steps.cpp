@@ -166,6 +166,30 @@ TEST_CASE("oracle::FSDP1 under Composer's mixed precision modes: whole-step peak
   CHECK(worst < 0.01);
 }
 
+TEST_CASE("oracle::accelerate's own FSDP2: whole-step peaks within 3.5%") {
+  // transformers' models prepared by accelerate 1.16.0 itself on 2 gloo ranks
+  // (validation/measure_accelerate_steps.py: oracle_accelerate_steps.json): FSDP2 with its
+  // groups (the embedding, each layer, the final norm with the head kept gathered: the hf
+  // recipe's --fsdp2-groups ends) and its MixedPrecisionPolicy, no autocast. Its FSDP1 cases
+  // (backward_prefetch none, not modeled yet) are reported by bench/memory_corpus, not asserted.
+  // The worst, 3.1% low, is Llama in fp32 without checkpointing at b = 1, whose ranks' peaks differ
+  // by 5% (gloo frees its buffers at moments that vary); the others are within 2.1%.
+  int peaks = 0;
+  double worst = 0;
+  for (const auto& r : oracle::step_rows(oracle::read_corpus("oracle_accelerate_steps.json"))) {
+    if (r.quantity != "peak" || !r.skipped.empty() || r.case_id.rfind("accelerate-fsdp2/", 0) != 0)
+      continue;
+    ++peaks;
+    worst = std::max(worst, std::abs(r.range_error()));
+    INFO(r.case_id << ": predicted " << r.predicted << ", measured " << r.measured
+                   << " (over ranks: " << r.measured_low << " .. " << r.measured_high << ")");
+    CHECK(std::abs(r.range_error()) < 0.035);
+  }
+  MESSAGE("accelerate FSDP2 steps compared: " << peaks << ", worst peak error " << 100 * worst
+                                              << "%");
+  CHECK(peaks == 16);
+}
+
 TEST_CASE("oracle::deepspeed bytes sent per rank within 1% of what the engine asks for") {
   // Each DeepSpeed case records the collectives of its measured step as deepspeed.comm was asked
   // for them (validation/measure_deepspeed.py, CollectiveCounter): nccl-tests sizes times the
