@@ -166,27 +166,35 @@ TEST_CASE("oracle::FSDP1 under Composer's mixed precision modes: whole-step peak
   CHECK(worst < 0.01);
 }
 
-TEST_CASE("oracle::accelerate's own FSDP2: whole-step peaks within 3.5%") {
+TEST_CASE("oracle::accelerate's own FSDP2: whole-step peaks within 3%, one known miss") {
   // transformers' models prepared by accelerate 1.16.0 itself on 2 gloo ranks
   // (validation/measure_accelerate_steps.py: oracle_accelerate_steps.json): FSDP2 with its
   // groups (the embedding, each layer, the final norm with the head kept gathered: the hf
   // recipe's --fsdp2-groups ends) and its MixedPrecisionPolicy, no autocast. Its FSDP1 cases
   // (backward_prefetch none, not modeled yet) are reported by bench/memory_corpus, not asserted.
-  // The worst, 3.1% low, is Llama in fp32 without checkpointing at b = 1, whose ranks' peaks differ
-  // by 5% (gloo frees its buffers at moments that vary); the others are within 2.1%.
+  // One case is a model error, not spread: Llama in fp32 without checkpointing at b = 1 peaks in
+  // backward at 54,859,048 bytes on both ranks, with an all-gather's and a reduce-scatter's
+  // buffers alive beside the gathered layer, and the walk is 3.1% below it. It is held to its
+  // present miss so that a change in either direction shows; the others are held to 3%.
+  const std::string known_miss = "accelerate-fsdp2/llama-h256/fp32/none/s128-b1/w2";
   int peaks = 0;
   double worst = 0;
   for (const auto& r : oracle::step_rows(oracle::read_corpus("oracle_accelerate_steps.json"))) {
     if (r.quantity != "peak" || !r.skipped.empty() || r.case_id.rfind("accelerate-fsdp2/", 0) != 0)
       continue;
     ++peaks;
-    worst = std::max(worst, std::abs(r.range_error()));
     INFO(r.case_id << ": predicted " << r.predicted << ", measured " << r.measured
                    << " (over ranks: " << r.measured_low << " .. " << r.measured_high << ")");
-    CHECK(std::abs(r.range_error()) < 0.035);
+    if (r.case_id == known_miss) {
+      CHECK(r.range_error() < -0.03);
+      CHECK(r.range_error() > -0.035);
+      continue;
+    }
+    worst = std::max(worst, std::abs(r.range_error()));
+    CHECK(std::abs(r.range_error()) < 0.03);
   }
   MESSAGE("accelerate FSDP2 steps compared: " << peaks << ", worst peak error " << 100 * worst
-                                              << "%");
+                                              << "% besides the known miss");
   CHECK(peaks == 16);
 }
 
