@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 namespace shardplan::costmodel {
 
@@ -246,54 +247,67 @@ Traffic compiled_block_traffic(const ModelSpec& m, const TrainingJob& j, const F
 
 }  // namespace
 
-Traffic block_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+std::vector<BlockOp> block_ops(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
   const TrafficShape x(m, j, f);
-  Traffic t = times(2, norm(m, j, x));
-  t += attention_copies(m, j, x);
-  t += activation(m, x);
+  const Traffic normed = norm(m, j, x);
+  // A residual add: r + the branch's output (e) + r forward; the gradient sums in backward.
+  const Traffic add = per_token(x, (2 * x.r + x.e) * x.h, 3 * x.r * x.h, 1, 1);
   const Consumers c = consumers(m, j);
   const double readers = c.attention + c.mlp;
-  // Residual adds: r + the branch's output (e) + r forward; the gradient sums in backward.
-  t += times(2, per_token(x, (2 * x.r + x.e) * x.h, 3 * x.r * x.h, 1, 1));
   const Biases b = biases(m.block);
+  std::vector<BlockOp> ops;
+  ops.reserve(9);
+  ops.push_back({"attention norm", normed, Placement::residual});
+  ops.push_back({"mlp norm", normed, Placement::residual});
+  ops.push_back({"attention inputs (rotary, copies)", attention_copies(m, j, x)});
+  ops.push_back({"mlp activation", activation(m, x)});
+  // The attention's add and the MLP's; the parallel residual adds both branches at the end.
+  ops.push_back({"attention residual add", add, Placement::residual, m.parallel_residual});
+  ops.push_back({"mlp residual add", add, Placement::residual, true});
   if (x.autocast) {
     // Each reader casts the fp32 norm output; its input gradient is cast back; the branch
     // outputs' gradients are cast to the compute dtype for o_proj and down_proj. Each weight
-    // and bias is cast in forward and its gradient cast back.
+    // and bias is cast in forward and its gradient cast back. (Counted with the rank's heads
+    // under tensor parallelism.)
     const double params = static_cast<double>(m.block.matrices()) + b.tensors;
-    t += per_token(x, readers * x.cast() * x.h, (readers + 2) * x.cast() * x.h, readers + params,
-                   readers + 2 + params);
+    ops.push_back(
+        {"autocast casts", per_token(x, readers * x.cast() * x.h, (readers + 2) * x.cast() * x.h,
+                                     readers + params, readers + 2 + params)});
   }
-  // The input gradients of several readers of one tensor are summed.
-  t.backward += x.T * (readers - 2) * 3 * x.r * x.h;
-  t.backward_ops += readers - 2;
-  t.backward += x.T * x.e * b.elements;  // bias gradients: a sum over the tokens
-  t.backward_ops += b.tensors;
+  // The input gradients of several readers of one tensor are summed; the bias gradients are sums
+  // over the tokens.
+  ops.push_back({"input gradient sums", {0, x.T * (readers - 2) * 3 * x.r * x.h, 0, readers - 2}});
+  ops.push_back({"bias gradients", {0, x.T * x.e * b.elements, 0, b.tensors}});
   const double w = weight_casts(x, static_cast<double>(m.block.matmul_params()));
-  t.forward += w;
-  t.backward += w;
+  ops.push_back({"weight casts", {w, w, 0, 0}});
+  return ops;
+}
+
+Traffic block_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+  Traffic t;
+  for (const auto& op : block_ops(m, j, f)) t += op.moved;
   return j.compile ? compiled_block_traffic(m, j, f, t) : t;
 }
 
 Traffic block_residual_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
-  const TrafficShape x(m, j, f);
-  Traffic t = times(2, norm(m, j, x));
-  t += times(2, per_token(x, (2 * x.r + x.e) * x.h, 3 * x.r * x.h, 1, 1));
+  Traffic t;
+  for (const auto& op : block_ops(m, j, f))
+    if (op.place == Placement::residual) t += op.moved;
   return t;
 }
 
 Traffic recompute_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
-  const TrafficShape x(m, j, f);
   const Traffic block = block_traffic(m, j, f);
   Traffic rerun{block.forward, 0, block.forward_ops, 0};
   // torch.utils.checkpoint stops the rerun once the last tensor backward needs is rebuilt
-  // (early stop, its default): the block's closing residual adds (one, or GPT-NeoX's two of the
-  // parallel residual) are not rerun. torchtitan wraps its blocks with early_stop=False
-  // (torchtitan/distributed/activation_checkpoint.py).
+  // (early stop, its default): the ops that close the block are not rerun. torchtitan wraps its
+  // blocks with early_stop=False (torchtitan/distributed/activation_checkpoint.py).
   if (recipe_traits(j.recipe).checkpoint_early_stop) {
-    const double skipped = m.parallel_residual ? 2 : 1;
-    rerun.forward -= x.T * skipped * (2 * x.r + x.e) * x.h;
-    rerun.forward_ops -= skipped;
+    for (const auto& op : block_ops(m, j, f)) {
+      if (!op.closes) continue;
+      rerun.forward -= op.moved.forward;
+      rerun.forward_ops -= op.moved.forward_ops;
+    }
   }
   return rerun;
 }

@@ -9,9 +9,10 @@
 // Units: bytes per micro-batch. A checkpointed block's backward adds its forward's traffic again.
 #pragma once
 
-#include <optional>
+#include <vector>
 
 #include "costmodel/accounting.hpp"
+#include "costmodel/block_table.hpp"
 #include "documents/job.hpp"
 #include "documents/model.hpp"
 
@@ -29,7 +30,23 @@ struct Traffic {
 // elementwise.hpp; for those this returns nothing.
 bool counts_recipe_traffic(const documents::TrainingJob& j);
 
-// One block, the head (final norm, projection's casts, loss), the embeddings.
+// A block's memory-bound ops as the recipe's model code runs them, in the forward's order (the
+// rows beside the block's saved tensors, block_table.hpp): each op's bytes and kernels per
+// micro-batch, where tensor parallelism puts it (`residual`: the norms and residual adds on the
+// residual stream, whole on every rank unless sequence parallelism splits them along the
+// sequence; `heads`: on the rank's heads and intermediate width), and whether it closes the block
+// (the residual adds after the last op whose output backward keeps, which torch.utils.checkpoint's
+// early stop does not rerun). The eager block's; under compile block_traffic replaces its forward.
+struct BlockOp {
+  const char* op;
+  Traffic moved;
+  Placement place = Placement::heads;
+  bool closes = false;
+};
+std::vector<BlockOp> block_ops(const documents::ModelSpec& m, const documents::TrainingJob& j,
+                               const Forward& f);
+
+// One block (the sum of its ops), the head (final norm, projection's casts, loss), the embeddings.
 Traffic block_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
                       const Forward& f);
 // What a checkpointed block's backward reruns of its forward (forward and forward_ops).
@@ -39,9 +56,7 @@ Traffic head_traffic(const documents::ModelSpec& m, const documents::TrainingJob
                      const Forward& f);
 Traffic embedding_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
                           const Forward& f);
-// Of block_traffic, the ops on the residual stream's width (the two norms and the residual adds),
-// which tensor parallelism leaves whole on every rank unless sequence parallelism splits them along
-// the sequence; the rest runs on a rank's heads and intermediate width.
+// Of the block's ops, those on the residual stream (Placement::residual).
 Traffic block_residual_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
                                const Forward& f);
 

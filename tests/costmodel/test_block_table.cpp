@@ -4,6 +4,7 @@
 
 #include "costmodel/accounting.hpp"
 #include "costmodel/block_table.hpp"
+#include "costmodel/traffic.hpp"
 #include "documents/recipe.hpp"
 #include "tests/test_support.hpp"
 
@@ -112,4 +113,48 @@ TEST_CASE("block_table::MPT's rope dail keeps the stacked k and v where the atte
               block_activations(learned, j, f, false).saved ==
           (b == 1 ? 32768.0 : 0.0));
   }
+}
+
+// The block's memory-bound ops (costmodel/traffic.hpp, block_ops) by hand, for transformers'
+// GPT-NeoX (pythia-70m's shapes: h = 512, LayerNorm, parallel residual) in fp32 on a CPU, s = 64, b
+// = 1: nn.LayerNorm is one kernel reading x and writing y, mean and rstd, 2·4·h + 8 = 4,104 bytes
+// per token forward and 3·4·h + 8 = 6,152 backward; a residual add reads x and the branch and
+// writes the sum, (2·4 + 4)·h = 6,144 bytes per token forward, 3·4·h = 6,144 backward. The residual
+// stream's rows are exactly the two norms and the two adds: 64·2·(4,104 + 6,144) = 1,311,744
+// bytes forward, 64·2·(6,152 + 6,144) = 1,573,888 backward. The parallel residual adds both
+// branches after its last op, so transformers' early stop reruns neither add: the rerun's forward
+// is the block's less 2·64·6,144 = 786,432 bytes; GPT-2's sequential block skips only the MLP's
+// add, 64·(2·4 + 4)·768 = 589,824 bytes (h = 768).
+TEST_CASE("block_table::a block's memory-bound ops: the residual stream's rows, the closing adds") {
+  const TrainingJob j = job(Recipe::hf, 64, AttentionImpl::flash, Checkpointing::full);
+  const Forward fp32{4, 4, false};
+  const json pythia = {{"architectures", {"GPTNeoXForCausalLM"}},
+                       {"hidden_size", 512},
+                       {"intermediate_size", 2048},
+                       {"num_attention_heads", 8},
+                       {"num_hidden_layers", 6},
+                       {"max_position_embeddings", 2048},
+                       {"rotary_pct", 0.25},
+                       {"use_parallel_residual", true},
+                       {"vocab_size", 50304}};
+  const ModelSpec neox = model_from_hf_config(pythia, "pythia-70m");
+  REQUIRE(neox.parallel_residual);
+  const Traffic residual = block_residual_traffic(neox, j, fp32);
+  CHECK(residual.forward == 1311744.0);
+  CHECK(residual.backward == 1573888.0);
+  CHECK(residual.forward_ops == 4);
+  int closing = 0;
+  for (const auto& op : block_ops(neox, j, fp32)) closing += op.closes ? 1 : 0;
+  CHECK(closing == 2);
+  CHECK(block_traffic(neox, j, fp32).forward - recompute_traffic(neox, j, fp32).forward ==
+        786432.0);
+
+  const ModelSpec gpt2 = load_model("gpt2");
+  REQUIRE_FALSE(gpt2.parallel_residual);
+  CHECK(block_traffic(gpt2, j, fp32).forward - recompute_traffic(gpt2, j, fp32).forward ==
+        589824.0);
+  // torchtitan reruns the whole block (early_stop=False).
+  const TrainingJob titan = job(Recipe::torchtitan, 64, AttentionImpl::flash, Checkpointing::full);
+  const ModelSpec llama = load_model("llama-3-8b");
+  CHECK(recompute_traffic(llama, titan, fp32).forward == block_traffic(llama, titan, fp32).forward);
 }

@@ -13,6 +13,7 @@ Usage: deepspeed_config_parse.py PLANNER   (exit 77, "skipped", where DeepSpeed 
 point ctest at an interpreter that has it with SHARDPLAN_DEEPSPEED_PYTHON). Checked with
 DeepSpeed 0.19.8 from PyPI (validation/requirements.txt).
 """
+import importlib
 import json
 import os
 import subprocess
@@ -103,6 +104,10 @@ def check(planner, gpus, flags):
 
 def main():
     planner = sys.argv[1]
+    # DeepSpeed's torch backend builds its CPU shared-memory all-reduce kernel (a C++ extension,
+    # compiled on first use: about 50 s on a machine without torch's extension cache) when it
+    # starts; the configs' parser never calls a collective, so this process starts without it.
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     failures = []
     for gpus, flags in CASES:

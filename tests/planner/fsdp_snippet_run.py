@@ -5,7 +5,7 @@ For a tiny model of each architecture (a config.json written here), the planner 
 FSDP2 and an FSDP1 plan on 2 GPUs (`recommend --strategy fsdp-full --flavour fsdp2|fsdp1
 --checkpointing full --emit fsdp`); the snippet's section is cut from its output and run as the
 user would paste it, on transformers' own model of that config, under torchrun on 2 CPU ranks
-with gloo, for 2 training steps (AdamW, the model's own loss). The one change made to the
+with gloo (the four cases in one launch), for 2 training steps (AdamW, the model's own loss). The one change made to the
 snippet: the device mesh is built on "cpu" rather than "cuda". Each run must finish with finite
 losses; a snippet that names a module the model lacks (its blocks' container or class) fails.
 FSDP1 refuses CPU-only ranks, so its snippet runs up to the wrapper (imports, checkpointing, the
@@ -47,11 +47,10 @@ def snippet(planner, config_path, flavour):
     return out[start:end if end >= 0 else len(out)]
 
 
-def worker(config_path, code_path):
-    """One rank: the model, the pasted snippet, two steps."""
+def run_case(config_path, code_path):
+    """One rank's run of one snippet: the model, the pasted snippet, two steps."""
     import torch
     import transformers
-    torch.distributed.init_process_group("gloo")
     torch.manual_seed(0)
     with open(config_path) as f:
         config_dict = json.load(f)
@@ -72,9 +71,8 @@ def worker(config_path, code_path):
         block_class = scope[policy[:policy.index("}")]]
         blocks = sum(isinstance(m, block_class) for m in model.modules())
         if blocks != config.num_hidden_layers:
-            raise SystemExit(f"{block_class.__name__}: {blocks} modules, "
-                             f"{config.num_hidden_layers} blocks")
-        torch.distributed.destroy_process_group()
+            raise RuntimeError(f"{block_class.__name__}: {blocks} modules, "
+                               f"{config.num_hidden_layers} blocks")
         return
     exec(compile(code, "emitted snippet", "exec"), scope)  # noqa: S102 (the test's subject)
     model = scope["model"]
@@ -86,14 +84,32 @@ def worker(config_path, code_path):
         optimizer.step()
         optimizer.zero_grad()
         if not torch.isfinite(loss.detach()):
-            raise SystemExit(f"step {step}: loss {loss.item()}")
+            raise RuntimeError(f"step {step}: loss {loss.item()}")
+
+
+def worker(cases_path):
+    """One rank: every case of the list in turn, in one process group (one torchrun launch, so
+    torch and transformers are imported once per rank, not once per case). Exit 1 when any failed."""
+    import torch
+    torch.distributed.init_process_group("gloo")
+    rank = torch.distributed.get_rank()
+    with open(cases_path) as f:
+        cases = json.load(f)
+    failed = False
+    for name, config_path, code_path in cases:
+        try:
+            run_case(config_path, code_path)
+            print(f"rank {rank}: {name}: ran", flush=True)
+        except Exception as e:  # the snippet's own failure, reported with its case
+            failed = True
+            print(f"rank {rank}: {name}: FAILED ({e.__class__.__name__}: {e})", flush=True)
     torch.distributed.destroy_process_group()
+    return 1 if failed else 0
 
 
 def main():
-    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
-        worker(sys.argv[2], sys.argv[3])
-        return 0
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        return worker(sys.argv[2])
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
@@ -101,31 +117,38 @@ def main():
         print(f"skipped: {e} (set SHARDPLAN_TORCH_PYTHON to a Python with torch and transformers)")
         return SKIPPED
     planner = sys.argv[1]
-    failures = []
     with tempfile.TemporaryDirectory() as tmp:
+        cases, codes = [], {}
         for arch, config in CONFIGS.items():
             config_path = os.path.join(tmp, f"{arch}.json")
             with open(config_path, "w") as f:
                 json.dump(config, f)
             for flavour in ("fsdp2", "fsdp1"):
-                code = snippet(planner, config_path, flavour)
+                name = f"{arch} {flavour}"
+                codes[name] = snippet(planner, config_path, flavour)
                 code_path = os.path.join(tmp, f"{arch}-{flavour}.py")
                 with open(code_path, "w") as f:
-                    f.write(code)
-                run = subprocess.run(
-                    [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                     "--nproc-per-node=2", os.path.abspath(__file__), "--worker", config_path,
-                     code_path], capture_output=True, text=True,
-                    env=dict(os.environ, OMP_NUM_THREADS="1"))
-                verdict = "ran" if run.returncode == 0 else f"FAILED (exit {run.returncode})"
-                print(f"{arch} {flavour}: {verdict}")
-                if run.returncode != 0:
-                    failures.append(f"{arch} {flavour}")
-                    print(code)
-                    print(run.stdout[-3000:], run.stderr[-3000:])
-    if failures:
-        print("emitted code that did not run:", ", ".join(failures))
+                    f.write(codes[name])
+                cases.append((name, config_path, code_path))
+        cases_path = os.path.join(tmp, "cases.json")
+        with open(cases_path, "w") as f:
+            json.dump(cases, f)
+        run = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+             os.path.abspath(__file__), "--worker", cases_path], capture_output=True, text=True,
+            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    print(run.stdout)
+    ran = [name for name, _, _ in cases
+           if all(f"rank {r}: {name}: ran" in run.stdout for r in (0, 1))]
+    failures = [name for name, _, _ in cases if name not in ran]
+    if run.returncode != 0 or failures:
+        for name in failures:
+            print(f"--- {name}: the snippet as emitted\n{codes[name]}")
+        print(run.stderr[-3000:])
+        print(f"emitted code that did not run (torchrun exited {run.returncode}):",
+              ", ".join(failures) or "none by name")
         return 1
+    print(f"{len(ran)} emitted snippets ran on both ranks")
     return 0
 
 
