@@ -1,11 +1,14 @@
 #include "costmodel/block_table.hpp"
+#include "costmodel/selective_op.hpp"
 #include "documents/job.hpp"
 #include "documents/model.hpp"
 #include "documents/recipe.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace shardplan::costmodel {
 
@@ -673,22 +676,6 @@ double placement_bytes(const BlockTable& b, Placement p) {
   for (const auto& row : b.saved)
     if (row.place == p) n += row.bytes;
   return n;
-}
-
-// torchtitan's SelectiveAC (torchtitan/distributed/activation_checkpoint.py, torchtitan 0.3.0):
-// inside each block the outputs of attention and of the odd-numbered matmuls are saved (wqkv, w1,
-// w2 of wqkv, wo, w1, w3, w2), everything else is recomputed; the block's input is kept. Under
-// torchtitan's tensor parallelism its policy sees each rank's local ops, so each saved tensor is
-// the rank's: the column-parallel wqkv and w1 outputs and the attention's a/t heads split by t,
-// the row-parallel w2's output whole ([T, h], its partial sum before the all-reduce or the
-// reduce-scatter, which the policy does not save), the block's input split by sp under sequence
-// parallelism (measured: tests/costmodel/data/oracle_tp_units.json).
-double selective_op_saved(const ModelSpec& m, const TrainingJob& j, const Forward& f, double t,
-                          double sp) {
-  const Shape x(m, j);
-  const double e = f.e;
-  const double qkv = x.q + 2 * x.kv;
-  return f.p * x.T * x.h / sp + (e * x.T * (qkv + x.q + x.I) + 4 * x.a * x.T) / t + e * x.T * x.h;
 }
 
 ActivationBytes rank_block(const BlockTable& b, const ModelSpec& m, const TrainingJob& j,

@@ -92,15 +92,11 @@ double placement_bytes(const BlockTable& b, Placement p);
 // One block on one rank under the job's checkpointing: `checkpointed` (full, or its turn under
 // every:N) keeps the rank's share of the input and rebuilds the rest; Megatron's selective
 // recompute of eager attention drops the scores; torchtitan's op-level save list keeps its
-// matmuls' outputs (selective_op_saved) and rebuilds the rest beside them; otherwise every row.
+// matmuls' outputs (selective_op.hpp, selective_op_saved) and rebuilds the rest beside them;
+// otherwise every row.
 ActivationBytes rank_block(const BlockTable& b, const documents::ModelSpec& m,
                            const documents::TrainingJob& j, const Forward& f, const RankSplit& r,
                            bool checkpointed);
-
-// What torchtitan's op-level selective checkpointing keeps of one block on one rank of t
-// tensor-parallel ranks (t = 1: the whole block); sp: t under sequence parallelism, else 1.
-double selective_op_saved(const documents::ModelSpec& m, const documents::TrainingJob& j,
-                          const Forward& f, double t, double sp);
 
 // Whether transformers hands sdpa an explicit mask (a sliding window the keys reach).
 bool sdpa_gets_mask(const documents::ModelSpec& m, const documents::TrainingJob& j);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "costmodel/selective_op.hpp"
 #include "costmodel/traffic.hpp"
 #include "documents/hardware.hpp"
 #include "documents/job.hpp"
@@ -318,12 +319,14 @@ ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const T
     a.kv_heads = split_up(a.kv_heads, split.t);
     r[static_cast<int>(ComputeKind::attention)] = cm.attention_forward_s(a);
   } else if (j.checkpointing == Checkpointing::selective_op) {
-    // torchtitan's op-level policy keeps every second matmul's output (of wqkv, wo, w1, w3, w2 the
-    // 2nd and 4th are rerun: wo and w3) and reruns the element-wise ops its save list omits.
-    const UnitKind block = UnitKind::block;
-    r[static_cast<int>(ComputeKind::gemm)] =
-        cm.gemm_s(split_gemm({tokens, m.hidden, m.q_width(), 1}, m, block, split.t)) +
-        cm.gemm_s(split_gemm({tokens, m.intermediate, m.hidden, 1}, m, block, split.t));
+    // torchtitan's op-level policy reruns the linears its save list does not keep (every second
+    // aten::mm it counts: of wqkv, wo, w1, w3, w2, wo and w3) and the element-wise ops it omits.
+    const auto mms = block_matmuls(m, j);
+    const auto rerun = selective_op_reruns(mms);
+    for (std::size_t i = 0; i < mms.size(); ++i)
+      if (rerun[i])
+        r[static_cast<int>(ComputeKind::gemm)] +=
+            cm.gemm_s(split_gemm({tokens, mms[i].out, mms[i].in, 1}, m, UnitKind::block, split.t));
     r[static_cast<int>(ComputeKind::memory_bound)] =
         counts_recipe_traffic(j)
             ? cm.traffic_s(split_bytes(recompute_traffic(m, j, f).forward,

@@ -9,6 +9,7 @@
 #include "core/number_text.hpp"
 #include "core/option_types.hpp"
 #include "core/text.hpp"
+#include "costmodel/selective_op.hpp"
 #include "documents/recipe.hpp"
 #include "planner/text.hpp"
 
@@ -282,6 +283,18 @@ void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
         fmt::format("selective-op: recipe {} does not run torchtitan's per-op save list; it "
                     "checkpoints none | full{}{}",
                     r.name, r.offers_every_n ? " | every:N" : "",
+                    r.offers_selective_attention ? " | selective-attention" : ""));
+  // The save list counts the block's aten::mm calls (costmodel::block_matmuls): derived for
+  // torchtitan's block and transformers' Llama family, not for GPT-2's Conv1D, GPT-NeoX's or MPT's.
+  if (sc.job.checkpointing == documents::Checkpointing::selective_op &&
+      !costmodel::selective_op_derived(sc.model, sc.job))
+    throw InputError(
+        job_field(o, o.checkpointing.has_value(), "--checkpointing", "/checkpointing"),
+        fmt::format("selective-op: torchtitan's per-op save list is derived for its own block and "
+                    "transformers' Llama, Mistral and Qwen2, not for {} ({}) under recipe {}; "
+                    "it checkpoints none | full{}{}",
+                    sc.model.name, documents::architecture_name(sc.model.architecture), r.name,
+                    r.offers_every_n ? " | every:N" : "",
                     r.offers_selective_attention ? " | selective-attention" : ""));
 }
 

@@ -45,7 +45,8 @@ Framework paths measured (cite these when reading the corpus)
   and no mask when the mask can be skipped); "eager" is each model's ``eager_attention_forward``.
   Checkpointing "full" is ``PreTrainedModel.activation_checkpointing_enable`` (the successor of the
   deprecated ``gradient_checkpointing_enable``) with ``{"use_reentrant": False}``; "every:2" is the same
-  with ``every_n_layers=2`` (layers 0 and 2 checkpointed).
+  with ``every_n_layers=2`` (layers 0 and 2 checkpointed); "selective-op" wraps each decoder layer with
+  torchtitan's own ``SelectiveAC`` (its ``_wrap_block``, as its trainer wraps its blocks).
   bf16-mixed: ``torch.autocast("cpu", dtype=torch.bfloat16)`` around forward and loss.
 * torchtitan: ``torchtitan.models.llama3.Llama3Model`` built from ``Llama3Model.Config`` with layers from
   ``torchtitan.models.llama3._build_llama3_layers`` (fused wqkv, ``ComplexRoPE`` with
@@ -318,6 +319,15 @@ def case_plan():
         for precision in ("fp32", "bf16-mixed"):
             groups.append(dict(recipe="hf", config=config, model_class=cls, precision=precision,
                                attention="flash", checkpointing="none", loss="upcast"))
+    # torchtitan's SelectiveAC around transformers' Llama-family layers: its mm count over their
+    # own linears (q, k, v apart; Qwen2's biased q, k, v run addmm), sdpa and eager attention.
+    for config, cls, attentions in (("llama-h128", "LlamaForCausalLM", ("flash", "eager")),
+                                    ("qwen2-h128", "Qwen2ForCausalLM", ("flash",))):
+        for precision in ("fp32", "bf16-mixed"):
+            for attention in attentions:
+                groups.append(dict(recipe="hf", config=config, model_class=cls,
+                                   precision=precision, attention=attention,
+                                   checkpointing="selective-op", loss="upcast"))
     return groups
 
 
@@ -558,7 +568,17 @@ def build_hf_model(group):
         cfg, attn_implementation=cfg._attn_implementation, dtype=torch.float32)
     model.train()
     ckpt = group["checkpointing"]
-    if ckpt != "none":
+    if ckpt == "selective-op":
+        # torchtitan's own SelectiveAC policy around each of transformers' decoder layers, as its
+        # trainer wraps its own blocks (apply_torchtitan_ac): the policy counts the aten ops the
+        # layer dispatches, whichever model code runs them.
+        sac = selective_ac()
+        for i, layer in enumerate(model.model.layers):
+            wrapped = sac._wrap_block(layer, base_fqn=f"model.layers.{i}")
+            wrapped.checkpoint_fn = functools.partial(wrapped.checkpoint_fn,
+                                                      respect_saved_tensors_hooks=True)
+            model.model.layers[i] = wrapped
+    elif ckpt != "none":
         every = 1 if ckpt == "full" else int(ckpt.split(":")[1])
         model.activation_checkpointing_enable(
             activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every)
@@ -617,20 +637,26 @@ def init_single_rank_gloo():
     return init_device_mesh("cpu", (1,), mesh_dim_names=("fsdp",))
 
 
+def selective_ac():
+    """torchtitan's SelectiveAC with its default save list. On CUDA the flash SDPA op
+    (aten._scaled_dot_product_flash_attention) is in the list; its CPU twin is not, so it is added
+    to measure what a GPU run keeps."""
+    from torchtitan.distributed.activation_checkpoint import SelectiveAC
+    sac = SelectiveAC.Config().build()
+    default_ops = sac.get_save_ops()
+    sac.get_save_ops = lambda: default_ops | {
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+    return sac
+
+
 def apply_torchtitan_ac(model, ckpt):
     """torchtitan's activation checkpointing policy on a Llama3Model's blocks: none, FullAC, or
     SelectiveAC (its per-op save list), as its trainer applies it."""
-    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    from torchtitan.distributed.activation_checkpoint import FullAC
     if ckpt == "full":
         FullAC.Config().build().apply(model)
     elif ckpt == "selective-op":
-        sac = SelectiveAC.Config().build()
-        # On CUDA the flash SDPA op (aten._scaled_dot_product_flash_attention) is in torchtitan's save
-        # list; its CPU twin is not, so add it to measure what a GPU run keeps.
-        default_ops = sac.get_save_ops()
-        sac.get_save_ops = lambda: default_ops | {
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
-        sac.apply(model)
+        selective_ac().apply(model)
     elif ckpt != "none":
         raise ValueError(ckpt)
     if ckpt == "selective-op":

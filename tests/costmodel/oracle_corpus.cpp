@@ -108,8 +108,10 @@ std::vector<Row> unit_rows(const nlohmann::json& corpus) {
       const bool checkpointed = j.block_checkpointed(b);
       double predicted = block_activations(m, j, f, checkpointed).saved;
       // torch.utils.checkpoint keeps the block's keyword inputs (cos, sin) in its closure, out
-      // of the hooks' view.
-      if (!checkpointed && !rotary_counted) {
+      // of the hooks' view: a checkpointed block's and one under torchtitan's save list (its
+      // SelectiveAC wraps the block in the same checkpoint).
+      const bool wrapped = checkpointed || j.checkpointing == Checkpointing::selective_op;
+      if (!wrapped && !rotary_counted) {
         predicted += rotary;
         rotary_counted = true;
       }

@@ -1,9 +1,12 @@
 // The blocks as tables (costmodel/block_table.hpp): where each recipe's rows sit under tensor
 // parallelism, and the one checkpointing rule applied to every table.
+#include <string>
+
 #include <doctest/doctest.h>
 
 #include "costmodel/accounting.hpp"
 #include "costmodel/block_table.hpp"
+#include "costmodel/selective_op.hpp"
 #include "costmodel/traffic.hpp"
 #include "documents/recipe.hpp"
 #include "tests/test_support.hpp"
@@ -157,4 +160,48 @@ TEST_CASE("block_table::a block's memory-bound ops: the residual stream's rows, 
   const TrainingJob titan = job(Recipe::torchtitan, 64, AttentionImpl::flash, Checkpointing::full);
   const ModelSpec llama = load_model("llama-3-8b");
   CHECK(recompute_traffic(llama, titan, fp32).forward == block_traffic(llama, titan, fp32).forward);
+}
+
+// torchtitan's save list counts the block's aten::mm calls and reruns every second one
+// (torchtitan 0.3.0, torchtitan/distributed/activation_checkpoint.py: mm_count, "except every
+// second mm"). Llama-3-8B (h = 4096, q = 4096, kv = 1024, I = 14336), s = 1024, b = 1, bf16:
+// torchtitan's block calls wqkv, wo, w1, w3, w2 and keeps wqkv's, w1's and w2's outputs,
+// 6144 + 14336 + 4096 = 24,576 elements per token; transformers' block calls q, k, v, o, gate, up,
+// down and keeps q's, v's, gate's and down's, 4096 + 1024 + 14336 + 4096 = 23,552: k's 1024 fewer,
+// 2·1024·1024 = 2,097,152 bytes, and k's GEMM among the rerun. Qwen2's q, k and v carry biases
+// (aten::addmm: in the save list, not counted): its mm are o, gate, up, down; gate and down rerun.
+TEST_CASE("block_table::torchtitan's save list counts each block's own matmuls") {
+  const ModelSpec llama = load_model("llama-3-8b");
+  const Forward f{2, 2, true};
+  const TrainingJob titan =
+      job(Recipe::torchtitan, 1024, AttentionImpl::flash, Checkpointing::selective_op);
+  const TrainingJob hf = job(Recipe::hf, 1024, AttentionImpl::flash, Checkpointing::selective_op);
+  const auto reruns = [](const ModelSpec& m, const TrainingJob& j) {
+    const auto mms = block_matmuls(m, j);
+    const auto rerun = selective_op_reruns(mms);
+    std::string names;
+    for (std::size_t i = 0; i < mms.size(); ++i)
+      if (rerun[i]) names += (names.empty() ? "" : " ") + mms[i].name;
+    return names;
+  };
+  CHECK(reruns(llama, titan) == "wo w3");
+  CHECK(block_matmuls(llama, titan).front().name == "wqkv");
+  CHECK(block_matmuls(llama, titan).front().out == 6144);
+  CHECK(reruns(llama, hf) == "self_attn.k_proj self_attn.o_proj mlp.up_proj");
+  CHECK(selective_op_saved(llama, titan, f, 1, 1) - selective_op_saved(llama, hf, f, 1, 1) ==
+        2097152.0);
+
+  const json qwen2 = {{"architectures", {"Qwen2ForCausalLM"}},
+                      {"hidden_size", 896},
+                      {"intermediate_size", 4864},
+                      {"num_attention_heads", 14},
+                      {"num_key_value_heads", 2},
+                      {"num_hidden_layers", 24},
+                      {"max_position_embeddings", 131072},
+                      {"vocab_size", 151936}};
+  const ModelSpec qwen = model_from_hf_config(qwen2, "qwen2-0.5b");
+  CHECK(reruns(qwen, hf) == "mlp.gate_proj mlp.down_proj");
+  CHECK_FALSE(selective_op_derived(load_model("gpt2"), hf));
+  CHECK(block_matmuls(load_model("gpt2"), hf).empty());
+  CHECK(selective_op_derived(load_model("gpt2"), titan));  // torchtitan runs its own block
 }

@@ -375,6 +375,17 @@ TEST_CASE("cli_parallel::torchtitan's op-level selective checkpointing under a p
   CHECK(executor.code == 2);
   CHECK(has(executor.err, "--checkpointing: selective-op: recipe executor does not run "
                           "torchtitan's per-op save list; it checkpoints none | full\n"));
+  // The save list counts a block's aten::mm calls, derived for torchtitan's block and
+  // transformers' Llama family: GPT-2's Conv1D under transformers' code is refused, naming it.
+  const auto gpt2 =
+      planner({"estimate", "--model", "gpt2", "--gpus", "2", "--seq-len", "128", "--global-batch",
+               "2", "--recipe", "hf", "--checkpointing", "selective-op"});
+  CHECK(gpt2.code == 2);
+  CHECK(has(gpt2.err, "--checkpointing: selective-op: torchtitan's per-op save list is derived "
+                      "for its own block and transformers' Llama, Mistral and Qwen2, not for gpt2 "
+                      "(GPT2LMHeadModel) under recipe hf; it checkpoints none | full | every:N | "
+                      "selective-attention\n"));
+  CHECK(gpt2.out.empty());
 }
 
 namespace {
