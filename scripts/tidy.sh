@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # clang-tidy 14 (the checks of .clang-tidy) over the C++ sources of a build's compile database
 # (scripts/tidy.py does the work; its comment says how):
-#   scripts/tidy.sh [JOBS]              every translation unit (what CI runs: about 11 minutes on
-#                                       two cores); exits 1 on any finding
+#   scripts/tidy.sh [JOBS]              every translation unit but those .ci/tidy-clean records as
+#                                       checked clean with the same inputs (what CI runs); exits 1
+#                                       on any finding
+#   scripts/tidy.sh --record [JOBS]     the same, then .ci/tidy-clean written anew (commit it with
+#                                       the change: CI then checks only what changed since)
+#   scripts/tidy.sh --all [JOBS]        every translation unit (about 10 minutes on two cores)
 #   scripts/tidy.sh --since REV [JOBS]  only the units whose text or included project headers
 #                                       changed since the merge base with REV (e.g. origin/main),
 #                                       uncommitted changes included: the check while editing
@@ -12,7 +16,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=()
-if [[ "${1:-}" == --since ]]; then
+if [[ "${1:-}" == --all || "${1:-}" == --record ]]; then
+  mode=("$1")
+  shift
+elif [[ "${1:-}" == --since ]]; then
   if [[ $# -lt 2 ]]; then
     echo "tidy.sh: --since needs a git revision (e.g. origin/main)" >&2
     exit 2
