@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "costmodel/block_linears.hpp"
 #include "costmodel/selective_op.hpp"
 #include "costmodel/traffic.hpp"
 #include "documents/hardware.hpp"
@@ -214,14 +215,27 @@ namespace {
 
 std::int64_t split_up(std::int64_t n, int t) { return (n + t - 1) / t; }
 
-// A unit's forward GEMM on one of t ranks (TensorSplit).
-Gemm split_gemm(Gemm g, const ModelSpec& m, UnitKind unit, int t) {
-  if (t == 1) return g;
-  if (unit == UnitKind::block && g.n == m.hidden)
-    g.k = split_up(g.k, t);  // row-parallel: writes the residual width
-  else
-    g.n = split_up(g.n, t);  // column-parallel, and the head's vocabulary
-  return g;
+// A linear's forward GEMM over `tokens` on one of t ranks (TensorSplit): a row-parallel linear
+// splits its input width, the others their output width.
+Gemm split_gemm(const Matmul& mm, std::int64_t tokens, int t) {
+  if (mm.row_parallel) return {tokens, mm.out, split_up(mm.in, t), 1};
+  return {tokens, split_up(mm.out, t), mm.in, 1};
+}
+
+// The unit's forward GEMMs on one rank: the block's linears (block_linears.hpp); the head's
+// projection, column-parallel over the vocabulary.
+std::vector<Gemm> unit_gemms(const ModelSpec& m, const TrainingJob& j, UnitKind unit,
+                             std::int64_t tokens, int t) {
+  std::vector<Gemm> gemms;
+  if (unit == UnitKind::block) {
+    for (const auto& mm : block_matmuls(m, j)) gemms.push_back(split_gemm(mm, tokens, t));
+    return gemms;
+  }
+  for (auto g : forward_gemms(m, unit, tokens)) {
+    g.n = split_up(g.n, t);
+    gemms.push_back(g);
+  }
+  return gemms;
 }
 
 // The share of a unit's element-wise bytes on one rank: `whole` of them on the residual width
@@ -257,8 +271,7 @@ UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob
   const auto gemm = static_cast<int>(ComputeKind::gemm);
   const auto attention = static_cast<int>(ComputeKind::attention);
   const auto memory = static_cast<int>(ComputeKind::memory_bound);
-  for (const auto& whole : forward_gemms(m, unit, tokens)) {
-    const Gemm g = split_gemm(whole, m, unit, split.t);
+  for (const auto& g : unit_gemms(m, j, unit, tokens, split.t)) {
     w.forward[gemm] += cm.gemm_s(g);
     for (const auto& b : backward_gemms(g)) w.backward[gemm] += cm.gemm_s(b);
     w.forward_kernels += 1;
@@ -325,8 +338,7 @@ ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const T
     const auto rerun = selective_op_reruns(mms);
     for (std::size_t i = 0; i < mms.size(); ++i)
       if (rerun[i])
-        r[static_cast<int>(ComputeKind::gemm)] +=
-            cm.gemm_s(split_gemm({tokens, mms[i].out, mms[i].in, 1}, m, UnitKind::block, split.t));
+        r[static_cast<int>(ComputeKind::gemm)] += cm.gemm_s(split_gemm(mms[i], tokens, split.t));
     r[static_cast<int>(ComputeKind::memory_bound)] =
         counts_recipe_traffic(j)
             ? cm.traffic_s(split_bytes(recompute_traffic(m, j, f).forward,

@@ -23,44 +23,10 @@ bool llama_family(const ModelSpec& m) {
          m.architecture == Architecture::qwen2;
 }
 
-// torchtitan's own block (torchtitan 0.3.0, models/llama3: Attention with fuse_qkv, FeedForward
-// w2(silu(w1(x)) * w3(x))), bias-free, at the model's widths: torchtitan runs its Llama code
-// whatever model the job names.
-std::vector<Matmul> torchtitan_matmuls(const ModelSpec& m) {
-  const std::int64_t h = m.hidden, q = m.q_width(), kv = m.kv_width(), I = m.intermediate;
-  return {{"wqkv", q + 2 * kv, h, false, true},
-          {"wo", h, q, true, true},
-          {"w1", I, h, false, true},
-          {"w3", I, h, false, true},
-          {"w2", h, I, true, true}};
-}
-
 }  // namespace
 
 bool selective_op_derived(const ModelSpec& m, const TrainingJob& j) {
   return recipe_traits(j.recipe).fused_qkv_complex_rope || llama_family(m);
-}
-
-// transformers' Llama-family blocks call their linears in the order the model lists them: q, k,
-// v, o, then the MLP's gate, up and down (LlamaMLP: down_proj(act_fn(gate_proj(x)) *
-// up_proj(x))). A linear without a bias runs as aten::mm on the flattened tokens; one with a bias
-// (Qwen2's q, k, v; attention_bias, mlp_bias) as aten::addmm.
-std::vector<Matmul> block_matmuls(const ModelSpec& m, const TrainingJob& j) {
-  if (recipe_traits(j.recipe).fused_qkv_complex_rope) return torchtitan_matmuls(m);
-  std::vector<Matmul> mms;
-  if (!llama_family(m)) return mms;
-  const auto named = [&](const std::string& name) {
-    return std::any_of(m.block.tensors.begin(), m.block.tensors.end(),
-                       [&](const documents::Tensor& t) { return t.name == name; });
-  };
-  for (const auto& t : m.block.tensors) {
-    if (!t.is_matrix()) continue;
-    const std::string base = t.name.substr(0, t.name.rfind('.'));
-    // o and down are row-parallel under tensor parallelism (q's width can equal the hidden one).
-    const bool row_parallel = base.ends_with("o_proj") || base.ends_with("down_proj");
-    mms.push_back({base, t.rows, t.cols, row_parallel, !named(base + ".bias")});
-  }
-  return mms;
 }
 
 std::vector<bool> selective_op_reruns(const std::vector<Matmul>& mms) {

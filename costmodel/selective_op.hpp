@@ -4,30 +4,19 @@
 // recompute's time (compute_time.cpp, block_recompute) read it.
 #pragma once
 
-#include <cstdint>
-#include <string>
 #include <vector>
 
 #include "costmodel/accounting.hpp"
+#include "costmodel/block_linears.hpp"
 #include "documents/job.hpp"
 #include "documents/model.hpp"
 
 namespace shardplan::costmodel {
 
-// A linear of the block in the order its forward calls it: y[T, out] = x[T, in]·Wᵀ, whether it is
-// row-parallel under tensor parallelism (the attention's output projection and the MLP's down
-// projection), and whether it runs as aten::mm (no bias) rather than aten::addmm.
-struct Matmul {
-  std::string name;
-  std::int64_t out = 0, in = 0;
-  bool row_parallel = false;
-  bool mm = true;
-};
-// Whether the block's linears are listed here: torchtitan's own block (whose save list is
-// measured on it) and transformers' Llama-family blocks (Llama, Mistral, Qwen2); empty for the
-// other model code (GPT-2's Conv1D, GPT-NeoX, MPT).
+// Whether torchtitan's save list is derived for the block's own code: torchtitan's block (whose
+// save list is measured on it) and transformers' Llama-family blocks (Llama, Mistral, Qwen2); not
+// GPT-2's Conv1D, GPT-NeoX or MPT.
 bool selective_op_derived(const documents::ModelSpec& m, const documents::TrainingJob& j);
-std::vector<Matmul> block_matmuls(const documents::ModelSpec& m, const documents::TrainingJob& j);
 
 // torchtitan's SelectiveAC (torchtitan 0.3.0, torchtitan/distributed/activation_checkpoint.py,
 // SelectiveAC._wrap_block's policy): the block's input is kept, and inside the block the outputs

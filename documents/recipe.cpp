@@ -30,6 +30,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .rmsnorm = RmsNormCode::upcast,
           .transformers_code = true,
           .fused_qkv_complex_rope = false,
+          .linears = BlockLinears::model,
           .checkpoint_early_stop = true,
           .every_n_from_one = false,
           .tensor_parallel = TensorParallelCode::torch_styles,  // the model's tp_plan
@@ -69,6 +70,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .rmsnorm = RmsNormCode::torch,
           .transformers_code = false,
           .fused_qkv_complex_rope = true,
+          .linears = BlockLinears::torchtitan,
           .checkpoint_early_stop = false,
           .every_n_from_one = true,
           .tensor_parallel = TensorParallelCode::torch_styles,  // its parallelize's apply_tp
@@ -108,6 +110,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .rmsnorm = RmsNormCode::upcast,
           .transformers_code = true,  // its hf_causal_lm wraps transformers' model
           .fused_qkv_complex_rope = false,
+          .linears = BlockLinears::model,
           .checkpoint_early_stop = true,
           .every_n_from_one = false,
           .tensor_parallel = TensorParallelCode::megatron_core,
@@ -145,6 +148,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .rmsnorm = RmsNormCode::fused,
           .transformers_code = false,
           .fused_qkv_complex_rope = false,
+          .linears = BlockLinears::megatron_core,
           .checkpoint_early_stop = true,
           .every_n_from_one = false,
           .tensor_parallel = TensorParallelCode::megatron_core,
@@ -181,6 +185,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .rmsnorm = RmsNormCode::upcast,
           .transformers_code = true,
           .fused_qkv_complex_rope = false,
+          .linears = BlockLinears::model,
           .checkpoint_early_stop = true,
           .every_n_from_one = false,
           .tensor_parallel = TensorParallelCode::megatron_core,
@@ -215,6 +220,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .rmsnorm = RmsNormCode::upcast,
           .transformers_code = false,
           .fused_qkv_complex_rope = false,
+          .linears = BlockLinears::model,
           .checkpoint_early_stop = true,
           .every_n_from_one = false,
           .tensor_parallel = TensorParallelCode::megatron_core,

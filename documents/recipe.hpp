@@ -29,6 +29,13 @@ enum class SavedTensors { per_op, korthikanti };
 //   fused   Megatron-core's fused norm: its input and output
 enum class RmsNormCode { upcast, torch, fused };
 
+// The linears its block code calls (costmodel/block_linears.cpp, block_matmuls):
+//   model          the model's own, in its architecture's order (transformers', the executor's)
+//   torchtitan     torchtitan's Llama block: one fused wqkv, wo, w1, w3, w2
+//   megatron_core  Megatron-core's TransformerLayer: linear_qkv (q, k and v as one GEMM),
+//                  linear_proj, linear_fc1 (gate and up as one GEMM when gated), linear_fc2
+enum class BlockLinears { model, torchtitan, megatron_core };
+
 // Whose tensor parallelism splits the block, the embeddings and the head:
 //   megatron_core  Megatron-core's column/row-parallel linears, vocabulary-parallel embedding and
 //                  cross-entropy (Korthikanti et al. 2022, §4)
@@ -84,6 +91,7 @@ struct RecipeTraits {
   // torchtitan's Llama: one fused wqkv GEMM split into q, k, v, and complex-number rotary
   // embeddings from a module buffer (freqs_cis).
   bool fused_qkv_complex_rope;
+  BlockLinears linears;
   // torch.utils.checkpoint's early stop (its default): the rerun ends at the last tensor backward
   // needs. torchtitan wraps its blocks with early_stop=False.
   bool checkpoint_early_stop;

@@ -3,8 +3,10 @@
 #include <string>
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include "costmodel/accounting.hpp"
+#include "costmodel/block_linears.hpp"
 #include "costmodel/block_table.hpp"
 #include "costmodel/selective_op.hpp"
 #include "costmodel/traffic.hpp"
@@ -202,6 +204,28 @@ TEST_CASE("block_table::torchtitan's save list counts each block's own matmuls")
   const ModelSpec qwen = model_from_hf_config(qwen2, "qwen2-0.5b");
   CHECK(reruns(qwen, hf) == "mlp.gate_proj mlp.down_proj");
   CHECK_FALSE(selective_op_derived(load_model("gpt2"), hf));
-  CHECK(block_matmuls(load_model("gpt2"), hf).empty());
   CHECK(selective_op_derived(load_model("gpt2"), titan));  // torchtitan runs its own block
+}
+
+// The block's linears, whose GEMMs the step times, with their tensor-parallel split: GPT-2's
+// Block (transformers' modeling_gpt2: attn.c_attn [3h, h], attn.c_proj, mlp.c_fc [4h, h],
+// mlp.c_proj; Conv1D with a bias, so aten::addmm) and Llama-2-7B's, whose q_proj is as wide as
+// the residual stream (4096 = 4096) and still column-parallel (transformers' tp_plan "colwise";
+// Megatron's ColumnParallelLinear for the fused QKV).
+TEST_CASE("block_table::a block's linears are rows with their tensor-parallel split") {
+  const TrainingJob hf = job(Recipe::hf, 1024, AttentionImpl::flash, Checkpointing::none);
+  const auto layout = [&](const char* model) {
+    std::string rows;
+    for (const auto& mm : block_matmuls(load_model(model), hf))
+      rows += fmt::format("{}{} {}x{}{}{}", rows.empty() ? "" : ", ", mm.name, mm.out, mm.in,
+                          mm.row_parallel ? " row" : "", mm.mm ? " mm" : "");
+    return rows;
+  };
+  CHECK(
+      layout("gpt2") ==
+      "attn.c_attn 2304x768, attn.c_proj 768x768 row, mlp.c_fc 3072x768, mlp.c_proj 768x3072 row");
+  CHECK(layout("llama-2-7b") ==
+        "self_attn.q_proj 4096x4096 mm, self_attn.k_proj 4096x4096 mm, self_attn.v_proj "
+        "4096x4096 mm, self_attn.o_proj 4096x4096 row mm, mlp.gate_proj 11008x4096 mm, "
+        "mlp.up_proj 11008x4096 mm, mlp.down_proj 4096x11008 row mm");
 }

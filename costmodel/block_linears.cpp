@@ -1,0 +1,76 @@
+#include "costmodel/block_linears.hpp"
+#include "documents/recipe.hpp"
+
+#include <algorithm>
+#include <array>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace shardplan::costmodel {
+
+using documents::ModelSpec;
+using documents::TrainingJob;
+
+namespace {
+
+// torchtitan 0.3.0, models/llama3/model.py: Attention with fuse_qkv (one wqkv GEMM split into
+// q, k and v), wo; FeedForward w1, w3, w2 (w2 takes silu(w1(x)) * w3(x)); no biases.
+std::vector<Matmul> torchtitan_matmuls(const ModelSpec& m) {
+  const std::int64_t h = m.hidden, q = m.q_width(), kv = m.kv_width(), I = m.intermediate;
+  return {{"wqkv", q + 2 * kv, h, false, true},
+          {"wo", h, q, true, true},
+          {"w1", I, h, false, true},
+          {"w3", I, h, false, true},
+          {"w2", h, I, true, true}};
+}
+
+// Megatron-core 0.x, transformer/attention.py (SelfAttention's linear_qkv, linear_proj) and
+// transformer/mlp.py (linear_fc1, twice the inner width when gated, linear_fc2). Its linears add
+// their bias outside the GEMM (skip_bias_add), so each GEMM is a plain matmul.
+std::vector<Matmul> megatron_matmuls(const ModelSpec& m) {
+  const std::int64_t h = m.hidden, q = m.q_width(), kv = m.kv_width(), I = m.intermediate;
+  const std::int64_t fc1 = m.mlp == documents::MlpKind::swiglu ? 2 * I : I;
+  return {{"linear_qkv", q + 2 * kv, h, false, true},
+          {"linear_proj", h, q, true, true},
+          {"linear_fc1", fc1, h, false, true},
+          {"linear_fc2", h, I, true, true}};
+}
+
+// The linears that write the residual width, by the name each architecture's code gives them
+// (documents/model.cpp, model_mpt.cpp): Megatron's row-parallel pattern (Shoeybi et al. 2019,
+// §3) applied to the attention's output projection and the MLP's second linear.
+bool row_parallel(std::string_view linear) {
+  constexpr std::array<std::string_view, 6> kRowParallel = {
+      "o_proj", "down_proj", "c_proj", "attention.dense", "dense_4h_to_h", "out_proj"};
+  return std::any_of(kRowParallel.begin(), kRowParallel.end(),
+                     [&](std::string_view s) { return linear.ends_with(s); });
+}
+
+}  // namespace
+
+std::vector<Matmul> block_matmuls(const ModelSpec& m, const TrainingJob& j) {
+  // A model known by its parameter count alone (no heads) has only its own matrices.
+  switch (m.heads > 0 ? documents::recipe_traits(j.recipe).linears
+                      : documents::BlockLinears::model) {
+  case documents::BlockLinears::torchtitan:
+    return torchtitan_matmuls(m);
+  case documents::BlockLinears::megatron_core:
+    return megatron_matmuls(m);
+  case documents::BlockLinears::model:
+    break;
+  }
+  const auto named = [&](const std::string& name) {
+    return std::any_of(m.block.tensors.begin(), m.block.tensors.end(),
+                       [&](const documents::Tensor& t) { return t.name == name; });
+  };
+  std::vector<Matmul> mms;
+  for (const auto& t : m.block.tensors) {
+    if (!t.is_matrix()) continue;
+    const std::string base = t.name.substr(0, t.name.rfind('.'));
+    mms.push_back({base, t.rows, t.cols, row_parallel(base), !named(base + ".bias")});
+  }
+  return mms;
+}
+
+}  // namespace shardplan::costmodel
