@@ -18,11 +18,11 @@ namespace {
 // q, k and v), wo; FeedForward w1, w3, w2 (w2 takes silu(w1(x)) * w3(x)); no biases.
 std::vector<Matmul> torchtitan_matmuls(const ModelSpec& m) {
   const std::int64_t h = m.hidden, q = m.q_width(), kv = m.kv_width(), I = m.intermediate;
-  return {{"wqkv", q + 2 * kv, h, false, true},
-          {"wo", h, q, true, true},
-          {"w1", I, h, false, true},
-          {"w3", I, h, false, true},
-          {"w2", h, I, true, true}};
+  return {{"attention.qkv_linear.wqkv", q + 2 * kv, h, false, true},
+          {"attention.wo", h, q, true, true},
+          {"feed_forward.w1", I, h, false, true},
+          {"feed_forward.w3", I, h, false, true},
+          {"feed_forward.w2", h, I, true, true}};
 }
 
 // Megatron-core 0.x, transformer/attention.py (SelfAttention's linear_qkv, linear_proj) and
@@ -47,9 +47,8 @@ bool row_parallel(std::string_view linear) {
                      [&](std::string_view s) { return linear.ends_with(s); });
 }
 
-}  // namespace
-
-std::vector<Matmul> block_matmuls(const ModelSpec& m, const TrainingJob& j) {
+// The recipe's linears, before Float8 marks any.
+std::vector<Matmul> model_matmuls(const ModelSpec& m, const TrainingJob& j) {
   // A model known by its parameter count alone (no heads) has only its own matrices.
   switch (m.heads > 0 ? documents::recipe_traits(j.recipe).linears
                       : documents::BlockLinears::model) {
@@ -71,6 +70,40 @@ std::vector<Matmul> block_matmuls(const ModelSpec& m, const TrainingJob& j) {
     mms.push_back({base, t.rows, t.cols, row_parallel(base), !named(base + ".bias")});
   }
   return mms;
+}
+
+bool matches(const std::string& fqn, const std::string& filter) {
+  return fqn.find(filter) != std::string::npos;  // module_filter_fn: `filter_fqn in fqn`
+}
+
+}  // namespace
+
+std::vector<Matmul> block_matmuls(const ModelSpec& m, const TrainingJob& j) {
+  auto mms = model_matmuls(m, j);
+  if (j.float8 != documents::Float8Recipe::none)
+    for (auto& mm : mms) mm.fp8 = float8_converts(j, "layers.0." + mm.name, mm.out, mm.in);
+  return mms;
+}
+
+bool float8_converts(const TrainingJob& j, const std::string& fqn, std::int64_t out,
+                     std::int64_t in) {
+  if (j.float8 == documents::Float8Recipe::none || out % 16 != 0 || in % 16 != 0) return false;
+  return std::none_of(j.float8_filter.begin(), j.float8_filter.end(),
+                      [&](const std::string& f) { return matches(fqn, f); });
+}
+
+bool head_float8(const ModelSpec& m, const TrainingJob& j) {
+  return float8_converts(j, "lm_head", m.vocab, m.hidden);
+}
+
+std::string float8_filter_per_layer(const ModelSpec& m, const TrainingJob& j) {
+  for (const auto& mm : model_matmuls(m, j))
+    for (const auto& f : j.float8_filter)
+      for (std::int64_t b = 1; b < m.layers; ++b)
+        if (matches("layers." + std::to_string(b) + "." + mm.name, f) !=
+            matches("layers.0." + mm.name, f))
+          return f;
+  return "";
 }
 
 }  // namespace shardplan::costmodel

@@ -114,6 +114,7 @@ ComputeModel::ComputeModel(const HardwareProfile& hw, const TrainingJob& job)
                          ? *hw.calibration->compute_efficiency
                          : hw.compute_efficiency;
   gemm_rate_ = hw.peak(dtype_) * eff * hw.clock_ratio();
+  fp8_gemm_rate_ = hw.fp8_peak_flops * eff * hw.clock_ratio();
   memory_rate_ = hw.calibration && hw.calibration->memory_bandwidth_Bps
                      ? *hw.calibration->memory_bandwidth_Bps
                      : hw.hbm_bandwidth_Bps * hw.memory_bandwidth_efficiency;
@@ -130,13 +131,22 @@ double ComputeModel::wave_factor(double tiles) const {
 double ComputeModel::gemm_s(const Gemm& g) const {
   if (hw_->calibration)
     if (auto t = calibrated_gemm_s(*hw_->calibration, g, measured_dtype_)) return *t;
+  return roofline_s(g, gemm_rate_, dtype_bytes(dtype_), dtype_bytes(dtype_));
+}
+
+double ComputeModel::fp8_gemm_s(const Gemm& g) const {
+  return roofline_s(g, fp8_gemm_rate_, 1, dtype_bytes(dtype_));
+}
+
+double ComputeModel::roofline_s(const Gemm& g, double rate, double operand_bytes,
+                                double output_bytes) const {
   const auto m = static_cast<double>(g.m), n = static_cast<double>(g.n),
              k = static_cast<double>(g.k);
   const double tile = hw_->sm_count > 0 ? kTile : 1;
   const double flops = 2 * ceil_to(m, tile) * ceil_to(n, tile) * k /
                        wave_factor(std::ceil(m / kTile) * std::ceil(n / kTile));
-  const double bytes = (m * k + k * n + m * n) * dtype_bytes(dtype_);
-  return std::max(flops / gemm_rate_, bytes / memory_rate_) * g.count;
+  const double bytes = (m * k + k * n) * operand_bytes + m * n * output_bytes;
+  return std::max(flops / rate, bytes / memory_rate_) * g.count;
 }
 
 const AttentionSample* ComputeModel::attention_sample(const AttentionShape& a) const {
@@ -222,20 +232,65 @@ Gemm split_gemm(const Matmul& mm, std::int64_t tokens, int t) {
   return {tokens, split_up(mm.out, t), mm.in, 1};
 }
 
-// The unit's forward GEMMs on one rank: the block's linears (block_linears.hpp); the head's
-// projection, column-parallel over the vocabulary.
-std::vector<Gemm> unit_gemms(const ModelSpec& m, const TrainingJob& j, UnitKind unit,
-                             std::int64_t tokens, int t) {
-  std::vector<Gemm> gemms;
+// One linear's forward GEMM on one rank and whether the job's Float8 converts it.
+struct LinearGemm {
+  Gemm forward;
+  bool fp8 = false;
+};
+
+// The unit's linears on one rank: the block's (block_linears.hpp); the head's projection,
+// column-parallel over the vocabulary.
+std::vector<LinearGemm> unit_gemms(const ModelSpec& m, const TrainingJob& j, UnitKind unit,
+                                   std::int64_t tokens, int t) {
+  std::vector<LinearGemm> gemms;
   if (unit == UnitKind::block) {
-    for (const auto& mm : block_matmuls(m, j)) gemms.push_back(split_gemm(mm, tokens, t));
+    for (const auto& mm : block_matmuls(m, j)) gemms.push_back({split_gemm(mm, tokens, t), mm.fp8});
     return gemms;
   }
   for (auto g : forward_gemms(m, unit, tokens)) {
     g.n = split_up(g.n, t);
-    gemms.push_back(g);
+    gemms.push_back({g, unit == UnitKind::head && head_float8(m, j)});
   }
   return gemms;
+}
+
+// Bytes a Float8 cast moves per element of its 16-bit input (torchao 0.18,
+// float8_scaling_utils.py hp_tensor_to_float8_dynamic: tensor_to_amax, then
+// hp_tensor_and_scale_to_float8). Eager, op by op: abs (read 2, write 2) and amax (read 2), then
+// to(float32) (2, 4), the multiply by the scale (4, 4), the saturating clamp (4, 4) and to(fp8)
+// (4, 1): 33. Compiled, Inductor fuses each side of the reduction: the amax pass reads the
+// tensor (2) and the scaled cast reads it again and writes fp8 (2 + 1): 5.
+constexpr double kFloat8CastBytesEager = 33;
+constexpr double kFloat8CastBytesCompiled = 5;
+// Kernels per cast: eager the six tensor-sized ops above and the scale's own (amax_to_scale's
+// float64 division and round_scales_to_power_of_2) counted as one; compiled the two passes.
+constexpr double kFloat8CastKernelsEager = 7;
+constexpr double kFloat8CastKernelsCompiled = 2;
+
+// A converted linear's GEMMs and casts, added to w (torchao 0.18, float8_linear.py,
+// matmul_with_hp_or_float8_args). Forward: the input [T, in] and the weight [out, in] cast, the
+// output GEMM in fp8. Backward: the output gradient [T, out] cast and the weight cast again for
+// the input gradient's GEMM; under rowwise the output gradient and the input cast once more along
+// the other axis for the weight gradient's GEMM, in fp8; under rowwise_with_gw_hp that GEMM runs
+// on the 16-bit tensors (its casts DISABLED).
+void add_float8_linear(const ComputeModel& cm, const TrainingJob& j, const Gemm& g, UnitWork& w) {
+  const auto gemm = static_cast<int>(ComputeKind::gemm);
+  const auto memory = static_cast<int>(ComputeKind::memory_bound);
+  const auto grads = backward_gemms(g);
+  const bool gw_fp8 = j.float8 == documents::Float8Recipe::rowwise;
+  w.forward[gemm] += cm.fp8_gemm_s(g);
+  w.backward[gemm] +=
+      cm.fp8_gemm_s(grads[0]) + (gw_fp8 ? cm.fp8_gemm_s(grads[1]) : cm.gemm_s(grads[1]));
+  const double T = static_cast<double>(g.m), out = static_cast<double>(g.n),
+               in = static_cast<double>(g.k), weight = out * in;
+  const double forward_casts = T * in + weight;
+  const double backward_casts = T * out + weight + (gw_fp8 ? T * out + T * in : 0);
+  const double bytes = j.compile ? kFloat8CastBytesCompiled : kFloat8CastBytesEager;
+  const double kernels = j.compile ? kFloat8CastKernelsCompiled : kFloat8CastKernelsEager;
+  w.forward[memory] += cm.traffic_s(forward_casts * bytes);
+  w.backward[memory] += cm.traffic_s(backward_casts * bytes);
+  w.forward_kernels += 1 + 2 * kernels;
+  w.backward_kernels += 2 + (gw_fp8 ? 4 : 2) * kernels;
 }
 
 // The share of a unit's element-wise bytes on one rank: `whole` of them on the residual width
@@ -271,7 +326,11 @@ UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob
   const auto gemm = static_cast<int>(ComputeKind::gemm);
   const auto attention = static_cast<int>(ComputeKind::attention);
   const auto memory = static_cast<int>(ComputeKind::memory_bound);
-  for (const auto& g : unit_gemms(m, j, unit, tokens, split.t)) {
+  for (const auto& [g, fp8] : unit_gemms(m, j, unit, tokens, split.t)) {
+    if (fp8) {
+      add_float8_linear(cm, j, g, w);
+      continue;
+    }
     w.forward[gemm] += cm.gemm_s(g);
     for (const auto& b : backward_gemms(g)) w.backward[gemm] += cm.gemm_s(b);
     w.forward_kernels += 1;
@@ -298,8 +357,8 @@ UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob
       whole = block_residual_traffic(m, j, f);
     else if (unit == UnitKind::head && split.vocabulary_parallel_loss)
       whole = Traffic{};
-    w.forward[memory] = cm.traffic_s(split_bytes(t.forward, whole.forward, split));
-    w.backward[memory] = cm.traffic_s(split_bytes(t.backward, whole.backward, split));
+    w.forward[memory] += cm.traffic_s(split_bytes(t.forward, whole.forward, split));
+    w.backward[memory] += cm.traffic_s(split_bytes(t.backward, whole.backward, split));
     w.forward_kernels += t.forward_ops;
     w.backward_kernels += t.backward_ops;
   } else {  // the executor's (and Megatron's) kernels
@@ -309,8 +368,8 @@ UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob
     const Passes p = split.t == 1 ? passes_per_token(ops) : split_passes(ops, split);
     const double bytes = dtype_bytes(compute_dtype(j.precision));
     const double t = static_cast<double>(tokens);
-    w.forward[memory] = cm.passes_s(t * p.forward, bytes);
-    w.backward[memory] = cm.passes_s(t * p.backward, bytes);
+    w.forward[memory] += cm.passes_s(t * p.forward, bytes);
+    w.backward[memory] += cm.passes_s(t * p.backward, bytes);
     for (const auto& op : ops) {
       w.forward_kernels += op.count;
       w.backward_kernels += op.count;

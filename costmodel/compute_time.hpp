@@ -47,6 +47,9 @@ public:
   // the larger of its FLOPs (its tiles rounded up to whole tiles and waves) at the GEMM rate and
   // its operands' bytes at the memory rate (a roofline).
   double gemm_s(const documents::Gemm& g) const;
+  // The same GEMM on fp8 operands (1 byte each, a 16-bit output) at the profile's fp8 peak and
+  // the same efficiency; calibrate measures no fp8 GEMMs yet, so there is no calibrated sample.
+  double fp8_gemm_s(const documents::Gemm& g) const;
   // The attention core's forward and backward (flash or eager, by the job).
   double attention_forward_s(const documents::AttentionShape& a) const;
   double attention_backward_s(const documents::AttentionShape& a) const;
@@ -69,6 +72,9 @@ private:
   documents::DType dtype_;
   documents::DType measured_dtype_;  // the dtype of the calibrated samples that stand for dtype_
   double gemm_rate_ = 0, memory_rate_ = 0, special_rate_ = 0;
+  double fp8_gemm_rate_ = 0;  // 0: the GPU has no fp8 tensor cores
+  double roofline_s(const documents::Gemm& g, double rate, double operand_bytes,
+                    double output_bytes) const;
   double wave_factor(double tiles) const;
   const documents::AttentionSample* attention_sample(const documents::AttentionShape& a) const;
   double attention_scale(const documents::AttentionShape& a,

@@ -257,6 +257,7 @@ void read_gpu(ObjectReader& r, const nlohmann::json& doc, HardwareProfile& p) {
   for (DType d : {DType::fp32, DType::tf32, DType::bf16, DType::fp16})
     if (auto v = peak.optional_number(dtype_name(d), Range{0, 1e6, true}))
       p.peak_flops[d] = *v * 1e12;
+  p.fp8_peak_flops = peak.optional_number("fp8", Range{0, 1e6, true}).value_or(0) * 1e12;
   peak.finish();
   if (!p.peak_flops.contains(DType::fp32)) throw InputError("/gpu/peak_TFLOPs/fp32", "missing key");
   p.hbm_bandwidth_Bps = gpu.number("memory_bandwidth_GBps", Range{0, 1e6, true}) * kGB;
@@ -425,6 +426,7 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
 nlohmann::json hardware_to_json(const HardwareProfile& p) {
   nlohmann::json peak = nlohmann::json::object();
   for (const auto& [d, v] : p.peak_flops) peak[dtype_name(d)] = v / 1e12;
+  if (p.fp8_peak_flops > 0) peak["fp8"] = p.fp8_peak_flops / 1e12;
   return {{"name", p.name},
           {"description", p.description},
           {"device", p.device},

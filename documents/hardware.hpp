@@ -129,6 +129,9 @@ struct HardwareProfile {
   std::string device;                  // "NVIDIA H100 80GB HBM3"
   double memory_bytes = 0;             // per device
   std::map<DType, double> peak_flops;  // dense FLOP/s per dtype
+  // Dense FLOP/s of its FP8 tensor cores (e4m3 and e5m2 operands, 16- or 32-bit output); 0 where
+  // the GPU has none (A100) or the profile does not say.
+  double fp8_peak_flops = 0;
   double hbm_bandwidth_Bps = 0;
   double compute_efficiency = 0;  // fraction of peak a large transformer GEMM reaches
   // Streaming multiprocessors: the GEMM and attention kernels' tiles run in waves of one tile per

@@ -111,6 +111,17 @@ const char* fsdp2_groups_name(Fsdp2Groups g) {
   return fsdp2_groups_names()[static_cast<std::size_t>(g)].c_str();
 }
 
+const std::vector<std::string>& float8_recipe_names() {
+  static const std::vector<std::string> n = {"none", "rowwise", "rowwise_with_gw_hp"};
+  return n;
+}
+Float8Recipe float8_recipe_from_name(const std::string& s, const std::string& where) {
+  return from_name<Float8Recipe>(float8_recipe_names(), s, where);
+}
+const char* float8_recipe_name(Float8Recipe r) {
+  return float8_recipe_names()[static_cast<std::size_t>(r)].c_str();
+}
+
 bool TrainingJob::block_checkpointed(std::int64_t b) const {
   if (checkpointing == Checkpointing::full) return true;
   if (checkpointing != Checkpointing::every) return false;
@@ -216,6 +227,15 @@ TrainingJob job_from_json(const nlohmann::json& doc) {
   j.compile = r.optional_boolean("compile").value_or(false);
   if (auto g = r.optional_string("fsdp2_groups"))
     j.fsdp2_groups = fsdp2_groups_from_name(*g, "/fsdp2_groups");
+  if (auto f = r.optional_string("float8")) j.float8 = float8_recipe_from_name(*f, "/float8");
+  if (const auto* filter = r.optional_array("float8_filter"))
+    for (std::size_t i = 0; i < filter->size(); ++i) {
+      const auto& f = (*filter)[i];
+      if (!f.is_string() || f.get<std::string>().empty())
+        throw InputError(fmt::format("/float8_filter/{}", i),
+                         fmt::format("must be a non-empty module name, got {}", f.dump()));
+      j.float8_filter.push_back(f.get<std::string>());
+    }
   r.finish();
   return j;
 }
@@ -235,6 +255,8 @@ nlohmann::json job_to_json(const TrainingJob& j) {
     out["fsdp_mixed_precision"] = fsdp_mixed_precision_name(*j.fsdp_mixed_precision);
   if (j.compile) out["compile"] = true;
   if (j.fsdp2_groups) out["fsdp2_groups"] = fsdp2_groups_name(*j.fsdp2_groups);
+  if (j.float8 != Float8Recipe::none) out["float8"] = float8_recipe_name(j.float8);
+  if (!j.float8_filter.empty()) out["float8_filter"] = j.float8_filter;
   return out;
 }
 

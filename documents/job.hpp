@@ -98,6 +98,18 @@ const std::vector<std::string>& fsdp2_groups_names();  // root ends
 Fsdp2Groups fsdp2_groups_from_name(const std::string& s, const std::string& where);
 const char* fsdp2_groups_name(Fsdp2Groups g);
 
+// torchao's Float8 training of the linears (torchao 0.18, float8/config.py,
+// Float8LinearConfig.from_recipe_name; torchtitan 0.3.0's Float8LinearConverter offers these two):
+//   none                the linears' GEMMs in the compute dtype
+//   rowwise             input, weight and output gradient cast to e4m3 with a scale per row
+//                       (axiswise), all three GEMMs of a linear in fp8 (torchtitan's default)
+//   rowwise_with_gw_hp  rowwise for the output and the input gradient; the weight gradient's GEMM
+//                       stays in the compute dtype, on the unscaled input and output gradient
+enum class Float8Recipe { none, rowwise, rowwise_with_gw_hp };
+const std::vector<std::string>& float8_recipe_names();  // none rowwise rowwise_with_gw_hp
+Float8Recipe float8_recipe_from_name(const std::string& s, const std::string& where);
+const char* float8_recipe_name(Float8Recipe r);
+
 struct TrainingJob {
   std::int64_t seq_len = 4096;    // tokens per sequence
   std::int64_t global_batch = 0;  // sequences per optimizer step, whole job
@@ -116,6 +128,11 @@ struct TrainingJob {
   // torch.compile as the recipe applies it (torchtitan's --compile.enable: each block compiled,
   // and the loss; RecipeTraits::compiles_blocks).
   bool compile = false;
+  // Float8 training of the linears and the modules it skips: torchtitan's filter_fqns, each a
+  // substring of a linear's fully qualified name ("lm_head", "attention.wo"); linears whose
+  // sizes are not multiples of 16 are always skipped (module_filter_fn).
+  Float8Recipe float8 = Float8Recipe::none;
+  std::vector<std::string> float8_filter;
   // FSDP2's groups as the job names them (nullopt: the recipe's; RecipeTraits::fsdp2_groups).
   std::optional<Fsdp2Groups> fsdp2_groups;
 

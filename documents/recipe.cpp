@@ -49,6 +49,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .compiles_blocks = false,
+          .offers_float8 = false,
           .reduces_in_fp32_only = false,
           // accelerate's FullyShardedDataParallelPlugin.set_mixed_precision (1.x): param_dtype and
           // reduce_dtype the mixed precision's dtype; Accelerator.prepare_model wraps the forward
@@ -88,6 +89,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = true,
           .offers_selective_attention = true,
           .compiles_blocks = true,  // torchtitan/distributed/compile.py, apply_compile
+          .offers_float8 = true,    // components/quantization/float8.py, Float8LinearConverter
           .reduces_in_fp32_only = true,
           // MixedPrecisionPolicy(mixed_precision_param, mixed_precision_reduce): bfloat16 and
           // float32 by default, float32 the only reduction; autocast only without FSDP, under DDP
@@ -128,6 +130,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .compiles_blocks = false,
+          .offers_float8 = false,
           .reduces_in_fp32_only = false,
           // Composer's fsdp_config.mixed_precision, DEFAULT unless set
           // (composer/distributed/mosaic_parallelism.py, get_mixed_precision), under Composer's
@@ -167,6 +170,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .compiles_blocks = false,
+          .offers_float8 = false,
           .reduces_in_fp32_only = false,
           // --use-torch-fsdp2: its MixedPrecisionPolicy of the training dtype, no autocast.
           .fsdp_mixed_precision = FsdpMixedPrecision::pure,
@@ -203,6 +207,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = true,
           .compiles_blocks = false,
+          .offers_float8 = false,
           .reduces_in_fp32_only = false,
           .fsdp_mixed_precision = FsdpMixedPrecision::pure,
           .autocast_with_fsdp = false,
@@ -238,6 +243,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_selective_op = false,
           .offers_selective_attention = false,
           .compiles_blocks = false,
+          .offers_float8 = false,
           .reduces_in_fp32_only = false,
           .fsdp_mixed_precision = FsdpMixedPrecision::pure,  // its own engine gathers 16-bit
           .autocast_with_fsdp = false,

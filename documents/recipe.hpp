@@ -124,6 +124,9 @@ struct RecipeTraits {
   // torch.compile of each block and of the loss, as its trainer applies it and as measured
   // (costmodel/block_table.cpp: the compiled block's saved tensors); false where not measured.
   bool compiles_blocks;
+  // torchao's Float8 training of its linears (TrainingJob::float8), as its converter applies it
+  // (torchtitan's Float8LinearConverter); false where the recipe has no such option modeled.
+  bool offers_float8;
   bool reduces_in_fp32_only;  // torchtitan's mixed_precision_reduce takes "float32" only
   // FSDP's mixed precision when the job names none (documents/sharding.hpp, FsdpMixedPrecision).
   FsdpMixedPrecision fsdp_mixed_precision;

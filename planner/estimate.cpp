@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/input_error.hpp"
 #include "core/whole_count.hpp"
@@ -308,6 +309,7 @@ nlohmann::json evaluation_to_json(const Scenario& sc, const Evaluation& e) {
                         {"recipe", recipe_name(e.job.recipe)},
                         {"loss", loss_label(e.job)},
                         {"compile", e.job.compile},
+                        {"float8", float8_recipe_name(e.job.float8)},
                         {"memory", memory_json(sc, r)},
                         {"time", time_json(e)},
                         {"comm", comm_json(e)},
@@ -469,14 +471,23 @@ void stage_lines(Text& text, const Evaluation& e) {
   }
 }
 
+// ", linears in Float8 rowwise (torchao; lm_head in 16 bits)": what the job converts.
+std::string float8_label(const TrainingJob& j) {
+  if (j.float8 == documents::Float8Recipe::none) return "";
+  return fmt::format(", linears in Float8 {} (torchao){}", float8_recipe_name(j.float8),
+                     j.float8_filter.empty()
+                         ? ""
+                         : fmt::format("; {} in 16 bits", fmt::join(j.float8_filter, ", ")));
+}
+
 }  // namespace
 
 std::string evaluation_table(const Scenario& sc, const Evaluation& e) {
   const auto& r = e.result;
   Text text;
-  text.line("training code: recipe {} ({}), loss {}{}", recipe_name(e.job.recipe),
+  text.line("training code: recipe {} ({}), loss {}{}{}", recipe_name(e.job.recipe),
             recipe_traits(e.job.recipe).description, loss_label(e.job),
-            e.job.compile ? ", blocks and loss compiled (torch.compile)" : "");
+            e.job.compile ? ", blocks and loss compiled (torch.compile)" : "", float8_label(e.job));
   if (!e.layout.trivial()) text.line("{}", layout_line(sc, e));
   text.line("plan: {} ({}){}, micro-batch {} x {} accumulation, checkpointing {}, offload {}",
             e.spec.strategy, flavour_name(e.spec.flavour),

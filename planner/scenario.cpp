@@ -9,6 +9,7 @@
 #include "core/number_text.hpp"
 #include "core/option_types.hpp"
 #include "core/text.hpp"
+#include "costmodel/block_linears.hpp"
 #include "costmodel/selective_op.hpp"
 #include "documents/recipe.hpp"
 #include "planner/text.hpp"
@@ -77,6 +78,13 @@ void add_scenario_options(CLI::App& app, ScenarioOptions& o) {
   app.add_flag("--compile", o.compile,
                "torch.compile as the recipe's trainer applies it (torchtitan's --compile.enable: "
                "each block and the loss compiled)");
+  app.add_option("--float8", o.float8,
+                 "none | rowwise | rowwise_with_gw_hp: torchao's Float8 training of the linears "
+                 "as the recipe converts them (torchtitan's Float8LinearConverter recipe_name)");
+  app.add_option("--float8-filter", o.float8_filter,
+                 "module names Float8 leaves in 16 bits, each a substring of a linear's fully "
+                 "qualified name (torchtitan's filter_fqns, e.g. lm_head)")
+      ->delimiter(',');
   app.add_option("--headroom", o.headroom, "fraction of GPU memory kept free (default 0.05)");
   app.add_option("--accounting", o.accounting, "framework | zero-paper (2+2+12 bytes/param)");
 }
@@ -239,6 +247,48 @@ void apply_code_options(const ScenarioOptions& o, Scenario& sc) {
                      "is, with checkpointing none or full): name --checkpointing none or full");
 }
 
+// --float8 and --float8-filter (or the job's float8, float8_filter): torchao's Float8 training,
+// where the recipe's converter applies it, on a GPU with fp8 tensor cores, in a bf16-mixed job.
+void apply_float8(const ScenarioOptions& o, Scenario& sc) {
+  if (o.float8) sc.job.float8 = documents::float8_recipe_from_name(*o.float8, "--float8");
+  if (!o.float8_filter.empty()) sc.job.float8_filter = o.float8_filter;
+  const bool named = sc.job.float8 != documents::Float8Recipe::none;
+  const std::string where = job_field(o, o.float8.has_value(), "--float8", "/float8");
+  const char* name = documents::float8_recipe_name(sc.job.float8);
+  if (!named) {
+    if (!sc.job.float8_filter.empty())
+      throw InputError(job_field(o, !o.float8_filter.empty(), "--float8-filter", "/float8_filter"),
+                       fmt::format("{}: a filter of Float8's conversion, and no --float8 recipe "
+                                   "is named",
+                                   fmt::join(sc.job.float8_filter, ",")));
+    return;
+  }
+  const documents::RecipeTraits& r = documents::recipe_traits(sc.job.recipe);
+  if (!r.offers_float8)
+    throw InputError(where, fmt::format("{}: recipe {} has no Float8 training modeled; "
+                                        "torchtitan's is (--recipe torchtitan)",
+                                        name, r.name));
+  if (sc.job.precision != documents::Precision::bf16_mixed)
+    throw InputError(where, fmt::format("{}: Float8 training casts the linears' bf16 inputs; this "
+                                        "job is {} (use --precision bf16-mixed)",
+                                        name, documents::precision_name(sc.job.precision)));
+  if (sc.hardware.fp8_peak_flops <= 0)
+    throw InputError(where, fmt::format("{}: {} ({}) has no fp8 tensor cores (its profile names "
+                                        "no peak_TFLOPs.fp8)",
+                                        name, sc.hardware.name, sc.hardware.device));
+  if (sc.job.checkpointing == documents::Checkpointing::selective_op)
+    throw InputError(job_field(o, o.checkpointing.has_value(), "--checkpointing", "/checkpointing"),
+                     "selective-op with --float8 is not measured (what torchtitan's save list "
+                     "keeps around a Float8Linear's own autograd function): name --checkpointing "
+                     "none or full");
+  if (const auto f = costmodel::float8_filter_per_layer(sc.model, sc.job); !f.empty())
+    throw InputError(job_field(o, !o.float8_filter.empty(), "--float8-filter", "/float8_filter"),
+                     fmt::format("{}: matches a linear in some blocks and not in others; the "
+                                 "blocks are planned alike, so a filter names a linear of every "
+                                 "block or of none",
+                                 f));
+}
+
 // The job flags over the base job.
 void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
   if (o.seq_len) sc.job.seq_len = positive_count("--seq-len", *o.seq_len);
@@ -265,6 +315,7 @@ void apply_job_flags(const ScenarioOptions& o, Scenario& sc) {
                                  "than its {} tokens",
                                  sc.job.loss_chunks, sc.job.loss_chunks, sc.job.seq_len));
   apply_code_options(o, sc);
+  apply_float8(o, sc);
   // every:N past the layers would checkpoint no block (torchtitan counts its N-th, 2N-th, ...) or
   // block 0 alone (transformers counts from 0): a count that says nothing of the model.
   if (sc.job.checkpointing == documents::Checkpointing::every &&
@@ -575,6 +626,8 @@ void name_option_types(CLI::App& app) {
       {"reduce-dtype", "NAME"},
       {"fsdp-mixed-precision", "NAME"},
       {"fsdp2-groups", "NAME"},
+      {"float8", "NAME"},
+      {"float8-filter", "LIST"},
       {"format", "NAME"},
       {"schedule", "NAME"},
       {"cp-rotate-method", "NAME"},

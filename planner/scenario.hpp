@@ -36,6 +36,8 @@ struct ScenarioOptions {
   std::optional<std::string> fsdp_mixed_precision;  // default | pure | full
   bool compile = false;                     // --compile: torch.compile as the recipe runs it
   std::optional<std::string> fsdp2_groups;  // root | ends (not given: the recipe's)
+  std::optional<std::string> float8;        // none | rowwise | rowwise_with_gw_hp
+  std::vector<std::string> float8_filter;   // module names Float8 skips
   std::optional<std::string> headroom;      // fraction of capacity kept free (default 0.05)
   std::optional<std::string> accounting;    // default framework
   // A config.json and a hardware profile already in memory, in place of --model and --hardware

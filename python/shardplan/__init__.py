@@ -92,6 +92,8 @@ def _text(name: str, value: Any) -> str:
         return os.fspath(value)
     if isinstance(value, float):
         return repr(value)  # shortest text that reads back as the same double
+    if isinstance(value, (list, tuple)):  # a LIST option: its items, comma-separated
+        return ",".join(_text(name, v) for v in value)
     return str(value)
 
 
@@ -166,6 +168,8 @@ def estimate(
     fsdp_mixed_precision: Optional[str] = None,
     compile: bool = False,
     fsdp2_groups: Optional[str] = None,
+    float8: Optional[str] = None,
+    float8_filter: Optional[Union[str, Sequence[str]]] = None,
     headroom: Optional[Number] = None,
     accounting: Optional[str] = None,
     strategy: Optional[str] = None,
@@ -213,6 +217,8 @@ def simulate(
     fsdp_mixed_precision: Optional[str] = None,
     compile: bool = False,
     fsdp2_groups: Optional[str] = None,
+    float8: Optional[str] = None,
+    float8_filter: Optional[Union[str, Sequence[str]]] = None,
     headroom: Optional[Number] = None,
     accounting: Optional[str] = None,
     strategy: Optional[str] = None,
@@ -248,6 +254,8 @@ def recommend(
     fsdp_mixed_precision: Optional[str] = None,
     compile: bool = False,
     fsdp2_groups: Optional[str] = None,
+    float8: Optional[str] = None,
+    float8_filter: Optional[Union[str, Sequence[str]]] = None,
     headroom: Optional[Number] = None,
     accounting: Optional[str] = None,
     strategy: Optional[str] = None,
@@ -290,6 +298,8 @@ def compare(
     fsdp_mixed_precision: Optional[str] = None,
     compile: bool = False,
     fsdp2_groups: Optional[str] = None,
+    float8: Optional[str] = None,
+    float8_filter: Optional[Union[str, Sequence[str]]] = None,
     headroom: Optional[Number] = None,
     accounting: Optional[str] = None,
     offload: Optional[str] = None,
@@ -327,6 +337,8 @@ def _plan_options(
     fsdp_mixed_precision: Optional[str] = None,
     compile: bool = False,
     fsdp2_groups: Optional[str] = None,
+    float8: Optional[str] = None,
+    float8_filter: Optional[Union[str, Sequence[str]]] = None,
     headroom: Optional[Number] = None,
     accounting: Optional[str] = None,
     strategy: Optional[str] = None,

@@ -40,6 +40,8 @@ class ScenarioOptions(TypedDict, total=False):
     fsdp_mixed_precision: str  # default | pure | full (Composer's names for FSDP's MixedPrecision)
     compile: bool  # torch.compile as the recipe runs it (torchtitan: each block and the loss)
     fsdp2_groups: str  # root | ends (FSDP2's parameter groups; not given: the recipe's)
+    float8: str  # none | rowwise | rowwise_with_gw_hp (torchao's Float8 training of the linears)
+    float8_filter: Union[str, Sequence[str]]  # module names Float8 skips (torchtitan's filter_fqns)
     headroom: Number  # fraction of GPU memory kept free
     accounting: str  # framework | zero-paper
 

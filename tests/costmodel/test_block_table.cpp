@@ -186,8 +186,8 @@ TEST_CASE("block_table::torchtitan's save list counts each block's own matmuls")
       if (rerun[i]) names += (names.empty() ? "" : " ") + mms[i].name;
     return names;
   };
-  CHECK(reruns(llama, titan) == "wo w3");
-  CHECK(block_matmuls(llama, titan).front().name == "wqkv");
+  CHECK(reruns(llama, titan) == "attention.wo feed_forward.w3");
+  CHECK(block_matmuls(llama, titan).front().name == "attention.qkv_linear.wqkv");
   CHECK(block_matmuls(llama, titan).front().out == 6144);
   CHECK(reruns(llama, hf) == "self_attn.k_proj self_attn.o_proj mlp.up_proj");
   CHECK(selective_op_saved(llama, titan, f, 1, 1) - selective_op_saved(llama, hf, f, 1, 1) ==

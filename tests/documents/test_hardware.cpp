@@ -211,6 +211,16 @@ TEST_CASE("hardware::missing section") {
   CHECK(error_of([&] { hardware_from_json(fp32, "x"); }) == "/gpu/peak_TFLOPs/fp32: missing key");
 }
 
+// FP8 tensor cores: the H100 SXM datasheet's FP8 3,958 TFLOPS is with sparsity, dense 1,979; the
+// A100 has none (its profile names no fp8 peak); a peak must be positive.
+TEST_CASE("hardware::fp8 peak") {
+  CHECK(load_hardware("h100-sxm5-80gb").fp8_peak_flops == 1979e12);
+  CHECK(load_hardware("a100-sxm4-80gb").fp8_peak_flops == 0);
+  json doc = profile_doc("h100-sxm5-80gb");
+  doc["gpu"]["peak_TFLOPs"]["fp8"] = -1;
+  CHECK(error_of([&] { hardware_from_json(doc, "x"); }).starts_with("/gpu/peak_TFLOPs/fp8: "));
+}
+
 TEST_CASE("hardware::wrong schema_version") {
   json doc = profile_doc("a100-sxm4-80gb");
   doc["schema_version"] = 2;

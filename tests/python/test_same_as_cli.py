@@ -95,3 +95,15 @@ def test_tensor_pipeline_and_context_parallel_plans():
     for r in (ours, theirs):
         del r["search_s"]  # the search's wall time
     assert ours == theirs
+
+
+def test_float8_and_its_filter():
+    # A filter given as a list is the comma-separated --float8-filter.
+    options = dict(model="llama-3-8b", hardware="h100-sxm5-80gb", gpus=8, seq_len=4096,
+                   global_batch=16, strategy="fsdp-full", recipe="torchtitan", compile=True,
+                   checkpointing="full", float8="rowwise")
+    ours = shardplan.estimate(**options, float8_filter=["lm_head", "attention.wo"])
+    theirs = cli_json("estimate", *flags(**options), "--float8-filter", "lm_head,attention.wo",
+                      "--format", "json")
+    assert ours == theirs
+    assert ours["float8"] == "rowwise"

@@ -1,0 +1,161 @@
+// --float8: torchao's Float8 training of the linears as torchtitan's Float8LinearConverter
+// applies it (torchao 0.18, torchtitan 0.3.0): which GEMMs run in fp8, the casts it adds, what it
+// refuses, and the job document's fields.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_fixture.hpp"
+#include "documents/job.hpp"
+#include "tests/test_support.hpp"
+
+using namespace shardplan::documents;
+using shardplan::planner::testing::planner;
+using shardplan::test::error_of;
+
+namespace {
+
+// Llama-3-8B under torchtitan on 8 x H100, one sequence of 4096 tokens per GPU and step, its
+// blocks compiled and kept whole (checkpointing none).
+nlohmann::json titan(std::vector<std::string> more) {
+  std::vector<std::string> a = {"estimate",
+                                "--model",
+                                "llama-3-8b",
+                                "--hardware",
+                                "h100-sxm5-80gb",
+                                "--gpus",
+                                "8",
+                                "--seq-len",
+                                "4096",
+                                "--global-batch",
+                                "8",
+                                "--micro-batch",
+                                "1",
+                                "--strategy",
+                                "fsdp-full",
+                                "--recipe",
+                                "torchtitan",
+                                "--compile",
+                                "--checkpointing",
+                                "none",
+                                "--format",
+                                "json"};
+  a.insert(a.end(), more.begin(), more.end());
+  const auto r = planner(a);
+  REQUIRE(r.code == 0);
+  return nlohmann::json::parse(r.out);
+}
+
+double kind_s(const nlohmann::json& e, const char* kind) {
+  return e.at("time").at("compute_by_kind_s").at(kind).get<double>();
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+// rowwise runs all three GEMMs of every converted linear (the block's five and lm_head: every
+// size a multiple of 16) on fp8 operands: at T = 4096 tokens each GEMM is compute-bound, and the
+// H100 SXM's dense fp8 peak (1979) is twice its bf16 one (989.5), so the GEMM time halves.
+// rowwise_with_gw_hp keeps the weight gradient's GEMM in bf16: between the two.
+TEST_CASE("float8::the converted linears' GEMMs run at the fp8 peak") {
+  const auto bf16 = titan({});
+  const auto rowwise = titan({"--float8", "rowwise"});
+  const auto gw_hp = titan({"--float8", "rowwise_with_gw_hp"});
+  CHECK(bf16.at("float8") == "none");
+  CHECK(rowwise.at("float8") == "rowwise");
+  CHECK(kind_s(rowwise, "gemm") == doctest::Approx(kind_s(bf16, "gemm") / 2).epsilon(1e-12));
+  CHECK(kind_s(gw_hp, "gemm") > kind_s(rowwise, "gemm"));
+  CHECK(kind_s(gw_hp, "gemm") < kind_s(bf16, "gemm"));
+  CHECK(kind_s(rowwise, "attention") == kind_s(bf16, "attention"));
+  CHECK(rowwise.at("time").at("step_s").get<double>() < bf16.at("time").at("step_s").get<double>());
+  // What the linears save is torchao's matmul_with_hp_or_float8_args' input_hp and weight_hp_t,
+  // the tensors aten::mm saves: the peak is the bf16 job's.
+  CHECK(rowwise.at("memory").at("peak_bytes") == bf16.at("memory").at("peak_bytes"));
+}
+
+// The casts, by hand from torchao 0.18's float8_linear.py (matmul_with_hp_or_float8_args): per
+// linear y[T, out] = x[T, in]·Wᵀ, rowwise casts forward x (T·in) and W (out·in); backward the
+// output gradient twice (2·T·out, once per axis), W again (out·in) and x again (T·in). Compiled,
+// each cast moves 5 bytes per element (the amax pass reads 2, the cast reads 2 and writes 1).
+// Llama-3-8B under torchtitan's block (T = 4096; in: wqkv, wo, w1, w3 4096, w2 14336; out: wqkv
+// 6144, wo 4096, w1 14336, w3 14336, w2 4096): Σin = 30,720, Σout = 43,008, ΣW = 4096·53,248 =
+// 218,103,808; per block T·Σin·2 + 2·T·Σout + 2·ΣW = 251,658,240 + 352,321,536 + 436,207,616 =
+// 1,040,187,392 elements. lm_head (in 4096, out 128,256, W 525,336,576): 2·T·4096 + 2·T·128,256
+// + 2·W = 33,554,432 + 1,050,673,152 + 1,050,673,152 = 2,134,900,736. The step (one micro-batch)
+// casts 32 blocks' and the head's: 35,420,897,280 elements, 177,104,486,400 bytes at the
+// profile's streaming rate (3350 GB/s x 0.92).
+TEST_CASE("float8::the casts move the bytes torchao's rowwise recipe moves") {
+  const auto bf16 = titan({});
+  const auto rowwise = titan({"--float8", "rowwise"});
+  const double rate = 3350e9 * 0.92;
+  CHECK(kind_s(rowwise, "memory_bound") - kind_s(bf16, "memory_bound") ==
+        doctest::Approx(177104486400.0 / rate).epsilon(1e-9));
+  // --float8-filter lm_head (torchtitan's 405B preset): the head's casts go, its GEMMs are bf16.
+  const auto filtered = titan({"--float8", "rowwise", "--float8-filter", "lm_head"});
+  CHECK(kind_s(filtered, "memory_bound") - kind_s(bf16, "memory_bound") ==
+        doctest::Approx((177104486400.0 - 5 * 2134900736.0) / rate).epsilon(1e-9));
+  CHECK(kind_s(filtered, "gemm") > kind_s(rowwise, "gemm"));
+}
+
+TEST_CASE("float8::refused where it is not modeled or cannot run") {
+  auto run = [](std::vector<std::string> more) {
+    std::vector<std::string> a = {"estimate", "--model",    "llama-3-8b",    "--gpus",
+                                  "8",        "--seq-len",  "4096",          "--global-batch",
+                                  "16",       "--hardware", "h100-sxm5-80gb"};
+    a.insert(a.end(), more.begin(), more.end());
+    return planner(a);
+  };
+  const auto hf = run({"--recipe", "hf", "--float8", "rowwise"});
+  CHECK(hf.code == 2);
+  CHECK(hf.err == "planner: --float8: rowwise: recipe hf has no Float8 training modeled; "
+                  "torchtitan's is (--recipe torchtitan)\n");
+  const auto name = run({"--recipe", "torchtitan", "--float8", "tensorwise"});
+  CHECK(name.code == 2);
+  CHECK(has(name.err, "--float8: must be one of none, rowwise, rowwise_with_gw_hp, got "
+                      "\"tensorwise\""));
+  const auto a100 =
+      planner({"estimate", "--model", "llama-3-8b", "--gpus", "8", "--seq-len", "4096",
+               "--global-batch", "16", "--hardware", "a100-sxm4-80gb", "--recipe", "torchtitan",
+               "--checkpointing", "full", "--float8", "rowwise"});
+  CHECK(a100.code == 2);
+  CHECK(has(a100.err, "--float8: rowwise: a100-sxm4-80gb (NVIDIA A100-SXM4-80GB) has no fp8 "
+                      "tensor cores"));
+  const auto fp32 = run({"--recipe", "torchtitan", "--checkpointing", "full", "--precision", "fp32",
+                         "--float8", "rowwise"});
+  CHECK(fp32.code == 2);
+  CHECK(has(fp32.err, "--float8: rowwise: Float8 training casts the linears' bf16 inputs"));
+  // torchtitan's default checkpointing is its op-level save list: not measured with Float8.
+  const auto op = run({"--recipe", "torchtitan", "--float8", "rowwise"});
+  CHECK(op.code == 2);
+  CHECK(has(op.err, "--checkpointing: selective-op with --float8 is not measured"));
+  // "layers.1" is in layers.1 and layers.10-19's names, not in the others': blocks unlike.
+  const auto uneven = run({"--recipe", "torchtitan", "--checkpointing", "full", "--float8",
+                           "rowwise", "--float8-filter", "layers.1"});
+  CHECK(uneven.code == 2);
+  CHECK(has(uneven.err, "--float8-filter: layers.1: matches a linear in some blocks"));
+  const auto lone = run({"--recipe", "torchtitan", "--float8-filter", "lm_head"});
+  CHECK(lone.code == 2);
+  CHECK(has(lone.err, "--float8-filter: lm_head: a filter of Float8's conversion, and no "
+                      "--float8 recipe is named"));
+}
+
+TEST_CASE("float8::the job document carries it") {
+  nlohmann::json doc = {{"schema_version", 1}, {"seq_len", 128},
+                        {"global_batch", 8},   {"recipe", "torchtitan"},
+                        {"float8", "rowwise"}, {"float8_filter", {"lm_head", "attention.wo"}}};
+  const TrainingJob j = job_from_json(doc);
+  CHECK(j.float8 == Float8Recipe::rowwise);
+  CHECK(j.float8_filter == std::vector<std::string>{"lm_head", "attention.wo"});
+  CHECK(job_to_json(j).at("float8") == "rowwise");
+  CHECK(job_to_json(j).at("float8_filter") == doc.at("float8_filter"));
+  doc["float8"] = "fp8";
+  CHECK(error_of([&] { job_from_json(doc); }) ==
+        "/float8: must be one of none, rowwise, rowwise_with_gw_hp, got \"fp8\"");
+  doc["float8"] = "rowwise";
+  doc["float8_filter"] = {"lm_head", 3};
+  CHECK(error_of([&] { job_from_json(doc); }) ==
+        "/float8_filter/1: must be a non-empty module name, got 3");
+}
