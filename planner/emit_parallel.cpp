@@ -253,6 +253,12 @@ void titan_toml(Text& t, const Scenario& sc, const LayoutCandidate& c) {
   t.line("[activation_checkpoint]");
   t.line("mode = \"{}\"", titan_checkpointing(c.job));
   if (c.job.checkpointing == Checkpointing::selective_op) t.line("selective_ac_option = \"op\"");
+  if (c.job.float8 != documents::Float8Recipe::none) {
+    t.line("");
+    t.line("# Float8 ({}): not written for 0.2.x, whose converter options changed between its "
+           "releases; use 0.3.0's below",
+           documents::float8_recipe_name(c.job.float8));
+  }
   // The plan's torch.compile (--compile: each block and the loss), or async TP's.
   if (c.layout.async_tensor_parallel || c.job.compile) {
     t.line("");
@@ -382,6 +388,20 @@ nlohmann::json layout_plan_document(const Scenario& sc, const LayoutCandidate& c
   return plan_to_json(p);
 }
 
+// 0.3.0's Float8 is a model converter of the config_registry entry
+// (components/quantization/float8.py, Float8LinearConverter.Config), not a command-line option.
+void titan_float8(Text& t, const TrainingJob& j) {
+  if (j.float8 == documents::Float8Recipe::none) return;
+  std::vector<std::string> filter;
+  for (const auto& f : j.float8_filter) filter.push_back(fmt::format("\"{}\"", f));
+  t.line("# Float8: a model converter in 0.3.0, set in the config_registry entry --config names:");
+  t.line("#   from torchtitan.components.quantization import Float8LinearConverter");
+  t.line("#   model_spec = model_registry(<flavour>, converters=[Float8LinearConverter.Config(");
+  t.line("#       recipe_name=\"{}\", filter_fqns=[{}], model_compile_enabled={})])",
+         documents::float8_recipe_name(j.float8), fmt::join(filter, ", "),
+         j.compile ? "True" : "False");
+}
+
 std::string torchtitan_parallel_settings(const Scenario& sc, const LayoutCandidate& c) {
   refuse(ParallelFramework::torchtitan, sc, c);
   Text t;
@@ -400,6 +420,7 @@ std::string torchtitan_parallel_settings(const Scenario& sc, const LayoutCandida
          sc.cluster.nodes(), std::min(sc.cluster.gpus, sc.cluster.gpus_per_node));
   for (std::size_t i = 0; i < args.size(); ++i)
     t.line("  {}{}", args[i], i + 1 < args.size() ? " \\" : "");
+  titan_float8(t, c.job);
   return t.str;
 }
 

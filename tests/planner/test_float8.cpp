@@ -159,3 +159,38 @@ TEST_CASE("float8::the job document carries it") {
   CHECK(error_of([&] { job_from_json(doc); }) ==
         "/float8_filter/1: must be a non-empty module name, got 3");
 }
+
+// torchtitan 0.3.0 configures Float8 as a model converter of the config_registry entry
+// (Float8LinearConverter.Config: recipe_name, filter_fqns, model_compile_enabled), not on its
+// command line: the emitted settings say where it goes, with the plan's values.
+TEST_CASE("float8::the emitted torchtitan settings carry the converter") {
+  const auto r = planner({"recommend",
+                          "--model",
+                          "llama-3-8b",
+                          "--gpus",
+                          "8",
+                          "--seq-len",
+                          "8192",
+                          "--global-batch",
+                          "16",
+                          "--recipe",
+                          "torchtitan",
+                          "--compile",
+                          "--checkpointing",
+                          "full",
+                          "--float8",
+                          "rowwise_with_gw_hp",
+                          "--float8-filter",
+                          "lm_head",
+                          "--hardware",
+                          "h100-sxm5-80gb",
+                          "--model-parallel",
+                          "--emit",
+                          "torchtitan"});
+  REQUIRE(r.code == 0);
+  CHECK(has(r.out,
+            "model_spec = model_registry(<flavour>, converters=[Float8LinearConverter.Config("
+            "\n#       recipe_name=\"rowwise_with_gw_hp\", filter_fqns=[\"lm_head\"], "
+            "model_compile_enabled=True)])"));
+  CHECK(has(r.out, "# Float8 (rowwise_with_gw_hp): not written for 0.2.x"));
+}
