@@ -1,6 +1,7 @@
 // `planner recommend`: the search, its explanation, and their renderings.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,10 @@ namespace shardplan::planner {
 struct Recommendation {
   SearchResult search;
   Explanation explanation;
+  // The recommended plan again with the recipe's Float8 training (torchtitan's default recipe,
+  // rowwise), where the job names none and the recipe and the GPU offer it: Float8 changes the
+  // training's numerics, so the search does not choose it; the answer says what it would give.
+  std::optional<Evaluation> with_float8;
 };
 
 Recommendation recommend(const Scenario& sc, const SearchPins& pins);

@@ -2,6 +2,7 @@
 // applies it (torchao 0.18, torchtitan 0.3.0): which GEMMs run in fp8, the casts it adds, what it
 // refuses, and the job document's fields.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
@@ -193,4 +194,42 @@ TEST_CASE("float8::the emitted torchtitan settings carry the converter") {
             "\n#       recipe_name=\"rowwise_with_gw_hp\", filter_fqns=[\"lm_head\"], "
             "model_compile_enabled=True)])"));
   CHECK(has(r.out, "# Float8 (rowwise_with_gw_hp): not written for 0.2.x"));
+}
+
+// The search does not turn Float8 on (it changes the training's numerics); where the recipe and
+// the GPU offer it, the answer gives the recommended plan again with torchtitan's default recipe
+// (rowwise), its step and peak computed, not asserted.
+TEST_CASE("float8::recommend says what Float8 would give the recommended plan") {
+  auto rec = [](const char* hardware, std::vector<std::string> more) {
+    std::vector<std::string> a = {
+        "recommend",  "--model",   "llama-3-8b",      "--gpus", "8",
+        "--seq-len",  "8192",      "--global-batch",  "16",     "--recipe",
+        "torchtitan", "--compile", "--checkpointing", "full",   "--hardware",
+        hardware};
+    a.insert(a.end(), more.begin(), more.end());
+    return planner(a);
+  };
+  const auto h100 = rec("h100-sxm5-80gb", {"--format", "json"});
+  REQUIRE(h100.code == 0);
+  const auto d = nlohmann::json::parse(h100.out);
+  REQUIRE(d.contains("with_float8"));
+  const auto& best = d.at("recommendation");
+  const auto& fp8 = d.at("with_float8");
+  CHECK(fp8.at("float8") == "rowwise");
+  CHECK(best.at("float8") == "none");
+  CHECK(fp8.at("strategy") == best.at("strategy"));
+  CHECK(fp8.at("time").at("step_s").get<double>() < best.at("time").at("step_s").get<double>());
+  const auto text = rec("h100-sxm5-80gb", {});
+  REQUIRE(text.code == 0);
+  CHECK(has(text.out, fmt::format("with Float8 rowwise (--float8 rowwise; torchao, which changes "
+                                  "the numerics): step {:.3f} s instead of {:.3f} s",
+                                  fp8.at("time").at("step_s").get<double>(),
+                                  best.at("time").at("step_s").get<double>())));
+  // No fp8 tensor cores, or Float8 already named: nothing to offer.
+  const auto a100 = rec("a100-sxm4-80gb", {"--format", "json"});
+  REQUIRE(a100.code == 0);
+  CHECK_FALSE(nlohmann::json::parse(a100.out).contains("with_float8"));
+  const auto named = rec("h100-sxm5-80gb", {"--float8", "rowwise", "--format", "json"});
+  REQUIRE(named.code == 0);
+  CHECK_FALSE(nlohmann::json::parse(named.out).contains("with_float8"));
 }
