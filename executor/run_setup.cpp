@@ -32,6 +32,13 @@ void check_runnable(const documents::Plan& p, int world, const RunRequest& reque
   if (job.optimizer != documents::Optimizer::adamw)
     throw InputError("/job/optimizer", fmt::format("the executor runs adamw only, got \"{}\"",
                                                    documents::optimizer_name(job.optimizer)));
+  // The host's kernels compute in 32 and 16 bits, and the GPU backend's too: nothing it runs is a
+  // GEMM on fp8 operands.
+  if (job.float8 != documents::Float8Recipe::none)
+    throw InputError("/job/float8",
+                     fmt::format("{} runs no fp8 GEMMs (its kernels compute in 32 and 16 bits), "
+                                 "got \"{}\"; plan without --float8",
+                                 executor, documents::float8_recipe_name(job.float8)));
   if (documents::recipe_traits(job.recipe).framework)
     throw InputError(
         "/job/recipe",

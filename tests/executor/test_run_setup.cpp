@@ -80,6 +80,9 @@ TEST_CASE("executor::a plan it cannot run as asked is refused, naming the field"
   bad["job"]["optimizer"] = "sgd";
   CHECK(where_of(bad, 2) == "/job/optimizer");
   bad = plan;
+  bad["job"]["float8"] = "rowwise";  // no fp8 GEMMs on a CPU, none among its GPU kernels
+  CHECK(where_of(bad, 2) == "/job/float8");
+  bad = plan;
   bad["sharding"]["offload"] = "params";  // FSDP's CPUOffload, to host buffers (host_offload.hpp)
   CHECK(where_of(bad, 2) == "accepted");
   bad["sharding"]["offload"] = "optimizer";  // not what FSDP does
