@@ -526,11 +526,23 @@ void mpt_rows(Rows& r, const ModelSpec& m, const Shape& x, const TrainingJob& j,
     r.add("masked_fill", "causal mask", x.s * x.s, heads);
     r.add("softmax", fp32_scores ? "fp32 output and its cast" : "output",
           (fp32_scores ? 4 + e : e) * scores, heads, true);
+    // attn_pdrop: F.dropout(inplace=True) on the probabilities. ATen's in-place dropout_ never
+    // takes the fused native_dropout (out-of-place dropout alone does), so on either device it
+    // multiplies by a scaled noise tensor of the probabilities' dtype, which the product keeps.
+    if (m.attention_dropout)
+      r.add("dropout_", "scaled noise", (fp32_scores ? 4 : e) * scores, heads, true);
     r.add("out_proj", "input (the rearranged heads)", e * T * x.q, heads);
   }
+  // resid_pdrop: nn.Dropout on the attention's and the FFN's outputs (out-of-place: a bool mask
+  // under CUDA's native_dropout). flash-attn's own dropout (attn_pdrop under attn_impl flash)
+  // keeps its RNG state, not a mask.
+  if (m.residual_dropout)
+    r.add("resid_attn_dropout", "mask", dropout_mask(d, e) * T * x.h, residual);
   r.mlp = true;
   mpt_norm(r, "norm_2", m, x, d, norm_weights, m.mlp == MlpKind::swiglu ? 2 : 1);
   activation_rows(r, "ffn", m, x, e, m.mlp == MlpKind::swiglu ? 2 : 0);
+  if (m.residual_dropout)
+    r.add("resid_ffn_dropout", "mask", dropout_mask(d, e) * T * x.h, residual);
 }
 
 // GPTNeoXLayer with the parallel residual: both LayerNorms read the block input (kept once). The

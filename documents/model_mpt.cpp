@@ -87,11 +87,8 @@ MptAttention read_mpt_attention(ObjectReader& r, const nlohmann::json& config, M
   a.finish();
   // What the cost model has not measured MPT's code keeping (the first such switch that is on).
   // (qk_ln and qk_gn build their norms with the model's norm_type: measured for the LayerNorm.)
-  const std::pair<bool, const char*> unmeasured[] = {
-      {m.attention_dropout, "attn_config.attn_pdrop"},
-      {m.sliding_window > 0, "attn_config.sliding_window_size"}};
-  for (const auto& [on, key] : unmeasured)
-    if (on && m.unmeasured.empty()) m.unmeasured = key;
+  if (m.sliding_window > 0 && m.unmeasured.empty())
+    m.unmeasured = "attn_config.sliding_window_size";
   return out;
 }
 
@@ -223,8 +220,6 @@ void read_mpt(ObjectReader& r, const nlohmann::json& config, ModelSpec& m) {
   r.optional_number("embedding_fraction", Range{0, 1, true});
   const bool padded_ffn = r.optional_boolean("use_pad_tok_in_ffn").value_or(true);
   const std::pair<bool, const char*> unmeasured[] = {
-      {m.residual_dropout, "resid_pdrop"},
-      {m.embedding_dropout, "emb_pdrop"},
       {norm != "low_precision_layernorm" && norm != "low_precision_rmsnorm", "norm_type"},
       {!padded_ffn, "use_pad_tok_in_ffn"},
       {m.qk_norm != QkNorm::none && m.norm == NormKind::rmsnorm,

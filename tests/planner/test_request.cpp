@@ -132,7 +132,16 @@ TEST_CASE(
                        "--attention: flash: the MPT config's attn_config.attn_impl \"torch\" runs "
                        "eager attention",
                        InputError);
-  mpt["attn_config"] = {{"attn_pdrop", 0.1}};
+  // Dropout plans (its masks measured: tests/costmodel/data/oracle_mpt_units.json); a sliding
+  // window does not.
+  mpt["attn_config"] = {{"attn_impl", "torch"}, {"attn_pdrop", 0.1}};
+  mpt["resid_pdrop"] = 0.1;
+  const auto dropped =
+      nlohmann::json::parse(run_request({with("--recipe=llm-foundry"), mpt, {}, false, {}}).output);
+  CHECK(dropped.at("memory").at("peak_bytes").get<double>() >
+        eager.at("memory").at("peak_bytes").get<double>());  // the noise and the masks
+  mpt["attn_config"] = {{"sliding_window_size", 128}};
   CHECK_THROWS_WITH_AS(run_request({with("--recipe=llm-foundry"), mpt, {}, false, {}}),
-                       "--model: MPT's attn_config.attn_pdrop is not modeled yet", InputError);
+                       "--model: MPT's attn_config.sliding_window_size is not modeled yet",
+                       InputError);
 }
