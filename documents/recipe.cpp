@@ -54,6 +54,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           // accelerate's FullyShardedDataParallelPlugin.set_mixed_precision (1.x): param_dtype and
           // reduce_dtype the mixed precision's dtype; Accelerator.prepare_model wraps the forward
           // in autocast (native_amp), and a mixed_precision_policy of "fp32" or a dict sets FULL.
+          .fsdp1_backward_prefetch = false,
           .fsdp_mixed_precision = FsdpMixedPrecision::pure,
           .autocast_with_fsdp = true,
           .blocks_at = "",
@@ -94,6 +95,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           // MixedPrecisionPolicy(mixed_precision_param, mixed_precision_reduce): bfloat16 and
           // float32 by default, float32 the only reduction; autocast only without FSDP, under DDP
           // or on one device (0.3.0's torchtitan/config/configs.py, mixed_precision_param).
+          .fsdp1_backward_prefetch = true,
           .fsdp_mixed_precision = FsdpMixedPrecision::default_mode,
           .autocast_with_fsdp = false,
           // (torchtitan/models/common/decoder.py, torchtitan/models/llama3/model.py)
@@ -135,6 +137,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           // Composer's fsdp_config.mixed_precision, DEFAULT unless set
           // (composer/distributed/mosaic_parallelism.py, get_mixed_precision), under Composer's
           // autocast for amp_bf16 / amp_fp16 (composer/core/precision.py, get_precision_context).
+          .fsdp1_backward_prefetch = true,
           .fsdp_mixed_precision = FsdpMixedPrecision::default_mode,
           .autocast_with_fsdp = true,
           .blocks_at = "",
@@ -173,6 +176,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .offers_float8 = false,
           .reduces_in_fp32_only = false,
           // --use-torch-fsdp2: its MixedPrecisionPolicy of the training dtype, no autocast.
+          .fsdp1_backward_prefetch = true,
           .fsdp_mixed_precision = FsdpMixedPrecision::pure,
           .autocast_with_fsdp = false,
           .blocks_at = "",
@@ -209,6 +213,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .compiles_blocks = false,
           .offers_float8 = false,
           .reduces_in_fp32_only = false,
+          .fsdp1_backward_prefetch = true,
           .fsdp_mixed_precision = FsdpMixedPrecision::pure,
           .autocast_with_fsdp = false,
           .blocks_at = "",
@@ -245,6 +250,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .compiles_blocks = false,
           .offers_float8 = false,
           .reduces_in_fp32_only = false,
+          .fsdp1_backward_prefetch = true,
           .fsdp_mixed_precision = FsdpMixedPrecision::pure,  // its own engine gathers 16-bit
           .autocast_with_fsdp = false,
           .blocks_at = "",

@@ -128,6 +128,11 @@ struct RecipeTraits {
   // (torchtitan's Float8LinearConverter); false where the recipe has no such option modeled.
   bool offers_float8;
   bool reduces_in_fp32_only;  // torchtitan's mixed_precision_reduce takes "float32" only
+  // FSDP1's backward_prefetch when the plan names none (--backward-prefetch): BACKWARD_PRE
+  // (torch's default) or none: transformers' Trainer passes its fsdp_config backward_prefetch,
+  // "NO_PREFETCH" unless set (training_args.py), to accelerate's FullyShardedDataParallelPlugin,
+  // which gives FSDP None.
+  bool fsdp1_backward_prefetch;
   // FSDP's mixed precision when the job names none (documents/sharding.hpp, FsdpMixedPrecision).
   FsdpMixedPrecision fsdp_mixed_precision;
   // Its training loop runs the forward under autocast beside FSDP, which is what computes in 16

@@ -316,6 +316,9 @@ std::pair<SearchPins, std::string> search_pins(const CliOptions& o, const Scenar
     throw InputError("--strategy", "none (one GPU, no wrapper) is not searched; estimate it with "
                                    "planner estimate --strategy none --gpus 1");
   pins.reduce_dtype = po.reduce_dtype;
+  if (po.backward_prefetch)
+    pins.backward_prefetch =
+        backward_prefetch_units(*po.backward_prefetch, documents::Flavour::fsdp1);
   if (po.strategy) {
     // Refuses an unknown strategy, and a shard group beside one that is not hsdp.
     documents::make_spec(*po.strategy, std::nullopt, sc.cluster.gpus_per_node, group);
@@ -355,6 +358,11 @@ void run_layout_recommend(const CliOptions& o, int top_plans, std::ostream& out,
     throw InputError("--reduce-dtype", fmt::format("{}: the layout search keeps each framework's "
                                                    "own reduce dtype; estimate the layout with it",
                                                    *o.po.reduce_dtype));
+  if (o.po.backward_prefetch)
+    throw InputError("--backward-prefetch",
+                     fmt::format("{}: the layout search plans FSDP2 and the frameworks' own "
+                                 "engines, not FSDP1",
+                                 *o.po.backward_prefetch));
   const Scenario msc = make_scenario(o.so, false);
   // With --emit for a framework, the fastest plan it can run is the one kept.
   const auto framework = o.emit ? emitted_framework(*o.emit) : std::nullopt;
@@ -458,7 +466,8 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   // context parallelism and says so first.
   const auto& po = o.po;
   const bool unpinned = !o.emit && !po.strategy && !po.flavour && !po.offload &&
-                        !po.shard_group_size && !po.reduce_dtype && !o.data_parallel_only;
+                        !po.shard_group_size && !po.reduce_dtype && !po.backward_prefetch &&
+                        !o.data_parallel_only;
   if (unpinned) {
     const Scenario probe = make_scenario(o.so, false);
     const auto gpus = static_cast<std::int64_t>(probe.cluster.gpus);
@@ -554,6 +563,7 @@ evaluate_deepspeed_config(const CliOptions& o, Scenario& sc, costmodel::Trace* t
        {std::pair{"--flavour", po.flavour.has_value()},
         std::pair{"--offload", po.offload.has_value()},
         std::pair{"--reduce-dtype", po.reduce_dtype.has_value()},
+        std::pair{"--backward-prefetch", po.backward_prefetch.has_value()},
         std::pair{"--shard-group-size", po.shard_group_size.has_value()}})
     if (given)
       throw InputError(flag,

@@ -324,7 +324,9 @@ void fsdp1_snippet(Text& t, const Scenario& sc, const Evaluation& e) {
   t.line("    mixed_precision=MixedPrecision(param_dtype={}, reduce_dtype={}),", param_dtype(e),
          torch_dtype(s.reduce_dtype));
   t.line("    cpu_offload=CPUOffload(offload_params={}),", py_bool(offload));
-  t.line("    backward_prefetch=BackwardPrefetch.BACKWARD_PRE,");
+  // The plan's: BACKWARD_PRE, or None (transformers' Trainer's NO_PREFETCH, the hf recipe's).
+  t.line("    backward_prefetch={},",
+         s.backward_prefetch > 0 ? "BackwardPrefetch.BACKWARD_PRE" : "None");
   t.line("    limit_all_gathers=True,");
   t.line(")");
   autocast_line(t, e);

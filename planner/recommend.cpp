@@ -29,7 +29,11 @@ std::string knobs(const Evaluation& e) {
                    checkpointing_label(e.job), loss_label(e.job));
   if (e.spec.offload != Offload::none)
     s += fmt::format(", offload {}", offload_name(e.spec.offload));
-  if (e.spec.shard_parameters) s += fmt::format(", prefetch {}", e.spec.forward_prefetch);
+  if (e.spec.shard_parameters) {
+    s += fmt::format(", prefetch {}", e.spec.forward_prefetch);
+    if (e.spec.backward_prefetch != e.spec.forward_prefetch)
+      s += fmt::format(" (backward {})", e.spec.backward_prefetch);
+  }
   if (const auto mp = fsdp_mixed_precision(e.spec, compute_dtype(e.job.precision)))
     s += fmt::format(", mixed precision {}", fsdp_mixed_precision_name(*mp));
   if (e.spec.reduce_bucket_bytes > 0)

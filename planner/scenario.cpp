@@ -485,6 +485,9 @@ void add_plan_options(CLI::App& app, PlanOptions& o, bool strategy_required) {
   app.add_option("--reduce-dtype", o.reduce_dtype,
                  "fp32 | bf16 | fp16: the dtype gradients are reduced in (FSDP's reduce_dtype, "
                  "DeepSpeed's communication_data_type; default: the framework's)");
+  app.add_option("--backward-prefetch", o.backward_prefetch,
+                 "pre | none: FSDP1's backward_prefetch (BACKWARD_PRE or None; default: the "
+                 "recipe's, none under hf as transformers' Trainer sets it)");
 }
 
 std::optional<int> shard_group_size(const PlanOptions& o) {
@@ -514,7 +517,23 @@ documents::ShardingSpec with_job_precision(documents::ShardingSpec s,
                        ? DType::fp32
                        : compute;
   s.fp32_gathered = fsdp && mode == FsdpMixedPrecision::full;
+  if (s.flavour == documents::Flavour::fsdp1 && !recipe.fsdp1_backward_prefetch)
+    s.backward_prefetch = 0;
   return s;
+}
+
+int backward_prefetch_units(const std::string& name, documents::Flavour flavour) {
+  if (name != "pre" && name != "none")
+    throw InputError("--backward-prefetch",
+                     fmt::format("must be one of pre, none, got \"{}\" (FSDP1's BACKWARD_PRE or "
+                                 "None; BACKWARD_POST is not modeled)",
+                                 name));
+  if (flavour != documents::Flavour::fsdp1)
+    throw InputError("--backward-prefetch",
+                     fmt::format("{}: FSDP1's backward_prefetch; the plan runs {}, which has no "
+                                 "such setting",
+                                 name, documents::flavour_name(flavour)));
+  return name == "pre" ? 1 : 0;
 }
 
 documents::ShardingSpec with_reduce_dtype(documents::ShardingSpec s, const std::string& name,
@@ -569,6 +588,8 @@ documents::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& 
       documents::make_spec(strategy, flavour, sc.cluster.gpus_per_node, shard_group_size(o)),
       sc.job);
   if (o.reduce_dtype) spec = with_reduce_dtype(spec, *o.reduce_dtype, sc.job);
+  if (o.backward_prefetch)
+    spec.backward_prefetch = backward_prefetch_units(*o.backward_prefetch, spec.flavour);
   spec.offload = documents::offload_from_name(o.offload.value_or("none"), "--offload");
   if (strategy == documents::kNoWrapper && sc.cluster.gpus != 1)
     throw InputError("--strategy", fmt::format("none runs one GPU without a data-parallel "
@@ -624,6 +645,7 @@ void name_option_types(CLI::App& app) {
       {"flavour", "NAME"},
       {"offload", "NAME"},
       {"reduce-dtype", "NAME"},
+      {"backward-prefetch", "NAME"},
       {"fsdp-mixed-precision", "NAME"},
       {"fsdp2-groups", "NAME"},
       {"float8", "NAME"},

@@ -92,9 +92,10 @@ nlohmann::json hardware_json(const Scenario& sc);
 struct PlanOptions {
   std::optional<std::string> strategy;
   std::optional<std::string> flavour;
-  std::optional<std::string> shard_group_size;  // not given: the GPUs per node
-  std::optional<std::string> offload;           // not given: none
-  std::optional<std::string> reduce_dtype;      // not given: the framework's default
+  std::optional<std::string> shard_group_size;   // not given: the GPUs per node
+  std::optional<std::string> offload;            // not given: none
+  std::optional<std::string> reduce_dtype;       // not given: the framework's default
+  std::optional<std::string> backward_prefetch;  // FSDP1's: pre | none (not given: the recipe's)
 };
 void add_plan_options(CLI::App& app, PlanOptions& o, bool strategy_required);
 // What each option's value is, as --help shows it (core/option_types.hpp): the planner's table.
@@ -109,7 +110,8 @@ std::optional<int> shard_group_size(const PlanOptions& o);
 // (engine.py, communication_data_type: the fp16/bf16 training dtype, else fp32), whose buckets
 // hold 5e8 elements of their dtype (zero/config.py); DDP reduces the parameters' dtype, fp32
 // under autocast. The spec's reduce bucket is in bytes from here on: the simulator and the
-// executor take it as it is.
+// executor take it as it is. FSDP1's backward prefetch is the recipe's
+// (RecipeTraits::fsdp1_backward_prefetch).
 documents::ShardingSpec with_job_precision(documents::ShardingSpec s,
                                            const documents::TrainingJob& job);
 // --reduce-dtype: the gradients' reduction dtype the user set (FSDP's MixedPrecision
@@ -118,6 +120,9 @@ documents::ShardingSpec with_job_precision(documents::ShardingSpec s,
 // another dtype than fp32 under torchtitan.
 documents::ShardingSpec with_reduce_dtype(documents::ShardingSpec s, const std::string& name,
                                           const documents::TrainingJob& job);
+// --backward-prefetch: FSDP1's BackwardPrefetch as units gathered ahead in backward (pre: 1,
+// BACKWARD_PRE; none: 0); refused for the other flavours, which have no such setting.
+int backward_prefetch_units(const std::string& name, documents::Flavour flavour);
 documents::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& strategy,
                                        const Scenario& sc);
 

@@ -64,6 +64,7 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
       // model under the DeepSpeed engine with ZeRO.
       if (!recipe_traits(sc.job.recipe).runs_under(f)) continue;
       if (pins.reduce_dtype && f == Flavour::ddp) continue;
+      if (pins.backward_prefetch && f != Flavour::fsdp1) continue;
       // A job that names FSDP's mixed precision runs FSDP.
       const bool fsdp = f == Flavour::fsdp1 || f == Flavour::fsdp2;
       if (sc.job.fsdp_mixed_precision && !fsdp) continue;
@@ -78,6 +79,7 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
       for (const auto& g : groups) {
         ShardingSpec base = with_job_precision(make_spec(strategy, f, G, g), sc.job);
         if (pins.reduce_dtype) base = with_reduce_dtype(base, *pins.reduce_dtype, sc.job);
+        if (pins.backward_prefetch) base.backward_prefetch = *pins.backward_prefetch;
         for (Offload o : offloads_for(base)) {
           if (pins.offload && *pins.offload != o) continue;
           ShardingSpec s = base;
@@ -99,7 +101,7 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
           if (s.shard_parameters && !pins.default_prefetch) {
             ShardingSpec deep = s;
             deep.forward_prefetch = s.forward_prefetch + 1;
-            deep.backward_prefetch = s.backward_prefetch + 1;
+            deep.backward_prefetch = s.backward_prefetch + (pins.backward_prefetch ? 0 : 1);
             deep.max_inflight_allgathers = s.max_inflight_allgathers + 1;
             if (deep.prefetch_bucket_elems > 0) deep.prefetch_bucket_elems *= 4;
             out.push_back(deep);

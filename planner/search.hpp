@@ -31,6 +31,8 @@ struct SearchPins {
   std::optional<int> shard_group_size;
   // --reduce-dtype: every candidate reduces in it; DDP, which has no such setting, is left out.
   std::optional<std::string> reduce_dtype;
+  // --backward-prefetch: FSDP1 plans alone, each gathering this many units ahead in backward.
+  std::optional<int> backward_prefetch;
   // The flavour's own prefetch only, not the deeper variant (what --emit llm-foundry can write).
   bool default_prefetch = false;
   bool exhaustive = false;  // simulate everything, no pruning (for tests and benchmarks)

@@ -177,6 +177,7 @@ def estimate(
     shard_group_size: Optional[Number] = None,
     offload: Optional[str] = None,
     reduce_dtype: Optional[str] = None,
+    backward_prefetch: Optional[str] = None,
     deepspeed: Optional[Union[str, "os.PathLike[str]"]] = None,
     tensor_parallel: Optional[Number] = None,
     sequence_parallel: bool = False,
@@ -226,6 +227,7 @@ def simulate(
     shard_group_size: Optional[Number] = None,
     offload: Optional[str] = None,
     reduce_dtype: Optional[str] = None,
+    backward_prefetch: Optional[str] = None,
 ) -> Dict[str, Any]:
     """``estimate``, and the step's Chrome trace written to ``trace`` (opens in Perfetto):
     ``planner simulate --trace PATH --format json``."""
@@ -263,6 +265,7 @@ def recommend(
     shard_group_size: Optional[Number] = None,
     offload: Optional[str] = None,
     reduce_dtype: Optional[str] = None,
+    backward_prefetch: Optional[str] = None,
     top: Optional[Number] = None,
     exhaustive: bool = False,
     losses: Optional[str] = None,
@@ -346,6 +349,7 @@ def _plan_options(
     shard_group_size: Optional[Number] = None,
     offload: Optional[str] = None,
     reduce_dtype: Optional[str] = None,
+    backward_prefetch: Optional[str] = None,
     exhaustive: bool = False,
     losses: Optional[str] = None,
 ) -> Dict[str, Any]:

@@ -51,6 +51,7 @@ class PlanOptions(ScenarioOptions, total=False):
     shard_group_size: Number
     offload: str  # none | optimizer | params
     reduce_dtype: str  # fp32 | bf16 | fp16 (FSDP's reduce_dtype, DeepSpeed's communication dtype)
+    backward_prefetch: str  # pre | none (FSDP1's backward_prefetch; not given: the recipe's)
 
 class EstimateOptions(PlanOptions, total=False):
     deepspeed: _Path  # an existing ds_config.json instead of strategy

@@ -88,9 +88,12 @@ std::vector<std::string> estimate_args(const nlohmann::json& c) {
     a.insert(a.end(), {"--strategy=fsdp-full", "--flavour=fsdp2", "--reduce-dtype=fp32",
                        "--fsdp2-groups=root"});
   } else if (wrapper == "fsdp1") {
-    // FSDP1 under Composer's mixed precision modes (validation/measure_fsdp1_steps.py): the
-    // case's mode, none for fp32.
+    // FSDP1 under Composer's mixed precision modes (validation/measure_fsdp1_steps.py: torch's
+    // BACKWARD_PRE), or as accelerate prepares it (measure_accelerate_steps.py: backward_prefetch
+    // None, the hf recipe's own): the case's mode, none for fp32.
     a.insert(a.end(), {"--strategy=fsdp-full", "--flavour=fsdp1"});
+    if (c.value("framework", std::string()) != "accelerate")
+      a.emplace_back("--backward-prefetch=pre");
     if (c.contains("fsdp_mixed_precision") && !c.at("fsdp_mixed_precision").is_null())
       a.push_back("--fsdp-mixed-precision=" + text(c, "fsdp_mixed_precision"));
   } else {

@@ -401,3 +401,50 @@ TEST_CASE("cli_input::help names each value's kind and unit") {
                             "--gpu-memory-GiB GiB", "--model NAME|FILE", "--headroom FRACTION"})
     CHECK(r.out.find(shown) != std::string::npos);
 }
+
+// FSDP1's backward_prefetch: the hf recipe's is None (transformers' Trainer passes NO_PREFETCH
+// to accelerate), torch's default BACKWARD_PRE the others'; --backward-prefetch names it for an
+// FSDP1 plan, and the emitted wrapper writes the one the plan was costed with.
+TEST_CASE("cli_input::--backward-prefetch is FSDP1's, pre or none") {
+  const std::vector<std::string> job = {"--model",   "llama-2-7b", "--gpus",         "8",
+                                        "--seq-len", "1024",       "--global-batch", "8"};
+  auto with = [&](const char* command, std::vector<std::string> more) {
+    std::vector<std::string> a = {command};
+    a.insert(a.end(), job.begin(), job.end());
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  check_refused(with("estimate", {"--strategy", "fsdp-full", "--flavour", "fsdp1",
+                                  "--backward-prefetch", "post"}),
+                "--backward-prefetch: must be one of pre, none, got \"post\" (FSDP1's "
+                "BACKWARD_PRE or None; BACKWARD_POST is not modeled)");
+  check_refused(with("estimate", {"--strategy", "fsdp-full", "--flavour", "fsdp2",
+                                  "--backward-prefetch", "pre"}),
+                "--backward-prefetch: pre: FSDP1's backward_prefetch; the plan runs fsdp2, which "
+                "has no such setting");
+  check_refused(with("recommend", {"--model-parallel", "--backward-prefetch", "none"}),
+                "--backward-prefetch: none: the layout search plans FSDP2 and the frameworks' "
+                "own engines, not FSDP1");
+  const auto fsdp1 = [&](std::vector<std::string> more) {
+    auto a = with("estimate", {"--strategy", "fsdp-full", "--flavour", "fsdp1", "--micro-batch",
+                               "1", "--format", "json"});
+    a.insert(a.end(), more.begin(), more.end());
+    const auto r = planner(a);
+    REQUIRE(r.code == 0);
+    return nlohmann::json::parse(r.out);
+  };
+  // Gathering a unit ahead in backward keeps one more gathered block beside the one running.
+  CHECK(fsdp1({"--backward-prefetch", "pre"}).at("memory").at("peak_bytes").get<double>() >
+        fsdp1({}).at("memory").at("peak_bytes").get<double>());
+  CHECK(fsdp1({"--backward-prefetch", "none"}).at("memory").at("peak_bytes") ==
+        fsdp1({}).at("memory").at("peak_bytes"));
+  const auto emitted =
+      planner(with("recommend", {"--strategy", "fsdp-full", "--flavour", "fsdp1",
+                                 "--backward-prefetch", "none", "--emit", "fsdp"}));
+  REQUIRE(emitted.code == 0);
+  CHECK(emitted.out.find("    backward_prefetch=None,") != std::string::npos);
+  const auto pre = planner(with("recommend", {"--strategy", "fsdp-full", "--flavour", "fsdp1",
+                                              "--backward-prefetch", "pre", "--emit", "fsdp"}));
+  REQUIRE(pre.code == 0);
+  CHECK(pre.out.find("    backward_prefetch=BackwardPrefetch.BACKWARD_PRE,") != std::string::npos);
+}
