@@ -81,7 +81,7 @@ ActivationBytes block_activations(const documents::ModelSpec& m, const documents
 // runs under the llm-foundry recipe, and the block is modeled (block_table.cpp, mpt_rows) for
 // low_precision_layernorm or low_precision_rmsnorm, either FFN, multi-head, grouped or
 // multi-query attention, qk_ln and qk_gn (under the LayerNorm), clip_qkv, learned positions,
-// ALiBi, rope (hf measured, dail derived) or none, without dropout or a sliding window
+// ALiBi, rope (hf measured, dail derived) or none, dropout, without a sliding window
 // (documents/model_mpt.cpp, ModelSpec::unmeasured).
 std::string mpt_unmodeled(const documents::ModelSpec& m, const documents::TrainingJob& job);
 

@@ -92,6 +92,12 @@ bool float8_converts(const TrainingJob& j, const std::string& fqn, std::int64_t 
                       [&](const std::string& f) { return matches(fqn, f); });
 }
 
+bool float8_whole_block(const ModelSpec& m, const TrainingJob& j) {
+  if (j.float8 == documents::Float8Recipe::none) return false;
+  const auto mms = block_matmuls(m, j);
+  return std::all_of(mms.begin(), mms.end(), [](const Matmul& mm) { return mm.fp8; });
+}
+
 bool head_float8(const ModelSpec& m, const TrainingJob& j) {
   return float8_converts(j, "lm_head", m.vocab, m.hidden);
 }

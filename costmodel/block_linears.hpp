@@ -42,6 +42,9 @@ std::vector<Matmul> block_matmuls(const documents::ModelSpec& m, const documents
 // block's linear in some blocks and not in others (the cost model's blocks are alike), or "".
 bool float8_converts(const documents::TrainingJob& j, const std::string& fqn, std::int64_t out,
                      std::int64_t in);
+// Whether the job's Float8 converts every linear of the block (what the compiled block's measured
+// partition assumes).
+bool float8_whole_block(const documents::ModelSpec& m, const documents::TrainingJob& j);
 bool head_float8(const documents::ModelSpec& m, const documents::TrainingJob& j);
 std::string float8_filter_per_layer(const documents::ModelSpec& m, const documents::TrainingJob& j);
 

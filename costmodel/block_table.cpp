@@ -1,4 +1,5 @@
 #include "costmodel/block_table.hpp"
+#include "costmodel/block_linears.hpp"
 #include "costmodel/selective_op.hpp"
 #include "documents/job.hpp"
 #include "documents/model.hpp"
@@ -271,20 +272,31 @@ void llama_attention(Rows& r, const ModelSpec& m, const Shape& x, const Training
 // q, k and v as the attention reads them (rotated), its output and fp32 logsumexp; the outputs of
 // w1 and w3 and their product (w2's input). Not kept: the fp32 copies inside the norms, the wqkv
 // output before rotation, wo's input (a view of the attention output, rebuilt), SiLU's output.
-void compiled_llama_rows(Rows& r, const ModelSpec& m, const Shape& x, const Dtypes& d) {
+void compiled_llama_rows(Rows& r, const ModelSpec& m, const Shape& x, const TrainingJob& j,
+                         const Dtypes& d) {
   const double T = x.T, h = x.h, e = d.e;
+  // With every linear of the block in Float8 (torchao's Float8Linear, rowwise or tensorwise alike;
+  // tests/costmodel/data/oracle_float8_units.json) the partition keeps neither norm's output nor
+  // w2's input: backward casts its own fp8 operands again from the norms' inputs and rstd and
+  // from w1's and w3's outputs, and it keeps wo's output in place of the residual after the
+  // attention (its sum with the block input is recomputed).
+  const bool fp8 = float8_whole_block(m, j);
   r.add("attention_norm", "input (the block's)", d.r * T * h, residual);
   r.add("attention_norm", "fp32 rstd", 4 * T, residual);
-  r.add("attention_norm", "output (wqkv's input)", e * T * h, linear_input);
+  if (!fp8) r.add("attention_norm", "output (wqkv's input)", e * T * h, linear_input);
   r.add("sdpa", "rotated q, k and v", e * T * (x.q + 2 * x.kv), heads);
   r.add("sdpa", "output", e * T * x.q, heads);
   r.add("sdpa", "kernel state", sdpa_kernel_state(x, d), heads);
   r.mlp = true;
-  r.add("ffn_norm", "input (the residual after attention)", d.r * T * h, residual);
+  if (fp8)
+    r.add("wo", "output (the residual's other term)", e * T * h, residual);
+  else
+    r.add("ffn_norm", "input (the residual after attention)", d.r * T * h, residual);
   r.add("ffn_norm", "fp32 rstd", 4 * T, residual);
-  r.add("ffn_norm", "output (w1's and w3's input)", e * T * h, linear_input);
-  r.add("feed_forward", "w1's and w3's outputs and their product",
-        (m.mlp == MlpKind::swiglu ? 3.0 : 2.0) * e * T * x.I, heads);
+  if (!fp8) r.add("ffn_norm", "output (w1's and w3's input)", e * T * h, linear_input);
+  const double factors = m.mlp == MlpKind::swiglu ? 2.0 : 1.0;
+  r.add("feed_forward", fp8 ? "w1's and w3's outputs" : "w1's and w3's outputs and their product",
+        (fp8 ? factors : factors + 1) * e * T * x.I, heads);
 }
 
 // LlamaDecoderLayer (Mistral and Qwen2 share its code; biases keep nothing more) and torchtitan's
@@ -293,7 +305,7 @@ void compiled_llama_rows(Rows& r, const ModelSpec& m, const Shape& x, const Dtyp
 // the product.
 void llama_rows(Rows& r, const ModelSpec& m, const Shape& x, const TrainingJob& j,
                 const Dtypes& d) {
-  if (j.compile) return compiled_llama_rows(r, m, x, d);
+  if (j.compile) return compiled_llama_rows(r, m, x, j, d);
   const bool torch_norm = recipe_traits(j.recipe).rmsnorm == RmsNormCode::torch;
   if (torch_norm)
     torch_rmsnorm(r, "attention_norm", x, d, 1);

@@ -395,10 +395,20 @@ ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const T
     // aten::mm it counts: of wqkv, wo, w1, w3, w2, wo and w3) and the element-wise ops it omits.
     const auto mms = block_matmuls(m, j);
     const auto rerun = selective_op_reruns(mms);
-    for (std::size_t i = 0; i < mms.size(); ++i)
-      if (rerun[i])
-        r[static_cast<int>(ComputeKind::gemm)] += cm.gemm_s(split_gemm(mms[i], tokens, split.t));
-    r[static_cast<int>(ComputeKind::memory_bound)] =
+    for (std::size_t i = 0; i < mms.size(); ++i) {
+      if (!rerun[i]) continue;
+      const Gemm g = split_gemm(mms[i], tokens, split.t);
+      if (!mms[i].fp8) {
+        r[static_cast<int>(ComputeKind::gemm)] += cm.gemm_s(g);
+        continue;
+      }
+      UnitWork w;  // a Float8 linear's forward again: its casts and its fp8 GEMM
+      add_float8_linear(cm, j, g, w);
+      r[static_cast<int>(ComputeKind::gemm)] += w.forward[static_cast<int>(ComputeKind::gemm)];
+      r[static_cast<int>(ComputeKind::memory_bound)] +=
+          w.forward[static_cast<int>(ComputeKind::memory_bound)];
+    }
+    r[static_cast<int>(ComputeKind::memory_bound)] +=
         counts_recipe_traffic(j)
             ? cm.traffic_s(split_bytes(recompute_traffic(m, j, f).forward,
                                        block_residual_traffic(m, j, f).forward, split))

@@ -276,11 +276,22 @@ void apply_float8(const ScenarioOptions& o, Scenario& sc) {
     throw InputError(where, fmt::format("{}: {} ({}) has no fp8 tensor cores (its profile names "
                                         "no peak_TFLOPs.fp8)",
                                         name, sc.hardware.name, sc.hardware.device));
-  if (sc.job.checkpointing == documents::Checkpointing::selective_op)
-    throw InputError(job_field(o, o.checkpointing.has_value(), "--checkpointing", "/checkpointing"),
-                     "selective-op with --float8 is not measured (what torchtitan's save list "
-                     "keeps around a Float8Linear's own autograd function): name --checkpointing "
-                     "none or full");
+  // Compiled, the partition measured is the one of a block whose linears are all in Float8.
+  if (sc.job.compile && !costmodel::float8_whole_block(sc.model, sc.job)) {
+    std::vector<std::string> kept;
+    for (const auto& mm : costmodel::block_matmuls(sc.model, sc.job))
+      if (!mm.fp8) kept.push_back(mm.name);
+    const bool filtered = !sc.job.float8_filter.empty();
+    throw InputError(
+        filtered ? job_field(o, !o.float8_filter.empty(), "--float8-filter", "/float8_filter")
+                 : where,
+        fmt::format("{}: leaves {} in 16 bits; what a compiled block keeps with some "
+                    "of its linears in 16 bits is not measured (with all of them in "
+                    "Float8 it is)",
+                    filtered ? fmt::format("{}", fmt::join(sc.job.float8_filter, ","))
+                             : std::string(name),
+                    fmt::join(kept, ", ")));
+  }
   if (const auto f = costmodel::float8_filter_per_layer(sc.model, sc.job); !f.empty())
     throw InputError(job_field(o, !o.float8_filter.empty(), "--float8-filter", "/float8_filter"),
                      fmt::format("{}: matches a linear in some blocks and not in others; the "

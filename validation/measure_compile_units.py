@@ -507,12 +507,7 @@ def main():
         "dropped": dropped,
         "not_measured": NOT_MEASURED,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1, sort_keys=True)
-        f.write("\n")
-    print(f"{len(cases)} cases, {len(dropped)} dropped, {time.time() - start:.0f} s, "
-          f"{os.path.getsize(args.out)} bytes", file=sys.stderr)
+    mu.write_corpus_json(args.out, out, f"{len(cases)} cases, {len(dropped)} dropped", start)
 
 
 if __name__ == "__main__":

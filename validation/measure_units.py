@@ -901,12 +901,17 @@ def main():
         "dropped": dropped,
         "not_measured": NOT_MEASURED,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
+    write_corpus_json(args.out, out, f"{len(cases)} cases, {len(dropped)} groups dropped", start)
+
+
+def write_corpus_json(path, out, summary, start):
+    """Writes a corpus document (sorted keys, one space of indent) and says on stderr what it holds,
+    how long the run took and how large the file is."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
         json.dump(out, f, indent=1, sort_keys=True)
         f.write("\n")
-    print(f"{len(cases)} cases, {len(dropped)} groups dropped, {time.time() - start:.0f} s, "
-          f"{os.path.getsize(args.out)} bytes", file=sys.stderr)
+    print(f"{summary}, {time.time() - start:.0f} s, {os.path.getsize(path)} bytes", file=sys.stderr)
 
 
 if __name__ == "__main__":

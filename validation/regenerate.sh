@@ -28,6 +28,10 @@
 #                                               validation/requirements-accelerate.txt)
 #   tests/costmodel/data/oracle_overheads.json  host-side step overheads: op dispatch, DDP/FSDP1/FSDP2/ZeRO-3
 #                                               hooks per unit and tensor, CPU optimizers (validation/measure_overheads.py)
+#   tests/costmodel/data/oracle_float8_units.json  what torchtitan's block keeps under torchao's Float8 training
+#                                               (tensorwise, rowwise; eager and compiled) and what FSDP2 all-gathers
+#                                               for it (validation/measure_float8_units.py, in validation/.venv-float8:
+#                                               validation/requirements-float8.txt)
 #   tests/documents/data/mpt_params.json        llm-foundry's own MPT's parameters per unit (validation/measure_mpt_params.py)
 #   tests/costmodel/data/oracle_mpt_units.json  bytes llm-foundry's own MPT block keeps per unit
 #                                               (validation/measure_mpt_units.py); both in a second venv,
@@ -66,6 +70,12 @@ if [[ ! -x "$accelerate/bin/python" ]]; then
   "$accelerate/bin/pip" install --quiet -r validation/requirements-accelerate.txt
 fi
 "$accelerate/bin/python" validation/measure_accelerate_steps.py --out tests/costmodel/data/oracle_accelerate_steps.json
+float8=validation/.venv-float8
+if [[ ! -x "$float8/bin/python" ]]; then
+  python3 -m venv "$float8"
+  "$float8/bin/pip" install --quiet -r validation/requirements-float8.txt
+fi
+"$float8/bin/python" validation/measure_float8_units.py --out tests/costmodel/data/oracle_float8_units.json
 foundry=validation/.venv-llm-foundry
 if [[ ! -x "$foundry/bin/python" ]]; then
   python3 -m venv "$foundry"

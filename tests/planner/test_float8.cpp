@@ -2,6 +2,8 @@
 // applies it (torchao 0.18, torchtitan 0.3.0): which GEMMs run in fp8, the casts it adds, what it
 // refuses, and the job document's fields.
 #include <doctest/doctest.h>
+
+#include <algorithm>
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -18,7 +20,7 @@ namespace {
 
 // Llama-3-8B under torchtitan on 8 x H100, one sequence of 4096 tokens per GPU and step, its
 // blocks compiled and kept whole (checkpointing none).
-nlohmann::json titan(std::vector<std::string> more) {
+nlohmann::json titan(std::vector<std::string> more, bool compile = true) {
   std::vector<std::string> a = {"estimate",
                                 "--model",
                                 "llama-3-8b",
@@ -41,6 +43,11 @@ nlohmann::json titan(std::vector<std::string> more) {
                                 "none",
                                 "--format",
                                 "json"};
+  if (!compile) std::erase(a, std::string("--compile"));
+  if (std::find(more.begin(), more.end(), "--checkpointing") != more.end()) {  // theirs, not none
+    const auto at = std::find(a.begin(), a.end(), "--checkpointing");
+    a.erase(at, at + 2);
+  }
   a.insert(a.end(), more.begin(), more.end());
   const auto r = planner(a);
   REQUIRE(r.code == 0);
@@ -72,9 +79,17 @@ TEST_CASE("float8::the converted linears' GEMMs run at the fp8 peak") {
   CHECK(kind_s(gw_hp, "gemm") < kind_s(bf16, "gemm"));
   CHECK(kind_s(rowwise, "attention") == kind_s(bf16, "attention"));
   CHECK(rowwise.at("time").at("step_s").get<double>() < bf16.at("time").at("step_s").get<double>());
-  // What the linears save is torchao's matmul_with_hp_or_float8_args' input_hp and weight_hp_t,
-  // the tensors aten::mm saves: the peak is the bf16 job's.
-  CHECK(rowwise.at("memory").at("peak_bytes") == bf16.at("memory").at("peak_bytes"));
+  // Compiled with every linear in Float8, the partition keeps neither norm's output nor w2's input
+  // (tests/costmodel/test_oracle_float8.cpp): 4·T·h + 2·T·I bytes fewer per block, 32 blocks at
+  // T = 4096, h = 4096, I = 14,336: 32 x (67,108,864 + 117,440,512) = 5,905,580,032 bytes less
+  // activation; eager, torchao saves what aten::mm does, and the peak is the bf16 job's.
+  const auto activations = [](const nlohmann::json& e) {
+    return e.at("memory").at("breakdown").at("activations").get<double>();
+  };
+  CHECK(activations(bf16) - activations(rowwise) == 5905580032.0);
+  const auto eager = titan({"--float8", "rowwise"}, false);
+  const auto eager_bf16 = titan({}, false);
+  CHECK(eager.at("memory").at("peak_bytes") == eager_bf16.at("memory").at("peak_bytes"));
 }
 
 // The casts, by hand from torchao 0.18's float8_linear.py (matmul_with_hp_or_float8_args): per
@@ -128,10 +143,12 @@ TEST_CASE("float8::refused where it is not modeled or cannot run") {
                          "--float8", "rowwise"});
   CHECK(fp32.code == 2);
   CHECK(has(fp32.err, "--float8: rowwise: Float8 training casts the linears' bf16 inputs"));
-  // torchtitan's default checkpointing is its op-level save list: not measured with Float8.
-  const auto op = run({"--recipe", "torchtitan", "--float8", "rowwise"});
-  CHECK(op.code == 2);
-  CHECK(has(op.err, "--checkpointing: selective-op with --float8 is not measured"));
+  // Compiled, the partition is measured with every linear of the block in Float8.
+  const auto part = run({"--recipe", "torchtitan", "--compile", "--checkpointing", "full",
+                         "--float8", "rowwise", "--float8-filter", "attention.wo"});
+  CHECK(part.code == 2);
+  CHECK(has(part.err, "--float8-filter: attention.wo: leaves attention.wo in 16 bits; what a "
+                      "compiled block keeps with some of its linears in 16 bits is not measured"));
   // "layers.1" is in layers.1 and layers.10-19's names, not in the others': blocks unlike.
   const auto uneven = run({"--recipe", "torchtitan", "--checkpointing", "full", "--float8",
                            "rowwise", "--float8-filter", "layers.1"});
@@ -232,4 +249,25 @@ TEST_CASE("float8::recommend says what Float8 would give the recommended plan") 
   const auto named = rec("h100-sxm5-80gb", {"--float8", "rowwise", "--format", "json"});
   REQUIRE(named.code == 0);
   CHECK_FALSE(nlohmann::json::parse(named.out).contains("with_float8"));
+}
+
+// torchtitan's default checkpointing with Float8, eager: its save list sees aten::mm on the Float8
+// tensors and keeps every other one, as in bf16 (oracle_float8_units.json), so the block keeps
+// the same bytes; what it reruns, wo's and w3's forward, runs in fp8 with its eager casts. By
+// hand, per block at T = 4096: the two GEMMs (wo 4096 x 4096 x 4096, w3 4096 x 14,336 x 4096,
+// each in 128-wide tiles over 132 SMs at 1024/1056 and 3584/3696 of their waves) take
+// 2·(68,719,476,736 + 240,518,168,576)/(1024/1056) FLOP at 989.5 x 0.55 TFLOP/s in bf16, half
+// that in fp8: 0.585958 ms saved; their forward casts (x and W of each: 4096·4096 + 4096·4096 +
+// 4096·4096 + 14,336·4096 = 109,051,904 elements) move 33 bytes each at 3350 GB/s x 0.92:
+// 1.167655 ms added. 32 blocks: 18.614 ms more recompute.
+TEST_CASE("float8::torchtitan's op-level save list with Float8") {
+  const auto bf16 = titan({"--checkpointing", "selective-op"}, false);
+  const auto rowwise = titan({"--checkpointing", "selective-op", "--float8", "rowwise"}, false);
+  CHECK(rowwise.at("memory").at("peak_bytes") == bf16.at("memory").at("peak_bytes"));
+  const double flops = 2 * (68719476736.0 + 240518168576.0) * 1056 / 1024;
+  const double saved = flops / (989.5e12 * 0.55) / 2;
+  const double casts = 109051904.0 * 33 / (3350e9 * 0.92);
+  CHECK(rowwise.at("time").at("recompute_s").get<double>() -
+            bf16.at("time").at("recompute_s").get<double>() ==
+        doctest::Approx(32 * (casts - saved)).epsilon(1e-9));
 }

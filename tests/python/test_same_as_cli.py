@@ -100,7 +100,7 @@ def test_tensor_pipeline_and_context_parallel_plans():
 def test_float8_and_its_filter():
     # A filter given as a list is the comma-separated --float8-filter.
     options = dict(model="llama-3-8b", hardware="h100-sxm5-80gb", gpus=8, seq_len=4096,
-                   global_batch=16, strategy="fsdp-full", recipe="torchtitan", compile=True,
+                   global_batch=16, strategy="fsdp-full", recipe="torchtitan",
                    checkpointing="full", float8="rowwise")
     ours = shardplan.estimate(**options, float8_filter=["lm_head", "attention.wo"])
     theirs = cli_json("estimate", *flags(**options), "--float8-filter", "lm_head,attention.wo",
