@@ -94,6 +94,8 @@ struct Walker {
     ++out.layouts;
     for (int mb : divisors(per_replica, per_replica)) {
       if (mb <= above) continue;
+      // A micro-batch the job names (--micro-batch, or the job's) is the only one tried.
+      if (sc.job.micro_batch > 0 && mb != sc.job.micro_batch) continue;
       l.micro_batches = static_cast<int>(per_replica / mb);
       if (l.schedule == PipelineSchedule::interleaved_1f1b &&
           l.micro_batches % l.pipeline_parallel != 0)

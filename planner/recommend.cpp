@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "costmodel/block_linears.hpp"
 #include "documents/plan.hpp"
 #include "planner/loss_requirement.hpp"
 #include "planner/text.hpp"
@@ -41,12 +42,16 @@ std::string knobs(const Evaluation& e) {
   return s;
 }
 
-// Whether the job could add Float8 as the recipe runs it (planner/scenario.cpp, apply_float8,
-// refuses the rest).
-bool float8_offered(const Scenario& sc, const TrainingJob& j) {
-  return j.float8 == Float8Recipe::none && recipe_traits(j.recipe).offers_float8 &&
-         sc.hardware.fp8_peak_flops > 0 && j.precision == Precision::bf16_mixed &&
-         j.checkpointing != Checkpointing::selective_op;
+// The job with the recipe's Float8 (torchtitan's default recipe, rowwise) where it could add it
+// as the recipe runs it (planner/scenario.cpp, apply_float8, refuses the rest), else nullopt.
+std::optional<TrainingJob> with_float8(const Scenario& sc, const TrainingJob& j) {
+  if (j.float8 != Float8Recipe::none || !recipe_traits(j.recipe).offers_float8 ||
+      sc.hardware.fp8_peak_flops <= 0 || j.precision != Precision::bf16_mixed)
+    return std::nullopt;
+  TrainingJob f = j;
+  f.float8 = Float8Recipe::rowwise;
+  if (f.compile && !float8_whole_block(sc.model, f)) return std::nullopt;
+  return f;
 }
 
 // "with Float8 rowwise (--float8 rowwise; torchao, its numerics): step 1.458 s instead of
@@ -69,11 +74,14 @@ Recommendation recommend(const Scenario& sc, const SearchPins& pins) {
   r.explanation = explain(sc, pins, r.search);
   if (!r.search.ranked.empty()) {
     const Evaluation& best = r.search.ranked.front().eval;
-    if (float8_offered(sc, best.job)) {
-      TrainingJob j = best.job;
-      j.float8 = Float8Recipe::rowwise;  // torchtitan's Float8LinearConverter default
-      r.with_float8 = evaluate_layout(sc, best.spec, j, best.layout);
-    }
+    if (const auto j = with_float8(sc, best.job))
+      r.with_float8 = evaluate_layout(sc, best.spec, *j, best.layout);
+  } else if (const auto j = with_float8(sc, sc.job)) {
+    // Nothing fits in 16 bits: the same search with Float8, whose compiled block keeps less.
+    Scenario f = sc;
+    f.job = *j;
+    const auto found = search(f, pins);
+    if (!found.ranked.empty()) r.with_float8 = found.ranked.front().eval;
   }
   return r;
 }
@@ -104,6 +112,13 @@ std::string recommendation_table(const Scenario& sc, const Recommendation& r, in
   t.line("");
   if (s.ranked.empty()) {
     t.line("NO PLAN FITS (the reasons follow)");
+    if (r.with_float8)
+      t.line("with Float8 {} (--float8 {}; torchao, which changes the numerics) one does: {}, "
+             "step {:.3f} s, peak {:.1f} GiB of {:.1f} GiB usable",
+             float8_recipe_name(r.with_float8->job.float8),
+             float8_recipe_name(r.with_float8->job.float8), knobs(*r.with_float8),
+             r.with_float8->result.step_s, r.with_float8->result.peak_bytes / kGiB,
+             sc.usable_bytes() / kGiB);
   } else {
     t.line("RECOMMENDED  {}", knobs(s.ranked.front().eval));
     t.str += evaluation_table(sc, s.ranked.front().eval);

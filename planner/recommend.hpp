@@ -15,8 +15,9 @@ struct Recommendation {
   SearchResult search;
   Explanation explanation;
   // The recommended plan again with the recipe's Float8 training (torchtitan's default recipe,
-  // rowwise), where the job names none and the recipe and the GPU offer it: Float8 changes the
-  // training's numerics, so the search does not choose it; the answer says what it would give.
+  // rowwise), where the job names none and the recipe and the GPU offer it, or, where no plan
+  // fits, the best plan the same search finds with it: Float8 changes the training's numerics, so
+  // the search does not choose it; the answer says what it would give.
   std::optional<Evaluation> with_float8;
 };
 

@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# Over 800 lines: one corpus, one command: the grid of Float8 settings, the probes of what runs
+# on a CPU and the writer stay in the one script that regenerates the corpus.
 """Measure what torchtitan's Llama block keeps for backward under torchao's Float8 training, and what FSDP2
 all-gathers for it.
 

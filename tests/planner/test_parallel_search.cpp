@@ -71,6 +71,20 @@ TEST_CASE(
                  "the global batch of 2048 sequences does not divide over 16384 GPUs"));
 }
 
+// A micro-batch the job names is the search's only one: Llama-3-70B, 256 sequences over 256 GPUs,
+// each layout's replicas would take 1, 2, 4... sequences at a time.
+TEST_CASE("parallel_search::the job's micro-batch is kept, not searched") {
+  auto sc = scenario(load_model("llama-3-70b"), 256, 256);
+  sc.job.micro_batch = 1;
+  const auto s = search_layouts(sc, 0);
+  REQUIRE_FALSE(s.ranked.empty());
+  for (const auto& c : s.ranked) CHECK(c.job.micro_batch == 1);
+  sc.job.micro_batch = 2;
+  const auto two = search_layouts(sc, 0);
+  REQUIRE_FALSE(two.ranked.empty());
+  for (const auto& c : two.ranked) CHECK(c.job.micro_batch == 2);
+}
+
 TEST_CASE("parallel_search::checkpointing is searched, more recompute only above what fitted") {
   const auto sc = scenario(load_model("llama-3-70b"), 256, 256);
   const auto s = search_layouts(sc, 10);
