@@ -263,6 +263,15 @@ void apply_float8(const ScenarioOptions& o, Scenario& sc) {
                                    fmt::join(sc.job.float8_filter, ",")));
     return;
   }
+  // torchtitan 0.3.0 hands torchao's _auto_filter_for_recipe a Linear.Config, which it accepts
+  // only as an nn.Linear: with this entry no linear is converted (measured:
+  // oracle_float8_units.json, meta.linear_filters).
+  for (const auto& f : sc.job.float8_filter)
+    if (f == "auto_filter_small_kn")
+      throw InputError(job_field(o, !o.float8_filter.empty(), "--float8-filter", "/float8_filter"),
+                       "auto_filter_small_kn: torchtitan 0.3.0's converter then converts no linear "
+                       "(torchao's filter is handed a Linear.Config, not an nn.Linear); leave it "
+                       "out, or name the modules to leave in 16 bits");
   const documents::RecipeTraits& r = documents::recipe_traits(sc.job.recipe);
   if (!r.offers_float8)
     throw InputError(where, fmt::format("{}: recipe {} has no Float8 training modeled; "

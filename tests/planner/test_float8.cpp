@@ -154,6 +154,11 @@ TEST_CASE("float8::refused where it is not modeled or cannot run") {
                            "rowwise", "--float8-filter", "layers.1"});
   CHECK(uneven.code == 2);
   CHECK(has(uneven.err, "--float8-filter: layers.1: matches a linear in some blocks"));
+  const auto automatic = run({"--recipe", "torchtitan", "--checkpointing", "full", "--float8",
+                              "rowwise", "--float8-filter", "lm_head,auto_filter_small_kn"});
+  CHECK(automatic.code == 2);
+  CHECK(has(automatic.err, "--float8-filter: auto_filter_small_kn: torchtitan 0.3.0's converter "
+                           "then converts no linear"));
   const auto lone = run({"--recipe", "torchtitan", "--float8-filter", "lm_head"});
   CHECK(lone.code == 2);
   CHECK(has(lone.err, "--float8-filter: lm_head: a filter of Float8's conversion, and no "
