@@ -197,11 +197,15 @@ TEST_CASE("oracle::accelerate's own FSDP2: whole-step peaks within 3%, one known
   CHECK(peaks == 16);
 }
 
-TEST_CASE("oracle::accelerate's own FSDP1: whole-step peaks within 3%") {
+TEST_CASE("oracle::accelerate's own FSDP1: whole-step peaks within 0.3%, one known miss") {
   // The same models under accelerate 1.16.0's FSDP1 preparation (oracle_accelerate_steps.json):
   // FULL_SHARD, backward_prefetch None (the hf recipe's, as transformers' Trainer passes
   // NO_PREFETCH), limit_all_gathers, its MixedPrecision (PURE under bf16) with autocast, each
-  // decoder layer a unit. Predicted as a CPU rank, as the Composer FSDP1 cases above.
+  // decoder layer a unit. Predicted as a CPU rank, as the Composer FSDP1 cases above. 15 cases are
+  // within 0.23%; GPT-2 in fp32 under full checkpointing at b = 1 peaks in block 0's backward
+  // 1,538,720 bytes (2.96%) above the walk on both ranks, a model error not understood yet: it is
+  // held to its present miss so that a change in either direction shows.
+  const std::string known_miss = "accelerate-fsdp1/gpt2-h256/fp32/full/s128-b1/w2";
   int peaks = 0;
   double worst = 0;
   for (const auto& r : oracle::step_rows(oracle::read_corpus("oracle_accelerate_steps.json"))) {
@@ -210,11 +214,16 @@ TEST_CASE("oracle::accelerate's own FSDP1: whole-step peaks within 3%") {
     ++peaks;
     INFO(r.case_id << ": predicted " << r.predicted << ", measured " << r.measured
                    << " (over ranks: " << r.measured_low << " .. " << r.measured_high << ")");
+    if (r.case_id == known_miss) {
+      CHECK(r.range_error() < -0.029);
+      CHECK(r.range_error() > -0.030);
+      continue;
+    }
     worst = std::max(worst, std::abs(r.range_error()));
-    CHECK(std::abs(r.range_error()) < 0.03);
+    CHECK(std::abs(r.range_error()) < 0.003);
   }
   MESSAGE("accelerate FSDP1 steps compared: " << peaks << ", worst peak error " << 100 * worst
-                                              << "%");
+                                              << "% besides the known miss");
   CHECK(peaks == 16);
 }
 
