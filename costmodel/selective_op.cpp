@@ -56,9 +56,17 @@ double selective_op_saved(const ModelSpec& m, const TrainingJob& j, const Forwar
   double saved = f.p * x.T * x.h / sp + attention / t;
   const auto mms = block_matmuls(m, j);
   const auto rerun = selective_op_reruns(mms);
-  for (std::size_t i = 0; i < mms.size(); ++i)
-    if (!rerun[i])
-      saved += e * x.T * static_cast<double>(mms[i].out) / (mms[i].row_parallel ? 1 : t);
+  for (std::size_t i = 0; i < mms.size(); ++i) {
+    if (rerun[i]) continue;
+    // Compiled, AOTAutograd's partition keeps what the policy saves only where the backward
+    // reads it: not the block's last linear's output, which only the residual sum takes
+    // (torchtitan's w2; measured: tests/costmodel/data/oracle_float8_units.json).
+    if (j.compile && i + 1 == mms.size()) continue;
+    saved += e * x.T * static_cast<double>(mms[i].out) / (mms[i].row_parallel ? 1 : t);
+  }
+  // Compiled under rowwise Float8, the fp32 scale per token of the MLP's input ([T, 1]), which
+  // the rerun w3 casts its input with (measured there too).
+  if (j.compile && float8_whole_block(m, j)) saved += 4 * x.T / sp;
   return saved;
 }
 

@@ -239,12 +239,6 @@ void apply_code_options(const ScenarioOptions& o, Scenario& sc) {
                                  "torchtitan's is (--recipe torchtitan)",
                                  r.name));
   if (!sc.loss_named) sc.job.loss = documents::LossImpl::fused;
-  // torchtitan's op-level save list under compile is a policy inside the compiled graph: not
-  // measured (its default checkpointing, so the job must name another).
-  if (sc.job.checkpointing == documents::Checkpointing::selective_op)
-    throw InputError(job_field(o, o.checkpointing.has_value(), "--checkpointing", "/checkpointing"),
-                     "selective-op under --compile is not measured (what the compiled block keeps "
-                     "is, with checkpointing none or full): name --checkpointing none or full");
 }
 
 // --float8 and --float8-filter (or the job's float8, float8_filter): torchao's Float8 training,

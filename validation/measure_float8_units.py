@@ -51,8 +51,8 @@ What it measures
     CPU flash op); eager at seq 64/128 x micro-batch 1/2 (full checkpointing, and the float8 all-gather's
     checkpointed cases, at seq 64 b1 and seq 128 b2: CPU float8 GEMMs are slow eager), compiled
     (``apply_compile``: every block ``.compile(backend="inductor", fullgraph=True)``) at seq 64 b1 and
-    seq 128 b2 for checkpointing none, seq 64 b1 otherwise; bf16 compiled at seq 64 b1 (none and
-    selective-op); one case each of rowwise_with_gw_hp, emulate, the auto filter, torchao's route without
+    seq 128 b2 for checkpointing none and selective-op, seq 64 b1 for full; bf16 compiled at seq 64 b1
+    (none) and at both shapes (selective-op); one case each of rowwise_with_gw_hp, emulate, the auto filter, torchao's route without
     the float8 all-gather, and the float8 all-gather with precomputed scales. The loss is torchtitan's
     ``CrossEntropyLoss`` in every case, eager ("upcast"): ``CompileConfig``'s default also compiles it,
     which changes the head only. Each case names the bf16 rows it compares with (``bf16_reference``) and
@@ -166,11 +166,11 @@ def case_plan():
              ("tensorwise-torchao", "none", "eager", EAGER_SHAPES[:1]),
              ("tensorwise-fp8-all-gather-precompute", "none", "eager", EAGER_SHAPES[:1])]
     plan += [("none", "none", "compiled", COMPILED_SHAPES[:1]),
-             ("none", "selective-op", "compiled", COMPILED_SHAPES[:1])]
+             ("none", "selective-op", "compiled", COMPILED_SHAPES)]
     for f8 in ("tensorwise", "rowwise"):
         plan.append((f8, "none", "compiled", COMPILED_SHAPES))
         plan.append((f8, "full", "compiled", COMPILED_SHAPES[:1]))
-        plan.append((f8, "selective-op", "compiled", COMPILED_SHAPES[:1]))
+        plan.append((f8, "selective-op", "compiled", COMPILED_SHAPES))
     plan.append(("tensorwise-fp8-all-gather", "none", "compiled", COMPILED_SHAPES[:1]))
     return plan
 

@@ -59,8 +59,6 @@ TEST_CASE("oracle_float8::a Float8 block keeps what torchao and the compiled par
     j.float8 = setting == "none"      ? Float8Recipe::none
                : setting == "rowwise" ? Float8Recipe::rowwise
                                       : Float8Recipe::rowwise_with_gw_hp;
-    // The planner refuses selective-op under compile (measured here at one shape only).
-    if (j.compile && j.checkpointing == Checkpointing::selective_op) continue;
     // The converter's choice: the block's five linears (sizes multiples of 16), not lm_head
     // (1000 outputs).
     if (j.float8 != Float8Recipe::none) {
@@ -76,9 +74,9 @@ TEST_CASE("oracle_float8::a Float8 block keeps what torchao and the compiled par
     ++compared;
   }
   MESSAGE("Float8 cases compared: " << compared);
-  // none: eager x (none, full, selective-op) x 4 shapes, compiled none at one shape; rowwise:
-  // eager none and selective-op x 4 shapes, eager full x 2, compiled none x 2 and full x 1;
-  // rowwise_with_gw_hp: eager none x 1.
-  CHECK(compared == 13 + 13 + 1);
+  // none: eager x (none, full, selective-op) x 4 shapes, compiled none at one shape and
+  // selective-op at two; rowwise: eager none and selective-op x 4 shapes, eager full x 2,
+  // compiled none and selective-op x 2 and full x 1; rowwise_with_gw_hp: eager none x 1.
+  CHECK(compared == 15 + 15 + 1);
   CHECK(other.size() == 6);
 }
