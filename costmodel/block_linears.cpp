@@ -14,8 +14,9 @@ using documents::TrainingJob;
 
 namespace {
 
-// torchtitan 0.3.0, models/llama3/model.py: Attention with fuse_qkv (one wqkv GEMM split into
-// q, k and v), wo; FeedForward w1, w3, w2 (w2 takes silu(w1(x)) * w3(x)); no biases.
+// torchtitan 0.3.0's Llama block (models/common/attention.py: the attention's qkv_linear.wqkv, one
+// GEMM split into q, k and v, then wo; models/common/feed_forward.py: w2(silu(w1(x)) * w3(x)));
+// no biases. The names are the modules' paths inside the block, as its Float8 filter sees them.
 std::vector<Matmul> torchtitan_matmuls(const ModelSpec& m) {
   const std::int64_t h = m.hidden, q = m.q_width(), kv = m.kv_width(), I = m.intermediate;
   return {{"attention.qkv_linear.wqkv", q + 2 * kv, h, false, true},
