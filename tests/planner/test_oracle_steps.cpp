@@ -10,6 +10,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "oracle_step_rows.hpp"
@@ -65,6 +66,30 @@ Compared compare_steps(const std::vector<oracle::Row>& rows) {
     CHECK(ok);
   }
   return c;
+}
+
+// accelerate's whole-step peaks whose case id starts with `prefix` (oracle_accelerate_steps.json):
+// each within `bound` of what was measured, but `known_miss`, held inside `miss` (its present
+// error, a model error named by the test that calls this). Returns the cases compared and the
+// worst error besides the known miss.
+std::pair<int, double> accelerate_peaks(const std::string& prefix, const std::string& known_miss,
+                                        std::pair<double, double> miss, double bound) {
+  int peaks = 0;
+  double worst = 0;
+  for (const auto& r : oracle::step_rows(oracle::read_corpus("oracle_accelerate_steps.json"))) {
+    if (r.quantity != "peak" || !r.skipped.empty() || r.case_id.rfind(prefix, 0) != 0) continue;
+    ++peaks;
+    INFO(r.case_id << ": predicted " << r.predicted << ", measured " << r.measured
+                   << " (over ranks: " << r.measured_low << " .. " << r.measured_high << ")");
+    if (r.case_id == known_miss) {
+      CHECK(r.range_error() > miss.first);
+      CHECK(r.range_error() < miss.second);
+      continue;
+    }
+    worst = std::max(worst, std::abs(r.range_error()));
+    CHECK(std::abs(r.range_error()) < bound);
+  }
+  return {peaks, worst};
 }
 
 }  // namespace
@@ -175,23 +200,9 @@ TEST_CASE("oracle::accelerate's own FSDP2: whole-step peaks within 3%, one known
   // backward at 54,859,048 bytes on both ranks, with an all-gather's and a reduce-scatter's
   // buffers alive beside the gathered layer, and the walk is 3.1% below it. It is held to its
   // present miss so that a change in either direction shows; the others are held to 3%.
-  const std::string known_miss = "accelerate-fsdp2/llama-h256/fp32/none/s128-b1/w2";
-  int peaks = 0;
-  double worst = 0;
-  for (const auto& r : oracle::step_rows(oracle::read_corpus("oracle_accelerate_steps.json"))) {
-    if (r.quantity != "peak" || !r.skipped.empty() || r.case_id.rfind("accelerate-fsdp2/", 0) != 0)
-      continue;
-    ++peaks;
-    INFO(r.case_id << ": predicted " << r.predicted << ", measured " << r.measured
-                   << " (over ranks: " << r.measured_low << " .. " << r.measured_high << ")");
-    if (r.case_id == known_miss) {
-      CHECK(r.range_error() < -0.03);
-      CHECK(r.range_error() > -0.035);
-      continue;
-    }
-    worst = std::max(worst, std::abs(r.range_error()));
-    CHECK(std::abs(r.range_error()) < 0.03);
-  }
+  const auto [peaks, worst] =
+      accelerate_peaks("accelerate-fsdp2/", "accelerate-fsdp2/llama-h256/fp32/none/s128-b1/w2",
+                       {-0.035, -0.03}, 0.03);
   MESSAGE("accelerate FSDP2 steps compared: " << peaks << ", worst peak error " << 100 * worst
                                               << "% besides the known miss");
   CHECK(peaks == 16);
@@ -205,23 +216,9 @@ TEST_CASE("oracle::accelerate's own FSDP1: whole-step peaks within 0.3%, one kno
   // within 0.23%; GPT-2 in fp32 under full checkpointing at b = 1 peaks in block 0's backward
   // 1,538,720 bytes (2.96%) above the walk on both ranks, a model error not understood yet: it is
   // held to its present miss so that a change in either direction shows.
-  const std::string known_miss = "accelerate-fsdp1/gpt2-h256/fp32/full/s128-b1/w2";
-  int peaks = 0;
-  double worst = 0;
-  for (const auto& r : oracle::step_rows(oracle::read_corpus("oracle_accelerate_steps.json"))) {
-    if (r.quantity != "peak" || !r.skipped.empty() || r.case_id.rfind("accelerate-fsdp1/", 0) != 0)
-      continue;
-    ++peaks;
-    INFO(r.case_id << ": predicted " << r.predicted << ", measured " << r.measured
-                   << " (over ranks: " << r.measured_low << " .. " << r.measured_high << ")");
-    if (r.case_id == known_miss) {
-      CHECK(r.range_error() < -0.029);
-      CHECK(r.range_error() > -0.030);
-      continue;
-    }
-    worst = std::max(worst, std::abs(r.range_error()));
-    CHECK(std::abs(r.range_error()) < 0.003);
-  }
+  const auto [peaks, worst] =
+      accelerate_peaks("accelerate-fsdp1/", "accelerate-fsdp1/gpt2-h256/fp32/full/s128-b1/w2",
+                       {-0.030, -0.029}, 0.003);
   MESSAGE("accelerate FSDP1 steps compared: " << peaks << ", worst peak error " << 100 * worst
                                               << "% besides the known miss");
   CHECK(peaks == 16);
