@@ -19,22 +19,17 @@ using documents::AttentionImpl;
 using documents::AttentionSample;
 using documents::AttentionShape;
 using documents::backward_gemms;
-using documents::block_elementwise_ops;
 using documents::Calibration;
 using documents::Checkpointing;
 using documents::compute_dtype;
 using documents::DType;
 using documents::dtype_bytes;
-using documents::embedding_elementwise_ops;
 using documents::Flavour;
 using documents::flavour_name;
 using documents::forward_gemms;
 using documents::Gemm;
 using documents::HardwareProfile;
-using documents::head_elementwise_ops;
 using documents::ModelSpec;
-using documents::Passes;
-using documents::passes_per_token;
 using documents::ShardingSpec;
 using documents::TrainingJob;
 using documents::UnitKind;
@@ -299,28 +294,23 @@ void add_float8_linear(const ComputeModel& cm, const TrainingJob& j, const Gemm&
   w.backward_kernels += 2 + (gw_fp8 ? 4 : 2) * kernels;
 }
 
-// The share of a unit's element-wise bytes on one rank: `whole` of them on the residual width
-// (split by t only under sequence parallelism), the rest split by t.
-double split_bytes(double all, double whole, const TensorSplit& s) {
-  if (s.t == 1) return all;
-  return s.sequence_parallel ? all / s.t : whole + (all - whole) / s.t;
-}
-
-// The element-wise ops' passes on one rank: the residual width's ops (norms, residual adds) as
-// split_bytes says, the others' widths split by t; the head's log-softmax only when the loss runs
-// on the rank's vocabulary.
-Passes split_passes(std::vector<documents::ElementwiseOp> ops, const TensorSplit& s) {
-  using documents::ElementwiseKind;
-  for (auto& op : ops) {
-    const bool residual_width =
-        op.kind == ElementwiseKind::layernorm || op.kind == ElementwiseKind::rmsnorm ||
-        op.kind == ElementwiseKind::residual || op.kind == ElementwiseKind::embedding;
-    const bool whole = residual_width
-                           ? !s.sequence_parallel
-                           : op.kind == ElementwiseKind::log_softmax && !s.vocabulary_parallel_loss;
-    if (!whole) op.width /= s.t;
-  }
-  return passes_per_token(ops);
+// A unit's memory-bound bytes on one rank (traffic.hpp, OpSpread): the residual stream's ops
+// split along the sequence under sequence parallelism, the loss's over the vocabulary where it runs
+// on the rank's columns, the rest by t.
+struct SplitTraffic {
+  double forward = 0, backward = 0;
+};
+SplitTraffic split_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f,
+                           UnitKind unit, const TensorSplit& s) {
+  const Traffic all = unit_traffic(m, j, f, unit);
+  if (s.t == 1) return {all.forward, all.backward};
+  const Traffic residual = unit_traffic(m, j, f, unit, OpSpread::residual);
+  const Traffic vocabulary = unit_traffic(m, j, f, unit, OpSpread::vocabulary);
+  const double t = s.t, r = s.sequence_parallel ? t : 1, v = s.vocabulary_parallel_loss ? t : 1;
+  return {residual.forward / r + vocabulary.forward / v +
+              (all.forward - residual.forward - vocabulary.forward) / t,
+          residual.backward / r + vocabulary.backward / v +
+              (all.backward - residual.backward - vocabulary.backward) / t};
 }
 
 }  // namespace
@@ -352,36 +342,12 @@ UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob
     w.forward_kernels += flash ? kFlashKernels[0] : kEagerKernels[0];
     w.backward_kernels += flash ? kFlashKernels[1] : kEagerKernels[1];
   }
-  if (counts_recipe_traffic(j)) {  // the framework's model code, op by op
-    const Traffic t = unit == UnitKind::block  ? block_traffic(m, j, f)
-                      : unit == UnitKind::head ? head_traffic(m, j, f)
-                                               : embedding_traffic(m, j, f);
-    // The residual width's share: the block's norms and residual adds; the embeddings' lookup;
-    // the head's loss (its norm is a small part) unless the loss is vocabulary-parallel.
-    Traffic whole = t;
-    if (unit == UnitKind::block)
-      whole = block_residual_traffic(m, j, f);
-    else if (unit == UnitKind::head && split.vocabulary_parallel_loss)
-      whole = Traffic{};
-    w.forward[memory] += cm.traffic_s(split_bytes(t.forward, whole.forward, split));
-    w.backward[memory] += cm.traffic_s(split_bytes(t.backward, whole.backward, split));
-    w.forward_kernels += t.forward_ops;
-    w.backward_kernels += t.backward_ops;
-  } else {  // the executor's (and Megatron's) kernels
-    const auto ops = unit == UnitKind::block  ? block_elementwise_ops(m)
-                     : unit == UnitKind::head ? head_elementwise_ops(m)
-                                              : embedding_elementwise_ops(m);
-    const Passes p = split.t == 1 ? passes_per_token(ops) : split_passes(ops, split);
-    const double bytes = dtype_bytes(compute_dtype(j.precision));
-    const double t = static_cast<double>(tokens);
-    w.forward[memory] += cm.passes_s(t * p.forward, bytes);
-    w.backward[memory] += cm.passes_s(t * p.backward, bytes);
-    for (const auto& op : ops) {
-      w.forward_kernels += op.count;
-      w.backward_kernels += op.count;
-    }
-  }
-
+  const SplitTraffic moved = split_traffic(m, j, f, unit, split);
+  const Traffic ops = unit_traffic(m, j, f, unit);
+  w.forward[memory] += cm.traffic_s(moved.forward);
+  w.backward[memory] += cm.traffic_s(moved.backward);
+  w.forward_kernels += ops.forward_ops;
+  w.backward_kernels += ops.backward_ops;
   return w;
 }
 
@@ -414,13 +380,14 @@ ComputeTimes block_recompute(const ComputeModel& cm, const ModelSpec& m, const T
       r[static_cast<int>(ComputeKind::memory_bound)] +=
           w.forward[static_cast<int>(ComputeKind::memory_bound)];
     }
-    r[static_cast<int>(ComputeKind::memory_bound)] +=
-        counts_recipe_traffic(j)
-            ? cm.traffic_s(split_bytes(recompute_traffic(m, j, f).forward,
-                                       block_residual_traffic(m, j, f).forward, split))
-            : cm.passes_s(static_cast<double>(tokens) *
-                              split_passes(block_elementwise_ops(m), split).forward,
-                          dtype_bytes(compute_dtype(j.precision)));
+    // The rerun's element-wise ops: the block's forward less what the early stop skips, the
+    // residual stream's share split as the block's.
+    const Traffic again = recompute_traffic(m, j, f);
+    const Traffic residual = unit_traffic(m, j, f, UnitKind::block, OpSpread::residual);
+    const double sp = split.sequence_parallel ? split.t : 1;
+    r[static_cast<int>(ComputeKind::memory_bound)] += cm.traffic_s(
+        split.t == 1 ? again.forward
+                     : residual.forward / sp + (again.forward - residual.forward) / split.t);
   }
   return r;
 }

@@ -97,8 +97,8 @@ struct TensorSplit {
 };
 
 // Per micro-batch work of each unit kind on one rank; the block's is one block's. `f`: the dtypes
-// the forward reads (accounting.hpp); a framework's recipe moves the bytes of costmodel/traffic.hpp
-// in its memory-bound ops, the executor and Megatron the passes of elementwise.hpp.
+// the forward reads (accounting.hpp); its memory-bound ops move the bytes of its recipe's rows
+// (costmodel/traffic.hpp, unit_ops).
 // `context`: the ranks sharing each sequence (j holds this rank's share of it).
 UnitWork unit_work(const ComputeModel& cm, const documents::ModelSpec& m,
                    const documents::TrainingJob& j, documents::UnitKind unit, const Forward& f,

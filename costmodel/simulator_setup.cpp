@@ -305,8 +305,8 @@ void Simulation::prepare_unit_times() {
   // eager attention core; torchtitan's op-level policy reruns what its save list drops.
   units_[3] = units_[1];
   units_[3].recompute_s = units_[1].fwd_s;
-  if (counts_recipe_traffic(j)) {
-    // A recipe's rerun skips what its checkpoint's early stop leaves out (traffic.hpp).
+  {
+    // The rerun skips what the checkpoint's early stop leaves out (traffic.hpp).
     const double skipped = block_traffic(m, j, f).forward - recompute_traffic(m, j, f).forward;
     units_[3].recompute_s -= std::min(
         cm.traffic_s(skipped), units_[1].fwd_kinds[static_cast<int>(ComputeKind::memory_bound)]);

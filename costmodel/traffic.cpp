@@ -20,6 +20,7 @@ using documents::RmsNormCode;
 using documents::SavedTensors;
 using documents::Tensor;
 using documents::TrainingJob;
+using documents::UnitKind;
 using documents::UnitTensors;
 
 namespace {
@@ -212,14 +213,6 @@ Biases biases(const UnitTensors& u) {
   return b;
 }
 
-}  // namespace
-
-bool counts_recipe_traffic(const TrainingJob& j) {
-  return recipe_traits(j.recipe).saved == SavedTensors::per_op;
-}
-
-namespace {
-
 // torchtitan's block compiled (j.compile: its apply_compile; costmodel/block_table.cpp,
 // compiled_llama_rows). Forward: the bytes of Inductor's fused kernels as its scheduler counts
 // them (tests/costmodel/data/oracle_compile_units.json, generated kernels per token, over two
@@ -245,9 +238,8 @@ Traffic compiled_block_traffic(const ModelSpec& m, const TrainingJob& j, const F
   return eager;
 }
 
-}  // namespace
-
-std::vector<BlockOp> block_ops(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+// A framework's block, op by op.
+std::vector<UnitOp> recipe_block_ops(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
   const TrafficShape x(m, j, f);
   const Traffic normed = norm(m, j, x);
   // A residual add: r + the branch's output (e) + r forward; the gradient sums in backward.
@@ -255,15 +247,15 @@ std::vector<BlockOp> block_ops(const ModelSpec& m, const TrainingJob& j, const F
   const Consumers c = consumers(m, j);
   const double readers = c.attention + c.mlp;
   const Biases b = biases(m.block);
-  std::vector<BlockOp> ops;
+  std::vector<UnitOp> ops;
   ops.reserve(9);
-  ops.push_back({"attention norm", normed, Placement::residual});
-  ops.push_back({"mlp norm", normed, Placement::residual});
+  ops.push_back({"attention norm", normed, OpSpread::residual});
+  ops.push_back({"mlp norm", normed, OpSpread::residual});
   ops.push_back({"attention inputs (rotary, copies)", attention_copies(m, j, x)});
   ops.push_back({"mlp activation", activation(m, x)});
   // The attention's add and the MLP's; the parallel residual adds both branches at the end.
-  ops.push_back({"attention residual add", add, Placement::residual, m.parallel_residual});
-  ops.push_back({"mlp residual add", add, Placement::residual, true});
+  ops.push_back({"attention residual add", add, OpSpread::residual, m.parallel_residual});
+  ops.push_back({"mlp residual add", add, OpSpread::residual, true});
   if (x.autocast) {
     // Each reader casts the fp32 norm output; its input gradient is cast back; the branch
     // outputs' gradients are cast to the compute dtype for o_proj and down_proj. Each weight
@@ -283,43 +275,17 @@ std::vector<BlockOp> block_ops(const ModelSpec& m, const TrainingJob& j, const F
   return ops;
 }
 
-Traffic block_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
-  Traffic t;
-  for (const auto& op : block_ops(m, j, f)) t += op.moved;
-  return j.compile ? compiled_block_traffic(m, j, f, t) : t;
-}
-
-Traffic block_residual_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
-  Traffic t;
-  for (const auto& op : block_ops(m, j, f))
-    if (op.place == Placement::residual) t += op.moved;
-  return t;
-}
-
-Traffic recompute_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
-  const Traffic block = block_traffic(m, j, f);
-  Traffic rerun{block.forward, 0, block.forward_ops, 0};
-  // torch.utils.checkpoint stops the rerun once the last tensor backward needs is rebuilt
-  // (early stop, its default): the ops that close the block are not rerun. torchtitan wraps its
-  // blocks with early_stop=False (torchtitan/distributed/activation_checkpoint.py).
-  if (recipe_traits(j.recipe).checkpoint_early_stop) {
-    for (const auto& op : block_ops(m, j, f)) {
-      if (!op.closes) continue;
-      rerun.forward -= op.moved.forward;
-      rerun.forward_ops -= op.moved.forward_ops;
-    }
-  }
-  return rerun;
-}
-
-Traffic head_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+// A framework's head, op by op: its final norm, the projection's autocast casts and the loss.
+std::vector<UnitOp> recipe_head_ops(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
   const TrafficShape x(m, j, f);
-  Traffic t = norm(m, j, x);
+  std::vector<UnitOp> ops = {{"final norm", norm(m, j, x), OpSpread::residual}};
   if (x.autocast) {  // the projection's input, its gradient, its weight and weight gradient
-    t += per_token(x, x.cast() * x.h, x.cast() * x.h, 2, 2);
-    t.forward += x.cast() * x.V * x.h;
-    t.backward += x.cast() * x.V * x.h;
+    Traffic casts = per_token(x, x.cast() * x.h, x.cast() * x.h, 2, 2);
+    casts.forward += x.cast() * x.V * x.h;
+    casts.backward += x.cast() * x.V * x.h;
+    ops.push_back({"projection casts", casts, OpSpread::vocabulary});
   }
+  Traffic t;
   if (j.loss == LossImpl::upcast || j.loss == LossImpl::chunked) {
     // logits.float() (a copy when e < 4), log_softmax reads and writes [T, V] in fp32, the
     // negative log-likelihood indexes it; backward: nll's gradient written in full, log_softmax's
@@ -341,10 +307,12 @@ Traffic head_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f)
     // gradient: 3e per element of [T, V], without fp32 copies.
     t += per_token(x, x.e * x.V, 2 * x.e * x.V, 1, 1);
   }
-  return t;
+  ops.push_back({"loss", t, OpSpread::vocabulary});
+  return ops;
 }
 
-Traffic embedding_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+// A framework's embeddings: the lookups, their gradients and the model's per-position work.
+Traffic recipe_embedding_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
   const TrafficShape x(m, j, f);
   if (m.embedding.tensors.empty()) return {};
   // A lookup reads its rows and writes them (and the ids); its dense backward reads the rows'
@@ -374,6 +342,85 @@ Traffic embedding_traffic(const ModelSpec& m, const TrainingJob& j, const Forwar
     }
   }
   return t;
+}
+
+// The executor's and Megatron-core's fused kernels: each element-wise layer's passes
+// (documents/workload.hpp) over the micro-batch's tokens in the compute dtype, one kernel each
+// way per layer.
+std::vector<UnitOp> kernel_ops(const std::vector<documents::ElementwiseOp>& layers,
+                               const TrainingJob& j) {
+  using documents::ElementwiseKind;
+  const double T = static_cast<double>(j.seq_len) * static_cast<double>(j.micro_batch);
+  const double e = documents::dtype_bytes(documents::compute_dtype(j.precision));
+  std::vector<UnitOp> ops;
+  for (const auto& l : layers) {
+    const documents::Passes p = documents::passes_of(l.kind);
+    const double elements = T * l.width * l.count;
+    const bool residual =
+        l.kind == ElementwiseKind::layernorm || l.kind == ElementwiseKind::rmsnorm ||
+        l.kind == ElementwiseKind::residual || l.kind == ElementwiseKind::embedding;
+    ops.push_back({documents::elementwise_kind_name(l.kind),
+                   {elements * p.forward * e, elements * p.backward * e, l.count, l.count},
+                   residual                                 ? OpSpread::residual
+                   : l.kind == ElementwiseKind::log_softmax ? OpSpread::vocabulary
+                                                            : OpSpread::heads});
+  }
+  return ops;
+}
+
+}  // namespace
+
+std::vector<UnitOp> unit_ops(const ModelSpec& m, const TrainingJob& j, const Forward& f,
+                             UnitKind unit) {
+  if (recipe_traits(j.recipe).saved == SavedTensors::korthikanti) {
+    return kernel_ops(unit == UnitKind::block  ? documents::block_elementwise_ops(m)
+                      : unit == UnitKind::head ? documents::head_elementwise_ops(m)
+                                               : documents::embedding_elementwise_ops(m),
+                      j);
+  }
+  if (unit == UnitKind::block) return recipe_block_ops(m, j, f);
+  if (unit == UnitKind::head) return recipe_head_ops(m, j, f);
+  return {{"embeddings", recipe_embedding_traffic(m, j, f), OpSpread::residual}};
+}
+
+Traffic unit_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f, UnitKind unit,
+                     OpSpread spread) {
+  Traffic t;
+  for (const auto& op : unit_ops(m, j, f, unit))
+    if (op.spread == spread) t += op.moved;
+  return t;
+}
+
+Traffic unit_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f, UnitKind unit) {
+  Traffic t;
+  for (const auto& op : unit_ops(m, j, f, unit)) t += op.moved;
+  return unit == UnitKind::block && j.compile ? compiled_block_traffic(m, j, f, t) : t;
+}
+
+Traffic block_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+  return unit_traffic(m, j, f, UnitKind::block);
+}
+Traffic head_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+  return unit_traffic(m, j, f, UnitKind::head);
+}
+Traffic embedding_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+  return unit_traffic(m, j, f, UnitKind::embedding);
+}
+
+Traffic recompute_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f) {
+  const Traffic block = block_traffic(m, j, f);
+  Traffic rerun{block.forward, 0, block.forward_ops, 0};
+  // torch.utils.checkpoint stops the rerun once the last tensor backward needs is rebuilt
+  // (early stop, its default): the ops that close the block are not rerun. torchtitan wraps its
+  // blocks with early_stop=False (torchtitan/distributed/activation_checkpoint.py).
+  if (recipe_traits(j.recipe).checkpoint_early_stop) {
+    for (const auto& op : unit_ops(m, j, f, UnitKind::block)) {
+      if (!op.closes) continue;
+      rerun.forward -= op.moved.forward;
+      rerun.forward_ops -= op.moved.forward_ops;
+    }
+  }
+  return rerun;
 }
 
 }  // namespace shardplan::costmodel

@@ -15,6 +15,7 @@
 #include "costmodel/block_table.hpp"
 #include "documents/job.hpp"
 #include "documents/model.hpp"
+#include "documents/workload.hpp"
 
 namespace shardplan::costmodel {
 
@@ -25,39 +26,46 @@ struct Traffic {
   double backward_ops = 0;
 };
 
-// The recipes whose model code is counted here: hf, deepspeed, llm-foundry (transformers' model
-// code), torchtitan. The executor and Megatron-core run fused kernels whose passes are counted in
-// elementwise.hpp; for those this returns nothing.
-bool counts_recipe_traffic(const documents::TrainingJob& j);
+// Where an op's bytes fall over the ranks of a tensor-parallel group (compute_time.hpp,
+// TensorSplit):
+//   residual    on the residual stream's tokens (norms, residual adds, the embeddings' rows):
+//               whole on every rank, split along the sequence under sequence parallelism
+//   heads       on the rank's heads and intermediate width, and its shard of the weights: by t
+//   vocabulary  over the logits (the head's casts and loss): by t where the loss runs on the
+//               rank's vocabulary columns, whole where it runs on gathered logits
+enum class OpSpread { residual, heads, vocabulary };
 
-// A block's memory-bound ops as the recipe's model code runs them, in the forward's order (the
-// rows beside the block's saved tensors, block_table.hpp): each op's bytes and kernels per
-// micro-batch, where tensor parallelism puts it (`residual`: the norms and residual adds on the
-// residual stream, whole on every rank unless sequence parallelism splits them along the
-// sequence; `heads`: on the rank's heads and intermediate width), and whether it closes the block
-// (the residual adds after the last op whose output backward keeps, which torch.utils.checkpoint's
-// early stop does not rerun). The eager block's; under compile block_traffic replaces its forward.
-struct BlockOp {
+// A unit's memory-bound ops as the recipe's model code runs them, in the forward's order (the
+// block's rows beside its saved tensors, block_table.hpp): each op's bytes and kernels per
+// micro-batch, where tensor parallelism puts it, and whether it closes the block (the residual
+// adds after the last op whose output backward keeps, which torch.utils.checkpoint's early stop
+// does not rerun). A framework's eager code op by op (transformers', torchtitan's, llm-foundry's
+// MPT); the executor's and Megatron-core's fused kernels as their element-wise passes
+// (documents/workload.hpp, the passes calibrate times) in the compute dtype. A compiled block's
+// forward is block_traffic's, not the sum of these rows.
+struct UnitOp {
   const char* op;
   Traffic moved;
-  Placement place = Placement::heads;
+  OpSpread spread = OpSpread::heads;
   bool closes = false;
 };
-std::vector<BlockOp> block_ops(const documents::ModelSpec& m, const documents::TrainingJob& j,
-                               const Forward& f);
+std::vector<UnitOp> unit_ops(const documents::ModelSpec& m, const documents::TrainingJob& j,
+                             const Forward& f, documents::UnitKind unit);
 
-// One block (the sum of its ops), the head (final norm, projection's casts, loss), the embeddings.
+// A unit's ops summed: the block's (under compile, its forward the compiled kernels'), the
+// head's (final norm, projection's casts, loss), the embeddings'; and those of one spread.
+Traffic unit_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
+                     const Forward& f, documents::UnitKind unit);
+Traffic unit_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
+                     const Forward& f, documents::UnitKind unit, OpSpread spread);
 Traffic block_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
                       const Forward& f);
-// What a checkpointed block's backward reruns of its forward (forward and forward_ops).
-Traffic recompute_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
-                          const Forward& f);
 Traffic head_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
                      const Forward& f);
 Traffic embedding_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
                           const Forward& f);
-// Of the block's ops, those on the residual stream (Placement::residual).
-Traffic block_residual_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
-                               const Forward& f);
+// What a checkpointed block's backward reruns of its forward (forward and forward_ops).
+Traffic recompute_traffic(const documents::ModelSpec& m, const documents::TrainingJob& j,
+                          const Forward& f);
 
 }  // namespace shardplan::costmodel

@@ -120,7 +120,7 @@ TEST_CASE("block_table::MPT's rope dail keeps the stacked k and v where the atte
   }
 }
 
-// The block's memory-bound ops (costmodel/traffic.hpp, block_ops) by hand, for transformers'
+// The block's memory-bound ops (costmodel/traffic.hpp, unit_ops) by hand, for transformers'
 // GPT-NeoX (pythia-70m's shapes: h = 512, LayerNorm, parallel residual) in fp32 on a CPU, s = 64, b
 // = 1: nn.LayerNorm is one kernel reading x and writing y, mean and rstd, 2·4·h + 8 = 4,104 bytes
 // per token forward and 3·4·h + 8 = 6,152 backward; a residual add reads x and the branch and
@@ -144,12 +144,12 @@ TEST_CASE("block_table::a block's memory-bound ops: the residual stream's rows, 
                        {"vocab_size", 50304}};
   const ModelSpec neox = model_from_hf_config(pythia, "pythia-70m");
   REQUIRE(neox.parallel_residual);
-  const Traffic residual = block_residual_traffic(neox, j, fp32);
+  const Traffic residual = unit_traffic(neox, j, fp32, UnitKind::block, OpSpread::residual);
   CHECK(residual.forward == 1311744.0);
   CHECK(residual.backward == 1573888.0);
   CHECK(residual.forward_ops == 4);
   int closing = 0;
-  for (const auto& op : block_ops(neox, j, fp32)) closing += op.closes ? 1 : 0;
+  for (const auto& op : unit_ops(neox, j, fp32, UnitKind::block)) closing += op.closes ? 1 : 0;
   CHECK(closing == 2);
   CHECK(block_traffic(neox, j, fp32).forward - recompute_traffic(neox, j, fp32).forward ==
         786432.0);

@@ -320,3 +320,44 @@ TEST_CASE("compute_time::a measured rate times exactly its passes") {
   CHECK(r.compute_by_kind_s[static_cast<int>(ComputeKind::memory_bound)] ==
         doctest::Approx(256 * passes / rate).epsilon(1e-9));
 }
+
+// Each unit's memory-bound ops split over a tensor-parallel group by where they run
+// (traffic.hpp, OpSpread), one rule for every recipe's rows. GPT-2 under the executor's kernels
+// (documents/workload.hpp, passes_of): per token its block's forward passes are two LayerNorms and
+// two residual adds of 2 passes over h = 768 (6,144 elements, the residual stream) and GELU's 2
+// over I = 3,072 (6,144, the heads' width). With t = 4 and no sequence parallelism a rank runs the
+// residual stream whole and a quarter of the rest: 6,144 + 1,536 = 7,680 elements per token;
+// with sequence parallelism a quarter of both, 3,072. At a calibrated 1e9 passes per second and
+// 1,024 tokens: 7.86432 ms and 3.145728 ms. transformers' head (Llama-2-7B) under its tp_plan
+// computes the loss on logits gathered whole (lm_head "colwise_rep"): with sequence parallelism
+// only the final norm splits; Megatron-core's vocabulary-parallel loss splits the loss's share.
+TEST_CASE("compute_time::tensor parallelism splits each element-wise op where it runs") {
+  auto hw = round_gpu();
+  Calibration c;
+  c.backend = "mpi";
+  c.ranks = 1;
+  c.elementwise_elems_per_s = 1e9;
+  hw.calibration = c;
+  TrainingJob j = bf16_job();
+  j.recipe = Recipe::executor;
+  const auto gpt2 = load_model("gpt2");
+  const Forward f{2, 4, true};
+  const auto memory = static_cast<int>(ComputeKind::memory_bound);
+  const ComputeModel cm(hw, j);
+  CHECK(unit_work(cm, gpt2, j, UnitKind::block, f, 1, {4, false, true}).forward[memory] ==
+        doctest::Approx(7.86432e-3).epsilon(1e-12));
+  CHECK(unit_work(cm, gpt2, j, UnitKind::block, f, 1, {4, true, true}).forward[memory] ==
+        doctest::Approx(3.145728e-3).epsilon(1e-12));
+
+  j.recipe = Recipe::hf;
+  const auto llama = load_model("llama-2-7b");
+  const ComputeModel hf(hw, j);
+  const Traffic head = head_traffic(llama, j, f);
+  const Traffic norm = unit_traffic(llama, j, f, UnitKind::head, OpSpread::residual);
+  REQUIRE(norm.forward > 0);
+  REQUIRE(norm.forward < head.forward);
+  CHECK(unit_work(hf, llama, j, UnitKind::head, f, 1, {4, true, false}).forward[memory] ==
+        doctest::Approx(hf.traffic_s(norm.forward / 4 + (head.forward - norm.forward))));
+  CHECK(unit_work(hf, llama, j, UnitKind::head, f, 1, {4, false, true}).forward[memory] ==
+        doctest::Approx(hf.traffic_s(norm.forward + (head.forward - norm.forward) / 4)));
+}
