@@ -63,16 +63,18 @@ struct StageBuffers {
 //   input arrives into a buffer of its own; the last stage keeps the micro-batch's int32 tokens
 //   and targets (the first stage's are its embeddings': embedding_activations); its blocks count
 //   the incoming gradient in their own backward (executor_tensors' dy).
-StageBuffers stage_buffers(bool torch, bool framework, const Chunk& c, int units, bool chunks) {
+StageBuffers stage_buffers(documents::PipelineRunner runner, bool framework, const Chunk& c,
+                           int units, bool chunks) {
+  using documents::PipelineRunner;
   const bool first = c.first == 0, last = c.last == units - 1;
   StageBuffers b;
-  if (!framework) {
+  if (!framework || runner == PipelineRunner::executor) {
     b.exchange = !last;
     b.batch = last && !first;
     return b;
   }
   b.incoming = !last;
-  if (!torch) return b;
+  if (runner != PipelineRunner::torch_pipelining) return b;
   b.logits = last;
   b.chunk_output = chunks && !last;
   b.input_gradient = !first;
@@ -86,7 +88,7 @@ StageBuffers stage_buffers(bool torch, bool framework, const Chunk& c, int units
 double Simulation::stage_op(const PipeOp& op, double ready, bool first, bool last) {
   const Chunk& c = stage_.chunks.at(static_cast<std::size_t>(op.chunk));
   const StageBuffers b =
-      stage_buffers(stage_.torch_pipelining, frameworks_, c, n_units_, stage_.chunks.size() > 1);
+      stage_buffers(stage_.runner, frameworks_, c, n_units_, stage_.chunks.size() > 1);
   const int mb = op.micro_batch;
   if (ready > free_at_[0]) {
     result_.bubble_s += ready - free_at_[0];
@@ -165,8 +167,7 @@ step_walk::StageUnits stage_units(const StepInput& in, const ParallelLayout& l, 
   const int last_unit = static_cast<int>(in.model->layers) + 1;
   step_walk::StageUnits out;
   out.stages = p;
-  out.torch_pipelining = documents::recipe_traits(in.job.recipe).pipeline ==
-                         documents::PipelineRunner::torch_pipelining;
+  out.runner = documents::recipe_traits(in.job.recipe).pipeline;
   for (int k = 0; k < l.virtual_stages; ++k) {
     const auto vs =
         static_cast<std::size_t>(k) * static_cast<std::size_t>(p) + static_cast<std::size_t>(s);

@@ -82,9 +82,10 @@ struct Chunk {
 struct StageUnits {
   std::vector<Chunk> chunks;  // empty: the whole model, one chunk
   int stages = 1;             // p: the data-parallel ranks are the GPUs / (t·p)
-  // torch.distributed.pipelining's stage (RecipeTraits::pipeline): the buffers its PipelineStage
-  // keeps around a micro-batch's forward and backward (Simulation::stage_op).
-  bool torch_pipelining = false;
+  // Who runs the stages (RecipeTraits::pipeline): the buffers it keeps around a micro-batch's
+  // forward and backward (Simulation::stage_op).
+  documents::PipelineRunner runner = documents::PipelineRunner::megatron;
+  bool torch_pipelining() const { return runner == documents::PipelineRunner::torch_pipelining; }
 };
 
 class Simulation {
@@ -249,9 +250,9 @@ private:
   // the stage's backwards run without gradient sync and without resharding until the last
   // (torch/distributed/pipelining/stage.py, backward_maybe_with_nosync): each unit is gathered
   // once, kept to the step's last backward, its unsharded gradient accumulated to then.
-  bool keep_gathered() const { return stage_.torch_pipelining && stage_.stages > 1; }
+  bool keep_gathered() const { return stage_.torch_pipelining() && stage_.stages > 1; }
   bool accumulated_gradients() const {
-    return frameworks_ && stage_.torch_pipelining && !ddp_wrapped() && !spec_.shard_gradients;
+    return frameworks_ && stage_.torch_pipelining() && !ddp_wrapped() && !spec_.shard_gradients;
   }
   bool checkpointed(int u) const {
     return u > 0 && u < n_units_ - 1 && in_.job.block_checkpointed(u - 1);

@@ -547,7 +547,7 @@ double Simulation::device_optimizer(double t, const States& states) {
     double foreach_elems = local_opt_params;
     // torchtitan builds one optimizer per model chunk of a pipeline stage and steps them in turn
     // (torchtitan/components/optimizer.py, OptimizersContainer): the largest chunk's.
-    if (stage_.torch_pipelining && stage_.chunks.size() > 1) {
+    if (stage_.torch_pipelining() && stage_.chunks.size() > 1) {
       foreach_elems = 0;
       for (const Chunk& c : stage_.chunks) {
         double n = 0;

@@ -66,6 +66,12 @@ void degree_problems(const ParallelLayout& l, const Cluster& c, std::vector<std:
   }
 }
 
+std::string schedule_list(const std::vector<PipelineSchedule>& schedules) {
+  std::vector<std::string> names;
+  for (auto s : schedules) names.emplace_back(schedule_name(s));
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
 // Problems of the blocks' split over the model parts.
 void split_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJob& j,
                     std::vector<std::string>& out) {
@@ -146,6 +152,10 @@ void shape_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJ
   // block under a pipeline and on its local tensors under tensor parallelism (measured:
   // tests/costmodel/data/oracle_tp_units.json). Other recipes' blocks are not torchtitan's.
   const RecipeTraits& r = recipe_traits(j.recipe);
+  if (p > 1 && std::find(r.schedules.begin(), r.schedules.end(), l.schedule) == r.schedules.end())
+    out.push_back(fmt::format("the {} recipe's pipeline has no {} schedule (it has {})",
+                              recipe_name(j.recipe), schedule_name(l.schedule),
+                              schedule_list(r.schedules)));
   const bool pytorch_blocks = r.tensor_parallel == TensorParallelCode::torch_styles;
   if (j.checkpointing == Checkpointing::selective_op &&
       (((p > 1 || t > 1) && !pytorch_blocks) || (cp > 1 && !r.framework)))

@@ -13,6 +13,8 @@ using enum Flavour;
 
 // In the order a strategy picks its engine when none is named (RecipeTraits::flavour_for).
 const std::vector<Flavour> kAllFlavours = {ddp, fsdp2, fsdp1, deepspeed};
+const std::vector<PipelineSchedule> kAllSchedules = {
+    PipelineSchedule::one_f_one_b, PipelineSchedule::interleaved_1f1b, PipelineSchedule::gpipe};
 
 // One row per Recipe, in its order. Each value is what the named code does (the cost model's
 // comments cite the source line by line).
@@ -38,6 +40,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .tp_loss = TpLoss::gathered,  // lm_head "colwise_rep"
           .async_tp = AsyncTp::none,    // transformers' tp_plan runs eager DTensor collectives
           .pipeline = PipelineRunner::megatron,
+          .schedules = kAllSchedules,  // transformers' Trainer runs no pipeline: Megatron's order
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
           .fsdp2_groups =
@@ -80,6 +83,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .tp_loss = TpLoss::loss_parallel,
           .async_tp = AsyncTp::symmetric_memory,
           .pipeline = PipelineRunner::torch_pipelining,
+          .schedules = kAllSchedules,  // pipeline_parallel_schedule: 1F1B, Interleaved1F1B, GPipe
           .pipeline_less_layers = 1,
           .pipeline_even_split = false,
           .fsdp2_groups = Fsdp2Groups::ends,  // torchtitan/distributed/fsdp.py, apply_fsdp
@@ -122,6 +126,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .tp_loss = TpLoss::gathered,
           .async_tp = AsyncTp::none,
           .pipeline = PipelineRunner::megatron,
+          .schedules = kAllSchedules,  // Composer runs no pipeline: Megatron's order
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
           .fsdp2_groups = Fsdp2Groups::root,
@@ -162,6 +167,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .tp_loss = TpLoss::gathered,
           .async_tp = AsyncTp::userbuffers,  // --tp-comm-overlap
           .pipeline = PipelineRunner::megatron,
+          .schedules = {PipelineSchedule::one_f_one_b, PipelineSchedule::interleaved_1f1b},
           .pipeline_less_layers = 0,
           .pipeline_even_split = true,  // get_num_layers_to_build
           .fsdp2_groups = Fsdp2Groups::root,
@@ -200,7 +206,8 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .tp_embedding = TpEmbedding::unplanned,
           .tp_loss = TpLoss::gathered,
           .async_tp = AsyncTp::none,  // AutoTP
-          .pipeline = PipelineRunner::megatron,
+          .pipeline = PipelineRunner::deepspeed,
+          .schedules = {PipelineSchedule::one_f_one_b},  // TrainSchedule only
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
           .fsdp2_groups = Fsdp2Groups::root,
@@ -237,7 +244,8 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .tp_embedding = TpEmbedding::unplanned,
           .tp_loss = TpLoss::gathered,
           .async_tp = AsyncTp::none,
-          .pipeline = PipelineRunner::megatron,
+          .pipeline = PipelineRunner::executor,
+          .schedules = kAllSchedules,  // executor/pipeline.cpp
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
           .fsdp2_groups = Fsdp2Groups::root,

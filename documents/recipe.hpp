@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "documents/job.hpp"
+#include "documents/parallel.hpp"
 #include "documents/sharding.hpp"
 
 namespace shardplan::documents {
@@ -62,8 +63,14 @@ enum class TpLoss { gathered, loss_parallel };
 enum class AsyncTp { none, symmetric_memory, userbuffers };
 
 // Who runs a pipeline's stages, and so their op order (costmodel/parallel_memory.hpp,
-// stage_orders): Megatron-LM's schedules, or torch.distributed.pipelining's (torchtitan).
-enum class PipelineRunner { megatron, torch_pipelining };
+// stage_orders) and what the runner keeps around each op (costmodel/pipeline_walk.cpp,
+// stage_buffers):
+//   megatron          Megatron-LM's schedules (megatron/core/pipeline_parallel/schedules.py)
+//   torch_pipelining  torch.distributed.pipelining's PipelineStage and schedules (torchtitan)
+//   deepspeed         DeepSpeed's PipelineEngine running its TrainSchedule
+//                     (deepspeed/runtime/pipe/engine.py, schedule.py)
+//   executor          this project's trainer (executor/pipeline.cpp)
+enum class PipelineRunner { megatron, torch_pipelining, deepspeed, executor };
 
 // Whose ring attention context parallelism runs (costmodel/context_ring.hpp): torch's
 // context_parallel (all-gather rotation), or Transformer Engine's p2p ring.
@@ -105,6 +112,7 @@ struct RecipeTraits {
   TpLoss tp_loss;            // under torch_styles
   AsyncTp async_tp;
   PipelineRunner pipeline;
+  std::vector<PipelineSchedule> schedules;  // those its runner has, the first its default
   // The embeddings and the head counted as blocks of the first and last stage by default
   // (torchtitan's pipeline_parallel_first/last_stage_less_layers = 1).
   int pipeline_less_layers;

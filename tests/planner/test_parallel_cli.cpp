@@ -439,7 +439,7 @@ TEST_CASE("cli_parallel::each stage's row adds up to its peak") {
 // exposed waits between them), plus its optimizer step. From the JSON, and the text says which
 // stage.
 TEST_CASE("cli_parallel::the step's compute is the step stage's micro-batches and optimizer step") {
-  for (const char* schedule : {"1f1b", "interleaved-1f1b", "gpipe"}) {
+  for (const char* schedule : {"1f1b", "interleaved-1f1b"}) {
     std::vector<std::string> flags = {"--tensor-parallel",
                                       "8",
                                       "--sequence-parallel",
@@ -525,4 +525,38 @@ TEST_CASE("cli_parallel::async tensor parallelism keeps its framework's communic
   const auto [megatron_overhead, megatron_allocated] = buffers("megatron", false);
   CHECK(te_overhead - megatron_overhead == 402653184.0);
   CHECK(te_allocated == megatron_allocated);
+}
+
+// Each recipe's pipeline runs the schedules its code has (RecipeTraits::schedules): Megatron-LM's
+// get_forward_backward_func picks 1F1B or its interleaved schedule, no GPipe
+// (megatron/core/pipeline_parallel/schedules.py); DeepSpeed's PipelineEngine runs its
+// TrainSchedule, a 1F1B (deepspeed/runtime/pipe/schedule.py); torchtitan's has all three.
+TEST_CASE("cli_parallel::a recipe's pipeline runs only the schedules its code has") {
+  refused({"--tensor-parallel", "8", "--pipeline-parallel", "4", "--schedule", "gpipe"},
+          "--tensor-parallel 8 --pipeline-parallel 4 --schedule gpipe: the megatron recipe's "
+          "pipeline has no gpipe schedule (it has 1f1b, interleaved-1f1b)");
+  for (const char* schedule : {"gpipe", "interleaved-1f1b"}) {
+    std::vector<std::string> a = {"estimate", "--model",        "llama-2-7b", "--gpus",
+                                  "8",        "--seq-len",      "4096",       "--micro-batch",
+                                  "1",        "--global-batch", "64",         "--strategy",
+                                  "zero1",    "--recipe",       "deepspeed",  "--pipeline-parallel",
+                                  "2",        "--schedule",     schedule};
+    if (std::string(schedule) == "interleaved-1f1b") a.insert(a.end(), {"--virtual-stages", "2"});
+    const auto r = planner(a);
+    CAPTURE(schedule);
+    CHECK(r.code == 2);
+    CHECK(has(r.err, std::string("the deepspeed recipe's pipeline has no ") + schedule +
+                         " schedule (it has 1f1b)"));
+  }
+  for (const char* schedule : {"1f1b", "interleaved-1f1b", "gpipe"}) {
+    std::vector<std::string> a = {
+        "estimate",  "--model",        "llama-2-7b", "--gpus",
+        "8",         "--seq-len",      "4096",       "--micro-batch",
+        "1",         "--global-batch", "64",         "--strategy",
+        "fsdp-full", "--recipe",       "torchtitan", "--pipeline-parallel",
+        "2",         "--schedule",     schedule};
+    if (std::string(schedule) == "interleaved-1f1b") a.insert(a.end(), {"--virtual-stages", "2"});
+    CAPTURE(schedule);
+    CHECK(planner(a).code == 0);
+  }
 }
