@@ -201,6 +201,13 @@ ParallelStep simulate_parallel_step(const StepInput& in, const ParallelLayout& l
   // The walk does not offload a tensor- or pipeline-parallel rank's states.
   if (in.spec.offload != Offload::none && (l.tensor_parallel > 1 || l.pipeline_parallel > 1))
     problems.emplace_back("offload is not modeled with tensor or pipeline parallelism");
+  // DeepSpeed's PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+  // parallelism" (deepspeed/runtime/pipe/engine.py, 0.19.8; measured by
+  // validation/measure_deepspeed_pipeline.py, its "refused" probes).
+  if (in.spec.flavour == documents::Flavour::deepspeed && l.pipeline_parallel > 1 &&
+      in.spec.shard_gradients)
+    problems.emplace_back(fmt::format(
+        "DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only, not {}", in.spec.strategy));
   if (!problems.empty()) {
     ParallelStep out;
     auto& r = out.step;

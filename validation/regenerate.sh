@@ -16,6 +16,9 @@
 #                                               HF Llama: transformers' plan and torchtitan's SP layout (validation/measure_tensor_parallel.py)
 #   tests/costmodel/data/oracle_pipeline.json   PyTorch's own pipelining (PipelineStage, GPipe and 1F1B, p = 2) on
 #                                               HF Llama split as torchtitan splits it, per stage (validation/measure_pipeline.py)
+#   tests/costmodel/data/oracle_deepspeed_pipeline.json  DeepSpeed's own PipelineEngine (PipelineModule of HF Llama's
+#                                               layers, p = 2, ZeRO 0/1, fp32 and bf16), per stage, with its schedule's
+#                                               instructions (validation/measure_deepspeed_pipeline.py)
 #   tests/costmodel/data/oracle_fsdp_tp.json    FSDP2 over PyTorch's TP (torchtitan's 2-D layout, dp_shard 2 x tp 2) on
 #                                               HF Llama (validation/measure_fsdp_tp.py)
 #   tests/costmodel/data/oracle_tp_units.json   bytes torchtitan's own Llama keeps per unit under its own tensor
@@ -60,6 +63,7 @@ extra=()
 "$py" validation/measure_traffic.py --out tests/costmodel/data/oracle_traffic.json
 "$py" validation/measure_tensor_parallel.py --out tests/costmodel/data/oracle_tensor_parallel.json
 "$py" validation/measure_pipeline.py --out tests/costmodel/data/oracle_pipeline.json
+"$py" validation/measure_deepspeed_pipeline.py --out tests/costmodel/data/oracle_deepspeed_pipeline.json
 "$py" validation/measure_fsdp_tp.py --out tests/costmodel/data/oracle_fsdp_tp.json
 "$py" validation/measure_tp_units.py --out tests/costmodel/data/oracle_tp_units.json
 "$py" validation/measure_compile_units.py --out tests/costmodel/data/oracle_compile_units.json

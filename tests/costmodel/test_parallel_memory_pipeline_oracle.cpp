@@ -142,3 +142,47 @@ TEST_CASE("parallel_memory::torch_interleaved_ops is the order PyTorch's Schedul
   }
   CHECK(compared == 16);
 }
+
+// DeepSpeed 0.19.8's PipelineEngine (validation/measure_deepspeed_pipeline.py: p = 2 on gloo,
+// m = 2 and 4) records each stage's TrainSchedule instructions for one step. It takes
+// micro-batches in order, so the k-th ForwardPass (BackwardPass) is micro-batch k's: the
+// forwards and backwards it runs are the 1F1B order the walk follows for the deepspeed recipe
+// (stage_orders), and its step ends with ReduceTiedGrads, ReduceGrads, OptimizerStep.
+TEST_CASE("pipeline_oracle::DeepSpeed's TrainSchedule runs the 1F1B order the walk follows") {
+  const json corpus = shardplan::oracle::read_corpus("oracle_deepspeed_pipeline.json");
+  int stages = 0;
+  for (const auto& c : corpus.at("cases")) {
+    const int p = c.at("pipeline_parallel").get<int>();
+    const int m = c.at("micro_batches").get<int>();
+    ParallelLayout l;
+    l.pipeline_parallel = p;
+    l.micro_batches = m;
+    ParallelMemoryInput mi;
+    mi.job.recipe = Recipe::deepspeed;
+    mi.layout = l;
+    const auto orders = stage_orders(mi);
+    for (const auto& st : c.at("stages")) {
+      const auto s = st.at("stage").get<std::size_t>();
+      std::vector<std::string> ran;
+      int forwards = 0, backwards = 0;
+      for (const auto& ins : st.at("instructions")) {
+        const auto name = ins.get<std::string>();
+        if (name.rfind("ForwardPass", 0) == 0) ran.push_back("F" + std::to_string(forwards++));
+        if (name.rfind("BackwardPass", 0) == 0) ran.push_back("B" + std::to_string(backwards++));
+      }
+      std::vector<std::string> walked;
+      for (const auto& op : orders.at(s))
+        walked.push_back((op.kind == PipeOpKind::forward ? "F" : "B") +
+                         std::to_string(op.micro_batch));
+      CAPTURE(c.at("id").get<std::string>());
+      CAPTURE(s);
+      CHECK(ran == walked);
+      const auto& ins = st.at("instructions");
+      REQUIRE(ins.size() >= 3);
+      CHECK(ins.at(ins.size() - 1) == "OptimizerStep()");
+      CHECK(ins.at(ins.size() - 2) == "ReduceGrads()");
+      ++stages;
+    }
+  }
+  CHECK(stages == 64);
+}

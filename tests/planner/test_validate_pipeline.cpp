@@ -122,12 +122,13 @@ TEST_CASE("validate::a pipeline run is compared per stage") {
 }
 
 TEST_CASE("validate::a pipeline run of another plan is refused naming the field") {
-  // The stages ran DDP over 128 tokens; a ZeRO-3 plan, or one of 4,096 tokens, is another job.
-  auto zero3 = plan("h100-sxm5-80gb");
-  zero3.spec = documents::make_spec("zero3", std::nullopt, 2);
+  // The stages ran DDP over 128 tokens; a ZeRO-1 plan (DeepSpeed's, which its pipeline engine
+  // runs), or one of 4,096 tokens, is another job.
+  auto zero1 = plan("h100-sxm5-80gb");
+  zero1.spec = documents::make_spec("zero1", std::nullopt, 2);
   CHECK_THROWS_WITH_AS(
-      planner::validate_json(documents::plan_to_json(zero3), pipeline_run()),
-      "/strategy: not a run of this plan: the run's ddp, the plan's zero3 (--force compares them "
+      planner::validate_json(documents::plan_to_json(zero1), pipeline_run()),
+      "/strategy: not a run of this plan: the run's ddp, the plan's zero1 (--force compares them "
       "anyway)",
       core::InputError);
   auto longer = plan("h100-sxm5-80gb");
@@ -137,7 +138,7 @@ TEST_CASE("validate::a pipeline run of another plan is refused naming the field"
       "/pipeline/seq_len: not a run of this plan: the run's sequence length 128, the plan's "
       "sequence length 4096 (--force compares them anyway)",
       core::InputError);
-  const auto forced = planner::validate_json(documents::plan_to_json(zero3), pipeline_run(), true);
+  const auto forced = planner::validate_json(documents::plan_to_json(zero1), pipeline_run(), true);
   CHECK(forced.contains("stages"));
 }
 
