@@ -368,6 +368,7 @@ private:
   // compute stream's wait for it.
   void ring_exchange(int u, double start, double unit_s, double attention_s, bool backward,
                      Phase phase, int mb);
+  void pipeline_reduce_bucket(int u, double at, int mb);
   void reduce_pending(int u, double end, int mb);
   // A unit's tensor-parallel collectives of its activations (`pass`: the forward, the backward,
   // or a block's rerun forward) at the end of its compute from `start` for `unit_s`; async
@@ -430,6 +431,7 @@ private:
   // torch.distributed.pipelining's buffers (stage_op): the input gradient whose send is not yet
   // waited on, and the bytes kept to the step's end.
   double pending_send_ = 0, held_to_end_ = 0;
+  bool second_bucket_ = false;  // DeepSpeed's pipeline ReduceGrads bucket, until released
   StepResult result_;
   documents::StateBytes sb_;
   std::array<UnitInfo, 4> units_;  // embeddings, block, head, checkpointed block

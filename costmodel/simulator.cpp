@@ -468,6 +468,20 @@ void Simulation::fsdp1_reduce_buffers(int u, double end, double rs, double done,
   mem(done, -pending_reduce_bytes_ / shard_, Category::buffers, Phase::reduce, u, mb);
 }
 
+// DeepSpeed's PipelineEngine reduces once every micro-batch's backward is done (ReduceGrads:
+// reduce_gradients(pipeline_parallel=True), deepspeed/runtime/zero/stage_1_and_2.py), and that
+// call appends a second bucket of reduce_bucket_size beside the one setup_buckets made at the
+// first gradient hook; _release_ipg_buffers frees both with the last reduction (measured:
+// tests/costmodel/data/oracle_deepspeed_pipeline.json, ZeRO 1 peaks at ReduceGrads).
+void Simulation::pipeline_reduce_bucket(int u, double at, int mb) {
+  if (second_bucket_ || !backward_bucket() || stage_.stages < 2 ||
+      stage_.runner != documents::PipelineRunner::deepspeed ||
+      spec_.flavour != documents::Flavour::deepspeed)
+    return;
+  mem(at, spec_.reduce_bucket_bytes, Category::buffers, Phase::reduce, u, mb);
+  second_bucket_ = true;
+}
+
 // Reduces the pending gradients once unit u's backward ends: reduce-scatter or all-reduce, then
 // HSDP's replica all-reduce and the offload's copy to the host; frees the unsharded gradients and
 // keeps the shards.
@@ -530,9 +544,13 @@ void Simulation::reduce_pending(int u, double end, int mb) {
     }
     reduced_[pu] = 1;
   }
-  // The backward's last reduction done, its bucket is released (_release_ipg_buffers).
-  if (backward_bucket() && u == walking_.first)
-    mem(rs + dur, -s.reduce_bucket_bytes, Category::buffers, Phase::reduce, u, mb);
+  pipeline_reduce_bucket(u, rs, mb);
+  // The backward's last reduction done, its buckets are released (_release_ipg_buffers).
+  if (backward_bucket() && u == walking_.first) {
+    mem(rs + dur, -s.reduce_bucket_bytes * (second_bucket_ ? 2 : 1), Category::buffers,
+        Phase::reduce, u, mb);
+    second_bucket_ = false;
+  }
   pending_reduce_bytes_ = 0;
   pending_units_.clear();
 }

@@ -68,6 +68,7 @@ void degree_problems(const ParallelLayout& l, const Cluster& c, std::vector<std:
 
 std::string schedule_list(const std::vector<PipelineSchedule>& schedules) {
   std::vector<std::string> names;
+  names.reserve(schedules.size());
   for (auto s : schedules) names.emplace_back(schedule_name(s));
   return fmt::format("{}", fmt::join(names, ", "));
 }
