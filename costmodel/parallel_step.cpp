@@ -204,10 +204,16 @@ ParallelStep simulate_parallel_step(const StepInput& in, const ParallelLayout& l
   // DeepSpeed's PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline
   // parallelism" (deepspeed/runtime/pipe/engine.py, 0.19.8; measured by
   // validation/measure_deepspeed_pipeline.py, its "refused" probes).
-  if (in.spec.flavour == documents::Flavour::deepspeed && l.pipeline_parallel > 1 &&
-      in.spec.shard_gradients)
-    problems.emplace_back(fmt::format(
-        "DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only, not {}", in.spec.strategy));
+  // Under --recipe deepspeed that engine runs the pipeline, so no other engine's sharding either
+  // (ZeRO 0 is walked as DDP: planner/deepspeed_import.cpp).
+  const auto flavour = in.spec.flavour;
+  if (l.pipeline_parallel > 1 &&
+      ((flavour == documents::Flavour::deepspeed && in.spec.shard_gradients) ||
+       (documents::recipe_traits(in.job.recipe).pipeline == documents::PipelineRunner::deepspeed &&
+        flavour != documents::Flavour::deepspeed && flavour != documents::Flavour::ddp)))
+    problems.emplace_back(
+        fmt::format("DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only, not {} ({})",
+                    in.spec.strategy, documents::flavour_name(flavour)));
   if (!problems.empty()) {
     ParallelStep out;
     auto& r = out.step;

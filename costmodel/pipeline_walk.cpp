@@ -40,6 +40,11 @@ struct StageBuffers {
   bool input_held = false;      // the received input [T, h] past the backward, to the step's end
   bool exchange = false;        // the output sent beside the next input received, at its end
   bool batch = false;           // the micro-batch's int32 tokens and targets, forward to backward
+  // DeepSpeed's PipelineEngine:
+  bool receive_buffer = false;  // one [T, h] buffer receiving activations or gradients, kept
+  bool input_clone = false;     // the received input's clone, forward's start to backward's end
+  bool output_slots = false;    // the last stage's slots keep logits, input and its gradient
+  bool id_slots = false;        // the first stage's slots keep the micro-batch's int64 token ids
 };
 
 // torch.distributed.pipelining (torch/distributed/pipelining/stage.py, schedules.py):
@@ -59,6 +64,19 @@ struct StageBuffers {
 // Megatron's schedules (megatron/core/pipeline_parallel/schedules.py): the output's gradient
 //   received (recv_backward) through the backward; the output itself is released once sent
 //   (deallocate_output_tensor) and the input is the first block's own.
+// DeepSpeed's PipelineEngine (deepspeed/runtime/pipe/engine.py, 0.19.8; measured:
+//   tests/costmodel/data/oracle_deepspeed_pipeline.json):
+//   one zeros buffer from _allocate_or_extend_buffers, the activations' receive buffer
+//     (pipe_recv_buf) and the gradients' (grad_layer) at once, made in the first step and kept
+//   _exec_recv_activations clones the received tensor into the micro-batch's slot
+//     (pipe_buffers['inputs']) and _exec_forward_pass runs on a second clone (the first block's
+//     own input): the slot's is extra, with its gradient, until SendGrad drops it
+//   a stage's output in pipe_buffers['outputs'] from the forward to its backward, which clears it
+//   the last stage's _exec_backward_pass returns before clearing its slot: each of its
+//     num_pipe_buffers = 2 slots (TrainSchedule.num_pipe_buffers) keeps its micro-batch's logits,
+//     and through their graph the received input and its gradient, until the micro-batch two
+//     later is assigned to it, across steps
+//   _exec_load_micro_batch keeps the first stage's token ids (int64) in its slots, across steps
 // The executor's trainer (executor/pipeline.cpp): its output sent while the next micro-batch's
 //   input arrives into a buffer of its own; the last stage keeps the micro-batch's int32 tokens
 //   and targets (the first stage's are its embeddings': embedding_activations); its blocks count
@@ -71,6 +89,14 @@ StageBuffers stage_buffers(documents::PipelineRunner runner, bool framework, con
   if (!framework || runner == PipelineRunner::executor) {
     b.exchange = !last;
     b.batch = last && !first;
+    return b;
+  }
+  if (runner == PipelineRunner::deepspeed) {
+    b.receive_buffer = true;
+    b.input_clone = !first && !last;
+    b.chunk_output = !last;
+    b.output_slots = last && !first;
+    b.id_slots = first;
     return b;
   }
   b.incoming = !last;
@@ -103,11 +129,26 @@ double Simulation::stage_op(const PipeOp& op, double ready, bool first, bool las
   const double batch = b.batch ? 8 * T : 0;
   const double output = (b.logits ? act_b_ * T * static_cast<double>(m.vocab) / tensor_ : 0) +
                         (b.chunk_output ? x : 0);
+  // DeepSpeed's last stage: what one slot keeps (its logits, the received input, its gradient).
+  const double logits_b = documents::dtype_bytes(documents::compute_dtype(in_.job.precision));
+  const double slot =
+      b.output_slots ? logits_b * T * static_cast<double>(m.vocab) / tensor_ + 2 * x : 0;
+  if (!pipe_held_) {  // kept from the step before: its slots and the receive buffer
+    pipe_held_ = true;
+    const double slots = static_cast<double>(std::min<std::int64_t>(2, result_.grad_accumulation));
+    mem(start, (b.receive_buffer ? x : 0) + slots * slot + (b.id_slots ? slots * 8 * T : 0),
+        Category::activations, Phase::forward, c.first, mb);
+  }
   if (op.kind == PipeOpKind::forward) {
-    mem(start, batch, Category::activations, Phase::forward, c.last, mb);
+    mem(start, batch + (b.input_clone || b.output_slots ? x : 0), Category::activations,
+        Phase::forward, c.last, mb);
     forward(mb, c);
     const double end = free_at_[0];
     mem(end, output, Category::activations, Phase::forward, c.last, mb);
+    if (b.output_slots) {  // the logits take the slot, whose micro-batch of two before goes
+      mem(end, slot - 2 * x, Category::activations, Phase::forward, c.last, mb);
+      mem(end, -slot, Category::activations, Phase::forward, c.last, mb);
+    }
     if (b.exchange) {
       const double both = 2 * act_b_ * T * static_cast<double>(m.hidden);
       mem(end, both, Category::activations, Phase::forward, c.last, mb);
@@ -116,7 +157,11 @@ double Simulation::stage_op(const PipeOp& op, double ready, bool first, bool las
     return end;
   }
   mem(start, b.incoming ? x : 0, Category::activations, Phase::backward, c.last, mb);
-  backward(mb, first, last, c);
+  // DeepSpeed's engine reduces after the whole backward (ReduceGrads), once the stage has let go
+  // of the output and taken the input's gradient.
+  const bool reduce_grads = last && stage_.runner == documents::PipelineRunner::deepspeed &&
+                            spec_.flavour == documents::Flavour::deepspeed;
+  backward(mb, first, last && !reduce_grads, c);
   const double end = free_at_[0];
   mem(end, -(batch + output + (b.incoming ? x : 0)), Category::activations, Phase::backward, c.last,
       mb);
@@ -131,6 +176,17 @@ double Simulation::stage_op(const PipeOp& op, double ready, bool first, bool las
   if (b.input_held) {
     mem(end, x, Category::activations, Phase::backward, c.first, mb);
     held_to_end_ += x;
+  }
+  // The received input's gradient: SendGrad drops it with the input (the last stage's slot keeps
+  // both).
+  if (b.input_clone || b.output_slots)
+    mem(end, x, Category::activations, Phase::backward, c.first, mb);
+  if (b.input_clone) mem(end, -2 * x, Category::activations, Phase::backward, c.first, mb);
+  if (reduce_grads) {
+    // setup_buckets' bucket, made at the backward's first gradient hook, is still there.
+    if (backward_bucket())
+      mem(end, spec_.reduce_bucket_bytes, Category::buffers, Phase::reduce, c.first, mb);
+    for (int u = c.last; u >= c.first; --u) queue_reduction(u, end, mb);
   }
   return end;
 }

@@ -432,6 +432,7 @@ private:
   // waited on, and the bytes kept to the step's end.
   double pending_send_ = 0, held_to_end_ = 0;
   bool second_bucket_ = false;  // DeepSpeed's pipeline ReduceGrads bucket, until released
+  bool pipe_held_ = false;      // DeepSpeed's buffers kept from the step before, placed
   StepResult result_;
   documents::StateBytes sb_;
   std::array<UnitInfo, 4> units_;  // embeddings, block, head, checkpointed block

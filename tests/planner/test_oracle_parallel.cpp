@@ -248,15 +248,16 @@ TEST_CASE("oracle_parallel::PyTorch pipelining (torchtitan's split, GPipe, 1F1B,
 
 // DeepSpeed's PipelineEngine under ZeRO-1 (oracle_deepspeed_pipeline.json, the 16 ZeRO-1 cases of
 // validation/measure_deepspeed_pipeline.py: p = 2 on gloo, fp32 and bf16, none and full
-// checkpointing, m 2 and 4): every stage peaks at ReduceGrads, where reduce_gradients
-// (pipeline_parallel=True) has appended a second reduce bucket beside setup_buckets' (5e8
-// elements each, DeepSpeed's default reduce_bucket_size). The walk's buffers at its peak are the
-// measured buckets exactly, its parameters and gradients the stage's, its optimizer states
-// AdamW's with DeepSpeed's fp32 master partition; the peak within 0.3%. What the walk does not
-// hold yet is the engine's pipe buffers (the last stage's two logits, its received inputs and
-// their gradients, the receive buffer: 4.85 MB of stage 1 at seq 128 in fp32), 0.1-0.2% here.
-TEST_CASE("oracle_parallel::DeepSpeed's pipeline engine under ZeRO-1: both reduce buckets at "
-          "ReduceGrads, every stage's peak within 0.3%") {
+// checkpointing, m 2 and 4): every stage peaks at ReduceGrads, after the last backward, where
+// reduce_gradients(pipeline_parallel=True) has appended a second reduce bucket beside
+// setup_buckets' (5e8 elements each, DeepSpeed's default reduce_bucket_size). The walk's buffers
+// at its peak are the measured buckets exactly; its parameters and gradients the stage's; its
+// optimizer states AdamW's with DeepSpeed's fp32 master partition; its activations the engine's
+// pipe buffers exactly (the receive buffer on each stage, the first stage's token ids in two
+// slots, the last stage's two slots of logits, received input and its gradient); what is left
+// of the peak beside the buckets within 0.1% (the loss scalars and buffers of a few KB).
+TEST_CASE("oracle_parallel::DeepSpeed's pipeline engine under ZeRO-1: both reduce buckets and the "
+          "pipe buffers at ReduceGrads, every stage's peak") {
   const json corpus = shardplan::oracle::read_corpus("oracle_deepspeed_pipeline.json");
   int stages = 0;
   double worst = 0;
@@ -277,22 +278,28 @@ TEST_CASE("oracle_parallel::DeepSpeed's pipeline engine under ZeRO-1: both reduc
       INFO(text(c, "id") << " stage " << ms.at("stage") << ": predicted " << s.peak << " at the "
                          << s.when << ", measured " << measured << " in "
                          << text(ms, "peak_phase"));
-      const double error = (s.peak - measured) / measured;
+      const double buckets = get(a, "gradient_buckets");
+      const double error = (s.peak - measured) / (measured - buckets);
       worst = std::max(worst, std::abs(error));
-      CHECK(std::abs(error) < 0.003);
+      CHECK(std::abs(error) < 0.001);
       CHECK(text(ms, "peak_phase") == "reduce");
       CHECK(s.when.rfind("gradient reduction", 0) == 0);
-      CHECK(s.buffers == get(a, "gradient_buckets"));
+      CHECK(s.buffers == buckets);
       CHECK(s.parameters == get(a, "parameters"));
       CHECK(s.gradients == get(a, "gradients"));
       CHECK(
           s.optimizer_states ==
           doctest::Approx(get(a, "optimizer_states") + get(a, "master_parameters")).epsilon(0.001));
+      double pipe = get(a, "activations");
+      for (const auto& [k, v] : a.items())
+        if (k.rfind("pipe_", 0) == 0 && k != "pipe_losses") pipe += v.get<double>();
+      CHECK(s.activations == pipe);
       ++stages;
     }
     CHECK(c.at("losses_agree").get<bool>());
   }
   CHECK(stages == 32);
-  MESSAGE("DeepSpeed pipeline (ZeRO-1) through estimate: worst stage peak error " << 100 * worst
-                                                                                  << "%");
+  MESSAGE("DeepSpeed pipeline (ZeRO-1) through estimate: worst error of the peak beside the "
+          "buckets "
+          << 100 * worst << "%");
 }

@@ -564,7 +564,7 @@ TEST_CASE("cli_parallel::a recipe's pipeline runs only the schedules its code ha
 // DeepSpeed's PipelineEngine asserts ZeRO stage < 2 (deepspeed/runtime/pipe/engine.py, 0.19.8:
 // "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism", measured by
 // validation/measure_deepspeed_pipeline.py's refusal probe); FSDP2 under the same recipe runs.
-TEST_CASE("cli_parallel::DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3") {
+TEST_CASE("cli_parallel::DeepSpeed's pipeline engine refuses ZeRO-2, ZeRO-3 and FSDP") {
   for (const char* strategy : {"zero2", "zero3"}) {
     const auto r = planner({"estimate", "--model", "llama-2-7b", "--gpus", "8", "--seq-len", "4096",
                             "--micro-batch", "1", "--global-batch", "64", "--strategy", strategy,
@@ -573,8 +573,15 @@ TEST_CASE("cli_parallel::DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3")
     CHECK(r.code == 2);
     CHECK(r.out.empty());
     CHECK(has(r.err, std::string("DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only, not ") +
-                         strategy));
+                         strategy + " (deepspeed)"));
   }
+  // Under --recipe deepspeed the engine runs the pipeline: no FSDP beside it.
+  const auto fsdp = planner({"estimate", "--model", "llama-2-7b", "--gpus", "8", "--seq-len",
+                             "4096", "--micro-batch", "1", "--global-batch", "64", "--strategy",
+                             "fsdp-full", "--recipe", "deepspeed", "--pipeline-parallel", "2"});
+  CHECK(fsdp.code == 2);
+  CHECK(has(fsdp.err, "DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only, not fsdp-full "
+                      "(fsdp2)"));
   CHECK(planner({"estimate", "--model", "llama-2-7b", "--gpus", "8", "--seq-len", "4096",
                  "--micro-batch", "1", "--global-batch", "64", "--strategy", "zero1", "--recipe",
                  "deepspeed", "--pipeline-parallel", "2"})
