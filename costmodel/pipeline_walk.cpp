@@ -53,14 +53,14 @@ struct StageBuffers {
 //   with model chunks, a chunk's output: the runtime's SEND_F keeps it in the pending send,
 //     waited on after the same chunk's backward of that micro-batch
 //   the output's gradient from the next virtual stage (get_bwd_recv_ops)
-//   the input's gradient sent back (get_bwd_send_ops): with one chunk waited on before the next
-//     backward's send, with chunks at the schedule's end
+//   the input's gradient sent back (get_bwd_send_ops): under 1F1B waited on before the next
+//     backward's send; under GPipe (ScheduleGPipe._step_microbatches collects bwd_sends_to_wait)
+//     and with chunks at the schedule's end
 //   the received input, a leaf of the micro-batch's graph, to the step's end on the last virtual
 //     stage (the schedule keeps each micro-batch's loss, and with it the graph, in
 //     _internal_losses, and torchtitan's train step holds their sum until after the optimizer
-//     step) and, with chunks, on every virtual stage but the first (measured:
-//     tests/costmodel/data/oracle_pipeline.json, rank 0 keeps virtual stage 2's inputs to the
-//     optimizer step)
+//     step); another virtual stage lets go of it when its backward returns (backward_one_chunk
+//     pops _forward_chunk_states)
 // Megatron's schedules (megatron/core/pipeline_parallel/schedules.py): the output's gradient
 //   received (recv_backward) through the backward; the output itself is released once sent
 //   (deallocate_output_tensor) and the input is the first block's own.
@@ -82,7 +82,7 @@ struct StageBuffers {
 //   and targets (the first stage's are its embeddings': embedding_activations); its blocks count
 //   the incoming gradient in their own backward (executor_tensors' dy).
 StageBuffers stage_buffers(documents::PipelineRunner runner, bool framework, const Chunk& c,
-                           int units, bool chunks) {
+                           int units, bool chunks, bool gpipe) {
   using documents::PipelineRunner;
   const bool first = c.first == 0, last = c.last == units - 1;
   StageBuffers b;
@@ -104,8 +104,8 @@ StageBuffers stage_buffers(documents::PipelineRunner runner, bool framework, con
   b.logits = last;
   b.chunk_output = chunks && !last;
   b.input_gradient = !first;
-  b.sends_at_end = chunks;
-  b.input_held = !first && (last || chunks);
+  b.sends_at_end = chunks || gpipe;
+  b.input_held = !first && last;
   return b;
 }
 
@@ -114,7 +114,8 @@ StageBuffers stage_buffers(documents::PipelineRunner runner, bool framework, con
 double Simulation::stage_op(const PipeOp& op, double ready, bool first, bool last) {
   const Chunk& c = stage_.chunks.at(static_cast<std::size_t>(op.chunk));
   const StageBuffers b =
-      stage_buffers(stage_.runner, frameworks_, c, n_units_, stage_.chunks.size() > 1);
+      stage_buffers(stage_.runner, frameworks_, c, n_units_, stage_.chunks.size() > 1,
+                    stage_.schedule == documents::PipelineSchedule::gpipe);
   const int mb = op.micro_batch;
   if (ready > free_at_[0]) {
     result_.bubble_s += ready - free_at_[0];
@@ -224,6 +225,7 @@ step_walk::StageUnits stage_units(const StepInput& in, const ParallelLayout& l, 
   step_walk::StageUnits out;
   out.stages = p;
   out.runner = documents::recipe_traits(in.job.recipe).pipeline;
+  out.schedule = l.schedule;
   for (int k = 0; k < l.virtual_stages; ++k) {
     const auto vs =
         static_cast<std::size_t>(k) * static_cast<std::size_t>(p) + static_cast<std::size_t>(s);

@@ -86,6 +86,7 @@ struct StageUnits {
   // forward and backward (Simulation::stage_op).
   documents::PipelineRunner runner = documents::PipelineRunner::megatron;
   bool torch_pipelining() const { return runner == documents::PipelineRunner::torch_pipelining; }
+  documents::PipelineSchedule schedule = documents::PipelineSchedule::one_f_one_b;
 };
 
 class Simulation {

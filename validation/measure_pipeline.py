@@ -46,13 +46,38 @@ How it measures
     pipeline (gradient accumulation: each micro-batch's loss backward, the summed gradients
     divided by m, one optimizer step): they must agree.
 
+    One correction, no other: MemTracker's module hooks keep every received input alive after the
+    program lets it go. ``PipelineStage._retrieve_recv_activations``
+    (torch/distributed/pipelining/stage.py) hands the stage's module the receive buffer itself,
+    made a leaf that requires grad; ModTracker's ``_fw_pre_hook`` (MemTracker runs it for every
+    module) calls ``register_multi_grad_hook`` (torch/autograd/graph.py) on the module's inputs,
+    which captures such a leaf's AccumulateGrad node, itself holding the leaf, in a hook closure
+    that the leaf holds: a reference cycle through C++ that gc does not collect, so the storage
+    never dies and the tracker counts it to the end of the step. Without the tracker (checked
+    with weak references to the received inputs over the same schedules), a stage that is not
+    the last frees micro-batch k's received input when its ``backward_one_chunk`` for k returns:
+    that pops k's entry of ``_forward_chunk_states`` (the input values and the stage output
+    whose graph reaches the input), and nothing else of the stage keeps it. The last stage's
+    received inputs rightly stay to the end of the measured step, since the losses (held through
+    the optimizer step, above) keep their graphs, which end at the inputs' AccumulateGrad nodes.
+    So, during the measured step, when a stage that is not the last returns from
+    ``backward_one_chunk`` for micro-batch k and holds nothing more of k (no
+    ``_forward_chunk_states`` entry, no ``backward_state`` of a split backward), the storage of
+    k's received input is taken out of the count, as its deletion would take it; nothing runs
+    between that return and the next op, so the peaks are those of the program without the
+    tracker. Only ScheduleInterleaved1F1B's middle virtual stages (1 and 2) receive inputs and
+    are not last; with GPipe and 1F1B (p = 2, one chunk per rank) only the last stage receives,
+    and nothing is released. Every stage record's tracker_retained_inputs_released gives how
+    many storages and bytes were taken out this way (interleaved: each rank's middle stage's m
+    inputs, [1, seq, 256] float32 each; GPipe and 1F1B: none).
+
     For the interleaved cases each stage's record also has the rank's compute order as torch's
     schedule built it (op_order: "2B1" is virtual stage 2's backward of micro-batch 1), the
     virtual stages it holds and each chunk's parameter count.
 
 Usage
     python validation/measure_pipeline.py --out tests/costmodel/data/oracle_pipeline.json
-    (24 cases, 48 stage records: about 7 to 8 minutes on two CPU cores)
+    (24 cases, 48 stage records: about a minute on two CPU cores)
 """
 
 import argparse
@@ -224,8 +249,10 @@ def make_tracker():
     mem_tracker.py, _pre_fw_hook, "multiple iterative calls"); the schedule calls the stage's
     module once per micro-batch in one step. Such a call is handled as MemTracker handles a
     submodule called again in one iteration (its case 3: the same stats, the new inputs, a new
-    forward peak snapshot); storages are tracked as before, so no byte count changes."""
-    from torch.distributed._tools.mem_tracker import MemTracker, _ModState
+    forward peak snapshot); storages are tracked as before, so no byte count changes. release()
+    takes storages out of the count (release_received_inputs: the received inputs the tracker's
+    own hooks keep alive), counted in ``released``."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _ModState, _UpdateType
 
     class MicroBatchMemTracker(ms._PeakProbe, MemTracker):
         def _pre_fw_hook(self, module, inputs):
@@ -242,7 +269,68 @@ def make_tracker():
             mod_stats.snapshots.setdefault(_ModState.PRE_FW, []).append(copy.deepcopy(snapshot))
             return None
 
-    return MicroBatchMemTracker()
+        def _release_init(self):
+            self.released = {"storages": 0, "bytes": 0}
+
+        def release(self, tensors):
+            """Takes the storages of `tensors` out of the count, as their deletion would."""
+            for t in tensors:
+                st = t.untyped_storage()
+                winfo, _ = self._WINFO.get(st, (None, None))
+                if winfo is None:
+                    continue
+                if winfo.mem_consumed > 0:
+                    self._update_snap(_UpdateType.DEL, winfo)
+                del self._WINFO[st]
+                self.released["storages"] += 1
+                self.released["bytes"] += winfo.mem_consumed
+
+    tracker = MicroBatchMemTracker()
+    tracker._release_init()
+    return tracker
+
+
+def release_received_inputs(tracker, stages):
+    """Stops counting each received input of a stage that is not the last once the stage's
+    backward of that micro-batch has returned (see "How it measures": the tracker's hooks keep
+    the input alive, the program does not). Wraps the stages' ``_retrieve_recv_activations`` and
+    ``backward_one_chunk`` (instance attributes, over torch's methods); returns a function that
+    removes the wrappers."""
+    import weakref
+
+    import torch
+
+    wrapped = []
+    for stage in stages:
+        if stage.is_last:
+            continue
+        received = {}  # micro-batch -> weak references to its received inputs
+        retrieve, backward = stage._retrieve_recv_activations, stage.backward_one_chunk
+
+        def retrieve_recv(fwd_chunk_id, *args, _retrieve=retrieve, _received=received, **kwargs):
+            activations = _retrieve(fwd_chunk_id, *args, **kwargs)
+            _received[fwd_chunk_id] = [weakref.ref(a) for a in activations
+                                       if isinstance(a, torch.Tensor) and a.requires_grad]
+            return activations
+
+        def backward_chunk(bwd_chunk_id, *args, _stage=stage, _backward=backward,
+                           _received=received, **kwargs):
+            out = _backward(bwd_chunk_id, *args, **kwargs)
+            if (bwd_chunk_id not in _stage._forward_chunk_states and
+                    bwd_chunk_id not in getattr(_stage, "backward_state", {})):
+                refs = _received.pop(bwd_chunk_id, [])
+                tracker.release([t for t in (r() for r in refs) if t is not None])
+            return out
+
+        stage._retrieve_recv_activations = retrieve_recv
+        stage.backward_one_chunk = backward_chunk
+        wrapped.append(stage)
+
+    def restore():
+        for stage in wrapped:
+            del stage._retrieve_recv_activations, stage.backward_one_chunk
+
+    return restore
 
 
 def measure_case(rank, case):
@@ -268,8 +356,12 @@ def measure_case(rank, case):
     tracker = make_tracker()
     tracker.track_external(*modules, *optimizers, ids)
     tracker._probe_init()
-    with tracker:
-        second_loss = pipeline_step(schedule, stages, optimizers, ids)
+    restore = release_received_inputs(tracker, stages)
+    try:
+        with tracker:
+            second_loss = pipeline_step(schedule, stages, optimizers, ids)
+    finally:
+        restore()
     last = any(s.is_last for s in stages)
     record = {
         "stage": rank,
@@ -279,6 +371,7 @@ def measure_case(rank, case):
         "params": params,
         "stage_params": stage_params,
         **ms.read_tracker(tracker, sum(ms.optimizer_state_bytes(o) for o in optimizers)),
+        "tracker_retained_inputs_released": dict(tracker.released),
     }
     if v > 1:
         # torch's compute order for this rank (schedules.py: pipeline_order, before the
