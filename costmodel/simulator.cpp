@@ -309,12 +309,13 @@ void Simulation::unit_gradients(int u, double kernels, int mb, bool first) {
     gradients_used(u, kernels, mb, first, ui.grads - (tied && u == 0 ? opened : 0),
                    ui.largest_rest);
   if (tied && u == U - 1) gradients_used(0, kernels, mb, first, opened, opened);
-  if (tied && u == 0 && !flat_unit && !split_views()) {
+  if (tied && u == 0 && !flat_unit) {
     // The tied matrix reaches autograd's input buffer twice: the embeddings' gradient is added
     // to the head's out of place (torch's autograd InputBuffer::add), so both and their sum are
     // alive at once before the sum goes on to the parameter (measured: tests/costmodel/data/
-    // oracle_steps.json, GPT-2's FSDP2 steps peak there). Into FSDP1's view of the matrix it is
-    // added in place: GPT-2's FSDP1 steps hold no such moment (oracle_fsdp1_steps.json).
+    // oracle_steps.json, GPT-2's FSDP2 steps peak there; oracle_accelerate_steps.json, GPT-2's
+    // FSDP1 step in fp32 under full checkpointing at b = 1, profiled without the tracker:
+    // EmbeddingBackward0 > aten::add, the same under FSDP1's views of its flat parameter).
     const double both = 2 * tied_matrix() * (s.shard_gradients ? compute_b_ : sb_.grad);
     mem(kernels, both, Category::gradients, Phase::backward, u, mb);
     mem(kernels + 1e-3 * ui.bwd_s, -both, Category::gradients, Phase::backward, u, mb);

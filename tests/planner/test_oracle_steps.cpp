@@ -69,11 +69,12 @@ Compared compare_steps(const std::vector<oracle::Row>& rows) {
 }
 
 // accelerate's whole-step peaks whose case id starts with `prefix` (oracle_accelerate_steps.json):
-// each within `bound` of what was measured, but `known_miss`, held inside `miss` (its present
-// error, a model error named by the test that calls this). Returns the cases compared and the
-// worst error besides the known miss.
-std::pair<int, double> accelerate_peaks(const std::string& prefix, const std::string& known_miss,
-                                        std::pair<double, double> miss, double bound) {
+// each within `bound` of what was measured, but the known misses, each held inside its range (its
+// present error, a model error named by the test that calls this). Returns the cases compared and
+// the worst error besides the known misses.
+using Misses = std::map<std::string, std::pair<double, double>>;
+std::pair<int, double> accelerate_peaks(const std::string& prefix, const Misses& misses,
+                                        double bound) {
   int peaks = 0;
   double worst = 0;
   for (const auto& r : oracle::step_rows(oracle::read_corpus("oracle_accelerate_steps.json"))) {
@@ -81,9 +82,9 @@ std::pair<int, double> accelerate_peaks(const std::string& prefix, const std::st
     ++peaks;
     INFO(r.case_id << ": predicted " << r.predicted << ", measured " << r.measured
                    << " (over ranks: " << r.measured_low << " .. " << r.measured_high << ")");
-    if (r.case_id == known_miss) {
-      CHECK(r.range_error() > miss.first);
-      CHECK(r.range_error() < miss.second);
+    if (const auto miss = misses.find(r.case_id); miss != misses.end()) {
+      CHECK(r.range_error() > miss->second.first);
+      CHECK(r.range_error() < miss->second.second);
       continue;
     }
     worst = std::max(worst, std::abs(r.range_error()));
@@ -191,36 +192,41 @@ TEST_CASE("oracle::FSDP1 under Composer's mixed precision modes: whole-step peak
   CHECK(worst < 0.01);
 }
 
-TEST_CASE("oracle::accelerate's own FSDP2: whole-step peaks within 3%, one known miss") {
+TEST_CASE("oracle::accelerate's own FSDP2: whole-step peaks within 3%, two known misses") {
   // transformers' models prepared by accelerate 1.16.0 itself on 2 gloo ranks
   // (validation/measure_accelerate_steps.py: oracle_accelerate_steps.json): FSDP2 with its
   // groups (the embedding, each layer, the final norm with the head kept gathered: the hf
-  // recipe's --fsdp2-groups ends) and its MixedPrecisionPolicy, no autocast.
-  // One case is a model error, not spread: Llama in fp32 without checkpointing at b = 1 peaks in
-  // backward at 54,859,048 bytes on both ranks, with an all-gather's and a reduce-scatter's
-  // buffers alive beside the gathered layer, and the walk is 3.1% below it. It is held to its
-  // present miss so that a change in either direction shows; the others are held to 3%.
+  // recipe's --fsdp2-groups ends) and its MixedPrecisionPolicy, no autocast. Measured with the
+  // multi-module group's hooks as FSDP2 registers them (validation/fsdp2_on_gloo.py,
+  // FSDPGroupHooksProbe: FSDPMemTracker's own per-module hooks had given the [norm, lm_head]
+  // group a second gather in backward, Llama fp32 b 1 +2.3%, and GPT-2's tied tail group an
+  // early reduce-scatter, up to -7%). Two GPT-2 cases in fp32 are model errors, not spread: their
+  // tail group [ln_f, wte, lm_head] gets no post-backward hook of its own (wte's input, the
+  // token ids, needs no gradient), so it stays gathered with its unsharded gradients until the
+  // root's final callback, which the walk does not hold; they are held to their present misses
+  // so that a change in either direction shows.
   const auto [peaks, worst] =
-      accelerate_peaks("accelerate-fsdp2/", "accelerate-fsdp2/llama-h256/fp32/none/s128-b1/w2",
-                       {-0.035, -0.03}, 0.03);
+      accelerate_peaks("accelerate-fsdp2/",
+                       {{"accelerate-fsdp2/gpt2-h256/fp32/none/s128-b1/w2", {-0.095, -0.085}},
+                        {"accelerate-fsdp2/gpt2-h256/fp32/full/s128-b2/w2", {-0.035, -0.029}}},
+                       0.03);
   MESSAGE("accelerate FSDP2 steps compared: " << peaks << ", worst peak error " << 100 * worst
-                                              << "% besides the known miss");
+                                              << "% besides the known misses");
   CHECK(peaks == 16);
 }
 
-TEST_CASE("oracle::accelerate's own FSDP1: whole-step peaks within 0.3%, one known miss") {
+TEST_CASE("oracle::accelerate's own FSDP1: whole-step peaks within 0.3%") {
   // The same models under accelerate 1.16.0's FSDP1 preparation (oracle_accelerate_steps.json):
   // FULL_SHARD, backward_prefetch None (the hf recipe's, as transformers' Trainer passes
   // NO_PREFETCH), limit_all_gathers, its MixedPrecision (PURE under bf16) with autocast, each
-  // decoder layer a unit. Predicted as a CPU rank, as the Composer FSDP1 cases above. 15 cases are
-  // within 0.23%; GPT-2 in fp32 under full checkpointing at b = 1 peaks in block 0's backward
-  // 1,538,720 bytes (2.96%) above the walk on both ranks, a model error not understood yet: it is
-  // held to its present miss so that a change in either direction shows.
-  const auto [peaks, worst] =
-      accelerate_peaks("accelerate-fsdp1/", "accelerate-fsdp1/gpt2-h256/fp32/full/s128-b1/w2",
-                       {-0.030, -0.029}, 0.003);
+  // decoder layer a unit. Predicted as a CPU rank, as the Composer FSDP1 cases above. GPT-2 in
+  // fp32 under full checkpointing at b = 1 peaks in the embeddings' backward, where the tied
+  // table's two gradients and their out-of-place sum are alive at once (a profile of the step
+  // without the tracker: EmbeddingBackward0 > aten::add), 2.96% above the walk until the walk
+  // held that moment under FSDP1 too.
+  const auto [peaks, worst] = accelerate_peaks("accelerate-fsdp1/", {}, 0.003);
   MESSAGE("accelerate FSDP1 steps compared: " << peaks << ", worst peak error " << 100 * worst
-                                              << "% besides the known miss");
+                                              << "%");
   CHECK(peaks == 16);
 }
 
