@@ -10,8 +10,8 @@ allocates:
 One more thing is the tracker's own and not gloo's: FSDPMemTracker hooks every module of a
 group that ``fully_shard`` was given as several modules (``fully_shard([norm, lm_head])``) as if
 each were a group of its own, which changes what FSDP2 holds (FSDPGroupHooksProbe, which
-measure_accelerate_steps.py mixes in; it changes nothing for groups of one module, the only kind
-measure_steps.py builds).
+measure_accelerate_steps.py and measure_fsdp_tp.py mix in; it changes nothing for groups of one
+module, the only kind measure_steps.py builds).
 
 filed_as, the category a storage gets when the tracker first sees it, serves measure_steps.py's
 DDP buckets too.

@@ -47,9 +47,27 @@ How it measures
     step's loss of rank 0 (data-parallel rank 0's batch) and the loss of the same model and batch
     in one process without any parallelism (they must agree within LOSS_TOLERANCE).
 
+    The tracker also keeps the hooks of the [norm, head] group as FSDP2 has them
+    (fsdp2_on_gloo.FSDPGroupHooksProbe, as validation/measure_accelerate_steps.py mixes it in).
+    ``fully_shard([model.model.norm, model.lm_head])`` makes one FSDPState for both modules, whose
+    forward hooks ``_register_group_forward_hooks`` (torch/distributed/fsdp/_fully_shard/
+    _fsdp_state.py) registers so that the full ``_post_forward`` runs once, after the group's
+    last module. ``FSDPMemTracker._instrument_fsdp_module`` (torch 2.15,
+    torch/distributed/_tools/fsdp2_mem_tracker.py) replaces that handle with ``_pre_forward`` and
+    ``_post_forward`` on each module, and wraps the group's ``pre_backward``/``post_backward``
+    once per module, so in the tracked step's backward the group is reduce-scattered once per
+    module, on hooks an untracked step does not have. The probe registers the tracker's wrappers
+    through ``_register_group_forward_hooks`` with the state's own ``_modules_to_run_forward``
+    and ``_cast_output_dtype``, wraps the group's ``pre_backward``/``post_backward`` once, and
+    restores the grouped hooks on exit; the groups of one module (the embedding, each block, the
+    root) are instrumented by FSDPMemTracker's own code. Here the group is not resharded after
+    the forward and no peak falls in its reduce-scatters, so the peaks are the same either way;
+    what changes is the reduce-scatter category's own peak (and gloo's copies'): one buffer for
+    the norm's and the head's gradients together instead of one per module.
+
 Usage
     python validation/measure_fsdp_tp.py --out tests/costmodel/data/oracle_fsdp_tp.json
-    (4 to 10 minutes on two cores, as busy as they are)
+    (3 to 10 minutes on two cores, as busy as they are)
 """
 
 import argparse
@@ -61,7 +79,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure_steps as ms  # noqa: E402  (the shared model, batch, tracker and corpus code)
-from fsdp2_on_gloo import gloo_copies_counted  # noqa: E402
+from fsdp2_on_gloo import (FSDPGroupHooksProbe, FSDPPostBackwardProbe,  # noqa: E402
+                           gloo_copies_counted)
 import measure_tensor_parallel as mtp  # noqa: E402  (the TP "sp" layout, its step and loss)
 
 GENERATED_BY = "validation/measure_fsdp_tp.py"
@@ -127,6 +146,21 @@ def apply_fsdp(model, mesh, precision):
     return model
 
 
+def make_tracker(model, optimizer, ids):
+    """measure_steps.py's FSDPMemTracker probe with FSDPGroupHooksProbe mixed in, which keeps the
+    [norm, head] group's hooks as FSDP2 registers them (see "How it measures")."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    class ProbedFSDPMemTracker(ms._PeakProbe, FSDPGroupHooksProbe, FSDPPostBackwardProbe,
+                               FSDPMemTracker):
+        pass
+
+    tracker = ProbedFSDPMemTracker(model, optimizer)
+    tracker.track_inputs((ids,))
+    tracker._probe_init()
+    return tracker
+
+
 def measure_case(mesh, case):
     import torch
 
@@ -140,7 +174,7 @@ def measure_case(mesh, case):
     ids = ms.make_batch(case["config"], case["seq_len"], case["micro_batch"], dp_rank)
     first_loss = mtp.train_step(model, optimizer, ids, case["layout"])
     gc.collect()
-    tracker = ms.make_tracker("fsdp2", model, optimizer, ids)
+    tracker = make_tracker(model, optimizer, ids)
     with tracker, gloo_copies_counted(tracker):
         mtp.train_step(model, optimizer, ids, case["layout"])
     local = sum(p.to_local().numel() for p in model.parameters())
