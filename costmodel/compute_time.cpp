@@ -294,23 +294,26 @@ void add_float8_linear(const ComputeModel& cm, const TrainingJob& j, const Gemm&
   w.backward_kernels += 2 + (gw_fp8 ? 4 : 2) * kernels;
 }
 
-// A unit's memory-bound bytes on one rank (traffic.hpp, OpSpread): the residual stream's ops
-// split along the sequence under sequence parallelism, the loss's over the vocabulary where it runs
-// on the rank's columns, the rest by t.
-struct SplitTraffic {
-  double forward = 0, backward = 0;
-};
-SplitTraffic split_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f,
-                           UnitKind unit, const TensorSplit& s) {
-  const Traffic all = unit_traffic(m, j, f, unit);
-  if (s.t == 1) return {all.forward, all.backward};
-  const Traffic residual = unit_traffic(m, j, f, unit, OpSpread::residual);
-  const Traffic vocabulary = unit_traffic(m, j, f, unit, OpSpread::vocabulary);
+// A unit's memory-bound bytes and kernels on one rank (traffic.hpp, OpSpread): the residual
+// stream's ops split along the sequence under sequence parallelism, the loss's over the vocabulary
+// where it runs on the rank's columns, the rest by t; every rank launches every kernel. (A
+// compiled block, whose forward is its kernels' and not its rows' sum, runs at t = 1 only:
+// documents::layout_problems.)
+Traffic split_traffic(const ModelSpec& m, const TrainingJob& j, const Forward& f, UnitKind unit,
+                      const TensorSplit& s) {
+  if (s.t == 1) return unit_traffic(m, j, f, unit);
   const double t = s.t, r = s.sequence_parallel ? t : 1, v = s.vocabulary_parallel_loss ? t : 1;
-  return {residual.forward / r + vocabulary.forward / v +
-              (all.forward - residual.forward - vocabulary.forward) / t,
-          residual.backward / r + vocabulary.backward / v +
-              (all.backward - residual.backward - vocabulary.backward) / t};
+  Traffic out;
+  for (const auto& op : unit_ops(m, j, f, unit)) {
+    const double by = op.spread == OpSpread::residual     ? r
+                      : op.spread == OpSpread::vocabulary ? v
+                                                          : t;
+    out.forward += op.moved.forward / by;
+    out.backward += op.moved.backward / by;
+    out.forward_ops += op.moved.forward_ops;
+    out.backward_ops += op.moved.backward_ops;
+  }
+  return out;
 }
 
 }  // namespace
@@ -342,12 +345,11 @@ UnitWork unit_work(const ComputeModel& cm, const ModelSpec& m, const TrainingJob
     w.forward_kernels += flash ? kFlashKernels[0] : kEagerKernels[0];
     w.backward_kernels += flash ? kFlashKernels[1] : kEagerKernels[1];
   }
-  const SplitTraffic moved = split_traffic(m, j, f, unit, split);
-  const Traffic ops = unit_traffic(m, j, f, unit);
+  const Traffic moved = split_traffic(m, j, f, unit, split);
   w.forward[memory] += cm.traffic_s(moved.forward);
   w.backward[memory] += cm.traffic_s(moved.backward);
-  w.forward_kernels += ops.forward_ops;
-  w.backward_kernels += ops.backward_ops;
+  w.forward_kernels += moved.forward_ops;
+  w.backward_kernels += moved.backward_ops;
   return w;
 }
 
