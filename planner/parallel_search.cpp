@@ -24,16 +24,6 @@ std::vector<int> divisors(std::int64_t n, std::int64_t at_most) {
   return out;
 }
 
-// The pipeline variants of p stages: one stage has no schedule; more run 1F1B, and interleaved
-// with 2..8 chunks where the chunks divide a stage's blocks.
-std::vector<std::pair<PipelineSchedule, int>> schedules(int p, std::int64_t layers) {
-  std::vector<std::pair<PipelineSchedule, int>> out = {{PipelineSchedule::one_f_one_b, 1}};
-  if (p == 1) return out;
-  for (int v : divisors(layers / p, 8))
-    if (v >= 2) out.emplace_back(PipelineSchedule::interleaved_1f1b, v);
-  return out;
-}
-
 bool faster(const LayoutCandidate& a, const LayoutCandidate& b) {
   if (a.result.step.step_s != b.result.step.step_s)
     return a.result.step.step_s < b.result.step.step_s;
@@ -159,7 +149,7 @@ struct Walker {
         for (int c = 1; c <= 64 && N % (t * p * c) == 0; c *= 2) {
           const int d = N / (t * p * c);
           if (sc.job.global_batch % d != 0) continue;
-          for (const auto& [schedule, v] : schedules(p, L)) {
+          for (const auto& [schedule, v] : pipeline_variants(p, L, recipe_traits(sc.job.recipe))) {
             ParallelLayout l;
             l.tensor_parallel = t;
             l.sequence_parallel = t > 1;
@@ -176,6 +166,20 @@ struct Walker {
 };
 
 }  // namespace
+
+// The pipeline variants of p stages: one stage has no schedule; more run 1F1B, and interleaved
+// with 2..8 chunks where the chunks divide a stage's blocks and the recipe's pipeline has it
+// (RecipeTraits::schedules).
+std::vector<std::pair<PipelineSchedule, int>> pipeline_variants(int p, std::int64_t layers,
+                                                                const documents::RecipeTraits& r) {
+  std::vector<std::pair<PipelineSchedule, int>> out = {{PipelineSchedule::one_f_one_b, 1}};
+  if (p == 1 || std::find(r.schedules.begin(), r.schedules.end(),
+                          PipelineSchedule::interleaved_1f1b) == r.schedules.end())
+    return out;
+  for (int v : divisors(layers / p, 8))
+    if (v >= 2) out.emplace_back(PipelineSchedule::interleaved_1f1b, v);
+  return out;
+}
 
 LayoutSearch search_layouts(const Scenario& sc, int keep,
                             const std::function<bool(const LayoutCandidate&)>& counts) {

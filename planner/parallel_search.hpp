@@ -13,12 +13,15 @@
 // (costmodel::parallel_step_bound above it) is not walked: it cannot rank among them.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "costmodel/parallel_step.hpp"
+#include "documents/recipe.hpp"
 #include "planner/scenario.hpp"
 
 #include <nlohmann/json.hpp>
@@ -42,6 +45,12 @@ struct LayoutSearch {
   int keep = 0;        // the fitting plans ranked exactly (0: all)
   double seconds = 0;
 };
+
+// The pipeline variants the search tries for p stages of `layers` blocks: one stage has no
+// schedule; more run 1F1B, and interleaved with 2..8 chunks where the chunks divide a stage's
+// blocks and the recipe's pipeline has it (RecipeTraits::schedules).
+std::vector<std::pair<documents::PipelineSchedule, int>>
+pipeline_variants(int p, std::int64_t layers, const documents::RecipeTraits& r);
 
 // The strategies tried over the replicas: ddp, zero1 (DeepSpeed) and fsdp-full (FSDP2). `keep`:
 // how many of the fastest fitting plans the caller uses (0: every one that fits, none passed

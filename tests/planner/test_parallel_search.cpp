@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "planner/emit_parallel.hpp"
@@ -179,4 +180,26 @@ TEST_CASE("parallel_search::under --emit the fastest plan the framework runs is 
   CHECK(chosen.spec.strategy == first->spec.strategy);
   CHECK(chosen.job.micro_batch == first->job.micro_batch);
   CHECK(chosen.result.step.step_s == first->result.step.step_s);
+}
+
+// The search offers a recipe's pipeline only the schedules its code has (RecipeTraits::schedules):
+// DeepSpeed's PipelineEngine runs its 1F1B TrainSchedule only; Megatron-LM also interleaves, here
+// with 2, 4 or 5 chunks of 20 blocks per stage (80 blocks over 4 stages; at most 8 chunks). Every
+// candidate DeepSpeed's search ranks is 1F1B.
+TEST_CASE("parallel_search::a recipe's pipelines run only the schedules its code has") {
+  using Variants = std::vector<std::pair<PipelineSchedule, int>>;
+  const Variants one_f_one_b = {{PipelineSchedule::one_f_one_b, 1}};
+  CHECK(pipeline_variants(4, 80, recipe_traits(Recipe::deepspeed)) == one_f_one_b);
+  CHECK(pipeline_variants(4, 80, recipe_traits(Recipe::megatron)) ==
+        Variants{{PipelineSchedule::one_f_one_b, 1},
+                 {PipelineSchedule::interleaved_1f1b, 2},
+                 {PipelineSchedule::interleaved_1f1b, 4},
+                 {PipelineSchedule::interleaved_1f1b, 5}});
+  CHECK(pipeline_variants(1, 80, recipe_traits(Recipe::megatron)) == one_f_one_b);
+  auto sc = scenario(load_model("llama-3-70b"), 256, 256);
+  sc.job.recipe = Recipe::deepspeed;
+  sc.job.loss = LossImpl::upcast;
+  const auto s = search_layouts(sc, 0);
+  REQUIRE_FALSE(s.ranked.empty());
+  for (const auto& c : s.ranked) CHECK(c.layout.schedule == PipelineSchedule::one_f_one_b);
 }
