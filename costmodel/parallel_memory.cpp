@@ -26,7 +26,6 @@ using documents::Checkpointing;
 using documents::compute_dtype;
 using documents::dtype_bytes;
 using documents::Flavour;
-using documents::fused_adam;
 using documents::LossImpl;
 using documents::MlpKind;
 using documents::ModelSpec;

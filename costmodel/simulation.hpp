@@ -209,6 +209,16 @@ private:
   // The frameworks' reduction once the backward is done (documents::reduces_after_backward):
   // DeepSpeed's ZeRO-1 in buckets, keeping each rank's partition and dropping the whole gradients;
   // Megatron-core's DDP its whole main-gradient buffer in place.
+  double largest_flatten_run() const;
+  double flatten_to_reduce(int u, double end, int mb);
+  // The device memory's bandwidth, calibrated where the profile has it (bytes/s).
+  double memory_Bps() const {
+    const auto& hw = *in_.hardware;
+    return hw.calibration && hw.calibration->memory_bandwidth_Bps
+               ? *hw.calibration->memory_bandwidth_Bps
+               : hw.hbm_bandwidth_Bps;
+  }
+  bool flattens_to_reduce() const { return frameworks_ && spec_.flatten_to_reduce; }
   bool reduces_after_backward() const {
     return frameworks_ && documents::reduces_after_backward(spec_);
   }
@@ -446,6 +456,9 @@ private:
   // forward computes and keeps its activations in (autocast's under fp32_gathered).
   double reduce_b_ = 2, compute_b_ = 2, act_b_ = 2;
   double flat_grad_b_ = 4;  // bytes per element of DeepSpeed ZeRO-3's flat gradient partition
+  // DeepSpeed's stage 0: bytes of the largest run of gradients flattened for one all-reduce
+  // (documents::ShardingSpec::flatten_to_reduce).
+  double flatten_run_bytes_ = 0;
   std::array<double, kStreams> free_at_{};  // when each stream is next free
   std::vector<double> fwd_start_, fwd_end_, bwd_start_, bwd_end_, gathered_free_;
   std::vector<char> gathered_alive_;

@@ -483,6 +483,17 @@ void Simulation::pipeline_reduce_bucket(int u, double at, int mb) {
   second_bucket_ = true;
 }
 
+// DeepSpeed's stage 0 (engine.py, allreduce_and_copy): each run of gradients flattened into a
+// new tensor before its all-reduce and copied back after it (read and write, twice), the largest
+// run's copy held through the reduction (freed by reduce_pending). Returns when the copies end.
+double Simulation::flatten_to_reduce(int u, double end, int mb) {
+  const double copies = 4 * pending_reduce_bytes_ / memory_Bps();
+  const double st =
+      issue(Stream::compute, end, Stream::compute, copies, "flatten and copy back", u);
+  mem(st, flatten_run_bytes_, Category::buffers, Phase::reduce, u, mb);
+  return st + copies;
+}
+
 // Reduces the pending gradients once unit u's backward ends: reduce-scatter or all-reduce, then
 // HSDP's replica all-reduce and the offload's copy to the host; frees the unsharded gradients and
 // keeps the shards.
@@ -500,6 +511,7 @@ void Simulation::reduce_pending(int u, double end, int mb) {
                          ? bucketed(op, shard_group_, pending_reduce_bytes_, s.reduce_bucket_bytes)
                          : coll(op, shard_group_, pending_reduce_bytes_);
   const bool copy_in = s.reduce_copy_in && s.shard_gradients;
+  if (flattens_to_reduce()) end = flatten_to_reduce(u, end, mb);
   if (copy_in) {
     // FSDP2 keeps at most reduce_scatter_max_input_buffers (default 1) reduce-scatter inputs in
     // reduce_scatter_states: the next group's post_backward (FSDPParamGroup.post_backward) waits
@@ -530,8 +542,9 @@ void Simulation::reduce_pending(int u, double end, int mb) {
   }
   for (int pu : pending_units_) {
     const auto& pi = info(pu);
-    // ZeRO-1's whole gradients go as their bucket is reduced (Megatron's buffer stays).
-    if (reduces_after_backward() && !main_grad_buffer()) {
+    // ZeRO-1's whole gradients go as their bucket is reduced (Megatron's buffer and DeepSpeed's
+    // stage 0 keep them for the step).
+    if (reduces_after_backward() && !main_grad_buffer() && s.shard_optimizer) {
       mem(rs + dur, -pi.params * sb_.grad, Category::gradients, Phase::reduce, pu, mb);
       kept_grad_bytes_ -= pi.params * sb_.grad;
     }
@@ -545,6 +558,8 @@ void Simulation::reduce_pending(int u, double end, int mb) {
     }
     reduced_[pu] = 1;
   }
+  if (flattens_to_reduce())
+    mem(rs + dur, -flatten_run_bytes_, Category::buffers, Phase::reduce, u, mb);
   pipeline_reduce_bucket(u, rs, mb);
   // The backward's last reduction done, its buckets are released (_release_ipg_buffers).
   if (backward_bucket() && u == walking_.first) {

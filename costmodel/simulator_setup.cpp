@@ -128,11 +128,11 @@ void Simulation::prepare_bytes() {
   // DeepSpeed 0.19.8's stage-3 gradient partition (grad_partitions_flat_buffer) is in the
   // gradients' dtype, not fp32.
   flat_grad_b_ = frameworks_ ? sb_.grad : 4.0;
-  if (frameworks_ && s.flavour == Flavour::deepspeed && sb_.master == 0 &&
+  if (frameworks_ && s.flavour == Flavour::deepspeed && s.shard_optimizer && sb_.master == 0 &&
       j.precision == Precision::fp32) {
-    // DeepSpeed clones each rank's share into an fp32 master partition in fp32 jobs too
+    // DeepSpeed's ZeRO clones each rank's share into an fp32 master partition in fp32 jobs too
     // (single_partition_of_fp32_groups, fp32_partitioned_groups_flat) and steps on an fp32 copy
-    // of the gradient partition.
+    // of the gradient partition; stage 0 steps the parameters themselves.
     sb_.master = 4;
     sb_.step_grad = 4;
   }
@@ -219,11 +219,33 @@ void Simulation::prepare_unit_sizes() {
     units_[2].shardable += copy;
     units_[2].opt_elems += units_[0].opt_elems * copy / units_[0].params;
   }
+  if (flattens_to_reduce()) flatten_run_bytes_ = largest_flatten_run();
   units_[0].matmul = 0;                     // an embedding lookup is a gather, not a GEMM
   if (s.root_unit && s.shard_parameters) {  // the root gathers the head's parameters with its own
     units_[0].gather += units_[2].gather - tied;
     units_[2].gather = 0;
   }
+}
+
+// DeepSpeed's stage-0 all-reduce (engine.py, allreduce_no_retain): the stage's gradients in
+// parameter order, taken into a run until it holds more than reduce_bucket_bytes; the largest
+// run's bytes.
+double Simulation::largest_flatten_run() const {
+  const auto& m = *in_.model;
+  const UnitTensors* tensors[3] = {&m.embedding, &m.block, &m.head};
+  double run = 0, largest = 0;
+  for (const Chunk& c : stage_.chunks)
+    for (int u = c.first; u <= c.last; ++u) {
+      const int k = u == 0 ? 0 : u == n_units_ - 1 ? 2 : 1;
+      for (const auto& t : tensors[k]->tensors) {
+        run += static_cast<double>(t.elements()) / (t.is_matrix() ? tensor_ : 1) * reduce_b_;
+        if (run > spec_.reduce_bucket_bytes) {
+          largest = std::max(largest, run);
+          run = 0;
+        }
+      }
+    }
+  return std::max(largest, run);
 }
 
 void Simulation::split_unit_sizes() {
@@ -507,7 +529,6 @@ double Simulation::optimizer_step(double t, const States& states) {
 }
 
 double Simulation::device_optimizer(double t, const States& states) {
-  const auto& hw = *in_.hardware;
   const auto& j = in_.job;
   const auto& s = spec_;
   const double S = shard_;
@@ -519,26 +540,36 @@ double Simulation::device_optimizer(double t, const States& states) {
   // cast that to fp32 (stage_1_and_2.py, step: flatten(averaged_gradients).to(fp32)), so in a
   // mixed-precision job both copies are alive at once; stage 3 casts its flat partition as it
   // is.
-  const double flatten_b =
-      frameworks_ && s.separate_fp32_master && !s.flat_grad_partition && sb_.grad < sb_.step_grad
-          ? sb_.grad
-          : 0.0;
+  // At stage 0, FP16_Optimizer flattens a list of every gradient's fp32 cast into its master's
+  // gradient, the list and the flat copy alive at once (deepspeed/runtime/fp16/fused_optimizer.py,
+  // step); FP16_UnfusedOptimizer casts each gradient into its own master's .grad
+  // (unfused_optimizer.py, step).
+  double flatten_b = 0;
+  if (frameworks_ && s.separate_fp32_master && !s.flat_grad_partition && sb_.grad < sb_.step_grad)
+    flatten_b = s.shard_optimizer ? sb_.grad : s.torch_optimizer ? 0.0 : sb_.step_grad;
   const double step_copies = sb_.step_grad + flatten_b;
   const double bytes =
       local_opt_params * (sb_.grad + sb_.step_grad + 2 * flatten_b + 2 * sb_.master + sb_.param) +
       2 * opt_elems_local * sb_.moment;
-  const double bw = hw.calibration && hw.calibration->memory_bandwidth_Bps
-                        ? *hw.calibration->memory_bandwidth_Bps
-                        : hw.hbm_bandwidth_Bps;
-  const double dur = bytes / bw;
+  const double dur = bytes / memory_Bps();
   const double st = issue(Stream::compute, t, Stream::compute, dur, "optimizer step", -1);
   mem(st, local_opt_params * step_copies, Category::gradients, Phase::optimizer, -1, 1);
-  mem(st + dur, -local_opt_params * step_copies, Category::gradients, Phase::optimizer, -1, 1);
+  // Before the inner optimizer steps, DeepSpeed's wrappers drop the flattened copy and the
+  // low-precision gradients it was cast from (stage_1_and_2.py step: del flat_grad_partition,
+  // free_grad_in_param_list, averaged_gradients None; fp16/fused_optimizer.py: p.grad None);
+  // FP16_UnfusedOptimizer keeps them to zero_grad.
+  const bool drops_grads = frameworks_ && s.separate_fp32_master && !s.flat_grad_partition &&
+                           sb_.step_grad > 0 && (s.shard_optimizer || !s.torch_optimizer);
+  const double dropped = local_opt_params * flatten_b + (drops_grads ? kept_grad_bytes_ : 0.0);
+  mem(st, -dropped, Category::gradients, Phase::optimizer, -1, 1);
+  if (drops_grads) kept_grad_bytes_ = 0;
+  mem(st + dur, dropped - local_opt_params * step_copies, Category::gradients, Phase::optimizer, -1,
+      1);
   // torch.optim.Adam/AdamW with foreach (the default on GPUs; torch/optim/adam.py,
   // _multi_tensor_adam) first writes sqrt(exp_avg_sq) of every local parameter into new
   // tensors: one intermediate of the local shard in the state dtype. DeepSpeed's and Megatron's
   // FusedAdam update in place.
-  const bool foreach_adam = frameworks_ && !documents::fused_adam(s.flavour) &&
+  const bool foreach_adam = frameworks_ && !documents::fused_adam(s) &&
                             (j.optimizer == Optimizer::adam || j.optimizer == Optimizer::adamw);
   if (foreach_adam) {
     // foreach takes no mix of DTensors and plain tensors in one group: under a TP plan the plain

@@ -65,12 +65,26 @@ void apply_fsdp2(ShardingSpec& s) {
   s.reduce_dtype = DType::bf16;
 }
 
+// DeepSpeed's engine at ZeRO stage 0 (deepspeed/runtime/engine.py): the gradients stay in the
+// parameters' .grad and are all-reduced once the backward is done, in runs of 5e8 elements
+// (MEMORY_OPT_ALLREDUCE_SIZE, not the config's reduce_bucket_size) flattened one at a time, in
+// the communication dtype (the model's: bf16 under "bf16"); bf16 keeps an fp32 master copy
+// (FP16_Optimizer or FP16_UnfusedOptimizer, wrapped by _configure_fp16_optimizer).
+void apply_deepspeed_stage0(ShardingSpec& s) {
+  s.reduce_bucket_bytes = 5e8 * 2;  // elements × bytes of bf16, sized to the job's dtype later
+  s.flatten_to_reduce = true;
+  s.separate_fp32_master = true;
+  s.reduce_dtype = DType::bf16;
+  s.forward_prefetch = s.backward_prefetch = 0;
+}
+
 // DeepSpeed ZeRO (deepspeed/runtime/zero/config.py and stage_1_and_2.py / stage3.py):
 // reduce_bucket_size = allgather_bucket_size = 5e8 elements; stage3_prefetch_bucket_size 5e7;
 // stage3_param_persistence_threshold 1e5; contiguous_gradients true (one preallocated bucket per
 // dtype, measured in 0.19.8); overlap_comm true for stage 3 and false otherwise; bf16/fp16
 // partitions with a separate fp32 master partition; ZeRO-3 keeps a flat fp32 gradient partition.
 void apply_deepspeed(ShardingSpec& s) {
+  if (!s.shard_optimizer) return apply_deepspeed_stage0(s);
   const bool stage3 = s.shard_parameters;
   s.reduce_bucket_bytes = 5e8 * 2;  // elements × bytes of the bf16/fp16 communication dtype
   s.allgather_bucket_bytes = 5e8 * 2;
@@ -147,7 +161,7 @@ std::optional<FsdpMixedPrecision> fsdp_mixed_precision(const ShardingSpec& s, DT
 
 std::vector<Flavour> flavours_for(const std::string& strategy) {
   if (strategy == kNoWrapper) return {Flavour::ddp};
-  if (strategy == "ddp") return {Flavour::ddp, Flavour::megatron};
+  if (strategy == "ddp") return {Flavour::ddp, Flavour::megatron, Flavour::deepspeed};
   if (strategy == "zero1") return {Flavour::deepspeed, Flavour::megatron};
   if (strategy.rfind("zero", 0) == 0) return {Flavour::deepspeed};
   return {Flavour::fsdp2, Flavour::fsdp1};
@@ -219,12 +233,14 @@ ShardingSpec make_spec(const std::string& strategy, std::optional<Flavour> flavo
   return s;
 }
 
-bool fused_adam(Flavour f) { return f == Flavour::deepspeed || f == Flavour::megatron; }
+bool fused_adam(const ShardingSpec& s) {
+  return (s.flavour == Flavour::deepspeed && !s.torch_optimizer) || s.flavour == Flavour::megatron;
+}
 
 bool reduces_after_backward(const ShardingSpec& s) {
-  const bool zero1 = s.flavour == Flavour::deepspeed && s.shard_optimizer && !s.shard_gradients &&
-                     s.offload == Offload::none;
-  return zero1 || (s.main_grad_buffer && s.reduce_bucket_bytes == 0);
+  const bool zero01 =
+      s.flavour == Flavour::deepspeed && !s.shard_gradients && s.offload == Offload::none;
+  return zero01 || (s.main_grad_buffer && s.reduce_bucket_bytes == 0);
 }
 
 ShardingSpec with_overlap_grad_reduce(ShardingSpec s, int data_ranks) {
@@ -259,7 +275,8 @@ nlohmann::json spec_to_json(const ShardingSpec& s) {
           {"contiguous_grad_bucket", s.contiguous_grad_bucket},
           {"flat_grad_partition", s.flat_grad_partition},
           {"grad_bucket_copy", s.grad_bucket_copy},
-          {"fp32_gathered", s.fp32_gathered}};
+          {"fp32_gathered", s.fp32_gathered},
+          {"torch_optimizer", s.torch_optimizer}};
 }
 
 ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer) {
@@ -271,6 +288,7 @@ ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer)
   s.reduce_copy_in = s.flavour == Flavour::fsdp2;
   s.main_grad_buffer = s.flavour == Flavour::megatron;
   s.shard_optimizer = r.boolean("shard_optimizer");
+  s.flatten_to_reduce = s.flavour == Flavour::deepspeed && !s.shard_optimizer;
   s.shard_gradients = r.boolean("shard_gradients");
   s.shard_parameters = r.boolean("shard_parameters");
   s.shard_group_size = static_cast<int>(r.integer("shard_group_size", Range{0, 1e6, false}));
@@ -298,6 +316,8 @@ ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer)
   s.grad_bucket_copy = r.boolean("grad_bucket_copy");
   // Optional: plans written before it existed gather in the compute dtype.
   s.fp32_gathered = r.optional_boolean("fp32_gathered").value_or(false);
+  // Optional: plans written before it existed run DeepSpeed's own optimizer.
+  s.torch_optimizer = r.optional_boolean("torch_optimizer").value_or(false);
   r.finish();
   if (s.flavour == Flavour::deepspeed && s.shard_parameters) s.reuse_distance_elems = 1e9;
   if (s.shard_gradients && !s.shard_optimizer)
@@ -309,6 +329,10 @@ ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer)
     throw InputError(
         r.pointer_of("fp32_gathered"),
         fmt::format("applies to FSDP (fsdp1, fsdp2), not {}", flavour_name(s.flavour)));
+  if (s.torch_optimizer && s.flavour != Flavour::deepspeed)
+    throw InputError(
+        r.pointer_of("torch_optimizer"),
+        fmt::format("applies to DeepSpeed (deepspeed), not {}", flavour_name(s.flavour)));
   if (s.all_reduce_partitions && (!s.shard_optimizer || s.shard_parameters))
     throw InputError(r.pointer_of("all_reduce_partitions"),
                      "applies to ZeRO-1/2 (shard_optimizer without shard_parameters)");

@@ -94,6 +94,19 @@ struct ShardingSpec {
   // bucket beside it (--overlap-grad-reduce). Follows from the flavour; not part of the plan
   // document.
   bool main_grad_buffer = false;
+  // DeepSpeed's stage-0 engine (deepspeed/runtime/engine.py, allreduce_gradients ->
+  // buffered_allreduce_fallback -> allreduce_no_retain): once the backward is done, the
+  // gradients are taken in order into runs of just over reduce_bucket_bytes, and each run is
+  // flattened into a new tensor, all-reduced and copied back, the copy freed before the next
+  // run. Follows from the flavour; not part of the plan document.
+  bool flatten_to_reduce = false;
+  // DeepSpeed: the optimizer is a torch.optim one the training script passes to
+  // deepspeed.initialize, not DeepSpeed's FusedAdam (which it builds from a config's "optimizer"
+  // section, or the script passes): its foreach step writes an intermediate, and under bf16 at
+  // stage 0 the engine wraps it in FP16_UnfusedOptimizer (an fp32 master per parameter,
+  // deepspeed/runtime/fp16/unfused_optimizer.py) instead of FP16_Optimizer (one flat fp32
+  // master, fused_optimizer.py; engine.py _configure_fp16_optimizer).
+  bool torch_optimizer = false;
 
   // Shard count for a group of n ranks.
   int group(int world) const { return shard_group_size > 0 ? shard_group_size : world; }
@@ -105,18 +118,20 @@ struct ShardingSpec {
 ShardingSpec make_spec(const std::string& strategy, std::optional<Flavour> flavour,
                        int gpus_per_node, std::optional<int> shard_group_size = std::nullopt);
 Flavour default_flavour(const std::string& strategy);
-// Flavours that implement a strategy (ddp: ddp, megatron; zero1: deepspeed, megatron; zero2/3:
-// deepspeed; fsdp-*/hsdp: fsdp2, fsdp1).
+// Flavours that implement a strategy (ddp: ddp, megatron, deepspeed (its ZeRO stage 0); zero1:
+// deepspeed, megatron; zero2/3: deepspeed; fsdp-*/hsdp: fsdp2, fsdp1).
 std::vector<Flavour> flavours_for(const std::string& strategy);
 
-// The flavour's Adam updates every tensor in place: DeepSpeed's FusedAdam, and Megatron-core's
-// (Transformer Engine's or Apex's FusedAdam, megatron/core/optimizer/__init__.py); torch.optim's
-// foreach Adam writes an intermediate per tensor (costmodel's optimizer step).
-bool fused_adam(Flavour f);
+// The plan's Adam updates every tensor in place: DeepSpeed's FusedAdam (unless the script passes
+// a torch.optim one: torch_optimizer), and Megatron-core's (Transformer Engine's or
+// Apex's FusedAdam, megatron/core/optimizer/__init__.py); torch.optim's foreach Adam writes an
+// intermediate per tensor (costmodel's optimizer step).
+bool fused_adam(const ShardingSpec& s);
 
 // The gradients are reduced once the (last micro-batch's) backward is done, not bucket by bucket
-// beside it: DeepSpeed's ZeRO-1 (stage_1_and_2.py, reduce_gradients at the accumulation boundary)
-// and Megatron-core's DDP without overlap_grad_reduce (finish_grad_sync).
+// beside it: DeepSpeed's stages 0 and 1 (engine.py allreduce_gradients; stage_1_and_2.py,
+// reduce_gradients at the accumulation boundary) and Megatron-core's DDP without
+// overlap_grad_reduce (finish_grad_sync).
 bool reduces_after_backward(const ShardingSpec& s);
 // Megatron-core's DDP with --overlap-grad-reduce over `data_ranks` data- and context-parallel
 // ranks: the main-gradient buffer reduced bucket by bucket beside the backward, each bucket its

@@ -234,19 +234,23 @@ std::string narrow_to_emitted_framework(const CliOptions& o, const Scenario& sc,
                                            r.name));
   if (emit == "llm-foundry") return narrow_to_composer_fsdp(o, r, pins);
   if (emit == "deepspeed") {
-    if (pins.flavour && *pins.flavour != documents::Flavour::deepspeed &&
-        *pins.flavour != documents::Flavour::ddp)
-      throw InputError(
-          "--flavour",
-          fmt::format("--emit deepspeed writes a DeepSpeed config, got --flavour {}", *po.flavour));
+    if (pins.flavour && *pins.flavour != documents::Flavour::deepspeed)
+      throw InputError("--flavour",
+                       fmt::format("--emit deepspeed writes a config for DeepSpeed's engine "
+                                   "(--flavour deepspeed, stage 0 for ddp), got --flavour {}",
+                                   *po.flavour));
     if (po.strategy && po.strategy->rfind("zero", 0) != 0 && *po.strategy != "ddp")
       throw InputError("--strategy",
                        fmt::format("--emit deepspeed writes a DeepSpeed config (ddp or zero1-3), "
                                    "got --strategy {}",
                                    *po.strategy));
-    if (!pins.flavour && !po.strategy) {
+    if (!pins.flavour) {
       pins.flavour = documents::Flavour::deepspeed;
-      return "--emit deepspeed: searching DeepSpeed's plans only (ZeRO stages 1-3, as "
+      if (po.strategy)
+        return fmt::format("--emit deepspeed: planning {} on DeepSpeed's engine (as --flavour "
+                           "deepspeed)",
+                           *po.strategy);
+      return "--emit deepspeed: searching DeepSpeed's plans only (ZeRO stages 0-3, as "
              "--flavour deepspeed)";
     }
   } else if (emit == "fsdp") {

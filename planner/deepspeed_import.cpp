@@ -253,13 +253,8 @@ private:
     }
     stage_ = stage;
     const int gpn = base_.cluster.gpus_per_node;
-    if (stage == 0) {
-      out_.spec = make_spec("ddp", std::nullopt, gpn);
-      note("stage 0 is modelled as PyTorch DDP (ddp flavour: 25 MiB buckets overlapped with "
-           "backward); DeepSpeed's stage-0 engine all-reduces once after backward");
-    } else {
-      out_.spec = make_spec(fmt::format("zero{}", stage), Flavour::deepspeed, gpn);
-    }
+    out_.spec = make_spec(stage == 0 ? std::string("ddp") : fmt::format("zero{}", stage),
+                          Flavour::deepspeed, gpn);
   }
 
   void read_zero_offload(ObjectReader& z) {
@@ -475,7 +470,7 @@ private:
     ShardingSpec& s = out_.spec;
     if (auto c = r_.optional_string("communication_data_type")) {
       s.reduce_dtype = dtype_from(*c, "/communication_data_type");
-    } else if (stage_ > 0) {
+    } else {
       // DeepSpeed's engine: the fp16 or bf16 training dtype, else fp32 (engine.py,
       // communication_data_type).
       const auto p = out_.job.precision;
@@ -483,7 +478,9 @@ private:
                        : p == Precision::fp32     ? DType::fp32
                                                   : DType::bf16;
     }
-    if (stage_ > 0) s.reduce_bucket_bytes = reduce_bucket_elems_ * dtype_bytes(s.reduce_dtype);
+    // Stage 0 flattens runs of 5e8 elements whatever the config says (engine.py,
+    // MEMORY_OPT_ALLREDUCE_SIZE); reduce_bucket_size is ignored there (read_zero_sizes).
+    s.reduce_bucket_bytes = reduce_bucket_elems_ * dtype_bytes(s.reduce_dtype);
     // Stage 1/2 keep one contiguous reduce bucket, two when overlap_comm is on
     // (deepspeed/runtime/zero/stage_1_and_2.py, the ipg buffers); the spec counts the stage's
     // default (overlap on at stage 3 only).
@@ -507,9 +504,11 @@ private:
     const json* o = r_.optional_object("optimizer");
     if (!o) {
       out_.job.optimizer = base_.job.optimizer;
-      note(fmt::format("no optimizer section: the training script's optimizer, assumed {} (the "
-                       "scenario's)",
-                       optimizer_name(base_.job.optimizer)));
+      out_.spec.torch_optimizer = true;
+      note(fmt::format(
+          "no optimizer section: the training script's optimizer, assumed torch.optim's "
+          "{} (the scenario's; its foreach step writes an intermediate per tensor)",
+          optimizer_name(base_.job.optimizer)));
       return;
     }
     ObjectReader s(*o, "/optimizer");

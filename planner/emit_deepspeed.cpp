@@ -23,6 +23,13 @@ nlohmann::json elements(double bytes, DType dtype) {
 }
 
 int zero_stage(const ShardingSpec& s) {
+  if (s.flavour != Flavour::deepspeed && s.strategy.rfind("zero", 0) != 0 && s.strategy != "ddp")
+    throw InputError("--emit",
+                     fmt::format("{} is a PyTorch FSDP plan; use --emit fsdp", s.strategy));
+  if (s.flavour != Flavour::deepspeed)
+    throw InputError("--emit", fmt::format("the {} plan runs {}, not DeepSpeed's engine; plan it "
+                                           "with --flavour deepspeed (stage 0 for ddp)",
+                                           s.strategy, flavour_name(s.flavour)));
   if (s.strategy == "ddp") return 0;
   if (s.strategy == "zero1") return 1;
   if (s.strategy == "zero2") return 2;
@@ -53,6 +60,16 @@ nlohmann::json bf16_section(Precision p) {
 // "zero_optimization" (deepspeed/runtime/zero/config.py, DeepSpeedZeroConfig). Bucket sizes are
 // element counts: the reduce bucket holds gradients in the communication dtype, the all-gather
 // bucket holds parameters in the compute dtype.
+// "optimizer" (config.py, {"type", "params"}): DeepSpeed's FusedAdam for an Adam plan that
+// assumes it (ShardingSpec::torch_optimizer false), built by the engine from the section
+// (engine.py, _configure_basic_optimizer; DeepSpeedCPUAdam under offload_optimizer); null where
+// the training script passes its own.
+nlohmann::json optimizer_section(const Evaluation& e) {
+  const bool adam = e.job.optimizer == Optimizer::adam || e.job.optimizer == Optimizer::adamw;
+  if (!adam || e.spec.torch_optimizer) return nullptr;
+  return {{"type", e.job.optimizer == Optimizer::adamw ? "AdamW" : "Adam"}};
+}
+
 nlohmann::json zero_section(const Scenario& sc, const Evaluation& e, int stage) {
   const auto& s = e.spec;
   nlohmann::json z = {{"stage", stage}};
@@ -124,12 +141,26 @@ std::string comment_for(const Scenario& sc, const Evaluation& e) {
          "SelectiveAC).";
     break;
   }
-  c += fmt::format(" No optimizer section: DeepSpeed uses the optimizer the training script passes "
-                   "({}), so the learning rate stays the script's.",
-                   optimizer_name(e.job.optimizer));
+  if (optimizer_section(e).is_null())
+    c += fmt::format(" No optimizer section: DeepSpeed uses the optimizer the training script "
+                     "passes ({}{}), so the learning rate stays the script's.",
+                     e.spec.torch_optimizer ? "torch.optim's " : "",
+                     optimizer_name(e.job.optimizer));
+  else
+    c += fmt::format(" The optimizer section makes DeepSpeed build its FusedAdam, whose in-place "
+                     "step the plan assumes (a torch.optim {} passed by the script writes an "
+                     "intermediate per tensor{}): put the training's lr, betas and weight_decay "
+                     "in its params, else FusedAdam's defaults apply (lr 1e-3, weight_decay 0).",
+                     optimizer_name(e.job.optimizer),
+                     zero_stage(e.spec) == 0 && e.job.precision == Precision::bf16_mixed
+                         ? ", and bf16 at stage 0 then keeps an fp32 master per parameter"
+                         : "");
   if (e.spec.offload != Offload::none)
-    c += " With offload_optimizer, pass deepspeed.ops.adam.DeepSpeedCPUAdam (DeepSpeed refuses "
-         "other client optimizers under ZeRO-Offload unless zero_force_ds_cpu_optimizer is false).";
+    c += optimizer_section(e).is_null()
+             ? " With offload_optimizer, pass deepspeed.ops.adam.DeepSpeedCPUAdam (DeepSpeed "
+               "refuses other client optimizers under ZeRO-Offload unless "
+               "zero_force_ds_cpu_optimizer is false)."
+             : " With offload_optimizer, DeepSpeed builds DeepSpeedCPUAdam from the section.";
   return c;
 }
 
@@ -166,6 +197,7 @@ nlohmann::json deepspeed_config(const Scenario& sc, const Evaluation& e) {
   // stated explicitly because the plan's communication volume depends on it.
   ds["communication_data_type"] = dtype_name(e.spec.reduce_dtype);
   ds["zero_optimization"] = zero_section(sc, e, stage);
+  if (auto o = optimizer_section(e); !o.is_null()) ds["optimizer"] = std::move(o);
   if (job.checkpointing == Checkpointing::full || job.checkpointing == Checkpointing::every)
     // deepspeed/runtime/activation_checkpointing/config.py: everything off except what the
     // plan assumes (block inputs kept on the GPU, nothing partitioned: no tensor parallelism).

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # Over 800 lines: one corpus, one command: the models, the hooks that measure and the writer stay
 # in the one script that regenerates the corpus.
-"""Measure the memory of whole training steps of DeepSpeed's ZeRO-1/2/3 engines with PyTorch's MemTracker.
+"""Measure the memory of whole training steps of DeepSpeed's ZeRO-0/1/2/3 engines with PyTorch's MemTracker.
 
 What it measures
     The step of validation/measure_steps.py (``transformers.LlamaForCausalLM``, the "llama-h256"
@@ -10,24 +10,51 @@ What it measures
     DeepSpeed's own engine: ``deepspeed.initialize(model=model, optimizer=<that AdamW>,
     config=...)`` on gloo with world size 2 (CPU, ``DS_ACCELERATOR=cpu``), then
     ``loss = engine(...).loss; engine.backward(loss); engine.step()``. The grid is: ZeRO stage
-    1/2/3 x precision ("fp32", "bf16-mixed") x sequence length 128/256 x micro-batch 1/2, without
-    activation checkpointing.
+    0/1/2/3 x precision ("fp32", "bf16-mixed") x sequence length 128/256 x micro-batch 1/2, without
+    activation checkpointing, and at stage 0 both optimizer sources (below).
 
     The DeepSpeed config is ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps: 1``,
     ``zero_optimization: {"stage": N}`` with DeepSpeed's defaults otherwise (contiguous_gradients,
     reduce_scatter, reduce_bucket_size 5e8 elements, allgather_bucket_size 5e8, overlap_comm off
     for stages 1/2 and on for stage 3, stage3_prefetch_bucket_size 5e7,
-    stage3_param_persistence_threshold 1e5, memory_efficient_linear), and
+    stage3_param_persistence_threshold 1e5, memory_efficient_linear, gradient_clipping 1.0), and
     ``zero_allow_untested_optimizer: true`` (DeepSpeed refuses a client torch AdamW under ZeRO
-    without it). "bf16-mixed" adds ``"bf16": {"enabled": true}``: DeepSpeed casts the module to
-    bfloat16 (no autocast) and keeps a float32 master partition; "fp32" has no bf16 section. Each
-    case records the exact config it used (deepspeed_config).
+    without it; stage 0 does not read it). "bf16-mixed" adds ``"bf16": {"enabled": true}``:
+    DeepSpeed casts the module to bfloat16 (no autocast) and keeps a float32 master copy (stages
+    1/2/3: partitioned); "fp32" has no bf16 section. Each case records the exact config it used
+    (deepspeed_config).
+
+    The optimizer comes from one of two places (optimizer_source):
+
+    - "client", every stage: the AdamW above, passed to ``deepspeed.initialize``;
+    - "deepspeed-config", stage 0 only (id suffix "/ds-adamw"): no client optimizer; the config
+      has ``"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}`` and DeepSpeed builds its own
+      ``FusedAdam`` (``_configure_basic_optimizer``, ``get_optimizer_configuration``: adam_w_mode,
+      its defaults otherwise, weight_decay 0 where torch's AdamW has 0.01). On the CPU
+      accelerator its op is a C++ extension JIT-built at the first use (op_builder/cpu/
+      fused_adam.py: ``multi_tensor_adam`` runs DeepSpeed's CPU Adam on each tensor in place, no
+      temporaries); its states are exp_avg and exp_avg_sq (the step is a Python int).
+
+    The source decides stage 0's bf16 wrapper. Without ZeRO, with bf16 parameters and gradients
+    and no pipeline, ``_do_optimizer_sanity_check`` picks DDP_BFLOAT16, and
+    ``_configure_fp16_optimizer`` wraps a FusedAdam in ``FP16_Optimizer`` (fused_optimizer.py:
+    flat buffers) and any other optimizer, the client's torch AdamW included, in
+    ``FP16_UnfusedOptimizer`` (unfused_optimizer.py: a float32 master per parameter): a config
+    with an optimizer section gets the first, a client torch optimizer the second. Under fp32,
+    stage 0 has no wrapper: ``engine.optimizer`` is the basic optimizer (AdamW or FusedAdam)
+    stepping the module's own parameters, and the engine clips their gradients first
+    (``clip_fp32_gradients``). Stages 1/2/3 wrap either source in their ZeRO optimizer alike, so
+    the config's optimizer is measured at stage 0 only. At stage 0 the gradients are all-reduced
+    at the end of ``engine.backward`` (``allreduce_gradients``; the data-parallel replicas keep
+    whole copies of everything else).
 
 How it measures
     ``torch.distributed._tools.mem_tracker.MemTracker`` with the ``_PeakProbe`` of
     measure_steps.py (each category's own peak; module and phase at the peak). The engine's
-    module, the client AdamW that DeepSpeed drives (its states sit on DeepSpeed's float32 master
-    partition) and the batch are registered with ``track_external`` before the measured step.
+    module, the basic optimizer that DeepSpeed drives (``engine.basic_optimizer``: the client
+    AdamW or DeepSpeed's FusedAdam; its states sit on DeepSpeed's float32 master copy, or at fp32
+    stage 0 on the module's parameters) and the batch are registered with ``track_external``
+    before the measured step.
 
     The tracker only knows the model's parameters, buffers and gradients, activations, temps and
     the optimizer's states; it sees other storages from the first op that returns them and files
@@ -35,36 +62,52 @@ How it measures
     holds before the step, and names the ones it allocates inside the step, in these categories
     (the names of measure_steps.py where they mean the same):
 
-    - parameters: the module's parameters (stages 1/2: views into DeepSpeed's flat weight buffer,
-      bit16_groups_flat; stage 3: the persistent, never-partitioned ones below
-      stage3_param_persistence_threshold);
+    - parameters: the module's parameters (stage 0: the module's own under fp32 and
+      FP16_UnfusedOptimizer, views into FP16_Optimizer's flat copy fp16_groups_flat; stages 1/2:
+      views into DeepSpeed's flat weight buffer, bit16_groups_flat; stage 3: the persistent,
+      never-partitioned ones below stage3_param_persistence_threshold);
     - sharded_parameters: stage 3's low-precision partition of the parameters (lp_param_buffer);
     - unsharded_parameters: stage 3's gathered parameters, forward and backward: the tensors the
       gather handles' ``wait()`` gives each parameter (copies out of a coalesced gather, or a
       single parameter's gathered buffer);
-    - master_parameters: the float32 master partition the client optimizer steps
-      (single_partition_of_fp32_groups; stage 3's fp32_partitioned_groups_flat);
+    - master_parameters: the float32 master copy the basic optimizer steps (stage 0, bf16:
+      FP16_Optimizer's flat fp32_groups_flat, FP16_UnfusedOptimizer's fp32_groups, a clone per
+      parameter; none under fp32; stages 1/2: the partition single_partition_of_fp32_groups;
+      stage 3's fp32_partitioned_groups_flat);
     - gradients: the parameters' .grad as autograd makes them (the tracker's own);
     - sharded_gradients: DeepSpeed's gradient partition (stages 1/2: grads_in_partition, made in
       ``copy_grads_in_partition``; stage 3: grad_partitions_flat_buffer);
-    - master_gradients: the float32 gradient of the master partition. DeepSpeed makes it inline
-      (``flat.to(float32)``), so it is filed here from the DeepSpeed call just after that op (stages
-      1/2: ``unscale_and_clip_grads``; stage 3: the end of ``_prepare_fp32_grad_for_sub_group``);
-      at the op itself it counts as step_temp;
+    - master_gradients: the float32 gradient of the master copy. At stages 1/2/3 DeepSpeed makes
+      it inline (``flat.to(float32)``), so it is filed here from the DeepSpeed call just after that
+      op (stages 1/2: ``unscale_and_clip_grads``; stage 3: the end of
+      ``_prepare_fp32_grad_for_sub_group``); at the op itself it counts as step_temp. Stage 0:
+      ``FP16_UnfusedOptimizer.step`` sets each master's .grad to ``grad.to(float32)`` of its
+      parameter, inline, between the group's ``get_weight_norm`` and ``get_global_norm``: the
+      storages first seen in that span; ``FP16_Optimizer.step`` flattens per-parameter float32
+      casts of the gradients (step_temp, freed once flattened) into one flat gradient, set as
+      fp32_groups_flat's .grad: the storage first seen in its ``_flatten_dense_tensors``;
     - gradient_buckets: the ipg bucket buffers (reduce_bucket_size elements each; stages 1/2
       allocate them in ``setup_buckets`` at each backward and free them at its end, stage 3 keeps
       them from initialize);
+    - gradient_allreduce: stage 0's storages first seen in ``engine.allreduce_gradients`` (at
+      the end of ``engine.backward``): ``buffered_allreduce_fallback`` -> ``allreduce_no_retain``
+      -> ``allreduce_and_copy`` -> ``allreduce_bucket`` flattens the gradients of each bucket (up
+      to 5e8 elements: one here) into a new tensor (``self.flatten``) in their dtype (the
+      communication dtype defaults to it, no cast), all-reduces it and copies it back into the
+      gradients; it is freed when ``allreduce_and_copy`` returns;
     - reduce_scatter: storages first seen in the gradient reduction (stages 1/2
       ``reduce_ipg_grads``, stage 3 ``__reduce_and_partition_ipg_grads``);
     - all_gather: storages first seen in stages 1/2's all-gather of the updated weights
       (``all_gather_dp_groups``), and stage 3's flat all-gather outputs (first seen in
       ``PartitionedParameterCoordinator.fetch_sub_module`` outside the handles' ``wait()``);
-    - step_temp: anything else first seen in ``engine.step()`` outside the client optimizer's own
-      step (the flattened gradient partition, the gradient norm's temporaries);
+    - step_temp: anything else first seen in ``engine.step()`` outside the basic optimizer's own
+      step (the flattened gradient partition, the gradient norm's temporaries; at stage 0 the
+      overflow check's and the clipping norm's temporaries, and FP16_Optimizer's per-parameter
+      float32 casts);
     - temp: anything else first seen in ``engine.backward()`` (the tracker's backward temps, and
       DeepSpeed's work after autograd);
-    - optimizer_states / optimizer_temp: the client AdamW's states and its foreach intermediates
-      (split as in measure_steps.py).
+    - optimizer_states / optimizer_temp: the basic optimizer's states and its step's
+      intermediates (AdamW's foreach ones; FusedAdam has none), split as in measure_steps.py.
     The DeepSpeed categories are sticky: the tracker's gradient and parameter hooks do not refile a
     storage that DeepSpeed owns (e.g. stage 2/3's .grad views into the ipg bucket stay
     gradient_buckets). Registering DeepSpeed's buffers makes totals include them from the start of
@@ -75,13 +118,16 @@ How it measures
     case, so every case runs with the functions its own stage installs.
 
     deepspeed_buffers records, per case, the bytes (distinct storages) of DeepSpeed's buffers and
-    of the client optimizer's states right after ``deepspeed.initialize``;
-    deepspeed_buffers_in_step the largest size of each over the measured step, with those made
-    lazily (stages 1/2's ipg buckets and grads_in_partition, the master gradient, stage 3's
-    persistent parameters, listed at the first forward, and AdamW's states, made at the first
-    step). deepspeed_buffer_aliases lists buffers that share a storage. All of it runs on
-    CPU tensors: byte counts are ``numel * element_size`` (torch.empty of a bucket counts in full,
-    as it would on an accelerator), no allocator rounding.
+    of the basic optimizer's states ("client_optimizer_states", or "basic_optimizer_states" for
+    the config's FusedAdam) right after ``deepspeed.initialize``; deepspeed_buffers_in_step the
+    largest size of each over the measured step, with those made lazily (stages 1/2's ipg buckets
+    and grads_in_partition, the master gradient, stage 3's persistent parameters, listed at the
+    first forward, stage 0's all-reduce bucket (allreduce_bucket), and the optimizer's states,
+    made at the first step; the FP16 wrappers make them in initialize with a step on zero
+    gradients, ``initialize_optimizer_states``). deepspeed_buffer_aliases lists buffers that share
+    a storage. All of it runs on CPU tensors: byte counts are ``numel * element_size``
+    (torch.empty of a bucket counts in full, as it would on an accelerator), no allocator
+    rounding.
 
     Both ranks run every case in one torchrun launch (gloo, one intra-op thread per rank), each
     case REPEATS times per rank (a fresh engine each time): where a peak falls at the end of the
@@ -89,14 +135,20 @@ How it measures
     and so may that peak. The corpus keeps rank 0's first record, with every rank's first peak
     (rank_peak_bytes) and [min, max] over ranks and repeats (peak_bytes_range). DeepSpeed's CPU
     accelerator JIT-builds its shared-memory comm op (used only for inference all-reduce) at the
-    first init, with the system C++ compiler; the training collectives go through gloo.
+    first init, and the FusedAdam op at the first config-built optimizer, with the system C++
+    compiler (torch's extension cache keeps them); the training collectives go through gloo.
 
 Output
     A JSON corpus (``--out``) in the format of oracle_steps.json: versions, the model config, and
-    one record per case with wrapper "deepspeed-zero1/2/3", world_size 2, peak_bytes, at_peak,
-    category_peaks, peak_module, peak_phase, plus deepspeed_config, deepspeed_optimizer (the class
-    DeepSpeed wrapped the client optimizer in), deepspeed_buffers, deepspeed_buffers_in_step,
-    deepspeed_buffer_aliases and optimizer_states_on_master, and collectives: per collective,
+    one record per case with wrapper "deepspeed-zero0/1/2/3", world_size 2, optimizer_source
+    ("client" or "deepspeed-config"), peak_bytes, at_peak, category_peaks, peak_module,
+    peak_phase, plus deepspeed_config, deepspeed_optimizer (the class of ``engine.optimizer``:
+    the wrapper DeepSpeed put around the basic optimizer, or at fp32 stage 0 the basic
+    optimizer's own class, AdamW or FusedAdam), deepspeed_buffers, deepspeed_buffers_in_step,
+    deepspeed_buffer_aliases, optimizer_states_on_master (whether every tensor the basic
+    optimizer keeps state for is one of the float32 tensors DeepSpeed has it step: ZeRO's master
+    partitions, stage 0's FP16 wrappers' master copy, or, with no wrapper at fp32 stage 0, the
+    module's own parameters, which are then the master copy), and collectives: per collective,
     the calls, nccl-tests size (bytes) and bytes one rank sends (size x the ring's bus factor, 2
     ranks) of what the measured step asked deepspeed.comm for (CollectiveCounter: the request,
     whichever way gloo carries it out).
@@ -138,7 +190,12 @@ STEP_CONFIGS[EXECUTOR_CONFIG] = dict(
     STEP_CONFIGS["gpt2-h256"], n_embd=64, n_layer=3, n_head=4, n_inner=256, vocab_size=257)
 EXECUTOR_REDUCE_BUCKET = 50_000_000  # elements
 CONFIGS = {CONFIG: STEP_CONFIGS[CONFIG]}
-STAGES = (1, 2, 3)
+STAGES = (0, 1, 2, 3)
+# Where the optimizer comes from: "client", the AdamW of measure_steps.py passed to
+# deepspeed.initialize; "deepspeed-config", the config's own optimizer section, which DeepSpeed
+# builds itself (its FusedAdam). The second at stage 0 only, where it changes the bf16 wrapper.
+OPTIMIZER_SOURCES = ("client", "deepspeed-config")
+CONFIG_OPTIMIZER = {"type": "AdamW", "params": {"lr": 1e-3}}
 PRECISIONS = ("fp32", "bf16-mixed")
 WORLD_SIZE = 2
 # Measurements per case and rank. Where a peak falls at the end of the backward, gloo's threads
@@ -156,13 +213,14 @@ DS_CATEGORIES = {
     "Gradient Buckets": "gradient_buckets",
     "Reduce Scatter": "reduce_scatter",
     "All Gather": "all_gather",
+    "Gradient Allreduce": "gradient_allreduce",
     "Step Temp": "step_temp",
 }
 NAMES = {**CATEGORY_NAMES, **DS_CATEGORIES}
 ORDER = ("parameters", "sharded_parameters", "unsharded_parameters", "master_parameters", "buffers",
          "gradients", "sharded_gradients", "master_gradients", "gradient_buckets", "activations",
-         "temp", "reduce_scatter", "all_gather", "step_temp", "optimizer_states", "optimizer_temp",
-         "other")
+         "temp", "gradient_allreduce", "reduce_scatter", "all_gather", "step_temp", "optimizer_states",
+         "optimizer_temp", "other")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -192,21 +250,33 @@ def bucket_keys(buckets, config_name, stage):
     return keys
 
 
+def optimizer_sources(stage, buckets):
+    """The optimizer sources measured: both at stage 0 with DeepSpeed's own buckets, else the
+    client's. Stage 0 has no ZeRO bucket, so the hf-auto and executor grids leave it out."""
+    if stage == 0:
+        return OPTIMIZER_SOURCES if buckets == "default" else ()
+    return OPTIMIZER_SOURCES[:1]
+
+
 def case_grid(only=None, buckets="default"):
-    """Every (stage, precision, seq_len, micro_batch), in corpus order (stages in `only` if given)."""
+    """Every (stage, optimizer source, precision, seq_len, micro_batch), in corpus order (stages in
+    `only` if given)."""
     for stage in STAGES:
         if only and wrapper_name(stage) not in only:
             continue
-        if buckets == "executor":
-            yield {"stage": stage, "config": EXECUTOR_CONFIG, "seq_len": 32, "micro_batch": 2,
-                   "precision": "fp32", "checkpointing": "none", "buckets": buckets}
-            continue
-        for precision in PRECISIONS:
-            for seq_len in SEQ_LENS:
-                for micro_batch in MICRO_BATCHES:
-                    yield {"stage": stage, "config": CONFIG, "seq_len": seq_len,
-                           "micro_batch": micro_batch, "precision": precision,
-                           "checkpointing": "none", "buckets": buckets}
+        for source in optimizer_sources(stage, buckets):
+            if buckets == "executor":
+                yield {"stage": stage, "config": EXECUTOR_CONFIG, "seq_len": 32, "micro_batch": 2,
+                       "precision": "fp32", "checkpointing": "none", "buckets": buckets,
+                       "optimizer_source": source}
+                continue
+            for precision in PRECISIONS:
+                for seq_len in SEQ_LENS:
+                    for micro_batch in MICRO_BATCHES:
+                        yield {"stage": stage, "config": CONFIG, "seq_len": seq_len,
+                               "micro_batch": micro_batch, "precision": precision,
+                               "checkpointing": "none", "buckets": buckets,
+                               "optimizer_source": source}
 
 
 def wrapper_name(stage):
@@ -215,12 +285,15 @@ def wrapper_name(stage):
 
 def case_id(case):
     suffix = "" if case["buckets"] == "default" else "/" + case["buckets"]
+    if case["optimizer_source"] == "deepspeed-config":
+        suffix += "/ds-adamw"
     return (f"{wrapper_name(case['stage'])}/{case['config']}/{case['precision']}/"
             f"{case['checkpointing']}/s{case['seq_len']}-b{case['micro_batch']}/w{WORLD_SIZE}"
             f"{suffix}")
 
 
-def deepspeed_config(stage, precision, micro_batch, buckets="default", config_name=CONFIG):
+def deepspeed_config(stage, precision, micro_batch, buckets="default", config_name=CONFIG,
+                     optimizer_source="client"):
     """The config passed to deepspeed.initialize: DeepSpeed's defaults but for these keys."""
     config = {
         "train_micro_batch_size_per_gpu": micro_batch,
@@ -229,6 +302,8 @@ def deepspeed_config(stage, precision, micro_batch, buckets="default", config_na
         # ZeRO accepts a client torch.optim.AdamW only with this (is_zero_supported_optimizer).
         "zero_allow_untested_optimizer": True,
     }
+    if optimizer_source == "deepspeed-config":
+        config["optimizer"] = json.loads(json.dumps(CONFIG_OPTIMIZER))
     if precision == "bf16-mixed":
         config["bf16"] = {"enabled": True}
     return config
@@ -268,7 +343,8 @@ def _flat(obj):
 
 
 def buffer_groups(optimizer, stage):
-    """[(name, category, [tensors])] of the buffers DeepSpeed's ZeRO optimizer holds now.
+    """[(name, category, [tensors])] of the buffers DeepSpeed's optimizer wrapper holds now (none
+    for stage 0 without a wrapper).
 
     category is a DS_CATEGORIES key, or "Parameter" for storages the module's parameters view."""
     groups = []
@@ -276,6 +352,15 @@ def buffer_groups(optimizer, stage):
     def add(name, category, obj):
         groups.append((name, category, _flat(obj)))
 
+    if stage == 0:
+        # FP16_Optimizer.__init__: the flat low-precision copy the parameters view, and its flat
+        # float32 master; FP16_UnfusedOptimizer.__init__: one float32 clone per parameter.
+        if type(optimizer).__name__ == "FP16_Optimizer":
+            add("fp16_groups_flat", "Parameter", optimizer.fp16_groups_flat)
+            add("fp32_groups_flat", "Master Param", optimizer.fp32_groups_flat)
+        elif type(optimizer).__name__ == "FP16_UnfusedOptimizer":
+            add("fp32_groups", "Master Param", optimizer.fp32_groups)
+        return groups
     if stage in (1, 2):
         add("bit16_groups_flat", "Parameter", getattr(optimizer, "bit16_groups_flat", None))
         add("single_partition_of_fp32_groups", "Master Param",
@@ -298,13 +383,19 @@ def buffer_groups(optimizer, stage):
     return groups
 
 
-def buffer_sizes(optimizer, stage, client_optimizer):
-    """({name: bytes}, [[name, name] sharing a storage]) of DeepSpeed's buffers and the client
+def states_name(optimizer_source):
+    """deepspeed_buffers' name for the basic optimizer's states: the client's, or the one DeepSpeed
+    built from its config (DeepSpeedEngine.basic_optimizer)."""
+    return "client_optimizer_states" if optimizer_source == "client" else "basic_optimizer_states"
+
+
+def buffer_sizes(optimizer, stage, basic_optimizer, optimizer_source="client"):
+    """({name: bytes}, [[name, name] sharing a storage]) of DeepSpeed's buffers and the basic
     optimizer's states."""
     sizes, owner, aliases = {}, {}, []
     groups = buffer_groups(optimizer, stage)
-    states = [v for s in client_optimizer.state.values() for v in s.values() if hasattr(v, "untyped_storage")]
-    groups.append(("client_optimizer_states", "Optstate", states))
+    states = [v for s in basic_optimizer.state.values() for v in s.values() if hasattr(v, "untyped_storage")]
+    groups.append((states_name(optimizer_source), "Optstate", states))
     for name, _category, tensors in groups:
         stores = _storages(tensors)
         sizes[name] = sum(b for _st, b in stores.values())
@@ -315,12 +406,24 @@ def buffer_sizes(optimizer, stage, client_optimizer):
     return sizes, aliases
 
 
-def states_on_master(optimizer, stage, client_optimizer):
-    """Whether every key of the client optimizer's state is one of DeepSpeed's master partitions."""
-    masters = (optimizer.single_partition_of_fp32_groups if stage in (1, 2)
-               else optimizer.fp32_partitioned_groups_flat)
-    ids = {id(t) for t in masters}
-    return bool(client_optimizer.state) and all(id(p) in ids for p in client_optimizer.state)
+def master_tensors(optimizer, stage, module):
+    """The float32 tensors the basic optimizer steps: ZeRO's master partitions, stage 0's wrapper's
+    master copy, or without a wrapper (fp32 at stage 0) the module's own parameters."""
+    if stage in (1, 2):
+        return optimizer.single_partition_of_fp32_groups
+    if stage == 3:
+        return optimizer.fp32_partitioned_groups_flat
+    if type(optimizer).__name__ == "FP16_Optimizer":
+        return optimizer.fp32_groups_flat
+    if type(optimizer).__name__ == "FP16_UnfusedOptimizer":
+        return [t for group in optimizer.fp32_groups for t in group]
+    return list(module.parameters())
+
+
+def states_on_master(optimizer, stage, basic_optimizer, module):
+    """Whether every key of the basic optimizer's state is one of master_tensors."""
+    ids = {id(t) for t in master_tensors(optimizer, stage, module)}
+    return bool(basic_optimizer.state) and all(id(p) in ids for p in basic_optimizer.state)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -333,7 +436,7 @@ def _ds_reftype():
     return _RefType("DeepSpeedRefType", [(k.upper().replace(" ", "_"), k) for k in DS_CATEGORIES])
 
 
-def make_tracker(engine, client_optimizer, ids):
+def make_tracker(engine, basic_optimizer, ids):
     from torch.distributed._tools.common_utils import get_untyped_storages
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
@@ -393,7 +496,7 @@ def make_tracker(engine, client_optimizer, ids):
 
     tracker = DeepSpeedMemTracker()
     tracker._ds_init()
-    tracker.track_external(engine.module, client_optimizer, ids)
+    tracker.track_external(engine.module, basic_optimizer, ids)
     tracker._probe_init()
     return tracker
 
@@ -419,35 +522,41 @@ class _Patches:
         self.saved.clear()
 
 
+def _scoped(tracker, reftype=None, phase=None, after=None):
+    """A _Patches maker: storages first seen inside the call go under `reftype`, the phase is
+    `phase` there, and `after(*args, **kwargs)` runs when it returns."""
+    def make(original):
+        def wrapper(*args, **kwargs):
+            if reftype is not None:
+                tracker.ds_override.append(reftype)
+            if phase is not None:
+                tracker.ds_phase.append(phase)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if phase is not None:
+                    tracker.ds_phase.pop()
+                if reftype is not None:
+                    tracker.ds_override.pop()
+                if after is not None:
+                    after(*args, **kwargs)
+        return wrapper
+    return make
+
+
 def classify_deepspeed(tracker, engine, stage):
     """Installs the phase and category wrappers around DeepSpeed's functions; returns the patches."""
     patches = _Patches()
     optimizer = engine.optimizer
     ref = tracker.reftype
+    scoped = functools.partial(_scoped, tracker)
     from torch.distributed._tools.mem_tracker import _MemRefType
-
-    def scoped(reftype=None, phase=None, after=None):
-        def make(original):
-            def wrapper(*args, **kwargs):
-                if reftype is not None:
-                    tracker.ds_override.append(reftype)
-                if phase is not None:
-                    tracker.ds_phase.append(phase)
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    if phase is not None:
-                        tracker.ds_phase.pop()
-                    if reftype is not None:
-                        tracker.ds_override.pop()
-                    if after is not None:
-                        after(*args, **kwargs)
-            return wrapper
-        return make
 
     patches.wrap(engine, "backward", scoped(_MemRefType.TEMP, "backward"))
     patches.wrap(engine, "step", scoped(ref("Step Temp"), "step"))
-    if stage in (1, 2):
+    if stage == 0:
+        classify_stage0(tracker, engine, patches)
+    elif stage in (1, 2):
         import deepspeed.runtime.zero.stage_1_and_2 as s12
 
         def note_buckets(*_a, **_k):
@@ -492,6 +601,66 @@ def classify_deepspeed(tracker, engine, stage):
                      scoped(ref("Reduce Scatter")))
         patches.wrap(optimizer, "_prepare_fp32_grad_for_sub_group", scoped(after=master_grad_made))
     return patches
+
+
+def classify_stage0(tracker, engine, patches):
+    """Stage 0: the gradient all-reduce at the end of engine.backward, and the float32 master
+    gradients the bf16 wrappers make in their step."""
+    import deepspeed.runtime.fp16.fused_optimizer as fused
+    import deepspeed.runtime.fp16.unfused_optimizer as unfused
+
+    optimizer = engine.optimizer
+    master = tracker.reftype("Master Grad")
+    scoped = functools.partial(_scoped, tracker)
+
+    def returned(name, original):  # notes the size of what `original` returns
+        def wrapper(*args, **kwargs):
+            out = original(*args, **kwargs)
+            tracker.note_lazy(name, [out])
+            return out
+        return wrapper
+
+    # allreduce_gradients -> buffered_allreduce_fallback -> allreduce_no_retain ->
+    # allreduce_and_copy -> allreduce_bucket, which flattens each bucket of gradients into a new
+    # tensor, all-reduces it and copies it back.
+    patches.wrap(engine, "allreduce_gradients", scoped(tracker.reftype("Gradient Allreduce")))
+    patches.wrap(engine, "allreduce_bucket", functools.partial(returned, "allreduce_bucket"))
+    if type(optimizer).__name__ == "FP16_Optimizer":
+        # FP16_Optimizer.step: the flat float32 gradient is made by _flatten_dense_tensors from
+        # the per-parameter float32 casts (step_temp), then set as fp32_groups_flat's .grad.
+        patches.wrap(fused, "_flatten_dense_tensors",
+                     lambda original: scoped(master)(returned("master_gradient", original)))
+    elif type(optimizer).__name__ == "FP16_UnfusedOptimizer":
+        # FP16_UnfusedOptimizer.step casts each parameter's gradient inline (grad.to(float32)) as
+        # its master's .grad, between the group's get_weight_norm and get_global_norm: storages
+        # first seen in that span are master gradients.
+        span = []  # one entry while the span is open
+
+        def close(*_a, **_k):
+            if span:
+                span.pop()
+                tracker.ds_override.pop()
+
+        def weight_norm(original):
+            def wrapper(*args, **kwargs):
+                close()
+                out = original(*args, **kwargs)
+                tracker.ds_override.append(master)
+                span.append(True)
+                return out
+            return wrapper
+
+        def global_norm(original):
+            def wrapper(*args, **kwargs):
+                close()
+                grads = [p.grad for group in optimizer.fp32_groups for p in group]
+                tracker.note_lazy("master_gradient", grads)
+                return original(*args, **kwargs)
+            return wrapper
+
+        patches.wrap(unfused, "get_weight_norm", weight_norm)
+        patches.wrap(unfused, "get_global_norm", global_norm)
+        patches.wrap(optimizer, "step", scoped(after=close))  # closes it on an early return
 
 
 def register_buffers(tracker, optimizer, stage):
@@ -640,27 +809,56 @@ def train_step(engine, ids):
     return float(loss.detach())
 
 
-def measure_case(rank, case):
+def check_wrapping(engine, optimizer, client_optimizer, case):
+    """The basic optimizer (DeepSpeedEngine.basic_optimizer), once checked: the client's, or the
+    FusedAdam DeepSpeed built from the config; wrapped by stages 1/2/3's ZeRO optimizer, at stage 0
+    by FP16_Optimizer (a FusedAdam) or FP16_UnfusedOptimizer (any other) under bf16 and by nothing
+    under fp32 (_do_optimizer_sanity_check, _configure_fp16_optimizer)."""
+    basic = engine.basic_optimizer
+    if client_optimizer is not None:
+        ok = basic is client_optimizer
+    else:
+        ok = type(basic).__name__ == "FusedAdam"
+    if case["stage"] == 0 and case["precision"] == "fp32":
+        ok = ok and optimizer is basic
+    elif case["stage"] == 0:
+        wrapper = "FP16_Optimizer" if type(basic).__name__ == "FusedAdam" else "FP16_UnfusedOptimizer"
+        ok = ok and type(optimizer).__name__ == wrapper and optimizer.optimizer is basic
+    else:
+        ok = ok and getattr(optimizer, "optimizer", None) is basic
+    if engine.optimizer is not optimizer or not ok:
+        raise RuntimeError(f"unexpected optimizer wrapping: {type(optimizer).__name__} over "
+                           f"{type(basic).__name__}")
+    return basic
+
+
+def build_engine(case):
+    """deepspeed.initialize for a case, with the client AdamW or the config's optimizer section:
+    (engine, the optimizer it returned, the basic optimizer, the config, parameter count)."""
     import deepspeed
 
-    stage = case["stage"]
     model = build_model(case["config"], case["checkpointing"])
     params = parameter_count(model)
-    client_optimizer = make_optimizer(model)
-    config = deepspeed_config(stage, case["precision"], case["micro_batch"], case["buckets"],
-                              case["config"])
+    client_optimizer = make_optimizer(model) if case["optimizer_source"] == "client" else None
+    config = deepspeed_config(case["stage"], case["precision"], case["micro_batch"], case["buckets"],
+                              case["config"], case["optimizer_source"])
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client_optimizer,
                                                    config=json.loads(json.dumps(config)))
-    if engine.optimizer is not optimizer or optimizer.optimizer is not client_optimizer:
-        raise RuntimeError(f"unexpected optimizer wrapping: {type(optimizer).__name__}")
-    buffers, aliases = buffer_sizes(optimizer, stage, client_optimizer)
+    basic = check_wrapping(engine, optimizer, client_optimizer, case)
+    return engine, optimizer, basic, config, params
+
+
+def measure_case(rank, case):
+    stage, source = case["stage"], case["optimizer_source"]
+    engine, optimizer, basic, config, params = build_engine(case)
+    buffers, aliases = buffer_sizes(optimizer, stage, basic, source)
     ids = make_batch(case["config"], case["seq_len"], case["micro_batch"], rank)
     for _ in range(WARMUP_STEPS):
         train_step(engine, ids)
     gc.collect()
-    tracker = make_tracker(engine, client_optimizer, ids)
+    tracker = make_tracker(engine, basic, ids)
     register_buffers(tracker, optimizer, stage)
-    tracker.ds_lazy.update(buffer_sizes(optimizer, stage, client_optimizer)[0])
+    tracker.ds_lazy.update(buffer_sizes(optimizer, stage, basic, source)[0])
     patches = classify_deepspeed(tracker, engine, stage)
     counter = CollectiveCounter(WORLD_SIZE)
     try:
@@ -671,7 +869,7 @@ def measure_case(rank, case):
     finally:
         patches.restore()
         counter.patches.restore()
-    for name, nbytes in buffer_sizes(optimizer, stage, client_optimizer)[0].items():
+    for name, nbytes in buffer_sizes(optimizer, stage, basic, source)[0].items():
         tracker.ds_lazy[name] = max(nbytes, tracker.ds_lazy.get(name, 0))
     record = {
         "id": case_id(case),
@@ -688,17 +886,18 @@ def measure_case(rank, case):
         "loss": "upcast",
         "checkpointing": case["checkpointing"],
         "optimizer": "adamw",
-        **read_tracker(tracker, optimizer_state_bytes(client_optimizer)),
+        "optimizer_source": source,
+        **read_tracker(tracker, optimizer_state_bytes(basic)),
         "loss_value": round(loss, 4),
         "deepspeed_config": config,
         "deepspeed_optimizer": type(optimizer).__name__,
         "deepspeed_buffers": buffers,
         "deepspeed_buffers_in_step": dict(sorted(tracker.ds_lazy.items())),
         "deepspeed_buffer_aliases": aliases,
-        "optimizer_states_on_master": states_on_master(optimizer, stage, client_optimizer),
+        "optimizer_states_on_master": states_on_master(optimizer, stage, basic, engine.module),
         "collectives": counter.record(),
     }
-    del tracker, patches, engine, optimizer, client_optimizer, model
+    del tracker, patches, engine, optimizer, basic
     gc.collect()
     return record
 

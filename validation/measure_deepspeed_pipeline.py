@@ -211,6 +211,7 @@ Usage
 
 import argparse
 import copy
+import functools
 import gc
 import json
 import os
@@ -221,7 +222,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure_steps as ms  # noqa: E402  (the shared model, batch, tracker and corpus code)
-from measure_deepspeed import DS_CATEGORIES, _flat, _Patches  # noqa: E402
+from measure_deepspeed import DS_CATEGORIES, _flat, _Patches, _scoped  # noqa: E402
 
 GENERATED_BY = "validation/measure_deepspeed_pipeline.py"
 CONFIG = "llama-h256"
@@ -746,20 +747,7 @@ def classify_engine(tracker, engine, client_optimizer, instructions):
     for cls, method in saved.items():
         table[cls] = instruction(cls.__name__, method)
 
-    def scoped(reftype=None, after=None):
-        def make(original):
-            def wrapper(*args, **kwargs):
-                if reftype is not None:
-                    tracker.ds_override.append(reftype)
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    if reftype is not None:
-                        tracker.ds_override.pop()
-                    if after is not None:
-                        after(*args, **kwargs)
-            return wrapper
-        return make
+    scoped = functools.partial(_scoped, tracker)
 
     patches.wrap(engine, "_aggregate_total_loss", scoped(ref("Pipe Losses")))
 

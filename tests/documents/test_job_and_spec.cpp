@@ -249,6 +249,34 @@ TEST_CASE("sharding::FSDP mixed precision in the job and the plan") {
         "/spec/fp32_gathered: applies to FSDP (fsdp1, fsdp2), not deepspeed");
 }
 
+// DeepSpeed's engine at stage 0 is the ddp strategy's deepspeed flavour (engine.py,
+// allreduce_gradients); torch_optimizer, which DeepSpeed plans carry, round-trips and is refused
+// elsewhere.
+TEST_CASE("spec::DeepSpeed's stage 0 and the script's torch optimizer, and their rejections") {
+  auto s0 = make_spec("ddp", Flavour::deepspeed, 8);
+  CHECK(s0.flatten_to_reduce);
+  CHECK_FALSE(s0.shard_optimizer);
+  CHECK(reduces_after_backward(s0));
+  CHECK(s0.reduce_bucket_bytes == 5e8 * 2);
+  CHECK(fused_adam(s0));
+  s0.torch_optimizer = true;
+  CHECK_FALSE(fused_adam(s0));
+  const auto back = spec_from_json(spec_to_json(s0), "/spec");
+  CHECK(back.torch_optimizer);
+  CHECK(back.flatten_to_reduce);  // follows from the flavour
+  json old = spec_to_json(s0);
+  old.erase("torch_optimizer");
+  CHECK_FALSE(spec_from_json(old, "/spec").torch_optimizer);
+  CHECK_FALSE(make_spec("ddp", std::nullopt, 8).flatten_to_reduce);  // torch's DDP by default
+  json bad = spec_to_json(make_spec("fsdp-full", Flavour::fsdp2, 8));
+  bad["torch_optimizer"] = true;
+  CHECK(error_of([&] { spec_from_json(bad, "/spec"); }) ==
+        "/spec/torch_optimizer: applies to DeepSpeed (deepspeed), not fsdp2");
+  bad["torch_optimizer"] = "yes";
+  CHECK(error_of([&] { spec_from_json(bad, "/spec"); }) ==
+        "/spec/torch_optimizer: must be true or false, got \"yes\"");
+}
+
 // FSDP2's groups: the job names them (documents/job.hpp, Fsdp2Groups), or leaves the recipe's.
 TEST_CASE("job::FSDP2 groups in the job, and their rejections") {
   json doc = kJob;

@@ -41,6 +41,7 @@ Breakdown measured_categories(const nlohmann::json& at_peak) {
   add(Category::gradients, "master_gradients");
   add(Category::gradients, "step_temp");
   add(Category::buffers, "gradient_buckets");
+  add(Category::buffers, "gradient_allreduce");  // stage 0's flattened run
   return b;
 }
 

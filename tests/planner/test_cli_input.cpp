@@ -275,7 +275,12 @@ TEST_CASE("cli_input::recommend refuses flags it would drop") {
       {"recommend", "--emit", "plan", "--top", "3"},
       "--top: shapes the table, and --emit plan prints a config instead; give one of them");
   check_refused({"recommend", "--emit", "deepspeed", "--flavour", "fsdp2"},
-                "--flavour: --emit deepspeed writes a DeepSpeed config, got --flavour fsdp2");
+                "--flavour: --emit deepspeed writes a config for DeepSpeed's engine (--flavour "
+                "deepspeed, stage 0 for ddp), got --flavour fsdp2");
+  // PyTorch's DDP is not DeepSpeed's stage 0.
+  check_refused({"recommend", "--emit", "deepspeed", "--strategy", "ddp", "--flavour", "ddp"},
+                "--flavour: --emit deepspeed writes a config for DeepSpeed's engine (--flavour "
+                "deepspeed, stage 0 for ddp), got --flavour ddp");
   check_refused({"recommend", "--emit", "fsdp", "--strategy", "zero2"},
                 "--strategy: --emit fsdp writes PyTorch settings (ddp, fsdp-full, fsdp-grad-op, "
                 "hsdp), got --strategy "

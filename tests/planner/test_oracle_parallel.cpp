@@ -246,6 +246,27 @@ TEST_CASE("oracle_parallel::PyTorch pipelining (torchtitan's split, GPipe, 1F1B,
   MESSAGE("pipeline corpus through estimate: worst stage peak error " << 100 * worst << "%");
 }
 
+namespace {
+
+// A DeepSpeed pipeline case as `planner estimate --recipe deepspeed` plans it, with the strategy
+// of its ZeRO stage (ddp: stage 0).
+json deepspeed_pipeline_estimate(const json& corpus, const json& c, const char* strategy) {
+  const int p = c.at("pipeline_parallel").get<int>();
+  auto args = job_args(
+      c, p, c.at("micro_batch").get<std::int64_t>() * c.at("micro_batches").get<std::int64_t>());
+  args.insert(args.end(), {fmt::format("--strategy={}", strategy), "--recipe=deepspeed",
+                           fmt::format("--pipeline-parallel={}", p)});
+  return estimate(corpus, c, args);
+}
+
+// The estimate's categories at the peak of the measured stage `ms`, less the overheads.
+Categories stage_categories(const json& e, const json& ms) {
+  const auto& st = e.at("stages").at(ms.at("stage").get<std::size_t>());
+  return categories(st, get(st, "peak_bytes") - get(st.at("breakdown"), "overhead"));
+}
+
+}  // namespace
+
 // DeepSpeed's PipelineEngine under ZeRO-1 (oracle_deepspeed_pipeline.json, the 16 ZeRO-1 cases of
 // validation/measure_deepspeed_pipeline.py: p = 2 on gloo, fp32 and bf16, none and full
 // checkpointing, m 2 and 4): every stage peaks at ReduceGrads, after the last backward, where
@@ -263,16 +284,9 @@ TEST_CASE("oracle_parallel::DeepSpeed's pipeline engine under ZeRO-1: both reduc
   double worst = 0;
   for (const auto& c : corpus.at("cases")) {
     if (c.at("zero_stage").get<int>() != 1) continue;
-    const int p = c.at("pipeline_parallel").get<int>();
-    auto args = job_args(
-        c, p, c.at("micro_batch").get<std::int64_t>() * c.at("micro_batches").get<std::int64_t>());
-    args.insert(args.end(), {"--strategy=zero1", "--recipe=deepspeed",
-                             fmt::format("--pipeline-parallel={}", p)});
-    const json e = estimate(corpus, c, args);
+    const json e = deepspeed_pipeline_estimate(corpus, c, "zero1");
     for (const auto& ms : c.at("stages")) {
-      const auto& st = e.at("stages").at(ms.at("stage").get<std::size_t>());
-      const Categories s =
-          categories(st, get(st, "peak_bytes") - get(st.at("breakdown"), "overhead"));
+      const Categories s = stage_categories(e, ms);
       const double measured = ms.at("peak_bytes").get<double>();
       const auto& a = ms.at("at_peak");
       INFO(text(c, "id") << " stage " << ms.at("stage") << ": predicted " << s.peak << " at the "
@@ -301,5 +315,50 @@ TEST_CASE("oracle_parallel::DeepSpeed's pipeline engine under ZeRO-1: both reduc
   CHECK(stages == 32);
   MESSAGE("DeepSpeed pipeline (ZeRO-1) through estimate: worst error of the peak beside the "
           "buckets "
+          << 100 * worst << "%");
+}
+
+// DeepSpeed's PipelineEngine at ZeRO stage 0 (the 16 stage-0 cases of
+// oracle_deepspeed_pipeline.json). In fp32 the engine wraps nothing: the gradients stay in .grad
+// and ReduceGrads flattens them into one new tensor to all-reduce (engine.py,
+// buffered_allreduce_fallback), the walk's flattened run: every stage within 1%, the flattened
+// copy exact where the peak is the reduction. In bf16 the engine picks BF16_Optimizer
+// (engine.py, _do_optimizer_sanity_check: bf16 gradient accumulation under a pipeline), which the
+// walk does not have: a persistent bf16 gradient-accumulation buffer beside .grad, and the
+// training script's foreach AdamW intermediate (these cases pass a torch.optim AdamW); the walk
+// plans it as FP16_Optimizer with DeepSpeed's FusedAdam and is 7.2-7.7% under, held here as a
+// named miss.
+TEST_CASE("oracle_parallel::DeepSpeed's pipeline engine at ZeRO stage 0: fp32 stages within 1%, "
+          "bf16's BF16_Optimizer a named miss") {
+  const json corpus = shardplan::oracle::read_corpus("oracle_deepspeed_pipeline.json");
+  int stages = 0;
+  double worst = 0;
+  for (const auto& c : corpus.at("cases")) {
+    if (c.at("zero_stage").get<int>() != 0) continue;
+    const json e = deepspeed_pipeline_estimate(corpus, c, "ddp");
+    const bool bf16 = text(c, "precision") == "bf16-mixed";
+    for (const auto& ms : c.at("stages")) {
+      const Categories s = stage_categories(e, ms);
+      const double measured = ms.at("peak_bytes").get<double>();
+      const auto& a = ms.at("at_peak");
+      INFO(text(c, "id") << " stage " << ms.at("stage") << ": predicted " << s.peak << " at the "
+                         << s.when << ", measured " << measured << " in "
+                         << text(ms, "peak_phase"));
+      const double error = (s.peak - measured) / measured;
+      ++stages;
+      if (bf16) {
+        CHECK(text(c, "deepspeed_optimizer") == "BF16_Optimizer");
+        CHECK(error > -0.08);
+        CHECK(error < -0.07);
+        continue;
+      }
+      worst = std::max(worst, std::abs(error));
+      CHECK(std::abs(error) < 0.01);
+      CHECK(s.parameters == get(a, "parameters"));
+      if (text(ms, "peak_phase") == "reduce") CHECK(s.buffers == get(a, "gradient_allreduce"));
+    }
+  }
+  CHECK(stages == 32);
+  MESSAGE("DeepSpeed pipeline (ZeRO 0, fp32) through estimate: worst stage peak error "
           << 100 * worst << "%");
 }
