@@ -106,6 +106,10 @@ public:
       spec_.root_unit = false;
     }
     if (!frameworks_) spec_.root_unit = spec_.reduce_copy_in = false;
+    const bool deepspeed_pipe =
+        stage_.stages > 1 && stage_.runner == documents::PipelineRunner::deepspeed;
+    if (frameworks_ && documents::runs_bf16_optimizer(spec_, in.job.precision, deepspeed_pipe))
+      spec_ = documents::as_bf16_optimizer(spec_);
     straggler_fraction_ = in.hardware->straggler_wait_fraction(in.cluster.gpus);
     context_ = std::max(1, in.context_parallel);
     tensor_ = std::max(1, in.tensor_parallel);

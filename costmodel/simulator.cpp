@@ -403,15 +403,17 @@ void Simulation::block_backward(int u, double t, int mb, bool first) {
 
 void Simulation::gradients_used(int g, double t, int mb, bool first, double elems, double largest) {
   const auto& s = spec_;
-  if (main_grad_buffer()) return;  // added into the buffer that holds them all
+  // Added into the buffer that holds them all (BF16_Optimizer keeps the low-precision .grad too).
+  if (main_grad_buffer() && !s.low_grads_kept) return;
+  const double grad_b = main_grad_buffer() ? compute_b_ : sb_.grad;
   // (A temporary of the backward, not yet a gradient: torch's MemTracker files it so.)
   if (!first && accumulated_gradients() && largest > 0) {
-    mem(t, largest * sb_.grad, Category::activations, Phase::backward, g, mb);
-    mem(t, -largest * sb_.grad, Category::activations, Phase::backward, g, mb);
+    mem(t, largest * grad_b, Category::activations, Phase::backward, g, mb);
+    mem(t, -largest * grad_b, Category::activations, Phase::backward, g, mb);
   }
   if (!s.shard_gradients && first) {
-    mem(t, elems * sb_.grad, Category::gradients, Phase::backward, g, mb);
-    kept_grad_bytes_ += elems * sb_.grad;
+    mem(t, elems * grad_b, Category::gradients, Phase::backward, g, mb);
+    kept_grad_bytes_ += elems * grad_b;
   }
   // Unsynchronized micro-batches of a pipeline stage accumulate into the unsharded gradient the
   // first one made.
@@ -512,6 +514,10 @@ void Simulation::reduce_pending(int u, double end, int mb) {
                          : coll(op, shard_group_, pending_reduce_bytes_);
   const bool copy_in = s.reduce_copy_in && s.shard_gradients;
   if (flattens_to_reduce()) end = flatten_to_reduce(u, end, mb);
+  // A main-gradient buffer reduced in another dtype is cast to it whole first (BF16_Optimizer's
+  // fp32 buffer under bf16 communication: engine.py, allreduce_bucket), until the reduction ends.
+  const double cast = main_grad_buffer() && sb_.grad != reduce_b_ ? pending_reduce_bytes_ : 0.0;
+  mem(end, cast, Category::buffers, Phase::reduce, u, mb);
   if (copy_in) {
     // FSDP2 keeps at most reduce_scatter_max_input_buffers (default 1) reduce-scatter inputs in
     // reduce_scatter_states: the next group's post_backward (FSDPParamGroup.post_backward) waits
@@ -560,6 +566,7 @@ void Simulation::reduce_pending(int u, double end, int mb) {
   }
   if (flattens_to_reduce())
     mem(rs + dur, -flatten_run_bytes_, Category::buffers, Phase::reduce, u, mb);
+  mem(rs + dur, -cast, Category::buffers, Phase::reduce, u, mb);
   pipeline_reduce_bucket(u, rs, mb);
   // The backward's last reduction done, its buckets are released (_release_ipg_buffers).
   if (backward_bucket() && u == walking_.first) {

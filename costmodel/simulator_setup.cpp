@@ -545,7 +545,9 @@ double Simulation::device_optimizer(double t, const States& states) {
   // step); FP16_UnfusedOptimizer casts each gradient into its own master's .grad
   // (unfused_optimizer.py, step).
   double flatten_b = 0;
-  if (frameworks_ && s.separate_fp32_master && !s.flat_grad_partition && sb_.grad < sb_.step_grad)
+  const bool flattens =
+      frameworks_ && s.separate_fp32_master && !s.flat_grad_partition && !s.main_grad_buffer;
+  if (flattens && sb_.grad < sb_.step_grad)
     flatten_b = s.shard_optimizer ? sb_.grad : s.torch_optimizer ? 0.0 : sb_.step_grad;
   const double step_copies = sb_.step_grad + flatten_b;
   const double bytes =
@@ -558,8 +560,8 @@ double Simulation::device_optimizer(double t, const States& states) {
   // low-precision gradients it was cast from (stage_1_and_2.py step: del flat_grad_partition,
   // free_grad_in_param_list, averaged_gradients None; fp16/fused_optimizer.py: p.grad None);
   // FP16_UnfusedOptimizer keeps them to zero_grad.
-  const bool drops_grads = frameworks_ && s.separate_fp32_master && !s.flat_grad_partition &&
-                           sb_.step_grad > 0 && (s.shard_optimizer || !s.torch_optimizer);
+  const bool drops_grads =
+      flattens && sb_.step_grad > 0 && (s.shard_optimizer || !s.torch_optimizer);
   const double dropped = local_opt_params * flatten_b + (drops_grads ? kept_grad_bytes_ : 0.0);
   mem(st, -dropped, Category::gradients, Phase::optimizer, -1, 1);
   if (drops_grads) kept_grad_bytes_ = 0;

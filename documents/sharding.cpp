@@ -243,6 +243,26 @@ bool reduces_after_backward(const ShardingSpec& s) {
   return zero01 || (s.main_grad_buffer && s.reduce_bucket_bytes == 0);
 }
 
+bool runs_bf16_optimizer(const ShardingSpec& s, Precision p, bool pipeline) {
+  if (s.flavour != Flavour::deepspeed || p != Precision::bf16_mixed || s.shard_gradients)
+    return false;
+  const DType accum = s.grad_accum_dtype.value_or(DType::bf16);
+  if (s.shard_optimizer) return accum == DType::fp32 && s.offload == Offload::none;
+  return pipeline && accum == DType::bf16;
+}
+
+ShardingSpec as_bf16_optimizer(ShardingSpec s) {
+  s.main_grad_buffer = true;
+  s.low_grads_kept = true;
+  s.grad_accum_dtype = s.grad_accum_dtype.value_or(DType::bf16);
+  s.reduce_bucket_bytes = 0;
+  s.shard_optimizer = true;
+  s.all_reduce_partitions = true;
+  s.contiguous_grad_bucket = false;
+  s.flatten_to_reduce = false;
+  return s;
+}
+
 ShardingSpec with_overlap_grad_reduce(ShardingSpec s, int data_ranks) {
   // distributed_data_parallel.py: bucket_size = max(40000000, 1000000 * dp_cp size) elements
   // (of the main-gradient buffer's dtype) when overlap_grad_reduce is on.
@@ -276,7 +296,9 @@ nlohmann::json spec_to_json(const ShardingSpec& s) {
           {"flat_grad_partition", s.flat_grad_partition},
           {"grad_bucket_copy", s.grad_bucket_copy},
           {"fp32_gathered", s.fp32_gathered},
-          {"torch_optimizer", s.torch_optimizer}};
+          {"torch_optimizer", s.torch_optimizer},
+          {"grad_accum_dtype",
+           s.grad_accum_dtype ? nlohmann::json(dtype_name(*s.grad_accum_dtype)) : nullptr}};
 }
 
 ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer) {
@@ -318,6 +340,13 @@ ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer)
   s.fp32_gathered = r.optional_boolean("fp32_gathered").value_or(false);
   // Optional: plans written before it existed run DeepSpeed's own optimizer.
   s.torch_optimizer = r.optional_boolean("torch_optimizer").value_or(false);
+  // Optional, null or absent: the model's dtype.
+  if (r.has("grad_accum_dtype") && !j.at("grad_accum_dtype").is_null()) {
+    const auto a = r.choice("grad_accum_dtype", {"fp32", "bf16", "fp16"});
+    s.grad_accum_dtype = a == "fp32" ? DType::fp32 : a == "bf16" ? DType::bf16 : DType::fp16;
+  } else if (r.has("grad_accum_dtype")) {
+    r.ignore("grad_accum_dtype");
+  }
   r.finish();
   if (s.flavour == Flavour::deepspeed && s.shard_parameters) s.reuse_distance_elems = 1e9;
   if (s.shard_gradients && !s.shard_optimizer)
@@ -329,6 +358,10 @@ ShardingSpec spec_from_json(const nlohmann::json& j, const std::string& pointer)
     throw InputError(
         r.pointer_of("fp32_gathered"),
         fmt::format("applies to FSDP (fsdp1, fsdp2), not {}", flavour_name(s.flavour)));
+  if (s.grad_accum_dtype && s.flavour != Flavour::deepspeed)
+    throw InputError(
+        r.pointer_of("grad_accum_dtype"),
+        fmt::format("applies to DeepSpeed (deepspeed), not {}", flavour_name(s.flavour)));
   if (s.torch_optimizer && s.flavour != Flavour::deepspeed)
     throw InputError(
         r.pointer_of("torch_optimizer"),

@@ -107,6 +107,15 @@ struct ShardingSpec {
   // deepspeed/runtime/fp16/unfused_optimizer.py) instead of FP16_Optimizer (one flat fp32
   // master, fused_optimizer.py; engine.py _configure_fp16_optimizer).
   bool torch_optimizer = false;
+  // DeepSpeed's data_types.grad_accum_dtype (engine.py, get_data_types): the dtype its
+  // BF16_Optimizer accumulates gradients in; none, the model's. A bf16 job at ZeRO stage 1 with
+  // fp32 accumulation runs BF16_Optimizer instead of ZeRO's optimizer (runs_bf16_optimizer).
+  std::optional<DType> grad_accum_dtype;
+  // The backward keeps the low-precision .grad beside a main-gradient buffer it is added into
+  // (BF16_Optimizer without immediate_grad_update, its default: update_hp_grads copies them in at
+  // the backward's end and they stay to zero_grad). Follows from the engine; not part of the plan
+  // document.
+  bool low_grads_kept = false;
 
   // Shard count for a group of n ranks.
   int group(int world) const { return shard_group_size > 0 ? shard_group_size : world; }
@@ -133,6 +142,19 @@ bool fused_adam(const ShardingSpec& s);
 // reduce_gradients at the accumulation boundary) and Megatron-core's DDP without
 // overlap_grad_reduce (finish_grad_sync).
 bool reduces_after_backward(const ShardingSpec& s);
+
+// Whether DeepSpeed's engine runs BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py) for the
+// plan (engine.py, _do_optimizer_sanity_check): a bf16 job at ZeRO stage 1 with fp32 gradient
+// accumulation and no offload, or at stage 0 under its pipeline engine (bf16 accumulation).
+bool runs_bf16_optimizer(const ShardingSpec& s, Precision p, bool pipeline);
+// BF16_Optimizer in the spec's terms: its flat accumulation buffer (fp32_groups_gradients_flat,
+// grad_accum_dtype, allocated at initialize and kept) as a main-gradient buffer all-reduced whole
+// once after the backward (buffered_allreduce_fallback on the one flat tensor: no copy, but a
+// cast one where the communication dtype, reduce_dtype, is another), the
+// low-precision .grad kept beside it, the fp32 master and moments partitioned over the
+// data-parallel ranks as ZeRO-1's, and the updated bf16 partitions all-gathered after the step
+// (update_lp_params).
+ShardingSpec as_bf16_optimizer(ShardingSpec s);
 // Megatron-core's DDP with --overlap-grad-reduce over `data_ranks` data- and context-parallel
 // ranks: the main-gradient buffer reduced bucket by bucket beside the backward, each bucket its
 // default size. A Megatron plan with reduce_bucket_bytes > 0 is one with the overlap.

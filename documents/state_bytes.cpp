@@ -18,8 +18,11 @@ StateBytes state_bytes(Precision p, const ShardingSpec& spec) {
     // is the buffer's own view (no cast): 2 + 4 + 12 bytes per parameter with Adam, the
     // distributed optimizer sharding the 12 (megatron/training/theoretical_memory_usage.py).
     b.param = low;
-    b.grad = dtype_bytes(spec.reduce_dtype);
+    b.grad = dtype_bytes(spec.grad_accum_dtype.value_or(spec.reduce_dtype));
     b.master = 4;
+    // DeepSpeed's BF16_Optimizer (its buffer kept beside the .grad) casts a 16-bit buffer's
+    // partition to fp32 for the step (bf16_optimizer.py, step); an fp32 one is stepped as is.
+    if (spec.low_grads_kept && b.grad < 4) b.step_grad = 4;
   } else if (spec.separate_fp32_master) {
     // DeepSpeed: bf16/fp16 parameter partition + fp32 master partition; gradients accumulate in
     // the low-precision partition and the optimizer step casts a partition to fp32.

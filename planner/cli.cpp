@@ -1,3 +1,5 @@
+// Over 800 lines: the commands' flags and their refusals in one place, so that the conflicts
+// between flags are read together.
 #include "planner/cli.hpp"
 
 #include <algorithm>
@@ -5,6 +7,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -323,6 +326,9 @@ std::pair<SearchPins, std::string> search_pins(const CliOptions& o, const Scenar
   if (po.backward_prefetch)
     pins.backward_prefetch =
         backward_prefetch_units(*po.backward_prefetch, documents::Flavour::fsdp1);
+  if (po.deepspeed_optimizer)
+    pins.torch_optimizer =
+        torch_optimizer_from(*po.deepspeed_optimizer, documents::Flavour::deepspeed);
   if (po.strategy) {
     // Refuses an unknown strategy, and a shard group beside one that is not hsdp.
     documents::make_spec(*po.strategy, std::nullopt, sc.cluster.gpus_per_node, group);
@@ -367,6 +373,11 @@ void run_layout_recommend(const CliOptions& o, int top_plans, std::ostream& out,
                      fmt::format("{}: the layout search plans FSDP2 and the frameworks' own "
                                  "engines, not FSDP1",
                                  *o.po.backward_prefetch));
+  if (o.po.deepspeed_optimizer)
+    throw InputError("--deepspeed-optimizer",
+                     fmt::format("{}: the layout search plans each framework's own optimizer; "
+                                 "estimate the layout with it",
+                                 *o.po.deepspeed_optimizer));
   const Scenario msc = make_scenario(o.so, false);
   // With --emit for a framework, the fastest plan it can run is the one kept.
   const auto framework = o.emit ? emitted_framework(*o.emit) : std::nullopt;
@@ -471,7 +482,7 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   const auto& po = o.po;
   const bool unpinned = !o.emit && !po.strategy && !po.flavour && !po.offload &&
                         !po.shard_group_size && !po.reduce_dtype && !po.backward_prefetch &&
-                        !o.data_parallel_only;
+                        !po.deepspeed_optimizer && !o.data_parallel_only;
   if (unpinned) {
     const Scenario probe = make_scenario(o.so, false);
     const auto gpus = static_cast<std::int64_t>(probe.cluster.gpus);
@@ -562,18 +573,19 @@ evaluate_deepspeed_config(const CliOptions& o, Scenario& sc, costmodel::Trace* t
   const auto& po = o.po;
   if (po.strategy)
     throw InputError("--strategy", "give either --strategy or --deepspeed, not both");
-  // The config's zero_optimization says these; a flag beside it would be dropped.
-  for (const auto& [flag, given] :
-       {std::pair{"--flavour", po.flavour.has_value()},
-        std::pair{"--offload", po.offload.has_value()},
-        std::pair{"--reduce-dtype", po.reduce_dtype.has_value()},
-        std::pair{"--backward-prefetch", po.backward_prefetch.has_value()},
-        std::pair{"--shard-group-size", po.shard_group_size.has_value()}})
+  // The config's zero_optimization (or optimizer section) says these; a flag beside it would be
+  // dropped.
+  for (const auto& [flag, given, section] :
+       {std::tuple{"--flavour", po.flavour.has_value(), "zero_optimization"},
+        std::tuple{"--offload", po.offload.has_value(), "zero_optimization"},
+        std::tuple{"--reduce-dtype", po.reduce_dtype.has_value(), "zero_optimization"},
+        std::tuple{"--backward-prefetch", po.backward_prefetch.has_value(), "zero_optimization"},
+        std::tuple{"--deepspeed-optimizer", po.deepspeed_optimizer.has_value(),
+                   "optimizer section"},
+        std::tuple{"--shard-group-size", po.shard_group_size.has_value(), "zero_optimization"}})
     if (given)
-      throw InputError(flag,
-                       fmt::format("give either {} or --deepspeed (its zero_optimization says it), "
-                                   "not both",
-                                   flag));
+      throw InputError(flag, fmt::format("give either {} or --deepspeed (its {} says it), not both",
+                                         flag, section));
   // A DeepSpeed config names no model, and no default model is the user's.
   if (!o.so.model && !o.so.params && !o.so.model_document)
     throw InputError("--model",

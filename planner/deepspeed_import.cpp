@@ -1,3 +1,5 @@
+// Over 800 lines: one importer reads one DeepSpeed config, each section's reader beside the
+// others, so that a key's meaning and its refusals sit in one class.
 #include "planner/deepspeed_import.hpp"
 
 #include <algorithm>
@@ -73,6 +75,7 @@ public:
     read_zero();
     read_communication_dtype();
     read_optimizer();
+    read_data_types();
     read_batch();
     read_activation_checkpointing();
     read_ignored();
@@ -498,6 +501,65 @@ private:
     }
   }
 
+  // ---- data_types (config.py, DtypeEnum's names): grad_accum_dtype picks BF16_Optimizer for
+  // bf16 at stage 1 when fp32 (engine.py, _do_optimizer_sanity_check); param_dtype must be the
+  // enabled 16-bit dtype (_assert_valid_mixed_precision_config).
+  void read_data_types() {
+    const json* d = r_.optional_object("data_types");
+    if (!d) return;
+    ObjectReader t(*d, "/data_types");
+    auto dtype = [&](const char* key) -> std::optional<DType> {
+      if (!t.has(key) || d->at(key).is_null()) {
+        if (t.has(key)) t.ignore(key);
+        return std::nullopt;
+      }
+      const auto n = lower(t.string(key));
+      if (n == "fp32" || n == "float32" || n == "float" || n == "torch.float32") return DType::fp32;
+      if (n == "bf16" || n == "bfloat16" || n == "torch.bfloat16") return DType::bf16;
+      if (n == "fp16" || n == "float16" || n == "half" || n == "torch.float16") return DType::fp16;
+      throw InputError(t.pointer_of(key),
+                       fmt::format("must be one of fp32, bf16, fp16, got \"{}\"", n));
+    };
+    const auto precision = out_.job.precision;
+    if (const auto p = dtype("param_dtype")) {
+      const DType enabled = precision == Precision::fp16_mixed ? DType::fp16
+                            : precision == Precision::fp32     ? DType::fp32
+                                                               : DType::bf16;
+      if (*p != enabled)
+        throw InputError(t.pointer_of("param_dtype"),
+                         fmt::format("{} does not match the enabled {} (DeepSpeed refuses it)",
+                                     dtype_name(*p), dtype_name(enabled)));
+    }
+    if (const auto a = dtype("grad_accum_dtype")) {
+      const DType model = precision == Precision::fp16_mixed ? DType::fp16
+                          : precision == Precision::fp32     ? DType::fp32
+                                                             : DType::bf16;
+      // engine.py, _do_optimizer_sanity_check: without ZeRO the accumulation dtype must be the
+      // model's ("unsupported mix").
+      if (stage_ == 0 && *a != model)
+        throw InputError(t.pointer_of("grad_accum_dtype"),
+                         fmt::format("{} with a {} model at stage 0: DeepSpeed raises "
+                                     "NotImplementedError (unsupported mix)",
+                                     dtype_name(*a), dtype_name(model)));
+      out_.spec.grad_accum_dtype = *a;
+      if (runs_bf16_optimizer(out_.spec, precision, false))
+        note(fmt::format("/data_types/grad_accum_dtype {}: bf16 at stage 1 runs BF16_Optimizer "
+                         "(an fp32 accumulation buffer all-reduced whole, the bf16 .grad kept)",
+                         dtype_name(*a)));
+      else if (*a != model)
+        // ZeRO then accumulates each gradient in another dtype (stage_1_and_2.py,
+        // use_grad_accum_attribute), which the model does not have.
+        throw InputError(t.pointer_of("grad_accum_dtype"),
+                         fmt::format("{} with a {} model at stage {} is not modelled (only bf16 "
+                                     "at stage 1 with fp32, BF16_Optimizer, without offload)",
+                                     dtype_name(*a), dtype_name(model), stage_));
+    }
+    for (const char* k : {"buffer_dtype", "keep_in_fp32_modules"})
+      if (t.has(k) && !d->at(k).is_null())
+        throw InputError(t.pointer_of(k), "is not modelled; leave it out");
+    t.finish();
+  }
+
   // ---- optimizer (config.py: "optimizer": {"type", "params"}). DeepSpeed's own names plus
   // torch.optim names it accepts with zero_allow_untested_optimizer.
   void read_optimizer() {
@@ -739,8 +801,6 @@ private:
         {"aio", "NVMe I/O settings (no NVMe offload here)"},
         {"autotuning", "settings of DeepSpeed's autotuner"},
         {"compile", "compute is modelled at the profile's efficiency"},
-        {"data_types",
-         "gradient accumulation is modelled in the flavour's dtype (fp32 partitions)"},
     };
     for (const auto& i : ignored)
       if (r_.has(i.key)) {

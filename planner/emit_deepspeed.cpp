@@ -198,6 +198,9 @@ nlohmann::json deepspeed_config(const Scenario& sc, const Evaluation& e) {
   ds["communication_data_type"] = dtype_name(e.spec.reduce_dtype);
   ds["zero_optimization"] = zero_section(sc, e, stage);
   if (auto o = optimizer_section(e); !o.is_null()) ds["optimizer"] = std::move(o);
+  // data_types.grad_accum_dtype (config.py): the plan's BF16_Optimizer accumulation dtype.
+  if (e.spec.grad_accum_dtype)
+    ds["data_types"] = {{"grad_accum_dtype", dtype_name(*e.spec.grad_accum_dtype)}};
   if (job.checkpointing == Checkpointing::full || job.checkpointing == Checkpointing::every)
     // deepspeed/runtime/activation_checkpointing/config.py: everything off except what the
     // plan assumes (block inputs kept on the GPU, nothing partitioned: no tensor parallelism).

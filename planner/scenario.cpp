@@ -499,6 +499,10 @@ void add_plan_options(CLI::App& app, PlanOptions& o, bool strategy_required) {
   app.add_option("--reduce-dtype", o.reduce_dtype,
                  "fp32 | bf16 | fp16: the dtype gradients are reduced in (FSDP's reduce_dtype, "
                  "DeepSpeed's communication_data_type; default: the framework's)");
+  app.add_option("--deepspeed-optimizer", o.deepspeed_optimizer,
+                 "fused | torch: DeepSpeed's optimizer, its FusedAdam built from the config's "
+                 "optimizer section (default), or a torch.optim one the training script passes "
+                 "(foreach Adam's intermediate; bf16 at stage 0 keeps a master per parameter)");
   app.add_option("--backward-prefetch", o.backward_prefetch,
                  "pre | none: FSDP1's backward_prefetch (BACKWARD_PRE or None; default: the "
                  "recipe's, none under hf as transformers' Trainer sets it)");
@@ -534,6 +538,17 @@ documents::ShardingSpec with_job_precision(documents::ShardingSpec s,
   if (s.flavour == documents::Flavour::fsdp1 && !recipe.fsdp1_backward_prefetch)
     s.backward_prefetch = 0;
   return s;
+}
+
+bool torch_optimizer_from(const std::string& name, documents::Flavour flavour) {
+  if (name != "fused" && name != "torch")
+    throw InputError("--deepspeed-optimizer",
+                     fmt::format("must be one of fused, torch, got \"{}\"", name));
+  if (flavour != documents::Flavour::deepspeed)
+    throw InputError("--deepspeed-optimizer",
+                     fmt::format("{}: the optimizer under DeepSpeed's engine; the plan runs {}",
+                                 name, documents::flavour_name(flavour)));
+  return name == "torch";
 }
 
 int backward_prefetch_units(const std::string& name, documents::Flavour flavour) {
@@ -604,6 +619,8 @@ documents::ShardingSpec make_plan_spec(const PlanOptions& o, const std::string& 
   if (o.reduce_dtype) spec = with_reduce_dtype(spec, *o.reduce_dtype, sc.job);
   if (o.backward_prefetch)
     spec.backward_prefetch = backward_prefetch_units(*o.backward_prefetch, spec.flavour);
+  if (o.deepspeed_optimizer)
+    spec.torch_optimizer = torch_optimizer_from(*o.deepspeed_optimizer, spec.flavour);
   spec.offload = documents::offload_from_name(o.offload.value_or("none"), "--offload");
   if (strategy == documents::kNoWrapper && sc.cluster.gpus != 1)
     throw InputError("--strategy", fmt::format("none runs one GPU without a data-parallel "
@@ -660,6 +677,7 @@ void name_option_types(CLI::App& app) {
       {"offload", "NAME"},
       {"reduce-dtype", "NAME"},
       {"backward-prefetch", "NAME"},
+      {"deepspeed-optimizer", "NAME"},
       {"fsdp-mixed-precision", "NAME"},
       {"fsdp2-groups", "NAME"},
       {"float8", "NAME"},

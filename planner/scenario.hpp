@@ -96,7 +96,13 @@ struct PlanOptions {
   std::optional<std::string> offload;            // not given: none
   std::optional<std::string> reduce_dtype;       // not given: the framework's default
   std::optional<std::string> backward_prefetch;  // FSDP1's: pre | none (not given: the recipe's)
+  // DeepSpeed's: fused (its FusedAdam, from the config's optimizer section) | torch (a torch.optim
+  // optimizer the script passes): ShardingSpec::torch_optimizer (not given: fused).
+  std::optional<std::string> deepspeed_optimizer;
 };
+// --deepspeed-optimizer: whether the plan's DeepSpeed engine steps a torch.optim optimizer;
+// refuses another name, and a plan that does not run DeepSpeed's engine.
+bool torch_optimizer_from(const std::string& name, documents::Flavour flavour);
 void add_plan_options(CLI::App& app, PlanOptions& o, bool strategy_required);
 // What each option's value is, as --help shows it (core/option_types.hpp): the planner's table.
 void name_option_types(CLI::App& app);

@@ -65,6 +65,7 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
       if (!recipe_traits(sc.job.recipe).runs_under(f)) continue;
       if (pins.reduce_dtype && f == Flavour::ddp) continue;
       if (pins.backward_prefetch && f != Flavour::fsdp1) continue;
+      if (pins.torch_optimizer && f != Flavour::deepspeed) continue;
       // A job that names FSDP's mixed precision runs FSDP.
       const bool fsdp = f == Flavour::fsdp1 || f == Flavour::fsdp2;
       if (sc.job.fsdp_mixed_precision && !fsdp) continue;
@@ -80,6 +81,7 @@ std::vector<ShardingSpec> strategy_specs(const Scenario& sc, const SearchPins& p
         ShardingSpec base = with_job_precision(make_spec(strategy, f, G, g), sc.job);
         if (pins.reduce_dtype) base = with_reduce_dtype(base, *pins.reduce_dtype, sc.job);
         if (pins.backward_prefetch) base.backward_prefetch = *pins.backward_prefetch;
+        if (pins.torch_optimizer) base.torch_optimizer = *pins.torch_optimizer;
         for (Offload o : offloads_for(base)) {
           if (pins.offload && *pins.offload != o) continue;
           ShardingSpec s = base;

@@ -33,6 +33,9 @@ struct SearchPins {
   std::optional<std::string> reduce_dtype;
   // --backward-prefetch: FSDP1 plans alone, each gathering this many units ahead in backward.
   std::optional<int> backward_prefetch;
+  // --deepspeed-optimizer: DeepSpeed's plans alone, each stepping that optimizer
+  // (ShardingSpec::torch_optimizer).
+  std::optional<bool> torch_optimizer;
   // The flavour's own prefetch only, not the deeper variant (what --emit llm-foundry can write).
   bool default_prefetch = false;
   bool exhaustive = false;  // simulate everything, no pruning (for tests and benchmarks)

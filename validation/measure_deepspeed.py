@@ -11,7 +11,8 @@ What it measures
     config=...)`` on gloo with world size 2 (CPU, ``DS_ACCELERATOR=cpu``), then
     ``loss = engine(...).loss; engine.backward(loss); engine.step()``. The grid is: ZeRO stage
     0/1/2/3 x precision ("fp32", "bf16-mixed") x sequence length 128/256 x micro-batch 1/2, without
-    activation checkpointing, and at stage 0 both optimizer sources (below).
+    activation checkpointing, at stage 0 both optimizer sources (below), and at stage 1 under
+    bf16-mixed also a float32 gradient accumulation dtype (BF16_Optimizer, below: 4 more cases).
 
     The DeepSpeed config is ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps: 1``,
     ``zero_optimization: {"stage": N}`` with DeepSpeed's defaults otherwise (contiguous_gradients,
@@ -23,6 +24,34 @@ What it measures
     DeepSpeed casts the module to bfloat16 (no autocast) and keeps a float32 master copy (stages
     1/2/3: partitioned); "fp32" has no bf16 section. Each case records the exact config it used
     (deepspeed_config).
+
+    The stage-1 bf16-mixed cases are measured twice: with DeepSpeed's default gradient accumulation
+    dtype (no data_types section: the model's bf16; grad_accum_dtype null) and with ``"data_types":
+    {"grad_accum_dtype": "fp32"}`` (id suffix "/accum-fp32", grad_accum_dtype "fp32"), as configs
+    written for Megatron-DeepSpeed set it with bf16 at ZeRO stage 1. With bf16 parameters, float32
+    accumulation, stage 1 and no CPU offload, ``_do_optimizer_sanity_check`` returns BFLOAT16 and
+    ``_configure_bf16_optimizer`` wraps the client AdamW in ``BF16_Optimizer``
+    (runtime/bf16_optimizer.py) instead of ZeRO's ``DeepSpeedZeroOptimizer``:
+    ``_setup_for_real_optimizer`` flattens the parameters into one bf16 buffer
+    (``bf16_groups_flat``, aligned to 2 x the data-parallel size; the parameters become views of
+    it), clones this rank's share of it (1 / the data-parallel size: half here) into a float32
+    master partition (``fp32_groups_flat_partition``, the one tensor the AdamW steps) and allocates
+    a whole flat gradient-accumulation buffer in the accumulation dtype
+    (``fp32_groups_gradients_flat``, every parameter's gradient, with per-parameter views).
+    ``immediate_grad_update`` (the bf16 section's, default false in 0.19.8, recorded per case) is
+    off: autograd's bf16 .grad stays, and ``backward_epilogue`` -> ``update_hp_grads`` adds each
+    one, cast to float32, into its view at the end of ``engine.backward``; then
+    ``allreduce_gradients`` -> ``buffered_allreduce_fallback`` all-reduces that buffer
+    (``get_grads_for_reduction``). ``allreduce_bucket`` flattens the one buffer to a view, casts it
+    to the communication dtype (bf16: ``communication_data_type`` defaults to the model's under
+    bf16), all-reduces the bf16 copy and copies it back. The step (``BF16_Optimizer.step``) takes
+    the norm of every parameter's view of the buffer, scales them in place where it exceeds
+    gradient_clipping (1.0), sets the master's .grad to this rank's partition of the buffer (a view
+    when it is float32), runs the AdamW, copies the master into this rank's bf16 partition,
+    all-gathers the partitions into ``bf16_groups_flat`` (``update_lp_params`` ->
+    ``all_gather_dp_groups``) and zeroes the buffer (``clear_hp_grads``); the engine's
+    ``_take_model_step`` then calls its ``zero_grad``, which sets the bf16 .grad to None
+    (``clear_lp_grads(set_to_none=True)``).
 
     The optimizer comes from one of two places (optimizer_source):
 
@@ -64,8 +93,9 @@ How it measures
 
     - parameters: the module's parameters (stage 0: the module's own under fp32 and
       FP16_UnfusedOptimizer, views into FP16_Optimizer's flat copy fp16_groups_flat; stages 1/2:
-      views into DeepSpeed's flat weight buffer, bit16_groups_flat; stage 3: the persistent,
-      never-partitioned ones below stage3_param_persistence_threshold);
+      views into DeepSpeed's flat weight buffer, bit16_groups_flat, or under BF16_Optimizer
+      bf16_groups_flat; stage 3: the persistent, never-partitioned ones below
+      stage3_param_persistence_threshold);
     - sharded_parameters: stage 3's low-precision partition of the parameters (lp_param_buffer);
     - unsharded_parameters: stage 3's gathered parameters, forward and backward: the tensors the
       gather handles' ``wait()`` gives each parameter (copies out of a coalesced gather, or a
@@ -73,8 +103,12 @@ How it measures
     - master_parameters: the float32 master copy the basic optimizer steps (stage 0, bf16:
       FP16_Optimizer's flat fp32_groups_flat, FP16_UnfusedOptimizer's fp32_groups, a clone per
       parameter; none under fp32; stages 1/2: the partition single_partition_of_fp32_groups;
-      stage 3's fp32_partitioned_groups_flat);
+      BF16_Optimizer's partition fp32_groups_flat_partition; stage 3's
+      fp32_partitioned_groups_flat);
     - gradients: the parameters' .grad as autograd makes them (the tracker's own);
+    - accumulated_gradients: BF16_Optimizer's fp32_groups_gradients_flat, the whole model's flat
+      gradient-accumulation buffer in the grad_accum dtype, kept from initialize (as
+      validation/measure_deepspeed_pipeline.py names it);
     - sharded_gradients: DeepSpeed's gradient partition (stages 1/2: grads_in_partition, made in
       ``copy_grads_in_partition``; stage 3: grad_partitions_flat_buffer);
     - master_gradients: the float32 gradient of the master copy. At stages 1/2/3 DeepSpeed makes
@@ -85,27 +119,36 @@ How it measures
       parameter, inline, between the group's ``get_weight_norm`` and ``get_global_norm``: the
       storages first seen in that span; ``FP16_Optimizer.step`` flattens per-parameter float32
       casts of the gradients (step_temp, freed once flattened) into one flat gradient, set as
-      fp32_groups_flat's .grad: the storage first seen in its ``_flatten_dense_tensors``;
+      fp32_groups_flat's .grad: the storage first seen in its ``_flatten_dense_tensors``.
+      BF16_Optimizer.step sets it to ``grad_partition.to(float32)`` only when the accumulation
+      dtype is not float32 (filed when the basic optimizer's step starts); with the float32
+      buffer it is a view of accumulated_gradients, so nothing here;
     - gradient_buckets: the ipg bucket buffers (reduce_bucket_size elements each; stages 1/2
       allocate them in ``setup_buckets`` at each backward and free them at its end, stage 3 keeps
       them from initialize);
-    - gradient_allreduce: stage 0's storages first seen in ``engine.allreduce_gradients`` (at
-      the end of ``engine.backward``): ``buffered_allreduce_fallback`` -> ``allreduce_no_retain``
-      -> ``allreduce_and_copy`` -> ``allreduce_bucket`` flattens the gradients of each bucket (up
-      to 5e8 elements: one here) into a new tensor (``self.flatten``) in their dtype (the
-      communication dtype defaults to it, no cast), all-reduces it and copies it back into the
-      gradients; it is freed when ``allreduce_and_copy`` returns;
+    - gradient_allreduce: stage 0's and BF16_Optimizer's storages first seen in
+      ``engine.allreduce_gradients`` (at the end of ``engine.backward``):
+      ``buffered_allreduce_fallback`` -> ``allreduce_no_retain`` -> ``allreduce_and_copy`` ->
+      ``allreduce_bucket`` flattens the gradients of each bucket (up to 5e8 elements: one here)
+      into a new tensor (``self.flatten``) in their dtype (the communication dtype defaults to it,
+      no cast), all-reduces it and copies it back into the gradients; it is freed when
+      ``allreduce_and_copy`` returns. BF16_Optimizer's bucket is its one float32 accumulation
+      buffer, which flattens to a view: the storage here is its cast to the bf16 communication
+      dtype;
     - reduce_scatter: storages first seen in the gradient reduction (stages 1/2
       ``reduce_ipg_grads``, stage 3 ``__reduce_and_partition_ipg_grads``);
     - all_gather: storages first seen in stages 1/2's all-gather of the updated weights
-      (``all_gather_dp_groups``), and stage 3's flat all-gather outputs (first seen in
-      ``PartitionedParameterCoordinator.fetch_sub_module`` outside the handles' ``wait()``);
+      (``all_gather_dp_groups``: ZeRO's step, BF16_Optimizer's ``update_lp_params``; the partitions
+      are gathered in place into the flat buffer), and stage 3's flat all-gather outputs (first
+      seen in ``PartitionedParameterCoordinator.fetch_sub_module`` outside the handles'
+      ``wait()``);
     - step_temp: anything else first seen in ``engine.step()`` outside the basic optimizer's own
       step (the flattened gradient partition, the gradient norm's temporaries; at stage 0 the
       overflow check's and the clipping norm's temporaries, and FP16_Optimizer's per-parameter
-      float32 casts);
+      float32 casts; BF16_Optimizer: the 0-d norms of ``get_global_norm_of_tensors``);
     - temp: anything else first seen in ``engine.backward()`` (the tracker's backward temps, and
-      DeepSpeed's work after autograd);
+      DeepSpeed's work after autograd: BF16_Optimizer's ``update_hp_grads`` casts each bf16
+      .grad to float32, one parameter at a time, before adding it into its view);
     - optimizer_states / optimizer_temp: the basic optimizer's states and its step's
       intermediates (AdamW's foreach ones; FusedAdam has none), split as in measure_steps.py.
     The DeepSpeed categories are sticky: the tracker's gradient and parameter hooks do not refile a
@@ -124,10 +167,12 @@ How it measures
     and grads_in_partition, the master gradient, stage 3's persistent parameters, listed at the
     first forward, stage 0's all-reduce bucket (allreduce_bucket), and the optimizer's states,
     made at the first step; the FP16 wrappers make them in initialize with a step on zero
-    gradients, ``initialize_optimizer_states``). deepspeed_buffer_aliases lists buffers that share
-    a storage. All of it runs on CPU tensors: byte counts are ``numel * element_size``
-    (torch.empty of a bucket counts in full, as it would on an accelerator), no allocator
-    rounding.
+    gradients, ``initialize_optimizer_states``). BF16_Optimizer's are bf16_groups_flat,
+    fp32_groups_flat_partition and fp32_groups_gradients_flat, all made in initialize (and
+    master_gradient where the accumulation dtype is not float32). deepspeed_buffer_aliases lists
+    buffers that share a storage. All of it runs on CPU tensors: byte counts are
+    ``numel * element_size`` (torch.empty of a bucket counts in full, as it would on an
+    accelerator), no allocator rounding.
 
     Both ranks run every case in one torchrun launch (gloo, one intra-op thread per rank), each
     case REPEATS times per rank (a fresh engine each time): where a peak falls at the end of the
@@ -141,14 +186,17 @@ How it measures
 Output
     A JSON corpus (``--out``) in the format of oracle_steps.json: versions, the model config, and
     one record per case with wrapper "deepspeed-zero0/1/2/3", world_size 2, optimizer_source
-    ("client" or "deepspeed-config"), peak_bytes, at_peak, category_peaks, peak_module,
-    peak_phase, plus deepspeed_config, deepspeed_optimizer (the class of ``engine.optimizer``:
-    the wrapper DeepSpeed put around the basic optimizer, or at fp32 stage 0 the basic
-    optimizer's own class, AdamW or FusedAdam), deepspeed_buffers, deepspeed_buffers_in_step,
-    deepspeed_buffer_aliases, optimizer_states_on_master (whether every tensor the basic
-    optimizer keeps state for is one of the float32 tensors DeepSpeed has it step: ZeRO's master
-    partitions, stage 0's FP16 wrappers' master copy, or, with no wrapper at fp32 stage 0, the
-    module's own parameters, which are then the master copy), and collectives: per collective,
+    ("client" or "deepspeed-config"), grad_accum_dtype (the config's data_types.grad_accum_dtype:
+    "fp32", or null where the config has none and DeepSpeed accumulates in the model dtype),
+    peak_bytes, at_peak, category_peaks, peak_module, peak_phase, plus deepspeed_config,
+    deepspeed_optimizer (the class of ``engine.optimizer``: the wrapper DeepSpeed put around the
+    basic optimizer, or at fp32 stage 0 the basic optimizer's own class, AdamW or FusedAdam),
+    immediate_grad_update (BF16_Optimizer's, read from the optimizer; null for the other
+    wrappers), deepspeed_buffers, deepspeed_buffers_in_step, deepspeed_buffer_aliases,
+    optimizer_states_on_master (whether every tensor the basic optimizer keeps state for is one of
+    the float32 tensors DeepSpeed has it step: ZeRO's and BF16_Optimizer's master partitions,
+    stage 0's FP16 wrappers' master copy, or, with no wrapper at fp32 stage 0, the module's own
+    parameters, which are then the master copy), and collectives: per collective,
     the calls, nccl-tests size (bytes) and bytes one rank sends (size x the ring's bus factor, 2
     ranks) of what the measured step asked deepspeed.comm for (CollectiveCounter: the request,
     whichever way gloo carries it out).
@@ -197,6 +245,10 @@ STAGES = (0, 1, 2, 3)
 OPTIMIZER_SOURCES = ("client", "deepspeed-config")
 CONFIG_OPTIMIZER = {"type": "AdamW", "params": {"lr": 1e-3}}
 PRECISIONS = ("fp32", "bf16-mixed")
+# The config's data_types.grad_accum_dtype: None (no data_types section: DeepSpeed accumulates in
+# the model dtype) everywhere, and "fp32" (id suffix "/accum-fp32") at stage 1 under bf16-mixed,
+# where it makes the engine wrap the optimizer in BF16_Optimizer instead of ZeRO's.
+GRAD_ACCUM_FP32 = "fp32"
 WORLD_SIZE = 2
 # Measurements per case and rank. Where a peak falls at the end of the backward, gloo's threads
 # release the reduction's buffers when they get to it, so that peak can differ from run to run (by
@@ -215,12 +267,13 @@ DS_CATEGORIES = {
     "All Gather": "all_gather",
     "Gradient Allreduce": "gradient_allreduce",
     "Step Temp": "step_temp",
+    "Accumulated Grad": "accumulated_gradients",
 }
 NAMES = {**CATEGORY_NAMES, **DS_CATEGORIES}
 ORDER = ("parameters", "sharded_parameters", "unsharded_parameters", "master_parameters", "buffers",
-         "gradients", "sharded_gradients", "master_gradients", "gradient_buckets", "activations",
-         "temp", "gradient_allreduce", "reduce_scatter", "all_gather", "step_temp", "optimizer_states",
-         "optimizer_temp", "other")
+         "gradients", "accumulated_gradients", "sharded_gradients", "master_gradients",
+         "gradient_buckets", "activations", "temp", "gradient_allreduce", "reduce_scatter",
+         "all_gather", "step_temp", "optimizer_states", "optimizer_temp", "other")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -258,9 +311,15 @@ def optimizer_sources(stage, buckets):
     return OPTIMIZER_SOURCES[:1]
 
 
+def grad_accum_dtypes(stage, buckets):
+    """The grad_accum_dtype variants measured: DeepSpeed's default (None) everywhere, and "fp32"
+    (bf16-mixed only, BF16_Optimizer) at stage 1 with DeepSpeed's own buckets."""
+    return (None, GRAD_ACCUM_FP32) if stage == 1 and buckets == "default" else (None,)
+
+
 def case_grid(only=None, buckets="default"):
-    """Every (stage, optimizer source, precision, seq_len, micro_batch), in corpus order (stages in
-    `only` if given)."""
+    """Every (stage, optimizer source, grad_accum_dtype, precision, seq_len, micro_batch), in
+    corpus order (stages in `only` if given)."""
     for stage in STAGES:
         if only and wrapper_name(stage) not in only:
             continue
@@ -268,15 +327,16 @@ def case_grid(only=None, buckets="default"):
             if buckets == "executor":
                 yield {"stage": stage, "config": EXECUTOR_CONFIG, "seq_len": 32, "micro_batch": 2,
                        "precision": "fp32", "checkpointing": "none", "buckets": buckets,
-                       "optimizer_source": source}
+                       "optimizer_source": source, "grad_accum_dtype": None}
                 continue
-            for precision in PRECISIONS:
-                for seq_len in SEQ_LENS:
-                    for micro_batch in MICRO_BATCHES:
-                        yield {"stage": stage, "config": CONFIG, "seq_len": seq_len,
-                               "micro_batch": micro_batch, "precision": precision,
-                               "checkpointing": "none", "buckets": buckets,
-                               "optimizer_source": source}
+            for accum in grad_accum_dtypes(stage, buckets):
+                for precision in PRECISIONS if accum is None else ("bf16-mixed",):
+                    for seq_len in SEQ_LENS:
+                        for micro_batch in MICRO_BATCHES:
+                            yield {"stage": stage, "config": CONFIG, "seq_len": seq_len,
+                                   "micro_batch": micro_batch, "precision": precision,
+                                   "checkpointing": "none", "buckets": buckets,
+                                   "optimizer_source": source, "grad_accum_dtype": accum}
 
 
 def wrapper_name(stage):
@@ -287,13 +347,15 @@ def case_id(case):
     suffix = "" if case["buckets"] == "default" else "/" + case["buckets"]
     if case["optimizer_source"] == "deepspeed-config":
         suffix += "/ds-adamw"
+    if case.get("grad_accum_dtype"):
+        suffix += f"/accum-{case['grad_accum_dtype']}"
     return (f"{wrapper_name(case['stage'])}/{case['config']}/{case['precision']}/"
             f"{case['checkpointing']}/s{case['seq_len']}-b{case['micro_batch']}/w{WORLD_SIZE}"
             f"{suffix}")
 
 
 def deepspeed_config(stage, precision, micro_batch, buckets="default", config_name=CONFIG,
-                     optimizer_source="client"):
+                     optimizer_source="client", grad_accum_dtype=None):
     """The config passed to deepspeed.initialize: DeepSpeed's defaults but for these keys."""
     config = {
         "train_micro_batch_size_per_gpu": micro_batch,
@@ -306,6 +368,8 @@ def deepspeed_config(stage, precision, micro_batch, buckets="default", config_na
         config["optimizer"] = json.loads(json.dumps(CONFIG_OPTIMIZER))
     if precision == "bf16-mixed":
         config["bf16"] = {"enabled": True}
+    if grad_accum_dtype is not None:
+        config["data_types"] = {"grad_accum_dtype": grad_accum_dtype}
     return config
 
 
@@ -352,6 +416,15 @@ def buffer_groups(optimizer, stage):
     def add(name, category, obj):
         groups.append((name, category, _flat(obj)))
 
+    if type(optimizer).__name__ == "BF16_Optimizer":
+        # BF16_Optimizer._setup_for_real_optimizer: the flat bf16 copy the parameters view, the
+        # rank's float32 master partition and the whole flat gradient-accumulation buffer (in the
+        # grad_accum dtype). The master partition's .grad is a view of that buffer when it is
+        # float32 (classify_bf16 notes a separate float32 copy as master_gradient).
+        add("bf16_groups_flat", "Parameter", optimizer.bf16_groups_flat)
+        add("fp32_groups_flat_partition", "Master Param", optimizer.fp32_groups_flat_partition)
+        add("fp32_groups_gradients_flat", "Accumulated Grad", optimizer.fp32_groups_gradients_flat)
+        return groups
     if stage == 0:
         # FP16_Optimizer.__init__: the flat low-precision copy the parameters view, and its flat
         # float32 master; FP16_UnfusedOptimizer.__init__: one float32 clone per parameter.
@@ -409,6 +482,8 @@ def buffer_sizes(optimizer, stage, basic_optimizer, optimizer_source="client"):
 def master_tensors(optimizer, stage, module):
     """The float32 tensors the basic optimizer steps: ZeRO's master partitions, stage 0's wrapper's
     master copy, or without a wrapper (fp32 at stage 0) the module's own parameters."""
+    if type(optimizer).__name__ == "BF16_Optimizer":
+        return optimizer.fp32_groups_flat_partition
     if stage in (1, 2):
         return optimizer.single_partition_of_fp32_groups
     if stage == 3:
@@ -544,6 +619,25 @@ def _scoped(tracker, reftype=None, phase=None, after=None):
     return make
 
 
+def bf16_master_grads(tracker, optimizer, reftype, note=None):
+    """A _Patches maker for the inner optimizer's step under BF16_Optimizer: files the master
+    partitions' gradients under `reftype` as the step starts. BF16_Optimizer.step sets each one to
+    its gradient partition: a view of the accumulation buffer when that is float32 (nothing new),
+    else grad_partition.to(float32). `note(name, tensors)`, if given, records their size."""
+    def make(original):
+        def wrapper(*args, **kwargs):
+            accumulated = {t.untyped_storage().data_ptr()
+                           for t in optimizer.fp32_groups_gradients_flat}
+            grads = [p.grad for p in optimizer.fp32_groups_flat_partition if p.grad is not None
+                     and p.grad.untyped_storage().data_ptr() not in accumulated]
+            tracker.file_under(reftype, grads)
+            if grads and note is not None:
+                note("master_gradient", grads)
+            return original(*args, **kwargs)
+        return wrapper
+    return make
+
+
 def classify_deepspeed(tracker, engine, stage):
     """Installs the phase and category wrappers around DeepSpeed's functions; returns the patches."""
     patches = _Patches()
@@ -554,7 +648,9 @@ def classify_deepspeed(tracker, engine, stage):
 
     patches.wrap(engine, "backward", scoped(_MemRefType.TEMP, "backward"))
     patches.wrap(engine, "step", scoped(ref("Step Temp"), "step"))
-    if stage == 0:
+    if type(optimizer).__name__ == "BF16_Optimizer":
+        classify_bf16(tracker, engine, patches)
+    elif stage == 0:
         classify_stage0(tracker, engine, patches)
     elif stage in (1, 2):
         import deepspeed.runtime.zero.stage_1_and_2 as s12
@@ -661,6 +757,30 @@ def classify_stage0(tracker, engine, patches):
         patches.wrap(unfused, "get_weight_norm", weight_norm)
         patches.wrap(unfused, "get_global_norm", global_norm)
         patches.wrap(optimizer, "step", scoped(after=close))  # closes it on an early return
+
+
+def classify_bf16(tracker, engine, patches):
+    """BF16_Optimizer (stage 1, bf16, float32 grad_accum_dtype): the all-reduce of the flat
+    accumulation buffer at the end of engine.backward, the float32 master gradient its step makes
+    when that buffer is not float32, and the all-gather of the updated bf16 partitions."""
+    import deepspeed.runtime.bf16_optimizer as bf16
+
+    optimizer = engine.optimizer
+    ref = tracker.reftype
+    scoped = functools.partial(_scoped, tracker)
+
+    # allreduce_gradients -> buffered_allreduce_fallback (get_grads_for_reduction: the flat
+    # accumulation buffer) -> allreduce_no_retain -> allreduce_and_copy -> allreduce_bucket, whose
+    # flatten of that one buffer is a view, and whose cast to the communication dtype (the model's
+    # bf16 unless communication_data_type is set) is a new tensor, all-reduced and copied back.
+    patches.wrap(engine, "allreduce_gradients", scoped(ref("Gradient Allreduce")))
+    # BF16_Optimizer.step -> update_lp_params: the master partition copied into this rank's bf16
+    # partition, then all_gather_dp_groups fills bf16_groups_flat.
+    patches.wrap(bf16, "all_gather_dp_groups", scoped(ref("All Gather")))
+
+    master_grads = bf16_master_grads(tracker, optimizer, ref("Master Grad"), tracker.note_lazy)
+
+    patches.wrap(optimizer.optimizer, "step", master_grads)
 
 
 def register_buffers(tracker, optimizer, stage):
@@ -811,9 +931,10 @@ def train_step(engine, ids):
 
 def check_wrapping(engine, optimizer, client_optimizer, case):
     """The basic optimizer (DeepSpeedEngine.basic_optimizer), once checked: the client's, or the
-    FusedAdam DeepSpeed built from the config; wrapped by stages 1/2/3's ZeRO optimizer, at stage 0
-    by FP16_Optimizer (a FusedAdam) or FP16_UnfusedOptimizer (any other) under bf16 and by nothing
-    under fp32 (_do_optimizer_sanity_check, _configure_fp16_optimizer)."""
+    FusedAdam DeepSpeed built from the config; wrapped by stages 1/2/3's ZeRO optimizer (stage 1,
+    bf16 with a float32 grad_accum_dtype: BF16_Optimizer), at stage 0 by FP16_Optimizer (a
+    FusedAdam) or FP16_UnfusedOptimizer (any other) under bf16 and by nothing under fp32
+    (_do_optimizer_sanity_check, _configure_fp16_optimizer, _configure_bf16_optimizer)."""
     basic = engine.basic_optimizer
     if client_optimizer is not None:
         ok = basic is client_optimizer
@@ -825,11 +946,25 @@ def check_wrapping(engine, optimizer, client_optimizer, case):
         wrapper = "FP16_Optimizer" if type(basic).__name__ == "FusedAdam" else "FP16_UnfusedOptimizer"
         ok = ok and type(optimizer).__name__ == wrapper and optimizer.optimizer is basic
     else:
-        ok = ok and getattr(optimizer, "optimizer", None) is basic
+        # Stage 1 under bf16 with a float32 grad_accum_dtype gets BF16_Optimizer, every other
+        # stage 1/2/3 case its ZeRO optimizer.
+        bf16 = case.get("grad_accum_dtype") == GRAD_ACCUM_FP32 and case["precision"] == "bf16-mixed"
+        ok = (ok and (type(optimizer).__name__ == "BF16_Optimizer") == bf16
+              and getattr(optimizer, "optimizer", None) is basic)
     if engine.optimizer is not optimizer or not ok:
         raise RuntimeError(f"unexpected optimizer wrapping: {type(optimizer).__name__} over "
                            f"{type(basic).__name__}")
     return basic
+
+
+def immediate_grad_update(optimizer):
+    """BF16_Optimizer's immediate_grad_update (the bf16 config's, default false): whether a
+    gradient hook adds each low-precision .grad into the accumulation buffer and drops it
+    (accumulate_hp_grads_and_remove_lp) rather than backward_epilogue adding them all at the end of
+    the backward, the .grad kept to the step's zero_grad. None for the other wrappers."""
+    if type(optimizer).__name__ != "BF16_Optimizer":
+        return None
+    return bool(optimizer.immediate_grad_update)
 
 
 def build_engine(case):
@@ -841,7 +976,7 @@ def build_engine(case):
     params = parameter_count(model)
     client_optimizer = make_optimizer(model) if case["optimizer_source"] == "client" else None
     config = deepspeed_config(case["stage"], case["precision"], case["micro_batch"], case["buckets"],
-                              case["config"], case["optimizer_source"])
+                              case["config"], case["optimizer_source"], case["grad_accum_dtype"])
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client_optimizer,
                                                    config=json.loads(json.dumps(config)))
     basic = check_wrapping(engine, optimizer, client_optimizer, case)
@@ -887,10 +1022,12 @@ def measure_case(rank, case):
         "checkpointing": case["checkpointing"],
         "optimizer": "adamw",
         "optimizer_source": source,
+        "grad_accum_dtype": case["grad_accum_dtype"],
         **read_tracker(tracker, optimizer_state_bytes(basic)),
         "loss_value": round(loss, 4),
         "deepspeed_config": config,
         "deepspeed_optimizer": type(optimizer).__name__,
+        "immediate_grad_update": immediate_grad_update(optimizer),
         "deepspeed_buffers": buffers,
         "deepspeed_buffers_in_step": dict(sorted(tracker.ds_lazy.items())),
         "deepspeed_buffer_aliases": aliases,

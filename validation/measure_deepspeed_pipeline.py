@@ -222,7 +222,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure_steps as ms  # noqa: E402  (the shared model, batch, tracker and corpus code)
-from measure_deepspeed import DS_CATEGORIES, _flat, _Patches, _scoped  # noqa: E402
+from measure_deepspeed import (DS_CATEGORIES, _flat, _Patches, _scoped,  # noqa: E402
+                               bf16_master_grads)
 
 GENERATED_BY = "validation/measure_deepspeed_pipeline.py"
 CONFIG = "llama-h256"
@@ -758,18 +759,8 @@ def classify_engine(tracker, engine, client_optimizer, instructions):
 
     optimizer = engine.optimizer
     if type(optimizer).__name__ == "BF16_Optimizer":
-        def master_grads(original):
-            # BF16_Optimizer.step sets the master's grad to grad_partition.to(float32) when the
-            # accumulation dtype is not float32 (else the accumulation buffer itself).
-            def wrapper(*args, **kwargs):
-                accumulated = {t.untyped_storage().data_ptr()
-                               for t in optimizer.fp32_groups_gradients_flat}
-                grads = [p.grad for p in optimizer.fp32_groups_flat_partition if p.grad is not None
-                         and p.grad.untyped_storage().data_ptr() not in accumulated]
-                tracker.file_under(ref("Master Grad"), grads)
-                return original(*args, **kwargs)
-            return wrapper
-        patches.wrap(client_optimizer, "step", master_grads)
+        patches.wrap(client_optimizer, "step",
+                     bf16_master_grads(tracker, optimizer, ref("Master Grad")))
     elif type(optimizer).__name__ == "DeepSpeedZeroOptimizer":
         import deepspeed.runtime.zero.stage_1_and_2 as s12
 

@@ -7,7 +7,8 @@
 #   tests/costmodel/data/oracle_fsdp1_steps.json  FSDP1's whole steps in fp32 and under Composer's mixed precision
 #                                               modes DEFAULT, PURE, FULL (validation/measure_fsdp1_steps.py)
 #   tests/costmodel/data/oracle_deepspeed.json  DeepSpeed's ZeRO-0/1/2/3 steps; ZeRO-0 also with the config's own
-#                                               optimizer (DeepSpeed's FusedAdam) (validation/measure_deepspeed.py)
+#                                               optimizer (DeepSpeed's FusedAdam); ZeRO-1 bf16 also with fp32 gradient
+#                                               accumulation (BF16_Optimizer) (validation/measure_deepspeed.py)
 #   tests/costmodel/data/oracle_deepspeed_hf_auto.json  ZeRO-1/2/3 with transformers' "auto" bucket sizes
 #                                               (validation/measure_deepspeed.py --buckets hf-auto)
 #   tests/costmodel/data/oracle_deepspeed_executor.json  the executor's tiny GPT-2 with its planned bucket

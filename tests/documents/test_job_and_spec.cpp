@@ -277,6 +277,47 @@ TEST_CASE("spec::DeepSpeed's stage 0 and the script's torch optimizer, and their
         "/spec/torch_optimizer: must be true or false, got \"yes\"");
 }
 
+// DeepSpeed's BF16_Optimizer (deepspeed/runtime/engine.py, _do_optimizer_sanity_check): bf16 at
+// stage 1 with data_types.grad_accum_dtype fp32 and no offload, or at stage 0 under its pipeline
+// engine; the grad_accum_dtype key round-trips and is refused elsewhere.
+TEST_CASE("spec::DeepSpeed's BF16_Optimizer and grad_accum_dtype, and their rejections") {
+  auto z1 = make_spec("zero1", Flavour::deepspeed, 8);
+  CHECK_FALSE(runs_bf16_optimizer(z1, Precision::bf16_mixed, false));
+  z1.grad_accum_dtype = DType::fp32;
+  CHECK(runs_bf16_optimizer(z1, Precision::bf16_mixed, false));
+  CHECK_FALSE(runs_bf16_optimizer(z1, Precision::fp16_mixed, false));
+  z1.offload = Offload::optimizer;
+  CHECK_FALSE(runs_bf16_optimizer(z1, Precision::bf16_mixed, false));
+  const auto s0 = make_spec("ddp", Flavour::deepspeed, 8);
+  CHECK(runs_bf16_optimizer(s0, Precision::bf16_mixed, true));
+  CHECK_FALSE(runs_bf16_optimizer(s0, Precision::bf16_mixed, false));
+  CHECK_FALSE(
+      runs_bf16_optimizer(make_spec("zero2", Flavour::deepspeed, 8), Precision::bf16_mixed, true));
+  // As the walk keeps it: a main-gradient buffer of the accumulation dtype beside the .grad,
+  // the master partitioned, the buffer all-reduced whole.
+  z1.offload = Offload::none;
+  const auto b = as_bf16_optimizer(z1);
+  CHECK(b.main_grad_buffer);
+  CHECK(b.low_grads_kept);
+  CHECK(b.shard_optimizer);
+  CHECK(b.all_reduce_partitions);
+  CHECK_FALSE(b.contiguous_grad_bucket);
+  CHECK(reduces_after_backward(b));
+
+  const auto back = spec_from_json(spec_to_json(z1), "/spec");
+  REQUIRE(back.grad_accum_dtype);
+  CHECK(*back.grad_accum_dtype == DType::fp32);
+  CHECK(spec_to_json(make_spec("zero1", Flavour::deepspeed, 8))["grad_accum_dtype"].is_null());
+  json bad = spec_to_json(z1);
+  bad["grad_accum_dtype"] = "fp64";
+  CHECK(error_of([&] { spec_from_json(bad, "/spec"); }) ==
+        "/spec/grad_accum_dtype: must be one of fp32, bf16, fp16, got \"fp64\"");
+  bad = spec_to_json(make_spec("fsdp-full", Flavour::fsdp2, 8));
+  bad["grad_accum_dtype"] = "fp32";
+  CHECK(error_of([&] { spec_from_json(bad, "/spec"); }) ==
+        "/spec/grad_accum_dtype: applies to DeepSpeed (deepspeed), not fsdp2");
+}
+
 // FSDP2's groups: the job names them (documents/job.hpp, Fsdp2Groups), or leaves the recipe's.
 TEST_CASE("job::FSDP2 groups in the job, and their rejections") {
   json doc = kJob;

@@ -41,7 +41,8 @@ Breakdown measured_categories(const nlohmann::json& at_peak) {
   add(Category::gradients, "master_gradients");
   add(Category::gradients, "step_temp");
   add(Category::buffers, "gradient_buckets");
-  add(Category::buffers, "gradient_allreduce");  // stage 0's flattened run
+  add(Category::buffers, "gradient_allreduce");       // stage 0's flattened run, BF16's cast
+  add(Category::gradients, "accumulated_gradients");  // BF16_Optimizer's buffer
   return b;
 }
 

@@ -248,6 +248,10 @@ TEST_CASE("cli_input::what is defaulted is said first, and a DeepSpeed config ne
   check_refused(
       {"estimate", "--deepspeed", ds, "--model", "gpt2", "--flavour", "fsdp2"},
       "--flavour: give either --flavour or --deepspeed (its zero_optimization says it), not both");
+  check_refused(
+      {"estimate", "--deepspeed", ds, "--model", "gpt2", "--deepspeed-optimizer", "torch"},
+      "--deepspeed-optimizer: give either --deepspeed-optimizer or --deepspeed (its "
+      "optimizer section says it), not both");
   check_refused({"estimate", "--deepspeed", ds, "--model", "gpt2", "--shard-group-size", "4"},
                 "--shard-group-size: give either --shard-group-size or --deepspeed (its "
                 "zero_optimization says "
@@ -277,6 +281,14 @@ TEST_CASE("cli_input::recommend refuses flags it would drop") {
   check_refused({"recommend", "--emit", "deepspeed", "--flavour", "fsdp2"},
                 "--flavour: --emit deepspeed writes a config for DeepSpeed's engine (--flavour "
                 "deepspeed, stage 0 for ddp), got --flavour fsdp2");
+  check_refused({"estimate", "--strategy", "zero1", "--deepspeed-optimizer", "apex"},
+                "--deepspeed-optimizer: must be one of fused, torch, got \"apex\"");
+  check_refused({"estimate", "--strategy", "ddp", "--deepspeed-optimizer", "torch"},
+                "--deepspeed-optimizer: torch: the optimizer under DeepSpeed's engine; the plan "
+                "runs ddp");
+  check_refused({"recommend", "--model-parallel", "--deepspeed-optimizer", "torch"},
+                "--deepspeed-optimizer: torch: the layout search plans each framework's own "
+                "optimizer; estimate the layout with it");
   // PyTorch's DDP is not DeepSpeed's stage 0.
   check_refused({"recommend", "--emit", "deepspeed", "--strategy", "ddp", "--flavour", "ddp"},
                 "--flavour: --emit deepspeed writes a config for DeepSpeed's engine (--flavour "

@@ -347,3 +347,43 @@ TEST_CASE(
   CHECK(d.job.optimizer != Optimizer::sgd);
   CHECK(says(d, "from the config replaces the scenario's sgd"));
 }
+
+// data_types (deepspeed/runtime/config.py, DtypeEnum's names): grad_accum_dtype fp32 with bf16 at
+// stage 1 makes the engine run BF16_Optimizer (engine.py, _do_optimizer_sanity_check); DeepSpeed
+// itself refuses a stage-0 mix and a param_dtype that is not the enabled one; ZeRO's own fp32
+// accumulation (stage_1_and_2.py, use_grad_accum_attribute) and the other keys are not modelled.
+TEST_CASE("deepspeed_import::data_types: BF16_Optimizer's fp32 accumulation, and rejections") {
+  using P = json::json_pointer;
+  auto z1 = with(kZero2, P("/zero_optimization/stage"), 1);
+  const auto bf16 = import(with(z1, P("/data_types"), {{"grad_accum_dtype", "fp32"}}));
+  REQUIRE(bf16.spec.grad_accum_dtype);
+  CHECK(*bf16.spec.grad_accum_dtype == DType::fp32);
+  CHECK(runs_bf16_optimizer(bf16.spec, bf16.job.precision, false));
+  CHECK(says(bf16, "/data_types/grad_accum_dtype fp32: bf16 at stage 1 runs BF16_Optimizer"));
+  // DeepSpeed's other spellings, and the model's own dtype (no change).
+  CHECK(*import(with(z1, P("/data_types"), {{"grad_accum_dtype", "torch.float32"}}))
+             .spec.grad_accum_dtype == DType::fp32);
+  const auto same = import(with(z1, P("/data_types"), {{"grad_accum_dtype", "bfloat16"}}));
+  CHECK_FALSE(runs_bf16_optimizer(same.spec, same.job.precision, false));
+  CHECK_FALSE(
+      import(with(z1, P("/data_types"), {{"grad_accum_dtype", nullptr}})).spec.grad_accum_dtype);
+
+  CHECK(import_error(with(z1, P("/data_types"), {{"grad_accum_dtype", "fp64"}})) ==
+        "/data_types/grad_accum_dtype: must be one of fp32, bf16, fp16, got \"fp64\"");
+  CHECK(import_error(with(z1, P("/data_types"), {{"grad_accum_dtype", 32}})) ==
+        "/data_types/grad_accum_dtype: must be a string, got 32");
+  CHECK(import_error(with(z1, P("/data_types"), {{"param_dtype", "fp16"}})) ==
+        "/data_types/param_dtype: fp16 does not match the enabled bf16 (DeepSpeed refuses it)");
+  CHECK(import_error(with(kZero2, P("/data_types"), {{"grad_accum_dtype", "fp32"}})) ==
+        "/data_types/grad_accum_dtype: fp32 with a bf16 model at stage 2 is not modelled (only "
+        "bf16 at stage 1 with fp32, BF16_Optimizer, without offload)");
+  CHECK(import_error(with(with(kZero2, P("/zero_optimization/stage"), 0), P("/data_types"),
+                          {{"grad_accum_dtype", "fp32"}})) ==
+        "/data_types/grad_accum_dtype: fp32 with a bf16 model at stage 0: DeepSpeed raises "
+        "NotImplementedError (unsupported mix)");
+  CHECK(import_error(with(z1, P("/data_types"), {{"buffer_dtype", "fp32"}})) ==
+        "/data_types/buffer_dtype: is not modelled; leave it out");
+  CHECK(import_error(with(z1, P("/data_types"), {{"grad_acc_dtype", "fp32"}})) ==
+        "/data_types/grad_acc_dtype: unknown key");
+  CHECK(import_error(with(z1, P("/data_types"), 1)) == "/data_types: must be an object, got 1");
+}

@@ -191,6 +191,20 @@ TEST_CASE("emit::deepspeed keys and units") {
         "--emit: the ddp plan runs ddp, not DeepSpeed's engine; plan it with --flavour deepspeed "
         "(stage 0 for ddp)");
 
+  // A plan with BF16_Optimizer's fp32 accumulation (data_types.grad_accum_dtype) says so, and reads
+  // back the same.
+  auto accum = plan(sc, "zero1", 2, Precision::bf16_mixed);
+  accum.spec.grad_accum_dtype = DType::fp32;
+  accum = planner::evaluate(sc, accum.spec, accum.job);
+  const auto bf16opt = planner::deepspeed_config(sc, accum);
+  CHECK(bf16opt["data_types"] == nlohmann::json{{"grad_accum_dtype", "fp32"}});
+  Scenario base = sc;
+  base.job.checkpointing = accum.job.checkpointing;
+  const auto read = planner::import_deepspeed_config(bf16opt, base);
+  CHECK(spec_to_json(read.spec) == spec_to_json(accum.spec));
+  CHECK(planner::evaluate(sc, read.spec, read.job).result.peak_bytes ==
+        doctest::Approx(accum.result.peak_bytes));
+
   const auto pure = planner::deepspeed_config(sc, plan(sc, "zero1", 2, Precision::bf16));
   CHECK(pure["bf16"]["bf16_master_weights_and_grads"] == true);
   CHECK(pure["bf16"]["bf16_optimizer_states"] == true);
