@@ -117,11 +117,21 @@ public:
     async_tp_ = tensor_ > 1 && in.async_tensor_parallel;
     // FSDP2's groups (documents::Fsdp2Groups): under "ends" the embedding, each block, the final
     // norm with the head (kept gathered from its forward to its backward); no root group holding
-    // the embeddings with the head.
+    // the embeddings with the head, and the loss's backward runs before the head group's
+    // pre-backward hook. A tied table's head group holds the table (accelerate's tail group,
+    // measured: oracle_accelerate_steps.json, GPT-2's [ln_f, wte, lm_head]; torchtitan's
+    // apply_fsdp groups [tok_embeddings, norm, lm_head] when weights are tied,
+    // torchtitan/distributed/fsdp.py), which the embedding's lookup uses first: gathered from the
+    // first forward, and with no post-backward hook of its own (the token ids need no gradient)
+    // its gradients stay unsharded to the root's final callback (FSDPParamGroup.post_backward
+    // from _root_post_backward_final_callback): the root unit's moments.
     if (spec_.flavour == documents::Flavour::fsdp2 &&
         in.job.fsdp2_groups.value_or(documents::recipe_traits(in.job.recipe).fsdp2_groups) ==
-            documents::Fsdp2Groups::ends)
-      spec_.root_unit = spec_.keep_root_unsharded = false;
+            documents::Fsdp2Groups::ends) {
+      spec_.root_unit = in.model->tied_embeddings;
+      spec_.keep_root_unsharded = false;
+      loss_outside_head_group_ = true;
+    }
     if (keep_gathered()) spec_.reshard_after_forward = false;
   }
 
@@ -460,6 +470,8 @@ private:
   // forward computes and keeps its activations in (autocast's under fp32_gathered).
   double reduce_b_ = 2, compute_b_ = 2, act_b_ = 2;
   double flat_grad_b_ = 4;  // bytes per element of DeepSpeed ZeRO-3's flat gradient partition
+  // FSDP2's "ends" groups: the loss is computed outside the head's group (Simulation()).
+  bool loss_outside_head_group_ = false;
   // DeepSpeed's stage 0: bytes of the largest run of gradients flattened for one all-reduce
   // (documents::ShardingSpec::flatten_to_reduce).
   double flatten_run_bytes_ = 0;

@@ -219,9 +219,10 @@ void Simulation::backward(int mb, bool first, bool reduce, const Chunk& c) {
       cause = Stream::all_gather;
     }
     // The loss's backward outside every FSDP group (no root group whose output is the loss:
-    // torchtitan's groups) runs before the head group's pre-backward hook and the prefetch it
-    // issues.
-    const bool loss_first = shard_params && !s.root_unit && u == U - 1;
+    // torchtitan's groups), or outside the head's (FSDP2's "ends"), runs before the head group's
+    // pre-backward hook and the prefetch it issues.
+    const bool loss_first =
+        shard_params && (!s.root_unit || loss_outside_head_group_) && u == U - 1;
     if (loss_first) loss_backward(u, std::max(ready, free_at_[0]), mb);
     if (frameworks_ && shard_params && in_.hardware->collectives_block)
       blocking_backward_prefetch(u, mb);
