@@ -67,6 +67,12 @@ double selective_op_saved(const ModelSpec& m, const TrainingJob& j, const Forwar
   // Compiled under rowwise Float8, the fp32 scale per token of the MLP's input ([T, 1]), which
   // the rerun w3 casts its input with (measured there too).
   if (j.compile && float8_whole_block(m, j)) saved += 4 * x.T / sp;
+  // Compiled under sequence parallelism the reduce-scatters are graph ops, and the save list's
+  // _c10d_functional.reduce_scatter_tensor (torchtitan/distributed/activation_checkpoint.py)
+  // keeps the attention projection's scattered output [T/sp, h], the residual's other term that
+  // the ffn norm's backward rebuilds its input from (the MLP's, which the backward does not read,
+  // is dropped; measured: tests/costmodel/data/oracle_tp_units.json).
+  if (j.compile && sp > 1) saved += e * x.T * x.h / sp;
   return saved;
 }
 

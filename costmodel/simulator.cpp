@@ -517,7 +517,8 @@ void Simulation::reduce_pending(int u, double end, int mb) {
   if (flattens_to_reduce()) end = flatten_to_reduce(u, end, mb);
   // A main-gradient buffer reduced in another dtype is cast to it whole first (BF16_Optimizer's
   // fp32 buffer under bf16 communication: engine.py, allreduce_bucket), until the reduction ends.
-  const double cast = main_grad_buffer() && sb_.grad != reduce_b_ ? pending_reduce_bytes_ : 0.0;
+  const double cast =
+      frameworks_ && main_grad_buffer() && sb_.grad != reduce_b_ ? pending_reduce_bytes_ : 0.0;
   mem(end, cast, Category::buffers, Phase::reduce, u, mb);
   if (copy_in) {
     // FSDP2 keeps at most reduce_scatter_max_input_buffers (default 1) reduce-scatter inputs in

@@ -163,11 +163,12 @@ void shape_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJ
     out.push_back(fmt::format("op-level selective checkpointing is torchtitan's, not the {} "
                               "recipe's, under tensor, pipeline or context parallelism",
                               recipe_name(j.recipe)));
-  // A compiled block is measured on one rank (tests/costmodel/data/oracle_compile_units.json):
-  // under tensor or context parallelism its partition runs on DTensors and a ring, not measured.
-  if (j.compile && (t > 1 || cp > 1))
-    out.push_back("--compile: what a compiled block keeps under tensor or context parallelism is "
-                  "not measured (one rank's block is, with pipelines and data parallelism)");
+  // A compiled block is measured on one rank (tests/costmodel/data/oracle_compile_units.json) and
+  // under torchtitan's tensor parallelism (oracle_tp_units.json); under context parallelism its
+  // partition runs on a ring, not measured.
+  if (j.compile && cp > 1)
+    out.push_back("--compile: what a compiled block keeps under context parallelism is not "
+                  "measured (one rank's block is, and torchtitan's under tensor parallelism)");
   // Async TP splits the sequence-parallel all-gathers and reduce-scatters (torch's micro-pipeline
   // pass matches all_gather -> mm and mm -> reduce_scatter; Megatron-LM's arguments.py asserts
   // --sequence-parallel under --tp-comm-overlap), in the frameworks that have it.

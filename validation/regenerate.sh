@@ -24,8 +24,9 @@
 #   tests/costmodel/data/oracle_fsdp_tp.json    FSDP2 over PyTorch's TP (torchtitan's 2-D layout, dp_shard 2 x tp 2) on
 #                                               HF Llama (validation/measure_fsdp_tp.py)
 #   tests/costmodel/data/oracle_tp_units.json   bytes torchtitan's own Llama keeps per unit under its own tensor
-#                                               parallelism (t = 2, sequence parallel; none, selective-op, full)
-#                                               (validation/measure_tp_units.py)
+#                                               parallelism (t = 2, sequence parallel; none, selective-op, full),
+#                                               eager and torch.compile'd (apply_compile; "compile": true, block 0's
+#                                               saved tensors with their graph nodes) (validation/measure_tp_units.py)
 #   tests/costmodel/data/oracle_compile_units.json  what torchtitan's compiled block keeps and its kernels move
 #                                               (validation/measure_compile_units.py)
 #   tests/costmodel/data/oracle_accelerate_steps.json  whole steps under accelerate's own FSDP1/FSDP2 preparation

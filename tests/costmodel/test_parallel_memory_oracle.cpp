@@ -68,16 +68,27 @@ struct CpuCase {
 // tokens, h = 128, q = 128, kv = 32, I = 352, 8 heads, 4 bytes): the input [T/2, h] 32,768 + wqkv's
 // output [T, (q + 2kv)/2] 49,152 + the attention's output [T, q/2] 32,768 and log-sum-exp [4 heads,
 // T] 2,048 + w1's output [T, I/2] 90,112 + w2's output, its partial sum whole, [T, h] 65,536 =
-// 272,384 bytes.
+// 272,384 bytes. The same blocks compiled as torchtitan's apply_compile does it under TP (its loss
+// compiled too): the one-rank compiled block's tensors split as TP splits them, the norms' outputs
+// kept gathered. By hand at s128-b1 without checkpointing: the input and the attention
+// projection's scattered output [T/2, h] 2 × 32,768, each norm's fp32 rstd [T/2] 2 × 256 and
+// gathered output [T, h] 2 × 65,536, q [T, q/2] 32,768, k and v [T, kv/2] 2 × 8,192, the
+// attention's output 32,768 and log-sum-exp 2,048, w1's and w3's outputs and their product
+// [T, I/2] 3 × 90,112 = 551,424 bytes; with the save list, the eager list's without w2's output
+// (the backward does not read it) and with the attention projection's scattered output, a
+// reduce_scatter_tensor the list saves once it is a graph op: 272,384 - 65,536 + 32,768 = 239,616.
 TEST_CASE(
     "parallel_memory::torchtitan's own TP: each block keeps what its code saves, selective-op "
-    "included") {
+    "and compiled included") {
   const json corpus = shardplan::oracle::read_corpus("oracle_tp_units.json");
   int cases = 0;
   double worst = 0;
   for (const auto& c : corpus.at("cases")) {
     CpuCase k(corpus, c, Recipe::torchtitan, c.at("sequence_parallel").get<bool>());
     k.in.spec = make_spec("fsdp-full", Flavour::fsdp2, 1);  // torchtitan's engine (fp32: no cast)
+    k.in.job.compile = c.at("compile").get<bool>();
+    // torchtitan compiles its loss too (CompileConfig's components "model" and "loss").
+    if (k.in.job.compile) k.in.job.loss = LossImpl::fused;
     const auto& in = k.in;
     const bool full = c.at("checkpointing") == "full";
     const auto& units = c.at("units");
@@ -92,8 +103,12 @@ TEST_CASE(
     }
     if (c.at("id") == "tp2-sp/torchtitan-llama3-h128/fp32/selective-op/s128-b1")
       CHECK(units.at("block 1").at("activation_bytes") == 272384);
+    if (c.at("id") == "tp2-sp-compiled/torchtitan-llama3-h128/fp32/none/s128-b1")
+      CHECK(units.at("block 1").at("activation_bytes") == 551424);
+    if (c.at("id") == "tp2-sp-compiled/torchtitan-llama3-h128/fp32/selective-op/s128-b1")
+      CHECK(units.at("block 1").at("activation_bytes") == 239616);
     ++cases;
   }
-  CHECK(cases == 12);
+  CHECK(cases == 24);
   MESSAGE("torchtitan's TP blocks and heads: worst error " << 100 * worst << "%");
 }
