@@ -387,13 +387,17 @@ void run_layout_recommend(const CliOptions& o, int top_plans, std::ostream& out,
   const auto found =
       framework ? search_layouts(msc, 1, runs) : search_layouts(msc, o.emit ? 1 : top_plans);
   if (!o.emit) {
+    // What Float8 would give, as the data-parallel recommendation says it.
+    const auto fp8 = layouts_with_float8(msc, found);
     if (o.format == "json") {
       auto j = layout_search_json(msc, found, top_plans);
       if (!why.empty()) j["model_parallel_because"] = why;
+      if (fp8) j["with_float8"] = evaluation_to_json(msc, *fp8);
       out << json_document(j);
     } else {
       out << (why.empty() ? "" : why + "\n") << scenario_line(msc) << "\n"
           << layout_search_table(msc, found, top_plans);
+      if (fp8) out << layout_float8_line(msc, found, *fp8) << "\n";
     }
     return;
   }

@@ -86,6 +86,46 @@ Recommendation recommend(const Scenario& sc, const SearchPins& pins) {
   return r;
 }
 
+std::optional<Evaluation> layouts_with_float8(const Scenario& sc, const LayoutSearch& found) {
+  if (!found.ranked.empty()) {
+    const LayoutCandidate& best = found.ranked.front();
+    const auto j = with_float8(sc, best.job);
+    if (!j) return std::nullopt;
+    return evaluate_layout(sc, best.spec, *j, best.layout);
+  }
+  // Nothing fits in 16 bits: the same search with Float8, whose blocks keep less.
+  const auto j = with_float8(sc, sc.job);
+  if (!j) return std::nullopt;
+  Scenario f = sc;
+  f.job = *j;
+  const auto with = search_layouts(f, 1);
+  if (with.ranked.empty()) return std::nullopt;
+  const LayoutCandidate& c = with.ranked.front();
+  return layout_evaluation(f, c.spec, c.job, c.layout, c.result);
+}
+
+std::string layout_float8_line(const Scenario& sc, const LayoutSearch& found,
+                               const Evaluation& fp8) {
+  const auto& l = fp8.layout;
+  const std::string plan = fmt::format(
+      "tp {}{}, pp {}, cp {}, dp {}, {} ({}), mb {}, ckpt {}", l.tensor_parallel,
+      l.sequence_parallel ? " sp" : "", l.pipeline_parallel, l.context_parallel,
+      l.data_parallel(sc.cluster.gpus), fp8.spec.strategy, flavour_name(fp8.spec.flavour),
+      fp8.job.micro_batch, checkpointing_label(fp8.job));
+  const char* name = float8_recipe_name(fp8.job.float8);
+  if (found.ranked.empty())
+    return fmt::format("with Float8 {} (--float8 {}; torchao, which changes the numerics) one "
+                       "layout does: {}, step {:.3f} s, peak {:.1f} GiB of {:.1f} GiB usable",
+                       name, name, plan, fp8.result.step_s, fp8.result.peak_bytes / kGiB,
+                       sc.usable_bytes() / kGiB);
+  const auto& best = found.ranked.front().result.step;
+  return fmt::format("with Float8 {} (--float8 {}; torchao, which changes the numerics) the "
+                     "fastest layout ({}): step {:.3f} s instead of {:.3f} s, peak {:.1f} GiB "
+                     "instead of {:.1f} GiB{}",
+                     name, name, plan, fp8.result.step_s, best.step_s, fp8.result.peak_bytes / kGiB,
+                     best.peak_bytes / kGiB, fp8.fits ? "" : " (does not fit)");
+}
+
 std::string default_job_line(const Scenario& sc) {
   return fmt::format(
       "no model or hardware given: planning the built-in default job ({} on {} x {}, seq {}, "

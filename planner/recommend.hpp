@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "planner/explain.hpp"
+#include "planner/parallel_search.hpp"
 #include "planner/search.hpp"
 
 namespace shardplan::planner {
@@ -22,6 +23,14 @@ struct Recommendation {
 };
 
 Recommendation recommend(const Scenario& sc, const SearchPins& pins);
+
+// The layout search's fastest plan again with the recipe's Float8, or, where no layout fits, the
+// fastest the same layout search finds with it (as Recommendation::with_float8); nullopt where
+// the job, its recipe or the GPU offer none, or nothing fits with it either.
+std::optional<Evaluation> layouts_with_float8(const Scenario& sc, const LayoutSearch& found);
+// The line saying what that plan gives beside the layout search's answer.
+std::string layout_float8_line(const Scenario& sc, const LayoutSearch& found,
+                               const Evaluation& fp8);
 
 // `top`: how many ranked candidates to list (the JSON also lists each family's best).
 std::string recommendation_table(const Scenario& sc, const Recommendation& r, int top);

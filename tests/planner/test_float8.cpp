@@ -318,3 +318,42 @@ TEST_CASE("float8::recommend says when Float8 makes the job fit") {
   CHECK(has(text.out, "NO PLAN FITS (the reasons follow)\nwith Float8 rowwise (--float8 rowwise; "
                       "torchao, which changes the numerics) one does: fsdp-full"));
 }
+
+// The layout search says what Float8 gives too, as the data-parallel recommendation does: the
+// same job without --data-parallel-only widens to model parallelism (no 16-bit data-parallel
+// plan fits), and the fastest layout, tensor parallelism 2 with sequence parallelism, is
+// evaluated again with Float8 rowwise (compiled: every linear's fp8 casts, fewer saved tensors),
+// faster and smaller (refused before: a compiled block under tensor parallelism).
+TEST_CASE("float8::the layout search says what Float8 gives") {
+  const std::vector<std::string> a = {
+      "recommend", "--model",    "llama-3-8b",     "--gpus",    "8",
+      "--seq-len", "8192",       "--global-batch", "16",        "--micro-batch",
+      "2",         "--recipe",   "torchtitan",     "--compile", "--checkpointing",
+      "none",      "--hardware", "h100-sxm5-80gb"};
+  auto json_args = a;
+  json_args.insert(json_args.end(), {"--format", "json"});
+  const auto r = planner(json_args);
+  REQUIRE(r.code == 0);
+  const auto d = nlohmann::json::parse(r.out);
+  REQUIRE(d.contains("model_parallel_because"));
+  const auto& best = d.at("ranked").at(0);
+  REQUIRE(d.contains("with_float8"));
+  const auto& f = d.at("with_float8");
+  CHECK(f.at("float8") == "rowwise");
+  CHECK(f.at("parallelism") == best.at("parallelism"));
+  CHECK(f.at("fits") == true);
+  CHECK(f.at("time").at("step_s").get<double>() < best.at("time").at("step_s").get<double>());
+  CHECK(f.at("memory").at("peak_bytes").get<double>() <
+        best.at("memory").at("peak_bytes").get<double>());
+  const auto text = planner(a);
+  REQUIRE(text.code == 0);
+  CHECK(has(text.out, "with Float8 rowwise (--float8 rowwise; torchao, which changes the "
+                      "numerics) the fastest layout (tp 2 sp, pp 1, cp 1, dp 4, fsdp-full (fsdp2), "
+                      "mb 2, ckpt none): step "));
+  // A job that names Float8 gets no such line.
+  auto named = json_args;
+  named.insert(named.end(), {"--float8", "rowwise"});
+  const auto n = planner(named);
+  REQUIRE(n.code == 0);
+  CHECK_FALSE(nlohmann::json::parse(n.out).contains("with_float8"));
+}
