@@ -544,11 +544,14 @@ double Simulation::device_optimizer(double t, const States& states) {
   // gradient, the list and the flat copy alive at once (deepspeed/runtime/fp16/fused_optimizer.py,
   // step); FP16_UnfusedOptimizer casts each gradient into its own master's .grad
   // (unfused_optimizer.py, step).
-  double flatten_b = 0;
-  const bool flattens =
-      frameworks_ && s.separate_fp32_master && !s.flat_grad_partition && !s.main_grad_buffer;
-  if (flattens && sb_.grad < sb_.step_grad)
-    flatten_b = s.shard_optimizer ? sb_.grad : s.torch_optimizer ? 0.0 : sb_.step_grad;
+  // DeepSpeed's wrappers that step an fp32 copy of the gradients (not BF16_Optimizer's buffer),
+  // and the one of them that keeps no flattened copy.
+  const bool wrapper_copy = frameworks_ && s.separate_fp32_master && !s.flat_grad_partition &&
+                            !s.main_grad_buffer && sb_.step_grad > 0;
+  const bool unfused_wrapper = !s.shard_optimizer && s.torch_optimizer;
+  const double flatten_b = wrapper_copy && !unfused_wrapper && sb_.grad < sb_.step_grad
+                               ? (s.shard_optimizer ? sb_.grad : sb_.step_grad)
+                               : 0.0;
   const double step_copies = sb_.step_grad + flatten_b;
   const double bytes =
       local_opt_params * (sb_.grad + sb_.step_grad + 2 * flatten_b + 2 * sb_.master + sb_.param) +
@@ -560,8 +563,7 @@ double Simulation::device_optimizer(double t, const States& states) {
   // low-precision gradients it was cast from (stage_1_and_2.py step: del flat_grad_partition,
   // free_grad_in_param_list, averaged_gradients None; fp16/fused_optimizer.py: p.grad None);
   // FP16_UnfusedOptimizer keeps them to zero_grad.
-  const bool drops_grads =
-      flattens && sb_.step_grad > 0 && (s.shard_optimizer || !s.torch_optimizer);
+  const bool drops_grads = wrapper_copy && !unfused_wrapper;
   const double dropped = local_opt_params * flatten_b + (drops_grads ? kept_grad_bytes_ : 0.0);
   mem(st, -dropped, Category::gradients, Phase::optimizer, -1, 1);
   if (drops_grads) kept_grad_bytes_ = 0;

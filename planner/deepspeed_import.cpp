@@ -76,6 +76,7 @@ public:
     read_communication_dtype();
     read_optimizer();
     read_data_types();
+    check_bf16_optimizer();
     read_batch();
     read_activation_checkpointing();
     read_ignored();
@@ -114,10 +115,9 @@ private:
                        "only both bf16_master_weights_and_grads and bf16_optimizer_states (pure "
                        "bf16) or neither (fp32 master and optimizer states) are modelled");
     h.pure = master;
-    if (s.optional_boolean("immediate_grad_update"))
-      note(fmt::format("/{}/immediate_grad_update ignored: when gradients are applied does not "
-                       "change the step's memory or time in the model",
-                       key));
+    // Read by BF16_Optimizer alone, which the stage and data_types decide (check_bf16_optimizer).
+    if (s.optional_boolean("immediate_grad_update").value_or(false))
+      immediate_grad_update_ = s.pointer_of("immediate_grad_update");
     if (s.optional_boolean("check_grad_overflow"))
       note(fmt::format(
           "/{}/check_grad_overflow ignored: one overflow check per step is not modelled", key));
@@ -513,27 +513,24 @@ private:
         if (t.has(key)) t.ignore(key);
         return std::nullopt;
       }
-      const auto n = lower(t.string(key));
+      const auto given = t.string(key);
+      const auto n = lower(given);
       if (n == "fp32" || n == "float32" || n == "float" || n == "torch.float32") return DType::fp32;
       if (n == "bf16" || n == "bfloat16" || n == "torch.bfloat16") return DType::bf16;
       if (n == "fp16" || n == "float16" || n == "half" || n == "torch.float16") return DType::fp16;
       throw InputError(t.pointer_of(key),
-                       fmt::format("must be one of fp32, bf16, fp16, got \"{}\"", n));
+                       fmt::format("must be one of fp32, bf16, fp16, got \"{}\"", given));
     };
     const auto precision = out_.job.precision;
-    if (const auto p = dtype("param_dtype")) {
-      const DType enabled = precision == Precision::fp16_mixed ? DType::fp16
-                            : precision == Precision::fp32     ? DType::fp32
-                                                               : DType::bf16;
-      if (*p != enabled)
-        throw InputError(t.pointer_of("param_dtype"),
-                         fmt::format("{} does not match the enabled {} (DeepSpeed refuses it)",
-                                     dtype_name(*p), dtype_name(enabled)));
-    }
+    // The model's dtype, the one fp16 or bf16 enables (engine.py, get_data_types).
+    const DType model = precision == Precision::fp16_mixed ? DType::fp16
+                        : precision == Precision::fp32     ? DType::fp32
+                                                           : DType::bf16;
+    if (const auto p = dtype("param_dtype"); p && *p != model)
+      throw InputError(t.pointer_of("param_dtype"),
+                       fmt::format("{} does not match the enabled {} (DeepSpeed refuses it)",
+                                   dtype_name(*p), dtype_name(model)));
     if (const auto a = dtype("grad_accum_dtype")) {
-      const DType model = precision == Precision::fp16_mixed ? DType::fp16
-                          : precision == Precision::fp32     ? DType::fp32
-                                                             : DType::bf16;
       // engine.py, _do_optimizer_sanity_check: without ZeRO the accumulation dtype must be the
       // model's ("unsupported mix").
       if (stage_ == 0 && *a != model)
@@ -558,6 +555,19 @@ private:
       if (t.has(k) && !d->at(k).is_null())
         throw InputError(t.pointer_of(k), "is not modelled; leave it out");
     t.finish();
+  }
+
+  // bf16's immediate_grad_update (precision_config.py) is read by BF16_Optimizer alone, which
+  // then releases each bf16 gradient as it is added into the accumulation buffer
+  // (accumulate_hp_grads_and_remove_lp): not modelled where the plan runs it.
+  void check_bf16_optimizer() {
+    if (immediate_grad_update_.empty()) return;
+    if (runs_bf16_optimizer(out_.spec, out_.job.precision, false))
+      throw InputError(immediate_grad_update_,
+                       "true: BF16_Optimizer then releases each bf16 gradient as it is "
+                       "accumulated, which is not modelled; leave it false (its default)");
+    note(fmt::format("{} ignored: only BF16_Optimizer reads it, which this plan does not run",
+                     immediate_grad_update_));
   }
 
   // ---- optimizer (config.py: "optimizer": {"type", "params"}). DeepSpeed's own names plus
@@ -841,8 +851,9 @@ private:
   ObjectReader r_;
   DeepSpeedImport out_;
   int stage_ = 0;
-  std::optional<bool> overlap_;       // overlap_comm, when it differs from the stage's default
-  double reduce_bucket_elems_ = 5e8;  // DeepSpeed's default reduce_bucket_size
+  std::optional<bool> overlap_;        // overlap_comm, when it differs from the stage's default
+  std::string immediate_grad_update_;  // the pointer of a bf16 immediate_grad_update: true
+  double reduce_bucket_elems_ = 5e8;   // DeepSpeed's default reduce_bucket_size
 };
 
 }  // namespace

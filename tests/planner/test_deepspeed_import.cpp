@@ -386,4 +386,19 @@ TEST_CASE("deepspeed_import::data_types: BF16_Optimizer's fp32 accumulation, and
   CHECK(import_error(with(z1, P("/data_types"), {{"grad_acc_dtype", "fp32"}})) ==
         "/data_types/grad_acc_dtype: unknown key");
   CHECK(import_error(with(z1, P("/data_types"), 1)) == "/data_types: must be an object, got 1");
+  CHECK(import_error(with(z1, P("/data_types"), {{"grad_accum_dtype", "Float64"}})) ==
+        "/data_types/grad_accum_dtype: must be one of fp32, bf16, fp16, got \"Float64\"");
+
+  // bf16's immediate_grad_update is BF16_Optimizer's alone: refused where the plan runs it (each
+  // bf16 gradient then released as it is accumulated, not modelled), ignored with a word elsewhere.
+  const auto immediate = with(with(z1, P("/data_types"), {{"grad_accum_dtype", "fp32"}}),
+                              P("/bf16/immediate_grad_update"), true);
+  CHECK(import_error(immediate) ==
+        "/bf16/immediate_grad_update: true: BF16_Optimizer then releases each bf16 gradient as it "
+        "is accumulated, which is not modelled; leave it false (its default)");
+  const auto zero2 = import(with(kZero2, P("/bf16/immediate_grad_update"), true));
+  CHECK(says(zero2, "/bf16/immediate_grad_update ignored: only BF16_Optimizer reads it, which "
+                    "this plan does not run"));
+  CHECK_FALSE(says(import(with(immediate, P("/bf16/immediate_grad_update"), false)),
+                   "immediate_grad_update"));
 }

@@ -62,6 +62,15 @@ bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
+// recommend for Llama-3-8B compiled under torchtitan on 8 x H100 at seq 8192, micro-batch 2,
+// without recompute: no 16-bit data-parallel plan fits (the tests below).
+std::vector<std::string> compiled_8b_recommend() {
+  return {"recommend", "--model",    "llama-3-8b",     "--gpus",    "8",
+          "--seq-len", "8192",       "--global-batch", "16",        "--micro-batch",
+          "2",         "--recipe",   "torchtitan",     "--compile", "--checkpointing",
+          "none",      "--hardware", "h100-sxm5-80gb"};
+}
+
 }  // namespace
 
 // rowwise runs all three GEMMs of every converted linear (the block's five and lm_head: every
@@ -283,25 +292,8 @@ TEST_CASE("float8::torchtitan's op-level save list with Float8") {
 // 23.6 GB) and the plan fits. (Without --data-parallel-only the search widens to model
 // parallelism, where the compiled block under tensor parallelism 2 fits in 16 bits.)
 TEST_CASE("float8::recommend says when Float8 makes the job fit") {
-  const std::vector<std::string> a = {"recommend",
-                                      "--model",
-                                      "llama-3-8b",
-                                      "--gpus",
-                                      "8",
-                                      "--seq-len",
-                                      "8192",
-                                      "--global-batch",
-                                      "16",
-                                      "--micro-batch",
-                                      "2",
-                                      "--recipe",
-                                      "torchtitan",
-                                      "--compile",
-                                      "--checkpointing",
-                                      "none",
-                                      "--hardware",
-                                      "h100-sxm5-80gb",
-                                      "--data-parallel-only"};
+  auto a = compiled_8b_recommend();
+  a.emplace_back("--data-parallel-only");
   auto json_args = a;
   json_args.insert(json_args.end(), {"--format", "json"});
   const auto r = planner(json_args);
@@ -325,11 +317,7 @@ TEST_CASE("float8::recommend says when Float8 makes the job fit") {
 // evaluated again with Float8 rowwise (compiled: every linear's fp8 casts, fewer saved tensors),
 // faster and smaller (refused before: a compiled block under tensor parallelism).
 TEST_CASE("float8::the layout search says what Float8 gives") {
-  const std::vector<std::string> a = {
-      "recommend", "--model",    "llama-3-8b",     "--gpus",    "8",
-      "--seq-len", "8192",       "--global-batch", "16",        "--micro-batch",
-      "2",         "--recipe",   "torchtitan",     "--compile", "--checkpointing",
-      "none",      "--hardware", "h100-sxm5-80gb"};
+  const auto a = compiled_8b_recommend();
   auto json_args = a;
   json_args.insert(json_args.end(), {"--format", "json"});
   const auto r = planner(json_args);
