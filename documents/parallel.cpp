@@ -109,6 +109,34 @@ void split_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJ
         l.pipeline_parallel, l.virtual_stages, parts));
 }
 
+// The dimensions the recipe's trainer does not run (RecipeTraits::offers_*, an empty schedules),
+// each refusal naming the recipes whose trainers do.
+void recipe_dimension_problems(const ParallelLayout& l, const RecipeTraits& r,
+                               std::vector<std::string>& out) {
+  using Offers = bool (*)(const RecipeTraits&);
+  const auto refuse = [&](const char* what, int degree, Offers offers) {
+    std::vector<std::string> others;
+    for (int i = 0; i < kRecipes; ++i)
+      if (const RecipeTraits& o = recipe_traits(static_cast<Recipe>(i)); offers(o))
+        others.emplace_back(o.name);
+    out.push_back(fmt::format("the {} recipe's trainer runs no {} (asked for {}); the recipes "
+                              "that do: {}",
+                              r.name, what, degree, fmt::join(others, ", ")));
+  };
+  if (l.tensor_parallel > 1 && !r.offers_tensor_parallel)
+    refuse("tensor parallelism", l.tensor_parallel,
+           [](const RecipeTraits& o) { return o.offers_tensor_parallel; });
+  else if (l.tensor_parallel > 1 && l.sequence_parallel && !r.offers_sequence_parallel)
+    refuse("sequence parallelism", l.tensor_parallel,
+           [](const RecipeTraits& o) { return o.offers_sequence_parallel; });
+  if (l.pipeline_parallel > 1 && r.schedules.empty())
+    refuse("pipeline", l.pipeline_parallel,
+           [](const RecipeTraits& o) { return !o.schedules.empty(); });
+  if (l.context_parallel > 1 && !r.offers_context_parallel)
+    refuse("context parallelism", l.context_parallel,
+           [](const RecipeTraits& o) { return o.offers_context_parallel; });
+}
+
 // Problems of the degrees against the model's shapes and the job.
 void shape_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJob& j,
                     const Cluster& c, std::vector<std::string>& out) {
@@ -153,7 +181,9 @@ void shape_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJ
   // block under a pipeline and on its local tensors under tensor parallelism (measured:
   // tests/costmodel/data/oracle_tp_units.json). Other recipes' blocks are not torchtitan's.
   const RecipeTraits& r = recipe_traits(j.recipe);
-  if (p > 1 && std::find(r.schedules.begin(), r.schedules.end(), l.schedule) == r.schedules.end())
+  recipe_dimension_problems(l, r, out);
+  if (p > 1 && !r.schedules.empty() &&
+      std::find(r.schedules.begin(), r.schedules.end(), l.schedule) == r.schedules.end())
     out.push_back(fmt::format("the {} recipe's pipeline has no {} schedule (it has {})",
                               recipe_name(j.recipe), schedule_name(l.schedule),
                               schedule_list(r.schedules)));

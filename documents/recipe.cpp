@@ -35,12 +35,21 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .linears = BlockLinears::model,
           .checkpoint_early_stop = true,
           .every_n_from_one = false,
+          // transformers 5.23's DistributedConfig: tp_size runs the model's tp_plan; its
+          // enable_sequence_parallel is "reserved ... not wired up yet"; its pp_size splits the
+          // blocks for a forward that sends the hidden states on outside autograd
+          // (distributed/pipeline_parallel.py, "naive"), a generation path the Trainer does not
+          // train through; the Trainer's context parallelism is accelerate's ParallelismConfig
+          // cp_size, torch's context_parallel (trainer.py, _prepare_context_parallel_inputs).
+          .offers_tensor_parallel = true,
+          .offers_sequence_parallel = false,
+          .offers_context_parallel = true,
           .tensor_parallel = TensorParallelCode::torch_styles,  // the model's tp_plan
           .tp_embedding = TpEmbedding::unplanned,
           .tp_loss = TpLoss::gathered,  // lm_head "colwise_rep"
           .async_tp = AsyncTp::none,    // transformers' tp_plan runs eager DTensor collectives
-          .pipeline = PipelineRunner::megatron,
-          .schedules = kAllSchedules,  // transformers' Trainer runs no pipeline: Megatron's order
+          .pipeline = PipelineRunner::none,
+          .schedules = {},
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
           .fsdp2_groups =
@@ -60,6 +69,9 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .fsdp1_backward_prefetch = false,
           .fsdp_mixed_precision = FsdpMixedPrecision::pure,
           .autocast_with_fsdp = true,
+          // Its layouts are accelerate's ParallelismConfig (and transformers' DistributedConfig),
+          // which no emitter writes yet.
+          .layout_emit = "",
           .blocks_at = "",
           .block_class = "",
       },
@@ -78,6 +90,9 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .linears = BlockLinears::torchtitan,
           .checkpoint_early_stop = false,
           .every_n_from_one = true,
+          .offers_tensor_parallel = true,
+          .offers_sequence_parallel = true,
+          .offers_context_parallel = true,
           .tensor_parallel = TensorParallelCode::torch_styles,  // its parallelize's apply_tp
           .tp_embedding = TpEmbedding::rowwise,
           .tp_loss = TpLoss::loss_parallel,
@@ -103,6 +118,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .fsdp_mixed_precision = FsdpMixedPrecision::default_mode,
           .autocast_with_fsdp = false,
           // (torchtitan/models/common/decoder.py, torchtitan/models/llama3/model.py)
+          .layout_emit = "torchtitan",
           .blocks_at = "model.layers",
           .block_class = "torchtitan.models.llama3.model:Llama3TransformerBlock",
       },
@@ -121,17 +137,24 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .linears = BlockLinears::model,
           .checkpoint_early_stop = true,
           .every_n_from_one = false,
+          // llm-foundry 0.22.0 hands Composer a parallelism_config of fsdp and tp only
+          // (command_utils/train.py): no pipeline, no context parallelism; its one tp_config
+          // strategy, "ffn" (llmfoundry/tp/ffn_tp_strategy.py), splits only the MLP's up and
+          // down projections over inputs gathered along the batch, which no table here counts.
+          .offers_tensor_parallel = false,
+          .offers_sequence_parallel = false,
+          .offers_context_parallel = false,
           .tensor_parallel = TensorParallelCode::megatron_core,
           .tp_embedding = TpEmbedding::unplanned,
           .tp_loss = TpLoss::gathered,
           .async_tp = AsyncTp::none,
-          .pipeline = PipelineRunner::megatron,
-          .schedules = kAllSchedules,  // Composer runs no pipeline: Megatron's order
+          .pipeline = PipelineRunner::none,
+          .schedules = {},
           .pipeline_less_layers = 0,
           .pipeline_even_split = false,
           .fsdp2_groups = Fsdp2Groups::root,
           .runs_mpt = true,
-          .ring = RingCode::te_p2p,
+          .ring = RingCode::none,
           .flavours = kAllFlavours,
           .offers_every_n = true,
           .offers_selective_op = false,
@@ -145,6 +168,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .fsdp1_backward_prefetch = true,
           .fsdp_mixed_precision = FsdpMixedPrecision::default_mode,
           .autocast_with_fsdp = true,
+          .layout_emit = "",
           .blocks_at = "",
           .block_class = "",
       },
@@ -162,6 +186,9 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .linears = BlockLinears::megatron_core,
           .checkpoint_early_stop = true,
           .every_n_from_one = false,
+          .offers_tensor_parallel = true,
+          .offers_sequence_parallel = true,
+          .offers_context_parallel = true,
           .tensor_parallel = TensorParallelCode::megatron_core,
           .tp_embedding = TpEmbedding::unplanned,
           .tp_loss = TpLoss::gathered,
@@ -185,6 +212,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .fsdp1_backward_prefetch = true,
           .fsdp_mixed_precision = FsdpMixedPrecision::pure,
           .autocast_with_fsdp = false,
+          .layout_emit = "megatron",
           .blocks_at = "",
           .block_class = "",
       },
@@ -202,6 +230,13 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .linears = BlockLinears::model,
           .checkpoint_early_stop = true,
           .every_n_from_one = false,
+          // DeepSpeed 0.19.8: AutoTP's column and row linears (tensor_parallel.autotp_size;
+          // module_inject/layers.py) keep the residual stream whole on every rank; its sequence
+          // parallelism is Ulysses' all-to-all over heads (deepspeed/sequence/layer.py), neither
+          // Megatron's token split nor a ring.
+          .offers_tensor_parallel = true,
+          .offers_sequence_parallel = false,
+          .offers_context_parallel = false,
           .tensor_parallel = TensorParallelCode::megatron_core,
           .tp_embedding = TpEmbedding::unplanned,
           .tp_loss = TpLoss::gathered,
@@ -212,7 +247,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .pipeline_even_split = false,
           .fsdp2_groups = Fsdp2Groups::root,
           .runs_mpt = false,
-          .ring = RingCode::te_p2p,
+          .ring = RingCode::none,
           .flavours = {deepspeed},
           .offers_every_n = true,
           .offers_selective_op = false,
@@ -223,6 +258,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .fsdp1_backward_prefetch = true,
           .fsdp_mixed_precision = FsdpMixedPrecision::pure,
           .autocast_with_fsdp = false,
+          .layout_emit = "deepspeed",
           .blocks_at = "",
           .block_class = "",
       },
@@ -240,6 +276,9 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .linears = BlockLinears::model,
           .checkpoint_early_stop = true,
           .every_n_from_one = false,
+          .offers_tensor_parallel = true,
+          .offers_sequence_parallel = true,
+          .offers_context_parallel = true,
           .tensor_parallel = TensorParallelCode::megatron_core,
           .tp_embedding = TpEmbedding::unplanned,
           .tp_loss = TpLoss::gathered,
@@ -261,6 +300,7 @@ const std::array<RecipeTraits, kRecipes>& recipes() {
           .fsdp1_backward_prefetch = true,
           .fsdp_mixed_precision = FsdpMixedPrecision::pure,  // its own engine gathers 16-bit
           .autocast_with_fsdp = false,
+          .layout_emit = "",
           .blocks_at = "",
           .block_class = "",
       },
@@ -287,6 +327,18 @@ std::string RecipeTraits::flavour_list() const {
   names.reserve(flavours.size());
   for (auto f : flavours) names.emplace_back(flavour_name(f));
   return fmt::format("{}", fmt::join(names, " or "));
+}
+
+std::string RecipeTraits::model_parallel_dimensions() const {
+  std::vector<std::string> dims;
+  if (offers_tensor_parallel) dims.emplace_back("tensor");
+  if (!schedules.empty()) dims.emplace_back("pipeline");
+  if (offers_context_parallel) dims.emplace_back("context");
+  if (dims.empty()) return "";
+  const std::string last = dims.back();
+  dims.pop_back();
+  return dims.empty() ? last + " parallelism"
+                      : fmt::format("{} and {} parallelism", fmt::join(dims, ", "), last);
 }
 
 const RecipeTraits& recipe_traits(Recipe r) { return recipes()[static_cast<std::size_t>(r)]; }

@@ -70,12 +70,14 @@ enum class AsyncTp { none, symmetric_memory, userbuffers };
 //   deepspeed         DeepSpeed's PipelineEngine running its TrainSchedule
 //                     (deepspeed/runtime/pipe/engine.py, schedule.py)
 //   executor          this project's trainer (executor/pipeline.cpp)
-enum class PipelineRunner { megatron, torch_pipelining, deepspeed, executor };
+//   none              its trainer runs no pipeline
+enum class PipelineRunner { megatron, torch_pipelining, deepspeed, executor, none };
 
 // Whose ring attention context parallelism runs (costmodel/context_ring.hpp): torch's
 // context_parallel (all-gather rotation), or Transformer Engine's p2p ring.
 // executor: this project's own ring (executor/context_parallel.hpp), each exchange waited for.
-enum class RingCode { torch_all_gather, te_p2p, executor };
+// none: its trainer runs no ring.
+enum class RingCode { torch_all_gather, te_p2p, executor, none };
 
 struct RecipeTraits {
   Recipe recipe;
@@ -106,13 +108,20 @@ struct RecipeTraits {
   // ...) rather than from 0 (transformers' every_n_layers: blocks 0, N, 2N, ...).
   bool every_n_from_one;
 
-  // Under model parallelism.
+  // Under model parallelism: the dimensions its trainer runs (a layout naming another is refused,
+  // and the search leaves it out), then how it runs them.
+  bool offers_tensor_parallel;
+  // Sequence parallelism as Megatron-LM's --sequence-parallel and torchtitan's plan make it: the
+  // residual stream's tokens split over the TP group.
+  bool offers_sequence_parallel;
+  bool offers_context_parallel;  // ring attention over a sequence split (RingCode)
   TensorParallelCode tensor_parallel;
   TpEmbedding tp_embedding;  // under torch_styles
   TpLoss tp_loss;            // under torch_styles
   AsyncTp async_tp;
   PipelineRunner pipeline;
-  std::vector<PipelineSchedule> schedules;  // those its runner has, the first its default
+  // Those its runner has, the first its default; none where its trainer runs no pipeline.
+  std::vector<PipelineSchedule> schedules;
   // The embeddings and the head counted as blocks of the first and last stage by default
   // (torchtitan's pipeline_parallel_first/last_stage_less_layers = 1).
   int pipeline_less_layers;
@@ -146,6 +155,10 @@ struct RecipeTraits {
   // Its training loop runs the forward under autocast beside FSDP, which is what computes in 16
   // bits when FSDP gathers fp32 parameters (FsdpMixedPrecision::full).
   bool autocast_with_fsdp;
+  // The --emit that writes its model-parallel layouts as its framework reads them ("torchtitan",
+  // "megatron", "deepspeed"); "" where none is written (a layout of another framework's options
+  // would run that framework's code, not this recipe's).
+  const char* layout_emit;
   // Where its PyTorch model keeps the transformer blocks (a Python expression on `model`) and their
   // class ("module:Class"), for the emitted FSDP wrapping; empty where the recipe's model code is
   // transformers' (per architecture: planner/emit_fsdp.cpp) or no PyTorch module the user wraps.
@@ -158,6 +171,9 @@ struct RecipeTraits {
   // default (documents::default_flavour).
   Flavour flavour_for(const std::string& strategy) const;
   std::string flavour_list() const;  // "fsdp2 or ddp"
+  // The model-parallel dimensions its trainer runs, as a phrase: "tensor, pipeline and context
+  // parallelism", "tensor and context parallelism"; "" where it runs none.
+  std::string model_parallel_dimensions() const;
 };
 
 inline constexpr int kRecipes = 6;  // the rows, one per Recipe

@@ -359,6 +359,28 @@ std::pair<SearchPins, std::string> search_pins(const CliOptions& o, const Scenar
   return {pins, emit_pin};
 }
 
+// A framework's layout config runs that framework's code: --emit torchtitan, megatron or deepspeed
+// plans the recipe whose layouts it writes (RecipeTraits::layout_emit), implied where --recipe is
+// not given (and said), refused where another is.
+ScenarioOptions layout_emit_options(const CliOptions& o, std::vector<std::string>& notes) {
+  ScenarioOptions so = o.so;
+  if (!o.emit || !emitted_framework(*o.emit)) return so;
+  for (int i = 0; i < documents::kRecipes; ++i) {
+    const auto& r = documents::recipe_traits(static_cast<documents::Recipe>(i));
+    if (*o.emit != r.layout_emit) continue;
+    if (!so.recipe) {
+      so.recipe = r.name;
+      notes.push_back(
+          fmt::format("--emit {}: planning {} (as --recipe {})", *o.emit, r.description, r.name));
+    } else if (*so.recipe != r.name) {
+      throw InputError("--emit", fmt::format("{}: its options run {}, but --recipe {} plans "
+                                             "another code; give --recipe {} or none",
+                                             *o.emit, r.description, *so.recipe, r.name));
+    }
+  }
+  return so;
+}
+
 // recommend --model-parallel: the ranked layouts, or with --emit the fastest as the plan
 // document, or the fastest a framework can express as that framework runs it.
 // `why`: not empty when the search widened itself to model parallelism (said first).
@@ -378,7 +400,7 @@ void run_layout_recommend(const CliOptions& o, int top_plans, std::ostream& out,
                      fmt::format("{}: the layout search plans each framework's own optimizer; "
                                  "estimate the layout with it",
                                  *o.po.deepspeed_optimizer));
-  const Scenario msc = make_scenario(o.so, false);
+  const Scenario msc = make_scenario(layout_emit_options(o, notes), false);
   // With --emit for a framework, the fastest plan it can run is the one kept.
   const auto framework = o.emit ? emitted_framework(*o.emit) : std::nullopt;
   const auto runs = [&](const LayoutCandidate& c) {
@@ -463,8 +485,9 @@ void write_recommendation(const CliOptions& o, const Scenario& sc, const Recomme
   } else {
     out << recommendation_table(sc, rec, top_plans);
     if (widened)
-      out << fmt::format("tensor, pipeline and context parallelism searched too ({} layouts x "
-                         "strategies, {} evaluated): none fits either\n",
+      out << fmt::format("{} searched too ({} layouts x strategies, {} evaluated): none fits "
+                         "either\n",
+                         documents::recipe_traits(sc.job.recipe).model_parallel_dimensions(),
                          widened->layouts, widened->evaluated);
   }
 }
@@ -477,6 +500,12 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   const int top_plans = o.top ? core::int_from_text("--top", *o.top) : 10;
   check_recommend_flags(o, recommend_cmd, top_plans);
   if (o.model_parallel) {
+    const auto& r = documents::recipe_traits(make_scenario(o.so, false).job.recipe);
+    if (r.model_parallel_dimensions().empty())
+      throw InputError("--model-parallel",
+                       fmt::format("the {} recipe's trainer runs no tensor, pipeline or context "
+                                   "parallelism",
+                                   r.name));
     run_layout_recommend(o, top_plans, out, notes);
     return;
   }
@@ -487,16 +516,20 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   const bool unpinned = !o.emit && !po.strategy && !po.flavour && !po.offload &&
                         !po.shard_group_size && !po.reduce_dtype && !po.backward_prefetch &&
                         !po.deepspeed_optimizer && !o.data_parallel_only;
-  if (unpinned) {
+  // The dimensions the recipe's trainer runs ("" where none: nothing to widen to).
+  const std::string dims = unpinned
+                               ? documents::recipe_traits(make_scenario(o.so, false).job.recipe)
+                                     .model_parallel_dimensions()
+                               : "";
+  if (!dims.empty()) {
     const Scenario probe = make_scenario(o.so, false);
     const auto gpus = static_cast<std::int64_t>(probe.cluster.gpus);
     if (probe.job.global_batch % gpus != 0) {
-      run_layout_recommend(
-          o, top_plans, out, notes,
-          fmt::format("data parallelism alone cannot run this job ({} sequences do not divide "
-                      "over {} GPUs): searching tensor, pipeline and context parallelism too, as "
-                      "--model-parallel does",
-                      probe.job.global_batch, gpus));
+      run_layout_recommend(o, top_plans, out, notes,
+                           fmt::format("data parallelism alone cannot run this job ({} sequences "
+                                       "do not divide over {} GPUs): searching {} too, as "
+                                       "--model-parallel does",
+                                       probe.job.global_batch, gpus, dims));
       return;
     }
   }
@@ -507,7 +540,7 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   // and says so first where a layout fits; where none does either, the data-parallel answer
   // (why nothing fits, what would) says that too.
   std::optional<LayoutSearch> widened;
-  if (unpinned && rec.search.ranked.empty()) {
+  if (!dims.empty() && rec.search.ranked.empty()) {
     widened = search_layouts(make_scenario(o.so, false), 1);
     if (!widened->ranked.empty()) {
       std::optional<double> least;  // of the data-parallel plans that can run
@@ -516,11 +549,11 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
           least = c.eval.result.peak_bytes;
       run_layout_recommend(
           o, top_plans, out, notes,
-          fmt::format("no data-parallel plan fits{}: searching tensor, pipeline and context "
-                      "parallelism too, as --model-parallel does",
+          fmt::format("no data-parallel plan fits{}: searching {} too, as --model-parallel does",
                       least ? fmt::format(" (the smallest peak is {} against {} usable)",
                                           gib(*least), gib(sc.usable_bytes()))
-                            : ""));
+                            : "",
+                      dims));
       return;
     }
   }

@@ -136,23 +136,27 @@ struct Walker {
   void layouts() {
     const int G = sc.cluster.gpus_per_node, N = sc.cluster.gpus;
     const auto L = sc.model.layers;
+    const RecipeTraits& recipe = recipe_traits(sc.job.recipe);
     // The stage counts that split the blocks evenly, and where the recipe counts the embeddings
-    // and the head as blocks by default (torchtitan), those that split them evenly so.
-    std::vector<int> stages = divisors(L, L);
-    const int less = recipe_traits(sc.job.recipe).pipeline_less_layers;
-    if (less > 0)
+    // and the head as blocks by default (torchtitan), those that split them evenly so; only the
+    // dimensions the recipe's trainer runs.
+    std::vector<int> stages = recipe.schedules.empty() ? std::vector<int>{1} : divisors(L, L);
+    const int less = recipe.pipeline_less_layers;
+    if (less > 0 && !recipe.schedules.empty())
       for (int p : divisors(L + 2 * static_cast<std::int64_t>(less), L))
         if (std::find(stages.begin(), stages.end(), p) == stages.end()) stages.push_back(p);
-    for (int t : divisors(G, G))
+    const int max_t = recipe.offers_tensor_parallel ? G : 1;
+    const int max_c = recipe.offers_context_parallel ? 64 : 1;
+    for (int t : divisors(max_t, max_t))
       for (int p : stages) {
         if (N % (t * p) != 0) continue;
-        for (int c = 1; c <= 64 && N % (t * p * c) == 0; c *= 2) {
+        for (int c = 1; c <= max_c && N % (t * p * c) == 0; c *= 2) {
           const int d = N / (t * p * c);
           if (sc.job.global_batch % d != 0) continue;
           for (const auto& [schedule, v] : pipeline_variants(p, L, recipe_traits(sc.job.recipe))) {
             ParallelLayout l;
             l.tensor_parallel = t;
-            l.sequence_parallel = t > 1;
+            l.sequence_parallel = t > 1 && recipe.offers_sequence_parallel;
             l.pipeline_parallel = p;
             l.schedule = schedule;
             l.virtual_stages = v;
@@ -262,6 +266,19 @@ std::string limits_line(const Scenario& sc, const FsdpLimits& f) {
   return out + "\n";
 }
 
+// The recipe's own framework's options for a layout ("" for another recipe's plan: those
+// options would run that framework's code, not the code the plan counts).
+std::string recipe_torchtitan_options(const Scenario& sc, const LayoutCandidate& c) {
+  return std::string_view(recipe_traits(sc.job.recipe).layout_emit) == "torchtitan"
+             ? torchtitan_options(sc, c)
+             : "";
+}
+std::string recipe_megatron_arguments(const Scenario& sc, const LayoutCandidate& c) {
+  return std::string_view(recipe_traits(sc.job.recipe).layout_emit) == "megatron"
+             ? megatron_arguments(sc, c)
+             : "";
+}
+
 }  // namespace
 
 std::string layout_search_table(const Scenario& sc, const LayoutSearch& s, int top) {
@@ -302,8 +319,10 @@ std::string layout_search_table(const Scenario& sc, const LayoutSearch& s, int t
                     seconds(c.layout.trivial() ? 0.0 : c.result.bubble_s), 100 * c.result.step.mfu);
   }
   const auto& best = s.ranked.front();
-  if (const auto t = torchtitan_options(sc, best); !t.empty()) out += "torchtitan: " + t + "\n";
-  if (const auto m = megatron_arguments(sc, best); !m.empty()) out += "Megatron-LM: " + m + "\n";
+  if (const auto t = recipe_torchtitan_options(sc, best); !t.empty())
+    out += "torchtitan: " + t + "\n";
+  if (const auto m = recipe_megatron_arguments(sc, best); !m.empty())
+    out += "Megatron-LM: " + m + "\n";
   return out;
 }
 
@@ -312,8 +331,8 @@ nlohmann::json layout_search_json(const Scenario& sc, const LayoutSearch& s, int
   auto one = [&](const LayoutCandidate& c) {
     auto j = evaluation_to_json(sc, layout_evaluation(sc, c.spec, c.job, c.layout, c.result));
     j.erase("schema_version");  // the search document's own
-    j["torchtitan"] = torchtitan_options(sc, c);
-    j["megatron"] = megatron_arguments(sc, c);
+    j["torchtitan"] = recipe_torchtitan_options(sc, c);
+    j["megatron"] = recipe_megatron_arguments(sc, c);
     return j;
   };
   nlohmann::json ranked = nlohmann::json::array();

@@ -70,9 +70,12 @@ Number = Union[int, float, str]
 
 
 def _field_name(where: str) -> str:
-    """"--global-batch" -> "global_batch"; anything else (a JSON pointer, a file) unchanged."""
+    """"--global-batch" -> "global_batch", "--tensor-parallel 8 --sequence-parallel" ->
+    "tensor_parallel 8 sequence_parallel" (the flags as keywords, their values as given); anything
+    else (a JSON pointer, a file) unchanged."""
     if where.startswith("--"):
-        return where[2:].replace("-", "_")
+        return " ".join(w[2:].replace("-", "_") if w.startswith("--") else w
+                        for w in where.split(" "))
     return where
 
 

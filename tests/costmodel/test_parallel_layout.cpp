@@ -20,8 +20,10 @@ bool says(const std::vector<std::string>& reasons, const std::string& part) {
                      [&](const std::string& r) { return contains(r, part); });
 }
 
+// Under torchtitan, whose trainer runs every dimension.
 TrainingJob job_of(std::int64_t seq, std::int64_t global, std::int64_t micro) {
   TrainingJob j;
+  j.recipe = Recipe::torchtitan;
   j.seq_len = seq;
   j.global_batch = global;
   j.micro_batch = micro;

@@ -11,11 +11,13 @@ using nlohmann::json;
 
 namespace {
 
-// Llama-3-70B on 256 GPUs of 8: tensor 8 with sequence parallel, pipeline 4 (1F1B, 8 micro-batches
-// of 1), so data parallel 256 / (8·4) = 8 and 8 x 8 x 1 = 64 sequences, the global batch.
+// Llama-3-70B on 256 GPUs of 8 under torchtitan (whose trainer runs every dimension): tensor 8
+// with sequence parallel, pipeline 4 (1F1B, 8 micro-batches of 1), so data parallel 256 / (8·4) = 8
+// and 8 x 8 x 1 = 64 sequences, the global batch.
 Plan llama70b_plan() {
   Plan p;
   p.model = load_model("llama-3-70b");
+  p.job.recipe = Recipe::torchtitan;
   p.hardware = "h100-sxm5-80gb";
   p.cluster = {256, 8};
   p.job.seq_len = 8192;
@@ -142,4 +144,29 @@ TEST_CASE("plan_parallel::a layout the model, batch or cluster cannot run is rej
       "/parallel: tensor parallel 16 is larger than a node of 8 GPUs: its all-reduces per layer "
       "would cross the inter-node links; 8 key/value heads do not divide over tensor parallel 16; "
       "data parallel 4 x micro-batches 8 x micro-batch 1 = 32 sequences, not the global batch 64");
+}
+
+// A dimension the recipe's trainer does not run (documents/recipe.cpp, RecipeTraits::offers_*):
+// transformers' Trainer has no pipeline and no sequence parallelism, llm-foundry's Composer no
+// tensor (of the kind modeled), pipeline or context parallelism.
+TEST_CASE("plan_parallel::a dimension the recipe's trainer does not run is rejected, naming those "
+          "that do") {
+  json doc = plan_to_json(llama70b_plan());
+  doc["job"]["recipe"] = "hf";
+  CHECK(error_of([&] { plan_from_json(doc); }) ==
+        "/parallel: the hf recipe's trainer runs no sequence parallelism (asked for 8); the "
+        "recipes that do: torchtitan, megatron, executor; the hf recipe's trainer runs no "
+        "pipeline (asked for 4); the recipes that do: torchtitan, megatron, deepspeed, executor");
+  doc["parallel"]["sequence_parallel"] = false;
+  doc["parallel"]["pipeline"] = 1;
+  doc["parallel"]["micro_batches"] = 2;
+  doc["parallel"]["context"] = 4;  // 256 / (8·4) = 8 replicas x 2 micro-batches x 1 = 16
+  doc["job"]["global_batch"] = 16;
+  CHECK(plan_from_json(doc).parallel.context_parallel == 4);  // hf runs TP and CP
+  doc["job"]["recipe"] = "llm-foundry";
+  CHECK(error_of([&] { plan_from_json(doc); }) ==
+        "/parallel: the llm-foundry recipe's trainer runs no tensor parallelism (asked for 8); "
+        "the recipes that do: hf, torchtitan, megatron, deepspeed, executor; the llm-foundry "
+        "recipe's trainer runs no context parallelism (asked for 4); the recipes that do: hf, "
+        "torchtitan, megatron, executor");
 }

@@ -104,7 +104,8 @@ TEST_CASE("cli_parallel::recommend --model-parallel ranks layouts and gives thei
                           "megatron", "--model-parallel", "--top", "3"});
   CHECK(r.code == 0);
   CHECK(has(r.out, "data parallelism alone: best"));
-  CHECK(has(r.out, "torchtitan: --training.local_batch_size "));
+  // The recipe's own framework's arguments only: torchtitan's options would run another code.
+  CHECK_FALSE(has(r.out, "torchtitan: "));
   CHECK(has(r.out, "Megatron-LM: --tensor-model-parallel-size "));
   const auto e = planner({"recommend", "--gpus", "16", "--model-parallel", "--emit", "megatron"});
   CHECK(e.code == 0);
@@ -144,11 +145,28 @@ TEST_CASE("cli_parallel::recommend widens to model parallelism when data paralle
   const std::vector<std::string> job = {"recommend",  "--model",        "llama-3-70b",
                                         "--hardware", "h100-sxm5-80gb", "--gpus",
                                         "2048",       "--global-batch", "512"};
+  // Under the default recipe (hf): transformers' Trainer runs tensor and context parallelism,
+  // no pipeline (documents/recipe.cpp); under torchtitan all three.
   const auto text = planner(job);
   REQUIRE(text.code == 0);
   CHECK(text.out.rfind("data parallelism alone cannot run this job (512 sequences do not divide "
-                       "over 2048 GPUs): searching tensor, pipeline and context parallelism too",
+                       "over 2048 GPUs): searching tensor and context parallelism too",
                        0) == 0);
+  auto titan = job;
+  titan.insert(titan.end(), {"--recipe", "torchtitan"});
+  CHECK(planner(titan).out.rfind("data parallelism alone cannot run this job (512 sequences do "
+                                 "not divide over 2048 GPUs): searching tensor, pipeline and "
+                                 "context parallelism too",
+                                 0) == 0);
+  // llm-foundry's trainer runs none: nothing to widen to, the batch is refused as before.
+  auto foundry = job;
+  foundry.insert(foundry.end(), {"--recipe", "llm-foundry"});
+  const auto f = planner(foundry);
+  CHECK(f.code == 2);
+  CHECK(has(f.err, "--global-batch"));
+  foundry.emplace_back("--model-parallel");
+  CHECK(planner(foundry).err == "planner: --model-parallel: the llm-foundry recipe's trainer runs "
+                                "no tensor, pipeline or context parallelism\n");
   auto json_job = job;
   json_job.insert(json_job.end(), {"--format", "json"});
   const auto j = planner(json_job);
@@ -173,7 +191,7 @@ TEST_CASE("cli_parallel::recommend widens to model parallelism when no data-para
   const auto text = planner(job);
   REQUIRE(text.code == 0);
   CHECK(text.out.rfind("no data-parallel plan fits (the smallest peak is ", 0) == 0);
-  CHECK(has(text.out, "searching tensor, pipeline and context parallelism too"));
+  CHECK(has(text.out, "searching tensor and context parallelism too"));
   auto json_job = job;
   json_job.insert(json_job.end(), {"--format", "json"});
   const auto d = nlohmann::json::parse(planner(json_job).out);
@@ -194,7 +212,7 @@ TEST_CASE("cli_parallel::recommend widens to model parallelism when no data-para
                              "--gpus", "8", "--seq-len", "8192", "--global-batch", "8"});
   REQUIRE(none.code == 0);
   CHECK(has(none.out, "NO PLAN FITS"));
-  CHECK(has(none.out, "tensor, pipeline and context parallelism searched too ("));
+  CHECK(has(none.out, "tensor and context parallelism searched too ("));
   CHECK(has(none.out, "): none fits either\n"));
   // --data-parallel-only keeps the search one-dimensional: the data-parallel answer, nothing
   // searched beside it; with --model-parallel it is refused.
@@ -513,14 +531,15 @@ TEST_CASE("cli_parallel::async tensor parallelism keeps its framework's communic
   const auto [overhead, allocated] = buffers("torchtitan", false);
   CHECK(async_overhead - overhead == 33554432.0);
   CHECK(async_allocated == allocated);
-  // transformers' tp_plan has no async mode: refused, naming the flags.
+  // transformers' tp_plan has no async mode (nor sequence parallelism): refused, naming the flags.
   const auto hf = planner({"estimate", "--model", "llama-3-8b", "--gpus", "8", "--global-batch",
                            "8", "--strategy", "ddp", "--recipe", "hf", "--tensor-parallel", "2",
                            "--sequence-parallel", "--async-tensor-parallel"});
   CHECK(hf.code == 2);
   CHECK(hf.err ==
         "planner: --tensor-parallel 2 --sequence-parallel --async-tensor-parallel: the hf "
-        "recipe's tensor parallelism has no async mode\n");
+        "recipe's trainer runs no sequence parallelism (asked for 2); the recipes that do: "
+        "torchtitan, megatron, executor; the hf recipe's tensor parallelism has no async mode\n");
   const auto [te_overhead, te_allocated] = buffers("megatron", true);
   const auto [megatron_overhead, megatron_allocated] = buffers("megatron", false);
   CHECK(te_overhead - megatron_overhead == 402653184.0);

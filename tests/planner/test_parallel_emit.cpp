@@ -211,16 +211,18 @@ TEST_CASE("parallel_emit::Megatron-LM arguments, and FSDP2 under a pipeline refu
         "core_attn by default), not torchtitan's per-op save list (selective-op)");
 }
 
-TEST_CASE("parallel_emit::a search held to selective-op has nothing Megatron-LM can run") {
-  // Every candidate keeps torchtitan's per-op save list, so none is emitted as Megatron-LM's
-  // arguments: exit 2 and the reason, not arguments without recompute.
+TEST_CASE("parallel_emit::--emit megatron plans Megatron's recipe, which has no per-op save "
+          "list") {
+  // Megatron-LM's arguments run Megatron-core's GPT: the search plans its recipe (documents/
+  // recipe.cpp, layout_emit), whose checkpointing has no torchtitan save list: exit 2 and the
+  // reason, not arguments without recompute.
   using shardplan::planner::testing::planner;
   const auto r = planner({"recommend", "--model", "llama-2-7b", "--gpus", "8", "--model-parallel",
                           "--checkpointing", "selective-op", "--emit", "megatron"});
   CHECK(r.code == 2);
   CHECK_FALSE(contains(r.out, "pretrain_gpt.py"));
-  CHECK(contains(r.err, "planner: --emit: megatron: none of the "));
-  CHECK(contains(r.err, "fitting layouts runs in Megatron-LM as costed"));
+  CHECK(contains(r.err, "planner: --checkpointing: selective-op: recipe megatron does not run "
+                        "torchtitan's per-op save list"));
 }
 
 TEST_CASE("parallel_emit::DeepSpeed runs a 1F1B pipeline with ZeRO-1 and says what it cannot") {
@@ -288,7 +290,17 @@ TEST_CASE("parallel_emit::recommend --model-parallel --emit on the command line"
   const auto doc = nlohmann::json::parse(plan.out);
   CHECK(doc.contains("parallel"));
   CHECK(plan_from_json(doc).parallel.model_parallel() > 1);
-  const auto titan = with({"torchtitan"});
+  // torchtitan's options run torchtitan's Llama, not the Megatron plan the search costed; under
+  // torchtitan's recipe they are written.
+  const auto other = with({"torchtitan"});
+  CHECK(other.code == 2);
+  CHECK(other.err == "planner: --emit: torchtitan: its options run torchtitan's Llama, but "
+                     "--recipe megatron plans another code; give --recipe torchtitan or none\n");
+  auto titan_args = base;
+  titan_args[12] = "torchtitan";  // --recipe
+  titan_args[14] = "upcast";      // --loss: torchtitan's
+  titan_args.emplace_back("torchtitan");
+  const auto titan = planner(titan_args);
   CHECK(titan.code == 0);
   CHECK(contains(titan.out, "-m torchtitan.train"));
   const auto megatron = with({"megatron"});

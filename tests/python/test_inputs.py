@@ -148,3 +148,13 @@ def test_no_plan_fits_is_an_input_error():
     with pytest.raises(shardplan.InputError) as e:
         shardplan.deepspeed_config(model="llama-2-70b", gpus=1, hardware="l40s-48gb")
     assert e.value.field == "emit"
+
+
+def test_a_layout_refusal_names_its_flags_as_keywords():
+    # transformers' Trainer runs no pipeline (documents/recipe.cpp): the layout's flags come back
+    # as the keywords given, their values as they are.
+    with pytest.raises(shardplan.InputError) as e:
+        shardplan.estimate(model="llama-3-8b", gpus=8, global_batch=8, strategy="ddp", recipe="hf",
+                           pipeline_parallel=2, micro_batches=2)
+    assert e.value.field == "pipeline_parallel 2 micro_batches 2"
+    assert e.value.message.startswith("the hf recipe's trainer runs no pipeline (asked for 2)")

@@ -84,7 +84,8 @@ def test_svg_is_written(tmp_path):
 def test_tensor_pipeline_and_context_parallel_plans():
     # A 3D plan through estimate and the model-parallel search through recommend.
     options = dict(model="llama-3-70b", hardware="h100-sxm5-80gb", gpus=256, seq_len=8192,
-                   global_batch=64, strategy="fsdp-full", tensor_parallel=8, sequence_parallel=True,
+                   global_batch=64, strategy="fsdp-full", recipe="torchtitan", tensor_parallel=8,
+                   sequence_parallel=True,
                    pipeline_parallel=4, schedule="interleaved-1f1b", virtual_stages=5,
                    micro_batches=8, micro_batch=1)
     assert shardplan.estimate(**options) == cli_json("estimate", *flags(**options), "--format", "json")
