@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -632,6 +633,12 @@ void architecture_rows(Rows& r, const ModelSpec& m, const Shape& x, const Traini
   case Architecture::qwen2:
   case Architecture::uniform:
     break;
+  case Architecture::mixtral:
+  case Architecture::qwen2_moe:
+  case Architecture::qwen3_moe:
+  case Architecture::olmoe:
+    // Refused before any walk (documents::check_plannable).
+    throw std::logic_error("a mixture of experts' block has no table yet");
   }
   llama_rows(r, m, x, j, d);
 }

@@ -57,10 +57,6 @@ using namespace model_detail;
 
 namespace {
 
-const std::vector<std::string> kSupported = {"LlamaForCausalLM",   "MistralForCausalLM",
-                                             "Qwen2ForCausalLM",   "GPT2LMHeadModel",
-                                             "GPTNeoXForCausalLM", "MPTForCausalLM"};
-
 // Keys of an HF config.json that change neither the shapes nor the code a training step runs
 // (transformers 5.23): tokens, inits, dtypes of the stored weights (the job sets the training
 // precision), generation settings, numerical epsilons, rope frequencies (rope_theta; the rope
@@ -177,22 +173,6 @@ std::optional<double> nested_rotary_factor(ObjectReader& r, const nlohmann::json
   return std::nullopt;
 }
 
-void add_norm(UnitTensors& u, const std::string& prefix, const ModelSpec& m) {
-  u.tensors.push_back(vec(prefix + ".weight", m.hidden));
-  if (m.norm == NormKind::layernorm) u.tensors.push_back(vec(prefix + ".bias", m.hidden));
-}
-
-void check_heads(const ModelSpec& m, ObjectReader& r, std::string_view heads_key,
-                 std::string_view hidden_key, bool explicit_head_dim) {
-  if (!explicit_head_dim && m.hidden % m.heads != 0)
-    throw InputError(r.pointer_of(heads_key),
-                     fmt::format("{} heads do not divide {} = {}", m.heads, hidden_key, m.hidden));
-  if (m.heads % m.kv_heads != 0)
-    throw InputError(
-        r.pointer_of("num_key_value_heads"),
-        fmt::format("{} key/value heads do not divide {} query heads", m.kv_heads, m.heads));
-}
-
 // The sliding window of Mistral and Qwen2 (transformers 5.23). MistralModel builds its mask with
 // create_sliding_window_causal_mask whenever config.sliding_window is set (MistralConfig's
 // default: 4096; null: none), the same for every layer. Qwen2Config keeps sliding_window only
@@ -225,41 +205,8 @@ void read_sliding_window(ObjectReader& r, const nlohmann::json& config, ModelSpe
 // Llama, Mistral and Qwen2 share one layout (HF modeling_llama.py, modeling_mistral.py,
 // modeling_qwen2.py): RMSNorm, rotary positions, SwiGLU MLP (gate, up, down), GQA.
 void read_llama_family(ObjectReader& r, const nlohmann::json& config, ModelSpec& m) {
-  m.hidden = dim(r, "hidden_size");
+  read_llama_shape(r, config, m);
   m.intermediate = dim(r, "intermediate_size");
-  m.layers = dim(r, "num_hidden_layers", kMaxLayers);
-  m.heads = dim(r, "num_attention_heads");
-  m.kv_heads =
-      r.optional_integer("num_key_value_heads", Range{1, kMaxDimension, false}).value_or(m.heads);
-  const auto head_dim = r.optional_integer("head_dim", Range{1, kMaxDimension, false});
-  m.head_dim = head_dim.value_or(m.hidden / m.heads);
-  m.vocab = dim(r, "vocab_size");
-  m.max_positions = dim(r, "max_position_embeddings", 1e9);
-  m.tied_embeddings = r.optional_boolean("tie_word_embeddings").value_or(false);
-  const auto act = r.optional_string("hidden_act").value_or("silu");
-  if (act != "silu" && act != "swish")
-    throw InputError(r.pointer_of("hidden_act"),
-                     fmt::format("must be \"silu\" for a SwiGLU MLP, got \"{}\"", act));
-  m.activation = Activation::silu;
-  m.attention_dropout =
-      r.optional_number("attention_dropout", Range::between(0, 1)).value_or(0) > 0;
-  check_heads(m, r, "num_attention_heads", "hidden_size", head_dim.has_value());
-  m.mlp = MlpKind::swiglu;
-  m.norm = NormKind::rmsnorm;
-  m.positions = PositionKind::rotary;
-  // The rotary tables span the whole head: the default rope of LlamaRotaryEmbedding (and
-  // Mistral's, Qwen2's) ignores partial_rotary_factor, and the scaled rope types that honour it
-  // (modeling_rope_utils.py) would build tables narrower than the heads apply_rotary_pos_emb
-  // multiplies. A factor below 1 is refused rather than read as a narrower table.
-  std::string factor_pointer = r.pointer_of("partial_rotary_factor");
-  const auto top_factor = r.optional_number("partial_rotary_factor", Range{0, 1, true});
-  const auto factor =
-      nested_rotary_factor(r, config, factor_pointer).value_or(top_factor.value_or(1.0));
-  if (factor != 1.0)
-    throw InputError(factor_pointer,
-                     fmt::format("{} rotates whole heads; only 1 is supported, got {}",
-                                 architecture_name(m.architecture), factor));
-  m.rotary_dim = m.head_dim;
   // Never read by LlamaDecoderLayer, MistralDecoderLayer or Qwen2DecoderLayer (no dropout on
   // the residual branches).
   r.ignore("hidden_dropout");
@@ -384,6 +331,68 @@ void read_gpt_neox(ObjectReader& r, const nlohmann::json& config, ModelSpec& m) 
 
 }  // namespace
 
+namespace model_detail {
+
+void add_norm(UnitTensors& u, const std::string& prefix, const ModelSpec& m) {
+  u.tensors.push_back(vec(prefix + ".weight", m.hidden));
+  if (m.norm == NormKind::layernorm) u.tensors.push_back(vec(prefix + ".bias", m.hidden));
+}
+
+void check_heads(const ModelSpec& m, ObjectReader& r, std::string_view heads_key,
+                 std::string_view hidden_key, bool explicit_head_dim) {
+  if (!explicit_head_dim && m.hidden % m.heads != 0)
+    throw InputError(r.pointer_of(heads_key),
+                     fmt::format("{} heads do not divide {} = {}", m.heads, hidden_key, m.hidden));
+  if (m.heads % m.kv_heads != 0)
+    throw InputError(
+        r.pointer_of("num_key_value_heads"),
+        fmt::format("{} key/value heads do not divide {} query heads", m.kv_heads, m.heads));
+}
+
+// The rotary tables span the whole head: the default rope of LlamaRotaryEmbedding (and
+// Mistral's, Qwen2's, the mixtures of experts') ignores partial_rotary_factor, and the scaled rope
+// types that honour it (modeling_rope_utils.py) would build tables narrower than the heads
+// apply_rotary_pos_emb multiplies. A factor below 1 is refused rather than read as a narrower
+// table.
+void check_whole_head_rope(ObjectReader& r, const nlohmann::json& config, const ModelSpec& m) {
+  std::string factor_pointer = r.pointer_of("partial_rotary_factor");
+  const auto top_factor = r.optional_number("partial_rotary_factor", Range{0, 1, true});
+  const auto factor =
+      nested_rotary_factor(r, config, factor_pointer).value_or(top_factor.value_or(1.0));
+  if (factor != 1.0)
+    throw InputError(factor_pointer,
+                     fmt::format("{} rotates whole heads; only 1 is supported, got {}",
+                                 architecture_name(m.architecture), factor));
+}
+
+void read_llama_shape(ObjectReader& r, const nlohmann::json& config, ModelSpec& m) {
+  m.hidden = dim(r, "hidden_size");
+  m.layers = dim(r, "num_hidden_layers", kMaxLayers);
+  m.heads = dim(r, "num_attention_heads");
+  m.kv_heads =
+      r.optional_integer("num_key_value_heads", Range{1, kMaxDimension, false}).value_or(m.heads);
+  const auto head_dim = r.optional_integer("head_dim", Range{1, kMaxDimension, false});
+  m.head_dim = head_dim.value_or(m.hidden / m.heads);
+  m.vocab = dim(r, "vocab_size");
+  m.max_positions = dim(r, "max_position_embeddings", 1e9);
+  m.tied_embeddings = r.optional_boolean("tie_word_embeddings").value_or(false);
+  const auto act = r.optional_string("hidden_act").value_or("silu");
+  if (act != "silu" && act != "swish")
+    throw InputError(r.pointer_of("hidden_act"),
+                     fmt::format("must be \"silu\" for a SwiGLU MLP, got \"{}\"", act));
+  m.activation = Activation::silu;
+  m.attention_dropout =
+      r.optional_number("attention_dropout", Range::between(0, 1)).value_or(0) > 0;
+  check_heads(m, r, "num_attention_heads", "hidden_size", head_dim.has_value());
+  m.mlp = MlpKind::swiglu;
+  m.norm = NormKind::rmsnorm;
+  m.positions = PositionKind::rotary;
+  check_whole_head_rope(r, config, m);
+  m.rotary_dim = m.head_dim;
+}
+
+}  // namespace model_detail
+
 const char* architecture_name(Architecture a) {
   switch (a) {
   case Architecture::llama:
@@ -398,6 +407,14 @@ const char* architecture_name(Architecture a) {
     return "GPTNeoXForCausalLM";
   case Architecture::mpt:
     return "MPTForCausalLM";
+  case Architecture::mixtral:
+    return "MixtralForCausalLM";
+  case Architecture::qwen2_moe:
+    return "Qwen2MoeForCausalLM";
+  case Architecture::qwen3_moe:
+    return "Qwen3MoeForCausalLM";
+  case Architecture::olmoe:
+    return "OlmoeForCausalLM";
   case Architecture::uniform:
     return "uniform";
   }
@@ -425,6 +442,22 @@ std::int64_t UnitTensors::matrices() const {
 
 std::int64_t ModelSpec::total_params() const {
   return embedding.params() + layers * block.params() + head.params();
+}
+
+std::int64_t ModelSpec::active_params() const {
+  std::int64_t unused = 0;  // per block: the routed experts a token is not sent to
+  for (const auto& t : block.tensors)
+    if (t.experts > 1) unused += (t.experts - moe.top_k) * t.rows * t.cols;
+  return total_params() - layers * unused;
+}
+
+void check_plannable(const ModelSpec& m, const std::string& where) {
+  if (m.moe.experts > 0)
+    throw InputError(where, fmt::format("{} ({}) is a mixture of {} experts, top-{}: its "
+                                        "parameters are read (planner describe: {} in all, {} "
+                                        "active per token), its training step is not planned yet",
+                                        m.name, architecture_name(m.architecture), m.moe.experts,
+                                        m.moe.top_k, m.total_params(), m.active_params()));
 }
 
 std::vector<std::string> preset_model_names() {
@@ -479,22 +512,18 @@ ModelSpec model_from_hf_config(const nlohmann::json& config, const std::string& 
   const std::string arch = archs[0].get<std::string>();
   ModelSpec m;
   m.name = name;
-  if (arch == "LlamaForCausalLM")
-    m.architecture = Architecture::llama;
-  else if (arch == "MistralForCausalLM")
-    m.architecture = Architecture::mistral;
-  else if (arch == "Qwen2ForCausalLM")
-    m.architecture = Architecture::qwen2;
-  else if (arch == "GPT2LMHeadModel")
-    m.architecture = Architecture::gpt2;
-  else if (arch == "GPTNeoXForCausalLM")
-    m.architecture = Architecture::gpt_neox;
-  else if (arch == "MPTForCausalLM")
-    m.architecture = Architecture::mpt;
-  else
+  std::vector<std::string> supported;  // the class names, each read by its own architecture
+  for (const Architecture a :
+       {Architecture::llama, Architecture::mistral, Architecture::qwen2, Architecture::gpt2,
+        Architecture::gpt_neox, Architecture::mpt, Architecture::mixtral, Architecture::qwen2_moe,
+        Architecture::qwen3_moe, Architecture::olmoe}) {
+    supported.emplace_back(architecture_name(a));
+    if (arch == supported.back()) m.architecture = a;
+  }
+  if (std::find(supported.begin(), supported.end(), arch) == supported.end())
     throw InputError("/architectures/0",
                      fmt::format("unsupported architecture \"{}\"; supported: {}", arch,
-                                 fmt::join(kSupported, ", ")));
+                                 fmt::join(supported, ", ")));
   // An MPT checkpoint's auto_map names llm-foundry's own MPT code (trust_remote_code), the code
   // read_mpt models.
   read_common_switches(r, config, m.architecture == Architecture::mpt);
@@ -507,6 +536,12 @@ ModelSpec model_from_hf_config(const nlohmann::json& config, const std::string& 
     break;
   case Architecture::mpt:
     read_mpt(r, config, m);
+    break;
+  case Architecture::mixtral:
+  case Architecture::qwen2_moe:
+  case Architecture::qwen3_moe:
+  case Architecture::olmoe:
+    read_moe(r, config, m);
     break;
   default:
     read_llama_family(r, config, m);
@@ -604,10 +639,12 @@ nlohmann::json model_to_json(const ModelSpec& m) {
   auto unit = [](const UnitTensors& u) {
     nlohmann::json tensors = nlohmann::json::array();
     for (const auto& t : u.tensors)
-      tensors.push_back({{"name", t.name},
-                         {"shape", t.rows == 1 ? nlohmann::json::array({t.cols})
-                                               : nlohmann::json::array({t.rows, t.cols})},
-                         {"params", t.elements()}});
+      tensors.push_back(
+          {{"name", t.name},
+           {"shape", t.experts > 1 ? nlohmann::json::array({t.experts, t.rows, t.cols})
+                     : t.rows == 1 ? nlohmann::json::array({t.cols})
+                                   : nlohmann::json::array({t.rows, t.cols})},
+           {"params", t.elements()}});
     return nlohmann::json{{"params", u.params()}, {"tensors", tensors}};
   };
   return {{"schema_version", 1},
@@ -624,7 +661,10 @@ nlohmann::json model_to_json(const ModelSpec& m) {
           {"embedding", unit(m.embedding)},
           {"block", unit(m.block)},
           {"head", unit(m.head)},
-          {"params", m.total_params()}};
+          {"params", m.total_params()},
+          {"active_params", m.active_params()},
+          {"experts", m.moe.experts},
+          {"experts_per_token", m.moe.top_k}};
 }
 
 double block_forward_flops_per_token(const ModelSpec& m, std::int64_t seq_len) {

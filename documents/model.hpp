@@ -10,7 +10,21 @@
 
 namespace shardplan::documents {
 
-enum class Architecture { llama, mistral, qwen2, gpt2, gpt_neox, mpt, uniform };
+enum class Architecture {
+  llama,
+  mistral,
+  qwen2,
+  gpt2,
+  gpt_neox,
+  mpt,
+  // Mixtures of experts (documents/model_moe.cpp): their parameters are read; their step is not
+  // planned yet (check_plannable).
+  mixtral,
+  qwen2_moe,
+  qwen3_moe,
+  olmoe,
+  uniform
+};
 enum class MlpKind { gelu, swiglu };
 enum class NormKind { layernorm, rmsnorm };
 // learned: a positions table; rotary: q and k rotated; alibi: a per-head bias on the scores (MPT);
@@ -38,9 +52,12 @@ const char* architecture_name(Architecture a);  // the HF class name ("LlamaForC
 
 struct Tensor {
   std::string name;       // HF-style name inside its unit ("self_attn.q_proj.weight")
-  std::int64_t rows = 1;  // out features (1 for vectors)
+  std::int64_t rows = 1;  // out features (1 for vectors); of each expert where experts > 1
   std::int64_t cols = 1;  // in features
-  std::int64_t elements() const { return rows * cols; }
+  // The routed experts one fused tensor stacks, [experts, rows, cols] (transformers 5.23's
+  // mlp.experts.gate_up_proj and down_proj); 1 for any other tensor.
+  std::int64_t experts = 1;
+  std::int64_t elements() const { return experts * rows * cols; }
   bool is_matrix() const { return rows > 1 && cols > 1; }
 };
 
@@ -90,12 +107,29 @@ struct ModelSpec {   // NOLINT(bugprone-exception-escape)
   // when none.
   std::string unmeasured;
 
+  // A mixture-of-experts MLP in every block (experts > 0): each token is routed to top_k of
+  // `experts` SwiGLU experts of width `expert_intermediate` by a router [experts, h], beside a
+  // shared expert of width `shared_intermediate` (0: none) whose output a sigmoid gate [1, h]
+  // scales where `shared_gate`.
+  struct Experts {
+    std::int64_t experts = 0;
+    std::int64_t top_k = 0;
+    std::int64_t expert_intermediate = 0;
+    std::int64_t shared_intermediate = 0;
+    bool shared_gate = false;
+    bool normalize_top_k = false;  // the k routing weights renormalized to sum to 1
+    double aux_loss_coef = 0;      // the load-balancing loss's weight when it is computed, else 0
+    bool router_jitter = false;    // the router's input multiplied by noise in training
+  } moe;
+
   UnitTensors embedding;     // token (and position) embeddings
   UnitTensors block;         // one transformer block; all blocks are identical
   UnitTensors head;          // final norm and, when untied, the output projection
   nlohmann::json hf_config;  // the config.json it was read from (null for a bare count)
 
   std::int64_t total_params() const;
+  // What one token's forward uses: every parameter but the routed experts it is not sent to.
+  std::int64_t active_params() const;
   std::int64_t q_width() const { return heads * head_dim; }
   std::int64_t kv_width() const { return kv_heads * head_dim; }
 };
@@ -112,6 +146,10 @@ struct DataDir {
 };
 DataDir find_data_dir();
 std::string data_dir();  // find_data_dir().path
+
+// Refuses (InputError on `where`) a model whose training step the cost model cannot plan yet: a
+// mixture of experts, whose parameters describe reads.
+void check_plannable(const ModelSpec& m, const std::string& where);
 
 // A preset name or a path to a config.json. Throws InputError.
 ModelSpec load_model(const std::string& name_or_path);

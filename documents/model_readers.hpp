@@ -30,7 +30,22 @@ Tensor vec(std::string name, std::int64_t n);
 void add_linear(UnitTensors& u, const std::string& prefix, std::int64_t out, std::int64_t in,
                 bool bias);
 
+// The norm's weight (and a LayerNorm's bias) of width m.hidden.
+void add_norm(UnitTensors& u, const std::string& prefix, const ModelSpec& m);
+// Heads that divide the width (unless head_dim is given) and key/value heads that divide them.
+void check_heads(const ModelSpec& m, core::ObjectReader& r, std::string_view heads_key,
+                 std::string_view hidden_key, bool explicit_head_dim);
+// Refuses a rotary factor below 1 (rope over whole heads only), top-level or nested.
+void check_whole_head_rope(core::ObjectReader& r, const nlohmann::json& config, const ModelSpec& m);
+
+// The Llama family's shape and code (its mixtures of experts' too): widths, heads, vocabulary,
+// SwiGLU of silu, RMSNorm, rotary positions over whole heads, attention dropout; not the MLP's
+// width.
+void read_llama_shape(core::ObjectReader& r, const nlohmann::json& config, ModelSpec& m);
+
 // llm-foundry's MPT (model_mpt.cpp).
 void read_mpt(core::ObjectReader& r, const nlohmann::json& config, ModelSpec& m);
+// transformers' mixtures of experts: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE (model_moe.cpp).
+void read_moe(core::ObjectReader& r, const nlohmann::json& config, ModelSpec& m);
 
 }  // namespace shardplan::documents::model_detail

@@ -106,6 +106,7 @@ Plan plan_from_json(const nlohmann::json& doc) {
     if (const auto* config = m.optional_object("config")) {
       try {
         p.model = model_from_hf_config(*config, name);
+        check_plannable(p.model, "");
       } catch (const InputError& e) {
         throw InputError("/model/config" + e.where(),
                          std::string(e.what()).substr(e.where().size() + 2));

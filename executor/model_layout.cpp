@@ -70,6 +70,13 @@ UnitNames names_of(Architecture a) {
     throw core::InputError("/architectures",
                            "the executor runs GPT-2's, the Llama family's and GPT-NeoX's blocks, "
                            "not MPT's (its ALiBi and low-precision norms)");
+  case Architecture::mixtral:
+  case Architecture::qwen2_moe:
+  case Architecture::qwen3_moe:
+  case Architecture::olmoe:
+    throw core::InputError("/architectures",
+                           "the executor runs GPT-2's, the Llama family's and GPT-NeoX's blocks, "
+                           "not a mixture of experts'");
   case Architecture::uniform:
     break;
   }

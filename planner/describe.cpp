@@ -20,12 +20,21 @@ std::string describe_table(const documents::ModelSpec& m) {
          m.hidden, m.layers, m.heads, m.kv_heads, m.head_dim, m.intermediate,
          m.mlp == documents::MlpKind::swiglu ? "SwiGLU" : "GELU", m.vocab,
          m.tied_embeddings ? "tied" : "untied");
+  const auto& e = m.moe;
+  if (e.experts > 0)
+    line("mixture of experts: {} routed experts of MLP {}, {} per token{}{}", e.experts,
+         e.expert_intermediate, e.top_k, e.normalize_top_k ? " (weights renormalized)" : "",
+         e.shared_intermediate > 0
+             ? fmt::format(", a shared expert of MLP {}{}", e.shared_intermediate,
+                           e.shared_gate ? " under a sigmoid gate" : "")
+             : "");
   auto unit = [&](const char* title, const documents::UnitTensors& u, std::int64_t count) {
     line("");
     line("{}{}", title, count > 1 ? fmt::format(" (x {})", count) : "");
     for (const auto& t : u.tensors) {
-      const auto shape =
-          t.rows == 1 ? fmt::format("[{}]", t.cols) : fmt::format("[{}, {}]", t.rows, t.cols);
+      const auto shape = t.experts > 1 ? fmt::format("[{}, {}, {}]", t.experts, t.rows, t.cols)
+                         : t.rows == 1 ? fmt::format("[{}]", t.cols)
+                                       : fmt::format("[{}, {}]", t.rows, t.cols);
       line("  {:<34} {:>16} {:>16L}", t.name, shape, t.elements());
     }
     line("  {:<34} {:>16} {:>16L}", "unit total", "", u.params());
@@ -35,6 +44,7 @@ std::string describe_table(const documents::ModelSpec& m) {
   unit("head", m.head, 1);
   line("");
   line("{:<36} {:>16} {:>16L}", "total parameters", "", m.total_params());
+  if (m.moe.experts > 0) line("{:<36} {:>16} {:>16L}", "active per token", "", m.active_params());
   return text.str;
 }
 

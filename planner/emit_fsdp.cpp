@@ -108,6 +108,10 @@ Ends ends_of(const Scenario& sc, const TrainingJob& j) {
   case Architecture::llama:
   case Architecture::mistral:
   case Architecture::qwen2:
+  case Architecture::mixtral:
+  case Architecture::qwen2_moe:
+  case Architecture::qwen3_moe:
+  case Architecture::olmoe:
     return ends("model.model.embed_tokens", "model.model.norm", "model.lm_head");
   case Architecture::gpt2:
     return ends("model.transformer.wte", "model.transformer.ln_f", "model.lm_head");
@@ -139,6 +143,18 @@ Blocks blocks_of(const Scenario& sc, const TrainingJob& j) {
     case Architecture::gpt_neox:
       return {"model.gpt_neox.layers", "transformers.models.gpt_neox.modeling_gpt_neox",
               "GPTNeoXLayer"};
+    case Architecture::mixtral:
+      return {"model.model.layers", "transformers.models.mixtral.modeling_mixtral",
+              "MixtralDecoderLayer"};
+    case Architecture::qwen2_moe:
+      return {"model.model.layers", "transformers.models.qwen2_moe.modeling_qwen2_moe",
+              "Qwen2MoeDecoderLayer"};
+    case Architecture::qwen3_moe:
+      return {"model.model.layers", "transformers.models.qwen3_moe.modeling_qwen3_moe",
+              "Qwen3MoeDecoderLayer"};
+    case Architecture::olmoe:
+      return {"model.model.layers", "transformers.models.olmoe.modeling_olmoe",
+              "OlmoeDecoderLayer"};
     case Architecture::mpt:  // llm-foundry 0.22.0: MPTModel.blocks, a ModuleList of MPTBlock
       return {"model.transformer.blocks", "llmfoundry.models.layers.blocks", "MPTBlock"};
     case Architecture::uniform:

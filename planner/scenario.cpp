@@ -132,6 +132,7 @@ void set_model_and_hardware(const ScenarioOptions& o, Scenario& sc) {
     sc.model = documents::load_model(o.model ? named("--model", o.model, "a preset or a file")
                                              : kDefaultModel);
   }
+  documents::check_plannable(sc.model, o.model_document ? "model" : "--model");
   if (o.hardware_document)
     sc.hardware = in_document("hardware", [&] {
       return documents::hardware_from_json(*o.hardware_document,

@@ -355,7 +355,8 @@ TEST_CASE("model::unsupported architecture names the supported ones") {
   CHECK(error_of([&] { model_from_hf_config(c, "bert"); }) ==
         "/architectures/0: unsupported architecture \"BertForMaskedLM\"; supported: "
         "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, "
-        "GPTNeoXForCausalLM, MPTForCausalLM");
+        "GPTNeoXForCausalLM, MPTForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
+        "Qwen3MoeForCausalLM, OlmoeForCausalLM");
 }
 
 TEST_CASE("model::heads must divide the hidden size") {
