@@ -67,6 +67,12 @@ std::vector<Matmul> model_matmuls(const ModelSpec& m, const TrainingJob& j) {
   std::vector<Matmul> mms;
   for (const auto& t : m.block.tensors) {
     if (!t.is_matrix()) continue;
+    if (t.experts > 1) {
+      // A fused experts tensor's grouped GEMM over the k·T routed rows: per token, one GEMM
+      // top_k times as wide (its FLOPs; the small experts' lower efficiency is not modeled).
+      mms.push_back({t.name, m.moe.top_k * t.rows, t.cols, false, true});
+      continue;
+    }
     const std::string base = t.name.substr(0, t.name.rfind('.'));
     mms.push_back({base, t.rows, t.cols, row_parallel(base), !named(base + ".bias")});
   }

@@ -1,3 +1,5 @@
+// Over 800 lines: every model code's per-op table beside the row helpers they share (the norms,
+// the attention, the MLP activations), so that a table reads its tensors in one place.
 #include "costmodel/block_table.hpp"
 #include "costmodel/block_linears.hpp"
 #include "costmodel/selective_op.hpp"
@@ -7,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -330,6 +331,75 @@ void llama_rows(Rows& r, const ModelSpec& m, const Shape& x, const TrainingJob& 
   }
 }
 
+// The norms on q and k of Qwen3-MoE (per head) and OLMoE (over the whole q and k): each an
+// upcast RMSNorm (rmsnorm above) of the projection's output, statistics per head or per token,
+// the normalized value cast back to the projection's dtype.
+void qk_norm_rows(Rows& r, const ModelSpec& m, const Shape& x, const Dtypes& d) {
+  const bool per_head = m.qk_norm == QkNorm::head;
+  const double kv_heads = static_cast<double>(m.kv_heads);
+  r.add("q_norm", "input in fp32", 4 * x.T * x.q, heads);
+  r.add("q_norm", "fp32 rstd", 4 * x.T * (per_head ? x.a : 1), heads);
+  r.add("q_norm", "normalized", d.e * x.T * x.q, heads);
+  r.add("k_norm", "input in fp32", 4 * x.T * x.kv, heads);
+  r.add("k_norm", "fp32 rstd", 4 * x.T * (per_head ? kv_heads : 1), heads);
+  r.add("k_norm", "normalized", d.e * x.T * x.kv, heads);
+}
+
+// transformers 5.23's sparse MLP (MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock,
+// Qwen3MoeSparseMoeBlock, OlmoeSparseMoeBlock) on its default experts path, grouped_mm
+// (integrations/moe.py, grouped_mm_experts_forward), per tensor as measured in
+// tests/costmodel/data/oracle_moe_units.json. The router (mlp.gate) keeps its input (the norm's
+// output as its consumers keep it, above), its fp32 softmax [T, E] and the top-k indices
+// [T, k] (int64); renormalizing the k weights (Mixtral always, the others under norm_topk_prob)
+// keeps their fp32 sum [T, 1] and the weights [T, k]. The experts sort the k·T (token, expert)
+// pairs: three int64 index vectors [kT] and int32 offsets [E]; the gathered rows [kT, h], the
+// gate_up output [kT, 2I], silu's output and the product [kT, I] each, the down output [kT, h]
+// in the weights' dtype (grouped_mm is not autocast: under autocast with fp32 weights the experts
+// run in fp32), and the routing weights [kT, 1] (fp32 in Mixtral, which keeps the softmax's
+// dtype; the router logits' dtype elsewhere). Tokens per expert change no total: every shape
+// counts the k·T pairs. Qwen2-MoE's shared expert is a SwiGLU of its own width S (gate and up
+// outputs, silu's output, the product) whose output [T, h] is kept for the sigmoid gate's product,
+// and the sigmoid [T, 1].
+void moe_mlp_rows(Rows& r, const ModelSpec& m, const Shape& x, const Dtypes& d) {
+  const auto& moe = m.moe;
+  const double T = x.T, E = static_cast<double>(moe.experts), k = static_cast<double>(moe.top_k);
+  const double kT = k * T, w = std::max(d.p, d.e);  // the experts' dtype: their weights'
+  r.add("router", "fp32 softmax", 4 * T * E, heads);
+  r.add("router", "top-k indices", 8 * T * k, heads);
+  if (moe.normalize_top_k) {
+    r.add("router", "fp32 sum of the top-k weights", 4 * T, heads);
+    r.add("router", "fp32 top-k weights", 4 * T * k, heads);
+  }
+  r.add("experts", "sort and gather indices", 3 * 8 * kT, heads);
+  r.add("experts", "offsets per expert", 4 * E, heads);
+  r.add("experts", "gathered rows", w * kT * x.h, heads);
+  r.add("experts", "gate_up output", 2 * w * kT * x.I, heads);
+  r.add("experts", "silu's output and the product", 2 * w * kT * x.I, heads);
+  r.add("experts", "routing weights", (m.architecture == Architecture::mixtral ? 4 : d.e) * kT,
+        heads);
+  r.add("experts", "down output", w * kT * x.h, heads);
+  if (moe.shared_intermediate > 0) {
+    const double S = static_cast<double>(moe.shared_intermediate);
+    r.add("shared_expert", "gate and up outputs, silu's output and the product", 4 * d.e * T * S,
+          heads);
+    r.add("shared_expert", "output", d.e * T * x.h, heads);
+  }
+  if (moe.shared_gate) r.add("shared_expert_gate", "sigmoid", d.e * T, heads);
+}
+
+// A mixture of experts' decoder layer: the Llama family's attention (with Qwen3-MoE's or OLMoE's
+// q/k norms) and its sparse MLP, whose norm's output the router (and Qwen2-MoE's shared expert
+// gate and up projections and its shared_expert_gate) read.
+void moe_rows(Rows& r, const ModelSpec& m, const Shape& x, const TrainingJob& j, const Dtypes& d) {
+  rmsnorm(r, "input_layernorm", x, d, 3, d.r);
+  if (m.qk_norm != QkNorm::none) qk_norm_rows(r, m, x, d);
+  llama_attention(r, m, x, j, d);
+  r.mlp = true;
+  const int readers = 1 + (m.moe.shared_intermediate > 0 ? 2 : 0) + (m.moe.shared_gate ? 1 : 0);
+  rmsnorm(r, "post_attention_layernorm", x, d, readers, d.r);
+  moe_mlp_rows(r, m, x, d);
+}
+
 // GPT2Block: LayerNorms, one fused c_attn whose output q, k and v are views of (the whole
 // storage stays); sdpa keeps them, its output (c_proj reads it in place) and its kernel's state
 // (sdpa_kernel_state: on CUDA the random state its dropout is drawn from again in backward, not a
@@ -606,7 +676,18 @@ void neox_rows(Rows& r, const ModelSpec& m, const Shape& x, const TrainingJob& j
 // Measured: GPT-2's FSDP2 steps peak inside the MLP's activation backward
 // (tests/costmodel/data/oracle_steps.json, oracle_steps_stress.json's gpt2-h256-gelu). The other
 // activations' chains are not derived here (0).
-double mlp_backward_transient(const ModelSpec& m, const Shape& x, double e) {
+// - A mixture of experts' grouped experts (moe_mlp_rows): the split of gate_up's output is undone
+//   by a cat, which makes gate_up's gradient [kT, 2I] beside the gate's and the up's [kT, I] each:
+//   4·w·kT·I in the experts' dtype w; where a shared expert's output is added beside them, its
+//   branch's incoming gradient [T, h] waits in the compute dtype. FSDP2's fp32 steps peak inside
+//   mlp.experts (tests/costmodel/data/oracle_moe_steps.json) 4·w·kT·I above the walk's other
+//   moments; the walk holds the experts' down-projection gradient beside it as well, up to 2.1%
+//   above those peaks: which saved tensors the chain has released by then is not derived.
+double mlp_backward_transient(const ModelSpec& m, const Shape& x, const Dtypes& d) {
+  const double e = d.e;
+  if (m.moe.experts > 0)
+    return 4 * std::max(d.p, d.e) * static_cast<double>(m.moe.top_k) * x.T * x.I +
+           (m.moe.shared_intermediate > 0 ? e * x.T * x.h : 0);
   if (m.mlp == MlpKind::swiglu) return 2 * e * x.T * x.I;
   switch (m.activation) {
   case Activation::gelu_new:
@@ -637,8 +718,7 @@ void architecture_rows(Rows& r, const ModelSpec& m, const Shape& x, const Traini
   case Architecture::qwen2_moe:
   case Architecture::qwen3_moe:
   case Architecture::olmoe:
-    // Refused before any walk (documents::check_plannable).
-    throw std::logic_error("a mixture of experts' block has no table yet");
+    return moe_rows(r, m, x, j, d);
   }
   llama_rows(r, m, x, j, d);
 }
@@ -676,7 +756,7 @@ BlockTable block_table(const ModelSpec& m, const TrainingJob& j, const Forward& 
     const Dtypes d(f);
     architecture_rows(rows, m, x, j, d);
     b.input = d.r * x.T * x.h;  // torch.utils.checkpoint keeps the block's input
-    b.mlp_backward = mlp_backward_transient(m, x, f.e);
+    b.mlp_backward = mlp_backward_transient(m, x, d);
   }
   return b;
 }

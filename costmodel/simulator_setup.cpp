@@ -187,16 +187,20 @@ void Simulation::prepare_unit_sizes() {
   for (const auto& t : m.block.tensors) {
     // Tensor parallelism splits the block's matrices (torch_tp_elements).
     const auto elements = static_cast<double>(t.elements()) / (t.is_matrix() ? tensor_ : 1);
+    // (A mixture of experts' fused experts: autocast does not cast their weights,
+    // UnitTensors::matmul_params; their down projection's gradient is made first.)
+    const bool cast = t.is_matrix() && t.experts == 1;
     if (t.name.rfind("mlp.down_proj.", 0) == 0 || t.name.rfind("mlp.c_proj.", 0) == 0 ||
-        t.name.rfind("mlp.dense_4h_to_h.", 0) == 0 || t.name.rfind("ffn.down_proj.", 0) == 0) {
+        t.name.rfind("mlp.dense_4h_to_h.", 0) == 0 || t.name.rfind("ffn.down_proj.", 0) == 0 ||
+        t.name == "mlp.experts.down_proj") {
       units_[1].first_grads += elements;
-      if (t.is_matrix()) units_[1].first_matmul += elements;
+      if (cast) units_[1].first_matmul += elements;
     }
     if (t.name.rfind("mlp.", 0) == 0 || t.name.rfind("post_attention_layernorm.", 0) == 0 ||
         t.name.rfind("ln_2.", 0) == 0 || t.name.rfind("ffn.", 0) == 0 ||
         t.name.rfind("norm_2.", 0) == 0) {
       units_[1].mlp_grads += elements;
-      if (t.is_matrix()) units_[1].mlp_matmul += elements;
+      if (cast) units_[1].mlp_matmul += elements;
       units_[1].largest_mlp = std::max(units_[1].largest_mlp, elements);
     } else {
       units_[1].largest_rest = std::max(units_[1].largest_rest, elements);

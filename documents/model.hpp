@@ -65,8 +65,10 @@ struct Tensor {
 struct UnitTensors {
   std::vector<Tensor> tensors;
   std::int64_t params() const;
-  std::int64_t matmul_params() const;  // weights that take part in a GEMM per token
-  std::int64_t matrices() const;       // its linear layers' weights (tensors of two dimensions)
+  // The dense linears' weights: each takes part in a GEMM per token, and autocast casts it (not
+  // the routed experts', whose grouped GEMM autocast leaves in the weights' dtype).
+  std::int64_t matmul_params() const;
+  std::int64_t matrices() const;  // its linear layers' weights (tensors of two dimensions)
 };
 
 // clang-tidy 14 says its (noexcept) default constructor may throw: it follows nlohmann::json's
@@ -147,9 +149,11 @@ struct DataDir {
 DataDir find_data_dir();
 std::string data_dir();  // find_data_dir().path
 
-// Refuses (InputError on `where`) a model whose training step the cost model cannot plan yet: a
-// mixture of experts, whose parameters describe reads.
-void check_plannable(const ModelSpec& m, const std::string& where);
+// What the cost model has not measured of a mixture of experts' step under `j` ("" for a dense
+// model, or where it has): checked where a job meets its model (planner's make_scenario, plan
+// documents).
+struct TrainingJob;
+std::string moe_unplanned(const ModelSpec& m, const TrainingJob& j);
 
 // A preset name or a path to a config.json. Throws InputError.
 ModelSpec load_model(const std::string& name_or_path);

@@ -106,7 +106,6 @@ Plan plan_from_json(const nlohmann::json& doc) {
     if (const auto* config = m.optional_object("config")) {
       try {
         p.model = model_from_hf_config(*config, name);
-        check_plannable(p.model, "");
       } catch (const InputError& e) {
         throw InputError("/model/config" + e.where(),
                          std::string(e.what()).substr(e.where().size() + 2));
@@ -137,6 +136,8 @@ Plan plan_from_json(const nlohmann::json& doc) {
     throw InputError("/job" + e.where(), std::string(e.what()).substr(e.where().size() + 2));
   }
   if (p.job.micro_batch <= 0) throw InputError("/job/micro_batch", "missing key");
+  if (const auto why = moe_unplanned(p.model, p.job); !why.empty())
+    throw InputError("/model/config", why);
   p.spec = spec_from_json(r.object("sharding"), "/sharding");
   {
     ObjectReader pr(r.object("prediction"), "/prediction");

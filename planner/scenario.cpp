@@ -132,7 +132,6 @@ void set_model_and_hardware(const ScenarioOptions& o, Scenario& sc) {
     sc.model = documents::load_model(o.model ? named("--model", o.model, "a preset or a file")
                                              : kDefaultModel);
   }
-  documents::check_plannable(sc.model, o.model_document ? "model" : "--model");
   if (o.hardware_document)
     sc.hardware = in_document("hardware", [&] {
       return documents::hardware_from_json(*o.hardware_document,
@@ -400,6 +399,10 @@ Scenario make_scenario(const ScenarioOptions& o, bool check_batch) {
   set_base_job(o, sc);
   apply_job_flags(o, sc);
   apply_fsdp_mixed_precision(o, sc);
+  if (const auto why = documents::moe_unplanned(sc.model, sc.job); !why.empty())
+    throw InputError(o.model_document ? "model" : "--model",
+                     fmt::format("{} is a mixture of {} experts, top-{}: {}", sc.model.name,
+                                 sc.model.moe.experts, sc.model.moe.top_k, why));
   if (check_batch)
     documents::validate_job(
         sc.job, sc.cluster,

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/json_reader.hpp"
+#include "documents/job.hpp"
 #include "documents/model.hpp"
 #include "tests/test_support.hpp"
 
@@ -151,11 +152,21 @@ TEST_CASE("model_moe::rejections name the key and the value") {
         "/moe_intermediate_size: must be >= 1, got 0");
 }
 
-TEST_CASE("model_moe::its step is not planned: a plan document naming one is refused") {
+TEST_CASE("model_moe::what of its step is not modeled is named") {
+  // transformers' blocks on their default experts path are measured
+  // (tests/costmodel/data/oracle_moe_units.json); other code and switches are named.
   const ModelSpec m = model_from_hf_config(config_of(corpus(), "olmoe"), "olmoe");
-  CHECK(error_of([&] { check_plannable(m, "--model"); }) ==
-        "--model: olmoe (OlmoeForCausalLM) is a mixture of 8 experts, top-2: its parameters are "
-        "read (planner describe: 140800 in all, 67072 active per token), its training step is "
-        "not planned yet");
-  CHECK_NOTHROW(check_plannable(load_model("llama-2-7b"), "--model"));
+  TrainingJob j;
+  CHECK(moe_unplanned(m, j).empty());  // hf
+  j.recipe = Recipe::torchtitan;
+  CHECK(moe_unplanned(m, j) == "the torchtitan recipe's own mixture-of-experts code is not "
+                               "modeled; transformers' is (--recipe hf, deepspeed or llm-foundry)");
+  j.recipe = Recipe::hf;
+  j.compile = true;
+  CHECK(moe_unplanned(m, j) == "--compile: what a compiled sparse block keeps is not measured");
+  j.compile = false;
+  json aux = config_of(corpus(), "olmoe");
+  aux["output_router_logits"] = true;
+  CHECK(moe_unplanned(model_from_hf_config(aux, "o"), j).rfind("output_router_logits: ", 0) == 0);
+  CHECK(moe_unplanned(load_model("llama-2-7b"), j).empty());
 }

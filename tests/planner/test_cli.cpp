@@ -149,8 +149,8 @@ TEST_CASE("cli::bad input is one line and exit code 2") {
       {{"estimate", "--strategy", "ddp", "--model", "no-such-model"},
        "planner: --model: \"no-such-model\" is neither a preset (gpt2, gpt2-medium, gpt2-large, "
        "gpt2-xl, "
-       "llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, llama-3.1-405b, mistral-7b) "
-       "nor a file\n"},
+       "llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, llama-3.1-405b, mistral-7b, "
+       "mixtral-8x7b) nor a file\n"},
       {{"estimate", "--strategy", "ddp", "--seq-len", "-5"},
        "planner: --seq-len: must be > 0, got -5\n"},
       {{"recommend", "--headroom", "1.5"}, "planner: --headroom: must be in [0, 1), got 1.5\n"},
