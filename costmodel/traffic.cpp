@@ -15,6 +15,7 @@ using documents::MlpKind;
 using documents::ModelSpec;
 using documents::NormKind;
 using documents::PositionKind;
+using documents::QkNorm;
 using documents::recipe_traits;
 using documents::RmsNormCode;
 using documents::SavedTensors;
@@ -124,6 +125,74 @@ Consumers consumers(const ModelSpec& m, const TrainingJob& j) {
     return {recipe_traits(j.recipe).fused_qkv_complex_rope ? 1 : 3,
             m.mlp == MlpKind::swiglu ? 2 : 1};
   }
+}
+
+// A mixture of experts' sparse MLP norm output: autocast casts it for each GEMM reading it (the
+// router; Qwen2-MoE's shared gate and up projections and its shared_expert_gate), and the experts'
+// gather reads it too, uncast (grouped_mm runs in the weights' dtype).
+int moe_casting_readers(const ModelSpec& m) {
+  return 1 + (m.moe.shared_intermediate > 0 ? 2 : 0) + (m.moe.shared_gate ? 1 : 0);
+}
+
+// transformers 5.23's sparse MLP on its grouped_mm path, op by op as ATen runs it
+// (tests/costmodel/data/oracle_moe_traffic.json, validation/measure_moe_traffic.py; a gather
+// reads its whole source, an index backward is new_zeros then an accumulating index_put). S = k·T
+// routed rows in the experts' dtype w (the weights'), the router in fp32, routing weights of
+// dtype g (Mixtral's fp32; elsewhere the router logits' dtype).
+Traffic moe_router(const ModelSpec& m, const TrafficShape& x) {
+  const double T = x.T, E = static_cast<double>(m.moe.experts),
+               k = static_cast<double>(m.moe.top_k);
+  // softmax, topk; backward: topk's new_zeros and scatter, softmax's backward.
+  Traffic t{T * (2 * E * 4) + T * (E * 4 + k * 12),
+            T * (k * 4 + E * 4) + T * (2 * E * 4 + k * 12) + T * 3 * E * 4, 2, 3};
+  if (m.moe.normalize_top_k) {
+    // sum, the clone autograd keeps of the in-place div's input, div_; backward: three divs, a
+    // mul, a neg, a sum and the two uses' gradient sum.
+    t += per_token(x, (k * 4 + 4) + 2 * k * 4 + (2 * k * 4 + 4),
+                   3 * (2 * k * 4 + 4) + 3 * k * 4 + 2 * k * 4 + (k * 4 + 4) + (2 * k * 4 + 4), 3,
+                   7);
+  }
+  if (x.e < 4) {
+    // Under autocast the router's logits are cast to fp32 for the softmax, and (but in Mixtral)
+    // the top-k weights back to the logits' dtype; backward casts their gradients.
+    const double casts =
+        E * (4 + x.e) + (m.architecture == Architecture::mixtral ? 0 : k * (4 + x.e));
+    const double ops = m.architecture == Architecture::mixtral ? 1 : 2;
+    t += per_token(x, casts, casts, ops, ops);
+  }
+  return t;
+}
+
+Traffic moe_experts(const ModelSpec& m, const TrafficShape& x, double w) {
+  const double T = x.T, h = x.h, I = x.I, E = static_cast<double>(m.moe.experts);
+  const double S = static_cast<double>(m.moe.top_k) * T;
+  const double g = m.architecture == Architecture::mixtral ? 4 : x.e;
+  const double forward = 2 * S * 8 + 3 * S * 8                // perm // k, sort
+                         + (T * h * x.r + S * 8 + S * h * w)  // the gather
+                         + (2 * S * g + S * 8)                // the routing weights gathered
+                         + (S * 8 + S * 4) + (S * 4 + E * 4) + 2 * E * 4  // ids, histc, cumsum
+                         + 2 * S * I * w + 3 * S * I * w                  // silu, the product
+                         + (2 * S * h * w + S * g)                     // times the routing weights
+                         + S * 8 + 4 * S * 8                           // arange, index_put_
+                         + (2 * S * h * w + S * 8)                     // the un-permute
+                         + (S * h * w + T * h * w);                    // the sum over k
+  const double backward = (T * h * w + S * h * w)                      // the sum's view
+                          + (2 * S * h * w) + (3 * S * h * w + S * 8)  // un-permute's backward
+                          + (2 * S * h * w + S * g) + 3 * S * h * w + (S * h * w + S * g) +
+                          2 * S * g + (3 * S * g + S * 8)                      // routing weights
+                          + 2 * 3 * S * I * w + 3 * S * I * w + 4 * S * I * w  // product, silu, cat
+                          + (S * h * w + T * h * x.r) + (2 * T * h * x.r + S * 8 + S * h * w);
+  return {forward, backward, 16, 16};
+}
+
+// Qwen2-MoE's shared expert (a SwiGLU of width S in the compute dtype) under its sigmoid gate,
+// added to the experts' output.
+Traffic moe_shared(const ModelSpec& m, const TrafficShape& x, double w) {
+  if (m.moe.shared_intermediate == 0) return {};
+  const double S = static_cast<double>(m.moe.shared_intermediate), e = x.e, h = x.h;
+  return per_token(x, 2 * S * e + 3 * S * e + 2 * e + (e + 2 * h * e) + (2 * w + e) * h,
+                   3 * h * e + (h * e + e) + (e + 2 * h * e) + 3 * e + 2 * 3 * S * e + 3 * S * e, 5,
+                   7);
 }
 
 // transformers' GPT-2 writes gelu_new out in ops (NewGELUActivation: 0.5·x·(1 + tanh(√(2/π)·
@@ -245,14 +314,36 @@ std::vector<UnitOp> recipe_block_ops(const ModelSpec& m, const TrainingJob& j, c
   // A residual add: r + the branch's output (e) + r forward; the gradient sums in backward.
   const Traffic add = per_token(x, (2 * x.r + x.e) * x.h, 3 * x.r * x.h, 1, 1);
   const Consumers c = consumers(m, j);
-  const double readers = c.attention + c.mlp;
+  const bool moe = m.moe.experts > 0;
+  // The GEMMs that cast the norms' outputs under autocast; a mixture of experts' gather reads the
+  // MLP norm's as well (its input gradient summed with theirs).
+  const double casting = c.attention + (moe ? moe_casting_readers(m) : c.mlp);
+  const double readers = casting + (moe ? 1 : 0);
   const Biases b = biases(m.block);
   std::vector<UnitOp> ops;
-  ops.reserve(9);
+  ops.reserve(11);
   ops.push_back({"attention norm", normed, OpSpread::residual});
   ops.push_back({"mlp norm", normed, OpSpread::residual});
   ops.push_back({"attention inputs (rotary, copies)", attention_copies(m, j, x)});
-  ops.push_back({"mlp activation", activation(m, x)});
+  if (m.qk_norm != QkNorm::none && recipe_traits(j.recipe).transformers_code) {
+    // Qwen3-MoE's and OLMoE's norms on q and k: transformers' upcast RMSNorm over the projections'
+    // outputs, which are in the compute dtype.
+    TrafficShape qk = x;
+    qk.h = x.q + x.kv;
+    qk.r = x.e;
+    Traffic norms = hf_rmsnorm(qk);  // the bytes of q's and k's elements, the kernels twice
+    norms.forward_ops *= 2;
+    norms.backward_ops *= 2;
+    ops.push_back({"q and k norms", norms, OpSpread::heads});
+  }
+  if (moe) {
+    const double w = std::max(f.p, f.e);  // the experts' dtype: their weights'
+    ops.push_back({"router", moe_router(m, x)});
+    ops.push_back({"experts' dispatch, activation and combine", moe_experts(m, x, w)});
+    ops.push_back({"shared expert", moe_shared(m, x, w)});
+  } else {
+    ops.push_back({"mlp activation", activation(m, x)});
+  }
   // The attention's add and the MLP's; the parallel residual adds both branches at the end.
   ops.push_back({"attention residual add", add, OpSpread::residual, m.parallel_residual});
   ops.push_back({"mlp residual add", add, OpSpread::residual, true});
@@ -261,10 +352,11 @@ std::vector<UnitOp> recipe_block_ops(const ModelSpec& m, const TrainingJob& j, c
     // outputs' gradients are cast to the compute dtype for o_proj and down_proj. Each weight
     // and bias is cast in forward and its gradient cast back. (Counted with the rank's heads
     // under tensor parallelism.)
-    const double params = static_cast<double>(m.block.matrices()) + b.tensors;
+    double params = b.tensors;  // the cast weights (not a fused experts tensor) and biases
+    for (const auto& t : m.block.tensors) params += t.is_matrix() && t.experts == 1 ? 1 : 0;
     ops.push_back(
-        {"autocast casts", per_token(x, readers * x.cast() * x.h, (readers + 2) * x.cast() * x.h,
-                                     readers + params, readers + 2 + params)});
+        {"autocast casts", per_token(x, casting * x.cast() * x.h, (casting + 2) * x.cast() * x.h,
+                                     casting + params, casting + 2 + params)});
   }
   // The input gradients of several readers of one tensor are summed; the bias gradients are sums
   // over the tokens.
