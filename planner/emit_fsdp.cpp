@@ -680,6 +680,13 @@ std::string fsdp_settings(const Scenario& sc, const Evaluation& e) {
     break;  // rejected above
   }
   t.line("");
+  if (sc.model.moe.experts > 0) {
+    // torchtitan trains its own models; its mixtures of experts run its own MoE code, not the
+    // transformers sparse block this plan counts.
+    t.line("# torchtitan's options are not written: its mixtures of experts run torchtitan's MoE "
+           "code, not the transformers block this plan counts");
+    return t.str;
+  }
   torchtitan_toml(t, sc, e);
   t.line("");
   torchtitan_command_line(t, sc, e);
@@ -688,10 +695,12 @@ std::string fsdp_settings(const Scenario& sc, const Evaluation& e) {
 
 nlohmann::json fsdp_settings_json(const Scenario& sc, const Evaluation& e) {
   check_fsdp_plan(sc, e);
+  const bool titan = sc.model.moe.experts == 0;  // as fsdp_settings: not for an MoE plan
   nlohmann::json out = {{"strategy", e.spec.strategy},
                         {"flavour", flavour_name(e.spec.flavour)},
-                        {"torchtitan", torchtitan_json(sc, e)},
-                        {"torchtitan_command_line", torchtitan_command_line_json(sc, e)},
+                        {"torchtitan", titan ? torchtitan_json(sc, e) : nlohmann::json(nullptr)},
+                        {"torchtitan_command_line",
+                         titan ? torchtitan_command_line_json(sc, e) : nlohmann::json(nullptr)},
                         {"text", fsdp_settings(sc, e)}};
   if (e.spec.flavour == Flavour::fsdp2) out["fully_shard"] = fully_shard_json(sc, e);
   return out;

@@ -402,8 +402,12 @@ def torchtitan_options(version: str = "0.3.0", **options: Any) -> Dict[str, Any]
     the activation_checkpoint subcommand), "notes": [...]}. version "0.2": the job-config TOML's
     sections, {"training": {...}, "parallelism": {...}, "activation_checkpoint": {...},
     "notes": [...]}."""
-    if version == "0.3.0":
-        return fsdp_settings(**options)["torchtitan_command_line"]
-    if version == "0.2":
-        return fsdp_settings(**options)["torchtitan"]
-    raise InputError("version", f'must be "0.3.0" or "0.2", got {version!r}')
+    if version not in ("0.3.0", "0.2"):
+        raise InputError("version", f'must be "0.3.0" or "0.2", got {version!r}')
+    settings = fsdp_settings(**options)
+    written = settings["torchtitan_command_line" if version == "0.3.0" else "torchtitan"]
+    if written is None:  # a mixture of experts: torchtitan runs its own MoE code
+        raise InputError("model", "torchtitan's options are not written for a mixture of experts: "
+                                  "torchtitan runs its own MoE code, not the transformers block the "
+                                  "plan counts")
+    return written

@@ -115,3 +115,13 @@ def test_fsdp2_args_of_another_flavour_is_refused():
     with pytest.raises(shardplan.InputError) as e:
         shardplan.fsdp2_args(**JOB, flavour="fsdp1")
     assert e.value.field == "flavour" and "fsdp1" in e.value.message
+
+
+def test_no_torchtitan_options_for_a_mixture_of_experts():
+    # torchtitan trains its own MoE code, not the transformers block the plan counts.
+    job = dict(model="mixtral-8x7b", hardware="h100-sxm5-80gb", gpus=16, seq_len=4096,
+               global_batch=64, strategy="fsdp-full", checkpointing="full")
+    with pytest.raises(shardplan.InputError) as e:
+        shardplan.torchtitan_options(**job)
+    assert e.value.field == "model"
+    assert shardplan.fsdp2_args(**job)  # the fully_shard arguments are written
