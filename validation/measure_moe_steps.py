@@ -5,19 +5,28 @@ What it measures
     validation/measure_steps.py's step (imported, not copied: its model builder's conventions,
     batch, wrappers, foreach AdamW, trackers, the DDP bucket category, the optimizer_temp split,
     the two FSDP2-on-gloo corrections of validation/fsdp2_on_gloo.py, the torchrun launcher and
-    the rank merge) for two MoE causal LMs of transformers 5.23:
+    the rank merge) for four MoE causal LMs of transformers 5.23:
 
     - ``MixtralForCausalLM`` ("mixtral-h256-e8");
     - ``Qwen2MoeForCausalLM`` ("qwen2-moe-h256-e8"), with a shared expert behind a sigmoid
-      ``shared_expert_gate``.
+      ``shared_expert_gate``;
+    - ``Qwen3MoeForCausalLM`` ("qwen3-moe-h256-e8"), with q_norm/k_norm per head (RMSNorms of
+      head_dim 32) and no shared expert;
+    - ``OlmoeForCausalLM`` ("olmoe-h256-e8"), with q_norm/k_norm over the whole projections
+      (RMSNorms of 256 and 64; OLMoE requires head_dim = hidden / heads, which holds).
 
-    Both keep measure_steps' dense "llama-h256" shape (hidden 256, 8 heads over 2 key/value heads,
-    4 layers, vocab 4096, 2048 positions, untied embeddings), so dense and MoE cases compare: every
-    decoder layer is sparse, with 8 experts, top-2, expert width 352 (half of llama-h256's 704,
-    a multiple of 8); Qwen2-MoE's shared expert is 704 wide. Dropout 0, no router jitter,
-    ``output_router_logits`` False (no auxiliary loss), use_cache False. The rest are the config
+    All four keep measure_steps' dense "llama-h256" shape (hidden 256, 8 heads over 2 key/value
+    heads, 4 layers, vocab 4096, 2048 positions, untied embeddings), so dense and MoE cases compare:
+    every decoder layer is sparse, with 8 experts, top-2, expert width 352 (half of llama-h256's
+    704, a multiple of 8; Mixtral's and OLMoE's key for it is ``intermediate_size``, the Qwen
+    configs' ``moe_intermediate_size``, their ``intermediate_size``, the width of dense layers,
+    unused where every layer is sparse, being llama-h256's 704); Qwen2-MoE's shared expert is
+    704 wide. Dropout 0, no router jitter, ``output_router_logits`` False (no auxiliary loss),
+    use_cache False; OLMoE's pad_token_id (1) and eos_token_id (50279, outside the vocabulary) are
+    set to None, as the Qwen configs default (so no embedding padding_idx). The rest are the config
     classes' defaults (Mixtral: rope_theta 1e6, top-k renormalized; Qwen2-MoE: q/k/v biases,
-    ``norm_topk_prob`` False, no sliding window).
+    ``norm_topk_prob`` False, no sliding window; Qwen3-MoE and OLMoE: no attention biases,
+    ``norm_topk_prob`` False, rope_theta 1e4; Qwen3-MoE: no sliding window; OLMoE: no q/k/v clip).
 
     The experts run transformers 5.23's default implementation: ``PreTrainedModel.__init__``
     resolves the unset ``config._experts_implementation`` to "grouped_mm" for the decorated
@@ -27,9 +36,9 @@ What it measures
     shards (dim 0: four experts per rank at world 2) see whole expert stacks, and every expert
     gets a gradient (zeros where it got no token) each step.
 
-    Grid: the two models x measure_steps' base grid (precision fp32 / bf16-mixed x checkpointing
+    Grid: the four models x measure_steps' base grid (precision fp32 / bf16-mixed x checkpointing
     none / full x sequence 128 / 256 x micro-batch 1 / 2) x runs "none" w1, "ddp" w1, "ddp" w2,
-    "fsdp2" w2: 128 cases, the whole grid, not cut (about 7 minutes on two cores at nice 19, the
+    "fsdp2" w2: 256 cases, the whole grid, not cut (about 9 minutes on two cores at nice 19, the
     two reruns included). "bf16-mixed" is autocast for none/ddp and FSDP2's MixedPrecisionPolicy(bf16, fp32)
     for fsdp2, as in measure_steps.
 
@@ -103,6 +112,17 @@ MOE_CONFIGS = {
         shared_expert_intermediate_size=SHARED_EXPERT_WIDTH, num_experts=NUM_EXPERTS,
         num_experts_per_tok=TOP_K, decoder_sparse_step=1, mlp_only_layers=[],
         norm_topk_prob=False, output_router_logits=False, use_sliding_window=False),
+    "qwen3-moe-h256-e8": dict(
+        _SHAPE, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+        intermediate_size=_DENSE["intermediate_size"], moe_intermediate_size=EXPERT_WIDTH,
+        num_experts=NUM_EXPERTS, num_experts_per_tok=TOP_K, decoder_sparse_step=1,
+        mlp_only_layers=[], norm_topk_prob=False, output_router_logits=False,
+        use_sliding_window=False, attention_bias=False),
+    "olmoe-h256-e8": dict(
+        _SHAPE, architectures=["OlmoeForCausalLM"], model_type="olmoe",
+        intermediate_size=EXPERT_WIDTH, num_experts=NUM_EXPERTS, num_experts_per_tok=TOP_K,
+        norm_topk_prob=False, output_router_logits=False, attention_bias=False, clip_qkv=None,
+        pad_token_id=None, eos_token_id=None),
 }
 ms.CONFIGS.update(MOE_CONFIGS)
 
@@ -126,7 +146,9 @@ def config_class(arch):
     import transformers
 
     return {"MixtralForCausalLM": transformers.MixtralConfig,
-            "Qwen2MoeForCausalLM": transformers.Qwen2MoeConfig}[arch]
+            "Qwen2MoeForCausalLM": transformers.Qwen2MoeConfig,
+            "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig,
+            "OlmoeForCausalLM": transformers.OlmoeConfig}[arch]
 
 
 def corpus_config(name):

@@ -101,14 +101,15 @@ TEST_CASE("oracle::whole-step peaks within 3%, categories within 5%") {
 }
 
 TEST_CASE("oracle::mixtures of experts' whole-step peaks within 3%, categories within 5%") {
-  // transformers' Mixtral and Qwen2-MoE (8 experts, top-2, llama-h256's shape) on their default
-  // experts path, as measure_steps.py measures the dense models (validation/measure_moe_steps.py:
-  // tests/costmodel/data/oracle_moe_steps.json): bare, DDP on 1 and 2 gloo ranks, FSDP2 on 2.
+  // transformers' Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE (8 experts, top-2, llama-h256's shape)
+  // on their default experts path, as measure_steps.py measures the dense models
+  // (validation/measure_moe_steps.py: tests/costmodel/data/oracle_moe_steps.json): bare, DDP on 1
+  // and 2 gloo ranks, FSDP2 on 2.
   const auto c = compare_steps(oracle::step_rows(oracle::read_corpus("oracle_moe_steps.json")));
   MESSAGE("MoE whole steps compared: " << c.peaks << " (" << c.skipped << " set aside), worst "
                                        << "peak error " << 100 * c.worst << "% (bare and DDP), "
                                        << 100 * c.worst_fsdp2 << "% (FSDP2)");
-  CHECK(c.peaks == 128);
+  CHECK(c.peaks == 256);
 }
 
 TEST_CASE("oracle::deepspeed ZeRO stages 0-3 whole-step peaks within 3%, as planner estimate "
