@@ -375,8 +375,7 @@ void moe_mlp_rows(Rows& r, const ModelSpec& m, const Shape& x, const Dtypes& d) 
   r.add("experts", "gathered rows", w * kT * x.h, heads);
   r.add("experts", "gate_up output", 2 * w * kT * x.I, heads);
   r.add("experts", "silu's output and the product", 2 * w * kT * x.I, heads);
-  r.add("experts", "routing weights", (m.architecture == Architecture::mixtral ? 4 : d.e) * kT,
-        heads);
+  r.add("experts", "routing weights", (moe.fp32_routing_weights ? 4 : d.e) * kT, heads);
   r.add("experts", "down output", w * kT * x.h, heads);
   if (moe.shared_intermediate > 0) {
     const double S = static_cast<double>(moe.shared_intermediate);
@@ -395,8 +394,7 @@ void moe_rows(Rows& r, const ModelSpec& m, const Shape& x, const TrainingJob& j,
   if (m.qk_norm != QkNorm::none) qk_norm_rows(r, m, x, d);
   llama_attention(r, m, x, j, d);
   r.mlp = true;
-  const int readers = 1 + (m.moe.shared_intermediate > 0 ? 2 : 0) + (m.moe.shared_gate ? 1 : 0);
-  rmsnorm(r, "post_attention_layernorm", x, d, readers, d.r);
+  rmsnorm(r, "post_attention_layernorm", x, d, m.moe.input_gemms(), d.r);
   moe_mlp_rows(r, m, x, d);
 }
 

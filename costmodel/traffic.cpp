@@ -127,13 +127,6 @@ Consumers consumers(const ModelSpec& m, const TrainingJob& j) {
   }
 }
 
-// A mixture of experts' sparse MLP norm output: autocast casts it for each GEMM reading it (the
-// router; Qwen2-MoE's shared gate and up projections and its shared_expert_gate), and the experts'
-// gather reads it too, uncast (grouped_mm runs in the weights' dtype).
-int moe_casting_readers(const ModelSpec& m) {
-  return 1 + (m.moe.shared_intermediate > 0 ? 2 : 0) + (m.moe.shared_gate ? 1 : 0);
-}
-
 // transformers 5.23's sparse MLP on its grouped_mm path, op by op as ATen runs it
 // (tests/costmodel/data/oracle_moe_traffic.json, validation/measure_moe_traffic.py; a gather
 // reads its whole source, an index backward is new_zeros then an accumulating index_put). S = k·T
@@ -155,9 +148,9 @@ Traffic moe_router(const ModelSpec& m, const TrafficShape& x) {
   if (x.e < 4) {
     // Under autocast the router's logits are cast to fp32 for the softmax, and (except in
     // Mixtral) the top-k weights back to the logits' dtype; backward casts their gradients.
-    const double casts =
-        E * (4 + x.e) + (m.architecture == Architecture::mixtral ? 0 : k * (4 + x.e));
-    const double ops = m.architecture == Architecture::mixtral ? 1 : 2;
+    const bool weights_back = !m.moe.fp32_routing_weights;
+    const double casts = E * (4 + x.e) + (weights_back ? k * (4 + x.e) : 0);
+    const double ops = weights_back ? 2 : 1;
     t += per_token(x, casts, casts, ops, ops);
   }
   return t;
@@ -166,7 +159,7 @@ Traffic moe_router(const ModelSpec& m, const TrafficShape& x) {
 Traffic moe_experts(const ModelSpec& m, const TrafficShape& x, double w) {
   const double T = x.T, h = x.h, I = x.I, E = static_cast<double>(m.moe.experts);
   const double S = static_cast<double>(m.moe.top_k) * T;
-  const double g = m.architecture == Architecture::mixtral ? 4 : x.e;
+  const double g = m.moe.fp32_routing_weights ? 4 : x.e;
   const double forward = 2 * S * 8 + 3 * S * 8                // perm // k, sort
                          + (T * h * x.r + S * 8 + S * h * w)  // the gather
                          + (2 * S * g + S * 8)                // the routing weights gathered
@@ -316,8 +309,9 @@ std::vector<UnitOp> recipe_block_ops(const ModelSpec& m, const TrainingJob& j, c
   const Consumers c = consumers(m, j);
   const bool moe = m.moe.experts > 0;
   // The GEMMs that cast the norms' outputs under autocast; a mixture of experts' gather reads the
-  // MLP norm's as well (its input gradient summed with theirs).
-  const double casting = c.attention + (moe ? moe_casting_readers(m) : c.mlp);
+  // MLP norm's as well, uncast (grouped_mm runs in the weights' dtype), its input gradient summed
+  // with theirs.
+  const double casting = c.attention + (moe ? m.moe.input_gemms() : c.mlp);
   const double readers = casting + (moe ? 1 : 0);
   const Biases b = biases(m.block);
   std::vector<UnitOp> ops;

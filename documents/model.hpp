@@ -17,8 +17,8 @@ enum class Architecture {
   gpt2,
   gpt_neox,
   mpt,
-  // Mixtures of experts (documents/model_moe.cpp): their parameters are read; their step is not
-  // planned yet (check_plannable).
+  // Mixtures of experts (documents/model_moe.cpp); what of their step is not modeled:
+  // moe_unplanned.
   mixtral,
   qwen2_moe,
   qwen3_moe,
@@ -122,6 +122,14 @@ struct ModelSpec {   // NOLINT(bugprone-exception-escape)
     bool normalize_top_k = false;  // the k routing weights renormalized to sum to 1
     double aux_loss_coef = 0;      // the load-balancing loss's weight when it is computed, else 0
     bool router_jitter = false;    // the router's input multiplied by noise in training
+    // The routing weights the experts' rows are multiplied by stay in the softmax's fp32
+    // (Mixtral); elsewhere the top-k weights are cast back to the router logits' dtype.
+    bool fp32_routing_weights = false;
+    // The GEMMs reading the sparse MLP's input beside the experts' gather: the router, and a
+    // shared expert's gate and up projections and its sigmoid gate.
+    int input_gemms() const {
+      return 1 + (shared_intermediate > 0 ? 2 : 0) + (shared_gate ? 1 : 0);
+    }
   } moe;
 
   UnitTensors embedding;     // token (and position) embeddings

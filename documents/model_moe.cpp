@@ -185,6 +185,9 @@ void read_moe(ObjectReader& r, const nlohmann::json& config, ModelSpec& m) {
                                  e.experts, e.top_k));
   e.normalize_top_k = m.architecture == Architecture::mixtral ||
                       r.optional_boolean("norm_topk_prob").value_or(d.normalize_top_k);
+  // MixtralSparseMoeBlock's router returns its fp32 top-k weights as they are; the others cast
+  // them to the router logits' dtype (router_top_value.to(router_logits.dtype)).
+  e.fp32_routing_weights = m.architecture == Architecture::mixtral;
   // output_router_logits: the ForCausalLM classes then add router_aux_loss_coef times the
   // load-balancing loss (load_balancing_loss_func over every block's router logits).
   const double coef =

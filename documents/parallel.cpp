@@ -112,8 +112,8 @@ void split_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJ
 // The dimensions the recipe's trainer does not run (RecipeTraits::offers_*, an empty schedules),
 // each refusal naming the recipes whose trainers do; and a mixture of experts' (data parallelism
 // only).
-void recipe_dimension_problems(const ParallelLayout& l, const RecipeTraits& r, const ModelSpec& m,
-                               std::vector<std::string>& out) {
+void dimension_problems(const ParallelLayout& l, const RecipeTraits& r, const ModelSpec& m,
+                        std::vector<std::string>& out) {
   // transformers' tp_plan splits the experts by its own ep_plan, and expert parallelism is not
   // planned yet: a mixture of experts runs data-parallel only.
   if (m.moe.experts > 0 && !l.trivial())
@@ -187,7 +187,7 @@ void shape_problems(const ParallelLayout& l, const ModelSpec& m, const TrainingJ
   // block under a pipeline and on its local tensors under tensor parallelism (measured:
   // tests/costmodel/data/oracle_tp_units.json). Other recipes' blocks are not torchtitan's.
   const RecipeTraits& r = recipe_traits(j.recipe);
-  recipe_dimension_problems(l, r, m, out);
+  dimension_problems(l, r, m, out);
   if (p > 1 && !r.schedules.empty() &&
       std::find(r.schedules.begin(), r.schedules.end(), l.schedule) == r.schedules.end())
     out.push_back(fmt::format("the {} recipe's pipeline has no {} schedule (it has {})",

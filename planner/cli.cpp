@@ -401,6 +401,12 @@ void run_layout_recommend(const CliOptions& o, int top_plans, std::ostream& out,
                                  "estimate the layout with it",
                                  *o.po.deepspeed_optimizer));
   const Scenario msc = make_scenario(layout_emit_options(o, notes), false);
+  const auto& recipe = documents::recipe_traits(msc.job.recipe);
+  if (recipe.model_parallel_dimensions().empty())
+    throw InputError("--model-parallel",
+                     fmt::format("the {} recipe's trainer runs no tensor, pipeline or context "
+                                 "parallelism",
+                                 recipe.name));
   // With --emit for a framework, the fastest plan it can run is the one kept.
   const auto framework = o.emit ? emitted_framework(*o.emit) : std::nullopt;
   const auto runs = [&](const LayoutCandidate& c) {
@@ -500,12 +506,6 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   const int top_plans = o.top ? core::int_from_text("--top", *o.top) : 10;
   check_recommend_flags(o, recommend_cmd, top_plans);
   if (o.model_parallel) {
-    const auto& r = documents::recipe_traits(make_scenario(o.so, false).job.recipe);
-    if (r.model_parallel_dimensions().empty())
-      throw InputError("--model-parallel",
-                       fmt::format("the {} recipe's trainer runs no tensor, pipeline or context "
-                                   "parallelism",
-                                   r.name));
     run_layout_recommend(o, top_plans, out, notes);
     return;
   }
@@ -516,20 +516,20 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   const bool unpinned = !o.emit && !po.strategy && !po.flavour && !po.offload &&
                         !po.shard_group_size && !po.reduce_dtype && !po.backward_prefetch &&
                         !po.deepspeed_optimizer && !o.data_parallel_only;
-  // The dimensions the recipe's trainer runs ("" where none: nothing to widen to).
-  const std::string dims = unpinned
-                               ? documents::recipe_traits(make_scenario(o.so, false).job.recipe)
-                                     .model_parallel_dimensions()
-                               : "";
+  // The job as the layout search plans it, and the dimensions the recipe's trainer runs ("" where
+  // none: nothing to widen to).
+  const std::optional<Scenario> probe =
+      unpinned ? std::optional(make_scenario(o.so, false)) : std::nullopt;
+  const std::string dims =
+      probe ? documents::recipe_traits(probe->job.recipe).model_parallel_dimensions() : "";
   if (!dims.empty()) {
-    const Scenario probe = make_scenario(o.so, false);
-    const auto gpus = static_cast<std::int64_t>(probe.cluster.gpus);
-    if (probe.job.global_batch % gpus != 0) {
+    const auto gpus = static_cast<std::int64_t>(probe->cluster.gpus);
+    if (probe->job.global_batch % gpus != 0) {
       run_layout_recommend(o, top_plans, out, notes,
                            fmt::format("data parallelism alone cannot run this job ({} sequences "
                                        "do not divide over {} GPUs): searching {} too, as "
                                        "--model-parallel does",
-                                       probe.job.global_batch, gpus, dims));
+                                       probe->job.global_batch, gpus, dims));
       return;
     }
   }
@@ -541,7 +541,7 @@ void run_recommend(const CliOptions& o, const CLI::App& recommend_cmd, std::ostr
   // (why nothing fits, what would) says that too.
   std::optional<LayoutSearch> widened;
   if (!dims.empty() && rec.search.ranked.empty()) {
-    widened = search_layouts(make_scenario(o.so, false), 1);
+    widened = search_layouts(*probe, 1);
     if (!widened->ranked.empty()) {
       std::optional<double> least;  // of the data-parallel plans that can run
       for (const auto& c : rec.search.best_per_family)

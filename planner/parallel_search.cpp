@@ -153,7 +153,7 @@ struct Walker {
         for (int c = 1; c <= max_c && N % (t * p * c) == 0; c *= 2) {
           const int d = N / (t * p * c);
           if (sc.job.global_batch % d != 0) continue;
-          for (const auto& [schedule, v] : pipeline_variants(p, L, recipe_traits(sc.job.recipe))) {
+          for (const auto& [schedule, v] : pipeline_variants(p, L, recipe)) {
             ParallelLayout l;
             l.tensor_parallel = t;
             l.sequence_parallel = t > 1 && recipe.offers_sequence_parallel;

@@ -342,30 +342,6 @@ def check_determinism(cases):
     return out
 
 
-def run_all(only):
-    cases, failures, warnings_ = [], {}, []
-    with tempfile.TemporaryDirectory() as tmpdir:
-        for wrapper, world_size in ms.RUNS:
-            name = f"{wrapper}-w{world_size}"
-            if only and name not in only:
-                continue
-            t0 = time.time()
-            rc, files, log = launch(wrapper, world_size, tmpdir, GRID)
-            if rc != 0 or not all(os.path.exists(p) for p in files):
-                with open(log) as f:
-                    lines = [ln for ln in f.read().splitlines() if ln.strip()]
-                print("\n".join(lines[-40:]))
-                failures[name] = f"exit {rc}: " + (lines[-1] if lines else "no output")
-                continue
-            merged, errors, rank_warnings = ms.merge_ranks(files)
-            cases += merged
-            failures.update(errors)
-            warnings_ += rank_warnings
-            print(f"{name}: {len(merged)} cases, {len(errors)} failed, {time.time() - t0:.0f} s",
-                  flush=True)
-    return cases, failures, warnings_
-
-
 def command_line(args):
     out = os.path.relpath(args.out)
     if out.startswith(".."):
@@ -396,7 +372,7 @@ def main():
         return 0
 
     started = time.time()
-    cases, failures, warnings_ = run_all(args.only)
+    cases, failures, warnings_ = ms.run_all(args.only, GRID, SCRIPT)
     configs = {name: corpus_config(name) for name in MOE_CONFIGS}
     determinism = [] if args.no_determinism else check_determinism(cases)
     problems = ms.check_planner(args.planner, cases, configs) if args.planner else []

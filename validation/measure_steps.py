@@ -585,11 +585,12 @@ def run_workers(script, nproc, stem, args=(), distributed=True):
     return rc, [stem + f"-r{r}.json" for r in range(nproc)], stem + ".log"
 
 
-def launch(wrapper, world_size, tmpdir, grid):
-    """Runs the worker processes of one run to the end; returns (exit status, [per-rank result
-    files], log file)."""
-    return run_workers(os.path.abspath(__file__), world_size,
-                       os.path.join(tmpdir, f"{wrapper}-w{world_size}"),
+def launch(wrapper, world_size, tmpdir, grid, script=None):
+    """Runs the worker processes of one run to the end (this script's workers, or `script`'s: a
+    script that measures its own models with this one's machinery); returns (exit status,
+    [per-rank result files], log file)."""
+    return run_workers(script or os.path.abspath(__file__), world_size,
+                       os.path.join(tmpdir, f"{grid}-{wrapper}-w{world_size}"),
                        ["--worker", wrapper, "--grid", grid], distributed=wrapper != "none")
 
 
@@ -619,8 +620,9 @@ def merge_ranks(files):
     return merged, errors, warnings_
 
 
-def run_all(only, grid="base"):
-    """Launches each (wrapper, world size) run in turn; returns cases, failures, warnings."""
+def run_all(only, grid="base", script=None):
+    """Launches each (wrapper, world size) run in turn (the workers of `script`, as launch);
+    returns cases, failures, warnings."""
     cases, failures, warnings_ = [], {}, []
     with tempfile.TemporaryDirectory() as tmpdir:
         for wrapper, world_size in RUNS:
@@ -628,7 +630,7 @@ def run_all(only, grid="base"):
             if only and name not in only:
                 continue
             t0 = time.time()
-            rc, files, log = launch(wrapper, world_size, tmpdir, grid)
+            rc, files, log = launch(wrapper, world_size, tmpdir, grid, script)
             if rc != 0 or not all(os.path.exists(p) for p in files):
                 with open(log) as f:
                     lines = [ln for ln in f.read().splitlines() if ln.strip()]

@@ -110,6 +110,11 @@ TEST_CASE("oracle::mixtures of experts' whole-step peaks within 3%, categories w
                                        << "peak error " << 100 * c.worst << "% (bare and DDP), "
                                        << 100 * c.worst_fsdp2 << "% (FSDP2)");
   CHECK(c.peaks == 256);
+  // Bare and DDP within 0.002%; FSDP2 up to 2.07% under at 256 tokens a micro-batch, a miss of
+  // zero spread inside the experts' backward (costmodel/block_table.cpp, mlp_backward_transient):
+  // bounded where it stands, so that it cannot grow unseen behind the 3% target.
+  CHECK(c.worst < 0.0001);
+  CHECK(c.worst_fsdp2 < 0.021);
 }
 
 TEST_CASE("oracle::deepspeed ZeRO stages 0-3 whole-step peaks within 3%, as planner estimate "
